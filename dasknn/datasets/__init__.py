@@ -1,0 +1,36 @@
+"""Data sets: Graph Challenge files, MNIST and the RadiX-Net generator."""
+
+from dasknn.datasets.challenge_io import (
+    challenge_bias,
+    layer_file,
+    read_categories,
+    read_challenge_network,
+    read_sparse_tsv,
+    write_categories,
+    write_sparse_tsv,
+)
+from dasknn.datasets.mnist import (
+    load_mnist_test,
+    mnist_to_challenge_inputs,
+    read_mnist_idx,
+    resize_matrix,
+)
+from dasknn.datasets.network_spec import load_network
+from dasknn.datasets.radixnet import radixnet, radixnet_group_size
+
+__all__ = [
+    "challenge_bias",
+    "layer_file",
+    "load_mnist_test",
+    "load_network",
+    "mnist_to_challenge_inputs",
+    "radixnet",
+    "radixnet_group_size",
+    "read_categories",
+    "read_challenge_network",
+    "read_mnist_idx",
+    "read_sparse_tsv",
+    "resize_matrix",
+    "write_categories",
+    "write_sparse_tsv",
+]

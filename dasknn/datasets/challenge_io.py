@@ -1,0 +1,317 @@
+"""Readers and writers for the Sparse DNN Graph Challenge file formats.
+
+Layer files hold one ``row<TAB>col<TAB>value`` triple a line with 1-based indices; entry ``(i, j)``
+connects neuron ``i`` of the previous layer to neuron ``j`` of this layer, so a layer is a matrix of
+shape ``(n_in, n_out)`` and inference multiplies row vectors on the left: ``Y_next = f(Y @ W + b)``.
+Sparse input files use the same triple format (row = sample, column = feature); category files list
+1-based sample ids, one a line.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import tempfile
+import warnings
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+__all__ = [
+    "challenge_bias",
+    "read_challenge_network",
+    "read_sparse_tsv",
+    "write_sparse_tsv",
+    "read_categories",
+    "write_categories",
+    "layer_file",
+]
+
+_CHALLENGE_BIAS = {1024: -0.30, 4096: -0.35, 16384: -0.40, 65536: -0.45}
+_LAYER_NAME = re.compile(r"^n(\d+)-l(\d+)\.tsv(\.gz)?$")
+
+
+def challenge_bias(neurons: int) -> float:
+    """Return the Graph Challenge bias for a network of ``neurons`` neurons per layer.
+
+    Parameters
+    ----------
+    neurons : int
+        Neurons per layer: 1024, 4096, 16384 or 65536.
+
+    Returns
+    -------
+    float
+        -0.30, -0.35, -0.40 or -0.45.
+    """
+    try:
+        return _CHALLENGE_BIAS[int(neurons)]
+    except KeyError:
+        raise ValueError(
+            f"the Graph Challenge defines a bias only for {sorted(_CHALLENGE_BIAS)} neurons, "
+            f"not {neurons}; pass the bias explicitly"
+        ) from None
+
+
+def _open_text(path: Path):
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt")
+    return open(path)
+
+
+def _read_triples(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Parse a ``row col value`` file into 0-based index arrays, values and source line numbers.
+
+    Blank lines are allowed. Raises ``ValueError`` naming the file and the first bad line.
+    """
+    try:
+        with _open_text(path) as fh:
+            text = fh.read()
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read file: {exc}") from exc
+    buf = np.frombuffer(text.encode(), dtype=np.uint8)
+    newline = buf == 10
+    blank = (buf == 32) | (buf == 9) | (buf == 13) | newline
+    starts = ~blank
+    starts[1:] &= blank[:-1]
+    line_of = np.cumsum(newline) - newline
+    n_lines = int(line_of[-1]) + 1 if buf.size else 0
+    per_line = np.bincount(line_of[starts], minlength=n_lines)
+    nonempty = per_line > 0
+    bad = np.flatnonzero(nonempty & (per_line != 3))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            flat = np.fromstring(text, sep=" ") if buf.size else np.empty(0)
+    except ValueError:
+        flat = np.empty(0)
+    if bad.size == 0 and flat.size != 3 * int(nonempty.sum()):
+        lines = text.splitlines()
+        for lineno, ln in enumerate(lines, start=1):
+            try:
+                _ = [float(x) for x in ln.split()]
+            except ValueError:
+                bad = np.array([lineno - 1])
+                break
+    if bad.size:
+        lineno = int(bad[0]) + 1
+        line = text.splitlines()[lineno - 1]
+        raise ValueError(f"{path}, line {lineno}: expected 'row col value', got {line!r}")
+    table = flat.reshape(-1, 3)
+    rows = table[:, 0].astype(np.int64)
+    cols = table[:, 1].astype(np.int64)
+    vals = table[:, 2]
+    lines_used = np.flatnonzero(nonempty)
+    bad = np.flatnonzero((rows != table[:, 0]) | (cols != table[:, 1]))
+    if bad.size:
+        raise ValueError(
+            f"{path}, line {lines_used[bad[0]] + 1}: row and col must be integers, got "
+            f"{table[bad[0], 0]:g} {table[bad[0], 1]:g}"
+        )
+    bad = np.flatnonzero((rows < 1) | (cols < 1))
+    if bad.size:
+        raise ValueError(
+            f"{path}, line {lines_used[bad[0]] + 1}: indices are 1-based, got row {rows[bad[0]]} "
+            f"col {cols[bad[0]]}"
+        )
+    bad = np.flatnonzero(~np.isfinite(vals))
+    if bad.size:
+        raise ValueError(f"{path}, line {lines_used[bad[0]] + 1}: value is not finite ({vals[bad[0]]})")
+    return rows - 1, cols - 1, vals, lines_used
+
+
+def _check_range(path: Path, rows, cols, lines_used, shape) -> None:
+    for name, idx, bound in (("row", rows, shape[0]), ("col", cols, shape[1])):
+        bad = np.flatnonzero(idx >= bound)
+        if bad.size:
+            raise ValueError(
+                f"{path}, line {lines_used[bad[0]] + 1}: {name} {idx[bad[0]] + 1} is out of range "
+                f"(at most {bound})"
+            )
+
+
+def layer_file(directory: str | os.PathLike, neurons: int, layer: int) -> Path:
+    """Return the path of layer ``layer`` (1-based), ``.tsv`` or ``.tsv.gz``, in ``directory``."""
+    directory = Path(directory)
+    for suffix in (".tsv", ".tsv.gz"):
+        path = directory / f"n{neurons}-l{layer}{suffix}"
+        if path.exists():
+            return path
+    raise FileNotFoundError(
+        f"{directory}: missing layer file n{neurons}-l{layer}.tsv or n{neurons}-l{layer}.tsv.gz"
+    )
+
+
+def _discover(directory: Path) -> dict[int, list[int]]:
+    found: dict[int, list[int]] = {}
+    for entry in directory.iterdir():
+        m = _LAYER_NAME.match(entry.name)
+        if m:
+            found.setdefault(int(m.group(1)), []).append(int(m.group(2)))
+    return found
+
+
+def read_challenge_network(
+    directory: str | os.PathLike,
+    neurons: int | None = None,
+    layers: int | Sequence[int] | None = None,
+    dtype: np.dtype | type = np.float64,
+) -> list[sp.csr_matrix]:
+    """Read a Graph Challenge network from its layer files.
+
+    Parameters
+    ----------
+    directory : path
+        Folder holding ``n{N}-l{k}.tsv`` or ``n{N}-l{k}.tsv.gz`` files.
+    neurons : int, optional
+        Neurons per layer ``N``. Inferred from the file names when the folder holds one width.
+    layers : int or sequence of int, optional
+        Number of layers to read (layers ``1..layers``) or explicit 1-based layer numbers. By
+        default every consecutive layer from 1 that is present.
+    dtype : numpy dtype
+        Value type of the matrices.
+
+    Returns
+    -------
+    list of scipy.sparse.csr_matrix
+        One matrix per layer, of shape ``(N, N)`` in the challenge convention ``(n_in, n_out)``.
+
+    Raises
+    ------
+    FileNotFoundError
+        If the folder or a requested layer file is missing.
+    ValueError
+        On a malformed line, an index out of range or inconsistent widths.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"network directory {directory} does not exist")
+    found = _discover(directory)
+    if neurons is None:
+        if len(found) != 1:
+            raise ValueError(
+                f"{directory}: cannot infer the width, found layer files for widths "
+                f"{sorted(found) or 'none'}; pass neurons="
+            )
+        neurons = next(iter(found))
+    neurons = int(neurons)
+    if layers is None:
+        present = set(found.get(neurons, []))
+        if not present:
+            raise FileNotFoundError(f"{directory}: no layer files n{neurons}-l*.tsv[.gz]")
+        count = 0
+        while count + 1 in present:
+            count += 1
+        if count == 0:
+            raise FileNotFoundError(f"{directory}: missing layer file n{neurons}-l1.tsv[.gz]")
+        numbers: list[int] = list(range(1, count + 1))
+    elif isinstance(layers, int | np.integer):
+        if layers < 1:
+            raise ValueError(f"layers must be >= 1, got {layers}")
+        numbers = list(range(1, int(layers) + 1))
+    else:
+        numbers = [int(k) for k in layers]
+    result = []
+    for k in numbers:
+        path = layer_file(directory, neurons, k)
+        rows, cols, vals, lines_used = _read_triples(path)
+        _check_range(path, rows, cols, lines_used, (neurons, neurons))
+        mat = sp.csr_matrix((vals.astype(dtype), (rows, cols)), shape=(neurons, neurons))
+        mat.sum_duplicates()
+        result.append(mat)
+    return result
+
+
+def read_sparse_tsv(
+    path: str | os.PathLike,
+    shape: tuple[int | None, int] | None = None,
+    dtype: np.dtype | type = np.float64,
+) -> sp.csr_matrix:
+    """Read a challenge sparse-input file (``row col value``, 1-based) into a CSR matrix.
+
+    Parameters
+    ----------
+    path : path
+        ``.tsv`` or ``.tsv.gz`` file.
+    shape : (rows, cols), optional
+        Matrix shape; ``rows`` may be None to take the largest row index. Indices beyond it raise.
+    dtype : numpy dtype
+        Value type.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"input file {path} does not exist")
+    rows, cols, vals, lines_used = _read_triples(path)
+    n_rows = int(rows.max()) + 1 if rows.size else 0
+    n_cols = int(cols.max()) + 1 if cols.size else 0
+    if shape is not None:
+        if shape[0] is not None:
+            n_rows = int(shape[0])
+        n_cols = int(shape[1])
+        _check_range(path, rows, cols, lines_used, (n_rows, n_cols))
+    mat = sp.csr_matrix((vals.astype(dtype), (rows, cols)), shape=(n_rows, n_cols))
+    mat.sum_duplicates()
+    return mat
+
+
+def _atomic_write(path: Path, lines: Iterable[str]) -> None:
+    """Write ``lines`` to ``path`` through a temporary file so no partial file is ever left."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    try:
+        opener = gzip.open(tmp, "wt") if path.suffix == ".gz" else open(fd, "w", closefd=False)
+        with opener as fh:
+            fh.writelines(lines)
+        os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_sparse_tsv(path: str | os.PathLike, matrix: sp.spmatrix) -> None:
+    """Write a sparse matrix as a challenge ``row col value`` file (1-based, row-major order)."""
+    coo = sp.csr_matrix(matrix).tocoo()
+    order = np.lexsort((coo.col, coo.row))
+    lines = (
+        f"{r + 1}\t{c + 1}\t{v:g}\n"
+        for r, c, v in zip(coo.row[order], coo.col[order], coo.data[order], strict=True)
+    )
+    _atomic_write(Path(path), lines)
+
+
+def read_categories(path: str | os.PathLike) -> np.ndarray:
+    """Read a category file: 1-based sample ids, one a line. Returns them as given (1-based)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"category file {path} does not exist")
+    ids = []
+    with _open_text(path) as fh:
+        for lineno, ln in enumerate(fh, start=1):
+            ln = ln.strip()
+            if not ln:
+                continue
+            try:
+                value = int(ln)
+            except ValueError:
+                raise ValueError(f"{path}, line {lineno}: expected an integer id, got {ln!r}") from None
+            if value < 1:
+                raise ValueError(f"{path}, line {lineno}: ids are 1-based, got {value}")
+            ids.append(value)
+    return np.asarray(ids, dtype=np.int64)
+
+
+def write_categories(path: str | os.PathLike, categories: np.ndarray) -> None:
+    """Write 1-based category ids, one a line, atomically."""
+    ids = np.asarray(categories, dtype=np.int64)
+    if ids.size and ids.min() < 1:
+        raise ValueError("category ids are 1-based and must be >= 1")
+    _atomic_write(Path(path), (f"{int(i)}\n" for i in ids))

@@ -1,0 +1,59 @@
+"""Resolve a network description given on the command line or to the API."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+from dasknn.datasets.challenge_io import read_challenge_network
+from dasknn.datasets.radixnet import radixnet
+
+__all__ = ["load_network"]
+
+
+def load_network(
+    spec: str | os.PathLike,
+    neurons: int | None = None,
+    layers: int | None = None,
+    seed: int = 0,
+    dtype: np.dtype | type = np.float64,
+) -> list[sp.csr_matrix]:
+    """Load a network from a challenge directory or generate it from ``radixnet:N:L``.
+
+    Parameters
+    ----------
+    spec : str or path
+        A directory of ``n{N}-l{k}.tsv[.gz]`` files, or ``radixnet:N:L`` (``N`` neurons, ``L``
+        layers; ``radixnet:N:L:SEED`` sets the relabelling seed).
+    neurons, layers : int, optional
+        For a directory: the width to read and how many layers (default: all consecutive layers).
+        For ``radixnet:N:L`` they must agree with the spec when given.
+    seed : int
+        Relabelling seed for generated networks (overridden by a ``:SEED`` suffix).
+    dtype : numpy dtype
+        Value type.
+    """
+    text = os.fspath(spec)
+    if text.startswith("radixnet:"):
+        fields = text.split(":")[1:]
+        if len(fields) not in (2, 3) or not all(f.isdigit() for f in fields):
+            raise ValueError(f"network spec {text!r} must be radixnet:N:L or radixnet:N:L:SEED")
+        n, depth = int(fields[0]), int(fields[1])
+        if len(fields) == 3:
+            seed = int(fields[2])
+        if neurons is not None and neurons != n:
+            raise ValueError(f"--neurons {neurons} contradicts the network spec {text!r}")
+        if layers is not None:
+            if layers > depth:
+                raise ValueError(f"--layers {layers} exceeds the {depth} layers of {text!r}")
+            depth = layers
+        return radixnet(n, depth, seed=seed, dtype=dtype)
+    path = Path(text)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"network {text!r} is neither an existing directory nor radixnet:N:L"
+        )
+    return read_challenge_network(path, neurons=neurons, layers=layers, dtype=dtype)

@@ -1,0 +1,89 @@
+"""Deterministic generator of Graph Challenge style RadiX-Net networks.
+
+The official challenge networks are built from radix-2 butterfly layers on ``M = N / 16`` neurons,
+expanded to ``N`` neurons by a Kronecker product with a dense 16 x 16 block, which gives exactly 32
+nonzeros per row and per column, all equal to 1/16. In the challenge convention (matrices of shape
+``(n_in, n_out)``) layer ``k`` of the first group connects input neuron ``i`` to the outputs
+
+    ``(i - b * s + M * q) mod N``  for ``b in {0, 1}``, ``q in 0..15``,  with ``s = 2 ** ((k - 1) mod m)``
+
+where ``m = log2(M)`` is the number of layers in a group (6 for N = 1024). These layers are
+circulant; the first group of the official 1024-neuron network is reproduced exactly. Every later
+group ``g`` relabels the inputs: all its layers are the circulant layers with their rows permuted by
+one random permutation drawn for the group (the official network does the same with a permutation
+from an unknown random stream).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+__all__ = ["radixnet", "radixnet_group_size"]
+
+_DENSE_BLOCK = 16
+
+
+def radixnet_group_size(neurons: int) -> int:
+    """Number of layers in one relabelling group: ``log2(neurons / 16)``."""
+    if neurons < 2 * _DENSE_BLOCK or neurons % _DENSE_BLOCK:
+        raise ValueError(f"neurons must be 16 * 2**m with m >= 1, got {neurons}")
+    base = neurons // _DENSE_BLOCK
+    if base & (base - 1):
+        raise ValueError(f"neurons must be 16 * 2**m with m >= 1, got {neurons}")
+    return base.bit_length() - 1
+
+
+def _circulant_columns(neurons: int, stride: int) -> np.ndarray:
+    """Column indices of every row of the circulant layer, shape ``(neurons, 32)``, sorted."""
+    base = neurons // _DENSE_BLOCK
+    rows = np.arange(neurons)[:, None]
+    offsets = (np.arange(_DENSE_BLOCK)[:, None] * base - np.array([0, stride])[None, :]).ravel()
+    return np.sort((rows + offsets[None, :]) % neurons, axis=1)
+
+
+def radixnet(
+    neurons: int,
+    layers: int,
+    seed: int = 0,
+    dtype: np.dtype | type = np.float64,
+    value: float = 1.0 / 16.0,
+) -> list[sp.csr_matrix]:
+    """Generate a RadiX-Net network in the Graph Challenge convention.
+
+    Parameters
+    ----------
+    neurons : int
+        Neurons per layer, ``16 * 2**m`` (1024, 4096, 16384, 65536, ...).
+    layers : int
+        Number of layers (any depth >= 1).
+    seed : int
+        Seed of the per-group relabellings; the first group does not depend on it.
+    dtype : numpy dtype
+        Value type.
+    value : float
+        Value of every nonzero (1/16 in the challenge).
+
+    Returns
+    -------
+    list of scipy.sparse.csr_matrix
+        ``layers`` matrices of shape ``(neurons, neurons)`` with 32 nonzeros per row and column.
+    """
+    group = radixnet_group_size(neurons)
+    if layers < 1:
+        raise ValueError(f"layers must be >= 1, got {layers}")
+    rng = np.random.default_rng(seed)
+    nnz_row = 2 * _DENSE_BLOCK
+    indptr = np.arange(neurons + 1, dtype=np.int64) * nnz_row
+    data = np.full(neurons * nnz_row, value, dtype=dtype)
+    circulants = [_circulant_columns(neurons, 1 << t) for t in range(group)]
+    result = []
+    perm = np.arange(neurons)
+    for k in range(layers):
+        if k % group == 0 and k > 0:
+            perm = rng.permutation(neurons)
+        cols = circulants[k % group][perm]
+        result.append(
+            sp.csr_matrix((data.copy(), cols.ravel().copy(), indptr.copy()), shape=(neurons, neurons))
+        )
+    return result

@@ -1,0 +1,27 @@
+"""Shared fixtures: the read-only data beside the project, and a real Dask LocalCluster."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+OFFICIAL_1024 = SHARED / "data" / "graphchallenge" / "neuron1024"
+MNIST_DIR = SHARED / "data" / "mnist"
+
+
+@pytest.fixture(scope="session")
+def official_1024_dir() -> Path:
+    """The official 1024-neuron challenge network; skips when ``../shared`` is absent."""
+    if not (OFFICIAL_1024 / "n1024-l1.tsv.gz").exists():
+        pytest.skip("../shared/data/graphchallenge/neuron1024 is not available")
+    return OFFICIAL_1024
+
+
+@pytest.fixture(scope="session")
+def shared_mnist_dir() -> Path:
+    """The MNIST test set in ``../shared``; skips when absent."""
+    if not (MNIST_DIR / "t10k-images-idx3-ubyte.gz").exists():
+        pytest.skip("../shared/data/mnist is not available")
+    return MNIST_DIR
