@@ -119,7 +119,9 @@ def _read_triples(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
         )
     bad = np.flatnonzero(~np.isfinite(vals))
     if bad.size:
-        raise ValueError(f"{path}, line {lines_used[bad[0]] + 1}: value is not finite ({vals[bad[0]]})")
+        raise ValueError(
+            f"{path}, line {lines_used[bad[0]] + 1}: value is not finite ({vals[bad[0]]})"
+        )
     return rows - 1, cols - 1, vals, lines_used
 
 
@@ -302,7 +304,9 @@ def read_categories(path: str | os.PathLike) -> np.ndarray:
             try:
                 value = int(ln)
             except ValueError:
-                raise ValueError(f"{path}, line {lineno}: expected an integer id, got {ln!r}") from None
+                raise ValueError(
+                    f"{path}, line {lineno}: expected an integer id, got {ln!r}"
+                ) from None
             if value < 1:
                 raise ValueError(f"{path}, line {lineno}: ids are 1-based, got {value}")
             ids.append(value)

@@ -107,8 +107,8 @@ def mnist_to_challenge_inputs(
     The rule, exactly: pixel values are scaled to ``[0, 1]`` (divided by 255); each image is resized
     from 28x28 to ``side`` x ``side`` by separable bilinear interpolation with pixel centres aligned
     (:func:`resize_matrix`: ``out = R @ img @ R.T``); a pixel becomes 1 when its interpolated value
-    is strictly greater than ``threshold`` (default 0.5), else 0; the image is flattened in row-major
-    order into a row of ``side * side`` features.
+    is strictly greater than ``threshold`` (default 0.5), else 0; the image is flattened in
+    row-major order into a row of ``side * side`` features.
 
     Parameters
     ----------

@@ -5,7 +5,7 @@ expanded to ``N`` neurons by a Kronecker product with a dense 16 x 16 block, whi
 nonzeros per row and per column, all equal to 1/16. In the challenge convention (matrices of shape
 ``(n_in, n_out)``) layer ``k`` of the first group connects input neuron ``i`` to the outputs
 
-    ``(i - b * s + M * q) mod N``  for ``b in {0, 1}``, ``q in 0..15``,  with ``s = 2 ** ((k - 1) mod m)``
+    ``(i - b * s + M * q) mod N`` for ``b in {0, 1}``, ``q in 0..15``, ``s = 2 ** ((k - 1) mod m)``
 
 where ``m = log2(M)`` is the number of layers in a group (6 for N = 1024). These layers are
 circulant; the first group of the official 1024-neuron network is reproduced exactly. Every later
@@ -83,7 +83,8 @@ def radixnet(
         if k % group == 0 and k > 0:
             perm = rng.permutation(neurons)
         cols = circulants[k % group][perm]
-        result.append(
-            sp.csr_matrix((data.copy(), cols.ravel().copy(), indptr.copy()), shape=(neurons, neurons))
+        matrix = sp.csr_matrix(
+            (data.copy(), cols.ravel().copy(), indptr.copy()), shape=(neurons, neurons)
         )
+        result.append(matrix)
     return result

@@ -8,7 +8,6 @@ model-parallel runtime call them.
 
 from __future__ import annotations
 
-import numpy as np
 from numba import njit, prange
 
 __all__ = ["spmm_forward", "spmm_backward", "masked_outer_grad"]
