@@ -1,0 +1,123 @@
+"""Activation functions of the sparse MLP, with their derivatives from the pre-activation.
+
+Every activation maps a pre-activation ``z`` to ``a = f(z)`` elementwise and gives ``f'(z)``; both
+return new arrays of the dtype of ``z``. Where ``f`` has a kink (ReLU at 0, the clipped ReLU at 0
+and at its cap) the derivative taken is 0, the usual subgradient convention.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.special import expit
+
+__all__ = [
+    "Activation",
+    "ACTIVATIONS",
+    "ClippedReLU",
+    "Identity",
+    "ReLU",
+    "Sigmoid",
+    "get_activation",
+]
+
+
+class Activation:
+    """An elementwise activation ``a = f(z)`` with its derivative ``f'(z)``.
+
+    Attributes
+    ----------
+    name : str
+        Registered name (see :func:`get_activation`).
+    """
+
+    name: str = ""
+
+    def forward(self, z: np.ndarray) -> np.ndarray:
+        """Return ``f(z)`` as a new array of the dtype of ``z``."""
+        raise NotImplementedError
+
+    def derivative(self, z: np.ndarray) -> np.ndarray:
+        """Return ``f'(z)`` as a new array of the dtype of ``z``."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Activation) and other.name == self.name
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+
+class Sigmoid(Activation):
+    """Logistic function ``1 / (1 + exp(-z))``, evaluated without overflow."""
+
+    name = "sigmoid"
+
+    def forward(self, z: np.ndarray) -> np.ndarray:
+        return expit(z)
+
+    def derivative(self, z: np.ndarray) -> np.ndarray:
+        s = expit(z)
+        return s * (1 - s)
+
+
+class ReLU(Activation):
+    """``max(z, 0)``; derivative 1 where ``z > 0``, else 0."""
+
+    name = "relu"
+
+    def forward(self, z: np.ndarray) -> np.ndarray:
+        return np.maximum(z, 0)
+
+    def derivative(self, z: np.ndarray) -> np.ndarray:
+        return (z > 0).astype(z.dtype)
+
+
+class ClippedReLU(Activation):
+    """The Graph Challenge activation ``min(max(z, 0), 32)``; derivative 1 on ``0 < z < 32``."""
+
+    name = "clipped_relu"
+    cap = 32.0
+
+    def forward(self, z: np.ndarray) -> np.ndarray:
+        return np.clip(z, 0, self.cap)
+
+    def derivative(self, z: np.ndarray) -> np.ndarray:
+        return ((z > 0) & (z < self.cap)).astype(z.dtype)
+
+
+class Identity(Activation):
+    """``f(z) = z``; derivative 1."""
+
+    name = "identity"
+
+    def forward(self, z: np.ndarray) -> np.ndarray:
+        return np.array(z, copy=True)
+
+    def derivative(self, z: np.ndarray) -> np.ndarray:
+        return np.ones_like(z)
+
+
+ACTIVATIONS: dict[str, type[Activation]] = {
+    cls.name: cls for cls in (Sigmoid, ReLU, ClippedReLU, Identity)
+}
+
+
+def get_activation(name: str | Activation) -> Activation:
+    """Return the activation registered under ``name`` (an :class:`Activation` passes through).
+
+    Raises
+    ------
+    ValueError
+        If ``name`` is not one of ``"sigmoid"``, ``"relu"``, ``"clipped_relu"``, ``"identity"``.
+    """
+    if isinstance(name, Activation):
+        return name
+    try:
+        return ACTIVATIONS[name]()
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"unknown activation {name!r}; choose one of {sorted(ACTIVATIONS)}"
+        ) from None

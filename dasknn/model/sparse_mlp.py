@@ -1,0 +1,484 @@
+"""Single-process sparse multilayer perceptron: the reference path and the P = 1 case.
+
+Conventions (those of the Graph Challenge): layer ``k`` (1-based in the maths, 0-based in code) has
+a CSR weight matrix ``W_k`` of shape ``(n_{k-1}, n_k)`` whose entry ``(i, j)`` connects input neuron
+``i`` to output neuron ``j``, and a bias ``b_k`` of length ``n_k``. Batches are row blocks::
+
+    z_k = a_{k-1} @ W_k + b_k,   a_k = f(z_k)   (f_out on the last layer),   a_0 = X
+
+Training is plain SGD on the mean loss of the batch, backpropagated through the fixed sparsity
+pattern (see ``docs/training.md``). All per-element arithmetic on the sparse matrices runs in the
+numba kernels of :mod:`dasknn.kernels.training`.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+from tqdm.auto import tqdm
+
+from dasknn.datasets.radixnet import radixnet as radixnet_pattern
+from dasknn.kernels.training import masked_outer_grad, spmm_backward, spmm_forward
+from dasknn.model.activations import Activation, get_activation
+from dasknn.model.losses import Loss, get_loss
+from dasknn.model.validation import check_inputs, check_learning_rate, check_targets
+
+__all__ = ["SparseMLP"]
+
+_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_FILE_FORMAT = 1
+
+
+def _as_dtype(dtype) -> np.dtype:
+    dtype = np.dtype(dtype)
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be float32 or float64, got {dtype}")
+    return dtype
+
+
+def _as_csr(w, k: int, dtype: np.dtype) -> sp.csr_matrix:
+    """Own CSR copy of layer ``k``'s weights with sorted, duplicate-free indices."""
+    if sp.issparse(w):
+        csr = sp.csr_matrix(w, dtype=dtype, copy=True)
+    else:
+        dense = np.asarray(w)
+        if dense.ndim != 2:
+            raise ValueError(f"weights[{k}] must be a 2-D matrix, got shape {dense.shape}")
+        csr = sp.csr_matrix(dense.astype(dtype))
+    csr.sum_duplicates()
+    csr.sort_indices()
+    if not np.isfinite(csr.data).all():
+        raise ValueError(f"weights[{k}] contains NaN or infinite values")
+    return csr
+
+
+def _init_scale(scale: float | str, fan_in: float, fan_out: float) -> float:
+    if scale == "he":
+        return float(np.sqrt(6.0 / fan_in))
+    if scale == "glorot":
+        return float(np.sqrt(6.0 / (fan_in + fan_out)))
+    if isinstance(scale, str):
+        raise ValueError(f"scale must be a number, 'he' or 'glorot', got {scale!r}")
+    scale = float(scale)
+    if not np.isfinite(scale) or scale < 0:
+        raise ValueError(f"scale must be finite and >= 0, got {scale}")
+    return scale
+
+
+class SparseMLP:
+    """A feed-forward network of sparse layers trained by SGD in one process.
+
+    Parameters
+    ----------
+    weights : sequence of sparse (or dense) matrices
+        ``weights[k]`` has shape ``(n_k, n_{k+1})``; consecutive shapes must chain. The stored
+        entries (explicit zeros included) are the sparsity pattern, which training never changes.
+    biases : sequence of 1-D arrays, optional
+        ``biases[k]`` has length ``n_{k+1}``; zeros when omitted.
+    activation : str or Activation
+        Hidden-layer activation: ``"sigmoid"``, ``"relu"``, ``"clipped_relu"`` or ``"identity"``.
+    output_activation : str or Activation, optional
+        Activation of the last layer; defaults to ``activation`` for ``"mse"`` and to
+        ``"identity"`` for ``"softmax_cross_entropy"`` (which requires it).
+    loss : str or Loss
+        ``"mse"`` or ``"softmax_cross_entropy"``.
+    dtype : float32 or float64
+        Value type of weights, biases and activations.
+
+    Attributes
+    ----------
+    weights : list of scipy.sparse.csr_matrix
+        Layer matrices (own copies, sorted indices, ``dtype``); updated in place by training.
+    biases : list of numpy.ndarray
+    activation, output_activation : Activation
+    loss : Loss
+    dtype : numpy.dtype
+    """
+
+    def __init__(
+        self,
+        weights: Sequence,
+        biases: Sequence | None = None,
+        activation: str | Activation = "sigmoid",
+        output_activation: str | Activation | None = None,
+        loss: str | Loss = "mse",
+        dtype=np.float64,
+    ) -> None:
+        self.dtype = _as_dtype(dtype)
+        self.activation = get_activation(activation)
+        self.loss = get_loss(loss)
+        if output_activation is None:
+            output_activation = self.loss.default_output_activation or self.activation
+        self.output_activation = get_activation(output_activation)
+        self.loss.check_output_activation(self.output_activation)
+
+        weights = list(weights)
+        if not weights:
+            raise ValueError("a network needs at least one weight matrix")
+        self.weights = [_as_csr(w, k, self.dtype) for k, w in enumerate(weights)]
+        for k in range(1, len(self.weights)):
+            if self.weights[k].shape[0] != self.weights[k - 1].shape[1]:
+                raise ValueError(
+                    f"weights[{k}] has {self.weights[k].shape[0]} input neurons but "
+                    f"weights[{k - 1}] has {self.weights[k - 1].shape[1]} output neurons"
+                )
+        if biases is None:
+            self.biases = [np.zeros(w.shape[1], dtype=self.dtype) for w in self.weights]
+        else:
+            biases = list(biases)
+            if len(biases) != len(self.weights):
+                raise ValueError(f"got {len(biases)} biases for {len(self.weights)} layers")
+            self.biases = []
+            for k, (b, w) in enumerate(zip(biases, self.weights, strict=True)):
+                b = np.array(b, dtype=self.dtype, copy=True)
+                if b.shape != (w.shape[1],):
+                    raise ValueError(f"biases[{k}] must have shape ({w.shape[1]},), got {b.shape}")
+                if not np.isfinite(b).all():
+                    raise ValueError(f"biases[{k}] contains NaN or infinite values")
+                self.biases.append(b)
+
+    # ------------------------------------------------------------------ shape
+    @property
+    def n_layers(self) -> int:
+        """Number of weight layers ``L``."""
+        return len(self.weights)
+
+    @property
+    def layer_sizes(self) -> list[int]:
+        """Neurons per layer ``[n_0, n_1, ..., n_L]``, inputs first."""
+        return [self.weights[0].shape[0]] + [w.shape[1] for w in self.weights]
+
+    @property
+    def n_inputs(self) -> int:
+        """Width ``n_0`` of an input sample."""
+        return self.weights[0].shape[0]
+
+    @property
+    def n_outputs(self) -> int:
+        """Width ``n_L`` of the output layer."""
+        return self.weights[-1].shape[1]
+
+    def layer_activation(self, k: int) -> Activation:
+        """Activation of layer ``k`` (0-based): the output activation on the last layer."""
+        return self.output_activation if k == self.n_layers - 1 else self.activation
+
+    def __repr__(self) -> str:
+        return (
+            f"SparseMLP(layer_sizes={self.layer_sizes}, nnz={sum(w.nnz for w in self.weights)}, "
+            f"activation={self.activation.name!r}, output_activation="
+            f"{self.output_activation.name!r}, loss={self.loss.name!r}, dtype={self.dtype.name})"
+        )
+
+    # ------------------------------------------------------------ arithmetic
+    def _forward(self, x: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        layers = []
+        a = x
+        for k, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
+            z = np.empty((a.shape[0], w.shape[1]), dtype=self.dtype)
+            spmm_forward(a, w.indptr, w.indices, w.data, z)
+            z += b
+            a = self.layer_activation(k).forward(z)
+            layers.append((z, a))
+        return layers
+
+    def _train_batch(self, x: np.ndarray, y: np.ndarray, lr: float) -> float:
+        layers = self._forward(x)
+        z_last, a_last = layers[-1]
+        value = self.loss.value(z_last, a_last, y)
+        delta = self.loss.output_delta(z_last, a_last, y, self.output_activation)
+        one = self.dtype.type(1)
+        step = self.dtype.type(lr)
+        for k in range(self.n_layers - 1, -1, -1):
+            w = self.weights[k]
+            a_prev = x if k == 0 else layers[k - 1][1]
+            grad_w = np.empty_like(w.data)
+            masked_outer_grad(a_prev, delta, w.indptr, w.indices, one, grad_w)
+            grad_b = delta.sum(axis=0)
+            if k > 0:
+                s = np.empty((x.shape[0], w.shape[0]), dtype=self.dtype)
+                spmm_backward(delta, w.indptr, w.indices, w.data, s)
+                delta = s * self.activation.derivative(layers[k - 1][0])
+            # W_k is not read again in this backward pass, so it can be updated now.
+            grad_w *= step
+            w.data -= grad_w
+            grad_b *= step
+            self.biases[k] -= grad_b
+        return value
+
+    # ------------------------------------------------------------ public API
+    def forward(self, X) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Run the batch ``X`` (B, n_0) through the network.
+
+        Returns
+        -------
+        list of (z, a)
+            Pre-activations ``z_k`` and activations ``a_k`` (both (B, n_k)) for ``k = 1..L``.
+        """
+        return self._forward(check_inputs(X, self.n_inputs, self.dtype))
+
+    def train_step(self, X, Y, lr: float) -> float:
+        """One SGD step on the batch ``(X, Y)``, updating weights and biases in place.
+
+        Parameters
+        ----------
+        X : array-like (B, n_0)
+        Y : array-like (B, n_L), or integer labels (B,) for softmax cross-entropy
+        lr : float
+            Learning rate.
+
+        Returns
+        -------
+        float
+            The loss of the batch before the update.
+        """
+        x = check_inputs(X, self.n_inputs, self.dtype)
+        y = check_targets(Y, x.shape[0], self.n_outputs, self.loss, self.dtype)
+        return self._train_batch(x, y, check_learning_rate(lr))
+
+    def fit(
+        self,
+        X,
+        Y,
+        batch_size: int = 64,
+        epochs: int = 1,
+        lr: float = 0.01,
+        shuffle: bool = True,
+        seed: int = 0,
+        progress: bool = True,
+    ) -> list[float]:
+        """Train by minibatch SGD for ``epochs`` passes over ``(X, Y)``.
+
+        Each epoch visits the samples in an order drawn from ``numpy.random.default_rng(seed)``
+        (in file order when ``shuffle`` is false) in batches of ``batch_size`` rows; the last batch
+        of an epoch may be smaller.
+
+        Returns
+        -------
+        list of float
+            Per epoch, the mean over samples of the batch losses met during the epoch.
+        """
+        x = check_inputs(X, self.n_inputs, self.dtype)
+        y = check_targets(Y, x.shape[0], self.n_outputs, self.loss, self.dtype)
+        lr = check_learning_rate(lr)
+        if int(batch_size) < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if int(epochs) < 0:
+            raise ValueError(f"epochs must be >= 0, got {epochs}")
+        batch_size, epochs = int(batch_size), int(epochs)
+        n = x.shape[0]
+        rng = np.random.default_rng(seed)
+        starts = range(0, n, batch_size)
+        history = []
+        for epoch in range(epochs):
+            order = rng.permutation(n) if shuffle else np.arange(n)
+            total = 0.0
+            desc = f"epoch {epoch + 1}/{epochs}"
+            bar = tqdm(starts, desc=desc, disable=not progress, leave=False)
+            for start in bar:
+                idx = order[start : start + batch_size]
+                batch_loss = self._train_batch(x[idx], y[idx], lr)
+                total += batch_loss * len(idx)
+                bar.set_postfix(loss=f"{batch_loss:.4g}", refresh=False)
+            bar.close()
+            history.append(total / n)
+        return history
+
+    def predict(self, X, batch_size: int = 1024) -> np.ndarray:
+        """Network output for ``X``: ``a_L`` for ``"mse"``, class probabilities for softmax.
+
+        The samples are run in row blocks of ``batch_size`` to bound memory.
+        """
+        x = check_inputs(X, self.n_inputs, self.dtype)
+        if int(batch_size) < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        blocks = []
+        for start in range(0, x.shape[0], int(batch_size)):
+            z_last, a_last = self._forward(x[start : start + int(batch_size)])[-1]
+            blocks.append(self.loss.prediction(z_last, a_last))
+        return np.concatenate(blocks, axis=0)
+
+    def evaluate(self, X, Y, batch_size: int = 1024) -> float:
+        """Mean loss over ``(X, Y)`` without training."""
+        x = check_inputs(X, self.n_inputs, self.dtype)
+        y = check_targets(Y, x.shape[0], self.n_outputs, self.loss, self.dtype)
+        total = 0.0
+        for start in range(0, x.shape[0], int(batch_size)):
+            stop = start + int(batch_size)
+            z_last, a_last = self._forward(x[start:stop])[-1]
+            total += self.loss.value(z_last, a_last, y[start:stop]) * z_last.shape[0]
+        return total / x.shape[0]
+
+    def copy(self) -> SparseMLP:
+        """An independent copy (weights and biases copied)."""
+        return SparseMLP(
+            self.weights,
+            self.biases,
+            activation=self.activation,
+            output_activation=self.output_activation,
+            loss=self.loss,
+            dtype=self.dtype,
+        )
+
+    def distribute(self, client, partition):
+        """Place the model on the Dask workers of ``client`` as ``partition`` says.
+
+        Parameters
+        ----------
+        client : distributed.Client
+        partition : graph.NetworkPartition or list of L + 1 int arrays
+            ``parts[k][j]`` is the part owning neuron ``j`` of layer ``k`` (``k = 0``: inputs).
+
+        Returns
+        -------
+        dasknn.parallel.DistributedSparseMLP
+        """
+        from dasknn.parallel import DistributedSparseMLP
+
+        return DistributedSparseMLP(self, client, partition)
+
+    # ------------------------------------------------------------ construction
+    @classmethod
+    def radixnet(
+        cls,
+        neurons: int,
+        layers: int,
+        seed: int = 0,
+        activation: str | Activation = "sigmoid",
+        loss: str | Loss = "mse",
+        dtype=np.float64,
+        output_activation: str | Activation | None = None,
+        n_inputs: int | None = None,
+        n_outputs: int | None = None,
+        scale: float | str = 1.0,
+        bias: float = 0.0,
+    ) -> SparseMLP:
+        """A network on the RadiX-Net pattern with weights drawn uniformly in ``[-scale, scale]``.
+
+        The hidden layers are the ``layers`` RadiX-Net layers of
+        :func:`dasknn.datasets.radixnet` (``neurons`` x ``neurons``, 32 nonzeros per row and
+        column). Two optional ends adapt it to a data set:
+
+        - ``n_inputs`` (default ``neurons``): when different, the first layer has shape
+          ``(n_inputs, neurons)`` and input ``i`` takes the RadiX-Net row ``i mod neurons`` (every
+          input feeds 32 neurons; each neuron sees about ``32 * n_inputs / neurons`` inputs).
+        - ``n_outputs``: when given, one more layer ``(neurons, n_outputs)`` is appended, fully
+          connected (a classifier head: ``neurons * n_outputs`` stored entries), so the model
+          has ``layers + 1`` layers.
+
+        Parameters
+        ----------
+        neurons, layers : int
+            Width ``16 * 2**m`` and number of RadiX-Net layers.
+        seed : int
+            Seeds both the RadiX-Net relabellings and the weight values.
+        activation, loss, dtype, output_activation
+            As in :class:`SparseMLP`.
+        scale : float or {"he", "glorot"}
+            Half-width of the uniform initial weights: a number (1.0 gives the issue's
+            ``[-1, 1]``), or per layer ``sqrt(6 / fan_in)`` ("he", for ReLU) or
+            ``sqrt(6 / (fan_in + fan_out))`` ("glorot"), with the layer's mean fan-in and fan-out.
+        bias : float
+            Initial value of every bias.
+        """
+        dtype = _as_dtype(dtype)
+        patterns = radixnet_pattern(neurons, layers, seed=seed, dtype=dtype)
+        if n_inputs is not None and n_inputs != neurons:
+            if n_inputs < 1:
+                raise ValueError(f"n_inputs must be >= 1, got {n_inputs}")
+            patterns[0] = patterns[0][np.arange(n_inputs) % neurons]
+        if n_outputs is not None:
+            if n_outputs < 1:
+                raise ValueError(f"n_outputs must be >= 1, got {n_outputs}")
+            patterns.append(sp.csr_matrix(np.ones((neurons, n_outputs), dtype=dtype)))
+        rng = np.random.default_rng([seed, 0x5EED])
+        weights = []
+        for pattern in patterns:
+            n_in, n_out = pattern.shape
+            half = _init_scale(scale, pattern.nnz / n_out, pattern.nnz / n_in)
+            pattern.data = rng.uniform(-half, half, size=pattern.nnz).astype(dtype)
+            weights.append(pattern)
+        biases = [np.full(w.shape[1], bias, dtype=dtype) for w in weights]
+        return cls(
+            weights,
+            biases,
+            activation=activation,
+            output_activation=output_activation,
+            loss=loss,
+            dtype=dtype,
+        )
+
+    # ------------------------------------------------------------ persistence
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the model to the ``.npz`` file ``path`` (atomically: all or nothing)."""
+        path = Path(path)
+        arrays: dict[str, np.ndarray] = {
+            "format": np.array(_FILE_FORMAT),
+            "n_layers": np.array(self.n_layers),
+            "dtype": np.array(self.dtype.name),
+            "activation": np.array(self.activation.name),
+            "output_activation": np.array(self.output_activation.name),
+            "loss": np.array(self.loss.name),
+        }
+        for k, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
+            arrays[f"w{k}_shape"] = np.array(w.shape)
+            arrays[f"w{k}_indptr"] = w.indptr
+            arrays[f"w{k}_indices"] = w.indices
+            arrays[f"w{k}_data"] = w.data
+            arrays[f"b{k}"] = b
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                np.savez(fh, **arrays)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> SparseMLP:
+        """Read a model written by :meth:`save`.
+
+        Raises
+        ------
+        ValueError
+            If the file is not a model file or is incomplete or inconsistent.
+        """
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"model file {path} does not exist")
+        try:
+            with np.load(path, allow_pickle=False) as npz:
+                stored = {key: npz[key] for key in npz.files}
+        except (OSError, ValueError, EOFError) as exc:
+            raise ValueError(f"{path}: not a readable .npz model file: {exc}") from exc
+        try:
+            if int(stored["format"]) != _FILE_FORMAT:
+                raise ValueError(f"{path}: unknown model file format {int(stored['format'])}")
+            n_layers = int(stored["n_layers"])
+            weights, biases = [], []
+            for k in range(n_layers):
+                shape = tuple(int(v) for v in stored[f"w{k}_shape"])
+                weights.append(
+                    sp.csr_matrix(
+                        (stored[f"w{k}_data"], stored[f"w{k}_indices"], stored[f"w{k}_indptr"]),
+                        shape=shape,
+                    )
+                )
+                biases.append(stored[f"b{k}"])
+            return cls(
+                weights,
+                biases,
+                activation=str(stored["activation"]),
+                output_activation=str(stored["output_activation"]),
+                loss=str(stored["loss"]),
+                dtype=str(stored["dtype"]),
+            )
+        except KeyError as exc:
+            raise ValueError(f"{path}: model file lacks the entry {exc.args[0]!r}") from None
+        except ValueError as exc:
+            raise ValueError(f"{path}: invalid model file: {exc}") from exc

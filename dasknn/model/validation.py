@@ -1,0 +1,98 @@
+"""Checks of what a caller gives a model: input batches and targets.
+
+Shared by :class:`dasknn.model.SparseMLP` and the model-parallel runtime so that both reject bad
+input with the same clear ``ValueError`` before any work is done.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+from dasknn.model.losses import Loss
+
+__all__ = ["check_inputs", "check_learning_rate", "check_targets"]
+
+
+def check_inputs(X, n_inputs: int, dtype: np.dtype) -> np.ndarray:
+    """Return ``X`` as a C-contiguous ``(B, n_inputs)`` array of ``dtype``.
+
+    Parameters
+    ----------
+    X : array-like or scipy.sparse matrix of shape (B, n_inputs)
+        A batch of samples, one per row.
+    n_inputs : int
+        Width of the network's input layer.
+    dtype : numpy dtype
+        The model's value type.
+
+    Raises
+    ------
+    ValueError
+        If ``X`` is not 2-D, has no rows, has the wrong width, or holds NaN or infinite values.
+    """
+    if sp.issparse(X):
+        X = X.toarray()
+    X = np.asarray(X)
+    if X.ndim != 2:
+        raise ValueError(f"X must be a 2-D array (samples, features), got shape {X.shape}")
+    if X.shape[1] != n_inputs:
+        raise ValueError(
+            f"X has {X.shape[1]} features per sample but the network's input layer has {n_inputs}"
+        )
+    if X.shape[0] == 0:
+        raise ValueError("X has no samples (0 rows)")
+    if not np.issubdtype(X.dtype, np.number) or np.iscomplexobj(X):
+        raise ValueError(f"X must hold real numbers, got dtype {X.dtype}")
+    X = np.ascontiguousarray(X, dtype=dtype)
+    if not np.isfinite(X).all():
+        raise ValueError("X contains NaN or infinite values")
+    return X
+
+
+def check_targets(Y, n_samples: int, n_outputs: int, loss: Loss, dtype: np.dtype) -> np.ndarray:
+    """Return the targets as a C-contiguous ``(n_samples, n_outputs)`` array of ``dtype``.
+
+    For ``softmax_cross_entropy`` a 1-D array of integer class labels in ``[0, n_outputs)`` is also
+    accepted and turned into one-hot rows.
+
+    Raises
+    ------
+    ValueError
+        If the shape does not match ``(n_samples, n_outputs)``, a label is out of range, or a
+        value is NaN or infinite.
+    """
+    if sp.issparse(Y):
+        Y = Y.toarray()
+    Y = np.asarray(Y)
+    if Y.ndim == 1 and loss.name == "softmax_cross_entropy":
+        if not np.issubdtype(Y.dtype, np.integer):
+            raise ValueError(f"1-D class labels must be integers, got dtype {Y.dtype}")
+        if Y.shape[0] != n_samples:
+            raise ValueError(f"got {Y.shape[0]} labels for {n_samples} samples")
+        if Y.size and (Y.min() < 0 or Y.max() >= n_outputs):
+            raise ValueError(
+                f"class labels must lie in [0, {n_outputs}), got range [{Y.min()}, {Y.max()}]"
+            )
+        onehot = np.zeros((n_samples, n_outputs), dtype=dtype)
+        onehot[np.arange(n_samples), Y] = 1
+        return onehot
+    if Y.shape != (n_samples, n_outputs):
+        accepted = f"({n_samples}, {n_outputs})"
+        if loss.name == "softmax_cross_entropy":
+            accepted += f" or integer labels of shape ({n_samples},)"
+        raise ValueError(f"Y must have shape {accepted}, got {Y.shape}")
+    if not np.issubdtype(Y.dtype, np.number) or np.iscomplexobj(Y):
+        raise ValueError(f"Y must hold real numbers, got dtype {Y.dtype}")
+    Y = np.ascontiguousarray(Y, dtype=dtype)
+    if not np.isfinite(Y).all():
+        raise ValueError("Y contains NaN or infinite values")
+    return Y
+
+
+def check_learning_rate(lr: float) -> float:
+    """Return ``lr`` as a float; ``ValueError`` unless it is finite and >= 0."""
+    lr = float(lr)
+    if not np.isfinite(lr) or lr < 0:
+        raise ValueError(f"learning rate must be a finite number >= 0, got {lr}")
+    return lr
