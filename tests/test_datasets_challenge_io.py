@@ -70,8 +70,9 @@ def test_small_network_plain_and_gzip(tmp_path):
         ("1\t2\t0.5\n1\t2\t0.5\t9\n", "line 2"),
         ("1\t2\t0.5\n0\t1\t1\n", "1-based"),
         ("1\t5\t0.5\n", "out of range"),
-        ("1\t2\tnan\n", "not finite"),
-        ("1.5\t2\t1\n", "integers"),
+        ("1\t2\t0.5\n1\t2\tnan\n", "line 2"),
+        ("1\t2\t1e400\n", "not finite"),
+        ("1.5\t2\t1\n", "line 1"),
     ],
 )
 def test_malformed_layer_names_file_and_line(tmp_path, content, message):

@@ -13,12 +13,13 @@ import gzip
 import os
 import re
 import tempfile
-import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
+
+from dasknn.datasets.tsv_parser import parse_triples
 
 __all__ = [
     "challenge_bias",
@@ -68,49 +69,17 @@ def _read_triples(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
     Blank lines are allowed. Raises ``ValueError`` naming the file and the first bad line.
     """
     try:
-        with _open_text(path) as fh:
-            text = fh.read()
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        if path.suffix == ".gz":
+            with gzip.open(path, "rb") as fh:
+                text = fh.read()
+        else:
+            text = path.read_bytes()
+    except (OSError, EOFError) as exc:
         raise ValueError(f"{path}: cannot read file: {exc}") from exc
-    buf = np.frombuffer(text.encode(), dtype=np.uint8)
-    newline = buf == 10
-    blank = (buf == 32) | (buf == 9) | (buf == 13) | newline
-    starts = ~blank
-    starts[1:] &= blank[:-1]
-    line_of = np.cumsum(newline) - newline
-    n_lines = int(line_of[-1]) + 1 if buf.size else 0
-    per_line = np.bincount(line_of[starts], minlength=n_lines)
-    nonempty = per_line > 0
-    bad = np.flatnonzero(nonempty & (per_line != 3))
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            flat = np.fromstring(text, sep=" ") if buf.size else np.empty(0)
-    except ValueError:
-        flat = np.empty(0)
-    if bad.size == 0 and flat.size != 3 * int(nonempty.sum()):
-        lines = text.splitlines()
-        for lineno, ln in enumerate(lines, start=1):
-            try:
-                _ = [float(x) for x in ln.split()]
-            except ValueError:
-                bad = np.array([lineno - 1])
-                break
-    if bad.size:
-        lineno = int(bad[0]) + 1
-        line = text.splitlines()[lineno - 1]
-        raise ValueError(f"{path}, line {lineno}: expected 'row col value', got {line!r}")
-    table = flat.reshape(-1, 3)
-    rows = table[:, 0].astype(np.int64)
-    cols = table[:, 1].astype(np.int64)
-    vals = table[:, 2]
-    lines_used = np.flatnonzero(nonempty)
-    bad = np.flatnonzero((rows != table[:, 0]) | (cols != table[:, 1]))
-    if bad.size:
-        raise ValueError(
-            f"{path}, line {lines_used[bad[0]] + 1}: row and col must be integers, got "
-            f"{table[bad[0], 0]:g} {table[bad[0], 1]:g}"
-        )
+        rows, cols, vals, lines_used = parse_triples(text)
+    except ValueError as exc:
+        raise ValueError(f"{path}, {exc}") from None
     bad = np.flatnonzero((rows < 1) | (cols < 1))
     if bad.size:
         raise ValueError(
