@@ -1,0 +1,387 @@
+"""``DistributedSparseMLP``: a :class:`~dasknn.model.SparseMLP` trained model-parallel on Dask.
+
+Each layer is split by neurons across the parts of a partition; part ``m`` lives on worker
+``m % W``. A training step is one task graph (forward, loss, backward and in-place update of every
+layer) submitted at once; only the packed messages of the communication plan move between workers,
+and a scheduler plugin counts them.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import dask
+import numpy as np
+from tqdm.auto import tqdm
+
+from dasknn.model.sparse_mlp import SparseMLP
+from dasknn.model.validation import check_inputs, check_learning_rate, check_targets
+from dasknn.parallel.comm import (
+    CommReport,
+    install_comm_monitor,
+    read_transfers,
+    reset_transfers,
+    wire_bytes,
+)
+from dasknn.parallel.layout import gather_network, place_network, scatter_pinned, worker_of_parts
+from dasknn.parallel.plan import build_comm_plan, normalize_partition
+from dasknn.parallel.steps import StepContext, clear_store, read_timings, reset_timings
+from dasknn.parallel.taskgraph import PartPlacement, StepTemplate
+
+__all__ = ["DistributedSparseMLP"]
+
+
+def _clear_on_worker(token):
+    return clear_store(token)
+
+
+def _timings_on_worker(token):
+    return read_timings(token)
+
+
+def _reset_timings_on_worker(token):
+    reset_timings(token)
+
+
+class DistributedSparseMLP:
+    """A sparse MLP whose layers are split by neurons across Dask workers.
+
+    Parameters
+    ----------
+    model : SparseMLP
+        The network; its weights are copied to the workers (the model itself is not changed).
+    client : distributed.Client
+    partition : graph.NetworkPartition or sequence of L + 1 int arrays
+        ``parts[k][j]`` is the part owning neuron ``j`` of layer ``k`` (``k = 0``: inputs).
+    nparts : int, optional
+        Number of parts (defaults to ``partition.nparts`` or the largest id plus one).
+
+    Attributes
+    ----------
+    plan : CommPlan
+        Renumbering and per-layer communication plan.
+    weights, biases : list of dask.array.Array
+        The renumbered weights (pydata-sparse GCXS chunks) and biases, one chunk per part, each
+        kept on its part's worker (see :attr:`part_workers`). :meth:`gather` returns them in the
+        original order.
+    part_workers : list of str
+        Worker address of every part.
+    """
+
+    def __init__(self, model: SparseMLP, client, partition, nparts: int | None = None) -> None:
+        parts, nparts = normalize_partition(partition, model.layer_sizes, nparts)
+        workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        self.client = client
+        self.activation = model.activation
+        self.output_activation = model.output_activation
+        self.loss = model.loss
+        self.dtype = model.dtype
+        self.layer_sizes = list(model.layer_sizes)
+        self.token = uuid.uuid4().hex[:16]
+        self.plan, chunks = build_comm_plan(model.weights, parts, nparts)
+        self.part_workers = worker_of_parts(workers, nparts)
+        install_comm_monitor(client)
+        self._layout = place_network(
+            client, self.token, self.plan, chunks, model.biases, self.part_workers, self.dtype
+        )
+        self.weights = self._layout.weights
+        self.biases = self._layout.biases
+        self._placement = PartPlacement(self.part_workers)
+        self._templates: dict[str, StepTemplate] = {}
+        self._step = 0
+        self._reset_step = 0
+        self._batches: list[tuple[int, bool]] = []
+
+    # ------------------------------------------------------------------ basics
+    @property
+    def nparts(self) -> int:
+        """Number of parts."""
+        return self.plan.nparts
+
+    @property
+    def n_layers(self) -> int:
+        """Number of weight layers."""
+        return self.plan.n_layers
+
+    def __repr__(self) -> str:
+        return (
+            f"DistributedSparseMLP(layer_sizes={self.layer_sizes}, nparts={self.nparts}, "
+            f"workers={len(set(self.part_workers))}, loss={self.loss.name!r})"
+        )
+
+    def _template(self, kind: str) -> StepTemplate:
+        if kind not in self._templates:
+            softmax = self.loss.name == "softmax_cross_entropy"
+            self._templates[kind] = StepTemplate(
+                self.token, self.plan, self._layout, kind, softmax=softmax
+            )
+        return self._templates[kind]
+
+    def _context(self, lr: float) -> StepContext:
+        self._step += 1
+        return StepContext(
+            token=self.token,
+            step=self._step,
+            n_layers=self.n_layers,
+            activation=self.activation.name,
+            output_activation=self.output_activation.name,
+            loss=self.loss.name,
+            lr=float(lr),
+            dtype=self.dtype.name,
+        )
+
+    def _column_blocks(self, values: np.ndarray, layer: int) -> list[np.ndarray]:
+        order, offsets = self.plan.orders[layer], self.plan.offsets[layer]
+        return [
+            np.ascontiguousarray(values[:, order[offsets[m] : offsets[m + 1]]])
+            for m in range(self.nparts)
+        ]
+
+    def _scatter_blocks(self, name: str, values: np.ndarray, layer: int) -> dict:
+        """Scatter the column blocks of ``values`` (by the parts of ``layer``); ``{m: future}``."""
+        blocks = self._column_blocks(values, layer)
+        data = {(f"dasknn-{name}-{self.token}", self._step + 1, m): b for m, b in enumerate(blocks)}
+        futures = scatter_pinned(self.client, data, self.part_workers, lambda key: key[-1])
+        return {key[-1]: future for key, future in futures.items()}
+
+    def _submit(self, dsk: dict, keys: list):
+        with dask.annotate(workers=self._placement, allow_other_workers=False):
+            return self.client.get(dsk, keys, sync=False)
+
+    def _inputs(self, x_blocks, x_rows, y_blocks=None, y_rows=None) -> dict:
+        inputs = {}
+        for m in range(self.nparts):
+            inputs[("x", m)] = x_blocks[m].key
+            inputs[("x_rows", m)] = x_rows
+            if y_blocks is not None:
+                inputs[("y", m)] = y_blocks[m].key
+                inputs[("y_rows", m)] = y_rows
+        return inputs
+
+    def _check_xy(self, X, Y) -> tuple[np.ndarray, np.ndarray]:
+        x = check_inputs(X, self.layer_sizes[0], self.dtype)
+        y = check_targets(Y, x.shape[0], self.layer_sizes[-1], self.loss, self.dtype)
+        return x, y
+
+    # ------------------------------------------------------------------ training
+    def _submit_step(self, x_blocks, y_blocks, rows, lr, previous):
+        template = self._template("train")
+        ctx = self._context(lr)
+        dsk = template.graph(ctx, self._inputs(x_blocks, rows, y_blocks, rows), previous)
+        batch = len(rows) if rows is not None else None
+        return self._submit(dsk, template.output_keys(ctx.step)), batch
+
+    def train_step(self, X, Y, lr: float = 0.01) -> float:
+        """One SGD step on the batch ``(X, Y)``; weights and biases are updated on the workers.
+
+        Parameters
+        ----------
+        X : array-like (B, n_0)
+        Y : array-like (B, n_L), or integer labels (B,) for softmax cross-entropy
+        lr : float
+
+        Returns
+        -------
+        float
+            The loss of the batch before the update.
+
+        Raises
+        ------
+        ValueError
+            Before anything is scheduled, if ``X``, ``Y`` or ``lr`` are malformed.
+        """
+        x, y = self._check_xy(X, Y)
+        lr = check_learning_rate(lr)
+        x_blocks = self._scatter_blocks("x", x, 0)
+        y_blocks = self._scatter_blocks("y", y, self.n_layers)
+        futures, _ = self._submit_step(x_blocks, y_blocks, None, lr, None)
+        try:
+            shares = self.client.gather(futures)
+        except Exception:
+            self._clear_workers()
+            raise
+        self._batches.append((x.shape[0], True))
+        return float(sum(shares))
+
+    def fit(
+        self,
+        X,
+        Y,
+        batch_size: int = 64,
+        epochs: int = 1,
+        lr: float = 0.01,
+        shuffle: bool = True,
+        seed: int = 0,
+        progress: bool = True,
+    ) -> list[float]:
+        """Minibatch SGD over ``(X, Y)``, batch for batch the same steps as :meth:`SparseMLP.fit`.
+
+        The data is scattered once (each part's input and target columns to its worker); each
+        step takes its rows there. The next step is submitted before the current one ends (it
+        waits on the workers for the update it needs), so the client adds no gap between steps.
+
+        Returns
+        -------
+        list of float
+            Per epoch, the mean over samples of the batch losses.
+        """
+        x, y = self._check_xy(X, Y)
+        lr = check_learning_rate(lr)
+        if int(batch_size) < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if int(epochs) < 0:
+            raise ValueError(f"epochs must be >= 0, got {epochs}")
+        batch_size, epochs = int(batch_size), int(epochs)
+        n = x.shape[0]
+        x_blocks = self._scatter_blocks("x", x, 0)
+        y_blocks = self._scatter_blocks("y", y, self.n_layers)
+        rng = np.random.default_rng(seed)
+        history = []
+        try:
+            for epoch in range(epochs):
+                order = rng.permutation(n) if shuffle else np.arange(n)
+                batches = [order[s : s + batch_size] for s in range(0, n, batch_size)]
+                bar = tqdm(
+                    total=len(batches),
+                    desc=f"epoch {epoch + 1}/{epochs}",
+                    disable=not progress,
+                    leave=False,
+                )
+                history.append(self._run_pipelined(x_blocks, y_blocks, batches, lr, bar) / n)
+                bar.close()
+        except Exception:
+            self._clear_workers()
+            raise
+        finally:
+            del x_blocks, y_blocks
+        return history
+
+    def _run_pipelined(self, x_blocks, y_blocks, batches, lr, bar) -> float:
+        """Run the steps of ``batches`` with one step in flight ahead; returns sum(loss * B)."""
+        total = 0.0
+        pending = None
+        for rows in batches:
+            previous = [f.key for f in pending[0]] if pending else None
+            submitted = self._submit_step(x_blocks, y_blocks, rows, lr, previous)
+            if pending:
+                total += self._finish(pending, bar)
+            pending = submitted
+        if pending:
+            total += self._finish(pending, bar)
+        return total
+
+    def _finish(self, pending, bar) -> float:
+        futures, batch = pending
+        loss = float(sum(self.client.gather(futures)))
+        self._batches.append((batch, True))
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss:.4g}", refresh=False)
+        return loss * batch
+
+    # ------------------------------------------------------------------ inference
+    def predict(self, X, batch_size: int = 1024) -> np.ndarray:
+        """Network output for ``X`` (as :meth:`SparseMLP.predict`), computed on the workers."""
+        x = check_inputs(X, self.layer_sizes[0], self.dtype)
+        if int(batch_size) < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        template = self._template("predict")
+        out_order = self.plan.orders[self.n_layers]
+        blocks = []
+        for start in range(0, x.shape[0], int(batch_size)):
+            chunk = x[start : start + int(batch_size)]
+            x_blocks = self._scatter_blocks("x", chunk, 0)
+            ctx = self._context(0.0)
+            dsk = template.graph(ctx, self._inputs(x_blocks, None))
+            try:
+                parts = self.client.gather(self._submit(dsk, template.output_keys(ctx.step)))
+            except Exception:
+                self._clear_workers()
+                raise
+            self._batches.append((chunk.shape[0], False))
+            out = np.empty((chunk.shape[0], self.layer_sizes[-1]), dtype=self.dtype)
+            out[:, out_order] = np.concatenate(parts, axis=1)
+            blocks.append(self.loss.prediction(out, out))
+        return np.concatenate(blocks, axis=0)
+
+    # ------------------------------------------------------------------ results
+    def gather(self) -> SparseMLP:
+        """A :class:`SparseMLP` with the current weights and biases, in the original order."""
+        weights, biases = gather_network(self.client, self._layout, self.plan)
+        return SparseMLP(
+            weights,
+            biases,
+            activation=self.activation,
+            output_activation=self.output_activation,
+            loss=self.loss,
+            dtype=self.dtype,
+        )
+
+    def predicted_bytes(self, batch: int, backward: bool = True, between: str = "workers") -> dict:
+        """Predicted payload of one batch per ``(layer, phase)``.
+
+        ``between="workers"`` counts only messages between parts on different workers (what can
+        be measured); ``"parts"`` counts every message of the plan.
+        """
+        itemsize = self.dtype.itemsize
+        result = {}
+        for k in range(1, self.n_layers + 1):
+            words = sum(
+                w
+                for m, n, w in self.plan.messages(k)
+                if between == "parts" or self.part_workers[m] != self.part_workers[n]
+            )
+            result[(k, "forward")] = words * batch * itemsize
+            if backward:
+                result[(k, "backward")] = (words if k >= 2 else 0) * batch * itemsize
+        return result
+
+    def comm_report(self) -> CommReport:
+        """Measured (scheduler plugin) against predicted communication since the last reset."""
+        records = read_transfers(self.client, self.token)
+        report = CommReport(batches=len(self._batches))
+        for batch, backward in self._batches:
+            for key, value in self.predicted_bytes(batch, backward).items():
+                row = report.layers.setdefault(key, {"measured": 0, "messages": 0, "predicted": 0})
+                row["predicted"] += value
+                report.predicted += value
+            report.predicted_parts += sum(
+                self.predicted_bytes(batch, backward, between="parts").values()
+            )
+        for layer, phase, sender, receiver, nbytes, messages in records:
+            row = report.layers.setdefault(
+                (layer, phase), {"measured": 0, "messages": 0, "predicted": 0}
+            )
+            row["measured"] += nbytes
+            row["messages"] += messages
+            pair = report.pairs.setdefault((sender, receiver), {"bytes": 0, "messages": 0})
+            pair["bytes"] += nbytes
+            pair["messages"] += messages
+            if phase in ("forward", "backward"):
+                report.payload += nbytes
+            else:
+                report.other += nbytes
+        report.wire_messages, report.wire_payload, report.wire_total = wire_bytes(
+            self.client, self.token, self._reset_step + 1
+        )
+        return report
+
+    def reset_comm(self) -> None:
+        """Start a new measurement: zero the plugin's records and the worker timings."""
+        reset_transfers(self.client, self.token)
+        self.client.run(_reset_timings_on_worker, token=self.token)
+        self._batches = []
+        self._reset_step = self._step
+
+    def timings(self) -> dict[str, dict[str, float]]:
+        """Seconds each worker spent on local products, update and packing since the last reset."""
+        return self.client.run(_timings_on_worker, token=self.token)
+
+    def _clear_workers(self) -> None:
+        self.client.run(_clear_on_worker, token=self.token)
+
+    def close(self) -> None:
+        """Release the data on the workers."""
+        self._clear_workers()
+        self._layout.futures.clear()
+        self.weights = []
+        self.biases = []

@@ -1,0 +1,315 @@
+"""The functions that run on the workers: one part's share of a layer step.
+
+Every task of a step is ``forward_task`` or ``backward_task`` for one ``(layer k, part m)`` and one
+*receiver* ``n``: it makes sure part ``m``'s work for layer ``k`` is done on this worker (the first
+task of ``(k, m)`` to run does it, the others find it done) and returns the packed message for
+``n`` — the only values Dask moves between workers. A task with no receiver returns a small value
+(the loss share, the output block, or nothing).
+
+The intermediate values of a part (``x_in``, ``z``, ``a`` per layer, partial sums) stay in a
+worker-local store keyed by model token, step and part, so one task per message suffices and the
+critical path of a layer is one task plus one transfer. Weight and bias chunks are Dask data
+(persisted, pinned to this worker) and are updated in place. All per-element arithmetic is in the
+numba kernels of :mod:`dasknn.kernels.training`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dasknn.kernels.training import masked_outer_grad, spmm_backward, spmm_forward
+from dasknn.model.activations import get_activation
+from dasknn.model.losses import get_loss
+from dasknn.parallel.plan import LayerPartPlan
+
+__all__ = [
+    "StepContext",
+    "backward_task",
+    "clear_store",
+    "combine_logsumexp",
+    "forward_task",
+    "read_timings",
+    "reset_timings",
+]
+
+#: Timing categories recorded by the workers (seconds, summed over tasks).
+TIMING_KINDS = ("forward_product", "backward_product", "update", "pack")
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What every task of one step needs besides its data (small; travels in the graph)."""
+
+    token: str
+    step: int
+    n_layers: int
+    activation: str
+    output_activation: str
+    loss: str
+    lr: float
+    dtype: str
+
+
+@dataclass
+class _PartState:
+    """One part's intermediate values during one step."""
+
+    forward: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
+    partial: dict[int, np.ndarray] = field(default_factory=dict)
+    backward_done: set[int] = field(default_factory=set)
+    loss: float = 0.0
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+
+@dataclass
+class _ModelStore:
+    parts: dict[tuple[int, int], _PartState] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+
+_STORE: dict[str, _ModelStore] = {}
+_STORE_LOCK = threading.Lock()
+
+
+def _model_store(token: str) -> _ModelStore:
+    with _STORE_LOCK:
+        return _STORE.setdefault(token, _ModelStore())
+
+
+def _part_state(ctx: StepContext, part: int) -> _PartState:
+    store = _model_store(ctx.token)
+    with _STORE_LOCK:
+        return store.parts.setdefault((ctx.step, part), _PartState())
+
+
+def clear_store(token: str) -> int:
+    """Drop everything a model left on this worker; returns the number of part states dropped."""
+    with _STORE_LOCK:
+        store = _STORE.pop(token, None)
+    return 0 if store is None else len(store.parts)
+
+
+def read_timings(token: str) -> dict[str, float]:
+    """Seconds this worker spent per kind of work (:data:`TIMING_KINDS`) for a model."""
+    store = _model_store(token)
+    return {kind: float(store.timings.get(kind, 0.0)) for kind in TIMING_KINDS}
+
+
+def reset_timings(token: str) -> None:
+    """Zero this worker's timings for a model."""
+    _model_store(token).timings.clear()
+
+
+def _input_block(x, rows):
+    return x if rows is None else np.ascontiguousarray(x[rows])
+
+
+def _ensure_forward(ctx, part, k, plan: LayerPartPlan, weight, bias, x0, x0_rows, pieces):
+    """Compute ``x_in``, ``z``, ``a`` of part ``part`` in layer ``k`` unless already done.
+
+    Layer 0 only stores the part's input columns (restricted to the batch rows) as ``a_0``.
+    """
+    state = _part_state(ctx, part)
+    with state.lock:
+        if k in state.forward:
+            return state
+        if k == 0:
+            state.forward[0] = (None, None, _input_block(x0, x0_rows))
+            return state
+        timings = _model_store(ctx.token).timings
+        start = time.perf_counter()
+        a_prev = state.forward[k - 1][2]
+        groups = plan.groups
+        batch = a_prev.shape[0]
+        dtype = np.dtype(ctx.dtype)
+        x_in = np.empty((batch, int(groups[-1])), dtype=dtype)
+        x_in[:, groups[part] : groups[part + 1]] = a_prev[:, plan.own]
+        for n, piece in zip(plan.senders(), pieces, strict=True):
+            x_in[:, groups[n] : groups[n + 1]] = piece
+        middle = time.perf_counter()
+        z = np.empty((batch, weight.shape[1]), dtype=dtype)
+        spmm_forward(x_in, plan.indptr, weight.indices, weight.data, z)
+        z += bias
+        name = ctx.output_activation if k == ctx.n_layers else ctx.activation
+        a = get_activation(name).forward(z)
+        state.forward[k] = (x_in, z, a)
+        timings["pack"] += middle - start
+        timings["forward_product"] += time.perf_counter() - middle
+    return state
+
+
+def forward_task(
+    ctx: StepContext,
+    part: int,
+    k: int,
+    receiver: int,
+    plan: LayerPartPlan,
+    weight,
+    bias: np.ndarray,
+    next_plan: LayerPartPlan | None,
+    *pieces: np.ndarray,
+    x0=None,
+    x0_rows=None,
+    after=None,
+):
+    """Part ``part``'s forward step of layer ``k``; returns what ``receiver`` needs.
+
+    Layer ``k = 0`` takes the part's input columns ``x0`` (rows ``x0_rows`` of them when given);
+    ``plan``, ``weight`` and ``bias`` are then ``None``.
+
+    Parameters
+    ----------
+    receiver : int
+        A part of layer ``k+1`` that needs activations of this part (the packed columns
+        ``next_plan.send[receiver]`` are returned), ``-1`` for none (returns ``None``), ``-2`` for
+        the output block ``a_L`` of this part, ``-3`` for this part's softmax statistics.
+    pieces : arrays
+        The messages of layer ``k`` from ``plan.senders()``, in that order.
+    x0, x0_rows : array, optional
+        Layer 0 only: the part's input columns and the batch rows to take from them.
+    after : tuple
+        Ignored: the part's tasks of the previous layer (or step), which must run first.
+    """
+    state = _ensure_forward(ctx, part, k, plan, weight, bias, x0, x0_rows, pieces)
+    a = state.forward[k][2]
+    if receiver >= 0:
+        start = time.perf_counter()
+        message = np.ascontiguousarray(a[:, next_plan.send[receiver]])
+        _model_store(ctx.token).timings["pack"] += time.perf_counter() - start
+        return message
+    if receiver == -2:
+        _part_state_pop(ctx, part)
+        return a
+    if receiver == -3:
+        return _softmax_statistics(state.forward[k][1])
+    return None
+
+
+def _part_state_pop(ctx: StepContext, part: int) -> None:
+    store = _model_store(ctx.token)
+    with _STORE_LOCK:
+        store.parts.pop((ctx.step, part), None)
+
+
+def _softmax_statistics(z: np.ndarray) -> np.ndarray:
+    """Row maxima and sums of ``exp(z - max)`` of one part's logits, shape (2, B)."""
+    stats = np.empty((2, z.shape[0]), dtype=np.float64)
+    if z.shape[1] == 0:
+        stats[0] = -np.inf
+        stats[1] = 0.0
+        return stats
+    stats[0] = z.max(axis=1)
+    stats[1] = np.exp(z - stats[0][:, None]).sum(axis=1)
+    return stats
+
+
+def combine_logsumexp(*stats: np.ndarray) -> np.ndarray:
+    """Row-wise log-sum-exp of all output logits from every part's :func:`_softmax_statistics`."""
+    peaks = np.stack([s[0] for s in stats])
+    top = peaks.max(axis=0)
+    total = sum(s[1] * np.exp(s[0] - top) for s in stats)
+    return top + np.log(total)
+
+
+def _output_delta(ctx: StepContext, z, a, y, lse) -> tuple[np.ndarray, float]:
+    """``dJ/dz_L`` of this part's output neurons and its share of the batch loss."""
+    loss = get_loss(ctx.loss)
+    batch = z.shape[0]
+    if loss.name == "softmax_cross_entropy":
+        log_prob = z - lse.astype(z.dtype)[:, None]
+        delta = np.exp(log_prob) * y.sum(axis=1, keepdims=True) - y
+        delta /= batch
+        return np.ascontiguousarray(delta, dtype=z.dtype), -float(np.vdot(y, log_prob)) / batch
+    out = get_activation(ctx.output_activation)
+    return loss.output_delta(z, a, y, out), loss.value(z, a, y)
+
+
+def backward_task(
+    ctx: StepContext,
+    part: int,
+    k: int,
+    receiver: int,
+    plan: LayerPartPlan,
+    weight,
+    bias: np.ndarray,
+    next_plan: LayerPartPlan | None,
+    *pieces: np.ndarray,
+    forward_pieces: tuple = (),
+    y=None,
+    y_rows=None,
+    lse=None,
+    after=None,
+):
+    """Part ``part``'s backward step and update of layer ``k``; returns what ``receiver`` needs.
+
+    The delta of layer ``k`` is the sum of the part's own partial sums and the ``pieces`` received
+    from ``sorted(next_plan.send)`` times ``f'(z_k)`` (at ``k = L``: the loss gradient from ``y``).
+    Then the partial sums for layer ``k-1`` are computed with the old weights, and the weights and
+    bias are updated in place.
+
+    Parameters
+    ----------
+    receiver : int
+        The owner of rows of ``W_k`` whose partial sums are returned (slice ``plan.groups``), or
+        ``-1`` for none: the part's last task of the step, which returns its loss share and frees
+        its state.
+    forward_pieces : tuple of arrays
+        At ``k = L``: the forward messages of layer ``L`` (the forward of the last layer runs here).
+    """
+    if k == ctx.n_layers:
+        _ensure_forward(ctx, part, k, plan, weight, bias, None, None, forward_pieces)
+    state = _part_state(ctx, part)
+    with state.lock:
+        if k not in state.backward_done:
+            _backward(ctx, state, part, k, plan, weight, bias, next_plan, pieces, y, y_rows, lse)
+    if receiver >= 0:
+        start = time.perf_counter()
+        message = np.ascontiguousarray(
+            state.partial[k][:, plan.groups[receiver] : plan.groups[receiver + 1]]
+        )
+        _model_store(ctx.token).timings["pack"] += time.perf_counter() - start
+        return message
+    loss = state.loss
+    if k == 1:
+        _part_state_pop(ctx, part)
+    return loss
+
+
+def _backward(ctx, state, part, k, plan, weight, bias, next_plan, pieces, y, y_rows, lse):
+    timings = _model_store(ctx.token).timings
+    x_in, z, a = state.forward[k]
+    start = time.perf_counter()
+    if k == ctx.n_layers:
+        delta, state.loss = _output_delta(ctx, z, a, _input_block(y, y_rows), lse)
+    else:
+        own = state.partial.pop(k + 1)
+        grad_a = np.zeros_like(z)
+        grad_a[:, next_plan.own] = own[:, next_plan.groups[part] : next_plan.groups[part + 1]]
+        for n, piece in zip(sorted(next_plan.send), pieces, strict=True):
+            grad_a[:, next_plan.send[n]] += piece
+        grad_a *= get_activation(ctx.activation).derivative(z)
+        delta = grad_a
+    if k >= 2:
+        partial = np.empty((z.shape[0], int(plan.groups[-1])), dtype=z.dtype)
+        spmm_backward(delta, plan.indptr, weight.indices, weight.data, partial)
+        state.partial[k] = partial
+    product_done = time.perf_counter()
+    dtype = np.dtype(ctx.dtype)
+    step = dtype.type(ctx.lr)
+    grad_w = np.empty_like(weight.data)
+    masked_outer_grad(x_in, delta, plan.indptr, weight.indices, dtype.type(1), grad_w)
+    grad_w *= step
+    weight.data -= grad_w
+    grad_b = delta.sum(axis=0)
+    grad_b *= step
+    bias -= grad_b
+    del state.forward[k]
+    state.backward_done.add(k)
+    end = time.perf_counter()
+    timings["backward_product"] += product_done - start
+    timings["update"] += end - product_done
