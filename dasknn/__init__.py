@@ -2,7 +2,8 @@
 
 from dasknn import datasets
 from dasknn.model import SparseMLP
+from dasknn.parallel import DistributedSparseMLP
 
 __version__ = "0.1.0"
 
-__all__ = ["SparseMLP", "datasets", "__version__"]
+__all__ = ["DistributedSparseMLP", "SparseMLP", "datasets", "__version__"]
