@@ -1,0 +1,85 @@
+"""The statistics of a challenge run."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+__all__ = ["ChallengeStats"]
+
+
+@dataclass
+class ChallengeStats:
+    """What a challenge run did and how fast.
+
+    Attributes
+    ----------
+    inputs, neurons, layers, edges : int
+        Input rows, neurons per layer, layers, and nonzeros of all layers together.
+    categories : int
+        Input rows that are not all zero after the last layer.
+    seconds : float
+        Wall time of the inference (weights to the workers, batches, categories back); the
+        network and input reading and the cluster start are not included.
+    rate : float
+        ``inputs * edges / seconds``, the challenge's measure (edges per second).
+    kernel_seconds : float
+        Time spent inside the kernel, summed over batches and workers.
+    macs_done, macs_needed : int
+        Multiply-adds the kernel executed, and those a row-by-row sparse product that skips every
+        zero activation would need. Both compare with the nominal ``inputs * edges``.
+    batches, batch_size : int
+        Number of batches and rows per batch.
+    dtype : str
+        ``float32`` or ``float64``.
+    workers : int
+        Dask workers used.
+    mode : str
+        ``broadcast`` (every worker holds all layers) or ``streamed`` (a bounded window).
+    resident_layers, weight_buffers : int
+        Layers per weight buffer and buffers resident per worker at once.
+    weight_bytes : int
+        Bytes of the packed network.
+    peak_memory : dict of str to int
+        Peak resident memory (bytes) of each worker process that ran batches.
+    """
+
+    inputs: int
+    neurons: int
+    layers: int
+    edges: int
+    categories: int
+    seconds: float
+    rate: float
+    kernel_seconds: float
+    macs_done: int
+    macs_needed: int
+    batches: int
+    batch_size: int
+    dtype: str
+    workers: int
+    mode: str
+    resident_layers: int
+    weight_buffers: int
+    weight_bytes: int
+    peak_memory: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        """A JSON-ready dictionary."""
+        return asdict(self)
+
+    def summary(self) -> str:
+        """A few human-readable lines."""
+        nominal = self.inputs * self.edges
+        peak = max(self.peak_memory.values(), default=0)
+        lines = [
+            f"network: {self.neurons} neurons x {self.layers} layers, {self.edges} edges; "
+            f"{self.inputs} inputs, {self.categories} categories",
+            f"time: {self.seconds:.3f} s, rate: {self.rate:.4g} edges/s "
+            f"({self.workers} workers, {self.batches} batches of {self.batch_size}, {self.dtype}, "
+            f"{self.mode} weights)",
+            f"work: {self.macs_done:.4g} multiply-adds done, {self.macs_needed:.4g} needed, "
+            f"{nominal:.4g} nominal; kernel time {self.kernel_seconds:.3f} s",
+            f"peak memory per worker: {peak / 2**20:.0f} MiB (max of "
+            f"{len(self.peak_memory)} workers)",
+        ]
+        return "\n".join(lines)

@@ -1,0 +1,124 @@
+"""``dasknn challenge``: Graph Challenge inference, checked against a golden file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from contextlib import ExitStack
+from pathlib import Path
+
+from distributed import Client
+
+from dasknn.challenge import run_challenge
+from dasknn.challenge.engine import local_cluster
+from dasknn.datasets import read_categories, write_categories
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``dasknn challenge``."""
+    parser = subparsers.add_parser(
+        "challenge",
+        help="run Graph Challenge inference on a Dask cluster and report the rate",
+        description=(
+            "Run every input row through the network (Y = min(max(Y @ W + b on nonzeros, 0), 32) "
+            "per layer), write the categories (1-based ids of the rows still nonzero), compare "
+            "them with a golden file, and report time, rate (inputs x edges / seconds) and the "
+            "peak memory per worker."
+        ),
+    )
+    parser.add_argument("--network", required=True, help="challenge directory or radixnet:N:L")
+    parser.add_argument("--neurons", type=int, help="width to read from a challenge directory")
+    parser.add_argument("--layers", type=int, help="use only the first LAYERS layers")
+    parser.add_argument("--bias", type=float, help="bias (default: the challenge's for N)")
+    parser.add_argument(
+        "--inputs", required=True, type=Path,
+        help="challenge sparse-input .tsv[.gz] or MNIST IDX image file (side = sqrt(N))",
+    )
+    parser.add_argument("--categories", type=Path, help="write the categories to this file")
+    parser.add_argument("--golden", type=Path, help="expected categories; prints PASSED/FAILED")
+    cluster = parser.add_mutually_exclusive_group()
+    cluster.add_argument("--workers", type=int, help="start a LocalCluster of W workers")
+    cluster.add_argument("--scheduler", help="address of a running Dask scheduler")
+    parser.add_argument("--threads", type=int, default=1, help="threads per local worker")
+    parser.add_argument("--batch-size", type=int, help="input rows per batch")
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    parser.add_argument(
+        "--resident-layers", type=int,
+        help="stream the weights in windows of this many layers (default: broadcast if it fits)",
+    )
+    parser.add_argument("--weight-buffers", type=int, default=2,
+                        help="windows of layers resident per worker when streaming")
+    parser.add_argument("--json", type=Path, help="write the statistics to this JSON file")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
+    parser.set_defaults(func=run)
+
+
+def _write_json(path: Path, report: dict) -> None:
+    """Write ``report`` to ``path`` through a temporary file (never a partial file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(report, fh, indent=2)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the challenge; exit 0 (passed or no golden file), 1 (failed) or 2 (bad input)."""
+    if args.workers is not None and args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    if args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    golden = read_categories(args.golden) if args.golden is not None else None
+    with ExitStack() as stack:
+        if args.scheduler:
+            client = stack.enter_context(Client(args.scheduler))
+        else:
+            cluster = stack.enter_context(local_cluster(args.workers, args.threads))
+            client = stack.enter_context(Client(cluster))
+        categories, stats = run_challenge(
+            args.network,
+            args.inputs,
+            bias=args.bias,
+            client=client,
+            neurons=args.neurons,
+            layers=args.layers,
+            batch_size=args.batch_size,
+            dtype=args.dtype,
+            resident_layers=args.resident_layers,
+            weight_buffers=args.weight_buffers,
+            progress=not args.quiet,
+        )
+    report = stats.as_dict()
+    passed = None
+    if golden is not None:
+        passed = bool(golden.size == categories.size and (golden == categories).all())
+        report["passed"] = passed
+    if args.categories is not None:
+        write_categories(args.categories, categories)
+    if args.json is not None:
+        _write_json(args.json, report)
+    if not args.quiet:
+        print(stats.summary())
+    if passed is not None:
+        if passed:
+            print("CHALLENGE PASSED")
+        else:
+            missing = len(set(golden.tolist()) - set(categories.tolist()))
+            extra = len(set(categories.tolist()) - set(golden.tolist()))
+            print(
+                f"CHALLENGE FAILED: {categories.size} categories, golden {golden.size} "
+                f"({missing} missing, {extra} extra)",
+                file=sys.stdout,
+            )
+        return 0 if passed else 1
+    return 0
