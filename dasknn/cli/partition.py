@@ -1,0 +1,87 @@
+"""``dasknn partition``: partition a network for P = ... parts and print the paper's Table 1."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import graph
+from dasknn.datasets import load_network
+from graph.atomic import write_text_atomically
+from graph.report import PartitionRow, format_table
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``dasknn partition``."""
+    parser = subparsers.add_parser(
+        "partition",
+        help="partition a network with the multi-phase hypergraph model and report the volume",
+        description=(
+            "Partition every layer of NETWORK (a directory of Graph Challenge files or "
+            "radixnet:N:L) for each part count and print, per P, the communication volume and "
+            "messages of METHOD against BASELINE (the form of Table 1 of Demirci & "
+            "Ferhatosmanoglu, ICS'21), with the volume floor beside it."
+        ),
+    )
+    parser.add_argument("network", help="challenge directory or radixnet:N:L[:SEED]")
+    parser.add_argument("--parts", type=int, nargs="+", default=[32, 64, 128, 256, 512])
+    parser.add_argument("--method", default="hypergraph", choices=graph.METHODS)
+    parser.add_argument("--baseline", default="random", choices=graph.METHODS)
+    parser.add_argument("--backend", default=graph.DEFAULT_BACKEND, choices=graph.BACKENDS)
+    parser.add_argument("--epsilon", type=float, default=0.01, help="allowed imbalance")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--neurons", type=int, help="width to read from a challenge directory")
+    parser.add_argument("--layers", type=int, help="use only the first LAYERS layers")
+    parser.add_argument("--out", type=Path, help="save the METHOD partitions to this .npz file")
+    parser.add_argument("--report", type=Path, help="save the table to this markdown file")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Partition, print the table, write the requested files; return the exit code."""
+    if args.layers is not None and args.layers < 1:
+        raise ValueError(f"--layers must be at least 1, not {args.layers}")
+    for target in (args.out, args.report):
+        if target is not None and not target.parent.is_dir():
+            raise FileNotFoundError(f"the directory of {str(target)!r} does not exist")
+    layers = load_network(args.network, neurons=args.neurons, layers=args.layers)
+    graph.check_network(layers)
+    smallest = min([layers[0].shape[0]] + [layer.shape[1] for layer in layers])
+    for nparts in args.parts:
+        if not 1 <= nparts <= smallest:
+            raise ValueError(
+                f"--parts {nparts} is impossible: need 1 <= P <= {smallest} (neurons per layer)"
+            )
+    rows = []
+    partitions = {}
+    for nparts in args.parts:
+        method = graph.partition_network(
+            layers, nparts, args.method, args.epsilon, args.backend, args.seed
+        )
+        baseline = graph.partition_network(
+            layers, nparts, args.baseline, args.epsilon, args.backend, args.seed
+        )
+        rows.append(
+            PartitionRow(
+                nparts,
+                method.metrics(),
+                baseline.metrics(),
+                graph.volume_floor(layers, nparts),
+                method.seconds,
+            )
+        )
+        partitions[nparts] = method
+    title = (
+        f"{args.network}: {len(layers)} layers, {args.method} (H) vs {args.baseline} (R), "
+        f"backend {args.backend}, epsilon {args.epsilon}"
+    )
+    table = format_table(rows, title)
+    print(table)
+    if args.out is not None:
+        graph.save_partitions(args.out, partitions)
+    if args.report is not None:
+        write_text_atomically(args.report, table + "\n")
+    return 0
+

@@ -1,0 +1,296 @@
+"""Phase hypergraphs of the multi-phase model, built with vectorised numpy.
+
+Phase ``k`` partitions the neurons of layer ``k`` (the columns of the stored ``layers[k-1]``, shape
+``(n_in, n_out)``). Every input neuron ``i`` of the layer (stored row ``i``) becomes a net of cost
+2 (the forward word ``x_{k-1}(i)`` and the backward partial sum) whose pins are the neurons that
+consume it, plus the fixed vertex of the part that owns ``i``. Instead of one fixed vertex per net
+the model uses one fixed vertex per part, shared by all nets owned by that part; the connectivity of
+every net is the same, so the connectivity-1 objective is unchanged and the hypergraph is far
+smaller.
+
+The refinement adds, for every neuron ``j`` of layer ``k``, a net of cost 2 whose pins are ``j`` and
+the fixed vertices of the parts that consume ``j`` in layer ``k+1``; its connectivity-1 is the
+number of words layer ``k+1`` exchanges for ``j``.
+
+Neurons that belong to exactly the same nets (same inputs, and in the refinement the same consumer
+parts) are interchangeable for the partitioner. They are merged into chunks whose size divides the
+ideal part size, so perfect balance stays reachable while the hypergraph shrinks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+__all__ = ["PhaseHypergraph", "build_phase_hypergraph", "identical_vertex_chunks"]
+
+NET_COST = 2
+_HASH_SEED = 0x5EED
+
+
+@dataclass(frozen=True)
+class PhaseHypergraph:
+    """A hypergraph ready for a partitioner.
+
+    Vertices ``0 .. num_free-1`` are free (merged neuron chunks), vertices
+    ``num_free .. num_free+len(fixed_parts)-1`` are fixed, vertex ``num_free+t`` to part
+    ``fixed_parts[t]``.
+
+    Attributes
+    ----------
+    num_free : int
+        Number of free vertices.
+    vertex_weights : numpy.ndarray
+        Weight of every free vertex (nonzeros of the neurons it holds).
+    fixed_parts : numpy.ndarray
+        The part each fixed vertex is fixed to.
+    net_offsets, net_pins : numpy.ndarray
+        Nets in CSR form: the pins of net ``e`` are ``net_pins[net_offsets[e]:net_offsets[e+1]]``.
+    net_weights : numpy.ndarray
+        Cost of every net.
+    vertex_of_neuron : numpy.ndarray
+        The free vertex that holds each neuron of the layer.
+    """
+
+    num_free: int
+    vertex_weights: np.ndarray
+    fixed_parts: np.ndarray
+    net_offsets: np.ndarray
+    net_pins: np.ndarray
+    net_weights: np.ndarray
+    vertex_of_neuron: np.ndarray
+
+    @property
+    def num_vertices(self) -> int:
+        """Free plus fixed vertices."""
+        return self.num_free + len(self.fixed_parts)
+
+    @property
+    def num_nets(self) -> int:
+        """Number of nets."""
+        return len(self.net_offsets) - 1
+
+    def neuron_parts(self, vertex_parts: np.ndarray) -> np.ndarray:
+        """Expand a part per free vertex into a part per neuron."""
+        return np.asarray(vertex_parts)[: self.num_free][self.vertex_of_neuron]
+
+
+def _pattern_hashes(items: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Two 64-bit order-independent hashes of each set (``items`` grouped by ``lengths``)."""
+    rng = np.random.default_rng(_HASH_SEED)
+    top = int(items.max()) + 1 if len(items) else 1
+    keys = rng.integers(1, 2**63, size=(2, top), dtype=np.uint64)
+    owner = np.repeat(np.arange(len(lengths)), lengths)
+    hashes = np.zeros((2, len(lengths)), dtype=np.uint64)
+    for row in range(2):
+        np.add.at(hashes[row], owner, keys[row, items])
+    return hashes
+
+
+def identical_vertex_chunks(
+    offsets: np.ndarray, items: np.ndarray, weights: np.ndarray, chunk: int
+) -> tuple[np.ndarray, int]:
+    """Group vertices with identical net sets into chunks of at most ``chunk`` vertices.
+
+    Parameters
+    ----------
+    offsets, items : numpy.ndarray
+        The net set of each vertex in CSR form, each set sorted.
+    weights : numpy.ndarray
+        Vertex weights (vertices are merged only with vertices of the same weight).
+    chunk : int
+        Largest chunk; within a class of ``m`` identical vertices the chunk size is the largest
+        divisor of ``gcd(m, chunk)``, so chunks are equal.
+
+    Returns
+    -------
+    chunk_of : numpy.ndarray
+        The chunk of every vertex, numbered ``0 .. num_chunks-1``.
+    num_chunks : int
+    """
+    n = len(weights)
+    if chunk <= 1 or n == 0:
+        return np.arange(n), n
+    lengths = np.diff(offsets)
+    hashes = _pattern_hashes(items, lengths)
+    order = np.lexsort((np.arange(n), weights, lengths, hashes[1], hashes[0]))
+    keys = np.stack([hashes[0][order], hashes[1][order], lengths[order], weights[order]])
+    new_class = np.ones(n, dtype=bool)
+    new_class[1:] = np.any(keys[:, 1:] != keys[:, :-1], axis=0)
+    class_start = np.flatnonzero(new_class)
+    class_id = np.cumsum(new_class) - 1
+    # Exact check against the first member of the class (a hash collision splits the class).
+    representative = order[class_start[class_id]]
+    same = _same_sets(offsets, items, order, representative)
+    new_class |= ~same
+    class_start = np.flatnonzero(new_class)
+    class_id = np.cumsum(new_class) - 1
+    class_size = np.diff(np.append(class_start, n))
+    chunk_size = np.gcd(class_size, chunk)
+    rank = np.arange(n) - class_start[class_id]
+    chunk_index = rank // chunk_size[class_id]
+    chunks_per_class = class_size // chunk_size
+    first_chunk = np.concatenate([[0], np.cumsum(chunks_per_class)[:-1]])
+    chunk_of = np.empty(n, dtype=np.int64)
+    chunk_of[order] = first_chunk[class_id] + chunk_index
+    return chunk_of, int(chunks_per_class.sum())
+
+
+def _same_sets(
+    offsets: np.ndarray, items: np.ndarray, order: np.ndarray, representative: np.ndarray
+) -> np.ndarray:
+    """Whether the set of ``order[t]`` equals the set of ``representative[t]`` (equal lengths)."""
+    lengths = np.diff(offsets)[order]
+    total = int(lengths.sum())
+    position = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    mine = items[np.repeat(offsets[order], lengths) + position]
+    theirs = items[np.repeat(offsets[representative], lengths) + position]
+    differs = np.zeros(len(order), dtype=bool)
+    np.logical_or.at(differs, np.repeat(np.arange(len(order)), lengths), mine != theirs)
+    return ~differs
+
+
+def merge_chunk(num_neurons: int, nparts: int, max_chunk: int) -> int:
+    """Largest chunk that keeps perfect balance reachable: a divisor of ``num_neurons / nparts``."""
+    if num_neurons % nparts:
+        return 1
+    return math.gcd(num_neurons // nparts, max_chunk)
+
+
+def build_phase_hypergraph(
+    layer: sp.csr_matrix,
+    nparts: int,
+    input_parts: np.ndarray | None,
+    consumer_parts: sp.csr_matrix | None = None,
+    max_chunk: int = 1,
+) -> PhaseHypergraph:
+    """Build the hypergraph of one phase.
+
+    Parameters
+    ----------
+    layer : scipy.sparse.csr_matrix
+        The stored layer, shape ``(n_in, n_out)``.
+    nparts : int
+        Number of parts.
+    input_parts : numpy.ndarray or None
+        Owner part of every input neuron; ``None`` in the first phase (no fixed vertices).
+    consumer_parts : scipy.sparse.csr_matrix or None
+        Refinement only: a ``(n_out, nparts)`` matrix whose entry ``(j, p)`` is nonzero when part
+        ``p`` consumes neuron ``j`` in the next layer. Adds one net per neuron of the layer.
+    max_chunk : int
+        Merge neurons with identical nets into chunks of up to this many (1 disables merging).
+
+    Returns
+    -------
+    PhaseHypergraph
+    """
+    pattern = sp.csr_matrix(
+        (np.ones(layer.nnz, dtype=np.int8), layer.indices, layer.indptr), shape=layer.shape
+    )
+    pattern.sum_duplicates()
+    n_in, n_out = pattern.shape
+    by_column = pattern.tocsc()
+    by_column.sort_indices()
+    weights = np.diff(by_column.indptr).astype(np.int64)
+    signature = by_column
+    if consumer_parts is not None:
+        consumer_parts = sp.csr_matrix(consumer_parts, dtype=np.int8)
+        consumer_parts.sum_duplicates()
+        signature = sp.vstack([by_column, sp.csc_matrix(consumer_parts.T)], format="csc")
+        signature.sort_indices()
+    chunk_of, num_chunks = identical_vertex_chunks(
+        signature.indptr, signature.indices, weights, merge_chunk(n_out, nparts, max_chunk)
+    )
+    vertex_weights = np.bincount(chunk_of, weights=weights, minlength=num_chunks).astype(np.int64)
+
+    # Input nets: pins = the chunks of the consumers, deduplicated.
+    rows = np.repeat(np.arange(n_in), np.diff(pattern.indptr))
+    pins_by_net = sp.csr_matrix(
+        (np.ones(len(rows), dtype=np.int8), (rows, chunk_of[pattern.indices])),
+        shape=(n_in, num_chunks),
+    )
+    pins_by_net.sum_duplicates()
+    used = np.diff(pins_by_net.indptr) > 0
+
+    # One fixed vertex per part that owns an input or consumes an output.
+    fixed_parts = np.zeros(0, dtype=np.int64)
+    if input_parts is not None:
+        input_parts = np.asarray(input_parts, dtype=np.int64)
+        fixed_parts = np.unique(input_parts[used])
+    if consumer_parts is not None:
+        fixed_parts = np.union1d(fixed_parts, consumer_parts.indices).astype(np.int64)
+    fixed_vertex = num_chunks + np.searchsorted(fixed_parts, np.arange(nparts))
+
+    owner_pin = None if input_parts is None else fixed_vertex[input_parts]
+    offsets, pins = _append_pins(pins_by_net, owner_pin, keep=used)
+    net_weights = np.full(len(offsets) - 1, NET_COST, dtype=np.int64)
+
+    if consumer_parts is not None:
+        # One output net per chunk: its neurons share the consumer parts, so one net of cost
+        # NET_COST * chunk size stands for the nets of all of them.
+        first_of_chunk = np.empty(num_chunks, dtype=np.int64)
+        first_of_chunk[chunk_of[::-1]] = np.arange(n_out)[::-1]
+        consumers = consumer_parts[first_of_chunk]
+        consumers.sort_indices()
+        out_nets = sp.csr_matrix(
+            (consumers.data, fixed_vertex[consumers.indices], consumers.indptr),
+            shape=(num_chunks, num_chunks + len(fixed_parts)),
+        )
+        has_consumers = np.diff(out_nets.indptr) > 0
+        out_offsets, out_pins = _prepend_pins(out_nets, np.arange(num_chunks), has_consumers)
+        chunk_sizes = np.bincount(chunk_of, minlength=num_chunks)
+        offsets = np.concatenate([offsets, offsets[-1] + out_offsets[1:]])
+        pins = np.concatenate([pins, out_pins])
+        net_weights = np.concatenate([net_weights, NET_COST * chunk_sizes[has_consumers]])
+    return PhaseHypergraph(
+        num_free=num_chunks,
+        vertex_weights=vertex_weights,
+        fixed_parts=fixed_parts,
+        net_offsets=offsets,
+        net_pins=pins,
+        net_weights=net_weights.astype(np.int64),
+        vertex_of_neuron=chunk_of,
+    )
+
+
+def _prepend_pins(
+    pins_by_net: sp.csr_matrix, first_pin: np.ndarray, keep: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """CSR of the kept nets, each with ``first_pin[net]`` put in front."""
+    sizes = np.diff(pins_by_net.indptr) + 1
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    pins = np.empty(int(offsets[-1]), dtype=np.int64)
+    mask = np.ones(len(pins), dtype=bool)
+    mask[offsets[:-1]] = False
+    pins[mask] = pins_by_net.indices
+    pins[offsets[:-1]] = first_pin
+    return _select_nets(offsets, pins, keep)
+
+
+def _append_pins(
+    pins_by_net: sp.csr_matrix, extra_pin: np.ndarray | None, keep: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """CSR of the kept nets, each with ``extra_pin[net]`` appended when given."""
+    if extra_pin is None:
+        return _select_nets(pins_by_net.indptr, pins_by_net.indices.astype(np.int64), keep)
+    offsets = np.concatenate([[0], np.cumsum(np.diff(pins_by_net.indptr) + 1)])
+    pins = np.empty(int(offsets[-1]), dtype=np.int64)
+    last = offsets[1:] - 1
+    mask = np.ones(len(pins), dtype=bool)
+    mask[last] = False
+    pins[mask] = pins_by_net.indices
+    pins[last] = extra_pin
+    return _select_nets(offsets, pins, keep)
+
+
+def _select_nets(
+    offsets: np.ndarray, pins: np.ndarray, keep: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Keep only the nets flagged in ``keep``."""
+    sizes = np.diff(offsets)
+    pin_keep = np.repeat(keep, sizes)
+    new_offsets = np.concatenate([[0], np.cumsum(sizes[keep])])
+    return new_offsets.astype(np.int64), pins[pin_keep]
