@@ -25,3 +25,19 @@ def shared_mnist_dir() -> Path:
     if not (MNIST_DIR / "t10k-images-idx3-ubyte.gz").exists():
         pytest.skip("../shared/data/mnist is not available")
     return MNIST_DIR
+
+
+@pytest.fixture(scope="session")
+def dask_client():
+    """A real ``distributed.LocalCluster`` (2 worker processes x 1 thread) and its client."""
+    from distributed import Client, LocalCluster
+
+    cluster = LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+    )
+    client = Client(cluster)
+    try:
+        yield client
+    finally:
+        client.close()
+        cluster.close()

@@ -155,6 +155,8 @@ def forward_task(
     *pieces: np.ndarray,
     x0=None,
     x0_rows=None,
+    y=None,
+    y_rows=None,
     after=None,
 ):
     """Part ``part``'s forward step of layer ``k``; returns what ``receiver`` needs.
@@ -172,6 +174,8 @@ def forward_task(
         The messages of layer ``k`` from ``plan.senders()``, in that order.
     x0, x0_rows : array, optional
         Layer 0 only: the part's input columns and the batch rows to take from them.
+    y, y_rows : array, optional
+        Softmax statistics only: the part's target columns and the batch rows.
     after : tuple
         Ignored: the part's tasks of the previous layer (or step), which must run first.
     """
@@ -186,7 +190,7 @@ def forward_task(
         _part_state_pop(ctx, part)
         return a
     if receiver == -3:
-        return _softmax_statistics(state.forward[k][1])
+        return _softmax_statistics(state.forward[k][1], _input_block(y, y_rows))
     return None
 
 
@@ -196,9 +200,10 @@ def _part_state_pop(ctx: StepContext, part: int) -> None:
         store.parts.pop((ctx.step, part), None)
 
 
-def _softmax_statistics(z: np.ndarray) -> np.ndarray:
-    """Row maxima and sums of ``exp(z - max)`` of one part's logits, shape (2, B)."""
-    stats = np.empty((2, z.shape[0]), dtype=np.float64)
+def _softmax_statistics(z: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """One part's row maxima of the logits, sums of ``exp(z - max)`` and target sums, (3, B)."""
+    stats = np.empty((3, z.shape[0]), dtype=np.float64)
+    stats[2] = y.sum(axis=1)
     if z.shape[1] == 0:
         stats[0] = -np.inf
         stats[1] = 0.0
@@ -209,11 +214,12 @@ def _softmax_statistics(z: np.ndarray) -> np.ndarray:
 
 
 def combine_logsumexp(*stats: np.ndarray) -> np.ndarray:
-    """Row-wise log-sum-exp of all output logits from every part's :func:`_softmax_statistics`."""
+    """From every part's :func:`_softmax_statistics`: the row-wise log-sum-exp of all logits and
+    the row sums of the targets, shape (2, B)."""
     peaks = np.stack([s[0] for s in stats])
     top = peaks.max(axis=0)
     total = sum(s[1] * np.exp(s[0] - top) for s in stats)
-    return top + np.log(total)
+    return np.stack([top + np.log(total), sum(s[2] for s in stats)])
 
 
 def _output_delta(ctx: StepContext, z, a, y, lse) -> tuple[np.ndarray, float]:
@@ -221,8 +227,8 @@ def _output_delta(ctx: StepContext, z, a, y, lse) -> tuple[np.ndarray, float]:
     loss = get_loss(ctx.loss)
     batch = z.shape[0]
     if loss.name == "softmax_cross_entropy":
-        log_prob = z - lse.astype(z.dtype)[:, None]
-        delta = np.exp(log_prob) * y.sum(axis=1, keepdims=True) - y
+        log_prob = z - lse[0].astype(z.dtype)[:, None]
+        delta = np.exp(log_prob) * lse[1].astype(z.dtype)[:, None] - y
         delta /= batch
         return np.ascontiguousarray(delta, dtype=z.dtype), -float(np.vdot(y, log_prob)) / batch
     out = get_activation(ctx.output_activation)

@@ -40,7 +40,8 @@ def message_phase(key) -> tuple[str, str, int] | None:
     """``(token, phase, layer)`` of a message key of a dasknn step, ``None`` for other keys.
 
     ``phase`` is ``"forward"`` (activations; ``layer`` is the layer that consumes them),
-    ``"backward"`` (partial sums of ``layer``) or ``"other"`` (softmax statistics).
+    ``"backward"`` (partial sums of ``layer``) or ``"other"`` (softmax statistics and anything
+    else that is not a layer message).
     """
     if not (isinstance(key, tuple) and len(key) == 5 and isinstance(key[0], str)):
         return None
@@ -48,6 +49,8 @@ def message_phase(key) -> tuple[str, str, int] | None:
     if not name.startswith("dasknn-"):
         return None
     kind, _, token = name[len("dasknn-") :].partition("-")
+    if kind in ("fwd", "bwd") and key[4] < 0:  # not a layer message (softmax statistics)
+        return token, "other", int(key[2])
     if kind == "fwd":
         return token, "forward", int(key[2]) + 1
     if kind == "bwd":
@@ -153,6 +156,9 @@ class StepTemplate:
                 if k == 0:
                     kwargs["x0"] = ("input", "x", m)
                     kwargs["x0_rows"] = ("input", "x_rows", m)
+                if k == L and train:
+                    kwargs["y"] = ("input", "y", m)
+                    kwargs["y_rows"] = ("input", "y_rows", m)
                 for n in receivers:
                     args = (m, k, n, *self._fixed(k, m))
                     self.specs.append(_Spec("fwd", k, m, n, forward_task, args + pieces, kwargs))

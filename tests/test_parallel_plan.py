@@ -1,0 +1,112 @@
+"""The communication plan, checked against a direct count of each neuron's connectivity."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from dasknn.datasets import radixnet
+from dasknn.parallel.plan import build_comm_plan, normalize_partition, reorder
+
+
+def _network(seed=0):
+    rng = np.random.default_rng(seed)
+    sizes = [40, 32, 48, 24]
+    return [
+        sp.random(sizes[k], sizes[k + 1], density=0.08, format="csr", random_state=rng)
+        for k in range(3)
+    ]
+
+
+def _connectivity_words(weight, parts_in, parts_out):
+    """Sum over input neurons of (number of parts spanned by the neuron and its consumers) - 1."""
+    dense = weight.toarray() != 0
+    total = 0
+    for i in range(weight.shape[0]):
+        spanned = {int(parts_in[i])} | {int(p) for p in parts_out[np.flatnonzero(dense[i])]}
+        total += len(spanned) - 1
+    return total
+
+
+@pytest.mark.parametrize("nparts", [1, 2, 3, 4])
+def test_forward_words_equal_connectivity_minus_one(nparts):
+    weights = _network()
+    rng = np.random.default_rng(nparts)
+    parts = [rng.integers(0, nparts, size=n) for n in [40, 32, 48, 24]]
+    plan, _ = build_comm_plan(weights, parts, nparts)
+    for k, weight in enumerate(weights, start=1):
+        expected = _connectivity_words(weight, parts[k - 1], parts[k])
+        assert plan.forward_words(k) == expected
+        assert plan.backward_words(k) == (expected if k >= 2 else 0)
+
+
+def test_chunks_and_messages_rebuild_the_layer():
+    """Every part's chunk times its assembled inputs equals the full product on its columns."""
+    weights = _network(1)
+    parts = [np.array([0, 2, 2, 1] * 10), *(np.arange(n) % 3 for n in [32, 48, 24])]
+    parts[2][:] = np.where(parts[2] == 1, 0, parts[2])  # part 1 empty in layer 2
+    plan, chunks = build_comm_plan(weights, parts, 3)
+    rng = np.random.default_rng(2)
+    for k, weight in enumerate(weights, start=1):
+        x = rng.normal(size=(5, weight.shape[0]))
+        full = x @ weight.toarray()
+        order_in, offsets_in = plan.orders[k - 1], plan.offsets[k - 1]
+        for m in range(3):
+            part_plan = plan.layers[k - 1][m]
+            blocks = []
+            for n in range(3):
+                local = x[:, order_in[offsets_in[n] : offsets_in[n + 1]]]
+                if n == m:
+                    idx = part_plan.own
+                else:
+                    idx = plan.layers[k - 1][n].send.get(m, np.empty(0, dtype=np.int64))
+                assert len(idx) == part_plan.groups[n + 1] - part_plan.groups[n]
+                blocks.append(local[:, idx])
+            x_in = np.concatenate(blocks, axis=1)
+            chunk = chunks[k - 1][m]
+            compact = sp.csr_matrix(
+                (chunk.data, chunk.indices, part_plan.indptr), shape=(x_in.shape[1], chunk.shape[1])
+            )
+            columns = plan.orders[k][plan.offsets[k][m] : plan.offsets[k][m + 1]]
+            np.testing.assert_allclose(compact.T @ x_in.T, full[:, columns].T, atol=1e-12)
+
+
+def test_reorder_makes_parts_contiguous():
+    parts = np.array([2, 0, 1, 0, 2, 2])
+    order, offsets = reorder(parts, 4)
+    assert list(parts[order]) == [0, 0, 1, 2, 2, 2]
+    assert list(offsets) == [0, 2, 3, 6, 6]
+    assert list(order[:2]) == [1, 3]
+
+
+def test_radixnet_block_partition_predicted_volume():
+    weights = radixnet(64, 3)
+    parts = [np.arange(64) * 2 // 64 for _ in range(4)]
+    plan, _ = build_comm_plan(weights, parts, 2)
+    sent = [plan.forward_words(k) for k in (1, 2, 3)]
+    assert sent == [_connectivity_words(w, parts[0], parts[0]) for w in weights]
+    assert plan.predicted_bytes(8, 8)[(1, "backward")] == 0
+    assert plan.predicted_bytes(8, 8)[(2, "forward")] == sent[1] * 8 * 8
+
+
+@pytest.mark.parametrize(
+    ("partition", "message"),
+    [
+        ([np.zeros(4, int)] * 2, "has 2 part arrays"),
+        ([np.zeros(4, int), np.zeros(5, int), np.zeros(3, int)], "layer 1 has shape"),
+        ([np.zeros(4), np.zeros(6, int), np.zeros(3, int)], "integer part ids"),
+        ([np.zeros(4, int), np.full(6, -1), np.zeros(3, int)], "outside"),
+        ("abc", "NetworkPartition or a list"),
+    ],
+)
+def test_bad_partitions_are_rejected(partition, message):
+    with pytest.raises(ValueError, match=message):
+        normalize_partition(partition, [4, 6, 3])
+
+
+def test_nparts_larger_than_used_ids_and_too_small():
+    parts, nparts = normalize_partition([np.zeros(4, int), np.ones(6, int)], [4, 6], nparts=5)
+    assert nparts == 5
+    with pytest.raises(ValueError, match="outside"):
+        normalize_partition([np.zeros(4, int), np.ones(6, int) * 3], [4, 6], nparts=2)

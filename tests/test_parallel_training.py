@@ -1,0 +1,262 @@
+"""Model-parallel training on a real LocalCluster against an independent dense float64 reference.
+
+The reference below is written from the maths (dense numpy, masks for the sparsity pattern); it
+shares no code with dasknn. Partitions: random, block, uneven, with empty parts, and (when the
+``graph`` package is present) hypergraph partitions; P = 1..4 parts on 2 workers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import sparse
+from distributed import futures_of
+
+from dasknn.model import SparseMLP
+
+
+# ----------------------------------------------------------------- independent reference
+def _act(name, z):
+    if name == "sigmoid":
+        return 1.0 / (1.0 + np.exp(-z))
+    if name == "relu":
+        return np.maximum(z, 0.0)
+    if name == "clipped_relu":
+        return np.minimum(np.maximum(z, 0.0), 32.0)
+    return z.copy()
+
+
+def _dact(name, z):
+    if name == "sigmoid":
+        s = 1.0 / (1.0 + np.exp(-z))
+        return s * (1.0 - s)
+    if name == "relu":
+        return (z > 0).astype(float)
+    if name == "clipped_relu":
+        return ((z > 0) & (z < 32)).astype(float)
+    return np.ones_like(z)
+
+
+class DenseReference:
+    """SGD on dense float64 matrices with the sparsity pattern as a mask."""
+
+    def __init__(self, weights, biases, activation, output_activation, loss):
+        self.w = [np.asarray(w.toarray(), dtype=np.float64) for w in weights]
+        self.mask = [(w != 0).toarray() | _stored(w) for w in weights]
+        self.b = [np.asarray(b, dtype=np.float64).copy() for b in biases]
+        self.act, self.out, self.loss = activation, output_activation, loss
+
+    def forward(self, x):
+        zs, acts = [], [x]
+        for k, (w, b) in enumerate(zip(self.w, self.b, strict=True)):
+            z = acts[-1] @ w + b
+            zs.append(z)
+            acts.append(_act(self.out if k == len(self.w) - 1 else self.act, z))
+        return zs, acts
+
+    def step(self, x, y, lr):
+        zs, acts = self.forward(x)
+        batch = x.shape[0]
+        if self.loss == "mse":
+            value = ((acts[-1] - y) ** 2).sum() / (2 * batch)
+            delta = (acts[-1] - y) * _dact(self.out, zs[-1]) / batch
+        else:
+            shifted = zs[-1] - zs[-1].max(axis=1, keepdims=True)
+            logp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+            value = -(y * logp).sum() / batch
+            delta = (np.exp(logp) - y) / batch
+        grads = []
+        for k in range(len(self.w) - 1, -1, -1):
+            grads.append((k, (acts[k].T @ delta) * self.mask[k], delta.sum(axis=0)))
+            if k > 0:
+                delta = (delta @ self.w[k].T) * _dact(self.act, zs[k - 1])
+        for k, gw, gb in grads:
+            self.w[k] -= lr * gw
+            self.b[k] -= lr * gb
+        return value
+
+
+def _stored(w):
+    pattern = sp.csr_matrix(w, copy=True)
+    pattern.data[:] = 1
+    return pattern.toarray() != 0
+
+
+# ----------------------------------------------------------------- networks and partitions
+def _irregular_model(dtype=np.float64, activation="sigmoid", loss="mse", seed=0):
+    """Four layers of different widths, random patterns, random weights and biases."""
+    rng = np.random.default_rng(seed)
+    sizes = [24, 40, 32, 36, 20]
+    weights = []
+    for k in range(4):
+        w = sp.random(sizes[k], sizes[k + 1], density=0.15, format="csr", random_state=rng)
+        w.data = rng.uniform(-1, 1, size=w.nnz)
+        weights.append(w)
+    biases = [rng.uniform(-0.2, 0.2, size=n) for n in sizes[1:]]
+    return SparseMLP(weights, biases, activation=activation, loss=loss, dtype=dtype)
+
+
+def _partition(kind, sizes, nparts, seed=0):
+    rng = np.random.default_rng(seed)
+    if kind == "random":
+        return [rng.integers(0, nparts, size=n) for n in sizes]
+    if kind == "block":
+        return [np.arange(n) * nparts // n for n in sizes]
+    if kind == "uneven":  # one part owns most neurons
+        weights = np.array([0.7] + [0.3 / (nparts - 1)] * (nparts - 1)) if nparts > 1 else [1.0]
+        return [rng.choice(nparts, size=n, p=weights) for n in sizes]
+    if kind == "empty":  # the last part owns nothing in the inputs and in layer 2
+        parts = [rng.integers(0, nparts, size=n) for n in sizes]
+        parts[0] = rng.integers(0, nparts - 1, size=sizes[0])
+        parts[2] = rng.integers(0, nparts - 1, size=sizes[2])
+        return parts
+    raise AssertionError(kind)
+
+
+def _data(model, batch, seed=1):
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(0, 1, size=(batch, model.n_inputs))
+    if model.loss.name == "mse":
+        y = rng.uniform(0, 1, size=(batch, model.n_outputs))
+    else:
+        y = np.eye(model.n_outputs)[rng.integers(0, model.n_outputs, size=batch)]
+    return x, y
+
+
+def _train_and_compare(client, model, partition, steps=2, batch=6, lr=0.3, tol=1e-10, nparts=None):
+    reference = DenseReference(
+        model.weights,
+        model.biases,
+        model.activation.name,
+        model.output_activation.name,
+        model.loss.name,
+    )
+    dist = model.distribute(client, partition) if nparts is None else None
+    if dist is None:
+        from dasknn.parallel import DistributedSparseMLP
+
+        dist = DistributedSparseMLP(model, client, partition, nparts=nparts)
+    try:
+        for step in range(steps):
+            x, y = _data(model, batch, seed=step)
+            got = dist.train_step(x, y, lr=lr)
+            want = reference.step(x.astype(np.float64), y.astype(np.float64), lr)
+            assert got == pytest.approx(want, rel=tol, abs=tol)
+        trained = dist.gather()
+        for k in range(model.n_layers):
+            dense = trained.weights[k].toarray()
+            np.testing.assert_allclose(dense, reference.w[k], rtol=tol, atol=tol)
+            np.testing.assert_array_equal(_stored(trained.weights[k]), reference.mask[k])
+            np.testing.assert_allclose(trained.biases[k], reference.b[k], rtol=tol, atol=tol)
+        x, _ = _data(model, 5, seed=99)
+        _, acts = reference.forward(x)
+        expected = acts[-1]
+        if model.loss.name != "mse":
+            expected = np.exp(expected - expected.max(axis=1, keepdims=True))
+            expected /= expected.sum(axis=1, keepdims=True)
+        np.testing.assert_allclose(dist.predict(x), expected, rtol=tol, atol=tol)
+        report = dist.comm_report()
+        assert report.payload == report.predicted
+        return dist, report
+    finally:
+        dist.close()
+
+
+# ----------------------------------------------------------------- tests
+@pytest.mark.parametrize(
+    ("kind", "nparts"),
+    [("random", 1), ("random", 2), ("random", 3), ("random", 4), ("block", 2), ("block", 4)]
+    + [("uneven", 3)],
+)
+def test_steps_equal_dense_reference(dask_client, kind, nparts):
+    model = _irregular_model()
+    _train_and_compare(dask_client, model, _partition(kind, model.layer_sizes, nparts, nparts))
+
+
+@pytest.mark.parametrize("nparts", [3, 4])
+def test_empty_parts(dask_client, nparts):
+    model = _irregular_model(seed=3)
+    parts = _partition("empty", model.layer_sizes, nparts, seed=nparts)
+    _train_and_compare(dask_client, model, parts, nparts=nparts)
+
+
+def test_a_part_with_no_neurons_at_all(dask_client):
+    model = _irregular_model(seed=4)
+    parts = _partition("random", model.layer_sizes, 2, seed=4)
+    _train_and_compare(dask_client, model, parts, nparts=4)
+
+
+@pytest.mark.parametrize("nparts", [2, 4])
+def test_hypergraph_partition(dask_client, nparts):
+    partition_module = pytest.importorskip("graph.partition")
+    model = SparseMLP.radixnet(neurons=64, layers=4, seed=nparts, activation="sigmoid")
+    partition = partition_module.partition_network(model.weights, nparts, method="hypergraph")
+    _train_and_compare(dask_client, model, partition, lr=0.5)
+
+
+@pytest.mark.parametrize(
+    ("activation", "loss"), [("relu", "softmax_cross_entropy"), ("clipped_relu", "mse")]
+)
+def test_other_activations_and_losses(dask_client, activation, loss):
+    model = _irregular_model(activation=activation, loss=loss, seed=5)
+    _train_and_compare(dask_client, model, _partition("random", model.layer_sizes, 3, seed=5))
+
+
+def test_float32_within_relative_tolerance(dask_client):
+    model = _irregular_model(dtype=np.float32, seed=6)
+    _train_and_compare(
+        dask_client, model, _partition("random", model.layer_sizes, 2, seed=6), tol=1e-5
+    )
+
+
+def test_batch_size_one(dask_client):
+    model = _irregular_model(seed=7)
+    _train_and_compare(dask_client, model, _partition("block", model.layer_sizes, 2), batch=1)
+
+
+def test_fit_matches_single_process_fit(dask_client):
+    model = _irregular_model(seed=8)
+    reference = model.copy()
+    x, y = _data(model, 17, seed=8)
+    dist = model.distribute(dask_client, _partition("random", model.layer_sizes, 3, seed=8))
+    try:
+        got = dist.fit(x, y, batch_size=7, epochs=2, lr=0.2, seed=3, progress=False)
+        want = reference.fit(x, y, batch_size=7, epochs=2, lr=0.2, seed=3, progress=False)
+        np.testing.assert_allclose(got, want, rtol=1e-10)
+        trained = dist.gather()
+        for k in range(model.n_layers):
+            np.testing.assert_allclose(
+                trained.weights[k].toarray(), reference.weights[k].toarray(), atol=1e-10
+            )
+        assert dist.comm_report().matches
+    finally:
+        dist.close()
+
+
+def test_layout_is_pinned_gcxs_chunks(dask_client):
+    model = _irregular_model(seed=9)
+    parts = _partition("random", model.layer_sizes, 3, seed=9)
+    dist = model.distribute(dask_client, parts)
+    try:
+        workers = sorted(dask_client.scheduler_info(n_workers=-1)["workers"])
+        assert dist.part_workers == [workers[m % 2] for m in range(3)]
+        for k in range(1, model.n_layers + 1):
+            array = dist.weights[k - 1]
+            assert array.numblocks == (1, 3)
+            assert array.chunks[1] == tuple(np.bincount(parts[k], minlength=3))
+            block = array.blocks[0, 1].compute()
+            assert isinstance(block, sparse.GCXS)
+            keys = [(array.name, 0, m) for m in range(3)]
+            who_has = dask_client.who_has(futures_of(array))
+            for m, key in enumerate(keys):
+                assert list(who_has[key]) == [dist.part_workers[m]]
+            full = array.compute().to_scipy_sparse().toarray()
+            order_in, order_out = dist.plan.orders[k - 1], dist.plan.orders[k]
+            expected = model.weights[k - 1].toarray()[order_in][:, order_out]
+            np.testing.assert_array_equal(full, expected)
+            np.testing.assert_array_equal(
+                dist.biases[k - 1].compute(), model.biases[k - 1][order_out]
+            )
+    finally:
+        dist.close()
