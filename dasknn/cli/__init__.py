@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 __all__ = ["main", "build_parser"]
 
-SUBCOMMANDS = ("partition", "challenge")
+SUBCOMMANDS = ("partition", "challenge", "train")
 
 
 def build_parser() -> argparse.ArgumentParser:

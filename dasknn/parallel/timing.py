@@ -1,0 +1,102 @@
+"""Time a model-parallel training run and split it into local products, update and waiting.
+
+The workers record how long they spend in the numba products, the weight update and packing
+(:mod:`dasknn.parallel.steps`); what is left of the wall time on the busiest worker is time spent
+waiting: for messages, for the scheduler, for the other workers.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from dasknn.parallel.comm import CommReport
+from dasknn.parallel.model import DistributedSparseMLP
+
+__all__ = ["TrainingTimes", "time_training"]
+
+
+@dataclass(frozen=True)
+class TrainingTimes:
+    """Per-batch figures of a timed run (seconds unless said otherwise).
+
+    Attributes
+    ----------
+    batches, batch_size : int
+    per_batch : float
+        Wall time per batch.
+    products : float
+        Forward and backward sparse products on the busiest worker.
+    update : float
+        Gradient and SGD update on the busiest worker.
+    pack : float
+        Assembling inputs and packing messages on the busiest worker.
+    wait : float
+        ``per_batch - (products + update + pack)`` of the busiest worker: communication,
+        scheduling and load imbalance.
+    comm : CommReport
+        Measured against predicted communication of the timed batches.
+    """
+
+    batches: int
+    batch_size: int
+    per_batch: float
+    products: float
+    update: float
+    pack: float
+    wait: float
+    comm: CommReport
+
+    @property
+    def samples_per_second(self) -> float:
+        """Training throughput."""
+        return self.batch_size / self.per_batch
+
+    def format(self) -> str:
+        """One line: time per batch and its breakdown."""
+        return (
+            f"{self.per_batch * 1e3:9.1f} ms/batch ({self.samples_per_second:,.0f} samples/s): "
+            f"local products {self.products * 1e3:.1f} ms, update {self.update * 1e3:.1f} ms, "
+            f"pack {self.pack * 1e3:.1f} ms, communication+scheduling wait {self.wait * 1e3:.1f} ms"
+        )
+
+
+def time_training(
+    dist: DistributedSparseMLP,
+    X: np.ndarray,
+    Y: np.ndarray,
+    batch_size: int,
+    epochs: int = 1,
+    lr: float = 0.01,
+    warmup: bool = True,
+    progress: bool = False,
+) -> TrainingTimes:
+    """Train ``dist`` on ``(X, Y)`` with :meth:`~DistributedSparseMLP.fit` and time it.
+
+    A warm-up step on the first batch (compiling the kernels on the workers) runs first unless
+    ``warmup`` is false; measurements (timings and communication) are reset after it.
+    """
+    if warmup:
+        dist.train_step(X[:batch_size], Y[:batch_size], lr=lr)
+    dist.reset_comm()
+    start = time.perf_counter()
+    dist.fit(X, Y, batch_size=batch_size, epochs=epochs, lr=lr, progress=progress)
+    wall = time.perf_counter() - start
+    batches = epochs * -(-X.shape[0] // batch_size)
+    busiest = max(dist.timings().values(), key=lambda t: sum(t.values()))
+    products = (busiest["forward_product"] + busiest["backward_product"]) / batches
+    update = busiest["update"] / batches
+    pack = busiest["pack"] / batches
+    per_batch = wall / batches
+    return TrainingTimes(
+        batches=batches,
+        batch_size=batch_size,
+        per_batch=per_batch,
+        products=products,
+        update=update,
+        pack=pack,
+        wait=per_batch - products - update - pack,
+        comm=dist.comm_report(),
+    )
