@@ -28,7 +28,7 @@ from dasknn.challenge.stats import ChallengeStats
 from dasknn.datasets import challenge_bias, load_network
 from dasknn.kernels.inference import pack_layers
 
-__all__ = ["run_challenge", "default_batch_size", "local_cluster"]
+__all__ = ["run_challenge", "prepare_run", "default_batch_size", "local_cluster"]
 
 _BATCHES_IN_FLIGHT_PER_THREAD = 2
 
@@ -72,6 +72,57 @@ def _worker_memory_limit(client: Client) -> int:
     limits = [w.get("memory_limit") or 0 for w in client.scheduler_info()["workers"].values()]
     limits = [x for x in limits if x > 0]
     return min(limits) if limits else int(psutil.virtual_memory().total)
+
+
+def prepare_run(
+    network: str | os.PathLike | Sequence[sp.spmatrix],
+    inputs: str | os.PathLike | sp.spmatrix | np.ndarray,
+    bias: float | None = None,
+    *,
+    neurons: int | None = None,
+    layers: int | None = None,
+    seed: int = 0,
+    batch_size: int | None = None,
+    dtype: str | np.dtype | type = "float32",
+    resident_layers: int | None = None,
+    weight_buffers: int = 2,
+) -> tuple[list[sp.csr_matrix], sp.csr_matrix, float]:
+    """Load and check everything a run needs before any cluster is touched.
+
+    Returns the layers, the input rows (CSR, float64) and the bias. Raises ``ValueError`` (or
+    ``FileNotFoundError``) naming the problem; see :func:`run_challenge` for the parameters.
+    """
+    dtype = np.dtype(dtype)
+    if dtype not in (np.float32, np.float64):
+        raise ValueError(f"dtype must be float32 or float64, got {dtype}")
+    if weight_buffers < 1:
+        raise ValueError(f"weight_buffers must be >= 1, got {weight_buffers}")
+    matrices = _resolve_network(network, neurons, layers, seed)
+    if not matrices:
+        raise ValueError("the network has no layers")
+    width = matrices[0].shape[0]
+    for k, m in enumerate(matrices):
+        if m.shape != (width, width):
+            raise ValueError(f"layer {k + 1} has shape {m.shape}, expected ({width}, {width})")
+        if not np.all(np.isfinite(m.data)):
+            raise ValueError(f"layer {k + 1} has a weight that is NaN or infinite")
+    matrix = _resolve_inputs(inputs, width)
+    if matrix.shape[1] != width:
+        raise ValueError(
+            f"the inputs have {matrix.shape[1]} features but the network has {width} neurons "
+            "(width mismatch)"
+        )
+    if not np.all(np.isfinite(matrix.data)):
+        raise ValueError("the inputs contain NaN or infinite values")
+    if bias is None:
+        bias = challenge_bias(width)
+    if not math.isfinite(bias):
+        raise ValueError(f"bias must be finite, got {bias}")
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if resident_layers is not None and resident_layers < 1:
+        raise ValueError(f"resident_layers must be >= 1, got {resident_layers}")
+    return matrices, matrix, float(bias)
 
 
 def run_challenge(
@@ -139,34 +190,10 @@ def run_challenge(
         On inconsistent layers or inputs (width mismatch, NaN, a bad dtype or batch size).
     """
     dtype = np.dtype(dtype)
-    if dtype not in (np.float32, np.float64):
-        raise ValueError(f"dtype must be float32 or float64, got {dtype}")
-    if weight_buffers < 1:
-        raise ValueError(f"weight_buffers must be >= 1, got {weight_buffers}")
-    matrices = _resolve_network(network, neurons, layers, seed)
-    if not matrices:
-        raise ValueError("the network has no layers")
-    width = matrices[0].shape[0]
-    for k, m in enumerate(matrices):
-        if m.shape != (width, width):
-            raise ValueError(f"layer {k + 1} has shape {m.shape}, expected ({width}, {width})")
-    matrix = _resolve_inputs(inputs, width)
-    if matrix.shape[1] != width:
-        raise ValueError(
-            f"the inputs have {matrix.shape[1]} features but the network has {width} neurons "
-            "(width mismatch)"
-        )
-    if not np.all(np.isfinite(matrix.data)):
-        raise ValueError("the inputs contain NaN or infinite values")
-    if bias is None:
-        bias = challenge_bias(width)
-    if not math.isfinite(bias):
-        raise ValueError(f"bias must be finite, got {bias}")
-    if batch_size is not None and batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if resident_layers is not None and resident_layers < 1:
-        raise ValueError(f"resident_layers must be >= 1, got {resident_layers}")
-
+    matrices, matrix, bias = prepare_run(
+        network, inputs, bias, neurons=neurons, layers=layers, seed=seed, batch_size=batch_size,
+        dtype=dtype, resident_layers=resident_layers, weight_buffers=weight_buffers,
+    )
     with ExitStack() as stack:
         if client is None:
             client = stack.enter_context(Client(stack.enter_context(local_cluster())))

@@ -13,7 +13,7 @@ from pathlib import Path
 from distributed import Client
 
 from dasknn.challenge import run_challenge
-from dasknn.challenge.engine import local_cluster
+from dasknn.challenge.engine import local_cluster, prepare_run
 from dasknn.datasets import read_categories, write_categories
 
 __all__ = ["add_parser", "run"]
@@ -79,6 +79,11 @@ def run(args: argparse.Namespace) -> int:
     if args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     golden = read_categories(args.golden) if args.golden is not None else None
+    network, inputs, bias = prepare_run(
+        args.network, args.inputs, args.bias, neurons=args.neurons, layers=args.layers,
+        batch_size=args.batch_size, dtype=args.dtype, resident_layers=args.resident_layers,
+        weight_buffers=args.weight_buffers,
+    )
     with ExitStack() as stack:
         if args.scheduler:
             client = stack.enter_context(Client(args.scheduler))
@@ -86,12 +91,10 @@ def run(args: argparse.Namespace) -> int:
             cluster = stack.enter_context(local_cluster(args.workers, args.threads))
             client = stack.enter_context(Client(cluster))
         categories, stats = run_challenge(
-            args.network,
-            args.inputs,
-            bias=args.bias,
+            network,
+            inputs,
+            bias=bias,
             client=client,
-            neurons=args.neurons,
-            layers=args.layers,
             batch_size=args.batch_size,
             dtype=args.dtype,
             resident_layers=args.resident_layers,
