@@ -78,32 +78,36 @@ class PhaseHypergraph:
         return np.asarray(vertex_parts)[: self.num_free][self.vertex_of_neuron]
 
 
-def _pattern_hashes(items: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Two 64-bit order-independent hashes of each set (``items`` grouped by ``lengths``)."""
+def _set_hashes(offsets: np.ndarray, items: np.ndarray) -> np.ndarray:
+    """Two 64-bit order-independent hashes of each set ``items[offsets[v]:offsets[v+1]]``.
+
+    Each item gets two random 64-bit keys; a set hashes to the wrapping sums of its keys.
+    """
     rng = np.random.default_rng(_HASH_SEED)
     top = int(items.max()) + 1 if len(items) else 1
     keys = rng.integers(1, 2**63, size=(2, top), dtype=np.uint64)
-    owner = np.repeat(np.arange(len(lengths)), lengths)
-    hashes = np.zeros((2, len(lengths)), dtype=np.uint64)
-    for row in range(2):
-        np.add.at(hashes[row], owner, keys[row, items])
-    return hashes
+    running = np.zeros((2, len(items) + 1), dtype=np.uint64)
+    np.cumsum(keys[:, items], axis=1, out=running[:, 1:])
+    return running[:, offsets[1:]] - running[:, offsets[:-1]]
 
 
 def identical_vertex_chunks(
     offsets: np.ndarray, items: np.ndarray, weights: np.ndarray, chunk: int
 ) -> tuple[np.ndarray, int]:
-    """Group vertices with identical net sets into chunks of at most ``chunk`` vertices.
+    """Group vertices with identical net sets into equal chunks of at most ``chunk`` vertices.
+
+    Vertices are compared by two independent 64-bit hashes of their net sets (and their weight and
+    degree). A collision, about as likely as 2**-100, would only keep two different vertices in one
+    part; the merged hypergraph stays exact for the merged vertices either way.
 
     Parameters
     ----------
     offsets, items : numpy.ndarray
-        The net set of each vertex in CSR form, each set sorted.
+        The net set of each vertex in CSR form.
     weights : numpy.ndarray
-        Vertex weights (vertices are merged only with vertices of the same weight).
+        Vertex weights.
     chunk : int
-        Largest chunk; within a class of ``m`` identical vertices the chunk size is the largest
-        divisor of ``gcd(m, chunk)``, so chunks are equal.
+        Largest chunk; a class of ``m`` identical vertices is cut into chunks of ``gcd(m, chunk)``.
 
     Returns
     -------
@@ -114,43 +118,22 @@ def identical_vertex_chunks(
     n = len(weights)
     if chunk <= 1 or n == 0:
         return np.arange(n), n
+    hashes = _set_hashes(offsets, items)
     lengths = np.diff(offsets)
-    hashes = _pattern_hashes(items, lengths)
     order = np.lexsort((np.arange(n), weights, lengths, hashes[1], hashes[0]))
     keys = np.stack([hashes[0][order], hashes[1][order], lengths[order], weights[order]])
     new_class = np.ones(n, dtype=bool)
     new_class[1:] = np.any(keys[:, 1:] != keys[:, :-1], axis=0)
     class_start = np.flatnonzero(new_class)
     class_id = np.cumsum(new_class) - 1
-    # Exact check against the first member of the class (a hash collision splits the class).
-    representative = order[class_start[class_id]]
-    same = _same_sets(offsets, items, order, representative)
-    new_class |= ~same
-    class_start = np.flatnonzero(new_class)
-    class_id = np.cumsum(new_class) - 1
     class_size = np.diff(np.append(class_start, n))
     chunk_size = np.gcd(class_size, chunk)
-    rank = np.arange(n) - class_start[class_id]
-    chunk_index = rank // chunk_size[class_id]
+    chunk_index = (np.arange(n) - class_start[class_id]) // chunk_size[class_id]
     chunks_per_class = class_size // chunk_size
     first_chunk = np.concatenate([[0], np.cumsum(chunks_per_class)[:-1]])
     chunk_of = np.empty(n, dtype=np.int64)
     chunk_of[order] = first_chunk[class_id] + chunk_index
     return chunk_of, int(chunks_per_class.sum())
-
-
-def _same_sets(
-    offsets: np.ndarray, items: np.ndarray, order: np.ndarray, representative: np.ndarray
-) -> np.ndarray:
-    """Whether the set of ``order[t]`` equals the set of ``representative[t]`` (equal lengths)."""
-    lengths = np.diff(offsets)[order]
-    total = int(lengths.sum())
-    position = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    mine = items[np.repeat(offsets[order], lengths) + position]
-    theirs = items[np.repeat(offsets[representative], lengths) + position]
-    differs = np.zeros(len(order), dtype=bool)
-    np.logical_or.at(differs, np.repeat(np.arange(len(order)), lengths), mine != theirs)
-    return ~differs
 
 
 def merge_chunk(num_neurons: int, nparts: int, max_chunk: int) -> int:

@@ -3,14 +3,69 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
 
+from graph.assignment import assignment_applies, solve_by_assignment
 from graph.backends import run_backend
-from graph.hypergraph import build_phase_hypergraph
+from graph.hypergraph import PhaseHypergraph, build_phase_hypergraph
 
-__all__ = ["assign_input_owners", "consumer_part_matrix", "multiphase_parts"]
+__all__ = [
+    "PhaseSettings",
+    "assign_input_owners",
+    "consumer_part_matrix",
+    "multiphase_parts",
+    "solve_phase",
+]
+
+
+@dataclass(frozen=True)
+class PhaseSettings:
+    """How every phase is built and solved.
+
+    Attributes
+    ----------
+    nparts : int
+        Number of parts.
+    epsilon : float
+        Allowed imbalance.
+    seed : int
+        Partitioner seed.
+    backend : str
+        ``mtkahypar`` or ``kahypar``.
+    preset : str
+        Mt-KaHyPar preset.
+    max_chunk : int
+        Largest chunk of merged identical neurons.
+    exact_assignment : bool
+        Solve phases that must put exactly one merged vertex on every part by linear assignment.
+    """
+
+    nparts: int
+    epsilon: float = 0.01
+    seed: int = 0
+    backend: str = "kahypar"
+    preset: str = "DEFAULT"
+    max_chunk: int = 16
+    exact_assignment: bool = True
+
+
+def solve_phase(hypergraph: PhaseHypergraph, settings: PhaseSettings) -> np.ndarray:
+    """Place the neurons of one phase: exact assignment when it applies, else the backend."""
+    if settings.exact_assignment and assignment_applies(hypergraph, settings.nparts):
+        vertex_parts = solve_by_assignment(hypergraph, settings.nparts)
+    else:
+        vertex_parts = run_backend(
+            hypergraph,
+            settings.nparts,
+            settings.epsilon,
+            settings.seed,
+            settings.backend,
+            settings.preset,
+        )
+    return hypergraph.neuron_parts(vertex_parts)
 
 
 def consumer_part_matrix(
@@ -37,9 +92,8 @@ def assign_input_owners(
     to the least loaded part.
     """
     candidates = consumer_part_matrix(layer, output_parts, nparts)
-    n_in = layer.shape[0]
     count = np.diff(candidates.indptr)
-    owners = np.empty(n_in, dtype=np.int64)
+    owners = np.empty(layer.shape[0], dtype=np.int64)
     load = np.zeros(nparts, dtype=np.int64)
     indptr, indices = candidates.indptr, candidates.indices
     for i in np.argsort(np.where(count == 0, nparts + 1, count), kind="stable").tolist():
@@ -53,24 +107,17 @@ def assign_input_owners(
     return owners
 
 
-def multiphase_parts(
-    layers: Sequence[sp.spmatrix],
-    nparts: int,
-    epsilon: float,
-    seed: int,
-    backend: str,
-    preset: str,
-    max_chunk: int,
-) -> list[np.ndarray]:
+def multiphase_parts(layers: Sequence[sp.spmatrix], settings: PhaseSettings) -> list[np.ndarray]:
     """Partition layer after layer, each phase fixing its inputs to the parts chosen before."""
     parts: list[np.ndarray] = []
     previous = None
     for layer in layers:
-        hypergraph = build_phase_hypergraph(layer, nparts, previous, max_chunk=max_chunk)
-        vertex_parts = run_backend(hypergraph, nparts, epsilon, seed, backend, preset)
-        current = hypergraph.neuron_parts(vertex_parts)
+        hypergraph = build_phase_hypergraph(
+            layer, settings.nparts, previous, max_chunk=settings.max_chunk
+        )
+        current = solve_phase(hypergraph, settings)
         if previous is None:
-            parts.append(assign_input_owners(layer, current, nparts))
+            parts.append(assign_input_owners(layer, current, settings.nparts))
         parts.append(current)
         previous = current
     return parts

@@ -9,13 +9,14 @@ import scipy.sparse as sp
 
 from graph.backends import BACKENDS, MTKAHYPAR_PRESETS
 from graph.baselines import block_parts, random_parts
-from graph.multiphase import multiphase_parts
+from graph.multiphase import PhaseSettings, multiphase_parts
 from graph.network_partition import NetworkPartition
+from graph.refine import refine_parts
 
 __all__ = ["METHODS", "DEFAULT_BACKEND", "partition_network", "check_network"]
 
 METHODS = ("hypergraph", "random", "block")
-DEFAULT_BACKEND = "mtkahypar"
+DEFAULT_BACKEND = "kahypar"
 
 
 def check_network(layers: Sequence[sp.spmatrix]) -> None:
@@ -41,6 +42,9 @@ def partition_network(
     seed: int = 0,
     preset: str = "DEFAULT",
     max_chunk: int = 16,
+    refine: bool = False,
+    max_sweeps: int = 8,
+    exact_assignment: bool = True,
 ) -> NetworkPartition:
     """Partition every layer of a sparse network into ``nparts`` parts.
 
@@ -64,6 +68,13 @@ def partition_network(
         Mt-KaHyPar preset.
     max_chunk : int
         Neurons with identical inputs are merged into chunks of at most this many (1: no merging).
+    refine : bool
+        Follow the forward sweep with two-sided refinement sweeps (hypergraph method).
+    max_sweeps : int
+        Most refinement sweeps; they stop earlier when a sweep gains nothing.
+    exact_assignment : bool
+        Solve a phase exactly by linear assignment when balance forces one merged vertex per part
+        (see :mod:`graph.assignment`); otherwise every phase goes to ``backend``.
 
     Returns
     -------
@@ -94,7 +105,21 @@ def partition_network(
     elif method == "block":
         parts = block_parts(layers, nparts)
     else:
-        parts = multiphase_parts(layers, nparts, epsilon, seed, backend, preset, max_chunk)
-        info = {"backend": backend, "preset": preset, "epsilon": epsilon, "seed": seed}
+        settings = PhaseSettings(
+            nparts, epsilon, seed, backend, preset, max_chunk, exact_assignment
+        )
+        parts = multiphase_parts(layers, settings)
+        info = {
+            "backend": backend,
+            "preset": preset,
+            "epsilon": epsilon,
+            "seed": seed,
+            "max_chunk": max_chunk,
+            "exact_assignment": exact_assignment,
+        }
+        info["sweep_seconds"] = time.perf_counter() - start
+        if refine:
+            parts, gains = refine_parts(layers, parts, settings, max_sweeps)
+            info["refinement_gains"] = gains
     seconds = time.perf_counter() - start
     return NetworkPartition(parts, nparts, method, seconds, info, layers=list(layers))

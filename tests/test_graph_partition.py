@@ -8,6 +8,7 @@ import scipy.sparse as sp
 
 import graph
 from dasknn.datasets import radixnet
+from graph.assignment import assignment_applies, solve_by_assignment
 from graph.backends import run_backend
 from graph.hypergraph import build_phase_hypergraph, identical_vertex_chunks
 from graph.multiphase import assign_input_owners
@@ -79,10 +80,47 @@ def test_input_owners_are_consumers_and_balanced(small_net):
     assert np.bincount(owners, minlength=8).max() <= 256 // 8 + 2
 
 
+@pytest.mark.parametrize("with_outputs", [False, True])
+def test_assignment_is_the_exact_optimum(with_outputs):
+    from itertools import permutations
+
+    from graph.multiphase import consumer_part_matrix
+
+    rng = np.random.default_rng(11)
+    # 8 neurons in 4 identical pairs -> 4 chunks of 2 for 4 parts: exactly one chunk per part.
+    base = np.zeros((12, 4))
+    for column in range(4):
+        base[rng.choice(12, size=6, replace=False), column] = 1.0
+    layer = sp.csr_matrix(np.repeat(base, 2, axis=1))
+    inputs = rng.integers(0, 4, size=12)
+    consumers = None
+    if with_outputs:
+        consumers = consumer_part_matrix(
+            sp.csr_matrix(np.repeat(rng.random((4, 3)) < 0.6, 2, axis=0)), [0, 2, 3], 4
+        )
+    hypergraph = build_phase_hypergraph(layer, 4, inputs, consumers, max_chunk=2)
+    assert assignment_applies(hypergraph, 4)
+    best = min(_phase_km1(hypergraph, np.array(p)) for p in permutations(range(4)))
+    assert _phase_km1(hypergraph, solve_by_assignment(hypergraph, 4)) == best
+
+
+def test_refinement_never_adds_volume(small_net):
+    plain = graph.partition_network(small_net, 16, backend="kahypar", max_chunk=1)
+    refined = graph.partition_network(
+        small_net, 16, backend="kahypar", max_chunk=1, refine=True, max_sweeps=2
+    )
+    gains = refined.info["refinement_gains"]
+    assert all(g >= 0 for g in gains)
+    assert refined.metrics().total_volume == plain.metrics().total_volume - sum(gains)
+    assert refined.metrics().imbalance <= 1.01
+
+
 @pytest.mark.parametrize("backend", graph.BACKENDS)
 def test_hypergraph_beats_random_and_keeps_balance(small_net, backend):
     nparts = 8
-    hyper = graph.partition_network(small_net, nparts, backend=backend, seed=0)
+    hyper = graph.partition_network(
+        small_net, nparts, backend=backend, seed=0, exact_assignment=False
+    )
     rand = graph.partition_network(small_net, nparts, method="random", seed=0)
     h, r = hyper.metrics(), rand.metrics()
     assert len(hyper.parts) == len(small_net) + 1
