@@ -47,7 +47,7 @@ TOLERANCE = {np.float64: 1e-10, np.float32: 1e-5}
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("loss", ["mse", "softmax_cross_entropy"])
 @pytest.mark.parametrize("activation", ["sigmoid", "relu", "clipped_relu", "identity"])
-@pytest.mark.parametrize("batch", [1, 5])
+@pytest.mark.parametrize("batch", [1, 5, 13])
 def test_steps_match_reference(activation, loss, dtype, batch):
     seed = zlib.crc32(f"{activation}{loss}{batch}".encode())
     weights, biases = random_network(seed, dtype=dtype)
