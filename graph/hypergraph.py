@@ -12,9 +12,11 @@ The refinement adds, for every neuron ``j`` of layer ``k``, a net of cost 2 whos
 the fixed vertices of the parts that consume ``j`` in layer ``k+1``; its connectivity-1 is the
 number of words layer ``k+1`` exchanges for ``j``.
 
-Neurons that belong to exactly the same nets (same inputs, and in the refinement the same consumer
-parts) are interchangeable for the partitioner. They are merged into chunks whose size divides the
-ideal part size, so perfect balance stays reachable while the hypergraph shrinks.
+Neurons with exactly the same inputs are interchangeable within their layer. They are merged into
+chunks whose size divides the ideal part size, so perfect balance stays reachable while the
+hypergraph shrinks. In the refinement the members of such a class may differ in their consumers; the
+class is then cut along the present partition, and each neuron keeps its own output net, so the
+hypergraph stays exact for every placement of the chunks.
 """
 
 from __future__ import annotations
@@ -25,7 +27,12 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["PhaseHypergraph", "build_phase_hypergraph", "identical_vertex_chunks"]
+__all__ = [
+    "PhaseHypergraph",
+    "build_phase_hypergraph",
+    "identical_classes",
+    "identical_vertex_chunks",
+]
 
 NET_COST = 2
 _HASH_SEED = 0x5EED
@@ -91,14 +98,30 @@ def _set_hashes(offsets: np.ndarray, items: np.ndarray) -> np.ndarray:
     return running[:, offsets[1:]] - running[:, offsets[:-1]]
 
 
+def identical_classes(offsets: np.ndarray, items: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Class id of every vertex: vertices with the same net set and weight share an id.
+
+    Vertices are compared by two independent 64-bit hashes of their net sets (and their weight and
+    degree). A collision, about as likely as 2**-100, would only treat two different vertices as
+    interchangeable; every hypergraph built on the classes stays exact for the merged vertices.
+    """
+    hashes = _set_hashes(offsets, items)
+    keys = np.stack(
+        [hashes[0], hashes[1], np.diff(offsets).astype(np.uint64), weights.astype(np.uint64)]
+    )
+    return np.unique(keys, axis=1, return_inverse=True)[1].reshape(-1)
+
+
 def identical_vertex_chunks(
-    offsets: np.ndarray, items: np.ndarray, weights: np.ndarray, chunk: int
+    offsets: np.ndarray,
+    items: np.ndarray,
+    weights: np.ndarray,
+    chunk: int,
+    tiebreak: np.ndarray | None = None,
 ) -> tuple[np.ndarray, int]:
     """Group vertices with identical net sets into equal chunks of at most ``chunk`` vertices.
 
-    Vertices are compared by two independent 64-bit hashes of their net sets (and their weight and
-    degree). A collision, about as likely as 2**-100, would only keep two different vertices in one
-    part; the merged hypergraph stays exact for the merged vertices either way.
+    Classes come from :func:`identical_classes`.
 
     Parameters
     ----------
@@ -108,6 +131,8 @@ def identical_vertex_chunks(
         Vertex weights.
     chunk : int
         Largest chunk; a class of ``m`` identical vertices is cut into chunks of ``gcd(m, chunk)``.
+    tiebreak : numpy.ndarray, optional
+        Order of the vertices within a class before it is cut (default: their index).
 
     Returns
     -------
@@ -118,12 +143,11 @@ def identical_vertex_chunks(
     n = len(weights)
     if chunk <= 1 or n == 0:
         return np.arange(n), n
-    hashes = _set_hashes(offsets, items)
-    lengths = np.diff(offsets)
-    order = np.lexsort((np.arange(n), weights, lengths, hashes[1], hashes[0]))
-    keys = np.stack([hashes[0][order], hashes[1][order], lengths[order], weights[order]])
+    within = np.arange(n) if tiebreak is None else tiebreak
+    classes = identical_classes(offsets, items, weights)
+    order = np.lexsort((np.arange(n), within, classes))
     new_class = np.ones(n, dtype=bool)
-    new_class[1:] = np.any(keys[:, 1:] != keys[:, :-1], axis=0)
+    new_class[1:] = classes[order][1:] != classes[order][:-1]
     class_start = np.flatnonzero(new_class)
     class_id = np.cumsum(new_class) - 1
     class_size = np.diff(np.append(class_start, n))
@@ -149,6 +173,7 @@ def build_phase_hypergraph(
     input_parts: np.ndarray | None,
     consumer_parts: sp.csr_matrix | None = None,
     max_chunk: int = 1,
+    current_parts: np.ndarray | None = None,
 ) -> PhaseHypergraph:
     """Build the hypergraph of one phase.
 
@@ -164,7 +189,10 @@ def build_phase_hypergraph(
         Refinement only: a ``(n_out, nparts)`` matrix whose entry ``(j, p)`` is nonzero when part
         ``p`` consumes neuron ``j`` in the next layer. Adds one net per neuron of the layer.
     max_chunk : int
-        Merge neurons with identical nets into chunks of up to this many (1 disables merging).
+        Merge neurons with identical inputs into chunks of up to this many (1 disables merging).
+    current_parts : numpy.ndarray, optional
+        Refinement: the present part of every neuron. Identical neurons in one part are kept in
+        one chunk where the chunk size allows, so the present placement stays representable.
 
     Returns
     -------
@@ -178,14 +206,16 @@ def build_phase_hypergraph(
     by_column = pattern.tocsc()
     by_column.sort_indices()
     weights = np.diff(by_column.indptr).astype(np.int64)
-    signature = by_column
     if consumer_parts is not None:
         consumer_parts = sp.csr_matrix(consumer_parts, dtype=np.int8)
         consumer_parts.sum_duplicates()
-        signature = sp.vstack([by_column, sp.csc_matrix(consumer_parts.T)], format="csc")
-        signature.sort_indices()
+        consumer_parts.sort_indices()
     chunk_of, num_chunks = identical_vertex_chunks(
-        signature.indptr, signature.indices, weights, merge_chunk(n_out, nparts, max_chunk)
+        by_column.indptr,
+        by_column.indices,
+        weights,
+        merge_chunk(n_out, nparts, max_chunk),
+        None if current_parts is None else np.asarray(current_parts),
     )
     vertex_weights = np.bincount(chunk_of, weights=weights, minlength=num_chunks).astype(np.int64)
 
@@ -212,22 +242,18 @@ def build_phase_hypergraph(
     net_weights = np.full(len(offsets) - 1, NET_COST, dtype=np.int64)
 
     if consumer_parts is not None:
-        # One output net per chunk: its neurons share the consumer parts, so one net of cost
-        # NET_COST * chunk size stands for the nets of all of them.
-        first_of_chunk = np.empty(num_chunks, dtype=np.int64)
-        first_of_chunk[chunk_of[::-1]] = np.arange(n_out)[::-1]
-        consumers = consumer_parts[first_of_chunk]
-        consumers.sort_indices()
+        # One output net per neuron: its chunk plus the parts that consume it in the next layer.
         out_nets = sp.csr_matrix(
-            (consumers.data, fixed_vertex[consumers.indices], consumers.indptr),
-            shape=(num_chunks, num_chunks + len(fixed_parts)),
+            (consumer_parts.data, fixed_vertex[consumer_parts.indices], consumer_parts.indptr),
+            shape=(n_out, num_chunks + len(fixed_parts)),
         )
         has_consumers = np.diff(out_nets.indptr) > 0
-        out_offsets, out_pins = _prepend_pins(out_nets, np.arange(num_chunks), has_consumers)
-        chunk_sizes = np.bincount(chunk_of, minlength=num_chunks)
+        out_offsets, out_pins = _prepend_pins(out_nets, chunk_of, has_consumers)
         offsets = np.concatenate([offsets, offsets[-1] + out_offsets[1:]])
         pins = np.concatenate([pins, out_pins])
-        net_weights = np.concatenate([net_weights, NET_COST * chunk_sizes[has_consumers]])
+        net_weights = np.concatenate(
+            [net_weights, np.full(int(has_consumers.sum()), NET_COST, dtype=np.int64)]
+        )
     return PhaseHypergraph(
         num_free=num_chunks,
         vertex_weights=vertex_weights,

@@ -5,8 +5,9 @@ layer ``k`` can be placed again against both sides: its free vertices are the ne
 ``k``; its nets are the input nets of layer ``k`` (pins: consumers plus the owner's fixed vertex)
 and one net per neuron of layer ``k`` (pins: the neuron plus the fixed vertices of the parts that
 consume it in layer ``k+1``). Its connectivity-1 is exactly the words of layers ``k`` and ``k+1``,
-so a new placement is kept only when that sum drops and the balance holds. Sweeps repeat over all
-layers until one gains nothing.
+so a new placement is kept only when that sum drops and the balance holds. Before that, the classes
+of identical neurons of layer ``k`` are re-split against layer ``k+1`` (:mod:`graph.resplit`), which
+layer ``k`` does not notice. Sweeps repeat over all layers until one gains nothing.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from graph.multiphase import (
     consumer_part_matrix,
     solve_phase,
 )
+from graph.resplit import resplit_classes
 
 __all__ = ["refine_parts"]
 
@@ -65,8 +67,16 @@ def refine_parts(
             consumers = None
             if k < depth:
                 consumers = consumer_part_matrix(layers[k], parts[k + 1], nparts)
+            if consumers is not None:
+                resplit = resplit_classes(layer, parts[k], consumers)
+                saved = layer_volume(layers[k], parts[k], parts[k + 1], nparts) - layer_volume(
+                    layers[k], resplit, parts[k + 1], nparts
+                )
+                if saved > 0:
+                    parts[k] = resplit
+                    gain += saved
             hypergraph = build_phase_hypergraph(
-                layer, nparts, inputs, consumers, settings.max_chunk
+                layer, nparts, inputs, consumers, settings.max_chunk, parts[k]
             )
             candidate = solve_phase(hypergraph, settings)
             new_inputs = assign_input_owners(layer, candidate, nparts) if k == 1 else parts[0]

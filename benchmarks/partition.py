@@ -1,0 +1,236 @@
+"""Benchmark of the multi-phase hypergraph partitioner (issue 2, section 6).
+
+Prints, per P, the Table-1 figures of ``dasknn partition`` (hypergraph H vs balanced random R) with
+the volume floor beside each ratio, then the comparisons the issue asks for:
+
+* the straightforward loop (one Mt-KaHyPar call per layer, default preset, hypergraph built from
+  Python lists with one fixed vertex per net, no merging), run in the same process as the baseline
+  of the speed-up (``--loop``);
+* KaHyPar against Mt-KaHyPar, with and without the exact assignment phases (``--compare``);
+* the volume removed by two-sided refinement over the single sweep (``--refine``);
+* the same table for the generated RadiX-Net 4096 x 120 (``--radixnet4096``).
+
+Run from the repository root, under the shared lock::
+
+    flock /tmp/dasknn-bench.lock python benchmarks/partition.py --loop --compare --refine \
+        --radixnet4096
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import graph  # noqa: E402
+from dasknn.datasets import radixnet, read_challenge_network  # noqa: E402
+
+OFFICIAL = Path(__file__).resolve().parents[2] / "shared/data/graphchallenge/neuron1024"
+PARTS = (32, 64, 128, 256, 512)
+PAPER_RATIO_1024 = dict(zip(PARTS, (0.34, 0.31, 0.29, 0.39, 0.62), strict=True))
+PAPER_SECONDS_1024 = dict(zip(PARTS, (2.48, 3.41, 3.89, 4.97, 5.63), strict=True))
+PAPER_RATIO_4096 = dict(zip(PARTS, (0.22, 0.23, 0.23, 0.20, 0.25), strict=True))
+
+
+def straightforward_loop(layers, nparts: int, epsilon: float = 0.01, seed: int = 0):
+    """The naive baseline: one Mt-KaHyPar call per layer on a Python-list hypergraph.
+
+    One vertex per neuron, one fixed vertex per part (weight 1: Mt-KaHyPar rejects 0) in every
+    input net, default preset, a fresh context per layer, no merging. Inputs of layer 1 follow the
+    first phase as in the library.
+    """
+    import mtkahypar
+
+    from graph.backends import _mtkahypar_initializer
+    from graph.multiphase import assign_input_owners
+
+    initializer = _mtkahypar_initializer()
+    mtkahypar.set_seed(seed)
+    parts = []
+    previous = None
+    for layer in layers:
+        context = initializer.context_from_preset(mtkahypar.PresetType.DEFAULT)
+        context.set_partitioning_parameters(nparts, epsilon, mtkahypar.Objective.KM1)
+        context.logging = False
+        n_in, n_out = layer.shape
+        csr = layer.tocsr()
+        nets, weights = [], []
+        node_weights = np.diff(layer.tocsc().indptr).tolist()
+        fixed = [-1] * n_out
+        if previous is not None:
+            node_weights += [1] * nparts
+            fixed += list(range(nparts))
+        for i in range(n_in):
+            pins = csr.indices[csr.indptr[i] : csr.indptr[i + 1]].tolist()
+            if not pins:
+                continue
+            if previous is not None:
+                pins.append(n_out + int(previous[i]))
+            nets.append(pins)
+            weights.append(2)
+        hypergraph = initializer.create_hypergraph(
+            context, len(node_weights), len(nets), nets, node_weights, weights
+        )
+        if previous is not None:
+            hypergraph.add_fixed_vertices(fixed, nparts)
+        result = np.array(hypergraph.partition(context).get_partition()[:n_out])
+        if previous is None:
+            parts.append(assign_input_owners(layer, result, nparts))
+        parts.append(result)
+        previous = result
+    return parts
+
+
+def timed(function, *args, **kwargs):
+    start = time.perf_counter()
+    value = function(*args, **kwargs)
+    return value, time.perf_counter() - start
+
+
+def main_table(layers, parts, args, paper_ratio=None, paper_seconds=None):
+    print(f"\n### Table 1 form, {args.name}: H = hypergraph (default settings), R = random\n")
+    rows = []
+    extra = []
+    for nparts in parts:
+        hyper = graph.partition_network(layers, nparts, seed=args.seed)
+        rand = graph.partition_network(layers, nparts, method="random", seed=args.seed)
+        row = graph.PartitionRow(
+            nparts, hyper.metrics(), rand.metrics(), graph.volume_floor(layers, nparts),
+            hyper.seconds,
+        )
+        rows.append(row)
+        extra.append((row, hyper))
+    print(graph.format_table(rows))
+    print("\n| P | H/R avg vol | floor/R | H/floor | paper H/R | time H (s) | paper time (s) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for row, _ in extra:
+        paper = paper_ratio.get(row.nparts, float("nan")) if paper_ratio else float("nan")
+        paper_t = paper_seconds.get(row.nparts, float("nan")) if paper_seconds else float("nan")
+        over_floor = (
+            row.method.avg_volume / row.floor_avg_volume if row.floor_volume else float("inf")
+        )
+        print(
+            f"| {row.nparts} | {row.ratio('avg_volume'):.3f} | {row.floor_ratio:.3f} "
+            f"| {over_floor:.3f} | {paper:.2f} | {row.seconds:.2f} | {paper_t:.2f} |"
+        )
+    return rows
+
+
+def _random_avg_volume(layers, nparts, seed):
+    return graph.partition_network(layers, nparts, method="random", seed=seed).metrics().avg_volume
+
+
+def loop_table(layers, parts, args):
+    sub = layers[: args.loop_layers]
+    print(
+        f"\n### Straightforward Mt-KaHyPar loop vs dasknn default, {args.name}, "
+        f"first {len(sub)} layers\n"
+    )
+    print("| P | loop H/R | loop time (s) | dasknn H/R | dasknn time (s) | speed-up |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for nparts in parts:
+        base = _random_avg_volume(sub, nparts, args.seed)
+        loop, seconds = timed(straightforward_loop, sub, nparts, seed=args.seed)
+        ours = graph.partition_network(sub, nparts, seed=args.seed)
+        loop_volume = graph.partition_metrics(sub, loop, nparts).avg_volume
+        print(
+            f"| {nparts} | {loop_volume / base:.3f} | {seconds:.2f} "
+            f"| {ours.metrics().avg_volume / base:.3f} | {ours.seconds:.2f} "
+            f"| {seconds / ours.seconds:.1f} |",
+            flush=True,
+        )
+
+
+def compare_table(layers, parts, args):
+    sub = layers[: args.compare_layers]
+    print(
+        f"\n### KaHyPar vs Mt-KaHyPar, {args.name}, first {len(sub)} layers "
+        "(H/R average volume | seconds)\n"
+    )
+    configs = [
+        ("kahypar", True), ("mtkahypar", True), ("kahypar", False), ("mtkahypar", False),
+    ]
+    head = " | ".join(f"{b}{'' if exact else ' no-assign'} H/R | s" for b, exact in configs)
+    print(f"| P | {head} |")
+    print("|---:|" + "---:|---:|" * len(configs))
+    for nparts in parts:
+        base = _random_avg_volume(sub, nparts, args.seed)
+        cells = []
+        for backend, exact in configs:
+            result = graph.partition_network(
+                sub, nparts, backend=backend, seed=args.seed, exact_assignment=exact
+            )
+            cells.append(f"{result.metrics().avg_volume / base:.3f} | {result.seconds:.2f}")
+        print(f"| {nparts} | " + " | ".join(cells) + " |", flush=True)
+
+
+def refine_table(layers, rows, args):
+    print(f"\n### Two-sided refinement over the single sweep, {args.name}\n")
+    print("| P | sweep volume | refined volume | removed | removed % | sweeps | time (s) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for row in rows:
+        result = graph.partition_network(layers, row.nparts, seed=args.seed, refine=True)
+        gains = result.info["refinement_gains"]
+        refined = result.metrics().total_volume
+        before = refined + sum(gains)
+        print(
+            f"| {row.nparts} | {before} | {refined} | {sum(gains)} "
+            f"| {100 * sum(gains) / max(before, 1):.2f} | {len(gains)} | {result.seconds:.2f} |",
+            flush=True,
+        )
+
+
+def machine() -> str:
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+        model = next(
+            (line.split(":", 1)[1].strip() for line in lscpu.splitlines() if "Model name" in line),
+            platform.processor(),
+        )
+    except OSError:
+        model = platform.processor()
+    load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []
+    return f"{model}, {len(__import__('os').sched_getaffinity(0))} cores, load {' '.join(load)}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--network", type=Path, default=OFFICIAL)
+    parser.add_argument("--parts", type=int, nargs="+", default=list(PARTS))
+    parser.add_argument("--layers", type=int, help="only the first LAYERS layers")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--loop", action="store_true", help="run the straightforward loop")
+    parser.add_argument("--loop-layers", type=int, default=24, help="layers for --loop")
+    parser.add_argument("--compare", action="store_true", help="kahypar vs mtkahypar")
+    parser.add_argument("--compare-layers", type=int, default=24, help="layers for --compare")
+    parser.add_argument("--refine", action="store_true", help="two-sided refinement gain")
+    parser.add_argument("--radixnet4096", action="store_true", help="also RadiX-Net 4096 x 120")
+    args = parser.parse_args()
+    print(f"machine: {machine()}")
+    layers = read_challenge_network(args.network, layers=args.layers)
+    args.name = f"official {layers[0].shape[0]} x {len(layers)}"
+    rows = main_table(layers, args.parts, args, PAPER_RATIO_1024, PAPER_SECONDS_1024)
+    if args.loop:
+        loop_table(layers, args.parts, args)
+    if args.compare:
+        compare_table(layers, args.parts, args)
+    if args.refine:
+        refine_table(layers, rows, args)
+    if args.radixnet4096:
+        layers = radixnet(4096, args.layers or 120, seed=0)
+        args.name = f"RadiX-Net 4096 x {len(layers)}"
+        rows = main_table(layers, args.parts, args, PAPER_RATIO_4096)
+        if args.refine:
+            refine_table(layers, rows, args)
+    print(f"\nmachine at the end: {machine()}")
+
+
+if __name__ == "__main__":
+    main()
