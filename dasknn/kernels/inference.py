@@ -2,16 +2,18 @@
 
 Each layer computes ``Y = min(max(Y @ W + b * (Y @ W != 0), 0), ymax)``. A batch is kept as its
 *live* rows only (rows that are all zero can never come back to life, so they are dropped as soon
-as they die and never touched again), stored feature-major in tiles of ``tile`` rows::
+as they die and never touched again), stored feature-major in tiles of ``LANES`` rows::
 
-    block[t, j, lane]  =  activation of neuron j for live row  t * tile + lane
+    block[t, j, lane]  =  activation of neuron j for live row  t * LANES + lane
 
-so one neuron of one tile is a contiguous *section* of ``tile`` values. For output neuron ``c`` the
+so one neuron of one tile is a contiguous *section* of ``LANES`` values. For output neuron ``c`` the
 kernel accumulates ``y_j * W[j, c]`` over the inputs ``j`` of column ``c`` whose section holds a
 nonzero value (all-zero sections are skipped through a per-tile flag), with unit-stride SIMD over
 the lanes; bias (on nonzero entries only), ReLU and the clip are fused into the store; rows that
-died are compacted away before the next layer. Two rolling buffers (``a``, ``b``) are reused across
-layers. Tiles run in parallel (``prange``) on the numba threads.
+died are compacted away before the next layer. Two rolling buffers are reused across the layers,
+and the whole loop over layers runs inside one compiled call. Tiles run in parallel (``prange``) on
+the numba threads. ``LANES`` is a compile-time constant so the lane loops vectorize without
+remainder code.
 
 The layers are given as one concatenated CSC structure (column ``c`` of layer ``k`` lists the input
 neurons feeding output neuron ``c``), see :class:`PackedLayers`.
@@ -33,10 +35,10 @@ __all__ = [
     "advance",
     "live_rows",
     "live_activations",
-    "default_tile",
+    "LANES",
 ]
 
-_TILE_BYTES = 512 * 1024  # one tile of both buffers should stay in the per-core L2 cache
+LANES = 64  # rows per tile: 8 AVX2 float32 vectors (16 float64) per section
 
 
 @dataclass
@@ -119,19 +121,16 @@ class BatchState:
     ----------
     rows : int64 array
         Batch-local ids of the live rows, in order (row ``i`` of the state is ``rows[i]``).
-    block : float array, shape (n_tiles, N, tile)
+    block : float array, shape (ceil(live / LANES), N, LANES)
         Activations of the live rows, feature-major by tile; lanes beyond ``len(rows)`` are zero.
-    spare : float array, same shape
-        The second rolling buffer.
     macs_done : int
-        Multiply-adds executed so far (lanes of every accumulated section).
+        Multiply-adds executed so far (``LANES`` per accumulated section, padding included).
     macs_needed : int
         Multiply-adds a row-by-row sparse product would need: ``sum nnz(y) * nnz(W[j, :])``.
     """
 
     rows: np.ndarray
     block: np.ndarray
-    spare: np.ndarray
     macs_done: int = 0
     macs_needed: int = 0
 
@@ -140,22 +139,12 @@ class BatchState:
         return int(self.rows.size)
 
 
-def default_tile(neurons: int, dtype: np.dtype | type = np.float32) -> int:
-    """Tile width: a power of two in [16, 64] with one ``N x tile`` buffer tile in ~512 KiB."""
-    width = _TILE_BYTES // (int(neurons) * np.dtype(dtype).itemsize)
-    tile = 16
-    while tile * 2 <= min(width, 64):
-        tile *= 2
-    return tile
-
-
 @njit(cache=True, parallel=True)
 def _fill(indptr, indices, data, rows, block):
-    tile = block.shape[2]
     for t in prange(block.shape[0]):
         block[t, :, :] = 0
-        for lane in range(tile):
-            i = t * tile + lane
+        for lane in range(LANES):
+            i = t * LANES + lane
             if i >= rows.size:
                 break
             r = rows[i]
@@ -163,110 +152,146 @@ def _fill(indptr, indices, data, rows, block):
                 block[t, indices[p], lane] = data[p]
 
 
-def start_batch(
-    inputs: sp.spmatrix, dtype: np.dtype | type = np.float32, tile: int | None = None
-) -> BatchState:
+def start_batch(inputs: sp.spmatrix, dtype: np.dtype | type = np.float32) -> BatchState:
     """Load a batch of input rows (a sparse matrix of shape ``(rows, N)``) into a state.
 
     Rows that are all zero are dropped at once (they can never be categories).
     """
-    csr = sp.csr_matrix(inputs)
     dtype = np.dtype(dtype)
     if dtype not in (np.float32, np.float64):
         raise ValueError(f"dtype must be float32 or float64, got {dtype}")
-    n = csr.shape[1]
-    if tile is None:
-        tile = default_tile(n, dtype)
-    csr = csr.astype(dtype)
+    csr = sp.csr_matrix(inputs).astype(dtype)
     csr.eliminate_zeros()
     rows = np.flatnonzero(np.diff(csr.indptr)).astype(np.int64)
-    n_tiles = max(1, -(-rows.size // tile))
-    block = np.empty((n_tiles, n, tile), dtype=dtype)
+    block = np.empty((max(1, -(-rows.size // LANES)), csr.shape[1], LANES), dtype=dtype)
     _fill(csr.indptr.astype(np.int64), csr.indices.astype(np.int64), csr.data, rows, block)
-    return BatchState(rows=rows, block=block, spare=np.empty_like(block))
+    return BatchState(rows=rows, block=block)
 
 
 @njit(cache=True, parallel=True)
-def _layer(src, dst, live, flags, next_flags, alive, counts, indptr, indices, data, degree,
-           bias, ymax):
-    """One layer: ``dst = f(src @ W)`` tile by tile; fills ``alive`` per lane and section flags."""
-    n_tiles, n, tile = src.shape
-    for t in prange(n_tiles):
-        lanes = min(tile, live - t * tile)
-        acc = np.zeros(tile, dtype=src.dtype)
-        zero = ymax - ymax
-        done = 0
-        needed = 0
-        for lane in range(tile):
-            alive[t * tile + lane] = False
-        for c in range(n):
-            acc[:] = 0
-            terms = 0
-            for p in range(indptr[c], indptr[c + 1]):
-                j = indices[p]
-                if flags[t, j]:
-                    w = data[p]
-                    terms += 1
-                    for lane in range(tile):
-                        acc[lane] += w * src[t, j, lane]
-            done += terms * lanes
-            any_nonzero = False
-            nonzeros = 0
-            for lane in range(tile):
-                z = acc[lane]
-                if z != 0:
-                    z = z + bias
-                    if z < zero:
-                        z = zero
-                    elif z > ymax:
-                        z = ymax
-                dst[t, c, lane] = z
-                if z != 0:
-                    any_nonzero = True
-                    alive[t * tile + lane] = True
-                    nonzeros += 1
-            next_flags[t, c] = any_nonzero
-            needed += nonzeros * degree[c]
-        counts[t, 0] = done
-        counts[t, 1] = needed
-
-
-@njit(cache=True, parallel=True)
-def _compact(src, dst, source_of, flags, next_flags):
-    """Move the live lanes listed in ``source_of`` to the front of ``dst`` (tile-parallel)."""
-    n_tiles, n, tile = dst.shape
-    live = source_of.size
-    for t in prange(n_tiles):
-        lanes = min(tile, live - t * tile)
-        for j in range(n):
-            any_nonzero = False
-            for lane in range(tile):
-                v = src[0, 0, 0] * 0
-                if lane < lanes:
-                    s = source_of[t * tile + lane]
-                    v = src[s // tile, j, s % tile]
-                dst[t, j, lane] = v
-                if v != 0:
-                    any_nonzero = True
-            next_flags[t, j] = any_nonzero
-
-
-@njit(cache=True, parallel=True)
-def _section_flags(block, flags, degree):
+def _section_flags(block, live, flags, degree):
     """Flag the sections of ``block`` that hold a nonzero; return the needed multiply-adds."""
-    n_tiles, n, tile = block.shape
+    n_tiles = (live + LANES - 1) // LANES
+    n = block.shape[1]
     needed = np.zeros(n_tiles, dtype=np.int64)
     for t in prange(n_tiles):
         count = 0
         for j in range(n):
             nz = 0
-            for lane in range(tile):
+            for lane in range(LANES):
                 if block[t, j, lane] != 0:
                     nz += 1
             flags[t, j] = nz > 0
             count += nz * degree[j]
         needed[t] = count
     return needed.sum()
+
+
+@njit(cache=True, parallel=True)
+def _layer(src, dst, live, flags, next_flags, alive, counts, indptr, indices, data, degree,
+           bias, ymax):
+    """One layer, tile-parallel: ``dst = f(src @ W)``; fills ``alive`` and the section flags."""
+    n = src.shape[1]
+    n_tiles = (live + LANES - 1) // LANES
+    zero = ymax - ymax
+    for t in prange(n_tiles):
+        acc = np.empty(LANES, dtype=src.dtype)
+        done = 0
+        needed = 0
+        for lane in range(LANES):
+            alive[t * LANES + lane] = False
+        for c in range(n):
+            for lane in range(LANES):
+                acc[lane] = zero
+            terms = 0
+            for p in range(indptr[c], indptr[c + 1]):
+                j = indices[p]
+                if flags[t, j]:
+                    w = data[p]
+                    terms += 1
+                    for lane in range(LANES):
+                        acc[lane] += w * src[t, j, lane]
+            done += terms
+            nonzeros = 0
+            for lane in range(LANES):
+                z = acc[lane]
+                if z != zero:
+                    z = z + bias
+                    if z < zero:
+                        z = zero
+                    elif z > ymax:
+                        z = ymax
+                dst[t, c, lane] = z
+                if z != zero:
+                    alive[t * LANES + lane] = True
+                    nonzeros += 1
+            next_flags[t, c] = nonzeros > 0
+            needed += nonzeros * degree[c]
+        counts[t, 0] = done * LANES
+        counts[t, 1] = needed
+    return n_tiles
+
+
+@njit(cache=True, parallel=True)
+def _compact(src, dst, source_of, next_flags):
+    """Move the lanes listed in ``source_of`` to the front of ``dst`` and flag its sections."""
+    live = source_of.size
+    n = src.shape[1]
+    n_tiles = (live + LANES - 1) // LANES
+    for t in prange(n_tiles):
+        lanes = min(LANES, live - t * LANES)
+        for j in range(n):
+            any_nonzero = False
+            for lane in range(LANES):
+                v = src[0, 0, 0] * 0
+                if lane < lanes:
+                    s = source_of[t * LANES + lane]
+                    v = src[s // LANES, j, s % LANES]
+                dst[t, j, lane] = v
+                if v != 0:
+                    any_nonzero = True
+            next_flags[t, j] = any_nonzero
+
+
+@njit(cache=True)
+def _run_layers(block, spare, rows, live, flags, next_flags, indptr, indices, data, degrees,
+                bias, ymax):
+    """All layers of a window in one call; returns (live, result in spare?, done, needed)."""
+    n_layers = indptr.shape[0]
+    src, dst = block, spare
+    in_spare = False
+    alive = np.empty(block.shape[0] * LANES, dtype=np.bool_)
+    counts = np.empty((block.shape[0], 2), dtype=np.int64)
+    done = 0
+    needed = 0
+    for k in range(n_layers):
+        if live == 0:
+            break
+        degree = degrees[k + 1] if k + 1 < n_layers else degrees[k]
+        n_tiles = _layer(src, dst, live, flags, next_flags, alive, counts, indptr[k], indices,
+                         data, degree, bias, ymax)
+        done += counts[:n_tiles, 0].sum()
+        if k + 1 < n_layers:
+            needed += counts[:n_tiles, 1].sum()
+        survivors = 0
+        for i in range(live):
+            if alive[i]:
+                survivors += 1
+        if survivors == live:
+            src, dst = dst, src
+            in_spare = not in_spare
+        else:
+            source_of = np.empty(survivors, dtype=np.int64)
+            m = 0
+            for i in range(live):
+                if alive[i]:
+                    source_of[m] = i
+                    rows[m] = rows[i]
+                    m += 1
+            _compact(dst, src, source_of, next_flags)
+            live = survivors
+        flags, next_flags = next_flags, flags
+    return live, in_spare, done, needed
 
 
 def advance(
@@ -288,46 +313,30 @@ def advance(
     ymax : float
         Upper clip of the activations (32 in the challenge).
     """
-    n_tiles, n, tile = state.block.shape
+    n_tiles, n, _ = state.block.shape
     if layers.neurons != n:
         raise ValueError(f"the layers have {layers.neurons} neurons but the batch has {n}")
     if layers.data.dtype != state.block.dtype:
         raise ValueError(
             f"layers are {layers.data.dtype} but the batch is {state.block.dtype}; pack them alike"
         )
+    if state.live == 0:
+        return state
     dtype = state.block.dtype
-    bias_value = dtype.type(bias)
-    ymax_value = dtype.type(ymax)
     flags = np.empty((n_tiles, n), dtype=np.bool_)
-    next_flags = np.empty_like(flags)
-    if state.live:
-        state.macs_needed += int(_section_flags(state.block, flags, layers.out_degree[0]))
-    for k in range(layers.n_layers):
-        live = state.live
-        if live == 0:
-            break
-        n_tiles = state.block.shape[0]
-        alive = np.empty(n_tiles * tile, dtype=np.bool_)
-        counts = np.empty((n_tiles, 2), dtype=np.int64)
-        degree = layers.out_degree[k + 1] if k + 1 < layers.n_layers else layers.out_degree[k]
-        _layer(
-            state.block, state.spare, live, flags[:n_tiles], next_flags[:n_tiles], alive, counts,
-            layers.indptr[k], layers.indices, layers.data, degree, bias_value, ymax_value,
-        )
-        state.macs_done += int(counts[:, 0].sum())
-        if k + 1 < layers.n_layers:
-            state.macs_needed += int(counts[:, 1].sum())
-        keep = np.flatnonzero(alive[:live])
-        if keep.size == live:
-            state.block, state.spare = state.spare, state.block
-            flags, next_flags = next_flags, flags
-            continue
-        state.rows = state.rows[keep]
-        used = max(1, -(-keep.size // tile))
-        state.block = state.block[:used]
-        _compact(state.spare, state.block, keep.astype(np.int64), flags[:used], next_flags[:used])
-        flags, next_flags = next_flags, flags
-        state.spare = state.spare[:used]
+    state.macs_needed += int(_section_flags(state.block, state.live, flags, layers.out_degree[0]))
+    spare = np.empty_like(state.block)
+    rows = state.rows.copy()
+    live, in_spare, done, needed = _run_layers(
+        state.block, spare, rows, state.live, flags, np.empty_like(flags), layers.indptr,
+        layers.indices, layers.data, layers.out_degree, dtype.type(bias), dtype.type(ymax),
+    )
+    block = spare if in_spare else state.block
+    used = max(1, -(-live // LANES))
+    state.block = block[:used].copy() if used < n_tiles else block
+    state.rows = rows[:live]
+    state.macs_done += int(done)
+    state.macs_needed += int(needed)
     return state
 
 
@@ -338,6 +347,6 @@ def live_rows(state: BatchState) -> np.ndarray:
 
 def live_activations(state: BatchState) -> np.ndarray:
     """The activations of the live rows as a dense ``(live, N)`` array (row-major)."""
-    n_tiles, n, tile = state.block.shape
-    dense = state.block.transpose(0, 2, 1).reshape(n_tiles * tile, n)
+    n_tiles, n, lanes = state.block.shape
+    dense = state.block.transpose(0, 2, 1).reshape(n_tiles * lanes, n)
     return np.ascontiguousarray(dense[: state.live])
