@@ -1,0 +1,207 @@
+"""Graph Challenge inference: dasknn against plain scipy.sparse and python-graphblas, one run.
+
+For each network the three implementations run on the same MNIST inputs in this process (the
+baselines) and on a fresh 2-worker LocalCluster (dasknn); the script prints time, rate
+(inputs x edges / seconds, the challenge's measure), the ratios dasknn / baseline, whether the
+categories agree, the multiply-adds dasknn did against the nominal edges, and the kernel's rate
+against this CPU's limit for the same access pattern. The 16384 x 120 case runs dasknn alone with
+streamed weights and reports its peak memory per worker.
+
+Run under the shared lock:  flock /tmp/dasknn-bench.lock python benchmarks/challenge.py
+Options: --only NAME[,NAME] (official, 1024x480, 1024x1920, 4096x120, 16384x120),
+--inputs N (images per case), --quick (first 1000 images and no 1024x1920/16384).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+import graphblas as gb
+import numba
+import numpy as np
+import scipy.sparse as sp
+from distributed import Client
+from graphblas import binary, monoid, select, semiring
+
+from dasknn.challenge import run_challenge
+from dasknn.challenge.engine import local_cluster
+from dasknn.datasets import (
+    challenge_bias,
+    load_mnist_test,
+    mnist_to_challenge_inputs,
+    radixnet,
+    read_challenge_network,
+)
+
+OFFICIAL = Path(__file__).resolve().parents[1].parent / "shared/data/graphchallenge/neuron1024"
+
+
+def scipy_inference(inputs: sp.csr_matrix, layers, bias: float) -> np.ndarray:
+    """The plain scipy.sparse loop a user would write (float64)."""
+    y = inputs
+    for w in layers:
+        z = y @ w
+        z.data += bias  # the sparse product stores no zeros: bias on nonzeros only
+        np.clip(z.data, 0.0, 32.0, out=z.data)
+        z.eliminate_zeros()
+        y = z
+    return np.flatnonzero(np.diff(y.indptr)) + 1
+
+
+def graphblas_inference(inputs: gb.Matrix, layers, bias: float) -> np.ndarray:
+    """The same with python-graphblas (SuiteSparse:GraphBLAS, OpenMP on every core, float64)."""
+    y = inputs
+    for w in layers:
+        z = y.mxm(w, semiring.plus_times).new()
+        z << z.apply(binary.plus, right=bias)  # apply touches stored (nonzero) entries only
+        z << select.valuegt(z, 0.0)  # ReLU: drop what is not positive
+        z << z.apply(binary.min, right=32.0)
+        y = z
+    rows, _ = y.reduce_rowwise(monoid.any).new().to_coo()
+    return np.asarray(rows, dtype=np.int64) + 1
+
+
+@numba.njit(cache=True, parallel=True)
+def _axpy_roofline(src, acc_out, reps):
+    """The kernel's inner pattern with nothing else: acc += w * src[j] over an L2-resident tile."""
+    n_tiles, n, tile = src.shape
+    for t in numba.prange(n_tiles):
+        acc = np.zeros(tile, dtype=src.dtype)
+        for _ in range(reps):
+            for j in range(n):
+                w = src[t, j, 0]
+                for lane in range(tile):
+                    acc[lane] += w * src[t, j, lane]
+        acc_out[t, :] = acc
+
+
+def cpu_limit_macs(dtype, tile: int, neurons: int) -> float:
+    """Measured multiply-adds per second of the bare inner pattern on all cores."""
+    threads = numba.get_num_threads()
+    src = np.full((threads, neurons, tile), 1e-3, dtype=dtype)
+    out = np.empty((threads, tile), dtype=dtype)
+    _axpy_roofline(src, out, 1)
+    reps = max(1, int(2e8 / (threads * neurons * tile)))
+    best = 0.0
+    for _ in range(3):
+        start = time.perf_counter()
+        _axpy_roofline(src, out, reps)
+        best = max(best, threads * reps * neurons * tile / (time.perf_counter() - start))
+    return best
+
+
+def timed(fn, *args):
+    start = time.perf_counter()
+    result = fn(*args)
+    return result, time.perf_counter() - start
+
+
+def run_case(name, layers, inputs, bias, baselines: bool, dasknn_kwargs: dict) -> dict:
+    edges = sum(w.nnz for w in layers)
+    n = inputs.shape[0]
+    nominal = n * edges
+    row: dict = {"name": name, "inputs": n, "edges": edges}
+    print(f"\n== {name}: {layers[0].shape[0]} neurons x {len(layers)} layers, {edges} edges, "
+          f"{n} inputs ==", flush=True)
+    if baselines:
+        cats_sp, t_sp = timed(scipy_inference, inputs, layers, bias)
+        print(f"scipy.sparse     {t_sp:8.2f} s  {nominal / t_sp:.3g} edges/s", flush=True)
+        g_inputs = gb.io.from_scipy_sparse(inputs)
+        g_layers = [gb.io.from_scipy_sparse(w) for w in layers]
+        cats_gb, t_gb = timed(graphblas_inference, g_inputs, g_layers, bias)
+        print(f"python-graphblas {t_gb:8.2f} s  {nominal / t_gb:.3g} edges/s", flush=True)
+        row.update(scipy_s=t_sp, graphblas_s=t_gb, scipy_rate=nominal / t_sp,
+                   graphblas_rate=nominal / t_gb)
+    with local_cluster(2, 1) as cluster, Client(cluster) as client:
+        for dtype in dasknn_kwargs.pop("dtypes", ("float32",)):
+            cats, stats = run_challenge(layers, inputs, bias=bias, client=client, dtype=dtype,
+                                        progress=False, **dasknn_kwargs)
+            peak = max(stats.peak_memory.values()) / 2**20
+            busy = stats.kernel_seconds / (stats.seconds * stats.workers)
+            print(f"dasknn {dtype}   {stats.seconds:8.2f} s  {stats.rate:.3g} edges/s  "
+                  f"({stats.batches} batches of {stats.batch_size}, {stats.mode} weights, "
+                  f"workers busy in the kernel {busy:.0%}, peak {peak:.0f} MiB/worker)",
+                  flush=True)
+            kernel_rate = stats.macs_done / stats.kernel_seconds * stats.workers
+            share = stats.macs_done / nominal
+            print(f"  work: {stats.macs_done:.3g} multiply-adds done ({share:.1%} of nominal), "
+                  f"{stats.macs_needed:.3g} needed; kernel "
+                  f"{kernel_rate:.3g} MAC/s on {stats.workers} workers", flush=True)
+            entry = {"seconds": stats.seconds, "rate": stats.rate, "macs_done": stats.macs_done,
+                     "macs_needed": stats.macs_needed, "kernel_macs_per_s": kernel_rate,
+                     "peak_mib": peak, "mode": stats.mode, "categories": stats.categories,
+                     "busy": busy}
+            if baselines:
+                same = np.array_equal(cats, cats_sp) and np.array_equal(cats, cats_gb)
+                entry.update(vs_scipy=stats.rate / row["scipy_rate"],
+                             vs_graphblas=stats.rate / row["graphblas_rate"], same=same)
+                print(f"  ratio: {entry['vs_scipy']:.1f}x scipy, {entry['vs_graphblas']:.1f}x "
+                      f"graphblas; same categories as both: {same} ({cats.size}; scipy "
+                      f"{cats_sp.size}, graphblas {cats_gb.size})", flush=True)
+            row[dtype] = entry
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", help="comma-separated case names")
+    parser.add_argument("--inputs", type=int, default=10000, help="MNIST images per case")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    n_images = 1000 if args.quick else args.inputs
+    wanted = set(args.only.split(",")) if args.only else None
+    if args.quick and wanted is None:
+        wanted = {"official", "1024x480", "4096x120"}
+    model = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    model = next((ln.split(":", 1)[1].strip() for ln in model.splitlines()
+                  if ln.startswith("Model name")), platform.processor())
+    print(f"machine: {model}, {os.cpu_count()} cores; load average {os.getloadavg()}")
+    print(f"numpy {np.__version__}, numba {numba.__version__}, graphblas {gb.__version__}")
+    images = load_mnist_test()[0][:n_images]
+
+    limit32 = cpu_limit_macs(np.float32, 64, 1024)
+    print(f"CPU limit of the kernel's inner pattern (float32, tile 64, all cores): "
+          f"{limit32:.3g} MAC/s; FMA peak 2 cores x 2 FMA x 8 lanes x clock")
+
+    cases = []
+    if OFFICIAL.exists():
+        cases.append(("official", lambda: read_challenge_network(OFFICIAL), 32, True,
+                      {"dtypes": ("float32", "float64")}))
+    cases += [
+        ("1024x480", lambda: radixnet(1024, 480), 32, True, {}),
+        ("1024x1920", lambda: radixnet(1024, 1920), 32, True, {}),
+        ("4096x120", lambda: radixnet(4096, 120), 64, True, {}),
+        ("16384x120", lambda: radixnet(16384, 120, dtype=np.float32), 128, False,
+         {"resident_layers": 8, "weight_buffers": 2}),
+    ]
+    rows = []
+    for name, make, side, baselines, kwargs in cases:
+        if wanted is not None and name not in wanted:
+            continue
+        layers = make()
+        inputs = mnist_to_challenge_inputs(images, side)
+        rows.append(run_case(name, layers, inputs, challenge_bias(side * side), baselines,
+                             dict(kwargs)))
+        del layers
+    print(f"\nload average at the end {os.getloadavg()}")
+    print("\n| case | inputs | scipy edges/s | graphblas edges/s | dasknn f32 edges/s | vs scipy "
+          "| vs graphblas | same categories | MACs done / nominal | peak MiB/worker |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        d = row["float32"]
+        nominal = row["inputs"] * row["edges"]
+        base = (f"{row['scipy_rate']:.3g} | {row['graphblas_rate']:.3g}" if "scipy_rate" in row
+                else "- | -")
+        ratios = (f"{d['vs_scipy']:.1f}x | {d['vs_graphblas']:.1f}x | {d['same']}"
+                  if "vs_scipy" in d else "- | - | -")
+        print(f"| {row['name']} | {row['inputs']} | {base} | {d['rate']:.3g} | {ratios} | "
+              f"{d['macs_done'] / nominal:.1%} | {d['peak_mib']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
