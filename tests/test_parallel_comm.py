@@ -3,6 +3,8 @@ of the words the partition makes cross between workers; bad input is rejected up
 
 from __future__ import annotations
 
+import os
+import signal
 from collections import Counter
 
 import numpy as np
@@ -137,3 +139,20 @@ def test_bad_input_is_rejected_before_scheduling(dask_client):
         model.distribute(dask_client, parts[:2])
     with pytest.raises(ValueError, match="neurons"):
         model.distribute(dask_client, [np.zeros(32, int), np.zeros(31, int), np.zeros(32, int)])
+
+
+def test_a_lost_worker_is_reported_by_name():
+    from distributed import Client, LocalCluster
+
+    model = SparseMLP.radixnet(neurons=32, layers=2, seed=4)
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+    ) as cluster, Client(cluster) as client:
+        dist = model.distribute(client, [np.arange(32) % 2] * 3)
+        victim = dist.part_workers[1]
+        pid = client.run(os.getpid, workers=[victim])[victim]
+        os.kill(pid, signal.SIGKILL)
+        x, y = np.ones((2, 32)), np.ones((2, 32))
+        with pytest.raises(RuntimeError, match=f"{victim}.*parts \\[1\\]"):
+            for _ in range(50):  # until the scheduler notices the loss
+                dist.train_step(x, y, lr=0.1)

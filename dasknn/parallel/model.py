@@ -141,7 +141,11 @@ class DistributedSparseMLP:
         """Scatter the column blocks of ``values`` (by the parts of ``layer``); ``{m: future}``."""
         blocks = self._column_blocks(values, layer)
         data = {(f"dasknn-{name}-{self.token}", self._step + 1, m): b for m, b in enumerate(blocks)}
-        futures = scatter_pinned(self.client, data, self.part_workers, lambda key: key[-1])
+        try:
+            futures = scatter_pinned(self.client, data, self.part_workers, lambda key: key[-1])
+        except Exception as exc:
+            self._raise_if_lost(exc)
+            raise
         return {key[-1]: future for key, future in futures.items()}
 
     def _submit(self, dsk: dict, keys: list):
@@ -195,11 +199,7 @@ class DistributedSparseMLP:
         x_blocks = self._scatter_blocks("x", x, 0)
         y_blocks = self._scatter_blocks("y", y, self.n_layers)
         futures, _ = self._submit_step(x_blocks, y_blocks, None, lr, None)
-        try:
-            shares = self.client.gather(futures)
-        except Exception:
-            self._clear_workers()
-            raise
+        shares = self._collect(futures)
         self._batches.append((x.shape[0], True))
         return float(sum(shares))
 
@@ -249,9 +249,6 @@ class DistributedSparseMLP:
                 )
                 history.append(self._run_pipelined(x_blocks, y_blocks, batches, lr, bar) / n)
                 bar.close()
-        except Exception:
-            self._clear_workers()
-            raise
         finally:
             del x_blocks, y_blocks
         return history
@@ -272,7 +269,7 @@ class DistributedSparseMLP:
 
     def _finish(self, pending, bar) -> float:
         futures, batch = pending
-        loss = float(sum(self.client.gather(futures)))
+        loss = float(sum(self._collect(futures)))
         self._batches.append((batch, True))
         bar.update(1)
         bar.set_postfix(loss=f"{loss:.4g}", refresh=False)
@@ -292,11 +289,7 @@ class DistributedSparseMLP:
             x_blocks = self._scatter_blocks("x", chunk, 0)
             ctx = self._context(0.0)
             dsk = template.graph(ctx, self._inputs(x_blocks, None))
-            try:
-                parts = self.client.gather(self._submit(dsk, template.output_keys(ctx.step)))
-            except Exception:
-                self._clear_workers()
-                raise
+            parts = self._collect(self._submit(dsk, template.output_keys(ctx.step)))
             self._batches.append((chunk.shape[0], False))
             out = np.empty((chunk.shape[0], self.layer_sizes[-1]), dtype=self.dtype)
             out[:, out_order] = np.concatenate(parts, axis=1)
@@ -376,12 +369,38 @@ class DistributedSparseMLP:
         """Seconds each worker spent on local products, update and packing since the last reset."""
         return self.client.run(_timings_on_worker, token=self.token)
 
+    def _collect(self, futures) -> list:
+        """Gather a step's results; on failure, free the workers' step state and say why."""
+        try:
+            return self.client.gather(futures)
+        except Exception as exc:
+            self._clear_workers()
+            self._raise_if_lost(exc)
+            raise
+
+    def _raise_if_lost(self, cause: BaseException | None = None) -> None:
+        """Raise ``RuntimeError`` naming the parts whose worker has left the cluster."""
+        alive = set(self.client.scheduler_info(n_workers=-1)["workers"])
+        lost = sorted(set(self.part_workers) - alive)
+        if lost:
+            parts = [m for m, w in enumerate(self.part_workers) if w in lost]
+            raise RuntimeError(
+                f"worker(s) {', '.join(lost)} holding parts {parts} of the model were lost, "
+                "and their weights with them; distribute the model again"
+            ) from cause
+
     def _clear_workers(self) -> None:
-        self.client.run(_clear_on_worker, token=self.token)
+        alive = set(self.client.scheduler_info(n_workers=-1)["workers"])
+        workers = sorted(alive & set(self.part_workers))
+        if workers:
+            self.client.run(_clear_on_worker, token=self.token, workers=workers)
 
     def close(self) -> None:
-        """Release the data on the workers."""
+        """Release the model's data and state on the workers."""
         self._clear_workers()
         self._layout.futures.clear()
+        self._layout.weights.clear()
+        self._layout.biases.clear()
+        self._templates.clear()
         self.weights = []
         self.biases = []

@@ -1,0 +1,200 @@
+"""Model-parallel training benchmark: hypergraph vs random partition, vs PyTorch CPU sparse.
+
+One run, one machine, baselines beside the figures:
+
+1. the same network trained in one process by PyTorch's CPU sparse tensors (``torch.sparse.mm`` on
+   a COO weight built from a dense value vector each step, so the weight gradient is masked to the
+   pattern; ``torch.optim.SGD``), and by dasknn's single-process ``SparseMLP``;
+2. dasknn model-parallel with the hypergraph (H) and the random (R) partition at each P (one
+   single-threaded worker per part): time per batch, the breakdown (local products / update /
+   packing / communication+scheduling wait, the paper's Figure 5), measured bytes against the
+   prediction, H/R ratios;
+3. the Dask scheduling overhead per layer step, measured on a 32-neuron network of the same depth
+   and partition count, where the arithmetic is negligible.
+
+Usage::
+
+    flock /tmp/dasknn-bench.lock python benchmarks/train.py [--layers 30] [--batches 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import time
+
+import numpy as np
+
+import graph
+from dasknn.model import SparseMLP
+from dasknn.parallel import DistributedSparseMLP
+from dasknn.parallel.timing import time_training
+
+
+def _cpu_name() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name"):
+                return line.split(":", 1)[1].strip()
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def _cluster(workers: int):
+    from distributed import Client, LocalCluster
+
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    cluster = LocalCluster(
+        n_workers=workers,
+        threads_per_worker=1,
+        processes=True,
+        dashboard_address=":0",
+        env={"NUMBA_NUM_THREADS": str(threads)},
+    )
+    return cluster, Client(cluster)
+
+
+def torch_time_per_batch(model: SparseMLP, x: np.ndarray, y: np.ndarray, batch: int, lr: float):
+    """PyTorch CPU sparse, written as a user would: COO weights from trainable value vectors."""
+    import torch
+
+    values, indices, shapes = [], [], []
+    for weight in model.weights:
+        transposed = weight.T.tocoo()  # (n_out, n_in): torch.sparse.mm(W^T, a^T)
+        indices.append(torch.tensor(np.vstack([transposed.row, transposed.col]), dtype=torch.int64))
+        values.append(torch.tensor(transposed.data, requires_grad=True))
+        shapes.append(transposed.shape)
+    biases = [torch.tensor(b, requires_grad=True) for b in model.biases]
+    optimizer = torch.optim.SGD(values + biases, lr=lr)
+    inputs, targets = torch.tensor(x), torch.tensor(y)
+
+    def step(rows):
+        optimizer.zero_grad()
+        a = inputs[rows]
+        for v, idx, shape, b in zip(values, indices, shapes, biases, strict=True):
+            w = torch.sparse_coo_tensor(idx, v, shape, check_invariants=False)
+            a = torch.sigmoid(torch.sparse.mm(w, a.T).T + b)
+        loss = ((a - targets[rows]) ** 2).sum() / (2 * a.shape[0])
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+
+    step(slice(0, batch))  # warm-up
+    batches = x.shape[0] // batch
+    start = time.perf_counter()
+    for i in range(batches):
+        step(slice(i * batch, (i + 1) * batch))
+    return (time.perf_counter() - start) / batches, torch.get_num_threads()
+
+
+def numba_time_per_batch(model: SparseMLP, x, y, batch: int, lr: float) -> float:
+    """dasknn's single-process SparseMLP (same kernels, numba threads over the machine)."""
+    model = model.copy()
+    model.train_step(x[:batch], y[:batch], lr)
+    start = time.perf_counter()
+    model.fit(x, y, batch_size=batch, epochs=1, lr=lr, shuffle=False, progress=False)
+    return (time.perf_counter() - start) / (x.shape[0] // batch)
+
+
+def scheduling_overhead(layers: int, nparts: int, steps: int = 8) -> dict:
+    """Time per layer step of a 32-neuron network (batch 1) with the same depth and P."""
+    model = SparseMLP.radixnet(32, layers, seed=0)
+    rng = np.random.default_rng(0)
+    x = rng.uniform(size=(steps, 32))
+    y = rng.uniform(size=(steps, 32))
+    partition = graph.partition_network(model.weights, nparts, "block")
+    cluster, client = _cluster(nparts)
+    try:
+        dist = DistributedSparseMLP(model, client, partition)
+        times = time_training(dist, x, y, batch_size=1, lr=0.01)
+        start = time.perf_counter()
+        for i in range(steps):
+            dist.train_step(x[i : i + 1], y[i : i + 1], lr=0.01)
+        unpipelined = (time.perf_counter() - start) / steps
+        dist.close()
+    finally:
+        client.close()
+        cluster.close()
+    layer_steps = 2 * layers
+    return {
+        "per_batch_fit": times.per_batch,
+        "per_layer_step_fit": times.per_batch / layer_steps,
+        "per_batch_train_step": unpipelined,
+        "per_layer_step_train_step": unpipelined / layer_steps,
+        "busy_per_batch": times.products + times.update + times.pack,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--neurons", type=int, default=4096)
+    parser.add_argument("--layers", type=int, default=30)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--batches", type=int, default=3, help="timed batches per configuration")
+    parser.add_argument("--parts", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--skip-torch", action="store_true")
+    args = parser.parse_args()
+
+    print(f"machine: {_cpu_name()}, {os.cpu_count()} cores; load {os.getloadavg()[0]:.2f}")
+    model = SparseMLP.radixnet(args.neurons, args.layers, seed=0, activation="sigmoid", loss="mse")
+    rng = np.random.default_rng(1)
+    samples = args.batch * args.batches
+    x = rng.uniform(0, 1, size=(samples, args.neurons))
+    y = rng.uniform(0, 1, size=(samples, args.neurons))
+    print(f"network: RadiX-Net {args.neurons} x {args.layers} layers, {model.weights[0].nnz} nnz "
+          f"per layer, batch {args.batch}, sigmoid + MSE, lr {args.lr}, {args.batches} timed "
+          f"batches per configuration (+1 warm-up)")
+
+    numba_single = numba_time_per_batch(model, x, y, args.batch, args.lr)
+    print(f"dasknn SparseMLP, one process: {numba_single * 1e3:.0f} ms/batch "
+          f"({args.batch / numba_single:,.0f} samples/s)")
+    torch_batch = None
+    if not args.skip_torch:
+        torch_batch, torch_threads = torch_time_per_batch(model, x, y, args.batch, args.lr)
+        print(f"PyTorch CPU sparse (COO), one process, {torch_threads} threads: "
+              f"{torch_batch * 1e3:.0f} ms/batch ({args.batch / torch_batch:,.0f} samples/s)")
+
+    results = {}
+    for nparts in args.parts:
+        cluster, client = _cluster(nparts)
+        try:
+            for method in ("hypergraph", "random"):
+                partition = graph.partition_network(model.weights, nparts, method, seed=0)
+                dist = DistributedSparseMLP(model, client, partition)
+                times = time_training(dist, x, y, args.batch, lr=args.lr)
+                dist.close()
+                results[(nparts, method)] = times
+                comm = times.comm
+                print(f"P={nparts} {method:<10} {times.format()}")
+                print(f"    measured payload {comm.payload / times.batches / 1e6:.2f} MB/batch, "
+                      f"predicted {comm.predicted / times.batches / 1e6:.2f} MB/batch "
+                      f"({'equal' if comm.matches else 'DIFFERENT'}); serialization overhead "
+                      f"{comm.serialization_overhead / max(comm.wire_messages, 1):.0f} B/message "
+                      f"over {comm.wire_messages} logged messages")
+        finally:
+            client.close()
+            cluster.close()
+        h, r = results[(nparts, "hypergraph")], results[(nparts, "random")]
+        print(f"P={nparts}: H vs R speedup {r.per_batch / h.per_batch:.2f}x (target >= 1.5x); "
+              f"measured bytes ratio H/R {h.comm.payload / r.comm.payload:.3f}, predicted "
+              f"{h.comm.predicted / r.comm.predicted:.3f}")
+        if torch_batch is not None and nparts == 2:
+            print(f"P=2 H vs PyTorch: {torch_batch / h.per_batch:.2f}x throughput (target >= 2x)")
+
+    for nparts in args.parts:
+        overhead = scheduling_overhead(args.layers, nparts)
+        print(f"scheduling overhead, 32 neurons x {args.layers} layers, batch 1, P={nparts}: "
+              f"fit {overhead['per_batch_fit'] * 1e3:.1f} ms/batch = "
+              f"{overhead['per_layer_step_fit'] * 1e3:.2f} ms per layer step "
+              f"(arithmetic {overhead['busy_per_batch'] * 1e3:.1f} ms/batch); "
+              f"train_step loop {overhead['per_layer_step_train_step'] * 1e3:.2f} ms per layer "
+              "step")
+
+
+if __name__ == "__main__":
+    main()
