@@ -26,6 +26,7 @@ import subprocess
 import time
 
 import numpy as np
+from distributed import get_task_stream
 
 import graph
 from dasknn.model import SparseMLP
@@ -100,27 +101,42 @@ def numba_time_per_batch(model: SparseMLP, x, y, batch: int, lr: float) -> float
     return (time.perf_counter() - start) / (x.shape[0] // batch)
 
 
-def scheduling_overhead(layers: int, nparts: int, steps: int = 8) -> dict:
+def scheduling_overhead(layers: int, nparts: int, workers: int, steps: int = 8) -> dict:
     """Time per layer step of a 32-neuron network (batch 1) with the same depth and P."""
     model = SparseMLP.radixnet(32, layers, seed=0)
     rng = np.random.default_rng(0)
     x = rng.uniform(size=(steps, 32))
     y = rng.uniform(size=(steps, 32))
     partition = graph.partition_network(model.weights, nparts, "block")
-    cluster, client = _cluster(nparts)
+    cluster, client = _cluster(workers)
     try:
         dist = DistributedSparseMLP(model, client, partition)
         times = time_training(dist, x, y, batch_size=1, lr=0.01)
-        start = time.perf_counter()
-        for i in range(steps):
-            dist.train_step(x[i : i + 1], y[i : i + 1], lr=0.01)
-        unpipelined = (time.perf_counter() - start) / steps
+        with get_task_stream(client) as stream:
+            start = time.perf_counter()
+            for i in range(steps):
+                dist.train_step(x[i : i + 1], y[i : i + 1], lr=0.01)
+            unpipelined = (time.perf_counter() - start) / steps
         dist.close()
     finally:
         client.close()
         cluster.close()
     layer_steps = 2 * layers
+    compute = [
+        ss["stop"] - ss["start"]
+        for record in stream.data
+        for ss in record["startstops"]
+        if ss["action"] == "compute"
+    ]
+    transfer = [
+        ss["stop"] - ss["start"]
+        for record in stream.data
+        for ss in record["startstops"]
+        if ss["action"] == "transfer"
+    ]
     return {
+        "task_compute": float(np.mean(compute)),
+        "transfer": float(np.mean(transfer)) if transfer else 0.0,
         "per_batch_fit": times.per_batch,
         "per_layer_step_fit": times.per_batch / layer_steps,
         "per_batch_train_step": unpipelined,
@@ -136,6 +152,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--batches", type=int, default=3, help="timed batches per configuration")
     parser.add_argument("--parts", type=int, nargs="+", default=[2, 4])
+    parser.add_argument(
+        "--workers", type=int, default=0, help="worker processes (0: one per part)"
+    )
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--skip-torch", action="store_true")
     args = parser.parse_args()
@@ -161,7 +180,9 @@ def main() -> None:
 
     results = {}
     for nparts in args.parts:
-        cluster, client = _cluster(nparts)
+        workers = args.workers or nparts
+        cluster, client = _cluster(workers)
+        print(f"P={nparts} on {workers} single-threaded worker processes")
         try:
             for method in ("hypergraph", "random"):
                 partition = graph.partition_network(model.weights, nparts, method, seed=0)
@@ -187,13 +208,15 @@ def main() -> None:
             print(f"P=2 H vs PyTorch: {torch_batch / h.per_batch:.2f}x throughput (target >= 2x)")
 
     for nparts in args.parts:
-        overhead = scheduling_overhead(args.layers, nparts)
-        print(f"scheduling overhead, 32 neurons x {args.layers} layers, batch 1, P={nparts}: "
+        overhead = scheduling_overhead(args.layers, nparts, args.workers or nparts)
+        print(f"scheduling overhead, 32 neurons x {args.layers} layers, batch 1, P={nparts} "
+              f"on {args.workers or nparts} workers: "
               f"fit {overhead['per_batch_fit'] * 1e3:.1f} ms/batch = "
               f"{overhead['per_layer_step_fit'] * 1e3:.2f} ms per layer step "
               f"(arithmetic {overhead['busy_per_batch'] * 1e3:.1f} ms/batch); "
               f"train_step loop {overhead['per_layer_step_train_step'] * 1e3:.2f} ms per layer "
-              "step")
+              f"step, of which a task's own run {overhead['task_compute'] * 1e3:.2f} ms and a "
+              f"transfer {overhead['transfer'] * 1e3:.2f} ms on average")
 
 
 if __name__ == "__main__":

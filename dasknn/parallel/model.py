@@ -232,6 +232,8 @@ class DistributedSparseMLP:
         if int(epochs) < 0:
             raise ValueError(f"epochs must be >= 0, got {epochs}")
         batch_size, epochs = int(batch_size), int(epochs)
+        if epochs == 0:
+            return []
         n = x.shape[0]
         x_blocks = self._scatter_blocks("x", x, 0)
         y_blocks = self._scatter_blocks("y", y, self.n_layers)
