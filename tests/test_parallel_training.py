@@ -260,3 +260,24 @@ def test_layout_is_pinned_gcxs_chunks(dask_client):
             )
     finally:
         dist.close()
+
+
+def test_separate_pack_tasks_give_the_same_training(dask_client):
+    from dasknn.parallel import DistributedSparseMLP
+
+    model = _irregular_model(seed=10)
+    parts = _partition("random", model.layer_sizes, 3, seed=10)
+    results = []
+    for separate in (False, True):
+        dist = DistributedSparseMLP(model, dask_client, parts, separate_packing=separate)
+        try:
+            x, y = _data(model, 5, seed=10)
+            losses = [dist.train_step(x, y, lr=0.2) for _ in range(2)]
+            assert dist.comm_report().matches
+            results.append((losses, dist.gather()))
+        finally:
+            dist.close()
+    (fused_losses, fused), (split_losses, split) = results
+    assert fused_losses == split_losses
+    for a, b in zip(fused.weights, split.weights, strict=True):
+        np.testing.assert_array_equal(a.toarray(), b.toarray())

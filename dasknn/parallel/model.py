@@ -55,6 +55,9 @@ class DistributedSparseMLP:
         ``parts[k][j]`` is the part owning neuron ``j`` of layer ``k`` (``k = 0``: inputs).
     nparts : int, optional
         Number of parts (defaults to ``partition.nparts`` or the largest id plus one).
+    separate_packing : bool
+        Use a separate pack task per message after each part's product task (two scheduler
+        round trips per layer instead of one); only to measure the default's saving.
 
     Attributes
     ----------
@@ -68,7 +71,14 @@ class DistributedSparseMLP:
         Worker address of every part.
     """
 
-    def __init__(self, model: SparseMLP, client, partition, nparts: int | None = None) -> None:
+    def __init__(
+        self,
+        model: SparseMLP,
+        client,
+        partition,
+        nparts: int | None = None,
+        separate_packing: bool = False,
+    ) -> None:
         parts, nparts = normalize_partition(partition, model.layer_sizes, nparts)
         workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
         self.client = client
@@ -88,6 +98,7 @@ class DistributedSparseMLP:
         self.biases = self._layout.biases
         self._placement = PartPlacement(self.part_workers)
         self._templates: dict[str, StepTemplate] = {}
+        self._separate_packing = separate_packing
         self._step = 0
         self._reset_step = 0
         self._batches: list[tuple[int, bool]] = []
@@ -113,7 +124,12 @@ class DistributedSparseMLP:
         if kind not in self._templates:
             softmax = self.loss.name == "softmax_cross_entropy"
             self._templates[kind] = StepTemplate(
-                self.token, self.plan, self._layout, kind, softmax=softmax
+                self.token,
+                self.plan,
+                self._layout,
+                kind,
+                softmax=softmax,
+                separate_packing=self._separate_packing,
             )
         return self._templates[kind]
 

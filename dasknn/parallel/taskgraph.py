@@ -99,12 +99,24 @@ class StepTemplate:
     kind : {"train", "predict"}
     softmax : bool
         Whether the loss is softmax cross-entropy (needs the ``lse`` reduction).
+    separate_packing : bool
+        ``False`` (the default): each message is returned by a task that also makes sure its
+        part's layer is computed, so a layer costs one scheduler round trip. ``True``: a product
+        task per part and layer, then one pack task per message after it (two round trips per
+        layer); kept to measure what the fusion saves.
     """
 
     def __init__(
-        self, token: str, plan: CommPlan, layout: Layout, kind: str, softmax: bool = False
+        self,
+        token: str,
+        plan: CommPlan,
+        layout: Layout,
+        kind: str,
+        softmax: bool = False,
+        separate_packing: bool = False,
     ) -> None:
         self.token = token
+        self.separate_packing = separate_packing
         self.names = phase_names(token)
         self.plan = plan
         self.kind = kind
@@ -159,9 +171,7 @@ class StepTemplate:
                 if k == L and train:
                     kwargs["y"] = ("input", "y", m)
                     kwargs["y_rows"] = ("input", "y_rows", m)
-                for n in receivers:
-                    args = (m, k, n, *self._fixed(k, m))
-                    self.specs.append(_Spec("fwd", k, m, n, forward_task, args + pieces, kwargs))
+                self._add_part_tasks("fwd", k, m, receivers, forward_task, pieces, kwargs)
         if train and softmax:
             stats = tuple(("step", "fwd", L, m, SOFTMAX_STATS) for m in range(P))
             self.specs.append(_Spec("lse", L, 0, NO_RECEIVER, combine_logsumexp, stats, {}))
@@ -201,9 +211,18 @@ class StepTemplate:
                         ("step", "bwd", k + 1, s, m)
                         for s in sorted(self.plan.layers[k][m].send)
                     )
-                for n in receivers:
-                    args = (m, k, n, *self._fixed(k, m))
-                    self.specs.append(_Spec("bwd", k, m, n, backward_task, args + pieces, kwargs))
+                self._add_part_tasks("bwd", k, m, receivers, backward_task, pieces, kwargs)
+
+    def _add_part_tasks(self, phase, k, m, receivers, func, pieces, kwargs) -> None:
+        """The tasks of ``(k, m)``: one per receiver (see ``separate_packing``)."""
+        if self.separate_packing and receivers[0] >= 0:
+            product = (m, k, NO_RECEIVER, *self._fixed(k, m))
+            self.specs.append(_Spec(phase, k, m, NO_RECEIVER, func, product + pieces, kwargs))
+            after = kwargs.get("after", ()) + (("step", phase, k, m, NO_RECEIVER),)
+            kwargs = {**kwargs, "after": after}
+        for n in receivers:
+            args = (m, k, n, *self._fixed(k, m))
+            self.specs.append(_Spec(phase, k, m, n, func, args + pieces, kwargs))
 
     # ------------------------------------------------------------------ stamping
     def key(self, step: int, phase: str, k: int, m: int, n: int) -> tuple:
