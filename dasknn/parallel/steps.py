@@ -4,7 +4,9 @@ Every task of a step is ``forward_task`` or ``backward_task`` for one ``(layer k
 *receiver* ``n``: it makes sure part ``m``'s work for layer ``k`` is done on this worker (the first
 task of ``(k, m)`` to run does it, the others find it done) and returns the packed message for
 ``n`` — the only values Dask moves between workers. A task with no receiver returns a small value
-(the loss share, the output block, or nothing).
+(the loss share, the output block, or nothing). ``update_task`` applies a part's SGD update of a
+layer after its partial sums have gone out, so the update overlaps the wait for the next layer's
+messages instead of delaying them.
 
 The intermediate values of a part (``x_in``, ``z``, ``a`` per layer, partial sums) stay in a
 worker-local store keyed by model token, step and part, so one task per message suffices and the
@@ -35,6 +37,7 @@ __all__ = [
     "forward_task",
     "read_timings",
     "reset_timings",
+    "update_task",
 ]
 
 #: Timing categories recorded by the workers (seconds, summed over tasks).
@@ -61,6 +64,7 @@ class _PartState:
 
     forward: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
     partial: dict[int, np.ndarray] = field(default_factory=dict)
+    delta: dict[int, np.ndarray] = field(default_factory=dict)
     backward_done: set[int] = field(default_factory=set)
     loss: float = 0.0
     lock: threading.RLock = field(default_factory=threading.RLock)
@@ -255,15 +259,16 @@ def backward_task(
 
     The delta of layer ``k`` is the sum of the part's own partial sums and the ``pieces`` received
     from ``sorted(next_plan.send)`` times ``f'(z_k)`` (at ``k = L``: the loss gradient from ``y``).
-    Then the partial sums for layer ``k-1`` are computed with the old weights, and the weights and
-    bias are updated in place.
+    Then the partial sums for layer ``k-1`` are computed with the old weights. The update of the
+    weights and bias is :func:`update_task`'s, except in layer 1, where this part's last task of
+    the step (``receiver == -1``, waiting for every update) does it.
 
     Parameters
     ----------
     receiver : int
         The owner of rows of ``W_k`` whose partial sums are returned (slice ``plan.groups``), or
-        ``-1`` for none: the part's last task of the step, which returns its loss share and frees
-        its state.
+        ``-1`` for none (in layer 1: the part's last task of the step, which updates layer 1,
+        returns the part's loss share and frees its state).
     forward_pieces : tuple of arrays
         At ``k = L``: the forward messages of layer ``L`` (the forward of the last layer runs here).
     """
@@ -280,13 +285,15 @@ def backward_task(
         )
         _model_store(ctx.token).timings["pack"] += time.perf_counter() - start
         return message
-    loss = state.loss
     if k == 1:
+        with state.lock:
+            _update(ctx, state, k, plan, weight, bias)
         _part_state_pop(ctx, part)
-    return loss
+    return state.loss
 
 
 def _backward(ctx, state, part, k, plan, weight, bias, next_plan, pieces, y, y_rows, lse):
+    """``delta_k`` of the part and its partial sums for layer ``k-1`` (old weights)."""
     timings = _model_store(ctx.token).timings
     x_in, z, a = state.forward[k]
     start = time.perf_counter()
@@ -304,7 +311,16 @@ def _backward(ctx, state, part, k, plan, weight, bias, next_plan, pieces, y, y_r
         partial = np.empty((z.shape[0], int(plan.groups[-1])), dtype=z.dtype)
         spmm_backward(delta, plan.indptr, weight.indices, weight.data, partial)
         state.partial[k] = partial
-    product_done = time.perf_counter()
+    state.delta[k] = delta
+    state.backward_done.add(k)
+    timings["backward_product"] += time.perf_counter() - start
+
+
+def _update(ctx, state, k, plan, weight, bias) -> None:
+    """SGD step of the part's chunk of layer ``k`` in place; frees the layer's values."""
+    start = time.perf_counter()
+    x_in = state.forward.pop(k)[0]
+    delta = state.delta.pop(k)
     dtype = np.dtype(ctx.dtype)
     step = dtype.type(ctx.lr)
     grad_w = np.empty_like(weight.data)
@@ -314,8 +330,15 @@ def _backward(ctx, state, part, k, plan, weight, bias, next_plan, pieces, y, y_r
     grad_b = delta.sum(axis=0)
     grad_b *= step
     bias -= grad_b
-    del state.forward[k]
-    state.backward_done.add(k)
-    end = time.perf_counter()
-    timings["backward_product"] += product_done - start
-    timings["update"] += end - product_done
+    _model_store(ctx.token).timings["update"] += time.perf_counter() - start
+
+
+def update_task(ctx: StepContext, part: int, k: int, plan: LayerPartPlan, weight, bias, after=None):
+    """The weight and bias update of part ``part`` in layer ``k >= 2``, off the critical path.
+
+    It runs after the part's backward tasks of layer ``k`` (``after``), while the worker waits for
+    the partial sums of layer ``k-1``; the part's last task of the step waits for all of them.
+    """
+    state = _part_state(ctx, part)
+    with state.lock:
+        _update(ctx, state, k, plan, weight, bias)
