@@ -97,6 +97,8 @@ def partition_network(
         raise ValueError(f"epsilon must lie in [0, 1), not {epsilon}")
     if max_chunk < 1:
         raise ValueError(f"max_chunk must be at least 1, not {max_chunk}")
+    if max_sweeps < 1:
+        raise ValueError(f"max_sweeps must be at least 1, not {max_sweeps}")
     nparts = int(nparts)
     start = time.perf_counter()
     info: dict = {}

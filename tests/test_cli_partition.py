@@ -85,3 +85,10 @@ def test_console_entry_point_runs():
     )
     assert result.returncode == 0, result.stderr
     assert np.isfinite(float(result.stdout.splitlines()[-1].split("|")[2]))
+
+
+def test_refine_flag(capsys):
+    assert main(["partition", "radixnet:256:3", "--parts", "8", "--refine"]) == 0
+    printed = capsys.readouterr().out
+    assert "refined" in printed.splitlines()[0]
+    assert "\n| 8 |" in printed

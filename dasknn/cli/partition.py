@@ -32,6 +32,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--backend", default=graph.DEFAULT_BACKEND, choices=graph.BACKENDS)
     parser.add_argument("--epsilon", type=float, default=0.01, help="allowed imbalance")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--refine", action="store_true", help="add two-sided refinement sweeps (slower)"
+    )
     parser.add_argument("--neurons", type=int, help="width to read from a challenge directory")
     parser.add_argument("--layers", type=int, help="use only the first LAYERS layers")
     parser.add_argument("--out", type=Path, help="save the METHOD partitions to this .npz file")
@@ -58,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     partitions = {}
     for nparts in args.parts:
         method = graph.partition_network(
-            layers, nparts, args.method, args.epsilon, args.backend, args.seed
+            layers, nparts, args.method, args.epsilon, args.backend, args.seed, refine=args.refine
         )
         baseline = graph.partition_network(
             layers, nparts, args.baseline, args.epsilon, args.backend, args.seed
@@ -75,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         partitions[nparts] = method
     title = (
         f"{args.network}: {len(layers)} layers, {args.method} (H) vs {args.baseline} (R), "
-        f"backend {args.backend}, epsilon {args.epsilon}"
+        f"backend {args.backend}, epsilon {args.epsilon}{', refined' if args.refine else ''}"
     )
     table = format_table(rows, title)
     print(table)
