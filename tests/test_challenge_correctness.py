@@ -206,3 +206,17 @@ def test_engine_matches_reference_for_any_batching(client, seed, batch_size, dty
     )
     np.testing.assert_array_equal(categories, expected)
     assert stats.batches == -(-60 // batch_size)
+
+
+def test_engine_by_scheduler_address_and_weight_budget(client):
+    """A scheduler address instead of a client; a small weight budget switches to streaming."""
+    layers, inputs, bias = _dyadic_network(7, 32, 8, 50)
+    expected, _ = reference_challenge(inputs, layers, bias)
+    budget = 3 * (layers[0].nnz * 8 + 16 * 33)
+    categories, stats = run_challenge(
+        layers, inputs, bias=bias, client=client.scheduler.address, weight_budget=budget,
+        progress=False,
+    )
+    np.testing.assert_array_equal(categories, expected)
+    assert stats.mode == "streamed" and stats.weight_buffers == 2
+    assert stats.resident_layers * stats.weight_buffers * layers[0].nnz * 8 <= budget
