@@ -40,6 +40,19 @@ def _max_load(layer: sp.spmatrix, parts: np.ndarray, nparts: int) -> int:
     return int(np.bincount(parts, weights=column_nnz, minlength=nparts).max())
 
 
+def _pair_volume(
+    layers: Sequence[sp.spmatrix],
+    parts: list[np.ndarray],
+    k: int,
+    layer_parts: np.ndarray,
+    nparts: int,
+) -> int:
+    """Words of layers ``k`` and ``k+1`` with layer ``k`` placed as ``layer_parts``."""
+    return layer_volume(layers[k - 1], parts[k - 1], layer_parts, nparts) + layer_volume(
+        layers[k], layer_parts, parts[k + 1], nparts
+    )
+
+
 def refine_parts(
     layers: Sequence[sp.spmatrix],
     parts: list[np.ndarray],
@@ -67,10 +80,9 @@ def refine_parts(
             consumers = None
             if k < depth:
                 consumers = consumer_part_matrix(layers[k], parts[k + 1], nparts)
-            if consumers is not None:
                 resplit = resplit_classes(layer, parts[k], consumers)
-                saved = layer_volume(layers[k], parts[k], parts[k + 1], nparts) - layer_volume(
-                    layers[k], resplit, parts[k + 1], nparts
+                saved = _pair_volume(layers, parts, k, parts[k], nparts) - _pair_volume(
+                    layers, parts, k, resplit, nparts
                 )
                 if saved > 0:
                     parts[k] = resplit
