@@ -198,6 +198,7 @@ def build_phase_hypergraph(
     -------
     PhaseHypergraph
     """
+    layer = sp.csr_matrix(layer)
     pattern = sp.csr_matrix(
         (np.ones(layer.nnz, dtype=np.int8), layer.indices, layer.indptr), shape=layer.shape
     )

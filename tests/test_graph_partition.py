@@ -197,3 +197,11 @@ def test_bad_networks_are_named():
         graph.partition_network([], 2)
     with pytest.raises(ValueError, match="layer 2 has 5 inputs"):
         graph.partition_network([sp.eye(4, format="csr"), sp.eye(5, format="csr")], 2)
+
+
+def test_accepts_any_scipy_sparse_format(small_net):
+    as_coo = [layer.tocoo() for layer in small_net[:3]]
+    as_csr = small_net[:3]
+    a = graph.partition_network(as_coo, 8)
+    b = graph.partition_network(as_csr, 8)
+    assert a.metrics().total_volume == b.metrics().total_volume
