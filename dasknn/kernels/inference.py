@@ -23,9 +23,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 import scipy.sparse as sp
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 __all__ = [
     "PackedLayers",
@@ -39,6 +42,17 @@ __all__ = [
 ]
 
 LANES = 64  # rows per tile: 8 AVX2 float32 vectors (16 float64) per section
+
+
+@intrinsic
+def _stack_lanes(typingctx, dtype):
+    """A ``LANES``-long scratch buffer on the stack (an ``alloca`` LLVM can keep in registers)."""
+    element = dtype.dtype
+
+    def codegen(context, builder, signature, args):
+        return cgutils.alloca_once(builder, context.get_value_type(element), size=LANES)
+
+    return types.CPointer(element)(dtype), codegen
 
 
 @dataclass
@@ -195,12 +209,11 @@ def _layer(src, dst, live, flags, next_flags, alive, counts, indptr, indices, da
     n_tiles = (live + LANES - 1) // LANES
     zero = ymax - ymax
     for t in prange(n_tiles):
-        acc = np.empty(LANES, dtype=src.dtype)
+        hits = np.zeros(LANES, dtype=np.int64)
         done = 0
         needed = 0
-        for lane in range(LANES):
-            alive[t * LANES + lane] = False
         for c in range(n):
+            acc = numba.carray(_stack_lanes(src.dtype), (LANES,))
             for lane in range(LANES):
                 acc[lane] = zero
             terms = 0
@@ -213,20 +226,18 @@ def _layer(src, dst, live, flags, next_flags, alive, counts, indptr, indices, da
                         acc[lane] += w * src[t, j, lane]
             done += terms
             nonzeros = 0
-            for lane in range(LANES):
+            for lane in range(LANES):  # branch-free so that it vectorizes
                 z = acc[lane]
-                if z != zero:
-                    z = z + bias
-                    if z < zero:
-                        z = zero
-                    elif z > ymax:
-                        z = ymax
-                dst[t, c, lane] = z
-                if z != zero:
-                    alive[t * LANES + lane] = True
-                    nonzeros += 1
+                y = min(max(z + bias, zero), ymax)
+                y = y if z != zero else zero
+                dst[t, c, lane] = y
+                positive = y != zero
+                hits[lane] += positive
+                nonzeros += positive
             next_flags[t, c] = nonzeros > 0
             needed += nonzeros * degree[c]
+        for lane in range(LANES):
+            alive[t * LANES + lane] = hits[lane] > 0
         counts[t, 0] = done * LANES
         counts[t, 1] = needed
     return n_tiles
