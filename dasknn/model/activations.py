@@ -43,12 +43,6 @@ class Activation:
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Activation) and other.name == self.name
-
-    def __hash__(self) -> int:
-        return hash(self.name)
-
 
 class Sigmoid(Activation):
     """Logistic function ``1 / (1 + exp(-z))``, evaluated without overflow."""
