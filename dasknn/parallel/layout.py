@@ -20,7 +20,7 @@ import sparse
 
 from dasknn.parallel.plan import CommPlan
 
-__all__ = ["Layout", "worker_of_parts", "place_network", "scatter_pinned"]
+__all__ = ["Layout", "gather_network", "place_network", "scatter_pinned", "worker_of_parts"]
 
 
 def worker_of_parts(workers: Sequence[str], nparts: int) -> list[str]:
