@@ -210,8 +210,15 @@ def test_bad_construction_and_arguments():
         model.train_step(X, Y, lr=np.nan)
     with pytest.raises(ValueError, match="learning rate"):
         model.fit(X, Y, lr=-1.0, progress=False)
-    with pytest.raises(ValueError, match="batch_size must be >= 1"):
-        model.fit(X, Y, batch_size=0, progress=False)
+    for call in (
+        lambda: model.fit(X, Y, batch_size=0, progress=False),
+        lambda: model.predict(X, batch_size=0),
+        lambda: model.evaluate(X, Y, batch_size=0),
+    ):
+        with pytest.raises(ValueError, match="batch_size must be >= 1"):
+            call()
+    with pytest.raises(ValueError, match="epochs must be >= 0"):
+        model.fit(X, Y, epochs=-1, progress=False)
     with pytest.raises(ValueError, match="scale must be"):
         SparseMLP.radixnet(64, 1, scale="lecun")
     with pytest.raises(ValueError, match="neurons must be"):

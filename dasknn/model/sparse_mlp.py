@@ -57,6 +57,12 @@ def _as_csr(w, k: int, dtype: np.dtype) -> sp.csr_matrix:
     return csr
 
 
+def _check_batch_size(batch_size: int) -> int:
+    if int(batch_size) < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    return int(batch_size)
+
+
 def _init_scale(scale: float | str, fan_in: float, fan_out: float) -> float:
     if scale == "he":
         return float(np.sqrt(6.0 / fan_in))
@@ -265,11 +271,10 @@ class SparseMLP:
         x = check_inputs(X, self.n_inputs, self.dtype)
         y = check_targets(Y, x.shape[0], self.n_outputs, self.loss, self.dtype)
         lr = check_learning_rate(lr)
-        if int(batch_size) < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        batch_size = _check_batch_size(batch_size)
         if int(epochs) < 0:
             raise ValueError(f"epochs must be >= 0, got {epochs}")
-        batch_size, epochs = int(batch_size), int(epochs)
+        epochs = int(epochs)
         n = x.shape[0]
         rng = np.random.default_rng(seed)
         starts = range(0, n, batch_size)
@@ -294,11 +299,10 @@ class SparseMLP:
         The samples are run in row blocks of ``batch_size`` to bound memory.
         """
         x = check_inputs(X, self.n_inputs, self.dtype)
-        if int(batch_size) < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        batch_size = _check_batch_size(batch_size)
         blocks = []
-        for start in range(0, x.shape[0], int(batch_size)):
-            z_last, a_last = self._forward(x[start : start + int(batch_size)])[-1]
+        for start in range(0, x.shape[0], batch_size):
+            z_last, a_last = self._forward(x[start : start + batch_size])[-1]
             blocks.append(self.loss.prediction(z_last, a_last))
         return np.concatenate(blocks, axis=0)
 
@@ -306,9 +310,10 @@ class SparseMLP:
         """Mean loss over ``(X, Y)`` without training."""
         x = check_inputs(X, self.n_inputs, self.dtype)
         y = check_targets(Y, x.shape[0], self.n_outputs, self.loss, self.dtype)
+        batch_size = _check_batch_size(batch_size)
         total = 0.0
-        for start in range(0, x.shape[0], int(batch_size)):
-            stop = start + int(batch_size)
+        for start in range(0, x.shape[0], batch_size):
+            stop = start + batch_size
             z_last, a_last = self._forward(x[start:stop])[-1]
             total += self.loss.value(z_last, a_last, y[start:stop]) * z_last.shape[0]
         return total / x.shape[0]
