@@ -51,7 +51,19 @@ def _worker_name_and_threads() -> tuple[str, int]:
 
 
 def _peak_rss() -> int:
-    """Peak resident memory of this process in bytes (``ru_maxrss`` is in KiB on Linux)."""
+    """Peak resident memory of this process in bytes.
+
+    Linux: ``VmHWM`` of ``/proc/self/status``, the high-water mark of this process image
+    (``ru_maxrss`` would also count the parent's memory at fork time, because the kernel keeps it
+    across ``execve``). Elsewhere: ``ru_maxrss``.
+    """
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
