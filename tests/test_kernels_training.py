@@ -27,7 +27,9 @@ def chunk(n_in, n_out, dtype, index_dtype, seed=0):
 
 @pytest.mark.parametrize("dtype, rtol", [(np.float64, 1e-13), (np.float32, 2e-6)])
 @pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
-@pytest.mark.parametrize("batch", [1, FEATURE_MAJOR_MIN_BATCH - 1, FEATURE_MAJOR_MIN_BATCH, 37])
+@pytest.mark.parametrize(
+    "batch", [1, FEATURE_MAJOR_MIN_BATCH - 1, FEATURE_MAJOR_MIN_BATCH, 37, 300]
+)
 def test_kernels_match_scipy(dtype, rtol, index_dtype, batch):
     n_in, n_out = 29, 41
     indptr, indices, data, w = chunk(n_in, n_out, dtype, index_dtype)
