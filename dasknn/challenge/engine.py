@@ -227,6 +227,7 @@ def _run(client, matrices, matrix, bias, ymax, dtype, batch_size, resident_layer
     resident = resident_layers if streamed else n_layers
 
     client.run(tasks.warm_kernel, dtype.name)
+    packed = None if streamed else pack_layers(matrices, dtype)
     bar = tqdm(
         total=len(starts) * (math.ceil(n_layers / resident) if streamed else 1),
         disable=not progress,
@@ -239,7 +240,6 @@ def _run(client, matrices, matrix, bias, ymax, dtype, batch_size, resident_layer
             results = _streamed(client, matrices, matrix, starts, batch_size, bias, ymax, dtype,
                                 resident, weight_buffers, bar)
         else:
-            packed = pack_layers(matrices, dtype)
             results = _broadcast(client, packed, matrix, starts, batch_size, bias, ymax,
                                  threads, bar)
     seconds = time.perf_counter() - start

@@ -19,7 +19,8 @@ class ChallengeStats:
         Input rows that are not all zero after the last layer.
     seconds : float
         Wall time of the inference (weights to the workers, batches, categories back); the
-        network and input reading and the cluster start are not included.
+        network and input reading, the cluster start and the packing of broadcast weights are not
+        included.
     rate : float
         ``inputs * edges / seconds``, the challenge's measure (edges per second).
     kernel_seconds : float
