@@ -12,7 +12,6 @@ from __future__ import annotations
 import gzip
 import os
 import re
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from dasknn.datasets.tsv_parser import parse_triples
+from graph.atomic import write_atomically
 
 __all__ = [
     "challenge_bias",
@@ -228,24 +228,18 @@ def read_sparse_tsv(
     return mat
 
 
-def _atomic_write(path: Path, lines: Iterable[str]) -> None:
-    """Write ``lines`` to ``path`` through a temporary file so no partial file is ever left."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-    try:
-        opener = gzip.open(tmp, "wt") if path.suffix == ".gz" else open(fd, "w", closefd=False)
-        with opener as fh:
-            fh.writelines(lines)
-        os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+def _write_lines(path: Path, lines: Iterable[str]) -> None:
+    """Write ``lines`` to ``path`` (gzip when it ends in ``.gz``) with no partial file on error."""
+    payload = "".join(lines).encode()
+
+    def write(handle) -> None:
+        if path.suffix == ".gz":
+            with gzip.GzipFile(fileobj=handle, mode="wb") as compressed:
+                compressed.write(payload)
+        else:
+            handle.write(payload)
+
+    write_atomically(path, write)
 
 
 def write_sparse_tsv(path: str | os.PathLike, matrix: sp.spmatrix) -> None:
@@ -256,7 +250,7 @@ def write_sparse_tsv(path: str | os.PathLike, matrix: sp.spmatrix) -> None:
         f"{r + 1}\t{c + 1}\t{v:g}\n"
         for r, c, v in zip(coo.row[order], coo.col[order], coo.data[order], strict=True)
     )
-    _atomic_write(Path(path), lines)
+    _write_lines(Path(path), lines)
 
 
 def read_categories(path: str | os.PathLike) -> np.ndarray:
@@ -287,4 +281,4 @@ def write_categories(path: str | os.PathLike, categories: np.ndarray) -> None:
     ids = np.asarray(categories, dtype=np.int64)
     if ids.size and ids.min() < 1:
         raise ValueError("category ids are 1-based and must be >= 1")
-    _atomic_write(Path(path), (f"{int(i)}\n" for i in ids))
+    _write_lines(Path(path), (f"{int(i)}\n" for i in ids))
