@@ -42,6 +42,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("challenge")
     layers = radixnet(NEURONS, 10)
     net = root / "net"
+    net.mkdir()
     for k, w in enumerate(layers, start=1):
         write_sparse_tsv(net / f"n{NEURONS}-l{k}.tsv", w)
     inputs = mnist_to_challenge_inputs(load_mnist_test()[0][:400], 8)
@@ -158,6 +159,13 @@ def test_missing_golden_and_inputs(files, tmp_path, capsys):
     err = _run_bad(files, tmp_path, capsys, "--network", str(files["net"]), "--bias", "-0.3",
                    "--inputs", str(files["inputs"]), "--golden", str(tmp_path / "none.tsv"))
     assert "none.tsv" in err
+
+
+def test_missing_output_directory(files, tmp_path, capsys):
+    report = tmp_path / "nowhere" / "report.json"
+    err = _run_bad(files, tmp_path, capsys, "--network", str(files["net"]), "--bias", "-0.3",
+                   "--inputs", str(files["inputs"]), "--json", str(report))
+    assert "nowhere" in err
 
 
 def test_bad_options(files, tmp_path, capsys):

@@ -60,7 +60,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def _write_json(path: Path, report: dict) -> None:
     """Write ``report`` to ``path`` through a temporary file (never a partial file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
     try:
         with os.fdopen(fd, "w") as fh:
@@ -78,6 +77,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     if args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    for output in (args.categories, args.json):
+        if output is not None and not output.resolve().parent.is_dir():
+            raise FileNotFoundError(f"the directory of {str(output)!r} does not exist")
     golden = read_categories(args.golden) if args.golden is not None else None
     network, inputs, bias = prepare_run(
         args.network, args.inputs, args.bias, neurons=args.neurons, layers=args.layers,
