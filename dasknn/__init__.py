@@ -1,10 +1,17 @@
 """dasknn: distributed training and inference of sparse deep neural networks on Dask."""
 
 from dasknn import datasets
-from dasknn.challenge import run_challenge
+from dasknn.challenge import run_challenge, run_challenge_model_parallel
 from dasknn.model import SparseMLP
 from dasknn.parallel import DistributedSparseMLP
 
 __version__ = "0.1.0"
 
-__all__ = ["DistributedSparseMLP", "SparseMLP", "datasets", "run_challenge", "__version__"]
+__all__ = [
+    "DistributedSparseMLP",
+    "SparseMLP",
+    "datasets",
+    "run_challenge",
+    "run_challenge_model_parallel",
+    "__version__",
+]

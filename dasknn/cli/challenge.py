@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -14,7 +12,9 @@ from distributed import Client
 
 from dasknn.challenge import run_challenge
 from dasknn.challenge.engine import local_cluster, prepare_run
+from dasknn.challenge.model_parallel import check_model_parallel, run_challenge_model_parallel
 from dasknn.datasets import read_categories, write_categories
+from graph.atomic import write_text_atomically
 
 __all__ = ["add_parser", "run"]
 
@@ -53,22 +53,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--weight-buffers", type=int, default=2,
                         help="windows of layers resident per worker when streaming")
+    parser.add_argument(
+        "--model-parallel", action="store_true",
+        help="split every layer by neurons across the workers (H-SpFF) instead of data-parallel",
+    )
+    parser.add_argument("--parts", type=int,
+                        help="parts per layer in model-parallel mode (default: one per worker)")
+    parser.add_argument("--partition", choices=("hypergraph", "random", "block"),
+                        default="hypergraph", help="partition method in model-parallel mode")
     parser.add_argument("--json", type=Path, help="write the statistics to this JSON file")
     parser.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
     parser.set_defaults(func=run)
-
-
-def _write_json(path: Path, report: dict) -> None:
-    """Write ``report`` to ``path`` through a temporary file (never a partial file)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(report, fh, indent=2)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,23 +81,32 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size, dtype=args.dtype, resident_layers=args.resident_layers,
         weight_buffers=args.weight_buffers,
     )
+    if args.model_parallel:
+        check_model_parallel(bias, network[0].shape[0], args.parts)
     with ExitStack() as stack:
         if args.scheduler:
             client = stack.enter_context(Client(args.scheduler))
         else:
             cluster = stack.enter_context(local_cluster(args.workers, args.threads))
             client = stack.enter_context(Client(cluster))
-        categories, stats = run_challenge(
-            network,
-            inputs,
-            bias=bias,
-            client=client,
-            batch_size=args.batch_size,
-            dtype=args.dtype,
-            resident_layers=args.resident_layers,
-            weight_buffers=args.weight_buffers,
-            progress=not args.quiet,
-        )
+        if args.model_parallel:
+            categories, stats = run_challenge_model_parallel(
+                network, inputs, bias=bias, client=client, nparts=args.parts,
+                method=args.partition, batch_size=args.batch_size or 1000, dtype=args.dtype,
+                progress=not args.quiet,
+            )
+        else:
+            categories, stats = run_challenge(
+                network,
+                inputs,
+                bias=bias,
+                client=client,
+                batch_size=args.batch_size,
+                dtype=args.dtype,
+                resident_layers=args.resident_layers,
+                weight_buffers=args.weight_buffers,
+                progress=not args.quiet,
+            )
     report = stats.as_dict()
     passed = None
     if golden is not None:
@@ -111,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     if args.categories is not None:
         write_categories(args.categories, categories)
     if args.json is not None:
-        _write_json(args.json, report)
+        write_text_atomically(args.json, json.dumps(report, indent=2))
     if not args.quiet:
         print(stats.summary())
     if passed is not None:

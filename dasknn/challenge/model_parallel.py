@@ -1,0 +1,214 @@
+"""Model-parallel Graph Challenge inference (H-SpFF): the network split by neurons across workers.
+
+For networks too wide for one worker, every layer is split by neurons with a partition from
+:func:`graph.partition_network` (hypergraph by default) and the batches run through the
+model-parallel forward pass of :class:`dasknn.parallel.DistributedSparseMLP`: each worker holds
+only its parts' chunks of every layer and receives only the activations its neurons consume.
+
+The challenge adds the bias to the nonzero entries of ``Y @ W`` only. For a bias ``b <= 0`` (every
+challenge bias is negative) that equals adding it everywhere before the ReLU, since a zero entry
+becomes ``max(0 + b, 0) = 0`` either way; so the layer is the model's
+``min(max(Y @ W + b, 0), 32)`` (``clipped_relu``), and a positive bias is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import scipy.sparse as sp
+from distributed import Client
+from tqdm.auto import tqdm
+
+import graph
+from dasknn.challenge.engine import local_cluster, prepare_run
+from dasknn.model import SparseMLP
+
+__all__ = ["ModelParallelStats", "check_model_parallel", "run_challenge_model_parallel"]
+
+CLIP = 32.0
+
+
+@dataclass
+class ModelParallelStats:
+    """What a model-parallel challenge run did and how fast.
+
+    Attributes
+    ----------
+    inputs, neurons, layers, edges, categories : int
+        Input rows, neurons per layer, layers, nonzeros of all layers, rows alive at the end.
+    seconds : float
+        Wall time of the inference (batches through the workers, outputs back); partitioning and
+        placing the weights are reported apart.
+    rate : float
+        ``inputs * edges / seconds`` (edges per second).
+    partition_seconds, placement_seconds : float
+        Time to partition the network and to place its chunks on the workers.
+    nparts, workers : int
+        Parts of every layer and Dask workers holding them.
+    method : str
+        Partition method.
+    measured_bytes, predicted_bytes : int
+        Activation payload moved between workers (scheduler plugin) and the partition's
+        prediction.
+    batch_size : int
+        Rows per batch.
+    dtype : str
+        ``float32`` or ``float64``.
+    """
+
+    inputs: int
+    neurons: int
+    layers: int
+    edges: int
+    categories: int
+    seconds: float
+    rate: float
+    partition_seconds: float
+    placement_seconds: float
+    nparts: int
+    workers: int
+    method: str
+    measured_bytes: int
+    predicted_bytes: int
+    batch_size: int
+    dtype: str
+
+    def as_dict(self) -> dict:
+        """The statistics as a plain dictionary (for JSON)."""
+        return asdict(self)
+
+    def summary(self) -> str:
+        """A few human-readable lines."""
+        same = "equal" if self.measured_bytes == self.predicted_bytes else "DIFFERENT"
+        return "\n".join([
+            f"network: {self.neurons} neurons x {self.layers} layers, {self.edges} edges; "
+            f"{self.inputs} inputs, {self.categories} categories",
+            f"time: {self.seconds:.3f} s, rate: {self.rate:.4g} edges/s (model-parallel, "
+            f"{self.method} partition into {self.nparts} parts on {self.workers} workers, "
+            f"batches of {self.batch_size}, {self.dtype})",
+            f"partitioning {self.partition_seconds:.2f} s, placing the chunks "
+            f"{self.placement_seconds:.2f} s",
+            f"activations moved between workers: {self.measured_bytes:,} B measured, "
+            f"{self.predicted_bytes:,} B predicted ({same})",
+        ])
+
+
+def check_model_parallel(bias: float, width: int, nparts: int | None) -> None:
+    """Raise ``ValueError`` when a model-parallel run cannot reproduce the challenge's layers."""
+    if bias > 0:
+        raise ValueError(
+            f"model-parallel mode needs a bias <= 0 (got {bias}): only then does adding it to the "
+            "nonzero entries alone equal adding it everywhere before the ReLU"
+        )
+    if nparts is not None and not 1 <= nparts <= width:
+        raise ValueError(f"nparts must be between 1 and the {width} neurons, got {nparts}")
+
+
+def run_challenge_model_parallel(
+    network: str | os.PathLike | Sequence[sp.spmatrix],
+    inputs: str | os.PathLike | sp.spmatrix | np.ndarray,
+    bias: float | None = None,
+    client: Client | str | None = None,
+    *,
+    nparts: int | None = None,
+    method: str = "hypergraph",
+    neurons: int | None = None,
+    layers: int | None = None,
+    seed: int = 0,
+    batch_size: int = 1000,
+    dtype: str | np.dtype | type = "float32",
+    progress: bool = True,
+) -> tuple[np.ndarray, ModelParallelStats]:
+    """Run Graph Challenge inference with every layer split by neurons across the workers.
+
+    Parameters
+    ----------
+    network, inputs, bias, neurons, layers, seed, dtype
+        As for :func:`dasknn.challenge.run_challenge`; ``bias`` must be <= 0.
+    client : distributed.Client or str, optional
+        The cluster; by default a LocalCluster with one single-threaded worker per core.
+    nparts : int, optional
+        Parts of every layer (default: one per worker).
+    method : ``"hypergraph"``, ``"random"`` or ``"block"``
+        Partition method of :func:`graph.partition_network`.
+    batch_size : int
+        Input rows per forward pass.
+    progress : bool
+        Show a progress bar over batches.
+
+    Returns
+    -------
+    categories : int64 array
+        Sorted 1-based ids of the input rows that are not all zero at the end.
+    stats : ModelParallelStats
+
+    Raises
+    ------
+    ValueError
+        On inconsistent layers or inputs, a positive bias or an impossible part count, before
+        any work is scheduled.
+    """
+    dtype = np.dtype(dtype)
+    matrices, matrix, bias = prepare_run(
+        network, inputs, bias, neurons=neurons, layers=layers, seed=seed,
+        batch_size=batch_size, dtype=dtype,
+    )
+    check_model_parallel(bias, matrices[0].shape[0], nparts)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    with ExitStack() as stack:
+        if client is None:
+            client = stack.enter_context(Client(stack.enter_context(local_cluster())))
+        elif isinstance(client, str):
+            client = stack.enter_context(Client(client))
+        n_workers = len(client.scheduler_info(n_workers=-1)["workers"])
+        if n_workers == 0:
+            raise ValueError("the cluster has no workers")
+        return _run(client, matrices, matrix, bias, nparts or n_workers, n_workers, method,
+                    seed, batch_size, dtype, progress)
+
+
+def _run(client, matrices, matrix, bias, nparts, n_workers, method, seed, batch_size, dtype,
+         progress) -> tuple[np.ndarray, ModelParallelStats]:
+    start = time.perf_counter()
+    partition = graph.partition_network(matrices, nparts, method=method, seed=seed)
+    partition_seconds = time.perf_counter() - start
+    model = SparseMLP(
+        matrices,
+        [np.full(m.shape[1], bias) for m in matrices],
+        activation="clipped_relu",
+        loss="mse",
+        dtype=dtype,
+    )
+    start = time.perf_counter()
+    dist = model.distribute(client, partition)
+    placement_seconds = time.perf_counter() - start
+    try:
+        alive = np.zeros(matrix.shape[0], dtype=bool)
+        starts = range(0, matrix.shape[0], batch_size)
+        start = time.perf_counter()
+        for first in tqdm(starts, desc="challenge (model-parallel)", unit="batch",
+                          disable=not progress):
+            block = matrix[first : first + batch_size].toarray()
+            out = dist.predict(block, batch_size=batch_size)
+            alive[first : first + block.shape[0]] = np.any(out != 0, axis=1)
+        seconds = time.perf_counter() - start
+        report = dist.comm_report()
+    finally:
+        dist.close()
+    categories = np.flatnonzero(alive) + 1
+    edges = sum(int(m.nnz) for m in matrices)
+    stats = ModelParallelStats(
+        inputs=matrix.shape[0], neurons=matrices[0].shape[0], layers=len(matrices), edges=edges,
+        categories=len(categories), seconds=seconds,
+        rate=matrix.shape[0] * edges / seconds if seconds > 0 else float("inf"),
+        partition_seconds=partition_seconds, placement_seconds=placement_seconds,
+        nparts=nparts, workers=n_workers, method=method, measured_bytes=report.payload,
+        predicted_bytes=report.predicted, batch_size=batch_size, dtype=dtype.name,
+    )
+    return categories, stats
