@@ -155,14 +155,18 @@ def main() -> None:
     )
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--skip-torch", action="store_true")
+    parser.add_argument("--dtype", choices=("float64", "float32"), default="float64",
+                        help="value type of every implementation (PyTorch follows the data)")
     args = parser.parse_args()
 
     print(f"machine: {_cpu_name()}, {os.cpu_count()} cores; load {os.getloadavg()[0]:.2f}")
-    model = SparseMLP.radixnet(args.neurons, args.layers, seed=0, activation="sigmoid", loss="mse")
+    model = SparseMLP.radixnet(
+        args.neurons, args.layers, seed=0, activation="sigmoid", loss="mse", dtype=args.dtype
+    )
     rng = np.random.default_rng(1)
     samples = args.batch * args.batches
-    x = rng.uniform(0, 1, size=(samples, args.neurons))
-    y = rng.uniform(0, 1, size=(samples, args.neurons))
+    x = rng.uniform(0, 1, size=(samples, args.neurons)).astype(args.dtype)
+    y = rng.uniform(0, 1, size=(samples, args.neurons)).astype(args.dtype)
     print(f"network: RadiX-Net {args.neurons} x {args.layers} layers, {model.weights[0].nnz} nnz "
           f"per layer, batch {args.batch}, sigmoid + MSE, lr {args.lr}, {args.batches} timed "
           f"batches per configuration (+1 warm-up)")
