@@ -26,7 +26,14 @@ from dasknn.datasets.radixnet import radixnet as radixnet_pattern
 from dasknn.kernels.training import masked_outer_grad, spmm_backward, spmm_forward
 from dasknn.model.activations import Activation, get_activation
 from dasknn.model.losses import Loss, get_loss
-from dasknn.model.validation import check_inputs, check_learning_rate, check_targets
+from dasknn.model.validation import (
+    check_batch_size,
+    check_epochs,
+    check_inputs,
+    check_learning_rate,
+    check_targets,
+    epoch_batches,
+)
 
 __all__ = ["SparseMLP"]
 
@@ -55,12 +62,6 @@ def _as_csr(w, k: int, dtype: np.dtype) -> sp.csr_matrix:
     if not np.isfinite(csr.data).all():
         raise ValueError(f"weights[{k}] contains NaN or infinite values")
     return csr
-
-
-def _check_batch_size(batch_size: int) -> int:
-    if int(batch_size) < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    return int(batch_size)
 
 
 def _init_scale(scale: float | str, fan_in: float, fan_out: float) -> float:
@@ -271,21 +272,17 @@ class SparseMLP:
         x = check_inputs(X, self.n_inputs, self.dtype)
         y = check_targets(Y, x.shape[0], self.n_outputs, self.loss, self.dtype)
         lr = check_learning_rate(lr)
-        batch_size = _check_batch_size(batch_size)
-        if int(epochs) < 0:
-            raise ValueError(f"epochs must be >= 0, got {epochs}")
-        epochs = int(epochs)
+        batch_size = check_batch_size(batch_size)
+        epochs = check_epochs(epochs)
         n = x.shape[0]
         rng = np.random.default_rng(seed)
-        starts = range(0, n, batch_size)
         history = []
         for epoch in range(epochs):
-            order = rng.permutation(n) if shuffle else np.arange(n)
             total = 0.0
             desc = f"epoch {epoch + 1}/{epochs}"
-            bar = tqdm(starts, desc=desc, disable=not progress, leave=False)
-            for start in bar:
-                idx = order[start : start + batch_size]
+            batches = epoch_batches(n, batch_size, rng, shuffle)
+            bar = tqdm(batches, desc=desc, disable=not progress, leave=False)
+            for idx in bar:
                 batch_loss = self._train_batch(x[idx], y[idx], lr)
                 total += batch_loss * len(idx)
                 bar.set_postfix(loss=f"{batch_loss:.4g}", refresh=False)
@@ -299,7 +296,7 @@ class SparseMLP:
         The samples are run in row blocks of ``batch_size`` to bound memory.
         """
         x = check_inputs(X, self.n_inputs, self.dtype)
-        batch_size = _check_batch_size(batch_size)
+        batch_size = check_batch_size(batch_size)
         blocks = []
         for start in range(0, x.shape[0], batch_size):
             z_last, a_last = self._forward(x[start : start + batch_size])[-1]
@@ -310,7 +307,7 @@ class SparseMLP:
         """Mean loss over ``(X, Y)`` without training."""
         x = check_inputs(X, self.n_inputs, self.dtype)
         y = check_targets(Y, x.shape[0], self.n_outputs, self.loss, self.dtype)
-        batch_size = _check_batch_size(batch_size)
+        batch_size = check_batch_size(batch_size)
         total = 0.0
         for start in range(0, x.shape[0], batch_size):
             stop = start + batch_size

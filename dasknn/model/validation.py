@@ -11,7 +11,14 @@ import scipy.sparse as sp
 
 from dasknn.model.losses import Loss
 
-__all__ = ["check_inputs", "check_learning_rate", "check_targets"]
+__all__ = [
+    "check_batch_size",
+    "check_epochs",
+    "check_inputs",
+    "check_learning_rate",
+    "check_targets",
+    "epoch_batches",
+]
 
 
 def check_inputs(X, n_inputs: int, dtype: np.dtype) -> np.ndarray:
@@ -96,3 +103,29 @@ def check_learning_rate(lr: float) -> float:
     if not np.isfinite(lr) or lr < 0:
         raise ValueError(f"learning rate must be a finite number >= 0, got {lr}")
     return lr
+
+
+def check_batch_size(batch_size: int) -> int:
+    """Return ``batch_size`` as an int; ``ValueError`` unless it is >= 1."""
+    if int(batch_size) < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    return int(batch_size)
+
+
+def check_epochs(epochs: int) -> int:
+    """Return ``epochs`` as an int; ``ValueError`` unless it is >= 0."""
+    if int(epochs) < 0:
+        raise ValueError(f"epochs must be >= 0, got {epochs}")
+    return int(epochs)
+
+
+def epoch_batches(
+    n: int, batch_size: int, rng: np.random.Generator, shuffle: bool
+) -> list[np.ndarray]:
+    """The sample indices of one epoch's batches: a permutation from ``rng`` cut in blocks.
+
+    Every trainer draws its batches here, so the single-process and the model-parallel ``fit``
+    take the same steps for the same seed.
+    """
+    order = rng.permutation(n) if shuffle else np.arange(n)
+    return [order[start : start + batch_size] for start in range(0, n, batch_size)]

@@ -15,7 +15,14 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from dasknn.model.sparse_mlp import SparseMLP
-from dasknn.model.validation import check_inputs, check_learning_rate, check_targets
+from dasknn.model.validation import (
+    check_batch_size,
+    check_epochs,
+    check_inputs,
+    check_learning_rate,
+    check_targets,
+    epoch_batches,
+)
 from dasknn.parallel.comm import (
     CommReport,
     install_comm_monitor,
@@ -243,11 +250,7 @@ class DistributedSparseMLP:
         """
         x, y = self._check_xy(X, Y)
         lr = check_learning_rate(lr)
-        if int(batch_size) < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if int(epochs) < 0:
-            raise ValueError(f"epochs must be >= 0, got {epochs}")
-        batch_size, epochs = int(batch_size), int(epochs)
+        batch_size, epochs = check_batch_size(batch_size), check_epochs(epochs)
         if epochs == 0:
             return []
         n = x.shape[0]
@@ -257,8 +260,7 @@ class DistributedSparseMLP:
         history = []
         try:
             for epoch in range(epochs):
-                order = rng.permutation(n) if shuffle else np.arange(n)
-                batches = [order[s : s + batch_size] for s in range(0, n, batch_size)]
+                batches = epoch_batches(n, batch_size, rng, shuffle)
                 bar = tqdm(
                     total=len(batches),
                     desc=f"epoch {epoch + 1}/{epochs}",
@@ -297,13 +299,12 @@ class DistributedSparseMLP:
     def predict(self, X, batch_size: int = 1024) -> np.ndarray:
         """Network output for ``X`` (as :meth:`SparseMLP.predict`), computed on the workers."""
         x = check_inputs(X, self.layer_sizes[0], self.dtype)
-        if int(batch_size) < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        batch_size = check_batch_size(batch_size)
         template = self._template("predict")
         out_order = self.plan.orders[self.n_layers]
         blocks = []
-        for start in range(0, x.shape[0], int(batch_size)):
-            chunk = x[start : start + int(batch_size)]
+        for start in range(0, x.shape[0], batch_size):
+            chunk = x[start : start + batch_size]
             x_blocks = self._scatter_blocks("x", chunk, 0)
             ctx = self._context(0.0)
             dsk = template.graph(ctx, self._inputs(x_blocks, None))
