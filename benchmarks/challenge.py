@@ -35,7 +35,7 @@ from distributed import Client
 from graphblas import binary, monoid, select, semiring
 
 from dasknn.challenge import run_challenge
-from dasknn.challenge.engine import local_cluster
+from dasknn.cluster import local_cluster
 from dasknn.datasets import (
     challenge_bias,
     load_mnist_test,

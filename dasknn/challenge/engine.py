@@ -19,16 +19,17 @@ from contextlib import ExitStack
 
 import numpy as np
 import scipy.sparse as sp
-from distributed import Client, LocalCluster, as_completed, wait
+from distributed import Client, as_completed, wait
 from tqdm.auto import tqdm
 
 from dasknn.challenge import tasks
 from dasknn.challenge.inputs import load_inputs
 from dasknn.challenge.stats import ChallengeStats
+from dasknn.cluster import open_client
 from dasknn.datasets import challenge_bias, load_network
 from dasknn.kernels.inference import pack_layers
 
-__all__ = ["run_challenge", "prepare_run", "default_batch_size", "local_cluster"]
+__all__ = ["run_challenge", "prepare_run", "default_batch_size"]
 
 _BATCHES_IN_FLIGHT_PER_THREAD = 2
 
@@ -36,16 +37,6 @@ _BATCHES_IN_FLIGHT_PER_THREAD = 2
 def default_batch_size(n_inputs: int, workers: int) -> int:
     """Rows per batch: about 4 batches per worker, between 256 and 2048 rows."""
     return int(min(2048, max(256, math.ceil(n_inputs / (4 * max(1, workers))))))
-
-
-def local_cluster(workers: int | None = None, threads_per_worker: int = 1) -> LocalCluster:
-    """Start a LocalCluster of worker processes, one single-threaded worker per core by default."""
-    return LocalCluster(
-        n_workers=workers or os.cpu_count() or 1,
-        threads_per_worker=threads_per_worker,
-        processes=True,
-        dashboard_address=":0",
-    )
 
 
 def _resolve_network(network, neurons, layers, seed) -> list[sp.csr_matrix]:
@@ -195,13 +186,9 @@ def run_challenge(
         dtype=dtype, resident_layers=resident_layers, weight_buffers=weight_buffers,
     )
     with ExitStack() as stack:
-        if client is None:
-            client = stack.enter_context(Client(stack.enter_context(local_cluster())))
-        elif isinstance(client, str):
-            client = stack.enter_context(Client(client))
         return _run(
-            client, matrices, matrix, float(bias), float(ymax), dtype, batch_size,
-            resident_layers, weight_buffers, weight_budget, progress,
+            open_client(stack, client), matrices, matrix, float(bias), float(ymax), dtype,
+            batch_size, resident_layers, weight_buffers, weight_budget, progress,
         )
 
 

@@ -25,7 +25,8 @@ from distributed import Client
 from tqdm.auto import tqdm
 
 import graph
-from dasknn.challenge.engine import local_cluster, prepare_run
+from dasknn.challenge.engine import prepare_run
+from dasknn.cluster import open_client
 from dasknn.model import SparseMLP
 
 __all__ = ["ModelParallelStats", "check_model_parallel", "run_challenge_model_parallel"]
@@ -162,10 +163,7 @@ def run_challenge_model_parallel(
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     with ExitStack() as stack:
-        if client is None:
-            client = stack.enter_context(Client(stack.enter_context(local_cluster())))
-        elif isinstance(client, str):
-            client = stack.enter_context(Client(client))
+        client = open_client(stack, client)
         n_workers = len(client.scheduler_info(n_workers=-1)["workers"])
         if n_workers == 0:
             raise ValueError("the cluster has no workers")

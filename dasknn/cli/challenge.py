@@ -8,11 +8,10 @@ import sys
 from contextlib import ExitStack
 from pathlib import Path
 
-from distributed import Client
-
 from dasknn.challenge import run_challenge
-from dasknn.challenge.engine import local_cluster, prepare_run
+from dasknn.challenge.engine import prepare_run
 from dasknn.challenge.model_parallel import check_model_parallel, run_challenge_model_parallel
+from dasknn.cluster import open_client
 from dasknn.datasets import read_categories, write_categories
 from graph.atomic import write_text_atomically
 
@@ -84,11 +83,7 @@ def run(args: argparse.Namespace) -> int:
     if args.model_parallel:
         check_model_parallel(bias, network[0].shape[0], args.parts)
     with ExitStack() as stack:
-        if args.scheduler:
-            client = stack.enter_context(Client(args.scheduler))
-        else:
-            cluster = stack.enter_context(local_cluster(args.workers, args.threads))
-            client = stack.enter_context(Client(cluster))
+        client = open_client(stack, args.scheduler, args.workers, args.threads)
         if args.model_parallel:
             categories, stats = run_challenge_model_parallel(
                 network, inputs, bias=bias, client=client, nparts=args.parts,

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 import graph
+from dasknn.cluster import open_client
 from dasknn.datasets import load_mnist_test, load_network, mnist_to_challenge_inputs
 from dasknn.model import SparseMLP
 from dasknn.parallel import DistributedSparseMLP
@@ -107,26 +108,13 @@ def _model_and_data(args: argparse.Namespace) -> tuple[SparseMLP, np.ndarray, np
 
 def run(args: argparse.Namespace) -> int:
     """Build, partition, place and train; print the figures; return the exit code."""
-    from distributed import Client, LocalCluster
-
     _check(args)
     model, x, y = _model_and_data(args)
     print(f"network {args.network}: {model}")
     partition = graph.partition_network(model.weights, args.parts, args.partition, seed=args.seed)
     print(f"partition: {args.partition}, P={args.parts} ({partition.seconds:.2f} s)")
     with ExitStack() as stack:
-        if args.scheduler:
-            client = stack.enter_context(Client(args.scheduler))
-        else:
-            cluster = stack.enter_context(
-                LocalCluster(
-                    n_workers=args.workers,
-                    threads_per_worker=1,
-                    processes=True,
-                    dashboard_address=None,
-                )
-            )
-            client = stack.enter_context(Client(cluster))
+        client = open_client(stack, args.scheduler, args.workers)
         dist = DistributedSparseMLP(model, client, partition)
         print(f"placed {dist.nparts} parts on {len(set(dist.part_workers))} workers")
         times = time_training(dist, x, y, args.batch_size, args.epochs, args.lr)
