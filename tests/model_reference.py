@@ -39,7 +39,7 @@ class DenseReference:
 
     def __init__(self, weights, biases, activation, output_activation, loss):
         self.W = [np.asarray(w.toarray(), dtype=np.float64) for w in weights]
-        self.mask = [_explicit(w) for w in weights]
+        self.mask = [stored_mask(w) for w in weights]
         self.b = [np.asarray(b, dtype=np.float64).copy() for b in biases]
         self.activation = activation
         self.output_activation = output_activation
@@ -57,8 +57,10 @@ class DenseReference:
         return zs, acts
 
     def loss_value(self, X, Y):
-        zs, acts = self.forward(X)
-        batch = X.shape[0]
+        return self._loss(*self.forward(X), Y)
+
+    def _loss(self, zs, acts, Y):
+        batch = Y.shape[0]
         if self.loss == "mse":
             return 0.5 * np.sum((acts[-1] - Y) ** 2) / batch
         z = zs[-1]
@@ -75,7 +77,9 @@ class DenseReference:
         return e / e.sum(1, keepdims=True)
 
     def step(self, X, Y, lr):
+        """One SGD step; returns the batch's loss before the update."""
         zs, acts = self.forward(X)
+        value = self._loss(zs, acts, Y)
         batch = X.shape[0]
         if self.loss == "mse":
             delta = (acts[-1] - Y) * act_derivative(self.output_activation, zs[-1]) / batch
@@ -92,9 +96,10 @@ class DenseReference:
         for k in range(len(self.W)):
             self.W[k] -= lr * grads_w[k]
             self.b[k] -= lr * grads_b[k]
+        return value
 
 
-def _explicit(w):
+def stored_mask(w):
     """Mask of stored entries of a scipy sparse matrix, explicit zeros included."""
     coo = w.tocoo()
     mask = np.zeros(w.shape, dtype=bool)

@@ -1,8 +1,8 @@
 """Model-parallel training on a real LocalCluster against an independent dense float64 reference.
 
-The reference below is written from the maths (dense numpy, masks for the sparsity pattern); it
-shares no code with dasknn. Partitions: random, block, uneven, with empty parts, and (when the
-``graph`` package is present) hypergraph partitions; P = 1..4 parts on 2 workers.
+The reference (tests/model_reference.py) is written from the maths (dense numpy, masks for the
+sparsity pattern); it shares no code with dasknn. Partitions: random, block, uneven, with empty
+parts, and hypergraph partitions; P = 1..4 parts on 2 workers.
 """
 
 from __future__ import annotations
@@ -12,75 +12,10 @@ import pytest
 import scipy.sparse as sp
 import sparse
 from distributed import futures_of
+from model_reference import DenseReference, stored_mask
 
+import graph
 from dasknn.model import SparseMLP
-
-
-# ----------------------------------------------------------------- independent reference
-def _act(name, z):
-    if name == "sigmoid":
-        return 1.0 / (1.0 + np.exp(-z))
-    if name == "relu":
-        return np.maximum(z, 0.0)
-    if name == "clipped_relu":
-        return np.minimum(np.maximum(z, 0.0), 32.0)
-    return z.copy()
-
-
-def _dact(name, z):
-    if name == "sigmoid":
-        s = 1.0 / (1.0 + np.exp(-z))
-        return s * (1.0 - s)
-    if name == "relu":
-        return (z > 0).astype(float)
-    if name == "clipped_relu":
-        return ((z > 0) & (z < 32)).astype(float)
-    return np.ones_like(z)
-
-
-class DenseReference:
-    """SGD on dense float64 matrices with the sparsity pattern as a mask."""
-
-    def __init__(self, weights, biases, activation, output_activation, loss):
-        self.w = [np.asarray(w.toarray(), dtype=np.float64) for w in weights]
-        self.mask = [(w != 0).toarray() | _stored(w) for w in weights]
-        self.b = [np.asarray(b, dtype=np.float64).copy() for b in biases]
-        self.act, self.out, self.loss = activation, output_activation, loss
-
-    def forward(self, x):
-        zs, acts = [], [x]
-        for k, (w, b) in enumerate(zip(self.w, self.b, strict=True)):
-            z = acts[-1] @ w + b
-            zs.append(z)
-            acts.append(_act(self.out if k == len(self.w) - 1 else self.act, z))
-        return zs, acts
-
-    def step(self, x, y, lr):
-        zs, acts = self.forward(x)
-        batch = x.shape[0]
-        if self.loss == "mse":
-            value = ((acts[-1] - y) ** 2).sum() / (2 * batch)
-            delta = (acts[-1] - y) * _dact(self.out, zs[-1]) / batch
-        else:
-            shifted = zs[-1] - zs[-1].max(axis=1, keepdims=True)
-            logp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-            value = -(y * logp).sum() / batch
-            delta = (np.exp(logp) - y) / batch
-        grads = []
-        for k in range(len(self.w) - 1, -1, -1):
-            grads.append((k, (acts[k].T @ delta) * self.mask[k], delta.sum(axis=0)))
-            if k > 0:
-                delta = (delta @ self.w[k].T) * _dact(self.act, zs[k - 1])
-        for k, gw, gb in grads:
-            self.w[k] -= lr * gw
-            self.b[k] -= lr * gb
-        return value
-
-
-def _stored(w):
-    pattern = sp.csr_matrix(w, copy=True)
-    pattern.data[:] = 1
-    return pattern.toarray() != 0
 
 
 # ----------------------------------------------------------------- networks and partitions
@@ -146,8 +81,8 @@ def _train_and_compare(client, model, partition, steps=2, batch=6, lr=0.3, tol=1
         trained = dist.gather()
         for k in range(model.n_layers):
             dense = trained.weights[k].toarray()
-            np.testing.assert_allclose(dense, reference.w[k], rtol=tol, atol=tol)
-            np.testing.assert_array_equal(_stored(trained.weights[k]), reference.mask[k])
+            np.testing.assert_allclose(dense, reference.W[k], rtol=tol, atol=tol)
+            np.testing.assert_array_equal(stored_mask(trained.weights[k]), reference.mask[k])
             np.testing.assert_allclose(trained.biases[k], reference.b[k], rtol=tol, atol=tol)
         x, _ = _data(model, 5, seed=99)
         _, acts = reference.forward(x)
@@ -189,9 +124,8 @@ def test_a_part_with_no_neurons_at_all(dask_client):
 
 @pytest.mark.parametrize("nparts", [2, 4])
 def test_hypergraph_partition(dask_client, nparts):
-    partition_module = pytest.importorskip("graph.partition")
     model = SparseMLP.radixnet(neurons=64, layers=4, seed=nparts, activation="sigmoid")
-    partition = partition_module.partition_network(model.weights, nparts, method="hypergraph")
+    partition = graph.partition_network(model.weights, nparts, method="hypergraph")
     _train_and_compare(dask_client, model, partition, lr=0.5)
 
 
