@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
-import subprocess
 import time
 from pathlib import Path
 
@@ -33,6 +31,7 @@ import numpy as np
 import scipy.sparse as sp
 from distributed import Client
 from graphblas import binary, monoid, select, semiring
+from machine import describe
 
 from dasknn.challenge import run_challenge
 from dasknn.cluster import local_cluster
@@ -170,10 +169,7 @@ def main() -> None:
     wanted = set(args.only.split(",")) if args.only else None
     if args.quick and wanted is None:
         wanted = {"official", "1024x480", "4096x120"}
-    model = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model = next((ln.split(":", 1)[1].strip() for ln in model.splitlines()
-                  if ln.startswith("Model name")), platform.processor())
-    print(f"machine: {model}, {os.cpu_count()} cores; load average {os.getloadavg()}")
+    print(f"machine: {describe()}")
     print(f"numpy {np.__version__}, numba {numba.__version__}, graphblas {gb.__version__}")
     images = load_mnist_test()[0]
 

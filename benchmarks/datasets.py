@@ -9,6 +9,8 @@ import platform
 import time
 from pathlib import Path
 
+from machine import describe
+
 from dasknn.datasets import radixnet, read_challenge_network
 
 OFFICIAL = Path(__file__).resolve().parents[2] / "shared/data/graphchallenge/neuron1024"
@@ -23,8 +25,7 @@ def _timed(label: str, func) -> None:
 
 
 def main() -> None:
-    machine = platform.processor() or platform.machine()
-    print(f"machine: {machine}, python {platform.python_version()}")
+    print(f"machine: {describe()}, python {platform.python_version()}")
     for neurons, depth in ((1024, 120), (4096, 120), (16384, 120), (1024, 1920)):
         _timed(f"radixnet({neurons}, {depth})", lambda n=neurons, d=depth: radixnet(n, d))
     if OFFICIAL.exists():

@@ -19,8 +19,6 @@ Run from the repository root, under the shared lock::
 from __future__ import annotations
 
 import argparse
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,6 +26,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from machine import describe
 
 import graph  # noqa: E402
 from dasknn.datasets import radixnet, read_challenge_network  # noqa: E402
@@ -187,19 +187,6 @@ def refine_table(layers, rows, args):
         )
 
 
-def machine() -> str:
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-        model = next(
-            (line.split(":", 1)[1].strip() for line in lscpu.splitlines() if "Model name" in line),
-            platform.processor(),
-        )
-    except OSError:
-        model = platform.processor()
-    load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []
-    return f"{model}, {len(__import__('os').sched_getaffinity(0))} cores, load {' '.join(load)}"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--network", type=Path, default=OFFICIAL)
@@ -213,7 +200,7 @@ def main() -> None:
     parser.add_argument("--refine", action="store_true", help="two-sided refinement gain")
     parser.add_argument("--radixnet4096", action="store_true", help="also RadiX-Net 4096 x 120")
     args = parser.parse_args()
-    print(f"machine: {machine()}")
+    print(f"machine: {describe()}")
     layers = read_challenge_network(args.network, layers=args.layers)
     args.name = f"official {layers[0].shape[0]} x {len(layers)}"
     rows = main_table(layers, args.parts, args, PAPER_RATIO_1024, PAPER_SECONDS_1024)
@@ -229,7 +216,7 @@ def main() -> None:
         rows = main_table(layers, args.parts, args, PAPER_RATIO_4096)
         if args.refine:
             refine_table(layers, rows, args)
-    print(f"\nmachine at the end: {machine()}")
+    print(f"\nmachine at the end: {describe()}")
 
 
 if __name__ == "__main__":

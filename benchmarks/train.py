@@ -21,28 +21,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
-import subprocess
 import time
 
 import numpy as np
 from distributed import get_task_stream
+from machine import describe
 
 import graph
 from dasknn.model import SparseMLP
 from dasknn.parallel import DistributedSparseMLP
 from dasknn.parallel.timing import time_training
-
-
-def _cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name"):
-                return line.split(":", 1)[1].strip()
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def _cluster(workers: int):
@@ -159,7 +147,7 @@ def main() -> None:
                         help="value type of every implementation (PyTorch follows the data)")
     args = parser.parse_args()
 
-    print(f"machine: {_cpu_name()}, {os.cpu_count()} cores; load {os.getloadavg()[0]:.2f}")
+    print(f"machine: {describe()}")
     model = SparseMLP.radixnet(
         args.neurons, args.layers, seed=0, activation="sigmoid", loss="mse", dtype=args.dtype
     )

@@ -21,6 +21,7 @@ import time
 from functools import partial
 
 import numpy as np
+from machine import describe
 
 from dasknn import SparseMLP
 from dasknn.datasets import radixnet
@@ -67,7 +68,7 @@ def scipy_step(weights, biases, x, y, lr):
 
 
 def main() -> None:
-    print(f"machine: {platform.processor() or platform.machine()}, python "
+    print(f"machine: {describe()}, python "
           f"{platform.python_version()}; times are best-of-N wall seconds")
     print(f"{'n':>5} {'B':>4} {'dtype':>7} {'op':<10} {'dasknn ms':>10} {'scipy ms':>9} "
           f"{'ratio':>6}")
