@@ -40,6 +40,26 @@ def test_activation_and_loss_registry():
         get_loss("hinge")
 
 
+@pytest.mark.parametrize("dtype, rtol", [(np.float64, 1e-15), (np.float32, 1e-6)])
+def test_sigmoid_matches_scipy_expit(dtype, rtol):
+    from scipy.special import expit
+
+    z = np.linspace(-60, 60, 2001).reshape(-1, 3).astype(dtype)
+    sig = get_activation("sigmoid")
+    np.testing.assert_allclose(sig.forward(z), expit(z), rtol=rtol)
+    np.testing.assert_allclose(sig.forward(z.T), expit(z.T), rtol=rtol)  # a strided view
+    expected = expit(z) * (1 - expit(z))  # 1 - a cancels near a = 1: compare absolutely
+    for derivative in (sig.derivative(z), sig.derivative(z, sig.forward(z))):
+        np.testing.assert_allclose(derivative, expected, rtol=rtol, atol=rtol / 4)
+
+
+def test_derivative_from_activations_equals_derivative_from_pre_activations():
+    z = np.linspace(-40, 40, 161)
+    for name in ("sigmoid", "relu", "clipped_relu", "identity"):
+        f = get_activation(name)
+        np.testing.assert_array_equal(f.derivative(z, f.forward(z)), f.derivative(z))
+
+
 def test_numerically_stable_sigmoid_and_softmax():
     z = np.array([[-1000.0, 0.0, 1000.0]])
     sig = get_activation("sigmoid")

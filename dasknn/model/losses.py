@@ -74,7 +74,7 @@ class MeanSquaredError(Loss):
     def output_delta(
         self, z_last: np.ndarray, a_last: np.ndarray, y: np.ndarray, out_activation: Activation
     ) -> np.ndarray:
-        delta = (a_last - y) * out_activation.derivative(z_last)
+        delta = (a_last - y) * out_activation.derivative(z_last, a_last)
         delta /= a_last.shape[0]
         return np.ascontiguousarray(delta, dtype=a_last.dtype)
 

@@ -8,7 +8,8 @@ a CSR weight matrix ``W_k`` of shape ``(n_{k-1}, n_k)`` whose entry ``(i, j)`` c
 
 Training is plain SGD on the mean loss of the batch, backpropagated through the fixed sparsity
 pattern (see ``docs/training.md``). All per-element arithmetic on the sparse matrices runs in the
-numba kernels of :mod:`dasknn.kernels.training`.
+numba kernels of :mod:`dasknn.kernels.training`, on feature-major copies of the batch (``x.T``):
+the public methods take and return row blocks, the private ones work on ``(n_k, B)`` arrays.
 """
 
 from __future__ import annotations
@@ -182,40 +183,52 @@ class SparseMLP:
         )
 
     # ------------------------------------------------------------ arithmetic
-    def _forward(self, x: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    # The private methods work on feature-major arrays (``x.T``, shape (n, B)), the layout of the
+    # kernels; the public methods take and return row blocks.
+    def _forward(self, xt: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Feature-major ``(z_k, a_k)`` for ``k = 1..L`` from the feature-major inputs ``xt``."""
         layers = []
-        a = x
+        at = xt
         for k, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
-            z = np.empty((a.shape[0], w.shape[1]), dtype=self.dtype)
-            spmm_forward(a, w.indptr, w.indices, w.data, z)
-            z += b
-            a = self.layer_activation(k).forward(z)
-            layers.append((z, a))
+            zt = np.empty((w.shape[1], at.shape[1]), dtype=self.dtype)
+            spmm_forward(at, w.indptr, w.indices, w.data, zt)
+            zt += b[:, None]
+            at = self.layer_activation(k).forward(zt)
+            layers.append((zt, at))
         return layers
 
     def _train_batch(self, x: np.ndarray, y: np.ndarray, lr: float) -> float:
-        layers = self._forward(x)
-        z_last, a_last = layers[-1]
+        xt = np.ascontiguousarray(x.T)
+        layers = self._forward(xt)
+        z_last, a_last = layers[-1][0].T, layers[-1][1].T
         value = self.loss.value(z_last, a_last, y)
-        delta = self.loss.output_delta(z_last, a_last, y, self.output_activation)
+        deltat = np.ascontiguousarray(
+            self.loss.output_delta(z_last, a_last, y, self.output_activation).T
+        )
         one = self.dtype.type(1)
         step = self.dtype.type(lr)
         for k in range(self.n_layers - 1, -1, -1):
             w = self.weights[k]
-            a_prev = x if k == 0 else layers[k - 1][1]
+            a_prev = xt if k == 0 else layers[k - 1][1]
             grad_w = np.empty_like(w.data)
-            masked_outer_grad(a_prev, delta, w.indptr, w.indices, one, grad_w)
-            grad_b = delta.sum(axis=0)
+            masked_outer_grad(a_prev, deltat, w.indptr, w.indices, one, grad_w)
+            grad_b = deltat.sum(axis=1)
             if k > 0:
-                s = np.empty((x.shape[0], w.shape[0]), dtype=self.dtype)
-                spmm_backward(delta, w.indptr, w.indices, w.data, s)
-                delta = s * self.activation.derivative(layers[k - 1][0])
+                st = np.empty((w.shape[0], deltat.shape[1]), dtype=self.dtype)
+                spmm_backward(deltat, w.indptr, w.indices, w.data, st)
+                st *= self.activation.derivative(*layers[k - 1])
+                deltat = st
             # W_k is not read again in this backward pass, so it can be updated now.
             grad_w *= step
             w.data -= grad_w
             grad_b *= step
             self.biases[k] -= grad_b
         return value
+
+    def _output(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Row-block ``(z_L, a_L)`` (transposed views) of the row-block batch ``x``."""
+        z_last, a_last = self._forward(np.ascontiguousarray(x.T))[-1]
+        return z_last.T, a_last.T
 
     # ------------------------------------------------------------ public API
     def forward(self, X) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -224,9 +237,11 @@ class SparseMLP:
         Returns
         -------
         list of (z, a)
-            Pre-activations ``z_k`` and activations ``a_k`` (both (B, n_k)) for ``k = 1..L``.
+            Pre-activations ``z_k`` and activations ``a_k`` (both (B, n_k)) for ``k = 1..L``:
+            transposed views of the feature-major arrays the computation works on.
         """
-        return self._forward(check_inputs(X, self.n_inputs, self.dtype))
+        xt = np.ascontiguousarray(check_inputs(X, self.n_inputs, self.dtype).T)
+        return [(z.T, a.T) for z, a in self._forward(xt)]
 
     def train_step(self, X, Y, lr: float) -> float:
         """One SGD step on the batch ``(X, Y)``, updating weights and biases in place.
@@ -299,7 +314,7 @@ class SparseMLP:
         batch_size = check_batch_size(batch_size)
         blocks = []
         for start in range(0, x.shape[0], batch_size):
-            z_last, a_last = self._forward(x[start : start + batch_size])[-1]
+            z_last, a_last = self._output(x[start : start + batch_size])
             blocks.append(self.loss.prediction(z_last, a_last))
         return np.concatenate(blocks, axis=0)
 
@@ -311,7 +326,7 @@ class SparseMLP:
         total = 0.0
         for start in range(0, x.shape[0], batch_size):
             stop = start + batch_size
-            z_last, a_last = self._forward(x[start:stop])[-1]
+            z_last, a_last = self._output(x[start:stop])
             total += self.loss.value(z_last, a_last, y[start:stop]) * z_last.shape[0]
         return total / x.shape[0]
 

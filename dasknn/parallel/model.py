@@ -153,16 +153,18 @@ class DistributedSparseMLP:
             dtype=self.dtype.name,
         )
 
-    def _column_blocks(self, values: np.ndarray, layer: int) -> list[np.ndarray]:
+    def _feature_blocks(self, values: np.ndarray, layer: int) -> list[np.ndarray]:
+        """Every part's columns of the row block ``values``, feature-major ((n_m, N) each)."""
         order, offsets = self.plan.orders[layer], self.plan.offsets[layer]
         return [
-            np.ascontiguousarray(values[:, order[offsets[m] : offsets[m + 1]]])
+            np.ascontiguousarray(values[:, order[offsets[m] : offsets[m + 1]]].T)
             for m in range(self.nparts)
         ]
 
     def _scatter_blocks(self, name: str, values: np.ndarray, layer: int) -> dict:
-        """Scatter the column blocks of ``values`` (by the parts of ``layer``); ``{m: future}``."""
-        blocks = self._column_blocks(values, layer)
+        """Scatter every part's columns of ``values`` (by the parts of ``layer``), feature-major,
+        to its worker; ``{m: future}``."""
+        blocks = self._feature_blocks(values, layer)
         data = {(f"dasknn-{name}-{self.token}", self._step + 1, m): b for m, b in enumerate(blocks)}
         try:
             futures = scatter_pinned(self.client, data, self.part_workers, lambda key: key[-1])
@@ -311,7 +313,7 @@ class DistributedSparseMLP:
             parts = self._collect(self._submit(dsk, template.output_keys(ctx.step)))
             self._batches.append((chunk.shape[0], False))
             out = np.empty((chunk.shape[0], self.layer_sizes[-1]), dtype=self.dtype)
-            out[:, out_order] = np.concatenate(parts, axis=1)
+            out[:, out_order] = np.concatenate(parts, axis=0).T
             blocks.append(self.loss.prediction(out, out))
         return np.concatenate(blocks, axis=0)
 

@@ -10,9 +10,13 @@ messages instead of delaying them.
 
 The intermediate values of a part (``x_in``, ``z``, ``a`` per layer, partial sums) stay in a
 worker-local store keyed by model token, step and part, so one task per message suffices and the
-critical path of a layer is one task plus one transfer. Weight and bias chunks are Dask data
-(persisted, pinned to this worker) and are updated in place. All per-element arithmetic is in the
-numba kernels of :mod:`dasknn.kernels.training`.
+critical path of a layer is one task plus one transfer. All of them are feature-major, shape
+``(neurons, B)`` (the layout of the kernels), so a message is a gather of whole rows: the forward
+message for part ``n`` is ``a[send[n]]``, the backward one a contiguous slice of the partial sums.
+The input and target blocks arrive feature-major too (``(n_m, N)``, batch columns taken here).
+Weight and bias chunks are Dask data (persisted, pinned to this worker) and are updated in place.
+All per-element arithmetic on the sparse chunks is in the numba kernels of
+:mod:`dasknn.kernels.training`.
 """
 
 from __future__ import annotations
@@ -110,7 +114,8 @@ def reset_timings(token: str) -> None:
 
 
 def _input_block(x, rows):
-    return x if rows is None else np.ascontiguousarray(x[rows])
+    """The batch columns ``rows`` of a feature-major data block (all of it for ``None``)."""
+    return x if rows is None else np.ascontiguousarray(x[:, rows])
 
 
 def _ensure_forward(ctx, part, k, plan: LayerPartPlan, weight, bias, x0, x0_rows, pieces):
@@ -129,16 +134,16 @@ def _ensure_forward(ctx, part, k, plan: LayerPartPlan, weight, bias, x0, x0_rows
         start = time.perf_counter()
         a_prev = state.forward[k - 1][2]
         groups = plan.groups
-        batch = a_prev.shape[0]
+        batch = a_prev.shape[1]
         dtype = np.dtype(ctx.dtype)
-        x_in = np.empty((batch, int(groups[-1])), dtype=dtype)
-        x_in[:, groups[part] : groups[part + 1]] = a_prev[:, plan.own]
+        x_in = np.empty((int(groups[-1]), batch), dtype=dtype)
+        x_in[groups[part] : groups[part + 1]] = a_prev[plan.own]
         for n, piece in zip(plan.senders(), pieces, strict=True):
-            x_in[:, groups[n] : groups[n + 1]] = piece
+            x_in[groups[n] : groups[n + 1]] = piece
         middle = time.perf_counter()
-        z = np.empty((batch, weight.shape[1]), dtype=dtype)
+        z = np.empty((weight.shape[1], batch), dtype=dtype)
         spmm_forward(x_in, plan.indptr, weight.indices, weight.data, z)
-        z += bias
+        z += bias[:, None]
         name = ctx.output_activation if k == ctx.n_layers else ctx.activation
         a = get_activation(name).forward(z)
         state.forward[k] = (x_in, z, a)
@@ -187,7 +192,7 @@ def forward_task(
     a = state.forward[k][2]
     if receiver >= 0:
         start = time.perf_counter()
-        message = np.ascontiguousarray(a[:, next_plan.send[receiver]])
+        message = a[next_plan.send[receiver]]
         _model_store(ctx.token).timings["pack"] += time.perf_counter() - start
         return message
     if receiver == -2:
@@ -205,15 +210,16 @@ def _part_state_pop(ctx: StepContext, part: int) -> None:
 
 
 def _softmax_statistics(z: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """One part's row maxima of the logits, sums of ``exp(z - max)`` and target sums, (3, B)."""
-    stats = np.empty((3, z.shape[0]), dtype=np.float64)
-    stats[2] = y.sum(axis=1)
-    if z.shape[1] == 0:
+    """One part's per-sample maxima of the logits, sums of ``exp(z - max)`` and target sums,
+    (3, B), from its feature-major logits and targets."""
+    stats = np.empty((3, z.shape[1]), dtype=np.float64)
+    stats[2] = y.sum(axis=0)
+    if z.shape[0] == 0:
         stats[0] = -np.inf
         stats[1] = 0.0
         return stats
-    stats[0] = z.max(axis=1)
-    stats[1] = np.exp(z - stats[0][:, None]).sum(axis=1)
+    stats[0] = z.max(axis=0)
+    stats[1] = np.exp(z - stats[0]).sum(axis=0)
     return stats
 
 
@@ -227,16 +233,17 @@ def combine_logsumexp(*stats: np.ndarray) -> np.ndarray:
 
 
 def _output_delta(ctx: StepContext, z, a, y, lse) -> tuple[np.ndarray, float]:
-    """``dJ/dz_L`` of this part's output neurons and its share of the batch loss."""
+    """``dJ/dz_L`` of this part's output neurons (feature-major) and its share of the loss."""
     loss = get_loss(ctx.loss)
-    batch = z.shape[0]
+    batch = z.shape[1]
     if loss.name == "softmax_cross_entropy":
-        log_prob = z - lse[0].astype(z.dtype)[:, None]
-        delta = np.exp(log_prob) * lse[1].astype(z.dtype)[:, None] - y
+        log_prob = z - lse[0].astype(z.dtype)
+        delta = np.exp(log_prob) * lse[1].astype(z.dtype) - y
         delta /= batch
         return np.ascontiguousarray(delta, dtype=z.dtype), -float(np.vdot(y, log_prob)) / batch
     out = get_activation(ctx.output_activation)
-    return loss.output_delta(z, a, y, out), loss.value(z, a, y)
+    delta = loss.output_delta(z.T, a.T, y.T, out)
+    return np.ascontiguousarray(delta.T), loss.value(z.T, a.T, y.T)
 
 
 def backward_task(
@@ -280,9 +287,7 @@ def backward_task(
             _backward(ctx, state, part, k, plan, weight, bias, next_plan, pieces, y, y_rows, lse)
     if receiver >= 0:
         start = time.perf_counter()
-        message = np.ascontiguousarray(
-            state.partial[k][:, plan.groups[receiver] : plan.groups[receiver + 1]]
-        )
+        message = state.partial[k][plan.groups[receiver] : plan.groups[receiver + 1]]
         _model_store(ctx.token).timings["pack"] += time.perf_counter() - start
         return message
     if k == 1:
@@ -302,13 +307,13 @@ def _backward(ctx, state, part, k, plan, weight, bias, next_plan, pieces, y, y_r
     else:
         own = state.partial.pop(k + 1)
         grad_a = np.zeros_like(z)
-        grad_a[:, next_plan.own] = own[:, next_plan.groups[part] : next_plan.groups[part + 1]]
+        grad_a[next_plan.own] = own[next_plan.groups[part] : next_plan.groups[part + 1]]
         for n, piece in zip(sorted(next_plan.send), pieces, strict=True):
-            grad_a[:, next_plan.send[n]] += piece
-        grad_a *= get_activation(ctx.activation).derivative(z)
+            grad_a[next_plan.send[n]] += piece
+        grad_a *= get_activation(ctx.activation).derivative(z, a)
         delta = grad_a
     if k >= 2:
-        partial = np.empty((z.shape[0], int(plan.groups[-1])), dtype=z.dtype)
+        partial = np.empty((int(plan.groups[-1]), z.shape[1]), dtype=z.dtype)
         spmm_backward(delta, plan.indptr, weight.indices, weight.data, partial)
         state.partial[k] = partial
     state.delta[k] = delta
@@ -327,7 +332,7 @@ def _update(ctx, state, k, plan, weight, bias) -> None:
     masked_outer_grad(x_in, delta, plan.indptr, weight.indices, dtype.type(1), grad_w)
     grad_w *= step
     weight.data -= grad_w
-    grad_b = delta.sum(axis=0)
+    grad_b = delta.sum(axis=1)
     grad_b *= step
     bias -= grad_b
     _model_store(ctx.token).timings["update"] += time.perf_counter() - start
