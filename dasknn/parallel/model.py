@@ -34,6 +34,7 @@ from dasknn.parallel.layout import gather_network, place_network, scatter_pinned
 from dasknn.parallel.plan import build_comm_plan, normalize_partition
 from dasknn.parallel.steps import StepContext, clear_store, read_timings, reset_timings
 from dasknn.parallel.taskgraph import PartPlacement, StepTemplate
+from dasknn.parallel.worker_memory import install_reuse_freed_memory
 
 __all__ = ["DistributedSparseMLP"]
 
@@ -65,6 +66,10 @@ class DistributedSparseMLP:
     separate_packing : bool
         Use a separate pack task per message after each part's product task (two scheduler
         round trips per layer instead of one); only to measure the default's saving.
+    reuse_memory : bool
+        Install :class:`~dasknn.parallel.worker_memory.ReuseFreedMemory` on the workers (the
+        default), so the buffers a step frees are reused by the next layer instead of being
+        returned to the OS and faulted in again; ``False`` leaves the workers' malloc as it is.
 
     Attributes
     ----------
@@ -85,6 +90,7 @@ class DistributedSparseMLP:
         partition,
         nparts: int | None = None,
         separate_packing: bool = False,
+        reuse_memory: bool = True,
     ) -> None:
         parts, nparts = normalize_partition(partition, model.layer_sizes, nparts)
         workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
@@ -98,6 +104,8 @@ class DistributedSparseMLP:
         self.plan, chunks = build_comm_plan(model.weights, parts, nparts)
         self.part_workers = worker_of_parts(workers, nparts)
         install_comm_monitor(client)
+        if reuse_memory:
+            install_reuse_freed_memory(client)
         self._layout = place_network(
             client, self.token, self.plan, chunks, model.biases, self.part_workers, self.dtype
         )

@@ -1,0 +1,78 @@
+"""Keep the workers' freed activation buffers for reuse instead of handing them back to the OS.
+
+A training step allocates and frees arrays of megabytes per layer (activations, deltas, partial
+sums, messages). Dask starts its worker processes with ``MALLOC_TRIM_THRESHOLD_=65536`` (to keep
+their unmanaged memory low), and glibc then returns such buffers to the kernel as soon as they are
+freed, so the next layer's buffers come back as fresh pages the kernel must fault in and zero: on
+the 2-core test machine that was half of all CPU time (``sy`` in ``top``) and made a batch of
+the 4096 x 30 benchmark 1.35x slower (``docs/benchmarks.md``, ``## Model-parallel training``).
+
+:class:`ReuseFreedMemory` is a worker plugin that raises glibc's thresholds at run time
+(``mallopt``), so freed buffers stay in the process and the next layer reuses them. The price is
+that a worker keeps the peak of its step's buffers mapped between steps (which the next step
+needs again anyway). On a C library other than glibc it does nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+
+from distributed.diagnostics.plugin import WorkerPlugin
+
+__all__ = ["PLUGIN_NAME", "ReuseFreedMemory", "install_reuse_freed_memory", "tune_malloc"]
+
+PLUGIN_NAME = "dasknn-reuse-freed-memory"
+
+# mallopt parameters of glibc's malloc.h.
+_M_TRIM_THRESHOLD = -1
+_M_TOP_PAD = -2
+_M_MMAP_THRESHOLD = -3
+
+#: Allocations below this come from the heap and are reused after ``free`` (glibc's maximum on
+#: 64-bit systems; larger ones are mapped and unmapped each time).
+MMAP_THRESHOLD = 32 * 2**20
+#: Free memory at the top of a heap is returned to the kernel only beyond this much.
+TRIM_THRESHOLD = 2**30
+#: Extra memory requested from the kernel whenever a heap grows.
+TOP_PAD = 64 * 2**20
+
+
+def tune_malloc() -> bool:
+    """Set this process's glibc thresholds (see the module docstring); ``False`` without glibc."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        mallopt = ctypes.CDLL(name).mallopt
+    except (OSError, AttributeError):
+        return False
+    settings = (
+        (_M_MMAP_THRESHOLD, MMAP_THRESHOLD),
+        (_M_TRIM_THRESHOLD, TRIM_THRESHOLD),
+        (_M_TOP_PAD, TOP_PAD),
+    )
+    return all(mallopt(param, value) == 1 for param, value in settings)
+
+
+class ReuseFreedMemory(WorkerPlugin):
+    """Worker plugin running :func:`tune_malloc` on every worker, present and future.
+
+    Installed by :class:`~dasknn.parallel.DistributedSparseMLP` unless ``reuse_memory=False``.
+    The outcome is kept as the worker attribute ``dasknn_malloc_tuned``.
+    """
+
+    name = PLUGIN_NAME
+
+    def setup(self, worker) -> None:
+        worker.dasknn_malloc_tuned = tune_malloc()
+
+
+def _installed(dask_worker) -> bool:
+    return PLUGIN_NAME in dask_worker.plugins
+
+
+def install_reuse_freed_memory(client) -> None:
+    """Register :class:`ReuseFreedMemory` on the client's workers unless it is there already."""
+    if not all(client.run(_installed).values()):
+        client.register_plugin(ReuseFreedMemory(), name=PLUGIN_NAME)
