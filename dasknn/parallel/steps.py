@@ -4,9 +4,11 @@ Every task of a step is ``forward_task`` or ``backward_task`` for one ``(layer k
 *receiver* ``n``: it makes sure part ``m``'s work for layer ``k`` is done on this worker (the first
 task of ``(k, m)`` to run does it, the others find it done) and returns the packed message for
 ``n`` — the only values Dask moves between workers. A task with no receiver returns a small value
-(the loss share, the output block, or nothing). ``update_task`` applies a part's SGD update of a
-layer after its partial sums have gone out, so the update overlaps the wait for the next layer's
-messages instead of delaying them.
+(the loss share, the output block, or nothing). Once a part's partial sums of layer ``k >= 2``
+are computed (with the old weights), its SGD update of layer ``k`` is handed to a worker-local
+background thread (one per worker process, the kernels release the GIL), so the update runs while
+the task thread waits for the next layer's messages instead of delaying them; the part's last task
+of the step updates layer 1 and waits for all of its updates.
 
 The intermediate values of a part (``x_in``, ``z``, ``a`` per layer, partial sums) stay in a
 worker-local store keyed by model token, step and part, so one task per message suffices and the
@@ -24,6 +26,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,11 +44,11 @@ __all__ = [
     "forward_task",
     "read_timings",
     "reset_timings",
-    "update_task",
 ]
 
-#: Timing categories recorded by the workers (seconds, summed over tasks).
-TIMING_KINDS = ("forward_product", "backward_product", "update", "pack")
+#: Timing categories recorded by the workers (seconds, summed over tasks); ``update_background``
+#: is the part of ``update`` run by the background thread, beside the task thread.
+TIMING_KINDS = ("forward_product", "backward_product", "update", "update_background", "pack")
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,7 @@ class _PartState:
     partial: dict[int, np.ndarray] = field(default_factory=dict)
     delta: dict[int, np.ndarray] = field(default_factory=dict)
     backward_done: set[int] = field(default_factory=set)
+    updates: list[Future] = field(default_factory=list)
     loss: float = 0.0
     lock: threading.RLock = field(default_factory=threading.RLock)
 
@@ -82,6 +86,23 @@ class _ModelStore:
 
 _STORE: dict[str, _ModelStore] = {}
 _STORE_LOCK = threading.Lock()
+_TIMINGS_LOCK = threading.Lock()
+_UPDATER: list[ThreadPoolExecutor] = []
+
+
+def _updater() -> ThreadPoolExecutor:
+    """This process's background thread for weight updates (started on first use)."""
+    with _STORE_LOCK:
+        if not _UPDATER:
+            _UPDATER.append(ThreadPoolExecutor(1, thread_name_prefix="dasknn-update"))
+        return _UPDATER[0]
+
+
+def _add_time(token: str, kind: str, seconds: float) -> None:
+    """Add to this worker's timing ``kind`` of a model (from either thread)."""
+    timings = _model_store(token).timings
+    with _TIMINGS_LOCK:
+        timings[kind] += seconds
 
 
 def _model_store(token: str) -> _ModelStore:
@@ -130,7 +151,6 @@ def _ensure_forward(ctx, part, k, plan: LayerPartPlan, weight, bias, x0, x0_rows
         if k == 0:
             state.forward[0] = (None, None, _input_block(x0, x0_rows))
             return state
-        timings = _model_store(ctx.token).timings
         start = time.perf_counter()
         a_prev = state.forward[k - 1][2]
         groups = plan.groups
@@ -147,8 +167,8 @@ def _ensure_forward(ctx, part, k, plan: LayerPartPlan, weight, bias, x0, x0_rows
         name = ctx.output_activation if k == ctx.n_layers else ctx.activation
         a = get_activation(name).forward(z)
         state.forward[k] = (x_in, z, a)
-        timings["pack"] += middle - start
-        timings["forward_product"] += time.perf_counter() - middle
+        _add_time(ctx.token, "pack", middle - start)
+        _add_time(ctx.token, "forward_product", time.perf_counter() - middle)
     return state
 
 
@@ -193,7 +213,7 @@ def forward_task(
     if receiver >= 0:
         start = time.perf_counter()
         message = a[next_plan.send[receiver]]
-        _model_store(ctx.token).timings["pack"] += time.perf_counter() - start
+        _add_time(ctx.token, "pack", time.perf_counter() - start)
         return message
     if receiver == -2:
         _part_state_pop(ctx, part)
@@ -266,9 +286,9 @@ def backward_task(
 
     The delta of layer ``k`` is the sum of the part's own partial sums and the ``pieces`` received
     from ``sorted(next_plan.send)`` times ``f'(z_k)`` (at ``k = L``: the loss gradient from ``y``).
-    Then the partial sums for layer ``k-1`` are computed with the old weights. The update of the
-    weights and bias is :func:`update_task`'s, except in layer 1, where this part's last task of
-    the step (``receiver == -1``, waiting for every update) does it.
+    Then the partial sums for layer ``k-1`` are computed with the old weights, and the update of
+    the weights and bias of layer ``k`` goes to the background thread; in layer 1 this part's last
+    task of the step (``receiver == -1``) updates inline and waits for every update.
 
     Parameters
     ----------
@@ -285,22 +305,27 @@ def backward_task(
     with state.lock:
         if k not in state.backward_done:
             _backward(ctx, state, part, k, plan, weight, bias, next_plan, pieces, y, y_rows, lse)
+            if k >= 2:
+                values = state.forward.pop(k)[0], state.delta.pop(k)
+                update = _updater().submit(_update, ctx, *values, plan, weight, bias, True)
+                state.updates.append(update)
     if receiver >= 0:
         start = time.perf_counter()
         message = state.partial[k][plan.groups[receiver] : plan.groups[receiver + 1]]
-        _model_store(ctx.token).timings["pack"] += time.perf_counter() - start
+        _add_time(ctx.token, "pack", time.perf_counter() - start)
         return message
     if k == 1:
         with state.lock:
-            _update(ctx, state, k, plan, weight, bias)
+            _update(ctx, state.forward.pop(1)[0], state.delta.pop(1), plan, weight, bias)
+            for update in state.updates:
+                update.result()
         _part_state_pop(ctx, part)
     return state.loss
 
 
 def _backward(ctx, state, part, k, plan, weight, bias, next_plan, pieces, y, y_rows, lse):
     """``delta_k`` of the part and its partial sums for layer ``k-1`` (old weights)."""
-    timings = _model_store(ctx.token).timings
-    x_in, z, a = state.forward[k]
+    _, z, a = state.forward[k]
     start = time.perf_counter()
     if k == ctx.n_layers:
         delta, state.loss = _output_delta(ctx, z, a, _input_block(y, y_rows), lse)
@@ -318,14 +343,12 @@ def _backward(ctx, state, part, k, plan, weight, bias, next_plan, pieces, y, y_r
         state.partial[k] = partial
     state.delta[k] = delta
     state.backward_done.add(k)
-    timings["backward_product"] += time.perf_counter() - start
+    _add_time(ctx.token, "backward_product", time.perf_counter() - start)
 
 
-def _update(ctx, state, k, plan, weight, bias) -> None:
-    """SGD step of the part's chunk of layer ``k`` in place; frees the layer's values."""
+def _update(ctx, x_in, delta, plan, weight, bias, background: bool = False) -> None:
+    """SGD step of a part's chunk of a layer in place, from its inputs and deltas."""
     start = time.perf_counter()
-    x_in = state.forward.pop(k)[0]
-    delta = state.delta.pop(k)
     dtype = np.dtype(ctx.dtype)
     step = dtype.type(ctx.lr)
     grad_w = np.empty_like(weight.data)
@@ -335,15 +358,7 @@ def _update(ctx, state, k, plan, weight, bias) -> None:
     grad_b = delta.sum(axis=1)
     grad_b *= step
     bias -= grad_b
-    _model_store(ctx.token).timings["update"] += time.perf_counter() - start
-
-
-def update_task(ctx: StepContext, part: int, k: int, plan: LayerPartPlan, weight, bias, after=None):
-    """The weight and bias update of part ``part`` in layer ``k >= 2``, off the critical path.
-
-    It runs after the part's backward tasks of layer ``k`` (``after``), while the worker waits for
-    the partial sums of layer ``k-1``; the part's last task of the step waits for all of them.
-    """
-    state = _part_state(ctx, part)
-    with state.lock:
-        _update(ctx, state, k, plan, weight, bias)
+    seconds = time.perf_counter() - start
+    _add_time(ctx.token, "update", seconds)
+    if background:
+        _add_time(ctx.token, "update_background", seconds)

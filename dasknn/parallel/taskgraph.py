@@ -8,8 +8,8 @@ step number and submits the whole step at once. Keys are tuples
 
 with ``phase`` ``fwd`` (the task of ``(layer, part)`` that returns the activations ``receiver``
 needs for layer ``layer + 1``), ``bwd`` (the partial sums of layer ``layer`` returned to
-``receiver``, the owner of those rows), ``upd`` (the part's weight update of ``layer``, after its
-partial sums have gone out) or ``lse`` (softmax statistics). ``receiver`` is ``-1``
+``receiver``, the owner of those rows; the part's weight update of the layer starts in the
+background when they are computed) or ``lse`` (softmax statistics). ``receiver`` is ``-1``
 for a task that sends nothing, ``-2`` for an output block, ``-3`` for softmax statistics. Every
 task runs on the worker of ``part`` (:class:`PartPlacement`), so the only values Dask moves
 between workers are the packed messages.
@@ -28,7 +28,6 @@ from dasknn.parallel.steps import (
     backward_task,
     combine_logsumexp,
     forward_task,
-    update_task,
 )
 
 __all__ = ["PartPlacement", "StepTemplate", "message_phase", "phase_names"]
@@ -39,8 +38,8 @@ SOFTMAX_STATS = -3
 
 
 def phase_names(token: str) -> dict[str, str]:
-    """Key names of the tasks of a model: ``{"fwd": ..., "bwd": ..., "lse": ..., "upd": ...}``."""
-    return {phase: f"dasknn-{phase}-{token}" for phase in ("fwd", "bwd", "lse", "upd")}
+    """Key names of the tasks of a model: ``{"fwd": ..., "bwd": ..., "lse": ...}``."""
+    return {phase: f"dasknn-{phase}-{token}" for phase in ("fwd", "bwd", "lse")}
 
 
 def message_phase(key) -> tuple[str, str, int] | None:
@@ -218,15 +217,7 @@ class StepTemplate:
                         ("step", "bwd", k + 1, s, m)
                         for s in sorted(self.plan.layers[k][m].send)
                     )
-                if k == 1:  # the part's last task waits for all its updates
-                    updates = (("step", "upd", j, m, NO_RECEIVER) for j in range(2, L + 1))
-                    kwargs["after"] += tuple(updates)
                 self._add_part_tasks("bwd", k, m, receivers, backward_task, pieces, kwargs)
-                if k >= 2:
-                    after = tuple(("step", "bwd", k, m, n) for n in receivers)
-                    args = (m, k, *self._fixed(k, m)[:3])
-                    update = _Spec("upd", k, m, NO_RECEIVER, update_task, args, {"after": after})
-                    self.specs.append(update)
 
     def _add_part_tasks(self, phase, k, m, receivers, func, pieces, kwargs) -> None:
         """The tasks of ``(k, m)``: one per receiver (see ``separate_packing``)."""
