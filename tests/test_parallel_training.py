@@ -215,3 +215,40 @@ def test_separate_pack_tasks_give_the_same_training(dask_client):
     assert fused_losses == split_losses
     for a, b in zip(fused.weights, split.weights, strict=True):
         np.testing.assert_array_equal(a.toarray(), b.toarray())
+
+
+def test_parts_on_one_worker_exchange_through_the_mailbox(dask_client):
+    """P = 4 on 2 workers: a part's message tasks go to other workers only, one per worker, and
+    the step's measured traffic still equals the prediction (messages between co-located parts
+    never cross a worker boundary, so they are neither tasks nor counted)."""
+    from dasknn.parallel import DistributedSparseMLP
+
+    model = _irregular_model(seed=4)
+    parts = _partition("random", model.layer_sizes, 4, seed=4)
+    dist = DistributedSparseMLP(model, dask_client, parts)
+    try:
+        workers = sorted(set(dist.part_workers))
+        assert len(workers) == 2
+        home = [workers.index(address) for address in dist.part_workers]
+        template = dist._template("train")
+        per_part: dict = {}
+        for spec in template.specs:
+            if spec.phase in ("fwd", "bwd") and spec.n >= 0:
+                assert spec.n != home[spec.m], spec  # never a task for the part's own worker
+                per_part.setdefault((spec.phase, spec.k, spec.m), []).append(spec.n)
+                # the stacked message holds exactly the receivers on that worker
+                route = spec.kwargs["route"]
+                assert route.to and all(home[n] == spec.n for n in route.to)
+                assert all(home[n] == home[spec.m] for n in route.local)
+        assert per_part and all(len(v) == len(set(v)) == 1 for v in per_part.values())
+        colocated = [
+            (spec.phase, spec.k, spec.m) for spec in template.specs if spec.kwargs.get("route")
+            and spec.kwargs["route"].local
+        ]
+        assert colocated  # the random partition has messages between parts on one worker
+        x, y = _data(model, 6)
+        dist.train_step(x, y, lr=0.3)
+        report = dist.comm_report()
+        assert report.payload == report.predicted > 0
+    finally:
+        dist.close()

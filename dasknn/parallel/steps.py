@@ -37,6 +37,7 @@ from dasknn.model.losses import get_loss
 from dasknn.parallel.plan import LayerPartPlan
 
 __all__ = [
+    "Route",
     "StepContext",
     "backward_task",
     "clear_store",
@@ -65,6 +66,28 @@ class StepContext:
     dtype: str
 
 
+@dataclass(frozen=True)
+class Route:
+    """Where a task's incoming messages come from and where its part's messages go (static).
+
+    Attributes
+    ----------
+    sources : tuple
+        Per sender of the messages the part takes in (plan order): ``None`` for a part on this
+        worker, whose message waits in the worker's mailbox, or ``(i, lo, hi)``: rows ``lo:hi`` of
+        the task's ``i``-th piece argument (one message array per sending part and worker).
+    local : tuple of int
+        Receiving parts on this worker: their messages are left in the mailbox, not sent.
+    to : tuple of int
+        Receiving parts on the task's destination worker, in the order their messages are
+        stacked in the array the task returns.
+    """
+
+    sources: tuple = ()
+    local: tuple = ()
+    to: tuple = ()
+
+
 @dataclass
 class _PartState:
     """One part's intermediate values during one step."""
@@ -82,6 +105,8 @@ class _PartState:
 class _ModelStore:
     parts: dict[tuple[int, int], _PartState] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    #: Messages between parts on this worker: ``(step, phase, layer, sender, receiver)`` -> rows.
+    mailbox: dict[tuple, np.ndarray] = field(default_factory=dict)
 
 
 _STORE: dict[str, _ModelStore] = {}
@@ -139,8 +164,37 @@ def _input_block(x, rows):
     return x if rows is None else np.ascontiguousarray(x[:, rows])
 
 
-def _ensure_forward(ctx, part, k, plan: LayerPartPlan, weight, bias, x0, x0_rows, pieces):
-    """Compute ``x_in``, ``z``, ``a`` of part ``part`` in layer ``k`` unless already done.
+def _post(ctx, phase: str, k: int, sender: int, messages: dict) -> None:
+    """Leave ``{receiver: rows}`` of ``sender`` in the worker's mailbox."""
+    mailbox = _model_store(ctx.token).mailbox
+    for receiver, rows in messages.items():
+        mailbox[(ctx.step, phase, k, sender, receiver)] = rows
+
+
+def _received(ctx, phase: str, k: int, part: int, senders, pieces, route: Route) -> list:
+    """The messages of ``(phase, k, s)`` for ``part`` from every ``s`` of ``senders``, in order:
+    from the mailbox for senders on this worker, sliced out of ``pieces`` for the others."""
+    mailbox = _model_store(ctx.token).mailbox
+    messages = []
+    for s, source in zip(senders, route.sources, strict=True):
+        if source is None:
+            messages.append(mailbox.pop((ctx.step, phase, k, s, part)))
+        else:
+            i, lo, hi = source
+            messages.append(pieces[i][lo:hi])
+    return messages
+
+
+def _stack(rows: list[np.ndarray]) -> np.ndarray:
+    """One message array from the row blocks for the receivers on one worker."""
+    return rows[0] if len(rows) == 1 else np.concatenate(rows, axis=0)
+
+
+def _ensure_forward(
+    ctx, part, k, plan: LayerPartPlan, weight, bias, next_plan, x0, x0_rows, pieces, route
+):
+    """Compute ``x_in``, ``z``, ``a`` of part ``part`` in layer ``k`` unless already done, and
+    post the messages for the receiving parts on this worker (``route.local``).
 
     Layer 0 only stores the part's input columns (restricted to the batch rows) as ``a_0``.
     """
@@ -149,7 +203,9 @@ def _ensure_forward(ctx, part, k, plan: LayerPartPlan, weight, bias, x0, x0_rows
         if k in state.forward:
             return state
         if k == 0:
-            state.forward[0] = (None, None, _input_block(x0, x0_rows))
+            a = _input_block(x0, x0_rows)
+            state.forward[0] = (None, None, a)
+            _post(ctx, "fwd", 0, part, {n: a[next_plan.send[n]] for n in route.local})
             return state
         start = time.perf_counter()
         a_prev = state.forward[k - 1][2]
@@ -158,7 +214,9 @@ def _ensure_forward(ctx, part, k, plan: LayerPartPlan, weight, bias, x0, x0_rows
         dtype = np.dtype(ctx.dtype)
         x_in = np.empty((int(groups[-1]), batch), dtype=dtype)
         x_in[groups[part] : groups[part + 1]] = a_prev[plan.own]
-        for n, piece in zip(plan.senders(), pieces, strict=True):
+        senders = plan.senders()
+        received = _received(ctx, "fwd", k - 1, part, senders, pieces, route)
+        for n, piece in zip(senders, received, strict=True):
             x_in[groups[n] : groups[n + 1]] = piece
         middle = time.perf_counter()
         z = np.empty((weight.shape[1], batch), dtype=dtype)
@@ -167,8 +225,11 @@ def _ensure_forward(ctx, part, k, plan: LayerPartPlan, weight, bias, x0, x0_rows
         name = ctx.output_activation if k == ctx.n_layers else ctx.activation
         a = get_activation(name).forward(z)
         state.forward[k] = (x_in, z, a)
-        _add_time(ctx.token, "pack", middle - start)
-        _add_time(ctx.token, "forward_product", time.perf_counter() - middle)
+        end = time.perf_counter()
+        if route.local:
+            _post(ctx, "fwd", k, part, {n: a[next_plan.send[n]] for n in route.local})
+        _add_time(ctx.token, "pack", middle - start + time.perf_counter() - end)
+        _add_time(ctx.token, "forward_product", end - middle)
     return state
 
 
@@ -187,6 +248,7 @@ def forward_task(
     y=None,
     y_rows=None,
     after=None,
+    route: Route = Route(),
 ):
     """Part ``part``'s forward step of layer ``k``; returns what ``receiver`` needs.
 
@@ -196,23 +258,28 @@ def forward_task(
     Parameters
     ----------
     receiver : int
-        A part of layer ``k+1`` that needs activations of this part (the packed columns
-        ``next_plan.send[receiver]`` are returned), ``-1`` for none (returns ``None``), ``-2`` for
-        the output block ``a_L`` of this part, ``-3`` for this part's softmax statistics.
+        A worker (its index) hosting parts of layer ``k+1`` that need activations of this part:
+        their rows ``next_plan.send[n]`` for ``n`` in ``route.to`` are returned, stacked; ``-1``
+        for none (returns ``None``), ``-2`` for the output block ``a_L`` of this part, ``-3`` for
+        this part's softmax statistics.
     pieces : arrays
-        The messages of layer ``k`` from ``plan.senders()``, in that order.
+        The messages of layer ``k-1`` from the senders on other workers (``route.sources``).
     x0, x0_rows : array, optional
         Layer 0 only: the part's input columns and the batch rows to take from them.
     y, y_rows : array, optional
         Softmax statistics only: the part's target columns and the batch rows.
     after : tuple
-        Ignored: the part's tasks of the previous layer (or step), which must run first.
+        Ignored: the part's tasks of the previous layer (or step) and those of the sending parts
+        on this worker, which must run first.
+    route : Route
     """
-    state = _ensure_forward(ctx, part, k, plan, weight, bias, x0, x0_rows, pieces)
+    state = _ensure_forward(
+        ctx, part, k, plan, weight, bias, next_plan, x0, x0_rows, pieces, route
+    )
     a = state.forward[k][2]
     if receiver >= 0:
         start = time.perf_counter()
-        message = a[next_plan.send[receiver]]
+        message = _stack([a[next_plan.send[n]] for n in route.to])
         _add_time(ctx.token, "pack", time.perf_counter() - start)
         return message
     if receiver == -2:
@@ -281,11 +348,14 @@ def backward_task(
     y_rows=None,
     lse=None,
     after=None,
+    route: Route = Route(),
+    forward_route: Route = Route(),
 ):
     """Part ``part``'s backward step and update of layer ``k``; returns what ``receiver`` needs.
 
-    The delta of layer ``k`` is the sum of the part's own partial sums and the ``pieces`` received
-    from ``sorted(next_plan.send)`` times ``f'(z_k)`` (at ``k = L``: the loss gradient from ``y``).
+    The delta of layer ``k`` is the sum of the part's own partial sums and those received from
+    ``sorted(next_plan.send)`` (``pieces`` and the mailbox, as ``route.sources`` says) times
+    ``f'(z_k)`` (at ``k = L``: the loss gradient from ``y``).
     Then the partial sums for layer ``k-1`` are computed with the old weights, and the update of
     the weights and bias of layer ``k`` goes to the background thread; in layer 1 this part's last
     task of the step (``receiver == -1``) updates inline and waits for every update.
@@ -293,25 +363,39 @@ def backward_task(
     Parameters
     ----------
     receiver : int
-        The owner of rows of ``W_k`` whose partial sums are returned (slice ``plan.groups``), or
-        ``-1`` for none (in layer 1: the part's last task of the step, which updates layer 1,
-        returns the part's loss share and frees its state).
+        A worker (its index) hosting owners of rows of ``W_k``: the partial sums of the owners in
+        ``route.to`` (slices ``plan.groups``) are returned, stacked; or ``-1`` for none (in layer
+        1: the part's last task of the step, which updates layer 1, returns the part's loss share
+        and frees its state). The partial sums for owners on this worker (``route.local``) are
+        left in the mailbox.
     forward_pieces : tuple of arrays
-        At ``k = L``: the forward messages of layer ``L`` (the forward of the last layer runs here).
+        At ``k = L``: the forward messages of layer ``L`` from other workers (the forward of the
+        last layer runs here), placed by ``forward_route``.
     """
-    if k == ctx.n_layers:
-        _ensure_forward(ctx, part, k, plan, weight, bias, None, None, forward_pieces)
     state = _part_state(ctx, part)
     with state.lock:
         if k not in state.backward_done:
-            _backward(ctx, state, part, k, plan, weight, bias, next_plan, pieces, y, y_rows, lse)
+            if k == ctx.n_layers:
+                inputs = (None, None, None, forward_pieces, forward_route)
+                _ensure_forward(ctx, part, k, plan, weight, bias, *inputs)
+            received = ()
+            if k < ctx.n_layers:
+                returning = sorted(next_plan.send)
+                received = _received(ctx, "bwd", k + 1, part, returning, pieces, route)
+            _backward(ctx, state, part, k, plan, weight, bias, next_plan, received, y, y_rows, lse)
+            if k >= 2 and route.local:
+                groups = plan.groups
+                partial = state.partial[k]
+                local = {n: partial[groups[n] : groups[n + 1]] for n in route.local}
+                _post(ctx, "bwd", k, part, local)
             if k >= 2:
                 values = state.forward.pop(k)[0], state.delta.pop(k)
                 update = _updater().submit(_update, ctx, *values, plan, weight, bias, True)
                 state.updates.append(update)
     if receiver >= 0:
         start = time.perf_counter()
-        message = state.partial[k][plan.groups[receiver] : plan.groups[receiver + 1]]
+        groups = plan.groups
+        message = _stack([state.partial[k][groups[n] : groups[n + 1]] for n in route.to])
         _add_time(ctx.token, "pack", time.perf_counter() - start)
         return message
     if k == 1:

@@ -6,13 +6,18 @@ step number and submits the whole step at once. Keys are tuples
 
     ``(f"dasknn-{phase}-{token}", step, layer, part, receiver)``
 
-with ``phase`` ``fwd`` (the task of ``(layer, part)`` that returns the activations ``receiver``
-needs for layer ``layer + 1``), ``bwd`` (the partial sums of layer ``layer`` returned to
-``receiver``, the owner of those rows; the part's weight update of the layer starts in the
-background when they are computed) or ``lse`` (softmax statistics). ``receiver`` is ``-1``
-for a task that sends nothing, ``-2`` for an output block, ``-3`` for softmax statistics. Every
-task runs on the worker of ``part`` (:class:`PartPlacement`), so the only values Dask moves
-between workers are the packed messages.
+with ``phase`` ``fwd`` (the task of ``(layer, part)`` that returns the activations the parts of
+layer ``layer + 1`` on worker number ``receiver`` need, stacked), ``bwd`` (the partial sums of
+layer ``layer`` returned to the owners of those rows on worker number ``receiver``; the part's
+weight update of the layer starts in the background when they are computed) or ``lse`` (softmax
+statistics). Workers are numbered by sorted address. ``receiver`` is ``-1`` for a task that sends
+nothing to another worker, ``-2`` for an output block, ``-3`` for softmax statistics. Every task
+runs on the worker of ``part`` (:class:`PartPlacement`), so the only values Dask moves between
+workers are the packed messages. A part sends one message per layer and phase to each *other
+worker* hosting receivers; messages between parts on the same worker never become tasks: the
+sender leaves them in the worker's mailbox (:mod:`dasknn.parallel.steps`) and the receiver's tasks
+wait for one of the sender's tasks (``after``). With ``P`` parts on ``W`` workers a layer thus
+costs at most ``P (W - 1)`` tasks instead of ``P (P - 1)``.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from dask._task_spec import Task, TaskRef, Tuple
 from dasknn.parallel.layout import Layout
 from dasknn.parallel.plan import CommPlan
 from dasknn.parallel.steps import (
+    Route,
     StepContext,
     backward_task,
     combine_logsumexp,
@@ -130,7 +136,11 @@ class StepTemplate:
         self.nparts = plan.nparts
         self.specs: list[_Spec] = []
         self._layout = layout
-        self._forward_receivers: dict[tuple[int, int], list[int]] = {}
+        workers = sorted(set(layout.part_workers))
+        self._worker = [workers.index(address) for address in layout.part_workers]
+        self._receivers: dict[tuple, list[int]] = {}  # (phase, k, m) -> task receivers
+        self._local: dict[tuple, tuple] = {}  # (phase, k, m) -> receiving parts on m's worker
+        self._to: dict[tuple, tuple] = {}  # (phase, k, m, worker) -> receiving parts there
         self._build_forward(train=kind == "train", softmax=softmax)
         if kind == "train":
             self._build_backward(softmax)
@@ -152,25 +162,65 @@ class StepTemplate:
             next_plan,
         )
 
+    def _destinations(self, phase: str, k: int, m: int, receivers: list[int]) -> list[int]:
+        """Task receivers of ``(phase, k, m)`` sending to the parts ``receivers``: one per other
+        worker hosting some of them (``[NO_RECEIVER]`` if none); records the routes."""
+        home = self._worker[m]
+        local = tuple(n for n in receivers if self._worker[n] == home)
+        self._local[(phase, k, m)] = local
+        dests = sorted({self._worker[n] for n in receivers} - {home})
+        for h in dests:
+            self._to[(phase, k, m, h)] = tuple(n for n in receivers if self._worker[n] == h)
+        return dests or [NO_RECEIVER]
+
+    def _rows(self, phase: str, k: int, sender: int, n: int) -> int:
+        """Rows of the message of ``sender`` for part ``n`` (activations of layer ``k`` forward,
+        partial sums of layer ``k`` backward)."""
+        if phase == "fwd":
+            return len(self.plan.layers[k][sender].send[n])
+        groups = self.plan.layers[k - 1][sender].groups
+        return int(groups[n + 1] - groups[n])
+
+    def _sources(self, phase: str, k: int, m: int, senders: list[int]) -> tuple:
+        """``(pieces, route sources, extra after)`` of part ``m`` receiving the messages of
+        ``(phase, k, s)`` for every ``s`` of ``senders``: a remote sender's message is the piece
+        of its task for ``m``'s worker, rows ``lo:hi``; a local one's waits in the mailbox."""
+        pieces, sources, after = [], [], []
+        home = self._worker[m]
+        for s in senders:
+            if self._worker[s] == home:
+                sources.append(None)
+                after.append(("step", phase, k, s, self._receivers[(phase, k, s)][0]))
+                continue
+            to = self._to[(phase, k, s, home)]
+            lo = sum(self._rows(phase, k, s, n) for n in to[: to.index(m)])
+            sources.append((len(pieces), lo, lo + self._rows(phase, k, s, m)))
+            pieces.append(("step", phase, k, s, home))
+        return tuple(pieces), tuple(sources), tuple(after)
+
     def _build_forward(self, train: bool, softmax: bool) -> None:
         L, P = self.n_layers, self.nparts
         for k in range(0, L + 1):
             for m in range(P):
+                local: tuple = ()
                 if k < L:
-                    receivers = sorted(self.plan.layers[k][m].send) or [NO_RECEIVER]
+                    targets = sorted(self.plan.layers[k][m].send)
+                    receivers = self._destinations("fwd", k, m, targets)
+                    local = self._local[("fwd", k, m)]
                 elif not train:
                     receivers = [OUTPUT_BLOCK]
                 elif softmax:
                     receivers = [SOFTMAX_STATS]
                 else:
                     continue
-                self._forward_receivers[(k, m)] = receivers
-                pieces = ()
-                if k >= 1:
-                    pieces = tuple(
-                        ("step", "fwd", k - 1, s, m) for s in self.plan.layers[k - 1][m].senders()
-                    )
+                self._receivers[("fwd", k, m)] = receivers
                 kwargs = self._after_previous_layer(k, m)
+                pieces, sources = (), ()
+                if k >= 1:
+                    senders = self.plan.layers[k - 1][m].senders()
+                    pieces, sources, after = self._sources("fwd", k - 1, m, senders)
+                    kwargs["after"] += after
+                kwargs["route"] = Route(sources=sources, local=local)
                 if k == 0:
                     kwargs["x0"] = ("input", "x", m)
                     kwargs["x0_rows"] = ("input", "x_rows", m)
@@ -186,37 +236,41 @@ class StepTemplate:
         """``after=`` of the forward tasks of ``(k, m)``: all tasks of ``(k-1, m)``."""
         if k == 0:
             return {"after": (("prev", m),)}
-        receivers = self._forward_receivers[(k - 1, m)]
+        receivers = self._receivers[("fwd", k - 1, m)]
         return {"after": tuple(("step", "fwd", k - 1, m, n) for n in receivers)}
 
     def _build_backward(self, softmax: bool) -> None:
         L, P = self.n_layers, self.nparts
-        backward_receivers: dict[tuple[int, int], list[int]] = {}
         for k in range(L, 0, -1):
             for m in range(P):
                 layer_plan = self.plan.layers[k - 1][m]
-                receivers = (layer_plan.senders() if k >= 2 else []) or [NO_RECEIVER]
-                backward_receivers[(k, m)] = receivers
+                owners = layer_plan.senders() if k >= 2 else []
+                receivers = self._destinations("bwd", k, m, owners)
+                self._receivers[("bwd", k, m)] = receivers
                 kwargs: dict = {}
                 if k == L:
                     kwargs = self._after_previous_layer(k, m)
-                    kwargs["forward_pieces"] = tuple(
-                        ("step", "fwd", k - 1, s, m) for s in layer_plan.senders()
+                    senders = layer_plan.senders()
+                    forward_pieces, forward_sources, after = self._sources(
+                        "fwd", k - 1, m, senders
                     )
+                    kwargs["after"] += after
+                    kwargs["forward_pieces"] = forward_pieces
+                    kwargs["forward_route"] = Route(sources=forward_sources, local=())
                     kwargs["y"] = ("input", "y", m)
                     kwargs["y_rows"] = ("input", "y_rows", m)
                     if softmax:
                         kwargs["lse"] = ("step", "lse", L, 0, NO_RECEIVER)
                         kwargs["after"] += (("step", "fwd", L, m, SOFTMAX_STATS),)
-                    pieces: tuple = ()
+                    pieces, sources = (), ()
                 else:
                     kwargs["after"] = tuple(
-                        ("step", "bwd", k + 1, m, n) for n in backward_receivers[(k + 1, m)]
+                        ("step", "bwd", k + 1, m, n) for n in self._receivers[("bwd", k + 1, m)]
                     )
-                    pieces = tuple(
-                        ("step", "bwd", k + 1, s, m)
-                        for s in sorted(self.plan.layers[k][m].send)
-                    )
+                    returning = sorted(self.plan.layers[k][m].send)
+                    pieces, sources, after = self._sources("bwd", k + 1, m, returning)
+                    kwargs["after"] += after
+                kwargs["route"] = Route(sources=sources, local=self._local[("bwd", k, m)])
                 self._add_part_tasks("bwd", k, m, receivers, backward_task, pieces, kwargs)
 
     def _add_part_tasks(self, phase, k, m, receivers, func, pieces, kwargs) -> None:
@@ -226,9 +280,13 @@ class StepTemplate:
             self.specs.append(_Spec(phase, k, m, NO_RECEIVER, func, product + pieces, kwargs))
             after = kwargs.get("after", ()) + (("step", phase, k, m, NO_RECEIVER),)
             kwargs = {**kwargs, "after": after}
-        for n in receivers:
-            args = (m, k, n, *self._fixed(k, m))
-            self.specs.append(_Spec(phase, k, m, n, func, args + pieces, kwargs))
+        for h in receivers:
+            args = (m, k, h, *self._fixed(k, m))
+            route = kwargs["route"]
+            if h >= 0:
+                route = Route(route.sources, route.local, self._to[(phase, k, m, h)])
+            task_kwargs = {**kwargs, "route": route}
+            self.specs.append(_Spec(phase, k, m, h, func, args + pieces, task_kwargs))
 
     # ------------------------------------------------------------------ stamping
     def key(self, step: int, phase: str, k: int, m: int, n: int) -> tuple:
@@ -275,7 +333,9 @@ class StepTemplate:
             args = [resolve(a) for a in spec.args]
             kwargs = {}
             for name, value in spec.kwargs.items():
-                if name in ("after", "forward_pieces"):
+                if name in ("route", "forward_route"):
+                    kwargs[name] = value
+                elif name in ("after", "forward_pieces"):
                     refs = [r for r in (resolve(v) for v in value) if r is not None]
                     kwargs[name] = Tuple(*refs) if refs else ()
                 else:
