@@ -4,7 +4,8 @@ Run: ``flock /tmp/dasknn-bench.lock python benchmarks/training_kernels.py``. For
 layer size, batch size and dtype it prints the best-of-N wall time of
 
 - ``spmm_forward`` (``x @ W``), ``spmm_backward`` (``delta @ W.T``) and ``masked_outer_grad``
-  (``x.T @ delta`` on the pattern), beside the scipy.sparse way to get the same result
+  (``x.T @ delta`` on the pattern), on the feature-major arrays the training paths keep
+  (``x.T``, ``delta.T``), beside the scipy.sparse way to get the same result from row blocks
   (``x @ W``, ``delta @ W.T``, and the dense ``x.T @ delta`` read at the pattern);
 - a full ``SparseMLP.train_step`` (sigmoid + MSE, 4 layers) beside the same step written with
   scipy.sparse and numpy;
@@ -80,15 +81,17 @@ def main() -> None:
                 rng = np.random.default_rng(0)
                 x = rng.random((batch, n)).astype(dtype)
                 delta = rng.standard_normal((batch, n)).astype(dtype)
-                out = np.empty((batch, n), dtype=dtype)
+                xt, deltat = np.ascontiguousarray(x.T), np.ascontiguousarray(delta.T)
+                out = np.empty((n, batch), dtype=dtype)
                 grad = np.empty(w.nnz, dtype=dtype)
                 repeats = max(5, int(2e7 / (batch * w.nnz)))
+                csr = (w.indptr, w.indices, w.data)
                 cases = [
-                    ("forward", partial(spmm_forward, x, w.indptr, w.indices, w.data, out),
+                    ("forward", partial(spmm_forward, xt, *csr, out),
                      partial(scipy_forward, x, w)),
-                    ("backward", partial(spmm_backward, delta, w.indptr, w.indices, w.data, out),
+                    ("backward", partial(spmm_backward, deltat, *csr, out),
                      partial(scipy_backward, delta, w)),
-                    ("grad", partial(masked_outer_grad, x, delta, w.indptr, w.indices, 1.0, grad),
+                    ("grad", partial(masked_outer_grad, xt, deltat, *csr[:2], 1.0, grad),
                      partial(scipy_grad, x, delta, rows, w.indices)),
                 ]
                 for name, ours, theirs in cases:

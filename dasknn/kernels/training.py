@@ -36,6 +36,13 @@ def spmm_forward(xt, indptr, indices, data, outt):  # pragma: no cover - compile
     """
     n_in, n_batch = xt.shape
     outt[:] = 0
+    if n_batch == 1:  # plain SGD: skip the zero inputs (ReLU networks, binary images)
+        for i in range(n_in):
+            xi = xt[i, 0]
+            if xi != 0:
+                for p in range(indptr[i], indptr[i + 1]):
+                    outt[indices[p], 0] += data[p] * xi
+        return
     for i in range(n_in):
         for p in range(indptr[i], indptr[i + 1]):
             j = indices[p]
@@ -58,6 +65,13 @@ def spmm_backward(deltat, indptr, indices, data, outt):  # pragma: no cover - co
     """
     n_in = indptr.shape[0] - 1
     n_batch = deltat.shape[1]
+    if n_batch == 1:  # plain SGD: one dot product per row, summed in a register
+        for i in range(n_in):
+            acc = 0.0
+            for p in range(indptr[i], indptr[i + 1]):
+                acc += data[p] * deltat[indices[p], 0]
+            outt[i, 0] = acc
+        return
     for i in range(n_in):
         for t in range(n_batch):
             outt[i, t] = 0
