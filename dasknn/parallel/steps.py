@@ -124,10 +124,13 @@ def _updater() -> ThreadPoolExecutor:
 
 
 def _add_time(token: str, kind: str, seconds: float) -> None:
-    """Add to this worker's timing ``kind`` of a model (from either thread)."""
-    timings = _model_store(token).timings
+    """Add to this worker's timing ``kind`` of a model (from either thread); nothing once the
+    model's store is cleared (an update finishing after ``clear_store`` does not recreate it)."""
+    store = _STORE.get(token)
+    if store is None:
+        return
     with _TIMINGS_LOCK:
-        timings[kind] += seconds
+        store.timings[kind] += seconds
 
 
 def _model_store(token: str) -> _ModelStore:
