@@ -252,3 +252,26 @@ def test_parts_on_one_worker_exchange_through_the_mailbox(dask_client):
         assert report.payload == report.predicted > 0
     finally:
         dist.close()
+
+
+@pytest.mark.parametrize("in_flight", [1, 3])
+def test_predict_in_blocks_in_flight(dask_client, in_flight):
+    """Several blocks in flight at once give the dense reference's outputs, in order."""
+    from dasknn.parallel import DistributedSparseMLP
+
+    model = _irregular_model(seed=5)
+    reference = DenseReference(
+        model.weights, model.biases, "sigmoid", "sigmoid", "mse"
+    )
+    parts = _partition("random", model.layer_sizes, 3, seed=5)
+    dist = DistributedSparseMLP(model, dask_client, parts)
+    try:
+        x, _ = _data(model, 7, seed=5)
+        got = dist.predict(x, batch_size=2, in_flight=in_flight)
+        np.testing.assert_allclose(got, reference.forward(x)[1][-1], rtol=1e-12, atol=1e-12)
+        report = dist.comm_report()
+        assert report.batches == 4 and report.payload == report.predicted
+        with pytest.raises(ValueError, match="in_flight"):
+            dist.predict(x, in_flight=0)
+    finally:
+        dist.close()

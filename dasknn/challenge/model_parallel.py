@@ -32,6 +32,8 @@ from dasknn.model import SparseMLP
 __all__ = ["ModelParallelStats", "check_model_parallel", "run_challenge_model_parallel"]
 
 CLIP = 32.0
+#: Batches of a run on the workers at once (one's messages travel while another computes).
+IN_FLIGHT = 2
 
 
 @dataclass
@@ -188,12 +190,14 @@ def _run(client, matrices, matrix, bias, nparts, n_workers, method, seed, batch_
     placement_seconds = time.perf_counter() - start
     try:
         alive = np.zeros(matrix.shape[0], dtype=bool)
-        starts = range(0, matrix.shape[0], batch_size)
+        # Densify IN_FLIGHT batches at a time; predict keeps them all in flight on the workers.
+        step = batch_size * IN_FLIGHT
+        starts = range(0, matrix.shape[0], step)
         start = time.perf_counter()
-        for first in tqdm(starts, desc="challenge (model-parallel)", unit="batch",
+        for first in tqdm(starts, desc="challenge (model-parallel)", unit="block",
                           disable=not progress):
-            block = matrix[first : first + batch_size].toarray()
-            out = dist.predict(block, batch_size=batch_size)
+            block = matrix[first : first + step].toarray()
+            out = dist.predict(block, batch_size=batch_size, in_flight=IN_FLIGHT)
             alive[first : first + block.shape[0]] = np.any(out != 0, axis=1)
         seconds = time.perf_counter() - start
         report = dist.comm_report()

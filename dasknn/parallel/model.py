@@ -148,7 +148,7 @@ class DistributedSparseMLP:
             )
         return self._templates[kind]
 
-    def _context(self, lr: float) -> StepContext:
+    def _context(self, lr: float, training: bool = True) -> StepContext:
         self._step += 1
         return StepContext(
             token=self.token,
@@ -159,6 +159,7 @@ class DistributedSparseMLP:
             loss=self.loss.name,
             lr=float(lr),
             dtype=self.dtype.name,
+            training=training,
         )
 
     def _feature_blocks(self, values: np.ndarray, layer: int) -> list[np.ndarray]:
@@ -306,23 +307,35 @@ class DistributedSparseMLP:
         return loss * batch
 
     # ------------------------------------------------------------------ inference
-    def predict(self, X, batch_size: int = 1024) -> np.ndarray:
-        """Network output for ``X`` (as :meth:`SparseMLP.predict`), computed on the workers."""
+    def predict(self, X, batch_size: int = 1024, in_flight: int = 2) -> np.ndarray:
+        """Network output for ``X`` (as :meth:`SparseMLP.predict`), computed on the workers.
+
+        The samples go through in blocks of ``batch_size`` rows, ``in_flight`` blocks at a time:
+        while one block's messages travel, the workers compute another's layers. A part keeps only
+        its latest layer's activations of a block.
+        """
         x = check_inputs(X, self.layer_sizes[0], self.dtype)
         batch_size = check_batch_size(batch_size)
+        if isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 1:
+            raise ValueError(f"in_flight must be an integer >= 1, got {in_flight!r}")
         template = self._template("predict")
         out_order = self.plan.orders[self.n_layers]
-        blocks = []
-        for start in range(0, x.shape[0], batch_size):
+        blocks, pending = [], []
+        starts = list(range(0, x.shape[0], batch_size))
+        for i, start in enumerate(starts):
             chunk = x[start : start + batch_size]
             x_blocks = self._scatter_blocks("x", chunk, 0)
-            ctx = self._context(0.0)
+            ctx = self._context(0.0, training=False)
             dsk = template.graph(ctx, self._inputs(x_blocks, None))
-            parts = self._collect(self._submit(dsk, template.output_keys(ctx.step)))
-            self._batches.append((chunk.shape[0], False))
-            out = np.empty((chunk.shape[0], self.layer_sizes[-1]), dtype=self.dtype)
-            out[:, out_order] = np.concatenate(parts, axis=0).T
-            blocks.append(self.loss.prediction(out, out))
+            futures = self._submit(dsk, template.output_keys(ctx.step))
+            pending.append((futures, chunk.shape[0], x_blocks))
+            while pending and (len(pending) >= in_flight or i == len(starts) - 1):
+                futures, rows, _ = pending.pop(0)
+                parts = self._collect(futures)
+                self._batches.append((rows, False))
+                out = np.empty((rows, self.layer_sizes[-1]), dtype=self.dtype)
+                out[:, out_order] = np.concatenate(parts, axis=0).T
+                blocks.append(self.loss.prediction(out, out))
         return np.concatenate(blocks, axis=0)
 
     # ------------------------------------------------------------------ results

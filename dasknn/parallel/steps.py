@@ -64,6 +64,9 @@ class StepContext:
     loss: str
     lr: float
     dtype: str
+    #: ``False`` for a forward pass only: a part then keeps just the activations of its latest
+    #: layer, not every layer's ``x_in``, ``z`` and ``a`` for a backward pass.
+    training: bool = True
 
 
 @dataclass(frozen=True)
@@ -227,7 +230,11 @@ def _ensure_forward(
         z += bias[:, None]
         name = ctx.output_activation if k == ctx.n_layers else ctx.activation
         a = get_activation(name).forward(z)
-        state.forward[k] = (x_in, z, a)
+        if ctx.training:
+            state.forward[k] = (x_in, z, a)
+        else:  # every task of layer k-1 has run (``after``): its values are no longer needed
+            state.forward[k] = (None, None, a)
+            del state.forward[k - 1]
         end = time.perf_counter()
         if route.local:
             _post(ctx, "fwd", k, part, {n: a[next_plan.send[n]] for n in route.local})
