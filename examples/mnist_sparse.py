@@ -138,15 +138,15 @@ def run(
         log("single process (SparseMLP)")
         return train(model, data, epochs, batch_size, lr, seed, progress, log)
 
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
+    from dasknn.cluster import local_cluster
     from graph import partition_network
 
     partition = partition_network(model.weights, workers, method=method, seed=seed)
     log(f"{workers} workers, {method} partition")
     with (
-        LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                     dashboard_address=None) as cluster,
+        local_cluster(workers) as cluster,
         Client(cluster) as client,
     ):
         dist = model.distribute(client, partition)
