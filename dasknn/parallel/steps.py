@@ -1,20 +1,23 @@
 """The functions that run on the workers: one part's share of a layer step.
 
 Every task of a step is ``forward_task`` or ``backward_task`` for one ``(layer k, part m)`` and one
-*receiver* ``n``: it makes sure part ``m``'s work for layer ``k`` is done on this worker (the first
-task of ``(k, m)`` to run does it, the others find it done) and returns the packed message for
-``n`` — the only values Dask moves between workers. A task with no receiver returns a small value
-(the loss share, the output block, or nothing). Once a part's partial sums of layer ``k >= 2``
-are computed (with the old weights), its SGD update of layer ``k`` is handed to a worker-local
-background thread (one per worker process, the kernels release the GIL), so the update runs while
-the task thread waits for the next layer's messages instead of delaying them; the part's last task
-of the step updates layer 1 and waits for all of its updates.
+*destination worker*: it makes sure part ``m``'s work for layer ``k`` is done on this worker (the
+first task of ``(k, m)`` to run does it, the others find it done) and returns the messages for the
+receiving parts on that worker, stacked (:class:`Route` says which) — the only values Dask moves
+between workers. Messages for parts on this worker are left in the worker's mailbox instead, where
+their receivers take them. A task with no destination returns a small value (the loss share, the
+output block, or nothing). Once a part's partial sums of layer ``k >= 2`` are computed (with the
+old weights), its SGD update of layer ``k`` is handed to a worker-local background thread (one per
+worker process, the kernels release the GIL), so the update runs while the task thread waits for
+the next layer's messages instead of delaying them; the part's last task of the step updates
+layer 1 and waits for all of its updates.
 
 The intermediate values of a part (``x_in``, ``z``, ``a`` per layer, partial sums) stay in a
 worker-local store keyed by model token, step and part, so one task per message suffices and the
 critical path of a layer is one task plus one transfer. All of them are feature-major, shape
 ``(neurons, B)`` (the layout of the kernels), so a message is a gather of whole rows: the forward
-message for part ``n`` is ``a[send[n]]``, the backward one a contiguous slice of the partial sums.
+rows for part ``n`` are ``a[send[n]]``, the backward ones a contiguous slice of the partial sums.
+A forward pass without training (``StepContext.training`` false) keeps only the latest layer.
 The input and target blocks arrive feature-major too (``(n_m, N)``, batch columns taken here).
 Weight and bias chunks are Dask data (persisted, pinned to this worker) and are updated in place.
 All per-element arithmetic on the sparse chunks is in the numba kernels of
