@@ -112,6 +112,14 @@ def check_batch_size(batch_size: int) -> int:
     return int(batch_size)
 
 
+def check_in_flight(in_flight: int) -> int:
+    """Return ``in_flight`` (blocks on the workers at once); ``ValueError`` unless it is an
+    integer >= 1."""
+    if isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 1:
+        raise ValueError(f"in_flight must be an integer >= 1, got {in_flight!r}")
+    return in_flight
+
+
 def check_epochs(epochs: int) -> int:
     """Return ``epochs`` as an int; ``ValueError`` unless it is >= 0."""
     if int(epochs) < 0:

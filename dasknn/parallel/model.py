@@ -18,6 +18,7 @@ from dasknn.model.sparse_mlp import SparseMLP
 from dasknn.model.validation import (
     check_batch_size,
     check_epochs,
+    check_in_flight,
     check_inputs,
     check_learning_rate,
     check_targets,
@@ -316,27 +317,28 @@ class DistributedSparseMLP:
         """
         x = check_inputs(X, self.layer_sizes[0], self.dtype)
         batch_size = check_batch_size(batch_size)
-        if isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 1:
-            raise ValueError(f"in_flight must be an integer >= 1, got {in_flight!r}")
+        in_flight = check_in_flight(in_flight)
         template = self._template("predict")
-        out_order = self.plan.orders[self.n_layers]
         blocks, pending = [], []
-        starts = list(range(0, x.shape[0], batch_size))
-        for i, start in enumerate(starts):
+        for start in range(0, x.shape[0], batch_size):
             chunk = x[start : start + batch_size]
-            x_blocks = self._scatter_blocks("x", chunk, 0)
+            x_blocks = self._scatter_blocks("x", chunk, 0)  # kept alive until collected
             ctx = self._context(0.0, training=False)
             dsk = template.graph(ctx, self._inputs(x_blocks, None))
             futures = self._submit(dsk, template.output_keys(ctx.step))
             pending.append((futures, chunk.shape[0], x_blocks))
-            while pending and (len(pending) >= in_flight or i == len(starts) - 1):
-                futures, rows, _ = pending.pop(0)
-                parts = self._collect(futures)
-                self._batches.append((rows, False))
-                out = np.empty((rows, self.layer_sizes[-1]), dtype=self.dtype)
-                out[:, out_order] = np.concatenate(parts, axis=0).T
-                blocks.append(self.loss.prediction(out, out))
+            if len(pending) == in_flight:
+                blocks.append(self._finish_block(*pending.pop(0)[:2]))
+        blocks.extend(self._finish_block(futures, rows) for futures, rows, _ in pending)
         return np.concatenate(blocks, axis=0)
+
+    def _finish_block(self, futures, rows: int) -> np.ndarray:
+        """Collect one forward block's output parts and return its predictions, in order."""
+        parts = self._collect(futures)
+        self._batches.append((rows, False))
+        out = np.empty((rows, self.layer_sizes[-1]), dtype=self.dtype)
+        out[:, self.plan.orders[self.n_layers]] = np.concatenate(parts, axis=0).T
+        return self.loss.prediction(out, out)
 
     # ------------------------------------------------------------------ results
     def gather(self) -> SparseMLP:
