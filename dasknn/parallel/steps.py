@@ -100,7 +100,6 @@ class _PartState:
 
     forward: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
     partial: dict[int, np.ndarray] = field(default_factory=dict)
-    delta: dict[int, np.ndarray] = field(default_factory=dict)
     backward_done: set[int] = field(default_factory=set)
     updates: list[Future] = field(default_factory=list)
     loss: float = 0.0
@@ -395,16 +394,21 @@ def backward_task(
             if k < ctx.n_layers:
                 returning = sorted(next_plan.send)
                 received = _received(ctx, "bwd", k + 1, part, returning, pieces, route)
-            _backward(ctx, state, part, k, plan, weight, bias, next_plan, received, y, y_rows, lse)
-            if k >= 2 and route.local:
+            delta = _backward(
+                ctx, state, part, k, plan, weight, bias, next_plan, received, y, y_rows, lse
+            )
+            x_in = state.forward.pop(k)[0]
+            if k >= 2:
                 groups = plan.groups
                 partial = state.partial[k]
                 local = {n: partial[groups[n] : groups[n + 1]] for n in route.local}
                 _post(ctx, "bwd", k, part, local)
-            if k >= 2:
-                values = state.forward.pop(k)[0], state.delta.pop(k)
-                update = _updater().submit(_update, ctx, *values, plan, weight, bias, True)
+                update = _updater().submit(_update, ctx, x_in, delta, plan, weight, bias, True)
                 state.updates.append(update)
+            else:  # the part's only task of layer 1 (see ``receiver``)
+                _update(ctx, x_in, delta, plan, weight, bias)
+                for update in state.updates:
+                    update.result()
     if receiver >= 0:
         start = time.perf_counter()
         groups = plan.groups
@@ -412,16 +416,12 @@ def backward_task(
         _add_time(ctx.token, "pack", time.perf_counter() - start)
         return message
     if k == 1:
-        with state.lock:
-            _update(ctx, state.forward.pop(1)[0], state.delta.pop(1), plan, weight, bias)
-            for update in state.updates:
-                update.result()
         _part_state_pop(ctx, part)
     return state.loss
 
 
 def _backward(ctx, state, part, k, plan, weight, bias, next_plan, pieces, y, y_rows, lse):
-    """``delta_k`` of the part and its partial sums for layer ``k-1`` (old weights)."""
+    """Return ``delta_k`` of the part; keep its partial sums for layer ``k-1`` (old weights)."""
     _, z, a = state.forward[k]
     start = time.perf_counter()
     if k == ctx.n_layers:
@@ -438,9 +438,9 @@ def _backward(ctx, state, part, k, plan, weight, bias, next_plan, pieces, y, y_r
         partial = np.empty((int(plan.groups[-1]), z.shape[1]), dtype=z.dtype)
         spmm_backward(delta, plan.indptr, weight.indices, weight.data, partial)
         state.partial[k] = partial
-    state.delta[k] = delta
     state.backward_done.add(k)
     _add_time(ctx.token, "backward_product", time.perf_counter() - start)
+    return delta
 
 
 def _update(ctx, x_in, delta, plan, weight, bias, background: bool = False) -> None:
