@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+
+def _has_nvidia_gpu() -> bool:
+    """True when this machine shows an NVIDIA GPU device node (checked without loading numba)."""
+    return Path("/dev/nvidia0").exists() or Path("/proc/driver/nvidia/gpus").is_dir()
+
+
+# The CUDA kernels run on numba's CUDA simulator where no GPU is present. The variable must be set
+# before numba is imported here or in any worker process that the test clusters start.
+if not _has_nvidia_gpu():
+    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 OFFICIAL_1024 = SHARED / "data" / "graphchallenge" / "neuron1024"

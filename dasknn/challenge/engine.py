@@ -77,6 +77,8 @@ def prepare_run(
     dtype: str | np.dtype | type = "float32",
     resident_layers: int | None = None,
     weight_buffers: int = 2,
+    device: str = "cpu",
+    compact_every: int = 8,
 ) -> tuple[list[sp.csr_matrix], sp.csr_matrix, float]:
     """Load and check everything a run needs before any cluster is touched.
 
@@ -88,6 +90,10 @@ def prepare_run(
         raise ValueError(f"dtype must be float32 or float64, got {dtype}")
     if weight_buffers < 1:
         raise ValueError(f"weight_buffers must be >= 1, got {weight_buffers}")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    if compact_every < 1:
+        raise ValueError(f"compact_every must be >= 1, got {compact_every}")
     matrices = _resolve_network(network, neurons, layers, seed)
     if not matrices:
         raise ValueError("the network has no layers")
@@ -132,6 +138,8 @@ def run_challenge(
     weight_buffers: int = 2,
     weight_budget: int | None = None,
     progress: bool = True,
+    device: str = "cpu",
+    compact_every: int = 8,
 ) -> tuple[np.ndarray, ChallengeStats]:
     """Run Graph Challenge inference and return the categories and the run's statistics.
 
@@ -149,7 +157,8 @@ def run_challenge(
         Bias added to the nonzero entries; by default the challenge's bias for ``N``.
     client : distributed.Client or str, optional
         The cluster (a client or a scheduler address). By default a LocalCluster with one
-        single-threaded worker process per core is started and closed afterwards.
+        single-threaded worker process per core (``device="cuda"``: dask-cuda's
+        ``LocalCUDACluster``, one worker per GPU) is started and closed afterwards.
     neurons, layers, seed : int, optional
         Passed to :func:`dasknn.datasets.load_network` (``layers`` also truncates a sequence).
     batch_size : int, optional
@@ -159,14 +168,22 @@ def run_challenge(
     ymax : float
         Upper clip of the activations (32).
     resident_layers : int, optional
-        Stream the weights in windows of this many layers. By default the weights are broadcast
-        whole when they fit ``weight_budget``, else streamed in windows that fit it.
+        Stream the weights in windows of this many layers (CPU). By default the weights are
+        broadcast whole when they fit ``weight_budget``, else streamed in windows that fit it.
     weight_buffers : int
         Windows of layers resident on a worker at once when streaming (2 = double buffering).
     weight_budget : int, optional
-        Bytes of weights a worker may hold; default half the smallest worker memory limit.
+        Bytes of weights a worker may hold; default half the smallest worker memory limit (CPU)
+        or half the smallest free GPU memory (``device="cuda"``).
     progress : bool
         Show a progress bar over batches.
+    device : ``"cpu"`` or ``"cuda"``
+        Run the numba CPU kernel on the workers' cores, or the CUDA kernels of
+        :mod:`dasknn.kernels.cuda_inference` on the workers' GPUs (one GPU per worker; needs the
+        ``cuda`` extra). With ``"cuda"`` a batch is by default an equal share of the inputs per
+        GPU, capped by the GPU's free memory.
+    compact_every : int
+        ``device="cuda"``: layers run in one kernel launch before dead rows are dropped.
 
     Returns
     -------
@@ -178,14 +195,26 @@ def run_challenge(
     Raises
     ------
     ValueError
-        On inconsistent layers or inputs (width mismatch, NaN, a bad dtype or batch size).
+        On inconsistent layers or inputs (width mismatch, NaN, a bad dtype, device or batch size).
+    RuntimeError
+        ``device="cuda"`` without the optional packages or without a GPU on every worker.
+    MemoryError
+        ``device="cuda"`` and the network does not fit a GPU even streamed.
     """
     dtype = np.dtype(dtype)
     matrices, matrix, bias = prepare_run(
         network, inputs, bias, neurons=neurons, layers=layers, seed=seed, batch_size=batch_size,
         dtype=dtype, resident_layers=resident_layers, weight_buffers=weight_buffers,
+        device=device, compact_every=compact_every,
     )
     with ExitStack() as stack:
+        if device == "cuda":
+            from dasknn.challenge.gpu import run_cuda
+
+            return run_cuda(
+                open_client(stack, client, device="cuda"), matrices, matrix, float(bias),
+                float(ymax), dtype, batch_size, weight_budget, compact_every, progress,
+            )
         return _run(
             open_client(stack, client), matrices, matrix, float(bias), float(ymax), dtype,
             batch_size, resident_layers, weight_buffers, weight_budget, progress,

@@ -42,6 +42,10 @@ class ChallengeStats:
         Bytes of the packed network.
     peak_memory : dict of str to int
         Peak resident memory (bytes) of each worker process that ran batches.
+    device : str
+        ``cpu`` (numba kernel on the workers' cores) or ``cuda`` (the workers' GPUs).
+    gpus : list of str
+        Names of the GPUs used (``device="cuda"``).
     """
 
     inputs: int
@@ -63,6 +67,8 @@ class ChallengeStats:
     weight_buffers: int
     weight_bytes: int
     peak_memory: dict[str, int] = field(default_factory=dict)
+    device: str = "cpu"
+    gpus: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         """A JSON-ready dictionary."""
@@ -72,13 +78,17 @@ class ChallengeStats:
         """A few human-readable lines."""
         nominal = self.inputs * self.edges
         peak = max(self.peak_memory.values(), default=0)
+        where = f"{self.workers} workers" if self.device == "cpu" else (
+            f"{self.workers} GPU workers: {', '.join(self.gpus)}"
+        )
+        needed = f"{self.macs_needed:.4g} needed, " if self.macs_needed else ""
         lines = [
             f"network: {self.neurons} neurons x {self.layers} layers, {self.edges} edges; "
             f"{self.inputs} inputs, {self.categories} categories",
             f"time: {self.seconds:.3f} s, rate: {self.rate:.4g} edges/s "
-            f"({self.workers} workers, {self.batches} batches of {self.batch_size}, {self.dtype}, "
+            f"({where}, {self.batches} batches of {self.batch_size}, {self.dtype}, "
             f"{self.mode} weights)",
-            f"work: {self.macs_done:.4g} multiply-adds done, {self.macs_needed:.4g} needed, "
+            f"work: {self.macs_done:.4g} multiply-adds done, {needed}"
             f"{nominal:.4g} nominal; kernel time {self.kernel_seconds:.3f} s",
             f"peak memory per worker: {peak / 2**20:.0f} MiB (max of "
             f"{len(self.peak_memory)} workers)",

@@ -15,7 +15,7 @@ import scipy.sparse as sp
 from dasknn.kernels.inference import BatchState, PackedLayers, advance, live_rows, start_batch
 
 __all__ = ["BatchResult", "StreamedBatch", "infer_batch", "begin_streamed", "advance_streamed",
-           "finish_streamed", "warm_kernel"]
+           "finish_streamed", "peak_rss", "warm_kernel", "worker_name"]
 
 _KERNEL_LOCK = threading.Lock()
 
@@ -50,7 +50,12 @@ def _worker_name_and_threads() -> tuple[str, int]:
     return worker.address, max(1, int(worker.state.nthreads))
 
 
-def _peak_rss() -> int:
+def worker_name() -> str:
+    """The address of the Dask worker running the caller, ``"local"`` outside a worker."""
+    return _worker_name_and_threads()[0]
+
+
+def peak_rss() -> int:
     """Peak resident memory of this process in bytes.
 
     Linux: ``VmHWM`` of ``/proc/self/status``, the high-water mark of this process image
@@ -90,7 +95,7 @@ def infer_batch(
         macs_done=state.macs_done,
         macs_needed=state.macs_needed,
         kernel_seconds=load_seconds + seconds,
-        peak_memory={name: _peak_rss()},
+        peak_memory={name: peak_rss()},
     )
 
 
@@ -107,7 +112,7 @@ def advance_streamed(
     """Advance a streamed batch through the window of layers ``weights``."""
     name, seconds = _run_kernel(batch.state, weights, bias, ymax)
     peaks = dict(batch.peak_memory)
-    peaks[name] = max(peaks.get(name, 0), _peak_rss())
+    peaks[name] = max(peaks.get(name, 0), peak_rss())
     return StreamedBatch(state=batch.state, kernel_seconds=batch.kernel_seconds + seconds,
                          peak_memory=peaks)
 

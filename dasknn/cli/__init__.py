@@ -28,12 +28,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; return the exit code (errors in the input exit with 2)."""
+    """Run the command line; return the exit code (errors in the input or the set-up exit with 2,
+    with the message and no traceback)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, RuntimeError, MemoryError) as exc:
         print(f"dasknn {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

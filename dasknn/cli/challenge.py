@@ -41,11 +41,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--categories", type=Path, help="write the categories to this file")
     parser.add_argument("--golden", type=Path, help="expected categories; prints PASSED/FAILED")
     cluster = parser.add_mutually_exclusive_group()
-    cluster.add_argument("--workers", type=int, help="start a LocalCluster of W workers")
+    cluster.add_argument(
+        "--workers", type=int,
+        help="start a LocalCluster of W workers (--device cuda: W GPUs, one worker each)",
+    )
     cluster.add_argument("--scheduler", help="address of a running Dask scheduler")
     parser.add_argument("--threads", type=int, default=1, help="threads per local worker")
     parser.add_argument("--batch-size", type=int, help="input rows per batch")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu",
+        help="run on the workers' cores (numba) or GPUs (CUDA; one worker per GPU, needs the "
+        "cuda extra; without --scheduler a dask-cuda LocalCUDACluster is started)",
+    )
+    parser.add_argument("--compact-every", type=int, default=8,
+                        help="--device cuda: layers per kernel launch before dead rows are dropped")
     parser.add_argument(
         "--resident-layers", type=int,
         help="stream the weights in windows of this many layers (default: broadcast if it fits)",
@@ -78,12 +88,14 @@ def run(args: argparse.Namespace) -> int:
     network, inputs, bias = prepare_run(
         args.network, args.inputs, args.bias, neurons=args.neurons, layers=args.layers,
         batch_size=args.batch_size, dtype=args.dtype, resident_layers=args.resident_layers,
-        weight_buffers=args.weight_buffers,
+        weight_buffers=args.weight_buffers, device=args.device, compact_every=args.compact_every,
     )
     if args.model_parallel:
+        if args.device != "cpu":
+            raise ValueError("--model-parallel runs on the CPU only; drop --device cuda")
         check_model_parallel(bias, network[0].shape[0], args.parts)
     with ExitStack() as stack:
-        client = open_client(stack, args.scheduler, args.workers, args.threads)
+        client = open_client(stack, args.scheduler, args.workers, args.threads, args.device)
         if args.model_parallel:
             categories, stats = run_challenge_model_parallel(
                 network, inputs, bias=bias, client=client, nparts=args.parts,
@@ -101,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
                 resident_layers=args.resident_layers,
                 weight_buffers=args.weight_buffers,
                 progress=not args.quiet,
+                device=args.device,
+                compact_every=args.compact_every,
             )
     report = stats.as_dict()
     passed = None

@@ -1,0 +1,209 @@
+"""Graph Challenge on a GPU: dasknn ``device="cuda"`` against SNIG's published one-GPU rates.
+
+Every case runs the challenge networks (the official 1024 x 120 where its directory is given, and
+RadiX-Net networks from the generator, seed 0) through ``run_challenge(device="cuda")`` on a
+dask-cuda ``LocalCUDACluster`` (one worker per GPU), and prints the time, the rate
+(inputs x edges / seconds, the challenge's measure; the seconds cover weights to the GPU workers,
+batches and categories back, as for the CPU engine), the GPU kernel seconds, SNIG's rate on one
+RTX 2080 Ti (Lin & Huang, TPDS 2021, Table 3, 60,000 images) and the ratio.
+
+Inputs: the 10,000 MNIST test images at the challenge's size for the width (the project's input
+rule), stacked ``--copies`` times (6 copies = 60,000 rows, SNIG's count; the challenge's own 60,000
+training images are not available here). Categories are checked against categories of the CPU
+engine computed beforehand on the 10,000 images (``--refs DIR``, files ``NAME.npy`` as written by
+``--write-refs``), shifted for every copy; in the same run, the CPU engine also runs the official
+network on this machine's cores (``--cpu-baseline``) for a same-machine ratio.
+
+Other ``NxL`` cases run too (no SNIG figure). Cases stop being started when ``--budget`` seconds
+have passed; results are appended to ``--out/results.jsonl`` as they come.
+
+    python benchmarks/challenge_gpu.py --write-refs refs/                     # any machine, CPU
+    python benchmarks/challenge_gpu.py --refs refs/ --official DIR --out out/  # the GPU machine
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+from machine import describe
+
+from dasknn.challenge import run_challenge
+from dasknn.datasets import (
+    challenge_bias,
+    load_mnist_test,
+    mnist_to_challenge_inputs,
+    radixnet,
+    read_challenge_network,
+)
+
+# SNIG, one GPU (RTX 2080 Ti), Table 3 of Lin & Huang, TPDS 2021: Gigaedges per second.
+SNIG_ONE_GPU = {
+    (1024, 120): 295.28, (1024, 480): 586.52, (1024, 1920): 718.74,
+    (4096, 120): 586.52, (4096, 480): 803.84, (4096, 1920): 867.28,
+    (16384, 120): 851.53, (16384, 480): 1076.99, (16384, 1920): 1113.94,
+    (65536, 120): 1021.61, (65536, 480): 1404.60, (65536, 1920): 1489.46,
+}
+CHALLENGE_WIDTHS = (1024, 4096, 16384, 65536)
+CASES = ["official", "1024x480", "4096x120", "16384x120", "65536x120", "1024x1920", "4096x480",
+         "16384x480", "4096x1920", "1024x120"]
+
+
+def _shape(name: str) -> tuple[int, int]:
+    if name == "official":
+        return 1024, 120
+    neurons, layers = name.split("x")
+    return int(neurons), int(layers)
+
+
+def _network(name: str, official: Path | None):
+    neurons, layers = _shape(name)
+    if name == "official":
+        if official is None:
+            raise FileNotFoundError("--official DIR is needed for the official network")
+        return read_challenge_network(official, neurons=1024)
+    return radixnet(neurons, layers, seed=0)
+
+
+def _inputs(images: np.ndarray, neurons: int, copies: int) -> sp.csr_matrix:
+    base = mnist_to_challenge_inputs(images, int(round(neurons**0.5)))
+    return sp.vstack([base] * copies, format="csr") if copies > 1 else base
+
+
+def write_refs(out: Path, names: list[str], official: Path | None) -> None:
+    """CPU-engine categories of the 10,000 MNIST test images for each case."""
+    out.mkdir(parents=True, exist_ok=True)
+    images = load_mnist_test()[0]
+    for name in names:
+        if (out / f"{name}.npy").exists():
+            continue
+        neurons, _ = _shape(name)
+        start = time.perf_counter()
+        categories, stats = run_challenge(_network(name, official), _inputs(images, neurons, 1),
+                                          progress=False)
+        np.save(out / f"{name}.npy", categories)
+        print(f"{name}: {categories.size} categories, {time.perf_counter() - start:.1f} s, "
+              f"{stats.rate:.3g} edges/s", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--refs", type=Path, help="CPU-engine categories (NAME.npy, 10k images)")
+    parser.add_argument("--write-refs", type=Path, help="compute the CPU categories and stop")
+    parser.add_argument("--official", type=Path, help="directory of the official 1024 x 120")
+    parser.add_argument("--only", help="comma-separated cases (default: all, in order)")
+    parser.add_argument("--images", type=int, default=10_000, help="MNIST test images used")
+    parser.add_argument("--copies", type=int, default=6, help="copies of the images")
+    parser.add_argument("--wide-copies", type=int, default=1,
+                        help="copies for 65536-neuron networks (their inputs are 8x larger)")
+    parser.add_argument("--compact-every", default="2,8,30",
+                        help="values tried on the first case; the fastest is used after")
+    parser.add_argument("--budget", type=float, default=300.0, help="seconds for all cases")
+    parser.add_argument("--cpu-baseline", action="store_true",
+                        help="also run the CPU engine on the official network on this machine")
+    parser.add_argument("--scheduler", help="use this cluster instead of a LocalCUDACluster")
+    parser.add_argument("--out", type=Path, default=Path("."))
+    args = parser.parse_args()
+    names = args.only.split(",") if args.only else CASES
+    if args.official is None:
+        names = [n for n in names if n != "official"]
+    if args.write_refs is not None:
+        write_refs(args.write_refs, names, args.official)
+        return
+
+    from contextlib import ExitStack
+
+    from distributed import Client
+
+    from dasknn.cluster import open_client
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    results_file = args.out / "results.jsonl"
+    images = load_mnist_test()[0][: args.images]
+    began = time.perf_counter()
+    print(f"machine: {describe()}", flush=True)
+    rows = []
+    with ExitStack() as stack:
+        try:
+            client = open_client(stack, args.scheduler, device="cuda")
+        except Exception as error:  # noqa: BLE001 - report and fall back to a plain cluster
+            print(f"LocalCUDACluster failed ({error!r}); one plain worker process instead")
+            client = open_client(stack, None, workers=1)
+        sweep = [int(v) for v in args.compact_every.split(",")]
+        for name in names:
+            if time.perf_counter() - began > args.budget:
+                print(f"{name}: skipped (budget of {args.budget:.0f} s spent)", flush=True)
+                continue
+            neurons, n_layers = _shape(name)
+            copies = args.wide_copies if neurons >= 65536 else args.copies
+            t0 = time.perf_counter()
+            layers = _network(name, args.official)
+            x = _inputs(images, neurons, copies)
+            prepare = time.perf_counter() - t0
+            expected = None
+            if args.refs is not None and (args.refs / f"{name}.npy").exists():
+                base = np.load(args.refs / f"{name}.npy")
+                base = base[base <= images.shape[0]]
+                expected = np.concatenate([base + c * images.shape[0] for c in range(copies)])
+            bias = challenge_bias(neurons) if neurons in CHALLENGE_WIDTHS else -0.3
+            tried = []
+            for compact_every in sweep:
+                categories, stats = run_challenge(layers, x, bias, client=client, device="cuda",
+                                                  compact_every=compact_every, progress=False)
+                tried.append((stats.seconds, compact_every, categories, stats))
+            seconds, compact_every, categories, stats = min(tried, key=lambda t: t[0])
+            sweep = [compact_every]
+            snig = SNIG_ONE_GPU.get((neurons, n_layers), float("nan"))
+            rate = stats.rate / 1e9
+            row = {
+                "case": name, "neurons": neurons, "layers": n_layers, "inputs": stats.inputs,
+                "categories": stats.categories, "seconds": stats.seconds,
+                "kernel_seconds": stats.kernel_seconds, "rate_ge_s": rate,
+                "snig_ge_s": snig, "ratio_vs_snig": rate / snig, "compact_every": compact_every,
+                "all_compact_every": {str(t[1]): t[0] for t in tried},
+                "mode": stats.mode, "gpus": stats.gpus, "prepare_seconds": prepare,
+                "matches_cpu_engine": None if expected is None else bool(
+                    np.array_equal(categories, expected)),
+                "macs_done": stats.macs_done, "nominal": stats.inputs * stats.edges,
+            }
+            rows.append(row)
+            with results_file.open("a") as fh:
+                fh.write(json.dumps(row) + "\n")
+            print(f"{name}: {stats.inputs} inputs, {stats.categories} categories, "
+                  f"{stats.seconds:.3f} s ({stats.kernel_seconds:.3f} s on the GPU), "
+                  f"{rate:.1f} GE/s, SNIG {snig:.1f}, x{rate / snig:.2f}, "
+                  f"compact_every {compact_every} ({row['all_compact_every']}), "
+                  f"matches CPU engine: {row['matches_cpu_engine']}, "
+                  f"prepare {prepare:.1f} s", flush=True)
+        if args.cpu_baseline and "official" in names:
+            from dasknn.cluster import local_cluster
+
+            layers = _network("official", args.official)
+            x = _inputs(images, 1024, args.copies)
+            with local_cluster(os.cpu_count()) as cpu_cluster, Client(cpu_cluster) as cpu:
+                categories, stats = run_challenge(layers, x, client=cpu, progress=False)
+            gpu = next((r for r in rows if r["case"] == "official"), None)
+            row = {"case": "official-cpu-engine", "workers": stats.workers,
+                   "seconds": stats.seconds, "rate_ge_s": stats.rate / 1e9,
+                   "gpu_over_cpu": None if gpu is None else gpu["rate_ge_s"] / (stats.rate / 1e9),
+                   "same_categories": None if gpu is None else bool(
+                       gpu["categories"] == stats.categories)}
+            with results_file.open("a") as fh:
+                fh.write(json.dumps(row) + "\n")
+            print(f"CPU engine, official, {stats.workers} workers: {stats.seconds:.3f} s, "
+                  f"{stats.rate / 1e9:.1f} GE/s; GPU / CPU x{row['gpu_over_cpu']}", flush=True)
+    print("\n| network | inputs | s | GPU s | GE/s | SNIG GE/s | x SNIG | = CPU engine |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    for r in rows:
+        print(f"| {r['case']} | {r['inputs']} | {r['seconds']:.3f} | {r['kernel_seconds']:.3f} "
+              f"| {r['rate_ge_s']:.1f} | {r['snig_ge_s']:.1f} | {r['ratio_vs_snig']:.2f} "
+              f"| {r['matches_cpu_engine']} |")
+
+
+if __name__ == "__main__":
+    main()

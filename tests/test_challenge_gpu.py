@@ -1,0 +1,251 @@
+"""The Graph Challenge on GPUs: CUDA kernels, the ``device="cuda"`` engine and its errors.
+
+Where no GPU is present the kernels run on numba's CUDA simulator (``tests/conftest.py`` sets
+``NUMBA_ENABLE_CUDASIM=1`` before numba is imported, also for the test clusters' workers), so the
+same kernel code is checked on every machine against a float64 numpy reference written here and
+against the CPU engine. Tests marked ``gpu`` need a real GPU and skip elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from distributed import Client, LocalCluster
+
+from dasknn.challenge import run_challenge
+from dasknn.challenge.gpu import plan_memory
+from dasknn.cli import main
+from dasknn.datasets import (
+    challenge_bias,
+    load_mnist_test,
+    mnist_to_challenge_inputs,
+    radixnet,
+    read_categories,
+    read_challenge_network,
+    write_sparse_tsv,
+)
+from dasknn.kernels.cuda_inference import (
+    LANES,
+    DeviceNetwork,
+    activation_bytes,
+    cuda_runtime,
+    infer_rows_cuda,
+)
+from dasknn.kernels.inference import advance, live_rows, pack_layers, start_batch
+
+needs_gpu = pytest.mark.skipif(cuda_runtime() != "gpu", reason="no CUDA GPU on this machine")
+
+
+def reference_categories(inputs, layers, bias: float, ymax: float = 32.0) -> np.ndarray:
+    """0-based ids of the rows not all zero after every layer, in float64 numpy."""
+    y = sp.csr_matrix(inputs).toarray().astype(np.float64)
+    for w in layers:
+        z = y @ sp.csr_matrix(w).toarray().astype(np.float64)
+        y = np.where(z != 0, np.clip(z + bias, 0.0, ymax), 0.0)
+    return np.flatnonzero(y.any(axis=1))
+
+
+def random_network(neurons: int, depth: int, degree: int, seed: int) -> list[sp.csr_matrix]:
+    """Layers with ``degree`` random inputs per output neuron, dyadic weights (exact sums)."""
+    rng = np.random.default_rng(seed)
+    layers = []
+    for _ in range(depth):
+        rows = np.concatenate([rng.choice(neurons, degree, replace=False) for _ in range(neurons)])
+        cols = np.repeat(np.arange(neurons), degree)
+        values = rng.integers(1, 8, rows.size) / 16.0
+        layers.append(sp.csr_matrix((values, (rows, cols)), shape=(neurons, neurons)))
+    return layers
+
+
+def random_inputs(rows: int, neurons: int, density: float, seed: int) -> sp.csr_matrix:
+    x = sp.random(rows, neurons, density=density, random_state=seed, format="csr")
+    x.data[:] = 1.0
+    return x
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize(("bias", "compact_every"), [(-0.3, 1), (-0.15, 3), (0.05, 100)])
+def test_kernel_matches_reference(dtype, bias, compact_every):
+    layers = random_network(48, 5, 6, seed=7)
+    x = random_inputs(75, 48, 0.3, seed=3).tolil()  # 3 groups, the last one partly empty
+    x[10] = 0  # an empty input row is never a category
+    x = x.tocsr()
+    expected = reference_categories(x, layers, bias)
+    assert 0 < expected.size < 75
+    result = infer_rows_cuda(x, DeviceNetwork(pack_layers(layers, dtype)), bias,
+                             compact_every=compact_every)
+    np.testing.assert_array_equal(result.rows, expected)
+    assert result.macs_done > 0
+
+
+def cpu_engine_rows(x, layers, bias: float, dtype) -> np.ndarray:
+    """Live rows after the CPU engine's numba kernel, in the same precision."""
+    state = start_batch(x, dtype)
+    advance(state, pack_layers(layers, dtype), bias)
+    return live_rows(state)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_radixnet_streamed_windows_match_resident(dtype):
+    layers = radixnet(64, 4, seed=2)
+    x = random_inputs(40, 64, 0.25, seed=5)
+    packed = pack_layers(layers, dtype)
+    resident = DeviceNetwork(packed)
+    layer_bytes = 64 * 32 * (4 + np.dtype(dtype).itemsize) + 65 * 8
+    streamed = DeviceNetwork(packed, budget=layer_bytes)
+    assert not resident.streamed and streamed.streamed and streamed.layers_per_window == 1
+    bias = challenge_bias(1024)
+    # float32 rounding of the bias decides some rows here: compare like with like
+    expected = cpu_engine_rows(x, layers, bias, dtype)
+    if dtype == np.float64:
+        np.testing.assert_array_equal(expected, reference_categories(x, layers, bias))
+    for network in (resident, streamed):
+        result = infer_rows_cuda(x, network, bias, compact_every=2)
+        np.testing.assert_array_equal(result.rows, expected)
+
+
+def test_all_rows_die_and_empty_batch():
+    layers = random_network(32, 3, 4, seed=1)
+    x = random_inputs(33, 32, 0.2, seed=2)
+    network = DeviceNetwork(pack_layers(layers, np.float32))
+    assert infer_rows_cuda(x, network, -100.0).rows.size == 0
+    assert infer_rows_cuda(sp.csr_matrix((5, 32)), network, -0.3).rows.size == 0
+    with pytest.raises(ValueError, match="features"):
+        infer_rows_cuda(sp.csr_matrix((5, 16)), network, -0.3)
+    with pytest.raises(ValueError, match="compact_every"):
+        infer_rows_cuda(x, network, -0.3, compact_every=0)
+
+
+def test_device_network_too_small_budget():
+    packed = pack_layers(radixnet(64, 2), np.float32)
+    with pytest.raises(MemoryError, match="bytes"):
+        DeviceNetwork(packed, budget=1000)
+
+
+def test_plan_memory_resident_streamed_and_too_large():
+    budget, rows = plan_memory(10_000, 1_000, 64, 4, free=10**7, weight_budget=None)
+    assert budget is None and rows >= LANES
+    budget, _ = plan_memory(10_000, 1_000, 64, 4, free=10**7, weight_budget=3_000)
+    assert budget == 3_000
+    with pytest.raises(MemoryError, match=r"need \d+ bytes, \d+ bytes are available"):
+        plan_memory(10**9, 10**8, 65536, 4, free=10**7, weight_budget=None)
+    assert activation_bytes(33, 64) == 2 * 2 * 64 * (LANES * 4 + 1)
+
+
+@pytest.fixture(scope="module")
+def client():
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                           dashboard_address=":0")
+    with cluster, Client(cluster) as c:
+        yield c
+
+
+@pytest.mark.skipif(cuda_runtime() == "none", reason="numba's CUDA simulator is off")
+def test_engine_on_cuda_workers_equals_cpu_engine(client):
+    layers = radixnet(64, 6, seed=3)
+    x = mnist_to_challenge_inputs(load_mnist_test()[0][:90], 8)
+    bias = -0.3
+    cpu, _ = run_challenge(layers, x, bias, client=client, progress=False)
+    gpu, stats = run_challenge(layers, x, bias, client=client, device="cuda", batch_size=50,
+                               compact_every=2, progress=False)
+    np.testing.assert_array_equal(gpu, cpu)
+    np.testing.assert_array_equal(gpu, reference_categories(x, layers, bias) + 1)
+    assert stats.device == "cuda" and stats.batches == 2 and stats.workers == 2
+    assert stats.categories == gpu.size and stats.macs_done > 0
+    assert "GPU workers" in stats.summary()
+
+
+def test_engine_streams_weights_over_budget(client):
+    layers = radixnet(64, 4, seed=4)
+    x = mnist_to_challenge_inputs(load_mnist_test()[0][:40], 8)
+    gpu, stats = run_challenge(layers, x, -0.3, client=client, device="cuda",
+                               weight_budget=2 * (64 * 32 * 8 + 65 * 8), progress=False)
+    np.testing.assert_array_equal(gpu, reference_categories(x, layers, -0.3) + 1)
+    assert stats.mode == "streamed" and stats.resident_layers == 2
+
+
+def test_bad_device_arguments_fail_before_any_cluster():
+    layers = radixnet(64, 2)
+    x = random_inputs(4, 64, 0.5, seed=0)
+    with pytest.raises(ValueError, match="device must be"):
+        run_challenge(layers, x, device="gpu", client="tcp://127.0.0.1:1")
+    with pytest.raises(ValueError, match="compact_every"):
+        run_challenge(layers, x, device="cuda", compact_every=0, client="tcp://127.0.0.1:1")
+
+
+@pytest.mark.skipif(cuda_runtime() == "gpu", reason="this machine has a GPU")
+def test_workers_without_gpu_are_named():
+    env = {"NUMBA_ENABLE_CUDASIM": "0"}
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
+                      env=env) as cluster, Client(cluster) as c:
+        with pytest.raises(RuntimeError, match=r"needs a CUDA GPU on every worker.*dasknn\[cuda\]"):
+            run_challenge(radixnet(64, 2), random_inputs(4, 64, 0.5, 0), -0.3, client=c,
+                          device="cuda", progress=False)
+        assert not c.has_what()[cluster.workers[0].worker_address]
+
+
+def test_cli_device_cuda_without_local_gpu_support(tmp_path, capsys):
+    try:
+        import dask_cuda  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        if cuda_runtime() == "gpu":
+            pytest.skip("dask-cuda and a GPU are present: the local CUDA cluster would start")
+    layers = tmp_path / "net"
+    layers.mkdir()
+    for k, w in enumerate(radixnet(64, 2), start=1):
+        write_sparse_tsv(layers / f"n64-l{k}.tsv", w)
+    write_sparse_tsv(tmp_path / "x.tsv", random_inputs(4, 64, 0.5, 0))
+    out = tmp_path / "cats.tsv"
+    code = main(["challenge", "--network", str(layers), "--inputs", str(tmp_path / "x.tsv"),
+                 "--bias", "-0.3", "--device", "cuda", "--categories", str(out), "--quiet"])
+    assert code == 2
+    assert "dasknn[cuda]" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.skipif(cuda_runtime() == "none", reason="numba's CUDA simulator is off")
+def test_cli_device_cuda_on_scheduler(client, tmp_path, capsys):
+    layers = radixnet(64, 3, seed=1)
+    net = tmp_path / "net"
+    net.mkdir()
+    for k, w in enumerate(layers, start=1):
+        write_sparse_tsv(net / f"n64-l{k}.tsv", w)
+    x = mnist_to_challenge_inputs(load_mnist_test()[0][:40], 8)
+    write_sparse_tsv(tmp_path / "x.tsv", x)
+    out = tmp_path / "cats.tsv"
+    code = main(["challenge", "--network", str(net), "--inputs", str(tmp_path / "x.tsv"),
+                 "--bias", "-0.3", "--device", "cuda", "--categories", str(out), "--quiet",
+                 "--scheduler", client.scheduler.address])
+    assert code == 0
+    np.testing.assert_array_equal(read_categories(out), reference_categories(x, layers, -0.3) + 1)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_official_network_on_gpu_equals_cpu_engine(official_1024_dir, client):
+    layers = read_challenge_network(official_1024_dir, neurons=1024)
+    x = mnist_to_challenge_inputs(load_mnist_test()[0][:3000], 32)
+    cpu, _ = run_challenge(layers, x, client=client, progress=False)
+    network = DeviceNetwork(pack_layers(layers, np.float32))
+    for compact_every in (1, 8, 120):
+        gpu = infer_rows_cuda(x, network, challenge_bias(1024), compact_every=compact_every)
+        np.testing.assert_array_equal(gpu.rows + 1, cpu)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_local_cuda_cluster_engine():
+    pytest.importorskip("dask_cuda")
+    layers = radixnet(4096, 12, seed=0)
+    x = mnist_to_challenge_inputs(load_mnist_test()[0][:2000], 64)
+    gpu, stats = run_challenge(layers, x, device="cuda", progress=False)
+    np.testing.assert_array_equal(
+        gpu, cpu_engine_rows(x, layers, challenge_bias(4096), np.float32) + 1
+    )
+    assert stats.device == "cuda" and stats.gpus
+    assert os.environ.get("NUMBA_ENABLE_CUDASIM", "0") != "1"
