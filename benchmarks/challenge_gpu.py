@@ -101,8 +101,10 @@ def main() -> None:
     parser.add_argument("--copies", type=int, default=6, help="copies of the images")
     parser.add_argument("--wide-copies", type=int, default=1,
                         help="copies for 65536-neuron networks (their inputs are 8x larger)")
-    parser.add_argument("--compact-every", default="2,8,30",
-                        help="values tried on the first case; the fastest is used after")
+    parser.add_argument("--compact-every", default="4,8",
+                        help="values tried on the first case; the fastest is used after "
+                        "(the fused and sectioned modes are both tried on the first case of "
+                        "each width from 4096 on, and the faster one kept for that width)")
     parser.add_argument("--budget", type=float, default=300.0, help="seconds for all cases")
     parser.add_argument("--cpu-baseline", action="store_true",
                         help="also run the CPU engine on the official network on this machine")
@@ -135,6 +137,7 @@ def main() -> None:
             print(f"LocalCUDACluster failed ({error!r}); one plain worker process instead")
             client = open_client(stack, None, workers=1)
         sweep = [int(v) for v in args.compact_every.split(",")]
+        best_mode: dict[int, str] = {}
         for name in names:
             if time.perf_counter() - began > args.budget:
                 print(f"{name}: skipped (budget of {args.budget:.0f} s spent)", flush=True)
@@ -151,21 +154,29 @@ def main() -> None:
                 base = base[base <= images.shape[0]]
                 expected = np.concatenate([base + c * images.shape[0] for c in range(copies)])
             bias = challenge_bias(neurons) if neurons in CHALLENGE_WIDTHS else -0.3
+            modes = best_mode.get(neurons)
+            modes = [modes] if modes else (["fused", "sectioned"] if neurons >= 4096 else ["fused"])
             tried = []
             for compact_every in sweep:
-                categories, stats = run_challenge(layers, x, bias, client=client, device="cuda",
-                                                  compact_every=compact_every, progress=False)
-                tried.append((stats.seconds, compact_every, categories, stats))
-            seconds, compact_every, categories, stats = min(tried, key=lambda t: t[0])
-            sweep = [compact_every]
+                for mode in modes:
+                    categories, stats = run_challenge(
+                        layers, x, bias, client=client, device="cuda",
+                        compact_every=compact_every, cuda_mode=mode, progress=False,
+                    )
+                    tried.append((stats.seconds, f"{compact_every}/{mode}", categories, stats))
+            seconds, choice, categories, stats = min(tried, key=lambda t: t[0])
+            compact_every, mode = choice.split("/")
+            sweep = [int(compact_every)]
+            best_mode[neurons] = mode
             snig = SNIG_ONE_GPU.get((neurons, n_layers), float("nan"))
             rate = stats.rate / 1e9
             row = {
                 "case": name, "neurons": neurons, "layers": n_layers, "inputs": stats.inputs,
                 "categories": stats.categories, "seconds": stats.seconds,
                 "kernel_seconds": stats.kernel_seconds, "rate_ge_s": rate,
-                "snig_ge_s": snig, "ratio_vs_snig": rate / snig, "compact_every": compact_every,
-                "all_compact_every": {str(t[1]): t[0] for t in tried},
+                "snig_ge_s": snig, "ratio_vs_snig": rate / snig,
+                "compact_every": int(compact_every), "cuda_mode": mode,
+                "tried": {t[1]: t[0] for t in tried},
                 "mode": stats.mode, "gpus": stats.gpus, "prepare_seconds": prepare,
                 "matches_cpu_engine": None if expected is None else bool(
                     np.array_equal(categories, expected)),
@@ -177,7 +188,7 @@ def main() -> None:
             print(f"{name}: {stats.inputs} inputs, {stats.categories} categories, "
                   f"{stats.seconds:.3f} s ({stats.kernel_seconds:.3f} s on the GPU), "
                   f"{rate:.1f} GE/s, SNIG {snig:.1f}, x{rate / snig:.2f}, "
-                  f"compact_every {compact_every} ({row['all_compact_every']}), "
+                  f"compact_every/mode {choice} (tried {row['tried']}), "
                   f"matches CPU engine: {row['matches_cpu_engine']}, "
                   f"prepare {prepare:.1f} s", flush=True)
         if args.cpu_baseline and "official" in names:

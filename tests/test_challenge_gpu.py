@@ -27,6 +27,7 @@ from dasknn.datasets import (
     read_challenge_network,
     write_sparse_tsv,
 )
+from dasknn.kernels import cuda_inference
 from dasknn.kernels.cuda_inference import (
     LANES,
     DeviceNetwork,
@@ -66,9 +67,11 @@ def random_inputs(rows: int, neurons: int, density: float, seed: int) -> sp.csr_
     return x
 
 
+@pytest.mark.parametrize("mode", ["fused", "sectioned"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize(("bias", "compact_every"), [(-0.3, 1), (-0.15, 3), (0.05, 100)])
-def test_kernel_matches_reference(dtype, bias, compact_every):
+def test_kernel_matches_reference(monkeypatch, mode, dtype, bias, compact_every):
+    monkeypatch.setattr(cuda_inference, "SECTION_OUTPUTS", 16)  # 3 sections of 48 neurons
     layers = random_network(48, 5, 6, seed=7)
     x = random_inputs(75, 48, 0.3, seed=3).tolil()  # 3 groups, the last one partly empty
     x[10] = 0  # an empty input row is never a category
@@ -76,9 +79,18 @@ def test_kernel_matches_reference(dtype, bias, compact_every):
     expected = reference_categories(x, layers, bias)
     assert 0 < expected.size < 75
     result = infer_rows_cuda(x, DeviceNetwork(pack_layers(layers, dtype)), bias,
-                             compact_every=compact_every)
+                             compact_every=compact_every, mode=mode)
     np.testing.assert_array_equal(result.rows, expected)
     assert result.macs_done > 0
+
+
+def test_columns_longer_than_a_warp():
+    layers = random_network(64, 3, 40, seed=1)  # two 32-entry chunks per column
+    x = random_inputs(40, 64, 0.3, seed=5)
+    network = DeviceNetwork(pack_layers(layers, np.float64))
+    for mode in ("fused", "sectioned"):
+        result = infer_rows_cuda(x, network, -0.1, compact_every=2, mode=mode)
+        np.testing.assert_array_equal(result.rows, reference_categories(x, layers, -0.1))
 
 
 def cpu_engine_rows(x, layers, bias: float, dtype) -> np.ndarray:
@@ -117,6 +129,8 @@ def test_all_rows_die_and_empty_batch():
         infer_rows_cuda(sp.csr_matrix((5, 16)), network, -0.3)
     with pytest.raises(ValueError, match="compact_every"):
         infer_rows_cuda(x, network, -0.3, compact_every=0)
+    with pytest.raises(ValueError, match="mode"):
+        infer_rows_cuda(x, network, -0.3, mode="graph")
 
 
 def test_device_network_too_small_budget():
@@ -150,7 +164,7 @@ def test_engine_on_cuda_workers_equals_cpu_engine(client):
     bias = -0.3
     cpu, _ = run_challenge(layers, x, bias, client=client, progress=False)
     gpu, stats = run_challenge(layers, x, bias, client=client, device="cuda", batch_size=50,
-                               compact_every=2, progress=False)
+                               compact_every=2, cuda_mode="sectioned", progress=False)
     np.testing.assert_array_equal(gpu, cpu)
     np.testing.assert_array_equal(gpu, reference_categories(x, layers, bias) + 1)
     assert stats.device == "cuda" and stats.batches == 2 and stats.workers == 2
@@ -174,6 +188,8 @@ def test_bad_device_arguments_fail_before_any_cluster():
         run_challenge(layers, x, device="gpu", client="tcp://127.0.0.1:1")
     with pytest.raises(ValueError, match="compact_every"):
         run_challenge(layers, x, device="cuda", compact_every=0, client="tcp://127.0.0.1:1")
+    with pytest.raises(ValueError, match="cuda_mode"):
+        run_challenge(layers, x, device="cuda", cuda_mode="graph", client="tcp://127.0.0.1:1")
 
 
 @pytest.mark.skipif(cuda_runtime() == "gpu", reason="this machine has a GPU")
@@ -232,8 +248,9 @@ def test_official_network_on_gpu_equals_cpu_engine(official_1024_dir, client):
     x = mnist_to_challenge_inputs(load_mnist_test()[0][:3000], 32)
     cpu, _ = run_challenge(layers, x, client=client, progress=False)
     network = DeviceNetwork(pack_layers(layers, np.float32))
-    for compact_every in (1, 8, 120):
-        gpu = infer_rows_cuda(x, network, challenge_bias(1024), compact_every=compact_every)
+    for compact_every, mode in ((1, "fused"), (8, "fused"), (120, "fused"), (8, "sectioned")):
+        gpu = infer_rows_cuda(x, network, challenge_bias(1024), compact_every=compact_every,
+                              mode=mode)
         np.testing.assert_array_equal(gpu.rows + 1, cpu)
 
 

@@ -79,6 +79,7 @@ def prepare_run(
     weight_buffers: int = 2,
     device: str = "cpu",
     compact_every: int = 8,
+    cuda_mode: str = "auto",
 ) -> tuple[list[sp.csr_matrix], sp.csr_matrix, float]:
     """Load and check everything a run needs before any cluster is touched.
 
@@ -94,6 +95,8 @@ def prepare_run(
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     if compact_every < 1:
         raise ValueError(f"compact_every must be >= 1, got {compact_every}")
+    if cuda_mode not in ("auto", "fused", "sectioned"):
+        raise ValueError(f"cuda_mode must be 'auto', 'fused' or 'sectioned', got {cuda_mode!r}")
     matrices = _resolve_network(network, neurons, layers, seed)
     if not matrices:
         raise ValueError("the network has no layers")
@@ -140,6 +143,7 @@ def run_challenge(
     progress: bool = True,
     device: str = "cpu",
     compact_every: int = 8,
+    cuda_mode: str = "auto",
 ) -> tuple[np.ndarray, ChallengeStats]:
     """Run Graph Challenge inference and return the categories and the run's statistics.
 
@@ -183,7 +187,12 @@ def run_challenge(
         ``cuda`` extra). With ``"cuda"`` a batch is by default an equal share of the inputs per
         GPU, capped by the GPU's free memory.
     compact_every : int
-        ``device="cuda"``: layers run in one kernel launch before dead rows are dropped.
+        ``device="cuda"``: layers run before dead rows are dropped and the live ones re-packed.
+    cuda_mode : ``"auto"``, ``"fused"`` or ``"sectioned"``
+        ``device="cuda"``: one launch per ``compact_every`` layers with a block per 32 rows
+        (fused), or one launch per layer with a block per 32 rows and 1024 output neurons
+        (sectioned); ``auto`` picks by width, see :func:`dasknn.kernels.cuda_inference.
+        infer_rows_cuda`.
 
     Returns
     -------
@@ -205,7 +214,7 @@ def run_challenge(
     matrices, matrix, bias = prepare_run(
         network, inputs, bias, neurons=neurons, layers=layers, seed=seed, batch_size=batch_size,
         dtype=dtype, resident_layers=resident_layers, weight_buffers=weight_buffers,
-        device=device, compact_every=compact_every,
+        device=device, compact_every=compact_every, cuda_mode=cuda_mode,
     )
     with ExitStack() as stack:
         if device == "cuda":
@@ -213,7 +222,8 @@ def run_challenge(
 
             return run_cuda(
                 open_client(stack, client, device="cuda"), matrices, matrix, float(bias),
-                float(ymax), dtype, batch_size, weight_budget, compact_every, progress,
+                float(ymax), dtype, batch_size, weight_budget, compact_every, cuda_mode,
+                progress,
             )
         return _run(
             open_client(stack, client), matrices, matrix, float(bias), float(ymax), dtype,

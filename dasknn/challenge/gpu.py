@@ -104,11 +104,11 @@ def upload_network(packed: PackedLayers, budget: int | None):
 
 
 def infer_batch_cuda(inputs: sp.csr_matrix, network, bias: float, ymax: float,
-                     compact_every: int) -> BatchResult:
+                     compact_every: int, mode: str) -> BatchResult:
     """On a worker: run one batch on its GPU; return its live rows (batch-local)."""
     from dasknn.kernels.cuda_inference import infer_rows_cuda
 
-    result = infer_rows_cuda(inputs, network, bias, ymax, compact_every)
+    result = infer_rows_cuda(inputs, network, bias, ymax, compact_every, mode)
     return BatchResult(
         rows=result.rows,
         macs_done=result.macs_done,
@@ -125,12 +125,14 @@ def warm_cuda_kernel(dtype: str) -> None:
     layer = sp.identity(64, dtype=np.float64, format="csr")
     network = DeviceNetwork(pack_layers([layer, layer], np.dtype(dtype)))
     rows = sp.csr_matrix(np.array([[1.0] * 64, [0.05] * 64]))  # the second row dies: compaction
-    infer_rows_cuda(rows, network, -0.1, 32.0, compact_every=1)
+    for mode in ("fused", "sectioned"):
+        infer_rows_cuda(rows, network, -0.1, 32.0, compact_every=1, mode=mode)
 
 
 def run_cuda(client: Client, matrices: list[sp.csr_matrix], matrix: sp.csr_matrix, bias: float,
              ymax: float, dtype: np.dtype, batch_size: int | None, weight_budget: int | None,
-             compact_every: int, progress: bool) -> tuple[np.ndarray, ChallengeStats]:
+             compact_every: int, mode: str, progress: bool
+             ) -> tuple[np.ndarray, ChallengeStats]:
     """Run the challenge on the GPU workers of ``client``; see :func:`run_challenge`."""
     from tqdm.auto import tqdm
 
@@ -169,7 +171,7 @@ def run_cuda(client: Client, matrices: list[sp.csr_matrix], matrix: sp.csr_matri
         batch = matrix[s : s + batch_size].astype(dtype)
         rows = client.scatter(batch, workers=[address], hash=False)
         future = client.submit(infer_batch_cuda, rows, networks[address], bias, ymax,
-                               compact_every, workers=[address], allow_other_workers=False,
+                               compact_every, mode, workers=[address], allow_other_workers=False,
                                pure=False)
         offsets[future.key] = (s, address)
         queue.add(future)

@@ -55,7 +55,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "cuda extra; without --scheduler a dask-cuda LocalCUDACluster is started)",
     )
     parser.add_argument("--compact-every", type=int, default=8,
-                        help="--device cuda: layers per kernel launch before dead rows are dropped")
+                        help="--device cuda: layers run before dead rows are dropped")
+    parser.add_argument(
+        "--cuda-mode", choices=("auto", "fused", "sectioned"), default="auto",
+        help="--device cuda: one launch per window of layers (fused) or per layer (sectioned)",
+    )
     parser.add_argument(
         "--resident-layers", type=int,
         help="stream the weights in windows of this many layers (default: broadcast if it fits)",
@@ -89,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
         args.network, args.inputs, args.bias, neurons=args.neurons, layers=args.layers,
         batch_size=args.batch_size, dtype=args.dtype, resident_layers=args.resident_layers,
         weight_buffers=args.weight_buffers, device=args.device, compact_every=args.compact_every,
+        cuda_mode=args.cuda_mode,
     )
     if args.model_parallel:
         if args.device != "cpu":
@@ -115,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
                 progress=not args.quiet,
                 device=args.device,
                 compact_every=args.compact_every,
+                cuda_mode=args.cuda_mode,
             )
     report = stats.as_dict()
     passed = None

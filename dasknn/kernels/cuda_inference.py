@@ -32,12 +32,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
-from numba import cuda
+from numba import config, cuda
 
 from dasknn.kernels.inference import PackedLayers
 
 __all__ = [
     "CUDA_INSTALL_HINT",
+    "CUDA_MODES",
     "LANES",
     "DeviceNetwork",
     "CudaBatchResult",
@@ -51,7 +52,10 @@ CUDA_INSTALL_HINT = (
     "(dask-cuda and numba-cuda, for CUDA 12 drivers or newer)"
 )
 LANES = 32  # rows per group: one warp, one lane per row
-_WARPS = 16  # warps per block on a GPU (512 threads)
+SECTION_OUTPUTS = 1024  # output neurons per block in the sectioned (one launch per layer) mode
+SECTIONED_FROM = 8192  # widths from which mode="auto" launches per layer
+CUDA_MODES = ("auto", "fused", "sectioned")
+_WARPS = 32  # warps per block on a GPU (1024 threads)
 
 
 @cuda.jit
@@ -81,15 +85,33 @@ def _scatter_kernel(indptr, indices, data, rows, y, flags):
                 flags[g, indices[p]] = 1
 
 
+if config.ENABLE_CUDASIM:
+
+    @cuda.jit(device=True)
+    def _warp_sync():
+        """The simulator has no ``syncwarp``; its warps then advance in step with the block."""
+        cuda.syncthreads()
+
+else:
+
+    @cuda.jit(device=True)
+    def _warp_sync():
+        cuda.syncwarp()
+
+
 @cuda.jit
-def _window_kernel(y, flags, parity, indptr, indices, data, first, count, bias, ymax, alive,
-                   work):
+def _window_kernel(y, flags, parity, indptr, indices, data, first, count, bias, ymax, alive, work):
     """Run group ``blockIdx.x`` through layers ``first .. first + count - 1`` of the window.
 
     ``y[parity]`` holds the input activations and ``flags[parity]`` their section flags; the output
     of layer ``k`` goes to buffer ``(parity + k + 1) % 2``. ``alive[g * 32 + lane]`` is set to
     whether the row is nonzero after the last layer run; ``work[g]`` adds the multiply-adds done
     (32 per accumulated section).
+
+    Lane ``l`` loads entry ``l`` of each 32-entry chunk of column ``c`` (index, section flag) in one
+    coalesced round and leaves its position in shared memory when its input section is nonzero;
+    the warp then accumulates the kept entries in order (the CSC order, as the CPU kernel does), so
+    only they cost an activation load.
     """
     g = cuda.blockIdx.x
     t = cuda.threadIdx.x
@@ -97,7 +119,9 @@ def _window_kernel(y, flags, parity, indptr, indices, data, first, count, bias, 
     warp = t // LANES
     warps = cuda.blockDim.x // LANES
     n = y.shape[2]
-    live = cuda.shared.array((2, LANES), dtype=np.int32)  # alternate: no reset while read
+    live = cuda.shared.array((2, LANES), dtype=np.int32)
+    kept_p = cuda.shared.array((32, LANES), dtype=np.int64)
+    kept_j = cuda.shared.array((32, LANES), dtype=np.int32)
     zero = ymax - ymax
     terms = 0
     src = parity
@@ -113,11 +137,24 @@ def _window_kernel(y, flags, parity, indptr, indices, data, first, count, bias, 
         layer = first + k
         for c in range(warp, n, warps):
             acc = zero
-            for p in range(indptr[layer, c], indptr[layer, c + 1]):
-                j = indices[p]
-                if flags[src, g, j] != 0:
-                    acc += data[p] * y[src, g, j, lane]
-                    terms += 1
+            p1 = indptr[layer, c + 1]
+            for base in range(indptr[layer, c], p1, LANES):
+                p = base + lane
+                kept = -1
+                j = 0
+                if p < p1:
+                    j = indices[p]
+                    if flags[src, g, j] != 0:
+                        kept = p
+                kept_p[warp, lane] = kept
+                kept_j[warp, lane] = j
+                _warp_sync()
+                for e in range(min(LANES, p1 - base)):
+                    q = kept_p[warp, e]
+                    if q >= 0:
+                        acc += data[q] * y[src, g, kept_j[warp, e], lane]
+                        terms += 1
+                _warp_sync()
             out = zero
             if acc != zero:
                 out = min(max(acc + bias, zero), ymax)
@@ -134,6 +171,67 @@ def _window_kernel(y, flags, parity, indptr, indices, data, first, count, bias, 
             break
     if warp == 0:
         alive[g * LANES + lane] = live[cur, lane]
+    if lane == 0 and terms > 0:
+        cuda.atomic.add(work, g, terms * LANES)
+
+
+@cuda.jit
+def _layer_kernel(y, flags, src, indptr, indices, data, layer, sections, bias, ymax, alive_in,
+                  alive_out, work):
+    """One layer, block ``b`` computing output section ``b % sections`` of group ``b // sections``.
+
+    ``flags[1 - src]`` and ``alive_out`` must be zero before the launch; a group whose rows are
+    all dead in ``alive_in`` is skipped. Blocks run group-major, so the groups in flight share the
+    L2 cache even when one group's activations are megabytes.
+    """
+    b = cuda.blockIdx.x
+    g = b // sections
+    s = b % sections
+    t = cuda.threadIdx.x
+    lane = t % LANES
+    warp = t // LANES
+    warps = cuda.blockDim.x // LANES
+    any_live = 0
+    for i in range(LANES):
+        any_live |= alive_in[g * LANES + i]
+    if any_live == 0:
+        return
+    n = y.shape[2]
+    dst = 1 - src
+    chunk = (n + sections - 1) // sections
+    lo = s * chunk
+    hi = min(n, lo + chunk)
+    kept_p = cuda.shared.array((32, LANES), dtype=np.int64)
+    kept_j = cuda.shared.array((32, LANES), dtype=np.int32)
+    zero = ymax - ymax
+    terms = 0
+    for c in range(lo + warp, hi, warps):
+        acc = zero
+        p1 = indptr[layer, c + 1]
+        for base in range(indptr[layer, c], p1, LANES):
+            p = base + lane
+            kept = -1
+            j = 0
+            if p < p1:
+                j = indices[p]
+                if flags[src, g, j] != 0:
+                    kept = p
+            kept_p[warp, lane] = kept
+            kept_j[warp, lane] = j
+            _warp_sync()
+            for e in range(min(LANES, p1 - base)):
+                q = kept_p[warp, e]
+                if q >= 0:
+                    acc += data[q] * y[src, g, kept_j[warp, e], lane]
+                    terms += 1
+            _warp_sync()
+        out = zero
+        if acc != zero:
+            out = min(max(acc + bias, zero), ymax)
+        y[dst, g, c, lane] = out
+        if out != zero:
+            flags[dst, g, c] = 1
+            alive_out[g * LANES + lane] = 1
     if lane == 0 and terms > 0:
         cuda.atomic.add(work, g, terms * LANES)
 
@@ -163,8 +261,6 @@ def _gather_kernel(src, dst, source_of, flags_dst):
 def cuda_runtime() -> str:
     """``"gpu"`` when numba sees a CUDA GPU, ``"simulator"`` under ``NUMBA_ENABLE_CUDASIM=1``,
     else ``"none"``."""
-    from numba import config
-
     if config.ENABLE_CUDASIM:
         return "simulator"
     try:
@@ -174,7 +270,7 @@ def cuda_runtime() -> str:
 
 
 def _threads_per_block() -> int:
-    """512 threads on a GPU; 64 under the simulator (one Python thread each)."""
+    """1024 threads on a GPU; 64 under the simulator (one Python thread each)."""
     return 64 if cuda_runtime() == "simulator" else _WARPS * LANES
 
 
@@ -275,6 +371,7 @@ def infer_rows_cuda(
     bias: float,
     ymax: float = 32.0,
     compact_every: int = 8,
+    mode: str = "auto",
 ) -> CudaBatchResult:
     """Run the input rows through every layer on the GPU; return the rows still nonzero.
 
@@ -287,7 +384,12 @@ def infer_rows_cuda(
     bias, ymax : float
         Bias added to the nonzero entries of ``Y @ W`` and upper clip of the activations.
     compact_every : int
-        Layers run in one launch before the dead rows are dropped and the live ones re-packed.
+        Layers run before the dead rows are dropped and the live ones re-packed.
+    mode : ``"auto"``, ``"fused"`` or ``"sectioned"``
+        ``fused``: one launch runs ``compact_every`` layers, one block per group of 32 rows.
+        ``sectioned``: one launch per layer, one block per group and ``SECTION_OUTPUTS`` output
+        neurons, so the groups in flight fit the L2 cache when a group's activations are large.
+        ``auto``: sectioned from ``SECTIONED_FROM`` neurons on.
 
     Returns
     -------
@@ -300,6 +402,8 @@ def infer_rows_cuda(
         )
     if compact_every < 1:
         raise ValueError(f"compact_every must be >= 1, got {compact_every}")
+    if mode not in CUDA_MODES:
+        raise ValueError(f"mode must be one of {CUDA_MODES}, got {mode!r}")
     start = time.perf_counter()
     dtype = network.dtype
     csr = sp.csr_matrix(inputs, dtype=dtype)
@@ -324,14 +428,35 @@ def infer_rows_cuda(
     parity = 0
     live = rows.size
     typed_bias, typed_ymax = dtype.type(bias), dtype.type(ymax)
+    if mode == "auto":
+        mode = "sectioned" if n >= SECTIONED_FROM else "fused"
+    alive_in = cuda.device_array(groups * LANES, dtype=np.uint8)
     for window in network.windows():
         for first in range(0, window.n_layers, compact_every):
             count = min(compact_every, window.n_layers - first)
             groups = -(-live // LANES)
-            _window_kernel[groups, threads](
-                y, flags, parity, window.indptr, window.indices, window.data, first, count,
-                typed_bias, typed_ymax, alive, work,
-            )
+            if mode == "fused":
+                _window_kernel[groups, threads](
+                    y, flags, parity, window.indptr, window.indices, window.data, first, count,
+                    typed_bias, typed_ymax, alive, work,
+                )
+            else:
+                lanes = np.zeros(groups * LANES, dtype=np.uint8)
+                lanes[:live] = 1
+                alive_in[: lanes.size].copy_to_device(lanes)
+                sections = max(1, -(-n // SECTION_OUTPUTS))
+                a, b = alive_in, alive
+                for k in range(first, first + count):
+                    dst = (parity + k - first + 1) % 2
+                    _zero(flags[dst].reshape(flags[dst].size))
+                    _zero(b)
+                    _layer_kernel[groups * sections, threads](
+                        y, flags, (parity + k - first) % 2, window.indptr, window.indices,
+                        window.data, k, sections, typed_bias, typed_ymax, a, b, work,
+                    )
+                    a, b = b, a
+                if a is not alive:
+                    alive.copy_to_device(a)
             parity = (parity + count) % 2
             keep = np.flatnonzero(alive.copy_to_host()[:live])
             if keep.size < live:
