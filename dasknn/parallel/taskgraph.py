@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dask._task_spec import Task, TaskRef, Tuple
+from dask.task_spec import List, Task, TaskRef
 
 from dasknn.parallel.layout import Layout
 from dasknn.parallel.plan import CommPlan
@@ -337,7 +337,7 @@ class StepTemplate:
                     kwargs[name] = value
                 elif name in ("after", "forward_pieces"):
                     refs = [r for r in (resolve(v) for v in value) if r is not None]
-                    kwargs[name] = Tuple(*refs) if refs else ()
+                    kwargs[name] = List(*refs) if refs else ()
                 else:
                     kwargs[name] = resolve(value)
             if spec.func is combine_logsumexp:
