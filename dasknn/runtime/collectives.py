@@ -219,20 +219,30 @@ def _push_result(position: int, size: int, combined: tuple, *received: np.ndarra
 
 
 # ------------------------------------------------------------------ builders
-def build_allreduce(token: str, inputs: Sequence, n: int, shape: tuple) -> Graph:
-    """Allreduce (sum) of one flat buffer of ``n`` items per worker, in two hops.
+def build_allreduce(token: str, inputs: Sequence, shape: tuple) -> Graph:
+    """Allreduce (sum) of one array of ``shape`` per worker, as a flat buffer of ``n`` items,
+    in two hops.
 
     Every buffer is split into ``N`` chunks (:func:`chunk_bounds`, ``c_j`` items in chunk
     ``j``). *Reduce-scatter*: worker ``j`` receives chunk ``j`` from every other worker and adds
     them in worker order. *Allgather*: every worker receives the ``N - 1`` reduced chunks it does
-    not hold and concatenates. Results have ``shape``.
+    not hold and concatenates.
 
     Bytes: worker ``i`` receives ``s ((N - 1) c_i + n - c_i)`` and sends as much; in all
     ``2 (N - 1) n s`` bytes in ``2 N (N - 1)`` messages (phases ``reduce-scatter`` and
     ``allgather``, ``(N - 1) n s`` each).
+
+    Parameters
+    ----------
+    token : str
+        Carried by every key (what the transfers are read by).
+    inputs : sequence of keys
+        ``inputs[i]``: the key of worker ``i``'s contribution.
+    shape : tuple
+        Shape of every contribution and of the result.
     """
     count = len(inputs)
-    bounds = chunk_bounds(n, count)
+    bounds = chunk_bounds(int(np.prod(shape, dtype=np.int64)), count)
 
     def key(phase, sender, receiver):
         return collective_key("allreduce", token, phase, sender, receiver)
@@ -273,6 +283,14 @@ def build_allgather(token: str, inputs: Sequence, stack: bool) -> Graph:
     Bytes: with ``b_i`` the size of contribution ``i``, worker ``j`` receives
     ``sum(b_i for i != j)``; in all ``(N - 1) sum(b_i)`` bytes (``N (N - 1) b`` for equal sizes
     ``b``) in ``N (N - 1)`` messages of phase ``allgather``.
+
+    Parameters
+    ----------
+    token : str
+        Carried by every key (what the transfers are read by).
+    inputs : sequence of keys
+        ``inputs[i]``: the key of worker ``i``'s contribution.
+    stack : bool
     """
     op = "allgather" if stack else "allgatherv"
     count = len(inputs)
@@ -303,6 +321,14 @@ def build_alltoallv(token: str, inputs: Sequence, counts: np.ndarray) -> Graph:
     Bytes: with ``r`` the bytes of one row, worker ``j`` receives
     ``r sum(counts[i, j] for i != j)``; in all ``r (sum(counts) - trace(counts))`` bytes in
     ``N (N - 1)`` messages of phase ``alltoallv``.
+
+    Parameters
+    ----------
+    token : str
+        Carried by every key (what the transfers are read by).
+    inputs : sequence of keys
+        ``inputs[i]``: the key of worker ``i``'s contribution.
+    counts : (N, N) int array
     """
     count = len(inputs)
     offsets = np.concatenate([np.zeros((count, 1), dtype=np.int64), np.cumsum(counts, axis=1)], 1)
@@ -338,6 +364,14 @@ def build_pull(token: str, shards: Sequence, indices: Sequence, bounds: Sequence
     Bytes: with ``u_ij`` the number of distinct rows of ``indices[i]`` owned by ``j`` and ``r``
     the bytes of one row, ``8 u_ij`` go from ``i`` to ``j`` and ``r u_ij`` back; in all
     ``sum(u_ij (8 + r) for i != j)`` bytes in ``2 N (N - 1)`` messages.
+
+    Parameters
+    ----------
+    token : str
+    shards, indices : sequence of keys
+        Worker ``i``'s shard and requested rows.
+    bounds : sequence of int
+        ``N + 1`` row bounds of the shards.
     """
     count = len(shards)
     bounds = np.asarray(bounds, dtype=INDEX_DTYPE)
@@ -385,6 +419,14 @@ def build_push(token: str, indices: Sequence, rows: Sequence, bounds: Sequence[i
     Bytes: with ``u_ij`` the number of distinct indices of worker ``i`` owned by ``j`` and ``r``
     the bytes of one row, ``u_ij (8 + r)`` go from ``i`` to ``j``; in all
     ``sum(u_ij (8 + r) for i != j)`` bytes in ``2 N (N - 1)`` messages.
+
+    Parameters
+    ----------
+    token : str
+    indices, rows : sequence of keys
+        Worker ``i``'s pushed table rows and their values.
+    bounds : sequence of int
+        ``N + 1`` row bounds of the owners' blocks.
     """
     count = len(indices)
     bounds = np.asarray(bounds, dtype=INDEX_DTYPE)
@@ -489,6 +531,19 @@ def allreduce(client, inputs: Sequence, workers: Sequence[str]) -> Collective:
 
     See :func:`build_allreduce` for the two hops and the bytes they move.
 
+    Parameters
+    ----------
+    client : distributed.Client
+    inputs : sequence of distributed.Future
+        ``inputs[i]``: a numpy array in memory on ``workers[i]``.
+    workers : sequence of str
+        Distinct worker addresses; results come back in this order.
+
+    Returns
+    -------
+    Collective
+        ``outputs[i]`` is the result on ``workers[i]``.
+
     Raises
     ------
     ValueError
@@ -499,8 +554,7 @@ def allreduce(client, inputs: Sequence, workers: Sequence[str]) -> Collective:
     metas = _inspect(client, workers, inputs, "input")
     _same("contributions", "dtype", [str(m[1]) for m in metas])
     _same("contributions", "shape", [m[0] for m in metas])
-    shape = metas[0][0]
-    graph = build_allreduce(_new_token(), [f.key for f in inputs], int(np.prod(shape)), shape)
+    graph = build_allreduce(_new_token(), [f.key for f in inputs], metas[0][0])
     return _submit(client, graph, workers)
 
 
@@ -522,6 +576,19 @@ def allgather(client, inputs: Sequence, workers: Sequence[str]) -> Collective:
     """Every worker gets ``np.stack`` of all contributions (same shape and dtype), in worker
     order. See :func:`build_allgather` for the bytes.
 
+    Parameters
+    ----------
+    client : distributed.Client
+    inputs : sequence of distributed.Future
+        ``inputs[i]``: a numpy array in memory on ``workers[i]``.
+    workers : sequence of str
+        Distinct worker addresses; results come back in this order.
+
+    Returns
+    -------
+    Collective
+        ``outputs[i]`` is the result on ``workers[i]``.
+
     Raises
     ------
     ValueError
@@ -533,6 +600,19 @@ def allgather(client, inputs: Sequence, workers: Sequence[str]) -> Collective:
 def allgatherv(client, inputs: Sequence, workers: Sequence[str]) -> Collective:
     """Every worker gets ``np.concatenate`` of all contributions along axis 0 (same dtype and
     shape beyond axis 0; any length, empty included). See :func:`build_allgather` for the bytes.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    inputs : sequence of distributed.Future
+        ``inputs[i]``: a numpy array in memory on ``workers[i]``.
+    workers : sequence of str
+        Distinct worker addresses; results come back in this order.
+
+    Returns
+    -------
+    Collective
+        ``outputs[i]`` is the result on ``workers[i]``.
 
     Raises
     ------
@@ -546,6 +626,21 @@ def alltoallv(client, inputs: Sequence, workers: Sequence[str], counts) -> Colle
     """Worker ``i`` sends the next ``counts[i][j]`` rows of ``inputs[i]`` to worker ``j``.
 
     See :func:`build_alltoallv` for the layout and the bytes.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    inputs : sequence of distributed.Future
+        ``inputs[i]``: a numpy array in memory on ``workers[i]``.
+    workers : sequence of str
+        Distinct worker addresses; results come back in this order.
+    counts : (N, N) array-like of int
+        ``counts[i][j]``: rows of ``inputs[i]`` for worker ``j``.
+
+    Returns
+    -------
+    Collective
+        ``outputs[i]`` is the result on ``workers[i]``.
 
     Raises
     ------
@@ -587,6 +682,21 @@ def pull(client, shards: Sequence, indices: Sequence, workers: Sequence[str]) ->
 
     See :func:`build_pull` for the messages and the bytes.
 
+    Parameters
+    ----------
+    client : distributed.Client
+    shards : sequence of distributed.Future
+        ``shards[j]``: the rows of the table that ``workers[j]`` owns (any number, none
+        included), a numpy array in memory there; the blocks follow each other in order.
+    indices : sequence of distributed.Future
+        ``indices[i]``: 1-D integer array of table rows, in memory on ``workers[i]``.
+    workers : sequence of str
+
+    Returns
+    -------
+    Collective
+        ``outputs[i]`` is the result on ``workers[i]``.
+
     Raises
     ------
     ValueError
@@ -614,6 +724,22 @@ def push(
 
     Worker ``i`` pushes ``rows[i]`` (one row per entry of ``indices[i]``); the result on worker
     ``j`` is its block (``sizes[j]`` rows) of the sum. See :func:`build_push` for the bytes.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    indices : sequence of distributed.Future
+        ``indices[i]``: 1-D integer array of table rows, in memory on ``workers[i]``.
+    rows : sequence of distributed.Future
+        ``rows[i]``: one row per entry of ``indices[i]``, on ``workers[i]``.
+    workers : sequence of str
+    sizes : sequence of int
+        Rows of the table owned by each worker, in order.
+
+    Returns
+    -------
+    Collective
+        ``outputs[i]`` is the result on ``workers[i]``.
 
     Raises
     ------
