@@ -36,9 +36,9 @@ from dasknn.parallel.steps import (
     combine_logsumexp,
     forward_task,
 )
-from dasknn.runtime.keys import message_phase, phase_names
+from dasknn.runtime.keys import phase_names
 
-__all__ = ["PartPlacement", "StepTemplate", "message_phase", "phase_names"]
+__all__ = ["PartPlacement", "StepTemplate"]
 
 NO_RECEIVER = -1
 OUTPUT_BLOCK = -2
