@@ -40,13 +40,6 @@ REPORTER_NAME = "dasknn-transfer-reporter"
 TOPIC = "dasknn-transfer"
 
 
-def _as_key(value: Any):
-    """A key as it was sent: msgpack may hand tuples back as lists."""
-    if isinstance(value, list | tuple):
-        return tuple(_as_key(item) for item in value)
-    return value
-
-
 class TransferReporter(WorkerPlugin):
     """Logs one event per key this worker received from another worker (see the module docs)."""
 
@@ -106,7 +99,7 @@ class CommMonitor(SchedulerPlugin):
 
     def log_event(self, topic: str, msg: Any) -> None:
         if topic == TOPIC:
-            self.record(msg["sender"], msg["receiver"], _as_key(msg["key"]), msg["nbytes"])
+            self.record(msg["sender"], msg["receiver"], msg["key"], msg["nbytes"])
 
     def record(self, sender: str, receiver: str, key, nbytes: int) -> None:
         """Count one transfer of ``key`` (``nbytes`` bytes) from ``sender`` to ``receiver``."""
