@@ -1,12 +1,9 @@
-"""Communication volume as a measured quantity: a scheduler plugin and the report built from it.
+"""The communication report of a distributed model: measured bytes against the prediction.
 
-:class:`CommMonitor` is a :class:`distributed.diagnostics.plugin.SchedulerPlugin`. Whenever a worker
-finishes fetching a key from another worker it tells the scheduler (the ``add-keys`` message, sent
-once per fetched key); the plugin sees that message before the scheduler records the new replica,
-so the key's current holder is the sender. It adds the key's size (``nbytes`` as Dask measures it:
-for the packed numpy messages exactly ``array.nbytes``) and one message to the counters of
-``(model token, layer, phase, sender, receiver)``. Phase and layer come from the key name
-(:func:`dasknn.parallel.taskgraph.message_phase`); keys of anything else count as phase ``other``.
+The transfers are measured by the runtime's plugins (:mod:`dasknn.runtime.measure`: each
+receiving worker reports the key, its exact sender and its size; the scheduler plugin
+:class:`~dasknn.runtime.measure.CommMonitor` counts them per layer, phase, sender and receiver).
+:class:`CommReport` sets them beside the partition's prediction.
 
 Payload is what the plugin counts. Serialization overhead (headers, framing) is measured from the
 workers' own ``transfer_outgoing_log`` (wire bytes written minus payload) by :func:`wire_bytes`.
@@ -14,12 +11,15 @@ workers' own ``transfer_outgoing_log`` (wire bytes written minus payload) by :fu
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
 
-from distributed.diagnostics.plugin import SchedulerPlugin
-
-from dasknn.parallel.taskgraph import message_phase
+from dasknn.runtime.keys import message_phase
+from dasknn.runtime.measure import (
+    CommMonitor,
+    install_comm_monitor,
+    read_transfers,
+    reset_transfers,
+)
 
 __all__ = [
     "CommMonitor",
@@ -29,102 +29,6 @@ __all__ = [
     "reset_transfers",
     "wire_bytes",
 ]
-
-PLUGIN_NAME = "dasknn-comm"
-
-
-class CommMonitor(SchedulerPlugin):
-    """Records every transfer of a key between workers: bytes and messages per sender/receiver.
-
-    Attributes
-    ----------
-    counters : dict
-        ``{(token, layer, phase, sender, receiver): [bytes, messages]}``; ``token`` and ``layer``
-        are ``None`` for keys that are not messages of a dasknn step.
-    """
-
-    name = PLUGIN_NAME
-
-    def __init__(self) -> None:
-        self.counters: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
-        self._scheduler = None
-        self._original_handler = None
-
-    async def start(self, scheduler) -> None:
-        self._scheduler = scheduler
-        self._original_handler = scheduler.stream_handlers["add-keys"]
-        scheduler.stream_handlers["add-keys"] = self._add_keys
-
-    async def close(self) -> None:
-        if self._scheduler is not None and self._original_handler is not None:
-            self._scheduler.stream_handlers["add-keys"] = self._original_handler
-            self._original_handler = None
-
-    def _add_keys(self, worker=None, keys=(), **msg):
-        for key in keys:
-            self.record(worker, key)
-        return self._original_handler(worker=worker, keys=keys, **msg)
-
-    def record(self, receiver: str, key) -> None:
-        """Count one fetched ``key`` that has just arrived at ``receiver``."""
-        ts = self._scheduler.tasks.get(key)
-        if ts is None:
-            return
-        holders = sorted(ws.address for ws in (ts.who_has or ()) if ws.address != receiver)
-        sender = holders[0] if holders else "unknown"
-        parsed = message_phase(key)
-        token, phase, layer = parsed if parsed else (None, "other", None)
-        counter = self.counters[(token, layer, phase, sender, receiver)]
-        counter[0] += int(ts.nbytes or 0)
-        counter[1] += 1
-
-    def snapshot(self, token: str | None) -> list[tuple]:
-        """``[(layer, phase, sender, receiver, bytes, messages)]`` of one model."""
-        return [
-            (layer, phase, sender, receiver, value[0], value[1])
-            for (tok, layer, phase, sender, receiver), value in self.counters.items()
-            if tok == token
-        ]
-
-    def reset(self, token: str | None) -> None:
-        """Forget the counters of one model."""
-        for key in [key for key in self.counters if key[0] == token]:
-            del self.counters[key]
-
-
-def _plugin(dask_scheduler) -> CommMonitor:
-    plugin = dask_scheduler.plugins.get(PLUGIN_NAME)
-    if plugin is None:
-        raise RuntimeError("the dasknn communication monitor is not installed on this scheduler")
-    return plugin
-
-
-def _snapshot_on_scheduler(dask_scheduler, token):
-    return _plugin(dask_scheduler).snapshot(token)
-
-
-def _reset_on_scheduler(dask_scheduler, token):
-    _plugin(dask_scheduler).reset(token)
-
-
-def _installed(dask_scheduler) -> bool:
-    return PLUGIN_NAME in dask_scheduler.plugins
-
-
-def install_comm_monitor(client) -> None:
-    """Register :class:`CommMonitor` on the client's scheduler unless it is there already."""
-    if not client.run_on_scheduler(_installed):
-        client.register_plugin(CommMonitor(), name=PLUGIN_NAME)
-
-
-def read_transfers(client, token: str | None) -> list[tuple]:
-    """Records of one model: ``[(layer, phase, sender, receiver, bytes, messages)]``."""
-    return client.run_on_scheduler(_snapshot_on_scheduler, token=token)
-
-
-def reset_transfers(client, token: str | None) -> None:
-    """Zero the monitor's records of one model."""
-    client.run_on_scheduler(_reset_on_scheduler, token=token)
 
 
 def _outgoing_log(dask_worker, token, first_step):

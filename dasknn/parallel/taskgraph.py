@@ -2,7 +2,8 @@
 
 The structure of a step (which tasks exist, what each one depends on, which part runs it) is
 computed once into a :class:`StepTemplate`; every batch only stamps it with fresh keys carrying the
-step number and submits the whole step at once. Keys are tuples
+step number and submits the whole step at once. Keys (named in :mod:`dasknn.runtime.keys`) are
+tuples
 
     ``(f"dasknn-{phase}-{token}", step, layer, part, receiver)``
 
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dask._task_spec import Task, TaskRef, Tuple
+from dask.task_spec import List, Task, TaskRef
 
 from dasknn.parallel.layout import Layout
 from dasknn.parallel.plan import CommPlan
@@ -35,41 +36,13 @@ from dasknn.parallel.steps import (
     combine_logsumexp,
     forward_task,
 )
+from dasknn.runtime.keys import phase_names
 
-__all__ = ["PartPlacement", "StepTemplate", "message_phase", "phase_names"]
+__all__ = ["PartPlacement", "StepTemplate"]
 
 NO_RECEIVER = -1
 OUTPUT_BLOCK = -2
 SOFTMAX_STATS = -3
-
-
-def phase_names(token: str) -> dict[str, str]:
-    """Key names of the tasks of a model: ``{"fwd": ..., "bwd": ..., "lse": ...}``."""
-    return {phase: f"dasknn-{phase}-{token}" for phase in ("fwd", "bwd", "lse")}
-
-
-def message_phase(key) -> tuple[str, str, int] | None:
-    """``(token, phase, layer)`` of a message key of a dasknn step, ``None`` for other keys.
-
-    ``phase`` is ``"forward"`` (activations; ``layer`` is the layer that consumes them),
-    ``"backward"`` (partial sums of ``layer``) or ``"other"`` (softmax statistics and anything
-    else that is not a layer message).
-    """
-    if not (isinstance(key, tuple) and len(key) == 5 and isinstance(key[0], str)):
-        return None
-    name = key[0]
-    if not name.startswith("dasknn-"):
-        return None
-    kind, _, token = name[len("dasknn-") :].partition("-")
-    if kind in ("fwd", "bwd") and key[4] < 0:  # not a layer message (softmax statistics)
-        return token, "other", int(key[2])
-    if kind == "fwd":
-        return token, "forward", int(key[2]) + 1
-    if kind == "bwd":
-        return token, "backward", int(key[2])
-    if kind == "lse":
-        return token, "other", int(key[2])
-    return None
 
 
 class PartPlacement:
@@ -337,7 +310,7 @@ class StepTemplate:
                     kwargs[name] = value
                 elif name in ("after", "forward_pieces"):
                     refs = [r for r in (resolve(v) for v in value) if r is not None]
-                    kwargs[name] = Tuple(*refs) if refs else ()
+                    kwargs[name] = List(*refs) if refs else ()
                 else:
                     kwargs[name] = resolve(value)
             if spec.func is combine_logsumexp:

@@ -1,0 +1,1 @@
+"""What every parallel mode shares: key names, measured transfers, collectives as task graphs."""

@@ -1,0 +1,769 @@
+"""Collectives as task graphs: allreduce, allgather(v), row-sparse pull and push, all-to-all-v.
+
+Each collective has a *builder*, a pure function of metadata (the input keys, shapes, dtypes,
+counts) that returns a :class:`Graph`, and an *executor* that checks the inputs, builds the graph
+and submits it with every task pinned to its worker. Keys are named by
+:func:`dasknn.runtime.keys.collective_key`: ``(name, phase, sender, receiver)`` with ``sender``
+and ``receiver`` positions in the worker list. A task whose key has ``sender == receiver`` is local
+work of that worker; one with ``sender != receiver`` runs on ``sender`` and its value, a plain
+numpy array, is the one message from ``sender`` to ``receiver`` of that phase. The transfer
+monitor (:mod:`dasknn.runtime.measure`) therefore counts every message by phase, sender and
+receiver, and its size is exactly the array's ``nbytes``.
+
+The byte formulas below count the payload the monitor measures. ``N`` is the number of workers,
+``s`` the item size of the dtype; every pair of different workers exchanges one message per
+phase, empty ones included.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import dask
+import numpy as np
+from dask.task_spec import Task, TaskRef
+from distributed import wait
+
+from dasknn.runtime.keys import collective_key, parse_collective_key
+
+__all__ = [
+    "Collective",
+    "Graph",
+    "allgather",
+    "allgatherv",
+    "allreduce",
+    "alltoallv",
+    "build_allgather",
+    "build_allreduce",
+    "build_alltoallv",
+    "build_pull",
+    "build_push",
+    "chunk_bounds",
+    "pull",
+    "push",
+]
+
+INDEX_DTYPE = np.dtype(np.int64)
+
+
+@dataclass(frozen=True)
+class Graph:
+    """The task graph of one collective.
+
+    Attributes
+    ----------
+    op, token : str
+        The collective and the token its keys carry.
+    tasks : dict
+        ``{key: dask.task_spec.Task}``; references to keys outside (the inputs) are
+        :class:`~dask.task_spec.TaskRef`.
+    outputs : list
+        The key of each worker's result, by position.
+    """
+
+    op: str
+    token: str
+    tasks: dict
+    outputs: list
+
+
+@dataclass
+class Collective:
+    """A submitted collective.
+
+    Attributes
+    ----------
+    op, token : str
+        The token is what :func:`dasknn.runtime.measure.read_transfers` reads its transfers by.
+    workers : list of str
+    outputs : list of distributed.Future
+        ``outputs[i]`` is the result on ``workers[i]``.
+    """
+
+    op: str
+    token: str
+    workers: list
+    outputs: list
+
+
+class _Placement:
+    """``workers=`` annotation of a collective's keys: the worker at the key's sender position."""
+
+    def __init__(self, workers: Sequence[str]) -> None:
+        self.workers = list(workers)
+
+    def __call__(self, key) -> list[str]:
+        return [self.workers[parse_collective_key(key).sender]]
+
+
+def _new_token() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+def chunk_bounds(n: int, parts: int) -> list[int]:
+    """Bounds of ``parts`` consecutive chunks of ``n`` items: the first ``n % parts`` chunks hold
+    ``n // parts + 1`` items, the others ``n // parts`` (as :func:`numpy.array_split`)."""
+    base, extra = divmod(n, parts)
+    bounds = [0]
+    for j in range(parts):
+        bounds.append(bounds[-1] + base + (1 if j < extra else 0))
+    return bounds
+
+
+# ------------------------------------------------------------------ worker functions
+def _identity(x):
+    return x
+
+
+def _flat_slice(x: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    return np.ascontiguousarray(x).reshape(-1)[lo:hi]
+
+
+def _rows(x: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    return np.ascontiguousarray(x[lo:hi])
+
+
+def _with_own(position: int, own, received: tuple) -> list:
+    """``received`` (from every other position, in order) with ``own`` put at ``position``."""
+    items = list(received)
+    items.insert(position, own)
+    return items
+
+
+def _reduce_chunk(position: int, lo: int, hi: int, x: np.ndarray, *received: np.ndarray):
+    """Sum of chunk ``lo:hi`` of every contribution, added in worker order."""
+    parts = _with_own(position, _flat_slice(x, lo, hi), received)
+    total = parts[0].copy()
+    for part in parts[1:]:
+        total += part
+    return total
+
+
+def _concatenate_flat(position: int, shape: tuple, own: np.ndarray, *received: np.ndarray):
+    return np.concatenate(_with_own(position, own, received)).reshape(shape)
+
+
+def _gather(position: int, stack: bool, own: np.ndarray, *received: np.ndarray) -> np.ndarray:
+    parts = _with_own(position, own, received)
+    return np.stack(parts) if stack else np.concatenate(parts, axis=0)
+
+
+def _alltoallv_result(position: int, lo: int, hi: int, x: np.ndarray, *received: np.ndarray):
+    return np.concatenate(_with_own(position, x[lo:hi], received), axis=0)
+
+
+def _owners(indices: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    return np.searchsorted(bounds, indices, side="right") - 1
+
+
+def _split_requests(indices: np.ndarray, bounds: np.ndarray) -> list[np.ndarray]:
+    """Per owner, the distinct requested rows it owns, as sorted int64 offsets into its shard."""
+    unique = np.unique(np.asarray(indices, dtype=INDEX_DTYPE))
+    cuts = np.searchsorted(unique, bounds)
+    return [unique[cuts[j] : cuts[j + 1]] - bounds[j] for j in range(len(bounds) - 1)]
+
+
+def _item(values: list, j: int) -> np.ndarray:
+    return values[j]
+
+
+def _take_rows(shard: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    return shard[offsets]
+
+
+def _pull_result(
+    position: int,
+    indices: np.ndarray,
+    bounds: np.ndarray,
+    requests: list[np.ndarray],
+    shard: np.ndarray,
+    *received: np.ndarray,
+) -> np.ndarray:
+    """The requested rows in the order of ``indices``, from the owners' replies."""
+    indices = np.asarray(indices, dtype=INDEX_DTYPE)
+    replies = _with_own(position, shard[requests[position]], received)
+    out = np.empty((len(indices), *shard.shape[1:]), dtype=shard.dtype)
+    owners = _owners(indices, bounds)
+    for j, rows in enumerate(replies):
+        where = np.flatnonzero(owners == j)
+        out[where] = rows[np.searchsorted(requests[j], indices[where] - bounds[j])]
+    return out
+
+
+def _combine_push(indices: np.ndarray, rows: np.ndarray, bounds: np.ndarray) -> tuple:
+    """``(offsets, sums)`` per owner: the distinct pushed rows it owns (int64 offsets into its
+    shard, sorted) and the sum of the rows pushed to each."""
+    unique, inverse = np.unique(np.asarray(indices, dtype=INDEX_DTYPE), return_inverse=True)
+    sums = np.zeros((len(unique), *rows.shape[1:]), dtype=rows.dtype)
+    np.add.at(sums, inverse, rows)
+    cuts = np.searchsorted(unique, bounds)
+    offsets = [unique[cuts[j] : cuts[j + 1]] - bounds[j] for j in range(len(bounds) - 1)]
+    return offsets, [sums[cuts[j] : cuts[j + 1]] for j in range(len(bounds) - 1)]
+
+
+def _push_part(combined: tuple, which: int, j: int) -> np.ndarray:
+    return combined[which][j]
+
+
+def _push_result(position: int, size: int, combined: tuple, *received: np.ndarray) -> np.ndarray:
+    """The owner's shard of the sums: every worker's rows added in worker order."""
+    own = (combined[0][position], combined[1][position])
+    pairs = list(zip(received[0::2], received[1::2], strict=True))
+    rows_like = combined[1][position]
+    out = np.zeros((size, *rows_like.shape[1:]), dtype=rows_like.dtype)
+    for offsets, rows in _with_own(position, own, tuple(pairs)):
+        out[offsets] += rows
+    return out
+
+
+# ------------------------------------------------------------------ builders
+def build_allreduce(token: str, inputs: Sequence, shape: tuple) -> Graph:
+    """Allreduce (sum) of one array of ``shape`` per worker, as a flat buffer of ``n`` items,
+    in two hops.
+
+    Every buffer is split into ``N`` chunks (:func:`chunk_bounds`, ``c_j`` items in chunk
+    ``j``). *Reduce-scatter*: worker ``j`` receives chunk ``j`` from every other worker and adds
+    them in worker order. *Allgather*: every worker receives the ``N - 1`` reduced chunks it does
+    not hold and concatenates.
+
+    Bytes: worker ``i`` receives ``s ((N - 1) c_i + n - c_i)`` and sends as much; in all
+    ``2 (N - 1) n s`` bytes in ``2 N (N - 1)`` messages (phases ``reduce-scatter`` and
+    ``allgather``, ``(N - 1) n s`` each).
+
+    Parameters
+    ----------
+    token : str
+        Carried by every key (what the transfers are read by).
+    inputs : sequence of keys
+        ``inputs[i]``: the key of worker ``i``'s contribution.
+    shape : tuple
+        Shape of every contribution and of the result.
+    """
+    count = len(inputs)
+    bounds = chunk_bounds(int(np.prod(shape, dtype=np.int64)), count)
+
+    def key(phase, sender, receiver):
+        return collective_key("allreduce", token, phase, sender, receiver)
+
+    tasks = {}
+    for i in range(count):
+        for j in range(count):
+            if i != j:
+                k = key("reduce-scatter", i, j)
+                tasks[k] = Task(k, _flat_slice, TaskRef(inputs[i]), bounds[j], bounds[j + 1])
+    for j in range(count):
+        received = [TaskRef(key("reduce-scatter", i, j)) for i in range(count) if i != j]
+        k = key("reduced", j, j)
+        tasks[k] = Task(
+            k, _reduce_chunk, j, bounds[j], bounds[j + 1], TaskRef(inputs[j]), *received
+        )
+        for i in range(count):
+            if i != j:
+                m = key("allgather", j, i)
+                tasks[m] = Task(m, _identity, TaskRef(k))
+    outputs = []
+    for i in range(count):
+        received = [TaskRef(key("allgather", j, i)) for j in range(count) if j != i]
+        k = key("result", i, i)
+        tasks[k] = Task(
+            k, _concatenate_flat, i, tuple(shape), TaskRef(key("reduced", i, i)), *received
+        )
+        outputs.append(k)
+    return Graph("allreduce", token, tasks, outputs)
+
+
+def build_allgather(token: str, inputs: Sequence, stack: bool) -> Graph:
+    """Allgather: every worker receives every other worker's contribution.
+
+    ``stack=True`` (allgather, equal shapes): each result is ``np.stack`` of the contributions in
+    worker order; ``stack=False`` (allgatherv, sizes differ along axis 0): ``np.concatenate``.
+
+    Bytes: with ``b_i`` the size of contribution ``i``, worker ``j`` receives
+    ``sum(b_i for i != j)``; in all ``(N - 1) sum(b_i)`` bytes (``N (N - 1) b`` for equal sizes
+    ``b``) in ``N (N - 1)`` messages of phase ``allgather``.
+
+    Parameters
+    ----------
+    token : str
+        Carried by every key (what the transfers are read by).
+    inputs : sequence of keys
+        ``inputs[i]``: the key of worker ``i``'s contribution.
+    stack : bool
+    """
+    op = "allgather" if stack else "allgatherv"
+    count = len(inputs)
+    tasks = {}
+    for i in range(count):
+        for j in range(count):
+            if i != j:
+                k = collective_key(op, token, "allgather", i, j)
+                tasks[k] = Task(k, _identity, TaskRef(inputs[i]))
+    outputs = []
+    for j in range(count):
+        received = [
+            TaskRef(collective_key(op, token, "allgather", i, j)) for i in range(count) if i != j
+        ]
+        k = collective_key(op, token, "result", j, j)
+        tasks[k] = Task(k, _gather, j, stack, TaskRef(inputs[j]), *received)
+        outputs.append(k)
+    return Graph(op, token, tasks, outputs)
+
+
+def build_alltoallv(token: str, inputs: Sequence, counts: np.ndarray) -> Graph:
+    """All-to-all-v: worker ``i`` sends rows ``counts[i, j]`` of its array to worker ``j``.
+
+    Contribution ``i`` is cut along axis 0 into consecutive blocks of ``counts[i, 0]``,
+    ``counts[i, 1]``, ... rows; worker ``j``'s result is the concatenation of the blocks for
+    ``j`` in worker order.
+
+    Bytes: with ``r`` the bytes of one row, worker ``j`` receives
+    ``r sum(counts[i, j] for i != j)``; in all ``r (sum(counts) - trace(counts))`` bytes in
+    ``N (N - 1)`` messages of phase ``alltoallv``.
+
+    Parameters
+    ----------
+    token : str
+        Carried by every key (what the transfers are read by).
+    inputs : sequence of keys
+        ``inputs[i]``: the key of worker ``i``'s contribution.
+    counts : (N, N) int array
+    """
+    count = len(inputs)
+    offsets = np.concatenate([np.zeros((count, 1), dtype=np.int64), np.cumsum(counts, axis=1)], 1)
+    tasks = {}
+    for i in range(count):
+        for j in range(count):
+            if i != j:
+                k = collective_key("alltoallv", token, "alltoallv", i, j)
+                lo, hi = int(offsets[i, j]), int(offsets[i, j + 1])
+                tasks[k] = Task(k, _rows, TaskRef(inputs[i]), lo, hi)
+    outputs = []
+    for j in range(count):
+        received = [
+            TaskRef(collective_key("alltoallv", token, "alltoallv", i, j))
+            for i in range(count)
+            if i != j
+        ]
+        k = collective_key("alltoallv", token, "result", j, j)
+        lo, hi = int(offsets[j, j]), int(offsets[j, j + 1])
+        tasks[k] = Task(k, _alltoallv_result, j, lo, hi, TaskRef(inputs[j]), *received)
+        outputs.append(k)
+    return Graph("alltoallv", token, tasks, outputs)
+
+
+def build_pull(token: str, shards: Sequence, indices: Sequence, bounds: Sequence[int]) -> Graph:
+    """Row-sparse pull: every worker gets the rows of a sharded table that it asks for.
+
+    Worker ``j`` owns rows ``bounds[j]:bounds[j+1]`` of the table (its shard); worker ``i``
+    asks for the rows ``indices[i]`` (any order, repeats allowed) and gets them in that order.
+    Each worker asks every owner once for the distinct rows it owns (phase ``pull-indices``:
+    int64 offsets) and the owner replies with those rows (phase ``pull-rows``).
+
+    Bytes: with ``u_ij`` the number of distinct rows of ``indices[i]`` owned by ``j`` and ``r``
+    the bytes of one row, ``8 u_ij`` go from ``i`` to ``j`` and ``r u_ij`` back; in all
+    ``sum(u_ij (8 + r) for i != j)`` bytes in ``2 N (N - 1)`` messages.
+
+    Parameters
+    ----------
+    token : str
+    shards, indices : sequence of keys
+        Worker ``i``'s shard and requested rows.
+    bounds : sequence of int
+        ``N + 1`` row bounds of the shards.
+    """
+    count = len(shards)
+    bounds = np.asarray(bounds, dtype=INDEX_DTYPE)
+
+    def key(phase, sender, receiver):
+        return collective_key("pull", token, phase, sender, receiver)
+
+    tasks = {}
+    for i in range(count):
+        split = key("requests", i, i)
+        tasks[split] = Task(split, _split_requests, TaskRef(indices[i]), bounds)
+        for j in range(count):
+            if i != j:
+                request = key("pull-indices", i, j)
+                tasks[request] = Task(request, _item, TaskRef(split), j)
+                reply = key("pull-rows", j, i)
+                tasks[reply] = Task(reply, _take_rows, TaskRef(shards[j]), TaskRef(request))
+    outputs = []
+    for i in range(count):
+        received = [TaskRef(key("pull-rows", j, i)) for j in range(count) if j != i]
+        k = key("result", i, i)
+        tasks[k] = Task(
+            k,
+            _pull_result,
+            i,
+            TaskRef(indices[i]),
+            bounds,
+            TaskRef(key("requests", i, i)),
+            TaskRef(shards[i]),
+            *received,
+        )
+        outputs.append(k)
+    return Graph("pull", token, tasks, outputs)
+
+
+def build_push(token: str, indices: Sequence, rows: Sequence, bounds: Sequence[int]) -> Graph:
+    """Row-sparse push: rows pushed by every worker are summed on the owner of each row.
+
+    Worker ``i`` pushes ``rows[i]`` to the table rows ``indices[i]`` (repeats allowed); worker
+    ``j`` owns table rows ``bounds[j]:bounds[j+1]`` and its result is its shard of the sum of
+    everything pushed (zero where nothing was). Each worker first adds its own rows with the same
+    index, then sends every owner the distinct indices it pushes there (phase ``push-indices``,
+    int64 offsets) and their summed rows (phase ``push-rows``).
+
+    Bytes: with ``u_ij`` the number of distinct indices of worker ``i`` owned by ``j`` and ``r``
+    the bytes of one row, ``u_ij (8 + r)`` go from ``i`` to ``j``; in all
+    ``sum(u_ij (8 + r) for i != j)`` bytes in ``2 N (N - 1)`` messages.
+
+    Parameters
+    ----------
+    token : str
+    indices, rows : sequence of keys
+        Worker ``i``'s pushed table rows and their values.
+    bounds : sequence of int
+        ``N + 1`` row bounds of the owners' blocks.
+    """
+    count = len(indices)
+    bounds = np.asarray(bounds, dtype=INDEX_DTYPE)
+
+    def key(phase, sender, receiver):
+        return collective_key("push", token, phase, sender, receiver)
+
+    tasks = {}
+    for i in range(count):
+        combined = key("combine", i, i)
+        tasks[combined] = Task(
+            combined, _combine_push, TaskRef(indices[i]), TaskRef(rows[i]), bounds
+        )
+        for j in range(count):
+            if i != j:
+                for which, phase in enumerate(("push-indices", "push-rows")):
+                    k = key(phase, i, j)
+                    tasks[k] = Task(k, _push_part, TaskRef(combined), which, j)
+    outputs = []
+    for j in range(count):
+        received = []
+        for i in range(count):
+            if i != j:
+                received += [TaskRef(key("push-indices", i, j)), TaskRef(key("push-rows", i, j))]
+        k = key("result", j, j)
+        size = int(bounds[j + 1] - bounds[j])
+        tasks[k] = Task(k, _push_result, j, size, TaskRef(key("combine", j, j)), *received)
+        outputs.append(k)
+    return Graph("push", token, tasks, outputs)
+
+
+# ------------------------------------------------------------------ executors
+def _describe(dask_worker, keys: dict) -> dict:
+    """``{position: (shape, dtype, min, max)}`` of the inputs held here (``None`` if absent or
+    not an array; ``min``/``max`` only for non-empty integer arrays)."""
+    out = {}
+    for position, key in keys.get(dask_worker.address, {}).items():
+        value = dask_worker.data.get(key)
+        if not isinstance(value, np.ndarray):
+            out[position] = None
+            continue
+        low = high = None
+        if value.dtype.kind in "iu" and value.size:
+            low, high = int(value.min()), int(value.max())
+        out[position] = (value.shape, value.dtype.str, low, high)
+    return out
+
+
+def _check_workers(client, workers: Sequence[str], *inputs: Sequence) -> list[str]:
+    workers = list(workers)
+    if not workers:
+        raise ValueError("a collective needs at least one worker")
+    if len(set(workers)) != len(workers):
+        raise ValueError(f"the workers of a collective must be distinct: {workers}")
+    for values in inputs:
+        if len(values) != len(workers):
+            raise ValueError(
+                f"one input per worker is needed: {len(values)} inputs for {len(workers)} workers"
+            )
+    known = set(client.scheduler_info(n_workers=-1)["workers"])
+    unknown = [w for w in workers if w not in known]
+    if unknown:
+        raise ValueError(f"not workers of this cluster: {unknown}")
+    return workers
+
+
+def _inspect(client, workers: list[str], futures: Sequence, what: str) -> list[tuple]:
+    """``(shape, dtype, min, max)`` of each input, which must be a numpy array in memory on its
+    worker."""
+    wait(list(futures))
+    keys: dict = {}
+    for position, (worker, future) in enumerate(zip(workers, futures, strict=True)):
+        keys.setdefault(worker, {})[position] = future.key
+    found = {}
+    for described in client.run(_describe, keys=keys, workers=sorted(keys)).values():
+        found.update(described)
+    metas = []
+    for position, worker in enumerate(workers):
+        meta = found.get(position)
+        if meta is None:
+            raise ValueError(
+                f"{what} {position} ({futures[position].key!r}) is not a numpy array in memory "
+                f"on its worker {worker}"
+            )
+        metas.append((tuple(meta[0]), np.dtype(meta[1]), meta[2], meta[3]))
+    return metas
+
+
+def _same(what: str, field: str, values: list) -> None:
+    if len(set(values)) > 1:
+        raise ValueError(f"the {what} differ in {field}: {values}")
+
+
+def _submit(client, graph: Graph, workers: list[str]) -> Collective:
+    with dask.annotate(workers=_Placement(workers), allow_other_workers=False):
+        futures = client.get(graph.tasks, graph.outputs, sync=False)
+    return Collective(graph.op, graph.token, workers, list(futures))
+
+
+def allreduce(client, inputs: Sequence, workers: Sequence[str]) -> Collective:
+    """Sum the arrays ``inputs[i]`` (held by ``workers[i]``); every worker gets the sum.
+
+    See :func:`build_allreduce` for the two hops and the bytes they move.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    inputs : sequence of distributed.Future
+        ``inputs[i]``: a numpy array in memory on ``workers[i]``.
+    workers : sequence of str
+        Distinct worker addresses; results come back in this order.
+
+    Returns
+    -------
+    Collective
+        ``outputs[i]`` is the result on ``workers[i]``.
+
+    Raises
+    ------
+    ValueError
+        Before anything is scheduled, if the worker list is empty or has repeats, the inputs do
+        not match the workers, or the contributions differ in dtype or shape.
+    """
+    workers = _check_workers(client, workers, inputs)
+    metas = _inspect(client, workers, inputs, "input")
+    _same("contributions", "dtype", [str(m[1]) for m in metas])
+    _same("contributions", "shape", [m[0] for m in metas])
+    graph = build_allreduce(_new_token(), [f.key for f in inputs], metas[0][0])
+    return _submit(client, graph, workers)
+
+
+def _gathered(client, inputs: Sequence, workers: Sequence[str], stack: bool) -> Collective:
+    workers = _check_workers(client, workers, inputs)
+    metas = _inspect(client, workers, inputs, "input")
+    _same("contributions", "dtype", [str(m[1]) for m in metas])
+    if stack:
+        _same("contributions", "shape", [m[0] for m in metas])
+    else:
+        if any(len(m[0]) == 0 for m in metas):
+            raise ValueError("allgatherv contributions must have at least one dimension")
+        _same("contributions", "shape beyond axis 0", [m[0][1:] for m in metas])
+    graph = build_allgather(_new_token(), [f.key for f in inputs], stack)
+    return _submit(client, graph, workers)
+
+
+def allgather(client, inputs: Sequence, workers: Sequence[str]) -> Collective:
+    """Every worker gets ``np.stack`` of all contributions (same shape and dtype), in worker
+    order. See :func:`build_allgather` for the bytes.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    inputs : sequence of distributed.Future
+        ``inputs[i]``: a numpy array in memory on ``workers[i]``.
+    workers : sequence of str
+        Distinct worker addresses; results come back in this order.
+
+    Returns
+    -------
+    Collective
+        ``outputs[i]`` is the result on ``workers[i]``.
+
+    Raises
+    ------
+    ValueError
+        Before anything is scheduled, on an empty worker list or mismatched contributions.
+    """
+    return _gathered(client, inputs, workers, stack=True)
+
+
+def allgatherv(client, inputs: Sequence, workers: Sequence[str]) -> Collective:
+    """Every worker gets ``np.concatenate`` of all contributions along axis 0 (same dtype and
+    shape beyond axis 0; any length, empty included). See :func:`build_allgather` for the bytes.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    inputs : sequence of distributed.Future
+        ``inputs[i]``: a numpy array in memory on ``workers[i]``.
+    workers : sequence of str
+        Distinct worker addresses; results come back in this order.
+
+    Returns
+    -------
+    Collective
+        ``outputs[i]`` is the result on ``workers[i]``.
+
+    Raises
+    ------
+    ValueError
+        Before anything is scheduled, on an empty worker list or mismatched contributions.
+    """
+    return _gathered(client, inputs, workers, stack=False)
+
+
+def alltoallv(client, inputs: Sequence, workers: Sequence[str], counts) -> Collective:
+    """Worker ``i`` sends the next ``counts[i][j]`` rows of ``inputs[i]`` to worker ``j``.
+
+    See :func:`build_alltoallv` for the layout and the bytes.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    inputs : sequence of distributed.Future
+        ``inputs[i]``: a numpy array in memory on ``workers[i]``.
+    workers : sequence of str
+        Distinct worker addresses; results come back in this order.
+    counts : (N, N) array-like of int
+        ``counts[i][j]``: rows of ``inputs[i]`` for worker ``j``.
+
+    Returns
+    -------
+    Collective
+        ``outputs[i]`` is the result on ``workers[i]``.
+
+    Raises
+    ------
+    ValueError
+        Before anything is scheduled, on an empty worker list, mismatched contributions, or
+        ``counts`` that is not an ``N x N`` matrix of non-negative integers whose row ``i`` sums
+        to the length of ``inputs[i]``.
+    """
+    workers = _check_workers(client, workers, inputs)
+    count = len(workers)
+    matrix = np.asarray(counts)
+    if matrix.shape != (count, count) or matrix.dtype.kind not in "iu" or (matrix < 0).any():
+        raise ValueError(f"counts must be a {count} x {count} matrix of non-negative integers")
+    metas = _inspect(client, workers, inputs, "input")
+    _same("contributions", "dtype", [str(m[1]) for m in metas])
+    if any(len(m[0]) == 0 for m in metas):
+        raise ValueError("alltoallv contributions must have at least one dimension")
+    _same("contributions", "shape beyond axis 0", [m[0][1:] for m in metas])
+    for i, meta in enumerate(metas):
+        if int(matrix[i].sum()) != meta[0][0]:
+            raise ValueError(
+                f"counts[{i}] sums to {int(matrix[i].sum())} but input {i} has {meta[0][0]} rows"
+            )
+    graph = build_alltoallv(_new_token(), [f.key for f in inputs], matrix.astype(np.int64))
+    return _submit(client, graph, workers)
+
+
+def _check_indices(metas: list[tuple], rows: int, what: str) -> None:
+    for position, (shape, dtype, low, high) in enumerate(metas):
+        if len(shape) != 1 or dtype.kind not in "iu":
+            raise ValueError(f"{what} {position} must be a 1-D integer array, got {dtype} {shape}")
+        if low is not None and (low < 0 or high >= rows):
+            raise ValueError(f"{what} {position} has rows outside 0..{rows - 1}")
+
+
+def pull(client, shards: Sequence, indices: Sequence, workers: Sequence[str]) -> Collective:
+    """Worker ``i`` gets the rows ``indices[i]`` of the table whose consecutive row blocks are
+    ``shards`` (``shards[j]`` held by ``workers[j]``), in the order asked.
+
+    See :func:`build_pull` for the messages and the bytes.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    shards : sequence of distributed.Future
+        ``shards[j]``: the rows of the table that ``workers[j]`` owns (any number, none
+        included), a numpy array in memory there; the blocks follow each other in order.
+    indices : sequence of distributed.Future
+        ``indices[i]``: 1-D integer array of table rows, in memory on ``workers[i]``.
+    workers : sequence of str
+
+    Returns
+    -------
+    Collective
+        ``outputs[i]`` is the result on ``workers[i]``.
+
+    Raises
+    ------
+    ValueError
+        Before anything is scheduled, on an empty worker list, shards that differ in dtype or
+        row shape, or indices that are not 1-D integer arrays of rows of the table.
+    """
+    workers = _check_workers(client, workers, shards, indices)
+    shard_metas = _inspect(client, workers, shards, "shard")
+    _same("shards", "dtype", [str(m[1]) for m in shard_metas])
+    if any(len(m[0]) == 0 for m in shard_metas):
+        raise ValueError("shards must have at least one dimension (rows)")
+    _same("shards", "row shape", [m[0][1:] for m in shard_metas])
+    bounds = [0]
+    for meta in shard_metas:
+        bounds.append(bounds[-1] + meta[0][0])
+    _check_indices(_inspect(client, workers, indices, "indices"), bounds[-1], "indices")
+    graph = build_pull(_new_token(), [f.key for f in shards], [f.key for f in indices], bounds)
+    return _submit(client, graph, workers)
+
+
+def push(
+    client, indices: Sequence, rows: Sequence, workers: Sequence[str], sizes: Sequence[int]
+) -> Collective:
+    """Sum the rows every worker pushes into a table sharded by row blocks of ``sizes``.
+
+    Worker ``i`` pushes ``rows[i]`` (one row per entry of ``indices[i]``); the result on worker
+    ``j`` is its block (``sizes[j]`` rows) of the sum. See :func:`build_push` for the bytes.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    indices : sequence of distributed.Future
+        ``indices[i]``: 1-D integer array of table rows, in memory on ``workers[i]``.
+    rows : sequence of distributed.Future
+        ``rows[i]``: one row per entry of ``indices[i]``, on ``workers[i]``.
+    workers : sequence of str
+    sizes : sequence of int
+        Rows of the table owned by each worker, in order.
+
+    Returns
+    -------
+    Collective
+        ``outputs[i]`` is the result on ``workers[i]``.
+
+    Raises
+    ------
+    ValueError
+        Before anything is scheduled, on an empty worker list, rows that differ in dtype or row
+        shape or do not match their indices, indices outside the table, or bad ``sizes``.
+    """
+    workers = _check_workers(client, workers, indices, rows, sizes)
+    if any(int(size) != size or size < 0 for size in sizes):
+        raise ValueError(f"sizes must be non-negative integers: {list(sizes)}")
+    bounds = [0]
+    for size in sizes:
+        bounds.append(bounds[-1] + int(size))
+    row_metas = _inspect(client, workers, rows, "rows")
+    _same("rows", "dtype", [str(m[1]) for m in row_metas])
+    if any(len(m[0]) == 0 for m in row_metas):
+        raise ValueError("rows must have at least one dimension")
+    _same("rows", "row shape", [m[0][1:] for m in row_metas])
+    index_metas = _inspect(client, workers, indices, "indices")
+    _check_indices(index_metas, bounds[-1], "indices")
+    for position, (index_meta, row_meta) in enumerate(zip(index_metas, row_metas, strict=True)):
+        if index_meta[0][0] != row_meta[0][0]:
+            raise ValueError(
+                f"worker {position} pushes {row_meta[0][0]} rows for {index_meta[0][0]} indices"
+            )
+    graph = build_push(_new_token(), [f.key for f in indices], [f.key for f in rows], bounds)
+    return _submit(client, graph, workers)
