@@ -121,8 +121,7 @@ def place_network(
     parts, and scatter the plans beside them.
 
     The model's :class:`~dasknn.parallel.worker_state.ModelState` must be registered. The chunks
-    travel as scattered data, are copied by one install task per worker, and their keys are
-    deleted before this returns.
+    travel with one ``Client.run`` call per worker (no task and no key: the plugin keeps them).
 
     Parameters
     ----------
@@ -135,7 +134,7 @@ def place_network(
     dtype : numpy dtype of the values
     """
     plans: dict = {}
-    values: dict = {}
+    values: dict = {}  # worker -> {(k, m): (chunk, bias)}
     plan_keys, shapes = [], []
     for k, layer_chunks in enumerate(chunks, start=1):
         plan_name = f"dasknn-plan-{token}-{k}"
@@ -144,29 +143,13 @@ def place_network(
         for m, chunk in enumerate(layer_chunks):
             chunk = sp.csr_matrix(chunk, dtype=dtype, copy=True)
             bias_m = np.array(bias[offsets[m] : offsets[m + 1]], dtype=dtype)
-            values[(f"dasknn-init-{token}", k, m)] = (_gcxs(chunk), bias_m)
+            values.setdefault(part_workers[m], {})[(k, m)] = (_gcxs(chunk), bias_m)
             plans[(plan_name, m)] = plan.layers[k - 1][m]
         plan_keys.append([(plan_name, m) for m in range(plan.nparts)])
         shapes.append((int(plan.offsets[k - 1][-1]), tuple(int(c) for c in plan.part_sizes(k))))
+    for address, chunks_here in values.items():
+        client.run(install_parts, token=token, chunks=chunks_here, workers=[address])
     futures = scatter_pinned(client, plans, part_workers, lambda key: key[-1])
-    scattered = scatter_pinned(client, values, part_workers, lambda key: key[-1])
-    installs = []
-    for address in sorted(set(part_workers)):
-        mine = {key[1:]: f for key, f in scattered.items() if part_workers[key[-1]] == address}
-        installs.append(
-            client.submit(
-                install_parts,
-                token,
-                mine,
-                key=f"dasknn-install-{token}-{address}",
-                workers=[address],
-                allow_other_workers=False,
-                pure=False,
-            )
-        )
-    wait(installs)
-    client.gather(installs)  # raises if an install failed
-    client.cancel(installs + list(scattered.values()))  # the plugin holds copies: drop the keys
     return Layout(token, list(part_workers), shapes, np.dtype(dtype), plan_keys, futures)
 
 

@@ -193,10 +193,10 @@ def model_state(token: str) -> ModelState:
     return get_worker().plugins[plugin_name(token)]
 
 
-def install_parts(token: str, chunks: dict) -> int:
-    """Task: hand ``{(k, m): (GCXS chunk, bias)}`` to the model's plugin on this worker, which
-    keeps copies; returns the number of chunks."""
-    model_state(token).install(chunks)
+def install_parts(dask_worker, token: str, chunks: dict) -> int:
+    """For ``Client.run``: hand ``{(k, m): (GCXS chunk, bias)}`` to the model's plugin on
+    ``dask_worker``, which keeps copies; returns the number of chunks."""
+    dask_worker.plugins[plugin_name(token)].install(chunks)
     return len(chunks)
 
 
