@@ -33,6 +33,7 @@ from dasknn.parallel.comm import (
     wire_bytes,
 )
 from dasknn.parallel.layout import (
+    Layout,
     Snapshot,
     gather_network,
     place_network,
@@ -121,7 +122,7 @@ class DistributedSparseMLP:
         self.part_workers = worker_of_parts(workers, nparts)
         self.plugin_name = plugin_name(self.token)
         self._plugins: list[str] = []
-        self._layout = None
+        self._layout: Layout | None = None
         self._snapshot: Snapshot | None = None
         self._templates: dict[str, StepTemplate] = {}
         self._separate_packing = separate_packing
