@@ -293,7 +293,7 @@ DISTRIBUTED_OPTIMIZERS = {
 )
 def test_optimizers_match_single_process(dask_client, name, nparts):
     """20 steps of ``fit`` and one more ``train_step`` with each part's optimizer state on its
-    worker equal the one-process model with the same optimizer."""
+    worker, then a step with another optimizer, equal the one-process model."""
     optimizer = DISTRIBUTED_OPTIMIZERS[name]
     model = _irregular_model(seed=11)
     reference = model.copy()
@@ -307,6 +307,9 @@ def test_optimizers_match_single_process(dask_client, name, nparts):
         assert dist.train_step(x[:5], y[:5], optimizer=optimizer) == pytest.approx(
             reference.train_step(x[:5], y[:5], optimizer=optimizer), rel=1e-10
         )
+        # a different optimizer starts from fresh state on the workers as in one process
+        dist.train_step(x[5:9], y[5:9], optimizer=SGD(lr=0.05, momentum=0.3))
+        reference.train_step(x[5:9], y[5:9], optimizer=SGD(lr=0.05, momentum=0.3))
         trained = dist.gather()
     for k in range(model.n_layers):
         np.testing.assert_allclose(
