@@ -103,10 +103,12 @@ def scheduling_overhead(layers: int, nparts: int, workers: int, steps: int = 8) 
     partition = graph.partition_network(model.weights, nparts, "block")
     cluster, client = _cluster(workers)
     try:
-        separate = DistributedSparseMLP(model, client, partition, separate_packing=True)
+        separate = DistributedSparseMLP(
+            model, client, partition, separate_packing=True, reuse_memory=True
+        )
         separate_times = time_training(separate, x, y, batch_size=1, lr=0.01)
         separate.close()
-        dist = DistributedSparseMLP(model, client, partition)
+        dist = DistributedSparseMLP(model, client, partition, reuse_memory=True)
         times = time_training(dist, x, y, batch_size=1, lr=0.01)
         with get_task_stream(client) as stream:
             start = time.perf_counter()
@@ -176,7 +178,7 @@ def main() -> None:
         try:
             for method in ("hypergraph", "random"):
                 partition = graph.partition_network(model.weights, nparts, method, seed=0)
-                dist = DistributedSparseMLP(model, client, partition)
+                dist = DistributedSparseMLP(model, client, partition, reuse_memory=True)
                 times = time_training(dist, x, y, args.batch, lr=args.lr)
                 dist.close()
                 results[(nparts, method)] = times

@@ -1,6 +1,6 @@
 """dasknn: distributed training and inference of sparse deep neural networks on Dask."""
 
-from dasknn import datasets
+from dasknn import datasets, optim
 from dasknn.challenge import run_challenge, run_challenge_model_parallel
 from dasknn.model import SparseMLP
 from dasknn.parallel import DistributedSparseMLP
@@ -11,6 +11,7 @@ __all__ = [
     "DistributedSparseMLP",
     "SparseMLP",
     "datasets",
+    "optim",
     "run_challenge",
     "run_challenge_model_parallel",
     "__version__",

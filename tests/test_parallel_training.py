@@ -16,6 +16,7 @@ from model_reference import DenseReference, stored_mask
 
 import graph
 from dasknn.model import SparseMLP
+from dasknn.optim import SGD, Adam, AdamW
 
 
 # ----------------------------------------------------------------- networks and partitions
@@ -275,3 +276,64 @@ def test_predict_in_blocks_in_flight(dask_client, in_flight):
             dist.predict(x, in_flight=0)
     finally:
         dist.close()
+
+
+# ----------------------------------------------------------------- optimizers
+DISTRIBUTED_OPTIMIZERS = {
+    "sgd-momentum": SGD(lr=0.1, momentum=0.9, dampening=0.1, weight_decay=0.02),
+    "sgd-nesterov": SGD(lr=0.1, momentum=0.8, nesterov=True),
+    "adam": Adam(lr=0.01, weight_decay=0.05),
+    "adamw": AdamW(lr=0.01, betas=(0.85, 0.99), weight_decay=0.2),
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "nparts"),
+    [(name, 2) for name in sorted(DISTRIBUTED_OPTIMIZERS)] + [("adam", 3)],
+)
+def test_optimizers_match_single_process(dask_client, name, nparts):
+    """20 steps of ``fit`` and one more ``train_step`` with each part's optimizer state on its
+    worker, then a step with another optimizer, equal the one-process model."""
+    optimizer = DISTRIBUTED_OPTIMIZERS[name]
+    model = _irregular_model(seed=11)
+    reference = model.copy()
+    x, y = _data(model, 40, seed=11)
+    parts = _partition("random", model.layer_sizes, nparts, seed=11)
+    with model.distribute(dask_client, parts) as dist:
+        fit = {"batch_size": 4, "epochs": 2, "seed": 1, "progress": False, "optimizer": optimizer}
+        got = dist.fit(x, y, **fit)
+        want = reference.fit(x, y, **fit)
+        np.testing.assert_allclose(got, want, rtol=1e-10)
+        assert dist.train_step(x[:5], y[:5], optimizer=optimizer) == pytest.approx(
+            reference.train_step(x[:5], y[:5], optimizer=optimizer), rel=1e-10
+        )
+        # a different optimizer starts from fresh state on the workers as in one process
+        dist.train_step(x[5:9], y[5:9], optimizer=SGD(lr=0.05, momentum=0.3))
+        reference.train_step(x[5:9], y[5:9], optimizer=SGD(lr=0.05, momentum=0.3))
+        trained = dist.gather()
+    for k in range(model.n_layers):
+        np.testing.assert_allclose(
+            trained.weights[k].toarray(), reference.weights[k].toarray(), rtol=0, atol=1e-10
+        )
+        np.testing.assert_array_equal(
+            stored_mask(trained.weights[k]), stored_mask(reference.weights[k])
+        )
+        np.testing.assert_allclose(trained.biases[k], reference.biases[k], rtol=0, atol=1e-10)
+    assert not np.allclose(trained.weights[0].toarray(), model.weights[0].toarray())
+
+
+def test_bad_optimizer_arguments_raise_before_anything_is_scheduled(dask_client):
+    model = _irregular_model(seed=12)
+    with model.distribute(dask_client, _partition("block", model.layer_sizes, 2)) as dist:
+        x, y = _data(model, 4)
+        step = dist._step
+        with pytest.raises(ValueError, match="not both"):
+            dist.train_step(x, y, lr=0.1, optimizer=Adam())
+        with pytest.raises(ValueError, match="optimizer must be"):
+            dist.fit(x, y, optimizer="adam", progress=False)
+        with pytest.raises(ValueError, match="learning rate"):
+            dist.fit(x, y, lr=float("nan"), progress=False)
+        with pytest.raises(ValueError, match=r"betas\[0\]"):
+            dist.train_step(x, y, optimizer=Adam(betas=(1.5, 0.9)))
+        assert dist._step == step
+        assert not [k for k in dask_client.who_has() if dist.token in str(k) and "-x-" in str(k)]

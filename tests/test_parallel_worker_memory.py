@@ -57,14 +57,22 @@ def test_tuned_malloc_reuses_freed_buffers():
     assert tuned <= untuned // 20, (tuned, untuned)
 
 
+def _memory_plugins(client) -> set[str]:
+    names = client.run(lambda dask_worker: sorted(dask_worker.plugins))
+    return {n for names in names.values() for n in names if n.startswith(PLUGIN_NAME)}
+
+
 @glibc_only
-def test_distributing_a_model_tunes_every_worker(dask_client):
+def test_reuse_memory_is_opt_in_and_removed_on_close(dask_client):
     model = SparseMLP.radixnet(32, 2, seed=0)
-    dist = DistributedSparseMLP(model, dask_client, [np.zeros(32, dtype=int)] * 3, nparts=1)
+    parts = [np.zeros(32, dtype=int)] * 3
+    with DistributedSparseMLP(model, dask_client, parts, nparts=1):
+        assert _memory_plugins(dask_client) == set()  # the default leaves malloc alone
+    dist = DistributedSparseMLP(model, dask_client, parts, nparts=1, reuse_memory=True)
     try:
         tuned = dask_client.run(lambda dask_worker: dask_worker.dasknn_malloc_tuned)
         assert set(tuned.values()) == {True}
-        plugins = dask_client.run(lambda dask_worker: PLUGIN_NAME in dask_worker.plugins)
-        assert set(plugins.values()) == {True}
+        assert _memory_plugins(dask_client) == {f"{PLUGIN_NAME}-{dist.token}"}
     finally:
         dist.close()
+    assert _memory_plugins(dask_client) == set()

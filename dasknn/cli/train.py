@@ -55,6 +55,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float64")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--save", type=Path, help="write the trained model to this .npz file")
+    parser.add_argument(
+        "--reuse-memory",
+        action="store_true",
+        help="tune the workers' malloc to reuse freed step buffers (faster; a process-wide "
+        "setting, for a cluster of your own)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -115,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"partition: {args.partition}, P={args.parts} ({partition.seconds:.2f} s)")
     with ExitStack() as stack:
         client = open_client(stack, args.scheduler, args.workers)
-        dist = DistributedSparseMLP(model, client, partition)
+        dist = DistributedSparseMLP(model, client, partition, reuse_memory=args.reuse_memory)
         print(f"placed {dist.nparts} parts on {len(set(dist.part_workers))} workers")
         times = time_training(dist, x, y, args.batch_size, args.epochs, args.lr)
         print(f"trained {times.batches} batches of {args.batch_size}: {times.format()}")

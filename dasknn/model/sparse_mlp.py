@@ -6,10 +6,11 @@ a CSR weight matrix ``W_k`` of shape ``(n_{k-1}, n_k)`` whose entry ``(i, j)`` c
 
     z_k = a_{k-1} @ W_k + b_k,   a_k = f(z_k)   (f_out on the last layer),   a_0 = X
 
-Training is plain SGD on the mean loss of the batch, backpropagated through the fixed sparsity
-pattern (see ``docs/training.md``). All per-element arithmetic on the sparse matrices runs in the
-numba kernels of :mod:`dasknn.kernels.training`, on feature-major copies of the batch (``x.T``):
-the public methods take and return row blocks, the private ones work on ``(n_k, B)`` arrays.
+Training minimises the mean loss of the batch, backpropagated through the fixed sparsity pattern,
+with plain SGD or an optimizer of :mod:`dasknn.optim` (see ``docs/training.md``). All per-element
+arithmetic on the sparse matrices runs in the numba kernels of :mod:`dasknn.kernels.training` and
+:mod:`dasknn.kernels.optimizers`, on feature-major copies of the batch (``x.T``): the public methods
+take and return row blocks, the private ones work on ``(n_k, B)`` arrays.
 """
 
 from __future__ import annotations
@@ -31,10 +32,10 @@ from dasknn.model.validation import (
     check_batch_size,
     check_epochs,
     check_inputs,
-    check_learning_rate,
     check_targets,
     epoch_batches,
 )
+from dasknn.optim import Optimizer, ParamState, resolve_optimizer
 
 __all__ = ["SparseMLP"]
 
@@ -79,7 +80,7 @@ def _init_scale(scale: float | str, fan_in: float, fan_out: float) -> float:
 
 
 class SparseMLP:
-    """A feed-forward network of sparse layers trained by SGD in one process.
+    """A feed-forward network of sparse layers trained in one process.
 
     Parameters
     ----------
@@ -106,6 +107,10 @@ class SparseMLP:
     activation, output_activation : Activation
     loss : Loss
     dtype : numpy.dtype
+    optimizer : Optimizer or None
+        The optimizer of the last training step. Its state (one :class:`~dasknn.optim.ParamState`
+        per layer's weight values and per bias) is kept while later steps use an equal optimizer
+        and started afresh when they use a different one.
     """
 
     def __init__(
@@ -149,6 +154,8 @@ class SparseMLP:
                 if not np.isfinite(b).all():
                     raise ValueError(f"biases[{k}] contains NaN or infinite values")
                 self.biases.append(b)
+        self.optimizer: Optimizer | None = None
+        self._optimizer_state: list[tuple[ParamState, ParamState]] = []
 
     # ------------------------------------------------------------------ shape
     @property
@@ -197,7 +204,18 @@ class SparseMLP:
             layers.append((zt, at))
         return layers
 
-    def _train_batch(self, x: np.ndarray, y: np.ndarray, lr: float) -> float:
+    def _states(self, optimizer: Optimizer) -> list[tuple[ParamState, ParamState]]:
+        """Per layer, the optimizer state of the weight values and of the bias (kept while the
+        optimizer stays equal to the last one, fresh otherwise)."""
+        if optimizer != self.optimizer:
+            self.optimizer = optimizer
+            self._optimizer_state = [
+                (optimizer.init_state(w.data), optimizer.init_state(b))
+                for w, b in zip(self.weights, self.biases, strict=True)
+            ]
+        return self._optimizer_state
+
+    def _train_batch(self, x: np.ndarray, y: np.ndarray, optimizer: Optimizer) -> float:
         xt = np.ascontiguousarray(x.T)
         layers = self._forward(xt)
         z_last, a_last = layers[-1][0].T, layers[-1][1].T
@@ -206,7 +224,7 @@ class SparseMLP:
             self.loss.output_delta(z_last, a_last, y, self.output_activation).T
         )
         one = self.dtype.type(1)
-        step = self.dtype.type(lr)
+        states = self._states(optimizer)
         for k in range(self.n_layers - 1, -1, -1):
             w = self.weights[k]
             a_prev = xt if k == 0 else layers[k - 1][1]
@@ -219,10 +237,8 @@ class SparseMLP:
                 st *= self.activation.derivative(*layers[k - 1])
                 deltat = st
             # W_k is not read again in this backward pass, so it can be updated now.
-            grad_w *= step
-            w.data -= grad_w
-            grad_b *= step
-            self.biases[k] -= grad_b
+            optimizer.update(w.data, grad_w, states[k][0])
+            optimizer.update(self.biases[k], grad_b, states[k][1])
         return value
 
     def _output(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -243,15 +259,19 @@ class SparseMLP:
         xt = np.ascontiguousarray(check_inputs(X, self.n_inputs, self.dtype).T)
         return [(z.T, a.T) for z, a in self._forward(xt)]
 
-    def train_step(self, X, Y, lr: float) -> float:
-        """One SGD step on the batch ``(X, Y)``, updating weights and biases in place.
+    def train_step(
+        self, X, Y, lr: float | None = None, optimizer: Optimizer | None = None
+    ) -> float:
+        """One training step on the batch ``(X, Y)``, updating weights and biases in place.
 
         Parameters
         ----------
         X : array-like (B, n_0)
         Y : array-like (B, n_L), or integer labels (B,) for softmax cross-entropy
-        lr : float
-            Learning rate.
+        lr : float, optional
+            Learning rate of plain SGD (default 0.01); not together with ``optimizer``.
+        optimizer : dasknn.optim.Optimizer, optional
+            ``SGD(...)``, ``Adam(...)`` or ``AdamW(...)``; its state is kept by the model.
 
         Returns
         -------
@@ -260,7 +280,7 @@ class SparseMLP:
         """
         x = check_inputs(X, self.n_inputs, self.dtype)
         y = check_targets(Y, x.shape[0], self.n_outputs, self.loss, self.dtype)
-        return self._train_batch(x, y, check_learning_rate(lr))
+        return self._train_batch(x, y, resolve_optimizer(lr, optimizer))
 
     def fit(
         self,
@@ -268,16 +288,18 @@ class SparseMLP:
         Y,
         batch_size: int = 64,
         epochs: int = 1,
-        lr: float = 0.01,
+        lr: float | None = None,
         shuffle: bool = True,
         seed: int = 0,
         progress: bool = True,
+        optimizer: Optimizer | None = None,
     ) -> list[float]:
-        """Train by minibatch SGD for ``epochs`` passes over ``(X, Y)``.
+        """Train on minibatches for ``epochs`` passes over ``(X, Y)``.
 
-        Each epoch visits the samples in an order drawn from ``numpy.random.default_rng(seed)``
-        (in file order when ``shuffle`` is false) in batches of ``batch_size`` rows; the last batch
-        of an epoch may be smaller.
+        Plain SGD with learning rate ``lr`` (default 0.01) unless ``optimizer`` is given (as in
+        :meth:`train_step`). Each epoch visits the samples in an order drawn from
+        ``numpy.random.default_rng(seed)`` (in file order when ``shuffle`` is false) in batches of
+        ``batch_size`` rows; the last batch of an epoch may be smaller.
 
         Returns
         -------
@@ -286,7 +308,7 @@ class SparseMLP:
         """
         x = check_inputs(X, self.n_inputs, self.dtype)
         y = check_targets(Y, x.shape[0], self.n_outputs, self.loss, self.dtype)
-        lr = check_learning_rate(lr)
+        optimizer = resolve_optimizer(lr, optimizer)
         batch_size = check_batch_size(batch_size)
         epochs = check_epochs(epochs)
         n = x.shape[0]
@@ -298,7 +320,7 @@ class SparseMLP:
             batches = epoch_batches(n, batch_size, rng, shuffle)
             bar = tqdm(batches, desc=desc, disable=not progress, leave=False)
             for idx in bar:
-                batch_loss = self._train_batch(x[idx], y[idx], lr)
+                batch_loss = self._train_batch(x[idx], y[idx], optimizer)
                 total += batch_loss * len(idx)
                 bar.set_postfix(loss=f"{batch_loss:.4g}", refresh=False)
             bar.close()
@@ -331,7 +353,7 @@ class SparseMLP:
         return total / x.shape[0]
 
     def copy(self) -> SparseMLP:
-        """An independent copy (weights and biases copied)."""
+        """An independent copy (weights and biases copied; no optimizer state)."""
         return SparseMLP(
             self.weights,
             self.biases,
@@ -341,7 +363,7 @@ class SparseMLP:
             dtype=self.dtype,
         )
 
-    def distribute(self, client, partition):
+    def distribute(self, client, partition, reuse_memory: bool = False):
         """Place the model on the Dask workers of ``client`` as ``partition`` says.
 
         Parameters
@@ -349,14 +371,19 @@ class SparseMLP:
         client : distributed.Client
         partition : graph.NetworkPartition or list of L + 1 int arrays
             ``parts[k][j]`` is the part owning neuron ``j`` of layer ``k`` (``k = 0``: inputs).
+        reuse_memory : bool
+            Opt in to the workers' malloc tuning (see
+            :class:`~dasknn.parallel.DistributedSparseMLP`): a process-wide setting, for a
+            cluster of your own.
 
         Returns
         -------
         dasknn.parallel.DistributedSparseMLP
+            Close it (or use it as a context manager) to remove it from the cluster.
         """
         from dasknn.parallel import DistributedSparseMLP
 
-        return DistributedSparseMLP(self, client, partition)
+        return DistributedSparseMLP(self, client, partition, reuse_memory=reuse_memory)
 
     # ------------------------------------------------------------ construction
     @classmethod

@@ -1,11 +1,12 @@
-"""Placement of a partitioned network on Dask workers.
+"""Placement of a partitioned network on Dask workers, and snapshots of its current values.
 
-Part ``m`` lives on worker ``m % W`` (workers sorted by address). Every layer's weights become a
-dask array of pydata-sparse ``GCXS`` chunks of shape ``(n_{k-1}, c_m)`` (rows and columns renumbered
-so every part is contiguous: :func:`dasknn.parallel.plan.reorder`), one chunk per part, scattered
-to and kept on the part's worker; biases are dask arrays with the same column chunks, and every
-part's :class:`~dasknn.parallel.plan.LayerPartPlan` sits beside its chunk. The chunks are updated in
-place by the training steps, so the dask arrays always show the current weights.
+Part ``m`` lives on worker ``m % W`` (workers sorted by address). Every layer is renumbered so every
+part's rows and columns are contiguous (:func:`dasknn.parallel.plan.reorder`) and cut into one
+chunk of shape ``(n_{k-1}, c_m)`` per part. The chunks and biases are handed to the model's worker
+plugin (:class:`~dasknn.parallel.worker_state.ModelState`) on the part's worker, which owns and
+trains them; every part's :class:`~dasknn.parallel.plan.LayerPartPlan` stays beside them as Dask
+data (never changed). :func:`snapshot_network` turns the owned values into dask arrays of fresh
+pydata-sparse ``GCXS`` chunks (biases: numpy chunks), each made by a task on its part's worker.
 """
 
 from __future__ import annotations
@@ -17,10 +18,20 @@ import dask.array as da
 import numpy as np
 import scipy.sparse as sp
 import sparse
+from distributed import wait
 
 from dasknn.parallel.plan import CommPlan
+from dasknn.parallel.worker_state import install_parts, snapshot_bias, snapshot_weight
 
-__all__ = ["Layout", "gather_network", "place_network", "scatter_pinned", "worker_of_parts"]
+__all__ = [
+    "Layout",
+    "Snapshot",
+    "gather_network",
+    "place_network",
+    "scatter_pinned",
+    "snapshot_network",
+    "worker_of_parts",
+]
 
 
 def worker_of_parts(workers: Sequence[str], nparts: int) -> list[str]:
@@ -47,35 +58,48 @@ def scatter_pinned(client, data: dict, part_workers: Sequence[str], part_of) -> 
 
 @dataclass
 class Layout:
-    """Keys, futures and dask arrays of a placed network.
+    """Where the parts of a placed network are, and the keys of their plans.
 
     Attributes
     ----------
+    token : str
+        The model's token.
     part_workers : list of str
         Worker address of every part.
-    weights : list of dask.array.Array
-        ``weights[k-1]``: the renumbered ``W_k`` as GCXS chunks, one per part of layer ``k``.
-    biases : list of dask.array.Array
-        ``biases[k-1]``: the renumbered ``b_k``, chunked like the columns of ``weights[k-1]``.
+    shapes : list of tuple
+        ``shapes[k-1]``: ``(n_{k-1}, (c_0, ..., c_{P-1}))``, rows and the columns of every part's
+        chunk of layer ``k``.
+    dtype : numpy.dtype
     plan_keys : list of list of key
         ``plan_keys[k-1][m]``: key of the :class:`LayerPartPlan` of part ``m`` in layer ``k``.
     futures : dict
-        Every future of the layout (holding them keeps the data on the workers).
+        The futures of the plans (holding them keeps the plans on the workers).
     """
 
+    token: str
     part_workers: list[str]
-    weights: list[da.Array]
-    biases: list[da.Array]
+    shapes: list[tuple[int, tuple[int, ...]]]
+    dtype: np.dtype
     plan_keys: list[list]
     futures: dict
 
-    def weight_key(self, k: int, m: int):
-        """Key of the weight chunk of part ``m`` in layer ``k``."""
-        return (self.weights[k - 1].name, 0, m)
 
-    def bias_key(self, k: int, m: int):
-        """Key of the bias chunk of part ``m`` in layer ``k``."""
-        return (self.biases[k - 1].name, m)
+@dataclass
+class Snapshot:
+    """The weights and biases of a distributed model after a given number of training steps.
+
+    Attributes
+    ----------
+    version : int
+        Training steps completed when the snapshot was taken.
+    weights, biases : list of dask.array.Array
+        ``weights[k-1]``: the renumbered ``W_k``, one GCXS chunk per part on the part's worker;
+        ``biases[k-1]``: the renumbered ``b_k``, chunked like the columns.
+    """
+
+    version: int
+    weights: list[da.Array]
+    biases: list[da.Array]
 
 
 def _gcxs(chunk: sp.csr_matrix) -> sparse.GCXS:
@@ -93,7 +117,11 @@ def place_network(
     part_workers: list[str],
     dtype: np.dtype,
 ) -> Layout:
-    """Scatter the renumbered weight chunks, biases and plans to the workers of their parts.
+    """Hand the renumbered weight chunks and biases to the model's plugin on the workers of their
+    parts, and scatter the plans beside them.
+
+    The model's :class:`~dasknn.parallel.worker_state.ModelState` must be registered. The chunks
+    travel with one ``Client.run`` call per worker (no task and no key: the plugin keeps them).
 
     Parameters
     ----------
@@ -105,59 +133,77 @@ def place_network(
     part_workers : from :func:`worker_of_parts`
     dtype : numpy dtype of the values
     """
-    data: dict = {}
-    weight_names, bias_names, plan_keys = [], [], []
+    plans: dict = {}
+    values: dict = {}  # worker -> {(k, m): (chunk, bias)}
+    plan_keys, shapes = [], []
     for k, layer_chunks in enumerate(chunks, start=1):
-        weight_name = f"dasknn-weight-{token}-{k}"
-        bias_name = f"dasknn-bias-{token}-{k}"
         plan_name = f"dasknn-plan-{token}-{k}"
         bias = np.asarray(biases[k - 1], dtype=dtype)[plan.orders[k]]
         offsets = plan.offsets[k]
         for m, chunk in enumerate(layer_chunks):
             chunk = sp.csr_matrix(chunk, dtype=dtype, copy=True)
-            data[(weight_name, 0, m)] = _gcxs(chunk)
-            data[(bias_name, m)] = np.array(bias[offsets[m] : offsets[m + 1]], dtype=dtype)
-            data[(plan_name, m)] = plan.layers[k - 1][m]
-        weight_names.append(weight_name)
-        bias_names.append(bias_name)
+            bias_m = np.array(bias[offsets[m] : offsets[m + 1]], dtype=dtype)
+            values.setdefault(part_workers[m], {})[(k, m)] = (_gcxs(chunk), bias_m)
+            plans[(plan_name, m)] = plan.layers[k - 1][m]
         plan_keys.append([(plan_name, m) for m in range(plan.nparts)])
-    futures = scatter_pinned(client, data, part_workers, lambda key: key[-1])
+        shapes.append((int(plan.offsets[k - 1][-1]), tuple(int(c) for c in plan.part_sizes(k))))
+    for address, chunks_here in values.items():
+        client.run(install_parts, token=token, chunks=chunks_here, workers=[address])
+    futures = scatter_pinned(client, plans, part_workers, lambda key: key[-1])
+    return Layout(token, list(part_workers), shapes, np.dtype(dtype), plan_keys, futures)
+
+
+def snapshot_network(client, layout: Layout, version: int) -> Snapshot:
+    """Dask arrays of fresh copies of the current weights and biases, made on the parts' workers.
+
+    The caller makes sure no training step is running; the copies are made before this returns,
+    so they show the last completed step whatever runs next. Every call makes new keys, so nothing
+    Dask holds is ever changed.
+    """
+    token, dtype = layout.token, layout.dtype
     meta = sparse.GCXS.from_numpy(np.empty((0, 0), dtype=dtype), compressed_axes=(0,))
-    weights, bias_arrays = [], []
-    for k, (weight_name, bias_name) in enumerate(zip(weight_names, bias_names, strict=True), 1):
-        columns = tuple(int(c) for c in plan.part_sizes(k))
-        n_in = int(plan.offsets[k - 1][-1])
-        parts = range(plan.nparts)
-        weight_graph = {(weight_name, 0, m): futures[(weight_name, 0, m)] for m in parts}
-        bias_graph = {(bias_name, m): futures[(bias_name, m)] for m in parts}
+    weights, biases, copies = [], [], []
+    for k, (n_in, columns) in enumerate(layout.shapes, start=1):
+        weight_name = f"dasknn-weight-{token}-{k}-v{version}"
+        bias_name = f"dasknn-bias-{token}-{k}-v{version}"
+        weight_graph, bias_graph = {}, {}
+        for m, address in enumerate(layout.part_workers):
+            pinned = {"workers": [address], "allow_other_workers": False, "pure": False}
+            weight_graph[(weight_name, 0, m)] = client.submit(
+                snapshot_weight, token, k, m, key=(weight_name, 0, m), **pinned
+            )
+            bias_graph[(bias_name, m)] = client.submit(
+                snapshot_bias, token, k, m, key=(bias_name, m), **pinned
+            )
         weights.append(
             da.Array(weight_graph, weight_name, chunks=((n_in,), columns), dtype=dtype, meta=meta)
         )
-        bias_arrays.append(
+        biases.append(
             da.Array(bias_graph, bias_name, chunks=(columns,), dtype=dtype, meta=np.empty(0, dtype))
         )
-    return Layout(part_workers, weights, bias_arrays, plan_keys, futures)
+        copies.extend(weight_graph.values())
+        copies.extend(bias_graph.values())
+    wait(copies)
+    return Snapshot(version, weights, biases)
 
 
 def gather_network(
-    client, layout: Layout, plan: CommPlan
+    client, snapshot: Snapshot, plan: CommPlan
 ) -> tuple[list[sp.csr_matrix], list[np.ndarray]]:
-    """Fetch the current weights and biases back in the original neuron order."""
-    keys = []
-    for k in range(1, plan.n_layers + 1):
-        for m in range(plan.nparts):
-            keys.append(layout.weight_key(k, m))
-            keys.append(layout.bias_key(k, m))
-    values = dict(zip(keys, client.gather([layout.futures[key] for key in keys]), strict=True))
+    """Fetch the weights and biases of ``snapshot`` back in the original neuron order."""
     weights, biases = [], []
     for k in range(1, plan.n_layers + 1):
-        blocks = [values[layout.weight_key(k, m)] for m in range(plan.nparts)]
+        weight_array, bias_array = snapshot.weights[k - 1], snapshot.biases[k - 1]
+        keys = [(weight_array.name, 0, m) for m in range(plan.nparts)]
+        keys += [(bias_array.name, m) for m in range(plan.nparts)]
+        graph = {**weight_array.dask, **bias_array.dask}
+        values = client.gather([graph[key] for key in keys])
+        blocks, bias_blocks = values[: plan.nparts], values[plan.nparts :]
         renumbered = sp.hstack([block.to_scipy_sparse() for block in blocks], format="csr")
         inverse_in = np.argsort(plan.orders[k - 1])
         inverse_out = np.argsort(plan.orders[k])
         weight = sp.csr_matrix(renumbered[inverse_in][:, inverse_out])
         weight.sort_indices()
         weights.append(weight)
-        bias = np.concatenate([values[layout.bias_key(k, m)] for m in range(plan.nparts)])
-        biases.append(bias[inverse_out])
+        biases.append(np.concatenate(bias_blocks)[inverse_out])
     return weights, biases

@@ -1,9 +1,10 @@
 """``DistributedSparseMLP``: a :class:`~dasknn.model.SparseMLP` trained model-parallel on Dask.
 
 Each layer is split by neurons across the parts of a partition; part ``m`` lives on worker
-``m % W``. A training step is one task graph (forward, loss, backward and in-place update of every
-layer) submitted at once; only the packed messages of the communication plan move between workers,
-and a scheduler plugin counts them.
+``m % W``, where the model's worker plugin owns its weights, biases and optimizer state. A training
+step is one task graph (forward, loss, backward and the optimizer's update of every layer)
+submitted at once; only the packed messages of the communication plan move between workers, and a
+scheduler plugin counts them.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from dasknn.model.validation import (
     check_epochs,
     check_in_flight,
     check_inputs,
-    check_learning_rate,
     check_targets,
     epoch_batches,
 )
+from dasknn.optim import Optimizer, resolve_optimizer
 from dasknn.parallel.comm import (
     CommReport,
     install_comm_monitor,
@@ -31,25 +32,35 @@ from dasknn.parallel.comm import (
     reset_transfers,
     wire_bytes,
 )
-from dasknn.parallel.layout import gather_network, place_network, scatter_pinned, worker_of_parts
+from dasknn.parallel.layout import (
+    Layout,
+    Snapshot,
+    gather_network,
+    place_network,
+    scatter_pinned,
+    snapshot_network,
+    worker_of_parts,
+)
 from dasknn.parallel.plan import build_comm_plan, normalize_partition
-from dasknn.parallel.steps import StepContext, clear_store, read_timings, reset_timings
+from dasknn.parallel.steps import StepContext
 from dasknn.parallel.taskgraph import PartPlacement, StepTemplate
-from dasknn.parallel.worker_memory import install_reuse_freed_memory
+from dasknn.parallel.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
+from dasknn.parallel.worker_memory import ReuseFreedMemory
+from dasknn.parallel.worker_state import ModelState, plugin_name
 
 __all__ = ["DistributedSparseMLP"]
 
 
-def _clear_on_worker(token):
-    return clear_store(token)
+def _clear_on_worker(dask_worker, name):
+    return dask_worker.plugins[name].clear_steps() if name in dask_worker.plugins else 0
 
 
-def _timings_on_worker(token):
-    return read_timings(token)
+def _timings_on_worker(dask_worker, name):
+    return dask_worker.plugins[name].read_timings()
 
 
-def _reset_timings_on_worker(token):
-    reset_timings(token)
+def _reset_timings_on_worker(dask_worker, name):
+    dask_worker.plugins[name].reset_timings()
 
 
 class DistributedSparseMLP:
@@ -68,20 +79,25 @@ class DistributedSparseMLP:
         Use a separate pack task per message after each part's product task (two scheduler
         round trips per layer instead of one); only to measure the default's saving.
     reuse_memory : bool
-        Install :class:`~dasknn.parallel.worker_memory.ReuseFreedMemory` on the workers (the
-        default), so the buffers a step frees are reused by the next layer instead of being
-        returned to the OS and faulted in again; ``False`` leaves the workers' malloc as it is.
+        Opt in to :class:`~dasknn.parallel.worker_memory.ReuseFreedMemory` on the workers, so the
+        buffers a step frees are reused by the next layer instead of being returned to the OS and
+        faulted in again (faster steps, but a process-wide malloc setting that stays in the worker
+        processes: use it on a cluster of your own). ``False`` (the default) leaves the workers'
+        malloc as it is.
 
     Attributes
     ----------
     plan : CommPlan
         Renumbering and per-layer communication plan.
-    weights, biases : list of dask.array.Array
-        The renumbered weights (pydata-sparse GCXS chunks) and biases, one chunk per part, each
-        kept on its part's worker (see :attr:`part_workers`). :meth:`gather` returns them in the
-        original order.
     part_workers : list of str
         Worker address of every part.
+    plugin_name : str
+        Name of the model's :class:`~dasknn.parallel.worker_state.ModelState` worker plugin.
+
+    Notes
+    -----
+    The model holds worker plugins and keys on the cluster until :meth:`close`; use it as a
+    context manager (``with model.distribute(client, partition) as dist:``) to close it.
     """
 
     def __init__(
@@ -91,7 +107,7 @@ class DistributedSparseMLP:
         partition,
         nparts: int | None = None,
         separate_packing: bool = False,
-        reuse_memory: bool = True,
+        reuse_memory: bool = False,
     ) -> None:
         parts, nparts = normalize_partition(partition, model.layer_sizes, nparts)
         workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
@@ -104,22 +120,66 @@ class DistributedSparseMLP:
         self.token = uuid.uuid4().hex[:16]
         self.plan, chunks = build_comm_plan(model.weights, parts, nparts)
         self.part_workers = worker_of_parts(workers, nparts)
-        install_comm_monitor(client)
-        if reuse_memory:
-            install_reuse_freed_memory(client)
-        self._layout = place_network(
-            client, self.token, self.plan, chunks, model.biases, self.part_workers, self.dtype
-        )
-        self.weights = self._layout.weights
-        self.biases = self._layout.biases
-        self._placement = PartPlacement(self.part_workers)
+        self.plugin_name = plugin_name(self.token)
+        self._plugins: list[str] = []
+        self._layout: Layout | None = None
+        self._snapshot: Snapshot | None = None
         self._templates: dict[str, StepTemplate] = {}
         self._separate_packing = separate_packing
         self._step = 0
+        self._version = 0  # training steps completed
         self._reset_step = 0
         self._batches: list[tuple[int, bool]] = []
+        self._placement = PartPlacement(self.part_workers)
+        install_comm_monitor(client)
+        try:
+            if reuse_memory:
+                name = f"{REUSE_MEMORY_PLUGIN}-{self.token}"
+                client.register_plugin(ReuseFreedMemory(), name=name)
+                self._plugins.append(name)
+            client.register_plugin(ModelState(self.token), name=self.plugin_name)
+            self._plugins.append(self.plugin_name)
+            self._layout = place_network(
+                client, self.token, self.plan, chunks, model.biases, self.part_workers, self.dtype
+            )
+        except BaseException:
+            self.close()
+            raise
 
     # ------------------------------------------------------------------ basics
+    def __enter__(self) -> DistributedSparseMLP:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    @property
+    def weights(self) -> list:
+        """The renumbered weights as of the last completed training step: per layer a dask array
+        of pydata-sparse GCXS chunks, one per part, each on its part's worker (see
+        :attr:`part_workers`); :meth:`gather` returns them in the original order.
+
+        Every read after a training step copies the values the workers own into new chunks (the
+        arrays of a read are never changed afterwards); reads between steps share one copy.
+        """
+        return self._current_snapshot().weights
+
+    @property
+    def biases(self) -> list:
+        """The renumbered biases as of the last completed training step, chunked like the columns
+        of :attr:`weights` (see there)."""
+        return self._current_snapshot().biases
+
+    def _check_open(self) -> None:
+        if self._layout is None:
+            raise RuntimeError("the distributed model is closed")
+
+    def _current_snapshot(self) -> Snapshot:
+        self._check_open()
+        if self._snapshot is None or self._snapshot.version != self._version:
+            self._snapshot = snapshot_network(self.client, self._layout, self._version)
+        return self._snapshot
+
     @property
     def nparts(self) -> int:
         """Number of parts."""
@@ -149,7 +209,8 @@ class DistributedSparseMLP:
             )
         return self._templates[kind]
 
-    def _context(self, lr: float, training: bool = True) -> StepContext:
+    def _context(self, optimizer: Optimizer | None) -> StepContext:
+        """The context of the next step: training with ``optimizer``, or a forward pass."""
         self._step += 1
         return StepContext(
             token=self.token,
@@ -158,9 +219,9 @@ class DistributedSparseMLP:
             activation=self.activation.name,
             output_activation=self.output_activation.name,
             loss=self.loss.name,
-            lr=float(lr),
+            optimizer=optimizer,
             dtype=self.dtype.name,
-            training=training,
+            training=optimizer is not None,
         )
 
     def _feature_blocks(self, values: np.ndarray, layer: int) -> list[np.ndarray]:
@@ -174,6 +235,7 @@ class DistributedSparseMLP:
     def _scatter_blocks(self, name: str, values: np.ndarray, layer: int) -> dict:
         """Scatter every part's columns of ``values`` (by the parts of ``layer``), feature-major,
         to its worker; ``{m: future}``."""
+        self._check_open()
         blocks = self._feature_blocks(values, layer)
         data = {(f"dasknn-{name}-{self.token}", self._step + 1, m): b for m, b in enumerate(blocks)}
         try:
@@ -203,21 +265,29 @@ class DistributedSparseMLP:
         return x, y
 
     # ------------------------------------------------------------------ training
-    def _submit_step(self, x_blocks, y_blocks, rows, lr, previous):
+    def _submit_step(self, x_blocks, y_blocks, rows, optimizer, previous):
         template = self._template("train")
-        ctx = self._context(lr)
+        ctx = self._context(optimizer)
         dsk = template.graph(ctx, self._inputs(x_blocks, rows, y_blocks, rows), previous)
         batch = len(rows) if rows is not None else None
         return self._submit(dsk, template.output_keys(ctx.step)), batch
 
-    def train_step(self, X, Y, lr: float = 0.01) -> float:
-        """One SGD step on the batch ``(X, Y)``; weights and biases are updated on the workers.
+    def train_step(
+        self, X, Y, lr: float | None = None, optimizer: Optimizer | None = None
+    ) -> float:
+        """One training step on the batch ``(X, Y)``; every part's weights, bias and optimizer
+        state are updated on its worker.
 
         Parameters
         ----------
         X : array-like (B, n_0)
         Y : array-like (B, n_L), or integer labels (B,) for softmax cross-entropy
-        lr : float
+        lr : float, optional
+            Learning rate of plain SGD (default 0.01); not together with ``optimizer``.
+        optimizer : dasknn.optim.Optimizer, optional
+            ``SGD(...)``, ``Adam(...)`` or ``AdamW(...)``. The state lives beside each part's
+            weights on its worker; it is kept while later steps use an equal optimizer and started
+            afresh for a different one.
 
         Returns
         -------
@@ -227,14 +297,15 @@ class DistributedSparseMLP:
         Raises
         ------
         ValueError
-            Before anything is scheduled, if ``X``, ``Y`` or ``lr`` are malformed.
+            Before anything is scheduled, if ``X``, ``Y``, ``lr`` or ``optimizer`` are malformed.
         """
         x, y = self._check_xy(X, Y)
-        lr = check_learning_rate(lr)
+        optimizer = resolve_optimizer(lr, optimizer)
         x_blocks = self._scatter_blocks("x", x, 0)
         y_blocks = self._scatter_blocks("y", y, self.n_layers)
-        futures, _ = self._submit_step(x_blocks, y_blocks, None, lr, None)
+        futures, _ = self._submit_step(x_blocks, y_blocks, None, optimizer, None)
         shares = self._collect(futures)
+        self._version += 1
         self._batches.append((x.shape[0], True))
         return float(sum(shares))
 
@@ -244,12 +315,15 @@ class DistributedSparseMLP:
         Y,
         batch_size: int = 64,
         epochs: int = 1,
-        lr: float = 0.01,
+        lr: float | None = None,
         shuffle: bool = True,
         seed: int = 0,
         progress: bool = True,
+        optimizer: Optimizer | None = None,
     ) -> list[float]:
-        """Minibatch SGD over ``(X, Y)``, batch for batch the same steps as :meth:`SparseMLP.fit`.
+        """Minibatch training over ``(X, Y)``, batch for batch the same steps as
+        :meth:`SparseMLP.fit` (plain SGD with ``lr``, default 0.01, or ``optimizer`` as in
+        :meth:`train_step`).
 
         The data is scattered once (each part's input and target columns to its worker); each
         step takes its rows there. The next step is submitted before the current one ends (it
@@ -261,7 +335,7 @@ class DistributedSparseMLP:
             Per epoch, the mean over samples of the batch losses.
         """
         x, y = self._check_xy(X, Y)
-        lr = check_learning_rate(lr)
+        optimizer = resolve_optimizer(lr, optimizer)
         batch_size, epochs = check_batch_size(batch_size), check_epochs(epochs)
         if epochs == 0:
             return []
@@ -279,19 +353,20 @@ class DistributedSparseMLP:
                     disable=not progress,
                     leave=False,
                 )
-                history.append(self._run_pipelined(x_blocks, y_blocks, batches, lr, bar) / n)
+                total = self._run_pipelined(x_blocks, y_blocks, batches, optimizer, bar)
+                history.append(total / n)
                 bar.close()
         finally:
             del x_blocks, y_blocks
         return history
 
-    def _run_pipelined(self, x_blocks, y_blocks, batches, lr, bar) -> float:
+    def _run_pipelined(self, x_blocks, y_blocks, batches, optimizer, bar) -> float:
         """Run the steps of ``batches`` with one step in flight ahead; returns sum(loss * B)."""
         total = 0.0
         pending = None
         for rows in batches:
             previous = [f.key for f in pending[0]] if pending else None
-            submitted = self._submit_step(x_blocks, y_blocks, rows, lr, previous)
+            submitted = self._submit_step(x_blocks, y_blocks, rows, optimizer, previous)
             if pending:
                 total += self._finish(pending, bar)
             pending = submitted
@@ -302,6 +377,7 @@ class DistributedSparseMLP:
     def _finish(self, pending, bar) -> float:
         futures, batch = pending
         loss = float(sum(self._collect(futures)))
+        self._version += 1
         self._batches.append((batch, True))
         bar.update(1)
         bar.set_postfix(loss=f"{loss:.4g}", refresh=False)
@@ -323,7 +399,7 @@ class DistributedSparseMLP:
         for start in range(0, x.shape[0], batch_size):
             chunk = x[start : start + batch_size]
             x_blocks = self._scatter_blocks("x", chunk, 0)  # kept alive until collected
-            ctx = self._context(0.0, training=False)
+            ctx = self._context(None)
             dsk = template.graph(ctx, self._inputs(x_blocks, None))
             futures = self._submit(dsk, template.output_keys(ctx.step))
             pending.append((futures, chunk.shape[0], x_blocks))
@@ -342,8 +418,9 @@ class DistributedSparseMLP:
 
     # ------------------------------------------------------------------ results
     def gather(self) -> SparseMLP:
-        """A :class:`SparseMLP` with the current weights and biases, in the original order."""
-        weights, biases = gather_network(self.client, self._layout, self.plan)
+        """A :class:`SparseMLP` with the current weights and biases, in the original order (no
+        optimizer state)."""
+        weights, biases = gather_network(self.client, self._current_snapshot(), self.plan)
         return SparseMLP(
             weights,
             biases,
@@ -405,13 +482,13 @@ class DistributedSparseMLP:
     def reset_comm(self) -> None:
         """Start a new measurement: zero the plugin's records and the worker timings."""
         reset_transfers(self.client, self.token)
-        self.client.run(_reset_timings_on_worker, token=self.token)
+        self.client.run(_reset_timings_on_worker, name=self.plugin_name)
         self._batches = []
         self._reset_step = self._step
 
     def timings(self) -> dict[str, dict[str, float]]:
         """Seconds each worker spent on local products, update and packing since the last reset."""
-        return self.client.run(_timings_on_worker, token=self.token)
+        return self.client.run(_timings_on_worker, name=self.plugin_name)
 
     def _collect(self, futures) -> list:
         """Gather a step's results; on failure, free the workers' step state and say why."""
@@ -437,14 +514,17 @@ class DistributedSparseMLP:
         alive = set(self.client.scheduler_info(n_workers=-1)["workers"])
         workers = sorted(alive & set(self.part_workers))
         if workers:
-            self.client.run(_clear_on_worker, token=self.token, workers=workers)
+            self.client.run(_clear_on_worker, name=self.plugin_name, workers=workers)
 
     def close(self) -> None:
-        """Release the model's data and state on the workers."""
-        self._clear_workers()
-        self._layout.futures.clear()
-        self._layout.weights.clear()
-        self._layout.biases.clear()
+        """Remove everything the model installed on the cluster: its worker plugins (with the
+        weights, biases and optimizer state they own), its keys and its communication records.
+        The model cannot be used afterwards; closing twice does nothing."""
+        self._snapshot = None
         self._templates.clear()
-        self.weights = []
-        self.biases = []
+        if self._layout is not None:
+            self._layout.futures.clear()
+            self._layout = None
+        while self._plugins:
+            self.client.unregister_worker_plugin(self._plugins.pop())
+        reset_transfers(self.client, self.token)

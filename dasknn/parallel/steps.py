@@ -7,52 +7,49 @@ receiving parts on that worker, stacked (:class:`Route` says which) — the only
 between workers. Messages for parts on this worker are left in the worker's mailbox instead, where
 their receivers take them. A task with no destination returns a small value (the loss share, the
 output block, or nothing). Once a part's partial sums of layer ``k >= 2`` are computed (with the
-old weights), its SGD update of layer ``k`` is handed to a worker-local background thread (one per
-worker process, the kernels release the GIL), so the update runs while the task thread waits for
-the next layer's messages instead of delaying them; the part's last task of the step updates
-layer 1 and waits for all of its updates.
+old weights), its update of layer ``k`` (the gradient, then the step of the model's optimizer) is
+handed to the model's background thread on the worker (the kernels release the GIL), so the update
+runs while the task thread waits for the next layer's messages instead of delaying them; the
+part's last task of the step updates layer 1 and waits for all of its updates.
 
-The intermediate values of a part (``x_in``, ``z``, ``a`` per layer, partial sums) stay in a
-worker-local store keyed by model token, step and part, so one task per message suffices and the
-critical path of a layer is one task plus one transfer. All of them are feature-major, shape
+Everything a task reads or changes besides its arguments belongs to the model's worker plugin
+(:class:`~dasknn.parallel.worker_state.ModelState`, found with
+:func:`~dasknn.parallel.worker_state.model_state`): the weight values, biases and optimizer state
+of the parts on this worker, and the intermediate values of a part (``x_in``, ``z``, ``a`` per
+layer, partial sums) keyed by step and part, so one task per message suffices and the critical
+path of a layer is one task plus one transfer. The intermediate values are feature-major, shape
 ``(neurons, B)`` (the layout of the kernels), so a message is a gather of whole rows: the forward
 rows for part ``n`` are ``a[send[n]]``, the backward ones a contiguous slice of the partial sums.
 A forward pass without training (``StepContext.training`` false) keeps only the latest layer.
 The input and target blocks arrive feature-major too (``(n_m, N)``, batch columns taken here).
-Weight and bias chunks are Dask data (persisted, pinned to this worker) and are updated in place.
-All per-element arithmetic on the sparse chunks is in the numba kernels of
-:mod:`dasknn.kernels.training`.
+No task changes a value Dask holds: the only Dask data a task reads are its arguments (plans,
+input blocks, messages), and what it returns is never changed afterwards (new arrays, or slices
+of partial sums that are only read). All per-element arithmetic on
+the sparse chunks is in the numba kernels of :mod:`dasknn.kernels.training` and
+:mod:`dasknn.kernels.optimizers`.
 """
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import defaultdict
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from dasknn.kernels.training import masked_outer_grad, spmm_backward, spmm_forward
 from dasknn.model.activations import get_activation
 from dasknn.model.losses import get_loss
+from dasknn.optim import Optimizer
 from dasknn.parallel.plan import LayerPartPlan
+from dasknn.parallel.worker_state import ModelState, PartLayer, PartStep, model_state
 
 __all__ = [
     "Route",
     "StepContext",
     "backward_task",
-    "clear_store",
     "combine_logsumexp",
     "forward_task",
-    "read_timings",
-    "reset_timings",
 ]
-
-#: Timing categories recorded by the workers (seconds, summed over tasks); ``update_background``
-#: is the part of ``update`` run by the background thread, beside the task thread.
-TIMING_KINDS = ("forward_product", "backward_product", "update", "update_background", "pack")
 
 
 @dataclass(frozen=True)
@@ -65,7 +62,8 @@ class StepContext:
     activation: str
     output_activation: str
     loss: str
-    lr: float
+    #: The optimizer of a training step (``None`` for a forward pass).
+    optimizer: Optimizer | None
     dtype: str
     #: ``False`` for a forward pass only: a part then keeps just the activations of its latest
     #: layer, not every layer's ``x_in``, ``z`` and ``a`` for a backward pass.
@@ -94,95 +92,24 @@ class Route:
     to: tuple = ()
 
 
-@dataclass
-class _PartState:
-    """One part's intermediate values during one step."""
-
-    forward: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
-    partial: dict[int, np.ndarray] = field(default_factory=dict)
-    backward_done: set[int] = field(default_factory=set)
-    updates: list[Future] = field(default_factory=list)
-    loss: float = 0.0
-    lock: threading.RLock = field(default_factory=threading.RLock)
-
-
-@dataclass
-class _ModelStore:
-    parts: dict[tuple[int, int], _PartState] = field(default_factory=dict)
-    timings: dict[str, float] = field(default_factory=lambda: defaultdict(float))
-    #: Messages between parts on this worker: ``(step, phase, layer, sender, receiver)`` -> rows.
-    mailbox: dict[tuple, np.ndarray] = field(default_factory=dict)
-
-
-_STORE: dict[str, _ModelStore] = {}
-_STORE_LOCK = threading.Lock()
-_TIMINGS_LOCK = threading.Lock()
-_UPDATER: list[ThreadPoolExecutor] = []
-
-
-def _updater() -> ThreadPoolExecutor:
-    """This process's background thread for weight updates (started on first use)."""
-    with _STORE_LOCK:
-        if not _UPDATER:
-            _UPDATER.append(ThreadPoolExecutor(1, thread_name_prefix="dasknn-update"))
-        return _UPDATER[0]
-
-
-def _add_time(token: str, kind: str, seconds: float) -> None:
-    """Add to this worker's timing ``kind`` of a model (from either thread); nothing once the
-    model's store is cleared (an update finishing after ``clear_store`` does not recreate it)."""
-    store = _STORE.get(token)
-    if store is None:
-        return
-    with _TIMINGS_LOCK:
-        store.timings[kind] += seconds
-
-
-def _model_store(token: str) -> _ModelStore:
-    with _STORE_LOCK:
-        return _STORE.setdefault(token, _ModelStore())
-
-
-def _part_state(ctx: StepContext, part: int) -> _PartState:
-    store = _model_store(ctx.token)
-    with _STORE_LOCK:
-        return store.parts.setdefault((ctx.step, part), _PartState())
-
-
-def clear_store(token: str) -> int:
-    """Drop everything a model left on this worker; returns the number of part states dropped."""
-    with _STORE_LOCK:
-        store = _STORE.pop(token, None)
-    return 0 if store is None else len(store.parts)
-
-
-def read_timings(token: str) -> dict[str, float]:
-    """Seconds this worker spent per kind of work (:data:`TIMING_KINDS`) for a model."""
-    store = _model_store(token)
-    return {kind: float(store.timings.get(kind, 0.0)) for kind in TIMING_KINDS}
-
-
-def reset_timings(token: str) -> None:
-    """Zero this worker's timings for a model."""
-    _model_store(token).timings.clear()
-
-
 def _input_block(x, rows):
     """The batch columns ``rows`` of a feature-major data block (all of it for ``None``)."""
     return x if rows is None else np.ascontiguousarray(x[:, rows])
 
 
-def _post(ctx, phase: str, k: int, sender: int, messages: dict) -> None:
+def _post(owner: ModelState, ctx, phase: str, k: int, sender: int, messages: dict) -> None:
     """Leave ``{receiver: rows}`` of ``sender`` in the worker's mailbox."""
-    mailbox = _model_store(ctx.token).mailbox
+    mailbox = owner.mailbox
     for receiver, rows in messages.items():
         mailbox[(ctx.step, phase, k, sender, receiver)] = rows
 
 
-def _received(ctx, phase: str, k: int, part: int, senders, pieces, route: Route) -> list:
+def _received(
+    owner: ModelState, ctx, phase: str, k: int, part: int, senders, pieces, route: Route
+) -> list:
     """The messages of ``(phase, k, s)`` for ``part`` from every ``s`` of ``senders``, in order:
     from the mailbox for senders on this worker, sliced out of ``pieces`` for the others."""
-    mailbox = _model_store(ctx.token).mailbox
+    mailbox = owner.mailbox
     messages = []
     for s, source in zip(senders, route.sources, strict=True):
         if source is None:
@@ -199,22 +126,23 @@ def _stack(rows: list[np.ndarray]) -> np.ndarray:
 
 
 def _ensure_forward(
-    ctx, part, k, plan: LayerPartPlan, weight, bias, next_plan, x0, x0_rows, pieces, route
-):
+    owner: ModelState, ctx, part, k, plan: LayerPartPlan, next_plan, x0, x0_rows, pieces, route
+) -> PartStep:
     """Compute ``x_in``, ``z``, ``a`` of part ``part`` in layer ``k`` unless already done, and
     post the messages for the receiving parts on this worker (``route.local``).
 
     Layer 0 only stores the part's input columns (restricted to the batch rows) as ``a_0``.
     """
-    state = _part_state(ctx, part)
+    state = owner.part_step(ctx.step, part)
     with state.lock:
         if k in state.forward:
             return state
         if k == 0:
             a = _input_block(x0, x0_rows)
             state.forward[0] = (None, None, a)
-            _post(ctx, "fwd", 0, part, {n: a[next_plan.send[n]] for n in route.local})
+            _post(owner, ctx, "fwd", 0, part, {n: a[next_plan.send[n]] for n in route.local})
             return state
+        layer = owner.layers[(k, part)]
         start = time.perf_counter()
         a_prev = state.forward[k - 1][2]
         groups = plan.groups
@@ -223,13 +151,13 @@ def _ensure_forward(
         x_in = np.empty((int(groups[-1]), batch), dtype=dtype)
         x_in[groups[part] : groups[part + 1]] = a_prev[plan.own]
         senders = plan.senders()
-        received = _received(ctx, "fwd", k - 1, part, senders, pieces, route)
+        received = _received(owner, ctx, "fwd", k - 1, part, senders, pieces, route)
         for n, piece in zip(senders, received, strict=True):
             x_in[groups[n] : groups[n + 1]] = piece
         middle = time.perf_counter()
-        z = np.empty((weight.shape[1], batch), dtype=dtype)
-        spmm_forward(x_in, plan.indptr, weight.indices, weight.data, z)
-        z += bias[:, None]
+        z = np.empty((layer.shape[1], batch), dtype=dtype)
+        spmm_forward(x_in, plan.indptr, layer.indices, layer.values, z)
+        z += layer.bias[:, None]
         name = ctx.output_activation if k == ctx.n_layers else ctx.activation
         a = get_activation(name).forward(z)
         if ctx.training:
@@ -239,9 +167,9 @@ def _ensure_forward(
             del state.forward[k - 1]
         end = time.perf_counter()
         if route.local:
-            _post(ctx, "fwd", k, part, {n: a[next_plan.send[n]] for n in route.local})
-        _add_time(ctx.token, "pack", middle - start + time.perf_counter() - end)
-        _add_time(ctx.token, "forward_product", end - middle)
+            _post(owner, ctx, "fwd", k, part, {n: a[next_plan.send[n]] for n in route.local})
+        owner.add_time("pack", middle - start + time.perf_counter() - end)
+        owner.add_time("forward_product", end - middle)
     return state
 
 
@@ -251,8 +179,6 @@ def forward_task(
     k: int,
     receiver: int,
     plan: LayerPartPlan,
-    weight,
-    bias: np.ndarray,
     next_plan: LayerPartPlan | None,
     *pieces: np.ndarray,
     x0=None,
@@ -265,7 +191,8 @@ def forward_task(
     """Part ``part``'s forward step of layer ``k``; returns what ``receiver`` needs.
 
     Layer ``k = 0`` takes the part's input columns ``x0`` (rows ``x0_rows`` of them when given);
-    ``plan``, ``weight`` and ``bias`` are then ``None``.
+    ``plan`` is then ``None``. The part's weights and bias are those its worker's
+    :class:`~dasknn.parallel.worker_state.ModelState` owns.
 
     Parameters
     ----------
@@ -285,27 +212,20 @@ def forward_task(
         on this worker, which must run first.
     route : Route
     """
-    state = _ensure_forward(
-        ctx, part, k, plan, weight, bias, next_plan, x0, x0_rows, pieces, route
-    )
+    owner = model_state(ctx.token)
+    state = _ensure_forward(owner, ctx, part, k, plan, next_plan, x0, x0_rows, pieces, route)
     a = state.forward[k][2]
     if receiver >= 0:
         start = time.perf_counter()
         message = _stack([a[next_plan.send[n]] for n in route.to])
-        _add_time(ctx.token, "pack", time.perf_counter() - start)
+        owner.add_time("pack", time.perf_counter() - start)
         return message
     if receiver == -2:
-        _part_state_pop(ctx, part)
+        owner.drop_part_step(ctx.step, part)
         return a
     if receiver == -3:
         return _softmax_statistics(state.forward[k][1], _input_block(y, y_rows))
     return None
-
-
-def _part_state_pop(ctx: StepContext, part: int) -> None:
-    store = _model_store(ctx.token)
-    with _STORE_LOCK:
-        store.parts.pop((ctx.step, part), None)
 
 
 def _softmax_statistics(z: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -351,8 +271,6 @@ def backward_task(
     k: int,
     receiver: int,
     plan: LayerPartPlan,
-    weight,
-    bias: np.ndarray,
     next_plan: LayerPartPlan | None,
     *pieces: np.ndarray,
     forward_pieces: tuple = (),
@@ -369,8 +287,9 @@ def backward_task(
     ``sorted(next_plan.send)`` (``pieces`` and the mailbox, as ``route.sources`` says) times
     ``f'(z_k)`` (at ``k = L``: the loss gradient from ``y``).
     Then the partial sums for layer ``k-1`` are computed with the old weights, and the update of
-    the weights and bias of layer ``k`` goes to the background thread; in layer 1 this part's last
-    task of the step (``receiver == -1``) updates inline and waits for every update.
+    the weights and bias of layer ``k`` (``ctx.optimizer``'s step, with the state the worker keeps
+    beside them) goes to the background thread; in layer 1 this part's last task of the step
+    (``receiver == -1``) updates inline and waits for every update.
 
     Parameters
     ----------
@@ -384,43 +303,48 @@ def backward_task(
         At ``k = L``: the forward messages of layer ``L`` from other workers (the forward of the
         last layer runs here), placed by ``forward_route``.
     """
-    state = _part_state(ctx, part)
+    owner = model_state(ctx.token)
+    state = owner.part_step(ctx.step, part)
     with state.lock:
         if k not in state.backward_done:
             if k == ctx.n_layers:
                 inputs = (None, None, None, forward_pieces, forward_route)
-                _ensure_forward(ctx, part, k, plan, weight, bias, *inputs)
+                _ensure_forward(owner, ctx, part, k, plan, *inputs)
             received = ()
             if k < ctx.n_layers:
                 returning = sorted(next_plan.send)
-                received = _received(ctx, "bwd", k + 1, part, returning, pieces, route)
+                received = _received(owner, ctx, "bwd", k + 1, part, returning, pieces, route)
+            layer = owner.layers[(k, part)]
             delta = _backward(
-                ctx, state, part, k, plan, weight, bias, next_plan, received, y, y_rows, lse
+                owner, ctx, state, part, k, plan, layer, next_plan, received, y, y_rows, lse
             )
             x_in = state.forward.pop(k)[0]
             if k >= 2:
                 groups = plan.groups
                 partial = state.partial[k]
                 local = {n: partial[groups[n] : groups[n + 1]] for n in route.local}
-                _post(ctx, "bwd", k, part, local)
-                update = _updater().submit(_update, ctx, x_in, delta, plan, weight, bias, True)
+                _post(owner, ctx, "bwd", k, part, local)
+                update = owner.submit_update(_update, owner, ctx, x_in, delta, plan, layer, True)
                 state.updates.append(update)
             else:  # the part's only task of layer 1 (see ``receiver``)
-                _update(ctx, x_in, delta, plan, weight, bias)
+                _update(owner, ctx, x_in, delta, plan, layer)
                 for update in state.updates:
                     update.result()
     if receiver >= 0:
         start = time.perf_counter()
         groups = plan.groups
         message = _stack([state.partial[k][groups[n] : groups[n + 1]] for n in route.to])
-        _add_time(ctx.token, "pack", time.perf_counter() - start)
+        owner.add_time("pack", time.perf_counter() - start)
         return message
     if k == 1:
-        _part_state_pop(ctx, part)
+        owner.drop_part_step(ctx.step, part)
     return state.loss
 
 
-def _backward(ctx, state, part, k, plan, weight, bias, next_plan, pieces, y, y_rows, lse):
+def _backward(
+    owner: ModelState, ctx, state, part, k, plan, layer: PartLayer, next_plan, pieces, y, y_rows,
+    lse,
+):
     """Return ``delta_k`` of the part; keep its partial sums for layer ``k-1`` (old weights)."""
     _, z, a = state.forward[k]
     start = time.perf_counter()
@@ -436,26 +360,23 @@ def _backward(ctx, state, part, k, plan, weight, bias, next_plan, pieces, y, y_r
         delta = grad_a
     if k >= 2:
         partial = np.empty((int(plan.groups[-1]), z.shape[1]), dtype=z.dtype)
-        spmm_backward(delta, plan.indptr, weight.indices, weight.data, partial)
+        spmm_backward(delta, plan.indptr, layer.indices, layer.values, partial)
         state.partial[k] = partial
     state.backward_done.add(k)
-    _add_time(ctx.token, "backward_product", time.perf_counter() - start)
+    owner.add_time("backward_product", time.perf_counter() - start)
     return delta
 
 
-def _update(ctx, x_in, delta, plan, weight, bias, background: bool = False) -> None:
-    """SGD step of a part's chunk of a layer in place, from its inputs and deltas."""
+def _update(
+    owner: ModelState, ctx, x_in, delta, plan, layer: PartLayer, background: bool = False
+) -> None:
+    """The optimizer's step on a part's chunk of a layer, from its inputs and deltas."""
     start = time.perf_counter()
-    dtype = np.dtype(ctx.dtype)
-    step = dtype.type(ctx.lr)
-    grad_w = np.empty_like(weight.data)
-    masked_outer_grad(x_in, delta, plan.indptr, weight.indices, dtype.type(1), grad_w)
-    grad_w *= step
-    weight.data -= grad_w
-    grad_b = delta.sum(axis=1)
-    grad_b *= step
-    bias -= grad_b
+    grad_w = np.empty_like(layer.values)
+    one = layer.values.dtype.type(1)
+    masked_outer_grad(x_in, delta, plan.indptr, layer.indices, one, grad_w)
+    layer.apply(ctx.optimizer, grad_w, delta.sum(axis=1))
     seconds = time.perf_counter() - start
-    _add_time(ctx.token, "update", seconds)
+    owner.add_time("update", seconds)
     if background:
-        _add_time(ctx.token, "update_background", seconds)
+        owner.add_time("update_background", seconds)

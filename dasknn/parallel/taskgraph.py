@@ -123,17 +123,13 @@ class StepTemplate:
 
     # ------------------------------------------------------------------ structure
     def _fixed(self, k: int, m: int) -> tuple:
-        """``(plan, weight, bias, next_plan)`` refs of ``(k, m)`` (``None`` where absent)."""
+        """``(plan, next_plan)`` refs of ``(k, m)`` (``None`` where absent); the weights are not
+        task arguments: the model's worker plugin owns them."""
         layout = self._layout
         next_plan = ("fixed", layout.plan_keys[k][m]) if k < self.n_layers else None
         if k == 0:
-            return None, None, None, next_plan
-        return (
-            ("fixed", layout.plan_keys[k - 1][m]),
-            ("fixed", layout.weight_key(k, m)),
-            ("fixed", layout.bias_key(k, m)),
-            next_plan,
-        )
+            return None, next_plan
+        return ("fixed", layout.plan_keys[k - 1][m]), next_plan
 
     def _destinations(self, phase: str, k: int, m: int, receivers: list[int]) -> list[int]:
         """Task receivers of ``(phase, k, m)`` sending to the parts ``receivers``: one per other

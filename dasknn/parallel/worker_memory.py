@@ -11,6 +11,11 @@ the 4096 x 30 benchmark 1.35x slower (``docs/benchmarks.md``, ``## Model-paralle
 (``mallopt``), so freed buffers stay in the process and the next layer reuses them. The price is
 that a worker keeps the peak of its step's buffers mapped between steps (which the next step
 needs again anyway). On a C library other than glibc it does nothing.
+
+The setting is process-wide, so it is opt-in: :class:`~dasknn.parallel.DistributedSparseMLP`
+installs the plugin only with ``reuse_memory=True``, under a name of its own, and removes it on
+``close()`` (workers already tuned keep the setting until they restart: glibc has no way back to
+the environment's thresholds short of setting them again).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import ctypes.util
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
-__all__ = ["PLUGIN_NAME", "ReuseFreedMemory", "install_reuse_freed_memory", "tune_malloc"]
+__all__ = ["PLUGIN_NAME", "ReuseFreedMemory", "tune_malloc"]
 
 PLUGIN_NAME = "dasknn-reuse-freed-memory"
 
@@ -58,8 +63,9 @@ def tune_malloc() -> bool:
 class ReuseFreedMemory(WorkerPlugin):
     """Worker plugin running :func:`tune_malloc` on every worker, present and future.
 
-    Installed by :class:`~dasknn.parallel.DistributedSparseMLP` unless ``reuse_memory=False``.
-    The outcome is kept as the worker attribute ``dasknn_malloc_tuned``.
+    Installed by :class:`~dasknn.parallel.DistributedSparseMLP` with ``reuse_memory=True``
+    (under the name ``f"{PLUGIN_NAME}-{token}"``). The outcome is kept as the worker attribute
+    ``dasknn_malloc_tuned``.
     """
 
     name = PLUGIN_NAME
@@ -67,12 +73,3 @@ class ReuseFreedMemory(WorkerPlugin):
     def setup(self, worker) -> None:
         worker.dasknn_malloc_tuned = tune_malloc()
 
-
-def _installed(dask_worker) -> bool:
-    return PLUGIN_NAME in dask_worker.plugins
-
-
-def install_reuse_freed_memory(client) -> None:
-    """Register :class:`ReuseFreedMemory` on the client's workers unless it is there already."""
-    if not all(client.run(_installed).values()):
-        client.register_plugin(ReuseFreedMemory(), name=PLUGIN_NAME)

@@ -1,0 +1,229 @@
+"""Optimizers for the sparse networks: SGD (momentum, Nesterov), Adam and AdamW.
+
+An optimizer object holds only hyperparameters (immutable, validated when it is made, small enough
+to travel in every task of a distributed step). The state it needs (momentum buffer, first and
+second moments, step count) lives beside the parameters it belongs to: one :class:`ParamState`
+per parameter array, i.e. per layer's stored weight values and per bias in one process, and per
+weight chunk and bias chunk on the worker of the part in the model-parallel runtime. Every state
+array has the length of its parameter array, so the weights' state covers the sparsity pattern
+only. The updates follow ``torch.optim``'s formulas (see ``docs/training.md``) and run in the numba
+kernels of :mod:`dasknn.kernels.optimizers`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from numbers import Real
+
+import numpy as np
+
+from dasknn.kernels.optimizers import adam_update, sgd_update
+
+__all__ = ["SGD", "Adam", "AdamW", "Optimizer", "ParamState", "resolve_optimizer"]
+
+
+def _number(name: str, value, low: float = 0.0, high: float | None = None) -> float:
+    """``value`` as a float; ``ValueError`` unless it is a finite real in ``[low, high)``."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise ValueError(f"{name} must be a real number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value) or value < low or (high is not None and value >= high):
+        bounds = f"[{low:g}, {high:g})" if high is not None else f">= {low:g}"
+        raise ValueError(f"{name} must be a finite number {bounds}, got {value}")
+    return value
+
+
+@dataclass
+class ParamState:
+    """Optimizer state of one parameter array: its step count and state arrays by name."""
+
+    step: int = 0
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Optimizer:
+    """Base class: an optimizer's hyperparameters and its update of one parameter array."""
+
+    lr: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lr", _number("learning rate lr", self.lr))
+
+    def init_state(self, param: np.ndarray) -> ParamState:
+        """Fresh state for the parameter array ``param`` (zeros of its length and dtype)."""
+        return ParamState()
+
+    def update(self, param: np.ndarray, grad: np.ndarray, state: ParamState) -> None:
+        """Apply one step to ``param`` (1-D, in place) from its gradient ``grad``."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class SGD(Optimizer):
+    """Stochastic gradient descent, as ``torch.optim.SGD``.
+
+    Parameters
+    ----------
+    lr : float
+        Learning rate, finite and >= 0.
+    momentum : float
+        Momentum factor, finite and >= 0 (0: plain SGD, no state).
+    dampening : float
+        Dampening of the momentum, in ``[0, 1]``.
+    weight_decay : float
+        L2 penalty added to the gradient (``g + weight_decay * param``), finite and >= 0.
+    nesterov : bool
+        Nesterov momentum (needs ``momentum > 0`` and ``dampening == 0``).
+
+    Raises
+    ------
+    ValueError
+        For a hyperparameter out of its range, NaN or infinite.
+    """
+
+    lr: float = 0.01
+    momentum: float = 0.0
+    dampening: float = 0.0
+    weight_decay: float = 0.0
+    nesterov: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "momentum", _number("momentum", self.momentum))
+        object.__setattr__(self, "dampening", _number("dampening", self.dampening))
+        if self.dampening > 1:
+            raise ValueError(f"dampening must lie in [0, 1], got {self.dampening}")
+        object.__setattr__(self, "weight_decay", _number("weight_decay", self.weight_decay))
+        if not isinstance(self.nesterov, bool | np.bool_):
+            raise ValueError(f"nesterov must be True or False, got {self.nesterov!r}")
+        object.__setattr__(self, "nesterov", bool(self.nesterov))
+        if self.nesterov and (self.momentum == 0 or self.dampening != 0):
+            raise ValueError("Nesterov momentum requires momentum > 0 and dampening == 0")
+
+    def init_state(self, param: np.ndarray) -> ParamState:
+        """A zero momentum buffer of ``param``'s length (none without momentum)."""
+        if self.momentum == 0:
+            return ParamState()
+        return ParamState(arrays={"momentum_buffer": np.zeros_like(param)})
+
+    def update(self, param: np.ndarray, grad: np.ndarray, state: ParamState) -> None:
+        """``param -= lr * g`` with weight decay and momentum folded into ``g``."""
+        t = param.dtype.type
+        buf = state.arrays.get("momentum_buffer", param[:0])
+        sgd_update(
+            param,
+            grad,
+            buf,
+            t(self.lr),
+            t(self.momentum),
+            t(1.0 - self.dampening),
+            t(self.weight_decay),
+            self.nesterov,
+            state.step == 0,
+        )
+        state.step += 1
+
+
+@dataclass(frozen=True)
+class Adam(Optimizer):
+    """Adam with bias correction and coupled weight decay, as ``torch.optim.Adam``.
+
+    Parameters
+    ----------
+    lr : float
+        Learning rate, finite and >= 0.
+    betas : (float, float)
+        Decay rates of the first and second moments, each in ``[0, 1)``.
+    eps : float
+        Added to the denominator, finite and >= 0.
+    weight_decay : float
+        L2 penalty added to the gradient, finite and >= 0.
+
+    Raises
+    ------
+    ValueError
+        For a hyperparameter out of its range, NaN or infinite.
+    """
+
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+
+    #: Whether weight decay shrinks the parameters directly (AdamW) instead of adding to the
+    #: gradient (Adam).
+    decoupled = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        betas = tuple(self.betas) if isinstance(self.betas, tuple | list) else None
+        if betas is None or len(betas) != 2:
+            raise ValueError(f"betas must be a pair of numbers, got {self.betas!r}")
+        betas = tuple(_number(f"betas[{i}]", b, 0.0, 1.0) for i, b in enumerate(betas))
+        object.__setattr__(self, "betas", betas)
+        object.__setattr__(self, "eps", _number("eps", self.eps))
+        object.__setattr__(self, "weight_decay", _number("weight_decay", self.weight_decay))
+
+    def init_state(self, param: np.ndarray) -> ParamState:
+        """Zero first and second moments of ``param``'s length."""
+        return ParamState(
+            arrays={"exp_avg": np.zeros_like(param), "exp_avg_sq": np.zeros_like(param)}
+        )
+
+    def update(self, param: np.ndarray, grad: np.ndarray, state: ParamState) -> None:
+        """One bias-corrected Adam step (AdamW: after shrinking ``param`` by ``1 - lr * wd``)."""
+        t = param.dtype.type
+        state.step += 1
+        beta1, beta2 = self.betas
+        bias_correction1 = 1.0 - beta1**state.step
+        bias_correction2 = 1.0 - beta2**state.step
+        decay = 1.0 - self.lr * self.weight_decay if self.decoupled else 1.0
+        coupled = 0.0 if self.decoupled else self.weight_decay
+        adam_update(
+            param,
+            grad,
+            state.arrays["exp_avg"],
+            state.arrays["exp_avg_sq"],
+            t(beta1),
+            t(beta2),
+            t(1.0 - beta1),
+            t(1.0 - beta2),
+            t(self.eps),
+            t(coupled),
+            t(decay),
+            t(self.lr / bias_correction1),
+            t(math.sqrt(bias_correction2)),
+        )
+
+
+@dataclass(frozen=True)
+class AdamW(Adam):
+    """Adam with decoupled weight decay, as ``torch.optim.AdamW``.
+
+    The same parameters as :class:`Adam`, but ``weight_decay`` (default ``0.01``) multiplies the
+    parameters by ``1 - lr * weight_decay`` before the Adam step instead of entering the gradient.
+    """
+
+    weight_decay: float = 1e-2
+
+    decoupled = True
+
+
+def resolve_optimizer(lr: float | None, optimizer: Optimizer | None) -> Optimizer:
+    """The optimizer of a training call: ``optimizer``, or plain ``SGD(lr)`` (``lr`` default
+    0.01).
+
+    Raises
+    ------
+    ValueError
+        If both are given, ``optimizer`` is not an :class:`Optimizer`, or ``lr`` is invalid.
+    """
+    if optimizer is None:
+        return SGD(lr=0.01 if lr is None else lr)
+    if lr is not None:
+        raise ValueError("give either lr (plain SGD) or optimizer, not both")
+    if not isinstance(optimizer, Optimizer):
+        raise ValueError(f"optimizer must be a dasknn.optim optimizer, got {optimizer!r}")
+    return optimizer

@@ -1,0 +1,219 @@
+"""What a distributed model keeps on a worker, owned by one worker plugin per model.
+
+:class:`ModelState` is a :class:`distributed.WorkerPlugin` registered by
+:class:`~dasknn.parallel.DistributedSparseMLP` under the name :func:`plugin_name` of the model's
+token and removed by its ``close()``. On every worker it owns, for the parts placed there:
+
+- per layer and part, the weight chunk's stored values, its bias and the optimizer state of both
+  (:class:`PartLayer`): the training steps update these and nothing else, so no value Dask holds is
+  ever changed after its task returned (spilling, replicating or rebalancing Dask's data cannot
+  lose an update);
+- the intermediate values of the steps in flight (:class:`PartStep`), the mailbox of messages
+  between parts on this worker, the time spent per kind of work, and the background thread that
+  applies the weight updates.
+
+The step tasks (:mod:`dasknn.parallel.steps`) find it with :func:`model_state`. The dask arrays a
+user reads (``dist.weights``, ``dist.biases``) are snapshots: tasks that copy the owned values into
+fresh pydata-sparse chunks (:func:`snapshot_weight`, :func:`snapshot_bias`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import sparse
+from distributed import get_worker
+from distributed.diagnostics.plugin import WorkerPlugin
+
+from dasknn.optim import Optimizer, ParamState
+
+__all__ = [
+    "TIMING_KINDS",
+    "ModelState",
+    "PartLayer",
+    "PartStep",
+    "install_parts",
+    "model_state",
+    "plugin_name",
+    "snapshot_bias",
+    "snapshot_weight",
+]
+
+#: Timing categories recorded by the workers (seconds, summed over tasks); ``update_background``
+#: is the part of ``update`` run by the background thread, beside the task thread.
+TIMING_KINDS = ("forward_product", "backward_product", "update", "update_background", "pack")
+
+
+def plugin_name(token: str) -> str:
+    """Name of the worker plugin of the model ``token``."""
+    return f"dasknn-model-{token}"
+
+
+@dataclass
+class PartLayer:
+    """One part's chunk of one layer: the parameters and their optimizer state.
+
+    Attributes
+    ----------
+    shape : (int, int)
+        Shape ``(n_{k-1}, c_m)`` of the chunk.
+    indptr, indices : numpy.ndarray
+        The chunk's CSR structure (fixed: training never changes the pattern).
+    values : numpy.ndarray
+        The stored weights, updated in place by training.
+    bias : numpy.ndarray
+        The part's bias, updated in place by training.
+    optimizer : Optimizer or None
+        The optimizer of the last update; its state is ``weight_state`` and ``bias_state``.
+    lock : threading.Lock
+        Held while the parameters are updated or copied.
+    """
+
+    shape: tuple[int, int]
+    indptr: np.ndarray
+    indices: np.ndarray
+    values: np.ndarray
+    bias: np.ndarray
+    optimizer: Optimizer | None = None
+    weight_state: ParamState | None = None
+    bias_state: ParamState | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def apply(self, optimizer: Optimizer, grad_w: np.ndarray, grad_b: np.ndarray) -> None:
+        """One step of ``optimizer`` from the gradients (its state is started afresh when it
+        differs from the previous step's optimizer)."""
+        with self.lock:
+            if optimizer != self.optimizer:
+                self.optimizer = optimizer
+                self.weight_state = optimizer.init_state(self.values)
+                self.bias_state = optimizer.init_state(self.bias)
+            optimizer.update(self.values, grad_w, self.weight_state)
+            optimizer.update(self.bias, grad_b, self.bias_state)
+
+
+@dataclass
+class PartStep:
+    """One part's intermediate values during one step."""
+
+    forward: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
+    partial: dict[int, np.ndarray] = field(default_factory=dict)
+    backward_done: set[int] = field(default_factory=set)
+    updates: list[Future] = field(default_factory=list)
+    loss: float = 0.0
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+
+class ModelState(WorkerPlugin):
+    """Worker plugin owning one distributed model's state on a worker (see the module docstring).
+
+    Parameters
+    ----------
+    token : str
+        The model's token; the plugin is registered as :func:`plugin_name` of it.
+    """
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+        self.name = plugin_name(token)
+
+    def setup(self, worker) -> None:
+        self.layers: dict[tuple[int, int], PartLayer] = {}
+        self.steps: dict[tuple[int, int], PartStep] = {}
+        #: Messages between parts on this worker: ``(step, phase, layer, sender, receiver)`` ->
+        #: rows.
+        self.mailbox: dict[tuple, np.ndarray] = {}
+        self.timings: dict[str, float] = defaultdict(float)
+        self._lock = threading.Lock()
+        self._timings_lock = threading.Lock()
+        self._updater = ThreadPoolExecutor(1, thread_name_prefix=f"dasknn-update-{self.token}")
+
+    def teardown(self, worker) -> None:
+        self._updater.shutdown(wait=True, cancel_futures=True)
+        self.clear_steps()
+        self.layers.clear()
+
+    # ---------------------------------------------------------------- parameters
+    def install(self, chunks: dict) -> None:
+        """Own copies of ``{(k, m): (GCXS chunk, bias)}``."""
+        for (k, m), (chunk, bias) in chunks.items():
+            self.layers[(k, m)] = PartLayer(
+                shape=tuple(chunk.shape),
+                indptr=np.array(chunk.indptr),
+                indices=np.array(chunk.indices),
+                values=np.array(chunk.data),
+                bias=np.array(bias),
+            )
+
+    # ---------------------------------------------------------------- steps
+    def part_step(self, step: int, part: int) -> PartStep:
+        """The intermediate values of ``part`` in ``step`` (created on first use)."""
+        with self._lock:
+            return self.steps.setdefault((step, part), PartStep())
+
+    def drop_part_step(self, step: int, part: int) -> None:
+        """Forget ``part``'s intermediate values of ``step``."""
+        with self._lock:
+            self.steps.pop((step, part), None)
+
+    def clear_steps(self) -> int:
+        """Forget every step in flight and the mailbox; returns the number of part states."""
+        with self._lock:
+            dropped = len(self.steps)
+            self.steps.clear()
+            self.mailbox.clear()
+        return dropped
+
+    def submit_update(self, func, *args) -> Future:
+        """Run ``func(*args)`` on this model's background update thread."""
+        return self._updater.submit(func, *args)
+
+    # ---------------------------------------------------------------- timings
+    def add_time(self, kind: str, seconds: float) -> None:
+        """Add to the time spent on ``kind`` of work (from either thread)."""
+        with self._timings_lock:
+            self.timings[kind] += seconds
+
+    def read_timings(self) -> dict[str, float]:
+        """Seconds spent per kind of work (:data:`TIMING_KINDS`)."""
+        with self._timings_lock:
+            return {kind: float(self.timings.get(kind, 0.0)) for kind in TIMING_KINDS}
+
+    def reset_timings(self) -> None:
+        """Zero the timings."""
+        with self._timings_lock:
+            self.timings.clear()
+
+
+def model_state(token: str) -> ModelState:
+    """The :class:`ModelState` of the model ``token`` on the worker running the calling task."""
+    return get_worker().plugins[plugin_name(token)]
+
+
+def install_parts(dask_worker, token: str, chunks: dict) -> int:
+    """For ``Client.run``: hand ``{(k, m): (GCXS chunk, bias)}`` to the model's plugin on
+    ``dask_worker``, which keeps copies; returns the number of chunks."""
+    dask_worker.plugins[plugin_name(token)].install(chunks)
+    return len(chunks)
+
+
+def snapshot_weight(token: str, k: int, m: int) -> sparse.GCXS:
+    """Task: a new GCXS chunk holding the current weights of part ``m`` in layer ``k``."""
+    layer = model_state(token).layers[(k, m)]
+    with layer.lock:
+        data = layer.values.copy()
+    return sparse.GCXS(
+        (data, layer.indices.copy(), layer.indptr.copy()),
+        shape=layer.shape,
+        compressed_axes=(0,),
+    )
+
+
+def snapshot_bias(token: str, k: int, m: int) -> np.ndarray:
+    """Task: a copy of the current bias of part ``m`` in layer ``k``."""
+    layer = model_state(token).layers[(k, m)]
+    with layer.lock:
+        return layer.bias.copy()

@@ -1,0 +1,156 @@
+"""Worker-side state of a distributed model: one owner (its worker plugin), snapshots that Dask
+may spill, and nothing left on the cluster after ``close()``."""
+
+from __future__ import annotations
+
+import time
+
+import dask
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import sparse
+from distributed import futures_of
+
+from dasknn.model import SparseMLP
+from dasknn.optim import SGD, Adam
+from dasknn.parallel import DistributedSparseMLP
+from dasknn.parallel.comm import read_transfers
+
+
+def _model(seed: int = 0) -> SparseMLP:
+    rng = np.random.default_rng(seed)
+    sizes = [30, 60, 50, 40, 12]
+    weights = []
+    for k in range(4):
+        w = sp.random(sizes[k], sizes[k + 1], density=0.3, format="csr", random_state=rng)
+        w.data = rng.uniform(-1, 1, size=w.nnz)
+        weights.append(w)
+    biases = [rng.uniform(-0.2, 0.2, size=n) for n in sizes[1:]]
+    return SparseMLP(weights, biases, activation="sigmoid", loss="mse")
+
+
+def _parts(model: SparseMLP, nparts: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, nparts, size=n) for n in model.layer_sizes]
+
+
+def _batch(model: SparseMLP, rows: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.uniform(size=(rows, model.n_inputs)), rng.uniform(size=(rows, model.n_outputs))
+
+
+def _renumbered(dist, model: SparseMLP, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Layer ``k``'s (1-based) weights and bias of ``model`` in the order of ``dist``."""
+    order_in, order_out = dist.plan.orders[k - 1], dist.plan.orders[k]
+    weight = model.weights[k - 1].toarray()[order_in][:, order_out]
+    return weight, model.biases[k - 1][order_out]
+
+
+def test_weights_are_snapshots_of_the_last_completed_step(dask_client):
+    model = _model(seed=1)
+    reference = model.copy()
+    optimizer = SGD(lr=0.2, momentum=0.5)
+    with DistributedSparseMLP(model, dask_client, _parts(model, 3, seed=1)) as dist:
+        first = dist.weights[1]
+        first_values = first.compute().todense()
+        assert dist.weights[1] is first  # reads between steps share one copy
+        for step in range(3):
+            x, y = _batch(model, 5, seed=step)
+            dist.train_step(x, y, optimizer=optimizer)
+            reference.train_step(x, y, optimizer=optimizer)
+            for k in range(1, model.n_layers + 1):
+                weights, biases = dist.weights[k - 1], dist.biases[k - 1]
+                who_has = dask_client.who_has(futures_of(weights))
+                for m in range(dist.nparts):
+                    assert list(who_has[(weights.name, 0, m)]) == [dist.part_workers[m]]
+                block = weights.blocks[0, 0].compute()
+                assert isinstance(block, sparse.GCXS)
+                want_w, want_b = _renumbered(dist, reference, k)
+                got_w = weights.compute().to_scipy_sparse().toarray()
+                np.testing.assert_allclose(got_w, want_w, rtol=0, atol=1e-12)
+                np.testing.assert_allclose(biases.compute(), want_b, rtol=0, atol=1e-12)
+        # the copy read before training was never changed
+        np.testing.assert_array_equal(first.compute().todense(), first_values)
+        assert not np.array_equal(dist.weights[1].compute().todense(), first_values)
+
+
+def _spilled_keys(dask_worker) -> list[str]:
+    return [str(key) for key in dask_worker.data.slow]
+
+
+def test_training_while_dask_spills_the_weights(tmp_path):
+    """Workers whose memory limit makes Dask spill almost all of their data to disk (the weight
+    chunks read between epochs among them) train to the single-process weights."""
+    from distributed import Client, LocalCluster
+
+    model = _model(seed=2)
+    reference = model.copy()
+    optimizer = Adam(lr=0.01)
+    limits = {
+        "distributed.worker.memory.target": 1e-4,  # spill managed data beyond ~13 kB
+        "distributed.worker.memory.spill": False,
+        "distributed.worker.memory.pause": False,
+        "distributed.worker.memory.terminate": False,
+    }
+    spilled = set()
+    with dask.config.set(limits), LocalCluster(
+        n_workers=2,
+        threads_per_worker=1,
+        processes=True,
+        dashboard_address=":0",
+        memory_limit="128 MiB",
+        local_directory=tmp_path,
+    ) as cluster, Client(cluster) as client:
+        with DistributedSparseMLP(model, client, _parts(model, 2, seed=2)) as dist:
+            x, y = _batch(model, 60, seed=2)
+            for epoch in range(3):
+                fit = {"batch_size": 8, "seed": epoch, "progress": False, "optimizer": optimizer}
+                dist.fit(x, y, **fit)
+                reference.fit(x, y, **fit)
+                assert len(dist.weights) == model.n_layers  # a new copy, which Dask may spill
+                for keys in client.run(_spilled_keys).values():
+                    spilled.update(keys)
+                for k in range(1, model.n_layers + 1):
+                    want_w, _ = _renumbered(dist, reference, k)
+                    got_w = dist.weights[k - 1].compute().to_scipy_sparse().toarray()
+                    np.testing.assert_allclose(got_w, want_w, rtol=0, atol=1e-12)
+            trained = dist.gather()
+    assert any(f"dasknn-weight-{dist.token}" in key for key in spilled), sorted(spilled)[:10]
+    for k in range(model.n_layers):
+        np.testing.assert_allclose(
+            trained.weights[k].toarray(), reference.weights[k].toarray(), rtol=0, atol=1e-12
+        )
+        np.testing.assert_allclose(trained.biases[k], reference.biases[k], rtol=0, atol=1e-12)
+
+
+def _model_keys(dask_scheduler, token) -> list[str]:
+    return [str(key) for key in dask_scheduler.tasks if token in str(key)]
+
+
+def test_close_removes_every_plugin_and_key(dask_client):
+    model = _model(seed=3)
+    x, y = _batch(model, 12, seed=3)
+    with DistributedSparseMLP(model, dask_client, _parts(model, 3), reuse_memory=True) as dist:
+        token = dist.token
+        dist.fit(x, y, batch_size=4, optimizer=Adam(), progress=False)
+        dist.predict(x, batch_size=5)
+        assert dist.gather().n_layers == model.n_layers
+        plugins = dask_client.run(lambda dask_worker: [n for n in dask_worker.plugins])
+        for names in plugins.values():
+            assert dist.plugin_name in names
+            assert sum(token in name for name in names) == 2  # the state and the malloc tuning
+        assert dask_client.run_on_scheduler(_model_keys, token=token)
+        assert read_transfers(dask_client, token)
+    plugins = dask_client.run(lambda dask_worker: [n for n in dask_worker.plugins])
+    assert not [n for names in plugins.values() for n in names if token in n]
+    deadline = time.monotonic() + 10
+    while dask_client.run_on_scheduler(_model_keys, token=token) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert dask_client.run_on_scheduler(_model_keys, token=token) == []
+    assert read_transfers(dask_client, token) == []
+    with pytest.raises(RuntimeError, match="closed"):
+        dist.train_step(x, y)
+    with pytest.raises(RuntimeError, match="closed"):
+        dist.gather()
+    dist.close()  # a second close does nothing
