@@ -2,25 +2,34 @@
 
 The kernels follow SNIG (Lin & Huang, TPDS 2021): the whole batch stays on the device, the weights
 are loaded once (or streamed a window of layers at a time when the network exceeds the device's
-budget), rows that became all zero are dropped, bias / ReLU / clip are fused into the store, two
-rolling activation buffers are reused across layers, and the loop over layers runs inside the
-kernel (one launch per window of layers instead of one per layer).
+budget), rows that became all zero are dropped, bias / ReLU / clip are fused into the store, and
+two rolling activation buffers are reused across layers.
 
 Layout. The live rows of a batch are cut into *groups* of ``LANES = 32`` rows, stored
 feature-major::
 
     y[buffer, group, j, lane]  =  activation of neuron j for live row  group * 32 + lane
 
-One CUDA block owns one group for a whole window of layers, so layers need no synchronisation
-between blocks, only ``syncthreads`` inside the block. Warp ``w`` of the block computes the output
-neurons ``c = w, w + warps, ...``: lane ``l`` accumulates ``y[j, l] * W[j, c]`` over the inputs
-``j`` of column ``c``, so one input is a coalesced 128-byte load for the warp and the weight and
-its index are warp-uniform loads. A per-(group, neuron) flag marks the sections that hold a nonzero;
-inputs whose section is all zero are skipped without touching the activations. A block whose 32
-rows are all dead leaves the window at once. Between windows the host drops the dead rows and
-re-packs the live ones into fewer groups (:func:`_gather_kernel`).
+Lane ``l`` of a warp computes row ``l`` of its group. For output neuron ``c`` the warp reads the
+entries of column ``c`` 32 at a time, one per lane (index and the per-(group, neuron) flag telling
+whether that input section holds a nonzero), keeps the entries whose section is nonzero in shared
+memory, and then accumulates the kept ones in order: one coalesced 128-byte activation load per
+kept entry. The order of the sums is the CSC order of the CPU kernel, so results agree bit for bit
+in the same precision.
 
-The kernels use only what numba's CUDA simulator also implements (no warp intrinsics), so
+Two launch modes:
+
+- *fused* (:func:`_window_kernel`): one block of 1024 threads owns one group for ``compact_every``
+  layers; the loop over layers runs inside the kernel (``syncthreads`` between layers), and a block
+  whose rows are all dead leaves at once;
+- *sectioned* (:func:`_layer_kernel`): one launch per layer, one block per group and
+  ``SECTION_OUTPUTS`` output neurons, blocks in group-major order, so that the groups in flight
+  share the L2 cache when a group's activations are megabytes (wide networks).
+
+Between windows of ``compact_every`` layers the host drops the dead rows and re-packs the live ones
+into fewer groups (:func:`_gather_kernel`).
+
+The kernels use only what numba's CUDA simulator also implements (no warp vote or shuffle), so
 ``NUMBA_ENABLE_CUDASIM=1`` runs the same kernel code on the CPU in the tests.
 """
 
@@ -89,7 +98,9 @@ if config.ENABLE_CUDASIM:
 
     @cuda.jit(device=True)
     def _warp_sync():
-        """The simulator has no ``syncwarp``; its warps then advance in step with the block."""
+        """The simulator has no ``syncwarp``: a block barrier instead, which needs every warp of
+        the block to run the same number of 32-entry column chunks (true for networks whose
+        columns have equal degrees and whose width the warps divide, as in the tests)."""
         cuda.syncthreads()
 
 else:
