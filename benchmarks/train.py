@@ -15,6 +15,7 @@ One run, one machine, baselines beside the figures:
 Usage::
 
     flock /tmp/dasknn-bench.lock python benchmarks/train.py [--layers 30] [--batches 3]
+    flock /tmp/dasknn-bench.lock python benchmarks/train.py --net 1gbit   # shaped links (root)
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import time
 import numpy as np
 from distributed import get_task_stream
 from machine import describe
+from netcluster import NetCluster
 
 import graph
 from dasknn.model import SparseMLP
@@ -33,16 +35,21 @@ from dasknn.parallel import DistributedSparseMLP
 from dasknn.parallel.timing import time_training
 
 
-def _cluster(workers: int):
+def _cluster(workers: int, net: str | None = None, delay_us: float | None = None):
+    """A LocalCluster, or with ``net`` a :class:`NetCluster` whose links run at that rate."""
     from distributed import Client, LocalCluster
 
     threads = max(1, (os.cpu_count() or 1) // workers)
+    env = {"NUMBA_NUM_THREADS": str(threads)}
+    if net is not None:
+        cluster = NetCluster(workers=workers, rate=net, delay_us=delay_us, env=env).start()
+        return cluster, Client(cluster.address)
     cluster = LocalCluster(
         n_workers=workers,
         threads_per_worker=1,
         processes=True,
         dashboard_address=":0",
-        env={"NUMBA_NUM_THREADS": str(threads)},
+        env=env,
     )
     return cluster, Client(cluster)
 
@@ -147,9 +154,17 @@ def main() -> None:
     parser.add_argument("--skip-torch", action="store_true")
     parser.add_argument("--dtype", choices=("float64", "float32"), default="float64",
                         help="value type of every implementation (PyTorch follows the data)")
+    parser.add_argument(
+        "--net", help="run every cluster in network namespaces joined by links shaped to this "
+        "rate (tc notation: 1gbit, 10gbit; root only), see benchmarks/netcluster.py",
+    )
+    parser.add_argument("--delay-us", type=float, help="with --net: one-way delay per link end")
     args = parser.parse_args()
 
     print(f"machine: {describe()}")
+    if args.net:
+        print(f"links: scheduler and every worker in its own network namespace, {args.net} "
+              f"per link end" + (f", {args.delay_us} us delay" if args.delay_us else ""))
     model = SparseMLP.radixnet(
         args.neurons, args.layers, seed=0, activation="sigmoid", loss="mse", dtype=args.dtype
     )
@@ -173,7 +188,7 @@ def main() -> None:
     results = {}
     for nparts in args.parts:
         workers = args.workers or nparts
-        cluster, client = _cluster(workers)
+        cluster, client = _cluster(workers, args.net, args.delay_us)
         print(f"P={nparts} on {workers} single-threaded worker processes")
         try:
             for method in ("hypergraph", "random"):

@@ -1,0 +1,46 @@
+"""The benchmarks' namespace cluster: shaped links, a working Dask cluster, nothing left behind."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from netcluster import NetCluster, unavailable_reason  # noqa: E402
+
+pytestmark = pytest.mark.skipif(unavailable_reason() is not None,
+                                reason=str(unavailable_reason()))
+
+
+def _namespaces() -> str:
+    return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+
+def test_two_workers_on_shaped_links():
+    from distributed import Client
+
+    with NetCluster(workers=2, rate="1gbit") as cluster, Client(cluster.address) as client:
+        workers = sorted(client.scheduler_info()["workers"])
+        assert len(workers) == 2
+        assert all(w.startswith("tcp://10.213.") for w in workers)
+        source = client.submit(np.arange, 1_000_000, workers=[workers[0]], pure=False)
+        total = client.submit(np.sum, source, workers=[workers[1]], pure=False)
+        assert total.result() == np.arange(1_000_000).sum()
+        qdisc = subprocess.run(
+            ["ip", "netns", "exec", cluster.namespaces[1], "tc", "qdisc", "show", "dev", "eth0"],
+            capture_output=True, text=True,
+        ).stdout
+        assert "tbf" in qdisc and "1Gbit" in qdisc
+        names = cluster.namespaces
+    assert not set(names) & set(_namespaces().split())
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="rate"):
+        NetCluster(workers=2, rate="fast")
+    with pytest.raises(ValueError, match="workers"):
+        NetCluster(workers=0)
