@@ -235,9 +235,9 @@ def test_bad_construction_and_arguments():
         lambda: model.predict(X, batch_size=0),
         lambda: model.evaluate(X, Y, batch_size=0),
     ):
-        with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
             call()
-    with pytest.raises(ValueError, match="epochs must be >= 0"):
+    with pytest.raises(ValueError, match="epochs must be an integer >= 0"):
         model.fit(X, Y, epochs=-1, progress=False)
     with pytest.raises(ValueError, match="scale must be"):
         SparseMLP.radixnet(64, 1, scale="lecun")
