@@ -94,7 +94,7 @@ def build_model(layers: int, seed: int, dtype) -> SparseMLP:
 
 def accuracy(trainer, X: np.ndarray, labels: np.ndarray) -> float:
     """Fraction of samples whose most probable class is the label."""
-    return float(np.mean(trainer.predict(X).argmax(axis=1) == labels))
+    return trainer.score(X, labels)
 
 
 def train(trainer, data, epochs: int, batch_size: int, lr: float, seed: int, progress: bool,
@@ -105,8 +105,9 @@ def train(trainer, data, epochs: int, batch_size: int, lr: float, seed: int, pro
     start = time.perf_counter()
     log(f"{'epoch':>5} {'train loss':>10} {'test acc':>8} {'time s':>7}")
     for epoch in range(epochs):
-        (loss,) = trainer.fit(x_train, y_train, batch_size=batch_size, epochs=1, lr=lr,
-                              seed=seed + epoch, progress=progress)
+        trainer.fit(x_train, y_train, batch_size=batch_size, epochs=1, lr=lr, seed=seed + epoch,
+                    progress=progress)
+        loss = trainer.loss_curve_[-1]
         result.losses.append(loss)
         result.accuracies.append(accuracy(trainer, x_test, y_test))
         result.seconds.append(time.perf_counter() - start)

@@ -77,7 +77,7 @@ def test_defaults_and_properties():
     assert model.loss.name == "mse" and model.dtype == np.float64
     sm = small_model(activation="relu", loss="softmax_cross_entropy")
     assert sm.output_activation.name == "identity"
-    probs = sm.predict(np.ones((4, 8)))
+    probs = sm.predict_proba(np.ones((4, 8)))
     np.testing.assert_allclose(probs.sum(axis=1), 1.0)
     # Weights are the model's own sorted copies.
     w = sp.csr_matrix(np.array([[0.0, 2.0, 1.0]]))
@@ -235,9 +235,9 @@ def test_bad_construction_and_arguments():
         lambda: model.predict(X, batch_size=0),
         lambda: model.evaluate(X, Y, batch_size=0),
     ):
-        with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
             call()
-    with pytest.raises(ValueError, match="epochs must be >= 0"):
+    with pytest.raises(ValueError, match="epochs must be an integer >= 0"):
         model.fit(X, Y, epochs=-1, progress=False)
     with pytest.raises(ValueError, match="scale must be"):
         SparseMLP.radixnet(64, 1, scale="lecun")
@@ -248,5 +248,6 @@ def test_bad_construction_and_arguments():
 def test_fit_progress_bar_writes_to_stderr(capsys):
     model = small_model()
     history = model.fit(np.ones((6, 8)), np.zeros((6, 3)), batch_size=2, epochs=2, lr=0.1)
-    assert len(history) == 2 and history[1] < history[0]
+    assert history is model
+    assert len(model.loss_curve_) == 2 and model.loss_curve_[1] < model.loss_curve_[0]
     assert "epoch" in capsys.readouterr().err

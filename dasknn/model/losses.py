@@ -36,10 +36,14 @@ class Loss:
         Registered name (see :func:`get_loss`).
     default_output_activation : str or None
         Output activation the model uses when none is given (``None``: the hidden activation).
+    classification : bool
+        Whether the outputs are class scores: the model's ``predict`` then returns labels,
+        ``predict_proba`` the class probabilities and ``score`` the accuracy.
     """
 
     name: str = ""
     default_output_activation: str | None = None
+    classification: bool = False
 
     def value(self, z_last: np.ndarray, a_last: np.ndarray, y: np.ndarray) -> float:
         """Loss of the batch, from the output pre-activations, activations and targets."""
@@ -52,7 +56,8 @@ class Loss:
         raise NotImplementedError
 
     def prediction(self, z_last: np.ndarray, a_last: np.ndarray) -> np.ndarray:
-        """What :meth:`SparseMLP.predict` returns for the output layer (a new array)."""
+        """The output layer as a new array: ``a_L`` for ``"mse"``, the class probabilities for
+        softmax cross-entropy."""
         raise NotImplementedError
 
     def check_output_activation(self, out_activation: Activation) -> None:
@@ -87,6 +92,7 @@ class SoftmaxCrossEntropy(Loss):
 
     name = "softmax_cross_entropy"
     default_output_activation = "identity"
+    classification = True
 
     def value(self, z_last: np.ndarray, a_last: np.ndarray, y: np.ndarray) -> float:
         shifted = z_last - z_last.max(axis=1, keepdims=True)

@@ -17,24 +17,19 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
-from tqdm.auto import tqdm
 
 from dasknn.datasets.radixnet import radixnet as radixnet_pattern
 from dasknn.kernels.training import masked_outer_grad, spmm_backward, spmm_forward
 from dasknn.model.activations import Activation, get_activation
+from dasknn.model.estimator import SparseEstimator
 from dasknn.model.losses import Loss, get_loss
-from dasknn.model.validation import (
-    check_batch_size,
-    check_epochs,
-    check_inputs,
-    check_targets,
-    epoch_batches,
-)
+from dasknn.model.validation import check_batch_size, check_inputs
 from dasknn.optim import Optimizer, ParamState, resolve_optimizer
 
 __all__ = ["SparseMLP"]
@@ -79,8 +74,12 @@ def _init_scale(scale: float | str, fan_in: float, fan_out: float) -> float:
     return scale
 
 
-class SparseMLP:
+class SparseMLP(SparseEstimator):
     """A feed-forward network of sparse layers trained in one process.
+
+    It follows the scikit-learn conventions: :meth:`fit` and :meth:`partial_fit` return the
+    model, ``loss_curve_`` records the training, :meth:`predict` gives class labels for softmax
+    models (:attr:`predict_proba` their probabilities) and :meth:`score` is higher-is-better.
 
     Parameters
     ----------
@@ -111,6 +110,10 @@ class SparseMLP:
         The optimizer of the last training step. Its state (one :class:`~dasknn.optim.ParamState`
         per layer's weight values and per bias) is kept while later steps use an equal optimizer
         and started afresh when they use a different one.
+    loss_curve_ : list of float
+        Per epoch of :meth:`fit` / :meth:`partial_fit` on this object, the mean batch loss.
+    batch_loss_curve_ : list of float
+        Per batch of the training calls made with ``record_batches=True``, its loss.
     """
 
     def __init__(
@@ -156,6 +159,8 @@ class SparseMLP:
                 self.biases.append(b)
         self.optimizer: Optimizer | None = None
         self._optimizer_state: list[tuple[ParamState, ParamState]] = []
+        self.loss_curve_: list[float] = []
+        self.batch_loss_curve_: list[float] = []
 
     # ------------------------------------------------------------------ shape
     @property
@@ -278,82 +283,82 @@ class SparseMLP:
         float
             The loss of the batch before the update.
         """
-        x = check_inputs(X, self.n_inputs, self.dtype)
-        y = check_targets(Y, x.shape[0], self.n_outputs, self.loss, self.dtype)
+        x, y = self._check_xy(X, Y)
         return self._train_batch(x, y, resolve_optimizer(lr, optimizer))
 
-    def fit(
-        self,
-        X,
-        Y,
-        batch_size: int = 64,
-        epochs: int = 1,
-        lr: float | None = None,
-        shuffle: bool = True,
-        seed: int = 0,
-        progress: bool = True,
-        optimizer: Optimizer | None = None,
-    ) -> list[float]:
-        """Train on minibatches for ``epochs`` passes over ``(X, Y)``.
+    def _training_data(self, x: np.ndarray, y: np.ndarray) -> nullcontext:
+        return nullcontext((x, y))
 
-        Plain SGD with learning rate ``lr`` (default 0.01) unless ``optimizer`` is given (as in
-        :meth:`train_step`). Each epoch visits the samples in an order drawn from
-        ``numpy.random.default_rng(seed)`` (in file order when ``shuffle`` is false) in batches of
-        ``batch_size`` rows; the last batch of an epoch may be smaller.
+    def _train_batches(
+        self, data: tuple[np.ndarray, np.ndarray], batches: list[np.ndarray], optimizer: Optimizer
+    ) -> Iterator[float]:
+        x, y = data
+        for idx in batches:
+            yield self._train_batch(x[idx], y[idx], optimizer)
+
+    def _output_blocks(
+        self, x: np.ndarray, batch_size: int
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Row-block ``(z_L, a_L)`` of ``x``, ``batch_size`` rows at a time."""
+        for start in range(0, x.shape[0], batch_size):
+            yield self._output(x[start : start + batch_size])
+
+    def predict(self, X, batch_size: int = 1024) -> np.ndarray:
+        """Predictions for ``X`` (B, n_0).
+
+        Parameters
+        ----------
+        X : array-like (B, n_0)
+        batch_size : int
+            Rows run through the network at a time (bounds the memory).
 
         Returns
         -------
-        list of float
-            Per epoch, the mean over samples of the batch losses met during the epoch.
+        numpy.ndarray
+            For softmax cross-entropy, the class labels (B,) (int64): the class of the largest
+            output ``z_L`` of each row, the most probable one (probabilities:
+            :attr:`predict_proba`). Otherwise the output activations ``a_L`` (B, n_L).
         """
-        x = check_inputs(X, self.n_inputs, self.dtype)
-        y = check_targets(Y, x.shape[0], self.n_outputs, self.loss, self.dtype)
-        optimizer = resolve_optimizer(lr, optimizer)
-        batch_size = check_batch_size(batch_size)
-        epochs = check_epochs(epochs)
-        n = x.shape[0]
-        rng = np.random.default_rng(seed)
-        history = []
-        for epoch in range(epochs):
-            total = 0.0
-            desc = f"epoch {epoch + 1}/{epochs}"
-            batches = epoch_batches(n, batch_size, rng, shuffle)
-            bar = tqdm(batches, desc=desc, disable=not progress, leave=False)
-            for idx in bar:
-                batch_loss = self._train_batch(x[idx], y[idx], optimizer)
-                total += batch_loss * len(idx)
-                bar.set_postfix(loss=f"{batch_loss:.4g}", refresh=False)
-            bar.close()
-            history.append(total / n)
-        return history
+        x, batch_size = check_inputs(X, self.n_inputs, self.dtype), check_batch_size(batch_size)
+        return self._predictions(self._output_blocks(x, batch_size))
 
-    def predict(self, X, batch_size: int = 1024) -> np.ndarray:
-        """Network output for ``X``: ``a_L`` for ``"mse"``, class probabilities for softmax.
-
-        The samples are run in row blocks of ``batch_size`` to bound memory.
-        """
-        x = check_inputs(X, self.n_inputs, self.dtype)
-        batch_size = check_batch_size(batch_size)
-        blocks = []
-        for start in range(0, x.shape[0], batch_size):
-            z_last, a_last = self._output(x[start : start + batch_size])
-            blocks.append(self.loss.prediction(z_last, a_last))
-        return np.concatenate(blocks, axis=0)
+    def _predict_proba(self, X, batch_size: int = 1024) -> np.ndarray:
+        x, batch_size = check_inputs(X, self.n_inputs, self.dtype), check_batch_size(batch_size)
+        return self._probabilities(self._output_blocks(x, batch_size))
 
     def evaluate(self, X, Y, batch_size: int = 1024) -> float:
-        """Mean loss over ``(X, Y)`` without training."""
-        x = check_inputs(X, self.n_inputs, self.dtype)
-        y = check_targets(Y, x.shape[0], self.n_outputs, self.loss, self.dtype)
+        """Mean loss over ``(X, Y)`` (``Y`` as in :meth:`fit`), without training."""
+        x, y = self._check_xy(X, Y)
         batch_size = check_batch_size(batch_size)
-        total = 0.0
-        for start in range(0, x.shape[0], batch_size):
-            stop = start + batch_size
-            z_last, a_last = self._output(x[start:stop])
-            total += self.loss.value(z_last, a_last, y[start:stop]) * z_last.shape[0]
-        return total / x.shape[0]
+        return self._mean_loss(self._output_blocks(x, batch_size), y)
+
+    def score(self, X, Y, batch_size: int = 1024) -> float:
+        """How well the model does on ``(X, Y)``; higher is better, as scikit-learn expects.
+
+        Parameters
+        ----------
+        X : array-like (B, n_0)
+        Y : array-like (B, n_L), or integer labels (B,) for softmax cross-entropy
+            As in :meth:`fit`; for a softmax model the label of a target row is its largest
+            entry.
+        batch_size : int
+            Rows run through the network at a time.
+
+        Returns
+        -------
+        float
+            For softmax cross-entropy, the accuracy: the fraction of samples whose
+            :meth:`predict` label is the target label. Otherwise the **negative** mean loss,
+            ``-evaluate(X, Y)`` (for ``"mse"``, ``-1/(2B) sum_b ||a_L,b - y_b||^2``), so 0 is a
+            perfect fit.
+        """
+        x, y = self._check_xy(X, Y)
+        batch_size = check_batch_size(batch_size)
+        return self._score(self._output_blocks(x, batch_size), y)
 
     def copy(self) -> SparseMLP:
-        """An independent copy (weights and biases copied; no optimizer state)."""
+        """An independent copy (weights and biases copied; no optimizer state, empty loss
+        curves)."""
         return SparseMLP(
             self.weights,
             self.biases,
@@ -379,7 +384,8 @@ class SparseMLP:
         Returns
         -------
         dasknn.parallel.DistributedSparseMLP
-            Close it (or use it as a context manager) to remove it from the cluster.
+            The same network with no optimizer state and empty loss curves. Close it (or use it
+            as a context manager) to remove it from the cluster.
         """
         from dasknn.parallel import DistributedSparseMLP
 

@@ -6,6 +6,8 @@ input with the same clear ``ValueError`` before any work is done.
 
 from __future__ import annotations
 
+from numbers import Integral
+
 import numpy as np
 import scipy.sparse as sp
 
@@ -105,25 +107,29 @@ def check_learning_rate(lr: float) -> float:
     return lr
 
 
+def _is_integer(value) -> bool:
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
 def check_batch_size(batch_size: int) -> int:
-    """Return ``batch_size`` as an int; ``ValueError`` unless it is >= 1."""
-    if int(batch_size) < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    """Return ``batch_size`` as an int; ``ValueError`` unless it is an integer >= 1."""
+    if not _is_integer(batch_size) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     return int(batch_size)
 
 
 def check_in_flight(in_flight: int) -> int:
-    """Return ``in_flight`` (blocks on the workers at once); ``ValueError`` unless it is an
-    integer >= 1."""
-    if isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 1:
+    """Return ``in_flight`` (blocks on the workers at once) as an int; ``ValueError`` unless it
+    is an integer >= 1."""
+    if not _is_integer(in_flight) or in_flight < 1:
         raise ValueError(f"in_flight must be an integer >= 1, got {in_flight!r}")
-    return in_flight
+    return int(in_flight)
 
 
 def check_epochs(epochs: int) -> int:
-    """Return ``epochs`` as an int; ``ValueError`` unless it is >= 0."""
-    if int(epochs) < 0:
-        raise ValueError(f"epochs must be >= 0, got {epochs}")
+    """Return ``epochs`` as an int; ``ValueError`` unless it is an integer >= 0."""
+    if not _is_integer(epochs) or epochs < 0:
+        raise ValueError(f"epochs must be an integer >= 0, got {epochs!r}")
     return int(epochs)
 
 

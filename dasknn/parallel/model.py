@@ -10,20 +10,16 @@ scheduler plugin counts them.
 from __future__ import annotations
 
 import uuid
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import dask
 import numpy as np
-from tqdm.auto import tqdm
 
+from dasknn.model.estimator import SparseEstimator
 from dasknn.model.sparse_mlp import SparseMLP
-from dasknn.model.validation import (
-    check_batch_size,
-    check_epochs,
-    check_in_flight,
-    check_inputs,
-    check_targets,
-    epoch_batches,
-)
+from dasknn.model.validation import check_batch_size, check_in_flight, check_inputs
 from dasknn.optim import Optimizer, resolve_optimizer
 from dasknn.parallel.comm import (
     CommReport,
@@ -63,8 +59,14 @@ def _reset_timings_on_worker(dask_worker, name):
     dask_worker.plugins[name].reset_timings()
 
 
-class DistributedSparseMLP:
+class DistributedSparseMLP(SparseEstimator):
     """A sparse MLP whose layers are split by neurons across Dask workers.
+
+    Its estimator API is that of :class:`SparseMLP`, with the same defaults, and its training
+    takes the same steps: :meth:`fit`, :meth:`partial_fit` (both return the model and append to
+    ``loss_curve_``), :meth:`train_step`, :meth:`predict`, :attr:`predict_proba` (softmax
+    models), :meth:`evaluate` and :meth:`score`; the methods that run the network on the workers
+    also take ``in_flight``.
 
     Parameters
     ----------
@@ -93,6 +95,12 @@ class DistributedSparseMLP:
         Worker address of every part.
     plugin_name : str
         Name of the model's :class:`~dasknn.parallel.worker_state.ModelState` worker plugin.
+    optimizer : Optimizer or None
+        The optimizer of the last training step (its state lives on the workers).
+    loss_curve_ : list of float
+        Per epoch of :meth:`fit` / :meth:`partial_fit` on this object, the mean batch loss.
+    batch_loss_curve_ : list of float
+        Per batch of the training calls made with ``record_batches=True``, its loss.
 
     Notes
     -----
@@ -131,6 +139,9 @@ class DistributedSparseMLP:
         self._reset_step = 0
         self._batches: list[tuple[int, bool]] = []
         self._placement = PartPlacement(self.part_workers)
+        self.optimizer: Optimizer | None = None
+        self.loss_curve_: list[float] = []
+        self.batch_loss_curve_: list[float] = []
         install_comm_monitor(client)
         try:
             if reuse_memory:
@@ -187,8 +198,18 @@ class DistributedSparseMLP:
 
     @property
     def n_layers(self) -> int:
-        """Number of weight layers."""
+        """Number of weight layers ``L``."""
         return self.plan.n_layers
+
+    @property
+    def n_inputs(self) -> int:
+        """Width ``n_0`` of an input sample."""
+        return self.layer_sizes[0]
+
+    @property
+    def n_outputs(self) -> int:
+        """Width ``n_L`` of the output layer."""
+        return self.layer_sizes[-1]
 
     def __repr__(self) -> str:
         return (
@@ -259,11 +280,6 @@ class DistributedSparseMLP:
                 inputs[("y_rows", m)] = y_rows
         return inputs
 
-    def _check_xy(self, X, Y) -> tuple[np.ndarray, np.ndarray]:
-        x = check_inputs(X, self.layer_sizes[0], self.dtype)
-        y = check_targets(Y, x.shape[0], self.layer_sizes[-1], self.loss, self.dtype)
-        return x, y
-
     # ------------------------------------------------------------------ training
     def _submit_step(self, x_blocks, y_blocks, rows, optimizer, previous):
         template = self._template("train")
@@ -307,95 +323,57 @@ class DistributedSparseMLP:
         shares = self._collect(futures)
         self._version += 1
         self._batches.append((x.shape[0], True))
+        self.optimizer = optimizer
         return float(sum(shares))
 
-    def fit(
-        self,
-        X,
-        Y,
-        batch_size: int = 64,
-        epochs: int = 1,
-        lr: float | None = None,
-        shuffle: bool = True,
-        seed: int = 0,
-        progress: bool = True,
-        optimizer: Optimizer | None = None,
-    ) -> list[float]:
-        """Minibatch training over ``(X, Y)``, batch for batch the same steps as
-        :meth:`SparseMLP.fit` (plain SGD with ``lr``, default 0.01, or ``optimizer`` as in
-        :meth:`train_step`).
+    @contextmanager
+    def _training_data(self, x: np.ndarray, y: np.ndarray) -> Iterator[tuple[dict, dict]]:
+        """Every part's input and target columns, scattered once to its worker for the call
+        (each step of :meth:`fit` takes its rows there); Dask releases them when the call drops
+        the futures."""
+        yield self._scatter_blocks("x", x, 0), self._scatter_blocks("y", y, self.n_layers)
 
-        The data is scattered once (each part's input and target columns to its worker); each
-        step takes its rows there. The next step is submitted before the current one ends (it
-        waits on the workers for the update it needs), so the client adds no gap between steps.
-
-        Returns
-        -------
-        list of float
-            Per epoch, the mean over samples of the batch losses.
-        """
-        x, y = self._check_xy(X, Y)
-        optimizer = resolve_optimizer(lr, optimizer)
-        batch_size, epochs = check_batch_size(batch_size), check_epochs(epochs)
-        if epochs == 0:
-            return []
-        n = x.shape[0]
-        x_blocks = self._scatter_blocks("x", x, 0)
-        y_blocks = self._scatter_blocks("y", y, self.n_layers)
-        rng = np.random.default_rng(seed)
-        history = []
-        try:
-            for epoch in range(epochs):
-                batches = epoch_batches(n, batch_size, rng, shuffle)
-                bar = tqdm(
-                    total=len(batches),
-                    desc=f"epoch {epoch + 1}/{epochs}",
-                    disable=not progress,
-                    leave=False,
-                )
-                total = self._run_pipelined(x_blocks, y_blocks, batches, optimizer, bar)
-                history.append(total / n)
-                bar.close()
-        finally:
-            del x_blocks, y_blocks
-        return history
-
-    def _run_pipelined(self, x_blocks, y_blocks, batches, optimizer, bar) -> float:
-        """Run the steps of ``batches`` with one step in flight ahead; returns sum(loss * B)."""
-        total = 0.0
+    def _train_batches(
+        self, data: tuple[dict, dict], batches: list[np.ndarray], optimizer: Optimizer
+    ) -> Iterator[float]:
+        """The steps of ``batches`` with one step in flight ahead: step ``t + 1`` is submitted
+        before step ``t`` is collected (its first tasks wait on the workers for step ``t``'s
+        updates), so the client adds no gap between steps."""
+        x_blocks, y_blocks = data
         pending = None
         for rows in batches:
             previous = [f.key for f in pending[0]] if pending else None
             submitted = self._submit_step(x_blocks, y_blocks, rows, optimizer, previous)
             if pending:
-                total += self._finish(pending, bar)
+                yield self._finish(pending, optimizer)
             pending = submitted
         if pending:
-            total += self._finish(pending, bar)
-        return total
+            yield self._finish(pending, optimizer)
 
-    def _finish(self, pending, bar) -> float:
+    def _finish(self, pending, optimizer: Optimizer) -> float:
+        """Collect a step's loss."""
         futures, batch = pending
         loss = float(sum(self._collect(futures)))
         self._version += 1
         self._batches.append((batch, True))
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss:.4g}", refresh=False)
-        return loss * batch
+        self.optimizer = optimizer
+        return loss
 
     # ------------------------------------------------------------------ inference
-    def predict(self, X, batch_size: int = 1024, in_flight: int = 2) -> np.ndarray:
-        """Network output for ``X`` (as :meth:`SparseMLP.predict`), computed on the workers.
+    def _output_blocks(
+        self, x: np.ndarray, batch_size: int, in_flight: int
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Row-block ``(z_L, a_L)`` of ``x``, in order, computed on the workers.
 
         The samples go through in blocks of ``batch_size`` rows, ``in_flight`` blocks at a time:
-        while one block's messages travel, the workers compute another's layers. A part keeps only
-        its latest layer's activations of a block.
+        while one block's messages travel, the workers compute another's layers. A part keeps
+        only its latest layer's activations of a block. The parts return ``a_L`` only, which is
+        also ``z_L`` where the loss reads it (softmax cross-entropy has a linear output layer;
+        the mse value and prediction read ``a_L`` alone), so both entries are that array.
         """
-        x = check_inputs(X, self.layer_sizes[0], self.dtype)
-        batch_size = check_batch_size(batch_size)
-        in_flight = check_in_flight(in_flight)
+        self._check_open()
         template = self._template("predict")
-        blocks, pending = [], []
+        pending: deque = deque()
         for start in range(0, x.shape[0], batch_size):
             chunk = x[start : start + batch_size]
             x_blocks = self._scatter_blocks("x", chunk, 0)  # kept alive until collected
@@ -404,22 +382,50 @@ class DistributedSparseMLP:
             futures = self._submit(dsk, template.output_keys(ctx.step))
             pending.append((futures, chunk.shape[0], x_blocks))
             if len(pending) == in_flight:
-                blocks.append(self._finish_block(*pending.pop(0)[:2]))
-        blocks.extend(self._finish_block(futures, rows) for futures, rows, _ in pending)
-        return np.concatenate(blocks, axis=0)
+                out = self._finish_block(*pending.popleft()[:2])
+                yield out, out
+        while pending:
+            out = self._finish_block(*pending.popleft()[:2])
+            yield out, out
 
     def _finish_block(self, futures, rows: int) -> np.ndarray:
-        """Collect one forward block's output parts and return its predictions, in order."""
+        """Collect one forward block's output parts: ``a_L`` of its rows, in neuron order."""
         parts = self._collect(futures)
         self._batches.append((rows, False))
-        out = np.empty((rows, self.layer_sizes[-1]), dtype=self.dtype)
+        out = np.empty((rows, self.n_outputs), dtype=self.dtype)
         out[:, self.plan.orders[self.n_layers]] = np.concatenate(parts, axis=0).T
-        return self.loss.prediction(out, out)
+        return out
+
+    def predict(self, X, batch_size: int = 1024, in_flight: int = 2) -> np.ndarray:
+        """Predictions for ``X``, as :meth:`SparseMLP.predict` (class labels for softmax models,
+        ``a_L`` otherwise), computed on the workers ``batch_size`` rows at a time with
+        ``in_flight`` blocks on the workers at once."""
+        x = check_inputs(X, self.n_inputs, self.dtype)
+        batch_size, in_flight = check_batch_size(batch_size), check_in_flight(in_flight)
+        return self._predictions(self._output_blocks(x, batch_size, in_flight))
+
+    def _predict_proba(self, X, batch_size: int = 1024, in_flight: int = 2) -> np.ndarray:
+        x = check_inputs(X, self.n_inputs, self.dtype)
+        batch_size, in_flight = check_batch_size(batch_size), check_in_flight(in_flight)
+        return self._probabilities(self._output_blocks(x, batch_size, in_flight))
+
+    def evaluate(self, X, Y, batch_size: int = 1024, in_flight: int = 2) -> float:
+        """Mean loss over ``(X, Y)`` without training, as :meth:`SparseMLP.evaluate`."""
+        x, y = self._check_xy(X, Y)
+        batch_size, in_flight = check_batch_size(batch_size), check_in_flight(in_flight)
+        return self._mean_loss(self._output_blocks(x, batch_size, in_flight), y)
+
+    def score(self, X, Y, batch_size: int = 1024, in_flight: int = 2) -> float:
+        """Higher-is-better score, as :meth:`SparseMLP.score`: the accuracy for softmax models,
+        otherwise the **negative** mean loss ``-evaluate(X, Y)``."""
+        x, y = self._check_xy(X, Y)
+        batch_size, in_flight = check_batch_size(batch_size), check_in_flight(in_flight)
+        return self._score(self._output_blocks(x, batch_size, in_flight), y)
 
     # ------------------------------------------------------------------ results
     def gather(self) -> SparseMLP:
         """A :class:`SparseMLP` with the current weights and biases, in the original order (no
-        optimizer state)."""
+        optimizer state, empty loss curves)."""
         weights, biases = gather_network(self.client, self._current_snapshot(), self.plan)
         return SparseMLP(
             weights,
