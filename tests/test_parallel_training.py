@@ -17,6 +17,7 @@ from model_reference import DenseReference, stored_mask
 import graph
 from dasknn.model import SparseMLP
 from dasknn.optim import SGD, Adam, AdamW
+from dasknn.parallel import DistributedSparseMLP
 
 
 # ----------------------------------------------------------------- networks and partitions
@@ -68,11 +69,7 @@ def _train_and_compare(client, model, partition, steps=2, batch=6, lr=0.3, tol=1
         model.output_activation.name,
         model.loss.name,
     )
-    dist = model.distribute(client, partition) if nparts is None else None
-    if dist is None:
-        from dasknn.parallel import DistributedSparseMLP
-
-        dist = DistributedSparseMLP(model, client, partition, nparts=nparts)
+    dist = DistributedSparseMLP(model, client, partition, nparts=nparts)
     try:
         for step in range(steps):
             x, y = _data(model, batch, seed=step)
@@ -155,7 +152,8 @@ def test_fit_matches_single_process_fit(dask_client):
     model = _irregular_model(seed=8)
     reference = model.copy()
     x, y = _data(model, 17, seed=8)
-    dist = model.distribute(dask_client, _partition("random", model.layer_sizes, 3, seed=8))
+    parts = _partition("random", model.layer_sizes, 3, seed=8)
+    dist = DistributedSparseMLP(model, dask_client, parts)
     try:
         got = dist.fit(x, y, batch_size=7, epochs=2, lr=0.2, seed=3, progress=False).loss_curve_
         want = reference.fit(x, y, batch_size=7, epochs=2, lr=0.2, seed=3, progress=False)
@@ -173,7 +171,7 @@ def test_fit_matches_single_process_fit(dask_client):
 def test_layout_is_pinned_gcxs_chunks(dask_client):
     model = _irregular_model(seed=9)
     parts = _partition("random", model.layer_sizes, 3, seed=9)
-    dist = model.distribute(dask_client, parts)
+    dist = DistributedSparseMLP(model, dask_client, parts)
     try:
         workers = sorted(dask_client.scheduler_info(n_workers=-1)["workers"])
         assert dist.part_workers == [workers[m % 2] for m in range(3)]
@@ -300,7 +298,7 @@ def test_optimizers_match_single_process(dask_client, name, nparts):
     reference = model.copy()
     x, y = _data(model, 40, seed=11)
     parts = _partition("random", model.layer_sizes, nparts, seed=11)
-    with model.distribute(dask_client, parts) as dist:
+    with DistributedSparseMLP(model, dask_client, parts) as dist:
         fit = {"batch_size": 4, "epochs": 2, "seed": 1, "progress": False, "optimizer": optimizer}
         got = dist.fit(x, y, **fit).loss_curve_
         want = reference.fit(x, y, **fit).loss_curve_
@@ -325,7 +323,8 @@ def test_optimizers_match_single_process(dask_client, name, nparts):
 
 def test_bad_optimizer_arguments_raise_before_anything_is_scheduled(dask_client):
     model = _irregular_model(seed=12)
-    with model.distribute(dask_client, _partition("block", model.layer_sizes, 2)) as dist:
+    parts = _partition("block", model.layer_sizes, 2)
+    with DistributedSparseMLP(model, dask_client, parts) as dist:
         x, y = _data(model, 4)
         step = dist._step
         with pytest.raises(ValueError, match="not both"):

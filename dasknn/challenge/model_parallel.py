@@ -28,6 +28,7 @@ import graph
 from dasknn.challenge.engine import prepare_run
 from dasknn.cluster import open_client
 from dasknn.model import SparseMLP
+from dasknn.parallel import DistributedSparseMLP
 
 __all__ = ["ModelParallelStats", "check_model_parallel", "run_challenge_model_parallel"]
 
@@ -186,7 +187,7 @@ def _run(client, matrices, matrix, bias, nparts, n_workers, method, seed, batch_
         dtype=dtype,
     )
     start = time.perf_counter()
-    dist = model.distribute(client, partition)
+    dist = DistributedSparseMLP(model, client, partition)
     placement_seconds = time.perf_counter() - start
     try:
         alive = np.zeros(matrix.shape[0], dtype=bool)

@@ -368,29 +368,6 @@ class SparseMLP(SparseEstimator):
             dtype=self.dtype,
         )
 
-    def distribute(self, client, partition, reuse_memory: bool = False):
-        """Place the model on the Dask workers of ``client`` as ``partition`` says.
-
-        Parameters
-        ----------
-        client : distributed.Client
-        partition : graph.NetworkPartition or list of L + 1 int arrays
-            ``parts[k][j]`` is the part owning neuron ``j`` of layer ``k`` (``k = 0``: inputs).
-        reuse_memory : bool
-            Opt in to the workers' malloc tuning (see
-            :class:`~dasknn.parallel.DistributedSparseMLP`): a process-wide setting, for a
-            cluster of your own.
-
-        Returns
-        -------
-        dasknn.parallel.DistributedSparseMLP
-            The same network with no optimizer state and empty loss curves. Close it (or use it
-            as a context manager) to remove it from the cluster.
-        """
-        from dasknn.parallel import DistributedSparseMLP
-
-        return DistributedSparseMLP(self, client, partition, reuse_memory=reuse_memory)
-
     # ------------------------------------------------------------ construction
     @classmethod
     def radixnet(

@@ -105,7 +105,7 @@ class DistributedSparseMLP(SparseEstimator):
     Notes
     -----
     The model holds worker plugins and keys on the cluster until :meth:`close`; use it as a
-    context manager (``with model.distribute(client, partition) as dist:``) to close it.
+    context manager (``with DistributedSparseMLP(model, client, partition) as dist:``) to close it.
     """
 
     def __init__(
