@@ -34,7 +34,6 @@ from graphblas import binary, monoid, select, semiring
 from machine import describe
 
 from dasknn.challenge import run_challenge
-from dasknn.cluster import local_cluster
 from dasknn.datasets import (
     challenge_bias,
     load_mnist_test,
@@ -43,6 +42,7 @@ from dasknn.datasets import (
     read_challenge_network,
 )
 from dasknn.kernels.inference import LANES, _stack_lanes
+from dasknn.runtime.cluster import local_cluster
 
 OFFICIAL = Path(__file__).resolve().parents[1].parent / "shared/data/graphchallenge/neuron1024"
 

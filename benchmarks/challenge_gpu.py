@@ -122,7 +122,7 @@ def main() -> None:
 
     from distributed import Client
 
-    from dasknn.cluster import open_client
+    from dasknn.runtime.cluster import open_client
 
     args.out.mkdir(parents=True, exist_ok=True)
     results_file = args.out / "results.jsonl"
@@ -192,7 +192,7 @@ def main() -> None:
                   f"matches CPU engine: {row['matches_cpu_engine']}, "
                   f"prepare {prepare:.1f} s", flush=True)
         if args.cpu_baseline and "official" in names:
-            from dasknn.cluster import local_cluster
+            from dasknn.runtime.cluster import local_cluster
 
             layers = _network("official", args.official)
             x = _inputs(images, 1024, args.copies)

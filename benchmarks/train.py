@@ -31,8 +31,8 @@ from netcluster import NetCluster
 
 import graph
 from dasknn.model import SparseMLP
-from dasknn.parallel import DistributedSparseMLP
-from dasknn.parallel.timing import time_training
+from dasknn.model_parallel import DistributedSparseMLP
+from dasknn.model_parallel.timing import time_training
 
 
 def _cluster(workers: int, net: str | None = None, delay_us: float | None = None):

@@ -3,7 +3,7 @@
 from dasknn import datasets, optim
 from dasknn.challenge import run_challenge, run_challenge_model_parallel
 from dasknn.model import SparseMLP
-from dasknn.parallel import DistributedSparseMLP
+from dasknn.model_parallel import DistributedSparseMLP
 
 __version__ = "0.1.0"
 

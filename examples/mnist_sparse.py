@@ -141,7 +141,7 @@ def run(
 
     from distributed import Client
 
-    from dasknn.cluster import local_cluster
+    from dasknn.runtime.cluster import local_cluster
     from graph import partition_network
 
     partition = partition_network(model.weights, workers, method=method, seed=seed)

@@ -25,9 +25,9 @@ from tqdm.auto import tqdm
 from dasknn.challenge import tasks
 from dasknn.challenge.inputs import load_inputs
 from dasknn.challenge.stats import ChallengeStats
-from dasknn.cluster import open_client
 from dasknn.datasets import challenge_bias, load_network
 from dasknn.kernels.inference import pack_layers
+from dasknn.runtime.cluster import open_client
 
 __all__ = ["run_challenge", "prepare_run", "default_batch_size"]
 

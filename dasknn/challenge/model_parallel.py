@@ -2,8 +2,8 @@
 
 For networks too wide for one worker, every layer is split by neurons with a partition from
 :func:`graph.partition_network` (hypergraph by default) and the batches run through the
-model-parallel forward pass of :class:`dasknn.parallel.DistributedSparseMLP`: each worker holds
-only its parts' chunks of every layer and receives only the activations its neurons consume.
+model-parallel forward pass of :class:`dasknn.model_parallel.DistributedSparseMLP`: each worker
+holds only its parts' chunks of every layer and receives only the activations its neurons consume.
 
 The challenge adds the bias to the nonzero entries of ``Y @ W`` only. For a bias ``b <= 0`` (every
 challenge bias is negative) that equals adding it everywhere before the ReLU, since a zero entry
@@ -26,9 +26,9 @@ from tqdm.auto import tqdm
 
 import graph
 from dasknn.challenge.engine import prepare_run
-from dasknn.cluster import open_client
 from dasknn.model import SparseMLP
-from dasknn.parallel import DistributedSparseMLP
+from dasknn.model_parallel import DistributedSparseMLP
+from dasknn.runtime.cluster import open_client
 
 __all__ = ["ModelParallelStats", "check_model_parallel", "run_challenge_model_parallel"]
 

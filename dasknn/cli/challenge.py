@@ -11,8 +11,8 @@ from pathlib import Path
 from dasknn.challenge import run_challenge
 from dasknn.challenge.engine import prepare_run
 from dasknn.challenge.model_parallel import check_model_parallel, run_challenge_model_parallel
-from dasknn.cluster import open_client
 from dasknn.datasets import read_categories, write_categories
+from dasknn.runtime.cluster import open_client
 from graph.atomic import write_text_atomically
 
 __all__ = ["add_parser", "run"]

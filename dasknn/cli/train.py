@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 
 import graph
-from dasknn.cluster import open_client
 from dasknn.datasets import load_mnist_test, load_network, mnist_to_challenge_inputs
 from dasknn.model import SparseMLP
-from dasknn.parallel import DistributedSparseMLP
-from dasknn.parallel.timing import time_training
+from dasknn.model_parallel import DistributedSparseMLP
+from dasknn.model_parallel.timing import time_training
+from dasknn.runtime.cluster import open_client
 
 __all__ = ["add_parser", "run"]
 

@@ -1,5 +1,5 @@
 """The estimator API shared by :class:`~dasknn.model.SparseMLP` and
-:class:`~dasknn.parallel.DistributedSparseMLP`, after the scikit-learn / dask-ml conventions.
+:class:`~dasknn.model_parallel.DistributedSparseMLP`, after the scikit-learn / dask-ml conventions.
 
 ``fit`` and ``partial_fit`` return the model and append to ``loss_curve_`` (per epoch) and, on
 request, to ``batch_loss_curve_`` (per batch); ``predict`` returns class labels for softmax models

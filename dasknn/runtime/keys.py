@@ -2,7 +2,7 @@
 
 Two families of keys exist.
 
-**Step keys** (the model-parallel trainer, :mod:`dasknn.parallel.taskgraph`) are tuples
+**Step keys** (the model-parallel trainer, :mod:`dasknn.model_parallel.taskgraph`) are tuples
 ``(f"dasknn-{kind}-{token}", step, layer, part, receiver)`` with ``kind`` ``fwd``, ``bwd`` or
 ``lse`` (see :func:`phase_names`); ``receiver`` is a worker number, negative for a task whose value
 is not a layer message.

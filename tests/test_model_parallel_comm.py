@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from dasknn.model import SparseMLP
-from dasknn.parallel import DistributedSparseMLP
+from dasknn.model_parallel import DistributedSparseMLP
 
 
 def _expected_bytes(model, parts, part_workers, batch, steps):

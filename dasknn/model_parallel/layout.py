@@ -1,12 +1,13 @@
 """Placement of a partitioned network on Dask workers, and snapshots of its current values.
 
 Part ``m`` lives on worker ``m % W`` (workers sorted by address). Every layer is renumbered so every
-part's rows and columns are contiguous (:func:`dasknn.parallel.plan.reorder`) and cut into one
+part's rows and columns are contiguous (:func:`dasknn.model_parallel.plan.reorder`) and cut into one
 chunk of shape ``(n_{k-1}, c_m)`` per part. The chunks and biases are handed to the model's worker
-plugin (:class:`~dasknn.parallel.worker_state.ModelState`) on the part's worker, which owns and
-trains them; every part's :class:`~dasknn.parallel.plan.LayerPartPlan` stays beside them as Dask
-data (never changed). :func:`snapshot_network` turns the owned values into dask arrays of fresh
-pydata-sparse ``GCXS`` chunks (biases: numpy chunks), each made by a task on its part's worker.
+plugin (:class:`~dasknn.model_parallel.worker_state.ModelState`) on the part's worker, which owns
+and trains them; every part's :class:`~dasknn.model_parallel.plan.LayerPartPlan` stays beside them
+as Dask data (never changed). :func:`snapshot_network` turns the owned values into dask arrays of
+fresh pydata-sparse ``GCXS`` chunks (biases: numpy chunks), each made by a task on its part's
+worker.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ import scipy.sparse as sp
 import sparse
 from distributed import wait
 
-from dasknn.parallel.plan import CommPlan
-from dasknn.parallel.worker_state import install_parts, snapshot_bias, snapshot_weight
+from dasknn.model_parallel.plan import CommPlan
+from dasknn.model_parallel.worker_state import install_parts, snapshot_bias, snapshot_weight
 
 __all__ = [
     "Layout",
@@ -120,15 +121,16 @@ def place_network(
     """Hand the renumbered weight chunks and biases to the model's plugin on the workers of their
     parts, and scatter the plans beside them.
 
-    The model's :class:`~dasknn.parallel.worker_state.ModelState` must be registered. The chunks
-    travel with one ``Client.run`` call per worker (no task and no key: the plugin keeps them).
+    The model's :class:`~dasknn.model_parallel.worker_state.ModelState` must be registered. The
+    chunks travel with one ``Client.run`` call per worker (no task and no key: the plugin keeps
+    them).
 
     Parameters
     ----------
     client : distributed.Client
     token : str
         Unique name of the distributed model (part of every key).
-    plan, chunks : from :func:`dasknn.parallel.plan.build_comm_plan`
+    plan, chunks : from :func:`dasknn.model_parallel.plan.build_comm_plan`
     biases : sequence of 1-D arrays in the original neuron order
     part_workers : from :func:`worker_of_parts`
     dtype : numpy dtype of the values

@@ -13,9 +13,9 @@ import sparse
 from distributed import futures_of
 
 from dasknn.model import SparseMLP
+from dasknn.model_parallel import DistributedSparseMLP
+from dasknn.model_parallel.comm import read_transfers
 from dasknn.optim import SGD, Adam
-from dasknn.parallel import DistributedSparseMLP
-from dasknn.parallel.comm import read_transfers
 
 
 def _model(seed: int = 0) -> SparseMLP:

@@ -1,7 +1,7 @@
 """Time a model-parallel training run and split it into local products, update and waiting.
 
 The workers record how long they spend in the numba products, the weight update and packing
-(:mod:`dasknn.parallel.steps`); what is left of the wall time on the busiest worker, once the
+(:mod:`dasknn.model_parallel.steps`); what is left of the wall time on the busiest worker, once the
 updates run by the background thread (beside the task thread) are set aside, is time its task
 thread spent waiting: for messages, for the scheduler, for the other workers.
 """
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dasknn.parallel.comm import CommReport
-from dasknn.parallel.model import DistributedSparseMLP
+from dasknn.model_parallel.comm import CommReport
+from dasknn.model_parallel.model import DistributedSparseMLP
 
 __all__ = ["TrainingTimes", "time_training"]
 

@@ -1,7 +1,8 @@
 """What a distributed model keeps on a worker, owned by one worker plugin per model.
 
 :class:`ModelState` is a :class:`distributed.WorkerPlugin` registered by
-:class:`~dasknn.parallel.DistributedSparseMLP` under the name :func:`plugin_name` of the model's
+:class:`~dasknn.model_parallel.DistributedSparseMLP` under the name :func:`plugin_name` of the
+model's
 token and removed by its ``close()``. On every worker it owns, for the parts placed there:
 
 - per layer and part, the weight chunk's stored values, its bias and the optimizer state of both
@@ -12,9 +13,9 @@ token and removed by its ``close()``. On every worker it owns, for the parts pla
   between parts on this worker, the time spent per kind of work, and the background thread that
   applies the weight updates.
 
-The step tasks (:mod:`dasknn.parallel.steps`) find it with :func:`model_state`. The dask arrays a
-user reads (``dist.weights``, ``dist.biases``) are snapshots: tasks that copy the owned values into
-fresh pydata-sparse chunks (:func:`snapshot_weight`, :func:`snapshot_bias`).
+The step tasks (:mod:`dasknn.model_parallel.steps`) find it with :func:`model_state`. The dask
+arrays a user reads (``dist.weights``, ``dist.biases``) are snapshots: tasks that copy the owned
+values into fresh pydata-sparse chunks (:func:`snapshot_weight`, :func:`snapshot_bias`).
 """
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ runs while the task thread waits for the next layer's messages instead of delayi
 part's last task of the step updates layer 1 and waits for all of its updates.
 
 Everything a task reads or changes besides its arguments belongs to the model's worker plugin
-(:class:`~dasknn.parallel.worker_state.ModelState`, found with
-:func:`~dasknn.parallel.worker_state.model_state`): the weight values, biases and optimizer state
-of the parts on this worker, and the intermediate values of a part (``x_in``, ``z``, ``a`` per
+(:class:`~dasknn.model_parallel.worker_state.ModelState`, found with
+:func:`~dasknn.model_parallel.worker_state.model_state`): the weight values, biases and optimizer
+state of the parts on this worker, and the intermediate values of a part (``x_in``, ``z``, ``a`` per
 layer, partial sums) keyed by step and part, so one task per message suffices and the critical
 path of a layer is one task plus one transfer. The intermediate values are feature-major, shape
 ``(neurons, B)`` (the layout of the kernels), so a message is a gather of whole rows: the forward
@@ -39,9 +39,9 @@ import numpy as np
 from dasknn.kernels.training import masked_outer_grad, spmm_backward, spmm_forward
 from dasknn.model.activations import get_activation
 from dasknn.model.losses import get_loss
+from dasknn.model_parallel.plan import LayerPartPlan
+from dasknn.model_parallel.worker_state import ModelState, PartLayer, PartStep, model_state
 from dasknn.optim import Optimizer
-from dasknn.parallel.plan import LayerPartPlan
-from dasknn.parallel.worker_state import ModelState, PartLayer, PartStep, model_state
 
 __all__ = [
     "Route",
@@ -192,7 +192,7 @@ def forward_task(
 
     Layer ``k = 0`` takes the part's input columns ``x0`` (rows ``x0_rows`` of them when given);
     ``plan`` is then ``None``. The part's weights and bias are those its worker's
-    :class:`~dasknn.parallel.worker_state.ModelState` owns.
+    :class:`~dasknn.model_parallel.worker_state.ModelState` owns.
 
     Parameters
     ----------

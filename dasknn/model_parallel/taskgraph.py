@@ -16,8 +16,8 @@ nothing to another worker, ``-2`` for an output block, ``-3`` for softmax statis
 runs on the worker of ``part`` (:class:`PartPlacement`), so the only values Dask moves between
 workers are the packed messages. A part sends one message per layer and phase to each *other
 worker* hosting receivers; messages between parts on the same worker never become tasks: the
-sender leaves them in the worker's mailbox (:mod:`dasknn.parallel.steps`) and the receiver's tasks
-wait for one of the sender's tasks (``after``). With ``P`` parts on ``W`` workers a layer thus
+sender leaves them in the worker's mailbox (:mod:`dasknn.model_parallel.steps`) and the receiver's
+tasks wait for one of the sender's tasks (``after``). With ``P`` parts on ``W`` workers a layer thus
 costs at most ``P (W - 1)`` tasks instead of ``P (P - 1)``.
 """
 
@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 from dask.task_spec import List, Task, TaskRef
 
-from dasknn.parallel.layout import Layout
-from dasknn.parallel.plan import CommPlan
-from dasknn.parallel.steps import (
+from dasknn.model_parallel.layout import Layout
+from dasknn.model_parallel.plan import CommPlan
+from dasknn.model_parallel.steps import (
     Route,
     StepContext,
     backward_task,

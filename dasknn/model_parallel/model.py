@@ -20,15 +20,14 @@ import numpy as np
 from dasknn.model.estimator import SparseEstimator
 from dasknn.model.sparse_mlp import SparseMLP
 from dasknn.model.validation import check_batch_size, check_in_flight, check_inputs
-from dasknn.optim import Optimizer, resolve_optimizer
-from dasknn.parallel.comm import (
+from dasknn.model_parallel.comm import (
     CommReport,
     install_comm_monitor,
     read_transfers,
     reset_transfers,
     wire_bytes,
 )
-from dasknn.parallel.layout import (
+from dasknn.model_parallel.layout import (
     Layout,
     Snapshot,
     gather_network,
@@ -37,12 +36,13 @@ from dasknn.parallel.layout import (
     snapshot_network,
     worker_of_parts,
 )
-from dasknn.parallel.plan import build_comm_plan, normalize_partition
-from dasknn.parallel.steps import StepContext
-from dasknn.parallel.taskgraph import PartPlacement, StepTemplate
-from dasknn.parallel.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
-from dasknn.parallel.worker_memory import ReuseFreedMemory
-from dasknn.parallel.worker_state import ModelState, plugin_name
+from dasknn.model_parallel.plan import build_comm_plan, normalize_partition
+from dasknn.model_parallel.steps import StepContext
+from dasknn.model_parallel.taskgraph import PartPlacement, StepTemplate
+from dasknn.model_parallel.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
+from dasknn.model_parallel.worker_memory import ReuseFreedMemory
+from dasknn.model_parallel.worker_state import ModelState, plugin_name
+from dasknn.optim import Optimizer, resolve_optimizer
 
 __all__ = ["DistributedSparseMLP"]
 
@@ -81,11 +81,11 @@ class DistributedSparseMLP(SparseEstimator):
         Use a separate pack task per message after each part's product task (two scheduler
         round trips per layer instead of one); only to measure the default's saving.
     reuse_memory : bool
-        Opt in to :class:`~dasknn.parallel.worker_memory.ReuseFreedMemory` on the workers, so the
-        buffers a step frees are reused by the next layer instead of being returned to the OS and
-        faulted in again (faster steps, but a process-wide malloc setting that stays in the worker
-        processes: use it on a cluster of your own). ``False`` (the default) leaves the workers'
-        malloc as it is.
+        Opt in to :class:`~dasknn.model_parallel.worker_memory.ReuseFreedMemory` on the workers, so
+        the buffers a step frees are reused by the next layer instead of being returned to the OS
+        and faulted in again (faster steps, but a process-wide malloc setting that stays in the
+        worker processes: use it on a cluster of your own). ``False`` (the default) leaves the
+        workers' malloc as it is.
 
     Attributes
     ----------
@@ -94,7 +94,7 @@ class DistributedSparseMLP(SparseEstimator):
     part_workers : list of str
         Worker address of every part.
     plugin_name : str
-        Name of the model's :class:`~dasknn.parallel.worker_state.ModelState` worker plugin.
+        Name of the model's :class:`~dasknn.model_parallel.worker_state.ModelState` worker plugin.
     optimizer : Optimizer or None
         The optimizer of the last training step (its state lives on the workers).
     loss_curve_ : list of float

@@ -16,8 +16,8 @@ from model_reference import DenseReference, stored_mask
 
 import graph
 from dasknn.model import SparseMLP
+from dasknn.model_parallel import DistributedSparseMLP
 from dasknn.optim import SGD, Adam, AdamW
-from dasknn.parallel import DistributedSparseMLP
 
 
 # ----------------------------------------------------------------- networks and partitions
@@ -197,7 +197,7 @@ def test_layout_is_pinned_gcxs_chunks(dask_client):
 
 
 def test_separate_pack_tasks_give_the_same_training(dask_client):
-    from dasknn.parallel import DistributedSparseMLP
+    from dasknn.model_parallel import DistributedSparseMLP
 
     model = _irregular_model(seed=10)
     parts = _partition("random", model.layer_sizes, 3, seed=10)
@@ -221,7 +221,7 @@ def test_parts_on_one_worker_exchange_through_the_mailbox(dask_client):
     """P = 4 on 2 workers: a part's message tasks go to other workers only, one per worker, and
     the step's measured traffic still equals the prediction (messages between co-located parts
     never cross a worker boundary, so they are neither tasks nor counted)."""
-    from dasknn.parallel import DistributedSparseMLP
+    from dasknn.model_parallel import DistributedSparseMLP
 
     model = _irregular_model(seed=4)
     parts = _partition("random", model.layer_sizes, 4, seed=4)
@@ -257,7 +257,7 @@ def test_parts_on_one_worker_exchange_through_the_mailbox(dask_client):
 @pytest.mark.parametrize("in_flight", [1, 3])
 def test_predict_in_blocks_in_flight(dask_client, in_flight):
     """Several blocks in flight at once give the dense reference's outputs, in order."""
-    from dasknn.parallel import DistributedSparseMLP
+    from dasknn.model_parallel import DistributedSparseMLP
 
     model = _irregular_model(seed=5)
     reference = DenseReference(
