@@ -133,6 +133,9 @@ def test_all_rows_die_and_empty_batch():
         infer_rows_cuda(x, network, -0.3, compact_every=0)
     with pytest.raises(ValueError, match="mode"):
         infer_rows_cuda(x, network, -0.3, mode="graph")
+    bad = sp.csr_matrix((np.ones(1), np.array([40]), np.array([0, 1])), shape=(1, 32))
+    with pytest.raises(ValueError, match="column index"):
+        infer_rows_cuda(bad, network, -0.3)
 
 
 def test_device_network_too_small_budget():

@@ -406,6 +406,11 @@ def infer_rows_cuda(
     -------
     CudaBatchResult
         ``rows``: batch-local 0-based ids of the rows that are not all zero after the last layer.
+
+    Raises
+    ------
+    ValueError
+        On a width mismatch, an input index out of range, a bad ``compact_every`` or ``mode``.
     """
     if inputs.shape[1] != network.neurons:
         raise ValueError(
@@ -418,9 +423,12 @@ def infer_rows_cuda(
     start = time.perf_counter()
     dtype = network.dtype
     csr = sp.csr_matrix(inputs, dtype=dtype)
+    if csr.nnz and (csr.indices.min() < 0 or csr.indices.max() >= network.neurons):
+        raise ValueError(f"an input column index is outside 0..{network.neurons - 1}")
+    if np.any(np.diff(csr.indptr) < 0):
+        raise ValueError("the inputs' indptr is not monotonic")
     csr.eliminate_zeros()
     rows = np.flatnonzero(np.diff(csr.indptr)).astype(np.int64)
-    done = 0
     if rows.size == 0:
         return CudaBatchResult(rows, 0, time.perf_counter() - start)
     n = network.neurons
