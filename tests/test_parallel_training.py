@@ -18,6 +18,8 @@ import graph
 from dasknn.model import SparseMLP
 from dasknn.optim import SGD, Adam, AdamW
 
+pytestmark = pytest.mark.minversions  # also run at the minimum versions (.ci/run)
+
 
 # ----------------------------------------------------------------- networks and partitions
 def _irregular_model(dtype=np.float64, activation="sigmoid", loss="mse", seed=0):

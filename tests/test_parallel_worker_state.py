@@ -17,6 +17,8 @@ from dasknn.optim import SGD, Adam
 from dasknn.parallel import DistributedSparseMLP
 from dasknn.parallel.comm import read_transfers
 
+pytestmark = pytest.mark.minversions  # also run at the minimum versions (.ci/run)
+
 
 def _model(seed: int = 0) -> SparseMLP:
     rng = np.random.default_rng(seed)
