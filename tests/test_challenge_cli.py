@@ -21,6 +21,8 @@ from dasknn.datasets import (
     write_sparse_tsv,
 )
 
+pytestmark = pytest.mark.minversions  # also run at the minimum versions (.ci/run)
+
 NEURONS = 64
 BIAS = -0.3
 

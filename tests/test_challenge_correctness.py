@@ -25,6 +25,8 @@ from dasknn.datasets import (
 )
 from dasknn.kernels.inference import advance, live_activations, live_rows, pack_layers, start_batch
 
+pytestmark = pytest.mark.minversions  # also run at the minimum versions (.ci/run)
+
 
 def _distinct(features_by_row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Distinct columns of ``features_by_row`` (N, m) and the group of every column.

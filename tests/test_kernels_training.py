@@ -8,6 +8,8 @@ import scipy.sparse as sp
 
 from dasknn.kernels.training import masked_outer_grad, spmm_backward, spmm_forward
 
+pytestmark = pytest.mark.minversions  # also run at the minimum versions (.ci/run)
+
 
 def chunk(n_in, n_out, dtype, index_dtype, seed=0):
     """A random CSR chunk with empty rows and columns, sorted indices."""

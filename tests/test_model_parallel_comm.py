@@ -13,6 +13,8 @@ import pytest
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
 
+pytestmark = pytest.mark.minversions  # also run at the minimum versions (.ci/run)
+
 
 def _expected_bytes(model, parts, part_workers, batch, steps):
     """Forward words of every layer plus backward words of layers 2..L that cross workers."""

@@ -19,6 +19,8 @@ from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
 from dasknn.optim import SGD, Adam, AdamW
 
+pytestmark = pytest.mark.minversions  # also run at the minimum versions (.ci/run)
+
 
 # ----------------------------------------------------------------- networks and partitions
 def _irregular_model(dtype=np.float64, activation="sigmoid", loss="mse", seed=0):

@@ -17,6 +17,8 @@ from dasknn.model_parallel import DistributedSparseMLP
 from dasknn.model_parallel.comm import read_transfers
 from dasknn.optim import SGD, Adam
 
+pytestmark = pytest.mark.minversions  # also run at the minimum versions (.ci/run)
+
 
 def _model(seed: int = 0) -> SparseMLP:
     rng = np.random.default_rng(seed)

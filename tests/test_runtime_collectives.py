@@ -14,6 +14,8 @@ from dasknn.runtime import collectives
 from dasknn.runtime.collectives import chunk_bounds
 from dasknn.runtime.measure import install_comm_monitor, read_transfers
 
+pytestmark = pytest.mark.minversions  # also run at the minimum versions (.ci/run)
+
 INDEX_BYTES = 8
 
 

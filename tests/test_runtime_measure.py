@@ -10,6 +10,8 @@ from distributed import Client, LocalCluster
 from dasknn.runtime.keys import collective_key, describe, message_phase, parse_collective_key
 from dasknn.runtime.measure import install_comm_monitor, read_transfers, reset_transfers
 
+pytestmark = pytest.mark.minversions  # also run at the minimum versions (.ci/run)
+
 
 def _copy(x):
     return np.array(x, copy=True)

@@ -182,22 +182,30 @@ def start_batch(inputs: sp.spmatrix, dtype: np.dtype | type = np.float32) -> Bat
     return BatchState(rows=rows, block=block)
 
 
+@njit(cache=True)
+def _tile_section_flags(tile, tile_flags, degree):
+    # One tile of ``_section_flags``, kept out of its ``prange`` loop (and not inlined into it):
+    # with these accumulators in the loop body, numba's parfor reduction analysis fails with
+    # "AssertionError: unexpected cycle in lookup()" (seen with numba 0.68.0 and 0.68.1 on Python
+    # 3.12; Python 3.11 compiled it). Same speed: the loop over tiles is still parallel.
+    count = 0
+    for j in range(tile.shape[0]):
+        nz = 0
+        for lane in range(LANES):
+            if tile[j, lane] != 0:
+                nz += 1
+        tile_flags[j] = nz > 0
+        count += nz * degree[j]
+    return count
+
+
 @njit(cache=True, parallel=True)
 def _section_flags(block, live, flags, degree):
     """Flag the sections of ``block`` that hold a nonzero; return the needed multiply-adds."""
     n_tiles = (live + LANES - 1) // LANES
-    n = block.shape[1]
     needed = np.zeros(n_tiles, dtype=np.int64)
     for t in prange(n_tiles):
-        count = 0
-        for j in range(n):
-            nz = 0
-            for lane in range(LANES):
-                if block[t, j, lane] != 0:
-                    nz += 1
-            flags[t, j] = nz > 0
-            count += nz * degree[j]
-        needed[t] = count
+        needed[t] = _tile_section_flags(block[t], flags[t], degree)
     return needed.sum()
 
 
