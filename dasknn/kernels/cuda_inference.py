@@ -44,6 +44,7 @@ import scipy.sparse as sp
 from numba import config, cuda
 
 from dasknn.kernels.inference import PackedLayers
+from graph.checks import check_csr
 
 __all__ = [
     "CUDA_INSTALL_HINT",
@@ -417,7 +418,7 @@ def infer_rows_cuda(
         raise ValueError(f"mode must be one of {CUDA_MODES}, got {mode!r}")
     start = time.perf_counter()
     dtype = network.dtype
-    csr = sp.csr_matrix(inputs, dtype=dtype)
+    csr = sp.csr_matrix(check_csr(inputs, name="inputs"), dtype=dtype)
     csr.eliminate_zeros()
     rows = np.flatnonzero(np.diff(csr.indptr)).astype(np.int64)
     done = 0
