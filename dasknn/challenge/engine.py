@@ -112,6 +112,8 @@ def prepare_run(
         )
     if not np.all(np.isfinite(matrix.data)):
         raise ValueError("the inputs contain NaN or infinite values")
+    if matrix.shape[0] == 0:
+        raise ValueError("there are no inputs (0 rows)")
     if bias is None:
         bias = challenge_bias(width)
     if not math.isfinite(bias):

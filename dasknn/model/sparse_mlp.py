@@ -16,7 +16,6 @@ take and return row blocks, the private ones work on ``(n_k, B)`` arrays.
 from __future__ import annotations
 
 import os
-import tempfile
 import zipfile
 import zlib
 from collections.abc import Sequence
@@ -38,6 +37,7 @@ from dasknn.model.validation import (
     epoch_batches,
 )
 from dasknn.optim import Optimizer, ParamState, resolve_optimizer
+from graph.atomic import write_atomically
 from graph.checks import check_csr, csr_from_arrays
 
 __all__ = ["SparseMLP"]
@@ -475,14 +475,7 @@ class SparseMLP:
             arrays[f"w{k}_indices"] = w.indices
             arrays[f"w{k}_data"] = w.data
             arrays[f"b{k}"] = b
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                np.savez(fh, **arrays)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomically(path, lambda handle: np.savez(handle, **arrays))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> SparseMLP:
