@@ -1,4 +1,5 @@
-"""Fuzzing the readers: mutated or random bytes load into something valid or raise ``ValueError``
+"""Fuzzing the readers (layer, input, IDX image, category and model files): mutated or random
+bytes load into something valid or raise ``ValueError``
 / ``FileNotFoundError`` naming the file, never another exception or a crash."""
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ LAYER = _bytes_of(lambda p: write_sparse_tsv(p, radixnet(NEURONS, 1)[0]), "layer
 INPUTS = _bytes_of(lambda p: write_sparse_tsv(p, sp.random(20, NEURONS, 0.2, random_state=0)),
                    "inputs.tsv")
 CATEGORIES = _bytes_of(lambda p: write_categories(p, np.arange(1, 40, 3)), "cat.tsv")
+IMAGES = bytes([0, 0, 8, 3, 0, 0, 0, 3, 0, 0, 0, 8, 0, 0, 0, 8]) + bytes(range(192))
 MODEL = _bytes_of(lambda p: SparseMLP.radixnet(neurons=NEURONS, layers=2).save(p), "m.npz")
 # bytes a mutation puts in: digits, separators, signs, exponents, and arbitrary ones
 PIECES = st.sampled_from([b"0", b"9", b"\t", b"\n", b" ", b"-", b".", b"e", b"e999", b"nan",
@@ -93,6 +95,18 @@ def test_input_files(payload):
         inputs = _expect_valid_or_named_error(lambda p: load_inputs(p, NEURONS), path)
         if inputs is not None:
             check_csr(inputs, (None, NEURONS))
+            assert inputs.shape[0] >= 1
+
+
+@FUZZ
+@given(mutated(IMAGES))
+def test_idx_image_files(payload):
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "images.idx"
+        path.write_bytes(payload)
+        inputs = _expect_valid_or_named_error(lambda p: load_inputs(p, 64), path)
+        if inputs is not None:
+            check_csr(inputs, (None, 64))
             assert inputs.shape[0] >= 1
 
 

@@ -48,6 +48,8 @@ def load_inputs(path: str | os.PathLike, neurons: int) -> sp.csr_matrix:
         images = read_mnist_idx(path)
         if images.ndim != 3:
             raise ValueError(f"{path}: IDX images must have shape (n, h, w), got {images.shape}")
+        if images.shape[0] == 0:
+            raise ValueError(f"{path}: no inputs (the file holds 0 images)")
         side = math.isqrt(int(neurons))
         if side * side != neurons:
             raise ValueError(
