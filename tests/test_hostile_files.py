@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from dasknn import SparseMLP
+from dasknn.challenge.engine import prepare_run
 from dasknn.challenge.inputs import load_inputs
 from dasknn.cli import main
 from dasknn.cluster import LOCAL_HOST, local_cluster
@@ -165,3 +166,12 @@ def test_local_clusters_listen_on_localhost_only():
         assert workers and all(address.startswith(f"tcp://{LOCAL_HOST}:") for address in workers)
         for server in cluster.scheduler.http_server._sockets.values():
             assert server.getsockname()[0] == LOCAL_HOST
+
+
+def test_a_value_that_does_not_fit_the_dtype_is_an_error(tmp_path, network):
+    path = network / f"n{NEURONS}-l2.tsv"
+    path.write_text(path.read_text() + "1\t1\t1e300\n")
+    with pytest.raises(ValueError, match=r"l2.tsv, line \d+: value 1e\+300 does not fit float32"):
+        read_challenge_network(network, dtype=np.float32)
+    with pytest.raises(ValueError, match="layer 2 has a weight that does not fit float32"):
+        prepare_run(str(network), np.eye(2, NEURONS), bias=-0.3, dtype="float32")

@@ -104,6 +104,8 @@ def prepare_run(
             raise ValueError(f"layer {k + 1} has shape {m.shape}, expected ({width}, {width})")
         if not np.all(np.isfinite(m.data)):
             raise ValueError(f"layer {k + 1} has a weight that is NaN or infinite")
+        if m.nnz and np.abs(m.data).max() > np.finfo(dtype).max:
+            raise ValueError(f"layer {k + 1} has a weight that does not fit {dtype.name}")
     matrix = _resolve_inputs(inputs, width)
     if matrix.shape[1] != width:
         raise ValueError(

@@ -98,6 +98,20 @@ def _read_triples(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
     return rows - 1, cols - 1, vals, lines_used
 
 
+def _cast(path: Path, vals: np.ndarray, lines_used: np.ndarray, dtype) -> np.ndarray:
+    """``vals`` as ``dtype``; ``ValueError`` naming the file and line of a value that does not fit
+    (finite as float64, infinite as ``dtype``)."""
+    with np.errstate(over="ignore"):
+        cast = vals.astype(dtype)
+    bad = np.flatnonzero(~np.isfinite(cast))
+    if bad.size:
+        raise ValueError(
+            f"{path}, line {lines_used[bad[0]] + 1}: value {vals[bad[0]]} does not fit "
+            f"{np.dtype(dtype).name}"
+        )
+    return cast
+
+
 def _check_range(path: Path, rows, cols, lines_used, shape) -> None:
     for name, idx, bound in (("row", rows, shape[0]), ("col", cols, shape[1])):
         bad = np.flatnonzero(idx >= bound)
@@ -196,7 +210,8 @@ def read_challenge_network(
         path = layer_file(directory, neurons, k)
         rows, cols, vals, lines_used = _read_triples(path)
         _check_range(path, rows, cols, lines_used, (neurons, neurons))
-        mat = sp.csr_matrix((vals.astype(dtype), (rows, cols)), shape=(neurons, neurons))
+        mat = sp.csr_matrix((_cast(path, vals, lines_used, dtype), (rows, cols)),
+                            shape=(neurons, neurons))
         mat.sum_duplicates()
         result.append(mat)
     return result
@@ -246,7 +261,8 @@ def read_sparse_tsv(
             n_rows = int(shape[0])
         n_cols = int(shape[1])
         _check_range(path, rows, cols, lines_used, (n_rows, n_cols))
-    mat = sp.csr_matrix((vals.astype(dtype), (rows, cols)), shape=(n_rows, n_cols))
+    mat = sp.csr_matrix((_cast(path, vals, lines_used, dtype), (rows, cols)),
+                        shape=(n_rows, n_cols))
     mat.sum_duplicates()
     return mat
 
