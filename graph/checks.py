@@ -48,8 +48,9 @@ def _check_values(data, name: str, nnz: int) -> np.ndarray:
         or np.iscomplexobj(data)
     ):
         raise ValueError(f"{name}: values must be real numbers, got dtype {data.dtype}")
-    if data.size and not np.isfinite(data.astype(np.float64, copy=False)).all():
-        bad = int(np.flatnonzero(~np.isfinite(data.astype(np.float64, copy=False)))[0])
+    finite = np.isfinite(data) if data.size else np.ones(0, dtype=bool)
+    if not finite.all():
+        bad = int(np.flatnonzero(~finite)[0])
         raise ValueError(f"{name} contains NaN or infinite values (entry {bad} is {data[bad]})")
     return data
 
