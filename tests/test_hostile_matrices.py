@@ -139,3 +139,7 @@ def test_truncated_or_corrupt_model_file_is_a_value_error(tmp_path, cut):
         SparseMLP.load(tmp_path / "cut.npz")
     with pytest.raises(ValueError, match="is a directory"):
         SparseMLP.load(tmp_path)
+    with open(tmp_path / "array.npz", "wb") as handle:
+        np.save(handle, np.arange(3))
+    with pytest.raises(ValueError, match="array.npz: not a readable .npz model file"):
+        SparseMLP.load(tmp_path / "array.npz")

@@ -499,9 +499,10 @@ class SparseMLP:
         if path.is_dir():
             raise ValueError(f"{path}: is a directory, not a .npz model file")
         try:
-            with np.load(path, allow_pickle=False) as npz:
-                if not hasattr(npz, "files"):
-                    raise ValueError("a single array, not an archive")
+            loaded = np.load(path, allow_pickle=False)
+            if not isinstance(loaded, np.lib.npyio.NpzFile):
+                raise ValueError("a single array, not an .npz archive")
+            with loaded as npz:
                 stored = {key: npz[key] for key in npz.files}
         except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
             raise ValueError(f"{path}: not a readable .npz model file: {exc}") from None
