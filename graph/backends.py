@@ -3,6 +3,12 @@
 Both receive the CSR arrays of a :class:`~graph.hypergraph.PhaseHypergraph` directly. Fixed vertices
 get weight 1 (Mt-KaHyPar rejects weight 0) and every part's weight limit is raised by the weight of
 the fixed vertex it holds, so the balance of the free vertices is exactly what ``epsilon`` allows.
+
+Both partitioners reject free vertices of weight 0 (neurons with no inputs; KaHyPar ends the process
+from C++). Such vertices never reach them: the weighted vertices are partitioned alone, on a
+hypergraph without the weightless pins, and every weightless vertex then goes to the part that most
+of its nets already touch, ties to the part with the fewest neurons. A weightless vertex adds no
+work, so the balance of the weighted vertices is the one the partitioner kept.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from functools import cache
 from importlib import resources
 
 import numpy as np
+import scipy.sparse as sp
 
 from graph.hypergraph import PhaseHypergraph
 
@@ -72,12 +79,86 @@ def run_backend(
         return np.zeros(0, dtype=np.int64)
     if nparts == 1:
         return np.zeros(hypergraph.num_free, dtype=np.int64)
+    weighted = hypergraph.vertex_weights > 0
+    if weighted.all():
+        return _run_weighted(hypergraph, nparts, epsilon, seed, backend, preset)
+    parts = np.full(hypergraph.num_free, -1, dtype=np.int64)
+    if weighted.any():
+        parts[weighted] = _run_weighted(
+            _weighted_part(hypergraph, weighted), nparts, epsilon, seed, backend, preset
+        )
+    _place_weightless(hypergraph, parts, np.flatnonzero(~weighted), nparts)
+    return parts
+
+
+def _run_weighted(
+    hypergraph: PhaseHypergraph, nparts: int, epsilon: float, seed: int, backend: str, preset: str
+) -> np.ndarray:
+    """The backend's part of every free vertex of ``hypergraph``, all of positive weight."""
     limits = block_weight_limits(hypergraph, nparts, epsilon)
     if backend == "mtkahypar":
         parts = _run_mtkahypar(hypergraph, nparts, epsilon, seed, preset, limits)
     else:
         parts = _run_kahypar(hypergraph, nparts, epsilon, seed, limits)
     return parts[: hypergraph.num_free]
+
+
+def _weighted_part(hypergraph: PhaseHypergraph, weighted: np.ndarray) -> PhaseHypergraph:
+    """``hypergraph`` restricted to the free vertices flagged in ``weighted`` and the fixed ones.
+
+    Pins of the dropped vertices are removed, then nets left with fewer than two pins (they can
+    never be cut).
+    """
+    num_kept = int(weighted.sum())
+    new_id = np.full(hypergraph.num_vertices, -1, dtype=np.int64)
+    new_id[: hypergraph.num_free][weighted] = np.arange(num_kept)
+    new_id[hypergraph.num_free :] = num_kept + np.arange(len(hypergraph.fixed_parts))
+    sizes = np.diff(hypergraph.net_offsets)
+    net_of_pin = np.repeat(np.arange(hypergraph.num_nets), sizes)
+    pins = new_id[hypergraph.net_pins]
+    keep_pin = pins >= 0
+    new_sizes = np.bincount(net_of_pin[keep_pin], minlength=hypergraph.num_nets)
+    keep_net = new_sizes >= 2
+    keep_pin &= keep_net[net_of_pin]
+    return PhaseHypergraph(
+        num_free=num_kept,
+        vertex_weights=hypergraph.vertex_weights[weighted],
+        fixed_parts=hypergraph.fixed_parts,
+        net_offsets=np.concatenate([[0], np.cumsum(new_sizes[keep_net])]).astype(np.int64),
+        net_pins=pins[keep_pin],
+        net_weights=hypergraph.net_weights[keep_net],
+        vertex_of_neuron=np.zeros(0, dtype=np.int64),
+    )
+
+
+def _place_weightless(
+    hypergraph: PhaseHypergraph, parts: np.ndarray, weightless: np.ndarray, nparts: int
+) -> None:
+    """Give each vertex in ``weightless`` (in order) the part most of its nets touch, in place.
+
+    A net touches the parts of its placed free pins and of its fixed pins; ties, and vertices in no
+    net, go to the part holding the fewest neurons so far.
+    """
+    neurons = np.bincount(hypergraph.vertex_of_neuron, minlength=hypergraph.num_free)
+    load = np.bincount(parts[parts >= 0], weights=neurons[parts >= 0], minlength=nparts)
+    sizes = np.diff(hypergraph.net_offsets)
+    net_of_pin = np.repeat(np.arange(hypergraph.num_nets), sizes)
+    by_vertex = sp.csr_matrix(
+        (hypergraph.net_weights[net_of_pin], (hypergraph.net_pins, net_of_pin)),
+        shape=(hypergraph.num_vertices, hypergraph.num_nets),
+    )
+    all_parts = np.concatenate([parts, hypergraph.fixed_parts])
+    for v in weightless.tolist():
+        affinity = np.zeros(nparts)
+        for net in by_vertex.indices[by_vertex.indptr[v] : by_vertex.indptr[v + 1]].tolist():
+            first, last = hypergraph.net_offsets[net], hypergraph.net_offsets[net + 1]
+            pins = hypergraph.net_pins[first:last]
+            touched = np.unique(all_parts[pins])
+            affinity[touched[touched >= 0]] += hypergraph.net_weights[net]
+        best = np.flatnonzero(affinity == affinity.max())
+        part = int(best[np.argmin(load[best])])
+        parts[v] = all_parts[v] = part
+        load[part] += neurons[v]
 
 
 @cache
@@ -118,7 +199,9 @@ def _run_mtkahypar(
     context = _mtkahypar_context(preset, nparts, epsilon)
     context.set_individual_target_block_weights(limits.tolist())
     mtkahypar.set_seed(int(seed))
-    nets = np.split(hypergraph.net_pins, hypergraph.net_offsets[1:-1])
+    nets = []
+    if hypergraph.num_nets:
+        nets = np.split(hypergraph.net_pins, hypergraph.net_offsets[1:-1])
     mt_hypergraph = initializer.create_hypergraph(
         context,
         hypergraph.num_vertices,

@@ -9,6 +9,7 @@ import scipy.sparse as sp
 
 from graph.backends import BACKENDS, MTKAHYPAR_PRESETS
 from graph.baselines import block_parts, random_parts
+from graph.checks import check_csr
 from graph.multiphase import PhaseSettings, multiphase_parts
 from graph.network_partition import NetworkPartition
 from graph.refine import refine_parts
@@ -20,12 +21,14 @@ DEFAULT_BACKEND = "kahypar"
 
 
 def check_network(layers: Sequence[sp.spmatrix]) -> None:
-    """Raise ``ValueError`` unless ``layers`` is a non-empty chain of 2-d sparse matrices."""
+    """Raise ``ValueError`` unless ``layers`` is a non-empty chain of 2-d sparse matrices whose
+    arrays pass :func:`graph.checks.check_csr`."""
     if len(layers) == 0:
         raise ValueError("the network has no layers")
     for k, layer in enumerate(layers, start=1):
         if not sp.issparse(layer) or layer.ndim != 2:
             raise ValueError(f"layer {k} is not a 2-d scipy sparse matrix")
+        check_csr(layer, name=f"layer {k}")
         if k > 1 and layers[k - 2].shape[1] != layer.shape[0]:
             raise ValueError(
                 f"layer {k} has {layer.shape[0]} inputs but layer {k - 1} has "

@@ -28,6 +28,7 @@ from dasknn.challenge.stats import ChallengeStats
 from dasknn.datasets import challenge_bias, load_network
 from dasknn.kernels.inference import pack_layers
 from dasknn.runtime.cluster import open_client
+from graph.checks import check_csr
 
 __all__ = ["run_challenge", "prepare_run", "default_batch_size"]
 
@@ -42,7 +43,7 @@ def default_batch_size(n_inputs: int, workers: int) -> int:
 def _resolve_network(network, neurons, layers, seed) -> list[sp.csr_matrix]:
     if isinstance(network, str | os.PathLike):
         return load_network(network, neurons=neurons, layers=layers, seed=seed)
-    matrices = [sp.csr_matrix(m) for m in network]
+    matrices = [check_csr(m, name=f"layer {k + 1}") for k, m in enumerate(network)]
     if layers is not None:
         matrices = matrices[:layers]
     return matrices
@@ -51,10 +52,7 @@ def _resolve_network(network, neurons, layers, seed) -> list[sp.csr_matrix]:
 def _resolve_inputs(inputs, neurons: int) -> sp.csr_matrix:
     if isinstance(inputs, str | os.PathLike):
         return load_inputs(inputs, neurons)
-    matrix = sp.csr_matrix(inputs, dtype=np.float64)
-    if matrix.ndim != 2:
-        raise ValueError(f"inputs must be a 2-D matrix, got shape {matrix.shape}")
-    return matrix
+    return sp.csr_matrix(check_csr(inputs, name="inputs"), dtype=np.float64)
 
 
 def _worker_memory_limit(client: Client) -> int:
@@ -106,6 +104,8 @@ def prepare_run(
             raise ValueError(f"layer {k + 1} has shape {m.shape}, expected ({width}, {width})")
         if not np.all(np.isfinite(m.data)):
             raise ValueError(f"layer {k + 1} has a weight that is NaN or infinite")
+        if m.nnz and np.abs(m.data).max() > np.finfo(dtype).max:
+            raise ValueError(f"layer {k + 1} has a weight that does not fit {dtype.name}")
     matrix = _resolve_inputs(inputs, width)
     if matrix.shape[1] != width:
         raise ValueError(
@@ -114,6 +114,8 @@ def prepare_run(
         )
     if not np.all(np.isfinite(matrix.data)):
         raise ValueError("the inputs contain NaN or infinite values")
+    if matrix.shape[0] == 0:
+        raise ValueError("there are no inputs (0 rows)")
     if bias is None:
         bias = challenge_bias(width)
     if not math.isfinite(bias):

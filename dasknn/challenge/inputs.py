@@ -38,7 +38,8 @@ def load_inputs(path: str | os.PathLike, neurons: int) -> sp.csr_matrix:
     FileNotFoundError
         If the file does not exist.
     ValueError
-        On a malformed file, a column beyond the width, or a width that is not a square for images.
+        On a malformed file, a file with no input rows, a column beyond the width, or a width that
+        is not a square for images.
     """
     path = Path(path)
     if not path.exists():
@@ -47,6 +48,8 @@ def load_inputs(path: str | os.PathLike, neurons: int) -> sp.csr_matrix:
         images = read_mnist_idx(path)
         if images.ndim != 3:
             raise ValueError(f"{path}: IDX images must have shape (n, h, w), got {images.shape}")
+        if images.shape[0] == 0:
+            raise ValueError(f"{path}: no inputs (the file holds 0 images)")
         side = math.isqrt(int(neurons))
         if side * side != neurons:
             raise ValueError(
@@ -54,6 +57,8 @@ def load_inputs(path: str | os.PathLike, neurons: int) -> sp.csr_matrix:
             )
         return mnist_to_challenge_inputs(images, side)
     inputs = read_sparse_tsv(path)
+    if inputs.shape[0] == 0:
+        raise ValueError(f"{path}: no inputs (the file holds no entries)")
     if inputs.shape[1] > neurons:
         raise ValueError(
             f"{path}: the inputs have column {inputs.shape[1]} but the network has only "

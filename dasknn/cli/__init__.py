@@ -28,14 +28,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; return the exit code (errors in the input or the set-up exit with 2,
-    with the message and no traceback)."""
+    """Run the command line; return the exit code.
+
+    Errors a user can cause with bad files, options or an unreachable cluster (``ValueError``,
+    ``OSError`` such as a missing file, a directory given for a file or a connection timeout,
+    ``RuntimeError``, ``MemoryError``) exit with 2 and one line on stderr, no traceback.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, RuntimeError, MemoryError) as exc:
-        print(f"dasknn {args.command}: error: {exc}", file=sys.stderr)
+    except (ValueError, OSError, RuntimeError, MemoryError) as exc:
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"dasknn {args.command}: error: {message}", file=sys.stderr)
         return 2
 
 

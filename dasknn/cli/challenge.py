@@ -13,7 +13,7 @@ from dasknn.challenge.engine import prepare_run
 from dasknn.challenge.model_parallel import check_model_parallel, run_challenge_model_parallel
 from dasknn.datasets import read_categories, write_categories
 from dasknn.runtime.cluster import open_client
-from graph.atomic import write_text_atomically
+from graph.atomic import check_output_path, write_text_atomically
 
 __all__ = ["add_parser", "run"]
 
@@ -86,8 +86,8 @@ def run(args: argparse.Namespace) -> int:
     if args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     for output in (args.categories, args.json):
-        if output is not None and not output.resolve().parent.is_dir():
-            raise FileNotFoundError(f"the directory of {str(output)!r} does not exist")
+        if output is not None:
+            check_output_path(output)
     golden = read_categories(args.golden) if args.golden is not None else None
     network, inputs, bias = prepare_run(
         args.network, args.inputs, args.bias, neurons=args.neurons, layers=args.layers,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import graph
 from dasknn.datasets import load_network
-from graph.atomic import write_text_atomically
+from graph.atomic import check_output_path, write_text_atomically
 from graph.report import PartitionRow, format_table
 
 __all__ = ["add_parser", "run"]
@@ -47,8 +47,8 @@ def run(args: argparse.Namespace) -> int:
     if args.layers is not None and args.layers < 1:
         raise ValueError(f"--layers must be at least 1, not {args.layers}")
     for target in (args.out, args.report):
-        if target is not None and not target.parent.is_dir():
-            raise FileNotFoundError(f"the directory of {str(target)!r} does not exist")
+        if target is not None:
+            check_output_path(target)
     layers = load_network(args.network, neurons=args.neurons, layers=args.layers)
     graph.check_network(layers)
     smallest = min([layers[0].shape[0]] + [layer.shape[1] for layer in layers])

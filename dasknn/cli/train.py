@@ -14,6 +14,7 @@ from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
 from dasknn.model_parallel.timing import time_training
 from dasknn.runtime.cluster import open_client
+from graph.atomic import check_output_path
 
 __all__ = ["add_parser", "run"]
 
@@ -70,8 +71,8 @@ def _check(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
     if args.steps is not None and args.steps < 1:
         raise ValueError("--steps must be at least 1")
-    if args.save is not None and not args.save.parent.is_dir():
-        raise FileNotFoundError(f"the directory of {str(args.save)!r} does not exist")
+    if args.save is not None:
+        check_output_path(args.save)
 
 
 def _model_and_data(args: argparse.Namespace) -> tuple[SparseMLP, np.ndarray, np.ndarray]:

@@ -12,13 +12,14 @@ from __future__ import annotations
 import gzip
 import os
 import re
+import zlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
 
-from dasknn.datasets.tsv_parser import parse_triples
+from dasknn.datasets.tsv_parser import MAX_INDEX, parse_triples
 from graph.atomic import write_atomically
 
 __all__ = [
@@ -30,6 +31,10 @@ __all__ = [
     "write_categories",
     "layer_file",
 ]
+
+# an input file may leave out rows (samples with no nonzero), but its largest row id may exceed
+# twice the number of entries by at most this many
+ROW_SLACK = 1024
 
 _CHALLENGE_BIAS = {1024: -0.30, 4096: -0.35, 16384: -0.40, 65536: -0.45}
 _LAYER_NAME = re.compile(r"^n(\d+)-l(\d+)\.tsv(\.gz)?$")
@@ -57,10 +62,16 @@ def challenge_bias(neurons: int) -> float:
         ) from None
 
 
-def _open_text(path: Path):
-    if path.suffix == ".gz":
-        return gzip.open(path, "rt")
-    return open(path)
+def _read_bytes(path: Path) -> bytes:
+    """The content of ``path``, gunzipped when it ends in ``.gz``; ``ValueError`` naming the file
+    when it cannot be read (a directory, no permission, a corrupt or truncated gzip stream)."""
+    try:
+        if path.suffix == ".gz":
+            with gzip.open(path, "rb") as fh:
+                return fh.read()
+        return path.read_bytes()
+    except (OSError, EOFError, zlib.error) as exc:
+        raise ValueError(f"{path}: cannot read file: {exc}") from None
 
 
 def _read_triples(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -68,14 +79,7 @@ def _read_triples(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
 
     Blank lines are allowed. Raises ``ValueError`` naming the file and the first bad line.
     """
-    try:
-        if path.suffix == ".gz":
-            with gzip.open(path, "rb") as fh:
-                text = fh.read()
-        else:
-            text = path.read_bytes()
-    except (OSError, EOFError) as exc:
-        raise ValueError(f"{path}: cannot read file: {exc}") from exc
+    text = _read_bytes(path)
     try:
         rows, cols, vals, lines_used = parse_triples(text)
     except ValueError as exc:
@@ -92,6 +96,20 @@ def _read_triples(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
             f"{path}, line {lines_used[bad[0]] + 1}: value is not finite ({vals[bad[0]]})"
         )
     return rows - 1, cols - 1, vals, lines_used
+
+
+def _cast(path: Path, vals: np.ndarray, lines_used: np.ndarray, dtype) -> np.ndarray:
+    """``vals`` as ``dtype``; ``ValueError`` naming the file and line of a value that does not fit
+    (finite as float64, infinite as ``dtype``)."""
+    with np.errstate(over="ignore"):
+        cast = vals.astype(dtype)
+    bad = np.flatnonzero(~np.isfinite(cast))
+    if bad.size:
+        raise ValueError(
+            f"{path}, line {lines_used[bad[0]] + 1}: value {vals[bad[0]]} does not fit "
+            f"{np.dtype(dtype).name}"
+        )
+    return cast
 
 
 def _check_range(path: Path, rows, cols, lines_used, shape) -> None:
@@ -141,7 +159,7 @@ def read_challenge_network(
         Neurons per layer ``N``. Inferred from the file names when the folder holds one width.
     layers : int or sequence of int, optional
         Number of layers to read (layers ``1..layers``) or explicit 1-based layer numbers. By
-        default every consecutive layer from 1 that is present.
+        default every layer present, which must be numbered 1 to L with none missing.
     dtype : numpy dtype
         Value type of the matrices.
 
@@ -153,7 +171,8 @@ def read_challenge_network(
     Raises
     ------
     FileNotFoundError
-        If the folder or a requested layer file is missing.
+        If the folder or a requested layer file is missing, or (``layers=None``) a layer between
+        1 and the last one present.
     ValueError
         On a malformed line, an index out of range or inconsistent widths.
     """
@@ -173,12 +192,13 @@ def read_challenge_network(
         present = set(found.get(neurons, []))
         if not present:
             raise FileNotFoundError(f"{directory}: no layer files n{neurons}-l*.tsv[.gz]")
-        count = 0
-        while count + 1 in present:
-            count += 1
-        if count == 0:
-            raise FileNotFoundError(f"{directory}: missing layer file n{neurons}-l1.tsv[.gz]")
-        numbers: list[int] = list(range(1, count + 1))
+        missing = sorted(set(range(1, max(present) + 1)) - present)
+        if missing:
+            raise FileNotFoundError(
+                f"{directory}: missing layer file n{neurons}-l{missing[0]}.tsv[.gz] (layers "
+                f"1 to {max(present)} are needed, layer {missing[0]} is absent)"
+            )
+        numbers: list[int] = list(range(1, max(present) + 1))
     elif isinstance(layers, int | np.integer):
         if layers < 1:
             raise ValueError(f"layers must be >= 1, got {layers}")
@@ -190,7 +210,8 @@ def read_challenge_network(
         path = layer_file(directory, neurons, k)
         rows, cols, vals, lines_used = _read_triples(path)
         _check_range(path, rows, cols, lines_used, (neurons, neurons))
-        mat = sp.csr_matrix((vals.astype(dtype), (rows, cols)), shape=(neurons, neurons))
+        mat = sp.csr_matrix((_cast(path, vals, lines_used, dtype), (rows, cols)),
+                            shape=(neurons, neurons))
         mat.sum_duplicates()
         result.append(mat)
     return result
@@ -211,11 +232,28 @@ def read_sparse_tsv(
         Matrix shape; ``rows`` may be None to take the largest row index. Indices beyond it raise.
     dtype : numpy dtype
         Value type.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` does not exist.
+    ValueError
+        Naming the file and line: a malformed line, an index out of range, or (``rows`` taken
+        from the file) a row id beyond ``2 * entries + ROW_SLACK``, which would make a matrix of
+        mostly empty rows out of a small file.
     """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"input file {path} does not exist")
     rows, cols, vals, lines_used = _read_triples(path)
+    if rows.size and (shape is None or shape[0] is None):
+        bound = 2 * rows.size + ROW_SLACK
+        if rows.max() >= bound:
+            at = int(np.argmax(rows))
+            raise ValueError(
+                f"{path}, line {lines_used[at] + 1}: row {rows[at] + 1} is absurd for a file of "
+                f"{rows.size} entries (row ids may reach {bound}; number the rows from 1)"
+            )
     n_rows = int(rows.max()) + 1 if rows.size else 0
     n_cols = int(cols.max()) + 1 if cols.size else 0
     if shape is not None:
@@ -223,7 +261,8 @@ def read_sparse_tsv(
             n_rows = int(shape[0])
         n_cols = int(shape[1])
         _check_range(path, rows, cols, lines_used, (n_rows, n_cols))
-    mat = sp.csr_matrix((vals.astype(dtype), (rows, cols)), shape=(n_rows, n_cols))
+    mat = sp.csr_matrix((_cast(path, vals, lines_used, dtype), (rows, cols)),
+                        shape=(n_rows, n_cols))
     mat.sum_duplicates()
     return mat
 
@@ -254,25 +293,32 @@ def write_sparse_tsv(path: str | os.PathLike, matrix: sp.spmatrix) -> None:
 
 
 def read_categories(path: str | os.PathLike) -> np.ndarray:
-    """Read a category file: 1-based sample ids, one a line. Returns them as given (1-based)."""
+    """Read a category file: 1-based sample ids, one a line. Returns them as given (1-based).
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` does not exist.
+    ValueError
+        Naming the file (and the line): unreadable or corrupt gzip, a line that is not a decimal
+        id from 1 to ``MAX_INDEX``.
+    """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"category file {path} does not exist")
+    text = _read_bytes(path)
     ids = []
-    with _open_text(path) as fh:
-        for lineno, ln in enumerate(fh, start=1):
-            ln = ln.strip()
-            if not ln:
-                continue
-            try:
-                value = int(ln)
-            except ValueError:
-                raise ValueError(
-                    f"{path}, line {lineno}: expected an integer id, got {ln!r}"
-                ) from None
-            if value < 1:
-                raise ValueError(f"{path}, line {lineno}: ids are 1-based, got {value}")
-            ids.append(value)
+    for lineno, raw in enumerate(text.split(b"\n"), start=1):
+        ln = raw.strip()
+        if not ln:
+            continue
+        if not ln.isdigit():
+            shown = ln.decode(errors="replace")
+            raise ValueError(f"{path}, line {lineno}: expected an integer id, got {shown!r}")
+        value = int(ln)
+        if not 1 <= value <= MAX_INDEX:
+            raise ValueError(f"{path}, line {lineno}: ids run from 1 to {MAX_INDEX}, got {value}")
+        ids.append(value)
     return np.asarray(ids, dtype=np.int64)
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import gzip
+import math
 import os
+import zlib
 from importlib import resources
 from pathlib import Path
 
@@ -48,8 +50,8 @@ def read_mnist_idx(path: str | os.PathLike) -> np.ndarray:
     try:
         with opener(path, "rb") as fh:
             data = fh.read()
-    except (OSError, EOFError) as exc:
-        raise ValueError(f"{path}: cannot read IDX file: {exc}") from exc
+    except (OSError, EOFError, zlib.error) as exc:
+        raise ValueError(f"{path}: cannot read IDX file: {exc}") from None
     if len(data) < 4 or data[0] != 0 or data[1] != 0:
         raise ValueError(f"{path}: not an IDX file (bad magic number)")
     code, ndim = data[2], data[3]
@@ -59,7 +61,7 @@ def read_mnist_idx(path: str | os.PathLike) -> np.ndarray:
         raise ValueError(f"{path}: truncated IDX header")
     shape = tuple(int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
     dtype = np.dtype(_IDX_TYPES[code])
-    expected = int(np.prod(shape)) * dtype.itemsize
+    expected = math.prod(shape) * dtype.itemsize
     body = data[4 + 4 * ndim :]
     if len(body) != expected:
         raise ValueError(

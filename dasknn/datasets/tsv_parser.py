@@ -8,7 +8,10 @@ from numba import njit
 __all__ = ["parse_triples"]
 
 # status codes returned by the kernel with the 0-based line number of the problem
-OK, BAD_FIELDS, BAD_NUMBER = 0, 1, 2
+OK, BAD_FIELDS, BAD_NUMBER, BAD_INDEX = 0, 1, 2, 3
+
+# the largest row or column index accepted (15 digits; the parser reads 15 digits exactly)
+MAX_INDEX = 10**15 - 1
 
 _POW10 = np.array([10.0**k for k in range(23)])
 
@@ -19,6 +22,7 @@ def _parse(buf, rows, cols, vals, lines, pow10):  # pragma: no cover - compiled
 
     Values whose decimal mantissa exceeds 2**53 or whose exponent exceeds 22 cannot be converted
     exactly here; their positions are flagged with NaN and left to Python's ``float`` (fallback).
+    An index (row or column) beyond ``MAX_INDEX`` stops the parse with ``BAD_INDEX``.
     """
     n = buf.shape[0]
     pos = 0
@@ -84,6 +88,8 @@ def _parse(buf, rows, cols, vals, lines, pow10):  # pragma: no cover - compiled
                 if not (c == 32 or c == 9 or c == 13 or c == 10):
                     return BAD_NUMBER, count, line, fallback
             if fields < 2:
+                if not exact or mantissa > MAX_INDEX:
+                    return BAD_INDEX, count, line, fallback
                 if negative:
                     mantissa = -mantissa
                 if fields == 0:
@@ -125,7 +131,7 @@ def parse_triples(text: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.n
     ------
     ValueError
         With the 1-based line number of the first line that is not three numbers, whose first two
-        are integers.
+        are integers of at most ``MAX_INDEX``.
     """
     buf = np.frombuffer(text, dtype=np.uint8)
     capacity = int(np.count_nonzero(buf == 10)) + 1
@@ -136,6 +142,10 @@ def parse_triples(text: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.n
     status, count, bad_line, fallback = _parse(buf, rows, cols, vals, lines, _POW10)
     if status != OK:
         line = text.split(b"\n")[bad_line].decode(errors="replace").rstrip("\r")
+        if status == BAD_INDEX:
+            raise ValueError(
+                f"line {bad_line + 1}: an index does not fit (at most {MAX_INDEX}), got {line!r}"
+            )
         raise ValueError(f"line {bad_line + 1}: expected 'row col value', got {line!r}")
     rows, cols, vals, lines = rows[:count], cols[:count], vals[:count], lines[:count]
     if fallback:

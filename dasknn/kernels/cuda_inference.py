@@ -44,6 +44,7 @@ import scipy.sparse as sp
 from numba import config, cuda
 
 from dasknn.kernels.inference import PackedLayers
+from graph.checks import check_csr
 
 __all__ = [
     "CUDA_INSTALL_HINT",
@@ -422,11 +423,7 @@ def infer_rows_cuda(
         raise ValueError(f"mode must be one of {CUDA_MODES}, got {mode!r}")
     start = time.perf_counter()
     dtype = network.dtype
-    csr = sp.csr_matrix(inputs, dtype=dtype)
-    if csr.nnz and (csr.indices.min() < 0 or csr.indices.max() >= network.neurons):
-        raise ValueError(f"an input column index is outside 0..{network.neurons - 1}")
-    if np.any(np.diff(csr.indptr) < 0):
-        raise ValueError("the inputs' indptr is not monotonic")
+    csr = sp.csr_matrix(check_csr(inputs, name="inputs"), dtype=dtype)
     csr.eliminate_zeros()
     rows = np.flatnonzero(np.diff(csr.indptr)).astype(np.int64)
     if rows.size == 0:

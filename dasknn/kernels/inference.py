@@ -30,6 +30,8 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from graph.checks import check_csr
+
 __all__ = [
     "PackedLayers",
     "BatchState",
@@ -110,7 +112,7 @@ def pack_layers(layers: list[sp.spmatrix], dtype: np.dtype | type = np.float32) 
             raise ValueError(
                 f"layer {k + 1} has shape {layer.shape}, expected ({n}, {n}) like layer 1"
             )
-        csc = sp.csc_matrix(layer, dtype=dtype)
+        csc = sp.csc_matrix(check_csr(layer, name=f"layer {k + 1}"), dtype=dtype)
         csc.sum_duplicates()
         if not np.all(np.isfinite(csc.data)):
             raise ValueError(f"layer {k + 1} has a weight that is NaN or infinite")
@@ -174,7 +176,7 @@ def start_batch(inputs: sp.spmatrix, dtype: np.dtype | type = np.float32) -> Bat
     dtype = np.dtype(dtype)
     if dtype not in (np.float32, np.float64):
         raise ValueError(f"dtype must be float32 or float64, got {dtype}")
-    csr = sp.csr_matrix(inputs).astype(dtype)
+    csr = sp.csr_matrix(check_csr(inputs, name="inputs")).astype(dtype)
     csr.eliminate_zeros()
     rows = np.flatnonzero(np.diff(csr.indptr)).astype(np.int64)
     block = np.empty((max(1, -(-rows.size // LANES)), csr.shape[1], LANES), dtype=dtype)

@@ -16,7 +16,8 @@ take and return row blocks, the private ones work on ``(n_k, B)`` arrays.
 from __future__ import annotations
 
 import os
-import tempfile
+import zipfile
+import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
 from pathlib import Path
@@ -31,6 +32,8 @@ from dasknn.model.estimator import SparseEstimator
 from dasknn.model.losses import Loss, get_loss
 from dasknn.model.validation import check_batch_size, check_inputs
 from dasknn.optim import Optimizer, ParamState, resolve_optimizer
+from graph.atomic import write_atomically
+from graph.checks import check_csr, csr_from_arrays
 
 __all__ = ["SparseMLP"]
 
@@ -46,14 +49,12 @@ def _as_dtype(dtype) -> np.dtype:
 
 
 def _as_csr(w, k: int, dtype: np.dtype) -> sp.csr_matrix:
-    """Own CSR copy of layer ``k``'s weights with sorted, duplicate-free indices."""
-    if sp.issparse(w):
-        csr = sp.csr_matrix(w, dtype=dtype, copy=True)
-    else:
-        dense = np.asarray(w)
-        if dense.ndim != 2:
-            raise ValueError(f"weights[{k}] must be a 2-D matrix, got shape {dense.shape}")
-        csr = sp.csr_matrix(dense.astype(dtype))
+    """Own CSR copy of layer ``k``'s weights with sorted, duplicate-free indices.
+
+    The arrays are checked by :func:`graph.checks.check_csr` first (bounds, ``indptr``, finite
+    values); the values are checked again once cast to ``dtype``, where they may overflow.
+    """
+    csr = sp.csr_matrix(check_csr(w, name=f"weights[{k}]"), dtype=dtype, copy=True)
     csr.sum_duplicates()
     csr.sort_indices()
     if not np.isfinite(csr.data).all():
@@ -457,43 +458,49 @@ class SparseMLP(SparseEstimator):
             arrays[f"w{k}_indices"] = w.indices
             arrays[f"w{k}_data"] = w.data
             arrays[f"b{k}"] = b
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                np.savez(fh, **arrays)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomically(path, lambda handle: np.savez(handle, **arrays))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> SparseMLP:
         """Read a model written by :meth:`save`.
 
+        Every layer's arrays are checked (:func:`graph.checks.csr_from_arrays`) before any
+        kernel or scipy routine reads them.
+
         Raises
         ------
+        FileNotFoundError
+            If ``path`` does not exist.
         ValueError
-            If the file is not a model file or is incomplete or inconsistent.
+            Naming ``path``, if the file is not a model file (not a zip archive, truncated,
+            corrupt) or is incomplete or inconsistent (an index out of range, a decreasing
+            ``indptr``, a value that is not finite, shapes that do not chain).
         """
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"model file {path} does not exist")
+        if path.is_dir():
+            raise ValueError(f"{path}: is a directory, not a .npz model file")
         try:
-            with np.load(path, allow_pickle=False) as npz:
+            loaded = np.load(path, allow_pickle=False)
+            if not isinstance(loaded, np.lib.npyio.NpzFile):
+                raise ValueError("a single array, not an .npz archive")
+            with loaded as npz:
                 stored = {key: npz[key] for key in npz.files}
-        except (OSError, ValueError, EOFError) as exc:
-            raise ValueError(f"{path}: not a readable .npz model file: {exc}") from exc
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+            raise ValueError(f"{path}: not a readable .npz model file: {exc}") from None
         try:
             if int(stored["format"]) != _FILE_FORMAT:
                 raise ValueError(f"{path}: unknown model file format {int(stored['format'])}")
             n_layers = int(stored["n_layers"])
+            if not 1 <= n_layers <= len(stored):
+                raise ValueError(f"{path}: n_layers is {n_layers}, the file cannot hold that")
             weights, biases = [], []
             for k in range(n_layers):
-                shape = tuple(int(v) for v in stored[f"w{k}_shape"])
                 weights.append(
-                    sp.csr_matrix(
-                        (stored[f"w{k}_data"], stored[f"w{k}_indices"], stored[f"w{k}_indptr"]),
-                        shape=shape,
+                    csr_from_arrays(
+                        stored[f"w{k}_data"], stored[f"w{k}_indices"], stored[f"w{k}_indptr"],
+                        stored[f"w{k}_shape"], name=f"{path}: layer {k + 1}",
                     )
                 )
                 biases.append(stored[f"b{k}"])
@@ -507,5 +514,8 @@ class SparseMLP(SparseEstimator):
             )
         except KeyError as exc:
             raise ValueError(f"{path}: model file lacks the entry {exc.args[0]!r}") from None
-        except ValueError as exc:
-            raise ValueError(f"{path}: invalid model file: {exc}") from exc
+        except (ValueError, TypeError, OverflowError) as exc:
+            message = str(exc)
+            if not message.startswith(str(path)):
+                message = f"{path}: invalid model file: {message}"
+            raise ValueError(message) from None

@@ -1,4 +1,10 @@
-"""Connect to a Dask cluster, or start a local one, for the runs of the command line and API."""
+"""Connect to a Dask cluster, or start a local one, for the runs of the command line and API.
+
+Local clusters listen on 127.0.0.1 only (scheduler, workers and dashboard), so nobody else on the
+network reaches them; pass ``host`` to listen elsewhere. Connecting to a scheduler address gives up
+after ``connect_timeout`` seconds (:data:`CONNECT_TIMEOUT`, or the environment variable
+``DASKNN_CONNECT_TIMEOUT``) with a ``RuntimeError`` naming the address.
+"""
 
 from __future__ import annotations
 
@@ -7,20 +13,55 @@ from contextlib import ExitStack
 
 from distributed import Client, LocalCluster
 
-__all__ = ["local_cluster", "local_cuda_cluster", "open_client"]
+__all__ = [
+    "CONNECT_TIMEOUT",
+    "LOCAL_HOST",
+    "connect_timeout",
+    "local_cluster",
+    "local_cuda_cluster",
+    "open_client",
+]
+
+LOCAL_HOST = "127.0.0.1"
+CONNECT_TIMEOUT = 5.0
 
 
-def local_cluster(workers: int | None = None, threads_per_worker: int = 1) -> LocalCluster:
-    """Start a LocalCluster of worker processes, one single-threaded worker per core by default."""
+def connect_timeout() -> float:
+    """Seconds to wait for a scheduler: ``DASKNN_CONNECT_TIMEOUT`` if set, else
+    :data:`CONNECT_TIMEOUT`.
+
+    Raises
+    ------
+    ValueError
+        If the environment variable is not a positive number.
+    """
+    text = os.environ.get("DASKNN_CONNECT_TIMEOUT")
+    if text is None:
+        return CONNECT_TIMEOUT
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise ValueError(f"DASKNN_CONNECT_TIMEOUT must be a number of seconds > 0, got {text!r}")
+    return seconds
+
+
+def local_cluster(
+    workers: int | None = None, threads_per_worker: int = 1, host: str = LOCAL_HOST
+) -> LocalCluster:
+    """Start a LocalCluster of worker processes, one single-threaded worker per core by default,
+    listening (scheduler, workers, dashboard) on ``host`` only."""
     return LocalCluster(
         n_workers=workers or os.cpu_count() or 1,
         threads_per_worker=threads_per_worker,
         processes=True,
-        dashboard_address=":0",
+        host=host,
+        dashboard_address=f"{host}:0",
     )
 
 
-def local_cuda_cluster(workers: int | None = None):
+def local_cuda_cluster(workers: int | None = None, host: str = LOCAL_HOST):
     """Start dask-cuda's ``LocalCUDACluster``: one worker per GPU (the first ``workers`` GPUs).
 
     Raises
@@ -41,7 +82,7 @@ def local_cuda_cluster(workers: int | None = None):
             "device='cuda': numba finds no CUDA GPU on this machine (no driver, or no device); "
             f"give the address of a cluster whose workers have GPUs, or {CUDA_INSTALL_HINT}"
         )
-    options = {"dashboard_address": ":0", "threads_per_worker": 1}
+    options = {"host": host, "dashboard_address": f"{host}:0", "threads_per_worker": 1}
     if workers is not None:
         options["CUDA_VISIBLE_DEVICES"] = list(range(workers))
     return LocalCUDACluster(**options)
@@ -56,11 +97,25 @@ def open_client(
 ) -> Client:
     """The client to run on: ``client`` itself, one connected to a scheduler address, or one on
     a new :func:`local_cluster` (``device="cuda"``: :func:`local_cuda_cluster`); whatever is
-    opened here is closed when ``stack`` closes."""
+    opened here is closed when ``stack`` closes.
+
+    Raises
+    ------
+    RuntimeError
+        If no scheduler answers at the address ``client`` within :func:`connect_timeout` seconds.
+    """
     if isinstance(client, Client):
         return client
     if client is not None:
-        return stack.enter_context(Client(client))
+        seconds = connect_timeout()
+        try:
+            connected = Client(client, timeout=seconds)
+        except (OSError, TimeoutError, ValueError) as exc:
+            raise RuntimeError(
+                f"cannot reach the Dask scheduler at {client!r} within {seconds:g} s "
+                f"(DASKNN_CONNECT_TIMEOUT sets the wait): {exc}"
+            ) from None
+        return stack.enter_context(connected)
     if device == "cuda":
         cluster = stack.enter_context(local_cuda_cluster(workers))
     else:
