@@ -47,6 +47,8 @@ def test_train_on_mnist_with_hypergraph_partition(dask_client, capsys):
         (["radixnet:64:2", "--steps", "0"], "--steps"),
         (["radixnet:60:2"], "neurons"),
         (["/no/such/dir", "--data", "mnist"], "radixnet"),
+        (["radixnet:32", "--data", "mnist"], "must be radixnet:N:L"),
+        (["radixnet:32:x"], "must be radixnet:N:L"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_message(argv, message, tmp_path, capsys):

@@ -9,7 +9,12 @@ from pathlib import Path
 import numpy as np
 
 import graph
-from dasknn.datasets import load_mnist_test, load_network, mnist_to_challenge_inputs
+from dasknn.datasets import (
+    load_mnist_test,
+    load_network,
+    mnist_to_challenge_inputs,
+    parse_radixnet_spec,
+)
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
 from dasknn.model_parallel.timing import time_training
@@ -89,7 +94,7 @@ def _model_and_data(args: argparse.Namespace) -> tuple[SparseMLP, np.ndarray, np
         else:
             y = np.eye(10)[labels[:samples]]
         if args.network.startswith("radixnet:"):
-            neurons, depth = (int(v) for v in args.network.split(":")[1:3])
+            neurons, depth, _ = parse_radixnet_spec(args.network)
             model = SparseMLP.radixnet(
                 neurons, depth, seed=args.seed, activation=args.activation, loss=loss,
                 dtype=args.dtype, n_inputs=1024, n_outputs=10, scale="he",
@@ -98,7 +103,7 @@ def _model_and_data(args: argparse.Namespace) -> tuple[SparseMLP, np.ndarray, np
         raise ValueError("--data mnist needs a radixnet:N:L network (a 1024-input, 10-class model)")
     loss = args.loss or "mse"
     if args.network.startswith("radixnet:"):
-        neurons, depth = (int(v) for v in args.network.split(":")[1:3])
+        neurons, depth, _ = parse_radixnet_spec(args.network)
         model = SparseMLP.radixnet(
             neurons, depth, seed=args.seed, activation=args.activation, loss=loss, dtype=args.dtype
         )

@@ -15,7 +15,7 @@ from dasknn.datasets.mnist import (
     read_mnist_idx,
     resize_matrix,
 )
-from dasknn.datasets.network_spec import load_network
+from dasknn.datasets.network_spec import load_network, parse_radixnet_spec
 from dasknn.datasets.radixnet import radixnet, radixnet_group_size
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "layer_file",
     "load_mnist_test",
     "load_network",
+    "parse_radixnet_spec",
     "mnist_to_challenge_inputs",
     "radixnet",
     "radixnet_group_size",

@@ -11,7 +11,22 @@ import scipy.sparse as sp
 from dasknn.datasets.challenge_io import read_challenge_network
 from dasknn.datasets.radixnet import radixnet
 
-__all__ = ["load_network"]
+__all__ = ["load_network", "parse_radixnet_spec"]
+
+
+def parse_radixnet_spec(text: str) -> tuple[int, int, int | None]:
+    """``(neurons, layers, seed)`` of ``radixnet:N:L`` or ``radixnet:N:L:SEED`` (seed ``None``
+    when not given).
+
+    Raises
+    ------
+    ValueError
+        When ``text`` is not of that form (naming the form expected).
+    """
+    fields = text.split(":")[1:] if text.startswith("radixnet:") else []
+    if len(fields) not in (2, 3) or not all(f.isdigit() for f in fields):
+        raise ValueError(f"network spec {text!r} must be radixnet:N:L or radixnet:N:L:SEED")
+    return int(fields[0]), int(fields[1]), int(fields[2]) if len(fields) == 3 else None
 
 
 def load_network(
@@ -38,12 +53,8 @@ def load_network(
     """
     text = os.fspath(spec)
     if text.startswith("radixnet:"):
-        fields = text.split(":")[1:]
-        if len(fields) not in (2, 3) or not all(f.isdigit() for f in fields):
-            raise ValueError(f"network spec {text!r} must be radixnet:N:L or radixnet:N:L:SEED")
-        n, depth = int(fields[0]), int(fields[1])
-        if len(fields) == 3:
-            seed = int(fields[2])
+        n, depth, spec_seed = parse_radixnet_spec(text)
+        seed = seed if spec_seed is None else spec_seed
         if neurons is not None and neurons != n:
             raise ValueError(f"--neurons {neurons} contradicts the network spec {text!r}")
         if layers is not None:
