@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from dasknn.challenge import tasks
 from dasknn.challenge.inputs import load_inputs
-from dasknn.challenge.stats import ChallengeStats
+from dasknn.challenge.stats import ChallengeStats, merge_batches
 from dasknn.datasets import challenge_bias, load_network
 from dasknn.kernels.inference import pack_layers
 from dasknn.runtime.cluster import open_client
@@ -272,13 +272,7 @@ def _run(client, matrices, matrix, bias, ymax, dtype, batch_size, resident_layer
                                  threads, bar)
     seconds = time.perf_counter() - start
 
-    categories = np.sort(
-        np.concatenate([r.rows + s + 1 for s, r in results] or [np.empty(0, np.int64)])
-    ).astype(np.int64)
-    peaks: dict[str, int] = {}
-    for _, r in results:
-        for name, value in r.peak_memory.items():
-            peaks[name] = max(peaks.get(name, 0), value)
+    categories, peaks = merge_batches(results)
     stats = ChallengeStats(
         inputs=n_inputs,
         neurons=width,

@@ -17,9 +17,9 @@ import numpy as np
 import scipy.sparse as sp
 from distributed import Client, as_completed
 
-from dasknn.challenge.stats import ChallengeStats
+from dasknn.challenge.stats import ChallengeStats, merge_batches
 from dasknn.challenge.tasks import BatchResult, peak_rss, worker_name
-from dasknn.kernels.cuda_inference import CUDA_INSTALL_HINT
+from dasknn.kernels.cuda_inference import CUDA_INSTALL_HINT, weight_bytes
 from dasknn.kernels.inference import PackedLayers, pack_layers
 
 __all__ = ["check_cuda_workers", "device_memory", "plan_memory", "run_cuda"]
@@ -141,8 +141,7 @@ def run_cuda(client: Client, matrices: list[sp.csr_matrix], matrix: sp.csr_matri
     n_layers = len(matrices)
     edges = int(sum(m.nnz for m in matrices))
     packed = pack_layers(matrices, dtype)
-    device_bytes = packed.indptr.nbytes + packed.indices.nbytes + packed.data.nbytes
-    layer_bytes = max(int(m.nnz) * (dtype.itemsize + 4) + 8 * (width + 1) for m in matrices)
+    device_bytes, layer_bytes = weight_bytes(packed)
     free = min(gpu["free"] for gpu in gpus.values())
     budget, max_rows = plan_memory(device_bytes, layer_bytes, width, dtype.itemsize, free,
                                    weight_budget)
@@ -189,13 +188,7 @@ def run_cuda(client: Client, matrices: list[sp.csr_matrix], matrix: sp.csr_matri
     seconds = time.perf_counter() - start
     networks.clear()
 
-    categories = np.sort(
-        np.concatenate([r.rows + s + 1 for s, r in results] or [np.empty(0, np.int64)])
-    ).astype(np.int64)
-    peaks: dict[str, int] = {}
-    for _, r in results:
-        for name, value in r.peak_memory.items():
-            peaks[name] = max(peaks.get(name, 0), value)
+    categories, peaks = merge_batches(results)
     stats = ChallengeStats(
         inputs=n_inputs,
         neurons=width,

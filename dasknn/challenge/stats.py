@@ -2,9 +2,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
-__all__ = ["ChallengeStats"]
+import numpy as np
+
+__all__ = ["ChallengeStats", "merge_batches"]
+
+
+def merge_batches(results: Sequence[tuple[int, object]]) -> tuple[np.ndarray, dict[str, int]]:
+    """The sorted 1-based categories and the peak memory per worker of a run's batches.
+
+    ``results`` holds ``(first row, BatchResult)`` pairs (:class:`dasknn.challenge.tasks.
+    BatchResult`: batch-local ``rows`` and ``peak_memory``).
+    """
+    categories = np.sort(
+        np.concatenate([r.rows + s + 1 for s, r in results] or [np.empty(0, np.int64)])
+    ).astype(np.int64)
+    peaks: dict[str, int] = {}
+    for _, r in results:
+        for name, value in r.peak_memory.items():
+            peaks[name] = max(peaks.get(name, 0), value)
+    return categories, peaks
 
 
 @dataclass

@@ -55,6 +55,7 @@ __all__ = [
     "activation_bytes",
     "cuda_runtime",
     "infer_rows_cuda",
+    "weight_bytes",
 ]
 
 CUDA_INSTALL_HINT = (
@@ -318,6 +319,13 @@ def _host_windows(packed: PackedLayers, layers_per_window: int) -> list[_Window]
     return windows
 
 
+def weight_bytes(packed: PackedLayers) -> tuple[int, int]:
+    """Device bytes of the packed network (``indptr``, ``indices``, ``data``) and of its largest
+    layer."""
+    layers = [w.nbytes for w in _host_windows(packed, 1)]
+    return sum(layers), max(layers)
+
+
 class DeviceNetwork:
     """A packed network on one GPU: resident whole, or streamed a window of layers at a time.
 
@@ -339,8 +347,7 @@ class DeviceNetwork:
         self.neurons = packed.neurons
         self.n_layers = packed.n_layers
         self.dtype = packed.data.dtype
-        self.nbytes = sum(w.nbytes for w in _host_windows(packed, packed.n_layers))
-        layer_bytes = max(w.nbytes for w in _host_windows(packed, 1))
+        self.nbytes, layer_bytes = weight_bytes(packed)
         if budget is not None and layer_bytes > budget:
             raise MemoryError(
                 f"one layer needs {layer_bytes} bytes of device memory but only {budget} bytes "
