@@ -30,10 +30,14 @@ from dasknn.datasets import (
 from dasknn.kernels import cuda_inference
 from dasknn.kernels.cuda_inference import (
     LANES,
+    BitRows,
     DeviceNetwork,
     activation_bytes,
+    compact_layers,
     cuda_runtime,
     infer_rows_cuda,
+    pack_bit_rows,
+    weight_bytes,
 )
 from dasknn.kernels.inference import advance, live_rows, pack_layers, start_batch
 
@@ -108,7 +112,8 @@ def test_radixnet_streamed_windows_match_resident(dtype):
     x = random_inputs(30, 64, 0.25, seed=5)
     packed = pack_layers(layers, dtype)
     resident = DeviceNetwork(packed)
-    layer_bytes = 64 * 32 * (4 + np.dtype(dtype).itemsize) + 65 * 8
+    layer_bytes = 64 * 32 * (2 + np.dtype(dtype).itemsize) + 65 * 4  # uint16 index, int32 ptr
+    assert weight_bytes(packed) == (3 * layer_bytes, layer_bytes)
     streamed = DeviceNetwork(packed, budget=layer_bytes)
     assert not resident.streamed and streamed.streamed and streamed.layers_per_window == 1
     bias = challenge_bias(1024)
@@ -119,6 +124,55 @@ def test_radixnet_streamed_windows_match_resident(dtype):
     for network in (resident, streamed):
         result = infer_rows_cuda(x, network, bias, compact_every=2)
         np.testing.assert_array_equal(result.rows, expected)
+
+
+def test_compact_layers_narrow_indices_and_one_weight_per_layer():
+    constant = compact_layers(pack_layers(radixnet(64, 3, seed=2), np.float32))
+    assert constant.per_layer and constant.values.shape == (3,)
+    assert constant.indices.dtype == np.uint16 and constant.indptr.dtype == np.int32
+    mixed = random_network(32, 2, 4, seed=1)  # random weights: kept one per nonzero
+    packed = pack_layers(mixed, np.float64)
+    compact = compact_layers(packed)
+    assert not compact.per_layer
+    np.testing.assert_array_equal(compact.values, packed.data)
+    np.testing.assert_array_equal(compact.indices, packed.indices)
+    assert compact.nbytes < packed.nbytes
+
+
+@pytest.mark.parametrize("neurons", [64, 44])  # 44: the last byte of a row is partly used
+def test_bit_rows_give_the_csr_results(neurons):
+    layers = random_network(neurons, 3, 4, seed=3)
+    x = random_inputs(70, neurons, 0.3, seed=4).tolil()
+    x[5] = 0
+    x = x.tocsr()
+    bits = pack_bit_rows(x)
+    assert bits.bits.shape == (70, -(-neurons // 8)) and bits.value == 1.0
+    np.testing.assert_array_equal(np.unpackbits(bits.bits, axis=1, bitorder="little")[:, :neurons],
+                                  x.toarray() != 0)
+    network = DeviceNetwork(pack_layers(layers, np.float64))
+    expected = reference_categories(x, layers, -0.2)
+    for mode in ("fused", "sectioned"):
+        result = infer_rows_cuda(bits, network, -0.2, compact_every=2, mode=mode)
+        np.testing.assert_array_equal(result.rows, expected)
+    part = bits.rows(30, 70)
+    np.testing.assert_array_equal(infer_rows_cuda(part, network, -0.2).rows,
+                                  expected[expected >= 30] - 30)
+
+
+def test_bit_rows_reject_values_and_malformed_bits():
+    x = random_inputs(6, 44, 0.5, seed=1)
+    x.data[0] = 2.0
+    assert pack_bit_rows(x) is None  # not one value: the CSR path is taken
+    network = DeviceNetwork(pack_layers(random_network(44, 1, 4, seed=1), np.float32))
+    good = np.zeros((3, 6), dtype=np.uint8)
+    with pytest.raises(ValueError, match="past feature 43"):
+        infer_rows_cuda(BitRows(good + 0x10, 1.0, 44), network, -0.1)
+    with pytest.raises(ValueError, match="shape"):
+        infer_rows_cuda(BitRows(np.zeros((3, 5), dtype=np.uint8), 1.0, 44), network, -0.1)
+    with pytest.raises(ValueError, match="finite and nonzero"):
+        infer_rows_cuda(BitRows(good, float("nan"), 44), network, -0.1)
+    with pytest.raises(ValueError, match="features"):
+        infer_rows_cuda(BitRows(np.zeros((3, 8), dtype=np.uint8), 1.0, 64), network, -0.1)
 
 
 def test_all_rows_die_and_empty_batch():
@@ -257,6 +311,8 @@ def test_official_network_on_gpu_equals_cpu_engine(official_1024_dir, client):
         gpu = infer_rows_cuda(x, network, challenge_bias(1024), compact_every=compact_every,
                               mode=mode)
         np.testing.assert_array_equal(gpu.rows + 1, cpu)
+    bits = infer_rows_cuda(pack_bit_rows(x), network, challenge_bias(1024))
+    np.testing.assert_array_equal(bits.rows + 1, cpu)
 
 
 @pytest.mark.gpu

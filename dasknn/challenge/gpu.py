@@ -19,8 +19,15 @@ from distributed import Client, as_completed
 
 from dasknn.challenge.stats import ChallengeStats, merge_batches
 from dasknn.challenge.tasks import BatchResult, peak_rss, worker_name
-from dasknn.kernels.cuda_inference import CUDA_INSTALL_HINT, weight_bytes
-from dasknn.kernels.inference import PackedLayers, pack_layers
+from dasknn.kernels.cuda_inference import (
+    CUDA_INSTALL_HINT,
+    BitRows,
+    CompactLayers,
+    compact_layers,
+    pack_bit_rows,
+    weight_bytes,
+)
+from dasknn.kernels.inference import pack_layers
 
 __all__ = ["check_cuda_workers", "device_memory", "plan_memory", "run_cuda"]
 
@@ -96,14 +103,14 @@ def plan_memory(packed_bytes: int, layer_bytes: int, neurons: int, itemsize: int
     return (None if resident else budget), int(rows)
 
 
-def upload_network(packed: PackedLayers, budget: int | None):
-    """On a worker: put the packed network on its GPU (streamed when over ``budget``)."""
+def upload_network(network: CompactLayers, budget: int | None):
+    """On a worker: put the network on its GPU (streamed when over ``budget``)."""
     from dasknn.kernels.cuda_inference import DeviceNetwork
 
-    return DeviceNetwork(packed, budget)
+    return DeviceNetwork(network, budget)
 
 
-def infer_batch_cuda(inputs: sp.csr_matrix, network, bias: float, ymax: float,
+def infer_batch_cuda(inputs: sp.csr_matrix | BitRows, network, bias: float, ymax: float,
                      compact_every: int, mode: str) -> BatchResult:
     """On a worker: run one batch on its GPU; return its live rows (batch-local)."""
     from dasknn.kernels.cuda_inference import infer_rows_cuda
@@ -123,10 +130,11 @@ def warm_cuda_kernel(dtype: str) -> None:
     from dasknn.kernels.cuda_inference import DeviceNetwork, infer_rows_cuda
 
     layer = sp.identity(64, dtype=np.float64, format="csr")
-    network = DeviceNetwork(pack_layers([layer, layer], np.dtype(dtype)))
+    network = DeviceNetwork(compact_layers(pack_layers([layer, layer], np.dtype(dtype))))
     rows = sp.csr_matrix(np.array([[1.0] * 64, [0.05] * 64]))  # the second row dies: compaction
     for mode in ("fused", "sectioned"):
         infer_rows_cuda(rows, network, -0.1, 32.0, compact_every=1, mode=mode)
+        infer_rows_cuda(pack_bit_rows(rows[:1]), network, -0.1, 32.0, compact_every=1, mode=mode)
 
 
 def run_cuda(client: Client, matrices: list[sp.csr_matrix], matrix: sp.csr_matrix, bias: float,
@@ -140,8 +148,9 @@ def run_cuda(client: Client, matrices: list[sp.csr_matrix], matrix: sp.csr_matri
     n_inputs, width = matrix.shape
     n_layers = len(matrices)
     edges = int(sum(m.nnz for m in matrices))
-    packed = pack_layers(matrices, dtype)
-    device_bytes, layer_bytes = weight_bytes(packed)
+    compact = compact_layers(pack_layers(matrices, dtype))
+    device_bytes, layer_bytes = weight_bytes(compact)
+    bit_rows = pack_bit_rows(matrix)  # None unless the inputs are binary
     free = min(gpu["free"] for gpu in gpus.values())
     budget, max_rows = plan_memory(device_bytes, layer_bytes, width, dtype.itemsize, free,
                                    weight_budget)
@@ -155,7 +164,7 @@ def run_cuda(client: Client, matrices: list[sp.csr_matrix], matrix: sp.csr_matri
     start = time.perf_counter()
     networks = {}
     for address in addresses:
-        host = client.scatter(packed, workers=[address], hash=False)
+        host = client.scatter(compact, workers=[address], hash=False)
         networks[address] = client.submit(upload_network, host, budget, workers=[address],
                                           allow_other_workers=False, pure=False)
     pending = iter(starts)
@@ -167,7 +176,10 @@ def run_cuda(client: Client, matrices: list[sp.csr_matrix], matrix: sp.csr_matri
         s = next(pending, None)
         if s is None:
             return
-        batch = matrix[s : s + batch_size].astype(dtype)
+        if bit_rows is not None:
+            batch = bit_rows.rows(s, s + batch_size)
+        else:
+            batch = matrix[s : s + batch_size].astype(dtype)
         rows = client.scatter(batch, workers=[address], hash=False)
         future = client.submit(infer_batch_cuda, rows, networks[address], bias, ymax,
                                compact_every, mode, workers=[address], allow_other_workers=False,

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
-from numba import config, cuda
+from numba import config, cuda, njit
 
 from dasknn.kernels.inference import PackedLayers
 from graph.checks import check_csr
@@ -50,11 +50,15 @@ __all__ = [
     "CUDA_INSTALL_HINT",
     "CUDA_MODES",
     "LANES",
+    "BitRows",
+    "CompactLayers",
     "DeviceNetwork",
     "CudaBatchResult",
     "activation_bytes",
+    "compact_layers",
     "cuda_runtime",
     "infer_rows_cuda",
+    "pack_bit_rows",
     "weight_bytes",
 ]
 
@@ -70,12 +74,12 @@ _WARPS = 32  # warps per block on a GPU (1024 threads)
 
 
 @cuda.jit
-def _zero_kernel(array):
-    """Set a flat device array to zero (grid-stride loop)."""
+def _fill_kernel(array, value):
+    """Set every entry of a flat device array to ``value`` (grid-stride loop)."""
     start = cuda.grid(1)
     stride = cuda.gridsize(1)
     for i in range(start, array.size, stride):
-        array[i] = 0
+        array[i] = value
 
 
 @cuda.jit
@@ -96,6 +100,26 @@ def _scatter_kernel(indptr, indices, data, rows, y, flags):
                 flags[g, indices[p]] = 1
 
 
+@cuda.jit
+def _scatter_bits_kernel(bits, rows, value, y, flags):
+    """Write the input rows ``rows`` of ``bits`` (one bit a feature) into ``y`` (zeroed) and set
+    the flags."""
+    g = cuda.blockIdx.x
+    t = cuda.threadIdx.x
+    lane = t % LANES
+    sub = t // LANES
+    subs = cuda.blockDim.x // LANES
+    i = g * LANES + lane
+    if i < rows.size:
+        r = rows[i]
+        for w in range(sub, bits.shape[1], subs):
+            byte = bits[r, w]
+            for b in range(8):
+                if (byte >> b) & 1:
+                    y[g, 8 * w + b, lane] = value
+                    flags[g, 8 * w + b] = 1
+
+
 if config.ENABLE_CUDASIM:
 
     @cuda.jit(device=True)
@@ -112,6 +136,37 @@ else:
         cuda.syncwarp()
 
 
+@cuda.jit(device=True)
+def _column(y, flags, src, g, c, p0, p1, indices, data, kept_p, kept_j, lane, zero):
+    """Lane ``lane``'s sum over the entries ``p0 .. p1 - 1`` of column ``c`` (one warp).
+
+    The entries are read 32 at a time, one per lane (index and the section flag of group ``g``);
+    the positions of those whose input section is nonzero go to the warp's shared ``kept_p`` /
+    ``kept_j``, then every lane accumulates the kept entries in order (the CSC order, as the CPU
+    kernel does), one coalesced activation load each. Returns the sum and the entries added.
+    """
+    acc = zero
+    terms = 0
+    for base in range(p0, p1, LANES):
+        p = base + lane
+        kept = -1
+        j = 0
+        if p < p1:
+            j = indices[p]
+            if flags[src, g, j] != 0:
+                kept = p
+        kept_p[lane] = kept
+        kept_j[lane] = j
+        _warp_sync()
+        for e in range(min(LANES, p1 - base)):
+            q = kept_p[e]
+            if q >= 0:
+                acc += data[q] * y[src, g, kept_j[e], lane]
+                terms += 1
+        _warp_sync()
+    return acc, terms
+
+
 @cuda.jit
 def _window_kernel(y, flags, parity, indptr, indices, data, first, count, bias, ymax, alive, work):
     """Run group ``blockIdx.x`` through layers ``first .. first + count - 1`` of the window.
@@ -121,10 +176,7 @@ def _window_kernel(y, flags, parity, indptr, indices, data, first, count, bias, 
     whether the row is nonzero after the last layer run; ``work[g]`` adds the multiply-adds done
     (32 per accumulated section).
 
-    Lane ``l`` loads entry ``l`` of each 32-entry chunk of column ``c`` (index, section flag) in one
-    coalesced round and leaves its position in shared memory when its input section is nonzero;
-    the warp then accumulates the kept entries in order (the CSC order, as the CPU kernel does), so
-    only they cost an activation load.
+    Warp ``w`` computes the output neurons ``w, w + warps, ...`` with :func:`_column`.
     """
     g = cuda.blockIdx.x
     t = cuda.threadIdx.x
@@ -149,25 +201,9 @@ def _window_kernel(y, flags, parity, indptr, indices, data, first, count, bias, 
         cuda.syncthreads()
         layer = first + k
         for c in range(warp, n, warps):
-            acc = zero
-            p1 = indptr[layer, c + 1]
-            for base in range(indptr[layer, c], p1, LANES):
-                p = base + lane
-                kept = -1
-                j = 0
-                if p < p1:
-                    j = indices[p]
-                    if flags[src, g, j] != 0:
-                        kept = p
-                kept_p[warp, lane] = kept
-                kept_j[warp, lane] = j
-                _warp_sync()
-                for e in range(min(LANES, p1 - base)):
-                    q = kept_p[warp, e]
-                    if q >= 0:
-                        acc += data[q] * y[src, g, kept_j[warp, e], lane]
-                        terms += 1
-                _warp_sync()
+            acc, added = _column(y, flags, src, g, c, indptr[layer, c], indptr[layer, c + 1],
+                                 indices, data, kept_p[warp], kept_j[warp], lane, zero)
+            terms += added
             out = zero
             if acc != zero:
                 out = min(max(acc + bias, zero), ymax)
@@ -219,25 +255,9 @@ def _layer_kernel(y, flags, src, indptr, indices, data, layer, sections, bias, y
     zero = ymax - ymax
     terms = 0
     for c in range(lo + warp, hi, warps):
-        acc = zero
-        p1 = indptr[layer, c + 1]
-        for base in range(indptr[layer, c], p1, LANES):
-            p = base + lane
-            kept = -1
-            j = 0
-            if p < p1:
-                j = indices[p]
-                if flags[src, g, j] != 0:
-                    kept = p
-            kept_p[warp, lane] = kept
-            kept_j[warp, lane] = j
-            _warp_sync()
-            for e in range(min(LANES, p1 - base)):
-                q = kept_p[warp, e]
-                if q >= 0:
-                    acc += data[q] * y[src, g, kept_j[warp, e], lane]
-                    terms += 1
-            _warp_sync()
+        acc, added = _column(y, flags, src, g, c, indptr[layer, c], indptr[layer, c + 1],
+                             indices, data, kept_p[warp], kept_j[warp], lane, zero)
+        terms += added
         out = zero
         if acc != zero:
             out = min(max(acc + bias, zero), ymax)
@@ -294,35 +314,101 @@ def activation_bytes(rows: int, neurons: int, itemsize: int = 4) -> int:
 
 
 @dataclass
+class CompactLayers:
+    """Packed layers in the compact form sent to a GPU worker.
+
+    Attributes
+    ----------
+    indptr : int32 or int64 array, shape (L, N + 1)
+        As in :class:`dasknn.kernels.inference.PackedLayers` (int32 when the offsets fit).
+    indices : uint16 or int32 array
+        Input neuron of each nonzero: uint16 when ``N <= 65536`` (every challenge width).
+    values : float array
+        The weight of each nonzero, or, when ``per_layer``, one weight per layer shared by all of
+        its nonzeros (the challenge networks): the device expands it.
+    per_layer : bool
+        Whether ``values`` holds one weight per layer.
+    """
+
+    indptr: np.ndarray
+    indices: np.ndarray
+    values: np.ndarray
+    per_layer: bool
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.indptr.shape[0])
+
+    @property
+    def neurons(self) -> int:
+        return int(self.indptr.shape[1] - 1)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.values.dtype
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the compact form (what travels to a worker)."""
+        return int(self.indptr.nbytes + self.indices.nbytes + self.values.nbytes)
+
+
+def compact_layers(packed: PackedLayers) -> CompactLayers:
+    """The compact transfer form of ``packed``: narrow indices, one weight per layer when a
+    layer's weights are all equal."""
+    n_layers, n = packed.n_layers, packed.neurons
+    nnz = int(packed.indptr[-1, -1])
+    index_type = np.uint16 if n <= np.iinfo(np.uint16).max + 1 else np.int32
+    offset_type = np.int32 if nnz <= np.iinfo(np.int32).max else np.int64
+    firsts = np.zeros(n_layers, dtype=packed.data.dtype)
+    per_layer = True
+    for k in range(n_layers):
+        lo, hi = int(packed.indptr[k, 0]), int(packed.indptr[k, -1])
+        if hi > lo:
+            firsts[k] = packed.data[lo]
+            per_layer = per_layer and bool(np.all(packed.data[lo:hi] == firsts[k]))
+    return CompactLayers(
+        indptr=packed.indptr.astype(offset_type),
+        indices=packed.indices.astype(index_type),
+        values=firsts if per_layer else packed.data,
+        per_layer=per_layer,
+    )
+
+
+@dataclass
 class _Window:
-    """Consecutive layers as device (or host) arrays: ``indptr`` rows are per layer."""
+    """Consecutive layers (host or device arrays): ``indptr`` rows are per layer, offsets into the
+    window's own ``indices``; ``values`` as in :class:`CompactLayers`."""
 
     indptr: object
     indices: object
-    data: object
+    values: object
+    per_layer: bool
     n_layers: int
-    nbytes: int
+    nbytes: int  # on the device, weights expanded
 
 
-def _host_windows(packed: PackedLayers, layers_per_window: int) -> list[_Window]:
-    """Cut packed layers into windows whose ``indptr`` are offsets into their own arrays."""
+def _host_windows(network: CompactLayers, layers_per_window: int) -> list[_Window]:
+    """Cut the layers into windows whose ``indptr`` are offsets into their own arrays."""
     windows = []
-    for first in range(0, packed.n_layers, layers_per_window):
-        last = min(packed.n_layers, first + layers_per_window)
-        lo = int(packed.indptr[first, 0])
-        hi = int(packed.indptr[last - 1, -1])
-        indptr = np.ascontiguousarray(packed.indptr[first:last] - lo)
-        indices = packed.indices[lo:hi]
-        data = packed.data[lo:hi]
-        windows.append(_Window(indptr, indices, data, last - first,
-                               indptr.nbytes + indices.nbytes + data.nbytes))
+    itemsize = network.dtype.itemsize
+    for first in range(0, network.n_layers, layers_per_window):
+        last = min(network.n_layers, first + layers_per_window)
+        lo = int(network.indptr[first, 0])
+        hi = int(network.indptr[last - 1, -1])
+        indptr = np.ascontiguousarray(network.indptr[first:last] - network.indptr.dtype.type(lo))
+        indices = network.indices[lo:hi]
+        values = network.values[first:last] if network.per_layer else network.values[lo:hi]
+        windows.append(_Window(indptr, indices, values, network.per_layer, last - first,
+                               indptr.nbytes + indices.nbytes + (hi - lo) * itemsize))
     return windows
 
 
-def weight_bytes(packed: PackedLayers) -> tuple[int, int]:
-    """Device bytes of the packed network (``indptr``, ``indices``, ``data``) and of its largest
-    layer."""
-    layers = [w.nbytes for w in _host_windows(packed, 1)]
+def weight_bytes(network: PackedLayers | CompactLayers) -> tuple[int, int]:
+    """Device bytes of the network (``indptr``, ``indices``, weights) and of its largest layer."""
+    if isinstance(network, PackedLayers):
+        network = compact_layers(network)
+    layers = [w.nbytes for w in _host_windows(network, 1)]
     return sum(layers), max(layers)
 
 
@@ -331,8 +417,9 @@ class DeviceNetwork:
 
     Parameters
     ----------
-    packed : PackedLayers
-        The layers (float32 or float64), as made by :func:`dasknn.kernels.inference.pack_layers`.
+    network : CompactLayers or PackedLayers
+        The layers (float32 or float64), from :func:`compact_layers` or
+        :func:`dasknn.kernels.inference.pack_layers`.
     budget : int, optional
         Device bytes the weights may take. When the network is larger it stays in host memory
         and is uploaded one window of ``budget`` bytes at a time during each batch.
@@ -343,11 +430,13 @@ class DeviceNetwork:
         When even one layer does not fit ``budget``.
     """
 
-    def __init__(self, packed: PackedLayers, budget: int | None = None) -> None:
-        self.neurons = packed.neurons
-        self.n_layers = packed.n_layers
-        self.dtype = packed.data.dtype
-        self.nbytes, layer_bytes = weight_bytes(packed)
+    def __init__(self, network: CompactLayers | PackedLayers, budget: int | None = None) -> None:
+        if isinstance(network, PackedLayers):
+            network = compact_layers(network)
+        self.neurons = network.neurons
+        self.n_layers = network.n_layers
+        self.dtype = network.dtype
+        self.nbytes, layer_bytes = weight_bytes(network)
         if budget is not None and layer_bytes > budget:
             raise MemoryError(
                 f"one layer needs {layer_bytes} bytes of device memory but only {budget} bytes "
@@ -356,15 +445,25 @@ class DeviceNetwork:
         self.streamed = budget is not None and self.nbytes > budget
         if self.streamed:
             per_window = max(1, int(budget // layer_bytes))
-            self._windows = _host_windows(packed, per_window)
+            self._windows = _host_windows(network, per_window)
         else:
-            self._windows = [self._upload(w) for w in _host_windows(packed, packed.n_layers)]
+            self._windows = [self._upload(w) for w in _host_windows(network, network.n_layers)]
         self.layers_per_window = self._windows[0].n_layers
 
     @staticmethod
     def _upload(window: _Window) -> _Window:
-        return _Window(cuda.to_device(window.indptr), cuda.to_device(window.indices),
-                       cuda.to_device(window.data), window.n_layers, window.nbytes)
+        """The window on the device, with one weight per nonzero."""
+        indptr = cuda.to_device(window.indptr)
+        if window.per_layer:
+            data = cuda.device_array(len(window.indices), dtype=window.values.dtype)
+            for k in range(window.n_layers):
+                lo, hi = int(window.indptr[k, 0]), int(window.indptr[k, -1])
+                if hi > lo:
+                    _fill(data[lo:hi], window.values[k])
+        else:
+            data = cuda.to_device(window.values)
+        return _Window(indptr, cuda.to_device(window.indices), data, False, window.n_layers,
+                       window.nbytes)
 
     def windows(self):
         """The windows in order, on the device (uploaded now when streamed)."""
@@ -373,6 +472,77 @@ class DeviceNetwork:
 
     def __reduce__(self):
         raise TypeError("a DeviceNetwork lives on its GPU and cannot be serialized")
+
+
+@dataclass
+class BitRows:
+    """Input rows whose nonzeros all equal one value, one bit a feature (the challenge's inputs).
+
+    Attributes
+    ----------
+    bits : uint8 array, shape (rows, ceil(N / 8))
+        Bit ``b`` of byte ``w`` of a row is feature ``8 w + b``.
+    value : float
+        The value of every set feature.
+    n_features : int
+        ``N``.
+    """
+
+    bits: np.ndarray
+    value: float
+    n_features: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return int(self.bits.shape[0]), self.n_features
+
+    def rows(self, start: int, stop: int) -> BitRows:
+        """Rows ``start .. stop - 1`` (a view of the bits)."""
+        return BitRows(self.bits[start:stop], self.value, self.n_features)
+
+
+@njit(cache=True)
+def _pack_bits(indptr, indices, bits):
+    for r in range(indptr.size - 1):
+        for p in range(indptr[r], indptr[r + 1]):
+            j = indices[p]
+            bits[r, j >> 3] |= np.uint8(1 << (j & 7))
+
+
+def pack_bit_rows(inputs: sp.csr_matrix) -> BitRows | None:
+    """``inputs`` as :class:`BitRows`, or ``None`` when its nonzeros are not all one value.
+
+    Raises
+    ------
+    ValueError
+        When ``inputs`` is not a valid sparse matrix (see :func:`graph.checks.check_csr`).
+    """
+    csr = sp.csr_matrix(check_csr(inputs, name="inputs"))
+    csr.sum_duplicates()
+    csr.eliminate_zeros()
+    if csr.nnz and not np.all(csr.data == csr.data[0]):
+        return None
+    n_rows, n = csr.shape
+    bits = np.zeros((n_rows, -(-n // 8)), dtype=np.uint8)
+    _pack_bits(csr.indptr, csr.indices, bits)
+    return BitRows(bits, float(csr.data[0]) if csr.nnz else 1.0, n)
+
+
+def _check_bit_rows(rows: BitRows, n: int) -> None:
+    """Raise ``ValueError`` unless ``rows`` is a well-formed :class:`BitRows` of width ``n``."""
+    bits = rows.bits
+    if bits.dtype != np.uint8 or bits.ndim != 2 or bits.shape[1] != -(-n // 8):
+        raise ValueError(
+            f"BitRows for {n} features need a uint8 array of shape (rows, {-(-n // 8)}), "
+            f"got {bits.dtype} {bits.shape}"
+        )
+    if rows.n_features != n:
+        raise ValueError(f"the inputs have {rows.n_features} features but the network has {n}")
+    if not np.isfinite(rows.value) or rows.value == 0:
+        raise ValueError(f"the value of the set input bits must be finite and nonzero, "
+                         f"got {rows.value}")
+    if n % 8 and bits.shape[0] and np.any(bits[:, -1] >> (n % 8)):
+        raise ValueError(f"BitRows set a bit past feature {n - 1}")
 
 
 @dataclass
@@ -385,7 +555,7 @@ class CudaBatchResult:
 
 
 def infer_rows_cuda(
-    inputs: sp.csr_matrix,
+    inputs: sp.csr_matrix | BitRows,
     network: DeviceNetwork,
     bias: float,
     ymax: float = 32.0,
@@ -396,8 +566,9 @@ def infer_rows_cuda(
 
     Parameters
     ----------
-    inputs : scipy.sparse.csr_matrix, shape (rows, N)
-        The batch.
+    inputs : scipy.sparse.csr_matrix or BitRows, shape (rows, N)
+        The batch; :class:`BitRows` (from :func:`pack_bit_rows`) when every nonzero input has one
+        value, which is 1/32 of the float32 CSR bytes at the challenge's densities.
     network : DeviceNetwork
         The layers on this GPU.
     bias, ymax : float
@@ -430,22 +601,33 @@ def infer_rows_cuda(
         raise ValueError(f"mode must be one of {CUDA_MODES}, got {mode!r}")
     start = time.perf_counter()
     dtype = network.dtype
-    csr = sp.csr_matrix(check_csr(inputs, name="inputs"), dtype=dtype)
-    csr.eliminate_zeros()
-    rows = np.flatnonzero(np.diff(csr.indptr)).astype(np.int64)
+    n = network.neurons
+    if isinstance(inputs, BitRows):
+        _check_bit_rows(inputs, n)
+        rows = np.flatnonzero(inputs.bits.any(axis=1)).astype(np.int64)
+    else:
+        csr = sp.csr_matrix(check_csr(inputs, name="inputs"), dtype=dtype)
+        csr.eliminate_zeros()
+        rows = np.flatnonzero(np.diff(csr.indptr)).astype(np.int64)
     if rows.size == 0:
         return CudaBatchResult(rows, 0, time.perf_counter() - start)
-    n = network.neurons
     threads = _threads_per_block()
     groups = -(-rows.size // LANES)
     y = cuda.device_array((2, groups, n, LANES), dtype=dtype)
     flags = cuda.device_array((2, groups, n), dtype=np.uint8)
     _zero(y[0].reshape(y[0].size))  # buffer 1 is written whole by the first layer
     _zero(flags[0].reshape(flags[0].size))  # flags of buffer 1 are cleared by each layer
-    _scatter_kernel[groups, threads](
-        cuda.to_device(csr.indptr.astype(np.int64)), cuda.to_device(csr.indices.astype(np.int32)),
-        cuda.to_device(csr.data), cuda.to_device(rows), y[0], flags[0],
-    )
+    if isinstance(inputs, BitRows):
+        _scatter_bits_kernel[groups, threads](
+            cuda.to_device(inputs.bits), cuda.to_device(rows), dtype.type(inputs.value), y[0],
+            flags[0],
+        )
+    else:
+        _scatter_kernel[groups, threads](
+            cuda.to_device(csr.indptr.astype(np.int64)),
+            cuda.to_device(csr.indices.astype(np.int32)), cuda.to_device(csr.data),
+            cuda.to_device(rows), y[0], flags[0],
+        )
     work = cuda.to_device(np.zeros(groups, dtype=np.int64))
     alive = cuda.device_array(groups * LANES, dtype=np.uint8)
     parity = 0
@@ -460,7 +642,7 @@ def infer_rows_cuda(
             groups = -(-live // LANES)
             if mode == "fused":
                 _window_kernel[groups, threads](
-                    y, flags, parity, window.indptr, window.indices, window.data, first, count,
+                    y, flags, parity, window.indptr, window.indices, window.values, first, count,
                     typed_bias, typed_ymax, alive, work,
                 )
             else:
@@ -475,7 +657,7 @@ def infer_rows_cuda(
                     _zero(b)
                     _layer_kernel[groups * sections, threads](
                         y, flags, (parity + k - first) % 2, window.indptr, window.indices,
-                        window.data, k, sections, typed_bias, typed_ymax, a, b, work,
+                        window.values, k, sections, typed_bias, typed_ymax, a, b, work,
                     )
                     a, b = b, a
                 if a is not alive:
@@ -500,6 +682,10 @@ def infer_rows_cuda(
     return CudaBatchResult(rows, done, time.perf_counter() - start)
 
 
-def _zero(flat) -> None:
+def _fill(flat, value) -> None:
     blocks = max(1, min(4096, math.ceil(flat.size / 256)))
-    _zero_kernel[blocks, 256](flat)
+    _fill_kernel[blocks, 256](flat, value)
+
+
+def _zero(flat) -> None:
+    _fill(flat, 0)
