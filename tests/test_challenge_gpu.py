@@ -16,7 +16,7 @@ import scipy.sparse as sp
 from distributed import Client, LocalCluster
 
 from dasknn.challenge import run_challenge
-from dasknn.challenge.gpu import plan_memory
+from dasknn.data_parallel.gpu_inference import plan_memory
 from dasknn.cli import main
 from dasknn.datasets import (
     challenge_bias,

@@ -64,7 +64,7 @@ CUDA_INSTALL_HINT = (
 )
 LANES = 32  # rows per group: one warp, one lane per row
 SECTION_OUTPUTS = 1024  # output neurons per block in the sectioned (one launch per layer) mode
-SECTIONED_FROM = 4096  # widths from which mode="auto" launches per layer (measured on an H200)
+SECTIONED_FROM = 4096  # widths from which mode="auto" launches per layer (see docs/benchmarks.md)
 CUDA_MODES = ("auto", "fused", "sectioned")
 _WARPS = 32  # warps per block on a GPU (1024 threads)
 
