@@ -1,43 +1,31 @@
-"""Data-parallel Graph Challenge inference over the workers of a Dask cluster.
+"""Graph Challenge inference over the workers of a Dask cluster: the challenge's files and
+checks on top of the data-parallel inference of :mod:`dasknn.data_parallel.inference`.
 
-The input rows are cut into batches. With *broadcast* weights, every worker receives the packed
-network once (``client.scatter(broadcast=True)``) and batches are submitted as tasks with a bounded
-number in flight, a new one each time one finishes, so faster workers take more batches. When the
-network does not fit the weight budget of a worker, the weights are *streamed*: the layers are cut
-into windows of ``resident_layers`` layers, at most ``weight_buffers`` windows are on the workers at
-once, and every batch state advances window by window (the state stays on its worker).
+:func:`prepare_run` reads and checks the network, the inputs and the options before any cluster
+is touched; :func:`run_challenge` runs the batches (weights broadcast once to every worker, or
+streamed a window of layers at a time, or uploaded to every GPU) and turns their live rows into
+the challenge's categories and statistics.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import time
-from collections import deque
 from collections.abc import Sequence
 from contextlib import ExitStack
 
 import numpy as np
 import scipy.sparse as sp
-from distributed import Client, as_completed, wait
-from tqdm.auto import tqdm
+from distributed import Client
 
-from dasknn.challenge import tasks
 from dasknn.challenge.inputs import load_inputs
 from dasknn.challenge.stats import ChallengeStats, merge_batches
+from dasknn.data_parallel.inference import InferenceRun, infer_on_cpus, infer_on_gpus
 from dasknn.datasets import challenge_bias, load_network
-from dasknn.kernels.inference import pack_layers
 from dasknn.runtime.cluster import open_client
 from graph.checks import check_csr
 
-__all__ = ["run_challenge", "prepare_run", "default_batch_size"]
-
-_BATCHES_IN_FLIGHT_PER_THREAD = 2
-
-
-def default_batch_size(n_inputs: int, workers: int) -> int:
-    """Rows per batch: about 4 batches per worker, between 256 and 2048 rows."""
-    return int(min(2048, max(256, math.ceil(n_inputs / (4 * max(1, workers))))))
+__all__ = ["run_challenge", "prepare_run"]
 
 
 def _resolve_network(network, neurons, layers, seed) -> list[sp.csr_matrix]:
@@ -53,14 +41,6 @@ def _resolve_inputs(inputs, neurons: int) -> sp.csr_matrix:
     if isinstance(inputs, str | os.PathLike):
         return load_inputs(inputs, neurons)
     return sp.csr_matrix(check_csr(inputs, name="inputs"), dtype=np.float64)
-
-
-def _worker_memory_limit(client: Client) -> int:
-    import psutil
-
-    limits = [w.get("memory_limit") or 0 for w in client.scheduler_info()["workers"].values()]
-    limits = [x for x in limits if x > 0]
-    return min(limits) if limits else int(psutil.virtual_memory().total)
 
 
 def prepare_run(
@@ -168,7 +148,8 @@ def run_challenge(
     neurons, layers, seed : int, optional
         Passed to :func:`dasknn.datasets.load_network` (``layers`` also truncates a sequence).
     batch_size : int, optional
-        Rows per batch (default :func:`default_batch_size`).
+        Rows per batch (default
+        :func:`dasknn.data_parallel.batches.default_batch_size`).
     dtype : ``"float32"`` or ``"float64"``
         Arithmetic of the kernel.
     ymax : float
@@ -220,135 +201,50 @@ def run_challenge(
     )
     with ExitStack() as stack:
         if device == "cuda":
-            from dasknn.challenge.gpu import run_cuda
-
-            return run_cuda(
-                open_client(stack, client, device="cuda"), matrices, matrix, float(bias),
-                float(ymax), dtype, batch_size, weight_budget, compact_every, cuda_mode,
-                progress,
+            run = infer_on_gpus(
+                open_client(stack, client, device="cuda"), matrices, matrix, bias, float(ymax),
+                dtype=dtype, batch_size=batch_size, weight_budget=weight_budget,
+                compact_every=compact_every, cuda_mode=cuda_mode, progress=progress,
+                desc="challenge",
             )
-        return _run(
-            open_client(stack, client), matrices, matrix, float(bias), float(ymax), dtype,
-            batch_size, resident_layers, weight_buffers, weight_budget, progress,
-        )
-
-
-def _run(client, matrices, matrix, bias, ymax, dtype, batch_size, resident_layers,
-         weight_buffers, weight_budget, progress) -> tuple[np.ndarray, ChallengeStats]:
-    n_inputs, width = matrix.shape
-    n_layers = len(matrices)
-    edges = int(sum(m.nnz for m in matrices))
-    workers = client.scheduler_info()["workers"]
-    n_workers = len(workers)
-    if n_workers == 0:
-        raise ValueError("the Dask cluster has no workers")
-    threads = sum(int(w.get("nthreads", 1)) for w in workers.values())
-    batch_size = batch_size or default_batch_size(n_inputs, n_workers)
-    starts = list(range(0, n_inputs, batch_size))
-    itemsize = dtype.itemsize
-    layer_bytes = [m.nnz * (itemsize + 4) + 16 * (width + 1) for m in matrices]
-    weight_bytes = int(sum(layer_bytes))
-    budget = weight_budget or _worker_memory_limit(client) // 2
-    if resident_layers is None and weight_bytes > budget:
-        resident_layers = max(1, int(budget // (weight_buffers * max(layer_bytes))))
-    streamed = resident_layers is not None and resident_layers < n_layers
-    resident = resident_layers if streamed else n_layers
-
-    client.run(tasks.warm_kernel, dtype.name)
-    packed = None if streamed else pack_layers(matrices, dtype)
-    bar = tqdm(
-        total=len(starts) * (math.ceil(n_layers / resident) if streamed else 1),
-        disable=not progress,
-        unit="batch",
-        desc="challenge",
-    )
-    start = time.perf_counter()
-    with bar:
-        if streamed:
-            results = _streamed(client, matrices, matrix, starts, batch_size, bias, ymax, dtype,
-                                resident, weight_buffers, bar)
         else:
-            results = _broadcast(client, packed, matrix, starts, batch_size, bias, ymax,
-                                 threads, bar)
-    seconds = time.perf_counter() - start
+            run = infer_on_cpus(
+                open_client(stack, client), matrices, matrix, bias, float(ymax), dtype=dtype,
+                batch_size=batch_size, resident_layers=resident_layers,
+                weight_buffers=weight_buffers, weight_budget=weight_budget, progress=progress,
+                desc="challenge",
+            )
+    return _statistics(run, matrices, matrix.shape[0], dtype)
 
-    categories, peaks = merge_batches(results)
+
+def _statistics(
+    run: InferenceRun, matrices: list[sp.csr_matrix], n_inputs: int, dtype: np.dtype
+) -> tuple[np.ndarray, ChallengeStats]:
+    """The categories and statistics of a run's batches."""
+    categories, peaks = merge_batches(run.results)
+    edges = int(sum(m.nnz for m in matrices))
+    seconds = run.seconds
     stats = ChallengeStats(
         inputs=n_inputs,
-        neurons=width,
-        layers=n_layers,
+        neurons=matrices[0].shape[0],
+        layers=len(matrices),
         edges=edges,
         categories=int(categories.size),
         seconds=seconds,
         rate=n_inputs * edges / seconds if seconds > 0 else float("inf"),
-        kernel_seconds=float(sum(r.kernel_seconds for _, r in results)),
-        macs_done=int(sum(r.macs_done for _, r in results)),
-        macs_needed=int(sum(r.macs_needed for _, r in results)),
-        batches=len(starts),
-        batch_size=batch_size,
+        kernel_seconds=float(sum(r.kernel_seconds for _, r in run.results)),
+        macs_done=int(sum(r.macs_done for _, r in run.results)),
+        macs_needed=int(sum(r.macs_needed for _, r in run.results)),
+        batches=len(run.results),
+        batch_size=run.batch_size,
         dtype=dtype.name,
-        workers=n_workers,
-        mode="streamed" if streamed else "broadcast",
-        resident_layers=resident,
-        weight_buffers=weight_buffers if streamed else 1,
-        weight_bytes=weight_bytes,
+        workers=run.workers,
+        mode=run.mode,
+        resident_layers=run.resident_layers,
+        weight_buffers=run.weight_buffers,
+        weight_bytes=run.weight_bytes,
         peak_memory=peaks,
+        device=run.device,
+        gpus=run.gpus,
     )
     return categories, stats
-
-
-def _broadcast(client, packed, matrix, starts, batch_size, bias, ymax, threads, bar):
-    """Every worker holds all layers; batches are pulled as earlier ones finish."""
-    weights = client.scatter(packed, broadcast=True, hash=False)
-    pending = iter(starts)
-    offsets = {}
-    results = []
-
-    def submit_next(queue) -> None:
-        s = next(pending, None)
-        if s is None:
-            return
-        future = client.submit(
-            tasks.infer_batch, matrix[s : s + batch_size], weights, bias, ymax, pure=False
-        )
-        offsets[future.key] = s
-        queue.add(future)
-
-    queue = as_completed()
-    for _ in range(_BATCHES_IN_FLIGHT_PER_THREAD * threads):
-        submit_next(queue)
-    for future in queue:
-        results.append((offsets.pop(future.key), future.result()))
-        future.release()
-        bar.update(1)
-        submit_next(queue)
-    return results
-
-
-def _streamed(client, matrices, matrix, starts, batch_size, bias, ymax, dtype, resident,
-              weight_buffers, bar):
-    """Layers go to the workers a window at a time, at most ``weight_buffers`` windows at once."""
-    states = [
-        client.submit(tasks.begin_streamed, matrix[s : s + batch_size], dtype.name, pure=False)
-        for s in starts
-    ]
-    windows: deque = deque()
-    for first in range(0, len(matrices), resident):
-        if len(windows) >= weight_buffers:
-            old_weights, old_states = windows.popleft()
-            wait(old_states)
-            del old_weights
-        packed = pack_layers(matrices[first : first + resident], dtype)
-        weights = client.scatter(packed, broadcast=True, hash=False)
-        states = [
-            client.submit(tasks.advance_streamed, st, weights, bias, ymax, pure=False)
-            for st in states
-        ]
-        for future in states:
-            future.add_done_callback(lambda _: bar.update(1))
-        windows.append((weights, states))
-    finals = client.gather(
-        [client.submit(tasks.finish_streamed, st, pure=False) for st in states]
-    )
-    windows.clear()
-    return list(zip(starts, finals, strict=True))

@@ -13,7 +13,7 @@ __all__ = ["ChallengeStats", "merge_batches"]
 def merge_batches(results: Sequence[tuple[int, object]]) -> tuple[np.ndarray, dict[str, int]]:
     """The sorted 1-based categories and the peak memory per worker of a run's batches.
 
-    ``results`` holds ``(first row, BatchResult)`` pairs (:class:`dasknn.challenge.tasks.
+    ``results`` holds ``(first row, BatchResult)`` pairs (:class:`dasknn.data_parallel.batches.
     BatchResult`: batch-local ``rows`` and ``peak_memory``).
     """
     categories = np.sort(

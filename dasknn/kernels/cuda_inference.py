@@ -68,7 +68,7 @@ CUDA_INSTALL_HINT = (
 )
 LANES = 32  # rows per group: one warp, one lane per row
 SECTION_OUTPUTS = 1024  # output neurons per block in the sectioned (one launch per layer) mode
-SECTIONED_FROM = 4096  # widths from which mode="auto" launches per layer (measured on an H200)
+SECTIONED_FROM = 4096  # widths from which mode="auto" launches per layer (see docs/benchmarks.md)
 CUDA_MODES = ("auto", "fused", "sectioned")
 _WARPS = 32  # warps per block on a GPU (1024 threads)
 
@@ -496,9 +496,11 @@ class BitRows:
     def shape(self) -> tuple[int, int]:
         return int(self.bits.shape[0]), self.n_features
 
-    def rows(self, start: int, stop: int) -> BitRows:
-        """Rows ``start .. stop - 1`` (a view of the bits)."""
-        return BitRows(self.bits[start:stop], self.value, self.n_features)
+    def __getitem__(self, rows: slice) -> BitRows:
+        """A slice of the rows (a view of the bits)."""
+        if not isinstance(rows, slice):
+            raise TypeError("BitRows take a slice of rows")
+        return BitRows(self.bits[rows], self.value, self.n_features)
 
 
 @njit(cache=True)

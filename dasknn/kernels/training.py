@@ -6,9 +6,9 @@ data)``. Activations, pre-activations and deltas are **feature-major**: an array
 the row-block batch ``x`` of the maths). Every stored entry of ``W`` then meets a contiguous run of
 ``B`` samples, the innermost loops are SIMD-vectorised, and a part's message to another part is a
 gather of whole rows. The single-process model and every worker of the model-parallel runtime keep
-their activations in this layout for the whole step, so no kernel transposes anything (on the
-2-core test machine, transposing in and out of each kernel cost two to three times the product
-itself at B = 256; see ``docs/benchmarks.md``, ``## Training kernels``).
+their activations in this layout for the whole step, so no kernel transposes anything
+(transposing in and out of each kernel costs a multiple of the product itself; see
+``docs/benchmarks.md``, ``## Training kernels``, for the measured figures).
 
 These kernels are the only per-element arithmetic on the sparse matrices of the training path.
 They are single-threaded on purpose (the parallelism is across Dask workers, one thread each) and

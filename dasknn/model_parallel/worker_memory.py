@@ -3,9 +3,9 @@
 A training step allocates and frees arrays of megabytes per layer (activations, deltas, partial
 sums, messages). Dask starts its worker processes with ``MALLOC_TRIM_THRESHOLD_=65536`` (to keep
 their unmanaged memory low), and glibc then returns such buffers to the kernel as soon as they are
-freed, so the next layer's buffers come back as fresh pages the kernel must fault in and zero: on
-the 2-core test machine that was half of all CPU time (``sy`` in ``top``) and made a batch of
-the 4096 x 30 benchmark 1.35x slower (``docs/benchmarks.md``, ``## Model-parallel training``).
+freed, so the next layer's buffers come back as fresh pages the kernel must fault in and zero.
+That system time can be a large share of a step (``docs/benchmarks.md``, ``## Model-parallel
+training``, gives the measured share and slowdown with the machine they were taken on).
 
 :class:`ReuseFreedMemory` is a worker plugin that raises glibc's thresholds at run time
 (``mallopt``), so freed buffers stay in the process and the next layer reuses them. The price is

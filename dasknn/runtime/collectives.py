@@ -551,23 +551,32 @@ def allreduce(client, inputs: Sequence, workers: Sequence[str]) -> Collective:
         not match the workers, or the contributions differ in dtype or shape.
     """
     workers = _check_workers(client, workers, inputs)
-    metas = _inspect(client, workers, inputs, "input")
-    _same("contributions", "dtype", [str(m[1]) for m in metas])
-    _same("contributions", "shape", [m[0] for m in metas])
+    metas = _contributions(client, workers, inputs, "allreduce", ragged=False)
     graph = build_allreduce(_new_token(), [f.key for f in inputs], metas[0][0])
     return _submit(client, graph, workers)
 
 
-def _gathered(client, inputs: Sequence, workers: Sequence[str], stack: bool) -> Collective:
-    workers = _check_workers(client, workers, inputs)
+def _contributions(
+    client, workers: list[str], inputs: Sequence, op: str, ragged: bool
+) -> list[tuple]:
+    """``(shape, dtype, min, max)`` of each contribution, checked to share one dtype and either
+    one shape (``ragged=False``) or one shape beyond axis 0 (``ragged=True``, any length)."""
     metas = _inspect(client, workers, inputs, "input")
     _same("contributions", "dtype", [str(m[1]) for m in metas])
-    if stack:
+    if not ragged:
         _same("contributions", "shape", [m[0] for m in metas])
-    else:
-        if any(len(m[0]) == 0 for m in metas):
-            raise ValueError("allgatherv contributions must have at least one dimension")
-        _same("contributions", "shape beyond axis 0", [m[0][1:] for m in metas])
+        return metas
+    if any(len(m[0]) == 0 for m in metas):
+        raise ValueError(f"{op} contributions must have at least one dimension")
+    _same("contributions", "shape beyond axis 0", [m[0][1:] for m in metas])
+    return metas
+
+
+def _gathered(client, inputs: Sequence, workers: Sequence[str], stack: bool) -> Collective:
+    workers = _check_workers(client, workers, inputs)
+    _contributions(
+        client, workers, inputs, "allgather" if stack else "allgatherv", ragged=not stack
+    )
     graph = build_allgather(_new_token(), [f.key for f in inputs], stack)
     return _submit(client, graph, workers)
 
@@ -654,11 +663,7 @@ def alltoallv(client, inputs: Sequence, workers: Sequence[str], counts) -> Colle
     matrix = np.asarray(counts)
     if matrix.shape != (count, count) or matrix.dtype.kind not in "iu" or (matrix < 0).any():
         raise ValueError(f"counts must be a {count} x {count} matrix of non-negative integers")
-    metas = _inspect(client, workers, inputs, "input")
-    _same("contributions", "dtype", [str(m[1]) for m in metas])
-    if any(len(m[0]) == 0 for m in metas):
-        raise ValueError("alltoallv contributions must have at least one dimension")
-    _same("contributions", "shape beyond axis 0", [m[0][1:] for m in metas])
+    metas = _contributions(client, workers, inputs, "alltoallv", ragged=True)
     for i, meta in enumerate(metas):
         if int(matrix[i].sum()) != meta[0][0]:
             raise ValueError(

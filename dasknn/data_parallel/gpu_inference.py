@@ -1,0 +1,231 @@
+"""Sparse inference on the GPUs of a Dask cluster (one worker per GPU, as dask-cuda's
+``LocalCUDACluster`` starts them) as a step of the batch driver.
+
+Every GPU worker receives the network once, in the compact form of
+:func:`dasknn.kernels.cuda_inference.compact_layers`; a task pinned to the worker uploads it to its
+GPU, where it stays for the whole run (or, when it exceeds the weight budget, stays in host memory
+and is streamed to the GPU a window of layers at a time during each batch, inside
+:class:`dasknn.kernels.cuda_inference.DeviceNetwork`). Each batch is sent to the worker of the
+slot that pulled it (as bits when the inputs are binary,
+:class:`dasknn.kernels.cuda_inference.BitRows`) and runs through every layer with
+:func:`dasknn.kernels.cuda_inference.infer_rows_cuda`; only its surviving row ids come back.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+from distributed import Client, Future
+
+from dasknn.data_parallel.batches import BatchResult
+from dasknn.data_parallel.broadcast import load_on_each
+from dasknn.data_parallel.workers import peak_rss, worker_name
+from dasknn.kernels.cuda_inference import (
+    CUDA_INSTALL_HINT,
+    BitRows,
+    CompactLayers,
+    compact_layers,
+    pack_bit_rows,
+)
+from dasknn.kernels.inference import pack_layers
+
+__all__ = [
+    "CUDAInference",
+    "check_cuda_workers",
+    "device_memory",
+    "infer_batch_cuda",
+    "plan_memory",
+    "upload_network",
+    "warm_cuda_kernel",
+]
+
+_WEIGHT_SHARE = 0.5  # of a GPU's free memory that the resident weights may take
+_USABLE_SHARE = 0.9  # of a GPU's free memory that the run may take in all
+
+
+def device_memory() -> dict:
+    """On a worker: its GPU's name and free / total bytes, or why it has none.
+
+    Under numba's CUDA simulator the "device" is this host's available memory.
+    """
+    from dasknn.kernels.cuda_inference import cuda_runtime
+
+    runtime = cuda_runtime()
+    if runtime == "none":
+        return {"runtime": runtime}
+    if runtime == "simulator":
+        import psutil
+
+        available = int(psutil.virtual_memory().available)
+        return {
+            "runtime": runtime,
+            "name": "numba CUDA simulator",
+            "free": available,
+            "total": available,
+        }
+    from numba import cuda
+
+    free, total = cuda.current_context().get_memory_info()
+    name = cuda.get_current_device().name
+    return {
+        "runtime": runtime,
+        "name": name.decode() if isinstance(name, bytes) else str(name),
+        "free": int(free),
+        "total": int(total),
+    }
+
+
+def check_cuda_workers(client: Client) -> dict[str, dict]:
+    """Ask every worker for its GPU; raise ``RuntimeError`` naming those without one."""
+    info = client.run(device_memory)
+    if not info:
+        raise ValueError("the Dask cluster has no workers")
+    missing = sorted(addr for addr, gpu in info.items() if gpu["runtime"] == "none")
+    if missing:
+        raise RuntimeError(
+            f"device='cuda' needs a CUDA GPU on every worker; {', '.join(missing)} "
+            f"{'has' if len(missing) == 1 else 'have'} none (or numba cannot load the CUDA "
+            f"driver there); {CUDA_INSTALL_HINT}"
+        )
+    return info
+
+
+def plan_memory(
+    packed_bytes: int,
+    layer_bytes: int,
+    neurons: int,
+    itemsize: int,
+    free: int,
+    weight_budget: int | None,
+) -> tuple[int | None, int]:
+    """Weight budget (``None``: resident whole) and the most live rows a batch may hold.
+
+    Raises ``MemoryError`` naming the bytes needed and available when not even one layer and one
+    group of rows fit.
+    """
+    from dasknn.kernels.cuda_inference import LANES, activation_bytes
+
+    usable = int(free * _USABLE_SHARE)
+    budget = weight_budget if weight_budget is not None else int(usable * _WEIGHT_SHARE)
+    minimum = layer_bytes + activation_bytes(LANES, neurons, itemsize)
+    if layer_bytes > budget or minimum > usable:
+        raise MemoryError(
+            f"the network cannot run on this GPU even streamed: one layer and one group of "
+            f"{LANES} rows need {minimum} bytes, {usable} bytes are available "
+            f"(weight budget {budget} bytes)"
+        )
+    resident = packed_bytes <= budget
+    weights = packed_bytes if resident else budget
+    per_row = activation_bytes(LANES, neurons, itemsize) // LANES
+    rows = max(LANES, (usable - weights) // per_row)
+    return (None if resident else budget), int(rows)
+
+
+def upload_network(network: CompactLayers, budget: int | None):
+    """On a worker: put the network on its GPU (streamed when over ``budget``)."""
+    from dasknn.kernels.cuda_inference import DeviceNetwork
+
+    return DeviceNetwork(network, budget)
+
+
+def infer_batch_cuda(
+    inputs: sp.csr_matrix | BitRows,
+    network,
+    bias: float,
+    ymax: float,
+    compact_every: int,
+    mode: str,
+) -> BatchResult:
+    """On a worker: run one batch on its GPU; return its live rows (batch-local)."""
+    from dasknn.kernels.cuda_inference import infer_rows_cuda
+
+    result = infer_rows_cuda(inputs, network, bias, ymax, compact_every, mode)
+    return BatchResult(
+        rows=result.rows,
+        macs_done=result.macs_done,
+        macs_needed=0,
+        kernel_seconds=result.kernel_seconds,
+        peak_memory={worker_name(): peak_rss()},
+    )
+
+
+def warm_cuda_kernel(dtype: str) -> None:
+    """On a worker: compile the CUDA kernels for ``dtype`` so that timings exclude the JIT."""
+    from dasknn.kernels.cuda_inference import DeviceNetwork, infer_rows_cuda
+
+    layer = sp.identity(64, dtype=np.float64, format="csr")
+    network = DeviceNetwork(compact_layers(pack_layers([layer, layer], np.dtype(dtype))))
+    rows = sp.csr_matrix(np.array([[1.0] * 64, [0.05] * 64]))  # the second row dies: compaction
+    for mode in ("fused", "sectioned"):
+        infer_rows_cuda(rows, network, -0.1, 32.0, compact_every=1, mode=mode)
+        infer_rows_cuda(pack_bit_rows(rows[:1]), network, -0.1, 32.0, compact_every=1, mode=mode)
+
+
+class CUDAInference:
+    """The batch step on GPU workers: the whole network on every GPU, each batch pinned to the
+    GPU of its slot.
+
+    Parameters
+    ----------
+    addresses : sequence of str
+        The GPU workers.
+    bias, ymax : float
+        As for :class:`dasknn.data_parallel.cpu_inference.CPUInference`.
+    dtype : numpy dtype
+        Arithmetic of the kernels (CSR batches arrive in it).
+    budget : int or None
+        Bytes of weights a GPU may hold (``None``: the network stays resident whole).
+    compact_every : int
+        Layers run before dead rows are dropped and the live ones re-packed.
+    mode : str
+        ``"auto"``, ``"fused"`` or ``"sectioned"`` (see
+        :func:`dasknn.kernels.cuda_inference.infer_rows_cuda`).
+    """
+
+    def __init__(
+        self,
+        addresses: list[str],
+        bias: float,
+        ymax: float,
+        dtype: np.dtype,
+        budget: int | None,
+        compact_every: int,
+        mode: str,
+    ) -> None:
+        self.addresses = addresses
+        self.bias = bias
+        self.ymax = ymax
+        self.dtype = dtype
+        self.budget = budget
+        self.compact_every = compact_every
+        self.mode = mode
+
+    def place(self, client: Client, weights: CompactLayers) -> dict[str, Future]:
+        """Upload the network to every GPU worker; its device copy, by address."""
+        return load_on_each(client, weights, self.addresses, upload_network, self.budget)
+
+    def submit(
+        self,
+        client: Client,
+        batch: sp.csr_matrix | BitRows,
+        placed: dict[str, Future],
+        worker: str | None,
+        last: bool,
+    ) -> Future:
+        """Send a batch's rows to ``worker`` and submit :func:`infer_batch_cuda` there.
+
+        The whole network is one window, so ``batch`` is always input rows and ``last`` is true.
+        """
+        rows = client.scatter(batch, workers=[worker], hash=False)
+        return client.submit(
+            infer_batch_cuda,
+            rows,
+            placed[worker],
+            self.bias,
+            self.ymax,
+            self.compact_every,
+            self.mode,
+            workers=[worker],
+            allow_other_workers=False,
+            pure=False,
+        )

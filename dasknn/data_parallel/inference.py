@@ -1,0 +1,243 @@
+"""Data-parallel sparse inference: every layer ``Y = min(max(Y @ W + bias on the nonzeros, 0),
+ymax)`` for batches of rows pulled by the workers, on CPUs or GPUs.
+
+On CPUs the packed network is broadcast once to every worker when it fits the weight budget; else
+it is streamed in windows of layers, at most ``weight_buffers`` windows on the workers at once,
+and every batch's state advances window by window (it stays on its worker). On GPUs every worker
+uploads the network to its GPU once (see :mod:`dasknn.data_parallel.gpu_inference`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.sparse as sp
+from distributed import Client
+
+from dasknn.data_parallel.batches import BatchResult, default_batch_size
+from dasknn.data_parallel.cpu_inference import CPUInference, layer_bytes, warm_kernel
+from dasknn.data_parallel.driver import per_worker_slots, run_batches, shared_slots
+from dasknn.data_parallel.windows import layer_windows, window_layers, worker_memory_limit
+from dasknn.kernels.inference import pack_layers
+
+__all__ = ["InferenceRun", "infer_on_cpus", "infer_on_gpus"]
+
+
+@dataclass
+class InferenceRun:
+    """The batches of a run and how they were run.
+
+    Attributes
+    ----------
+    results : list of (int, BatchResult)
+        ``(first row, result)`` of every batch.
+    seconds : float
+        Wall time from placing the weights to the last result (packing broadcast weights,
+        warming the kernels and planning excluded).
+    batch_size, workers : int
+        Rows per batch and workers that ran them.
+    mode : str
+        ``"broadcast"`` (the whole network held by every worker) or ``"streamed"``.
+    resident_layers, weight_buffers : int
+        Layers per window and windows held at once.
+    weight_bytes : int
+        Bytes of the packed network.
+    device : str
+        ``"cpu"`` or ``"cuda"``.
+    gpus : list of str
+        Names of the GPUs (``device="cuda"``).
+    """
+
+    results: list[tuple[int, BatchResult]]
+    seconds: float
+    batch_size: int
+    workers: int
+    mode: str
+    resident_layers: int
+    weight_buffers: int
+    weight_bytes: int
+    device: str = "cpu"
+    gpus: list[str] = field(default_factory=list)
+
+
+def infer_on_cpus(
+    client: Client,
+    matrices: list[sp.csr_matrix],
+    rows: sp.csr_matrix,
+    bias: float,
+    ymax: float,
+    *,
+    dtype: np.dtype,
+    batch_size: int | None = None,
+    resident_layers: int | None = None,
+    weight_buffers: int = 2,
+    weight_budget: int | None = None,
+    progress: bool = True,
+    desc: str = "inference",
+) -> InferenceRun:
+    """Run ``rows`` through the layers ``matrices`` with the numba kernel on the workers' cores.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    matrices : list of scipy.sparse.csr_matrix
+        The layers, checked, shape ``(N, N)`` each.
+    rows : scipy.sparse.csr_matrix
+        The input rows ``(n, N)``.
+    bias, ymax : float
+        Added to the nonzero entries of each layer's product; upper clip of the activations.
+    dtype : numpy dtype
+        float32 or float64, the kernel's arithmetic.
+    batch_size : int, optional
+        Rows per batch (default :func:`dasknn.data_parallel.batches.default_batch_size`).
+    resident_layers : int, optional
+        Stream the weights in windows of this many layers; by default they are broadcast whole
+        when they fit ``weight_budget``, else streamed in windows that fit it.
+    weight_buffers : int
+        Windows held by a worker at once when streaming (2 = double buffering).
+    weight_budget : int, optional
+        Bytes of weights a worker may hold; default half the smallest worker memory limit.
+    progress : bool
+        Show a progress bar.
+    desc : str
+        Label of the progress bar.
+
+    Raises
+    ------
+    ValueError
+        If the cluster has no workers.
+    """
+    n_workers = len(client.scheduler_info()["workers"])
+    if n_workers == 0:
+        raise ValueError("the Dask cluster has no workers")
+    batch_size = batch_size or default_batch_size(rows.shape[0], n_workers)
+    sizes = layer_bytes(matrices, dtype)
+    budget = weight_budget or worker_memory_limit(client) // 2
+    per_window = window_layers(sizes, budget, weight_buffers, resident_layers)
+    client.run(warm_kernel, dtype.name)
+    if per_window is None:
+        packed = pack_layers(matrices, dtype)
+        windows = [lambda: packed]
+    else:
+        windows = [
+            lambda part=part: pack_layers(matrices[part], dtype)
+            for part in layer_windows(len(matrices), per_window)
+        ]
+    buffers = 1 if per_window is None else weight_buffers
+    step = CPUInference(bias, ymax)
+    start = time.perf_counter()
+    results = run_batches(
+        client,
+        rows,
+        batch_size,
+        step,
+        windows,
+        shared_slots(client),
+        weight_buffers=buffers,
+        progress=progress,
+        desc=desc,
+    )
+    return InferenceRun(
+        results=results,
+        seconds=time.perf_counter() - start,
+        batch_size=batch_size,
+        workers=n_workers,
+        mode="broadcast" if per_window is None else "streamed",
+        resident_layers=len(matrices) if per_window is None else per_window,
+        weight_buffers=buffers,
+        weight_bytes=int(sum(sizes)),
+    )
+
+
+def infer_on_gpus(
+    client: Client,
+    matrices: list[sp.csr_matrix],
+    rows: sp.csr_matrix,
+    bias: float,
+    ymax: float,
+    *,
+    dtype: np.dtype,
+    batch_size: int | None = None,
+    weight_budget: int | None = None,
+    compact_every: int = 8,
+    cuda_mode: str = "auto",
+    progress: bool = True,
+    desc: str = "inference",
+) -> InferenceRun:
+    """Run ``rows`` through the layers ``matrices`` with the CUDA kernels on the workers' GPUs
+    (one GPU per worker).
+
+    Parameters
+    ----------
+    client, matrices, rows, bias, ymax, dtype, progress, desc
+        As for :func:`infer_on_cpus`.
+    batch_size : int, optional
+        Rows per batch; by default an equal share of the rows per GPU. Capped by what the GPU's
+        free memory holds.
+    weight_budget : int, optional
+        Bytes of weights a GPU may hold; default half the smallest free GPU memory. A network
+        over it is streamed to the GPU a window of layers at a time.
+    compact_every : int
+        Layers run before dead rows are dropped and the live ones re-packed.
+    cuda_mode : ``"auto"``, ``"fused"`` or ``"sectioned"``
+        See :func:`dasknn.kernels.cuda_inference.infer_rows_cuda`.
+
+    Raises
+    ------
+    ValueError
+        If the cluster has no workers.
+    RuntimeError
+        If a worker has no GPU (or numba cannot load the CUDA driver there).
+    MemoryError
+        If the network does not fit a GPU even streamed.
+    """
+    from dasknn.data_parallel.gpu_inference import (
+        CUDAInference,
+        check_cuda_workers,
+        plan_memory,
+        warm_cuda_kernel,
+    )
+    from dasknn.kernels.cuda_inference import compact_layers, pack_bit_rows, weight_bytes
+
+    gpus = check_cuda_workers(client)
+    n_rows, width = rows.shape
+    packed = compact_layers(pack_layers(matrices, dtype))
+    device_bytes, largest_layer = weight_bytes(packed)
+    bit_rows = pack_bit_rows(rows)  # binary inputs travel as bits; others as CSR of ``dtype``
+    rows = bit_rows if bit_rows is not None else sp.csr_matrix(rows, dtype=dtype)
+    free = min(gpu["free"] for gpu in gpus.values())
+    budget, max_rows = plan_memory(
+        device_bytes, largest_layer, width, dtype.itemsize, free, weight_budget
+    )
+    addresses = sorted(gpus)
+    if batch_size is None:
+        batch_size = math.ceil(n_rows / len(addresses))
+    batch_size = max(1, min(batch_size, max_rows))
+    client.run(warm_cuda_kernel, dtype.name)
+    step = CUDAInference(addresses, bias, ymax, dtype, budget, compact_every, cuda_mode)
+    start = time.perf_counter()
+    results = run_batches(
+        client,
+        rows,
+        batch_size,
+        step,
+        [lambda: packed],
+        per_worker_slots(addresses),
+        progress=progress,
+        desc=desc,
+    )
+    return InferenceRun(
+        results=results,
+        seconds=time.perf_counter() - start,
+        batch_size=batch_size,
+        workers=len(addresses),
+        mode="broadcast" if budget is None else "streamed",
+        resident_layers=len(matrices) if budget is None else max(1, budget // largest_layer),
+        weight_buffers=1,
+        weight_bytes=int(device_bytes),
+        device="cuda",
+        gpus=sorted({gpu["name"] for gpu in gpus.values()}),
+    )

@@ -1,0 +1,40 @@
+"""Windows of layers for streamed weights: how many layers a worker holds at once."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import psutil
+from distributed import Client
+
+__all__ = ["layer_windows", "window_layers", "worker_memory_limit"]
+
+
+def worker_memory_limit(client: Client) -> int:
+    """The smallest memory limit of the cluster's workers (this machine's memory if none has
+    a limit)."""
+    limits = [w.get("memory_limit") or 0 for w in client.scheduler_info()["workers"].values()]
+    limits = [x for x in limits if x > 0]
+    return min(limits) if limits else int(psutil.virtual_memory().total)
+
+
+def window_layers(
+    layer_bytes: Sequence[int], budget: int, buffers: int, resident_layers: int | None = None
+) -> int | None:
+    """Layers per window when the weights are streamed, ``None`` when they are held whole.
+
+    With ``resident_layers`` given, the weights are streamed in windows of that many layers
+    (held whole when it covers every layer). Otherwise they are held whole when their bytes fit
+    ``budget``, else streamed in windows such that ``buffers`` windows fit it (at least one
+    layer a window).
+    """
+    if resident_layers is None and sum(layer_bytes) > budget:
+        resident_layers = max(1, int(budget // (buffers * max(layer_bytes))))
+    if resident_layers is None or resident_layers >= len(layer_bytes):
+        return None
+    return resident_layers
+
+
+def layer_windows(n_layers: int, per_window: int) -> list[slice]:
+    """Consecutive slices of ``per_window`` layers covering ``n_layers`` layers."""
+    return [slice(first, first + per_window) for first in range(0, n_layers, per_window)]
