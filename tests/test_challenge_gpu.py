@@ -16,8 +16,8 @@ import scipy.sparse as sp
 from distributed import Client, LocalCluster
 
 from dasknn.challenge import run_challenge
-from dasknn.data_parallel.gpu_inference import plan_memory
 from dasknn.cli import main
+from dasknn.data_parallel.gpu_inference import plan_memory
 from dasknn.datasets import (
     challenge_bias,
     load_mnist_test,
