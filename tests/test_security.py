@@ -12,6 +12,7 @@ import datetime
 from contextlib import ExitStack
 from pathlib import Path
 
+import dask
 import numpy as np
 import psutil
 import pytest
@@ -233,3 +234,21 @@ def test_local_clusters_and_dashboards_listen_on_localhost(security):
             sockets = _listening(pid)
             assert len(sockets) >= 2 and {ip for ip, _ in sockets} == {LOCAL_HOST}, sockets
         assert client.submit(sum, [1, 2]).result() == 3
+
+
+def test_dask_configuration_gives_the_certificates(tls_cluster, certificates, tmp_path, capsys):
+    cluster, _ = tls_cluster
+    good = certificates["good"]
+    config = {
+        "distributed.comm.tls.ca-file": good["ca"],
+        "distributed.comm.tls.client.cert": good["cert"],
+        "distributed.comm.tls.client.key": good["key"],
+    }
+    network, inputs, expected = challenge_files(tmp_path)
+    out = tmp_path / "cats.tsv"
+    address = cluster.scheduler_address
+    argv = ["challenge", "--network", str(network), "--inputs", str(inputs), "--bias", str(BIAS),
+            "--categories", str(out), "--quiet", "--scheduler", address]  # fmt: skip
+    with dask.config.set(config):
+        assert main(argv) == 0, capsys.readouterr().err
+    np.testing.assert_array_equal(np.loadtxt(out, dtype=np.int64, ndmin=1), expected)
