@@ -1,5 +1,6 @@
-"""The Sparse DNN Graph Challenge inference engine: data-parallel batched inference on Dask,
-and model-parallel inference for networks wider than one worker."""
+"""The Sparse DNN Graph Challenge: its files, checks, bias rule, categories and statistics, run
+data-parallel on :mod:`dasknn.data_parallel` or model-parallel (networks wider than one worker)
+on :mod:`dasknn.model_parallel`."""
 
 from dasknn.challenge.engine import ChallengeStats, run_challenge
 from dasknn.challenge.inputs import load_inputs

@@ -16,7 +16,7 @@ from contextlib import ExitStack
 
 import numpy as np
 import scipy.sparse as sp
-from distributed import Client
+from distributed import Client, Security
 
 from dasknn.challenge.inputs import load_inputs
 from dasknn.challenge.stats import ChallengeStats, merge_batches
@@ -126,6 +126,7 @@ def run_challenge(
     device: str = "cpu",
     compact_every: int = 8,
     cuda_mode: str = "auto",
+    security: Security | bool | None = None,
 ) -> tuple[np.ndarray, ChallengeStats]:
     """Run Graph Challenge inference and return the categories and the run's statistics.
 
@@ -176,6 +177,10 @@ def run_challenge(
         (fused), or one launch per layer with a block per 32 rows and 1024 output neurons
         (sectioned); ``auto`` picks by width, see :func:`dasknn.kernels.cuda_inference.
         infer_rows_cuda`.
+    security : distributed.Security or bool, optional
+        TLS for the client opened here (a scheduler address or a new local cluster); ``True``
+        starts the local cluster on temporary certificates; ``None`` uses dask's configuration
+        for an address and no TLS for a local cluster (see :mod:`dasknn.runtime.cluster`).
 
     Returns
     -------
@@ -187,9 +192,11 @@ def run_challenge(
     Raises
     ------
     ValueError
-        On inconsistent layers or inputs (width mismatch, NaN, a bad dtype, device or batch size).
+        On inconsistent layers or inputs (width mismatch, NaN, a bad dtype, device or batch size),
+        or a ``tls://`` scheduler address without TLS certificates.
     RuntimeError
-        ``device="cuda"`` without the optional packages or without a GPU on every worker.
+        ``device="cuda"`` without the optional packages or without a GPU on every worker; a
+        scheduler that cannot be reached or refuses the client's certificate.
     MemoryError
         ``device="cuda"`` and the network does not fit a GPU even streamed.
     """
@@ -202,16 +209,32 @@ def run_challenge(
     with ExitStack() as stack:
         if device == "cuda":
             run = infer_on_gpus(
-                open_client(stack, client, device="cuda"), matrices, matrix, bias, float(ymax),
-                dtype=dtype, batch_size=batch_size, weight_budget=weight_budget,
-                compact_every=compact_every, cuda_mode=cuda_mode, progress=progress,
+                open_client(stack, client, device="cuda", security=security),
+                matrices,
+                matrix,
+                bias,
+                float(ymax),
+                dtype=dtype,
+                batch_size=batch_size,
+                weight_budget=weight_budget,
+                compact_every=compact_every,
+                cuda_mode=cuda_mode,
+                progress=progress,
                 desc="challenge",
             )
         else:
             run = infer_on_cpus(
-                open_client(stack, client), matrices, matrix, bias, float(ymax), dtype=dtype,
-                batch_size=batch_size, resident_layers=resident_layers,
-                weight_buffers=weight_buffers, weight_budget=weight_budget, progress=progress,
+                open_client(stack, client, security=security),
+                matrices,
+                matrix,
+                bias,
+                float(ymax),
+                dtype=dtype,
+                batch_size=batch_size,
+                resident_layers=resident_layers,
+                weight_buffers=weight_buffers,
+                weight_budget=weight_budget,
+                progress=progress,
                 desc="challenge",
             )
     return _statistics(run, matrices, matrix.shape[0], dtype)

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import scipy.sparse as sp
-from distributed import Client
+from distributed import Client, Security
 from tqdm.auto import tqdm
 
 import graph
@@ -127,6 +127,7 @@ def run_challenge_model_parallel(
     batch_size: int = 1000,
     dtype: str | np.dtype | type = "float32",
     progress: bool = True,
+    security: Security | bool | None = None,
 ) -> tuple[np.ndarray, ModelParallelStats]:
     """Run Graph Challenge inference with every layer split by neurons across the workers.
 
@@ -144,6 +145,8 @@ def run_challenge_model_parallel(
         Input rows per forward pass.
     progress : bool
         Show a progress bar over batches.
+    security : distributed.Security or bool, optional
+        TLS for the client opened here, as for :func:`dasknn.challenge.run_challenge`.
 
     Returns
     -------
@@ -166,7 +169,7 @@ def run_challenge_model_parallel(
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     with ExitStack() as stack:
-        client = open_client(stack, client)
+        client = open_client(stack, client, security=security)
         n_workers = len(client.scheduler_info(n_workers=-1)["workers"])
         if n_workers == 0:
             raise ValueError("the cluster has no workers")

@@ -11,6 +11,7 @@ from pathlib import Path
 from dasknn.challenge import run_challenge
 from dasknn.challenge.engine import prepare_run
 from dasknn.challenge.model_parallel import check_model_parallel, run_challenge_model_parallel
+from dasknn.cli.tls import add_tls_options, security_from_args
 from dasknn.datasets import read_categories, write_categories
 from dasknn.runtime.cluster import open_client
 from graph.atomic import check_output_path, write_text_atomically
@@ -76,6 +77,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         default="hypergraph", help="partition method in model-parallel mode")
     parser.add_argument("--json", type=Path, help="write the statistics to this JSON file")
     parser.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
+    add_tls_options(parser)
     parser.set_defaults(func=run)
 
 
@@ -85,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     if args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    security = security_from_args(args)
     for output in (args.categories, args.json):
         if output is not None:
             check_output_path(output)
@@ -100,7 +103,9 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--model-parallel runs on the CPU only; drop --device cuda")
         check_model_parallel(bias, network[0].shape[0], args.parts)
     with ExitStack() as stack:
-        client = open_client(stack, args.scheduler, args.workers, args.threads, args.device)
+        client = open_client(
+            stack, args.scheduler, args.workers, args.threads, args.device, security=security
+        )
         if args.model_parallel:
             categories, stats = run_challenge_model_parallel(
                 network, inputs, bias=bias, client=client, nparts=args.parts,

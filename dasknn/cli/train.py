@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 import graph
+from dasknn.cli.tls import add_tls_options, security_from_args
 from dasknn.datasets import (
     load_mnist_test,
     load_network,
@@ -67,6 +68,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="tune the workers' malloc to reuse freed step buffers (faster; a process-wide "
         "setting, for a cluster of your own)",
     )
+    add_tls_options(parser)
     parser.set_defaults(func=run)
 
 
@@ -121,12 +123,13 @@ def _model_and_data(args: argparse.Namespace) -> tuple[SparseMLP, np.ndarray, np
 def run(args: argparse.Namespace) -> int:
     """Build, partition, place and train; print the figures; return the exit code."""
     _check(args)
+    security = security_from_args(args)
     model, x, y = _model_and_data(args)
     print(f"network {args.network}: {model}")
     partition = graph.partition_network(model.weights, args.parts, args.partition, seed=args.seed)
     print(f"partition: {args.partition}, P={args.parts} ({partition.seconds:.2f} s)")
     with ExitStack() as stack:
-        client = open_client(stack, args.scheduler, args.workers)
+        client = open_client(stack, args.scheduler, args.workers, security=security)
         dist = DistributedSparseMLP(model, client, partition, reuse_memory=args.reuse_memory)
         print(f"placed {dist.nparts} parts on {len(set(dist.part_workers))} workers")
         times = time_training(dist, x, y, args.batch_size, args.epochs, args.lr)

@@ -74,7 +74,15 @@ def run_window(
     the state for the next window, or the batch's result when ``last``.
     """
     if isinstance(batch, StreamedBatch):
-        state, seconds, peaks = batch.state, batch.kernel_seconds, dict(batch.peak_memory)
+        # The kernel advances a state in place; Dask holds ``batch`` as the previous window's
+        # result, so the window runs on a copy of its activations.
+        state = BatchState(
+            rows=batch.state.rows,
+            block=batch.state.block.copy(),
+            macs_done=batch.state.macs_done,
+            macs_needed=batch.state.macs_needed,
+        )
+        seconds, peaks = batch.kernel_seconds, dict(batch.peak_memory)
     else:
         start = time.perf_counter()
         state = start_batch(batch, weights.data.dtype)

@@ -48,7 +48,7 @@ class BatchStep(Protocol):
 
 def shared_slots(client: Client, per_thread: int = IN_FLIGHT) -> list[None]:
     """Slots that the scheduler places: ``per_thread`` for every thread of the cluster."""
-    workers = client.scheduler_info()["workers"].values()
+    workers = client.scheduler_info(n_workers=-1)["workers"].values()
     return [None] * (per_thread * sum(int(w.get("nthreads", 1)) for w in workers))
 
 

@@ -110,7 +110,7 @@ def infer_on_cpus(
     ValueError
         If the cluster has no workers.
     """
-    n_workers = len(client.scheduler_info()["workers"])
+    n_workers = len(client.scheduler_info(n_workers=-1)["workers"])
     if n_workers == 0:
         raise ValueError("the Dask cluster has no workers")
     batch_size = batch_size or default_batch_size(rows.shape[0], n_workers)

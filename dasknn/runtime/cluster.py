@@ -4,14 +4,22 @@ Local clusters listen on 127.0.0.1 only (scheduler, workers and dashboard), so n
 network reaches them; pass ``host`` to listen elsewhere. Connecting to a scheduler address gives up
 after ``connect_timeout`` seconds (:data:`CONNECT_TIMEOUT`, or the environment variable
 ``DASKNN_CONNECT_TIMEOUT``) with a ``RuntimeError`` naming the address.
+
+Every function that opens a connection or starts a cluster takes ``security``: a
+``distributed.Security`` (see :mod:`dasknn.runtime.security`), ``True`` for temporary certificates
+(a local cluster only), or ``None``: no TLS for a local cluster, dask's configuration
+(``distributed.comm.tls.*``) for a scheduler address.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from contextlib import ExitStack
 
-from distributed import Client, LocalCluster
+from distributed import Client, LocalCluster, Security
+
+from dasknn.runtime.security import client_uses_tls, temporary_security
 
 __all__ = [
     "CONNECT_TIMEOUT",
@@ -47,22 +55,41 @@ def connect_timeout() -> float:
     return seconds
 
 
+def _tls_options(security: Security | bool | None) -> dict:
+    """The options that make a local cluster use TLS with ``security`` (none without it)."""
+    if security is None or security is False:
+        return {}
+    if security is True:
+        security = temporary_security()
+    if not client_uses_tls(security):
+        raise ValueError("security has no TLS certificates (a CA file and a certificate)")
+    return {"protocol": "tls://", "security": security}
+
+
 def local_cluster(
-    workers: int | None = None, threads_per_worker: int = 1, host: str = LOCAL_HOST
+    workers: int | None = None,
+    threads_per_worker: int = 1,
+    host: str = LOCAL_HOST,
+    security: Security | bool | None = None,
 ) -> LocalCluster:
     """Start a LocalCluster of worker processes, one single-threaded worker per core by default,
-    listening (scheduler, workers, dashboard) on ``host`` only."""
+    listening (scheduler, workers, dashboard) on ``host`` only; with ``security`` (a
+    ``distributed.Security``, or ``True`` for temporary certificates) every connection uses TLS."""
     return LocalCluster(
         n_workers=workers or os.cpu_count() or 1,
         threads_per_worker=threads_per_worker,
         processes=True,
         host=host,
         dashboard_address=f"{host}:0",
+        **_tls_options(security),
     )
 
 
-def local_cuda_cluster(workers: int | None = None, host: str = LOCAL_HOST):
-    """Start dask-cuda's ``LocalCUDACluster``: one worker per GPU (the first ``workers`` GPUs).
+def local_cuda_cluster(
+    workers: int | None = None, host: str = LOCAL_HOST, security: Security | bool | None = None
+):
+    """Start dask-cuda's ``LocalCUDACluster``: one worker per GPU (the first ``workers`` GPUs),
+    with TLS when ``security`` is given (as for :func:`local_cluster`).
 
     Raises
     ------
@@ -83,6 +110,7 @@ def local_cuda_cluster(workers: int | None = None, host: str = LOCAL_HOST):
             f"give the address of a cluster whose workers have GPUs, or {CUDA_INSTALL_HINT}"
         )
     options = {"host": host, "dashboard_address": f"{host}:0", "threads_per_worker": 1}
+    options.update(_tls_options(security))
     if workers is not None:
         options["CUDA_VISIBLE_DEVICES"] = list(range(workers))
     return LocalCUDACluster(**options)
@@ -94,30 +122,61 @@ def open_client(
     workers: int | None = None,
     threads_per_worker: int = 1,
     device: str = "cpu",
+    security: Security | bool | None = None,
 ) -> Client:
     """The client to run on: ``client`` itself, one connected to a scheduler address, or one on
     a new :func:`local_cluster` (``device="cuda"``: :func:`local_cuda_cluster`); whatever is
     opened here is closed when ``stack`` closes.
 
+    ``security`` (see the module's docstring) is used for what is opened here; a ``Client``
+    passed in keeps its own.
+
     Raises
     ------
+    ValueError
+        If ``client`` is a ``tls://`` address and neither ``security`` nor dask's configuration
+        gives TLS certificates, or ``security=True`` (temporary certificates) with an address.
     RuntimeError
-        If no scheduler answers at the address ``client`` within :func:`connect_timeout` seconds.
+        If no scheduler answers at the address ``client`` within :func:`connect_timeout` seconds,
+        or it refuses this client's certificate.
     """
     if isinstance(client, Client):
         return client
     if client is not None:
-        seconds = connect_timeout()
-        try:
-            connected = Client(client, timeout=seconds)
-        except (OSError, TimeoutError, ValueError) as exc:
-            raise RuntimeError(
-                f"cannot reach the Dask scheduler at {client!r} within {seconds:g} s "
-                f"(DASKNN_CONNECT_TIMEOUT sets the wait): {exc}"
-            ) from None
-        return stack.enter_context(connected)
+        return stack.enter_context(_connect(str(client), security))
     if device == "cuda":
-        cluster = stack.enter_context(local_cuda_cluster(workers))
+        cluster = stack.enter_context(local_cuda_cluster(workers, security=security))
     else:
-        cluster = stack.enter_context(local_cluster(workers, threads_per_worker))
+        cluster = stack.enter_context(local_cluster(workers, threads_per_worker, security=security))
     return stack.enter_context(Client(cluster))
+
+
+def _connect(address: str, security: Security | bool | None) -> Client:
+    """A client connected to the scheduler at ``address``; see :func:`open_client`."""
+    if security is True:
+        raise ValueError(
+            "temporary TLS certificates (security=True) are for a local cluster only; give the "
+            f"certificates the scheduler at {address!r} trusts"
+        )
+    if security is None or security is False:
+        security = Security()  # dask's configuration: distributed.comm.tls.*
+    if address.startswith("tls://") and not client_uses_tls(security):
+        raise ValueError(
+            f"the scheduler at {address!r} uses TLS: give a CA file, a certificate and its key "
+            "(--tls-ca-file, --tls-cert, --tls-key; security= in the API; or "
+            "distributed.comm.tls.* in the dask configuration)"
+        )
+    seconds = connect_timeout()
+    start = time.monotonic()
+    try:
+        return Client(address, timeout=seconds, security=security)
+    except (OSError, TimeoutError, ValueError) as exc:
+        if time.monotonic() - start < seconds:  # refused at once: an address or TLS mismatch
+            raise RuntimeError(
+                f"cannot reach the Dask scheduler at {address!r}: it refused the connection "
+                f"(a TLS certificate it does not trust, or TLS on one side only): {exc}"
+            ) from None
+        raise RuntimeError(
+            f"cannot reach the Dask scheduler at {address!r} within {seconds:g} s "
+            f"(DASKNN_CONNECT_TIMEOUT sets the wait): {exc}"
+        ) from None
