@@ -40,6 +40,22 @@ def _count(name: str, value, low: int = 1) -> int:
     return int(value)
 
 
+def _check_bounds(bounds, stages: int, n_layers: int) -> list[tuple[int, int]]:
+    bounds = [(int(a), int(b)) for a, b in bounds]
+    stops = [0] + [b for _, b in bounds]
+    if (
+        len(bounds) != stages
+        or [a for a, _ in bounds] != stops[:-1]
+        or stops[-1] != n_layers
+        or any(a >= b for a, b in bounds)
+    ):
+        raise ValueError(
+            f"bounds must be {stages} contiguous non-empty runs (first, stop) covering the "
+            f"{n_layers} layers, got {bounds}"
+        )
+    return bounds
+
+
 @dataclass
 class CommReport:
     """Measured bytes and messages of the last step, beside the formulas.
@@ -98,6 +114,9 @@ class PipelineMLP(SparseEstimator):
     workers : sequence of str, optional
         Worker addresses to use (default: the cluster's, sorted); ``stages * data_parallel`` of
         them are used, replica ``d``'s stage ``s`` on ``workers[d * stages + s]``.
+    bounds : sequence of (first, stop), optional
+        The layers of each stage, contiguous and covering the network (default: balanced by
+        unpruned weights), e.g. to balance stages by measured time.
 
     Raises
     ------
@@ -116,6 +135,7 @@ class PipelineMLP(SparseEstimator):
         microbatches: int = 1,
         schedule: str = "gpipe",
         workers: Sequence[str] | None = None,
+        bounds: Sequence[tuple[int, int]] | None = None,
     ) -> None:
         if not isinstance(model, CompressedMLP):
             raise ValueError(f"model must be a CompressedMLP, got {type(model).__name__}")
@@ -149,7 +169,9 @@ class PipelineMLP(SparseEstimator):
         self.activation = model.activation
         self.output_activation = model.output_activation
         self.layer_shapes = list(model.layer_shapes)
-        self.bounds = split_stages([layer.nnz for layer in model.stack.layers], self.stages)
+        if bounds is None:
+            bounds = split_stages([layer.nnz for layer in model.stack.layers], self.stages)
+        self.bounds = _check_bounds(bounds, self.stages, model.n_layers)
         self.workers = {
             (s, d): available[d * self.stages + s]
             for s in range(self.stages)
