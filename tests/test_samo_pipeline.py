@@ -153,6 +153,7 @@ def _pipeline_plugins(dask_worker):
         ({"stages": 3, "data_parallel": 2}, "6 workers needed, 4 available"),
         ({"schedule": "zigzag"}, "unknown schedule"),
         ({"data_parallel": 1.5}, "data_parallel must be an integer"),
+        ({"stages": 2, "bounds": [(0, 1), (2, 3)]}, "bounds must be 2 contiguous"),
     ],
 )
 def test_bad_settings_raise_before_anything_is_installed(client4, kwargs, match):

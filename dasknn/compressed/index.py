@@ -15,6 +15,7 @@ from dasknn.kernels import compressed as kernels
 __all__ = [
     "INDEX_DTYPE",
     "MAX_ENTRIES",
+    "bits_view",
     "check_index",
     "compress",
     "expand",
@@ -93,7 +94,7 @@ def row_pointers(index: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
     return out
 
 
-def _bits(array: np.ndarray) -> np.ndarray:
+def bits_view(array: np.ndarray) -> np.ndarray:
     """16-bit floats (bfloat16 has no numba type) as ``uint16`` views; others unchanged."""
     if array.dtype.itemsize == 2 and array.dtype.kind != "i":
         return array.view(np.uint16)
@@ -119,7 +120,7 @@ def compress(dense, index, out: np.ndarray | None = None) -> np.ndarray:
         raise ValueError(
             f"out must be {dense.dtype} of shape {index.shape}, got {out.dtype} {out.shape}"
         )
-    kernels.compress(_bits(dense), index, _bits(out))
+    kernels.compress(bits_view(dense), index, bits_view(out))
     return out
 
 
@@ -144,5 +145,5 @@ def expand(values, index, shape, out: np.ndarray | None = None) -> np.ndarray:
         out = np.empty(shape, dtype=values.dtype)
     elif out.shape != shape or out.dtype != values.dtype or not out.flags.c_contiguous:
         raise ValueError(f"out must be C-contiguous {values.dtype} of shape {shape}")
-    kernels.expand(_bits(values), index, _bits(out))
+    kernels.expand(bits_view(values), index, bits_view(out))
     return out

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dasknn.compressed.index import _bits, check_index, row_pointers
+from dasknn.compressed.index import bits_view, check_index, row_pointers
 from dasknn.compressed.precision import Precision
 from dasknn.kernels import compressed as kernels
 from dasknn.optim import Optimizer, ParamState
@@ -112,7 +112,7 @@ class CompressedLayer:
             self.values16[...] = self.master.astype(self.precision.storage)
         if self.dense is not None:
             compressed = self.master.astype(self.precision.storage)  # SAMO's temporary copy
-            kernels.expand(_bits(compressed), self.index, _bits(self.dense))
+            kernels.expand(bits_view(compressed), self.index, bits_view(self.dense))
 
     def _sparse_values(self) -> np.ndarray:
         if self.values16 is None:

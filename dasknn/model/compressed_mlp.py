@@ -161,8 +161,7 @@ class CompressedMLP(SparseEstimator):
         """A model from per-layer compressed values, flat indices and shapes (checked)."""
         if not (len(values) == len(indices) == len(shapes)):
             raise ValueError("values, indices and shapes must have one entry per layer")
-        model = cls.__new__(cls)
-        dense = []
+        dense, masks = [], []
         for k, (v, i, s) in enumerate(zip(values, indices, shapes, strict=True)):
             index = check_index(i, s, name=f"indices[{k}]")
             v = np.asarray(v)
@@ -172,9 +171,9 @@ class CompressedMLP(SparseEstimator):
             w.reshape(-1)[index] = v
             mask = np.zeros(tuple(s), dtype=bool)
             mask.reshape(-1)[index] = True
-            dense.append((w, mask))
-        model.__init__([w for w, _ in dense], [m for _, m in dense], biases, **kwargs)
-        return model
+            dense.append(w)
+            masks.append(mask)
+        return cls(dense, masks, biases, **kwargs)
 
     # ------------------------------------------------------------------ shape
     @property
