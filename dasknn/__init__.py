@@ -1,17 +1,22 @@
 """dasknn: distributed training and inference of sparse deep neural networks on Dask."""
 
-from dasknn import datasets, optim
+from dasknn import datasets, optim, pruning
 from dasknn.challenge import run_challenge, run_challenge_model_parallel
-from dasknn.model import SparseMLP
+from dasknn.model import CompressedMLP, DenseMLP, SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
+from dasknn.pipeline_parallel import PipelineMLP
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CompressedMLP",
+    "DenseMLP",
     "DistributedSparseMLP",
+    "PipelineMLP",
     "SparseMLP",
     "datasets",
     "optim",
+    "pruning",
     "run_challenge",
     "run_challenge_model_parallel",
     "__version__",

@@ -1,7 +1,17 @@
 """Sparse multilayer perceptrons: activations, losses, input checks and the single-process model."""
 
 from dasknn.model.activations import Activation, get_activation
+from dasknn.model.compressed_mlp import CompressedMLP
+from dasknn.model.dense_mlp import DenseMLP
 from dasknn.model.losses import Loss, get_loss
 from dasknn.model.sparse_mlp import SparseMLP
 
-__all__ = ["Activation", "Loss", "SparseMLP", "get_activation", "get_loss"]
+__all__ = [
+    "Activation",
+    "CompressedMLP",
+    "DenseMLP",
+    "Loss",
+    "SparseMLP",
+    "get_activation",
+    "get_loss",
+]

@@ -132,13 +132,16 @@ def _with_own(position: int, own, received: tuple) -> list:
     return items
 
 
-def _reduce_chunk(position: int, lo: int, hi: int, x: np.ndarray, *received: np.ndarray):
-    """Sum of chunk ``lo:hi`` of every contribution, added in worker order."""
+def _reduce_chunk(
+    position: int, lo: int, hi: int, accumulate, x: np.ndarray, *received: np.ndarray
+):
+    """Sum of chunk ``lo:hi`` of every contribution, added in worker order (in the dtype
+    ``accumulate`` when given, then cast back to the contributions' dtype)."""
     parts = _with_own(position, _flat_slice(x, lo, hi), received)
-    total = parts[0].copy()
+    total = parts[0].astype(accumulate or parts[0].dtype, copy=True)
     for part in parts[1:]:
         total += part
-    return total
+    return total.astype(x.dtype, copy=False)
 
 
 def _concatenate_flat(position: int, shape: tuple, own: np.ndarray, *received: np.ndarray):
@@ -219,7 +222,7 @@ def _push_result(position: int, size: int, combined: tuple, *received: np.ndarra
 
 
 # ------------------------------------------------------------------ builders
-def build_allreduce(token: str, inputs: Sequence, shape: tuple) -> Graph:
+def build_allreduce(token: str, inputs: Sequence, shape: tuple, accumulate=None) -> Graph:
     """Allreduce (sum) of one array of ``shape`` per worker, as a flat buffer of ``n`` items,
     in two hops.
 
@@ -240,6 +243,9 @@ def build_allreduce(token: str, inputs: Sequence, shape: tuple) -> Graph:
         ``inputs[i]``: the key of worker ``i``'s contribution.
     shape : tuple
         Shape of every contribution and of the result.
+    accumulate : numpy dtype, optional
+        Dtype the chunks are summed in (e.g. float32 for 16-bit contributions); the messages
+        and the result keep the contributions' dtype.
     """
     count = len(inputs)
     bounds = chunk_bounds(int(np.prod(shape, dtype=np.int64)), count)
@@ -257,7 +263,7 @@ def build_allreduce(token: str, inputs: Sequence, shape: tuple) -> Graph:
         received = [TaskRef(key("reduce-scatter", i, j)) for i in range(count) if i != j]
         k = key("reduced", j, j)
         tasks[k] = Task(
-            k, _reduce_chunk, j, bounds[j], bounds[j + 1], TaskRef(inputs[j]), *received
+            k, _reduce_chunk, j, bounds[j], bounds[j + 1], accumulate, TaskRef(inputs[j]), *received
         )
         for i in range(count):
             if i != j:

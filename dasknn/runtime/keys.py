@@ -7,6 +7,12 @@ Two families of keys exist.
 ``lse`` (see :func:`phase_names`); ``receiver`` is a worker number, negative for a task whose value
 is not a layer message.
 
+**Pipeline keys** (:mod:`dasknn.pipeline_parallel`) are tuples
+``(f"dasknn-pipe-{token}", kind, step, stage, replica, microbatch)``: ``kind`` is one of
+:data:`PIPELINE_KINDS`; a ``fwd`` key's value is the activations stage ``stage`` sends to stage
+``stage + 1``, a ``bwd`` key's the partial sums it sends to ``stage - 1`` (both of replica
+``replica``); every other kind is local work.
+
 **Collective keys** (:mod:`dasknn.runtime.collectives`) are tuples
 ``(f"dasknn-{op}-{token}", phase, sender, receiver)``: ``op`` is the collective (one of
 :data:`COLLECTIVES`), ``phase`` the step of it the key belongs to, ``sender`` and ``receiver`` the
@@ -24,16 +30,22 @@ from typing import NamedTuple
 __all__ = [
     "COLLECTIVES",
     "CollectiveKey",
+    "PIPELINE_KINDS",
+    "PipelineKey",
     "collective_key",
     "describe",
     "message_phase",
     "parse_collective_key",
+    "parse_pipeline_key",
     "phase_names",
+    "pipeline_key",
 ]
 
 PREFIX = "dasknn-"
 STEP_KINDS = ("fwd", "bwd", "lse")
 COLLECTIVES = ("allreduce", "allgather", "allgatherv", "pull", "push", "alltoallv")
+PIPELINE_KINDS = ("fwd", "bwd", "x", "y", "grad", "update")
+PIPELINE = "pipe"
 
 
 class CollectiveKey(NamedTuple):
@@ -101,12 +113,52 @@ def parse_collective_key(key) -> CollectiveKey | None:
     return CollectiveKey(parsed[0], parsed[1], key[1], int(key[2]), int(key[3]))
 
 
-# ------------------------------------------------------------------ both
+# ------------------------------------------------------------------ pipeline keys
+class PipelineKey(NamedTuple):
+    """The parts of a pipeline key."""
+
+    token: str
+    kind: str
+    step: int
+    stage: int
+    replica: int
+    microbatch: int
+
+
+def pipeline_key(
+    token: str, kind: str, step: int, stage: int, replica: int, microbatch: int = -1
+) -> tuple:
+    """The key of a pipeline task or message (``microbatch`` -1 for per-step work)."""
+    if kind not in PIPELINE_KINDS:
+        raise ValueError(f"unknown pipeline key kind {kind!r}; expected one of {PIPELINE_KINDS}")
+    return (
+        f"{PREFIX}{PIPELINE}-{token}",
+        kind,
+        int(step),
+        int(stage),
+        int(replica),
+        int(microbatch),
+    )
+
+
+def parse_pipeline_key(key) -> PipelineKey | None:
+    """The parts of a key built by :func:`pipeline_key`; ``None`` for any other key."""
+    if not (isinstance(key, tuple) and len(key) == 6):
+        return None
+    parsed = _split_name(key)
+    if parsed is None or parsed[0] != PIPELINE or key[1] not in PIPELINE_KINDS:
+        return None
+    return PipelineKey(parsed[1], key[1], int(key[2]), int(key[3]), int(key[4]), int(key[5]))
+
+
+# ------------------------------------------------------------------ all families
 def describe(key) -> tuple[str | None, str, int | None]:
     """``(token, phase, layer)`` of any key, as the transfer monitor counts it.
 
     Step keys give their model's token, phase and layer (:func:`message_phase`); collective keys
-    their token and phase, with layer ``None``; every other key ``(None, "other", None)``.
+    their token and phase, with layer ``None``; pipeline keys their token, ``"forward"`` /
+    ``"backward"`` (``"other"`` for local work) and the sending stage as the layer; every other
+    key ``(None, "other", None)``.
     """
     step = message_phase(key)
     if step is not None:
@@ -114,4 +166,8 @@ def describe(key) -> tuple[str | None, str, int | None]:
     collective = parse_collective_key(key)
     if collective is not None:
         return collective.token, collective.phase, None
+    pipeline = parse_pipeline_key(key)
+    if pipeline is not None:
+        phase = {"fwd": "forward", "bwd": "backward"}.get(pipeline.kind, "other")
+        return pipeline.token, phase, pipeline.stage
     return None, "other", None

@@ -1,0 +1,413 @@
+"""SAMO (compressed model states of pruned networks) against its baselines, in the same run.
+
+Run: ``flock /tmp/dasknn-tests.lock python3 benchmarks/samo.py [section ...]`` with sections
+``memory``, ``accuracy``, ``speed``, ``bubble``, ``workers`` (default: all). Everything runs
+single-threaded (BLAS, numba, torch), one thread per Dask worker, so the figures compare
+algorithms, not thread counts. Prints markdown tables with the targets of issue 12:
+
+- **memory** at p = 0.9 on 784-1024-1024-1024-10 (2.9 M weights): ``memory_report()`` checked
+  against tracemalloc, SAMO fp32 against dense float32 Adam (16 phi) and PyTorch's pruning
+  utilities (measured tensors, 24 phi), SAMO bf16 against the mixed-precision default (20 phi);
+- **accuracy**: LeNet-300-100 on MNIST (8,000 train, 2,000 held out), dense Adam with Early-Bird
+  at p = 0.9, the ticket retrained on compressed states in fp32 and bf16;
+- **speed**: a training step (batch 64) of SAMO against the same step without compression
+  (dense with mask) and against PyTorch's pruned (masked) model;
+- **bubble**: GPipe with S = 2, m in {2, 4, 8}: each stage's idle fraction against
+  ``(S - 1) / (m + S - 1)``;
+- **workers**: at a per-worker memory limit where the dense model with a mask needs S = 2, the
+  planner's choice for SAMO, with bytes and time per step of both.
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import tracemalloc  # noqa: E402
+
+import numpy as np  # noqa: E402
+from machine import describe  # noqa: E402
+
+from dasknn.datasets import load_mnist_test  # noqa: E402
+from dasknn.kernels.compressed import flat_forward, row_pointers  # noqa: E402
+from dasknn.model import CompressedMLP, DenseMLP  # noqa: E402
+from dasknn.model.dense_mlp import LENET_300_100, MLP_1024_3  # noqa: E402
+from dasknn.optim import Adam  # noqa: E402
+from dasknn.pipeline_parallel import (  # noqa: E402
+    PipelineMLP,
+    bubble_fraction,
+    compressed_layer_bytes,
+    dense_layer_bytes,
+    plan_parallelism,
+    split_stages,
+)
+from dasknn.pruning import EarlyBird, magnitude_masks  # noqa: E402
+
+P = 0.9
+
+
+def best_ms(fn, repeat: int = 7) -> float:
+    """Best-of-``repeat`` wall time of ``fn()`` in milliseconds (after one warm-up call)."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times) * 1e3
+
+
+def batch(n_inputs: int, rows: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    return rng.uniform(0, 1, (rows, n_inputs)).astype(np.float32), rng.integers(0, 10, rows)
+
+
+def torch_pruned(dense: DenseMLP, masks):
+    """The network in torch with ``prune.custom_from_mask`` on every layer and Adam."""
+    import torch
+    from torch.nn.utils import prune
+
+    torch.set_num_threads(1)
+    layers = []
+    for w, b, m in zip(dense.weights, dense.biases, masks, strict=True):
+        lin = torch.nn.Linear(*w.shape)
+        with torch.no_grad():
+            lin.weight.copy_(torch.from_numpy(w.T.copy()))
+            lin.bias.copy_(torch.from_numpy(b))
+        prune.custom_from_mask(lin, "weight", torch.from_numpy(m.T.copy()))
+        layers.append(lin)
+    opt = torch.optim.Adam([p for lin in layers for p in lin.parameters()], lr=1e-3)
+
+    def step(x, y):
+        opt.zero_grad()
+        a = torch.from_numpy(x)
+        for k, lin in enumerate(layers):
+            a = lin(a) if k == len(layers) - 1 else torch.relu(lin(a))
+        torch.nn.functional.cross_entropy(a, torch.from_numpy(y)).backward()
+        opt.step()
+
+    def state_bytes():
+        total = 0
+        for lin in layers:
+            tensors = [lin.weight_orig, lin.weight_mask, lin.weight, lin.weight_orig.grad]
+            tensors += [lin.bias, lin.bias.grad]
+            for p in (lin.weight_orig, lin.bias):
+                tensors += [t for t in opt.state[p].values() if t.dim() > 0]
+            total += sum(t.element_size() * t.nelement() for t in tensors)
+        return total
+
+    return step, state_bytes
+
+
+# ---------------------------------------------------------------------------- memory
+def traced_states(make, step) -> tuple[object, int]:
+    """``(model, bytes)``: the bytes ``make()`` and one ``step(model)`` leave allocated."""
+    tracemalloc.start()
+    start = tracemalloc.get_traced_memory()[0]
+    model = make()
+    step(model)
+    held = tracemalloc.get_traced_memory()[0] - start
+    tracemalloc.stop()
+    return model, held
+
+
+def memory() -> None:
+    dense = DenseMLP.init(MLP_1024_3, seed=0)
+    masks = magnitude_masks(dense.weights, P)
+    x, y = batch(784, 64)
+    phi = sum(w.size for w in dense.weights)
+    warm = dense.prune(masks)  # numba's first calls allocate code and caches: not model states
+    warm.train_step(x, y, optimizer=Adam())
+    print(f"\n### Memory at p = {P}, 784-1024-1024-1024-10 (phi = {phi:,}), Adam\n")
+    print("| configuration | states (memory_report) | tracemalloc | bytes / phi |")
+    print("| --- | ---: | ---: | ---: |")
+    reports = {}
+    for precision, compute in (
+        ("fp32", "sparse"),
+        ("fp32", "dense"),
+        ("bf16", "sparse"),
+        ("bf16", "dense"),
+    ):
+        model, traced = traced_states(
+            lambda p=precision, c=compute: dense.prune(masks, precision=p, compute=c),
+            lambda m: m.train_step(x, y, optimizer=Adam()),
+        )
+        report = model.memory_report()
+        reports[(precision, compute)] = report
+        print(
+            f"| SAMO {precision}, compute={compute} | {report.states:,} | {traced:,} | "
+            f"{report.states / phi:.2f} |"
+        )
+    plain, traced = traced_states(
+        lambda: DenseMLP(dense.weights, dense.biases),
+        lambda m: m.train_step(x, y, optimizer=Adam()),
+    )
+    print(
+        f"| dense float32 Adam (held between steps: W, m, v) | {16 * phi:,} (16 phi) | "
+        f"{traced:,} | {traced / phi:.2f} |"
+    )
+    step, state_bytes = torch_pruned(dense, masks)
+    step(x, y)
+    measured_torch = state_bytes()
+    print(
+        f"| PyTorch prune.custom_from_mask + Adam (tensors) | {24 * phi:,} (24 phi) | "
+        f"{measured_torch:,} | {measured_torch / phi:.2f} |"
+    )
+    print(f"| mixed-precision default (formula) | {20 * phi:,} (20 phi) | | 20.00 |")
+    print(
+        f"| SAMO formula 2 phi + 24 f phi | {int(2 * phi + 24 * (1 - P) * phi):,} | | "
+        f"{2 + 24 * (1 - P):.2f} |"
+    )
+    fp32, bf16 = reports[("fp32", "sparse")], reports[("bf16", "dense")]
+    print("\n| target | saving | target met |")
+    print("| --- | ---: | --- |")
+    for name, ours, base, goal in (
+        ("SAMO fp32 vs dense float32 Adam (16 phi)", fp32.states, 16 * phi, 0.64),
+        ("SAMO fp32 vs PyTorch pruning (measured)", fp32.states, measured_torch, 0.76),
+        ("SAMO bf16 (dense compute, as published) vs 20 phi", bf16.states, 20 * phi, 0.78),
+    ):
+        saving = 1 - ours / base
+        print(
+            f"| {name} >= {goal:.0%} below | {saving:.1%} | {'yes' if saving >= goal else 'NO'} |"
+        )
+    print("\n```\n" + bf16.format() + "\n```")
+
+
+# ---------------------------------------------------------------------------- accuracy
+def mnist():
+    images, labels = load_mnist_test()
+    x = images.reshape(len(images), -1).astype(np.float32) / 255.0
+    return x[:8000], labels[:8000], x[8000:], labels[8000:]
+
+
+def accuracy(epochs: int = 12) -> None:
+    x_train, y_train, x_test, y_test = mnist()
+    dense = DenseMLP.init(LENET_300_100, seed=0)
+    bird = EarlyBird(P)
+    ticket = found = None
+    start = time.perf_counter()
+    for epoch in range(epochs):
+        dense.fit(
+            x_train, y_train, batch_size=64, optimizer=Adam(lr=1e-3), seed=epoch, progress=False
+        )
+        if ticket is None and bird.update(dense.weights):
+            ticket, found = [w.copy() for w in dense.weights], epoch + 1
+            ticket_biases, ticket_masks = [b.copy() for b in dense.biases], bird.mask_
+    dense_seconds = time.perf_counter() - start
+    if ticket is None:  # no Early-Bird ticket within the epochs: prune the final model
+        ticket, ticket_biases, ticket_masks = dense.weights, dense.biases, bird.mask_
+    dense_acc = dense.score(x_test, y_test)
+    print("\n### Accuracy: LeNet-300-100 (266,200 weights), MNIST 8,000 / 2,000, Adam 1e-3\n")
+    print(
+        f"Early-Bird (p = {P}, 5 masks, Hamming 0.1): "
+        + (f"ticket found after epoch {found}" if found else f"not found in {epochs} epochs")
+        + "; distances "
+        + ", ".join(f"{d:.3f}" for d in bird.distances_ if d == d)
+    )
+    print("\n| model | held-out accuracy | training time |")
+    print("| --- | ---: | ---: |")
+    print(f"| dense, {epochs} epochs | {dense_acc:.4f} | {dense_seconds:.1f} s |")
+    results = {}
+    for precision in ("fp32", "bf16"):
+        model = CompressedMLP(ticket, ticket_masks, ticket_biases, precision=precision)
+        start = time.perf_counter()
+        model.fit(
+            x_train, y_train, batch_size=64, epochs=epochs, optimizer=Adam(lr=1e-3), progress=False
+        )
+        results[precision] = model.score(x_test, y_test)
+        print(
+            f"| Early-Bird ticket p = {P}, compressed Adam {precision}, {epochs} epochs | "
+            f"{results[precision]:.4f} | {time.perf_counter() - start:.1f} s |"
+        )
+    gap = (dense_acc - results["fp32"]) * 100
+    bf = abs(results["fp32"] - results["bf16"]) * 100
+    print(
+        f"\npruned fp32 {gap:+.2f} points below dense (target <= 1.0: "
+        f"{'met' if gap <= 1.0 else 'MISSED'}); bf16 {bf:.2f} points from fp32 (target <= 0.5: "
+        f"{'met' if bf <= 0.5 else 'MISSED'})"
+    )
+
+
+# ---------------------------------------------------------------------------- speed
+def speed() -> None:
+    dense = DenseMLP.init(MLP_1024_3, seed=0)
+    masks = magnitude_masks(dense.weights, P)
+    x, y = batch(784, 64)
+    opt = Adam()
+    masked = DenseMLP(dense.weights, dense.biases, masks=masks)
+    rows = {
+        "dense with mask (no compression, BLAS)": best_ms(
+            lambda: masked.train_step(x, y, optimizer=opt)
+        )
+    }
+    for precision in ("fp32", "bf16"):
+        for compute in ("dense", "sparse"):
+            model = dense.prune(masks, precision=precision, compute=compute)
+            rows[f"SAMO {precision}, compute={compute}"] = best_ms(
+                lambda m=model: m.train_step(x, y, optimizer=opt)
+            )
+    step, _ = torch_pruned(dense, masks)
+    rows["PyTorch pruned (custom_from_mask), 1 thread"] = best_ms(lambda: step(x, y))
+    print(f"\n### Speed: one training step, 784-1024-1024-1024-10, p = {P}, batch 64, Adam\n")
+    print("| step | best of 7 (ms) |")
+    print("| --- | ---: |")
+    for name, ms in rows.items():
+        print(f"| {name} | {ms:.2f} |")
+    base = rows["dense with mask (no compression, BLAS)"]
+    ratio = rows["SAMO fp32, compute=dense"] / base
+    torch_ratio = (
+        rows["PyTorch pruned (custom_from_mask), 1 thread"] / rows["SAMO fp32, compute=sparse"]
+    )
+    print(
+        f"\ncompression overhead: SAMO fp32 dense compute / dense with mask = {ratio:.2f} "
+        f"(target <= 1.15: {'met' if ratio <= 1.15 else 'MISSED'}); PyTorch pruned / SAMO "
+        f"sparse = {torch_ratio:.2f} (target > 1: {'met' if torch_ratio > 1 else 'MISSED'})"
+    )
+    # the forward product of one 1024 x 1024 layer at 10% density, batch 64
+    rng = np.random.default_rng(1)
+    w = rng.uniform(-1, 1, (1024, 1024)).astype(np.float32)
+    mask = magnitude_masks([w], P)[0]
+    index = np.flatnonzero(mask).astype(np.int32)
+    values = w.reshape(-1)[index]
+    ptr = np.empty(1025, dtype=np.int64)
+    row_pointers(index, 1024, 1024, ptr)
+    xt = rng.uniform(0, 1, (1024, 64)).astype(np.float32)
+    out = np.empty((1024, 64), dtype=np.float32)
+    wm = np.where(mask, w, 0).astype(np.float32)
+    sparse_ms = best_ms(lambda: flat_forward(xt, ptr, index, 1024, values, out), 21)
+    dense_ms = best_ms(lambda: wm.T @ xt, 21)
+    print(
+        f"\nforward of one 1024 x 1024 layer at 10% density, batch 64: compressed kernel "
+        f"{sparse_ms:.3f} ms, dense BLAS {dense_ms:.3f} ms"
+    )
+
+
+# ---------------------------------------------------------------------------- clusters
+def cluster(workers: int):
+    from distributed import Client, LocalCluster
+
+    c = LocalCluster(
+        n_workers=workers, threads_per_worker=1, dashboard_address=":0", host="127.0.0.1"
+    )
+    return c, Client(c)
+
+
+def bubble(micro_rows: int = 2048, steps: int = 3) -> None:
+    rng = np.random.default_rng(0)
+    sizes = (1024,) * 5  # 4 equal layers, 2 per stage
+    weights = [
+        rng.uniform(-1, 1, (a, b)) * np.sqrt(6 / a)
+        for a, b in zip(sizes[:-1], sizes[1:], strict=True)
+    ]
+    masks = magnitude_masks(weights, P)
+    print(
+        f"\n### Pipeline bubble: S = 2 (two 1024 x 1024 layers each), GPipe, dense compute "
+        f"fp32, microbatches of {micro_rows} rows\n"
+    )
+    print(
+        "| m | formula (S-1)/(m+S-1) | idle stage 0 | idle stage 1 | within 0.05 | "
+        "busy per microbatch, stage 0 / 1 |"
+    )
+    print("| ---: | ---: | ---: | ---: | --- | ---: |")
+    c, client = cluster(2)
+    with c, client:
+        for m in (2, 4, 8):
+            model = CompressedMLP(
+                weights, masks, activation="relu", loss="mse", precision="fp32", compute="dense"
+            )
+            x = rng.uniform(0, 1, (micro_rows * m, 1024)).astype(np.float32)
+            y = rng.uniform(0, 1, (micro_rows * m, 1024)).astype(np.float32)
+            with PipelineMLP(model, client, stages=2, microbatches=m, schedule="gpipe") as pipe:
+                pipe.train_step(x, y, optimizer=Adam())
+                idle, busy = {0: [], 1: []}, {0: [], 1: []}
+                for _ in range(steps):
+                    pipe.train_step(x, y, optimizer=Adam())
+                    for (s, _), value in pipe.idle_fractions().items():
+                        idle[s].append(value)
+                    for (s, _), rep in pipe.step_report().items():
+                        passes = [e[3] - e[2] for e in rep["events"] if e[0] in "FB"]
+                        busy[s].append(sum(passes) / m)
+            want = bubble_fraction(2, m)
+            got = [statistics.median(idle[s]) for s in (0, 1)]
+            per = [statistics.median(busy[s]) * 1e3 for s in (0, 1)]
+            ok = ["yes" if abs(g - want) <= 0.05 else "NO" for g in got]
+            print(
+                f"| {m} | {want:.3f} | {got[0]:.3f} | {got[1]:.3f} | {ok[0]} / {ok[1]} | "
+                f"{per[0]:.0f} / {per[1]:.0f} ms |"
+            )
+
+
+def workers(rows: int = 256, microbatches: int = 4, steps: int = 5) -> None:
+    dense = DenseMLP.init(MLP_1024_3, seed=0)
+    masks = magnitude_masks(dense.weights, P)
+    shapes = [w.shape for w in dense.weights]
+    masked_bytes = dense_layer_bytes(shapes, arrays=5)  # W, float mask, gradient, two moments
+    samo = dense.prune(masks)
+    samo_bytes = compressed_layer_bytes(samo.stack, Adam())
+    limit = max(sum(masked_bytes[a:b]) for a, b in split_stages(masked_bytes, 2))
+    plans = {
+        "dense with mask": plan_parallelism(masked_bytes, 2, limit),
+        "SAMO fp32": plan_parallelism(samo_bytes, 2, limit),
+    }
+    x, y = batch(784, rows)
+    print(
+        f"\n### Fewer workers: 2 workers, per-worker limit {limit:,} B (the dense model with a "
+        f"mask split in 2 stages), batch {rows}, {microbatches} microbatches\n"
+    )
+    print(
+        "| model | plan (S x D) | state bytes per worker | bytes moved per step | "
+        "time per step (median of 5) |"
+    )
+    print("| --- | --- | ---: | ---: | ---: |")
+    c, client = cluster(2)
+    with c, client:
+        for name, plan in plans.items():
+            compute = "dense" if name == "dense with mask" else "sparse"
+            model = dense.prune(masks, compute=compute)
+            with PipelineMLP(
+                model,
+                client,
+                stages=plan.stages,
+                data_parallel=plan.replicas,
+                microbatches=microbatches,
+            ) as pipe:
+                pipe.train_step(x, y, optimizer=Adam())
+                times = []
+                for _ in range(steps):
+                    start = time.perf_counter()
+                    pipe.train_step(x, y, optimizer=Adam())
+                    times.append(time.perf_counter() - start)
+                report = pipe.comm_report()
+            moved = report.pipeline_bytes + report.allreduce_bytes
+            print(
+                f"| {name} | {plan.stages} x {plan.replicas} | {max(plan.stage_bytes):,} | "
+                f"{moved:,} ({'= formula' if report.exact else 'differs from formula'}) | "
+                f"{statistics.median(times) * 1e3:.1f} ms |"
+            )
+    print(
+        "\n(the dense model with a mask runs as compressed stages with dense compute: the same "
+        "BLAS products; its state bytes are those of 5 dense float32 arrays per layer)"
+    )
+
+
+SECTIONS = {
+    "memory": memory,
+    "accuracy": accuracy,
+    "speed": speed,
+    "bubble": bubble,
+    "workers": workers,
+}
+
+if __name__ == "__main__":
+    chosen = sys.argv[1:] or list(SECTIONS)
+    unknown = [s for s in chosen if s not in SECTIONS]
+    if unknown:
+        sys.exit(f"unknown sections {unknown}; choose from {list(SECTIONS)}")
+    print(f"machine: {describe()}; numpy {np.__version__}")
+    for name in chosen:
+        SECTIONS[name]()

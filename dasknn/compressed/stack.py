@@ -1,0 +1,340 @@
+"""Compressed model states of a run of layers (SAMO) and their forward, backward and update.
+
+Every layer keeps only its unpruned entries, at one sorted int32 flat index shared by all its
+compressed states: the master weights and the optimizer's state arrays (arithmetic dtype), and the
+gradient (storage dtype, plus a float32 copy for the optimizer when the storage is 16-bit). The
+compute weights are
+
+- ``compute="sparse"``: the compressed values themselves (the master copy in fp32 / fp64, a
+  16-bit compressed copy otherwise), multiplied by the flat-index kernels of
+  :mod:`dasknn.kernels.compressed`;
+- ``compute="dense"``: SAMO as published, a dense matrix in the storage dtype expanded from the
+  master copy after every update and multiplied by BLAS; its gradient is computed dense and
+  compressed at once, layer by layer, so no dense gradient of the whole model ever exists.
+
+A stack's gradients of all its layers are one flat buffer (per layer its weight values, then its
+bias), so data-parallel replicas exchange it in one allreduce. Activations are passed in (objects
+with ``forward(z)`` and ``derivative(z, a)``, as :mod:`dasknn.model.activations`'), so this
+module knows nothing of the model classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from dasknn.compressed.index import bits_view, check_index, row_pointers
+from dasknn.compressed.precision import Precision
+from dasknn.kernels import compressed as kernels
+from dasknn.optim import Optimizer, ParamState
+
+__all__ = ["COMPUTES", "CompressedLayer", "CompressedStack"]
+
+COMPUTES = ("sparse", "dense")
+
+
+def check_compute(compute: str) -> str:
+    """``compute`` if it is one of :data:`COMPUTES`; ``ValueError`` otherwise."""
+    if compute not in COMPUTES:
+        raise ValueError(f"unknown compute {compute!r}; expected one of {COMPUTES}")
+    return compute
+
+
+class CompressedLayer:
+    """One pruned layer's compressed states.
+
+    Parameters
+    ----------
+    values : 1-D array
+        The layer's weights at ``index`` (cast to the arithmetic dtype).
+    index : 1-D int array
+        Sorted flat positions of the unpruned entries (checked).
+    shape : (n_in, n_out)
+    bias : 1-D array of length ``n_out``
+    precision : Precision
+    compute : {"sparse", "dense"}
+    grad : 1-D array
+        This layer's slice of the stack's gradient buffer (storage dtype, ``nnz + n_out``).
+    grad32 : 1-D array or None
+        Its slice of the float32 gradient buffer (16-bit storage only).
+    """
+
+    def __init__(
+        self,
+        values: np.ndarray,
+        index: np.ndarray,
+        shape: tuple[int, int],
+        bias: np.ndarray,
+        precision: Precision,
+        compute: str,
+        grad: np.ndarray,
+        grad32: np.ndarray | None,
+    ) -> None:
+        self.shape = (int(shape[0]), int(shape[1]))
+        self.index = check_index(index, self.shape)
+        self.row_ptr = row_pointers(self.index, self.shape)
+        self.precision = precision
+        self.compute = check_compute(compute)
+        arith = precision.arithmetic
+        self.master = np.array(values, dtype=arith, copy=True)
+        self.bias = np.array(bias, dtype=arith, copy=True)
+        if self.master.shape != self.index.shape:
+            raise ValueError(f"{self.master.size} values for an index of {self.index.size}")
+        if self.bias.shape != (self.shape[1],):
+            raise ValueError(f"the bias must have length {self.shape[1]}, got {self.bias.shape}")
+        nnz = self.index.size
+        self.grad_w, self.grad_b = grad[:nnz], grad[nnz:]
+        self.grad32_w = self.grad32_b = None
+        if grad32 is not None:
+            self.grad32_w, self.grad32_b = grad32[:nnz], grad32[nnz:]
+        # 16-bit compressed compute weights (sparse compute with a 16-bit storage)
+        self.values16 = None
+        if compute == "sparse" and precision.mixed:
+            self.values16 = np.empty(nnz, dtype=precision.storage)
+        # dense compute weights (SAMO as published), storage dtype
+        self.dense = None
+        if compute == "dense":
+            self.dense = np.empty(self.shape, dtype=precision.storage)
+        self.refresh()
+        self.state_w: ParamState | None = None
+        self.state_b: ParamState | None = None
+
+    @property
+    def nnz(self) -> int:
+        """Number of unpruned weights."""
+        return int(self.index.size)
+
+    # ------------------------------------------------------------------ compute weights
+    def refresh(self) -> None:
+        """Rebuild the compute weights from the master copy (downcast, then expand if dense)."""
+        if self.values16 is not None:
+            self.values16[...] = self.master.astype(self.precision.storage)
+        if self.dense is not None:
+            compressed = self.master.astype(self.precision.storage)  # SAMO's temporary copy
+            kernels.expand(bits_view(compressed), self.index, bits_view(self.dense))
+
+    def _sparse_values(self) -> np.ndarray:
+        if self.values16 is None:
+            return self.master
+        return self.values16.astype(self.precision.arithmetic)
+
+    def _dense_weights(self) -> np.ndarray:
+        if self.precision.mixed:
+            return self.dense.astype(self.precision.arithmetic)
+        return self.dense
+
+    # ------------------------------------------------------------------ products
+    def forward(self, at: np.ndarray) -> np.ndarray:
+        """Feature-major pre-activations ``W.T @ at + b`` of the feature-major inputs ``at``."""
+        if self.compute == "dense":
+            zt = self._dense_weights().T @ at
+        else:
+            zt = np.empty((self.shape[1], at.shape[1]), dtype=self.precision.arithmetic)
+            kernels.flat_forward(
+                at, self.row_ptr, self.index, self.shape[1], self._sparse_values(), zt
+            )
+        zt += self.bias[:, None]
+        return zt
+
+    def backward_input(self, deltat: np.ndarray) -> np.ndarray:
+        """``W @ deltat``: the feature-major partial sums of the layer's inputs."""
+        if self.compute == "dense":
+            return self._dense_weights() @ deltat
+        st = np.empty((self.shape[0], deltat.shape[1]), dtype=self.precision.arithmetic)
+        kernels.flat_backward(
+            deltat, self.row_ptr, self.index, self.shape[1], self._sparse_values(), st
+        )
+        return st
+
+    def add_gradient(self, at_prev: np.ndarray, deltat: np.ndarray, first: bool) -> None:
+        """Compute the layer's compressed gradient from its inputs and output deltas and store it
+        (``first``) or add it to the one held (microbatches of one step)."""
+        direct = not self.precision.mixed and self.compute == "sparse"
+        if direct:
+            kernels.flat_masked_grad(
+                at_prev, deltat, self.row_ptr, self.index, self.shape[1], not first, self.grad_w
+            )
+        else:
+            if self.compute == "dense":
+                dense_grad = at_prev @ deltat.T  # one layer, compressed at once
+                fresh = np.empty(self.nnz, dtype=dense_grad.dtype)
+                kernels.compress(dense_grad, self.index, fresh)
+                del dense_grad
+            else:
+                fresh = np.empty(self.nnz, dtype=self.precision.arithmetic)
+                kernels.flat_masked_grad(
+                    at_prev, deltat, self.row_ptr, self.index, self.shape[1], False, fresh
+                )
+            with np.errstate(over="ignore"):  # fp16 overflow: inf, found before the update
+                if first:
+                    self.grad_w[...] = fresh
+                else:
+                    self.grad_w[...] = self.grad_w.astype(fresh.dtype) + fresh
+        bias = deltat.sum(axis=1)
+        with np.errstate(over="ignore"):
+            if first:
+                self.grad_b[...] = bias
+            else:
+                self.grad_b[...] = self.grad_b.astype(bias.dtype) + bias
+
+    # ------------------------------------------------------------------ update
+    def apply(self, optimizer: Optimizer, inv_scale: float) -> None:
+        """One optimizer step on the compressed master weights and the bias, from the stored
+        gradient times ``inv_scale``; then the compute weights are rebuilt."""
+        if self.state_w is None:
+            self.state_w = optimizer.init_state(self.master)
+            self.state_b = optimizer.init_state(self.bias)
+        if self.grad32_w is None:
+            grad_w, grad_b = self.grad_w, self.grad_b
+            if inv_scale != 1.0:
+                grad_w, grad_b = grad_w * inv_scale, grad_b * inv_scale
+        else:
+            self.grad32_w[...] = self.grad_w
+            self.grad32_b[...] = self.grad_b
+            if inv_scale != 1.0:
+                self.grad32_w *= inv_scale
+                self.grad32_b *= inv_scale
+            grad_w, grad_b = self.grad32_w, self.grad32_b
+        optimizer.update(self.master, grad_w, self.state_w)
+        optimizer.update(self.bias, grad_b, self.state_b)
+        self.refresh()
+
+    def dense_weights(self) -> np.ndarray:
+        """The layer's weights as a dense arithmetic-dtype array (master values, zeros
+        elsewhere)."""
+        out = np.zeros(self.shape, dtype=self.precision.arithmetic)
+        out.reshape(-1)[self.index] = self.master
+        return out
+
+    def state_bytes(self) -> dict[str, int]:
+        """Bytes held, by category (see :func:`dasknn.compressed.memory.memory_report`)."""
+        weights = self.master.nbytes + self.bias.nbytes
+        if self.values16 is not None:
+            weights += self.values16.nbytes
+        if self.dense is not None:
+            weights += self.dense.nbytes
+        states = 0
+        for state in (self.state_w, self.state_b):
+            if state is not None:
+                states += sum(a.nbytes for a in state.arrays.values())
+        gradients = self.grad_w.nbytes + self.grad_b.nbytes
+        if self.grad32_w is not None:
+            gradients += self.grad32_w.nbytes + self.grad32_b.nbytes
+        return {
+            "weights": weights,
+            "gradients": gradients,
+            "optimizer_states": states,
+            "index": self.index.nbytes + self.row_ptr.nbytes,
+        }
+
+
+class CompressedStack:
+    """A run of consecutive compressed layers: the whole model in one process, or one pipeline
+    stage.
+
+    Parameters
+    ----------
+    weights : sequence of (values, index, shape)
+        Per layer, its unpruned values, flat index and shape; consecutive shapes chain.
+    biases : sequence of 1-D arrays
+    activations : sequence
+        Per layer, its activation (``forward(z)``, ``derivative(z, a)``).
+    precision : Precision
+    compute : {"sparse", "dense"}
+    """
+
+    def __init__(
+        self,
+        weights: Sequence[tuple],
+        biases: Sequence[np.ndarray],
+        activations: Sequence,
+        precision: Precision,
+        compute: str,
+    ) -> None:
+        check_compute(compute)
+        self.precision = precision
+        self.compute = compute
+        self.activations = list(activations)
+        sizes = [len(index) + int(shape[1]) for _, index, shape in weights]
+        self.grad = np.zeros(sum(sizes), dtype=precision.storage)
+        self.grad32 = np.zeros(self.grad.size, dtype=np.float32) if precision.mixed else None
+        self.layers: list[CompressedLayer] = []
+        start = 0
+        for (values, index, shape), bias, size in zip(weights, biases, sizes, strict=True):
+            grad32 = None if self.grad32 is None else self.grad32[start : start + size]
+            self.layers.append(
+                CompressedLayer(
+                    values,
+                    index,
+                    shape,
+                    bias,
+                    precision,
+                    compute,
+                    self.grad[start : start + size],
+                    grad32,
+                )
+            )
+            start += size
+        self.optimizer: Optimizer | None = None
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers)
+
+    def forward(self, xt: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Feature-major ``(z_k, a_k)`` of every layer of the stack from its inputs ``xt``."""
+        out = []
+        at = xt
+        for layer, activation in zip(self.layers, self.activations, strict=True):
+            zt = layer.forward(at)
+            at = activation.forward(zt)
+            out.append((zt, at))
+        return out
+
+    def backward(
+        self,
+        xt: np.ndarray,
+        layers: list[tuple[np.ndarray, np.ndarray]],
+        deltat: np.ndarray,
+        first: bool,
+        input_delta: bool,
+    ) -> np.ndarray | None:
+        """Backward pass through the stack from the deltas of its last layer's pre-activations.
+
+        The compressed gradient of every layer is stored (``first``) or added to the held one.
+        Returns ``W_0 @ delta_0``, the partial sums of the stack's inputs (before the previous
+        layer's activation derivative), when ``input_delta``; ``None`` otherwise.
+        """
+        for k in range(self.n_layers - 1, -1, -1):
+            layer = self.layers[k]
+            a_prev = xt if k == 0 else layers[k - 1][1]
+            layer.add_gradient(a_prev, deltat, first)
+            if k > 0:
+                st = layer.backward_input(deltat)
+                st *= self.activations[k - 1].derivative(*layers[k - 1])
+                deltat = st
+            elif input_delta:
+                return layer.backward_input(deltat)
+        return None
+
+    def gradients_finite(self) -> bool:
+        """Whether every stored gradient is finite (fp16 overflow check)."""
+        return bool(np.isfinite(self.grad.astype(np.float32)).all())
+
+    def apply(self, optimizer: Optimizer, inv_scale: float = 1.0) -> None:
+        """One optimizer step of every layer (state kept while the optimizer stays equal)."""
+        if optimizer != self.optimizer:
+            self.optimizer = optimizer
+            for layer in self.layers:
+                layer.state_w = layer.state_b = None
+        for layer in self.layers:
+            layer.apply(optimizer, inv_scale)
+
+    def state_bytes(self) -> dict[str, int]:
+        """Bytes held by the stack's states, by category."""
+        total: dict[str, int] = {}
+        for layer in self.layers:
+            for key, value in layer.state_bytes().items():
+                total[key] = total.get(key, 0) + value
+        return total

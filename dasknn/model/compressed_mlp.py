@@ -1,0 +1,348 @@
+"""Single-process training of a pruned network on compressed model states (SAMO).
+
+:class:`CompressedMLP` holds each layer as its unpruned values at one sorted int32 flat index
+(:mod:`dasknn.compressed`): master weights, gradients and optimizer moments cover the unpruned
+entries only, so pruned weights are not stored and stay exactly 0. Batches are row blocks and the
+conventions are those of :class:`~dasknn.model.SparseMLP` (``Y_next = f(Y @ W + b)``, weights of
+shape ``(n_in, n_out)``); the estimator API (``fit``, ``partial_fit``, ``score``, ...) is the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
+
+import numpy as np
+
+from dasknn.compressed import (
+    CompressedStack,
+    LossScaler,
+    MemoryReport,
+    check_index,
+    flat_index,
+    formula_bytes,
+    get_precision,
+)
+from dasknn.compressed.memory import CATEGORIES, FORMULAS
+from dasknn.compressed.stack import check_compute
+from dasknn.model.activations import Activation, get_activation
+from dasknn.model.estimator import SparseEstimator
+from dasknn.model.losses import Loss, get_loss
+from dasknn.model.validation import check_batch_size, check_inputs
+from dasknn.optim import Optimizer, resolve_optimizer
+
+__all__ = ["CompressedMLP", "nonfinite_loss_error"]
+
+
+def nonfinite_loss_error(step: int, value: float, outputs: Sequence[np.ndarray], first_layer: int):
+    """The ``FloatingPointError`` of a step whose loss is not finite, naming the step and the
+    first layer (1-based, counted from ``first_layer``) whose outputs are not finite."""
+    layer = first_layer + len(outputs) - 1
+    for k, out in enumerate(outputs):
+        if not np.isfinite(out).all():
+            layer = first_layer + k
+            break
+    return FloatingPointError(
+        f"step {step}: the loss is {value}; layer {layer} is the first whose outputs are not "
+        f"finite (lower the learning rate or check the inputs)"
+    )
+
+
+def split_layers(
+    weights: Sequence, masks: Sequence | None
+) -> list[tuple[np.ndarray, np.ndarray, tuple[int, int]]]:
+    """Per layer ``(values, index, shape)`` of dense ``weights`` under ``masks`` (default: the
+    nonzero entries), checked."""
+    weights = [np.asarray(w) for w in weights]
+    if not weights:
+        raise ValueError("a network needs at least one weight matrix")
+    if masks is not None and len(masks) != len(weights):
+        raise ValueError(f"got {len(masks)} masks for {len(weights)} layers")
+    layers = []
+    for k, w in enumerate(weights):
+        if w.ndim != 2:
+            raise ValueError(f"weights[{k}] must be a 2-D array, got shape {w.shape}")
+        if w.dtype.kind not in "fiu" or not np.isfinite(w).all():
+            raise ValueError(f"weights[{k}] must hold finite real numbers")
+        if k and w.shape[0] != weights[k - 1].shape[1]:
+            raise ValueError(
+                f"weights[{k}] has {w.shape[0]} input neurons but weights[{k - 1}] has "
+                f"{weights[k - 1].shape[1]} output neurons"
+            )
+        mask = w != 0 if masks is None else np.asarray(masks[k])
+        if mask.shape != w.shape:
+            raise ValueError(f"masks[{k}] has shape {mask.shape}, weights[{k}] {w.shape}")
+        index = flat_index(mask, name=f"masks[{k}]")
+        layers.append((np.ascontiguousarray(w).reshape(-1)[index], index, w.shape))
+    return layers
+
+
+class CompressedMLP(SparseEstimator):
+    """A pruned fully connected network trained on compressed states, in one process.
+
+    Parameters
+    ----------
+    weights : sequence of 2-D arrays
+        Dense layer matrices ``(n_k, n_{k+1})``; only the entries the masks keep are stored.
+    masks : sequence of boolean arrays, optional
+        ``True`` where a weight is kept (default: the nonzero entries of ``weights``).
+    biases : sequence of 1-D arrays, optional
+        Zeros when omitted.
+    activation, output_activation, loss
+        As in :class:`~dasknn.model.SparseMLP`.
+    precision : {"fp32", "bf16", "fp16", "fp64"}
+        Storage of the 16-bit states and arithmetic (see :mod:`dasknn.compressed.precision`);
+        ``"fp64"`` is for checks against float64 references.
+    compute : {"sparse", "dense"}
+        Multiply with the compressed weights (default, faster on CPUs at 80-90% sparsity) or with
+        dense weights expanded from them every step (SAMO as published).
+    loss_scale : float
+        Initial dynamic loss scale of ``"fp16"``.
+
+    Attributes
+    ----------
+    stack : CompressedStack
+        The layers' compressed states.
+    optimizer : Optimizer or None
+        The optimizer of the last step (its state is kept while later steps use an equal one).
+    scaler : LossScaler or None
+        fp16's loss scaler.
+    steps_ : int
+        Training steps taken (skipped fp16 steps included).
+    loss_curve_, batch_loss_curve_ : list of float
+    """
+
+    def __init__(
+        self,
+        weights: Sequence,
+        masks: Sequence | None = None,
+        biases: Sequence | None = None,
+        activation: str | Activation = "relu",
+        output_activation: str | Activation | None = None,
+        loss: str | Loss = "softmax_cross_entropy",
+        precision: str = "fp32",
+        compute: str = "sparse",
+        loss_scale: float = 2.0**16,
+    ) -> None:
+        self.precision = get_precision(precision)
+        self.compute = check_compute(compute)
+        self.dtype = self.precision.arithmetic
+        self.activation = get_activation(activation)
+        self.loss = get_loss(loss)
+        if output_activation is None:
+            output_activation = self.loss.default_output_activation or self.activation
+        self.output_activation = get_activation(output_activation)
+        self.loss.check_output_activation(self.output_activation)
+        layers = split_layers(weights, masks)
+        self._init_stack(layers, biases)
+        self.scaler = LossScaler(loss_scale) if self.precision.loss_scaling else None
+        self.steps_ = 0
+        self.loss_curve_: list[float] = []
+        self.batch_loss_curve_: list[float] = []
+
+    def _init_stack(self, layers: list[tuple], biases: Sequence | None) -> None:
+        if biases is None:
+            biases = [np.zeros(shape[1]) for _, _, shape in layers]
+        biases = list(biases)
+        if len(biases) != len(layers):
+            raise ValueError(f"got {len(biases)} biases for {len(layers)} layers")
+        for k, (b, (_, _, shape)) in enumerate(zip(biases, layers, strict=True)):
+            b = np.asarray(b)
+            if b.shape != (shape[1],) or not np.isfinite(b).all():
+                raise ValueError(f"biases[{k}] must be {shape[1]} finite values, got {b.shape}")
+        self.layer_shapes = [tuple(int(s) for s in shape) for _, _, shape in layers]
+        activations = [self.activation] * (len(layers) - 1) + [self.output_activation]
+        self.stack = CompressedStack(layers, biases, activations, self.precision, self.compute)
+
+    @classmethod
+    def from_compressed(
+        cls, values: Sequence, indices: Sequence, shapes: Sequence, biases=None, **kwargs
+    ) -> CompressedMLP:
+        """A model from per-layer compressed values, flat indices and shapes (checked)."""
+        if not (len(values) == len(indices) == len(shapes)):
+            raise ValueError("values, indices and shapes must have one entry per layer")
+        dense, masks = [], []
+        for k, (v, i, s) in enumerate(zip(values, indices, shapes, strict=True)):
+            index = check_index(i, s, name=f"indices[{k}]")
+            v = np.asarray(v)
+            if v.shape != index.shape:
+                raise ValueError(f"values[{k}] has {v.size} entries, its index {index.size}")
+            w = np.zeros(tuple(s), dtype=np.float64)
+            w.reshape(-1)[index] = v
+            mask = np.zeros(tuple(s), dtype=bool)
+            mask.reshape(-1)[index] = True
+            dense.append(w)
+            masks.append(mask)
+        return cls(dense, masks, biases, **kwargs)
+
+    # ------------------------------------------------------------------ shape
+    @property
+    def n_layers(self) -> int:
+        return len(self.layer_shapes)
+
+    @property
+    def n_inputs(self) -> int:
+        return self.layer_shapes[0][0]
+
+    @property
+    def n_outputs(self) -> int:
+        return self.layer_shapes[-1][1]
+
+    @property
+    def layer_sizes(self) -> list[int]:
+        return [self.n_inputs] + [shape[1] for shape in self.layer_shapes]
+
+    @property
+    def weights(self) -> list[np.ndarray]:
+        """Dense copies of the layers (the master values, exact zeros where pruned)."""
+        return [layer.dense_weights() for layer in self.stack.layers]
+
+    @property
+    def biases(self) -> list[np.ndarray]:
+        return [layer.bias.copy() for layer in self.stack.layers]
+
+    @property
+    def indices(self) -> list[np.ndarray]:
+        """The layers' sorted int32 flat indices."""
+        return [layer.index for layer in self.stack.layers]
+
+    @property
+    def optimizer(self) -> Optimizer | None:
+        return self.stack.optimizer
+
+    @property
+    def nnz(self) -> int:
+        return sum(layer.nnz for layer in self.stack.layers)
+
+    @property
+    def phi(self) -> int:
+        """Weights before pruning."""
+        return sum(n_in * n_out for n_in, n_out in self.layer_shapes)
+
+    def __repr__(self) -> str:
+        return (
+            f"CompressedMLP(layer_sizes={self.layer_sizes}, nnz={self.nnz}, "
+            f"precision={self.precision.name!r}, compute={self.compute!r})"
+        )
+
+    # ------------------------------------------------------------------ training
+    def _train_batch(self, x: np.ndarray, y: np.ndarray, optimizer: Optimizer) -> float:
+        self.steps_ += 1
+        xt = np.ascontiguousarray(x.T)
+        layers = self.stack.forward(xt)
+        z_last, a_last = layers[-1][0].T, layers[-1][1].T
+        value = self.loss.value(z_last, a_last, y)
+        if not np.isfinite(value):
+            raise nonfinite_loss_error(self.steps_, value, [a for _, a in layers], 1)
+        delta = self.loss.output_delta(z_last, a_last, y, self.output_activation)
+        scale = 1.0 if self.scaler is None else self.scaler.scale
+        if scale != 1.0:
+            delta *= scale
+        deltat = np.ascontiguousarray(delta.T)
+        self.stack.backward(xt, layers, deltat, first=True, input_delta=False)
+        if self.scaler is not None and not self.scaler.update(self.stack.gradients_finite()):
+            return value
+        self.stack.apply(optimizer, 1.0 / scale)
+        return value
+
+    def train_step(
+        self, X, Y, lr: float | None = None, optimizer: Optimizer | None = None
+    ) -> float:
+        """One training step on ``(X, Y)``; returns the batch's loss before the update.
+
+        Raises
+        ------
+        ValueError
+            For malformed ``X``, ``Y``, ``lr`` or ``optimizer`` (before any update).
+        FloatingPointError
+            If the loss is not finite, naming the step and the first layer whose outputs are not.
+        """
+        x, y = self._check_xy(X, Y)
+        return self._train_batch(x, y, resolve_optimizer(lr, optimizer))
+
+    def _training_data(self, x: np.ndarray, y: np.ndarray) -> nullcontext:
+        return nullcontext((x, y))
+
+    def _train_batches(
+        self, data: tuple[np.ndarray, np.ndarray], batches: list[np.ndarray], optimizer: Optimizer
+    ) -> Iterator[float]:
+        x, y = data
+        for idx in batches:
+            yield self._train_batch(x[idx], y[idx], optimizer)
+
+    # ------------------------------------------------------------------ outputs
+    def _output(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        z_last, a_last = self.stack.forward(np.ascontiguousarray(x.T))[-1]
+        return z_last.T, a_last.T
+
+    def _output_blocks(self, x: np.ndarray, batch_size: int):
+        for start in range(0, x.shape[0], batch_size):
+            yield self._output(x[start : start + batch_size])
+
+    def forward(self, X) -> list[tuple[np.ndarray, np.ndarray]]:
+        """``[(z_k, a_k)]`` (row blocks) of the batch ``X``."""
+        xt = np.ascontiguousarray(check_inputs(X, self.n_inputs, self.dtype).T)
+        return [(z.T, a.T) for z, a in self.stack.forward(xt)]
+
+    def predict(self, X, batch_size: int = 1024) -> np.ndarray:
+        """Class labels (softmax models) or output activations of ``X``."""
+        x, batch_size = check_inputs(X, self.n_inputs, self.dtype), check_batch_size(batch_size)
+        return self._predictions(self._output_blocks(x, batch_size))
+
+    def _predict_proba(self, X, batch_size: int = 1024) -> np.ndarray:
+        x, batch_size = check_inputs(X, self.n_inputs, self.dtype), check_batch_size(batch_size)
+        return self._probabilities(self._output_blocks(x, batch_size))
+
+    def evaluate(self, X, Y, batch_size: int = 1024) -> float:
+        """Mean loss over ``(X, Y)``, without training."""
+        x, y = self._check_xy(X, Y)
+        return self._mean_loss(self._output_blocks(x, check_batch_size(batch_size)), y)
+
+    def score(self, X, Y, batch_size: int = 1024) -> float:
+        """Accuracy (softmax models) or negative mean loss over ``(X, Y)``."""
+        x, y = self._check_xy(X, Y)
+        return self._score(self._output_blocks(x, check_batch_size(batch_size)), y)
+
+    # ------------------------------------------------------------------ memory
+    def memory_report(self, optimizer: Optimizer | None = None) -> MemoryReport:
+        """Exact bytes of the model states by category, with the paper's formulas beside them.
+
+        Parameters
+        ----------
+        optimizer : Optimizer, optional
+            Counts the states this optimizer would hold when the model has none yet (before the
+            first step); by default the states held.
+        """
+        categories = dict.fromkeys(CATEGORIES, 0)
+        for key, value in self.stack.state_bytes().items():
+            categories[key] += value
+        if optimizer is not None and self.stack.optimizer is None:
+            for layer in self.stack.layers:
+                for param in (layer.master, layer.bias):
+                    arrays = optimizer.init_state(param[:0]).arrays
+                    categories["optimizer_states"] += len(arrays) * param.nbytes
+        categories["temporaries"] = self._temporary_bytes()
+        report = MemoryReport(categories, self.phi, self.nnz, self.precision.name, self.compute)
+        sparsity = 1.0 - self.nnz / self.phi
+        report.formulas = {name: formula_bytes(name, self.phi, sparsity) for name in FORMULAS}
+        return report
+
+    def _temporary_bytes(self) -> int:
+        """The largest buffer one layer's step allocates and frees (upcast compute weights, a
+        dense gradient, a fresh compressed gradient, the downcast copy of the update)."""
+        arith = self.precision.arithmetic.itemsize
+        storage = self.precision.storage.itemsize
+        largest = 0
+        for layer in self.stack.layers:
+            n_dense = layer.shape[0] * layer.shape[1]
+            buffers = [
+                layer.nnz * storage if self.precision.mixed or self.compute == "dense" else 0
+            ]
+            if self.compute == "dense":
+                buffers.append(n_dense * arith)  # the layer's dense gradient
+                if self.precision.mixed:
+                    buffers.append(n_dense * arith)  # upcast dense weights
+            elif self.precision.mixed:
+                buffers.append(layer.nnz * arith)  # upcast values / fresh gradient
+            largest = max(largest, max(buffers))
+        return largest

@@ -1,0 +1,210 @@
+"""Dense fully connected networks in one process: the unpruned parent of SAMO's pruned models,
+and the dense-with-mask baseline (pruned weights kept as zeros in dense arrays).
+
+:class:`DenseMLP` follows the conventions of :class:`~dasknn.model.SparseMLP` (weights
+``(n_in, n_out)``, row-block batches, ``Y_next = f(Y @ W + b)``, the same losses, activations,
+optimizers and estimator API), multiplying with BLAS. With ``masks`` the gradient of a pruned
+weight is zeroed before the optimizer step, so pruned weights stay 0: the way PyTorch's pruning
+utilities train a pruned model. :meth:`DenseMLP.prune` gives the compressed model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
+
+import numpy as np
+
+from dasknn.model.activations import Activation, get_activation
+from dasknn.model.compressed_mlp import CompressedMLP
+from dasknn.model.estimator import SparseEstimator
+from dasknn.model.losses import Loss, get_loss
+from dasknn.model.validation import check_batch_size, check_inputs
+from dasknn.optim import Optimizer, ParamState, resolve_optimizer
+
+__all__ = ["DenseMLP", "LENET_300_100", "MLP_1024_3"]
+
+#: LeNet-300-100 on 28 x 28 inputs (266,200 weights).
+LENET_300_100 = (784, 300, 100, 10)
+#: The 784-1024-1024-1024-10 network of the memory and speed benchmarks (2.9 M weights).
+MLP_1024_3 = (784, 1024, 1024, 1024, 10)
+
+
+class DenseMLP(SparseEstimator):
+    """A dense multilayer perceptron, optionally with fixed pruning masks.
+
+    Parameters
+    ----------
+    weights : sequence of 2-D arrays
+        ``weights[k]`` of shape ``(n_k, n_{k+1})``, copied.
+    biases : sequence of 1-D arrays, optional
+    activation, output_activation, loss
+        As in :class:`~dasknn.model.SparseMLP` (defaults: ReLU, softmax cross-entropy).
+    dtype : float32 or float64
+    masks : sequence of boolean arrays, optional
+        ``True`` where a weight is kept; pruned weights are set to 0 and their gradients zeroed.
+    """
+
+    def __init__(
+        self,
+        weights: Sequence,
+        biases: Sequence | None = None,
+        activation: str | Activation = "relu",
+        output_activation: str | Activation | None = None,
+        loss: str | Loss = "softmax_cross_entropy",
+        dtype=np.float32,
+        masks: Sequence | None = None,
+    ) -> None:
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+            raise ValueError(f"dtype must be float32 or float64, got {self.dtype}")
+        self.activation = get_activation(activation)
+        self.loss = get_loss(loss)
+        if output_activation is None:
+            output_activation = self.loss.default_output_activation or self.activation
+        self.output_activation = get_activation(output_activation)
+        self.loss.check_output_activation(self.output_activation)
+        self.weights = [np.array(w, dtype=self.dtype, copy=True, order="C") for w in weights]
+        if not self.weights:
+            raise ValueError("a network needs at least one weight matrix")
+        for k, w in enumerate(self.weights):
+            if w.ndim != 2 or not np.isfinite(w).all():
+                raise ValueError(f"weights[{k}] must be a finite 2-D array, got {w.shape}")
+            if k and w.shape[0] != self.weights[k - 1].shape[1]:
+                raise ValueError(f"weights[{k}] does not chain with weights[{k - 1}]")
+        if biases is None:
+            biases = [np.zeros(w.shape[1]) for w in self.weights]
+        self.biases = [np.array(b, dtype=self.dtype, copy=True) for b in biases]
+        if len(self.biases) != len(self.weights) or any(
+            b.shape != (w.shape[1],) for b, w in zip(self.biases, self.weights, strict=False)
+        ):
+            raise ValueError("biases must be one vector of n_out values per layer")
+        self.masks = None
+        if masks is not None:
+            if len(masks) != len(self.weights):
+                raise ValueError(f"got {len(masks)} masks for {len(self.weights)} layers")
+            self.masks = []
+            for k, (m, w) in enumerate(zip(masks, self.weights, strict=True)):
+                m = np.asarray(m)
+                if m.shape != w.shape or m.dtype != np.bool_:
+                    raise ValueError(f"masks[{k}] must be boolean of shape {w.shape}")
+                w[~m] = 0
+                self.masks.append(m.astype(self.dtype))
+        self.optimizer: Optimizer | None = None
+        self._state: list[tuple[ParamState, ParamState]] = []
+        self.loss_curve_: list[float] = []
+        self.batch_loss_curve_: list[float] = []
+
+    @classmethod
+    def init(
+        cls, layer_sizes: Sequence[int], seed: int = 0, dtype=np.float32, **kwargs
+    ) -> DenseMLP:
+        """A network of ``layer_sizes`` with He-uniform weights (``sqrt(6 / n_in)``) and zero
+        biases drawn from ``numpy.random.default_rng(seed)``."""
+        sizes = [int(s) for s in layer_sizes]
+        if len(sizes) < 2 or min(sizes) < 1:
+            raise ValueError(f"layer_sizes must be >= 2 positive sizes, got {layer_sizes}")
+        rng = np.random.default_rng(seed)
+        weights = [
+            rng.uniform(-1, 1, size=(n_in, n_out)) * np.sqrt(6.0 / n_in)
+            for n_in, n_out in zip(sizes[:-1], sizes[1:], strict=True)
+        ]
+        return cls(weights, dtype=dtype, **kwargs)
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.weights)
+
+    @property
+    def n_inputs(self) -> int:
+        return self.weights[0].shape[0]
+
+    @property
+    def n_outputs(self) -> int:
+        return self.weights[-1].shape[1]
+
+    def _forward(self, xt: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        layers, at = [], xt
+        for k, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
+            zt = w.T @ at
+            zt += b[:, None]
+            activation = self.output_activation if k == self.n_layers - 1 else self.activation
+            at = activation.forward(zt)
+            layers.append((zt, at))
+        return layers
+
+    def _train_batch(self, x: np.ndarray, y: np.ndarray, optimizer: Optimizer) -> float:
+        if optimizer != self.optimizer:
+            self.optimizer = optimizer
+            self._state = [
+                (optimizer.init_state(w.reshape(-1)), optimizer.init_state(b))
+                for w, b in zip(self.weights, self.biases, strict=True)
+            ]
+        xt = np.ascontiguousarray(x.T)
+        layers = self._forward(xt)
+        z_last, a_last = layers[-1][0].T, layers[-1][1].T
+        value = self.loss.value(z_last, a_last, y)
+        deltat = np.ascontiguousarray(
+            self.loss.output_delta(z_last, a_last, y, self.output_activation).T
+        )
+        for k in range(self.n_layers - 1, -1, -1):
+            w = self.weights[k]
+            a_prev = xt if k == 0 else layers[k - 1][1]
+            grad_w = a_prev @ deltat.T
+            if self.masks is not None:
+                grad_w *= self.masks[k]
+            grad_b = deltat.sum(axis=1)
+            if k > 0:
+                deltat = (w @ deltat) * self.activation.derivative(*layers[k - 1])
+            optimizer.update(w.reshape(-1), grad_w.reshape(-1), self._state[k][0])
+            optimizer.update(self.biases[k], grad_b, self._state[k][1])
+        return value
+
+    def train_step(self, X, Y, lr: float | None = None, optimizer: Optimizer | None = None):
+        """One training step on ``(X, Y)``; returns the loss before the update."""
+        x, y = self._check_xy(X, Y)
+        return self._train_batch(x, y, resolve_optimizer(lr, optimizer))
+
+    def _training_data(self, x, y):
+        return nullcontext((x, y))
+
+    def _train_batches(self, data, batches, optimizer) -> Iterator[float]:
+        x, y = data
+        for idx in batches:
+            yield self._train_batch(x[idx], y[idx], optimizer)
+
+    def _output_blocks(self, x: np.ndarray, batch_size: int):
+        for start in range(0, x.shape[0], batch_size):
+            z_last, a_last = self._forward(np.ascontiguousarray(x[start : start + batch_size].T))[
+                -1
+            ]
+            yield z_last.T, a_last.T
+
+    def predict(self, X, batch_size: int = 1024) -> np.ndarray:
+        x, batch_size = check_inputs(X, self.n_inputs, self.dtype), check_batch_size(batch_size)
+        return self._predictions(self._output_blocks(x, batch_size))
+
+    def _predict_proba(self, X, batch_size: int = 1024) -> np.ndarray:
+        x, batch_size = check_inputs(X, self.n_inputs, self.dtype), check_batch_size(batch_size)
+        return self._probabilities(self._output_blocks(x, batch_size))
+
+    def score(self, X, Y, batch_size: int = 1024) -> float:
+        x, y = self._check_xy(X, Y)
+        return self._score(self._output_blocks(x, check_batch_size(batch_size)), y)
+
+    def prune(
+        self, masks: Sequence, precision: str = "fp32", compute: str = "sparse", **kwargs
+    ) -> CompressedMLP:
+        """The pruned model on compressed states: the weights the ``masks`` keep, the biases,
+        activations and loss of this model (no optimizer state)."""
+        return CompressedMLP(
+            self.weights,
+            masks,
+            self.biases,
+            activation=self.activation,
+            output_activation=self.output_activation,
+            loss=self.loss,
+            precision=precision,
+            compute=compute,
+            **kwargs,
+        )

@@ -1,0 +1,27 @@
+"""Pipeline (inter-layer) and compressed-gradient data parallelism of pruned networks (SAMO):
+stages of consecutive layers, GPipe and 1F1B schedules as task-graph dependencies, replicas that
+allreduce only the unpruned gradients, and the planner that picks stages and replicas from a
+memory limit."""
+
+from dasknn.pipeline_parallel.model import CommReport, PipelineMLP
+from dasknn.pipeline_parallel.plan import (
+    ParallelPlan,
+    compressed_layer_bytes,
+    dense_layer_bytes,
+    plan_parallelism,
+    split_stages,
+)
+from dasknn.pipeline_parallel.schedule import SCHEDULES, bubble_fraction, stage_order
+
+__all__ = [
+    "SCHEDULES",
+    "CommReport",
+    "ParallelPlan",
+    "PipelineMLP",
+    "bubble_fraction",
+    "compressed_layer_bytes",
+    "dense_layer_bytes",
+    "plan_parallelism",
+    "split_stages",
+    "stage_order",
+]

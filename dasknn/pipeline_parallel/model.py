@@ -1,0 +1,433 @@
+"""Pipeline (inter-layer) and data parallelism of a pruned network on compressed states (SAMO on
+Dask, after AxoNN).
+
+:class:`PipelineMLP` cuts a :class:`~dasknn.model.CompressedMLP` into ``stages`` runs of
+consecutive layers and places ``data_parallel`` replicas of every stage on ``stages *
+data_parallel`` workers. A step splits the batch into equal row blocks per replica, each into
+``microbatches`` microbatches that flow through the replica's stages under the ``"gpipe"`` or
+``"1f1b"`` schedule; the compressed gradients accumulate over the microbatches, are summed across
+replicas by an allreduce of the compressed values only, and every replica applies the same update.
+A step equals the one-process step on the whole batch.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from numbers import Integral
+
+import dask
+import numpy as np
+
+from dasknn.model.compressed_mlp import CompressedMLP
+from dasknn.model.estimator import SparseEstimator
+from dasknn.optim import Optimizer, resolve_optimizer
+from dasknn.pipeline_parallel import worker_state as ws
+from dasknn.pipeline_parallel.plan import split_stages
+from dasknn.pipeline_parallel.schedule import check_schedule
+from dasknn.pipeline_parallel.taskgraph import accumulate_dtype, build_step
+from dasknn.runtime.keys import pipeline_key
+from dasknn.runtime.measure import install_comm_monitor, read_transfers, reset_transfers
+
+__all__ = ["CommReport", "PipelineMLP"]
+
+
+def _count(name: str, value, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return int(value)
+
+
+def _check_bounds(bounds, stages: int, n_layers: int) -> list[tuple[int, int]]:
+    bounds = [(int(a), int(b)) for a, b in bounds]
+    stops = [0] + [b for _, b in bounds]
+    if (
+        len(bounds) != stages
+        or [a for a, _ in bounds] != stops[:-1]
+        or stops[-1] != n_layers
+        or any(a >= b for a, b in bounds)
+    ):
+        raise ValueError(
+            f"bounds must be {stages} contiguous non-empty runs (first, stop) covering the "
+            f"{n_layers} layers, got {bounds}"
+        )
+    return bounds
+
+
+@dataclass
+class CommReport:
+    """Measured bytes and messages of the last step, beside the formulas.
+
+    Attributes
+    ----------
+    pipeline_bytes, pipeline_messages : int
+        Activations and partial sums between stages: measured.
+    pipeline_bytes_formula, pipeline_messages_formula : int
+        ``2 B sum_b n_b s`` (``n_b`` the width of boundary ``b``, ``s`` the activations' item
+        size) in ``2 (S - 1) m D`` messages.
+    allreduce_bytes, allreduce_messages : int
+        Compressed gradients between replicas: measured.
+    allreduce_bytes_formula, allreduce_messages_formula : int
+        ``2 (D - 1) (nnz + biases) s_g`` (``s_g`` the storage item size) in ``2 S D (D - 1)``
+        messages.
+    """
+
+    pipeline_bytes: int
+    pipeline_messages: int
+    pipeline_bytes_formula: int
+    pipeline_messages_formula: int
+    allreduce_bytes: int
+    allreduce_messages: int
+    allreduce_bytes_formula: int
+    allreduce_messages_formula: int
+
+    @property
+    def exact(self) -> bool:
+        """Whether every measured figure equals its formula."""
+        return (
+            self.pipeline_bytes == self.pipeline_bytes_formula
+            and self.pipeline_messages == self.pipeline_messages_formula
+            and self.allreduce_bytes == self.allreduce_bytes_formula
+            and self.allreduce_messages == self.allreduce_messages_formula
+        )
+
+
+class PipelineMLP(SparseEstimator):
+    """A compressed model trained with pipeline stages and data-parallel replicas on Dask.
+
+    Parameters
+    ----------
+    model : CompressedMLP
+        The pruned model (its weights, biases, precision and compute are copied to the workers;
+        its optimizer state is not).
+    client : distributed.Client
+    stages : int
+        Runs of consecutive layers, ``1 <= stages <= n_layers``; cut to balance the unpruned
+        weights (:func:`~dasknn.pipeline_parallel.plan.split_stages`).
+    data_parallel : int
+        Replicas of every stage.
+    microbatches : int
+        Microbatches per replica and step; they must divide the replica's rows.
+    schedule : {"gpipe", "1f1b"}
+    workers : sequence of str, optional
+        Worker addresses to use (default: the cluster's, sorted); ``stages * data_parallel`` of
+        them are used, replica ``d``'s stage ``s`` on ``workers[d * stages + s]``.
+    bounds : sequence of (first, stop), optional
+        The layers of each stage, contiguous and covering the network (default: balanced by
+        unpruned weights), e.g. to balance stages by measured time.
+
+    Raises
+    ------
+    ValueError
+        Before anything is installed: bad counts, more stages than layers, ``stages *
+        data_parallel`` more than the workers, an unknown schedule, ``precision="fp16"`` (its
+        loss scaling is single-process only).
+    """
+
+    def __init__(
+        self,
+        model: CompressedMLP,
+        client,
+        stages: int = 1,
+        data_parallel: int = 1,
+        microbatches: int = 1,
+        schedule: str = "gpipe",
+        workers: Sequence[str] | None = None,
+        bounds: Sequence[tuple[int, int]] | None = None,
+    ) -> None:
+        if not isinstance(model, CompressedMLP):
+            raise ValueError(f"model must be a CompressedMLP, got {type(model).__name__}")
+        self.stages = _count("stages", stages)
+        self.data_parallel = _count("data_parallel", data_parallel)
+        self.microbatches = _count("microbatches", microbatches)
+        self.schedule = check_schedule(schedule)
+        if self.stages > model.n_layers:
+            raise ValueError(
+                f"{self.stages} stages for a network of {model.n_layers} layers: at most one per "
+                "layer"
+            )
+        if model.precision.loss_scaling:
+            raise ValueError("precision='fp16' (dynamic loss scaling) is single-process only")
+        available = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        if workers is not None:
+            unknown = sorted(set(workers) - set(available))
+            if unknown:
+                raise ValueError(f"not workers of this cluster: {unknown}")
+            available = list(workers)
+        needed = self.stages * self.data_parallel
+        if needed > len(available):
+            raise ValueError(
+                f"stages * data_parallel = {needed} workers needed, {len(available)} available"
+            )
+        self.client = client
+        self.loss = model.loss
+        self.dtype = model.dtype
+        self.precision = model.precision
+        self.compute = model.compute
+        self.activation = model.activation
+        self.output_activation = model.output_activation
+        self.layer_shapes = list(model.layer_shapes)
+        if bounds is None:
+            bounds = split_stages([layer.nnz for layer in model.stack.layers], self.stages)
+        self.bounds = _check_bounds(bounds, self.stages, model.n_layers)
+        self.workers = {
+            (s, d): available[d * self.stages + s]
+            for s in range(self.stages)
+            for d in range(self.data_parallel)
+        }
+        self.token = uuid.uuid4().hex[:16]
+        self.plugin_name = ws.plugin_name(self.token)
+        self._nnz = model.nnz
+        self._grad_sizes = [
+            sum(
+                model.stack.layers[k].grad_w.size + model.stack.layers[k].grad_b.size
+                for k in range(a, b)
+            )
+            for a, b in self.bounds
+        ]
+        self._step = 0
+        self._last_rows = 0
+        self._tokens: list[str] = []
+        self._open = False
+        self.optimizer: Optimizer | None = None
+        self.loss_curve_: list[float] = []
+        self.batch_loss_curve_: list[float] = []
+        install_comm_monitor(client)
+        client.register_plugin(ws.StageState(self.token), name=self.plugin_name)
+        self._open = True
+        try:
+            self._install(model)
+        except BaseException:
+            self.close()
+            raise
+
+    def _install(self, model: CompressedMLP) -> None:
+        layers = model.stack.layers
+        activations = model.stack.activations
+        for (s, d), address in self.workers.items():
+            a, b = self.bounds[s]
+            spec = {
+                "stage": s,
+                "replica": d,
+                "first_layer": a + 1,
+                "last": s == self.stages - 1,
+                "layers": [
+                    (layers[k].master, layers[k].index, layers[k].shape) for k in range(a, b)
+                ],
+                "biases": [layers[k].bias for k in range(a, b)],
+                "activations": activations[a:b],
+                "precision": model.precision,
+                "compute": model.compute,
+                "loss": model.loss,
+                "output_activation": model.output_activation,
+            }
+            self.client.run(ws.install_stage, token=self.token, spec=spec, workers=[address])
+
+    # ------------------------------------------------------------------ basics
+    def __enter__(self) -> PipelineMLP:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layer_shapes)
+
+    @property
+    def n_inputs(self) -> int:
+        return self.layer_shapes[0][0]
+
+    @property
+    def n_outputs(self) -> int:
+        return self.layer_shapes[-1][1]
+
+    def close(self) -> None:
+        """Remove the plugin (with the states it owns) and the transfer records; closing twice
+        does nothing."""
+        if not self._open:
+            return
+        self._open = False
+        self.client.unregister_worker_plugin(self.plugin_name)
+        for token in [self.token, *self._tokens]:
+            reset_transfers(self.client, token)
+
+    def _check_open(self) -> None:
+        if not self._open:
+            raise ValueError("this PipelineMLP is closed")
+
+    # ------------------------------------------------------------------ training
+    def _check_rows(self, rows: int) -> int:
+        parts = self.data_parallel * self.microbatches
+        if rows % parts:
+            raise ValueError(
+                f"a batch of {rows} rows does not split into data_parallel * microbatches = "
+                f"{parts} equal microbatches"
+            )
+        return rows // parts
+
+    def _train_batch(self, x: np.ndarray, y: np.ndarray, optimizer: Optimizer) -> float:
+        self._check_open()
+        rows = self._check_rows(x.shape[0])
+        self.reset_comm()  # the counts describe the last step
+        self._step += 1
+        step, last = self._step, self.stages - 1
+        data = {}
+        for d in range(self.data_parallel):
+            for u in range(self.microbatches):
+                lo = (d * self.microbatches + u) * rows
+                xt = np.ascontiguousarray(x[lo : lo + rows].T)
+                data[(pipeline_key(self.token, "x", step, 0, d, u), (0, d))] = xt
+                data[(pipeline_key(self.token, "y", step, last, d, u), (last, d))] = np.array(
+                    y[lo : lo + rows]
+                )
+        futures = []
+        by_worker: dict[str, dict] = {}
+        for (key, where), value in data.items():
+            by_worker.setdefault(self.workers[where], {})[key] = value
+        for address, values in by_worker.items():
+            futures += list(
+                self.client.scatter(values, workers=[address], hash=False, broadcast=False).values()
+            )
+        graph = build_step(
+            self.token,
+            step,
+            self.stages,
+            self.data_parallel,
+            self.microbatches,
+            self.schedule,
+            self.workers,
+            optimizer,
+            rows / x.shape[0],
+            self._grad_sizes,
+            accumulate_dtype(self.precision.storage),
+        )
+        with dask.annotate(workers=graph.placement, allow_other_workers=False):
+            results = self.client.get(graph.tasks, graph.loss_keys + graph.update_keys, sync=True)
+        del futures
+        self._tokens = graph.collective_tokens
+        self._last_rows = x.shape[0]
+        self.optimizer = optimizer
+        return float(sum(results[: len(graph.loss_keys)]))
+
+    def train_step(self, X, Y, lr: float | None = None, optimizer: Optimizer | None = None):
+        """One step on the batch ``(X, Y)`` (its rows split into ``data_parallel *
+        microbatches`` equal microbatches); returns the batch's loss before the update.
+
+        Raises
+        ------
+        ValueError
+            Before anything is scheduled, for malformed ``X``, ``Y``, ``lr`` or ``optimizer``, or
+            rows that do not split into equal microbatches.
+        """
+        x, y = self._check_xy(X, Y)
+        optimizer = resolve_optimizer(lr, optimizer)
+        self._check_rows(x.shape[0])
+        return self._train_batch(x, y, optimizer)
+
+    def _training_data(self, x: np.ndarray, y: np.ndarray) -> nullcontext:
+        return nullcontext((x, y))
+
+    def _train_batches(self, data, batches, optimizer: Optimizer) -> Iterator[float]:
+        x, y = data
+        for idx in batches:
+            self._check_rows(len(idx))
+        for idx in batches:
+            yield self._train_batch(x[idx], y[idx], optimizer)
+
+    # ------------------------------------------------------------------ results
+    def replica(self, d: int = 0) -> CompressedMLP:
+        """The model as held by replica ``d`` (a new one-process :class:`CompressedMLP`)."""
+        self._check_open()
+        values, indices, biases = [], [], []
+        for s in range(self.stages):
+            address = self.workers[(s, d)]
+            layers = self.client.run(ws.snapshot_stage, token=self.token, workers=[address])[
+                address
+            ]
+            for v, i, b in layers:
+                values.append(v)
+                indices.append(i)
+                biases.append(b)
+        return CompressedMLP.from_compressed(
+            values,
+            indices,
+            self.layer_shapes,
+            biases,
+            activation=self.activation,
+            output_activation=self.output_activation,
+            loss=self.loss,
+            precision=self.precision.name,
+            compute=self.compute,
+        )
+
+    def gather(self) -> CompressedMLP:
+        """The trained model in one process (replica 0)."""
+        return self.replica(0)
+
+    def _output_blocks(self, x: np.ndarray, batch_size: int):
+        return self.gather()._output_blocks(x, batch_size)
+
+    def score(self, X, Y, batch_size: int = 1024) -> float:
+        """Accuracy or negative mean loss of the gathered model."""
+        return self.gather().score(X, Y, batch_size)
+
+    def predict(self, X, batch_size: int = 1024) -> np.ndarray:
+        return self.gather().predict(X, batch_size)
+
+    def step_report(self) -> dict:
+        """The passes of the last step per stage replica: ``{(s, d): {"events": [(kind, u,
+        start, end)], "peak": most microbatches held at once}}``."""
+        out = {}
+        for (s, d), address in self.workers.items():
+            out[(s, d)] = self.client.run(
+                ws.read_step, token=self.token, step=self._step, workers=[address]
+            )[address]
+        return out
+
+    def idle_fractions(self) -> dict[tuple[int, int], float]:
+        """Per stage replica, the fraction of the last step's forward-backward span (first pass
+        started to last pass ended, over all stages of its replica) in which it ran no pass."""
+        report = self.step_report()
+        out = {}
+        for d in range(self.data_parallel):
+            passes = {
+                s: [e for e in report[(s, d)]["events"] if e[0] in "FB"] for s in range(self.stages)
+            }
+            begin = min(e[2] for events in passes.values() for e in events)
+            end = max(e[3] for events in passes.values() for e in events)
+            for s, events in passes.items():
+                busy = sum(e[3] - e[2] for e in events)
+                out[(s, d)] = 1.0 - busy / (end - begin)
+        return out
+
+    def comm_report(self) -> CommReport:
+        """Bytes and messages of the last step, measured and by formula."""
+        records = read_transfers(self.client, self.token)
+        pipe = [r for r in records if r[1] in ("forward", "backward")]
+        reduce = [r for token in self._tokens for r in read_transfers(self.client, token)]
+        S, D, m = self.stages, self.data_parallel, self.microbatches
+        widths = [self.layer_shapes[b - 1][1] for _, b in self.bounds[:-1]]
+        n_bias = sum(shape[1] for shape in self.layer_shapes)
+        step_rows = self._last_rows
+        report = CommReport(
+            pipeline_bytes=sum(r[4] for r in pipe),
+            pipeline_messages=sum(r[5] for r in pipe),
+            pipeline_bytes_formula=2 * step_rows * sum(widths) * self.dtype.itemsize,
+            pipeline_messages_formula=2 * (S - 1) * m * D,
+            allreduce_bytes=sum(r[4] for r in reduce),
+            allreduce_messages=sum(r[5] for r in reduce),
+            allreduce_bytes_formula=2
+            * (D - 1)
+            * (self._nnz + n_bias)
+            * self.precision.storage.itemsize,
+            allreduce_messages_formula=2 * S * D * (D - 1),
+        )
+        return report
+
+    def reset_comm(self) -> None:
+        """Zero the transfer counts (before the step to be measured)."""
+        for token in [self.token, *self._tokens]:
+            reset_transfers(self.client, token)

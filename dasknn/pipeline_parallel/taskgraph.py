@@ -1,0 +1,137 @@
+"""The task graph of one pipeline (and data-parallel) training step.
+
+For every replica ``d`` and stage ``s`` the passes of the step are tasks pinned to the stage
+replica's worker, chained in the order of the schedule (:func:`stage_order`). A forward task of
+stage ``s > 0`` reads the ``fwd`` key of stage ``s - 1`` (one message), a backward task of stage
+``s < S - 1`` the ``bwd`` key of stage ``s + 1`` (one message). With ``D > 1`` replicas, each
+stage's accumulated compressed gradients (one flat buffer in the storage dtype) are summed across
+its replicas by the runtime's allreduce (:func:`dasknn.runtime.collectives.build_allreduce`,
+summed in float32 for 16-bit storage), and every replica applies the same update.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from dask.task_spec import Task, TaskRef
+
+from dasknn.pipeline_parallel import worker_state as ws
+from dasknn.pipeline_parallel.schedule import stage_order
+from dasknn.runtime.collectives import build_allreduce
+from dasknn.runtime.keys import parse_collective_key, parse_pipeline_key, pipeline_key
+
+__all__ = ["StepGraph", "build_step", "collective_token"]
+
+
+def collective_token(token: str, stage: int, step: int) -> str:
+    """Token of the allreduce of ``stage``'s gradients in ``step``."""
+    return f"{token}s{stage}n{step}"
+
+
+class Placement:
+    """``workers=`` annotation of a step's keys: the worker of the key's stage replica."""
+
+    def __init__(self, workers: dict[tuple[int, int], str], collectives: dict[str, int]) -> None:
+        self.workers = dict(workers)
+        self.collectives = dict(collectives)
+
+    def __call__(self, key) -> list[str]:
+        pipeline = parse_pipeline_key(key)
+        if pipeline is not None:
+            return [self.workers[(pipeline.stage, pipeline.replica)]]
+        collective = parse_collective_key(key)
+        stage = self.collectives[collective.token]
+        return [self.workers[(stage, collective.sender)]]
+
+
+@dataclass
+class StepGraph:
+    """A step's tasks, the keys to read back and the placement of every key."""
+
+    tasks: dict
+    loss_keys: list
+    update_keys: list
+    placement: Placement
+    collective_tokens: list
+
+
+def build_step(
+    token: str,
+    step: int,
+    stages: int,
+    replicas: int,
+    microbatches: int,
+    schedule: str,
+    workers: dict[tuple[int, int], str],
+    optimizer,
+    scale: float,
+    grad_sizes: list[int],
+    accumulate,
+) -> StepGraph:
+    """Build the step: the inputs are the keys ``pipeline_key(token, "x", step, 0, d, u)`` on
+    stage 0's workers and ``pipeline_key(token, "y", step, S - 1, d, u)`` on the last stage's.
+
+    Parameters
+    ----------
+    workers : dict
+        ``{(stage, replica): address}``.
+    scale : float
+        Each microbatch's share of the batch (its rows over the batch's rows).
+    grad_sizes : list of int
+        Length of each stage's gradient buffer.
+    accumulate : numpy dtype
+        The dtype the allreduce sums in.
+    """
+    tasks: dict = {}
+    loss_keys, update_keys, tokens, collectives = [], [], [], {}
+    last_pass: dict[tuple[int, int], tuple] = {}
+    for d in range(replicas):
+        for s in range(stages):
+            previous = None
+            for kind, u in stage_order(schedule, stages, s, microbatches):
+                after = TaskRef(previous) if previous is not None else None
+                if kind == "F":
+                    key = pipeline_key(token, "fwd", step, s, d, u)
+                    source = "x" if s == 0 else "fwd"
+                    inputs = TaskRef(pipeline_key(token, source, step, max(s - 1, 0), d, u))
+                    labels = None
+                    if s == stages - 1:
+                        labels = TaskRef(pipeline_key(token, "y", step, s, d, u))
+                        loss_keys.append(key)
+                    tasks[key] = Task(
+                        key, ws.forward_pass, token, step, u, scale, inputs, labels, after
+                    )
+                else:
+                    key = pipeline_key(token, "bwd", step, s, d, u)
+                    incoming = None
+                    if s < stages - 1:
+                        incoming = TaskRef(pipeline_key(token, "bwd", step, s + 1, d, u))
+                    tasks[key] = Task(key, ws.backward_pass, token, step, u, incoming, after)
+                previous = key
+            last_pass[(s, d)] = previous
+    for s in range(stages):
+        summed = [None] * replicas
+        if replicas > 1:
+            grads = []
+            for d in range(replicas):
+                key = pipeline_key(token, "grad", step, s, d)
+                tasks[key] = Task(key, ws.gradient, token, step, TaskRef(last_pass[(s, d)]))
+                grads.append(key)
+            name = collective_token(token, s, step)
+            graph = build_allreduce(name, grads, (grad_sizes[s],), accumulate)
+            tasks.update(graph.tasks)
+            summed = [TaskRef(k) for k in graph.outputs]
+            tokens.append(name)
+            collectives[name] = s
+        for d in range(replicas):
+            key = pipeline_key(token, "update", step, s, d)
+            after = TaskRef(last_pass[(s, d)])
+            tasks[key] = Task(key, ws.update, token, step, optimizer, summed[d], after)
+            update_keys.append(key)
+    return StepGraph(tasks, loss_keys, update_keys, Placement(workers, collectives), tokens)
+
+
+def accumulate_dtype(storage: np.dtype) -> np.dtype:
+    """float32 for 16-bit storage, the storage dtype otherwise."""
+    return np.dtype(np.float32) if storage.itemsize == 2 else np.dtype(storage)

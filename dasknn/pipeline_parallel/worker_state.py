@@ -1,0 +1,172 @@
+"""What a pipeline stage keeps on its worker, and the tasks that run there.
+
+:class:`StageState` is a :class:`distributed.WorkerPlugin` registered by
+:class:`~dasknn.pipeline_parallel.PipelineMLP` under :func:`plugin_name` of the model's token and
+removed by its ``close()``. On each worker of the model it owns one stage replica: its layers'
+compressed states (:class:`~dasknn.compressed.CompressedStack`: master weights, gradients
+accumulated over the step's microbatches, optimizer state), the activations of the microbatches in
+flight (stashed by the forward pass for the backward pass), and the start and end of every pass,
+from which the bubble is measured. Tasks never change a value Dask holds: messages are fresh
+arrays, and the states change only inside the plugin.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+from distributed import get_worker
+from distributed.diagnostics.plugin import WorkerPlugin
+
+from dasknn.compressed import CompressedStack
+from dasknn.model.compressed_mlp import nonfinite_loss_error
+
+__all__ = [
+    "StageState",
+    "backward_pass",
+    "forward_pass",
+    "gradient",
+    "install_stage",
+    "plugin_name",
+    "read_step",
+    "snapshot_stage",
+    "update",
+]
+
+
+def plugin_name(token: str) -> str:
+    """Name of the worker plugin of the pipeline model ``token``."""
+    return f"dasknn-pipeline-{token}"
+
+
+class StageState(WorkerPlugin):
+    """One stage replica of a pipeline model on a worker (see the module docstring)."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+        self.name = plugin_name(token)
+
+    def setup(self, worker) -> None:
+        self.stack: CompressedStack | None = None
+        self.stage = self.replica = self.first_layer = 0
+        self.last = False
+        self.loss = self.output_activation = None
+        self.stash: dict[tuple[int, int], tuple] = {}
+        self.deltas: dict[tuple[int, int], np.ndarray] = {}
+        self.events: dict[int, list[tuple[str, int, float, float]]] = {}
+        self.in_flight = 0
+        self.peak: dict[int, int] = {}
+        self.lock = threading.Lock()
+
+    def teardown(self, worker) -> None:
+        self.stash.clear()
+        self.deltas.clear()
+        self.events.clear()
+        self.stack = None
+
+    def record(self, step: int, kind: str, microbatch: int, start: float) -> None:
+        self.events.setdefault(step, []).append((kind, microbatch, start, time.perf_counter()))
+
+
+def _state(token: str) -> StageState:
+    return get_worker().plugins[plugin_name(token)]
+
+
+def install_stage(dask_worker, token: str, spec: dict) -> int:
+    """For ``Client.run``: build the stage replica ``spec`` describes on ``dask_worker``.
+
+    ``spec`` holds ``stage``, ``replica``, ``first_layer`` (1-based number of the stage's first
+    layer), ``last``, ``layers`` (``(values, index, shape)`` each), ``biases``, ``activations``,
+    ``precision``, ``compute``, ``loss`` and ``output_activation``. Returns the stage's weights.
+    """
+    state: StageState = dask_worker.plugins[plugin_name(token)]
+    state.stack = CompressedStack(
+        spec["layers"], spec["biases"], spec["activations"], spec["precision"], spec["compute"]
+    )
+    state.stage, state.replica = spec["stage"], spec["replica"]
+    state.first_layer, state.last = spec["first_layer"], spec["last"]
+    state.loss, state.output_activation = spec["loss"], spec["output_activation"]
+    return sum(layer.nnz for layer in state.stack.layers)
+
+
+def forward_pass(token: str, step: int, microbatch: int, scale: float, inputs, labels, after):
+    """Forward pass of one microbatch through the stage.
+
+    ``inputs`` are the feature-major inputs of the stage (the microbatch's samples on stage 0,
+    the previous stage's activations after it). The last stage computes the loss and the output
+    delta (times ``scale``, the microbatch's share of the batch) and returns the loss times
+    ``scale``; the others return their activations, the message to the next stage. ``after`` is
+    the stage's previous pass in the schedule (only ordered after, not read).
+    """
+    state = _state(token)
+    start = time.perf_counter()
+    layers = state.stack.forward(inputs)
+    with state.lock:
+        state.stash[(step, microbatch)] = (inputs, layers)
+        state.in_flight += 1
+        state.peak[step] = max(state.peak.get(step, 0), state.in_flight)
+    if state.last:
+        z_last, a_last = layers[-1][0].T, layers[-1][1].T
+        value = state.loss.value(z_last, a_last, labels)
+        if not np.isfinite(value):
+            raise nonfinite_loss_error(step, value, [a for _, a in layers], state.first_layer)
+        delta = state.loss.output_delta(z_last, a_last, labels, state.output_activation)
+        delta *= scale
+        state.deltas[(step, microbatch)] = np.ascontiguousarray(delta.T)
+        result = value * scale
+    else:
+        result = layers[-1][1]
+    state.record(step, "F", microbatch, start)
+    return result
+
+
+def backward_pass(token: str, step: int, microbatch: int, incoming, after):
+    """Backward pass of one microbatch: the stage's compressed gradients are stored (first
+    microbatch of the step) or accumulated; returns the partial sums of the stage's inputs, the
+    message to the previous stage (``None`` on stage 0). ``incoming`` is the next stage's
+    message (``None`` on the last stage)."""
+    state = _state(token)
+    start = time.perf_counter()
+    with state.lock:
+        xt, layers = state.stash.pop((step, microbatch))
+        state.in_flight -= 1
+    if state.last:
+        deltat = state.deltas.pop((step, microbatch))
+    else:
+        deltat = incoming * state.stack.activations[-1].derivative(*layers[-1])
+    out = state.stack.backward(
+        xt, layers, deltat, first=microbatch == 0, input_delta=state.stage > 0
+    )
+    state.record(step, "B", microbatch, start)
+    return out
+
+
+def gradient(token: str, step: int, after) -> np.ndarray:
+    """A copy of the stage's accumulated gradient buffer (the allreduce's contribution)."""
+    return _state(token).stack.grad.copy()
+
+
+def update(token: str, step: int, optimizer, summed, after) -> int:
+    """The optimizer step of the stage, from the allreduced gradient ``summed`` (or the stage's
+    own with one replica)."""
+    state = _state(token)
+    start = time.perf_counter()
+    if summed is not None:
+        state.stack.grad[...] = summed
+    state.stack.apply(optimizer)
+    state.record(step, "U", -1, start)
+    return step
+
+
+def snapshot_stage(dask_worker, token: str) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """For ``Client.run``: copies ``(master values, index, bias)`` of the stage's layers."""
+    stack = dask_worker.plugins[plugin_name(token)].stack
+    return [(layer.master.copy(), layer.index.copy(), layer.bias.copy()) for layer in stack.layers]
+
+
+def read_step(dask_worker, token: str, step: int) -> dict:
+    """For ``Client.run``: the passes of ``step`` on this worker (kind, microbatch, start, end),
+    and the most microbatches it held at once."""
+    state = dask_worker.plugins[plugin_name(token)]
+    return {"events": list(state.events.get(step, [])), "peak": state.peak.get(step, 0)}

@@ -1,0 +1,179 @@
+"""Pipeline and compressed-gradient data parallelism (SAMO) on a real 4-worker LocalCluster.
+
+Each distributed step is compared with the one-process step of the same compressed model on the
+whole batch (float64, 1e-12); the bytes measured between workers with the formulas, exactly.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster
+
+from dasknn.model import CompressedMLP
+from dasknn.optim import Adam
+from dasknn.pipeline_parallel import (
+    PipelineMLP,
+    dense_layer_bytes,
+    plan_parallelism,
+    split_stages,
+    stage_order,
+)
+from dasknn.pruning import magnitude_masks
+
+SIZES = (30, 24, 16, 5)
+
+
+@pytest.fixture(scope="module")
+def client4():
+    cluster = LocalCluster(
+        n_workers=4, threads_per_worker=1, processes=True, dashboard_address=":0"
+    )
+    client = Client(cluster)
+    try:
+        yield client
+    finally:
+        client.close()
+        cluster.close()
+
+
+def problem(precision="fp64", seed=0):
+    rng = np.random.default_rng(seed)
+    weights = [rng.uniform(-1, 1, (a, b)) for a, b in zip(SIZES[:-1], SIZES[1:], strict=True)]
+    biases = [rng.uniform(-0.1, 0.1, b) for b in SIZES[1:]]
+    masks = magnitude_masks(weights, 0.6)
+    x = rng.uniform(0, 1, (16, SIZES[0]))
+    y = rng.integers(0, SIZES[-1], 16)
+    return CompressedMLP(weights, masks, biases, precision=precision), x, y
+
+
+def in_flight(order):
+    held, peak = 0, 0
+    for kind, _ in order:
+        held += 1 if kind == "F" else -1
+        peak = max(peak, held)
+    return peak
+
+
+@pytest.mark.parametrize(("stages", "m"), [(2, 4), (3, 2), (4, 8), (1, 3)])
+def test_schedules_run_every_pass_once_in_a_valid_order(stages, m):
+    for s in range(stages):
+        for schedule in ("gpipe", "1f1b"):
+            order = stage_order(schedule, stages, s, m)
+            assert sorted(order) == sorted(itertools.product("FB", range(m)))
+            assert all(order.index(("F", u)) < order.index(("B", u)) for u in range(m))
+        assert in_flight(stage_order("gpipe", stages, s, m)) == m
+        assert in_flight(stage_order("1f1b", stages, s, m)) == min(stages - s, m)
+
+
+def test_split_stages_minimises_the_largest_stage():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        sizes = list(rng.integers(1, 50, rng.integers(1, 7)))
+        for stages in range(1, len(sizes) + 1):
+            bounds = split_stages(sizes, stages)
+            assert [a for a, _ in bounds] == [0] + [b for _, b in bounds[:-1]]
+            assert bounds[-1][1] == len(sizes) and all(a < b for a, b in bounds)
+            best = min(
+                max(sum(sizes[a:b]) for a, b in zip((0, *cut), (*cut, len(sizes)), strict=True))
+                for cut in itertools.combinations(range(1, len(sizes)), stages - 1)
+            )
+            assert max(sum(sizes[a:b]) for a, b in bounds) == best
+
+
+def test_the_planner_gives_samo_fewer_stages_and_more_replicas():
+    shapes = list(zip(SIZES[:-1], SIZES[1:], strict=True))
+    dense = dense_layer_bytes(shapes, arrays=4)
+    limit = int(sum(dense) * 0.7)
+    plan = plan_parallelism(dense, workers=2, memory_limit=limit)
+    assert (plan.stages, plan.replicas) == (2, 1)
+    samo = [b // 5 for b in dense]
+    plan = plan_parallelism(samo, workers=2, memory_limit=limit)
+    assert (plan.stages, plan.replicas) == (1, 2) and plan.stage_bytes == [sum(samo)]
+    with pytest.raises(ValueError, match=f"needs {max(dense):,} bytes .* limit is 100 bytes"):
+        plan_parallelism(dense, workers=4, memory_limit=100)
+
+
+CONFIGS = [(2, 1, "gpipe"), (2, 1, "1f1b"), (1, 2, "gpipe"), (2, 2, "1f1b")]
+
+
+@pytest.mark.parametrize(("stages", "replicas", "schedule"), CONFIGS)
+def test_a_distributed_step_equals_the_full_batch_step(client4, stages, replicas, schedule):
+    model, x, y = problem()
+    reference, _, _ = problem()
+    with PipelineMLP(
+        model, client4, stages=stages, data_parallel=replicas, microbatches=4, schedule=schedule
+    ) as pipe:
+        for _ in range(2):
+            loss = pipe.train_step(x, y, optimizer=Adam(lr=0.01))
+            want = reference.train_step(x, y, optimizer=Adam(lr=0.01))
+            assert loss == pytest.approx(want, abs=1e-12)
+        replicas_held = [pipe.replica(d) for d in range(replicas)]
+        for held in replicas_held:
+            for a, b in zip(held.weights, reference.weights, strict=True):
+                np.testing.assert_allclose(a, b, rtol=0, atol=1e-12)
+            for a, b in zip(held.biases, reference.biases, strict=True):
+                np.testing.assert_allclose(a, b, rtol=0, atol=1e-12)
+        report = pipe.comm_report()
+        assert report.exact, report
+        boundary = SIZES[pipe.bounds[0][1]] if stages > 1 else 0
+        assert report.pipeline_bytes == 2 * (stages - 1) * 16 * boundary * 8
+        assert report.pipeline_messages == 2 * (stages - 1) * 4 * replicas
+        params = model.nnz + sum(SIZES[1:])
+        assert report.allreduce_bytes == 2 * (replicas - 1) * params * 8
+        peaks = {key: value["peak"] for key, value in pipe.step_report().items()}
+        for (s, _), peak in peaks.items():
+            assert peak == (4 if schedule == "gpipe" else min(stages - s, 4))
+
+
+def test_bf16_allreduce_sends_the_compressed_16_bit_values(client4):
+    pytest.importorskip("ml_dtypes")
+    model, x, y = problem(precision="bf16")
+    with PipelineMLP(model, client4, stages=1, data_parallel=2, microbatches=2) as pipe:
+        pipe.train_step(x, y, optimizer=Adam(lr=0.01))
+        report = pipe.comm_report()
+        assert report.exact
+        assert report.allreduce_bytes == 2 * (model.nnz + sum(SIZES[1:])) * 2
+        a, b = pipe.replica(0), pipe.replica(1)
+        for wa, wb in zip(a.weights, b.weights, strict=True):
+            np.testing.assert_array_equal(wa, wb)
+
+
+def _pipeline_plugins(dask_worker):
+    return [name for name in dask_worker.plugins if name.startswith("dasknn-pipeline-")]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"microbatches": 0}, "microbatches must be an integer >= 1"),
+        ({"stages": 4}, "4 stages for a network of 3 layers"),
+        ({"stages": 3, "data_parallel": 2}, "6 workers needed, 4 available"),
+        ({"schedule": "zigzag"}, "unknown schedule"),
+        ({"data_parallel": 1.5}, "data_parallel must be an integer"),
+        ({"stages": 2, "bounds": [(0, 1), (2, 3)]}, "bounds must be 2 contiguous"),
+    ],
+)
+def test_bad_settings_raise_before_anything_is_installed(client4, kwargs, match):
+    model, _, _ = problem()
+    with pytest.raises(ValueError, match=match):
+        PipelineMLP(model, client4, **kwargs)
+    assert not any(client4.run(_pipeline_plugins).values())
+
+
+def test_bad_batches_raise_before_anything_is_scheduled(client4):
+    model, x, y = problem()
+    fp16, _, _ = problem(precision="fp16")
+    with pytest.raises(ValueError, match="single-process only"):
+        PipelineMLP(fp16, client4)
+    with PipelineMLP(model, client4, stages=2, microbatches=3) as pipe:
+        with pytest.raises(ValueError, match="16 rows does not split into .* 3 equal"):
+            pipe.train_step(x, y, lr=0.1)
+        with pytest.raises(ValueError, match="learning rate"):
+            pipe.train_step(x[:15], y[:15], optimizer=Adam(lr=float("nan")))
+        assert pipe._step == 0
+        for a, b in zip(pipe.gather().weights, model.weights, strict=True):
+            np.testing.assert_array_equal(a, b)
+    assert not any(client4.run(_pipeline_plugins).values())
