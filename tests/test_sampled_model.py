@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from sampled_reference import AdamReference, reference_step, targets
 from scipy import stats
 
 from dasknn.lsh import HashTables
@@ -22,50 +23,6 @@ def _problem(seed: int = 0):
     X = sp.csr_matrix(rng.uniform(0.1, 1.0, (ROWS, N_FEATURES)) / 3)
     labels = [list(rng.choice(N_LABELS, rng.integers(1, 4), replace=False)) for _ in range(ROWS)]
     return X, labels
-
-
-def _targets(labels, n):
-    y = np.zeros((len(labels), n))
-    for i, row in enumerate(labels):
-        y[i, row] = 1.0 / len(row)
-    return y
-
-
-class _AdamReference:
-    """torch.optim.Adam's formulas on one float64 array (written out here)."""
-
-    def __init__(self, lr, b1=0.9, b2=0.999, eps=1e-8):
-        self.lr, self.b1, self.b2, self.eps, self.t = lr, b1, b2, eps, 0
-        self.m: dict = {}
-        self.v: dict = {}
-
-    def step(self, params: dict, grads: dict) -> None:
-        self.t += 1
-        for name, g in grads.items():
-            m = self.m.get(name, 0.0) * self.b1 + (1 - self.b1) * g
-            v = self.v.get(name, 0.0) * self.b2 + (1 - self.b2) * g * g
-            self.m[name], self.v[name] = m, v
-            denom = np.sqrt(v) / np.sqrt(1 - self.b2**self.t) + self.eps
-            params[name] = params[name] - self.lr / (1 - self.b1**self.t) * m / denom
-
-
-def _reference_step(params: dict, X: np.ndarray, y: np.ndarray) -> tuple[float, dict]:
-    """Full-softmax loss and gradients of the network, dense float64."""
-    z1 = X @ params["hidden_weights"] + params["hidden_bias"]
-    h = np.maximum(z1, 0)
-    z = h @ params["output_weights"].T + params["output_bias"]
-    top = z.max(1, keepdims=True)
-    lse = top + np.log(np.exp(z - top).sum(1, keepdims=True))
-    loss = float(np.mean((y * (lse - z)).sum(1)))
-    delta = (np.exp(z - lse) - y) / X.shape[0]
-    dh = delta @ params["output_weights"] * (z1 > 0)
-    grads = {
-        "output_weights": delta.T @ h,
-        "output_bias": delta.sum(0),
-        "hidden_weights": X.T @ dh,
-        "hidden_bias": dh.sum(0),
-    }
-    return loss, grads
 
 
 @pytest.mark.parametrize("shards", [1, 3])
@@ -85,12 +42,12 @@ def test_every_neuron_active_equals_numpy_adam(shards):
     )
     model.initialize(N_FEATURES, N_LABELS)
     params = {k: v.astype(np.float64) for k, v in model.parameters().items()}
-    adam = _AdamReference(0.01)
-    dense, y = X.toarray(), _targets(labels, N_LABELS)
+    adam = AdamReference(0.01)
+    dense, y = X.toarray(), targets(labels, N_LABELS)
     for step in range(20):
         rows = slice((step % 2) * BATCH, (step % 2 + 1) * BATCH)
         loss = model.train_step(X[rows], labels[rows])
-        ref_loss, grads = _reference_step(params, dense[rows], y[rows])
+        ref_loss, grads = reference_step(params, dense[rows], y[rows])
         adam.step(params, grads)
         assert loss == pytest.approx(ref_loss, rel=1e-10)
     for name, value in model.parameters().items():
@@ -115,7 +72,7 @@ def test_every_neuron_active_equals_torch_adam():
     tp = {k: torch.tensor(v, requires_grad=True) for k, v in start.items()}
     opt = torch.optim.Adam(tp.values(), lr=0.01)
     dense = torch.tensor(X.toarray(), dtype=torch.float32)
-    y = torch.tensor(_targets(labels, N_LABELS), dtype=torch.float32)
+    y = torch.tensor(targets(labels, N_LABELS), dtype=torch.float32)
     for step in range(20):
         rows = slice((step % 2) * BATCH, (step % 2 + 1) * BATCH)
         model.train_step(X[rows], labels[rows])
@@ -273,3 +230,62 @@ def test_rehash_and_rebuild_equal_a_fresh_build():
         )
         for mine, theirs in zip(shard.tables.arrays(), fresh.arrays(), strict=True):
             np.testing.assert_array_equal(mine, theirs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"k": 0}, "k must be"),
+        ({"n_tables": 0}, "n_tables must be"),
+        ({"k": 31}, "31 bits"),
+        ({"hash_family": "dwta", "bin_size": 6}, "power of two"),
+        ({"hash_family": "dwta", "bin_size": 1}, "power of two"),
+        ({"bucket_size": 0}, "bucket_size"),
+        ({"hash_family": "minhash"}, "unknown hash family"),
+        ({"underflow": "wait"}, "unknown underflow mode"),
+        ({"active_fraction": 0.0}, "active_fraction"),
+        ({"active_fraction": 1.5}, "active_fraction"),
+        ({"active_fraction": float("nan")}, "active_fraction"),
+        ({"optimizer": "sgd"}, "optimizer must be"),
+        ({"dtype": "int32"}, "dtype must be"),
+    ],
+)
+def test_bad_hyperparameters(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SampledMLP(**kwargs)
+
+
+def test_bad_training_data_leaves_the_model_untouched():
+    X, labels = _problem()
+    model = SampledMLP(hidden=4, active_fraction=0.6, k=2, n_tables=2, shards=2, seed=1)
+    with pytest.raises(ValueError, match="more shards"):
+        SampledMLP(hidden=4, shards=11).fit(X, labels)
+    model.fit(X, labels, batch_size=BATCH)
+    before = model.parameters()
+    steps = model.n_steps_
+    nan = X.copy()
+    nan.data[0] = np.inf
+    for bad_x, bad_y, message in [
+        (X[:, :5], labels, "5 features, the model expects 12"),
+        (nan, labels, "NaN or infinite"),
+        (X, labels[:-1], "Y has 39 rows, X has 40"),
+        (X, [[0]] * 39 + [[]], "training row 39 has no label"),
+        (X, [[0]] * 39 + [[10]], "labels out of range"),
+        (X, [[0]] * 39 + [[-1]], "labels must be >= 0"),
+        (X, [list(range(10))] * 40, "more than its budget"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            model.fit(bad_x, bad_y)
+    assert model.n_steps_ == steps
+    for name, value in model.parameters().items():
+        np.testing.assert_array_equal(value, before[name])
+    with pytest.raises(ValueError, match="k must be"):
+        model.predict(X, k=0)
+
+
+def test_sparse_inputs_stay_sparse():
+    from dasknn.sampled.checks import check_features
+
+    wide = sp.csr_matrix(([1.0, 2.0], ([0, 1], [3, 10**11])), shape=(2, 10**11 + 1))
+    checked = check_features(wide, None, np.float32)
+    assert sp.issparse(checked) and checked.nnz == 2 and checked.dtype == np.float32
