@@ -151,3 +151,27 @@ def test_xmc_files_in_shared_data_read():
     for path in files:
         X, Y = read_xmc(path)
         assert X.shape[0] == Y.shape[0] and np.isfinite(X.data).all()
+
+
+def test_stdlib_next_word_rows_encode_the_context():
+    import re
+    import sysconfig
+
+    from dasknn.datasets import stdlib_next_word
+
+    task = stdlib_next_word(context=2, max_train=50, max_test=5)
+    assert task.X_train.shape == (50, 2 * len(task.vocabulary))
+    assert task.Y_train.shape == (50, len(task.vocabulary)) and task.X_test.shape[0] == 5
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(f for f in root.rglob("*.py") if "site-packages" not in f.parts)
+    words = [
+        w
+        for f in files[1:]
+        for w in (re.findall(r"[A-Za-z]+", f.read_text("utf-8", "replace")),)
+        if len(w) > 2
+    ][0]
+    vocab = len(task.vocabulary)
+    for t in range(10):
+        cols = sorted(task.X_train[t].indices)
+        assert [task.vocabulary[cols[0]], task.vocabulary[cols[1] - vocab]] == words[t : t + 2]
+        assert task.vocabulary[task.Y_train[t].indices[0]] == words[t + 2]

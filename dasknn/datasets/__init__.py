@@ -18,12 +18,15 @@ from dasknn.datasets.mnist import (
 )
 from dasknn.datasets.network_spec import load_network, parse_radixnet_spec
 from dasknn.datasets.radixnet import radixnet, radixnet_group_size
+from dasknn.datasets.text import TextTask, stdlib_next_word
 from dasknn.datasets.xmc import read_xmc
 
 __all__ = [
     "SyntheticXMC",
+    "TextTask",
     "make_extreme_classification",
     "read_xmc",
+    "stdlib_next_word",
     "challenge_bias",
     "layer_file",
     "load_mnist_test",
