@@ -129,7 +129,7 @@ def main() -> None:
     )
     env = {"NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
     with (
-        NetCluster(workers=args.workers, rate=args.rate, env=env).start() as cluster,
+        NetCluster(workers=args.workers, rate=args.rate, env=env) as cluster,
         Client(cluster.address) as client,
     ):
         workers = sorted(client.scheduler_info(n_workers=-1)["workers"])

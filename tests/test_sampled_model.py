@@ -289,3 +289,16 @@ def test_sparse_inputs_stay_sparse():
     wide = sp.csr_matrix(([1.0, 2.0], ([0, 1], [3, 10**11])), shape=(2, 10**11 + 1))
     checked = check_features(wide, None, np.float32)
     assert sp.issparse(checked) and checked.nnz == 2 and checked.dtype == np.float32
+
+
+def test_active_sets_do_not_depend_on_hogwild_threads():
+    X, labels = _problem(4)
+    sets = []
+    for hogwild in (False, True):
+        model = SampledMLP(
+            hidden=HIDDEN, active_fraction=0.6, k=2, n_tables=3, shards=2, hogwild=hogwild, seed=2
+        ).initialize(N_FEATURES, N_LABELS)
+        sets.append((model.active_sets(X, labels), model.active_sets(X)))
+    for which in (0, 1):  # with labels (training), without (inference)
+        for first, second in zip(sets[0][which], sets[1][which], strict=True):
+            np.testing.assert_array_equal(first, second)

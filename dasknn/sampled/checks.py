@@ -12,6 +12,7 @@ from dasknn.lsh import FAMILIES, MAX_CODE_BITS, check_bucket_size
 __all__ = [
     "UNDERFLOW_MODES",
     "check_features",
+    "check_k",
     "check_hyperparameters",
     "check_labels",
     "check_positive_int",
@@ -25,6 +26,13 @@ def check_positive_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
     return int(value)
+
+
+def check_k(k) -> int:
+    """``k`` of a top-``k`` as an int; ``ValueError`` unless it is an integer >= 1."""
+    if isinstance(k, bool) or not isinstance(k, Integral) or k < 1:
+        raise ValueError(f"k must be an integer >= 1, got {k!r}")
+    return int(k)
 
 
 def check_hyperparameters(model) -> None:

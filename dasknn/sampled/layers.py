@@ -85,10 +85,6 @@ class ActiveSet(NamedTuple):
     forced: np.ndarray
 
 
-def _init_state(optimizer: Optimizer, param: np.ndarray) -> ParamState:
-    return optimizer.init_state(param)
-
-
 class HiddenLayer:
     """The dense hidden layer ``relu(X @ weights + bias)`` on sparse inputs, or a block of its
     neurons; Adam updates only the rows of the features present in the batch (and the bias).
@@ -134,7 +130,7 @@ class HiddenLayer:
         """One optimizer step on the touched rows and the bias; the gradients are zeroed."""
         if optimizer != self.optimizer:
             self.optimizer = optimizer
-            self.states = (_init_state(optimizer, self.weights), _init_state(optimizer, self.bias))
+            self.states = (optimizer.init_state(self.weights), optimizer.init_state(self.bias))
         rows = np.flatnonzero(self.touched)
         optimizer.update_rows(self.weights, self.grad_w, self.states[0], rows)
         optimizer.update(self.bias, self.grad_b, self.states[1])
@@ -286,7 +282,7 @@ class OutputShard:
         """One optimizer step on the touched neurons (weights and bias); gradients zeroed."""
         if optimizer != self.optimizer:
             self.optimizer = optimizer
-            self.states = (_init_state(optimizer, self.weights), _init_state(optimizer, self.bias))
+            self.states = (optimizer.init_state(self.weights), optimizer.init_state(self.bias))
         rows = np.flatnonzero(self.touched)
         optimizer.update_rows(self.weights, self.grad_w, self.states[0], rows)
         bias_state = self.states[1]

@@ -16,7 +16,13 @@ import numpy as np
 import scipy.sparse as sp
 
 from dasknn.optim import Adam, Optimizer
-from dasknn.sampled.checks import check_features, check_hyperparameters, check_labels
+from dasknn.sampled.checks import (
+    check_features,
+    check_hyperparameters,
+    check_k,
+    check_labels,
+    check_positive_int,
+)
 from dasknn.sampled.layers import (
     ActiveSet,
     HiddenLayer,
@@ -27,7 +33,13 @@ from dasknn.sampled.layers import (
 )
 from dasknn.sampled.sharding import ShardMap
 
-__all__ = ["SampledMLP", "epoch_batches", "initial_parameters", "precision_at_k"]
+__all__ = [
+    "SampledMLP",
+    "epoch_batches",
+    "initial_parameters",
+    "label_rows",
+    "precision_at_k",
+]
 
 
 def epoch_batches(n: int, batch_size: int, seed: int, epoch: int, shuffle: bool) -> Iterator:
@@ -61,12 +73,6 @@ def precision_at_k(predicted: np.ndarray, ptr: np.ndarray, ids: np.ndarray, k: i
     for j in range(top.shape[1]):
         hits += np.bincount(rows, weights=(top[rows, j] == ids), minlength=len(hits))
     return float(hits.mean() / k)
-
-
-def _check_k(k) -> int:
-    if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
-        raise ValueError(f"k must be an integer >= 1, got {k!r}")
-    return int(k)
 
 
 class SampledMLP:
@@ -259,8 +265,6 @@ class SampledMLP:
         Y : (n, n_labels) sparse indicator matrix, or a sequence of label lists
             Every row needs at least one label. A sample's target is ``1 / |labels|`` on each.
         """
-        from dasknn.sampled.checks import check_positive_int
-
         check_positive_int("epochs", epochs)
         check_positive_int("batch_size", batch_size)
         X, ptr, ids = self._check_training(X, Y)
@@ -275,7 +279,7 @@ class SampledMLP:
     def _epoch(self, X, ptr, ids, batch_size: int, shuffle: bool) -> None:
         total = 0.0
         for rows in epoch_batches(X.shape[0], batch_size, self.seed, self.epochs_, shuffle):
-            batch_ptr, batch_ids = _label_rows(ptr, ids, rows)
+            batch_ptr, batch_ids = label_rows(ptr, ids, rows)
             total += self._train_batch(X[rows], batch_ptr, batch_ids) * len(rows)
         self.epochs_ += 1
         self.loss_curve_.append(total / X.shape[0])
@@ -367,7 +371,7 @@ class SampledMLP:
         """The ``k`` labels of highest score for each row, exact over all output neurons:
         ``(n, k)`` global ids, best first (ties: smaller id)."""
         self._check_fitted()
-        k = _check_k(k)
+        k = check_k(k)
         X = check_features(X, self.n_features_in_, self.dtype)
         out = []
         for start in range(0, X.shape[0], batch_size):
@@ -377,13 +381,13 @@ class SampledMLP:
 
     def precision_at_k(self, X, Y, k: int = 1) -> float:
         """Precision@k of :meth:`predict` against the labels ``Y``."""
-        k = _check_k(k)
+        k = check_k(k)
         X = check_features(X, self.n_features_in_, self.dtype)
         ptr, ids, _ = check_labels(Y, X.shape[0], self.n_labels_, training=False)
         return precision_at_k(self.predict(X, k), ptr, ids, k)
 
 
-def _label_rows(ptr: np.ndarray, ids: np.ndarray, rows: np.ndarray) -> tuple:
+def label_rows(ptr: np.ndarray, ids: np.ndarray, rows: np.ndarray) -> tuple:
     """The CSR labels of the given rows."""
     counts = np.diff(ptr)[rows]
     new_ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)

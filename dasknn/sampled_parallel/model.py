@@ -11,9 +11,9 @@ import dask
 import numpy as np
 
 from dasknn.runtime.measure import install_comm_monitor, read_transfers, reset_transfers
-from dasknn.sampled.checks import check_features, check_labels, check_positive_int
+from dasknn.sampled.checks import check_features, check_k, check_labels, check_positive_int
 from dasknn.sampled.layers import merge_top_k
-from dasknn.sampled.model import SampledMLP, _check_k, _label_rows, epoch_batches, precision_at_k
+from dasknn.sampled.model import SampledMLP, epoch_batches, label_rows, precision_at_k
 from dasknn.sampled_parallel.taskgraph import (
     SenderPlacement,
     predict_graph,
@@ -221,7 +221,7 @@ class DistributedSampledMLP:
         for _ in range(epochs):
             total = 0.0
             for rows in epoch_batches(X.shape[0], batch_size, self.seed, self.epochs_, shuffle):
-                batch_ptr, batch_ids = _label_rows(ptr, ids, rows)
+                batch_ptr, batch_ids = label_rows(ptr, ids, rows)
                 total += self._train_batch(X[rows], batch_ptr, batch_ids) * len(rows)
             self.epochs_ += 1
             self.loss_curve_.append(total / X.shape[0])
@@ -235,7 +235,7 @@ class DistributedSampledMLP:
     def predict(self, X, k: int = 1, batch_size: int = 1024) -> np.ndarray:
         """Exact top ``k`` labels of every row (a top ``k`` per shard, merged here)."""
         self._check_open()
-        k = _check_k(k)
+        k = check_k(k)
         X = check_features(X, self.n_features_in_, self.dtype)
         out = []
         for start in range(0, X.shape[0], batch_size):
@@ -251,7 +251,7 @@ class DistributedSampledMLP:
 
     def precision_at_k(self, X, Y, k: int = 1) -> float:
         """Precision@k of :meth:`predict` against the labels ``Y``."""
-        k = _check_k(k)
+        k = check_k(k)
         X = check_features(X, self.n_features_in_, self.dtype)
         ptr, ids, _ = check_labels(Y, X.shape[0], self.n_labels_, training=False)
         return precision_at_k(self.predict(X, k), ptr, ids, k)
