@@ -127,7 +127,8 @@ def main() -> None:
         n_labels=args.labels,
         seed=0,
     )
-    env = {"NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    # gloo picks its interface from the hostname (loopback here): name the namespace link
+    env = {"NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0"}
     with (
         NetCluster(workers=args.workers, rate=args.rate, env=env) as cluster,
         Client(cluster.address) as client,

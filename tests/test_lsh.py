@@ -122,6 +122,7 @@ def _python_buckets(codes: np.ndarray) -> list[dict]:
     return tables
 
 
+@pytest.mark.minversions  # also at the minimum versions (.ci/run)
 def test_tables_hold_the_buckets_and_the_union():
     rng = np.random.default_rng(9)
     codes = rng.integers(0, 6, size=(200, 4))

@@ -25,6 +25,7 @@ def _problem(seed: int = 0):
     return X, labels
 
 
+@pytest.mark.minversions  # also at the minimum versions (.ci/run)
 @pytest.mark.parametrize("shards", [1, 3])
 def test_every_neuron_active_equals_numpy_adam(shards):
     X, labels = _problem()

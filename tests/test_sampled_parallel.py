@@ -61,6 +61,7 @@ def test_every_neuron_active_equals_numpy_adam(client, shards):
             np.testing.assert_allclose(value, params[name], rtol=1e-9, atol=1e-9, err_msg=name)
 
 
+@pytest.mark.minversions  # also at the minimum versions (.ci/run)
 @pytest.mark.parametrize("shards", [2, 3])
 def test_distributed_equals_the_local_model_simulating_its_shards(client, shards):
     data = make_extreme_classification(n_samples=300, n_features=200, n_labels=90, seed=shards)
@@ -127,3 +128,15 @@ def test_bad_input_fails_before_anything_is_scheduled(client):
             dist.predict(X, k=0)
     with pytest.raises(ValueError, match="closed"):
         dist.predict(X)
+
+
+def test_sampled_keys_are_built_parsed_and_described():
+    from dasknn.runtime.keys import describe, parse_sampled_key, phase_names, sampled_key
+
+    key = sampled_key("abc", 7, "grad", 1, 0)
+    assert key == ("dasknn-slide-abc", 7, "grad", 1, 0)
+    assert parse_sampled_key(key) == ("abc", 7, "grad", 1, 0)
+    assert describe(key) == ("abc", "grad", None)
+    step = (phase_names("abc")["fwd"], 7, 0, 1, 0)
+    assert parse_sampled_key(step) is None and describe(step) == ("abc", "forward", 1)
+    assert parse_sampled_key(("dasknn-slide-abc", 1, "grad", 0)) is None
