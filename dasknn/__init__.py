@@ -5,14 +5,18 @@ from dasknn.challenge import run_challenge, run_challenge_model_parallel
 from dasknn.model import CompressedMLP, DenseMLP, SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
 from dasknn.pipeline_parallel import PipelineMLP
+from dasknn.sampled import SampledMLP
+from dasknn.sampled_parallel import DistributedSampledMLP
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CompressedMLP",
     "DenseMLP",
+    "DistributedSampledMLP",
     "DistributedSparseMLP",
     "PipelineMLP",
+    "SampledMLP",
     "SparseMLP",
     "datasets",
     "optim",

@@ -18,7 +18,7 @@ from numbers import Real
 
 import numpy as np
 
-from dasknn.kernels.optimizers import adam_update, sgd_update
+from dasknn.kernels.optimizers import adam_update, adam_update_rows, sgd_update
 
 __all__ = ["SGD", "Adam", "AdamW", "Optimizer", "ParamState", "resolve_optimizer"]
 
@@ -172,20 +172,15 @@ class Adam(Optimizer):
             arrays={"exp_avg": np.zeros_like(param), "exp_avg_sq": np.zeros_like(param)}
         )
 
-    def update(self, param: np.ndarray, grad: np.ndarray, state: ParamState) -> None:
-        """One bias-corrected Adam step (AdamW: after shrinking ``param`` by ``1 - lr * wd``)."""
-        t = param.dtype.type
-        state.step += 1
+    def _scalars(self, dtype: np.dtype, step: int) -> tuple:
+        """The kernel's scalars at step ``step`` (1 on the first), in ``dtype``."""
+        t = dtype.type
         beta1, beta2 = self.betas
-        bias_correction1 = 1.0 - beta1**state.step
-        bias_correction2 = 1.0 - beta2**state.step
+        bias_correction1 = 1.0 - beta1**step
+        bias_correction2 = 1.0 - beta2**step
         decay = 1.0 - self.lr * self.weight_decay if self.decoupled else 1.0
         coupled = 0.0 if self.decoupled else self.weight_decay
-        adam_update(
-            param,
-            grad,
-            state.arrays["exp_avg"],
-            state.arrays["exp_avg_sq"],
+        return (
             t(beta1),
             t(beta2),
             t(1.0 - beta1),
@@ -195,6 +190,35 @@ class Adam(Optimizer):
             t(decay),
             t(self.lr / bias_correction1),
             t(math.sqrt(bias_correction2)),
+        )
+
+    def update(self, param: np.ndarray, grad: np.ndarray, state: ParamState) -> None:
+        """One bias-corrected Adam step (AdamW: after shrinking ``param`` by ``1 - lr * wd``)."""
+        state.step += 1
+        adam_update(
+            param,
+            grad,
+            state.arrays["exp_avg"],
+            state.arrays["exp_avg_sq"],
+            *self._scalars(param.dtype, state.step),
+        )
+
+    def update_rows(
+        self, param: np.ndarray, grad: np.ndarray, state: ParamState, rows: np.ndarray
+    ) -> None:
+        """One step on the rows ``rows`` of a 2-D ``param`` only (a sparse row update).
+
+        The step count advances as in :meth:`update`; the other rows and their moments stay as
+        they are (SLIDE's sparse Adam). With every row listed it is exactly :meth:`update`.
+        """
+        state.step += 1
+        adam_update_rows(
+            param,
+            grad,
+            state.arrays["exp_avg"],
+            state.arrays["exp_avg_sq"],
+            np.ascontiguousarray(rows, dtype=np.int64),
+            *self._scalars(param.dtype, state.step),
         )
 
 

@@ -1,4 +1,4 @@
-"""Data sets: Graph Challenge files, MNIST and the RadiX-Net generator."""
+"""Data sets: Graph Challenge files, MNIST, the RadiX-Net generator, extreme classification."""
 
 from dasknn.datasets.challenge_io import (
     challenge_bias,
@@ -9,6 +9,7 @@ from dasknn.datasets.challenge_io import (
     write_categories,
     write_sparse_tsv,
 )
+from dasknn.datasets.extreme import SyntheticXMC, make_extreme_classification
 from dasknn.datasets.mnist import (
     load_mnist_test,
     mnist_to_challenge_inputs,
@@ -17,8 +18,15 @@ from dasknn.datasets.mnist import (
 )
 from dasknn.datasets.network_spec import load_network, parse_radixnet_spec
 from dasknn.datasets.radixnet import radixnet, radixnet_group_size
+from dasknn.datasets.text import TextTask, stdlib_next_word
+from dasknn.datasets.xmc import read_xmc
 
 __all__ = [
+    "SyntheticXMC",
+    "TextTask",
+    "make_extreme_classification",
+    "read_xmc",
+    "stdlib_next_word",
     "challenge_bias",
     "layer_file",
     "load_mnist_test",

@@ -12,9 +12,9 @@ the GIL.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
-__all__ = ["adam_update", "sgd_update"]
+__all__ = ["adam_update", "adam_update_rows", "sgd_update"]
 
 
 @njit(cache=True, nogil=True)
@@ -95,3 +95,47 @@ def adam_update(
         exp_avg[i] = m
         exp_avg_sq[i] = v
         param[i] = p - step_size * m / (np.sqrt(v) / bias_correction2_sqrt + eps)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def adam_update_rows(
+    param,
+    grad,
+    exp_avg,
+    exp_avg_sq,
+    rows,
+    beta1,
+    beta2,
+    one_minus_beta1,
+    one_minus_beta2,
+    eps,
+    weight_decay,
+    decay_factor,
+    step_size,
+    bias_correction2_sqrt,
+):  # pragma: no cover - compiled
+    """:func:`adam_update` on the listed rows of 2-D arrays only (a sparse row update).
+
+    Every entry of the rows ``rows`` (distinct) of ``param`` is updated with exactly the formulas
+    of :func:`adam_update`; the other rows and their moments are left as they are. The rows are
+    processed in parallel.
+
+    Parameters
+    ----------
+    param, grad, exp_avg, exp_avg_sq : 2-D arrays of one shape
+    rows : 1-D integer array of distinct row numbers
+    beta1, beta2, one_minus_beta1, one_minus_beta2, eps : scalars
+    weight_decay, decay_factor, step_size, bias_correction2_sqrt : scalars
+    """
+    for r in prange(rows.shape[0]):
+        i = rows[r]
+        for d in range(param.shape[1]):
+            p = param[i, d] * decay_factor
+            g = grad[i, d]
+            if weight_decay != 0:
+                g = g + weight_decay * p
+            m = beta1 * exp_avg[i, d] + one_minus_beta1 * g
+            v = beta2 * exp_avg_sq[i, d] + one_minus_beta2 * g * g
+            exp_avg[i, d] = m
+            exp_avg_sq[i, d] = v
+            param[i, d] = p - step_size * m / (np.sqrt(v) / bias_correction2_sqrt + eps)

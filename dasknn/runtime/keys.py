@@ -1,6 +1,6 @@
 """Names of the keys the runtime moves between workers: every key is built and parsed here.
 
-Two families of keys exist.
+Three families of keys exist.
 
 **Step keys** (the model-parallel trainer, :mod:`dasknn.model_parallel.taskgraph`) are tuples
 ``(f"dasknn-{kind}-{token}", step, layer, part, receiver)`` with ``kind`` ``fwd``, ``bwd`` or
@@ -20,6 +20,11 @@ positions of the two workers in the collective's worker list. A *message* (a val
 ``sender`` for ``receiver``) has ``sender != receiver``; a key with ``sender == receiver`` is the
 local work of that worker and is never sent.
 
+**Sampled-step keys** (the LSH-sampled trainer, :mod:`dasknn.sampled_parallel.taskgraph`) are
+tuples ``(f"dasknn-slide-{token}", call, phase, sender, receiver)``: ``call`` numbers the
+model's submissions, ``phase`` names the kind of message, and ``sender != receiver`` marks a
+message between those worker positions (as for collective keys).
+
 :func:`describe` turns any key into ``(token, phase, layer)`` for the transfer monitor.
 """
 
@@ -37,8 +42,10 @@ __all__ = [
     "message_phase",
     "parse_collective_key",
     "parse_pipeline_key",
+    "parse_sampled_key",
     "phase_names",
     "pipeline_key",
+    "sampled_key",
 ]
 
 PREFIX = "dasknn-"
@@ -151,18 +158,50 @@ def parse_pipeline_key(key) -> PipelineKey | None:
     return PipelineKey(parsed[1], key[1], int(key[2]), int(key[3]), int(key[4]), int(key[5]))
 
 
+# ------------------------------------------------------------------ sampled-step keys
+SAMPLED_KIND = "slide"
+
+
+class SampledKey(NamedTuple):
+    """The parts of a sampled-step key."""
+
+    token: str
+    call: int
+    phase: str
+    sender: int
+    receiver: int
+
+
+def sampled_key(token: str, call: int, phase: str, sender: int, receiver: int) -> tuple:
+    """The key of the sampled trainer's ``phase`` value made on ``sender`` for ``receiver``."""
+    return (f"{PREFIX}{SAMPLED_KIND}-{token}", int(call), phase, int(sender), int(receiver))
+
+
+def parse_sampled_key(key) -> SampledKey | None:
+    """The parts of a key built by :func:`sampled_key`; ``None`` for any other key."""
+    if not (isinstance(key, tuple) and len(key) == 5):
+        return None
+    parsed = _split_name(key)
+    if parsed is None or parsed[0] != SAMPLED_KIND:
+        return None
+    return SampledKey(parsed[1], int(key[1]), key[2], int(key[3]), int(key[4]))
+
+
 # ------------------------------------------------------------------ all families
 def describe(key) -> tuple[str | None, str, int | None]:
     """``(token, phase, layer)`` of any key, as the transfer monitor counts it.
 
-    Step keys give their model's token, phase and layer (:func:`message_phase`); collective keys
-    their token and phase, with layer ``None``; pipeline keys their token, ``"forward"`` /
-    ``"backward"`` (``"other"`` for local work) and the sending stage as the layer; every other
-    key ``(None, "other", None)``.
+    Step keys give their model's token, phase and layer (:func:`message_phase`); collective and
+    sampled-step keys their token and phase, with layer ``None``; pipeline keys their token,
+    ``"forward"`` / ``"backward"`` (``"other"`` for local work) and the sending stage as the layer;
+    every other key ``(None, "other", None)``.
     """
     step = message_phase(key)
     if step is not None:
         return step
+    sampled = parse_sampled_key(key)
+    if sampled is not None:
+        return sampled.token, sampled.phase, None
     collective = parse_collective_key(key)
     if collective is not None:
         return collective.token, collective.phase, None

@@ -1,0 +1,269 @@
+"""LSH-sampled training (SLIDE / D-SLIDE) against PyTorch CPU with a full softmax, one run.
+
+On ``make_extreme_classification`` data (sizes below), beside the Bayes-optimal ceiling:
+
+1. PyTorch CPU (2 threads): ``EmbeddingBag`` (sum, TF-IDF weights) + ReLU + full-softmax
+   ``Linear``, ``torch.optim.Adam``, one epoch per learning rate of a small grid; the best is the
+   anchor;
+2. dasknn ``SampledMLP`` in one process (HOGWILD over the batch, numba threads), one epoch;
+3. dasknn ``DistributedSampledMLP`` on a LocalCluster of ``P`` single-threaded workers, one epoch,
+   with the bytes between workers measured and set beside the formula.
+
+Each run evaluates precision@1 on held-out rows at checkpoints (evaluation time excluded from the
+training time), so the time to reach ``0.8 x`` PyTorch's one-epoch precision@1 is read off the
+same runs. Output-layer multiply-adds of the sampled model are counted from its active sets.
+
+Usage::
+
+    flock /tmp/dasknn-tests.lock python benchmarks/slide.py [--samples 100000] [--labels 200000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import scipy.sparse as sp
+from machine import describe
+
+from dasknn.datasets import make_extreme_classification, stdlib_next_word
+from dasknn.optim import Adam
+from dasknn.sampled import SampledMLP
+from dasknn.sampled.model import epoch_batches, precision_at_k
+
+
+class Curve:
+    """Training seconds (evaluation excluded) and held-out precision@1 at checkpoints."""
+
+    def __init__(self) -> None:
+        self.points: list[tuple[float, float]] = []
+
+    def time_to(self, target: float) -> float | None:
+        for seconds, p1 in self.points:
+            if p1 >= target:
+                return seconds
+        return None
+
+
+def _labels_of(Y):
+    return Y.indptr.astype(np.int64), Y.indices.astype(np.int64)
+
+
+def run_torch(data, train, test, args, lr: float) -> tuple[float, float, Curve, float]:
+    """One epoch of the PyTorch anchor: (P@1, seconds, curve, samples/s)."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    X, Y = data.X, data.Y
+    n_features, n_labels = X.shape[1], Y.shape[1]
+    emb = torch.nn.EmbeddingBag(n_features, args.hidden, mode="sum")
+    lin = torch.nn.Linear(args.hidden, n_labels)
+    opt = torch.optim.Adam(list(emb.parameters()) + list(lin.parameters()), lr=lr)
+
+    def forward(rows):
+        block = X[rows]
+        idx = torch.from_numpy(block.indices.astype(np.int64))
+        off = torch.from_numpy(block.indptr[:-1].astype(np.int64))
+        val = torch.from_numpy(block.data)
+        return lin(torch.relu(emb(idx, off, per_sample_weights=val)))
+
+    def evaluate():
+        with torch.no_grad():
+            top = np.concatenate(
+                [
+                    forward(test[s : s + 512]).argmax(1, keepdim=True).numpy()
+                    for s in range(0, len(test), 512)
+                ]
+            )
+        return precision_at_k(top, *_labels_of(Y[test]), 1)
+
+    curve = Curve()
+    elapsed = 0.0
+    steps = 0
+    for batch in epoch_batches(len(train), args.batch, 0, 0, True):
+        rows = train[batch]
+        start = time.perf_counter()
+        z = forward(rows)
+        block = Y[rows]
+        r = torch.from_numpy(np.repeat(np.arange(len(rows)), np.diff(block.indptr)))
+        c = torch.from_numpy(block.indices.astype(np.int64))
+        w = torch.from_numpy(1.0 / np.diff(block.indptr)[r.numpy()]).float()
+        loss = (torch.logsumexp(z, 1).sum() - (z[r, c] * w).sum()) / len(rows)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        elapsed += time.perf_counter() - start
+        steps += 1
+        if steps % args.eval_every == 0:
+            curve.points.append((elapsed, evaluate()))
+    p1 = evaluate()
+    curve.points.append((elapsed, p1))
+    return p1, elapsed, curve, len(train) / elapsed
+
+
+def _sampled(args, shards: int, hogwild: bool) -> SampledMLP:
+    return SampledMLP(
+        hidden=args.hidden,
+        active_fraction=args.active_fraction,
+        hash_family=args.family,
+        k=args.k,
+        n_tables=args.tables,
+        bucket_size=args.bucket_size,
+        rehash_every=args.rehash_every,
+        rebuild_every=args.rebuild_every,
+        optimizer=Adam(lr=args.slide_lr),
+        shards=shards,
+        hogwild=hogwild,
+        seed=0,
+    )
+
+
+def run_sampled(model, data, train, test, args) -> tuple[float, float, Curve, float]:
+    """One epoch of a sampled model (local or distributed): (P@1, seconds, curve, samples/s)."""
+    X, Y = data.X, data.Y
+    curve = Curve()
+    elapsed = 0.0
+    steps = 0
+    for batch in epoch_batches(len(train), args.batch, 0, 0, True):
+        rows = train[batch]
+        start = time.perf_counter()
+        model.train_step(X[rows], Y[rows])
+        elapsed += time.perf_counter() - start
+        steps += 1
+        if steps % args.eval_every == 0:
+            curve.points.append((elapsed, model.precision_at_k(X[test], Y[test], 1)))
+    p1 = model.precision_at_k(X[test], Y[test], 1)
+    curve.points.append((elapsed, p1))
+    return p1, elapsed, curve, len(train) / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--samples", type=int, default=100_000)
+    parser.add_argument("--features", type=int, default=100_000)
+    parser.add_argument("--labels", type=int, default=200_000)
+    parser.add_argument("--test", type=int, default=2000, help="held-out rows")
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--torch-lr", type=float, nargs="+", default=[1e-3, 3e-3])
+    parser.add_argument("--slide-lr", type=float, default=3e-3)
+    parser.add_argument("--active-fraction", type=float, default=0.005)
+    parser.add_argument("--family", choices=("simhash", "dwta"), default="simhash")
+    parser.add_argument("--k", type=int, default=9)
+    parser.add_argument("--tables", type=int, default=50)
+    parser.add_argument("--bucket-size", type=int, default=128)
+    parser.add_argument("--rehash-every", type=int, default=50)
+    parser.add_argument("--rebuild-every", type=int, default=500)
+    parser.add_argument("--eval-every", type=int, default=50, help="steps between checkpoints")
+    parser.add_argument("--parts", type=int, nargs="*", default=[2])
+    parser.add_argument(
+        "--task",
+        choices=("synthetic", "stdlib"),
+        default="synthetic",
+        help="stdlib: next word from 3 words of the Python standard library's sources",
+    )
+    args = parser.parse_args()
+    print(f"machine: {describe()}")
+
+    start = time.perf_counter()
+    if args.task == "stdlib":
+        task = stdlib_next_word(context=3, max_train=args.samples, max_test=args.test)
+        data = SimpleNamespace(
+            X=sp.vstack([task.X_train, task.X_test]).tocsr(),
+            Y=sp.vstack([task.Y_train, task.Y_test]).tocsr(),
+        )
+        args.features, args.labels = data.X.shape[1], data.Y.shape[1]
+        args.samples, args.test = task.X_train.shape[0], task.X_test.shape[0]
+    else:
+        data = make_extreme_classification(
+            n_samples=args.samples + args.test,
+            n_features=args.features,
+            n_labels=args.labels,
+            seed=0,
+        )
+    print(
+        f"data ({args.task}): {args.samples} training + {args.test} held-out rows, "
+        f"{args.features} features, {args.labels} labels, "
+        f"{data.X.nnz / data.X.shape[0]:.1f} nonzeros and "
+        f"{data.Y.nnz / data.Y.shape[0]:.2f} labels a row; made in "
+        f"{time.perf_counter() - start:.1f} s"
+    )
+    train = np.arange(args.samples)
+    test = np.arange(args.samples, args.samples + args.test)
+    oracle = float(data.oracle_hits[test].mean()) if args.task == "synthetic" else float("nan")
+    print(f"oracle (Bayes-optimal) precision@1 on the held-out rows: {oracle:.4f}")
+
+    rows = []
+    best = None
+    for lr in args.torch_lr:
+        p1, sec, curve, rate = run_torch(data, train, test, args, lr)
+        rows.append((f"PyTorch full softmax, Adam lr={lr:g}", p1, sec, rate, curve))
+        print(f"torch lr={lr:g}: P@1 {p1:.4f}, {sec:.1f} s, {rate:.0f} samples/s", flush=True)
+        if best is None or p1 > best[0]:
+            best = (p1, sec, rate, curve)
+    torch_p1, torch_sec, torch_rate, _ = best
+
+    local = _sampled(args, 1, True).initialize(args.features, args.labels)
+    sizes = [len(a) for a in local.active_sets(data.X[train[:512]], data.Y[train[:512]])]
+    mac_ratio = float(np.mean(sizes)) / args.labels
+    p1, sec, curve, rate = run_sampled(local, data, train, test, args)
+    rows.append(("dasknn SampledMLP, 1 process (HOGWILD)", p1, sec, rate, curve))
+    print(f"sampled local: P@1 {p1:.4f}, {sec:.1f} s, {rate:.0f} samples/s", flush=True)
+    print(
+        f"output-layer multiply-adds vs dense: {mac_ratio:.4%} "
+        f"(mean active set {np.mean(sizes):.0f} of {args.labels})"
+    )
+
+    if args.parts:
+        from distributed import Client, LocalCluster
+
+        os.environ["NUMBA_NUM_THREADS"] = "1"  # one core a worker
+        for parts in args.parts:
+            model = _sampled(args, parts, False).initialize(args.features, args.labels)
+            with (
+                LocalCluster(
+                    n_workers=parts, threads_per_worker=1, dashboard_address=":0"
+                ) as cluster,
+                Client(cluster) as client,
+            ):
+                from dasknn.sampled_parallel import DistributedSampledMLP
+
+                with DistributedSampledMLP(model, client) as dist:
+                    p1, sec, curve, rate = run_sampled(dist, data, train, test, args)
+                    measured = dist.transfers()
+                    steps = dist.n_steps_
+                    formula = dist.predicted_bytes(args.batch)
+            name = f"dasknn DistributedSampledMLP, P={parts} (LocalCluster)"
+            rows.append((name, p1, sec, rate, curve))
+            train_bytes = sum(v for k, v in measured.items() if k in formula)
+            print(
+                f"D-SLIDE P={parts}: P@1 {p1:.4f}, {sec:.1f} s, {rate:.0f} samples/s; "
+                f"{train_bytes / steps / 1e6:.3f} MB a step between workers "
+                f"(formula for a full batch {sum(formula.values()) / 1e6:.3f} MB), by phase "
+                f"{measured}",
+                flush=True,
+            )
+
+    target = 0.8 * torch_p1
+    print()
+    print(
+        f"| run | P@1 | / PyTorch | / oracle | epoch s | samples/s | vs PyTorch | "
+        f"s to {target:.3f} |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name, p1, sec, rate, curve in rows:
+        reach = curve.time_to(target)
+        print(
+            f"| {name} | {p1:.4f} | {p1 / torch_p1:.2f} | {p1 / oracle:.2f} | {sec:.1f} | "
+            f"{rate:.0f} | {rate / torch_rate:.2f}x | "
+            f"{'not reached' if reach is None else f'{reach:.1f}'} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""Hash families for sampling neurons: signed random projections (SimHash) and densified
+winner-take-all (DWTA).
+
+A family of ``L`` tables of ``K`` functions each maps a dense vector of ``dim`` values to one
+integer code per table (:meth:`HashFamily.codes`). Its random parts are drawn from
+``numpy.random.default_rng(seed)`` when it is made, so a family is determined by its
+hyperparameters and seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from numbers import Integral
+
+import numpy as np
+
+from dasknn.lsh.kernels import dwta_codes, simhash_codes
+
+__all__ = ["DWTA", "FAMILIES", "MAX_CODE_BITS", "HashFamily", "SimHash", "make_family"]
+
+#: The most bits a table's code may have.
+MAX_CODE_BITS = 30
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class HashFamily:
+    """``n_tables`` tables of ``k`` hash functions on vectors of ``dim`` values."""
+
+    dim: int
+    k: int
+    n_tables: int
+    seed: int
+
+    def __post_init__(self) -> None:
+        for name in ("dim", "k", "n_tables"):
+            object.__setattr__(self, name, _positive_int(name, getattr(self, name)))
+        if isinstance(self.seed, bool) or not isinstance(self.seed, Integral) or self.seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
+        if self.code_bits > MAX_CODE_BITS:
+            raise ValueError(
+                f"a table's code would have {self.code_bits} bits; at most {MAX_CODE_BITS} "
+                f"(lower k)"
+            )
+
+    @property
+    def code_bits(self) -> int:
+        """Bits of one table's code."""
+        raise NotImplementedError
+
+    def codes(self, vectors: np.ndarray) -> np.ndarray:
+        """The ``(n, n_tables)`` int64 codes of the rows of ``vectors`` (``(n, dim)``)."""
+        raise NotImplementedError
+
+    def _check(self, vectors: np.ndarray) -> np.ndarray:
+        vectors = np.asarray(vectors)
+        if vectors.ndim != 2 or vectors.shape[1] != self.dim:
+            raise ValueError(f"vectors must have shape (n, {self.dim}), got {vectors.shape}")
+        return np.ascontiguousarray(vectors)
+
+
+@dataclass(frozen=True)
+class SimHash(HashFamily):
+    """Signed random projections: each function is a sparse +-1 projection over
+    ``ceil(density * dim)`` distinct coordinates; its bit is ``projection >= 0``.
+
+    Two vectors at angle ``theta`` share a bit with probability ``1 - theta / pi`` (exactly for a
+    randomly rotated pair), a ``k``-bit code with ``p**k``, and some table's code with
+    ``1 - (1 - p**k)**n_tables``.
+    """
+
+    density: float = 1.0 / 3.0
+    index: np.ndarray = field(init=False, repr=False, compare=False)
+    sign: np.ndarray = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not (0 < float(self.density) <= 1):
+            raise ValueError(f"density must lie in (0, 1], got {self.density!r}")
+        rng = np.random.default_rng(self.seed)
+        n_functions = self.k * self.n_tables
+        width = max(1, int(np.ceil(self.density * self.dim)))
+        index = np.argsort(rng.random((n_functions, self.dim)), axis=1)[:, :width]
+        object.__setattr__(self, "index", np.ascontiguousarray(index, dtype=np.int32))
+        sign = rng.integers(0, 2, size=(n_functions, width)) * 2 - 1
+        object.__setattr__(self, "sign", sign.astype(np.float32))
+
+    @property
+    def code_bits(self) -> int:
+        return self.k
+
+    def codes(self, vectors: np.ndarray) -> np.ndarray:
+        vectors = self._check(vectors)
+        return simhash_codes(vectors, self.index, self.sign, self.k, self.n_tables)
+
+
+@dataclass(frozen=True)
+class DWTA(HashFamily):
+    """Densified winner-take-all: ``k`` bins of ``bin_size`` coordinates a table, each coding the
+    position of its largest value in ``log2(bin_size)`` bits; an empty (all-zero) bin borrows the
+    code of the next non-empty bin (see :func:`dasknn.lsh.kernels.dwta_codes`).
+
+    The bins are consecutive pieces of random permutations of the coordinates.
+    """
+
+    bin_size: int = 8
+    bins: np.ndarray = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        size = self.bin_size
+        if (
+            isinstance(size, bool)
+            or not isinstance(size, Integral)
+            or size < 2
+            or size & (size - 1) != 0
+        ):
+            raise ValueError(f"bin_size must be a power of two >= 2, got {size!r}")
+        super().__post_init__()
+        rng = np.random.default_rng(self.seed)
+        needed = self.k * self.n_tables * size
+        perms = [rng.permutation(self.dim) for _ in range(-(-needed // self.dim))]
+        bins = np.concatenate(perms)[:needed].reshape(self.k * self.n_tables, size)
+        object.__setattr__(self, "bins", np.ascontiguousarray(bins, dtype=np.int32))
+
+    @property
+    def code_bits(self) -> int:
+        return self.k * (int(self.bin_size).bit_length() - 1)
+
+    def codes(self, vectors: np.ndarray) -> np.ndarray:
+        vectors = self._check(vectors)
+        bits = int(self.bin_size).bit_length() - 1
+        return dwta_codes(vectors, self.bins, self.k, self.n_tables, bits)
+
+
+FAMILIES = {"simhash": SimHash, "dwta": DWTA}
+
+
+def make_family(
+    name: str, dim: int, k: int, n_tables: int, seed: int, bin_size: int = 8
+) -> HashFamily:
+    """The hash family ``name`` (``"simhash"`` or ``"dwta"``; ``bin_size`` for DWTA only)."""
+    if name not in FAMILIES:
+        raise ValueError(f"unknown hash family {name!r}; expected one of {sorted(FAMILIES)}")
+    if name == "dwta":
+        return DWTA(dim, k, n_tables, seed, bin_size=bin_size)
+    return SimHash(dim, k, n_tables, seed)

@@ -1,0 +1,180 @@
+"""Numba kernels of the hash families and the bucketed tables (one process, no Dask).
+
+Hash codes are computed for a block of dense vectors, one row each, in parallel over the rows.
+Tables are CSR-like: per table the sorted distinct codes, and per code the ids of its bucket.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from dasknn.lsh.random import rand_below, seed_stream
+
+__all__ = ["build_buckets", "dwta_codes", "query_union", "simhash_codes"]
+
+
+@njit(cache=True, parallel=True)
+def simhash_codes(vectors, index, sign, k, n_tables):  # pragma: no cover - compiled
+    """Signed random projection codes: bit ``j`` of table ``t`` is ``1`` when
+    ``sum_s sign[f, s] * vectors[i, index[f, s]] >= 0`` for function ``f = t * k + j``.
+
+    Returns an ``(n, n_tables)`` int64 array.
+    """
+    n = vectors.shape[0]
+    out = np.zeros((n, n_tables), dtype=np.int64)
+    for i in prange(n):
+        row = vectors[i]
+        for t in range(n_tables):
+            code = 0
+            for j in range(k):
+                f = t * k + j
+                acc = 0.0
+                for s in range(index.shape[1]):
+                    acc += sign[f, s] * row[index[f, s]]
+                if acc >= 0:
+                    code |= 1 << j
+            out[i, t] = code
+    return out
+
+
+@njit(cache=True, parallel=True)
+def dwta_codes(vectors, bins, k, n_tables, bits):  # pragma: no cover - compiled
+    """Densified winner-take-all codes.
+
+    Bin ``f`` (``f = t * k + j``) looks at the coordinates ``bins[f]``; its code is the position
+    of the largest value among them (the first on ties). A bin whose coordinates are all zero is
+    empty and takes the code of the next non-empty bin to its right (circularly over all
+    ``n_tables * k`` bins); a zero vector has all codes 0. Table ``t``'s code is the ``k`` bin
+    codes of ``bits`` bits each, bin ``j`` at bit ``j * bits``.
+
+    Returns an ``(n, n_tables)`` int64 array.
+    """
+    n = vectors.shape[0]
+    n_bins = bins.shape[0]
+    width = bins.shape[1]
+    out = np.zeros((n, n_tables), dtype=np.int64)
+    for i in prange(n):
+        row = vectors[i]
+        codes = np.full(n_bins, -1, dtype=np.int64)
+        for f in range(n_bins):
+            best = -1
+            best_value = 0.0
+            for s in range(width):
+                value = row[bins[f, s]]
+                if best < 0 or value > best_value:
+                    best = s
+                    best_value = value
+            empty = True
+            for s in range(width):
+                if row[bins[f, s]] != 0:
+                    empty = False
+                    break
+            if not empty:
+                codes[f] = best
+        for f in range(n_bins):
+            if codes[f] >= 0:
+                continue
+            code = 0
+            for step in range(1, n_bins):
+                other = codes[(f + step) % n_bins]
+                if other >= 0:
+                    code = other
+                    break
+            codes[f] = -2 - code  # borrowed: decoded below, never lent again
+        for t in range(n_tables):
+            code = 0
+            for j in range(k):
+                c = codes[t * k + j]
+                if c < -1:
+                    c = -2 - c
+                code |= c << (j * bits)
+            out[i, t] = code
+    return out
+
+
+@njit(cache=True)
+def build_buckets(codes, cap, seed):  # pragma: no cover - compiled
+    """CSR-like tables from the codes of ``n`` items (``codes``: ``(n, n_tables)``).
+
+    Per table the items are grouped by code (sorted codes, items in id order). A bucket with more
+    than ``cap`` items keeps a uniform sample of ``cap`` of them, drawn by reservoir sampling
+    (Vitter's algorithm R over the items in id order, stream ``(seed, table, code)``), in
+    reservoir order.
+
+    Returns
+    -------
+    keys : int64 array
+        Every table's sorted distinct codes, table after table.
+    key_ptr : int64 array (n_tables + 1)
+        Table ``t``'s codes are ``keys[key_ptr[t]:key_ptr[t + 1]]``.
+    bucket_ptr : int64 array (len(keys) + 1)
+        Bucket ``b`` holds ``items[bucket_ptr[b]:bucket_ptr[b + 1]]``.
+    items : int32 array
+    """
+    n, n_tables = codes.shape
+    keys = np.empty(n * n_tables, dtype=np.int64)
+    key_ptr = np.zeros(n_tables + 1, dtype=np.int64)
+    bucket_ptr = np.zeros(n * n_tables + 1, dtype=np.int64)
+    items = np.empty(n * n_tables, dtype=np.int32)
+    n_keys = 0
+    n_items = 0
+    for t in range(n_tables):
+        order = np.argsort(codes[:, t], kind="mergesort")
+        start = 0
+        while start < n:
+            code = codes[order[start], t]
+            stop = start
+            while stop < n and codes[order[stop], t] == code:
+                stop += 1
+            size = stop - start
+            keys[n_keys] = code
+            if size <= cap:
+                for s in range(size):
+                    items[n_items + s] = order[start + s]
+                n_items += size
+            else:
+                state = seed_stream(seed, t, code & 0x7FFFFFFFFFFFFFFF, 0)
+                for s in range(cap):
+                    items[n_items + s] = order[start + s]
+                for s in range(cap, size):
+                    state, r = rand_below(state, s + 1)
+                    if r < cap:
+                        items[n_items + r] = order[start + s]
+                n_items += cap
+            n_keys += 1
+            bucket_ptr[n_keys] = n_items
+            start = stop
+        key_ptr[t + 1] = n_keys
+    return keys[:n_keys].copy(), key_ptr, bucket_ptr[: n_keys + 1].copy(), items[:n_items].copy()
+
+
+@njit(cache=True, inline="always")
+def bucket_of(keys, key_ptr, t, code):  # pragma: no cover - compiled
+    """Index of ``code`` among table ``t``'s keys, ``-1`` when the bucket is absent."""
+    lo = key_ptr[t]
+    hi = key_ptr[t + 1]
+    pos = lo + np.searchsorted(keys[lo:hi], code)
+    if pos < hi and keys[pos] == code:
+        return pos
+    return -1
+
+
+@njit(cache=True)
+def query_union(keys, key_ptr, bucket_ptr, items, codes, n_items):  # pragma: no cover
+    """The union of the buckets of ``codes`` (one code per table), each id once, in the order
+    met (table by table, bucket order)."""
+    seen = np.zeros(n_items, dtype=np.bool_)
+    out = np.empty(items.shape[0], dtype=np.int32)
+    count = 0
+    for t in range(key_ptr.shape[0] - 1):
+        b = bucket_of(keys, key_ptr, t, codes[t])
+        if b < 0:
+            continue
+        for p in range(bucket_ptr[b], bucket_ptr[b + 1]):
+            item = items[p]
+            if not seen[item]:
+                seen[item] = True
+                out[count] = item
+                count += 1
+    return out[:count].copy()

@@ -1,0 +1,265 @@
+"""Numba kernels of the sampled network: the dense hidden layer on sparse inputs, active-set
+selection, and the output layer restricted to the active neurons.
+
+Every kernel processes a batch in ``n_chunks`` consecutive chunks of samples, the chunks in
+parallel (``prange``). With ``n_chunks == 1`` the samples are processed one after the other in
+order (the deterministic mode); with more chunks the gradient accumulations of different chunks
+race without locks, HOGWILD-style (Recht et al.), as in SLIDE. Kernels that only write per-sample
+results (:func:`hidden_forward`, :func:`select_active`, :func:`output_logits`) give the same result
+for any ``n_chunks``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from dasknn.lsh.kernels import bucket_of
+from dasknn.lsh.random import rand_below, seed_stream
+
+__all__ = [
+    "hidden_backward",
+    "hidden_forward",
+    "output_backward",
+    "output_logits",
+    "select_active",
+]
+
+
+@njit(cache=True, inline="always")
+def _chunk(c, n_chunks, n):  # pragma: no cover - compiled
+    return c * n // n_chunks, (c + 1) * n // n_chunks
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def hidden_forward(indptr, indices, data, weights, bias, n_chunks):  # pragma: no cover
+    """``relu(X @ weights + bias)`` for a CSR batch ``X``; ``weights`` is ``(n_features, H)``."""
+    n = indptr.shape[0] - 1
+    width = weights.shape[1]
+    out = np.empty((n, width), dtype=weights.dtype)
+    for c in prange(n_chunks):
+        lo, hi = _chunk(c, n_chunks, n)
+        for b in range(lo, hi):
+            for d in range(width):
+                out[b, d] = bias[d]
+            for p in range(indptr[b], indptr[b + 1]):
+                f = indices[p]
+                x = data[p]
+                for d in range(width):
+                    out[b, d] += x * weights[f, d]
+            for d in range(width):
+                if out[b, d] < 0:
+                    out[b, d] = 0
+    return out
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def hidden_backward(
+    indptr, indices, data, hidden, grad_hidden, grad_w, grad_b, touched, n_chunks
+):  # pragma: no cover - compiled
+    """Accumulate the gradients of the hidden layer from ``grad_hidden = dJ/d relu(z)``.
+
+    ``dz = grad_hidden * (hidden > 0)``; ``grad_w[f] += x_f * dz`` for every stored feature ``f``
+    of the sample (``touched[f] = True``) and ``grad_b += dz``.
+    """
+    n = indptr.shape[0] - 1
+    width = hidden.shape[1]
+    for c in prange(n_chunks):
+        lo, hi = _chunk(c, n_chunks, n)
+        dz = np.empty(width, dtype=hidden.dtype)
+        for b in range(lo, hi):
+            for d in range(width):
+                dz[d] = grad_hidden[b, d] if hidden[b, d] > 0 else 0
+                grad_b[d] += dz[d]
+            for p in range(indptr[b], indptr[b + 1]):
+                f = indices[p]
+                x = data[p]
+                touched[f] = True
+                for d in range(width):
+                    grad_w[f, d] += x * dz[d]
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def select_active(
+    codes,
+    keys,
+    key_ptr,
+    bucket_ptr,
+    items,
+    n_items,
+    budget,
+    label_ptr,
+    label_ids,
+    fill,
+    seed,
+    step,
+    row0,
+    shard,
+    n_chunks,
+):  # pragma: no cover - compiled
+    """Each sample's active neurons of one shard: its labels, then a sample of its candidates.
+
+    For sample ``b``: the labels ``label_ids[label_ptr[b]:label_ptr[b + 1]]`` come first (forced,
+    each once); then the candidates, the union of the sample's buckets (``codes[b]``, one code a
+    table) less the labels, in the order met. If there are more than the ``budget - labels`` slots
+    left, a uniform sample of them is kept by reservoir sampling; if fewer and ``fill``, the
+    remaining slots are filled with neurons drawn uniformly from those not yet active. The random
+    stream of a sample is ``(seed, step, row0 + b, shard)``, independent of the chunking.
+
+    Returns
+    -------
+    active : int32 (n, budget)
+        The active ids, the first ``count[b]`` of each row valid.
+    count, forced : int32 (n,)
+        Active neurons and forced labels of each sample.
+    """
+    n = codes.shape[0]
+    n_tables = codes.shape[1]
+    active = np.full((n, budget), -1, dtype=np.int32)
+    count = np.zeros(n, dtype=np.int32)
+    forced = np.zeros(n, dtype=np.int32)
+    for c in prange(n_chunks):
+        lo, hi = _chunk(c, n_chunks, n)
+        mark = np.zeros(n_items, dtype=np.int64)
+        for b in range(lo, hi):
+            stamp = b + 1
+            state = seed_stream(seed, step, row0 + b, shard)
+            used = 0
+            for p in range(label_ptr[b], label_ptr[b + 1]):
+                label = label_ids[p]
+                if mark[label] != stamp:
+                    mark[label] = stamp
+                    active[b, used] = label
+                    used += 1
+            forced[b] = used
+            room = budget - used
+            seen = 0
+            for t in range(n_tables):
+                pos = bucket_of(keys, key_ptr, t, codes[b, t])
+                if pos < 0:
+                    continue
+                for q in range(bucket_ptr[pos], bucket_ptr[pos + 1]):
+                    item = items[q]
+                    if mark[item] == stamp:
+                        continue
+                    mark[item] = stamp
+                    if seen < room:
+                        active[b, used + seen] = item
+                    else:
+                        state, r = rand_below(state, seen + 1)
+                        if r < room:
+                            active[b, used + r] = item
+                    seen += 1
+            used += min(seen, room)
+            need = budget - used
+            if fill and need > 0:
+                # Here every marked neuron is active: draw uniformly among the others.
+                free = n_items - used
+                if 2 * need > free:
+                    for item in range(n_items):
+                        if need == 0:
+                            break
+                        if mark[item] == stamp:
+                            continue
+                        state, r = rand_below(state, free)
+                        free -= 1
+                        if r < need:
+                            active[b, used] = item
+                            used += 1
+                            need -= 1
+                else:
+                    while need > 0:
+                        state, item = rand_below(state, n_items)
+                        if mark[item] != stamp:
+                            mark[item] = stamp
+                            active[b, used] = item
+                            used += 1
+                            need -= 1
+            count[b] = used
+    return active, count, forced
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def output_logits(hidden, weights, bias, active, count, n_chunks):  # pragma: no cover
+    """Logits of the active neurons and each sample's softmax statistics on this shard.
+
+    ``weights`` is neuron-major, ``(n_items, H)``. Returns ``z`` (``(n, budget)``, zero past
+    ``count``) and ``stats`` (``(n, 2)``): the largest active logit (``-inf`` with none) and
+    ``sum exp(z - max)``.
+    """
+    n, budget = active.shape
+    width = hidden.shape[1]
+    z = np.zeros((n, budget), dtype=hidden.dtype)
+    stats = np.zeros((n, 2), dtype=hidden.dtype)
+    for c in prange(n_chunks):
+        lo, hi = _chunk(c, n_chunks, n)
+        for b in range(lo, hi):
+            top = -np.inf
+            for a in range(count[b]):
+                j = active[b, a]
+                acc = bias[j]
+                for d in range(width):
+                    acc += hidden[b, d] * weights[j, d]
+                z[b, a] = acc
+                if acc > top:
+                    top = acc
+            total = 0.0
+            for a in range(count[b]):
+                total += np.exp(z[b, a] - top)
+            stats[b, 0] = top
+            stats[b, 1] = total
+    return z, stats
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def output_backward(
+    hidden,
+    weights,
+    active,
+    count,
+    forced,
+    z,
+    lse,
+    target,
+    scale,
+    grad_w,
+    grad_b,
+    touched,
+    n_chunks,
+):  # pragma: no cover - compiled
+    """Backward pass of the sampled softmax on one shard.
+
+    With ``p = exp(z - lse)`` (softmax over every shard's active set) and the target
+    ``y = target[b]`` (one over the sample's number of labels) on each label (the first
+    ``forced[b]`` active ids), ``delta = scale * (p - y)``: ``grad_w[j] += delta * hidden[b]``,
+    ``grad_b[j] += delta`` (``touched[j] = True``), and the partial gradient of the layer input
+    ``sum_j delta * weights[j]`` (weights before the step).
+
+    Returns
+    -------
+    grad_hidden : (n, H) array
+        This shard's part of ``dJ/dhidden``.
+    loss : (n,) array
+        This shard's part of each sample's loss, ``sum_labels y * (lse - z)``.
+    """
+    n = active.shape[0]
+    width = hidden.shape[1]
+    grad_hidden = np.zeros((n, width), dtype=hidden.dtype)
+    loss = np.zeros(n, dtype=hidden.dtype)
+    for c in prange(n_chunks):
+        lo, hi = _chunk(c, n_chunks, n)
+        for b in range(lo, hi):
+            y = target[b]
+            for a in range(count[b]):
+                j = active[b, a]
+                g = np.exp(z[b, a] - lse[b])
+                if a < forced[b]:
+                    g -= y
+                    loss[b] += y * (lse[b] - z[b, a])
+                g *= scale
+                touched[j] = True
+                grad_b[j] += g
+                for d in range(width):
+                    grad_hidden[b, d] += g * weights[j, d]
+                    grad_w[j, d] += g * hidden[b, d]
+    return grad_hidden, loss

@@ -1,0 +1,320 @@
+"""The two layers of the sampled network, each a self-contained piece of state that one process
+owns: the dense hidden layer (or a block of its neurons) and one shard of the sampled output
+layer with its hash tables.
+
+The one-process model holds the whole hidden layer and every shard; a worker of the distributed
+model holds one hidden block and one shard, the same classes, so both run the same arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numba
+import numpy as np
+import scipy.sparse as sp
+
+from dasknn.lsh import HashFamily, HashTables, make_family
+from dasknn.optim import Optimizer, ParamState
+from dasknn.sampled.kernels import (
+    hidden_backward,
+    hidden_forward,
+    output_backward,
+    output_logits,
+    select_active,
+)
+
+__all__ = [
+    "ActiveSet",
+    "HiddenLayer",
+    "OutputShard",
+    "SamplingConfig",
+    "combine_statistics",
+    "merge_top_k",
+    "shard_budget",
+]
+
+
+def n_chunks(batch: int, hogwild: bool) -> int:
+    """Chunks of a batch processed in parallel: one (in order) unless ``hogwild``."""
+    return max(1, min(batch, numba.get_num_threads())) if hogwild else 1
+
+
+def shard_budget(active_fraction: float, n_items: int) -> int:
+    """Active neurons a shard of ``n_items`` neurons selects per sample:
+    ``ceil(active_fraction * n_items)``."""
+    return min(n_items, max(1, math.ceil(active_fraction * n_items - 1e-9)))
+
+
+def combine_statistics(stats: list[np.ndarray]) -> np.ndarray:
+    """Each sample's log-sum-exp over all shards from their ``(max, sum exp(z - max))``
+    statistics, combined in shard order."""
+    top = stats[0][:, 0].copy()
+    for s in stats[1:]:
+        np.maximum(top, s[:, 0], out=top)
+    total = np.zeros_like(top)
+    for s in stats:
+        total += s[:, 1] * np.exp(s[:, 0] - top)
+    return top + np.log(total)
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How a shard samples its neurons (hyperparameters of :class:`~dasknn.sampled.SampledMLP`)."""
+
+    hash_family: str
+    k: int
+    n_tables: int
+    bin_size: int
+    bucket_size: int
+    active_fraction: float
+    underflow: str
+    rehash_every: int
+    rebuild_every: int
+    seed: int
+
+
+class ActiveSet(NamedTuple):
+    """One shard's active neurons of a batch (see :func:`dasknn.sampled.kernels.select_active`):
+    ``active[b, :count[b]]`` are sample ``b``'s local ids, the first ``forced[b]`` its labels."""
+
+    active: np.ndarray
+    count: np.ndarray
+    forced: np.ndarray
+
+
+class HiddenLayer:
+    """The dense hidden layer ``relu(X @ weights + bias)`` on sparse inputs, or a block of its
+    neurons; Adam updates only the rows of the features present in the batch (and the bias).
+
+    Parameters
+    ----------
+    weights : (n_features, H) array
+    bias : (H,) array
+    hogwild : bool
+        Accumulate the gradients of the batch's samples in parallel without locks.
+    """
+
+    def __init__(self, weights: np.ndarray, bias: np.ndarray, hogwild: bool) -> None:
+        self.weights = np.ascontiguousarray(weights)
+        self.bias = np.ascontiguousarray(bias)
+        self.hogwild = hogwild
+        self.grad_w = np.zeros_like(self.weights)
+        self.grad_b = np.zeros_like(self.bias)
+        self.touched = np.zeros(self.weights.shape[0], dtype=np.bool_)
+        self.optimizer: Optimizer | None = None
+        self.states: tuple[ParamState, ParamState] | None = None
+
+    def forward(self, X: sp.csr_matrix) -> np.ndarray:
+        return hidden_forward(
+            X.indptr, X.indices, X.data, self.weights, self.bias, n_chunks(X.shape[0], self.hogwild)
+        )
+
+    def backward(self, X: sp.csr_matrix, hidden: np.ndarray, grad_hidden: np.ndarray) -> None:
+        """Accumulate the gradients from ``grad_hidden = dJ/dhidden`` (``(B, H)``)."""
+        hidden_backward(
+            X.indptr,
+            X.indices,
+            X.data,
+            hidden,
+            np.ascontiguousarray(grad_hidden),
+            self.grad_w,
+            self.grad_b,
+            self.touched,
+            n_chunks(X.shape[0], self.hogwild),
+        )
+
+    def apply(self, optimizer: Optimizer) -> None:
+        """One optimizer step on the touched rows and the bias; the gradients are zeroed."""
+        if optimizer != self.optimizer:
+            self.optimizer = optimizer
+            self.states = (optimizer.init_state(self.weights), optimizer.init_state(self.bias))
+        rows = np.flatnonzero(self.touched)
+        optimizer.update_rows(self.weights, self.grad_w, self.states[0], rows)
+        optimizer.update(self.bias, self.grad_b, self.states[1])
+        self.grad_w[rows] = 0
+        self.grad_b[:] = 0
+        self.touched[rows] = False
+
+
+class OutputShard:
+    """One shard of the sampled output layer: its neurons' weights and bias, their optimizer
+    state, the hash family and tables over the weight vectors, and the gradient buffers.
+
+    Parameters
+    ----------
+    index : int
+        The shard's number (part of every random stream it draws from).
+    ids : (n,) int array
+        The global ids of its neurons; local id ``i`` is global ``ids[i]``.
+    weights : (n, H) array
+        Neuron-major weights (row ``i``: the weight vector of local neuron ``i``).
+    bias : (n,) array
+    config : SamplingConfig
+    hogwild : bool
+    """
+
+    def __init__(
+        self,
+        index: int,
+        ids: np.ndarray,
+        weights: np.ndarray,
+        bias: np.ndarray,
+        config: SamplingConfig,
+        hogwild: bool,
+    ) -> None:
+        self.index = int(index)
+        self.ids = np.asarray(ids, dtype=np.int64)
+        self.weights = np.ascontiguousarray(weights)
+        self.bias = np.ascontiguousarray(bias)
+        self.config = config
+        self.hogwild = hogwild
+        self.budget = shard_budget(config.active_fraction, len(self.ids))
+        self.grad_w = np.zeros_like(self.weights)
+        self.grad_b = np.zeros_like(self.bias)
+        self.touched = np.zeros(len(self.ids), dtype=np.bool_)
+        self.optimizer: Optimizer | None = None
+        self.states: tuple[ParamState, ParamState] | None = None
+        self.rebuilds = 0
+        self.family = self.make_family(0)
+        self.tables = self.build_tables()
+
+    # ------------------------------------------------------------ hashing
+    def family_seed(self, rebuilds: int) -> int:
+        """Seed of the hash family (and bucket reservoirs) after ``rebuilds`` rebuilds."""
+        seq = np.random.SeedSequence([self.config.seed, self.index, rebuilds])
+        return int(seq.generate_state(1)[0])
+
+    def make_family(self, rebuilds: int) -> HashFamily:
+        c = self.config
+        return make_family(
+            c.hash_family,
+            self.weights.shape[1],
+            c.k,
+            c.n_tables,
+            self.family_seed(rebuilds),
+            bin_size=c.bin_size,
+        )
+
+    def build_tables(self) -> HashTables:
+        """Tables of the current weights under the current family."""
+        return HashTables.build(
+            self.family, self.weights, self.config.bucket_size, self.family_seed(self.rebuilds)
+        )
+
+    def end_step(self, steps: int) -> None:
+        """After ``steps`` steps: new hash functions every ``rebuild_every`` steps, else new
+        tables every ``rehash_every`` steps."""
+        if steps % self.config.rebuild_every == 0:
+            self.rebuilds += 1
+            self.family = self.make_family(self.rebuilds)
+            self.tables = self.build_tables()
+        elif steps % self.config.rehash_every == 0:
+            self.tables = self.build_tables()
+
+    # ------------------------------------------------------------ a step
+    def select(
+        self,
+        hidden: np.ndarray,
+        label_ptr: np.ndarray,
+        label_ids: np.ndarray,
+        step: int,
+    ) -> ActiveSet:
+        """The batch's active neurons (labels given as local ids: forced; none: inference)."""
+        codes = self.family.codes(hidden)
+        active, count, forced = select_active(
+            codes,
+            *self.tables.arrays(),
+            len(self.ids),
+            self.budget,
+            label_ptr,
+            label_ids,
+            self.config.underflow == "fill",
+            self.config.seed,
+            step,
+            0,
+            self.index,
+            n_chunks(hidden.shape[0], self.hogwild),
+        )
+        return ActiveSet(active, count, forced)
+
+    def logits(self, hidden: np.ndarray, active: ActiveSet) -> tuple[np.ndarray, np.ndarray]:
+        """Active logits ``(B, budget)`` and softmax statistics ``(B, 2)``."""
+        return output_logits(
+            hidden,
+            self.weights,
+            self.bias,
+            active.active,
+            active.count,
+            n_chunks(hidden.shape[0], self.hogwild),
+        )
+
+    def backward(
+        self,
+        hidden: np.ndarray,
+        active: ActiveSet,
+        z: np.ndarray,
+        lse: np.ndarray,
+        target: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Accumulate the shard's gradients; return its part of ``dJ/dhidden`` and of the
+        per-sample losses (see :func:`dasknn.sampled.kernels.output_backward`)."""
+        t = self.weights.dtype.type
+        return output_backward(
+            hidden,
+            self.weights,
+            active.active,
+            active.count,
+            active.forced,
+            z,
+            lse.astype(self.weights.dtype, copy=False),
+            target.astype(self.weights.dtype, copy=False),
+            t(1.0 / hidden.shape[0]),
+            self.grad_w,
+            self.grad_b,
+            self.touched,
+            n_chunks(hidden.shape[0], self.hogwild),
+        )
+
+    def apply(self, optimizer: Optimizer) -> None:
+        """One optimizer step on the touched neurons (weights and bias); gradients zeroed."""
+        if optimizer != self.optimizer:
+            self.optimizer = optimizer
+            self.states = (optimizer.init_state(self.weights), optimizer.init_state(self.bias))
+        rows = np.flatnonzero(self.touched)
+        optimizer.update_rows(self.weights, self.grad_w, self.states[0], rows)
+        bias_state = self.states[1]
+        column = ParamState(
+            bias_state.step,
+            {name: array.reshape(-1, 1) for name, array in bias_state.arrays.items()},
+        )
+        optimizer.update_rows(self.bias.reshape(-1, 1), self.grad_b.reshape(-1, 1), column, rows)
+        bias_state.step = column.step
+        self.grad_w[rows] = 0
+        self.grad_b[rows] = 0
+        self.touched[rows] = False
+
+    # ------------------------------------------------------------ inference
+    def top_k(self, hidden: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Exact top ``k`` (or all, if fewer) neurons by logit: ``(scores, global ids)``, each
+        ``(B, min(k, n))`` sorted by decreasing score (ties: smaller global id first)."""
+        scores = hidden @ self.weights.T + self.bias
+        k = min(k, scores.shape[1])
+        part = np.argpartition(-scores, k - 1, axis=1)[:, :k] if k < scores.shape[1] else None
+        if part is None:
+            part = np.broadcast_to(np.arange(scores.shape[1]), scores.shape)
+        top = np.take_along_axis(scores, part, axis=1)
+        gids = self.ids[part]
+        order = np.lexsort((gids, -top), axis=1)
+        return np.take_along_axis(top, order, 1), np.take_along_axis(gids, order, 1)
+
+
+def merge_top_k(tops: list[tuple[np.ndarray, np.ndarray]], k: int) -> np.ndarray:
+    """The global ids of the ``k`` best of the shards' top lists (``(scores, ids)`` each), by
+    decreasing score, ties by increasing id."""
+    scores = np.concatenate([t[0] for t in tops], axis=1)
+    ids = np.concatenate([t[1] for t in tops], axis=1)
+    order = np.lexsort((ids, -scores), axis=1)[:, :k]
+    return np.take_along_axis(ids, order, 1)

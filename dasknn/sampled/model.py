@@ -1,0 +1,395 @@
+"""The one-process sampled network (SLIDE): sparse input, a dense ReLU hidden layer, and a large
+output layer of which each sample only computes an LSH-sampled active set under a softmax
+normalised over that set.
+
+With ``shards=P`` the output layer is cut into ``P`` shards that select their active neurons
+independently, each exactly its budget, as the workers of the distributed model
+(:class:`dasknn.sampled_parallel.DistributedSampledMLP`) do: the model then simulates ``P`` workers
+in one process and selects the same active sets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import scipy.sparse as sp
+
+from dasknn.optim import Adam, Optimizer
+from dasknn.sampled.checks import (
+    check_features,
+    check_hyperparameters,
+    check_k,
+    check_labels,
+    check_positive_int,
+)
+from dasknn.sampled.layers import (
+    ActiveSet,
+    HiddenLayer,
+    OutputShard,
+    SamplingConfig,
+    combine_statistics,
+    merge_top_k,
+)
+from dasknn.sampled.sharding import ShardMap
+
+__all__ = [
+    "SampledMLP",
+    "epoch_batches",
+    "initial_parameters",
+    "label_rows",
+    "precision_at_k",
+]
+
+
+def epoch_batches(n: int, batch_size: int, seed: int, epoch: int, shuffle: bool) -> Iterator:
+    """The row numbers of each batch of one epoch (a permutation seeded by ``(seed, epoch)``)."""
+    order = np.random.default_rng([seed, epoch, 0xE90C]).permutation(n) if shuffle else np.arange(n)
+    for start in range(0, n, batch_size):
+        yield np.sort(order[start : start + batch_size])
+
+
+def initial_parameters(
+    n_features: int, hidden: int, n_labels: int, dtype, seed: int
+) -> dict[str, np.ndarray]:
+    """Seeded initial parameters, as PyTorch initialises ``EmbeddingBag`` and ``Linear``:
+    hidden weights ``N(0, 1)``, output weights ``U(-1/sqrt(H), 1/sqrt(H))``, biases zero.
+    The output weights are neuron-major, ``(n_labels, hidden)``."""
+    rng = np.random.default_rng([seed, 0x1417])
+    bound = 1.0 / np.sqrt(hidden)
+    return {
+        "hidden_weights": rng.standard_normal((n_features, hidden)).astype(dtype),
+        "hidden_bias": np.zeros(hidden, dtype=dtype),
+        "output_weights": rng.uniform(-bound, bound, (n_labels, hidden)).astype(dtype),
+        "output_bias": np.zeros(n_labels, dtype=dtype),
+    }
+
+
+def precision_at_k(predicted: np.ndarray, ptr: np.ndarray, ids: np.ndarray, k: int) -> float:
+    """Mean over the rows of ``|top k ∩ labels| / k``; ``predicted`` is ``(n, >= k)``."""
+    rows = np.repeat(np.arange(len(ptr) - 1), np.diff(ptr))
+    hits = np.zeros(len(ptr) - 1)
+    top = predicted[:, :k]
+    for j in range(top.shape[1]):
+        hits += np.bincount(rows, weights=(top[rows, j] == ids), minlength=len(hits))
+    return float(hits.mean() / k)
+
+
+class SampledMLP:
+    """A sparse-input network ``softmax(relu(X @ W1 + b1) @ W2 + b2)`` trained with LSH-sampled
+    softmax (SLIDE, Chen et al. 2020; D-SLIDE's per-shard budgets, Yan et al. 2022).
+
+    Every training sample computes the output layer on its *active set* only: per shard, its
+    labels (forced) and a sample of the union of its buckets in ``n_tables`` hash tables of the
+    shard's weight vectors, queried with the sample's hidden activation; the softmax is
+    normalised over the union of the shards' active sets. See ``docs/sampled.md``.
+
+    Parameters
+    ----------
+    hidden : int
+        Hidden neurons.
+    active_fraction : float in (0, 1]
+        Share of each shard's neurons active per sample: a shard of ``n`` neurons selects exactly
+        ``ceil(active_fraction * n)`` (``"fill"``) or at most that many (``"stop"``).
+    hash_family : {"simhash", "dwta"}
+    k, n_tables : int
+        Hash functions per table and tables (``k`` bits a code for SimHash,
+        ``k * log2(bin_size)`` for DWTA; at most 30).
+    bin_size : int
+        DWTA's bin size, a power of two >= 2.
+    bucket_size : int
+        Cap of a bucket (larger buckets keep a seeded uniform reservoir sample).
+    underflow : {"fill", "stop"}
+        When a shard's buckets hold fewer candidates than its budget: fill with uniformly drawn
+        neurons, or stop with the candidates.
+    rehash_every, rebuild_every : int
+        Steps between rebuilding the tables from the current weights, and between drawing new
+        hash functions (and rebuilding).
+    optimizer : dasknn.optim.Adam or AdamW, optional
+        Default ``Adam(lr=1e-3)``. Rows of the weights that a batch does not touch are not
+        updated (sparse Adam); the step count is global.
+    shards : int
+        Shards of the output layer (a distributed model has one a worker).
+    hogwild : bool
+        Process a batch's samples in parallel, accumulating gradients without locks; ``False``
+        processes them in order (deterministic).
+    dtype : {"float32", "float64"}
+    seed : int
+
+    Attributes
+    ----------
+    loss_curve_ : list of float
+        Mean training loss of each epoch (batch losses before their update).
+    n_steps_ : int
+        Training steps taken.
+    """
+
+    def __init__(
+        self,
+        hidden: int = 128,
+        active_fraction: float = 0.005,
+        hash_family: str = "simhash",
+        k: int = 9,
+        n_tables: int = 50,
+        bin_size: int = 8,
+        bucket_size: int = 128,
+        underflow: str = "fill",
+        rehash_every: int = 50,
+        rebuild_every: int = 500,
+        optimizer: Optimizer | None = None,
+        shards: int = 1,
+        hogwild: bool = True,
+        dtype: str = "float32",
+        seed: int = 0,
+    ) -> None:
+        self.hidden = hidden
+        self.active_fraction = active_fraction
+        self.hash_family = hash_family
+        self.k = k
+        self.n_tables = n_tables
+        self.bin_size = bin_size
+        self.bucket_size = bucket_size
+        self.underflow = underflow
+        self.rehash_every = rehash_every
+        self.rebuild_every = rebuild_every
+        self.optimizer = optimizer
+        self.shards = shards
+        self.hogwild = hogwild
+        self.dtype = dtype
+        self.seed = seed
+        check_hyperparameters(self)
+        self.optimizer_ = self._resolve_optimizer()
+        self.loss_curve_: list[float] = []
+        self.n_steps_ = 0
+        self.epochs_ = 0
+        self.n_features_in_: int | None = None
+        self.n_labels_: int | None = None
+
+    # ------------------------------------------------------------ set-up
+    def _resolve_optimizer(self) -> Adam:
+        if self.optimizer is None:
+            return Adam(lr=1e-3)
+        if not isinstance(self.optimizer, Adam):
+            raise ValueError(
+                f"optimizer must be dasknn.optim.Adam or AdamW, got {self.optimizer!r}"
+            )
+        return self.optimizer
+
+    def sampling_config(self) -> SamplingConfig:
+        return SamplingConfig(
+            self.hash_family,
+            self.k,
+            self.n_tables,
+            self.bin_size,
+            self.bucket_size,
+            float(self.active_fraction),
+            self.underflow,
+            self.rehash_every,
+            self.rebuild_every,
+            self.seed,
+        )
+
+    def initialize(self, n_features: int, n_labels: int) -> SampledMLP:
+        """Draw the initial parameters and build the shards' tables; returns the model."""
+        self.shard_map_ = ShardMap.make(n_labels, self.shards, self.seed)
+        params = initial_parameters(n_features, self.hidden, n_labels, self.dtype, self.seed)
+        self.set_parameters(params)
+        return self
+
+    def set_parameters(self, params: dict[str, np.ndarray]) -> SampledMLP:
+        """Install parameters (keys of :func:`initial_parameters`) and rebuild the tables; the
+        optimizer state starts afresh."""
+        n_labels, hidden = params["output_weights"].shape
+        if not hasattr(self, "shard_map_") or len(self.shard_map_.order) != n_labels:
+            self.shard_map_ = ShardMap.make(n_labels, self.shards, self.seed)
+        dtype = np.dtype(self.dtype)
+        self.n_features_in_ = params["hidden_weights"].shape[0]
+        self.n_labels_ = n_labels
+        self.hidden_layer_ = HiddenLayer(
+            params["hidden_weights"].astype(dtype),
+            params["hidden_bias"].astype(dtype),
+            self.hogwild,
+        )
+        config = self.sampling_config()
+        self.shards_ = [
+            OutputShard(
+                p,
+                self.shard_map_.ids(p),
+                params["output_weights"][self.shard_map_.ids(p)].astype(dtype),
+                params["output_bias"][self.shard_map_.ids(p)].astype(dtype),
+                config,
+                self.hogwild,
+            )
+            for p in range(self.shards)
+        ]
+        return self
+
+    def parameters(self) -> dict[str, np.ndarray]:
+        """Copies of the parameters: ``hidden_weights`` ``(n_features, H)``, ``hidden_bias``,
+        ``output_weights`` ``(N, H)`` (neuron-major: the transpose of the layer matrix in the
+        ``(n_in, n_out)`` convention) and ``output_bias``."""
+        self._check_fitted()
+        out_w = np.empty((self.n_labels_, self.hidden), dtype=self.dtype)
+        out_b = np.empty(self.n_labels_, dtype=self.dtype)
+        for shard in self.shards_:
+            out_w[shard.ids] = shard.weights
+            out_b[shard.ids] = shard.bias
+        return {
+            "hidden_weights": self.hidden_layer_.weights.copy(),
+            "hidden_bias": self.hidden_layer_.bias.copy(),
+            "output_weights": out_w,
+            "output_bias": out_b,
+        }
+
+    def _check_fitted(self) -> None:
+        if self.n_labels_ is None:
+            raise ValueError("the model has no parameters yet: call fit or initialize first")
+
+    # ------------------------------------------------------------ data
+    def _check_training(self, X, Y) -> tuple[sp.csr_matrix, np.ndarray, np.ndarray]:
+        X = check_features(X, self.n_features_in_, self.dtype)
+        ptr, ids, width = check_labels(Y, X.shape[0], self.n_labels_, training=True)
+        if self.n_labels_ is None:
+            ShardMap.make(width, self.shards, self.seed)  # more shards than neurons
+            self.initialize(X.shape[1], width)
+        self.shard_map_.check_budgets(ptr, ids, self.active_fraction)
+        return X, ptr, ids
+
+    # ------------------------------------------------------------ training
+    def fit(self, X, Y, epochs: int = 1, batch_size: int = 256, shuffle: bool = True) -> SampledMLP:
+        """Train ``epochs`` epochs of mini-batches; returns the model.
+
+        Parameters
+        ----------
+        X : (n, n_features) sparse matrix or array
+        Y : (n, n_labels) sparse indicator matrix, or a sequence of label lists
+            Every row needs at least one label. A sample's target is ``1 / |labels|`` on each.
+        """
+        check_positive_int("epochs", epochs)
+        check_positive_int("batch_size", batch_size)
+        X, ptr, ids = self._check_training(X, Y)
+        for _ in range(epochs):
+            self._epoch(X, ptr, ids, batch_size, shuffle)
+        return self
+
+    def partial_fit(self, X, Y, batch_size: int = 256, shuffle: bool = True) -> SampledMLP:
+        """One epoch over ``(X, Y)``; returns the model."""
+        return self.fit(X, Y, epochs=1, batch_size=batch_size, shuffle=shuffle)
+
+    def _epoch(self, X, ptr, ids, batch_size: int, shuffle: bool) -> None:
+        total = 0.0
+        for rows in epoch_batches(X.shape[0], batch_size, self.seed, self.epochs_, shuffle):
+            batch_ptr, batch_ids = label_rows(ptr, ids, rows)
+            total += self._train_batch(X[rows], batch_ptr, batch_ids) * len(rows)
+        self.epochs_ += 1
+        self.loss_curve_.append(total / X.shape[0])
+
+    def train_step(self, X, Y) -> float:
+        """One step on the batch ``(X, Y)``; returns its loss before the update."""
+        X, ptr, ids = self._check_training(X, Y)
+        return self._train_batch(X, ptr, ids)
+
+    def _forward(self, X, ptr, ids, active: list[ActiveSet] | None):
+        hidden = self.hidden_layer_.forward(X)
+        labels = self.shard_map_.split_labels(ptr, ids)
+        if active is None:
+            active = [
+                shard.select(hidden, *labels[p], self.n_steps_)
+                for p, shard in enumerate(self.shards_)
+            ]
+        logits = [shard.logits(hidden, a) for shard, a in zip(self.shards_, active, strict=True)]
+        lse = combine_statistics([s for _, s in logits])
+        return hidden, active, logits, lse
+
+    def _backward(self, X, ptr, hidden, active, logits, lse) -> float:
+        target = 1.0 / np.diff(ptr)
+        grad_hidden = None
+        loss = None
+        for shard, a, (z, _) in zip(self.shards_, active, logits, strict=True):
+            g, part = shard.backward(hidden, a, z, lse, target)
+            grad_hidden = g if grad_hidden is None else grad_hidden + g
+            loss = part if loss is None else loss + part
+        self.hidden_layer_.backward(X, hidden, grad_hidden)
+        return float(np.mean(loss))
+
+    def _train_batch(self, X, ptr, ids) -> float:
+        hidden, active, logits, lse = self._forward(X, ptr, ids, None)
+        loss = self._backward(X, ptr, hidden, active, logits, lse)
+        for shard in self.shards_:
+            shard.apply(self.optimizer_)
+        self.hidden_layer_.apply(self.optimizer_)
+        self.n_steps_ += 1
+        for shard in self.shards_:
+            shard.end_step(self.n_steps_)
+        return loss
+
+    # ------------------------------------------------------------ sampling
+    def active_sets(self, X, Y=None) -> list[np.ndarray]:
+        """The global ids each sample would activate at the current step: per sample, an array
+        (labels first when ``Y`` is given, as in training; none forced without ``Y``)."""
+        self._check_fitted()
+        X = check_features(X, self.n_features_in_, self.dtype)
+        if Y is None:
+            ptr, ids = np.zeros(X.shape[0] + 1, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        else:
+            ptr, ids, _ = check_labels(Y, X.shape[0], self.n_labels_, training=True)
+            self.shard_map_.check_budgets(ptr, ids, self.active_fraction)
+        hidden = self.hidden_layer_.forward(X)
+        labels = self.shard_map_.split_labels(ptr, ids)
+        chosen = [s.select(hidden, *labels[p], self.n_steps_) for p, s in enumerate(self.shards_)]
+        pairs = list(zip(self.shards_, chosen, strict=True))
+        return [
+            np.concatenate([s.ids[a.active[b, : a.count[b]]] for s, a in pairs])
+            for b in range(X.shape[0])
+        ]
+
+    def sampled_gradients(self, X, Y, active: list[ActiveSet]) -> tuple[float, dict]:
+        """Loss and gradients of the sampled softmax with given active sets (one
+        :class:`~dasknn.sampled.layers.ActiveSet` a shard, local ids, labels first); nothing is
+        updated. Gradients are keyed as :meth:`parameters`."""
+        X, ptr, ids = self._check_training(X, Y)
+        hidden, active, logits, lse = self._forward(X, ptr, ids, active)
+        loss = self._backward(X, ptr, hidden, active, logits, lse)
+        layer = self.hidden_layer_
+        grads = {"hidden_weights": layer.grad_w.copy(), "hidden_bias": layer.grad_b.copy()}
+        layer.grad_w[:] = 0
+        layer.grad_b[:] = 0
+        layer.touched[:] = False
+        out_w = np.zeros((self.n_labels_, self.hidden), dtype=self.dtype)
+        out_b = np.zeros(self.n_labels_, dtype=self.dtype)
+        for shard in self.shards_:
+            out_w[shard.ids] = shard.grad_w
+            out_b[shard.ids] = shard.grad_b
+            shard.grad_w[:] = 0
+            shard.grad_b[:] = 0
+            shard.touched[:] = False
+        grads.update(output_weights=out_w, output_bias=out_b)
+        return loss, grads
+
+    # ------------------------------------------------------------ inference
+    def predict(self, X, k: int = 1, batch_size: int = 256) -> np.ndarray:
+        """The ``k`` labels of highest score for each row, exact over all output neurons:
+        ``(n, k)`` global ids, best first (ties: smaller id)."""
+        self._check_fitted()
+        k = check_k(k)
+        X = check_features(X, self.n_features_in_, self.dtype)
+        out = []
+        for start in range(0, X.shape[0], batch_size):
+            hidden = self.hidden_layer_.forward(X[start : start + batch_size])
+            out.append(merge_top_k([s.top_k(hidden, k) for s in self.shards_], k))
+        return np.concatenate(out)
+
+    def precision_at_k(self, X, Y, k: int = 1) -> float:
+        """Precision@k of :meth:`predict` against the labels ``Y``."""
+        k = check_k(k)
+        X = check_features(X, self.n_features_in_, self.dtype)
+        ptr, ids, _ = check_labels(Y, X.shape[0], self.n_labels_, training=False)
+        return precision_at_k(self.predict(X, k), ptr, ids, k)
+
+
+def label_rows(ptr: np.ndarray, ids: np.ndarray, rows: np.ndarray) -> tuple:
+    """The CSR labels of the given rows."""
+    counts = np.diff(ptr)[rows]
+    new_ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    take = np.concatenate([np.arange(ptr[r], ptr[r + 1]) for r in rows]) if len(rows) else []
+    return new_ptr, ids[np.asarray(take, dtype=np.int64)]

@@ -1,0 +1,311 @@
+"""The distributed sampled network (D-SLIDE): one shard of the output layer and one block of the
+hidden layer per worker, weights that never move, active sets chosen per shard with exact
+budgets, and only activations, softmax statistics and partial gradients between workers."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import asdict
+
+import dask
+import numpy as np
+
+from dasknn.runtime.measure import install_comm_monitor, read_transfers, reset_transfers
+from dasknn.sampled.checks import check_features, check_k, check_labels, check_positive_int
+from dasknn.sampled.layers import merge_top_k
+from dasknn.sampled.model import SampledMLP, epoch_batches, label_rows, precision_at_k
+from dasknn.sampled_parallel.taskgraph import (
+    SenderPlacement,
+    predict_graph,
+    step_bytes,
+    train_graph,
+)
+from dasknn.sampled_parallel.worker_state import (
+    ShardState,
+    install_shard,
+    plugin_name,
+    shard_state,
+)
+
+__all__ = ["DistributedSampledMLP"]
+
+
+def _column_bounds(hidden: int, workers: int) -> np.ndarray:
+    base, extra = divmod(hidden, workers)
+    sizes = np.full(workers, base, dtype=np.int64)
+    sizes[:extra] += 1
+    return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+
+
+class DistributedSampledMLP:
+    """A :class:`~dasknn.sampled.SampledMLP` spread over the workers of a Dask cluster, one shard
+    a worker (D-SLIDE, Yan et al. 2022).
+
+    Worker ``p`` (in sorted address order, or the order of ``workers``) owns output shard ``p``
+    of the model (its neurons, weights, bias, Adam state, hash family and tables) and block ``p``
+    of the hidden neurons. The parameters are sent once, here; after that a training step moves
+    only the hidden activations, each shard's softmax statistics and the partial gradients of the
+    hidden activations (see :func:`~dasknn.sampled_parallel.taskgraph.step_bytes`). The model
+    selects the same active sets, and computes the same values, as the one-process model with
+    ``shards=P``.
+
+    Parameters
+    ----------
+    model : SampledMLP
+        An initialized model whose ``shards`` equals the number of workers; its parameters and
+        hyperparameters are copied (not its optimizer state).
+    client : distributed.Client
+    workers : list of str, optional
+        The workers to use, one a shard (default: all, sorted).
+
+    Raises
+    ------
+    ValueError
+        If the model has no parameters, or its shards and the workers differ in number.
+    """
+
+    def __init__(self, model: SampledMLP, client, workers: list[str] | None = None) -> None:
+        model._check_fitted()
+        known = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        workers = list(known if workers is None else workers)
+        unknown = [w for w in workers if w not in known]
+        if unknown:
+            raise ValueError(f"not workers of this cluster: {unknown}")
+        if len(workers) != model.shards or len(set(workers)) != len(workers):
+            raise ValueError(
+                f"the model has {model.shards} shards but {len(set(workers))} distinct workers "
+                f"were given: make the model with shards={len(set(workers))}"
+            )
+        if model.hidden < len(workers):
+            raise ValueError(f"more workers ({len(workers)}) than hidden neurons ({model.hidden})")
+        self.client = client
+        self.workers = workers
+        self.optimizer_ = model.optimizer_
+        self.dtype = np.dtype(model.dtype)
+        self.hidden = model.hidden
+        self.active_fraction = model.active_fraction
+        self.seed = model.seed
+        self.shard_map_ = model.shard_map_
+        self.n_features_in_ = model.n_features_in_
+        self.n_labels_ = model.n_labels_
+        self.columns = _column_bounds(model.hidden, len(workers))
+        self.token = uuid.uuid4().hex[:16]
+        self.plugin_name = plugin_name(self.token)
+        self.n_steps_ = model.n_steps_
+        self.epochs_ = model.epochs_
+        self.loss_curve_: list[float] = []
+        self._calls = 0
+        self._placement = SenderPlacement(workers)
+        self._open = False
+        install_comm_monitor(client)
+        client.register_plugin(ShardState(self.token), name=self.plugin_name)
+        self._open = True
+        try:
+            self._install(model)
+        except BaseException:
+            self.close()
+            raise
+
+    def _install(self, model: SampledMLP) -> None:
+        params = model.parameters()
+        config = asdict(model.sampling_config())
+        futures = []
+        for p, worker in enumerate(self.workers):
+            ids = self.shard_map_.ids(p)
+            lo, hi = self.columns[p], self.columns[p + 1]
+            payload = {
+                "hidden_weights": np.ascontiguousarray(params["hidden_weights"][:, lo:hi]),
+                "hidden_bias": params["hidden_bias"][lo:hi].copy(),
+                "ids": ids,
+                "output_weights": params["output_weights"][ids],
+                "output_bias": params["output_bias"][ids],
+                "columns": self.columns,
+                "config": config,
+                "hogwild": model.hogwild,
+            }
+            [data] = self.client.scatter([payload], workers=[worker], hash=False)
+            futures.append(
+                self.client.submit(
+                    install_shard,
+                    self.token,
+                    p,
+                    data,
+                    workers=[worker],
+                    allow_other_workers=False,
+                    pure=False,
+                )
+            )
+        self.client.gather(futures)
+
+    # ------------------------------------------------------------ basics
+    def __enter__(self) -> DistributedSampledMLP:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Remove the model's plugin (with the parameters it owns) and its transfer records;
+        closing twice does nothing."""
+        if self._open:
+            self._open = False
+            self.client.unregister_worker_plugin(self.plugin_name)
+            reset_transfers(self.client, self.token)
+
+    def _check_open(self) -> None:
+        if not self._open:
+            raise ValueError("the distributed model is closed")
+
+    @property
+    def nworkers(self) -> int:
+        return len(self.workers)
+
+    # ------------------------------------------------------------ data
+    def _scatter(self, value, p: int):
+        [future] = self.client.scatter([value], workers=[self.workers[p]], hash=False)
+        return future
+
+    def _submit(self, tasks: dict, outputs: list) -> list:
+        with dask.annotate(workers=self._placement, allow_other_workers=False):
+            futures = self.client.get(tasks, outputs, sync=False)
+        return self.client.gather(futures)
+
+    # ------------------------------------------------------------ training
+    def _check_training(self, X, Y):
+        X = check_features(X, self.n_features_in_, self.dtype)
+        ptr, ids, _ = check_labels(Y, X.shape[0], self.n_labels_, training=True)
+        self.shard_map_.check_budgets(ptr, ids, self.active_fraction)
+        return X, ptr, ids
+
+    def _train_batch(self, X, ptr, ids) -> float:
+        target = (1.0 / np.diff(ptr)).astype(self.dtype)
+        labels = self.shard_map_.split_labels(ptr, ids)
+        inputs, label_keys, target_keys = [], [], []
+        futures = []
+        for p in range(self.nworkers):
+            for value, keys in ((X, inputs), (labels[p], label_keys), (target, target_keys)):
+                future = self._scatter(value, p)
+                futures.append(future)
+                keys.append(future.key)
+        tasks, outputs = train_graph(
+            self.token,
+            self._calls,
+            self.n_steps_,
+            self.nworkers,
+            inputs,
+            label_keys,
+            target_keys,
+            self.optimizer_,
+        )
+        self._calls += 1
+        losses = self._submit(tasks, outputs)
+        del futures
+        self.n_steps_ += 1
+        return float(np.sum(losses) / X.shape[0])
+
+    def train_step(self, X, Y) -> float:
+        """One step on the batch ``(X, Y)``; returns its loss before the update."""
+        self._check_open()
+        X, ptr, ids = self._check_training(X, Y)
+        return self._train_batch(X, ptr, ids)
+
+    def fit(
+        self, X, Y, epochs: int = 1, batch_size: int = 256, shuffle: bool = True
+    ) -> DistributedSampledMLP:
+        """Train ``epochs`` epochs of mini-batches (the batches of
+        :meth:`SampledMLP.fit`); returns the model."""
+        self._check_open()
+        check_positive_int("epochs", epochs)
+        check_positive_int("batch_size", batch_size)
+        X, ptr, ids = self._check_training(X, Y)
+        for _ in range(epochs):
+            total = 0.0
+            for rows in epoch_batches(X.shape[0], batch_size, self.seed, self.epochs_, shuffle):
+                batch_ptr, batch_ids = label_rows(ptr, ids, rows)
+                total += self._train_batch(X[rows], batch_ptr, batch_ids) * len(rows)
+            self.epochs_ += 1
+            self.loss_curve_.append(total / X.shape[0])
+        return self
+
+    def partial_fit(self, X, Y, batch_size: int = 256, shuffle: bool = True):
+        """One epoch over ``(X, Y)``; returns the model."""
+        return self.fit(X, Y, epochs=1, batch_size=batch_size, shuffle=shuffle)
+
+    # ------------------------------------------------------------ inference
+    def predict(self, X, k: int = 1, batch_size: int = 1024) -> np.ndarray:
+        """Exact top ``k`` labels of every row (a top ``k`` per shard, merged here)."""
+        self._check_open()
+        k = check_k(k)
+        X = check_features(X, self.n_features_in_, self.dtype)
+        out = []
+        for start in range(0, X.shape[0], batch_size):
+            block = X[start : start + batch_size]
+            inputs = [self._scatter(block, p) for p in range(self.nworkers)]
+            tasks, outputs = predict_graph(
+                self.token, self._calls, self.nworkers, [f.key for f in inputs], k
+            )
+            self._calls += 1
+            out.append(merge_top_k(self._submit(tasks, outputs), k))
+            del inputs
+        return np.concatenate(out)
+
+    def precision_at_k(self, X, Y, k: int = 1) -> float:
+        """Precision@k of :meth:`predict` against the labels ``Y``."""
+        k = check_k(k)
+        X = check_features(X, self.n_features_in_, self.dtype)
+        ptr, ids, _ = check_labels(Y, X.shape[0], self.n_labels_, training=False)
+        return precision_at_k(self.predict(X, k), ptr, ids, k)
+
+    # ------------------------------------------------------------ state and bytes
+    def parameters(self) -> dict[str, np.ndarray]:
+        """Copies of the current parameters, keyed as :meth:`SampledMLP.parameters`."""
+        self._check_open()
+        parts = self.client.gather(
+            [
+                self.client.submit(
+                    _parameters_on_worker,
+                    self.token,
+                    workers=[w],
+                    allow_other_workers=False,
+                    pure=False,
+                )
+                for w in self.workers
+            ]
+        )
+        out_w = np.empty((self.n_labels_, self.hidden), dtype=self.dtype)
+        out_b = np.empty(self.n_labels_, dtype=self.dtype)
+        for p, part in enumerate(parts):
+            ids = self.shard_map_.ids(p)
+            out_w[ids] = part["output_weights"]
+            out_b[ids] = part["output_bias"]
+        return {
+            "hidden_weights": np.concatenate([p["hidden_weights"] for p in parts], axis=1),
+            "hidden_bias": np.concatenate([p["hidden_bias"] for p in parts]),
+            "output_weights": out_w,
+            "output_bias": out_b,
+        }
+
+    def predicted_bytes(self, batch: int) -> dict[str, int]:
+        """Bytes per phase of one training step of ``batch`` rows."""
+        return step_bytes(batch, self.hidden, self.nworkers, self.dtype.itemsize)
+
+    def transfers(self) -> dict[str, int]:
+        """Bytes moved between workers so far, by phase, as the monitor measured them."""
+        out: dict[str, int] = {}
+        for _, phase, _, _, nbytes, _ in read_transfers(self.client, self.token):
+            out[phase] = out.get(phase, 0) + nbytes
+        return out
+
+    def reset_transfers(self) -> None:
+        reset_transfers(self.client, self.token)
+
+
+def _parameters_on_worker(token: str) -> dict:
+    """Task: copies of the worker's parameters."""
+    state = shard_state(token)
+    return {
+        "hidden_weights": state.hidden.weights.copy(),
+        "hidden_bias": state.hidden.bias.copy(),
+        "output_weights": state.shard.weights.copy(),
+        "output_bias": state.shard.bias.copy(),
+    }

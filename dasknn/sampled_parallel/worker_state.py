@@ -1,0 +1,81 @@
+"""What a distributed sampled model keeps on a worker: one worker plugin per model owning the
+worker's block of hidden neurons and its shard of the output layer (weights, biases, optimizer
+state, hash family and tables). The step tasks find it with :func:`shard_state`; they change
+only this state, never a value Dask holds."""
+
+from __future__ import annotations
+
+import numpy as np
+from distributed import get_worker
+from distributed.diagnostics.plugin import WorkerPlugin
+
+from dasknn.sampled.layers import HiddenLayer, OutputShard, SamplingConfig
+
+__all__ = ["ShardState", "install_shard", "plugin_name", "shard_state"]
+
+
+def plugin_name(token: str) -> str:
+    """Name of the worker plugin of the sampled model ``token``."""
+    return f"dasknn-sampled-{token}"
+
+
+class ShardState(WorkerPlugin):
+    """Worker plugin owning one sampled model's state on a worker.
+
+    Attributes (after :meth:`install`)
+    ----------------------------------
+    position : int
+        The worker's position, which is also its shard's number.
+    hidden : HiddenLayer
+        The worker's block of hidden neurons (columns ``columns[position]`` of the layer).
+    shard : OutputShard
+    columns : numpy.ndarray
+        Bounds of every worker's block of hidden neurons.
+    """
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+        self.name = plugin_name(token)
+
+    def setup(self, worker) -> None:
+        self.position = -1
+        self.hidden: HiddenLayer | None = None
+        self.shard: OutputShard | None = None
+        self.columns = np.zeros(0, dtype=np.int64)
+
+    def teardown(self, worker) -> None:
+        self.hidden = None
+        self.shard = None
+
+    def install(self, position: int, payload: dict) -> None:
+        """Own copies of the worker's parameters (see :func:`install_shard`)."""
+        hogwild = payload["hogwild"]
+        self.position = position
+        self.columns = np.asarray(payload["columns"], dtype=np.int64)
+        self.hidden = HiddenLayer(
+            np.array(payload["hidden_weights"]), np.array(payload["hidden_bias"]), hogwild
+        )
+        self.shard = OutputShard(
+            position,
+            np.array(payload["ids"]),
+            np.array(payload["output_weights"]),
+            np.array(payload["output_bias"]),
+            SamplingConfig(**payload["config"]),
+            hogwild,
+        )
+
+
+def shard_state(token: str) -> ShardState:
+    """The :class:`ShardState` of the model ``token`` on the worker running the calling task."""
+    return get_worker().plugins[plugin_name(token)]
+
+
+def install_shard(token: str, position: int, payload: dict) -> int:
+    """Task: hand the worker's parameters to the model's plugin; returns the position.
+
+    ``payload`` holds ``hidden_weights`` (``(n_features, H_p)``), ``hidden_bias``, ``ids``,
+    ``output_weights`` (``(n_p, H)``), ``output_bias``, ``columns``, ``config`` (the fields of
+    :class:`~dasknn.sampled.layers.SamplingConfig`) and ``hogwild``.
+    """
+    shard_state(token).install(position, payload)
+    return position

@@ -1,0 +1,142 @@
+"""The distributed sampled network on a real LocalCluster (P = 1, 2, 3): against the numpy
+float64 Adam reference with every neuron active, against the one-process model simulating the
+same shards, exact predictions, and the bytes between workers against the formula."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from distributed import Client, LocalCluster
+from sampled_reference import AdamReference, reference_step, targets
+
+from dasknn.datasets import make_extreme_classification
+from dasknn.optim import Adam
+from dasknn.sampled import SampledMLP
+from dasknn.sampled_parallel import DistributedSampledMLP
+
+
+@pytest.fixture(scope="module")
+def client():
+    with (
+        LocalCluster(
+            n_workers=3, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        yield client
+
+
+def _workers(client, count: int) -> list[str]:
+    return sorted(client.scheduler_info(n_workers=-1)["workers"])[:count]
+
+
+@pytest.mark.parametrize("shards", [1, 2, 3])
+def test_every_neuron_active_equals_numpy_adam(client, shards):
+    rng = np.random.default_rng(shards)
+    X = sp.csr_matrix(rng.uniform(0.1, 1.0, (40, 12)) / 3)
+    labels = [list(rng.choice(10, rng.integers(1, 4), replace=False)) for _ in range(40)]
+    model = SampledMLP(
+        hidden=6,
+        active_fraction=1.0,
+        k=3,
+        n_tables=4,
+        shards=shards,
+        hogwild=False,
+        dtype="float64",
+        optimizer=Adam(lr=0.01),
+        seed=shards,
+    ).initialize(12, 10)
+    params = model.parameters()
+    adam = AdamReference(0.01)
+    dense, y = X.toarray(), targets(labels, 10)
+    with DistributedSampledMLP(model, client, _workers(client, shards)) as dist:
+        for step in range(20):
+            rows = slice((step % 2) * 20, (step % 2 + 1) * 20)
+            loss = dist.train_step(X[rows], labels[rows])
+            ref_loss, grads = reference_step(params, dense[rows], y[rows])
+            adam.step(params, grads)
+            assert loss == pytest.approx(ref_loss, rel=1e-10)
+        for name, value in dist.parameters().items():
+            np.testing.assert_allclose(value, params[name], rtol=1e-9, atol=1e-9, err_msg=name)
+
+
+@pytest.mark.minversions  # also at the minimum versions (.ci/run)
+@pytest.mark.parametrize("shards", [2, 3])
+def test_distributed_equals_the_local_model_simulating_its_shards(client, shards):
+    data = make_extreme_classification(n_samples=300, n_features=200, n_labels=90, seed=shards)
+    local = SampledMLP(
+        hidden=8,
+        active_fraction=0.2,
+        k=3,
+        n_tables=4,
+        shards=shards,
+        hogwild=False,
+        rehash_every=2,
+        rebuild_every=5,
+        underflow="stop",
+        seed=7,
+    ).initialize(200, 90)
+    batch, hidden, itemsize = 50, 8, 4
+    with DistributedSampledMLP(local, client, _workers(client, shards)) as dist:
+        local.fit(data.X, data.Y, epochs=2, batch_size=batch)
+        dist.fit(data.X, data.Y, epochs=2, batch_size=batch)
+        np.testing.assert_allclose(dist.loss_curve_, local.loss_curve_, rtol=1e-5)
+        theirs = dist.parameters()
+        for name, value in local.parameters().items():
+            np.testing.assert_allclose(theirs[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+        # bytes: the formula per phase, exactly; nothing else (no weight) moved
+        steps = 2 * (300 // batch)
+        measured = dist.transfers()
+        per_step = {
+            "hidden": (shards - 1) * batch * hidden * itemsize,
+            "stats": shards * (shards - 1) * 2 * batch * itemsize,
+            "grad": (shards - 1) * batch * hidden * itemsize,
+        }
+        assert measured == {phase: steps * b for phase, b in per_step.items()}
+        assert dist.predicted_bytes(batch) == per_step
+        # predictions: exact top-k over all neurons, from the gathered parameters in numpy
+        dist.reset_transfers()
+        top = dist.predict(data.X, k=3, batch_size=128)
+        h = np.maximum(data.X.toarray() @ theirs["hidden_weights"] + theirs["hidden_bias"], 0)
+        scores = h @ theirs["output_weights"].T + theirs["output_bias"]
+        expected = np.argsort(-scores, axis=1, kind="stable")[:, :3]
+        np.testing.assert_array_equal(top, expected)
+        assert dist.transfers() == {"predict-hidden": (shards - 1) * 300 * hidden * itemsize}
+        np.testing.assert_array_equal(local.predict(data.X, k=3), top)
+        hits = [len(set(expected[i, :2]) & set(data.Y[i].indices)) for i in range(300)]
+        assert dist.precision_at_k(data.X, data.Y, k=2) == pytest.approx(np.mean(hits) / 2)
+
+
+def test_bad_input_fails_before_anything_is_scheduled(client):
+    model = SampledMLP(hidden=4, active_fraction=0.2, k=2, n_tables=2, shards=2).initialize(6, 20)
+    with pytest.raises(ValueError, match="2 shards but 3 distinct workers"):
+        DistributedSampledMLP(model, client)
+    with DistributedSampledMLP(model, client, _workers(client, 2)) as dist:
+        X = sp.csr_matrix(np.ones((3, 6), dtype=np.float32))
+        for bad_x, bad_y, message in [
+            (sp.csr_matrix(np.ones((3, 5))), [[0], [1], [2]], "5 features, the model expects 6"),
+            (X, [[0], [], [2]], "training row 1 has no label"),
+            (X, [[0], [25], [2]], "labels out of range"),
+            (X.multiply(np.nan).tocsr(), [[0], [1], [2]], "NaN or infinite"),
+            (X, [[0, 1, 2, 3, 4, 5, 6], [1], [2]], "more than its budget"),
+        ]:
+            with pytest.raises(ValueError, match=message):
+                dist.train_step(bad_x, bad_y)
+        assert dist.n_steps_ == 0 and dist.transfers() == {}
+        with pytest.raises(ValueError, match="k must be"):
+            dist.predict(X, k=0)
+    with pytest.raises(ValueError, match="closed"):
+        dist.predict(X)
+
+
+def test_sampled_keys_are_built_parsed_and_described():
+    from dasknn.runtime.keys import describe, parse_sampled_key, phase_names, sampled_key
+
+    key = sampled_key("abc", 7, "grad", 1, 0)
+    assert key == ("dasknn-slide-abc", 7, "grad", 1, 0)
+    assert parse_sampled_key(key) == ("abc", 7, "grad", 1, 0)
+    assert describe(key) == ("abc", "grad", None)
+    step = (phase_names("abc")["fwd"], 7, 0, 1, 0)
+    assert parse_sampled_key(step) is None and describe(step) == ("abc", "forward", 1)
+    assert parse_sampled_key(("dasknn-slide-abc", 1, "grad", 0)) is None
