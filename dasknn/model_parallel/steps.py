@@ -40,7 +40,14 @@ from dasknn.kernels.training import masked_outer_grad, spmm_backward, spmm_forwa
 from dasknn.model.activations import get_activation
 from dasknn.model.losses import get_loss
 from dasknn.model_parallel.plan import LayerPartPlan
-from dasknn.model_parallel.worker_state import ModelState, PartLayer, PartStep, model_state
+from dasknn.model_parallel.worker_state import (
+    GradientSum,
+    MicrobatchStep,
+    ModelState,
+    PartLayer,
+    PartStep,
+    model_state,
+)
 from dasknn.optim import Optimizer
 
 __all__ = [
@@ -68,6 +75,11 @@ class StepContext:
     #: ``False`` for a forward pass only: a part then keeps just the activations of its latest
     #: layer, not every layer's ``x_in``, ``z`` and ``a`` for a backward pass.
     training: bool = True
+    #: Row blocks the step's batch is split into; each runs through the layer chain as its own
+    #: tasks, and the gradients of a layer are summed over them before the update.
+    microbatches: int = 1
+    #: Rows of the whole step's batch (the ``B`` of the mean loss); 0 for a forward pass.
+    batch: int = 0
 
 
 @dataclass(frozen=True)
@@ -97,26 +109,27 @@ def _input_block(x, rows):
     return x if rows is None else np.ascontiguousarray(x[:, rows])
 
 
-def _post(owner: ModelState, ctx, phase: str, k: int, sender: int, messages: dict) -> None:
-    """Leave ``{receiver: rows}`` of ``sender`` in the worker's mailbox."""
+def _post(owner: ModelState, ctx, i: int, phase: str, k: int, sender: int, messages: dict) -> None:
+    """Leave ``{receiver: rows}`` of ``sender`` for microbatch ``i`` in the worker's mailbox."""
     mailbox = owner.mailbox
     for receiver, rows in messages.items():
-        mailbox[(ctx.step, phase, k, sender, receiver)] = rows
+        mailbox[(ctx.step, i, phase, k, sender, receiver)] = rows
 
 
 def _received(
-    owner: ModelState, ctx, phase: str, k: int, part: int, senders, pieces, route: Route
+    owner: ModelState, ctx, i: int, phase: str, k: int, part: int, senders, pieces, route: Route
 ) -> list:
-    """The messages of ``(phase, k, s)`` for ``part`` from every ``s`` of ``senders``, in order:
-    from the mailbox for senders on this worker, sliced out of ``pieces`` for the others."""
+    """The messages of ``(phase, k, s)`` for ``part`` in microbatch ``i`` from every ``s`` of
+    ``senders``, in order: from the mailbox for senders on this worker, sliced out of ``pieces``
+    for the others."""
     mailbox = owner.mailbox
     messages = []
     for s, source in zip(senders, route.sources, strict=True):
         if source is None:
-            messages.append(mailbox.pop((ctx.step, phase, k, s, part)))
+            messages.append(mailbox.pop((ctx.step, i, phase, k, s, part)))
         else:
-            i, lo, hi = source
-            messages.append(pieces[i][lo:hi])
+            index, lo, hi = source
+            messages.append(pieces[index][lo:hi])
     return messages
 
 
@@ -126,21 +139,23 @@ def _stack(rows: list[np.ndarray]) -> np.ndarray:
 
 
 def _ensure_forward(
-    owner: ModelState, ctx, part, k, plan: LayerPartPlan, next_plan, x0, x0_rows, pieces, route
-) -> PartStep:
-    """Compute ``x_in``, ``z``, ``a`` of part ``part`` in layer ``k`` unless already done, and
-    post the messages for the receiving parts on this worker (``route.local``).
+    owner: ModelState, ctx, part, i, k, plan: LayerPartPlan, next_plan, x0, x0_rows, pieces, route
+) -> MicrobatchStep:
+    """Compute ``x_in``, ``z``, ``a`` of part ``part`` in layer ``k`` for microbatch ``i`` unless
+    already done, and post the messages for the receiving parts on this worker
+    (``route.local``).
 
     Layer 0 only stores the part's input columns (restricted to the batch rows) as ``a_0``.
     """
-    state = owner.part_step(ctx.step, part)
-    with state.lock:
+    part_step = owner.part_step(ctx.step, part)
+    with part_step.lock:
+        state = part_step.microbatch(i)
         if k in state.forward:
             return state
         if k == 0:
             a = _input_block(x0, x0_rows)
             state.forward[0] = (None, None, a)
-            _post(owner, ctx, "fwd", 0, part, {n: a[next_plan.send[n]] for n in route.local})
+            _post(owner, ctx, i, "fwd", 0, part, {n: a[next_plan.send[n]] for n in route.local})
             return state
         layer = owner.layers[(k, part)]
         start = time.perf_counter()
@@ -151,7 +166,7 @@ def _ensure_forward(
         x_in = np.empty((int(groups[-1]), batch), dtype=dtype)
         x_in[groups[part] : groups[part + 1]] = a_prev[plan.own]
         senders = plan.senders()
-        received = _received(owner, ctx, "fwd", k - 1, part, senders, pieces, route)
+        received = _received(owner, ctx, i, "fwd", k - 1, part, senders, pieces, route)
         for n, piece in zip(senders, received, strict=True):
             x_in[groups[n] : groups[n + 1]] = piece
         middle = time.perf_counter()
@@ -167,7 +182,7 @@ def _ensure_forward(
             del state.forward[k - 1]
         end = time.perf_counter()
         if route.local:
-            _post(owner, ctx, "fwd", k, part, {n: a[next_plan.send[n]] for n in route.local})
+            _post(owner, ctx, i, "fwd", k, part, {n: a[next_plan.send[n]] for n in route.local})
         owner.add_time("pack", middle - start + time.perf_counter() - end)
         owner.add_time("forward_product", end - middle)
     return state
@@ -187,8 +202,10 @@ def forward_task(
     y_rows=None,
     after=None,
     route: Route = Route(),
+    microbatch: int = 0,
 ):
-    """Part ``part``'s forward step of layer ``k``; returns what ``receiver`` needs.
+    """Part ``part``'s forward step of layer ``k`` for one microbatch; returns what ``receiver``
+    needs.
 
     Layer ``k = 0`` takes the part's input columns ``x0`` (rows ``x0_rows`` of them when given);
     ``plan`` is then ``None``. The part's weights and bias are those its worker's
@@ -211,9 +228,14 @@ def forward_task(
         Ignored: the part's tasks of the previous layer (or step) and those of the sending parts
         on this worker, which must run first.
     route : Route
+    microbatch : int
+        The row block of the step's batch this task works on (``0 <= microbatch <
+        ctx.microbatches``); ``x0_rows`` and ``y_rows`` are its rows.
     """
     owner = model_state(ctx.token)
-    state = _ensure_forward(owner, ctx, part, k, plan, next_plan, x0, x0_rows, pieces, route)
+    state = _ensure_forward(
+        owner, ctx, part, microbatch, k, plan, next_plan, x0, x0_rows, pieces, route
+    )
     a = state.forward[k][2]
     if receiver >= 0:
         start = time.perf_counter()
@@ -252,17 +274,22 @@ def combine_logsumexp(*stats: np.ndarray) -> np.ndarray:
 
 
 def _output_delta(ctx: StepContext, z, a, y, lse) -> tuple[np.ndarray, float]:
-    """``dJ/dz_L`` of this part's output neurons (feature-major) and its share of the loss."""
+    """``dJ/dz_L`` of this part's output neurons for one microbatch (feature-major) and its share
+    of the loss, both scaled by ``1 / ctx.batch`` (the mean over the whole step's batch)."""
     loss = get_loss(ctx.loss)
-    batch = z.shape[1]
+    rows = z.shape[1]
     if loss.name == "softmax_cross_entropy":
         log_prob = z - lse[0].astype(z.dtype)
         delta = np.exp(log_prob) * lse[1].astype(z.dtype) - y
-        delta /= batch
-        return np.ascontiguousarray(delta, dtype=z.dtype), -float(np.vdot(y, log_prob)) / batch
+        delta /= ctx.batch
+        return np.ascontiguousarray(delta, dtype=z.dtype), -float(np.vdot(y, log_prob)) / ctx.batch
     out = get_activation(ctx.output_activation)
-    delta = loss.output_delta(z.T, a.T, y.T, out)
-    return np.ascontiguousarray(delta.T), loss.value(z.T, a.T, y.T)
+    delta = loss.output_delta(z.T, a.T, y.T, out)  # divided by the microbatch's rows
+    value = loss.value(z.T, a.T, y.T)
+    if rows != ctx.batch:
+        delta *= delta.dtype.type(rows / ctx.batch)
+        value *= rows / ctx.batch
+    return np.ascontiguousarray(delta.T), value
 
 
 def backward_task(
@@ -280,40 +307,47 @@ def backward_task(
     after=None,
     route: Route = Route(),
     forward_route: Route = Route(),
+    microbatch: int = 0,
 ):
-    """Part ``part``'s backward step and update of layer ``k``; returns what ``receiver`` needs.
+    """Part ``part``'s backward step of layer ``k`` for one microbatch; returns what ``receiver``
+    needs.
 
     The delta of layer ``k`` is the sum of the part's own partial sums and those received from
     ``sorted(next_plan.send)`` (``pieces`` and the mailbox, as ``route.sources`` says) times
     ``f'(z_k)`` (at ``k = L``: the loss gradient from ``y``).
-    Then the partial sums for layer ``k-1`` are computed with the old weights, and the update of
-    the weights and bias of layer ``k`` (``ctx.optimizer``'s step, with the state the worker keeps
-    beside them) goes to the background thread; in layer 1 this part's last task of the step
-    (``receiver == -1``) updates inline and waits for every update.
+    Then the partial sums for layer ``k-1`` are computed with the old weights, and the
+    microbatch's gradient of layer ``k`` goes to the background thread, which adds it to the
+    layer's sum and, once every microbatch's gradient is in, applies ``ctx.optimizer``'s step
+    (with the state the worker keeps beside the weights). In layer 1 the part's last microbatch
+    to finish waits for all of the part's updates and then adds its own gradient and updates
+    layer 1 itself.
 
     Parameters
     ----------
     receiver : int
         A worker (its index) hosting owners of rows of ``W_k``: the partial sums of the owners in
         ``route.to`` (slices ``plan.groups``) are returned, stacked; or ``-1`` for none (in layer
-        1: the part's last task of the step, which updates layer 1, returns the part's loss share
-        and frees its state). The partial sums for owners on this worker (``route.local``) are
-        left in the mailbox.
+        1: the microbatch's last task of the step, which returns the microbatch's loss share).
+        The partial sums for owners on this worker (``route.local``) are left in the mailbox.
     forward_pieces : tuple of arrays
         At ``k = L``: the forward messages of layer ``L`` from other workers (the forward of the
         last layer runs here), placed by ``forward_route``.
+    microbatch : int
+        The row block of the step's batch this task works on.
     """
     owner = model_state(ctx.token)
-    state = owner.part_step(ctx.step, part)
-    with state.lock:
+    i = microbatch
+    part_step = owner.part_step(ctx.step, part)
+    with part_step.lock:
+        state = part_step.microbatch(i)
         if k not in state.backward_done:
             if k == ctx.n_layers:
                 inputs = (None, None, None, forward_pieces, forward_route)
-                _ensure_forward(owner, ctx, part, k, plan, *inputs)
+                _ensure_forward(owner, ctx, part, i, k, plan, *inputs)
             received = ()
             if k < ctx.n_layers:
                 returning = sorted(next_plan.send)
-                received = _received(owner, ctx, "bwd", k + 1, part, returning, pieces, route)
+                received = _received(owner, ctx, i, "bwd", k + 1, part, returning, pieces, route)
             layer = owner.layers[(k, part)]
             delta = _backward(
                 owner, ctx, state, part, k, plan, layer, next_plan, received, y, y_rows, lse
@@ -323,27 +357,34 @@ def backward_task(
                 groups = plan.groups
                 partial = state.partial[k]
                 local = {n: partial[groups[n] : groups[n + 1]] for n in route.local}
-                _post(owner, ctx, "bwd", k, part, local)
-                update = owner.submit_update(_update, owner, ctx, x_in, delta, plan, layer, True)
-                state.updates.append(update)
-            else:  # the part's only task of layer 1 (see ``receiver``)
-                _update(owner, ctx, x_in, delta, plan, layer)
-                for update in state.updates:
+                _post(owner, ctx, i, "bwd", k, part, local)
+            if k >= 2 or part_step.finished + 1 < ctx.microbatches:
+                update = owner.submit_update(
+                    _accumulate, owner, ctx, part_step, x_in, delta, k, plan, layer, True
+                )
+                part_step.updates.append(update)
+            else:  # the part's last task of the step: every other update is queued before it
+                for update in part_step.updates:
                     update.result()
+                _accumulate(owner, ctx, part_step, x_in, delta, k, plan, layer)
+        last = False
+        if k == 1:
+            part_step.finished += 1
+            last = part_step.finished == ctx.microbatches
     if receiver >= 0:
         start = time.perf_counter()
         groups = plan.groups
         message = _stack([state.partial[k][groups[n] : groups[n + 1]] for n in route.to])
         owner.add_time("pack", time.perf_counter() - start)
         return message
-    if k == 1:
+    if last:
         owner.drop_part_step(ctx.step, part)
     return state.loss
 
 
 def _backward(
-    owner: ModelState, ctx, state, part, k, plan, layer: PartLayer, next_plan, pieces, y, y_rows,
-    lse,
+    owner: ModelState, ctx, state: MicrobatchStep, part, k, plan, layer: PartLayer, next_plan,
+    pieces, y, y_rows, lse,
 ):
     """Return ``delta_k`` of the part; keep its partial sums for layer ``k-1`` (old weights)."""
     _, z, a = state.forward[k]
@@ -367,15 +408,34 @@ def _backward(
     return delta
 
 
-def _update(
-    owner: ModelState, ctx, x_in, delta, plan, layer: PartLayer, background: bool = False
+def _accumulate(
+    owner: ModelState,
+    ctx,
+    part_step: PartStep,
+    x_in,
+    delta,
+    k: int,
+    plan,
+    layer: PartLayer,
+    background: bool = False,
 ) -> None:
-    """The optimizer's step on a part's chunk of a layer, from its inputs and deltas."""
+    """Add one microbatch's gradient of a part's chunk of layer ``k`` to the layer's sum; with
+    the last microbatch's, apply the optimizer's step to the chunk."""
     start = time.perf_counter()
     grad_w = np.empty_like(layer.values)
     one = layer.values.dtype.type(1)
     masked_outer_grad(x_in, delta, plan.indptr, layer.indices, one, grad_w)
-    layer.apply(ctx.optimizer, grad_w, delta.sum(axis=1))
+    grad_b = delta.sum(axis=1)
+    total = part_step.gradients.get(k)
+    if total is None:
+        total = part_step.gradients[k] = GradientSum(0, grad_w, grad_b)
+    else:
+        total.weights += grad_w
+        total.bias += grad_b
+    total.count += 1
+    if total.count == ctx.microbatches:
+        del part_step.gradients[k]
+        layer.apply(ctx.optimizer, total.weights, total.bias)
     seconds = time.perf_counter() - start
     owner.add_time("update", seconds)
     if background:

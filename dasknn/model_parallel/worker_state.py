@@ -34,6 +34,8 @@ from dasknn.optim import Optimizer, ParamState
 
 __all__ = [
     "TIMING_KINDS",
+    "GradientSum",
+    "MicrobatchStep",
     "ModelState",
     "PartLayer",
     "PartStep",
@@ -97,15 +99,50 @@ class PartLayer:
 
 
 @dataclass
-class PartStep:
-    """One part's intermediate values during one step."""
+class MicrobatchStep:
+    """One part's intermediate values for one microbatch (a row block of the step's batch)."""
 
     forward: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
     partial: dict[int, np.ndarray] = field(default_factory=dict)
     backward_done: set[int] = field(default_factory=set)
-    updates: list[Future] = field(default_factory=list)
     loss: float = 0.0
+
+
+@dataclass
+class GradientSum:
+    """A layer's weight and bias gradients summed over the microbatches accumulated so far."""
+
+    count: int
+    weights: np.ndarray
+    bias: np.ndarray
+
+
+@dataclass
+class PartStep:
+    """One part's intermediate values during one step.
+
+    Attributes
+    ----------
+    microbatches : dict
+        Microbatch number -> :class:`MicrobatchStep`.
+    gradients : dict
+        Layer -> :class:`GradientSum` until every microbatch's gradient of the layer is in it
+        (used by the update thread only, or by the task thread once the updates are waited for).
+    updates : list of Future
+        The update-thread jobs of the step.
+    finished : int
+        Microbatches whose layer 1 is done.
+    """
+
+    microbatches: dict[int, MicrobatchStep] = field(default_factory=dict)
+    gradients: dict[int, GradientSum] = field(default_factory=dict)
+    updates: list[Future] = field(default_factory=list)
+    finished: int = 0
     lock: threading.RLock = field(default_factory=threading.RLock)
+
+    def microbatch(self, i: int) -> MicrobatchStep:
+        """The values of microbatch ``i`` (created on first use; call with ``lock`` held)."""
+        return self.microbatches.setdefault(i, MicrobatchStep())
 
 
 class ModelState(WorkerPlugin):
@@ -124,8 +161,8 @@ class ModelState(WorkerPlugin):
     def setup(self, worker) -> None:
         self.layers: dict[tuple[int, int], PartLayer] = {}
         self.steps: dict[tuple[int, int], PartStep] = {}
-        #: Messages between parts on this worker: ``(step, phase, layer, sender, receiver)`` ->
-        #: rows.
+        #: Messages between parts on this worker: ``(step, microbatch, phase, layer, sender,
+        #: receiver)`` -> rows.
         self.mailbox: dict[tuple, np.ndarray] = {}
         self.timings: dict[str, float] = defaultdict(float)
         self._lock = threading.Lock()

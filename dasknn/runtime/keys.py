@@ -3,9 +3,9 @@
 Two families of keys exist.
 
 **Step keys** (the model-parallel trainer, :mod:`dasknn.model_parallel.taskgraph`) are tuples
-``(f"dasknn-{kind}-{token}", step, layer, part, receiver)`` with ``kind`` ``fwd``, ``bwd`` or
-``lse`` (see :func:`phase_names`); ``receiver`` is a worker number, negative for a task whose value
-is not a layer message.
+``(f"dasknn-{kind}-{token}", step, layer, part, receiver, microbatch)`` with ``kind`` ``fwd``,
+``bwd`` or ``lse`` (see :func:`phase_names`); ``receiver`` is a worker number, negative for a task
+whose value is not a layer message; ``microbatch`` numbers the row block of the step's batch.
 
 **Collective keys** (:mod:`dasknn.runtime.collectives`) are tuples
 ``(f"dasknn-{op}-{token}", phase, sender, receiver)``: ``op`` is the collective (one of
@@ -29,6 +29,7 @@ __all__ = [
     "message_phase",
     "parse_collective_key",
     "phase_names",
+    "step_key",
 ]
 
 PREFIX = "dasknn-"
@@ -63,6 +64,11 @@ def phase_names(token: str) -> dict[str, str]:
     return {kind: f"{PREFIX}{kind}-{token}" for kind in STEP_KINDS}
 
 
+def step_key(name: str, step: int, layer: int, part: int, receiver: int, microbatch: int) -> tuple:
+    """A step key; ``name`` is one of :func:`phase_names`' values."""
+    return (name, step, layer, part, receiver, microbatch)
+
+
 def message_phase(key) -> tuple[str, str, int] | None:
     """``(token, phase, layer)`` of a step key, ``None`` for any other key.
 
@@ -70,7 +76,7 @@ def message_phase(key) -> tuple[str, str, int] | None:
     ``"backward"`` (partial sums of ``layer``) or ``"other"`` (softmax statistics and anything
     else that is not a layer message).
     """
-    if not (isinstance(key, tuple) and len(key) == 5):
+    if not (isinstance(key, tuple) and len(key) == 6):
         return None
     parsed = _split_name(key)
     if parsed is None or parsed[0] not in STEP_KINDS:

@@ -1,0 +1,139 @@
+"""Microbatched model-parallel steps: the same step as one process, for any number of blocks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from model_reference import stored_mask
+
+from dasknn.model import SparseMLP
+from dasknn.model_parallel import DistributedSparseMLP
+from dasknn.model_parallel.microbatches import (
+    AUTO_MAX,
+    auto_microbatches,
+    check_microbatches,
+    split_rows,
+)
+from dasknn.model_parallel.taskgraph import StepPriority
+from dasknn.optim import SGD, Adam
+from dasknn.runtime.keys import phase_names, step_key
+
+pytestmark = pytest.mark.minversions  # also run at the minimum versions (.ci/run)
+
+
+def _model(loss: str, seed: int) -> SparseMLP:
+    """Three layers of different widths, random patterns, weights and biases (float64)."""
+    rng = np.random.default_rng(seed)
+    sizes = [18, 30, 26, 12]
+    weights = []
+    for k in range(3):
+        w = sp.random(sizes[k], sizes[k + 1], density=0.2, format="csr", random_state=rng)
+        w.data = rng.uniform(-1, 1, size=w.nnz)
+        weights.append(w)
+    biases = [rng.uniform(-0.2, 0.2, size=n) for n in sizes[1:]]
+    return SparseMLP(weights, biases, activation="sigmoid", loss=loss, dtype=np.float64)
+
+
+def _data(model: SparseMLP, rows: int, seed: int):
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(0, 1, size=(rows, model.n_inputs))
+    if model.loss.name == "mse":
+        return x, rng.uniform(0, 1, size=(rows, model.n_outputs))
+    return x, rng.integers(0, model.n_outputs, size=rows)
+
+
+@pytest.mark.parametrize(
+    ("microbatches", "loss", "optimizer"),
+    [
+        (1, "mse", SGD(lr=0.3)),
+        (2, "softmax_cross_entropy", Adam(lr=0.02)),
+        (3, "mse", Adam(lr=0.02, weight_decay=0.01)),
+        (3, "softmax_cross_entropy", SGD(lr=0.2, momentum=0.9)),
+    ],
+)
+def test_microbatched_steps_equal_the_single_process_steps(
+    dask_client, microbatches, loss, optimizer
+):
+    """``fit`` in batches of 7 rows (blocks of 3+2+2 for m = 3; the last batch has 2 rows, so at
+    most 2 blocks), then a ``train_step``: losses, weights and biases equal one process's to
+    1e-10, with three parts on two workers (messages through Dask and through the mailbox)."""
+    model = _model(loss, seed=microbatches)
+    reference = model.copy()
+    x, y = _data(model, 23, seed=microbatches)
+    rng = np.random.default_rng(microbatches)
+    parts = [rng.integers(0, 3, size=n) for n in model.layer_sizes]
+    fit = {"batch_size": 7, "epochs": 2, "seed": 3, "progress": False, "optimizer": optimizer}
+    with DistributedSparseMLP(model, dask_client, parts, microbatches=microbatches) as dist:
+        assert dist.step_microbatches(7) == microbatches
+        assert dist.step_microbatches(2) == min(microbatches, 2)
+        got = dist.fit(x, y, **fit).loss_curve_
+        want = reference.fit(x, y, **fit).loss_curve_
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=0)
+        step = dist.train_step(x[:5], y[:5], optimizer=optimizer)
+        assert step == pytest.approx(
+            reference.train_step(x[:5], y[:5], optimizer=optimizer), rel=1e-10
+        )
+        report = dist.comm_report()
+        trained = dist.gather()
+    assert report.payload == report.predicted
+    for k in range(model.n_layers):
+        np.testing.assert_allclose(
+            trained.weights[k].toarray(), reference.weights[k].toarray(), rtol=0, atol=1e-10
+        )
+        np.testing.assert_array_equal(
+            stored_mask(trained.weights[k]), stored_mask(reference.weights[k])
+        )
+        np.testing.assert_allclose(trained.biases[k], reference.biases[k], rtol=0, atol=1e-10)
+    assert not np.allclose(trained.weights[1].toarray(), model.weights[1].toarray())
+
+
+def test_split_rows_cuts_consecutive_uneven_blocks():
+    rows = np.array([9, 4, 7, 1, 0, 3, 8])
+    blocks = split_rows(rows, 7, 3)
+    assert [b.tolist() for b in blocks] == [[9, 4, 7], [1, 0], [3, 8]]
+    assert split_rows(None, 7, 3) == [slice(0, 3), slice(3, 5), slice(5, 7)]
+    assert split_rows(None, 2, 5) == [slice(0, 1), slice(1, 2)]  # at most one block per row
+    assert split_rows(rows, 7, 1) == [rows]
+    assert split_rows(None, 7, 1) == [None]
+
+
+def test_automatic_choice():
+    assert auto_microbatches(batch=256, workers=1) == 1
+    assert auto_microbatches(batch=63, workers=2) == 1
+    assert auto_microbatches(batch=128, workers=2) == 2
+    assert auto_microbatches(batch=4096, workers=4) == AUTO_MAX
+
+
+def test_priorities_run_layer_steps_in_order_and_microbatches_within_them():
+    names = phase_names("t")
+    order = [
+        ("fwd", 0, 0),
+        ("fwd", 0, 1),
+        ("fwd", 1, 0),
+        ("fwd", 1, 1),
+        ("fwd", 2, 0),
+        ("bwd", 2, 0),
+        ("bwd", 2, 1),
+        ("bwd", 1, 0),
+        ("bwd", 1, 1),
+    ]
+    priority = StepPriority("t", n_layers=2)
+    values = [priority(step_key(names[p], 5, k, 0, -1, i)) for p, k, i in order]
+    assert values == sorted(values, reverse=True)  # higher runs first
+    assert len(set(values)) == len(values)
+
+
+def _plugin_names(dask_worker) -> list[str]:
+    return sorted(dask_worker.plugins)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True])
+def test_bad_microbatches_raise_before_anything_is_scheduled(dask_client, bad):
+    model = _model("mse", seed=0)
+    parts = [np.zeros(n, dtype=int) for n in model.layer_sizes]
+    before = dask_client.run(_plugin_names)
+    with pytest.raises(ValueError, match="microbatches"):
+        DistributedSparseMLP(model, dask_client, parts, microbatches=bad)
+    assert dask_client.run(_plugin_names) == before
+    assert check_microbatches(None) is None
