@@ -11,6 +11,7 @@ from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
 from dasknn.model_parallel.microbatches import (
     AUTO_MAX,
+    AUTO_MIN_ROWS,
     auto_microbatches,
     check_microbatches,
     split_rows,
@@ -44,27 +45,31 @@ def _data(model: SparseMLP, rows: int, seed: int):
 
 
 @pytest.mark.parametrize(
-    ("microbatches", "loss", "optimizer"),
+    ("microbatches", "loss", "optimizer", "messages"),
     [
-        (1, "mse", SGD(lr=0.3)),
-        (2, "softmax_cross_entropy", Adam(lr=0.02)),
-        (3, "mse", Adam(lr=0.02, weight_decay=0.01)),
-        (3, "softmax_cross_entropy", SGD(lr=0.2, momentum=0.9)),
+        (1, "mse", SGD(lr=0.3), "tasks"),
+        (2, "softmax_cross_entropy", Adam(lr=0.02), "tasks"),
+        (3, "mse", Adam(lr=0.02, weight_decay=0.01), "tasks"),
+        (3, "softmax_cross_entropy", SGD(lr=0.2, momentum=0.9), "tasks"),
+        (1, "softmax_cross_entropy", Adam(lr=0.02), "actors"),
+        (3, "mse", SGD(lr=0.2, momentum=0.9), "actors"),
     ],
 )
 def test_microbatched_steps_equal_the_single_process_steps(
-    dask_client, microbatches, loss, optimizer
+    dask_client, microbatches, loss, optimizer, messages
 ):
     """``fit`` in batches of 7 rows (blocks of 3+2+2 for m = 3; the last batch has 2 rows, so at
     most 2 blocks), then a ``train_step``: losses, weights and biases equal one process's to
-    1e-10, with three parts on two workers (messages through Dask and through the mailbox)."""
+    1e-10, with three parts on two workers (messages through Dask or posted to the workers'
+    postbox actors, and through the mailbox); the measured volume equals the prediction."""
     model = _model(loss, seed=microbatches)
     reference = model.copy()
     x, y = _data(model, 23, seed=microbatches)
     rng = np.random.default_rng(microbatches)
     parts = [rng.integers(0, 3, size=n) for n in model.layer_sizes]
     fit = {"batch_size": 7, "epochs": 2, "seed": 3, "progress": False, "optimizer": optimizer}
-    with DistributedSparseMLP(model, dask_client, parts, microbatches=microbatches) as dist:
+    options = {"microbatches": microbatches, "messages": messages}
+    with DistributedSparseMLP(model, dask_client, parts, **options) as dist:
         assert dist.step_microbatches(7) == microbatches
         assert dist.step_microbatches(2) == min(microbatches, 2)
         got = dist.fit(x, y, **fit).loss_curve_
@@ -77,6 +82,7 @@ def test_microbatched_steps_equal_the_single_process_steps(
         report = dist.comm_report()
         trained = dist.gather()
     assert report.payload == report.predicted
+    assert not [key for key in dask_client.who_has() if dist.token in str(key)]
     for k in range(model.n_layers):
         np.testing.assert_allclose(
             trained.weights[k].toarray(), reference.weights[k].toarray(), rtol=0, atol=1e-10
@@ -99,9 +105,9 @@ def test_split_rows_cuts_consecutive_uneven_blocks():
 
 
 def test_automatic_choice():
-    assert auto_microbatches(batch=256, workers=1) == 1
-    assert auto_microbatches(batch=63, workers=2) == 1
-    assert auto_microbatches(batch=128, workers=2) == 2
+    assert auto_microbatches(batch=4096, workers=1) == 1
+    assert auto_microbatches(batch=AUTO_MIN_ROWS - 1, workers=2) == 1
+    assert auto_microbatches(batch=2 * AUTO_MIN_ROWS + 1, workers=2) == 2
     assert auto_microbatches(batch=4096, workers=4) == AUTO_MAX
 
 
@@ -128,12 +134,16 @@ def _plugin_names(dask_worker) -> list[str]:
     return sorted(dask_worker.plugins)
 
 
-@pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True])
-def test_bad_microbatches_raise_before_anything_is_scheduled(dask_client, bad):
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [({"microbatches": bad}, "microbatches") for bad in (0, -1, 1.5, "2", True)]
+    + [({"messages": "mpi"}, "messages must be")],
+)
+def test_bad_options_raise_before_anything_is_scheduled(dask_client, options, message):
     model = _model("mse", seed=0)
     parts = [np.zeros(n, dtype=int) for n in model.layer_sizes]
     before = dask_client.run(_plugin_names)
-    with pytest.raises(ValueError, match="microbatches"):
-        DistributedSparseMLP(model, dask_client, parts, microbatches=bad)
+    with pytest.raises(ValueError, match=message):
+        DistributedSparseMLP(model, dask_client, parts, **options)
     assert dask_client.run(_plugin_names) == before
     assert check_microbatches(None) is None

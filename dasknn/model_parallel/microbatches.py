@@ -15,7 +15,7 @@ import numpy as np
 __all__ = ["AUTO_MIN_ROWS", "AUTO_MAX", "auto_microbatches", "check_microbatches", "split_rows"]
 
 #: The automatic choice keeps at least this many rows in a microbatch ...
-AUTO_MIN_ROWS = 64
+AUTO_MIN_ROWS = 256
 #: ... and uses at most this many microbatches.
 AUTO_MAX = 4
 

@@ -27,6 +27,7 @@ from dasknn.model_parallel.comm import (
     reset_transfers,
     wire_bytes,
 )
+from dasknn.model_parallel.exchange import ActorStepTemplate, Postbox, postbox_key
 from dasknn.model_parallel.layout import (
     Layout,
     Snapshot,
@@ -93,7 +94,15 @@ class DistributedSparseMLP(SparseEstimator):
         the messages of the previous one travel. The gradients are summed over the blocks, so the
         step is the same step. ``None`` (the default) chooses per step with
         :func:`~dasknn.model_parallel.microbatches.auto_microbatches`: 1 when all parts are on
-        one worker, else blocks of at least 64 rows, at most 4 of them.
+        one worker, else blocks of at least 256 rows, at most 4 of them.
+    messages : {"tasks", "actors"}
+        How a training step runs. ``"tasks"`` (the default): every layer step of every part is a
+        task, every message between workers a task result Dask moves (the scheduler sees and
+        orders the whole dataflow; each layer costs a scheduler round trip). ``"actors"``: one
+        task per worker and step runs its parts through the layers and posts the messages
+        straight to the receiving worker's postbox actor
+        (:mod:`dasknn.model_parallel.exchange`). Both take the same steps; forward passes
+        (``predict``, ``score``, ...) always use tasks.
 
     Attributes
     ----------
@@ -125,8 +134,12 @@ class DistributedSparseMLP(SparseEstimator):
         separate_packing: bool = False,
         reuse_memory: bool = False,
         microbatches: int | None = None,
+        messages: str = "tasks",
     ) -> None:
         self.microbatches = check_microbatches(microbatches)
+        if messages not in ("tasks", "actors"):
+            raise ValueError(f"messages must be 'tasks' or 'actors', got {messages!r}")
+        self.messages = messages
         parts, nparts = normalize_partition(partition, model.layer_sizes, nparts)
         workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
         self.client = client
@@ -142,7 +155,8 @@ class DistributedSparseMLP(SparseEstimator):
         self._plugins: list[str] = []
         self._layout: Layout | None = None
         self._snapshot: Snapshot | None = None
-        self._templates: dict[str, StepTemplate] = {}
+        self._templates: dict = {}
+        self._postboxes: list = []
         self._separate_packing = separate_packing
         self._step = 0
         self._version = 0  # training steps completed
@@ -164,6 +178,19 @@ class DistributedSparseMLP(SparseEstimator):
             self._layout = place_network(
                 client, self.token, self.plan, chunks, model.biases, self.part_workers, self.dtype
             )
+            if messages == "actors":
+                self._postboxes = [
+                    client.submit(
+                        Postbox,
+                        self.token,
+                        key=postbox_key(self.token, w),
+                        workers=[address],
+                        allow_other_workers=False,
+                        actor=True,
+                    )
+                    for w, address in enumerate(sorted(set(self.part_workers)))
+                ]
+                client.gather(self._postboxes)
         except BaseException:
             self.close()
             raise
@@ -228,7 +255,11 @@ class DistributedSparseMLP(SparseEstimator):
             f"workers={len(set(self.part_workers))}, loss={self.loss.name!r})"
         )
 
-    def _template(self, kind: str) -> StepTemplate:
+    def _template(self, kind: str):
+        if kind == "train" and self.messages == "actors":
+            if kind not in self._templates:
+                self._templates[kind] = ActorStepTemplate(self.token, self.plan, self._layout)
+            return self._templates[kind]
         if kind not in self._templates:
             softmax = self.loss.name == "softmax_cross_entropy"
             self._templates[kind] = StepTemplate(
@@ -254,6 +285,7 @@ class DistributedSparseMLP(SparseEstimator):
         """The context of the next step: training with ``optimizer`` on ``batch`` rows in
         ``microbatches`` blocks, or a forward pass."""
         self._step += 1
+        posted = self.messages == "actors" and optimizer is not None
         return StepContext(
             token=self.token,
             step=self._step,
@@ -266,6 +298,7 @@ class DistributedSparseMLP(SparseEstimator):
             training=optimizer is not None,
             microbatches=microbatches,
             batch=batch,
+            part_workers=tuple(self.part_workers) if posted else (),
         )
 
     def _feature_blocks(self, values: np.ndarray, layer: int) -> list[np.ndarray]:
@@ -314,6 +347,8 @@ class DistributedSparseMLP(SparseEstimator):
         blocks = split_rows(rows, batch, self.step_microbatches(batch))
         ctx = self._context(optimizer, batch, len(blocks))
         dsk = template.graph(ctx, self._inputs(x_blocks, y_blocks), blocks, previous)
+        if self.messages == "actors":
+            return self._submit(dsk, template.output_keys(ctx.step)), batch
         return self._submit(dsk, template.output_keys(ctx.step, len(blocks))), batch
 
     def train_step(
@@ -560,6 +595,7 @@ class DistributedSparseMLP(SparseEstimator):
         The model cannot be used afterwards; closing twice does nothing."""
         self._snapshot = None
         self._templates.clear()
+        self._postboxes.clear()
         if self._layout is not None:
             self._layout.futures.clear()
             self._layout = None

@@ -49,6 +49,7 @@ from dasknn.model_parallel.worker_state import (
     model_state,
 )
 from dasknn.optim import Optimizer
+from dasknn.runtime.keys import phase_names, step_key
 
 __all__ = [
     "Route",
@@ -80,6 +81,10 @@ class StepContext:
     microbatches: int = 1
     #: Rows of the whole step's batch (the ``B`` of the mean loss); 0 for a forward pass.
     batch: int = 0
+    #: ``messages="actors"``: the worker address of every part; messages for parts on other
+    #: workers are posted there (:mod:`dasknn.model_parallel.exchange`). Empty: they are task
+    #: results.
+    part_workers: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -109,11 +114,21 @@ def _input_block(x, rows):
     return x if rows is None else np.ascontiguousarray(x[:, rows])
 
 
+def _message_key(ctx, i: int, phase: str, k: int, sender: int, receiver: int) -> tuple:
+    """The mailbox key of the message of ``(phase, k, sender)`` for part ``receiver``."""
+    return step_key(phase_names(ctx.token)[phase], ctx.step, k, sender, receiver, i)
+
+
 def _post(owner: ModelState, ctx, i: int, phase: str, k: int, sender: int, messages: dict) -> None:
-    """Leave ``{receiver: rows}`` of ``sender`` for microbatch ``i`` in the worker's mailbox."""
-    mailbox = owner.mailbox
+    """Leave ``{receiver: rows}`` of ``sender`` for microbatch ``i`` in this worker's mailbox or,
+    for a part on another worker (``ctx.part_workers``), post it to that worker's mailbox."""
     for receiver, rows in messages.items():
-        mailbox[(ctx.step, i, phase, k, sender, receiver)] = rows
+        key = _message_key(ctx, i, phase, k, sender, receiver)
+        address = ctx.part_workers[receiver] if ctx.part_workers else owner.address
+        if address == owner.address:
+            owner.deliver(key, rows)
+        else:
+            owner.post(address, key, rows)
 
 
 def _received(
@@ -122,11 +137,10 @@ def _received(
     """The messages of ``(phase, k, s)`` for ``part`` in microbatch ``i`` from every ``s`` of
     ``senders``, in order: from the mailbox for senders on this worker, sliced out of ``pieces``
     for the others."""
-    mailbox = owner.mailbox
     messages = []
     for s, source in zip(senders, route.sources, strict=True):
         if source is None:
-            messages.append(mailbox.pop((ctx.step, i, phase, k, s, part)))
+            messages.append(owner.take(_message_key(ctx, i, phase, k, s, part)))
         else:
             index, lo, hi = source
             messages.append(pieces[index][lo:hi])
@@ -136,6 +150,23 @@ def _received(
 def _stack(rows: list[np.ndarray]) -> np.ndarray:
     """One message array from the row blocks for the receivers on one worker."""
     return rows[0] if len(rows) == 1 else np.concatenate(rows, axis=0)
+
+
+def _timed(seconds: dict, kind: str, func, *args) -> None:
+    """Call ``func(*args)`` and add its duration to ``seconds[kind]``."""
+    clock = time.perf_counter()
+    func(*args)
+    seconds[kind] += time.perf_counter() - clock
+
+
+def _spmm_rows(x_in, sender, plan: LayerPartPlan, layer: PartLayer, z, accumulate: bool) -> None:
+    """``z (+)= W.T @ x_in`` over the input rows of ``sender``'s group (all rows for ``None``)."""
+    if sender is None:
+        spmm_forward(x_in, plan.indptr, layer.indices, layer.values, z)
+        return
+    lo, hi = int(plan.groups[sender]), int(plan.groups[sender + 1])
+    indptr = plan.indptr[lo : hi + 1]
+    spmm_forward(x_in[lo:hi], indptr, layer.indices, layer.values, z, accumulate)
 
 
 def _ensure_forward(
@@ -158,20 +189,32 @@ def _ensure_forward(
             _post(owner, ctx, i, "fwd", 0, part, {n: a[next_plan.send[n]] for n in route.local})
             return state
         layer = owner.layers[(k, part)]
-        start = time.perf_counter()
+        clock = time.perf_counter()
         a_prev = state.forward[k - 1][2]
         groups = plan.groups
         batch = a_prev.shape[1]
         dtype = np.dtype(ctx.dtype)
         x_in = np.empty((int(groups[-1]), batch), dtype=dtype)
         x_in[groups[part] : groups[part + 1]] = a_prev[plan.own]
-        senders = plan.senders()
-        received = _received(owner, ctx, i, "fwd", k - 1, part, senders, pieces, route)
-        for n, piece in zip(senders, received, strict=True):
-            x_in[groups[n] : groups[n + 1]] = piece
-        middle = time.perf_counter()
         z = np.empty((layer.shape[1], batch), dtype=dtype)
-        spmm_forward(x_in, plan.indptr, layer.indices, layer.values, z)
+        senders = plan.senders()
+        seconds = {"pack": time.perf_counter() - clock, "forward_product": 0.0}
+        if ctx.part_workers and senders:
+            # messages posted by other workers may still be on their way: the part's own input
+            # rows first, then each sender's as its message is taken (waiting counts as neither)
+            _timed(seconds, "forward_product", _spmm_rows, x_in, part, plan, layer, z, False)
+            received = _received(owner, ctx, i, "fwd", k - 1, part, senders, pieces, route)
+            for n, piece in zip(senders, received, strict=True):
+                _timed(seconds, "pack", x_in.__setitem__, slice(groups[n], groups[n + 1]), piece)
+                _timed(seconds, "forward_product", _spmm_rows, x_in, n, plan, layer, z, True)
+        else:
+            clock = time.perf_counter()
+            received = _received(owner, ctx, i, "fwd", k - 1, part, senders, pieces, route)
+            for n, piece in zip(senders, received, strict=True):
+                x_in[groups[n] : groups[n + 1]] = piece
+            seconds["pack"] += time.perf_counter() - clock
+            _timed(seconds, "forward_product", _spmm_rows, x_in, None, plan, layer, z, False)
+        clock = time.perf_counter()
         z += layer.bias[:, None]
         name = ctx.output_activation if k == ctx.n_layers else ctx.activation
         a = get_activation(name).forward(z)
@@ -180,11 +223,12 @@ def _ensure_forward(
         else:  # every task of layer k-1 has run (``after``): its values are no longer needed
             state.forward[k] = (None, None, a)
             del state.forward[k - 1]
-        end = time.perf_counter()
+        seconds["forward_product"] += time.perf_counter() - clock
         if route.local:
-            _post(owner, ctx, i, "fwd", k, part, {n: a[next_plan.send[n]] for n in route.local})
-        owner.add_time("pack", middle - start + time.perf_counter() - end)
-        owner.add_time("forward_product", end - middle)
+            messages = {n: a[next_plan.send[n]] for n in route.local}
+            _timed(seconds, "pack", _post, owner, ctx, i, "fwd", k, part, messages)
+        for kind, value in seconds.items():
+            owner.add_time(kind, value)
     return state
 
 
@@ -350,10 +394,11 @@ def backward_task(
                 received = _received(owner, ctx, i, "bwd", k + 1, part, returning, pieces, route)
             layer = owner.layers[(k, part)]
             delta = _backward(
-                owner, ctx, state, part, k, plan, layer, next_plan, received, y, y_rows, lse
+                owner, ctx, state, i, part, k, plan, layer, next_plan, received, y, y_rows, lse,
+                route,
             )
             x_in = state.forward.pop(k)[0]
-            if k >= 2:
+            if k >= 2 and not ctx.part_workers:
                 groups = plan.groups
                 partial = state.partial[k]
                 local = {n: partial[groups[n] : groups[n + 1]] for n in route.local}
@@ -383,10 +428,14 @@ def backward_task(
 
 
 def _backward(
-    owner: ModelState, ctx, state: MicrobatchStep, part, k, plan, layer: PartLayer, next_plan,
-    pieces, y, y_rows, lse,
+    owner: ModelState, ctx, state: MicrobatchStep, i, part, k, plan, layer: PartLayer, next_plan,
+    pieces, y, y_rows, lse, route: Route,
 ):
-    """Return ``delta_k`` of the part; keep its partial sums for layer ``k-1`` (old weights)."""
+    """Return ``delta_k`` of the part; keep its partial sums for layer ``k-1`` (old weights).
+
+    With ``ctx.part_workers`` (messages posted between workers) the partial sums for the owners
+    in ``route.local`` are posted here, as each owner's rows are computed.
+    """
     _, z, a = state.forward[k]
     start = time.perf_counter()
     if k == ctx.n_layers:
@@ -401,8 +450,19 @@ def _backward(
         delta = grad_a
     if k >= 2:
         partial = np.empty((int(plan.groups[-1]), z.shape[1]), dtype=z.dtype)
-        spmm_backward(delta, plan.indptr, layer.indices, layer.values, partial)
         state.partial[k] = partial
+        if ctx.part_workers:
+            # the other owners' rows first, each posted as soon as it is computed, so they
+            # travel while this part computes its own rows
+            groups = plan.groups
+            for n in [n for n in route.local if n != part] + [part]:
+                lo, hi = int(groups[n]), int(groups[n + 1])
+                indptr = plan.indptr[lo : hi + 1]
+                spmm_backward(delta, indptr, layer.indices, layer.values, partial[lo:hi])
+                if n != part:
+                    _post(owner, ctx, i, "bwd", k, part, {n: partial[lo:hi]})
+        else:
+            spmm_backward(delta, plan.indptr, layer.indices, layer.values, partial)
     state.backward_done.add(k)
     owner.add_time("backward_product", time.perf_counter() - start)
     return delta

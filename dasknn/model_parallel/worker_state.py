@@ -51,6 +51,10 @@ __all__ = [
 TIMING_KINDS = ("forward_product", "backward_product", "update", "update_background", "pack")
 
 
+#: Seconds a step waits for a message posted by another worker before it fails.
+MESSAGE_TIMEOUT = 600.0
+
+
 def plugin_name(token: str) -> str:
     """Name of the worker plugin of the model ``token``."""
     return f"dasknn-model-{token}"
@@ -159,11 +163,18 @@ class ModelState(WorkerPlugin):
         self.name = plugin_name(token)
 
     def setup(self, worker) -> None:
+        self.address = worker.address
         self.layers: dict[tuple[int, int], PartLayer] = {}
         self.steps: dict[tuple[int, int], PartStep] = {}
-        #: Messages between parts on this worker: ``(step, microbatch, phase, layer, sender,
-        #: receiver)`` -> rows.
+        #: Messages for the parts on this worker, by step key ``(name, step, layer, sender,
+        #: receiver part, microbatch)`` (:func:`dasknn.runtime.keys.step_key`): left by parts on
+        #: this worker, or posted by other workers (``messages="actors"``).
         self.mailbox: dict[tuple, np.ndarray] = {}
+        self._arrived = threading.Condition()
+        self._posts: list = []
+        #: ``messages="actors"``: the postbox actor of every worker (address -> handle), set by
+        #: the step task.
+        self.postboxes: dict = {}
         self.timings: dict[str, float] = defaultdict(float)
         self._lock = threading.Lock()
         self._timings_lock = threading.Lock()
@@ -202,8 +213,35 @@ class ModelState(WorkerPlugin):
         with self._lock:
             dropped = len(self.steps)
             self.steps.clear()
+        with self._arrived:
             self.mailbox.clear()
         return dropped
+
+    # ---------------------------------------------------------------- messages
+    def deliver(self, key: tuple, rows: np.ndarray) -> None:
+        """Leave the message ``key`` in the mailbox (from any thread or the event loop)."""
+        with self._arrived:
+            self.mailbox[key] = rows
+            self._arrived.notify_all()
+
+    def post(self, address: str, key: tuple, rows: np.ndarray) -> None:
+        """Post the message ``key`` to the mailbox of the worker at ``address`` through its
+        postbox actor; :meth:`check_posts` raises if a post failed."""
+        self._posts.append(self.postboxes[address].post(key, self.address, rows))
+
+    def check_posts(self) -> None:
+        """Wait until every message posted so far is delivered; re-raise a failed post's error."""
+        posts, self._posts = self._posts, []
+        for post in posts:
+            post.result()
+
+    def take(self, key: tuple, timeout: float = MESSAGE_TIMEOUT) -> np.ndarray:
+        """Remove and return the message ``key``, waiting for it up to ``timeout`` seconds
+        (``TimeoutError`` naming the key after that)."""
+        with self._arrived:
+            if not self._arrived.wait_for(lambda: key in self.mailbox, timeout):
+                raise TimeoutError(f"no message {key} arrived within {timeout:g} s")
+            return self.mailbox.pop(key)
 
     def submit_update(self, func, *args) -> Future:
         """Run ``func(*args)`` on this model's background update thread."""

@@ -4,8 +4,10 @@ Two families of keys exist.
 
 **Step keys** (the model-parallel trainer, :mod:`dasknn.model_parallel.taskgraph`) are tuples
 ``(f"dasknn-{kind}-{token}", step, layer, part, receiver, microbatch)`` with ``kind`` ``fwd``,
-``bwd`` or ``lse`` (see :func:`phase_names`); ``receiver`` is a worker number, negative for a task
-whose value is not a layer message; ``microbatch`` numbers the row block of the step's batch.
+``bwd``, ``lse`` or ``run`` (a worker's whole step, ``messages="actors"``; see
+:func:`phase_names`); ``receiver`` is a worker number (a part number for the messages posted
+between workers in ``messages="actors"`` mode), negative for a value that is not a layer message;
+``microbatch`` numbers the row block of the step's batch.
 
 **Collective keys** (:mod:`dasknn.runtime.collectives`) are tuples
 ``(f"dasknn-{op}-{token}", phase, sender, receiver)``: ``op`` is the collective (one of
@@ -33,7 +35,7 @@ __all__ = [
 ]
 
 PREFIX = "dasknn-"
-STEP_KINDS = ("fwd", "bwd", "lse")
+STEP_KINDS = ("fwd", "bwd", "lse", "run")
 COLLECTIVES = ("allreduce", "allgather", "allgatherv", "pull", "push", "alltoallv")
 
 
