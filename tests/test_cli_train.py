@@ -59,11 +59,11 @@ def test_bad_arguments_exit_2_with_a_message(argv, message, tmp_path, capsys):
     assert not out.exists()
 
 
-def test_train_with_microbatches(dask_client, capsys):
+def test_train_with_microbatches_and_posted_messages(dask_client, capsys):
     code = main(
         [
             "train", "radixnet:64:2", "--partition", "block", "--parts", "2", "--steps", "2",
-            "--batch-size", "6", "--microbatches", "3", "--scheduler",
+            "--batch-size", "6", "--microbatches", "3", "--messages", "actors", "--scheduler",
             dask_client.scheduler.address,
         ]
     )

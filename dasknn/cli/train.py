@@ -73,6 +73,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="split every batch into this many row blocks that run through the layers "
         "interleaved (default: chosen per batch, see docs/training.md)",
     )
+    parser.add_argument(
+        "--messages",
+        choices=("tasks", "actors"),
+        default="tasks",
+        help="tasks: a task per layer step and message; actors: a task per worker and step, "
+        "messages posted straight between workers (see docs/training.md)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -141,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
             partition,
             reuse_memory=args.reuse_memory,
             microbatches=args.microbatches,
+            messages=args.messages,
         )
         print(
             f"placed {dist.nparts} parts on {len(set(dist.part_workers))} workers; "
