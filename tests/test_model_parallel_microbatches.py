@@ -7,6 +7,7 @@ import pytest
 import scipy.sparse as sp
 from model_reference import stored_mask
 
+from dasknn.kernels.training import spmm_forward
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
 from dasknn.model_parallel.microbatches import (
@@ -147,3 +148,16 @@ def test_bad_options_raise_before_anything_is_scheduled(dask_client, options, me
         DistributedSparseMLP(model, dask_client, parts, **options)
     assert dask_client.run(_plugin_names) == before
     assert check_microbatches(None) is None
+
+
+def test_forward_product_over_row_ranges_adds_up_to_the_whole():
+    """The posted-messages forward computes a part's own input rows first and adds the others'
+    as they arrive: ``spmm_forward`` over row ranges with ``accumulate``, against scipy."""
+    rng = np.random.default_rng(5)
+    w = sp.random(30, 17, density=0.3, format="csr", random_state=rng)
+    w.data = rng.uniform(-1, 1, size=w.nnz)
+    x = rng.uniform(-1, 1, size=(30, 6))  # feature-major inputs, 6 samples
+    z = np.full((17, 6), np.nan)
+    for lo, hi, accumulate in [(10, 22, False), (0, 10, True), (22, 30, True)]:
+        spmm_forward(x[lo:hi], w.indptr[lo : hi + 1], w.indices, w.data, z, accumulate)
+    np.testing.assert_allclose(z, w.T @ x, rtol=1e-12, atol=1e-12)

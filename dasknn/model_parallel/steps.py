@@ -10,7 +10,11 @@ output block, or nothing). Once a part's partial sums of layer ``k >= 2`` are co
 old weights), its update of layer ``k`` (the gradient, then the step of the model's optimizer) is
 handed to the model's background thread on the worker (the kernels release the GIL), so the update
 runs while the task thread waits for the next layer's messages instead of delaying them; the
-part's last task of the step updates layer 1 and waits for all of its updates.
+part's last task of the step updates layer 1 and waits for all of its updates. A step may be cut
+into microbatches (row blocks, :attr:`StepContext.microbatches`): each task works on one block,
+and a layer's gradients are summed over the blocks on the update thread before the optimizer's
+step. With ``messages="actors"`` (:mod:`dasknn.model_parallel.exchange`) one task per worker calls
+these functions for its parts, and messages for parts on other workers are posted there.
 
 Everything a task reads or changes besides its arguments belongs to the model's worker plugin
 (:class:`~dasknn.model_parallel.worker_state.ModelState`, found with

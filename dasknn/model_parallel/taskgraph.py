@@ -5,7 +5,7 @@ computed once into a :class:`StepTemplate`; every batch only stamps it with fres
 step number and submits the whole step at once. Keys (named in :mod:`dasknn.runtime.keys`) are
 tuples
 
-    ``(f"dasknn-{phase}-{token}", step, layer, part, receiver)``
+    ``(f"dasknn-{phase}-{token}", step, layer, part, receiver, microbatch)``
 
 with ``phase`` ``fwd`` (the task of ``(layer, part)`` that returns the activations the parts of
 layer ``layer + 1`` on worker number ``receiver`` need, stacked), ``bwd`` (the partial sums of
@@ -18,7 +18,9 @@ workers are the packed messages. A part sends one message per layer and phase to
 worker* hosting receivers; messages between parts on the same worker never become tasks: the
 sender leaves them in the worker's mailbox (:mod:`dasknn.model_parallel.steps`) and the receiver's
 tasks wait for one of the sender's tasks (``after``). With ``P`` parts on ``W`` workers a layer thus
-costs at most ``P (W - 1)`` tasks instead of ``P (P - 1)``.
+costs at most ``P (W - 1)`` tasks instead of ``P (P - 1)``. With microbatches every task exists
+once per row block of the batch (``microbatch``), each block's tasks depending on the same
+block's; :class:`StepPriority` orders a worker's ready tasks.
 """
 
 from __future__ import annotations
