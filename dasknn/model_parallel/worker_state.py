@@ -171,6 +171,7 @@ class ModelState(WorkerPlugin):
         #: this worker, or posted by other workers (``messages="actors"``).
         self.mailbox: dict[tuple, np.ndarray] = {}
         self._arrived = threading.Condition()
+        self._cleared = 0  # clear_steps calls, which end the waits of take
         self._posts: list = []
         #: ``messages="actors"``: the postbox actor of every worker (address -> handle), set by
         #: the step task.
@@ -215,6 +216,9 @@ class ModelState(WorkerPlugin):
             self.steps.clear()
         with self._arrived:
             self.mailbox.clear()
+            self._cleared += 1
+            self._arrived.notify_all()
+        self._posts = []
         return dropped
 
     # ---------------------------------------------------------------- messages
@@ -237,9 +241,16 @@ class ModelState(WorkerPlugin):
 
     def take(self, key: tuple, timeout: float = MESSAGE_TIMEOUT) -> np.ndarray:
         """Remove and return the message ``key``, waiting for it up to ``timeout`` seconds
-        (``TimeoutError`` naming the key after that)."""
+        (``TimeoutError`` naming the key after that); ``RuntimeError`` if :meth:`clear_steps`
+        drops the steps in flight meanwhile (a step failed elsewhere)."""
         with self._arrived:
-            if not self._arrived.wait_for(lambda: key in self.mailbox, timeout):
+            cleared = self._cleared
+            arrived = self._arrived.wait_for(
+                lambda: key in self.mailbox or self._cleared != cleared, timeout
+            )
+            if self._cleared != cleared:
+                raise RuntimeError(f"the steps in flight were dropped while waiting for {key}")
+            if not arrived:
                 raise TimeoutError(f"no message {key} arrived within {timeout:g} s")
             return self.mailbox.pop(key)
 
