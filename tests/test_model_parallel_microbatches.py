@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -22,6 +24,10 @@ from dasknn.optim import SGD, Adam
 from dasknn.runtime.keys import phase_names, step_key
 
 pytestmark = pytest.mark.minversions  # also run at the minimum versions (.ci/run)
+
+
+def _model_keys(dask_scheduler, token) -> list[str]:
+    return [str(key) for key in dask_scheduler.tasks if token in str(key)]
 
 
 def _model(loss: str, seed: int) -> SparseMLP:
@@ -82,8 +88,13 @@ def test_microbatched_steps_equal_the_single_process_steps(
         )
         report = dist.comm_report()
         trained = dist.gather()
+        keys = dask_client.run_on_scheduler(_model_keys, token=dist.token)
+        assert any("postbox" in key for key in keys) == (messages == "actors")
     assert report.payload == report.predicted
-    assert not [key for key in dask_client.who_has() if dist.token in str(key)]
+    deadline = time.monotonic() + 10
+    while dask_client.run_on_scheduler(_model_keys, token=dist.token):  # released on close
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
     for k in range(model.n_layers):
         np.testing.assert_allclose(
             trained.weights[k].toarray(), reference.weights[k].toarray(), rtol=0, atol=1e-10
