@@ -61,13 +61,13 @@ class Postbox:
 
     def __init__(self, token: str) -> None:
         self.token = token
+        self.worker = get_worker()  # made by a task on the worker it serves
 
     async def post(self, key: tuple, sender: str, rows) -> None:
         """Leave the message ``key`` from the worker at ``sender`` in the mailbox and report it
         to the communication monitor (runs on the worker's event loop)."""
-        worker = get_worker()
-        worker.plugins[plugin_name(self.token)].deliver(key, rows)
-        report_transfer(worker, key, sender, rows.nbytes)
+        self.worker.plugins[plugin_name(self.token)].deliver(key, rows)
+        report_transfer(self.worker, key, sender, rows.nbytes)
 
 
 @dataclass(frozen=True)
