@@ -6,10 +6,12 @@ One run, one machine, baselines beside the figures:
    a COO weight built from a dense value vector each step, so the weight gradient is masked to the
    pattern; ``torch.optim.SGD``), and by dasknn's single-process ``SparseMLP``;
 2. dasknn model-parallel with the hypergraph (H) and the random (R) partition at each P (one
-   single-threaded worker per part): time per batch, the breakdown (local products / update /
-   packing / communication+scheduling wait, the paper's Figure 5), measured bytes against the
-   prediction, H/R ratios;
-3. the Dask scheduling overhead per layer step, measured on a 32-neuron network of the same depth
+   single-threaded worker per part), with each way of running a step (``--messages``: ``tasks``,
+   a task per layer step and message; ``actors``, a task per worker and step, messages posted
+   between workers): time per batch, the breakdown (local products / update / packing /
+   communication+scheduling wait, the paper's Figure 5), the wait's share of the batch, measured
+   bytes against the prediction, H/R ratios, the ratios to one process and to PyTorch;
+3. the overhead per layer step of each way, measured on a 32-neuron network of the same depth
    and partition count, where the arithmetic is negligible.
 
 Usage::
@@ -96,6 +98,23 @@ def numba_time_per_batch(model: SparseMLP, x, y, batch: int, lr: float) -> float
     return (time.perf_counter() - start) / (x.shape[0] // batch)
 
 
+def actors_overhead(layers: int, nparts: int, workers: int, steps: int = 8) -> float:
+    """Time per layer step of ``fit`` with ``messages="actors"`` on a 32-neuron network (batch
+    1) with the same depth and P."""
+    model = SparseMLP.radixnet(32, layers, seed=0)
+    rng = np.random.default_rng(0)
+    x, y = rng.uniform(size=(steps, 32)), rng.uniform(size=(steps, 32))
+    partition = graph.partition_network(model.weights, nparts, "block")
+    cluster, client = _cluster(workers)
+    try:
+        with DistributedSparseMLP(model, client, partition, messages="actors") as dist:
+            times = time_training(dist, x, y, batch_size=1, lr=0.01)
+    finally:
+        client.close()
+        cluster.close()
+    return times.per_batch / (2 * layers)
+
+
 def scheduling_overhead(layers: int, nparts: int, workers: int, steps: int = 8) -> dict:
     """Time per layer step of a 32-neuron network (batch 1) with the same depth and P.
 
@@ -152,6 +171,8 @@ def main() -> None:
     )
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--skip-torch", action="store_true")
+    parser.add_argument("--skip-overhead", action="store_true",
+                        help="do not measure the overhead per layer step (32-neuron network)")
     parser.add_argument("--dtype", choices=("float64", "float32"), default="float64",
                         help="value type of every implementation (PyTorch follows the data)")
     parser.add_argument(
@@ -159,6 +180,13 @@ def main() -> None:
         "rate (tc notation: 1gbit, 10gbit; root only), see benchmarks/netcluster.py",
     )
     parser.add_argument("--delay-us", type=float, help="with --net: one-way delay per link end")
+    parser.add_argument(
+        "--messages", nargs="+", choices=("tasks", "actors"), default=["tasks", "actors"],
+        help="how the distributed steps run (DistributedSparseMLP's messages=)",
+    )
+    parser.add_argument(
+        "--microbatches", type=int, help="microbatches per step (default: the automatic choice)"
+    )
     args = parser.parse_args()
 
     print(f"machine: {describe()}")
@@ -193,28 +221,49 @@ def main() -> None:
         try:
             for method in ("hypergraph", "random"):
                 partition = graph.partition_network(model.weights, nparts, method, seed=0)
-                dist = DistributedSparseMLP(model, client, partition, reuse_memory=True)
-                times = time_training(dist, x, y, args.batch, lr=args.lr)
-                dist.close()
-                results[(nparts, method)] = times
-                comm = times.comm
-                print(f"P={nparts} {method:<10} {times.format()}")
-                print(f"    measured payload {comm.payload / times.batches / 1e6:.2f} MB/batch, "
-                      f"predicted {comm.predicted / times.batches / 1e6:.2f} MB/batch "
-                      f"({'equal' if comm.matches else 'DIFFERENT'}); serialization overhead "
-                      f"{comm.serialization_overhead / max(comm.wire_messages, 1):.0f} B/message "
-                      f"over {comm.wire_messages} logged messages")
+                for messages in args.messages:
+                    dist = DistributedSparseMLP(
+                        model, client, partition, reuse_memory=True, messages=messages,
+                        microbatches=args.microbatches,
+                    )
+                    m = dist.step_microbatches(args.batch)
+                    times = time_training(dist, x, y, args.batch, lr=args.lr)
+                    dist.close()
+                    results[(nparts, method, messages)] = times
+                    comm = times.comm
+                    print(f"P={nparts} {method:<10} {messages:<6} m={m} {times.format()}")
+                    line = (f"    wait {times.wait / times.per_batch:.0%} of the batch; "
+                            f"{numba_single / times.per_batch:.2f}x the one-process throughput")
+                    if torch_batch is not None:
+                        line += f", {torch_batch / times.per_batch:.2f}x PyTorch's"
+                    print(line)
+                    mb = comm.payload / times.batches / 1e6
+                    overhead = "n/a (posted by actors, not in the transfer logs)"
+                    if comm.wire_messages:
+                        overhead = (f"{comm.serialization_overhead / comm.wire_messages:.0f} "
+                                    f"B/message over {comm.wire_messages} logged messages")
+                    print(f"    measured payload {mb:.2f} MB/batch, "
+                          f"predicted {comm.predicted / times.batches / 1e6:.2f} MB/batch "
+                          f"({'equal' if comm.matches else 'DIFFERENT'}); serialization overhead "
+                          f"{overhead}")
         finally:
             client.close()
             cluster.close()
-        h, r = results[(nparts, "hypergraph")], results[(nparts, "random")]
-        print(f"P={nparts}: H vs R speedup {r.per_batch / h.per_batch:.2f}x (target >= 1.5x); "
-              f"measured bytes ratio H/R {h.comm.payload / r.comm.payload:.3f}, predicted "
-              f"{h.comm.predicted / r.comm.predicted:.3f}")
-        if torch_batch is not None and nparts == 2:
-            print(f"P=2 H vs PyTorch: {torch_batch / h.per_batch:.2f}x throughput (target >= 2x)")
+        for messages in args.messages:
+            h = results[(nparts, "hypergraph", messages)]
+            r = results[(nparts, "random", messages)]
+            print(f"P={nparts} {messages}: H vs R speedup {r.per_batch / h.per_batch:.2f}x (target "
+                  f">= 1.5x); measured bytes ratio H/R {h.comm.payload / r.comm.payload:.3f}, "
+                  f"predicted {h.comm.predicted / r.comm.predicted:.3f}")
 
-    for nparts in args.parts:
+    for nparts in [] if args.skip_overhead else args.parts:
+        if "actors" in args.messages:
+            per_step = actors_overhead(args.layers, nparts, args.workers or nparts)
+            print(f"overhead per layer step, messages=actors, 32 neurons x {args.layers} layers, "
+                  f"batch 1, P={nparts} on {args.workers or nparts} workers: fit "
+                  f"{per_step * 1e3:.2f} ms")
+        if "tasks" not in args.messages:
+            continue
         overhead = scheduling_overhead(args.layers, nparts, args.workers or nparts)
         print(f"scheduling overhead, 32 neurons x {args.layers} layers, batch 1, P={nparts} "
               f"on {args.workers or nparts} workers, per layer step: "

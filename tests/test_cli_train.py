@@ -49,6 +49,7 @@ def test_train_on_mnist_with_hypergraph_partition(dask_client, capsys):
         (["/no/such/dir", "--data", "mnist"], "radixnet"),
         (["radixnet:32", "--data", "mnist"], "must be radixnet:N:L"),
         (["radixnet:32:x"], "must be radixnet:N:L"),
+        (["radixnet:64:2", "--microbatches", "0"], "--microbatches must be at least 1"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_message(argv, message, tmp_path, capsys):
@@ -56,3 +57,16 @@ def test_bad_arguments_exit_2_with_a_message(argv, message, tmp_path, capsys):
     assert main(["train", *argv, "--save", str(out)]) == 2
     assert message in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_train_with_microbatches_and_posted_messages(dask_client, capsys):
+    code = main(
+        [
+            "train", "radixnet:64:2", "--partition", "block", "--parts", "2", "--steps", "2",
+            "--batch-size", "6", "--microbatches", "3", "--messages", "actors", "--scheduler",
+            dask_client.scheduler.address,
+        ]
+    )
+    text = capsys.readouterr().out
+    assert code == 0
+    assert "3 microbatches a batch" in text and "(equal)" in text

@@ -7,7 +7,14 @@ import numpy as np
 import pytest
 from distributed import Client, LocalCluster
 
-from dasknn.runtime.keys import collective_key, describe, message_phase, parse_collective_key
+from dasknn.runtime.keys import (
+    collective_key,
+    describe,
+    message_phase,
+    parse_collective_key,
+    phase_names,
+    step_key,
+)
 from dasknn.runtime.measure import install_comm_monitor, read_transfers, reset_transfers
 
 pytestmark = pytest.mark.minversions  # also run at the minimum versions (.ci/run)
@@ -59,9 +66,11 @@ def test_keys_are_built_and_parsed_in_one_place():
     key = collective_key("allreduce", "abc", "reduce-scatter", 2, 0)
     assert parse_collective_key(key) == ("allreduce", "abc", "reduce-scatter", 2, 0)
     assert describe(key) == ("abc", "reduce-scatter", None)
-    assert describe(("dasknn-fwd-abc", 3, 1, 0, 1)) == ("abc", "forward", 2)
-    assert message_phase(("dasknn-bwd-abc", 3, 2, 0, 1)) == ("abc", "backward", 2)
-    assert describe(("dasknn-lse-abc", 3, 2, 0, -1)) == ("abc", "other", 2)
+    names = phase_names("abc")
+    assert step_key(names["fwd"], 3, 1, 0, 1, 2) == ("dasknn-fwd-abc", 3, 1, 0, 1, 2)
+    assert describe(("dasknn-fwd-abc", 3, 1, 0, 1, 0)) == ("abc", "forward", 2)
+    assert message_phase(("dasknn-bwd-abc", 3, 2, 0, 1, 1)) == ("abc", "backward", 2)
+    assert describe(("dasknn-lse-abc", 3, 2, 0, -1, 0)) == ("abc", "other", 2)
     for other in ("x", ("dasknn-nothing-abc", 1, 2, 3), ("dasknn-fwd-abc", 1)):
         assert describe(other) == (None, "other", None)
         assert parse_collective_key(other) is None

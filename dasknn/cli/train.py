@@ -69,6 +69,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "setting, for a cluster of your own)",
     )
     add_tls_options(parser)
+    parser.add_argument(
+        "--microbatches",
+        type=int,
+        help="split every batch into this many row blocks that run through the layers "
+        "interleaved (default: chosen per batch, see docs/training.md)",
+    )
+    parser.add_argument(
+        "--messages",
+        choices=("tasks", "actors"),
+        default="tasks",
+        help="tasks: a task per layer step and message; actors: a task per worker and step, "
+        "messages posted straight between workers (see docs/training.md)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -78,6 +91,8 @@ def _check(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
     if args.steps is not None and args.steps < 1:
         raise ValueError("--steps must be at least 1")
+    if args.microbatches is not None and args.microbatches < 1:
+        raise ValueError("--microbatches must be at least 1")
     if args.save is not None:
         check_output_path(args.save)
 
@@ -130,8 +145,18 @@ def run(args: argparse.Namespace) -> int:
     print(f"partition: {args.partition}, P={args.parts} ({partition.seconds:.2f} s)")
     with ExitStack() as stack:
         client = open_client(stack, args.scheduler, args.workers, security=security)
-        dist = DistributedSparseMLP(model, client, partition, reuse_memory=args.reuse_memory)
-        print(f"placed {dist.nparts} parts on {len(set(dist.part_workers))} workers")
+        dist = DistributedSparseMLP(
+            model,
+            client,
+            partition,
+            reuse_memory=args.reuse_memory,
+            microbatches=args.microbatches,
+            messages=args.messages,
+        )
+        print(
+            f"placed {dist.nparts} parts on {len(set(dist.part_workers))} workers; "
+            f"{dist.step_microbatches(args.batch_size)} microbatches a batch"
+        )
         times = time_training(dist, x, y, args.batch_size, args.epochs, args.lr)
         print(f"trained {times.batches} batches of {args.batch_size}: {times.format()}")
         print(times.comm.format())

@@ -23,7 +23,7 @@ __all__ = ["masked_outer_grad", "spmm_backward", "spmm_forward"]
 
 
 @njit(cache=True, nogil=True)
-def spmm_forward(xt, indptr, indices, data, outt):  # pragma: no cover - compiled
+def spmm_forward(xt, indptr, indices, data, outt, accumulate=False):  # pragma: no cover
     """``outt = W.T @ xt``: each stored ``(i, j)`` adds ``w * xt[i]`` to row ``j`` of ``outt``.
 
     Parameters
@@ -31,11 +31,18 @@ def spmm_forward(xt, indptr, indices, data, outt):  # pragma: no cover - compile
     xt : array (n_in, B)
         Feature-major inputs.
     indptr, indices, data : CSR arrays of ``W`` (n_in, n_out)
+        ``indptr`` may be the slice ``indptr[lo : hi + 1]`` of a larger matrix's (its entries
+        stay positions in ``indices`` and ``data``), with ``xt`` the inputs ``lo:hi``: the
+        product of those rows of ``W``.
     outt : array (n_out, B)
-        Overwritten with the feature-major pre-activations (without bias).
+        Overwritten with the feature-major pre-activations (without bias), or added to with
+        ``accumulate``.
+    accumulate : bool
+        Add the product to ``outt`` instead of overwriting it.
     """
     n_in, n_batch = xt.shape
-    outt[:] = 0
+    if not accumulate:
+        outt[:] = 0
     if n_batch == 1:  # plain SGD: skip the zero inputs (ReLU networks, binary images)
         for i in range(n_in):
             xi = xt[i, 0]

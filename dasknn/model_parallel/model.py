@@ -27,6 +27,7 @@ from dasknn.model_parallel.comm import (
     reset_transfers,
     wire_bytes,
 )
+from dasknn.model_parallel.exchange import ActorStepTemplate, Postbox, postbox_key
 from dasknn.model_parallel.layout import (
     Layout,
     Snapshot,
@@ -36,9 +37,10 @@ from dasknn.model_parallel.layout import (
     snapshot_network,
     worker_of_parts,
 )
+from dasknn.model_parallel.microbatches import auto_microbatches, check_microbatches, split_rows
 from dasknn.model_parallel.plan import build_comm_plan, normalize_partition
 from dasknn.model_parallel.steps import StepContext
-from dasknn.model_parallel.taskgraph import PartPlacement, StepTemplate
+from dasknn.model_parallel.taskgraph import PartPlacement, StepPriority, StepTemplate
 from dasknn.model_parallel.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
 from dasknn.model_parallel.worker_memory import ReuseFreedMemory
 from dasknn.model_parallel.worker_state import ModelState, plugin_name
@@ -86,6 +88,21 @@ class DistributedSparseMLP(SparseEstimator):
         and faulted in again (faster steps, but a process-wide malloc setting that stays in the
         worker processes: use it on a cluster of your own). ``False`` (the default) leaves the
         workers' malloc as it is.
+    microbatches : int, optional
+        Split every training step's batch into this many row blocks (at most one per row) that
+        run through the layer chain interleaved: a worker computes one microbatch's layer while
+        the messages of the previous one travel. The gradients are summed over the blocks, so the
+        step is the same step. ``None`` (the default) chooses per step with
+        :func:`~dasknn.model_parallel.microbatches.auto_microbatches`: 1 when all parts are on
+        one worker, else blocks of at least 256 rows, at most 4 of them.
+    messages : {"tasks", "actors"}
+        How a training step runs. ``"tasks"`` (the default): every layer step of every part is a
+        task, every message between workers a task result Dask moves (the scheduler sees and
+        orders the whole dataflow; each layer costs a scheduler round trip). ``"actors"``: one
+        task per worker and step runs its parts through the layers and posts the messages
+        straight to the receiving worker's postbox actor
+        (:mod:`dasknn.model_parallel.exchange`). Both take the same steps; forward passes
+        (``predict``, ``score``, ...) always use tasks.
 
     Attributes
     ----------
@@ -116,7 +133,13 @@ class DistributedSparseMLP(SparseEstimator):
         nparts: int | None = None,
         separate_packing: bool = False,
         reuse_memory: bool = False,
+        microbatches: int | None = None,
+        messages: str = "tasks",
     ) -> None:
+        self.microbatches = check_microbatches(microbatches)
+        if messages not in ("tasks", "actors"):
+            raise ValueError(f"messages must be 'tasks' or 'actors', got {messages!r}")
+        self.messages = messages
         parts, nparts = normalize_partition(partition, model.layer_sizes, nparts)
         workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
         self.client = client
@@ -132,13 +155,15 @@ class DistributedSparseMLP(SparseEstimator):
         self._plugins: list[str] = []
         self._layout: Layout | None = None
         self._snapshot: Snapshot | None = None
-        self._templates: dict[str, StepTemplate] = {}
+        self._templates: dict = {}
+        self._postboxes: list = []
         self._separate_packing = separate_packing
         self._step = 0
         self._version = 0  # training steps completed
         self._reset_step = 0
         self._batches: list[tuple[int, bool]] = []
         self._placement = PartPlacement(self.part_workers)
+        self._priority = StepPriority(self.token, self.plan.n_layers)
         self.optimizer: Optimizer | None = None
         self.loss_curve_: list[float] = []
         self.batch_loss_curve_: list[float] = []
@@ -153,6 +178,19 @@ class DistributedSparseMLP(SparseEstimator):
             self._layout = place_network(
                 client, self.token, self.plan, chunks, model.biases, self.part_workers, self.dtype
             )
+            if messages == "actors":
+                self._postboxes = [
+                    client.submit(
+                        Postbox,
+                        self.token,
+                        key=postbox_key(self.token, w),
+                        workers=[address],
+                        allow_other_workers=False,
+                        actor=True,
+                    )
+                    for w, address in enumerate(sorted(set(self.part_workers)))
+                ]
+                client.gather(self._postboxes)
         except BaseException:
             self.close()
             raise
@@ -217,7 +255,11 @@ class DistributedSparseMLP(SparseEstimator):
             f"workers={len(set(self.part_workers))}, loss={self.loss.name!r})"
         )
 
-    def _template(self, kind: str) -> StepTemplate:
+    def _template(self, kind: str):
+        if kind == "train" and self.messages == "actors":
+            if kind not in self._templates:
+                self._templates[kind] = ActorStepTemplate(self.token, self.plan, self._layout)
+            return self._templates[kind]
         if kind not in self._templates:
             softmax = self.loss.name == "softmax_cross_entropy"
             self._templates[kind] = StepTemplate(
@@ -230,9 +272,20 @@ class DistributedSparseMLP(SparseEstimator):
             )
         return self._templates[kind]
 
-    def _context(self, optimizer: Optimizer | None) -> StepContext:
-        """The context of the next step: training with ``optimizer``, or a forward pass."""
+    def step_microbatches(self, batch: int) -> int:
+        """The number of microbatches a training step of ``batch`` rows is split into."""
+        chosen = self.microbatches
+        if chosen is None:
+            chosen = auto_microbatches(batch, len(set(self.part_workers)))
+        return min(chosen, batch)
+
+    def _context(
+        self, optimizer: Optimizer | None, batch: int = 0, microbatches: int = 1
+    ) -> StepContext:
+        """The context of the next step: training with ``optimizer`` on ``batch`` rows in
+        ``microbatches`` blocks, or a forward pass."""
         self._step += 1
+        posted = self.messages == "actors" and optimizer is not None
         return StepContext(
             token=self.token,
             step=self._step,
@@ -243,6 +296,9 @@ class DistributedSparseMLP(SparseEstimator):
             optimizer=optimizer,
             dtype=self.dtype.name,
             training=optimizer is not None,
+            microbatches=microbatches,
+            batch=batch,
+            part_workers=tuple(self.part_workers) if posted else (),
         )
 
     def _feature_blocks(self, values: np.ndarray, layer: int) -> list[np.ndarray]:
@@ -267,26 +323,33 @@ class DistributedSparseMLP(SparseEstimator):
         return {key[-1]: future for key, future in futures.items()}
 
     def _submit(self, dsk: dict, keys: list):
-        with dask.annotate(workers=self._placement, allow_other_workers=False):
+        annotations = {
+            "workers": self._placement,
+            "allow_other_workers": False,
+            "priority": self._priority,
+        }
+        with dask.annotate(**annotations):
             return self.client.get(dsk, keys, sync=False)
 
-    def _inputs(self, x_blocks, x_rows, y_blocks=None, y_rows=None) -> dict:
+    def _inputs(self, x_blocks, y_blocks=None) -> dict:
         inputs = {}
         for m in range(self.nparts):
             inputs[("x", m)] = x_blocks[m].key
-            inputs[("x_rows", m)] = x_rows
             if y_blocks is not None:
                 inputs[("y", m)] = y_blocks[m].key
-                inputs[("y_rows", m)] = y_rows
         return inputs
 
     # ------------------------------------------------------------------ training
-    def _submit_step(self, x_blocks, y_blocks, rows, optimizer, previous):
+    def _submit_step(self, x_blocks, y_blocks, rows, batch, optimizer, previous):
+        """Submit the step on ``rows`` of the scattered data (``None``: all ``batch`` of them);
+        returns its futures and row count."""
         template = self._template("train")
-        ctx = self._context(optimizer)
-        dsk = template.graph(ctx, self._inputs(x_blocks, rows, y_blocks, rows), previous)
-        batch = len(rows) if rows is not None else None
-        return self._submit(dsk, template.output_keys(ctx.step)), batch
+        blocks = split_rows(rows, batch, self.step_microbatches(batch))
+        ctx = self._context(optimizer, batch, len(blocks))
+        dsk = template.graph(ctx, self._inputs(x_blocks, y_blocks), blocks, previous)
+        if self.messages == "actors":
+            return self._submit(dsk, template.output_keys(ctx.step)), batch
+        return self._submit(dsk, template.output_keys(ctx.step, len(blocks))), batch
 
     def train_step(
         self, X, Y, lr: float | None = None, optimizer: Optimizer | None = None
@@ -319,7 +382,7 @@ class DistributedSparseMLP(SparseEstimator):
         optimizer = resolve_optimizer(lr, optimizer)
         x_blocks = self._scatter_blocks("x", x, 0)
         y_blocks = self._scatter_blocks("y", y, self.n_layers)
-        futures, _ = self._submit_step(x_blocks, y_blocks, None, optimizer, None)
+        futures, _ = self._submit_step(x_blocks, y_blocks, None, x.shape[0], optimizer, None)
         shares = self._collect(futures)
         self._version += 1
         self._batches.append((x.shape[0], True))
@@ -342,8 +405,12 @@ class DistributedSparseMLP(SparseEstimator):
         x_blocks, y_blocks = data
         pending = None
         for rows in batches:
-            previous = [f.key for f in pending[0]] if pending else None
-            submitted = self._submit_step(x_blocks, y_blocks, rows, optimizer, previous)
+            previous = None
+            if pending:
+                previous = {}
+                for future in pending[0]:
+                    previous.setdefault(future.key[3], []).append(future.key)
+            submitted = self._submit_step(x_blocks, y_blocks, rows, len(rows), optimizer, previous)
             if pending:
                 yield self._finish(pending, optimizer)
             pending = submitted
@@ -378,7 +445,7 @@ class DistributedSparseMLP(SparseEstimator):
             chunk = x[start : start + batch_size]
             x_blocks = self._scatter_blocks("x", chunk, 0)  # kept alive until collected
             ctx = self._context(None)
-            dsk = template.graph(ctx, self._inputs(x_blocks, None))
+            dsk = template.graph(ctx, self._inputs(x_blocks), [None])
             futures = self._submit(dsk, template.output_keys(ctx.step))
             pending.append((futures, chunk.shape[0], x_blocks))
             if len(pending) == in_flight:
@@ -528,6 +595,7 @@ class DistributedSparseMLP(SparseEstimator):
         The model cannot be used afterwards; closing twice does nothing."""
         self._snapshot = None
         self._templates.clear()
+        self._postboxes.clear()
         if self._layout is not None:
             self._layout.futures.clear()
             self._layout = None

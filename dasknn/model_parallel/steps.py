@@ -10,7 +10,11 @@ output block, or nothing). Once a part's partial sums of layer ``k >= 2`` are co
 old weights), its update of layer ``k`` (the gradient, then the step of the model's optimizer) is
 handed to the model's background thread on the worker (the kernels release the GIL), so the update
 runs while the task thread waits for the next layer's messages instead of delaying them; the
-part's last task of the step updates layer 1 and waits for all of its updates.
+part's last task of the step updates layer 1 and waits for all of its updates. A step may be cut
+into microbatches (row blocks, :attr:`StepContext.microbatches`): each task works on one block,
+and a layer's gradients are summed over the blocks on the update thread before the optimizer's
+step. With ``messages="actors"`` (:mod:`dasknn.model_parallel.exchange`) one task per worker calls
+these functions for its parts, and messages for parts on other workers are posted there.
 
 Everything a task reads or changes besides its arguments belongs to the model's worker plugin
 (:class:`~dasknn.model_parallel.worker_state.ModelState`, found with
@@ -40,8 +44,16 @@ from dasknn.kernels.training import masked_outer_grad, spmm_backward, spmm_forwa
 from dasknn.model.activations import get_activation
 from dasknn.model.losses import get_loss
 from dasknn.model_parallel.plan import LayerPartPlan
-from dasknn.model_parallel.worker_state import ModelState, PartLayer, PartStep, model_state
+from dasknn.model_parallel.worker_state import (
+    GradientSum,
+    MicrobatchStep,
+    ModelState,
+    PartLayer,
+    PartStep,
+    model_state,
+)
 from dasknn.optim import Optimizer
+from dasknn.runtime.keys import phase_names, step_key
 
 __all__ = [
     "Route",
@@ -68,6 +80,15 @@ class StepContext:
     #: ``False`` for a forward pass only: a part then keeps just the activations of its latest
     #: layer, not every layer's ``x_in``, ``z`` and ``a`` for a backward pass.
     training: bool = True
+    #: Row blocks the step's batch is split into; each runs through the layer chain as its own
+    #: tasks, and the gradients of a layer are summed over them before the update.
+    microbatches: int = 1
+    #: Rows of the whole step's batch (the ``B`` of the mean loss); 0 for a forward pass.
+    batch: int = 0
+    #: ``messages="actors"``: the worker address of every part; messages for parts on other
+    #: workers are posted there (:mod:`dasknn.model_parallel.exchange`). Empty: they are task
+    #: results.
+    part_workers: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -97,26 +118,36 @@ def _input_block(x, rows):
     return x if rows is None else np.ascontiguousarray(x[:, rows])
 
 
-def _post(owner: ModelState, ctx, phase: str, k: int, sender: int, messages: dict) -> None:
-    """Leave ``{receiver: rows}`` of ``sender`` in the worker's mailbox."""
-    mailbox = owner.mailbox
+def _message_key(ctx, i: int, phase: str, k: int, sender: int, receiver: int) -> tuple:
+    """The mailbox key of the message of ``(phase, k, sender)`` for part ``receiver``."""
+    return step_key(phase_names(ctx.token)[phase], ctx.step, k, sender, receiver, i)
+
+
+def _post(owner: ModelState, ctx, i: int, phase: str, k: int, sender: int, messages: dict) -> None:
+    """Leave ``{receiver: rows}`` of ``sender`` for microbatch ``i`` in this worker's mailbox or,
+    for a part on another worker (``ctx.part_workers``), post it to that worker's mailbox."""
     for receiver, rows in messages.items():
-        mailbox[(ctx.step, phase, k, sender, receiver)] = rows
+        key = _message_key(ctx, i, phase, k, sender, receiver)
+        address = ctx.part_workers[receiver] if ctx.part_workers else owner.address
+        if address == owner.address:
+            owner.deliver(key, rows)
+        else:
+            owner.post(address, key, rows)
 
 
 def _received(
-    owner: ModelState, ctx, phase: str, k: int, part: int, senders, pieces, route: Route
+    owner: ModelState, ctx, i: int, phase: str, k: int, part: int, senders, pieces, route: Route
 ) -> list:
-    """The messages of ``(phase, k, s)`` for ``part`` from every ``s`` of ``senders``, in order:
-    from the mailbox for senders on this worker, sliced out of ``pieces`` for the others."""
-    mailbox = owner.mailbox
+    """The messages of ``(phase, k, s)`` for ``part`` in microbatch ``i`` from every ``s`` of
+    ``senders``, in order: from the mailbox for senders on this worker, sliced out of ``pieces``
+    for the others."""
     messages = []
     for s, source in zip(senders, route.sources, strict=True):
         if source is None:
-            messages.append(mailbox.pop((ctx.step, phase, k, s, part)))
+            messages.append(owner.take(_message_key(ctx, i, phase, k, s, part)))
         else:
-            i, lo, hi = source
-            messages.append(pieces[i][lo:hi])
+            index, lo, hi = source
+            messages.append(pieces[index][lo:hi])
     return messages
 
 
@@ -125,38 +156,69 @@ def _stack(rows: list[np.ndarray]) -> np.ndarray:
     return rows[0] if len(rows) == 1 else np.concatenate(rows, axis=0)
 
 
+def _timed(seconds: dict, kind: str, func, *args) -> None:
+    """Call ``func(*args)`` and add its duration to ``seconds[kind]``."""
+    clock = time.perf_counter()
+    func(*args)
+    seconds[kind] += time.perf_counter() - clock
+
+
+def _spmm_rows(x_in, sender, plan: LayerPartPlan, layer: PartLayer, z, accumulate: bool) -> None:
+    """``z (+)= W.T @ x_in`` over the input rows of ``sender``'s group (all rows for ``None``)."""
+    if sender is None:
+        spmm_forward(x_in, plan.indptr, layer.indices, layer.values, z)
+        return
+    lo, hi = int(plan.groups[sender]), int(plan.groups[sender + 1])
+    indptr = plan.indptr[lo : hi + 1]
+    spmm_forward(x_in[lo:hi], indptr, layer.indices, layer.values, z, accumulate)
+
+
 def _ensure_forward(
-    owner: ModelState, ctx, part, k, plan: LayerPartPlan, next_plan, x0, x0_rows, pieces, route
-) -> PartStep:
-    """Compute ``x_in``, ``z``, ``a`` of part ``part`` in layer ``k`` unless already done, and
-    post the messages for the receiving parts on this worker (``route.local``).
+    owner: ModelState, ctx, part, i, k, plan: LayerPartPlan, next_plan, x0, x0_rows, pieces, route
+) -> MicrobatchStep:
+    """Compute ``x_in``, ``z``, ``a`` of part ``part`` in layer ``k`` for microbatch ``i`` unless
+    already done, and post the messages for the receiving parts on this worker
+    (``route.local``).
 
     Layer 0 only stores the part's input columns (restricted to the batch rows) as ``a_0``.
     """
-    state = owner.part_step(ctx.step, part)
-    with state.lock:
+    part_step = owner.part_step(ctx.step, part)
+    with part_step.lock:
+        state = part_step.microbatch(i)
         if k in state.forward:
             return state
         if k == 0:
             a = _input_block(x0, x0_rows)
             state.forward[0] = (None, None, a)
-            _post(owner, ctx, "fwd", 0, part, {n: a[next_plan.send[n]] for n in route.local})
+            _post(owner, ctx, i, "fwd", 0, part, {n: a[next_plan.send[n]] for n in route.local})
             return state
         layer = owner.layers[(k, part)]
-        start = time.perf_counter()
+        clock = time.perf_counter()
         a_prev = state.forward[k - 1][2]
         groups = plan.groups
         batch = a_prev.shape[1]
         dtype = np.dtype(ctx.dtype)
         x_in = np.empty((int(groups[-1]), batch), dtype=dtype)
         x_in[groups[part] : groups[part + 1]] = a_prev[plan.own]
-        senders = plan.senders()
-        received = _received(owner, ctx, "fwd", k - 1, part, senders, pieces, route)
-        for n, piece in zip(senders, received, strict=True):
-            x_in[groups[n] : groups[n + 1]] = piece
-        middle = time.perf_counter()
         z = np.empty((layer.shape[1], batch), dtype=dtype)
-        spmm_forward(x_in, plan.indptr, layer.indices, layer.values, z)
+        senders = plan.senders()
+        seconds = {"pack": time.perf_counter() - clock, "forward_product": 0.0}
+        if ctx.part_workers and senders:
+            # messages posted by other workers may still be on their way: the part's own input
+            # rows first, then each sender's as its message is taken (waiting counts as neither)
+            _timed(seconds, "forward_product", _spmm_rows, x_in, part, plan, layer, z, False)
+            received = _received(owner, ctx, i, "fwd", k - 1, part, senders, pieces, route)
+            for n, piece in zip(senders, received, strict=True):
+                _timed(seconds, "pack", x_in.__setitem__, slice(groups[n], groups[n + 1]), piece)
+                _timed(seconds, "forward_product", _spmm_rows, x_in, n, plan, layer, z, True)
+        else:
+            clock = time.perf_counter()
+            received = _received(owner, ctx, i, "fwd", k - 1, part, senders, pieces, route)
+            for n, piece in zip(senders, received, strict=True):
+                x_in[groups[n] : groups[n + 1]] = piece
+            seconds["pack"] += time.perf_counter() - clock
+            _timed(seconds, "forward_product", _spmm_rows, x_in, None, plan, layer, z, False)
+        clock = time.perf_counter()
         z += layer.bias[:, None]
         name = ctx.output_activation if k == ctx.n_layers else ctx.activation
         a = get_activation(name).forward(z)
@@ -165,11 +227,12 @@ def _ensure_forward(
         else:  # every task of layer k-1 has run (``after``): its values are no longer needed
             state.forward[k] = (None, None, a)
             del state.forward[k - 1]
-        end = time.perf_counter()
+        seconds["forward_product"] += time.perf_counter() - clock
         if route.local:
-            _post(owner, ctx, "fwd", k, part, {n: a[next_plan.send[n]] for n in route.local})
-        owner.add_time("pack", middle - start + time.perf_counter() - end)
-        owner.add_time("forward_product", end - middle)
+            messages = {n: a[next_plan.send[n]] for n in route.local}
+            _timed(seconds, "pack", _post, owner, ctx, i, "fwd", k, part, messages)
+        for kind, value in seconds.items():
+            owner.add_time(kind, value)
     return state
 
 
@@ -187,8 +250,10 @@ def forward_task(
     y_rows=None,
     after=None,
     route: Route = Route(),
+    microbatch: int = 0,
 ):
-    """Part ``part``'s forward step of layer ``k``; returns what ``receiver`` needs.
+    """Part ``part``'s forward step of layer ``k`` for one microbatch; returns what ``receiver``
+    needs.
 
     Layer ``k = 0`` takes the part's input columns ``x0`` (rows ``x0_rows`` of them when given);
     ``plan`` is then ``None``. The part's weights and bias are those its worker's
@@ -211,9 +276,14 @@ def forward_task(
         Ignored: the part's tasks of the previous layer (or step) and those of the sending parts
         on this worker, which must run first.
     route : Route
+    microbatch : int
+        The row block of the step's batch this task works on (``0 <= microbatch <
+        ctx.microbatches``); ``x0_rows`` and ``y_rows`` are its rows.
     """
     owner = model_state(ctx.token)
-    state = _ensure_forward(owner, ctx, part, k, plan, next_plan, x0, x0_rows, pieces, route)
+    state = _ensure_forward(
+        owner, ctx, part, microbatch, k, plan, next_plan, x0, x0_rows, pieces, route
+    )
     a = state.forward[k][2]
     if receiver >= 0:
         start = time.perf_counter()
@@ -252,17 +322,22 @@ def combine_logsumexp(*stats: np.ndarray) -> np.ndarray:
 
 
 def _output_delta(ctx: StepContext, z, a, y, lse) -> tuple[np.ndarray, float]:
-    """``dJ/dz_L`` of this part's output neurons (feature-major) and its share of the loss."""
+    """``dJ/dz_L`` of this part's output neurons for one microbatch (feature-major) and its share
+    of the loss, both scaled by ``1 / ctx.batch`` (the mean over the whole step's batch)."""
     loss = get_loss(ctx.loss)
-    batch = z.shape[1]
+    rows = z.shape[1]
     if loss.name == "softmax_cross_entropy":
         log_prob = z - lse[0].astype(z.dtype)
         delta = np.exp(log_prob) * lse[1].astype(z.dtype) - y
-        delta /= batch
-        return np.ascontiguousarray(delta, dtype=z.dtype), -float(np.vdot(y, log_prob)) / batch
+        delta /= ctx.batch
+        return np.ascontiguousarray(delta, dtype=z.dtype), -float(np.vdot(y, log_prob)) / ctx.batch
     out = get_activation(ctx.output_activation)
-    delta = loss.output_delta(z.T, a.T, y.T, out)
-    return np.ascontiguousarray(delta.T), loss.value(z.T, a.T, y.T)
+    delta = loss.output_delta(z.T, a.T, y.T, out)  # divided by the microbatch's rows
+    value = loss.value(z.T, a.T, y.T)
+    if rows != ctx.batch:
+        delta *= delta.dtype.type(rows / ctx.batch)
+        value *= rows / ctx.batch
+    return np.ascontiguousarray(delta.T), value
 
 
 def backward_task(
@@ -280,72 +355,91 @@ def backward_task(
     after=None,
     route: Route = Route(),
     forward_route: Route = Route(),
+    microbatch: int = 0,
 ):
-    """Part ``part``'s backward step and update of layer ``k``; returns what ``receiver`` needs.
+    """Part ``part``'s backward step of layer ``k`` for one microbatch; returns what ``receiver``
+    needs.
 
     The delta of layer ``k`` is the sum of the part's own partial sums and those received from
     ``sorted(next_plan.send)`` (``pieces`` and the mailbox, as ``route.sources`` says) times
     ``f'(z_k)`` (at ``k = L``: the loss gradient from ``y``).
-    Then the partial sums for layer ``k-1`` are computed with the old weights, and the update of
-    the weights and bias of layer ``k`` (``ctx.optimizer``'s step, with the state the worker keeps
-    beside them) goes to the background thread; in layer 1 this part's last task of the step
-    (``receiver == -1``) updates inline and waits for every update.
+    Then the partial sums for layer ``k-1`` are computed with the old weights, and the
+    microbatch's gradient of layer ``k`` goes to the background thread, which adds it to the
+    layer's sum and, once every microbatch's gradient is in, applies ``ctx.optimizer``'s step
+    (with the state the worker keeps beside the weights). In layer 1 the part's last microbatch
+    to finish waits for all of the part's updates and then adds its own gradient and updates
+    layer 1 itself.
 
     Parameters
     ----------
     receiver : int
         A worker (its index) hosting owners of rows of ``W_k``: the partial sums of the owners in
         ``route.to`` (slices ``plan.groups``) are returned, stacked; or ``-1`` for none (in layer
-        1: the part's last task of the step, which updates layer 1, returns the part's loss share
-        and frees its state). The partial sums for owners on this worker (``route.local``) are
-        left in the mailbox.
+        1: the microbatch's last task of the step, which returns the microbatch's loss share).
+        The partial sums for owners on this worker (``route.local``) are left in the mailbox.
     forward_pieces : tuple of arrays
         At ``k = L``: the forward messages of layer ``L`` from other workers (the forward of the
         last layer runs here), placed by ``forward_route``.
+    microbatch : int
+        The row block of the step's batch this task works on.
     """
     owner = model_state(ctx.token)
-    state = owner.part_step(ctx.step, part)
-    with state.lock:
+    i = microbatch
+    part_step = owner.part_step(ctx.step, part)
+    with part_step.lock:
+        state = part_step.microbatch(i)
         if k not in state.backward_done:
             if k == ctx.n_layers:
                 inputs = (None, None, None, forward_pieces, forward_route)
-                _ensure_forward(owner, ctx, part, k, plan, *inputs)
+                _ensure_forward(owner, ctx, part, i, k, plan, *inputs)
             received = ()
             if k < ctx.n_layers:
                 returning = sorted(next_plan.send)
-                received = _received(owner, ctx, "bwd", k + 1, part, returning, pieces, route)
+                received = _received(owner, ctx, i, "bwd", k + 1, part, returning, pieces, route)
             layer = owner.layers[(k, part)]
             delta = _backward(
-                owner, ctx, state, part, k, plan, layer, next_plan, received, y, y_rows, lse
+                owner, ctx, state, i, part, k, plan, layer, next_plan, received, y, y_rows, lse,
+                route,
             )
             x_in = state.forward.pop(k)[0]
-            if k >= 2:
+            if k >= 2 and not ctx.part_workers:
                 groups = plan.groups
                 partial = state.partial[k]
                 local = {n: partial[groups[n] : groups[n + 1]] for n in route.local}
-                _post(owner, ctx, "bwd", k, part, local)
-                update = owner.submit_update(_update, owner, ctx, x_in, delta, plan, layer, True)
-                state.updates.append(update)
-            else:  # the part's only task of layer 1 (see ``receiver``)
-                _update(owner, ctx, x_in, delta, plan, layer)
-                for update in state.updates:
+                _post(owner, ctx, i, "bwd", k, part, local)
+            if k >= 2 or part_step.finished + 1 < ctx.microbatches:
+                update = owner.submit_update(
+                    _accumulate, owner, ctx, part_step, x_in, delta, k, plan, layer, True
+                )
+                part_step.updates.append(update)
+            else:  # the part's last task of the step: every other update is queued before it
+                for update in part_step.updates:
                     update.result()
+                _accumulate(owner, ctx, part_step, x_in, delta, k, plan, layer)
+        last = False
+        if k == 1:
+            part_step.finished += 1
+            last = part_step.finished == ctx.microbatches
     if receiver >= 0:
         start = time.perf_counter()
         groups = plan.groups
         message = _stack([state.partial[k][groups[n] : groups[n + 1]] for n in route.to])
         owner.add_time("pack", time.perf_counter() - start)
         return message
-    if k == 1:
+    if last:
         owner.drop_part_step(ctx.step, part)
     return state.loss
 
 
 def _backward(
-    owner: ModelState, ctx, state, part, k, plan, layer: PartLayer, next_plan, pieces, y, y_rows,
-    lse,
+    owner: ModelState, ctx, state: MicrobatchStep, i, part, k, plan, layer: PartLayer, next_plan,
+    pieces, y, y_rows, lse, route: Route,
 ):
-    """Return ``delta_k`` of the part; keep its partial sums for layer ``k-1`` (old weights)."""
+    """Return ``delta_k`` of the part; keep its partial sums for layer ``k-1`` (old weights).
+
+    With ``ctx.part_workers`` (messages posted between workers) the partial sums for the owners
+    in ``route.local`` are posted here, as each owner's rows are computed.
+    """
     _, z, a = state.forward[k]
     start = time.perf_counter()
     if k == ctx.n_layers:
@@ -360,22 +454,52 @@ def _backward(
         delta = grad_a
     if k >= 2:
         partial = np.empty((int(plan.groups[-1]), z.shape[1]), dtype=z.dtype)
-        spmm_backward(delta, plan.indptr, layer.indices, layer.values, partial)
         state.partial[k] = partial
+        if ctx.part_workers:
+            # the other owners' rows first, each posted as soon as it is computed, so they
+            # travel while this part computes its own rows
+            groups = plan.groups
+            for n in [n for n in route.local if n != part] + [part]:
+                lo, hi = int(groups[n]), int(groups[n + 1])
+                indptr = plan.indptr[lo : hi + 1]
+                spmm_backward(delta, indptr, layer.indices, layer.values, partial[lo:hi])
+                if n != part:
+                    _post(owner, ctx, i, "bwd", k, part, {n: partial[lo:hi]})
+        else:
+            spmm_backward(delta, plan.indptr, layer.indices, layer.values, partial)
     state.backward_done.add(k)
     owner.add_time("backward_product", time.perf_counter() - start)
     return delta
 
 
-def _update(
-    owner: ModelState, ctx, x_in, delta, plan, layer: PartLayer, background: bool = False
+def _accumulate(
+    owner: ModelState,
+    ctx,
+    part_step: PartStep,
+    x_in,
+    delta,
+    k: int,
+    plan,
+    layer: PartLayer,
+    background: bool = False,
 ) -> None:
-    """The optimizer's step on a part's chunk of a layer, from its inputs and deltas."""
+    """Add one microbatch's gradient of a part's chunk of layer ``k`` to the layer's sum; with
+    the last microbatch's, apply the optimizer's step to the chunk."""
     start = time.perf_counter()
     grad_w = np.empty_like(layer.values)
     one = layer.values.dtype.type(1)
     masked_outer_grad(x_in, delta, plan.indptr, layer.indices, one, grad_w)
-    layer.apply(ctx.optimizer, grad_w, delta.sum(axis=1))
+    grad_b = delta.sum(axis=1)
+    total = part_step.gradients.get(k)
+    if total is None:
+        total = part_step.gradients[k] = GradientSum(0, grad_w, grad_b)
+    else:
+        total.weights += grad_w
+        total.bias += grad_b
+    total.count += 1
+    if total.count == ctx.microbatches:
+        del part_step.gradients[k]
+        layer.apply(ctx.optimizer, total.weights, total.bias)
     seconds = time.perf_counter() - start
     owner.add_time("update", seconds)
     if background:

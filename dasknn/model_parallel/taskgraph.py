@@ -5,7 +5,7 @@ computed once into a :class:`StepTemplate`; every batch only stamps it with fres
 step number and submits the whole step at once. Keys (named in :mod:`dasknn.runtime.keys`) are
 tuples
 
-    ``(f"dasknn-{phase}-{token}", step, layer, part, receiver)``
+    ``(f"dasknn-{phase}-{token}", step, layer, part, receiver, microbatch)``
 
 with ``phase`` ``fwd`` (the task of ``(layer, part)`` that returns the activations the parts of
 layer ``layer + 1`` on worker number ``receiver`` need, stacked), ``bwd`` (the partial sums of
@@ -18,7 +18,9 @@ workers are the packed messages. A part sends one message per layer and phase to
 worker* hosting receivers; messages between parts on the same worker never become tasks: the
 sender leaves them in the worker's mailbox (:mod:`dasknn.model_parallel.steps`) and the receiver's
 tasks wait for one of the sender's tasks (``after``). With ``P`` parts on ``W`` workers a layer thus
-costs at most ``P (W - 1)`` tasks instead of ``P (P - 1)``.
+costs at most ``P (W - 1)`` tasks instead of ``P (P - 1)``. With microbatches every task exists
+once per row block of the batch (``microbatch``), each block's tasks depending on the same
+block's; :class:`StepPriority` orders a worker's ready tasks.
 """
 
 from __future__ import annotations
@@ -36,13 +38,15 @@ from dasknn.model_parallel.steps import (
     combine_logsumexp,
     forward_task,
 )
-from dasknn.runtime.keys import phase_names
+from dasknn.runtime.keys import phase_names, step_key
 
-__all__ = ["PartPlacement", "StepTemplate"]
+__all__ = ["PartPlacement", "StepPriority", "StepTemplate"]
 
 NO_RECEIVER = -1
 OUTPUT_BLOCK = -2
 SOFTMAX_STATS = -3
+#: Microbatch numbers stay below this in a priority (:class:`StepPriority`).
+PRIORITY_STRIDE = 2**31
 
 
 class PartPlacement:
@@ -258,59 +262,87 @@ class StepTemplate:
             self.specs.append(_Spec(phase, k, m, h, func, args + pieces, task_kwargs))
 
     # ------------------------------------------------------------------ stamping
-    def key(self, step: int, phase: str, k: int, m: int, n: int) -> tuple:
-        """Key of a task of ``step``."""
-        return (self.names[phase], step, k, m, n)
+    def key(self, step: int, phase: str, k: int, m: int, n: int, i: int = 0) -> tuple:
+        """Key of a task of microbatch ``i`` of ``step``."""
+        return step_key(self.names[phase], step, k, m, n, i)
 
-    def output_keys(self, step: int) -> list[tuple]:
-        """Keys whose values the client collects: one per part."""
-        return [self.key(step, *spec) for spec in self.outputs]
+    def output_keys(self, step: int, microbatches: int = 1) -> list[tuple]:
+        """Keys whose values the client collects: one per part and microbatch."""
+        return [self.key(step, *spec, i) for spec in self.outputs for i in range(microbatches)]
 
     def graph(
-        self, ctx: StepContext, inputs: dict, previous: list | None = None
+        self, ctx: StepContext, inputs: dict, rows: list, previous: dict | None = None
     ) -> dict:
-        """The task graph of step ``ctx.step``.
+        """The task graph of step ``ctx.step``: every task of the template once per microbatch.
 
         Parameters
         ----------
         ctx : StepContext
         inputs : dict
-            ``{("x", m): key, ("x_rows", m): rows or None, ("y", m): ..., ("y_rows", m): ...}``:
-            the keys of the data blocks of every part and the batch rows to take from them.
-        previous : list of keys, optional
-            The per-part last keys of the previous step, which the first layer waits for.
+            ``{("x", m): key, ("y", m): key}``: the keys of every part's data blocks.
+        rows : list
+            Per microbatch (``ctx.microbatches`` of them), the batch columns to take from the
+            data blocks: an index array, a slice or ``None`` (all of them).
+        previous : dict, optional
+            Per part, the keys of the previous step's last tasks, which the first layer waits for.
         """
         step = ctx.step
-
-        def resolve(ref):
-            if ref is None:
-                return None
-            if isinstance(ref, tuple) and ref and ref[0] == "step":
-                return TaskRef(self.key(step, *ref[1:]))
-            if isinstance(ref, tuple) and ref and ref[0] == "fixed":
-                return TaskRef(ref[1])
-            if isinstance(ref, tuple) and ref and ref[0] == "input":
-                value = inputs[(ref[1], ref[2])]
-                return TaskRef(value) if ref[1] in ("x", "y") else value
-            if isinstance(ref, tuple) and ref and ref[0] == "prev":
-                return TaskRef(previous[ref[1]]) if previous else None
-            return ref
-
         dsk = {}
-        for spec in self.specs:
-            key = self.key(step, spec.phase, spec.k, spec.m, spec.n)
-            args = [resolve(a) for a in spec.args]
-            kwargs = {}
-            for name, value in spec.kwargs.items():
-                if name in ("route", "forward_route"):
-                    kwargs[name] = value
-                elif name in ("after", "forward_pieces"):
-                    refs = [r for r in (resolve(v) for v in value) if r is not None]
-                    kwargs[name] = List(*refs) if refs else ()
-                else:
-                    kwargs[name] = resolve(value)
-            if spec.func is combine_logsumexp:
-                dsk[key] = Task(key, spec.func, *args)
-            else:
+        for i in range(ctx.microbatches):
+
+            def resolve(ref, i=i):
+                if ref is None:
+                    return None
+                if isinstance(ref, tuple) and ref and ref[0] == "step":
+                    return TaskRef(self.key(step, *ref[1:], i))
+                if isinstance(ref, tuple) and ref and ref[0] == "fixed":
+                    return TaskRef(ref[1])
+                if isinstance(ref, tuple) and ref and ref[0] == "input":
+                    if ref[1] in ("x", "y"):
+                        return TaskRef(inputs[(ref[1], ref[2])])
+                    return rows[i]
+                return ref
+
+            for spec in self.specs:
+                key = self.key(step, spec.phase, spec.k, spec.m, spec.n, i)
+                args = [resolve(a) for a in spec.args]
+                if spec.func is combine_logsumexp:
+                    dsk[key] = Task(key, spec.func, *args)
+                    continue
+                kwargs = {"microbatch": i}
+                for name, value in spec.kwargs.items():
+                    if name in ("route", "forward_route"):
+                        kwargs[name] = value
+                    elif name in ("after", "forward_pieces"):
+                        refs = []
+                        for ref in value:
+                            if isinstance(ref, tuple) and ref and ref[0] == "prev":
+                                refs += [TaskRef(k) for k in (previous or {}).get(ref[1], ())]
+                            elif (resolved := resolve(ref)) is not None:
+                                refs.append(resolved)
+                        kwargs[name] = List(*refs) if refs else ()
+                    else:
+                        kwargs[name] = resolve(value)
                 dsk[key] = Task(key, spec.func, ctx, *args, **kwargs)
         return dsk
+
+
+class StepPriority:
+    """Scheduling priority of a step's tasks (the ``priority=`` annotation, evaluated per key).
+
+    A worker with several ready tasks runs the earliest layer step first (the forward layers
+    ``0..L``, then the backward layers ``L..1``), and within one layer step the lowest microbatch:
+    the messages of microbatch ``i`` are sent, and travel, while microbatch ``i + 1`` computes.
+    """
+
+    def __init__(self, token: str, n_layers: int) -> None:
+        self.names = phase_names(token)
+        self.n_layers = n_layers
+
+    def __call__(self, key) -> int:
+        _, _, k, _, _, i = key
+        if key[0] == self.names["bwd"]:
+            position = 2 * self.n_layers + 1 - k
+        else:
+            position = k
+        return -(position * PRIORITY_STRIDE + i)

@@ -34,6 +34,8 @@ from dasknn.optim import Optimizer, ParamState
 
 __all__ = [
     "TIMING_KINDS",
+    "GradientSum",
+    "MicrobatchStep",
     "ModelState",
     "PartLayer",
     "PartStep",
@@ -47,6 +49,10 @@ __all__ = [
 #: Timing categories recorded by the workers (seconds, summed over tasks); ``update_background``
 #: is the part of ``update`` run by the background thread, beside the task thread.
 TIMING_KINDS = ("forward_product", "backward_product", "update", "update_background", "pack")
+
+
+#: Seconds a step waits for a message posted by another worker before it fails.
+MESSAGE_TIMEOUT = 600.0
 
 
 def plugin_name(token: str) -> str:
@@ -97,15 +103,50 @@ class PartLayer:
 
 
 @dataclass
-class PartStep:
-    """One part's intermediate values during one step."""
+class MicrobatchStep:
+    """One part's intermediate values for one microbatch (a row block of the step's batch)."""
 
     forward: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
     partial: dict[int, np.ndarray] = field(default_factory=dict)
     backward_done: set[int] = field(default_factory=set)
-    updates: list[Future] = field(default_factory=list)
     loss: float = 0.0
+
+
+@dataclass
+class GradientSum:
+    """A layer's weight and bias gradients summed over the microbatches accumulated so far."""
+
+    count: int
+    weights: np.ndarray
+    bias: np.ndarray
+
+
+@dataclass
+class PartStep:
+    """One part's intermediate values during one step.
+
+    Attributes
+    ----------
+    microbatches : dict
+        Microbatch number -> :class:`MicrobatchStep`.
+    gradients : dict
+        Layer -> :class:`GradientSum` until every microbatch's gradient of the layer is in it
+        (used by the update thread only, or by the task thread once the updates are waited for).
+    updates : list of Future
+        The update-thread jobs of the step.
+    finished : int
+        Microbatches whose layer 1 is done.
+    """
+
+    microbatches: dict[int, MicrobatchStep] = field(default_factory=dict)
+    gradients: dict[int, GradientSum] = field(default_factory=dict)
+    updates: list[Future] = field(default_factory=list)
+    finished: int = 0
     lock: threading.RLock = field(default_factory=threading.RLock)
+
+    def microbatch(self, i: int) -> MicrobatchStep:
+        """The values of microbatch ``i`` (created on first use; call with ``lock`` held)."""
+        return self.microbatches.setdefault(i, MicrobatchStep())
 
 
 class ModelState(WorkerPlugin):
@@ -122,11 +163,19 @@ class ModelState(WorkerPlugin):
         self.name = plugin_name(token)
 
     def setup(self, worker) -> None:
+        self.address = worker.address
         self.layers: dict[tuple[int, int], PartLayer] = {}
         self.steps: dict[tuple[int, int], PartStep] = {}
-        #: Messages between parts on this worker: ``(step, phase, layer, sender, receiver)`` ->
-        #: rows.
+        #: Messages for the parts on this worker, by step key ``(name, step, layer, sender,
+        #: receiver part, microbatch)`` (:func:`dasknn.runtime.keys.step_key`): left by parts on
+        #: this worker, or posted by other workers (``messages="actors"``).
         self.mailbox: dict[tuple, np.ndarray] = {}
+        self._arrived = threading.Condition()
+        self._cleared = 0  # clear_steps calls, which end the waits of take
+        self._posts: list = []
+        #: ``messages="actors"``: the postbox actor of every worker (address -> handle), set by
+        #: the step task.
+        self.postboxes: dict = {}
         self.timings: dict[str, float] = defaultdict(float)
         self._lock = threading.Lock()
         self._timings_lock = threading.Lock()
@@ -165,8 +214,45 @@ class ModelState(WorkerPlugin):
         with self._lock:
             dropped = len(self.steps)
             self.steps.clear()
+        with self._arrived:
             self.mailbox.clear()
+            self._cleared += 1
+            self._arrived.notify_all()
+        self._posts = []
         return dropped
+
+    # ---------------------------------------------------------------- messages
+    def deliver(self, key: tuple, rows: np.ndarray) -> None:
+        """Leave the message ``key`` in the mailbox (from any thread or the event loop)."""
+        with self._arrived:
+            self.mailbox[key] = rows
+            self._arrived.notify_all()
+
+    def post(self, address: str, key: tuple, rows: np.ndarray) -> None:
+        """Post the message ``key`` to the mailbox of the worker at ``address`` through its
+        postbox actor; :meth:`check_posts` raises if a post failed."""
+        self._posts.append(self.postboxes[address].post(key, self.address, rows))
+
+    def check_posts(self) -> None:
+        """Wait until every message posted so far is delivered; re-raise a failed post's error."""
+        posts, self._posts = self._posts, []
+        for post in posts:
+            post.result()
+
+    def take(self, key: tuple, timeout: float = MESSAGE_TIMEOUT) -> np.ndarray:
+        """Remove and return the message ``key``, waiting for it up to ``timeout`` seconds
+        (``TimeoutError`` naming the key after that); ``RuntimeError`` if :meth:`clear_steps`
+        drops the steps in flight meanwhile (a step failed elsewhere)."""
+        with self._arrived:
+            cleared = self._cleared
+            arrived = self._arrived.wait_for(
+                lambda: key in self.mailbox or self._cleared != cleared, timeout
+            )
+            if self._cleared != cleared:
+                raise RuntimeError(f"the steps in flight were dropped while waiting for {key}")
+            if not arrived:
+                raise TimeoutError(f"no message {key} arrived within {timeout:g} s")
+            return self.mailbox.pop(key)
 
     def submit_update(self, func, *args) -> Future:
         """Run ``func(*args)`` on this model's background update thread."""

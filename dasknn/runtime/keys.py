@@ -3,9 +3,11 @@
 Three families of keys exist.
 
 **Step keys** (the model-parallel trainer, :mod:`dasknn.model_parallel.taskgraph`) are tuples
-``(f"dasknn-{kind}-{token}", step, layer, part, receiver)`` with ``kind`` ``fwd``, ``bwd`` or
-``lse`` (see :func:`phase_names`); ``receiver`` is a worker number, negative for a task whose value
-is not a layer message.
+``(f"dasknn-{kind}-{token}", step, layer, part, receiver, microbatch)`` with ``kind`` ``fwd``,
+``bwd``, ``lse`` or ``run`` (a worker's whole step, ``messages="actors"``; see
+:func:`phase_names`); ``receiver`` is a worker number (a part number for the messages posted
+between workers in ``messages="actors"`` mode), negative for a value that is not a layer message;
+``microbatch`` numbers the row block of the step's batch.
 
 **Pipeline keys** (:mod:`dasknn.pipeline_parallel`) are tuples
 ``(f"dasknn-pipe-{token}", kind, step, stage, replica, microbatch)``: ``kind`` is one of
@@ -46,10 +48,11 @@ __all__ = [
     "phase_names",
     "pipeline_key",
     "sampled_key",
+    "step_key",
 ]
 
 PREFIX = "dasknn-"
-STEP_KINDS = ("fwd", "bwd", "lse")
+STEP_KINDS = ("fwd", "bwd", "lse", "run")
 COLLECTIVES = ("allreduce", "allgather", "allgatherv", "pull", "push", "alltoallv")
 PIPELINE_KINDS = ("fwd", "bwd", "x", "y", "grad", "update")
 PIPELINE = "pipe"
@@ -82,6 +85,11 @@ def phase_names(token: str) -> dict[str, str]:
     return {kind: f"{PREFIX}{kind}-{token}" for kind in STEP_KINDS}
 
 
+def step_key(name: str, step: int, layer: int, part: int, receiver: int, microbatch: int) -> tuple:
+    """A step key; ``name`` is one of :func:`phase_names`' values."""
+    return (name, step, layer, part, receiver, microbatch)
+
+
 def message_phase(key) -> tuple[str, str, int] | None:
     """``(token, phase, layer)`` of a step key, ``None`` for any other key.
 
@@ -89,7 +97,7 @@ def message_phase(key) -> tuple[str, str, int] | None:
     ``"backward"`` (partial sums of ``layer``) or ``"other"`` (softmax statistics and anything
     else that is not a layer message).
     """
-    if not (isinstance(key, tuple) and len(key) == 5):
+    if not (isinstance(key, tuple) and len(key) == 6):
         return None
     parsed = _split_name(key)
     if parsed is None or parsed[0] not in STEP_KINDS:

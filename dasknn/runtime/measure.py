@@ -32,6 +32,7 @@ __all__ = [
     "TransferReporter",
     "install_comm_monitor",
     "read_transfers",
+    "report_transfer",
     "reset_transfers",
 ]
 
@@ -69,15 +70,16 @@ class TransferReporter(WorkerPlugin):
             return
         sender = self._senders.pop(key)
         if state == "memory":
-            self._worker.log_event(
-                TOPIC,
-                {
-                    "key": key,
-                    "sender": sender,
-                    "receiver": self._worker.address,
-                    "nbytes": int(ts.nbytes or 0),
-                },
-            )
+            report_transfer(self._worker, key, sender, int(ts.nbytes or 0))
+
+
+def report_transfer(worker, key, sender: str, nbytes: int) -> None:
+    """Report to :class:`CommMonitor` that ``worker`` received ``key`` (``nbytes`` bytes of
+    payload) from the worker at ``sender``: by :class:`TransferReporter` for the keys Dask
+    fetches, and by whatever receives a message outside Dask's data transfers."""
+    worker.log_event(
+        TOPIC, {"key": key, "sender": sender, "receiver": worker.address, "nbytes": int(nbytes)}
+    )
 
 
 class CommMonitor(SchedulerPlugin):
