@@ -131,12 +131,18 @@ def test_bad_input_fails_before_anything_is_scheduled(client):
 
 
 def test_sampled_keys_are_built_parsed_and_described():
-    from dasknn.runtime.keys import describe, parse_sampled_key, phase_names, sampled_key
+    from dasknn.runtime.keys import (
+        describe,
+        parse_sampled_key,
+        phase_names,
+        sampled_key,
+        step_key,
+    )
 
     key = sampled_key("abc", 7, "grad", 1, 0)
     assert key == ("dasknn-slide-abc", 7, "grad", 1, 0)
     assert parse_sampled_key(key) == ("abc", 7, "grad", 1, 0)
     assert describe(key) == ("abc", "grad", None)
-    step = (phase_names("abc")["fwd"], 7, 0, 1, 0)
+    step = step_key(phase_names("abc")["fwd"], 7, 0, 1, 0, 0)
     assert parse_sampled_key(step) is None and describe(step) == ("abc", "forward", 1)
     assert parse_sampled_key(("dasknn-slide-abc", 1, "grad", 0)) is None
