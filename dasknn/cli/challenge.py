@@ -11,6 +11,7 @@ from pathlib import Path
 from dasknn.challenge import run_challenge
 from dasknn.challenge.engine import prepare_run
 from dasknn.challenge.model_parallel import check_model_parallel, run_challenge_model_parallel
+from dasknn.cli.cluster_options import add_cluster_arguments, cluster_target
 from dasknn.datasets import read_categories, write_categories
 from dasknn.runtime.cluster import open_client
 from graph.atomic import check_output_path, write_text_atomically
@@ -41,11 +42,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--categories", type=Path, help="write the categories to this file")
     parser.add_argument("--golden", type=Path, help="expected categories; prints PASSED/FAILED")
     cluster = parser.add_mutually_exclusive_group()
-    cluster.add_argument(
+    parser.add_argument(
         "--workers", type=int,
-        help="start a LocalCluster of W workers (--device cuda: W GPUs, one worker each)",
+        help="start a LocalCluster of W workers (--device cuda: W GPUs, one worker each); with "
+        "--cluster, the batch jobs' workers to wait for",
     )
-    cluster.add_argument("--scheduler", help="address of a running Dask scheduler")
+    add_cluster_arguments(parser, cluster)
     parser.add_argument("--threads", type=int, default=1, help="threads per local worker")
     parser.add_argument("--batch-size", type=int, help="input rows per batch")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
@@ -88,6 +90,9 @@ def run(args: argparse.Namespace) -> int:
     for output in (args.categories, args.json):
         if output is not None:
             check_output_path(output)
+    if args.workers is not None and args.scheduler is not None:
+        raise ValueError("--workers starts a local cluster or sizes --cluster, not --scheduler")
+    target = cluster_target(args, args.workers)
     golden = read_categories(args.golden) if args.golden is not None else None
     network, inputs, bias = prepare_run(
         args.network, args.inputs, args.bias, neurons=args.neurons, layers=args.layers,
@@ -100,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--model-parallel runs on the CPU only; drop --device cuda")
         check_model_parallel(bias, network[0].shape[0], args.parts)
     with ExitStack() as stack:
-        client = open_client(stack, args.scheduler, args.workers, args.threads, args.device)
+        client = open_client(stack, target, args.workers, args.threads, args.device)
         if args.model_parallel:
             categories, stats = run_challenge_model_parallel(
                 network, inputs, bias=bias, client=client, nparts=args.parts,

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 import graph
+from dasknn.cli.cluster_options import add_cluster_arguments, cluster_target
 from dasknn.datasets import (
     load_mnist_test,
     load_network,
@@ -48,8 +49,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--samples", type=int, default=1024, help="training samples to use")
     parser.add_argument("--partition", choices=graph.METHODS, default="hypergraph")
     parser.add_argument("--parts", type=int, default=2)
-    parser.add_argument("--workers", type=int, default=2, help="local worker processes")
-    parser.add_argument("--scheduler", help="address of an existing Dask scheduler")
+    parser.add_argument(
+        "--workers", type=int, default=2,
+        help="local worker processes (with --cluster: the batch jobs' workers to wait for)",
+    )
+    add_cluster_arguments(parser, parser.add_mutually_exclusive_group())
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--steps", type=int, help="train STEPS batches (overrides --samples)")
@@ -121,12 +125,13 @@ def _model_and_data(args: argparse.Namespace) -> tuple[SparseMLP, np.ndarray, np
 def run(args: argparse.Namespace) -> int:
     """Build, partition, place and train; print the figures; return the exit code."""
     _check(args)
+    target = cluster_target(args, args.workers)
     model, x, y = _model_and_data(args)
     print(f"network {args.network}: {model}")
     partition = graph.partition_network(model.weights, args.parts, args.partition, seed=args.seed)
     print(f"partition: {args.partition}, P={args.parts} ({partition.seconds:.2f} s)")
     with ExitStack() as stack:
-        client = open_client(stack, args.scheduler, args.workers)
+        client = open_client(stack, target, args.workers)
         dist = DistributedSparseMLP(model, client, partition, reuse_memory=args.reuse_memory)
         print(f"placed {dist.nparts} parts on {len(set(dist.part_workers))} workers")
         times = time_training(dist, x, y, args.batch_size, args.epochs, args.lr)

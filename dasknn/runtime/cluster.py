@@ -3,7 +3,9 @@
 Local clusters listen on 127.0.0.1 only (scheduler, workers and dashboard), so nobody else on the
 network reaches them; pass ``host`` to listen elsewhere. Connecting to a scheduler address gives up
 after ``connect_timeout`` seconds (:data:`CONNECT_TIMEOUT`, or the environment variable
-``DASKNN_CONNECT_TIMEOUT``) with a ``RuntimeError`` naming the address.
+``DASKNN_CONNECT_TIMEOUT``) with a ``RuntimeError`` naming the address. :func:`open_client` also
+takes a running cluster object (a ``LocalCluster``, a dask-jobqueue cluster, ...) or a
+:class:`~dasknn.runtime.jobqueue.JobqueueSpec` of batch jobs to start.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ import os
 from contextlib import ExitStack
 
 from distributed import Client, LocalCluster
+from distributed.deploy import Cluster
+
+from dasknn.runtime.jobqueue import JobqueueSpec, start_jobqueue_cluster
 
 __all__ = [
     "CONNECT_TIMEOUT",
@@ -90,22 +95,33 @@ def local_cuda_cluster(workers: int | None = None, host: str = LOCAL_HOST):
 
 def open_client(
     stack: ExitStack,
-    client: Client | str | None = None,
+    client: Client | Cluster | JobqueueSpec | str | None = None,
     workers: int | None = None,
     threads_per_worker: int = 1,
     device: str = "cpu",
 ) -> Client:
-    """The client to run on: ``client`` itself, one connected to a scheduler address, or one on
-    a new :func:`local_cluster` (``device="cuda"``: :func:`local_cuda_cluster`); whatever is
-    opened here is closed when ``stack`` closes.
+    """The client to run on: ``client`` itself, one of a running cluster object, one of the
+    batch jobs a :class:`~dasknn.runtime.jobqueue.JobqueueSpec` describes (submitted here, and
+    waited for), one connected to a scheduler address, or one on a new :func:`local_cluster`
+    (``device="cuda"``: :func:`local_cuda_cluster`); whatever is opened here is closed when
+    ``stack`` closes.
 
     Raises
     ------
     RuntimeError
-        If no scheduler answers at the address ``client`` within :func:`connect_timeout` seconds.
+        If no scheduler answers at the address ``client`` within :func:`connect_timeout` seconds,
+        or the batch jobs of a spec cannot be submitted or do not start in time.
+    ValueError
+        If a spec is malformed (before anything is submitted).
     """
     if isinstance(client, Client):
         return client
+    if isinstance(client, Cluster):
+        return stack.enter_context(Client(client))
+    if isinstance(client, JobqueueSpec):
+        cluster = start_jobqueue_cluster(client)
+        stack.callback(cluster.close)
+        return stack.enter_context(Client(cluster))
     if client is not None:
         seconds = connect_timeout()
         try:
