@@ -214,27 +214,65 @@ def run_challenge(
     """
     dtype = np.dtype(dtype)
     matrices, matrix, bias = prepare_run(
-        network, inputs, bias, neurons=neurons, layers=layers, seed=seed, batch_size=batch_size,
-        dtype=dtype, resident_layers=resident_layers, weight_buffers=weight_buffers,
-        device=device, compact_every=compact_every, cuda_mode=cuda_mode,
+        network,
+        inputs,
+        bias,
+        neurons=neurons,
+        layers=layers,
+        seed=seed,
+        batch_size=batch_size,
+        dtype=dtype,
+        resident_layers=resident_layers,
+        weight_buffers=weight_buffers,
+        device=device,
+        compact_every=compact_every,
+        cuda_mode=cuda_mode,
     )
     with ExitStack() as stack:
         if device == "cuda":
             from dasknn.challenge.gpu import run_cuda
 
             return run_cuda(
-                open_client(stack, client, device="cuda"), matrices, matrix, float(bias),
-                float(ymax), dtype, batch_size, weight_budget, compact_every, cuda_mode,
+                open_client(stack, client, device="cuda"),
+                matrices,
+                matrix,
+                float(bias),
+                float(ymax),
+                dtype,
+                batch_size,
+                weight_budget,
+                compact_every,
+                cuda_mode,
                 progress,
             )
         return _run(
-            open_client(stack, client), matrices, matrix, float(bias), float(ymax), dtype,
-            batch_size, resident_layers, weight_buffers, weight_budget, progress,
+            open_client(stack, client),
+            matrices,
+            matrix,
+            float(bias),
+            float(ymax),
+            dtype,
+            batch_size,
+            resident_layers,
+            weight_buffers,
+            weight_budget,
+            progress,
         )
 
 
-def _run(client, matrices, matrix, bias, ymax, dtype, batch_size, resident_layers,
-         weight_buffers, weight_budget, progress) -> tuple[np.ndarray, ChallengeStats]:
+def _run(
+    client,
+    matrices,
+    matrix,
+    bias,
+    ymax,
+    dtype,
+    batch_size,
+    resident_layers,
+    weight_buffers,
+    weight_budget,
+    progress,
+) -> tuple[np.ndarray, ChallengeStats]:
     n_inputs, width = matrix.shape
     n_layers = len(matrices)
     edges = int(sum(m.nnz for m in matrices))
@@ -265,11 +303,23 @@ def _run(client, matrices, matrix, bias, ymax, dtype, batch_size, resident_layer
     start = time.perf_counter()
     with bar:
         if streamed:
-            results = _streamed(client, matrices, matrix, starts, batch_size, bias, ymax, dtype,
-                                resident, weight_buffers, bar)
+            results = _streamed(
+                client,
+                matrices,
+                matrix,
+                starts,
+                batch_size,
+                bias,
+                ymax,
+                dtype,
+                resident,
+                weight_buffers,
+                bar,
+            )
         else:
-            results = _broadcast(client, packed, matrix, starts, batch_size, bias, ymax,
-                                 threads, bar)
+            results = _broadcast(
+                client, packed, matrix, starts, batch_size, bias, ymax, threads, bar
+            )
     seconds = time.perf_counter() - start
 
     categories, peaks = merge_batches(results)
@@ -325,8 +375,9 @@ def _broadcast(client, packed, matrix, starts, batch_size, bias, ymax, threads, 
     return results
 
 
-def _streamed(client, matrices, matrix, starts, batch_size, bias, ymax, dtype, resident,
-              weight_buffers, bar):
+def _streamed(
+    client, matrices, matrix, starts, batch_size, bias, ymax, dtype, resident, weight_buffers, bar
+):
     """Layers go to the workers a window at a time, at most ``weight_buffers`` windows at once."""
     states = [
         client.submit(tasks.begin_streamed, matrix[s : s + batch_size], dtype.name, pure=False)
@@ -347,8 +398,6 @@ def _streamed(client, matrices, matrix, starts, batch_size, bias, ymax, dtype, r
         for future in states:
             future.add_done_callback(lambda _: bar.update(1))
         windows.append((weights, states))
-    finals = client.gather(
-        [client.submit(tasks.finish_streamed, st, pure=False) for st in states]
-    )
+    finals = client.gather([client.submit(tasks.finish_streamed, st, pure=False) for st in states])
     windows.clear()
     return list(zip(starts, finals, strict=True))

@@ -42,8 +42,12 @@ def device_memory() -> dict:
         import psutil
 
         available = int(psutil.virtual_memory().available)
-        return {"runtime": runtime, "name": "numba CUDA simulator", "free": available,
-                "total": available}
+        return {
+            "runtime": runtime,
+            "name": "numba CUDA simulator",
+            "free": available,
+            "total": available,
+        }
     from numba import cuda
 
     free, total = cuda.current_context().get_memory_info()
@@ -71,8 +75,14 @@ def check_cuda_workers(client: Client) -> dict[str, dict]:
     return info
 
 
-def plan_memory(packed_bytes: int, layer_bytes: int, neurons: int, itemsize: int,
-                free: int, weight_budget: int | None) -> tuple[int | None, int]:
+def plan_memory(
+    packed_bytes: int,
+    layer_bytes: int,
+    neurons: int,
+    itemsize: int,
+    free: int,
+    weight_budget: int | None,
+) -> tuple[int | None, int]:
     """Weight budget (``None``: resident whole) and the most live rows a batch may hold.
 
     Raises ``MemoryError`` naming the bytes needed and available when not even one layer and one
@@ -103,8 +113,9 @@ def upload_network(packed: PackedLayers, budget: int | None):
     return DeviceNetwork(packed, budget)
 
 
-def infer_batch_cuda(inputs: sp.csr_matrix, network, bias: float, ymax: float,
-                     compact_every: int, mode: str) -> BatchResult:
+def infer_batch_cuda(
+    inputs: sp.csr_matrix, network, bias: float, ymax: float, compact_every: int, mode: str
+) -> BatchResult:
     """On a worker: run one batch on its GPU; return its live rows (batch-local)."""
     from dasknn.kernels.cuda_inference import infer_rows_cuda
 
@@ -129,10 +140,19 @@ def warm_cuda_kernel(dtype: str) -> None:
         infer_rows_cuda(rows, network, -0.1, 32.0, compact_every=1, mode=mode)
 
 
-def run_cuda(client: Client, matrices: list[sp.csr_matrix], matrix: sp.csr_matrix, bias: float,
-             ymax: float, dtype: np.dtype, batch_size: int | None, weight_budget: int | None,
-             compact_every: int, mode: str, progress: bool
-             ) -> tuple[np.ndarray, ChallengeStats]:
+def run_cuda(
+    client: Client,
+    matrices: list[sp.csr_matrix],
+    matrix: sp.csr_matrix,
+    bias: float,
+    ymax: float,
+    dtype: np.dtype,
+    batch_size: int | None,
+    weight_budget: int | None,
+    compact_every: int,
+    mode: str,
+    progress: bool,
+) -> tuple[np.ndarray, ChallengeStats]:
     """Run the challenge on the GPU workers of ``client``; see :func:`run_challenge`."""
     from tqdm.auto import tqdm
 
@@ -143,8 +163,9 @@ def run_cuda(client: Client, matrices: list[sp.csr_matrix], matrix: sp.csr_matri
     packed = pack_layers(matrices, dtype)
     device_bytes, layer_bytes = weight_bytes(packed)
     free = min(gpu["free"] for gpu in gpus.values())
-    budget, max_rows = plan_memory(device_bytes, layer_bytes, width, dtype.itemsize, free,
-                                   weight_budget)
+    budget, max_rows = plan_memory(
+        device_bytes, layer_bytes, width, dtype.itemsize, free, weight_budget
+    )
     addresses = sorted(gpus)
     if batch_size is None:
         batch_size = math.ceil(n_inputs / len(addresses))
@@ -156,8 +177,9 @@ def run_cuda(client: Client, matrices: list[sp.csr_matrix], matrix: sp.csr_matri
     networks = {}
     for address in addresses:
         host = client.scatter(packed, workers=[address], hash=False)
-        networks[address] = client.submit(upload_network, host, budget, workers=[address],
-                                          allow_other_workers=False, pure=False)
+        networks[address] = client.submit(
+            upload_network, host, budget, workers=[address], allow_other_workers=False, pure=False
+        )
     pending = iter(starts)
     offsets: dict[str, tuple[int, str]] = {}
     results = []
@@ -169,9 +191,18 @@ def run_cuda(client: Client, matrices: list[sp.csr_matrix], matrix: sp.csr_matri
             return
         batch = matrix[s : s + batch_size].astype(dtype)
         rows = client.scatter(batch, workers=[address], hash=False)
-        future = client.submit(infer_batch_cuda, rows, networks[address], bias, ymax,
-                               compact_every, mode, workers=[address], allow_other_workers=False,
-                               pure=False)
+        future = client.submit(
+            infer_batch_cuda,
+            rows,
+            networks[address],
+            bias,
+            ymax,
+            compact_every,
+            mode,
+            workers=[address],
+            allow_other_workers=False,
+            pure=False,
+        )
         offsets[future.key] = (s, address)
         queue.add(future)
 

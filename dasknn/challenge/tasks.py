@@ -14,8 +14,17 @@ import scipy.sparse as sp
 
 from dasknn.kernels.inference import BatchState, PackedLayers, advance, live_rows, start_batch
 
-__all__ = ["BatchResult", "StreamedBatch", "infer_batch", "begin_streamed", "advance_streamed",
-           "finish_streamed", "peak_rss", "warm_kernel", "worker_name"]
+__all__ = [
+    "BatchResult",
+    "StreamedBatch",
+    "infer_batch",
+    "begin_streamed",
+    "advance_streamed",
+    "finish_streamed",
+    "peak_rss",
+    "warm_kernel",
+    "worker_name",
+]
 
 _KERNEL_LOCK = threading.Lock()
 
@@ -113,8 +122,9 @@ def advance_streamed(
     name, seconds = _run_kernel(batch.state, weights, bias, ymax)
     peaks = dict(batch.peak_memory)
     peaks[name] = max(peaks.get(name, 0), peak_rss())
-    return StreamedBatch(state=batch.state, kernel_seconds=batch.kernel_seconds + seconds,
-                         peak_memory=peaks)
+    return StreamedBatch(
+        state=batch.state, kernel_seconds=batch.kernel_seconds + seconds, peak_memory=peaks
+    )
 
 
 def finish_streamed(batch: StreamedBatch) -> BatchResult:

@@ -87,4 +87,3 @@ def run(args: argparse.Namespace) -> int:
     if args.report is not None:
         write_text_atomically(args.report, table + "\n")
     return 0
-

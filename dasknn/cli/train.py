@@ -50,7 +50,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--partition", choices=graph.METHODS, default="hypergraph")
     parser.add_argument("--parts", type=int, default=2)
     parser.add_argument(
-        "--workers", type=int, default=2,
+        "--workers",
+        type=int,
+        default=2,
         help="local worker processes (with --cluster: the batch jobs' workers to wait for)",
     )
     add_cluster_arguments(parser, parser.add_mutually_exclusive_group())
@@ -100,8 +102,15 @@ def _model_and_data(args: argparse.Namespace) -> tuple[SparseMLP, np.ndarray, np
         if args.network.startswith("radixnet:"):
             neurons, depth, _ = parse_radixnet_spec(args.network)
             model = SparseMLP.radixnet(
-                neurons, depth, seed=args.seed, activation=args.activation, loss=loss,
-                dtype=args.dtype, n_inputs=1024, n_outputs=10, scale="he",
+                neurons,
+                depth,
+                seed=args.seed,
+                activation=args.activation,
+                loss=loss,
+                dtype=args.dtype,
+                n_inputs=1024,
+                n_outputs=10,
+                scale="he",
             )
             return model, x, y
         raise ValueError("--data mnist needs a radixnet:N:L network (a 1024-input, 10-class model)")

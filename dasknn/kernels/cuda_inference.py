@@ -189,8 +189,9 @@ def _window_kernel(y, flags, parity, indptr, indices, data, first, count, bias, 
 
 
 @cuda.jit
-def _layer_kernel(y, flags, src, indptr, indices, data, layer, sections, bias, ymax, alive_in,
-                  alive_out, work):
+def _layer_kernel(
+    y, flags, src, indptr, indices, data, layer, sections, bias, ymax, alive_in, alive_out, work
+):
     """One layer, block ``b`` computing output section ``b % sections`` of group ``b // sections``.
 
     ``flags[1 - src]`` and ``alive_out`` must be zero before the launch; a group whose rows are
@@ -314,8 +315,11 @@ def _host_windows(packed: PackedLayers, layers_per_window: int) -> list[_Window]
         indptr = np.ascontiguousarray(packed.indptr[first:last] - lo)
         indices = packed.indices[lo:hi]
         data = packed.data[lo:hi]
-        windows.append(_Window(indptr, indices, data, last - first,
-                               indptr.nbytes + indices.nbytes + data.nbytes))
+        windows.append(
+            _Window(
+                indptr, indices, data, last - first, indptr.nbytes + indices.nbytes + data.nbytes
+            )
+        )
     return windows
 
 
@@ -363,8 +367,13 @@ class DeviceNetwork:
 
     @staticmethod
     def _upload(window: _Window) -> _Window:
-        return _Window(cuda.to_device(window.indptr), cuda.to_device(window.indices),
-                       cuda.to_device(window.data), window.n_layers, window.nbytes)
+        return _Window(
+            cuda.to_device(window.indptr),
+            cuda.to_device(window.indices),
+            cuda.to_device(window.data),
+            window.n_layers,
+            window.nbytes,
+        )
 
     def windows(self):
         """The windows in order, on the device (uploaded now when streamed)."""
@@ -443,8 +452,12 @@ def infer_rows_cuda(
     _zero(y[0].reshape(y[0].size))  # buffer 1 is written whole by the first layer
     _zero(flags[0].reshape(flags[0].size))  # flags of buffer 1 are cleared by each layer
     _scatter_kernel[groups, threads](
-        cuda.to_device(csr.indptr.astype(np.int64)), cuda.to_device(csr.indices.astype(np.int32)),
-        cuda.to_device(csr.data), cuda.to_device(rows), y[0], flags[0],
+        cuda.to_device(csr.indptr.astype(np.int64)),
+        cuda.to_device(csr.indices.astype(np.int32)),
+        cuda.to_device(csr.data),
+        cuda.to_device(rows),
+        y[0],
+        flags[0],
     )
     work = cuda.to_device(np.zeros(groups, dtype=np.int64))
     alive = cuda.device_array(groups * LANES, dtype=np.uint8)
@@ -460,8 +473,18 @@ def infer_rows_cuda(
             groups = -(-live // LANES)
             if mode == "fused":
                 _window_kernel[groups, threads](
-                    y, flags, parity, window.indptr, window.indices, window.data, first, count,
-                    typed_bias, typed_ymax, alive, work,
+                    y,
+                    flags,
+                    parity,
+                    window.indptr,
+                    window.indices,
+                    window.data,
+                    first,
+                    count,
+                    typed_bias,
+                    typed_ymax,
+                    alive,
+                    work,
                 )
             else:
                 lanes = np.zeros(groups * LANES, dtype=np.uint8)
@@ -474,8 +497,19 @@ def infer_rows_cuda(
                     _zero(flags[dst].reshape(flags[dst].size))
                     _zero(b)
                     _layer_kernel[groups * sections, threads](
-                        y, flags, (parity + k - first) % 2, window.indptr, window.indices,
-                        window.data, k, sections, typed_bias, typed_ymax, a, b, work,
+                        y,
+                        flags,
+                        (parity + k - first) % 2,
+                        window.indptr,
+                        window.indices,
+                        window.data,
+                        k,
+                        sections,
+                        typed_bias,
+                        typed_ymax,
+                        a,
+                        b,
+                        work,
                     )
                     a, b = b, a
                 if a is not alive:

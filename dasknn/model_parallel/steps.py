@@ -342,7 +342,17 @@ def backward_task(
 
 
 def _backward(
-    owner: ModelState, ctx, state, part, k, plan, layer: PartLayer, next_plan, pieces, y, y_rows,
+    owner: ModelState,
+    ctx,
+    state,
+    part,
+    k,
+    plan,
+    layer: PartLayer,
+    next_plan,
+    pieces,
+    y,
+    y_rows,
     lse,
 ):
     """Return ``delta_k`` of the part; keep its partial sums for layer ``k-1`` (old weights)."""

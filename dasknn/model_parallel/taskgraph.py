@@ -220,9 +220,7 @@ class StepTemplate:
                 if k == L:
                     kwargs = self._after_previous_layer(k, m)
                     senders = layer_plan.senders()
-                    forward_pieces, forward_sources, after = self._sources(
-                        "fwd", k - 1, m, senders
-                    )
+                    forward_pieces, forward_sources, after = self._sources("fwd", k - 1, m, senders)
                     kwargs["after"] += after
                     kwargs["forward_pieces"] = forward_pieces
                     kwargs["forward_route"] = Route(sources=forward_sources, local=())
@@ -266,9 +264,7 @@ class StepTemplate:
         """Keys whose values the client collects: one per part."""
         return [self.key(step, *spec) for spec in self.outputs]
 
-    def graph(
-        self, ctx: StepContext, inputs: dict, previous: list | None = None
-    ) -> dict:
+    def graph(self, ctx: StepContext, inputs: dict, previous: list | None = None) -> dict:
         """The task graph of step ``ctx.step``.
 
         Parameters
