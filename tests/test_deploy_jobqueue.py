@@ -27,6 +27,7 @@ def _script(**options) -> str:
         cluster.close()
 
 
+@pytest.mark.minversions
 @pytest.mark.parametrize(
     "system, expected",
     [
@@ -83,6 +84,7 @@ def test_job_scripts_carry_the_requested_directives(system, expected):
     assert script.count("distributed.cli.dask_worker") == 1 and "--nworkers 4" in script
 
 
+@pytest.mark.minversions
 def test_htcondor_job_takes_disk_and_key_value_directives():
     script = _script(
         system="htcondor",
@@ -97,6 +99,7 @@ def test_htcondor_job_takes_disk_and_key_value_directives():
     assert "+MaxRuntime = 3600" in script
 
 
+@pytest.mark.minversions
 def test_config_file_fills_options_not_given(tmp_path):
     config = tmp_path / "jobqueue.yaml"
     config.write_text(
@@ -108,6 +111,7 @@ def test_config_file_fills_options_not_given(tmp_path):
     assert "#SBATCH -t 00:10:00" in script and "#SBATCH --gres=gpu:1" in script
 
 
+@pytest.mark.minversions
 @pytest.mark.parametrize(
     "options, message",
     [
@@ -127,6 +131,7 @@ def test_bad_specs_are_rejected_before_anything_starts(options, message):
         start_jobqueue_cluster(JobqueueSpec(**options))
 
 
+@pytest.mark.minversions
 def test_a_config_file_that_is_not_a_mapping_is_rejected(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("- a\n- b\n")
@@ -137,6 +142,7 @@ def test_a_config_file_that_is_not_a_mapping_is_rejected(tmp_path):
         JobqueueSpec("slurm", config_file=bad).check()
 
 
+@pytest.mark.minversions
 def test_no_submit_command_is_a_clear_runtime_error(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(RuntimeError, match="'qsub' is not on PATH"):
