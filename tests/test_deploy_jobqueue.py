@@ -5,6 +5,7 @@ two workers that are SLURM jobs."""
 from __future__ import annotations
 
 import os
+import subprocess
 from contextlib import ExitStack
 
 import numpy as np
@@ -293,3 +294,12 @@ def test_challenge_cli_on_slurm_jobs(slurm_env, tmp_path, capsys):
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "invalid partition" in err.lower(), err
     assert not out.exists()
+    # jobs that stay queued: after --cluster-timeout, one line, and the jobs are cancelled
+    assert main([*argv, "--job-extra=--begin=now+3600", "--cluster-timeout", "1"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "0 of 2 workers after 1 s" in err, err
+    assert not out.exists()
+    queued = subprocess.run(
+        ["squeue", "-h", "-o", "%i"], env=slurm_env.env, capture_output=True, text=True
+    )
+    assert queued.returncode == 0 and queued.stdout.strip() == ""

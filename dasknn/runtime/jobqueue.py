@@ -146,6 +146,8 @@ class JobqueueSpec:
         """Keyword arguments of the dask-jobqueue cluster class: the options given here, then
         those of :attr:`config_file`, then the defaults of this class (1 core, 4GB, 1 process)
         where dask's own config has none."""
+        import dask_jobqueue  # noqa: F401 - loads its config (defaults and the user's files)
+
         kwargs = self.check()
         for name, value in (
             ("cores", self.cores),
@@ -155,15 +157,16 @@ class JobqueueSpec:
         ):
             if value is not None:
                 kwargs[name] = value
+        configured = dask.config.get(f"jobqueue.{self.system}", {})
         for name, default in (("cores", 1), ("memory", "4GB"), ("processes", 1)):
-            if name not in kwargs and dask.config.get(f"jobqueue.{self.system}.{name}") is None:
+            if name not in kwargs and configured.get(name) is None:
                 kwargs[name] = default
         if self.dashboard_address is not None:
             options = dict(kwargs.get("scheduler_options") or {})
             options["dashboard_address"] = self.dashboard_address
             kwargs["scheduler_options"] = options
         if self.system == "htcondor":
-            disk = self.disk or kwargs.get("disk") or dask.config.get("jobqueue.htcondor.disk")
+            disk = self.disk or kwargs.get("disk") or configured.get("disk")
             kwargs["disk"] = disk or kwargs["memory"]
             if self.job_extra_directives:
                 kwargs["job_extra_directives"] = dict(
