@@ -104,6 +104,7 @@ def test_model_parallel_training_notebook(tmp_path, dask_client):
     assert {"1", "2", "3"} <= set(result["layers"])
     printed = "".join(out.get("text", "") for cell in cells for out in cell.get("outputs", []))
     assert "held-out accuracy" in printed and "predicted" in printed
+    assert "dashboard page: http://" in printed and "/dasknn/comm" in printed
 
 
 def test_graph_challenge_notebook(tmp_path, dask_client):

@@ -167,7 +167,7 @@ class JobqueueSpec:
             kwargs["scheduler_options"] = options
         if self.system == "htcondor":
             disk = self.disk or kwargs.get("disk") or configured.get("disk")
-            kwargs["disk"] = disk or kwargs["memory"]
+            kwargs["disk"] = disk or kwargs.get("memory") or configured.get("memory")
             if self.job_extra_directives:
                 kwargs["job_extra_directives"] = dict(
                     directive.split("=", 1) for directive in self.job_extra_directives
