@@ -8,10 +8,12 @@ import json
 import re
 import subprocess
 import threading
+import urllib.error
 import urllib.request
 from html import unescape
 
 import numpy as np
+import pytest
 
 import graph
 from dasknn.model import SparseMLP
@@ -44,6 +46,11 @@ def _get(url: str):
         return json.loads(response.read())
 
 
+def _data(feed, part: str) -> str:
+    """The page's data route for ``part`` of the feed's run."""
+    return feed.url.replace("/comm?", "/comm.json?") + f"&part={part}"
+
+
 def _table(dom: str, table_id: str) -> list[list[str]]:
     body = dom.split(f'id="{table_id}"', 1)[1].split("<tbody>", 1)[1].split("</tbody>", 1)[0]
     return [
@@ -73,9 +80,9 @@ def test_page_shows_the_live_report_and_ends_equal_to_comm_report(chromium, dask
             trainer = threading.Thread(target=train)
             trainer.start()
             try:
-                while not _get(feed.url + ".json?part=report").get("batches"):
+                while not _get(_data(feed, "report")).get("batches"):
                     stop.wait(0.1)
-                live = _get(feed.url + ".json?part=report")
+                live = _get(_data(feed, "report"))
                 shot = tmp_path / "page.png"
                 _browser(chromium, feed.url, f"--screenshot={shot}")
                 during = len(dist.loss_curve_), trainer.is_alive()
@@ -114,16 +121,16 @@ def test_page_shows_the_live_report_and_ends_equal_to_comm_report(chromium, dask
         pairs = {(s, r): [int(b), int(n)] for s, r, b, n in _table(dom, "dasknn-pairs")}
         assert pairs == {key: [row["bytes"], row["messages"]] for key, row in report.pairs.items()}
         # the plots' sources: the heatmap cells and the bars are the same figures
-        heat = _get(feed.url + ".json?part=pairs")
+        heat = _get(_data(feed, "pairs"))
         cells = zip(zip(heat["sender"], heat["receiver"], strict=True), heat["bytes"], strict=True)
         assert dict(cells) == {key: row["bytes"] for key, row in report.pairs.items()}
-        bars = _get(feed.url + ".json?part=layers")
+        bars = _get(_data(feed, "layers"))
         for i, k in enumerate(bars["layer"]):
             for phase in ("forward", "backward"):
                 row = report.layers.get((k, phase), {"measured": 0, "predicted": 0})
                 assert bars[f"{phase}_measured"][i] == row["measured"]
                 assert bars[f"{phase}_predicted"][i] == row["predicted"]
-        times = _get(feed.url + ".json?part=times")
+        times = _get(_data(feed, "times"))
         assert sorted(times["worker"]) == sorted(dist.timings())
         assert min(times["products"]) > 0
 
@@ -134,3 +141,12 @@ def test_the_dashboard_itself_is_served(dask_client):
     with urllib.request.urlopen(dask_client.dashboard_link, timeout=10) as response:
         page = response.read().decode()
     assert response.status == 200 and "Dask" in page and "Dask needs bokeh" not in page
+
+
+def test_a_token_that_is_not_a_run_name_is_refused(dask_client):
+    """The token goes into the page; anything but letters, digits, - and _ is a 400."""
+    from dasknn.runtime.dashboard import install_dashboard_page
+
+    url = install_dashboard_page(dask_client) + "?token=%3Cscript%3E"
+    with pytest.raises(urllib.error.HTTPError, match="400"):
+        urllib.request.urlopen(url, timeout=10)

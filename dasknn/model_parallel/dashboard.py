@@ -70,7 +70,7 @@ class DashboardFeed:
     Attributes
     ----------
     url : str
-        The page's address.
+        The page's address, showing this model's run.
     last : dict
         The report published last.
     """
@@ -80,7 +80,7 @@ class DashboardFeed:
             raise ValueError(f"interval must be > 0 seconds, got {interval!r}")
         self.dist = dist
         self.interval = interval
-        self.url = install_dashboard_page(dist.client)
+        self.url = install_dashboard_page(dist.client, dist.token)
         self.last: dict[str, Any] = {}
         self._start = time.perf_counter()
         self._stop = threading.Event()

@@ -4,23 +4,27 @@ bytes per layer and phase, and the time breakdown per worker, updating live.
 :class:`CommDashboard` is a :class:`~distributed.diagnostics.plugin.SchedulerPlugin`. When it starts
 it adds two routes to the scheduler's HTTP server (the server of the dashboard):
 
-- ``/dasknn/comm``: a Bokeh page (BokehJS inline, so it needs no network) with a heatmap of the
-  bytes each worker sent each other worker, bars of measured and predicted bytes per layer and
-  phase, stacked bars of each worker's time, and a plain HTML table of the same figures. The
+- ``/dasknn/comm?token=T``: a Bokeh page (BokehJS inline, so it needs no network) with a heatmap
+  of the bytes each worker sent each other worker, bars of measured and predicted bytes per layer
+  and phase, stacked bars of each worker's time, and a plain HTML table of the same figures. The
   plots poll the data route every second (``AjaxDataSource``), the table as often.
-- ``/dasknn/comm.json?part=pairs|layers|times|report``: the latest report, as Bokeh column data
-  (``pairs``, ``layers``, ``times``) or whole (``report``).
+- ``/dasknn/comm.json?token=T&part=pairs|layers|times|report``: the latest report of the run
+  ``T``, as Bokeh column data (``pairs``, ``layers``, ``times``) or whole (``report``).
+
+Without ``token`` both show the run that published last.
 
 The figures come from the clients: :func:`publish_report` sends a run's report (a JSON-ready dict,
 see :func:`report_columns`) to the plugin through :meth:`distributed.Client.log_event`, and the
-plugin keeps the latest one (the page shows the most recent run). A training loop publishes as it
-goes (:mod:`dasknn.model_parallel.dashboard`).
+plugin keeps the latest report of each run (token), of the last :data:`KEPT_RUNS` runs. A
+training loop publishes as it goes (:mod:`dasknn.model_parallel.dashboard`).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
+from urllib.parse import urlencode
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado import web
@@ -39,6 +43,9 @@ TOPIC = "dasknn-dashboard"
 PAGE_PATH = "dasknn/comm"
 PHASES = ("forward", "backward")
 TIME_PARTS = ("products", "update", "pack", "wait")
+#: reports of this many runs (the most recent) are kept on the scheduler
+KEPT_RUNS = 32
+_TOKEN = re.compile(r"[A-Za-z0-9_-]*")
 
 
 def report_columns(report: dict[str, Any]) -> dict[str, dict[str, list]]:
@@ -100,20 +107,27 @@ class CommDashboard(SchedulerPlugin):
 
     Attributes
     ----------
-    report : dict
-        The latest report published by a client (empty before the first).
+    reports : dict
+        ``{token: the latest report of that run}``, the most recently published last.
     """
 
     name = PLUGIN_NAME
     idempotent = True
 
     def __init__(self) -> None:
-        self.report: dict[str, Any] = {}
+        self.reports: dict[str, dict[str, Any]] = {}
+
+    def report(self, token: str | None) -> dict[str, Any]:
+        """The latest report of run ``token`` (``None``: of the run that published last), or
+        ``{}``."""
+        if token is None:
+            return next(reversed(self.reports.values()), {})
+        return self.reports.get(token, {})
 
     async def start(self, scheduler) -> None:
         application = web.Application(
             [
-                (f"/{PAGE_PATH}", _PageHandler),
+                (f"/{PAGE_PATH}", _PageHandler, {"plugin": self}),
                 (f"/{PAGE_PATH}.json", _DataHandler, {"plugin": self}),
             ]
         )
@@ -121,13 +135,22 @@ class CommDashboard(SchedulerPlugin):
 
     def log_event(self, topic: str, msg: Any) -> None:
         if topic == TOPIC:
-            self.report = msg
+            self.reports.pop(msg["token"], None)
+            self.reports[msg["token"]] = msg
+            while len(self.reports) > KEPT_RUNS:
+                del self.reports[next(iter(self.reports))]
 
 
 class _PageHandler(web.RequestHandler):
+    def initialize(self, plugin: CommDashboard) -> None:
+        self.plugin = plugin
+
     def get(self) -> None:
+        token = self.get_argument("token", None) or self.plugin.report(None).get("token", "")
+        if not _TOKEN.fullmatch(token):
+            raise web.HTTPError(400, "a run token is letters, digits, - and _")
         self.set_header("Content-Type", "text/html; charset=utf-8")
-        self.write(_page_html())
+        self.write(_page_html(token))
 
 
 class _DataHandler(web.RequestHandler):
@@ -136,10 +159,11 @@ class _DataHandler(web.RequestHandler):
 
     def get(self) -> None:
         part = self.get_argument("part", "report")
+        report = self.plugin.report(self.get_argument("token", None))
         if part == "report":
-            body: Any = self.plugin.report
+            body: Any = report
         elif part in ("pairs", "layers", "times"):
-            body = report_columns(self.plugin.report)[part]
+            body = report_columns(report)[part]
         else:
             raise web.HTTPError(400, f"unknown part {part!r}")
         self.set_header("Content-Type", "application/json")
@@ -160,6 +184,7 @@ _TABLE = """
     <tbody></tbody></table>
 </div>
 <script>
+const DASKNN_DATA = "comm.json?token=" + encodeURIComponent("__TOKEN__");
 function dasknnRows(id, rows) {
   const body = document.querySelector("#" + id + " tbody");
   body.innerHTML = "";
@@ -174,7 +199,7 @@ function dasknnRows(id, rows) {
   }
 }
 async function dasknnRefresh() {
-  const response = await fetch("comm.json?part=report", {cache: "no-store"});
+  const response = await fetch(DASKNN_DATA + "&part=report", {cache: "no-store"});
   const report = await response.json();
   if (!report.token) return;
   for (const name of ["token", "batches", "payload", "predicted", "other"]) {
@@ -189,8 +214,8 @@ setInterval(dasknnRefresh, 1000);
 """
 
 
-def _page_html() -> str:
-    """The page: Bokeh plots of three polled sources, then the summary table."""
+def _page_html(token: str) -> str:
+    """The page of run ``token``: Bokeh plots of three polled sources, then the summary table."""
     from bokeh.embed import file_html
     from bokeh.layouts import column, row
     from bokeh.models import AjaxDataSource, HoverTool
@@ -203,7 +228,7 @@ def _page_html() -> str:
 
     def source(part: str) -> AjaxDataSource:
         return AjaxDataSource(
-            data_url=f"comm.json?part={part}",
+            data_url=f"comm.json?{urlencode({'token': token, 'part': part})}",
             polling_interval=1000,
             method="GET",
             mode="replace",
@@ -273,20 +298,30 @@ def _page_html() -> str:
     times.add_layout(times.legend[0], "below")
     layout = column(row(pairs, layers, times))
     html = file_html(layout, INLINE, title="dasknn: communication")
-    return html.replace("</body>", _TABLE + "</body>")
+    return html.replace("</body>", _TABLE.replace("__TOKEN__", token) + "</body>")
 
 
-def install_dashboard_page(client) -> str:
+def install_dashboard_page(client, token: str | None = None) -> str:
     """Register :class:`CommDashboard` on the scheduler (kept if already there) and return the
     page's address (:func:`page_url`)."""
     client.register_plugin(CommDashboard(), name=PLUGIN_NAME)
-    return page_url(client)
+    return page_url(client, token)
 
 
-def page_url(client) -> str:
-    """``http://host:port/dasknn/comm`` on the scheduler's dashboard server."""
-    link = client.dashboard_link
-    return link.rsplit("/", 1)[0] + "/" + PAGE_PATH
+def page_url(client, token: str | None = None) -> str:
+    """``http://host:port/dasknn/comm[?token=T]`` on the scheduler's dashboard server.
+
+    Raises
+    ------
+    ValueError
+        If ``token`` holds other characters than letters, digits, ``-`` and ``_``.
+    """
+    link = client.dashboard_link.rsplit("/", 1)[0] + "/" + PAGE_PATH
+    if token is None:
+        return link
+    if not _TOKEN.fullmatch(token):
+        raise ValueError(f"a run token is letters, digits, - and _, got {token!r}")
+    return f"{link}?token={token}"
 
 
 def publish_report(client, report: dict[str, Any]) -> None:
