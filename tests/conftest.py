@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,43 @@ def dask_client():
     finally:
         client.close()
         cluster.close()
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory):
+    """A one-node SLURM (munged, slurmctld, slurmd; Debian's ``slurm-wlm`` and ``munge``,
+    installed with apt-get where missing) for the session; yields its environment (``SLURM_CONF``
+    for ``sbatch``, ``squeue``, ``scancel``). Skips with the reason where that is impossible."""
+    from system_packages import OneNodeSlurm, require_packages
+
+    require_packages(
+        {"munged": "munge", "slurmctld": "slurm-wlm", "slurmd": "slurm-wlm", "sbatch": "slurm-wlm"}
+    )
+    system = OneNodeSlurm(tmp_path_factory.mktemp("slurm"))
+    try:
+        system.start()
+    except RuntimeError as exc:
+        system.stop()
+        pytest.skip(f"the one-node SLURM did not start: {exc}")
+    try:
+        yield system
+    finally:
+        system.stop()
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """The headless browser (Debian's ``chromium``, installed with apt-get where missing)."""
+    from system_packages import require_packages
+
+    require_packages({"chromium": "chromium"})
+    return shutil.which("chromium")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Print how long the apt-get installs of the session took (CI runs them on a fresh
+    machine)."""
+    from system_packages import INSTALL_SECONDS
+
+    for step, seconds in INSTALL_SECONDS.items():
+        terminalreporter.write_line(f"{step}: {seconds:.1f} s")

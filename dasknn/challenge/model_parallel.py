@@ -89,17 +89,19 @@ class ModelParallelStats:
     def summary(self) -> str:
         """A few human-readable lines."""
         same = "equal" if self.measured_bytes == self.predicted_bytes else "DIFFERENT"
-        return "\n".join([
-            f"network: {self.neurons} neurons x {self.layers} layers, {self.edges} edges; "
-            f"{self.inputs} inputs, {self.categories} categories",
-            f"time: {self.seconds:.3f} s, rate: {self.rate:.4g} edges/s (model-parallel, "
-            f"{self.method} partition into {self.nparts} parts on {self.workers} workers, "
-            f"batches of {self.batch_size}, {self.dtype})",
-            f"partitioning {self.partition_seconds:.2f} s, placing the chunks "
-            f"{self.placement_seconds:.2f} s",
-            f"activations moved between workers: {self.measured_bytes:,} B measured, "
-            f"{self.predicted_bytes:,} B predicted ({same})",
-        ])
+        return "\n".join(
+            [
+                f"network: {self.neurons} neurons x {self.layers} layers, {self.edges} edges; "
+                f"{self.inputs} inputs, {self.categories} categories",
+                f"time: {self.seconds:.3f} s, rate: {self.rate:.4g} edges/s (model-parallel, "
+                f"{self.method} partition into {self.nparts} parts on {self.workers} workers, "
+                f"batches of {self.batch_size}, {self.dtype})",
+                f"partitioning {self.partition_seconds:.2f} s, placing the chunks "
+                f"{self.placement_seconds:.2f} s",
+                f"activations moved between workers: {self.measured_bytes:,} B measured, "
+                f"{self.predicted_bytes:,} B predicted ({same})",
+            ]
+        )
 
 
 def check_model_parallel(bias: float, width: int, nparts: int | None) -> None:
@@ -162,8 +164,14 @@ def run_challenge_model_parallel(
     """
     dtype = np.dtype(dtype)
     matrices, matrix, bias = prepare_run(
-        network, inputs, bias, neurons=neurons, layers=layers, seed=seed,
-        batch_size=batch_size, dtype=dtype,
+        network,
+        inputs,
+        bias,
+        neurons=neurons,
+        layers=layers,
+        seed=seed,
+        batch_size=batch_size,
+        dtype=dtype,
     )
     check_model_parallel(bias, matrices[0].shape[0], nparts)
     if batch_size < 1:
@@ -173,12 +181,24 @@ def run_challenge_model_parallel(
         n_workers = len(client.scheduler_info(n_workers=-1)["workers"])
         if n_workers == 0:
             raise ValueError("the cluster has no workers")
-        return _run(client, matrices, matrix, bias, nparts or n_workers, n_workers, method,
-                    seed, batch_size, dtype, progress)
+        return _run(
+            client,
+            matrices,
+            matrix,
+            bias,
+            nparts or n_workers,
+            n_workers,
+            method,
+            seed,
+            batch_size,
+            dtype,
+            progress,
+        )
 
 
-def _run(client, matrices, matrix, bias, nparts, n_workers, method, seed, batch_size, dtype,
-         progress) -> tuple[np.ndarray, ModelParallelStats]:
+def _run(
+    client, matrices, matrix, bias, nparts, n_workers, method, seed, batch_size, dtype, progress
+) -> tuple[np.ndarray, ModelParallelStats]:
     start = time.perf_counter()
     partition = graph.partition_network(matrices, nparts, method=method, seed=seed)
     partition_seconds = time.perf_counter() - start
@@ -198,8 +218,9 @@ def _run(client, matrices, matrix, bias, nparts, n_workers, method, seed, batch_
         step = batch_size * IN_FLIGHT
         starts = range(0, matrix.shape[0], step)
         start = time.perf_counter()
-        for first in tqdm(starts, desc="challenge (model-parallel)", unit="block",
-                          disable=not progress):
+        for first in tqdm(
+            starts, desc="challenge (model-parallel)", unit="block", disable=not progress
+        ):
             block = matrix[first : first + step].toarray()
             out = dist.predict(block, batch_size=batch_size, in_flight=IN_FLIGHT)
             alive[first : first + block.shape[0]] = np.any(out != 0, axis=1)
@@ -210,11 +231,21 @@ def _run(client, matrices, matrix, bias, nparts, n_workers, method, seed, batch_
     categories = np.flatnonzero(alive) + 1
     edges = sum(int(m.nnz) for m in matrices)
     stats = ModelParallelStats(
-        inputs=matrix.shape[0], neurons=matrices[0].shape[0], layers=len(matrices), edges=edges,
-        categories=len(categories), seconds=seconds,
+        inputs=matrix.shape[0],
+        neurons=matrices[0].shape[0],
+        layers=len(matrices),
+        edges=edges,
+        categories=len(categories),
+        seconds=seconds,
         rate=matrix.shape[0] * edges / seconds if seconds > 0 else float("inf"),
-        partition_seconds=partition_seconds, placement_seconds=placement_seconds,
-        nparts=nparts, workers=n_workers, method=method, measured_bytes=report.payload,
-        predicted_bytes=report.predicted, batch_size=batch_size, dtype=dtype.name,
+        partition_seconds=partition_seconds,
+        placement_seconds=placement_seconds,
+        nparts=nparts,
+        workers=n_workers,
+        method=method,
+        measured_bytes=report.payload,
+        predicted_bytes=report.predicted,
+        batch_size=batch_size,
+        dtype=dtype.name,
     )
     return categories, stats

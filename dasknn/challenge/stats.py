@@ -97,8 +97,10 @@ class ChallengeStats:
         """A few human-readable lines."""
         nominal = self.inputs * self.edges
         peak = max(self.peak_memory.values(), default=0)
-        where = f"{self.workers} workers" if self.device == "cpu" else (
-            f"{self.workers} GPU workers: {', '.join(self.gpus)}"
+        where = (
+            f"{self.workers} workers"
+            if self.device == "cpu"
+            else (f"{self.workers} GPU workers: {', '.join(self.gpus)}")
         )
         needed = f"{self.macs_needed:.4g} needed, " if self.macs_needed else ""
         lines = [

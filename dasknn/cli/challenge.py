@@ -11,6 +11,7 @@ from pathlib import Path
 from dasknn.challenge import run_challenge
 from dasknn.challenge.engine import prepare_run
 from dasknn.challenge.model_parallel import check_model_parallel, run_challenge_model_parallel
+from dasknn.cli.cluster_options import add_cluster_arguments, cluster_target
 from dasknn.cli.tls import add_tls_options, security_from_args
 from dasknn.datasets import read_categories, write_categories
 from dasknn.runtime.cluster import open_client
@@ -36,45 +37,68 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--layers", type=int, help="use only the first LAYERS layers")
     parser.add_argument("--bias", type=float, help="bias (default: the challenge's for N)")
     parser.add_argument(
-        "--inputs", required=True, type=Path,
+        "--inputs",
+        required=True,
+        type=Path,
         help="challenge sparse-input .tsv[.gz] or MNIST IDX image file (side = sqrt(N))",
     )
     parser.add_argument("--categories", type=Path, help="write the categories to this file")
     parser.add_argument("--golden", type=Path, help="expected categories; prints PASSED/FAILED")
     cluster = parser.add_mutually_exclusive_group()
-    cluster.add_argument(
-        "--workers", type=int,
-        help="start a LocalCluster of W workers (--device cuda: W GPUs, one worker each)",
+    parser.add_argument(
+        "--workers",
+        type=int,
+        help="start a LocalCluster of W workers (--device cuda: W GPUs, one worker each); with "
+        "--cluster, the batch jobs' workers to wait for",
     )
-    cluster.add_argument("--scheduler", help="address of a running Dask scheduler")
+    add_cluster_arguments(parser, cluster)
     parser.add_argument("--threads", type=int, default=1, help="threads per local worker")
     parser.add_argument("--batch-size", type=int, help="input rows per batch")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     parser.add_argument(
-        "--device", choices=("cpu", "cuda"), default="cpu",
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
         help="run on the workers' cores (numba) or GPUs (CUDA; one worker per GPU, needs the "
         "cuda extra; without --scheduler a dask-cuda LocalCUDACluster is started)",
     )
-    parser.add_argument("--compact-every", type=int, default=8,
-                        help="--device cuda: layers run before dead rows are dropped")
     parser.add_argument(
-        "--cuda-mode", choices=("auto", "fused", "sectioned"), default="auto",
+        "--compact-every",
+        type=int,
+        default=8,
+        help="--device cuda: layers run before dead rows are dropped",
+    )
+    parser.add_argument(
+        "--cuda-mode",
+        choices=("auto", "fused", "sectioned"),
+        default="auto",
         help="--device cuda: one launch per window of layers (fused) or per layer (sectioned)",
     )
     parser.add_argument(
-        "--resident-layers", type=int,
+        "--resident-layers",
+        type=int,
         help="stream the weights in windows of this many layers (default: broadcast if it fits)",
     )
-    parser.add_argument("--weight-buffers", type=int, default=2,
-                        help="windows of layers resident per worker when streaming")
     parser.add_argument(
-        "--model-parallel", action="store_true",
+        "--weight-buffers",
+        type=int,
+        default=2,
+        help="windows of layers resident per worker when streaming",
+    )
+    parser.add_argument(
+        "--model-parallel",
+        action="store_true",
         help="split every layer by neurons across the workers (H-SpFF) instead of data-parallel",
     )
-    parser.add_argument("--parts", type=int,
-                        help="parts per layer in model-parallel mode (default: one per worker)")
-    parser.add_argument("--partition", choices=("hypergraph", "random", "block"),
-                        default="hypergraph", help="partition method in model-parallel mode")
+    parser.add_argument(
+        "--parts", type=int, help="parts per layer in model-parallel mode (default: one per worker)"
+    )
+    parser.add_argument(
+        "--partition",
+        choices=("hypergraph", "random", "block"),
+        default="hypergraph",
+        help="partition method in model-parallel mode",
+    )
     parser.add_argument("--json", type=Path, help="write the statistics to this JSON file")
     parser.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
     add_tls_options(parser)
@@ -91,11 +115,22 @@ def run(args: argparse.Namespace) -> int:
     for output in (args.categories, args.json):
         if output is not None:
             check_output_path(output)
+    if args.workers is not None and args.scheduler is not None:
+        raise ValueError("--workers starts a local cluster or sizes --cluster, not --scheduler")
+    target = cluster_target(args, args.workers)
     golden = read_categories(args.golden) if args.golden is not None else None
     network, inputs, bias = prepare_run(
-        args.network, args.inputs, args.bias, neurons=args.neurons, layers=args.layers,
-        batch_size=args.batch_size, dtype=args.dtype, resident_layers=args.resident_layers,
-        weight_buffers=args.weight_buffers, device=args.device, compact_every=args.compact_every,
+        args.network,
+        args.inputs,
+        args.bias,
+        neurons=args.neurons,
+        layers=args.layers,
+        batch_size=args.batch_size,
+        dtype=args.dtype,
+        resident_layers=args.resident_layers,
+        weight_buffers=args.weight_buffers,
+        device=args.device,
+        compact_every=args.compact_every,
         cuda_mode=args.cuda_mode,
     )
     if args.model_parallel:
@@ -104,12 +139,18 @@ def run(args: argparse.Namespace) -> int:
         check_model_parallel(bias, network[0].shape[0], args.parts)
     with ExitStack() as stack:
         client = open_client(
-            stack, args.scheduler, args.workers, args.threads, args.device, security=security
+            stack, target, args.workers, args.threads, args.device, security=security
         )
         if args.model_parallel:
             categories, stats = run_challenge_model_parallel(
-                network, inputs, bias=bias, client=client, nparts=args.parts,
-                method=args.partition, batch_size=args.batch_size or 1000, dtype=args.dtype,
+                network,
+                inputs,
+                bias=bias,
+                client=client,
+                nparts=args.parts,
+                method=args.partition,
+                batch_size=args.batch_size or 1000,
+                dtype=args.dtype,
                 progress=not args.quiet,
             )
         else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import graph
@@ -39,6 +40,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--layers", type=int, help="use only the first LAYERS layers")
     parser.add_argument("--out", type=Path, help="save the METHOD partitions to this .npz file")
     parser.add_argument("--report", type=Path, help="save the table to this markdown file")
+    parser.add_argument("--json", type=Path, help="save the figures of every P to this JSON file")
     parser.set_defaults(func=run)
 
 
@@ -46,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     """Partition, print the table, write the requested files; return the exit code."""
     if args.layers is not None and args.layers < 1:
         raise ValueError(f"--layers must be at least 1, not {args.layers}")
-    for target in (args.out, args.report):
+    for target in (args.out, args.report, args.json):
         if target is not None:
             check_output_path(target)
     layers = load_network(args.network, neurons=args.neurons, layers=args.layers)
@@ -86,5 +88,39 @@ def run(args: argparse.Namespace) -> int:
         graph.save_partitions(args.out, partitions)
     if args.report is not None:
         write_text_atomically(args.report, table + "\n")
+    if args.json is not None:
+        write_text_atomically(args.json, json.dumps(_report(args, len(layers), rows), indent=2))
     return 0
 
+
+def _metrics(metrics: graph.PartitionMetrics) -> dict:
+    return metrics.summary() | {
+        "layer_volume": metrics.layer_volume.tolist(),
+        "send_volume": metrics.send_volume.tolist(),
+    }
+
+
+def _report(args: argparse.Namespace, n_layers: int, rows: list[PartitionRow]) -> dict:
+    """The table's figures (and the volume per layer and per part) as a JSON-ready dict."""
+    return {
+        "network": args.network,
+        "layers": n_layers,
+        "method": args.method,
+        "baseline": args.baseline,
+        "backend": args.backend,
+        "epsilon": args.epsilon,
+        "refine": args.refine,
+        "parts": [
+            {
+                "nparts": row.nparts,
+                "seconds": row.seconds,
+                "floor_volume": row.floor_volume,
+                "floor_avg_volume": row.floor_avg_volume,
+                "avg_volume_ratio": row.ratio("avg_volume"),
+                "floor_ratio": row.floor_ratio,
+                "method_metrics": _metrics(row.method),
+                "baseline_metrics": _metrics(row.baseline),
+            }
+            for row in rows
+        ],
+    }

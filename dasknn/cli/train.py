@@ -1,14 +1,18 @@
-"""``dasknn train``: model-parallel SGD on a Dask cluster, timed, with the measured volume."""
+"""``dasknn train``: model-parallel SGD on a Dask cluster: the loss per epoch and held-out
+accuracy, the time per batch and the measured volume (also as JSON)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
 
 import graph
+from dasknn.cli.cluster_options import add_cluster_arguments, cluster_target
+from dasknn.cli.held_out import read_validation_file, split_validation
 from dasknn.cli.tls import add_tls_options, security_from_args
 from dasknn.datasets import (
     load_mnist_test,
@@ -18,9 +22,10 @@ from dasknn.datasets import (
 )
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
-from dasknn.model_parallel.timing import time_training
+from dasknn.model_parallel.dashboard import DashboardFeed
+from dasknn.model_parallel.timing import TrainingTimes, time_training
 from dasknn.runtime.cluster import open_client
-from graph.atomic import check_output_path
+from graph.atomic import check_output_path, write_text_atomically
 
 __all__ = ["add_parser", "run"]
 
@@ -33,9 +38,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Split every layer of NETWORK by neurons into PARTS parts (hypergraph, random or "
             "block partition), place part m on worker m %% W, and train by minibatch SGD. Prints "
-            "the time per batch with its breakdown (local products, update, packing, "
-            "communication and scheduling wait) and the communication volume measured by the "
-            "scheduler plugin against the partition's prediction."
+            "the loss of every epoch (and the held-out accuracy or loss), the time per batch with "
+            "its breakdown (local products, update, packing, communication and scheduling wait) "
+            "and the communication volume measured by the scheduler plugin against the "
+            "partition's prediction; the run can be watched on the dashboard page it prints."
         ),
     )
     parser.add_argument("network", help="challenge directory or radixnet:N:L[:SEED]")
@@ -49,8 +55,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--samples", type=int, default=1024, help="training samples to use")
     parser.add_argument("--partition", choices=graph.METHODS, default="hypergraph")
     parser.add_argument("--parts", type=int, default=2)
-    parser.add_argument("--workers", type=int, default=2, help="local worker processes")
-    parser.add_argument("--scheduler", help="address of an existing Dask scheduler")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=2,
+        help="local worker processes (with --cluster: the batch jobs' workers to wait for)",
+    )
+    add_cluster_arguments(parser, parser.add_mutually_exclusive_group())
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--steps", type=int, help="train STEPS batches (overrides --samples)")
@@ -61,7 +72,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--loss", choices=("mse", "softmax_cross_entropy"))
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float64")
     parser.add_argument("--seed", type=int, default=0)
+    held_out = parser.add_mutually_exclusive_group()
+    held_out.add_argument(
+        "--validation-fraction", type=float,
+        help="hold out this fraction of the samples (the last ones) and score it every epoch",
+    )
+    held_out.add_argument(
+        "--validation-data", type=Path,
+        help="score this .npz file (arrays X and y) every epoch",
+    )
     parser.add_argument("--save", type=Path, help="write the trained model to this .npz file")
+    parser.add_argument("--json", type=Path, help="write every statistic to this JSON file")
     parser.add_argument(
         "--reuse-memory",
         action="store_true",
@@ -93,8 +114,9 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError("--steps must be at least 1")
     if args.microbatches is not None and args.microbatches < 1:
         raise ValueError("--microbatches must be at least 1")
-    if args.save is not None:
-        check_output_path(args.save)
+    for output in (args.save, args.json):
+        if output is not None:
+            check_output_path(output)
 
 
 def _model_and_data(args: argparse.Namespace) -> tuple[SparseMLP, np.ndarray, np.ndarray]:
@@ -113,8 +135,15 @@ def _model_and_data(args: argparse.Namespace) -> tuple[SparseMLP, np.ndarray, np
         if args.network.startswith("radixnet:"):
             neurons, depth, _ = parse_radixnet_spec(args.network)
             model = SparseMLP.radixnet(
-                neurons, depth, seed=args.seed, activation=args.activation, loss=loss,
-                dtype=args.dtype, n_inputs=1024, n_outputs=10, scale="he",
+                neurons,
+                depth,
+                seed=args.seed,
+                activation=args.activation,
+                loss=loss,
+                dtype=args.dtype,
+                n_inputs=1024,
+                n_outputs=10,
+                scale="he",
             )
             return model, x, y
         raise ValueError("--data mnist needs a radixnet:N:L network (a 1024-input, 10-class model)")
@@ -135,33 +164,112 @@ def _model_and_data(args: argparse.Namespace) -> tuple[SparseMLP, np.ndarray, np
     return model, x, y
 
 
+def _held_out(args, x, y) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    if args.validation_fraction is not None:
+        return split_validation(x, y, args.validation_fraction)
+    if args.validation_data is not None:
+        return (x, y, *read_validation_file(args.validation_data))
+    return x, y, None, None
+
+
+def _statistics(args, model, partition, dist, times: TrainingTimes, epochs: list) -> dict:
+    comm = times.comm
+    return {
+        "network": args.network,
+        "layer_sizes": list(model.layer_sizes),
+        "activation": model.activation.name,
+        "loss": model.loss.name,
+        "partition": {"method": args.partition, "parts": args.parts, "seconds": partition.seconds},
+        "workers": len(set(dist.part_workers)),
+        "batch_size": args.batch_size,
+        "epochs": epochs,
+        "timing": {
+            "batches": times.batches,
+            "seconds_per_batch": times.per_batch,
+            "samples_per_second": times.samples_per_second,
+            "products": times.products,
+            "update": times.update,
+            "update_background": times.update_background,
+            "pack": times.pack,
+            "wait": times.wait,
+        },
+        "comm": {
+            "payload": comm.payload,
+            "predicted": comm.predicted,
+            "predicted_parts": comm.predicted_parts,
+            "other": comm.other,
+            "matches": comm.matches,
+            "layers": [
+                {"layer": layer, "phase": phase, **row}
+                for (layer, phase), row in sorted(
+                    comm.layers.items(), key=lambda item: (item[0][0] or 0, item[0][1])
+                )
+            ],
+            "pairs": [
+                {"sender": sender, "receiver": receiver, **row}
+                for (sender, receiver), row in sorted(comm.pairs.items())
+            ],
+        },
+    }
+
+
 def run(args: argparse.Namespace) -> int:
     """Build, partition, place and train; print the figures; return the exit code."""
     _check(args)
     security = security_from_args(args)
+    target = cluster_target(args, args.workers)
     model, x, y = _model_and_data(args)
+    x, y, x_held, y_held = _held_out(args, x, y)
+    if x_held is not None:
+        model.score(x_held[:1], y_held[:1])  # the held-out data fit the model (else ValueError)
     print(f"network {args.network}: {model}")
     partition = graph.partition_network(model.weights, args.parts, args.partition, seed=args.seed)
     print(f"partition: {args.partition}, P={args.parts} ({partition.seconds:.2f} s)")
+    epochs: list[dict] = []
     with ExitStack() as stack:
-        client = open_client(stack, args.scheduler, args.workers, security=security)
-        dist = DistributedSparseMLP(
-            model,
-            client,
-            partition,
-            reuse_memory=args.reuse_memory,
-            microbatches=args.microbatches,
-            messages=args.messages,
+        client = open_client(stack, target, args.workers, security=security)
+        dist = stack.enter_context(
+            DistributedSparseMLP(
+                model,
+                client,
+                partition,
+                reuse_memory=args.reuse_memory,
+                microbatches=args.microbatches,
+                messages=args.messages,
+            )
         )
         print(
             f"placed {dist.nparts} parts on {len(set(dist.part_workers))} workers; "
             f"{dist.step_microbatches(args.batch_size)} microbatches a batch"
         )
-        times = time_training(dist, x, y, args.batch_size, args.epochs, args.lr)
+
+        def report_epoch(epoch: int, loss: float) -> None:
+            line = {"epoch": epoch + 1, "loss": loss}
+            text = f"epoch {epoch + 1}/{args.epochs}: loss {loss:.6g}"
+            if x_held is not None:
+                held = dist.gather()  # scored in this process: no step on the workers' clocks
+                if held.loss.classification:
+                    line["validation_accuracy"] = held.score(x_held, y_held)
+                    text += f", held-out accuracy {line['validation_accuracy']:.4f}"
+                else:
+                    line["validation_loss"] = held.evaluate(x_held, y_held)
+                    text += f", held-out loss {line['validation_loss']:.6g}"
+                text += f" ({x_held.shape[0]} samples)"
+            epochs.append(line)
+            print(text, flush=True)
+
+        with DashboardFeed(dist) as feed:
+            print(f"dashboard: {feed.url}", flush=True)
+            times = time_training(
+                dist, x, y, args.batch_size, args.epochs, args.lr, progress=True,
+                on_epoch=report_epoch,
+            )
         print(f"trained {times.batches} batches of {args.batch_size}: {times.format()}")
         print(times.comm.format())
+        statistics = _statistics(args, model, partition, dist, times, epochs)
         if args.save is not None:
             dist.gather().save(args.save)
             print(f"saved the trained model to {args.save}")
-        dist.close()
+    if args.json is not None:
+        write_text_atomically(args.json, json.dumps(statistics, indent=2))
     return 0

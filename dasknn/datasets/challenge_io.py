@@ -210,8 +210,9 @@ def read_challenge_network(
         path = layer_file(directory, neurons, k)
         rows, cols, vals, lines_used = _read_triples(path)
         _check_range(path, rows, cols, lines_used, (neurons, neurons))
-        mat = sp.csr_matrix((_cast(path, vals, lines_used, dtype), (rows, cols)),
-                            shape=(neurons, neurons))
+        mat = sp.csr_matrix(
+            (_cast(path, vals, lines_used, dtype), (rows, cols)), shape=(neurons, neurons)
+        )
         mat.sum_duplicates()
         result.append(mat)
     return result
@@ -261,8 +262,9 @@ def read_sparse_tsv(
             n_rows = int(shape[0])
         n_cols = int(shape[1])
         _check_range(path, rows, cols, lines_used, (n_rows, n_cols))
-    mat = sp.csr_matrix((_cast(path, vals, lines_used, dtype), (rows, cols)),
-                        shape=(n_rows, n_cols))
+    mat = sp.csr_matrix(
+        (_cast(path, vals, lines_used, dtype), (rows, cols)), shape=(n_rows, n_cols)
+    )
     mat.sum_duplicates()
     return mat
 

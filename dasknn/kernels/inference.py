@@ -212,8 +212,9 @@ def _section_flags(block, live, flags, degree):
 
 
 @njit(cache=True, parallel=True)
-def _layer(src, dst, live, flags, next_flags, alive, counts, indptr, indices, data, degree,
-           bias, ymax):
+def _layer(
+    src, dst, live, flags, next_flags, alive, counts, indptr, indices, data, degree, bias, ymax
+):
     """One layer, tile-parallel: ``dst = f(src @ W)``; fills ``alive`` and the section flags."""
     n = src.shape[1]
     n_tiles = (live + LANES - 1) // LANES
@@ -275,8 +276,9 @@ def _compact(src, dst, source_of, next_flags):
 
 
 @njit(cache=True)
-def _run_layers(block, spare, rows, live, flags, next_flags, indptr, indices, data, degrees,
-                bias, ymax):
+def _run_layers(
+    block, spare, rows, live, flags, next_flags, indptr, indices, data, degrees, bias, ymax
+):
     """All layers of a window in one call; returns (live, result in spare?, done, needed)."""
     n_layers = indptr.shape[0]
     src, dst = block, spare
@@ -289,8 +291,21 @@ def _run_layers(block, spare, rows, live, flags, next_flags, indptr, indices, da
         if live == 0:
             break
         degree = degrees[k + 1] if k + 1 < n_layers else degrees[k]
-        n_tiles = _layer(src, dst, live, flags, next_flags, alive, counts, indptr[k], indices,
-                         data, degree, bias, ymax)
+        n_tiles = _layer(
+            src,
+            dst,
+            live,
+            flags,
+            next_flags,
+            alive,
+            counts,
+            indptr[k],
+            indices,
+            data,
+            degree,
+            bias,
+            ymax,
+        )
         done += counts[:n_tiles, 0].sum()
         if k + 1 < n_layers:
             needed += counts[:n_tiles, 1].sum()
@@ -349,8 +364,18 @@ def advance(
     spare = np.empty_like(state.block)
     rows = state.rows.copy()
     live, in_spare, done, needed = _run_layers(
-        state.block, spare, rows, state.live, flags, np.empty_like(flags), layers.indptr,
-        layers.indices, layers.data, layers.out_degree, dtype.type(bias), dtype.type(ymax),
+        state.block,
+        spare,
+        rows,
+        state.live,
+        flags,
+        np.empty_like(flags),
+        layers.indptr,
+        layers.indices,
+        layers.data,
+        layers.out_degree,
+        dtype.type(bias),
+        dtype.type(ymax),
     )
     block = spare if in_spare else state.block
     used = max(1, -(-live // LANES))

@@ -11,7 +11,7 @@ output layer of a row block is computed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any, Self
 
@@ -89,6 +89,7 @@ class SparseEstimator:
         progress: bool = True,
         optimizer: Optimizer | None = None,
         record_batches: bool = False,
+        on_epoch: Callable[[int, float], None] | None = None,
     ) -> Self:
         """Train on minibatches for ``epochs`` passes over ``(X, Y)``, from the current weights.
 
@@ -111,11 +112,14 @@ class SparseEstimator:
         seed : int
             Seed of the permutations.
         progress : bool
-            Show a tqdm bar per epoch on stderr.
+            Show a tqdm bar per epoch on stderr (it stays when the epoch ends).
         optimizer : dasknn.optim.Optimizer, optional
             ``SGD(...)``, ``Adam(...)`` or ``AdamW(...)``.
         record_batches : bool
             Also append every batch's loss to ``batch_loss_curve_``.
+        on_epoch : callable, optional
+            Called after every epoch with its index (from 0) and its mean loss, such as to
+            print it or to score held-out data.
 
         Returns
         -------
@@ -143,7 +147,7 @@ class SparseEstimator:
                     total=len(batches),
                     desc=f"epoch {epoch + 1}/{epochs}",
                     disable=not progress,
-                    leave=False,
+                    leave=True,
                 ) as bar:
                     losses = self._train_batches(data, batches, optimizer)
                     for idx, loss in zip(batches, losses, strict=True):
@@ -153,6 +157,8 @@ class SparseEstimator:
                         bar.update(1)
                         bar.set_postfix(loss=f"{loss:.4g}", refresh=False)
                 self.loss_curve_.append(total / n)
+                if on_epoch is not None:
+                    on_epoch(epoch, self.loss_curve_[-1])
         return self
 
     def partial_fit(

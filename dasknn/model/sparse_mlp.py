@@ -499,8 +499,11 @@ class SparseMLP(SparseEstimator):
             for k in range(n_layers):
                 weights.append(
                     csr_from_arrays(
-                        stored[f"w{k}_data"], stored[f"w{k}_indices"], stored[f"w{k}_indptr"],
-                        stored[f"w{k}_shape"], name=f"{path}: layer {k + 1}",
+                        stored[f"w{k}_data"],
+                        stored[f"w{k}_indices"],
+                        stored[f"w{k}_indptr"],
+                        stored[f"w{k}_shape"],
+                        name=f"{path}: layer {k + 1}",
                     )
                 )
                 biases.append(stored[f"b{k}"])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import uuid
 from collections import deque
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import dask
 import numpy as np
@@ -45,6 +45,7 @@ from dasknn.model_parallel.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUG
 from dasknn.model_parallel.worker_memory import ReuseFreedMemory
 from dasknn.model_parallel.worker_state import ModelState, plugin_name
 from dasknn.optim import Optimizer, resolve_optimizer
+from dasknn.runtime.cluster import open_client
 
 __all__ = ["DistributedSparseMLP"]
 
@@ -74,7 +75,11 @@ class DistributedSparseMLP(SparseEstimator):
     ----------
     model : SparseMLP
         The network; its weights are copied to the workers (the model itself is not changed).
-    client : distributed.Client
+    client : distributed.Client, cluster, JobqueueSpec, str or None
+        Where to run: a client, a running cluster object (``LocalCluster``, a dask-jobqueue
+        cluster, ...), a :class:`~dasknn.runtime.jobqueue.JobqueueSpec` of batch jobs to start, a
+        scheduler address, or ``None`` for a new local cluster; what the model opens here it
+        closes in :meth:`close`.
     partition : graph.NetworkPartition or sequence of L + 1 int arrays
         ``parts[k][j]`` is the part owning neuron ``j`` of layer ``k`` (``k = 0``: inputs).
     nparts : int, optional
@@ -141,6 +146,8 @@ class DistributedSparseMLP(SparseEstimator):
             raise ValueError(f"messages must be 'tasks' or 'actors', got {messages!r}")
         self.messages = messages
         parts, nparts = normalize_partition(partition, model.layer_sizes, nparts)
+        self._opened = ExitStack()
+        client = open_client(self._opened, client)
         workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
         self.client = client
         self.activation = model.activation
@@ -601,4 +608,6 @@ class DistributedSparseMLP(SparseEstimator):
             self._layout = None
         while self._plugins:
             self.client.unregister_worker_plugin(self._plugins.pop())
-        reset_transfers(self.client, self.token)
+        if self.client.status == "running":
+            reset_transfers(self.client, self.token)
+        self._opened.close()

@@ -72,4 +72,3 @@ class ReuseFreedMemory(WorkerPlugin):
 
     def setup(self, worker) -> None:
         worker.dasknn_malloc_tuned = tune_malloc()
-

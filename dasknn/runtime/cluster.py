@@ -3,7 +3,9 @@
 Local clusters listen on 127.0.0.1 only (scheduler, workers and dashboard), so nobody else on the
 network reaches them; pass ``host`` to listen elsewhere. Connecting to a scheduler address gives up
 after ``connect_timeout`` seconds (:data:`CONNECT_TIMEOUT`, or the environment variable
-``DASKNN_CONNECT_TIMEOUT``) with a ``RuntimeError`` naming the address.
+``DASKNN_CONNECT_TIMEOUT``) with a ``RuntimeError`` naming the address. :func:`open_client` also
+takes a running cluster object (a ``LocalCluster``, a dask-jobqueue cluster, ...) or a
+:class:`~dasknn.runtime.jobqueue.JobqueueSpec` of batch jobs to start.
 
 Every function that opens a connection or starts a cluster takes ``security``: a
 ``distributed.Security`` (see :mod:`dasknn.runtime.security`), ``True`` for temporary certificates
@@ -18,7 +20,9 @@ import time
 from contextlib import ExitStack
 
 from distributed import Client, LocalCluster, Security
+from distributed.deploy import Cluster
 
+from dasknn.runtime.jobqueue import JobqueueSpec, start_jobqueue_cluster
 from dasknn.runtime.security import client_uses_tls, temporary_security
 
 __all__ = [
@@ -118,15 +122,17 @@ def local_cuda_cluster(
 
 def open_client(
     stack: ExitStack,
-    client: Client | str | None = None,
+    client: Client | Cluster | JobqueueSpec | str | None = None,
     workers: int | None = None,
     threads_per_worker: int = 1,
     device: str = "cpu",
     security: Security | bool | None = None,
 ) -> Client:
-    """The client to run on: ``client`` itself, one connected to a scheduler address, or one on
-    a new :func:`local_cluster` (``device="cuda"``: :func:`local_cuda_cluster`); whatever is
-    opened here is closed when ``stack`` closes.
+    """The client to run on: ``client`` itself, one of a running cluster object, one of the
+    batch jobs a :class:`~dasknn.runtime.jobqueue.JobqueueSpec` describes (submitted here, and
+    waited for), one connected to a scheduler address, or one on a new :func:`local_cluster`
+    (``device="cuda"``: :func:`local_cuda_cluster`); whatever is opened here is closed when
+    ``stack`` closes.
 
     ``security`` (see the module's docstring) is used for what is opened here; a ``Client``
     passed in keeps its own.
@@ -138,10 +144,19 @@ def open_client(
         gives TLS certificates, or ``security=True`` (temporary certificates) with an address.
     RuntimeError
         If no scheduler answers at the address ``client`` within :func:`connect_timeout` seconds,
-        or it refuses this client's certificate.
+        it refuses this client's certificate, or the batch jobs of a spec cannot be submitted or
+        do not start in time.
+    ValueError
+        If a spec is malformed (before anything is submitted).
     """
     if isinstance(client, Client):
         return client
+    if isinstance(client, Cluster):
+        return stack.enter_context(Client(client))
+    if isinstance(client, JobqueueSpec):
+        cluster = start_jobqueue_cluster(client)
+        stack.callback(cluster.close)
+        return stack.enter_context(Client(cluster))
     if client is not None:
         return stack.enter_context(_connect(str(client), security))
     if device == "cuda":

@@ -1,0 +1,105 @@
+"""Where a command runs: the options shared by every command that uses a Dask cluster.
+
+A local cluster by default, ``--scheduler ADDRESS`` for a running one, or ``--cluster SYSTEM``
+for workers started as batch jobs through dask-jobqueue, sized by ``--cores``, ``--memory``,
+``--processes``, ``--walltime``, ``--queue``, ``--account``, ``--job-extra``, ``--interface``
+(and ``--jobqueue-config FILE`` for the rest, in dask's config format).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from dasknn.runtime.jobqueue import BATCH_SYSTEMS, JOBQUEUE_TIMEOUT, JobqueueSpec
+
+__all__ = ["add_cluster_arguments", "cluster_target"]
+
+# the options only meaningful with --cluster
+_JOBQUEUE_OPTIONS = (
+    "cores",
+    "memory",
+    "processes",
+    "walltime",
+    "queue",
+    "account",
+    "job_extra",
+    "interface",
+    "disk",
+    "jobqueue_config",
+    "cluster_timeout",
+)
+
+
+def add_cluster_arguments(parser: argparse.ArgumentParser, group) -> None:
+    """Add ``--scheduler``, ``--cluster`` and the jobqueue options; ``group`` is the mutually
+    exclusive group of the command's cluster choices."""
+    group.add_argument("--scheduler", help="address of a running Dask scheduler")
+    group.add_argument(
+        "--cluster",
+        metavar="SYSTEM",
+        help=f"start the workers as batch jobs through dask-jobqueue: {', '.join(BATCH_SYSTEMS)}"
+        " (--workers of them, waited for)",
+    )
+    jobs = parser.add_argument_group("batch jobs (with --cluster)")
+    jobs.add_argument("--cores", type=int, help="cores per job (default 1)")
+    jobs.add_argument("--memory", help="memory per job, such as 64GB (default 4GB)")
+    jobs.add_argument("--processes", type=int, help="worker processes per job (default 1)")
+    jobs.add_argument("--walltime", help="job time limit [D-]HH:MM[:SS]")
+    jobs.add_argument("--queue", help="queue or partition")
+    jobs.add_argument("--account", help="account (SGE, LSF: project) to charge")
+    jobs.add_argument(
+        "--job-extra",
+        action="append",
+        metavar="DIRECTIVE",
+        help="extra job-script directive, such as --gres=gpu:1 (repeatable; htcondor: key=value)",
+    )
+    jobs.add_argument("--interface", help="network interface of scheduler and workers (ib0)")
+    jobs.add_argument("--disk", help="htcondor: disk per job (default: --memory)")
+    jobs.add_argument(
+        "--jobqueue-config",
+        metavar="FILE",
+        help="YAML file in dask's config format (jobqueue: slurm: ...) for options not given",
+    )
+    jobs.add_argument(
+        "--cluster-timeout",
+        type=float,
+        help=f"seconds to wait for the jobs' workers (default {JOBQUEUE_TIMEOUT:g})",
+    )
+
+
+def cluster_target(args: argparse.Namespace, workers: int | None) -> JobqueueSpec | str | None:
+    """What to run on: a checked :class:`JobqueueSpec` (``--cluster``), a scheduler address, or
+    ``None`` for a local cluster.
+
+    Raises
+    ------
+    ValueError, FileNotFoundError
+        For an unknown ``--cluster``, a malformed jobqueue option, or a jobqueue option given
+        without ``--cluster``.
+    """
+    given = [name for name in _JOBQUEUE_OPTIONS if getattr(args, name) is not None]
+    if args.cluster is None:
+        if given:
+            option = "--" + given[0].replace("_", "-")
+            raise ValueError(f"{option} is an option of batch jobs: give --cluster SYSTEM too")
+        return args.scheduler
+    spec = JobqueueSpec(system=args.cluster, workers=workers or 1)
+    for name in (
+        "cores",
+        "memory",
+        "processes",
+        "walltime",
+        "queue",
+        "account",
+        "interface",
+        "disk",
+    ):
+        value = getattr(args, name)
+        if value is not None:
+            setattr(spec, name, value)
+    spec.job_extra_directives = list(args.job_extra or [])
+    spec.config_file = args.jobqueue_config
+    if args.cluster_timeout is not None:
+        spec.timeout = args.cluster_timeout
+    spec.check()
+    return spec

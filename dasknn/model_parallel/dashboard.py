@@ -1,0 +1,118 @@
+"""A distributed model's communication and timings on the dashboard page, updated while it trains.
+
+``with DashboardFeed(dist) as feed: dist.fit(...)`` installs the page
+(:mod:`dasknn.runtime.dashboard`) and, from a background thread, publishes the model's
+:meth:`~DistributedSparseMLP.comm_report` and worker timings every ``interval`` seconds and once
+more when the block ends, so the page then shows exactly the final ``comm_report()``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from dasknn.model_parallel.comm import CommReport
+from dasknn.model_parallel.model import DistributedSparseMLP
+from dasknn.runtime.dashboard import install_dashboard_page, publish_report
+
+__all__ = ["DashboardFeed", "report_message"]
+
+
+def report_message(
+    token: str, report: CommReport, timings: dict[str, dict[str, float]], elapsed: float
+) -> dict[str, Any]:
+    """The page's report of a model: ``report`` as plain lists, and per worker the seconds of
+    local products, update (the part on the task thread) and packing, and the rest of
+    ``elapsed`` (waiting: communication, scheduling, other workers)."""
+    times = {}
+    for worker, seconds in timings.items():
+        products = seconds["forward_product"] + seconds["backward_product"]
+        update = seconds["update"] - seconds["update_background"]
+        busy = products + update + seconds["pack"]
+        times[worker] = {
+            "products": products,
+            "update": update,
+            "pack": seconds["pack"],
+            "wait": max(elapsed - busy, 0.0),
+        }
+    return {
+        "token": token,
+        "batches": report.batches,
+        "workers": sorted(timings),
+        "pairs": [
+            [sender, receiver, row["bytes"], row["messages"]]
+            for (sender, receiver), row in sorted(report.pairs.items())
+        ],
+        "layers": [
+            [layer, phase, row["measured"], row["predicted"], row["messages"]]
+            for (layer, phase), row in sorted(
+                report.layers.items(), key=lambda item: (item[0][0] or 0, item[0][1])
+            )
+        ],
+        "payload": report.payload,
+        "predicted": report.predicted,
+        "other": report.other,
+        "times": times,
+    }
+
+
+class DashboardFeed:
+    """Publish ``dist``'s report to the dashboard page every ``interval`` seconds while open.
+
+    Parameters
+    ----------
+    dist : DistributedSparseMLP
+    interval : float
+        Seconds between publications (each reads the scheduler's counts and the workers'
+        timings once).
+
+    Attributes
+    ----------
+    url : str
+        The page's address, showing this model's run.
+    last : dict
+        The report published last.
+    """
+
+    def __init__(self, dist: DistributedSparseMLP, interval: float = 1.0) -> None:
+        if not interval > 0:
+            raise ValueError(f"interval must be > 0 seconds, got {interval!r}")
+        self.dist = dist
+        self.interval = interval
+        self.url = install_dashboard_page(dist.client, dist.token)
+        self.last: dict[str, Any] = {}
+        self._start = time.perf_counter()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def publish(self) -> dict[str, Any]:
+        """Publish the model's report now; return it."""
+        message = report_message(
+            self.dist.token,
+            self.dist.comm_report(),
+            self.dist.timings(),
+            time.perf_counter() - self._start,
+        )
+        publish_report(self.dist.client, message)
+        self.last = message
+        return message
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.publish()
+
+    def __enter__(self) -> DashboardFeed:
+        self._start = time.perf_counter()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="dasknn-dashboard", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if exc_info[0] is None:
+            self.publish()
