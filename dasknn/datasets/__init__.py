@@ -1,4 +1,5 @@
-"""Data sets: Graph Challenge files, MNIST and the RadiX-Net generator."""
+"""Data sets: Graph Challenge files, MNIST, the RadiX-Net generator and the standard-library
+text corpus."""
 
 from dasknn.datasets.challenge_io import (
     challenge_bias,
@@ -17,8 +18,11 @@ from dasknn.datasets.mnist import (
 )
 from dasknn.datasets.network_spec import load_network, parse_radixnet_spec
 from dasknn.datasets.radixnet import radixnet, radixnet_group_size
+from dasknn.datasets.stdlib_corpus import Corpus, load_stdlib_corpus
 
 __all__ = [
+    "Corpus",
+    "load_stdlib_corpus",
     "challenge_bias",
     "layer_file",
     "load_mnist_test",
