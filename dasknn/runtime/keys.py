@@ -14,7 +14,15 @@ positions of the two workers in the collective's worker list. A *message* (a val
 ``sender`` for ``receiver``) has ``sender != receiver``; a key with ``sender == receiver`` is the
 local work of that worker and is never sent.
 
-:func:`describe` turns any key into ``(token, phase, layer)`` for the transfer monitor.
+**Data-parallel step keys** (:mod:`dasknn.data_parallel`) are tuples
+``(f"dasknn-dp-{token}", step, variable, phase, sender, receiver, part)``: ``variable`` names the
+model variable the message belongs to (``"embedding"``, ``"output.weight"``, ...), ``phase`` one
+of :data:`DP_PHASES` (or a local step), ``sender`` and ``receiver`` are worker numbers (a message
+when they differ, local work when equal) and ``part`` the shard of a sharded variable (``-1``
+otherwise).
+
+:func:`describe` turns any key into ``(token, phase, layer)`` for the transfer monitor (the
+variable takes the place of the layer for data-parallel keys).
 """
 
 from __future__ import annotations
@@ -24,8 +32,12 @@ from typing import NamedTuple
 __all__ = [
     "COLLECTIVES",
     "CollectiveKey",
+    "DP_PHASES",
+    "DataParallelKey",
     "collective_key",
     "describe",
+    "dp_key",
+    "parse_dp_key",
     "message_phase",
     "parse_collective_key",
     "phase_names",
@@ -34,6 +46,23 @@ __all__ = [
 PREFIX = "dasknn-"
 STEP_KINDS = ("fwd", "bwd", "lse")
 COLLECTIVES = ("allreduce", "allgather", "allgatherv", "pull", "push", "alltoallv")
+DP_KIND = "dp"
+#: The messages of a data-parallel step: row ids and values pulled from a parameter server,
+#: gradients pushed to it (values only: the server kept the ids of the pull), the two hops of
+#: an allreduce, allgather(v) of row ids and of values, and the hops inside a machine between a
+#: worker and its machine's chief (local aggregation: ``to-chief*`` and ``from-chief*``).
+DP_PHASES = (
+    "pull-indices",
+    "pull",
+    "push",
+    "reduce-scatter",
+    "allgather",
+    "allgather-indices",
+    "to-chief",
+    "to-chief-indices",
+    "from-chief",
+    "from-chief-indices",
+)
 
 
 class CollectiveKey(NamedTuple):
@@ -101,12 +130,54 @@ def parse_collective_key(key) -> CollectiveKey | None:
     return CollectiveKey(parsed[0], parsed[1], key[1], int(key[2]), int(key[3]))
 
 
+# ------------------------------------------------------------------ data-parallel keys
+class DataParallelKey(NamedTuple):
+    """The parts of a data-parallel step key."""
+
+    token: str
+    step: int
+    variable: str
+    phase: str
+    sender: int
+    receiver: int
+    part: int
+
+
+def dp_key(
+    token: str, step: int, variable: str, phase: str, sender: int, receiver: int, part: int = -1
+) -> tuple:
+    """The key of ``phase`` of ``variable`` in ``step``, made on worker ``sender`` for
+    ``receiver`` (``part``: the shard, ``-1`` for an unsharded variable)."""
+    return (
+        f"{PREFIX}{DP_KIND}-{token}",
+        int(step),
+        str(variable),
+        str(phase),
+        int(sender),
+        int(receiver),
+        int(part),
+    )
+
+
+def parse_dp_key(key) -> DataParallelKey | None:
+    """The parts of a key built by :func:`dp_key`; ``None`` for any other key."""
+    if not (isinstance(key, tuple) and len(key) == 7):
+        return None
+    parsed = _split_name(key)
+    if parsed is None or parsed[0] != DP_KIND:
+        return None
+    return DataParallelKey(
+        parsed[1], int(key[1]), key[2], key[3], int(key[4]), int(key[5]), int(key[6])
+    )
+
+
 # ------------------------------------------------------------------ both
 def describe(key) -> tuple[str | None, str, int | None]:
     """``(token, phase, layer)`` of any key, as the transfer monitor counts it.
 
     Step keys give their model's token, phase and layer (:func:`message_phase`); collective keys
-    their token and phase, with layer ``None``; every other key ``(None, "other", None)``.
+    their token and phase, with layer ``None``; data-parallel keys their token, phase and
+    variable; every other key ``(None, "other", None)``.
     """
     step = message_phase(key)
     if step is not None:
@@ -114,4 +185,7 @@ def describe(key) -> tuple[str | None, str, int | None]:
     collective = parse_collective_key(key)
     if collective is not None:
         return collective.token, collective.phase, None
+    data_parallel = parse_dp_key(key)
+    if data_parallel is not None:
+        return data_parallel.token, data_parallel.phase, data_parallel.variable
     return None, "other", None
