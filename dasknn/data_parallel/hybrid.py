@@ -147,7 +147,7 @@ def _row_bytes(ctx: StepContext) -> int:
 def build_step(
     ctx: StepContext,
     topology: Topology,
-    batch_keys: list,
+    batches: list[tuple],
     unique_ids: list[np.ndarray],
     dense_servers: dict[str, int],
 ) -> StepGraph:
@@ -161,8 +161,9 @@ def build_step(
     ----------
     ctx : StepContext
     topology : Topology
-    batch_keys : list
-        Per worker, the key of its ``(ids, labels, batch_union)`` in memory there.
+    batches : list of tuple
+        Per worker, its ``(ids, labels, batch_union)``, carried by its first task (the client
+        sends it with the graph: no worker-to-worker traffic).
     unique_ids : list of int64 arrays
         Per worker, the sorted distinct ids of its windows (for the traffic prediction).
     dense_servers : dict
@@ -180,8 +181,7 @@ def build_step(
     size = {name: int(np.prod(shape)) * item for name, shape in shapes.items()}
 
     prepared = [
-        b.task(b.key(EMBEDDING, "prepare", i, i), steps.prepare, ctx, TaskRef(batch_keys[i]))
-        for i in range(n)
+        b.task(b.key(EMBEDDING, "prepare", i, i), steps.prepare, ctx, batches[i]) for i in range(n)
     ]
     pulled = _pull_dense(b, names, size, dense_servers) if arch == "ps" else defaultdict(list)
     rows_of: dict[int, TaskRef | None] = dict.fromkeys(range(n))

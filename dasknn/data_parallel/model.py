@@ -61,10 +61,10 @@ def _topology(workers: list[str], machines) -> Topology:
         raise ValueError("machines must be a dict {worker address: machine name}")
     unknown = sorted(set(machines) - set(workers))
     if unknown:
-        raise ValueError(f"machines names workers that are not in the cluster: {unknown}")
+        raise ValueError(f"machines names workers that the model does not train on: {unknown}")
     missing = sorted(set(workers) - set(machines))
     if missing:
-        raise ValueError(f"machines leaves out workers of the cluster: {missing}")
+        raise ValueError(f"machines leaves out workers of the model: {missing}")
     groups: dict = {}
     for index, worker in enumerate(workers):
         groups.setdefault(machines[worker], []).append(index)
@@ -97,9 +97,11 @@ class DataParallelEmbeddingMLP(WindowEstimator):
     partition : {"mod", "div"}
         Row ``r`` in shard ``r mod P``, or consecutive blocks.
     machines : dict, optional
-        ``{worker address: machine name}`` naming every worker of the cluster: a machine sums its
+        ``{worker address: machine name}`` naming every worker of the model: a machine sums its
         workers' gradients before anything leaves it (local aggregation). Default: one machine
         per worker.
+    workers : list of str, optional
+        The workers to train on (default: every worker of the cluster).
     search_steps, search_warmup : int
         Steps timed per shard count by the search, and how many of them are discarded first.
     search_mode : {"model", "brute-force"}
@@ -119,6 +121,7 @@ class DataParallelEmbeddingMLP(WindowEstimator):
         sparse_partitions: int | str | None = None,
         partition: str = "mod",
         machines: dict | None = None,
+        workers: list[str] | None = None,
         search_steps: int = 6,
         search_warmup: int = 2,
         search_mode: str = "model",
@@ -144,17 +147,26 @@ class DataParallelEmbeddingMLP(WindowEstimator):
             )
         self.spec = model.spec
         self.client = client
-        self.workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        present = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        if workers is None:
+            workers = present
+        elif isinstance(workers, str) or len(set(workers)) != len(workers):
+            raise ValueError(
+                f"workers must be a list of distinct worker addresses, got {workers!r}"
+            )
+        unknown = sorted(set(workers) - set(present))
+        if unknown:
+            raise ValueError(f"not workers of this cluster: {unknown}")
+        self.workers = sorted(workers)
         if not self.workers:
-            raise ValueError("the cluster has no workers")
+            raise ValueError("there are no workers to train on")
         self.topology = _topology(self.workers, machines)
         self.architecture = architecture
         self.partition = partition
         self.search_mode = search_mode
         vocab = self.spec.vocab_size
-        if sparse_partitions == "auto":
-            self.n_shards = None
-        elif sparse_partitions is None:
+        self._search_pending = sparse_partitions == "auto"
+        if sparse_partitions in ("auto", None):  # "auto": until the search at the first step
             self.n_shards = min(len(self.topology.machines), vocab)
         else:
             ShardMap(vocab, sparse_partitions, len(self.workers), partition)  # checks the count
@@ -180,7 +192,7 @@ class DataParallelEmbeddingMLP(WindowEstimator):
         client.register_plugin(ReplicaState(self.token), name=self.plugin_name)
         self._open = True
         try:
-            self._place(model, self.n_shards or min(len(self.topology.machines), vocab))
+            self._place(model, self.n_shards)
         except BaseException:
             self.close()
             raise
@@ -201,8 +213,8 @@ class DataParallelEmbeddingMLP(WindowEstimator):
 
     @property
     def shard_map(self) -> ShardMap | None:
-        """The embedding's shards (``hybrid``, ``ps``), ``None`` otherwise or before a search."""
-        if self.architecture not in ("hybrid", "ps") or self.n_shards is None:
+        """The embedding's shards (``hybrid``, ``ps``), ``None`` otherwise."""
+        if self.architecture not in ("hybrid", "ps"):
             return None
         return ShardMap(self.spec.vocab_size, self.n_shards, len(self.workers), self.partition)
 
@@ -256,7 +268,7 @@ class DataParallelEmbeddingMLP(WindowEstimator):
         self._check_open()
         if self._gathered is not None and self._gathered[0] == self._version:
             return self._gathered[1].copy()
-        held = self.client.run(read_values, token=self.token)
+        held = self.client.run(read_values, token=self.token, workers=self.workers)
         first = held[self.workers[0]]
         model = object.__new__(EmbeddingMLP)
         model.spec = self.spec
@@ -300,24 +312,14 @@ class DataParallelEmbeddingMLP(WindowEstimator):
             denominator=denominator,
             shards=self.shard_map,
         )
-        data = {}
-        for i, part in enumerate(parts):
-            key = f"dasknn-dpbatch-{self.token}-{self._step}-{i}"
-            data[i] = self.client.scatter(
-                {key: part}, workers=[self.workers[i]], hash=False, broadcast=False
-            )[key]
         unique = [unique_rows(part[0])[0] for part in parts]
-        graph = build_step(
-            ctx, self.topology, [data[i].key for i in range(len(parts))], unique, self.dense_servers
-        )
+        graph = build_step(ctx, self.topology, parts, unique, self.dense_servers)
         with dask.annotate(workers=self._placement, allow_other_workers=False):
             futures = self.client.get(graph.tasks, graph.outputs, sync=False)
-        return futures, graph, unique, data
+        return futures, graph, unique
 
     def _run_step(self, ids: np.ndarray, labels: np.ndarray, optimizer: Optimizer) -> float:
-        futures, graph, unique, _data = self._submit(
-            self._split(ids, labels), optimizer, ids.shape[0]
-        )
+        futures, graph, unique = self._submit(self._split(ids, labels), optimizer, ids.shape[0])
         try:
             losses = self.client.gather(futures)
         except Exception as exc:
@@ -354,7 +356,7 @@ class DataParallelEmbeddingMLP(WindowEstimator):
 
     def _train_batch(self, ids: np.ndarray, labels: np.ndarray, optimizer: Optimizer) -> float:
         self._check_open()
-        if self.n_shards is None:
+        if self._search_pending:
             self.search(ids, labels, optimizer=optimizer)
         return self._run_step(ids, labels, optimizer)
 
@@ -400,10 +402,7 @@ class DataParallelEmbeddingMLP(WindowEstimator):
             raise ValueError(f"unknown search mode {mode!r}; expected one of {SEARCH_MODES}")
         ids, labels = self._check_xy(X, y)
         optimizer = optimizer or SGD(lr=0.0)
-        saved = self.gather() if self.n_shards is not None else None
-        if saved is None:  # values placed with the default count before "auto" was resolved
-            self.n_shards = min(len(self.topology.machines), self.spec.vocab_size)
-            saved = self.gather()
+        saved = self.gather()
         predicted, stats = self.predicted, self.stats
         self.predicted, self.stats = defaultdict(lambda: [0, 0]), VariableStats(self.variables)
 
@@ -417,6 +416,7 @@ class DataParallelEmbeddingMLP(WindowEstimator):
         else:
             report = brute_force(measure, range(1, min(2 * len(self.workers), vocab) + 1))
         self._place(saved, report.choice)
+        self._search_pending = False
         reset_transfers(self.client, self.token)
         self.predicted, self.stats = predicted, stats
         self._search = report

@@ -62,13 +62,17 @@ class DataParallelReport:
                 out[k[index]] += v[0]
         return dict(out)
 
-    def machine_bytes(self, which: str = "measured", variable: str | None = None) -> dict:
+    def machine_bytes(
+        self, which: str = "measured", variable: str | None = None, phases=None
+    ) -> dict:
         """Per machine, the bytes it sent plus received across machines (optionally of one
-        variable): the figure of Table 3 of Kim et al."""
+        variable and some phases): the figure of Table 3 of Kim et al."""
         table = self.measured if which == "measured" else self.predicted
         out: dict = defaultdict(int)
         for k, v in table.items():
             if self._intra(k) or (variable is not None and k[0] != variable):
+                continue
+            if phases is not None and k[1] not in phases:
                 continue
             out[self.machine_of[k[2]]] += v[0]
             out[self.machine_of[k[3]]] += v[0]

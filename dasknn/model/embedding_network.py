@@ -202,7 +202,8 @@ def apply_rows(
     )
     values = table[rows].reshape(-1)
     optimizer.update(values, np.ascontiguousarray(grad).reshape(-1), picked)
-    table[rows] = values.reshape(len(rows), -1)
+    shape = (len(rows), *table.shape[1:])
+    table[rows] = values.reshape(shape)
     for name, array in picked.arrays.items():
-        state.arrays[name][rows] = array.reshape(len(rows), -1)
+        state.arrays[name][rows] = array.reshape(shape)
     state.step = picked.step
