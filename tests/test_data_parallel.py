@@ -149,16 +149,15 @@ def test_bytes_follow_table_3(client4, arch):
         "ar-dense": 4 * w * (n - 1) / n,
     }[arch]
     assert emb == {m: expected for m in range(n)}
-    for index, (name, shape) in enumerate(
-        zip(model.spec.dense_names(), model.spec.dense_shapes(), strict=True)
-    ):
-        wv = int(np.prod(shape)) * 4
-        got = report.machine_bytes(variable=name)
-        if arch == "ps":  # the one-variable column: the server 2w(N-1), the others 2w
+    sizes = [int(np.prod(shape)) * 4 for shape in model.spec.dense_shapes()]
+    if arch == "ps":  # one variable per server: the server 2w(N-1), the others 2w
+        for index, (name, wv) in enumerate(zip(model.spec.dense_names(), sizes, strict=True)):
             server = index % n
+            got = report.machine_bytes(variable=name)
             assert got == {m: 2 * wv * (n - 1) if m == server else 2 * wv for m in range(n)}
-        else:
-            assert got == {m: 4 * wv * (n - 1) / n for m in range(n)}
+    else:  # m dense variables fused in one allreduce: 4 w m (N - 1) / N
+        got = report.machine_bytes(variable="dense")
+        assert got == {m: 4 * sum(sizes) * (n - 1) / n for m in range(n)}
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,10 @@ architecture:
   the rows (``allgather``), and each chief hands its workers the global ids and sums
   (``from-chief-indices``, ``from-chief``); every replica steps those rows.
 - **dense variables by allreduce** (``hybrid``, ``ar``, ``ar-dense``, which also treats the
-  embedding's gradient as a dense ``V x d`` array): each chief sums its machine's gradient
-  (``to-chief``), the chiefs allreduce it (``reduce-scatter``, ``allgather``; the two hops of
+  embedding's gradient as a dense ``V x d`` array): the gradients of all dense variables form one
+  flat buffer, variable ``"dense"`` in the keys (tensor fusion, as Horovod's: one collective
+  instead of one per variable); each chief sums its machine's buffer (``to-chief``), the chiefs
+  allreduce it (``reduce-scatter``, ``allgather``; the two hops of
   :func:`dasknn.runtime.collectives.build_allreduce`) and hand the sum back (``from-chief``).
 - **dense variables on parameter servers** (``ps``): variable ``v`` is served by worker
   ``v mod N``; each chief pulls it whole (``pull``) and hands it on (``from-chief``), and pushes
@@ -36,7 +38,7 @@ import numpy as np
 from dask.task_spec import Task, TaskRef
 
 from dasknn.data_parallel import steps
-from dasknn.data_parallel.steps import EMBEDDING, StepContext
+from dasknn.data_parallel.steps import DENSE, EMBEDDING, StepContext
 from dasknn.runtime.collectives import build_allgather, build_allreduce, chunk_bounds
 from dasknn.runtime.keys import dp_key
 
@@ -220,7 +222,12 @@ def build_step(
     elif arch == "ar":
         _allgather_rows(b, union_of, computed, unions, unique_ids, row)
 
-    dense = names + ([EMBEDDING] if arch == "ar-dense" else [])
+    if arch == "ps":
+        dense = names
+    else:  # one fused buffer of every dense variable, allreduced at once
+        dense = [DENSE] + ([EMBEDDING] if arch == "ar-dense" else [])
+        shapes[DENSE] = (sum(int(np.prod(shapes[name])) for name in names),)
+        size[DENSE] = shapes[DENSE][0] * item
     for name in dense:
         sums = []
         for members in topology.machines:

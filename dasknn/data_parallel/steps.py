@@ -32,6 +32,8 @@ from dasknn.optim import Optimizer
 __all__ = ["StepContext"]
 
 EMBEDDING = "embedding"
+#: The fused buffer of every dense variable's gradient (allreduced at once).
+DENSE = "dense"
 
 
 @dataclass(frozen=True)
@@ -118,8 +120,12 @@ def compute(ctx: StepContext, _prepared, rows, *pulled: np.ndarray) -> np.ndarra
 
 
 def dense_gradient(ctx: StepContext, variable: str, _computed) -> np.ndarray:
-    """This worker's gradient of a dense variable (after :func:`compute`)."""
-    return _scratch(ctx)["grads"][variable]
+    """This worker's gradient of a dense variable, or of all of them flattened into one buffer
+    for :data:`DENSE` (after :func:`compute`)."""
+    grads = _scratch(ctx)["grads"]
+    if variable == DENSE:
+        return np.concatenate([grads[name].reshape(-1) for name in ctx.spec.dense_names()])
+    return grads[variable]
 
 
 def identity(value):
@@ -128,8 +134,16 @@ def identity(value):
 
 
 def apply_replica(ctx: StepContext, variable: str, grad: np.ndarray) -> None:
-    """One optimizer step of this worker's replica of a dense variable (or, under ``ar-dense``,
-    of the embedding, on the global batch's rows) from the summed gradient."""
+    """One optimizer step of this worker's replica of a dense variable (of each of them for the
+    fused :data:`DENSE` buffer; under ``ar-dense``, of the embedding, on the global batch's rows)
+    from the summed gradient."""
+    if variable == DENSE:
+        start = 0
+        for name, shape in zip(ctx.spec.dense_names(), ctx.spec.dense_shapes(), strict=True):
+            stop = start + int(np.prod(shape))
+            apply_replica(ctx, name, grad[start:stop].reshape(shape))
+            start = stop
+        return
     held = replica_state(ctx.token).replicas[variable]
     if variable == EMBEDDING:
         rows = _scratch(ctx)["batch_union"]
