@@ -120,6 +120,13 @@ class _Builder:
             counter[1] += 1
         return TaskRef(key)
 
+    def forward(self, key, ref: TaskRef, nbytes: int = 0) -> TaskRef:
+        """The message ``key`` carrying the value of ``ref`` unchanged; ``ref`` itself when the
+        key's sender and receiver are the same worker (no task is needed)."""
+        if key[4] == key[5]:
+            return ref
+        return self.task(key, steps.identity, ref, nbytes=nbytes)
+
     def collective_key(self, variable, renames=None):
         chiefs = self.topology.chiefs
         renames = renames or {}
@@ -192,9 +199,8 @@ def build_step(
         for members in topology.machines:
             c = members[0]
             ids = [
-                b.task(
+                b.forward(
                     b.key(EMBEDDING, "to-chief-indices", m, c),
-                    steps.identity,
                     prepared[m],
                     nbytes=INDEX_BYTES * len(unique_ids[m]),
                 )
@@ -247,7 +253,7 @@ def build_step(
         if arch == "ps":
             server = dense_servers[name]
             pushed = [
-                b.task(b.key(name, "push", c, server), steps.identity, s, nbytes=size[name])
+                b.forward(b.key(name, "push", c, server), s, nbytes=size[name])
                 for c, s in zip(topology.chiefs, sums, strict=True)
             ]
             update = b.key(name, "update", server, server)
@@ -273,10 +279,13 @@ def _pull_dense(b: _Builder, names: list[str], size: dict, servers: dict) -> dic
             value = b.task(
                 b.key(name, "pull", server, c), steps.serve_dense, ctx, name, nbytes=size[name]
             )
-            held = b.task(b.key(name, "pulled", c, c), steps.identity, value)
+            # the pulled value, local on the chief, is what its workers' messages are made from
+            held = (
+                value if server == c else b.task(b.key(name, "pulled", c, c), steps.identity, value)
+            )
             for m in members:
                 pulled[m].append(
-                    b.task(b.key(name, "from-chief", c, m), steps.identity, held, nbytes=size[name])
+                    b.forward(b.key(name, "from-chief", c, m), held, nbytes=size[name])
                 )
     return pulled
 
@@ -332,9 +341,8 @@ def _summed_rows(b: _Builder, union_of, computed, unique_ids, row) -> dict:
     for members in b.topology.machines:
         c = members[0]
         grads = [
-            b.task(
+            b.forward(
                 b.key(EMBEDDING, "to-chief", m, c),
-                steps.identity,
                 computed[m],
                 nbytes=row * len(unique_ids[m]),
             )
@@ -390,7 +398,7 @@ def _allreduce_dense(b: _Builder, name: str, shape: tuple, sums: list, nbytes: i
     for members, result in zip(topology.machines, results, strict=True):
         c = members[0]
         for m in members:
-            value = b.task(b.key(name, "from-chief", c, m), steps.identity, result, nbytes=nbytes)
+            value = b.forward(b.key(name, "from-chief", c, m), result, nbytes=nbytes)
             apply = b.key(name, "apply", m, m)
             b.final[m].append(b.task(apply, steps.apply_replica, ctx, name, value))
 
@@ -427,14 +435,11 @@ def _allgather_rows(b: _Builder, union_of, computed, unions, unique_ids, row) ->
         )
         grad = b.task(b.key(EMBEDDING, "global-grad", c, c), steps.global_grad, ctx, combined)
         for m in members:
-            union = b.task(
+            union = b.forward(
                 b.key(EMBEDDING, "from-chief-indices", c, m),
-                steps.identity,
                 combined,
                 nbytes=INDEX_BYTES * total,
             )
-            value = b.task(
-                b.key(EMBEDDING, "from-chief", c, m), steps.identity, grad, nbytes=row * total
-            )
+            value = b.forward(b.key(EMBEDDING, "from-chief", c, m), grad, nbytes=row * total)
             apply = b.key(EMBEDDING, "apply", m, m)
             b.final[m].append(b.task(apply, steps.apply_replica_rows, ctx, union, value))

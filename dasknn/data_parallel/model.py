@@ -18,6 +18,7 @@ from numbers import Integral
 
 import dask
 import numpy as np
+from distributed import wait
 
 from dasknn.data_parallel.hybrid import ARCHITECTURES, Topology, build_step
 from dasknn.data_parallel.report import DataParallelReport
@@ -34,7 +35,7 @@ from dasknn.data_parallel.worker_state import (
 from dasknn.model.embedding_mlp import EmbeddingMLP
 from dasknn.model.embedding_network import unique_rows
 from dasknn.model.window_estimator import WindowEstimator
-from dasknn.optim import Optimizer
+from dasknn.optim import SGD, Optimizer
 from dasknn.runtime.keys import parse_dp_key
 from dasknn.runtime.measure import install_comm_monitor, read_transfers, reset_transfers
 
@@ -319,11 +320,18 @@ class DataParallelEmbeddingMLP(WindowEstimator):
         return futures, graph, unique
 
     def _run_step(self, ids: np.ndarray, labels: np.ndarray, optimizer: Optimizer) -> float:
+        self._check_workers(None)
         futures, graph, unique = self._submit(self._split(ids, labels), optimizer, ids.shape[0])
+        while True:  # a task pinned to a lost worker would wait for ever: look every second
+            try:
+                wait(futures, timeout=1.0)
+                break
+            except TimeoutError:
+                self._check_workers(None)
         try:
             losses = self.client.gather(futures)
         except Exception as exc:
-            self._raise_if_lost(exc)
+            self._check_workers(exc)
             raise
         for key, counter in graph.predicted.items():
             total = self.predicted[key]
@@ -334,7 +342,8 @@ class DataParallelEmbeddingMLP(WindowEstimator):
         self.optimizer = optimizer
         return float(sum(losses)) / ids.shape[0]
 
-    def _raise_if_lost(self, exc: Exception) -> None:
+    def _check_workers(self, exc: Exception | None) -> None:
+        """``RuntimeError`` naming every lost worker and what it held, if any is gone."""
         present = set(self.client.scheduler_info(n_workers=-1)["workers"])
         lost = [w for w in self.workers if w not in present]
         if not lost:
@@ -350,8 +359,8 @@ class DataParallelEmbeddingMLP(WindowEstimator):
                 held += f" and the dense variables {served}"
             details.append(f"worker {worker} (held {held})")
         raise RuntimeError(
-            f"lost {', '.join(details)} during step {self._step}; the model's values there "
-            "are gone: close it and start again from a gathered copy"
+            f"lost {', '.join(details)} by step {self._step}; the model's values there are "
+            "gone: close it and start again from a gathered copy"
         ) from exc
 
     def _train_batch(self, ids: np.ndarray, labels: np.ndarray, optimizer: Optimizer) -> float:
@@ -392,8 +401,6 @@ class DataParallelEmbeddingMLP(WindowEstimator):
         ValueError
             On malformed data, or for an architecture without shards (``ar``, ``ar-dense``).
         """
-        from dasknn.optim import SGD
-
         self._check_open()
         if self.architecture not in ("hybrid", "ps"):
             raise ValueError(f"architecture {self.architecture!r} has no shards to search for")
@@ -401,7 +408,7 @@ class DataParallelEmbeddingMLP(WindowEstimator):
         if mode not in SEARCH_MODES:
             raise ValueError(f"unknown search mode {mode!r}; expected one of {SEARCH_MODES}")
         ids, labels = self._check_xy(X, y)
-        optimizer = optimizer or SGD(lr=0.0)
+        optimizer = optimizer or SGD(lr=0.0)  # timing only: the values are restored anyway
         saved = self.gather()
         predicted, stats = self.predicted, self.stats
         self.predicted, self.stats = defaultdict(lambda: [0, 0]), VariableStats(self.variables)
