@@ -229,3 +229,26 @@ def test_bad_input_before_anything_is_scheduled(client4):
 
 def _plugin_names(client):
     return client.run(lambda dask_worker: sorted(dask_worker.plugins))
+
+
+def _exit_soon():
+    """Kill this worker process a moment after answering (as a crash would)."""
+    import os
+    import threading
+
+    threading.Timer(0.2, os._exit, (1,)).start()
+
+
+def test_lost_worker_is_named_with_its_shards():
+    model = EmbeddingMLP(V, C, D, hidden=(4,))
+    X, y = next(iter(_batches(2)))
+    with local_cluster(2) as cluster, Client(cluster) as client:
+        with data_parallel(model, client, sparse_partitions=4) as dp:
+            dp.train_step(X, y, lr=0.1)
+            victim = dp.workers[1]
+            client.run(_exit_soon, workers=[victim])
+            with pytest.raises(
+                RuntimeError, match=r"worker .* \(held shards \[1, 3\] of the embedding"
+            ):
+                for _ in range(50):
+                    dp.train_step(X, y, lr=0.1)
