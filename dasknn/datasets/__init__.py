@@ -1,4 +1,5 @@
-"""Data sets: Graph Challenge files, MNIST, the RadiX-Net generator, extreme classification."""
+"""Data sets: Graph Challenge files, MNIST, the RadiX-Net generator, extreme classification,
+the standard-library text corpus."""
 
 from dasknn.datasets.challenge_io import (
     challenge_bias,
@@ -18,12 +19,15 @@ from dasknn.datasets.mnist import (
 )
 from dasknn.datasets.network_spec import load_network, parse_radixnet_spec
 from dasknn.datasets.radixnet import radixnet, radixnet_group_size
+from dasknn.datasets.stdlib_corpus import Corpus, load_stdlib_corpus
 from dasknn.datasets.text import TextTask, stdlib_next_word
 from dasknn.datasets.xmc import read_xmc
 
 __all__ = [
+    "Corpus",
     "SyntheticXMC",
     "TextTask",
+    "load_stdlib_corpus",
     "make_extreme_classification",
     "read_xmc",
     "stdlib_next_word",

@@ -18,8 +18,9 @@ phase, empty ones included.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import dask
 import numpy as np
@@ -46,6 +47,9 @@ __all__ = [
 ]
 
 INDEX_DTYPE = np.dtype(np.int64)
+
+#: ``key(phase, sender, receiver)``: the key of one task of a collective.
+KeyFunction = Callable[[str, int, int], tuple]
 
 
 @dataclass(frozen=True)
@@ -222,7 +226,13 @@ def _push_result(position: int, size: int, combined: tuple, *received: np.ndarra
 
 
 # ------------------------------------------------------------------ builders
-def build_allreduce(token: str, inputs: Sequence, shape: tuple, accumulate=None) -> Graph:
+def build_allreduce(
+    token: str,
+    inputs: Sequence,
+    shape: tuple,
+    accumulate=None,
+    key: KeyFunction | None = None,
+) -> Graph:
     """Allreduce (sum) of one array of ``shape`` per worker, as a flat buffer of ``n`` items,
     in two hops.
 
@@ -246,12 +256,14 @@ def build_allreduce(token: str, inputs: Sequence, shape: tuple, accumulate=None)
     accumulate : numpy dtype, optional
         Dtype the chunks are summed in (e.g. float32 for 16-bit contributions); the messages
         and the result keep the contributions' dtype.
+    key : callable, optional
+        ``key(phase, sender, receiver)`` names the keys (default :func:`collective_key` of
+        ``"allreduce"`` and ``token``), for a caller that embeds the collective in a larger graph
+        with keys of its own family.
     """
     count = len(inputs)
     bounds = chunk_bounds(int(np.prod(shape, dtype=np.int64)), count)
-
-    def key(phase, sender, receiver):
-        return collective_key("allreduce", token, phase, sender, receiver)
+    key = key or partial(collective_key, "allreduce", token)
 
     tasks = {}
     for i in range(count):
@@ -280,7 +292,9 @@ def build_allreduce(token: str, inputs: Sequence, shape: tuple, accumulate=None)
     return Graph("allreduce", token, tasks, outputs)
 
 
-def build_allgather(token: str, inputs: Sequence, stack: bool) -> Graph:
+def build_allgather(
+    token: str, inputs: Sequence, stack: bool, key: KeyFunction | None = None
+) -> Graph:
     """Allgather: every worker receives every other worker's contribution.
 
     ``stack=True`` (allgather, equal shapes): each result is ``np.stack`` of the contributions in
@@ -297,21 +311,22 @@ def build_allgather(token: str, inputs: Sequence, stack: bool) -> Graph:
     inputs : sequence of keys
         ``inputs[i]``: the key of worker ``i``'s contribution.
     stack : bool
+    key : callable, optional
+        ``key(phase, sender, receiver)`` names the keys (see :func:`build_allreduce`).
     """
     op = "allgather" if stack else "allgatherv"
+    key = key or partial(collective_key, op, token)
     count = len(inputs)
     tasks = {}
     for i in range(count):
         for j in range(count):
             if i != j:
-                k = collective_key(op, token, "allgather", i, j)
+                k = key("allgather", i, j)
                 tasks[k] = Task(k, _identity, TaskRef(inputs[i]))
     outputs = []
     for j in range(count):
-        received = [
-            TaskRef(collective_key(op, token, "allgather", i, j)) for i in range(count) if i != j
-        ]
-        k = collective_key(op, token, "result", j, j)
+        received = [TaskRef(key("allgather", i, j)) for i in range(count) if i != j]
+        k = key("result", j, j)
         tasks[k] = Task(k, _gather, j, stack, TaskRef(inputs[j]), *received)
         outputs.append(k)
     return Graph(op, token, tasks, outputs)

@@ -1,6 +1,6 @@
 """Names of the keys the runtime moves between workers: every key is built and parsed here.
 
-Three families of keys exist.
+Five families of keys exist.
 
 **Step keys** (the model-parallel trainer, :mod:`dasknn.model_parallel.taskgraph`) are tuples
 ``(f"dasknn-{kind}-{token}", step, layer, part, receiver, microbatch)`` with ``kind`` ``fwd``,
@@ -27,7 +27,15 @@ tuples ``(f"dasknn-slide-{token}", call, phase, sender, receiver)``: ``call`` nu
 model's submissions, ``phase`` names the kind of message, and ``sender != receiver`` marks a
 message between those worker positions (as for collective keys).
 
-:func:`describe` turns any key into ``(token, phase, layer)`` for the transfer monitor.
+**Data-parallel step keys** (:mod:`dasknn.data_parallel`) are tuples
+``(f"dasknn-dp-{token}", step, variable, phase, sender, receiver, part)``: ``variable`` names the
+model variable the message belongs to (``"embedding"``, ``"output.weight"``, ...), ``phase`` one
+of :data:`DP_PHASES` (or a local step), ``sender`` and ``receiver`` are worker numbers (a message
+when they differ, local work when equal) and ``part`` the shard of a sharded variable (``-1``
+otherwise).
+
+:func:`describe` turns any key into ``(token, phase, layer)`` for the transfer monitor (the
+variable takes the place of the layer for data-parallel keys).
 """
 
 from __future__ import annotations
@@ -39,8 +47,12 @@ __all__ = [
     "CollectiveKey",
     "PIPELINE_KINDS",
     "PipelineKey",
+    "DP_PHASES",
+    "DataParallelKey",
     "collective_key",
     "describe",
+    "dp_key",
+    "parse_dp_key",
     "message_phase",
     "parse_collective_key",
     "parse_pipeline_key",
@@ -56,6 +68,23 @@ STEP_KINDS = ("fwd", "bwd", "lse", "run")
 COLLECTIVES = ("allreduce", "allgather", "allgatherv", "pull", "push", "alltoallv")
 PIPELINE_KINDS = ("fwd", "bwd", "x", "y", "grad", "update")
 PIPELINE = "pipe"
+DP_KIND = "dp"
+#: The messages of a data-parallel step: row ids and values pulled from a parameter server,
+#: gradients pushed to it (values only: the server kept the ids of the pull), the two hops of
+#: an allreduce, allgather(v) of row ids and of values, and the hops inside a machine between a
+#: worker and its machine's chief (local aggregation: ``to-chief*`` and ``from-chief*``).
+DP_PHASES = (
+    "pull-indices",
+    "pull",
+    "push",
+    "reduce-scatter",
+    "allgather",
+    "allgather-indices",
+    "to-chief",
+    "to-chief-indices",
+    "from-chief",
+    "from-chief-indices",
+)
 
 
 class CollectiveKey(NamedTuple):
@@ -195,6 +224,47 @@ def parse_sampled_key(key) -> SampledKey | None:
     return SampledKey(parsed[1], int(key[1]), key[2], int(key[3]), int(key[4]))
 
 
+# ------------------------------------------------------------------ data-parallel keys
+class DataParallelKey(NamedTuple):
+    """The parts of a data-parallel step key."""
+
+    token: str
+    step: int
+    variable: str
+    phase: str
+    sender: int
+    receiver: int
+    part: int
+
+
+def dp_key(
+    token: str, step: int, variable: str, phase: str, sender: int, receiver: int, part: int = -1
+) -> tuple:
+    """The key of ``phase`` of ``variable`` in ``step``, made on worker ``sender`` for
+    ``receiver`` (``part``: the shard, ``-1`` for an unsharded variable)."""
+    return (
+        f"{PREFIX}{DP_KIND}-{token}",
+        int(step),
+        str(variable),
+        str(phase),
+        int(sender),
+        int(receiver),
+        int(part),
+    )
+
+
+def parse_dp_key(key) -> DataParallelKey | None:
+    """The parts of a key built by :func:`dp_key`; ``None`` for any other key."""
+    if not (isinstance(key, tuple) and len(key) == 7):
+        return None
+    parsed = _split_name(key)
+    if parsed is None or parsed[0] != DP_KIND:
+        return None
+    return DataParallelKey(
+        parsed[1], int(key[1]), key[2], key[3], int(key[4]), int(key[5]), int(key[6])
+    )
+
+
 # ------------------------------------------------------------------ all families
 def describe(key) -> tuple[str | None, str, int | None]:
     """``(token, phase, layer)`` of any key, as the transfer monitor counts it.
@@ -202,7 +272,8 @@ def describe(key) -> tuple[str | None, str, int | None]:
     Step keys give their model's token, phase and layer (:func:`message_phase`); collective and
     sampled-step keys their token and phase, with layer ``None``; pipeline keys their token,
     ``"forward"`` / ``"backward"`` (``"other"`` for local work) and the sending stage as the layer;
-    every other key ``(None, "other", None)``.
+    data-parallel keys their token, phase and variable; every other key
+    ``(None, "other", None)``.
     """
     step = message_phase(key)
     if step is not None:
@@ -217,4 +288,7 @@ def describe(key) -> tuple[str | None, str, int | None]:
     if pipeline is not None:
         phase = {"fwd": "forward", "bwd": "backward"}.get(pipeline.kind, "other")
         return pipeline.token, phase, pipeline.stage
+    data_parallel = parse_dp_key(key)
+    if data_parallel is not None:
+        return data_parallel.token, data_parallel.phase, data_parallel.variable
     return None, "other", None

@@ -1,0 +1,383 @@
+"""Data-parallel training throughput (Parallax): hybrid against ar-dense, ps, ar and PyTorch DDP.
+
+Every figure is measured in the same run on the same namespace cluster
+(:mod:`netcluster`: scheduler and workers in their own network namespaces, every link shaped to
+``--rate``), the same model, the same batches:
+
+- ``ar-dense``, ``ps``, ``ar`` and ``hybrid`` of :mod:`dasknn.data_parallel`, one shard per
+  worker (``--shards`` to change it);
+- where torch is installed, PyTorch ``DistributedDataParallel`` over gloo with one process (one
+  thread) per namespace, the embedding an ``nn.EmbeddingBag(sparse=True)`` ("DDP-sparse",
+  gradients allgathered) and the dense variant ("DDP-dense", the whole table allreduced).
+
+Models: ``zipf``, V = 2^18 rows of d = 256 (mean of the 4 ids of a window, as EmbeddingBag), a
+256-wide hidden layer and a 1,024-class output, global batch 1,024 windows of Zipf-distributed
+ids (the embedding's traffic dominates); ``corpus``, the code tokens of Python's standard library
+(``dasknn.datasets.load_stdlib_corpus("code")``, the 32,768 most frequent tokens), d = 128,
+windows of 4 concatenated, a 64-wide hidden layer, next-token softmax, global batch 256.
+
+``--search`` also runs the shard-count search of the hybrid architecture and a brute force over
+``1 .. 2N`` at the largest N, and prints both. ``--learn`` trains a next-word model on the prose
+corpus with the hybrid architecture and in one process, and prints the held-out perplexity of
+both and of the unigram distribution per epoch.
+
+Root only (network namespaces)::
+
+    PYTHONPATH=. python3 benchmarks/dataparallel.py --workers 2 4 --models zipf corpus
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import describe  # noqa: E402
+from netcluster import NetCluster, unavailable_reason  # noqa: E402
+
+ARCHITECTURES = ("ar-dense", "ps", "ar", "hybrid")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------ models and batches
+def zipf_setup(steps: int, seed: int = 0) -> dict:
+    vocab, dim, context, classes, batch = 2**18, 256, 4, 1024, 1024
+    rng = np.random.default_rng(seed)
+    p = 1.0 / np.arange(1, vocab + 1)
+    p /= p.sum()
+    batches = [
+        (rng.choice(vocab, size=(batch, context), p=p), rng.integers(0, classes, batch))
+        for _ in range(steps)
+    ]
+    return dict(
+        name="zipf",
+        vocab=vocab,
+        dim=dim,
+        context=context,
+        hidden=256,
+        classes=classes,
+        combine="mean",
+        batches=batches,
+    )
+
+
+def corpus_setup(steps: int, seed: int = 0) -> dict:
+    from dasknn.datasets import load_stdlib_corpus
+
+    corpus = load_stdlib_corpus("code", context=4, max_vocab=32768)
+    rng = np.random.default_rng(seed)
+    vocab = len(corpus.vocabulary)
+    batches = []
+    for _ in range(steps):
+        rows = rng.integers(0, len(corpus.y), 256)
+        batches.append((corpus.X[rows], corpus.y[rows]))
+    return dict(
+        name="corpus",
+        vocab=vocab,
+        dim=128,
+        context=4,
+        hidden=64,
+        classes=vocab,
+        combine="concat",
+        batches=batches,
+    )
+
+
+def make_model(setup: dict):
+    from dasknn.model import EmbeddingMLP
+
+    return EmbeddingMLP(
+        setup["vocab"],
+        setup["context"],
+        setup["dim"],
+        hidden=(setup["hidden"],),
+        n_classes=setup["classes"],
+        combine=setup["combine"],
+        dtype=np.float32,
+        seed=0,
+    )
+
+
+# ------------------------------------------------------------------ dasknn
+def run_dasknn(client, setup: dict, arch: str, shards: int, warmup: int) -> dict:
+    from dasknn.data_parallel import data_parallel
+    from dasknn.optim import SGD
+
+    optimizer = SGD(lr=0.05)
+    with data_parallel(
+        make_model(setup), client, architecture=arch, sparse_partitions=shards
+    ) as dp:
+        times = []
+        for step, (X, y) in enumerate(setup["batches"]):
+            if step == warmup:
+                dp.reset_comm()
+            start = time.perf_counter()
+            dp.train_step(X, y, optimizer=optimizer)
+            times.append(time.perf_counter() - start)
+        report = dp.comm_report()
+    timed = times[warmup:]
+    return {
+        "seconds": float(np.median(timed)),
+        "bytes_per_step": report.total() / len(timed),
+        "exact": report.matches(),
+        "alpha": report.model_alpha,
+    }
+
+
+def run_search(client, setup: dict, n: int) -> dict:
+    from dasknn.data_parallel import data_parallel
+
+    X, y = setup["batches"][0]
+    out = {}
+    for mode in ("model", "brute-force"):
+        with data_parallel(make_model(setup), client, search_steps=4, search_warmup=2) as dp:
+            report = dp.search(X, y, mode=mode)
+        out[mode] = report
+        print(report, flush=True)
+    brute = dict(out["brute-force"].samples)
+    best = min(brute.values())
+    chosen = brute.get(out["model"].choice)
+    if chosen is not None:
+        print(
+            f"model choice P = {out['model'].choice}: {chosen / best:.3f} x the brute-force best "
+            f"(P = {out['brute-force'].choice})",
+            flush=True,
+        )
+    return out
+
+
+# ------------------------------------------------------------------ PyTorch DDP
+def ddp_worker(args) -> None:
+    """One DDP process (run inside a namespace by :func:`run_ddp`)."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    setup = zipf_setup(args.steps) if args.model == "zipf" else corpus_setup(args.steps)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://{args.master}:29500", rank=args.rank, world_size=args.world
+    )
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.combine = setup["combine"]
+            sparse = args.sparse
+            if self.combine == "mean":
+                self.emb = torch.nn.EmbeddingBag(
+                    setup["vocab"], setup["dim"], mode="mean", sparse=sparse
+                )
+            else:
+                self.emb = torch.nn.Embedding(setup["vocab"], setup["dim"], sparse=sparse)
+            width = setup["dim"] * (setup["context"] if self.combine == "concat" else 1)
+            self.hidden = torch.nn.Linear(width, setup["hidden"])
+            self.out = torch.nn.Linear(setup["hidden"], setup["classes"])
+
+        def forward(self, x):
+            h = self.emb(x) if self.combine == "mean" else self.emb(x).reshape(x.shape[0], -1)
+            return self.out(torch.relu(self.hidden(h)))
+
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(Net())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    times = []
+    for X, y in setup["batches"]:
+        rows = np.array_split(np.arange(len(y)), args.world)[args.rank]
+        x, t = torch.from_numpy(X[rows]), torch.from_numpy(y[rows])
+        dist.barrier()
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), t)
+        loss.backward()
+        optimizer.step()
+        times.append(time.perf_counter() - start)
+    dist.barrier()
+    if args.rank == 0:
+        print(json.dumps({"seconds": float(np.median(times[args.warmup :]))}), flush=True)
+    dist.destroy_process_group()
+
+
+def run_ddp(cluster: NetCluster, model: str, sparse: bool, steps: int, warmup: int) -> dict | None:
+    n = cluster.workers
+    master = cluster._ip(1)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0"}
+    procs = []
+    for rank in range(n):
+        command = [
+            "ip",
+            "netns",
+            "exec",
+            cluster.namespaces[rank + 1],
+            sys.executable,
+            __file__,
+            "--ddp-rank",
+            str(rank),
+            "--ddp-world",
+            str(n),
+            "--ddp-master",
+            master,
+            "--ddp-model",
+            model,
+            "--steps",
+            str(steps),
+            "--warmup",
+            str(warmup),
+        ] + (["--ddp-sparse"] if sparse else [])
+        procs.append(
+            subprocess.Popen(
+                command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        )
+    out = None
+    for rank, proc in enumerate(procs):
+        stdout, stderr = proc.communicate(timeout=1800)
+        if rank == 0 and proc.returncode == 0:
+            out = json.loads(stdout.strip().splitlines()[-1])
+        elif proc.returncode != 0:
+            print(f"DDP rank {rank} failed: {stderr.strip()[-500:]}", flush=True)
+    return out
+
+
+# ------------------------------------------------------------------ learning curve
+def learn(args) -> None:
+    from distributed import Client
+
+    from dasknn.data_parallel import data_parallel
+    from dasknn.datasets import load_stdlib_corpus
+    from dasknn.model import EmbeddingMLP
+    from dasknn.optim import Adam
+    from dasknn.runtime.cluster import local_cluster
+
+    corpus = load_stdlib_corpus("prose", context=3, max_vocab=4096)
+    (X, y), (X_held, y_held) = corpus.split(every=10)
+    rng = np.random.default_rng(0)
+    train = rng.permutation(len(y))[: args.learn_windows]
+    X, y = X[train], y[train]
+    counts = np.bincount(y, minlength=len(corpus.vocabulary)) + 1.0
+    unigram = float(np.exp(-np.mean(np.log(counts[y_held] / counts.sum()))))
+    print(
+        f"corpus: {corpus.n_tokens} words, vocabulary {len(corpus.vocabulary)}, "
+        f"{len(y)} training windows, {len(y_held)} held out; unigram perplexity {unigram:.1f}"
+    )
+    model = EmbeddingMLP(len(corpus.vocabulary), 3, 64, hidden=(128,), seed=0)
+    one = model.copy()
+    optimizer = Adam(lr=2e-3)
+    with local_cluster(2) as cluster, Client(cluster) as client:
+        with data_parallel(model, client, architecture="hybrid", sparse_partitions=4) as dp:
+            print("epoch  one-process  hybrid (2 workers)  unigram   (held-out perplexity)")
+            for epoch in range(args.learn_epochs):
+                one.partial_fit(X, y, batch_size=256, seed=epoch, optimizer=optimizer)
+                dp.partial_fit(X, y, batch_size=256, seed=epoch, optimizer=optimizer)
+                a, b = one.perplexity(X_held, y_held), dp.perplexity(X_held, y_held)
+                print(
+                    f"{epoch + 1:5d}  {a:11.2f}  {b:18.2f}  {unigram:8.1f}   (ratio {b / a:.4f})",
+                    flush=True,
+                )
+
+
+# ------------------------------------------------------------------ main
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, nargs="+", default=[2, 4])
+    parser.add_argument(
+        "--models", nargs="+", default=["zipf", "corpus"], choices=["zipf", "corpus"]
+    )
+    parser.add_argument("--rate", default="1gbit")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--shards", type=int, default=None)
+    parser.add_argument("--no-ddp", action="store_true")
+    parser.add_argument("--search", action="store_true")
+    parser.add_argument("--learn", action="store_true")
+    parser.add_argument("--learn-windows", type=int, default=60000)
+    parser.add_argument("--learn-epochs", type=int, default=5)
+    parser.add_argument("--ddp-rank", type=int)
+    parser.add_argument("--ddp-world", type=int)
+    parser.add_argument("--ddp-master")
+    parser.add_argument("--ddp-model")
+    parser.add_argument("--ddp-sparse", action="store_true")
+    args = parser.parse_args()
+    if args.ddp_rank is not None:
+        args.rank, args.world, args.master, args.model, args.sparse = (
+            args.ddp_rank,
+            args.ddp_world,
+            args.ddp_master,
+            args.ddp_model,
+            args.ddp_sparse,
+        )
+        ddp_worker(args)
+        return
+    print(f"machine: {describe()}", flush=True)
+    if args.learn:
+        learn(args)
+        return
+    reason = unavailable_reason()
+    if reason is not None:
+        sys.exit(f"dataparallel benchmark: {reason}")
+    try:
+        import torch  # noqa: F401
+
+        have_torch = not args.no_ddp
+    except ImportError:
+        have_torch = False
+    from distributed import Client
+
+    for name in args.models:
+        setup = zipf_setup(args.steps) if name == "zipf" else corpus_setup(args.steps)
+        batch = len(setup["batches"][0][1])
+        print(
+            f"\nmodel {name}: V = {setup['vocab']}, d = {setup['dim']}, context "
+            f"{setup['context']} ({setup['combine']}), hidden {setup['hidden']}, "
+            f"{setup['classes']} classes, global batch {batch}; {args.rate} links, "
+            f"median of {args.steps - args.warmup} steps after {args.warmup}",
+            flush=True,
+        )
+        for n in args.workers:
+            env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.environ.get("PYTHONPATH", str(ROOT))}
+            rows = {}
+            with NetCluster(workers=n, rate=args.rate, env=env) as cluster:
+                with Client(cluster.address) as client:
+                    for arch in ARCHITECTURES:
+                        rows[arch] = run_dasknn(client, setup, arch, args.shards or n, args.warmup)
+                        r = rows[arch]
+                        print(
+                            f"  N={n} {arch:9s} {r['seconds'] * 1e3:9.1f} ms/step "
+                            f"{batch / r['seconds']:9.0f} windows/s "
+                            f"{r['bytes_per_step'] / 1e6:9.2f} MB/step between workers "
+                            f"(measured = predicted: {r['exact']}, alpha {r['alpha']:.4f})",
+                            flush=True,
+                        )
+                    if args.search and n == max(args.workers):
+                        run_search(client, setup, n)
+                if have_torch:
+                    for sparse in (True, False):
+                        label = "DDP-sparse" if sparse else "DDP-dense"
+                        r = run_ddp(cluster, name, sparse, args.steps, args.warmup)
+                        if r is not None:
+                            rows[label] = r
+                            print(
+                                f"  N={n} {label:9s} {r['seconds'] * 1e3:9.1f} ms/step "
+                                f"{batch / r['seconds']:9.0f} windows/s",
+                                flush=True,
+                            )
+            hyb = rows["hybrid"]["seconds"]
+            best_other = min(rows["ps"]["seconds"], rows["ar"]["seconds"])
+            line = (
+                f"  N={n} hybrid speed-up: {rows['ar-dense']['seconds'] / hyb:.2f}x ar-dense, "
+                f"{best_other / hyb:.2f}x best of ps/ar"
+            )
+            for label in ("DDP-sparse", "DDP-dense"):
+                if label in rows:
+                    line += f", {rows[label]['seconds'] / hyb:.2f}x {label}"
+            print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,473 @@
+"""``DataParallelEmbeddingMLP``: an :class:`~dasknn.model.EmbeddingMLP` trained data-parallel.
+
+``data_parallel(model, client, architecture="hybrid", sparse_partitions=..., machines=None)``
+copies a one-process model's values to the workers and returns an object with the same
+``fit / partial_fit / train_step / predict / predict_proba / score / evaluate`` as the model,
+plus ``comm_report``, ``search_report``, ``variable_report``, ``gather`` and ``close``. Every step
+splits the global batch over the workers (contiguous row blocks, uneven when it must be, empty
+when there are more workers than windows) and takes the exact gradient of the global mean loss,
+so a run equals the one-process run step for step.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import defaultdict
+from numbers import Integral
+
+import dask
+import numpy as np
+from distributed import wait
+
+from dasknn.data_parallel.hybrid import ARCHITECTURES, Topology, build_step
+from dasknn.data_parallel.report import DataParallelReport
+from dasknn.data_parallel.search import SearchReport, brute_force, search_partitions
+from dasknn.data_parallel.shards import STRATEGIES, ShardMap
+from dasknn.data_parallel.steps import EMBEDDING, StepContext
+from dasknn.data_parallel.variables import VariableStats, classify
+from dasknn.data_parallel.worker_state import (
+    ReplicaState,
+    install_values,
+    plugin_name,
+    read_values,
+)
+from dasknn.model.embedding_mlp import EmbeddingMLP
+from dasknn.model.embedding_network import unique_rows
+from dasknn.model.window_estimator import WindowEstimator
+from dasknn.optim import SGD, Optimizer
+from dasknn.runtime.keys import parse_dp_key
+from dasknn.runtime.measure import install_comm_monitor, read_transfers, reset_transfers
+
+__all__ = ["DataParallelEmbeddingMLP", "data_parallel"]
+
+SEARCH_MODES = ("model", "brute-force")
+
+
+class _Placement:
+    """``workers=`` annotation of a step's keys: the worker that makes the key (its sender)."""
+
+    def __init__(self, workers: list[str]) -> None:
+        self.workers = workers
+
+    def __call__(self, key) -> list[str]:
+        return [self.workers[parse_dp_key(key).sender]]
+
+
+def _topology(workers: list[str], machines) -> Topology:
+    """Group the workers by the ``machines`` map (default: one machine per worker)."""
+    if machines is None:
+        return Topology(tuple((i,) for i in range(len(workers))))
+    if not isinstance(machines, dict):
+        raise ValueError("machines must be a dict {worker address: machine name}")
+    unknown = sorted(set(machines) - set(workers))
+    if unknown:
+        raise ValueError(f"machines names workers that the model does not train on: {unknown}")
+    missing = sorted(set(workers) - set(machines))
+    if missing:
+        raise ValueError(f"machines leaves out workers of the model: {missing}")
+    groups: dict = {}
+    for index, worker in enumerate(workers):
+        groups.setdefault(machines[worker], []).append(index)
+    return Topology(tuple(tuple(g) for g in sorted(groups.values())))
+
+
+def _check_count(name: str, value, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return int(value)
+
+
+class DataParallelEmbeddingMLP(WindowEstimator):
+    """An embedding MLP trained data-parallel on the workers of a Dask cluster.
+
+    Parameters
+    ----------
+    model : EmbeddingMLP
+        The one-process model; its values are copied (the model itself is not changed).
+    client : distributed.Client
+    architecture : {"hybrid", "ps", "ar", "ar-dense"}
+        ``"hybrid"``: the embedding on parameter-server shards, dense variables replicated and
+        allreduced; ``"ps"``: every variable on servers; ``"ar"``: everything replicated, the
+        embedding's row gradients allgathered; ``"ar-dense"``: its gradient densified and
+        allreduced.
+    sparse_partitions : int or "auto", optional
+        Shards of the embedding (``hybrid``, ``ps``): an integer in ``1..V``, or ``"auto"`` to
+        search for the count at the first training step (see :meth:`search`). Default: one per
+        machine.
+    partition : {"mod", "div"}
+        Row ``r`` in shard ``r mod P``, or consecutive blocks.
+    machines : dict, optional
+        ``{worker address: machine name}`` naming every worker of the model: a machine sums its
+        workers' gradients before anything leaves it (local aggregation). Default: one machine
+        per worker.
+    workers : list of str, optional
+        The workers to train on (default: every worker of the cluster).
+    search_steps, search_warmup : int
+        Steps timed per shard count by the search, and how many of them are discarded first.
+    search_mode : {"model", "brute-force"}
+        The cost-model search, or timing every count from 1 to ``2 N``.
+
+    Raises
+    ------
+    ValueError
+        Before anything is scheduled, for any argument above out of its range.
+    """
+
+    def __init__(
+        self,
+        model: EmbeddingMLP,
+        client,
+        architecture: str = "hybrid",
+        sparse_partitions: int | str | None = None,
+        partition: str = "mod",
+        machines: dict | None = None,
+        workers: list[str] | None = None,
+        search_steps: int = 6,
+        search_warmup: int = 2,
+        search_mode: str = "model",
+    ) -> None:
+        if not isinstance(model, EmbeddingMLP):
+            raise ValueError(f"model must be an EmbeddingMLP, got {type(model).__name__}")
+        if architecture not in ARCHITECTURES:
+            raise ValueError(
+                f"unknown architecture {architecture!r}; expected one of {ARCHITECTURES}"
+            )
+        if partition not in STRATEGIES:
+            raise ValueError(
+                f"unknown partition strategy {partition!r}; expected one of {STRATEGIES}"
+            )
+        if search_mode not in SEARCH_MODES:
+            raise ValueError(f"unknown search_mode {search_mode!r}; expected one of {SEARCH_MODES}")
+        self.search_steps = _check_count("search_steps", search_steps, 1)
+        self.search_warmup = _check_count("search_warmup", search_warmup, 0)
+        if self.search_steps <= self.search_warmup:
+            raise ValueError(
+                f"search_steps ({search_steps}) must exceed the discarded warm-up steps "
+                f"search_warmup ({search_warmup})"
+            )
+        self.spec = model.spec
+        self.client = client
+        present = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        if workers is None:
+            workers = present
+        elif isinstance(workers, str) or len(set(workers)) != len(workers):
+            raise ValueError(
+                f"workers must be a list of distinct worker addresses, got {workers!r}"
+            )
+        unknown = sorted(set(workers) - set(present))
+        if unknown:
+            raise ValueError(f"not workers of this cluster: {unknown}")
+        self.workers = sorted(workers)
+        if not self.workers:
+            raise ValueError("there are no workers to train on")
+        self.topology = _topology(self.workers, machines)
+        self.architecture = architecture
+        self.partition = partition
+        self.search_mode = search_mode
+        vocab = self.spec.vocab_size
+        self._search_pending = sparse_partitions == "auto"
+        if sparse_partitions in ("auto", None):  # "auto": until the search at the first step
+            self.n_shards = min(len(self.topology.machines), vocab)
+        else:
+            ShardMap(vocab, sparse_partitions, len(self.workers), partition)  # checks the count
+            self.n_shards = int(sparse_partitions)
+        self.token = uuid.uuid4().hex[:16]
+        self.plugin_name = plugin_name(self.token)
+        self.dense_servers = {
+            name: index % len(self.workers) for index, name in enumerate(self.spec.dense_names())
+        }
+        self.variables = classify(self.spec)
+        self.stats = VariableStats(self.variables)
+        self.predicted: dict = defaultdict(lambda: [0, 0])
+        self.optimizer: Optimizer | None = None
+        self.loss_curve_: list[float] = []
+        self.batch_loss_curve_: list[float] = []
+        self._search: SearchReport | None = None
+        self._step = 0
+        self._version = 0
+        self._gathered: tuple[int, EmbeddingMLP] | None = None
+        self._placement = _Placement(self.workers)
+        self._open = False
+        install_comm_monitor(client)
+        client.register_plugin(ReplicaState(self.token), name=self.plugin_name)
+        self._open = True
+        try:
+            self._place(model, self.n_shards)
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------------ basics
+    def __enter__(self) -> DataParallelEmbeddingMLP:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"DataParallelEmbeddingMLP(architecture={self.architecture!r}, "
+            f"workers={len(self.workers)}, machines={len(self.topology.machines)}, "
+            f"shards={self.n_shards})"
+        )
+
+    @property
+    def shard_map(self) -> ShardMap | None:
+        """The embedding's shards (``hybrid``, ``ps``), ``None`` otherwise."""
+        if self.architecture not in ("hybrid", "ps"):
+            return None
+        return ShardMap(self.spec.vocab_size, self.n_shards, len(self.workers), self.partition)
+
+    def _check_open(self) -> None:
+        if not self._open:
+            raise RuntimeError("the data-parallel model is closed")
+
+    def close(self) -> None:
+        """Remove the model's worker plugin (and with it every value it held)."""
+        if self._open:
+            self._open = False
+            try:
+                self.client.unregister_worker_plugin(self.plugin_name)
+            except Exception:  # noqa: BLE001 - a cluster already gone holds nothing
+                pass
+
+    # ------------------------------------------------------------------ placement
+    def _place(self, model: EmbeddingMLP, n_shards: int) -> None:
+        """Copy ``model``'s values to the workers with ``n_shards`` shards (fresh optimizer
+        state)."""
+        self.n_shards = n_shards
+        arch = self.architecture
+        dense = dict(zip(self.spec.dense_names(), model.dense_variables(), strict=True))
+        payload = {w: ({}, {}, {}) for w in self.workers}
+        for index, worker in enumerate(self.workers):
+            replicas, shards, served = payload[worker]
+            if arch != "ps":
+                replicas.update(dense)
+            if arch in ("ar", "ar-dense"):
+                replicas[EMBEDDING] = model.embedding
+            else:
+                shard_map = self.shard_map
+                for p in shard_map.shards_of(index):
+                    shards[p] = model.embedding[shard_map.rows(p)]
+            if arch == "ps":
+                served.update({n: v for n, v in dense.items() if self.dense_servers[n] == index})
+        for worker, (replicas, shards, served) in payload.items():
+            self.client.run(
+                install_values,
+                token=self.token,
+                replicas=replicas,
+                shards=shards,
+                served=served,
+                workers=[worker],
+            )
+        self.optimizer = None
+        self._version += 1
+
+    def gather(self) -> EmbeddingMLP:
+        """A one-process :class:`EmbeddingMLP` with the current values (no optimizer state)."""
+        self._check_open()
+        if self._gathered is not None and self._gathered[0] == self._version:
+            return self._gathered[1].copy()
+        held = self.client.run(read_values, token=self.token, workers=self.workers)
+        first = held[self.workers[0]]
+        model = object.__new__(EmbeddingMLP)
+        model.spec = self.spec
+        model.optimizer, model._states = None, None
+        model.loss_curve_, model.batch_loss_curve_ = [], []
+        dense = {}
+        for worker in self.workers:
+            dense.update(held[worker]["served"])
+        dense.update(first["replicas"])
+        names = self.spec.dense_names()
+        model.weights = [dense[n] for n in names[0::2]]
+        model.biases = [dense[n] for n in names[1::2]]
+        if EMBEDDING in first["replicas"]:
+            model.embedding = first["replicas"][EMBEDDING]
+        else:
+            shard_map = self.shard_map
+            model.embedding = np.empty(
+                (self.spec.vocab_size, self.spec.embed_dim), dtype=self.spec.dtype
+            )
+            for worker in self.workers:
+                for p, values in held[worker]["shards"].items():
+                    model.embedding[shard_map.rows(p)] = values
+        self._gathered = (self._version, model)
+        return model.copy()
+
+    # ------------------------------------------------------------------ steps
+    def _split(self, ids: np.ndarray, labels: np.ndarray) -> list[tuple]:
+        n = len(self.workers)
+        union = unique_rows(ids)[0] if self.architecture == "ar-dense" else None
+        blocks = np.array_split(np.arange(ids.shape[0]), n)
+        return [(ids[b], labels[b], union) for b in blocks]
+
+    def _submit(self, parts: list[tuple], optimizer: Optimizer, denominator: int):
+        self._step += 1
+        ctx = StepContext(
+            token=self.token,
+            step=self._step,
+            spec=self.spec,
+            architecture=self.architecture,
+            optimizer=optimizer,
+            denominator=denominator,
+            shards=self.shard_map,
+        )
+        unique = [unique_rows(part[0])[0] for part in parts]
+        graph = build_step(ctx, self.topology, parts, unique, self.dense_servers)
+        with dask.annotate(workers=self._placement, allow_other_workers=False):
+            futures = self.client.get(graph.tasks, graph.outputs, sync=False)
+        return futures, graph, unique
+
+    def _run_step(self, ids: np.ndarray, labels: np.ndarray, optimizer: Optimizer) -> float:
+        self._check_workers(None)
+        futures, graph, unique = self._submit(self._split(ids, labels), optimizer, ids.shape[0])
+        while True:  # a task pinned to a lost worker would wait for ever: look every second
+            try:
+                wait(futures, timeout=1.0)
+                break
+            except TimeoutError:
+                self._check_workers(None)
+        try:
+            losses = self.client.gather(futures)
+        except Exception as exc:
+            self._check_workers(exc)
+            raise
+        for key, counter in graph.predicted.items():
+            total = self.predicted[key]
+            total[0] += counter[0]
+            total[1] += counter[1]
+        self.stats.record(unique)
+        self._version += 1
+        self.optimizer = optimizer
+        return float(sum(losses)) / ids.shape[0]
+
+    def _check_workers(self, exc: Exception | None) -> None:
+        """``RuntimeError`` naming every lost worker and what it held, if any is gone."""
+        present = set(self.client.scheduler_info(n_workers=-1)["workers"])
+        lost = [w for w in self.workers if w not in present]
+        if not lost:
+            return
+        shard_map = self.shard_map
+        details = []
+        for worker in lost:
+            index = self.workers.index(worker)
+            shards = shard_map.shards_of(index) if shard_map is not None else []
+            served = [n for n, s in self.dense_servers.items() if s == index]
+            held = f"shards {shards} of the embedding" if shards else "no embedding shard"
+            if self.architecture == "ps" and served:
+                held += f" and the dense variables {served}"
+            details.append(f"worker {worker} (held {held})")
+        raise RuntimeError(
+            f"lost {', '.join(details)} by step {self._step}; the model's values there are "
+            "gone: close it and start again from a gathered copy"
+        ) from exc
+
+    def _train_batch(self, ids: np.ndarray, labels: np.ndarray, optimizer: Optimizer) -> float:
+        self._check_open()
+        if self._search_pending:
+            self.search(ids, labels, optimizer=optimizer)
+        return self._run_step(ids, labels, optimizer)
+
+    def _logits(self, ids: np.ndarray) -> np.ndarray:
+        return self._gathered_model()._logits(ids)
+
+    def _gathered_model(self) -> EmbeddingMLP:
+        self.gather()
+        return self._gathered[1]
+
+    # ------------------------------------------------------------------ shard-count search
+    def _time_steps(self, ids, labels, optimizer) -> float:
+        """Mean seconds of the timed steps (after the warm-up) on the batch ``(ids, labels)``."""
+        times = []
+        for _ in range(self.search_steps):
+            start = time.perf_counter()
+            self._run_step(ids, labels, optimizer)
+            times.append(time.perf_counter() - start)
+        return float(np.mean(times[self.search_warmup :]))
+
+    def search(
+        self, X, y, optimizer: Optimizer | None = None, mode: str | None = None
+    ) -> SearchReport:
+        """Choose the number of shards by timing steps on the batch ``(X, y)``.
+
+        The values before the search are restored afterwards, with the chosen count; the timed
+        steps do not count as training. ``mode`` (default: the model's ``search_mode``) is
+        ``"model"`` (at most 5 counts, see :mod:`dasknn.data_parallel.search`) or
+        ``"brute-force"`` (every count from 1 to ``2 N``).
+
+        Raises
+        ------
+        ValueError
+            On malformed data, or for an architecture without shards (``ar``, ``ar-dense``).
+        """
+        self._check_open()
+        if self.architecture not in ("hybrid", "ps"):
+            raise ValueError(f"architecture {self.architecture!r} has no shards to search for")
+        mode = mode or self.search_mode
+        if mode not in SEARCH_MODES:
+            raise ValueError(f"unknown search mode {mode!r}; expected one of {SEARCH_MODES}")
+        ids, labels = self._check_xy(X, y)
+        optimizer = optimizer or SGD(lr=0.0)  # timing only: the values are restored anyway
+        saved = self.gather()
+        predicted, stats = self.predicted, self.stats
+        self.predicted, self.stats = defaultdict(lambda: [0, 0]), VariableStats(self.variables)
+
+        def measure(p: int) -> float:
+            self._place(saved, p)
+            return self._time_steps(ids, labels, optimizer)
+
+        vocab = self.spec.vocab_size
+        if mode == "model":
+            report = search_partitions(measure, min(len(self.topology.machines), vocab), vocab)
+        else:
+            report = brute_force(measure, range(1, min(2 * len(self.workers), vocab) + 1))
+        self._place(saved, report.choice)
+        self._search_pending = False
+        reset_transfers(self.client, self.token)
+        self.predicted, self.stats = predicted, stats
+        self._search = report
+        return report
+
+    def search_report(self) -> SearchReport | None:
+        """The last search's samples, fit and choice (``None`` if none ran)."""
+        return self._search
+
+    # ------------------------------------------------------------------ reports
+    def comm_report(self) -> DataParallelReport:
+        """Bytes measured between workers beside the prediction from the batch ids, per
+        variable, phase and worker pair, split into intra- and inter-machine traffic."""
+        self._check_open()
+        measured = {}
+        for variable, phase, sender, receiver, nbytes, messages in read_transfers(
+            self.client, self.token
+        ):
+            a, b = self.workers.index(sender), self.workers.index(receiver)
+            measured[(variable, phase, a, b)] = (nbytes, messages)
+        predicted = {k: tuple(v) for k, v in self.predicted.items()}
+        machine = [self.topology.machine_of(i) for i in range(len(self.workers))]
+        return DataParallelReport(
+            architecture=self.architecture,
+            workers=list(self.workers),
+            machine_of=machine,
+            measured=measured,
+            predicted=predicted,
+            alpha=self.stats.alpha(),
+            model_alpha=self.stats.model_alpha(),
+            steps=self.stats.samples,
+        )
+
+    def reset_comm(self) -> None:
+        """Zero the measured and predicted counts."""
+        reset_transfers(self.client, self.token)
+        self.predicted = defaultdict(lambda: [0, 0])
+        self.stats = VariableStats(self.variables)
+
+
+def data_parallel(model: EmbeddingMLP, client, **kwargs) -> DataParallelEmbeddingMLP:
+    """Wrap a one-process model for data-parallel training on ``client``'s workers.
+
+    ``data_parallel(model, client, architecture="hybrid", sparse_partitions="auto",
+    machines=None)``; the keyword arguments are those of :class:`DataParallelEmbeddingMLP`.
+    """
+    return DataParallelEmbeddingMLP(model, client, **kwargs)

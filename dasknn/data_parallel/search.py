@@ -1,0 +1,119 @@
+"""The number of shards of the sparse variable: sampled step times, a cost model, a choice.
+
+Kim et al. (Parallax, 3.2) model a step's time as ``t(P) = t0 + t1 / P + t2 * P``: a fixed
+cost, work the shards share, and a per-shard overhead. The search times a few steps at
+``P = start`` (the number of machines), doubles ``P`` while the time falls, then halves from
+below the smallest sample while it falls, fits ``(t0, t1, t2)`` by least squares and chooses the
+integer ``P`` minimising the fit within the sampled range (no extrapolation). At most
+``max_samples`` counts are timed. :func:`brute_force` times every candidate, for comparison.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["SearchReport", "brute_force", "choose", "fit_cost", "search_partitions"]
+
+
+@dataclass(frozen=True)
+class SearchReport:
+    """What a search did.
+
+    Attributes
+    ----------
+    mode : str
+        ``"model"`` or ``"brute-force"``.
+    samples : list of (int, float)
+        ``(P, seconds per step)`` in the order timed.
+    theta : tuple of float or None
+        ``(t0, t1, t2)`` of the fit (``None`` with fewer than three samples or brute force).
+    choice : int
+    """
+
+    mode: str
+    samples: list[tuple[int, float]]
+    theta: tuple[float, float, float] | None
+    choice: int
+
+    def __str__(self) -> str:
+        lines = [f"shard-count search ({self.mode}): {len(self.samples)} samples"]
+        for p, seconds in self.samples:
+            fitted = ""
+            if self.theta is not None:
+                fitted = f"  fit {1e3 * _cost(self.theta, p):.2f} ms"
+            lines.append(f"  P = {p:5d}: {1e3 * seconds:.2f} ms/step{fitted}")
+        if self.theta is not None:
+            t0, t1, t2 = self.theta
+            lines.append(f"  t(P) = {t0:.4g} + {t1:.4g} / P + {t2:.4g} P")
+        lines.append(f"  chosen P = {self.choice}")
+        return "\n".join(lines)
+
+
+def _cost(theta, p):
+    return theta[0] + theta[1] / p + theta[2] * p
+
+
+def fit_cost(samples: Sequence[tuple[int, float]]) -> tuple[float, float, float]:
+    """Least-squares ``(t0, t1, t2)`` of ``t = t0 + t1 / P + t2 P`` (needs 3 distinct P)."""
+    p = np.array([s[0] for s in samples], dtype=float)
+    t = np.array([s[1] for s in samples], dtype=float)
+    design = np.stack([np.ones_like(p), 1.0 / p, p], axis=1)
+    theta, *_ = np.linalg.lstsq(design, t, rcond=None)
+    return float(theta[0]), float(theta[1]), float(theta[2])
+
+
+def choose(theta: tuple[float, float, float], low: int, high: int) -> int:
+    """The integer ``P`` in ``[low, high]`` minimising the fitted cost (the smallest on ties)."""
+    candidates = np.arange(low, high + 1)
+    return int(candidates[np.argmin(_cost(theta, candidates.astype(float)))])
+
+
+def search_partitions(
+    measure: Callable[[int], float], start: int, max_partitions: int, max_samples: int = 5
+) -> SearchReport:
+    """Sample, fit and choose (see the module docstring).
+
+    Parameters
+    ----------
+    measure : callable
+        ``measure(P)``: seconds per step with ``P`` shards.
+    start : int
+        First count (the number of machines), at most ``max_partitions``.
+    max_partitions : int
+        Largest count allowed (the rows of the sparse variable).
+    max_samples : int
+        Counts timed at most (>= 1).
+    """
+    samples: dict[int, float] = {}
+
+    def sample(p: int) -> float:
+        samples[p] = measure(p)
+        return samples[p]
+
+    best = sample(start)
+    p = start * 2
+    while p <= max_partitions and len(samples) < max_samples:
+        t = sample(p)
+        if t >= best:
+            break
+        best, p = t, p * 2
+    p = start // 2
+    while p >= 1 and len(samples) < max_samples:
+        t = sample(p)
+        if t >= min(v for q, v in samples.items() if q != p):
+            break
+        p //= 2
+    ordered = list(samples.items())
+    if len(samples) < 3:
+        return SearchReport("model", ordered, None, min(samples, key=samples.get))
+    theta = fit_cost(ordered)
+    return SearchReport("model", ordered, theta, choose(theta, min(samples), max(samples)))
+
+
+def brute_force(measure: Callable[[int], float], candidates: Sequence[int]) -> SearchReport:
+    """Time every count in ``candidates``; choose the fastest."""
+    samples = [(int(p), measure(int(p))) for p in candidates]
+    return SearchReport("brute-force", samples, None, min(samples, key=lambda s: s[1])[0])

@@ -1,0 +1,73 @@
+"""Dense and sparse variables, and how much of each a worker touches per step (alpha).
+
+A variable is *sparse* when the gradient a step produces for it is row-sparse (the embedding: a
+batch reads and changes only the rows its ids name) and *dense* when every element gets a
+gradient (the hidden and output layers). ``alpha`` of a variable is the mean, over steps and
+workers, of the fraction of its elements a worker touches in a step (1 for a dense variable);
+the model's alpha weights each variable by its number of elements (Kim et al., Parallax, 2.2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dasknn.model.embedding_network import EmbeddingSpec
+
+__all__ = ["VariableInfo", "VariableStats", "classify"]
+
+
+@dataclass(frozen=True)
+class VariableInfo:
+    """Name, shape and kind (``"dense"`` or ``"sparse"``) of one variable."""
+
+    name: str
+    shape: tuple[int, ...]
+    kind: str
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape))
+
+
+def classify(spec: EmbeddingSpec) -> list[VariableInfo]:
+    """The model's variables: the embedding, whose step gradient is row-sparse, then the dense
+    layers, whose gradient covers every element."""
+    out = [VariableInfo("embedding", (spec.vocab_size, spec.embed_dim), "sparse")]
+    for name, shape in zip(spec.dense_names(), spec.dense_shapes(), strict=True):
+        out.append(VariableInfo(name, tuple(shape), "dense"))
+    return out
+
+
+@dataclass
+class VariableStats:
+    """Running alpha of every variable (see the module docstring)."""
+
+    variables: list[VariableInfo]
+    touched: dict[str, float] = field(default_factory=dict)
+    samples: int = 0
+
+    def record(self, unique_ids: list[np.ndarray]) -> None:
+        """Count one step: ``unique_ids[i]`` are the distinct rows worker ``i`` touched."""
+        for info in self.variables:
+            if info.kind == "sparse":
+                fraction = sum(len(u) for u in unique_ids) / (info.shape[0] * len(unique_ids))
+            else:
+                fraction = 1.0
+            self.touched[info.name] = self.touched.get(info.name, 0.0) + fraction
+        self.samples += 1
+
+    def alpha(self) -> dict[str, float]:
+        """Alpha per variable (empty before the first step)."""
+        if not self.samples:
+            return {}
+        return {name: total / self.samples for name, total in self.touched.items()}
+
+    def model_alpha(self) -> float | None:
+        """The size-weighted alpha of the model (``None`` before the first step)."""
+        alpha = self.alpha()
+        if not alpha:
+            return None
+        sizes = {info.name: info.size for info in self.variables}
+        return sum(alpha[name] * sizes[name] for name in alpha) / sum(sizes.values())

@@ -1,0 +1,97 @@
+"""What a data-parallel model keeps on a worker, owned by one worker plugin per model.
+
+:class:`ReplicaState` is a :class:`distributed.WorkerPlugin` registered under
+:func:`plugin_name` of the model's token and removed by the model's ``close()``. On every worker
+it holds:
+
+- the replicas of the variables this worker computes with (the dense variables under ``hybrid``,
+  ``ar`` and ``ar-dense``; the whole embedding under ``ar`` and ``ar-dense``) and their
+  optimizer state, identical on every worker (every replica takes the same step);
+- as a parameter server, the shards of the embedding it serves (``hybrid``, ``ps``) and, under
+  ``ps``, the dense variables it serves, with their optimizer state;
+- the intermediate values of the step in flight (:attr:`scratch`), dropped when the step ends.
+
+The step tasks (:mod:`dasknn.data_parallel.steps`) find it with :func:`replica_state`. No task
+changes a value Dask holds: parameters live here only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from distributed import get_worker
+from distributed.diagnostics.plugin import WorkerPlugin
+
+from dasknn.optim import Optimizer, ParamState
+
+__all__ = ["Held", "ReplicaState", "install_values", "plugin_name", "read_values", "replica_state"]
+
+
+def plugin_name(token: str) -> str:
+    """Name of the worker plugin of the data-parallel model ``token``."""
+    return f"dasknn-dp-{token}"
+
+
+@dataclass
+class Held:
+    """One array a worker owns (a replica, a shard or a served variable) and its optimizer
+    state (started afresh whenever the optimizer changes)."""
+
+    values: np.ndarray
+    optimizer: Optimizer | None = None
+    state: ParamState | None = None
+
+    def state_for(self, optimizer: Optimizer, flat: bool) -> ParamState:
+        """The state of ``optimizer`` (fresh when it differs from the last one used)."""
+        if optimizer != self.optimizer or self.state is None:
+            self.optimizer = optimizer
+            self.state = optimizer.init_state(self.values.reshape(-1) if flat else self.values)
+        return self.state
+
+
+@dataclass
+class ReplicaState(WorkerPlugin):
+    """The worker plugin of one data-parallel model (see the module docstring)."""
+
+    token: str
+    replicas: dict[str, Held] = field(default_factory=dict)
+    shards: dict[int, Held] = field(default_factory=dict)
+    served: dict[str, Held] = field(default_factory=dict)
+    scratch: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.name = plugin_name(self.token)
+
+    def setup(self, worker) -> None:
+        self.replicas, self.shards, self.served, self.scratch = {}, {}, {}, {}
+
+    def teardown(self, worker) -> None:
+        self.setup(worker)
+
+
+def replica_state(token: str) -> ReplicaState:
+    """The :class:`ReplicaState` of the model ``token`` on the worker running the calling task."""
+    return get_worker().plugins[plugin_name(token)]
+
+
+def install_values(dask_worker, token: str, replicas: dict, shards: dict, served: dict) -> int:
+    """For ``Client.run``: give the model's plugin on ``dask_worker`` copies of its arrays
+    (``{name: array}``, ``{shard: array}``, ``{name: array}``), replacing what it held."""
+    state: ReplicaState = dask_worker.plugins[plugin_name(token)]
+    state.replicas = {name: Held(np.array(v)) for name, v in replicas.items()}
+    state.shards = {int(p): Held(np.array(v)) for p, v in shards.items()}
+    state.served = {name: Held(np.array(v)) for name, v in served.items()}
+    state.scratch = {}
+    return len(state.replicas) + len(state.shards) + len(state.served)
+
+
+def read_values(dask_worker, token: str) -> dict:
+    """For ``Client.run``: copies of the arrays the model's plugin holds on ``dask_worker``:
+    ``{"replicas": {...}, "shards": {...}, "served": {...}}``."""
+    state: ReplicaState = dask_worker.plugins[plugin_name(token)]
+    return {
+        "replicas": {name: held.values.copy() for name, held in state.replicas.items()},
+        "shards": {p: held.values.copy() for p, held in state.shards.items()},
+        "served": {name: held.values.copy() for name, held in state.served.items()},
+    }

@@ -1,0 +1,179 @@
+"""A text corpus with no download: the comments and docstrings of Python's standard library.
+
+``kind="prose"`` takes the English of every comment and docstring (lower-case words of letters,
+``[a-z]+``); ``kind="code"`` takes the code's own tokens (names, operators, numbers; a string
+literal is one ``<str>`` token). Files are read in sorted path order, one token stream per file,
+and windows never cross files, so everything is deterministic for one Python installation (the
+figures change between Python versions: tests derive expected values from the data).
+
+The vocabulary orders words by falling count, ties alphabetically; id 0 is ``<unk>``, which
+stands for every word beyond ``max_vocab`` (a word not seen at all maps to it too).
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import sysconfig
+import tokenize
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["Corpus", "load_stdlib_corpus", "stdlib_files", "tokenize_source"]
+
+UNKNOWN = "<unk>"
+KINDS = ("prose", "code")
+_WORD = re.compile(r"[a-z]+")
+#: Folders left out: installed third-party packages and the test suites.
+_SKIPPED_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test"})
+
+
+def stdlib_files(packages: tuple[str, ...] | None = None) -> list[Path]:
+    """The standard library's ``.py`` files in sorted order, without third-party packages and
+    test suites (:data:`_SKIPPED_DIRS`).
+
+    Parameters
+    ----------
+    packages : tuple of str, optional
+        Only these top-level modules or packages (e.g. ``("json", "email")``).
+    """
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = []
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root).parts
+        if _SKIPPED_DIRS.intersection(parts[:-1]):
+            continue
+        top = parts[0].removesuffix(".py")
+        if packages is None or top in packages:
+            files.append(path)
+    return files
+
+
+def _docstrings(tree: ast.AST) -> list[str]:
+    nodes = [tree] + [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+    ]
+    return [doc for doc in (ast.get_docstring(n, clean=False) for n in nodes) if doc]
+
+
+def tokenize_source(source: str, kind: str) -> list[str]:
+    """The tokens of one file's text (see the module docs); ``[]`` if it does not parse."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+        tree = ast.parse(source)
+    except (SyntaxError, tokenize.TokenError, ValueError):
+        return []
+    if kind == "code":
+        out = []
+        for tok in tokens:
+            if tok.type in (tokenize.NAME, tokenize.OP, tokenize.NUMBER):
+                out.append(tok.string)
+            elif tok.type == tokenize.STRING:
+                out.append("<str>")
+        return out
+    texts = [tok.string for tok in tokens if tok.type == tokenize.COMMENT]
+    texts += _docstrings(tree)
+    return _WORD.findall(" ".join(texts).lower())
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """Token windows of a corpus.
+
+    Attributes
+    ----------
+    vocabulary : list of str
+        ``vocabulary[i]`` is the word of id ``i`` (``<unk>`` at 0).
+    counts : numpy.ndarray
+        Occurrences of every id in the token streams.
+    X : int64 array (n, context)
+        The ``context`` ids before each predicted token.
+    y : int64 array (n,)
+        The id of the token after each window.
+    document : int64 array (n,)
+        Index of the file each window comes from.
+    n_tokens : int
+        Tokens in the streams.
+    """
+
+    vocabulary: list[str]
+    counts: np.ndarray
+    X: np.ndarray
+    y: np.ndarray
+    document: np.ndarray
+    n_tokens: int
+
+    def split(self, every: int = 10) -> tuple[tuple, tuple]:
+        """``((X, y) train, (X, y) held out)``: the windows of every ``every``-th file (files
+        ``every - 1, 2 every - 1, ...``) are held out."""
+        held = (self.document % every) == every - 1
+        return (self.X[~held], self.y[~held]), (self.X[held], self.y[held])
+
+
+def load_stdlib_corpus(
+    kind: str = "prose",
+    context: int = 3,
+    max_vocab: int | None = None,
+    packages: tuple[str, ...] | None = None,
+) -> Corpus:
+    """Tokenize the standard library, build the vocabulary and the windows.
+
+    Parameters
+    ----------
+    kind : {"prose", "code"}
+    context : int
+        Ids per window (>= 1).
+    max_vocab : int, optional
+        Keep the ``max_vocab - 1`` most frequent words (and ``<unk>``); all of them by default.
+    packages : tuple of str, optional
+        Only these top-level modules or packages (see :func:`stdlib_files`).
+
+    Raises
+    ------
+    ValueError
+        For an unknown kind, ``context < 1``, ``max_vocab < 2`` or a corpus with no window.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if isinstance(context, bool) or not isinstance(context, int) or context < 1:
+        raise ValueError(f"context must be an integer >= 1, got {context!r}")
+    if max_vocab is not None and (not isinstance(max_vocab, int) or max_vocab < 2):
+        raise ValueError(f"max_vocab must be an integer >= 2, got {max_vocab!r}")
+    streams = []
+    for path in stdlib_files(packages):
+        source = path.read_text(encoding="utf-8", errors="replace")
+        streams.append(tokenize_source(source, kind))
+    counter = Counter(token for stream in streams for token in stream)
+    counter.pop(UNKNOWN, None)
+    words = sorted(counter, key=lambda w: (-counter[w], w))
+    if max_vocab is not None:
+        words = words[: max_vocab - 1]
+    vocabulary = [UNKNOWN, *words]
+    index = {w: i for i, w in enumerate(vocabulary)}
+    xs, ys, docs = [], [], []
+    counts = np.zeros(len(vocabulary), dtype=np.int64)
+    for doc, stream in enumerate(streams):
+        ids = np.fromiter((index.get(t, 0) for t in stream), dtype=np.int64, count=len(stream))
+        np.add.at(counts, ids, 1)
+        if len(ids) <= context:
+            continue
+        windows = np.lib.stride_tricks.sliding_window_view(ids, context)[:-1]
+        xs.append(windows)
+        ys.append(ids[context:])
+        docs.append(np.full(len(ids) - context, doc, dtype=np.int64))
+    if not xs:
+        raise ValueError(f"the corpus has no window of {context} + 1 tokens")
+    return Corpus(
+        vocabulary=vocabulary,
+        counts=counts,
+        X=np.ascontiguousarray(np.concatenate(xs)),
+        y=np.concatenate(ys),
+        document=np.concatenate(docs),
+        n_tokens=int(counts.sum()),
+    )

@@ -1,0 +1,254 @@
+"""Data-parallel training of the embedding MLP (Parallax): every architecture equals the
+one-process run, the measured bytes equal the prediction and Table 3 of Kim et al., the shard
+count search, and bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from distributed import Client
+
+from dasknn.data_parallel import data_parallel
+from dasknn.data_parallel.search import search_partitions
+from dasknn.model import EmbeddingMLP
+from dasknn.optim import SGD, Adam
+from dasknn.runtime.cluster import local_cluster
+
+V, C, D = 24, 2, 3
+STEPS = 5
+
+
+@pytest.fixture(scope="module")
+def client4():
+    """One real LocalCluster of 4 single-thread worker processes for the whole module."""
+    with local_cluster(4) as cluster, Client(cluster) as client:
+        yield client
+
+
+def _batches(n_workers: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Five global batches: repeated ids inside and across windows; one batch with fewer windows
+    than workers (a worker with no rows); ids from a narrow range (workers that touch no row of
+    some shards)."""
+    rng = np.random.default_rng(seed)
+    sizes = [11, n_workers - 1, 9, 7, 13]
+    out = []
+    for step, size in enumerate(sizes):
+        high = 6 if step == 2 else V  # step 3: only rows 0..5
+        X = rng.integers(0, high, (size, C))
+        X[0, :] = X[-1, 0]  # a repeated id
+        out.append((X, rng.integers(0, V, size)))
+    return out
+
+
+def _one_process(model, batches, optimizer):
+    reference = model.copy()
+    for X, y in batches:
+        reference.train_step(X, y, optimizer=optimizer)
+    return reference
+
+
+def _assert_same(got, want, atol):
+    np.testing.assert_allclose(got.embedding, want.embedding, rtol=0, atol=atol)
+    for a, b in zip(got.dense_variables(), want.dense_variables(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=atol)
+
+
+# (architecture, workers, shards, machines of 2 workers each, combine, optimizer)
+CASES = [
+    ("hybrid", 2, 1, False, "concat", "sgd"),
+    ("hybrid", 3, 5, False, "sum", "adam"),
+    ("hybrid", 4, 8, True, "mean", "sgd"),
+    ("hybrid", 4, 3, False, "concat", "sgd"),
+    ("ps", 2, 4, False, "mean", "adam"),
+    ("ps", 3, 2, False, "concat", "sgd"),
+    ("ps", 4, 5, True, "sum", "sgd"),
+    ("ar", 2, None, True, "sum", "sgd"),
+    ("ar", 3, None, False, "mean", "sgd"),
+    ("ar", 4, None, False, "concat", "adam"),
+    ("ar-dense", 2, None, False, "concat", "sgd"),
+    ("ar-dense", 3, None, False, "sum", "adam"),
+    ("ar-dense", 4, None, True, "mean", "sgd"),
+]
+
+
+@pytest.mark.parametrize("arch,n,shards,local,combine,opt", CASES)
+def test_five_steps_equal_one_process(client4, arch, n, shards, local, combine, opt):
+    workers = sorted(client4.scheduler_info(n_workers=-1)["workers"])[:n]
+    machines = {w: i // 2 for i, w in enumerate(workers)} if local else None
+    model = EmbeddingMLP(V, C, D, hidden=(4,), combine=combine, dtype=np.float64, seed=n)
+    optimizer = SGD(lr=0.4, momentum=0.5) if opt == "sgd" else Adam(lr=0.05)
+    batches = _batches(n)
+    want = _one_process(model, batches, optimizer)
+    with data_parallel(
+        model,
+        client4,
+        architecture=arch,
+        sparse_partitions=shards,
+        machines=machines,
+        workers=workers,
+        partition="div" if shards == 5 else "mod",
+    ) as dp:
+        losses = [dp.train_step(X, y, optimizer=optimizer) for X, y in batches]
+        _assert_same(dp.gather(), want, 1e-9)
+        report = dp.comm_report()
+    assert report.matches(), str(report)
+    assert report.steps == STEPS and report.total() > 0
+    assert np.isfinite(losses).all()
+    if local:  # machines of two workers: the first sums and talks to the other machines
+        assert report.total(scope="intra") > 0
+        assert (report.total(scope="inter") > 0) == (n > 2)
+
+
+def test_float32_and_fit(client4):
+    model = EmbeddingMLP(V, C, D, hidden=(4,), dtype=np.float32, seed=1)
+    rng = np.random.default_rng(5)
+    X, y = rng.integers(0, V, (40, C)), rng.integers(0, V, 40)
+    want = model.copy().fit(X, y, batch_size=9, epochs=1, lr=0.3, seed=2)
+    with data_parallel(model, client4, architecture="hybrid", sparse_partitions=3) as dp:
+        assert dp.fit(X, y, batch_size=9, epochs=1, lr=0.3, seed=2) is dp
+        _assert_same(dp.gather(), want, 1e-5)
+        assert dp.loss_curve_ == pytest.approx(want.loss_curve_, rel=1e-5)
+        assert dp.predict(X).shape == (40,)
+        assert dp.score(X, y) == pytest.approx(want.score(X, y))
+        assert dp.comm_report().matches()
+
+
+def _alpha_batch(n_workers: int, rows: int):
+    """Worker i's windows use exactly the consecutive rows i*rows .. (i+1)*rows - 1."""
+    rng = np.random.default_rng(0)
+    blocks = []
+    for i in range(n_workers):
+        ids = np.concatenate(
+            [np.arange(i * rows, (i + 1) * rows), rng.integers(i * rows, (i + 1) * rows, rows)]
+        )
+        blocks.append(rng.permutation(ids).reshape(-1, C))
+    X = np.concatenate(blocks)
+    return X, rng.integers(0, 64, X.shape[0])
+
+
+@pytest.mark.parametrize("arch", ["hybrid", "ps", "ar", "ar-dense"])
+def test_bytes_follow_table_3(client4, arch):
+    """Per machine bytes equal Kim et al.'s Table 3 with alpha = 1/4 exactly (N = 4)."""
+    n, vocab, dim = 4, 64, 4
+    model = EmbeddingMLP(vocab, C, dim, hidden=(8,), dtype=np.float32)
+    X, y = _alpha_batch(n, vocab // n)
+    with data_parallel(model, client4, architecture=arch, sparse_partitions=n) as dp:
+        dp.train_step(X, y, lr=0.1)
+        report = dp.comm_report()
+    assert report.matches()
+    alpha = 0.25
+    assert report.alpha["embedding"] == pytest.approx(alpha)
+    w = vocab * dim * 4
+    emb = report.machine_bytes(
+        variable="embedding", phases=("pull", "push", "allgather", "reduce-scatter")
+    )
+    expected = {
+        "hybrid": 4 * alpha * w * (n - 1) / n,
+        "ps": 4 * alpha * w * (n - 1) / n,
+        "ar": 2 * alpha * w * (n - 1),
+        "ar-dense": 4 * w * (n - 1) / n,
+    }[arch]
+    assert emb == {m: expected for m in range(n)}
+    sizes = [int(np.prod(shape)) * 4 for shape in model.spec.dense_shapes()]
+    if arch == "ps":  # one variable per server: the server 2w(N-1), the others 2w
+        for index, (name, wv) in enumerate(zip(model.spec.dense_names(), sizes, strict=True)):
+            server = index % n
+            got = report.machine_bytes(variable=name)
+            assert got == {m: 2 * wv * (n - 1) if m == server else 2 * wv for m in range(n)}
+    else:  # m dense variables fused in one allreduce: 4 w m (N - 1) / N
+        got = report.machine_bytes(variable="dense")
+        assert got == {m: 4 * sum(sizes) * (n - 1) / n for m in range(n)}
+
+
+@pytest.mark.parametrize(
+    "t1,t2,start", [(100.0, 1.0, 1), (400.0, 1.0, 2), (50.0, 2.0, 4), (3.0, 1.0, 2)]
+)
+def test_search_finds_the_cost_minimum(t1, t2, start):
+    calls = []
+
+    def measure(p):
+        calls.append(p)
+        return 7.0 + t1 / p + t2 * p
+
+    report = search_partitions(measure, start, max_partitions=10_000)
+    assert len(calls) <= 5 and len(set(calls)) == len(calls)
+    assert abs(report.choice - round(np.sqrt(t1 / t2))) <= 1
+    assert report.theta[1] == pytest.approx(t1) and str(report).startswith("shard-count search")
+
+
+def test_auto_search_keeps_the_values(client4):
+    model = EmbeddingMLP(V, C, D, hidden=(4,), dtype=np.float64)
+    X, y = next(iter(_batches(2)))
+    want = _one_process(model, [(X, y)], SGD(lr=0.1))
+    workers = sorted(client4.scheduler_info(n_workers=-1)["workers"])[:2]
+    with data_parallel(
+        model, client4, sparse_partitions="auto", search_steps=2, search_warmup=1, workers=workers
+    ) as dp:
+        dp.train_step(X, y, lr=0.1)
+        report = dp.search_report()
+        assert 1 <= len(report.samples) <= 5
+        assert (
+            min(p for p, _ in report.samples) <= report.choice <= max(p for p, _ in report.samples)
+        )
+        assert dp.n_shards == report.choice
+        _assert_same(dp.gather(), want, 1e-12)
+        assert dp.comm_report().steps == 1
+
+
+def test_bad_input_before_anything_is_scheduled(client4):
+    model = EmbeddingMLP(V, C, D, hidden=(4,))
+    workers = sorted(client4.scheduler_info(n_workers=-1)["workers"])
+    bad = [
+        ({"architecture": "allreduce"}, "unknown architecture"),
+        ({"partition": "hash"}, "partition strategy"),
+        ({"sparse_partitions": 0}, "number of shards"),
+        ({"sparse_partitions": V + 1}, "number of shards"),
+        ({"sparse_partitions": 2.5}, "number of shards"),
+        ({"machines": {w: 0 for w in workers[:3]}}, "leaves out"),
+        ({"machines": {**{w: 0 for w in workers}, "tcp://10.0.0.1:1": 1}}, "does not train on"),
+        ({"workers": ["tcp://10.0.0.1:1"]}, "not workers"),
+        ({"search_steps": 2, "search_warmup": 2}, "must exceed"),
+        ({"search_mode": "grid"}, "search_mode"),
+    ]
+    plugins_before = _plugin_names(client4)
+    for kwargs, match in bad:
+        with pytest.raises(ValueError, match=match):
+            data_parallel(model, client4, **kwargs)
+    assert _plugin_names(client4) == plugins_before
+    with data_parallel(model, client4) as dp:
+        for X, y, match in [
+            (np.full((3, C), V), np.zeros(3, int), "outside the vocabulary"),
+            (np.zeros((3, C + 1), int), np.zeros(3, int), "shape"),
+            (np.zeros((3, C), int), np.full(3, -1), "outside the classes"),
+            (np.full((3, C), 0.5), np.zeros(3, int), "integers"),
+        ]:
+            with pytest.raises(ValueError, match=match):
+                dp.train_step(X, y, lr=0.1)
+        assert dp.comm_report().steps == 0 and dp.comm_report().total() == 0
+
+
+def _plugin_names(client):
+    return client.run(lambda dask_worker: sorted(dask_worker.plugins))
+
+
+def _exit_soon():
+    """Kill this worker process a moment after answering (as a crash would)."""
+    import os
+    import threading
+
+    threading.Timer(0.2, os._exit, (1,)).start()
+
+
+def test_lost_worker_is_named_with_its_shards():
+    model = EmbeddingMLP(V, C, D, hidden=(4,))
+    X, y = next(iter(_batches(2)))
+    with local_cluster(2) as cluster, Client(cluster) as client:
+        with data_parallel(model, client, sparse_partitions=4) as dp:
+            dp.train_step(X, y, lr=0.1)
+            victim = dp.workers[1]
+            client.run(_exit_soon, workers=[victim])
+            with pytest.raises(
+                RuntimeError, match=r"worker .* \(held shards \[1, 3\] of the embedding"
+            ):
+                for _ in range(50):
+                    dp.train_step(X, y, lr=0.1)
