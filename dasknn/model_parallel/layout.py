@@ -27,6 +27,7 @@ from dasknn.model_parallel.worker_state import install_parts, snapshot_bias, sna
 __all__ = [
     "Layout",
     "Snapshot",
+    "chunk_entries",
     "gather_network",
     "place_network",
     "scatter_pinned",
@@ -117,6 +118,8 @@ def place_network(
     biases: Sequence[np.ndarray],
     part_workers: list[str],
     dtype: np.dtype,
+    states: dict | None = None,
+    generation: int = 0,
 ) -> Layout:
     """Hand the renumbered weight chunks and biases to the model's plugin on the workers of their
     parts, and scatter the plans beside them.
@@ -134,12 +137,18 @@ def place_network(
     biases : sequence of 1-D arrays in the original neuron order
     part_workers : from :func:`worker_of_parts`
     dtype : numpy dtype of the values
+    states : dict, optional
+        ``{(k, m): (optimizer, weight state, bias state)}`` to install beside the chunks (the
+        state arrays in the chunk's order).
+    generation : int
+        Number of the placement of this model (part of the plans' keys, so a new placement never
+        reuses a key whose release may still be under way).
     """
     plans: dict = {}
     values: dict = {}  # worker -> {(k, m): (chunk, bias)}
     plan_keys, shapes = [], []
     for k, layer_chunks in enumerate(chunks, start=1):
-        plan_name = f"dasknn-plan-{token}-{k}"
+        plan_name = f"dasknn-plan-{token}-{k}-g{generation}"
         bias = np.asarray(biases[k - 1], dtype=dtype)[plan.orders[k]]
         offsets = plan.offsets[k]
         for m, chunk in enumerate(layer_chunks):
@@ -149,10 +158,48 @@ def place_network(
             plans[(plan_name, m)] = plan.layers[k - 1][m]
         plan_keys.append([(plan_name, m) for m in range(plan.nparts)])
         shapes.append((int(plan.offsets[k - 1][-1]), tuple(int(c) for c in plan.part_sizes(k))))
+    states = states or {}
     for address, chunks_here in values.items():
-        client.run(install_parts, token=token, chunks=chunks_here, workers=[address])
+        states_here = {key: states[key] for key in chunks_here if key in states}
+        client.run(
+            install_parts, token=token, chunks=chunks_here, states=states_here, workers=[address]
+        )
     futures = scatter_pinned(client, plans, part_workers, lambda key: key[-1])
     return Layout(token, list(part_workers), shapes, np.dtype(dtype), plan_keys, futures)
+
+
+def chunk_entries(pattern, plan: CommPlan) -> list[list[np.ndarray]]:
+    """Where every part's chunk values sit in the original layers' CSR values.
+
+    Parameters
+    ----------
+    pattern : sequence of ``(shape, indptr, indices)``
+        Every layer's CSR structure in the original neuron order (sorted indices).
+    plan : CommPlan
+
+    Returns
+    -------
+    list of list of numpy.ndarray
+        ``entries[k-1][m][i]`` is the position, in the values of the original ``W_k``, of the
+        ``i``-th stored value of part ``m``'s chunk (the chunks of
+        :func:`~dasknn.model_parallel.plan.build_comm_plan`, cut the same way).
+    """
+    entries = []
+    for k, (shape, indptr, indices) in enumerate(pattern, start=1):
+        # Entry ids (from 1, so none is a zero that scipy could drop) renumbered as the values.
+        ids = sp.csr_matrix(
+            (np.arange(1, len(indices) + 1, dtype=np.float64), indices, indptr), shape=shape
+        )
+        renumbered = ids[plan.orders[k - 1]][:, plan.orders[k]]
+        renumbered.sort_indices()
+        offsets = plan.offsets[k]
+        layer = []
+        for m in range(plan.nparts):
+            chunk = sp.csr_matrix(renumbered[:, offsets[m] : offsets[m + 1]])
+            chunk.sort_indices()
+            layer.append(chunk.data.astype(np.int64) - 1)
+        entries.append(layer)
+    return entries
 
 
 def snapshot_network(client, layout: Layout, version: int) -> Snapshot:

@@ -77,19 +77,22 @@ def time_training(
     lr: float = 0.01,
     warmup: bool = True,
     progress: bool = False,
+    **fit_options,
 ) -> TrainingTimes:
     """Train ``dist`` on ``(X, Y)`` with :meth:`~DistributedSparseMLP.fit` and time it.
 
     A warm-up step on the first batch (compiling the kernels on the workers) runs first unless
     ``warmup`` is false; measurements (timings and communication) are reset after it.
+    ``fit_options`` (checkpoint, resume, ...) go to ``fit``; the batches counted are those run.
     """
     if warmup:
         dist.train_step(X[:batch_size], Y[:batch_size], lr=lr)
     dist.reset_comm()
     start = time.perf_counter()
-    dist.fit(X, Y, batch_size=batch_size, epochs=epochs, lr=lr, progress=progress)
+    dist.fit(X, Y, batch_size=batch_size, epochs=epochs, lr=lr, progress=progress, **fit_options)
     wall = time.perf_counter() - start
-    batches = epochs * -(-X.shape[0] // batch_size)
+    comm = dist.comm_report()
+    batches = max(comm.batches, 1)
     busiest = max(dist.timings().values(), key=lambda t: sum(t.values()))
     products = (busiest["forward_product"] + busiest["backward_product"]) / batches
     update = busiest["update"] / batches
@@ -105,5 +108,5 @@ def time_training(
         update_background=background,
         pack=pack,
         wait=per_batch - products - pack - (update - background),
-        comm=dist.comm_report(),
+        comm=comm,
     )
