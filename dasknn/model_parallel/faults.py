@@ -23,8 +23,10 @@ __all__ = [
     "StepTimeoutError",
     "WorkerLostError",
     "describe_worker",
+    "describe_workers",
     "lost_error",
     "lost_workers",
+    "running_workers",
     "wait_for_step",
 ]
 
@@ -73,6 +75,12 @@ def lost_workers(client, part_workers: Sequence[str]) -> list[str]:
     )
 
 
+def running_workers(client) -> list[str]:
+    """The addresses of the workers that are not leaving the cluster, sorted."""
+    workers = client.scheduler_info(n_workers=-1)["workers"]
+    return sorted(w for w, info in workers.items() if info.get("status") not in _GONE)
+
+
 def lost_error(part_workers: Sequence[str], lost: Sequence[str]) -> WorkerLostError:
     """The error naming the parts whose workers are ``lost``."""
     parts = [m for m, w in enumerate(part_workers) if w in lost]
@@ -119,10 +127,16 @@ def wait_for_step(
         if time.monotonic() >= deadline:
             break
     waiting = sorted({part_workers[m] for f, m in zip(futures, parts, strict=True) if not f.done()})
-    workers = client.scheduler_info(n_workers=-1)["workers"]
-    now = time.time()
-    states = "; ".join(f"worker {w} {describe_worker(workers.get(w), now)}" for w in waiting)
     raise StepTimeoutError(
         f"a training or inference step made no progress for {timeout:g} s (step_timeout): "
-        f"{states or 'no worker named'}"
+        f"{describe_workers(client, waiting) or 'no worker named'}"
+    )
+
+
+def describe_workers(client, addresses: Sequence[str]) -> str:
+    """``worker ADDRESS STATE; ...`` for the distinct ``addresses`` (:func:`describe_worker`)."""
+    workers = client.scheduler_info(n_workers=-1)["workers"]
+    now = time.time()
+    return "; ".join(
+        f"worker {w} {describe_worker(workers.get(w), now)}" for w in sorted(set(addresses))
     )

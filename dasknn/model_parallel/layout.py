@@ -43,18 +43,25 @@ def worker_of_parts(workers: Sequence[str], nparts: int) -> list[str]:
     return [workers[m % len(workers)] for m in range(nparts)]
 
 
-def scatter_pinned(client, data: dict, part_workers: Sequence[str], part_of) -> dict:
+def scatter_pinned(
+    client, data: dict, part_workers: Sequence[str], part_of, timeout: float | None = None
+) -> dict:
     """Scatter ``{key: value}`` so each value lands on the worker of its part; returns futures.
 
     ``part_of(key)`` names the part of a key. One scatter per worker (values are not hashed: the
-    keys are the given ones).
+    keys are the given ones). A worker that does not take its values within ``timeout`` seconds
+    (stopped, say) raises ``TimeoutError``.
     """
     by_worker: dict[str, dict] = {}
     for key, value in data.items():
         by_worker.setdefault(part_workers[part_of(key)], {})[key] = value
     futures = {}
     for address, chunk in by_worker.items():
-        futures.update(client.scatter(chunk, workers=[address], hash=False, broadcast=False))
+        futures.update(
+            client.scatter(
+                chunk, workers=[address], hash=False, broadcast=False, timeout=timeout
+            )
+        )
     return futures
 
 

@@ -33,8 +33,10 @@ from dasknn.model_parallel.comm import (
 from dasknn.model_parallel.faults import (
     StepTimeoutError,
     WorkerLostError,
+    describe_workers,
     lost_error,
     lost_workers,
+    running_workers,
     wait_for_step,
 )
 from dasknn.model_parallel.layout import (
@@ -296,9 +298,16 @@ class DistributedSparseMLP(SparseEstimator):
         blocks = self._feature_blocks(values, layer)
         data = {(f"dasknn-{name}-{self.token}", self._step + 1, m): b for m, b in enumerate(blocks)}
         try:
-            futures = scatter_pinned(self.client, data, self.part_workers, lambda key: key[-1])
+            futures = scatter_pinned(
+                self.client, data, self.part_workers, lambda key: key[-1], self.step_timeout
+            )
         except Exception as exc:
             self._raise_if_lost()
+            if isinstance(exc, TimeoutError):
+                raise StepTimeoutError(
+                    f"the workers did not take the {name} blocks within {self.step_timeout:g} s "
+                    f"(step_timeout): {describe_workers(self.client, self.part_workers)}"
+                ) from None
             raise exc
         return {key[-1]: future for key, future in futures.items()}
 
@@ -653,7 +662,7 @@ class DistributedSparseMLP(SparseEstimator):
         self._generation += 1
         self._step += 1  # no key of an earlier step or data block is used again
         self.client.wait_for_workers(1, timeout=self.step_timeout)
-        workers = sorted(self.client.scheduler_info(n_workers=-1)["workers"])
+        workers = running_workers(self.client)
         self.part_workers = worker_of_parts(workers, self.nparts)
         self._placement = PartPlacement(self.part_workers)
         self.client.register_plugin(ModelState(self.token), name=self.plugin_name)
