@@ -57,10 +57,9 @@ def scatter_pinned(
         by_worker.setdefault(part_workers[part_of(key)], {})[key] = value
     futures = {}
     for address, chunk in by_worker.items():
+        options = {} if timeout is None else {"timeout": timeout}
         futures.update(
-            client.scatter(
-                chunk, workers=[address], hash=False, broadcast=False, timeout=timeout
-            )
+            client.scatter(chunk, workers=[address], hash=False, broadcast=False, **options)
         )
     return futures
 
@@ -127,6 +126,7 @@ def place_network(
     dtype: np.dtype,
     states: dict | None = None,
     generation: int = 0,
+    timeout: float | None = None,
 ) -> Layout:
     """Hand the renumbered weight chunks and biases to the model's plugin on the workers of their
     parts, and scatter the plans beside them.
@@ -150,6 +150,8 @@ def place_network(
     generation : int
         Number of the placement of this model (part of the plans' keys, so a new placement never
         reuses a key whose release may still be under way).
+    timeout : float, optional
+        Seconds the workers may take to accept the plans (``TimeoutError`` after that).
     """
     plans: dict = {}
     values: dict = {}  # worker -> {(k, m): (chunk, bias)}
@@ -171,7 +173,7 @@ def place_network(
         client.run(
             install_parts, token=token, chunks=chunks_here, states=states_here, workers=[address]
         )
-    futures = scatter_pinned(client, plans, part_workers, lambda key: key[-1])
+    futures = scatter_pinned(client, plans, part_workers, lambda key: key[-1], timeout)
     return Layout(token, list(part_workers), shapes, np.dtype(dtype), plan_keys, futures)
 
 

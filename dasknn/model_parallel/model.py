@@ -184,10 +184,16 @@ class DistributedSparseMLP(SparseEstimator):
             client.register_plugin(ModelState(self.token), name=self.plugin_name)
             self._plugins.append(self.plugin_name)
             self._layout = place_network(
-                client, self.token, self.plan, chunks, model.biases, self.part_workers, self.dtype
-            )
-        except BaseException:
+                client, self.token, self.plan, chunks, model.biases, self.part_workers,
+                self.dtype, timeout=self.step_timeout,
+            )  # fmt: skip
+        except BaseException as exc:
             self.close()
+            if isinstance(exc, TimeoutError):
+                raise StepTimeoutError(
+                    f"the workers did not take the model within {self.step_timeout:g} s "
+                    f"(step_timeout): {describe_workers(client, self.part_workers)}"
+                ) from None
             raise
 
     # ------------------------------------------------------------------ basics
@@ -677,6 +683,7 @@ class DistributedSparseMLP(SparseEstimator):
             self.dtype,
             self._part_states(record),
             self._generation,
+            self.step_timeout,
         )
         self.optimizer = record.optimizer
         self._failed = None
