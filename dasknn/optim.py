@@ -13,14 +13,23 @@ kernels of :mod:`dasknn.kernels.optimizers`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from numbers import Real
 
 import numpy as np
 
 from dasknn.kernels.optimizers import adam_update, adam_update_rows, sgd_update
 
-__all__ = ["SGD", "Adam", "AdamW", "Optimizer", "ParamState", "resolve_optimizer"]
+__all__ = [
+    "SGD",
+    "Adam",
+    "AdamW",
+    "Optimizer",
+    "ParamState",
+    "optimizer_config",
+    "optimizer_from_config",
+    "resolve_optimizer",
+]
 
 
 def _number(name: str, value, low: float = 0.0, high: float | None = None) -> float:
@@ -251,3 +260,35 @@ def resolve_optimizer(lr: float | None, optimizer: Optimizer | None) -> Optimize
     if not isinstance(optimizer, Optimizer):
         raise ValueError(f"optimizer must be a dasknn.optim optimizer, got {optimizer!r}")
     return optimizer
+
+
+_OPTIMIZERS = {cls.__name__: cls for cls in (SGD, Adam, AdamW)}
+
+
+def optimizer_config(optimizer: Optimizer) -> dict:
+    """The optimizer as plain JSON data: ``{"name": "Adam", "params": {"lr": ..., ...}}``."""
+    params = asdict(optimizer)
+    if "betas" in params:
+        params["betas"] = list(params["betas"])
+    return {"name": type(optimizer).__name__, "params": params}
+
+
+def optimizer_from_config(config) -> Optimizer:
+    """The optimizer described by :func:`optimizer_config`'s output (hyperparameters checked).
+
+    Raises
+    ------
+    ValueError
+        For an unknown optimizer name, unknown or missing hyperparameters, or invalid values.
+    """
+    if not isinstance(config, dict) or not isinstance(config.get("params"), dict):
+        raise ValueError(f"an optimizer is {{'name': ..., 'params': {{...}}}}, got {config!r}")
+    cls = _OPTIMIZERS.get(config.get("name"))
+    if cls is None:
+        raise ValueError(
+            f"unknown optimizer {config.get('name')!r}; known: {', '.join(_OPTIMIZERS)}"
+        )
+    try:
+        return cls(**config["params"])
+    except TypeError as exc:
+        raise ValueError(f"bad hyperparameters for {cls.__name__}: {exc}") from None

@@ -21,6 +21,7 @@ from dasknn.datasets import (
     parse_radixnet_spec,
 )
 from dasknn.model import SparseMLP
+from dasknn.model.checkpoint import latest_checkpoint
 from dasknn.model_parallel import DistributedSparseMLP
 from dasknn.model_parallel.dashboard import DashboardFeed
 from dasknn.model_parallel.timing import TrainingTimes, time_training
@@ -81,8 +82,34 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--validation-data", type=Path,
         help="score this .npz file (arrays X and y) every epoch",
     )
-    parser.add_argument("--save", type=Path, help="write the trained model to this .npz file")
     parser.add_argument("--json", type=Path, help="write every statistic to this JSON file")
+    parser.add_argument(
+        "--save",
+        type=Path,
+        help="write the trained model (with its optimizer state and partition) to this .npz file",
+    )
+    parser.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        help="write a checkpoint here every --checkpoint-every batches; a lost worker's parts are "
+        "restored from the last one and training goes on",
+    )
+    parser.add_argument(
+        "--checkpoint-every", type=int, help="batches between checkpoints (default: one epoch)"
+    )
+    parser.add_argument(
+        "--resume",
+        type=Path,
+        help="continue from this checkpoint (or the newest in this directory), written by a run "
+        "with the same network, data and options (--epochs may be larger)",
+    )
+    parser.add_argument(
+        "--step-timeout",
+        type=float,
+        default=300.0,
+        help="seconds a step may go without finishing before the run stops, naming the workers "
+        "it waits for (default 300)",
+    )
     parser.add_argument(
         "--reuse-memory",
         action="store_true",
@@ -114,9 +141,22 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError("--steps must be at least 1")
     if args.microbatches is not None and args.microbatches < 1:
         raise ValueError("--microbatches must be at least 1")
+    if args.checkpoint_every is not None and args.checkpoint_every < 1:
+        raise ValueError("--checkpoint-every must be at least 1")
+    if not args.step_timeout > 0:
+        raise ValueError("--step-timeout must be a number of seconds > 0")
     for output in (args.save, args.json):
         if output is not None:
             check_output_path(output)
+    if args.checkpoint_dir is not None:
+        if args.checkpoint_dir.exists() and not args.checkpoint_dir.is_dir():
+            raise NotADirectoryError(f"--checkpoint-dir {str(args.checkpoint_dir)!r} is a file")
+        if not args.checkpoint_dir.absolute().parent.is_dir():
+            raise FileNotFoundError(
+                f"the parent of --checkpoint-dir {args.checkpoint_dir} is missing"
+            )
+    if args.resume is not None and not args.resume.exists():
+        raise FileNotFoundError(f"--resume {str(args.resume)!r} does not exist")
 
 
 def _model_and_data(args: argparse.Namespace) -> tuple[SparseMLP, np.ndarray, np.ndarray]:
@@ -223,8 +263,23 @@ def run(args: argparse.Namespace) -> int:
     if x_held is not None:
         model.score(x_held[:1], y_held[:1])  # the held-out data fit the model (else ValueError)
     print(f"network {args.network}: {model}")
-    partition = graph.partition_network(model.weights, args.parts, args.partition, seed=args.seed)
-    print(f"partition: {args.partition}, P={args.parts} ({partition.seconds:.2f} s)")
+    partition = _checkpoint_partition(args)
+    if partition is None:
+        partition = graph.partition_network(
+            model.weights, args.parts, args.partition, seed=args.seed
+        )
+        print(f"partition: {args.partition}, P={args.parts} ({partition.seconds:.2f} s)")
+    else:
+        print(f"partition: that of the checkpoint {args.resume}, P={args.parts}")
+    fit_options = {
+        "seed": args.seed,
+        "checkpoint": args.checkpoint_dir,
+        "checkpoint_every": args.checkpoint_every,
+        "resume": args.resume,
+    }
+    # A warm-up step (compiling the kernels before timing) would be a step of its own: not in a
+    # run that must match the checkpointed one.
+    warmup = args.checkpoint_dir is None and args.resume is None
     epochs: list[dict] = []
     with ExitStack() as stack:
         client = open_client(stack, target, args.workers, security=security)
@@ -236,6 +291,7 @@ def run(args: argparse.Namespace) -> int:
                 reuse_memory=args.reuse_memory,
                 microbatches=args.microbatches,
                 messages=args.messages,
+                step_timeout=args.step_timeout,
             )
         )
         print(
@@ -261,15 +317,26 @@ def run(args: argparse.Namespace) -> int:
         with DashboardFeed(dist) as feed:
             print(f"dashboard: {feed.url}", flush=True)
             times = time_training(
-                dist, x, y, args.batch_size, args.epochs, args.lr, progress=True,
-                on_epoch=report_epoch,
-            )
+                dist, x, y, args.batch_size, args.epochs, args.lr, warmup=warmup, progress=True,
+                on_epoch=report_epoch, **fit_options,
+            )  # fmt: skip
         print(f"trained {times.batches} batches of {args.batch_size}: {times.format()}")
         print(times.comm.format())
         statistics = _statistics(args, model, partition, dist, times, epochs)
         if args.save is not None:
-            dist.gather().save(args.save)
+            dist.save(args.save)
             print(f"saved the trained model to {args.save}")
     if args.json is not None:
         write_text_atomically(args.json, json.dumps(statistics, indent=2))
     return 0
+
+
+def _checkpoint_partition(args: argparse.Namespace) -> list[np.ndarray] | None:
+    """The partition stored in the ``--resume`` checkpoint, if it has one of ``--parts`` parts
+    (so a resumed run places the neurons as the interrupted one did)."""
+    if args.resume is None:
+        return None
+    _, record, _ = latest_checkpoint(args.resume)
+    if record.partition is None or record.nparts != args.parts:
+        return None
+    return record.partition

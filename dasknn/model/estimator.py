@@ -11,14 +11,27 @@ output layer of a row block is computed.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Self
 
 import numpy as np
 from tqdm.auto import tqdm
 
+from dasknn.model.checkpoint import (
+    Progress,
+    check_checkpoint_every,
+    check_same_model,
+    data_digest,
+    latest_checkpoint,
+    prepare_checkpoint_dir,
+    write_checkpoint,
+)
 from dasknn.model.losses import Loss
+from dasknn.model.persistence import ModelRecord
 from dasknn.model.validation import (
     check_batch_size,
     check_epochs,
@@ -31,6 +44,25 @@ from dasknn.optim import Optimizer, resolve_optimizer
 __all__ = ["SparseEstimator"]
 
 OutputBlocks = Iterable[tuple[np.ndarray, np.ndarray]]
+
+
+@dataclass
+class _Run:
+    """The fixed arguments of one ``fit`` call, and its newest checkpoint."""
+
+    x: np.ndarray
+    y: np.ndarray
+    epochs: int
+    batch_size: int
+    shuffle: bool
+    seed: int
+    progress: bool
+    optimizer: Optimizer
+    record_batches: bool
+    on_epoch: Callable[[int, float], None] | None = None
+    directory: Path | None = None
+    every: int = 1
+    saved: Path | None = None
 
 
 class SparseEstimator:
@@ -67,8 +99,25 @@ class SparseEstimator:
     def _train_batches(
         self, data: Any, batches: list[np.ndarray], optimizer: Optimizer
     ) -> Iterator[float]:
-        """Train on the rows ``batches[i]`` of ``data`` in order; yield each batch's loss."""
+        """Train on the rows ``batches[i]`` of ``data`` in order; yield each batch's loss. When
+        the generator is exhausted no step is running."""
         raise NotImplementedError
+
+    def _identity(self) -> dict:
+        """:func:`~dasknn.model.checkpoint.model_identity` of this model."""
+        raise NotImplementedError
+
+    def _record(self) -> ModelRecord:
+        """The current weights, biases and optimizer state (and placement) as a record."""
+        raise NotImplementedError
+
+    def _restore(self, record: ModelRecord) -> None:
+        """Take the weights, biases and optimizer state of ``record`` (the same network)."""
+        raise NotImplementedError
+
+    def _recoverable(self, error: Exception) -> bool:
+        """Whether ``fit`` may restore its last checkpoint and go on after ``error``."""
+        return False
 
     # ------------------------------------------------------------------ checks
     def _check_xy(self, X, Y) -> tuple[np.ndarray, np.ndarray]:
@@ -90,6 +139,9 @@ class SparseEstimator:
         optimizer: Optimizer | None = None,
         record_batches: bool = False,
         on_epoch: Callable[[int, float], None] | None = None,
+        checkpoint: str | os.PathLike | None = None,
+        checkpoint_every: int | None = None,
+        resume: str | os.PathLike | None = None,
     ) -> Self:
         """Train on minibatches for ``epochs`` passes over ``(X, Y)``, from the current weights.
 
@@ -120,6 +172,18 @@ class SparseEstimator:
         on_epoch : callable, optional
             Called after every epoch with its index (from 0) and its mean loss, such as to
             print it or to score held-out data.
+        checkpoint : path, optional
+            Directory (created if missing) where a checkpoint is written atomically at the start,
+            every ``checkpoint_every`` batches and at the end (the older ones are removed). A
+            distributed model that loses a worker restores the last checkpoint on the workers
+            left and trains on from there.
+        checkpoint_every : int, optional
+            Batches between checkpoints (default: one epoch).
+        resume : path, optional
+            A checkpoint directory (its newest checkpoint) or file written by a ``fit`` call with
+            the same data and arguments (``epochs`` may be larger): its weights, optimizer state
+            and loss curves replace the model's and training goes on from the batch it had
+            reached, to the weights of an uninterrupted run.
 
         Returns
         -------
@@ -130,36 +194,114 @@ class SparseEstimator:
         ------
         ValueError
             Before any update (and, distributed, before anything is scheduled) if ``X``, ``Y``,
-            ``lr``, ``optimizer``, ``batch_size``, ``epochs`` or ``seed`` are malformed.
+            ``lr``, ``optimizer``, ``batch_size``, ``epochs``, ``seed`` or ``checkpoint_every``
+            are malformed, or ``resume`` names a checkpoint of another model, other data or
+            other arguments.
         """
         x, y = self._check_xy(X, Y)
         optimizer = resolve_optimizer(lr, optimizer)
         batch_size, epochs = check_batch_size(batch_size), check_epochs(epochs)
-        rng = np.random.default_rng(seed)
+        np.random.default_rng(seed)  # a bad seed is an error before anything else
+        every = check_checkpoint_every(checkpoint_every, -(-x.shape[0] // batch_size))
+        call = {}
+        if checkpoint is not None or resume is not None:
+            call = {
+                "samples": x.shape[0],
+                "batch_size": batch_size,
+                "shuffle": bool(shuffle),
+                "seed": int(seed),
+                "data": data_digest(x, y),
+            }
+        state = Progress(call)
+        if resume is not None:
+            where, record, state = latest_checkpoint(resume)
+            check_same_model(record, self._identity(), str(where))
+            state.check_call(call, epochs, str(where))
+            trained_with = record.optimizer if state.batches_done else None
+            if trained_with is not None and trained_with != optimizer:
+                raise ValueError(
+                    f"{where}: the checkpoint was trained with {record.optimizer!r}; resume with "
+                    f"the same optimizer, not {optimizer!r}"
+                )
+            self._restore_checkpoint(record, state)
+        directory = prepare_checkpoint_dir(checkpoint) if checkpoint is not None else None
         if epochs == 0:
             return self
-        n = x.shape[0]
-        with self._training_data(x, y) as data:
-            for epoch in range(epochs):
-                batches = epoch_batches(n, batch_size, rng, shuffle)
-                total = 0.0
-                with tqdm(
-                    total=len(batches),
-                    desc=f"epoch {epoch + 1}/{epochs}",
-                    disable=not progress,
-                    leave=True,
-                ) as bar:
-                    losses = self._train_batches(data, batches, optimizer)
-                    for idx, loss in zip(batches, losses, strict=True):
-                        total += loss * len(idx)
-                        if record_batches:
-                            self.batch_loss_curve_.append(loss)
-                        bar.update(1)
-                        bar.set_postfix(loss=f"{loss:.4g}", refresh=False)
-                self.loss_curve_.append(total / n)
-                if on_epoch is not None:
-                    on_epoch(epoch, self.loss_curve_[-1])
-        return self
+        run = _Run(x, y, epochs, batch_size, shuffle, seed, progress, optimizer, record_batches,
+                   on_epoch)
+        run.directory, run.every = directory, every
+        if directory is not None:
+            self._write_checkpoint(run, state)
+        recoveries = 0
+        while True:
+            try:
+                self._run_epochs(run, state)
+                return self
+            except Exception as exc:
+                if run.saved is None or recoveries >= self.max_recoveries:
+                    raise
+                if not self._recoverable(exc):
+                    raise
+                recoveries += 1
+                _, record, state = latest_checkpoint(run.saved)
+                self._restore_checkpoint(record, state)
+
+    #: How many times one ``fit`` call restores its last checkpoint after a recoverable failure.
+    max_recoveries = 3
+
+    def _run_epochs(self, run: _Run, state: Progress) -> None:
+        """Train from ``state`` to the end of the call, writing the checkpoints on the way."""
+        rng = np.random.default_rng(run.seed)
+        with self._training_data(run.x, run.y) as data:
+            for epoch in range(run.epochs):
+                batches = epoch_batches(run.x.shape[0], run.batch_size, rng, run.shuffle)
+                if epoch >= state.epoch:
+                    self._run_epoch(run, state, data, batches)
+
+    def _run_epoch(self, run: _Run, state: Progress, data, batches: list[np.ndarray]) -> None:
+        """The rest of the epoch ``state.epoch``: segments of batches that end where a checkpoint
+        is due (the distributed model has no step in flight between two segments)."""
+        with tqdm(
+            total=len(batches),
+            initial=state.batch,
+            desc=f"epoch {state.epoch + 1}/{run.epochs}",
+            disable=not run.progress,
+            leave=True,
+        ) as bar:
+            epoch = state.epoch
+            while state.epoch == epoch:
+                stop = len(batches)
+                if run.directory is not None:
+                    due = run.every - state.batches_done % run.every
+                    stop = min(stop, state.batch + due)
+                segment = batches[state.batch : stop]
+                losses = self._train_batches(data, segment, run.optimizer)
+                for idx, loss in zip(segment, losses, strict=True):
+                    state.epoch_loss += loss * len(idx)
+                    if run.record_batches:
+                        self.batch_loss_curve_.append(loss)
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{loss:.4g}", refresh=False)
+                state.batch, state.batches_done = stop, state.batches_done + len(segment)
+                if stop == len(batches):
+                    self.loss_curve_.append(state.epoch_loss / run.x.shape[0])
+                    if run.on_epoch is not None:
+                        run.on_epoch(state.epoch, self.loss_curve_[-1])
+                    state.epoch, state.batch, state.epoch_loss = state.epoch + 1, 0, 0.0
+                due = state.batches_done % run.every == 0 or state.epoch == run.epochs
+                if run.directory is not None and due:
+                    self._write_checkpoint(run, state)
+
+    def _write_checkpoint(self, run: _Run, state: Progress) -> None:
+        state.loss_curve = list(self.loss_curve_)
+        state.batch_loss_curve = list(self.batch_loss_curve_)
+        run.saved = write_checkpoint(run.directory, self._record(), state)
+
+    def _restore_checkpoint(self, record: ModelRecord, state: Progress) -> None:
+        """Take the weights, optimizer state and loss curves of a checkpoint."""
+        self._restore(record)
+        self.loss_curve_ = list(state.loss_curve)
+        self.batch_loss_curve_ = list(state.batch_loss_curve)
 
     def partial_fit(
         self,

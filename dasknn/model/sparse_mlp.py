@@ -16,11 +16,8 @@ take and return row blocks, the private ones work on ``(n_k, B)`` arrays.
 from __future__ import annotations
 
 import os
-import zipfile
-import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
-from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
@@ -30,15 +27,14 @@ from dasknn.kernels.training import masked_outer_grad, spmm_backward, spmm_forwa
 from dasknn.model.activations import Activation, get_activation
 from dasknn.model.estimator import SparseEstimator
 from dasknn.model.losses import Loss, get_loss
+from dasknn.model.persistence import ModelRecord, pattern_digest, read_model, write_model
 from dasknn.model.validation import check_batch_size, check_inputs
 from dasknn.optim import Optimizer, ParamState, resolve_optimizer
-from graph.atomic import write_atomically
-from graph.checks import check_csr, csr_from_arrays
+from graph.checks import check_csr
 
 __all__ = ["SparseMLP"]
 
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-_FILE_FORMAT = 1
 
 
 def _as_dtype(dtype) -> np.dtype:
@@ -441,31 +437,52 @@ class SparseMLP(SparseEstimator):
         )
 
     # ------------------------------------------------------------ persistence
-    def save(self, path: str | os.PathLike) -> None:
-        """Write the model to the ``.npz`` file ``path`` (atomically: all or nothing)."""
-        path = Path(path)
-        arrays: dict[str, np.ndarray] = {
-            "format": np.array(_FILE_FORMAT),
-            "n_layers": np.array(self.n_layers),
-            "dtype": np.array(self.dtype.name),
-            "activation": np.array(self.activation.name),
-            "output_activation": np.array(self.output_activation.name),
-            "loss": np.array(self.loss.name),
+    def _identity(self) -> dict:
+        return {
+            "layer_sizes": self.layer_sizes,
+            "pattern": pattern_digest(self.weights),
+            "activation": self.activation.name,
+            "output_activation": self.output_activation.name,
+            "loss": self.loss.name,
+            "dtype": self.dtype.name,
         }
-        for k, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
-            arrays[f"w{k}_shape"] = np.array(w.shape)
-            arrays[f"w{k}_indptr"] = w.indptr
-            arrays[f"w{k}_indices"] = w.indices
-            arrays[f"w{k}_data"] = w.data
-            arrays[f"b{k}"] = b
-        write_atomically(path, lambda handle: np.savez(handle, **arrays))
+
+    def _record(self) -> ModelRecord:
+        """The model as a :class:`~dasknn.model.persistence.ModelRecord` (arrays not copied)."""
+        return ModelRecord(
+            weights=list(self.weights),
+            biases=list(self.biases),
+            activation=self.activation.name,
+            output_activation=self.output_activation.name,
+            loss=self.loss.name,
+            dtype=self.dtype.name,
+            optimizer=self.optimizer,
+            optimizer_state=list(self._optimizer_state) if self.optimizer is not None else [],
+        )
+
+    def _restore(self, record: ModelRecord) -> None:
+        for w, stored in zip(self.weights, record.weights, strict=True):
+            w.data[:] = stored.data
+        for b, stored in zip(self.biases, record.biases, strict=True):
+            b[:] = stored
+        self.optimizer = record.optimizer
+        self._optimizer_state = [
+            (_copy_state(ws), _copy_state(bs)) for ws, bs in record.optimizer_state
+        ]
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the model to the ``.npz`` file ``path`` atomically (all or nothing): weights,
+        biases, activations, loss, dtype, and the optimizer with its state (format of
+        :mod:`dasknn.model.persistence`)."""
+        write_model(path, self._record())
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> SparseMLP:
-        """Read a model written by :meth:`save`.
+        """Read a model (or a checkpoint) written by :meth:`save` or ``fit(checkpoint=...)``,
+        with its optimizer state.
 
         Every layer's arrays are checked (:func:`graph.checks.csr_from_arrays`) before any
-        kernel or scipy routine reads them.
+        kernel or scipy routine reads them. Nothing is unpickled.
 
         Raises
         ------
@@ -473,52 +490,25 @@ class SparseMLP(SparseEstimator):
             If ``path`` does not exist.
         ValueError
             Naming ``path``, if the file is not a model file (not a zip archive, truncated,
-            corrupt) or is incomplete or inconsistent (an index out of range, a decreasing
-            ``indptr``, a value that is not finite, shapes that do not chain).
+            corrupt), has a newer format version, or is incomplete or inconsistent (an index out
+            of range, a decreasing ``indptr``, a value that is not finite, shapes that do not
+            chain, optimizer state that does not fit).
         """
-        path = Path(path)
-        if not path.exists():
-            raise FileNotFoundError(f"model file {path} does not exist")
-        if path.is_dir():
-            raise ValueError(f"{path}: is a directory, not a .npz model file")
+        record = read_model(path)
         try:
-            loaded = np.load(path, allow_pickle=False)
-            if not isinstance(loaded, np.lib.npyio.NpzFile):
-                raise ValueError("a single array, not an .npz archive")
-            with loaded as npz:
-                stored = {key: npz[key] for key in npz.files}
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
-            raise ValueError(f"{path}: not a readable .npz model file: {exc}") from None
-        try:
-            if int(stored["format"]) != _FILE_FORMAT:
-                raise ValueError(f"{path}: unknown model file format {int(stored['format'])}")
-            n_layers = int(stored["n_layers"])
-            if not 1 <= n_layers <= len(stored):
-                raise ValueError(f"{path}: n_layers is {n_layers}, the file cannot hold that")
-            weights, biases = [], []
-            for k in range(n_layers):
-                weights.append(
-                    csr_from_arrays(
-                        stored[f"w{k}_data"],
-                        stored[f"w{k}_indices"],
-                        stored[f"w{k}_indptr"],
-                        stored[f"w{k}_shape"],
-                        name=f"{path}: layer {k + 1}",
-                    )
-                )
-                biases.append(stored[f"b{k}"])
-            return cls(
-                weights,
-                biases,
-                activation=str(stored["activation"]),
-                output_activation=str(stored["output_activation"]),
-                loss=str(stored["loss"]),
-                dtype=str(stored["dtype"]),
+            model = cls(
+                record.weights,
+                record.biases,
+                activation=record.activation,
+                output_activation=record.output_activation,
+                loss=record.loss,
+                dtype=record.dtype,
             )
-        except KeyError as exc:
-            raise ValueError(f"{path}: model file lacks the entry {exc.args[0]!r}") from None
-        except (ValueError, TypeError, OverflowError) as exc:
-            message = str(exc)
-            if not message.startswith(str(path)):
-                message = f"{path}: invalid model file: {message}"
-            raise ValueError(message) from None
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{path}: invalid model file: {exc}") from None
+        model._restore(record)
+        return model
+
+
+def _copy_state(state: ParamState) -> ParamState:
+    return ParamState(step=state.step, arrays={k: v.copy() for k, v in state.arrays.items()})

@@ -27,6 +27,7 @@ from dasknn.model_parallel.worker_state import install_parts, snapshot_bias, sna
 __all__ = [
     "Layout",
     "Snapshot",
+    "chunk_entries",
     "gather_network",
     "place_network",
     "scatter_pinned",
@@ -42,18 +43,24 @@ def worker_of_parts(workers: Sequence[str], nparts: int) -> list[str]:
     return [workers[m % len(workers)] for m in range(nparts)]
 
 
-def scatter_pinned(client, data: dict, part_workers: Sequence[str], part_of) -> dict:
+def scatter_pinned(
+    client, data: dict, part_workers: Sequence[str], part_of, timeout: float | None = None
+) -> dict:
     """Scatter ``{key: value}`` so each value lands on the worker of its part; returns futures.
 
     ``part_of(key)`` names the part of a key. One scatter per worker (values are not hashed: the
-    keys are the given ones).
+    keys are the given ones). A worker that does not take its values within ``timeout`` seconds
+    (stopped, say) raises ``TimeoutError``.
     """
     by_worker: dict[str, dict] = {}
     for key, value in data.items():
         by_worker.setdefault(part_workers[part_of(key)], {})[key] = value
     futures = {}
     for address, chunk in by_worker.items():
-        futures.update(client.scatter(chunk, workers=[address], hash=False, broadcast=False))
+        options = {} if timeout is None else {"timeout": timeout}
+        futures.update(
+            client.scatter(chunk, workers=[address], hash=False, broadcast=False, **options)
+        )
     return futures
 
 
@@ -117,6 +124,9 @@ def place_network(
     biases: Sequence[np.ndarray],
     part_workers: list[str],
     dtype: np.dtype,
+    states: dict | None = None,
+    generation: int = 0,
+    timeout: float | None = None,
 ) -> Layout:
     """Hand the renumbered weight chunks and biases to the model's plugin on the workers of their
     parts, and scatter the plans beside them.
@@ -134,12 +144,20 @@ def place_network(
     biases : sequence of 1-D arrays in the original neuron order
     part_workers : from :func:`worker_of_parts`
     dtype : numpy dtype of the values
+    states : dict, optional
+        ``{(k, m): (optimizer, weight state, bias state)}`` to install beside the chunks (the
+        state arrays in the chunk's order).
+    generation : int
+        Number of the placement of this model (part of the plans' keys, so a new placement never
+        reuses a key whose release may still be under way).
+    timeout : float, optional
+        Seconds the workers may take to accept the plans (``TimeoutError`` after that).
     """
     plans: dict = {}
     values: dict = {}  # worker -> {(k, m): (chunk, bias)}
     plan_keys, shapes = [], []
     for k, layer_chunks in enumerate(chunks, start=1):
-        plan_name = f"dasknn-plan-{token}-{k}"
+        plan_name = f"dasknn-plan-{token}-{k}-g{generation}"
         bias = np.asarray(biases[k - 1], dtype=dtype)[plan.orders[k]]
         offsets = plan.offsets[k]
         for m, chunk in enumerate(layer_chunks):
@@ -149,10 +167,48 @@ def place_network(
             plans[(plan_name, m)] = plan.layers[k - 1][m]
         plan_keys.append([(plan_name, m) for m in range(plan.nparts)])
         shapes.append((int(plan.offsets[k - 1][-1]), tuple(int(c) for c in plan.part_sizes(k))))
+    states = states or {}
     for address, chunks_here in values.items():
-        client.run(install_parts, token=token, chunks=chunks_here, workers=[address])
-    futures = scatter_pinned(client, plans, part_workers, lambda key: key[-1])
+        states_here = {key: states[key] for key in chunks_here if key in states}
+        client.run(
+            install_parts, token=token, chunks=chunks_here, states=states_here, workers=[address]
+        )
+    futures = scatter_pinned(client, plans, part_workers, lambda key: key[-1], timeout)
     return Layout(token, list(part_workers), shapes, np.dtype(dtype), plan_keys, futures)
+
+
+def chunk_entries(pattern, plan: CommPlan) -> list[list[np.ndarray]]:
+    """Where every part's chunk values sit in the original layers' CSR values.
+
+    Parameters
+    ----------
+    pattern : sequence of ``(shape, indptr, indices)``
+        Every layer's CSR structure in the original neuron order (sorted indices).
+    plan : CommPlan
+
+    Returns
+    -------
+    list of list of numpy.ndarray
+        ``entries[k-1][m][i]`` is the position, in the values of the original ``W_k``, of the
+        ``i``-th stored value of part ``m``'s chunk (the chunks of
+        :func:`~dasknn.model_parallel.plan.build_comm_plan`, cut the same way).
+    """
+    entries = []
+    for k, (shape, indptr, indices) in enumerate(pattern, start=1):
+        # Entry ids (from 1, so none is a zero that scipy could drop) renumbered as the values.
+        ids = sp.csr_matrix(
+            (np.arange(1, len(indices) + 1, dtype=np.float64), indices, indptr), shape=shape
+        )
+        renumbered = ids[plan.orders[k - 1]][:, plan.orders[k]]
+        renumbered.sort_indices()
+        offsets = plan.offsets[k]
+        layer = []
+        for m in range(plan.nparts):
+            chunk = sp.csr_matrix(renumbered[:, offsets[m] : offsets[m + 1]])
+            chunk.sort_indices()
+            layer.append(chunk.data.astype(np.int64) - 1)
+        entries.append(layer)
+    return entries
 
 
 def snapshot_network(client, layout: Layout, version: int) -> Snapshot:

@@ -9,6 +9,7 @@ scheduler plugin counts them.
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections import deque
 from collections.abc import Iterator
@@ -16,8 +17,10 @@ from contextlib import ExitStack, contextmanager
 
 import dask
 import numpy as np
+import scipy.sparse as sp
 
 from dasknn.model.estimator import SparseEstimator
+from dasknn.model.persistence import ModelRecord, pattern_digest, write_model
 from dasknn.model.sparse_mlp import SparseMLP
 from dasknn.model.validation import check_batch_size, check_in_flight, check_inputs
 from dasknn.model_parallel.comm import (
@@ -28,9 +31,19 @@ from dasknn.model_parallel.comm import (
     wire_bytes,
 )
 from dasknn.model_parallel.exchange import ActorStepTemplate, Postbox, postbox_key
+from dasknn.model_parallel.faults import (
+    StepTimeoutError,
+    WorkerLostError,
+    describe_workers,
+    lost_error,
+    lost_workers,
+    running_workers,
+    wait_for_step,
+)
 from dasknn.model_parallel.layout import (
     Layout,
     Snapshot,
+    chunk_entries,
     gather_network,
     place_network,
     scatter_pinned,
@@ -43,8 +56,8 @@ from dasknn.model_parallel.steps import StepContext
 from dasknn.model_parallel.taskgraph import PartPlacement, StepPriority, StepTemplate
 from dasknn.model_parallel.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
 from dasknn.model_parallel.worker_memory import ReuseFreedMemory
-from dasknn.model_parallel.worker_state import ModelState, plugin_name
-from dasknn.optim import Optimizer, resolve_optimizer
+from dasknn.model_parallel.worker_state import ModelState, plugin_name, read_parts
+from dasknn.optim import Optimizer, ParamState, resolve_optimizer
 from dasknn.runtime.cluster import open_client
 
 __all__ = ["DistributedSparseMLP"]
@@ -107,7 +120,14 @@ class DistributedSparseMLP(SparseEstimator):
         task per worker and step runs its parts through the layers and posts the messages
         straight to the receiving worker's postbox actor
         (:mod:`dasknn.model_parallel.exchange`). Both take the same steps; forward passes
-        (``predict``, ``score``, ...) always use tasks.
+        (``predict``, ``score``, ...) always use tasks. A model that loses a worker restores its
+        last checkpoint by itself (``fit(checkpoint=...)``) with ``"tasks"`` only; with
+        ``"actors"`` the error stops ``fit`` and ``fit(resume=...)`` goes on.
+    step_timeout : float
+        Seconds a step (or a block of predictions) may go without finishing before it is a
+        :class:`~dasknn.model_parallel.faults.StepTimeoutError` naming the workers it waits for
+        (stopped, paused at their memory limit, or busy). A worker that leaves the cluster is a
+        :class:`~dasknn.model_parallel.faults.WorkerLostError` at once.
 
     Attributes
     ----------
@@ -128,6 +148,11 @@ class DistributedSparseMLP(SparseEstimator):
     -----
     The model holds worker plugins and keys on the cluster until :meth:`close`; use it as a
     context manager (``with DistributedSparseMLP(model, client, partition) as dist:``) to close it.
+
+    After a failed step (a lost worker, a timeout) the workers' values may mix two steps, so the
+    model refuses to run or to :meth:`gather` (a ``RuntimeError`` saying why) until
+    ``fit(..., resume=CHECKPOINT)`` puts a checkpoint back; ``fit(..., checkpoint=DIR)`` does that
+    by itself when a worker is lost.
     """
 
     def __init__(
@@ -140,12 +165,15 @@ class DistributedSparseMLP(SparseEstimator):
         reuse_memory: bool = False,
         microbatches: int | None = None,
         messages: str = "tasks",
+        step_timeout: float = 300.0,
     ) -> None:
         self.microbatches = check_microbatches(microbatches)
         if messages not in ("tasks", "actors"):
             raise ValueError(f"messages must be 'tasks' or 'actors', got {messages!r}")
         self.messages = messages
         parts, nparts = normalize_partition(partition, model.layer_sizes, nparts)
+        if not (isinstance(step_timeout, int | float) and 0 < step_timeout < float("inf")):
+            raise ValueError(f"step_timeout must be a number of seconds > 0, got {step_timeout!r}")
         self._opened = ExitStack()
         client = open_client(self._opened, client)
         workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
@@ -155,7 +183,14 @@ class DistributedSparseMLP(SparseEstimator):
         self.loss = model.loss
         self.dtype = model.dtype
         self.layer_sizes = list(model.layer_sizes)
+        self.step_timeout = float(step_timeout)
         self.token = uuid.uuid4().hex[:16]
+        self._parts = parts
+        self._pattern = [(w.shape, w.indptr.copy(), w.indices.copy()) for w in model.weights]
+        self._pattern_digest = pattern_digest(self._pattern)
+        self._entries: list[list[np.ndarray]] | None = None
+        self._failed: str | None = None
+        self._generation = 0  # placements of the network so far, less one
         self.plan, chunks = build_comm_plan(model.weights, parts, nparts)
         self.part_workers = worker_of_parts(workers, nparts)
         self.plugin_name = plugin_name(self.token)
@@ -183,8 +218,9 @@ class DistributedSparseMLP(SparseEstimator):
             client.register_plugin(ModelState(self.token), name=self.plugin_name)
             self._plugins.append(self.plugin_name)
             self._layout = place_network(
-                client, self.token, self.plan, chunks, model.biases, self.part_workers, self.dtype
-            )
+                client, self.token, self.plan, chunks, model.biases, self.part_workers,
+                self.dtype, timeout=self.step_timeout,
+            )  # fmt: skip
             if messages == "actors":
                 self._postboxes = [
                     client.submit(
@@ -198,8 +234,13 @@ class DistributedSparseMLP(SparseEstimator):
                     for w, address in enumerate(sorted(set(self.part_workers)))
                 ]
                 client.gather(self._postboxes)
-        except BaseException:
+        except BaseException as exc:
             self.close()
+            if isinstance(exc, TimeoutError):
+                raise StepTimeoutError(
+                    f"the workers did not take the model within {self.step_timeout:g} s "
+                    f"(step_timeout): {describe_workers(client, self.part_workers)}"
+                ) from None
             raise
 
     # ------------------------------------------------------------------ basics
@@ -229,6 +270,11 @@ class DistributedSparseMLP(SparseEstimator):
     def _check_open(self) -> None:
         if self._layout is None:
             raise RuntimeError("the distributed model is closed")
+        if self._failed is not None:
+            raise RuntimeError(
+                f"the distributed model is unusable after a failed step ({self._failed}); its "
+                "weights may mix two steps: fit(..., resume=CHECKPOINT) restores a checkpoint"
+            )
 
     def _current_snapshot(self) -> Snapshot:
         self._check_open()
@@ -323,10 +369,17 @@ class DistributedSparseMLP(SparseEstimator):
         blocks = self._feature_blocks(values, layer)
         data = {(f"dasknn-{name}-{self.token}", self._step + 1, m): b for m, b in enumerate(blocks)}
         try:
-            futures = scatter_pinned(self.client, data, self.part_workers, lambda key: key[-1])
+            futures = scatter_pinned(
+                self.client, data, self.part_workers, lambda key: key[-1], self.step_timeout
+            )
         except Exception as exc:
-            self._raise_if_lost(exc)
-            raise
+            self._raise_if_lost()
+            if isinstance(exc, TimeoutError):
+                raise StepTimeoutError(
+                    f"the workers did not take the {name} blocks within {self.step_timeout:g} s "
+                    f"(step_timeout): {describe_workers(self.client, self.part_workers)}"
+                ) from None
+            raise exc
         return {key[-1]: future for key, future in futures.items()}
 
     def _submit(self, dsk: dict, keys: list):
@@ -571,30 +624,153 @@ class DistributedSparseMLP(SparseEstimator):
         return self.client.run(_timings_on_worker, name=self.plugin_name)
 
     def _collect(self, futures) -> list:
-        """Gather a step's results; on failure, free the workers' step state and say why."""
+        """Gather a step's results, watching its workers (:func:`wait_for_step`); on failure,
+        mark the model failed, free the answering workers' step state and say why."""
         try:
+            parts = [future.key[3] for future in futures]
+            wait_for_step(self.client, futures, self.part_workers, parts, self.step_timeout)
             return self.client.gather(futures)
+        except StepTimeoutError as exc:
+            self._failed = str(exc)
+            raise
         except Exception as exc:
+            self._failed = f"{type(exc).__name__}: {exc}"
+            self._raise_if_lost()
             self._clear_workers()
-            self._raise_if_lost(exc)
             raise
 
-    def _raise_if_lost(self, cause: BaseException | None = None) -> None:
-        """Raise ``RuntimeError`` naming the parts whose worker has left the cluster."""
-        alive = set(self.client.scheduler_info(n_workers=-1)["workers"])
-        lost = sorted(set(self.part_workers) - alive)
+    def _raise_if_lost(self) -> None:
+        """Raise :class:`WorkerLostError` naming the parts whose worker has left the cluster."""
+        lost = lost_workers(self.client, self.part_workers)
         if lost:
-            parts = [m for m, w in enumerate(self.part_workers) if w in lost]
-            raise RuntimeError(
-                f"worker(s) {', '.join(lost)} holding parts {parts} of the model were lost, "
-                "and their weights with them; distribute the model again"
-            ) from cause
+            error = lost_error(self.part_workers, lost)
+            self._failed = str(error)
+            raise error from None
 
     def _clear_workers(self) -> None:
         alive = set(self.client.scheduler_info(n_workers=-1)["workers"])
         workers = sorted(alive & set(self.part_workers))
         if workers:
             self.client.run(_clear_on_worker, name=self.plugin_name, workers=workers)
+
+    # ------------------------------------------------------------------ checkpoints
+    def _identity(self) -> dict:
+        return {
+            "layer_sizes": self.layer_sizes,
+            "pattern": self._pattern_digest,
+            "activation": self.activation.name,
+            "output_activation": self.output_activation.name,
+            "loss": self.loss.name,
+            "dtype": self.dtype.name,
+        }
+
+    def _chunk_entries(self) -> list[list[np.ndarray]]:
+        """Per layer and part, the positions of the chunk's stored values in the layer's CSR
+        values (original order); computed on first use."""
+        if self._entries is None:
+            self._entries = chunk_entries(self._pattern, self.plan)
+        return self._entries
+
+    def _record(self) -> ModelRecord:
+        """The weights, biases, optimizer state and partition, read from the workers (between
+        steps), in the original neuron order."""
+        self._check_open()
+        owned: dict = {}
+        for parts in self.client.run(
+            read_parts, token=self.token, workers=sorted(set(self.part_workers))
+        ).values():
+            owned.update(parts)
+        weights, biases, states = [], [], []
+        optimizer = owned[(1, 0)][2]
+        for k, (shape, indptr, indices) in enumerate(self._pattern, start=1):
+            entries = self._chunk_entries()[k - 1]
+            order, offsets = self.plan.orders[k], self.plan.offsets[k]
+            values = np.empty(len(indices), dtype=self.dtype)
+            bias = np.empty(shape[1], dtype=self.dtype)
+            w_state = optimizer.init_state(values) if optimizer else ParamState()
+            b_state = optimizer.init_state(bias) if optimizer else ParamState()
+            for m in range(self.nparts):
+                part_values, part_bias, _, part_w_state, part_b_state = owned[(k, m)]
+                columns = order[offsets[m] : offsets[m + 1]]
+                values[entries[m]] = part_values
+                bias[columns] = part_bias
+                if optimizer is not None:
+                    w_state.step, b_state.step = part_w_state.step, part_b_state.step
+                    for name, array in part_w_state.arrays.items():
+                        w_state.arrays[name][entries[m]] = array
+                    for name, array in part_b_state.arrays.items():
+                        b_state.arrays[name][columns] = array
+            weights.append(sp.csr_matrix((values, indices, indptr), shape=shape))
+            biases.append(bias)
+            states.append((w_state, b_state))
+        return ModelRecord(
+            weights=weights,
+            biases=biases,
+            activation=self.activation.name,
+            output_activation=self.output_activation.name,
+            loss=self.loss.name,
+            dtype=self.dtype.name,
+            optimizer=optimizer,
+            optimizer_state=states if optimizer is not None else [],
+            partition=self._parts,
+            nparts=self.nparts,
+        )
+
+    def _part_states(self, record: ModelRecord) -> dict:
+        """``{(k, m): (optimizer, weight state, bias state)}`` of every chunk, from ``record``."""
+        if record.optimizer is None:
+            return {}
+        states = {}
+        for k, (w_state, b_state) in enumerate(record.optimizer_state, start=1):
+            entries = self._chunk_entries()[k - 1]
+            order, offsets = self.plan.orders[k], self.plan.offsets[k]
+            for m in range(self.nparts):
+                columns = order[offsets[m] : offsets[m + 1]]
+                states[(k, m)] = (
+                    record.optimizer,
+                    ParamState(w_state.step, {n: a[entries[m]] for n, a in w_state.arrays.items()}),
+                    ParamState(b_state.step, {n: a[columns] for n, a in b_state.arrays.items()}),
+                )
+        return states
+
+    def _restore(self, record: ModelRecord) -> None:
+        """Place the weights, biases and optimizer state of ``record`` on the workers there are
+        now (part ``m`` on worker ``m % W``), replacing the model's plugin everywhere."""
+        if self._layout is None:
+            raise RuntimeError("the distributed model is closed")
+        self._snapshot = None
+        self._templates.clear()
+        self._layout.futures.clear()
+        self._generation += 1
+        self._step += 1  # no key of an earlier step or data block is used again
+        self.client.wait_for_workers(1, timeout=self.step_timeout)
+        workers = running_workers(self.client)
+        self.part_workers = worker_of_parts(workers, self.nparts)
+        self._placement = PartPlacement(self.part_workers)
+        self.client.register_plugin(ModelState(self.token), name=self.plugin_name)
+        _, chunks = build_comm_plan(record.weights, self._parts, self.nparts)
+        self._layout = place_network(
+            self.client,
+            self.token,
+            self.plan,
+            chunks,
+            record.biases,
+            self.part_workers,
+            self.dtype,
+            self._part_states(record),
+            self._generation,
+            self.step_timeout,
+        )
+        self.optimizer = record.optimizer
+        self._failed = None
+
+    def _recoverable(self, error: Exception) -> bool:
+        return isinstance(error, WorkerLostError) and self.messages == "tasks"
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the model (weights, biases, optimizer and its state, partition) to the ``.npz``
+        file ``path`` atomically; :meth:`SparseMLP.load` reads it back."""
+        write_model(path, self._record())
 
     def close(self) -> None:
         """Remove everything the model installed on the cluster: its worker plugins (with the

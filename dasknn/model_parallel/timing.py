@@ -79,12 +79,14 @@ def time_training(
     warmup: bool = True,
     progress: bool = False,
     on_epoch: Callable[[int, float], None] | None = None,
+    **fit_options,
 ) -> TrainingTimes:
     """Train ``dist`` on ``(X, Y)`` with :meth:`~DistributedSparseMLP.fit` and time it.
 
     A warm-up step on the first batch (compiling the kernels on the workers) runs first unless
     ``warmup`` is false; measurements (timings and communication) are reset after it.
-    ``on_epoch`` goes to ``fit``; the time it takes is not counted.
+    ``on_epoch`` goes to ``fit`` (the time it takes is not counted), and so do ``fit_options``
+    (checkpoint, resume, ...); the batches counted are those run.
     """
     if warmup:
         dist.train_step(X[:batch_size], Y[:batch_size], lr=lr)
@@ -100,10 +102,11 @@ def time_training(
     start = time.perf_counter()
     dist.fit(
         X, Y, batch_size=batch_size, epochs=epochs, lr=lr, progress=progress,
-        on_epoch=timed_on_epoch if on_epoch is not None else None,
-    )
+        on_epoch=timed_on_epoch if on_epoch is not None else None, **fit_options,
+    )  # fmt: skip
     wall = time.perf_counter() - start - outside
-    batches = epochs * -(-X.shape[0] // batch_size)
+    comm = dist.comm_report()
+    batches = max(comm.batches, 1)
     busiest = max(dist.timings().values(), key=lambda t: sum(t.values()))
     products = (busiest["forward_product"] + busiest["backward_product"]) / batches
     update = busiest["update"] / batches
@@ -119,5 +122,5 @@ def time_training(
         update_background=background,
         pack=pack,
         wait=per_batch - products - pack - (update - background),
-        comm=dist.comm_report(),
+        comm=comm,
     )

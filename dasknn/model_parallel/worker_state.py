@@ -42,6 +42,7 @@ __all__ = [
     "install_parts",
     "model_state",
     "plugin_name",
+    "read_parts",
     "snapshot_bias",
     "snapshot_weight",
 ]
@@ -187,16 +188,36 @@ class ModelState(WorkerPlugin):
         self.layers.clear()
 
     # ---------------------------------------------------------------- parameters
-    def install(self, chunks: dict) -> None:
-        """Own copies of ``{(k, m): (GCXS chunk, bias)}``."""
+    def install(self, chunks: dict, states: dict | None = None) -> None:
+        """Own copies of ``{(k, m): (GCXS chunk, bias)}``, with the optimizer and its state
+        ``{(k, m): (optimizer, weight state, bias state)}`` where given."""
         for (k, m), (chunk, bias) in chunks.items():
+            optimizer, weight_state, bias_state = (states or {}).get((k, m), (None, None, None))
             self.layers[(k, m)] = PartLayer(
                 shape=tuple(chunk.shape),
                 indptr=np.array(chunk.indptr),
                 indices=np.array(chunk.indices),
                 values=np.array(chunk.data),
                 bias=np.array(bias),
+                optimizer=optimizer,
+                weight_state=weight_state,
+                bias_state=bias_state,
             )
+
+    def read(self) -> dict:
+        """Copies of every owned part: ``{(k, m): (values, bias, optimizer, weight state, bias
+        state)}``."""
+        parts = {}
+        for key, layer in list(self.layers.items()):
+            with layer.lock:
+                parts[key] = (
+                    layer.values.copy(),
+                    layer.bias.copy(),
+                    layer.optimizer,
+                    _copy_state(layer.weight_state),
+                    _copy_state(layer.bias_state),
+                )
+        return parts
 
     # ---------------------------------------------------------------- steps
     def part_step(self, step: int, part: int) -> PartStep:
@@ -280,11 +301,24 @@ def model_state(token: str) -> ModelState:
     return get_worker().plugins[plugin_name(token)]
 
 
-def install_parts(dask_worker, token: str, chunks: dict) -> int:
-    """For ``Client.run``: hand ``{(k, m): (GCXS chunk, bias)}`` to the model's plugin on
-    ``dask_worker``, which keeps copies; returns the number of chunks."""
-    dask_worker.plugins[plugin_name(token)].install(chunks)
+def _copy_state(state: ParamState | None) -> ParamState | None:
+    if state is None:
+        return None
+    return ParamState(step=state.step, arrays={k: v.copy() for k, v in state.arrays.items()})
+
+
+def install_parts(dask_worker, token: str, chunks: dict, states: dict | None = None) -> int:
+    """For ``Client.run``: hand ``{(k, m): (GCXS chunk, bias)}`` (and optimizer states, see
+    :meth:`ModelState.install`) to the model's plugin on ``dask_worker``, which keeps copies;
+    returns the number of chunks."""
+    dask_worker.plugins[plugin_name(token)].install(chunks, states)
     return len(chunks)
+
+
+def read_parts(dask_worker, token: str) -> dict:
+    """For ``Client.run``: copies of the parts the model's plugin owns on ``dask_worker`` (see
+    :meth:`ModelState.read`); call it between steps."""
+    return dask_worker.plugins[plugin_name(token)].read()
 
 
 def snapshot_weight(token: str, k: int, m: int) -> sparse.GCXS:

@@ -1,0 +1,96 @@
+"""Soak test: 2,000 training batches at P = 2, with the memory of the workers, the scheduler and the
+client sampled every 100 batches.
+
+After a warm-up (the first ``--warmup`` batches: kernels compiled, buffers and Dask's bounded logs
+filled), the resident memory of every process should grow by less than 1 MiB per 1,000 batches.
+The script prints the samples and, per process, the least-squares growth after the warm-up in MiB
+per 1,000 batches, and the number of events Dask keeps under the transfer topic (a bounded log
+that fills during the warm-up).
+
+Usage::
+
+    flock /tmp/dasknn-tests.lock python benchmarks/soak.py [--batches 2000] [--neurons 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import numpy as np
+import psutil
+from distributed import Client, LocalCluster
+from machine import describe
+
+from dasknn.model import SparseMLP
+from dasknn.model_parallel import DistributedSparseMLP
+from dasknn.runtime.measure import TOPIC
+
+MIB = 2**20
+
+
+def _rss(dask_worker=None, dask_scheduler=None) -> int:
+    return psutil.Process(os.getpid()).memory_info().rss
+
+
+def _events(dask_scheduler) -> int:
+    return len(dask_scheduler.get_events(TOPIC))
+
+
+def _slope(batches: list[int], values: list[float]) -> float:
+    """Least-squares growth of ``values`` (bytes) in MiB per 1,000 batches."""
+    return float(np.polyfit(np.array(batches) / 1000, np.array(values) / MIB, 1)[0])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, default=2000)
+    parser.add_argument("--every", type=int, default=100, help="batches between samples")
+    parser.add_argument("--warmup", type=int, default=500)
+    parser.add_argument("--neurons", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--batch-size", type=int, default=32)
+    args = parser.parse_args()
+    print(describe())
+    model = SparseMLP.radixnet(neurons=args.neurons, layers=args.layers, seed=0)
+    rng = np.random.default_rng(0)
+    rows = args.every * args.batch_size
+    x = rng.uniform(size=(rows, model.n_inputs))
+    y = rng.uniform(size=(rows, model.n_outputs))
+    parts = [rng.integers(0, 2, size=n) for n in model.layer_sizes]
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0"
+    ) as cluster, Client(cluster) as client:
+        with DistributedSparseMLP(model, client, parts) as dist:
+            samples: dict[str, list[float]] = {"client": [], "scheduler": []}
+            done, marks, start = 0, [], time.perf_counter()
+            while done < args.batches:
+                dist.fit(x, y, batch_size=args.batch_size, lr=0.01, progress=False, shuffle=False)
+                done += args.every
+                marks.append(done)
+                for address, rss in client.run(_rss).items():
+                    samples.setdefault(f"worker {address}", []).append(rss)
+                samples["scheduler"].append(client.run_on_scheduler(_rss))
+                samples["client"].append(_rss())
+                print(
+                    f"{done:6d} batches {time.perf_counter() - start:7.1f} s  "
+                    + "  ".join(f"{name.split('//')[-1]} {v[-1] / MIB:7.1f}" for name, v in
+                                samples.items())  # fmt: skip
+                    + f"  transfer events kept {client.run_on_scheduler(_events)}",
+                    flush=True,
+                )
+            wall = time.perf_counter() - start
+    after = [i for i, mark in enumerate(marks) if mark > args.warmup]
+    print(f"\n{args.batches} batches of {args.batch_size} in {wall:.1f} s "
+          f"({wall / args.batches * 1e3:.1f} ms/batch); growth after {args.warmup} batches "
+          "(MiB per 1,000 batches, least squares):")  # fmt: skip
+    for name, values in samples.items():
+        growth = _slope([marks[i] for i in after], [values[i] for i in after])
+        verdict = "ok" if growth < 1.0 else "GROWS"
+        print(f"  {name:32s} {values[after[0]] / MIB:8.1f} -> {values[-1] / MIB:8.1f} MiB  "
+              f"{growth:+7.2f}  {verdict}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

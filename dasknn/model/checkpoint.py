@@ -1,0 +1,210 @@
+"""Checkpoints of a ``fit`` call: where a run stands, written to and found in a directory.
+
+A checkpoint is a model file (:mod:`dasknn.model.persistence`) whose header also holds the
+:class:`Progress` of the ``fit`` call that wrote it: the call's arguments and a digest of its data
+(so a resume with other data or other batches is refused), the epoch and batch reached, the loss
+summed so far in that epoch and the model's loss curves. ``fit(..., checkpoint=DIR)`` writes
+``DIR/checkpoint-{batches:09d}.npz`` atomically and then removes the older ones, so the directory
+always holds one complete checkpoint; ``resume=`` reads the newest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from dasknn.model.persistence import ModelRecord, read_model, write_model
+
+__all__ = [
+    "Progress",
+    "check_checkpoint_every",
+    "check_same_model",
+    "model_identity",
+    "data_digest",
+    "latest_checkpoint",
+    "prepare_checkpoint_dir",
+    "write_checkpoint",
+]
+
+_NAME = re.compile(r"checkpoint-(\d{9})\.npz")
+
+
+def data_digest(x: np.ndarray, y: np.ndarray) -> str:
+    """BLAKE2b digest of the checked training data (values, shapes and dtypes)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for array in (x, y):
+        array = np.ascontiguousarray(array)
+        digest.update(f"{array.dtype.str}{array.shape}".encode())
+        digest.update(array.data)
+    return digest.hexdigest()
+
+
+@dataclass
+class Progress:
+    """Where a ``fit`` call stands.
+
+    Attributes
+    ----------
+    call : dict
+        The call's ``samples``, ``batch_size``, ``shuffle``, ``seed`` and ``data`` (the
+        :func:`data_digest` of ``X`` and ``Y``): a resume must repeat them. It may ask for more
+        epochs (the epochs' orders are drawn one after the other from the seed, so the first ones
+        are those of the shorter call).
+    epoch, batch : int
+        The next batch to train: batch ``batch`` of epoch ``epoch`` (0-based).
+    batches_done : int
+        Batches trained by the call so far.
+    epoch_loss : float
+        Sum over this epoch's trained batches of ``loss * rows``.
+    loss_curve, batch_loss_curve : list of float
+        The model's curves at this point.
+    """
+
+    call: dict
+    epoch: int = 0
+    batch: int = 0
+    batches_done: int = 0
+    epoch_loss: float = 0.0
+    loss_curve: list[float] = field(default_factory=list)
+    batch_loss_curve: list[float] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        """The progress as JSON data."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict, where: str) -> Progress:
+        """The progress stored in a checkpoint; ``ValueError`` naming ``where`` if malformed."""
+        try:
+            progress = cls(**data)
+            numbers = [progress.epoch, progress.batch, progress.batches_done]
+            if not all(isinstance(n, int) and n >= 0 for n in numbers):
+                raise ValueError("epoch, batch and batches_done must be integers >= 0")
+            progress.epoch_loss = float(progress.epoch_loss)
+            progress.loss_curve = [float(v) for v in progress.loss_curve]
+            progress.batch_loss_curve = [float(v) for v in progress.batch_loss_curve]
+            if not isinstance(progress.call, dict):
+                raise ValueError("the call must be a JSON object")
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{where}: malformed training progress: {exc}") from None
+        return progress
+
+    def check_call(self, call: dict, epochs: int, where: str) -> None:
+        """``ValueError`` naming ``where`` unless ``call`` repeats the checkpointed call and asks
+        for at least the epochs already trained."""
+        if epochs < self.epoch:
+            raise ValueError(
+                f"{where}: the checkpoint has trained {self.epoch} epochs, more than the "
+                f"{epochs} asked for"
+            )
+        differ = [
+            f"{name}={call.get(name)!r} (checkpoint: {self.call.get(name)!r})"
+            for name in sorted(set(call) | set(self.call))
+            if call.get(name) != self.call.get(name)
+        ]
+        if differ:
+            what = "data" if differ == [d for d in differ if d.startswith("data=")] else "call"
+            raise ValueError(
+                f"{where}: the checkpoint was written by a fit call with other {what}; resume "
+                f"with the same data and arguments ({'; '.join(differ)})"
+            )
+
+
+def model_identity(record: ModelRecord) -> dict:
+    """What makes two models the same network: layer sizes, pattern digest, activations, loss
+    and dtype."""
+    return {
+        "layer_sizes": record.layer_sizes,
+        "pattern": record.pattern,
+        "activation": record.activation,
+        "output_activation": record.output_activation,
+        "loss": record.loss,
+        "dtype": record.dtype,
+    }
+
+
+def check_same_model(record: ModelRecord, identity: dict, where: str) -> None:
+    """``ValueError`` naming ``where`` unless ``record`` is the network ``identity`` describes
+    (:func:`model_identity`)."""
+    stored = model_identity(record)
+    differ = [name for name in identity if identity[name] != stored[name]]
+    if differ:
+        details = "; ".join(
+            f"{name}: this model {identity[name]!r}, checkpoint {stored[name]!r}"
+            if name != "pattern"
+            else "the sparsity patterns differ"
+            for name in differ
+        )
+        raise ValueError(f"{where}: a checkpoint of another model ({details})")
+
+
+def check_checkpoint_every(every, batches_per_epoch: int) -> int:
+    """Batches between checkpoints: ``every`` (an integer >= 1), default one epoch."""
+    if every is None:
+        return max(batches_per_epoch, 1)
+    if isinstance(every, bool) or not isinstance(every, int | np.integer) or every < 1:
+        raise ValueError(f"checkpoint_every must be an integer >= 1, got {every!r}")
+    return int(every)
+
+
+def prepare_checkpoint_dir(directory: str | os.PathLike) -> Path:
+    """The checkpoint directory, created if missing (its parent must exist).
+
+    Raises
+    ------
+    FileNotFoundError
+        If the parent directory does not exist.
+    NotADirectoryError
+        If ``directory`` is a file.
+    """
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise NotADirectoryError(f"checkpoint directory {str(directory)!r} is a file")
+    if not directory.parent.is_dir():
+        raise FileNotFoundError(f"the parent of checkpoint directory {str(directory)!r} is missing")
+    directory.mkdir(exist_ok=True)
+    return directory
+
+
+def _checkpoints(directory: Path) -> list[Path]:
+    """The checkpoint files of ``directory``, oldest first."""
+    return sorted(p for p in directory.iterdir() if _NAME.fullmatch(p.name))
+
+
+def write_checkpoint(directory: Path, record: ModelRecord, progress: Progress) -> Path:
+    """Write ``record`` with ``progress`` as the newest checkpoint of ``directory`` (atomically),
+    then remove the older ones; returns the file."""
+    record.progress = progress.to_json()
+    path = directory / f"checkpoint-{progress.batches_done:09d}.npz"
+    write_model(path, record)
+    for older in _checkpoints(directory):
+        if older != path:
+            older.unlink(missing_ok=True)
+    return path
+
+
+def latest_checkpoint(source: str | os.PathLike) -> tuple[Path, ModelRecord, Progress]:
+    """Read the newest checkpoint of the directory ``source`` (or the checkpoint file itself).
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``source`` does not exist or the directory holds no checkpoint.
+    ValueError
+        If the file is not a readable checkpoint (naming it).
+    """
+    source = Path(source)
+    if source.is_dir():
+        found = _checkpoints(source)
+        if not found:
+            raise FileNotFoundError(f"no checkpoint-*.npz in {str(source)!r} to resume from")
+        source = found[-1]
+    record = read_model(source)
+    if record.progress is None:
+        raise ValueError(f"{source}: a model file without training progress, not a checkpoint")
+    return source, record, Progress.from_json(record.progress, str(source))

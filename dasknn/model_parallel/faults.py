@@ -1,0 +1,142 @@
+"""Waiting for a step without waiting for ever: lost, retiring, paused and stalled workers.
+
+A step's tasks are pinned to the workers of their parts (``allow_other_workers=False``), so when
+such a worker leaves the cluster (killed, or retired as adaptive scale-down and job-queue
+lifetimes do) its tasks wait in Dask's ``no-worker`` state for ever, and a worker that stops
+answering (``SIGSTOP``, a swapping node) or pauses at its memory limit holds the step up silently.
+:func:`wait_for_step` waits for a step's results and checks the parts' workers every
+:data:`POLL_SECONDS`: a part worker that is gone or closing is a :class:`WorkerLostError`; a step
+that has not finished after ``timeout`` seconds is a :class:`StepTimeoutError` naming the workers
+it waits for, with their state (paused at a memory limit, not heard from for some seconds, or
+running).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from distributed import wait
+
+__all__ = [
+    "POLL_SECONDS",
+    "StepTimeoutError",
+    "WorkerLostError",
+    "describe_worker",
+    "describe_workers",
+    "lost_error",
+    "lost_workers",
+    "running_workers",
+    "wait_for_step",
+]
+
+#: Seconds between two checks of the part workers while a step runs.
+POLL_SECONDS = 0.25
+
+_GONE = ("closing_gracefully", "closing", "closed")
+
+
+class WorkerLostError(RuntimeError):
+    """A worker holding parts of the model left the cluster (or is leaving it)."""
+
+
+class StepTimeoutError(RuntimeError):
+    """A step made no progress within the model's ``step_timeout``."""
+
+
+def _mib(nbytes) -> str:
+    return f"{(nbytes or 0) / 2**20:.0f} MiB"
+
+
+def describe_worker(info: dict | None, now: float) -> str:
+    """The state of a worker from its ``Client.scheduler_info`` entry, in words."""
+    if info is None:
+        return "has left the cluster"
+    status = info.get("status", "running")
+    memory = info.get("metrics", {}).get("memory")
+    limit = info.get("memory_limit")
+    if status == "paused":
+        share = f" ({memory / limit:.0%})" if memory and limit else ""
+        return (
+            f"is paused at its memory limit: {_mib(memory)} used of {_mib(limit)}{share} "
+            "(give the workers more memory or train smaller batches)"
+        )
+    silent = now - info.get("last_seen", now)
+    if silent > 2:
+        return f"has not been heard from for {silent:.0f} s (stopped or overloaded)"
+    return f"is {status}" + (f", {_mib(memory)} used of {_mib(limit)}" if limit else "")
+
+
+def lost_workers(client, part_workers: Sequence[str]) -> list[str]:
+    """The part workers that have left the cluster or are closing."""
+    workers = client.scheduler_info(n_workers=-1)["workers"]
+    return sorted(
+        {w for w in part_workers if w not in workers or workers[w].get("status") in _GONE}
+    )
+
+
+def running_workers(client) -> list[str]:
+    """The addresses of the workers that are not leaving the cluster, sorted."""
+    workers = client.scheduler_info(n_workers=-1)["workers"]
+    return sorted(w for w, info in workers.items() if info.get("status") not in _GONE)
+
+
+def lost_error(part_workers: Sequence[str], lost: Sequence[str]) -> WorkerLostError:
+    """The error naming the parts whose workers are ``lost``."""
+    parts = [m for m, w in enumerate(part_workers) if w in lost]
+    return WorkerLostError(
+        f"worker(s) {', '.join(lost)} holding parts {parts} of the model left the cluster, and "
+        "their weights with them; fit(checkpoint=DIR) restores the last checkpoint and goes on"
+    )
+
+
+def wait_for_step(
+    client, futures: list, part_workers: Sequence[str], parts: Sequence[int], timeout: float
+) -> None:
+    """Wait until every future of a step is finished (done or failed).
+
+    Parameters
+    ----------
+    client : distributed.Client
+    futures : list of Future
+        The step's results.
+    part_workers : sequence of str
+        The worker of every part.
+    parts : sequence of int
+        The part each future belongs to (to name the workers a step waits for).
+    timeout : float
+        Seconds after which an unfinished step is an error.
+
+    Raises
+    ------
+    WorkerLostError
+        As soon as a part worker has left the cluster or is closing.
+    StepTimeoutError
+        After ``timeout`` seconds, naming the workers whose results are missing and their state.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            wait(futures, timeout=min(POLL_SECONDS, max(deadline - time.monotonic(), 0.01)))
+            return
+        except TimeoutError:
+            pass
+        lost = lost_workers(client, part_workers)
+        if lost:
+            raise lost_error(part_workers, lost)
+        if time.monotonic() >= deadline:
+            break
+    waiting = sorted({part_workers[m] for f, m in zip(futures, parts, strict=True) if not f.done()})
+    raise StepTimeoutError(
+        f"a training or inference step made no progress for {timeout:g} s (step_timeout): "
+        f"{describe_workers(client, waiting) or 'no worker named'}"
+    )
+
+
+def describe_workers(client, addresses: Sequence[str]) -> str:
+    """``worker ADDRESS STATE; ...`` for the distinct ``addresses`` (:func:`describe_worker`)."""
+    workers = client.scheduler_info(n_workers=-1)["workers"]
+    now = time.time()
+    return "; ".join(
+        f"worker {w} {describe_worker(workers.get(w), now)}" for w in sorted(set(addresses))
+    )

@@ -1,0 +1,220 @@
+"""Workers that come and go during ``fit``: killed (SIGKILL), stopped (SIGSTOP), retired, or paused
+at their memory limit, on real LocalCluster worker processes. A run either restores its last
+checkpoint and ends with the weights of an uninterrupted run (checked against the independent
+float64 reference), or stops with a clear error; it never waits for ever and never hands out
+weights that mix two steps."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import dask
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from distributed import Client, LocalCluster
+from model_reference import DenseReference
+
+from dasknn.cli import main
+from dasknn.model import SparseMLP
+from dasknn.model_parallel import DistributedSparseMLP
+from dasknn.model_parallel.faults import StepTimeoutError, WorkerLostError
+
+LR = 0.05
+
+
+def _model() -> SparseMLP:
+    rng = np.random.default_rng(0)
+    sizes = [16, 24, 20, 6]
+    weights = []
+    for k in range(3):
+        w = sp.random(sizes[k], sizes[k + 1], density=0.4, format="csr", random_state=rng)
+        w.data = rng.uniform(-1, 1, size=w.nnz)
+        weights.append(w)
+    biases = [rng.uniform(-0.2, 0.2, size=n) for n in sizes[1:]]
+    return SparseMLP(weights, biases, activation="sigmoid", loss="mse")
+
+
+def _data(rows: int = 240) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(1)
+    return rng.uniform(size=(rows, 16)), rng.uniform(size=(rows, 6))
+
+
+def _parts(model: SparseMLP) -> list[np.ndarray]:
+    rng = np.random.default_rng(2)
+    return [rng.integers(0, 2, size=n) for n in model.layer_sizes]
+
+
+def _reference_weights(x, y, batch_size: int, epochs: int) -> DenseReference:
+    """Plain SGD in dense float64 numpy over the batches ``fit`` draws (seed 0, shuffled)."""
+    model = _model()
+    reference = DenseReference(model.weights, model.biases, "sigmoid", "sigmoid", "mse")
+    rng = np.random.default_rng(0)
+    for _ in range(epochs):
+        order = rng.permutation(x.shape[0])
+        for start in range(0, x.shape[0], batch_size):
+            rows = order[start : start + batch_size]
+            reference.step(x[rows], y[rows], LR)
+    return reference
+
+
+def _assert_reference(trained: SparseMLP, reference: DenseReference) -> None:
+    for k in range(trained.n_layers):
+        np.testing.assert_allclose(trained.weights[k].toarray(), reference.W[k], atol=1e-12)
+        np.testing.assert_allclose(trained.biases[k], reference.b[k], atol=1e-12)
+
+
+def _when_checkpoint(directory, batches: int, action) -> threading.Thread:
+    """Run ``action()`` in a thread once ``directory`` holds a checkpoint of ``batches`` or more
+    batches (training then is in full swing)."""
+
+    def watch():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            names = [p.name for p in directory.iterdir()] if directory.exists() else []
+            if any(name >= f"checkpoint-{batches:09d}" for name in names):
+                action()
+                return
+            time.sleep(0.005)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.fixture
+def cluster():
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+    ) as cluster, Client(cluster) as client:
+        yield cluster, client
+
+
+def _pids(client) -> dict[str, int]:
+    return client.run(os.getpid)
+
+
+def test_killed_worker_is_restored_from_the_checkpoint(cluster, tmp_path):
+    _, client = cluster
+    x, y = _data()
+    model = _model()
+    with DistributedSparseMLP(model, client, _parts(model), step_timeout=30) as dist:
+        dist.fit(x[:8], y[:8], batch_size=8, lr=0.0, progress=False)  # compile on the workers
+        victim = max(_pids(client).items())
+        killed = _when_checkpoint(tmp_path, 10, lambda: os.kill(victim[1], signal.SIGKILL))
+        dist.fit(x, y, batch_size=8, epochs=2, lr=LR, progress=False, checkpoint=tmp_path,
+                 checkpoint_every=5)  # fmt: skip
+        killed.join()
+        assert victim[0] not in dist.part_workers  # the parts moved
+        trained = dist.gather()
+    _assert_reference(trained, _reference_weights(x, y, 8, 2))
+
+
+def test_retired_worker_without_checkpoint_is_a_clear_error_then_with_one_is_restored(
+    cluster, tmp_path
+):
+    local, client = cluster
+    x, y = _data()
+    model = _model()
+    with DistributedSparseMLP(model, client, _parts(model), step_timeout=30) as dist:
+        dist.fit(x[:8], y[:8], batch_size=8, lr=0.0, progress=False)
+        first = dist.part_workers[1]
+        retire = threading.Timer(0.5, lambda: client.retire_workers([first]))
+        retire.start()
+        start = time.monotonic()
+        with pytest.raises(WorkerLostError, match=f"{first} holding parts \\[1\\]"):
+            dist.fit(x, y, batch_size=8, epochs=50, lr=LR, progress=False)
+        assert time.monotonic() - start < 20
+        retire.join()
+        with pytest.raises(RuntimeError, match="unusable after a failed step"):
+            dist.gather()  # not weights that mix two steps
+
+    local.scale(3)  # at least two workers again, whether the spec still counts the retired one
+    client.wait_for_workers(2, timeout=30)
+    model = _model()
+    with DistributedSparseMLP(model, client, _parts(model), step_timeout=30) as dist:
+        leaving = dist.part_workers[0]
+        retired = _when_checkpoint(tmp_path, 10, lambda: client.retire_workers([leaving]))
+        dist.fit(x, y, batch_size=8, epochs=2, lr=LR, progress=False, checkpoint=tmp_path,
+                 checkpoint_every=5)  # fmt: skip
+        retired.join()
+        assert set(dist.part_workers) == set(client.scheduler_info()["workers"])
+        assert leaving not in dist.part_workers
+        trained = dist.gather()
+    _assert_reference(trained, _reference_weights(x, y, 8, 2))
+
+
+def test_stopped_worker_is_reported_after_the_step_timeout(cluster):
+    _, client = cluster
+    x, y = _data()
+    model = _model()
+    with DistributedSparseMLP(model, client, _parts(model), step_timeout=2) as dist:
+        dist.fit(x[:8], y[:8], batch_size=8, lr=0.0, progress=False)
+        address, pid = max(_pids(client).items())
+        stop = threading.Timer(0.5, lambda: os.kill(pid, signal.SIGSTOP))
+        stop.start()
+        try:
+            start = time.monotonic()
+            with pytest.raises(StepTimeoutError, match=f"no progress for 2 s .*{address}"):
+                dist.fit(x, y, batch_size=8, epochs=100, lr=LR, progress=False)
+            assert time.monotonic() - start < 8
+            with pytest.raises(RuntimeError, match="unusable after a failed step"):
+                dist.gather()
+        finally:
+            stop.join()
+            os.kill(pid, signal.SIGCONT)
+
+
+def test_paused_worker_is_an_error_naming_the_memory_limit(tmp_path):
+    """Workers whose memory limit lies below what a worker process with dasknn loaded takes
+    (about 200 MiB here): Dask pauses them; the run stops with an error naming the limit."""
+    limits = {
+        "distributed.worker.memory.target": False,
+        "distributed.worker.memory.spill": False,
+        "distributed.worker.memory.pause": 0.5,
+        "distributed.worker.memory.terminate": False,
+        "distributed.worker.memory.monitor-interval": "20ms",
+    }
+    with dask.config.set(limits), LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
+        memory_limit="200 MiB", local_directory=tmp_path,
+    ) as cluster, Client(cluster) as client:  # fmt: skip
+        x, y = _data()
+        model = _model()
+        start = time.monotonic()
+        with pytest.raises(StepTimeoutError, match="paused at its memory limit: .* of 200 MiB"):
+            # Placing the model (the workers pause as dasknn loads) or its first step.
+            with DistributedSparseMLP(model, client, _parts(model), step_timeout=3) as dist:
+                dist.fit(x, y, batch_size=8, lr=LR, progress=False)
+        assert time.monotonic() - start < 10
+
+
+def test_cli_reports_a_lost_worker_in_one_line(cluster, capsys):
+    _, client = cluster
+    pids = _pids(client)
+
+    def kill_once_training():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            plugins = client.run(lambda dask_worker: list(dask_worker.plugins))
+            names = [name for names in plugins.values() for name in names]
+            if any(name.startswith("dasknn-model-") for name in names):
+                time.sleep(0.5)
+                os.kill(max(pids.items())[1], signal.SIGKILL)
+                return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_once_training, daemon=True)
+    killer.start()
+    argv = [
+        "train", "radixnet:32:2", "--parts", "2", "--partition", "random", "--steps", "3000",
+        "--batch-size", "4", "--scheduler", client.scheduler.address,
+    ]  # fmt: skip
+    assert main(argv) == 2
+    killer.join()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("dasknn train: error: worker(s) tcp://") and "left the cluster" in err
