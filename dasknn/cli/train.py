@@ -219,7 +219,11 @@ def _statistics(args, model, partition, dist, times: TrainingTimes, epochs: list
         "layer_sizes": list(model.layer_sizes),
         "activation": model.activation.name,
         "loss": model.loss.name,
-        "partition": {"method": args.partition, "parts": args.parts, "seconds": partition.seconds},
+        "partition": {
+            "method": args.partition if args.resume is None else f"checkpoint {args.resume}",
+            "parts": args.parts,
+            "seconds": getattr(partition, "seconds", 0.0),
+        },
         "workers": len(set(dist.part_workers)),
         "batch_size": args.batch_size,
         "epochs": epochs,
