@@ -629,15 +629,7 @@ class DistributedSparseMLP(SparseEstimator):
         try:
             parts = [future.key[3] for future in futures]
             wait_for_step(self.client, futures, self.part_workers, parts, self.step_timeout)
-            try:  # a worker stopped after its results were made would block a plain gather
-                return [future.result(timeout=self.step_timeout) for future in futures]
-            except TimeoutError:
-                waiting = [self.part_workers[m] for m in parts]
-                raise StepTimeoutError(
-                    f"a training or inference step made no progress for {self.step_timeout:g} s "
-                    f"(step_timeout) fetching its results: "
-                    f"{describe_workers(self.client, waiting)}"
-                ) from None
+            return self.client.gather(futures)
         except StepTimeoutError as exc:
             self._failed = str(exc)
             raise
