@@ -129,13 +129,7 @@ def adam_update_rows(
     """
     for r in prange(rows.shape[0]):
         i = rows[r]
-        for d in range(param.shape[1]):
-            p = param[i, d] * decay_factor
-            g = grad[i, d]
-            if weight_decay != 0:
-                g = g + weight_decay * p
-            m = beta1 * exp_avg[i, d] + one_minus_beta1 * g
-            v = beta2 * exp_avg_sq[i, d] + one_minus_beta2 * g * g
-            exp_avg[i, d] = m
-            exp_avg_sq[i, d] = v
-            param[i, d] = p - step_size * m / (np.sqrt(v) / bias_correction2_sqrt + eps)
+        adam_update(
+            param[i], grad[i], exp_avg[i], exp_avg_sq[i], beta1, beta2, one_minus_beta1,
+            one_minus_beta2, eps, weight_decay, decay_factor, step_size, bias_correction2_sqrt,
+        )  # fmt: skip
