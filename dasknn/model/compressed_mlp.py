@@ -9,8 +9,7 @@ shape ``(n_in, n_out)``); the estimator API (``fit``, ``partial_fit``, ``score``
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import nullcontext
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -26,7 +25,7 @@ from dasknn.compressed import (
 from dasknn.compressed.memory import CATEGORIES, FORMULAS
 from dasknn.compressed.stack import check_compute
 from dasknn.model.activations import Activation, get_activation
-from dasknn.model.estimator import SparseEstimator
+from dasknn.model.estimator import InProcessEstimator
 from dasknn.model.losses import Loss, get_loss
 from dasknn.model.validation import check_batch_size, check_inputs
 from dasknn.optim import Optimizer, resolve_optimizer
@@ -77,7 +76,7 @@ def split_layers(
     return layers
 
 
-class CompressedMLP(SparseEstimator):
+class CompressedMLP(InProcessEstimator):
     """A pruned fully connected network trained on compressed states, in one process.
 
     Parameters
@@ -260,15 +259,6 @@ class CompressedMLP(SparseEstimator):
         x, y = self._check_xy(X, Y)
         return self._train_batch(x, y, resolve_optimizer(lr, optimizer))
 
-    def _training_data(self, x: np.ndarray, y: np.ndarray) -> nullcontext:
-        return nullcontext((x, y))
-
-    def _train_batches(
-        self, data: tuple[np.ndarray, np.ndarray], batches: list[np.ndarray], optimizer: Optimizer
-    ) -> Iterator[float]:
-        x, y = data
-        for idx in batches:
-            yield self._train_batch(x[idx], y[idx], optimizer)
 
     # ------------------------------------------------------------------ outputs
     def _output(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

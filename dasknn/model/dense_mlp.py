@@ -10,14 +10,13 @@ utilities train a pruned model. :meth:`DenseMLP.prune` gives the compressed mode
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import nullcontext
+from collections.abc import Sequence
 
 import numpy as np
 
 from dasknn.model.activations import Activation, get_activation
 from dasknn.model.compressed_mlp import CompressedMLP
-from dasknn.model.estimator import SparseEstimator
+from dasknn.model.estimator import InProcessEstimator
 from dasknn.model.losses import Loss, get_loss
 from dasknn.model.validation import check_batch_size, check_inputs
 from dasknn.optim import Optimizer, ParamState, resolve_optimizer
@@ -30,7 +29,7 @@ LENET_300_100 = (784, 300, 100, 10)
 MLP_1024_3 = (784, 1024, 1024, 1024, 10)
 
 
-class DenseMLP(SparseEstimator):
+class DenseMLP(InProcessEstimator):
     """A dense multilayer perceptron, optionally with fixed pruning masks.
 
     Parameters
@@ -165,13 +164,6 @@ class DenseMLP(SparseEstimator):
         x, y = self._check_xy(X, Y)
         return self._train_batch(x, y, resolve_optimizer(lr, optimizer))
 
-    def _training_data(self, x, y):
-        return nullcontext((x, y))
-
-    def _train_batches(self, data, batches, optimizer) -> Iterator[float]:
-        x, y = data
-        for idx in batches:
-            yield self._train_batch(x[idx], y[idx], optimizer)
 
     def _output_blocks(self, x: np.ndarray, batch_size: int):
         for start in range(0, x.shape[0], batch_size):

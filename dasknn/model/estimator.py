@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
@@ -390,3 +390,18 @@ class SparseEstimator:
         if self.loss.classification:
             return float(np.mean(self._predictions(blocks) == np.argmax(y, axis=1)))
         return -self._mean_loss(blocks, y)
+
+
+class InProcessEstimator(SparseEstimator):
+    """A :class:`SparseEstimator` that trains in this process: a subclass provides
+    ``_train_batch(x, y, optimizer) -> float`` (one step on checked rows, returning the loss)."""
+
+    def _training_data(self, x: np.ndarray, y: np.ndarray) -> nullcontext:
+        return nullcontext((x, y))
+
+    def _train_batches(
+        self, data: tuple[np.ndarray, np.ndarray], batches: list[np.ndarray], optimizer: Optimizer
+    ) -> Iterator[float]:
+        x, y = data
+        for idx in batches:
+            yield self._train_batch(x[idx], y[idx], optimizer)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
-from contextlib import nullcontext
 
 import numpy as np
 import scipy.sparse as sp
@@ -25,7 +24,7 @@ import scipy.sparse as sp
 from dasknn.datasets.radixnet import radixnet as radixnet_pattern
 from dasknn.kernels.training import masked_outer_grad, spmm_backward, spmm_forward
 from dasknn.model.activations import Activation, get_activation
-from dasknn.model.estimator import SparseEstimator
+from dasknn.model.estimator import InProcessEstimator
 from dasknn.model.losses import Loss, get_loss
 from dasknn.model.persistence import ModelRecord, pattern_digest, read_model, write_model
 from dasknn.model.validation import check_batch_size, check_inputs
@@ -71,7 +70,7 @@ def _init_scale(scale: float | str, fan_in: float, fan_out: float) -> float:
     return scale
 
 
-class SparseMLP(SparseEstimator):
+class SparseMLP(InProcessEstimator):
     """A feed-forward network of sparse layers trained in one process.
 
     It follows the scikit-learn conventions: :meth:`fit` and :meth:`partial_fit` return the
@@ -283,15 +282,6 @@ class SparseMLP(SparseEstimator):
         x, y = self._check_xy(X, Y)
         return self._train_batch(x, y, resolve_optimizer(lr, optimizer))
 
-    def _training_data(self, x: np.ndarray, y: np.ndarray) -> nullcontext:
-        return nullcontext((x, y))
-
-    def _train_batches(
-        self, data: tuple[np.ndarray, np.ndarray], batches: list[np.ndarray], optimizer: Optimizer
-    ) -> Iterator[float]:
-        x, y = data
-        for idx in batches:
-            yield self._train_batch(x[idx], y[idx], optimizer)
 
     def _output_blocks(
         self, x: np.ndarray, batch_size: int
