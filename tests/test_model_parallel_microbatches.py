@@ -23,9 +23,6 @@ from dasknn.model_parallel.taskgraph import StepPriority
 from dasknn.optim import SGD, Adam
 from dasknn.runtime.keys import phase_names, step_key
 
-# Every test but the step-equality one also runs at the minimum versions (.ci/run): at
-# distributed 2025.1.0 a microbatched model's step keys were still held 30 s after close() in
-# two of its cases (not yet explained).
 pytestmark = pytest.mark.minversions
 
 
@@ -65,7 +62,6 @@ def _data(model: SparseMLP, rows: int, seed: int):
         (3, "mse", SGD(lr=0.2, momentum=0.9), "actors"),
     ],
 )
-@pytest.mark.current_versions_only
 def test_microbatched_steps_equal_the_single_process_steps(
     dask_client, microbatches, loss, optimizer, messages
 ):

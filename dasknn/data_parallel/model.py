@@ -18,7 +18,6 @@ from numbers import Integral
 
 import dask
 import numpy as np
-from distributed import wait
 
 from dasknn.data_parallel.hybrid import ARCHITECTURES, Topology, build_step
 from dasknn.data_parallel.report import DataParallelReport
@@ -38,6 +37,7 @@ from dasknn.model.window_estimator import WindowEstimator
 from dasknn.optim import SGD, Optimizer
 from dasknn.runtime.keys import parse_dp_key
 from dasknn.runtime.measure import install_comm_monitor, read_transfers, reset_transfers
+from dasknn.runtime.waiting import wait_at_most
 
 __all__ = ["DataParallelEmbeddingMLP", "data_parallel"]
 
@@ -322,12 +322,9 @@ class DataParallelEmbeddingMLP(WindowEstimator):
     def _run_step(self, ids: np.ndarray, labels: np.ndarray, optimizer: Optimizer) -> float:
         self._check_workers(None)
         futures, graph, unique = self._submit(self._split(ids, labels), optimizer, ids.shape[0])
-        while True:  # a task pinned to a lost worker would wait for ever: look every second
-            try:
-                wait(futures, timeout=1.0)
-                break
-            except TimeoutError:
-                self._check_workers(None)
+        # a task pinned to a lost worker would wait for ever: look every second
+        while not wait_at_most(futures, 1.0):
+            self._check_workers(None)
         try:
             losses = self.client.gather(futures)
         except Exception as exc:

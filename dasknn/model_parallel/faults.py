@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from distributed import wait
+from ..runtime.waiting import wait_at_most
 
 __all__ = [
     "POLL_SECONDS",
@@ -116,11 +116,8 @@ def wait_for_step(
     """
     deadline = time.monotonic() + timeout
     while True:
-        try:
-            wait(futures, timeout=min(POLL_SECONDS, max(deadline - time.monotonic(), 0.01)))
+        if wait_at_most(futures, min(POLL_SECONDS, max(deadline - time.monotonic(), 0.01))):
             return
-        except TimeoutError:
-            pass
         lost = lost_workers(client, part_workers)
         if lost:
             raise lost_error(part_workers, lost)
