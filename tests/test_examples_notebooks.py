@@ -125,3 +125,103 @@ def test_graph_challenge_notebook(tmp_path, dask_client):
     expected = np.flatnonzero(y.any(axis=1)) + 1
     assert 0 < expected.size < 300
     np.testing.assert_array_equal(categories, expected)
+
+
+def test_data_parallel_embeddings_notebook(tmp_path, dask_client):
+    parameters = (
+        "CONTEXT, MAX_VOCAB = 3, 400\nEMBED, HIDDEN = 8, (16,)\nTRAIN = 3000\n"
+        "EPOCHS, BATCH, LR = 1, 500, 3e-3\n"
+        f"CLUSTER = {dask_client.scheduler.address!r}"
+    )
+    probe = (
+        "import json\n"
+        "np.savez('one.npz', one.embedding, *one.dense_variables())\n"
+        "print('RESULT ' + json.dumps({'difference': difference,"
+        " 'exact': {a: r.matches() for a, r in reports.items()},"
+        " 'bytes': {a: r.total() for a, r in reports.items()},"
+        " 'loss': one.loss_curve_, 'choice': search.choice, 'workers': WORKERS,"
+        " 'test': [x_test[:200].tolist(), y_test[:200].tolist()],"
+        " 'perplexity': one.perplexity(x_test[:200], y_test[:200])}))"
+    )
+    result, cells = _execute("data_parallel_embeddings", parameters, probe, tmp_path)
+    assert _images(cells) == 1
+    assert set(result["difference"]) == {"hybrid", "ps", "ar"}
+    assert all(d < 1e-4 for d in result["difference"].values())  # float32, summation order
+    assert all(result["exact"].values()) and all(b > 0 for b in result["bytes"].values())
+    assert 1 <= result["choice"] <= 2 * result["workers"]
+    # the one-process model's held-out perplexity, from its saved values in float64
+    saved = np.load(tmp_path / "one.npz")
+    embedding, *dense = (saved[f"arr_{i}"].astype(np.float64) for i in range(len(saved.files)))
+    x, y = (np.asarray(a) for a in result["test"])
+    h = embedding[x].reshape(len(x), -1)  # the windows' rows, concatenated
+    pairs = list(zip(dense[0::2], dense[1::2], strict=True))  # (weight, bias) per layer
+    for k, (w, b) in enumerate(pairs):
+        h = h @ w + b
+        if k < len(pairs) - 1:
+            h = np.maximum(h, 0)
+    h -= h.max(axis=1, keepdims=True)
+    log_p = h - np.log(np.exp(h).sum(axis=1, keepdims=True))
+    want = float(np.exp(-log_p[np.arange(len(y)), y].mean()))
+    assert result["perplexity"] == pytest.approx(want, rel=1e-4)
+
+
+def test_compressed_training_notebook(tmp_path, dask_client):
+    parameters = (
+        "TRAIN, HELD_OUT = 2000, 500\nDENSE_EPOCHS, SPARSE_EPOCHS, BATCH, LR = 3, 2, 100, 2e-3\n"
+        f"CLUSTER = {dask_client.scheduler.address!r}"
+    )
+    probe = (
+        "import json\n"
+        "np.savez('pruned.npz', *pruned.weights, *pruned.biases)\n"
+        "print('RESULT ' + json.dumps({'sparse': sparse_accuracy, 'dense': dense_accuracy,"
+        " 'pipeline': pipeline_accuracy, 'sparsity': memory.sparsity, 'idle': list(idle.values()),"
+        " 'states': memory.states, 'nnz': memory.nnz}))"
+    )
+    result, cells = _execute("compressed_training", parameters, probe, tmp_path)
+    assert _images(cells) == 1
+    assert result["sparsity"] == pytest.approx(0.9, abs=0.01)
+    assert result["dense"] > 0.75 and result["sparse"] > 0.75 and result["pipeline"] > 0.75
+    assert len(result["idle"]) == 2 and all(0 <= f <= 1 for f in result["idle"])
+    saved = np.load(tmp_path / "pruned.npz")
+    arrays = [saved[f"arr_{i}"].astype(np.float64) for i in range(len(saved.files))]
+    weights, biases = arrays[:3], arrays[3:]
+    assert sum(int(np.count_nonzero(w)) for w in weights) <= result["nnz"]
+    from dasknn.datasets import load_mnist_test
+
+    images, labels = load_mnist_test()
+    h = images[2000:2500].reshape(-1, 784).astype(np.float64) / 255
+    for k, (w, b) in enumerate(zip(weights, biases, strict=True)):
+        h = h @ w + b
+        if k < 2:
+            h = np.maximum(h, 0)
+    accuracy = float(np.mean(h.argmax(axis=1) == labels[2000:2500]))
+    assert result["sparse"] == pytest.approx(accuracy, abs=0.005)
+
+
+def test_sampled_training_notebook(tmp_path, dask_client):
+    parameters = (
+        "SAMPLES, FEATURES, LABELS = 3000, 2000, 3000\nHIDDEN, ACTIVE_FRACTION = 32, 0.05\n"
+        "EPOCHS, BATCH = 2, 128\n"
+        f"CLUSTER = {dask_client.scheduler.address!r}"
+    )
+    probe = (
+        "import json\nimport numpy as np\nimport scipy.sparse as sp\n"
+        "np.savez('sampled.npz', **model.parameters())\n"
+        "sp.save_npz('x_test.npz', sp.csr_matrix(x_test))\n"
+        "sp.save_npz('y_test.npz', sp.csr_matrix(y_test))\n"
+        "print('RESULT ' + json.dumps({'one': one_p1, 'dist': dist_p1,"
+        " 'oracle': data.oracle_precision_at_1, 'measured': measured, 'predicted': predicted}))"
+    )
+    result, cells = _execute("sampled_training", parameters, probe, tmp_path)
+    assert 0 < result["oracle"] <= 1
+    assert result["one"] > 0.01 and result["dist"] > 0.01  # chance: 1 / 3000
+    assert sum(result["measured"].values()) > 0
+    assert set(result["predicted"]) <= set(result["measured"])
+    # precision@1 of the one-process model, from its parameters in float64
+    v = {k: a.astype(np.float64) for k, a in np.load(tmp_path / "sampled.npz").items()}
+    x = sp.load_npz(tmp_path / "x_test.npz").astype(np.float64)
+    y = sp.load_npz(tmp_path / "y_test.npz").tocsr()
+    hidden = np.maximum(x @ v["hidden_weights"] + v["hidden_bias"], 0)
+    top = (hidden @ v["output_weights"].T + v["output_bias"]).argmax(axis=1)
+    hits = [top[i] in y.indices[y.indptr[i] : y.indptr[i + 1]] for i in range(x.shape[0])]
+    assert result["one"] == pytest.approx(np.mean(hits), abs=2 / x.shape[0])
