@@ -21,6 +21,7 @@ from numbers import Integral
 import dask
 import numpy as np
 
+from dasknn.compressed import LossScaler
 from dasknn.model.compressed_mlp import CompressedMLP
 from dasknn.model.estimator import SparseEstimator
 from dasknn.optim import Optimizer, resolve_optimizer
@@ -100,8 +101,8 @@ class PipelineMLP(SparseEstimator):
     Parameters
     ----------
     model : CompressedMLP
-        The pruned model (its weights, biases, precision and compute are copied to the workers;
-        its optimizer state is not).
+        The pruned model (its weights, biases, precision, compute and, for fp16, its loss scale
+        and growth interval are copied; its optimizer state is not).
     client : distributed.Client
     stages : int
         Runs of consecutive layers, ``1 <= stages <= n_layers``; cut to balance the unpruned
@@ -122,8 +123,12 @@ class PipelineMLP(SparseEstimator):
     ------
     ValueError
         Before anything is installed: bad counts, more stages than layers, ``stages *
-        data_parallel`` more than the workers, an unknown schedule, ``precision="fp16"`` (its
-        loss scaling is single-process only).
+        data_parallel`` more than the workers, an unknown schedule.
+
+    Attributes
+    ----------
+    scaler : LossScaler or None
+        fp16's dynamic loss scale (``skipped_steps``: the steps skipped for an overflow).
     """
 
     def __init__(
@@ -148,8 +153,6 @@ class PipelineMLP(SparseEstimator):
                 f"{self.stages} stages for a network of {model.n_layers} layers: at most one per "
                 "layer"
             )
-        if model.precision.loss_scaling:
-            raise ValueError("precision='fp16' (dynamic loss scaling) is single-process only")
         available = sorted(client.scheduler_info(n_workers=-1)["workers"])
         if workers is not None:
             unknown = sorted(set(workers) - set(available))
@@ -166,6 +169,9 @@ class PipelineMLP(SparseEstimator):
         self.dtype = model.dtype
         self.precision = model.precision
         self.compute = model.compute
+        self.scaler = None
+        if model.scaler is not None:
+            self.scaler = LossScaler(model.scaler.scale, model.scaler.growth_interval)
         self.activation = model.activation
         self.output_activation = model.output_activation
         self.layer_shapes = list(model.layer_shapes)
@@ -303,10 +309,16 @@ class PipelineMLP(SparseEstimator):
             rows / x.shape[0],
             self._grad_sizes,
             accumulate_dtype(self.precision.storage),
+            None if self.scaler is None else self.scaler.scale,
         )
+        wanted = graph.loss_keys + graph.update_keys
+        if graph.verdict_key is not None:
+            wanted.append(graph.verdict_key)
         with dask.annotate(workers=graph.placement, allow_other_workers=False):
-            results = self.client.get(graph.tasks, graph.loss_keys + graph.update_keys, sync=True)
+            results = self.client.get(graph.tasks, wanted, sync=True)
         del futures
+        if self.scaler is not None:
+            self.scaler.update(bool(results[-1]))
         self._tokens = graph.collective_tokens
         self._last_rows = x.shape[0]
         self.optimizer = optimizer
@@ -361,6 +373,7 @@ class PipelineMLP(SparseEstimator):
             loss=self.loss,
             precision=self.precision.name,
             compute=self.compute,
+            **({} if self.scaler is None else {"loss_scale": self.scaler.scale}),
         )
 
     def gather(self) -> CompressedMLP:
