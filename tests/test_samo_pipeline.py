@@ -123,9 +123,22 @@ def test_a_distributed_step_equals_the_full_batch_step(client4, stages, replicas
         assert report.pipeline_messages == 2 * (stages - 1) * 4 * replicas
         params = model.nnz + sum(SIZES[1:])
         assert report.allreduce_bytes == 2 * (replicas - 1) * params * 8
-        peaks = {key: value["peak"] for key, value in pipe.step_report().items()}
-        for (s, _), peak in peaks.items():
-            assert peak == (4 if schedule == "gpipe" else min(stages - s, 4))
+        step = pipe.step_report()
+        for (s, _), value in step.items():
+            assert value["peak"] == (4 if schedule == "gpipe" else min(stages - s, 4))
+        breakdown = pipe.idle_breakdown()
+        for d in range(replicas):
+            passes = {s: [e for e in step[(s, d)]["events"] if e[0] in "FB"] for s in range(stages)}
+            assert all(len(events) == 2 * 4 for events in passes.values())
+            span = max(e[3] for v in passes.values() for e in v) - min(
+                e[2] for v in passes.values() for e in v
+            )
+            busy = {s: sum(e[3] - e[2] for e in events) for s, events in passes.items()}
+            for s in range(stages):
+                parts = breakdown[(s, d)]
+                assert parts.idle == pytest.approx(1 - busy[s] / span, abs=1e-12)
+                assert parts.bubble == pytest.approx(1 - max(busy.values()) / span, abs=1e-12)
+                assert parts.idle == pytest.approx(parts.bubble + parts.imbalance, abs=1e-12)
 
 
 def test_bf16_allreduce_sends_the_compressed_16_bit_values(client4):

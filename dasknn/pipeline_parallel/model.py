@@ -32,7 +32,7 @@ from dasknn.pipeline_parallel.taskgraph import accumulate_dtype, build_step
 from dasknn.runtime.keys import pipeline_key
 from dasknn.runtime.measure import install_comm_monitor, read_transfers, reset_transfers
 
-__all__ = ["CommReport", "PipelineMLP"]
+__all__ = ["CommReport", "IdleBreakdown", "PipelineMLP"]
 
 
 def _count(name: str, value, low: int = 1) -> int:
@@ -55,6 +55,34 @@ def _check_bounds(bounds, stages: int, n_layers: int) -> list[tuple[int, int]]:
             f"{n_layers} layers, got {bounds}"
         )
     return bounds
+
+
+@dataclass(frozen=True)
+class IdleBreakdown:
+    """A stage replica's idle fraction of a step, ``idle = bubble + imbalance``.
+
+    The span is the step's forward-backward span of the replica (first pass started to last pass
+    ended, over its stages). The pipeline runs at the pace of its busiest stage, so the bubble
+    (fill and drain, ``(S - 1) / (m + S - 1)`` of the span with equal stages, as SAMO and
+    Narayanan et al. count it) is the busiest stage's idle fraction, the same for every stage of
+    the replica; a less busy stage also waits for the busier one, its imbalance.
+
+    Attributes
+    ----------
+    idle : float
+        Fraction of the span in which the stage ran no pass.
+    bubble : float
+        ``1 - busy_max / span``: the busiest stage's idle fraction.
+    imbalance : float
+        ``(busy_max - busy) / span``: the time this stage waits because another stage is busier.
+    busy : float
+        Seconds of the stage's passes in the step.
+    """
+
+    idle: float
+    bubble: float
+    imbalance: float
+    busy: float
 
 
 @dataclass
@@ -403,6 +431,11 @@ class PipelineMLP(SparseEstimator):
     def idle_fractions(self) -> dict[tuple[int, int], float]:
         """Per stage replica, the fraction of the last step's forward-backward span (first pass
         started to last pass ended, over all stages of its replica) in which it ran no pass."""
+        return {key: parts.idle for key, parts in self.idle_breakdown().items()}
+
+    def idle_breakdown(self) -> dict[tuple[int, int], IdleBreakdown]:
+        """Per stage replica, its idle fraction in the last step split into the pipeline bubble
+        and the stage imbalance (see :class:`IdleBreakdown`)."""
         report = self.step_report()
         out = {}
         for d in range(self.data_parallel):
@@ -411,9 +444,15 @@ class PipelineMLP(SparseEstimator):
             }
             begin = min(e[2] for events in passes.values() for e in events)
             end = max(e[3] for events in passes.values() for e in events)
-            for s, events in passes.items():
-                busy = sum(e[3] - e[2] for e in events)
-                out[(s, d)] = 1.0 - busy / (end - begin)
+            busy = {s: sum(e[3] - e[2] for e in events) for s, events in passes.items()}
+            slowest = max(busy.values())
+            for s in range(self.stages):
+                out[(s, d)] = IdleBreakdown(
+                    idle=1.0 - busy[s] / (end - begin),
+                    bubble=1.0 - slowest / (end - begin),
+                    imbalance=(slowest - busy[s]) / (end - begin),
+                    busy=busy[s],
+                )
         return out
 
     def comm_report(self) -> CommReport:
