@@ -94,7 +94,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--workers",
         type=int,
         default=2,
-        help="local worker processes (with --cluster: the batch jobs' workers to wait for)",
+        help="local worker processes (with --cluster: the batch jobs' workers to wait for); "
+        "--memory-limit shares out this many",
     )
     add_cluster_arguments(parser, parser.add_mutually_exclusive_group())
     add_tls_options(parser)
