@@ -13,7 +13,8 @@ algorithms, not thread counts. Prints markdown tables with the targets of issue 
 - **speed**: a training step (batch 64) of SAMO against the same step without compression
   (dense with mask) and against PyTorch's pruned (masked) model;
 - **bubble**: GPipe with S = 2, m in {2, 4, 8}: each stage's idle fraction against
-  ``(S - 1) / (m + S - 1)``;
+  ``(S - 1) / (m + S - 1)``, split into the bubble (the busiest stage's idle fraction) and each
+  stage's imbalance (``PipelineMLP.idle_breakdown``);
 - **workers**: at a per-worker memory limit where the dense model with a mask needs S = 2, the
   planner's choice for SAMO, with bytes and time per step of both.
 """
@@ -297,6 +298,10 @@ def cluster(workers: int):
     return c, Client(c)
 
 
+def _median(breakdowns, field: str) -> float:
+    return statistics.median(getattr(b, field) for b in breakdowns)
+
+
 def bubble(micro_rows: int = 2048, steps: int = 3) -> None:
     rng = np.random.default_rng(0)
     sizes = (1024,) * 5  # 4 equal layers, 2 per stage
@@ -310,10 +315,11 @@ def bubble(micro_rows: int = 2048, steps: int = 3) -> None:
         f"fp32, microbatches of {micro_rows} rows\n"
     )
     print(
-        "| m | formula (S-1)/(m+S-1) | idle stage 0 | idle stage 1 | within 0.05 | "
+        "| m | formula (S-1)/(m+S-1) | idle stage 0 / 1 | bubble (busiest stage's idle) | "
+        "imbalance stage 0 / 1 | within 0.05: idle 0 / 1, bubble | "
         "busy per microbatch, stage 0 / 1 |"
     )
-    print("| ---: | ---: | ---: | ---: | --- | ---: |")
+    print("| ---: | ---: | ---: | ---: | ---: | --- | ---: |")
     c, client = cluster(2)
     with c, client:
         for m in (2, 4, 8):
@@ -324,22 +330,27 @@ def bubble(micro_rows: int = 2048, steps: int = 3) -> None:
             y = rng.uniform(0, 1, (micro_rows * m, 1024)).astype(np.float32)
             with PipelineMLP(model, client, stages=2, microbatches=m, schedule="gpipe") as pipe:
                 pipe.train_step(x, y, optimizer=Adam())
-                idle, busy = {0: [], 1: []}, {0: [], 1: []}
+                parts = {0: [], 1: []}
                 for _ in range(steps):
                     pipe.train_step(x, y, optimizer=Adam())
-                    for (s, _), value in pipe.idle_fractions().items():
-                        idle[s].append(value)
-                    for (s, _), rep in pipe.step_report().items():
-                        passes = [e[3] - e[2] for e in rep["events"] if e[0] in "FB"]
-                        busy[s].append(sum(passes) / m)
+                    for (s, _), breakdown in pipe.idle_breakdown().items():
+                        parts[s].append(breakdown)
             want = bubble_fraction(2, m)
-            got = [statistics.median(idle[s]) for s in (0, 1)]
-            per = [statistics.median(busy[s]) * 1e3 for s in (0, 1)]
-            ok = ["yes" if abs(g - want) <= 0.05 else "NO" for g in got]
+
+            idle = [_median(parts[s], "idle") for s in (0, 1)]
+            imbalance = [_median(parts[s], "imbalance") for s in (0, 1)]
+            bubble_part = _median(parts[0], "bubble")
+            per = [_median(parts[s], "busy") / m * 1e3 for s in (0, 1)]
+            ok = ["yes" if abs(g - want) <= 0.05 else "NO" for g in (*idle, bubble_part)]
             print(
-                f"| {m} | {want:.3f} | {got[0]:.3f} | {got[1]:.3f} | {ok[0]} / {ok[1]} | "
+                f"| {m} | {want:.3f} | {idle[0]:.3f} / {idle[1]:.3f} | {bubble_part:.3f} | "
+                f"{imbalance[0]:.3f} / {imbalance[1]:.3f} | {' / '.join(ok[:2])}, {ok[2]} | "
                 f"{per[0]:.0f} / {per[1]:.0f} ms |"
             )
+    print(
+        "\n(idle = bubble + imbalance; the bubble is the busiest stage's idle fraction, which the "
+        "formula describes; the imbalance is the time a stage waits because the other is busier)"
+    )
 
 
 def workers(rows: int = 256, microbatches: int = 4, steps: int = 5) -> None:

@@ -13,7 +13,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 from dasknn.model import CompressedMLP
-from dasknn.optim import Adam
+from dasknn.optim import SGD, Adam
 from dasknn.pipeline_parallel import (
     PipelineMLP,
     dense_layer_bytes,
@@ -123,9 +123,22 @@ def test_a_distributed_step_equals_the_full_batch_step(client4, stages, replicas
         assert report.pipeline_messages == 2 * (stages - 1) * 4 * replicas
         params = model.nnz + sum(SIZES[1:])
         assert report.allreduce_bytes == 2 * (replicas - 1) * params * 8
-        peaks = {key: value["peak"] for key, value in pipe.step_report().items()}
-        for (s, _), peak in peaks.items():
-            assert peak == (4 if schedule == "gpipe" else min(stages - s, 4))
+        step = pipe.step_report()
+        for (s, _), value in step.items():
+            assert value["peak"] == (4 if schedule == "gpipe" else min(stages - s, 4))
+        breakdown = pipe.idle_breakdown()
+        for d in range(replicas):
+            passes = {s: [e for e in step[(s, d)]["events"] if e[0] in "FB"] for s in range(stages)}
+            assert all(len(events) == 2 * 4 for events in passes.values())
+            span = max(e[3] for v in passes.values() for e in v) - min(
+                e[2] for v in passes.values() for e in v
+            )
+            busy = {s: sum(e[3] - e[2] for e in events) for s, events in passes.items()}
+            for s in range(stages):
+                parts = breakdown[(s, d)]
+                assert parts.idle == pytest.approx(1 - busy[s] / span, abs=1e-12)
+                assert parts.bubble == pytest.approx(1 - max(busy.values()) / span, abs=1e-12)
+                assert parts.idle == pytest.approx(parts.bubble + parts.imbalance, abs=1e-12)
 
 
 def test_bf16_allreduce_sends_the_compressed_16_bit_values(client4):
@@ -139,6 +152,105 @@ def test_bf16_allreduce_sends_the_compressed_16_bit_values(client4):
         a, b = pipe.replica(0), pipe.replica(1)
         for wa, wb in zip(a.weights, b.weights, strict=True):
             np.testing.assert_array_equal(wa, wb)
+
+
+def storage_dtype(precision):
+    if precision == "fp16":
+        return np.dtype(np.float16)
+    return np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+
+
+def reference_gradients(weights, biases, masks, x, y, storage):
+    """Float64 loss and gradients of the masked ReLU / softmax cross-entropy network at the
+    weights the 16-bit model multiplies with (float32 master values rounded to ``storage``)."""
+    W = [np.where(m, w.astype(np.float32).astype(storage), 0).astype(np.float64)
+         for w, m in zip(weights, masks, strict=True)]  # fmt: skip
+    b = [np.float32(v).astype(np.float64) for v in biases]
+    acts, zs = [x.astype(np.float32).astype(np.float64)], []
+    for k in range(len(W)):
+        zs.append(acts[-1] @ W[k] + b[k])
+        acts.append(zs[-1] if k == len(W) - 1 else np.maximum(zs[-1], 0))
+    z = zs[-1] - zs[-1].max(1, keepdims=True)
+    p = np.exp(z) / np.exp(z).sum(1, keepdims=True)
+    loss = -np.log(p[np.arange(len(y)), y]).mean()
+    delta = (p - np.eye(W[-1].shape[1])[y]) / len(y)
+    grads = [None] * len(W)
+    for k in range(len(W) - 1, -1, -1):
+        grads[k] = ((acts[k].T @ delta) * masks[k], delta.sum(0))
+        if k:
+            delta = (delta @ W[k].T) * (zs[k - 1] > 0)
+    return loss, grads
+
+
+def held_master(pipe, replica):
+    """Per layer, the replica's float32 master weights (dense) and biases."""
+    held = pipe.replica(replica)
+    return held.weights, held.biases
+
+
+@pytest.mark.parametrize(("precision", "tolerance"), [("fp16", 2e-3), ("bf16", 2e-2)])
+def test_a_sixteen_bit_pipeline_step_follows_the_float64_gradient(client4, precision, tolerance):
+    storage = storage_dtype(precision)
+    rng = np.random.default_rng(5)
+    weights = [rng.uniform(-1, 1, (a, b)) for a, b in zip(SIZES[:-1], SIZES[1:], strict=True)]
+    biases = [rng.uniform(-0.1, 0.1, b) for b in SIZES[1:]]
+    masks = magnitude_masks(weights, 0.6)
+    x, y = rng.uniform(0, 1, (16, SIZES[0])), rng.integers(0, SIZES[-1], 16)
+    model = CompressedMLP(weights, masks, biases, precision=precision)
+    want_loss, grads = reference_gradients(weights, biases, masks, x, y, storage)
+    with PipelineMLP(model, client4, stages=2, data_parallel=2, microbatches=2) as pipe:
+        loss = pipe.train_step(x, y, optimizer=SGD(lr=1.0))
+        assert loss == pytest.approx(want_loss, rel=1e-6)  # float32 forward
+        for d in range(2):
+            held_w, held_b = held_master(pipe, d)
+            for k, (gw, gb) in enumerate(grads):
+                # plain SGD with lr 1: the update is minus the gradient the stages accumulated
+                step_w = held_w[k] - np.where(masks[k], weights[k].astype(np.float32), 0)
+                step_b = held_b[k] - biases[k].astype(np.float32)
+                assert np.abs(step_w + gw).max() <= tolerance * np.abs(gw).max(), (k, d)
+                assert np.abs(step_b + gb).max() <= tolerance * np.abs(gb).max(), (k, d)
+                assert (held_w[k][~masks[k]] == 0).all()
+        if precision == "fp16":
+            assert pipe.scaler.skipped_steps == 0 and pipe.scaler.scale == 2.0**16
+        report = pipe.comm_report()
+        assert report.exact and report.allreduce_bytes == 2 * (model.nnz + sum(SIZES[1:])) * 2
+
+
+def test_fp16_overflow_on_one_stage_skips_the_step_on_every_stage(client4):
+    rng = np.random.default_rng(6)
+    weights = [rng.uniform(-1, 1, (a, b)) for a, b in zip(SIZES[:-1], SIZES[1:], strict=True)]
+    weights[-1] *= 1e-4  # stage 0's gradients become far smaller than stage 1's
+    biases = [rng.uniform(-0.1, 0.1, b) for b in SIZES[1:]]
+    masks = magnitude_masks(weights, 0.6, scope="layer")
+    x, y = rng.uniform(0, 1, (16, SIZES[0])), rng.integers(0, SIZES[-1], 16)
+    _, grads = reference_gradients(weights, biases, masks, x, y, np.float16)
+    largest = [max(np.abs(g).max() for g in grads[k]) for k in range(3)]
+    # an initial scale that overflows float16 (65504) on stage 1 (layer 3) by 16x or more while
+    # stage 0 (layers 1, 2) stays 16x below it
+    scale = 2.0 ** np.ceil(np.log2(16 * 65504 / largest[2]))
+    assert scale * max(largest[:2]) < 65504 / 16
+    model = CompressedMLP(weights, masks, biases, precision="fp16", loss_scale=scale)
+    before = model.weights, model.biases
+    with PipelineMLP(
+        model, client4, stages=2, data_parallel=2, microbatches=2, bounds=[(0, 2), (2, 3)]
+    ) as pipe:
+        for skipped in range(1, 4):
+            pipe.train_step(x, y, optimizer=SGD(lr=1.0))
+            assert pipe.scaler.skipped_steps == skipped and pipe.scaler.scale == scale / 2**skipped
+            for d in range(2):
+                held_w, held_b = held_master(pipe, d)
+                for k in range(3):  # no stage replica applied the step
+                    np.testing.assert_array_equal(held_w[k], before[0][k])
+                    np.testing.assert_array_equal(held_b[k], before[1][k])
+        while pipe.scaler.skipped_steps < 8 and pipe.scaler.good_steps == 0:
+            pipe.train_step(x, y, optimizer=SGD(lr=1.0))
+        assert pipe.scaler.good_steps == 1  # the first step applied: the float64 gradient
+        held_w, held_b = held_master(pipe, 1)
+        for k, (gw, gb) in enumerate(grads):
+            step_w = held_w[k] - before[0][k]
+            assert np.abs(step_w + gw).max() <= 2e-3 * np.abs(gw).max(), k
+            assert np.abs(held_b[k] - before[1][k] + gb).max() <= 2e-3 * np.abs(gb).max(), k
+        assert pipe.gather().scaler.scale == pipe.scaler.scale
 
 
 def _pipeline_plugins(dask_worker):
@@ -165,9 +277,6 @@ def test_bad_settings_raise_before_anything_is_installed(client4, kwargs, match)
 
 def test_bad_batches_raise_before_anything_is_scheduled(client4):
     model, x, y = problem()
-    fp16, _, _ = problem(precision="fp16")
-    with pytest.raises(ValueError, match="single-process only"):
-        PipelineMLP(fp16, client4)
     with PipelineMLP(model, client4, stages=2, microbatches=3) as pipe:
         with pytest.raises(ValueError, match="16 rows does not split into .* 3 equal"):
             pipe.train_step(x, y, lr=0.1)

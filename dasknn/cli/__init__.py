@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 __all__ = ["main", "build_parser"]
 
-SUBCOMMANDS = ("partition", "challenge", "train")
+SUBCOMMANDS = ("partition", "challenge", "train", "samo")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,7 +3,7 @@ stages of consecutive layers, GPipe and 1F1B schedules as task-graph dependencie
 allreduce only the unpruned gradients, and the planner that picks stages and replicas from a
 memory limit."""
 
-from dasknn.pipeline_parallel.model import CommReport, PipelineMLP
+from dasknn.pipeline_parallel.model import CommReport, IdleBreakdown, PipelineMLP
 from dasknn.pipeline_parallel.plan import (
     ParallelPlan,
     compressed_layer_bytes,
@@ -16,6 +16,7 @@ from dasknn.pipeline_parallel.schedule import SCHEDULES, bubble_fraction, stage_
 __all__ = [
     "SCHEDULES",
     "CommReport",
+    "IdleBreakdown",
     "ParallelPlan",
     "PipelineMLP",
     "bubble_fraction",

@@ -21,6 +21,7 @@ from numbers import Integral
 import dask
 import numpy as np
 
+from dasknn.compressed import LossScaler
 from dasknn.model.compressed_mlp import CompressedMLP
 from dasknn.model.estimator import SparseEstimator
 from dasknn.optim import Optimizer, resolve_optimizer
@@ -31,7 +32,7 @@ from dasknn.pipeline_parallel.taskgraph import accumulate_dtype, build_step
 from dasknn.runtime.keys import pipeline_key
 from dasknn.runtime.measure import install_comm_monitor, read_transfers, reset_transfers
 
-__all__ = ["CommReport", "PipelineMLP"]
+__all__ = ["CommReport", "IdleBreakdown", "PipelineMLP"]
 
 
 def _count(name: str, value, low: int = 1) -> int:
@@ -54,6 +55,34 @@ def _check_bounds(bounds, stages: int, n_layers: int) -> list[tuple[int, int]]:
             f"{n_layers} layers, got {bounds}"
         )
     return bounds
+
+
+@dataclass(frozen=True)
+class IdleBreakdown:
+    """A stage replica's idle fraction of a step, ``idle = bubble + imbalance``.
+
+    The span is the step's forward-backward span of the replica (first pass started to last pass
+    ended, over its stages). The pipeline runs at the pace of its busiest stage, so the bubble
+    (fill and drain, ``(S - 1) / (m + S - 1)`` of the span with equal stages, as SAMO and
+    Narayanan et al. count it) is the busiest stage's idle fraction, the same for every stage of
+    the replica; a less busy stage also waits for the busier one, its imbalance.
+
+    Attributes
+    ----------
+    idle : float
+        Fraction of the span in which the stage ran no pass.
+    bubble : float
+        ``1 - busy_max / span``: the busiest stage's idle fraction.
+    imbalance : float
+        ``(busy_max - busy) / span``: the time this stage waits because another stage is busier.
+    busy : float
+        Seconds of the stage's passes in the step.
+    """
+
+    idle: float
+    bubble: float
+    imbalance: float
+    busy: float
 
 
 @dataclass
@@ -100,8 +129,8 @@ class PipelineMLP(SparseEstimator):
     Parameters
     ----------
     model : CompressedMLP
-        The pruned model (its weights, biases, precision and compute are copied to the workers;
-        its optimizer state is not).
+        The pruned model (its weights, biases, precision, compute and, for fp16, its loss scale
+        and growth interval are copied; its optimizer state is not).
     client : distributed.Client
     stages : int
         Runs of consecutive layers, ``1 <= stages <= n_layers``; cut to balance the unpruned
@@ -122,8 +151,12 @@ class PipelineMLP(SparseEstimator):
     ------
     ValueError
         Before anything is installed: bad counts, more stages than layers, ``stages *
-        data_parallel`` more than the workers, an unknown schedule, ``precision="fp16"`` (its
-        loss scaling is single-process only).
+        data_parallel`` more than the workers, an unknown schedule.
+
+    Attributes
+    ----------
+    scaler : LossScaler or None
+        fp16's dynamic loss scale (``skipped_steps``: the steps skipped for an overflow).
     """
 
     def __init__(
@@ -148,8 +181,6 @@ class PipelineMLP(SparseEstimator):
                 f"{self.stages} stages for a network of {model.n_layers} layers: at most one per "
                 "layer"
             )
-        if model.precision.loss_scaling:
-            raise ValueError("precision='fp16' (dynamic loss scaling) is single-process only")
         available = sorted(client.scheduler_info(n_workers=-1)["workers"])
         if workers is not None:
             unknown = sorted(set(workers) - set(available))
@@ -166,6 +197,9 @@ class PipelineMLP(SparseEstimator):
         self.dtype = model.dtype
         self.precision = model.precision
         self.compute = model.compute
+        self.scaler = None
+        if model.scaler is not None:
+            self.scaler = LossScaler(model.scaler.scale, model.scaler.growth_interval)
         self.activation = model.activation
         self.output_activation = model.output_activation
         self.layer_shapes = list(model.layer_shapes)
@@ -303,10 +337,16 @@ class PipelineMLP(SparseEstimator):
             rows / x.shape[0],
             self._grad_sizes,
             accumulate_dtype(self.precision.storage),
+            None if self.scaler is None else self.scaler.scale,
         )
+        wanted = graph.loss_keys + graph.update_keys
+        if graph.verdict_key is not None:
+            wanted.append(graph.verdict_key)
         with dask.annotate(workers=graph.placement, allow_other_workers=False):
-            results = self.client.get(graph.tasks, graph.loss_keys + graph.update_keys, sync=True)
+            results = self.client.get(graph.tasks, wanted, sync=True)
         del futures
+        if self.scaler is not None:
+            self.scaler.update(bool(results[-1]))
         self._tokens = graph.collective_tokens
         self._last_rows = x.shape[0]
         self.optimizer = optimizer
@@ -361,6 +401,7 @@ class PipelineMLP(SparseEstimator):
             loss=self.loss,
             precision=self.precision.name,
             compute=self.compute,
+            **({} if self.scaler is None else {"loss_scale": self.scaler.scale}),
         )
 
     def gather(self) -> CompressedMLP:
@@ -390,6 +431,11 @@ class PipelineMLP(SparseEstimator):
     def idle_fractions(self) -> dict[tuple[int, int], float]:
         """Per stage replica, the fraction of the last step's forward-backward span (first pass
         started to last pass ended, over all stages of its replica) in which it ran no pass."""
+        return {key: parts.idle for key, parts in self.idle_breakdown().items()}
+
+    def idle_breakdown(self) -> dict[tuple[int, int], IdleBreakdown]:
+        """Per stage replica, its idle fraction in the last step split into the pipeline bubble
+        and the stage imbalance (see :class:`IdleBreakdown`)."""
         report = self.step_report()
         out = {}
         for d in range(self.data_parallel):
@@ -398,9 +444,15 @@ class PipelineMLP(SparseEstimator):
             }
             begin = min(e[2] for events in passes.values() for e in events)
             end = max(e[3] for events in passes.values() for e in events)
-            for s, events in passes.items():
-                busy = sum(e[3] - e[2] for e in events)
-                out[(s, d)] = 1.0 - busy / (end - begin)
+            busy = {s: sum(e[3] - e[2] for e in events) for s, events in passes.items()}
+            slowest = max(busy.values())
+            for s in range(self.stages):
+                out[(s, d)] = IdleBreakdown(
+                    idle=1.0 - busy[s] / (end - begin),
+                    bubble=1.0 - slowest / (end - begin),
+                    imbalance=(slowest - busy[s]) / (end - begin),
+                    busy=busy[s],
+                )
         return out
 
     def comm_report(self) -> CommReport:

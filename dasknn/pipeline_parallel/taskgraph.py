@@ -6,7 +6,10 @@ stage ``s > 0`` reads the ``fwd`` key of stage ``s - 1`` (one message), a backwa
 ``s < S - 1`` the ``bwd`` key of stage ``s + 1`` (one message). With ``D > 1`` replicas, each
 stage's accumulated compressed gradients (one flat buffer in the storage dtype) are summed across
 its replicas by the runtime's allreduce (:func:`dasknn.runtime.collectives.build_allreduce`,
-summed in float32 for 16-bit storage), and every replica applies the same update.
+summed in float32 for 16-bit storage), and every replica applies the same update. With fp16's
+dynamic loss scaling, every stage replica checks its (summed) gradient for inf / NaN, stage 0 of
+replica 0 combines the flags, and every update task reads the verdict: a step is applied on every
+stage replica or skipped on all of them.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class StepGraph:
     update_keys: list
     placement: Placement
     collective_tokens: list
+    verdict_key: tuple | None = None
 
 
 def build_step(
@@ -68,6 +72,7 @@ def build_step(
     scale: float,
     grad_sizes: list[int],
     accumulate,
+    loss_scale: float | None = None,
 ) -> StepGraph:
     """Build the step: the inputs are the keys ``pipeline_key(token, "x", step, 0, d, u)`` on
     stage 0's workers and ``pipeline_key(token, "y", step, S - 1, d, u)`` on the last stage's.
@@ -82,6 +87,10 @@ def build_step(
         Length of each stage's gradient buffer.
     accumulate : numpy dtype
         The dtype the allreduce sums in.
+    loss_scale : float, optional
+        fp16's dynamic loss scale: the output deltas are multiplied by it, the updates divide
+        it out, and a step whose gradients overflow anywhere is skipped everywhere (the verdict
+        is the value of ``verdict_key``).
     """
     tasks: dict = {}
     loss_keys, update_keys, tokens, collectives = [], [], [], {}
@@ -100,7 +109,16 @@ def build_step(
                         labels = TaskRef(pipeline_key(token, "y", step, s, d, u))
                         loss_keys.append(key)
                     tasks[key] = Task(
-                        key, ws.forward_pass, token, step, u, scale, inputs, labels, after
+                        key,
+                        ws.forward_pass,
+                        token,
+                        step,
+                        u,
+                        scale,
+                        1.0 if loss_scale is None else loss_scale,
+                        inputs,
+                        labels,
+                        after,
                     )
                 else:
                     key = pipeline_key(token, "bwd", step, s, d, u)
@@ -110,6 +128,7 @@ def build_step(
                     tasks[key] = Task(key, ws.backward_pass, token, step, u, incoming, after)
                 previous = key
             last_pass[(s, d)] = previous
+    summed_by_stage = []
     for s in range(stages):
         summed = [None] * replicas
         if replicas > 1:
@@ -124,12 +143,34 @@ def build_step(
             summed = [TaskRef(k) for k in graph.outputs]
             tokens.append(name)
             collectives[name] = s
+        summed_by_stage.append(summed)
+    apply, verdict = True, None
+    if loss_scale is not None:
+        flags = []
+        for s in range(stages):
+            for d in range(replicas):
+                key = pipeline_key(token, "finite", step, s, d)
+                after = TaskRef(last_pass[(s, d)])
+                tasks[key] = Task(
+                    key, ws.gradients_finite, token, step, summed_by_stage[s][d], after
+                )
+                flags.append(TaskRef(key))
+        verdict = pipeline_key(token, "verdict", step, 0, 0)
+        tasks[verdict] = Task(verdict, ws.all_finite, *flags)
+        apply = TaskRef(verdict)
+    inv_scale = 1.0 if loss_scale is None else 1.0 / loss_scale
+    for s in range(stages):
         for d in range(replicas):
             key = pipeline_key(token, "update", step, s, d)
             after = TaskRef(last_pass[(s, d)])
-            tasks[key] = Task(key, ws.update, token, step, optimizer, summed[d], after)
+            summed = summed_by_stage[s][d]
+            tasks[key] = Task(
+                key, ws.update, token, step, optimizer, summed, inv_scale, apply, after
+            )
             update_keys.append(key)
-    return StepGraph(tasks, loss_keys, update_keys, Placement(workers, collectives), tokens)
+    return StepGraph(
+        tasks, loss_keys, update_keys, Placement(workers, collectives), tokens, verdict
+    )
 
 
 def accumulate_dtype(storage: np.dtype) -> np.dtype:

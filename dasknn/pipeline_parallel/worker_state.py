@@ -24,9 +24,11 @@ from dasknn.model.compressed_mlp import nonfinite_loss_error
 
 __all__ = [
     "StageState",
+    "all_finite",
     "backward_pass",
     "forward_pass",
     "gradient",
+    "gradients_finite",
     "install_stage",
     "plugin_name",
     "read_step",
@@ -90,14 +92,17 @@ def install_stage(dask_worker, token: str, spec: dict) -> int:
     return sum(layer.nnz for layer in state.stack.layers)
 
 
-def forward_pass(token: str, step: int, microbatch: int, scale: float, inputs, labels, after):
+def forward_pass(
+    token: str, step: int, microbatch: int, scale: float, loss_scale: float, inputs, labels, after
+):
     """Forward pass of one microbatch through the stage.
 
     ``inputs`` are the feature-major inputs of the stage (the microbatch's samples on stage 0,
     the previous stage's activations after it). The last stage computes the loss and the output
-    delta (times ``scale``, the microbatch's share of the batch) and returns the loss times
-    ``scale``; the others return their activations, the message to the next stage. ``after`` is
-    the stage's previous pass in the schedule (only ordered after, not read).
+    delta (times ``scale``, the microbatch's share of the batch, and ``loss_scale``, fp16's
+    dynamic loss scale, 1 otherwise) and returns the loss times ``scale``; the others return their
+    activations, the message to the next stage. ``after`` is the stage's previous pass in the
+    schedule (only ordered after, not read).
     """
     state = _state(token)
     start = time.perf_counter()
@@ -112,7 +117,7 @@ def forward_pass(token: str, step: int, microbatch: int, scale: float, inputs, l
         if not np.isfinite(value):
             raise nonfinite_loss_error(step, value, [a for _, a in layers], state.first_layer)
         delta = state.loss.output_delta(z_last, a_last, labels, state.output_activation)
-        delta *= scale
+        delta *= scale * loss_scale
         state.deltas[(step, microbatch)] = np.ascontiguousarray(delta.T)
         result = value * scale
     else:
@@ -147,14 +152,30 @@ def gradient(token: str, step: int, after) -> np.ndarray:
     return _state(token).stack.grad.copy()
 
 
-def update(token: str, step: int, optimizer, summed, after) -> int:
+def gradients_finite(token: str, step: int, summed, after) -> bool:
+    """Whether the stage's gradient is finite (fp16's overflow check): the allreduced ``summed``
+    with replicas, the stage's accumulated buffer otherwise."""
+    if summed is None:
+        return _state(token).stack.gradients_finite()
+    return bool(np.isfinite(summed.astype(np.float32)).all())
+
+
+def all_finite(*flags: bool) -> bool:
+    """Whether every stage replica's gradient is finite: the step is applied everywhere or
+    nowhere."""
+    return all(flags)
+
+
+def update(token: str, step: int, optimizer, summed, inv_scale: float, apply: bool, after) -> int:
     """The optimizer step of the stage, from the allreduced gradient ``summed`` (or the stage's
-    own with one replica)."""
+    own with one replica) times ``inv_scale`` (fp16: one over the loss scale); nothing when
+    ``apply`` is false (fp16: a gradient overflowed somewhere, the step is skipped)."""
     state = _state(token)
     start = time.perf_counter()
-    if summed is not None:
-        state.stack.grad[...] = summed
-    state.stack.apply(optimizer)
+    if apply:
+        if summed is not None:
+            state.stack.grad[...] = summed
+        state.stack.apply(optimizer, inv_scale)
     state.record(step, "U", -1, start)
     return step
 

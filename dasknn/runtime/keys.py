@@ -13,7 +13,8 @@ between workers in ``messages="actors"`` mode), negative for a value that is not
 ``(f"dasknn-pipe-{token}", kind, step, stage, replica, microbatch)``: ``kind`` is one of
 :data:`PIPELINE_KINDS`; a ``fwd`` key's value is the activations stage ``stage`` sends to stage
 ``stage + 1``, a ``bwd`` key's the partial sums it sends to ``stage - 1`` (both of replica
-``replica``); every other kind is local work.
+``replica``); ``finite`` and ``verdict`` carry fp16's overflow flags (a stage's, and whether the
+step is applied) to and from stage 0 of replica 0; every other kind is local work.
 
 **Collective keys** (:mod:`dasknn.runtime.collectives`) are tuples
 ``(f"dasknn-{op}-{token}", phase, sender, receiver)``: ``op`` is the collective (one of
@@ -66,7 +67,7 @@ __all__ = [
 PREFIX = "dasknn-"
 STEP_KINDS = ("fwd", "bwd", "lse", "run")
 COLLECTIVES = ("allreduce", "allgather", "allgatherv", "pull", "push", "alltoallv")
-PIPELINE_KINDS = ("fwd", "bwd", "x", "y", "grad", "update")
+PIPELINE_KINDS = ("fwd", "bwd", "x", "y", "grad", "update", "finite", "verdict")
 PIPELINE = "pipe"
 DP_KIND = "dp"
 #: The messages of a data-parallel step: row ids and values pulled from a parameter server,

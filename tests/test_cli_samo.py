@@ -1,0 +1,95 @@
+"""``dasknn samo`` end to end on the test cluster (its figures against the sizes written out
+here), the planner's choice under ``--memory-limit``, and its input errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from dasknn.cli import main
+
+HIDDEN = 32
+SIZES = [784, HIDDEN, 10]
+SMALL = ["--hidden", str(HIDDEN), "--samples", "256", "--held-out", "128", "--batch-size", "64"]
+
+
+def run_samo(client, tmp_path, capsys, *options):
+    out = tmp_path / "samo.json"
+    argv = ["samo", *SMALL, "--scheduler", client.scheduler.address, "--json", str(out)]
+    code = main([*argv, *options])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    return json.loads(out.read_text()), captured.out
+
+
+def test_samo_trains_two_stages_and_reports_bytes_memory_and_accuracy(
+    dask_client, tmp_path, capsys
+):
+    stats, text = run_samo(
+        dask_client, tmp_path, capsys, "--dense-epochs", "1", "--epochs", "2", "--stages", "2",
+        "--microbatches", "2",
+    )  # fmt: skip
+    phi = 784 * HIDDEN + HIDDEN * 10
+    nnz = phi - round(0.9 * phi)  # global magnitude pruning removes round(p * phi) weights
+    assert (stats["phi"], stats["nnz"]) == (phi, nnz)
+    categories = stats["memory"]["categories"]
+    biases = HIDDEN + 10
+    assert categories["index"] == 4 * nnz + 8 * (784 + HIDDEN + 2)  # int32 index, row pointers
+    assert categories["optimizer_states"] == 8 * (nnz + biases)  # Adam: two float32 moments
+    assert categories["gradients"] == 4 * (nnz + biases)
+    assert stats["plan"]["stages"] == 2 and stats["plan"]["bounds"] == [[0, 1], [1, 2]]
+    comm = stats["comm_last_step"]
+    assert comm["pipeline_bytes"] == 2 * 64 * HIDDEN * 4  # activations and partial sums, float32
+    assert comm["pipeline_messages"] == 2 * 2  # 2 (S - 1) m
+    assert comm["allreduce_bytes"] == 0 and comm["exact"]
+    assert [e["epoch"] for e in stats["epochs"]] == [1, 2] and stats["steps"] == 8
+    assert all(0 <= e["held_out_accuracy"] <= 1 for e in stats["epochs"])
+    assert len(stats["idle_fractions_last_step"]) == 2
+    assert "epoch 2/2" in text and "(equal)" in text and "formula samo" in text
+
+
+def test_memory_limit_gives_one_stage_and_two_replicas(dask_client, tmp_path, capsys):
+    stats, text = run_samo(
+        dask_client, tmp_path, capsys, "--dense-epochs", "0", "--memory-limit", "10000000",
+        "--precision", "fp16", "--microbatches", "2",
+    )  # fmt: skip
+    assert (stats["plan"]["stages"], stats["plan"]["replicas"]) == (1, 2)
+    nnz, biases = stats["nnz"], HIDDEN + 10
+    comm = stats["comm_last_step"]
+    assert comm["allreduce_bytes"] == 2 * (nnz + biases) * 2  # 2 (D - 1) (nnz + biases), float16
+    assert comm["pipeline_bytes"] == 0 and comm["exact"]
+    assert stats["skipped_steps"] == 0 and stats["loss_scale"] == 2.0**16
+    assert "1 stage(s) x 2 replica(s)" in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--hidden", "30,x"], "--hidden must be comma-separated positive sizes"),
+        (["--sparsity", "1.0"], "--sparsity must lie in [0, 1)"),
+        (["--samples", "9000"], "overlap"),
+        (["--stages", "3"], "--stages 3 for a network of 2 layers"),
+        (["--stages", "2", "--data-parallel", "2"], "4 workers needed, --workers is 2"),
+        (["--microbatches", "3"], "a batch of 64 rows does not split"),
+        (["--samples", "201", "--microbatches", "2"], "a batch of 9 rows"),
+        (["--memory-limit", "1000", "--stages", "2"], "not with --stages"),
+        (["--memory-limit", "1000"], "do not fit"),
+        (["--lr", "-1"], "learning rate"),
+        (["--batch-size", "0"], "--batch-size must be at least 1"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(argv, message, tmp_path, capsys):
+    out = tmp_path / "samo.json"
+    argv = ["samo", "--hidden", "30", "--dense-epochs", "0", *argv, "--json", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not out.exists()
+
+
+def test_bf16_without_ml_dtypes_names_the_install_command(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ml_dtypes", None)
+    assert main(["samo", "--precision", "bf16"]) == 2
+    assert "pip install ml_dtypes" in capsys.readouterr().err
