@@ -17,6 +17,7 @@ from functools import partial
 
 from dask.task_spec import Task, TaskRef
 
+from dasknn.runtime.collectives import messages_to
 from dasknn.runtime.keys import parse_sampled_key, sampled_key
 from dasknn.sampled_parallel import steps
 
@@ -75,11 +76,6 @@ def _hidden_exchange(tasks: dict, key, phase: str, token: str, inputs: list, cou
     )
 
 
-def _received(key, phase: str, q: int, count: int) -> list[TaskRef]:
-    """References to the messages ``key(phase, p, q)`` from every other worker ``p``."""
-    return [TaskRef(key(phase, p, q)) for p in range(count) if p != q]
-
-
 def train_graph(
     token: str,
     call: int,
@@ -107,7 +103,7 @@ def train_graph(
             step,
             TaskRef(labels[p]),
             TaskRef(key("hidden", p, p)),
-            *_received(key, "hidden", p, workers),
+            *messages_to(key, "hidden", p, workers),
         )
     _broadcast(
         tasks,
@@ -126,7 +122,7 @@ def train_graph(
             step + 1,
             TaskRef(target[p]),
             TaskRef(key("select", p, p)),
-            *_received(key, "stats", p, workers),
+            *messages_to(key, "stats", p, workers),
         )
     for p in range(workers):
         for q in range(workers):
@@ -144,7 +140,7 @@ def train_graph(
             TaskRef(inputs[p]),
             TaskRef(key("hidden", p, p)),
             TaskRef(key("output", p, p)),
-            *_received(key, "grad", p, workers),
+            *messages_to(key, "grad", p, workers),
         )
         outputs.append(k)
     return tasks, outputs
@@ -165,7 +161,7 @@ def predict_graph(token: str, call: int, workers: int, inputs: list, k: int) -> 
             token,
             k,
             TaskRef(key("predict-hidden", p, p)),
-            *_received(key, "predict-hidden", p, workers),
+            *messages_to(key, "predict-hidden", p, workers),
         )
         outputs.append(kk)
     return tasks, outputs
