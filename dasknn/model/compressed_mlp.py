@@ -24,9 +24,9 @@ from dasknn.compressed import (
 )
 from dasknn.compressed.memory import CATEGORIES, FORMULAS
 from dasknn.compressed.stack import check_compute
-from dasknn.model.activations import Activation, get_activation
+from dasknn.model.activations import Activation
 from dasknn.model.estimator import InProcessEstimator
-from dasknn.model.losses import Loss, get_loss
+from dasknn.model.losses import Loss, network_functions
 from dasknn.optim import Optimizer
 
 __all__ = ["CompressedMLP", "nonfinite_loss_error"]
@@ -125,12 +125,9 @@ class CompressedMLP(InProcessEstimator):
         self.precision = get_precision(precision)
         self.compute = check_compute(compute)
         self.dtype = self.precision.arithmetic
-        self.activation = get_activation(activation)
-        self.loss = get_loss(loss)
-        if output_activation is None:
-            output_activation = self.loss.default_output_activation or self.activation
-        self.output_activation = get_activation(output_activation)
-        self.loss.check_output_activation(self.output_activation)
+        self.activation, self.output_activation, self.loss = network_functions(
+            activation, output_activation, loss
+        )
         layers = split_layers(weights, masks)
         self._init_stack(layers, biases)
         self.scaler = LossScaler(loss_scale) if self.precision.loss_scaling else None

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dasknn.model.activations import Activation, get_activation
+from dasknn.model.activations import Activation
 from dasknn.model.compressed_mlp import CompressedMLP
 from dasknn.model.estimator import InProcessEstimator
-from dasknn.model.losses import Loss, get_loss
+from dasknn.model.losses import Loss, network_functions
 from dasknn.optim import Optimizer, ParamState
 
 __all__ = ["DenseMLP", "LENET_300_100", "MLP_1024_3"]
@@ -56,12 +56,9 @@ class DenseMLP(InProcessEstimator):
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
             raise ValueError(f"dtype must be float32 or float64, got {self.dtype}")
-        self.activation = get_activation(activation)
-        self.loss = get_loss(loss)
-        if output_activation is None:
-            output_activation = self.loss.default_output_activation or self.activation
-        self.output_activation = get_activation(output_activation)
-        self.loss.check_output_activation(self.output_activation)
+        self.activation, self.output_activation, self.loss = network_functions(
+            activation, output_activation, loss
+        )
         self.weights = [np.array(w, dtype=self.dtype, copy=True, order="C") for w in weights]
         if not self.weights:
             raise ValueError("a network needs at least one weight matrix")

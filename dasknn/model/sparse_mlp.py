@@ -23,9 +23,9 @@ import scipy.sparse as sp
 
 from dasknn.datasets.radixnet import radixnet as radixnet_pattern
 from dasknn.kernels.training import masked_outer_grad, spmm_backward, spmm_forward
-from dasknn.model.activations import Activation, get_activation
+from dasknn.model.activations import Activation
 from dasknn.model.estimator import InProcessEstimator
-from dasknn.model.losses import Loss, get_loss
+from dasknn.model.losses import Loss, network_functions
 from dasknn.model.persistence import ModelRecord, pattern_digest, read_model, write_model
 from dasknn.optim import Optimizer, ParamState
 from graph.checks import check_csr
@@ -121,12 +121,9 @@ class SparseMLP(InProcessEstimator):
         dtype=np.float64,
     ) -> None:
         self.dtype = _as_dtype(dtype)
-        self.activation = get_activation(activation)
-        self.loss = get_loss(loss)
-        if output_activation is None:
-            output_activation = self.loss.default_output_activation or self.activation
-        self.output_activation = get_activation(output_activation)
-        self.loss.check_output_activation(self.output_activation)
+        self.activation, self.output_activation, self.loss = network_functions(
+            activation, output_activation, loss
+        )
 
         weights = list(weights)
         if not weights:
