@@ -12,7 +12,6 @@ so a run equals the one-process run step for step.
 from __future__ import annotations
 
 import time
-import uuid
 from collections import defaultdict
 from numbers import Integral
 
@@ -35,7 +34,7 @@ from dasknn.model.embedding_mlp import EmbeddingMLP
 from dasknn.model.embedding_network import unique_rows
 from dasknn.model.window_estimator import WindowEstimator
 from dasknn.optim import SGD, Optimizer
-from dasknn.runtime.keys import parse_dp_key
+from dasknn.runtime.keys import new_token, parse_dp_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
 from dasknn.runtime.plugin_owner import PluginOwner
 from dasknn.runtime.waiting import wait_at_most
@@ -173,7 +172,7 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         else:
             ShardMap(vocab, sparse_partitions, len(self.workers), partition)  # checks the count
             self.n_shards = int(sparse_partitions)
-        self.token = uuid.uuid4().hex[:16]
+        self.token = new_token()
         self.plugin_name = plugin_name(self.token)
         self.dense_servers = {
             name: index % len(self.workers) for index, name in enumerate(self.spec.dense_names())

@@ -12,7 +12,6 @@ A step equals the one-process step on the whole batch.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from dasknn.pipeline_parallel import worker_state as ws
 from dasknn.pipeline_parallel.plan import split_stages
 from dasknn.pipeline_parallel.schedule import check_schedule
 from dasknn.pipeline_parallel.taskgraph import accumulate_dtype, build_step
-from dasknn.runtime.keys import pipeline_key
+from dasknn.runtime.keys import new_token, pipeline_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
 from dasknn.runtime.plugin_owner import PluginOwner
 
@@ -178,7 +177,7 @@ class PipelineMLP(SparseEstimator, PluginOwner):
             for s in range(self.stages)
             for d in range(self.data_parallel)
         }
-        self.token = uuid.uuid4().hex[:16]
+        self.token = new_token()
         self.plugin_name = ws.plugin_name(self.token)
         self._nnz = model.nnz
         self._grad_sizes = [

@@ -17,7 +17,6 @@ phase, empty ones included.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -28,7 +27,7 @@ import numpy as np
 from dask.task_spec import Task, TaskRef
 from distributed import wait
 
-from dasknn.runtime.keys import collective_key, parse_collective_key
+from dasknn.runtime.keys import collective_key, new_token, parse_collective_key
 
 __all__ = [
     "Collective",
@@ -102,10 +101,6 @@ class _Placement:
 
     def __call__(self, key) -> list[str]:
         return [self.workers[parse_collective_key(key).sender]]
-
-
-def _new_token() -> str:
-    return uuid.uuid4().hex[:16]
 
 
 def chunk_bounds(n: int, parts: int) -> list[int]:
@@ -585,7 +580,7 @@ def allreduce(client, inputs: Sequence, workers: Sequence[str]) -> Collective:
     """
     workers = _check_workers(client, workers, inputs)
     metas = _contributions(client, workers, inputs, "allreduce", ragged=False)
-    graph = build_allreduce(_new_token(), [f.key for f in inputs], metas[0][0])
+    graph = build_allreduce(new_token(), [f.key for f in inputs], metas[0][0])
     return _submit(client, graph, workers)
 
 
@@ -609,7 +604,7 @@ def _gathered(client, inputs: Sequence, workers: Sequence[str], stack: bool) -> 
     _contributions(
         client, workers, inputs, "allgather" if stack else "allgatherv", ragged=not stack
     )
-    graph = build_allgather(_new_token(), [f.key for f in inputs], stack)
+    graph = build_allgather(new_token(), [f.key for f in inputs], stack)
     return _submit(client, graph, workers)
 
 
@@ -701,7 +696,7 @@ def alltoallv(client, inputs: Sequence, workers: Sequence[str], counts) -> Colle
             raise ValueError(
                 f"counts[{i}] sums to {int(matrix[i].sum())} but input {i} has {meta[0][0]} rows"
             )
-    graph = build_alltoallv(_new_token(), [f.key for f in inputs], matrix.astype(np.int64))
+    graph = build_alltoallv(new_token(), [f.key for f in inputs], matrix.astype(np.int64))
     return _submit(client, graph, workers)
 
 
@@ -745,7 +740,7 @@ def pull(client, shards: Sequence, indices: Sequence, workers: Sequence[str]) ->
     _same_rows("shards", "row shape", shard_metas, "shards must have at least one dimension (rows)")
     bounds = list(accumulate((meta[0][0] for meta in shard_metas), initial=0))
     _check_indices(_inspect(client, workers, indices, "indices"), bounds[-1], "indices")
-    graph = build_pull(_new_token(), [f.key for f in shards], [f.key for f in indices], bounds)
+    graph = build_pull(new_token(), [f.key for f in shards], [f.key for f in indices], bounds)
     return _submit(client, graph, workers)
 
 
@@ -792,5 +787,5 @@ def push(
             raise ValueError(
                 f"worker {position} pushes {row_meta[0][0]} rows for {index_meta[0][0]} indices"
             )
-    graph = build_push(_new_token(), [f.key for f in indices], [f.key for f in rows], bounds)
+    graph = build_push(new_token(), [f.key for f in indices], [f.key for f in rows], bounds)
     return _submit(client, graph, workers)

@@ -40,6 +40,7 @@ variable takes the place of the layer for data-parallel keys).
 
 from __future__ import annotations
 
+import uuid
 from typing import NamedTuple
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "dp_key",
     "parse_dp_key",
     "message_phase",
+    "new_token",
     "parse_collective_key",
     "parse_pipeline_key",
     "parse_sampled_key",
@@ -95,6 +97,12 @@ class CollectiveKey(NamedTuple):
     phase: str
     sender: int
     receiver: int
+
+
+def new_token() -> str:
+    """A fresh token for the keys of one model or collective: 16 random hex digits (no ``-``,
+    so :func:`_split_name` splits ``dasknn-{kind}-{token}`` at the first ``-`` after the kind)."""
+    return uuid.uuid4().hex[:16]
 
 
 def _split_name(key) -> tuple[str, str] | None:

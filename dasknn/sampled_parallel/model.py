@@ -4,12 +4,12 @@ budgets, and only activations, softmax statistics and partial gradients between 
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import asdict
 
 import dask
 import numpy as np
 
+from dasknn.runtime.keys import new_token
 from dasknn.runtime.measure import read_transfers, reset_transfers
 from dasknn.runtime.plugin_owner import PluginOwner
 from dasknn.sampled.checks import check_features, check_k, check_labels, check_positive_int
@@ -90,7 +90,7 @@ class DistributedSampledMLP(PluginOwner):
         self.n_features_in_ = model.n_features_in_
         self.n_labels_ = model.n_labels_
         self.columns = _column_bounds(model.hidden, len(workers))
-        self.token = uuid.uuid4().hex[:16]
+        self.token = new_token()
         self.plugin_name = plugin_name(self.token)
         self.n_steps_ = model.n_steps_
         self.epochs_ = model.epochs_
