@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import numpy as np
@@ -46,6 +47,28 @@ class Curve:
             if p1 >= target:
                 return seconds
         return None
+
+
+def timed_epoch(
+    train: np.ndarray, args, step: Callable[[np.ndarray], object], evaluate: Callable[[], float]
+) -> tuple[float, float, Curve, float]:
+    """One epoch of ``step(rows)`` over the rows ``train`` in batches of ``args.batch``, timed
+    without the held-out ``evaluate()``, which runs every ``args.eval_every`` steps and at the
+    end: (P@1, seconds, curve, samples/s)."""
+    curve = Curve()
+    elapsed = 0.0
+    steps = 0
+    for batch in epoch_batches(len(train), args.batch, 0, 0, True):
+        rows = train[batch]
+        start = time.perf_counter()
+        step(rows)
+        elapsed += time.perf_counter() - start
+        steps += 1
+        if steps % args.eval_every == 0:
+            curve.points.append((elapsed, evaluate()))
+    p1 = evaluate()
+    curve.points.append((elapsed, p1))
+    return p1, elapsed, curve, len(train) / elapsed
 
 
 def _labels_of(Y):
@@ -81,12 +104,7 @@ def run_torch(data, train, test, args, lr: float) -> tuple[float, float, Curve, 
             )
         return precision_at_k(top, *_labels_of(Y[test]), 1)
 
-    curve = Curve()
-    elapsed = 0.0
-    steps = 0
-    for batch in epoch_batches(len(train), args.batch, 0, 0, True):
-        rows = train[batch]
-        start = time.perf_counter()
+    def step(rows):
         z = forward(rows)
         block = Y[rows]
         r = torch.from_numpy(np.repeat(np.arange(len(rows)), np.diff(block.indptr)))
@@ -96,13 +114,8 @@ def run_torch(data, train, test, args, lr: float) -> tuple[float, float, Curve, 
         opt.zero_grad()
         loss.backward()
         opt.step()
-        elapsed += time.perf_counter() - start
-        steps += 1
-        if steps % args.eval_every == 0:
-            curve.points.append((elapsed, evaluate()))
-    p1 = evaluate()
-    curve.points.append((elapsed, p1))
-    return p1, elapsed, curve, len(train) / elapsed
+
+    return timed_epoch(train, args, step, evaluate)
 
 
 def _sampled(args, shards: int, hogwild: bool) -> SampledMLP:
@@ -125,20 +138,12 @@ def _sampled(args, shards: int, hogwild: bool) -> SampledMLP:
 def run_sampled(model, data, train, test, args) -> tuple[float, float, Curve, float]:
     """One epoch of a sampled model (local or distributed): (P@1, seconds, curve, samples/s)."""
     X, Y = data.X, data.Y
-    curve = Curve()
-    elapsed = 0.0
-    steps = 0
-    for batch in epoch_batches(len(train), args.batch, 0, 0, True):
-        rows = train[batch]
-        start = time.perf_counter()
-        model.train_step(X[rows], Y[rows])
-        elapsed += time.perf_counter() - start
-        steps += 1
-        if steps % args.eval_every == 0:
-            curve.points.append((elapsed, model.precision_at_k(X[test], Y[test], 1)))
-    p1 = model.precision_at_k(X[test], Y[test], 1)
-    curve.points.append((elapsed, p1))
-    return p1, elapsed, curve, len(train) / elapsed
+    return timed_epoch(
+        train,
+        args,
+        lambda rows: model.train_step(X[rows], Y[rows]),
+        lambda: model.precision_at_k(X[test], Y[test], 1),
+    )
 
 
 def main() -> None:

@@ -25,9 +25,11 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
-from distributed import get_task_stream
+from distributed import Client, LocalCluster, get_task_stream
 from machine import describe
 from netcluster import NetCluster
 
@@ -37,23 +39,31 @@ from dasknn.model_parallel import DistributedSparseMLP
 from dasknn.model_parallel.timing import time_training
 
 
-def _cluster(workers: int, net: str | None = None, delay_us: float | None = None):
-    """A LocalCluster, or with ``net`` a :class:`NetCluster` whose links run at that rate."""
-    from distributed import Client, LocalCluster
-
+@contextmanager
+def _cluster(
+    workers: int, net: str | None = None, delay_us: float | None = None
+) -> Iterator[Client]:
+    """A client of a LocalCluster, or with ``net`` of a :class:`NetCluster` whose links run at
+    that rate; the client and the cluster are closed on exit."""
     threads = max(1, (os.cpu_count() or 1) // workers)
     env = {"NUMBA_NUM_THREADS": str(threads)}
     if net is not None:
         cluster = NetCluster(workers=workers, rate=net, delay_us=delay_us, env=env).start()
-        return cluster, Client(cluster.address)
-    cluster = LocalCluster(
-        n_workers=workers,
-        threads_per_worker=1,
-        processes=True,
-        dashboard_address=":0",
-        env=env,
-    )
-    return cluster, Client(cluster)
+        client = Client(cluster.address)
+    else:
+        cluster = LocalCluster(
+            n_workers=workers,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=":0",
+            env=env,
+        )
+        client = Client(cluster)
+    try:
+        yield client
+    finally:
+        client.close()
+        cluster.close()
 
 
 def torch_time_per_batch(model: SparseMLP, x: np.ndarray, y: np.ndarray, batch: int, lr: float):
@@ -105,13 +115,11 @@ def actors_overhead(layers: int, nparts: int, workers: int, steps: int = 8) -> f
     rng = np.random.default_rng(0)
     x, y = rng.uniform(size=(steps, 32)), rng.uniform(size=(steps, 32))
     partition = graph.partition_network(model.weights, nparts, "block")
-    cluster, client = _cluster(workers)
-    try:
-        with DistributedSparseMLP(model, client, partition, messages="actors") as dist:
-            times = time_training(dist, x, y, batch_size=1, lr=0.01)
-    finally:
-        client.close()
-        cluster.close()
+    with (
+        _cluster(workers) as client,
+        DistributedSparseMLP(model, client, partition, messages="actors") as dist,
+    ):
+        times = time_training(dist, x, y, batch_size=1, lr=0.01)
     return times.per_batch / (2 * layers)
 
 
@@ -127,8 +135,7 @@ def scheduling_overhead(layers: int, nparts: int, workers: int, steps: int = 8) 
     x = rng.uniform(size=(steps, 32))
     y = rng.uniform(size=(steps, 32))
     partition = graph.partition_network(model.weights, nparts, "block")
-    cluster, client = _cluster(workers)
-    try:
+    with _cluster(workers) as client:
         separate = DistributedSparseMLP(
             model, client, partition, separate_packing=True, reuse_memory=True
         )
@@ -142,9 +149,6 @@ def scheduling_overhead(layers: int, nparts: int, workers: int, steps: int = 8) 
                 dist.train_step(x[i : i + 1], y[i : i + 1], lr=0.01)
             unpipelined = (time.perf_counter() - start) / steps
         dist.close()
-    finally:
-        client.close()
-        cluster.close()
     layer_steps = 2 * layers
     runs = [ss for record in stream.data for ss in record["startstops"]]
     compute = [ss["stop"] - ss["start"] for ss in runs if ss["action"] == "compute"]
@@ -216,9 +220,8 @@ def main() -> None:
     results = {}
     for nparts in args.parts:
         workers = args.workers or nparts
-        cluster, client = _cluster(workers, args.net, args.delay_us)
         print(f"P={nparts} on {workers} single-threaded worker processes")
-        try:
+        with _cluster(workers, args.net, args.delay_us) as client:
             for method in ("hypergraph", "random"):
                 partition = graph.partition_network(model.weights, nparts, method, seed=0)
                 for messages in args.messages:
@@ -246,9 +249,6 @@ def main() -> None:
                           f"predicted {comm.predicted / times.batches / 1e6:.2f} MB/batch "
                           f"({'equal' if comm.matches else 'DIFFERENT'}); serialization overhead "
                           f"{overhead}")
-        finally:
-            client.close()
-            cluster.close()
         for messages in args.messages:
             h = results[(nparts, "hypergraph", messages)]
             r = results[(nparts, "random", messages)]

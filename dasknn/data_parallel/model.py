@@ -12,7 +12,6 @@ so a run equals the one-process run step for step.
 from __future__ import annotations
 
 import time
-import uuid
 from collections import defaultdict
 from numbers import Integral
 
@@ -35,8 +34,9 @@ from dasknn.model.embedding_mlp import EmbeddingMLP
 from dasknn.model.embedding_network import unique_rows
 from dasknn.model.window_estimator import WindowEstimator
 from dasknn.optim import SGD, Optimizer
-from dasknn.runtime.keys import parse_dp_key
-from dasknn.runtime.measure import install_comm_monitor, read_transfers, reset_transfers
+from dasknn.runtime.keys import new_token, parse_dp_key
+from dasknn.runtime.measure import read_transfers, reset_transfers
+from dasknn.runtime.plugin_owner import PluginOwner
 from dasknn.runtime.waiting import wait_at_most
 
 __all__ = ["DataParallelEmbeddingMLP", "data_parallel"]
@@ -78,7 +78,7 @@ def _check_count(name: str, value, low: int) -> int:
     return int(value)
 
 
-class DataParallelEmbeddingMLP(WindowEstimator):
+class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
     """An embedding MLP trained data-parallel on the workers of a Dask cluster.
 
     Parameters
@@ -172,7 +172,7 @@ class DataParallelEmbeddingMLP(WindowEstimator):
         else:
             ShardMap(vocab, sparse_partitions, len(self.workers), partition)  # checks the count
             self.n_shards = int(sparse_partitions)
-        self.token = uuid.uuid4().hex[:16]
+        self.token = new_token()
         self.plugin_name = plugin_name(self.token)
         self.dense_servers = {
             name: index % len(self.workers) for index, name in enumerate(self.spec.dense_names())
@@ -189,22 +189,9 @@ class DataParallelEmbeddingMLP(WindowEstimator):
         self._gathered: tuple[int, EmbeddingMLP] | None = None
         self._placement = _Placement(self.workers)
         self._open = False
-        install_comm_monitor(client)
-        client.register_plugin(ReplicaState(self.token), name=self.plugin_name)
-        self._open = True
-        try:
-            self._place(model, self.n_shards)
-        except BaseException:
-            self.close()
-            raise
+        self._register(ReplicaState(self.token), lambda: self._place(model, self.n_shards))
 
     # ------------------------------------------------------------------ basics
-    def __enter__(self) -> DataParallelEmbeddingMLP:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         return (
             f"DataParallelEmbeddingMLP(architecture={self.architecture!r}, "

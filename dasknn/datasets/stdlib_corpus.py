@@ -23,29 +23,40 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["Corpus", "load_stdlib_corpus", "stdlib_files", "tokenize_source"]
+__all__ = [
+    "Corpus",
+    "load_stdlib_corpus",
+    "stdlib_files",
+    "token_windows",
+    "tokenize_source",
+]
 
 UNKNOWN = "<unk>"
 KINDS = ("prose", "code")
 _WORD = re.compile(r"[a-z]+")
-#: Folders left out: installed third-party packages and the test suites.
-_SKIPPED_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test"})
+#: Folders left out: installed third-party packages.
+_PACKAGE_DIRS = frozenset({"site-packages", "dist-packages"})
+#: Folders of the standard library's test suites.
+_TEST_DIRS = frozenset({"test", "tests", "idle_test"})
 
 
-def stdlib_files(packages: tuple[str, ...] | None = None) -> list[Path]:
-    """The standard library's ``.py`` files in sorted order, without third-party packages and
-    test suites (:data:`_SKIPPED_DIRS`).
+def stdlib_files(packages: tuple[str, ...] | None = None, tests: bool = False) -> list[Path]:
+    """The standard library's ``.py`` files in sorted order, without third-party packages
+    (:data:`_PACKAGE_DIRS`) and, unless ``tests``, without the test suites (:data:`_TEST_DIRS`).
 
     Parameters
     ----------
     packages : tuple of str, optional
         Only these top-level modules or packages (e.g. ``("json", "email")``).
+    tests : bool
+        Keep the files of the test suites.
     """
     root = Path(sysconfig.get_paths()["stdlib"])
+    skipped = _PACKAGE_DIRS if tests else _PACKAGE_DIRS | _TEST_DIRS
     files = []
     for path in sorted(root.rglob("*.py")):
         parts = path.relative_to(root).parts
-        if _SKIPPED_DIRS.intersection(parts[:-1]):
+        if skipped.intersection(parts[:-1]):
             continue
         top = parts[0].removesuffix(".py")
         if packages is None or top in packages:
@@ -80,6 +91,35 @@ def tokenize_source(source: str, kind: str) -> list[str]:
     texts = [tok.string for tok in tokens if tok.type == tokenize.COMMENT]
     texts += _docstrings(tree)
     return _WORD.findall(" ".join(texts).lower())
+
+
+def token_windows(ids: list[np.ndarray], context: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every window of ``context`` ids and the id after it, within each stream of ``ids``.
+
+    Returns
+    -------
+    X : int64 array (n, context)
+        The ``context`` ids before each predicted id, streams in order.
+    y : int64 array (n,)
+        The id after each window.
+    document : int64 array (n,)
+        Index in ``ids`` of the stream each window comes from.
+
+    Raises
+    ------
+    ValueError
+        If no stream holds more than ``context`` ids.
+    """
+    xs, ys, docs = [], [], []
+    for doc, stream in enumerate(ids):
+        if len(stream) <= context:
+            continue
+        xs.append(np.lib.stride_tricks.sliding_window_view(stream, context)[:-1])
+        ys.append(stream[context:])
+        docs.append(np.full(len(stream) - context, doc, dtype=np.int64))
+    if not xs:
+        raise ValueError(f"the corpus has no window of {context} + 1 tokens")
+    return np.ascontiguousarray(np.concatenate(xs)), np.concatenate(ys), np.concatenate(docs)
 
 
 @dataclass(frozen=True)
@@ -156,24 +196,19 @@ def load_stdlib_corpus(
         words = words[: max_vocab - 1]
     vocabulary = [UNKNOWN, *words]
     index = {w: i for i, w in enumerate(vocabulary)}
-    xs, ys, docs = [], [], []
+    ids = [
+        np.fromiter((index.get(t, 0) for t in stream), dtype=np.int64, count=len(stream))
+        for stream in streams
+    ]
     counts = np.zeros(len(vocabulary), dtype=np.int64)
-    for doc, stream in enumerate(streams):
-        ids = np.fromiter((index.get(t, 0) for t in stream), dtype=np.int64, count=len(stream))
-        np.add.at(counts, ids, 1)
-        if len(ids) <= context:
-            continue
-        windows = np.lib.stride_tricks.sliding_window_view(ids, context)[:-1]
-        xs.append(windows)
-        ys.append(ids[context:])
-        docs.append(np.full(len(ids) - context, doc, dtype=np.int64))
-    if not xs:
-        raise ValueError(f"the corpus has no window of {context} + 1 tokens")
+    for stream in ids:
+        np.add.at(counts, stream, 1)
+    X, y, document = token_windows(ids, context)
     return Corpus(
         vocabulary=vocabulary,
         counts=counts,
-        X=np.ascontiguousarray(np.concatenate(xs)),
-        y=np.concatenate(ys),
-        document=np.concatenate(docs),
+        X=X,
+        y=y,
+        document=document,
         n_tokens=int(counts.sum()),
     )

@@ -2,20 +2,22 @@
 has: the sources of the standard library (nothing is downloaded, no text is shipped).
 
 Words are the runs of ASCII letters (case kept; about 52 K distinct words in CPython 3.11's
-library). Sample ``t`` of a file predicts word ``t`` from the ``context`` words before it: its
-features are the pairs (position, word), one-hot, scaled to unit length. Files are split into
-training and held-out files (every ``test_every``-th file in sorted order is held out).
+library) of every file of :func:`~dasknn.datasets.stdlib_corpus.stdlib_files`, test suites
+included, and windows are cut by :func:`~dasknn.datasets.stdlib_corpus.token_windows`. Sample
+``t`` of a file predicts word ``t`` from the ``context`` words before it: its features are the
+pairs (position, word), one-hot, scaled to unit length. Files are split into training and
+held-out files (every ``test_every``-th file in sorted order is held out).
 """
 
 from __future__ import annotations
 
 import re
-import sysconfig
-from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
+
+from dasknn.datasets.stdlib_corpus import stdlib_files, token_windows
 
 __all__ = ["TextTask", "stdlib_next_word"]
 
@@ -32,22 +34,12 @@ class TextTask(NamedTuple):
     vocabulary: list[str]
 
 
-def _stdlib_files() -> list[Path]:
-    root = Path(sysconfig.get_paths()["stdlib"])
-    return sorted(f for f in root.rglob("*.py") if "site-packages" not in f.parts)
-
-
-def _rows(words: list[np.ndarray], context: int, vocab: int, limit: int | None):
-    feats, labels = [], []
-    for ids in words:
-        if len(ids) <= context:
-            continue
-        windows = np.lib.stride_tricks.sliding_window_view(ids, context + 1)
-        feats.append(windows[:, :context] + np.arange(context) * vocab)
-        labels.append(windows[:, context])
-    feats = np.concatenate(feats)[:limit]
-    labels = np.concatenate(labels)[:limit]
-    n = len(labels)
+def _one_hot_rows(
+    windows: np.ndarray, labels: np.ndarray, vocab: int
+) -> tuple[sp.csr_matrix, sp.csr_matrix]:
+    """Features (position, word) one-hot and scaled to unit length, and labels as indicators."""
+    n, context = windows.shape
+    feats = windows + np.arange(context) * vocab
     X = sp.csr_matrix(
         (
             np.full(n * context, 1 / np.sqrt(context), dtype=np.float32),
@@ -86,13 +78,18 @@ def stdlib_next_word(
     if context < 1 or test_every < 1:
         raise ValueError("context and test_every must be >= 1")
     texts = [
-        _WORD.findall(f.read_text(encoding="utf-8", errors="replace")) for f in _stdlib_files()
+        _WORD.findall(f.read_text(encoding="utf-8", errors="replace"))
+        for f in stdlib_files(tests=True)
     ]
     vocabulary = sorted({w for words in texts for w in words})
     index = {w: i for i, w in enumerate(vocabulary)}
     ids = [np.fromiter((index[w] for w in words), dtype=np.int64) for words in texts]
-    train = [x for i, x in enumerate(ids) if i % test_every]
-    test = [x for i, x in enumerate(ids) if i % test_every == 0]
-    X_train, Y_train = _rows(train, context, len(vocabulary), max_train)
-    X_test, Y_test = _rows(test, context, len(vocabulary), max_test)
+    windows, labels, document = token_windows(ids, context)
+    held = document % test_every == 0
+    X_train, Y_train = _one_hot_rows(
+        windows[~held][:max_train], labels[~held][:max_train], len(vocabulary)
+    )
+    X_test, Y_test = _one_hot_rows(
+        windows[held][:max_test], labels[held][:max_test], len(vocabulary)
+    )
     return TextTask(X_train, Y_train, X_test, Y_test, vocabulary)

@@ -24,11 +24,10 @@ from dasknn.compressed import (
 )
 from dasknn.compressed.memory import CATEGORIES, FORMULAS
 from dasknn.compressed.stack import check_compute
-from dasknn.model.activations import Activation, get_activation
+from dasknn.model.activations import Activation
 from dasknn.model.estimator import InProcessEstimator
-from dasknn.model.losses import Loss, get_loss
-from dasknn.model.validation import check_batch_size, check_inputs
-from dasknn.optim import Optimizer, resolve_optimizer
+from dasknn.model.losses import Loss, network_functions
+from dasknn.optim import Optimizer
 
 __all__ = ["CompressedMLP", "nonfinite_loss_error"]
 
@@ -126,12 +125,9 @@ class CompressedMLP(InProcessEstimator):
         self.precision = get_precision(precision)
         self.compute = check_compute(compute)
         self.dtype = self.precision.arithmetic
-        self.activation = get_activation(activation)
-        self.loss = get_loss(loss)
-        if output_activation is None:
-            output_activation = self.loss.default_output_activation or self.activation
-        self.output_activation = get_activation(output_activation)
-        self.loss.check_output_activation(self.output_activation)
+        self.activation, self.output_activation, self.loss = network_functions(
+            activation, output_activation, loss
+        )
         layers = split_layers(weights, masks)
         self._init_stack(layers, biases)
         self.scaler = LossScaler(loss_scale) if self.precision.loss_scaling else None
@@ -225,6 +221,9 @@ class CompressedMLP(InProcessEstimator):
         )
 
     # ------------------------------------------------------------------ training
+    def _forward(self, xt: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        return self.stack.forward(xt)
+
     def _train_batch(self, x: np.ndarray, y: np.ndarray, optimizer: Optimizer) -> float:
         self.steps_ += 1
         xt = np.ascontiguousarray(x.T)
@@ -243,55 +242,6 @@ class CompressedMLP(InProcessEstimator):
             return value
         self.stack.apply(optimizer, 1.0 / scale)
         return value
-
-    def train_step(
-        self, X, Y, lr: float | None = None, optimizer: Optimizer | None = None
-    ) -> float:
-        """One training step on ``(X, Y)``; returns the batch's loss before the update.
-
-        Raises
-        ------
-        ValueError
-            For malformed ``X``, ``Y``, ``lr`` or ``optimizer`` (before any update).
-        FloatingPointError
-            If the loss is not finite, naming the step and the first layer whose outputs are not.
-        """
-        x, y = self._check_xy(X, Y)
-        return self._train_batch(x, y, resolve_optimizer(lr, optimizer))
-
-
-    # ------------------------------------------------------------------ outputs
-    def _output(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        z_last, a_last = self.stack.forward(np.ascontiguousarray(x.T))[-1]
-        return z_last.T, a_last.T
-
-    def _output_blocks(self, x: np.ndarray, batch_size: int):
-        for start in range(0, x.shape[0], batch_size):
-            yield self._output(x[start : start + batch_size])
-
-    def forward(self, X) -> list[tuple[np.ndarray, np.ndarray]]:
-        """``[(z_k, a_k)]`` (row blocks) of the batch ``X``."""
-        xt = np.ascontiguousarray(check_inputs(X, self.n_inputs, self.dtype).T)
-        return [(z.T, a.T) for z, a in self.stack.forward(xt)]
-
-    def predict(self, X, batch_size: int = 1024) -> np.ndarray:
-        """Class labels (softmax models) or output activations of ``X``."""
-        x, batch_size = check_inputs(X, self.n_inputs, self.dtype), check_batch_size(batch_size)
-        return self._predictions(self._output_blocks(x, batch_size))
-
-    def _predict_proba(self, X, batch_size: int = 1024) -> np.ndarray:
-        x, batch_size = check_inputs(X, self.n_inputs, self.dtype), check_batch_size(batch_size)
-        return self._probabilities(self._output_blocks(x, batch_size))
-
-    def evaluate(self, X, Y, batch_size: int = 1024) -> float:
-        """Mean loss over ``(X, Y)``, without training."""
-        x, y = self._check_xy(X, Y)
-        return self._mean_loss(self._output_blocks(x, check_batch_size(batch_size)), y)
-
-    def score(self, X, Y, batch_size: int = 1024) -> float:
-        """Accuracy (softmax models) or negative mean loss over ``(X, Y)``."""
-        x, y = self._check_xy(X, Y)
-        return self._score(self._output_blocks(x, check_batch_size(batch_size)), y)
 
     # ------------------------------------------------------------------ memory
     def memory_report(self, optimizer: Optimizer | None = None) -> MemoryReport:

@@ -14,12 +14,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dasknn.model.activations import Activation, get_activation
+from dasknn.model.activations import Activation
 from dasknn.model.compressed_mlp import CompressedMLP
 from dasknn.model.estimator import InProcessEstimator
-from dasknn.model.losses import Loss, get_loss
-from dasknn.model.validation import check_batch_size, check_inputs
-from dasknn.optim import Optimizer, ParamState, resolve_optimizer
+from dasknn.model.losses import Loss, network_functions
+from dasknn.optim import Optimizer, ParamState
 
 __all__ = ["DenseMLP", "LENET_300_100", "MLP_1024_3"]
 
@@ -57,12 +56,9 @@ class DenseMLP(InProcessEstimator):
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
             raise ValueError(f"dtype must be float32 or float64, got {self.dtype}")
-        self.activation = get_activation(activation)
-        self.loss = get_loss(loss)
-        if output_activation is None:
-            output_activation = self.loss.default_output_activation or self.activation
-        self.output_activation = get_activation(output_activation)
-        self.loss.check_output_activation(self.output_activation)
+        self.activation, self.output_activation, self.loss = network_functions(
+            activation, output_activation, loss
+        )
         self.weights = [np.array(w, dtype=self.dtype, copy=True, order="C") for w in weights]
         if not self.weights:
             raise ValueError("a network needs at least one weight matrix")
@@ -158,31 +154,6 @@ class DenseMLP(InProcessEstimator):
             optimizer.update(w.reshape(-1), grad_w.reshape(-1), self._state[k][0])
             optimizer.update(self.biases[k], grad_b, self._state[k][1])
         return value
-
-    def train_step(self, X, Y, lr: float | None = None, optimizer: Optimizer | None = None):
-        """One training step on ``(X, Y)``; returns the loss before the update."""
-        x, y = self._check_xy(X, Y)
-        return self._train_batch(x, y, resolve_optimizer(lr, optimizer))
-
-
-    def _output_blocks(self, x: np.ndarray, batch_size: int):
-        for start in range(0, x.shape[0], batch_size):
-            z_last, a_last = self._forward(np.ascontiguousarray(x[start : start + batch_size].T))[
-                -1
-            ]
-            yield z_last.T, a_last.T
-
-    def predict(self, X, batch_size: int = 1024) -> np.ndarray:
-        x, batch_size = check_inputs(X, self.n_inputs, self.dtype), check_batch_size(batch_size)
-        return self._predictions(self._output_blocks(x, batch_size))
-
-    def _predict_proba(self, X, batch_size: int = 1024) -> np.ndarray:
-        x, batch_size = check_inputs(X, self.n_inputs, self.dtype), check_batch_size(batch_size)
-        return self._probabilities(self._output_blocks(x, batch_size))
-
-    def score(self, X, Y, batch_size: int = 1024) -> float:
-        x, y = self._check_xy(X, Y)
-        return self._score(self._output_blocks(x, check_batch_size(batch_size)), y)
 
     def prune(
         self, masks: Sequence, precision: str = "fp32", compute: str = "sparse", **kwargs

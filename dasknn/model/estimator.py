@@ -393,8 +393,12 @@ class SparseEstimator:
 
 
 class InProcessEstimator(SparseEstimator):
-    """A :class:`SparseEstimator` that trains in this process: a subclass provides
-    ``_train_batch(x, y, optimizer) -> float`` (one step on checked rows, returning the loss)."""
+    """A :class:`SparseEstimator` that runs in this process.
+
+    A subclass provides ``_forward(xt) -> [(z_k, a_k)]`` (the feature-major pre-activations and
+    activations of the layers ``k = 1..L`` for the feature-major batch ``xt``, ``(n_0, B)``) and
+    ``_train_batch(x, y, optimizer) -> float`` (one step on checked rows, returning the loss).
+    """
 
     def _training_data(self, x: np.ndarray, y: np.ndarray) -> nullcontext:
         return nullcontext((x, y))
@@ -405,3 +409,108 @@ class InProcessEstimator(SparseEstimator):
         x, y = data
         for idx in batches:
             yield self._train_batch(x[idx], y[idx], optimizer)
+
+    def _output(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Row-block ``(z_L, a_L)`` (transposed views) of the row-block batch ``x``."""
+        z_last, a_last = self._forward(np.ascontiguousarray(x.T))[-1]
+        return z_last.T, a_last.T
+
+    def _output_blocks(
+        self, x: np.ndarray, batch_size: int
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Row-block ``(z_L, a_L)`` of ``x``, ``batch_size`` rows at a time."""
+        for start in range(0, x.shape[0], batch_size):
+            yield self._output(x[start : start + batch_size])
+
+    def forward(self, X) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Run the batch ``X`` (B, n_0) through the network.
+
+        Returns
+        -------
+        list of (z, a)
+            Pre-activations ``z_k`` and activations ``a_k`` (both (B, n_k)) for ``k = 1..L``:
+            transposed views of the feature-major arrays the computation works on.
+        """
+        xt = np.ascontiguousarray(check_inputs(X, self.n_inputs, self.dtype).T)
+        return [(z.T, a.T) for z, a in self._forward(xt)]
+
+    def train_step(
+        self, X, Y, lr: float | None = None, optimizer: Optimizer | None = None
+    ) -> float:
+        """One training step on the batch ``(X, Y)``, updating weights and biases in place.
+
+        Parameters
+        ----------
+        X : array-like (B, n_0)
+        Y : array-like (B, n_L), or integer labels (B,) for softmax cross-entropy
+        lr : float, optional
+            Learning rate of plain SGD (default 0.01); not together with ``optimizer``.
+        optimizer : dasknn.optim.Optimizer, optional
+            ``SGD(...)``, ``Adam(...)`` or ``AdamW(...)``; its state is kept by the model.
+
+        Returns
+        -------
+        float
+            The loss of the batch before the update.
+
+        Raises
+        ------
+        ValueError
+            For malformed ``X``, ``Y``, ``lr`` or ``optimizer`` (before any update).
+        FloatingPointError
+            From a :class:`~dasknn.model.CompressedMLP` whose loss is not finite, naming the step
+            and the first layer whose outputs are not.
+        """
+        x, y = self._check_xy(X, Y)
+        return self._train_batch(x, y, resolve_optimizer(lr, optimizer))
+
+    def predict(self, X, batch_size: int = 1024) -> np.ndarray:
+        """Predictions for ``X`` (B, n_0).
+
+        Parameters
+        ----------
+        X : array-like (B, n_0)
+        batch_size : int
+            Rows run through the network at a time (bounds the memory).
+
+        Returns
+        -------
+        numpy.ndarray
+            For softmax cross-entropy, the class labels (B,) (int64): the class of the largest
+            output ``z_L`` of each row, the most probable one (probabilities:
+            :attr:`predict_proba`). Otherwise the output activations ``a_L`` (B, n_L).
+        """
+        x, batch_size = check_inputs(X, self.n_inputs, self.dtype), check_batch_size(batch_size)
+        return self._predictions(self._output_blocks(x, batch_size))
+
+    def _predict_proba(self, X, batch_size: int = 1024) -> np.ndarray:
+        x, batch_size = check_inputs(X, self.n_inputs, self.dtype), check_batch_size(batch_size)
+        return self._probabilities(self._output_blocks(x, batch_size))
+
+    def evaluate(self, X, Y, batch_size: int = 1024) -> float:
+        """Mean loss over ``(X, Y)`` (``Y`` as in :meth:`fit`), without training."""
+        x, y = self._check_xy(X, Y)
+        return self._mean_loss(self._output_blocks(x, check_batch_size(batch_size)), y)
+
+    def score(self, X, Y, batch_size: int = 1024) -> float:
+        """How well the model does on ``(X, Y)``; higher is better, as scikit-learn expects.
+
+        Parameters
+        ----------
+        X : array-like (B, n_0)
+        Y : array-like (B, n_L), or integer labels (B,) for softmax cross-entropy
+            As in :meth:`fit`; for a softmax model the label of a target row is its largest
+            entry.
+        batch_size : int
+            Rows run through the network at a time.
+
+        Returns
+        -------
+        float
+            For softmax cross-entropy, the accuracy: the fraction of samples whose
+            :meth:`predict` label is the target label. Otherwise the **negative** mean loss,
+            ``-evaluate(X, Y)`` (for ``"mse"``, ``-1/(2B) sum_b ||a_L,b - y_b||^2``), so 0 is a
+            perfect fit.
+        """
+        x, y = self._check_xy(X, Y)
+        return self._score(self._output_blocks(x, check_batch_size(batch_size)), y)

@@ -15,9 +15,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from dasknn.model.activations import Activation
+from dasknn.model.activations import Activation, get_activation
 
-__all__ = ["Loss", "LOSSES", "MeanSquaredError", "SoftmaxCrossEntropy", "get_loss", "softmax"]
+__all__ = [
+    "Loss",
+    "LOSSES",
+    "MeanSquaredError",
+    "SoftmaxCrossEntropy",
+    "get_loss",
+    "network_functions",
+    "softmax",
+]
 
 
 def softmax(z: np.ndarray) -> np.ndarray:
@@ -135,3 +143,27 @@ def get_loss(name: str | Loss) -> Loss:
         return LOSSES[name]()
     except (KeyError, TypeError):
         raise ValueError(f"unknown loss {name!r}; choose one of {sorted(LOSSES)}") from None
+
+
+def network_functions(
+    activation: str | Activation,
+    output_activation: str | Activation | None,
+    loss: str | Loss,
+) -> tuple[Activation, Activation, Loss]:
+    """The hidden activation, output activation and loss a model is built with.
+
+    ``output_activation=None`` takes the loss's default (the identity for softmax cross-entropy)
+    or else the hidden activation.
+
+    Raises
+    ------
+    ValueError
+        For an unknown activation or loss, or an output activation the loss cannot use.
+    """
+    hidden = get_activation(activation)
+    loss = get_loss(loss)
+    if output_activation is None:
+        output_activation = loss.default_output_activation or hidden
+    output = get_activation(output_activation)
+    loss.check_output_activation(output)
+    return hidden, output, loss

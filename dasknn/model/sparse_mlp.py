@@ -16,19 +16,18 @@ take and return row blocks, the private ones work on ``(n_k, B)`` arrays.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import scipy.sparse as sp
 
 from dasknn.datasets.radixnet import radixnet as radixnet_pattern
 from dasknn.kernels.training import masked_outer_grad, spmm_backward, spmm_forward
-from dasknn.model.activations import Activation, get_activation
+from dasknn.model.activations import Activation
 from dasknn.model.estimator import InProcessEstimator
-from dasknn.model.losses import Loss, get_loss
+from dasknn.model.losses import Loss, network_functions
 from dasknn.model.persistence import ModelRecord, pattern_digest, read_model, write_model
-from dasknn.model.validation import check_batch_size, check_inputs
-from dasknn.optim import Optimizer, ParamState, resolve_optimizer
+from dasknn.optim import Optimizer, ParamState
 from graph.checks import check_csr
 
 __all__ = ["SparseMLP"]
@@ -122,12 +121,9 @@ class SparseMLP(InProcessEstimator):
         dtype=np.float64,
     ) -> None:
         self.dtype = _as_dtype(dtype)
-        self.activation = get_activation(activation)
-        self.loss = get_loss(loss)
-        if output_activation is None:
-            output_activation = self.loss.default_output_activation or self.activation
-        self.output_activation = get_activation(output_activation)
-        self.loss.check_output_activation(self.output_activation)
+        self.activation, self.output_activation, self.loss = network_functions(
+            activation, output_activation, loss
+        )
 
         weights = list(weights)
         if not weights:
@@ -242,107 +238,7 @@ class SparseMLP(InProcessEstimator):
             optimizer.update(self.biases[k], grad_b, states[k][1])
         return value
 
-    def _output(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Row-block ``(z_L, a_L)`` (transposed views) of the row-block batch ``x``."""
-        z_last, a_last = self._forward(np.ascontiguousarray(x.T))[-1]
-        return z_last.T, a_last.T
-
     # ------------------------------------------------------------ public API
-    def forward(self, X) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Run the batch ``X`` (B, n_0) through the network.
-
-        Returns
-        -------
-        list of (z, a)
-            Pre-activations ``z_k`` and activations ``a_k`` (both (B, n_k)) for ``k = 1..L``:
-            transposed views of the feature-major arrays the computation works on.
-        """
-        xt = np.ascontiguousarray(check_inputs(X, self.n_inputs, self.dtype).T)
-        return [(z.T, a.T) for z, a in self._forward(xt)]
-
-    def train_step(
-        self, X, Y, lr: float | None = None, optimizer: Optimizer | None = None
-    ) -> float:
-        """One training step on the batch ``(X, Y)``, updating weights and biases in place.
-
-        Parameters
-        ----------
-        X : array-like (B, n_0)
-        Y : array-like (B, n_L), or integer labels (B,) for softmax cross-entropy
-        lr : float, optional
-            Learning rate of plain SGD (default 0.01); not together with ``optimizer``.
-        optimizer : dasknn.optim.Optimizer, optional
-            ``SGD(...)``, ``Adam(...)`` or ``AdamW(...)``; its state is kept by the model.
-
-        Returns
-        -------
-        float
-            The loss of the batch before the update.
-        """
-        x, y = self._check_xy(X, Y)
-        return self._train_batch(x, y, resolve_optimizer(lr, optimizer))
-
-
-    def _output_blocks(
-        self, x: np.ndarray, batch_size: int
-    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """Row-block ``(z_L, a_L)`` of ``x``, ``batch_size`` rows at a time."""
-        for start in range(0, x.shape[0], batch_size):
-            yield self._output(x[start : start + batch_size])
-
-    def predict(self, X, batch_size: int = 1024) -> np.ndarray:
-        """Predictions for ``X`` (B, n_0).
-
-        Parameters
-        ----------
-        X : array-like (B, n_0)
-        batch_size : int
-            Rows run through the network at a time (bounds the memory).
-
-        Returns
-        -------
-        numpy.ndarray
-            For softmax cross-entropy, the class labels (B,) (int64): the class of the largest
-            output ``z_L`` of each row, the most probable one (probabilities:
-            :attr:`predict_proba`). Otherwise the output activations ``a_L`` (B, n_L).
-        """
-        x, batch_size = check_inputs(X, self.n_inputs, self.dtype), check_batch_size(batch_size)
-        return self._predictions(self._output_blocks(x, batch_size))
-
-    def _predict_proba(self, X, batch_size: int = 1024) -> np.ndarray:
-        x, batch_size = check_inputs(X, self.n_inputs, self.dtype), check_batch_size(batch_size)
-        return self._probabilities(self._output_blocks(x, batch_size))
-
-    def evaluate(self, X, Y, batch_size: int = 1024) -> float:
-        """Mean loss over ``(X, Y)`` (``Y`` as in :meth:`fit`), without training."""
-        x, y = self._check_xy(X, Y)
-        batch_size = check_batch_size(batch_size)
-        return self._mean_loss(self._output_blocks(x, batch_size), y)
-
-    def score(self, X, Y, batch_size: int = 1024) -> float:
-        """How well the model does on ``(X, Y)``; higher is better, as scikit-learn expects.
-
-        Parameters
-        ----------
-        X : array-like (B, n_0)
-        Y : array-like (B, n_L), or integer labels (B,) for softmax cross-entropy
-            As in :meth:`fit`; for a softmax model the label of a target row is its largest
-            entry.
-        batch_size : int
-            Rows run through the network at a time.
-
-        Returns
-        -------
-        float
-            For softmax cross-entropy, the accuracy: the fraction of samples whose
-            :meth:`predict` label is the target label. Otherwise the **negative** mean loss,
-            ``-evaluate(X, Y)`` (for ``"mse"``, ``-1/(2B) sum_b ||a_L,b - y_b||^2``), so 0 is a
-            perfect fit.
-        """
-        x, y = self._check_xy(X, Y)
-        batch_size = check_batch_size(batch_size)
-        return self._score(self._output_blocks(x, batch_size), y)
-
     def copy(self) -> SparseMLP:
         """An independent copy (weights and biases copied; no optimizer state, empty loss
         curves)."""

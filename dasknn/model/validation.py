@@ -51,12 +51,17 @@ def check_inputs(X, n_inputs: int, dtype: np.dtype) -> np.ndarray:
         )
     if X.shape[0] == 0:
         raise ValueError("X has no samples (0 rows)")
-    if not np.issubdtype(X.dtype, np.number) or np.iscomplexobj(X):
-        raise ValueError(f"X must hold real numbers, got dtype {X.dtype}")
-    X = np.ascontiguousarray(X, dtype=dtype)
-    if not np.isfinite(X).all():
-        raise ValueError("X contains NaN or infinite values")
-    return X
+    return _finite_real(X, "X", dtype)
+
+
+def _finite_real(A: np.ndarray, name: str, dtype: np.dtype) -> np.ndarray:
+    """``A`` as a C-contiguous array of ``dtype``, checked to hold finite real numbers."""
+    if not np.issubdtype(A.dtype, np.number) or np.iscomplexobj(A):
+        raise ValueError(f"{name} must hold real numbers, got dtype {A.dtype}")
+    A = np.ascontiguousarray(A, dtype=dtype)
+    if not np.isfinite(A).all():
+        raise ValueError(f"{name} contains NaN or infinite values")
+    return A
 
 
 def check_targets(Y, n_samples: int, n_outputs: int, loss: Loss, dtype: np.dtype) -> np.ndarray:
@@ -91,12 +96,7 @@ def check_targets(Y, n_samples: int, n_outputs: int, loss: Loss, dtype: np.dtype
         if loss.name == "softmax_cross_entropy":
             accepted += f" or integer labels of shape ({n_samples},)"
         raise ValueError(f"Y must have shape {accepted}, got {Y.shape}")
-    if not np.issubdtype(Y.dtype, np.number) or np.iscomplexobj(Y):
-        raise ValueError(f"Y must hold real numbers, got dtype {Y.dtype}")
-    Y = np.ascontiguousarray(Y, dtype=dtype)
-    if not np.isfinite(Y).all():
-        raise ValueError("Y contains NaN or infinite values")
-    return Y
+    return _finite_real(Y, "Y", dtype)
 
 
 def check_learning_rate(lr: float) -> float:

@@ -12,7 +12,6 @@ A step equals the one-process step on the whole batch.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -29,8 +28,9 @@ from dasknn.pipeline_parallel import worker_state as ws
 from dasknn.pipeline_parallel.plan import split_stages
 from dasknn.pipeline_parallel.schedule import check_schedule
 from dasknn.pipeline_parallel.taskgraph import accumulate_dtype, build_step
-from dasknn.runtime.keys import pipeline_key
-from dasknn.runtime.measure import install_comm_monitor, read_transfers, reset_transfers
+from dasknn.runtime.keys import new_token, pipeline_key
+from dasknn.runtime.measure import read_transfers, reset_transfers
+from dasknn.runtime.plugin_owner import PluginOwner
 
 __all__ = ["CommReport", "IdleBreakdown", "PipelineMLP"]
 
@@ -123,7 +123,7 @@ class CommReport:
         )
 
 
-class PipelineMLP(SparseEstimator):
+class PipelineMLP(SparseEstimator, PluginOwner):
     """A compressed model trained with pipeline stages and data-parallel replicas on Dask.
 
     Parameters
@@ -211,7 +211,7 @@ class PipelineMLP(SparseEstimator):
             for s in range(self.stages)
             for d in range(self.data_parallel)
         }
-        self.token = uuid.uuid4().hex[:16]
+        self.token = new_token()
         self.plugin_name = ws.plugin_name(self.token)
         self._nnz = model.nnz
         self._grad_sizes = [
@@ -228,14 +228,7 @@ class PipelineMLP(SparseEstimator):
         self.optimizer: Optimizer | None = None
         self.loss_curve_: list[float] = []
         self.batch_loss_curve_: list[float] = []
-        install_comm_monitor(client)
-        client.register_plugin(ws.StageState(self.token), name=self.plugin_name)
-        self._open = True
-        try:
-            self._install(model)
-        except BaseException:
-            self.close()
-            raise
+        self._register(ws.StageState(self.token), lambda: self._install(model))
 
     def _install(self, model: CompressedMLP) -> None:
         layers = model.stack.layers
@@ -260,12 +253,6 @@ class PipelineMLP(SparseEstimator):
             self.client.run(ws.install_stage, token=self.token, spec=spec, workers=[address])
 
     # ------------------------------------------------------------------ basics
-    def __enter__(self) -> PipelineMLP:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
-
     @property
     def n_layers(self) -> int:
         return len(self.layer_shapes)

@@ -17,17 +17,17 @@ phase, empty ones included.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from itertools import accumulate
 
 import dask
 import numpy as np
 from dask.task_spec import Task, TaskRef
 from distributed import wait
 
-from dasknn.runtime.keys import collective_key, parse_collective_key
+from dasknn.runtime.keys import collective_key, new_token, parse_collective_key
 
 __all__ = [
     "Collective",
@@ -42,6 +42,7 @@ __all__ = [
     "build_pull",
     "build_push",
     "chunk_bounds",
+    "messages_to",
     "pull",
     "push",
 ]
@@ -102,10 +103,6 @@ class _Placement:
         return [self.workers[parse_collective_key(key).sender]]
 
 
-def _new_token() -> str:
-    return uuid.uuid4().hex[:16]
-
-
 def chunk_bounds(n: int, parts: int) -> list[int]:
     """Bounds of ``parts`` consecutive chunks of ``n`` items: the first ``n % parts`` chunks hold
     ``n // parts + 1`` items, the others ``n // parts`` (as :func:`numpy.array_split`)."""
@@ -114,6 +111,12 @@ def chunk_bounds(n: int, parts: int) -> list[int]:
     for j in range(parts):
         bounds.append(bounds[-1] + base + (1 if j < extra else 0))
     return bounds
+
+
+def messages_to(key: KeyFunction, phase: str, receiver: int, count: int) -> list[TaskRef]:
+    """References to the messages ``key(phase, sender, receiver)`` of every other ``sender`` of
+    ``count`` positions, in sender order."""
+    return [TaskRef(key(phase, sender, receiver)) for sender in range(count) if sender != receiver]
 
 
 # ------------------------------------------------------------------ worker functions
@@ -165,11 +168,16 @@ def _owners(indices: np.ndarray, bounds: np.ndarray) -> np.ndarray:
     return np.searchsorted(bounds, indices, side="right") - 1
 
 
+def _owner_cuts(unique: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Where each owner's rows start in the sorted distinct rows ``unique``, and per owner those
+    rows as int64 offsets into its shard."""
+    cuts = np.searchsorted(unique, bounds)
+    return cuts, [unique[cuts[j] : cuts[j + 1]] - bounds[j] for j in range(len(bounds) - 1)]
+
+
 def _split_requests(indices: np.ndarray, bounds: np.ndarray) -> list[np.ndarray]:
     """Per owner, the distinct requested rows it owns, as sorted int64 offsets into its shard."""
-    unique = np.unique(np.asarray(indices, dtype=INDEX_DTYPE))
-    cuts = np.searchsorted(unique, bounds)
-    return [unique[cuts[j] : cuts[j + 1]] - bounds[j] for j in range(len(bounds) - 1)]
+    return _owner_cuts(np.unique(np.asarray(indices, dtype=INDEX_DTYPE)), bounds)[1]
 
 
 def _item(values: list, j: int) -> np.ndarray:
@@ -205,8 +213,7 @@ def _combine_push(indices: np.ndarray, rows: np.ndarray, bounds: np.ndarray) -> 
     unique, inverse = np.unique(np.asarray(indices, dtype=INDEX_DTYPE), return_inverse=True)
     sums = np.zeros((len(unique), *rows.shape[1:]), dtype=rows.dtype)
     np.add.at(sums, inverse, rows)
-    cuts = np.searchsorted(unique, bounds)
-    offsets = [unique[cuts[j] : cuts[j + 1]] - bounds[j] for j in range(len(bounds) - 1)]
+    cuts, offsets = _owner_cuts(unique, bounds)
     return offsets, [sums[cuts[j] : cuts[j + 1]] for j in range(len(bounds) - 1)]
 
 
@@ -272,7 +279,7 @@ def build_allreduce(
                 k = key("reduce-scatter", i, j)
                 tasks[k] = Task(k, _flat_slice, TaskRef(inputs[i]), bounds[j], bounds[j + 1])
     for j in range(count):
-        received = [TaskRef(key("reduce-scatter", i, j)) for i in range(count) if i != j]
+        received = messages_to(key, "reduce-scatter", j, count)
         k = key("reduced", j, j)
         tasks[k] = Task(
             k, _reduce_chunk, j, bounds[j], bounds[j + 1], accumulate, TaskRef(inputs[j]), *received
@@ -283,7 +290,7 @@ def build_allreduce(
                 tasks[m] = Task(m, _identity, TaskRef(k))
     outputs = []
     for i in range(count):
-        received = [TaskRef(key("allgather", j, i)) for j in range(count) if j != i]
+        received = messages_to(key, "allgather", i, count)
         k = key("result", i, i)
         tasks[k] = Task(
             k, _concatenate_flat, i, tuple(shape), TaskRef(key("reduced", i, i)), *received
@@ -325,7 +332,7 @@ def build_allgather(
                 tasks[k] = Task(k, _identity, TaskRef(inputs[i]))
     outputs = []
     for j in range(count):
-        received = [TaskRef(key("allgather", i, j)) for i in range(count) if i != j]
+        received = messages_to(key, "allgather", j, count)
         k = key("result", j, j)
         tasks[k] = Task(k, _gather, j, stack, TaskRef(inputs[j]), *received)
         outputs.append(k)
@@ -353,21 +360,18 @@ def build_alltoallv(token: str, inputs: Sequence, counts: np.ndarray) -> Graph:
     """
     count = len(inputs)
     offsets = np.concatenate([np.zeros((count, 1), dtype=np.int64), np.cumsum(counts, axis=1)], 1)
+    key = partial(collective_key, "alltoallv", token)
     tasks = {}
     for i in range(count):
         for j in range(count):
             if i != j:
-                k = collective_key("alltoallv", token, "alltoallv", i, j)
+                k = key("alltoallv", i, j)
                 lo, hi = int(offsets[i, j]), int(offsets[i, j + 1])
                 tasks[k] = Task(k, _rows, TaskRef(inputs[i]), lo, hi)
     outputs = []
     for j in range(count):
-        received = [
-            TaskRef(collective_key("alltoallv", token, "alltoallv", i, j))
-            for i in range(count)
-            if i != j
-        ]
-        k = collective_key("alltoallv", token, "result", j, j)
+        received = messages_to(key, "alltoallv", j, count)
+        k = key("result", j, j)
         lo, hi = int(offsets[j, j]), int(offsets[j, j + 1])
         tasks[k] = Task(k, _alltoallv_result, j, lo, hi, TaskRef(inputs[j]), *received)
         outputs.append(k)
@@ -396,10 +400,7 @@ def build_pull(token: str, shards: Sequence, indices: Sequence, bounds: Sequence
     """
     count = len(shards)
     bounds = np.asarray(bounds, dtype=INDEX_DTYPE)
-
-    def key(phase, sender, receiver):
-        return collective_key("pull", token, phase, sender, receiver)
-
+    key = partial(collective_key, "pull", token)
     tasks = {}
     for i in range(count):
         split = key("requests", i, i)
@@ -412,7 +413,7 @@ def build_pull(token: str, shards: Sequence, indices: Sequence, bounds: Sequence
                 tasks[reply] = Task(reply, _take_rows, TaskRef(shards[j]), TaskRef(request))
     outputs = []
     for i in range(count):
-        received = [TaskRef(key("pull-rows", j, i)) for j in range(count) if j != i]
+        received = messages_to(key, "pull-rows", i, count)
         k = key("result", i, i)
         tasks[k] = Task(
             k,
@@ -451,10 +452,7 @@ def build_push(token: str, indices: Sequence, rows: Sequence, bounds: Sequence[i
     """
     count = len(indices)
     bounds = np.asarray(bounds, dtype=INDEX_DTYPE)
-
-    def key(phase, sender, receiver):
-        return collective_key("push", token, phase, sender, receiver)
-
+    key = partial(collective_key, "push", token)
     tasks = {}
     for i in range(count):
         combined = key("combine", i, i)
@@ -541,6 +539,15 @@ def _same(what: str, field: str, values: list) -> None:
         raise ValueError(f"the {what} differ in {field}: {values}")
 
 
+def _same_rows(what: str, field: str, metas: list[tuple], no_rows: str) -> None:
+    """Check that the arrays ``metas`` describe share their dtype and their shape beyond axis 0
+    (``field`` in the message), and have an axis 0 (else the message ``no_rows``)."""
+    _same(what, "dtype", [str(m[1]) for m in metas])
+    if any(len(m[0]) == 0 for m in metas):
+        raise ValueError(no_rows)
+    _same(what, field, [m[0][1:] for m in metas])
+
+
 def _submit(client, graph: Graph, workers: list[str]) -> Collective:
     with dask.annotate(workers=_Placement(workers), allow_other_workers=False):
         futures = client.get(graph.tasks, graph.outputs, sync=False)
@@ -573,7 +580,7 @@ def allreduce(client, inputs: Sequence, workers: Sequence[str]) -> Collective:
     """
     workers = _check_workers(client, workers, inputs)
     metas = _contributions(client, workers, inputs, "allreduce", ragged=False)
-    graph = build_allreduce(_new_token(), [f.key for f in inputs], metas[0][0])
+    graph = build_allreduce(new_token(), [f.key for f in inputs], metas[0][0])
     return _submit(client, graph, workers)
 
 
@@ -583,13 +590,12 @@ def _contributions(
     """``(shape, dtype, min, max)`` of each contribution, checked to share one dtype and either
     one shape (``ragged=False``) or one shape beyond axis 0 (``ragged=True``, any length)."""
     metas = _inspect(client, workers, inputs, "input")
-    _same("contributions", "dtype", [str(m[1]) for m in metas])
-    if not ragged:
+    if ragged:
+        no_rows = f"{op} contributions must have at least one dimension"
+        _same_rows("contributions", "shape beyond axis 0", metas, no_rows)
+    else:
+        _same("contributions", "dtype", [str(m[1]) for m in metas])
         _same("contributions", "shape", [m[0] for m in metas])
-        return metas
-    if any(len(m[0]) == 0 for m in metas):
-        raise ValueError(f"{op} contributions must have at least one dimension")
-    _same("contributions", "shape beyond axis 0", [m[0][1:] for m in metas])
     return metas
 
 
@@ -598,7 +604,7 @@ def _gathered(client, inputs: Sequence, workers: Sequence[str], stack: bool) -> 
     _contributions(
         client, workers, inputs, "allgather" if stack else "allgatherv", ragged=not stack
     )
-    graph = build_allgather(_new_token(), [f.key for f in inputs], stack)
+    graph = build_allgather(new_token(), [f.key for f in inputs], stack)
     return _submit(client, graph, workers)
 
 
@@ -690,7 +696,7 @@ def alltoallv(client, inputs: Sequence, workers: Sequence[str], counts) -> Colle
             raise ValueError(
                 f"counts[{i}] sums to {int(matrix[i].sum())} but input {i} has {meta[0][0]} rows"
             )
-    graph = build_alltoallv(_new_token(), [f.key for f in inputs], matrix.astype(np.int64))
+    graph = build_alltoallv(new_token(), [f.key for f in inputs], matrix.astype(np.int64))
     return _submit(client, graph, workers)
 
 
@@ -731,15 +737,10 @@ def pull(client, shards: Sequence, indices: Sequence, workers: Sequence[str]) ->
     """
     workers = _check_workers(client, workers, shards, indices)
     shard_metas = _inspect(client, workers, shards, "shard")
-    _same("shards", "dtype", [str(m[1]) for m in shard_metas])
-    if any(len(m[0]) == 0 for m in shard_metas):
-        raise ValueError("shards must have at least one dimension (rows)")
-    _same("shards", "row shape", [m[0][1:] for m in shard_metas])
-    bounds = [0]
-    for meta in shard_metas:
-        bounds.append(bounds[-1] + meta[0][0])
+    _same_rows("shards", "row shape", shard_metas, "shards must have at least one dimension (rows)")
+    bounds = list(accumulate((meta[0][0] for meta in shard_metas), initial=0))
     _check_indices(_inspect(client, workers, indices, "indices"), bounds[-1], "indices")
-    graph = build_pull(_new_token(), [f.key for f in shards], [f.key for f in indices], bounds)
+    graph = build_pull(new_token(), [f.key for f in shards], [f.key for f in indices], bounds)
     return _submit(client, graph, workers)
 
 
@@ -776,14 +777,9 @@ def push(
     workers = _check_workers(client, workers, indices, rows, sizes)
     if any(int(size) != size or size < 0 for size in sizes):
         raise ValueError(f"sizes must be non-negative integers: {list(sizes)}")
-    bounds = [0]
-    for size in sizes:
-        bounds.append(bounds[-1] + int(size))
+    bounds = list(accumulate((int(size) for size in sizes), initial=0))
     row_metas = _inspect(client, workers, rows, "rows")
-    _same("rows", "dtype", [str(m[1]) for m in row_metas])
-    if any(len(m[0]) == 0 for m in row_metas):
-        raise ValueError("rows must have at least one dimension")
-    _same("rows", "row shape", [m[0][1:] for m in row_metas])
+    _same_rows("rows", "row shape", row_metas, "rows must have at least one dimension")
     index_metas = _inspect(client, workers, indices, "indices")
     _check_indices(index_metas, bounds[-1], "indices")
     for position, (index_meta, row_meta) in enumerate(zip(index_metas, row_metas, strict=True)):
@@ -791,5 +787,5 @@ def push(
             raise ValueError(
                 f"worker {position} pushes {row_meta[0][0]} rows for {index_meta[0][0]} indices"
             )
-    graph = build_push(_new_token(), [f.key for f in indices], [f.key for f in rows], bounds)
+    graph = build_push(new_token(), [f.key for f in indices], [f.key for f in rows], bounds)
     return _submit(client, graph, workers)

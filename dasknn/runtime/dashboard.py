@@ -235,13 +235,22 @@ def _page_html(token: str) -> str:
             data=empty[part],
         )
 
-    pairs = figure(
-        title="bytes sent (row: sender, column: receiver)",
-        width=420,
-        height=380,
-        x_axis_label="receiver (worker)",
-        y_axis_label="sender (worker)",
-        tools="",
+    def plot(title: str, width: int, height: int, x_label: str, y_label: str):
+        return figure(
+            title=title,
+            width=width,
+            height=height,
+            x_axis_label=x_label,
+            y_axis_label=y_label,
+            tools="",
+        )
+
+    pairs = plot(
+        "bytes sent (row: sender, column: receiver)",
+        420,
+        380,
+        "receiver (worker)",
+        "sender (worker)",
     )
     pairs.rect(
         x="x",
@@ -255,13 +264,8 @@ def _page_html(token: str) -> str:
     pairs.add_tools(
         HoverTool(tooltips=[("from", "@sender"), ("to", "@receiver"), ("bytes", "@bytes")])
     )
-    layers = figure(
-        title="bytes per layer: measured and predicted",
-        width=620,
-        height=460,
-        x_axis_label="layer",
-        y_axis_label="bytes between workers",
-        tools="",
+    layers = plot(
+        "bytes per layer: measured and predicted", 620, 460, "layer", "bytes between workers"
     )
     layer_source = source("layers")
     colors = Category10[4]
@@ -279,14 +283,7 @@ def _page_html(token: str) -> str:
             legend_label=name.replace("_", " "),
         )
     layers.add_layout(layers.legend[0], "below")
-    times = figure(
-        title="time per worker (s)",
-        width=420,
-        height=460,
-        x_axis_label="worker",
-        y_axis_label="seconds",
-        tools="",
-    )
+    times = plot("time per worker (s)", 420, 460, "worker", "seconds")
     times.vbar_stack(
         list(TIME_PARTS),
         x="index",

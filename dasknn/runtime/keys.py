@@ -41,6 +41,7 @@ variable takes the place of the layer for data-parallel keys).
 
 from __future__ import annotations
 
+import uuid
 from typing import NamedTuple
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "dp_key",
     "parse_dp_key",
     "message_phase",
+    "new_token",
     "parse_collective_key",
     "parse_pipeline_key",
     "parse_sampled_key",
@@ -96,6 +98,12 @@ class CollectiveKey(NamedTuple):
     phase: str
     sender: int
     receiver: int
+
+
+def new_token() -> str:
+    """A fresh token for the keys of one model or collective: 16 random hex digits (no ``-``,
+    so :func:`_split_name` splits ``dasknn-{kind}-{token}`` at the first ``-`` after the kind)."""
+    return uuid.uuid4().hex[:16]
 
 
 def _split_name(key) -> tuple[str, str] | None:

@@ -4,13 +4,14 @@ budgets, and only activations, softmax statistics and partial gradients between 
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import asdict
 
 import dask
 import numpy as np
 
-from dasknn.runtime.measure import install_comm_monitor, read_transfers, reset_transfers
+from dasknn.runtime.keys import new_token
+from dasknn.runtime.measure import read_transfers, reset_transfers
+from dasknn.runtime.plugin_owner import PluginOwner
 from dasknn.sampled.checks import check_features, check_k, check_labels, check_positive_int
 from dasknn.sampled.layers import merge_top_k
 from dasknn.sampled.model import SampledMLP, epoch_batches, label_rows, precision_at_k
@@ -37,7 +38,7 @@ def _column_bounds(hidden: int, workers: int) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
 
 
-class DistributedSampledMLP:
+class DistributedSampledMLP(PluginOwner):
     """A :class:`~dasknn.sampled.SampledMLP` spread over the workers of a Dask cluster, one shard
     a worker (D-SLIDE, Yan et al. 2022).
 
@@ -89,7 +90,7 @@ class DistributedSampledMLP:
         self.n_features_in_ = model.n_features_in_
         self.n_labels_ = model.n_labels_
         self.columns = _column_bounds(model.hidden, len(workers))
-        self.token = uuid.uuid4().hex[:16]
+        self.token = new_token()
         self.plugin_name = plugin_name(self.token)
         self.n_steps_ = model.n_steps_
         self.epochs_ = model.epochs_
@@ -97,14 +98,7 @@ class DistributedSampledMLP:
         self._calls = 0
         self._placement = SenderPlacement(workers)
         self._open = False
-        install_comm_monitor(client)
-        client.register_plugin(ShardState(self.token), name=self.plugin_name)
-        self._open = True
-        try:
-            self._install(model)
-        except BaseException:
-            self.close()
-            raise
+        self._register(ShardState(self.token), lambda: self._install(model))
 
     def _install(self, model: SampledMLP) -> None:
         params = model.parameters()
@@ -138,12 +132,6 @@ class DistributedSampledMLP:
         self.client.gather(futures)
 
     # ------------------------------------------------------------ basics
-    def __enter__(self) -> DistributedSampledMLP:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
-
     def close(self) -> None:
         """Remove the model's plugin (with the parameters it owns) and its transfer records;
         closing twice does nothing."""

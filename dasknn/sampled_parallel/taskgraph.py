@@ -13,8 +13,11 @@ Per training step, with ``B`` rows, ``H`` hidden neurons in blocks of ``H_q`` an
 
 from __future__ import annotations
 
+from functools import partial
+
 from dask.task_spec import Task, TaskRef
 
+from dasknn.runtime.collectives import messages_to
 from dasknn.runtime.keys import parse_sampled_key, sampled_key
 from dasknn.sampled_parallel import steps
 
@@ -58,6 +61,21 @@ def _broadcast(tasks: dict, key_of, source, count: int, func) -> None:
                 tasks[k] = Task(k, func, TaskRef(source(p)))
 
 
+def _hidden_exchange(tasks: dict, key, phase: str, token: str, inputs: list, count: int) -> None:
+    """Worker ``p``'s hidden block ``key(phase, p, p)`` of its rows ``inputs[p]``, and the
+    messages ``key(phase, p, q)`` that carry it to every other worker ``q``."""
+    for p in range(count):
+        k = key(phase, p, p)
+        tasks[k] = Task(k, steps.hidden_block, token, TaskRef(inputs[p]))
+    _broadcast(
+        tasks,
+        lambda p, q: key(phase, p, q),
+        lambda p: key(phase, p, p),
+        count,
+        _identity,
+    )
+
+
 def train_graph(
     token: str,
     call: int,
@@ -73,24 +91,9 @@ def train_graph(
     ``inputs[p]``, ``labels[p]``, ``target[p]``: keys of the batch rows (CSR), the shard's
     labels ``(ptr, local ids)`` and the per-row target ``1 / n_labels`` on worker ``p``.
     """
-
-    def key(phase, p, q):
-        return sampled_key(token, call, phase, p, q)
-
-    def received(phase, q):
-        return [TaskRef(key(phase, p, q)) for p in range(workers) if p != q]
-
+    key = partial(sampled_key, token, call)
     tasks: dict = {}
-    for p in range(workers):
-        k = key("hidden", p, p)
-        tasks[k] = Task(k, steps.hidden_block, token, TaskRef(inputs[p]))
-    _broadcast(
-        tasks,
-        lambda p, q: key("hidden", p, q),
-        lambda p: key("hidden", p, p),
-        workers,
-        _identity,
-    )
+    _hidden_exchange(tasks, key, "hidden", token, inputs, workers)
     for p in range(workers):
         k = key("select", p, p)
         tasks[k] = Task(
@@ -100,7 +103,7 @@ def train_graph(
             step,
             TaskRef(labels[p]),
             TaskRef(key("hidden", p, p)),
-            *received("hidden", p),
+            *messages_to(key, "hidden", p, workers),
         )
     _broadcast(
         tasks,
@@ -119,7 +122,7 @@ def train_graph(
             step + 1,
             TaskRef(target[p]),
             TaskRef(key("select", p, p)),
-            *received("stats", p),
+            *messages_to(key, "stats", p, workers),
         )
     for p in range(workers):
         for q in range(workers):
@@ -137,7 +140,7 @@ def train_graph(
             TaskRef(inputs[p]),
             TaskRef(key("hidden", p, p)),
             TaskRef(key("output", p, p)),
-            *received("grad", p),
+            *messages_to(key, "grad", p, workers),
         )
         outputs.append(k)
     return tasks, outputs
@@ -146,27 +149,19 @@ def train_graph(
 def predict_graph(token: str, call: int, workers: int, inputs: list, k: int) -> tuple[dict, list]:
     """The tasks of one prediction batch: each worker's exact top ``k`` (phase
     ``predict-hidden`` carries the hidden blocks)."""
-
-    def key(phase, p, q):
-        return sampled_key(token, call, phase, p, q)
-
+    key = partial(sampled_key, token, call)
     tasks: dict = {}
-    for p in range(workers):
-        kk = key("predict-hidden", p, p)
-        tasks[kk] = Task(kk, steps.hidden_block, token, TaskRef(inputs[p]))
-    _broadcast(
-        tasks,
-        lambda p, q: key("predict-hidden", p, q),
-        lambda p: key("predict-hidden", p, p),
-        workers,
-        _identity,
-    )
+    _hidden_exchange(tasks, key, "predict-hidden", token, inputs, workers)
     outputs = []
     for p in range(workers):
         kk = key("top", p, p)
-        received = [TaskRef(key("predict-hidden", r, p)) for r in range(workers) if r != p]
         tasks[kk] = Task(
-            kk, steps.shard_top_k, token, k, TaskRef(key("predict-hidden", p, p)), *received
+            kk,
+            steps.shard_top_k,
+            token,
+            k,
+            TaskRef(key("predict-hidden", p, p)),
+            *messages_to(key, "predict-hidden", p, workers),
         )
         outputs.append(kk)
     return tasks, outputs

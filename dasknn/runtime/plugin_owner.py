@@ -1,0 +1,49 @@
+"""The life of a distributed model whose state on the workers one worker plugin owns.
+
+The transfer monitor is installed and the plugin registered before the model's values are placed;
+if placing them fails the model is closed again (the plugin and everything it holds removed), and a
+``with`` block closes the model at its end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Self
+
+from dasknn.runtime.measure import install_comm_monitor
+
+__all__ = ["PluginOwner"]
+
+
+class PluginOwner:
+    """Base of a distributed model that owns one worker plugin.
+
+    A subclass sets ``client`` and ``plugin_name`` and implements :meth:`close`, which removes
+    the plugin while ``_open`` is true and does nothing after that.
+    """
+
+    client: Any
+    plugin_name: str
+    _open: bool = False
+
+    def _register(self, plugin, place: Callable[[], None]) -> None:
+        """Install the transfer monitor, register ``plugin`` on every worker under
+        ``plugin_name``, then call ``place()``; close the model if it raises."""
+        install_comm_monitor(self.client)
+        self.client.register_plugin(plugin, name=self.plugin_name)
+        self._open = True
+        try:
+            place()
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Remove the plugin (with the state it owns); closing twice does nothing."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
