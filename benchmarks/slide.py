@@ -162,7 +162,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=9)
     parser.add_argument("--tables", type=int, default=50)
     parser.add_argument("--bucket-size", type=int, default=128)
-    parser.add_argument("--rehash-every", type=int, default=50)
+    parser.add_argument("--rehash-every", type=int, default=20)
     parser.add_argument("--rebuild-every", type=int, default=500)
     parser.add_argument("--eval-every", type=int, default=50, help="steps between checkpoints")
     parser.add_argument("--parts", type=int, nargs="*", default=[2])

@@ -123,9 +123,10 @@ def _python_buckets(codes: np.ndarray) -> list[dict]:
 
 
 @pytest.mark.minversions  # also at the minimum versions (.ci/run)
-def test_tables_hold_the_buckets_and_the_union():
+@pytest.mark.parametrize("spread", [1, 1 << 24])  # codes sorted by counting / by merging
+def test_tables_hold_the_buckets_and_the_union(spread):
     rng = np.random.default_rng(9)
-    codes = rng.integers(0, 6, size=(200, 4))
+    codes = rng.integers(0, 6, size=(200, 4)) * spread
     reference = _python_buckets(codes)
     full = HashTables.from_codes(codes, 1000, seed=0)
     capped = HashTables.from_codes(codes, 7, seed=0)
@@ -136,8 +137,8 @@ def test_tables_hold_the_buckets_and_the_union():
             got = capped.bucket(t, code)
             assert len(got) == min(7, len(ids)) and len(set(got)) == len(got)
             assert set(got) <= set(ids)
-        assert len(full.bucket(t, 99)) == 0
-    query = np.array([0, 3, 5, 99])
+        assert len(full.bucket(t, 99 * spread)) == 0
+    query = np.array([0, 3, 5, 99]) * spread
     union = set().union(*(set(reference[t].get(int(c), [])) for t, c in enumerate(query)))
     got = full.query(query)
     assert len(got) == len(set(got)) and set(got) == union

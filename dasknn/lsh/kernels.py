@@ -94,6 +94,30 @@ def dwta_codes(vectors, bins, k, n_tables, bits):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
+def _stable_order(column):  # pragma: no cover - compiled
+    """The positions of ``column``'s values in increasing order, equal values in position order:
+    a counting sort when the values are non-negative and below ``4 * len(column) + 1024``, else
+    a merge sort."""
+    n = column.shape[0]
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    low = column.min()
+    span = column.max() + 1
+    if low < 0 or span > 4 * n + 1024:
+        return np.argsort(column, kind="mergesort")
+    start = np.zeros(span + 1, dtype=np.int64)
+    for i in range(n):
+        start[column[i] + 1] += 1
+    for v in range(span):
+        start[v + 1] += start[v]
+    order = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        order[start[column[i]]] = i
+        start[column[i]] += 1
+    return order
+
+
+@njit(cache=True)
 def build_buckets(codes, cap, seed):  # pragma: no cover - compiled
     """CSR-like tables from the codes of ``n`` items (``codes``: ``(n, n_tables)``).
 
@@ -120,12 +144,13 @@ def build_buckets(codes, cap, seed):  # pragma: no cover - compiled
     n_keys = 0
     n_items = 0
     for t in range(n_tables):
-        order = np.argsort(codes[:, t], kind="mergesort")
+        column = np.ascontiguousarray(codes[:, t])
+        order = _stable_order(column)
         start = 0
         while start < n:
-            code = codes[order[start], t]
+            code = column[order[start]]
             stop = start
-            while stop < n and codes[order[stop], t] == code:
+            while stop < n and column[order[stop]] == code:
                 stop += 1
             size = stop - start
             keys[n_keys] = code
