@@ -87,10 +87,17 @@ def test_microbatched_steps_equal_the_single_process_steps(
             reference.train_step(x[:5], y[:5], optimizer=optimizer), rel=1e-10
         )
         report = dist.comm_report()
+        timings = dist.timings().values()
         trained = dist.gather()
         keys = dask_client.run_on_scheduler(_model_keys, token=dist.token)
         assert any("postbox" in key for key in keys) == (messages == "actors")
     assert report.payload == report.predicted
+    # with actors the task thread applies the updates in its waits, else the background thread
+    assert all(t["update"] > 0 for t in timings)
+    if messages == "actors":
+        assert all(t["update_background"] == 0 for t in timings)
+    else:
+        assert all(t["update_background"] > 0 for t in timings)
     deadline = time.monotonic() + 30  # the scheduler releases them asynchronously
     while left := dask_client.run_on_scheduler(_model_keys, token=dist.token):  # on close
         assert time.monotonic() < deadline, f"keys still held after close: {left}"

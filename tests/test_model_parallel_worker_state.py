@@ -156,3 +156,53 @@ def test_close_removes_every_plugin_and_key(dask_client):
     with pytest.raises(RuntimeError, match="closed"):
         dist.gather()
     dist.close()  # a second close does nothing
+
+
+def _take_with_idle_work(token: str) -> dict:
+    """Task: exercise the mailbox's idle work on this worker's :class:`ModelState`."""
+    import threading
+
+    from dasknn.model_parallel.worker_state import model_state
+
+    owner = model_state(token)
+    ran: list[str] = []
+    seen = {}
+    owner.queue_idle(ran.append, "first")
+    owner.deliver(("ready",), np.zeros(1))
+    seen["ready"] = (owner.take(("ready",), timeout=30).tolist(), list(ran))
+    # the message is missing: the queued jobs run, in order, then the task thread waits
+    owner.queue_idle(ran.append, "second")
+    timer = threading.Timer(0.2, owner.deliver, args=(("late",), np.ones(2)))
+    timer.start()
+    seen["late"] = (owner.take(("late",), timeout=30).tolist(), list(ran))
+    timer.join()
+    # a job that delivers the message ends the idle work: the next job stays queued
+    owner.queue_idle(owner.deliver, ("during",), np.full(3, 2.0))
+    owner.queue_idle(ran.append, "third")
+    seen["during"] = (owner.take(("during",), timeout=30).tolist(), list(ran))
+    owner.run_idle()
+    seen["run_idle"] = list(ran)
+    owner.queue_idle(ran.append, "dropped")
+    owner.clear_steps()
+    owner.run_idle()
+    seen["cleared"] = list(ran)
+    return seen
+
+
+def test_idle_work_runs_while_a_message_is_missing(dask_client):
+    """``take`` runs the queued jobs (the weight updates of ``messages="actors"``) only while the
+    message it needs has not arrived, one at a time and in order; ``run_idle`` runs what is left;
+    ``clear_steps`` drops them."""
+    from dasknn.model_parallel.worker_state import ModelState, plugin_name
+
+    token = "idle-work-test"
+    dask_client.register_plugin(ModelState(token), name=plugin_name(token))
+    try:
+        seen = dask_client.submit(_take_with_idle_work, token, pure=False).result(timeout=60)
+    finally:
+        dask_client.unregister_worker_plugin(plugin_name(token))
+    assert seen["ready"] == ([0.0], [])
+    assert seen["late"] == ([1.0, 1.0], ["first", "second"])
+    assert seen["during"] == ([2.0, 2.0, 2.0], ["first", "second"])
+    assert seen["run_idle"] == ["first", "second", "third"]
+    assert seen["cleared"] == ["first", "second", "third"]

@@ -10,7 +10,11 @@ output block, or nothing). Once a part's partial sums of layer ``k >= 2`` are co
 old weights), its update of layer ``k`` (the gradient, then the step of the model's optimizer) is
 handed to the model's background thread on the worker (the kernels release the GIL), so the update
 runs while the task thread waits for the next layer's messages instead of delaying them; the
-part's last task of the step updates layer 1 and waits for all of its updates. A step may be cut
+part's last task of the step updates layer 1 and waits for all of its updates. With
+``messages="actors"`` the waits are inside the task, so the task thread itself runs the queued
+updates while a message it needs has not arrived
+(:meth:`~dasknn.model_parallel.worker_state.ModelState.queue_idle`), and no second thread takes
+cores from the products. A step may be cut
 into microbatches (row blocks, :attr:`StepContext.microbatches`): each task works on one block,
 and a layer's gradients are summed over the blocks on the update thread before the optimizer's
 step. With ``messages="actors"`` (:mod:`dasknn.model_parallel.exchange`) one task per worker calls
@@ -364,11 +368,11 @@ def backward_task(
     ``sorted(next_plan.send)`` (``pieces`` and the mailbox, as ``route.sources`` says) times
     ``f'(z_k)`` (at ``k = L``: the loss gradient from ``y``).
     Then the partial sums for layer ``k-1`` are computed with the old weights, and the
-    microbatch's gradient of layer ``k`` goes to the background thread, which adds it to the
-    layer's sum and, once every microbatch's gradient is in, applies ``ctx.optimizer``'s step
-    (with the state the worker keeps beside the weights). In layer 1 the part's last microbatch
-    to finish waits for all of the part's updates and then adds its own gradient and updates
-    layer 1 itself.
+    microbatch's gradient of layer ``k`` goes to the background thread (with ``messages="actors"``:
+    to the task thread's queue of work for its waits), which adds it to the layer's sum and, once
+    every microbatch's gradient is in, applies ``ctx.optimizer``'s step (with the state the worker
+    keeps beside the weights). In layer 1 the part's last microbatch to finish waits for all of
+    the part's updates and then adds its own gradient and updates layer 1 itself.
 
     Parameters
     ----------
@@ -392,13 +396,14 @@ def backward_task(
             if k == ctx.n_layers:
                 inputs = (None, None, None, forward_pieces, forward_route)
                 _ensure_forward(owner, ctx, part, i, k, plan, *inputs)
-            received = ()
-            if k < ctx.n_layers:
-                returning = sorted(next_plan.send)
-                received = _received(owner, ctx, i, "bwd", k + 1, part, returning, pieces, route)
+            returning = sorted(next_plan.send) if k < ctx.n_layers else []
+
+            def receive() -> list:
+                return _received(owner, ctx, i, "bwd", k + 1, part, returning, pieces, route)
+
             layer = owner.layers[(k, part)]
             delta = _backward(
-                owner, ctx, state, i, part, k, plan, layer, next_plan, received, y, y_rows, lse,
+                owner, ctx, state, i, part, k, plan, layer, next_plan, receive, y, y_rows, lse,
                 route,
             )
             x_in = state.forward.pop(k)[0]
@@ -408,13 +413,15 @@ def backward_task(
                 local = {n: partial[groups[n] : groups[n + 1]] for n in route.local}
                 _post(owner, ctx, i, "bwd", k, part, local)
             if k >= 2 or part_step.finished + 1 < ctx.microbatches:
-                update = owner.submit_update(
-                    _accumulate, owner, ctx, part_step, x_in, delta, k, plan, layer, True
-                )
-                part_step.updates.append(update)
+                job = (_accumulate, owner, ctx, part_step, x_in, delta, k, plan, layer)
+                if ctx.part_workers:
+                    owner.queue_idle(*job)
+                else:
+                    part_step.updates.append(owner.submit_update(*job, True))
             else:  # the part's last task of the step: every other update is queued before it
                 for update in part_step.updates:
                     update.result()
+                owner.run_idle()
                 _accumulate(owner, ctx, part_step, x_in, delta, k, plan, layer)
         last = False
         if k == 1:
@@ -433,10 +440,13 @@ def backward_task(
 
 def _backward(
     owner: ModelState, ctx, state: MicrobatchStep, i, part, k, plan, layer: PartLayer, next_plan,
-    pieces, y, y_rows, lse, route: Route,
+    receive, y, y_rows, lse, route: Route,
 ):
     """Return ``delta_k`` of the part; keep its partial sums for layer ``k-1`` (old weights).
 
+    ``receive()`` returns the other parts' partial sums of layer ``k + 1`` for this part (in the
+    order of ``sorted(next_plan.send)``); it is called once the part's own share of ``grad_a`` and
+    ``f'(z_k)`` are computed, so a message still on its way is waited for as late as possible.
     With ``ctx.part_workers`` (messages posted between workers) the partial sums for the owners
     in ``route.local`` are posted here, as each owner's rows are computed.
     """
@@ -448,9 +458,13 @@ def _backward(
         own = state.partial.pop(k + 1)
         grad_a = np.zeros_like(z)
         grad_a[next_plan.own] = own[next_plan.groups[part] : next_plan.groups[part + 1]]
+        derivative = get_activation(ctx.activation).derivative(z, a)
+        clock = time.perf_counter()
+        pieces = receive()
+        start += time.perf_counter() - clock  # waiting for the messages is no product
         for n, piece in zip(sorted(next_plan.send), pieces, strict=True):
             grad_a[next_plan.send[n]] += piece
-        grad_a *= get_activation(ctx.activation).derivative(z, a)
+        grad_a *= derivative
         delta = grad_a
     if k >= 2:
         partial = np.empty((int(plan.groups[-1]), z.shape[1]), dtype=z.dtype)

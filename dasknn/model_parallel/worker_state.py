@@ -10,8 +10,10 @@ token and removed by its ``close()``. On every worker it owns, for the parts pla
   ever changed after its task returned (spilling, replicating or rebalancing Dask's data cannot
   lose an update);
 - the intermediate values of the steps in flight (:class:`PartStep`), the mailbox of messages
-  between parts on this worker, the time spent per kind of work, and the background thread that
-  applies the weight updates.
+  between parts on this worker, the time spent per kind of work, the background thread that
+  applies the weight updates of steps run as a task per layer step, and the queue of updates
+  that a step run as one task per worker (``messages="actors"``) applies on its own thread while
+  it would otherwise wait for a message (:meth:`ModelState.queue_idle`).
 
 The step tasks (:mod:`dasknn.model_parallel.steps`) find it with :func:`model_state`. The dask
 arrays a user reads (``dist.weights``, ``dist.biases``) are snapshots: tasks that copy the owned
@@ -21,7 +23,7 @@ values into fresh pydata-sparse chunks (:func:`snapshot_weight`, :func:`snapshot
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
+from collections import defaultdict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -132,7 +134,8 @@ class PartStep:
         Microbatch number -> :class:`MicrobatchStep`.
     gradients : dict
         Layer -> :class:`GradientSum` until every microbatch's gradient of the layer is in it
-        (used by the update thread only, or by the task thread once the updates are waited for).
+        (used by the update thread only, or by the task thread once the updates are waited for;
+        with ``messages="actors"`` by the task thread only).
     updates : list of Future
         The update-thread jobs of the step.
     finished : int
@@ -174,6 +177,8 @@ class ModelState(WorkerPlugin):
         self._arrived = threading.Condition()
         self._cleared = 0  # clear_steps calls, which end the waits of take
         self._posts: list = []
+        #: Jobs the task thread runs while a message it takes has not arrived (:meth:`take`).
+        self._idle_work: deque = deque()
         #: ``messages="actors"``: the postbox actor of every worker (address -> handle), set by
         #: the step task.
         self.postboxes: dict = {}
@@ -240,6 +245,7 @@ class ModelState(WorkerPlugin):
             self._cleared += 1
             self._arrived.notify_all()
         self._posts = []
+        self._idle_work.clear()
         return dropped
 
     # ---------------------------------------------------------------- messages
@@ -263,17 +269,44 @@ class ModelState(WorkerPlugin):
     def take(self, key: tuple, timeout: float = MESSAGE_TIMEOUT) -> np.ndarray:
         """Remove and return the message ``key``, waiting for it up to ``timeout`` seconds
         (``TimeoutError`` naming the key after that); ``RuntimeError`` if :meth:`clear_steps`
-        drops the steps in flight meanwhile (a step failed elsewhere)."""
+        drops the steps in flight meanwhile (a step failed elsewhere).
+
+        While the message has not arrived, the jobs of :meth:`queue_idle` run first, one at a
+        time, in the order they were queued; the wait starts when none is left.
+        """
         with self._arrived:
             cleared = self._cleared
-            arrived = self._arrived.wait_for(
-                lambda: key in self.mailbox or self._cleared != cleared, timeout
-            )
-            if self._cleared != cleared:
-                raise RuntimeError(f"the steps in flight were dropped while waiting for {key}")
-            if not arrived:
-                raise TimeoutError(f"no message {key} arrived within {timeout:g} s")
-            return self.mailbox.pop(key)
+        while True:
+            with self._arrived:
+                ready = key in self.mailbox or self._cleared != cleared
+                if ready or not self._idle_work:
+                    arrived = ready or self._arrived.wait_for(
+                        lambda: key in self.mailbox or self._cleared != cleared, timeout
+                    )
+                    if self._cleared != cleared:
+                        raise RuntimeError(
+                            f"the steps in flight were dropped while waiting for {key}"
+                        )
+                    if not arrived:
+                        raise TimeoutError(f"no message {key} arrived within {timeout:g} s")
+                    return self.mailbox.pop(key)
+                func, args = self._idle_work.popleft()
+            func(*args)
+
+    def queue_idle(self, func, *args) -> None:
+        """Queue ``func(*args)`` for the calling task thread: it runs while a message that thread
+        takes has not arrived (:meth:`take`), or at the latest in :meth:`run_idle`."""
+        with self._arrived:
+            self._idle_work.append((func, args))
+
+    def run_idle(self) -> None:
+        """Run every job :meth:`queue_idle` left, in the order they were queued."""
+        while True:
+            with self._arrived:
+                if not self._idle_work:
+                    return
+                func, args = self._idle_work.popleft()
+            func(*args)
 
     def submit_update(self, func, *args) -> Future:
         """Run ``func(*args)`` on this model's background update thread."""
