@@ -6,6 +6,7 @@ weights that mix two steps."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import threading
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from distributed import Client, LocalCluster
+from distributed.diagnostics.plugin import SchedulerPlugin
 from model_reference import DenseReference
 
 from dasknn.cli import main
@@ -166,6 +168,79 @@ def test_stopped_worker_is_reported_after_the_step_timeout(cluster):
         finally:
             stop.join()
             os.kill(pid, signal.SIGCONT)
+
+
+class _StopWorkerWhenAStepIsDone(SchedulerPlugin):
+    """Stops (SIGSTOP) a worker from inside the scheduler as soon as a training step that started
+    after the plugin was added has finished: every task done, the results in memory, before the
+    client hears of it (and so before it gathers them)."""
+
+    name = "dasknn-test-stop-when-done"
+    _BUSY = ("waiting", "processing", "no-worker", "queued")
+
+    def __init__(self, address: str):
+        self.address = address
+        self.started = self.stopped = False
+
+    async def start(self, scheduler) -> None:
+        self.scheduler = scheduler
+
+    def transition(self, key, start, finish, *args, **kwargs) -> None:
+        step_key = isinstance(key, tuple) and str(key[0]).startswith("dasknn-bwd-")
+        self.started |= step_key and finish == "processing"
+        if self.stopped or not self.started or finish != "memory":
+            return
+        if any(ts.state in self._BUSY for ts in self.scheduler.tasks.values()):
+            return
+        self.stopped = True
+        os.kill(self.scheduler.workers[self.address].pid, signal.SIGSTOP)
+
+
+def _model_keys(dask_scheduler, token: str) -> list:
+    return [str(key) for key in dask_scheduler.tasks if token in str(key)]
+
+
+def test_worker_stopped_between_the_step_and_the_gather_is_reported_after_the_step_timeout(
+    cluster,
+):
+    """The step has finished (all its futures done) when the worker holding part of its results
+    stops: the gather of the results gives up after ``step_timeout`` (``Client.gather`` alone
+    would wait for ever), names the worker, and the cancelled gather holds no key once the model
+    is closed (garbage collector off)."""
+    _, client = cluster
+    x, y = _data()
+    model = _model()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with DistributedSparseMLP(model, client, _parts(model), step_timeout=3) as dist:
+            dist.fit(x[:8], y[:8], batch_size=8, lr=0.0, progress=False)
+            address, token = dist.part_workers[1], dist.token
+            pid = _pids(client)[address]
+            plugin = _StopWorkerWhenAStepIsDone(address)
+            client.register_plugin(plugin)
+            try:
+                start = time.monotonic()
+                with pytest.raises(
+                    StepTimeoutError,
+                    match=f"results of a finished step did not arrive within 3 s .*{address} "
+                    "has not been heard from",
+                ):
+                    dist.train_step(x[:8], y[:8], lr=LR)
+                assert time.monotonic() - start < 10
+                assert client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.plugins[
+                    plugin.name].stopped)  # fmt: skip
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            with pytest.raises(RuntimeError, match="unusable after a failed step"):
+                dist.gather()
+        deadline = time.monotonic() + 10
+        while client.run_on_scheduler(_model_keys, token=token):
+            assert time.monotonic() < deadline, "model keys were still held 10 s after close()"
+            time.sleep(0.05)
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def test_paused_worker_is_an_error_naming_the_memory_limit(tmp_path):

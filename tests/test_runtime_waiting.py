@@ -1,14 +1,17 @@
-"""Waiting with a time limit leaves nothing on the cluster once the futures are dropped."""
+"""Waiting and gathering with a time limit leave nothing on the cluster once the futures are
+dropped."""
 
 from __future__ import annotations
 
 import gc
+import os
+import signal
 import time
 
 import pytest
 from distributed import Event
 
-from dasknn.runtime.waiting import wait_at_most
+from dasknn.runtime.waiting import gather_at_most, wait_at_most
 
 pytestmark = pytest.mark.minversions
 
@@ -44,5 +47,42 @@ def test_wait_at_most_times_out_then_finishes_and_keeps_no_reference(dask_client
             assert time.monotonic() < deadline, "the key was still held 10 s after the drop"
             time.sleep(0.05)
     finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _identity(value):
+    return value
+
+
+def test_gather_at_most_gives_up_on_a_stopped_worker_and_keeps_no_reference(dask_client):
+    """A result on a worker stopped (SIGSTOP) after its task finished: ``Client.gather`` would
+    wait for ever; the gather gives up after the time limit, another gather once the worker goes
+    on returns the results, and after the caller drops the futures their keys leave the scheduler
+    with the garbage collector off."""
+    workers = sorted(dask_client.scheduler_info(n_workers=-1)["workers"])
+    pid = dask_client.run(os.getpid, workers=[workers[-1]])[workers[-1]]
+    futures = [
+        dask_client.submit(_identity, i, workers=[w], pure=False) for i, w in enumerate(workers)
+    ]
+    keys = [future.key for future in futures]
+    assert wait_at_most(futures, 30)
+    was_enabled = gc.isenabled()
+    gc.disable()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        with pytest.raises(TimeoutError, match="did not arrive within 0.5 s"):
+            gather_at_most(dask_client, futures, 0.5)
+        assert time.monotonic() - start < 3
+        os.kill(pid, signal.SIGCONT)
+        assert gather_at_most(dask_client, futures, 30) == [0, 1]
+        del futures
+        deadline = time.monotonic() + 10
+        while any(dask_client.run_on_scheduler(_held, key=key) for key in keys):
+            assert time.monotonic() < deadline, "a key was still held 10 s after the drop"
+            time.sleep(0.05)
+    finally:
+        os.kill(pid, signal.SIGCONT)
         if was_enabled:
             gc.enable()

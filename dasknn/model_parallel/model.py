@@ -59,6 +59,7 @@ from dasknn.model_parallel.worker_memory import ReuseFreedMemory
 from dasknn.model_parallel.worker_state import ModelState, plugin_name, read_parts
 from dasknn.optim import Optimizer, ParamState, resolve_optimizer
 from dasknn.runtime.cluster import open_client
+from dasknn.runtime.waiting import gather_at_most
 
 __all__ = ["DistributedSparseMLP"]
 
@@ -624,12 +625,20 @@ class DistributedSparseMLP(SparseEstimator):
         return self.client.run(_timings_on_worker, name=self.plugin_name)
 
     def _collect(self, futures) -> list:
-        """Gather a step's results, watching its workers (:func:`wait_for_step`); on failure,
-        mark the model failed, free the answering workers' step state and say why."""
+        """Gather a step's results, watching its workers (:func:`wait_for_step`), then fetch
+        them in one gather within ``step_timeout`` (:func:`gather_at_most`); on failure, mark the
+        model failed, free the answering workers' step state and say why."""
         try:
             parts = [future.key[3] for future in futures]
             wait_for_step(self.client, futures, self.part_workers, parts, self.step_timeout)
-            return self.client.gather(futures)
+            try:
+                return gather_at_most(self.client, futures, self.step_timeout)
+            except TimeoutError:
+                holders = [self.part_workers[m] for m in parts]
+                raise StepTimeoutError(
+                    f"the results of a finished step did not arrive within {self.step_timeout:g}"
+                    f" s (step_timeout): {describe_workers(self.client, holders)}"
+                ) from None
         except StepTimeoutError as exc:
             self._failed = str(exc)
             raise

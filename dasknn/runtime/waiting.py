@@ -1,13 +1,24 @@
-"""Waiting for futures with a time limit, without keeping them alive afterwards."""
+"""Waiting for futures and gathering their results with a time limit, without keeping them
+alive afterwards."""
 
 from __future__ import annotations
 
+import asyncio
 import traceback
 from collections.abc import Sequence
 
-from distributed import Future, wait
+from distributed import Client, Future, wait
 
-__all__ = ["wait_at_most"]
+__all__ = ["gather_at_most", "wait_at_most"]
+
+
+def _drop_tracebacks(error: BaseException | None) -> None:
+    """Clear the frames of ``error``'s traceback and of the errors it was raised from, and drop
+    the tracebacks (see :func:`wait_at_most`)."""
+    while error is not None:
+        traceback.clear_frames(error.__traceback__)
+        error.__traceback__ = None
+        error = error.__context__ or error.__cause__
 
 
 def wait_at_most(futures: Sequence[Future], seconds: float) -> bool:
@@ -30,10 +41,50 @@ def wait_at_most(futures: Sequence[Future], seconds: float) -> bool:
     try:
         wait(list(futures), timeout=seconds)
     except TimeoutError as exc:
-        error: BaseException | None = exc
-        while error is not None:
-            traceback.clear_frames(error.__traceback__)
-            error.__traceback__ = None
-            error = error.__context__ or error.__cause__
+        _drop_tracebacks(exc)
         return False
     return True
+
+
+def gather_at_most(client: Client, futures: Sequence[Future], seconds: float) -> list:
+    """The results of ``futures``, in order, fetched by one ``Client.gather`` within ``seconds``.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        A synchronous client (not one used inside ``async`` code).
+    futures : sequence of Future
+        Futures of ``client``.
+    seconds : float
+        How long the results may take to arrive.
+
+    Returns
+    -------
+    list
+        The results.
+
+    Raises
+    ------
+    TimeoutError
+        If they did not all arrive within ``seconds`` (a worker holding one stopped answering);
+        the gather is cancelled and the error has no traceback that could hold the futures.
+    Exception
+        A failed future's error, as ``Client.gather`` raises it.
+
+    Notes
+    -----
+    ``Client.gather`` takes no timeout, and a worker that stops (``SIGSTOP``, a swapping node)
+    after its tasks finished blocks it for ever. Here the same single gather request runs as a
+    coroutine (``Client.gather(..., asynchronous=True)``) on the client's event loop
+    (``asyncio.run_coroutine_threadsafe``), and the caller waits for it with a time limit and
+    cancels it on timeout, as ``Future.result(timeout)`` does for one future.
+    """
+    gathering = asyncio.run_coroutine_threadsafe(
+        client.gather(list(futures), asynchronous=True), client.loop.asyncio_loop
+    )
+    try:
+        return gathering.result(timeout=seconds)
+    except TimeoutError as exc:
+        gathering.cancel()
+        _drop_tracebacks(exc)
+        raise TimeoutError(f"the results did not arrive within {seconds:g} s") from None
