@@ -286,3 +286,27 @@ def test_bad_batches_raise_before_anything_is_scheduled(client4):
         for a, b in zip(pipe.gather().weights, model.weights, strict=True):
             np.testing.assert_array_equal(a, b)
     assert not any(client4.run(_pipeline_plugins).values())
+
+
+def _set_first_weight_infinite(dask_worker, token):
+    stack = dask_worker.plugins[f"dasknn-pipeline-{token}"].stack
+    stack.layers[0].master[0] = np.inf
+    stack.layers[0].refresh()
+
+
+@pytest.mark.parametrize(
+    ("bounds", "stage", "layer"),
+    [([(0, 1), (1, 3)], 0, 1), ([(0, 1), (1, 2), (2, 3)], 1, 2), ([(0, 2), (2, 3)], 1, 3)],
+)
+def test_a_nonfinite_loss_names_the_layer_where_values_first_became_nonfinite(
+    client4, bounds, stage, layer
+):
+    model, x, y = problem()
+    with PipelineMLP(
+        model, client4, stages=len(bounds), microbatches=2, bounds=bounds, schedule="1f1b"
+    ) as pipe:
+        pipe.train_step(x, y, lr=0.01)
+        address = pipe.workers[(stage, 0)]
+        client4.run(_set_first_weight_infinite, token=pipe.token, workers=[address])
+        with pytest.raises(FloatingPointError, match=f"step 2: .* layer {layer} is the first"):
+            pipe.train_step(x, y, lr=0.01)

@@ -30,21 +30,56 @@ from dasknn.model.losses import Loss, get_loss
 from dasknn.model.validation import check_batch_size, check_inputs
 from dasknn.optim import Optimizer, resolve_optimizer
 
-__all__ = ["CompressedMLP", "nonfinite_loss_error"]
+__all__ = [
+    "CompressedMLP",
+    "NonFiniteLossError",
+    "first_nonfinite_layer",
+    "nonfinite_loss_error",
+]
 
 
-def nonfinite_loss_error(step: int, value: float, outputs: Sequence[np.ndarray], first_layer: int):
-    """The ``FloatingPointError`` of a step whose loss is not finite, naming the step and the
-    first layer (1-based, counted from ``first_layer``) whose outputs are not finite."""
-    layer = first_layer + len(outputs) - 1
+class NonFiniteLossError(FloatingPointError):
+    """A step's loss is not finite: names the step and the first layer (1-based, in the whole
+    network) whose outputs are not finite.
+
+    Attributes
+    ----------
+    step : int
+    value : float
+        The loss.
+    layer : int
+    """
+
+    def __init__(self, step: int, value: float, layer: int) -> None:
+        super().__init__(
+            f"step {step}: the loss is {value}; layer {layer} is the first whose outputs are not "
+            f"finite (lower the learning rate or check the inputs)"
+        )
+        self.step, self.value, self.layer = step, value, layer
+
+    def __reduce__(self):
+        return (type(self), (self.step, self.value, self.layer))
+
+
+def first_nonfinite_layer(outputs: Sequence[np.ndarray], first_layer: int) -> int | None:
+    """Number (1-based, counted from ``first_layer``) of the first of ``outputs`` that holds a
+    value that is not finite; ``None`` if all are finite."""
     for k, out in enumerate(outputs):
         if not np.isfinite(out).all():
-            layer = first_layer + k
-            break
-    return FloatingPointError(
-        f"step {step}: the loss is {value}; layer {layer} is the first whose outputs are not "
-        f"finite (lower the learning rate or check the inputs)"
-    )
+            return first_layer + k
+    return None
+
+
+def nonfinite_loss_error(
+    step: int, value: float, outputs: Sequence[np.ndarray], first_layer: int
+) -> NonFiniteLossError:
+    """The error of a step whose loss is not finite, naming the step and the first layer
+    (1-based, counted from ``first_layer``) whose outputs are not finite (the last layer if all
+    are)."""
+    layer = first_nonfinite_layer(outputs, first_layer)
+    if layer is None:
+        layer = first_layer + len(outputs) - 1
+    return NonFiniteLossError(step, value, layer)
 
 
 def split_layers(

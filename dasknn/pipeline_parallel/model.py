@@ -22,7 +22,7 @@ import dask
 import numpy as np
 
 from dasknn.compressed import LossScaler
-from dasknn.model.compressed_mlp import CompressedMLP
+from dasknn.model.compressed_mlp import CompressedMLP, NonFiniteLossError
 from dasknn.model.estimator import SparseEstimator
 from dasknn.optim import Optimizer, resolve_optimizer
 from dasknn.pipeline_parallel import worker_state as ws
@@ -343,7 +343,10 @@ class PipelineMLP(SparseEstimator):
         if graph.verdict_key is not None:
             wanted.append(graph.verdict_key)
         with dask.annotate(workers=graph.placement, allow_other_workers=False):
-            results = self.client.get(graph.tasks, wanted, sync=True)
+            try:
+                results = self.client.get(graph.tasks, wanted, sync=True)
+            except NonFiniteLossError as error:
+                raise self._locate_nonfinite(error) from None
         del futures
         if self.scaler is not None:
             self.scaler.update(bool(results[-1]))
@@ -351,6 +354,18 @@ class PipelineMLP(SparseEstimator):
         self._last_rows = x.shape[0]
         self.optimizer = optimizer
         return float(sum(results[: len(graph.loss_keys)]))
+
+    def _locate_nonfinite(self, error: NonFiniteLossError) -> NonFiniteLossError:
+        """The last stage's error, naming instead the layer of an earlier stage whose outputs
+        were already not finite (the earliest such layer of the step's stashed microbatches)."""
+        earlier = [address for (s, _), address in self.workers.items() if s < self.stages - 1]
+        if not earlier:
+            return error
+        found = self.client.run(
+            ws.first_nonfinite_stashed, token=self.token, step=error.step, workers=earlier
+        )
+        layer = min((v for v in found.values() if v is not None), default=error.layer)
+        return NonFiniteLossError(error.step, error.value, min(layer, error.layer))
 
     def train_step(self, X, Y, lr: float | None = None, optimizer: Optimizer | None = None):
         """One step on the batch ``(X, Y)`` (its rows split into ``data_parallel *
@@ -361,6 +376,9 @@ class PipelineMLP(SparseEstimator):
         ValueError
             Before anything is scheduled, for malformed ``X``, ``Y``, ``lr`` or ``optimizer``, or
             rows that do not split into equal microbatches.
+        NonFiniteLossError
+            If the loss is not finite (a ``FloatingPointError``), naming the step and the first
+            layer, on whichever stage, whose outputs are not finite.
         """
         x, y = self._check_xy(X, Y)
         optimizer = resolve_optimizer(lr, optimizer)

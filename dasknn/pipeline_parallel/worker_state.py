@@ -20,12 +20,13 @@ from distributed import get_worker
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from dasknn.compressed import CompressedStack
-from dasknn.model.compressed_mlp import nonfinite_loss_error
+from dasknn.model.compressed_mlp import first_nonfinite_layer, nonfinite_loss_error
 
 __all__ = [
     "StageState",
     "all_finite",
     "backward_pass",
+    "first_nonfinite_stashed",
     "forward_pass",
     "gradient",
     "gradients_finite",
@@ -178,6 +179,19 @@ def update(token: str, step: int, optimizer, summed, inv_scale: float, apply: bo
         state.stack.apply(optimizer, inv_scale)
     state.record(step, "U", -1, start)
     return step
+
+
+def first_nonfinite_stashed(dask_worker, token: str, step: int) -> int | None:
+    """For ``Client.run``: the first layer (1-based, in the whole network) whose stashed outputs
+    of a microbatch of ``step`` are not finite; ``None`` if there is none. The forward pass of a
+    microbatch whose loss is not finite stays stashed on every stage, as its backward never runs.
+    """
+    state = dask_worker.plugins[plugin_name(token)]
+    with state.lock:
+        stashed = [layers for (s, _), (_, layers) in state.stash.items() if s == step]
+    found = [first_nonfinite_layer([a for _, a in layers], state.first_layer) for layers in stashed]
+    found = [layer for layer in found if layer is not None]
+    return min(found, default=None)
 
 
 def snapshot_stage(dask_worker, token: str) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
