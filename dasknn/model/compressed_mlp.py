@@ -263,16 +263,16 @@ class CompressedMLP(InProcessEstimator):
     def _train_batch(self, x: np.ndarray, y: np.ndarray, optimizer: Optimizer) -> float:
         self.steps_ += 1
         xt = np.ascontiguousarray(x.T)
+        yt = np.ascontiguousarray(y.T)  # the targets in the activations' feature-major layout
         layers = self.stack.forward(xt)
-        z_last, a_last = layers[-1][0].T, layers[-1][1].T
-        value = self.loss.value(z_last, a_last, y)
+        zt, at = layers[-1]
+        value = self.loss.value_t(zt, at, yt)
         if not np.isfinite(value):
             raise nonfinite_loss_error(self.steps_, value, [a for _, a in layers], 1)
-        delta = self.loss.output_delta(z_last, a_last, y, self.output_activation)
+        deltat = self.loss.output_delta_t(zt, at, yt, self.output_activation)
         scale = 1.0 if self.scaler is None else self.scaler.scale
         if scale != 1.0:
-            delta *= scale
-        deltat = np.ascontiguousarray(delta.T)
+            deltat *= scale
         self.stack.backward(xt, layers, deltat, first=True, input_delta=False)
         if self.scaler is not None and not self.scaler.update(self.stack.gradients_finite()):
             return value

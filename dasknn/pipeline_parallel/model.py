@@ -314,8 +314,9 @@ class PipelineMLP(SparseEstimator):
                 lo = (d * self.microbatches + u) * rows
                 xt = np.ascontiguousarray(x[lo : lo + rows].T)
                 data[(pipeline_key(self.token, "x", step, 0, d, u), (0, d))] = xt
-                data[(pipeline_key(self.token, "y", step, last, d, u), (last, d))] = np.array(
-                    y[lo : lo + rows]
+                # the targets feature-major, as the last stage's activations: transposed once
+                data[(pipeline_key(self.token, "y", step, last, d, u), (last, d))] = (
+                    np.ascontiguousarray(y[lo : lo + rows].T)
                 )
         futures = []
         by_worker: dict[str, dict] = {}

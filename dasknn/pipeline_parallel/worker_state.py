@@ -99,7 +99,8 @@ def forward_pass(
     """Forward pass of one microbatch through the stage.
 
     ``inputs`` are the feature-major inputs of the stage (the microbatch's samples on stage 0,
-    the previous stage's activations after it). The last stage computes the loss and the output
+    the previous stage's activations after it); ``labels`` the last stage's feature-major
+    targets ``(n_out, rows)``. The last stage computes the loss and the output
     delta (times ``scale``, the microbatch's share of the batch, and ``loss_scale``, fp16's
     dynamic loss scale, 1 otherwise) and returns the loss times ``scale``; the others return their
     activations, the message to the next stage. ``after`` is the stage's previous pass in the
@@ -113,13 +114,13 @@ def forward_pass(
         state.in_flight += 1
         state.peak[step] = max(state.peak.get(step, 0), state.in_flight)
     if state.last:
-        z_last, a_last = layers[-1][0].T, layers[-1][1].T
-        value = state.loss.value(z_last, a_last, labels)
+        zt, at = layers[-1]
+        value = state.loss.value_t(zt, at, labels)
         if not np.isfinite(value):
             raise nonfinite_loss_error(step, value, [a for _, a in layers], state.first_layer)
-        delta = state.loss.output_delta(z_last, a_last, labels, state.output_activation)
-        delta *= scale * loss_scale
-        state.deltas[(step, microbatch)] = np.ascontiguousarray(delta.T)
+        deltat = state.loss.output_delta_t(zt, at, labels, state.output_activation)
+        deltat *= scale * loss_scale
+        state.deltas[(step, microbatch)] = deltat
         result = value * scale
     else:
         result = layers[-1][1]
