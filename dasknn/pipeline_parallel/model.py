@@ -343,7 +343,9 @@ class PipelineMLP(SparseEstimator):
         wanted = graph.loss_keys + graph.update_keys
         if graph.verdict_key is not None:
             wanted.append(graph.verdict_key)
-        with dask.annotate(workers=graph.placement, allow_other_workers=False):
+        with dask.annotate(
+            workers=graph.placement, allow_other_workers=False, priority=graph.priority
+        ):
             try:
                 results = self.client.get(graph.tasks, wanted, sync=True)
             except NonFiniteLossError as error:
