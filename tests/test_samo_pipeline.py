@@ -11,6 +11,7 @@ import itertools
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster
+from distributed.diagnostics.plugin import SchedulerPlugin
 
 from dasknn.model import CompressedMLP
 from dasknn.optim import SGD, Adam
@@ -22,6 +23,7 @@ from dasknn.pipeline_parallel import (
     stage_order,
 )
 from dasknn.pruning import magnitude_masks
+from dasknn.runtime.keys import parse_pipeline_key, pipeline_key
 
 SIZES = (30, 24, 16, 5)
 
@@ -286,3 +288,66 @@ def test_bad_batches_raise_before_anything_is_scheduled(client4):
         for a, b in zip(pipe.gather().weights, model.weights, strict=True):
             np.testing.assert_array_equal(a, b)
     assert not any(client4.run(_pipeline_plugins).values())
+
+
+def _set_first_weight_infinite(dask_worker, token):
+    stack = dask_worker.plugins[f"dasknn-pipeline-{token}"].stack
+    stack.layers[0].master[0] = np.inf
+    stack.layers[0].refresh()
+
+
+@pytest.mark.parametrize(
+    ("bounds", "stage", "layer"),
+    [([(0, 1), (1, 3)], 0, 1), ([(0, 1), (1, 2), (2, 3)], 1, 2), ([(0, 2), (2, 3)], 1, 3)],
+)
+def test_a_nonfinite_loss_names_the_layer_where_values_first_became_nonfinite(
+    client4, bounds, stage, layer
+):
+    model, x, y = problem()
+    with PipelineMLP(
+        model, client4, stages=len(bounds), microbatches=2, bounds=bounds, schedule="1f1b"
+    ) as pipe:
+        pipe.train_step(x, y, lr=0.01)
+        address = pipe.workers[(stage, 0)]
+        client4.run(_set_first_weight_infinite, token=pipe.token, workers=[address])
+        with pytest.raises(FloatingPointError, match=f"step 2: .* layer {layer} is the first"):
+            pipe.train_step(x, y, lr=0.01)
+
+
+class _RecordPriorities(SchedulerPlugin):
+    """Keeps the priorities the scheduler assigned to the pipeline keys of every graph."""
+
+    name = "test-record-pipeline-priorities"
+
+    def __init__(self):
+        self.priorities = {}
+
+    def update_graph(self, scheduler, *, priority, **kwargs):
+        self.priorities.update({k: p for k, p in priority.items() if parse_pipeline_key(k)})
+
+
+def _recorded(dask_scheduler):
+    return dask_scheduler.plugins[_RecordPriorities.name].priorities
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_the_scheduler_gets_priorities_in_the_schedule_order(client4, schedule):
+    model, x, y = problem()
+    client4.register_plugin(_RecordPriorities())
+    try:
+        with PipelineMLP(model, client4, stages=2, microbatches=4, schedule=schedule) as pipe:
+            pipe.train_step(x, y, lr=0.1)
+            recorded = client4.run_on_scheduler(_recorded)
+    finally:
+        client4.unregister_scheduler_plugin(_RecordPriorities.name)
+    for s in range(2):
+        passes = {
+            parse_pipeline_key(k): p
+            for k, p in recorded.items()
+            if parse_pipeline_key(k).stage == s and parse_pipeline_key(k).kind in ("fwd", "bwd")
+        }
+        by_priority = sorted(passes, key=passes.get)  # Dask runs the smallest tuple first
+        got = [("F" if k.kind == "fwd" else "B", k.microbatch) for k in by_priority]
+        assert got == stage_order(schedule, 2, s, 4)
+        update = recorded[pipeline_key(pipe.token, "update", 1, s, 0)]
+        assert all(update[0] > p[0] for p in passes.values())

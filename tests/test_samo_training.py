@@ -244,3 +244,33 @@ def test_a_non_finite_loss_names_the_step_and_the_layer():
     x, labels = data(1)[0]
     with pytest.raises(FloatingPointError, match="step 1: .* layer 2 is the first"):
         model.train_step(x * 1e20, labels, lr=0.1)
+
+
+@pytest.mark.parametrize("compute", ["sparse", "dense"])
+def test_a_mean_squared_error_step_equals_the_float64_reference(compute):
+    weights, biases, masks = pruned_problem(seed=12)
+    rng = np.random.default_rng(13)
+    x, y = rng.uniform(0, 1, (8, SIZES[0])), rng.uniform(0, 1, (8, SIZES[-1]))
+    model = CompressedMLP(
+        weights,
+        masks,
+        biases,
+        loss="mse",
+        output_activation="sigmoid",
+        compute=compute,
+        precision="fp64",
+    )
+    loss = model.train_step(x, y, optimizer=SGD(lr=0.5))
+    # reference: masked float64 network, ReLU hidden layers, sigmoid output, J = |a - y|^2 / 2B
+    ws = [w * m for w, m in zip(weights, masks, strict=True)]
+    acts = [x]
+    for k, (w, b) in enumerate(zip(ws, biases, strict=True)):
+        z = acts[-1] @ w + b
+        acts.append(1 / (1 + np.exp(-z)) if k == len(ws) - 1 else np.maximum(z, 0))
+    assert loss == pytest.approx(((acts[-1] - y) ** 2).sum() / 16, rel=1e-12)
+    delta = (acts[-1] - y) * acts[-1] * (1 - acts[-1]) / 8
+    for k in range(len(ws) - 1, -1, -1):
+        want_w = ws[k] - 0.5 * (acts[k].T @ delta) * masks[k]
+        np.testing.assert_allclose(model.weights[k], want_w, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(model.biases[k], biases[k] - 0.5 * delta.sum(0), atol=1e-12)
+        delta = (delta @ ws[k].T) * (acts[k] > 0)

@@ -29,21 +29,56 @@ from dasknn.model.estimator import InProcessEstimator
 from dasknn.model.losses import Loss, network_functions
 from dasknn.optim import Optimizer
 
-__all__ = ["CompressedMLP", "nonfinite_loss_error"]
+__all__ = [
+    "CompressedMLP",
+    "NonFiniteLossError",
+    "first_nonfinite_layer",
+    "nonfinite_loss_error",
+]
 
 
-def nonfinite_loss_error(step: int, value: float, outputs: Sequence[np.ndarray], first_layer: int):
-    """The ``FloatingPointError`` of a step whose loss is not finite, naming the step and the
-    first layer (1-based, counted from ``first_layer``) whose outputs are not finite."""
-    layer = first_layer + len(outputs) - 1
+class NonFiniteLossError(FloatingPointError):
+    """A step's loss is not finite: names the step and the first layer (1-based, in the whole
+    network) whose outputs are not finite.
+
+    Attributes
+    ----------
+    step : int
+    value : float
+        The loss.
+    layer : int
+    """
+
+    def __init__(self, step: int, value: float, layer: int) -> None:
+        super().__init__(
+            f"step {step}: the loss is {value}; layer {layer} is the first whose outputs are not "
+            f"finite (lower the learning rate or check the inputs)"
+        )
+        self.step, self.value, self.layer = step, value, layer
+
+    def __reduce__(self):
+        return (type(self), (self.step, self.value, self.layer))
+
+
+def first_nonfinite_layer(outputs: Sequence[np.ndarray], first_layer: int) -> int | None:
+    """Number (1-based, counted from ``first_layer``) of the first of ``outputs`` that holds a
+    value that is not finite; ``None`` if all are finite."""
     for k, out in enumerate(outputs):
         if not np.isfinite(out).all():
-            layer = first_layer + k
-            break
-    return FloatingPointError(
-        f"step {step}: the loss is {value}; layer {layer} is the first whose outputs are not "
-        f"finite (lower the learning rate or check the inputs)"
-    )
+            return first_layer + k
+    return None
+
+
+def nonfinite_loss_error(
+    step: int, value: float, outputs: Sequence[np.ndarray], first_layer: int
+) -> NonFiniteLossError:
+    """The error of a step whose loss is not finite, naming the step and the first layer
+    (1-based, counted from ``first_layer``) whose outputs are not finite (the last layer if all
+    are)."""
+    layer = first_nonfinite_layer(outputs, first_layer)
+    if layer is None:
+        layer = first_layer + len(outputs) - 1
+    return NonFiniteLossError(step, value, layer)
 
 
 def split_layers(
@@ -227,16 +262,16 @@ class CompressedMLP(InProcessEstimator):
     def _train_batch(self, x: np.ndarray, y: np.ndarray, optimizer: Optimizer) -> float:
         self.steps_ += 1
         xt = np.ascontiguousarray(x.T)
+        yt = np.ascontiguousarray(y.T)  # the targets in the activations' feature-major layout
         layers = self.stack.forward(xt)
-        z_last, a_last = layers[-1][0].T, layers[-1][1].T
-        value = self.loss.value(z_last, a_last, y)
+        zt, at = layers[-1]
+        value = self.loss.value_t(zt, at, yt)
         if not np.isfinite(value):
             raise nonfinite_loss_error(self.steps_, value, [a for _, a in layers], 1)
-        delta = self.loss.output_delta(z_last, a_last, y, self.output_activation)
+        deltat = self.loss.output_delta_t(zt, at, yt, self.output_activation)
         scale = 1.0 if self.scaler is None else self.scaler.scale
         if scale != 1.0:
-            delta *= scale
-        deltat = np.ascontiguousarray(delta.T)
+            deltat *= scale
         self.stack.backward(xt, layers, deltat, first=True, input_delta=False)
         if self.scaler is not None and not self.scaler.update(self.stack.gradients_finite()):
             return value

@@ -63,6 +63,19 @@ class Loss:
         """``dJ/dz_L`` of shape (B, n_L), divided by ``B``, as a new C-contiguous array."""
         raise NotImplementedError
 
+    def value_t(self, zt: np.ndarray, at: np.ndarray, yt: np.ndarray) -> float:
+        """:meth:`value` from feature-major ``(n_L, B)`` pre-activations, activations and
+        targets."""
+        return self.value(zt.T, at.T, yt.T)
+
+    def output_delta_t(
+        self, zt: np.ndarray, at: np.ndarray, yt: np.ndarray, out_activation: Activation
+    ) -> np.ndarray:
+        """:meth:`output_delta` from and in the feature-major layout: ``(dJ/dz_L).T``, shape
+        ``(n_L, B)``, divided by ``B``, as a new C-contiguous array."""
+        delta = self.output_delta(zt.T, at.T, yt.T, out_activation)
+        return np.ascontiguousarray(delta.T)
+
     def prediction(self, z_last: np.ndarray, a_last: np.ndarray) -> np.ndarray:
         """The output layer as a new array: ``a_L`` for ``"mse"``, the class probabilities for
         softmax cross-entropy."""
@@ -90,6 +103,18 @@ class MeanSquaredError(Loss):
         delta = (a_last - y) * out_activation.derivative(z_last, a_last)
         delta /= a_last.shape[0]
         return np.ascontiguousarray(delta, dtype=a_last.dtype)
+
+    def value_t(self, zt: np.ndarray, at: np.ndarray, yt: np.ndarray) -> float:
+        diff = at - yt  # elementwise in the activations' layout: no transposing copy
+        return float(np.vdot(diff, diff)) / (2 * at.shape[1])
+
+    def output_delta_t(
+        self, zt: np.ndarray, at: np.ndarray, yt: np.ndarray, out_activation: Activation
+    ) -> np.ndarray:
+        delta = at - yt
+        delta *= out_activation.derivative(zt, at)
+        delta /= at.shape[1]
+        return np.ascontiguousarray(delta, dtype=at.dtype)
 
     def prediction(self, z_last: np.ndarray, a_last: np.ndarray) -> np.ndarray:
         return np.array(a_last, copy=True)

@@ -21,7 +21,7 @@ import dask
 import numpy as np
 
 from dasknn.compressed import LossScaler
-from dasknn.model.compressed_mlp import CompressedMLP
+from dasknn.model.compressed_mlp import CompressedMLP, NonFiniteLossError
 from dasknn.model.estimator import SparseEstimator
 from dasknn.optim import Optimizer, resolve_optimizer
 from dasknn.pipeline_parallel import worker_state as ws
@@ -301,8 +301,9 @@ class PipelineMLP(SparseEstimator, PluginOwner):
                 lo = (d * self.microbatches + u) * rows
                 xt = np.ascontiguousarray(x[lo : lo + rows].T)
                 data[(pipeline_key(self.token, "x", step, 0, d, u), (0, d))] = xt
-                data[(pipeline_key(self.token, "y", step, last, d, u), (last, d))] = np.array(
-                    y[lo : lo + rows]
+                # the targets feature-major, as the last stage's activations: transposed once
+                data[(pipeline_key(self.token, "y", step, last, d, u), (last, d))] = (
+                    np.ascontiguousarray(y[lo : lo + rows].T)
                 )
         futures = []
         by_worker: dict[str, dict] = {}
@@ -329,8 +330,13 @@ class PipelineMLP(SparseEstimator, PluginOwner):
         wanted = graph.loss_keys + graph.update_keys
         if graph.verdict_key is not None:
             wanted.append(graph.verdict_key)
-        with dask.annotate(workers=graph.placement, allow_other_workers=False):
-            results = self.client.get(graph.tasks, wanted, sync=True)
+        with dask.annotate(
+            workers=graph.placement, allow_other_workers=False, priority=graph.priority
+        ):
+            try:
+                results = self.client.get(graph.tasks, wanted, sync=True)
+            except NonFiniteLossError as error:
+                raise self._locate_nonfinite(error) from None
         del futures
         if self.scaler is not None:
             self.scaler.update(bool(results[-1]))
@@ -338,6 +344,18 @@ class PipelineMLP(SparseEstimator, PluginOwner):
         self._last_rows = x.shape[0]
         self.optimizer = optimizer
         return float(sum(results[: len(graph.loss_keys)]))
+
+    def _locate_nonfinite(self, error: NonFiniteLossError) -> NonFiniteLossError:
+        """The last stage's error, naming instead the layer of an earlier stage whose outputs
+        were already not finite (the earliest such layer of the step's stashed microbatches)."""
+        earlier = [address for (s, _), address in self.workers.items() if s < self.stages - 1]
+        if not earlier:
+            return error
+        found = self.client.run(
+            ws.first_nonfinite_stashed, token=self.token, step=error.step, workers=earlier
+        )
+        layer = min((v for v in found.values() if v is not None), default=error.layer)
+        return NonFiniteLossError(error.step, error.value, min(layer, error.layer))
 
     def train_step(self, X, Y, lr: float | None = None, optimizer: Optimizer | None = None):
         """One step on the batch ``(X, Y)`` (its rows split into ``data_parallel *
@@ -348,6 +366,9 @@ class PipelineMLP(SparseEstimator, PluginOwner):
         ValueError
             Before anything is scheduled, for malformed ``X``, ``Y``, ``lr`` or ``optimizer``, or
             rows that do not split into equal microbatches.
+        NonFiniteLossError
+            If the loss is not finite (a ``FloatingPointError``), naming the step and the first
+            layer, on whichever stage, whose outputs are not finite.
         """
         x, y = self._check_xy(X, Y)
         optimizer = resolve_optimizer(lr, optimizer)

@@ -24,7 +24,7 @@ from dasknn.pipeline_parallel.schedule import stage_order
 from dasknn.runtime.collectives import build_allreduce
 from dasknn.runtime.keys import parse_collective_key, parse_pipeline_key, pipeline_key
 
-__all__ = ["StepGraph", "build_step", "collective_token"]
+__all__ = ["SchedulePriority", "StepGraph", "build_step", "collective_token"]
 
 
 def collective_token(token: str, stage: int, step: int) -> str:
@@ -48,14 +48,36 @@ class Placement:
         return [self.workers[(stage, collective.sender)]]
 
 
+class SchedulePriority:
+    """``priority=`` annotation of a step's keys (evaluated per key): a stage's passes in the
+    order of its schedule (:func:`stage_order`), the earlier pass the higher priority, and the
+    per-step work (gradients, allreduce, fp16 flags, update) after all of them. The chains already
+    fix that order on a stage's worker; the priorities state it to the scheduler as well."""
+
+    def __init__(self, schedule: str, stages: int, microbatches: int) -> None:
+        self.last = 2 * microbatches
+        self.position = {
+            (s, "fwd" if kind == "F" else "bwd", u): n
+            for s in range(stages)
+            for n, (kind, u) in enumerate(stage_order(schedule, stages, s, microbatches))
+        }
+
+    def __call__(self, key) -> int:
+        pipeline = parse_pipeline_key(key)
+        if pipeline is None:
+            return -self.last
+        return -self.position.get((pipeline.stage, pipeline.kind, pipeline.microbatch), self.last)
+
+
 @dataclass
 class StepGraph:
-    """A step's tasks, the keys to read back and the placement of every key."""
+    """A step's tasks, the keys to read back, and the placement and priority of every key."""
 
     tasks: dict
     loss_keys: list
     update_keys: list
     placement: Placement
+    priority: SchedulePriority
     collective_tokens: list
     verdict_key: tuple | None = None
 
@@ -169,7 +191,13 @@ def build_step(
             )
             update_keys.append(key)
     return StepGraph(
-        tasks, loss_keys, update_keys, Placement(workers, collectives), tokens, verdict
+        tasks,
+        loss_keys,
+        update_keys,
+        Placement(workers, collectives),
+        SchedulePriority(schedule, stages, microbatches),
+        tokens,
+        verdict,
     )
 
 

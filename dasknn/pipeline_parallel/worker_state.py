@@ -20,12 +20,13 @@ from distributed import get_worker
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from dasknn.compressed import CompressedStack
-from dasknn.model.compressed_mlp import nonfinite_loss_error
+from dasknn.model.compressed_mlp import first_nonfinite_layer, nonfinite_loss_error
 
 __all__ = [
     "StageState",
     "all_finite",
     "backward_pass",
+    "first_nonfinite_stashed",
     "forward_pass",
     "gradient",
     "gradients_finite",
@@ -98,7 +99,8 @@ def forward_pass(
     """Forward pass of one microbatch through the stage.
 
     ``inputs`` are the feature-major inputs of the stage (the microbatch's samples on stage 0,
-    the previous stage's activations after it). The last stage computes the loss and the output
+    the previous stage's activations after it); ``labels`` the last stage's feature-major
+    targets ``(n_out, rows)``. The last stage computes the loss and the output
     delta (times ``scale``, the microbatch's share of the batch, and ``loss_scale``, fp16's
     dynamic loss scale, 1 otherwise) and returns the loss times ``scale``; the others return their
     activations, the message to the next stage. ``after`` is the stage's previous pass in the
@@ -112,13 +114,13 @@ def forward_pass(
         state.in_flight += 1
         state.peak[step] = max(state.peak.get(step, 0), state.in_flight)
     if state.last:
-        z_last, a_last = layers[-1][0].T, layers[-1][1].T
-        value = state.loss.value(z_last, a_last, labels)
+        zt, at = layers[-1]
+        value = state.loss.value_t(zt, at, labels)
         if not np.isfinite(value):
             raise nonfinite_loss_error(step, value, [a for _, a in layers], state.first_layer)
-        delta = state.loss.output_delta(z_last, a_last, labels, state.output_activation)
-        delta *= scale * loss_scale
-        state.deltas[(step, microbatch)] = np.ascontiguousarray(delta.T)
+        deltat = state.loss.output_delta_t(zt, at, labels, state.output_activation)
+        deltat *= scale * loss_scale
+        state.deltas[(step, microbatch)] = deltat
         result = value * scale
     else:
         result = layers[-1][1]
@@ -178,6 +180,19 @@ def update(token: str, step: int, optimizer, summed, inv_scale: float, apply: bo
         state.stack.apply(optimizer, inv_scale)
     state.record(step, "U", -1, start)
     return step
+
+
+def first_nonfinite_stashed(dask_worker, token: str, step: int) -> int | None:
+    """For ``Client.run``: the first layer (1-based, in the whole network) whose stashed outputs
+    of a microbatch of ``step`` are not finite; ``None`` if there is none. The forward pass of a
+    microbatch whose loss is not finite stays stashed on every stage, as its backward never runs.
+    """
+    state = dask_worker.plugins[plugin_name(token)]
+    with state.lock:
+        stashed = [layers for (s, _), (_, layers) in state.stash.items() if s == step]
+    found = [first_nonfinite_layer([a for _, a in layers], state.first_layer) for layers in stashed]
+    found = [layer for layer in found if layer is not None]
+    return min(found, default=None)
 
 
 def snapshot_stage(dask_worker, token: str) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
