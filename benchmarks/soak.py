@@ -15,6 +15,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import time
 
@@ -34,6 +35,10 @@ def _rss(dask_worker=None, dask_scheduler=None) -> int:
     return psutil.Process(os.getpid()).memory_info().rss
 
 
+def _collect(dask_worker=None, dask_scheduler=None) -> int:
+    return gc.collect()
+
+
 def _events(dask_scheduler) -> int:
     return len(dask_scheduler.get_events(TOPIC))
 
@@ -51,6 +56,12 @@ def main() -> None:
     parser.add_argument("--neurons", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument(
+        "--collect",
+        action="store_true",
+        help="run a full garbage collection in every process before each sample, to tell "
+        "garbage waiting for the collector from memory that is kept",
+    )
     args = parser.parse_args()
     print(describe())
     model = SparseMLP.radixnet(neurons=args.neurons, layers=args.layers, seed=0)
@@ -69,6 +80,10 @@ def main() -> None:
                 dist.fit(x, y, batch_size=args.batch_size, lr=0.01, progress=False, shuffle=False)
                 done += args.every
                 marks.append(done)
+                if args.collect:
+                    client.run(_collect)
+                    client.run_on_scheduler(_collect)
+                    _collect()
                 for address, rss in client.run(_rss).items():
                     samples.setdefault(f"worker {address}", []).append(rss)
                 samples["scheduler"].append(client.run_on_scheduler(_rss))
