@@ -160,7 +160,9 @@ def test_stopped_worker_is_reported_after_the_step_timeout(cluster):
         stop.start()
         try:
             start = time.monotonic()
-            with pytest.raises(StepTimeoutError, match=f"no progress for 2 s .*{address}"):
+            # stopped while a step runs, or (rarely) between its end and the gather
+            reported = f"(made no progress for|did not arrive within) 2 s .*{address}"
+            with pytest.raises(StepTimeoutError, match=reported):
                 dist.fit(x, y, batch_size=8, epochs=100, lr=LR, progress=False)
             assert time.monotonic() - start < 8
             with pytest.raises(RuntimeError, match="unusable after a failed step"):
