@@ -10,7 +10,6 @@ import itertools
 
 import numpy as np
 import pytest
-from conftest import without_replica_dropping
 from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import SchedulerPlugin
 
@@ -31,10 +30,9 @@ SIZES = (30, 24, 16, 5)
 
 @pytest.fixture(scope="module")
 def client4():
-    with without_replica_dropping():
-        cluster = LocalCluster(
-            n_workers=4, threads_per_worker=1, processes=True, dashboard_address=":0"
-        )
+    cluster = LocalCluster(
+        n_workers=4, threads_per_worker=1, processes=True, dashboard_address=":0"
+    )
     client = Client(cluster)
     try:
         yield client
