@@ -40,28 +40,14 @@ def shared_mnist_dir() -> Path:
     return MNIST_DIR
 
 
-def without_replica_dropping():
-    """Dask configuration for a test cluster whose scheduler runs no active memory manager.
-
-    The manager may drop the sender's copy of a pipeline message that the sender's next pass
-    (the schedule's ordering dependency) still waits for; the sender then fetches it back, and
-    the measured bytes exceed the formula by one message (docs/samo.md, "Known gaps"). The tests
-    compare the measured messages with the formulas exactly, so their clusters run without it.
-    """
-    import dask
-
-    return dask.config.set({"distributed.scheduler.active-memory-manager.start": False})
-
-
 @pytest.fixture(scope="session")
 def dask_client():
     """A real ``distributed.LocalCluster`` (2 worker processes x 1 thread) and its client."""
     from distributed import Client, LocalCluster
 
-    with without_replica_dropping():
-        cluster = LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
-        )
+    cluster = LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+    )
     client = Client(cluster)
     try:
         yield client

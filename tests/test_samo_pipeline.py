@@ -10,7 +10,6 @@ import itertools
 
 import numpy as np
 import pytest
-from conftest import without_replica_dropping
 from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import SchedulerPlugin
 
@@ -31,10 +30,9 @@ SIZES = (30, 24, 16, 5)
 
 @pytest.fixture(scope="module")
 def client4():
-    with without_replica_dropping():
-        cluster = LocalCluster(
-            n_workers=4, threads_per_worker=1, processes=True, dashboard_address=":0"
-        )
+    cluster = LocalCluster(
+        n_workers=4, threads_per_worker=1, processes=True, dashboard_address=":0"
+    )
     client = Client(cluster)
     try:
         yield client
@@ -353,3 +351,52 @@ def test_the_scheduler_gets_priorities_in_the_schedule_order(client4, schedule):
         assert got == stage_order(schedule, 2, s, 4)
         update = recorded[pipeline_key(pipe.token, "update", 1, s, 0)]
         assert all(update[0] > p[0] for p in passes.values())
+
+
+class _RecordConsumers(SchedulerPlugin):
+    """Keeps, for every pipeline key of every graph, the keys of the tasks that read it."""
+
+    name = "test-record-pipeline-consumers"
+
+    def __init__(self):
+        self.consumers = {}
+
+    def update_graph(self, scheduler, *, keys, **kwargs):
+        for ts in scheduler.tasks.values():
+            if parse_pipeline_key(ts.key):
+                self.consumers[ts.key] = [d.key for d in ts.dependents]
+
+
+def _consumers(dask_scheduler):
+    return dask_scheduler.plugins[_RecordConsumers.name].consumers
+
+
+def test_a_message_key_is_read_by_its_receiver_only(client4):
+    """Every key a task of another stage replica reads is a message (or an fp16 flag), and a
+    message has exactly one consumer: a key the sender also reads could lose the sender's copy to
+    Dask's active memory manager and be fetched back, beyond the byte formula."""
+    rng = np.random.default_rng(7)
+    weights = [rng.uniform(-1, 1, (a, b)) for a, b in zip(SIZES[:-1], SIZES[1:], strict=True)]
+    biases = [rng.uniform(-0.1, 0.1, b) for b in SIZES[1:]]
+    model = CompressedMLP(weights, magnitude_masks(weights, 0.6), biases, precision="fp16")
+    x, y = rng.uniform(0, 1, (16, SIZES[0])), rng.integers(0, SIZES[-1], 16)
+    client4.register_plugin(_RecordConsumers())
+    try:
+        with PipelineMLP(model, client4, stages=2, data_parallel=2, microbatches=2) as pipe:
+            pipe.train_step(x, y, lr=0.1)
+            consumers = client4.run_on_scheduler(_consumers)
+    finally:
+        client4.unregister_scheduler_plugin(_RecordConsumers.name)
+    messages = 0
+    for key, readers in consumers.items():
+        sender = parse_pipeline_key(key)
+        remote = [
+            r for r in map(parse_pipeline_key, readers)
+            if r is not None and (r.stage, r.replica) != (sender.stage, sender.replica)
+        ]
+        if sender.kind.endswith("-msg"):
+            messages += 1
+            assert len(readers) == 1 and len(remote) == 1, (key, readers)
+        elif remote:
+            assert sender.kind in ("finite", "verdict"), (key, readers)
+    assert messages == 2 * 1 * 2 * 2  # 2 (S - 1) m D

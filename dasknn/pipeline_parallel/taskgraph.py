@@ -2,8 +2,12 @@
 
 For every replica ``d`` and stage ``s`` the passes of the step are tasks pinned to the stage
 replica's worker, chained in the order of the schedule (:func:`stage_order`). A forward task of
-stage ``s > 0`` reads the ``fwd`` key of stage ``s - 1`` (one message), a backward task of stage
-``s < S - 1`` the ``bwd`` key of stage ``s + 1`` (one message). With ``D > 1`` replicas, each
+stage ``s > 0`` reads the ``fwd-msg`` key of stage ``s - 1`` (one message), a backward task of
+stage ``s < S - 1`` the ``bwd-msg`` key of stage ``s + 1`` (one message). A message key is a task
+of its own on the sender that passes the pass's value on, so the receiver is its only consumer:
+the pass key itself, which the sender's next pass depends on, never leaves its worker (Dask's
+active memory manager may drop either copy of a key held twice, and the sender would fetch a
+message back). With ``D > 1`` replicas, each
 stage's accumulated compressed gradients (one flat buffer in the storage dtype) are summed across
 its replicas by the runtime's allreduce (:func:`dasknn.runtime.collectives.build_allreduce`,
 summed in float32 for 16-bit storage), and every replica applies the same update. With fp16's
@@ -66,7 +70,17 @@ class SchedulePriority:
         pipeline = parse_pipeline_key(key)
         if pipeline is None:
             return -self.last
-        return -self.position.get((pipeline.stage, pipeline.kind, pipeline.microbatch), self.last)
+        kind = pipeline.kind.removesuffix("-msg")  # a message right after its pass
+        return -self.position.get((pipeline.stage, kind, pipeline.microbatch), self.last)
+
+
+def _pass_on(value):
+    """The value of a pass, as the message to another stage."""
+    return value
+
+
+def _send(tasks: dict, message_key: tuple, pass_key: tuple) -> None:
+    tasks[message_key] = Task(message_key, _pass_on, TaskRef(pass_key))
 
 
 @dataclass
@@ -124,7 +138,7 @@ def build_step(
                 after = TaskRef(previous) if previous is not None else None
                 if kind == "F":
                     key = pipeline_key(token, "fwd", step, s, d, u)
-                    source = "x" if s == 0 else "fwd"
+                    source = "x" if s == 0 else "fwd-msg"
                     inputs = TaskRef(pipeline_key(token, source, step, max(s - 1, 0), d, u))
                     labels = None
                     if s == stages - 1:
@@ -142,12 +156,16 @@ def build_step(
                         labels,
                         after,
                     )
+                    if s < stages - 1:
+                        _send(tasks, pipeline_key(token, "fwd-msg", step, s, d, u), key)
                 else:
                     key = pipeline_key(token, "bwd", step, s, d, u)
                     incoming = None
                     if s < stages - 1:
-                        incoming = TaskRef(pipeline_key(token, "bwd", step, s + 1, d, u))
+                        incoming = TaskRef(pipeline_key(token, "bwd-msg", step, s + 1, d, u))
                     tasks[key] = Task(key, ws.backward_pass, token, step, u, incoming, after)
+                    if s > 0:
+                        _send(tasks, pipeline_key(token, "bwd-msg", step, s, d, u), key)
                 previous = key
             last_pass[(s, d)] = previous
     summed_by_stage = []
