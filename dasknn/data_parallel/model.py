@@ -33,7 +33,7 @@ from dasknn.data_parallel.worker_state import (
 from dasknn.model.embedding_mlp import EmbeddingMLP
 from dasknn.model.embedding_network import unique_rows
 from dasknn.model.window_estimator import WindowEstimator
-from dasknn.optim import SGD, Optimizer
+from dasknn.optim import SGD, Optimizer, OptimizerSlots
 from dasknn.runtime.keys import new_token, parse_dp_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
 from dasknn.runtime.plugin_owner import PluginOwner
@@ -260,7 +260,7 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         first = held[self.workers[0]]
         model = object.__new__(EmbeddingMLP)
         model.spec = self.spec
-        model.optimizer, model._states = None, None
+        model._slots = OptimizerSlots()
         model.loss_curve_, model.batch_loss_curve_ = [], []
         dense = {}
         for worker in self.workers:

@@ -18,7 +18,7 @@ from dasknn.model.activations import Activation
 from dasknn.model.compressed_mlp import CompressedMLP
 from dasknn.model.estimator import InProcessEstimator
 from dasknn.model.losses import Loss, network_functions
-from dasknn.optim import Optimizer, ParamState
+from dasknn.optim import Optimizer, OptimizerSlots
 
 __all__ = ["DenseMLP", "LENET_300_100", "MLP_1024_3"]
 
@@ -85,8 +85,7 @@ class DenseMLP(InProcessEstimator):
                     raise ValueError(f"masks[{k}] must be boolean of shape {w.shape}")
                 w[~m] = 0
                 self.masks.append(m.astype(self.dtype))
-        self.optimizer: Optimizer | None = None
-        self._state: list[tuple[ParamState, ParamState]] = []
+        self._slots = OptimizerSlots()
         self.loss_curve_: list[float] = []
         self.batch_loss_curve_: list[float] = []
 
@@ -128,13 +127,12 @@ class DenseMLP(InProcessEstimator):
             layers.append((zt, at))
         return layers
 
+    @property
+    def optimizer(self) -> Optimizer | None:
+        """The optimizer of the last training step (``None`` before the first)."""
+        return self._slots.optimizer
+
     def _train_batch(self, x: np.ndarray, y: np.ndarray, optimizer: Optimizer) -> float:
-        if optimizer != self.optimizer:
-            self.optimizer = optimizer
-            self._state = [
-                (optimizer.init_state(w.reshape(-1)), optimizer.init_state(b))
-                for w, b in zip(self.weights, self.biases, strict=True)
-            ]
         xt = np.ascontiguousarray(x.T)
         layers = self._forward(xt)
         z_last, a_last = layers[-1][0].T, layers[-1][1].T
@@ -151,8 +149,8 @@ class DenseMLP(InProcessEstimator):
             grad_b = deltat.sum(axis=1)
             if k > 0:
                 deltat = (w @ deltat) * self.activation.derivative(*layers[k - 1])
-            optimizer.update(w.reshape(-1), grad_w.reshape(-1), self._state[k][0])
-            optimizer.update(self.biases[k], grad_b, self._state[k][1])
+            self._slots.update(optimizer, ("weights", k), w.reshape(-1), grad_w.reshape(-1))
+            self._slots.update(optimizer, ("bias", k), self.biases[k], grad_b)
         return value
 
     def prune(

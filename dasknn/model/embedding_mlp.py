@@ -22,7 +22,7 @@ from dasknn.model.embedding_network import (
     unique_rows,
 )
 from dasknn.model.window_estimator import WindowEstimator
-from dasknn.optim import Optimizer
+from dasknn.optim import Optimizer, OptimizerSlots
 
 __all__ = ["EmbeddingMLP"]
 
@@ -104,10 +104,14 @@ class EmbeddingMLP(WindowEstimator):
             bound = np.sqrt(6.0 / (n_in + n_out))
             self.weights.append(rng.uniform(-bound, bound, (n_in, n_out)).astype(dtype))
             self.biases.append(np.zeros(n_out, dtype=dtype))
-        self.optimizer: Optimizer | None = None
-        self._states: dict | None = None
+        self._slots = OptimizerSlots()
         self.loss_curve_: list[float] = []
         self.batch_loss_curve_: list[float] = []
+
+    @property
+    def optimizer(self) -> Optimizer | None:
+        """The optimizer of the last step (``None`` before the first)."""
+        return self._slots.optimizer
 
     @property
     def dtype(self) -> np.dtype:
@@ -134,7 +138,7 @@ class EmbeddingMLP(WindowEstimator):
         other.embedding = self.embedding.copy()
         other.weights = [w.copy() for w in self.weights]
         other.biases = [b.copy() for b in self.biases]
-        other.optimizer, other._states = None, None
+        other._slots = OptimizerSlots()
         other.loss_curve_, other.batch_loss_curve_ = [], []
         return other
 
@@ -148,12 +152,6 @@ class EmbeddingMLP(WindowEstimator):
 
     # ------------------------------------------------------------------ hooks
     def _train_batch(self, ids: np.ndarray, labels: np.ndarray, optimizer: Optimizer) -> float:
-        if optimizer != self.optimizer or self._states is None:
-            self.optimizer = optimizer
-            self._states = {
-                "embedding": optimizer.init_state(self.embedding),
-                "dense": [optimizer.init_state(v.reshape(-1)) for v in self.dense_variables()],
-            }
         unique, inverse = unique_rows(ids)
         loss_sum, grads, grad_rows = batch_gradients(
             self.spec,
@@ -164,10 +162,12 @@ class EmbeddingMLP(WindowEstimator):
             self.biases,
             ids.shape[0],
         )
-        apply_rows(optimizer, self.embedding, self._states["embedding"], unique, grad_rows)
-        for param, grad, state in zip(
-            self.dense_variables(), grads, self._states["dense"], strict=True
+        state = self._slots.state(optimizer, "embedding", self.embedding)
+        apply_rows(optimizer, self.embedding, state, unique, grad_rows)
+        for name, param, grad in zip(
+            self.spec.dense_names(), self.dense_variables(), grads, strict=True
         ):
+            state = self._slots.state(optimizer, name, param.reshape(-1))
             apply_dense(optimizer, param, grad, state)
         return loss_sum / ids.shape[0]
 
