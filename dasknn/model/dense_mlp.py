@@ -18,6 +18,7 @@ from dasknn.model.activations import Activation
 from dasknn.model.compressed_mlp import CompressedMLP
 from dasknn.model.estimator import InProcessEstimator
 from dasknn.model.losses import Loss, network_functions
+from dasknn.model.validation import check_float_dtype
 from dasknn.optim import Optimizer, OptimizerSlots
 
 __all__ = ["DenseMLP", "LENET_300_100", "MLP_1024_3"]
@@ -53,9 +54,7 @@ class DenseMLP(InProcessEstimator):
         dtype=np.float32,
         masks: Sequence | None = None,
     ) -> None:
-        self.dtype = np.dtype(dtype)
-        if self.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
-            raise ValueError(f"dtype must be float32 or float64, got {self.dtype}")
+        self.dtype = check_float_dtype(dtype)
         self.activation, self.output_activation, self.loss = network_functions(
             activation, output_activation, loss
         )

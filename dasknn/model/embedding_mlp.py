@@ -21,6 +21,7 @@ from dasknn.model.embedding_network import (
     batch_logits,
     unique_rows,
 )
+from dasknn.model.validation import check_float_dtype
 from dasknn.model.window_estimator import WindowEstimator
 from dasknn.optim import Optimizer, OptimizerSlots
 
@@ -82,9 +83,7 @@ class EmbeddingMLP(WindowEstimator):
         if combine not in COMBINES:
             raise ValueError(f"combine must be one of {COMBINES}, got {combine!r}")
         get_activation(activation)
-        dtype = np.dtype(dtype)
-        if dtype not in (np.float32, np.float64):
-            raise ValueError(f"dtype must be float32 or float64, got {dtype}")
+        dtype = check_float_dtype(dtype)
         self.spec = EmbeddingSpec(
             vocab_size=_positive("vocab_size", vocab_size),
             context=_positive("context", context),

@@ -27,19 +27,12 @@ from dasknn.model.activations import Activation
 from dasknn.model.estimator import InProcessEstimator
 from dasknn.model.losses import Loss, network_functions
 from dasknn.model.persistence import ModelRecord, pattern_digest, read_model, write_model
+from dasknn.model.validation import check_float_dtype
 from dasknn.optim import Optimizer, OptimizerSlots, ParamState
 from graph.checks import check_csr
 
 __all__ = ["SparseMLP"]
 
-_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-
-
-def _as_dtype(dtype) -> np.dtype:
-    dtype = np.dtype(dtype)
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype must be float32 or float64, got {dtype}")
-    return dtype
 
 
 def _as_csr(w, k: int, dtype: np.dtype) -> sp.csr_matrix:
@@ -120,7 +113,7 @@ class SparseMLP(InProcessEstimator):
         loss: str | Loss = "mse",
         dtype=np.float64,
     ) -> None:
-        self.dtype = _as_dtype(dtype)
+        self.dtype = check_float_dtype(dtype)
         self.activation, self.output_activation, self.loss = network_functions(
             activation, output_activation, loss
         )
@@ -296,7 +289,7 @@ class SparseMLP(InProcessEstimator):
         bias : float
             Initial value of every bias.
         """
-        dtype = _as_dtype(dtype)
+        dtype = check_float_dtype(dtype)
         patterns = radixnet_pattern(neurons, layers, seed=seed, dtype=dtype)
         if n_inputs is not None and n_inputs != neurons:
             if n_inputs < 1:
