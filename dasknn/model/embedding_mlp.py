@@ -130,16 +130,31 @@ class EmbeddingMLP(WindowEstimator):
             **dict(zip(self.spec.dense_names(), self.dense_variables(), strict=True)),
         }
 
+    @classmethod
+    def _from_values(
+        cls,
+        spec: EmbeddingSpec,
+        embedding: np.ndarray,
+        weights: list[np.ndarray],
+        biases: list[np.ndarray],
+    ) -> EmbeddingMLP:
+        """A model of ``spec`` holding these arrays (not copied; shapes and dtype those of
+        ``spec``), with no optimizer state and empty curves."""
+        model = object.__new__(cls)
+        model.spec = spec
+        model.embedding, model.weights, model.biases = embedding, weights, biases
+        model._slots = OptimizerSlots()
+        model.loss_curve_, model.batch_loss_curve_ = [], []
+        return model
+
     def copy(self) -> EmbeddingMLP:
         """A copy with the same values (no optimizer state, empty curves)."""
-        other = object.__new__(EmbeddingMLP)
-        other.spec = self.spec
-        other.embedding = self.embedding.copy()
-        other.weights = [w.copy() for w in self.weights]
-        other.biases = [b.copy() for b in self.biases]
-        other._slots = OptimizerSlots()
-        other.loss_curve_, other.batch_loss_curve_ = [], []
-        return other
+        return self._from_values(
+            self.spec,
+            self.embedding.copy(),
+            [w.copy() for w in self.weights],
+            [b.copy() for b in self.biases],
+        )
 
     def __repr__(self) -> str:
         s = self.spec
