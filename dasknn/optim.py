@@ -6,13 +6,16 @@ second moments, step count) lives beside the parameters it belongs to: one :clas
 per parameter array, i.e. per layer's stored weight values and per bias in one process, and per
 weight chunk and bias chunk on the worker of the part in the model-parallel runtime. Every state
 array has the length of its parameter array, so the weights' state covers the sparsity pattern
-only. The updates follow ``torch.optim``'s formulas (see ``docs/training.md``) and run in the numba
-kernels of :mod:`dasknn.kernels.optimizers`.
+only. Whoever owns parameters keeps their states in an :class:`OptimizerSlots`, which makes them
+on first use and starts them afresh when the optimizer changes. The updates follow
+``torch.optim``'s formulas (see ``docs/training.md``) and run in the numba kernels of
+:mod:`dasknn.kernels.optimizers`.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable, Mapping
 from dataclasses import asdict, dataclass, field
 from numbers import Real
 
@@ -25,6 +28,7 @@ __all__ = [
     "Adam",
     "AdamW",
     "Optimizer",
+    "OptimizerSlots",
     "ParamState",
     "optimizer_config",
     "optimizer_from_config",
@@ -49,6 +53,10 @@ class ParamState:
 
     step: int = 0
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def copy(self) -> ParamState:
+        """A copy with its own arrays."""
+        return ParamState(step=self.step, arrays={k: v.copy() for k, v in self.arrays.items()})
 
 
 @dataclass(frozen=True)
@@ -242,6 +250,70 @@ class AdamW(Adam):
     weight_decay: float = 1e-2
 
     decoupled = True
+
+
+class OptimizerSlots:
+    """The optimizer state of a set of parameter arrays, kept while the optimizer stays the same.
+
+    The state of an array (a :class:`ParamState`, under a key its owner chooses) is made by the
+    optimizer's :meth:`~Optimizer.init_state` the first time it is asked for, and kept for later
+    steps while they use an equal optimizer (same type and hyperparameters). A step with a
+    different optimizer drops every held state first, so each array starts afresh.
+
+    Parameters
+    ----------
+    optimizer : Optimizer or None
+        The optimizer the ``states`` belong to (``None``: no state yet).
+    states : mapping of key to ParamState, optional
+        Held states (restored from a file or handed over), used as they are, not copied.
+
+    Attributes
+    ----------
+    optimizer : Optimizer or None
+        The optimizer of the last step (``None`` before the first).
+    states : dict
+        The state of every array stepped since the optimizer last changed, by key.
+    """
+
+    def __init__(
+        self,
+        optimizer: Optimizer | None = None,
+        states: Mapping[Hashable, ParamState] | None = None,
+    ) -> None:
+        if optimizer is None and states:
+            raise ValueError("optimizer states need the optimizer they belong to")
+        self.optimizer = optimizer
+        self.states: dict[Hashable, ParamState] = dict(states or {})
+
+    def state(self, optimizer: Optimizer, key: Hashable, param: np.ndarray) -> ParamState:
+        """The state of ``param`` (the array named ``key``) for a step of ``optimizer``.
+
+        Every held state is dropped first when ``optimizer`` differs from the last one; the
+        state of ``key`` is made for ``param`` when none is held.
+        """
+        if optimizer != self.optimizer:
+            self.optimizer = optimizer
+            self.states = {}
+        state = self.states.get(key)
+        if state is None:
+            state = self.states[key] = optimizer.init_state(param)
+        return state
+
+    def update(
+        self, optimizer: Optimizer, key: Hashable, param: np.ndarray, grad: np.ndarray
+    ) -> None:
+        """One step of ``optimizer`` on ``param`` (in place) from ``grad``, with the state of
+        ``key`` (see :meth:`state`)."""
+        optimizer.update(param, grad, self.state(optimizer, key, param))
+
+    def copy(self) -> OptimizerSlots:
+        """A copy whose states have their own arrays (the optimizer is immutable, shared)."""
+        return OptimizerSlots(self.optimizer, {k: s.copy() for k, s in self.states.items()})
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the held state arrays."""
+        return sum(a.nbytes for s in self.states.values() for a in s.arrays.values())
 
 
 def resolve_optimizer(lr: float | None, optimizer: Optimizer | None) -> Optimizer:

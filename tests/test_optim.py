@@ -13,7 +13,7 @@ import scipy.sparse as sp
 from model_reference import act, act_derivative, stored_mask
 
 from dasknn import SparseMLP
-from dasknn.optim import SGD, Adam, AdamW
+from dasknn.optim import SGD, Adam, AdamW, OptimizerSlots, ParamState
 
 OPTIMIZERS = {
     "sgd": SGD(lr=0.3),
@@ -182,6 +182,30 @@ def test_bad_optimizer_arguments_raise_before_any_update():
         model.fit(x, y, optimizer="adam", progress=False)
     for a, w in zip(before, model.weights, strict=True):
         np.testing.assert_array_equal(a, w.data)
+
+
+def test_slots_keep_the_state_while_the_optimizer_stays_equal():
+    """OptimizerSlots: one state per key, made on first use, kept for an equal optimizer (also
+    one made anew), all dropped for other hyperparameters or another type."""
+    w, b = np.zeros(5), np.zeros(3)
+    slots = OptimizerSlots()
+    first = slots.state(Adam(lr=0.1), "w", w)
+    assert set(first.arrays) == {"exp_avg", "exp_avg_sq"} and first.arrays["exp_avg"].shape == (5,)
+    first.step = 4
+    assert slots.state(Adam(lr=0.1), "w", w) is first
+    slots.update(Adam(lr=0.1), "b", b, np.ones(3))
+    # Adam's first step from g = 1: m = 0.1, v = 0.001, p -= 0.1 * (m / 0.1) / (1 + eps)
+    np.testing.assert_allclose(b, -0.1 / (1 + 1e-8), rtol=1e-12)
+    assert slots.states["b"].step == 1 and slots.states["w"] is first
+    copied = slots.copy()
+    copied.states["b"].arrays["exp_avg"] += 1
+    np.testing.assert_allclose(slots.states["b"].arrays["exp_avg"], 0.1, rtol=1e-12)
+    for other in (Adam(lr=0.2), AdamW(lr=0.1, weight_decay=0.0), SGD(lr=0.1)):
+        fresh = slots.state(other, "w", w)
+        assert fresh.step == 0 and list(slots.states) == ["w"] and slots.optimizer == other
+    assert copied.optimizer == Adam(lr=0.1) and copied.states["w"].step == 4
+    with pytest.raises(ValueError, match="need the optimizer"):
+        OptimizerSlots(None, {"w": ParamState()})
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))

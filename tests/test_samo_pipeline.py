@@ -290,6 +290,30 @@ def test_bad_batches_raise_before_anything_is_scheduled(client4):
     assert not any(client4.run(_pipeline_plugins).values())
 
 
+def test_outputs_and_scores_equal_numpy(client4):
+    """predict, predict_proba, evaluate and score of the pipeline model (the estimator API's,
+    run on the gathered model) against the masked network in float64 numpy."""
+    model, x, y = problem()
+    rng = np.random.default_rng(0)
+    weights = [rng.uniform(-1, 1, (a, b)) for a, b in zip(SIZES[:-1], SIZES[1:], strict=True)]
+    biases = [rng.uniform(-0.1, 0.1, b) for b in SIZES[1:]]
+    masks = magnitude_masks(weights, 0.6)
+    a = x
+    for k, (w, mask, b) in enumerate(zip(weights, masks, biases, strict=True)):
+        z = a @ (w * mask) + b
+        a = z if k == len(weights) - 1 else np.maximum(z, 0)
+    shifted = np.exp(a - a.max(axis=1, keepdims=True))
+    proba = shifted / shifted.sum(axis=1, keepdims=True)
+    loss = -np.mean(np.log(proba[np.arange(len(y)), y]))
+    with PipelineMLP(model, client4, stages=2, microbatches=2) as pipe:
+        np.testing.assert_array_equal(pipe.predict(x, batch_size=5), np.argmax(a, axis=1))
+        np.testing.assert_allclose(pipe.predict_proba(x), proba, rtol=1e-12, atol=1e-15)
+        assert pipe.evaluate(x, y, batch_size=7) == pytest.approx(loss, rel=1e-12)
+        assert pipe.score(x, y) == np.mean(np.argmax(a, axis=1) == y)
+        with pytest.raises(ValueError, match="batch_size"):
+            pipe.score(x, y, batch_size=0)
+
+
 def _set_first_weight_infinite(dask_worker, token):
     stack = dask_worker.plugins[f"dasknn-pipeline-{token}"].stack
     stack.layers[0].master[0] = np.inf

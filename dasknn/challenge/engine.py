@@ -22,6 +22,7 @@ from dasknn.challenge.inputs import load_inputs
 from dasknn.challenge.stats import ChallengeStats, merge_batches
 from dasknn.data_parallel.inference import InferenceRun, infer_on_cpus, infer_on_gpus
 from dasknn.datasets import challenge_bias, load_network
+from dasknn.model.validation import check_float_dtype
 from dasknn.runtime.cluster import open_client
 from graph.checks import check_csr
 
@@ -64,9 +65,7 @@ def prepare_run(
     Returns the layers, the input rows (CSR, float64) and the bias. Raises ``ValueError`` (or
     ``FileNotFoundError``) naming the problem; see :func:`run_challenge` for the parameters.
     """
-    dtype = np.dtype(dtype)
-    if dtype not in (np.float32, np.float64):
-        raise ValueError(f"dtype must be float32 or float64, got {dtype}")
+    dtype = check_float_dtype(dtype)
     if weight_buffers < 1:
         raise ValueError(f"weight_buffers must be >= 1, got {weight_buffers}")
     if device not in ("cpu", "cuda"):

@@ -14,20 +14,19 @@ from dasknn.runtime.jobqueue import BATCH_SYSTEMS, JOBQUEUE_TIMEOUT, JobqueueSpe
 
 __all__ = ["add_cluster_arguments", "cluster_target"]
 
-# the options only meaningful with --cluster
-_JOBQUEUE_OPTIONS = (
+# the options copied as they are onto the JobqueueSpec field of the same name
+_SPEC_OPTIONS = (
     "cores",
     "memory",
     "processes",
     "walltime",
     "queue",
     "account",
-    "job_extra",
     "interface",
     "disk",
-    "jobqueue_config",
-    "cluster_timeout",
 )
+# the options only meaningful with --cluster
+_JOBQUEUE_OPTIONS = (*_SPEC_OPTIONS, "job_extra", "jobqueue_config", "cluster_timeout")
 
 
 def add_cluster_arguments(parser: argparse.ArgumentParser, group) -> None:
@@ -84,16 +83,7 @@ def cluster_target(args: argparse.Namespace, workers: int | None) -> JobqueueSpe
             raise ValueError(f"{option} is an option of batch jobs: give --cluster SYSTEM too")
         return args.scheduler
     spec = JobqueueSpec(system=args.cluster, workers=workers or 1)
-    for name in (
-        "cores",
-        "memory",
-        "processes",
-        "walltime",
-        "queue",
-        "account",
-        "interface",
-        "disk",
-    ):
+    for name in _SPEC_OPTIONS:
         value = getattr(args, name)
         if value is not None:
             setattr(spec, name, value)

@@ -27,7 +27,7 @@ import numpy as np
 from dasknn.compressed.index import bits_view, check_index, row_pointers
 from dasknn.compressed.precision import Precision
 from dasknn.kernels import compressed as kernels
-from dasknn.optim import Optimizer, ParamState
+from dasknn.optim import Optimizer, OptimizerSlots
 
 __all__ = ["COMPUTES", "CompressedLayer", "CompressedStack"]
 
@@ -97,8 +97,7 @@ class CompressedLayer:
         if compute == "dense":
             self.dense = np.empty(self.shape, dtype=precision.storage)
         self.refresh()
-        self.state_w: ParamState | None = None
-        self.state_b: ParamState | None = None
+        self.slots = OptimizerSlots()
 
     @property
     def nnz(self) -> int:
@@ -181,10 +180,8 @@ class CompressedLayer:
     # ------------------------------------------------------------------ update
     def apply(self, optimizer: Optimizer, inv_scale: float) -> None:
         """One optimizer step on the compressed master weights and the bias, from the stored
-        gradient times ``inv_scale``; then the compute weights are rebuilt."""
-        if self.state_w is None:
-            self.state_w = optimizer.init_state(self.master)
-            self.state_b = optimizer.init_state(self.bias)
+        gradient times ``inv_scale`` (the state is kept while the optimizer stays equal); then
+        the compute weights are rebuilt."""
         if self.grad32_w is None:
             grad_w, grad_b = self.grad_w, self.grad_b
             if inv_scale != 1.0:
@@ -196,8 +193,8 @@ class CompressedLayer:
                 self.grad32_w *= inv_scale
                 self.grad32_b *= inv_scale
             grad_w, grad_b = self.grad32_w, self.grad32_b
-        optimizer.update(self.master, grad_w, self.state_w)
-        optimizer.update(self.bias, grad_b, self.state_b)
+        self.slots.update(optimizer, "weights", self.master, grad_w)
+        self.slots.update(optimizer, "bias", self.bias, grad_b)
         self.refresh()
 
     def dense_weights(self) -> np.ndarray:
@@ -214,17 +211,13 @@ class CompressedLayer:
             weights += self.values16.nbytes
         if self.dense is not None:
             weights += self.dense.nbytes
-        states = 0
-        for state in (self.state_w, self.state_b):
-            if state is not None:
-                states += sum(a.nbytes for a in state.arrays.values())
         gradients = self.grad_w.nbytes + self.grad_b.nbytes
         if self.grad32_w is not None:
             gradients += self.grad32_w.nbytes + self.grad32_b.nbytes
         return {
             "weights": weights,
             "gradients": gradients,
-            "optimizer_states": states,
+            "optimizer_states": self.slots.nbytes,
             "index": self.index.nbytes + self.row_ptr.nbytes,
         }
 
@@ -276,7 +269,6 @@ class CompressedStack:
                 )
             )
             start += size
-        self.optimizer: Optimizer | None = None
 
     @property
     def n_layers(self) -> int:
@@ -322,12 +314,13 @@ class CompressedStack:
         """Whether every stored gradient is finite (fp16 overflow check)."""
         return bool(np.isfinite(self.grad.astype(np.float32)).all())
 
+    @property
+    def optimizer(self) -> Optimizer | None:
+        """The optimizer of the last step (``None`` before the first), the same in every layer."""
+        return self.layers[0].slots.optimizer if self.layers else None
+
     def apply(self, optimizer: Optimizer, inv_scale: float = 1.0) -> None:
         """One optimizer step of every layer (state kept while the optimizer stays equal)."""
-        if optimizer != self.optimizer:
-            self.optimizer = optimizer
-            for layer in self.layers:
-                layer.state_w = layer.state_b = None
         for layer in self.layers:
             layer.apply(optimizer, inv_scale)
 

@@ -258,27 +258,25 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
             return self._gathered[1].copy()
         held = self.client.run(read_values, token=self.token, workers=self.workers)
         first = held[self.workers[0]]
-        model = object.__new__(EmbeddingMLP)
-        model.spec = self.spec
-        model.optimizer, model._states = None, None
-        model.loss_curve_, model.batch_loss_curve_ = [], []
         dense = {}
         for worker in self.workers:
             dense.update(held[worker]["served"])
         dense.update(first["replicas"])
         names = self.spec.dense_names()
-        model.weights = [dense[n] for n in names[0::2]]
-        model.biases = [dense[n] for n in names[1::2]]
         if EMBEDDING in first["replicas"]:
-            model.embedding = first["replicas"][EMBEDDING]
+            embedding = first["replicas"][EMBEDDING]
         else:
             shard_map = self.shard_map
-            model.embedding = np.empty(
-                (self.spec.vocab_size, self.spec.embed_dim), dtype=self.spec.dtype
-            )
+            embedding = np.empty((self.spec.vocab_size, self.spec.embed_dim), dtype=self.spec.dtype)
             for worker in self.workers:
                 for p, values in held[worker]["shards"].items():
-                    model.embedding[shard_map.rows(p)] = values
+                    embedding[shard_map.rows(p)] = values
+        model = EmbeddingMLP._from_values(
+            self.spec,
+            embedding,
+            [dense[n] for n in names[0::2]],
+            [dense[n] for n in names[1::2]],
+        )
         self._gathered = (self._version, model)
         return model.copy()
 

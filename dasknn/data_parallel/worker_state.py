@@ -23,7 +23,7 @@ import numpy as np
 from distributed import get_worker
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from dasknn.optim import Optimizer, ParamState
+from dasknn.optim import Optimizer, OptimizerSlots, ParamState
 
 __all__ = ["Held", "ReplicaState", "install_values", "plugin_name", "read_values", "replica_state"]
 
@@ -39,15 +39,13 @@ class Held:
     state (started afresh whenever the optimizer changes)."""
 
     values: np.ndarray
-    optimizer: Optimizer | None = None
-    state: ParamState | None = None
+    slots: OptimizerSlots = field(default_factory=OptimizerSlots)
 
     def state_for(self, optimizer: Optimizer, flat: bool) -> ParamState:
-        """The state of ``optimizer`` (fresh when it differs from the last one used)."""
-        if optimizer != self.optimizer or self.state is None:
-            self.optimizer = optimizer
-            self.state = optimizer.init_state(self.values.reshape(-1) if flat else self.values)
-        return self.state
+        """The state of ``optimizer`` (fresh when it differs from the last one used), for the
+        values as one flat array (``flat``) or in their shape."""
+        param = self.values.reshape(-1) if flat else self.values
+        return self.slots.state(optimizer, "values", param)
 
 
 @dataclass

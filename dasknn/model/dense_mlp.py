@@ -18,7 +18,8 @@ from dasknn.model.activations import Activation
 from dasknn.model.compressed_mlp import CompressedMLP
 from dasknn.model.estimator import InProcessEstimator
 from dasknn.model.losses import Loss, network_functions
-from dasknn.optim import Optimizer, ParamState
+from dasknn.model.validation import check_float_dtype
+from dasknn.optim import Optimizer, OptimizerSlots
 
 __all__ = ["DenseMLP", "LENET_300_100", "MLP_1024_3"]
 
@@ -53,9 +54,7 @@ class DenseMLP(InProcessEstimator):
         dtype=np.float32,
         masks: Sequence | None = None,
     ) -> None:
-        self.dtype = np.dtype(dtype)
-        if self.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
-            raise ValueError(f"dtype must be float32 or float64, got {self.dtype}")
+        self.dtype = check_float_dtype(dtype)
         self.activation, self.output_activation, self.loss = network_functions(
             activation, output_activation, loss
         )
@@ -85,8 +84,7 @@ class DenseMLP(InProcessEstimator):
                     raise ValueError(f"masks[{k}] must be boolean of shape {w.shape}")
                 w[~m] = 0
                 self.masks.append(m.astype(self.dtype))
-        self.optimizer: Optimizer | None = None
-        self._state: list[tuple[ParamState, ParamState]] = []
+        self._slots = OptimizerSlots()
         self.loss_curve_: list[float] = []
         self.batch_loss_curve_: list[float] = []
 
@@ -128,13 +126,12 @@ class DenseMLP(InProcessEstimator):
             layers.append((zt, at))
         return layers
 
+    @property
+    def optimizer(self) -> Optimizer | None:
+        """The optimizer of the last training step (``None`` before the first)."""
+        return self._slots.optimizer
+
     def _train_batch(self, x: np.ndarray, y: np.ndarray, optimizer: Optimizer) -> float:
-        if optimizer != self.optimizer:
-            self.optimizer = optimizer
-            self._state = [
-                (optimizer.init_state(w.reshape(-1)), optimizer.init_state(b))
-                for w, b in zip(self.weights, self.biases, strict=True)
-            ]
         xt = np.ascontiguousarray(x.T)
         layers = self._forward(xt)
         z_last, a_last = layers[-1][0].T, layers[-1][1].T
@@ -151,8 +148,8 @@ class DenseMLP(InProcessEstimator):
             grad_b = deltat.sum(axis=1)
             if k > 0:
                 deltat = (w @ deltat) * self.activation.derivative(*layers[k - 1])
-            optimizer.update(w.reshape(-1), grad_w.reshape(-1), self._state[k][0])
-            optimizer.update(self.biases[k], grad_b, self._state[k][1])
+            self._slots.update(optimizer, ("weights", k), w.reshape(-1), grad_w.reshape(-1))
+            self._slots.update(optimizer, ("bias", k), self.biases[k], grad_b)
         return value
 
     def prune(

@@ -21,8 +21,9 @@ from dasknn.model.embedding_network import (
     batch_logits,
     unique_rows,
 )
+from dasknn.model.validation import check_float_dtype
 from dasknn.model.window_estimator import WindowEstimator
-from dasknn.optim import Optimizer
+from dasknn.optim import Optimizer, OptimizerSlots
 
 __all__ = ["EmbeddingMLP"]
 
@@ -82,9 +83,7 @@ class EmbeddingMLP(WindowEstimator):
         if combine not in COMBINES:
             raise ValueError(f"combine must be one of {COMBINES}, got {combine!r}")
         get_activation(activation)
-        dtype = np.dtype(dtype)
-        if dtype not in (np.float32, np.float64):
-            raise ValueError(f"dtype must be float32 or float64, got {dtype}")
+        dtype = check_float_dtype(dtype)
         self.spec = EmbeddingSpec(
             vocab_size=_positive("vocab_size", vocab_size),
             context=_positive("context", context),
@@ -104,10 +103,14 @@ class EmbeddingMLP(WindowEstimator):
             bound = np.sqrt(6.0 / (n_in + n_out))
             self.weights.append(rng.uniform(-bound, bound, (n_in, n_out)).astype(dtype))
             self.biases.append(np.zeros(n_out, dtype=dtype))
-        self.optimizer: Optimizer | None = None
-        self._states: dict | None = None
+        self._slots = OptimizerSlots()
         self.loss_curve_: list[float] = []
         self.batch_loss_curve_: list[float] = []
+
+    @property
+    def optimizer(self) -> Optimizer | None:
+        """The optimizer of the last step (``None`` before the first)."""
+        return self._slots.optimizer
 
     @property
     def dtype(self) -> np.dtype:
@@ -127,16 +130,31 @@ class EmbeddingMLP(WindowEstimator):
             **dict(zip(self.spec.dense_names(), self.dense_variables(), strict=True)),
         }
 
+    @classmethod
+    def _from_values(
+        cls,
+        spec: EmbeddingSpec,
+        embedding: np.ndarray,
+        weights: list[np.ndarray],
+        biases: list[np.ndarray],
+    ) -> EmbeddingMLP:
+        """A model of ``spec`` holding these arrays (not copied; shapes and dtype those of
+        ``spec``), with no optimizer state and empty curves."""
+        model = object.__new__(cls)
+        model.spec = spec
+        model.embedding, model.weights, model.biases = embedding, weights, biases
+        model._slots = OptimizerSlots()
+        model.loss_curve_, model.batch_loss_curve_ = [], []
+        return model
+
     def copy(self) -> EmbeddingMLP:
         """A copy with the same values (no optimizer state, empty curves)."""
-        other = object.__new__(EmbeddingMLP)
-        other.spec = self.spec
-        other.embedding = self.embedding.copy()
-        other.weights = [w.copy() for w in self.weights]
-        other.biases = [b.copy() for b in self.biases]
-        other.optimizer, other._states = None, None
-        other.loss_curve_, other.batch_loss_curve_ = [], []
-        return other
+        return self._from_values(
+            self.spec,
+            self.embedding.copy(),
+            [w.copy() for w in self.weights],
+            [b.copy() for b in self.biases],
+        )
 
     def __repr__(self) -> str:
         s = self.spec
@@ -148,12 +166,6 @@ class EmbeddingMLP(WindowEstimator):
 
     # ------------------------------------------------------------------ hooks
     def _train_batch(self, ids: np.ndarray, labels: np.ndarray, optimizer: Optimizer) -> float:
-        if optimizer != self.optimizer or self._states is None:
-            self.optimizer = optimizer
-            self._states = {
-                "embedding": optimizer.init_state(self.embedding),
-                "dense": [optimizer.init_state(v.reshape(-1)) for v in self.dense_variables()],
-            }
         unique, inverse = unique_rows(ids)
         loss_sum, grads, grad_rows = batch_gradients(
             self.spec,
@@ -164,10 +176,12 @@ class EmbeddingMLP(WindowEstimator):
             self.biases,
             ids.shape[0],
         )
-        apply_rows(optimizer, self.embedding, self._states["embedding"], unique, grad_rows)
-        for param, grad, state in zip(
-            self.dense_variables(), grads, self._states["dense"], strict=True
+        state = self._slots.state(optimizer, "embedding", self.embedding)
+        apply_rows(optimizer, self.embedding, state, unique, grad_rows)
+        for name, param, grad in zip(
+            self.spec.dense_names(), self.dense_variables(), grads, strict=True
         ):
+            state = self._slots.state(optimizer, name, param.reshape(-1))
             apply_dense(optimizer, param, grad, state)
         return loss_sum / ids.shape[0]
 

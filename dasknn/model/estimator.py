@@ -70,7 +70,7 @@ class SparseEstimator:
 
     A subclass sets ``loss`` and ``dtype``, provides ``n_inputs`` and ``n_outputs``, starts
     ``loss_curve_`` and ``batch_loss_curve_`` as empty lists, and implements
-    :meth:`_training_data`, :meth:`_train_batches` and an ``_output_blocks`` generator.
+    :meth:`_training_data`, :meth:`_train_batches` and :meth:`_output_blocks`.
 
     Attributes
     ----------
@@ -118,6 +118,11 @@ class SparseEstimator:
     def _recoverable(self, error: Exception) -> bool:
         """Whether ``fit`` may restore its last checkpoint and go on after ``error``."""
         return False
+
+    def _output_blocks(self, x: np.ndarray, batch_size: int, **options) -> OutputBlocks:
+        """Row-block ``(z_L, a_L)`` of the checked rows ``x``, ``batch_size`` rows at a time, in
+        order; the model's inference ``options`` are checked before anything runs."""
+        raise NotImplementedError
 
     # ------------------------------------------------------------------ checks
     def _check_xy(self, X, Y) -> tuple[np.ndarray, np.ndarray]:
@@ -366,6 +371,65 @@ class SparseEstimator:
                 f"this model's loss is {self.loss.name!r}: use predict for its outputs"
             )
 
+    def predict(self, X, batch_size: int = 1024) -> np.ndarray:
+        """Predictions for ``X`` (B, n_0).
+
+        Parameters
+        ----------
+        X : array-like (B, n_0)
+        batch_size : int
+            Rows run through the network at a time (bounds the memory).
+
+        Returns
+        -------
+        numpy.ndarray
+            For softmax cross-entropy, the class labels (B,) (int64): the class of the largest
+            output ``z_L`` of each row, the most probable one (probabilities:
+            :attr:`predict_proba`). Otherwise the output activations ``a_L`` (B, n_L).
+        """
+        return self._predictions(self._input_blocks(X, batch_size))
+
+    def _predict_proba(self, X, batch_size: int = 1024) -> np.ndarray:
+        return self._probabilities(self._input_blocks(X, batch_size))
+
+    def evaluate(self, X, Y, batch_size: int = 1024) -> float:
+        """Mean loss over ``(X, Y)`` (``Y`` as in :meth:`fit`), without training."""
+        return self._mean_loss(*self._labelled_blocks(X, Y, batch_size))
+
+    def score(self, X, Y, batch_size: int = 1024) -> float:
+        """How well the model does on ``(X, Y)``; higher is better, as scikit-learn expects.
+
+        Parameters
+        ----------
+        X : array-like (B, n_0)
+        Y : array-like (B, n_L), or integer labels (B,) for softmax cross-entropy
+            As in :meth:`fit`; for a softmax model the label of a target row is its largest
+            entry.
+        batch_size : int
+            Rows run through the network at a time.
+
+        Returns
+        -------
+        float
+            For softmax cross-entropy, the accuracy: the fraction of samples whose
+            :meth:`predict` label is the target label. Otherwise the **negative** mean loss,
+            ``-evaluate(X, Y)`` (for ``"mse"``, ``-1/(2B) sum_b ||a_L,b - y_b||^2``), so 0 is a
+            perfect fit.
+        """
+        return self._score(*self._labelled_blocks(X, Y, batch_size))
+
+    def _input_blocks(self, X, batch_size: int, **options) -> OutputBlocks:
+        """The output blocks of the rows ``X`` (``X``, ``batch_size`` and the inference
+        ``options`` checked before anything runs)."""
+        x = check_inputs(X, self.n_inputs, self.dtype)
+        return self._output_blocks(x, check_batch_size(batch_size), **options)
+
+    def _labelled_blocks(self, X, Y, batch_size: int, **options) -> tuple[OutputBlocks, np.ndarray]:
+        """The output blocks of the rows ``X`` and the checked targets ``Y`` (as in :meth:`fit`),
+        everything checked before anything runs."""
+        x, y = self._check_xy(X, Y)
+        return self._output_blocks(x, check_batch_size(batch_size), **options), y
+
     def _predictions(self, blocks: OutputBlocks) -> np.ndarray:
         """Class labels (the largest logit of each row) for a softmax model, else ``a_L``."""
         if self.loss.classification:
@@ -463,54 +527,3 @@ class InProcessEstimator(SparseEstimator):
         """
         x, y = self._check_xy(X, Y)
         return self._train_batch(x, y, resolve_optimizer(lr, optimizer))
-
-    def predict(self, X, batch_size: int = 1024) -> np.ndarray:
-        """Predictions for ``X`` (B, n_0).
-
-        Parameters
-        ----------
-        X : array-like (B, n_0)
-        batch_size : int
-            Rows run through the network at a time (bounds the memory).
-
-        Returns
-        -------
-        numpy.ndarray
-            For softmax cross-entropy, the class labels (B,) (int64): the class of the largest
-            output ``z_L`` of each row, the most probable one (probabilities:
-            :attr:`predict_proba`). Otherwise the output activations ``a_L`` (B, n_L).
-        """
-        x, batch_size = check_inputs(X, self.n_inputs, self.dtype), check_batch_size(batch_size)
-        return self._predictions(self._output_blocks(x, batch_size))
-
-    def _predict_proba(self, X, batch_size: int = 1024) -> np.ndarray:
-        x, batch_size = check_inputs(X, self.n_inputs, self.dtype), check_batch_size(batch_size)
-        return self._probabilities(self._output_blocks(x, batch_size))
-
-    def evaluate(self, X, Y, batch_size: int = 1024) -> float:
-        """Mean loss over ``(X, Y)`` (``Y`` as in :meth:`fit`), without training."""
-        x, y = self._check_xy(X, Y)
-        return self._mean_loss(self._output_blocks(x, check_batch_size(batch_size)), y)
-
-    def score(self, X, Y, batch_size: int = 1024) -> float:
-        """How well the model does on ``(X, Y)``; higher is better, as scikit-learn expects.
-
-        Parameters
-        ----------
-        X : array-like (B, n_0)
-        Y : array-like (B, n_L), or integer labels (B,) for softmax cross-entropy
-            As in :meth:`fit`; for a softmax model the label of a target row is its largest
-            entry.
-        batch_size : int
-            Rows run through the network at a time.
-
-        Returns
-        -------
-        float
-            For softmax cross-entropy, the accuracy: the fraction of samples whose
-            :meth:`predict` label is the target label. Otherwise the **negative** mean loss,
-            ``-evaluate(X, Y)`` (for ``"mse"``, ``-1/(2B) sum_b ||a_L,b - y_b||^2``), so 0 is a
-            perfect fit.
-        """
-        x, y = self._check_xy(X, Y)
-        return self._score(self._output_blocks(x, check_batch_size(batch_size)), y)

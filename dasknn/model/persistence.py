@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
+from dasknn.model.validation import check_float_dtype
 from dasknn.optim import Optimizer, ParamState, optimizer_config, optimizer_from_config
 from graph.atomic import write_atomically
 from graph.checks import csr_from_arrays
@@ -217,9 +218,7 @@ def _parse(path: Path, stored: dict[str, np.ndarray]) -> ModelRecord:
     n_layers = header["n_layers"]
     if not isinstance(n_layers, int) or not 1 <= n_layers <= len(stored):
         raise ValueError(f"n_layers is {n_layers!r}, the file cannot hold that")
-    dtype = np.dtype(str(header["dtype"]))
-    if dtype not in (np.float32, np.float64):
-        raise ValueError(f"dtype must be float32 or float64, got {dtype}")
+    dtype = check_float_dtype(str(header["dtype"]))
     weights, biases = [], []
     for k in range(n_layers):
         weights.append(

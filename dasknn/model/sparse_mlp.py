@@ -27,19 +27,12 @@ from dasknn.model.activations import Activation
 from dasknn.model.estimator import InProcessEstimator
 from dasknn.model.losses import Loss, network_functions
 from dasknn.model.persistence import ModelRecord, pattern_digest, read_model, write_model
-from dasknn.optim import Optimizer, ParamState
+from dasknn.model.validation import check_float_dtype
+from dasknn.optim import Optimizer, OptimizerSlots, ParamState
 from graph.checks import check_csr
 
 __all__ = ["SparseMLP"]
 
-_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-
-
-def _as_dtype(dtype) -> np.dtype:
-    dtype = np.dtype(dtype)
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype must be float32 or float64, got {dtype}")
-    return dtype
 
 
 def _as_csr(w, k: int, dtype: np.dtype) -> sp.csr_matrix:
@@ -120,7 +113,7 @@ class SparseMLP(InProcessEstimator):
         loss: str | Loss = "mse",
         dtype=np.float64,
     ) -> None:
-        self.dtype = _as_dtype(dtype)
+        self.dtype = check_float_dtype(dtype)
         self.activation, self.output_activation, self.loss = network_functions(
             activation, output_activation, loss
         )
@@ -149,8 +142,7 @@ class SparseMLP(InProcessEstimator):
                 if not np.isfinite(b).all():
                     raise ValueError(f"biases[{k}] contains NaN or infinite values")
                 self.biases.append(b)
-        self.optimizer: Optimizer | None = None
-        self._optimizer_state: list[tuple[ParamState, ParamState]] = []
+        self._slots = OptimizerSlots()
         self.loss_curve_: list[float] = []
         self.batch_loss_curve_: list[float] = []
 
@@ -201,16 +193,19 @@ class SparseMLP(InProcessEstimator):
             layers.append((zt, at))
         return layers
 
-    def _states(self, optimizer: Optimizer) -> list[tuple[ParamState, ParamState]]:
-        """Per layer, the optimizer state of the weight values and of the bias (kept while the
-        optimizer stays equal to the last one, fresh otherwise)."""
-        if optimizer != self.optimizer:
-            self.optimizer = optimizer
-            self._optimizer_state = [
-                (optimizer.init_state(w.data), optimizer.init_state(b))
-                for w, b in zip(self.weights, self.biases, strict=True)
-            ]
-        return self._optimizer_state
+    @property
+    def optimizer(self) -> Optimizer | None:
+        """The optimizer of the last training step (``None`` before the first)."""
+        return self._slots.optimizer
+
+    @property
+    def _optimizer_state(self) -> list[tuple[ParamState, ParamState]]:
+        """Per layer, the optimizer state of the weight values and of the bias (empty before the
+        first step)."""
+        if self._slots.optimizer is None:
+            return []
+        states = self._slots.states
+        return [(states["weights", k], states["bias", k]) for k in range(self.n_layers)]
 
     def _train_batch(self, x: np.ndarray, y: np.ndarray, optimizer: Optimizer) -> float:
         xt = np.ascontiguousarray(x.T)
@@ -221,7 +216,6 @@ class SparseMLP(InProcessEstimator):
             self.loss.output_delta(z_last, a_last, y, self.output_activation).T
         )
         one = self.dtype.type(1)
-        states = self._states(optimizer)
         for k in range(self.n_layers - 1, -1, -1):
             w = self.weights[k]
             a_prev = xt if k == 0 else layers[k - 1][1]
@@ -234,8 +228,8 @@ class SparseMLP(InProcessEstimator):
                 st *= self.activation.derivative(*layers[k - 1])
                 deltat = st
             # W_k is not read again in this backward pass, so it can be updated now.
-            optimizer.update(w.data, grad_w, states[k][0])
-            optimizer.update(self.biases[k], grad_b, states[k][1])
+            self._slots.update(optimizer, ("weights", k), w.data, grad_w)
+            self._slots.update(optimizer, ("bias", k), self.biases[k], grad_b)
         return value
 
     # ------------------------------------------------------------ public API
@@ -295,7 +289,7 @@ class SparseMLP(InProcessEstimator):
         bias : float
             Initial value of every bias.
         """
-        dtype = _as_dtype(dtype)
+        dtype = check_float_dtype(dtype)
         patterns = radixnet_pattern(neurons, layers, seed=seed, dtype=dtype)
         if n_inputs is not None and n_inputs != neurons:
             if n_inputs < 1:
@@ -343,7 +337,7 @@ class SparseMLP(InProcessEstimator):
             loss=self.loss.name,
             dtype=self.dtype.name,
             optimizer=self.optimizer,
-            optimizer_state=list(self._optimizer_state) if self.optimizer is not None else [],
+            optimizer_state=self._optimizer_state,
         )
 
     def _restore(self, record: ModelRecord) -> None:
@@ -351,10 +345,10 @@ class SparseMLP(InProcessEstimator):
             w.data[:] = stored.data
         for b, stored in zip(self.biases, record.biases, strict=True):
             b[:] = stored
-        self.optimizer = record.optimizer
-        self._optimizer_state = [
-            (_copy_state(ws), _copy_state(bs)) for ws, bs in record.optimizer_state
-        ]
+        states = {}
+        for k, (w_state, b_state) in enumerate(record.optimizer_state):
+            states["weights", k], states["bias", k] = w_state.copy(), b_state.copy()
+        self._slots = OptimizerSlots(record.optimizer, states)
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the model to the ``.npz`` file ``path`` atomically (all or nothing): weights,
@@ -394,7 +388,3 @@ class SparseMLP(InProcessEstimator):
             raise ValueError(f"{path}: invalid model file: {exc}") from None
         model._restore(record)
         return model
-
-
-def _copy_state(state: ParamState) -> ParamState:
-    return ParamState(step=state.step, arrays={k: v.copy() for k, v in state.arrays.items()})

@@ -99,6 +99,15 @@ def check_targets(Y, n_samples: int, n_outputs: int, loss: Loss, dtype: np.dtype
     return _finite_real(Y, "Y", dtype)
 
 
+def check_float_dtype(dtype) -> np.dtype:
+    """Return ``dtype`` as a numpy dtype; ``ValueError`` unless it is float32 or float64 (the
+    arithmetic of every model and kernel)."""
+    dtype = np.dtype(dtype)
+    if dtype not in (np.float32, np.float64):
+        raise ValueError(f"dtype must be float32 or float64, got {dtype}")
+    return dtype
+
+
 def check_learning_rate(lr: float) -> float:
     """Return ``lr`` as a float; ``ValueError`` unless it is finite and >= 0."""
     lr = float(lr)

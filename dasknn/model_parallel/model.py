@@ -22,7 +22,7 @@ import scipy.sparse as sp
 from dasknn.model.estimator import SparseEstimator
 from dasknn.model.persistence import ModelRecord, pattern_digest, write_model
 from dasknn.model.sparse_mlp import SparseMLP
-from dasknn.model.validation import check_batch_size, check_in_flight, check_inputs
+from dasknn.model.validation import check_in_flight
 from dasknn.model_parallel.comm import (
     CommReport,
     install_comm_monitor,
@@ -498,7 +498,9 @@ class DistributedSparseMLP(SparseEstimator):
         only its latest layer's activations of a block. The parts return ``a_L`` only, which is
         also ``z_L`` where the loss reads it (softmax cross-entropy has a linear output layer;
         the mse value and prediction read ``a_L`` alone), so both entries are that array.
+        ``in_flight`` is checked before anything is scheduled.
         """
+        in_flight = check_in_flight(in_flight)
         self._check_open()
         template = self._template("predict")
         pending: deque = deque()
@@ -528,27 +530,19 @@ class DistributedSparseMLP(SparseEstimator):
         """Predictions for ``X``, as :meth:`SparseMLP.predict` (class labels for softmax models,
         ``a_L`` otherwise), computed on the workers ``batch_size`` rows at a time with
         ``in_flight`` blocks on the workers at once."""
-        x = check_inputs(X, self.n_inputs, self.dtype)
-        batch_size, in_flight = check_batch_size(batch_size), check_in_flight(in_flight)
-        return self._predictions(self._output_blocks(x, batch_size, in_flight))
+        return self._predictions(self._input_blocks(X, batch_size, in_flight=in_flight))
 
     def _predict_proba(self, X, batch_size: int = 1024, in_flight: int = 2) -> np.ndarray:
-        x = check_inputs(X, self.n_inputs, self.dtype)
-        batch_size, in_flight = check_batch_size(batch_size), check_in_flight(in_flight)
-        return self._probabilities(self._output_blocks(x, batch_size, in_flight))
+        return self._probabilities(self._input_blocks(X, batch_size, in_flight=in_flight))
 
     def evaluate(self, X, Y, batch_size: int = 1024, in_flight: int = 2) -> float:
         """Mean loss over ``(X, Y)`` without training, as :meth:`SparseMLP.evaluate`."""
-        x, y = self._check_xy(X, Y)
-        batch_size, in_flight = check_batch_size(batch_size), check_in_flight(in_flight)
-        return self._mean_loss(self._output_blocks(x, batch_size, in_flight), y)
+        return self._mean_loss(*self._labelled_blocks(X, Y, batch_size, in_flight=in_flight))
 
     def score(self, X, Y, batch_size: int = 1024, in_flight: int = 2) -> float:
         """Higher-is-better score, as :meth:`SparseMLP.score`: the accuracy for softmax models,
         otherwise the **negative** mean loss ``-evaluate(X, Y)``."""
-        x, y = self._check_xy(X, Y)
-        batch_size, in_flight = check_batch_size(batch_size), check_in_flight(in_flight)
-        return self._score(self._output_blocks(x, batch_size, in_flight), y)
+        return self._score(*self._labelled_blocks(X, Y, batch_size, in_flight=in_flight))
 
     # ------------------------------------------------------------------ results
     def gather(self) -> SparseMLP:

@@ -32,7 +32,7 @@ import sparse
 from distributed import get_worker
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from dasknn.optim import Optimizer, ParamState
+from dasknn.optim import Optimizer, OptimizerSlots
 
 __all__ = [
     "TIMING_KINDS",
@@ -77,8 +77,9 @@ class PartLayer:
         The stored weights, updated in place by training.
     bias : numpy.ndarray
         The part's bias, updated in place by training.
-    optimizer : Optimizer or None
-        The optimizer of the last update; its state is ``weight_state`` and ``bias_state``.
+    slots : OptimizerSlots
+        The optimizer of the last update and its state of ``"weights"`` (the values) and
+        ``"bias"``.
     lock : threading.Lock
         Held while the parameters are updated or copied.
     """
@@ -88,21 +89,15 @@ class PartLayer:
     indices: np.ndarray
     values: np.ndarray
     bias: np.ndarray
-    optimizer: Optimizer | None = None
-    weight_state: ParamState | None = None
-    bias_state: ParamState | None = None
+    slots: OptimizerSlots = field(default_factory=OptimizerSlots)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def apply(self, optimizer: Optimizer, grad_w: np.ndarray, grad_b: np.ndarray) -> None:
         """One step of ``optimizer`` from the gradients (its state is started afresh when it
         differs from the previous step's optimizer)."""
         with self.lock:
-            if optimizer != self.optimizer:
-                self.optimizer = optimizer
-                self.weight_state = optimizer.init_state(self.values)
-                self.bias_state = optimizer.init_state(self.bias)
-            optimizer.update(self.values, grad_w, self.weight_state)
-            optimizer.update(self.bias, grad_b, self.bias_state)
+            self.slots.update(optimizer, "weights", self.values, grad_w)
+            self.slots.update(optimizer, "bias", self.bias, grad_b)
 
 
 @dataclass
@@ -198,15 +193,14 @@ class ModelState(WorkerPlugin):
         ``{(k, m): (optimizer, weight state, bias state)}`` where given."""
         for (k, m), (chunk, bias) in chunks.items():
             optimizer, weight_state, bias_state = (states or {}).get((k, m), (None, None, None))
+            held = {"weights": weight_state, "bias": bias_state} if optimizer is not None else {}
             self.layers[(k, m)] = PartLayer(
                 shape=tuple(chunk.shape),
                 indptr=np.array(chunk.indptr),
                 indices=np.array(chunk.indices),
                 values=np.array(chunk.data),
                 bias=np.array(bias),
-                optimizer=optimizer,
-                weight_state=weight_state,
-                bias_state=bias_state,
+                slots=OptimizerSlots(optimizer, held),
             )
 
     def read(self) -> dict:
@@ -215,12 +209,13 @@ class ModelState(WorkerPlugin):
         parts = {}
         for key, layer in list(self.layers.items()):
             with layer.lock:
+                slots = layer.slots.copy()
                 parts[key] = (
                     layer.values.copy(),
                     layer.bias.copy(),
-                    layer.optimizer,
-                    _copy_state(layer.weight_state),
-                    _copy_state(layer.bias_state),
+                    slots.optimizer,
+                    slots.states.get("weights"),
+                    slots.states.get("bias"),
                 )
         return parts
 
@@ -332,12 +327,6 @@ class ModelState(WorkerPlugin):
 def model_state(token: str) -> ModelState:
     """The :class:`ModelState` of the model ``token`` on the worker running the calling task."""
     return get_worker().plugins[plugin_name(token)]
-
-
-def _copy_state(state: ParamState | None) -> ParamState | None:
-    if state is None:
-        return None
-    return ParamState(step=state.step, arrays={k: v.copy() for k, v in state.arrays.items()})
 
 
 def install_parts(dask_worker, token: str, chunks: dict, states: dict | None = None) -> int:

@@ -22,7 +22,7 @@ import numpy as np
 
 from dasknn.compressed import LossScaler
 from dasknn.model.compressed_mlp import CompressedMLP, NonFiniteLossError
-from dasknn.model.estimator import SparseEstimator
+from dasknn.model.estimator import OutputBlocks, SparseEstimator
 from dasknn.optim import Optimizer, resolve_optimizer
 from dasknn.pipeline_parallel import worker_state as ws
 from dasknn.pipeline_parallel.plan import split_stages
@@ -416,15 +416,9 @@ class PipelineMLP(SparseEstimator, PluginOwner):
         """The trained model in one process (replica 0)."""
         return self.replica(0)
 
-    def _output_blocks(self, x: np.ndarray, batch_size: int):
+    def _output_blocks(self, x: np.ndarray, batch_size: int) -> OutputBlocks:
+        """The outputs of the gathered model (:meth:`gather`, replica 0), computed here."""
         return self.gather()._output_blocks(x, batch_size)
-
-    def score(self, X, Y, batch_size: int = 1024) -> float:
-        """Accuracy or negative mean loss of the gathered model."""
-        return self.gather().score(X, Y, batch_size)
-
-    def predict(self, X, batch_size: int = 1024) -> np.ndarray:
-        return self.gather().predict(X, batch_size)
 
     def step_report(self) -> dict:
         """The passes of the last step per stage replica: ``{(s, d): {"events": [(kind, u,

@@ -17,7 +17,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from dasknn.lsh import HashFamily, HashTables, make_family
-from dasknn.optim import Optimizer, ParamState
+from dasknn.optim import Optimizer, OptimizerSlots, ParamState
 from dasknn.sampled.kernels import (
     hidden_backward,
     hidden_forward,
@@ -104,8 +104,7 @@ class HiddenLayer:
         self.grad_w = np.zeros_like(self.weights)
         self.grad_b = np.zeros_like(self.bias)
         self.touched = np.zeros(self.weights.shape[0], dtype=np.bool_)
-        self.optimizer: Optimizer | None = None
-        self.states: tuple[ParamState, ParamState] | None = None
+        self.slots = OptimizerSlots()
 
     def forward(self, X: sp.csr_matrix) -> np.ndarray:
         return hidden_forward(
@@ -128,12 +127,10 @@ class HiddenLayer:
 
     def apply(self, optimizer: Optimizer) -> None:
         """One optimizer step on the touched rows and the bias; the gradients are zeroed."""
-        if optimizer != self.optimizer:
-            self.optimizer = optimizer
-            self.states = (optimizer.init_state(self.weights), optimizer.init_state(self.bias))
         rows = np.flatnonzero(self.touched)
-        optimizer.update_rows(self.weights, self.grad_w, self.states[0], rows)
-        optimizer.update(self.bias, self.grad_b, self.states[1])
+        weight_state = self.slots.state(optimizer, "weights", self.weights)
+        optimizer.update_rows(self.weights, self.grad_w, weight_state, rows)
+        self.slots.update(optimizer, "bias", self.bias, self.grad_b)
         self.grad_w[rows] = 0
         self.grad_b[:] = 0
         self.touched[rows] = False
@@ -175,8 +172,7 @@ class OutputShard:
         self.grad_w = np.zeros_like(self.weights)
         self.grad_b = np.zeros_like(self.bias)
         self.touched = np.zeros(len(self.ids), dtype=np.bool_)
-        self.optimizer: Optimizer | None = None
-        self.states: tuple[ParamState, ParamState] | None = None
+        self.slots = OptimizerSlots()
         self.rebuilds = 0
         self.family = self.make_family(0)
         self.tables = self.build_tables()
@@ -280,12 +276,10 @@ class OutputShard:
 
     def apply(self, optimizer: Optimizer) -> None:
         """One optimizer step on the touched neurons (weights and bias); gradients zeroed."""
-        if optimizer != self.optimizer:
-            self.optimizer = optimizer
-            self.states = (optimizer.init_state(self.weights), optimizer.init_state(self.bias))
         rows = np.flatnonzero(self.touched)
-        optimizer.update_rows(self.weights, self.grad_w, self.states[0], rows)
-        bias_state = self.states[1]
+        weight_state = self.slots.state(optimizer, "weights", self.weights)
+        optimizer.update_rows(self.weights, self.grad_w, weight_state, rows)
+        bias_state = self.slots.state(optimizer, "bias", self.bias)
         column = ParamState(
             bias_state.step,
             {name: array.reshape(-1, 1) for name, array in bias_state.arrays.items()},
