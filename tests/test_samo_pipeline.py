@@ -141,6 +141,7 @@ def test_a_distributed_step_equals_the_full_batch_step(client4, stages, replicas
                 assert parts.idle == pytest.approx(1 - busy[s] / span, abs=1e-12)
                 assert parts.bubble == pytest.approx(1 - max(busy.values()) / span, abs=1e-12)
                 assert parts.idle == pytest.approx(parts.bubble + parts.imbalance, abs=1e-12)
+                assert 0 <= parts.handover <= parts.idle + 1e-12
 
 
 def test_bf16_allreduce_sends_the_compressed_16_bit_values(client4):
@@ -387,16 +388,25 @@ def test_a_message_key_is_read_by_its_receiver_only(client4):
             consumers = client4.run_on_scheduler(_consumers)
     finally:
         client4.unregister_scheduler_plugin(_RecordConsumers.name)
-    messages = 0
+    messages = direct = 0
     for key, readers in consumers.items():
         sender = parse_pipeline_key(key)
+        parsed = [parse_pipeline_key(r) for r in readers]
         remote = [
-            r for r in map(parse_pipeline_key, readers)
+            r for r in parsed
             if r is not None and (r.stage, r.replica) != (sender.stage, sender.replica)
         ]
+        local = [r for r in parsed if r not in remote]
         if sender.kind.endswith("-msg"):
             messages += 1
             assert len(readers) == 1 and len(remote) == 1, (key, readers)
+        elif remote and sender.kind in ("fwd", "bwd"):
+            # a pass sent as it is: its other readers are passes of the sender that read
+            # nothing from another stage (stage 0's forward, the last stage's backward passes)
+            direct += 1
+            assert len(remote) == 1, (key, readers)
+            assert all((r.kind, r.stage) in (("fwd", 0), ("bwd", 1)) for r in local), (key, readers)
         elif remote:
             assert sender.kind in ("finite", "verdict"), (key, readers)
-    assert messages == 2 * 1 * 2 * 2  # 2 (S - 1) m D
+    # GPipe, m = 2: stage 0's first forward and stage 1's first backward go out as they are
+    assert (messages, direct) == (2 * 2, 2 * 2)  # 2 (S - 1) m D in all

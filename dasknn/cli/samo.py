@@ -25,9 +25,9 @@ from dasknn.pipeline_parallel import (
     SCHEDULES,
     ParallelPlan,
     PipelineMLP,
+    balanced_bounds,
     compressed_layer_bytes,
     plan_parallelism,
-    split_stages,
 )
 from dasknn.pruning import EarlyBird, magnitude_masks
 from dasknn.runtime.cluster import open_client
@@ -210,7 +210,7 @@ def _plan(args: argparse.Namespace, model: CompressedMLP, optimizer: Optimizer) 
         _check_plan(args, plan.stages, plan.replicas)
         return plan
     stages, replicas = args.stages or 1, args.data_parallel or 1
-    bounds = split_stages([layer.nnz for layer in model.stack.layers], stages)
+    bounds = balanced_bounds(model, stages)
     sizes = [sum(layer_bytes[a:b]) for a, b in bounds]
     return ParallelPlan(stages, replicas, bounds, sizes, memory_limit=max(sizes))
 

@@ -1,13 +1,16 @@
 """The task graph of one pipeline (and data-parallel) training step.
 
 For every replica ``d`` and stage ``s`` the passes of the step are tasks pinned to the stage
-replica's worker, chained in the order of the schedule (:func:`stage_order`). A forward task of
-stage ``s > 0`` reads the ``fwd-msg`` key of stage ``s - 1`` (one message), a backward task of
-stage ``s < S - 1`` the ``bwd-msg`` key of stage ``s + 1`` (one message). A message key is a task
-of its own on the sender that passes the pass's value on, so the receiver is its only consumer:
-the pass key itself, which the sender's next pass depends on, never leaves its worker (Dask's
-active memory manager may drop either copy of a key held twice, and the sender would fetch a
-message back). With ``D > 1`` replicas, each
+replica's worker, each running after its predecessor in the order of the schedule
+(:func:`stage_order`, :func:`chain_links`), except the first stage's opening forward passes, which
+read only the microbatches and are handed to the worker at once (their priorities order them). A
+forward task of stage ``s > 0`` reads a message of stage ``s - 1``, a backward task of stage
+``s < S - 1`` a message of stage ``s + 1``: one key each, whose only other readers are passes of
+the sender that read nothing from another stage, and so run as soon as the message is made
+(:func:`message_keys`: the pass key itself, or else a ``fwd-msg`` / ``bwd-msg`` task that passes
+the value on). Dask's active memory manager keeps a replica that a task processing on its worker
+still needs, so it cannot drop the sender's copy while a pass of the sender waits for it, and the
+sender never fetches a message back. With ``D > 1`` replicas, each
 stage's accumulated compressed gradients (one flat buffer in the storage dtype) are summed across
 its replicas by the runtime's allreduce (:func:`dasknn.runtime.collectives.build_allreduce`,
 summed in float32 for 16-bit storage), and every replica applies the same update. With fp16's
@@ -28,7 +31,14 @@ from dasknn.pipeline_parallel.schedule import stage_order
 from dasknn.runtime.collectives import build_allreduce
 from dasknn.runtime.keys import parse_collective_key, parse_pipeline_key, pipeline_key
 
-__all__ = ["SchedulePriority", "StepGraph", "build_step", "collective_token"]
+__all__ = [
+    "SchedulePriority",
+    "StepGraph",
+    "build_step",
+    "chain_links",
+    "collective_token",
+    "message_keys",
+]
 
 
 def collective_token(token: str, stage: int, step: int) -> str:
@@ -83,6 +93,64 @@ def _send(tasks: dict, message_key: tuple, pass_key: tuple) -> None:
     tasks[message_key] = Task(message_key, _pass_on, TaskRef(pass_key))
 
 
+def _local_inputs(kind: str, stage: int, stages: int) -> bool:
+    """Whether a pass reads nothing from another stage: a forward pass of the first stage (the
+    microbatch, in memory before the step), a backward pass of the last (its output delta)."""
+    return (kind == "F" and stage == 0) or (kind == "B" and stage == stages - 1)
+
+
+def chain_links(order: list[tuple[str, int]], stage: int, stages: int) -> list[int | None]:
+    """Per pass of a stage's ``order``, the position of the pass it runs after (``None``: the
+    first pass, or one of the first stage's forward passes that open the order).
+
+    Every pass runs after its predecessor in the order, except, with ``stages > 1``, the first
+    stage's forward passes before its first backward pass: they read only the microbatches, so
+    they are handed to the worker at once and run in the order of their priorities without a
+    scheduler round trip between them. Its first backward pass runs after the last of them, and
+    their activations reach it only through the later stages, so every pass still precedes the
+    stage's last one.
+    """
+    links: list[int | None] = []
+    for n, (kind, _) in enumerate(order):
+        opening = stages > 1 and stage == 0 and kind == "F" and all(k == "F" for k, _ in order[:n])
+        links.append(None if n == 0 or opening else n - 1)
+    return links
+
+
+def message_keys(
+    token: str,
+    step: int,
+    stage: int,
+    replica: int,
+    order: list[tuple[str, int]],
+    links: list[int | None],
+    stages: int,
+) -> dict[tuple[str, int], tuple]:
+    """Per pass of the stage replica that sends a message (``(kind, microbatch)``), the key the
+    message travels under.
+
+    The pass key itself when the sender's own tasks that read it are only passes that read
+    nothing from another stage (:func:`_local_inputs`): they run as soon as the pass ends,
+    holding the sender's copy, so Dask's active memory manager cannot drop it and make the
+    sender fetch it back; this saves a task and a scheduler round trip per message. Otherwise
+    (the pass is the stage's last, read by the per-step work, or its next pass also waits for
+    another stage) a ``fwd-msg`` / ``bwd-msg`` task on the sender passes the value on, and the
+    receiving pass is its only consumer.
+    """
+    out = {}
+    last = len(order) - 1
+    for n, (kind, u) in enumerate(order):
+        if (kind == "F" and stage == stages - 1) or (kind == "B" and stage == 0):
+            continue  # the last stage's activations and the first stage's partial sums stay
+        readers = [m for m, link in enumerate(links) if link == n]
+        direct = n != last and all(_local_inputs(order[m][0], stage, stages) for m in readers)
+        name = "fwd" if kind == "F" else "bwd"
+        out[(kind, u)] = pipeline_key(
+            token, name if direct else f"{name}-msg", step, stage, replica, u
+        )
+    return out
+
+
 @dataclass
 class StepGraph:
     """A step's tasks, the keys to read back, and the placement and priority of every key."""
@@ -131,15 +199,28 @@ def build_step(
     tasks: dict = {}
     loss_keys, update_keys, tokens, collectives = [], [], [], {}
     last_pass: dict[tuple[int, int], tuple] = {}
+    orders = {s: stage_order(schedule, stages, s, microbatches) for s in range(stages)}
+    chains = {s: chain_links(orders[s], s, stages) for s in range(stages)}
+    sent = {
+        (kind, s, d, u): key
+        for s in range(stages)
+        for d in range(replicas)
+        for (kind, u), key in message_keys(token, step, s, d, orders[s], chains[s], stages).items()
+    }
     for d in range(replicas):
         for s in range(stages):
-            previous = None
-            for kind, u in stage_order(schedule, stages, s, microbatches):
-                after = TaskRef(previous) if previous is not None else None
+            for n, (kind, u) in enumerate(orders[s]):
+                link = chains[s][n]
+                after = None
+                if link is not None:
+                    name = "fwd" if orders[s][link][0] == "F" else "bwd"
+                    after = TaskRef(pipeline_key(token, name, step, s, d, orders[s][link][1]))
                 if kind == "F":
                     key = pipeline_key(token, "fwd", step, s, d, u)
-                    source = "x" if s == 0 else "fwd-msg"
-                    inputs = TaskRef(pipeline_key(token, source, step, max(s - 1, 0), d, u))
+                    if s == 0:
+                        inputs = TaskRef(pipeline_key(token, "x", step, 0, d, u))
+                    else:
+                        inputs = TaskRef(sent[("F", s - 1, d, u)])
                     labels = None
                     if s == stages - 1:
                         labels = TaskRef(pipeline_key(token, "y", step, s, d, u))
@@ -156,18 +237,16 @@ def build_step(
                         labels,
                         after,
                     )
-                    if s < stages - 1:
-                        _send(tasks, pipeline_key(token, "fwd-msg", step, s, d, u), key)
                 else:
                     key = pipeline_key(token, "bwd", step, s, d, u)
                     incoming = None
                     if s < stages - 1:
-                        incoming = TaskRef(pipeline_key(token, "bwd-msg", step, s + 1, d, u))
+                        incoming = TaskRef(sent[("B", s + 1, d, u)])
                     tasks[key] = Task(key, ws.backward_pass, token, step, u, incoming, after)
-                    if s > 0:
-                        _send(tasks, pipeline_key(token, "bwd-msg", step, s, d, u), key)
-                previous = key
-            last_pass[(s, d)] = previous
+                message = sent.get((kind, s, d, u))
+                if message is not None and message != key:
+                    _send(tasks, message, key)
+            last_pass[(s, d)] = key
     summed_by_stage = []
     for s in range(stages):
         summed = [None] * replicas

@@ -12,10 +12,10 @@ between workers in ``messages="actors"`` mode), negative for a value that is not
 **Pipeline keys** (:mod:`dasknn.pipeline_parallel`) are tuples
 ``(f"dasknn-pipe-{token}", kind, step, stage, replica, microbatch)``: ``kind`` is one of
 :data:`PIPELINE_KINDS`; a ``fwd`` (``bwd``) key is a forward (backward) pass of stage ``stage``
-of replica ``replica``, local work that the stage's next pass also depends on (the schedule's
-order); its value, the activations sent to stage ``stage + 1`` (the partial sums sent to
-``stage - 1``), travels under the ``fwd-msg`` (``bwd-msg``) key of the same numbers, whose only
-consumer is the receiving pass; ``finite`` and ``verdict`` carry fp16's overflow flags (a stage's,
+of replica ``replica``; its value, the activations sent to stage ``stage + 1`` (the partial
+sums sent to ``stage - 1``), travels under the pass key itself or under the ``fwd-msg``
+(``bwd-msg``) key of the same numbers (see :func:`dasknn.pipeline_parallel.taskgraph.message_keys`
+for which); ``finite`` and ``verdict`` carry fp16's overflow flags (a stage's,
 and whether the step is applied) to and from stage 0 of replica 0; every other kind is local
 work.
 
@@ -300,7 +300,8 @@ def describe(key) -> tuple[str | None, str, int | None]:
         return collective.token, collective.phase, None
     pipeline = parse_pipeline_key(key)
     if pipeline is not None:
-        phase = {"fwd-msg": "forward", "bwd-msg": "backward"}.get(pipeline.kind, "other")
+        phase = {"fwd": "forward", "fwd-msg": "forward", "bwd": "backward", "bwd-msg": "backward"}
+        phase = phase.get(pipeline.kind, "other")
         return pipeline.token, phase, pipeline.stage
     data_parallel = parse_dp_key(key)
     if data_parallel is not None:
