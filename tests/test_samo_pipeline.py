@@ -372,10 +372,12 @@ def _consumers(dask_scheduler):
     return dask_scheduler.plugins[_RecordConsumers.name].consumers
 
 
-def test_a_message_key_is_read_by_its_receiver_only(client4):
-    """Every key a task of another stage replica reads is a message (or an fp16 flag), and a
-    message has exactly one consumer: a key the sender also reads could lose the sender's copy to
-    Dask's active memory manager and be fetched back, beyond the byte formula."""
+def test_a_message_key_is_read_by_its_receiver_and_passes_that_run_at_once(client4):
+    """Every key a task of another stage replica reads is a message task read by its receiver
+    only, a pass whose other readers are passes of the sender that need nothing else (they are
+    processing on the sender when the message is made), or an fp16 flag: a key the sender reads
+    later could lose the sender's copy to Dask's active memory manager and be fetched back,
+    beyond the byte formula."""
     rng = np.random.default_rng(7)
     weights = [rng.uniform(-1, 1, (a, b)) for a, b in zip(SIZES[:-1], SIZES[1:], strict=True)]
     biases = [rng.uniform(-0.1, 0.1, b) for b in SIZES[1:]]
@@ -383,7 +385,7 @@ def test_a_message_key_is_read_by_its_receiver_only(client4):
     x, y = rng.uniform(0, 1, (16, SIZES[0])), rng.integers(0, SIZES[-1], 16)
     client4.register_plugin(_RecordConsumers())
     try:
-        with PipelineMLP(model, client4, stages=2, data_parallel=2, microbatches=2) as pipe:
+        with PipelineMLP(model, client4, stages=2, data_parallel=2, microbatches=4) as pipe:
             pipe.train_step(x, y, lr=0.1)
             consumers = client4.run_on_scheduler(_consumers)
     finally:
@@ -403,10 +405,12 @@ def test_a_message_key_is_read_by_its_receiver_only(client4):
         elif remote and sender.kind in ("fwd", "bwd"):
             # a pass sent as it is: its other readers are passes of the sender that read
             # nothing from another stage (stage 0's forward, the last stage's backward passes)
+            # and run after it alone
             direct += 1
             assert len(remote) == 1, (key, readers)
             assert all((r.kind, r.stage) in (("fwd", 0), ("bwd", 1)) for r in local), (key, readers)
         elif remote:
             assert sender.kind in ("finite", "verdict"), (key, readers)
-    # GPipe, m = 2: stage 0's first forward and stage 1's first backward go out as they are
-    assert (messages, direct) == (2 * 2, 2 * 2)  # 2 (S - 1) m D in all
+    # GPipe, m = 4: stage 0's first two forward and stage 1's first two backward passes go out
+    # as they are (per replica)
+    assert (messages, direct) == (2 * 4, 2 * 4)  # 2 (S - 1) m D in all

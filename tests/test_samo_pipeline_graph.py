@@ -13,7 +13,7 @@ from dasknn.model import CompressedMLP
 from dasknn.optim import SGD
 from dasknn.pipeline_parallel import balanced_bounds, layer_costs, split_stages, stage_order
 from dasknn.pipeline_parallel.model import _handover_seconds
-from dasknn.pipeline_parallel.taskgraph import build_step, chain_links
+from dasknn.pipeline_parallel.taskgraph import build_step, chain_links, final_passes
 from dasknn.runtime.keys import parse_pipeline_key
 
 
@@ -72,9 +72,18 @@ def _ancestors(tasks, key):
     return seen
 
 
+def test_chain_links_hand_a_run_s_next_pass_over_early_and_keep_the_interleaving():
+    gpipe = stage_order("gpipe", 2, 1, 4)  # F0 F1 F2 F3 B0 B1 B2 B3
+    assert chain_links(gpipe) == [(), (), (0,), (1,), (3, 2), (3, 2), (4,), (5,)]
+    assert final_passes(gpipe) == (7, 6)
+    one_f_one_b = stage_order("1f1b", 2, 0, 4)  # F0 F1 B0 F2 B1 F3 B2 B3
+    assert chain_links(one_f_one_b) == [(), (), (1, 0), (2,), (3,), (4,), (5,), (5,)]
+    assert chain_links(stage_order("1f1b", 2, 1, 3)) == [(), (0,), (1,), (2,), (3,), (4,)]
+
+
 @pytest.mark.parametrize(("stages", "m"), [(1, 3), (2, 4), (3, 2), (4, 5)])
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_every_pass_precedes_the_update_and_runs_after_its_predecessor(schedule, stages, m):
+def test_every_pass_precedes_the_update_and_the_other_kind_s_later_passes(schedule, stages, m):
     tasks = _graph(schedule, stages, m).tasks
     for s in range(stages):
         order = stage_order(schedule, stages, s, m)
@@ -88,16 +97,14 @@ def test_every_pass_precedes_the_update_and_runs_after_its_predecessor(schedule,
                       and parse_pipeline_key(k).stage == s)  # fmt: skip
         before_update = _ancestors(tasks, update)
         assert all(by_pass[key] in before_update for key in keys)
-        links = chain_links(order, s, stages)
-        for n, link in enumerate(links):
-            ancestors = _ancestors(tasks, by_pass[keys[n]])
-            if link is not None:
-                assert by_pass[keys[link]] in ancestors
-            if n and link is None:  # only stage 0's opening forward passes are unchained
-                assert stages > 1 and s == 0 and all(k == "F" for k, _ in order[: n + 1])
-            # a backward pass always runs after its own forward pass
-            if keys[n][0] == "bwd":
-                assert by_pass[("fwd", keys[n][1])] in ancestors
+        for j, later in enumerate(keys):
+            ancestors = _ancestors(tasks, by_pass[later])
+            for i in range(j):
+                # the schedule's interleaving of forward and backward passes is kept (so the
+                # microbatches in flight stay as the schedule's), and a backward pass follows its
+                # own forward pass
+                if keys[i][0] != later[0]:
+                    assert by_pass[keys[i]] in ancestors, (keys[i], later)
 
 
 def test_gpipe_sends_a_pass_as_it_is_when_its_local_readers_need_nothing_else():
@@ -107,9 +114,10 @@ def test_gpipe_sends_a_pass_as_it_is_when_its_local_readers_need_nothing_else():
         for p in map(parse_pipeline_key, tasks)
         if p.kind.endswith("-msg")
     )
-    # stage 0's last forward (its first backward waits for stage 1) and stage 1's last backward
-    # (the update reads it) go through message tasks; the other passes are read as they are
-    assert kinds == [("bwd-msg", 1, 2), ("fwd-msg", 0, 2)]
+    # stage 0's last two forward passes (its first backward passes wait for stage 1) and stage
+    # 1's last two backward passes (the update reads them) go through message tasks; the others
+    # are read as they are (their readers on the sender are the next but one pass of the run)
+    assert kinds == [("bwd-msg", 1, 1), ("bwd-msg", 1, 2), ("fwd-msg", 0, 1), ("fwd-msg", 0, 2)]
     readers = [
         parse_pipeline_key(dep)
         for key, task in tasks.items()
@@ -119,7 +127,7 @@ def test_gpipe_sends_a_pass_as_it_is_when_its_local_readers_need_nothing_else():
     ]
     assert sorted((p.kind, p.microbatch) for p in readers) == [
         ("fwd", 0),
-        ("fwd", 1),
+        ("fwd-msg", 1),
         ("fwd-msg", 2),
     ]
 

@@ -1,16 +1,16 @@
 """The task graph of one pipeline (and data-parallel) training step.
 
 For every replica ``d`` and stage ``s`` the passes of the step are tasks pinned to the stage
-replica's worker, each running after its predecessor in the order of the schedule
-(:func:`stage_order`, :func:`chain_links`), except the first stage's opening forward passes, which
-read only the microbatches and are handed to the worker at once (their priorities order them). A
-forward task of stage ``s > 0`` reads a message of stage ``s - 1``, a backward task of stage
-``s < S - 1`` a message of stage ``s + 1``: one key each, whose only other readers are passes of
-the sender that read nothing from another stage, and so run as soon as the message is made
-(:func:`message_keys`: the pass key itself, or else a ``fwd-msg`` / ``bwd-msg`` task that passes
-the value on). Dask's active memory manager keeps a replica that a task processing on its worker
-still needs, so it cannot drop the sender's copy while a pass of the sender waits for it, and the
-sender never fetches a message back. With ``D > 1`` replicas, each
+replica's worker, run in the order of the schedule (:func:`stage_order`): a pass of a run of
+passes of one kind runs after the pass two before it, the first passes of a run after the last of
+the run before (:func:`chain_links`), so the next pass of a run is on the worker, its priority
+ordering it, before the one before it ends. A forward task of stage ``s > 0`` reads a message of
+stage ``s - 1``, a backward task of stage ``s < S - 1`` a message of stage ``s + 1``: the pass key
+itself where the sender's own readers of it run as soon as it ends, else a ``fwd-msg`` /
+``bwd-msg`` task whose only reader is the receiving pass (:func:`message_keys`). Dask's active
+memory manager keeps a replica that a task processing on its worker still needs, so it cannot drop
+the sender's copy while a pass of the sender waits for it, and the sender never fetches a message
+back. With ``D > 1`` replicas, each
 stage's accumulated compressed gradients (one flat buffer in the storage dtype) are summed across
 its replicas by the runtime's allreduce (:func:`dasknn.runtime.collectives.build_allreduce`,
 summed in float32 for 16-bit storage), and every replica applies the same update. With fp16's
@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from dask.task_spec import Task, TaskRef
+from dask.task_spec import List, Task, TaskRef
 
 from dasknn.pipeline_parallel import worker_state as ws
 from dasknn.pipeline_parallel.schedule import stage_order
@@ -37,6 +37,7 @@ __all__ = [
     "build_step",
     "chain_links",
     "collective_token",
+    "final_passes",
     "message_keys",
 ]
 
@@ -99,22 +100,39 @@ def _local_inputs(kind: str, stage: int, stages: int) -> bool:
     return (kind == "F" and stage == 0) or (kind == "B" and stage == stages - 1)
 
 
-def chain_links(order: list[tuple[str, int]], stage: int, stages: int) -> list[int | None]:
-    """Per pass of a stage's ``order``, the position of the pass it runs after (``None``: the
-    first pass, or one of the first stage's forward passes that open the order).
+def chain_links(order: list[tuple[str, int]]) -> list[tuple[int, ...]]:
+    """Per pass of a stage's ``order``, the positions of the passes of the stage it runs after.
 
-    Every pass runs after its predecessor in the order, except, with ``stages > 1``, the first
-    stage's forward passes before its first backward pass: they read only the microbatches, so
-    they are handed to the worker at once and run in the order of their priorities without a
-    scheduler round trip between them. Its first backward pass runs after the last of them, and
-    their activations reach it only through the later stages, so every pass still precedes the
-    stage's last one.
+    The first pass of a run of passes of one kind runs after the last pass before the run, and
+    after the one before that too if both are of one kind; the second pass of a run after the
+    same passes as the first; every later pass after the pass two before it. So while a pass
+    runs, the next one of its run is already on the worker (its inputs permitting), with no
+    scheduler round trip between them, and a run's passes may end in any order: the run after it
+    waits for the last two, which between them follow every earlier pass. The schedule's
+    interleaving of forward and backward passes (1F1B's runs of one) is kept.
     """
-    links: list[int | None] = []
+    links: list[tuple[int, ...]] = []
     for n, (kind, _) in enumerate(order):
-        opening = stages > 1 and stage == 0 and kind == "F" and all(k == "F" for k, _ in order[:n])
-        links.append(None if n == 0 or opening else n - 1)
+        if n == 0:
+            links.append(())
+        elif order[n - 1][0] != kind:  # a run starts: after the previous run's last passes
+            pair = n >= 2 and order[n - 2][0] == order[n - 1][0]
+            links.append((n - 1, n - 2) if pair else (n - 1,))
+        elif n >= 2 and order[n - 2][0] == kind:  # inside a run: after the pass two before
+            links.append((n - 2,))
+        else:  # the run's second pass: after what the first runs after
+            links.append(links[n - 1])
     return links
+
+
+def final_passes(order: list[tuple[str, int]]) -> tuple[int, ...]:
+    """Positions of the passes that the step's later work (gradients, update) runs after: the
+    last one and, if of the same kind, the one before it (between them they follow every
+    pass)."""
+    last = len(order) - 1
+    if last >= 1 and order[last - 1][0] == order[last][0]:
+        return (last, last - 1)
+    return (last,)
 
 
 def message_keys(
@@ -123,27 +141,29 @@ def message_keys(
     stage: int,
     replica: int,
     order: list[tuple[str, int]],
-    links: list[int | None],
     stages: int,
 ) -> dict[tuple[str, int], tuple]:
     """Per pass of the stage replica that sends a message (``(kind, microbatch)``), the key the
     message travels under.
 
-    The pass key itself when the sender's own tasks that read it are only passes that read
-    nothing from another stage (:func:`_local_inputs`): they run as soon as the pass ends,
-    holding the sender's copy, so Dask's active memory manager cannot drop it and make the
-    sender fetch it back; this saves a task and a scheduler round trip per message. Otherwise
-    (the pass is the stage's last, read by the per-step work, or its next pass also waits for
-    another stage) a ``fwd-msg`` / ``bwd-msg`` task on the sender passes the value on, and the
-    receiving pass is its only consumer.
+    The pass key itself when the sender's own tasks that read it (:func:`chain_links`) are only
+    passes that run after it alone and read nothing from another stage (:func:`_local_inputs`):
+    they are processing on the sender as soon as the pass ends, holding the sender's copy, so
+    Dask's active memory manager cannot drop it and make the sender fetch it back; this saves a
+    task and a scheduler round trip per message. Otherwise (the step's later work reads the
+    pass, or a pass that also waits for something else) a ``fwd-msg`` / ``bwd-msg`` task on the
+    sender passes the value on, and the receiving pass is its only consumer.
     """
+    links = chain_links(order)
+    final = final_passes(order)
     out = {}
-    last = len(order) - 1
     for n, (kind, u) in enumerate(order):
         if (kind == "F" and stage == stages - 1) or (kind == "B" and stage == 0):
             continue  # the last stage's activations and the first stage's partial sums stay
-        readers = [m for m, link in enumerate(links) if link == n]
-        direct = n != last and all(_local_inputs(order[m][0], stage, stages) for m in readers)
+        readers = [m for m, link in enumerate(links) if n in link]
+        direct = n not in final and all(
+            links[m] == (n,) and _local_inputs(order[m][0], stage, stages) for m in readers
+        )
         name = "fwd" if kind == "F" else "bwd"
         out[(kind, u)] = pipeline_key(
             token, name if direct else f"{name}-msg", step, stage, replica, u
@@ -198,25 +218,24 @@ def build_step(
     """
     tasks: dict = {}
     loss_keys, update_keys, tokens, collectives = [], [], [], {}
-    last_pass: dict[tuple[int, int], tuple] = {}
+    final: dict[tuple[int, int], List] = {}
     orders = {s: stage_order(schedule, stages, s, microbatches) for s in range(stages)}
-    chains = {s: chain_links(orders[s], s, stages) for s in range(stages)}
     sent = {
         (kind, s, d, u): key
         for s in range(stages)
         for d in range(replicas)
-        for (kind, u), key in message_keys(token, step, s, d, orders[s], chains[s], stages).items()
+        for (kind, u), key in message_keys(token, step, s, d, orders[s], stages).items()
     }
     for d in range(replicas):
         for s in range(stages):
-            for n, (kind, u) in enumerate(orders[s]):
-                link = chains[s][n]
-                after = None
-                if link is not None:
-                    name = "fwd" if orders[s][link][0] == "F" else "bwd"
-                    after = TaskRef(pipeline_key(token, name, step, s, d, orders[s][link][1]))
+            order = orders[s]
+            keys = [
+                pipeline_key(token, "fwd" if kind == "F" else "bwd", step, s, d, u)
+                for kind, u in order
+            ]
+            for (kind, u), key, link in zip(order, keys, chain_links(order), strict=True):
+                after = List(*(TaskRef(keys[n]) for n in link))
                 if kind == "F":
-                    key = pipeline_key(token, "fwd", step, s, d, u)
                     if s == 0:
                         inputs = TaskRef(pipeline_key(token, "x", step, 0, d, u))
                     else:
@@ -238,7 +257,6 @@ def build_step(
                         after,
                     )
                 else:
-                    key = pipeline_key(token, "bwd", step, s, d, u)
                     incoming = None
                     if s < stages - 1:
                         incoming = TaskRef(sent[("B", s + 1, d, u)])
@@ -246,7 +264,7 @@ def build_step(
                 message = sent.get((kind, s, d, u))
                 if message is not None and message != key:
                     _send(tasks, message, key)
-            last_pass[(s, d)] = key
+            final[(s, d)] = List(*(TaskRef(keys[n]) for n in final_passes(order)))
     summed_by_stage = []
     for s in range(stages):
         summed = [None] * replicas
@@ -254,7 +272,7 @@ def build_step(
             grads = []
             for d in range(replicas):
                 key = pipeline_key(token, "grad", step, s, d)
-                tasks[key] = Task(key, ws.gradient, token, step, TaskRef(last_pass[(s, d)]))
+                tasks[key] = Task(key, ws.gradient, token, step, final[(s, d)])
                 grads.append(key)
             name = collective_token(token, s, step)
             graph = build_allreduce(name, grads, (grad_sizes[s],), accumulate)
@@ -269,9 +287,8 @@ def build_step(
         for s in range(stages):
             for d in range(replicas):
                 key = pipeline_key(token, "finite", step, s, d)
-                after = TaskRef(last_pass[(s, d)])
                 tasks[key] = Task(
-                    key, ws.gradients_finite, token, step, summed_by_stage[s][d], after
+                    key, ws.gradients_finite, token, step, summed_by_stage[s][d], final[(s, d)]
                 )
                 flags.append(TaskRef(key))
         verdict = pipeline_key(token, "verdict", step, 0, 0)
@@ -281,10 +298,9 @@ def build_step(
     for s in range(stages):
         for d in range(replicas):
             key = pipeline_key(token, "update", step, s, d)
-            after = TaskRef(last_pass[(s, d)])
             summed = summed_by_stage[s][d]
             tasks[key] = Task(
-                key, ws.update, token, step, optimizer, summed, inv_scale, apply, after
+                key, ws.update, token, step, optimizer, summed, inv_scale, apply, final[(s, d)]
             )
             update_keys.append(key)
     return StepGraph(
