@@ -107,29 +107,25 @@ def test_every_pass_precedes_the_update_and_the_other_kind_s_later_passes(schedu
                     assert by_pass[keys[i]] in ancestors, (keys[i], later)
 
 
-def test_gpipe_sends_a_pass_as_it_is_when_its_local_readers_need_nothing_else():
+def test_a_message_is_the_pass_key_and_the_sender_waits_for_a_mark_where_it_may_wait():
     tasks = _graph("gpipe", 2, 3).tasks
-    kinds = sorted(
+    marks = sorted(
         (p.kind, p.stage, p.microbatch)
         for p in map(parse_pipeline_key, tasks)
-        if p.kind.endswith("-msg")
+        if p.kind.endswith("-done")
     )
-    # stage 0's last two forward passes (its first backward passes wait for stage 1) and stage
-    # 1's last two backward passes (the update reads them) go through message tasks; the others
-    # are read as they are (their readers on the sender are the next but one pass of the run)
-    assert kinds == [("bwd-msg", 1, 1), ("bwd-msg", 1, 2), ("fwd-msg", 0, 1), ("fwd-msg", 0, 2)]
-    readers = [
-        parse_pipeline_key(dep)
-        for key, task in tasks.items()
-        if parse_pipeline_key(key).stage == 1 and parse_pipeline_key(key).kind == "fwd"
-        for dep in task.dependencies
-        if parse_pipeline_key(dep).stage == 0
-    ]
-    assert sorted((p.kind, p.microbatch) for p in readers) == [
-        ("fwd", 0),
-        ("fwd-msg", 1),
-        ("fwd-msg", 2),
-    ]
+    # stage 0's first backward passes (they also wait for stage 1) run after its last two
+    # forward passes, the update after stage 1's last two backward passes: they wait for marks;
+    # the other sent passes are read on the sender only by the next but one pass of their run
+    assert marks == [("bwd-done", 1, 1), ("bwd-done", 1, 2), ("fwd-done", 0, 1), ("fwd-done", 0, 2)]
+    for key, task in tasks.items():
+        p = parse_pipeline_key(key)
+        if p.kind.endswith("-done"):
+            assert set(task.dependencies) == {key[:1] + (p.kind.removesuffix("-done"),) + key[2:]}
+        if p.stage == 1 and p.kind == "fwd":  # reads stage 0's pass key, and nothing else there
+            assert {d for d in task.dependencies if parse_pipeline_key(d).stage == 0} == {
+                key[:1] + ("fwd", 1, 0, 0, p.microbatch)
+            }
 
 
 def test_handover_is_the_wait_after_a_pass_could_start():

@@ -4,13 +4,15 @@ For every replica ``d`` and stage ``s`` the passes of the step are tasks pinned 
 replica's worker, run in the order of the schedule (:func:`stage_order`): a pass of a run of
 passes of one kind runs after the pass two before it, the first passes of a run after the last of
 the run before (:func:`chain_links`), so the next pass of a run is on the worker, its priority
-ordering it, before the one before it ends. A forward task of stage ``s > 0`` reads a message of
-stage ``s - 1``, a backward task of stage ``s < S - 1`` a message of stage ``s + 1``: the pass key
-itself where the sender's own readers of it run as soon as it ends, else a ``fwd-msg`` /
-``bwd-msg`` task whose only reader is the receiving pass (:func:`message_keys`). Dask's active
-memory manager keeps a replica that a task processing on its worker still needs, so it cannot drop
-the sender's copy while a pass of the sender waits for it, and the sender never fetches a message
-back. With ``D > 1`` replicas, each
+ordering it, before the one before it ends. A forward task of stage ``s > 0`` reads the pass key of
+stage ``s - 1``'s forward pass of its microbatch (its activations), a backward task of stage
+``s < S - 1`` that of stage ``s + 1``'s backward pass (its partial sums): one message each. The
+sender's own tasks that must run after a sent pass but may wait for something else wait instead
+for the pass's ``fwd-done`` / ``bwd-done`` task (:func:`local_keys`), which reads the pass, is
+processing on the sender as soon as the pass ends, and returns nothing: Dask's active memory
+manager keeps a replica that a task processing on its worker still needs, so the sender's copy
+stays until then, nothing on the sender reads the pass later, and the sender never fetches a
+message back. With ``D > 1`` replicas, each
 stage's accumulated compressed gradients (one flat buffer in the storage dtype) are summed across
 its replicas by the runtime's allreduce (:func:`dasknn.runtime.collectives.build_allreduce`,
 summed in float32 for 16-bit storage), and every replica applies the same update. With fp16's
@@ -38,7 +40,7 @@ __all__ = [
     "chain_links",
     "collective_token",
     "final_passes",
-    "message_keys",
+    "local_keys",
 ]
 
 
@@ -81,17 +83,13 @@ class SchedulePriority:
         pipeline = parse_pipeline_key(key)
         if pipeline is None:
             return -self.last
-        kind = pipeline.kind.removesuffix("-msg")  # a message right after its pass
+        kind = pipeline.kind.removesuffix("-done")  # a pass's mark right after the pass
         return -self.position.get((pipeline.stage, kind, pipeline.microbatch), self.last)
 
 
-def _pass_on(value):
-    """The value of a pass, as the message to another stage."""
-    return value
-
-
-def _send(tasks: dict, message_key: tuple, pass_key: tuple) -> None:
-    tasks[message_key] = Task(message_key, _pass_on, TaskRef(pass_key))
+def _done(value) -> None:
+    """Nothing: the mark that a pass ended (see :func:`local_keys`)."""
+    return None
 
 
 def _local_inputs(kind: str, stage: int, stages: int) -> bool:
@@ -135,39 +133,37 @@ def final_passes(order: list[tuple[str, int]]) -> tuple[int, ...]:
     return (last,)
 
 
-def message_keys(
+def local_keys(
     token: str,
     step: int,
     stage: int,
     replica: int,
     order: list[tuple[str, int]],
     stages: int,
-) -> dict[tuple[str, int], tuple]:
-    """Per pass of the stage replica that sends a message (``(kind, microbatch)``), the key the
-    message travels under.
+) -> list[tuple]:
+    """Per pass of the stage replica's ``order``, the key the stage's own later tasks wait for.
 
-    The pass key itself when the sender's own tasks that read it (:func:`chain_links`) are only
-    passes that run after it alone and read nothing from another stage (:func:`_local_inputs`):
-    they are processing on the sender as soon as the pass ends, holding the sender's copy, so
-    Dask's active memory manager cannot drop it and make the sender fetch it back; this saves a
-    task and a scheduler round trip per message. Otherwise (the step's later work reads the
-    pass, or a pass that also waits for something else) a ``fwd-msg`` / ``bwd-msg`` task on the
-    sender passes the value on, and the receiving pass is its only consumer.
+    The pass key itself, unless the pass sends a message (a forward pass before the last stage,
+    a backward pass after the first) and a task of the sender that waits for it may wait for
+    something else too: a pass that runs after another one as well or reads another stage's
+    message, or the step's later work (:func:`final_passes`). Such tasks wait for the pass's
+    ``fwd-done`` / ``bwd-done`` mark instead, a task that reads the pass key and so is
+    processing on the sender as soon as the pass ends: the sender's copy of the message is
+    needed by a task processing there until the mark ran, so Dask's active memory manager
+    cannot drop it, and afterwards nothing on the sender reads it.
     """
     links = chain_links(order)
     final = final_passes(order)
-    out = {}
+    out = []
     for n, (kind, u) in enumerate(order):
-        if (kind == "F" and stage == stages - 1) or (kind == "B" and stage == 0):
-            continue  # the last stage's activations and the first stage's partial sums stay
+        name = "fwd" if kind == "F" else "bwd"
+        sends = (kind == "F" and stage < stages - 1) or (kind == "B" and stage > 0)
         readers = [m for m, link in enumerate(links) if n in link]
-        direct = n not in final and all(
+        at_once = n not in final and all(
             links[m] == (n,) and _local_inputs(order[m][0], stage, stages) for m in readers
         )
-        name = "fwd" if kind == "F" else "bwd"
-        out[(kind, u)] = pipeline_key(
-            token, name if direct else f"{name}-msg", step, stage, replica, u
-        )
+        kind_key = name if at_once or not sends else f"{name}-done"
+        out.append(pipeline_key(token, kind_key, step, stage, replica, u))
     return out
 
 
@@ -219,27 +215,21 @@ def build_step(
     tasks: dict = {}
     loss_keys, update_keys, tokens, collectives = [], [], [], {}
     final: dict[tuple[int, int], List] = {}
-    orders = {s: stage_order(schedule, stages, s, microbatches) for s in range(stages)}
-    sent = {
-        (kind, s, d, u): key
-        for s in range(stages)
-        for d in range(replicas)
-        for (kind, u), key in message_keys(token, step, s, d, orders[s], stages).items()
-    }
     for d in range(replicas):
         for s in range(stages):
-            order = orders[s]
+            order = stage_order(schedule, stages, s, microbatches)
             keys = [
                 pipeline_key(token, "fwd" if kind == "F" else "bwd", step, s, d, u)
                 for kind, u in order
             ]
-            for (kind, u), key, link in zip(order, keys, chain_links(order), strict=True):
-                after = List(*(TaskRef(keys[n]) for n in link))
+            marks = local_keys(token, step, s, d, order, stages)
+            for (kind, u), key, mark, link in zip(
+                order, keys, marks, chain_links(order), strict=True
+            ):
+                after = List(*(TaskRef(marks[n]) for n in link))
                 if kind == "F":
-                    if s == 0:
-                        inputs = TaskRef(pipeline_key(token, "x", step, 0, d, u))
-                    else:
-                        inputs = TaskRef(sent[("F", s - 1, d, u)])
+                    source = ("x", 0) if s == 0 else ("fwd", s - 1)
+                    inputs = TaskRef(pipeline_key(token, source[0], step, source[1], d, u))
                     labels = None
                     if s == stages - 1:
                         labels = TaskRef(pipeline_key(token, "y", step, s, d, u))
@@ -259,12 +249,11 @@ def build_step(
                 else:
                     incoming = None
                     if s < stages - 1:
-                        incoming = TaskRef(sent[("B", s + 1, d, u)])
+                        incoming = TaskRef(pipeline_key(token, "bwd", step, s + 1, d, u))
                     tasks[key] = Task(key, ws.backward_pass, token, step, u, incoming, after)
-                message = sent.get((kind, s, d, u))
-                if message is not None and message != key:
-                    _send(tasks, message, key)
-            final[(s, d)] = List(*(TaskRef(keys[n]) for n in final_passes(order)))
+                if mark != key:
+                    tasks[mark] = Task(mark, _done, TaskRef(key))
+            final[(s, d)] = List(*(TaskRef(marks[n]) for n in final_passes(order)))
     summed_by_stage = []
     for s in range(stages):
         summed = [None] * replicas
