@@ -118,6 +118,19 @@ def test_a_distributed_step_equals_the_full_batch_step(client4, stages, replicas
                 np.testing.assert_allclose(a, b, rtol=0, atol=1e-12)
             for a, b in zip(held.biases, reference.biases, strict=True):
                 np.testing.assert_allclose(a, b, rtol=0, atol=1e-12)
+            # the optimizer state comes along: one more step in this process follows the reference
+            assert held.steps_ == 2 and held.optimizer == Adam(lr=0.01)
+            for a, b in zip(held.stack.layers, reference.stack.layers, strict=True):
+                assert (a.state_w.step, a.state_b.step) == (b.state_w.step, b.state_b.step)
+                for name, moment in b.state_w.arrays.items():
+                    np.testing.assert_allclose(a.state_w.arrays[name], moment, rtol=0, atol=1e-12)
+        resumed = replicas_held[0]
+        resumed.train_step(x, y, optimizer=Adam(lr=0.01))
+        reference_next, _, _ = problem()
+        for _ in range(3):
+            reference_next.train_step(x, y, optimizer=Adam(lr=0.01))
+        for a, b in zip(resumed.weights, reference_next.weights, strict=True):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-12)
         report = pipe.comm_report()
         assert report.exact, report
         boundary = SIZES[pipe.bounds[0][1]] if stages > 1 else 0

@@ -433,19 +433,21 @@ class PipelineMLP(SparseEstimator, PluginOwner):
 
     # ------------------------------------------------------------------ results
     def replica(self, d: int = 0) -> CompressedMLP:
-        """The model as held by replica ``d`` (a new one-process :class:`CompressedMLP`)."""
+        """The model as held by replica ``d`` (a new one-process :class:`CompressedMLP`), with
+        its optimizer state (once a step was taken), step count and fp16 loss scale, so that
+        training it on in one process, or saving it, goes on from here."""
         self._check_open()
-        values, indices, biases = [], [], []
+        values, indices, biases, states, optimizers = [], [], [], [], []
         for s in range(self.stages):
             address = self.workers[(s, d)]
-            layers = self.client.run(ws.snapshot_stage, token=self.token, workers=[address])[
-                address
-            ]
-            for v, i, b in layers:
+            held = self.client.run(ws.snapshot_stage, token=self.token, workers=[address])[address]
+            optimizers.append(held["optimizer"])
+            for v, i, b, state_w, state_b in held["layers"]:
                 values.append(v)
                 indices.append(i)
                 biases.append(b)
-        return CompressedMLP.from_compressed(
+                states.append((state_w, state_b))
+        model = CompressedMLP.from_compressed(
             values,
             indices,
             self.layer_shapes,
@@ -457,6 +459,18 @@ class PipelineMLP(SparseEstimator, PluginOwner):
             compute=self.compute,
             **({} if self.scaler is None else {"loss_scale": self.scaler.scale}),
         )
+        model.steps_ = self._step
+        if self.scaler is not None:
+            model.scaler.growth_interval = self.scaler.growth_interval
+            model.scaler.good_steps = self.scaler.good_steps
+            model.scaler.skipped_steps = self.scaler.skipped_steps
+        held_states = all(w is not None and b is not None for w, b in states)
+        same = all(o == optimizers[0] for o in optimizers)
+        if optimizers[0] is not None and same and held_states:
+            model.stack.optimizer = optimizers[0]
+            for layer, (state_w, state_b) in zip(model.stack.layers, states, strict=True):
+                layer.state_w, layer.state_b = state_w, state_b
+        return model
 
     def gather(self) -> CompressedMLP:
         """The trained model in one process (replica 0)."""

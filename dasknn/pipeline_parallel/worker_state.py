@@ -21,6 +21,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from dasknn.compressed import CompressedStack
 from dasknn.model.compressed_mlp import first_nonfinite_layer, nonfinite_loss_error
+from dasknn.optim import ParamState
 
 __all__ = [
     "StageState",
@@ -200,10 +201,28 @@ def first_nonfinite_stashed(dask_worker, token: str, step: int) -> int | None:
     return min(found, default=None)
 
 
-def snapshot_stage(dask_worker, token: str) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """For ``Client.run``: copies ``(master values, index, bias)`` of the stage's layers."""
+def snapshot_stage(dask_worker, token: str) -> dict:
+    """For ``Client.run``: copies of the stage's states, ``{"optimizer": the optimizer of the
+    last update or None, "layers": [(master values, index, bias, weight state, bias state)]}``
+    (the states ``None`` before the first update)."""
     stack = dask_worker.plugins[plugin_name(token)].stack
-    return [(layer.master.copy(), layer.index.copy(), layer.bias.copy()) for layer in stack.layers]
+
+    def copy(state: ParamState | None) -> ParamState | None:
+        if state is None:
+            return None
+        return ParamState(state.step, {k: v.copy() for k, v in state.arrays.items()})
+
+    layers = [
+        (
+            layer.master.copy(),
+            layer.index.copy(),
+            layer.bias.copy(),
+            copy(layer.state_w),
+            copy(layer.state_b),
+        )
+        for layer in stack.layers
+    ]
+    return {"optimizer": stack.optimizer, "layers": layers}
 
 
 def read_step(dask_worker, token: str, step: int) -> dict:
