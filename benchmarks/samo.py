@@ -12,9 +12,10 @@ algorithms, not thread counts. Prints markdown tables with the targets of issue 
   at p = 0.9, the ticket retrained on compressed states in fp32 and bf16;
 - **speed**: a training step (batch 64) of SAMO against the same step without compression
   (dense with mask) and against PyTorch's pruned (masked) model;
-- **bubble**: GPipe with S = 2, m in {2, 4, 8}: each stage's idle fraction against
-  ``(S - 1) / (m + S - 1)``, split into the bubble (the busiest stage's idle fraction) and each
-  stage's imbalance (``PipelineMLP.idle_breakdown``);
+- **bubble**: GPipe with S = 2, m in {2, 4, 8} on 64-1024-1024-1024-1024-1024 (stages balanced
+  by estimated cost): each stage's idle fraction against ``(S - 1) / (m + S - 1)``, split into
+  the bubble (the busiest stage's idle fraction) and each stage's imbalance, with the handover
+  time (``PipelineMLP.idle_breakdown``);
 - **workers**: at a per-worker memory limit where the dense model with a mask needs S = 2, the
   planner's choice for SAMO, with bytes and time per step of both.
 """
@@ -41,9 +42,11 @@ from dasknn.model.dense_mlp import LENET_300_100, MLP_1024_3  # noqa: E402
 from dasknn.optim import Adam  # noqa: E402
 from dasknn.pipeline_parallel import (  # noqa: E402
     PipelineMLP,
+    balanced_bounds,
     bubble_fraction,
     compressed_layer_bytes,
     dense_layer_bytes,
+    layer_costs,
     plan_parallelism,
     split_stages,
 )
@@ -304,30 +307,38 @@ def _median(breakdowns, field: str) -> float:
 
 def bubble(micro_rows: int = 2048, steps: int = 3) -> None:
     rng = np.random.default_rng(0)
-    sizes = (1024,) * 5  # 4 equal layers, 2 per stage
+    # 64-1024-1024-1024-1024-1024: the narrow first layer (1/16 of the others) needs no input
+    # gradient, so stage 0 = layers 1-3 and stage 1 = layers 4-5 carry equal forward and equal
+    # backward products (within 1/16 of a layer), as the cost split chooses
+    sizes = (64,) + (1024,) * 5
     weights = [
         rng.uniform(-1, 1, (a, b)) * np.sqrt(6 / a)
         for a, b in zip(sizes[:-1], sizes[1:], strict=True)
     ]
     masks = magnitude_masks(weights, P)
+    probe = CompressedMLP(weights, masks, loss="mse", compute="dense")
+    bounds = balanced_bounds(probe, 2)
+    costs = layer_costs(probe.layer_shapes, [a * b for a, b in probe.layer_shapes])
+    stage_costs = [sum(costs[a:b]) / 2**20 for a, b in bounds]
     print(
-        f"\n### Pipeline bubble: S = 2 (two 1024 x 1024 layers each), GPipe, dense compute "
-        f"fp32, microbatches of {micro_rows} rows\n"
+        f"\n### Pipeline bubble: S = 2, {'-'.join(map(str, sizes))}, stages {bounds} (estimated "
+        f"multiply-adds per sample {stage_costs[0]:.2f} M / {stage_costs[1]:.2f} M), GPipe, "
+        f"dense compute fp32, microbatches of {micro_rows} rows\n"
     )
     print(
         "| m | formula (S-1)/(m+S-1) | idle stage 0 / 1 | bubble (busiest stage's idle) | "
-        "imbalance stage 0 / 1 | within 0.05: idle 0 / 1, bubble | "
-        "busy per microbatch, stage 0 / 1 |"
+        "imbalance stage 0 / 1 | handover stage 0 / 1 (ms per pass) | "
+        "within 0.05: idle 0 / 1, bubble | busy per microbatch, stage 0 / 1 |"
     )
-    print("| ---: | ---: | ---: | ---: | ---: | --- | ---: |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
     c, client = cluster(2)
     with c, client:
         for m in (2, 4, 8):
             model = CompressedMLP(
                 weights, masks, activation="relu", loss="mse", precision="fp32", compute="dense"
             )
-            x = rng.uniform(0, 1, (micro_rows * m, 1024)).astype(np.float32)
-            y = rng.uniform(0, 1, (micro_rows * m, 1024)).astype(np.float32)
+            x = rng.uniform(0, 1, (micro_rows * m, sizes[0])).astype(np.float32)
+            y = rng.uniform(0, 1, (micro_rows * m, sizes[-1])).astype(np.float32)
             with PipelineMLP(model, client, stages=2, microbatches=m, schedule="gpipe") as pipe:
                 pipe.train_step(x, y, optimizer=Adam())
                 parts = {0: [], 1: []}
@@ -339,17 +350,23 @@ def bubble(micro_rows: int = 2048, steps: int = 3) -> None:
 
             idle = [_median(parts[s], "idle") for s in (0, 1)]
             imbalance = [_median(parts[s], "imbalance") for s in (0, 1)]
+            handover = [_median(parts[s], "handover") for s in (0, 1)]
+            spans = [b.busy / (1 - b.idle) for b in parts[0]]
+            per_pass = [h * statistics.median(spans) / (2 * m) * 1e3 for h in handover]
             bubble_part = _median(parts[0], "bubble")
             per = [_median(parts[s], "busy") / m * 1e3 for s in (0, 1)]
             ok = ["yes" if abs(g - want) <= 0.05 else "NO" for g in (*idle, bubble_part)]
             print(
                 f"| {m} | {want:.3f} | {idle[0]:.3f} / {idle[1]:.3f} | {bubble_part:.3f} | "
-                f"{imbalance[0]:.3f} / {imbalance[1]:.3f} | {' / '.join(ok[:2])}, {ok[2]} | "
-                f"{per[0]:.0f} / {per[1]:.0f} ms |"
+                f"{imbalance[0]:.3f} / {imbalance[1]:.3f} | {handover[0]:.3f} / "
+                f"{handover[1]:.3f} ({per_pass[0]:.1f} / {per_pass[1]:.1f}) | "
+                f"{' / '.join(ok[:2])}, {ok[2]} | {per[0]:.0f} / {per[1]:.0f} ms |"
             )
     print(
         "\n(idle = bubble + imbalance; the bubble is the busiest stage's idle fraction, which the "
-        "formula describes; the imbalance is the time a stage waits because the other is busier)"
+        "formula describes; the imbalance is the time a stage waits because the other is busier; "
+        "the handover, part of the idle time, is the time a pass started after its inputs were "
+        "ready: Dask's scheduler round trip and the message's transfer)"
     )
 
 

@@ -6,9 +6,13 @@ from __future__ import annotations
 import json
 import sys
 
+import numpy as np
 import pytest
 
 from dasknn.cli import main
+from dasknn.datasets import load_mnist_test
+from dasknn.model import CompressedMLP
+from dasknn.optim import Adam
 
 HIDDEN = 32
 SIZES = [784, HIDDEN, 10]
@@ -50,6 +54,22 @@ def test_samo_trains_two_stages_and_reports_bytes_memory_and_accuracy(
     assert "epoch 2/2" in text and "(equal)" in text and "formula samo" in text
 
 
+def test_save_writes_the_trained_model_that_load_reads(dask_client, tmp_path, capsys):
+    saved = tmp_path / "pruned.npz"
+    stats, text = run_samo(
+        dask_client, tmp_path, capsys, "--dense-epochs", "0", "--stages", "2",
+        "--microbatches", "2", "--save", str(saved),
+    )  # fmt: skip
+    model = CompressedMLP.load(saved)
+    assert model.layer_sizes == SIZES and model.nnz == stats["nnz"]
+    assert model.steps_ == stats["steps"] and model.optimizer == Adam(lr=1e-3)
+    assert all(layer.state_w.step == stats["steps"] for layer in model.stack.layers)
+    x, y = load_mnist_test()
+    held_x = x[-128:].reshape(128, -1).astype(np.float32) / 255.0
+    assert model.score(held_x, y[-128:]) == stats["epochs"][-1]["held_out_accuracy"]
+    assert f"saved the trained model to {saved}" in text
+
+
 def test_memory_limit_gives_one_stage_and_two_replicas(dask_client, tmp_path, capsys):
     stats, text = run_samo(
         dask_client, tmp_path, capsys, "--dense-epochs", "0", "--memory-limit", "10000000",
@@ -78,6 +98,7 @@ def test_memory_limit_gives_one_stage_and_two_replicas(dask_client, tmp_path, ca
         (["--memory-limit", "1000"], "do not fit"),
         (["--lr", "-1"], "learning rate"),
         (["--batch-size", "0"], "--batch-size must be at least 1"),
+        (["--save", "/nonexistent-dir/m.npz"], "the directory of '/nonexistent-dir/m.npz'"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(argv, message, tmp_path, capsys):

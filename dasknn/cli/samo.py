@@ -1,7 +1,7 @@
 """``dasknn samo``: prune a dense network trained on MNIST and train the pruned network on
 compressed model states (SAMO) with pipeline stages and data-parallel replicas on a Dask cluster:
 memory by category, loss and held-out accuracy per epoch, time per step, measured bytes against
-the formulas and the stages' idle fractions (also as JSON)."""
+the formulas and the stages' idle fractions (also as JSON); the trained model with ``--save``."""
 
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ from dasknn.pipeline_parallel import (
     SCHEDULES,
     ParallelPlan,
     PipelineMLP,
+    balanced_bounds,
     compressed_layer_bytes,
     plan_parallelism,
-    split_stages,
 )
 from dasknn.pruning import EarlyBird, magnitude_masks
 from dasknn.runtime.cluster import open_client
@@ -101,6 +101,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_tls_options(parser)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="write every statistic to this JSON file")
+    parser.add_argument(
+        "--save",
+        type=Path,
+        help="write the trained pruned model (compressed weights, index, biases, configuration; "
+        "CompressedMLP.load reads it) to this .npz file",
+    )
     parser.set_defaults(func=run)
 
 
@@ -152,8 +158,9 @@ def _check(args: argparse.Namespace) -> tuple[list[int], Optimizer]:
         raise ValueError(f"--stages {stages} for a network of {len(sizes) - 1} layers")
     if args.memory_limit is None:
         _check_plan(args, stages, args.data_parallel or 1)
-    if args.json is not None:
-        check_output_path(args.json)
+    for path in (args.json, args.save):
+        if path is not None:
+            check_output_path(path)
     return sizes, optimizer
 
 
@@ -210,7 +217,7 @@ def _plan(args: argparse.Namespace, model: CompressedMLP, optimizer: Optimizer) 
         _check_plan(args, plan.stages, plan.replicas)
         return plan
     stages, replicas = args.stages or 1, args.data_parallel or 1
-    bounds = split_stages([layer.nnz for layer in model.stack.layers], stages)
+    bounds = balanced_bounds(model, stages)
     sizes = [sum(layer_bytes[a:b]) for a, b in bounds]
     return ParallelPlan(stages, replicas, bounds, sizes, memory_limit=max(sizes))
 
@@ -324,6 +331,9 @@ def run(args: argparse.Namespace) -> int:
                 "idle fraction of the last step: "
                 + ", ".join(f"stage {s} replica {d} {value:.3f}" for (s, d), value in idle.items())
             )
+        if args.save is not None:
+            pipe.gather().save(args.save)
+            print(f"saved the trained model to {args.save}")
     if args.json is not None:
         write_text_atomically(args.json, json.dumps(statistics, indent=2))
     return 0

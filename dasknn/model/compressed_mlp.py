@@ -9,6 +9,7 @@ shape ``(n_in, n_out)``); the estimator API (``fit``, ``partial_fit``, ``score``
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -25,6 +26,7 @@ from dasknn.compressed import (
 from dasknn.compressed.memory import CATEGORIES, FORMULAS
 from dasknn.compressed.stack import check_compute
 from dasknn.model.activations import Activation
+from dasknn.model.compressed_persistence import CompressedRecord, read_compressed, write_compressed
 from dasknn.model.estimator import InProcessEstimator
 from dasknn.model.losses import Loss, network_functions
 from dasknn.optim import Optimizer
@@ -157,13 +159,35 @@ class CompressedMLP(InProcessEstimator):
         compute: str = "sparse",
         loss_scale: float = 2.0**16,
     ) -> None:
+        self._setup(
+            split_layers(weights, masks),
+            biases,
+            activation,
+            output_activation,
+            loss,
+            precision,
+            compute,
+            loss_scale,
+        )
+
+    def _setup(
+        self,
+        layers: list[tuple],
+        biases: Sequence | None,
+        activation: str | Activation,
+        output_activation: str | Activation | None,
+        loss: str | Loss,
+        precision: str,
+        compute: str,
+        loss_scale: float,
+    ) -> None:
+        """Build the model from checked per-layer ``(values, index, shape)``."""
         self.precision = get_precision(precision)
         self.compute = check_compute(compute)
         self.dtype = self.precision.arithmetic
         self.activation, self.output_activation, self.loss = network_functions(
             activation, output_activation, loss
         )
-        layers = split_layers(weights, masks)
         self._init_stack(layers, biases)
         self.scaler = LossScaler(loss_scale) if self.precision.loss_scaling else None
         self.steps_ = 0
@@ -186,24 +210,126 @@ class CompressedMLP(InProcessEstimator):
 
     @classmethod
     def from_compressed(
-        cls, values: Sequence, indices: Sequence, shapes: Sequence, biases=None, **kwargs
+        cls,
+        values: Sequence,
+        indices: Sequence,
+        shapes: Sequence,
+        biases=None,
+        activation: str | Activation = "relu",
+        output_activation: str | Activation | None = None,
+        loss: str | Loss = "softmax_cross_entropy",
+        precision: str = "fp32",
+        compute: str = "sparse",
+        loss_scale: float = 2.0**16,
     ) -> CompressedMLP:
-        """A model from per-layer compressed values, flat indices and shapes (checked)."""
-        if not (len(values) == len(indices) == len(shapes)):
-            raise ValueError("values, indices and shapes must have one entry per layer")
-        dense, masks = [], []
+        """A model from per-layer compressed values, flat indices and shapes (checked; no dense
+        matrix is built), the other parameters as :class:`CompressedMLP`'s."""
+        if not (len(values) == len(indices) == len(shapes)) or not len(values):
+            raise ValueError("values, indices and shapes must have one entry per layer (>= 1)")
+        layers = []
         for k, (v, i, s) in enumerate(zip(values, indices, shapes, strict=True)):
             index = check_index(i, s, name=f"indices[{k}]")
             v = np.asarray(v)
             if v.shape != index.shape:
                 raise ValueError(f"values[{k}] has {v.size} entries, its index {index.size}")
-            w = np.zeros(tuple(s), dtype=np.float64)
-            w.reshape(-1)[index] = v
-            mask = np.zeros(tuple(s), dtype=bool)
-            mask.reshape(-1)[index] = True
-            dense.append(w)
-            masks.append(mask)
-        return cls(dense, masks, biases, **kwargs)
+            if v.dtype.kind not in "fiu" or not np.isfinite(v).all():
+                raise ValueError(f"values[{k}] must hold finite real numbers")
+            shape = (int(s[0]), int(s[1]))
+            if k and shape[0] != layers[-1][2][1]:
+                raise ValueError(
+                    f"shapes[{k}] has {shape[0]} input neurons but shapes[{k - 1}] has "
+                    f"{layers[-1][2][1]} output neurons"
+                )
+            layers.append((v, index, shape))
+        model = cls.__new__(cls)
+        model._setup(
+            layers, biases, activation, output_activation, loss, precision, compute, loss_scale
+        )
+        return model
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the model to the ``.npz`` file ``path`` atomically (all or nothing): every
+        layer's flat index, master weights and bias, the precision, compute, activations and
+        loss, fp16's loss scale, and the optimizer with its compressed state (format of
+        :mod:`dasknn.model.compressed_persistence`)."""
+        layers = self.stack.layers
+        state = []
+        if self.optimizer is not None and all(layer.state_w is not None for layer in layers):
+            state = [(layer.state_w, layer.state_b) for layer in layers]
+        scaler = None
+        if self.scaler is not None:
+            scaler = {
+                "scale": self.scaler.scale,
+                "growth_interval": self.scaler.growth_interval,
+                "good_steps": self.scaler.good_steps,
+                "skipped_steps": self.scaler.skipped_steps,
+            }
+        record = CompressedRecord(
+            values=[layer.master for layer in layers],
+            indices=[layer.index for layer in layers],
+            shapes=[layer.shape for layer in layers],
+            biases=[layer.bias for layer in layers],
+            precision=self.precision.name,
+            compute=self.compute,
+            activation=self.activation.name,
+            output_activation=self.output_activation.name,
+            loss=self.loss.name,
+            steps=self.steps_,
+            loss_scaler=scaler,
+            optimizer=self.optimizer if state else None,
+            optimizer_state=state,
+        )
+        write_compressed(path, record)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> CompressedMLP:
+        """Read a model written by :meth:`save`, with its optimizer state and loss scale; every
+        array is checked before the model is built (see
+        :mod:`dasknn.model.compressed_persistence`). Nothing is unpickled.
+
+        Raises
+        ------
+        FileNotFoundError
+            If ``path`` does not exist.
+        ValueError
+            Naming ``path``, if the file is not a compressed model file (not a zip archive,
+            truncated, corrupt), has a newer format version, or is incomplete or inconsistent
+            (an unsorted, duplicate or out-of-range index, values that do not fit it or are not
+            finite, layers that do not chain, an unknown precision, activation or loss,
+            optimizer state that does not fit).
+        ImportError
+            For a bf16 model without ``ml_dtypes``.
+        """
+        record = read_compressed(path)
+        scaler = record.loss_scaler
+        try:
+            model = cls.from_compressed(
+                record.values,
+                record.indices,
+                record.shapes,
+                record.biases,
+                activation=record.activation,
+                output_activation=record.output_activation,
+                loss=record.loss,
+                precision=record.precision,
+                compute=record.compute,
+                **({} if scaler is None else {"loss_scale": scaler["scale"]}),
+            )
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{path}: invalid compressed model file: {exc}") from None
+        model.steps_ = record.steps
+        if scaler is not None:
+            model.scaler.growth_interval = scaler["growth_interval"]
+            model.scaler.good_steps = scaler["good_steps"]
+            model.scaler.skipped_steps = scaler["skipped_steps"]
+        if record.optimizer is not None:
+            model.stack.optimizer = record.optimizer
+            for layer, (state_w, state_b) in zip(
+                model.stack.layers, record.optimizer_state, strict=True
+            ):
+                layer.state_w, layer.state_b = state_w, state_b
+        return model
 
     # ------------------------------------------------------------------ shape
     @property

@@ -3,11 +3,17 @@ stages of consecutive layers, GPipe and 1F1B schedules as task-graph dependencie
 allreduce only the unpruned gradients, and the planner that picks stages and replicas from a
 memory limit."""
 
-from dasknn.pipeline_parallel.model import CommReport, IdleBreakdown, PipelineMLP
+from dasknn.pipeline_parallel.model import (
+    CommReport,
+    IdleBreakdown,
+    PipelineMLP,
+    balanced_bounds,
+)
 from dasknn.pipeline_parallel.plan import (
     ParallelPlan,
     compressed_layer_bytes,
     dense_layer_bytes,
+    layer_costs,
     plan_parallelism,
     split_stages,
 )
@@ -19,9 +25,11 @@ __all__ = [
     "IdleBreakdown",
     "ParallelPlan",
     "PipelineMLP",
+    "balanced_bounds",
     "bubble_fraction",
     "compressed_layer_bytes",
     "dense_layer_bytes",
+    "layer_costs",
     "plan_parallelism",
     "split_stages",
     "stage_order",

@@ -25,14 +25,14 @@ from dasknn.model.compressed_mlp import CompressedMLP, NonFiniteLossError
 from dasknn.model.estimator import OutputBlocks, SparseEstimator
 from dasknn.optim import Optimizer, resolve_optimizer
 from dasknn.pipeline_parallel import worker_state as ws
-from dasknn.pipeline_parallel.plan import split_stages
+from dasknn.pipeline_parallel.plan import layer_costs, split_stages
 from dasknn.pipeline_parallel.schedule import check_schedule
 from dasknn.pipeline_parallel.taskgraph import accumulate_dtype, build_step
 from dasknn.runtime.keys import new_token, pipeline_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
 from dasknn.runtime.plugin_owner import PluginOwner
 
-__all__ = ["CommReport", "IdleBreakdown", "PipelineMLP"]
+__all__ = ["CommReport", "IdleBreakdown", "PipelineMLP", "balanced_bounds"]
 
 
 def _count(name: str, value, low: int = 1) -> int:
@@ -57,6 +57,24 @@ def _check_bounds(bounds, stages: int, n_layers: int) -> list[tuple[int, int]]:
     return bounds
 
 
+def balanced_bounds(model: CompressedMLP, stages: int) -> list[tuple[int, int]]:
+    """The layers of each of ``stages`` stages of ``model``, balanced by the estimated cost of a
+    training step (:func:`~dasknn.pipeline_parallel.plan.layer_costs`: forward, weight gradient
+    and input gradient products over the dense entries with ``compute="dense"``, the unpruned
+    weights with ``compute="sparse"``).
+
+    Raises
+    ------
+    ValueError
+        If ``stages`` is not an integer in ``[1, n_layers]``.
+    """
+    entries = [
+        n_in * n_out if model.compute == "dense" else layer.nnz
+        for (n_in, n_out), layer in zip(model.layer_shapes, model.stack.layers, strict=True)
+    ]
+    return split_stages(layer_costs(model.layer_shapes, entries), stages)
+
+
 @dataclass(frozen=True)
 class IdleBreakdown:
     """A stage replica's idle fraction of a step, ``idle = bubble + imbalance``.
@@ -77,12 +95,19 @@ class IdleBreakdown:
         ``(busy_max - busy) / span``: the time this stage waits because another stage is busier.
     busy : float
         Seconds of the stage's passes in the step.
+    handover : float
+        Fraction of the span in which the stage idled although the inputs of its next pass were
+        ready: from the later of its previous pass's end and the end of the other stage's pass
+        it reads (the message's source) to the pass's start. Dask's handover: the scheduler's
+        round trip of a chained task, the message's transfer. Part of ``idle``; the rest is
+        waiting for the other stage.
     """
 
     idle: float
     bubble: float
     imbalance: float
     busy: float
+    handover: float = 0.0
 
 
 @dataclass
@@ -123,6 +148,27 @@ class CommReport:
         )
 
 
+def _handover_seconds(passes: dict[int, list[tuple]]) -> dict[int, float]:
+    """Per stage, the seconds its passes started after their inputs were ready (see
+    :attr:`IdleBreakdown.handover`); ``passes[s]`` holds the stage's ``(kind, u, start, end)``."""
+    ends = {(s, kind, u): end for s, events in passes.items() for kind, u, _, end in events}
+    last = max(passes)
+    out = {}
+    for s, events in passes.items():
+        waited, previous_end = 0.0, None
+        for kind, u, start, _ in sorted(events, key=lambda e: e[2]):
+            ready = [] if previous_end is None else [previous_end]
+            if kind == "F" and s > 0:
+                ready.append(ends[(s - 1, "F", u)])
+            elif kind == "B" and s < last:
+                ready.append(ends[(s + 1, "B", u)])
+            if ready:
+                waited += max(0.0, start - max(ready))
+            previous_end = ends[(s, kind, u)]
+        out[s] = waited
+    return out
+
+
 class PipelineMLP(SparseEstimator, PluginOwner):
     """A compressed model trained with pipeline stages and data-parallel replicas on Dask.
 
@@ -133,8 +179,8 @@ class PipelineMLP(SparseEstimator, PluginOwner):
         and growth interval are copied; its optimizer state is not).
     client : distributed.Client
     stages : int
-        Runs of consecutive layers, ``1 <= stages <= n_layers``; cut to balance the unpruned
-        weights (:func:`~dasknn.pipeline_parallel.plan.split_stages`).
+        Runs of consecutive layers, ``1 <= stages <= n_layers``; cut to balance the estimated
+        cost of a step (:func:`balanced_bounds`).
     data_parallel : int
         Replicas of every stage.
     microbatches : int
@@ -144,8 +190,8 @@ class PipelineMLP(SparseEstimator, PluginOwner):
         Worker addresses to use (default: the cluster's, sorted); ``stages * data_parallel`` of
         them are used, replica ``d``'s stage ``s`` on ``workers[d * stages + s]``.
     bounds : sequence of (first, stop), optional
-        The layers of each stage, contiguous and covering the network (default: balanced by
-        unpruned weights), e.g. to balance stages by measured time.
+        The layers of each stage, contiguous and covering the network (default:
+        :func:`balanced_bounds`), e.g. to balance stages by measured time.
 
     Raises
     ------
@@ -204,7 +250,7 @@ class PipelineMLP(SparseEstimator, PluginOwner):
         self.output_activation = model.output_activation
         self.layer_shapes = list(model.layer_shapes)
         if bounds is None:
-            bounds = split_stages([layer.nnz for layer in model.stack.layers], self.stages)
+            bounds = balanced_bounds(model, self.stages)
         self.bounds = _check_bounds(bounds, self.stages, model.n_layers)
         self.workers = {
             (s, d): available[d * self.stages + s]
@@ -387,19 +433,21 @@ class PipelineMLP(SparseEstimator, PluginOwner):
 
     # ------------------------------------------------------------------ results
     def replica(self, d: int = 0) -> CompressedMLP:
-        """The model as held by replica ``d`` (a new one-process :class:`CompressedMLP`)."""
+        """The model as held by replica ``d`` (a new one-process :class:`CompressedMLP`), with
+        its optimizer state (once a step was taken), step count and fp16 loss scale, so that
+        training it on in one process, or saving it, goes on from here."""
         self._check_open()
-        values, indices, biases = [], [], []
+        values, indices, biases, states, optimizers = [], [], [], [], []
         for s in range(self.stages):
             address = self.workers[(s, d)]
-            layers = self.client.run(ws.snapshot_stage, token=self.token, workers=[address])[
-                address
-            ]
-            for v, i, b in layers:
+            held = self.client.run(ws.snapshot_stage, token=self.token, workers=[address])[address]
+            optimizers.append(held["optimizer"])
+            for v, i, b, state_w, state_b in held["layers"]:
                 values.append(v)
                 indices.append(i)
                 biases.append(b)
-        return CompressedMLP.from_compressed(
+                states.append((state_w, state_b))
+        model = CompressedMLP.from_compressed(
             values,
             indices,
             self.layer_shapes,
@@ -411,6 +459,18 @@ class PipelineMLP(SparseEstimator, PluginOwner):
             compute=self.compute,
             **({} if self.scaler is None else {"loss_scale": self.scaler.scale}),
         )
+        model.steps_ = self._step
+        if self.scaler is not None:
+            model.scaler.growth_interval = self.scaler.growth_interval
+            model.scaler.good_steps = self.scaler.good_steps
+            model.scaler.skipped_steps = self.scaler.skipped_steps
+        held_states = all(w is not None and b is not None for w, b in states)
+        same = all(o == optimizers[0] for o in optimizers)
+        if optimizers[0] is not None and same and held_states:
+            model.stack.optimizer = optimizers[0]
+            for layer, (state_w, state_b) in zip(model.stack.layers, states, strict=True):
+                layer.state_w, layer.state_b = state_w, state_b
+        return model
 
     def gather(self) -> CompressedMLP:
         """The trained model in one process (replica 0)."""
@@ -448,12 +508,14 @@ class PipelineMLP(SparseEstimator, PluginOwner):
             end = max(e[3] for events in passes.values() for e in events)
             busy = {s: sum(e[3] - e[2] for e in events) for s, events in passes.items()}
             slowest = max(busy.values())
+            handover = _handover_seconds(passes)
             for s in range(self.stages):
                 out[(s, d)] = IdleBreakdown(
                     idle=1.0 - busy[s] / (end - begin),
                     bubble=1.0 - slowest / (end - begin),
                     imbalance=(slowest - busy[s]) / (end - begin),
                     busy=busy[s],
+                    handover=handover[s] / (end - begin),
                 )
         return out
 

@@ -18,6 +18,7 @@ __all__ = [
     "ParallelPlan",
     "compressed_layer_bytes",
     "dense_layer_bytes",
+    "layer_costs",
     "plan_parallelism",
     "split_stages",
 ]
@@ -62,6 +63,31 @@ def split_stages(layer_bytes: Sequence[int], stages: int) -> list[tuple[int, int
         bounds.append((j, i))
         i = j
     return bounds[::-1]
+
+
+def layer_costs(shapes: Sequence[tuple[int, int]], entries: Sequence[int]) -> list[int]:
+    """Per layer, the multiply-adds per sample of its training step: the forward product, the
+    weight gradient and the input gradient (``W @ delta``), each over the layer's ``entries``
+    (``n_in * n_out`` with dense compute, the unpruned weights with sparse compute). The
+    network's first layer needs no input gradient, so it costs 2 products, every other layer 3.
+
+    Splitting the layers by these costs (:func:`split_stages`) balances the stages' work, where a
+    split by weights gives the stage holding the first layer less to do.
+
+    Raises
+    ------
+    ValueError
+        If ``entries`` does not give one count per layer, or a count lies outside
+        ``[1, n_in * n_out]``.
+    """
+    if len(entries) != len(shapes):
+        raise ValueError(f"{len(entries)} entry counts for {len(shapes)} layers")
+    costs = []
+    for k, ((n_in, n_out), count) in enumerate(zip(shapes, entries, strict=True)):
+        if not 1 <= int(count) <= n_in * n_out:
+            raise ValueError(f"layer {k}: {count} entries for a layer of shape {(n_in, n_out)}")
+        costs.append((2 if k == 0 else 3) * int(count))
+    return costs
 
 
 def compressed_layer_bytes(stack, optimizer: Optimizer) -> list[int]:

@@ -4,7 +4,9 @@ of a step's microbatches.
 The task graph (:mod:`dasknn.pipeline_parallel.taskgraph`) makes each of a stage's tasks depend on
 the one before it in this order, besides the data it needs (the activations from the stage before,
 the partial sums from the stage after), so the schedule is a property of the graph, not of the
-scheduler's choices.
+scheduler's choices; within a run of passes of one kind a pass depends on the pass two before it,
+so the next one is handed to the worker before the one before it ends, and their priorities order
+them.
 
 - ``"gpipe"`` (Huang et al.): every forward pass, then every backward pass. A stage holds the
   activations of all ``m`` microbatches at once.

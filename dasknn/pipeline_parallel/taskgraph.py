@@ -1,13 +1,18 @@
 """The task graph of one pipeline (and data-parallel) training step.
 
 For every replica ``d`` and stage ``s`` the passes of the step are tasks pinned to the stage
-replica's worker, chained in the order of the schedule (:func:`stage_order`). A forward task of
-stage ``s > 0`` reads the ``fwd-msg`` key of stage ``s - 1`` (one message), a backward task of
-stage ``s < S - 1`` the ``bwd-msg`` key of stage ``s + 1`` (one message). A message key is a task
-of its own on the sender that passes the pass's value on, so the receiver is its only consumer:
-the pass key itself, which the sender's next pass depends on, never leaves its worker (Dask's
-active memory manager may drop either copy of a key held twice, and the sender would fetch a
-message back). With ``D > 1`` replicas, each
+replica's worker, run in the order of the schedule (:func:`stage_order`): a pass of a run of
+passes of one kind runs after the pass two before it, the first passes of a run after the last of
+the run before (:func:`chain_links`), so the next pass of a run is on the worker, its priority
+ordering it, before the one before it ends. A forward task of stage ``s > 0`` reads the pass key of
+stage ``s - 1``'s forward pass of its microbatch (its activations), a backward task of stage
+``s < S - 1`` that of stage ``s + 1``'s backward pass (its partial sums): one message each. The
+sender's own tasks that must run after a sent pass but may wait for something else wait instead
+for the pass's ``fwd-done`` / ``bwd-done`` task (:func:`local_keys`), which reads the pass, is
+processing on the sender as soon as the pass ends, and returns nothing: Dask's active memory
+manager keeps a replica that a task processing on its worker still needs, so the sender's copy
+stays until then, nothing on the sender reads the pass later, and the sender never fetches a
+message back. With ``D > 1`` replicas, each
 stage's accumulated compressed gradients (one flat buffer in the storage dtype) are summed across
 its replicas by the runtime's allreduce (:func:`dasknn.runtime.collectives.build_allreduce`,
 summed in float32 for 16-bit storage), and every replica applies the same update. With fp16's
@@ -21,14 +26,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from dask.task_spec import Task, TaskRef
+from dask.task_spec import List, Task, TaskRef
 
 from dasknn.pipeline_parallel import worker_state as ws
 from dasknn.pipeline_parallel.schedule import stage_order
 from dasknn.runtime.collectives import build_allreduce
 from dasknn.runtime.keys import parse_collective_key, parse_pipeline_key, pipeline_key
 
-__all__ = ["SchedulePriority", "StepGraph", "build_step", "collective_token"]
+__all__ = [
+    "SchedulePriority",
+    "StepGraph",
+    "build_step",
+    "chain_links",
+    "collective_token",
+    "final_passes",
+    "local_keys",
+]
 
 
 def collective_token(token: str, stage: int, step: int) -> str:
@@ -70,17 +83,88 @@ class SchedulePriority:
         pipeline = parse_pipeline_key(key)
         if pipeline is None:
             return -self.last
-        kind = pipeline.kind.removesuffix("-msg")  # a message right after its pass
+        kind = pipeline.kind.removesuffix("-done")  # a pass's mark right after the pass
         return -self.position.get((pipeline.stage, kind, pipeline.microbatch), self.last)
 
 
-def _pass_on(value):
-    """The value of a pass, as the message to another stage."""
-    return value
+def _done(value) -> None:
+    """Nothing: the mark that a pass ended (see :func:`local_keys`)."""
+    return None
 
 
-def _send(tasks: dict, message_key: tuple, pass_key: tuple) -> None:
-    tasks[message_key] = Task(message_key, _pass_on, TaskRef(pass_key))
+def _local_inputs(kind: str, stage: int, stages: int) -> bool:
+    """Whether a pass reads nothing from another stage: a forward pass of the first stage (the
+    microbatch, in memory before the step), a backward pass of the last (its output delta)."""
+    return (kind == "F" and stage == 0) or (kind == "B" and stage == stages - 1)
+
+
+def chain_links(order: list[tuple[str, int]]) -> list[tuple[int, ...]]:
+    """Per pass of a stage's ``order``, the positions of the passes of the stage it runs after.
+
+    The first pass of a run of passes of one kind runs after the last pass before the run, and
+    after the one before that too if both are of one kind; the second pass of a run after the
+    same passes as the first; every later pass after the pass two before it. So while a pass
+    runs, the next one of its run is already on the worker (its inputs permitting), with no
+    scheduler round trip between them, and a run's passes may end in any order: the run after it
+    waits for the last two, which between them follow every earlier pass. The schedule's
+    interleaving of forward and backward passes (1F1B's runs of one) is kept.
+    """
+    links: list[tuple[int, ...]] = []
+    for n, (kind, _) in enumerate(order):
+        if n == 0:
+            links.append(())
+        elif order[n - 1][0] != kind:  # a run starts: after the previous run's last passes
+            pair = n >= 2 and order[n - 2][0] == order[n - 1][0]
+            links.append((n - 1, n - 2) if pair else (n - 1,))
+        elif n >= 2 and order[n - 2][0] == kind:  # inside a run: after the pass two before
+            links.append((n - 2,))
+        else:  # the run's second pass: after what the first runs after
+            links.append(links[n - 1])
+    return links
+
+
+def final_passes(order: list[tuple[str, int]]) -> tuple[int, ...]:
+    """Positions of the passes that the step's later work (gradients, update) runs after: the
+    last one and, if of the same kind, the one before it (between them they follow every
+    pass)."""
+    last = len(order) - 1
+    if last >= 1 and order[last - 1][0] == order[last][0]:
+        return (last, last - 1)
+    return (last,)
+
+
+def local_keys(
+    token: str,
+    step: int,
+    stage: int,
+    replica: int,
+    order: list[tuple[str, int]],
+    stages: int,
+) -> list[tuple]:
+    """Per pass of the stage replica's ``order``, the key the stage's own later tasks wait for.
+
+    The pass key itself, unless the pass sends a message (a forward pass before the last stage,
+    a backward pass after the first) and a task of the sender that waits for it may wait for
+    something else too: a pass that runs after another one as well or reads another stage's
+    message, or the step's later work (:func:`final_passes`). Such tasks wait for the pass's
+    ``fwd-done`` / ``bwd-done`` mark instead, a task that reads the pass key and so is
+    processing on the sender as soon as the pass ends: the sender's copy of the message is
+    needed by a task processing there until the mark ran, so Dask's active memory manager
+    cannot drop it, and afterwards nothing on the sender reads it.
+    """
+    links = chain_links(order)
+    final = final_passes(order)
+    out = []
+    for n, (kind, u) in enumerate(order):
+        name = "fwd" if kind == "F" else "bwd"
+        sends = (kind == "F" and stage < stages - 1) or (kind == "B" and stage > 0)
+        readers = [m for m, link in enumerate(links) if n in link]
+        at_once = n not in final and all(
+            links[m] == (n,) and _local_inputs(order[m][0], stage, stages) for m in readers
+        )
+        kind_key = name if at_once or not sends else f"{name}-done"
+        out.append(pipeline_key(token, kind_key, step, stage, replica, u))
+    return out
 
 
 @dataclass
@@ -130,16 +214,22 @@ def build_step(
     """
     tasks: dict = {}
     loss_keys, update_keys, tokens, collectives = [], [], [], {}
-    last_pass: dict[tuple[int, int], tuple] = {}
+    final: dict[tuple[int, int], List] = {}
     for d in range(replicas):
         for s in range(stages):
-            previous = None
-            for kind, u in stage_order(schedule, stages, s, microbatches):
-                after = TaskRef(previous) if previous is not None else None
+            order = stage_order(schedule, stages, s, microbatches)
+            keys = [
+                pipeline_key(token, "fwd" if kind == "F" else "bwd", step, s, d, u)
+                for kind, u in order
+            ]
+            marks = local_keys(token, step, s, d, order, stages)
+            for (kind, u), key, mark, link in zip(
+                order, keys, marks, chain_links(order), strict=True
+            ):
+                after = List(*(TaskRef(marks[n]) for n in link))
                 if kind == "F":
-                    key = pipeline_key(token, "fwd", step, s, d, u)
-                    source = "x" if s == 0 else "fwd-msg"
-                    inputs = TaskRef(pipeline_key(token, source, step, max(s - 1, 0), d, u))
+                    source = ("x", 0) if s == 0 else ("fwd", s - 1)
+                    inputs = TaskRef(pipeline_key(token, source[0], step, source[1], d, u))
                     labels = None
                     if s == stages - 1:
                         labels = TaskRef(pipeline_key(token, "y", step, s, d, u))
@@ -156,18 +246,14 @@ def build_step(
                         labels,
                         after,
                     )
-                    if s < stages - 1:
-                        _send(tasks, pipeline_key(token, "fwd-msg", step, s, d, u), key)
                 else:
-                    key = pipeline_key(token, "bwd", step, s, d, u)
                     incoming = None
                     if s < stages - 1:
-                        incoming = TaskRef(pipeline_key(token, "bwd-msg", step, s + 1, d, u))
+                        incoming = TaskRef(pipeline_key(token, "bwd", step, s + 1, d, u))
                     tasks[key] = Task(key, ws.backward_pass, token, step, u, incoming, after)
-                    if s > 0:
-                        _send(tasks, pipeline_key(token, "bwd-msg", step, s, d, u), key)
-                previous = key
-            last_pass[(s, d)] = previous
+                if mark != key:
+                    tasks[mark] = Task(mark, _done, TaskRef(key))
+            final[(s, d)] = List(*(TaskRef(marks[n]) for n in final_passes(order)))
     summed_by_stage = []
     for s in range(stages):
         summed = [None] * replicas
@@ -175,7 +261,7 @@ def build_step(
             grads = []
             for d in range(replicas):
                 key = pipeline_key(token, "grad", step, s, d)
-                tasks[key] = Task(key, ws.gradient, token, step, TaskRef(last_pass[(s, d)]))
+                tasks[key] = Task(key, ws.gradient, token, step, final[(s, d)])
                 grads.append(key)
             name = collective_token(token, s, step)
             graph = build_allreduce(name, grads, (grad_sizes[s],), accumulate)
@@ -190,9 +276,8 @@ def build_step(
         for s in range(stages):
             for d in range(replicas):
                 key = pipeline_key(token, "finite", step, s, d)
-                after = TaskRef(last_pass[(s, d)])
                 tasks[key] = Task(
-                    key, ws.gradients_finite, token, step, summed_by_stage[s][d], after
+                    key, ws.gradients_finite, token, step, summed_by_stage[s][d], final[(s, d)]
                 )
                 flags.append(TaskRef(key))
         verdict = pipeline_key(token, "verdict", step, 0, 0)
@@ -202,10 +287,9 @@ def build_step(
     for s in range(stages):
         for d in range(replicas):
             key = pipeline_key(token, "update", step, s, d)
-            after = TaskRef(last_pass[(s, d)])
             summed = summed_by_stage[s][d]
             tasks[key] = Task(
-                key, ws.update, token, step, optimizer, summed, inv_scale, apply, after
+                key, ws.update, token, step, optimizer, summed, inv_scale, apply, final[(s, d)]
             )
             update_keys.append(key)
     return StepGraph(

@@ -21,6 +21,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from dasknn.compressed import CompressedStack
 from dasknn.model.compressed_mlp import first_nonfinite_layer, nonfinite_loss_error
+from dasknn.optim import ParamState
 
 __all__ = [
     "StageState",
@@ -61,6 +62,9 @@ class StageState(WorkerPlugin):
         self.in_flight = 0
         self.peak: dict[int, int] = {}
         self.lock = threading.Lock()
+        # the step whose gradients the buffer holds; backward passes accumulate one at a time
+        self.gradient_step = 0
+        self.gradient_lock = threading.Lock()
 
     def teardown(self, worker) -> None:
         self.stash.clear()
@@ -103,8 +107,8 @@ def forward_pass(
     targets ``(n_out, rows)``. The last stage computes the loss and the output
     delta (times ``scale``, the microbatch's share of the batch, and ``loss_scale``, fp16's
     dynamic loss scale, 1 otherwise) and returns the loss times ``scale``; the others return their
-    activations, the message to the next stage. ``after`` is the stage's previous pass in the
-    schedule (only ordered after, not read).
+    activations, the message to the next stage. ``after`` are the stage's passes this one runs
+    after (only ordered after, not read).
     """
     state = _state(token)
     start = time.perf_counter()
@@ -129,8 +133,9 @@ def forward_pass(
 
 
 def backward_pass(token: str, step: int, microbatch: int, incoming, after):
-    """Backward pass of one microbatch: the stage's compressed gradients are stored (first
-    microbatch of the step) or accumulated; returns the partial sums of the stage's inputs, the
+    """Backward pass of one microbatch: the stage's compressed gradients are stored (the step's
+    first backward pass on the stage, whichever microbatch it is) or accumulated, one pass at a
+    time; returns the partial sums of the stage's inputs, the
     message to the previous stage (``None`` on stage 0). ``incoming`` is the next stage's
     message (``None`` on the last stage)."""
     state = _state(token)
@@ -142,9 +147,10 @@ def backward_pass(token: str, step: int, microbatch: int, incoming, after):
         deltat = state.deltas.pop((step, microbatch))
     else:
         deltat = incoming * state.stack.activations[-1].derivative(*layers[-1])
-    out = state.stack.backward(
-        xt, layers, deltat, first=microbatch == 0, input_delta=state.stage > 0
-    )
+    with state.gradient_lock:
+        first = state.gradient_step != step
+        state.gradient_step = step
+        out = state.stack.backward(xt, layers, deltat, first=first, input_delta=state.stage > 0)
     state.record(step, "B", microbatch, start)
     return out
 
@@ -195,10 +201,28 @@ def first_nonfinite_stashed(dask_worker, token: str, step: int) -> int | None:
     return min(found, default=None)
 
 
-def snapshot_stage(dask_worker, token: str) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """For ``Client.run``: copies ``(master values, index, bias)`` of the stage's layers."""
+def snapshot_stage(dask_worker, token: str) -> dict:
+    """For ``Client.run``: copies of the stage's states, ``{"optimizer": the optimizer of the
+    last update or None, "layers": [(master values, index, bias, weight state, bias state)]}``
+    (the states ``None`` before the first update)."""
     stack = dask_worker.plugins[plugin_name(token)].stack
-    return [(layer.master.copy(), layer.index.copy(), layer.bias.copy()) for layer in stack.layers]
+
+    def copy(state: ParamState | None) -> ParamState | None:
+        if state is None:
+            return None
+        return ParamState(state.step, {k: v.copy() for k, v in state.arrays.items()})
+
+    layers = [
+        (
+            layer.master.copy(),
+            layer.index.copy(),
+            layer.bias.copy(),
+            copy(layer.state_w),
+            copy(layer.state_b),
+        )
+        for layer in stack.layers
+    ]
+    return {"optimizer": stack.optimizer, "layers": layers}
 
 
 def read_step(dask_worker, token: str, step: int) -> dict:

@@ -12,12 +12,12 @@ between workers in ``messages="actors"`` mode), negative for a value that is not
 **Pipeline keys** (:mod:`dasknn.pipeline_parallel`) are tuples
 ``(f"dasknn-pipe-{token}", kind, step, stage, replica, microbatch)``: ``kind`` is one of
 :data:`PIPELINE_KINDS`; a ``fwd`` (``bwd``) key is a forward (backward) pass of stage ``stage``
-of replica ``replica``, local work that the stage's next pass also depends on (the schedule's
-order); its value, the activations sent to stage ``stage + 1`` (the partial sums sent to
-``stage - 1``), travels under the ``fwd-msg`` (``bwd-msg``) key of the same numbers, whose only
-consumer is the receiving pass; ``finite`` and ``verdict`` carry fp16's overflow flags (a stage's,
-and whether the step is applied) to and from stage 0 of replica 0; every other kind is local
-work.
+of replica ``replica``, whose value, the activations sent to stage ``stage + 1`` (the partial
+sums sent to ``stage - 1``), is read by the receiving pass; a ``fwd-done`` (``bwd-done``) key of
+the same numbers is the local mark that the pass ended, which the sender's own later tasks wait
+for (see :func:`dasknn.pipeline_parallel.taskgraph.local_keys`); ``finite`` and ``verdict``
+carry fp16's overflow flags (a stage's, and whether the step is applied) to and from stage 0 of
+replica 0; every other kind is local work.
 
 **Collective keys** (:mod:`dasknn.runtime.collectives`) are tuples
 ``(f"dasknn-{op}-{token}", phase, sender, receiver)``: ``op`` is the collective (one of
@@ -73,7 +73,7 @@ PREFIX = "dasknn-"
 STEP_KINDS = ("fwd", "bwd", "lse", "run")
 COLLECTIVES = ("allreduce", "allgather", "allgatherv", "pull", "push", "alltoallv")
 PIPELINE_KINDS = (
-    "fwd", "bwd", "fwd-msg", "bwd-msg", "x", "y", "grad", "update", "finite", "verdict"
+    "fwd", "bwd", "fwd-done", "bwd-done", "x", "y", "grad", "update", "finite", "verdict"
 )
 PIPELINE = "pipe"
 DP_KIND = "dp"
@@ -300,7 +300,7 @@ def describe(key) -> tuple[str | None, str, int | None]:
         return collective.token, collective.phase, None
     pipeline = parse_pipeline_key(key)
     if pipeline is not None:
-        phase = {"fwd-msg": "forward", "bwd-msg": "backward"}.get(pipeline.kind, "other")
+        phase = {"fwd": "forward", "bwd": "backward"}.get(pipeline.kind, "other")
         return pipeline.token, phase, pipeline.stage
     data_parallel = parse_dp_key(key)
     if data_parallel is not None:
