@@ -105,6 +105,23 @@ class SampledMLP:
     rehash_every, rebuild_every : int
         Steps between rebuilding the tables from the current weights, and between drawing new
         hash functions (and rebuilding).
+    correction : {"none", "logq"}
+        The sampled softmax: ``"none"`` normalises over the active set as it is (SLIDE);
+        ``"logq"`` lowers each active logit by the log of the probability that its neuron was
+        chosen (``log q``: 0 for labels and for candidates that all fit the budget, ``log(room /
+        candidates)`` for a reservoir sample of the buckets, ``log(need / free)`` for the uniform
+        fill), so the normaliser and the gradient approximate the full softmax's.
+    hashing : {"plain", "mips"}
+        What the tables hash: the weight vectors and the layer input as they are (SLIDE), or,
+        for maximum inner product search, the weight vectors less their mean with the bias,
+        scaled and completed to unit length, and the query ``(h, 1, 0)`` (simple-LSH, Neyshabur
+        & Srebro 2015; :mod:`dasknn.lsh.mips`), so a neuron's chance of sharing a bucket grows
+        with its logit rather than with its angle to ``h``.
+    uniform_fraction : float in [0, 1)
+        Share of each shard's budget (``floor(uniform_fraction * budget)`` slots) that the
+        candidates leave to the uniform fill, so that every neuron has a chance to be active and
+        the correction ``"logq"`` stays unbiased when the buckets hold more candidates than the
+        budget. Needs ``underflow="fill"``.
     optimizer : dasknn.optim.Adam or AdamW, optional
         Default ``Adam(lr=1e-3)``. Rows of the weights that a batch does not touch are not
         updated (sparse Adam); the step count is global.
@@ -136,6 +153,9 @@ class SampledMLP:
         underflow: str = "fill",
         rehash_every: int = 50,
         rebuild_every: int = 500,
+        correction: str = "none",
+        hashing: str = "plain",
+        uniform_fraction: float = 0.0,
         optimizer: Optimizer | None = None,
         shards: int = 1,
         hogwild: bool = True,
@@ -152,6 +172,9 @@ class SampledMLP:
         self.underflow = underflow
         self.rehash_every = rehash_every
         self.rebuild_every = rebuild_every
+        self.correction = correction
+        self.hashing = hashing
+        self.uniform_fraction = uniform_fraction
         self.optimizer = optimizer
         self.shards = shards
         self.hogwild = hogwild
@@ -187,6 +210,9 @@ class SampledMLP:
             self.rehash_every,
             self.rebuild_every,
             self.seed,
+            self.correction,
+            self.hashing,
+            float(self.uniform_fraction),
         )
 
     def initialize(self, n_features: int, n_labels: int) -> SampledMLP:
