@@ -131,6 +131,7 @@ def _sampled(args, shards: int, hogwild: bool) -> SampledMLP:
         correction=args.correction,
         hashing=args.hashing,
         uniform_fraction=args.uniform_fraction,
+        hidden_update=args.hidden_update,
         optimizer=Adam(lr=args.slide_lr),
         shards=shards,
         hogwild=hogwild,
@@ -171,6 +172,9 @@ def main() -> None:
         "--correction", choices=("none", "logq"), default="none", help="sampled-softmax correction"
     )
     parser.add_argument("--hashing", choices=("plain", "mips"), default="plain")
+    parser.add_argument(
+        "--hidden-update", choices=("rows", "all"), default="rows", help="hidden rows Adam updates"
+    )
     parser.add_argument(
         "--uniform-fraction", type=float, default=0.0, help="share of a budget kept for the fill"
     )

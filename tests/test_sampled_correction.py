@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from sampled_reference import AdamReference, reference_step, targets
 
 from dasknn.lsh import mips_items, mips_queries
 from dasknn.optim import Adam
@@ -200,8 +201,50 @@ def test_mips_transform_orders_items_by_logit():
         ({"uniform_fraction": -0.1}, "uniform_fraction must lie in"),
         ({"uniform_fraction": float("nan")}, "uniform_fraction must lie in"),
         ({"uniform_fraction": 0.2, "underflow": "stop"}, "needs underflow='fill'"),
+        ({"hidden_update": "dense"}, "unknown hidden_update"),
     ],
 )
 def test_bad_options(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SampledMLP(**kwargs)
+
+
+@pytest.mark.parametrize("hidden_update", ["rows", "all"])
+def test_hidden_update_of_absent_features_against_numpy_adam(hidden_update):
+    """Features 0-3 appear in the first batch only: with ``"all"`` their rows keep moving on
+    their moments, as dense Adam; with ``"rows"`` they stay where the first step left them."""
+    rng = np.random.default_rng(5)
+    dense = rng.uniform(0.1, 1.0, (40, N_FEATURES)) / 3
+    dense[20:, :4] = 0
+    X = sp.csr_matrix(dense)
+    labels = [list(rng.choice(10, rng.integers(1, 3), replace=False)) for _ in range(40)]
+    model = SampledMLP(
+        hidden=HIDDEN,
+        active_fraction=1.0,
+        k=2,
+        n_tables=2,
+        hogwild=False,
+        dtype="float64",
+        optimizer=Adam(lr=0.01),
+        hidden_update=hidden_update,
+        seed=8,
+    ).initialize(N_FEATURES, 10)
+    params = {k: v.copy() for k, v in model.parameters().items()}
+    adam = AdamReference(0.01)
+    y = targets(labels, 10)
+    for step in range(6):
+        rows = slice(0, 20) if step == 0 else slice(20, 40)
+        model.train_step(X[rows], labels[rows])
+        adam.step(params, reference_step(params, dense[rows], y[rows])[1])
+        if step == 0:
+            after_first = model.parameters()["hidden_weights"][:4].copy()
+    got = model.parameters()
+    for name in ("hidden_bias", "output_weights", "output_bias"):
+        np.testing.assert_allclose(got[name], params[name], rtol=1e-9, atol=1e-9, err_msg=name)
+    present, absent = got["hidden_weights"][4:], got["hidden_weights"][:4]
+    np.testing.assert_allclose(present, params["hidden_weights"][4:], rtol=1e-9)
+    if hidden_update == "all":
+        np.testing.assert_allclose(absent, params["hidden_weights"][:4], rtol=1e-9)
+    else:
+        np.testing.assert_array_equal(absent, after_first)
+        assert np.abs(params["hidden_weights"][:4] - after_first).min() > 1e-4

@@ -12,6 +12,7 @@ from dasknn.lsh import FAMILIES, MAX_CODE_BITS, check_bucket_size
 __all__ = [
     "CORRECTIONS",
     "HASHINGS",
+    "HIDDEN_UPDATES",
     "UNDERFLOW_MODES",
     "check_features",
     "check_k",
@@ -23,6 +24,7 @@ __all__ = [
 UNDERFLOW_MODES = ("fill", "stop")
 CORRECTIONS = ("none", "logq")
 HASHINGS = ("plain", "mips")
+HIDDEN_UPDATES = ("rows", "all")
 
 
 def check_positive_int(name: str, value) -> int:
@@ -59,6 +61,10 @@ def check_hyperparameters(model) -> None:
         )
     if model.hashing not in HASHINGS:
         raise ValueError(f"unknown hashing {model.hashing!r}; expected one of {HASHINGS}")
+    if model.hidden_update not in HIDDEN_UPDATES:
+        raise ValueError(
+            f"unknown hidden_update {model.hidden_update!r}; expected one of {HIDDEN_UPDATES}"
+        )
     share = model.uniform_fraction
     if (
         isinstance(share, bool)

@@ -93,7 +93,8 @@ class ActiveSet(NamedTuple):
 
 class HiddenLayer:
     """The dense hidden layer ``relu(X @ weights + bias)`` on sparse inputs, or a block of its
-    neurons; Adam updates only the rows of the features present in the batch (and the bias).
+    neurons; Adam updates the rows of the features present in the batch (and the bias), or
+    every row.
 
     Parameters
     ----------
@@ -101,12 +102,19 @@ class HiddenLayer:
     bias : (H,) array
     hogwild : bool
         Accumulate the gradients of the batch's samples in parallel without locks.
+    update_all_rows : bool, default False
+        Update every row each step (a row absent from the batch has a zero gradient and moves
+        on its moments, as ``torch.optim.Adam`` on a dense ``EmbeddingBag`` gradient), instead
+        of the rows of the batch's features only.
     """
 
-    def __init__(self, weights: np.ndarray, bias: np.ndarray, hogwild: bool) -> None:
+    def __init__(
+        self, weights: np.ndarray, bias: np.ndarray, hogwild: bool, update_all_rows: bool = False
+    ) -> None:
         self.weights = np.ascontiguousarray(weights)
         self.bias = np.ascontiguousarray(bias)
         self.hogwild = hogwild
+        self.update_all_rows = update_all_rows
         self.grad_w = np.zeros_like(self.weights)
         self.grad_b = np.zeros_like(self.bias)
         self.touched = np.zeros(self.weights.shape[0], dtype=np.bool_)
@@ -131,6 +139,8 @@ class HiddenLayer:
             self.touched,
             n_chunks(X.shape[0], self.hogwild),
         )
+        if self.update_all_rows:
+            self.touched[:] = True
 
     def apply(self, optimizer: Optimizer) -> None:
         """One optimizer step on the touched rows and the bias; the gradients are zeroed."""

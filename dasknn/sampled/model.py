@@ -122,9 +122,14 @@ class SampledMLP:
         candidates leave to the uniform fill, so that every neuron has a chance to be active and
         the correction ``"logq"`` stays unbiased when the buckets hold more candidates than the
         budget. Needs ``underflow="fill"``.
+    hidden_update : {"rows", "all"}
+        Which rows of the hidden weights Adam updates each step: those of the features present
+        in the batch (sparse Adam), or all (a row absent from the batch moves on its moments, as
+        ``torch.optim.Adam`` does with a dense ``EmbeddingBag`` gradient).
     optimizer : dasknn.optim.Adam or AdamW, optional
-        Default ``Adam(lr=1e-3)``. Rows of the weights that a batch does not touch are not
-        updated (sparse Adam); the step count is global.
+        Default ``Adam(lr=1e-3)``. Rows of the output weights that a batch does not touch are
+        not updated (sparse Adam; for the hidden weights see ``hidden_update``); the step count
+        is global.
     shards : int
         Shards of the output layer (a distributed model has one a worker).
     hogwild : bool
@@ -156,6 +161,7 @@ class SampledMLP:
         correction: str = "none",
         hashing: str = "plain",
         uniform_fraction: float = 0.0,
+        hidden_update: str = "rows",
         optimizer: Optimizer | None = None,
         shards: int = 1,
         hogwild: bool = True,
@@ -175,6 +181,7 @@ class SampledMLP:
         self.correction = correction
         self.hashing = hashing
         self.uniform_fraction = uniform_fraction
+        self.hidden_update = hidden_update
         self.optimizer = optimizer
         self.shards = shards
         self.hogwild = hogwild
@@ -235,6 +242,7 @@ class SampledMLP:
             params["hidden_weights"].astype(dtype),
             params["hidden_bias"].astype(dtype),
             self.hogwild,
+            self.hidden_update == "all",
         )
         config = self.sampling_config()
         self.shards_ = [
