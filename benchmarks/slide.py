@@ -128,6 +128,10 @@ def _sampled(args, shards: int, hogwild: bool) -> SampledMLP:
         bucket_size=args.bucket_size,
         rehash_every=args.rehash_every,
         rebuild_every=args.rebuild_every,
+        correction=args.correction,
+        hashing=args.hashing,
+        uniform_fraction=args.uniform_fraction,
+        hidden_update=args.hidden_update,
         optimizer=Adam(lr=args.slide_lr),
         shards=shards,
         hogwild=hogwild,
@@ -164,6 +168,16 @@ def main() -> None:
     parser.add_argument("--bucket-size", type=int, default=128)
     parser.add_argument("--rehash-every", type=int, default=20)
     parser.add_argument("--rebuild-every", type=int, default=500)
+    parser.add_argument(
+        "--correction", choices=("none", "logq"), default="none", help="sampled-softmax correction"
+    )
+    parser.add_argument("--hashing", choices=("plain", "mips"), default="plain")
+    parser.add_argument(
+        "--hidden-update", choices=("rows", "all"), default="rows", help="hidden rows Adam updates"
+    )
+    parser.add_argument(
+        "--uniform-fraction", type=float, default=0.0, help="share of a budget kept for the fill"
+    )
     parser.add_argument("--eval-every", type=int, default=50, help="steps between checkpoints")
     parser.add_argument("--parts", type=int, nargs="*", default=[2])
     parser.add_argument(

@@ -62,8 +62,15 @@ def test_every_neuron_active_equals_numpy_adam(client, shards):
 
 
 @pytest.mark.minversions  # also at the minimum versions (.ci/run)
-@pytest.mark.parametrize("shards", [2, 3])
-def test_distributed_equals_the_local_model_simulating_its_shards(client, shards):
+@pytest.mark.parametrize(
+    ("shards", "options"),
+    [
+        (2, {"underflow": "stop"}),
+        (3, {"underflow": "stop"}),
+        (2, {"correction": "logq", "hashing": "mips", "uniform_fraction": 0.4}),
+    ],
+)
+def test_distributed_equals_the_local_model_simulating_its_shards(client, shards, options):
     data = make_extreme_classification(n_samples=300, n_features=200, n_labels=90, seed=shards)
     local = SampledMLP(
         hidden=8,
@@ -74,8 +81,8 @@ def test_distributed_equals_the_local_model_simulating_its_shards(client, shards
         hogwild=False,
         rehash_every=2,
         rebuild_every=5,
-        underflow="stop",
         seed=7,
+        **options,
     ).initialize(200, 90)
     batch, hidden, itemsize = 50, 8, 4
     with DistributedSampledMLP(local, client, _workers(client, shards)) as dist:

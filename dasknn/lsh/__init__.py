@@ -5,6 +5,7 @@ input to find the neurons likely to have large activations.
 """
 
 from dasknn.lsh.families import DWTA, FAMILIES, MAX_CODE_BITS, HashFamily, SimHash, make_family
+from dasknn.lsh.mips import mips_items, mips_queries
 from dasknn.lsh.tables import HashTables, check_bucket_size
 
 __all__ = [
@@ -16,4 +17,6 @@ __all__ = [
     "SimHash",
     "check_bucket_size",
     "make_family",
+    "mips_items",
+    "mips_queries",
 ]

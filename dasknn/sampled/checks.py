@@ -10,6 +10,9 @@ import scipy.sparse as sp
 from dasknn.lsh import FAMILIES, MAX_CODE_BITS, check_bucket_size
 
 __all__ = [
+    "CORRECTIONS",
+    "HASHINGS",
+    "HIDDEN_UPDATES",
     "UNDERFLOW_MODES",
     "check_features",
     "check_k",
@@ -19,6 +22,9 @@ __all__ = [
 ]
 
 UNDERFLOW_MODES = ("fill", "stop")
+CORRECTIONS = ("none", "logq")
+HASHINGS = ("plain", "mips")
+HIDDEN_UPDATES = ("rows", "all")
 
 
 def check_positive_int(name: str, value) -> int:
@@ -48,6 +54,27 @@ def check_hyperparameters(model) -> None:
         raise ValueError(
             f"unknown underflow mode {model.underflow!r}; expected one of {UNDERFLOW_MODES}"
         )
+    if model.correction not in CORRECTIONS:
+        raise ValueError(
+            f"unknown sampled-softmax correction {model.correction!r}; expected one of "
+            f"{CORRECTIONS}"
+        )
+    if model.hashing not in HASHINGS:
+        raise ValueError(f"unknown hashing {model.hashing!r}; expected one of {HASHINGS}")
+    if model.hidden_update not in HIDDEN_UPDATES:
+        raise ValueError(
+            f"unknown hidden_update {model.hidden_update!r}; expected one of {HIDDEN_UPDATES}"
+        )
+    share = model.uniform_fraction
+    if (
+        isinstance(share, bool)
+        or not isinstance(share, Real)
+        or not np.isfinite(share)
+        or not 0 <= share < 1
+    ):
+        raise ValueError(f"uniform_fraction must lie in [0, 1), got {share!r}")
+    if share > 0 and model.underflow != "fill":
+        raise ValueError("uniform_fraction > 0 needs underflow='fill' (the fill draws them)")
     fraction = model.active_fraction
     if (
         isinstance(fraction, bool)

@@ -88,6 +88,7 @@ def select_active(
     items,
     n_items,
     budget,
+    reserve,
     label_ptr,
     label_ids,
     fill,
@@ -101,10 +102,17 @@ def select_active(
 
     For sample ``b``: the labels ``label_ids[label_ptr[b]:label_ptr[b + 1]]`` come first (forced,
     each once); then the candidates, the union of the sample's buckets (``codes[b]``, one code a
-    table) less the labels, in the order met. If there are more than the ``budget - labels`` slots
-    left, a uniform sample of them is kept by reservoir sampling; if fewer and ``fill``, the
-    remaining slots are filled with neurons drawn uniformly from those not yet active. The random
-    stream of a sample is ``(seed, step, row0 + b, shard)``, independent of the chunking.
+    table) less the labels, in the order met. The candidates may take ``room = budget - labels -
+    reserve`` slots (at least none): if there are more, a uniform sample of ``room`` of them is
+    kept by reservoir sampling. If slots are left and ``fill``, they are filled with neurons drawn
+    uniformly from those not yet active (dropped candidates included). The random stream of a
+    sample is ``(seed, step, row0 + b, shard)``, independent of the chunking.
+
+    Given the sample's buckets, every active neuron had a known probability ``q`` of being
+    chosen: 1 for a label and for a candidate when all candidates fit; with ``C`` candidates of
+    which ``r < C`` kept, and ``need`` slots filled from the ``free`` neurons not active after
+    the candidates, ``r / C + (1 - r / C) need / free`` for a candidate and ``need / free`` for
+    any other neuron.
 
     Returns
     -------
@@ -112,14 +120,18 @@ def select_active(
         The active ids, the first ``count[b]`` of each row valid.
     count, forced : int32 (n,)
         Active neurons and forced labels of each sample.
+    log_q : float64 (n, budget)
+        ``log q`` of each active neuron (zero past ``count``).
     """
     n = codes.shape[0]
     n_tables = codes.shape[1]
     active = np.full((n, budget), -1, dtype=np.int32)
     count = np.zeros(n, dtype=np.int32)
     forced = np.zeros(n, dtype=np.int32)
+    log_q = np.zeros((n, budget), dtype=np.float64)
     for c in prange(n_chunks):
         lo, hi = _chunk(c, n_chunks, n)
+        # mark[i] == stamp: neuron i met in this sample; == -stamp: active in this sample
         mark = np.zeros(n_items, dtype=np.int64)
         for b in range(lo, hi):
             stamp = b + 1
@@ -132,7 +144,7 @@ def select_active(
                     active[b, used] = label
                     used += 1
             forced[b] = used
-            room = budget - used
+            room = max(0, budget - used - reserve)
             seen = 0
             for t in range(n_tables):
                 pos = bucket_of(keys, key_ptr, t, codes[b, t])
@@ -150,43 +162,57 @@ def select_active(
                         if r < room:
                             active[b, used + r] = item
                     seen += 1
-            used += min(seen, room)
-            need = budget - used
-            if fill and need > 0:
-                # Here every marked neuron is active: draw uniformly among the others.
-                free = n_items - used
+            kept = min(seen, room)
+            used += kept
+            for a in range(used):
+                mark[active[b, a]] = -stamp
+            need = budget - used if fill else 0
+            free = n_items - used
+            fill_q = need / free if need > 0 else 0.0
+            candidate_log_q = 0.0
+            if seen > kept:
+                candidate_log_q = np.log(kept / seen + (1 - kept / seen) * fill_q)
+            for a in range(forced[b], used):
+                log_q[b, a] = candidate_log_q
+            if need > 0:
+                fill_log_q = np.log(fill_q)
                 if 2 * need > free:
                     for item in range(n_items):
                         if need == 0:
                             break
-                        if mark[item] == stamp:
+                        if mark[item] == -stamp:
                             continue
                         state, r = rand_below(state, free)
                         free -= 1
                         if r < need:
+                            log_q[b, used] = candidate_log_q if mark[item] == stamp else fill_log_q
                             active[b, used] = item
                             used += 1
                             need -= 1
                 else:
                     while need > 0:
                         state, item = rand_below(state, n_items)
-                        if mark[item] != stamp:
-                            mark[item] = stamp
+                        if mark[item] != -stamp:
+                            log_q[b, used] = candidate_log_q if mark[item] == stamp else fill_log_q
+                            mark[item] = -stamp
                             active[b, used] = item
                             used += 1
                             need -= 1
             count[b] = used
-    return active, count, forced
+    return active, count, forced, log_q
 
 
 @njit(cache=True, parallel=True, nogil=True)
-def output_logits(hidden, weights, bias, active, count, n_chunks):  # pragma: no cover
-    """Logits of the active neurons and each sample's softmax statistics on this shard.
+def output_logits(hidden, weights, bias, active, count, shift, n_chunks):  # pragma: no cover
+    """Logits of the active neurons, less ``shift``, and each sample's softmax statistics on
+    this shard.
 
-    ``weights`` is neuron-major, ``(n_items, H)``. Returns ``z`` (``(n, budget)``, zero past
-    ``count``) and ``stats`` (``(n, 2)``): the largest active logit (``-inf`` with none) and
-    ``sum exp(z - max)``.
+    ``weights`` is neuron-major, ``(n_items, H)``; ``shift`` is ``(n, budget)`` (the sampled-
+    softmax correction ``log q``, or zeros) or ``(0, 0)`` for none. Returns ``z`` (``(n, budget)``,
+    ``h . w_j + b_j - shift``, zero past ``count``) and ``stats`` (``(n, 2)``): the largest of
+    them (``-inf`` with none) and ``sum exp(z - max)``.
     """
+    shifted = shift.shape[0] > 0
     n, budget = active.shape
     width = hidden.shape[1]
     z = np.zeros((n, budget), dtype=hidden.dtype)
@@ -200,6 +226,8 @@ def output_logits(hidden, weights, bias, active, count, n_chunks):  # pragma: no
                 acc = bias[j]
                 for d in range(width):
                     acc += hidden[b, d] * weights[j, d]
+                if shifted:
+                    acc -= shift[b, a]
                 z[b, a] = acc
                 if acc > top:
                     top = acc
@@ -229,7 +257,9 @@ def output_backward(
 ):  # pragma: no cover - compiled
     """Backward pass of the sampled softmax on one shard.
 
-    With ``p = exp(z - lse)`` (softmax over every shard's active set) and the target
+    ``z`` are the logits of :func:`output_logits` (less the correction, if any; a label's
+    correction is zero). With ``p = exp(z - lse)`` (softmax over every shard's active set) and
+    the target
     ``y = target[b]`` (one over the sample's number of labels) on each label (the first
     ``forced[b]`` active ids), ``delta = scale * (p - y)``: ``grad_w[j] += delta * hidden[b]``,
     ``grad_b[j] += delta`` (``touched[j] = True``), and the partial gradient of the layer input

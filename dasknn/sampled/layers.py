@@ -16,7 +16,7 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 
-from dasknn.lsh import HashFamily, HashTables, make_family
+from dasknn.lsh import HashFamily, HashTables, make_family, mips_items, mips_queries
 from dasknn.optim import Optimizer, OptimizerSlots, ParamState
 from dasknn.sampled.kernels import (
     hidden_backward,
@@ -74,20 +74,27 @@ class SamplingConfig:
     rehash_every: int
     rebuild_every: int
     seed: int
+    correction: str
+    hashing: str
+    uniform_fraction: float
 
 
 class ActiveSet(NamedTuple):
     """One shard's active neurons of a batch (see :func:`dasknn.sampled.kernels.select_active`):
-    ``active[b, :count[b]]`` are sample ``b``'s local ids, the first ``forced[b]`` its labels."""
+    ``active[b, :count[b]]`` are sample ``b``'s local ids, the first ``forced[b]`` its labels;
+    ``log_q[b, a]`` the log of the probability that ``active[b, a]`` was chosen (``None``: not
+    known, as for sets given from outside; the correction ``"logq"`` then refuses them)."""
 
     active: np.ndarray
     count: np.ndarray
     forced: np.ndarray
+    log_q: np.ndarray | None = None
 
 
 class HiddenLayer:
     """The dense hidden layer ``relu(X @ weights + bias)`` on sparse inputs, or a block of its
-    neurons; Adam updates only the rows of the features present in the batch (and the bias).
+    neurons; Adam updates the rows of the features present in the batch (and the bias), or
+    every row.
 
     Parameters
     ----------
@@ -95,12 +102,19 @@ class HiddenLayer:
     bias : (H,) array
     hogwild : bool
         Accumulate the gradients of the batch's samples in parallel without locks.
+    update_all_rows : bool, default False
+        Update every row each step (a row absent from the batch has a zero gradient and moves
+        on its moments, as ``torch.optim.Adam`` on a dense ``EmbeddingBag`` gradient), instead
+        of the rows of the batch's features only.
     """
 
-    def __init__(self, weights: np.ndarray, bias: np.ndarray, hogwild: bool) -> None:
+    def __init__(
+        self, weights: np.ndarray, bias: np.ndarray, hogwild: bool, update_all_rows: bool = False
+    ) -> None:
         self.weights = np.ascontiguousarray(weights)
         self.bias = np.ascontiguousarray(bias)
         self.hogwild = hogwild
+        self.update_all_rows = update_all_rows
         self.grad_w = np.zeros_like(self.weights)
         self.grad_b = np.zeros_like(self.bias)
         self.touched = np.zeros(self.weights.shape[0], dtype=np.bool_)
@@ -124,6 +138,8 @@ class HiddenLayer:
             self.touched,
             n_chunks(X.shape[0], self.hogwild),
         )
+        if self.update_all_rows:
+            self.touched[:] = True
 
     def apply(self, optimizer: Optimizer) -> None:
         """One optimizer step on the touched rows and the bias; the gradients are zeroed."""
@@ -169,6 +185,7 @@ class OutputShard:
         self.config = config
         self.hogwild = hogwild
         self.budget = shard_budget(config.active_fraction, len(self.ids))
+        self.reserve = math.floor(config.uniform_fraction * self.budget)
         self.grad_w = np.zeros_like(self.weights)
         self.grad_b = np.zeros_like(self.bias)
         self.touched = np.zeros(len(self.ids), dtype=np.bool_)
@@ -187,17 +204,31 @@ class OutputShard:
         c = self.config
         return make_family(
             c.hash_family,
-            self.weights.shape[1],
+            self.weights.shape[1] + (2 if c.hashing == "mips" else 0),
             c.k,
             c.n_tables,
             self.family_seed(rebuilds),
             bin_size=c.bin_size,
         )
 
+    def hashed_items(self) -> np.ndarray:
+        """What the tables hash: the weight vectors (``hashing="plain"``), or with
+        ``"mips"`` the unit vectors of :func:`dasknn.lsh.mips_items` (weights and bias)."""
+        if self.config.hashing == "mips":
+            return mips_items(self.weights, self.bias)
+        return self.weights
+
+    def hashed_queries(self, hidden: np.ndarray) -> np.ndarray:
+        """What a query hashes: the layer input, or ``(h, 1, 0)`` with ``"mips"``."""
+        return mips_queries(hidden) if self.config.hashing == "mips" else hidden
+
     def build_tables(self) -> HashTables:
         """Tables of the current weights under the current family."""
         return HashTables.build(
-            self.family, self.weights, self.config.bucket_size, self.family_seed(self.rebuilds)
+            self.family,
+            self.hashed_items(),
+            self.config.bucket_size,
+            self.family_seed(self.rebuilds),
         )
 
     def end_step(self, steps: int) -> None:
@@ -219,12 +250,13 @@ class OutputShard:
         step: int,
     ) -> ActiveSet:
         """The batch's active neurons (labels given as local ids: forced; none: inference)."""
-        codes = self.family.codes(hidden)
-        active, count, forced = select_active(
+        codes = self.family.codes(self.hashed_queries(hidden))
+        active, count, forced, log_q = select_active(
             codes,
             *self.tables.arrays(),
             len(self.ids),
             self.budget,
+            self.reserve,
             label_ptr,
             label_ids,
             self.config.underflow == "fill",
@@ -234,16 +266,34 @@ class OutputShard:
             self.index,
             n_chunks(hidden.shape[0], self.hogwild),
         )
-        return ActiveSet(active, count, forced)
+        return ActiveSet(active, count, forced, log_q)
 
     def logits(self, hidden: np.ndarray, active: ActiveSet) -> tuple[np.ndarray, np.ndarray]:
-        """Active logits ``(B, budget)`` and softmax statistics ``(B, 2)``."""
+        """Active logits ``(B, budget)`` and softmax statistics ``(B, 2)``.
+
+        With the correction ``"logq"`` (Bengio & Senecal; Jean et al.), each logit is lowered by
+        the log of its neuron's probability of being chosen, ``z_j - log q_j``: the sum of
+        ``exp`` over the active set then estimates the softmax's normaliser over all neurons
+        (every sample's own, unbiased while the buckets hold fewer candidates than the budget),
+        so the sampled gradient approximates the full softmax's. Labels (``q = 1``) keep their
+        logits.
+        """
+        if self.config.correction == "logq":
+            if active.log_q is None:
+                raise ValueError(
+                    "the correction 'logq' needs the active set's log_q (the log of each "
+                    "neuron's probability of being chosen)"
+                )
+            shift = active.log_q.astype(self.weights.dtype, copy=False)
+        else:
+            shift = np.zeros((0, 0), dtype=self.weights.dtype)
         return output_logits(
             hidden,
             self.weights,
             self.bias,
             active.active,
             active.count,
+            shift,
             n_chunks(hidden.shape[0], self.hogwild),
         )
 

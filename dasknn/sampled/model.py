@@ -105,9 +105,31 @@ class SampledMLP:
     rehash_every, rebuild_every : int
         Steps between rebuilding the tables from the current weights, and between drawing new
         hash functions (and rebuilding).
+    correction : {"none", "logq"}
+        The sampled softmax: ``"none"`` normalises over the active set as it is (SLIDE);
+        ``"logq"`` lowers each active logit by the log of the probability that its neuron was
+        chosen (``log q``: 0 for labels and for candidates that all fit the budget, ``log(room /
+        candidates)`` for a reservoir sample of the buckets, ``log(need / free)`` for the uniform
+        fill), so the normaliser and the gradient approximate the full softmax's.
+    hashing : {"plain", "mips"}
+        What the tables hash: the weight vectors and the layer input as they are (SLIDE), or,
+        for maximum inner product search, the weight vectors less their mean with the bias,
+        scaled and completed to unit length, and the query ``(h, 1, 0)`` (simple-LSH, Neyshabur
+        & Srebro 2015; :mod:`dasknn.lsh.mips`), so a neuron's chance of sharing a bucket grows
+        with its logit rather than with its angle to ``h``.
+    uniform_fraction : float in [0, 1)
+        Share of each shard's budget (``floor(uniform_fraction * budget)`` slots) that the
+        candidates leave to the uniform fill, so that every neuron has a chance to be active and
+        the correction ``"logq"`` stays unbiased when the buckets hold more candidates than the
+        budget. Needs ``underflow="fill"``.
+    hidden_update : {"rows", "all"}
+        Which rows of the hidden weights Adam updates each step: those of the features present
+        in the batch (sparse Adam), or all (a row absent from the batch moves on its moments, as
+        ``torch.optim.Adam`` does with a dense ``EmbeddingBag`` gradient).
     optimizer : dasknn.optim.Adam or AdamW, optional
-        Default ``Adam(lr=1e-3)``. Rows of the weights that a batch does not touch are not
-        updated (sparse Adam); the step count is global.
+        Default ``Adam(lr=1e-3)``. Rows of the output weights that a batch does not touch are
+        not updated (sparse Adam; for the hidden weights see ``hidden_update``); the step count
+        is global.
     shards : int
         Shards of the output layer (a distributed model has one a worker).
     hogwild : bool
@@ -136,6 +158,10 @@ class SampledMLP:
         underflow: str = "fill",
         rehash_every: int = 50,
         rebuild_every: int = 500,
+        correction: str = "none",
+        hashing: str = "plain",
+        uniform_fraction: float = 0.0,
+        hidden_update: str = "rows",
         optimizer: Optimizer | None = None,
         shards: int = 1,
         hogwild: bool = True,
@@ -152,6 +178,10 @@ class SampledMLP:
         self.underflow = underflow
         self.rehash_every = rehash_every
         self.rebuild_every = rebuild_every
+        self.correction = correction
+        self.hashing = hashing
+        self.uniform_fraction = uniform_fraction
+        self.hidden_update = hidden_update
         self.optimizer = optimizer
         self.shards = shards
         self.hogwild = hogwild
@@ -187,6 +217,9 @@ class SampledMLP:
             self.rehash_every,
             self.rebuild_every,
             self.seed,
+            self.correction,
+            self.hashing,
+            float(self.uniform_fraction),
         )
 
     def initialize(self, n_features: int, n_labels: int) -> SampledMLP:
@@ -209,6 +242,7 @@ class SampledMLP:
             params["hidden_weights"].astype(dtype),
             params["hidden_bias"].astype(dtype),
             self.hogwild,
+            self.hidden_update == "all",
         )
         config = self.sampling_config()
         self.shards_ = [

@@ -116,6 +116,7 @@ class DistributedSampledMLP(PluginOwner):
                 "columns": self.columns,
                 "config": config,
                 "hogwild": model.hogwild,
+                "update_all_rows": model.hidden_update == "all",
             }
             [data] = self.client.scatter([payload], workers=[worker], hash=False)
             futures.append(

@@ -53,7 +53,10 @@ class ShardState(WorkerPlugin):
         self.position = position
         self.columns = np.asarray(payload["columns"], dtype=np.int64)
         self.hidden = HiddenLayer(
-            np.array(payload["hidden_weights"]), np.array(payload["hidden_bias"]), hogwild
+            np.array(payload["hidden_weights"]),
+            np.array(payload["hidden_bias"]),
+            hogwild,
+            payload["update_all_rows"],
         )
         self.shard = OutputShard(
             position,
@@ -75,7 +78,7 @@ def install_shard(token: str, position: int, payload: dict) -> int:
 
     ``payload`` holds ``hidden_weights`` (``(n_features, H_p)``), ``hidden_bias``, ``ids``,
     ``output_weights`` (``(n_p, H)``), ``output_bias``, ``columns``, ``config`` (the fields of
-    :class:`~dasknn.sampled.layers.SamplingConfig`) and ``hogwild``.
+    :class:`~dasknn.sampled.layers.SamplingConfig`), ``hogwild`` and ``update_all_rows``.
     """
     shard_state(token).install(position, payload)
     return position

@@ -1,0 +1,38 @@
+"""Maximum inner product search with an angular hash: the asymmetric transform of simple-LSH
+(Neyshabur & Srebro, ICML'15), applied to centred items with a bias.
+
+A layer's logit ``z_j = h . w_j + b_j`` ranks neurons by inner product, which an angular hash
+(SimHash) does not see when the weight vectors differ in norm or share a common direction. The
+items ``u_j = (w_j - mean w, b_j - mean b)`` are scaled by their largest norm ``M`` and completed
+to unit length, ``x_j = (u_j / M, sqrt(1 - |u_j|^2 / M^2))``; the query is ``y = (h, 1, 0)``.
+Then ``x_j . y = (z_j - c(h)) / M`` with ``c(h) = h . mean w + mean b`` the same for every item,
+and all ``|x_j| = 1``: for a given query the angle to ``x_j`` falls as ``z_j`` grows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["mips_items", "mips_queries"]
+
+
+def mips_items(weights: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """The unit item vectors ``(n, H + 2)`` of neuron-major ``weights`` ``(n, H)`` and ``bias``."""
+    items = np.empty((weights.shape[0], weights.shape[1] + 2), dtype=weights.dtype)
+    items[:, :-2] = weights - weights.mean(axis=0)
+    items[:, -2] = bias - bias.mean()
+    norms = np.sqrt(np.einsum("ij,ij->i", items[:, :-1], items[:, :-1]))
+    largest = norms.max()
+    if largest > 0:
+        items[:, :-1] /= largest
+        norms /= largest
+    items[:, -1] = np.sqrt(np.clip(1.0 - norms * norms, 0.0, None))
+    return items
+
+
+def mips_queries(hidden: np.ndarray) -> np.ndarray:
+    """The query vectors ``(B, H + 2)`` of layer inputs ``hidden`` ``(B, H)``: ``(h, 1, 0)``."""
+    queries = np.zeros((hidden.shape[0], hidden.shape[1] + 2), dtype=hidden.dtype)
+    queries[:, :-2] = hidden
+    queries[:, -2] = 1
+    return queries
