@@ -223,18 +223,7 @@ class DistributedSparseMLP(SparseEstimator):
                 self.dtype, timeout=self.step_timeout,
             )  # fmt: skip
             if messages == "actors":
-                self._postboxes = [
-                    client.submit(
-                        Postbox,
-                        self.token,
-                        key=postbox_key(self.token, w),
-                        workers=[address],
-                        allow_other_workers=False,
-                        actor=True,
-                    )
-                    for w, address in enumerate(sorted(set(self.part_workers)))
-                ]
-                client.gather(self._postboxes)
+                self._place_postboxes()
         except BaseException as exc:
             self.close()
             if isinstance(exc, TimeoutError):
@@ -309,10 +298,30 @@ class DistributedSparseMLP(SparseEstimator):
             f"workers={len(set(self.part_workers))}, loss={self.loss.name!r})"
         )
 
+    def _place_postboxes(self) -> None:
+        """Start this placement's :class:`~dasknn.model_parallel.exchange.Postbox` actor on every
+        worker hosting parts (``messages="actors"``); ``TimeoutError`` if the workers do not
+        start them within ``step_timeout``."""
+        self._postboxes = [
+            self.client.submit(
+                Postbox,
+                self.token,
+                key=postbox_key(self.token, self._generation, w),
+                workers=[address],
+                allow_other_workers=False,
+                actor=True,
+            )
+            for w, address in enumerate(sorted(set(self.part_workers)))
+        ]
+        gather_at_most(self.client, self._postboxes, self.step_timeout)
+
     def _template(self, kind: str):
         if kind == "train" and self.messages == "actors":
             if kind not in self._templates:
-                self._templates[kind] = ActorStepTemplate(self.token, self.plan, self._layout)
+                postboxes = [future.key for future in self._postboxes]
+                self._templates[kind] = ActorStepTemplate(
+                    self.token, self.plan, self._layout, postboxes
+                )
             return self._templates[kind]
         if kind not in self._templates:
             softmax = self.loss.name == "softmax_cross_entropy"
@@ -749,6 +758,7 @@ class DistributedSparseMLP(SparseEstimator):
             raise RuntimeError("the distributed model is closed")
         self._snapshot = None
         self._templates.clear()
+        self._postboxes = []
         self._layout.futures.clear()
         self._generation += 1
         self._step += 1  # no key of an earlier step or data block is used again
@@ -756,7 +766,11 @@ class DistributedSparseMLP(SparseEstimator):
         workers = running_workers(self.client)
         self.part_workers = worker_of_parts(workers, self.nparts)
         self._placement = PartPlacement(self.part_workers)
-        self.client.register_plugin(ModelState(self.token), name=self.plugin_name)
+        # Replacing the plugin tears the old one down, which ends the waits of a step task still
+        # running on a worker that stayed; a task of an earlier step is refused from now on.
+        self.client.register_plugin(
+            ModelState(self.token, first_step=self._step + 1), name=self.plugin_name
+        )
         _, chunks = build_comm_plan(record.weights, self._parts, self.nparts)
         self._layout = place_network(
             self.client,
@@ -770,11 +784,13 @@ class DistributedSparseMLP(SparseEstimator):
             self._generation,
             self.step_timeout,
         )
+        if self.messages == "actors":
+            self._place_postboxes()
         self.optimizer = record.optimizer
         self._failed = None
 
     def _recoverable(self, error: Exception) -> bool:
-        return isinstance(error, WorkerLostError) and self.messages == "tasks"
+        return isinstance(error, WorkerLostError)
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the model (weights, biases, optimizer and its state, partition) to the ``.npz``
