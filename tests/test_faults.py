@@ -120,7 +120,7 @@ def test_killed_worker_is_restored_from_the_checkpoint(cluster, tmp_path, messag
     _assert_reference(trained, _reference_weights(x, y, 8, 2))
 
 
-@pytest.mark.parametrize("messages", ["tasks"])
+@MODES
 def test_retired_worker_without_checkpoint_is_a_clear_error_then_with_one_is_restored(
     cluster, tmp_path, messages
 ):

@@ -10,6 +10,7 @@ scheduler plugin counts them.
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections import deque
 from collections.abc import Iterator
@@ -32,11 +33,14 @@ from dasknn.model_parallel.comm import (
 )
 from dasknn.model_parallel.exchange import ActorStepTemplate, Postbox, postbox_key
 from dasknn.model_parallel.faults import (
+    POLL_SECONDS,
     StepTimeoutError,
     WorkerLostError,
     describe_workers,
+    install_retirement_watch,
     lost_error,
     lost_workers,
+    retirement_requests,
     running_workers,
     wait_for_step,
 )
@@ -210,7 +214,11 @@ class DistributedSparseMLP(SparseEstimator):
         self.optimizer: Optimizer | None = None
         self.loss_curve_: list[float] = []
         self.batch_loss_curve_: list[float] = []
+        self._leaving: set[str] = set()  # workers asked to leave while the model was placed
         install_comm_monitor(client)
+        install_retirement_watch(client)
+        self._retirements = retirement_requests(client)
+        self._next_check = 0.0  # when a finished step looks next at its workers (monotonic)
         try:
             if reuse_memory:
                 name = f"{REUSE_MEMORY_PLUGIN}-{self.token}"
@@ -639,7 +647,15 @@ class DistributedSparseMLP(SparseEstimator):
         model failed, free the answering workers' step state and say why."""
         try:
             parts = [future.key[3] for future in futures]
-            wait_for_step(self.client, futures, self.part_workers, parts, self.step_timeout)
+            wait_for_step(
+                self.client, futures, self.part_workers, parts, self.step_timeout,
+                self._retirements,
+            )  # fmt: skip
+            if time.monotonic() >= self._next_check:  # a short step had no look at its workers
+                self._next_check = time.monotonic() + POLL_SECONDS
+                lost = lost_workers(self.client, self.part_workers, self._retirements)
+                if lost:
+                    raise lost_error(self.part_workers, lost)
             try:
                 return gather_at_most(self.client, futures, self.step_timeout)
             except TimeoutError:
@@ -653,21 +669,43 @@ class DistributedSparseMLP(SparseEstimator):
             raise
         except Exception as exc:
             self._failed = f"{type(exc).__name__}: {exc}"
-            self._raise_if_lost()
+            self._raise_if_lost(futures)
             self._clear_workers()
             raise
 
-    def _raise_if_lost(self) -> None:
-        """Raise :class:`WorkerLostError` naming the parts whose worker has left the cluster."""
-        lost = lost_workers(self.client, self.part_workers)
+    def _raise_if_lost(self, futures=()) -> None:
+        """Raise :class:`WorkerLostError` naming the parts whose worker has left the cluster or
+        was asked to (then no later placement uses it; with ``messages="actors"`` the model first
+        lets it go, see :meth:`_let_go`); ``futures`` are those of the failed step."""
+        lost = lost_workers(self.client, self.part_workers, self._retirements)
         if lost:
             error = lost_error(self.part_workers, lost)
             self._failed = str(error)
+            self._leaving.update(lost)
+            if self.messages == "actors":
+                self._let_go(lost, futures)
             raise error from None
 
+    def _let_go(self, leaving: list[str], futures) -> None:
+        """Let the workers ``leaving`` retire: Dask retires no worker that holds an actor, so a
+        retirement asked for while the model's postboxes are there is refused. Cancel the failed
+        step and the postboxes, end the waits of the step tasks still running, and ask again for
+        the retirements still to do until they are done (within ``step_timeout``)."""
+        self.client.cancel([*futures, *self._postboxes])
+        self._postboxes = []
+        self._templates.pop("train", None)
+        self._clear_workers()
+        deadline = time.monotonic() + self.step_timeout
+        while True:
+            staying = [w for w in running_workers(self.client) if w in leaving]
+            if not staying or time.monotonic() > deadline:
+                return
+            self.client.retire_workers(staying)
+            time.sleep(POLL_SECONDS)
+
     def _clear_workers(self) -> None:
-        alive = set(self.client.scheduler_info(n_workers=-1)["workers"])
-        workers = sorted(alive & set(self.part_workers))
+        """Drop the steps in flight on the part workers still running (ending their waits)."""
+        workers = sorted(set(running_workers(self.client)) & set(self.part_workers))
         if workers:
             self.client.run(_clear_on_worker, name=self.plugin_name, workers=workers)
 
@@ -763,7 +801,7 @@ class DistributedSparseMLP(SparseEstimator):
         self._generation += 1
         self._step += 1  # no key of an earlier step or data block is used again
         self.client.wait_for_workers(1, timeout=self.step_timeout)
-        workers = running_workers(self.client)
+        workers = running_workers(self.client, self._leaving)
         self.part_workers = worker_of_parts(workers, self.nparts)
         self._placement = PartPlacement(self.part_workers)
         # Replacing the plugin tears the old one down, which ends the waits of a step task still
