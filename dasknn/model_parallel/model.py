@@ -169,7 +169,7 @@ class DistributedSparseMLP(SparseEstimator):
         separate_packing: bool = False,
         reuse_memory: bool = False,
         microbatches: int | None = None,
-        messages: str = "tasks",
+        messages: str = "actors",
         step_timeout: float = 300.0,
     ) -> None:
         self.microbatches = check_microbatches(microbatches)
