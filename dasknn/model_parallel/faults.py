@@ -5,10 +5,11 @@ such a worker leaves the cluster (killed, or retired as adaptive scale-down and 
 lifetimes do) its tasks wait in Dask's ``no-worker`` state for ever, and a worker that stops
 answering (``SIGSTOP``, a swapping node) or pauses at its memory limit holds the step up silently.
 :func:`wait_for_step` waits for a step's results and checks the parts' workers every
-:data:`POLL_SECONDS`: a part worker that is gone or closing is a :class:`WorkerLostError`; a step
-that has not finished after ``timeout`` seconds is a :class:`StepTimeoutError` naming the workers
-it waits for, with their state (paused at a memory limit, not heard from for some seconds, or
-running).
+:data:`POLL_SECONDS`: a part worker that is gone or closing, or that was asked to retire since the
+model was placed (:class:`RetirementRequests` counts the requests, also those Dask refuses because
+the worker holds an actor), is a :class:`WorkerLostError`; a step that has not finished after
+``timeout`` seconds is a :class:`StepTimeoutError` naming the workers it waits for, with their
+state (paused at a memory limit, not heard from for some seconds, or running).
 """
 
 from __future__ import annotations

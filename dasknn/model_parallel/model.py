@@ -118,21 +118,21 @@ class DistributedSparseMLP(SparseEstimator):
         step is the same step. ``None`` (the default) chooses per step with
         :func:`~dasknn.model_parallel.microbatches.auto_microbatches`: 1 when all parts are on
         one worker, else blocks of at least 256 rows, at most 4 of them.
-    messages : {"tasks", "actors"}
-        How a training step runs. ``"tasks"`` (the default): every layer step of every part is a
-        task, every message between workers a task result Dask moves (the scheduler sees and
-        orders the whole dataflow; each layer costs a scheduler round trip). ``"actors"``: one
-        task per worker and step runs its parts through the layers and posts the messages
-        straight to the receiving worker's postbox actor
-        (:mod:`dasknn.model_parallel.exchange`). Both take the same steps; forward passes
-        (``predict``, ``score``, ...) always use tasks. A model that loses a worker restores its
-        last checkpoint by itself (``fit(checkpoint=...)``) with ``"tasks"`` only; with
-        ``"actors"`` the error stops ``fit`` and ``fit(resume=...)`` goes on.
+    messages : {"actors", "tasks"}
+        How a training step runs. ``"actors"`` (the default): one task per worker and step runs
+        its parts through the layers and posts the messages straight to the receiving worker's
+        postbox actor (:mod:`dasknn.model_parallel.exchange`), without a scheduler round trip per
+        layer. ``"tasks"``: every layer step of every part is a task, every message between
+        workers a task result Dask moves (the scheduler sees and orders the whole dataflow, and
+        ``comm_report()`` adds the serialization overhead from Dask's transfer logs). Both take
+        the same steps and keep the same promises for lost, retired, stopped and paused workers
+        (``fit(checkpoint=...)`` restores the last checkpoint after a lost worker); forward
+        passes (``predict``, ``score``, ...) always use tasks.
     step_timeout : float
         Seconds a step (or a block of predictions) may go without finishing before it is a
         :class:`~dasknn.model_parallel.faults.StepTimeoutError` naming the workers it waits for
-        (stopped, paused at their memory limit, or busy). A worker that leaves the cluster is a
-        :class:`~dasknn.model_parallel.faults.WorkerLostError` at once.
+        (stopped, paused at their memory limit, or busy). A worker that leaves the cluster, or
+        is asked to retire, is a :class:`~dasknn.model_parallel.faults.WorkerLostError` at once.
 
     Attributes
     ----------
