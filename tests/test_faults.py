@@ -290,8 +290,7 @@ def test_paused_worker_is_an_error_naming_the_memory_limit(tmp_path, messages):
         assert time.monotonic() - start < 10
 
 
-@MODES
-def test_cli_reports_a_lost_worker_in_one_line(cluster, capsys, messages):
+def test_cli_reports_a_lost_worker_in_one_line(cluster, capsys):
     _, client = cluster
     pids = _pids(client)
 
@@ -310,7 +309,7 @@ def test_cli_reports_a_lost_worker_in_one_line(cluster, capsys, messages):
     killer.start()
     argv = [
         "train", "radixnet:32:2", "--parts", "2", "--partition", "random", "--steps", "3000",
-        "--batch-size", "4", "--messages", messages, "--scheduler", client.scheduler.address,
+        "--batch-size", "4", "--scheduler", client.scheduler.address,
     ]  # fmt: skip
     assert main(argv) == 2
     killer.join()
