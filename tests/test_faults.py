@@ -26,6 +26,8 @@ from dasknn.model_parallel import DistributedSparseMLP
 from dasknn.model_parallel.faults import StepTimeoutError, WorkerLostError
 
 LR = 0.05
+#: Every test runs with both ways a step's messages travel (DistributedSparseMLP's messages=).
+MODES = pytest.mark.parametrize("messages", ["tasks", "actors"])
 
 
 def _model() -> SparseMLP:
@@ -99,11 +101,14 @@ def _pids(client) -> dict[str, int]:
     return client.run(os.getpid)
 
 
-def test_killed_worker_is_restored_from_the_checkpoint(cluster, tmp_path):
+@MODES
+def test_killed_worker_is_restored_from_the_checkpoint(cluster, tmp_path, messages):
     _, client = cluster
     x, y = _data()
     model = _model()
-    with DistributedSparseMLP(model, client, _parts(model), step_timeout=30) as dist:
+    with DistributedSparseMLP(
+        model, client, _parts(model), messages=messages, step_timeout=30
+    ) as dist:
         dist.fit(x[:8], y[:8], batch_size=8, lr=0.0, progress=False)  # compile on the workers
         victim = max(_pids(client).items())
         killed = _when_checkpoint(tmp_path, 10, lambda: os.kill(victim[1], signal.SIGKILL))
@@ -115,13 +120,16 @@ def test_killed_worker_is_restored_from_the_checkpoint(cluster, tmp_path):
     _assert_reference(trained, _reference_weights(x, y, 8, 2))
 
 
+@MODES
 def test_retired_worker_without_checkpoint_is_a_clear_error_then_with_one_is_restored(
-    cluster, tmp_path
+    cluster, tmp_path, messages
 ):
     local, client = cluster
     x, y = _data()
     model = _model()
-    with DistributedSparseMLP(model, client, _parts(model), step_timeout=30) as dist:
+    with DistributedSparseMLP(
+        model, client, _parts(model), messages=messages, step_timeout=30
+    ) as dist:
         dist.fit(x[:8], y[:8], batch_size=8, lr=0.0, progress=False)
         first = dist.part_workers[1]
         retire = threading.Timer(0.5, lambda: client.retire_workers([first]))
@@ -137,7 +145,9 @@ def test_retired_worker_without_checkpoint_is_a_clear_error_then_with_one_is_res
     local.scale(3)  # at least two workers again, whether the spec still counts the retired one
     client.wait_for_workers(2, timeout=30)
     model = _model()
-    with DistributedSparseMLP(model, client, _parts(model), step_timeout=30) as dist:
+    with DistributedSparseMLP(
+        model, client, _parts(model), messages=messages, step_timeout=30
+    ) as dist:
         leaving = dist.part_workers[0]
         retired = _when_checkpoint(tmp_path, 10, lambda: client.retire_workers([leaving]))
         dist.fit(x, y, batch_size=8, epochs=2, lr=LR, progress=False, checkpoint=tmp_path,
@@ -149,11 +159,14 @@ def test_retired_worker_without_checkpoint_is_a_clear_error_then_with_one_is_res
     _assert_reference(trained, _reference_weights(x, y, 8, 2))
 
 
-def test_stopped_worker_is_reported_after_the_step_timeout(cluster):
+@MODES
+def test_stopped_worker_is_reported_after_the_step_timeout(cluster, messages):
     _, client = cluster
     x, y = _data()
     model = _model()
-    with DistributedSparseMLP(model, client, _parts(model), step_timeout=2) as dist:
+    with DistributedSparseMLP(
+        model, client, _parts(model), messages=messages, step_timeout=2
+    ) as dist:
         dist.fit(x[:8], y[:8], batch_size=8, lr=0.0, progress=False)
         address, pid = max(_pids(client).items())
         stop = threading.Timer(0.5, lambda: os.kill(pid, signal.SIGSTOP))
@@ -180,15 +193,16 @@ class _StopWorkerWhenAStepIsDone(SchedulerPlugin):
     name = "dasknn-test-stop-when-done"
     _BUSY = ("waiting", "processing", "no-worker", "queued")
 
-    def __init__(self, address: str):
+    def __init__(self, address: str, step_prefix: str):
         self.address = address
+        self.step_prefix = step_prefix  # of the keys of a training step's last tasks
         self.started = self.stopped = False
 
     async def start(self, scheduler) -> None:
         self.scheduler = scheduler
 
     def transition(self, key, start, finish, *args, **kwargs) -> None:
-        step_key = isinstance(key, tuple) and str(key[0]).startswith("dasknn-bwd-")
+        step_key = isinstance(key, tuple) and str(key[0]).startswith(self.step_prefix)
         self.started |= step_key and finish == "processing"
         if self.stopped or not self.started or finish != "memory":
             return
@@ -202,8 +216,9 @@ def _model_keys(dask_scheduler, token: str) -> list:
     return [str(key) for key in dask_scheduler.tasks if token in str(key)]
 
 
+@MODES
 def test_worker_stopped_between_the_step_and_the_gather_is_reported_after_the_step_timeout(
-    cluster,
+    cluster, messages
 ):
     """The step has finished (all its futures done) when the worker holding part of its results
     stops: the gather of the results gives up after ``step_timeout`` (``Client.gather`` alone
@@ -215,11 +230,14 @@ def test_worker_stopped_between_the_step_and_the_gather_is_reported_after_the_st
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        with DistributedSparseMLP(model, client, _parts(model), step_timeout=3) as dist:
+        with DistributedSparseMLP(
+            model, client, _parts(model), messages=messages, step_timeout=3
+        ) as dist:
             dist.fit(x[:8], y[:8], batch_size=8, lr=0.0, progress=False)
             address, token = dist.part_workers[1], dist.token
             pid = _pids(client)[address]
-            plugin = _StopWorkerWhenAStepIsDone(address)
+            prefix = {"tasks": "dasknn-bwd-", "actors": "dasknn-run-"}[messages]
+            plugin = _StopWorkerWhenAStepIsDone(address, prefix)
             client.register_plugin(plugin)
             try:
                 start = time.monotonic()
@@ -245,7 +263,8 @@ def test_worker_stopped_between_the_step_and_the_gather_is_reported_after_the_st
             gc.enable()
 
 
-def test_paused_worker_is_an_error_naming_the_memory_limit(tmp_path):
+@MODES
+def test_paused_worker_is_an_error_naming_the_memory_limit(tmp_path, messages):
     """Workers whose memory limit lies below what a worker process with dasknn loaded takes
     (about 200 MiB here): Dask pauses them; the run stops with an error naming the limit."""
     limits = {
@@ -264,7 +283,9 @@ def test_paused_worker_is_an_error_naming_the_memory_limit(tmp_path):
         start = time.monotonic()
         with pytest.raises(StepTimeoutError, match="paused at its memory limit: .* of 200 MiB"):
             # Placing the model (the workers pause as dasknn loads) or its first step.
-            with DistributedSparseMLP(model, client, _parts(model), step_timeout=3) as dist:
+            with DistributedSparseMLP(
+                model, client, _parts(model), messages=messages, step_timeout=3
+            ) as dist:
                 dist.fit(x, y, batch_size=8, lr=LR, progress=False)
         assert time.monotonic() - start < 10
 

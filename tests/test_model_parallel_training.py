@@ -205,7 +205,9 @@ def test_separate_pack_tasks_give_the_same_training(dask_client):
     parts = _partition("random", model.layer_sizes, 3, seed=10)
     results = []
     for separate in (False, True):
-        dist = DistributedSparseMLP(model, dask_client, parts, separate_packing=separate)
+        dist = DistributedSparseMLP(
+            model, dask_client, parts, separate_packing=separate, messages="tasks"
+        )
         try:
             x, y = _data(model, 5, seed=10)
             losses = [dist.train_step(x, y, lr=0.2) for _ in range(2)]
@@ -227,7 +229,7 @@ def test_parts_on_one_worker_exchange_through_the_mailbox(dask_client):
 
     model = _irregular_model(seed=4)
     parts = _partition("random", model.layer_sizes, 4, seed=4)
-    dist = DistributedSparseMLP(model, dask_client, parts)
+    dist = DistributedSparseMLP(model, dask_client, parts, messages="tasks")
     try:
         workers = sorted(set(dist.part_workers))
         assert len(workers) == 2

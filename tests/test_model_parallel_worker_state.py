@@ -90,7 +90,7 @@ def test_training_while_dask_spills_the_weights(tmp_path):
     reference = model.copy()
     optimizer = Adam(lr=0.01)
     limits = {
-        "distributed.worker.memory.target": 1e-4,  # spill managed data beyond ~13 kB
+        "distributed.worker.memory.target": 1e-6,  # spill managed data beyond ~130 bytes
         "distributed.worker.memory.spill": False,
         "distributed.worker.memory.pause": False,
         "distributed.worker.memory.terminate": False,

@@ -126,7 +126,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--messages",
         choices=("tasks", "actors"),
-        default="tasks",
+        default="actors",
         help="tasks: a task per layer step and message; actors: a task per worker and step, "
         "messages posted straight between workers (see docs/training.md)",
     )

@@ -45,9 +45,11 @@ NO_RECEIVER = -1
 SOFTMAX_STATS = -3
 
 
-def postbox_key(token: str, worker: int) -> str:
-    """The key of the :class:`Postbox` actor of the model ``token`` on worker number ``worker``."""
-    return f"dasknn-postbox-{token}-{worker}"
+def postbox_key(token: str, generation: int, worker: int) -> str:
+    """The key of the :class:`Postbox` actor of the model ``token`` on worker number ``worker``
+    in the model's placement number ``generation`` (a placement after a lost worker makes new
+    postboxes, so no key whose release may still be under way is used again)."""
+    return f"dasknn-postbox-{token}-g{generation}-{worker}"
 
 
 class Postbox:
@@ -56,17 +58,18 @@ class Postbox:
     Parameters
     ----------
     token : str
-        The model's token; messages go to its worker plugin's mailbox.
+        The model's token; messages go to the mailbox of its worker plugin as it is when the
+        postbox is made (a message of an earlier placement never reaches a later one).
     """
 
     def __init__(self, token: str) -> None:
-        self.token = token
         self.worker = get_worker()  # made by a task on the worker it serves
+        self.state = self.worker.plugins[plugin_name(token)]
 
     async def post(self, key: tuple, sender: str, rows) -> None:
         """Leave the message ``key`` from the worker at ``sender`` in the mailbox and report it
         to the communication monitor (runs on the worker's event loop)."""
-        self.worker.plugins[plugin_name(self.token)].deliver(key, rows)
+        self.state.deliver(key, rows)
         report_transfer(self.worker, key, sender, rows.nbytes)
 
 
@@ -93,11 +96,13 @@ class ActorStepTemplate:
     token : str
     plan : CommPlan
     layout : Layout
+    postboxes : sequence of str
+        The key of the :class:`Postbox` actor of every worker hosting parts (sorted addresses).
     """
 
-    def __init__(self, token: str, plan: CommPlan, layout: Layout) -> None:
+    def __init__(self, token: str, plan: CommPlan, layout: Layout, postboxes) -> None:
         self.names = phase_names(token)
-        self.token = token
+        self.postboxes = tuple(postboxes)
         self.n_layers = L = plan.n_layers
         self.nparts = P = plan.nparts
         self.part_workers = tuple(layout.part_workers)
@@ -136,7 +141,7 @@ class ActorStepTemplate:
     ) -> dict:
         """The task graph of step ``ctx.step`` (see :meth:`StepTemplate.graph
         <dasknn.model_parallel.taskgraph.StepTemplate.graph>` for the arguments)."""
-        postboxes = List(*(TaskRef(postbox_key(self.token, w)) for w in range(len(self.workers))))
+        postboxes = List(*(TaskRef(key) for key in self.postboxes))
         dsk = {}
         for w, program in enumerate(self.programs):
             if not program.parts:

@@ -5,10 +5,11 @@ such a worker leaves the cluster (killed, or retired as adaptive scale-down and 
 lifetimes do) its tasks wait in Dask's ``no-worker`` state for ever, and a worker that stops
 answering (``SIGSTOP``, a swapping node) or pauses at its memory limit holds the step up silently.
 :func:`wait_for_step` waits for a step's results and checks the parts' workers every
-:data:`POLL_SECONDS`: a part worker that is gone or closing is a :class:`WorkerLostError`; a step
-that has not finished after ``timeout`` seconds is a :class:`StepTimeoutError` naming the workers
-it waits for, with their state (paused at a memory limit, not heard from for some seconds, or
-running).
+:data:`POLL_SECONDS`: a part worker that is gone or closing, or that was asked to retire since the
+model was placed (:class:`RetirementRequests` counts the requests, also those Dask refuses because
+the worker holds an actor), is a :class:`WorkerLostError`; a step that has not finished after
+``timeout`` seconds is a :class:`StepTimeoutError` naming the workers it waits for, with their
+state (paused at a memory limit, not heard from for some seconds, or running).
 """
 
 from __future__ import annotations
@@ -16,16 +17,21 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from distributed.diagnostics.plugin import SchedulerPlugin
+
 from ..runtime.waiting import wait_at_most
 
 __all__ = [
     "POLL_SECONDS",
+    "RetirementRequests",
     "StepTimeoutError",
     "WorkerLostError",
     "describe_worker",
     "describe_workers",
+    "install_retirement_watch",
     "lost_error",
     "lost_workers",
+    "retirement_requests",
     "running_workers",
     "wait_for_step",
 ]
@@ -42,6 +48,55 @@ class WorkerLostError(RuntimeError):
 
 class StepTimeoutError(RuntimeError):
     """A step made no progress within the model's ``step_timeout``."""
+
+
+class RetirementRequests(SchedulerPlugin):
+    """Scheduler plugin counting the requests to retire each worker.
+
+    Every retirement (``Client.retire_workers``, adaptive scale-down, a worker's lifetime) first
+    sets the worker's status to ``closing_gracefully``, which the scheduler logs as a
+    ``worker-status-change`` event of the worker's topic; the plugin counts those events in its
+    documented ``log_event`` hook. The count also covers a retirement that Dask refused: a worker
+    holding an actor (the postboxes of ``messages="actors"``) is never retired, and its status
+    is set back to ``running`` at once.
+
+    Attributes
+    ----------
+    requests : dict
+        ``{worker address: retirements requested}``.
+    """
+
+    name = "dasknn-retirement-requests"
+    idempotent = True
+
+    def __init__(self) -> None:
+        self.requests: dict[str, int] = {}
+
+    def log_event(self, topic, msg) -> None:
+        if (
+            isinstance(msg, dict)
+            and msg.get("action") == "worker-status-change"
+            and msg.get("status") == "closing_gracefully"
+        ):
+            self.requests[topic] = self.requests.get(topic, 0) + 1
+
+
+def install_retirement_watch(client) -> None:
+    """Register :class:`RetirementRequests` on the scheduler (kept, with its counts, if it is
+    there already)."""
+    client.register_plugin(RetirementRequests(), name=RetirementRequests.name)
+
+
+def _worker_states(dask_scheduler) -> tuple[dict, dict]:
+    watch = dask_scheduler.plugins.get(RetirementRequests.name)
+    requests = watch.requests if watch is not None else {}
+    statuses = {address: ws.status.name for address, ws in dask_scheduler.workers.items()}
+    return statuses, dict(requests)
+
+
+def retirement_requests(client) -> dict[str, int]:
+    """``{worker address: retirements requested so far}`` (see :class:`RetirementRequests`)."""
+    return client.run_on_scheduler(_worker_states)[1]
 
 
 def _mib(nbytes) -> str:
@@ -67,31 +122,46 @@ def describe_worker(info: dict | None, now: float) -> str:
     return f"is {status}" + (f", {_mib(memory)} used of {_mib(limit)}" if limit else "")
 
 
-def lost_workers(client, part_workers: Sequence[str]) -> list[str]:
-    """The part workers that have left the cluster or are closing."""
+def lost_workers(
+    client, part_workers: Sequence[str], requests: dict[str, int] | None = None
+) -> list[str]:
+    """The part workers that have left the cluster or are closing, and, given ``requests``
+    (:func:`retirement_requests` when the model was placed), those asked to retire since, also
+    when Dask refused (see :class:`RetirementRequests`)."""
+    statuses, now = client.run_on_scheduler(_worker_states)
+    asked = {
+        w for w in part_workers if requests is not None and now.get(w, 0) > requests.get(w, 0)
+    }
+    gone = {w for w in part_workers if statuses.get(w, "closed") in _GONE}
+    return sorted(asked | gone)
+
+
+def running_workers(client, leaving: Sequence[str] = ()) -> list[str]:
+    """The addresses of the workers that are not leaving the cluster, nor in ``leaving``,
+    sorted."""
     workers = client.scheduler_info(n_workers=-1)["workers"]
     return sorted(
-        {w for w in part_workers if w not in workers or workers[w].get("status") in _GONE}
+        w for w, info in workers.items() if info.get("status") not in _GONE and w not in leaving
     )
-
-
-def running_workers(client) -> list[str]:
-    """The addresses of the workers that are not leaving the cluster, sorted."""
-    workers = client.scheduler_info(n_workers=-1)["workers"]
-    return sorted(w for w, info in workers.items() if info.get("status") not in _GONE)
 
 
 def lost_error(part_workers: Sequence[str], lost: Sequence[str]) -> WorkerLostError:
     """The error naming the parts whose workers are ``lost``."""
     parts = [m for m, w in enumerate(part_workers) if w in lost]
     return WorkerLostError(
-        f"worker(s) {', '.join(lost)} holding parts {parts} of the model left the cluster, and "
-        "their weights with them; fit(checkpoint=DIR) restores the last checkpoint and goes on"
+        f"worker(s) {', '.join(lost)} holding parts {parts} of the model left the cluster (or "
+        "were asked to), and their weights with them; fit(checkpoint=DIR) restores the last "
+        "checkpoint and goes on"
     )
 
 
 def wait_for_step(
-    client, futures: list, part_workers: Sequence[str], parts: Sequence[int], timeout: float
+    client,
+    futures: list,
+    part_workers: Sequence[str],
+    parts: Sequence[int],
+    timeout: float,
+    requests: dict[str, int] | None = None,
 ) -> None:
     """Wait until every future of a step is finished (done or failed).
 
@@ -106,11 +176,13 @@ def wait_for_step(
         The part each future belongs to (to name the workers a step waits for).
     timeout : float
         Seconds after which an unfinished step is an error.
+    requests : dict, optional
+        The retirement requests when the model was placed (see :func:`lost_workers`).
 
     Raises
     ------
     WorkerLostError
-        As soon as a part worker has left the cluster or is closing.
+        As soon as a part worker has left the cluster, is closing, or was asked to retire.
     StepTimeoutError
         After ``timeout`` seconds, naming the workers whose results are missing and their state.
     """
@@ -118,7 +190,7 @@ def wait_for_step(
     while True:
         if wait_at_most(futures, min(POLL_SECONDS, max(deadline - time.monotonic(), 0.01))):
             return
-        lost = lost_workers(client, part_workers)
+        lost = lost_workers(client, part_workers, requests)
         if lost:
             raise lost_error(part_workers, lost)
         if time.monotonic() >= deadline:

@@ -10,6 +10,7 @@ scheduler plugin counts them.
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections import deque
 from collections.abc import Iterator
@@ -32,11 +33,14 @@ from dasknn.model_parallel.comm import (
 )
 from dasknn.model_parallel.exchange import ActorStepTemplate, Postbox, postbox_key
 from dasknn.model_parallel.faults import (
+    POLL_SECONDS,
     StepTimeoutError,
     WorkerLostError,
     describe_workers,
+    install_retirement_watch,
     lost_error,
     lost_workers,
+    retirement_requests,
     running_workers,
     wait_for_step,
 )
@@ -114,21 +118,21 @@ class DistributedSparseMLP(SparseEstimator):
         step is the same step. ``None`` (the default) chooses per step with
         :func:`~dasknn.model_parallel.microbatches.auto_microbatches`: 1 when all parts are on
         one worker, else blocks of at least 256 rows, at most 4 of them.
-    messages : {"tasks", "actors"}
-        How a training step runs. ``"tasks"`` (the default): every layer step of every part is a
-        task, every message between workers a task result Dask moves (the scheduler sees and
-        orders the whole dataflow; each layer costs a scheduler round trip). ``"actors"``: one
-        task per worker and step runs its parts through the layers and posts the messages
-        straight to the receiving worker's postbox actor
-        (:mod:`dasknn.model_parallel.exchange`). Both take the same steps; forward passes
-        (``predict``, ``score``, ...) always use tasks. A model that loses a worker restores its
-        last checkpoint by itself (``fit(checkpoint=...)``) with ``"tasks"`` only; with
-        ``"actors"`` the error stops ``fit`` and ``fit(resume=...)`` goes on.
+    messages : {"actors", "tasks"}
+        How a training step runs. ``"actors"`` (the default): one task per worker and step runs
+        its parts through the layers and posts the messages straight to the receiving worker's
+        postbox actor (:mod:`dasknn.model_parallel.exchange`), without a scheduler round trip per
+        layer. ``"tasks"``: every layer step of every part is a task, every message between
+        workers a task result Dask moves (the scheduler sees and orders the whole dataflow, and
+        ``comm_report()`` adds the serialization overhead from Dask's transfer logs). Both take
+        the same steps and keep the same promises for lost, retired, stopped and paused workers
+        (``fit(checkpoint=...)`` restores the last checkpoint after a lost worker); forward
+        passes (``predict``, ``score``, ...) always use tasks.
     step_timeout : float
         Seconds a step (or a block of predictions) may go without finishing before it is a
         :class:`~dasknn.model_parallel.faults.StepTimeoutError` naming the workers it waits for
-        (stopped, paused at their memory limit, or busy). A worker that leaves the cluster is a
-        :class:`~dasknn.model_parallel.faults.WorkerLostError` at once.
+        (stopped, paused at their memory limit, or busy). A worker that leaves the cluster, or
+        is asked to retire, is a :class:`~dasknn.model_parallel.faults.WorkerLostError` at once.
 
     Attributes
     ----------
@@ -165,7 +169,7 @@ class DistributedSparseMLP(SparseEstimator):
         separate_packing: bool = False,
         reuse_memory: bool = False,
         microbatches: int | None = None,
-        messages: str = "tasks",
+        messages: str = "actors",
         step_timeout: float = 300.0,
     ) -> None:
         self.microbatches = check_microbatches(microbatches)
@@ -210,7 +214,11 @@ class DistributedSparseMLP(SparseEstimator):
         self.optimizer: Optimizer | None = None
         self.loss_curve_: list[float] = []
         self.batch_loss_curve_: list[float] = []
+        self._leaving: set[str] = set()  # workers asked to leave while the model was placed
         install_comm_monitor(client)
+        install_retirement_watch(client)
+        self._retirements = retirement_requests(client)
+        self._next_check = 0.0  # when a finished step looks next at its workers (monotonic)
         try:
             if reuse_memory:
                 name = f"{REUSE_MEMORY_PLUGIN}-{self.token}"
@@ -223,18 +231,7 @@ class DistributedSparseMLP(SparseEstimator):
                 self.dtype, timeout=self.step_timeout,
             )  # fmt: skip
             if messages == "actors":
-                self._postboxes = [
-                    client.submit(
-                        Postbox,
-                        self.token,
-                        key=postbox_key(self.token, w),
-                        workers=[address],
-                        allow_other_workers=False,
-                        actor=True,
-                    )
-                    for w, address in enumerate(sorted(set(self.part_workers)))
-                ]
-                client.gather(self._postboxes)
+                self._place_postboxes()
         except BaseException as exc:
             self.close()
             if isinstance(exc, TimeoutError):
@@ -309,10 +306,30 @@ class DistributedSparseMLP(SparseEstimator):
             f"workers={len(set(self.part_workers))}, loss={self.loss.name!r})"
         )
 
+    def _place_postboxes(self) -> None:
+        """Start this placement's :class:`~dasknn.model_parallel.exchange.Postbox` actor on every
+        worker hosting parts (``messages="actors"``); ``TimeoutError`` if the workers do not
+        start them within ``step_timeout``."""
+        self._postboxes = [
+            self.client.submit(
+                Postbox,
+                self.token,
+                key=postbox_key(self.token, self._generation, w),
+                workers=[address],
+                allow_other_workers=False,
+                actor=True,
+            )
+            for w, address in enumerate(sorted(set(self.part_workers)))
+        ]
+        gather_at_most(self.client, self._postboxes, self.step_timeout)
+
     def _template(self, kind: str):
         if kind == "train" and self.messages == "actors":
             if kind not in self._templates:
-                self._templates[kind] = ActorStepTemplate(self.token, self.plan, self._layout)
+                postboxes = [future.key for future in self._postboxes]
+                self._templates[kind] = ActorStepTemplate(
+                    self.token, self.plan, self._layout, postboxes
+                )
             return self._templates[kind]
         if kind not in self._templates:
             softmax = self.loss.name == "softmax_cross_entropy"
@@ -624,7 +641,15 @@ class DistributedSparseMLP(SparseEstimator):
         model failed, free the answering workers' step state and say why."""
         try:
             parts = [future.key[3] for future in futures]
-            wait_for_step(self.client, futures, self.part_workers, parts, self.step_timeout)
+            wait_for_step(
+                self.client, futures, self.part_workers, parts, self.step_timeout,
+                self._retirements,
+            )  # fmt: skip
+            if time.monotonic() >= self._next_check:  # a short step had no look at its workers
+                self._next_check = time.monotonic() + POLL_SECONDS
+                lost = lost_workers(self.client, self.part_workers, self._retirements)
+                if lost:
+                    raise lost_error(self.part_workers, lost)
             try:
                 return gather_at_most(self.client, futures, self.step_timeout)
             except TimeoutError:
@@ -638,21 +663,43 @@ class DistributedSparseMLP(SparseEstimator):
             raise
         except Exception as exc:
             self._failed = f"{type(exc).__name__}: {exc}"
-            self._raise_if_lost()
+            self._raise_if_lost(futures)
             self._clear_workers()
             raise
 
-    def _raise_if_lost(self) -> None:
-        """Raise :class:`WorkerLostError` naming the parts whose worker has left the cluster."""
-        lost = lost_workers(self.client, self.part_workers)
+    def _raise_if_lost(self, futures=()) -> None:
+        """Raise :class:`WorkerLostError` naming the parts whose worker has left the cluster or
+        was asked to (then no later placement uses it; with ``messages="actors"`` the model first
+        lets it go, see :meth:`_let_go`); ``futures`` are those of the failed step."""
+        lost = lost_workers(self.client, self.part_workers, self._retirements)
         if lost:
             error = lost_error(self.part_workers, lost)
             self._failed = str(error)
+            self._leaving.update(lost)
+            if self.messages == "actors":
+                self._let_go(lost, futures)
             raise error from None
 
+    def _let_go(self, leaving: list[str], futures) -> None:
+        """Let the workers ``leaving`` retire: Dask retires no worker that holds an actor, so a
+        retirement asked for while the model's postboxes are there is refused. Cancel the failed
+        step and the postboxes, end the waits of the step tasks still running, and ask again for
+        the retirements still to do until they are done (within ``step_timeout``)."""
+        self.client.cancel([*futures, *self._postboxes])
+        self._postboxes = []
+        self._templates.pop("train", None)
+        self._clear_workers()
+        deadline = time.monotonic() + self.step_timeout
+        while True:
+            staying = [w for w in running_workers(self.client) if w in leaving]
+            if not staying or time.monotonic() > deadline:
+                return
+            self.client.retire_workers(staying)
+            time.sleep(POLL_SECONDS)
+
     def _clear_workers(self) -> None:
-        alive = set(self.client.scheduler_info(n_workers=-1)["workers"])
-        workers = sorted(alive & set(self.part_workers))
+        """Drop the steps in flight on the part workers still running (ending their waits)."""
+        workers = sorted(set(running_workers(self.client)) & set(self.part_workers))
         if workers:
             self.client.run(_clear_on_worker, name=self.plugin_name, workers=workers)
 
@@ -743,14 +790,19 @@ class DistributedSparseMLP(SparseEstimator):
             raise RuntimeError("the distributed model is closed")
         self._snapshot = None
         self._templates.clear()
+        self._postboxes = []
         self._layout.futures.clear()
         self._generation += 1
         self._step += 1  # no key of an earlier step or data block is used again
         self.client.wait_for_workers(1, timeout=self.step_timeout)
-        workers = running_workers(self.client)
+        workers = running_workers(self.client, self._leaving)
         self.part_workers = worker_of_parts(workers, self.nparts)
         self._placement = PartPlacement(self.part_workers)
-        self.client.register_plugin(ModelState(self.token), name=self.plugin_name)
+        # Replacing the plugin tears the old one down, which ends the waits of a step task still
+        # running on a worker that stayed; a task of an earlier step is refused from now on.
+        self.client.register_plugin(
+            ModelState(self.token, first_step=self._step + 1), name=self.plugin_name
+        )
         _, chunks = build_comm_plan(record.weights, self._parts, self.nparts)
         self._layout = place_network(
             self.client,
@@ -764,11 +816,13 @@ class DistributedSparseMLP(SparseEstimator):
             self._generation,
             self.step_timeout,
         )
+        if self.messages == "actors":
+            self._place_postboxes()
         self.optimizer = record.optimizer
         self._failed = None
 
     def _recoverable(self, error: Exception) -> bool:
-        return isinstance(error, WorkerLostError) and self.messages == "tasks"
+        return isinstance(error, WorkerLostError)
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the model (weights, biases, optimizer and its state, partition) to the ``.npz``

@@ -57,6 +57,10 @@ TIMING_KINDS = ("forward_product", "backward_product", "update", "update_backgro
 #: Seconds a step waits for a message posted by another worker before it fails.
 MESSAGE_TIMEOUT = 600.0
 
+#: Seconds between two checks, while a post is not yet delivered, that the steps in flight were
+#: not dropped (:meth:`ModelState.check_posts`).
+POST_POLL_SECONDS = 0.25
+
 
 def plugin_name(token: str) -> str:
     """Name of the worker plugin of the model ``token``."""
@@ -155,11 +159,16 @@ class ModelState(WorkerPlugin):
     ----------
     token : str
         The model's token; the plugin is registered as :func:`plugin_name` of it.
+    first_step : int
+        The first step number this placement of the model runs: a task of an earlier step (one
+        still running when the model was placed again after a lost worker) is refused, so it
+        cannot change the values placed afresh.
     """
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, token: str, first_step: int = 1) -> None:
         self.token = token
         self.name = plugin_name(token)
+        self.first_step = first_step
 
     def setup(self, worker) -> None:
         self.address = worker.address
@@ -221,7 +230,13 @@ class ModelState(WorkerPlugin):
 
     # ---------------------------------------------------------------- steps
     def part_step(self, step: int, part: int) -> PartStep:
-        """The intermediate values of ``part`` in ``step`` (created on first use)."""
+        """The intermediate values of ``part`` in ``step`` (created on first use);
+        ``RuntimeError`` for a step before :attr:`first_step`."""
+        if step < self.first_step:
+            raise RuntimeError(
+                f"step {step} belongs to an earlier placement of the model (this one starts at "
+                f"step {self.first_step})"
+            )
         with self._lock:
             return self.steps.setdefault((step, part), PartStep())
 
@@ -256,10 +271,23 @@ class ModelState(WorkerPlugin):
         self._posts.append(self.postboxes[address].post(key, self.address, rows))
 
     def check_posts(self) -> None:
-        """Wait until every message posted so far is delivered; re-raise a failed post's error."""
+        """Wait until every message posted so far is delivered; re-raise a failed post's error,
+        and raise ``RuntimeError`` if :meth:`clear_steps` drops the steps in flight meanwhile (a
+        post to a worker that has left waits for it to come back, which it never does)."""
         posts, self._posts = self._posts, []
+        with self._arrived:
+            cleared = self._cleared
         for post in posts:
-            post.result()
+            while True:
+                try:
+                    post.result(timeout=POST_POLL_SECONDS)
+                    break
+                except TimeoutError:
+                    with self._arrived:
+                        if self._cleared != cleared:
+                            raise RuntimeError(
+                                "the steps in flight were dropped while a post was under way"
+                            ) from None
 
     def take(self, key: tuple, timeout: float = MESSAGE_TIMEOUT) -> np.ndarray:
         """Remove and return the message ``key``, waiting for it up to ``timeout`` seconds
