@@ -21,11 +21,13 @@ import time
 
 import numpy as np
 import psutil
+from dask.utils import key_split
 from distributed import Client, LocalCluster
 from machine import describe
 
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
+from dasknn.runtime.key_cache import remove_key_cache_bound
 from dasknn.runtime.measure import TOPIC
 
 MIB = 2**20
@@ -37,6 +39,10 @@ def _rss(dask_worker=None, dask_scheduler=None) -> int:
 
 def _collect(dask_worker=None, dask_scheduler=None) -> int:
     return gc.collect()
+
+
+def _cached_keys(dask_worker=None, dask_scheduler=None) -> int:
+    return key_split.cache_info().currsize
 
 
 def _events(dask_scheduler) -> int:
@@ -62,6 +68,12 @@ def main() -> None:
         help="run a full garbage collection in every process before each sample, to tell "
         "garbage waiting for the collector from memory that is kept",
     )
+    parser.add_argument(
+        "--without-key-cache-bound",
+        action="store_true",
+        help="remove the model's bound on dask.utils.key_split's cache (dasknn.runtime.key_cache), "
+        "to measure what it saves",
+    )
     args = parser.parse_args()
     print(describe())
     model = SparseMLP.radixnet(neurons=args.neurons, layers=args.layers, seed=0)
@@ -74,6 +86,8 @@ def main() -> None:
         n_workers=2, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0"
     ) as cluster, Client(cluster) as client:
         with DistributedSparseMLP(model, client, parts) as dist:
+            if args.without_key_cache_bound:
+                remove_key_cache_bound(client, dist.token)
             samples: dict[str, list[float]] = {"client": [], "scheduler": []}
             done, marks, start = 0, [], time.perf_counter()
             while done < args.batches:
@@ -96,6 +110,8 @@ def main() -> None:
                     flush=True,
                 )
             wall = time.perf_counter() - start
+            cached = {"scheduler": client.run_on_scheduler(_cached_keys)}
+            cached.update(client.run(_cached_keys))
     after = [i for i, mark in enumerate(marks) if mark > args.warmup]
     print(f"\n{args.batches} batches of {args.batch_size} in {wall:.1f} s "
           f"({wall / args.batches * 1e3:.1f} ms/batch); growth after {args.warmup} batches "
@@ -105,6 +121,8 @@ def main() -> None:
         verdict = "ok" if growth < 1.0 else "GROWS"
         print(f"  {name:32s} {values[after[0]] / MIB:8.1f} -> {values[-1] / MIB:8.1f} MiB  "
               f"{growth:+7.2f}  {verdict}")  # fmt: skip
+    print("keys in dask.utils.key_split's cache at the end: "
+          + ", ".join(f"{name.split('//')[-1]} {n}" for name, n in cached.items()))  # fmt: skip
 
 
 if __name__ == "__main__":
