@@ -4,8 +4,11 @@ client sampled every 100 batches.
 After a warm-up (the first ``--warmup`` batches: kernels compiled, buffers and Dask's bounded logs
 filled), the resident memory of every process should grow by less than 1 MiB per 1,000 batches.
 The script prints the samples and, per process, the least-squares growth after the warm-up in MiB
-per 1,000 batches, and the number of events Dask keeps under the transfer topic (a bounded log
-that fills during the warm-up).
+per 1,000 batches, of the samples and of their running maximum (a worker's resident size drops by
+several MiB whenever the C library hands freed step buffers back to the system, and a sample
+taken in such a dip tilts the fit of the samples; the maximum is the memory the process keeps),
+the number of events Dask keeps under the transfer topic (a bounded log that fills during the
+warm-up) and the keys in ``dask.utils.key_split``'s cache (``dasknn.runtime.key_cache``).
 
 Usage::
 
@@ -52,6 +55,10 @@ def _events(dask_scheduler) -> int:
 def _slope(batches: list[int], values: list[float]) -> float:
     """Least-squares growth of ``values`` (bytes) in MiB per 1,000 batches."""
     return float(np.polyfit(np.array(batches) / 1000, np.array(values) / MIB, 1)[0])
+
+
+def _verdict(growth: float) -> str:
+    return "ok" if growth < 1.0 else "GROWS"
 
 
 def main() -> None:
@@ -115,12 +122,16 @@ def main() -> None:
     after = [i for i, mark in enumerate(marks) if mark > args.warmup]
     print(f"\n{args.batches} batches of {args.batch_size} in {wall:.1f} s "
           f"({wall / args.batches * 1e3:.1f} ms/batch); growth after {args.warmup} batches "
-          "(MiB per 1,000 batches, least squares):")  # fmt: skip
+          "(MiB per 1,000 batches, least squares of the samples and of their running "
+          "maximum):")  # fmt: skip
     for name, values in samples.items():
+        peaks = np.maximum.accumulate(values)
         growth = _slope([marks[i] for i in after], [values[i] for i in after])
-        verdict = "ok" if growth < 1.0 else "GROWS"
+        peak_growth = _slope([marks[i] for i in after], [peaks[i] for i in after])
         print(f"  {name:32s} {values[after[0]] / MIB:8.1f} -> {values[-1] / MIB:8.1f} MiB  "
-              f"{growth:+7.2f}  {verdict}")  # fmt: skip
+              f"{growth:+7.2f} {_verdict(growth)}   maximum {peaks[after[0]] / MIB:8.1f} -> "
+              f"{peaks[-1] / MIB:8.1f} MiB {peak_growth:+7.2f} "
+              f"{_verdict(peak_growth)}")  # fmt: skip
     print("keys in dask.utils.key_split's cache at the end: "
           + ", ".join(f"{name.split('//')[-1]} {n}" for name, n in cached.items()))  # fmt: skip
 

@@ -23,6 +23,7 @@ import gc
 import os
 import time
 import tracemalloc
+from collections import Counter
 
 import numpy as np
 import psutil
@@ -66,10 +67,17 @@ def _start(frames: int, dask_worker) -> dict:
     return {"rss": _rss(), **_records(dask_worker)}
 
 
+def _type_counts() -> Counter:
+    """How many objects the garbage collector tracks, by type name."""
+    return Counter(type(obj).__qualname__ for obj in gc.get_objects())
+
+
 def _mark(dask_worker) -> dict:
-    """Collect and keep a snapshot of the traced allocations still held (on ``dask_worker``)."""
+    """Collect and keep a snapshot of the traced allocations still held and the counts of the
+    objects by type (on ``dask_worker``)."""
     gc.collect()
     dask_worker.soak_snapshot = tracemalloc.take_snapshot().filter_traces(_IGNORE)
+    dask_worker.soak_types = _type_counts()
     return {"rss": _rss(), **_records(dask_worker)}
 
 
@@ -101,6 +109,9 @@ def _report(top: int, dask_worker) -> dict:
     gc.collect()
     older = dask_worker.soak_snapshot
     del dask_worker.soak_snapshot
+    types = _type_counts()
+    types.subtract(dask_worker.soak_types)
+    del dask_worker.soak_types
     newer = tracemalloc.take_snapshot().filter_traces(_IGNORE)
     records = _records(dask_worker)
     key_split.cache_clear()
@@ -110,6 +121,8 @@ def _report(top: int, dask_worker) -> dict:
     lines = [
         f"traced and held: {_total(older):.2f} MiB at the mark, {_total(newer):.2f} MiB at the "
         f"end, {_total(cleared):.2f} MiB after key_split.cache_clear()",
+        "objects (tracked by the collector) grown since the mark, by type: "
+        + ", ".join(f"{name} {n:+d}" for name, n in types.most_common(top)),
         "grown since the mark (most recent call first):",
         *_growth(newer, older, top),
         "freed by key_split.cache_clear():",
@@ -145,6 +158,11 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--frames", type=int, default=25)
     parser.add_argument("--top", type=int, default=8)
+    parser.add_argument(
+        "--scheduler-only",
+        action="store_true",
+        help="trace the client/scheduler process only (the workers then run at full speed)",
+    )
     args = parser.parse_args()
     if args.warmup % args.every or args.batches % args.every or not args.batches:
         parser.error("--warmup and --batches must be multiples of --every (and --batches > 0)")
@@ -166,16 +184,20 @@ def main() -> None:
             print(f"warm-up: {args.warmup} batches in {wall:.1f} s", flush=True)
             _settle()
             client.run_on_scheduler(_start, args.frames)
-            client.run(_start, args.frames)
+            if not args.scheduler_only:
+                client.run(_start, args.frames)
             wall = _train(dist, x, y, args.batches, args.every, args.batch_size)
             print(f"traced: {args.batches} batches in {wall:.1f} s", flush=True)
             _settle()
-            marks = {"client/scheduler": client.run_on_scheduler(_mark), **client.run(_mark)}
+            marks = {"client/scheduler": client.run_on_scheduler(_mark)}
+            if not args.scheduler_only:
+                marks.update(client.run(_mark))
             wall = _train(dist, x, y, args.batches, args.every, args.batch_size)
             print(f"traced: {args.batches} more batches in {wall:.1f} s", flush=True)
             _settle()
             ends = {"client/scheduler": client.run_on_scheduler(_report, args.top)}
-            ends.update(client.run(_report, args.top))
+            if not args.scheduler_only:
+                ends.update(client.run(_report, args.top))
     per = 1000 / args.batches
     for name, end in ends.items():
         mark = marks[name]
