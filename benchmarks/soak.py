@@ -4,8 +4,11 @@ client sampled every 100 batches.
 After a warm-up (the first ``--warmup`` batches: kernels compiled, buffers and Dask's bounded logs
 filled), the resident memory of every process should grow by less than 1 MiB per 1,000 batches.
 The script prints the samples and, per process, the least-squares growth after the warm-up in MiB
-per 1,000 batches, and the number of events Dask keeps under the transfer topic (a bounded log
-that fills during the warm-up).
+per 1,000 batches, of the samples and of their running maximum (a worker's resident size drops by
+several MiB whenever the C library hands freed step buffers back to the system, and a sample
+taken in such a dip tilts the fit of the samples; the maximum is the memory the process keeps),
+the number of events Dask keeps under the transfer topic (a bounded log that fills during the
+warm-up) and the keys in ``dask.utils.key_split``'s cache (``dasknn.runtime.key_cache``).
 
 Usage::
 
@@ -21,11 +24,13 @@ import time
 
 import numpy as np
 import psutil
+from dask.utils import key_split
 from distributed import Client, LocalCluster
 from machine import describe
 
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
+from dasknn.runtime.key_cache import remove_key_cache_bound
 from dasknn.runtime.measure import TOPIC
 
 MIB = 2**20
@@ -39,6 +44,10 @@ def _collect(dask_worker=None, dask_scheduler=None) -> int:
     return gc.collect()
 
 
+def _cached_keys(dask_worker=None, dask_scheduler=None) -> int:
+    return key_split.cache_info().currsize
+
+
 def _events(dask_scheduler) -> int:
     return len(dask_scheduler.get_events(TOPIC))
 
@@ -46,6 +55,10 @@ def _events(dask_scheduler) -> int:
 def _slope(batches: list[int], values: list[float]) -> float:
     """Least-squares growth of ``values`` (bytes) in MiB per 1,000 batches."""
     return float(np.polyfit(np.array(batches) / 1000, np.array(values) / MIB, 1)[0])
+
+
+def _verdict(growth: float) -> str:
+    return "ok" if growth < 1.0 else "GROWS"
 
 
 def main() -> None:
@@ -62,6 +75,12 @@ def main() -> None:
         help="run a full garbage collection in every process before each sample, to tell "
         "garbage waiting for the collector from memory that is kept",
     )
+    parser.add_argument(
+        "--without-key-cache-bound",
+        action="store_true",
+        help="remove the model's bound on dask.utils.key_split's cache (dasknn.runtime.key_cache), "
+        "to measure what it saves",
+    )
     args = parser.parse_args()
     print(describe())
     model = SparseMLP.radixnet(neurons=args.neurons, layers=args.layers, seed=0)
@@ -74,6 +93,8 @@ def main() -> None:
         n_workers=2, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0"
     ) as cluster, Client(cluster) as client:
         with DistributedSparseMLP(model, client, parts) as dist:
+            if args.without_key_cache_bound:
+                remove_key_cache_bound(client, dist.token)
             samples: dict[str, list[float]] = {"client": [], "scheduler": []}
             done, marks, start = 0, [], time.perf_counter()
             while done < args.batches:
@@ -96,15 +117,23 @@ def main() -> None:
                     flush=True,
                 )
             wall = time.perf_counter() - start
+            cached = {"scheduler": client.run_on_scheduler(_cached_keys)}
+            cached.update(client.run(_cached_keys))
     after = [i for i, mark in enumerate(marks) if mark > args.warmup]
     print(f"\n{args.batches} batches of {args.batch_size} in {wall:.1f} s "
           f"({wall / args.batches * 1e3:.1f} ms/batch); growth after {args.warmup} batches "
-          "(MiB per 1,000 batches, least squares):")  # fmt: skip
+          "(MiB per 1,000 batches, least squares of the samples and of their running "
+          "maximum):")  # fmt: skip
     for name, values in samples.items():
+        peaks = np.maximum.accumulate(values)
         growth = _slope([marks[i] for i in after], [values[i] for i in after])
-        verdict = "ok" if growth < 1.0 else "GROWS"
+        peak_growth = _slope([marks[i] for i in after], [peaks[i] for i in after])
         print(f"  {name:32s} {values[after[0]] / MIB:8.1f} -> {values[-1] / MIB:8.1f} MiB  "
-              f"{growth:+7.2f}  {verdict}")  # fmt: skip
+              f"{growth:+7.2f} {_verdict(growth)}   maximum {peaks[after[0]] / MIB:8.1f} -> "
+              f"{peaks[-1] / MIB:8.1f} MiB {peak_growth:+7.2f} "
+              f"{_verdict(peak_growth)}")  # fmt: skip
+    print("keys in dask.utils.key_split's cache at the end: "
+          + ", ".join(f"{name.split('//')[-1]} {n}" for name, n in cached.items()))  # fmt: skip
 
 
 if __name__ == "__main__":

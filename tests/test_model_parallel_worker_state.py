@@ -16,6 +16,7 @@ from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
 from dasknn.model_parallel.comm import read_transfers
 from dasknn.optim import SGD, Adam
+from dasknn.runtime.key_cache import key_cache_plugin_name
 
 pytestmark = pytest.mark.minversions  # also run at the minimum versions (.ci/run)
 
@@ -130,6 +131,10 @@ def _model_keys(dask_scheduler, token) -> list[str]:
     return [str(key) for key in dask_scheduler.tasks if token in str(key)]
 
 
+def _scheduler_plugins(dask_scheduler) -> list[str]:
+    return list(dask_scheduler.plugins)
+
+
 def test_close_removes_every_plugin_and_key(dask_client):
     model = _model(seed=3)
     x, y = _batch(model, 12, seed=3)
@@ -141,11 +146,14 @@ def test_close_removes_every_plugin_and_key(dask_client):
         plugins = dask_client.run(lambda dask_worker: [n for n in dask_worker.plugins])
         for names in plugins.values():
             assert dist.plugin_name in names
-            assert sum(token in name for name in names) == 2  # the state and the malloc tuning
+            # the state, the malloc tuning and the bound on Dask's key cache
+            assert sum(token in name for name in names) == 3
+        assert key_cache_plugin_name(token) in dask_client.run_on_scheduler(_scheduler_plugins)
         assert dask_client.run_on_scheduler(_model_keys, token=token)
         assert read_transfers(dask_client, token)
     plugins = dask_client.run(lambda dask_worker: [n for n in dask_worker.plugins])
     assert not [n for names in plugins.values() for n in names if token in n]
+    assert not [n for n in dask_client.run_on_scheduler(_scheduler_plugins) if token in n]
     deadline = time.monotonic() + 10
     while dask_client.run_on_scheduler(_model_keys, token=token) and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -3,6 +3,7 @@ dropped."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 import signal
@@ -11,7 +12,7 @@ import time
 import pytest
 from distributed import Event
 
-from dasknn.runtime.waiting import gather_at_most, wait_at_most
+from dasknn.runtime.waiting import gather_at_most, run_watching, wait_at_most
 
 pytestmark = pytest.mark.minversions
 
@@ -86,3 +87,36 @@ def test_gather_at_most_gives_up_on_a_stopped_worker_and_keeps_no_reference(dask
         os.kill(pid, signal.SIGCONT)
         if was_enabled:
             gc.enable()
+
+
+async def _sleep_then_answer(seconds: float) -> str:
+    await asyncio.sleep(seconds)
+    return "done"
+
+
+def _sleeping(client, seconds: float):
+    """``Client.run`` of a coroutine sleeping ``seconds`` on every worker, as a coroutine."""
+    return client.run(_sleep_then_answer, seconds, asynchronous=True)
+
+
+def test_run_watching_returns_gives_up_when_the_check_raises_and_times_out(dask_client):
+    """A call run while a check watches: its result when it finishes; the check's error as soon
+    as the check raises (long before the call would finish); ``TimeoutError`` after the limit."""
+    calls = []
+
+    def quiet() -> None:
+        calls.append(time.monotonic())
+
+    answer = run_watching(dask_client, _sleeping(dask_client, 0.6), 30, quiet, 0.1)
+    assert set(answer.values()) == {"done"} and len(answer) == 2
+    assert len(calls) >= 3  # checked while it ran
+
+    def alarmed() -> None:
+        raise ValueError("the cluster changed")
+
+    start = time.monotonic()
+    with pytest.raises(ValueError, match="the cluster changed"):
+        run_watching(dask_client, _sleeping(dask_client, 5), 30, alarmed, 0.1)
+    with pytest.raises(TimeoutError, match="did not finish within 0.3 s"):
+        run_watching(dask_client, _sleeping(dask_client, 5), 0.3, quiet, 0.1)
+    assert time.monotonic() - start < 3

@@ -19,9 +19,10 @@ from collections.abc import Sequence
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from ..runtime.waiting import wait_at_most
+from ..runtime.waiting import run_watching, wait_at_most
 
 __all__ = [
+    "LOSS_GRACE_SECONDS",
     "POLL_SECONDS",
     "RetirementRequests",
     "StepTimeoutError",
@@ -33,11 +34,14 @@ __all__ = [
     "lost_workers",
     "retirement_requests",
     "running_workers",
+    "run_watching_part_workers",
     "wait_for_step",
 ]
 
 #: Seconds between two checks of the part workers while a step runs.
 POLL_SECONDS = 0.25
+#: Seconds the scheduler is given to notice a lost worker after a call to it failed.
+LOSS_GRACE_SECONDS = 2.0
 
 _GONE = ("closing_gracefully", "closing", "closed")
 
@@ -153,6 +157,49 @@ def lost_error(part_workers: Sequence[str], lost: Sequence[str]) -> WorkerLostEr
         "were asked to), and their weights with them; fit(checkpoint=DIR) restores the last "
         "checkpoint and goes on"
     )
+
+
+def run_watching_part_workers(
+    client, coroutine, part_workers: Sequence[str], timeout: float, doing: str
+):
+    """The result of ``coroutine`` (a call of the synchronous ``client`` made with
+    ``asynchronous=True``, such as ``Client.run`` or ``Client.scatter``), checking the part
+    workers every :data:`POLL_SECONDS` while it runs.
+
+    Raises
+    ------
+    WorkerLostError
+        As soon as a part worker has left the cluster or is closing (a call that must reach a
+        worker killed a moment ago would otherwise wait for Dask's 30 s connect timeout), or
+        when the call failed with a connection error and a part worker is found gone within
+        :data:`LOSS_GRACE_SECONDS`; names the workers, their parts and what was being done
+        (``doing``).
+    TimeoutError
+        After ``timeout`` seconds.
+    OSError
+        The call's connection error when every part worker is still there.
+    """
+
+    def check() -> None:
+        lost = lost_workers(client, part_workers)
+        if lost:
+            parts = [m for m, w in enumerate(part_workers) if w in lost]
+            raise WorkerLostError(
+                f"worker(s) {', '.join(lost)} holding parts {parts} of the model left the "
+                f"cluster while {doing}"
+            )
+
+    try:
+        return run_watching(client, coroutine, timeout, check, POLL_SECONDS)
+    except OSError as exc:  # a comm to a worker that died under the call
+        deadline = time.monotonic() + LOSS_GRACE_SECONDS
+        while time.monotonic() < deadline:
+            try:
+                check()
+            except WorkerLostError as lost:
+                raise lost from exc
+            time.sleep(POLL_SECONDS)
+        raise
 
 
 def wait_for_step(

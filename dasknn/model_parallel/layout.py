@@ -21,6 +21,7 @@ import scipy.sparse as sp
 import sparse
 from distributed import wait
 
+from dasknn.model_parallel.faults import run_watching_part_workers
 from dasknn.model_parallel.plan import CommPlan
 from dasknn.model_parallel.worker_state import install_parts, snapshot_bias, snapshot_weight
 
@@ -44,23 +45,37 @@ def worker_of_parts(workers: Sequence[str], nparts: int) -> list[str]:
 
 
 def scatter_pinned(
-    client, data: dict, part_workers: Sequence[str], part_of, timeout: float | None = None
+    client,
+    data: dict,
+    part_workers: Sequence[str],
+    part_of,
+    timeout: float | None = None,
+    watch: str | None = None,
 ) -> dict:
     """Scatter ``{key: value}`` so each value lands on the worker of its part; returns futures.
 
     ``part_of(key)`` names the part of a key. One scatter per worker (values are not hashed: the
     keys are the given ones). A worker that does not take its values within ``timeout`` seconds
-    (stopped, say) raises ``TimeoutError``.
+    (stopped, say) raises ``TimeoutError``. With ``watch`` (what is being done, in words) the
+    part workers are checked while the values travel, and a part worker that left the cluster is
+    a :class:`~dasknn.model_parallel.faults.WorkerLostError` at once instead of an error after
+    Dask's connect timeout.
     """
     by_worker: dict[str, dict] = {}
     for key, value in data.items():
         by_worker.setdefault(part_workers[part_of(key)], {})[key] = value
     futures = {}
     for address, chunk in by_worker.items():
-        options = {} if timeout is None else {"timeout": timeout}
-        futures.update(
-            client.scatter(chunk, workers=[address], hash=False, broadcast=False, **options)
-        )
+        options = dict(workers=[address], hash=False, broadcast=False)
+        if watch is not None:
+            scattering = client.scatter(chunk, asynchronous=True, **options)
+            futures.update(
+                run_watching_part_workers(client, scattering, part_workers, _limit(timeout), watch)
+            )
+            continue
+        if timeout is not None:
+            options["timeout"] = timeout
+        futures.update(client.scatter(chunk, **options))
     return futures
 
 
@@ -168,13 +183,24 @@ def place_network(
         plan_keys.append([(plan_name, m) for m in range(plan.nparts)])
         shapes.append((int(plan.offsets[k - 1][-1]), tuple(int(c) for c in plan.part_sizes(k))))
     states = states or {}
+    doing = "the model was placed on the workers"
     for address, chunks_here in values.items():
         states_here = {key: states[key] for key in chunks_here if key in states}
-        client.run(
-            install_parts, token=token, chunks=chunks_here, states=states_here, workers=[address]
+        installing = client.run(
+            install_parts,
+            token=token,
+            chunks=chunks_here,
+            states=states_here,
+            workers=[address],
+            asynchronous=True,
         )
-    futures = scatter_pinned(client, plans, part_workers, lambda key: key[-1], timeout)
+        run_watching_part_workers(client, installing, part_workers, _limit(timeout), doing)
+    futures = scatter_pinned(client, plans, part_workers, lambda key: key[-1], timeout, doing)
     return Layout(token, list(part_workers), shapes, np.dtype(dtype), plan_keys, futures)
+
+
+def _limit(timeout: float | None) -> float:
+    return float("inf") if timeout is None else timeout
 
 
 def chunk_entries(pattern, plan: CommPlan) -> list[list[np.ndarray]]:

@@ -63,6 +63,7 @@ from dasknn.model_parallel.worker_memory import ReuseFreedMemory
 from dasknn.model_parallel.worker_state import ModelState, plugin_name, read_parts
 from dasknn.optim import Optimizer, ParamState, resolve_optimizer
 from dasknn.runtime.cluster import open_client
+from dasknn.runtime.key_cache import install_key_cache_bound, remove_key_cache_bound
 from dasknn.runtime.waiting import gather_at_most
 
 __all__ = ["DistributedSparseMLP"]
@@ -219,7 +220,10 @@ class DistributedSparseMLP(SparseEstimator):
         install_retirement_watch(client)
         self._retirements = retirement_requests(client)
         self._next_check = 0.0  # when a finished step looks next at its workers (monotonic)
+        self._key_cache_bound = False
         try:
+            install_key_cache_bound(client, self.token)
+            self._key_cache_bound = True
             if reuse_memory:
                 name = f"{REUSE_MEMORY_PLUGIN}-{self.token}"
                 client.register_plugin(ReuseFreedMemory(), name=name)
@@ -841,6 +845,9 @@ class DistributedSparseMLP(SparseEstimator):
             self._layout = None
         while self._plugins:
             self.client.unregister_worker_plugin(self._plugins.pop())
+        if self._key_cache_bound:
+            self._key_cache_bound = False
+            remove_key_cache_bound(self.client, self.token)
         if self.client.status == "running":
             reset_transfers(self.client, self.token)
         self._opened.close()

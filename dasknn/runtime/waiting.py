@@ -1,15 +1,18 @@
 """Waiting for futures and gathering their results with a time limit, without keeping them
-alive afterwards."""
+alive afterwards, and running a client call while watching the cluster."""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 from distributed import Client, Future, wait
 
-__all__ = ["gather_at_most", "wait_at_most"]
+__all__ = ["gather_at_most", "run_watching", "wait_at_most"]
 
 
 def _drop_tracebacks(error: BaseException | None) -> None:
@@ -88,3 +91,56 @@ def gather_at_most(client: Client, futures: Sequence[Future], seconds: float) ->
         gathering.cancel()
         _drop_tracebacks(exc)
         raise TimeoutError(f"the results did not arrive within {seconds:g} s") from None
+
+
+def run_watching(
+    client: Client,
+    coroutine: Coroutine,
+    seconds: float,
+    check: Callable[[], None],
+    poll: float,
+) -> Any:
+    """The result of ``coroutine`` run on the client's event loop, calling ``check()`` every
+    ``poll`` seconds while it runs.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        A synchronous client; ``coroutine`` is one of its calls made with ``asynchronous=True``
+        (``Client.run``, ``Client.scatter``, ...).
+    coroutine : coroutine
+        The call to run.
+    seconds : float
+        How long it may take.
+    check : callable
+        Called between two polls; raises to give up (the call is then cancelled).
+    poll : float
+        Seconds between two checks.
+
+    Raises
+    ------
+    TimeoutError
+        If the call did not finish within ``seconds`` (it is cancelled).
+    Exception
+        What ``check()`` raised, or the call's own error.
+
+    Notes
+    -----
+    A call that must reach a worker which has just died waits for Dask's connect timeout
+    (``distributed.comm.timeouts.connect``, 30 s by default) before it fails; ``check`` lets the
+    caller notice the loss from the scheduler's side within ``poll`` seconds instead.
+    """
+    running = asyncio.run_coroutine_threadsafe(coroutine, client.loop.asyncio_loop)
+    deadline = time.monotonic() + seconds
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            done, _ = concurrent.futures.wait([running], timeout=max(min(poll, left), 0))
+            if done:
+                return running.result()
+            check()
+            if left <= poll:
+                raise TimeoutError(f"the call did not finish within {seconds:g} s")
+    except BaseException:
+        running.cancel()
+        raise

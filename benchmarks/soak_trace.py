@@ -1,0 +1,216 @@
+"""Who holds the memory the soak grows by: tracemalloc in every process of the soak's run.
+
+Trains as ``benchmarks/soak.py`` does (P = 2, ``fit`` on 100 batches at a time). After the
+warm-up it runs a full garbage collection and starts ``tracemalloc`` in the client/scheduler
+process and in every worker, so that memory filling bounded buffers shows in both snapshots
+alike; after ``--batches`` it collects and takes a first snapshot, after ``--batches`` more a
+second one, and prints, per process, what grew between the two by traceback (the largest
+``--top``), then what ``dask.utils.key_split``'s cache alone held (freed by clearing it), the
+resident size (slowed and inflated by tracing) before and after ``malloc_trim(0)``, and the sizes
+of Dask's per-key records: ``key_split``'s cache, the scheduler's tasks, task groups, task
+prefixes, spans and their groups, computations, the workers' tasks and data.
+
+Usage::
+
+    flock /tmp/dasknn-tests.lock python benchmarks/soak_trace.py [--warmup 500] [--batches 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import os
+import time
+import tracemalloc
+from collections import Counter
+
+import numpy as np
+import psutil
+from dask.utils import key_split
+from distributed import Client, LocalCluster, Scheduler
+from machine import describe
+
+from dasknn.model import SparseMLP
+from dasknn.model_parallel import DistributedSparseMLP
+
+MIB = 2**20
+_IGNORE = [tracemalloc.Filter(False, tracemalloc.__file__)]
+
+
+def _rss() -> float:
+    return psutil.Process(os.getpid()).memory_info().rss / MIB
+
+
+def _records(server) -> dict[str, int]:
+    """Sizes of Dask's per-key records in the process of ``server`` (a scheduler or a worker)."""
+    sizes = {"key_split cache": key_split.cache_info().currsize}
+    if isinstance(server, Scheduler):
+        spans = server.extensions["spans"]
+        sizes.update(
+            tasks=len(server.tasks),
+            task_groups=len(server.task_groups),
+            task_prefixes=len(server.task_prefixes),
+            spans=len(spans.spans),
+            span_groups=sum(len(span.groups) for span in spans.spans.values()),
+            computations=len(server.computations),
+        )
+    else:
+        sizes.update(tasks=len(server.state.tasks), data=len(server.data))
+    return sizes
+
+
+def _start(frames: int, dask_worker) -> dict:
+    """Collect, then trace allocations from here on."""
+    gc.collect()
+    tracemalloc.start(frames)
+    return {"rss": _rss(), **_records(dask_worker)}
+
+
+def _type_counts() -> Counter:
+    """How many objects the garbage collector tracks, by type name."""
+    return Counter(type(obj).__qualname__ for obj in gc.get_objects())
+
+
+def _mark(dask_worker) -> dict:
+    """Collect and keep a snapshot of the traced allocations still held and the counts of the
+    objects by type (on ``dask_worker``)."""
+    gc.collect()
+    dask_worker.soak_snapshot = tracemalloc.take_snapshot().filter_traces(_IGNORE)
+    dask_worker.soak_types = _type_counts()
+    return {"rss": _rss(), **_records(dask_worker)}
+
+
+def _short(filename: str) -> str:
+    for marker in ("site-packages/", "lib/python3", "wt-soak/"):
+        if marker in filename:
+            return filename.split(marker, 1)[1]
+    return filename
+
+
+def _total(snapshot: tracemalloc.Snapshot) -> float:
+    return sum(stat.size for stat in snapshot.statistics("filename")) / MIB
+
+
+def _growth(newer: tracemalloc.Snapshot, older: tracemalloc.Snapshot, top: int) -> list[str]:
+    """The ``top`` largest increases from ``older`` to ``newer``, by traceback."""
+    lines = []
+    for stat in newer.compare_to(older, "traceback")[:top]:
+        lines.append(f"    {stat.size_diff / MIB:+7.3f} MiB {stat.count_diff:+8d} blocks")
+        for frame in reversed(stat.traceback):
+            lines.append(f"        {_short(frame.filename)}:{frame.lineno}")
+    return lines
+
+
+def _report(top: int, dask_worker) -> dict:
+    """Collect and snapshot again: what grew since :func:`_mark`; then clear
+    ``dask.utils.key_split``'s cache, collect and snapshot: what the cache alone held. Stops
+    tracing; the resident size before and after ``malloc_trim(0)``, the records' sizes."""
+    gc.collect()
+    older = dask_worker.soak_snapshot
+    del dask_worker.soak_snapshot
+    types = _type_counts()
+    types.subtract(dask_worker.soak_types)
+    del dask_worker.soak_types
+    newer = tracemalloc.take_snapshot().filter_traces(_IGNORE)
+    records = _records(dask_worker)
+    key_split.cache_clear()
+    gc.collect()
+    cleared = tracemalloc.take_snapshot().filter_traces(_IGNORE)
+    tracemalloc.stop()
+    lines = [
+        f"traced and held: {_total(older):.2f} MiB at the mark, {_total(newer):.2f} MiB at the "
+        f"end, {_total(cleared):.2f} MiB after key_split.cache_clear()",
+        "objects (tracked by the collector) grown since the mark, by type: "
+        + ", ".join(f"{name} {n:+d}" for name, n in types.most_common(top)),
+        "grown since the mark (most recent call first):",
+        *_growth(newer, older, top),
+        "freed by key_split.cache_clear():",
+        *_growth(newer, cleared, top),
+    ]
+    del older, newer, cleared
+    gc.collect()
+    rss = _rss()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return {"rss": rss, "rss after malloc_trim": _rss(), **records, "report": "\n".join(lines)}
+
+
+def _settle() -> None:
+    """Let the client drop the futures of the last call and the cluster release their keys."""
+    gc.collect()
+    time.sleep(2)
+
+
+def _train(dist: DistributedSparseMLP, x, y, batches: int, every: int, batch_size: int) -> float:
+    start = time.perf_counter()
+    for _ in range(batches // every):
+        dist.fit(x, y, batch_size=batch_size, lr=0.01, progress=False, shuffle=False)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--warmup", type=int, default=500)
+    parser.add_argument("--batches", type=int, default=100, help="batches between the snapshots")
+    parser.add_argument("--every", type=int, default=100, help="batches per fit call")
+    parser.add_argument("--neurons", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--frames", type=int, default=25)
+    parser.add_argument("--top", type=int, default=8)
+    parser.add_argument(
+        "--scheduler-only",
+        action="store_true",
+        help="trace the client/scheduler process only (the workers then run at full speed)",
+    )
+    args = parser.parse_args()
+    if args.warmup % args.every or args.batches % args.every or not args.batches:
+        parser.error("--warmup and --batches must be multiples of --every (and --batches > 0)")
+    print(describe(), f"MALLOC_ARENA_MAX={os.environ.get('MALLOC_ARENA_MAX', 'unset')}")
+    model = SparseMLP.radixnet(neurons=args.neurons, layers=args.layers, seed=0)
+    rng = np.random.default_rng(0)
+    rows = args.every * args.batch_size
+    x = rng.uniform(size=(rows, model.n_inputs))
+    y = rng.uniform(size=(rows, model.n_outputs))
+    parts = [rng.integers(0, 2, size=n) for n in model.layer_sizes]
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        with DistributedSparseMLP(model, client, parts) as dist:
+            wall = _train(dist, x, y, args.warmup, args.every, args.batch_size)
+            print(f"warm-up: {args.warmup} batches in {wall:.1f} s", flush=True)
+            _settle()
+            client.run_on_scheduler(_start, args.frames)
+            if not args.scheduler_only:
+                client.run(_start, args.frames)
+            wall = _train(dist, x, y, args.batches, args.every, args.batch_size)
+            print(f"traced: {args.batches} batches in {wall:.1f} s", flush=True)
+            _settle()
+            marks = {"client/scheduler": client.run_on_scheduler(_mark)}
+            if not args.scheduler_only:
+                marks.update(client.run(_mark))
+            wall = _train(dist, x, y, args.batches, args.every, args.batch_size)
+            print(f"traced: {args.batches} more batches in {wall:.1f} s", flush=True)
+            _settle()
+            ends = {"client/scheduler": client.run_on_scheduler(_report, args.top)}
+            if not args.scheduler_only:
+                ends.update(client.run(_report, args.top))
+    per = 1000 / args.batches
+    for name, end in ends.items():
+        mark = marks[name]
+        print(
+            f"\n=== {name}: rss {mark['rss']:.1f} -> {end['rss']:.1f} MiB "
+            f"({(end['rss'] - mark['rss']) * per:+.2f} MiB per 1,000 batches, traced), "
+            f"{end['rss after malloc_trim']:.1f} after malloc_trim(0)"
+        )
+        for record, value in end.items():
+            if record not in ("rss", "rss after malloc_trim", "report"):
+                print(f"  {record}: {mark[record]} -> {value}")
+        print(end["report"])
+
+
+if __name__ == "__main__":
+    main()
