@@ -171,13 +171,13 @@ def run_watching_part_workers(
     WorkerLostError
         As soon as a part worker has left the cluster or is closing (a call that must reach a
         worker killed a moment ago would otherwise wait for Dask's 30 s connect timeout), or
-        when the call failed with a connection error and a part worker is found gone within
-        :data:`LOSS_GRACE_SECONDS`; names the workers, their parts and what was being done
-        (``doing``).
+        when the call failed (a connection error, or the scheduler no longer knowing the worker)
+        and a part worker is found gone within :data:`LOSS_GRACE_SECONDS`; names the workers,
+        their parts and what was being done (``doing``).
     TimeoutError
         After ``timeout`` seconds.
-    OSError
-        The call's connection error when every part worker is still there.
+    Exception
+        The call's own error when every part worker is still there.
     """
 
     def check() -> None:
@@ -191,7 +191,10 @@ def run_watching_part_workers(
 
     try:
         return run_watching(client, coroutine, timeout, check, POLL_SECONDS)
-    except OSError as exc:  # a comm to a worker that died under the call
+    except (WorkerLostError, TimeoutError):
+        raise
+    except Exception as exc:  # a comm to a worker that died under the call, or the scheduler's
+        # KeyError for a worker it has just removed
         deadline = time.monotonic() + LOSS_GRACE_SECONDS
         while time.monotonic() < deadline:
             try:

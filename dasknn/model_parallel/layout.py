@@ -65,17 +65,25 @@ def scatter_pinned(
     for key, value in data.items():
         by_worker.setdefault(part_workers[part_of(key)], {})[key] = value
     futures = {}
-    for address, chunk in by_worker.items():
-        options = dict(workers=[address], hash=False, broadcast=False)
-        if watch is not None:
-            scattering = client.scatter(chunk, asynchronous=True, **options)
-            futures.update(
-                run_watching_part_workers(client, scattering, part_workers, _limit(timeout), watch)
-            )
-            continue
-        if timeout is not None:
-            options["timeout"] = timeout
-        futures.update(client.scatter(chunk, **options))
+    try:
+        for address, chunk in by_worker.items():
+            options = dict(workers=[address], hash=False, broadcast=False)
+            if watch is not None:
+                scattering = client.scatter(chunk, asynchronous=True, **options)
+                limit = _limit(timeout)
+                futures.update(
+                    run_watching_part_workers(client, scattering, part_workers, limit, watch)
+                )
+                continue
+            if timeout is not None:
+                options["timeout"] = timeout
+            futures.update(client.scatter(chunk, **options))
+    except BaseException:
+        # the values already scattered leave the cluster now, not when the error's traceback
+        # (which refers to these futures) is collected
+        client.cancel(list(futures.values()))
+        futures.clear()
+        raise
     return futures
 
 
