@@ -14,13 +14,18 @@ import numpy as np
 from dasknn.model.activations import get_activation
 from dasknn.model.embedding_network import (
     COMBINES,
+    EMBEDDING,
+    OUTPUTS,
+    SOFTMAX,
     EmbeddingSpec,
     apply_dense,
     apply_rows,
     batch_gradients,
     batch_logits,
+    sampled_batch_gradients,
     unique_rows,
 )
+from dasknn.model.sampled_softmax import SAMPLERS, sample_candidates, sampled_output
 from dasknn.model.window_estimator import WindowEstimator
 from dasknn.optim import Optimizer
 
@@ -56,7 +61,19 @@ class EmbeddingMLP(WindowEstimator):
         ``float32`` or ``float64``.
     seed : int
         Seed of the initial values: embedding ``N(0, 0.1^2)``, layers uniform in
-        ``+-sqrt(6 / (fan_in + fan_out))`` (Glorot), biases 0.
+        ``+-sqrt(6 / (fan_in + fan_out))`` (Glorot), biases 0; also of the candidate draws of
+        the sampled softmax.
+    output : {"softmax", "sampled"}
+        Train with the full softmax, or with the sampled softmax of
+        :mod:`dasknn.model.sampled_softmax` (``n_sampled`` candidates a step from ``sampler``,
+        the logQ correction, accidental hits dropped); the output layer is then a row-sparse
+        variable, stepped on the rows of the batch's labels and candidates only.
+        ``predict``, ``predict_proba``, ``score`` and ``evaluate`` always use the full softmax.
+    n_sampled : int
+        Candidate classes per step (``output="sampled"``).
+    sampler : {"log-uniform", "uniform"}
+        The candidates' distribution (log-uniform assumes classes ordered by falling
+        frequency, as the corpus loader's vocabulary is).
 
     Attributes
     ----------
@@ -65,6 +82,9 @@ class EmbeddingMLP(WindowEstimator):
         The dense layers, hidden ones first, shapes ``(n_in, n_out)`` and ``(n_out,)``.
     optimizer : Optimizer or None
         The optimizer of the last step; its state is kept while later steps use an equal one.
+    steps_ : int
+        Training steps taken (step ``t`` of the sampled softmax draws its candidates with
+        ``t = steps_``).
     """
 
     def __init__(
@@ -78,9 +98,16 @@ class EmbeddingMLP(WindowEstimator):
         activation: str = "relu",
         dtype=np.float32,
         seed: int = 0,
+        output: str = "softmax",
+        n_sampled: int = 64,
+        sampler: str = "log-uniform",
     ) -> None:
         if combine not in COMBINES:
             raise ValueError(f"combine must be one of {COMBINES}, got {combine!r}")
+        if output not in OUTPUTS:
+            raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
+        if sampler not in SAMPLERS:
+            raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
         get_activation(activation)
         dtype = np.dtype(dtype)
         if dtype not in (np.float32, np.float64):
@@ -94,6 +121,10 @@ class EmbeddingMLP(WindowEstimator):
             combine=combine,
             activation=activation,
             dtype=dtype.name,
+            output=output,
+            n_sampled=_positive("n_sampled", n_sampled),
+            sampler=sampler,
+            sampler_seed=int(seed),
         )
         rng = np.random.default_rng(seed)
         self.embedding = (0.1 * rng.standard_normal((vocab_size, embed_dim))).astype(dtype)
@@ -106,6 +137,7 @@ class EmbeddingMLP(WindowEstimator):
             self.biases.append(np.zeros(n_out, dtype=dtype))
         self.optimizer: Optimizer | None = None
         self._states: dict | None = None
+        self.steps_ = 0
         self.loss_curve_: list[float] = []
         self.batch_loss_curve_: list[float] = []
 
@@ -114,18 +146,37 @@ class EmbeddingMLP(WindowEstimator):
         return np.dtype(self.spec.dtype)
 
     def dense_variables(self) -> list[np.ndarray]:
-        """The dense variables in the order of ``spec.dense_names()`` (views, not copies)."""
+        """The dense variables in the order of ``spec.dense_names()`` (views, not copies): every
+        layer, or the hidden ones under the sampled softmax."""
         out = []
         for w, b in zip(self.weights, self.biases, strict=True):
             out += [w, b]
-        return out
+        return out[: len(self.spec.dense_names())]
+
+    def output_table(self) -> np.ndarray:
+        """The output layer as one table ``[W_out^T | b_out]`` (n_classes, H + 1), a copy."""
+        return np.hstack([self.weights[-1].T, self.biases[-1][:, None]])
+
+    def set_output_table(self, table: np.ndarray) -> None:
+        """Set the output layer from a table ``[W_out^T | b_out]``."""
+        self.weights[-1] = np.ascontiguousarray(table[:, :-1].T, dtype=self.dtype)
+        self.biases[-1] = np.ascontiguousarray(table[:, -1], dtype=self.dtype)
 
     def variables(self) -> dict[str, np.ndarray]:
-        """Every variable by name: ``"embedding"`` and the dense ones (views)."""
-        return {
-            "embedding": self.embedding,
+        """Every variable by name: ``"embedding"``, the dense ones (views) and, under the
+        sampled softmax, ``"softmax"`` (the output table, a copy)."""
+        out = {
+            EMBEDDING: self.embedding,
             **dict(zip(self.spec.dense_names(), self.dense_variables(), strict=True)),
         }
+        if self.spec.sampled:
+            out[SOFTMAX] = self.output_table()
+        return out
+
+    def candidates(self, step: int) -> np.ndarray:
+        """The candidate classes the sampled softmax draws at training step ``step``."""
+        s = self.spec
+        return sample_candidates(s.n_classes, s.n_sampled, s.sampler, s.sampler_seed, step)
 
     def copy(self) -> EmbeddingMLP:
         """A copy with the same values (no optimizer state, empty curves)."""
@@ -135,6 +186,7 @@ class EmbeddingMLP(WindowEstimator):
         other.weights = [w.copy() for w in self.weights]
         other.biases = [b.copy() for b in self.biases]
         other.optimizer, other._states = None, None
+        other.steps_ = self.steps_
         other.loss_curve_, other.batch_loss_curve_ = [], []
         return other
 
@@ -143,7 +195,7 @@ class EmbeddingMLP(WindowEstimator):
         return (
             f"EmbeddingMLP(vocab_size={s.vocab_size}, context={s.context}, "
             f"embed_dim={s.embed_dim}, hidden={s.hidden}, n_classes={s.n_classes}, "
-            f"combine={s.combine!r}, dtype={s.dtype})"
+            f"combine={s.combine!r}, dtype={s.dtype}, output={s.output!r})"
         )
 
     # ------------------------------------------------------------------ hooks
@@ -151,24 +203,51 @@ class EmbeddingMLP(WindowEstimator):
         if optimizer != self.optimizer or self._states is None:
             self.optimizer = optimizer
             self._states = {
-                "embedding": optimizer.init_state(self.embedding),
+                EMBEDDING: optimizer.init_state(self.embedding),
                 "dense": [optimizer.init_state(v.reshape(-1)) for v in self.dense_variables()],
             }
+            if self.spec.sampled:
+                self._states[SOFTMAX] = (
+                    optimizer.init_state(self.weights[-1].T),
+                    optimizer.init_state(self.biases[-1][:, None]),
+                )
         unique, inverse = unique_rows(ids)
-        loss_sum, grads, grad_rows = batch_gradients(
-            self.spec,
-            self.embedding[unique],
-            inverse,
-            labels,
-            self.weights,
-            self.biases,
-            ids.shape[0],
-        )
-        apply_rows(optimizer, self.embedding, self._states["embedding"], unique, grad_rows)
+        n_dense = len(self.spec.dense_names()) // 2
+        if self.spec.sampled:
+            s = self.spec
+            output = sampled_output(labels, self.candidates(self.steps_), s.n_classes, s.sampler)
+            loss_sum, grads, grad_rows, grad_output = sampled_batch_gradients(
+                s,
+                self.embedding[unique],
+                inverse,
+                self.weights[:n_dense],
+                self.biases[:n_dense],
+                self.output_table()[output.classes],
+                output,
+                ids.shape[0],
+            )
+            # the output table's rows, stepped as the weight's columns and the bias's entries
+            weight_state, bias_state = self._states[SOFTMAX]
+            bias = self.biases[-1][:, None]
+            classes = output.classes
+            apply_rows(optimizer, self.weights[-1].T, weight_state, classes, grad_output[:, :-1])
+            apply_rows(optimizer, bias, bias_state, classes, grad_output[:, -1:])
+        else:
+            loss_sum, grads, grad_rows = batch_gradients(
+                self.spec,
+                self.embedding[unique],
+                inverse,
+                labels,
+                self.weights,
+                self.biases,
+                ids.shape[0],
+            )
+        apply_rows(optimizer, self.embedding, self._states[EMBEDDING], unique, grad_rows)
         for param, grad, state in zip(
             self.dense_variables(), grads, self._states["dense"], strict=True
         ):
             apply_dense(optimizer, param, grad, state)
+        self.steps_ += 1
         return loss_sum / ids.shape[0]
 
     def _logits(self, ids: np.ndarray) -> np.ndarray:
