@@ -18,11 +18,12 @@ from numbers import Integral
 import dask
 import numpy as np
 
-from dasknn.data_parallel.hybrid import ARCHITECTURES, Topology, build_step
+from dasknn.data_parallel.hybrid import ARCHITECTURES, build_step
+from dasknn.data_parallel.plan import Topology, plan_step
 from dasknn.data_parallel.report import DataParallelReport
 from dasknn.data_parallel.search import SearchReport, brute_force, search_partitions
 from dasknn.data_parallel.shards import STRATEGIES, ShardMap
-from dasknn.data_parallel.steps import EMBEDDING, StepContext
+from dasknn.data_parallel.steps import StepContext
 from dasknn.data_parallel.variables import VariableStats, classify
 from dasknn.data_parallel.worker_state import (
     ReplicaState,
@@ -30,8 +31,9 @@ from dasknn.data_parallel.worker_state import (
     plugin_name,
     read_values,
 )
-from dasknn.model.embedding_mlp import EmbeddingMLP
-from dasknn.model.embedding_network import unique_rows
+from dasknn.model.embedding_mlp import EmbeddingMLP, split_output_table
+from dasknn.model.embedding_network import EMBEDDING, SOFTMAX
+from dasknn.model.sampled_softmax import sample_candidates
 from dasknn.model.window_estimator import WindowEstimator
 from dasknn.optim import SGD, Optimizer
 from dasknn.runtime.keys import new_token, parse_dp_key
@@ -165,12 +167,12 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         self.architecture = architecture
         self.partition = partition
         self.search_mode = search_mode
-        vocab = self.spec.vocab_size
+        rows = self._max_shards()
         self._search_pending = sparse_partitions == "auto"
         if sparse_partitions in ("auto", None):  # "auto": until the search at the first step
-            self.n_shards = min(len(self.topology.machines), vocab)
+            self.n_shards = min(len(self.topology.machines), rows)
         else:
-            ShardMap(vocab, sparse_partitions, len(self.workers), partition)  # checks the count
+            ShardMap(rows, sparse_partitions, len(self.workers), partition)  # checks the count
             self.n_shards = int(sparse_partitions)
         self.token = new_token()
         self.plugin_name = plugin_name(self.token)
@@ -185,6 +187,7 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         self.batch_loss_curve_: list[float] = []
         self._search: SearchReport | None = None
         self._step = 0
+        self.steps_ = model.steps_
         self._version = 0
         self._gathered: tuple[int, EmbeddingMLP] | None = None
         self._placement = _Placement(self.workers)
@@ -199,12 +202,19 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
             f"shards={self.n_shards})"
         )
 
+    def _max_shards(self) -> int:
+        """The most shards a sparse variable can be cut into (its fewest rows)."""
+        return min(shape[0] for shape in self.spec.sparse_shapes().values())
+
     @property
-    def shard_map(self) -> ShardMap | None:
-        """The embedding's shards (``hybrid``, ``ps``), ``None`` otherwise."""
+    def shard_maps(self) -> dict[str, ShardMap] | None:
+        """The shards of every sparse variable (``hybrid``, ``ps``), ``None`` otherwise."""
         if self.architecture not in ("hybrid", "ps"):
             return None
-        return ShardMap(self.spec.vocab_size, self.n_shards, len(self.workers), self.partition)
+        return {
+            name: ShardMap(shape[0], self.n_shards, len(self.workers), self.partition)
+            for name, shape in self.spec.sparse_shapes().items()
+        }
 
     def _check_open(self) -> None:
         if not self._open:
@@ -224,19 +234,23 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         """Copy ``model``'s values to the workers with ``n_shards`` shards (fresh optimizer
         state)."""
         self.n_shards = n_shards
+        self.steps_ = model.steps_
         arch = self.architecture
         dense = dict(zip(self.spec.dense_names(), model.dense_variables(), strict=True))
+        sparse = {EMBEDDING: model.embedding}
+        if self.spec.sampled:
+            sparse[SOFTMAX] = model.output_table()
         payload = {w: ({}, {}, {}) for w in self.workers}
         for index, worker in enumerate(self.workers):
             replicas, shards, served = payload[worker]
             if arch != "ps":
                 replicas.update(dense)
             if arch in ("ar", "ar-dense"):
-                replicas[EMBEDDING] = model.embedding
+                replicas.update(sparse)
             else:
-                shard_map = self.shard_map
-                for p in shard_map.shards_of(index):
-                    shards[p] = model.embedding[shard_map.rows(p)]
+                for name, shard_map in self.shard_maps.items():
+                    for p in shard_map.shards_of(index):
+                        shards[(name, p)] = sparse[name][shard_map.rows(p)]
             if arch == "ps":
                 served.update({n: v for n, v in dense.items() if self.dense_servers[n] == index})
         for worker, (replicas, shards, served) in payload.items():
@@ -261,6 +275,7 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         model = object.__new__(EmbeddingMLP)
         model.spec = self.spec
         model.optimizer, model._states = None, None
+        model.steps_ = self.steps_
         model.loss_curve_, model.batch_loss_curve_ = [], []
         dense = {}
         for worker in self.workers:
@@ -269,27 +284,39 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         names = self.spec.dense_names()
         model.weights = [dense[n] for n in names[0::2]]
         model.biases = [dense[n] for n in names[1::2]]
-        if EMBEDDING in first["replicas"]:
-            model.embedding = first["replicas"][EMBEDDING]
-        else:
-            shard_map = self.shard_map
-            model.embedding = np.empty(
-                (self.spec.vocab_size, self.spec.embed_dim), dtype=self.spec.dtype
-            )
-            for worker in self.workers:
-                for p, values in held[worker]["shards"].items():
-                    model.embedding[shard_map.rows(p)] = values
+        sparse = dict(first["replicas"])
+        if EMBEDDING not in sparse:
+            for name, shard_map in self.shard_maps.items():
+                sparse[name] = np.empty(self.spec.sparse_shapes()[name], dtype=self.spec.dtype)
+                for worker in self.workers:
+                    for (variable, p), values in held[worker]["shards"].items():
+                        if variable == name:
+                            sparse[name][shard_map.rows(p)] = values
+        model.embedding = sparse[EMBEDDING]
+        if self.spec.sampled:
+            weight, bias = split_output_table(sparse[SOFTMAX])
+            model.weights.append(weight)
+            model.biases.append(bias)
         self._gathered = (self._version, model)
         return model.copy()
 
     # ------------------------------------------------------------------ steps
-    def _split(self, ids: np.ndarray, labels: np.ndarray) -> list[tuple]:
-        n = len(self.workers)
-        union = unique_rows(ids)[0] if self.architecture == "ar-dense" else None
-        blocks = np.array_split(np.arange(ids.shape[0]), n)
-        return [(ids[b], labels[b], union) for b in blocks]
+    def _plan(self, ids: np.ndarray, labels: np.ndarray):
+        """The client's plan of a step on ``(ids, labels)`` (the step's candidate classes drawn
+        under the sampled softmax)."""
+        s = self.spec
+        candidates = None
+        if s.sampled:
+            candidates = sample_candidates(
+                s.n_classes, s.n_sampled, s.sampler, s.sampler_seed, self.steps_
+            )
+        return plan_step(
+            s, self.topology, self.shard_maps, ids, labels, candidates, self.architecture
+        )
 
-    def _submit(self, parts: list[tuple], optimizer: Optimizer, denominator: int):
+    def _run_step(self, ids: np.ndarray, labels: np.ndarray, optimizer: Optimizer) -> float:
+        self._check_workers(None)
+        plan = self._plan(ids, labels)
         self._step += 1
         ctx = StepContext(
             token=self.token,
@@ -297,18 +324,12 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
             spec=self.spec,
             architecture=self.architecture,
             optimizer=optimizer,
-            denominator=denominator,
-            shards=self.shard_map,
+            denominator=ids.shape[0],
+            shards=self.shard_maps,
         )
-        unique = [unique_rows(part[0])[0] for part in parts]
-        graph = build_step(ctx, self.topology, parts, unique, self.dense_servers)
+        graph = build_step(ctx, self.topology, plan, self.dense_servers)
         with dask.annotate(workers=self._placement, allow_other_workers=False):
             futures = self.client.get(graph.tasks, graph.outputs, sync=False)
-        return futures, graph, unique
-
-    def _run_step(self, ids: np.ndarray, labels: np.ndarray, optimizer: Optimizer) -> float:
-        self._check_workers(None)
-        futures, graph, unique = self._submit(self._split(ids, labels), optimizer, ids.shape[0])
         # a task pinned to a lost worker would wait for ever: look every second
         while not wait_at_most(futures, 1.0):
             self._check_workers(None)
@@ -321,8 +342,9 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
             total = self.predicted[key]
             total[0] += counter[0]
             total[1] += counter[1]
-        self.stats.record(unique)
+        self.stats.record(plan)
         self._version += 1
+        self.steps_ += 1
         self.optimizer = optimizer
         return float(sum(losses)) / ids.shape[0]
 
@@ -332,13 +354,15 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         lost = [w for w in self.workers if w not in present]
         if not lost:
             return
-        shard_map = self.shard_map
+        shard_maps = self.shard_maps
         details = []
         for worker in lost:
             index = self.workers.index(worker)
-            shards = shard_map.shards_of(index) if shard_map is not None else []
+            shards = shard_maps[EMBEDDING].shards_of(index) if shard_maps is not None else []
             served = [n for n, s in self.dense_servers.items() if s == index]
             held = f"shards {shards} of the embedding" if shards else "no embedding shard"
+            if shards and self.spec.sampled:
+                held += " and of the softmax table"
             if self.architecture == "ps" and served:
                 held += f" and the dense variables {served}"
             details.append(f"worker {worker} (held {held})")
@@ -401,11 +425,11 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
             self._place(saved, p)
             return self._time_steps(ids, labels, optimizer)
 
-        vocab = self.spec.vocab_size
+        rows = self._max_shards()
         if mode == "model":
-            report = search_partitions(measure, min(len(self.topology.machines), vocab), vocab)
+            report = search_partitions(measure, min(len(self.topology.machines), rows), rows)
         else:
-            report = brute_force(measure, range(1, min(2 * len(self.workers), vocab) + 1))
+            report = brute_force(measure, range(1, min(2 * len(self.workers), rows) + 1))
         self._place(saved, report.choice)
         self._search_pending = False
         reset_transfers(self.client, self.token)

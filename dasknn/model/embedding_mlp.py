@@ -29,7 +29,12 @@ from dasknn.model.sampled_softmax import SAMPLERS, sample_candidates, sampled_ou
 from dasknn.model.window_estimator import WindowEstimator
 from dasknn.optim import Optimizer
 
-__all__ = ["EmbeddingMLP"]
+__all__ = ["EmbeddingMLP", "split_output_table"]
+
+
+def split_output_table(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The output layer's weight (H, n_classes) and bias of a table ``[W_out^T | b_out]``."""
+    return np.ascontiguousarray(table[:, :-1].T), np.ascontiguousarray(table[:, -1])
 
 
 def _positive(name: str, value) -> int:
@@ -156,11 +161,6 @@ class EmbeddingMLP(WindowEstimator):
     def output_table(self) -> np.ndarray:
         """The output layer as one table ``[W_out^T | b_out]`` (n_classes, H + 1), a copy."""
         return np.hstack([self.weights[-1].T, self.biases[-1][:, None]])
-
-    def set_output_table(self, table: np.ndarray) -> None:
-        """Set the output layer from a table ``[W_out^T | b_out]``."""
-        self.weights[-1] = np.ascontiguousarray(table[:, :-1].T, dtype=self.dtype)
-        self.biases[-1] = np.ascontiguousarray(table[:, -1], dtype=self.dtype)
 
     def variables(self) -> dict[str, np.ndarray]:
         """Every variable by name: ``"embedding"``, the dense ones (views) and, under the
