@@ -1,18 +1,20 @@
 """The task graph of one data-parallel step, for every architecture, and its exact traffic.
 
 Workers ``0 .. N-1`` are grouped into machines; the first worker of a machine is its chief.
-Every worker computes the gradient of its share of the global batch (:mod:`.steps`). Then, by
-architecture:
-
-The sparse variables are the embedding and, for a sampled-softmax model, the output table
-``[W_out^T | b_out]``; each goes its own way below, side by side.
+Every worker computes the gradient of its share of the global batch (:mod:`.steps`). The
+sparse variables are the embedding and, for a sampled-softmax model, the output table
+``[W_out^T | b_out]``; each goes its own way below, side by side. By architecture:
 
 - **sparse variables on parameter servers** (``hybrid``, ``ps``): each shard's server sends each
   chief the rows of its machine that the shard holds (``pull``; the offsets come with the graph
   from the client's plan, :mod:`.plan`, so the pull is the step's first message), the chief
   hands each worker its rows (``from-chief``), sums the workers' row gradients (``to-chief``)
   and pushes them to the servers in the order of the pull, values only (``push``); each server
-  sums what the machines pushed and steps its rows.
+  sums what the machines pushed and steps its rows. When the client knows the next step's batch
+  (``fit`` does), the step also **prefetches** it: right after a server has stepped its rows, it
+  sends each chief the rows of the next step (the next step's ``pull``, keyed by that step, its
+  offsets from that step's plan), so the next step starts with its rows on the chiefs and its
+  only dependent messages across machines are the push and this reply.
 - **sparse variables by allgather** (``ar``): each chief sums its machine's row gradients
   (``to-chief``), the chiefs allgather the ids (``allgather-indices``) and the rows
   (``allgather``), and each chief hands its workers the global ids and sums
@@ -35,7 +37,7 @@ monitor must measure.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from dask.task_spec import Task, TaskRef
@@ -82,8 +84,10 @@ class _Builder:
         #: them; every other task of the step is upstream of some worker's ``finish``).
         self.final: dict[int, list] = defaultdict(list)
 
-    def key(self, variable, phase, sender, receiver, part=-1):
-        return dp_key(self.ctx.token, self.ctx.step, variable, phase, sender, receiver, part)
+    def key(self, variable, phase, sender, receiver, part=-1, step=None):
+        """The key of a task of this step (or of ``step``)."""
+        step = self.ctx.step if step is None else step
+        return dp_key(self.ctx.token, step, variable, phase, sender, receiver, part)
 
     def task(self, key, func, *args, nbytes: int = 0):
         """Add a task; a key whose sender and receiver differ is a message of ``nbytes``."""
@@ -128,7 +132,12 @@ class _Builder:
 
 
 def build_step(
-    ctx: StepContext, topology: Topology, plan: StepPlan, dense_servers: dict[str, int]
+    ctx: StepContext,
+    topology: Topology,
+    plan: StepPlan,
+    dense_servers: dict[str, int],
+    prefetched: bool = False,
+    next_plan: StepPlan | None = None,
 ) -> StepGraph:
     """The graph of one step (see the module docstring).
 
@@ -145,6 +154,10 @@ def build_step(
         task (the client sends it with the graph: no worker-to-worker traffic).
     dense_servers : dict
         ``ps``: the worker serving each dense variable.
+    prefetched : bool
+        ``hybrid``, ``ps``: the previous step left this step's rows on the chiefs.
+    next_plan : StepPlan, optional
+        ``hybrid``, ``ps``: the plan of the next step, whose rows this step prefetches.
     """
     b = _Builder(ctx, topology, plan)
     arch = ctx.architecture
@@ -162,7 +175,7 @@ def build_step(
     pulled = _pull_dense(b, names, size, dense_servers) if arch == "ps" else defaultdict(list)
     rows_of = {v: dict.fromkeys(range(n)) for v in sparse}
     if arch in ("hybrid", "ps"):
-        rows_of = {v: _pull_rows(b, v) for v in sparse}
+        rows_of = {v: _pull_rows(b, v, prefetched) for v in sparse}
     computed = [
         b.task(
             b.key(STEP, "compute", i, i),
@@ -178,7 +191,9 @@ def build_step(
         b.final[i].append(computed[i])
     for v in sparse:
         if arch in ("hybrid", "ps"):
-            _push_rows(b, v, computed)
+            updates = _push_rows(b, v, computed)
+            if next_plan is not None:
+                _prefetch_rows(b, v, next_plan, updates)
         elif arch == "ar":
             _allgather_rows(b, v, computed)
 
@@ -244,42 +259,57 @@ def _pull_dense(b: _Builder, names: list[str], size: dict, servers: dict) -> dic
     return pulled
 
 
-def _pull_rows(b: _Builder, variable: str) -> dict:
-    """Each shard's server sends each chief the machine's rows it holds (offsets from the
-    client's plan); the chief hands each worker its rows. ``{worker: rows}``."""
-    ctx, topology, shards = b.ctx, b.topology, b.ctx.shards[variable]
+def _serve_and_assemble(
+    b: _Builder, ctx: StepContext, variable: str, plan: StepPlan, index: int, after: dict
+) -> TaskRef:
+    """The servers' replies to machine ``index``'s pull of step ``ctx.step`` (each after the
+    task ``after[shard]``, if any) and the chief's task that puts them together."""
+    shards = ctx.shards[variable]
     row = b.row_bytes(variable)
-    rows_of = {}
-    for index, members in enumerate(topology.machines):
-        c = members[0]
-        plan = b.plan.machines[variable][index]
-        replies = [
-            b.task(
-                b.key(variable, "pull", shards.owner(p), c, p),
-                steps.serve_rows,
-                ctx,
-                variable,
-                p,
-                c,
-                plan.offsets[p],
-                nbytes=row * len(plan.offsets[p]),
-            )
-            for p in range(shards.n_shards)
-        ]
-        assembled = b.task(
-            b.key(variable, "assemble", c, c),
-            steps.assemble_rows,
+    c = b.topology.chiefs[index]
+    rows = plan.machines[variable][index]
+    replies = [
+        b.task(
+            b.key(variable, "pull", shards.owner(p), c, p, step=ctx.step),
+            steps.serve_rows,
             ctx,
             variable,
-            plan.shard_pos,
-            len(plan.union),
-            *replies,
+            p,
+            c,
+            rows.offsets[p],
+            *([after[p]] if p in after else []),
+            nbytes=row * len(rows.offsets[p]),
         )
+        for p in range(shards.n_shards)
+    ]
+    return b.task(
+        b.key(variable, "assemble", c, c, step=ctx.step),
+        steps.assemble_rows,
+        ctx,
+        variable,
+        rows.shard_pos,
+        len(rows.union),
+        *replies,
+    )
+
+
+def _pull_rows(b: _Builder, variable: str, prefetched: bool) -> dict:
+    """Each shard's server sends each chief the machine's rows it holds (offsets from the
+    client's plan), unless the previous step prefetched them; the chief hands each worker its
+    rows. ``{worker: rows}``."""
+    row = b.row_bytes(variable)
+    rows_of = {}
+    for index, members in enumerate(b.topology.machines):
+        c = members[0]
+        plan = b.plan.machines[variable][index]
+        assembled = None
+        if not prefetched:
+            assembled = _serve_and_assemble(b, b.ctx, variable, b.plan, index, {})
         for position, m in enumerate(members):
             rows_of[m] = b.task(
                 b.key(variable, "from-chief", c, m),
                 steps.rows_for,
-                ctx,
+                b.ctx,
                 variable,
                 plan.member_pos[position],
                 assembled,
@@ -318,9 +348,9 @@ def _summed_rows(b: _Builder, variable: str, computed: list) -> dict:
     return summed
 
 
-def _push_rows(b: _Builder, variable: str, computed: list) -> None:
+def _push_rows(b: _Builder, variable: str, computed: list) -> dict:
     """Each chief pushes its machine's summed row gradients to the shards (values only, in the
-    order of its pull); each server steps its shards' rows."""
+    order of its pull); each server steps its shards' rows. ``{shard: its update task}``."""
     ctx, topology, shards = b.ctx, b.topology, b.ctx.shards[variable]
     row = b.row_bytes(variable)
     summed = _summed_rows(b, variable, computed)
@@ -340,12 +370,21 @@ def _push_rows(b: _Builder, variable: str, computed: list) -> None:
                     nbytes=row * len(plan.shard_pos[p]),
                 )
             )
+    updates = {}
     for p in range(shards.n_shards):
         o = shards.owner(p)
-        update = b.key(variable, "update", o, o, p)
-        b.final[o].append(
-            b.task(update, steps.update_shard, ctx, variable, p, topology.chiefs, *pushes[p])
-        )
+        key = b.key(variable, "update", o, o, p)
+        updates[p] = b.task(key, steps.update_shard, ctx, variable, p, topology.chiefs, *pushes[p])
+        b.final[o].append(updates[p])
+    return updates
+
+
+def _prefetch_rows(b: _Builder, variable: str, next_plan: StepPlan, updates: dict) -> None:
+    """Each server, once it has stepped a shard, sends each chief the next step's rows of it;
+    the chief keeps them for the next step (its part of this step ends when it has them)."""
+    ctx_next = replace(b.ctx, step=b.ctx.step + 1)
+    for index, c in enumerate(b.topology.chiefs):
+        b.final[c].append(_serve_and_assemble(b, ctx_next, variable, next_plan, index, updates))
 
 
 def _allreduce_dense(b: _Builder, name: str, shape: tuple, sums: list, nbytes: int) -> None:
@@ -417,6 +456,4 @@ def _allgather_rows(b: _Builder, variable: str, computed: list) -> None:
             )
             value = b.forward(b.key(variable, "from-chief", c, m), grad, nbytes=row * total)
             apply = b.key(variable, "apply", m, m)
-            b.final[m].append(
-                b.task(apply, steps.apply_replica_rows, ctx, variable, union, value)
-            )
+            b.final[m].append(b.task(apply, steps.apply_replica_rows, ctx, variable, union, value))

@@ -19,7 +19,7 @@ import dask
 import numpy as np
 
 from dasknn.data_parallel.hybrid import ARCHITECTURES, build_step
-from dasknn.data_parallel.plan import Topology, plan_step
+from dasknn.data_parallel.plan import StepPlan, Topology, plan_step
 from dasknn.data_parallel.report import DataParallelReport
 from dasknn.data_parallel.search import SearchReport, brute_force, search_partitions
 from dasknn.data_parallel.shards import STRATEGIES, ShardMap
@@ -72,6 +72,15 @@ def _topology(workers: list[str], machines) -> Topology:
     for index, worker in enumerate(workers):
         groups.setdefault(machines[worker], []).append(index)
     return Topology(tuple(tuple(g) for g in sorted(groups.values())))
+
+
+def _same_rows(a: StepPlan, b: StepPlan) -> bool:
+    """Whether two plans have every machine read the same rows of every sparse variable."""
+    return all(
+        np.array_equal(x.union, y.union)
+        for name in a.machines
+        for x, y in zip(a.machines[name], b.machines[name], strict=True)
+    )
 
 
 def _check_count(name: str, value, low: int) -> int:
@@ -188,6 +197,10 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         self._search: SearchReport | None = None
         self._step = 0
         self.steps_ = model.steps_
+        #: The batch ``fit`` will train on after the current step, and the plan of the step
+        #: whose rows the last step prefetched.
+        self._next_batch: tuple | None = None
+        self._prefetched = None
         self._version = 0
         self._gathered: tuple[int, EmbeddingMLP] | None = None
         self._placement = _Placement(self.workers)
@@ -263,6 +276,7 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
                 workers=[worker],
             )
         self.optimizer = None
+        self._prefetched = None
         self._version += 1
 
     def gather(self) -> EmbeddingMLP:
@@ -301,22 +315,30 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         return model.copy()
 
     # ------------------------------------------------------------------ steps
-    def _plan(self, ids: np.ndarray, labels: np.ndarray):
-        """The client's plan of a step on ``(ids, labels)`` (the step's candidate classes drawn
-        under the sampled softmax)."""
+    def _plan(self, ids: np.ndarray, labels: np.ndarray, step: int) -> StepPlan:
+        """The client's plan of training step ``step`` on ``(ids, labels)`` (its candidate
+        classes drawn under the sampled softmax)."""
         s = self.spec
         candidates = None
         if s.sampled:
-            candidates = sample_candidates(
-                s.n_classes, s.n_sampled, s.sampler, s.sampler_seed, self.steps_
-            )
+            seed = s.sampler_seed
+            candidates = sample_candidates(s.n_classes, s.n_sampled, s.sampler, seed, step)
         return plan_step(
             s, self.topology, self.shard_maps, ids, labels, candidates, self.architecture
         )
 
-    def _run_step(self, ids: np.ndarray, labels: np.ndarray, optimizer: Optimizer) -> float:
+    def _run_step(
+        self, ids: np.ndarray, labels: np.ndarray, optimizer: Optimizer, upcoming=None
+    ) -> float:
+        """One step on ``(ids, labels)``; with ``upcoming``, the next step's ``(ids, labels)``,
+        the servers send the chiefs its rows at the end of this one (``hybrid``, ``ps``)."""
         self._check_workers(None)
-        plan = self._plan(ids, labels)
+        plan = self._plan(ids, labels, self.steps_)
+        prefetched, self._prefetched = self._prefetched, None
+        prefetched = prefetched is not None and _same_rows(prefetched, plan)
+        next_plan = None
+        if upcoming is not None and self.architecture in ("hybrid", "ps"):
+            next_plan = self._plan(*upcoming, self.steps_ + 1)
         self._step += 1
         ctx = StepContext(
             token=self.token,
@@ -327,7 +349,7 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
             denominator=ids.shape[0],
             shards=self.shard_maps,
         )
-        graph = build_step(ctx, self.topology, plan, self.dense_servers)
+        graph = build_step(ctx, self.topology, plan, self.dense_servers, prefetched, next_plan)
         with dask.annotate(workers=self._placement, allow_other_workers=False):
             futures = self.client.get(graph.tasks, graph.outputs, sync=False)
         # a task pinned to a lost worker would wait for ever: look every second
@@ -346,6 +368,7 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         self._version += 1
         self.steps_ += 1
         self.optimizer = optimizer
+        self._prefetched = next_plan
         return float(sum(losses)) / ids.shape[0]
 
     def _check_workers(self, exc: Exception | None) -> None:
@@ -371,11 +394,15 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
             "gone: close it and start again from a gathered copy"
         ) from exc
 
+    def _upcoming(self, ids: np.ndarray, labels: np.ndarray) -> None:
+        self._next_batch = (ids, labels)
+
     def _train_batch(self, ids: np.ndarray, labels: np.ndarray, optimizer: Optimizer) -> float:
         self._check_open()
+        upcoming, self._next_batch = self._next_batch, None
         if self._search_pending:
             self.search(ids, labels, optimizer=optimizer)
-        return self._run_step(ids, labels, optimizer)
+        return self._run_step(ids, labels, optimizer, upcoming)
 
     def _logits(self, ids: np.ndarray) -> np.ndarray:
         return self._gathered_model()._logits(ids)
@@ -388,9 +415,10 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
     def _time_steps(self, ids, labels, optimizer) -> float:
         """Mean seconds of the timed steps (after the warm-up) on the batch ``(ids, labels)``."""
         times = []
-        for _ in range(self.search_steps):
+        for k in range(self.search_steps):
             start = time.perf_counter()
-            self._run_step(ids, labels, optimizer)
+            last = k == self.search_steps - 1
+            self._run_step(ids, labels, optimizer, None if last else (ids, labels))
             times.append(time.perf_counter() - start)
         return float(np.mean(times[self.search_warmup :]))
 

@@ -268,10 +268,11 @@ def global_grad(ctx: StepContext, variable: str, _combined) -> np.ndarray:
 
 # ------------------------------------------------------------------ servers
 def serve_rows(
-    ctx: StepContext, variable: str, shard: int, chief: int, offsets: np.ndarray
+    ctx: StepContext, variable: str, shard: int, chief: int, offsets: np.ndarray, *_after
 ) -> np.ndarray:
-    """The server's reply to ``chief``: the rows ``offsets`` of its shard (the client's plan of
-    the chief's rows; kept for the push of the same rows)."""
+    """The server's reply to ``chief`` in step ``ctx.step``: the rows ``offsets`` of its shard
+    (the client's plan of the chief's rows; kept for the push of the same rows). ``_after``:
+    the update of the previous step, when this is its prefetch."""
     _scratch(ctx, variable).setdefault("requests", {})[(shard, chief)] = offsets
     return replica_state(ctx.token).shards[(variable, shard)].values[offsets]
 
