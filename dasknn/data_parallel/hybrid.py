@@ -207,6 +207,10 @@ def build_step(
         sums = []
         for members in topology.machines:
             c = members[0]
+            if len(members) == 1:  # a one-worker machine's sum is its own gradient
+                key = b.key(name, "sum", c, c)
+                sums.append(b.task(key, steps.dense_gradient, ctx, name, computed[c]))
+                continue
             grads = [
                 b.task(
                     b.key(name, "to-chief", m, c),
@@ -296,7 +300,8 @@ def _serve_and_assemble(
 def _pull_rows(b: _Builder, variable: str, prefetched: bool) -> dict:
     """Each shard's server sends each chief the machine's rows it holds (offsets from the
     client's plan), unless the previous step prefetched them; the chief hands each worker its
-    rows. ``{worker: rows}``."""
+    rows. ``{worker: rows}``; the chief of a one-worker machine gets the assembling task (or
+    ``None``) instead: its rows are the assembled ones, which it reads from its scratch."""
     row = b.row_bytes(variable)
     rows_of = {}
     for index, members in enumerate(b.topology.machines):
@@ -305,6 +310,9 @@ def _pull_rows(b: _Builder, variable: str, prefetched: bool) -> dict:
         assembled = None
         if not prefetched:
             assembled = _serve_and_assemble(b, b.ctx, variable, b.plan, index, {})
+        if len(members) == 1:
+            rows_of[c] = assembled
+            continue
         for position, m in enumerate(members):
             rows_of[m] = b.task(
                 b.key(variable, "from-chief", c, m),
@@ -319,12 +327,18 @@ def _pull_rows(b: _Builder, variable: str, prefetched: bool) -> dict:
 
 
 def _summed_rows(b: _Builder, variable: str, computed: list) -> dict:
-    """Each chief's sum of its machine's row gradients (returns the machine's rows)."""
+    """Each chief's sum of its machine's row gradients (returns the machine's rows); a
+    one-worker machine's sum is its own gradient."""
     row = b.row_bytes(variable)
     summed = {}
     for index, members in enumerate(b.topology.machines):
         c = members[0]
         plan = b.plan.machines[variable][index]
+        if len(members) == 1:
+            summed[c] = b.task(
+                b.key(variable, "sum", c, c), steps.own_rows_sum, b.ctx, variable, computed[c]
+            )
+            continue
         grads = [
             b.task(
                 b.key(variable, "to-chief", m, c),

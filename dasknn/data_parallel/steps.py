@@ -91,17 +91,20 @@ def _dense_values(ctx: StepContext, pulled: tuple) -> list[np.ndarray]:
 def compute(ctx: StepContext, _prepared, *values) -> None:
     """Forward and backward pass of this worker's windows (after :func:`prepare`).
 
-    ``values`` are first, per sparse variable, the rows the batch reads (pulled from the
-    servers), or ``None`` to read them from the local replica (``ar``, ``ar-dense``), then the
-    dense variables' values under ``ps``. Keeps the gradients and the loss in the scratch.
+    ``values`` are first, per sparse variable, the rows the batch reads (from the chief), or
+    ``None`` to read them from the local replica (``ar``, ``ar-dense``) or, on the parameter
+    servers, from this worker's scratch (the chief of a one-worker machine); then the dense
+    variables' values under ``ps``. Keeps the gradients and the loss in the scratch.
     """
     scratch = _scratch(ctx)
     batch: WorkerBatch = scratch["batch"]
     sparse = list(ctx.spec.sparse_shapes())
     rows = dict(zip(sparse, values[: len(sparse)], strict=True))
     for name in sparse:
-        if rows[name] is None:
+        if rows[name] is None and ctx.architecture in ("ar", "ar-dense"):
             rows[name] = replica_state(ctx.token).replicas[name].values[batch.ids[name]]
+        elif rows[name] is None:
+            rows[name] = _scratch(ctx, name)["rows"]
     dense = _dense_values(ctx, values[len(sparse) :])
     if ctx.spec.sampled:
         loss, grads, grad_rows, grad_output = sampled_batch_gradients(
@@ -227,6 +230,14 @@ def chief_rows_sum(
         total[positions] += grad
     _scratch(ctx, variable)["union_grad"] = total
     return union
+
+
+def own_rows_sum(ctx: StepContext, variable: str, _computed) -> np.ndarray:
+    """The sum of a one-worker machine: its chief's own row gradient (after :func:`compute`);
+    returns its rows."""
+    scratch = _scratch(ctx, variable)
+    scratch["union_grad"] = scratch["grad_rows"]
+    return _scratch(ctx)["batch"].ids[variable]
 
 
 def push_rows(ctx: StepContext, variable: str, positions: np.ndarray, _summed) -> np.ndarray:
