@@ -388,8 +388,9 @@ def main() -> None:
         print(
             f"\nmodel {name}: V = {setup['vocab']}, d = {setup['dim']}, context "
             f"{setup['context']} ({setup['combine']}), hidden {setup['hidden']}, "
-            f"{setup['classes']} classes ({args.output} softmax"
-            f"{f', {args.n_sampled} candidates' if setup['sampled'] else ''}), global batch "
+            f"{setup['classes']} classes ("
+            f"{f'sampled softmax, {args.n_sampled} candidates' if setup['sampled'] else 'softmax'}"
+            "), global batch "
             f"{batch}; {args.rate} links, dasknn: mean of {args.steps - args.warmup} steps "
             f"after {args.warmup}, DDP: median",
             flush=True,
