@@ -5,7 +5,9 @@ Every figure is measured in the same run on the same namespace cluster
 ``--rate``), the same model, the same batches:
 
 - ``ar-dense``, ``ps``, ``ar`` and ``hybrid`` of :mod:`dasknn.data_parallel`, one shard per
-  worker (``--shards`` to change it);
+  worker (``--shards`` to change it), ``--warmup`` steps by ``train_step``, then the timed
+  steps by one ``fit`` (which tells the model each next batch, so ``hybrid`` and ``ps``
+  prefetch the next step's rows); the figure is the timed steps' mean;
 - where torch is installed, PyTorch ``DistributedDataParallel`` over gloo with one process (one
   thread) per namespace, the embedding an ``nn.EmbeddingBag(sparse=True)`` ("DDP-sparse",
   gradients allgathered) and the dense variant ("DDP-dense", the whole table allreduced).
@@ -15,6 +17,8 @@ Models: ``zipf``, V = 2^18 rows of d = 256 (mean of the 4 ids of a window, as Em
 ids (the embedding's traffic dominates); ``corpus``, the code tokens of Python's standard library
 (``dasknn.datasets.load_stdlib_corpus("code")``, the 32,768 most frequent tokens), d = 128,
 windows of 4 concatenated, a 64-wide hidden layer, next-token softmax, global batch 256.
+``--output sampled`` trains either model with the sampled softmax (``--n-sampled`` log-uniform
+candidates a step; the output table is then a sparse variable), in dasknn and in DDP alike.
 
 ``--search`` also runs the shard-count search of the hybrid architecture and a brute force over
 ``1 .. 2N`` at the largest N, and prints both. ``--learn`` trains a next-word model on the prose
@@ -93,6 +97,7 @@ def corpus_setup(steps: int, seed: int = 0) -> dict:
 def make_model(setup: dict):
     from dasknn.model import EmbeddingMLP
 
+    sampled = {"output": "sampled", "n_sampled": setup["n_sampled"]} if setup["sampled"] else {}
     return EmbeddingMLP(
         setup["vocab"],
         setup["context"],
@@ -102,7 +107,13 @@ def make_model(setup: dict):
         combine=setup["combine"],
         dtype=np.float32,
         seed=0,
+        **sampled,
     )
+
+
+def with_output(setup: dict, args) -> dict:
+    """``setup`` with the output of ``--output`` / ``--n-sampled``."""
+    return {**setup, "sampled": args.output == "sampled", "n_sampled": args.n_sampled}
 
 
 # ------------------------------------------------------------------ dasknn
@@ -111,21 +122,22 @@ def run_dasknn(client, setup: dict, arch: str, shards: int, warmup: int) -> dict
     from dasknn.optim import SGD
 
     optimizer = SGD(lr=0.05)
+    batches = setup["batches"]
     with data_parallel(
         make_model(setup), client, architecture=arch, sparse_partitions=shards
     ) as dp:
-        times = []
-        for step, (X, y) in enumerate(setup["batches"]):
-            if step == warmup:
-                dp.reset_comm()
-            start = time.perf_counter()
+        for X, y in batches[:warmup]:
             dp.train_step(X, y, optimizer=optimizer)
-            times.append(time.perf_counter() - start)
+        dp.reset_comm()
+        X = np.concatenate([b[0] for b in batches[warmup:]])
+        y = np.concatenate([b[1] for b in batches[warmup:]])
+        start = time.perf_counter()
+        dp.fit(X, y, batch_size=len(batches[0][1]), shuffle=False, optimizer=optimizer)
+        seconds = (time.perf_counter() - start) / (len(batches) - warmup)
         report = dp.comm_report()
-    timed = times[warmup:]
     return {
-        "seconds": float(np.median(timed)),
-        "bytes_per_step": report.total() / len(timed),
+        "seconds": seconds,
+        "bytes_per_step": report.total() / (len(batches) - warmup),
         "exact": report.matches(),
         "alpha": report.model_alpha,
     }
@@ -159,8 +171,11 @@ def ddp_worker(args) -> None:
     import torch
     import torch.distributed as dist
 
+    from dasknn.model.sampled_softmax import candidate_log_expected, sample_candidates
+
     torch.set_num_threads(1)
     setup = zipf_setup(args.steps) if args.model == "zipf" else corpus_setup(args.steps)
+    setup = with_output(setup, args)
     dist.init_process_group(
         "gloo", init_method=f"tcp://{args.master}:29500", rank=args.rank, world_size=args.world
     )
@@ -178,23 +193,46 @@ def ddp_worker(args) -> None:
                 self.emb = torch.nn.Embedding(setup["vocab"], setup["dim"], sparse=sparse)
             width = setup["dim"] * (setup["context"] if self.combine == "concat" else 1)
             self.hidden = torch.nn.Linear(width, setup["hidden"])
-            self.out = torch.nn.Linear(setup["hidden"], setup["classes"])
+            if setup["sampled"]:  # the output table [W^T | b], one row per class
+                self.out = torch.nn.Embedding(setup["classes"], setup["hidden"] + 1, sparse=sparse)
+            else:
+                self.out = torch.nn.Linear(setup["hidden"], setup["classes"])
 
-        def forward(self, x):
+        def forward(self, x, t, candidates):
             h = self.emb(x) if self.combine == "mean" else self.emb(x).reshape(x.shape[0], -1)
-            return self.out(torch.relu(self.hidden(h)))
+            h = torch.relu(self.hidden(h))
+            if candidates is None:
+                return torch.nn.functional.cross_entropy(self.out(h), t)
+            # the sampled softmax of dasknn.model.sampled_softmax: the same candidates, logQ
+            # correction, accidental hits dropped
+            h1 = torch.cat([h, torch.ones(h.shape[0], 1)], dim=1)
+            rows = self.out(torch.cat([t, candidates]))
+            z_label = (h1 * rows[: len(t)]).sum(dim=1) - log_q[t]
+            z_sampled = h1 @ rows[len(t) :].T - log_q[candidates]
+            hits = candidates[None, :] == t[:, None]
+            logits = torch.cat([z_label[:, None], z_sampled.masked_fill(hits, -torch.inf)], 1)
+            return torch.nn.functional.cross_entropy(logits, torch.zeros_like(t))
+
+    classes = setup["classes"]
+    log_q = torch.from_numpy(
+        candidate_log_expected(np.arange(classes), classes, setup["n_sampled"], "log-uniform")
+    ).float()
 
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(Net())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     times = []
-    for X, y in setup["batches"]:
+    for step, (X, y) in enumerate(setup["batches"]):
         rows = np.array_split(np.arange(len(y)), args.world)[args.rank]
         x, t = torch.from_numpy(X[rows]), torch.from_numpy(y[rows])
         dist.barrier()
         start = time.perf_counter()
         optimizer.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(x), t)
+        candidates = None
+        if setup["sampled"]:
+            drawn = sample_candidates(classes, setup["n_sampled"], "log-uniform", 0, step)
+            candidates = torch.from_numpy(drawn)
+        loss = model(x, t, candidates)
         loss.backward()
         optimizer.step()
         times.append(time.perf_counter() - start)
@@ -204,7 +242,15 @@ def ddp_worker(args) -> None:
     dist.destroy_process_group()
 
 
-def run_ddp(cluster: NetCluster, model: str, sparse: bool, steps: int, warmup: int) -> dict | None:
+def run_ddp(
+    cluster: NetCluster,
+    model: str,
+    sparse: bool,
+    steps: int,
+    warmup: int,
+    output: str,
+    n_sampled: int,
+) -> dict | None:
     n = cluster.workers
     master = cluster._ip(1)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0"}
@@ -229,6 +275,10 @@ def run_ddp(cluster: NetCluster, model: str, sparse: bool, steps: int, warmup: i
             str(steps),
             "--warmup",
             str(warmup),
+            "--output",
+            output,
+            "--n-sampled",
+            str(n_sampled),
         ] + (["--ddp-sparse"] if sparse else [])
         procs.append(
             subprocess.Popen(
@@ -293,6 +343,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--shards", type=int, default=None)
+    parser.add_argument("--output", default="softmax", choices=["softmax", "sampled"])
+    parser.add_argument("--n-sampled", type=int, default=256)
     parser.add_argument("--no-ddp", action="store_true")
     parser.add_argument("--search", action="store_true")
     parser.add_argument("--learn", action="store_true")
@@ -331,12 +383,16 @@ def main() -> None:
 
     for name in args.models:
         setup = zipf_setup(args.steps) if name == "zipf" else corpus_setup(args.steps)
+        setup = with_output(setup, args)
         batch = len(setup["batches"][0][1])
         print(
             f"\nmodel {name}: V = {setup['vocab']}, d = {setup['dim']}, context "
             f"{setup['context']} ({setup['combine']}), hidden {setup['hidden']}, "
-            f"{setup['classes']} classes, global batch {batch}; {args.rate} links, "
-            f"median of {args.steps - args.warmup} steps after {args.warmup}",
+            f"{setup['classes']} classes ("
+            f"{f'sampled softmax, {args.n_sampled} candidates' if setup['sampled'] else 'softmax'}"
+            "), global batch "
+            f"{batch}; {args.rate} links, dasknn: mean of {args.steps - args.warmup} steps "
+            f"after {args.warmup}, DDP: median",
             flush=True,
         )
         for n in args.workers:
@@ -359,7 +415,15 @@ def main() -> None:
                 if have_torch:
                     for sparse in (True, False):
                         label = "DDP-sparse" if sparse else "DDP-dense"
-                        r = run_ddp(cluster, name, sparse, args.steps, args.warmup)
+                        r = run_ddp(
+                            cluster,
+                            name,
+                            sparse,
+                            args.steps,
+                            args.warmup,
+                            args.output,
+                            args.n_sampled,
+                        )
                         if r is not None:
                             rows[label] = r
                             print(

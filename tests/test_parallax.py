@@ -15,6 +15,7 @@ from dasknn.optim import SGD, Adam
 from dasknn.runtime.cluster import local_cluster
 
 V, C, D = 24, 2, 3
+SPARSE = ("embedding", "softmax")
 STEPS = 5
 
 
@@ -99,6 +100,71 @@ def test_five_steps_equal_one_process(client4, arch, n, shards, local, combine, 
         assert (report.total(scope="inter") > 0) == (n > 2)
 
 
+SAMPLED_CASES = [
+    ("hybrid", 3, 2, False, "sgd"),
+    ("hybrid", 4, 5, True, "adam"),
+    ("ps", 2, 3, False, "adam"),
+    ("ar", 3, None, False, "adam"),
+    ("ar-dense", 4, None, True, "sgd"),
+]
+
+
+@pytest.mark.parametrize("arch,n,shards,local,opt", SAMPLED_CASES)
+def test_sampled_softmax_five_steps_equal_one_process(client4, arch, n, shards, local, opt):
+    """The output table of a sampled softmax is a sparse variable: on the parameter servers
+    (hybrid, ps), allgathered (ar) or densified (ar-dense); every way equals one process."""
+    workers = sorted(client4.scheduler_info(n_workers=-1)["workers"])[:n]
+    machines = {w: i // 2 for i, w in enumerate(workers)} if local else None
+    model = EmbeddingMLP(
+        V,
+        C,
+        D,
+        hidden=(4,),
+        n_classes=20,
+        dtype=np.float64,
+        seed=n,
+        output="sampled",
+        n_sampled=6,
+    )
+    optimizer = SGD(lr=0.4, momentum=0.5) if opt == "sgd" else Adam(lr=0.05)
+    batches = [(X, y % 20) for X, y in _batches(n)]
+    want = _one_process(model, batches, optimizer)
+    with data_parallel(
+        model,
+        client4,
+        architecture=arch,
+        sparse_partitions=shards,
+        machines=machines,
+        workers=workers,
+    ) as dp:
+        for X, y in batches:
+            dp.train_step(X, y, optimizer=optimizer)
+        got = dp.gather()
+        report = dp.comm_report()
+    _assert_same(got, want, 1e-9)
+    for a, b in zip(got.weights + got.biases, want.weights + want.biases, strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-9)
+    assert got.steps_ == want.steps_ == STEPS
+    assert report.matches(), str(report)
+    assert 0 < report.alpha["softmax"] < 1
+    assert set(report.by("variable")) <= {
+        "embedding",
+        "softmax",
+        "dense",
+        "hidden1.weight",
+        "hidden1.bias",
+    }
+    if arch in ("hybrid", "ps"):  # the servers' rows travel in pull and push only
+        assert report.by("phase").keys() <= {
+            "pull",
+            "push",
+            "to-chief",
+            "from-chief",
+            "reduce-scatter",
+            "allgather",
+        }
+
+
 def test_float32_and_fit(client4):
     model = EmbeddingMLP(V, C, D, hidden=(4,), dtype=np.float32, seed=1)
     rng = np.random.default_rng(5)
@@ -111,6 +177,53 @@ def test_float32_and_fit(client4):
         assert dp.predict(X).shape == (40,)
         assert dp.score(X, y) == pytest.approx(want.score(X, y))
         assert dp.comm_report().matches()
+
+
+@pytest.mark.parametrize("arch,local", [("hybrid", True), ("ps", False)])
+def test_fit_prefetching_rows_equals_one_process(client4, arch, local):
+    """``fit`` knows each next batch: the servers send the chiefs the next step's rows right
+    after stepping them, across epochs too; the steps stay exact (sampled softmax, Adam)."""
+    workers = sorted(client4.scheduler_info(n_workers=-1)["workers"])[:3]
+    machines = {w: i // 2 for i, w in enumerate(workers)} if local else None
+    model = EmbeddingMLP(
+        V,
+        C,
+        D,
+        hidden=(4,),
+        n_classes=20,
+        dtype=np.float64,
+        seed=2,
+        output="sampled",
+        n_sampled=5,
+    )
+    rng = np.random.default_rng(3)
+    X, y = rng.integers(0, V, (23, C)), rng.integers(0, 20, 23)
+    optimizer = Adam(lr=0.05)
+    want = model.copy().fit(X, y, batch_size=6, epochs=2, seed=4, optimizer=optimizer)
+    with data_parallel(
+        model,
+        client4,
+        architecture=arch,
+        sparse_partitions=3,
+        machines=machines,
+        workers=workers,
+    ) as dp:
+        dp.fit(X, y, batch_size=6, epochs=2, seed=4, optimizer=optimizer)
+        got = dp.gather()
+        report = dp.comm_report()
+    for a, b in zip(
+        [got.embedding, *got.weights, *got.biases],
+        [want.embedding, *want.weights, *want.biases],
+        strict=True,
+    ):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-9)
+    assert dp.loss_curve_ == pytest.approx(want.loss_curve_, rel=1e-9)
+    assert report.matches(), str(report)
+    # one pull a step per variable, chief and shard on another worker (shard p on worker p)
+    chiefs = [0, 2] if local else [0, 1, 2]
+    remote = sum(1 for c in chiefs for p in range(3) if p != c)
+    pulls = [v[1] for k, v in report.measured.items() if k[1] == "pull" and k[0] in SPARSE]
+    assert sum(pulls) == report.steps * len(SPARSE) * remote
 
 
 def _alpha_batch(n_workers: int, rows: int):

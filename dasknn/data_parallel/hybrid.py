@@ -1,21 +1,26 @@
 """The task graph of one data-parallel step, for every architecture, and its exact traffic.
 
 Workers ``0 .. N-1`` are grouped into machines; the first worker of a machine is its chief.
-Every worker computes the gradient of its share of the global batch (:mod:`.steps`). Then, by
-architecture:
+Every worker computes the gradient of its share of the global batch (:mod:`.steps`). The
+sparse variables are the embedding and, for a sampled-softmax model, the output table
+``[W_out^T | b_out]``; each goes its own way below, side by side. By architecture:
 
-- **sparse variable on parameter servers** (``hybrid``, ``ps``): each chief gathers its
-  machine's distinct ids (``to-chief-indices``), asks each shard's server once for the rows it
-  holds (``pull-indices``: int64 offsets), gets them (``pull``), hands each worker its rows
-  (``from-chief``), sums the workers' row gradients (``to-chief``) and pushes them to the servers
-  in the order of its pull, values only (``push``); each server sums what the machines pushed
-  and steps its rows.
-- **sparse variable by allgather** (``ar``): each chief sums its machine's row gradients
-  (``to-chief-indices``, ``to-chief``), the chiefs allgather the ids (``allgather-indices``) and
-  the rows (``allgather``), and each chief hands its workers the global ids and sums
+- **sparse variables on parameter servers** (``hybrid``, ``ps``): each shard's server sends each
+  chief the rows of its machine that the shard holds (``pull``; the offsets come with the graph
+  from the client's plan, :mod:`.plan`, so the pull is the step's first message), the chief
+  hands each worker its rows (``from-chief``), sums the workers' row gradients (``to-chief``)
+  and pushes them to the servers in the order of the pull, values only (``push``); each server
+  sums what the machines pushed and steps its rows. When the client knows the next step's batch
+  (``fit`` does), the step also **prefetches** it: right after a server has stepped its rows, it
+  sends each chief the rows of the next step (the next step's ``pull``, keyed by that step, its
+  offsets from that step's plan), so the next step starts with its rows on the chiefs and its
+  only dependent messages across machines are the push and this reply.
+- **sparse variables by allgather** (``ar``): each chief sums its machine's row gradients
+  (``to-chief``), the chiefs allgather the ids (``allgather-indices``) and the rows
+  (``allgather``), and each chief hands its workers the global ids and sums
   (``from-chief-indices``, ``from-chief``); every replica steps those rows.
-- **dense variables by allreduce** (``hybrid``, ``ar``, ``ar-dense``, which also treats the
-  embedding's gradient as a dense ``V x d`` array): the gradients of all dense variables form one
+- **dense variables by allreduce** (``hybrid``, ``ar``, ``ar-dense``, which also treats each
+  sparse variable's gradient as a dense array): the gradients of all dense variables form one
   flat buffer, variable ``"dense"`` in the keys (tensor fusion, as Horovod's: one collective
   instead of one per variable); each chief sums its machine's buffer (``to-chief``), the chiefs
   allreduce it (``reduce-scatter``, ``allgather``; the two hops of
@@ -32,52 +37,22 @@ monitor must measure.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from dask.task_spec import Task, TaskRef
 
 from dasknn.data_parallel import steps
-from dasknn.data_parallel.steps import DENSE, EMBEDDING, StepContext
+from dasknn.data_parallel.plan import StepPlan, Topology
+from dasknn.data_parallel.steps import DENSE, StepContext
 from dasknn.runtime.collectives import build_allgather, build_allreduce, chunk_bounds
 from dasknn.runtime.keys import dp_key
 
-__all__ = ["ARCHITECTURES", "StepGraph", "Topology", "build_step"]
+__all__ = ["ARCHITECTURES", "StepGraph", "build_step"]
 
 ARCHITECTURES = ("hybrid", "ps", "ar", "ar-dense")
 INDEX_BYTES = 8
 STEP = "step"
-
-
-@dataclass(frozen=True)
-class Topology:
-    """Workers grouped into machines.
-
-    Attributes
-    ----------
-    machines : tuple of tuple of int
-        The workers of each machine, ascending; machines ordered by their first worker, which is
-        the machine's chief.
-    """
-
-    machines: tuple[tuple[int, ...], ...]
-
-    @property
-    def n_workers(self) -> int:
-        return sum(len(m) for m in self.machines)
-
-    @property
-    def chiefs(self) -> list[int]:
-        return [m[0] for m in self.machines]
-
-    def machine_of(self, worker: int) -> int:
-        for index, members in enumerate(self.machines):
-            if worker in members:
-                return index
-        raise KeyError(worker)
-
-    def chief_of(self, worker: int) -> int:
-        return self.machines[self.machine_of(worker)][0]
 
 
 @dataclass
@@ -100,16 +75,19 @@ class StepGraph:
 
 
 class _Builder:
-    def __init__(self, ctx: StepContext, topology: Topology) -> None:
+    def __init__(self, ctx: StepContext, topology: Topology, plan: StepPlan) -> None:
         self.ctx = ctx
         self.topology = topology
+        self.plan = plan
         self.graph = StepGraph()
         #: Per worker, the local tasks that end its part of the step (its ``finish`` waits for
         #: them; every other task of the step is upstream of some worker's ``finish``).
         self.final: dict[int, list] = defaultdict(list)
 
-    def key(self, variable, phase, sender, receiver, part=-1):
-        return dp_key(self.ctx.token, self.ctx.step, variable, phase, sender, receiver, part)
+    def key(self, variable, phase, sender, receiver, part=-1, step=None):
+        """The key of a task of this step (or of ``step``)."""
+        step = self.ctx.step if step is None else step
+        return dp_key(self.ctx.token, step, variable, phase, sender, receiver, part)
 
     def task(self, key, func, *args, nbytes: int = 0):
         """Add a task; a key whose sender and receiver differ is a message of ``nbytes``."""
@@ -148,17 +126,18 @@ class _Builder:
                 counter[1] += 1
         return [TaskRef(k) for k in graph.outputs]
 
-
-def _row_bytes(ctx: StepContext) -> int:
-    return ctx.spec.embed_dim * np.dtype(ctx.spec.dtype).itemsize
+    def row_bytes(self, variable: str) -> int:
+        """Bytes of one row of a sparse variable."""
+        return self.ctx.spec.sparse_shapes()[variable][1] * np.dtype(self.ctx.spec.dtype).itemsize
 
 
 def build_step(
     ctx: StepContext,
     topology: Topology,
-    batches: list[tuple],
-    unique_ids: list[np.ndarray],
+    plan: StepPlan,
     dense_servers: dict[str, int],
+    prefetched: bool = False,
+    next_plan: StepPlan | None = None,
 ) -> StepGraph:
     """The graph of one step (see the module docstring).
 
@@ -170,74 +149,68 @@ def build_step(
     ----------
     ctx : StepContext
     topology : Topology
-    batches : list of tuple
-        Per worker, its ``(ids, labels, batch_union)``, carried by its first task (the client
-        sends it with the graph: no worker-to-worker traffic).
-    unique_ids : list of int64 arrays
-        Per worker, the sorted distinct ids of its windows (for the traffic prediction).
+    plan : StepPlan
+        The client's plan of the step; ``plan.batches[i]`` is carried by worker ``i``'s first
+        task (the client sends it with the graph: no worker-to-worker traffic).
     dense_servers : dict
         ``ps``: the worker serving each dense variable.
+    prefetched : bool
+        ``hybrid``, ``ps``: the previous step left this step's rows on the chiefs.
+    next_plan : StepPlan, optional
+        ``hybrid``, ``ps``: the plan of the next step, whose rows this step prefetches.
     """
-    b = _Builder(ctx, topology)
+    b = _Builder(ctx, topology, plan)
     arch = ctx.architecture
     item = np.dtype(ctx.spec.dtype).itemsize
-    row = _row_bytes(ctx)
     n = topology.n_workers
-    unions = [np.unique(np.concatenate([unique_ids[m] for m in ms])) for ms in topology.machines]
     names = ctx.spec.dense_names()
+    sparse = list(ctx.spec.sparse_shapes())
     shapes = dict(zip(names, ctx.spec.dense_shapes(), strict=True))
-    shapes[EMBEDDING] = (ctx.spec.vocab_size, ctx.spec.embed_dim)
+    shapes.update(ctx.spec.sparse_shapes())
     size = {name: int(np.prod(shape)) * item for name, shape in shapes.items()}
 
     prepared = [
-        b.task(b.key(EMBEDDING, "prepare", i, i), steps.prepare, ctx, batches[i]) for i in range(n)
+        b.task(b.key(STEP, "prepare", i, i), steps.prepare, ctx, plan.batches[i]) for i in range(n)
     ]
     pulled = _pull_dense(b, names, size, dense_servers) if arch == "ps" else defaultdict(list)
-    rows_of: dict[int, TaskRef | None] = dict.fromkeys(range(n))
-    union_of = {}
-    if arch != "ar-dense":  # the chiefs collect their machine's ids
-        for members in topology.machines:
-            c = members[0]
-            ids = [
-                b.forward(
-                    b.key(EMBEDDING, "to-chief-indices", m, c),
-                    prepared[m],
-                    nbytes=INDEX_BYTES * len(unique_ids[m]),
-                )
-                for m in members
-            ]
-            union_of[c] = b.task(b.key(EMBEDDING, "union", c, c), steps.chief_union, ctx, *ids)
+    rows_of = {v: dict.fromkeys(range(n)) for v in sparse}
     if arch in ("hybrid", "ps"):
-        rows_of = _pull_rows(b, union_of, unions, unique_ids, row)
-
+        rows_of = {v: _pull_rows(b, v, prefetched) for v in sparse}
     computed = [
         b.task(
-            b.key(EMBEDDING, "compute", i, i),
+            b.key(STEP, "compute", i, i),
             steps.compute,
             ctx,
             prepared[i],
-            rows_of[i],
+            *[rows_of[v][i] for v in sparse],
             *pulled[i],
         )
         for i in range(n)
     ]
     for i in range(n):
         b.final[i].append(computed[i])
-    if arch in ("hybrid", "ps"):
-        _push_rows(b, union_of, computed, unions, unique_ids, row)
-    elif arch == "ar":
-        _allgather_rows(b, union_of, computed, unions, unique_ids, row)
+    for v in sparse:
+        if arch in ("hybrid", "ps"):
+            updates = _push_rows(b, v, computed)
+            if next_plan is not None:
+                _prefetch_rows(b, v, next_plan, updates)
+        elif arch == "ar":
+            _allgather_rows(b, v, computed)
 
     if arch == "ps":
         dense = names
     else:  # one fused buffer of every dense variable, allreduced at once
-        dense = [DENSE] + ([EMBEDDING] if arch == "ar-dense" else [])
+        dense = ([DENSE] if names else []) + (sparse if arch == "ar-dense" else [])
         shapes[DENSE] = (sum(int(np.prod(shapes[name])) for name in names),)
         size[DENSE] = shapes[DENSE][0] * item
     for name in dense:
         sums = []
         for members in topology.machines:
             c = members[0]
+            if len(members) == 1:  # a one-worker machine's sum is its own gradient
+                key = b.key(name, "sum", c, c)
+                sums.append(b.task(key, steps.dense_gradient, ctx, name, computed[c]))
+                continue
             grads = [
                 b.task(
                     b.key(name, "to-chief", m, c),
@@ -290,94 +263,142 @@ def _pull_dense(b: _Builder, names: list[str], size: dict, servers: dict) -> dic
     return pulled
 
 
-def _pull_rows(b: _Builder, union_of: dict, unions: list, unique_ids: list, row: int) -> dict:
-    """Each chief pulls its machine's rows from the shards and hands each worker its rows;
-    ``{worker: rows}``."""
-    ctx, topology, shards = b.ctx, b.topology, b.ctx.shards
-    rows_of = {}
-    for index, members in enumerate(topology.machines):
-        c = members[0]
-        counts = np.bincount(shards.shard_of(unions[index]), minlength=shards.n_shards)
-        replies = []
-        for p in range(shards.n_shards):
-            o = shards.owner(p)
-            request = b.task(
-                b.key(EMBEDDING, "pull-indices", c, o, p),
-                steps.pull_indices,
-                ctx,
-                p,
-                union_of[c],
-                nbytes=INDEX_BYTES * counts[p],
-            )
-            replies.append(
-                b.task(
-                    b.key(EMBEDDING, "pull", o, c, p),
-                    steps.serve_rows,
-                    ctx,
-                    p,
-                    c,
-                    request,
-                    nbytes=row * counts[p],
-                )
-            )
-        assembled = b.task(
-            b.key(EMBEDDING, "assemble", c, c), steps.assemble_rows, ctx, union_of[c], *replies
+def _serve_and_assemble(
+    b: _Builder, ctx: StepContext, variable: str, plan: StepPlan, index: int, after: dict
+) -> TaskRef:
+    """The servers' replies to machine ``index``'s pull of step ``ctx.step`` (each after the
+    task ``after[shard]``, if any) and the chief's task that puts them together."""
+    shards = ctx.shards[variable]
+    row = b.row_bytes(variable)
+    c = b.topology.chiefs[index]
+    rows = plan.machines[variable][index]
+    replies = [
+        b.task(
+            b.key(variable, "pull", shards.owner(p), c, p, step=ctx.step),
+            steps.serve_rows,
+            ctx,
+            variable,
+            p,
+            c,
+            rows.offsets[p],
+            *([after[p]] if p in after else []),
+            nbytes=row * len(rows.offsets[p]),
         )
+        for p in range(shards.n_shards)
+    ]
+    return b.task(
+        b.key(variable, "assemble", c, c, step=ctx.step),
+        steps.assemble_rows,
+        ctx,
+        variable,
+        rows.shard_pos,
+        len(rows.union),
+        *replies,
+    )
+
+
+def _pull_rows(b: _Builder, variable: str, prefetched: bool) -> dict:
+    """Each shard's server sends each chief the machine's rows it holds (offsets from the
+    client's plan), unless the previous step prefetched them; the chief hands each worker its
+    rows. ``{worker: rows}``; the chief of a one-worker machine gets the assembling task (or
+    ``None``) instead: its rows are the assembled ones, which it reads from its scratch."""
+    row = b.row_bytes(variable)
+    rows_of = {}
+    for index, members in enumerate(b.topology.machines):
+        c = members[0]
+        plan = b.plan.machines[variable][index]
+        assembled = None
+        if not prefetched:
+            assembled = _serve_and_assemble(b, b.ctx, variable, b.plan, index, {})
+        if len(members) == 1:
+            rows_of[c] = assembled
+            continue
         for position, m in enumerate(members):
             rows_of[m] = b.task(
-                b.key(EMBEDDING, "from-chief", c, m),
+                b.key(variable, "from-chief", c, m),
                 steps.rows_for,
-                ctx,
-                position,
+                b.ctx,
+                variable,
+                plan.member_pos[position],
                 assembled,
-                nbytes=row * len(unique_ids[m]),
+                nbytes=row * len(plan.member_pos[position]),
             )
     return rows_of
 
 
-def _summed_rows(b: _Builder, union_of, computed, unique_ids, row) -> dict:
-    """Each chief's sum of its machine's row gradients (returns the machine's ids)."""
+def _summed_rows(b: _Builder, variable: str, computed: list) -> dict:
+    """Each chief's sum of its machine's row gradients (returns the machine's rows); a
+    one-worker machine's sum is its own gradient."""
+    row = b.row_bytes(variable)
     summed = {}
-    for members in b.topology.machines:
+    for index, members in enumerate(b.topology.machines):
         c = members[0]
-        grads = [
-            b.forward(
-                b.key(EMBEDDING, "to-chief", m, c),
-                computed[m],
-                nbytes=row * len(unique_ids[m]),
+        plan = b.plan.machines[variable][index]
+        if len(members) == 1:
+            summed[c] = b.task(
+                b.key(variable, "sum", c, c), steps.own_rows_sum, b.ctx, variable, computed[c]
             )
-            for m in members
+            continue
+        grads = [
+            b.task(
+                b.key(variable, "to-chief", m, c),
+                steps.sparse_gradient,
+                b.ctx,
+                variable,
+                computed[m],
+                nbytes=row * len(plan.member_pos[position]),
+            )
+            for position, m in enumerate(members)
         ]
         summed[c] = b.task(
-            b.key(EMBEDDING, "sum", c, c), steps.chief_rows_sum, b.ctx, union_of[c], *grads
+            b.key(variable, "sum", c, c),
+            steps.chief_rows_sum,
+            b.ctx,
+            variable,
+            plan.union,
+            plan.member_pos,
+            *grads,
         )
     return summed
 
 
-def _push_rows(b: _Builder, union_of, computed, unions, unique_ids, row) -> None:
+def _push_rows(b: _Builder, variable: str, computed: list) -> dict:
     """Each chief pushes its machine's summed row gradients to the shards (values only, in the
-    order of its pull); each server steps its shards' rows."""
-    ctx, topology, shards = b.ctx, b.topology, b.ctx.shards
-    summed = _summed_rows(b, union_of, computed, unique_ids, row)
+    order of its pull); each server steps its shards' rows. ``{shard: its update task}``."""
+    ctx, topology, shards = b.ctx, b.topology, b.ctx.shards[variable]
+    row = b.row_bytes(variable)
+    summed = _summed_rows(b, variable, computed)
     pushes = defaultdict(list)
     for index, members in enumerate(topology.machines):
         c = members[0]
-        counts = np.bincount(shards.shard_of(unions[index]), minlength=shards.n_shards)
+        plan = b.plan.machines[variable][index]
         for p in range(shards.n_shards):
             pushes[p].append(
                 b.task(
-                    b.key(EMBEDDING, "push", c, shards.owner(p), p),
+                    b.key(variable, "push", c, shards.owner(p), p),
                     steps.push_rows,
                     ctx,
-                    p,
+                    variable,
+                    plan.shard_pos[p],
                     summed[c],
-                    nbytes=row * counts[p],
+                    nbytes=row * len(plan.shard_pos[p]),
                 )
             )
+    updates = {}
     for p in range(shards.n_shards):
         o = shards.owner(p)
-        update = b.key(EMBEDDING, "update", o, o, p)
-        b.final[o].append(b.task(update, steps.update_shard, ctx, p, topology.chiefs, *pushes[p]))
+        key = b.key(variable, "update", o, o, p)
+        updates[p] = b.task(key, steps.update_shard, ctx, variable, p, topology.chiefs, *pushes[p])
+        b.final[o].append(updates[p])
+    return updates
+
+
+def _prefetch_rows(b: _Builder, variable: str, next_plan: StepPlan, updates: dict) -> None:
+    """Each server, once it has stepped a shard, sends each chief the next step's rows of it;
+    the chief keeps them for the next step (its part of this step ends when it has them)."""
+    ctx_next = replace(b.ctx, step=b.ctx.step + 1)
+    for index, c in enumerate(b.topology.chiefs):
+        b.final[c].append(_serve_and_assemble(b, ctx_next, variable, next_plan, index, updates))
 
 
 def _allreduce_dense(b: _Builder, name: str, shape: tuple, sums: list, nbytes: int) -> None:
@@ -403,43 +424,50 @@ def _allreduce_dense(b: _Builder, name: str, shape: tuple, sums: list, nbytes: i
             b.final[m].append(b.task(apply, steps.apply_replica, ctx, name, value))
 
 
-def _allgather_rows(b: _Builder, union_of, computed, unions, unique_ids, row) -> None:
+def _allgather_rows(b: _Builder, variable: str, computed: list) -> None:
     """``ar``: the chiefs' summed row gradients allgathered and handed to every worker."""
     ctx, topology = b.ctx, b.topology
-    summed = _summed_rows(b, union_of, computed, unique_ids, row)
+    row = b.row_bytes(variable)
+    summed = _summed_rows(b, variable, computed)
     ids = [summed[c] for c in topology.chiefs]
     values = [
-        b.task(b.key(EMBEDDING, "union-grad", c, c), steps.chief_union_grad, ctx, summed[c])
+        b.task(
+            b.key(variable, "union-grad", c, c), steps.chief_union_grad, ctx, variable, summed[c]
+        )
         for c in topology.chiefs
     ]
+    unions = [m.union for m in b.plan.machines[variable]]
     sizes = [len(u) for u in unions]
     if len(topology.machines) > 1:
         renames = {"allgather": "allgather-indices", "result": "result-indices"}
-        keys = b.collective_key(EMBEDDING, renames)
+        keys = b.collective_key(variable, renames)
         graph = build_allgather(None, [r.key for r in ids], False, key=keys)
-        ids = b.add_collective(graph, EMBEDDING, lambda phase, a, c: INDEX_BYTES * sizes[a])
+        ids = b.add_collective(graph, variable, lambda phase, a, c: INDEX_BYTES * sizes[a])
         graph = build_allgather(
-            None, [r.key for r in values], False, key=b.collective_key(EMBEDDING)
+            None, [r.key for r in values], False, key=b.collective_key(variable)
         )
-        values = b.add_collective(graph, EMBEDDING, lambda phase, a, c: row * sizes[a])
+        values = b.add_collective(graph, variable, lambda phase, a, c: row * sizes[a])
     total = len(np.unique(np.concatenate(unions)))
     for members, id_ref, value_ref in zip(topology.machines, ids, values, strict=True):
         c = members[0]
         combined = b.task(
-            b.key(EMBEDDING, "combine", c, c),
+            b.key(variable, "combine", c, c),
             steps.combine_gathered,
             ctx,
+            variable,
             id_ref,
             value_ref,
             *sizes,
         )
-        grad = b.task(b.key(EMBEDDING, "global-grad", c, c), steps.global_grad, ctx, combined)
+        grad = b.task(
+            b.key(variable, "global-grad", c, c), steps.global_grad, ctx, variable, combined
+        )
         for m in members:
             union = b.forward(
-                b.key(EMBEDDING, "from-chief-indices", c, m),
+                b.key(variable, "from-chief-indices", c, m),
                 combined,
                 nbytes=INDEX_BYTES * total,
             )
-            value = b.forward(b.key(EMBEDDING, "from-chief", c, m), grad, nbytes=row * total)
-            apply = b.key(EMBEDDING, "apply", m, m)
-            b.final[m].append(b.task(apply, steps.apply_replica_rows, ctx, union, value))
+            value = b.forward(b.key(variable, "from-chief", c, m), grad, nbytes=row * total)
+            apply = b.key(variable, "apply", m, m)
+            b.final[m].append(b.task(apply, steps.apply_replica_rows, ctx, variable, union, value))

@@ -18,11 +18,12 @@ from numbers import Integral
 import dask
 import numpy as np
 
-from dasknn.data_parallel.hybrid import ARCHITECTURES, Topology, build_step
+from dasknn.data_parallel.hybrid import ARCHITECTURES, build_step
+from dasknn.data_parallel.plan import StepPlan, Topology, plan_step
 from dasknn.data_parallel.report import DataParallelReport
 from dasknn.data_parallel.search import SearchReport, brute_force, search_partitions
 from dasknn.data_parallel.shards import STRATEGIES, ShardMap
-from dasknn.data_parallel.steps import EMBEDDING, StepContext
+from dasknn.data_parallel.steps import StepContext
 from dasknn.data_parallel.variables import VariableStats, classify
 from dasknn.data_parallel.worker_state import (
     ReplicaState,
@@ -30,8 +31,9 @@ from dasknn.data_parallel.worker_state import (
     plugin_name,
     read_values,
 )
-from dasknn.model.embedding_mlp import EmbeddingMLP
-from dasknn.model.embedding_network import unique_rows
+from dasknn.model.embedding_mlp import EmbeddingMLP, split_output_table
+from dasknn.model.embedding_network import EMBEDDING, SOFTMAX
+from dasknn.model.sampled_softmax import sample_candidates
 from dasknn.model.window_estimator import WindowEstimator
 from dasknn.optim import SGD, Optimizer
 from dasknn.runtime.keys import new_token, parse_dp_key
@@ -70,6 +72,15 @@ def _topology(workers: list[str], machines) -> Topology:
     for index, worker in enumerate(workers):
         groups.setdefault(machines[worker], []).append(index)
     return Topology(tuple(tuple(g) for g in sorted(groups.values())))
+
+
+def _same_rows(a: StepPlan, b: StepPlan) -> bool:
+    """Whether two plans have every machine read the same rows of every sparse variable."""
+    return all(
+        np.array_equal(x.union, y.union)
+        for name in a.machines
+        for x, y in zip(a.machines[name], b.machines[name], strict=True)
+    )
 
 
 def _check_count(name: str, value, low: int) -> int:
@@ -165,12 +176,12 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         self.architecture = architecture
         self.partition = partition
         self.search_mode = search_mode
-        vocab = self.spec.vocab_size
+        rows = self._max_shards()
         self._search_pending = sparse_partitions == "auto"
         if sparse_partitions in ("auto", None):  # "auto": until the search at the first step
-            self.n_shards = min(len(self.topology.machines), vocab)
+            self.n_shards = min(len(self.topology.machines), rows)
         else:
-            ShardMap(vocab, sparse_partitions, len(self.workers), partition)  # checks the count
+            ShardMap(rows, sparse_partitions, len(self.workers), partition)  # checks the count
             self.n_shards = int(sparse_partitions)
         self.token = new_token()
         self.plugin_name = plugin_name(self.token)
@@ -185,6 +196,11 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         self.batch_loss_curve_: list[float] = []
         self._search: SearchReport | None = None
         self._step = 0
+        self.steps_ = model.steps_
+        #: The batch ``fit`` will train on after the current step, and the plan of the step
+        #: whose rows the last step prefetched.
+        self._next_batch: tuple | None = None
+        self._prefetched = None
         self._version = 0
         self._gathered: tuple[int, EmbeddingMLP] | None = None
         self._placement = _Placement(self.workers)
@@ -199,12 +215,19 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
             f"shards={self.n_shards})"
         )
 
+    def _max_shards(self) -> int:
+        """The most shards a sparse variable can be cut into (its fewest rows)."""
+        return min(shape[0] for shape in self.spec.sparse_shapes().values())
+
     @property
-    def shard_map(self) -> ShardMap | None:
-        """The embedding's shards (``hybrid``, ``ps``), ``None`` otherwise."""
+    def shard_maps(self) -> dict[str, ShardMap] | None:
+        """The shards of every sparse variable (``hybrid``, ``ps``), ``None`` otherwise."""
         if self.architecture not in ("hybrid", "ps"):
             return None
-        return ShardMap(self.spec.vocab_size, self.n_shards, len(self.workers), self.partition)
+        return {
+            name: ShardMap(shape[0], self.n_shards, len(self.workers), self.partition)
+            for name, shape in self.spec.sparse_shapes().items()
+        }
 
     def _check_open(self) -> None:
         if not self._open:
@@ -224,19 +247,23 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         """Copy ``model``'s values to the workers with ``n_shards`` shards (fresh optimizer
         state)."""
         self.n_shards = n_shards
+        self.steps_ = model.steps_
         arch = self.architecture
         dense = dict(zip(self.spec.dense_names(), model.dense_variables(), strict=True))
+        sparse = {EMBEDDING: model.embedding}
+        if self.spec.sampled:
+            sparse[SOFTMAX] = model.output_table()
         payload = {w: ({}, {}, {}) for w in self.workers}
         for index, worker in enumerate(self.workers):
             replicas, shards, served = payload[worker]
             if arch != "ps":
                 replicas.update(dense)
             if arch in ("ar", "ar-dense"):
-                replicas[EMBEDDING] = model.embedding
+                replicas.update(sparse)
             else:
-                shard_map = self.shard_map
-                for p in shard_map.shards_of(index):
-                    shards[p] = model.embedding[shard_map.rows(p)]
+                for name, shard_map in self.shard_maps.items():
+                    for p in shard_map.shards_of(index):
+                        shards[(name, p)] = sparse[name][shard_map.rows(p)]
             if arch == "ps":
                 served.update({n: v for n, v in dense.items() if self.dense_servers[n] == index})
         for worker, (replicas, shards, served) in payload.items():
@@ -249,6 +276,7 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
                 workers=[worker],
             )
         self.optimizer = None
+        self._prefetched = None
         self._version += 1
 
     def gather(self) -> EmbeddingMLP:
@@ -263,31 +291,50 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
             dense.update(held[worker]["served"])
         dense.update(first["replicas"])
         names = self.spec.dense_names()
-        if EMBEDDING in first["replicas"]:
-            embedding = first["replicas"][EMBEDDING]
-        else:
-            shard_map = self.shard_map
-            embedding = np.empty((self.spec.vocab_size, self.spec.embed_dim), dtype=self.spec.dtype)
-            for worker in self.workers:
-                for p, values in held[worker]["shards"].items():
-                    embedding[shard_map.rows(p)] = values
-        model = EmbeddingMLP._from_values(
-            self.spec,
-            embedding,
-            [dense[n] for n in names[0::2]],
-            [dense[n] for n in names[1::2]],
-        )
+        sparse = dict(first["replicas"])
+        if EMBEDDING not in sparse:
+            for name, shard_map in self.shard_maps.items():
+                sparse[name] = np.empty(self.spec.sparse_shapes()[name], dtype=self.spec.dtype)
+                for worker in self.workers:
+                    for (variable, p), values in held[worker]["shards"].items():
+                        if variable == name:
+                            sparse[name][shard_map.rows(p)] = values
+        weights = [dense[n] for n in names[0::2]]
+        biases = [dense[n] for n in names[1::2]]
+        if self.spec.sampled:
+            weight, bias = split_output_table(sparse[SOFTMAX])
+            weights.append(weight)
+            biases.append(bias)
+        model = EmbeddingMLP._from_values(self.spec, sparse[EMBEDDING], weights, biases)
+        model.steps_ = self.steps_
         self._gathered = (self._version, model)
         return model.copy()
 
     # ------------------------------------------------------------------ steps
-    def _split(self, ids: np.ndarray, labels: np.ndarray) -> list[tuple]:
-        n = len(self.workers)
-        union = unique_rows(ids)[0] if self.architecture == "ar-dense" else None
-        blocks = np.array_split(np.arange(ids.shape[0]), n)
-        return [(ids[b], labels[b], union) for b in blocks]
+    def _plan(self, ids: np.ndarray, labels: np.ndarray, step: int) -> StepPlan:
+        """The client's plan of training step ``step`` on ``(ids, labels)`` (its candidate
+        classes drawn under the sampled softmax)."""
+        s = self.spec
+        candidates = None
+        if s.sampled:
+            seed = s.sampler_seed
+            candidates = sample_candidates(s.n_classes, s.n_sampled, s.sampler, seed, step)
+        return plan_step(
+            s, self.topology, self.shard_maps, ids, labels, candidates, self.architecture
+        )
 
-    def _submit(self, parts: list[tuple], optimizer: Optimizer, denominator: int):
+    def _run_step(
+        self, ids: np.ndarray, labels: np.ndarray, optimizer: Optimizer, upcoming=None
+    ) -> float:
+        """One step on ``(ids, labels)``; with ``upcoming``, the next step's ``(ids, labels)``,
+        the servers send the chiefs its rows at the end of this one (``hybrid``, ``ps``)."""
+        self._check_workers(None)
+        plan = self._plan(ids, labels, self.steps_)
+        prefetched, self._prefetched = self._prefetched, None
+        prefetched = prefetched is not None and _same_rows(prefetched, plan)
+        next_plan = None
+        if upcoming is not None and self.architecture in ("hybrid", "ps"):
+            next_plan = self._plan(*upcoming, self.steps_ + 1)
         self._step += 1
         ctx = StepContext(
             token=self.token,
@@ -295,18 +342,12 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
             spec=self.spec,
             architecture=self.architecture,
             optimizer=optimizer,
-            denominator=denominator,
-            shards=self.shard_map,
+            denominator=ids.shape[0],
+            shards=self.shard_maps,
         )
-        unique = [unique_rows(part[0])[0] for part in parts]
-        graph = build_step(ctx, self.topology, parts, unique, self.dense_servers)
+        graph = build_step(ctx, self.topology, plan, self.dense_servers, prefetched, next_plan)
         with dask.annotate(workers=self._placement, allow_other_workers=False):
             futures = self.client.get(graph.tasks, graph.outputs, sync=False)
-        return futures, graph, unique
-
-    def _run_step(self, ids: np.ndarray, labels: np.ndarray, optimizer: Optimizer) -> float:
-        self._check_workers(None)
-        futures, graph, unique = self._submit(self._split(ids, labels), optimizer, ids.shape[0])
         # a task pinned to a lost worker would wait for ever: look every second
         while not wait_at_most(futures, 1.0):
             self._check_workers(None)
@@ -319,9 +360,11 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
             total = self.predicted[key]
             total[0] += counter[0]
             total[1] += counter[1]
-        self.stats.record(unique)
+        self.stats.record(plan)
         self._version += 1
+        self.steps_ += 1
         self.optimizer = optimizer
+        self._prefetched = next_plan
         return float(sum(losses)) / ids.shape[0]
 
     def _check_workers(self, exc: Exception | None) -> None:
@@ -330,13 +373,15 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         lost = [w for w in self.workers if w not in present]
         if not lost:
             return
-        shard_map = self.shard_map
+        shard_maps = self.shard_maps
         details = []
         for worker in lost:
             index = self.workers.index(worker)
-            shards = shard_map.shards_of(index) if shard_map is not None else []
+            shards = shard_maps[EMBEDDING].shards_of(index) if shard_maps is not None else []
             served = [n for n, s in self.dense_servers.items() if s == index]
             held = f"shards {shards} of the embedding" if shards else "no embedding shard"
+            if shards and self.spec.sampled:
+                held += " and of the softmax table"
             if self.architecture == "ps" and served:
                 held += f" and the dense variables {served}"
             details.append(f"worker {worker} (held {held})")
@@ -345,11 +390,15 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
             "gone: close it and start again from a gathered copy"
         ) from exc
 
+    def _upcoming(self, ids: np.ndarray, labels: np.ndarray) -> None:
+        self._next_batch = (ids, labels)
+
     def _train_batch(self, ids: np.ndarray, labels: np.ndarray, optimizer: Optimizer) -> float:
         self._check_open()
+        upcoming, self._next_batch = self._next_batch, None
         if self._search_pending:
             self.search(ids, labels, optimizer=optimizer)
-        return self._run_step(ids, labels, optimizer)
+        return self._run_step(ids, labels, optimizer, upcoming)
 
     def _logits(self, ids: np.ndarray) -> np.ndarray:
         return self._gathered_model()._logits(ids)
@@ -362,9 +411,10 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
     def _time_steps(self, ids, labels, optimizer) -> float:
         """Mean seconds of the timed steps (after the warm-up) on the batch ``(ids, labels)``."""
         times = []
-        for _ in range(self.search_steps):
+        for k in range(self.search_steps):
             start = time.perf_counter()
-            self._run_step(ids, labels, optimizer)
+            last = k == self.search_steps - 1
+            self._run_step(ids, labels, optimizer, None if last else (ids, labels))
             times.append(time.perf_counter() - start)
         return float(np.mean(times[self.search_warmup :]))
 
@@ -399,11 +449,11 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
             self._place(saved, p)
             return self._time_steps(ids, labels, optimizer)
 
-        vocab = self.spec.vocab_size
+        rows = self._max_shards()
         if mode == "model":
-            report = search_partitions(measure, min(len(self.topology.machines), vocab), vocab)
+            report = search_partitions(measure, min(len(self.topology.machines), rows), rows)
         else:
-            report = brute_force(measure, range(1, min(2 * len(self.workers), vocab) + 1))
+            report = brute_force(measure, range(1, min(2 * len(self.workers), rows) + 1))
         self._place(saved, report.choice)
         self._search_pending = False
         reset_transfers(self.client, self.token)

@@ -5,7 +5,9 @@ Every function here is the body of one task of the step graph built by
 :class:`~dasknn.data_parallel.worker_state.ReplicaState` on its worker and returns either a
 message (a plain numpy array, fetched by exactly one other worker, so the transfer monitor
 measures its size exactly) or a local value. The step's intermediate values live in
-``state.scratch[step]`` until :func:`finish` drops them.
+``state.scratch[step]`` until the next step's :func:`prepare` drops them; what belongs to one
+sparse variable (the embedding, or the output table of a sampled softmax) under
+``state.scratch[step][variable]``.
 
 Roles: every worker computes its share of the batch; the first worker of each machine is its
 *chief* (it sums its machine's gradients and talks to the other machines); the owner of a shard
@@ -18,20 +20,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dasknn.data_parallel.shards import ShardMap
+from dasknn.data_parallel.plan import WorkerBatch
 from dasknn.data_parallel.worker_state import replica_state
 from dasknn.model.embedding_network import (
+    EMBEDDING,
+    SOFTMAX,
     EmbeddingSpec,
     apply_dense,
     apply_rows,
     batch_gradients,
-    unique_rows,
+    sampled_batch_gradients,
 )
 from dasknn.optim import Optimizer
 
-__all__ = ["StepContext"]
+__all__ = ["DENSE", "EMBEDDING", "SOFTMAX", "StepContext"]
 
-EMBEDDING = "embedding"
 #: The fused buffer of every dense variable's gradient (allreduced at once).
 DENSE = "dense"
 
@@ -51,8 +54,8 @@ class StepContext:
     optimizer : Optimizer
     denominator : int
         Windows of the global batch.
-    shards : ShardMap or None
-        The embedding's shards (``hybrid`` and ``ps``).
+    shards : dict or None
+        ``{sparse variable: ShardMap}`` (``hybrid`` and ``ps``).
     """
 
     token: str
@@ -61,25 +64,21 @@ class StepContext:
     architecture: str
     optimizer: Optimizer
     denominator: int
-    shards: ShardMap | None
+    shards: dict | None
 
 
-def _scratch(ctx: StepContext) -> dict:
-    state = replica_state(ctx.token)
-    return state.scratch.setdefault(ctx.step, {})
+def _scratch(ctx: StepContext, variable: str | None = None) -> dict:
+    scratch = replica_state(ctx.token).scratch.setdefault(ctx.step, {})
+    return scratch if variable is None else scratch.setdefault(variable, {})
 
 
 # ------------------------------------------------------------------ every worker
-def prepare(ctx: StepContext, batch: tuple) -> np.ndarray:
-    """Take this worker's windows and labels (and forget the scratch of earlier steps); return
-    its sorted distinct ids."""
-    ids, labels, batch_union = batch
-    unique, inverse = unique_rows(ids)
+def prepare(ctx: StepContext, batch: WorkerBatch) -> None:
+    """Take this worker's part of the batch (and forget the scratch of earlier steps)."""
     scratch = replica_state(ctx.token).scratch
     for step in [s for s in scratch if s < ctx.step]:  # every task of earlier steps has run
         del scratch[step]
-    _scratch(ctx).update(unique=unique, inverse=inverse, labels=labels, batch_union=batch_union)
-    return unique
+    _scratch(ctx)["batch"] = batch
 
 
 def _dense_values(ctx: StepContext, pulled: tuple) -> list[np.ndarray]:
@@ -89,34 +88,60 @@ def _dense_values(ctx: StepContext, pulled: tuple) -> list[np.ndarray]:
     return [state.replicas[name].values for name in ctx.spec.dense_names()]
 
 
-def compute(ctx: StepContext, _prepared, rows, *pulled: np.ndarray) -> np.ndarray:
+def compute(ctx: StepContext, _prepared, *values) -> None:
     """Forward and backward pass of this worker's windows (after :func:`prepare`).
 
-    ``rows`` are the batch's distinct embedding rows (pulled from the servers), or ``None`` to
-    read them from the local replica (``ar``, ``ar-dense``); ``pulled`` are the dense variables'
-    values under ``ps``. Keeps the dense gradients and the loss in the scratch and returns the
-    gradient of the distinct rows (sent to the chief, or kept by a chief).
+    ``values`` are first, per sparse variable, the rows the batch reads (from the chief), or
+    ``None`` to read them from the local replica (``ar``, ``ar-dense``) or, on the parameter
+    servers, from this worker's scratch (the chief of a one-worker machine); then the dense
+    variables' values under ``ps``. Keeps the gradients and the loss in the scratch.
     """
     scratch = _scratch(ctx)
-    if rows is None:
-        rows = replica_state(ctx.token).replicas[EMBEDDING].values[scratch["unique"]]
-    values = _dense_values(ctx, pulled)
-    loss, grads, grad_rows = batch_gradients(
-        ctx.spec,
-        rows,
-        scratch["inverse"],
-        scratch["labels"],
-        values[0::2],
-        values[1::2],
-        ctx.denominator,
-    )
+    batch: WorkerBatch = scratch["batch"]
+    sparse = list(ctx.spec.sparse_shapes())
+    rows = dict(zip(sparse, values[: len(sparse)], strict=True))
+    for name in sparse:
+        if rows[name] is None and ctx.architecture in ("ar", "ar-dense"):
+            rows[name] = replica_state(ctx.token).replicas[name].values[batch.ids[name]]
+        elif rows[name] is None:
+            rows[name] = _scratch(ctx, name)["rows"]
+    dense = _dense_values(ctx, values[len(sparse) :])
+    if ctx.spec.sampled:
+        loss, grads, grad_rows, grad_output = sampled_batch_gradients(
+            ctx.spec,
+            rows[EMBEDDING],
+            batch.inverse,
+            dense[0::2],
+            dense[1::2],
+            rows[SOFTMAX],
+            batch.output,
+            ctx.denominator,
+        )
+        sparse_grads = {EMBEDDING: grad_rows, SOFTMAX: grad_output}
+    else:
+        loss, grads, grad_rows = batch_gradients(
+            ctx.spec,
+            rows[EMBEDDING],
+            batch.inverse,
+            batch.labels,
+            dense[0::2],
+            dense[1::2],
+            ctx.denominator,
+        )
+        sparse_grads = {EMBEDDING: grad_rows}
     scratch["loss"] = loss
     scratch["grads"] = dict(zip(ctx.spec.dense_names(), grads, strict=True))
-    if ctx.architecture == "ar-dense":
-        dense = np.zeros((ctx.spec.vocab_size, ctx.spec.embed_dim), dtype=grad_rows.dtype)
-        dense[scratch["unique"]] = grad_rows
-        scratch["grads"][EMBEDDING] = dense
-    return grad_rows
+    for name, grad in sparse_grads.items():
+        _scratch(ctx, name)["grad_rows"] = grad
+        if ctx.architecture == "ar-dense":
+            full = np.zeros(ctx.spec.sparse_shapes()[name], dtype=grad.dtype)
+            full[batch.ids[name]] = grad
+            scratch["grads"][name] = full
+
+
+def sparse_gradient(ctx: StepContext, variable: str, _computed) -> np.ndarray:
+    """This worker's gradient of the rows of a sparse variable it read (after :func:`compute`)."""
+    return _scratch(ctx, variable)["grad_rows"]
 
 
 def dense_gradient(ctx: StepContext, variable: str, _computed) -> np.ndarray:
@@ -135,8 +160,8 @@ def identity(value):
 
 def apply_replica(ctx: StepContext, variable: str, grad: np.ndarray) -> None:
     """One optimizer step of this worker's replica of a dense variable (of each of them for the
-    fused :data:`DENSE` buffer; under ``ar-dense``, of the embedding, on the global batch's rows)
-    from the summed gradient."""
+    fused :data:`DENSE` buffer; under ``ar-dense``, of a sparse variable, on the global batch's
+    rows) from the summed gradient."""
     if variable == DENSE:
         start = 0
         for name, shape in zip(ctx.spec.dense_names(), ctx.spec.dense_shapes(), strict=True):
@@ -145,17 +170,19 @@ def apply_replica(ctx: StepContext, variable: str, grad: np.ndarray) -> None:
             start = stop
         return
     held = replica_state(ctx.token).replicas[variable]
-    if variable == EMBEDDING:
-        rows = _scratch(ctx)["batch_union"]
+    if variable in ctx.spec.sparse_shapes():
+        rows = _scratch(ctx)["batch"].global_ids[variable]
         state = held.state_for(ctx.optimizer, flat=False)
         apply_rows(ctx.optimizer, held.values, state, rows, grad[rows])
     else:
         apply_dense(ctx.optimizer, held.values, grad, held.state_for(ctx.optimizer, flat=True))
 
 
-def apply_replica_rows(ctx: StepContext, union: np.ndarray, grad_rows: np.ndarray) -> None:
-    """One row-sparse step of this worker's embedding replica (``ar``)."""
-    held = replica_state(ctx.token).replicas[EMBEDDING]
+def apply_replica_rows(
+    ctx: StepContext, variable: str, union: np.ndarray, grad_rows: np.ndarray
+) -> None:
+    """One row-sparse step of this worker's replica of a sparse variable (``ar``)."""
+    held = replica_state(ctx.token).replicas[variable]
     state = held.state_for(ctx.optimizer, flat=False)
     apply_rows(ctx.optimizer, held.values, state, union, grad_rows)
 
@@ -176,63 +203,47 @@ def _combine(ids: list[np.ndarray], values: list[np.ndarray]) -> tuple[np.ndarra
     return union.astype(np.int64), total
 
 
-def chief_union(ctx: StepContext, *member_ids: np.ndarray) -> np.ndarray:
-    """The machine's distinct ids (its workers' ids, in worker order); kept in the scratch with
-    each shard's positions among them."""
-    union = np.unique(np.concatenate(member_ids)).astype(np.int64)
-    scratch = _scratch(ctx)
-    scratch["union"] = union
-    scratch["member_ids"] = member_ids
-    if ctx.shards is not None:
-        scratch["positions"] = ctx.shards.split(union)
+def assemble_rows(
+    ctx: StepContext, variable: str, shard_pos: list, size: int, *replies: np.ndarray
+) -> None:
+    """The chief puts the shards' replies (shard order) in the order of its machine's rows."""
+    width = ctx.spec.sparse_shapes()[variable][1]
+    rows = np.empty((size, width), dtype=ctx.spec.dtype)
+    for positions, reply in zip(shard_pos, replies, strict=True):
+        rows[positions] = reply
+    _scratch(ctx, variable)["rows"] = rows
+
+
+def rows_for(ctx: StepContext, variable: str, positions: np.ndarray, _assembled) -> np.ndarray:
+    """The chief's rows for one worker of its machine (``positions`` in the machine's rows)."""
+    return _scratch(ctx, variable)["rows"][positions]
+
+
+def chief_rows_sum(
+    ctx: StepContext, variable: str, union: np.ndarray, member_pos: list, *grads: np.ndarray
+) -> np.ndarray:
+    """The machine's row gradients summed (worker order) in the order of its rows ``union``;
+    returns ``union``."""
+    width = ctx.spec.sparse_shapes()[variable][1]
+    total = np.zeros((len(union), width), dtype=ctx.spec.dtype)
+    for positions, grad in zip(member_pos, grads, strict=True):
+        total[positions] += grad
+    _scratch(ctx, variable)["union_grad"] = total
     return union
 
 
-def pull_indices(ctx: StepContext, shard: int, _union) -> np.ndarray:
-    """The offsets in ``shard`` of the machine's rows it holds (the chief's request)."""
-    scratch = _scratch(ctx)
-    positions = scratch["positions"][shard]
-    return ctx.shards.offset_of(scratch["union"][positions])
+def own_rows_sum(ctx: StepContext, variable: str, _computed) -> np.ndarray:
+    """The sum of a one-worker machine: its chief's own row gradient (after :func:`compute`);
+    returns its rows."""
+    scratch = _scratch(ctx, variable)
+    scratch["union_grad"] = scratch["grad_rows"]
+    return _scratch(ctx)["batch"].ids[variable]
 
 
-def serve_rows(ctx: StepContext, shard: int, chief: int, offsets: np.ndarray) -> np.ndarray:
-    """The server's reply to ``chief``: the rows ``offsets`` of its shard (the offsets are kept
-    for the push of the same rows)."""
-    _scratch(ctx).setdefault("requests", {})[(shard, chief)] = offsets
-    return replica_state(ctx.token).shards[shard].values[offsets]
-
-
-def assemble_rows(ctx: StepContext, _union, *replies: np.ndarray) -> None:
-    """The chief puts the shards' replies (shard order) in the order of the machine's ids."""
-    scratch = _scratch(ctx)
-    union, positions = scratch["union"], scratch["positions"]
-    rows = np.empty((len(union), ctx.spec.embed_dim), dtype=ctx.spec.dtype)
-    for shard, reply in enumerate(replies):
-        rows[positions[shard]] = reply
-    scratch["rows"] = rows
-
-
-def rows_for(ctx: StepContext, member: int, _assembled) -> np.ndarray:
-    """The chief's rows for the ``member``-th worker of its machine, in that worker's id order."""
-    scratch = _scratch(ctx)
-    ids = scratch["member_ids"][member]
-    return scratch["rows"][np.searchsorted(scratch["union"], ids)]
-
-
-def chief_rows_sum(ctx: StepContext, _union, *member_grads: np.ndarray) -> np.ndarray:
-    """The machine's row gradients summed (worker order) in the order of the machine's ids
-    (after :func:`chief_union`); returns those ids."""
-    scratch = _scratch(ctx)
-    union, total = _combine(list(scratch["member_ids"]), list(member_grads))
-    scratch["union_grad"] = total
-    return union
-
-
-def push_rows(ctx: StepContext, shard: int, _summed) -> np.ndarray:
-    """The machine's summed gradient of the rows it pulled from ``shard``, in the pull's order
-    (the server kept the ids)."""
-    scratch = _scratch(ctx)
-    return scratch["union_grad"][scratch["positions"][shard]]
+def push_rows(ctx: StepContext, variable: str, positions: np.ndarray, _summed) -> np.ndarray:
+    """The machine's summed gradient of the rows it pulled from a shard, in the pull's order
+    (the server kept the offsets)."""
+    return _scratch(ctx, variable)["union_grad"][positions]
 
 
 def chief_sum(ctx: StepContext, *member_grads: np.ndarray) -> np.ndarray:
@@ -243,35 +254,49 @@ def chief_sum(ctx: StepContext, *member_grads: np.ndarray) -> np.ndarray:
     return total
 
 
-def chief_union_grad(ctx: StepContext, _summed) -> np.ndarray:
+def chief_union_grad(ctx: StepContext, variable: str, _summed) -> np.ndarray:
     """The machine's summed row gradient (``ar``: the values allgathered beside the ids)."""
-    return _scratch(ctx)["union_grad"]
+    return _scratch(ctx, variable)["union_grad"]
 
 
-def combine_gathered(ctx: StepContext, ids: np.ndarray, rows: np.ndarray, *sizes) -> tuple:
+def combine_gathered(
+    ctx: StepContext, variable: str, ids: np.ndarray, rows: np.ndarray, *sizes
+) -> np.ndarray:
     """``ar``: the concatenated ids and rows of every machine combined into the global batch's
     distinct ids and summed gradient (machines in order)."""
     cuts = np.cumsum([0, *sizes])
     parts = [(ids[a:b], rows[a:b]) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
     union, total = _combine([p[0] for p in parts], [p[1] for p in parts])
-    scratch = _scratch(ctx)
+    scratch = _scratch(ctx, variable)
     scratch["global_union"], scratch["global_grad"] = union, total
     return union
 
 
-def global_grad(ctx: StepContext, _combined) -> np.ndarray:
+def global_grad(ctx: StepContext, variable: str, _combined) -> np.ndarray:
     """``ar``: the global summed row gradient (after :func:`combine_gathered`)."""
-    return _scratch(ctx)["global_grad"]
+    return _scratch(ctx, variable)["global_grad"]
 
 
 # ------------------------------------------------------------------ servers
-def update_shard(ctx: StepContext, shard: int, chiefs: list[int], *grads: np.ndarray) -> None:
+def serve_rows(
+    ctx: StepContext, variable: str, shard: int, chief: int, offsets: np.ndarray, *_after
+) -> np.ndarray:
+    """The server's reply to ``chief`` in step ``ctx.step``: the rows ``offsets`` of its shard
+    (the client's plan of the chief's rows; kept for the push of the same rows). ``_after``:
+    the update of the previous step, when this is its prefetch."""
+    _scratch(ctx, variable).setdefault("requests", {})[(shard, chief)] = offsets
+    return replica_state(ctx.token).shards[(variable, shard)].values[offsets]
+
+
+def update_shard(
+    ctx: StepContext, variable: str, shard: int, chiefs: list[int], *grads: np.ndarray
+) -> None:
     """The server sums the gradients the ``chiefs`` pushed to ``shard`` (in order; each in the
     order of its pull's offsets) and applies the optimizer to those rows."""
-    requests = _scratch(ctx)["requests"]
+    requests = _scratch(ctx, variable)["requests"]
     offsets = [requests[(shard, chief)] for chief in chiefs]
     union, total = _combine(offsets, list(grads))
-    held = replica_state(ctx.token).shards[shard]
+    held = replica_state(ctx.token).shards[(variable, shard)]
     apply_rows(ctx.optimizer, held.values, held.state_for(ctx.optimizer, flat=False), union, total)
 
 

@@ -1,10 +1,12 @@
 """Dense and sparse variables, and how much of each a worker touches per step (alpha).
 
 A variable is *sparse* when the gradient a step produces for it is row-sparse (the embedding: a
-batch reads and changes only the rows its ids name) and *dense* when every element gets a
-gradient (the hidden and output layers). ``alpha`` of a variable is the mean, over steps and
-workers, of the fraction of its elements a worker touches in a step (1 for a dense variable);
-the model's alpha weights each variable by its number of elements (Kim et al., Parallax, 2.2).
+batch reads and changes only the rows its ids name; under the sampled softmax also the output
+table, of which a step changes the rows of its labels and candidate classes) and *dense* when
+every element gets a gradient (the hidden layers, and the output layer of a full softmax).
+``alpha`` of a variable is the mean, over steps and workers, of the fraction of its elements a
+worker touches in a step (1 for a dense variable); the model's alpha weights each variable by
+its number of elements (Kim et al., Parallax, 2.2).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dasknn.data_parallel.plan import StepPlan
 from dasknn.model.embedding_network import EmbeddingSpec
 
 __all__ = ["VariableInfo", "VariableStats", "classify"]
@@ -32,9 +35,9 @@ class VariableInfo:
 
 
 def classify(spec: EmbeddingSpec) -> list[VariableInfo]:
-    """The model's variables: the embedding, whose step gradient is row-sparse, then the dense
-    layers, whose gradient covers every element."""
-    out = [VariableInfo("embedding", (spec.vocab_size, spec.embed_dim), "sparse")]
+    """The model's variables: the embedding (and the output table of a sampled softmax), whose
+    step gradient is row-sparse, then the dense layers, whose gradient covers every element."""
+    out = [VariableInfo(name, shape, "sparse") for name, shape in spec.sparse_shapes().items()]
     for name, shape in zip(spec.dense_names(), spec.dense_shapes(), strict=True):
         out.append(VariableInfo(name, tuple(shape), "dense"))
     return out
@@ -48,11 +51,12 @@ class VariableStats:
     touched: dict[str, float] = field(default_factory=dict)
     samples: int = 0
 
-    def record(self, unique_ids: list[np.ndarray]) -> None:
-        """Count one step: ``unique_ids[i]`` are the distinct rows worker ``i`` touched."""
+    def record(self, plan: StepPlan) -> None:
+        """Count one step of the plan ``plan`` (the distinct rows every worker touched)."""
         for info in self.variables:
             if info.kind == "sparse":
-                fraction = sum(len(u) for u in unique_ids) / (info.shape[0] * len(unique_ids))
+                ids = plan.worker_ids(info.name)
+                fraction = sum(len(u) for u in ids) / (info.shape[0] * len(ids))
             else:
                 fraction = 1.0
             self.touched[info.name] = self.touched.get(info.name, 0.0) + fraction

@@ -5,10 +5,10 @@
 it holds:
 
 - the replicas of the variables this worker computes with (the dense variables under ``hybrid``,
-  ``ar`` and ``ar-dense``; the whole embedding under ``ar`` and ``ar-dense``) and their
+  ``ar`` and ``ar-dense``; the whole sparse variables under ``ar`` and ``ar-dense``) and their
   optimizer state, identical on every worker (every replica takes the same step);
-- as a parameter server, the shards of the embedding it serves (``hybrid``, ``ps``) and, under
-  ``ps``, the dense variables it serves, with their optimizer state;
+- as a parameter server, the shards of the sparse variables it serves (``hybrid``, ``ps``)
+  and, under ``ps``, the dense variables it serves, with their optimizer state;
 - the intermediate values of the step in flight (:attr:`scratch`), dropped when the step ends.
 
 The step tasks (:mod:`dasknn.data_parallel.steps`) find it with :func:`replica_state`. No task
@@ -54,7 +54,7 @@ class ReplicaState(WorkerPlugin):
 
     token: str
     replicas: dict[str, Held] = field(default_factory=dict)
-    shards: dict[int, Held] = field(default_factory=dict)
+    shards: dict[tuple[str, int], Held] = field(default_factory=dict)
     served: dict[str, Held] = field(default_factory=dict)
     scratch: dict = field(default_factory=dict)
 
@@ -75,10 +75,11 @@ def replica_state(token: str) -> ReplicaState:
 
 def install_values(dask_worker, token: str, replicas: dict, shards: dict, served: dict) -> int:
     """For ``Client.run``: give the model's plugin on ``dask_worker`` copies of its arrays
-    (``{name: array}``, ``{shard: array}``, ``{name: array}``), replacing what it held."""
+    (``{name: array}``, ``{(variable, shard): array}``, ``{name: array}``), replacing what it
+    held."""
     state: ReplicaState = dask_worker.plugins[plugin_name(token)]
     state.replicas = {name: Held(np.array(v)) for name, v in replicas.items()}
-    state.shards = {int(p): Held(np.array(v)) for p, v in shards.items()}
+    state.shards = {(name, int(p)): Held(np.array(v)) for (name, p), v in shards.items()}
     state.served = {name: Held(np.array(v)) for name, v in served.items()}
     state.scratch = {}
     return len(state.replicas) + len(state.shards) + len(state.served)

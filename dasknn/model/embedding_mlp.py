@@ -14,18 +14,28 @@ import numpy as np
 from dasknn.model.activations import get_activation
 from dasknn.model.embedding_network import (
     COMBINES,
+    EMBEDDING,
+    OUTPUTS,
+    SOFTMAX,
     EmbeddingSpec,
     apply_dense,
     apply_rows,
     batch_gradients,
     batch_logits,
+    sampled_batch_gradients,
     unique_rows,
 )
+from dasknn.model.sampled_softmax import SAMPLERS, sample_candidates, sampled_output
 from dasknn.model.validation import check_float_dtype
 from dasknn.model.window_estimator import WindowEstimator
 from dasknn.optim import Optimizer, OptimizerSlots
 
-__all__ = ["EmbeddingMLP"]
+__all__ = ["EmbeddingMLP", "split_output_table"]
+
+
+def split_output_table(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The output layer's weight (H, n_classes) and bias of a table ``[W_out^T | b_out]``."""
+    return np.ascontiguousarray(table[:, :-1].T), np.ascontiguousarray(table[:, -1])
 
 
 def _positive(name: str, value) -> int:
@@ -57,7 +67,19 @@ class EmbeddingMLP(WindowEstimator):
         ``float32`` or ``float64``.
     seed : int
         Seed of the initial values: embedding ``N(0, 0.1^2)``, layers uniform in
-        ``+-sqrt(6 / (fan_in + fan_out))`` (Glorot), biases 0.
+        ``+-sqrt(6 / (fan_in + fan_out))`` (Glorot), biases 0; also of the candidate draws of
+        the sampled softmax.
+    output : {"softmax", "sampled"}
+        Train with the full softmax, or with the sampled softmax of
+        :mod:`dasknn.model.sampled_softmax` (``n_sampled`` candidates a step from ``sampler``,
+        the logQ correction, accidental hits dropped); the output layer is then a row-sparse
+        variable, stepped on the rows of the batch's labels and candidates only.
+        ``predict``, ``predict_proba``, ``score`` and ``evaluate`` always use the full softmax.
+    n_sampled : int
+        Candidate classes per step (``output="sampled"``).
+    sampler : {"log-uniform", "uniform"}
+        The candidates' distribution (log-uniform assumes classes ordered by falling
+        frequency, as the corpus loader's vocabulary is).
 
     Attributes
     ----------
@@ -66,6 +88,9 @@ class EmbeddingMLP(WindowEstimator):
         The dense layers, hidden ones first, shapes ``(n_in, n_out)`` and ``(n_out,)``.
     optimizer : Optimizer or None
         The optimizer of the last step; its state is kept while later steps use an equal one.
+    steps_ : int
+        Training steps taken (step ``t`` of the sampled softmax draws its candidates with
+        ``t = steps_``).
     """
 
     def __init__(
@@ -79,9 +104,16 @@ class EmbeddingMLP(WindowEstimator):
         activation: str = "relu",
         dtype=np.float32,
         seed: int = 0,
+        output: str = "softmax",
+        n_sampled: int = 64,
+        sampler: str = "log-uniform",
     ) -> None:
         if combine not in COMBINES:
             raise ValueError(f"combine must be one of {COMBINES}, got {combine!r}")
+        if output not in OUTPUTS:
+            raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
+        if sampler not in SAMPLERS:
+            raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
         get_activation(activation)
         dtype = check_float_dtype(dtype)
         self.spec = EmbeddingSpec(
@@ -93,6 +125,10 @@ class EmbeddingMLP(WindowEstimator):
             combine=combine,
             activation=activation,
             dtype=dtype.name,
+            output=output,
+            n_sampled=_positive("n_sampled", n_sampled),
+            sampler=sampler,
+            sampler_seed=int(seed),
         )
         rng = np.random.default_rng(seed)
         self.embedding = (0.1 * rng.standard_normal((vocab_size, embed_dim))).astype(dtype)
@@ -104,6 +140,7 @@ class EmbeddingMLP(WindowEstimator):
             self.weights.append(rng.uniform(-bound, bound, (n_in, n_out)).astype(dtype))
             self.biases.append(np.zeros(n_out, dtype=dtype))
         self._slots = OptimizerSlots()
+        self.steps_ = 0
         self.loss_curve_: list[float] = []
         self.batch_loss_curve_: list[float] = []
 
@@ -117,18 +154,32 @@ class EmbeddingMLP(WindowEstimator):
         return np.dtype(self.spec.dtype)
 
     def dense_variables(self) -> list[np.ndarray]:
-        """The dense variables in the order of ``spec.dense_names()`` (views, not copies)."""
+        """The dense variables in the order of ``spec.dense_names()`` (views, not copies): every
+        layer, or the hidden ones under the sampled softmax."""
         out = []
         for w, b in zip(self.weights, self.biases, strict=True):
             out += [w, b]
-        return out
+        return out[: len(self.spec.dense_names())]
+
+    def output_table(self) -> np.ndarray:
+        """The output layer as one table ``[W_out^T | b_out]`` (n_classes, H + 1), a copy."""
+        return np.hstack([self.weights[-1].T, self.biases[-1][:, None]])
 
     def variables(self) -> dict[str, np.ndarray]:
-        """Every variable by name: ``"embedding"`` and the dense ones (views)."""
-        return {
-            "embedding": self.embedding,
+        """Every variable by name: ``"embedding"``, the dense ones (views) and, under the
+        sampled softmax, ``"softmax"`` (the output table, a copy)."""
+        out = {
+            EMBEDDING: self.embedding,
             **dict(zip(self.spec.dense_names(), self.dense_variables(), strict=True)),
         }
+        if self.spec.sampled:
+            out[SOFTMAX] = self.output_table()
+        return out
+
+    def candidates(self, step: int) -> np.ndarray:
+        """The candidate classes the sampled softmax draws at training step ``step``."""
+        s = self.spec
+        return sample_candidates(s.n_classes, s.n_sampled, s.sampler, s.sampler_seed, step)
 
     @classmethod
     def _from_values(
@@ -144,45 +195,72 @@ class EmbeddingMLP(WindowEstimator):
         model.spec = spec
         model.embedding, model.weights, model.biases = embedding, weights, biases
         model._slots = OptimizerSlots()
+        model.steps_ = 0
         model.loss_curve_, model.batch_loss_curve_ = [], []
         return model
 
     def copy(self) -> EmbeddingMLP:
         """A copy with the same values (no optimizer state, empty curves)."""
-        return self._from_values(
+        other = self._from_values(
             self.spec,
             self.embedding.copy(),
             [w.copy() for w in self.weights],
             [b.copy() for b in self.biases],
         )
+        other.steps_ = self.steps_
+        return other
 
     def __repr__(self) -> str:
         s = self.spec
         return (
             f"EmbeddingMLP(vocab_size={s.vocab_size}, context={s.context}, "
             f"embed_dim={s.embed_dim}, hidden={s.hidden}, n_classes={s.n_classes}, "
-            f"combine={s.combine!r}, dtype={s.dtype})"
+            f"combine={s.combine!r}, dtype={s.dtype}, output={s.output!r})"
         )
 
     # ------------------------------------------------------------------ hooks
     def _train_batch(self, ids: np.ndarray, labels: np.ndarray, optimizer: Optimizer) -> float:
         unique, inverse = unique_rows(ids)
-        loss_sum, grads, grad_rows = batch_gradients(
-            self.spec,
-            self.embedding[unique],
-            inverse,
-            labels,
-            self.weights,
-            self.biases,
-            ids.shape[0],
-        )
-        state = self._slots.state(optimizer, "embedding", self.embedding)
+        n_dense = len(self.spec.dense_names()) // 2
+        if self.spec.sampled:
+            s = self.spec
+            output = sampled_output(labels, self.candidates(self.steps_), s.n_classes, s.sampler)
+            loss_sum, grads, grad_rows, grad_output = sampled_batch_gradients(
+                s,
+                self.embedding[unique],
+                inverse,
+                self.weights[:n_dense],
+                self.biases[:n_dense],
+                self.output_table()[output.classes],
+                output,
+                ids.shape[0],
+            )
+            # the output table's rows, stepped as the weight's columns and the bias's entries
+            weight = self.weights[-1].T
+            bias = self.biases[-1][:, None]
+            weight_state = self._slots.state(optimizer, "softmax-weight", weight)
+            bias_state = self._slots.state(optimizer, "softmax-bias", bias)
+            classes = output.classes
+            apply_rows(optimizer, weight, weight_state, classes, grad_output[:, :-1])
+            apply_rows(optimizer, bias, bias_state, classes, grad_output[:, -1:])
+        else:
+            loss_sum, grads, grad_rows = batch_gradients(
+                self.spec,
+                self.embedding[unique],
+                inverse,
+                labels,
+                self.weights,
+                self.biases,
+                ids.shape[0],
+            )
+        state = self._slots.state(optimizer, EMBEDDING, self.embedding)
         apply_rows(optimizer, self.embedding, state, unique, grad_rows)
         for name, param, grad in zip(
             self.spec.dense_names(), self.dense_variables(), grads, strict=True
         ):
             state = self._slots.state(optimizer, name, param.reshape(-1))
             apply_dense(optimizer, param, grad, state)
+        self.steps_ += 1
         return loss_sum / ids.shape[0]
 
     def _logits(self, ids: np.ndarray) -> np.ndarray:

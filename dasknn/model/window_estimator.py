@@ -93,6 +93,10 @@ class WindowEstimator:
         """The output ``z`` (B, n_classes) of checked windows."""
         raise NotImplementedError
 
+    def _upcoming(self, ids: np.ndarray, labels: np.ndarray) -> None:
+        """Told by :meth:`fit`, before a step, the batch of the step after it (a model that
+        fetches a step's values ahead uses it; nothing to do in one process)."""
+
     # ------------------------------------------------------------------ checks
     def _check_xy(self, X, y) -> tuple[np.ndarray, np.ndarray]:
         ids = check_windows(X, self.spec.vocab_size, self.spec.context)
@@ -144,14 +148,26 @@ class WindowEstimator:
         if isinstance(seed, bool) or not isinstance(seed, Integral) or seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
         rng = np.random.default_rng(seed)
+        # each epoch's order is drawn one epoch ahead (the same draws, in the same order), so
+        # the batch after every step is known before the step
+        orders = (epoch_batches(ids.shape[0], batch_size, rng, shuffle) for _ in range(epochs))
+        current = next(orders)
         for _ in range(epochs):
+            following = next(orders, None)
             total = 0.0
-            for rows in epoch_batches(ids.shape[0], batch_size, rng, shuffle):
+            for k, rows in enumerate(current):
+                if k + 1 < len(current):
+                    after = current[k + 1]
+                else:
+                    after = following[0] if following else None
+                if after is not None:
+                    self._upcoming(ids[after], labels[after])
                 loss = self._train_batch(ids[rows], labels[rows], optimizer)
                 total += loss * len(rows)
                 if record_batches:
                     self.batch_loss_curve_.append(loss)
             self.loss_curve_.append(total / ids.shape[0])
+            current = following
         return self
 
     def partial_fit(self, X, y, **kwargs) -> Self:

@@ -33,10 +33,10 @@ message between those worker positions (as for collective keys).
 
 **Data-parallel step keys** (:mod:`dasknn.data_parallel`) are tuples
 ``(f"dasknn-dp-{token}", step, variable, phase, sender, receiver, part)``: ``variable`` names the
-model variable the message belongs to (``"embedding"``, ``"output.weight"``, ...), ``phase`` one
-of :data:`DP_PHASES` (or a local step), ``sender`` and ``receiver`` are worker numbers (a message
-when they differ, local work when equal) and ``part`` the shard of a sharded variable (``-1``
-otherwise).
+model variable the message belongs to (``"embedding"``, ``"softmax"``, ``"dense"``, ...),
+``phase`` one of :data:`DP_PHASES` (or a local step), ``sender`` and ``receiver`` are worker
+numbers (a message when they differ, local work when equal) and ``part`` the shard of a sharded
+variable (``-1`` otherwise).
 
 :func:`describe` turns any key into ``(token, phase, layer)`` for the transfer monitor (the
 variable takes the place of the layer for data-parallel keys).
@@ -77,19 +77,18 @@ PIPELINE_KINDS = (
 )
 PIPELINE = "pipe"
 DP_KIND = "dp"
-#: The messages of a data-parallel step: row ids and values pulled from a parameter server,
-#: gradients pushed to it (values only: the server kept the ids of the pull), the two hops of
-#: an allreduce, allgather(v) of row ids and of values, and the hops inside a machine between a
-#: worker and its machine's chief (local aggregation: ``to-chief*`` and ``from-chief*``).
+#: The messages of a data-parallel step: rows pulled from a parameter server (the client's plan
+#: gives the server the offsets), gradients pushed to it (values only: the server kept the
+#: offsets of the pull), the two hops of an allreduce, allgather(v) of row ids and of values, and
+#: the hops inside a machine between a worker and its machine's chief (local aggregation:
+#: ``to-chief`` and ``from-chief*``).
 DP_PHASES = (
-    "pull-indices",
     "pull",
     "push",
     "reduce-scatter",
     "allgather",
     "allgather-indices",
     "to-chief",
-    "to-chief-indices",
     "from-chief",
     "from-chief-indices",
 )
