@@ -63,7 +63,7 @@ def test_save_writes_the_trained_model_that_load_reads(dask_client, tmp_path, ca
     model = CompressedMLP.load(saved)
     assert model.layer_sizes == SIZES and model.nnz == stats["nnz"]
     assert model.steps_ == stats["steps"] and model.optimizer == Adam(lr=1e-3)
-    assert all(layer.state_w.step == stats["steps"] for layer in model.stack.layers)
+    assert all(layer.optimizer_state[0].step == stats["steps"] for layer in model.stack.layers)
     x, y = load_mnist_test()
     held_x = x[-128:].reshape(128, -1).astype(np.float32) / 255.0
     assert model.score(held_x, y[-128:]) == stats["epochs"][-1]["held_out_accuracy"]

@@ -48,8 +48,9 @@ def test_a_loaded_model_continues_training_exactly_as_the_saved_one(tmp_path, pr
         np.testing.assert_array_equal(a.index, b.index)
         np.testing.assert_array_equal(a.master, b.master)
         assert a.master.dtype == b.master.dtype
-        for name in b.state_w.arrays:
-            np.testing.assert_array_equal(a.state_w.arrays[name], b.state_w.arrays[name])
+        a_w, b_w = a.optimizer_state[0], b.optimizer_state[0]
+        for name in b_w.arrays:
+            np.testing.assert_array_equal(a_w.arrays[name], b_w.arrays[name])
     np.testing.assert_array_equal(loaded.predict_proba(x), model.predict_proba(x))
     for _ in range(2):
         assert loaded.train_step(x, y, optimizer=Adam(lr=0.05)) == model.train_step(

@@ -121,9 +121,10 @@ def test_a_distributed_step_equals_the_full_batch_step(client4, stages, replicas
             # the optimizer state comes along: one more step in this process follows the reference
             assert held.steps_ == 2 and held.optimizer == Adam(lr=0.01)
             for a, b in zip(held.stack.layers, reference.stack.layers, strict=True):
-                assert (a.state_w.step, a.state_b.step) == (b.state_w.step, b.state_b.step)
-                for name, moment in b.state_w.arrays.items():
-                    np.testing.assert_allclose(a.state_w.arrays[name], moment, rtol=0, atol=1e-12)
+                (a_w, a_b), (b_w, b_b) = a.optimizer_state, b.optimizer_state
+                assert (a_w.step, a_b.step) == (b_w.step, b_b.step)
+                for name, moment in b_w.arrays.items():
+                    np.testing.assert_allclose(a_w.arrays[name], moment, rtol=0, atol=1e-12)
         resumed = replicas_held[0]
         resumed.train_step(x, y, optimizer=Adam(lr=0.01))
         reference_next, _, _ = problem()

@@ -27,7 +27,7 @@ import numpy as np
 from dasknn.compressed.index import bits_view, check_index, row_pointers
 from dasknn.compressed.precision import Precision
 from dasknn.kernels import compressed as kernels
-from dasknn.optim import Optimizer, OptimizerSlots
+from dasknn.optim import Optimizer, OptimizerSlots, ParamState
 
 __all__ = ["COMPUTES", "CompressedLayer", "CompressedStack"]
 
@@ -196,6 +196,20 @@ class CompressedLayer:
         self.slots.update(optimizer, "weights", self.master, grad_w)
         self.slots.update(optimizer, "bias", self.bias, grad_b)
         self.refresh()
+
+    @property
+    def optimizer_state(self) -> tuple[ParamState, ParamState] | None:
+        """The optimizer state of the master weights and of the bias, ``None`` before both
+        were stepped."""
+        weights, bias = self.slots.states.get("weights"), self.slots.states.get("bias")
+        return None if weights is None or bias is None else (weights, bias)
+
+    def restore_optimizer_state(
+        self, optimizer: Optimizer, state: tuple[ParamState, ParamState]
+    ) -> None:
+        """Hold ``state`` (of the master weights and of the bias, used as given) as the state
+        of ``optimizer``: the next step with an equal optimizer goes on from it."""
+        self.slots = OptimizerSlots(optimizer, {"weights": state[0], "bias": state[1]})
 
     def dense_weights(self) -> np.ndarray:
         """The layer's weights as a dense arithmetic-dtype array (master values, zeros

@@ -255,8 +255,9 @@ class CompressedMLP(InProcessEstimator):
         :mod:`dasknn.model.compressed_persistence`)."""
         layers = self.stack.layers
         state = []
-        if self.optimizer is not None and all(layer.state_w is not None for layer in layers):
-            state = [(layer.state_w, layer.state_b) for layer in layers]
+        held = [layer.optimizer_state for layer in layers]
+        if self.optimizer is not None and all(pair is not None for pair in held):
+            state = held
         scaler = None
         if self.scaler is not None:
             scaler = {
@@ -324,11 +325,8 @@ class CompressedMLP(InProcessEstimator):
             model.scaler.good_steps = scaler["good_steps"]
             model.scaler.skipped_steps = scaler["skipped_steps"]
         if record.optimizer is not None:
-            model.stack.optimizer = record.optimizer
-            for layer, (state_w, state_b) in zip(
-                model.stack.layers, record.optimizer_state, strict=True
-            ):
-                layer.state_w, layer.state_b = state_w, state_b
+            for layer, pair in zip(model.stack.layers, record.optimizer_state, strict=True):
+                layer.restore_optimizer_state(record.optimizer, pair)
         return model
 
     # ------------------------------------------------------------------ shape

@@ -467,9 +467,8 @@ class PipelineMLP(SparseEstimator, PluginOwner):
         held_states = all(w is not None and b is not None for w, b in states)
         same = all(o == optimizers[0] for o in optimizers)
         if optimizers[0] is not None and same and held_states:
-            model.stack.optimizer = optimizers[0]
-            for layer, (state_w, state_b) in zip(model.stack.layers, states, strict=True):
-                layer.state_w, layer.state_b = state_w, state_b
+            for layer, pair in zip(model.stack.layers, states, strict=True):
+                layer.restore_optimizer_state(optimizers[0], pair)
         return model
 
     def gather(self) -> CompressedMLP:

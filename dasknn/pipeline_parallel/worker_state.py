@@ -21,7 +21,6 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from dasknn.compressed import CompressedStack
 from dasknn.model.compressed_mlp import first_nonfinite_layer, nonfinite_loss_error
-from dasknn.optim import ParamState
 
 __all__ = [
     "StageState",
@@ -207,21 +206,12 @@ def snapshot_stage(dask_worker, token: str) -> dict:
     (the states ``None`` before the first update)."""
     stack = dask_worker.plugins[plugin_name(token)].stack
 
-    def copy(state: ParamState | None) -> ParamState | None:
-        if state is None:
-            return None
-        return ParamState(state.step, {k: v.copy() for k, v in state.arrays.items()})
-
-    layers = [
-        (
-            layer.master.copy(),
-            layer.index.copy(),
-            layer.bias.copy(),
-            copy(layer.state_w),
-            copy(layer.state_b),
-        )
-        for layer in stack.layers
-    ]
+    layers = []
+    for layer in stack.layers:
+        pair = layer.optimizer_state
+        state_w, state_b = (None, None) if pair is None else (pair[0].copy(), pair[1].copy())
+        values = (layer.master.copy(), layer.index.copy(), layer.bias.copy())
+        layers.append((*values, state_w, state_b))
     return {"optimizer": stack.optimizer, "layers": layers}
 
 
