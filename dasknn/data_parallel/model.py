@@ -238,7 +238,7 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         if self._open:
             self._open = False
             try:
-                self.client.unregister_worker_plugin(self.plugin_name)
+                self._unregister()
             except Exception:  # noqa: BLE001 - a cluster already gone holds nothing
                 pass
 

@@ -317,7 +317,7 @@ class PipelineMLP(SparseEstimator, PluginOwner):
         if not self._open:
             return
         self._open = False
-        self.client.unregister_worker_plugin(self.plugin_name)
+        self._unregister()
         for token in [self.token, *self._tokens]:
             reset_transfers(self.client, token)
 

@@ -1,8 +1,9 @@
 """The life of a distributed model whose state on the workers one worker plugin owns.
 
-The transfer monitor is installed and the plugin registered before the model's values are placed;
-if placing them fails the model is closed again (the plugin and everything it holds removed), and a
-``with`` block closes the model at its end.
+The transfer monitor is installed, the bound on Dask's key cache (:mod:`dasknn.runtime.key_cache`)
+and the plugin registered before the model's values are placed; if placing them fails the model is
+closed again (the plugin and everything it holds removed), and a ``with`` block closes the model at
+its end.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Self
 
+from dasknn.runtime.key_cache import install_key_cache_bound, remove_key_cache_bound
 from dasknn.runtime.measure import install_comm_monitor
 
 __all__ = ["PluginOwner"]
@@ -18,25 +20,38 @@ __all__ = ["PluginOwner"]
 class PluginOwner:
     """Base of a distributed model that owns one worker plugin.
 
-    A subclass sets ``client`` and ``plugin_name`` and implements :meth:`close`, which removes
-    the plugin while ``_open`` is true and does nothing after that.
+    A subclass sets ``client``, ``token`` and ``plugin_name`` and implements :meth:`close`,
+    which calls :meth:`_unregister` while ``_open`` is true and does nothing after that.
     """
 
     client: Any
+    token: str
     plugin_name: str
     _open: bool = False
 
     def _register(self, plugin, place: Callable[[], None]) -> None:
-        """Install the transfer monitor, register ``plugin`` on every worker under
-        ``plugin_name``, then call ``place()``; close the model if it raises."""
+        """Install the transfer monitor and the key-cache bound, register ``plugin`` on every
+        worker under ``plugin_name``, then call ``place()``; close the model if it raises."""
         install_comm_monitor(self.client)
-        self.client.register_plugin(plugin, name=self.plugin_name)
+        install_key_cache_bound(self.client, self.token)
+        try:
+            self.client.register_plugin(plugin, name=self.plugin_name)
+        except BaseException:
+            remove_key_cache_bound(self.client, self.token)
+            raise
         self._open = True
         try:
             place()
         except BaseException:
             self.close()
             raise
+
+    def _unregister(self) -> None:
+        """Remove the plugin (with the state it owns) and the key-cache bound."""
+        try:
+            self.client.unregister_worker_plugin(self.plugin_name)
+        finally:
+            remove_key_cache_bound(self.client, self.token)
 
     def close(self) -> None:
         """Remove the plugin (with the state it owns); closing twice does nothing."""

@@ -138,7 +138,7 @@ class DistributedSampledMLP(PluginOwner):
         closing twice does nothing."""
         if self._open:
             self._open = False
-            self.client.unregister_worker_plugin(self.plugin_name)
+            self._unregister()
             reset_transfers(self.client, self.token)
 
     def _check_open(self) -> None:
