@@ -35,8 +35,8 @@ import numpy as np
 
 from dasknn.compressed import PRECISIONS, check_index
 from dasknn.compressed.stack import COMPUTES
-from dasknn.model.persistence import _read_arrays, _state
-from dasknn.optim import Optimizer, ParamState, optimizer_config, optimizer_from_config
+from dasknn.model.persistence import optimizer_entries, read_arrays, read_param_state
+from dasknn.optim import Optimizer, ParamState, optimizer_from_config
 from graph.atomic import write_atomically
 
 __all__ = [
@@ -116,15 +116,7 @@ def write_compressed(path: str | os.PathLike, record: CompressedRecord) -> None:
         arrays[f"w{k}_values"] = values
         arrays[f"b{k}"] = bias
     if record.optimizer is not None:
-        header["optimizer"] = {
-            **optimizer_config(record.optimizer),
-            "steps": [[ws.step, bs.step] for ws, bs in record.optimizer_state],
-        }
-        for k, (ws, bs) in enumerate(record.optimizer_state):
-            for name, values in ws.arrays.items():
-                arrays[f"opt_w{k}_{name}"] = values
-            for name, values in bs.arrays.items():
-                arrays[f"opt_b{k}_{name}"] = values
+        header["optimizer"] = optimizer_entries(record.optimizer, record.optimizer_state, arrays)
     arrays["header"] = np.array(json.dumps(header))
     write_atomically(Path(path), lambda handle: np.savez(handle, **arrays))
 
@@ -256,8 +248,8 @@ def _parse(stored: dict[str, np.ndarray]) -> CompressedRecord:
             )
             record.optimizer_state.append(
                 (
-                    _state(stored, f"opt_w{k}_", fresh_w, pair[0], len(values)),
-                    _state(stored, f"opt_b{k}_", fresh_b, pair[1], len(bias)),
+                    read_param_state(stored, f"opt_w{k}_", fresh_w, pair[0], len(values)),
+                    read_param_state(stored, f"opt_b{k}_", fresh_b, pair[1], len(bias)),
                 )
             )
     return record
@@ -277,7 +269,7 @@ def read_compressed(path: str | os.PathLike) -> CompressedRecord:
         or not finite, layers that do not chain, a bad loss scaler or optimizer state).
     """
     path = Path(path)
-    stored = _read_arrays(path)
+    stored = read_arrays(path)
     try:
         return _parse(stored)
     except KeyError as exc:

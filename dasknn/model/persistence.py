@@ -28,6 +28,7 @@ import json
 import os
 import zipfile
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,8 +44,11 @@ __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "ModelRecord",
+    "optimizer_entries",
     "pattern_digest",
+    "read_arrays",
     "read_model",
+    "read_param_state",
     "write_model",
 ]
 
@@ -112,6 +116,20 @@ class ModelRecord:
         return pattern_digest(self.weights)
 
 
+def optimizer_entries(
+    optimizer: Optimizer, state: Sequence[tuple[ParamState, ParamState]], arrays: dict
+) -> dict:
+    """The header entry of ``optimizer`` (its config and every layer's weight and bias step
+    counts); puts the state arrays of layer ``k`` into ``arrays`` as ``opt_w{k}_{name}`` and
+    ``opt_b{k}_{name}``."""
+    for k, (ws, bs) in enumerate(state):
+        for name, values in ws.arrays.items():
+            arrays[f"opt_w{k}_{name}"] = values
+        for name, values in bs.arrays.items():
+            arrays[f"opt_b{k}_{name}"] = values
+    return {**optimizer_config(optimizer), "steps": [[ws.step, bs.step] for ws, bs in state]}
+
+
 def write_model(path: str | os.PathLike, record: ModelRecord) -> None:
     """Write ``record`` to the ``.npz`` file ``path`` atomically (all or nothing).
 
@@ -141,15 +159,7 @@ def write_model(path: str | os.PathLike, record: ModelRecord) -> None:
         arrays[f"w{k}_data"] = w.data
         arrays[f"b{k}"] = b
     if record.optimizer is not None:
-        header["optimizer"] = {
-            **optimizer_config(record.optimizer),
-            "steps": [[ws.step, bs.step] for ws, bs in record.optimizer_state],
-        }
-        for k, (ws, bs) in enumerate(record.optimizer_state):
-            for name, values in ws.arrays.items():
-                arrays[f"opt_w{k}_{name}"] = values
-            for name, values in bs.arrays.items():
-                arrays[f"opt_b{k}_{name}"] = values
+        header["optimizer"] = optimizer_entries(record.optimizer, record.optimizer_state, arrays)
     if record.partition is not None:
         for k, parts in enumerate(record.partition):
             arrays[f"part{k}"] = np.asarray(parts, dtype=np.int64)
@@ -157,7 +167,7 @@ def write_model(path: str | os.PathLike, record: ModelRecord) -> None:
     write_atomically(Path(path), lambda handle: np.savez(handle, **arrays))
 
 
-def _read_arrays(path: Path) -> dict[str, np.ndarray]:
+def read_arrays(path: Path) -> dict[str, np.ndarray]:
     if not path.exists():
         raise FileNotFoundError(f"model file {path} does not exist")
     if path.is_dir():
@@ -194,7 +204,7 @@ def _header(stored: dict[str, np.ndarray]) -> dict:
     return header
 
 
-def _state(stored, prefix: str, expected: ParamState, step, length: int) -> ParamState:
+def read_param_state(stored, prefix: str, expected: ParamState, step, length: int) -> ParamState:
     """The stored state arrays ``{prefix}{name}`` of one parameter, checked against the names
     and length of a fresh state of the same optimizer."""
     if not isinstance(step, int) or step < 0:
@@ -252,10 +262,10 @@ def _parse(path: Path, stored: dict[str, np.ndarray]) -> ModelRecord:
             w_steps, b_steps = steps[k] if len(steps[k]) == 2 else (None, None)
             record.optimizer_state.append(
                 (
-                    _state(
+                    read_param_state(
                         stored, f"opt_w{k}_", record.optimizer.init_state(w_data), w_steps, w.nnz
                     ),
-                    _state(
+                    read_param_state(
                         stored, f"opt_b{k}_", record.optimizer.init_state(b_data), b_steps, len(b)
                     ),
                 )
@@ -290,7 +300,7 @@ def read_model(path: str | os.PathLike) -> ModelRecord:
         ``indptr``, a value that is not finite, optimizer state of the wrong length).
     """
     path = Path(path)
-    stored = _read_arrays(path)
+    stored = read_arrays(path)
     try:
         return _parse(path, stored)
     except KeyError as exc:
