@@ -39,6 +39,7 @@ __all__ = [
     "initial_parameters",
     "label_rows",
     "precision_at_k",
+    "predicted_precision_at_k",
 ]
 
 
@@ -73,6 +74,36 @@ def precision_at_k(predicted: np.ndarray, ptr: np.ndarray, ids: np.ndarray, k: i
     for j in range(top.shape[1]):
         hits += np.bincount(rows, weights=(top[rows, j] == ids), minlength=len(hits))
     return float(hits.mean() / k)
+
+
+def predicted_precision_at_k(model, X, Y, k: int) -> float:
+    """Precision@k of ``model.predict(X, k)`` against the labels ``Y``.
+
+    Parameters
+    ----------
+    model : SampledMLP or DistributedSampledMLP
+        A trained model: its ``predict``, ``n_features_in_``, ``n_labels_`` and ``dtype``.
+    X : array-like or scipy.sparse matrix, shape (n, n_features_in_)
+    Y : CSR matrix or sequence of label lists
+        The labels of every row.
+    k : int
+        Predicted labels a row (>= 1).
+
+    Returns
+    -------
+    float
+        :func:`precision_at_k` of the predictions.
+
+    Raises
+    ------
+    ValueError
+        For a bad ``k``, features that are not finite or of the wrong width, or labels of
+        another number of rows or outside ``[0, n_labels_)``, before anything is predicted.
+    """
+    k = check_k(k)
+    X = check_features(X, model.n_features_in_, model.dtype)
+    ptr, ids, _ = check_labels(Y, X.shape[0], model.n_labels_, training=False)
+    return precision_at_k(model.predict(X, k), ptr, ids, k)
 
 
 class SampledMLP:
@@ -415,10 +446,7 @@ class SampledMLP:
 
     def precision_at_k(self, X, Y, k: int = 1) -> float:
         """Precision@k of :meth:`predict` against the labels ``Y``."""
-        k = check_k(k)
-        X = check_features(X, self.n_features_in_, self.dtype)
-        ptr, ids, _ = check_labels(Y, X.shape[0], self.n_labels_, training=False)
-        return precision_at_k(self.predict(X, k), ptr, ids, k)
+        return predicted_precision_at_k(self, X, Y, k)
 
 
 def label_rows(ptr: np.ndarray, ids: np.ndarray, rows: np.ndarray) -> tuple:

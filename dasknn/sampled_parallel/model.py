@@ -14,7 +14,12 @@ from dasknn.runtime.measure import read_transfers, reset_transfers
 from dasknn.runtime.plugin_owner import PluginOwner
 from dasknn.sampled.checks import check_features, check_k, check_labels, check_positive_int
 from dasknn.sampled.layers import merge_top_k
-from dasknn.sampled.model import SampledMLP, epoch_batches, label_rows, precision_at_k
+from dasknn.sampled.model import (
+    SampledMLP,
+    epoch_batches,
+    label_rows,
+    predicted_precision_at_k,
+)
 from dasknn.sampled_parallel.taskgraph import (
     SenderPlacement,
     predict_graph,
@@ -240,10 +245,7 @@ class DistributedSampledMLP(PluginOwner):
 
     def precision_at_k(self, X, Y, k: int = 1) -> float:
         """Precision@k of :meth:`predict` against the labels ``Y``."""
-        k = check_k(k)
-        X = check_features(X, self.n_features_in_, self.dtype)
-        ptr, ids, _ = check_labels(Y, X.shape[0], self.n_labels_, training=False)
-        return precision_at_k(self.predict(X, k), ptr, ids, k)
+        return predicted_precision_at_k(self, X, Y, k)
 
     # ------------------------------------------------------------ state and bytes
     def parameters(self) -> dict[str, np.ndarray]:
