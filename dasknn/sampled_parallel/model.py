@@ -16,8 +16,7 @@ from dasknn.sampled.checks import check_features, check_k, check_labels, check_p
 from dasknn.sampled.layers import merge_top_k
 from dasknn.sampled.model import (
     SampledMLP,
-    epoch_batches,
-    label_rows,
+    epoch_loss,
     predicted_precision_at_k,
 )
 from dasknn.sampled_parallel.taskgraph import (
@@ -152,6 +151,7 @@ class DistributedSampledMLP(PluginOwner):
 
     @property
     def nworkers(self) -> int:
+        """Workers holding a shard, one shard each."""
         return len(self.workers)
 
     # ------------------------------------------------------------ data
@@ -213,12 +213,11 @@ class DistributedSampledMLP(PluginOwner):
         check_positive_int("batch_size", batch_size)
         X, ptr, ids = self._check_training(X, Y)
         for _ in range(epochs):
-            total = 0.0
-            for rows in epoch_batches(X.shape[0], batch_size, self.seed, self.epochs_, shuffle):
-                batch_ptr, batch_ids = label_rows(ptr, ids, rows)
-                total += self._train_batch(X[rows], batch_ptr, batch_ids) * len(rows)
+            loss = epoch_loss(
+                self._train_batch, X, ptr, ids, batch_size, self.seed, self.epochs_, shuffle
+            )
             self.epochs_ += 1
-            self.loss_curve_.append(total / X.shape[0])
+            self.loss_curve_.append(loss)
         return self
 
     def partial_fit(self, X, Y, batch_size: int = 256, shuffle: bool = True):
@@ -288,6 +287,7 @@ class DistributedSampledMLP(PluginOwner):
         return out
 
     def reset_transfers(self) -> None:
+        """Forget the bytes measured so far (:meth:`transfers` starts again from 0)."""
         reset_transfers(self.client, self.token)
 
 
