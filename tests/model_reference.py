@@ -105,3 +105,14 @@ def stored_mask(w):
     mask = np.zeros(w.shape, dtype=bool)
     mask[coo.row, coo.col] = True
     return mask
+
+
+def assert_same_layers(trained, reference, atol: float) -> None:
+    """Two networks of scipy sparse layers hold the same stored entries, values and biases."""
+    assert len(trained.weights) == len(reference.weights)
+    for k, (w, ref) in enumerate(zip(trained.weights, reference.weights, strict=True)):
+        np.testing.assert_allclose(w.toarray(), ref.toarray(), rtol=0, atol=atol, err_msg=k)
+        np.testing.assert_array_equal(stored_mask(w), stored_mask(ref), err_msg=k)
+        np.testing.assert_allclose(
+            trained.biases[k], reference.biases[k], rtol=0, atol=atol, err_msg=k
+        )

@@ -12,7 +12,7 @@ import pytest
 import scipy.sparse as sp
 import sparse
 from distributed import futures_of
-from model_reference import DenseReference, stored_mask
+from model_reference import DenseReference, assert_same_layers, stored_mask
 
 import graph
 from dasknn.model import SparseMLP
@@ -314,14 +314,7 @@ def test_optimizers_match_single_process(dask_client, name, nparts):
         dist.train_step(x[5:9], y[5:9], optimizer=SGD(lr=0.05, momentum=0.3))
         reference.train_step(x[5:9], y[5:9], optimizer=SGD(lr=0.05, momentum=0.3))
         trained = dist.gather()
-    for k in range(model.n_layers):
-        np.testing.assert_allclose(
-            trained.weights[k].toarray(), reference.weights[k].toarray(), rtol=0, atol=1e-10
-        )
-        np.testing.assert_array_equal(
-            stored_mask(trained.weights[k]), stored_mask(reference.weights[k])
-        )
-        np.testing.assert_allclose(trained.biases[k], reference.biases[k], rtol=0, atol=1e-10)
+    assert_same_layers(trained, reference, atol=1e-10)
     assert not np.allclose(trained.weights[0].toarray(), model.weights[0].toarray())
 
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from distributed import Client
+from plugin_checks import key_cache_bound_count
 
 from dasknn.data_parallel import data_parallel
 from dasknn.data_parallel.search import search_partitions
 from dasknn.model import EmbeddingMLP
 from dasknn.optim import SGD, Adam
 from dasknn.runtime.cluster import local_cluster
-from dasknn.runtime.key_cache import key_cache_plugin_name
 
 V, C, D = 24, 2, 3
 SPARSE = ("embedding", "softmax")
@@ -331,7 +331,7 @@ def test_bad_input_before_anything_is_scheduled(client4):
     assert _plugin_names(client4) == plugins_before
     with data_parallel(model, client4) as dp:
         workers = len(client4.scheduler_info()["workers"])
-        assert _key_cache_bound_count(client4, dp.token) == 1 + workers
+        assert key_cache_bound_count(client4, dp.token) == 1 + workers
         for X, y, match in [
             (np.full((3, C), V), np.zeros(3, int), "outside the vocabulary"),
             (np.zeros((3, C + 1), int), np.zeros(3, int), "shape"),
@@ -341,15 +341,7 @@ def test_bad_input_before_anything_is_scheduled(client4):
             with pytest.raises(ValueError, match=match):
                 dp.train_step(X, y, lr=0.1)
         assert dp.comm_report().steps == 0 and dp.comm_report().total() == 0
-    assert _key_cache_bound_count(client4, dp.token) == 0
-
-
-def _key_cache_bound_count(client, token: str) -> int:
-    """How many processes (the scheduler and the workers) hold the model's key-cache bound."""
-    name = key_cache_plugin_name(token)
-    on_scheduler = client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.plugins))
-    on_workers = client.run(lambda dask_worker: list(dask_worker.plugins))
-    return [*on_scheduler, *(n for ns in on_workers.values() for n in ns)].count(name)
+    assert key_cache_bound_count(client4, dp.token) == 0
 
 
 def _plugin_names(client):

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import SchedulerPlugin
+from plugin_checks import key_cache_bound_count
 
 from dasknn.model import CompressedMLP
 from dasknn.optim import SGD, Adam
@@ -23,7 +24,6 @@ from dasknn.pipeline_parallel import (
     stage_order,
 )
 from dasknn.pruning import magnitude_masks
-from dasknn.runtime.key_cache import key_cache_plugin_name
 from dasknn.runtime.keys import parse_pipeline_key, pipeline_key
 
 SIZES = (30, 24, 16, 5)
@@ -271,14 +271,6 @@ def test_fp16_overflow_on_one_stage_skips_the_step_on_every_stage(client4):
         assert pipe.gather().scaler.scale == pipe.scaler.scale
 
 
-def _key_cache_bound_count(client, token: str) -> int:
-    """How many processes (the scheduler and the workers) hold the model's key-cache bound."""
-    name = key_cache_plugin_name(token)
-    on_scheduler = client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.plugins))
-    on_workers = client.run(lambda dask_worker: list(dask_worker.plugins))
-    return [*on_scheduler, *(n for ns in on_workers.values() for n in ns)].count(name)
-
-
 def _pipeline_plugins(dask_worker):
     return [name for name in dask_worker.plugins if name.startswith("dasknn-pipeline-")]
 
@@ -305,7 +297,7 @@ def test_bad_batches_raise_before_anything_is_scheduled(client4):
     model, x, y = problem()
     with PipelineMLP(model, client4, stages=2, microbatches=3) as pipe:
         workers = len(client4.scheduler_info()["workers"])
-        assert _key_cache_bound_count(client4, pipe.token) == 1 + workers
+        assert key_cache_bound_count(client4, pipe.token) == 1 + workers
         with pytest.raises(ValueError, match="16 rows does not split into .* 3 equal"):
             pipe.train_step(x, y, lr=0.1)
         with pytest.raises(ValueError, match="learning rate"):
@@ -314,7 +306,7 @@ def test_bad_batches_raise_before_anything_is_scheduled(client4):
         for a, b in zip(pipe.gather().weights, model.weights, strict=True):
             np.testing.assert_array_equal(a, b)
     assert not any(client4.run(_pipeline_plugins).values())
-    assert _key_cache_bound_count(client4, pipe.token) == 0
+    assert key_cache_bound_count(client4, pipe.token) == 0
 
 
 def test_outputs_and_scores_equal_numpy(client4):

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from distributed import Client, LocalCluster
+from plugin_checks import key_cache_bound_count
 from sampled_reference import AdamReference, reference_step, targets
 
 from dasknn.datasets import make_extreme_classification
 from dasknn.optim import Adam
-from dasknn.runtime.key_cache import key_cache_plugin_name
 from dasknn.sampled import SampledMLP
 from dasknn.sampled_parallel import DistributedSampledMLP
 
@@ -122,7 +122,7 @@ def test_bad_input_fails_before_anything_is_scheduled(client):
         DistributedSampledMLP(model, client)
     with DistributedSampledMLP(model, client, _workers(client, 2)) as dist:
         workers = len(client.scheduler_info()["workers"])
-        assert _key_cache_bound_count(client, dist.token) == 1 + workers
+        assert key_cache_bound_count(client, dist.token) == 1 + workers
         X = sp.csr_matrix(np.ones((3, 6), dtype=np.float32))
         for bad_x, bad_y, message in [
             (sp.csr_matrix(np.ones((3, 5))), [[0], [1], [2]], "5 features, the model expects 6"),
@@ -138,15 +138,7 @@ def test_bad_input_fails_before_anything_is_scheduled(client):
             dist.predict(X, k=0)
     with pytest.raises(ValueError, match="closed"):
         dist.predict(X)
-    assert _key_cache_bound_count(client, dist.token) == 0
-
-
-def _key_cache_bound_count(client, token: str) -> int:
-    """How many processes (the scheduler and the workers) hold the model's key-cache bound."""
-    name = key_cache_plugin_name(token)
-    on_scheduler = client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.plugins))
-    on_workers = client.run(lambda dask_worker: list(dask_worker.plugins))
-    return [*on_scheduler, *(n for ns in on_workers.values() for n in ns)].count(name)
+    assert key_cache_bound_count(client, dist.token) == 0
 
 
 def test_sampled_keys_are_built_parsed_and_described():

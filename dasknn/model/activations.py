@@ -10,7 +10,8 @@ derivative costs a multiplication instead of a second exponential.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from dasknn.kernels.activations import sigmoid
 
 __all__ = [
     "Activation",
@@ -49,13 +50,6 @@ class Activation:
         return f"{type(self).__name__}()"
 
 
-@njit(cache=True, nogil=True)
-def _sigmoid(z, out):  # pragma: no cover - compiled
-    """``out = 1 / (1 + exp(-z))`` on flat arrays; ``exp`` overflowing to ``inf`` gives 0."""
-    for i in range(z.shape[0]):
-        out[i] = 1 / (1 + np.exp(-z[i]))
-
-
 class Sigmoid(Activation):
     """Logistic function ``1 / (1 + exp(-z))``; derivative ``a (1 - a)``."""
 
@@ -63,7 +57,7 @@ class Sigmoid(Activation):
 
     def forward(self, z: np.ndarray) -> np.ndarray:
         out = np.empty(z.shape, dtype=z.dtype)
-        _sigmoid(np.ravel(z), out.reshape(-1))
+        sigmoid(np.ravel(z), out.reshape(-1))
         return out
 
     def derivative(self, z: np.ndarray, a: np.ndarray | None = None) -> np.ndarray:

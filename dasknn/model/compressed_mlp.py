@@ -33,6 +33,7 @@ from dasknn.optim import Optimizer
 
 __all__ = [
     "CompressedMLP",
+    "LayerShapes",
     "NonFiniteLossError",
     "first_nonfinite_layer",
     "nonfinite_loss_error",
@@ -112,7 +113,39 @@ def split_layers(
     return layers
 
 
-class CompressedMLP(InProcessEstimator):
+class LayerShapes:
+    """The sizes of a network read from its ``layer_shapes``, the ``(n_in, n_out)`` of every
+    layer (the compressed model and the pipeline that trains it).
+
+    Attributes
+    ----------
+    layer_shapes : list of (int, int)
+    """
+
+    layer_shapes: list[tuple[int, int]]
+
+    @property
+    def n_layers(self) -> int:
+        """Number of weight layers ``L``."""
+        return len(self.layer_shapes)
+
+    @property
+    def n_inputs(self) -> int:
+        """Width ``n_0`` of an input sample."""
+        return self.layer_shapes[0][0]
+
+    @property
+    def n_outputs(self) -> int:
+        """Width ``n_L`` of the output layer."""
+        return self.layer_shapes[-1][1]
+
+    @property
+    def layer_sizes(self) -> list[int]:
+        """Neurons per layer ``[n_0, n_1, ..., n_L]``, inputs first."""
+        return [self.n_inputs] + [shape[1] for shape in self.layer_shapes]
+
+
+class CompressedMLP(LayerShapes, InProcessEstimator):
     """A pruned fully connected network trained on compressed states, in one process.
 
     Parameters
@@ -329,23 +362,7 @@ class CompressedMLP(InProcessEstimator):
                 layer.restore_optimizer_state(record.optimizer, pair)
         return model
 
-    # ------------------------------------------------------------------ shape
-    @property
-    def n_layers(self) -> int:
-        return len(self.layer_shapes)
-
-    @property
-    def n_inputs(self) -> int:
-        return self.layer_shapes[0][0]
-
-    @property
-    def n_outputs(self) -> int:
-        return self.layer_shapes[-1][1]
-
-    @property
-    def layer_sizes(self) -> list[int]:
-        return [self.n_inputs] + [shape[1] for shape in self.layer_shapes]
-
+    # ------------------------------------------------------------------ values
     @property
     def weights(self) -> list[np.ndarray]:
         """Dense copies of the layers (the master values, exact zeros where pruned)."""
@@ -353,6 +370,7 @@ class CompressedMLP(InProcessEstimator):
 
     @property
     def biases(self) -> list[np.ndarray]:
+        """Copies of the layers' biases."""
         return [layer.bias.copy() for layer in self.stack.layers]
 
     @property
@@ -362,10 +380,12 @@ class CompressedMLP(InProcessEstimator):
 
     @property
     def optimizer(self) -> Optimizer | None:
+        """The optimizer of the last training step (``None`` before the first)."""
         return self.stack.optimizer
 
     @property
     def nnz(self) -> int:
+        """Weights kept (unpruned) in all layers."""
         return sum(layer.nnz for layer in self.stack.layers)
 
     @property

@@ -106,14 +106,17 @@ class DenseMLP(InProcessEstimator):
 
     @property
     def n_layers(self) -> int:
+        """Number of weight layers ``L``."""
         return len(self.weights)
 
     @property
     def n_inputs(self) -> int:
+        """Width ``n_0`` of an input sample."""
         return self.weights[0].shape[0]
 
     @property
     def n_outputs(self) -> int:
+        """Width ``n_L`` of the output layer."""
         return self.weights[-1].shape[1]
 
     def _forward(self, xt: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -35,6 +35,7 @@ __all__ = [
     "retirement_requests",
     "running_workers",
     "run_watching_part_workers",
+    "step_timeout_error",
     "wait_for_step",
 ]
 
@@ -249,6 +250,31 @@ def wait_for_step(
     raise StepTimeoutError(
         f"a training or inference step made no progress for {timeout:g} s (step_timeout): "
         f"{describe_workers(client, waiting) or 'no worker named'}"
+    )
+
+
+def step_timeout_error(
+    client, what: str, timeout: float, addresses: Sequence[str]
+) -> StepTimeoutError:
+    """The error for a call to the workers that did not finish within ``step_timeout``.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    what : str
+        What did not happen, such as ``"the workers did not take the model"``.
+    timeout : float
+        The ``step_timeout`` in seconds.
+    addresses : sequence of str
+        The workers waited for, named with their state (:func:`describe_workers`).
+
+    Returns
+    -------
+    StepTimeoutError
+        With the message ``"{what} within {timeout} s (step_timeout): worker ADDRESS STATE; ..."``.
+    """
+    return StepTimeoutError(
+        f"{what} within {timeout:g} s (step_timeout): {describe_workers(client, addresses)}"
     )
 
 

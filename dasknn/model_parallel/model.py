@@ -36,12 +36,12 @@ from dasknn.model_parallel.faults import (
     POLL_SECONDS,
     StepTimeoutError,
     WorkerLostError,
-    describe_workers,
     install_retirement_watch,
     lost_error,
     lost_workers,
     retirement_requests,
     running_workers,
+    step_timeout_error,
     wait_for_step,
 )
 from dasknn.model_parallel.layout import (
@@ -239,9 +239,11 @@ class DistributedSparseMLP(SparseEstimator):
         except BaseException as exc:
             self.close()
             if isinstance(exc, TimeoutError):
-                raise StepTimeoutError(
-                    f"the workers did not take the model within {self.step_timeout:g} s "
-                    f"(step_timeout): {describe_workers(client, self.part_workers)}"
+                raise step_timeout_error(
+                    client,
+                    "the workers did not take the model",
+                    self.step_timeout,
+                    self.part_workers,
                 ) from None
             raise
 
@@ -397,9 +399,11 @@ class DistributedSparseMLP(SparseEstimator):
         except Exception as exc:
             self._raise_if_lost()
             if isinstance(exc, TimeoutError):
-                raise StepTimeoutError(
-                    f"the workers did not take the {name} blocks within {self.step_timeout:g} s "
-                    f"(step_timeout): {describe_workers(self.client, self.part_workers)}"
+                raise step_timeout_error(
+                    self.client,
+                    f"the workers did not take the {name} blocks",
+                    self.step_timeout,
+                    self.part_workers,
                 ) from None
             raise exc
         return {key[-1]: future for key, future in futures.items()}
@@ -658,9 +662,11 @@ class DistributedSparseMLP(SparseEstimator):
                 return gather_at_most(self.client, futures, self.step_timeout)
             except TimeoutError:
                 holders = [self.part_workers[m] for m in parts]
-                raise StepTimeoutError(
-                    f"the results of a finished step did not arrive within {self.step_timeout:g}"
-                    f" s (step_timeout): {describe_workers(self.client, holders)}"
+                raise step_timeout_error(
+                    self.client,
+                    "the results of a finished step did not arrive",
+                    self.step_timeout,
+                    holders,
                 ) from None
         except StepTimeoutError as exc:
             self._failed = str(exc)

@@ -21,7 +21,7 @@ import dask
 import numpy as np
 
 from dasknn.compressed import LossScaler
-from dasknn.model.compressed_mlp import CompressedMLP, NonFiniteLossError
+from dasknn.model.compressed_mlp import CompressedMLP, LayerShapes, NonFiniteLossError
 from dasknn.model.estimator import OutputBlocks, SparseEstimator
 from dasknn.optim import Optimizer, resolve_optimizer
 from dasknn.pipeline_parallel import worker_state as ws
@@ -169,7 +169,7 @@ def _handover_seconds(passes: dict[int, list[tuple]]) -> dict[int, float]:
     return out
 
 
-class PipelineMLP(SparseEstimator, PluginOwner):
+class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
     """A compressed model trained with pipeline stages and data-parallel replicas on Dask.
 
     Parameters
@@ -299,18 +299,6 @@ class PipelineMLP(SparseEstimator, PluginOwner):
             self.client.run(ws.install_stage, token=self.token, spec=spec, workers=[address])
 
     # ------------------------------------------------------------------ basics
-    @property
-    def n_layers(self) -> int:
-        return len(self.layer_shapes)
-
-    @property
-    def n_inputs(self) -> int:
-        return self.layer_shapes[0][0]
-
-    @property
-    def n_outputs(self) -> int:
-        return self.layer_shapes[-1][1]
-
     def close(self) -> None:
         """Remove the plugin (with the states it owns) and the transfer records; closing twice
         does nothing."""

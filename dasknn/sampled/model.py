@@ -10,7 +10,7 @@ in one process and selects the same active sets.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import scipy.sparse as sp
@@ -36,9 +36,11 @@ from dasknn.sampled.sharding import ShardMap
 __all__ = [
     "SampledMLP",
     "epoch_batches",
+    "epoch_loss",
     "initial_parameters",
     "label_rows",
     "precision_at_k",
+    "predicted_precision_at_k",
 ]
 
 
@@ -47,6 +49,43 @@ def epoch_batches(n: int, batch_size: int, seed: int, epoch: int, shuffle: bool)
     order = np.random.default_rng([seed, epoch, 0xE90C]).permutation(n) if shuffle else np.arange(n)
     for start in range(0, n, batch_size):
         yield np.sort(order[start : start + batch_size])
+
+
+def epoch_loss(
+    train_batch: Callable[[sp.csr_matrix, np.ndarray, np.ndarray], float],
+    X: sp.csr_matrix,
+    ptr: np.ndarray,
+    ids: np.ndarray,
+    batch_size: int,
+    seed: int,
+    epoch: int,
+    shuffle: bool,
+) -> float:
+    """Train one epoch and return its mean loss over the rows.
+
+    Parameters
+    ----------
+    train_batch : callable
+        ``train_batch(X_rows, ptr, ids)`` takes one step on a batch (its CSR labels) and returns
+        the batch's mean loss.
+    X : scipy.sparse.csr_matrix
+        Checked features of every row.
+    ptr, ids : numpy.ndarray
+        Checked CSR labels of every row.
+    batch_size, seed, epoch : int
+        The batches of :func:`epoch_batches`.
+    shuffle : bool
+
+    Returns
+    -------
+    float
+        The batch losses weighted by the batches' rows, divided by the rows of ``X``.
+    """
+    total = 0.0
+    for rows in epoch_batches(X.shape[0], batch_size, seed, epoch, shuffle):
+        batch_ptr, batch_ids = label_rows(ptr, ids, rows)
+        total += train_batch(X[rows], batch_ptr, batch_ids) * len(rows)
+    return total / X.shape[0]
 
 
 def initial_parameters(
@@ -73,6 +112,36 @@ def precision_at_k(predicted: np.ndarray, ptr: np.ndarray, ids: np.ndarray, k: i
     for j in range(top.shape[1]):
         hits += np.bincount(rows, weights=(top[rows, j] == ids), minlength=len(hits))
     return float(hits.mean() / k)
+
+
+def predicted_precision_at_k(model, X, Y, k: int) -> float:
+    """Precision@k of ``model.predict(X, k)`` against the labels ``Y``.
+
+    Parameters
+    ----------
+    model : SampledMLP or DistributedSampledMLP
+        A trained model: its ``predict``, ``n_features_in_``, ``n_labels_`` and ``dtype``.
+    X : array-like or scipy.sparse matrix, shape (n, n_features_in_)
+    Y : CSR matrix or sequence of label lists
+        The labels of every row.
+    k : int
+        Predicted labels a row (>= 1).
+
+    Returns
+    -------
+    float
+        :func:`precision_at_k` of the predictions.
+
+    Raises
+    ------
+    ValueError
+        For a bad ``k``, features that are not finite or of the wrong width, or labels of
+        another number of rows or outside ``[0, n_labels_)``, before anything is predicted.
+    """
+    k = check_k(k)
+    X = check_features(X, model.n_features_in_, model.dtype)
+    ptr, ids, _ = check_labels(Y, X.shape[0], model.n_labels_, training=False)
+    return precision_at_k(model.predict(X, k), ptr, ids, k)
 
 
 class SampledMLP:
@@ -206,6 +275,7 @@ class SampledMLP:
         return self.optimizer
 
     def sampling_config(self) -> SamplingConfig:
+        """The hyperparameters of the output shards' selection, as their layers take them."""
         return SamplingConfig(
             self.hash_family,
             self.k,
@@ -311,12 +381,11 @@ class SampledMLP:
         return self.fit(X, Y, epochs=1, batch_size=batch_size, shuffle=shuffle)
 
     def _epoch(self, X, ptr, ids, batch_size: int, shuffle: bool) -> None:
-        total = 0.0
-        for rows in epoch_batches(X.shape[0], batch_size, self.seed, self.epochs_, shuffle):
-            batch_ptr, batch_ids = label_rows(ptr, ids, rows)
-            total += self._train_batch(X[rows], batch_ptr, batch_ids) * len(rows)
+        loss = epoch_loss(
+            self._train_batch, X, ptr, ids, batch_size, self.seed, self.epochs_, shuffle
+        )
         self.epochs_ += 1
-        self.loss_curve_.append(total / X.shape[0])
+        self.loss_curve_.append(loss)
 
     def train_step(self, X, Y) -> float:
         """One step on the batch ``(X, Y)``; returns its loss before the update."""
@@ -415,10 +484,7 @@ class SampledMLP:
 
     def precision_at_k(self, X, Y, k: int = 1) -> float:
         """Precision@k of :meth:`predict` against the labels ``Y``."""
-        k = check_k(k)
-        X = check_features(X, self.n_features_in_, self.dtype)
-        ptr, ids, _ = check_labels(Y, X.shape[0], self.n_labels_, training=False)
-        return precision_at_k(self.predict(X, k), ptr, ids, k)
+        return predicted_precision_at_k(self, X, Y, k)
 
 
 def label_rows(ptr: np.ndarray, ids: np.ndarray, rows: np.ndarray) -> tuple:

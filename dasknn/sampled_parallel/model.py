@@ -14,7 +14,11 @@ from dasknn.runtime.measure import read_transfers, reset_transfers
 from dasknn.runtime.plugin_owner import PluginOwner
 from dasknn.sampled.checks import check_features, check_k, check_labels, check_positive_int
 from dasknn.sampled.layers import merge_top_k
-from dasknn.sampled.model import SampledMLP, epoch_batches, label_rows, precision_at_k
+from dasknn.sampled.model import (
+    SampledMLP,
+    epoch_loss,
+    predicted_precision_at_k,
+)
 from dasknn.sampled_parallel.taskgraph import (
     SenderPlacement,
     predict_graph,
@@ -147,6 +151,7 @@ class DistributedSampledMLP(PluginOwner):
 
     @property
     def nworkers(self) -> int:
+        """Workers holding a shard, one shard each."""
         return len(self.workers)
 
     # ------------------------------------------------------------ data
@@ -208,12 +213,11 @@ class DistributedSampledMLP(PluginOwner):
         check_positive_int("batch_size", batch_size)
         X, ptr, ids = self._check_training(X, Y)
         for _ in range(epochs):
-            total = 0.0
-            for rows in epoch_batches(X.shape[0], batch_size, self.seed, self.epochs_, shuffle):
-                batch_ptr, batch_ids = label_rows(ptr, ids, rows)
-                total += self._train_batch(X[rows], batch_ptr, batch_ids) * len(rows)
+            loss = epoch_loss(
+                self._train_batch, X, ptr, ids, batch_size, self.seed, self.epochs_, shuffle
+            )
             self.epochs_ += 1
-            self.loss_curve_.append(total / X.shape[0])
+            self.loss_curve_.append(loss)
         return self
 
     def partial_fit(self, X, Y, batch_size: int = 256, shuffle: bool = True):
@@ -240,10 +244,7 @@ class DistributedSampledMLP(PluginOwner):
 
     def precision_at_k(self, X, Y, k: int = 1) -> float:
         """Precision@k of :meth:`predict` against the labels ``Y``."""
-        k = check_k(k)
-        X = check_features(X, self.n_features_in_, self.dtype)
-        ptr, ids, _ = check_labels(Y, X.shape[0], self.n_labels_, training=False)
-        return precision_at_k(self.predict(X, k), ptr, ids, k)
+        return predicted_precision_at_k(self, X, Y, k)
 
     # ------------------------------------------------------------ state and bytes
     def parameters(self) -> dict[str, np.ndarray]:
@@ -286,6 +287,7 @@ class DistributedSampledMLP(PluginOwner):
         return out
 
     def reset_transfers(self) -> None:
+        """Forget the bytes measured so far (:meth:`transfers` starts again from 0)."""
         reset_transfers(self.client, self.token)
 
 
