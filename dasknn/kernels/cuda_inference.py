@@ -12,10 +12,11 @@ feature-major::
 
 Lane ``l`` of a warp computes row ``l`` of its group. For output neuron ``c`` the warp reads the
 entries of column ``c`` 32 at a time, one per lane (index and the per-(group, neuron) flag telling
-whether that input section holds a nonzero), keeps the entries whose section is nonzero in shared
-memory, and then accumulates the kept ones in order: one coalesced 128-byte activation load per
-kept entry. The order of the sums is the CSC order of the CPU kernel, so results agree bit for bit
-in the same precision.
+whether that input section holds a nonzero), packs the entries whose section is nonzero in order
+into shared memory (a warp vote gives each its slot), and then accumulates the kept ones in order,
+one coalesced 128-byte activation load per kept entry, issuing ``BATCH`` loads before adding any of
+them so their latencies overlap. The order of the sums is the CSC order of the CPU kernel, so
+results agree bit for bit in the same precision.
 
 Two launch modes:
 
@@ -29,8 +30,9 @@ Two launch modes:
 Between windows of ``compact_every`` layers the host drops the dead rows and re-packs the live ones
 into fewer groups (:func:`_gather_kernel`).
 
-The kernels use only what numba's CUDA simulator also implements (no warp vote or shuffle), so
-``NUMBA_ENABLE_CUDASIM=1`` runs the same kernel code on the CPU in the tests.
+Under ``NUMBA_ENABLE_CUDASIM=1`` the same kernel code runs on the CPU in the tests; the simulator
+has no warp vote or ``syncwarp``, so there the two warp primitives (:func:`_warp_rank`,
+:func:`_warp_sync`) are a shared-memory scan and a block barrier.
 """
 
 from __future__ import annotations
@@ -71,6 +73,10 @@ SECTION_OUTPUTS = 1024  # output neurons per block in the sectioned (one launch 
 SECTIONED_FROM = 4096  # widths from which mode="auto" launches per layer (see docs/benchmarks.md)
 CUDA_MODES = ("auto", "fused", "sectioned")
 _WARPS = 32  # warps per block on a GPU (1024 threads)
+BATCH = 8  # kept entries of a column chunk whose activation loads are issued together
+_KEPT_SLOTS = LANES + BATCH  # a warp's shared slots for the kept entries and the padding
+# Blocks of 1024 threads need at most 64 registers a thread (the simulator takes no such option).
+_BLOCK_KERNEL = {} if config.ENABLE_CUDASIM else {"max_registers": 64}
 
 
 @cuda.jit
@@ -129,45 +135,95 @@ if config.ENABLE_CUDASIM:
         columns have equal degrees and whose width the warps divide, as in the tests)."""
         cuda.syncthreads()
 
+    @cuda.jit(device=True)
+    def _warp_rank(keep, lane, scratch):
+        """The number of lanes of the warp with ``keep`` set and how many of them come before
+        ``lane``, once every lane has finished the previous chunk: the simulator has no warp
+        vote, so the flags go through shared ``scratch`` and a barrier."""
+        scratch[lane] = 1 if keep else 0
+        cuda.syncthreads()
+        count = 0
+        rank = 0
+        for i in range(LANES):
+            count += scratch[i]
+            if i < lane:
+                rank += scratch[i]
+        return count, rank
+
 else:
 
     @cuda.jit(device=True)
     def _warp_sync():
         cuda.syncwarp()
 
+    @cuda.jit(device=True)
+    def _warp_rank(keep, lane, scratch):
+        """The number of lanes of the warp with ``keep`` set and how many of them come before
+        ``lane`` (a warp vote), once every lane has finished the previous chunk."""
+        cuda.syncwarp()
+        mask = cuda.ballot_sync(0xFFFFFFFF, keep)
+        return cuda.popc(mask), cuda.popc(mask & cuda.lanemask_lt())
+
 
 @cuda.jit(device=True)
-def _column(y, flags, src, g, c, p0, p1, indices, data, kept_p, kept_j, lane, zero):
+def _column(y, flags, src, g, c, p0, p1, indices, data, kept_p, kept_j, votes, lane, zero):
     """Lane ``lane``'s sum over the entries ``p0 .. p1 - 1`` of column ``c`` (one warp).
 
     The entries are read 32 at a time, one per lane (index and the section flag of group ``g``);
-    the positions of those whose input section is nonzero go to the warp's shared ``kept_p`` /
-    ``kept_j``, then every lane accumulates the kept entries in order (the CSC order, as the CPU
-    kernel does), one coalesced activation load each. Returns the sum and the entries added.
+    those whose input section is nonzero are packed in order, by a warp vote (``votes`` is its
+    shared scratch under the simulator), into the warp's shared ``kept_p`` (position) and
+    ``kept_j`` (input neuron), followed by ``BATCH`` padding slots (position -1, weight zero).
+    Every lane then accumulates the kept entries in order (the CSC order, as the CPU kernel does),
+    issuing the coalesced activation loads of ``BATCH`` entries before it adds any of them, so
+    that their memory latencies overlap. A padding slot
+    adds ``0 * y`` to the sum, which leaves it unchanged. Returns the sum and the entries added.
     """
     acc = zero
     terms = 0
     for base in range(p0, p1, LANES):
         p = base + lane
-        kept = -1
+        keep = False
         j = 0
         if p < p1:
             j = indices[p]
-            if flags[src, g, j] != 0:
-                kept = p
-        kept_p[lane] = kept
-        kept_j[lane] = j
+            keep = flags[src, g, j] != 0
+        count, rank = _warp_rank(keep, lane, votes)
+        if keep:
+            kept_p[rank] = p
+            kept_j[rank] = j
+        if lane < BATCH:
+            kept_p[count + lane] = -1
+            kept_j[count + lane] = 0
         _warp_sync()
-        for e in range(min(LANES, p1 - base)):
-            q = kept_p[e]
-            if q >= 0:
-                acc += data[q] * y[src, g, kept_j[e], lane]
-                terms += 1
-        _warp_sync()
+        for e in range(0, count, BATCH):
+            v0 = y[src, g, kept_j[e], lane]
+            v1 = y[src, g, kept_j[e + 1], lane]
+            v2 = y[src, g, kept_j[e + 2], lane]
+            v3 = y[src, g, kept_j[e + 3], lane]
+            v4 = y[src, g, kept_j[e + 4], lane]
+            v5 = y[src, g, kept_j[e + 5], lane]
+            v6 = y[src, g, kept_j[e + 6], lane]
+            v7 = y[src, g, kept_j[e + 7], lane]
+            acc += _weight(data, kept_p[e], zero) * v0
+            acc += _weight(data, kept_p[e + 1], zero) * v1
+            acc += _weight(data, kept_p[e + 2], zero) * v2
+            acc += _weight(data, kept_p[e + 3], zero) * v3
+            acc += _weight(data, kept_p[e + 4], zero) * v4
+            acc += _weight(data, kept_p[e + 5], zero) * v5
+            acc += _weight(data, kept_p[e + 6], zero) * v6
+            acc += _weight(data, kept_p[e + 7], zero) * v7
+        terms += count
     return acc, terms
 
 
-@cuda.jit
+@cuda.jit(device=True)
+def _weight(data, q, zero):
+    """``data[q]``, or zero for a padding slot (``q == -1``), without a branch around the load."""
+    w = data[max(q, 0)]
+    return w if q >= 0 else zero
+
+
+@cuda.jit(**_BLOCK_KERNEL)
 def _window_kernel(y, flags, parity, indptr, indices, data, first, count, bias, ymax, alive, work):
     """Run group ``blockIdx.x`` through layers ``first .. first + count - 1`` of the window.
 
@@ -185,8 +241,9 @@ def _window_kernel(y, flags, parity, indptr, indices, data, first, count, bias, 
     warps = cuda.blockDim.x // LANES
     n = y.shape[2]
     live = cuda.shared.array((2, LANES), dtype=np.int32)
-    kept_p = cuda.shared.array((32, LANES), dtype=np.int64)
-    kept_j = cuda.shared.array((32, LANES), dtype=np.int32)
+    kept_p = cuda.shared.array((_WARPS, _KEPT_SLOTS), dtype=np.int64)
+    kept_j = cuda.shared.array((_WARPS, _KEPT_SLOTS), dtype=np.int32)
+    votes = cuda.shared.array((_WARPS, LANES), dtype=np.int32)
     zero = ymax - ymax
     terms = 0
     src = parity
@@ -202,7 +259,8 @@ def _window_kernel(y, flags, parity, indptr, indices, data, first, count, bias, 
         layer = first + k
         for c in range(warp, n, warps):
             acc, added = _column(y, flags, src, g, c, indptr[layer, c], indptr[layer, c + 1],
-                                 indices, data, kept_p[warp], kept_j[warp], lane, zero)
+                                 indices, data, kept_p[warp], kept_j[warp], votes[warp], lane,
+                                 zero)
             terms += added
             out = zero
             if acc != zero:
@@ -224,7 +282,7 @@ def _window_kernel(y, flags, parity, indptr, indices, data, first, count, bias, 
         cuda.atomic.add(work, g, terms * LANES)
 
 
-@cuda.jit
+@cuda.jit(**_BLOCK_KERNEL)
 def _layer_kernel(y, flags, src, indptr, indices, data, layer, sections, bias, ymax, alive_in,
                   alive_out, work):
     """One layer, block ``b`` computing output section ``b % sections`` of group ``b // sections``.
@@ -250,13 +308,15 @@ def _layer_kernel(y, flags, src, indptr, indices, data, layer, sections, bias, y
     chunk = (n + sections - 1) // sections
     lo = s * chunk
     hi = min(n, lo + chunk)
-    kept_p = cuda.shared.array((32, LANES), dtype=np.int64)
-    kept_j = cuda.shared.array((32, LANES), dtype=np.int32)
+    kept_p = cuda.shared.array((_WARPS, _KEPT_SLOTS), dtype=np.int64)
+    kept_j = cuda.shared.array((_WARPS, _KEPT_SLOTS), dtype=np.int32)
+    votes = cuda.shared.array((_WARPS, LANES), dtype=np.int32)
     zero = ymax - ymax
     terms = 0
     for c in range(lo + warp, hi, warps):
         acc, added = _column(y, flags, src, g, c, indptr[layer, c], indptr[layer, c + 1],
-                             indices, data, kept_p[warp], kept_j[warp], lane, zero)
+                             indices, data, kept_p[warp], kept_j[warp], votes[warp], lane,
+                                 zero)
         terms += added
         out = zero
         if acc != zero:
