@@ -62,7 +62,7 @@ from dasknn.model_parallel.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUG
 from dasknn.model_parallel.worker_memory import ReuseFreedMemory
 from dasknn.model_parallel.worker_state import ModelState, plugin_name, read_parts
 from dasknn.optim import Optimizer, ParamState, resolve_optimizer
-from dasknn.runtime.cluster import open_client
+from dasknn.runtime.cluster import open_client, scheduler_workers
 from dasknn.runtime.key_cache import install_key_cache_bound, remove_key_cache_bound
 from dasknn.runtime.waiting import gather_at_most
 
@@ -182,7 +182,7 @@ class DistributedSparseMLP(SparseEstimator):
             raise ValueError(f"step_timeout must be a number of seconds > 0, got {step_timeout!r}")
         self._opened = ExitStack()
         client = open_client(self._opened, client)
-        workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        workers = sorted(scheduler_workers(client))
         self.client = client
         self.activation = model.activation
         self.output_activation = model.output_activation
