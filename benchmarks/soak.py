@@ -10,6 +10,11 @@ taken in such a dip tilts the fit of the samples; the maximum is the memory the 
 the number of events Dask keeps under the transfer topic (a bounded log that fills during the
 warm-up) and the keys in ``dask.utils.key_split``'s cache (``dasknn.runtime.key_cache``).
 
+The cluster and client are those dasknn opens (``dasknn.runtime.cluster.open_client``: two
+single-threaded worker processes on 127.0.0.1, Dask's debugging records kept at
+``dasknn.runtime.cluster.LOW_LEVEL_LOG_LENGTH`` entries); to measure with Dask's own length, set
+``DASK_DISTRIBUTED__ADMIN__LOW_LEVEL_LOG_LENGTH`` (a value the user sets is kept).
+
 Usage::
 
     flock /tmp/dasknn-tests.lock python benchmarks/soak.py [--batches 2000] [--neurons 256]
@@ -21,15 +26,17 @@ import argparse
 import gc
 import os
 import time
+from contextlib import ExitStack
 
 import numpy as np
 import psutil
 from dask.utils import key_split
-from distributed import Client, LocalCluster
+from distributed.batched import BatchedSend
 from machine import describe
 
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
+from dasknn.runtime.cluster import open_client
 from dasknn.runtime.key_cache import remove_key_cache_bound
 from dasknn.runtime.measure import TOPIC
 
@@ -46,6 +53,13 @@ def _collect(dask_worker=None, dask_scheduler=None) -> int:
 
 def _cached_keys(dask_worker=None, dask_scheduler=None) -> int:
     return key_split.cache_info().currsize
+
+
+def _record_lengths(dask_worker=None, dask_scheduler=None) -> list[int]:
+    """The entries Dask keeps of the last messages of this process's batched streams (the
+    bounds set by ``distributed.admin.low-level-log-length`` when each stream started)."""
+    streams = [obj for obj in gc.get_objects() if isinstance(obj, BatchedSend)]
+    return sorted({stream.recent_message_log.maxlen for stream in streams})
 
 
 def _events(dask_scheduler) -> int:
@@ -89,9 +103,12 @@ def main() -> None:
     x = rng.uniform(size=(rows, model.n_inputs))
     y = rng.uniform(size=(rows, model.n_outputs))
     parts = [rng.integers(0, 2, size=n) for n in model.layer_sizes]
-    with LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0"
-    ) as cluster, Client(cluster) as client:
+    with ExitStack() as stack:
+        client = open_client(stack, workers=2)
+        lengths = {"client and scheduler": client.run_on_scheduler(_record_lengths)}
+        lengths.update(client.run(_record_lengths))
+        named = (f"{name.split('//')[-1]} {n}" for name, n in lengths.items())
+        print("entries kept of the last messages of each batched stream: " + ", ".join(named))
         with DistributedSparseMLP(model, client, parts) as dist:
             if args.without_key_cache_bound:
                 remove_key_cache_bound(client, dist.token)

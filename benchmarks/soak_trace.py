@@ -1,18 +1,27 @@
 """Who holds the memory the soak grows by: tracemalloc in every process of the soak's run.
 
-Trains as ``benchmarks/soak.py`` does (P = 2, ``fit`` on 100 batches at a time). After the
-warm-up it runs a full garbage collection and starts ``tracemalloc`` in the client/scheduler
-process and in every worker, so that memory filling bounded buffers shows in both snapshots
-alike; after ``--batches`` it collects and takes a first snapshot, after ``--batches`` more a
-second one, and prints, per process, what grew between the two by traceback (the largest
+Trains as ``benchmarks/soak.py`` does (P = 2, ``fit`` on 100 batches at a time, on the cluster
+and client ``dasknn.runtime.cluster.open_client`` opens). After the warm-up it runs a full garbage
+collection and starts ``tracemalloc`` in the client/scheduler process and in every worker; after
+``--batches`` it collects and takes a first snapshot, after ``--batches`` more a second one, and
+prints, per process, what grew between the two by traceback (the largest
 ``--top``), then what ``dask.utils.key_split``'s cache alone held (freed by clearing it), the
 resident size (slowed and inflated by tracing) before and after ``malloc_trim(0)``, and the sizes
 of Dask's per-key records: ``key_split``'s cache, the scheduler's tasks, task groups, task
-prefixes, spans and their groups, computations, the workers' tasks and data.
+prefixes, spans and their groups, computations, the workers' tasks and data, and the entries
+and bytes (pickled objects and serialized frames counted at their size) of the records Dask keeps
+of the last messages of every batched stream (``distributed.admin.low-level-log-length`` entries
+each) and of its log records (``distributed.admin.log-length``).
 
 Usage::
 
     flock /tmp/dasknn-tests.lock python benchmarks/soak_trace.py [--warmup 500] [--batches 100]
+
+A bounded record whose entries were made before tracing started shows as growth until it has
+turned over once since: each untraced entry it drops is replaced by a traced one. So the first
+``--batches`` must be long enough for every bounded record to turn over (Dask's
+``distributed.admin.low-level-log-length`` entries of every batched stream: a few hundred batches
+at Dask's 1,000, a few dozen at ``dasknn.runtime.cluster.LOW_LEVEL_LOG_LENGTH``).
 """
 
 from __future__ import annotations
@@ -21,18 +30,24 @@ import argparse
 import ctypes
 import gc
 import os
+import pickle
 import time
 import tracemalloc
 from collections import Counter
+from contextlib import ExitStack
+from pathlib import Path
 
 import numpy as np
 import psutil
 from dask.utils import key_split
-from distributed import Client, LocalCluster, Scheduler
+from distributed import Scheduler
+from distributed.batched import BatchedSend
+from distributed.utils import DequeHandler
 from machine import describe
 
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
+from dasknn.runtime.cluster import open_client
 
 MIB = 2**20
 _IGNORE = [tracemalloc.Filter(False, tracemalloc.__file__)]
@@ -42,9 +57,46 @@ def _rss() -> float:
     return psutil.Process(os.getpid()).memory_info().rss / MIB
 
 
-def _records(server) -> dict[str, int]:
+def _payload_bytes(obj) -> int:
+    """Approximate bytes a recorded message holds: containers walked, serialized frames and
+    objects wrapped for pickling counted at their size."""
+    if isinstance(obj, dict):
+        return sum(_payload_bytes(k) + _payload_bytes(v) for k, v in obj.items())
+    if isinstance(obj, list | tuple):
+        return sum(_payload_bytes(item) for item in obj)
+    if isinstance(obj, bytes | bytearray | memoryview):
+        return len(obj)
+    if isinstance(obj, str):
+        return len(obj)
+    frames = getattr(obj, "frames", None)
+    if frames is not None:
+        return sum(len(frame) for frame in frames)
+    if hasattr(obj, "data") and type(obj).__name__ in ("ToPickle", "Pickled"):
+        try:
+            return len(pickle.dumps(obj.data, protocol=5))
+        except Exception:
+            return 0
+    return 64
+
+
+def _message_logs() -> dict[str, str]:
+    """Entries and bytes of the message records of every batched stream in this process (the
+    client's, the scheduler's or a worker's) and of Dask's log-record deques."""
+    streams = [obj for obj in gc.get_objects() if isinstance(obj, BatchedSend)]
+    logs = [stream.recent_message_log for stream in streams]
+    records = [handler.deque for handler in DequeHandler._instances]
+    return {
+        "batched-stream message records": f"{len(logs)} streams, "
+        f"{sum(len(log) for log in logs)} entries, "
+        f"{sum(_payload_bytes(list(log)) for log in logs) / MIB:.2f} MiB",
+        "log records": f"{len(records)} deques, {sum(len(d) for d in records)} entries",
+    }
+
+
+def _records(server) -> dict[str, int | str]:
     """Sizes of Dask's per-key records in the process of ``server`` (a scheduler or a worker)."""
-    sizes = {"key_split cache": key_split.cache_info().currsize}
+    sizes: dict[str, int | str] = {"key_split cache": key_split.cache_info().currsize}
+    sizes.update(_message_logs())
     if isinstance(server, Scheduler):
         spans = server.extensions["spans"]
         sizes.update(
@@ -82,10 +134,11 @@ def _mark(dask_worker) -> dict:
 
 
 def _short(filename: str) -> str:
-    for marker in ("site-packages/", "lib/python3", "wt-soak/"):
+    for marker in ("site-packages/", "lib/python3"):
         if marker in filename:
             return filename.split(marker, 1)[1]
-    return filename
+    root = str(Path(__file__).resolve().parents[1]) + os.sep
+    return filename.removeprefix(root)
 
 
 def _total(snapshot: tracemalloc.Snapshot) -> float:
@@ -173,12 +226,8 @@ def main() -> None:
     x = rng.uniform(size=(rows, model.n_inputs))
     y = rng.uniform(size=(rows, model.n_outputs))
     parts = [rng.integers(0, 2, size=n) for n in model.layer_sizes]
-    with (
-        LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0"
-        ) as cluster,
-        Client(cluster) as client,
-    ):
+    with ExitStack() as stack:
+        client = open_client(stack, workers=2)  # as benchmarks/soak.py
         with DistributedSparseMLP(model, client, parts) as dist:
             wall = _train(dist, x, y, args.warmup, args.every, args.batch_size)
             print(f"warm-up: {args.warmup} batches in {wall:.1f} s", flush=True)

@@ -214,3 +214,42 @@ def test_idle_work_runs_while_a_message_is_missing(dask_client):
     assert seen["during"] == ([2.0, 2.0, 2.0], ["first", "second"])
     assert seen["run_idle"] == ["first", "second", "third"]
     assert seen["cleared"] == ["first", "second", "third"]
+
+
+def _drop_steps_between_two_layers(token: str) -> dict:
+    """Task: begin two steps on this worker's :class:`ModelState`, drop the steps in flight
+    (as a failed step or a closing model does), then ask for their values again."""
+    from dasknn.model_parallel.worker_state import model_state
+
+    owner = model_state(token)
+    owner.part_step(7, 0).microbatch(0).forward[2] = (None, None, np.ones(1))
+    owner.part_step(8, 1)
+    seen = {"dropped": owner.clear_steps()}
+    for step in (7, 8, 9):
+        try:
+            owner.part_step(step, 0)
+            seen[step] = "started"
+        except RuntimeError as error:
+            seen[step] = str(error)
+    return seen
+
+
+def test_a_dropped_step_is_refused_instead_of_started_afresh(dask_client):
+    """A task of a step whose values were dropped on its worker (``clear_steps``: a failed step,
+    or the model's plugin closing) fails with a ``RuntimeError`` saying so, instead of finding
+    empty values and failing on a missing layer (``KeyError(2)`` in the soak); a later step runs.
+    Once the plugin is removed, a step task is told the model is not on its worker."""
+    from dasknn.model_parallel.worker_state import ModelState, model_state, plugin_name
+
+    token = "dropped-step-test"
+    dask_client.register_plugin(ModelState(token), name=plugin_name(token))
+    try:
+        seen = dask_client.submit(_drop_steps_between_two_layers, token, pure=False).result(60)
+    finally:
+        dask_client.unregister_worker_plugin(plugin_name(token))
+    assert seen["dropped"] == 2
+    for step in (7, 8):
+        assert seen[step].startswith(f"step {step} was dropped on this worker"), seen[step]
+    assert seen[9] == "started"
+    with pytest.raises(RuntimeError, match="is not on this worker"):
+        dask_client.submit(model_state, token, pure=False).result(60)

@@ -28,7 +28,7 @@ import graph
 from dasknn.challenge.engine import prepare_run
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
-from dasknn.runtime.cluster import open_client
+from dasknn.runtime.cluster import open_client, scheduler_workers
 
 __all__ = ["ModelParallelStats", "check_model_parallel", "run_challenge_model_parallel"]
 
@@ -178,7 +178,7 @@ def run_challenge_model_parallel(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     with ExitStack() as stack:
         client = open_client(stack, client, security=security)
-        n_workers = len(client.scheduler_info(n_workers=-1)["workers"])
+        n_workers = len(scheduler_workers(client))
         if n_workers == 0:
             raise ValueError("the cluster has no workers")
         return _run(

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from ..runtime.cluster import scheduler_workers
 from ..runtime.waiting import run_watching, wait_at_most
 
 __all__ = [
@@ -109,7 +110,8 @@ def _mib(nbytes) -> str:
 
 
 def describe_worker(info: dict | None, now: float) -> str:
-    """The state of a worker from its ``Client.scheduler_info`` entry, in words."""
+    """The state of a worker from its entry of :func:`~dasknn.runtime.cluster.scheduler_workers`, in
+    words."""
     if info is None:
         return "has left the cluster"
     status = info.get("status", "running")
@@ -144,7 +146,7 @@ def lost_workers(
 def running_workers(client, leaving: Sequence[str] = ()) -> list[str]:
     """The addresses of the workers that are not leaving the cluster, nor in ``leaving``,
     sorted."""
-    workers = client.scheduler_info(n_workers=-1)["workers"]
+    workers = scheduler_workers(client)
     return sorted(
         w for w, info in workers.items() if info.get("status") not in _GONE and w not in leaving
     )
@@ -280,7 +282,7 @@ def step_timeout_error(
 
 def describe_workers(client, addresses: Sequence[str]) -> str:
     """``worker ADDRESS STATE; ...`` for the distinct ``addresses`` (:func:`describe_worker`)."""
-    workers = client.scheduler_info(n_workers=-1)["workers"]
+    workers = scheduler_workers(client)
     now = time.time()
     return "; ".join(
         f"worker {w} {describe_worker(workers.get(w), now)}" for w in sorted(set(addresses))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
@@ -62,7 +62,7 @@ from dasknn.model_parallel.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUG
 from dasknn.model_parallel.worker_memory import ReuseFreedMemory
 from dasknn.model_parallel.worker_state import ModelState, plugin_name, read_parts
 from dasknn.optim import Optimizer, ParamState, resolve_optimizer
-from dasknn.runtime.cluster import open_client
+from dasknn.runtime.cluster import open_client, scheduler_workers
 from dasknn.runtime.key_cache import install_key_cache_bound, remove_key_cache_bound
 from dasknn.runtime.waiting import gather_at_most
 
@@ -182,7 +182,7 @@ class DistributedSparseMLP(SparseEstimator):
             raise ValueError(f"step_timeout must be a number of seconds > 0, got {step_timeout!r}")
         self._opened = ExitStack()
         client = open_client(self._opened, client)
-        workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        workers = sorted(scheduler_workers(client))
         self.client = client
         self.activation = model.activation
         self.output_activation = model.output_activation
@@ -209,7 +209,9 @@ class DistributedSparseMLP(SparseEstimator):
         self._step = 0
         self._version = 0  # training steps completed
         self._reset_step = 0
-        self._batches: list[tuple[int, bool]] = []
+        #: Batches run since the last reset, counted by (rows, backward): the comm report's
+        #: prediction, kept in a size that does not grow with the number of batches.
+        self._batches: Counter[tuple[int, bool]] = Counter()
         self._placement = PartPlacement(self.part_workers)
         self._priority = StepPriority(self.token, self.plan.n_layers)
         self.optimizer: Optimizer | None = None
@@ -471,7 +473,7 @@ class DistributedSparseMLP(SparseEstimator):
         futures, _ = self._submit_step(x_blocks, y_blocks, None, x.shape[0], optimizer, None)
         shares = self._collect(futures)
         self._version += 1
-        self._batches.append((x.shape[0], True))
+        self._batches[(x.shape[0], True)] += 1
         self.optimizer = optimizer
         return float(sum(shares))
 
@@ -508,7 +510,7 @@ class DistributedSparseMLP(SparseEstimator):
         futures, batch = pending
         loss = float(sum(self._collect(futures)))
         self._version += 1
-        self._batches.append((batch, True))
+        self._batches[(batch, True)] += 1
         self.optimizer = optimizer
         return loss
 
@@ -546,7 +548,7 @@ class DistributedSparseMLP(SparseEstimator):
     def _finish_block(self, futures, rows: int) -> np.ndarray:
         """Collect one forward block's output parts: ``a_L`` of its rows, in neuron order."""
         parts = self._collect(futures)
-        self._batches.append((rows, False))
+        self._batches[(rows, False)] += 1
         out = np.empty((rows, self.n_outputs), dtype=self.dtype)
         out[:, self.plan.orders[self.n_layers]] = np.concatenate(parts, axis=0).T
         return out
@@ -605,13 +607,13 @@ class DistributedSparseMLP(SparseEstimator):
     def comm_report(self) -> CommReport:
         """Measured (scheduler plugin) against predicted communication since the last reset."""
         records = read_transfers(self.client, self.token)
-        report = CommReport(batches=len(self._batches))
-        for batch, backward in self._batches:
+        report = CommReport(batches=sum(self._batches.values()))
+        for (batch, backward), count in sorted(self._batches.items()):
             for key, value in self.predicted_bytes(batch, backward).items():
                 row = report.layers.setdefault(key, {"measured": 0, "messages": 0, "predicted": 0})
-                row["predicted"] += value
-                report.predicted += value
-            report.predicted_parts += sum(
+                row["predicted"] += value * count
+                report.predicted += value * count
+            report.predicted_parts += count * sum(
                 self.predicted_bytes(batch, backward, between="parts").values()
             )
         for layer, phase, sender, receiver, nbytes, messages in records:
@@ -636,7 +638,7 @@ class DistributedSparseMLP(SparseEstimator):
         """Start a new measurement: zero the plugin's records and the worker timings."""
         reset_transfers(self.client, self.token)
         self.client.run(_reset_timings_on_worker, name=self.plugin_name)
-        self._batches = []
+        self._batches = Counter()
         self._reset_step = self._step
 
     def timings(self) -> dict[str, dict[str, float]]:

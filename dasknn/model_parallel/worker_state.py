@@ -162,7 +162,9 @@ class ModelState(WorkerPlugin):
     first_step : int
         The first step number this placement of the model runs: a task of an earlier step (one
         still running when the model was placed again after a lost worker) is refused, so it
-        cannot change the values placed afresh.
+        cannot change the values placed afresh. :meth:`clear_steps` moves it past every step
+        begun here, so a task of a dropped step fails with a ``RuntimeError`` instead of
+        starting its part's values afresh (and failing on a missing layer, as ``KeyError``).
     """
 
     def __init__(self, token: str, first_step: int = 1) -> None:
@@ -174,6 +176,7 @@ class ModelState(WorkerPlugin):
         self.address = worker.address
         self.layers: dict[tuple[int, int], PartLayer] = {}
         self.steps: dict[tuple[int, int], PartStep] = {}
+        self._latest_step = 0  # the highest step number begun here
         #: Messages for the parts on this worker, by step key ``(name, step, layer, sender,
         #: receiver part, microbatch)`` (:func:`dasknn.runtime.keys.step_key`): left by parts on
         #: this worker, or posted by other workers (``messages="actors"``).
@@ -232,12 +235,13 @@ class ModelState(WorkerPlugin):
     def part_step(self, step: int, part: int) -> PartStep:
         """The intermediate values of ``part`` in ``step`` (created on first use);
         ``RuntimeError`` for a step before :attr:`first_step`."""
-        if step < self.first_step:
-            raise RuntimeError(
-                f"step {step} belongs to an earlier placement of the model (this one starts at "
-                f"step {self.first_step})"
-            )
         with self._lock:
+            if step < self.first_step:
+                raise RuntimeError(
+                    f"step {step} was dropped on this worker or belongs to an earlier placement "
+                    f"of the model (steps from {self.first_step} on run here)"
+                )
+            self._latest_step = max(self._latest_step, step)
             return self.steps.setdefault((step, part), PartStep())
 
     def drop_part_step(self, step: int, part: int) -> None:
@@ -246,10 +250,13 @@ class ModelState(WorkerPlugin):
             self.steps.pop((step, part), None)
 
     def clear_steps(self) -> int:
-        """Forget every step in flight and the mailbox; returns the number of part states."""
+        """Forget every step in flight and the mailbox, and refuse the steps begun so far from
+        now on (a task still running or queued for one fails instead of computing from missing
+        values); returns the number of part states."""
         with self._lock:
             dropped = len(self.steps)
             self.steps.clear()
+            self.first_step = max(self.first_step, self._latest_step + 1)
         with self._arrived:
             self.mailbox.clear()
             self._cleared += 1
@@ -353,8 +360,12 @@ class ModelState(WorkerPlugin):
 
 
 def model_state(token: str) -> ModelState:
-    """The :class:`ModelState` of the model ``token`` on the worker running the calling task."""
-    return get_worker().plugins[plugin_name(token)]
+    """The :class:`ModelState` of the model ``token`` on the worker running the calling task;
+    ``RuntimeError`` if the model is not on this worker (closed, or never placed here)."""
+    state = get_worker().plugins.get(plugin_name(token))
+    if state is None:
+        raise RuntimeError(f"the distributed model {token} is not on this worker (closed?)")
+    return state
 
 
 def install_parts(dask_worker, token: str, chunks: dict, states: dict | None = None) -> int:

@@ -28,6 +28,7 @@ from dasknn.pipeline_parallel import worker_state as ws
 from dasknn.pipeline_parallel.plan import layer_costs, split_stages
 from dasknn.pipeline_parallel.schedule import check_schedule
 from dasknn.pipeline_parallel.taskgraph import accumulate_dtype, build_step
+from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.keys import new_token, pipeline_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
 from dasknn.runtime.plugin_owner import PluginOwner
@@ -227,7 +228,7 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
                 f"{self.stages} stages for a network of {model.n_layers} layers: at most one per "
                 "layer"
             )
-        available = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        available = sorted(scheduler_workers(client))
         if workers is not None:
             unknown = sorted(set(workers) - set(available))
             if unknown:

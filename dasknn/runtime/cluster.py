@@ -11,6 +11,11 @@ Every function that opens a connection or starts a cluster takes ``security``: a
 ``distributed.Security`` (see :mod:`dasknn.runtime.security`), ``True`` for temporary certificates
 (a local cluster only), or ``None``: no TLS for a local cluster, dask's configuration
 (``distributed.comm.tls.*``) for a scheduler address.
+
+The clusters and clients opened here keep Dask's debugging records short
+(:func:`short_dask_records`): :data:`LOW_LEVEL_LOG_LENGTH` entries of
+``distributed.admin.low-level-log-length`` instead of Dask's 1,000, unless the user's
+configuration sets another value.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import os
 import time
 from contextlib import ExitStack
 
+import dask
 from distributed import Client, LocalCluster, Security
 from distributed.deploy import Cluster
 
@@ -28,14 +34,45 @@ from dasknn.runtime.security import client_uses_tls, temporary_security
 __all__ = [
     "CONNECT_TIMEOUT",
     "LOCAL_HOST",
+    "LOW_LEVEL_LOG_LENGTH",
     "connect_timeout",
     "local_cluster",
     "local_cuda_cluster",
     "open_client",
+    "scheduler_workers",
+    "short_dask_records",
 ]
 
 LOCAL_HOST = "127.0.0.1"
 CONNECT_TIMEOUT = 5.0
+
+#: Entries of Dask's bounded debugging records on what dasknn opens (see
+#: :func:`short_dask_records`).
+LOW_LEVEL_LOG_LENGTH = 100
+_LOG_LENGTH_KEY = "distributed.admin.low-level-log-length"
+
+
+def short_dask_records() -> dict:
+    """The dask configuration under which dasknn starts clusters and opens clients:
+    ``distributed.admin.low-level-log-length`` at :data:`LOW_LEVEL_LOG_LENGTH`, or nothing when
+    the user's configuration sets it (a value other than Dask's 1,000, or any value in a YAML file
+    or ``DASK_DISTRIBUTED__ADMIN__LOW_LEVEL_LOG_LENGTH``).
+
+    That length bounds Dask's records of the last messages of every batched stream (each step's
+    task message with its task, the client's graph messages), the scheduler's transitions and
+    events of every topic and the workers' state-machine logs. They are bounded, but at 1,000
+    entries of several KiB they go on filling for the first thousands of training steps, which
+    reads as growth of the scheduler and the client (``docs/reliability.md``, ``## Long runs:
+    memory (soak)``). Each record is made when its scheduler, worker or stream starts, so the
+    setting applies to the processes and connections started under it: the scheduler, workers
+    and clients opened here, not a worker that joins later nor a ``Client`` the user opened.
+    """
+    defaults = dask.config.merge(*dask.config.defaults)
+    if dask.config.get(_LOG_LENGTH_KEY) != dask.config.get(_LOG_LENGTH_KEY, config=defaults):
+        return {}  # set in the program, a YAML file or the environment
+    if dask.config.get(_LOG_LENGTH_KEY, None, config=dask.config.collect()) is not None:
+        return {}  # Dask's own value, set in a YAML file or the environment
+    return {_LOG_LENGTH_KEY: LOW_LEVEL_LOG_LENGTH}
 
 
 def connect_timeout() -> float:
@@ -78,15 +115,17 @@ def local_cluster(
 ) -> LocalCluster:
     """Start a LocalCluster of worker processes, one single-threaded worker per core by default,
     listening (scheduler, workers, dashboard) on ``host`` only; with ``security`` (a
-    ``distributed.Security``, or ``True`` for temporary certificates) every connection uses TLS."""
-    return LocalCluster(
-        n_workers=workers or os.cpu_count() or 1,
-        threads_per_worker=threads_per_worker,
-        processes=True,
-        host=host,
-        dashboard_address=f"{host}:0",
-        **_tls_options(security),
-    )
+    ``distributed.Security``, or ``True`` for temporary certificates) every connection uses TLS.
+    Dask's debugging records are kept short (:func:`short_dask_records`)."""
+    with dask.config.set(short_dask_records()):
+        return LocalCluster(
+            n_workers=workers or os.cpu_count() or 1,
+            threads_per_worker=threads_per_worker,
+            processes=True,
+            host=host,
+            dashboard_address=f"{host}:0",
+            **_tls_options(security),
+        )
 
 
 def local_cuda_cluster(
@@ -135,7 +174,8 @@ def open_client(
     ``stack`` closes.
 
     ``security`` (see the module's docstring) is used for what is opened here; a ``Client``
-    passed in keeps its own.
+    passed in keeps its own. What is opened here keeps Dask's debugging records short
+    (:func:`short_dask_records`).
 
     Raises
     ------
@@ -151,19 +191,39 @@ def open_client(
     """
     if isinstance(client, Client):
         return client
-    if isinstance(client, Cluster):
-        return stack.enter_context(Client(client))
-    if isinstance(client, JobqueueSpec):
-        cluster = start_jobqueue_cluster(client)
-        stack.callback(cluster.close)
+    with dask.config.set(short_dask_records()):
+        if isinstance(client, Cluster):
+            return stack.enter_context(Client(client))
+        if isinstance(client, JobqueueSpec):
+            cluster = start_jobqueue_cluster(client)
+            stack.callback(cluster.close)
+            return stack.enter_context(Client(cluster))
+        if client is not None:
+            return stack.enter_context(_connect(str(client), security))
+        if device == "cuda":
+            cluster = stack.enter_context(local_cuda_cluster(workers, security=security))
+        else:
+            cluster = local_cluster(workers, threads_per_worker, security=security)
+            cluster = stack.enter_context(cluster)
         return stack.enter_context(Client(cluster))
-    if client is not None:
-        return stack.enter_context(_connect(str(client), security))
-    if device == "cuda":
-        cluster = stack.enter_context(local_cuda_cluster(workers, security=security))
-    else:
-        cluster = stack.enter_context(local_cluster(workers, threads_per_worker, security=security))
-    return stack.enter_context(Client(cluster))
+
+
+def _workers_identity(dask_scheduler) -> dict:
+    return dask_scheduler.identity()["workers"]
+
+
+def scheduler_workers(client: Client) -> dict[str, dict]:
+    """Every worker the scheduler knows now, ``{address: info}`` with the entries of
+    ``Client.scheduler_info()["workers"]`` (``status``, ``memory_limit``, ``metrics``,
+    ``last_seen``, ...), asked of the scheduler at each call.
+
+    ``Client.scheduler_info(n_workers=-1)["workers"]`` may be empty while every worker is there
+    (distributed 2025.x and later): the client's own refresh, every
+    ``distributed.client.scheduler-info-interval`` (2 s), asks for no worker and can replace the
+    answer between the request and the return (about 1 call in 7,000 on a local cluster, 1 in 3
+    with a 1 ms interval), which read as every worker gone.
+    """
+    return client.run_on_scheduler(_workers_identity)
 
 
 def _connect(address: str, security: Security | bool | None) -> Client:

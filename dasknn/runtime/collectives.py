@@ -27,6 +27,7 @@ import numpy as np
 from dask.task_spec import Task, TaskRef
 from distributed import wait
 
+from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.keys import collective_key, new_token, parse_collective_key
 
 __all__ = [
@@ -505,7 +506,7 @@ def _check_workers(client, workers: Sequence[str], *inputs: Sequence) -> list[st
             raise ValueError(
                 f"one input per worker is needed: {len(values)} inputs for {len(workers)} workers"
             )
-    known = set(client.scheduler_info(n_workers=-1)["workers"])
+    known = set(scheduler_workers(client))
     unknown = [w for w in workers if w not in known]
     if unknown:
         raise ValueError(f"not workers of this cluster: {unknown}")

@@ -9,6 +9,7 @@ from dataclasses import asdict
 import dask
 import numpy as np
 
+from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.keys import new_token
 from dasknn.runtime.measure import read_transfers, reset_transfers
 from dasknn.runtime.plugin_owner import PluginOwner
@@ -71,7 +72,7 @@ class DistributedSampledMLP(PluginOwner):
 
     def __init__(self, model: SampledMLP, client, workers: list[str] | None = None) -> None:
         model._check_fitted()
-        known = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        known = sorted(scheduler_workers(client))
         workers = list(known if workers is None else workers)
         unknown = [w for w in workers if w not in known]
         if unknown:

@@ -1,0 +1,50 @@
+"""Dask's debugging records on the clusters and clients dasknn opens are kept short, unless the
+user's configuration sets their length (``dasknn.runtime.cluster.short_dask_records``)."""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+
+import dask
+import pytest
+
+from dasknn.runtime.cluster import LOW_LEVEL_LOG_LENGTH, open_client, short_dask_records
+
+KEY = "distributed.admin.low-level-log-length"
+
+
+def _scheduler_lengths(dask_scheduler) -> list:
+    """The bounds of the scheduler's records of its streams to workers and clients, and of its
+    transitions."""
+    streams = [*dask_scheduler.stream_comms.values(), *dask_scheduler.client_comms.values()]
+    bounds = {stream.recent_message_log.maxlen for stream in streams}
+    return sorted(bounds | {dask_scheduler.transition_log.maxlen})
+
+
+def _worker_lengths(dask_worker) -> list:
+    """The bound of the worker's record of its stream to the scheduler."""
+    return [dask_worker.batched_stream.recent_message_log.maxlen]
+
+
+def test_the_length_is_shortened_only_where_the_user_did_not_set_it(monkeypatch):
+    monkeypatch.delenv("DASK_DISTRIBUTED__ADMIN__LOW_LEVEL_LOG_LENGTH", raising=False)
+    assert short_dask_records() == {KEY: LOW_LEVEL_LOG_LENGTH}
+    with dask.config.set({KEY: 5000}):
+        assert short_dask_records() == {}
+    # Dask's own value, given in the environment, is the user's choice too
+    monkeypatch.setenv("DASK_DISTRIBUTED__ADMIN__LOW_LEVEL_LOG_LENGTH", "1000")
+    assert short_dask_records() == {}
+
+
+@pytest.mark.parametrize("user", [None, 300])
+def test_a_local_cluster_keeps_short_records_in_every_process(user):
+    before = dask.config.get(KEY)
+    with ExitStack() as stack:
+        if user is not None:
+            stack.enter_context(dask.config.set({KEY: user}))
+        client = open_client(stack, workers=1)
+        expected = LOW_LEVEL_LOG_LENGTH if user is None else user
+        assert client.scheduler_comm.recent_message_log.maxlen == expected
+        assert client.run_on_scheduler(_scheduler_lengths) == [expected]
+        assert list(client.run(_worker_lengths).values()) == [[expected]]
+    assert dask.config.get(KEY) == before  # the process's configuration is left as it was
