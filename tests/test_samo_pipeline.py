@@ -157,6 +157,12 @@ def test_a_distributed_step_equals_the_full_batch_step(client4, stages, replicas
                 assert parts.bubble == pytest.approx(1 - max(busy.values()) / span, abs=1e-12)
                 assert parts.idle == pytest.approx(parts.bubble + parts.imbalance, abs=1e-12)
                 assert 0 <= parts.handover <= parts.idle + 1e-12
+        for parts in pipe.idle_sources().values():
+            total = parts.formula + parts.stage_costs + parts.pass_variation + parts.handover
+            assert parts.idle == pytest.approx(total, abs=1e-12)
+        assert {key: p.idle for key, p in pipe.idle_sources().items()} == pytest.approx(
+            {key: p.idle for key, p in breakdown.items()}, abs=1e-12
+        )
 
 
 def test_bf16_allreduce_sends_the_compressed_16_bit_values(client4):
