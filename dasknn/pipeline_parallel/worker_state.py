@@ -56,7 +56,8 @@ class StageState(WorkerPlugin):
         self.last = False
         self.loss = self.output_activation = None
         self.stash: dict[tuple[int, int], tuple] = {}
-        self.deltas: dict[tuple[int, int], np.ndarray] = {}
+        # the last stage's targets and delta factor per microbatch, for its backward pass
+        self.targets: dict[tuple[int, int], tuple[np.ndarray, float]] = {}
         self.events: dict[int, list[tuple[str, int, float, float]]] = {}
         self.in_flight = 0
         self.peak: dict[int, int] = {}
@@ -67,7 +68,7 @@ class StageState(WorkerPlugin):
 
     def teardown(self, worker) -> None:
         self.stash.clear()
-        self.deltas.clear()
+        self.targets.clear()
         self.events.clear()
         self.stack = None
 
@@ -103,11 +104,13 @@ def forward_pass(
 
     ``inputs`` are the feature-major inputs of the stage (the microbatch's samples on stage 0,
     the previous stage's activations after it); ``labels`` the last stage's feature-major
-    targets ``(n_out, rows)``. The last stage computes the loss and the output
-    delta (times ``scale``, the microbatch's share of the batch, and ``loss_scale``, fp16's
-    dynamic loss scale, 1 otherwise) and returns the loss times ``scale``; the others return their
-    activations, the message to the next stage. ``after`` are the stage's passes this one runs
-    after (only ordered after, not read).
+    targets ``(n_out, rows)``. The last stage computes the loss and returns it times ``scale``
+    (the microbatch's share of the batch), and keeps the labels and the output delta's factor
+    (``scale`` times ``loss_scale``, fp16's dynamic loss scale, 1 otherwise) for its backward
+    pass, which computes the output delta: so the last stage's forward pass, which the schedule
+    runs while the stage before runs its forward passes, holds only the loss; the others return
+    their activations, the message to the next stage. ``after`` are the stage's passes this one
+    runs after (only ordered after, not read).
     """
     state = _state(token)
     start = time.perf_counter()
@@ -121,9 +124,7 @@ def forward_pass(
         value = state.loss.value_t(zt, at, labels)
         if not np.isfinite(value):
             raise nonfinite_loss_error(step, value, [a for _, a in layers], state.first_layer)
-        deltat = state.loss.output_delta_t(zt, at, labels, state.output_activation)
-        deltat *= scale * loss_scale
-        state.deltas[(step, microbatch)] = deltat
+        state.targets[(step, microbatch)] = (labels, scale * loss_scale)
         result = value * scale
     else:
         result = layers[-1][1]
@@ -132,7 +133,8 @@ def forward_pass(
 
 
 def backward_pass(token: str, step: int, microbatch: int, incoming, after):
-    """Backward pass of one microbatch: the stage's compressed gradients are stored (the step's
+    """Backward pass of one microbatch (on the last stage from the output delta, computed here
+    from the labels the forward pass kept): the stage's compressed gradients are stored (the step's
     first backward pass on the stage, whichever microbatch it is) or accumulated, one pass at a
     time; returns the partial sums of the stage's inputs, the
     message to the previous stage (``None`` on stage 0). ``incoming`` is the next stage's
@@ -143,7 +145,10 @@ def backward_pass(token: str, step: int, microbatch: int, incoming, after):
         xt, layers = state.stash.pop((step, microbatch))
         state.in_flight -= 1
     if state.last:
-        deltat = state.deltas.pop((step, microbatch))
+        labels, factor = state.targets.pop((step, microbatch))
+        zt, at = layers[-1]
+        deltat = state.loss.output_delta_t(zt, at, labels, state.output_activation)
+        deltat *= factor
     else:
         deltat = incoming * state.stack.activations[-1].derivative(*layers[-1])
     with state.gradient_lock:
