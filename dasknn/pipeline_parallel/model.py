@@ -292,6 +292,7 @@ class PipelineMLP(SparseEstimator, PluginOwner):
                 ],
                 "biases": [layers[k].bias for k in range(a, b)],
                 "activations": activations[a:b],
+                "input_activation": activations[a - 1] if s > 0 else None,
                 "precision": model.precision,
                 "compute": model.compute,
                 "loss": model.loss,
