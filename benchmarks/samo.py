@@ -1,7 +1,9 @@
 """SAMO (compressed model states of pruned networks) against its baselines, in the same run.
 
 Run: ``flock /tmp/dasknn-tests.lock python3 benchmarks/samo.py [section ...]`` with sections
-``memory``, ``accuracy``, ``speed``, ``bubble``, ``workers`` (default: all). Everything runs
+``memory``, ``accuracy``, ``speed``, ``bubble``, ``workers`` (default: all); ``--bubble-m``,
+``--bubble-steps`` and ``--bubble-rows`` shrink the bubble section (default m 2 4 8, 3 steps,
+2,048 rows a microbatch). Everything runs
 single-threaded (BLAS, numba, torch), one thread per Dask worker, so the figures compare
 algorithms, not thread counts. Prints markdown tables with the targets of issue 12:
 
@@ -28,7 +30,6 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMB
     os.environ[_var] = "1"
 
 import statistics  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 import tracemalloc  # noqa: E402
 
@@ -305,7 +306,7 @@ def _median(breakdowns, field: str) -> float:
     return statistics.median(getattr(b, field) for b in breakdowns)
 
 
-def bubble(micro_rows: int = 2048, steps: int = 3) -> None:
+def bubble(micro_rows: int = 2048, steps: int = 3, ms: tuple[int, ...] = (2, 4, 8)) -> None:
     rng = np.random.default_rng(0)
     # 64-1024-1024-1024-1024-1024: the narrow first layer (1/16 of the others) needs no input
     # gradient, so stage 0 = layers 1-3 and stage 1 = layers 4-5 carry equal forward and equal
@@ -331,9 +332,10 @@ def bubble(micro_rows: int = 2048, steps: int = 3) -> None:
         "within 0.05: idle 0 / 1, bubble | busy per microbatch, stage 0 / 1 |"
     )
     print("| ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
+    sources = {}
     c, client = cluster(2)
     with c, client:
-        for m in (2, 4, 8):
+        for m in ms:
             model = CompressedMLP(
                 weights, masks, activation="relu", loss="mse", precision="fp32", compute="dense"
             )
@@ -342,10 +344,13 @@ def bubble(micro_rows: int = 2048, steps: int = 3) -> None:
             with PipelineMLP(model, client, stages=2, microbatches=m, schedule="gpipe") as pipe:
                 pipe.train_step(x, y, optimizer=Adam())
                 parts = {0: [], 1: []}
+                sources[m] = {0: [], 1: []}
                 for _ in range(steps):
                     pipe.train_step(x, y, optimizer=Adam())
                     for (s, _), breakdown in pipe.idle_breakdown().items():
                         parts[s].append(breakdown)
+                    for (s, _), found in pipe.idle_sources().items():
+                        sources[m][s].append(found)
             want = bubble_fraction(2, m)
 
             idle = [_median(parts[s], "idle") for s in (0, 1)]
@@ -362,6 +367,26 @@ def bubble(micro_rows: int = 2048, steps: int = 3) -> None:
                 f"{handover[1]:.3f} ({per_pass[0]:.1f} / {per_pass[1]:.1f}) | "
                 f"{' / '.join(ok[:2])}, {ok[2]} | {per[0]:.0f} / {per[1]:.0f} ms |"
             )
+    print(
+        "\n| m | stage | idle | formula | + stage costs | + pass variation | + handover | "
+        "mean forward / backward (ms) |"
+    )
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for m, per_stage in sources.items():
+        for s, found in per_stage.items():
+            idle, formula = _median(found, "idle"), _median(found, "formula")
+            added = [_median(found, f) for f in ("stage_costs", "pass_variation", "handover")]
+            fb = [_median(found, f) * 1e3 for f in ("mean_forward", "mean_backward")]
+            print(
+                f"| {m} | {s} | {idle:.3f} | {formula:.3f} | "
+                + " | ".join(f"{v:+.3f}" for v in added)
+                + f" | {fb[0]:.0f} / {fb[1]:.0f} |"
+            )
+    print(
+        "\n(idle = formula + stage costs + pass variation + handover, medians of the steps: "
+        "the stages' unequal mean passes, unequal passes of one stage and kind, and the time "
+        "passes started after the ideal timeline's start; pipeline_parallel.timeline)"
+    )
     print(
         "\n(idle = bubble + imbalance; the bubble is the busiest stage's idle fraction, which the "
         "formula describes; the imbalance is the time a stage waits because the other is busier; "
@@ -432,10 +457,22 @@ SECTIONS = {
 }
 
 if __name__ == "__main__":
-    chosen = sys.argv[1:] or list(SECTIONS)
-    unknown = [s for s in chosen if s not in SECTIONS]
+    import argparse
+
+    parser = argparse.ArgumentParser(description="SAMO against its baselines (issue 12)")
+    parser.add_argument("sections", nargs="*", help=f"of {list(SECTIONS)} (default: all)")
+    parser.add_argument(
+        "--bubble-m", type=int, nargs="+", default=[2, 4, 8], help="microbatches (bubble)"
+    )
+    parser.add_argument("--bubble-steps", type=int, default=3, help="measured steps per m")
+    parser.add_argument("--bubble-rows", type=int, default=2048, help="rows per microbatch")
+    args = parser.parse_args()
+    unknown = [name for name in args.sections if name not in SECTIONS]
     if unknown:
-        sys.exit(f"unknown sections {unknown}; choose from {list(SECTIONS)}")
+        parser.error(f"unknown sections {unknown}; choose from {list(SECTIONS)}")
     print(f"machine: {describe()}; numpy {np.__version__}")
-    for name in chosen:
-        SECTIONS[name]()
+    for name in args.sections or list(SECTIONS):
+        if name == "bubble":
+            bubble(args.bubble_rows, args.bubble_steps, tuple(args.bubble_m))
+        else:
+            SECTIONS[name]()

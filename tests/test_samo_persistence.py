@@ -5,6 +5,7 @@ an error naming the file."""
 from __future__ import annotations
 
 import json
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -178,3 +179,43 @@ def test_a_truncated_or_missing_file_is_refused(tmp_path):
         CompressedMLP.load(tmp_path / "absent.npz")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         model.save(tmp_path / "no" / "dir.npz")
+
+
+@pytest.mark.parametrize("compute", ["dense", "sparse"])
+def test_a_shape_its_arrays_do_not_back_is_refused_before_allocating(tmp_path, compute):
+    # the first layer's header claims 238,609,294 x 9 = 2**31 - 2 entries: every array still
+    # fits it (the flat positions of a 12 x 9 layer are those of any n x 9 layer, the bias has
+    # 9 entries, the second layer has 9 inputs), but building it would allocate 8.6 GB of dense
+    # float32 weights (compute="dense") or 1.9 GB of row pointers
+    model, _, _ = trained("fp32", compute)
+    path = tmp_path / "hostile.npz"
+    model.save(path)
+    stored = _stored(path)
+    n_in = (2**31 - 1) // SIZES[1]
+    stored["w0_shape"] = np.array([n_in, SIZES[1]], dtype=np.int64)
+    np.savez(path, **stored)
+    held = sum(stored[name].nbytes for name in ("w0_index", "w0_values", "b0"))
+    needed = 8 * (n_in + 1) + (n_in * SIZES[1] * 4 if compute == "dense" else 0)
+    assert needed > 1024 * held
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match=rf"w0_shape \({n_in}, 9\) would allocate") as error:
+            CompressedMLP.load(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert str(path) in str(error.value) and f"{needed:,} bytes" in str(error.value)
+    assert peak < 2**24  # refused before the layer's memory was allocated
+
+
+def test_a_layer_pruned_to_99_9_percent_still_loads(tmp_path):
+    # 1,000 x 1,000 at 99.9%: 1,000 weights; its dense float16 compute weights are 2 MB for 12 kB
+    # of arrays (index, values, bias), within the bound
+    rng = np.random.default_rng(5)
+    weights = [rng.uniform(-1, 1, (1000, 1000)), rng.uniform(-1, 1, (1000, 3))]
+    masks = magnitude_masks(weights, 0.999, scope="layer")
+    model = CompressedMLP(weights, masks, precision="fp16", compute="dense")
+    model.save(tmp_path / "sparse.npz")
+    loaded = CompressedMLP.load(tmp_path / "sparse.npz")
+    for a, b in zip(loaded.weights, model.weights, strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -157,6 +157,34 @@ def test_a_distributed_step_equals_the_full_batch_step(client4, stages, replicas
                 assert parts.bubble == pytest.approx(1 - max(busy.values()) / span, abs=1e-12)
                 assert parts.idle == pytest.approx(parts.bubble + parts.imbalance, abs=1e-12)
                 assert 0 <= parts.handover <= parts.idle + 1e-12
+        for parts in pipe.idle_sources().values():
+            total = parts.formula + parts.stage_costs + parts.pass_variation + parts.handover
+            assert parts.idle == pytest.approx(total, abs=1e-12)
+        assert {key: p.idle for key, p in pipe.idle_sources().items()} == pytest.approx(
+            {key: p.idle for key, p in breakdown.items()}, abs=1e-12
+        )
+
+
+def test_each_boundary_activation_runs_on_the_receiving_stage_and_the_step_is_unchanged(client4):
+    # sigmoid (whose derivative reads the activations) and mse, one layer a stage: the middle
+    # stage receives pre-activations, applies the activation, and sends back deltas already
+    # times its derivative; two steps equal the one-process full-batch steps
+    rng = np.random.default_rng(7)
+    weights = [rng.uniform(-1, 1, (a, b)) for a, b in zip(SIZES[:-1], SIZES[1:], strict=True)]
+    x, y = rng.uniform(0, 1, (16, SIZES[0])), rng.uniform(0, 1, (16, SIZES[-1]))
+
+    def model():
+        masks = magnitude_masks(weights, 0.6)
+        return CompressedMLP(weights, masks, activation="sigmoid", loss="mse", precision="fp64")
+
+    reference = model()
+    bounds = [(0, 1), (1, 2), (2, 3)]
+    with PipelineMLP(model(), client4, stages=3, microbatches=2, bounds=bounds) as pipe:
+        for _ in range(2):
+            loss = pipe.train_step(x, y, optimizer=Adam(lr=0.05))
+            assert loss == pytest.approx(reference.train_step(x, y, optimizer=Adam(lr=0.05)))
+        for a, b in zip(pipe.gather().weights, reference.weights, strict=True):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-12)
 
 
 def test_bf16_allreduce_sends_the_compressed_16_bit_values(client4):

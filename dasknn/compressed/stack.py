@@ -288,13 +288,18 @@ class CompressedStack:
     def n_layers(self) -> int:
         return len(self.layers)
 
-    def forward(self, xt: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Feature-major ``(z_k, a_k)`` of every layer of the stack from its inputs ``xt``."""
+    def forward(
+        self, xt: np.ndarray, activate_last: bool = True
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Feature-major ``(z_k, a_k)`` of every layer of the stack from its inputs ``xt``; with
+        ``activate_last`` false the last layer's activation is left to the caller and its pair
+        is ``(z, z)``."""
         out = []
         at = xt
-        for layer, activation in zip(self.layers, self.activations, strict=True):
+        last = self.n_layers - 1
+        for k, (layer, activation) in enumerate(zip(self.layers, self.activations, strict=True)):
             zt = layer.forward(at)
-            at = activation.forward(zt)
+            at = activation.forward(zt) if activate_last or k < last else zt
             out.append((zt, at))
         return out
 

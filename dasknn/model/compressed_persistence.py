@@ -20,8 +20,11 @@ The 16-bit compute weights are not stored: they are rebuilt from the master weig
 every update. Everything is checked before a model is built from it: the header's names and
 numbers, every index (:func:`~dasknn.compressed.check_index`: sorted, no duplicate, in range, at
 most ``2**31 - 1`` entries a layer), the values' and biases' lengths, dtypes and finiteness, that
-the layers chain, and the optimizer state's names and lengths. A file that is not such an archive,
-of a newer version, or with anything missing or inconsistent is a ``ValueError`` naming it.
+the layers chain, that the memory a layer's shape makes the model allocate (its row pointers, and
+with ``compute="dense"`` its dense compute weights) is at most :data:`MAX_EXPANSION` times the
+bytes of the layer's arrays in the file, and the optimizer state's names and lengths. A file that
+is not such an archive, of a newer version, or with anything missing or inconsistent is a
+``ValueError`` naming it.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from graph.atomic import write_atomically
 __all__ = [
     "COMPRESSED_FORMAT",
     "COMPRESSED_VERSION",
+    "MAX_EXPANSION",
     "CompressedRecord",
     "read_compressed",
     "write_compressed",
@@ -49,6 +53,13 @@ __all__ = [
 
 COMPRESSED_FORMAT = "dasknn-compressed-model"
 COMPRESSED_VERSION = 1
+#: The most bytes a layer's shape may make the model allocate (row pointers, and dense compute
+#: weights) per byte of the layer's arrays in the file (index, values, bias). A layer pruned to
+#: 99.9% stores at least 1/667 of the bytes of its dense compute weights (8 or 12 bytes per
+#: unpruned weight, at most 8 per dense entry), so only shapes the arrays do not back are refused.
+MAX_EXPANSION = 1024
+#: Bytes per dense compute weight of each precision (its storage dtype).
+_STORAGE_BYTES = {"fp64": 8, "fp32": 4, "bf16": 2, "fp16": 2}
 
 
 @dataclass
@@ -182,7 +193,27 @@ def _loss_scaler(header: dict) -> dict | None:
     return scaler
 
 
-def _layer(stored: dict, k: int, arithmetic: np.dtype) -> tuple:
+def _check_allocation(k: int, shape: tuple[int, int], arrays: list[np.ndarray], header: dict):
+    """``ValueError`` if layer ``k``'s ``shape`` makes the model allocate more than
+    :data:`MAX_EXPANSION` times the bytes of its ``arrays`` in the file: its int64 row pointers
+    (``n_in + 1``) and, with ``compute="dense"``, its dense compute weights in the storage
+    dtype."""
+    n_in, n_out = shape
+    needed = 8 * (n_in + 1)
+    what = "row pointers"
+    if header["compute"] == "dense":
+        needed += n_in * n_out * _STORAGE_BYTES[header["precision"]]
+        what = "dense compute weights and row pointers"
+    held = sum(a.nbytes for a in arrays)
+    if needed > MAX_EXPANSION * held:
+        raise ValueError(
+            f"w{k}_shape {shape} would allocate {needed:,} bytes ({what}) for the {held:,} "
+            f"bytes of w{k}_index, w{k}_values and b{k} in the file, more than {MAX_EXPANSION} "
+            "times as many: a shape the layer's arrays do not back"
+        )
+
+
+def _layer(stored: dict, k: int, arithmetic: np.dtype, header: dict) -> tuple:
     """Layer ``k``'s ``(values, index, shape, bias)``, checked."""
     shape = stored[f"w{k}_shape"]
     if shape.shape != (2,) or shape.dtype.kind not in "iu":
@@ -203,6 +234,7 @@ def _layer(stored: dict, k: int, arithmetic: np.dtype) -> tuple:
     for name, array in ((f"w{k}_values", values), (f"b{k}", bias)):
         if not np.isfinite(array).all():
             raise ValueError(f"{name} holds NaN or infinite values")
+    _check_allocation(k, shape, [index, values, bias], header)
     return values, index, shape, bias
 
 
@@ -214,7 +246,7 @@ def _parse(stored: dict[str, np.ndarray]) -> CompressedRecord:
     if not 1 <= n_layers <= len(stored):
         raise ValueError(f"n_layers is {n_layers}, the file cannot hold that")
     arithmetic = np.dtype(np.float64 if header["precision"] == "fp64" else np.float32)
-    layers = [_layer(stored, k, arithmetic) for k in range(n_layers)]
+    layers = [_layer(stored, k, arithmetic, header) for k in range(n_layers)]
     for k in range(1, n_layers):
         if layers[k][2][0] != layers[k - 1][2][1]:
             raise ValueError(
@@ -266,7 +298,8 @@ def read_compressed(path: str | os.PathLike) -> CompressedRecord:
         Naming ``path``: not a compressed model file (not a zip archive, truncated, corrupt,
         another format), a newer format version, a missing entry, or inconsistent contents (an
         unsorted, duplicate or out-of-range index, values or biases of the wrong length or dtype
-        or not finite, layers that do not chain, a bad loss scaler or optimizer state).
+        or not finite, layers that do not chain, a layer's shape that would allocate more than
+        :data:`MAX_EXPANSION` times its arrays' bytes, a bad loss scaler or optimizer state).
     """
     path = Path(path)
     stored = read_arrays(path)

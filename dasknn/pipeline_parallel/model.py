@@ -28,6 +28,7 @@ from dasknn.pipeline_parallel import worker_state as ws
 from dasknn.pipeline_parallel.plan import layer_costs, split_stages
 from dasknn.pipeline_parallel.schedule import check_schedule
 from dasknn.pipeline_parallel.taskgraph import accumulate_dtype, build_step
+from dasknn.pipeline_parallel.timeline import IdleSources, idle_sources
 from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.keys import new_token, pipeline_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
@@ -292,6 +293,7 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
                 ],
                 "biases": [layers[k].bias for k in range(a, b)],
                 "activations": activations[a:b],
+                "input_activation": activations[a - 1] if s > 0 else None,
                 "precision": model.precision,
                 "compute": model.compute,
                 "loss": model.loss,
@@ -505,6 +507,20 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
                     busy=busy[s],
                     handover=handover[s] / (end - begin),
                 )
+        return out
+
+    def idle_sources(self) -> dict[tuple[int, int], IdleSources]:
+        """Per stage replica, its idle fraction in the last step split into the schedule's
+        formula, the stages' unequal mean passes, the passes' variation and the handover, against
+        the ideal timeline of the schedule (see :mod:`dasknn.pipeline_parallel.timeline`)."""
+        report = self.step_report()
+        out = {}
+        for d in range(self.data_parallel):
+            passes = {
+                s: [e for e in report[(s, d)]["events"] if e[0] in "FB"] for s in range(self.stages)
+            }
+            for s, sources in idle_sources(passes, self.schedule, self.microbatches).items():
+                out[(s, d)] = sources
         return out
 
     def comm_report(self) -> CommReport:

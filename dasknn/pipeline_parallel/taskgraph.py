@@ -5,8 +5,9 @@ replica's worker, run in the order of the schedule (:func:`stage_order`): a pass
 passes of one kind runs after the pass two before it, the first passes of a run after the last of
 the run before (:func:`chain_links`), so the next pass of a run is on the worker, its priority
 ordering it, before the one before it ends. A forward task of stage ``s > 0`` reads the pass key of
-stage ``s - 1``'s forward pass of its microbatch (its activations), a backward task of stage
-``s < S - 1`` that of stage ``s + 1``'s backward pass (its partial sums): one message each. The
+stage ``s - 1``'s forward pass of its microbatch (its last pre-activations), a backward task of
+stage ``s < S - 1`` that of stage ``s + 1``'s backward pass (those pre-activations' deltas): one
+message each. The
 sender's own tasks that must run after a sent pass but may wait for something else wait instead
 for the pass's ``fwd-done`` / ``bwd-done`` task (:func:`local_keys`), which reads the pass, is
 processing on the sender as soon as the pass ends, and returns nothing: Dask's active memory

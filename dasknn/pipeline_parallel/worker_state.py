@@ -55,8 +55,11 @@ class StageState(WorkerPlugin):
         self.stage = self.replica = self.first_layer = 0
         self.last = False
         self.loss = self.output_activation = None
+        # the previous stage's last activation, applied here to its pre-activations (stage > 0)
+        self.input_activation = None
         self.stash: dict[tuple[int, int], tuple] = {}
-        self.deltas: dict[tuple[int, int], np.ndarray] = {}
+        # the last stage's targets and delta factor per microbatch, for its backward pass
+        self.targets: dict[tuple[int, int], tuple[np.ndarray, float]] = {}
         self.events: dict[int, list[tuple[str, int, float, float]]] = {}
         self.in_flight = 0
         self.peak: dict[int, int] = {}
@@ -67,7 +70,7 @@ class StageState(WorkerPlugin):
 
     def teardown(self, worker) -> None:
         self.stash.clear()
-        self.deltas.clear()
+        self.targets.clear()
         self.events.clear()
         self.stack = None
 
@@ -84,6 +87,7 @@ def install_stage(dask_worker, token: str, spec: dict) -> int:
 
     ``spec`` holds ``stage``, ``replica``, ``first_layer`` (1-based number of the stage's first
     layer), ``last``, ``layers`` (``(values, index, shape)`` each), ``biases``, ``activations``,
+    ``input_activation`` (the previous stage's last activation, ``None`` on stage 0),
     ``precision``, ``compute``, ``loss`` and ``output_activation``. Returns the stage's weights.
     """
     state: StageState = dask_worker.plugins[plugin_name(token)]
@@ -93,6 +97,7 @@ def install_stage(dask_worker, token: str, spec: dict) -> int:
     state.stage, state.replica = spec["stage"], spec["replica"]
     state.first_layer, state.last = spec["first_layer"], spec["last"]
     state.loss, state.output_activation = spec["loss"], spec["output_activation"]
+    state.input_activation = spec["input_activation"]
     return sum(layer.nnz for layer in state.stack.layers)
 
 
@@ -101,19 +106,26 @@ def forward_pass(
 ):
     """Forward pass of one microbatch through the stage.
 
-    ``inputs`` are the feature-major inputs of the stage (the microbatch's samples on stage 0,
-    the previous stage's activations after it); ``labels`` the last stage's feature-major
-    targets ``(n_out, rows)``. The last stage computes the loss and the output
-    delta (times ``scale``, the microbatch's share of the batch, and ``loss_scale``, fp16's
-    dynamic loss scale, 1 otherwise) and returns the loss times ``scale``; the others return their
-    activations, the message to the next stage. ``after`` are the stage's passes this one runs
-    after (only ordered after, not read).
+    ``inputs`` are the feature-major inputs of the stage: the microbatch's samples on stage 0,
+    the previous stage's last pre-activations after it, to which this stage applies that layer's
+    activation (so each boundary's activation and its derivative run on the receiving stage, not
+    on the sender); ``labels`` the last stage's feature-major
+    targets ``(n_out, rows)``. The last stage computes the loss and returns it times ``scale``
+    (the microbatch's share of the batch), and keeps the labels and the output delta's factor
+    (``scale`` times ``loss_scale``, fp16's dynamic loss scale, 1 otherwise) for its backward
+    pass, which computes the output delta: so the last stage's forward pass, which the schedule
+    runs while the stage before runs its forward passes, holds only the loss; the others return
+    their last pre-activations, the message to the next stage. ``after`` are the stage's passes
+    this one runs after (only ordered after, not read).
     """
     state = _state(token)
     start = time.perf_counter()
-    layers = state.stack.forward(inputs)
+    received = None
+    if state.input_activation is not None:
+        received, inputs = inputs, state.input_activation.forward(inputs)
+    layers = state.stack.forward(inputs, activate_last=state.last)
     with state.lock:
-        state.stash[(step, microbatch)] = (inputs, layers)
+        state.stash[(step, microbatch)] = (inputs, layers, received)
         state.in_flight += 1
         state.peak[step] = max(state.peak.get(step, 0), state.in_flight)
     if state.last:
@@ -121,9 +133,7 @@ def forward_pass(
         value = state.loss.value_t(zt, at, labels)
         if not np.isfinite(value):
             raise nonfinite_loss_error(step, value, [a for _, a in layers], state.first_layer)
-        deltat = state.loss.output_delta_t(zt, at, labels, state.output_activation)
-        deltat *= scale * loss_scale
-        state.deltas[(step, microbatch)] = deltat
+        state.targets[(step, microbatch)] = (labels, scale * loss_scale)
         result = value * scale
     else:
         result = layers[-1][1]
@@ -132,24 +142,31 @@ def forward_pass(
 
 
 def backward_pass(token: str, step: int, microbatch: int, incoming, after):
-    """Backward pass of one microbatch: the stage's compressed gradients are stored (the step's
+    """Backward pass of one microbatch (on the last stage from the output delta, computed here
+    from the labels the forward pass kept): the stage's compressed gradients are stored (the step's
     first backward pass on the stage, whichever microbatch it is) or accumulated, one pass at a
-    time; returns the partial sums of the stage's inputs, the
-    message to the previous stage (``None`` on stage 0). ``incoming`` is the next stage's
-    message (``None`` on the last stage)."""
+    time; returns the deltas of the previous stage's last pre-activations (the partial sums of
+    the stage's inputs times that layer's activation derivative), the message to the previous
+    stage (``None`` on stage 0). ``incoming`` is the next stage's message (``None`` on the last
+    stage)."""
     state = _state(token)
     start = time.perf_counter()
     with state.lock:
-        xt, layers = state.stash.pop((step, microbatch))
+        xt, layers, received = state.stash.pop((step, microbatch))
         state.in_flight -= 1
     if state.last:
-        deltat = state.deltas.pop((step, microbatch))
-    else:
-        deltat = incoming * state.stack.activations[-1].derivative(*layers[-1])
+        labels, factor = state.targets.pop((step, microbatch))
+        zt, at = layers[-1]
+        deltat = state.loss.output_delta_t(zt, at, labels, state.output_activation)
+        deltat *= factor
+    else:  # the next stage applied the derivative of this stage's last activation
+        deltat = incoming
     with state.gradient_lock:
         first = state.gradient_step != step
         state.gradient_step = step
         out = state.stack.backward(xt, layers, deltat, first=first, input_delta=state.stage > 0)
+    if out is not None:  # the derivative of the previous stage's last activation
+        out *= state.input_activation.derivative(received, xt)
     state.record(step, "B", microbatch, start)
     return out
 
@@ -194,8 +211,14 @@ def first_nonfinite_stashed(dask_worker, token: str, step: int) -> int | None:
     """
     state = dask_worker.plugins[plugin_name(token)]
     with state.lock:
-        stashed = [layers for (s, _), (_, layers) in state.stash.items() if s == step]
-    found = [first_nonfinite_layer([a for _, a in layers], state.first_layer) for layers in stashed]
+        stashed = [layers for (s, _), (_, layers, _) in state.stash.items() if s == step]
+    boundary = state.stack.activations[-1]  # a stage before the last leaves it to the next one
+    found = [
+        first_nonfinite_layer(
+            [a for _, a in layers[:-1]] + [boundary.forward(layers[-1][0])], state.first_layer
+        )
+        for layers in stashed
+    ]
     found = [layer for layer in found if layer is not None]
     return min(found, default=None)
 
