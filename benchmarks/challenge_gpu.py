@@ -42,6 +42,7 @@ from dasknn.datasets import (
     read_challenge_network,
 )
 from dasknn.kernels.cuda_inference import SECTIONED_FROM
+from dasknn.runtime.cluster import scheduler_workers
 
 # SNIG, one GPU (RTX 2080 Ti), Table 3 of Lin & Huang, TPDS 2021: Gigaedges per second.
 SNIG_ONE_GPU = {
@@ -141,7 +142,7 @@ def main() -> None:
             client = open_client(stack, None, workers=1)
         sweep = [int(v) for v in args.batches_per_gpu.split(",")]
         best_batches: dict[int, int] = {}
-        gpus = len(client.scheduler_info()["workers"])
+        gpus = len(scheduler_workers(client))
         for name in names:
             if time.perf_counter() - began > args.budget:
                 print(f"{name}: skipped (budget of {args.budget:.0f} s spent)", flush=True)

@@ -29,6 +29,7 @@ from netcluster import NetCluster, unavailable_reason
 
 from dasknn.datasets import make_extreme_classification
 from dasknn.optim import Adam
+from dasknn.runtime.cluster import scheduler_workers
 from dasknn.sampled import SampledMLP
 from dasknn.sampled_parallel import DistributedSampledMLP
 
@@ -133,7 +134,7 @@ def main() -> None:
         NetCluster(workers=args.workers, rate=args.rate, env=env) as cluster,
         Client(cluster.address) as client,
     ):
-        workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        workers = sorted(scheduler_workers(client))
         sec, measured, formula = dslide_steps(client, data, args, 0.005, args.steps)
         print(
             f"D-SLIDE (active fraction 0.005): {sec:.3f} s a step, {measured / 1e6:.3f} MB a "

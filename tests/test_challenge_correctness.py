@@ -24,6 +24,7 @@ from dasknn.datasets import (
     read_challenge_network,
 )
 from dasknn.kernels.inference import advance, live_activations, live_rows, pack_layers, start_batch
+from dasknn.runtime.cluster import scheduler_workers
 
 pytestmark = pytest.mark.minversions  # also run at the minimum versions (.ci/run)
 
@@ -101,7 +102,7 @@ def test_official_1024x120_all_mnist(official_1024_dir, client, mnist_images):
     assert stats.categories == expected.size and stats.inputs == 10000
     assert stats.edges == 120 * 32768 and stats.mode == "broadcast"
     assert stats.macs_needed <= stats.macs_done < stats.inputs * stats.edges
-    assert set(stats.peak_memory) == set(client.scheduler_info()["workers"])
+    assert set(stats.peak_memory) == set(scheduler_workers(client))
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ import scipy.sparse as sp
 from distributed import get_worker
 
 from dasknn.data_parallel.driver import per_worker_slots, run_batches, shared_slots
+from dasknn.runtime.cluster import scheduler_workers
 
 
 def apply_window(batch, weights: tuple[float, float], last: bool, delay: dict[str, float],
@@ -69,7 +70,7 @@ def test_every_batch_through_every_window_with_bounded_buffers(dask_client, buff
 
 
 def test_pinned_slots_keep_their_worker_and_faster_workers_pull_more(dask_client):
-    fast, slow = sorted(dask_client.scheduler_info()["workers"])
+    fast, slow = sorted(scheduler_workers(dask_client))
     step = AffineStep(1, delay={slow: 1.0})
     rows = sp.csr_matrix(np.arange(24.0).reshape(12, 2))
     slots = per_worker_slots([fast, slow], per_worker=1)

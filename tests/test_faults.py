@@ -24,6 +24,7 @@ from dasknn.cli import main
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
 from dasknn.model_parallel.faults import StepTimeoutError, WorkerLostError
+from dasknn.runtime.cluster import scheduler_workers
 
 LR = 0.05
 #: Every test runs with both ways a step's messages travel (DistributedSparseMLP's messages=).
@@ -153,7 +154,7 @@ def test_retired_worker_without_checkpoint_is_a_clear_error_then_with_one_is_res
         dist.fit(x, y, batch_size=8, epochs=2, lr=LR, progress=False, checkpoint=tmp_path,
                  checkpoint_every=5)  # fmt: skip
         retired.join()
-        assert set(dist.part_workers) == set(client.scheduler_info()["workers"])
+        assert set(dist.part_workers) == set(scheduler_workers(client))
         assert leaving not in dist.part_workers
         trained = dist.gather()
     _assert_reference(trained, _reference_weights(x, y, 8, 2))

@@ -18,6 +18,7 @@ import graph
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
 from dasknn.optim import SGD, Adam, AdamW
+from dasknn.runtime.cluster import scheduler_workers
 
 pytestmark = pytest.mark.minversions  # also run at the minimum versions (.ci/run)
 
@@ -175,7 +176,7 @@ def test_layout_is_pinned_gcxs_chunks(dask_client):
     parts = _partition("random", model.layer_sizes, 3, seed=9)
     dist = DistributedSparseMLP(model, dask_client, parts)
     try:
-        workers = sorted(dask_client.scheduler_info(n_workers=-1)["workers"])
+        workers = sorted(scheduler_workers(dask_client))
         assert dist.part_workers == [workers[m % 2] for m in range(3)]
         for k in range(1, model.n_layers + 1):
             array = dist.weights[k - 1]

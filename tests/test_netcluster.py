@@ -12,6 +12,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from netcluster import NetCluster, unavailable_reason  # noqa: E402
 
+from dasknn.runtime.cluster import scheduler_workers
+
 pytestmark = pytest.mark.skipif(unavailable_reason() is not None,
                                 reason=str(unavailable_reason()))
 
@@ -24,7 +26,7 @@ def test_two_workers_on_shaped_links():
     from distributed import Client
 
     with NetCluster(workers=2, rate="1gbit") as cluster, Client(cluster.address) as client:
-        workers = sorted(client.scheduler_info()["workers"])
+        workers = sorted(scheduler_workers(client))
         assert len(workers) == 2
         assert all(w.startswith("tcp://10.213.") for w in workers)
         source = client.submit(np.arange, 1_000_000, workers=[workers[0]], pure=False)

@@ -11,6 +11,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 from dasknn.runtime import collectives
+from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.collectives import chunk_bounds
 from dasknn.runtime.measure import install_comm_monitor, read_transfers
 
@@ -26,7 +27,7 @@ def five_workers():
         n_workers=5, threads_per_worker=1, processes=False, dashboard_address=":0"
     ) as cluster, Client(cluster) as client:
         install_comm_monitor(client)
-        yield client, sorted(client.scheduler_info(n_workers=-1)["workers"])
+        yield client, sorted(scheduler_workers(client))
 
 
 def _place(client, arrays, workers):
@@ -240,7 +241,7 @@ def test_row_sparse_push(five_workers, nworkers):
 def test_every_collective_across_worker_processes(dask_client):
     """The same on two worker processes: values and bytes really cross process boundaries."""
     install_comm_monitor(dask_client)
-    workers = sorted(dask_client.scheduler_info(n_workers=-1)["workers"])
+    workers = sorted(scheduler_workers(dask_client))
     rng = np.random.default_rng(50)
     _run_allreduce(dask_client, workers, rng, (1001,), "float64")
     _run_allgather(dask_client, workers, rng, [3, 0], stack=False)

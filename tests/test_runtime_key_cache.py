@@ -8,6 +8,7 @@ import uuid
 
 import pytest
 
+from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.key_cache import (
     SchedulerKeyCacheBound,
     WorkerKeyCacheBound,
@@ -78,7 +79,7 @@ def test_bound_keeps_the_cache_small_on_the_scheduler_and_every_worker(dask_clie
     try:
         on_scheduler, on_workers = _plugin_names(dask_client)
         assert name in on_scheduler
-        assert on_workers.count(name) == len(dask_client.scheduler_info()["workers"])
+        assert on_workers.count(name) == len(scheduler_workers(dask_client))
         _run_unique_tasks(dask_client)
         bounded = _cache_sizes(dask_client)
         assert max(bounded.values()) <= BOUND, bounded

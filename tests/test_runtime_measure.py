@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from distributed import Client, LocalCluster
 
+from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.keys import (
     collective_key,
     describe,
@@ -38,7 +39,7 @@ def test_every_transfer_is_counted_with_its_exact_sender():
     ) as cluster, Client(cluster) as client:
         install_comm_monitor(client)
         install_comm_monitor(client)  # a second install keeps the plugins and their counts
-        a, b, c = sorted(client.scheduler_info()["workers"])
+        a, b, c = sorted(scheduler_workers(client))
         token = "0123456789abcdef"
         key = collective_key("allgather", token, "allgather", 0, 1)
         x = client.submit(np.arange, 1000, key=key, workers=[a], pure=False)

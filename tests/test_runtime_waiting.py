@@ -12,6 +12,7 @@ import time
 import pytest
 from distributed import Event
 
+from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.waiting import gather_at_most, run_watching, wait_at_most
 
 pytestmark = pytest.mark.minversions
@@ -61,7 +62,7 @@ def test_gather_at_most_gives_up_on_a_stopped_worker_and_keeps_no_reference(dask
     wait for ever; the gather gives up after the time limit, another gather once the worker goes
     on returns the results, and after the caller drops the futures their keys leave the scheduler
     with the garbage collector off."""
-    workers = sorted(dask_client.scheduler_info(n_workers=-1)["workers"])
+    workers = sorted(scheduler_workers(dask_client))
     pid = dask_client.run(os.getpid, workers=[workers[-1]])[workers[-1]]
     futures = [
         dask_client.submit(_identity, i, workers=[w], pure=False) for i, w in enumerate(workers)

@@ -24,6 +24,7 @@ from dasknn.pipeline_parallel import (
     stage_order,
 )
 from dasknn.pruning import magnitude_masks
+from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.keys import parse_pipeline_key, pipeline_key
 
 SIZES = (30, 24, 16, 5)
@@ -324,7 +325,7 @@ def test_bad_settings_raise_before_anything_is_installed(client4, kwargs, match)
 def test_bad_batches_raise_before_anything_is_scheduled(client4):
     model, x, y = problem()
     with PipelineMLP(model, client4, stages=2, microbatches=3) as pipe:
-        workers = len(client4.scheduler_info()["workers"])
+        workers = len(scheduler_workers(client4))
         assert key_cache_bound_count(client4, pipe.token) == 1 + workers
         with pytest.raises(ValueError, match="16 rows does not split into .* 3 equal"):
             pipe.train_step(x, y, lr=0.1)
