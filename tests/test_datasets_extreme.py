@@ -44,17 +44,23 @@ def _brute_force_top(data, nnz: int) -> np.ndarray:
     return np.argmax(score, axis=1)
 
 
-def test_oracle_equals_the_brute_force_posterior():
+@pytest.mark.parametrize(
+    ("n_features", "p_label", "p_cluster"),
+    # signal-rich rows; mostly noise over many features, so some rows touch no signature and
+    # the oracle falls back on the prior
+    [(300, 0.15, 0.3), (3000, 0.02, 0.03)],
+)
+def test_oracle_equals_the_brute_force_posterior(n_features, p_label, p_cluster):
     data = make_extreme_classification(
         n_samples=400,
-        n_features=300,
+        n_features=n_features,
         n_labels=60,
         nnz=12,
         cluster_size=4,
         label_features=4,
         cluster_features=6,
-        p_label=0.15,
-        p_cluster=0.3,
+        p_label=p_label,
+        p_cluster=p_cluster,
         extra_labels=0.8,
         seed=3,
     )
@@ -62,7 +68,7 @@ def test_oracle_equals_the_brute_force_posterior():
     np.testing.assert_array_equal(data.oracle_top, top)
     hits = np.asarray(data.Y[np.arange(400), top]).ravel() > 0
     assert data.oracle_precision_at_1 == pytest.approx(hits.mean())
-    assert 0.2 < data.oracle_precision_at_1 < 1.0
+    assert 0.05 < data.oracle_precision_at_1 < 1.0
 
 
 def test_generated_rows_and_labels_follow_the_model():

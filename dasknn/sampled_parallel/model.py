@@ -4,6 +4,7 @@ budgets, and only activations, softmax statistics and partial gradients between 
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import asdict
 
 import dask
@@ -17,11 +18,14 @@ from dasknn.sampled.checks import check_features, check_k, check_labels, check_p
 from dasknn.sampled.layers import merge_top_k
 from dasknn.sampled.model import (
     SampledMLP,
-    epoch_loss,
+    epoch_batches,
+    label_rows,
     predicted_precision_at_k,
 )
+from dasknn.sampled_parallel.steps import ShardLabels
 from dasknn.sampled_parallel.taskgraph import (
     SenderPlacement,
+    message_priority,
     predict_graph,
     step_bytes,
     train_graph,
@@ -155,15 +159,14 @@ class DistributedSampledMLP(PluginOwner):
         """Workers holding a shard, one shard each."""
         return len(self.workers)
 
-    # ------------------------------------------------------------ data
-    def _scatter(self, value, p: int):
-        [future] = self.client.scatter([value], workers=[self.workers[p]], hash=False)
-        return future
-
+    # ------------------------------------------------------------ steps
     def _submit(self, tasks: dict, outputs: list) -> list:
-        with dask.annotate(workers=self._placement, allow_other_workers=False):
-            futures = self.client.get(tasks, outputs, sync=False)
-        return self.client.gather(futures)
+        """Submit a graph of this model's keys, each placed on its sender's worker; returns the
+        futures of ``outputs``."""
+        with dask.annotate(
+            workers=self._placement, allow_other_workers=False, priority=message_priority
+        ):
+            return self.client.get(tasks, outputs, sync=False)
 
     # ------------------------------------------------------------ training
     def _check_training(self, X, Y):
@@ -172,53 +175,59 @@ class DistributedSampledMLP(PluginOwner):
         self.shard_map_.check_budgets(ptr, ids, self.active_fraction)
         return X, ptr, ids
 
-    def _train_batch(self, X, ptr, ids) -> float:
+    def _submit_batch(self, X, ptr, ids, after: list | None) -> list:
+        """Submit one training step on the batch ``(X, ptr, ids)``, queued behind the step whose
+        output keys are ``after`` (if any); returns the futures of the workers' loss shares."""
         target = (1.0 / np.diff(ptr)).astype(self.dtype)
-        labels = self.shard_map_.split_labels(ptr, ids)
-        inputs, label_keys, target_keys = [], [], []
-        futures = []
-        for p in range(self.nworkers):
-            for value, keys in ((X, inputs), (labels[p], label_keys), (target, target_keys)):
-                future = self._scatter(value, p)
-                futures.append(future)
-                keys.append(future.key)
+        labels = [
+            ShardLabels(p_ptr, p_ids, target)
+            for p_ptr, p_ids in self.shard_map_.split_labels(ptr, ids)
+        ]
         tasks, outputs = train_graph(
             self.token,
             self._calls,
             self.n_steps_,
-            self.nworkers,
-            inputs,
-            label_keys,
-            target_keys,
+            [X] * self.nworkers,
+            labels,
             self.optimizer_,
+            after,
         )
         self._calls += 1
-        losses = self._submit(tasks, outputs)
-        del futures
         self.n_steps_ += 1
-        return float(np.sum(losses) / X.shape[0])
+        return self._submit(tasks, outputs)
 
     def train_step(self, X, Y) -> float:
         """One step on the batch ``(X, Y)``; returns its loss before the update."""
         self._check_open()
         X, ptr, ids = self._check_training(X, Y)
-        return self._train_batch(X, ptr, ids)
+        losses = self.client.gather(self._submit_batch(X, ptr, ids, None))
+        return float(np.sum(losses) / X.shape[0])
 
     def fit(
         self, X, Y, epochs: int = 1, batch_size: int = 256, shuffle: bool = True
     ) -> DistributedSampledMLP:
         """Train ``epochs`` epochs of mini-batches (the batches of
-        :meth:`SampledMLP.fit`); returns the model."""
+        :meth:`SampledMLP.fit`); returns the model.
+
+        Each step is submitted before the previous one has returned, queued behind it on every
+        worker, so the workers go from one step to the next without waiting for the client."""
         self._check_open()
         check_positive_int("epochs", epochs)
         check_positive_int("batch_size", batch_size)
         X, ptr, ids = self._check_training(X, Y)
         for _ in range(epochs):
-            loss = epoch_loss(
-                self._train_batch, X, ptr, ids, batch_size, self.seed, self.epochs_, shuffle
-            )
+            total = 0.0
+            running: deque = deque()
+            for rows in epoch_batches(X.shape[0], batch_size, self.seed, self.epochs_, shuffle):
+                batch_ptr, batch_ids = label_rows(ptr, ids, rows)
+                after = [f.key for f in running[-1]] if running else None
+                running.append(self._submit_batch(X[rows], batch_ptr, batch_ids, after))
+                if len(running) > 1:
+                    total += float(np.sum(self.client.gather(running.popleft())))
+            while running:
+                total += float(np.sum(self.client.gather(running.popleft())))
             self.epochs_ += 1
-            self.loss_curve_.append(loss)
+            self.loss_curve_.append(total / X.shape[0])
         return self
 
     def partial_fit(self, X, Y, batch_size: int = 256, shuffle: bool = True):
@@ -234,13 +243,9 @@ class DistributedSampledMLP(PluginOwner):
         out = []
         for start in range(0, X.shape[0], batch_size):
             block = X[start : start + batch_size]
-            inputs = [self._scatter(block, p) for p in range(self.nworkers)]
-            tasks, outputs = predict_graph(
-                self.token, self._calls, self.nworkers, [f.key for f in inputs], k
-            )
+            tasks, outputs = predict_graph(self.token, self._calls, [block] * self.nworkers, k)
             self._calls += 1
-            out.append(merge_top_k(self._submit(tasks, outputs), k))
-            del inputs
+            out.append(merge_top_k(self.client.gather(self._submit(tasks, outputs)), k))
         return np.concatenate(out)
 
     def precision_at_k(self, X, Y, k: int = 1) -> float:

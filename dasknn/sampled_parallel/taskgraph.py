@@ -1,29 +1,36 @@
 """Task graphs of a distributed sampled step and of a prediction batch.
 
 Keys are :func:`dasknn.runtime.keys.sampled_key` tuples ``(name, call, phase, sender,
-receiver)``. A key with ``sender == receiver`` is the local work of that worker and never moves;
-one with ``sender != receiver`` is made on ``sender`` and its value, a plain numpy array, is the
-one message of that phase from ``sender`` to ``receiver``, so the transfer monitor counts it by
-phase. Every task runs on the worker of its ``sender`` position (:class:`SenderPlacement`).
+receiver)``, and every task runs on the worker of its ``sender`` position
+(:class:`SenderPlacement`). A key with ``sender == receiver`` is local to that worker and never
+moves. A key with ``receiver == EVERY_WORKER`` is a value its sender uses and every other worker
+reads: each read is one message of that phase from the sender to the reader. A key with
+another ``receiver`` is made on ``sender`` for that one worker: one message. The batch itself
+is part of the graph (data nodes on their workers), so nothing is scattered before a step.
 
 Per training step, with ``B`` rows, ``H`` hidden neurons in blocks of ``H_q`` and item size
 ``s``: phase ``hidden`` moves ``(P - 1) B H s`` bytes, ``stats`` ``P (P - 1) 2 B s`` and
 ``grad`` ``(P - 1) B H s``, each in ``P (P - 1)`` messages (see :func:`step_bytes`).
+
+Steps can be queued: the first task of a step on a worker may take that worker's last task
+of the previous step (``after``), so the next step's batch is placed and its tasks are known
+to the scheduler while the current one runs, and each worker goes on as soon as it is done.
 """
 
 from __future__ import annotations
 
 from functools import partial
 
-from dask.task_spec import Task, TaskRef
+from dask.task_spec import DataNode, Task, TaskRef
 
-from dasknn.runtime.collectives import messages_to
 from dasknn.runtime.keys import parse_sampled_key, sampled_key
 from dasknn.sampled_parallel import steps
 
 __all__ = [
+    "EVERY_WORKER",
     "PHASES",
     "SenderPlacement",
+    "message_priority",
     "predict_graph",
     "step_bytes",
     "train_graph",
@@ -31,6 +38,9 @@ __all__ = [
 
 #: Phases of the messages of a training step.
 PHASES = ("hidden", "stats", "grad")
+
+#: The receiver field of a value that every worker reads.
+EVERY_WORKER = -1
 
 
 class SenderPlacement:
@@ -43,6 +53,12 @@ class SenderPlacement:
         return [self.workers[parse_sampled_key(key).sender]]
 
 
+def message_priority(key) -> int:
+    """``priority=`` annotation: the ``grad`` messages before the other work of their worker
+    (the shard's update), so that they leave as soon as they exist."""
+    return 1 if parse_sampled_key(key).phase == "grad" else 0
+
+
 def step_bytes(batch: int, hidden: int, workers: int, itemsize: int) -> dict[str, int]:
     """Bytes each phase of one training step moves between workers, in all."""
     return {
@@ -52,83 +68,73 @@ def step_bytes(batch: int, hidden: int, workers: int, itemsize: int) -> dict[str
     }
 
 
-def _broadcast(tasks: dict, key_of, source, count: int, func) -> None:
-    """Messages ``key_of(p, q)`` for every ``q != p``: ``func`` of the value ``source(p)``."""
-    for p in range(count):
-        for q in range(count):
-            if p != q:
-                k = key_of(p, q)
-                tasks[k] = Task(k, func, TaskRef(source(p)))
+def _shared(key, phase: str, workers: int) -> list[TaskRef]:
+    """References to every worker's value ``key(phase, p, EVERY_WORKER)``, in worker order."""
+    return [TaskRef(key(phase, p, EVERY_WORKER)) for p in range(workers)]
 
 
-def _hidden_exchange(tasks: dict, key, phase: str, token: str, inputs: list, count: int) -> None:
-    """Worker ``p``'s hidden block ``key(phase, p, p)`` of its rows ``inputs[p]``, and the
-    messages ``key(phase, p, q)`` that carry it to every other worker ``q``."""
-    for p in range(count):
-        k = key(phase, p, p)
-        tasks[k] = Task(k, steps.hidden_block, token, TaskRef(inputs[p]))
-    _broadcast(
-        tasks,
-        lambda p, q: key(phase, p, q),
-        lambda p: key(phase, p, p),
-        count,
-        _identity,
-    )
+def _rows(tasks: dict, key, rows: list) -> None:
+    """Worker ``p``'s batch rows ``rows[p]``: a data node ``key("rows", p, p)``."""
+    for p, block in enumerate(rows):
+        data = key("rows", p, p)
+        tasks[data] = DataNode(data, block)
 
 
 def train_graph(
     token: str,
     call: int,
     step: int,
-    workers: int,
-    inputs: list,
+    rows: list,
     labels: list,
-    target: list,
     optimizer,
+    after: list | None = None,
 ) -> tuple[dict, list]:
-    """The tasks of training step ``step`` (submission ``call``) and its output keys.
+    """The tasks of training step ``step`` (submission ``call``) and its output keys, one per
+    worker (its loss share).
 
-    ``inputs[p]``, ``labels[p]``, ``target[p]``: keys of the batch rows (CSR), the shard's
-    labels ``(ptr, local ids)`` and the per-row target ``1 / n_labels`` on worker ``p``.
+    ``rows[p]``: the batch rows (CSR) for worker ``p``; ``labels[p]``: its
+    :class:`~dasknn.sampled_parallel.steps.ShardLabels`; ``after[p]``: a key of the previous
+    step on worker ``p`` (its output key) when this step is queued behind it.
     """
     key = partial(sampled_key, token, call)
+    workers = len(rows)
     tasks: dict = {}
-    _hidden_exchange(tasks, key, "hidden", token, inputs, workers)
+    _rows(tasks, key, rows)
     for p in range(workers):
-        k = key("select", p, p)
+        k = key("hidden", p, EVERY_WORKER)
+        previous = [TaskRef(after[p])] if after else []
+        tasks[k] = Task(
+            k, steps.train_hidden_block, token, call, TaskRef(key("rows", p, p)), *previous
+        )
+    for p in range(workers):
+        data = key("labels", p, p)
+        tasks[data] = DataNode(data, labels[p])
+        k = key("stats", p, EVERY_WORKER)
         tasks[k] = Task(
             k,
             steps.select_and_score,
             token,
+            call,
             step,
-            TaskRef(labels[p]),
-            TaskRef(key("hidden", p, p)),
-            *messages_to(key, "hidden", p, workers),
+            TaskRef(data),
+            *_shared(key, "hidden", workers),
         )
-    _broadcast(
-        tasks,
-        lambda p, q: key("stats", p, q),
-        lambda p: key("select", p, p),
-        workers,
-        steps.statistics_of,
-    )
     for p in range(workers):
         k = key("output", p, p)
         tasks[k] = Task(
             k,
-            steps.output_step,
+            steps.output_backward,
             token,
-            optimizer,
-            step + 1,
-            TaskRef(target[p]),
-            TaskRef(key("select", p, p)),
-            *messages_to(key, "stats", p, workers),
+            call,
+            TaskRef(key("labels", p, p)),
+            *_shared(key, "stats", workers),
         )
-    for p in range(workers):
         for q in range(workers):
-            if p != q:
-                k = key("grad", p, q)
-                tasks[k] = Task(k, steps.columns_of, token, TaskRef(key("output", p, p)), q)
+            if q != p:
+                kq = key("grad", p, q)
+                tasks[kq] = Task(kq, steps.columns_of, token, TaskRef(k), q)
+        ku = key("output-update", p, p)
+        tasks[ku] = Task(ku, steps.output_update, token, optimizer, step + 1, TaskRef(k))
     outputs = []
     for p in range(workers):
         k = key("update", p, p)
@@ -136,36 +142,31 @@ def train_graph(
             k,
             steps.hidden_step,
             token,
+            call,
             optimizer,
-            TaskRef(inputs[p]),
-            TaskRef(key("hidden", p, p)),
+            TaskRef(key("rows", p, p)),
             TaskRef(key("output", p, p)),
-            *messages_to(key, "grad", p, workers),
+            TaskRef(key("output-update", p, p)),
+            *(TaskRef(key("grad", q, p)) for q in range(workers) if q != p),
         )
         outputs.append(k)
     return tasks, outputs
 
 
-def predict_graph(token: str, call: int, workers: int, inputs: list, k: int) -> tuple[dict, list]:
-    """The tasks of one prediction batch: each worker's exact top ``k`` (phase
-    ``predict-hidden`` carries the hidden blocks)."""
+def predict_graph(token: str, call: int, rows: list, k: int) -> tuple[dict, list]:
+    """The tasks of one prediction batch (``rows[p]``: the rows for worker ``p``): each
+    worker's exact top ``k`` (phase ``predict-hidden`` carries the hidden blocks)."""
     key = partial(sampled_key, token, call)
     tasks: dict = {}
-    _hidden_exchange(tasks, key, "predict-hidden", token, inputs, workers)
+    _rows(tasks, key, rows)
+    for p in range(len(rows)):
+        kh = key("predict-hidden", p, EVERY_WORKER)
+        tasks[kh] = Task(kh, steps.hidden_block, token, TaskRef(key("rows", p, p)))
     outputs = []
-    for p in range(workers):
+    for p in range(len(rows)):
         kk = key("top", p, p)
         tasks[kk] = Task(
-            kk,
-            steps.shard_top_k,
-            token,
-            k,
-            TaskRef(key("predict-hidden", p, p)),
-            *messages_to(key, "predict-hidden", p, workers),
+            kk, steps.shard_top_k, token, k, *_shared(key, "predict-hidden", len(rows))
         )
         outputs.append(kk)
     return tasks, outputs
-
-
-def _identity(x):
-    return x

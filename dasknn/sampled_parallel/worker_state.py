@@ -31,6 +31,10 @@ class ShardState(WorkerPlugin):
     shard : OutputShard
     columns : numpy.ndarray
         Bounds of every worker's block of hidden neurons.
+    hidden_blocks, forwards : dict
+        The worker's hidden block (from the forward pass to the hidden update) and its shard's
+        forward values (:class:`~dasknn.sampled_parallel.steps.Forward`, from selection to
+        backward) of the training steps under way, by submission number.
     """
 
     def __init__(self, token: str) -> None:
@@ -42,10 +46,14 @@ class ShardState(WorkerPlugin):
         self.hidden: HiddenLayer | None = None
         self.shard: OutputShard | None = None
         self.columns = np.zeros(0, dtype=np.int64)
+        self.hidden_blocks: dict = {}
+        self.forwards: dict = {}
 
     def teardown(self, worker) -> None:
         self.hidden = None
         self.shard = None
+        self.hidden_blocks.clear()
+        self.forwards.clear()
 
     def install(self, position: int, payload: dict) -> None:
         """Own copies of the worker's parameters (see :func:`install_shard`)."""
