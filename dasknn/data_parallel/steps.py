@@ -33,10 +33,16 @@ from dasknn.model.embedding_network import (
 )
 from dasknn.optim import Optimizer
 
-__all__ = ["DENSE", "EMBEDDING", "SOFTMAX", "StepContext"]
+__all__ = ["DENSE", "EMBEDDING", "SOFTMAX", "SPARSE", "StepContext"]
 
 #: The fused buffer of every dense variable's gradient (allreduced at once).
 DENSE = "dense"
+#: The fused messages between a parameter server and a chief: the rows (or row gradients) of
+#: every sparse variable and every shard the server holds, in one flat array.
+SPARSE = "sparse"
+
+#: The shards one server holds, ``[(variable, shard), ...]``: the parts of its fused messages.
+Parts = list[tuple[str, int]]
 
 
 @dataclass(frozen=True)
@@ -203,15 +209,52 @@ def _combine(ids: list[np.ndarray], values: list[np.ndarray]) -> tuple[np.ndarra
     return union.astype(np.int64), total
 
 
+def _flat(ctx: StepContext, arrays: list[np.ndarray]) -> np.ndarray:
+    """``arrays`` raveled into one flat array (one message, exactly their bytes)."""
+    if not arrays:
+        return np.zeros(0, dtype=ctx.spec.dtype)
+    return np.concatenate([a.reshape(-1) for a in arrays])
+
+
+def _split(ctx: StepContext, flat: np.ndarray, variables: list[str], counts: list[int]) -> list:
+    """A flat message cut into ``counts[i]`` rows of ``variables[i]`` each."""
+    shapes = ctx.spec.sparse_shapes()
+    out, start = [], 0
+    for variable, count in zip(variables, counts, strict=True):
+        width = shapes[variable][1]
+        out.append(flat[start : start + count * width].reshape(count, width))
+        start += count * width
+    return out
+
+
 def assemble_rows(
-    ctx: StepContext, variable: str, shard_pos: list, size: int, *replies: np.ndarray
+    ctx: StepContext,
+    chief: int,
+    sizes: dict,
+    local: tuple | None,
+    remote: list[tuple[Parts, list]],
+    *replies_then_after,
 ) -> None:
-    """The chief puts the shards' replies (shard order) in the order of its machine's rows."""
-    width = ctx.spec.sparse_shapes()[variable][1]
-    rows = np.empty((size, width), dtype=ctx.spec.dtype)
-    for positions, reply in zip(shard_pos, replies, strict=True):
-        rows[positions] = reply
-    _scratch(ctx, variable)["rows"] = rows
+    """The chief (worker ``chief``) puts its machine's rows of every sparse variable together,
+    each in the order of the machine's rows (``sizes[variable]`` of them): the rows of the
+    shards it serves itself (``local``: ``(parts, offsets, positions)``, read here, after the
+    tasks that follow the replies) and the servers' fused replies (``remote[i]``:
+    ``(parts, positions)`` of reply ``i``)."""
+    shapes = ctx.spec.sparse_shapes()
+    rows = {v: np.empty((n, shapes[v][1]), dtype=ctx.spec.dtype) for v, n in sizes.items()}
+    if local is not None:
+        parts, offsets, positions = local
+        for (variable, _), pos, values in zip(
+            parts, positions, _read_shards(ctx, parts, chief, offsets), strict=True
+        ):
+            rows[variable][pos] = values
+    for (parts, positions), reply in zip(remote, replies_then_after, strict=False):
+        variables = [variable for variable, _ in parts]
+        pieces = _split(ctx, reply, variables, [len(pos) for pos in positions])
+        for variable, pos, values in zip(variables, positions, pieces, strict=True):
+            rows[variable][pos] = values
+    for variable, values in rows.items():
+        _scratch(ctx, variable)["rows"] = values
 
 
 def rows_for(ctx: StepContext, variable: str, positions: np.ndarray, _assembled) -> np.ndarray:
@@ -240,10 +283,19 @@ def own_rows_sum(ctx: StepContext, variable: str, _computed) -> np.ndarray:
     return _scratch(ctx)["batch"].ids[variable]
 
 
-def push_rows(ctx: StepContext, variable: str, positions: np.ndarray, _summed) -> np.ndarray:
-    """The machine's summed gradient of the rows it pulled from a shard, in the pull's order
-    (the server kept the offsets)."""
-    return _scratch(ctx, variable)["union_grad"][positions]
+def _machine_grad(ctx: StepContext, variable: str, alone: bool) -> np.ndarray:
+    """The machine's summed row gradient of ``variable`` on its chief, in the order of its rows:
+    the chief's own gradient when it is ``alone`` on its machine."""
+    return _scratch(ctx, variable)["grad_rows" if alone else "union_grad"]
+
+
+def push_rows(
+    ctx: StepContext, alone: bool, parts: list[tuple[str, np.ndarray]], *_summed
+) -> np.ndarray:
+    """The machine's summed gradient of the rows it pulled from one server, in the pull's order
+    (the server kept the offsets), after the tasks ``_summed`` that sum it: ``parts`` are
+    ``(variable, positions in the machine's rows)`` of the server's shards; one flat array."""
+    return _flat(ctx, [_machine_grad(ctx, v, alone)[pos] for v, pos in parts])
 
 
 def chief_sum(ctx: StepContext, *member_grads: np.ndarray) -> np.ndarray:
@@ -278,26 +330,61 @@ def global_grad(ctx: StepContext, variable: str, _combined) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ servers
-def serve_rows(
-    ctx: StepContext, variable: str, shard: int, chief: int, offsets: np.ndarray, *_after
-) -> np.ndarray:
-    """The server's reply to ``chief`` in step ``ctx.step``: the rows ``offsets`` of its shard
-    (the client's plan of the chief's rows; kept for the push of the same rows). ``_after``:
-    the update of the previous step, when this is its prefetch."""
-    _scratch(ctx, variable).setdefault("requests", {})[(shard, chief)] = offsets
-    return replica_state(ctx.token).shards[(variable, shard)].values[offsets]
+def _read_shards(ctx: StepContext, parts: Parts, chief: int, offsets: list) -> list[np.ndarray]:
+    """The rows ``offsets[i]`` of each shard ``parts[i]`` this worker serves; the offsets are
+    kept as ``chief``'s request of step ``ctx.step`` (the push of the same rows comes in their
+    order)."""
+    requests = _scratch(ctx).setdefault("requests", {})
+    shards = replica_state(ctx.token).shards
+    out = []
+    for (variable, shard), rows in zip(parts, offsets, strict=True):
+        requests[(variable, shard, chief)] = rows
+        out.append(shards[(variable, shard)].values[rows])
+    return out
 
 
-def update_shard(
-    ctx: StepContext, variable: str, shard: int, chiefs: list[int], *grads: np.ndarray
+def serve_rows(ctx: StepContext, parts: Parts, chief: int, offsets: list, *_after) -> np.ndarray:
+    """The server's reply to ``chief`` in step ``ctx.step``: the rows ``offsets[i]`` of each of
+    its shards ``parts[i]`` (the client's plan of the chief's rows), in one flat array.
+    ``_after``: the server's update of the previous step, when this is its prefetch."""
+    return _flat(ctx, _read_shards(ctx, parts, chief, offsets))
+
+
+def update_rows(
+    ctx: StepContext,
+    server: int,
+    parts: Parts,
+    chiefs: list[int],
+    local: tuple | None,
+    *pushes_then_after,
 ) -> None:
-    """The server sums the gradients the ``chiefs`` pushed to ``shard`` (in order; each in the
-    order of its pull's offsets) and applies the optimizer to those rows."""
-    requests = _scratch(ctx, variable)["requests"]
-    offsets = [requests[(shard, chief)] for chief in chiefs]
-    union, total = _combine(offsets, list(grads))
-    held = replica_state(ctx.token).shards[(variable, shard)]
-    apply_rows(ctx.optimizer, held.values, held.state_for(ctx.optimizer, flat=False), union, total)
+    """The server (worker ``server``) sums, for each of its shards ``parts[i]``, the gradients
+    the ``chiefs`` pushed (in order; each in the order of that chief's pull) and applies the
+    optimizer to those rows.
+    ``pushes_then_after`` are the fused pushes of the other chiefs, in order, then the task that
+    leaves the server's own machine's sum; ``local``: ``(alone, positions)`` when the server is
+    a chief, its machine's gradient (read here)."""
+    requests = _scratch(ctx)["requests"]
+    variables = [variable for variable, _ in parts]
+    contributions = {}
+    pushes = iter(pushes_then_after)
+    for chief in chiefs:
+        if chief == server:
+            alone, positions = local
+            contributions[chief] = [
+                _machine_grad(ctx, v, alone)[pos]
+                for v, pos in zip(variables, positions, strict=True)
+            ]
+            continue
+        counts = [len(requests[(v, p, chief)]) for v, p in parts]
+        contributions[chief] = _split(ctx, next(pushes), variables, counts)
+    state = replica_state(ctx.token)
+    for i, (variable, shard) in enumerate(parts):
+        offsets = [requests[(variable, shard, chief)] for chief in chiefs]
+        union, total = _combine(offsets, [contributions[chief][i] for chief in chiefs])
+        held = state.shards[(variable, shard)]
+        state_rows = held.state_for(ctx.optimizer, flat=False)
+        apply_rows(ctx.optimizer, held.values, state_rows, union, total)
 
 
 def serve_dense(ctx: StepContext, variable: str) -> np.ndarray:
