@@ -169,9 +169,6 @@ def build_step(
     shapes.update(ctx.spec.sparse_shapes())
     size = {name: int(np.prod(shape)) * item for name, shape in shapes.items()}
 
-    prepared = [
-        b.task(b.key(STEP, "prepare", i, i), steps.prepare, ctx, plan.batches[i]) for i in range(n)
-    ]
     pulled = _pull_dense(b, names, size, dense_servers) if arch == "ps" else defaultdict(list)
     rows_of = {v: dict.fromkeys(range(n)) for v in sparse}
     if arch in ("hybrid", "ps"):
@@ -181,7 +178,7 @@ def build_step(
             b.key(STEP, "compute", i, i),
             steps.compute,
             ctx,
-            prepared[i],
+            plan.batches[i],
             *[rows_of[v][i] for v in sparse],
             *pulled[i],
         )
@@ -207,6 +204,9 @@ def build_step(
         sums = []
         for members in topology.machines:
             c = members[0]
+            if len(members) == 1 and name == DENSE:  # compute returns the fused buffer
+                sums.append(computed[c])
+                continue
             if len(members) == 1:  # a one-worker machine's sum is its own gradient
                 key = b.key(name, "sum", c, c)
                 sums.append(b.task(key, steps.dense_gradient, ctx, name, computed[c]))

@@ -5,7 +5,7 @@ Every function here is the body of one task of the step graph built by
 :class:`~dasknn.data_parallel.worker_state.ReplicaState` on its worker and returns either a
 message (a plain numpy array, fetched by exactly one other worker, so the transfer monitor
 measures its size exactly) or a local value. The step's intermediate values live in
-``state.scratch[step]`` until the next step's :func:`prepare` drops them; what belongs to one
+``state.scratch[step]`` until the next step's :func:`compute` drops them; what belongs to one
 sparse variable (the embedding, or the output table of a sampled softmax) under
 ``state.scratch[step][variable]``.
 
@@ -79,12 +79,11 @@ def _scratch(ctx: StepContext, variable: str | None = None) -> dict:
 
 
 # ------------------------------------------------------------------ every worker
-def prepare(ctx: StepContext, batch: WorkerBatch) -> None:
-    """Take this worker's part of the batch (and forget the scratch of earlier steps)."""
+def _forget_earlier_steps(ctx: StepContext) -> None:
+    """Drop the scratch of the steps before ``ctx.step`` (every task of them has run)."""
     scratch = replica_state(ctx.token).scratch
-    for step in [s for s in scratch if s < ctx.step]:  # every task of earlier steps has run
+    for step in [s for s in scratch if s < ctx.step]:
         del scratch[step]
-    _scratch(ctx)["batch"] = batch
 
 
 def _dense_values(ctx: StepContext, pulled: tuple) -> list[np.ndarray]:
@@ -94,16 +93,20 @@ def _dense_values(ctx: StepContext, pulled: tuple) -> list[np.ndarray]:
     return [state.replicas[name].values for name in ctx.spec.dense_names()]
 
 
-def compute(ctx: StepContext, _prepared, *values) -> None:
-    """Forward and backward pass of this worker's windows (after :func:`prepare`).
+def compute(ctx: StepContext, batch: WorkerBatch, *values) -> np.ndarray | None:
+    """Forward and backward pass of this worker's part ``batch`` of the step (the scratch of
+    earlier steps is dropped first).
 
     ``values`` are first, per sparse variable, the rows the batch reads (from the chief), or
     ``None`` to read them from the local replica (``ar``, ``ar-dense``) or, on the parameter
     servers, from this worker's scratch (the chief of a one-worker machine); then the dense
-    variables' values under ``ps``. Keeps the gradients and the loss in the scratch.
+    variables' values under ``ps``. Keeps the batch, the gradients and the loss in the scratch;
+    returns the gradients of the dense variables as one flat buffer (:data:`DENSE`) for the
+    allreduce, ``None`` under ``ps`` or without dense variables.
     """
+    _forget_earlier_steps(ctx)
     scratch = _scratch(ctx)
-    batch: WorkerBatch = scratch["batch"]
+    scratch["batch"] = batch
     sparse = list(ctx.spec.sparse_shapes())
     rows = dict(zip(sparse, values[: len(sparse)], strict=True))
     for name in sparse:
@@ -143,6 +146,9 @@ def compute(ctx: StepContext, _prepared, *values) -> None:
             full = np.zeros(ctx.spec.sparse_shapes()[name], dtype=grad.dtype)
             full[batch.ids[name]] = grad
             scratch["grads"][name] = full
+    if ctx.architecture == "ps" or not ctx.spec.dense_names():
+        return None
+    return dense_gradient(ctx, DENSE, None)
 
 
 def sparse_gradient(ctx: StepContext, variable: str, _computed) -> np.ndarray:
@@ -195,7 +201,7 @@ def apply_replica_rows(
 
 def finish(ctx: StepContext, *_done) -> float:
     """End of this worker's part of the step: its loss sum. (Its scratch stays until the next
-    step's :func:`prepare`: tasks of other workers' parts may still read it.)"""
+    step's :func:`compute`: tasks of other workers' parts may still read it.)"""
     return float(_scratch(ctx).get("loss", 0.0))
 
 
