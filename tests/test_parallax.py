@@ -4,6 +4,7 @@ count search, and bad input."""
 
 from __future__ import annotations
 
+import dask
 import numpy as np
 import pytest
 from distributed import Client
@@ -12,7 +13,7 @@ from dasknn.data_parallel import data_parallel
 from dasknn.data_parallel.search import search_partitions
 from dasknn.model import EmbeddingMLP
 from dasknn.optim import SGD, Adam
-from dasknn.runtime.cluster import local_cluster
+from dasknn.runtime.cluster import local_cluster, worker_info
 from dasknn.runtime.key_cache import key_cache_plugin_name
 
 V, C, D = 24, 2, 3
@@ -226,6 +227,24 @@ def test_fit_prefetching_rows_equals_one_process(client4, arch, local):
     remote = sum(1 for c in chiefs for p in range(3) if p != c)
     pulls = [v[1] for k, v in report.measured.items() if k[:2] == ("sparse", "pull")]
     assert sum(pulls) == report.steps * remote
+
+
+def test_fit_while_the_client_refreshes_its_scheduler_info(client4):
+    """The model looks for lost workers before every step. A client refreshing its cached
+    scheduler info every 2 ms (a read of the cache that overlaps a refresh sees no worker, as
+    about 1 read in 20,000 does at the default 2 s) still finds every worker each time and
+    trains as one process does."""
+    workers = sorted(worker_info(client4))
+    interval = {"distributed.client.scheduler-info-interval": "2ms"}
+    with dask.config.set(interval), Client(client4.scheduler.address) as client:
+        assert all(sorted(worker_info(client)) == workers for _ in range(300))
+        model = EmbeddingMLP(V, C, D, hidden=(4,), dtype=np.float64, seed=3)
+        rng = np.random.default_rng(8)
+        X, y = rng.integers(0, V, (30, C)), rng.integers(0, V, 30)
+        want = model.copy().fit(X, y, batch_size=5, epochs=2, lr=0.2, seed=1)
+        with data_parallel(model, client, sparse_partitions=2, workers=workers[:2]) as dp:
+            dp.fit(X, y, batch_size=5, epochs=2, lr=0.2, seed=1)
+            _assert_same(dp.gather(), want, 1e-9)
 
 
 def _alpha_batch(n_workers: int, rows: int):

@@ -22,6 +22,7 @@ from distributed import Client, Future, as_completed, wait
 from tqdm.auto import tqdm
 
 from dasknn.data_parallel.batches import batch_starts
+from dasknn.runtime.cluster import worker_info
 
 __all__ = ["BatchStep", "per_worker_slots", "run_batches", "shared_slots"]
 
@@ -48,7 +49,7 @@ class BatchStep(Protocol):
 
 def shared_slots(client: Client, per_thread: int = IN_FLIGHT) -> list[None]:
     """Slots that the scheduler places: ``per_thread`` for every thread of the cluster."""
-    workers = client.scheduler_info(n_workers=-1)["workers"].values()
+    workers = worker_info(client).values()
     return [None] * (per_thread * sum(int(w.get("nthreads", 1)) for w in workers))
 
 

@@ -22,6 +22,7 @@ from dasknn.data_parallel.cpu_inference import CPUInference, layer_bytes, warm_k
 from dasknn.data_parallel.driver import per_worker_slots, run_batches, shared_slots
 from dasknn.data_parallel.windows import layer_windows, window_layers, worker_memory_limit
 from dasknn.kernels.inference import pack_layers
+from dasknn.runtime.cluster import worker_info
 
 __all__ = ["InferenceRun", "infer_on_cpus", "infer_on_gpus"]
 
@@ -110,7 +111,7 @@ def infer_on_cpus(
     ValueError
         If the cluster has no workers.
     """
-    n_workers = len(client.scheduler_info(n_workers=-1)["workers"])
+    n_workers = len(worker_info(client))
     if n_workers == 0:
         raise ValueError("the Dask cluster has no workers")
     batch_size = batch_size or default_batch_size(rows.shape[0], n_workers)

@@ -36,6 +36,7 @@ from dasknn.model.embedding_network import EMBEDDING, SOFTMAX
 from dasknn.model.sampled_softmax import sample_candidates
 from dasknn.model.window_estimator import WindowEstimator
 from dasknn.optim import SGD, Optimizer
+from dasknn.runtime.cluster import worker_info
 from dasknn.runtime.keys import new_token, parse_dp_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
 from dasknn.runtime.plugin_owner import PluginOwner
@@ -159,7 +160,7 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
             )
         self.spec = model.spec
         self.client = client
-        present = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        present = sorted(worker_info(client))
         if workers is None:
             workers = present
         elif isinstance(workers, str) or len(set(workers)) != len(workers):
@@ -369,7 +370,7 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
 
     def _check_workers(self, exc: Exception | None) -> None:
         """``RuntimeError`` naming every lost worker and what it held, if any is gone."""
-        present = set(self.client.scheduler_info(n_workers=-1)["workers"])
+        present = set(worker_info(self.client))
         lost = [w for w in self.workers if w not in present]
         if not lost:
             return

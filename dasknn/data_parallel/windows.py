@@ -7,13 +7,15 @@ from collections.abc import Sequence
 import psutil
 from distributed import Client
 
+from dasknn.runtime.cluster import worker_info
+
 __all__ = ["layer_windows", "window_layers", "worker_memory_limit"]
 
 
 def worker_memory_limit(client: Client) -> int:
     """The smallest memory limit of the cluster's workers (this machine's memory if none has
     a limit)."""
-    workers = client.scheduler_info(n_workers=-1)["workers"].values()
+    workers = worker_info(client).values()
     limits = [w.get("memory_limit") or 0 for w in workers]
     limits = [x for x in limits if x > 0]
     return min(limits) if limits else int(psutil.virtual_memory().total)
