@@ -83,6 +83,9 @@ class _Builder:
         #: Per worker, the local tasks that end its part of the step (its ``finish`` waits for
         #: them; every other task of the step is upstream of some worker's ``finish``).
         self.final: dict[int, list] = defaultdict(list)
+        #: Per worker, ``(variable, summed gradient)`` of the allreduced variables, whose replica
+        #: its ``finish`` steps.
+        self.replica_steps: dict[int, list] = defaultdict(list)
 
     def key(self, variable, phase, sender, receiver, part=-1, step=None):
         """The key of a task of this step (or of ``step``)."""
@@ -235,7 +238,10 @@ def build_step(
             _allreduce_dense(b, name, shapes[name], sums, size[name])
 
     for i in range(n):
-        finish = b.task(b.key(STEP, "finish", i, i), steps.finish, ctx, *b.final[i])
+        names = [name for name, _ in b.replica_steps[i]]
+        grads = [grad for _, grad in b.replica_steps[i]]
+        key = b.key(STEP, "finish", i, i)
+        finish = b.task(key, steps.finish, ctx, names, *grads, *b.final[i])
         b.graph.outputs.append(finish.key)
     return b.graph
 
@@ -431,8 +437,8 @@ def _prefetch_rows(b: _Builder, next_plan: StepPlan, updates: dict) -> None:
 
 
 def _allreduce_dense(b: _Builder, name: str, shape: tuple, sums: list, nbytes: int) -> None:
-    """The chiefs allreduce their machines' sums of a dense gradient, hand the total to their
-    workers, and every replica steps."""
+    """The chiefs allreduce their machines' sums of a dense gradient and hand the total to their
+    workers; every replica steps in its worker's ``finish``."""
     ctx, topology = b.ctx, b.topology
     item = np.dtype(ctx.spec.dtype).itemsize
     results = sums
@@ -449,8 +455,7 @@ def _allreduce_dense(b: _Builder, name: str, shape: tuple, sums: list, nbytes: i
         c = members[0]
         for m in members:
             value = b.forward(b.key(name, "from-chief", c, m), result, nbytes=nbytes)
-            apply = b.key(name, "apply", m, m)
-            b.final[m].append(b.task(apply, steps.apply_replica, ctx, name, value))
+            b.replica_steps[m].append((name, value))
 
 
 def _allgather_rows(b: _Builder, variable: str, computed: list) -> None:

@@ -199,9 +199,13 @@ def apply_replica_rows(
     apply_rows(ctx.optimizer, held.values, state, union, grad_rows)
 
 
-def finish(ctx: StepContext, *_done) -> float:
-    """End of this worker's part of the step: its loss sum. (Its scratch stays until the next
+def finish(ctx: StepContext, variables: list[str], *grads_then_done) -> float:
+    """End of this worker's part of the step: the step of its replicas of the allreduced
+    ``variables`` from their summed gradients (the first ``len(variables)`` arguments after
+    ``variables``; :func:`apply_replica`), then its loss sum. (Its scratch stays until the next
     step's :func:`compute`: tasks of other workers' parts may still read it.)"""
+    for variable, grad in zip(variables, grads_then_done, strict=False):
+        apply_replica(ctx, variable, grad)
     return float(_scratch(ctx).get("loss", 0.0))
 
 
