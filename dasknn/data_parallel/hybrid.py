@@ -3,16 +3,20 @@
 Workers ``0 .. N-1`` are grouped into machines; the first worker of a machine is its chief.
 Every worker computes the gradient of its share of the global batch (:mod:`.steps`). The
 sparse variables are the embedding and, for a sampled-softmax model, the output table
-``[W_out^T | b_out]``; each goes its own way below, side by side. By architecture:
+``[W_out^T | b_out]``; each goes its own way below, side by side (on the parameter servers,
+in shared messages). By architecture:
 
-- **sparse variables on parameter servers** (``hybrid``, ``ps``): each shard's server sends each
-  chief the rows of its machine that the shard holds (``pull``; the offsets come with the graph
-  from the client's plan, :mod:`.plan`, so the pull is the step's first message), the chief
-  hands each worker its rows (``from-chief``), sums the workers' row gradients (``to-chief``)
-  and pushes them to the servers in the order of the pull, values only (``push``); each server
-  sums what the machines pushed and steps its rows. When the client knows the next step's batch
-  (``fit`` does), the step also **prefetches** it: right after a server has stepped its rows, it
-  sends each chief the rows of the next step (the next step's ``pull``, keyed by that step, its
+- **sparse variables on parameter servers** (``hybrid``, ``ps``): each server sends each chief
+  the rows of its machine that the server's shards hold (``pull``; the offsets come with the
+  graph from the client's plan, :mod:`.plan`, so the pull is the step's first message), the
+  chief hands each worker its rows (``from-chief``), sums the workers' row gradients
+  (``to-chief``) and pushes them to the servers in the order of the pull, values only
+  (``push``); each server sums what the machines pushed and steps its rows. A server and a chief
+  exchange one message each way (variable :data:`~.steps.SPARSE`): the rows of every sparse
+  variable and every shard the server holds, as one flat array; a chief reads and steps the
+  shards it serves itself in place. When the client knows the next step's batch (``fit``
+  does), the step also **prefetches** it: right after a server has stepped its shards, it sends
+  each chief the rows of the next step (the next step's ``pull``, keyed by that step, its
   offsets from that step's plan), so the next step starts with its rows on the chiefs and its
   only dependent messages across machines are the push and this reply.
 - **sparse variables by allgather** (``ar``): each chief sums its machine's row gradients
@@ -24,7 +28,8 @@ sparse variables are the embedding and, for a sampled-softmax model, the output 
   flat buffer, variable ``"dense"`` in the keys (tensor fusion, as Horovod's: one collective
   instead of one per variable); each chief sums its machine's buffer (``to-chief``), the chiefs
   allreduce it (``reduce-scatter``, ``allgather``; the two hops of
-  :func:`dasknn.runtime.collectives.build_allreduce`) and hand the sum back (``from-chief``).
+  :func:`dasknn.runtime.collectives.build_allreduce`) and hand the sum back (``from-chief``);
+  each worker's ``finish`` steps its replicas.
 - **dense variables on parameter servers** (``ps``): variable ``v`` is served by worker
   ``v mod N``; each chief pulls it whole (``pull``) and hands it on (``from-chief``), and pushes
   its machine's summed gradient (``push``) to the server, which steps it.
