@@ -21,7 +21,8 @@ windows of 4 concatenated, a 64-wide hidden layer, next-token softmax, global ba
 candidates a step; the output table is then a sparse variable), in dasknn and in DDP alike.
 
 ``--search`` also runs the shard-count search of the hybrid architecture and a brute force over
-``1 .. 2N`` at the largest N, and prints both. ``--learn`` trains a next-word model on the prose
+``1 .. 2N`` at the largest N (``--search-steps`` a count, the first 2 discarded), and prints
+both. ``--ddp-kinds sparse`` runs DDP-sparse only. ``--learn`` trains a next-word model on the prose
 corpus with the hybrid architecture and in one process, and prints the held-out perplexity of
 both and of the unigram distribution per epoch.
 
@@ -143,13 +144,15 @@ def run_dasknn(client, setup: dict, arch: str, shards: int, warmup: int) -> dict
     }
 
 
-def run_search(client, setup: dict, n: int) -> dict:
+def run_search(client, setup: dict, n: int, steps: int) -> dict:
     from dasknn.data_parallel import data_parallel
 
     X, y = setup["batches"][0]
     out = {}
     for mode in ("model", "brute-force"):
-        with data_parallel(make_model(setup), client, search_steps=4, search_warmup=2) as dp:
+        with data_parallel(
+            make_model(setup), client, search_steps=steps, search_warmup=2
+        ) as dp:
             report = dp.search(X, y, mode=mode)
         out[mode] = report
         print(report, flush=True)
@@ -346,7 +349,11 @@ def main() -> None:
     parser.add_argument("--output", default="softmax", choices=["softmax", "sampled"])
     parser.add_argument("--n-sampled", type=int, default=256)
     parser.add_argument("--no-ddp", action="store_true")
+    parser.add_argument(
+        "--ddp-kinds", nargs="+", default=["sparse", "dense"], choices=["sparse", "dense"]
+    )
     parser.add_argument("--search", action="store_true")
+    parser.add_argument("--search-steps", type=int, default=4)
     parser.add_argument("--learn", action="store_true")
     parser.add_argument("--learn-windows", type=int, default=60000)
     parser.add_argument("--learn-epochs", type=int, default=5)
@@ -411,9 +418,9 @@ def main() -> None:
                             flush=True,
                         )
                     if args.search and n == max(args.workers):
-                        run_search(client, setup, n)
+                        run_search(client, setup, n, args.search_steps)
                 if have_torch:
-                    for sparse in (True, False):
+                    for sparse in [kind == "sparse" for kind in args.ddp_kinds]:
                         label = "DDP-sparse" if sparse else "DDP-dense"
                         r = run_ddp(
                             cluster,

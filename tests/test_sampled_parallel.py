@@ -13,6 +13,7 @@ from sampled_reference import AdamReference, reference_step, targets
 
 from dasknn.datasets import make_extreme_classification
 from dasknn.optim import Adam
+from dasknn.runtime.cluster import scheduler_workers
 from dasknn.sampled import SampledMLP
 from dasknn.sampled_parallel import DistributedSampledMLP
 
@@ -29,7 +30,7 @@ def client():
 
 
 def _workers(client, count: int) -> list[str]:
-    return sorted(client.scheduler_info(n_workers=-1)["workers"])[:count]
+    return sorted(scheduler_workers(client))[:count]
 
 
 @pytest.mark.parametrize("shards", [1, 2, 3])
@@ -121,7 +122,7 @@ def test_bad_input_fails_before_anything_is_scheduled(client):
     with pytest.raises(ValueError, match="2 shards but 3 distinct workers"):
         DistributedSampledMLP(model, client)
     with DistributedSampledMLP(model, client, _workers(client, 2)) as dist:
-        workers = len(client.scheduler_info()["workers"])
+        workers = len(scheduler_workers(client))
         assert key_cache_bound_count(client, dist.token) == 1 + workers
         X = sp.csr_matrix(np.ones((3, 6), dtype=np.float32))
         for bad_x, bad_y, message in [

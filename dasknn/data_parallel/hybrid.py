@@ -3,16 +3,20 @@
 Workers ``0 .. N-1`` are grouped into machines; the first worker of a machine is its chief.
 Every worker computes the gradient of its share of the global batch (:mod:`.steps`). The
 sparse variables are the embedding and, for a sampled-softmax model, the output table
-``[W_out^T | b_out]``; each goes its own way below, side by side. By architecture:
+``[W_out^T | b_out]``; each goes its own way below, side by side (on the parameter servers,
+in shared messages). By architecture:
 
-- **sparse variables on parameter servers** (``hybrid``, ``ps``): each shard's server sends each
-  chief the rows of its machine that the shard holds (``pull``; the offsets come with the graph
-  from the client's plan, :mod:`.plan`, so the pull is the step's first message), the chief
-  hands each worker its rows (``from-chief``), sums the workers' row gradients (``to-chief``)
-  and pushes them to the servers in the order of the pull, values only (``push``); each server
-  sums what the machines pushed and steps its rows. When the client knows the next step's batch
-  (``fit`` does), the step also **prefetches** it: right after a server has stepped its rows, it
-  sends each chief the rows of the next step (the next step's ``pull``, keyed by that step, its
+- **sparse variables on parameter servers** (``hybrid``, ``ps``): each server sends each chief
+  the rows of its machine that the server's shards hold (``pull``; the offsets come with the
+  graph from the client's plan, :mod:`.plan`, so the pull is the step's first message), the
+  chief hands each worker its rows (``from-chief``), sums the workers' row gradients
+  (``to-chief``) and pushes them to the servers in the order of the pull, values only
+  (``push``); each server sums what the machines pushed and steps its rows. A server and a chief
+  exchange one message each way (variable :data:`~.steps.SPARSE`): the rows of every sparse
+  variable and every shard the server holds, as one flat array; a chief reads and steps the
+  shards it serves itself in place. When the client knows the next step's batch (``fit``
+  does), the step also **prefetches** it: right after a server has stepped its shards, it sends
+  each chief the rows of the next step (the next step's ``pull``, keyed by that step, its
   offsets from that step's plan), so the next step starts with its rows on the chiefs and its
   only dependent messages across machines are the push and this reply.
 - **sparse variables by allgather** (``ar``): each chief sums its machine's row gradients
@@ -24,7 +28,8 @@ sparse variables are the embedding and, for a sampled-softmax model, the output 
   flat buffer, variable ``"dense"`` in the keys (tensor fusion, as Horovod's: one collective
   instead of one per variable); each chief sums its machine's buffer (``to-chief``), the chiefs
   allreduce it (``reduce-scatter``, ``allgather``; the two hops of
-  :func:`dasknn.runtime.collectives.build_allreduce`) and hand the sum back (``from-chief``).
+  :func:`dasknn.runtime.collectives.build_allreduce`) and hand the sum back (``from-chief``);
+  each worker's ``finish`` steps its replicas.
 - **dense variables on parameter servers** (``ps``): variable ``v`` is served by worker
   ``v mod N``; each chief pulls it whole (``pull``) and hands it on (``from-chief``), and pushes
   its machine's summed gradient (``push``) to the server, which steps it.
@@ -44,7 +49,7 @@ from dask.task_spec import Task, TaskRef
 
 from dasknn.data_parallel import steps
 from dasknn.data_parallel.plan import StepPlan, Topology
-from dasknn.data_parallel.steps import DENSE, StepContext
+from dasknn.data_parallel.steps import DENSE, SPARSE, StepContext
 from dasknn.runtime.collectives import build_allgather, build_allreduce, chunk_bounds
 from dasknn.runtime.keys import dp_key
 
@@ -83,6 +88,9 @@ class _Builder:
         #: Per worker, the local tasks that end its part of the step (its ``finish`` waits for
         #: them; every other task of the step is upstream of some worker's ``finish``).
         self.final: dict[int, list] = defaultdict(list)
+        #: Per worker, ``(variable, summed gradient)`` of the allreduced variables, whose replica
+        #: its ``finish`` steps.
+        self.replica_steps: dict[int, list] = defaultdict(list)
 
     def key(self, variable, phase, sender, receiver, part=-1, step=None):
         """The key of a task of this step (or of ``step``)."""
@@ -169,19 +177,16 @@ def build_step(
     shapes.update(ctx.spec.sparse_shapes())
     size = {name: int(np.prod(shape)) * item for name, shape in shapes.items()}
 
-    prepared = [
-        b.task(b.key(STEP, "prepare", i, i), steps.prepare, ctx, plan.batches[i]) for i in range(n)
-    ]
     pulled = _pull_dense(b, names, size, dense_servers) if arch == "ps" else defaultdict(list)
     rows_of = {v: dict.fromkeys(range(n)) for v in sparse}
     if arch in ("hybrid", "ps"):
-        rows_of = {v: _pull_rows(b, v, prefetched) for v in sparse}
+        rows_of = _pull_rows(b, prefetched)
     computed = [
         b.task(
             b.key(STEP, "compute", i, i),
             steps.compute,
             ctx,
-            prepared[i],
+            plan.batches[i],
             *[rows_of[v][i] for v in sparse],
             *pulled[i],
         )
@@ -189,12 +194,12 @@ def build_step(
     ]
     for i in range(n):
         b.final[i].append(computed[i])
-    for v in sparse:
-        if arch in ("hybrid", "ps"):
-            updates = _push_rows(b, v, computed)
-            if next_plan is not None:
-                _prefetch_rows(b, v, next_plan, updates)
-        elif arch == "ar":
+    if arch in ("hybrid", "ps"):
+        updates = _push_rows(b, computed)
+        if next_plan is not None:
+            _prefetch_rows(b, next_plan, updates)
+    elif arch == "ar":
+        for v in sparse:
             _allgather_rows(b, v, computed)
 
     if arch == "ps":
@@ -207,6 +212,9 @@ def build_step(
         sums = []
         for members in topology.machines:
             c = members[0]
+            if len(members) == 1 and name == DENSE:  # compute returns the fused buffer
+                sums.append(computed[c])
+                continue
             if len(members) == 1:  # a one-worker machine's sum is its own gradient
                 key = b.key(name, "sum", c, c)
                 sums.append(b.task(key, steps.dense_gradient, ctx, name, computed[c]))
@@ -235,7 +243,10 @@ def build_step(
             _allreduce_dense(b, name, shapes[name], sums, size[name])
 
     for i in range(n):
-        finish = b.task(b.key(STEP, "finish", i, i), steps.finish, ctx, *b.final[i])
+        names = [name for name, _ in b.replica_steps[i]]
+        grads = [grad for _, grad in b.replica_steps[i]]
+        key = b.key(STEP, "finish", i, i)
+        finish = b.task(key, steps.finish, ctx, names, *grads, *b.final[i])
         b.graph.outputs.append(finish.key)
     return b.graph
 
@@ -263,81 +274,98 @@ def _pull_dense(b: _Builder, names: list[str], size: dict, servers: dict) -> dic
     return pulled
 
 
+def _served(b: _Builder) -> dict[int, list]:
+    """Per server, the shards it holds, ``[(variable, shard), ...]`` (variables in order, shards
+    ascending): the parts of its fused messages."""
+    served = defaultdict(list)
+    for variable in b.ctx.spec.sparse_shapes():
+        shards = b.ctx.shards[variable]
+        for p in range(shards.n_shards):
+            served[shards.owner(p)].append((variable, p))
+    return dict(sorted(served.items()))
+
+
 def _serve_and_assemble(
-    b: _Builder, ctx: StepContext, variable: str, plan: StepPlan, index: int, after: dict
+    b: _Builder, ctx: StepContext, plan: StepPlan, index: int, after: dict
 ) -> TaskRef:
-    """The servers' replies to machine ``index``'s pull of step ``ctx.step`` (each after the
-    task ``after[shard]``, if any) and the chief's task that puts them together."""
-    shards = ctx.shards[variable]
-    row = b.row_bytes(variable)
+    """Every server's fused reply to machine ``index``'s pull of step ``ctx.step`` (each after
+    the tasks ``after[server]``, if any) and the chief's task that puts the rows together (it
+    reads the shards it serves itself)."""
     c = b.topology.chiefs[index]
-    rows = plan.machines[variable][index]
-    replies = [
-        b.task(
-            b.key(variable, "pull", shards.owner(p), c, p, step=ctx.step),
-            steps.serve_rows,
-            ctx,
-            variable,
-            p,
-            c,
-            rows.offsets[p],
-            *([after[p]] if p in after else []),
-            nbytes=row * len(rows.offsets[p]),
+    rows = {v: plan.machines[v][index] for v in ctx.spec.sparse_shapes()}
+    replies, remote, local = [], [], None
+    for server, parts in _served(b).items():
+        offsets = [rows[v].offsets[p] for v, p in parts]
+        positions = [rows[v].shard_pos[p] for v, p in parts]
+        if server == c:
+            local = (parts, offsets, positions)
+            continue
+        nbytes = sum(b.row_bytes(v) * len(o) for (v, _), o in zip(parts, offsets, strict=True))
+        key = b.key(SPARSE, "pull", server, c, step=ctx.step)
+        after_server = after.get(server, [])
+        replies.append(
+            b.task(key, steps.serve_rows, ctx, parts, c, offsets, *after_server, nbytes=nbytes)
         )
-        for p in range(shards.n_shards)
-    ]
+        remote.append((parts, positions))
+    sizes = {v: len(r.union) for v, r in rows.items()}
     return b.task(
-        b.key(variable, "assemble", c, c, step=ctx.step),
+        b.key(SPARSE, "assemble", c, c, step=ctx.step),
         steps.assemble_rows,
         ctx,
-        variable,
-        rows.shard_pos,
-        len(rows.union),
+        c,
+        sizes,
+        local,
+        remote,
         *replies,
+        *(after.get(c, []) if local is not None else []),
     )
 
 
-def _pull_rows(b: _Builder, variable: str, prefetched: bool) -> dict:
-    """Each shard's server sends each chief the machine's rows it holds (offsets from the
-    client's plan), unless the previous step prefetched them; the chief hands each worker its
-    rows. ``{worker: rows}``; the chief of a one-worker machine gets the assembling task (or
-    ``None``) instead: its rows are the assembled ones, which it reads from its scratch."""
-    row = b.row_bytes(variable)
-    rows_of = {}
+def _pull_rows(b: _Builder, prefetched: bool) -> dict:
+    """The servers send each chief the machine's rows of every sparse variable they hold
+    (offsets from the client's plan), unless the previous step prefetched them; the chief hands
+    each worker its rows. ``{variable: {worker: rows}}``; the chief of a one-worker machine gets
+    the assembling task (or ``None``) instead: its rows are the assembled ones, which it reads
+    from its scratch."""
+    rows_of = {v: {} for v in b.ctx.spec.sparse_shapes()}
     for index, members in enumerate(b.topology.machines):
         c = members[0]
-        plan = b.plan.machines[variable][index]
         assembled = None
         if not prefetched:
-            assembled = _serve_and_assemble(b, b.ctx, variable, b.plan, index, {})
-        if len(members) == 1:
-            rows_of[c] = assembled
-            continue
-        for position, m in enumerate(members):
-            rows_of[m] = b.task(
-                b.key(variable, "from-chief", c, m),
-                steps.rows_for,
-                b.ctx,
-                variable,
-                plan.member_pos[position],
-                assembled,
-                nbytes=row * len(plan.member_pos[position]),
-            )
+            assembled = _serve_and_assemble(b, b.ctx, b.plan, index, {})
+        for variable, of in rows_of.items():
+            if len(members) == 1:
+                of[c] = assembled
+                continue
+            plan = b.plan.machines[variable][index]
+            row = b.row_bytes(variable)
+            for position, m in enumerate(members):
+                of[m] = b.task(
+                    b.key(variable, "from-chief", c, m),
+                    steps.rows_for,
+                    b.ctx,
+                    variable,
+                    plan.member_pos[position],
+                    assembled,
+                    nbytes=row * len(plan.member_pos[position]),
+                )
     return rows_of
 
 
-def _summed_rows(b: _Builder, variable: str, computed: list) -> dict:
+def _summed_rows(b: _Builder, variable: str, computed: list, own_sums: bool = True) -> dict:
     """Each chief's sum of its machine's row gradients (returns the machine's rows); a
-    one-worker machine's sum is its own gradient."""
+    one-worker machine's sum is its own gradient: with ``own_sums``, a task that returns its
+    rows, otherwise its ``compute`` itself."""
     row = b.row_bytes(variable)
     summed = {}
     for index, members in enumerate(b.topology.machines):
         c = members[0]
         plan = b.plan.machines[variable][index]
         if len(members) == 1:
-            summed[c] = b.task(
-                b.key(variable, "sum", c, c), steps.own_rows_sum, b.ctx, variable, computed[c]
-            )
+            summed[c] = computed[c]
+            if own_sums:
+                key = b.key(variable, "sum", c, c)
+                summed[c] = b.task(key, steps.own_rows_sum, b.ctx, variable, computed[c])
             continue
         grads = [
             b.task(
@@ -362,48 +390,60 @@ def _summed_rows(b: _Builder, variable: str, computed: list) -> dict:
     return summed
 
 
-def _push_rows(b: _Builder, variable: str, computed: list) -> dict:
-    """Each chief pushes its machine's summed row gradients to the shards (values only, in the
-    order of its pull); each server steps its shards' rows. ``{shard: its update task}``."""
-    ctx, topology, shards = b.ctx, b.topology, b.ctx.shards[variable]
-    row = b.row_bytes(variable)
-    summed = _summed_rows(b, variable, computed)
-    pushes = defaultdict(list)
-    for index, members in enumerate(topology.machines):
-        c = members[0]
-        plan = b.plan.machines[variable][index]
-        for p in range(shards.n_shards):
-            pushes[p].append(
+def _push_rows(b: _Builder, computed: list) -> dict:
+    """Each chief pushes its machine's summed row gradients of every sparse variable to each
+    other server in one message (values only, in the order of its pull); each server steps the
+    rows of its shards, with its own machine's sum read in place. ``{server: its update}``."""
+    ctx, topology = b.ctx, b.topology
+    sums = [_summed_rows(b, v, computed, own_sums=False) for v in ctx.spec.sparse_shapes()]
+    # the task after which a chief holds all its machine's sums
+    ready = {c: [s[c] for s in sums] for c in topology.chiefs}
+    updates = {}
+    for server, parts in _served(b).items():
+        pushes, local = [], None
+        for index, members in enumerate(topology.machines):
+            c = members[0]
+            alone = len(members) == 1
+            positions = [b.plan.machines[v][index].shard_pos[p] for v, p in parts]
+            if c == server:
+                local = (alone, positions)
+                continue
+            nbytes = sum(
+                b.row_bytes(v) * len(pos) for (v, _), pos in zip(parts, positions, strict=True)
+            )
+            pushes.append(
                 b.task(
-                    b.key(variable, "push", c, shards.owner(p), p),
+                    b.key(SPARSE, "push", c, server),
                     steps.push_rows,
                     ctx,
-                    variable,
-                    plan.shard_pos[p],
-                    summed[c],
-                    nbytes=row * len(plan.shard_pos[p]),
+                    alone,
+                    [(v, pos) for (v, _), pos in zip(parts, positions, strict=True)],
+                    *ready[c],
+                    nbytes=nbytes,
                 )
             )
-    updates = {}
-    for p in range(shards.n_shards):
-        o = shards.owner(p)
-        key = b.key(variable, "update", o, o, p)
-        updates[p] = b.task(key, steps.update_shard, ctx, variable, p, topology.chiefs, *pushes[p])
-        b.final[o].append(updates[p])
+        own = ready[server] if local is not None else []
+        key = b.key(SPARSE, "update", server, server)
+        updates[server] = b.task(
+            key, steps.update_rows, ctx, server, parts, topology.chiefs, local, *pushes, *own
+        )
+        b.final[server].append(updates[server])
     return updates
 
 
-def _prefetch_rows(b: _Builder, variable: str, next_plan: StepPlan, updates: dict) -> None:
-    """Each server, once it has stepped a shard, sends each chief the next step's rows of it;
-    the chief keeps them for the next step (its part of this step ends when it has them)."""
+def _prefetch_rows(b: _Builder, next_plan: StepPlan, updates: dict) -> None:
+    """Each server, once it has stepped its shards, sends each chief the next step's rows of
+    them; the chief keeps them for the next step (its part of this step ends when it has
+    them)."""
     ctx_next = replace(b.ctx, step=b.ctx.step + 1)
+    after = {server: [update] for server, update in updates.items()}
     for index, c in enumerate(b.topology.chiefs):
-        b.final[c].append(_serve_and_assemble(b, ctx_next, variable, next_plan, index, updates))
+        b.final[c].append(_serve_and_assemble(b, ctx_next, next_plan, index, after))
 
 
 def _allreduce_dense(b: _Builder, name: str, shape: tuple, sums: list, nbytes: int) -> None:
-    """The chiefs allreduce their machines' sums of a dense gradient, hand the total to their
-    workers, and every replica steps."""
+    """The chiefs allreduce their machines' sums of a dense gradient and hand the total to their
+    workers; every replica steps in its worker's ``finish``."""
     ctx, topology = b.ctx, b.topology
     item = np.dtype(ctx.spec.dtype).itemsize
     results = sums
@@ -420,8 +460,7 @@ def _allreduce_dense(b: _Builder, name: str, shape: tuple, sums: list, nbytes: i
         c = members[0]
         for m in members:
             value = b.forward(b.key(name, "from-chief", c, m), result, nbytes=nbytes)
-            apply = b.key(name, "apply", m, m)
-            b.final[m].append(b.task(apply, steps.apply_replica, ctx, name, value))
+            b.replica_steps[m].append((name, value))
 
 
 def _allgather_rows(b: _Builder, variable: str, computed: list) -> None:

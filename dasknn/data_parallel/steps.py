@@ -5,7 +5,7 @@ Every function here is the body of one task of the step graph built by
 :class:`~dasknn.data_parallel.worker_state.ReplicaState` on its worker and returns either a
 message (a plain numpy array, fetched by exactly one other worker, so the transfer monitor
 measures its size exactly) or a local value. The step's intermediate values live in
-``state.scratch[step]`` until the next step's :func:`prepare` drops them; what belongs to one
+``state.scratch[step]`` until the next step's :func:`compute` drops them; what belongs to one
 sparse variable (the embedding, or the output table of a sampled softmax) under
 ``state.scratch[step][variable]``.
 
@@ -33,10 +33,16 @@ from dasknn.model.embedding_network import (
 )
 from dasknn.optim import Optimizer
 
-__all__ = ["DENSE", "EMBEDDING", "SOFTMAX", "StepContext"]
+__all__ = ["DENSE", "EMBEDDING", "SOFTMAX", "SPARSE", "StepContext"]
 
 #: The fused buffer of every dense variable's gradient (allreduced at once).
 DENSE = "dense"
+#: The fused messages between a parameter server and a chief: the rows (or row gradients) of
+#: every sparse variable and every shard the server holds, in one flat array.
+SPARSE = "sparse"
+
+#: The shards one server holds, ``[(variable, shard), ...]``: the parts of its fused messages.
+Parts = list[tuple[str, int]]
 
 
 @dataclass(frozen=True)
@@ -73,12 +79,11 @@ def _scratch(ctx: StepContext, variable: str | None = None) -> dict:
 
 
 # ------------------------------------------------------------------ every worker
-def prepare(ctx: StepContext, batch: WorkerBatch) -> None:
-    """Take this worker's part of the batch (and forget the scratch of earlier steps)."""
+def _forget_earlier_steps(ctx: StepContext) -> None:
+    """Drop the scratch of the steps before ``ctx.step`` (every task of them has run)."""
     scratch = replica_state(ctx.token).scratch
-    for step in [s for s in scratch if s < ctx.step]:  # every task of earlier steps has run
+    for step in [s for s in scratch if s < ctx.step]:
         del scratch[step]
-    _scratch(ctx)["batch"] = batch
 
 
 def _dense_values(ctx: StepContext, pulled: tuple) -> list[np.ndarray]:
@@ -88,16 +93,20 @@ def _dense_values(ctx: StepContext, pulled: tuple) -> list[np.ndarray]:
     return [state.replicas[name].values for name in ctx.spec.dense_names()]
 
 
-def compute(ctx: StepContext, _prepared, *values) -> None:
-    """Forward and backward pass of this worker's windows (after :func:`prepare`).
+def compute(ctx: StepContext, batch: WorkerBatch, *values) -> np.ndarray | None:
+    """Forward and backward pass of this worker's part ``batch`` of the step (the scratch of
+    earlier steps is dropped first).
 
     ``values`` are first, per sparse variable, the rows the batch reads (from the chief), or
     ``None`` to read them from the local replica (``ar``, ``ar-dense``) or, on the parameter
     servers, from this worker's scratch (the chief of a one-worker machine); then the dense
-    variables' values under ``ps``. Keeps the gradients and the loss in the scratch.
+    variables' values under ``ps``. Keeps the batch, the gradients and the loss in the scratch;
+    returns the gradients of the dense variables as one flat buffer (:data:`DENSE`) for the
+    allreduce, ``None`` under ``ps`` or without dense variables.
     """
+    _forget_earlier_steps(ctx)
     scratch = _scratch(ctx)
-    batch: WorkerBatch = scratch["batch"]
+    scratch["batch"] = batch
     sparse = list(ctx.spec.sparse_shapes())
     rows = dict(zip(sparse, values[: len(sparse)], strict=True))
     for name in sparse:
@@ -137,6 +146,9 @@ def compute(ctx: StepContext, _prepared, *values) -> None:
             full = np.zeros(ctx.spec.sparse_shapes()[name], dtype=grad.dtype)
             full[batch.ids[name]] = grad
             scratch["grads"][name] = full
+    if ctx.architecture == "ps" or not ctx.spec.dense_names():
+        return None
+    return dense_gradient(ctx, DENSE, None)
 
 
 def sparse_gradient(ctx: StepContext, variable: str, _computed) -> np.ndarray:
@@ -187,9 +199,13 @@ def apply_replica_rows(
     apply_rows(ctx.optimizer, held.values, state, union, grad_rows)
 
 
-def finish(ctx: StepContext, *_done) -> float:
-    """End of this worker's part of the step: its loss sum. (Its scratch stays until the next
-    step's :func:`prepare`: tasks of other workers' parts may still read it.)"""
+def finish(ctx: StepContext, variables: list[str], *grads_then_done) -> float:
+    """End of this worker's part of the step: the step of its replicas of the allreduced
+    ``variables`` from their summed gradients (the first ``len(variables)`` arguments after
+    ``variables``; :func:`apply_replica`), then its loss sum. (Its scratch stays until the next
+    step's :func:`compute`: tasks of other workers' parts may still read it.)"""
+    for variable, grad in zip(variables, grads_then_done, strict=False):
+        apply_replica(ctx, variable, grad)
     return float(_scratch(ctx).get("loss", 0.0))
 
 
@@ -203,15 +219,52 @@ def _combine(ids: list[np.ndarray], values: list[np.ndarray]) -> tuple[np.ndarra
     return union.astype(np.int64), total
 
 
+def _flat(ctx: StepContext, arrays: list[np.ndarray]) -> np.ndarray:
+    """``arrays`` raveled into one flat array (one message, exactly their bytes)."""
+    if not arrays:
+        return np.zeros(0, dtype=ctx.spec.dtype)
+    return np.concatenate([a.reshape(-1) for a in arrays])
+
+
+def _split(ctx: StepContext, flat: np.ndarray, variables: list[str], counts: list[int]) -> list:
+    """A flat message cut into ``counts[i]`` rows of ``variables[i]`` each."""
+    shapes = ctx.spec.sparse_shapes()
+    out, start = [], 0
+    for variable, count in zip(variables, counts, strict=True):
+        width = shapes[variable][1]
+        out.append(flat[start : start + count * width].reshape(count, width))
+        start += count * width
+    return out
+
+
 def assemble_rows(
-    ctx: StepContext, variable: str, shard_pos: list, size: int, *replies: np.ndarray
+    ctx: StepContext,
+    chief: int,
+    sizes: dict,
+    local: tuple | None,
+    remote: list[tuple[Parts, list]],
+    *replies_then_after,
 ) -> None:
-    """The chief puts the shards' replies (shard order) in the order of its machine's rows."""
-    width = ctx.spec.sparse_shapes()[variable][1]
-    rows = np.empty((size, width), dtype=ctx.spec.dtype)
-    for positions, reply in zip(shard_pos, replies, strict=True):
-        rows[positions] = reply
-    _scratch(ctx, variable)["rows"] = rows
+    """The chief (worker ``chief``) puts its machine's rows of every sparse variable together,
+    each in the order of the machine's rows (``sizes[variable]`` of them): the rows of the
+    shards it serves itself (``local``: ``(parts, offsets, positions)``, read here, after the
+    tasks that follow the replies) and the servers' fused replies (``remote[i]``:
+    ``(parts, positions)`` of reply ``i``)."""
+    shapes = ctx.spec.sparse_shapes()
+    rows = {v: np.empty((n, shapes[v][1]), dtype=ctx.spec.dtype) for v, n in sizes.items()}
+    if local is not None:
+        parts, offsets, positions = local
+        for (variable, _), pos, values in zip(
+            parts, positions, _read_shards(ctx, parts, chief, offsets), strict=True
+        ):
+            rows[variable][pos] = values
+    for (parts, positions), reply in zip(remote, replies_then_after, strict=False):
+        variables = [variable for variable, _ in parts]
+        pieces = _split(ctx, reply, variables, [len(pos) for pos in positions])
+        for variable, pos, values in zip(variables, positions, pieces, strict=True):
+            rows[variable][pos] = values
+    for variable, values in rows.items():
+        _scratch(ctx, variable)["rows"] = values
 
 
 def rows_for(ctx: StepContext, variable: str, positions: np.ndarray, _assembled) -> np.ndarray:
@@ -240,10 +293,19 @@ def own_rows_sum(ctx: StepContext, variable: str, _computed) -> np.ndarray:
     return _scratch(ctx)["batch"].ids[variable]
 
 
-def push_rows(ctx: StepContext, variable: str, positions: np.ndarray, _summed) -> np.ndarray:
-    """The machine's summed gradient of the rows it pulled from a shard, in the pull's order
-    (the server kept the offsets)."""
-    return _scratch(ctx, variable)["union_grad"][positions]
+def _machine_grad(ctx: StepContext, variable: str, alone: bool) -> np.ndarray:
+    """The machine's summed row gradient of ``variable`` on its chief, in the order of its rows:
+    the chief's own gradient when it is ``alone`` on its machine."""
+    return _scratch(ctx, variable)["grad_rows" if alone else "union_grad"]
+
+
+def push_rows(
+    ctx: StepContext, alone: bool, parts: list[tuple[str, np.ndarray]], *_summed
+) -> np.ndarray:
+    """The machine's summed gradient of the rows it pulled from one server, in the pull's order
+    (the server kept the offsets), after the tasks ``_summed`` that sum it: ``parts`` are
+    ``(variable, positions in the machine's rows)`` of the server's shards; one flat array."""
+    return _flat(ctx, [_machine_grad(ctx, v, alone)[pos] for v, pos in parts])
 
 
 def chief_sum(ctx: StepContext, *member_grads: np.ndarray) -> np.ndarray:
@@ -278,26 +340,61 @@ def global_grad(ctx: StepContext, variable: str, _combined) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ servers
-def serve_rows(
-    ctx: StepContext, variable: str, shard: int, chief: int, offsets: np.ndarray, *_after
-) -> np.ndarray:
-    """The server's reply to ``chief`` in step ``ctx.step``: the rows ``offsets`` of its shard
-    (the client's plan of the chief's rows; kept for the push of the same rows). ``_after``:
-    the update of the previous step, when this is its prefetch."""
-    _scratch(ctx, variable).setdefault("requests", {})[(shard, chief)] = offsets
-    return replica_state(ctx.token).shards[(variable, shard)].values[offsets]
+def _read_shards(ctx: StepContext, parts: Parts, chief: int, offsets: list) -> list[np.ndarray]:
+    """The rows ``offsets[i]`` of each shard ``parts[i]`` this worker serves; the offsets are
+    kept as ``chief``'s request of step ``ctx.step`` (the push of the same rows comes in their
+    order)."""
+    requests = _scratch(ctx).setdefault("requests", {})
+    shards = replica_state(ctx.token).shards
+    out = []
+    for (variable, shard), rows in zip(parts, offsets, strict=True):
+        requests[(variable, shard, chief)] = rows
+        out.append(shards[(variable, shard)].values[rows])
+    return out
 
 
-def update_shard(
-    ctx: StepContext, variable: str, shard: int, chiefs: list[int], *grads: np.ndarray
+def serve_rows(ctx: StepContext, parts: Parts, chief: int, offsets: list, *_after) -> np.ndarray:
+    """The server's reply to ``chief`` in step ``ctx.step``: the rows ``offsets[i]`` of each of
+    its shards ``parts[i]`` (the client's plan of the chief's rows), in one flat array.
+    ``_after``: the server's update of the previous step, when this is its prefetch."""
+    return _flat(ctx, _read_shards(ctx, parts, chief, offsets))
+
+
+def update_rows(
+    ctx: StepContext,
+    server: int,
+    parts: Parts,
+    chiefs: list[int],
+    local: tuple | None,
+    *pushes_then_after,
 ) -> None:
-    """The server sums the gradients the ``chiefs`` pushed to ``shard`` (in order; each in the
-    order of its pull's offsets) and applies the optimizer to those rows."""
-    requests = _scratch(ctx, variable)["requests"]
-    offsets = [requests[(shard, chief)] for chief in chiefs]
-    union, total = _combine(offsets, list(grads))
-    held = replica_state(ctx.token).shards[(variable, shard)]
-    apply_rows(ctx.optimizer, held.values, held.state_for(ctx.optimizer, flat=False), union, total)
+    """The server (worker ``server``) sums, for each of its shards ``parts[i]``, the gradients
+    the ``chiefs`` pushed (in order; each in the order of that chief's pull) and applies the
+    optimizer to those rows.
+    ``pushes_then_after`` are the fused pushes of the other chiefs, in order, then the task that
+    leaves the server's own machine's sum; ``local``: ``(alone, positions)`` when the server is
+    a chief, its machine's gradient (read here)."""
+    requests = _scratch(ctx)["requests"]
+    variables = [variable for variable, _ in parts]
+    contributions = {}
+    pushes = iter(pushes_then_after)
+    for chief in chiefs:
+        if chief == server:
+            alone, positions = local
+            contributions[chief] = [
+                _machine_grad(ctx, v, alone)[pos]
+                for v, pos in zip(variables, positions, strict=True)
+            ]
+            continue
+        counts = [len(requests[(v, p, chief)]) for v, p in parts]
+        contributions[chief] = _split(ctx, next(pushes), variables, counts)
+    state = replica_state(ctx.token)
+    for i, (variable, shard) in enumerate(parts):
+        offsets = [requests[(variable, shard, chief)] for chief in chiefs]
+        union, total = _combine(offsets, [contributions[chief][i] for chief in chiefs])
+        held = state.shards[(variable, shard)]
+        state_rows = held.state_for(ctx.optimizer, flat=False)
+        apply_rows(ctx.optimizer, held.values, state_rows, union, total)
 
 
 def serve_dense(ctx: StepContext, variable: str) -> np.ndarray:
