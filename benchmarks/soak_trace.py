@@ -2,20 +2,27 @@
 
 Trains as ``benchmarks/soak.py`` does (P = 2, ``fit`` on 100 batches at a time, on the cluster
 and client ``dasknn.runtime.cluster.open_client`` opens). After the warm-up it runs a full garbage
-collection and starts ``tracemalloc`` in the client/scheduler process and in every worker; after
-``--batches`` it collects and takes a first snapshot, after ``--batches`` more a second one, and
-prints, per process, what grew between the two by traceback (the largest
-``--top``), then what ``dask.utils.key_split``'s cache alone held (freed by clearing it), the
-resident size (slowed and inflated by tracing) before and after ``malloc_trim(0)``, and the sizes
-of Dask's per-key records: ``key_split``'s cache, the scheduler's tasks, task groups, task
-prefixes, spans and their groups, computations, the workers' tasks and data, and the entries
-and bytes (pickled objects and serialized frames counted at their size) of the records Dask keeps
-of the last messages of every batched stream (``distributed.admin.low-level-log-length`` entries
-each) and of its log records (``distributed.admin.log-length``).
+collection and starts ``tracemalloc`` in the client/scheduler process and in every worker (and
+takes a snapshot there); after ``--batches`` it collects and takes a second snapshot, after
+``--window`` more (``--batches`` unless given) a third one, and prints, per process, what grew
+between the second and the third by traceback (the largest ``--top``), what
+``dask.utils.key_split``'s cache alone held (freed by clearing it) and what grew in the first
+window (between the first and the second snapshot), then the resident size (slowed and inflated
+by tracing) before and after ``malloc_trim(0)``, and the sizes of Dask's per-key records:
+``key_split``'s cache, the scheduler's tasks, task groups, task prefixes, spans and their
+groups, computations, the workers' tasks and data, and the entries and bytes (pickled objects
+and serialized frames counted at their size) of the records Dask keeps of the last messages of
+every batched stream (``distributed.admin.low-level-log-length`` entries each) and of its log
+records (``distributed.admin.log-length``).
 
 Usage::
 
     flock /tmp/dasknn-tests.lock python benchmarks/soak_trace.py [--warmup 500] [--batches 100]
+
+While tracing, it prints after every ``fit`` call the resident size of the client/scheduler
+process and the memory tracemalloc sees allocated there, to tell at which batch a step of the
+resident size happens and whether Python's allocations (and numpy's, which tracemalloc sees) make
+it.
 
 A bounded record whose entries were made before tracing started shows as growth until it has
 turned over once since: each untraced entry it drops is replaced by a traced one. So the first
@@ -113,10 +120,17 @@ def _records(server) -> dict[str, int | str]:
 
 
 def _start(frames: int, dask_worker) -> dict:
-    """Collect, then trace allocations from here on."""
+    """Collect, then trace allocations from here on and keep a first snapshot (empty but for
+    what the call itself allocates) on ``dask_worker``."""
     gc.collect()
     tracemalloc.start(frames)
+    dask_worker.soak_first = tracemalloc.take_snapshot().filter_traces(_IGNORE)
     return {"rss": _rss(), **_records(dask_worker)}
+
+
+def _traced_now(dask_scheduler=None) -> tuple[float, float]:
+    """Resident size and the memory tracemalloc sees allocated now, in MiB."""
+    return _rss(), tracemalloc.get_traced_memory()[0] / MIB
 
 
 def _type_counts() -> Counter:
@@ -128,7 +142,10 @@ def _mark(dask_worker) -> dict:
     """Collect and keep a snapshot of the traced allocations still held and the counts of the
     objects by type (on ``dask_worker``)."""
     gc.collect()
-    dask_worker.soak_snapshot = tracemalloc.take_snapshot().filter_traces(_IGNORE)
+    snapshot = tracemalloc.take_snapshot().filter_traces(_IGNORE)
+    dask_worker.soak_first_growth = snapshot.compare_to(dask_worker.soak_first, "traceback")
+    del dask_worker.soak_first
+    dask_worker.soak_snapshot = snapshot
     dask_worker.soak_types = _type_counts()
     return {"rss": _rss(), **_records(dask_worker)}
 
@@ -147,8 +164,13 @@ def _total(snapshot: tracemalloc.Snapshot) -> float:
 
 def _growth(newer: tracemalloc.Snapshot, older: tracemalloc.Snapshot, top: int) -> list[str]:
     """The ``top`` largest increases from ``older`` to ``newer``, by traceback."""
+    return _lines(newer.compare_to(older, "traceback"), top)
+
+
+def _lines(stats: list[tracemalloc.StatisticDiff], top: int) -> list[str]:
+    """The ``top`` first of ``stats`` (largest increase first), with their tracebacks."""
     lines = []
-    for stat in newer.compare_to(older, "traceback")[:top]:
+    for stat in stats[:top]:
         lines.append(f"    {stat.size_diff / MIB:+7.3f} MiB {stat.count_diff:+8d} blocks")
         for frame in reversed(stat.traceback):
             lines.append(f"        {_short(frame.filename)}:{frame.lineno}")
@@ -165,6 +187,8 @@ def _report(top: int, dask_worker) -> dict:
     types = _type_counts()
     types.subtract(dask_worker.soak_types)
     del dask_worker.soak_types
+    first_growth = dask_worker.soak_first_growth
+    del dask_worker.soak_first_growth
     newer = tracemalloc.take_snapshot().filter_traces(_IGNORE)
     records = _records(dask_worker)
     key_split.cache_clear()
@@ -180,8 +204,10 @@ def _report(top: int, dask_worker) -> dict:
         *_growth(newer, older, top),
         "freed by key_split.cache_clear():",
         *_growth(newer, cleared, top),
+        "grown in the first window, from the start of tracing to the mark:",
+        *_lines(first_growth, top),
     ]
-    del older, newer, cleared
+    del older, newer, cleared, first_growth
     gc.collect()
     rss = _rss()
     ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -194,17 +220,32 @@ def _settle() -> None:
     time.sleep(2)
 
 
-def _train(dist: DistributedSparseMLP, x, y, batches: int, every: int, batch_size: int) -> float:
+def _train(
+    dist: DistributedSparseMLP, x, y, batches: int, every: int, batch_size: int, done: int = 0
+) -> float:
+    """Train ``batches`` batches, ``every`` a ``fit`` call; with ``done`` > 0 (batches trained
+    before, while tracing), print the client/scheduler process's resident and traced memory
+    after every call."""
     start = time.perf_counter()
     for _ in range(batches // every):
         dist.fit(x, y, batch_size=batch_size, lr=0.01, progress=False, shuffle=False)
+        if done:
+            done += every
+            rss, traced = dist.client.run_on_scheduler(_traced_now)
+            print(f"  batch {done:6d}  {time.perf_counter() - start:6.1f} s  client/scheduler "
+                  f"rss {rss:7.1f} MiB  traced {traced:7.2f} MiB", flush=True)  # fmt: skip
     return time.perf_counter() - start
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--warmup", type=int, default=500)
-    parser.add_argument("--batches", type=int, default=100, help="batches between the snapshots")
+    parser.add_argument(
+        "--batches", type=int, default=100, help="batches from the start of tracing to the mark"
+    )
+    parser.add_argument(
+        "--window", type=int, help="batches from the mark to the end (default: --batches)"
+    )
     parser.add_argument("--every", type=int, default=100, help="batches per fit call")
     parser.add_argument("--neurons", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
@@ -217,8 +258,12 @@ def main() -> None:
         help="trace the client/scheduler process only (the workers then run at full speed)",
     )
     args = parser.parse_args()
-    if args.warmup % args.every or args.batches % args.every or not args.batches:
-        parser.error("--warmup and --batches must be multiples of --every (and --batches > 0)")
+    if args.window is None:
+        args.window = args.batches
+    if any(n % args.every for n in (args.warmup, args.batches, args.window)) or not (
+        args.batches and args.window
+    ):
+        parser.error("--warmup, --batches and --window must be multiples of --every (and > 0)")
     print(describe(), f"MALLOC_ARENA_MAX={os.environ.get('MALLOC_ARENA_MAX', 'unset')}")
     model = SparseMLP.radixnet(neurons=args.neurons, layers=args.layers, seed=0)
     rng = np.random.default_rng(0)
@@ -235,19 +280,21 @@ def main() -> None:
             client.run_on_scheduler(_start, args.frames)
             if not args.scheduler_only:
                 client.run(_start, args.frames)
-            wall = _train(dist, x, y, args.batches, args.every, args.batch_size)
+            done = args.warmup
+            wall = _train(dist, x, y, args.batches, args.every, args.batch_size, done)
             print(f"traced: {args.batches} batches in {wall:.1f} s", flush=True)
             _settle()
             marks = {"client/scheduler": client.run_on_scheduler(_mark)}
             if not args.scheduler_only:
                 marks.update(client.run(_mark))
-            wall = _train(dist, x, y, args.batches, args.every, args.batch_size)
-            print(f"traced: {args.batches} more batches in {wall:.1f} s", flush=True)
+            done += args.batches
+            wall = _train(dist, x, y, args.window, args.every, args.batch_size, done)
+            print(f"traced: {args.window} more batches in {wall:.1f} s", flush=True)
             _settle()
             ends = {"client/scheduler": client.run_on_scheduler(_report, args.top)}
             if not args.scheduler_only:
                 ends.update(client.run(_report, args.top))
-    per = 1000 / args.batches
+    per = 1000 / args.window
     for name, end in ends.items():
         mark = marks[name]
         print(

@@ -10,6 +10,7 @@ import pytest
 
 from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.key_cache import (
+    MAX_ENTRIES,
     SchedulerKeyCacheBound,
     WorkerKeyCacheBound,
     install_key_cache_bound,
@@ -41,12 +42,12 @@ def _holds_prefix(dask_worker, prefix: str) -> bool:
     return any(str(key).startswith(prefix) for key in tasks)
 
 
-def _run_unique_tasks(client) -> None:
-    """Run ``TASKS`` tasks of keys never used before; wait until every process forgot them."""
+def _run_unique_tasks(client, tasks: int = TASKS) -> None:
+    """Run ``tasks`` tasks of keys never used before; wait until every process forgot them."""
     prefix = f"dasknn-test-keycache-{uuid.uuid4().hex[:8]}"
-    keys = [f"{prefix}-{i}" for i in range(TASKS)]
-    futures = client.map(abs, range(-TASKS, 0), key=keys)
-    assert client.gather(futures) == list(range(TASKS, 0, -1))
+    keys = [f"{prefix}-{i}" for i in range(tasks)]
+    futures = client.map(abs, range(-tasks, 0), key=keys)
+    assert client.gather(futures) == list(range(tasks, 0, -1))
     del futures
     deadline = time.monotonic() + 20
     while client.run_on_scheduler(_holds_prefix, prefix=prefix) or any(
@@ -87,6 +88,19 @@ def test_bound_keeps_the_cache_small_on_the_scheduler_and_every_worker(dask_clie
         remove_key_cache_bound(dask_client, token)
     on_scheduler, on_workers = _plugin_names(dask_client)
     assert name not in on_scheduler and name not in on_workers
+
+
+def test_default_bound_holds_every_process_below_max_entries(dask_client):
+    # More new keys than the default bound in one graph: the scheduler empties its cache after
+    # the graph, every worker when it forgets one of the tasks.
+    token = uuid.uuid4().hex[:16]
+    install_key_cache_bound(dask_client, token)
+    try:
+        _run_unique_tasks(dask_client, tasks=MAX_ENTRIES + 200)
+        sizes = _cache_sizes(dask_client)
+        assert max(sizes.values()) <= MAX_ENTRIES, sizes
+    finally:
+        remove_key_cache_bound(dask_client, token)
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "10", None])

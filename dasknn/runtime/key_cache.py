@@ -13,9 +13,13 @@ after some 6,000 steps, the cache was full at about 31 MiB a process (``docs/rel
 :class:`SchedulerKeyCacheBound` (a scheduler plugin, checked at every graph the scheduler receives)
 and :class:`WorkerKeyCacheBound` (a worker plugin, checked whenever a worker forgets a task) empty
 the cache once it holds more than ``max_entries`` keys. Clearing a cache changes no result; the
-keys of a run that never repeats its keys never hit it anyway, and a prefix a later task needs
-is computed again in about a microsecond. :func:`install_key_cache_bound` registers both under
-names of a model's own, :func:`remove_key_cache_bound` removes them.
+keys of a run that never repeats its keys never hit it anyway, a prefix a later task needs is
+computed again in about 0.1-0.4 microseconds more than a hit, and emptying 1,000 entries takes
+about 16 microseconds (``benchmarks/key_split_cost.py``). The bound of :data:`MAX_ENTRIES` keys is
+reached early in a run (about 60 steps at 16 keys a step; 500 on the soak's scheduler and 1,000
+on its workers with posted messages, 2 and 1 keys a step), after which the cache adds no memory.
+:func:`install_key_cache_bound` registers both under names of a model's own,
+:func:`remove_key_cache_bound` removes them.
 """
 
 from __future__ import annotations
@@ -33,8 +37,9 @@ __all__ = [
     "remove_key_cache_bound",
 ]
 
-#: Keys the cache may hold before it is emptied (about 3 MiB of step keys).
-MAX_ENTRIES = 10_000
+#: Keys the cache may hold before it is emptied (about 0.3 MiB of step keys; the soak's scheduler
+#: reaches it within its 500-batch warm-up, at about 2 new keys a batch).
+MAX_ENTRIES = 1_000
 
 
 def bound_key_cache(max_entries: int) -> bool:
