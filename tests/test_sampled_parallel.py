@@ -70,6 +70,15 @@ def test_every_neuron_active_equals_numpy_adam(client, shards):
         (2, {"underflow": "stop"}),
         (3, {"underflow": "stop"}),
         (2, {"correction": "logq", "hashing": "mips", "uniform_fraction": 0.4}),
+        (
+            2,
+            {
+                "correction": "logq",
+                "hashing": "mips",
+                "uniform_fraction": 0.3,
+                "hidden_update": "all",
+            },
+        ),
     ],
 )
 def test_distributed_equals_the_local_model_simulating_its_shards(client, shards, options):
