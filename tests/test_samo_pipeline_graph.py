@@ -12,8 +12,8 @@ import pytest
 from dasknn.model import CompressedMLP
 from dasknn.optim import SGD
 from dasknn.pipeline_parallel import balanced_bounds, layer_costs, split_stages, stage_order
-from dasknn.pipeline_parallel.model import _handover_seconds
 from dasknn.pipeline_parallel.taskgraph import build_step, chain_links, final_passes
+from dasknn.pipeline_parallel.timeline import handover_seconds
 from dasknn.runtime.keys import parse_pipeline_key
 
 
@@ -135,4 +135,4 @@ def test_handover_is_the_wait_after_a_pass_could_start():
     }
     # stage 0: F1 0.2 after F0; B0 0.3 after stage 1's B0; B1 1.5 after its own B0
     # stage 1: F0 0.5 after stage 0's F0; then 0.1 after each of its own passes
-    assert _handover_seconds(passes) == pytest.approx({0: 2.0, 1: 0.8}, abs=1e-12)
+    assert handover_seconds(passes) == pytest.approx({0: 2.0, 1: 0.8}, abs=1e-12)

@@ -28,7 +28,7 @@ from dasknn.pipeline_parallel import worker_state as ws
 from dasknn.pipeline_parallel.plan import layer_costs, split_stages
 from dasknn.pipeline_parallel.schedule import check_schedule
 from dasknn.pipeline_parallel.taskgraph import accumulate_dtype, build_step
-from dasknn.pipeline_parallel.timeline import IdleSources, idle_sources
+from dasknn.pipeline_parallel.timeline import IdleSources, handover_seconds, idle_sources
 from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.keys import new_token, pipeline_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
@@ -148,27 +148,6 @@ class CommReport:
             and self.allreduce_bytes == self.allreduce_bytes_formula
             and self.allreduce_messages == self.allreduce_messages_formula
         )
-
-
-def _handover_seconds(passes: dict[int, list[tuple]]) -> dict[int, float]:
-    """Per stage, the seconds its passes started after their inputs were ready (see
-    :attr:`IdleBreakdown.handover`); ``passes[s]`` holds the stage's ``(kind, u, start, end)``."""
-    ends = {(s, kind, u): end for s, events in passes.items() for kind, u, _, end in events}
-    last = max(passes)
-    out = {}
-    for s, events in passes.items():
-        waited, previous_end = 0.0, None
-        for kind, u, start, _ in sorted(events, key=lambda e: e[2]):
-            ready = [] if previous_end is None else [previous_end]
-            if kind == "F" and s > 0:
-                ready.append(ends[(s - 1, "F", u)])
-            elif kind == "B" and s < last:
-                ready.append(ends[(s + 1, "B", u)])
-            if ready:
-                waited += max(0.0, start - max(ready))
-            previous_end = ends[(s, kind, u)]
-        out[s] = waited
-    return out
 
 
 class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
@@ -498,7 +477,7 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
             end = max(e[3] for events in passes.values() for e in events)
             busy = {s: sum(e[3] - e[2] for e in events) for s, events in passes.items()}
             slowest = max(busy.values())
-            handover = _handover_seconds(passes)
+            handover = handover_seconds(passes)
             for s in range(self.stages):
                 out[(s, d)] = IdleBreakdown(
                     idle=1.0 - busy[s] / (end - begin),

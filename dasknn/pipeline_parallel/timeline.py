@@ -25,7 +25,7 @@ from statistics import fmean
 
 from dasknn.pipeline_parallel.schedule import bubble_fraction, stage_order
 
-__all__ = ["IdleSources", "idle_sources", "replay"]
+__all__ = ["IdleSources", "handover_seconds", "idle_sources", "replay"]
 
 PassKey = tuple[int, str, int]  # (stage, "F" | "B", microbatch)
 
@@ -37,6 +37,27 @@ def _source(stage: int, kind: str, u: int, stages: int) -> PassKey | None:
     if kind == "B" and stage < stages - 1:
         return (stage + 1, "B", u)
     return None
+
+
+def handover_seconds(passes: dict[int, list[tuple]]) -> dict[int, float]:
+    """Per stage, the seconds its passes started after their inputs were ready (the stage's
+    previous pass and the pass whose message it reads, :func:`_source`); ``passes[s]`` holds the
+    stage's measured ``(kind, u, start, end)``."""
+    ends = {(s, kind, u): end for s, events in passes.items() for kind, u, _, end in events}
+    stages = max(passes) + 1
+    out = {}
+    for s, events in passes.items():
+        waited, previous_end = 0.0, None
+        for kind, u, start, _ in sorted(events, key=lambda e: e[2]):
+            ready = [] if previous_end is None else [previous_end]
+            source = _source(s, kind, u, stages)
+            if source is not None:
+                ready.append(ends[source])
+            if ready:
+                waited += max(0.0, start - max(ready))
+            previous_end = ends[(s, kind, u)]
+        out[s] = waited
+    return out
 
 
 def replay(
