@@ -21,6 +21,8 @@ neurons feeding output neuron ``c``), see :class:`PackedLayers`.
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numba
@@ -97,6 +99,10 @@ class PackedLayers:
 def pack_layers(layers: list[sp.spmatrix], dtype: np.dtype | type = np.float32) -> PackedLayers:
     """Pack square sparse layers of shape ``(N, N)`` (challenge convention) for the kernel.
 
+    Each layer is checked (:func:`graph.checks.check_csr`), duplicates are summed, and its CSR
+    arrays are transposed into the concatenated CSC arrays by a numba kernel, the layers spread
+    over the machine's cores (the kernel releases the GIL).
+
     Raises
     ------
     ValueError
@@ -104,29 +110,73 @@ def pack_layers(layers: list[sp.spmatrix], dtype: np.dtype | type = np.float32) 
     """
     if not layers:
         raise ValueError("the network has no layers")
+    dtype = np.dtype(dtype)
     n = layers[0].shape[0]
-    indptrs, indices, data, degrees = [], [], [], []
-    offset = 0
+    csrs = []
     for k, layer in enumerate(layers):
         if layer.shape != (n, n):
             raise ValueError(
                 f"layer {k + 1} has shape {layer.shape}, expected ({n}, {n}) like layer 1"
             )
-        csc = sp.csc_matrix(check_csr(layer, name=f"layer {k + 1}"), dtype=dtype)
-        csc.sum_duplicates()
-        if not np.all(np.isfinite(csc.data)):
-            raise ValueError(f"layer {k + 1} has a weight that is NaN or infinite")
-        indptrs.append(csc.indptr.astype(np.int64) + offset)
-        indices.append(csc.indices.astype(np.int32))
-        data.append(csc.data)
-        degrees.append(np.bincount(csc.indices, minlength=n).astype(np.int64))
-        offset += csc.nnz
-    return PackedLayers(
-        indptr=np.stack(indptrs),
-        indices=np.concatenate(indices),
-        data=np.concatenate(data).astype(dtype, copy=False),
-        out_degree=np.stack(degrees),
-    )
+        csrs.append(check_csr(layer, name=f"layer {k + 1}"))
+    csrs = [csr if csr.has_canonical_format else _canonical(csr) for csr in csrs]
+    nnz = np.array([csr.nnz for csr in csrs], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(nnz)])
+    indptr = np.empty((len(csrs), n + 1), dtype=np.int64)
+    indices = np.empty(int(starts[-1]), dtype=np.int32)
+    data = np.empty(int(starts[-1]), dtype=dtype)
+    out_degree = np.empty((len(csrs), n), dtype=np.int64)
+
+    def transpose(k: int) -> bool:
+        lo, hi = starts[k], starts[k + 1]
+        csr = csrs[k]
+        return _csr_to_csc(csr.indptr, csr.indices, csr.data, lo, indptr[k], indices[lo:hi],
+                           data[lo:hi], out_degree[k])
+
+    with ThreadPoolExecutor(max_workers=min(len(csrs), os.cpu_count() or 1)) as pool:
+        finite = list(pool.map(transpose, range(len(csrs))))
+    if not all(finite):
+        raise ValueError(f"layer {finite.index(False) + 1} has a weight that is not finite in "
+                         f"{dtype} (NaN, infinite or out of range)")
+    return PackedLayers(indptr=indptr, indices=indices, data=data, out_degree=out_degree)
+
+
+def _canonical(csr: sp.csr_matrix) -> sp.csr_matrix:
+    """A copy of ``csr`` with sorted indices and duplicates summed."""
+    csr = csr.copy()
+    csr.sum_duplicates()
+    return csr
+
+
+@njit(cache=True, nogil=True)
+def _csr_to_csc(csr_indptr, csr_indices, csr_data, offset, indptr, indices, data, degree):
+    """Transpose one canonical CSR layer into its slice of the packed CSC arrays.
+
+    ``indptr`` (the layer's row of :attr:`PackedLayers.indptr`) receives offsets starting at
+    ``offset``; ``indices`` / ``data`` (the layer's slices) the input neuron and weight of each
+    nonzero, rows ascending within a column; ``degree`` each row's nonzeros. Returns whether every
+    weight is still finite in the type of ``data`` (a float64 weight may overflow float32).
+    """
+    n = degree.size
+    counts = np.zeros(n + 1, dtype=np.int64)
+    for p in range(csr_indptr[n]):
+        counts[csr_indices[p] + 1] += 1
+    for c in range(n):
+        counts[c + 1] += counts[c]
+    for c in range(n + 1):
+        indptr[c] = offset + counts[c]
+    finite = True
+    for r in range(n):
+        degree[r] = csr_indptr[r + 1] - csr_indptr[r]
+        for p in range(csr_indptr[r], csr_indptr[r + 1]):
+            c = csr_indices[p]
+            q = counts[c]
+            counts[c] = q + 1
+            indices[q] = r
+            data[q] = csr_data[p]
+            if not np.isfinite(data[q]):
+                finite = False
+    return finite
 
 
 @dataclass
