@@ -12,7 +12,9 @@ rule), stacked ``--copies`` times (6 copies = 60,000 rows, SNIG's count; the cha
 training images are not available here). Categories are checked against categories of the CPU
 engine computed beforehand on the 10,000 images (``--refs DIR``, files ``NAME.npy`` as written by
 ``--write-refs``), shifted for every copy; in the same run, the CPU engine also runs the official
-network on this machine's cores (``--cpu-baseline``) for a same-machine ratio.
+network on this machine's cores (``--cpu-baseline``) for a same-machine ratio. Cases without
+references (networks too large for the machine that wrote them) can be checked in the same run on
+the first ``--check-rows`` images by the CPU engine's kernel in this process.
 
 Other ``NxL`` cases run too (no SNIG figure). Cases stop being started when ``--budget`` seconds
 have passed; results are appended to ``--out/results.jsonl`` as they come.
@@ -42,6 +44,7 @@ from dasknn.datasets import (
     read_challenge_network,
 )
 from dasknn.kernels.cuda_inference import SECTIONED_FROM
+from dasknn.kernels.inference import advance, live_rows, pack_layers, start_batch
 from dasknn.runtime.cluster import scheduler_workers
 
 # SNIG, one GPU (RTX 2080 Ti), Table 3 of Lin & Huang, TPDS 2021: Gigaedges per second.
@@ -69,12 +72,19 @@ def _network(name: str, official: Path | None):
         if official is None:
             raise FileNotFoundError("--official DIR is needed for the official network")
         return read_challenge_network(official, neurons=1024)
-    return radixnet(neurons, layers, seed=0)
+    return radixnet(neurons, layers, seed=0, dtype=np.float32)
 
 
 def _inputs(images: np.ndarray, neurons: int, copies: int) -> sp.csr_matrix:
     base = mnist_to_challenge_inputs(images, int(round(neurons**0.5)))
     return sp.vstack([base] * copies, format="csr") if copies > 1 else base
+
+
+def cpu_kernel_categories(layers, inputs: sp.csr_matrix, bias: float) -> np.ndarray:
+    """Categories (1-based) of ``inputs`` from the CPU engine's kernel in this process, float32,
+    on all of its numba threads: the check for networks without stored references."""
+    state = advance(start_batch(inputs, np.float32), pack_layers(layers, np.float32), bias)
+    return live_rows(state) + 1
 
 
 def write_refs(out: Path, names: list[str], official: Path | None) -> None:
@@ -110,6 +120,9 @@ def main() -> None:
                         "batches overlap the transfer of one with the kernels of another); the "
                         "fastest is used for the other cases of that width")
     parser.add_argument("--budget", type=float, default=300.0, help="seconds for all cases")
+    parser.add_argument("--check-rows", type=int, default=0,
+                        help="for cases without references, run the CPU kernel in this process "
+                        "on the first CHECK_ROWS images and compare their categories")
     parser.add_argument("--cpu-baseline", action="store_true",
                         help="also run the CPU engine on the official network on this machine")
     parser.add_argument("--scheduler", help="use this cluster instead of a LocalCUDACluster")
@@ -169,6 +182,15 @@ def main() -> None:
                 tried.append((stats.seconds, batches, categories, stats))
             seconds, batches, categories, stats = min(tried, key=lambda t: t[0])
             best_batches[neurons] = batches
+            checked = None
+            if expected is None and args.check_rows > 0:
+                rows_checked = min(args.check_rows, images.shape[0])
+                t1 = time.perf_counter()
+                cpu = cpu_kernel_categories(layers, x[:rows_checked], bias)
+                checked = {"rows": rows_checked, "categories": int(cpu.size),
+                           "equal": bool(np.array_equal(categories[categories <= rows_checked],
+                                                        cpu)),
+                           "seconds": time.perf_counter() - t1}
             mode = "sectioned" if neurons >= SECTIONED_FROM else "fused"
             choice = f"{batches} batches/GPU, {mode}"
             snig = SNIG_ONE_GPU.get((neurons, n_layers), float("nan"))
@@ -184,6 +206,7 @@ def main() -> None:
                 "matches_cpu_engine": None if expected is None else bool(
                     np.array_equal(categories, expected)),
                 "macs_done": stats.macs_done, "nominal": stats.inputs * stats.edges,
+                "cpu_kernel_check": checked,
             }
             rows.append(row)
             with results_file.open("a") as fh:
@@ -192,7 +215,7 @@ def main() -> None:
                   f"{stats.seconds:.3f} s ({stats.kernel_seconds:.3f} s on the GPU), "
                   f"{rate:.1f} GE/s, SNIG {snig:.1f}, x{rate / snig:.2f}, "
                   f"{choice} (tried {row['tried']}), "
-                  f"matches CPU engine: {row['matches_cpu_engine']}, "
+                  f"matches CPU engine: {row['matches_cpu_engine']}, CPU kernel check: {checked}, "
                   f"prepare {prepare:.1f} s", flush=True)
         if args.cpu_baseline and "official" in names:
             from dasknn.runtime.cluster import local_cluster

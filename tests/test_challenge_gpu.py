@@ -71,6 +71,13 @@ def random_inputs(rows: int, neurons: int, density: float, seed: int) -> sp.csr_
     return x
 
 
+def test_sectioned_blocks_take_an_eighth_of_the_layer_within_bounds():
+    # The launch geometry measured fastest on an H200 (docs/benchmarks.md, the sweep).
+    widths = {1024: 1024, 4096: 1024, 16384: 2048, 65536: 4096, 1 << 20: 4096}
+    for neurons, outputs in widths.items():
+        assert cuda_inference._section_outputs(neurons) == outputs
+
+
 @pytest.mark.parametrize(
     ("mode", "dtype", "bias", "compact_every"),
     [("fused", "float32", -0.3, 1), ("fused", "float64", 0.05, 100),

@@ -24,7 +24,7 @@ Two launch modes:
   layers; the loop over layers runs inside the kernel (``syncthreads`` between layers), and a block
   whose rows are all dead leaves at once;
 - *sectioned* (:func:`_layer_kernel`): one launch per layer, one block per group and
-  ``SECTION_OUTPUTS`` output neurons, blocks in group-major order, so that the groups in flight
+  :func:`_section_outputs` output neurons, blocks in group-major order, so that the groups in flight
   share the L2 cache when a group's activations are megabytes (wide networks).
 
 Between windows of ``compact_every`` layers the host drops the dead rows and re-packs the live ones
@@ -69,7 +69,8 @@ CUDA_INSTALL_HINT = (
     "(dask-cuda and numba-cuda, for CUDA 12 drivers or newer)"
 )
 LANES = 32  # rows per group: one warp, one lane per row
-SECTION_OUTPUTS = 1024  # output neurons per block in the sectioned (one launch per layer) mode
+SECTION_OUTPUTS = 1024  # fewest output neurons per block in the sectioned (one launch per layer)
+SECTIONS_PER_GROUP = 8  # blocks per group in the sectioned mode, within the bounds below
 SECTIONED_FROM = 4096  # widths from which mode="auto" launches per layer (see docs/benchmarks.md)
 CUDA_MODES = ("auto", "fused", "sectioned")
 _WARPS = 32  # warps per block on a GPU (1024 threads)
@@ -223,6 +224,21 @@ def _weight(data, q, zero):
     return w if q >= 0 else zero
 
 
+@cuda.jit(device=True)
+def _store(y, flags, dst, g, c, lane, acc, bias, ymax, zero):
+    """Store neuron ``c`` of lane ``lane``'s row from its sum ``acc``: the bias on a nonzero sum,
+    ReLU and the clip at ``ymax``; set the section flag when the result is nonzero and return
+    whether it is."""
+    out = zero
+    if acc != zero:
+        out = min(max(acc + bias, zero), ymax)
+    y[dst, g, c, lane] = out
+    if out != zero:
+        flags[dst, g, c] = 1
+        return True
+    return False
+
+
 @cuda.jit(**_BLOCK_KERNEL)
 def _window_kernel(y, flags, parity, indptr, indices, data, first, count, bias, ymax, alive, work):
     """Run group ``blockIdx.x`` through layers ``first .. first + count - 1`` of the window.
@@ -262,12 +278,7 @@ def _window_kernel(y, flags, parity, indptr, indices, data, first, count, bias, 
                                  indices, data, kept_p[warp], kept_j[warp], votes[warp], lane,
                                  zero)
             terms += added
-            out = zero
-            if acc != zero:
-                out = min(max(acc + bias, zero), ymax)
-            y[dst, g, c, lane] = out
-            if out != zero:
-                flags[dst, g, c] = 1
+            if _store(y, flags, dst, g, c, lane, acc, bias, ymax, zero):
                 live[cur, lane] = 1
         cuda.syncthreads()
         any_live = 0
@@ -315,15 +326,9 @@ def _layer_kernel(y, flags, src, indptr, indices, data, layer, sections, bias, y
     terms = 0
     for c in range(lo + warp, hi, warps):
         acc, added = _column(y, flags, src, g, c, indptr[layer, c], indptr[layer, c + 1],
-                             indices, data, kept_p[warp], kept_j[warp], votes[warp], lane,
-                                 zero)
+                             indices, data, kept_p[warp], kept_j[warp], votes[warp], lane, zero)
         terms += added
-        out = zero
-        if acc != zero:
-            out = min(max(acc + bias, zero), ymax)
-        y[dst, g, c, lane] = out
-        if out != zero:
-            flags[dst, g, c] = 1
+        if _store(y, flags, dst, g, c, lane, acc, bias, ymax, zero):
             alive_out[g * LANES + lane] = 1
     if lane == 0 and terms > 0:
         cuda.atomic.add(work, g, terms * LANES)
@@ -360,6 +365,13 @@ def cuda_runtime() -> str:
         return "gpu" if cuda.is_available() else "none"
     except Exception:  # noqa: BLE001 - a missing driver library raises many kinds of error
         return "none"
+
+
+def _section_outputs(n: int) -> int:
+    """Output neurons per block in the sectioned mode for layers of ``n`` neurons:
+    ``n / SECTIONS_PER_GROUP``, between ``SECTION_OUTPUTS`` and ``4 * SECTION_OUTPUTS`` (the fastest
+    measured at 16,384 and 65,536 neurons: 2,048 and 4,096 outputs, see docs/benchmarks.md)."""
+    return min(4 * SECTION_OUTPUTS, max(SECTION_OUTPUTS, n // SECTIONS_PER_GROUP))
 
 
 def _threads_per_block() -> int:
@@ -639,8 +651,9 @@ def infer_rows_cuda(
         Layers run before the dead rows are dropped and the live ones re-packed.
     mode : ``"auto"``, ``"fused"`` or ``"sectioned"``
         ``fused``: one launch runs ``compact_every`` layers, one block per group of 32 rows.
-        ``sectioned``: one launch per layer, one block per group and ``SECTION_OUTPUTS`` output
-        neurons, so the groups in flight fit the L2 cache when a group's activations are large.
+        ``sectioned``: one launch per layer, one block per group and section of an eighth of the
+        output neurons (1,024 to 4,096), so the groups in flight share the L2 cache when a group's
+        activations are large.
         ``auto``: sectioned from ``SECTIONED_FROM`` neurons on.
 
     Returns
@@ -711,7 +724,7 @@ def infer_rows_cuda(
                 lanes = np.zeros(groups * LANES, dtype=np.uint8)
                 lanes[:live] = 1
                 alive_in[: lanes.size].copy_to_device(lanes)
-                sections = max(1, -(-n // SECTION_OUTPUTS))
+                sections = max(1, -(-n // _section_outputs(n)))
                 a, b = alive_in, alive
                 for k in range(first, first + count):
                     dst = (parity + k - first + 1) % 2
