@@ -14,7 +14,7 @@ from numbers import Integral
 
 import numpy as np
 
-from dasknn.lsh.kernels import dwta_codes, pack_sign_bits, simhash_codes
+from dasknn.kernels.lsh import dwta_codes, pack_sign_bits, simhash_codes
 
 __all__ = ["DWTA", "FAMILIES", "MAX_CODE_BITS", "HashFamily", "SimHash", "make_family"]
 
@@ -80,7 +80,7 @@ class SimHash(HashFamily):
     Up to ``DENSE_PROJECTION_ENTRIES`` entries the projections are also kept as a dense
     ``(dim, k * n_tables)`` matrix of ``-1, 0, +1`` and the codes come from one matrix product
     (BLAS; about 3.5x faster than the sparse kernel when a shard of 100,000 weight vectors is
-    rehashed), otherwise from :func:`~dasknn.lsh.kernels.simhash_codes`. The two sum the same
+    rehashed), otherwise from :func:`~dasknn.kernels.lsh.simhash_codes`. The two sum the same
     terms in another order, so a projection within rounding of 0 may take either sign.
     """
 
@@ -123,7 +123,7 @@ class SimHash(HashFamily):
 class DWTA(HashFamily):
     """Densified winner-take-all: ``k`` bins of ``bin_size`` coordinates a table, each coding the
     position of its largest value in ``log2(bin_size)`` bits; an empty (all-zero) bin borrows the
-    code of the next non-empty bin (see :func:`dasknn.lsh.kernels.dwta_codes`).
+    code of the next non-empty bin (see :func:`dasknn.kernels.lsh.dwta_codes`).
 
     The bins are consecutive pieces of random permutations of the coordinates.
     """

@@ -7,8 +7,8 @@ from numbers import Integral
 
 import numpy as np
 
+from dasknn.kernels.lsh import build_buckets, query_union
 from dasknn.lsh.families import HashFamily
-from dasknn.lsh.kernels import build_buckets, query_union
 
 __all__ = ["HashTables", "check_bucket_size"]
 
@@ -27,7 +27,7 @@ class HashTables:
     Attributes
     ----------
     keys, key_ptr, bucket_ptr, items : numpy.ndarray
-        The CSR-like layout of :func:`dasknn.lsh.kernels.build_buckets`.
+        The CSR-like layout of :func:`dasknn.kernels.lsh.build_buckets`.
     n_items : int
     bucket_size : int
         The cap of every bucket; larger buckets keep a seeded uniform reservoir sample.
