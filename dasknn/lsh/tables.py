@@ -14,7 +14,18 @@ __all__ = ["HashTables", "check_bucket_size"]
 
 
 def check_bucket_size(bucket_size) -> int:
-    """``bucket_size`` as an int; ``ValueError`` unless it is an integer >= 1."""
+    """``bucket_size`` as an int.
+
+    Parameters
+    ----------
+    bucket_size : int
+        The most items a bucket keeps.
+
+    Raises
+    ------
+    ValueError
+        Unless ``bucket_size`` is an integer >= 1.
+    """
     if isinstance(bucket_size, bool) or not isinstance(bucket_size, Integral) or bucket_size < 1:
         raise ValueError(f"bucket_size must be an integer >= 1, got {bucket_size!r}")
     return int(bucket_size)
