@@ -53,12 +53,8 @@ def layer_volume(
 
     Parameters
     ----------
-    layer : scipy.sparse matrix ``(n_in, n_out)``
-        The layer's connections.
-    input_parts, output_parts : numpy.ndarray of int
-        The part of each input neuron and of each output neuron.
-    nparts : int
-        Number of parts.
+    layer, input_parts, output_parts, nparts
+        As :func:`exchange_pairs`'s.
 
     Returns
     -------
