@@ -30,7 +30,7 @@ from typing import NamedTuple
 import numpy as np
 import scipy.sparse as sp
 
-from dasknn.kernels.extreme import oracle_top
+from dasknn.kernels.extreme import bayes_top_labels
 
 __all__ = ["SyntheticXMC", "make_extreme_classification"]
 
@@ -187,7 +187,7 @@ def make_extreme_classification(
     cluster_prior = np.bincount(cluster_of, weights=prior, minlength=n_clusters)
     best_in = np.maximum.reduceat(slot_prior, np.arange(0, n_labels, cluster_size))
     fallback_order = np.argsort(-((1 - pi) * best_in + pi * cluster_prior), kind="stable")
-    top = oracle_top(
+    top = bayes_top_labels(
         counts.indptr.astype(np.int64),
         counts.indices.astype(np.int64),
         counts.data.astype(np.int64),

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-__all__ = ["oracle_top"]
+__all__ = ["bayes_top_labels"]
 
 
 @njit(cache=True, parallel=True)
-def oracle_top(
+def bayes_top_labels(
     indptr,
     indices,
     counts,
