@@ -49,7 +49,15 @@ def _number(name: str, value, low: float = 0.0, high: float | None = None) -> fl
 
 @dataclass
 class ParamState:
-    """Optimizer state of one parameter array: its step count and state arrays by name."""
+    """Optimizer state of one parameter array: its step count and state arrays by name.
+
+    Attributes
+    ----------
+    step : int
+        Updates applied so far.
+    arrays : dict of str to numpy.ndarray
+        The optimizer's arrays (``momentum_buffer``, ``exp_avg``, ``exp_avg_sq``, ...).
+    """
 
     step: int = 0
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
@@ -61,7 +69,13 @@ class ParamState:
 
 @dataclass(frozen=True)
 class Optimizer:
-    """Base class: an optimizer's hyperparameters and its update of one parameter array."""
+    """Base class: an optimizer's hyperparameters and its update of one parameter array.
+
+    Attributes
+    ----------
+    lr : float
+        Learning rate, a finite number >= 0.
+    """
 
     lr: float
 
@@ -245,6 +259,13 @@ class AdamW(Adam):
 
     The same parameters as :class:`Adam`, but ``weight_decay`` (default ``0.01``) multiplies the
     parameters by ``1 - lr * weight_decay`` before the Adam step instead of entering the gradient.
+
+    Parameters
+    ----------
+    lr, betas, eps : float
+        As :class:`Adam`'s.
+    weight_decay : float
+        Decoupled weight decay (default ``0.01``).
     """
 
     weight_decay: float = 1e-2
@@ -338,7 +359,18 @@ _OPTIMIZERS = {cls.__name__: cls for cls in (SGD, Adam, AdamW)}
 
 
 def optimizer_config(optimizer: Optimizer) -> dict:
-    """The optimizer as plain JSON data: ``{"name": "Adam", "params": {"lr": ..., ...}}``."""
+    """The optimizer as plain JSON data: ``{"name": "Adam", "params": {"lr": ..., ...}}``.
+
+    Parameters
+    ----------
+    optimizer : Optimizer
+        Any optimizer of this module.
+
+    Returns
+    -------
+    dict
+        Its class name and hyperparameters; :func:`optimizer_from_config` makes it again.
+    """
     params = asdict(optimizer)
     if "betas" in params:
         params["betas"] = list(params["betas"])

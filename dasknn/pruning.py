@@ -104,7 +104,18 @@ def magnitude_masks(weights: Sequence, sparsity: float, scope: str = "global") -
 
 
 def hamming_distance(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> float:
-    """Fraction of weights on which the masks ``a`` and ``b`` (lists of layers) differ."""
+    """Fraction of weights on which the masks ``a`` and ``b`` (lists of layers) differ.
+
+    Parameters
+    ----------
+    a, b : sequence of numpy.ndarray
+        Two masks of the same network, one array a layer (shapes equal layer by layer).
+
+    Returns
+    -------
+    float
+        Entries that differ over all entries, in ``[0, 1]``.
+    """
     differ = sum(int(np.count_nonzero(x != y)) for x, y in zip(a, b, strict=True))
     return differ / sum(x.size for x in a)
 

@@ -18,7 +18,23 @@ __all__ = ["volume_floor", "layer_volume_floor"]
 
 
 def layer_volume_floor(layer: sp.spmatrix, nparts: int) -> int:
-    """Least words (forward plus backward) one layer exchanges, ``ceil(n_out/nparts)`` per part."""
+    """Least words (forward plus backward) one layer exchanges, ``ceil(n_out/nparts)`` per part.
+
+    Parameters
+    ----------
+    layer : scipy.sparse matrix ``(n_in, n_out)``
+        The layer's connections.
+    nparts : int
+        Number of parts; no part owns more than ``ceil(n_out / nparts)`` outputs.
+
+    Returns
+    -------
+    int
+        Words that every partition into ``nparts`` parts of at most ``ceil(n_out / nparts)``
+        outputs exchanges at least: an input feeding ``c`` outputs reaches at least
+        ``ceil(c / ceil(n_out / nparts))`` parts and is sent to all of them but one, forward and
+        back.
+    """
     layer = sp.csr_matrix(layer)
     per_part = -(-layer.shape[1] // nparts)
     consumers = np.diff(layer.indptr)
@@ -27,5 +43,18 @@ def layer_volume_floor(layer: sp.spmatrix, nparts: int) -> int:
 
 
 def volume_floor(layers: Sequence[sp.spmatrix], nparts: int) -> int:
-    """Least total words of all layers; divide by ``nparts`` for the floor of the average."""
+    """Least total words of all layers; divide by ``nparts`` for the floor of the average.
+
+    Parameters
+    ----------
+    layers : sequence of scipy.sparse matrices
+        The network's layers, ``(n_in, n_out)`` each.
+    nparts : int
+        Number of parts.
+
+    Returns
+    -------
+    int
+        The sum of :func:`layer_volume_floor` over the layers.
+    """
     return sum(layer_volume_floor(layer, nparts) for layer in layers)

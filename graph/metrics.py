@@ -23,6 +23,15 @@ def exchange_pairs(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The forward words of one layer: one per (input neuron, consuming part other than its owner).
 
+    Parameters
+    ----------
+    layer : scipy.sparse matrix ``(n_in, n_out)``
+        The layer's connections.
+    input_parts, output_parts : numpy.ndarray of int
+        The part of each input neuron and of each output neuron.
+    nparts : int
+        Number of parts.
+
     Returns
     -------
     neuron, owner, consumer : numpy.ndarray
@@ -40,7 +49,19 @@ def exchange_pairs(
 def layer_volume(
     layer: sp.spmatrix, input_parts: np.ndarray, output_parts: np.ndarray, nparts: int
 ) -> int:
-    """Words exchanged by one layer, forward plus backward."""
+    """Words exchanged by one layer, forward plus backward.
+
+    Parameters
+    ----------
+    layer, input_parts, output_parts, nparts
+        As :func:`exchange_pairs`'s.
+
+    Returns
+    -------
+    int
+        Twice the number of distinct (input neuron, consuming part) pairs whose part is not the
+        input's owner: each such input is sent forward, and its partial sum returned backward.
+    """
     return 2 * len(exchange_pairs(layer, input_parts, output_parts, nparts)[0])
 
 
@@ -129,7 +150,28 @@ class PartitionMetrics:
 def partition_metrics(
     layers: Sequence[sp.spmatrix], parts: Sequence[np.ndarray], nparts: int
 ) -> PartitionMetrics:
-    """Measure a partition of ``layers`` (``parts[k]`` = part of each neuron of layer ``k``)."""
+    """Measure a partition of ``layers`` (``parts[k]`` = part of each neuron of layer ``k``).
+
+    Parameters
+    ----------
+    layers : sequence of scipy.sparse matrices
+        The network's ``L`` layers, ``(n_in, n_out)`` each.
+    parts : sequence of numpy.ndarray of int
+        ``L + 1`` arrays: ``parts[0]`` places the input features, ``parts[k]`` the neurons of
+        layer ``k``.
+    nparts : int
+        Number of parts.
+
+    Returns
+    -------
+    PartitionMetrics
+        Words, messages and load per part and the volume and imbalance per layer.
+
+    Raises
+    ------
+    ValueError
+        If ``parts`` does not hold ``L + 1`` arrays.
+    """
     if len(parts) != len(layers) + 1:
         raise ValueError(f"a partition of {len(layers)} layers needs {len(layers) + 1} part arrays")
     send = np.zeros(nparts, dtype=np.int64)

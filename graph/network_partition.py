@@ -104,6 +104,20 @@ def save_partitions(path: str | os.PathLike, partitions: Mapping[int, NetworkPar
 
     The file holds ``P{nparts}_parts_{k}`` (``k = 0 .. L``) and ``P{nparts}_meta`` (JSON bytes)
     for every partition.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file to write (replaced whole, or left as it was on an error).
+    partitions : mapping of int to NetworkPartition
+        The partitions by their part count.
+
+    Raises
+    ------
+    ValueError
+        If a key is not its partition's ``nparts``.
+    FileNotFoundError, IsADirectoryError
+        If the directory of ``path`` does not exist or ``path`` is a directory.
     """
     arrays: dict[str, np.ndarray] = {}
     for nparts, partition in partitions.items():
@@ -123,7 +137,25 @@ def save_partitions(path: str | os.PathLike, partitions: Mapping[int, NetworkPar
 
 
 def load_partitions(path: str | os.PathLike) -> dict[int, NetworkPartition]:
-    """Read every partition of a file written by :func:`save_partitions`."""
+    """Read every partition of a file written by :func:`save_partitions`.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        A file written by :func:`save_partitions` (or :meth:`NetworkPartition.save`).
+
+    Returns
+    -------
+    dict of int to NetworkPartition
+        The partitions by their part count.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` does not exist.
+    ValueError
+        Naming ``path``, if it is not a partition file or holds no partition.
+    """
     try:
         with np.load(path) as data:
             metas = {

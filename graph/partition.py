@@ -21,8 +21,19 @@ DEFAULT_BACKEND = "kahypar"
 
 
 def check_network(layers: Sequence[sp.spmatrix]) -> None:
-    """Raise ``ValueError`` unless ``layers`` is a non-empty chain of 2-d sparse matrices whose
-    arrays pass :func:`graph.checks.check_csr`."""
+    """Check that ``layers`` is a network that can be partitioned.
+
+    Parameters
+    ----------
+    layers : sequence of scipy.sparse matrices
+        The network's layers, ``(n_in, n_out)`` each.
+
+    Raises
+    ------
+    ValueError
+        Naming the layer, unless ``layers`` is a non-empty chain of 2-d sparse matrices (the
+        outputs of each the inputs of the next) whose arrays pass :func:`graph.checks.check_csr`.
+    """
     if len(layers) == 0:
         raise ValueError("the network has no layers")
     for k, layer in enumerate(layers, start=1):

@@ -12,7 +12,19 @@ __all__ = ["PartitionRow", "format_table"]
 
 @dataclass(frozen=True)
 class PartitionRow:
-    """One part count: the method (H), the baseline (R), the volume floor and the time of H."""
+    """One part count: the method (H), the baseline (R), the volume floor and the time of H.
+
+    Attributes
+    ----------
+    nparts : int
+        Number of parts ``P``.
+    method, baseline : PartitionMetrics
+        The metrics of the method's partition (H) and of the baseline's (R).
+    floor_volume : int
+        :func:`~graph.volume_floor` of the network at ``nparts``.
+    seconds : float
+        Time the method took to partition.
+    """
 
     nparts: int
     method: PartitionMetrics
@@ -38,7 +50,20 @@ class PartitionRow:
 
 
 def format_table(rows: Sequence[PartitionRow], title: str = "") -> str:
-    """Markdown table: per P, H/R ratios and raw values of volume and messages, floor, balance."""
+    """Markdown table: per P, H/R ratios and raw values of volume and messages, floor, balance.
+
+    Parameters
+    ----------
+    rows : sequence of PartitionRow
+        One row a part count.
+    title : str, optional
+        A line written above the table.
+
+    Returns
+    -------
+    str
+        The table (Table 1 of Demirci & Ferhatosmanoglu, with the floor beside each ratio).
+    """
     header = (
         "| P | vol avg H/R | floor/R | vol max H/R | msg avg H/R | msg max H/R "
         "| vol avg H | vol avg R | floor avg | vol max H | vol max R "

@@ -3,7 +3,8 @@
 Every ``import`` statement of every module of ``dasknn/`` and ``graph/`` (those inside functions
 too) is read with :mod:`ast`, nothing is imported. A module may import its own folder and the
 layers below its own; the training modes do not import each other; the layers below
-``dasknn/runtime/`` and ``graph/`` import no Dask.
+``dasknn/runtime/`` and ``graph/`` import no Dask; numba code is compiled only in
+``dasknn/kernels/``.
 """
 
 from __future__ import annotations
@@ -33,13 +34,33 @@ LEVELS = [
     ("sampled",),
     ("lsh",),
     ("optim",),
-    ("kernels",),
     ("datasets",),
+    ("kernels",),
     ("graph",),
 ]
 LEVEL = {layer: rank for rank, layer_names in enumerate(LEVELS) for layer in layer_names}
 #: Layers that run in one process: they import neither ``dask`` nor ``distributed``.
 NO_DASK = {layer for layer, rank in LEVEL.items() if rank > LEVEL["runtime"]}
+#: The modules outside ``dasknn/kernels/`` that import numba, and why: each reads or sets numba's
+#: thread count or asks numba's CUDA driver about a device, and compiles nothing.
+NUMBA_OUTSIDE_KERNELS = {
+    "dasknn.data_parallel.cpu_inference": "sets a worker's numba thread count for its batches",
+    "dasknn.data_parallel.gpu_inference": "asks numba's CUDA driver for a GPU's name and memory",
+    "dasknn.data_parallel.workers": "reports a worker's numba thread count",
+    "dasknn.sampled.layers": "reads numba's thread count to cut a batch into HOGWILD chunks",
+}
+#: numba's names that compile code (decorators, ``prange``, ``jitclass``): ``dasknn/kernels/`` only.
+NUMBA_COMPILERS = {
+    "cfunc",
+    "generated_jit",
+    "guvectorize",
+    "jit",
+    "jitclass",
+    "njit",
+    "prange",
+    "stencil",
+    "vectorize",
+}
 
 
 def layer_of(module: str) -> str | None:
@@ -96,11 +117,76 @@ def violations(sources: dict[str, str]) -> list[str]:
     return found
 
 
+def numba_imports(source: str) -> set[str]:
+    """The dotted names of numba that ``source`` imports (``numba``, ``numba.njit``, ...)."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names if alias.name.split(".")[0] == "numba"}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "numba":
+            names |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return names
+
+
+def numba_violations(sources: dict[str, str]) -> list[str]:
+    """``"module: rule"`` for every use of numba against the rule of ``dasknn/kernels/``.
+
+    Outside ``dasknn/kernels/`` only the modules of :data:`NUMBA_OUTSIDE_KERNELS` import numba,
+    and they name none of :data:`NUMBA_COMPILERS` (imported or as an attribute).
+    """
+    found = []
+    for path, source in sorted(sources.items()):
+        parts = Path(path).with_suffix("").parts
+        imported = numba_imports(source)
+        if parts[:2] == ("dasknn", "kernels") or not imported:
+            continue
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        if module not in NUMBA_OUTSIDE_KERNELS:
+            found.append(f"{module}: imports numba outside dasknn/kernels/")
+        compilers = {name for name in imported if name.split(".")[-1] in NUMBA_COMPILERS}
+        compilers |= {
+            node.attr
+            for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Attribute) and node.attr in NUMBA_COMPILERS
+        }
+        found += [
+            f"{module}: compiles with numba's {name} outside dasknn/kernels/"
+            for name in sorted(compilers)
+        ]
+    return found
+
+
 def test_no_module_imports_an_upper_layer():
     paths = [*ROOT.glob("dasknn/**/*.py"), *ROOT.glob("graph/**/*.py")]
     sources = {str(p.relative_to(ROOT)): p.read_text(encoding="utf-8") for p in paths}
     assert {layer_of(".".join(Path(p).with_suffix("").parts)) for p in sources} == set(LEVEL)
     assert violations(sources) == []
+
+
+def test_numba_code_is_compiled_only_in_the_kernels():
+    paths = [*ROOT.glob("dasknn/**/*.py"), *ROOT.glob("graph/**/*.py")]
+    sources = {str(p.relative_to(ROOT)): p.read_text(encoding="utf-8") for p in paths}
+    assert numba_violations(sources) == []
+    # every exception is still needed: its module imports numba
+    importers = {p for p, source in sources.items() if numba_imports(source)}
+    for module in NUMBA_OUTSIDE_KERNELS:
+        assert module.replace(".", "/") + ".py" in importers, module
+
+
+def test_numba_against_the_rule_is_found():
+    sources = {
+        "dasknn/kernels/k.py": "from numba import njit, prange\n",
+        "dasknn/datasets/parse.py": "import numpy\nfrom numba import njit\n",
+        "graph/cut.py": "def f():\n    import numba.cuda\n",
+        "dasknn/sampled/layers.py": "import numba\n\n@numba.jit\ndef f(): pass\n",
+        "dasknn/data_parallel/workers.py": "import numba\nn = numba.get_num_threads()\n",
+    }
+    assert numba_violations(sources) == [
+        "dasknn.datasets.parse: imports numba outside dasknn/kernels/",
+        "dasknn.datasets.parse: compiles with numba's numba.njit outside dasknn/kernels/",
+        "dasknn.sampled.layers: compiles with numba's jit outside dasknn/kernels/",
+        "graph.cut: imports numba outside dasknn/kernels/",
+    ]
 
 
 def test_levels_are_the_order_of_the_architecture_diagram():

@@ -33,6 +33,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     Errors a user can cause with bad files, options or an unreachable cluster (``ValueError``,
     ``OSError`` such as a missing file, a directory given for a file or a connection timeout,
     ``RuntimeError``, ``MemoryError``) exit with 2 and one line on stderr, no traceback.
+
+    Parameters
+    ----------
+    argv : sequence of str, optional
+        The arguments (default ``sys.argv[1:]``).
+
+    Returns
+    -------
+    int
+        The exit code: 0 on success, 2 on such an error.
     """
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -33,7 +33,27 @@ FORMULAS = {
 
 def formula_bytes(name: str, phi: int, sparsity: float) -> float:
     """Bytes of the model states of ``phi`` weights pruned to ``sparsity`` under formula
-    ``name`` (one of :data:`FORMULAS`)."""
+    ``name`` (one of :data:`FORMULAS`).
+
+    Parameters
+    ----------
+    name : str
+        A key of :data:`FORMULAS`.
+    phi : int
+        Weights of the dense network.
+    sparsity : float
+        Share of the weights pruned, in ``[0, 1]``.
+
+    Returns
+    -------
+    float
+        Bytes of the weights, gradients and optimizer states the formula counts.
+
+    Raises
+    ------
+    ValueError
+        For an unknown ``name``.
+    """
     if name not in FORMULAS:
         raise ValueError(f"unknown formula {name!r}; expected one of {sorted(FORMULAS)}")
     return FORMULAS[name](1.0 - sparsity) * phi

@@ -123,7 +123,27 @@ def _check_range(path: Path, rows, cols, lines_used, shape) -> None:
 
 
 def layer_file(directory: str | os.PathLike, neurons: int, layer: int) -> Path:
-    """Return the path of layer ``layer`` (1-based), ``.tsv`` or ``.tsv.gz``, in ``directory``."""
+    """Return the path of layer ``layer`` (1-based), ``.tsv`` or ``.tsv.gz``, in ``directory``.
+
+    Parameters
+    ----------
+    directory : str or os.PathLike
+        A directory of challenge layer files ``n{neurons}-l{layer}.tsv[.gz]``.
+    neurons : int
+        Neurons per layer.
+    layer : int
+        The layer, 1-based.
+
+    Returns
+    -------
+    pathlib.Path
+        The ``.tsv`` file if it exists, else the ``.tsv.gz`` one.
+
+    Raises
+    ------
+    FileNotFoundError
+        If neither exists.
+    """
     directory = Path(directory)
     for suffix in (".tsv", ".tsv.gz"):
         path = directory / f"n{neurons}-l{layer}{suffix}"
@@ -284,7 +304,15 @@ def _write_lines(path: Path, lines: Iterable[str]) -> None:
 
 
 def write_sparse_tsv(path: str | os.PathLike, matrix: sp.spmatrix) -> None:
-    """Write a sparse matrix as a challenge ``row col value`` file (1-based, row-major order)."""
+    """Write a sparse matrix as a challenge ``row col value`` file (1-based, row-major order).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file to write, atomically (gzip-compressed when it ends in ``.gz``).
+    matrix : scipy.sparse matrix
+        The entries to write; values as ``{:g}``.
+    """
     coo = sp.csr_matrix(matrix).tocoo()
     order = np.lexsort((coo.col, coo.row))
     lines = (
@@ -325,7 +353,20 @@ def read_categories(path: str | os.PathLike) -> np.ndarray:
 
 
 def write_categories(path: str | os.PathLike, categories: np.ndarray) -> None:
-    """Write 1-based category ids, one a line, atomically."""
+    """Write 1-based category ids, one a line, atomically.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file to write (gzip-compressed when it ends in ``.gz``).
+    categories : array-like of int
+        1-based sample ids.
+
+    Raises
+    ------
+    ValueError
+        If an id is below 1 (nothing is written).
+    """
     ids = np.asarray(categories, dtype=np.int64)
     if ids.size and ids.min() < 1:
         raise ValueError("category ids are 1-based and must be >= 1")

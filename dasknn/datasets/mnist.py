@@ -89,6 +89,16 @@ def resize_matrix(n_in: int, n_out: int) -> np.ndarray:
 
     Output pixel ``u`` samples the input at ``x = (u + 0.5) * n_in / n_out - 0.5``, clamped to
     ``[0, n_in - 1]``, interpolating linearly between the two nearest input pixels.
+
+    Parameters
+    ----------
+    n_in, n_out : int
+        Pixels of a row (or column) before and after resizing.
+
+    Returns
+    -------
+    numpy.ndarray, float64 ``(n_out, n_in)``
+        ``R @ row`` is the resized row; ``R @ image @ R.T`` resizes an image.
     """
     x = (np.arange(n_out) + 0.5) * (n_in / n_out) - 0.5
     x = np.clip(x, 0.0, n_in - 1)

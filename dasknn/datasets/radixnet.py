@@ -25,7 +25,23 @@ _DENSE_BLOCK = 16
 
 
 def radixnet_group_size(neurons: int) -> int:
-    """Number of layers in one relabelling group: ``log2(neurons / 16)``."""
+    """Number of layers in one relabelling group: ``log2(neurons / 16)``.
+
+    Parameters
+    ----------
+    neurons : int
+        Neurons per layer, ``16 * 2**m`` with ``m >= 1``.
+
+    Returns
+    -------
+    int
+        ``m``.
+
+    Raises
+    ------
+    ValueError
+        If ``neurons`` is not ``16 * 2**m`` with ``m >= 1``.
+    """
     if neurons < 2 * _DENSE_BLOCK or neurons % _DENSE_BLOCK:
         raise ValueError(f"neurons must be 16 * 2**m with m >= 1, got {neurons}")
     base = neurons // _DENSE_BLOCK

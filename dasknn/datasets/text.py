@@ -25,7 +25,17 @@ _WORD = re.compile(r"[A-Za-z]+")
 
 
 class TextTask(NamedTuple):
-    """Training and held-out rows of a next-word task (labels as 0/1 indicator matrices)."""
+    """Training and held-out rows of a next-word task (labels as 0/1 indicator matrices).
+
+    Attributes
+    ----------
+    X_train, X_test : scipy.sparse.csr_matrix, float32
+        Context windows as (position, word) one-hot features scaled to unit length.
+    Y_train, Y_test : scipy.sparse.csr_matrix, float32
+        The next word of each window as a 0/1 indicator row.
+    vocabulary : list of str
+        The word of each word id.
+    """
 
     X_train: sp.csr_matrix
     Y_train: sp.csr_matrix

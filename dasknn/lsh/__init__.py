@@ -1,7 +1,8 @@
 """Locality-sensitive hashing for sampling neurons: SimHash and DWTA families, bucketed tables.
 
-Numba only, no Dask: the sampled layers (:mod:`dasknn.sampled`) query these tables with a layer's
-input to find the neurons likely to have large activations.
+One process, no Dask (the numba kernels are in :mod:`dasknn.kernels.lsh`): the sampled layers
+(:mod:`dasknn.sampled`) query these tables with a layer's input to find the neurons likely to have
+large activations.
 """
 
 from dasknn.lsh.families import DWTA, FAMILIES, MAX_CODE_BITS, HashFamily, SimHash, make_family

@@ -14,7 +14,7 @@ from numbers import Integral
 
 import numpy as np
 
-from dasknn.lsh.kernels import dwta_codes, pack_sign_bits, simhash_codes
+from dasknn.kernels.lsh import dwta_codes, pack_sign_bits, simhash_codes
 
 __all__ = ["DWTA", "FAMILIES", "MAX_CODE_BITS", "HashFamily", "SimHash", "make_family"]
 
@@ -34,7 +34,25 @@ def _positive_int(name: str, value) -> int:
 
 @dataclass(frozen=True)
 class HashFamily:
-    """``n_tables`` tables of ``k`` hash functions on vectors of ``dim`` values."""
+    """``n_tables`` tables of ``k`` hash functions on vectors of ``dim`` values.
+
+    Attributes
+    ----------
+    dim : int
+        Values of a hashed vector.
+    k : int
+        Hash functions a table (their bits make the table's code).
+    n_tables : int
+        Number of tables.
+    seed : int
+        Seed of the random parts (``numpy.random.default_rng(seed)``).
+
+    Raises
+    ------
+    ValueError
+        If ``dim``, ``k`` or ``n_tables`` is not an integer >= 1, ``seed`` not one >= 0, or a
+        table's code would have more than ``MAX_CODE_BITS`` bits.
+    """
 
     dim: int
     k: int
@@ -80,8 +98,15 @@ class SimHash(HashFamily):
     Up to ``DENSE_PROJECTION_ENTRIES`` entries the projections are also kept as a dense
     ``(dim, k * n_tables)`` matrix of ``-1, 0, +1`` and the codes come from one matrix product
     (BLAS; about 3.5x faster than the sparse kernel when a shard of 100,000 weight vectors is
-    rehashed), otherwise from :func:`~dasknn.lsh.kernels.simhash_codes`. The two sum the same
+    rehashed), otherwise from :func:`~dasknn.kernels.lsh.simhash_codes`. The two sum the same
     terms in another order, so a projection within rounding of 0 may take either sign.
+
+    Attributes
+    ----------
+    dim, k, n_tables, seed : int
+        As :class:`HashFamily`'s.
+    density : float
+        Share of the coordinates each projection reads, in ``(0, 1]``.
     """
 
     density: float = 1.0 / 3.0
@@ -123,9 +148,16 @@ class SimHash(HashFamily):
 class DWTA(HashFamily):
     """Densified winner-take-all: ``k`` bins of ``bin_size`` coordinates a table, each coding the
     position of its largest value in ``log2(bin_size)`` bits; an empty (all-zero) bin borrows the
-    code of the next non-empty bin (see :func:`dasknn.lsh.kernels.dwta_codes`).
+    code of the next non-empty bin (see :func:`dasknn.kernels.lsh.dwta_codes`).
 
     The bins are consecutive pieces of random permutations of the coordinates.
+
+    Attributes
+    ----------
+    dim, k, n_tables, seed : int
+        As :class:`HashFamily`'s.
+    bin_size : int
+        Coordinates a bin, a power of two >= 2.
     """
 
     bin_size: int = 8
@@ -163,7 +195,22 @@ FAMILIES = {"simhash": SimHash, "dwta": DWTA}
 def make_family(
     name: str, dim: int, k: int, n_tables: int, seed: int, bin_size: int = 8
 ) -> HashFamily:
-    """The hash family ``name`` (``"simhash"`` or ``"dwta"``; ``bin_size`` for DWTA only)."""
+    """The hash family ``name`` (``"simhash"`` or ``"dwta"``; ``bin_size`` for DWTA only).
+
+    Parameters
+    ----------
+    name : str
+        ``"simhash"`` (:class:`SimHash`, default density) or ``"dwta"`` (:class:`DWTA`).
+    dim, k, n_tables, seed : int
+        As :class:`HashFamily`'s.
+    bin_size : int
+        :class:`DWTA`'s bin size (ignored for SimHash).
+
+    Raises
+    ------
+    ValueError
+        For an unknown ``name`` or the family's own bad hyperparameters.
+    """
     if name not in FAMILIES:
         raise ValueError(f"unknown hash family {name!r}; expected one of {sorted(FAMILIES)}")
     if name == "dwta":

@@ -17,7 +17,21 @@ __all__ = ["mips_items", "mips_queries"]
 
 
 def mips_items(weights: np.ndarray, bias: np.ndarray) -> np.ndarray:
-    """The unit item vectors ``(n, H + 2)`` of neuron-major ``weights`` ``(n, H)`` and ``bias``."""
+    """The unit item vectors ``(n, H + 2)`` of neuron-major ``weights`` ``(n, H)`` and ``bias``.
+
+    Parameters
+    ----------
+    weights : numpy.ndarray ``(n, H)``
+        One row a neuron.
+    bias : numpy.ndarray ``(n,)``
+        The neurons' biases.
+
+    Returns
+    -------
+    numpy.ndarray ``(n, H + 2)``, ``weights``' dtype
+        ``x_j = (u_j / M, sqrt(1 - |u_j|^2 / M^2))`` with ``u_j`` the centred weights and bias
+        (see the module docstring).
+    """
     items = np.empty((weights.shape[0], weights.shape[1] + 2), dtype=weights.dtype)
     items[:, :-2] = weights - weights.mean(axis=0)
     items[:, -2] = bias - bias.mean()
@@ -31,7 +45,17 @@ def mips_items(weights: np.ndarray, bias: np.ndarray) -> np.ndarray:
 
 
 def mips_queries(hidden: np.ndarray) -> np.ndarray:
-    """The query vectors ``(B, H + 2)`` of layer inputs ``hidden`` ``(B, H)``: ``(h, 1, 0)``."""
+    """The query vectors ``(B, H + 2)`` of layer inputs ``hidden`` ``(B, H)``: ``(h, 1, 0)``.
+
+    Parameters
+    ----------
+    hidden : numpy.ndarray ``(B, H)``
+        The layer's inputs, one row a sample.
+
+    Returns
+    -------
+    numpy.ndarray ``(B, H + 2)``, ``hidden``'s dtype
+    """
     queries = np.zeros((hidden.shape[0], hidden.shape[1] + 2), dtype=hidden.dtype)
     queries[:, :-2] = hidden
     queries[:, -2] = 1

@@ -7,14 +7,25 @@ from numbers import Integral
 
 import numpy as np
 
+from dasknn.kernels.lsh import build_buckets, query_union
 from dasknn.lsh.families import HashFamily
-from dasknn.lsh.kernels import build_buckets, query_union
 
 __all__ = ["HashTables", "check_bucket_size"]
 
 
 def check_bucket_size(bucket_size) -> int:
-    """``bucket_size`` as an int; ``ValueError`` unless it is an integer >= 1."""
+    """``bucket_size`` as an int.
+
+    Parameters
+    ----------
+    bucket_size : int
+        The most items a bucket keeps.
+
+    Raises
+    ------
+    ValueError
+        Unless ``bucket_size`` is an integer >= 1.
+    """
     if isinstance(bucket_size, bool) or not isinstance(bucket_size, Integral) or bucket_size < 1:
         raise ValueError(f"bucket_size must be an integer >= 1, got {bucket_size!r}")
     return int(bucket_size)
@@ -27,7 +38,7 @@ class HashTables:
     Attributes
     ----------
     keys, key_ptr, bucket_ptr, items : numpy.ndarray
-        The CSR-like layout of :func:`dasknn.lsh.kernels.build_buckets`.
+        The CSR-like layout of :func:`dasknn.kernels.lsh.build_buckets`.
     n_items : int
     bucket_size : int
         The cap of every bucket; larger buckets keep a seeded uniform reservoir sample.

@@ -28,6 +28,7 @@ from dasknn.compressed.stack import check_compute
 from dasknn.model.activations import Activation
 from dasknn.model.compressed_persistence import CompressedRecord, read_compressed, write_compressed
 from dasknn.model.estimator import InProcessEstimator
+from dasknn.model.layer_shapes import LayerShapes
 from dasknn.model.losses import Loss, network_functions
 from dasknn.optim import Optimizer
 
@@ -111,38 +112,6 @@ def split_layers(
         index = flat_index(mask, name=f"masks[{k}]")
         layers.append((np.ascontiguousarray(w).reshape(-1)[index], index, w.shape))
     return layers
-
-
-class LayerShapes:
-    """The sizes of a network read from its ``layer_shapes``, the ``(n_in, n_out)`` of every
-    layer (the compressed model and the pipeline that trains it).
-
-    Attributes
-    ----------
-    layer_shapes : list of (int, int)
-    """
-
-    layer_shapes: list[tuple[int, int]]
-
-    @property
-    def n_layers(self) -> int:
-        """Number of weight layers ``L``."""
-        return len(self.layer_shapes)
-
-    @property
-    def n_inputs(self) -> int:
-        """Width ``n_0`` of an input sample."""
-        return self.layer_shapes[0][0]
-
-    @property
-    def n_outputs(self) -> int:
-        """Width ``n_L`` of the output layer."""
-        return self.layer_shapes[-1][1]
-
-    @property
-    def layer_sizes(self) -> list[int]:
-        """Neurons per layer ``[n_0, n_1, ..., n_L]``, inputs first."""
-        return [self.n_inputs] + [shape[1] for shape in self.layer_shapes]
 
 
 class CompressedMLP(LayerShapes, InProcessEstimator):

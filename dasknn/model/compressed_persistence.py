@@ -38,7 +38,12 @@ import numpy as np
 
 from dasknn.compressed import PRECISIONS, check_index
 from dasknn.compressed.stack import COMPUTES
-from dasknn.model.persistence import optimizer_entries, read_arrays, read_param_state
+from dasknn.model.persistence import (
+    json_header,
+    optimizer_entries,
+    read_arrays,
+    read_param_state,
+)
 from dasknn.optim import Optimizer, ParamState, optimizer_from_config
 from graph.atomic import write_atomically
 
@@ -135,20 +140,8 @@ def write_compressed(path: str | os.PathLike, record: CompressedRecord) -> None:
 def _header(stored: dict[str, np.ndarray]) -> dict:
     if "header" not in stored or stored["header"].ndim != 0:
         raise ValueError("no header: not a dasknn compressed model file")
-    try:
-        header = json.loads(str(stored["header"]))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"the header is not JSON: {exc}") from None
-    if not isinstance(header, dict) or header.get("format") != COMPRESSED_FORMAT:
-        raise ValueError("the header does not describe a dasknn compressed model file")
-    version = header.get("version")
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise ValueError(f"bad format version {version!r}")
-    if version > COMPRESSED_VERSION:
-        raise ValueError(
-            f"format version {version} is newer than this dasknn reads ({COMPRESSED_VERSION}); "
-            "upgrade dasknn to read it"
-        )
+    described = "a dasknn compressed model file"
+    header = json_header(stored["header"], COMPRESSED_FORMAT, described, 1, COMPRESSED_VERSION)
     for name, allowed in (("precision", PRECISIONS), ("compute", COMPUTES)):
         if header.get(name) not in allowed:
             raise ValueError(f"unknown {name} {header.get(name)!r}; expected one of {allowed}")

@@ -17,6 +17,7 @@ import numpy as np
 from dasknn.model.activations import Activation
 from dasknn.model.compressed_mlp import CompressedMLP
 from dasknn.model.estimator import InProcessEstimator
+from dasknn.model.layer_shapes import LayerShapes
 from dasknn.model.losses import Loss, network_functions
 from dasknn.model.validation import check_float_dtype
 from dasknn.optim import Optimizer, OptimizerSlots
@@ -29,7 +30,7 @@ LENET_300_100 = (784, 300, 100, 10)
 MLP_1024_3 = (784, 1024, 1024, 1024, 10)
 
 
-class DenseMLP(InProcessEstimator):
+class DenseMLP(LayerShapes, InProcessEstimator):
     """A dense multilayer perceptron, optionally with fixed pruning masks.
 
     Parameters
@@ -105,19 +106,9 @@ class DenseMLP(InProcessEstimator):
         return cls(weights, dtype=dtype, **kwargs)
 
     @property
-    def n_layers(self) -> int:
-        """Number of weight layers ``L``."""
-        return len(self.weights)
-
-    @property
-    def n_inputs(self) -> int:
-        """Width ``n_0`` of an input sample."""
-        return self.weights[0].shape[0]
-
-    @property
-    def n_outputs(self) -> int:
-        """Width ``n_L`` of the output layer."""
-        return self.weights[-1].shape[1]
+    def layer_shapes(self) -> list[tuple[int, int]]:
+        """``(n_in, n_out)`` of every layer."""
+        return [w.shape for w in self.weights]
 
     def _forward(self, xt: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
         layers, at = [], xt

@@ -190,15 +190,43 @@ def _header(stored: dict[str, np.ndarray]) -> dict:
         names = ("dtype", "activation", "output_activation", "loss")
         header = {name: str(stored[name]) for name in names}
         return {**header, "version": 1, "n_layers": int(stored["n_layers"]), "optimizer": None}
-    header = json.loads(str(stored["header"]))
-    if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
-        raise ValueError("the header does not describe a dasknn model file")
+    return json_header(stored["header"], FORMAT_NAME, "a dasknn model file", 2, FORMAT_VERSION)
+
+
+def json_header(
+    entry: np.ndarray, format_name: str, described: str, oldest: int, newest: int
+) -> dict:
+    """The JSON header of a dasknn file, checked for its format name and version.
+
+    Parameters
+    ----------
+    entry : numpy.ndarray
+        The stored ``header`` entry, one string.
+    format_name : str
+        The ``format`` the header must name.
+    described : str
+        What such a file is, for the errors (``"a dasknn model file"``).
+    oldest, newest : int
+        The range of format versions with a JSON header that this dasknn reads.
+
+    Raises
+    ------
+    ValueError
+        If the entry is not a JSON object naming ``format_name``, or its ``version`` is not an
+        integer from ``oldest`` to ``newest``.
+    """
+    try:
+        header = json.loads(str(entry))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"the header is not JSON: {exc}") from None
+    if not isinstance(header, dict) or header.get("format") != format_name:
+        raise ValueError(f"the header does not describe {described}")
     version = header.get("version")
-    if not isinstance(version, int) or version < 2:
+    if not isinstance(version, int) or isinstance(version, bool) or version < oldest:
         raise ValueError(f"bad format version {version!r}")
-    if version > FORMAT_VERSION:
+    if version > newest:
         raise ValueError(
-            f"format version {version} is newer than this dasknn reads ({FORMAT_VERSION}); "
+            f"format version {version} is newer than this dasknn reads ({newest}); "
             "upgrade dasknn to read it"
         )
     return header

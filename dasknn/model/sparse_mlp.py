@@ -25,6 +25,7 @@ from dasknn.datasets.radixnet import radixnet as radixnet_pattern
 from dasknn.kernels.training import masked_outer_grad, spmm_backward, spmm_forward
 from dasknn.model.activations import Activation
 from dasknn.model.estimator import InProcessEstimator
+from dasknn.model.layer_shapes import LayerShapes
 from dasknn.model.losses import Loss, network_functions
 from dasknn.model.persistence import ModelRecord, pattern_digest, read_model, write_model
 from dasknn.model.validation import check_float_dtype
@@ -62,7 +63,7 @@ def _init_scale(scale: float | str, fan_in: float, fan_out: float) -> float:
     return scale
 
 
-class SparseMLP(InProcessEstimator):
+class SparseMLP(LayerShapes, InProcessEstimator):
     """A feed-forward network of sparse layers trained in one process.
 
     It follows the scikit-learn conventions: :meth:`fit` and :meth:`partial_fit` return the
@@ -148,24 +149,9 @@ class SparseMLP(InProcessEstimator):
 
     # ------------------------------------------------------------------ shape
     @property
-    def n_layers(self) -> int:
-        """Number of weight layers ``L``."""
-        return len(self.weights)
-
-    @property
-    def layer_sizes(self) -> list[int]:
-        """Neurons per layer ``[n_0, n_1, ..., n_L]``, inputs first."""
-        return [self.weights[0].shape[0]] + [w.shape[1] for w in self.weights]
-
-    @property
-    def n_inputs(self) -> int:
-        """Width ``n_0`` of an input sample."""
-        return self.weights[0].shape[0]
-
-    @property
-    def n_outputs(self) -> int:
-        """Width ``n_L`` of the output layer."""
-        return self.weights[-1].shape[1]
+    def layer_shapes(self) -> list[tuple[int, int]]:
+        """``(n_in, n_out)`` of every layer."""
+        return [w.shape for w in self.weights]
 
     def layer_activation(self, k: int) -> Activation:
         """Activation of layer ``k`` (0-based): the output activation on the last layer."""

@@ -16,15 +16,15 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 
-from dasknn.lsh import HashFamily, HashTables, make_family, mips_items, mips_queries
-from dasknn.optim import Optimizer, OptimizerSlots, ParamState
-from dasknn.sampled.kernels import (
+from dasknn.kernels.sampled import (
     hidden_backward,
     hidden_forward,
     output_backward,
     output_logits,
     select_active,
 )
+from dasknn.lsh import HashFamily, HashTables, make_family, mips_items, mips_queries
+from dasknn.optim import Optimizer, OptimizerSlots, ParamState
 
 __all__ = [
     "ActiveSet",
@@ -80,7 +80,7 @@ class SamplingConfig:
 
 
 class ActiveSet(NamedTuple):
-    """One shard's active neurons of a batch (see :func:`dasknn.sampled.kernels.select_active`):
+    """One shard's active neurons of a batch (see :func:`dasknn.kernels.sampled.select_active`):
     ``active[b, :count[b]]`` are sample ``b``'s local ids, the first ``forced[b]`` its labels;
     ``log_q[b, a]`` the log of the probability that ``active[b, a]`` was chosen (``None``: not
     known, as for sets given from outside; the correction ``"logq"`` then refuses them)."""
@@ -306,7 +306,7 @@ class OutputShard:
         target: np.ndarray,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Accumulate the shard's gradients; return its part of ``dJ/dhidden`` and of the
-        per-sample losses (see :func:`dasknn.sampled.kernels.output_backward`)."""
+        per-sample losses (see :func:`dasknn.kernels.sampled.output_backward`)."""
         t = self.weights.dtype.type
         return output_backward(
             hidden,

@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from dasknn.lsh.kernels import bucket_of
-from dasknn.lsh.random import rand_below, seed_stream
+from dasknn.kernels.lsh import bucket_of
+from dasknn.kernels.random import rand_below, seed_stream
 
 __all__ = [
     "hidden_backward",

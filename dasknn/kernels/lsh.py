@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from dasknn.lsh.random import rand_below, seed_stream
+from dasknn.kernels.random import rand_below, seed_stream
 
 __all__ = ["build_buckets", "dwta_codes", "query_union", "simhash_codes"]
 
