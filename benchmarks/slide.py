@@ -216,7 +216,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=9)
     parser.add_argument("--tables", type=int, default=50)
     parser.add_argument("--bucket-size", type=int, default=128)
-    parser.add_argument("--rehash-every", type=int, default=20)
+    parser.add_argument("--rehash-every", type=int, default=10)
     parser.add_argument("--rebuild-every", type=int, default=500)
     parser.add_argument(
         "--correction", choices=("none", "logq"), default="none", help="sampled-softmax correction"
