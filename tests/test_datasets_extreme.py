@@ -9,15 +9,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dasknn.datasets import make_extreme_classification, read_xmc
+from dasknn.datasets import make_extreme_classification, oracle_top, read_xmc
 from dasknn.optim import Adam
 from dasknn.sampled import SampledMLP
 
 XMC_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "xmc"
 
 
-def _brute_force_top(data, nnz: int) -> np.ndarray:
-    """argmax_l P(l in labels | x) from the generative model, over every label, float64."""
+def _brute_force_top(data, nnz: int, allowed: np.ndarray | None = None) -> np.ndarray:
+    """argmax_l P(l in labels | x) from the generative model, over every label (or the labels
+    with ``allowed``), float64."""
     g = data.generator
     n_features = data.X.shape[1]
     prior, cluster_of = g["prior"], g["cluster_of"]
@@ -41,17 +42,13 @@ def _brute_force_top(data, nnz: int) -> np.ndarray:
     np.add.at(cluster_post.T, cluster_of, post.T)
     pi = g["extra_share"]
     score = (1 - pi) * post + pi * cluster_post[:, cluster_of]
+    if allowed is not None:
+        score[:, ~allowed] = -np.inf
     return np.argmax(score, axis=1)
 
 
-@pytest.mark.parametrize(
-    ("n_features", "p_label", "p_cluster"),
-    # signal-rich rows; mostly noise over many features, so some rows touch no signature and
-    # the oracle falls back on the prior
-    [(300, 0.15, 0.3), (3000, 0.02, 0.03)],
-)
-def test_oracle_equals_the_brute_force_posterior(n_features, p_label, p_cluster):
-    data = make_extreme_classification(
+def _small_problem(n_features: int, p_label: float, p_cluster: float):
+    return make_extreme_classification(
         n_samples=400,
         n_features=n_features,
         n_labels=60,
@@ -64,11 +61,48 @@ def test_oracle_equals_the_brute_force_posterior(n_features, p_label, p_cluster)
         extra_labels=0.8,
         seed=3,
     )
+
+
+@pytest.mark.parametrize(
+    ("n_features", "p_label", "p_cluster"),
+    # signal-rich rows; mostly noise over many features, so some rows touch no signature and
+    # the oracle falls back on the prior
+    [(300, 0.15, 0.3), (3000, 0.02, 0.03)],
+)
+def test_oracle_equals_the_brute_force_posterior(n_features, p_label, p_cluster):
+    data = _small_problem(n_features, p_label, p_cluster)
     top = _brute_force_top(data, 12)
     np.testing.assert_array_equal(data.oracle_top, top)
     hits = np.asarray(data.Y[np.arange(400), top]).ravel() > 0
     assert data.oracle_precision_at_1 == pytest.approx(hits.mean())
     assert 0.05 < data.oracle_precision_at_1 < 1.0
+
+
+@pytest.mark.parametrize(
+    ("n_features", "p_label", "p_cluster"), [(300, 0.15, 0.3), (3000, 0.02, 0.03)]
+)
+def test_oracle_among_seen_labels_equals_the_brute_force_posterior(n_features, p_label, p_cluster):
+    data = _small_problem(n_features, p_label, p_cluster)
+    np.testing.assert_array_equal(oracle_top(data), data.oracle_top)
+    # the labels of the first 40 rows, as a learner trained on them could name
+    seen = np.bincount(data.Y[:40].indices, minlength=60) > 0
+    held = np.arange(40, 400)
+    top = oracle_top(data, held, seen)
+    np.testing.assert_array_equal(top, _brute_force_top(data, 12, seen)[held])
+    assert seen[top].all() and (~seen).sum() > 20
+    assert (top != data.oracle_top[held]).any()
+
+
+def test_oracle_top_rejects_bad_rows_and_masks():
+    data = _small_problem(300, 0.15, 0.3)
+    with pytest.raises(ValueError, match="rows must lie in"):
+        oracle_top(data, np.array([0, 400]))
+    with pytest.raises(ValueError, match="rows must be a 1-d array"):
+        oracle_top(data, np.array([0.5]))
+    with pytest.raises(ValueError, match="boolean mask of shape"):
+        oracle_top(data, labels=np.ones(59, dtype=bool))
+    with pytest.raises(ValueError, match="at least one label"):
+        oracle_top(data, labels=np.zeros(60, dtype=bool))
 
 
 def test_generated_rows_and_labels_follow_the_model():

@@ -10,7 +10,7 @@ from dasknn.datasets.challenge_io import (
     write_categories,
     write_sparse_tsv,
 )
-from dasknn.datasets.extreme import SyntheticXMC, make_extreme_classification
+from dasknn.datasets.extreme import SyntheticXMC, make_extreme_classification, oracle_top
 from dasknn.datasets.mnist import (
     load_mnist_test,
     mnist_to_challenge_inputs,
@@ -29,6 +29,7 @@ __all__ = [
     "TextTask",
     "load_stdlib_corpus",
     "make_extreme_classification",
+    "oracle_top",
     "read_xmc",
     "stdlib_next_word",
     "challenge_bias",

@@ -19,7 +19,8 @@ The Bayes-optimal scorer ranks the labels by ``P(l in labels | x)``: with ``post
 posterior of the primary label (prior times the likelihood of the drawn features) and ``pi`` the
 chance that a given other label of the cluster is among the extras,
 ``P(l in labels | x) = (1 - pi) post(l) + pi post(cluster(l))``. Its precision@1 on the generated
-samples is the ceiling reported beside every result.
+samples is the ceiling reported beside every result. :func:`oracle_top` gives the same scorer's top
+label among a subset of the labels (e.g. those seen in training: what a learner can name).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import scipy.sparse as sp
 
 from dasknn.kernels.extreme import bayes_top_labels
 
-__all__ = ["SyntheticXMC", "make_extreme_classification"]
+__all__ = ["SyntheticXMC", "make_extreme_classification", "oracle_top"]
 
 
 class SyntheticXMC(NamedTuple):
@@ -51,7 +52,8 @@ class SyntheticXMC(NamedTuple):
         The Bayes-optimal top label of each sample.
     generator : dict
         The latent structure: ``prior``, ``cluster_of``, ``label_signatures``,
-        ``cluster_signatures``, ``idf``, ``p_label``, ``p_cluster`` and ``extra_share`` (``pi``).
+        ``cluster_signatures``, ``idf``, ``p_label``, ``p_cluster``, ``extra_share`` (``pi``) and
+        ``nnz``.
     """
 
     X: sp.csr_matrix
@@ -176,34 +178,6 @@ def make_extreme_classification(
     X = X.astype(np.float32)
     # labels: the primary and `extra` others of its cluster
     Y = _labels(rng, primary, extra, cluster_of, cluster_ptr, cluster_labels, n_labels)
-    # the Bayes-optimal scorer
-    bg = (1 - p_label - p_cluster) / n_features
-    alpha = math.log1p(p_label / label_features / bg)
-    beta = math.log1p(p_cluster / cluster_features / bg)
-    pi = _extra_share(extra_labels, cluster_size)
-    slot_inv_ptr, slot_inv = _inverse(label_sig[grouping], n_features)
-    cluster_inv_ptr, cluster_inv = _inverse(cluster_sig, n_features)
-    slot_prior = prior[grouping]
-    cluster_prior = np.bincount(cluster_of, weights=prior, minlength=n_clusters)
-    best_in = np.maximum.reduceat(slot_prior, np.arange(0, n_labels, cluster_size))
-    fallback_order = np.argsort(-((1 - pi) * best_in + pi * cluster_prior), kind="stable")
-    top = bayes_top_labels(
-        counts.indptr.astype(np.int64),
-        counts.indices.astype(np.int64),
-        counts.data.astype(np.int64),
-        slot_inv_ptr,
-        slot_inv,
-        cluster_inv_ptr,
-        cluster_inv,
-        cluster_size,
-        grouping.astype(np.int64),
-        slot_prior,
-        fallback_order,
-        np.exp(beta * np.arange(nnz + 1)[:, None] + alpha * np.arange(nnz + 1)[None, :]),
-        pi,
-        min(64, n_samples),
-    )
-    hits = np.asarray(Y[np.arange(n_samples), top]).ravel() > 0
     generator = {
         "prior": prior,
         "cluster_of": cluster_of,
@@ -212,9 +186,100 @@ def make_extreme_classification(
         "idf": idf,
         "p_label": p_label,
         "p_cluster": p_cluster,
-        "extra_share": pi,
+        "extra_share": _extra_share(extra_labels, cluster_size),
+        "nnz": nnz,
     }
+    top = _bayes_top(counts, generator, np.ones(n_labels, dtype=bool))
+    hits = np.asarray(Y[np.arange(n_samples), top]).ravel() > 0
     return SyntheticXMC(X, Y, float(hits.mean()), hits, top, generator)
+
+
+def oracle_top(
+    data: SyntheticXMC, rows: np.ndarray | None = None, labels: np.ndarray | None = None
+) -> np.ndarray:
+    """The Bayes-optimal top label of generated rows, among a subset of the labels.
+
+    With ``labels`` the labels some training rows carry, this is the ceiling of a learner that
+    knows the generator but can only name labels it has seen.
+
+    Parameters
+    ----------
+    data : SyntheticXMC
+        A problem from :func:`make_extreme_classification`.
+    rows : numpy.ndarray of int, optional
+        Rows of ``data.X`` to score (default all).
+    labels : numpy.ndarray of bool, optional
+        ``(n_labels,)`` mask of the labels that may be the top (default every label); the others
+        still count in their cluster's posterior mass.
+
+    Returns
+    -------
+    numpy.ndarray of int64
+        The top label of each row; equals ``data.oracle_top[rows]`` without ``labels``.
+    """
+    g = data.generator
+    n_samples, n_features = data.X.shape
+    n_labels = len(g["prior"])
+    rows = np.arange(n_samples) if rows is None else np.asarray(rows)
+    if rows.ndim != 1 or not np.issubdtype(rows.dtype, np.integer):
+        raise ValueError("rows must be a 1-d array of row indices")
+    if rows.size and (rows.min() < 0 or rows.max() >= n_samples):
+        raise ValueError(f"rows must lie in [0, {n_samples})")
+    allowed = np.ones(n_labels, dtype=bool) if labels is None else np.asarray(labels)
+    if allowed.dtype != np.bool_ or allowed.shape != (n_labels,):
+        raise ValueError(f"labels must be a boolean mask of shape ({n_labels},)")
+    if not allowed.any():
+        raise ValueError("labels must allow at least one label")
+    # each row is counts * idf scaled to unit length and its counts sum to nnz
+    block = sp.csr_matrix(data.X[rows], dtype=np.float64)
+    block.data /= g["idf"][block.indices]
+    block.data *= g["nnz"] / np.repeat(
+        np.add.reduceat(block.data, block.indptr[:-1]), np.diff(block.indptr)
+    )
+    block.data = np.rint(block.data)
+    return _bayes_top(block, g, allowed)
+
+
+def _bayes_top(counts: sp.csr_matrix, generator: dict, allowed: np.ndarray) -> np.ndarray:
+    """The top label of each row of feature ``counts`` by ``P(l in labels | x)`` among the labels
+    with ``allowed`` (see the module docstring)."""
+    prior, cluster_of = generator["prior"], generator["cluster_of"]
+    label_sig, cluster_sig = generator["label_signatures"], generator["cluster_signatures"]
+    pi, nnz = generator["extra_share"], generator["nnz"]
+    n_labels, n_features = len(prior), counts.shape[1]
+    n_clusters = len(cluster_sig)
+    cluster_size = int(np.bincount(cluster_of, minlength=n_clusters).max())
+    bg = (1 - generator["p_label"] - generator["p_cluster"]) / n_features
+    alpha = math.log1p(generator["p_label"] / label_sig.shape[1] / bg)
+    beta = math.log1p(generator["p_cluster"] / cluster_sig.shape[1] / bg)
+    slots = np.argsort(cluster_of, kind="stable")  # cluster c: slots c * cluster_size, ...
+    slot_inv_ptr, slot_inv = _inverse(label_sig[slots], n_features)
+    cluster_inv_ptr, cluster_inv = _inverse(cluster_sig, n_features)
+    slot_prior = prior[slots]
+    slot_allowed = allowed[slots]
+    cluster_prior = np.bincount(cluster_of, weights=prior, minlength=n_clusters)
+    starts = np.arange(0, n_labels, cluster_size)
+    best_in = np.maximum.reduceat(np.where(slot_allowed, slot_prior, -1.0), starts)
+    open_clusters = np.flatnonzero(best_in >= 0)
+    fallback = (1 - pi) * best_in[open_clusters] + pi * cluster_prior[open_clusters]
+    fallback_order = open_clusters[np.argsort(-fallback, kind="stable")]
+    return bayes_top_labels(
+        counts.indptr.astype(np.int64),
+        counts.indices.astype(np.int64),
+        counts.data.astype(np.int64),
+        slot_inv_ptr,
+        slot_inv,
+        cluster_inv_ptr,
+        cluster_inv,
+        cluster_size,
+        slots.astype(np.int64),
+        slot_prior,
+        slot_allowed,
+        fallback_order,
+        np.exp(beta * np.arange(nnz + 1)[:, None] + alpha * np.arange(nnz + 1)[None, :]),
+        pi,
+        min(64, counts.shape[0]),
+    )
 
 
 def _distinct_rows(rng, rows: int, width: int, low: int, high: int) -> np.ndarray:

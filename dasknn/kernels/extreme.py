@@ -21,6 +21,7 @@ def bayes_top_labels(
     cluster_size,
     slot_label,
     slot_prior,
+    slot_allowed,
     fallback_order,
     ratio,
     pi,
@@ -33,7 +34,10 @@ def bayes_top_labels(
     ``slot_label[s]``. ``slot_inv`` lists the slots whose signature holds a feature,
     ``cluster_inv`` the clusters. ``ratio[i, j]`` is the likelihood ratio
     ``exp(beta * i + alpha * j)`` of a label with ``j`` draws in its signature and ``i`` in its
-    cluster's. The scores share one normaliser, which the top label does not depend on.
+    cluster's. The scores share one normaliser, which the top label does not depend on. Only
+    slots with ``slot_allowed`` compete for the top (every slot still counts in its cluster's
+    posterior mass); ``fallback_order`` lists the clusters holding an allowed slot, best first by
+    their best allowed score without evidence.
     """
     n = indptr.shape[0] - 1
     n_slots = slot_label.shape[0]
@@ -76,12 +80,14 @@ def bayes_top_labels(
                     own[q - lo] = slot_prior[q] * ratio[hits_cluster[cl], hits_label[q]]
                     mass += own[q - lo]
                 for q in range(lo, hi):
+                    if not slot_allowed[q]:
+                        continue
                     score = (1.0 - pi) * own[q - lo] + pi * mass
                     if score > best or (score == best and slot_label[q] < best_label):
                         best = score
                         best_label = slot_label[q]
             # the best label of the clusters the sample does not touch (likelihood ratio 1)
-            for i in range(n_clusters):
+            for i in range(fallback_order.shape[0]):
                 cl = fallback_order[i]
                 if hit[cl]:
                     continue
@@ -91,6 +97,8 @@ def bayes_top_labels(
                 for q in range(lo, hi):
                     mass += slot_prior[q]
                 for q in range(lo, hi):
+                    if not slot_allowed[q]:
+                        continue
                     score = (1.0 - pi) * slot_prior[q] + pi * mass
                     if score > best or (score == best and slot_label[q] < best_label):
                         best = score

@@ -173,7 +173,8 @@ class SampledMLP:
         neurons, or stop with the candidates.
     rehash_every, rebuild_every : int
         Steps between rebuilding the tables from the current weights, and between drawing new
-        hash functions (and rebuilding).
+        hash functions (and rebuilding). Adam moves the weights fast in the first steps, and
+        tables 20 or 50 steps old miss the high logits (``docs/sampled.md``).
     correction : {"none", "logq"}
         The sampled softmax: ``"none"`` normalises over the active set as it is (SLIDE);
         ``"logq"`` lowers each active logit by the log of the probability that its neuron was
@@ -225,7 +226,7 @@ class SampledMLP:
         bin_size: int = 8,
         bucket_size: int = 128,
         underflow: str = "fill",
-        rehash_every: int = 50,
+        rehash_every: int = 10,
         rebuild_every: int = 500,
         correction: str = "none",
         hashing: str = "plain",
