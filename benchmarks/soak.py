@@ -8,12 +8,14 @@ per 1,000 batches, of the samples and of their running maximum (a worker's resid
 several MiB whenever the C library hands freed step buffers back to the system, and a sample
 taken in such a dip tilts the fit of the samples; the maximum is the memory the process keeps),
 the number of events Dask keeps under the transfer topic (a bounded log that fills during the
-warm-up) and the keys in ``dask.utils.key_split``'s cache (``dasknn.runtime.key_cache``).
+warm-up), the keys in ``dask.utils.key_split``'s cache (``dasknn.runtime.key_cache``) and the
+one-second profiles each worker's profiler kept.
 
 The cluster and client are those dasknn opens (``dasknn.runtime.cluster.open_client``: two
 single-threaded worker processes on 127.0.0.1, Dask's debugging records kept at
-``dasknn.runtime.cluster.LOW_LEVEL_LOG_LENGTH`` entries); to measure with Dask's own length, set
-``DASK_DISTRIBUTED__ADMIN__LOW_LEVEL_LOG_LENGTH`` (a value the user sets is kept).
+``dasknn.runtime.cluster.LOW_LEVEL_LOG_LENGTH`` entries, no worker profiler); to measure with
+Dask's own length or with the profiler, set ``DASK_DISTRIBUTED__ADMIN__LOW_LEVEL_LOG_LENGTH`` or
+``DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=True`` (a value the user sets is kept).
 
 Usage::
 
@@ -53,6 +55,10 @@ def _collect(dask_worker=None, dask_scheduler=None) -> int:
 
 def _cached_keys(dask_worker=None, dask_scheduler=None) -> int:
     return key_split.cache_info().currsize
+
+
+def _profiles(dask_worker) -> int:
+    return len(dask_worker.profile_history)
 
 
 def _record_lengths(dask_worker=None, dask_scheduler=None) -> list[int]:
@@ -136,6 +142,7 @@ def main() -> None:
             wall = time.perf_counter() - start
             cached = {"scheduler": client.run_on_scheduler(_cached_keys)}
             cached.update(client.run(_cached_keys))
+            profiles = client.run(_profiles)
     after = [i for i, mark in enumerate(marks) if mark > args.warmup]
     print(f"\n{args.batches} batches of {args.batch_size} in {wall:.1f} s "
           f"({wall / args.batches * 1e3:.1f} ms/batch); growth after {args.warmup} batches "
@@ -151,6 +158,8 @@ def main() -> None:
               f"{_verdict(peak_growth)}")  # fmt: skip
     print("keys in dask.utils.key_split's cache at the end: "
           + ", ".join(f"{name.split('//')[-1]} {n}" for name, n in cached.items()))  # fmt: skip
+    print("one-second profiles kept by the workers' profilers at the end: "
+          + ", ".join(f"{name.split('//')[-1]} {n}" for name, n in profiles.items()))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -150,7 +150,8 @@ def _mark(dask_worker) -> dict:
     return {"rss": _rss(), **_records(dask_worker)}
 
 
-def _short(filename: str) -> str:
+def short_path(filename: str) -> str:
+    """``filename`` from ``site-packages/``, the Python library or this repository on."""
     for marker in ("site-packages/", "lib/python3"):
         if marker in filename:
             return filename.split(marker, 1)[1]
@@ -164,16 +165,16 @@ def _total(snapshot: tracemalloc.Snapshot) -> float:
 
 def _growth(newer: tracemalloc.Snapshot, older: tracemalloc.Snapshot, top: int) -> list[str]:
     """The ``top`` largest increases from ``older`` to ``newer``, by traceback."""
-    return _lines(newer.compare_to(older, "traceback"), top)
+    return growth_lines(newer.compare_to(older, "traceback"), top)
 
 
-def _lines(stats: list[tracemalloc.StatisticDiff], top: int) -> list[str]:
+def growth_lines(stats: list[tracemalloc.StatisticDiff], top: int) -> list[str]:
     """The ``top`` first of ``stats`` (largest increase first), with their tracebacks."""
     lines = []
     for stat in stats[:top]:
         lines.append(f"    {stat.size_diff / MIB:+7.3f} MiB {stat.count_diff:+8d} blocks")
         for frame in reversed(stat.traceback):
-            lines.append(f"        {_short(frame.filename)}:{frame.lineno}")
+            lines.append(f"        {short_path(frame.filename)}:{frame.lineno}")
     return lines
 
 
@@ -205,7 +206,7 @@ def _report(top: int, dask_worker) -> dict:
         "freed by key_split.cache_clear():",
         *_growth(newer, cleared, top),
         "grown in the first window, from the start of tracing to the mark:",
-        *_lines(first_growth, top),
+        *growth_lines(first_growth, top),
     ]
     del older, newer, cleared, first_growth
     gc.collect()

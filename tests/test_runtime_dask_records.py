@@ -1,8 +1,10 @@
-"""Dask's debugging records on the clusters and clients dasknn opens are kept short, unless the
-user's configuration sets their length (``dasknn.runtime.cluster.short_dask_records``)."""
+"""Dask's debugging records on the clusters and clients dasknn opens are kept short, and their
+workers run no profiler, unless the user's configuration sets these
+(``dasknn.runtime.cluster.short_dask_records``)."""
 
 from __future__ import annotations
 
+import time
 from contextlib import ExitStack
 
 import dask
@@ -11,6 +13,7 @@ import pytest
 from dasknn.runtime.cluster import LOW_LEVEL_LOG_LENGTH, open_client, short_dask_records
 
 KEY = "distributed.admin.low-level-log-length"
+PROFILE = "distributed.worker.profile.enabled"
 
 
 def _scheduler_lengths(dask_scheduler) -> list:
@@ -26,25 +29,40 @@ def _worker_lengths(dask_worker) -> list:
     return [dask_worker.batched_stream.recent_message_log.maxlen]
 
 
+def _profiles(dask_worker) -> int:
+    """The one-second profiles the worker's profiler kept."""
+    return len(dask_worker.profile_history)
+
+
 def test_the_length_is_shortened_only_where_the_user_did_not_set_it(monkeypatch):
     monkeypatch.delenv("DASK_DISTRIBUTED__ADMIN__LOW_LEVEL_LOG_LENGTH", raising=False)
-    assert short_dask_records() == {KEY: LOW_LEVEL_LOG_LENGTH}
+    monkeypatch.delenv("DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED", raising=False)
+    assert short_dask_records() == {KEY: LOW_LEVEL_LOG_LENGTH, PROFILE: False}
     with dask.config.set({KEY: 5000}):
-        assert short_dask_records() == {}
+        assert short_dask_records() == {PROFILE: False}
     # Dask's own value, given in the environment, is the user's choice too
     monkeypatch.setenv("DASK_DISTRIBUTED__ADMIN__LOW_LEVEL_LOG_LENGTH", "1000")
+    assert short_dask_records() == {PROFILE: False}
+    monkeypatch.setenv("DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED", "True")
     assert short_dask_records() == {}
 
 
 @pytest.mark.parametrize("user", [None, 300])
-def test_a_local_cluster_keeps_short_records_in_every_process(user):
-    before = dask.config.get(KEY)
+def test_a_local_cluster_keeps_short_records_in_every_process(user, monkeypatch):
+    before = dask.config.get(KEY), dask.config.get(PROFILE)
+    monkeypatch.delenv("DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED", raising=False)
     with ExitStack() as stack:
         if user is not None:
             stack.enter_context(dask.config.set({KEY: user}))
+            # Dask's own value: the user's choice where it is given outside the program
+            monkeypatch.setenv("DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED", "True")
         client = open_client(stack, workers=1)
         expected = LOW_LEVEL_LOG_LENGTH if user is None else user
         assert client.scheduler_comm.recent_message_log.maxlen == expected
         assert client.run_on_scheduler(_scheduler_lengths) == [expected]
         assert list(client.run(_worker_lengths).values()) == [[expected]]
-    assert dask.config.get(KEY) == before  # the process's configuration is left as it was
+        # the profiler keeps a profile a second (distributed.worker.profile.cycle), task or not
+        client.submit(time.sleep, 1.2, pure=False).result()
+        (profiles,) = client.run(_profiles).values()
+        assert profiles == 0 if user is None else profiles >= 1
+    assert (dask.config.get(KEY), dask.config.get(PROFILE)) == before  # left as it was

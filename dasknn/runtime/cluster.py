@@ -14,8 +14,8 @@ Every function that opens a connection or starts a cluster takes ``security``: a
 
 The clusters and clients opened here keep Dask's debugging records short
 (:func:`short_dask_records`): :data:`LOW_LEVEL_LOG_LENGTH` entries of
-``distributed.admin.low-level-log-length`` instead of Dask's 1,000, unless the user's
-configuration sets another value.
+``distributed.admin.low-level-log-length`` instead of Dask's 1,000, and no worker profiler
+(``distributed.worker.profile.enabled``), unless the user's configuration sets them.
 """
 
 from __future__ import annotations
@@ -50,29 +50,50 @@ CONNECT_TIMEOUT = 5.0
 #: :func:`short_dask_records`).
 LOW_LEVEL_LOG_LENGTH = 100
 _LOG_LENGTH_KEY = "distributed.admin.low-level-log-length"
+_PROFILE_KEY = "distributed.worker.profile.enabled"
+
+
+def _user_sets(key: str) -> bool:
+    """Whether the user's configuration sets ``key``: a value other than Dask's default in the
+    program, or any value in a YAML file or the environment (``DASK_...``)."""
+    defaults = dask.config.merge(*dask.config.defaults)
+    if dask.config.get(key) != dask.config.get(key, config=defaults):
+        return True
+    return dask.config.get(key, None, config=dask.config.collect()) is not None
 
 
 def short_dask_records() -> dict:
     """The dask configuration under which dasknn starts clusters and opens clients:
-    ``distributed.admin.low-level-log-length`` at :data:`LOW_LEVEL_LOG_LENGTH`, or nothing when
-    the user's configuration sets it (a value other than Dask's 1,000, or any value in a YAML file
-    or ``DASK_DISTRIBUTED__ADMIN__LOW_LEVEL_LOG_LENGTH``).
+    ``distributed.admin.low-level-log-length`` at :data:`LOW_LEVEL_LOG_LENGTH` and
+    ``distributed.worker.profile.enabled`` off, each left out when the user's configuration sets
+    it (a value other than Dask's default in the program, or any value in a YAML file or the
+    environment, such as ``DASK_DISTRIBUTED__ADMIN__LOW_LEVEL_LOG_LENGTH`` or
+    ``DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED``).
 
     That length bounds Dask's records of the last messages of every batched stream (each step's
     task message with its task, the client's graph messages), the scheduler's transitions and
     events of every topic and the workers' state-machine logs. They are bounded, but at 1,000
     entries of several KiB they go on filling for the first thousands of training steps, which
     reads as growth of the scheduler and the client (``docs/reliability.md``, ``## Long runs:
-    memory (soak)``). Each record is made when its scheduler, worker or stream starts, so the
-    setting applies to the processes and connections started under it: the scheduler, workers
-    and clients opened here, not a worker that joins later nor a ``Client`` the user opened.
+    memory (soak)``).
+
+    The worker profiler samples the call stack of every running task every 10 ms and keeps one
+    tree of the samples per second in two deques of ``low-level-log-length`` entries: about
+    55 KiB a second for a training step's stacks, so a worker's history fills for 100 s to about
+    5 MiB at dasknn's length (for 1,000 s to about 50 MiB at Dask's), which reads as growth of
+    every worker over the first minutes of a run. It serves the dashboard's profile pages and
+    ``Client.profile`` only.
+
+    Each record is made when its scheduler, worker or stream starts, so the settings apply to
+    the processes and connections started under them: the scheduler, workers and clients opened
+    here, not a worker that joins later nor a ``Client`` or cluster the user made.
     """
-    defaults = dask.config.merge(*dask.config.defaults)
-    if dask.config.get(_LOG_LENGTH_KEY) != dask.config.get(_LOG_LENGTH_KEY, config=defaults):
-        return {}  # set in the program, a YAML file or the environment
-    if dask.config.get(_LOG_LENGTH_KEY, None, config=dask.config.collect()) is not None:
-        return {}  # Dask's own value, set in a YAML file or the environment
-    return {_LOG_LENGTH_KEY: LOW_LEVEL_LOG_LENGTH}
+    config = {}
+    if not _user_sets(_LOG_LENGTH_KEY):
+        config[_LOG_LENGTH_KEY] = LOW_LEVEL_LOG_LENGTH
+    if not _user_sets(_PROFILE_KEY):
+        config[_PROFILE_KEY] = False
+    return config
 
 
 def connect_timeout() -> float:
