@@ -29,7 +29,13 @@ in shared messages). By architecture:
   instead of one per variable); each chief sums its machine's buffer (``to-chief``), the chiefs
   allreduce it (``reduce-scatter``, ``allgather``; the two hops of
   :func:`dasknn.runtime.collectives.build_allreduce`) and hand the sum back (``from-chief``);
-  each worker's ``finish`` steps its replicas.
+  each worker's ``finish`` steps its replicas. Under ``hybrid`` with the parameter servers
+  exactly the chiefs (one shard set per machine, the default), the buffer is reduced on them
+  without messages of its own: chunk ``j`` of :func:`~dasknn.runtime.collectives.chunk_bounds`
+  rides every other chief's push to chief ``j`` (after the rows), chief ``j``'s update sums it,
+  and the reduced chunk rides its prefetch reply to every other chief (or, with nothing to
+  prefetch, a message of its own, ``allgather``): the bytes of the two-hop allreduce, in the
+  sparse messages (:attr:`StepGraph.carried`).
 - **dense variables on parameter servers** (``ps``): variable ``v`` is served by worker
   ``v mod N``; each chief pulls it whole (``pull``) and hands it on (``from-chief``), and pushes
   its machine's summed gradient (``push``) to the server, which steps it.
@@ -258,10 +264,10 @@ def build_step(
             _allreduce_dense(b, name, shapes[name], sums[name], size[name])
 
     for i in range(n):
-        names = [name for name, _ in b.replica_steps[i]]
+        stepped = [name for name, _ in b.replica_steps[i]]
         grads = [grad for _, grad in b.replica_steps[i]]
         key = b.key(STEP, "finish", i, i)
-        finish = b.task(key, steps.finish, ctx, names, *grads, *b.final[i])
+        finish = b.task(key, steps.finish, ctx, stepped, *grads, *b.final[i])
         b.graph.outputs.append(finish.key)
     return b.graph
 
