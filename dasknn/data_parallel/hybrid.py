@@ -108,6 +108,9 @@ class _DenseRide:
 
 
 class _Builder:
+    """The step graph under construction: keys, tasks and the predicted bytes of every
+    message."""
+
     def __init__(self, ctx: StepContext, topology: Topology, plan: StepPlan) -> None:
         self.ctx = ctx
         self.topology = topology
@@ -116,8 +119,8 @@ class _Builder:
         #: Per worker, the local tasks that end its part of the step (its ``finish`` waits for
         #: them; every other task of the step is upstream of some worker's ``finish``).
         self.final: dict[int, list] = defaultdict(list)
-        #: Per worker, ``(variable, summed gradient)`` of the allreduced variables, whose replica
-        #: its ``finish`` steps.
+        #: Per worker, ``(variable, summed gradient)`` of the replicated variables (allreduced,
+        #: or reduced on the servers), whose replica its ``finish`` steps.
         self.replica_steps: dict[int, list] = defaultdict(list)
 
     def key(self, variable, phase, sender, receiver, part=-1, step=None):
@@ -146,6 +149,8 @@ class _Builder:
         return self.task(key, steps.identity, ref, nbytes=nbytes)
 
     def collective_key(self, variable, renames=None):
+        """``key(phase, a, b)`` for a collective among the chiefs (``a``, ``b`` their positions):
+        this step's key of ``variable``, with the phases in ``renames`` renamed."""
         chiefs = self.topology.chiefs
         renames = renames or {}
 
@@ -485,7 +490,7 @@ def _push_rows(
     updates = {}
     for j, (server, parts) in enumerate(_served(b).items()):
         chunk = None if ride is None else ride.chunk(j)
-        extra = 0 if ride is None else ride.nbytes(j)
+        carried = {} if ride is None else {DENSE: ride.nbytes(j)}
         pushes, local = [], None
         for index, members in enumerate(topology.machines):
             c = members[0]
@@ -507,8 +512,8 @@ def _push_rows(
                     chunk,
                     None if ride is None else dense_sums[index],
                     *ready[c],
-                    nbytes=nbytes + extra,
-                    carried={DENSE: extra} if ride is not None else None,
+                    nbytes=nbytes + sum(carried.values()),
+                    carried=carried,
                 )
             )
         own = ready[server] if local is not None else []
