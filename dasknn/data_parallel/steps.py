@@ -102,7 +102,7 @@ def compute(ctx: StepContext, batch: WorkerBatch, *values) -> np.ndarray | None:
     servers, from this worker's scratch (the chief of a one-worker machine); then the dense
     variables' values under ``ps``. Keeps the batch, the gradients and the loss in the scratch;
     returns the gradients of the dense variables as one flat buffer (:data:`DENSE`) for the
-    allreduce, ``None`` under ``ps`` or without dense variables.
+    allreduce or the servers' reduction, ``None`` under ``ps`` or without dense variables.
     """
     _forget_earlier_steps(ctx)
     scratch = _scratch(ctx)
