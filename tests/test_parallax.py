@@ -229,6 +229,47 @@ def test_fit_prefetching_rows_equals_one_process(client4, arch, local):
     assert sum(pulls) == report.steps * remote
 
 
+@pytest.mark.parametrize("n,shards", [(4, 4), (3, 6)])
+def test_dense_gradient_rides_the_sparse_messages(client4, n, shards):
+    """``hybrid`` with the servers exactly the chiefs reduces the dense gradient on them inside
+    the push and the next step's pull: no reduce-scatter message, the reduced chunks in
+    messages of their own only after the last step of ``fit`` (nothing to prefetch), the
+    allreduce's bytes 2 (N - 1) n s a step, and the steps those of one process (sampled
+    softmax, Adam, across epochs)."""
+    workers = sorted(scheduler_workers(client4))[:n]
+    model = EmbeddingMLP(
+        V, C, D, hidden=(5,), n_classes=20, dtype=np.float64, seed=n, output="sampled", n_sampled=5
+    )
+    rng = np.random.default_rng(n)
+    X, y = rng.integers(0, V, (26, C)), rng.integers(0, 20, 26)
+    optimizer = Adam(lr=0.05)
+    want = model.copy().fit(X, y, batch_size=7, epochs=2, seed=1, optimizer=optimizer)
+    with data_parallel(
+        model, client4, architecture="hybrid", sparse_partitions=shards, workers=workers
+    ) as dp:
+        dp.fit(X, y, batch_size=7, epochs=2, seed=1, optimizer=optimizer)
+        got = dp.gather()
+        report = dp.comm_report()
+    for a, b in zip(
+        [got.embedding, *got.weights, *got.biases],
+        [want.embedding, *want.weights, *want.biases],
+        strict=True,
+    ):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-9)
+    assert report.matches(), str(report)
+    steps = report.steps
+    assert steps == 8
+    phases = {k[1] for k in report.measured}
+    assert "reduce-scatter" not in phases
+    dense_items = sum(int(np.prod(s)) for s in model.spec.dense_shapes())
+    assert report.by("variable")["dense"] == 2 * (n - 1) * dense_items * 8 * steps
+    dense_messages = sum(v[1] for k, v in report.measured.items() if k[0] == "dense")
+    assert dense_messages == n * (n - 1)  # the last step's reduced chunks
+    for phase in ("push", "pull"):
+        carried = sum(v[0] for k, v in report.measured.items() if k[:2] == ("dense", phase))
+        assert carried > 0
+
+
 def test_fit_while_the_client_refreshes_its_scheduler_info(client4):
     """The model looks for lost workers before every step. A client refreshing its cached
     scheduler info every 2 ms (a read of the cache that overlaps a refresh sees no worker, as

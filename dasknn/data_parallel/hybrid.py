@@ -29,7 +29,13 @@ in shared messages). By architecture:
   instead of one per variable); each chief sums its machine's buffer (``to-chief``), the chiefs
   allreduce it (``reduce-scatter``, ``allgather``; the two hops of
   :func:`dasknn.runtime.collectives.build_allreduce`) and hand the sum back (``from-chief``);
-  each worker's ``finish`` steps its replicas.
+  each worker's ``finish`` steps its replicas. Under ``hybrid`` with the parameter servers
+  exactly the chiefs (one shard set per machine, the default), the buffer is reduced on them
+  without messages of its own: chunk ``j`` of :func:`~dasknn.runtime.collectives.chunk_bounds`
+  rides every other chief's push to chief ``j`` (after the rows), chief ``j``'s update sums it,
+  and the reduced chunk rides its prefetch reply to every other chief (or, with nothing to
+  prefetch, a message of its own, ``allgather``): the bytes of the two-hop allreduce, in the
+  sparse messages (:attr:`StepGraph.carried`).
 - **dense variables on parameter servers** (``ps``): variable ``v`` is served by worker
   ``v mod N``; each chief pulls it whole (``pull``) and hands it on (``from-chief``), and pushes
   its machine's summed gradient (``push``) to the server, which steps it.
@@ -72,14 +78,39 @@ class StepGraph:
         Per worker, the key of its :func:`~dasknn.data_parallel.steps.finish` (its loss sum).
     predicted : dict
         ``{(variable, phase, sender, receiver): [bytes, messages]}`` of every message.
+    carried : dict
+        ``{(variable, phase, sender, receiver, other variable): bytes}``: the bytes of another
+        variable that messages of ``variable`` carry (the dense chunks riding the fused sparse
+        messages), included in their bytes in :attr:`predicted`.
     """
 
     tasks: dict = field(default_factory=dict)
     outputs: list = field(default_factory=list)
     predicted: dict = field(default_factory=lambda: defaultdict(lambda: [0, 0]))
+    carried: dict = field(default_factory=lambda: defaultdict(int))
+
+
+@dataclass(frozen=True)
+class _DenseRide:
+    """``hybrid`` with the parameter servers exactly the chiefs: the fused dense gradient is
+    reduced on them, chunk ``j`` (:func:`chunk_bounds` over the machines) on chief ``j``, its
+    parts riding the sparse push to that server and the reduced chunk riding the server's next
+    pull (or a message of its own when there is no next step to prefetch)."""
+
+    bounds: list[int]
+    itemsize: int
+
+    def chunk(self, j: int) -> tuple[int, int]:
+        return self.bounds[j], self.bounds[j + 1]
+
+    def nbytes(self, j: int) -> int:
+        return (self.bounds[j + 1] - self.bounds[j]) * self.itemsize
 
 
 class _Builder:
+    """The step graph under construction: keys, tasks and the predicted bytes of every
+    message."""
+
     def __init__(self, ctx: StepContext, topology: Topology, plan: StepPlan) -> None:
         self.ctx = ctx
         self.topology = topology
@@ -88,8 +119,8 @@ class _Builder:
         #: Per worker, the local tasks that end its part of the step (its ``finish`` waits for
         #: them; every other task of the step is upstream of some worker's ``finish``).
         self.final: dict[int, list] = defaultdict(list)
-        #: Per worker, ``(variable, summed gradient)`` of the allreduced variables, whose replica
-        #: its ``finish`` steps.
+        #: Per worker, ``(variable, summed gradient)`` of the replicated variables (allreduced,
+        #: or reduced on the servers), whose replica its ``finish`` steps.
         self.replica_steps: dict[int, list] = defaultdict(list)
 
     def key(self, variable, phase, sender, receiver, part=-1, step=None):
@@ -97,13 +128,17 @@ class _Builder:
         step = self.ctx.step if step is None else step
         return dp_key(self.ctx.token, step, variable, phase, sender, receiver, part)
 
-    def task(self, key, func, *args, nbytes: int = 0):
-        """Add a task; a key whose sender and receiver differ is a message of ``nbytes``."""
+    def task(self, key, func, *args, nbytes: int = 0, carried: dict | None = None):
+        """Add a task; a key whose sender and receiver differ is a message of ``nbytes``, of
+        which ``carried`` gives the bytes of other variables (``{variable: bytes}``)."""
         self.graph.tasks[key] = Task(key, func, *args)
         if key[4] != key[5]:
-            counter = self.graph.predicted[(key[2], key[3], key[4], key[5])]
+            message = (key[2], key[3], key[4], key[5])
+            counter = self.graph.predicted[message]
             counter[0] += int(nbytes)
             counter[1] += 1
+            for variable, carried_bytes in (carried or {}).items():
+                self.graph.carried[(*message, variable)] += int(carried_bytes)
         return TaskRef(key)
 
     def forward(self, key, ref: TaskRef, nbytes: int = 0) -> TaskRef:
@@ -114,6 +149,8 @@ class _Builder:
         return self.task(key, steps.identity, ref, nbytes=nbytes)
 
     def collective_key(self, variable, renames=None):
+        """``key(phase, a, b)`` for a collective among the chiefs (``a``, ``b`` their positions):
+        this step's key of ``variable``, with the phases in ``renames`` renamed."""
         chiefs = self.topology.chiefs
         renames = renames or {}
 
@@ -194,13 +231,6 @@ def build_step(
     ]
     for i in range(n):
         b.final[i].append(computed[i])
-    if arch in ("hybrid", "ps"):
-        updates = _push_rows(b, computed)
-        if next_plan is not None:
-            _prefetch_rows(b, next_plan, updates)
-    elif arch == "ar":
-        for v in sparse:
-            _allgather_rows(b, v, computed)
 
     if arch == "ps":
         dense = names
@@ -208,47 +238,74 @@ def build_step(
         dense = ([DENSE] if names else []) + (sparse if arch == "ar-dense" else [])
         shapes[DENSE] = (sum(int(np.prod(shapes[name])) for name in names),)
         size[DENSE] = shapes[DENSE][0] * item
+    sums = {name: _machine_sums(b, name, computed, size[name]) for name in dense}
+    ride = None
+    if arch == "hybrid" and DENSE in sums and _servers_are_chiefs(b):
+        ride = _DenseRide(chunk_bounds(shapes[DENSE][0], len(topology.machines)), item)
+
+    if arch in ("hybrid", "ps"):
+        updates = _push_rows(b, computed, ride, sums.get(DENSE))
+        reduced = None
+        if next_plan is not None:
+            reduced = _prefetch_rows(b, next_plan, updates, ride)
+        elif ride is not None:
+            reduced = _return_chunks(b, ride, updates)
+        if ride is not None:
+            _hand_out_dense(b, DENSE, reduced, size[DENSE])
+    elif arch == "ar":
+        for v in sparse:
+            _allgather_rows(b, v, computed)
+
     for name in dense:
-        sums = []
-        for members in topology.machines:
-            c = members[0]
-            if len(members) == 1 and name == DENSE:  # compute returns the fused buffer
-                sums.append(computed[c])
-                continue
-            if len(members) == 1:  # a one-worker machine's sum is its own gradient
-                key = b.key(name, "sum", c, c)
-                sums.append(b.task(key, steps.dense_gradient, ctx, name, computed[c]))
-                continue
-            grads = [
-                b.task(
-                    b.key(name, "to-chief", m, c),
-                    steps.dense_gradient,
-                    ctx,
-                    name,
-                    computed[m],
-                    nbytes=size[name],
-                )
-                for m in members
-            ]
-            sums.append(b.task(b.key(name, "sum", c, c), steps.chief_sum, ctx, *grads))
         if arch == "ps":
             server = dense_servers[name]
             pushed = [
                 b.forward(b.key(name, "push", c, server), s, nbytes=size[name])
-                for c, s in zip(topology.chiefs, sums, strict=True)
+                for c, s in zip(topology.chiefs, sums[name], strict=True)
             ]
             update = b.key(name, "update", server, server)
             b.final[server].append(b.task(update, steps.update_served, ctx, name, *pushed))
-        else:
-            _allreduce_dense(b, name, shapes[name], sums, size[name])
+        elif not (ride is not None and name == DENSE):
+            _allreduce_dense(b, name, shapes[name], sums[name], size[name])
 
     for i in range(n):
-        names = [name for name, _ in b.replica_steps[i]]
+        stepped = [name for name, _ in b.replica_steps[i]]
         grads = [grad for _, grad in b.replica_steps[i]]
         key = b.key(STEP, "finish", i, i)
-        finish = b.task(key, steps.finish, ctx, names, *grads, *b.final[i])
+        finish = b.task(key, steps.finish, ctx, stepped, *grads, *b.final[i])
         b.graph.outputs.append(finish.key)
     return b.graph
+
+
+def _machine_sums(b: _Builder, name: str, computed: list, nbytes: int) -> list[TaskRef]:
+    """Per machine, the task after which its chief holds the sum of its workers' gradients of
+    the dense variable ``name`` (of the fused buffer for :data:`DENSE`, which ``compute``
+    returns): the workers send theirs to the chief (``to-chief``), a one-worker machine's sum is
+    its own gradient."""
+    ctx = b.ctx
+    sums = []
+    for members in b.topology.machines:
+        c = members[0]
+        if len(members) == 1 and name == DENSE:
+            sums.append(computed[c])
+            continue
+        if len(members) == 1:
+            key = b.key(name, "sum", c, c)
+            sums.append(b.task(key, steps.dense_gradient, ctx, name, computed[c]))
+            continue
+        grads = [
+            b.task(
+                b.key(name, "to-chief", m, c),
+                steps.dense_gradient,
+                ctx,
+                name,
+                computed[m],
+                nbytes=nbytes,
+            )
+            for m in members
+        ]
+        sums.append(b.task(b.key(name, "sum", c, c), steps.chief_sum, ctx, *grads))
+    return sums
 
 
 def _pull_dense(b: _Builder, names: list[str], size: dict, servers: dict) -> dict:
@@ -285,16 +342,29 @@ def _served(b: _Builder) -> dict[int, list]:
     return dict(sorted(served.items()))
 
 
+def _servers_are_chiefs(b: _Builder) -> bool:
+    """Whether the parameter servers are exactly the chiefs of two or more machines (the
+    dense gradient can then be reduced on them in the sparse messages, :class:`_DenseRide`)."""
+    return len(b.topology.chiefs) > 1 and list(_served(b)) == b.topology.chiefs
+
+
 def _serve_and_assemble(
-    b: _Builder, ctx: StepContext, plan: StepPlan, index: int, after: dict
+    b: _Builder,
+    ctx: StepContext,
+    plan: StepPlan,
+    index: int,
+    after: dict,
+    ride: _DenseRide | None = None,
 ) -> TaskRef:
     """Every server's fused reply to machine ``index``'s pull of step ``ctx.step`` (each after
     the tasks ``after[server]``, if any) and the chief's task that puts the rows together (it
-    reads the shards it serves itself)."""
+    reads the shards it serves itself). With ``ride``, ``after[server]`` is the server's update
+    of the previous step, whose reduced dense chunk each reply carries after the rows; the
+    chief's task then returns the reduced dense buffer."""
     c = b.topology.chiefs[index]
     rows = {v: plan.machines[v][index] for v in ctx.spec.sparse_shapes()}
-    replies, remote, local = [], [], None
-    for server, parts in _served(b).items():
+    replies, remote, local, tails = [], [], None, []
+    for j, (server, parts) in enumerate(_served(b).items()):
         offsets = [rows[v].offsets[p] for v, p in parts]
         positions = [rows[v].shard_pos[p] for v, p in parts]
         if server == c:
@@ -302,10 +372,24 @@ def _serve_and_assemble(
             continue
         nbytes = sum(b.row_bytes(v) * len(o) for (v, _), o in zip(parts, offsets, strict=True))
         key = b.key(SPARSE, "pull", server, c, step=ctx.step)
-        after_server = after.get(server, [])
-        replies.append(
-            b.task(key, steps.serve_rows, ctx, parts, c, offsets, *after_server, nbytes=nbytes)
+        carried, extra, then = None, {}, after.get(server, [])
+        if ride is not None:  # the reply carries the server's reduced dense chunk
+            lo, hi = ride.chunk(j)
+            tails.append(hi - lo)
+            (carried,), extra, then = then, {DENSE: ride.nbytes(j)}, []
+        task = b.task(
+            key,
+            steps.serve_rows,
+            ctx,
+            parts,
+            c,
+            offsets,
+            carried,
+            *then,
+            nbytes=nbytes + sum(extra.values()),
+            carried=extra,
         )
+        replies.append(task)
         remote.append((parts, positions))
     sizes = {v: len(r.union) for v, r in rows.items()}
     return b.task(
@@ -316,6 +400,7 @@ def _serve_and_assemble(
         sizes,
         local,
         remote,
+        None if ride is None else (index, tails),
         *replies,
         *(after.get(c, []) if local is not None else []),
     )
@@ -390,16 +475,22 @@ def _summed_rows(b: _Builder, variable: str, computed: list, own_sums: bool = Tr
     return summed
 
 
-def _push_rows(b: _Builder, computed: list) -> dict:
+def _push_rows(
+    b: _Builder, computed: list, ride: _DenseRide | None, dense_sums: list | None
+) -> dict:
     """Each chief pushes its machine's summed row gradients of every sparse variable to each
     other server in one message (values only, in the order of its pull); each server steps the
-    rows of its shards, with its own machine's sum read in place. ``{server: its update}``."""
+    rows of its shards, with its own machine's sum read in place. With ``ride``, each push also
+    carries the server's chunk of the machine's dense sum (``dense_sums[machine]``), and the
+    server's update sums the chunks and returns the reduced one. ``{server: its update}``."""
     ctx, topology = b.ctx, b.topology
     sums = [_summed_rows(b, v, computed, own_sums=False) for v in ctx.spec.sparse_shapes()]
     # the task after which a chief holds all its machine's sums
     ready = {c: [s[c] for s in sums] for c in topology.chiefs}
     updates = {}
-    for server, parts in _served(b).items():
+    for j, (server, parts) in enumerate(_served(b).items()):
+        chunk = None if ride is None else ride.chunk(j)
+        carried = {} if ride is None else {DENSE: ride.nbytes(j)}
         pushes, local = [], None
         for index, members in enumerate(topology.machines):
             c = members[0]
@@ -418,32 +509,78 @@ def _push_rows(b: _Builder, computed: list) -> dict:
                     ctx,
                     alone,
                     [(v, pos) for (v, _), pos in zip(parts, positions, strict=True)],
+                    chunk,
+                    None if ride is None else dense_sums[index],
                     *ready[c],
-                    nbytes=nbytes,
+                    nbytes=nbytes + sum(carried.values()),
+                    carried=carried,
                 )
             )
         own = ready[server] if local is not None else []
+        own_dense = None if ride is None else dense_sums[j]
         key = b.key(SPARSE, "update", server, server)
         updates[server] = b.task(
-            key, steps.update_rows, ctx, server, parts, topology.chiefs, local, *pushes, *own
+            key,
+            steps.update_rows,
+            ctx,
+            server,
+            parts,
+            topology.chiefs,
+            local,
+            chunk,
+            own_dense,
+            *pushes,
+            *own,
         )
         b.final[server].append(updates[server])
     return updates
 
 
-def _prefetch_rows(b: _Builder, next_plan: StepPlan, updates: dict) -> None:
+def _prefetch_rows(
+    b: _Builder, next_plan: StepPlan, updates: dict, ride: _DenseRide | None
+) -> list[TaskRef] | None:
     """Each server, once it has stepped its shards, sends each chief the next step's rows of
     them; the chief keeps them for the next step (its part of this step ends when it has
-    them)."""
+    them). With ``ride``, the replies carry the servers' reduced dense chunks: per chief, the
+    task that returns the reduced dense buffer."""
     ctx_next = replace(b.ctx, step=b.ctx.step + 1)
     after = {server: [update] for server, update in updates.items()}
-    for index, c in enumerate(b.topology.chiefs):
-        b.final[c].append(_serve_and_assemble(b, ctx_next, next_plan, index, after))
+    assembled = [
+        _serve_and_assemble(b, ctx_next, next_plan, index, after, ride)
+        for index in range(len(b.topology.chiefs))
+    ]
+    if ride is not None:
+        return assembled
+    for c, task in zip(b.topology.chiefs, assembled, strict=True):
+        b.final[c].append(task)
+    return None
+
+
+def _return_chunks(b: _Builder, ride: _DenseRide, updates: dict) -> list[TaskRef]:
+    """With no next step to prefetch, each server sends every other chief its reduced dense
+    chunk in a message of its own (``allgather``); per chief, the task that puts the reduced
+    dense buffer together."""
+    chiefs = b.topology.chiefs
+    results = []
+    for index, c in enumerate(chiefs):
+        received = [
+            b.task(
+                b.key(DENSE, "allgather", s, c),
+                steps.identity,
+                updates[s],
+                nbytes=ride.nbytes(j),
+            )
+            for j, s in enumerate(chiefs)
+            if s != c
+        ]
+        key = b.key(DENSE, "result", c, c)
+        results.append(b.task(key, steps.join_chunks, index, updates[c], *received))
+    return results
 
 
 def _allreduce_dense(b: _Builder, name: str, shape: tuple, sums: list, nbytes: int) -> None:
     """The chiefs allreduce their machines' sums of a dense gradient and hand the total to their
-    workers; every replica steps in its worker's ``finish``."""
+    workers."""
     ctx, topology = b.ctx, b.topology
     item = np.dtype(ctx.spec.dtype).itemsize
     results = sums
@@ -456,7 +593,13 @@ def _allreduce_dense(b: _Builder, name: str, shape: tuple, sums: list, nbytes: i
 
         graph = build_allreduce(None, [r.key for r in sums], shape, key=b.collective_key(name))
         results = b.add_collective(graph, name, chunk_bytes)
-    for members, result in zip(topology.machines, results, strict=True):
+    _hand_out_dense(b, name, results, nbytes)
+
+
+def _hand_out_dense(b: _Builder, name: str, results: list, nbytes: int) -> None:
+    """Each chief hands its machine's workers the summed gradient of a dense variable
+    (``results[machine]``, on the chief); every replica steps in its worker's ``finish``."""
+    for members, result in zip(b.topology.machines, results, strict=True):
         c = members[0]
         for m in members:
             value = b.forward(b.key(name, "from-chief", c, m), result, nbytes=nbytes)

@@ -20,7 +20,7 @@ import numpy as np
 
 from dasknn.data_parallel.hybrid import ARCHITECTURES, build_step
 from dasknn.data_parallel.plan import StepPlan, Topology, plan_step
-from dasknn.data_parallel.report import DataParallelReport
+from dasknn.data_parallel.report import DataParallelReport, split_carried
 from dasknn.data_parallel.search import SearchReport, brute_force, search_partitions
 from dasknn.data_parallel.shards import STRATEGIES, ShardMap
 from dasknn.data_parallel.steps import StepContext
@@ -192,6 +192,7 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         self.variables = classify(self.spec)
         self.stats = VariableStats(self.variables)
         self.predicted: dict = defaultdict(lambda: [0, 0])
+        self.carried: dict = defaultdict(int)
         self.optimizer: Optimizer | None = None
         self.loss_curve_: list[float] = []
         self.batch_loss_curve_: list[float] = []
@@ -361,6 +362,8 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
             total = self.predicted[key]
             total[0] += counter[0]
             total[1] += counter[1]
+        for key, nbytes in graph.carried.items():
+            self.carried[key] += nbytes
         self.stats.record(plan)
         self._version += 1
         self.steps_ += 1
@@ -443,8 +446,9 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         ids, labels = self._check_xy(X, y)
         optimizer = optimizer or SGD(lr=0.0)  # timing only: the values are restored anyway
         saved = self.gather()
-        predicted, stats = self.predicted, self.stats
+        predicted, carried, stats = self.predicted, self.carried, self.stats
         self.predicted, self.stats = defaultdict(lambda: [0, 0]), VariableStats(self.variables)
+        self.carried = defaultdict(int)
 
         def measure(p: int) -> float:
             self._place(saved, p)
@@ -458,7 +462,7 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         self._place(saved, report.choice)
         self._search_pending = False
         reset_transfers(self.client, self.token)
-        self.predicted, self.stats = predicted, stats
+        self.predicted, self.carried, self.stats = predicted, carried, stats
         self._search = report
         return report
 
@@ -477,7 +481,8 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         ):
             a, b = self.workers.index(sender), self.workers.index(receiver)
             measured[(variable, phase, a, b)] = (nbytes, messages)
-        predicted = {k: tuple(v) for k, v in self.predicted.items()}
+        measured = split_carried(measured, self.carried)
+        predicted = split_carried({k: tuple(v) for k, v in self.predicted.items()}, self.carried)
         machine = [self.topology.machine_of(i) for i in range(len(self.workers))]
         return DataParallelReport(
             architecture=self.architecture,
@@ -494,6 +499,7 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         """Zero the measured and predicted counts."""
         reset_transfers(self.client, self.token)
         self.predicted = defaultdict(lambda: [0, 0])
+        self.carried = defaultdict(int)
         self.stats = VariableStats(self.variables)
 
 

@@ -5,7 +5,25 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-__all__ = ["DataParallelReport"]
+__all__ = ["DataParallelReport", "split_carried"]
+
+
+def split_carried(table: dict, carried: dict) -> dict:
+    """``table`` (``{(variable, phase, sender, receiver): (bytes, messages)}``) with the bytes
+    that messages of one variable carry for another (``carried``:
+    ``{(variable, phase, sender, receiver, other): bytes}``, fixed by the message layout) moved
+    to ``(other, phase, sender, receiver)``, with no message of its own."""
+    out = dict(table)
+    for (*message, other), nbytes in carried.items():
+        message = tuple(message)
+        if message not in out:
+            continue
+        total, messages = out[message]
+        out[message] = (total - nbytes, messages)
+        rider = (other, *message[1:])
+        rider_bytes, rider_messages = out.get(rider, (0, 0))
+        out[rider] = (rider_bytes + nbytes, rider_messages)
+    return out
 
 
 @dataclass(frozen=True)
@@ -21,6 +39,10 @@ class DataParallelReport:
     measured, predicted : dict
         ``{(variable, phase, sender, receiver): (bytes, messages)}`` with worker numbers; the
         measured figures come from the transfer monitor, the predicted ones from the batch ids.
+        A message of one variable that carries another's bytes (the dense chunks riding the
+        fused sparse messages of ``hybrid``) is measured whole; the carried bytes, fixed by the
+        message's layout, are listed under the other variable with no message of their own
+        (:func:`split_carried`), in both tables.
     alpha : dict
         Per variable, the mean fraction of its elements a worker touched per step.
     model_alpha : float or None

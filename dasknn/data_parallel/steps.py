@@ -102,7 +102,7 @@ def compute(ctx: StepContext, batch: WorkerBatch, *values) -> np.ndarray | None:
     servers, from this worker's scratch (the chief of a one-worker machine); then the dense
     variables' values under ``ps``. Keeps the batch, the gradients and the loss in the scratch;
     returns the gradients of the dense variables as one flat buffer (:data:`DENSE`) for the
-    allreduce, ``None`` under ``ps`` or without dense variables.
+    allreduce or the servers' reduction, ``None`` under ``ps`` or without dense variables.
     """
     _forget_earlier_steps(ctx)
     scratch = _scratch(ctx)
@@ -243,13 +243,19 @@ def assemble_rows(
     sizes: dict,
     local: tuple | None,
     remote: list[tuple[Parts, list]],
+    dense: tuple[int, list[int]] | None,
     *replies_then_after,
-) -> None:
+) -> np.ndarray | None:
     """The chief (worker ``chief``) puts its machine's rows of every sparse variable together,
     each in the order of the machine's rows (``sizes[variable]`` of them): the rows of the
     shards it serves itself (``local``: ``(parts, offsets, positions)``, read here, after the
     tasks that follow the replies) and the servers' fused replies (``remote[i]``:
-    ``(parts, positions)`` of reply ``i``)."""
+    ``(parts, positions)`` of reply ``i``).
+
+    ``dense``: ``(own chunk, tails)`` when the replies carry the previous step's reduced dense
+    chunks after the rows (``tails[i]`` items in reply ``i``, the chunks of the other chiefs in
+    order) and the first task after the replies is the chief's own update, which returned its
+    chunk; the reduced dense buffer is returned."""
     shapes = ctx.spec.sparse_shapes()
     rows = {v: np.empty((n, shapes[v][1]), dtype=ctx.spec.dtype) for v, n in sizes.items()}
     if local is not None:
@@ -265,6 +271,20 @@ def assemble_rows(
             rows[variable][pos] = values
     for variable, values in rows.items():
         _scratch(ctx, variable)["rows"] = values
+    if dense is None:
+        return None
+    own, tails = dense
+    replies = replies_then_after[: len(remote)]
+    received = [reply[reply.size - tail :] for reply, tail in zip(replies, tails, strict=True)]
+    return join_chunks(own, replies_then_after[len(remote)], *received)
+
+
+def join_chunks(position: int, own: np.ndarray, *received: np.ndarray) -> np.ndarray:
+    """The reduced dense buffer: the chunks of the other chiefs (``received``, in order) with
+    this chief's own chunk put at ``position``."""
+    chunks = list(received)
+    chunks.insert(position, own)
+    return np.concatenate(chunks)
 
 
 def rows_for(ctx: StepContext, variable: str, positions: np.ndarray, _assembled) -> np.ndarray:
@@ -300,12 +320,22 @@ def _machine_grad(ctx: StepContext, variable: str, alone: bool) -> np.ndarray:
 
 
 def push_rows(
-    ctx: StepContext, alone: bool, parts: list[tuple[str, np.ndarray]], *_summed
+    ctx: StepContext,
+    alone: bool,
+    parts: list[tuple[str, np.ndarray]],
+    chunk: tuple[int, int] | None,
+    dense_sum: np.ndarray | None,
+    *_summed,
 ) -> np.ndarray:
     """The machine's summed gradient of the rows it pulled from one server, in the pull's order
     (the server kept the offsets), after the tasks ``_summed`` that sum it: ``parts`` are
-    ``(variable, positions in the machine's rows)`` of the server's shards; one flat array."""
-    return _flat(ctx, [_machine_grad(ctx, v, alone)[pos] for v, pos in parts])
+    ``(variable, positions in the machine's rows)`` of the server's shards; one flat array,
+    followed by the items ``chunk = (lo, hi)`` of the machine's summed dense buffer
+    ``dense_sum`` when the dense gradient is reduced on the servers."""
+    arrays = [_machine_grad(ctx, v, alone)[pos] for v, pos in parts]
+    if chunk is not None:
+        arrays.append(dense_sum[chunk[0] : chunk[1]])
+    return _flat(ctx, arrays)
 
 
 def chief_sum(ctx: StepContext, *member_grads: np.ndarray) -> np.ndarray:
@@ -353,11 +383,22 @@ def _read_shards(ctx: StepContext, parts: Parts, chief: int, offsets: list) -> l
     return out
 
 
-def serve_rows(ctx: StepContext, parts: Parts, chief: int, offsets: list, *_after) -> np.ndarray:
+def serve_rows(
+    ctx: StepContext,
+    parts: Parts,
+    chief: int,
+    offsets: list,
+    carried: np.ndarray | None,
+    *_after,
+) -> np.ndarray:
     """The server's reply to ``chief`` in step ``ctx.step``: the rows ``offsets[i]`` of each of
-    its shards ``parts[i]`` (the client's plan of the chief's rows), in one flat array.
+    its shards ``parts[i]`` (the client's plan of the chief's rows), in one flat array, followed
+    by ``carried`` (the server's reduced dense chunk of the previous step), if any.
     ``_after``: the server's update of the previous step, when this is its prefetch."""
-    return _flat(ctx, _read_shards(ctx, parts, chief, offsets))
+    arrays = _read_shards(ctx, parts, chief, offsets)
+    if carried is not None:
+        arrays.append(carried)
+    return _flat(ctx, arrays)
 
 
 def update_rows(
@@ -366,17 +407,24 @@ def update_rows(
     parts: Parts,
     chiefs: list[int],
     local: tuple | None,
+    chunk: tuple[int, int] | None,
+    own_dense: np.ndarray | None,
     *pushes_then_after,
-) -> None:
+) -> np.ndarray | None:
     """The server (worker ``server``) sums, for each of its shards ``parts[i]``, the gradients
     the ``chiefs`` pushed (in order; each in the order of that chief's pull) and applies the
     optimizer to those rows.
     ``pushes_then_after`` are the fused pushes of the other chiefs, in order, then the task that
     leaves the server's own machine's sum; ``local``: ``(alone, positions)`` when the server is
-    a chief, its machine's gradient (read here)."""
+    a chief, its machine's gradient (read here).
+
+    With ``chunk = (lo, hi)`` (the server is a chief, and the dense gradient is reduced on the
+    servers), each push ends with the items ``lo:hi`` of its machine's dense sum; they and those
+    of ``own_dense`` (the server's own machine's) are summed in chief order and returned."""
     requests = _scratch(ctx)["requests"]
     variables = [variable for variable, _ in parts]
-    contributions = {}
+    contributions, dense = {}, []
+    width = 0 if chunk is None else chunk[1] - chunk[0]
     pushes = iter(pushes_then_after)
     for chief in chiefs:
         if chief == server:
@@ -385,9 +433,13 @@ def update_rows(
                 _machine_grad(ctx, v, alone)[pos]
                 for v, pos in zip(variables, positions, strict=True)
             ]
+            if chunk is not None:
+                dense.append(own_dense[chunk[0] : chunk[1]])
             continue
+        push = next(pushes)
         counts = [len(requests[(v, p, chief)]) for v, p in parts]
-        contributions[chief] = _split(ctx, next(pushes), variables, counts)
+        contributions[chief] = _split(ctx, push[: push.size - width], variables, counts)
+        dense.append(push[push.size - width :])
     state = replica_state(ctx.token)
     for i, (variable, shard) in enumerate(parts):
         offsets = [requests[(variable, shard, chief)] for chief in chiefs]
@@ -395,6 +447,7 @@ def update_rows(
         held = state.shards[(variable, shard)]
         state_rows = held.state_for(ctx.optimizer, flat=False)
         apply_rows(ctx.optimizer, held.values, state_rows, union, total)
+    return None if chunk is None else chief_sum(ctx, *dense)
 
 
 def serve_dense(ctx: StepContext, variable: str) -> np.ndarray:
