@@ -31,7 +31,7 @@ from dasknn.model_parallel.comm import (
     reset_transfers,
     wire_bytes,
 )
-from dasknn.model_parallel.exchange import ActorStepTemplate, Postbox, postbox_key
+from dasknn.model_parallel.exchange import ActorStepTemplate, postbox_key
 from dasknn.model_parallel.faults import (
     POLL_SECONDS,
     StepTimeoutError,
@@ -64,6 +64,7 @@ from dasknn.model_parallel.worker_state import ModelState, plugin_name, read_par
 from dasknn.optim import Optimizer, ParamState, resolve_optimizer
 from dasknn.runtime.cluster import open_client, scheduler_workers
 from dasknn.runtime.key_cache import install_key_cache_bound, remove_key_cache_bound
+from dasknn.runtime.postbox import Postbox
 from dasknn.runtime.waiting import gather_at_most
 
 __all__ = ["DistributedSparseMLP"]
@@ -315,13 +316,13 @@ class DistributedSparseMLP(SparseEstimator):
         )
 
     def _place_postboxes(self) -> None:
-        """Start this placement's :class:`~dasknn.model_parallel.exchange.Postbox` actor on every
+        """Start this placement's :class:`~dasknn.runtime.postbox.Postbox` actor on every
         worker hosting parts (``messages="actors"``); ``TimeoutError`` if the workers do not
         start them within ``step_timeout``."""
         self._postboxes = [
             self.client.submit(
                 Postbox,
-                self.token,
+                plugin_name(self.token),
                 key=postbox_key(self.token, self._generation, w),
                 workers=[address],
                 allow_other_workers=False,
