@@ -350,12 +350,15 @@ def _time_passes(stack, xt, delta, first_stage: bool, repeat: int) -> dict[str, 
 
 
 
-def pass_anatomy(client, model, bounds, micro_rows: int, repeat: int = 5) -> None:
+def pass_anatomy(
+    client, model, bounds, micro_rows: int, repeat: int = 5, workers_only: str = ""
+) -> None:
     """Each stage's forward and backward pass (its layers' products, as in the pipeline) timed
     in this process, on its worker alone, and on both workers at once: wall-clock and thread
     CPU time and minor page faults, medians of ``repeat``. Shows whether a pass is slower in the
     cluster because the worker runs it slower (CPU time up: the other worker's pass on the other
-    core) or because its thread waits for a core (wall above CPU time)."""
+    core) or because its thread waits for a core (wall above CPU time). With ``workers_only``
+    the one-process rows are left out and it labels the worker rows."""
     rng = np.random.default_rng(1)
     layers, activations = model.stack.layers, model.stack.activations
     stacks, inputs = [], []
@@ -381,16 +384,15 @@ def pass_anatomy(client, model, bounds, micro_rows: int, repeat: int = 5) -> Non
         )  # fmt: skip
 
     rows = {}
-    for s, stack in enumerate(stacks):
-        rows[("one process", s)] = _time_passes(stack, *inputs[s], s == 0, repeat)
+    if not workers_only:
+        for s, stack in enumerate(stacks):
+            rows[("one process", s)] = _time_passes(stack, *inputs[s], s == 0, repeat)
     for s in range(len(stacks)):
-        rows[("its worker, the other idle", s)] = on_worker(s).result()
+        rows[(f"its worker, the other idle{workers_only}", s)] = on_worker(s).result()
     together = [on_worker(s) for s in range(len(stacks))]
     for s, future in enumerate(together):
-        rows[("both workers at once", s)] = future.result()
-    print(
-        "\n| where | stage | forward: wall / CPU ms, faults | backward: wall / CPU ms, faults |"
-    )
+        rows[(f"both workers at once{workers_only}", s)] = future.result()
+    print("\n| where | stage | forward: wall / CPU ms, faults | backward: wall / CPU ms, faults |")
     print("| --- | ---: | ---: | ---: |")
     for (where, s), found in rows.items():
         cells = [
@@ -416,8 +418,11 @@ def bubble(
     micro_rows: int = 2048,
     steps: int = 3,
     ms: tuple[int, ...] = (2, 4, 8),
-    modes: tuple[str, ...] = ("tasks", "posted"),
+    modes: tuple[str, ...] = ("tasks", "posted", "posted-reuse"),
 ) -> None:
+    """The bubble section; ``modes``: ``"tasks"``, ``"posted"`` (``PipelineMLP``'s
+    ``messages``) and ``"posted-reuse"`` (posted, ``reuse_memory=True``: it tunes the workers'
+    malloc for the rest of the run, so it comes last)."""
     rng = np.random.default_rng(0)
     # 64-1024-1024-1024-1024-1024: the narrow first layer (1/16 of the others) needs no input
     # gradient, so stage 0 = layers 1-3 and stage 1 = layers 4-5 carry equal forward and equal
@@ -452,7 +457,8 @@ def bubble(
             "within 0.05: idle 0 / 1, bubble | busy per microbatch, stage 0 / 1 |"
         )
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
-        for messages in modes:
+        for mode in modes:
+            messages, reuse = mode.removesuffix("-reuse"), mode.endswith("-reuse")
             for m in ms:
                 model = CompressedMLP(
                     weights, masks, activation="relu", loss="mse", precision="fp32",
@@ -461,19 +467,20 @@ def bubble(
                 x = rng.uniform(0, 1, (micro_rows * m, sizes[0])).astype(np.float32)
                 y = rng.uniform(0, 1, (micro_rows * m, sizes[-1])).astype(np.float32)
                 with PipelineMLP(
-                    model, client, stages=2, microbatches=m, schedule="gpipe", messages=messages
-                ) as pipe:
+                    model, client, stages=2, microbatches=m, schedule="gpipe", messages=messages,
+                    reuse_memory=reuse,
+                ) as pipe:  # fmt: skip
                     pipe.train_step(x, y, optimizer=Adam())
                     parts = {0: [], 1: []}
-                    sources[(messages, m)] = {0: [], 1: []}
+                    sources[(mode, m)] = {0: [], 1: []}
                     for _ in range(steps):
                         pipe.train_step(x, y, optimizer=Adam())
                         for (s, _), breakdown in pipe.idle_breakdown().items():
                             parts[s].append(breakdown)
                         for (s, _), found in pipe.idle_sources().items():
-                            sources[(messages, m)][s].append(found)
+                            sources[(mode, m)][s].append(found)
                         for key, found in _pass_usage(pipe.step_report(), 2).items():
-                            usage.setdefault((messages, m, *key), []).extend(found)
+                            usage.setdefault((mode, m, *key), []).extend(found)
                 want = bubble_fraction(2, m)
                 idle = [_median(parts[s], "idle") for s in (0, 1)]
                 imbalance = [_median(parts[s], "imbalance") for s in (0, 1)]
@@ -484,12 +491,14 @@ def bubble(
                 per = [_median(parts[s], "busy") / m * 1e3 for s in (0, 1)]
                 ok = ["yes" if abs(g - want) <= 0.05 else "NO" for g in (*idle, bubble_part)]
                 print(
-                    f"| {messages} | {m} | {want:.3f} | {idle[0]:.3f} / {idle[1]:.3f} | "
+                    f"| {mode} | {m} | {want:.3f} | {idle[0]:.3f} / {idle[1]:.3f} | "
                     f"{bubble_part:.3f} | {imbalance[0]:.3f} / {imbalance[1]:.3f} | "
                     f"{handover[0]:.3f} / {handover[1]:.3f} ({per_pass[0]:.1f} / "
                     f"{per_pass[1]:.1f}) | {' / '.join(ok[:2])}, {ok[2]} | "
                     f"{per[0]:.0f} / {per[1]:.0f} ms |"
                 )
+        if any(mode.endswith("-reuse") for mode in modes):
+            pass_anatomy(client, anatomy, bounds, micro_rows, workers_only=", memory reused")
     print(
         "\n| messages | m | stage | idle | formula | + stage costs | + pass variation | "
         "+ handover | mean forward / backward (ms) |"
@@ -603,8 +612,8 @@ if __name__ == "__main__":
     parser.add_argument(
         "--bubble-messages",
         nargs="+",
-        default=["tasks", "posted"],
-        choices=["tasks", "posted"],
+        default=["tasks", "posted", "posted-reuse"],
+        choices=["tasks", "posted", "posted-reuse"],
         help="how the pipeline's messages travel (bubble)",
     )
     args = parser.parse_args()

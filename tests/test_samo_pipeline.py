@@ -26,6 +26,7 @@ from dasknn.pipeline_parallel import (
 from dasknn.pruning import magnitude_masks
 from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.keys import parse_pipeline_key, pipeline_key
+from dasknn.runtime.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
 
 SIZES = (30, 24, 16, 5)
 
@@ -370,6 +371,21 @@ def test_posted_messages_run_a_task_per_stage_and_time_every_pass(client4):
         assert [(kind, u) for kind, u, _, _ in usage] == [(kind, u) for kind, u, _, _ in events]
         for (_, _, start, end), (_, _, cpu, faults) in zip(events, usage, strict=True):
             assert 0 <= cpu <= end - start + 1e-3 and faults >= 0
+
+
+def _plugin_names(dask_worker):
+    return sorted(dask_worker.plugins)
+
+
+def test_reuse_memory_is_opt_in_and_removed_on_close(client4):
+    model, x, y = problem()
+    reference, _, _ = problem()
+    with PipelineMLP(model, client4, stages=2, microbatches=2, reuse_memory=True) as pipe:
+        name = f"{REUSE_MEMORY_PLUGIN}-{pipe.token}"
+        assert all(name in names for names in client4.run(_plugin_names).values())
+        loss = pipe.train_step(x, y, lr=0.1)
+        assert loss == pytest.approx(reference.train_step(x, y, lr=0.1), abs=1e-12)
+    assert not any(name in names for names in client4.run(_plugin_names).values())
 
 
 def test_bad_batches_raise_before_anything_is_scheduled(client4):

@@ -34,6 +34,8 @@ from dasknn.runtime.keys import new_token, pipeline_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
 from dasknn.runtime.plugin_owner import PluginOwner
 from dasknn.runtime.postbox import Postbox
+from dasknn.runtime.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
+from dasknn.runtime.worker_memory import ReuseFreedMemory
 
 __all__ = ["CommReport", "IdleBreakdown", "PipelineMLP", "balanced_bounds"]
 
@@ -180,6 +182,11 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
         worker's postbox actor (:mod:`dasknn.runtime.postbox`), so a pass starts as soon as its
         message arrived, with no scheduler round trip. ``"tasks"``: a task per pass, each
         message a task result that the scheduler hands to the receiving pass.
+    reuse_memory : bool
+        Opt in to :class:`~dasknn.runtime.worker_memory.ReuseFreedMemory` on the workers, so the
+        passes' freed buffers are reused instead of coming back from the kernel as fresh pages
+        (Dask's ``MALLOC_TRIM_THRESHOLD_`` otherwise returns them at once); process-wide, so
+        off by default.
 
     Raises
     ------
@@ -205,6 +212,7 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
         workers: Sequence[str] | None = None,
         bounds: Sequence[tuple[int, int]] | None = None,
         messages: str = "posted",
+        reuse_memory: bool = False,
     ) -> None:
         if not isinstance(model, CompressedMLP):
             raise ValueError(f"model must be a CompressedMLP, got {type(model).__name__}")
@@ -215,6 +223,7 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
         if messages not in ("posted", "tasks"):
             raise ValueError(f"messages must be 'posted' or 'tasks', got {messages!r}")
         self.messages = messages
+        self.reuse_memory = bool(reuse_memory)
         if self.stages > model.n_layers:
             raise ValueError(
                 f"{self.stages} stages for a network of {model.n_layers} layers: at most one per "
@@ -254,6 +263,7 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
         }
         self.token = new_token()
         self.plugin_name = ws.plugin_name(self.token)
+        self._memory_plugin = f"{REUSE_MEMORY_PLUGIN}-{self.token}"
         self._nnz = model.nnz
         self._grad_sizes = [
             sum(
@@ -273,6 +283,8 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
         self._register(ws.StageState(self.token), lambda: self._install(model))
 
     def _install(self, model: CompressedMLP) -> None:
+        if self.reuse_memory:
+            self.client.register_plugin(ReuseFreedMemory(), name=self._memory_plugin)
         layers = model.stack.layers
         activations = model.stack.activations
         for (s, d), address in self.workers.items():
@@ -316,6 +328,8 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
             return
         self._open = False
         self._postboxes.clear()
+        if self.reuse_memory:
+            self.client.unregister_worker_plugin(self._memory_plugin)
         self._unregister()
         for token in [self.token, *self._tokens]:
             reset_transfers(self.client, token)
