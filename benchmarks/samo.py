@@ -1,10 +1,10 @@
 """SAMO (compressed model states of pruned networks) against its baselines, in the same run.
 
 Run: ``flock /tmp/dasknn-tests.lock python3 benchmarks/samo.py [section ...]`` with sections
-``memory``, ``accuracy``, ``speed``, ``bubble``, ``workers`` (default: all); ``--bubble-m``,
-``--bubble-steps`` and ``--bubble-rows`` shrink the bubble section (default m 2 4 8, 3 steps,
-2,048 rows a microbatch), ``--bubble-messages`` picks the pipeline's message modes (default both,
-``tasks`` then ``posted``, in the same run). Everything runs
+``memory``, ``accuracy``, ``speed``, ``bubble``, ``received``, ``workers`` (default: all);
+``--bubble-m``, ``--bubble-steps`` and ``--bubble-rows`` shrink the bubble section (default m 2 4
+8, 3 steps, 2,048 rows a microbatch), ``--bubble-messages`` picks the pipeline's message modes
+(default all three, ``tasks``, ``posted``, ``posted-reuse``, in the same run). Everything runs
 single-threaded (BLAS, numba, torch), one thread per Dask worker, so the figures compare
 algorithms, not thread counts. Prints markdown tables with the targets of issue 12:
 
@@ -21,6 +21,9 @@ algorithms, not thread counts. Prints markdown tables with the targets of issue 
   time (``PipelineMLP.idle_breakdown``), for messages as task results and posted worker to
   worker; before it, each stage's passes timed in this process, on its worker alone and on both
   workers at once (wall and CPU time, page faults), and the workers' thread settings;
+- **received**: stage 0's backward pass of the bubble network on one worker, on a delta fetched
+  from the other worker against a copy of it and one made locally, and on a cold stash (the first
+  of ``m`` microbatches) against a warm one;
 - **workers**: at a per-worker memory limit where the dense model with a mask needs S = 2, the
   planner's choice for SAMO, with bytes and time per step of both.
 """
@@ -56,6 +59,7 @@ from dasknn.pipeline_parallel import (  # noqa: E402
     split_stages,
 )
 from dasknn.pruning import EarlyBird, magnitude_masks  # noqa: E402
+from dasknn.runtime.worker_memory import ReuseFreedMemory  # noqa: E402
 
 P = 0.9
 
@@ -402,6 +406,99 @@ def pass_anatomy(
         print(f"| {where} | {s} | {cells[0]} | {cells[1]} |")
 
 
+def _fresh_delta(n: int, rows: int, seed: int) -> np.ndarray:
+    """Task: a float32 ``(n, rows)`` array, made on the worker that runs it."""
+    return np.random.default_rng(seed).standard_normal((n, rows)).astype(np.float32)
+
+
+def _backward_sources(stack, xt, received, copied, m: int) -> dict[str, np.ndarray]:
+    """Task: ``(wall s, thread CPU s, minor faults)`` of stage 0's backward pass, right after its
+    forward pass, on ``received`` (an array fetched from another worker, as it arrived), on a
+    copy of ``copied`` (another fetched array) this thread made, and on an array this thread
+    made; then on the first of ``m`` microbatches stashed by ``m`` forward passes (a cold stash,
+    as under GPipe) against the last of them (warm)."""
+    import resource
+
+    def timed(delta, layers):
+        def clock():
+            faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+            return np.array([time.perf_counter(), time.thread_time(), faults], dtype=float)
+
+        start = clock()
+        stack.backward(xt, layers, delta, first=True, input_delta=False)
+        return clock() - start
+
+    local = np.random.default_rng(0).standard_normal(received.shape).astype(np.float32)
+    copy = np.array(copied)
+    out = {
+        "received delta": timed(received, stack.forward(xt, activate_last=False)),
+        "copy of a received delta": timed(copy, stack.forward(xt, activate_last=False)),
+        "delta made on this thread": timed(local, stack.forward(xt, activate_last=False)),
+    }
+    stash = [stack.forward(xt, activate_last=False) for _ in range(m)]
+    out[f"stash of {m} microbatches, the first (cold)"] = timed(local, stash[0])
+    out[f"stash of {m} microbatches, the last (warm)"] = timed(local, stash[-1])
+    return out
+
+
+def received(micro_rows: int = 2048, repeat: int = 7, m: int = 4) -> None:
+    """Stage 0's backward pass of the bubble network on one worker (malloc tuned, the other
+    worker idle but for making the arrays): on a delta fetched from the other worker against a
+    copy of one and one made locally, and on a cold stash against a warm one."""
+    rng = np.random.default_rng(0)
+    sizes = (64,) + (1024,) * 5
+    weights = [
+        rng.uniform(-1, 1, (a, b)) * np.sqrt(6 / a)
+        for a, b in zip(sizes[:-1], sizes[1:], strict=True)
+    ]
+    model = CompressedMLP(
+        weights, magnitude_masks(weights, P), activation="relu", loss="mse", compute="dense",
+        precision="fp32",
+    )  # fmt: skip
+    a, b = balanced_bounds(model, 2)[0]
+    layers = model.stack.layers
+    stack = CompressedStack(
+        [(layers[k].master, layers[k].index, layers[k].shape) for k in range(a, b)],
+        [layers[k].bias for k in range(a, b)],
+        model.stack.activations[a:b],
+        model.precision,
+        model.compute,
+    )
+    xt = rng.uniform(0, 1, (sizes[0], micro_rows)).astype(np.float32)
+    n_out = layers[b - 1].shape[1]
+    c, client = cluster(2)
+    with c, client:
+        client.register_plugin(ReuseFreedMemory(), name="samo-bench-reuse-freed-memory")
+        here, there = sorted(client.scheduler_info()["workers"])
+        [stack_here] = client.scatter([stack], workers=[here], broadcast=False)
+        [xt_here] = client.scatter([xt], workers=[here], broadcast=False)
+        found = {}
+        for n in range(repeat + 1):
+            deltas = [
+                client.submit(
+                    _fresh_delta, n_out, micro_rows, 2 * n + i, workers=[there],
+                    allow_other_workers=False, pure=False,
+                )  # fmt: skip
+                for i in range(2)
+            ]
+            result = client.submit(
+                _backward_sources, stack_here, xt_here, *deltas, m, workers=[here],
+                allow_other_workers=False, pure=False,
+            ).result()  # fmt: skip
+            if n:  # the first is a warm-up
+                for key, value in result.items():
+                    found.setdefault(key, []).append(value)
+    print(
+        f"\n### Stage 0's backward pass on one worker (microbatch of {micro_rows} rows, median "
+        f"of {repeat}, freed memory reused)\n"
+    )
+    print("| backward pass on | wall ms | CPU ms | minor faults |")
+    print("| --- | ---: | ---: | ---: |")
+    for key, values in found.items():
+        wall, cpu, faults = np.median(np.array(values), axis=0)
+        print(f"| {key} | {wall * 1e3:.1f} | {cpu * 1e3:.1f} | {faults:.0f} |")
+
+
 def _pass_usage(report: dict, stages: int) -> dict:
     """Per (stage, kind): the step's passes' wall and CPU seconds and minor page faults."""
     out = {}
@@ -596,6 +693,7 @@ SECTIONS = {
     "accuracy": accuracy,
     "speed": speed,
     "bubble": bubble,
+    "received": received,
     "workers": workers,
 }
 
