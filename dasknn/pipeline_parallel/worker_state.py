@@ -23,6 +23,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from dasknn.compressed import CompressedStack
 from dasknn.model.compressed_mlp import first_nonfinite_layer, nonfinite_loss_error
+from dasknn.runtime.alignment import local_copy
 from dasknn.runtime.keys import parse_pipeline_key, pipeline_key
 from dasknn.runtime.postbox import Mailbox, StepFailed
 
@@ -155,8 +156,9 @@ def _forward(state: StageState, step: int, microbatch: int, scale, loss_scale, i
     """The forward pass of :func:`forward_pass` on the stage replica ``state``."""
     start = _clock()
     received = None
-    if state.input_activation is not None:
-        received, inputs = inputs, state.input_activation.forward(inputs)
+    if state.input_activation is not None:  # a message: copied here once, stashed for backward
+        received = local_copy(inputs)
+        inputs = state.input_activation.forward(received)
     layers = state.stack.forward(inputs, activate_last=state.last)
     with state.lock:
         state.stash[(step, microbatch)] = (inputs, layers, received)
@@ -198,7 +200,7 @@ def _backward(state: StageState, step: int, microbatch: int, incoming):
         deltat = state.loss.output_delta_t(zt, at, labels, state.output_activation)
         deltat *= factor
     else:  # the next stage applied the derivative of this stage's last activation
-        deltat = incoming
+        deltat = local_copy(incoming)
     with state.gradient_lock:
         first = state.gradient_step != step
         state.gradient_step = step
