@@ -1,9 +1,10 @@
 """SAMO (compressed model states of pruned networks) against its baselines, in the same run.
 
 Run: ``flock /tmp/dasknn-tests.lock python3 benchmarks/samo.py [section ...]`` with sections
-``memory``, ``accuracy``, ``speed``, ``bubble``, ``workers`` (default: all); ``--bubble-m``,
-``--bubble-steps`` and ``--bubble-rows`` shrink the bubble section (default m 2 4 8, 3 steps,
-2,048 rows a microbatch). Everything runs
+``memory``, ``accuracy``, ``speed``, ``bubble``, ``received``, ``workers`` (default: all);
+``--bubble-m``, ``--bubble-steps`` and ``--bubble-rows`` shrink the bubble section (default m 2 4
+8, 3 steps, 2,048 rows a microbatch), ``--bubble-messages`` picks the pipeline's message modes
+(default all three, ``tasks``, ``posted``, ``posted-reuse``, in the same run). Everything runs
 single-threaded (BLAS, numba, torch), one thread per Dask worker, so the figures compare
 algorithms, not thread counts. Prints markdown tables with the targets of issue 12:
 
@@ -17,7 +18,12 @@ algorithms, not thread counts. Prints markdown tables with the targets of issue 
 - **bubble**: GPipe with S = 2, m in {2, 4, 8} on 64-1024-1024-1024-1024-1024 (stages balanced
   by estimated cost): each stage's idle fraction against ``(S - 1) / (m + S - 1)``, split into
   the bubble (the busiest stage's idle fraction) and each stage's imbalance, with the handover
-  time (``PipelineMLP.idle_breakdown``);
+  time (``PipelineMLP.idle_breakdown``), for messages as task results and posted worker to
+  worker; before it, each stage's passes timed in this process, on its worker alone and on both
+  workers at once (wall and CPU time, page faults), and the workers' thread settings;
+- **received**: stage 0's backward pass of the bubble network on one worker, on a delta fetched
+  from the other worker against a copy of it and one made locally, and on a cold stash (the first
+  of ``m`` microbatches) against a warm one;
 - **workers**: at a per-worker memory limit where the dense model with a mask needs S = 2, the
   planner's choice for SAMO, with bytes and time per step of both.
 """
@@ -36,6 +42,7 @@ import tracemalloc  # noqa: E402
 import numpy as np  # noqa: E402
 from machine import describe  # noqa: E402
 
+from dasknn.compressed import CompressedStack  # noqa: E402
 from dasknn.datasets import load_mnist_test  # noqa: E402
 from dasknn.kernels.compressed import flat_forward, row_pointers  # noqa: E402
 from dasknn.model import CompressedMLP, DenseMLP  # noqa: E402
@@ -52,6 +59,7 @@ from dasknn.pipeline_parallel import (  # noqa: E402
     split_stages,
 )
 from dasknn.pruning import EarlyBird, magnitude_masks  # noqa: E402
+from dasknn.runtime.worker_memory import ReuseFreedMemory  # noqa: E402
 
 P = 0.9
 
@@ -306,7 +314,212 @@ def _median(breakdowns, field: str) -> float:
     return statistics.median(getattr(b, field) for b in breakdowns)
 
 
-def bubble(micro_rows: int = 2048, steps: int = 3, ms: tuple[int, ...] = (2, 4, 8)) -> None:
+def _worker_threads(dask_worker) -> dict:
+    """For ``Client.run``: the thread settings a worker computes with, and its OS threads."""
+    import numba
+
+    with open("/proc/self/status") as status:
+        threads = next(int(line.split()[1]) for line in status if line.startswith("Threads:"))
+    names = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS")
+    names += ("MALLOC_TRIM_THRESHOLD_",)
+    return {
+        "env": {name: os.environ.get(name) for name in names},
+        "numba threads": numba.get_num_threads(),
+        "OS threads": threads,
+        "Dask task threads": dask_worker.state.nthreads,
+    }
+
+
+def _time_passes(stack, xt, delta, first_stage: bool, repeat: int) -> dict[str, np.ndarray]:
+    """Per kind (F, B): ``(wall s, thread CPU s, minor page faults)`` of ``repeat`` forward and
+    backward passes of ``stack`` on the feature-major ``xt``, the backward from ``delta``."""
+    import resource
+
+    def clock():
+        faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+        return np.array([time.perf_counter(), time.thread_time(), faults], dtype=float)
+
+    out = {"F": [], "B": []}
+    for n in range(repeat + 1):
+        start = clock()
+        layers = stack.forward(xt, activate_last=not first_stage)
+        middle = clock()
+        stack.backward(xt, layers, delta, first=True, input_delta=not first_stage)
+        end = clock()
+        if n:  # the first is a warm-up
+            out["F"].append(middle - start)
+            out["B"].append(end - middle)
+    return {kind: np.median(v, axis=0) for kind, v in out.items()}
+
+
+
+
+def pass_anatomy(
+    client, model, bounds, micro_rows: int, repeat: int = 5, workers_only: str = ""
+) -> None:
+    """Each stage's forward and backward pass (its layers' products, as in the pipeline) timed
+    in this process, on its worker alone, and on both workers at once: wall-clock and thread
+    CPU time and minor page faults, medians of ``repeat``. Shows whether a pass is slower in the
+    cluster because the worker runs it slower (CPU time up: the other worker's pass on the other
+    core) or because its thread waits for a core (wall above CPU time). With ``workers_only``
+    the one-process rows are left out and it labels the worker rows."""
+    rng = np.random.default_rng(1)
+    layers, activations = model.stack.layers, model.stack.activations
+    stacks, inputs = [], []
+    for a, b in bounds:
+        stacks.append(
+            CompressedStack(
+                [(layers[k].master, layers[k].index, layers[k].shape) for k in range(a, b)],
+                [layers[k].bias for k in range(a, b)],
+                activations[a:b],
+                model.precision,
+                model.compute,
+            )
+        )
+        n_in, n_out = layers[a].shape[0], layers[b - 1].shape[1]
+        xt = rng.uniform(0, 1, (n_in, micro_rows)).astype(np.float32)
+        inputs.append((xt, rng.standard_normal((n_out, micro_rows)).astype(np.float32)))
+    addresses = sorted(client.scheduler_info()["workers"])
+
+    def on_worker(s: int):
+        return client.submit(
+            _time_passes, stacks[s], *inputs[s], s == 0, repeat, workers=[addresses[s]],
+            allow_other_workers=False, pure=False,
+        )  # fmt: skip
+
+    rows = {}
+    if not workers_only:
+        for s, stack in enumerate(stacks):
+            rows[("one process", s)] = _time_passes(stack, *inputs[s], s == 0, repeat)
+    for s in range(len(stacks)):
+        rows[(f"its worker, the other idle{workers_only}", s)] = on_worker(s).result()
+    together = [on_worker(s) for s in range(len(stacks))]
+    for s, future in enumerate(together):
+        rows[(f"both workers at once{workers_only}", s)] = future.result()
+    print("\n| where | stage | forward: wall / CPU ms, faults | backward: wall / CPU ms, faults |")
+    print("| --- | ---: | ---: | ---: |")
+    for (where, s), found in rows.items():
+        cells = [
+            f"{found[kind][0] * 1e3:.1f} / {found[kind][1] * 1e3:.1f}, {found[kind][2]:.0f}"
+            for kind in "FB"
+        ]
+        print(f"| {where} | {s} | {cells[0]} | {cells[1]} |")
+
+
+def _fresh_delta(n: int, rows: int, seed: int) -> np.ndarray:
+    """Task: a float32 ``(n, rows)`` array, made on the worker that runs it."""
+    return np.random.default_rng(seed).standard_normal((n, rows)).astype(np.float32)
+
+
+def _backward_sources(stack, xt, received, copied, m: int) -> dict[str, np.ndarray]:
+    """Task: ``(wall s, thread CPU s, minor faults)`` of stage 0's backward pass, right after its
+    forward pass, on ``received`` (an array fetched from another worker, as it arrived), on a
+    copy of ``copied`` (another fetched array) this thread made, and on an array this thread
+    made; then on the first of ``m`` microbatches stashed by ``m`` forward passes (a cold stash,
+    as under GPipe) against the last of them (warm)."""
+    import resource
+
+    def timed(delta, layers):
+        def clock():
+            faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+            return np.array([time.perf_counter(), time.thread_time(), faults], dtype=float)
+
+        start = clock()
+        stack.backward(xt, layers, delta, first=True, input_delta=False)
+        return clock() - start
+
+    local = np.random.default_rng(0).standard_normal(received.shape).astype(np.float32)
+    copy = np.array(copied)
+    out = {
+        "received delta": timed(received, stack.forward(xt, activate_last=False)),
+        "copy of a received delta": timed(copy, stack.forward(xt, activate_last=False)),
+        "delta made on this thread": timed(local, stack.forward(xt, activate_last=False)),
+    }
+    stash = [stack.forward(xt, activate_last=False) for _ in range(m)]
+    out[f"stash of {m} microbatches, the first (cold)"] = timed(local, stash[0])
+    out[f"stash of {m} microbatches, the last (warm)"] = timed(local, stash[-1])
+    return out
+
+
+def received(micro_rows: int = 2048, repeat: int = 7, m: int = 4) -> None:
+    """Stage 0's backward pass of the bubble network on one worker (malloc tuned, the other
+    worker idle but for making the arrays): on a delta fetched from the other worker against a
+    copy of one and one made locally, and on a cold stash against a warm one."""
+    rng = np.random.default_rng(0)
+    sizes = (64,) + (1024,) * 5
+    weights = [
+        rng.uniform(-1, 1, (a, b)) * np.sqrt(6 / a)
+        for a, b in zip(sizes[:-1], sizes[1:], strict=True)
+    ]
+    model = CompressedMLP(
+        weights, magnitude_masks(weights, P), activation="relu", loss="mse", compute="dense",
+        precision="fp32",
+    )  # fmt: skip
+    a, b = balanced_bounds(model, 2)[0]
+    layers = model.stack.layers
+    stack = CompressedStack(
+        [(layers[k].master, layers[k].index, layers[k].shape) for k in range(a, b)],
+        [layers[k].bias for k in range(a, b)],
+        model.stack.activations[a:b],
+        model.precision,
+        model.compute,
+    )
+    xt = rng.uniform(0, 1, (sizes[0], micro_rows)).astype(np.float32)
+    n_out = layers[b - 1].shape[1]
+    c, client = cluster(2)
+    with c, client:
+        client.register_plugin(ReuseFreedMemory(), name="samo-bench-reuse-freed-memory")
+        here, there = sorted(client.scheduler_info()["workers"])
+        [stack_here] = client.scatter([stack], workers=[here], broadcast=False)
+        [xt_here] = client.scatter([xt], workers=[here], broadcast=False)
+        found = {}
+        for n in range(repeat + 1):
+            deltas = [
+                client.submit(
+                    _fresh_delta, n_out, micro_rows, 2 * n + i, workers=[there],
+                    allow_other_workers=False, pure=False,
+                )  # fmt: skip
+                for i in range(2)
+            ]
+            result = client.submit(
+                _backward_sources, stack_here, xt_here, *deltas, m, workers=[here],
+                allow_other_workers=False, pure=False,
+            ).result()  # fmt: skip
+            if n:  # the first is a warm-up
+                for key, value in result.items():
+                    found.setdefault(key, []).append(value)
+    print(
+        f"\n### Stage 0's backward pass on one worker (microbatch of {micro_rows} rows, median "
+        f"of {repeat}, freed memory reused)\n"
+    )
+    print("| backward pass on | wall ms | CPU ms | minor faults |")
+    print("| --- | ---: | ---: | ---: |")
+    for key, values in found.items():
+        wall, cpu, faults = np.median(np.array(values), axis=0)
+        print(f"| {key} | {wall * 1e3:.1f} | {cpu * 1e3:.1f} | {faults:.0f} |")
+
+
+def _pass_usage(report: dict, stages: int) -> dict:
+    """Per (stage, kind): the step's passes' wall and CPU seconds and minor page faults."""
+    out = {}
+    for s in range(stages):
+        events = report[(s, 0)]["events"]
+        usage = report[(s, 0)]["usage"]
+        for (kind, _, start, end), (_, _, cpu, faults) in zip(events, usage, strict=True):
+            if kind in "FB":
+                out.setdefault((s, kind), []).append((end - start, cpu, faults))
+    return out
+
+
+def bubble(
+    micro_rows: int = 2048,
+    steps: int = 3,
+    ms: tuple[int, ...] = (2, 4, 8),
+    modes: tuple[str, ...] = ("tasks", "posted", "posted-reuse"),
+) -> None:
+    """The bubble section; ``modes``: ``"tasks"``, ``"posted"`` (``PipelineMLP``'s
+    ``messages``) and ``"posted-reuse"`` (posted, ``reuse_memory=True``: it tunes the workers'
+    malloc for the rest of the run, so it comes last)."""
     rng = np.random.default_rng(0)
     # 64-1024-1024-1024-1024-1024: the narrow first layer (1/16 of the others) needs no input
     # gradient, so stage 0 = layers 1-3 and stage 1 = layers 4-5 carry equal forward and equal
@@ -324,64 +537,90 @@ def bubble(micro_rows: int = 2048, steps: int = 3, ms: tuple[int, ...] = (2, 4, 
     print(
         f"\n### Pipeline bubble: S = 2, {'-'.join(map(str, sizes))}, stages {bounds} (estimated "
         f"multiply-adds per sample {stage_costs[0]:.2f} M / {stage_costs[1]:.2f} M), GPipe, "
-        f"dense compute fp32, microbatches of {micro_rows} rows\n"
+        f"dense compute fp32, microbatches of {micro_rows} rows, {steps} steps per m\n"
     )
-    print(
-        "| m | formula (S-1)/(m+S-1) | idle stage 0 / 1 | bubble (busiest stage's idle) | "
-        "imbalance stage 0 / 1 | handover stage 0 / 1 (ms per pass) | "
-        "within 0.05: idle 0 / 1, bubble | busy per microbatch, stage 0 / 1 |"
-    )
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
-    sources = {}
+    sources, usage = {}, {}
     c, client = cluster(2)
     with c, client:
-        for m in ms:
-            model = CompressedMLP(
-                weights, masks, activation="relu", loss="mse", precision="fp32", compute="dense"
-            )
-            x = rng.uniform(0, 1, (micro_rows * m, sizes[0])).astype(np.float32)
-            y = rng.uniform(0, 1, (micro_rows * m, sizes[-1])).astype(np.float32)
-            with PipelineMLP(model, client, stages=2, microbatches=m, schedule="gpipe") as pipe:
-                pipe.train_step(x, y, optimizer=Adam())
-                parts = {0: [], 1: []}
-                sources[m] = {0: [], 1: []}
-                for _ in range(steps):
+        for address, found in sorted(client.run(_worker_threads).items()):
+            print(f"worker {address}: {found}")
+        anatomy = CompressedMLP(
+            weights, masks, activation="relu", loss="mse", precision="fp32", compute="dense"
+        )
+        pass_anatomy(client, anatomy, bounds, micro_rows)
+        print(
+            "\n| messages | m | formula (S-1)/(m+S-1) | idle stage 0 / 1 | bubble (busiest "
+            "stage's idle) | imbalance stage 0 / 1 | handover stage 0 / 1 (ms per pass) | "
+            "within 0.05: idle 0 / 1, bubble | busy per microbatch, stage 0 / 1 |"
+        )
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
+        for mode in modes:
+            messages, reuse = mode.removesuffix("-reuse"), mode.endswith("-reuse")
+            for m in ms:
+                model = CompressedMLP(
+                    weights, masks, activation="relu", loss="mse", precision="fp32",
+                    compute="dense",
+                )  # fmt: skip
+                x = rng.uniform(0, 1, (micro_rows * m, sizes[0])).astype(np.float32)
+                y = rng.uniform(0, 1, (micro_rows * m, sizes[-1])).astype(np.float32)
+                with PipelineMLP(
+                    model, client, stages=2, microbatches=m, schedule="gpipe", messages=messages,
+                    reuse_memory=reuse,
+                ) as pipe:  # fmt: skip
                     pipe.train_step(x, y, optimizer=Adam())
-                    for (s, _), breakdown in pipe.idle_breakdown().items():
-                        parts[s].append(breakdown)
-                    for (s, _), found in pipe.idle_sources().items():
-                        sources[m][s].append(found)
-            want = bubble_fraction(2, m)
-
-            idle = [_median(parts[s], "idle") for s in (0, 1)]
-            imbalance = [_median(parts[s], "imbalance") for s in (0, 1)]
-            handover = [_median(parts[s], "handover") for s in (0, 1)]
-            spans = [b.busy / (1 - b.idle) for b in parts[0]]
-            per_pass = [h * statistics.median(spans) / (2 * m) * 1e3 for h in handover]
-            bubble_part = _median(parts[0], "bubble")
-            per = [_median(parts[s], "busy") / m * 1e3 for s in (0, 1)]
-            ok = ["yes" if abs(g - want) <= 0.05 else "NO" for g in (*idle, bubble_part)]
-            print(
-                f"| {m} | {want:.3f} | {idle[0]:.3f} / {idle[1]:.3f} | {bubble_part:.3f} | "
-                f"{imbalance[0]:.3f} / {imbalance[1]:.3f} | {handover[0]:.3f} / "
-                f"{handover[1]:.3f} ({per_pass[0]:.1f} / {per_pass[1]:.1f}) | "
-                f"{' / '.join(ok[:2])}, {ok[2]} | {per[0]:.0f} / {per[1]:.0f} ms |"
-            )
+                    parts = {0: [], 1: []}
+                    sources[(mode, m)] = {0: [], 1: []}
+                    for _ in range(steps):
+                        pipe.train_step(x, y, optimizer=Adam())
+                        for (s, _), breakdown in pipe.idle_breakdown().items():
+                            parts[s].append(breakdown)
+                        for (s, _), found in pipe.idle_sources().items():
+                            sources[(mode, m)][s].append(found)
+                        for key, found in _pass_usage(pipe.step_report(), 2).items():
+                            usage.setdefault((mode, m, *key), []).extend(found)
+                want = bubble_fraction(2, m)
+                idle = [_median(parts[s], "idle") for s in (0, 1)]
+                imbalance = [_median(parts[s], "imbalance") for s in (0, 1)]
+                handover = [_median(parts[s], "handover") for s in (0, 1)]
+                spans = [b.busy / (1 - b.idle) for b in parts[0]]
+                per_pass = [h * statistics.median(spans) / (2 * m) * 1e3 for h in handover]
+                bubble_part = _median(parts[0], "bubble")
+                per = [_median(parts[s], "busy") / m * 1e3 for s in (0, 1)]
+                ok = ["yes" if abs(g - want) <= 0.05 else "NO" for g in (*idle, bubble_part)]
+                print(
+                    f"| {mode} | {m} | {want:.3f} | {idle[0]:.3f} / {idle[1]:.3f} | "
+                    f"{bubble_part:.3f} | {imbalance[0]:.3f} / {imbalance[1]:.3f} | "
+                    f"{handover[0]:.3f} / {handover[1]:.3f} ({per_pass[0]:.1f} / "
+                    f"{per_pass[1]:.1f}) | {' / '.join(ok[:2])}, {ok[2]} | "
+                    f"{per[0]:.0f} / {per[1]:.0f} ms |"
+                )
+        if any(mode.endswith("-reuse") for mode in modes):
+            pass_anatomy(client, anatomy, bounds, micro_rows, workers_only=", memory reused")
     print(
-        "\n| m | stage | idle | formula | + stage costs | + pass variation | + handover | "
-        "mean forward / backward (ms) |"
+        "\n| messages | m | stage | idle | formula | + stage costs | + pass variation | "
+        "+ handover | mean forward / backward (ms) |"
     )
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for m, per_stage in sources.items():
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for (messages, m), per_stage in sources.items():
         for s, found in per_stage.items():
             idle, formula = _median(found, "idle"), _median(found, "formula")
             added = [_median(found, f) for f in ("stage_costs", "pass_variation", "handover")]
             fb = [_median(found, f) * 1e3 for f in ("mean_forward", "mean_backward")]
             print(
-                f"| {m} | {s} | {idle:.3f} | {formula:.3f} | "
+                f"| {messages} | {m} | {s} | {idle:.3f} | {formula:.3f} | "
                 + " | ".join(f"{v:+.3f}" for v in added)
                 + f" | {fb[0]:.0f} / {fb[1]:.0f} |"
             )
+    print(
+        "\n| messages | m | stage | pass | wall ms | CPU ms | wall / CPU | minor faults |"
+    )
+    print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |")
+    for (messages, m, s, kind), found in sorted(usage.items()):
+        wall, cpu, faults = np.median(np.array(found), axis=0)
+        print(
+            f"| {messages} | {m} | {s} | {kind} | {wall * 1e3:.1f} | {cpu * 1e3:.1f} | "
+            f"{wall / cpu:.2f} | {faults:.0f} |"
+        )
     print(
         "\n(idle = formula + stage costs + pass variation + handover, medians of the steps: "
         "the stages' unequal mean passes, unequal passes of one stage and kind, and the time "
@@ -391,7 +630,8 @@ def bubble(micro_rows: int = 2048, steps: int = 3, ms: tuple[int, ...] = (2, 4, 
         "\n(idle = bubble + imbalance; the bubble is the busiest stage's idle fraction, which the "
         "formula describes; the imbalance is the time a stage waits because the other is busier; "
         "the handover, part of the idle time, is the time a pass started after its inputs were "
-        "ready: Dask's scheduler round trip and the message's transfer)"
+        "ready: with messages='tasks' Dask's scheduler round trip and the message's transfer, "
+        "with 'posted' the message's transfer)"
     )
 
 
@@ -453,6 +693,7 @@ SECTIONS = {
     "accuracy": accuracy,
     "speed": speed,
     "bubble": bubble,
+    "received": received,
     "workers": workers,
 }
 
@@ -466,6 +707,13 @@ if __name__ == "__main__":
     )
     parser.add_argument("--bubble-steps", type=int, default=3, help="measured steps per m")
     parser.add_argument("--bubble-rows", type=int, default=2048, help="rows per microbatch")
+    parser.add_argument(
+        "--bubble-messages",
+        nargs="+",
+        default=["tasks", "posted", "posted-reuse"],
+        choices=["tasks", "posted", "posted-reuse"],
+        help="how the pipeline's messages travel (bubble)",
+    )
     args = parser.parse_args()
     unknown = [name for name in args.sections if name not in SECTIONS]
     if unknown:
@@ -473,6 +721,11 @@ if __name__ == "__main__":
     print(f"machine: {describe()}; numpy {np.__version__}")
     for name in args.sections or list(SECTIONS):
         if name == "bubble":
-            bubble(args.bubble_rows, args.bubble_steps, tuple(args.bubble_m))
+            bubble(
+                args.bubble_rows,
+                args.bubble_steps,
+                tuple(args.bubble_m),
+                tuple(args.bubble_messages),
+            )
         else:
             SECTIONS[name]()

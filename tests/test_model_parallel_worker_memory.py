@@ -1,4 +1,4 @@
-"""The worker plugin that keeps freed buffers for reuse (dasknn.model_parallel.worker_memory)."""
+"""The worker plugin that keeps freed buffers for reuse (dasknn.runtime.worker_memory)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
-from dasknn.model_parallel.worker_memory import PLUGIN_NAME
+from dasknn.runtime.worker_memory import PLUGIN_NAME
 
 glibc_only = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="the tuning applies to glibc's malloc"
@@ -22,7 +22,7 @@ _FAULTS = textwrap.dedent(
     """
     import resource, sys
     import numpy as np
-    from dasknn.model_parallel.worker_memory import tune_malloc
+    from dasknn.runtime.worker_memory import tune_malloc
     if sys.argv[1] == "tuned":
         assert tune_malloc()
     def churn():

@@ -26,6 +26,7 @@ from dasknn.pipeline_parallel import (
 from dasknn.pruning import magnitude_masks
 from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.keys import parse_pipeline_key, pipeline_key
+from dasknn.runtime.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
 
 SIZES = (30, 24, 16, 5)
 
@@ -100,15 +101,30 @@ def test_the_planner_gives_samo_fewer_stages_and_more_replicas():
         plan_parallelism(dense, workers=4, memory_limit=100)
 
 
-CONFIGS = [(2, 1, "gpipe"), (2, 1, "1f1b"), (1, 2, "gpipe"), (2, 2, "1f1b")]
+CONFIGS = [
+    (2, 1, "gpipe", "posted"),
+    (2, 1, "1f1b", "posted"),
+    (1, 2, "gpipe", "posted"),
+    (2, 2, "1f1b", "posted"),
+    (2, 1, "gpipe", "tasks"),
+    (2, 2, "1f1b", "tasks"),
+]
 
 
-@pytest.mark.parametrize(("stages", "replicas", "schedule"), CONFIGS)
-def test_a_distributed_step_equals_the_full_batch_step(client4, stages, replicas, schedule):
+@pytest.mark.parametrize(("stages", "replicas", "schedule", "messages"), CONFIGS)
+def test_a_distributed_step_equals_the_full_batch_step(
+    client4, stages, replicas, schedule, messages
+):
     model, x, y = problem()
     reference, _, _ = problem()
     with PipelineMLP(
-        model, client4, stages=stages, data_parallel=replicas, microbatches=4, schedule=schedule
+        model,
+        client4,
+        stages=stages,
+        data_parallel=replicas,
+        microbatches=4,
+        schedule=schedule,
+        messages=messages,
     ) as pipe:
         for _ in range(2):
             loss = pipe.train_step(x, y, optimizer=Adam(lr=0.01))
@@ -313,6 +329,7 @@ def _pipeline_plugins(dask_worker):
         ({"schedule": "zigzag"}, "unknown schedule"),
         ({"data_parallel": 1.5}, "data_parallel must be an integer"),
         ({"stages": 2, "bounds": [(0, 1), (2, 3)]}, "bounds must be 2 contiguous"),
+        ({"messages": "mail"}, "messages must be 'posted' or 'tasks'"),
     ],
 )
 def test_bad_settings_raise_before_anything_is_installed(client4, kwargs, match):
@@ -320,6 +337,55 @@ def test_bad_settings_raise_before_anything_is_installed(client4, kwargs, match)
     with pytest.raises(ValueError, match=match):
         PipelineMLP(model, client4, **kwargs)
     assert not any(client4.run(_pipeline_plugins).values())
+
+
+def test_a_worker_named_twice_is_refused(client4):
+    model, _, _ = problem()
+    address = sorted(scheduler_workers(client4))[0]
+    with pytest.raises(ValueError, match="a worker is named twice"):
+        PipelineMLP(model, client4, stages=2, workers=[address, address])
+    assert not any(client4.run(_pipeline_plugins).values())
+
+
+def test_posted_messages_run_a_task_per_stage_and_time_every_pass(client4):
+    """With posted messages the scheduler sees one task per stage replica and step (no pass
+    keys), the messages still equal the byte formula exactly, and every pass has its thread's
+    CPU time and page faults beside its wall-clock time."""
+    model, x, y = problem()
+    client4.register_plugin(_RecordConsumers())
+    try:
+        with PipelineMLP(model, client4, stages=3, microbatches=4, schedule="1f1b") as pipe:
+            pipe.train_step(x, y, lr=0.1)
+            keys = [parse_pipeline_key(k) for k in client4.run_on_scheduler(_consumers)]
+            report = pipe.comm_report()
+            step = pipe.step_report()
+    finally:
+        client4.unregister_scheduler_plugin(_RecordConsumers.name)
+    kinds = {k.kind for k in keys if k.token == pipe.token}
+    assert "run" in kinds and not kinds & {"fwd", "bwd", "fwd-done", "bwd-done"}
+    assert report.exact and report.pipeline_messages == 2 * 2 * 4, report
+    for s in range(3):
+        events, usage = step[(s, 0)]["events"], step[(s, 0)]["usage"]
+        passes = [(kind, u) for kind, u, _, _ in events if kind in "FB"]
+        assert passes == stage_order("1f1b", 3, s, 4)
+        assert [(kind, u) for kind, u, _, _ in usage] == [(kind, u) for kind, u, _, _ in events]
+        for (_, _, start, end), (_, _, cpu, faults) in zip(events, usage, strict=True):
+            assert 0 <= cpu <= end - start + 1e-3 and faults >= 0
+
+
+def _plugin_names(dask_worker):
+    return sorted(dask_worker.plugins)
+
+
+def test_reuse_memory_is_opt_in_and_removed_on_close(client4):
+    model, x, y = problem()
+    reference, _, _ = problem()
+    with PipelineMLP(model, client4, stages=2, microbatches=2, reuse_memory=True) as pipe:
+        name = f"{REUSE_MEMORY_PLUGIN}-{pipe.token}"
+        assert all(name in names for names in client4.run(_plugin_names).values())
+        loss = pipe.train_step(x, y, lr=0.1)
+        assert loss == pytest.approx(reference.train_step(x, y, lr=0.1), abs=1e-12)
+    assert not any(name in names for names in client4.run(_plugin_names).values())
 
 
 def test_bad_batches_raise_before_anything_is_scheduled(client4):
@@ -407,7 +473,9 @@ def test_the_scheduler_gets_priorities_in_the_schedule_order(client4, schedule):
     model, x, y = problem()
     client4.register_plugin(_RecordPriorities())
     try:
-        with PipelineMLP(model, client4, stages=2, microbatches=4, schedule=schedule) as pipe:
+        with PipelineMLP(
+            model, client4, stages=2, microbatches=4, schedule=schedule, messages="tasks"
+        ) as pipe:
             pipe.train_step(x, y, lr=0.1)
             recorded = client4.run_on_scheduler(_recorded)
     finally:
@@ -456,7 +524,9 @@ def test_a_message_is_read_on_the_sender_only_by_tasks_that_run_at_once(client4)
     x, y = rng.uniform(0, 1, (16, SIZES[0])), rng.integers(0, SIZES[-1], 16)
     client4.register_plugin(_RecordConsumers())
     try:
-        with PipelineMLP(model, client4, stages=2, data_parallel=2, microbatches=4) as pipe:
+        with PipelineMLP(
+            model, client4, stages=2, data_parallel=2, microbatches=4, messages="tasks"
+        ) as pipe:
             pipe.train_step(x, y, lr=0.1)
             consumers = client4.run_on_scheduler(_consumers)
     finally:

@@ -7,10 +7,11 @@ task per worker, which runs that worker's parts through the forward and backward
 itself (the same per-part functions as the tasks of the default mode,
 :func:`~dasknn.model_parallel.steps.forward_task` and
 :func:`~dasknn.model_parallel.steps.backward_task`) and exchanges the messages directly: a
-message for a part on another worker is posted to that worker's :class:`Postbox`, a Dask actor
-(one per worker and model, documented API: its method calls go from worker to worker without
-the scheduler), which leaves it in the receiving model plugin's mailbox, where the receiving part
-waits for it. The postbox reports every message it receives to the communication monitor
+message for a part on another worker is posted to that worker's
+:class:`~dasknn.runtime.postbox.Postbox`, a Dask actor (one per worker and model, documented API:
+its method calls go from worker to worker without the scheduler), which leaves it in the
+receiving model plugin's mailbox, where the receiving part waits for it. The postbox reports
+every message it receives to the communication monitor
 (:func:`dasknn.runtime.measure.report_transfer`), so the volume is measured as in the default
 mode. Microbatches interleave within the task: the worker computes microbatch ``i + 1`` of a
 layer while the messages of microbatch ``i`` travel.
@@ -24,7 +25,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dask.task_spec import List, Task, TaskRef
-from distributed import get_worker
 
 from dasknn.model_parallel.layout import Layout
 from dasknn.model_parallel.plan import CommPlan
@@ -35,11 +35,10 @@ from dasknn.model_parallel.steps import (
     combine_logsumexp,
     forward_task,
 )
-from dasknn.model_parallel.worker_state import model_state, plugin_name
+from dasknn.model_parallel.worker_state import model_state
 from dasknn.runtime.keys import phase_names, step_key
-from dasknn.runtime.measure import report_transfer
 
-__all__ = ["ActorStepTemplate", "Postbox", "WorkerProgram", "postbox_key", "worker_step"]
+__all__ = ["ActorStepTemplate", "WorkerProgram", "postbox_key", "worker_step"]
 
 NO_RECEIVER = -1
 SOFTMAX_STATS = -3
@@ -50,27 +49,6 @@ def postbox_key(token: str, generation: int, worker: int) -> str:
     in the model's placement number ``generation`` (a placement after a lost worker makes new
     postboxes, so no key whose release may still be under way is used again)."""
     return f"dasknn-postbox-{token}-g{generation}-{worker}"
-
-
-class Postbox:
-    """Dask actor: receives the messages other workers post for this worker's parts.
-
-    Parameters
-    ----------
-    token : str
-        The model's token; messages go to the mailbox of its worker plugin as it is when the
-        postbox is made (a message of an earlier placement never reaches a later one).
-    """
-
-    def __init__(self, token: str) -> None:
-        self.worker = get_worker()  # made by a task on the worker it serves
-        self.state = self.worker.plugins[plugin_name(token)]
-
-    async def post(self, key: tuple, sender: str, rows) -> None:
-        """Leave the message ``key`` from the worker at ``sender`` in the mailbox and report it
-        to the communication monitor (runs on the worker's event loop)."""
-        self.state.deliver(key, rows)
-        report_transfer(self.worker, key, sender, rows.nbytes)
 
 
 @dataclass(frozen=True)

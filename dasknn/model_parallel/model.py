@@ -31,7 +31,7 @@ from dasknn.model_parallel.comm import (
     reset_transfers,
     wire_bytes,
 )
-from dasknn.model_parallel.exchange import ActorStepTemplate, Postbox, postbox_key
+from dasknn.model_parallel.exchange import ActorStepTemplate, postbox_key
 from dasknn.model_parallel.faults import (
     POLL_SECONDS,
     StepTimeoutError,
@@ -58,13 +58,14 @@ from dasknn.model_parallel.microbatches import auto_microbatches, check_microbat
 from dasknn.model_parallel.plan import build_comm_plan, normalize_partition
 from dasknn.model_parallel.steps import StepContext
 from dasknn.model_parallel.taskgraph import PartPlacement, StepPriority, StepTemplate
-from dasknn.model_parallel.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
-from dasknn.model_parallel.worker_memory import ReuseFreedMemory
 from dasknn.model_parallel.worker_state import ModelState, plugin_name, read_parts
 from dasknn.optim import Optimizer, ParamState, resolve_optimizer
 from dasknn.runtime.cluster import open_client, scheduler_workers
 from dasknn.runtime.key_cache import install_key_cache_bound, remove_key_cache_bound
+from dasknn.runtime.postbox import Postbox
 from dasknn.runtime.waiting import gather_at_most
+from dasknn.runtime.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
+from dasknn.runtime.worker_memory import ReuseFreedMemory
 
 __all__ = ["DistributedSparseMLP"]
 
@@ -107,7 +108,7 @@ class DistributedSparseMLP(SparseEstimator):
         Use a separate pack task per message after each part's product task (two scheduler
         round trips per layer instead of one); only to measure the default's saving.
     reuse_memory : bool
-        Opt in to :class:`~dasknn.model_parallel.worker_memory.ReuseFreedMemory` on the workers, so
+        Opt in to :class:`~dasknn.runtime.worker_memory.ReuseFreedMemory` on the workers, so
         the buffers a step frees are reused by the next layer instead of being returned to the OS
         and faulted in again (faster steps, but a process-wide malloc setting that stays in the
         worker processes: use it on a cluster of your own). ``False`` (the default) leaves the
@@ -315,13 +316,13 @@ class DistributedSparseMLP(SparseEstimator):
         )
 
     def _place_postboxes(self) -> None:
-        """Start this placement's :class:`~dasknn.model_parallel.exchange.Postbox` actor on every
+        """Start this placement's :class:`~dasknn.runtime.postbox.Postbox` actor on every
         worker hosting parts (``messages="actors"``); ``TimeoutError`` if the workers do not
         start them within ``step_timeout``."""
         self._postboxes = [
             self.client.submit(
                 Postbox,
-                self.token,
+                plugin_name(self.token),
                 key=postbox_key(self.token, self._generation, w),
                 workers=[address],
                 allow_other_workers=False,

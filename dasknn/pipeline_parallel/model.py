@@ -33,6 +33,9 @@ from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.keys import new_token, pipeline_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
 from dasknn.runtime.plugin_owner import PluginOwner
+from dasknn.runtime.postbox import Postbox
+from dasknn.runtime.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
+from dasknn.runtime.worker_memory import ReuseFreedMemory
 
 __all__ = ["CommReport", "IdleBreakdown", "PipelineMLP", "balanced_bounds"]
 
@@ -173,12 +176,24 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
     bounds : sequence of (first, stop), optional
         The layers of each stage, contiguous and covering the network (default:
         :func:`balanced_bounds`), e.g. to balance stages by measured time.
+    messages : {"posted", "tasks"}
+        How a step runs. ``"posted"`` (the default): one task per stage replica runs its passes
+        in the schedule's order and posts each boundary message straight to the receiving
+        worker's postbox actor (:mod:`dasknn.runtime.postbox`), so a pass starts as soon as its
+        message arrived, with no scheduler round trip. ``"tasks"``: a task per pass, each
+        message a task result that the scheduler hands to the receiving pass.
+    reuse_memory : bool
+        Opt in to :class:`~dasknn.runtime.worker_memory.ReuseFreedMemory` on the workers, so the
+        passes' freed buffers are reused instead of coming back from the kernel as fresh pages
+        (Dask's ``MALLOC_TRIM_THRESHOLD_`` otherwise returns them at once); process-wide, so
+        off by default.
 
     Raises
     ------
     ValueError
         Before anything is installed: bad counts, more stages than layers, ``stages *
-        data_parallel`` more than the workers, an unknown schedule.
+        data_parallel`` more than the workers, an unknown schedule or ``messages``, a worker
+        named twice.
 
     Attributes
     ----------
@@ -196,6 +211,8 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
         schedule: str = "gpipe",
         workers: Sequence[str] | None = None,
         bounds: Sequence[tuple[int, int]] | None = None,
+        messages: str = "posted",
+        reuse_memory: bool = False,
     ) -> None:
         if not isinstance(model, CompressedMLP):
             raise ValueError(f"model must be a CompressedMLP, got {type(model).__name__}")
@@ -203,6 +220,10 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
         self.data_parallel = _count("data_parallel", data_parallel)
         self.microbatches = _count("microbatches", microbatches)
         self.schedule = check_schedule(schedule)
+        if messages not in ("posted", "tasks"):
+            raise ValueError(f"messages must be 'posted' or 'tasks', got {messages!r}")
+        self.messages = messages
+        self.reuse_memory = bool(reuse_memory)
         if self.stages > model.n_layers:
             raise ValueError(
                 f"{self.stages} stages for a network of {model.n_layers} layers: at most one per "
@@ -214,6 +235,8 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
             if unknown:
                 raise ValueError(f"not workers of this cluster: {unknown}")
             available = list(workers)
+            if len(set(available)) != len(available):
+                raise ValueError(f"a worker is named twice in {list(workers)}")
         needed = self.stages * self.data_parallel
         if needed > len(available):
             raise ValueError(
@@ -240,6 +263,7 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
         }
         self.token = new_token()
         self.plugin_name = ws.plugin_name(self.token)
+        self._memory_plugin = f"{REUSE_MEMORY_PLUGIN}-{self.token}"
         self._nnz = model.nnz
         self._grad_sizes = [
             sum(
@@ -253,11 +277,14 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
         self._tokens: list[str] = []
         self._open = False
         self.optimizer: Optimizer | None = None
+        self._postboxes: dict = {}
         self.loss_curve_: list[float] = []
         self.batch_loss_curve_: list[float] = []
         self._register(ws.StageState(self.token), lambda: self._install(model))
 
     def _install(self, model: CompressedMLP) -> None:
+        if self.reuse_memory:
+            self.client.register_plugin(ReuseFreedMemory(), name=self._memory_plugin)
         layers = model.stack.layers
         activations = model.stack.activations
         for (s, d), address in self.workers.items():
@@ -279,6 +306,19 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
                 "output_activation": model.output_activation,
             }
             self.client.run(ws.install_stage, token=self.token, spec=spec, workers=[address])
+        if self.messages == "posted":
+            self._postboxes = {
+                where: self.client.submit(
+                    Postbox,
+                    self.plugin_name,
+                    key=pipeline_key(self.token, "postbox", 0, *where),
+                    workers=[address],
+                    allow_other_workers=False,
+                    actor=True,
+                )
+                for where, address in self.workers.items()
+            }
+            self.client.gather(list(self._postboxes.values()))
 
     # ------------------------------------------------------------------ basics
     def close(self) -> None:
@@ -287,6 +327,9 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
         if not self._open:
             return
         self._open = False
+        self._postboxes.clear()
+        if self.reuse_memory:
+            self.client.unregister_worker_plugin(self._memory_plugin)
         self._unregister()
         for token in [self.token, *self._tokens]:
             reset_transfers(self.client, token)
@@ -342,6 +385,7 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
             self._grad_sizes,
             accumulate_dtype(self.precision.storage),
             None if self.scaler is None else self.scaler.scale,
+            {where: future.key for where, future in self._postboxes.items()} or None,
         )
         wanted = graph.loss_keys + graph.update_keys
         if graph.verdict_key is not None:
@@ -359,7 +403,10 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
         self._tokens = graph.collective_tokens
         self._last_rows = x.shape[0]
         self.optimizer = optimizer
-        return float(sum(results[: len(graph.loss_keys)]))
+        losses = results[: len(graph.loss_keys)]
+        if self.messages == "posted":  # each last stage's task: the losses of its microbatches
+            losses = [value for replica in losses for value in replica]
+        return float(sum(losses))
 
     def _locate_nonfinite(self, error: NonFiniteLossError) -> NonFiniteLossError:
         """The last stage's error, naming instead the layer of an earlier stage whose outputs

@@ -194,6 +194,7 @@ def build_step(
     grad_sizes: list[int],
     accumulate,
     loss_scale: float | None = None,
+    postboxes: dict[tuple[int, int], str] | None = None,
 ) -> StepGraph:
     """Build the step: the inputs are the keys ``pipeline_key(token, "x", step, 0, d, u)`` on
     stage 0's workers and ``pipeline_key(token, "y", step, S - 1, d, u)`` on the last stage's.
@@ -212,6 +213,12 @@ def build_step(
         fp16's dynamic loss scale: the output deltas are multiplied by it, the updates divide
         it out, and a step whose gradients overflow anywhere is skipped everywhere (the verdict
         is the value of ``verdict_key``).
+    postboxes : dict, optional
+        ``{(stage, replica): key of its postbox actor}``: the step runs as one task per stage
+        replica (``run`` keys, :func:`~dasknn.pipeline_parallel.worker_state.run_stage`) whose
+        messages are posted worker to worker; each last stage's task returns the losses of its
+        microbatches. Without it, a task per pass and each message a task result; each
+        ``loss_keys`` entry is one microbatch's loss.
     """
     tasks: dict = {}
     loss_keys, update_keys, tokens, collectives = [], [], [], {}
@@ -219,6 +226,15 @@ def build_step(
     for d in range(replicas):
         for s in range(stages):
             order = stage_order(schedule, stages, s, microbatches)
+            if postboxes is not None:
+                key = pipeline_key(token, "run", step, s, d)
+                tasks[key] = _run_task(
+                    key, token, step, s, d, order, stages, scale, loss_scale, postboxes
+                )
+                if s == stages - 1:
+                    loss_keys.append(key)
+                final[(s, d)] = List(TaskRef(key))
+                continue
             keys = [
                 pipeline_key(token, "fwd" if kind == "F" else "bwd", step, s, d, u)
                 for kind, u in order
@@ -301,6 +317,31 @@ def build_step(
         SchedulePriority(schedule, stages, microbatches),
         tokens,
         verdict,
+    )
+
+
+def _run_task(key, token, step, s, d, order, stages, scale, loss_scale, postboxes) -> Task:
+    """The task of stage replica ``(s, d)`` that runs all its passes of the step, its messages
+    posted (:func:`~dasknn.pipeline_parallel.worker_state.run_stage`)."""
+    m = len(order) // 2
+    inputs = [TaskRef(pipeline_key(token, "x", step, 0, d, u)) for u in range(m)] if s == 0 else []
+    labels = []
+    if s == stages - 1:
+        labels = [TaskRef(pipeline_key(token, "y", step, s, d, u)) for u in range(m)]
+    previous = TaskRef(postboxes[(s - 1, d)]) if s > 0 else None
+    following = TaskRef(postboxes[(s + 1, d)]) if s < stages - 1 else None
+    return Task(
+        key,
+        ws.run_stage,
+        token,
+        step,
+        order,
+        scale,
+        1.0 if loss_scale is None else loss_scale,
+        List(*inputs),
+        List(*labels),
+        previous,
+        following,
     )
 
 

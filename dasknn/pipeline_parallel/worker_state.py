@@ -12,6 +12,8 @@ arrays, and the states change only inside the plugin.
 
 from __future__ import annotations
 
+import pickle
+import resource
 import threading
 import time
 
@@ -21,6 +23,12 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from dasknn.compressed import CompressedStack
 from dasknn.model.compressed_mlp import first_nonfinite_layer, nonfinite_loss_error
+from dasknn.runtime.alignment import local_copy
+from dasknn.runtime.keys import parse_pipeline_key, pipeline_key
+from dasknn.runtime.postbox import Mailbox, StepFailed
+
+#: Seconds a failing stage waits for its neighbours to be told (``messages="posted"``).
+FAILURE_POST_TIMEOUT = 10.0
 
 __all__ = [
     "StageState",
@@ -33,6 +41,7 @@ __all__ = [
     "install_stage",
     "plugin_name",
     "read_step",
+    "run_stage",
     "snapshot_stage",
     "update",
 ]
@@ -61,6 +70,10 @@ class StageState(WorkerPlugin):
         # the last stage's targets and delta factor per microbatch, for its backward pass
         self.targets: dict[tuple[int, int], tuple[np.ndarray, float]] = {}
         self.events: dict[int, list[tuple[str, int, float, float]]] = {}
+        # per step and pass: (kind, microbatch, CPU seconds of its thread, minor page faults)
+        self.usage: dict[int, list[tuple[str, int, float, int]]] = {}
+        # messages posted by the neighbouring stages (messages="posted")
+        self.mailbox = Mailbox()
         self.in_flight = 0
         self.peak: dict[int, int] = {}
         self.lock = threading.Lock()
@@ -72,10 +85,28 @@ class StageState(WorkerPlugin):
         self.stash.clear()
         self.targets.clear()
         self.events.clear()
+        self.usage.clear()
+        self.mailbox.drop(lambda key: False)
         self.stack = None
 
-    def record(self, step: int, kind: str, microbatch: int, start: float) -> None:
-        self.events.setdefault(step, []).append((kind, microbatch, start, time.perf_counter()))
+    def deliver(self, key: tuple, value) -> None:
+        """Leave a message posted to this stage in its mailbox (the postbox calls it)."""
+        self.mailbox.deliver(key, value)
+
+    def record(self, step: int, kind: str, microbatch: int, start: tuple) -> None:
+        """Keep the pass's wall-clock start and end, and its thread's CPU time and minor page
+        faults since ``start`` (:func:`_clock`)."""
+        end = _clock()
+        self.events.setdefault(step, []).append((kind, microbatch, start[0], end[0]))
+        self.usage.setdefault(step, []).append(
+            (kind, microbatch, end[1] - start[1], end[2] - start[2])
+        )
+
+
+def _clock() -> tuple[float, float, int]:
+    """Wall-clock seconds, the calling thread's CPU seconds and its minor page faults so far."""
+    faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+    return time.perf_counter(), time.thread_time(), faults
 
 
 def _state(token: str) -> StageState:
@@ -118,11 +149,16 @@ def forward_pass(
     their last pre-activations, the message to the next stage. ``after`` are the stage's passes
     this one runs after (only ordered after, not read).
     """
-    state = _state(token)
-    start = time.perf_counter()
+    return _forward(_state(token), step, microbatch, scale, loss_scale, inputs, labels)
+
+
+def _forward(state: StageState, step: int, microbatch: int, scale, loss_scale, inputs, labels):
+    """The forward pass of :func:`forward_pass` on the stage replica ``state``."""
+    start = _clock()
     received = None
-    if state.input_activation is not None:
-        received, inputs = inputs, state.input_activation.forward(inputs)
+    if state.input_activation is not None:  # a message: copied here once, stashed for backward
+        received = local_copy(inputs)
+        inputs = state.input_activation.forward(received)
     layers = state.stack.forward(inputs, activate_last=state.last)
     with state.lock:
         state.stash[(step, microbatch)] = (inputs, layers, received)
@@ -149,8 +185,12 @@ def backward_pass(token: str, step: int, microbatch: int, incoming, after):
     the stage's inputs times that layer's activation derivative), the message to the previous
     stage (``None`` on stage 0). ``incoming`` is the next stage's message (``None`` on the last
     stage)."""
-    state = _state(token)
-    start = time.perf_counter()
+    return _backward(_state(token), step, microbatch, incoming)
+
+
+def _backward(state: StageState, step: int, microbatch: int, incoming):
+    """The backward pass of :func:`backward_pass` on the stage replica ``state``."""
+    start = _clock()
     with state.lock:
         xt, layers, received = state.stash.pop((step, microbatch))
         state.in_flight -= 1
@@ -160,7 +200,7 @@ def backward_pass(token: str, step: int, microbatch: int, incoming, after):
         deltat = state.loss.output_delta_t(zt, at, labels, state.output_activation)
         deltat *= factor
     else:  # the next stage applied the derivative of this stage's last activation
-        deltat = incoming
+        deltat = local_copy(incoming)
     with state.gradient_lock:
         first = state.gradient_step != step
         state.gradient_step = step
@@ -169,6 +209,96 @@ def backward_pass(token: str, step: int, microbatch: int, incoming, after):
         out *= state.input_activation.derivative(received, xt)
     state.record(step, "B", microbatch, start)
     return out
+
+
+def run_stage(
+    token: str,
+    step: int,
+    order: list[tuple[str, int]],
+    scale: float,
+    loss_scale: float,
+    inputs: list,
+    labels: list,
+    previous,
+    following,
+) -> list[float]:
+    """Task (``messages="posted"``): every pass of the stage replica in step ``step``, in the
+    schedule's ``order``; returns the losses of the microbatches (last stage; empty otherwise).
+
+    A forward pass of stage ``s > 0`` takes the message ``pipeline_key(token, "fwd", step, s - 1,
+    d, u)`` from the mailbox, a backward pass of ``s < S - 1`` the message ``("bwd", s + 1)``; a
+    pass that sends posts its result under its own pass key to the ``following`` (forward) or
+    ``previous`` (backward) stage's postbox, while this stage goes on with its next pass. The
+    task ends once every post was delivered. If a pass fails, the stage posts the error to both
+    neighbours (under their ``failed`` key of the step), whose waits then raise it too, so no
+    stage of the replica waits for a message that will not come.
+
+    Parameters
+    ----------
+    order : list of (kind, microbatch)
+        :func:`~dasknn.pipeline_parallel.schedule.stage_order` of this stage.
+    scale, loss_scale : float
+        As for :func:`forward_pass`.
+    inputs, labels : list
+        Per microbatch, the stage's inputs (stage 0) and targets (last stage); empty otherwise.
+    previous, following : Postbox or None
+        The postboxes of the stage before and after (``None`` at the ends).
+    """
+    state = _state(token)
+    state.mailbox.drop(lambda key: parse_pipeline_key(key).step >= step)
+    s, d = state.stage, state.replica
+    address = get_worker().address
+    failed = pipeline_key(token, "failed", step, s, d)
+    posts, losses = [], []
+    try:
+        for kind, u in order:
+            if kind == "F":
+                if s == 0:
+                    received = inputs[u]
+                else:
+                    key = pipeline_key(token, "fwd", step, s - 1, d, u)
+                    received = state.mailbox.take(key, failed)
+                targets = labels[u] if state.last else None
+                result = _forward(state, step, u, scale, loss_scale, received, targets)
+                if state.last:
+                    losses.append(result)
+                else:
+                    key = pipeline_key(token, "fwd", step, s, d, u)
+                    posts.append(following.post(key, address, result))
+            else:
+                incoming = None
+                if not state.last:
+                    key = pipeline_key(token, "bwd", step, s + 1, d, u)
+                    incoming = state.mailbox.take(key, failed)
+                out = _backward(state, step, u, incoming)
+                if s > 0:
+                    key = pipeline_key(token, "bwd", step, s, d, u)
+                    posts.append(previous.post(key, address, out))
+        for post in posts:
+            post.result()
+    except BaseException as error:
+        _tell_neighbours(token, step, s, d, address, previous, following, error)
+        raise
+    return losses
+
+
+def _tell_neighbours(token, step, s, d, address, previous, following, error) -> None:
+    """Post ``error`` (a ``RuntimeError`` naming it if it cannot be pickled) to the stages
+    before and after stage ``s``, waiting at most :data:`FAILURE_POST_TIMEOUT` for each."""
+    try:
+        pickle.dumps(error)
+    except Exception:
+        error = RuntimeError(f"stage {s} of replica {d} failed in step {step}: {error!r}")
+    notices = [
+        box.post(pipeline_key(token, "failed", step, t, d), address, StepFailed(error))
+        for box, t in ((previous, s - 1), (following, s + 1))
+        if box is not None
+    ]
+    for notice in notices:
+        try:
+            notice.result(timeout=FAILURE_POST_TIMEOUT)
+        except Exception:  # the neighbour is gone: nothing waits there
+            pass
 
 
 def gradient(token: str, step: int, after) -> np.ndarray:
@@ -195,7 +325,7 @@ def update(token: str, step: int, optimizer, summed, inv_scale: float, apply: bo
     own with one replica) times ``inv_scale`` (fp16: one over the loss scale); nothing when
     ``apply`` is false (fp16: a gradient overflowed somewhere, the step is skipped)."""
     state = _state(token)
-    start = time.perf_counter()
+    start = _clock()
     if apply:
         if summed is not None:
             state.stack.grad[...] = summed
@@ -239,7 +369,12 @@ def snapshot_stage(dask_worker, token: str) -> dict:
 
 
 def read_step(dask_worker, token: str, step: int) -> dict:
-    """For ``Client.run``: the passes of ``step`` on this worker (kind, microbatch, start, end),
-    and the most microbatches it held at once."""
+    """For ``Client.run``: the passes of ``step`` on this worker (``events``: kind, microbatch,
+    start, end; ``usage``: kind, microbatch, CPU seconds of the thread, minor page faults), and
+    the most microbatches it held at once (``peak``)."""
     state = dask_worker.plugins[plugin_name(token)]
-    return {"events": list(state.events.get(step, [])), "peak": state.peak.get(step, 0)}
+    return {
+        "events": list(state.events.get(step, [])),
+        "usage": list(state.usage.get(step, [])),
+        "peak": state.peak.get(step, 0),
+    }

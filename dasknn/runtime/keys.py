@@ -17,7 +17,10 @@ sums sent to ``stage - 1``), is read by the receiving pass; a ``fwd-done`` (``bw
 the same numbers is the local mark that the pass ended, which the sender's own later tasks wait
 for (see :func:`dasknn.pipeline_parallel.taskgraph.local_keys`); ``finite`` and ``verdict``
 carry fp16's overflow flags (a stage's, and whether the step is applied) to and from stage 0 of
-replica 0; every other kind is local work.
+replica 0; with ``messages="posted"``, a ``run`` key is a stage replica's task that runs all its
+passes of the step, a ``postbox`` key (step 0) the stage replica's postbox actor, and the ``fwd``
+/ ``bwd`` keys name the messages posted to it (a ``failed`` key: the error a neighbouring stage
+posts when it fails); every other kind is local work.
 
 **Collective keys** (:mod:`dasknn.runtime.collectives`) are tuples
 ``(f"dasknn-{op}-{token}", phase, sender, receiver)``: ``op`` is the collective (one of
@@ -74,7 +77,8 @@ PREFIX = "dasknn-"
 STEP_KINDS = ("fwd", "bwd", "lse", "run")
 COLLECTIVES = ("allreduce", "allgather", "allgatherv", "pull", "push", "alltoallv")
 PIPELINE_KINDS = (
-    "fwd", "bwd", "fwd-done", "bwd-done", "x", "y", "grad", "update", "finite", "verdict"
+    "fwd", "bwd", "fwd-done", "bwd-done", "x", "y", "grad", "update", "finite", "verdict", "run",
+    "postbox", "failed",
 )
 PIPELINE = "pipe"
 DP_KIND = "dp"

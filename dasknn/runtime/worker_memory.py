@@ -13,9 +13,10 @@ that a worker keeps the peak of its step's buffers mapped between steps (which t
 needs again anyway). On a C library other than glibc it does nothing.
 
 The setting is process-wide, so it is opt-in: :class:`~dasknn.model_parallel.DistributedSparseMLP`
-installs the plugin only with ``reuse_memory=True``, under a name of its own, and removes it on
-``close()`` (workers already tuned keep the setting until they restart: glibc has no way back to
-the environment's thresholds short of setting them again).
+and :class:`~dasknn.pipeline_parallel.PipelineMLP` install the plugin only with
+``reuse_memory=True``, under a name of their own, and remove it on ``close()`` (workers already
+tuned keep the setting until they restart: glibc has no way back to the environment's thresholds
+short of setting them again).
 """
 
 from __future__ import annotations
@@ -63,8 +64,9 @@ def tune_malloc() -> bool:
 class ReuseFreedMemory(WorkerPlugin):
     """Worker plugin running :func:`tune_malloc` on every worker, present and future.
 
-    Installed by :class:`~dasknn.model_parallel.DistributedSparseMLP` with ``reuse_memory=True``
-    (under the name ``f"{PLUGIN_NAME}-{token}"``). The outcome is kept as the worker attribute
+    Installed by :class:`~dasknn.model_parallel.DistributedSparseMLP` and
+    :class:`~dasknn.pipeline_parallel.PipelineMLP` with ``reuse_memory=True`` (under the name
+    ``f"{PLUGIN_NAME}-{token}"``). The outcome is kept as the worker attribute
     ``dasknn_malloc_tuned``.
     """
 
