@@ -21,10 +21,11 @@ windows of 4 concatenated, a 64-wide hidden layer, next-token softmax, global ba
 candidates a step; the output table is then a sparse variable), in dasknn and in DDP alike.
 
 ``--search`` also runs the shard-count search of the hybrid architecture and a brute force over
-``1 .. 2N`` at the largest N (``--search-steps`` a count, the first 2 discarded), and prints
-both. ``--ddp-kinds sparse`` runs DDP-sparse only. ``--learn`` trains a next-word model on the prose
-corpus with the hybrid architecture and in one process, and prints the held-out perplexity of
-both and of the unigram distribution per epoch.
+``1 .. 2N`` at the largest N (``--search-steps`` a count, the first 2 discarded, the figure their
+median; ``--search-repeats`` brute-force passes), and prints both. ``--architectures`` runs a
+subset of the dasknn architectures. ``--ddp-kinds sparse`` runs DDP-sparse only. ``--learn``
+trains a next-word model on the prose corpus with the hybrid architecture and in one process,
+and prints the held-out perplexity of both and of the unigram distribution per epoch.
 
 Root only (network namespaces)::
 
@@ -144,28 +145,44 @@ def run_dasknn(client, setup: dict, arch: str, shards: int, warmup: int) -> dict
     }
 
 
-def run_search(client, setup: dict, n: int, steps: int) -> dict:
+def run_search(client, setup: dict, steps: int, repeats: int) -> dict:
+    """The cost-model search, then ``repeats`` brute-force passes over ``1 .. 2N`` on one model.
+
+    Every count's figure is the median of its ``steps - 2`` timed steps; the passes show how much
+    a count's figure moves between samples, and the choice is judged against each pass and
+    against the per-count median over the passes.
+    """
     from dasknn.data_parallel import data_parallel
 
     X, y = setup["batches"][0]
-    out = {}
-    for mode in ("model", "brute-force"):
-        with data_parallel(
-            make_model(setup), client, search_steps=steps, search_warmup=2
-        ) as dp:
-            report = dp.search(X, y, mode=mode)
-        out[mode] = report
-        print(report, flush=True)
-    brute = dict(out["brute-force"].samples)
-    best = min(brute.values())
-    chosen = brute.get(out["model"].choice)
-    if chosen is not None:
+    with data_parallel(make_model(setup), client, search_steps=steps, search_warmup=2) as dp:
+        model = dp.search(X, y, mode="model")
+        print(model, flush=True)
+        passes = [dict(dp.search(X, y, mode="brute-force").samples) for _ in range(repeats)]
+    counts = sorted(passes[0])
+    for k, brute in enumerate(passes):
+        row = ", ".join(f"{p}: {brute[p] * 1e3:.0f}" for p in counts)
+        print(f"brute force pass {k + 1}, ms/step by P: {row}", flush=True)
+    median = {p: float(np.median([brute[p] for brute in passes])) for p in counts}
+    spread = {
+        p: (max(b[p] for b in passes) - min(b[p] for b in passes)) / median[p] for p in counts
+    }
+    print(
+        "per count over the passes: median "
+        + ", ".join(f"{p}: {median[p] * 1e3:.0f}" for p in counts)
+        + " ms; spread (max - min) / median "
+        + ", ".join(f"{p}: {100 * spread[p]:.0f}%" for p in counts),
+        flush=True,
+    )
+    choice = model.choice
+    for label, times in [*((f"pass {k + 1}", b) for k, b in enumerate(passes)), ("median", median)]:
+        best = min(times, key=times.get)
         print(
-            f"model choice P = {out['model'].choice}: {chosen / best:.3f} x the brute-force best "
-            f"(P = {out['brute-force'].choice})",
+            f"model choice P = {choice} against brute force ({label}): "
+            f"{times[choice] / times[best]:.3f} x the best (P = {best})",
             flush=True,
         )
-    return out
+    return {"model": model, "passes": passes, "median": median}
 
 
 # ------------------------------------------------------------------ PyTorch DDP
@@ -354,6 +371,10 @@ def main() -> None:
     )
     parser.add_argument("--search", action="store_true")
     parser.add_argument("--search-steps", type=int, default=4)
+    parser.add_argument("--search-repeats", type=int, default=1)
+    parser.add_argument(
+        "--architectures", nargs="+", default=list(ARCHITECTURES), choices=ARCHITECTURES
+    )
     parser.add_argument("--learn", action="store_true")
     parser.add_argument("--learn-windows", type=int, default=60000)
     parser.add_argument("--learn-epochs", type=int, default=5)
@@ -407,7 +428,7 @@ def main() -> None:
             rows = {}
             with NetCluster(workers=n, rate=args.rate, env=env) as cluster:
                 with Client(cluster.address) as client:
-                    for arch in ARCHITECTURES:
+                    for arch in args.architectures:
                         rows[arch] = run_dasknn(client, setup, arch, args.shards or n, args.warmup)
                         r = rows[arch]
                         print(
@@ -418,7 +439,7 @@ def main() -> None:
                             flush=True,
                         )
                     if args.search and n == max(args.workers):
-                        run_search(client, setup, n, args.search_steps)
+                        run_search(client, setup, args.search_steps, args.search_repeats)
                 if have_torch:
                     for sparse in [kind == "sparse" for kind in args.ddp_kinds]:
                         label = "DDP-sparse" if sparse else "DDP-dense"
@@ -438,6 +459,8 @@ def main() -> None:
                                 f"{batch / r['seconds']:9.0f} windows/s",
                                 flush=True,
                             )
+            if not {"hybrid", "ar-dense", "ps", "ar"} <= rows.keys():
+                continue
             hyb = rows["hybrid"]["seconds"]
             best_other = min(rows["ps"]["seconds"], rows["ar"]["seconds"])
             line = (

@@ -11,7 +11,7 @@ from distributed import Client
 from plugin_checks import key_cache_bound_count
 
 from dasknn.data_parallel import data_parallel
-from dasknn.data_parallel.search import search_partitions
+from dasknn.data_parallel.search import balanced, search_partitions
 from dasknn.model import EmbeddingMLP
 from dasknn.optim import SGD, Adam
 from dasknn.runtime.cluster import local_cluster, scheduler_workers
@@ -351,6 +351,20 @@ def test_search_finds_the_cost_minimum(t1, t2, start):
     assert len(calls) <= 5 and len(set(calls)) == len(calls)
     assert abs(report.choice - round(np.sqrt(t1 / t2))) <= 1
     assert report.theta[1] == pytest.approx(t1) and str(report).startswith("shard-count search")
+
+
+def test_search_chooses_a_count_that_loads_the_servers_evenly():
+    # the busiest of 4 servers holds ceil(P / 4) of the P shards: t = 50 + 400 ceil(P/4) / P
+    def measure(p):
+        return 50.0 + 400.0 * -(-p // 4) / p
+
+    free = search_partitions(measure, 4, max_partitions=64)
+    even = search_partitions(measure, 4, max_partitions=64, servers=4)
+    assert [p for p, _ in even.samples] == [4, 8, 2] and even.theta == free.theta
+    assert 4 < free.choice < 8  # the fit's integer minimum: an imbalanced count
+    assert even.choice in (4, 8)
+    assert measure(even.choice) < measure(free.choice)
+    assert [p for p in range(1, 13) if balanced(p, 4)] == [1, 2, 3, 4, 8, 12]
 
 
 def test_auto_search_keeps_the_values(client4):

@@ -413,14 +413,14 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
 
     # ------------------------------------------------------------------ shard-count search
     def _time_steps(self, ids, labels, optimizer) -> float:
-        """Mean seconds of the timed steps (after the warm-up) on the batch ``(ids, labels)``."""
+        """Median seconds of the timed steps (after the warm-up) on the batch ``(ids, labels)``."""
         times = []
         for k in range(self.search_steps):
             start = time.perf_counter()
             last = k == self.search_steps - 1
             self._run_step(ids, labels, optimizer, None if last else (ids, labels))
             times.append(time.perf_counter() - start)
-        return float(np.mean(times[self.search_warmup :]))
+        return float(np.median(times[self.search_warmup :]))
 
     def search(
         self, X, y, optimizer: Optimizer | None = None, mode: str | None = None
@@ -456,7 +456,12 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
 
         rows = self._max_shards()
         if mode == "model":
-            report = search_partitions(measure, min(len(self.topology.machines), rows), rows)
+            report = search_partitions(
+                measure,
+                min(len(self.topology.machines), rows),
+                rows,
+                servers=len(self.workers),
+            )
         else:
             report = brute_force(measure, range(1, min(2 * len(self.workers), rows) + 1))
         self._place(saved, report.choice)

@@ -6,6 +6,13 @@ cost, work the shards share, and a per-shard overhead. The search times a few st
 below the smallest sample while it falls, fits ``(t0, t1, t2)`` by least squares and chooses the
 integer ``P`` minimising the fit within the sampled range (no extrapolation). At most
 ``max_samples`` counts are timed. :func:`brute_force` times every candidate, for comparison.
+
+The model assumes the shards load the servers evenly (Kim et al. sample and report counts with
+as many shards on every server). Shard ``p`` lives on worker ``p mod N``: a count ``P > N`` that
+``N`` does not divide puts ``ceil(P / N)`` shards on some servers and ``floor(P / N)`` on others,
+so its busiest server serves more than ``1 / N`` of the rows and the step is slower than
+``t1 / P`` says. Given ``servers``, the choice is therefore made among the balanced counts of
+the sampled range (``P <= servers`` or a multiple of ``servers``).
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["SearchReport", "brute_force", "choose", "fit_cost", "search_partitions"]
+__all__ = ["SearchReport", "balanced", "brute_force", "choose", "fit_cost", "search_partitions"]
 
 
 @dataclass(frozen=True)
@@ -65,14 +72,31 @@ def fit_cost(samples: Sequence[tuple[int, float]]) -> tuple[float, float, float]
     return float(theta[0]), float(theta[1]), float(theta[2])
 
 
-def choose(theta: tuple[float, float, float], low: int, high: int) -> int:
-    """The integer ``P`` in ``[low, high]`` minimising the fitted cost (the smallest on ties)."""
+def balanced(p: int, servers: int) -> bool:
+    """Whether ``p`` shards put the same number on every server that holds one."""
+    return p <= servers or p % servers == 0
+
+
+def choose(
+    theta: tuple[float, float, float], low: int, high: int, servers: int | None = None
+) -> int:
+    """The integer ``P`` in ``[low, high]`` minimising the fitted cost (the smallest on ties).
+
+    With ``servers``, only the counts that load them evenly (:func:`balanced`) are candidates;
+    ``low`` must then be at most ``servers``.
+    """
     candidates = np.arange(low, high + 1)
+    if servers is not None:
+        candidates = candidates[[balanced(int(p), servers) for p in candidates]]
     return int(candidates[np.argmin(_cost(theta, candidates.astype(float)))])
 
 
 def search_partitions(
-    measure: Callable[[int], float], start: int, max_partitions: int, max_samples: int = 5
+    measure: Callable[[int], float],
+    start: int,
+    max_partitions: int,
+    max_samples: int = 5,
+    servers: int | None = None,
 ) -> SearchReport:
     """Sample, fit and choose (see the module docstring).
 
@@ -86,6 +110,9 @@ def search_partitions(
         Largest count allowed (the rows of the sparse variable).
     max_samples : int
         Counts timed at most (>= 1).
+    servers : int, optional
+        Workers the shards are spread over (shard ``p`` on server ``p mod servers``), at least
+        ``start``: the choice is then a balanced count (see the module docstring).
     """
     samples: dict[int, float] = {}
 
@@ -108,9 +135,11 @@ def search_partitions(
         p //= 2
     ordered = list(samples.items())
     if len(samples) < 3:
-        return SearchReport("model", ordered, None, min(samples, key=samples.get))
+        eligible = [p for p in samples if servers is None or balanced(p, servers)]
+        return SearchReport("model", ordered, None, min(eligible, key=samples.get))
     theta = fit_cost(ordered)
-    return SearchReport("model", ordered, theta, choose(theta, min(samples), max(samples)))
+    choice = choose(theta, min(samples), max(samples), servers)
+    return SearchReport("model", ordered, theta, choice)
 
 
 def brute_force(measure: Callable[[int], float], candidates: Sequence[int]) -> SearchReport:
