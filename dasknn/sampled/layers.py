@@ -33,6 +33,7 @@ __all__ = [
     "SamplingConfig",
     "combine_statistics",
     "merge_top_k",
+    "shard_bucket_cap",
     "shard_budget",
 ]
 
@@ -46,6 +47,14 @@ def shard_budget(active_fraction: float, n_items: int) -> int:
     """Active neurons a shard of ``n_items`` neurons selects per sample:
     ``ceil(active_fraction * n_items)``."""
     return min(n_items, max(1, math.ceil(active_fraction * n_items - 1e-9)))
+
+
+def shard_bucket_cap(bucket_size: int, shards: int) -> int:
+    """The bucket cap of each shard's tables: ``ceil(bucket_size / shards)``, so that the ``P``
+    shards' tables together keep as many candidates a query as one table of the whole layer
+    with the cap ``bucket_size`` (at P = 2 with a cap of 128 per shard they kept 1.8x as many,
+    and the budget's share of the best logits fell from 0.22 to 0.12; ``docs/benchmarks.md``)."""
+    return max(1, -(-bucket_size // shards))
 
 
 def combine_statistics(stats: list[np.ndarray]) -> np.ndarray:
@@ -77,6 +86,7 @@ class SamplingConfig:
     correction: str
     hashing: str
     uniform_fraction: float
+    shards: int
 
 
 class ActiveSet(NamedTuple):
@@ -186,6 +196,7 @@ class OutputShard:
         self.hogwild = hogwild
         self.budget = shard_budget(config.active_fraction, len(self.ids))
         self.reserve = math.floor(config.uniform_fraction * self.budget)
+        self.bucket_cap = shard_bucket_cap(config.bucket_size, config.shards)
         self.grad_w = np.zeros_like(self.weights)
         self.grad_b = np.zeros_like(self.bias)
         self.touched = np.zeros(len(self.ids), dtype=np.bool_)
@@ -227,7 +238,7 @@ class OutputShard:
         return HashTables.build(
             self.family,
             self.hashed_items(),
-            self.config.bucket_size,
+            self.bucket_cap,
             self.family_seed(self.rebuilds),
         )
 
