@@ -137,13 +137,32 @@ def _stable_order(column):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
+def _bucket_counts(column, order, cap):  # pragma: no cover - compiled
+    """Distinct codes and kept items of one table (codes ``column`` sorted by ``order``)."""
+    n = column.shape[0]
+    n_keys = 0
+    n_items = 0
+    start = 0
+    while start < n:
+        code = column[order[start]]
+        stop = start
+        while stop < n and column[order[stop]] == code:
+            stop += 1
+        n_keys += 1
+        n_items += min(stop - start, cap)
+        start = stop
+    return n_keys, n_items
+
+
+@njit(cache=True, parallel=True)
 def build_buckets(codes, cap, seed):  # pragma: no cover - compiled
     """CSR-like tables from the codes of ``n`` items (``codes``: ``(n, n_tables)``).
 
     Per table the items are grouped by code (sorted codes, items in id order). A bucket with more
     than ``cap`` items keeps a uniform sample of ``cap`` of them, drawn by reservoir sampling
     (Vitter's algorithm R over the items in id order, stream ``(seed, table, code)``), in
-    reservoir order.
+    reservoir order. The tables are built in parallel: each is sorted and counted, then written
+    at its offsets.
 
     Returns
     -------
@@ -156,15 +175,26 @@ def build_buckets(codes, cap, seed):  # pragma: no cover - compiled
     items : int32 array
     """
     n, n_tables = codes.shape
-    keys = np.empty(n * n_tables, dtype=np.int64)
-    key_ptr = np.zeros(n_tables + 1, dtype=np.int64)
-    bucket_ptr = np.zeros(n * n_tables + 1, dtype=np.int64)
-    items = np.empty(n * n_tables, dtype=np.int32)
-    n_keys = 0
-    n_items = 0
-    for t in range(n_tables):
+    orders = np.empty((n_tables, n), dtype=np.int64)
+    key_counts = np.zeros(n_tables, dtype=np.int64)
+    item_counts = np.zeros(n_tables, dtype=np.int64)
+    for t in prange(n_tables):
         column = np.ascontiguousarray(codes[:, t])
-        order = _stable_order(column)
+        orders[t] = _stable_order(column)
+        key_counts[t], item_counts[t] = _bucket_counts(column, orders[t], cap)
+    key_ptr = np.zeros(n_tables + 1, dtype=np.int64)
+    item_ptr = np.zeros(n_tables + 1, dtype=np.int64)
+    for t in range(n_tables):
+        key_ptr[t + 1] = key_ptr[t] + key_counts[t]
+        item_ptr[t + 1] = item_ptr[t] + item_counts[t]
+    keys = np.empty(key_ptr[n_tables], dtype=np.int64)
+    bucket_ptr = np.zeros(key_ptr[n_tables] + 1, dtype=np.int64)
+    items = np.empty(item_ptr[n_tables], dtype=np.int32)
+    for t in prange(n_tables):
+        column = codes[:, t]
+        order = orders[t]
+        n_keys = key_ptr[t]
+        n_items = item_ptr[t]
         start = 0
         while start < n:
             code = column[order[start]]
@@ -189,8 +219,7 @@ def build_buckets(codes, cap, seed):  # pragma: no cover - compiled
             n_keys += 1
             bucket_ptr[n_keys] = n_items
             start = stop
-        key_ptr[t + 1] = n_keys
-    return keys[:n_keys].copy(), key_ptr, bucket_ptr[: n_keys + 1].copy(), items[:n_items].copy()
+    return keys, key_ptr, bucket_ptr, items
 
 
 @njit(cache=True, inline="always")

@@ -22,6 +22,7 @@ from dasknn.kernels.sampled import (
     output_backward,
     output_logits,
     select_active,
+    zero_rows,
 )
 from dasknn.lsh import HashFamily, HashTables, make_family, mips_items, mips_queries
 from dasknn.optim import Optimizer, OptimizerSlots, ParamState
@@ -157,7 +158,7 @@ class HiddenLayer:
         weight_state = self.slots.state(optimizer, "weights", self.weights)
         optimizer.update_rows(self.weights, self.grad_w, weight_state, rows)
         self.slots.update(optimizer, "bias", self.bias, self.grad_b)
-        self.grad_w[rows] = 0
+        zero_rows(self.grad_w, rows)
         self.grad_b[:] = 0
         self.touched[rows] = False
 
@@ -347,7 +348,7 @@ class OutputShard:
         )
         optimizer.update_rows(self.bias.reshape(-1, 1), self.grad_b.reshape(-1, 1), column, rows)
         bias_state.step = column.step
-        self.grad_w[rows] = 0
+        zero_rows(self.grad_w, rows)
         self.grad_b[rows] = 0
         self.touched[rows] = False
 
