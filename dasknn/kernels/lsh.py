@@ -11,7 +11,9 @@ from numba import njit, prange
 
 from dasknn.kernels.random import rand_below, seed_stream
 
-__all__ = ["build_buckets", "dwta_codes", "query_union", "simhash_codes"]
+__all__ = ["build_buckets", "dwta_codes", "mips_transform", "query_union", "simhash_codes"]
+
+MIPS_CHUNKS = 64  # row chunks of the column sums in mips_transform
 
 
 @njit(cache=True, parallel=True)
@@ -110,6 +112,43 @@ def dwta_codes(vectors, bins, k, n_tables, bits):  # pragma: no cover - compiled
                 code |= c << (j * bits)
             out[i, t] = code
     return out
+
+
+@njit(cache=True, parallel=True)
+def mips_transform(weights, bias):  # pragma: no cover - compiled
+    """Simple-LSH items of centred weights and bias (see :mod:`dasknn.lsh.mips`), rows in
+    parallel: ``u_j = (w_j - mean w, b_j - mean b)`` (means and norms in float64), scaled by
+    the largest ``|u_j|`` and completed by ``sqrt(1 - |u_j|^2 / M^2)``.
+
+    Returns an ``(n, H + 2)`` array of ``weights``' dtype.
+    """
+    n, width = weights.shape
+    partial = np.zeros((MIPS_CHUNKS, width + 1))
+    for c in prange(MIPS_CHUNKS):
+        for i in range(c * n // MIPS_CHUNKS, (c + 1) * n // MIPS_CHUNKS):
+            for d in range(width):
+                partial[c, d] += weights[i, d]
+            partial[c, width] += bias[i]
+    mean = partial.sum(axis=0) / max(n, 1)
+    items = np.empty((n, width + 2), dtype=weights.dtype)
+    norms = np.empty(n)
+    for i in prange(n):
+        total = 0.0
+        for d in range(width):
+            u = weights[i, d] - mean[d]
+            items[i, d] = u
+            total += u * u
+        u = bias[i] - mean[width]
+        items[i, width] = u
+        norms[i] = np.sqrt(total + u * u)
+    largest = norms.max() if n > 0 else 0.0
+    scale = 1.0 / largest if largest > 0 else 1.0
+    for i in prange(n):
+        for d in range(width + 1):
+            items[i, d] = items[i, d] * scale
+        r = norms[i] * scale
+        items[i, width + 1] = np.sqrt(max(0.0, 1.0 - r * r))
+    return items
 
 
 @njit(cache=True)
