@@ -209,6 +209,11 @@ def main() -> None:
         help="PyTorch's one-epoch P@1 and samples/s from an earlier run on the same data (with "
         "no --torch-lr); times to its 0.8x P@1 are then set beside that run's",
     )
+    parser.add_argument(
+        "--torch-steps",
+        type=int,
+        help="time PyTorch on this many batches only, for its samples/s (P@1 from --anchor)",
+    )
     parser.add_argument("--no-local", action="store_true", help="skip the one-process model")
     parser.add_argument("--slide-lr", type=float, default=3e-3)
     parser.add_argument("--active-fraction", type=float, default=0.005)
@@ -271,7 +276,15 @@ def main() -> None:
 
     rows = []
     best = None
-    for lr in args.torch_lr:
+    for lr in args.torch_lr if args.torch_steps else []:
+        steps, _ = torch_trainer(data, test, args, lr)
+        batches = [train[b] for b in epoch_batches(len(train), args.batch, 0, 0, True)]
+        start = time.perf_counter()
+        steps(batches[: args.torch_steps])
+        rate = args.torch_steps * args.batch / (time.perf_counter() - start)
+        print(f"torch lr={lr:g}: {rate:.0f} samples/s over the first {args.torch_steps} steps")
+        args.anchor = (args.anchor[0], rate)
+    for lr in [] if args.torch_steps else args.torch_lr:
         p1, sec, curve, rate = run_torch(data, train, test, args, lr)
         rows.append((f"PyTorch full softmax, Adam lr={lr:g}", p1, sec, rate, curve))
         print(f"torch lr={lr:g}: P@1 {p1:.4f}, {sec:.1f} s, {rate:.0f} samples/s", flush=True)

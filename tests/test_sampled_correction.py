@@ -50,11 +50,11 @@ def _ptr(labels) -> np.ndarray:
 @pytest.mark.parametrize(
     ("uniform_fraction", "hashing", "bucket_size", "expected_regimes"),
     [
-        (0.0, "plain", 2, {False}),
+        (0.0, "plain", 4, {False}),  # a cap of 2 a shard
         (0.0, "plain", 40, {True}),
         (0.5, "mips", 40, {False, True}),
         (0.3, "plain", 40, {True}),
-        (0.3, "plain", 2, {False, True}),
+        (0.3, "plain", 4, {False, True}),
     ],
 )
 def test_log_q_follows_the_selection_rule(uniform_fraction, hashing, bucket_size, expected_regimes):

@@ -215,6 +215,23 @@ def test_reservoir_of_candidates_is_uniform():
     assert stats.chisquare(counts).pvalue > 1e-3
 
 
+@pytest.mark.parametrize("shards", [2, 3])
+def test_shards_keep_as_many_bucket_items_as_one_table(shards):
+    # 3-bit codes of 3,000 neurons: every bucket overflows the cap in the one table and in
+    # every shard, so the buckets a query meets hold the cap of the layer, split over the shards
+    kw = {"hidden": HIDDEN, "k": 3, "n_tables": 5, "bucket_size": 60, "seed": 2}
+    one = SampledMLP(shards=1, **kw).initialize(N_FEATURES, 3000)
+    many = SampledMLP(shards=shards, **kw).set_parameters(one.parameters())
+    probe = np.random.default_rng(1).standard_normal((8, HIDDEN)).astype(np.float32)
+
+    def met(shard):  # per row and table, the items of the query's bucket
+        codes = shard.family.codes(probe)
+        return np.array([[len(shard.tables.bucket(t, c)) for t, c in enumerate(r)] for r in codes])
+
+    assert (met(one.shards_[0]) == 60).all()
+    np.testing.assert_array_equal(sum(met(shard) for shard in many.shards_), met(one.shards_[0]))
+
+
 def test_rehash_and_rebuild_equal_a_fresh_build():
     model, X, labels = _trained_model(rehash_every=3, rebuild_every=7)
     model.fit(X, labels, epochs=3, batch_size=BATCH)
@@ -227,7 +244,7 @@ def test_rehash_and_rebuild_equal_a_fresh_build():
         # the tables were rebuilt at step 7 and not rehashed at step 8: rehash now and compare
         shard.end_step(9)
         fresh = HashTables.build(
-            fresh_family, shard.weights, shard.config.bucket_size, shard.family_seed(1)
+            fresh_family, shard.weights, shard.bucket_cap, shard.family_seed(1)
         )
         for mine, theirs in zip(shard.tables.arrays(), fresh.arrays(), strict=True):
             np.testing.assert_array_equal(mine, theirs)

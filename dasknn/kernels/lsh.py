@@ -11,7 +11,9 @@ from numba import njit, prange
 
 from dasknn.kernels.random import rand_below, seed_stream
 
-__all__ = ["build_buckets", "dwta_codes", "query_union", "simhash_codes"]
+__all__ = ["build_buckets", "dwta_codes", "mips_transform", "query_union", "simhash_codes"]
+
+MIPS_CHUNKS = 64  # row chunks of the column sums in mips_transform
 
 
 @njit(cache=True, parallel=True)
@@ -112,6 +114,43 @@ def dwta_codes(vectors, bins, k, n_tables, bits):  # pragma: no cover - compiled
     return out
 
 
+@njit(cache=True, parallel=True)
+def mips_transform(weights, bias):  # pragma: no cover - compiled
+    """Simple-LSH items of centred weights and bias (see :mod:`dasknn.lsh.mips`), rows in
+    parallel: ``u_j = (w_j - mean w, b_j - mean b)`` (means and norms in float64), scaled by
+    the largest ``|u_j|`` and completed by ``sqrt(1 - |u_j|^2 / M^2)``.
+
+    Returns an ``(n, H + 2)`` array of ``weights``' dtype.
+    """
+    n, width = weights.shape
+    partial = np.zeros((MIPS_CHUNKS, width + 1))
+    for c in prange(MIPS_CHUNKS):
+        for i in range(c * n // MIPS_CHUNKS, (c + 1) * n // MIPS_CHUNKS):
+            for d in range(width):
+                partial[c, d] += weights[i, d]
+            partial[c, width] += bias[i]
+    mean = partial.sum(axis=0) / max(n, 1)
+    items = np.empty((n, width + 2), dtype=weights.dtype)
+    norms = np.empty(n)
+    for i in prange(n):
+        total = 0.0
+        for d in range(width):
+            u = weights[i, d] - mean[d]
+            items[i, d] = u
+            total += u * u
+        u = bias[i] - mean[width]
+        items[i, width] = u
+        norms[i] = np.sqrt(total + u * u)
+    largest = norms.max() if n > 0 else 0.0
+    scale = 1.0 / largest if largest > 0 else 1.0
+    for i in prange(n):
+        for d in range(width + 1):
+            items[i, d] = items[i, d] * scale
+        r = norms[i] * scale
+        items[i, width + 1] = np.sqrt(max(0.0, 1.0 - r * r))
+    return items
+
+
 @njit(cache=True)
 def _stable_order(column):  # pragma: no cover - compiled
     """The positions of ``column``'s values in increasing order, equal values in position order:
@@ -137,13 +176,32 @@ def _stable_order(column):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
+def _bucket_counts(column, order, cap):  # pragma: no cover - compiled
+    """Distinct codes and kept items of one table (codes ``column`` sorted by ``order``)."""
+    n = column.shape[0]
+    n_keys = 0
+    n_items = 0
+    start = 0
+    while start < n:
+        code = column[order[start]]
+        stop = start
+        while stop < n and column[order[stop]] == code:
+            stop += 1
+        n_keys += 1
+        n_items += min(stop - start, cap)
+        start = stop
+    return n_keys, n_items
+
+
+@njit(cache=True, parallel=True)
 def build_buckets(codes, cap, seed):  # pragma: no cover - compiled
     """CSR-like tables from the codes of ``n`` items (``codes``: ``(n, n_tables)``).
 
     Per table the items are grouped by code (sorted codes, items in id order). A bucket with more
     than ``cap`` items keeps a uniform sample of ``cap`` of them, drawn by reservoir sampling
     (Vitter's algorithm R over the items in id order, stream ``(seed, table, code)``), in
-    reservoir order.
+    reservoir order. The tables are built in parallel: each is sorted and counted, then written
+    at its offsets.
 
     Returns
     -------
@@ -156,15 +214,26 @@ def build_buckets(codes, cap, seed):  # pragma: no cover - compiled
     items : int32 array
     """
     n, n_tables = codes.shape
-    keys = np.empty(n * n_tables, dtype=np.int64)
-    key_ptr = np.zeros(n_tables + 1, dtype=np.int64)
-    bucket_ptr = np.zeros(n * n_tables + 1, dtype=np.int64)
-    items = np.empty(n * n_tables, dtype=np.int32)
-    n_keys = 0
-    n_items = 0
-    for t in range(n_tables):
+    orders = np.empty((n_tables, n), dtype=np.int64)
+    key_counts = np.zeros(n_tables, dtype=np.int64)
+    item_counts = np.zeros(n_tables, dtype=np.int64)
+    for t in prange(n_tables):
         column = np.ascontiguousarray(codes[:, t])
-        order = _stable_order(column)
+        orders[t] = _stable_order(column)
+        key_counts[t], item_counts[t] = _bucket_counts(column, orders[t], cap)
+    key_ptr = np.zeros(n_tables + 1, dtype=np.int64)
+    item_ptr = np.zeros(n_tables + 1, dtype=np.int64)
+    for t in range(n_tables):
+        key_ptr[t + 1] = key_ptr[t] + key_counts[t]
+        item_ptr[t + 1] = item_ptr[t] + item_counts[t]
+    keys = np.empty(key_ptr[n_tables], dtype=np.int64)
+    bucket_ptr = np.zeros(key_ptr[n_tables] + 1, dtype=np.int64)
+    items = np.empty(item_ptr[n_tables], dtype=np.int32)
+    for t in prange(n_tables):
+        column = codes[:, t]
+        order = orders[t]
+        n_keys = key_ptr[t]
+        n_items = item_ptr[t]
         start = 0
         while start < n:
             code = column[order[start]]
@@ -189,8 +258,7 @@ def build_buckets(codes, cap, seed):  # pragma: no cover - compiled
             n_keys += 1
             bucket_ptr[n_keys] = n_items
             start = stop
-        key_ptr[t + 1] = n_keys
-    return keys[:n_keys].copy(), key_ptr, bucket_ptr[: n_keys + 1].copy(), items[:n_items].copy()
+    return keys, key_ptr, bucket_ptr, items
 
 
 @njit(cache=True, inline="always")

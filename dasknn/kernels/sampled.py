@@ -23,12 +23,20 @@ __all__ = [
     "output_backward",
     "output_logits",
     "select_active",
+    "zero_rows",
 ]
 
 
 @njit(cache=True, inline="always")
 def _chunk(c, n_chunks, n):  # pragma: no cover - compiled
     return c * n // n_chunks, (c + 1) * n // n_chunks
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def zero_rows(array, rows):  # pragma: no cover - compiled
+    """Set the rows ``rows`` of the 2-D ``array`` to zero, the rows in parallel."""
+    for r in prange(rows.shape[0]):
+        array[rows[r]] = 0
 
 
 @njit(cache=True, parallel=True, nogil=True)

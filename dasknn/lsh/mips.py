@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from dasknn.kernels.lsh import mips_transform
+
 __all__ = ["mips_items", "mips_queries"]
 
 
@@ -32,16 +34,8 @@ def mips_items(weights: np.ndarray, bias: np.ndarray) -> np.ndarray:
         ``x_j = (u_j / M, sqrt(1 - |u_j|^2 / M^2))`` with ``u_j`` the centred weights and bias
         (see the module docstring).
     """
-    items = np.empty((weights.shape[0], weights.shape[1] + 2), dtype=weights.dtype)
-    items[:, :-2] = weights - weights.mean(axis=0)
-    items[:, -2] = bias - bias.mean()
-    norms = np.sqrt(np.einsum("ij,ij->i", items[:, :-1], items[:, :-1]))
-    largest = norms.max()
-    if largest > 0:
-        items[:, :-1] /= largest
-        norms /= largest
-    items[:, -1] = np.sqrt(np.clip(1.0 - norms * norms, 0.0, None))
-    return items
+    weights = np.ascontiguousarray(weights)
+    return mips_transform(weights, np.ascontiguousarray(bias, dtype=weights.dtype))
 
 
 def mips_queries(hidden: np.ndarray) -> np.ndarray:

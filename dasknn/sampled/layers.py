@@ -22,6 +22,7 @@ from dasknn.kernels.sampled import (
     output_backward,
     output_logits,
     select_active,
+    zero_rows,
 )
 from dasknn.lsh import HashFamily, HashTables, make_family, mips_items, mips_queries
 from dasknn.optim import Optimizer, OptimizerSlots, ParamState
@@ -33,6 +34,7 @@ __all__ = [
     "SamplingConfig",
     "combine_statistics",
     "merge_top_k",
+    "shard_bucket_cap",
     "shard_budget",
 ]
 
@@ -46,6 +48,14 @@ def shard_budget(active_fraction: float, n_items: int) -> int:
     """Active neurons a shard of ``n_items`` neurons selects per sample:
     ``ceil(active_fraction * n_items)``."""
     return min(n_items, max(1, math.ceil(active_fraction * n_items - 1e-9)))
+
+
+def shard_bucket_cap(bucket_size: int, shards: int) -> int:
+    """The bucket cap of each shard's tables: ``ceil(bucket_size / shards)``, so that the ``P``
+    shards' tables together keep as many candidates a query as one table of the whole layer
+    with the cap ``bucket_size`` (at P = 2 with a cap of 128 per shard they kept 1.8x as many,
+    and the budget's share of the best logits fell from 0.22 to 0.12; ``docs/benchmarks.md``)."""
+    return max(1, -(-bucket_size // shards))
 
 
 def combine_statistics(stats: list[np.ndarray]) -> np.ndarray:
@@ -77,6 +87,7 @@ class SamplingConfig:
     correction: str
     hashing: str
     uniform_fraction: float
+    shards: int
 
 
 class ActiveSet(NamedTuple):
@@ -147,7 +158,7 @@ class HiddenLayer:
         weight_state = self.slots.state(optimizer, "weights", self.weights)
         optimizer.update_rows(self.weights, self.grad_w, weight_state, rows)
         self.slots.update(optimizer, "bias", self.bias, self.grad_b)
-        self.grad_w[rows] = 0
+        zero_rows(self.grad_w, rows)
         self.grad_b[:] = 0
         self.touched[rows] = False
 
@@ -186,6 +197,7 @@ class OutputShard:
         self.hogwild = hogwild
         self.budget = shard_budget(config.active_fraction, len(self.ids))
         self.reserve = math.floor(config.uniform_fraction * self.budget)
+        self.bucket_cap = shard_bucket_cap(config.bucket_size, config.shards)
         self.grad_w = np.zeros_like(self.weights)
         self.grad_b = np.zeros_like(self.bias)
         self.touched = np.zeros(len(self.ids), dtype=np.bool_)
@@ -227,7 +239,7 @@ class OutputShard:
         return HashTables.build(
             self.family,
             self.hashed_items(),
-            self.config.bucket_size,
+            self.bucket_cap,
             self.family_seed(self.rebuilds),
         )
 
@@ -336,7 +348,7 @@ class OutputShard:
         )
         optimizer.update_rows(self.bias.reshape(-1, 1), self.grad_b.reshape(-1, 1), column, rows)
         bias_state.step = column.step
-        self.grad_w[rows] = 0
+        zero_rows(self.grad_w, rows)
         self.grad_b[rows] = 0
         self.touched[rows] = False
 

@@ -167,7 +167,9 @@ class SampledMLP:
     bin_size : int
         DWTA's bin size, a power of two >= 2.
     bucket_size : int
-        Cap of a bucket (larger buckets keep a seeded uniform reservoir sample).
+        Cap of a bucket of the whole layer (larger buckets keep a seeded uniform reservoir
+        sample); each of the ``shards`` shards caps its buckets at ``ceil(bucket_size /
+        shards)``, so a query finds about as many candidates with any number of shards.
     underflow : {"fill", "stop"}
         When a shard's buckets hold fewer candidates than its budget: fill with uniformly drawn
         neurons, or stop with the candidates.
@@ -291,6 +293,7 @@ class SampledMLP:
             self.correction,
             self.hashing,
             float(self.uniform_fraction),
+            self.shards,
         )
 
     def initialize(self, n_features: int, n_labels: int) -> SampledMLP:
