@@ -20,15 +20,20 @@ every ``str`` referenced by an object the collector tracks, or by an untracked c
 interned table. From the second census on it prints the strings alive then whose value was not
 alive at the first, grouped by holder (type, and for the objects holding most of them the objects
 that refer to them), by pattern (digits and hex runs replaced) and by ``key_split``, and how many
-of them are interned. The first census keeps only the strings' hashes, so it keeps no string
-alive.
+of them are interned; the string objects reachable then that were not at the first (new copies of
+old values included), by holder; the growth of the objects the collector tracks, by type; and,
+for the types ``--follow`` names, how many objects are new since the first census and, for two of
+them, the chain of objects that refer to them. The first census keeps only the strings' hashes
+and the objects' ids, so it keeps no string alive.
 
 Over ``--watch`` batches after ``--first`` it reads the interned table's entries before and after
 every call of ``msgpack.loads`` (msgpack interns the string map keys it unpacks),
 ``pickle.loads`` (pickle interns the attribute names it restores) and ``sys.intern`` (dask's
 ``key_split`` interns the prefixes it returns) in this process, wrapped for the window only,
-and prints the entries each used and what the calls that used entries unpacked, returned or were
-given, beside the entries used elsewhere: what uses up the table.
+and prints the entries each used and what the calls that used entries inserted (read from the
+table's new entries), returned or were given, beside the entries used elsewhere: what uses up the
+table. (It records patterns as bytes: a pattern that is the string itself would keep a map key
+alive, and a live interned string takes no new entry when it is interned again.)
 
 Usage::
 
@@ -63,6 +68,8 @@ MIB = 2**20
 _CONTAINERS = (dict, list, tuple, set, frozenset)
 _HEX = re.compile(r"[0-9a-f]{8,}")
 _DIGITS = re.compile(r"\d+")
+#: Referrers that are this script's own iterations, not holders.
+_NOT_HOLDERS = {"frame", "cell", "list_iterator", "dict_valueiterator", "generator"}
 
 
 def _interned_address() -> int:
@@ -97,6 +104,21 @@ def _table(address: int) -> dict[str, int]:
         "slots": 2 ** ctypes.c_uint8.from_address(keys + 8).value,
         "entries": ctypes.c_ssize_t.from_address(keys + 24).value,
     }
+
+
+def _inserted(address: int, start: int) -> list[str]:
+    """The live strings in the interned table's entries from ``start`` on (the strings inserted
+    since the table had ``start`` entries; an entry whose string died is empty). The table's keys
+    are all strings (``dk_kind`` 1), so each entry is a key and a value pointer."""
+    keys = ctypes.c_void_p.from_address(address + 32).value
+    entries = keys + 32 + (1 << ctypes.c_uint8.from_address(keys + 9).value)
+    stop = ctypes.c_ssize_t.from_address(keys + 24).value
+    inserted = []
+    for index in range(start, stop):
+        pointer = ctypes.c_void_p.from_address(entries + 16 * index).value
+        if pointer:
+            inserted.append(ctypes.cast(pointer, ctypes.py_object).value)
+    return inserted
 
 
 def _is_interned(text: str) -> bool:
@@ -160,7 +182,7 @@ def _referrers(obj, exclude: set[int]) -> list[str]:
     return lines[:4]
 
 
-def _census(name: str, top: int, address: int, dask_scheduler) -> str:
+def _census(name: str, top: int, follow: list[str], address: int, dask_scheduler) -> str:
     """Take a census; the first one keeps the hashes of the strings alive, later ones print the
     strings alive now whose value was not alive at the first, grouped."""
     gc.collect()
@@ -178,8 +200,13 @@ def _census(name: str, top: int, address: int, dask_scheduler) -> str:
             hash(s) for s in interned.values()
         )
         dask_scheduler.strings_types = types
+        dask_scheduler.strings_ids = frozenset(found)
+        dask_scheduler.strings_followed = frozenset(
+            id(obj) for obj in gc.get_objects() if type(obj).__qualname__ in follow
+        )
         return head
     types.subtract(dask_scheduler.strings_types)
+    copies = [(s, h) for i, (s, h) in found.items() if i not in dask_scheduler.strings_ids]
     new = {i: (s, h) for i, (s, h) in found.items() if hash(s) not in first}
     unreached = [s for i, s in interned.items() if i not in found and hash(s) not in first]
     by_holder: Counter = Counter()
@@ -194,14 +221,17 @@ def _census(name: str, top: int, address: int, dask_scheduler) -> str:
             if isinstance(ref, _CONTAINERS) and not gc.is_tracked(ref):
                 untracked.setdefault(id(ref), ref)
                 parents.setdefault(id(ref), obj)
-    for text, holder in new.values():
+
+    def where(holder: int) -> str:
         if holder in objects:
-            where = _describe(objects[holder]).split(" of ")[0]
-        else:
-            inner, outer = untracked.get(holder), parents.get(holder)
-            where = f"untracked {type(inner).__qualname__} in {type(outer).__qualname__}"
+            return _describe(objects[holder]).split(" of ")[0]
+        inner, outer = untracked.get(holder), parents.get(holder)
+        return f"untracked {type(inner).__qualname__} in {type(outer).__qualname__}"
+
+    copies_by_holder = Counter(f"{where(h)}: {_pattern(s)[:40]!r}" for s, h in copies)
+    for text, holder in new.values():
         kind = "interned" if _is_interned(text) else "not interned"
-        by_holder[f"{where} ({kind})"] += 1
+        by_holder[f"{where(holder)} ({kind})"] += 1
         by_object[holder] += 1
         pattern = _pattern(text)
         by_pattern[pattern] += 1
@@ -226,27 +256,53 @@ def _census(name: str, top: int, address: int, dask_scheduler) -> str:
         *(f"  {n:7d}  {p!r}" for p, n in Counter(map(_pattern, unreached)).most_common(top)),
         "objects tracked by the collector, by type, grown since the first census: "
         + ", ".join(f"{name} {n:+d}" for name, n in types.most_common(top)),
+        f"string objects reachable now that were not at the first census (new copies of old "
+        f"values included): {len(copies)}, by holder and pattern:",
+        *(f"  {n:7d}  {w}" for w, n in copies_by_holder.most_common(top)),
         "objects holding most new strings, and who refers to them:",
     ]
     exclude = {id(found), id(new), id(objects), id(untracked), id(parents), id(interned)}
     for holder, n in by_object.most_common(min(top, 6)):
         obj = objects[holder] if holder in objects else untracked.get(holder)
-        exclude.add(id(obj))
         lines.append(f"  {n:7d}  {_describe(obj)}: {'; '.join(_referrers(obj, exclude))}")
+    followed = [
+        obj
+        for obj in objects.values()
+        if type(obj).__qualname__ in follow and id(obj) not in dask_scheduler.strings_followed
+    ]
+    exclude.add(id(followed))
+    for name in follow:
+        sample = [obj for obj in followed if type(obj).__qualname__ == name]
+        lines.append(f"new {name} since the first census: {len(sample)}; who holds two of them:")
+        for index in range(min(2, len(sample))):  # no slice: it would refer to the objects
+            lines.append(f"    {' <- '.join(_chain(sample[index], exclude | {id(sample)}))}")
     return "\n".join(lines)
 
 
-def _map_keys(obj, into: set[str]) -> None:
-    """The patterns of the string map keys in ``obj`` (a message as ``msgpack.loads`` returns
-    it)."""
-    if isinstance(obj, dict):
-        for key, value in obj.items():
-            if isinstance(key, str):
-                into.add(_pattern(key))
-            _map_keys(value, into)
-    elif isinstance(obj, list | tuple):
-        for item in obj:
-            _map_keys(item, into)
+def _chain(obj, exclude: set[int], depth: int = 6) -> list[str]:
+    """``obj`` and its first referrer, that one's first referrer, ... (``depth`` levels), each
+    described by type (and for a dict, the key it holds the previous one under)."""
+    chain = [_describe(obj)]
+    seen = {id(obj)}
+    for _ in range(depth):
+        refs = [
+            ref
+            for ref in gc.get_referrers(obj)
+            if id(ref) not in exclude
+            and id(ref) not in seen
+            and type(ref).__name__ not in _NOT_HOLDERS
+            and not (isinstance(ref, list) and len(ref) > 100_000)  # a gc.get_objects() list
+        ]
+        if not refs:
+            break
+        ref = min(refs, key=lambda r: isinstance(r, list | tuple | set))  # others first
+        text = _describe(ref)
+        if isinstance(ref, dict):
+            text += f"[{next((k for k, v in ref.items() if v is obj), None)!r}]"
+        chain.append(text + (f" (+{len(refs) - 1} more)" if len(refs) > 1 else ""))
+        seen.update((id(ref), id(refs)))
+        obj = ref
+    return chain
 
 
 def _watch_start(address: int, dask_scheduler) -> str:
@@ -268,14 +324,14 @@ def _watch_start(address: int, dask_scheduler) -> str:
                 delta = after - before if after > before else 0  # a rebuild restarts the count
                 used[name] += delta
                 calls[name] += 1
-                if name == "msgpack.loads":
-                    patterns: set[str] = set()
-                    _map_keys(result, patterns)
-                    what.update((name, p) for p in patterns)
+                if name == "msgpack.loads" and after > before:
+                    what.update(
+                        (name, _pattern(text).encode()) for text in _inserted(address, before)
+                    )
                 elif name == "pickle.loads":
-                    what[(name, type(result).__qualname__)] += delta
+                    what[(name, type(result).__qualname__.encode())] += delta
                 else:
-                    what[(name, _pattern(args[0]))] += delta
+                    what[(name, _pattern(args[0]).encode())] += delta
             return result
 
         return call
@@ -298,8 +354,8 @@ def _watch_stop(top: int, address: int, dask_scheduler) -> str:
             + ", ".join(f"{used[n]} in {calls[n]} calls of {n}" for n in originals)
             + f", {total - sum(used.values())} elsewhere",
             "what those calls were given (sys.intern: entries by pattern), returned (pickle.loads:"
-            " entries by type) or unpacked (msgpack.loads: calls with a map key of the pattern):",
-            *(f"  {n:7d}  {name:14s} {p!r}" for (name, p), n in what.most_common(top)),
+            " entries by type) or inserted (msgpack.loads: entries by pattern of the string):",
+            *(f"  {n:7d}  {name:14s} {p.decode()!r}" for (name, p), n in what.most_common(top)),
         ]
     )
 
@@ -330,6 +386,11 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument(
+        "--follow",
+        default="PartPlacement,StepPriority,UUID,TaskGroup,method,defaultdict",
+        help="types whose new objects (since the first census) are shown with who holds them",
+    )
     args = parser.parse_args()
     print(describe(), sys.version.split()[0])
     model = SparseMLP.radixnet(neurons=args.neurons, layers=args.layers, seed=0)
@@ -358,7 +419,9 @@ def main() -> None:
                 if done in (args.first, args.second) or done >= args.batches:
                     time.sleep(2)  # the futures of the last call released
                     print(
-                        client.run_on_scheduler(_census, f"{done} batches", args.top, address),
+                        client.run_on_scheduler(
+                            _census, f"{done} batches", args.top, args.follow.split(","), address
+                        ),
                         flush=True,
                     )
                 if done == args.first and args.watch:
