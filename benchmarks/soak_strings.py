@@ -4,12 +4,14 @@ of interned strings there.
 Trains as ``benchmarks/soak.py`` does (P = 2, ``fit`` on 100 batches at a time, on the cluster
 and client ``dasknn.runtime.cluster.open_client`` opens; the LocalCluster's scheduler runs in this
 process) and, after every ``fit`` call, prints for this process: the resident size,
-``sys.getallocatedblocks()``, ``dask.utils.key_split``'s cache and CPython's dict of interned
-strings read in place (CPython 3.11: the static ``interned`` of ``libpython``, found with ``nm``):
-its live strings (``ma_used``), its slots (``2 ** dk_log2_size``) and the entries used since it was
-last rebuilt (``dk_nentries``; a deleted string's entry is not reused, so the table is rebuilt
-when the entries reach two thirds of the slots, at three times its live strings rounded up to a
-power of two: from 2^17 to 2^18 slots once more than 43,690 strings are live).
+``sys.getallocatedblocks()``, ``dask.utils.key_split``'s cache, the scheduler's spans, the
+entries of their metadata (one per graph a span received) and its computations, and CPython's
+dict of interned strings read in place (CPython 3.11: the static ``interned`` of ``libpython``,
+found with ``nm``): its live strings (``ma_used``), its slots (``2 ** dk_log2_size``) and the
+entries used since it was last rebuilt (``dk_nentries``; a deleted string's entry is not reused,
+so the table is rebuilt when the entries reach two thirds of the slots, at three times its live
+strings rounded up to a power of two: from 2^17 to 2^18 slots once more than 43,690 strings are
+live).
 
 It also prints, after every call, the interned strings alive then that were not at the previous
 call, by pattern (digits and hex runs replaced): the interned strings that turn over.
@@ -127,13 +129,23 @@ def _is_interned(text: str) -> bool:
 
 
 def _sample(address: int, dask_scheduler=None) -> str:
+    """This process's sizes; with ``dask_scheduler``, also the scheduler's spans, the entries of
+    their metadata's ``collections`` (one per graph a span received) and its computations."""
     table = _table(address)
     rss = psutil.Process(os.getpid()).memory_info().rss / MIB
-    return (
+    text = (
         f"rss {rss:7.1f} MiB  blocks {sys.getallocatedblocks():8d}  key_split cache "
         f"{key_split.cache_info().currsize:5d}  interned: live {table['live']:6d} slots "
         f"{table['slots']:6d} entries {table['entries']:6d}"
     )
+    if dask_scheduler is not None:
+        spans = dask_scheduler.extensions["spans"].spans.values()
+        collections = sum(len((span.metadata or {}).get("collections", ())) for span in spans)
+        text += (
+            f"  spans {len(spans)} (collections {collections}) "
+            f"computations {len(dask_scheduler.computations)}"
+        )
+    return text
 
 
 def _pattern(text: str) -> str:
