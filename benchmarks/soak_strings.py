@@ -439,7 +439,7 @@ def main() -> None:
                 if done == args.first and args.watch:
                     sample = client.run_on_scheduler(_watch_start, address)
                     print(f"watching msgpack map keys: {sample}")
-                if done == args.first + args.watch:
+                if args.watch and done == args.first + args.watch:
                     print(client.run_on_scheduler(_watch_stop, args.top, address), flush=True)
 
 
