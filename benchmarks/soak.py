@@ -81,6 +81,17 @@ def _verdict(growth: float) -> str:
     return "ok" if growth < 1.0 else "GROWS"
 
 
+def soak_problem(neurons: int, layers: int, rows: int):
+    """The soak's model, data and partition: a RadiX-Net ``SparseMLP`` (seed 0), ``rows`` uniform
+    samples and targets, and every neuron dealt to one of 2 parts at random (seed 0)."""
+    model = SparseMLP.radixnet(neurons=neurons, layers=layers, seed=0)
+    rng = np.random.default_rng(0)
+    x = rng.uniform(size=(rows, model.n_inputs))
+    y = rng.uniform(size=(rows, model.n_outputs))
+    parts = [rng.integers(0, 2, size=n) for n in model.layer_sizes]
+    return model, x, y, parts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=2000)
@@ -103,12 +114,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     print(describe())
-    model = SparseMLP.radixnet(neurons=args.neurons, layers=args.layers, seed=0)
-    rng = np.random.default_rng(0)
-    rows = args.every * args.batch_size
-    x = rng.uniform(size=(rows, model.n_inputs))
-    y = rng.uniform(size=(rows, model.n_outputs))
-    parts = [rng.integers(0, 2, size=n) for n in model.layer_sizes]
+    model, x, y, parts = soak_problem(args.neurons, args.layers, args.every * args.batch_size)
     with ExitStack() as stack:
         client = open_client(stack, workers=2)
         lengths = {"client and scheduler": client.run_on_scheduler(_record_lengths)}

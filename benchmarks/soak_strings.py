@@ -57,12 +57,11 @@ from collections import Counter, defaultdict
 from contextlib import ExitStack
 
 import msgpack
-import numpy as np
 import psutil
 from dask.utils import key_split
 from machine import describe
+from soak import soak_problem
 
-from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
 from dasknn.runtime.cluster import open_client
 
@@ -405,12 +404,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     print(describe(), sys.version.split()[0])
-    model = SparseMLP.radixnet(neurons=args.neurons, layers=args.layers, seed=0)
-    rng = np.random.default_rng(0)
-    rows = args.every * args.batch_size
-    x = rng.uniform(size=(rows, model.n_inputs))
-    y = rng.uniform(size=(rows, model.n_outputs))
-    parts = [rng.integers(0, 2, size=n) for n in model.layer_sizes]
+    model, x, y, parts = soak_problem(args.neurons, args.layers, args.every * args.batch_size)
     with ExitStack() as stack:
         client = open_client(stack, workers=2)  # as benchmarks/soak.py
         if client.run_on_scheduler(os.getpid) != os.getpid():

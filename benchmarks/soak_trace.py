@@ -44,15 +44,14 @@ from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
 
-import numpy as np
 import psutil
 from dask.utils import key_split
 from distributed import Scheduler
 from distributed.batched import BatchedSend
 from distributed.utils import DequeHandler
 from machine import describe
+from soak import soak_problem
 
-from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
 from dasknn.runtime.cluster import open_client
 
@@ -266,12 +265,7 @@ def main() -> None:
     ):
         parser.error("--warmup, --batches and --window must be multiples of --every (and > 0)")
     print(describe(), f"MALLOC_ARENA_MAX={os.environ.get('MALLOC_ARENA_MAX', 'unset')}")
-    model = SparseMLP.radixnet(neurons=args.neurons, layers=args.layers, seed=0)
-    rng = np.random.default_rng(0)
-    rows = args.every * args.batch_size
-    x = rng.uniform(size=(rows, model.n_inputs))
-    y = rng.uniform(size=(rows, model.n_outputs))
-    parts = [rng.integers(0, 2, size=n) for n in model.layer_sizes]
+    model, x, y, parts = soak_problem(args.neurons, args.layers, args.every * args.batch_size)
     with ExitStack() as stack:
         client = open_client(stack, workers=2)  # as benchmarks/soak.py
         with DistributedSparseMLP(model, client, parts) as dist:

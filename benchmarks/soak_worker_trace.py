@@ -43,9 +43,9 @@ import numpy as np
 import psutil
 from dask.utils import key_split
 from machine import describe
+from soak import soak_problem
 from soak_trace import growth_lines, short_path
 
-from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
 from dasknn.model_parallel.worker_state import ModelState
 from dasknn.runtime.cluster import open_client
@@ -201,12 +201,7 @@ def main() -> None:
     if any(n % args.every for n in (args.untraced, args.first, args.window)):
         parser.error("--untraced, --first and --window must be multiples of --every")
     print(describe(), f"MALLOC_ARENA_MAX={os.environ.get('MALLOC_ARENA_MAX', 'unset')}")
-    model = SparseMLP.radixnet(neurons=args.neurons, layers=args.layers, seed=0)
-    rng = np.random.default_rng(0)
-    rows = args.every * args.batch_size
-    x = rng.uniform(size=(rows, model.n_inputs))
-    y = rng.uniform(size=(rows, model.n_outputs))
-    parts = [rng.integers(0, 2, size=n) for n in model.layer_sizes]
+    model, x, y, parts = soak_problem(args.neurons, args.layers, args.every * args.batch_size)
     samples: dict[str, list[tuple[int, dict]]] = {}
     with ExitStack() as stack:
         client = open_client(stack, workers=2)  # as benchmarks/soak.py
