@@ -6,7 +6,10 @@ scheduler in between), one per worker and model, made on the worker it serves. I
 there and reports it to the communication monitor (:func:`dasknn.runtime.measure.report_transfer`),
 so posted bytes are counted as Dask's own transfers are. A :class:`Mailbox` holds the messages a
 worker received until its task takes them, waiting for one not yet arrived; a failure of the
-sending side is posted as well and ends that wait with the sender's error.
+sending side is posted as well and ends that wait with the sender's error, and clearing the
+mailbox (the steps in flight were dropped) ends it with ``RuntimeError``. While the message has
+not arrived, the waiting task runs the jobs it queued there (the weight updates of a
+model-parallel step, :meth:`Mailbox.queue_idle`).
 """
 
 from __future__ import annotations
