@@ -1,11 +1,13 @@
 """The mailbox of posted messages (:mod:`dasknn.runtime.postbox`): a task waits for a message
 that another thread delivers, a sender's failure ends the wait with the sender's error, and a
-message that never comes is a ``TimeoutError`` naming it."""
+message that never comes is a ``TimeoutError`` naming it; jobs queued by the task thread run
+while its message is missing, and clearing the mailbox ends the waits under way."""
 
 from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import Future
 
 import numpy as np
 import pytest
@@ -41,3 +43,54 @@ def test_a_message_that_never_comes_is_a_timeout_naming_it():
     box.deliver(("m", 4), np.zeros(1))
     with pytest.raises(TimeoutError, match=r"no message \('m', 5\) arrived within 0.05 s"):
         box.take(("m", 5), failed=("failed", 5), timeout=0.05)
+
+
+def test_queued_jobs_run_while_the_message_is_missing_until_a_failure_arrives():
+    box = Mailbox()
+    ran: list[str] = []
+    box.queue_idle(ran.append, "first")
+    box.queue_idle(box.deliver, ("failed", 6), StepFailed(ValueError("stage 1 failed")))
+    box.queue_idle(ran.append, "left")
+    with pytest.raises(ValueError, match="stage 1 failed"):
+        box.take(("m", 6), failed=("failed", 6), timeout=5)
+    assert ran == ["first"]  # the failure ended the idle work: the last job stays queued
+    box.run_idle()
+    assert ran == ["first", "left"]
+
+
+def test_clear_ends_the_waits_under_way_and_forgets_messages_and_jobs():
+    box = Mailbox()
+    box.deliver(("m", 7), np.zeros(1))
+    box.queue_idle(pytest.fail, "a job queued before clear ran")
+    box.clear()
+    assert len(box) == 0
+    box.run_idle()  # the job queued before clear is gone
+    errors: list[BaseException] = []
+
+    def wait(call):
+        try:
+            call()
+        except BaseException as error:  # the waits end in their own threads
+            errors.append(error)
+
+    pending = Future()  # a post that is never delivered
+    waits = [
+        threading.Thread(target=wait, args=(lambda: box.take(("m", 8), timeout=30),)),
+        threading.Thread(target=wait, args=(lambda: box.wait_posted([pending], poll=0.02),)),
+    ]
+    for thread in waits:
+        thread.start()
+    time.sleep(0.1)
+    box.clear()
+    for thread in waits:
+        thread.join(5)
+    assert sorted(str(error) for error in errors) == [
+        "the steps in flight were dropped while a post was under way",
+        "the steps in flight were dropped while waiting for ('m', 8)",
+    ]
+    assert all(isinstance(error, RuntimeError) for error in errors)
+    done = Future()
+    done.set_result(None)
+    box.wait_posted([done])  # a later wait is not ended by the earlier clear
+    box.deliver(("m", 9), np.ones(1))
+    assert box.take(("m", 9), timeout=5).tolist() == [1.0]

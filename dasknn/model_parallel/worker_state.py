@@ -23,7 +23,7 @@ values into fresh pydata-sparse chunks (:func:`snapshot_weight`, :func:`snapshot
 from __future__ import annotations
 
 import threading
-from collections import defaultdict, deque
+from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -33,6 +33,7 @@ from distributed import get_worker
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from dasknn.optim import Optimizer, OptimizerSlots
+from dasknn.runtime.postbox import MESSAGE_TIMEOUT, Mailbox
 
 __all__ = [
     "TIMING_KINDS",
@@ -52,14 +53,6 @@ __all__ = [
 #: Timing categories recorded by the workers (seconds, summed over tasks); ``update_background``
 #: is the part of ``update`` run by the background thread, beside the task thread.
 TIMING_KINDS = ("forward_product", "backward_product", "update", "update_background", "pack")
-
-
-#: Seconds a step waits for a message posted by another worker before it fails.
-MESSAGE_TIMEOUT = 600.0
-
-#: Seconds between two checks, while a post is not yet delivered, that the steps in flight were
-#: not dropped (:meth:`ModelState.check_posts`).
-POST_POLL_SECONDS = 0.25
 
 
 def plugin_name(token: str) -> str:
@@ -179,13 +172,10 @@ class ModelState(WorkerPlugin):
         self._latest_step = 0  # the highest step number begun here
         #: Messages for the parts on this worker, by step key ``(name, step, layer, sender,
         #: receiver part, microbatch)`` (:func:`dasknn.runtime.keys.step_key`): left by parts on
-        #: this worker, or posted by other workers (``messages="actors"``).
-        self.mailbox: dict[tuple, np.ndarray] = {}
-        self._arrived = threading.Condition()
-        self._cleared = 0  # clear_steps calls, which end the waits of take
+        #: this worker, or posted by other workers (``messages="actors"``); also the jobs the
+        #: task thread runs while a message it takes has not arrived (:meth:`queue_idle`).
+        self.mailbox = Mailbox()
         self._posts: list = []
-        #: Jobs the task thread runs while a message it takes has not arrived (:meth:`take`).
-        self._idle_work: deque = deque()
         #: ``messages="actors"``: the postbox actor of every worker (address -> handle), set by
         #: the step task.
         self.postboxes: dict = {}
@@ -257,20 +247,14 @@ class ModelState(WorkerPlugin):
             dropped = len(self.steps)
             self.steps.clear()
             self.first_step = max(self.first_step, self._latest_step + 1)
-        with self._arrived:
-            self.mailbox.clear()
-            self._cleared += 1
-            self._arrived.notify_all()
+        self.mailbox.clear()
         self._posts = []
-        self._idle_work.clear()
         return dropped
 
     # ---------------------------------------------------------------- messages
     def deliver(self, key: tuple, rows: np.ndarray) -> None:
         """Leave the message ``key`` in the mailbox (from any thread or the event loop)."""
-        with self._arrived:
-            self.mailbox[key] = rows
-            self._arrived.notify_all()
+        self.mailbox.deliver(key, rows)
 
     def post(self, address: str, key: tuple, rows: np.ndarray) -> None:
         """Post the message ``key`` to the mailbox of the worker at ``address`` through its
@@ -282,19 +266,7 @@ class ModelState(WorkerPlugin):
         and raise ``RuntimeError`` if :meth:`clear_steps` drops the steps in flight meanwhile (a
         post to a worker that has left waits for it to come back, which it never does)."""
         posts, self._posts = self._posts, []
-        with self._arrived:
-            cleared = self._cleared
-        for post in posts:
-            while True:
-                try:
-                    post.result(timeout=POST_POLL_SECONDS)
-                    break
-                except TimeoutError:
-                    with self._arrived:
-                        if self._cleared != cleared:
-                            raise RuntimeError(
-                                "the steps in flight were dropped while a post was under way"
-                            ) from None
+        self.mailbox.wait_posted(posts)
 
     def take(self, key: tuple, timeout: float = MESSAGE_TIMEOUT) -> np.ndarray:
         """Remove and return the message ``key``, waiting for it up to ``timeout`` seconds
@@ -304,39 +276,16 @@ class ModelState(WorkerPlugin):
         While the message has not arrived, the jobs of :meth:`queue_idle` run first, one at a
         time, in the order they were queued; the wait starts when none is left.
         """
-        with self._arrived:
-            cleared = self._cleared
-        while True:
-            with self._arrived:
-                ready = key in self.mailbox or self._cleared != cleared
-                if ready or not self._idle_work:
-                    arrived = ready or self._arrived.wait_for(
-                        lambda: key in self.mailbox or self._cleared != cleared, timeout
-                    )
-                    if self._cleared != cleared:
-                        raise RuntimeError(
-                            f"the steps in flight were dropped while waiting for {key}"
-                        )
-                    if not arrived:
-                        raise TimeoutError(f"no message {key} arrived within {timeout:g} s")
-                    return self.mailbox.pop(key)
-                func, args = self._idle_work.popleft()
-            func(*args)
+        return self.mailbox.take(key, timeout=timeout)
 
     def queue_idle(self, func, *args) -> None:
         """Queue ``func(*args)`` for the calling task thread: it runs while a message that thread
         takes has not arrived (:meth:`take`), or at the latest in :meth:`run_idle`."""
-        with self._arrived:
-            self._idle_work.append((func, args))
+        self.mailbox.queue_idle(func, *args)
 
     def run_idle(self) -> None:
         """Run every job :meth:`queue_idle` left, in the order they were queued."""
-        while True:
-            with self._arrived:
-                if not self._idle_work:
-                    return
-                func, args = self._idle_work.popleft()
-            func(*args)
+        self.mailbox.run_idle()
 
     def submit_update(self, func, *args) -> Future:
         """Run ``func(*args)`` on this model's background update thread."""

@@ -6,21 +6,29 @@ scheduler in between), one per worker and model, made on the worker it serves. I
 there and reports it to the communication monitor (:func:`dasknn.runtime.measure.report_transfer`),
 so posted bytes are counted as Dask's own transfers are. A :class:`Mailbox` holds the messages a
 worker received until its task takes them, waiting for one not yet arrived; a failure of the
-sending side is posted as well and ends that wait with the sender's error.
+sending side is posted as well and ends that wait with the sender's error, and clearing the
+mailbox (the steps in flight were dropped) ends it with ``RuntimeError``. While the message has
+not arrived, the waiting task runs the jobs it queued there (the weight updates of a
+model-parallel step, :meth:`Mailbox.queue_idle`).
 """
 
 from __future__ import annotations
 
 import threading
+from collections import deque
 
 from distributed import get_worker
 
 from dasknn.runtime.measure import report_transfer
 
-__all__ = ["MESSAGE_TIMEOUT", "Mailbox", "Postbox", "StepFailed"]
+__all__ = ["MESSAGE_TIMEOUT", "POST_POLL_SECONDS", "Mailbox", "Postbox", "StepFailed"]
 
 #: Seconds a task waits for a message posted by another worker before it fails.
 MESSAGE_TIMEOUT = 600.0
+
+#: Seconds between two checks, while a post is not yet delivered, that the mailbox was not
+#: cleared (:meth:`Mailbox.wait_posted`).
+POST_POLL_SECONDS = 0.25
 
 
 class Postbox:
@@ -54,11 +62,18 @@ class StepFailed:
 
 
 class Mailbox:
-    """Messages received on a worker, by key, until a task takes them (thread-safe)."""
+    """Messages received on a worker, by key, until a task takes them (thread-safe).
+
+    A task thread may leave jobs (:meth:`queue_idle`) that its :meth:`take` runs while the
+    message it takes has not arrived. :meth:`clear` forgets the messages and jobs and ends the
+    waits under way with ``RuntimeError`` (the steps they belong to were dropped).
+    """
 
     def __init__(self) -> None:
         self._messages: dict = {}
         self._arrived = threading.Condition()
+        self._clears = 0  # calls of clear, which end the waits begun before them
+        self._idle_jobs: deque = deque()
 
     def deliver(self, key, value) -> None:
         """Leave the message ``key`` (from any thread or the event loop)."""
@@ -69,17 +84,71 @@ class Mailbox:
     def take(self, key, failed=None, timeout: float = MESSAGE_TIMEOUT):
         """Remove and return the message ``key``, waiting up to ``timeout`` seconds for it
         (``TimeoutError`` naming the key after that). ``failed`` is the key under which a
-        :class:`StepFailed` of the sender may arrive instead: its error is raised."""
+        :class:`StepFailed` of the sender may arrive instead: its error is raised.
+        ``RuntimeError`` if :meth:`clear` is called meanwhile.
+
+        While the message has not arrived, the jobs of :meth:`queue_idle` run first, one at a
+        time, in the order they were queued; the wait starts when none is left.
+        """
+        with self._arrived:
+            clears = self._clears
 
         def ready():
-            return key in self._messages or (failed is not None and failed in self._messages)
+            return (
+                self._clears != clears
+                or key in self._messages
+                or (failed is not None and failed in self._messages)
+            )
 
+        while True:
+            with self._arrived:
+                if ready() or not self._idle_jobs:
+                    arrived = self._arrived.wait_for(ready, timeout)
+                    if self._clears != clears:
+                        raise RuntimeError(
+                            f"the steps in flight were dropped while waiting for {key}"
+                        )
+                    if not arrived:
+                        raise TimeoutError(f"no message {key} arrived within {timeout:g} s")
+                    if key not in self._messages:
+                        raise self._messages[failed].error
+                    return self._messages.pop(key)
+                func, args = self._idle_jobs.popleft()
+            func(*args)
+
+    def queue_idle(self, func, *args) -> None:
+        """Queue ``func(*args)`` for the calling task thread: it runs while a message that thread
+        takes has not arrived (:meth:`take`), or at the latest in :meth:`run_idle`."""
         with self._arrived:
-            if not self._arrived.wait_for(ready, timeout):
-                raise TimeoutError(f"no message {key} arrived within {timeout:g} s")
-            if key not in self._messages:
-                raise self._messages[failed].error
-            return self._messages.pop(key)
+            self._idle_jobs.append((func, args))
+
+    def run_idle(self) -> None:
+        """Run every job :meth:`queue_idle` left, in the order they were queued."""
+        while True:
+            with self._arrived:
+                if not self._idle_jobs:
+                    return
+                func, args = self._idle_jobs.popleft()
+            func(*args)
+
+    def wait_posted(self, posts, poll: float = POST_POLL_SECONDS) -> None:
+        """Wait until every post (the futures of :meth:`Postbox.post` calls) is delivered,
+        re-raising a failed post's error; ``RuntimeError`` if :meth:`clear` is called meanwhile
+        (checked every ``poll`` seconds: a post to a worker that has left waits for it to come
+        back, which it may never do)."""
+        with self._arrived:
+            clears = self._clears
+        for post in posts:
+            while True:
+                try:
+                    post.result(timeout=poll)
+                    break
+                except TimeoutError:
+                    with self._arrived:
+                        if self._clears != clears:
+                            raise RuntimeError(
+                                "the steps in flight were dropped while a post was under way"
+                            ) from None
 
     def drop(self, keep) -> int:
         """Forget every message whose key ``keep(key)`` is false (those of ended steps); returns
@@ -89,6 +158,15 @@ class Mailbox:
             for key in gone:
                 del self._messages[key]
         return len(gone)
+
+    def clear(self) -> None:
+        """Forget every message and queued job, and end the waits of :meth:`take` and
+        :meth:`wait_posted` under way with ``RuntimeError``."""
+        with self._arrived:
+            self._messages.clear()
+            self._idle_jobs.clear()
+            self._clears += 1
+            self._arrived.notify_all()
 
     def __len__(self) -> int:
         with self._arrived:
