@@ -176,6 +176,17 @@ def _stable_order(column):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
+def _run_end(column, order, start):  # pragma: no cover - compiled
+    """The end of the run of equal codes that starts at ``start`` (codes ``column`` sorted by
+    ``order``)."""
+    code = column[order[start]]
+    stop = start
+    while stop < column.shape[0] and column[order[stop]] == code:
+        stop += 1
+    return stop
+
+
+@njit(cache=True)
 def _bucket_counts(column, order, cap):  # pragma: no cover - compiled
     """Distinct codes and kept items of one table (codes ``column`` sorted by ``order``)."""
     n = column.shape[0]
@@ -183,10 +194,7 @@ def _bucket_counts(column, order, cap):  # pragma: no cover - compiled
     n_items = 0
     start = 0
     while start < n:
-        code = column[order[start]]
-        stop = start
-        while stop < n and column[order[stop]] == code:
-            stop += 1
+        stop = _run_end(column, order, start)
         n_keys += 1
         n_items += min(stop - start, cap)
         start = stop
@@ -237,9 +245,7 @@ def build_buckets(codes, cap, seed):  # pragma: no cover - compiled
         start = 0
         while start < n:
             code = column[order[start]]
-            stop = start
-            while stop < n and column[order[stop]] == code:
-                stop += 1
+            stop = _run_end(column, order, start)
             size = stop - start
             keys[n_keys] = code
             if size <= cap:
