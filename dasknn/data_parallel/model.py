@@ -11,6 +11,7 @@ so a run equals the one-process run step for step.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 from numbers import Integral
@@ -40,11 +41,15 @@ from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.keys import new_token, parse_dp_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
 from dasknn.runtime.plugin_owner import PluginOwner
-from dasknn.runtime.waiting import wait_at_most
+from dasknn.runtime.waiting import run_watching
 
 __all__ = ["DataParallelEmbeddingMLP", "data_parallel"]
 
 SEARCH_MODES = ("model", "brute-force")
+
+
+class _WorkersLost(RuntimeError):
+    """Workers of the model left the cluster (the message names them and what they held)."""
 
 
 class _Placement:
@@ -350,11 +355,18 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         graph = build_step(ctx, self.topology, plan, self.dense_servers, prefetched, next_plan)
         with dask.annotate(workers=self._placement, allow_other_workers=False):
             futures = self.client.get(graph.tasks, graph.outputs, sync=False)
-        # a task pinned to a lost worker would wait for ever: look every second
-        while not wait_at_most(futures, 1.0):
-            self._check_workers(None)
+        # a task pinned to a lost worker, or a result held by one, would be waited for for ever:
+        # look at the workers every second while the results are gathered
         try:
-            losses = self.client.gather(futures)
+            losses = run_watching(
+                self.client,
+                self.client.gather(futures, asynchronous=True),
+                math.inf,
+                lambda: self._check_workers(None),
+                poll=1.0,
+            )
+        except _WorkersLost:
+            raise
         except Exception as exc:
             self._check_workers(exc)
             raise
@@ -389,7 +401,7 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
             if self.architecture == "ps" and served:
                 held += f" and the dense variables {served}"
             details.append(f"worker {worker} (held {held})")
-        raise RuntimeError(
+        raise _WorkersLost(
             f"lost {', '.join(details)} by step {self._step}; the model's values there are "
             "gone: close it and start again from a gathered copy"
         ) from exc
