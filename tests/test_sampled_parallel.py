@@ -4,6 +4,8 @@ same shards, exact predictions, and the bytes between workers against the formul
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -13,7 +15,7 @@ from sampled_reference import AdamReference, reference_step, targets
 
 from dasknn.datasets import make_extreme_classification
 from dasknn.optim import Adam
-from dasknn.runtime.cluster import scheduler_workers
+from dasknn.runtime.cluster import local_cluster, scheduler_workers
 from dasknn.sampled import SampledMLP
 from dasknn.sampled_parallel import DistributedSampledMLP
 
@@ -171,3 +173,25 @@ def test_sampled_keys_are_built_parsed_and_described():
     step = step_key(phase_names("abc")["fwd"], 7, 0, 1, 0, 0)
     assert parse_sampled_key(step) is None and describe(step) == ("abc", "forward", 1)
     assert parse_sampled_key(("dasknn-slide-abc", 1, "grad", 0)) is None
+
+
+def _exit_soon():
+    """Kill this worker process a moment after answering (as a crash would)."""
+    import os
+    import threading
+
+    threading.Timer(0.2, os._exit, (1,)).start()
+
+
+def test_lost_worker_ends_training_with_an_error_naming_it():
+    data = make_extreme_classification(n_samples=200, n_features=60, n_labels=40, seed=1)
+    model = SampledMLP(hidden=4, active_fraction=0.2, k=2, n_tables=2, shards=2, seed=3)
+    model.initialize(60, 40)
+    with local_cluster(2) as cluster, Client(cluster) as client:
+        with DistributedSampledMLP(model, client, _workers(client, 2)) as dist:
+            dist.train_step(data.X[:50], data.Y[:50])
+            victim = dist.workers[1]
+            client.run(_exit_soon, workers=[victim])
+            with pytest.raises(RuntimeError, match=f"lost worker {re.escape(victim)}: the shards"):
+                for _ in range(100):
+                    dist.train_step(data.X[:50], data.Y[:50])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import math
 import time
 import traceback
 from collections.abc import Callable, Coroutine, Sequence
@@ -12,7 +13,19 @@ from typing import Any
 
 from distributed import Client, Future, wait
 
-__all__ = ["gather_at_most", "run_watching", "wait_at_most"]
+from dasknn.runtime.cluster import scheduler_workers
+
+__all__ = [
+    "LOSS_GRACE_SECONDS",
+    "WorkerLostError",
+    "gather_at_most",
+    "gather_watching",
+    "run_watching",
+    "wait_at_most",
+]
+
+#: Seconds :func:`gather_watching` looks for a lost worker after a cancelled result.
+LOSS_GRACE_SECONDS = 5.0
 
 
 def _drop_tracebacks(error: BaseException | None) -> None:
@@ -144,3 +157,89 @@ def run_watching(
     except BaseException:
         running.cancel()
         raise
+
+
+class WorkerLostError(RuntimeError):
+    """Workers a computation depends on left the cluster (:func:`gather_watching`)."""
+
+
+def gather_watching(
+    client: Client, futures: Sequence[Future], workers, what: str, poll: float = 1.0
+) -> list:
+    """The results of ``futures``, gathered while checking every ``poll`` seconds that the
+    ``workers`` holding the model are still in the cluster.
+
+    Tasks pinned to a worker (``allow_other_workers=False``), or results held by one, are waited
+    for for ever once that worker has died; this turns the loss into an error.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        A synchronous client.
+    futures : sequence of Future
+        Futures of ``client``.
+    workers : iterable of str
+        Addresses of the workers the results depend on.
+    what : str
+        What was lost with them, for the error (``"the model's shards there are gone"``).
+    poll : float
+        Seconds between two checks.
+
+    Returns
+    -------
+    list
+        The results, in order.
+
+    Raises
+    ------
+    WorkerLostError
+        As soon as the scheduler no longer lists one of ``workers``, naming them and ``what``
+        (the gather is cancelled), also when the gather failed because of the loss (a result
+        cancelled with its worker).
+    Exception
+        A failed future's error, as ``Client.gather`` raises it.
+    """
+    futures = list(futures)
+    watched = list(workers)
+
+    def lost_error() -> WorkerLostError | None:
+        present = set(scheduler_workers(client))
+        lost = sorted(w for w in watched if w not in present)
+        return WorkerLostError(f"lost worker {', '.join(lost)}: {what}") if lost else None
+
+    def check() -> None:
+        error = lost_error()
+        if error is not None:
+            raise error
+
+    try:
+        return _gather_or_name_the_loss(client, futures, check, lost_error, poll)
+    except BaseException:
+        # the error's traceback holds this frame and so the futures: release them now, or a
+        # caller keeping the error (a test report, a notebook's last traceback) would keep
+        # their keys, and tasks still waiting on them, on the cluster
+        for future in futures:
+            future.release()
+        raise
+
+
+def _gather_or_name_the_loss(client, futures, check, lost_error, poll) -> list:
+    """:func:`gather_watching`'s gather: ``check()`` every ``poll`` seconds, and a failed gather
+    reported as the loss of a worker when ``lost_error()`` finds one."""
+    try:
+        gathering = client.gather(futures, asynchronous=True)
+        return run_watching(client, gathering, math.inf, check, poll)
+    except WorkerLostError:
+        raise
+    except Exception as exc:
+        # a task cancelled with its worker may fail the gather before the scheduler has
+        # removed that worker: look again for a moment before reporting the raw error
+        cancelled = isinstance(exc, concurrent.futures.CancelledError)
+        deadline = time.monotonic() + (LOSS_GRACE_SECONDS if cancelled else 0.0)
+        while True:
+            error = lost_error()
+            if error is not None:
+                raise error from exc
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.1)

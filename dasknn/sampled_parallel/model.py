@@ -14,6 +14,7 @@ from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.keys import new_token
 from dasknn.runtime.measure import read_transfers, reset_transfers
 from dasknn.runtime.plugin_owner import PluginOwner
+from dasknn.runtime.waiting import gather_watching
 from dasknn.sampled.checks import check_features, check_k, check_labels, check_positive_int
 from dasknn.sampled.layers import merge_top_k
 from dasknn.sampled.model import (
@@ -196,11 +197,22 @@ class DistributedSampledMLP(PluginOwner):
         self.n_steps_ += 1
         return self._submit(tasks, outputs)
 
+    def _gather(self, futures) -> list:
+        """The results of a step's ``futures``; ``RuntimeError`` naming a shard worker that left
+        the cluster meanwhile."""
+        return gather_watching(
+            self.client,
+            futures,
+            self.workers,
+            "the shards it held are gone; close the model and start again from a copy of its "
+            "parameters",
+        )
+
     def train_step(self, X, Y) -> float:
         """One step on the batch ``(X, Y)``; returns its loss before the update."""
         self._check_open()
         X, ptr, ids = self._check_training(X, Y)
-        losses = self.client.gather(self._submit_batch(X, ptr, ids, None))
+        losses = self._gather(self._submit_batch(X, ptr, ids, None))
         return float(np.sum(losses) / X.shape[0])
 
     def fit(
@@ -223,9 +235,9 @@ class DistributedSampledMLP(PluginOwner):
                 after = [f.key for f in running[-1]] if running else None
                 running.append(self._submit_batch(X[rows], batch_ptr, batch_ids, after))
                 if len(running) > 1:
-                    total += float(np.sum(self.client.gather(running.popleft())))
+                    total += float(np.sum(self._gather(running.popleft())))
             while running:
-                total += float(np.sum(self.client.gather(running.popleft())))
+                total += float(np.sum(self._gather(running.popleft())))
             self.epochs_ += 1
             self.loss_curve_.append(total / X.shape[0])
         return self
@@ -245,7 +257,7 @@ class DistributedSampledMLP(PluginOwner):
             block = X[start : start + batch_size]
             tasks, outputs = predict_graph(self.token, self._calls, [block] * self.nworkers, k)
             self._calls += 1
-            out.append(merge_top_k(self.client.gather(self._submit(tasks, outputs)), k))
+            out.append(merge_top_k(self._gather(self._submit(tasks, outputs)), k))
         return np.concatenate(out)
 
     def precision_at_k(self, X, Y, k: int = 1) -> float:
