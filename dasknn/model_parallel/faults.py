@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from ..runtime.cluster import scheduler_workers
-from ..runtime.waiting import run_watching, wait_at_most
+from ..runtime.waiting import WorkerLostError, run_naming_loss, wait_at_most
 
 __all__ = [
     "LOSS_GRACE_SECONDS",
@@ -46,10 +46,6 @@ POLL_SECONDS = 0.25
 LOSS_GRACE_SECONDS = 2.0
 
 _GONE = ("closing_gracefully", "closing", "closed")
-
-
-class WorkerLostError(RuntimeError):
-    """A worker holding parts of the model left the cluster (or is leaving it)."""
 
 
 class StepTimeoutError(RuntimeError):
@@ -183,29 +179,19 @@ def run_watching_part_workers(
         The call's own error when every part worker is still there.
     """
 
-    def check() -> None:
+    def lost_error() -> WorkerLostError | None:
         lost = lost_workers(client, part_workers)
-        if lost:
-            parts = [m for m, w in enumerate(part_workers) if w in lost]
-            raise WorkerLostError(
-                f"worker(s) {', '.join(lost)} holding parts {parts} of the model left the "
-                f"cluster while {doing}"
-            )
+        if not lost:
+            return None
+        parts = [m for m, w in enumerate(part_workers) if w in lost]
+        return WorkerLostError(
+            f"worker(s) {', '.join(lost)} holding parts {parts} of the model left the "
+            f"cluster while {doing}"
+        )
 
-    try:
-        return run_watching(client, coroutine, timeout, check, POLL_SECONDS)
-    except (WorkerLostError, TimeoutError):
-        raise
-    except Exception as exc:  # a comm to a worker that died under the call, or the scheduler's
-        # KeyError for a worker it has just removed
-        deadline = time.monotonic() + LOSS_GRACE_SECONDS
-        while time.monotonic() < deadline:
-            try:
-                check()
-            except WorkerLostError as lost:
-                raise lost from exc
-            time.sleep(POLL_SECONDS)
-        raise
+    return run_naming_loss(
+        client, coroutine, timeout, lost_error, POLL_SECONDS, LOSS_GRACE_SECONDS
+    )
 
 
 def wait_for_step(

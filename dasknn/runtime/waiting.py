@@ -16,16 +16,17 @@ from distributed import Client, Future, wait
 from dasknn.runtime.cluster import scheduler_workers
 
 __all__ = [
-    "LOSS_GRACE_SECONDS",
+    "GATHER_LOSS_GRACE_SECONDS",
     "WorkerLostError",
     "gather_at_most",
     "gather_watching",
+    "run_naming_loss",
     "run_watching",
     "wait_at_most",
 ]
 
 #: Seconds :func:`gather_watching` looks for a lost worker after a cancelled result.
-LOSS_GRACE_SECONDS = 5.0
+GATHER_LOSS_GRACE_SECONDS = 5.0
 
 
 def _drop_tracebacks(error: BaseException | None) -> None:
@@ -160,7 +161,61 @@ def run_watching(
 
 
 class WorkerLostError(RuntimeError):
-    """Workers a computation depends on left the cluster (:func:`gather_watching`)."""
+    """A worker a computation depends on left the cluster (or is leaving it)."""
+
+
+def run_naming_loss(
+    client: Client,
+    coroutine: Coroutine,
+    seconds: float,
+    lost_error: Callable[[], WorkerLostError | None],
+    poll: float,
+    grace: float,
+    graced: type[BaseException] | tuple[type[BaseException], ...] = Exception,
+) -> Any:
+    """:func:`run_watching`, raising ``lost_error()`` as soon as it finds a lost worker, also
+    when the call failed because of the loss.
+
+    Parameters
+    ----------
+    client, coroutine, seconds, poll
+        As for :func:`run_watching`.
+    lost_error : callable
+        The error naming the lost workers and what they held, or ``None`` while none is lost.
+    grace : float
+        Seconds the scheduler is given to notice the loss after the call failed with an error of
+        the types ``graced`` (a call to a worker that died under it can fail before the scheduler
+        removed that worker); other errors are looked at once.
+    graced : exception type or tuple of them
+
+    Raises
+    ------
+    WorkerLostError
+        What ``lost_error()`` returned, chained from the call's error if there was one.
+    TimeoutError
+        If the call did not finish within ``seconds``.
+    Exception
+        The call's own error when no worker is found lost.
+    """
+
+    def check() -> None:
+        error = lost_error()
+        if error is not None:
+            raise error
+
+    try:
+        return run_watching(client, coroutine, seconds, check, poll)
+    except (WorkerLostError, TimeoutError):
+        raise
+    except Exception as exc:
+        deadline = time.monotonic() + (grace if isinstance(exc, graced) else 0.0)
+        while True:
+            error = lost_error()
+            if error is not None:
+                raise error from exc
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(min(poll, 0.25))
 
 
 def gather_watching(
@@ -195,7 +250,7 @@ def gather_watching(
     WorkerLostError
         As soon as the scheduler no longer lists one of ``workers``, naming them and ``what``
         (the gather is cancelled), also when the gather failed because of the loss (a result
-        cancelled with its worker).
+        cancelled with its worker, looked for during :data:`GATHER_LOSS_GRACE_SECONDS`).
     Exception
         A failed future's error, as ``Client.gather`` raises it.
     """
@@ -207,13 +262,16 @@ def gather_watching(
         lost = sorted(w for w in watched if w not in present)
         return WorkerLostError(f"lost worker {', '.join(lost)}: {what}") if lost else None
 
-    def check() -> None:
-        error = lost_error()
-        if error is not None:
-            raise error
-
     try:
-        return _gather_or_name_the_loss(client, futures, check, lost_error, poll)
+        return run_naming_loss(
+            client,
+            client.gather(futures, asynchronous=True),
+            math.inf,
+            lost_error,
+            poll,
+            GATHER_LOSS_GRACE_SECONDS,
+            concurrent.futures.CancelledError,
+        )
     except BaseException:
         # the error's traceback holds this frame and so the futures: release them now, or a
         # caller keeping the error (a test report, a notebook's last traceback) would keep
@@ -221,25 +279,3 @@ def gather_watching(
         for future in futures:
             future.release()
         raise
-
-
-def _gather_or_name_the_loss(client, futures, check, lost_error, poll) -> list:
-    """:func:`gather_watching`'s gather: ``check()`` every ``poll`` seconds, and a failed gather
-    reported as the loss of a worker when ``lost_error()`` finds one."""
-    try:
-        gathering = client.gather(futures, asynchronous=True)
-        return run_watching(client, gathering, math.inf, check, poll)
-    except WorkerLostError:
-        raise
-    except Exception as exc:
-        # a task cancelled with its worker may fail the gather before the scheduler has
-        # removed that worker: look again for a moment before reporting the raw error
-        cancelled = isinstance(exc, concurrent.futures.CancelledError)
-        deadline = time.monotonic() + (LOSS_GRACE_SECONDS if cancelled else 0.0)
-        while True:
-            error = lost_error()
-            if error is not None:
-                raise error from exc
-            if time.monotonic() >= deadline:
-                raise
-            time.sleep(0.1)
