@@ -182,6 +182,8 @@ def main() -> None:
                 tried.append((stats.seconds, batches, categories, stats))
             seconds, batches, categories, stats = min(tried, key=lambda t: t[0])
             best_batches[neurons] = batches
+            print(f"{name}: timed call {stats.seconds:.3f} s ({stats.kernel_seconds:.3f} s on the "
+                  f"GPU), {stats.rate / 1e9:.1f} GE/s, {stats.categories} categories", flush=True)
             checked = None
             if expected is None and args.check_rows > 0:
                 rows_checked = min(args.check_rows, images.shape[0])
