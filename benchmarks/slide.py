@@ -68,6 +68,8 @@ def timed_epoch(
         elapsed += time.perf_counter() - start
         if first + args.eval_every < len(batches):
             curve.points.append((elapsed, evaluate()))
+            step = first + args.eval_every
+            print(f"  step {step}: {elapsed:.1f} s, P@1 {curve.points[-1][1]:.4f}", flush=True)
     p1 = evaluate()
     curve.points.append((elapsed, p1))
     return p1, elapsed, curve, len(train) / elapsed
@@ -147,6 +149,8 @@ def _sampled(args, shards: int, hogwild: bool) -> SampledMLP:
         uniform_fraction=args.uniform_fraction,
         hidden_update=args.hidden_update,
         optimizer=Adam(lr=args.slide_lr),
+        lr_decay=args.lr_decay,
+        decay_horizon=-(-args.samples // args.batch),  # one epoch, fitted in groups of batches
         shards=shards,
         hogwild=hogwild,
         seed=0,
@@ -196,6 +200,9 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=100_000)
     parser.add_argument("--features", type=int, default=100_000)
     parser.add_argument("--labels", type=int, default=200_000)
+    parser.add_argument(
+        "--zipf", type=float, default=1.0, help="Zipf exponent of the synthetic labels' popularity"
+    )
     parser.add_argument("--test", type=int, default=2000, help="held-out rows")
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--batch", type=int, default=256)
@@ -216,6 +223,12 @@ def main() -> None:
     )
     parser.add_argument("--no-local", action="store_true", help="skip the one-process model")
     parser.add_argument("--slide-lr", type=float, default=3e-3)
+    parser.add_argument(
+        "--lr-decay",
+        type=float,
+        default=0.5,
+        help="share of the epoch, at its end, over which the sampled models' lr falls to 0",
+    )
     parser.add_argument("--active-fraction", type=float, default=0.005)
     parser.add_argument("--family", choices=("simhash", "dwta"), default="simhash")
     parser.add_argument("--k", type=int, default=9)
@@ -258,10 +271,12 @@ def main() -> None:
             n_samples=args.samples + args.test,
             n_features=args.features,
             n_labels=args.labels,
+            zipf=args.zipf,
             seed=0,
         )
+    zipf = f", zipf {args.zipf:g}" if args.task == "synthetic" else ""
     print(
-        f"data ({args.task}): {args.samples} training + {args.test} held-out rows, "
+        f"data ({args.task}{zipf}): {args.samples} training + {args.test} held-out rows, "
         f"{args.features} features, {args.labels} labels, "
         f"{data.X.nnz / data.X.shape[0]:.1f} nonzeros and "
         f"{data.Y.nnz / data.Y.shape[0]:.2f} labels a row; made in "

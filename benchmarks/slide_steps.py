@@ -41,7 +41,7 @@ PHASES = {
 
 
 def make_model(args, shards: int, hogwild: bool, bucket: int) -> SampledMLP:
-    """``SampledMLP`` with the options of the benchmark runs S13/S16."""
+    """``SampledMLP`` with the options of the benchmark runs S13/S16 (constant lr)."""
     return SampledMLP(
         hidden=args.hidden,
         active_fraction=args.active_fraction,
@@ -54,6 +54,7 @@ def make_model(args, shards: int, hogwild: bool, bucket: int) -> SampledMLP:
         uniform_fraction=args.uniform_fraction,
         hidden_update="all",
         optimizer=Adam(lr=args.lr),
+        lr_decay=0.0,  # constant, as in S19 (each group of batches is a fit call of its own)
         shards=shards,
         hogwild=hogwild,
         seed=0,

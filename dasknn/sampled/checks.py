@@ -83,6 +83,16 @@ def check_hyperparameters(model) -> None:
         or not 0 < fraction <= 1
     ):
         raise ValueError(f"active_fraction must lie in (0, 1], got {fraction!r}")
+    decay = model.lr_decay
+    if (
+        isinstance(decay, bool)
+        or not isinstance(decay, Real)
+        or not np.isfinite(decay)
+        or not 0 <= decay <= 1
+    ):
+        raise ValueError(f"lr_decay must lie in [0, 1], got {decay!r}")
+    if model.decay_horizon is not None:
+        check_positive_int("decay_horizon", model.decay_horizon)
     if model.hash_family == "dwta":
         size = model.bin_size
         if isinstance(size, bool) or not isinstance(size, Integral) or size < 2:

@@ -26,6 +26,7 @@ from dasknn.kernels.sampled import (
 )
 from dasknn.lsh import HashFamily, HashTables, make_family, mips_items, mips_queries
 from dasknn.optim import Optimizer, OptimizerSlots, ParamState
+from dasknn.sampled.schedule import scaled_lr
 
 __all__ = [
     "ActiveSet",
@@ -152,12 +153,14 @@ class HiddenLayer:
         if self.update_all_rows:
             self.touched[:] = True
 
-    def apply(self, optimizer: Optimizer) -> None:
-        """One optimizer step on the touched rows and the bias; the gradients are zeroed."""
+    def apply(self, optimizer: Optimizer, lr_scale: float = 1.0) -> None:
+        """One optimizer step, its learning rate times ``lr_scale``, on the touched rows and
+        the bias; the gradients are zeroed."""
         rows = np.flatnonzero(self.touched)
+        step = scaled_lr(optimizer, lr_scale)
         weight_state = self.slots.state(optimizer, "weights", self.weights)
-        optimizer.update_rows(self.weights, self.grad_w, weight_state, rows)
-        self.slots.update(optimizer, "bias", self.bias, self.grad_b)
+        step.update_rows(self.weights, self.grad_w, weight_state, rows)
+        step.update(self.bias, self.grad_b, self.slots.state(optimizer, "bias", self.bias))
         zero_rows(self.grad_w, rows)
         self.grad_b[:] = 0
         self.touched[rows] = False
@@ -336,17 +339,19 @@ class OutputShard:
             n_chunks(hidden.shape[0], self.hogwild),
         )
 
-    def apply(self, optimizer: Optimizer) -> None:
-        """One optimizer step on the touched neurons (weights and bias); gradients zeroed."""
+    def apply(self, optimizer: Optimizer, lr_scale: float = 1.0) -> None:
+        """One optimizer step, its learning rate times ``lr_scale``, on the touched neurons
+        (weights and bias); gradients zeroed."""
         rows = np.flatnonzero(self.touched)
+        step = scaled_lr(optimizer, lr_scale)
         weight_state = self.slots.state(optimizer, "weights", self.weights)
-        optimizer.update_rows(self.weights, self.grad_w, weight_state, rows)
+        step.update_rows(self.weights, self.grad_w, weight_state, rows)
         bias_state = self.slots.state(optimizer, "bias", self.bias)
         column = ParamState(
             bias_state.step,
             {name: array.reshape(-1, 1) for name, array in bias_state.arrays.items()},
         )
-        optimizer.update_rows(self.bias.reshape(-1, 1), self.grad_b.reshape(-1, 1), column, rows)
+        step.update_rows(self.bias.reshape(-1, 1), self.grad_b.reshape(-1, 1), column, rows)
         bias_state.step = column.step
         zero_rows(self.grad_w, rows)
         self.grad_b[rows] = 0

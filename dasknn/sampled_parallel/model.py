@@ -23,6 +23,7 @@ from dasknn.sampled.model import (
     label_rows,
     predicted_precision_at_k,
 )
+from dasknn.sampled.schedule import DecaySchedule, training_schedule
 from dasknn.sampled_parallel.steps import ShardLabels
 from dasknn.sampled_parallel.taskgraph import (
     SenderPlacement,
@@ -92,6 +93,9 @@ class DistributedSampledMLP(PluginOwner):
         self.client = client
         self.workers = workers
         self.optimizer_ = model.optimizer_
+        self.lr_decay = model.lr_decay
+        self.decay_horizon = model.decay_horizon
+        self.schedule_: DecaySchedule | None = None
         self.dtype = np.dtype(model.dtype)
         self.hidden = model.hidden
         self.active_fraction = model.active_fraction
@@ -191,6 +195,7 @@ class DistributedSampledMLP(PluginOwner):
             [X] * self.nworkers,
             labels,
             self.optimizer_,
+            1.0 if self.schedule_ is None else self.schedule_.scale(self.n_steps_),
             after,
         )
         self._calls += 1
@@ -209,9 +214,11 @@ class DistributedSampledMLP(PluginOwner):
         )
 
     def train_step(self, X, Y) -> float:
-        """One step on the batch ``(X, Y)``; returns its loss before the update."""
+        """One step on the batch ``(X, Y)``; returns its loss before the update. The learning
+        rate is constant unless the model's ``decay_horizon`` is given."""
         self._check_open()
         X, ptr, ids = self._check_training(X, Y)
+        self.schedule_ = training_schedule(self.lr_decay, self.decay_horizon, self.n_steps_, None)
         losses = self._gather(self._submit_batch(X, ptr, ids, None))
         return float(np.sum(losses) / X.shape[0])
 
@@ -219,14 +226,27 @@ class DistributedSampledMLP(PluginOwner):
         self, X, Y, epochs: int = 1, batch_size: int = 256, shuffle: bool = True
     ) -> DistributedSampledMLP:
         """Train ``epochs`` epochs of mini-batches (the batches of
-        :meth:`SampledMLP.fit`); returns the model.
+        :meth:`SampledMLP.fit`, and its learning-rate schedule); returns the model.
 
         Each step is submitted before the previous one has returned, queued behind it on every
         worker, so the workers go from one step to the next without waiting for the client."""
+        return self._fit(X, Y, epochs, batch_size, shuffle, whole=True)
+
+    def partial_fit(self, X, Y, batch_size: int = 256, shuffle: bool = True):
+        """One epoch over ``(X, Y)``; returns the model. The learning rate stays constant
+        unless the model's ``decay_horizon`` is given."""
+        return self._fit(X, Y, 1, batch_size, shuffle, whole=False)
+
+    def _fit(self, X, Y, epochs, batch_size, shuffle, whole: bool) -> DistributedSampledMLP:
+        """``epochs`` epochs; ``whole``: the call's steps are the schedule's (``fit``)."""
         self._check_open()
         check_positive_int("epochs", epochs)
         check_positive_int("batch_size", batch_size)
         X, ptr, ids = self._check_training(X, Y)
+        steps = epochs * -(-X.shape[0] // batch_size) if whole else None
+        self.schedule_ = training_schedule(
+            self.lr_decay, self.decay_horizon, self.n_steps_, steps
+        )
         for _ in range(epochs):
             total = 0.0
             running: deque = deque()
@@ -241,10 +261,6 @@ class DistributedSampledMLP(PluginOwner):
             self.epochs_ += 1
             self.loss_curve_.append(total / X.shape[0])
         return self
-
-    def partial_fit(self, X, Y, batch_size: int = 256, shuffle: bool = True):
-        """One epoch over ``(X, Y)``; returns the model."""
-        return self.fit(X, Y, epochs=1, batch_size=batch_size, shuffle=shuffle)
 
     # ------------------------------------------------------------ inference
     def predict(self, X, k: int = 1, batch_size: int = 1024) -> np.ndarray:

@@ -112,11 +112,14 @@ def output_backward(
     return grad_hidden, float(np.sum(loss, dtype=np.float64))
 
 
-def output_update(token: str, optimizer: Optimizer, steps_after: int, result: tuple) -> None:
-    """The shard's optimizer step, then its rehash / rebuild after ``steps_after`` steps
-    (``result``: the shard's :func:`output_backward`, taken for the order)."""
+def output_update(
+    token: str, optimizer: Optimizer, lr_scale: float, steps_after: int, result: tuple
+) -> None:
+    """The shard's optimizer step (learning rate times ``lr_scale``), then its rehash /
+    rebuild after ``steps_after`` steps (``result``: the shard's :func:`output_backward`,
+    taken for the order)."""
     shard = shard_state(token).shard
-    shard.apply(optimizer)
+    shard.apply(optimizer, lr_scale)
     shard.end_step(steps_after)
 
 
@@ -130,15 +133,16 @@ def hidden_step(
     token: str,
     call: int,
     optimizer: Optimizer,
+    lr_scale: float,
     x: sp.csr_matrix,
     own_result: tuple,
     updated: None,
     *received: np.ndarray,
 ) -> float:
     """Sum the partial gradients of the worker's hidden block (its own from ``own_result``, the
-    others ``received`` in worker order), apply its update; returns the worker's part of the
-    batch's summed loss (``x``: the batch rows; ``updated``: the shard's
-    :func:`output_update`, taken for the order)."""
+    others ``received`` in worker order), apply its update (learning rate times ``lr_scale``);
+    returns the worker's part of the batch's summed loss (``x``: the batch rows; ``updated``:
+    the shard's :func:`output_update`, taken for the order)."""
     state = shard_state(token)
     parts = list(received)
     parts.insert(state.position, columns_of(token, own_result, state.position))
@@ -146,7 +150,7 @@ def hidden_step(
     for part in parts[1:]:
         grad = grad + part
     state.hidden.backward(x, state.hidden_blocks.pop(call), grad)
-    state.hidden.apply(optimizer)
+    state.hidden.apply(optimizer, lr_scale)
     return own_result[1]
 
 

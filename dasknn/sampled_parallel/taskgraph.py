@@ -87,10 +87,12 @@ def train_graph(
     rows: list,
     labels: list,
     optimizer,
+    lr_scale: float = 1.0,
     after: list | None = None,
 ) -> tuple[dict, list]:
     """The tasks of training step ``step`` (submission ``call``) and its output keys, one per
-    worker (its loss share).
+    worker (its loss share); the updates take ``optimizer`` with its learning rate times
+    ``lr_scale``.
 
     ``rows[p]``: the batch rows (CSR) for worker ``p``; ``labels[p]``: its
     :class:`~dasknn.sampled_parallel.steps.ShardLabels`; ``after[p]``: a key of the previous
@@ -134,7 +136,9 @@ def train_graph(
                 kq = key("grad", p, q)
                 tasks[kq] = Task(kq, steps.columns_of, token, TaskRef(k), q)
         ku = key("output-update", p, p)
-        tasks[ku] = Task(ku, steps.output_update, token, optimizer, step + 1, TaskRef(k))
+        tasks[ku] = Task(
+            ku, steps.output_update, token, optimizer, lr_scale, step + 1, TaskRef(k)
+        )
     outputs = []
     for p in range(workers):
         k = key("update", p, p)
@@ -144,6 +148,7 @@ def train_graph(
             token,
             call,
             optimizer,
+            lr_scale,
             TaskRef(key("rows", p, p)),
             TaskRef(key("output", p, p)),
             TaskRef(key("output-update", p, p)),

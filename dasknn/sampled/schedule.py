@@ -1,0 +1,107 @@
+"""The learning-rate schedule of the sampled models: constant, then a linear fall to zero over
+the last share of a horizon of steps.
+
+The scale multiplies the optimizer's ``lr`` at one step; the optimizer's state does not depend
+on it, so one optimizer (and its per-array state) serves every step of the schedule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from dasknn.optim import Optimizer
+
+__all__ = ["DecaySchedule", "lr_scale", "scaled_lr", "training_schedule"]
+
+
+def lr_scale(step: int, horizon: int, decay: float) -> float:
+    """The learning-rate factor of step ``step`` (0 for the first) of a schedule of ``horizon``
+    steps whose last ``decay * horizon`` steps fall linearly to zero.
+
+    Parameters
+    ----------
+    step : int
+        Steps taken since the schedule began (>= 0).
+    horizon : int
+        Steps the schedule spans (>= 1).
+    decay : float in [0, 1]
+        Share of the horizon, at its end, over which the factor falls linearly from 1 towards
+        0; 0 keeps it at 1.
+
+    Returns
+    -------
+    float
+        1 before the fall and always when ``decay`` is 0; ``(horizon - step) / (decay *
+        horizon)`` during the fall (so the last step of the horizon takes ``1 / (decay *
+        horizon)``); 0 after the horizon.
+    """
+    if decay == 0:
+        return 1.0
+    span = decay * horizon
+    left = horizon - step
+    if left >= span:
+        return 1.0
+    return max(left, 0) / span
+
+
+@dataclass(frozen=True)
+class DecaySchedule:
+    """A schedule of ``horizon`` steps that began at the model's step ``start``.
+
+    Attributes
+    ----------
+    start : int
+        The model's step count when the schedule began.
+    horizon : int
+        Steps the schedule spans.
+    decay : float
+        Share of the horizon over which the learning rate falls to zero (0: constant).
+    """
+
+    start: int
+    horizon: int
+    decay: float
+
+    def scale(self, step: int) -> float:
+        """The learning-rate factor of the model's step ``step``."""
+        return lr_scale(step - self.start, self.horizon, self.decay)
+
+
+def scaled_lr(optimizer: Optimizer, scale: float) -> Optimizer:
+    """``optimizer`` with its learning rate times ``scale`` (``optimizer`` itself at 1). Take the
+    optimizer state with the unscaled optimizer: the state belongs to it, not to one step's
+    learning rate."""
+    return optimizer if scale == 1.0 else replace(optimizer, lr=optimizer.lr * scale)
+
+
+def training_schedule(
+    decay: float, horizon: int | None, step: int, fit_steps: int | None
+) -> DecaySchedule | None:
+    """The schedule of a training call that begins at the model's step ``step``.
+
+    Parameters
+    ----------
+    decay : float in [0, 1]
+        The model's ``lr_decay`` (0: constant learning rate, no schedule).
+    horizon : int or None
+        The model's ``decay_horizon``: a schedule over the model's steps ``0 .. horizon - 1``
+        for every call; ``None``: a schedule over the call's own steps.
+    step : int
+        The model's step count at the start of the call.
+    fit_steps : int or None
+        The steps of the call when it is a ``fit`` (epochs times batches); ``None`` for
+        ``partial_fit`` and ``train_step``, which keep the learning rate constant unless
+        ``horizon`` is given.
+
+    Returns
+    -------
+    DecaySchedule or None
+        ``None`` when the learning rate stays constant.
+    """
+    if decay == 0:
+        return None
+    if horizon is not None:
+        return DecaySchedule(0, horizon, decay)
+    if fit_steps is None:
+        return None
+    return DecaySchedule(step, fit_steps, decay)
