@@ -3,8 +3,9 @@
 On ``make_extreme_classification`` data (sizes below), beside the Bayes-optimal ceiling:
 
 1. PyTorch CPU (2 threads): ``EmbeddingBag`` (sum, TF-IDF weights) + ReLU + full-softmax
-   ``Linear``, ``torch.optim.Adam``, one epoch per learning rate of a small grid; the best is the
-   anchor;
+   ``Linear``, ``torch.optim.Adam`` with the sampled models' learning-rate schedule
+   (``LambdaLR`` with :func:`dasknn.sampled.schedule.lr_scale` of each step), one epoch per
+   learning rate of a small grid; the best is the anchor;
 2. dasknn ``SampledMLP`` in one process (HOGWILD over the batch, numba threads), one epoch;
 3. dasknn ``DistributedSampledMLP`` on a LocalCluster of ``P`` single-threaded workers, one epoch,
    with the bytes between workers measured and set beside the formula.
@@ -34,6 +35,7 @@ from dasknn.datasets import make_extreme_classification, oracle_top, stdlib_next
 from dasknn.optim import Adam
 from dasknn.sampled import SampledMLP
 from dasknn.sampled.model import epoch_batches, precision_at_k
+from dasknn.sampled.schedule import lr_scale
 
 
 class Curve:
@@ -75,6 +77,11 @@ def timed_epoch(
     return p1, elapsed, curve, len(train) / elapsed
 
 
+def epoch_steps(args) -> int:
+    """Batches in one epoch: the horizon of every model's learning-rate schedule."""
+    return -(-args.samples // args.batch)
+
+
 def _labels_of(Y):
     return Y.indptr.astype(np.int64), Y.indices.astype(np.int64)
 
@@ -83,7 +90,9 @@ def torch_trainer(
     data, test: np.ndarray, args, lr: float
 ) -> tuple[Callable[[list[np.ndarray]], None], Callable[[], float]]:
     """The PyTorch anchor, fresh: ``steps(batches)`` trains on each batch of rows in turn and
-    ``evaluate()`` is its precision@1 on the held-out rows ``test``."""
+    ``evaluate()`` is its precision@1 on the held-out rows ``test``. Step ``s`` (0 for the
+    first) takes ``lr * lr_scale(s, epoch_steps(args), args.torch_lr_decay)``, the factor the
+    sampled models take at their step ``s``."""
     import torch
 
     torch.set_num_threads(args.threads)
@@ -93,6 +102,10 @@ def torch_trainer(
     emb = torch.nn.EmbeddingBag(n_features, args.hidden, mode="sum")
     lin = torch.nn.Linear(args.hidden, n_labels)
     opt = torch.optim.Adam(list(emb.parameters()) + list(lin.parameters()), lr=lr)
+    horizon = epoch_steps(args)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: lr_scale(s, horizon, args.torch_lr_decay)
+    )
 
     def forward(rows):
         block = X[rows]
@@ -121,6 +134,7 @@ def torch_trainer(
         opt.zero_grad()
         loss.backward()
         opt.step()
+        schedule.step()
 
     def steps(batches):
         for rows in batches:
@@ -150,7 +164,7 @@ def _sampled(args, shards: int, hogwild: bool) -> SampledMLP:
         hidden_update=args.hidden_update,
         optimizer=Adam(lr=args.slide_lr),
         lr_decay=args.lr_decay,
-        decay_horizon=-(-args.samples // args.batch),  # one epoch, fitted in groups of batches
+        decay_horizon=epoch_steps(args),  # one epoch, fitted in groups of batches
         shards=shards,
         hogwild=hogwild,
         seed=0,
@@ -207,7 +221,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--torch-lr", type=float, nargs="*", default=[1e-3, 3e-3])
+    parser.add_argument("--torch-lr", type=float, nargs="*", default=[3e-3, 1e-2])
     parser.add_argument(
         "--anchor",
         type=float,
@@ -222,12 +236,17 @@ def main() -> None:
         help="time PyTorch on this many batches only, for its samples/s (P@1 from --anchor)",
     )
     parser.add_argument("--no-local", action="store_true", help="skip the one-process model")
-    parser.add_argument("--slide-lr", type=float, default=3e-3)
+    parser.add_argument("--slide-lr", type=float, default=1e-2)
     parser.add_argument(
         "--lr-decay",
         type=float,
         default=0.5,
         help="share of the epoch, at its end, over which the sampled models' lr falls to 0",
+    )
+    parser.add_argument(
+        "--torch-lr-decay",
+        type=float,
+        help="the same for PyTorch (LambdaLR); default: --lr-decay, so both take one schedule",
     )
     parser.add_argument("--active-fraction", type=float, default=0.005)
     parser.add_argument("--family", choices=("simhash", "dwta"), default="simhash")
@@ -237,14 +256,14 @@ def main() -> None:
     parser.add_argument("--rehash-every", type=int, default=10)
     parser.add_argument("--rebuild-every", type=int, default=500)
     parser.add_argument(
-        "--correction", choices=("none", "logq"), default="none", help="sampled-softmax correction"
+        "--correction", choices=("none", "logq"), default="logq", help="sampled-softmax correction"
     )
-    parser.add_argument("--hashing", choices=("plain", "mips"), default="plain")
+    parser.add_argument("--hashing", choices=("plain", "mips"), default="mips")
     parser.add_argument(
-        "--hidden-update", choices=("rows", "all"), default="rows", help="hidden rows Adam updates"
+        "--hidden-update", choices=("rows", "all"), default="all", help="hidden rows Adam updates"
     )
     parser.add_argument(
-        "--uniform-fraction", type=float, default=0.0, help="share of a budget kept for the fill"
+        "--uniform-fraction", type=float, default=0.3, help="share of a budget kept for the fill"
     )
     parser.add_argument("--eval-every", type=int, default=50, help="steps between checkpoints")
     parser.add_argument("--parts", type=int, nargs="*", default=[2])
@@ -255,6 +274,8 @@ def main() -> None:
         help="stdlib: next word from 3 words of the Python standard library's sources",
     )
     args = parser.parse_args()
+    if args.torch_lr_decay is None:
+        args.torch_lr_decay = args.lr_decay
     print(f"machine: {describe()}")
 
     start = time.perf_counter()
@@ -301,8 +322,9 @@ def main() -> None:
         args.anchor = (args.anchor[0], rate)
     for lr in [] if args.torch_steps else args.torch_lr:
         p1, sec, curve, rate = run_torch(data, train, test, args, lr)
-        rows.append((f"PyTorch full softmax, Adam lr={lr:g}", p1, sec, rate, curve))
-        print(f"torch lr={lr:g}: P@1 {p1:.4f}, {sec:.1f} s, {rate:.0f} samples/s", flush=True)
+        name = f"PyTorch full softmax, Adam lr={lr:g}, lr decay {args.torch_lr_decay:g}"
+        rows.append((name, p1, sec, rate, curve))
+        print(f"{name}: P@1 {p1:.4f}, {sec:.1f} s, {rate:.0f} samples/s", flush=True)
         if best is None or p1 > best[0]:
             best = (p1, sec, rate, curve)
     if best is None:

@@ -88,6 +88,10 @@ def dslide_steps(client, data, args, fraction: float, steps: int):
         active_fraction=fraction,
         k=9,
         n_tables=50,
+        correction="none",  # SLIDE's sampled softmax, as run S2 measured
+        hashing="plain",
+        uniform_fraction=0.0,
+        hidden_update="rows",
         optimizer=Adam(lr=3e-3),
         shards=args.workers,
         hogwild=False,

@@ -110,6 +110,7 @@ def test_sampled_gradients_equal_finite_differences():
         shards=2,
         hogwild=False,
         dtype="float64",
+        correction="none",  # SLIDE's sampled softmax: the sets come from outside, without log q
         seed=5,
     )
     model.initialize(N_FEATURES, N_LABELS)
@@ -147,7 +148,8 @@ def test_sampled_gradients_equal_finite_differences():
 
 
 def _trained_model(underflow="fill", fraction=0.2, **kw):
-    """A model of 60 labels in two shards trained one epoch (1-2 labels a row)."""
+    """A model of 60 labels in two shards trained one epoch (1-2 labels a row), hashing its
+    weight vectors as they are, without a uniform share of the budget."""
     rng = np.random.default_rng(3)
     X = sp.csr_matrix(rng.uniform(0.1, 1.0, (ROWS, N_FEATURES)) / 3)
     labels = [list(rng.choice(60, rng.integers(1, 3), replace=False)) for _ in range(ROWS)]
@@ -158,6 +160,8 @@ def _trained_model(underflow="fill", fraction=0.2, **kw):
         n_tables=3,
         shards=2,
         underflow=underflow,
+        hashing="plain",
+        uniform_fraction=0.0,
         seed=6,
         **{"bucket_size": 3, **kw},
     )
@@ -219,7 +223,7 @@ def test_reservoir_of_candidates_is_uniform():
 def test_shards_keep_as_many_bucket_items_as_one_table(shards):
     # 3-bit codes of 3,000 neurons: every bucket overflows the cap in the one table and in
     # every shard, so the buckets a query meets hold the cap of the layer, split over the shards
-    kw = {"hidden": HIDDEN, "k": 3, "n_tables": 5, "bucket_size": 60, "seed": 2}
+    kw = {"hidden": HIDDEN, "k": 3, "n_tables": 5, "bucket_size": 60, "hashing": "plain", "seed": 2}
     one = SampledMLP(shards=1, **kw).initialize(N_FEATURES, 3000)
     many = SampledMLP(shards=shards, **kw).set_parameters(one.parameters())
     probe = np.random.default_rng(1).standard_normal((8, HIDDEN)).astype(np.float32)

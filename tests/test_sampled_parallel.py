@@ -69,8 +69,19 @@ def test_every_neuron_active_equals_numpy_adam(client, shards):
 @pytest.mark.parametrize(
     ("shards", "options"),
     [
-        (2, {"underflow": "stop"}),
-        (3, {"underflow": "stop"}),
+        # SLIDE's sampled softmax
+        (
+            2,
+            {
+                "underflow": "stop",
+                "correction": "none",
+                "hashing": "plain",
+                "uniform_fraction": 0.0,
+                "hidden_update": "rows",
+            },
+        ),
+        # the defaults, with no uniform share (which "stop" cannot draw)
+        (3, {"underflow": "stop", "uniform_fraction": 0.0}),
         # bucket cap 6 of the layer, 3 a shard: the 45 neurons of a shard overflow 3-bit buckets
         (
             2,

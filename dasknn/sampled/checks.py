@@ -74,7 +74,10 @@ def check_hyperparameters(model) -> None:
     ):
         raise ValueError(f"uniform_fraction must lie in [0, 1), got {share!r}")
     if share > 0 and model.underflow != "fill":
-        raise ValueError("uniform_fraction > 0 needs underflow='fill' (the fill draws them)")
+        raise ValueError(
+            f"uniform_fraction={share!r} > 0 needs underflow='fill' (the fill draws them); "
+            "set uniform_fraction=0 with underflow='stop'"
+        )
     fraction = model.active_fraction
     if (
         isinstance(fraction, bool)
