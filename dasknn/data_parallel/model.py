@@ -41,15 +41,11 @@ from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.keys import new_token, parse_dp_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
 from dasknn.runtime.plugin_owner import PluginOwner
-from dasknn.runtime.waiting import run_watching
+from dasknn.runtime.waiting import WorkerLostError, run_naming_loss
 
 __all__ = ["DataParallelEmbeddingMLP", "data_parallel"]
 
 SEARCH_MODES = ("model", "brute-force")
-
-
-class _WorkersLost(RuntimeError):
-    """Workers of the model left the cluster (the message names them and what they held)."""
 
 
 class _Placement:
@@ -335,7 +331,9 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
     ) -> float:
         """One step on ``(ids, labels)``; with ``upcoming``, the next step's ``(ids, labels)``,
         the servers send the chiefs its rows at the end of this one (``hybrid``, ``ps``)."""
-        self._check_workers(None)
+        error = self._lost_workers_error()
+        if error is not None:
+            raise error
         plan = self._plan(ids, labels, self.steps_)
         prefetched, self._prefetched = self._prefetched, None
         prefetched = prefetched is not None and _same_rows(prefetched, plan)
@@ -357,19 +355,14 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
             futures = self.client.get(graph.tasks, graph.outputs, sync=False)
         # a task pinned to a lost worker, or a result held by one, would be waited for for ever:
         # look at the workers every second while the results are gathered
-        try:
-            losses = run_watching(
-                self.client,
-                self.client.gather(futures, asynchronous=True),
-                math.inf,
-                lambda: self._check_workers(None),
-                poll=1.0,
-            )
-        except _WorkersLost:
-            raise
-        except Exception as exc:
-            self._check_workers(exc)
-            raise
+        losses = run_naming_loss(
+            self.client,
+            self.client.gather(futures, asynchronous=True),
+            math.inf,
+            self._lost_workers_error,
+            poll=1.0,
+            grace=0.0,
+        )
         for key, counter in graph.predicted.items():
             total = self.predicted[key]
             total[0] += counter[0]
@@ -383,12 +376,12 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         self._prefetched = next_plan
         return float(sum(losses)) / ids.shape[0]
 
-    def _check_workers(self, exc: Exception | None) -> None:
-        """``RuntimeError`` naming every lost worker and what it held, if any is gone."""
+    def _lost_workers_error(self) -> WorkerLostError | None:
+        """The error naming every lost worker and what it held, or ``None`` if none is gone."""
         present = set(scheduler_workers(self.client))
         lost = [w for w in self.workers if w not in present]
         if not lost:
-            return
+            return None
         shard_maps = self.shard_maps
         details = []
         for worker in lost:
@@ -401,10 +394,10 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
             if self.architecture == "ps" and served:
                 held += f" and the dense variables {served}"
             details.append(f"worker {worker} (held {held})")
-        raise _WorkersLost(
+        return WorkerLostError(
             f"lost {', '.join(details)} by step {self._step}; the model's values there are "
             "gone: close it and start again from a gathered copy"
-        ) from exc
+        )
 
     def _upcoming(self, ids: np.ndarray, labels: np.ndarray) -> None:
         self._next_batch = (ids, labels)
