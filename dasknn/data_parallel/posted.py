@@ -12,6 +12,12 @@ after the other, takes the values made elsewhere from the model's mailbox
 worker's :class:`~dasknn.runtime.postbox.Postbox` actor, which reports its bytes to the transfer
 monitor as Dask's own transfers are reported. The scheduler sees ``N`` tasks a step.
 
+A program returns without waiting for its posts to be acknowledged: every posted value is
+taken by its reader's program of the same step, so the step's results, all gathered, imply
+that every post arrived. The worker's next program waits for those of its last posts that are
+not acknowledged yet (``ActorFuture.result`` is a round trip through the worker's event loop,
+about 1 ms each on a loaded machine, so the acknowledged ones are not asked again).
+
 A program that fails posts the error to every other worker of the step (under their
 ``failed`` key), whose waits then raise it too.
 """
@@ -55,6 +61,12 @@ class WorkerProgram:
     tasks: tuple
     sends: dict
     outputs: tuple
+
+    def __dask_tokenize__(self) -> tuple:
+        """The keys of its tasks (unique to the model, the step and the worker): Dask tokenizes
+        a submitted graph, and walking the tasks' arguments (the batch) would cost more than
+        the step's submission itself."""
+        return tuple(task.key for task in self.tasks)
 
 
 def _sender(key) -> int:
@@ -149,8 +161,10 @@ def run_program(token: str, step: int, program: WorkerProgram, postboxes: list) 
     address = get_worker().address
     failed = _failed_key(token, step, program.worker)
     values: dict = {}
-    posts = []
+    posts, state.posts = state.posts, []
     try:
+        state.mailbox.wait_posted([post for post in posts if not post.done()])
+        posts = state.posts
         for task in program.tasks:
             for key in task.dependencies:
                 if key not in values:
@@ -158,7 +172,6 @@ def run_program(token: str, step: int, program: WorkerProgram, postboxes: list) 
             values[task.key] = value = task({key: values[key] for key in task.dependencies})
             for receiver in program.sends.get(task.key, ()):
                 posts.append(postboxes[receiver].post(task.key, address, value))
-        state.mailbox.wait_posted(posts)
     except BaseException as error:
         _tell_others(token, step, program.worker, address, postboxes, error)
         raise

@@ -10,8 +10,8 @@ it holds:
 - as a parameter server, the shards of the sparse variables it serves (``hybrid``, ``ps``)
   and, under ``ps``, the dense variables it serves, with their optimizer state;
 - the intermediate values of the step in flight (:attr:`scratch`), dropped when the step ends;
-- with ``messages="posted"``, the :attr:`mailbox` of the values other workers posted to it
-  (:mod:`dasknn.data_parallel.posted`).
+- with ``messages="posted"``, the :attr:`mailbox` of the values other workers posted to it,
+  and the :attr:`posts` it made in the last step (:mod:`dasknn.data_parallel.posted`).
 
 The step tasks (:mod:`dasknn.data_parallel.steps`) find it with :func:`replica_state`. No task
 changes a value Dask holds: parameters live here only.
@@ -75,6 +75,7 @@ class ReplicaState(WorkerPlugin):
     def setup(self, worker) -> None:
         self.replicas, self.shards, self.served, self.scratch = {}, {}, {}, {}
         self.mailbox = Mailbox()
+        self.posts: list = []  # the posts of the last step, acknowledged or not
 
     def teardown(self, worker) -> None:
         self.mailbox.clear()  # ends the waits of a step in flight
@@ -106,9 +107,10 @@ def clear_mailbox(dask_worker, token: str) -> int:
     """For ``Client.run``: forget the messages posted to the model's plugin on ``dask_worker``
     and end the waits of the step in flight there (with ``RuntimeError``); returns how many
     messages were forgotten."""
-    mailbox = dask_worker.plugins[plugin_name(token)].mailbox
-    count = len(mailbox)
-    mailbox.clear()
+    state = dask_worker.plugins[plugin_name(token)]
+    count = len(state.mailbox)
+    state.mailbox.clear()
+    state.posts = []  # those of the failed step: no later step waits for them
     return count
 
 
