@@ -49,7 +49,7 @@ from dasknn.runtime.waiting import WorkerLostError, run_naming_loss
 __all__ = ["DataParallelEmbeddingMLP", "data_parallel"]
 
 SEARCH_MODES = ("model", "brute-force")
-MESSAGES = ("tasks", "posted")
+MESSAGES = ("posted", "tasks")
 
 
 class _Placement:
@@ -124,12 +124,13 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         Steps timed per shard count by the search, and how many of them are discarded first.
     search_mode : {"model", "brute-force"}
         The cost-model search, or timing every count from 1 to ``2 N``.
-    messages : {"tasks", "posted"}
-        How a step runs. ``"tasks"``: one Dask task per piece of work and message of the step
+    messages : {"posted", "tasks"}
+        How a step runs. ``"posted"`` (the default): one task per worker runs that worker's part
+        of the step graph and posts each message straight to the receiving worker's postbox
+        actor (:mod:`dasknn.data_parallel.posted`), so the scheduler sees ``N`` tasks a step.
+        ``"tasks"``: one Dask task per piece of work and message of the step
         (:mod:`dasknn.data_parallel.hybrid`), every message a task result the scheduler hands
-        on. ``"posted"``: one task per worker runs that worker's part of the same graph and
-        posts each message straight to the receiving worker's postbox actor
-        (:mod:`dasknn.data_parallel.posted`), so the scheduler sees ``N`` tasks a step.
+        on.
 
     Raises
     ------
@@ -149,7 +150,7 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         search_steps: int = 6,
         search_warmup: int = 2,
         search_mode: str = "model",
-        messages: str = "tasks",
+        messages: str = "posted",
     ) -> None:
         if not isinstance(model, EmbeddingMLP):
             raise ValueError(f"model must be an EmbeddingMLP, got {type(model).__name__}")

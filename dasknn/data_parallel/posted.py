@@ -15,8 +15,10 @@ monitor as Dask's own transfers are reported. The scheduler sees ``N`` tasks a s
 A program returns without waiting for its posts to be acknowledged: every posted value is
 taken by its reader's program of the same step, so the step's results, all gathered, imply
 that every post arrived. The worker's next program waits for those of its last posts that are
-not acknowledged yet (``ActorFuture.result`` is a round trip through the worker's event loop,
-about 1 ms each on a loaded machine, so the acknowledged ones are not asked again).
+not acknowledged yet, raising a failed one's error (``ActorFuture.result`` is a round trip
+through the worker's event loop, about 1 ms each on a loaded machine, so the acknowledged ones
+are not asked again: a post that failed before its acknowledgement shows instead as the
+message its reader waits for, up to :data:`~dasknn.runtime.postbox.MESSAGE_TIMEOUT`).
 
 A program that fails posts the error to every other worker of the step (under their
 ``failed`` key), whose waits then raise it too.
