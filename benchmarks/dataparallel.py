@@ -23,7 +23,9 @@ candidates a step; the output table is then a sparse variable), in dasknn and in
 ``--search`` also runs the shard-count search of the hybrid architecture and a brute force over
 ``1 .. 2N`` at the largest N (``--search-steps`` a count, the first 2 discarded, the figure their
 median; ``--search-repeats`` brute-force passes), and prints both. ``--architectures`` runs a
-subset of the dasknn architectures. ``--ddp-kinds sparse`` runs DDP-sparse only. ``--learn``
+subset of the dasknn architectures; ``--messages tasks posted`` runs each of them with a task
+graph per step and with one task per worker and posted messages (``messages=`` of the model;
+the search uses the last one named). ``--ddp-kinds sparse`` runs DDP-sparse only. ``--learn``
 trains a next-word model on the prose corpus with the hybrid architecture and in one process,
 and prints the held-out perplexity of both and of the unigram distribution per epoch.
 
@@ -119,14 +121,16 @@ def with_output(setup: dict, args) -> dict:
 
 
 # ------------------------------------------------------------------ dasknn
-def run_dasknn(client, setup: dict, arch: str, shards: int, warmup: int) -> dict:
+def run_dasknn(
+    client, setup: dict, arch: str, shards: int, warmup: int, messages: str = "tasks"
+) -> dict:
     from dasknn.data_parallel import data_parallel
     from dasknn.optim import SGD
 
     optimizer = SGD(lr=0.05)
     batches = setup["batches"]
     with data_parallel(
-        make_model(setup), client, architecture=arch, sparse_partitions=shards
+        make_model(setup), client, architecture=arch, sparse_partitions=shards, messages=messages
     ) as dp:
         for X, y in batches[:warmup]:
             dp.train_step(X, y, optimizer=optimizer)
@@ -145,7 +149,7 @@ def run_dasknn(client, setup: dict, arch: str, shards: int, warmup: int) -> dict
     }
 
 
-def run_search(client, setup: dict, steps: int, repeats: int) -> dict:
+def run_search(client, setup: dict, steps: int, repeats: int, messages: str = "tasks") -> dict:
     """The cost-model search, then ``repeats`` brute-force passes over ``1 .. 2N`` on one model.
 
     Every count's figure is the median of its ``steps - 2`` timed steps; the passes show how much
@@ -155,7 +159,9 @@ def run_search(client, setup: dict, steps: int, repeats: int) -> dict:
     from dasknn.data_parallel import data_parallel
 
     X, y = setup["batches"][0]
-    with data_parallel(make_model(setup), client, search_steps=steps, search_warmup=2) as dp:
+    with data_parallel(
+        make_model(setup), client, search_steps=steps, search_warmup=2, messages=messages
+    ) as dp:
         model = dp.search(X, y, mode="model")
         print(model, flush=True)
         passes = [dict(dp.search(X, y, mode="brute-force").samples) for _ in range(repeats)]
@@ -375,6 +381,7 @@ def main() -> None:
     parser.add_argument(
         "--architectures", nargs="+", default=list(ARCHITECTURES), choices=ARCHITECTURES
     )
+    parser.add_argument("--messages", nargs="+", default=["tasks"], choices=["tasks", "posted"])
     parser.add_argument("--learn", action="store_true")
     parser.add_argument("--learn-windows", type=int, default=60000)
     parser.add_argument("--learn-epochs", type=int, default=5)
@@ -429,17 +436,23 @@ def main() -> None:
             with NetCluster(workers=n, rate=args.rate, env=env) as cluster:
                 with Client(cluster.address) as client:
                     for arch in args.architectures:
-                        rows[arch] = run_dasknn(client, setup, arch, args.shards or n, args.warmup)
-                        r = rows[arch]
-                        print(
-                            f"  N={n} {arch:9s} {r['seconds'] * 1e3:9.1f} ms/step "
-                            f"{batch / r['seconds']:9.0f} windows/s "
-                            f"{r['bytes_per_step'] / 1e6:9.2f} MB/step between workers "
-                            f"(measured = predicted: {r['exact']}, alpha {r['alpha']:.4f})",
-                            flush=True,
-                        )
+                        for messages in args.messages:
+                            label = arch if messages == "tasks" else f"{arch}/posted"
+                            rows[label] = run_dasknn(
+                                client, setup, arch, args.shards or n, args.warmup, messages
+                            )
+                            r = rows[label]
+                            print(
+                                f"  N={n} {label:16s} {r['seconds'] * 1e3:9.1f} ms/step "
+                                f"{batch / r['seconds']:9.0f} windows/s "
+                                f"{r['bytes_per_step'] / 1e6:9.2f} MB/step between workers "
+                                f"(measured = predicted: {r['exact']}, alpha {r['alpha']:.4f})",
+                                flush=True,
+                            )
                     if args.search and n == max(args.workers):
-                        run_search(client, setup, args.search_steps, args.search_repeats)
+                        run_search(
+                            client, setup, args.search_steps, args.search_repeats, args.messages[-1]
+                        )
                 if have_torch:
                     for sparse in [kind == "sparse" for kind in args.ddp_kinds]:
                         label = "DDP-sparse" if sparse else "DDP-dense"
@@ -459,18 +472,24 @@ def main() -> None:
                                 f"{batch / r['seconds']:9.0f} windows/s",
                                 flush=True,
                             )
-            if not {"hybrid", "ar-dense", "ps", "ar"} <= rows.keys():
-                continue
-            hyb = rows["hybrid"]["seconds"]
-            best_other = min(rows["ps"]["seconds"], rows["ar"]["seconds"])
-            line = (
-                f"  N={n} hybrid speed-up: {rows['ar-dense']['seconds'] / hyb:.2f}x ar-dense, "
-                f"{best_other / hyb:.2f}x best of ps/ar"
-            )
-            for label in ("DDP-sparse", "DDP-dense"):
-                if label in rows:
-                    line += f", {rows[label]['seconds'] / hyb:.2f}x {label}"
-            print(line, flush=True)
+            for suffix in ("", "/posted"):
+                if f"hybrid{suffix}" not in rows:
+                    continue
+                hyb = rows[f"hybrid{suffix}"]["seconds"]
+                ratios = []
+                if {"ar-dense", "ps", "ar"} <= {a.removesuffix(suffix) for a in rows}:
+                    best_other = min(rows[f"ps{suffix}"]["seconds"], rows[f"ar{suffix}"]["seconds"])
+                    ratios += [
+                        f"{rows[f'ar-dense{suffix}']['seconds'] / hyb:.2f}x ar-dense{suffix}",
+                        f"{best_other / hyb:.2f}x best of ps/ar{suffix}",
+                    ]
+                if suffix and "hybrid" in rows:
+                    ratios.append(f"{rows['hybrid']['seconds'] / hyb:.2f}x hybrid (tasks)")
+                for label in ("DDP-sparse", "DDP-dense"):
+                    if label in rows:
+                        ratios.append(f"{rows[label]['seconds'] / hyb:.2f}x {label}")
+                if ratios:
+                    print(f"  N={n} hybrid{suffix} speed-up: {', '.join(ratios)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -164,7 +164,10 @@ def main() -> None:
     client_profile = cProfile.Profile()
     with local_cluster(args.workers) as cluster, Client(cluster) as client:
         arch = args.architecture
-        with data_parallel(model, client, architecture=arch, sparse_partitions=args.workers) as dp:
+        # the task graph of a step, whose tasks the task stream shows by phase
+        with data_parallel(
+            model, client, architecture=arch, sparse_partitions=args.workers, messages="tasks"
+        ) as dp:
             for k in range(WARMUP):
                 dp.train_step(
                     X[k * batch : (k + 1) * batch],

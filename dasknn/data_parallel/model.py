@@ -21,6 +21,7 @@ import numpy as np
 
 from dasknn.data_parallel.hybrid import ARCHITECTURES, build_step
 from dasknn.data_parallel.plan import StepPlan, Topology, plan_step
+from dasknn.data_parallel.posted import program_tasks, worker_programs
 from dasknn.data_parallel.report import DataParallelReport, split_carried
 from dasknn.data_parallel.search import SearchReport, brute_force, search_partitions
 from dasknn.data_parallel.shards import STRATEGIES, ShardMap
@@ -28,6 +29,7 @@ from dasknn.data_parallel.steps import StepContext
 from dasknn.data_parallel.variables import VariableStats, classify
 from dasknn.data_parallel.worker_state import (
     ReplicaState,
+    clear_mailbox,
     install_values,
     plugin_name,
     read_values,
@@ -38,18 +40,16 @@ from dasknn.model.sampled_softmax import sample_candidates
 from dasknn.model.window_estimator import WindowEstimator
 from dasknn.optim import SGD, Optimizer
 from dasknn.runtime.cluster import scheduler_workers
-from dasknn.runtime.keys import new_token, parse_dp_key
+from dasknn.runtime.keys import dp_postbox_key, new_token, parse_dp_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
 from dasknn.runtime.plugin_owner import PluginOwner
-from dasknn.runtime.waiting import run_watching
+from dasknn.runtime.postbox import Postbox
+from dasknn.runtime.waiting import WorkerLostError, run_naming_loss
 
 __all__ = ["DataParallelEmbeddingMLP", "data_parallel"]
 
 SEARCH_MODES = ("model", "brute-force")
-
-
-class _WorkersLost(RuntimeError):
-    """Workers of the model left the cluster (the message names them and what they held)."""
+MESSAGES = ("posted", "tasks")
 
 
 class _Placement:
@@ -124,6 +124,13 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         Steps timed per shard count by the search, and how many of them are discarded first.
     search_mode : {"model", "brute-force"}
         The cost-model search, or timing every count from 1 to ``2 N``.
+    messages : {"posted", "tasks"}
+        How a step runs. ``"posted"`` (the default): one task per worker runs that worker's part
+        of the step graph and posts each message straight to the receiving worker's postbox
+        actor (:mod:`dasknn.data_parallel.posted`), so the scheduler sees ``N`` tasks a step.
+        ``"tasks"``: one Dask task per piece of work and message of the step
+        (:mod:`dasknn.data_parallel.hybrid`), every message a task result the scheduler hands
+        on.
 
     Raises
     ------
@@ -143,6 +150,7 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         search_steps: int = 6,
         search_warmup: int = 2,
         search_mode: str = "model",
+        messages: str = "posted",
     ) -> None:
         if not isinstance(model, EmbeddingMLP):
             raise ValueError(f"model must be an EmbeddingMLP, got {type(model).__name__}")
@@ -156,6 +164,9 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
             )
         if search_mode not in SEARCH_MODES:
             raise ValueError(f"unknown search_mode {search_mode!r}; expected one of {SEARCH_MODES}")
+        if messages not in MESSAGES:
+            raise ValueError(f"unknown messages {messages!r}; expected one of {MESSAGES}")
+        self.messages = messages
         self.search_steps = _check_count("search_steps", search_steps, 1)
         self.search_warmup = _check_count("search_warmup", search_warmup, 0)
         if self.search_steps <= self.search_warmup:
@@ -211,8 +222,9 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         self._version = 0
         self._gathered: tuple[int, EmbeddingMLP] | None = None
         self._placement = _Placement(self.workers)
+        self._postboxes: list = []
         self._open = False
-        self._register(ReplicaState(self.token), lambda: self._place(model, self.n_shards))
+        self._register(ReplicaState(self.token), lambda: self._install(model))
 
     # ------------------------------------------------------------------ basics
     def __repr__(self) -> str:
@@ -244,12 +256,30 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         """Remove the model's worker plugin (and with it every value it held)."""
         if self._open:
             self._open = False
+            self._postboxes.clear()
             try:
                 self._unregister()
             except Exception:  # noqa: BLE001 - a cluster already gone holds nothing
                 pass
 
     # ------------------------------------------------------------------ placement
+    def _install(self, model: EmbeddingMLP) -> None:
+        """Place ``model``'s values, and make each worker's postbox (``messages="posted"``)."""
+        self._place(model, self.n_shards)
+        if self.messages == "posted":
+            self._postboxes = [
+                self.client.submit(
+                    Postbox,
+                    self.plugin_name,
+                    key=dp_postbox_key(self.token, index),
+                    workers=[worker],
+                    allow_other_workers=False,
+                    actor=True,
+                )
+                for index, worker in enumerate(self.workers)
+            ]
+            self.client.gather(self._postboxes)
+
     def _place(self, model: EmbeddingMLP, n_shards: int) -> None:
         """Copy ``model``'s values to the workers with ``n_shards`` shards (fresh optimizer
         state)."""
@@ -335,7 +365,9 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
     ) -> float:
         """One step on ``(ids, labels)``; with ``upcoming``, the next step's ``(ids, labels)``,
         the servers send the chiefs its rows at the end of this one (``hybrid``, ``ps``)."""
-        self._check_workers(None)
+        error = self._lost_workers_error()
+        if error is not None:
+            raise error
         plan = self._plan(ids, labels, self.steps_)
         prefetched, self._prefetched = self._prefetched, None
         prefetched = prefetched is not None and _same_rows(prefetched, plan)
@@ -353,23 +385,29 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
             shards=self.shard_maps,
         )
         graph = build_step(ctx, self.topology, plan, self.dense_servers, prefetched, next_plan)
+        tasks, outputs = graph.tasks, graph.outputs
+        if self.messages == "posted":
+            programs = worker_programs(tasks, outputs, len(self.workers))
+            boxes = [box.key for box in self._postboxes]
+            tasks, outputs = program_tasks(self.token, self._step, programs, boxes)
         with dask.annotate(workers=self._placement, allow_other_workers=False):
-            futures = self.client.get(graph.tasks, graph.outputs, sync=False)
+            futures = self.client.get(tasks, outputs, sync=False)
         # a task pinned to a lost worker, or a result held by one, would be waited for for ever:
         # look at the workers every second while the results are gathered
         try:
-            losses = run_watching(
+            losses = run_naming_loss(
                 self.client,
                 self.client.gather(futures, asynchronous=True),
                 math.inf,
-                lambda: self._check_workers(None),
+                self._lost_workers_error,
                 poll=1.0,
+                grace=0.0,
             )
-        except _WorkersLost:
+        except BaseException:
+            self._clear_mailboxes()
             raise
-        except Exception as exc:
-            self._check_workers(exc)
-            raise
+        if self.messages == "posted":  # each worker's task: the values of its outputs
+            losses = [value for values in losses for value in values]
         for key, counter in graph.predicted.items():
             total = self.predicted[key]
             total[0] += counter[0]
@@ -383,12 +421,23 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         self._prefetched = next_plan
         return float(sum(losses)) / ids.shape[0]
 
-    def _check_workers(self, exc: Exception | None) -> None:
-        """``RuntimeError`` naming every lost worker and what it held, if any is gone."""
+    def _clear_mailboxes(self) -> None:
+        """End the waits of a failed step on the workers still present (``"posted"``)."""
+        if self.messages != "posted":
+            return
+        present = set(scheduler_workers(self.client))
+        workers = [w for w in self.workers if w in present]
+        try:
+            self.client.run(clear_mailbox, token=self.token, workers=workers, on_error="ignore")
+        except Exception:  # noqa: BLE001 - the failed step's error is the one to report
+            pass
+
+    def _lost_workers_error(self) -> WorkerLostError | None:
+        """The error naming every lost worker and what it held, or ``None`` if none is gone."""
         present = set(scheduler_workers(self.client))
         lost = [w for w in self.workers if w not in present]
         if not lost:
-            return
+            return None
         shard_maps = self.shard_maps
         details = []
         for worker in lost:
@@ -401,10 +450,10 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
             if self.architecture == "ps" and served:
                 held += f" and the dense variables {served}"
             details.append(f"worker {worker} (held {held})")
-        raise _WorkersLost(
+        return WorkerLostError(
             f"lost {', '.join(details)} by step {self._step}; the model's values there are "
             "gone: close it and start again from a gathered copy"
-        ) from exc
+        )
 
     def _upcoming(self, ids: np.ndarray, labels: np.ndarray) -> None:
         self._next_batch = (ids, labels)

@@ -9,7 +9,9 @@ it holds:
   optimizer state, identical on every worker (every replica takes the same step);
 - as a parameter server, the shards of the sparse variables it serves (``hybrid``, ``ps``)
   and, under ``ps``, the dense variables it serves, with their optimizer state;
-- the intermediate values of the step in flight (:attr:`scratch`), dropped when the step ends.
+- the intermediate values of the step in flight (:attr:`scratch`), dropped when the step ends;
+- with ``messages="posted"``, the :attr:`mailbox` of the values other workers posted to it,
+  and the :attr:`posts` it made in the last step (:mod:`dasknn.data_parallel.posted`).
 
 The step tasks (:mod:`dasknn.data_parallel.steps`) find it with :func:`replica_state`. No task
 changes a value Dask holds: parameters live here only.
@@ -24,8 +26,17 @@ from distributed import get_worker
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from dasknn.optim import Optimizer, OptimizerSlots, ParamState
+from dasknn.runtime.postbox import Mailbox
 
-__all__ = ["Held", "ReplicaState", "install_values", "plugin_name", "read_values", "replica_state"]
+__all__ = [
+    "Held",
+    "ReplicaState",
+    "clear_mailbox",
+    "install_values",
+    "plugin_name",
+    "read_values",
+    "replica_state",
+]
 
 
 def plugin_name(token: str) -> str:
@@ -63,9 +74,16 @@ class ReplicaState(WorkerPlugin):
 
     def setup(self, worker) -> None:
         self.replicas, self.shards, self.served, self.scratch = {}, {}, {}, {}
+        self.mailbox = Mailbox()
+        self.posts: list = []  # the posts of the last step, acknowledged or not
 
     def teardown(self, worker) -> None:
+        self.mailbox.clear()  # ends the waits of a step in flight
         self.setup(worker)
+
+    def deliver(self, key: tuple, value) -> None:
+        """Leave a value another worker posted in the mailbox (the postbox calls it)."""
+        self.mailbox.deliver(key, value)
 
 
 def replica_state(token: str) -> ReplicaState:
@@ -83,6 +101,17 @@ def install_values(dask_worker, token: str, replicas: dict, shards: dict, served
     state.served = {name: Held(np.array(v)) for name, v in served.items()}
     state.scratch = {}
     return len(state.replicas) + len(state.shards) + len(state.served)
+
+
+def clear_mailbox(dask_worker, token: str) -> int:
+    """For ``Client.run``: forget the messages posted to the model's plugin on ``dask_worker``
+    and end the waits of the step in flight there (with ``RuntimeError``); returns how many
+    messages were forgotten."""
+    state = dask_worker.plugins[plugin_name(token)]
+    count = len(state.mailbox)
+    state.mailbox.clear()
+    state.posts = []  # those of the failed step: no later step waits for them
+    return count
 
 
 def read_values(dask_worker, token: str) -> dict:

@@ -40,7 +40,10 @@ value of ``sender`` that every worker reads (each read by another worker is one 
 model variable the message belongs to (``"embedding"``, ``"softmax"``, ``"dense"``, ...),
 ``phase`` one of :data:`DP_PHASES` (or a local step), ``sender`` and ``receiver`` are worker
 numbers (a message when they differ, local work when equal) and ``part`` the shard of a sharded
-variable (``-1`` otherwise).
+variable (``-1`` otherwise). With ``messages="posted"``, a ``run`` key (variable ``"step"``) is a
+worker's task that runs its whole part of the step and posts the messages, still named by their
+keys, to the receivers' postbox actors (:func:`dp_postbox_key`, a string key outside the family);
+a ``failed`` key names the error a failing worker posts to the others.
 
 :func:`describe` turns any key into ``(token, phase, layer)`` for the transfer monitor (the
 variable takes the place of the layer for data-parallel keys).
@@ -61,6 +64,7 @@ __all__ = [
     "collective_key",
     "describe",
     "dp_key",
+    "dp_postbox_key",
     "parse_dp_key",
     "message_phase",
     "new_token",
@@ -269,6 +273,12 @@ def dp_key(
         int(receiver),
         int(part),
     )
+
+
+def dp_postbox_key(token: str, worker: int) -> str:
+    """The key of the postbox actor of the data-parallel model ``token`` on its worker number
+    ``worker`` (not a step key: the monitor counts the actor's handle as ``"other"``)."""
+    return f"{PREFIX}postbox-{DP_KIND}-{token}-{int(worker)}"
 
 
 def parse_dp_key(key) -> DataParallelKey | None:
