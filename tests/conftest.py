@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 from pathlib import Path
@@ -94,3 +95,12 @@ def pytest_terminal_summary(terminalreporter):
 
     for step, seconds in INSTALL_SECONDS.items():
         terminalreporter.write_line(f"{step}: {seconds:.1f} s")
+
+
+def pytest_sessionfinish(session):
+    """Collect garbage before the terminal summary: tasks that distributed left failing after a
+    test cancelled a gather log their error with a formatted traceback when collected, and a
+    collection that falls inside a later ``ast.parse`` (pytest's rewriting of a plugin module
+    imported at the summary) makes CPython 3.11.7 fail with "SystemError: AST constructor
+    recursion depth mismatch"."""
+    gc.collect()
