@@ -1,7 +1,8 @@
 """A pipeline model (PipelineMLP) whose stage worker is killed (SIGKILL, a real worker process of
 a LocalCluster) ends in a WorkerLostError naming the worker and the stage replica it held, within
 a few seconds, in both message modes: never a hang and never Dask's own CommClosedError. The
-failed step's keys leave the scheduler."""
+failed step's keys leave the scheduler, and the stages still there stop waiting for the lost
+one."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import time
 import numpy as np
 import pytest
 from distributed import Client
+from distributed.diagnostics.plugin import WorkerPlugin
 
 from dasknn.model import CompressedMLP
 from dasknn.pipeline_parallel import PipelineMLP
@@ -103,6 +105,53 @@ def test_a_stage_worker_killed_during_fit_is_named(client, messages, stage):
         assert "the weights of those layers are gone" in str(raised.value)
         assert _keys_left(client, pipe.token) == []  # the failed step's futures were released
     assert _keys_left(client, pipe.token, kept=()) == []
+
+
+class _KillWhenStageRuns(WorkerPlugin):
+    """Kills its worker (SIGKILL) as the stage task of ``step`` of the pipeline model ``token``
+    starts executing there, if it is the worker at ``address``: a loss in the middle of a step,
+    while the other stages wait for its messages."""
+
+    name = "test-kill-when-stage-runs"
+
+    def __init__(self, token: str, step: int, address: str) -> None:
+        self.token, self.step, self.address = token, step, address
+
+    def setup(self, worker) -> None:
+        self.worker = worker
+
+    def transition(self, key, start, finish, **kwargs) -> None:
+        parsed = parse_pipeline_key(key)
+        if (
+            finish == "executing"
+            and self.worker.address == self.address
+            and parsed is not None
+            and (parsed.token, parsed.kind, parsed.step) == (self.token, "run", self.step)
+        ):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _ready() -> bool:
+    return True
+
+
+def test_the_other_stages_drop_a_step_whose_stage_worker_was_lost(client):
+    """With posted messages a stage that waits for a lost stage's message is freed at once (it
+    used to wait for the 600 s message timeout): its worker runs the next task within seconds."""
+    x, y = _data(16)
+    with PipelineMLP(_model(), client, stages=2, microbatches=2) as pipe:
+        pipe.train_step(x, y, lr=0.1)
+        victim, survivor = pipe.workers[(1, 0)], pipe.workers[(0, 0)]
+        client.register_plugin(_KillWhenStageRuns(pipe.token, 2, victim))
+        try:
+            with pytest.raises(WorkerLostError, match=_lost_message(pipe, 1)):
+                pipe.train_step(x, y, lr=0.1)
+            start = time.monotonic()
+            assert client.submit(_ready, workers=[survivor], pure=False).result(timeout=30)
+            assert time.monotonic() - start < 3.0
+        finally:
+            client.unregister_worker_plugin(_KillWhenStageRuns.name)
+        assert _keys_left(client, pipe.token) == []
 
 
 def test_a_stage_worker_lost_between_steps_is_named_at_the_next_step(client):
