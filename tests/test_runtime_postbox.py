@@ -1,7 +1,8 @@
 """The mailbox of posted messages (:mod:`dasknn.runtime.postbox`): a task waits for a message
 that another thread delivers, a sender's failure ends the wait with the sender's error, and a
 message that never comes is a ``TimeoutError`` naming it; jobs queued by the task thread run
-while its message is missing, and clearing the mailbox ends the waits under way."""
+while its message is missing, and clearing the mailbox ends the waits under way (or, given the
+count of clears they start from, the waits begun after it)."""
 
 from __future__ import annotations
 
@@ -94,3 +95,19 @@ def test_clear_ends_the_waits_under_way_and_forgets_messages_and_jobs():
     box.wait_posted([done])  # a later wait is not ended by the earlier clear
     box.deliver(("m", 9), np.ones(1))
     assert box.take(("m", 9), timeout=5).tolist() == [1.0]
+
+
+def test_a_clear_since_a_waits_start_count_ends_it_even_before_it_began():
+    box = Mailbox()
+    since = box.clears
+    box.clear()  # the step was dropped before its task reached the waits
+    assert box.clears == since + 1
+    box.deliver(("m", 10), np.ones(1))
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"dropped while waiting for \('m', 11\)"):
+        box.take(("m", 11), timeout=30, since=since)
+    with pytest.raises(RuntimeError, match="dropped while a post was under way"):
+        box.wait_posted([Future()], poll=0.02, since=since)
+    assert time.monotonic() - start < 5
+    later = box.clears  # a wait counted from after the clear is not ended by it
+    assert box.take(("m", 10), timeout=5, since=later).tolist() == [1.0]

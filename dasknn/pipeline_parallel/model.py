@@ -12,6 +12,8 @@ A step equals the one-process step on the whole batch.
 
 from __future__ import annotations
 
+import concurrent.futures
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -34,10 +36,32 @@ from dasknn.runtime.keys import new_token, pipeline_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
 from dasknn.runtime.plugin_owner import PluginOwner
 from dasknn.runtime.postbox import Postbox
+from dasknn.runtime.waiting import (
+    GATHER_LOSS_GRACE_SECONDS,
+    WorkerLostError,
+    gather_watching,
+    run_naming_loss,
+    watch_workers,
+)
 from dasknn.runtime.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
 from dasknn.runtime.worker_memory import ReuseFreedMemory
 
-__all__ = ["CommReport", "IdleBreakdown", "PipelineMLP", "balanced_bounds"]
+__all__ = [
+    "LOSS_ERRORS",
+    "POLL_SECONDS",
+    "CommReport",
+    "IdleBreakdown",
+    "PipelineMLP",
+    "balanced_bounds",
+]
+
+#: Seconds between two checks, while a step's data are scattered and its results gathered, that
+#: the stage workers are still in the cluster.
+POLL_SECONDS = 0.25
+#: A step's errors that may come from a lost stage worker, before the scheduler has noticed the
+#: loss: a result cancelled with the worker, a stage that could not reach it (its postbox actor
+#: lost, a closed connection) or was dropped with the step.
+LOSS_ERRORS = (concurrent.futures.CancelledError, RuntimeError, OSError)
 
 
 def _count(name: str, value, low: int = 1) -> int:
@@ -364,40 +388,53 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
                 data[(pipeline_key(self.token, "y", step, last, d, u), (last, d))] = (
                     np.ascontiguousarray(y[lo : lo + rows].T)
                 )
-        futures = []
         by_worker: dict[str, dict] = {}
         for (key, where), value in data.items():
             by_worker.setdefault(self.workers[where], {})[key] = value
-        for address, values in by_worker.items():
-            futures += list(
-                self.client.scatter(values, workers=[address], hash=False, broadcast=False).values()
+        scattered: list = []
+        try:
+            for address, values in by_worker.items():
+                scattered += self._scatter(values, address)
+            graph = build_step(
+                self.token,
+                step,
+                self.stages,
+                self.data_parallel,
+                self.microbatches,
+                self.schedule,
+                self.workers,
+                optimizer,
+                rows / x.shape[0],
+                self._grad_sizes,
+                accumulate_dtype(self.precision.storage),
+                None if self.scaler is None else self.scaler.scale,
+                {where: future.key for where, future in self._postboxes.items()} or None,
             )
-        graph = build_step(
-            self.token,
-            step,
-            self.stages,
-            self.data_parallel,
-            self.microbatches,
-            self.schedule,
-            self.workers,
-            optimizer,
-            rows / x.shape[0],
-            self._grad_sizes,
-            accumulate_dtype(self.precision.storage),
-            None if self.scaler is None else self.scaler.scale,
-            {where: future.key for where, future in self._postboxes.items()} or None,
-        )
-        wanted = graph.loss_keys + graph.update_keys
-        if graph.verdict_key is not None:
-            wanted.append(graph.verdict_key)
-        with dask.annotate(
-            workers=graph.placement, allow_other_workers=False, priority=graph.priority
-        ):
+            wanted = graph.loss_keys + graph.update_keys
+            if graph.verdict_key is not None:
+                wanted.append(graph.verdict_key)
+            with dask.annotate(
+                workers=graph.placement, allow_other_workers=False, priority=graph.priority
+            ):
+                futures = self.client.get(graph.tasks, wanted, sync=False)
             try:
-                results = self.client.get(graph.tasks, wanted, sync=True)
+                results = gather_watching(
+                    self.client,
+                    futures,
+                    self.workers.values(),
+                    self._held,
+                    POLL_SECONDS,
+                    LOSS_ERRORS,
+                )
             except NonFiniteLossError as error:
                 raise self._locate_nonfinite(error) from None
-        del futures
+        except WorkerLostError:
+            self._drop_steps(step)
+            raise
+        finally:
+            # released at once, also when the error (whose traceback holds this frame) is kept
+            for future in scattered:
+                future.release()
         if self.scaler is not None:
             self.scaler.update(bool(results[-1]))
         self._tokens = graph.collective_tokens
@@ -407,6 +444,49 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
         if self.messages == "posted":  # each last stage's task: the losses of its microbatches
             losses = [value for replica in losses for value in replica]
         return float(sum(losses))
+
+    def _held(self, lost: list[str]) -> str:
+        """What the workers ``lost`` held, for :class:`~dasknn.runtime.waiting.WorkerLostError`:
+        their stage replicas and layers (1-based)."""
+        held = []
+        for (s, d), address in sorted(self.workers.items()):
+            if address in lost:
+                a, b = self.bounds[s]
+                layers = f"layer {b}" if b == a + 1 else f"layers {a + 1} to {b}"
+                where = "it" if len(lost) == 1 else address
+                held.append(f"{where} held stage {s} of replica {d} ({layers})")
+        return (
+            f"{', '.join(held)} of the pipeline model; the step failed and the weights of those "
+            "layers are gone (close the model and start again from a saved copy)"
+        )
+
+    def _scatter(self, values: dict, address: str) -> list:
+        """Scatter ``values`` (``{key: array}``) to the stage worker at ``address``; returns their
+        futures. ``WorkerLostError`` naming its stage replicas if that worker is lost before or
+        while they are sent (the scatter fails with a closed connection, or waits for it)."""
+        scattered = run_naming_loss(
+            self.client,
+            self.client.scatter(
+                values, workers=[address], hash=False, broadcast=False, asynchronous=True
+            ),
+            math.inf,
+            watch_workers(self.client, [address], self._held),
+            POLL_SECONDS,
+            GATHER_LOSS_GRACE_SECONDS,
+        )
+        return list(scattered.values())
+
+    def _drop_steps(self, step: int) -> None:
+        """End ``step``'s tasks on the stage workers still in the cluster (with posted messages a
+        stage waits for its neighbours' messages and posts, which a lost stage never answers)."""
+        if self.messages != "posted":
+            return
+        present = set(scheduler_workers(self.client))
+        survivors = sorted({w for w in self.workers.values() if w in present})
+        if survivors:
+            self.client.run(
+                ws.drop_steps, token=self.token, step=step, workers=survivors, on_error="ignore"
+            )
 
     def _locate_nonfinite(self, error: NonFiniteLossError) -> NonFiniteLossError:
         """The last stage's error, naming instead the layer of an earlier stage whose outputs

@@ -34,6 +34,7 @@ __all__ = [
     "StageState",
     "all_finite",
     "backward_pass",
+    "drop_steps",
     "first_nonfinite_stashed",
     "forward_pass",
     "gradient",
@@ -74,6 +75,8 @@ class StageState(WorkerPlugin):
         self.usage: dict[int, list[tuple[str, int, float, int]]] = {}
         # messages posted by the neighbouring stages (messages="posted")
         self.mailbox = Mailbox()
+        # the latest step whose tasks drop_steps ended (a stage of it was lost)
+        self.dropped_step = 0
         self.in_flight = 0
         self.peak: dict[int, int] = {}
         self.lock = threading.Lock()
@@ -245,19 +248,23 @@ def run_stage(
         The postboxes of the stage before and after (``None`` at the ends).
     """
     state = _state(token)
+    # a drop_steps of this step ends the waits, whether it came before them or during them
+    since = state.mailbox.clears
     state.mailbox.drop(lambda key: parse_pipeline_key(key).step >= step)
     s, d = state.stage, state.replica
     address = get_worker().address
     failed = pipeline_key(token, "failed", step, s, d)
     posts, losses = [], []
     try:
+        if state.dropped_step >= step:
+            raise RuntimeError(f"step {step} was dropped before stage {s} of replica {d} ran it")
         for kind, u in order:
             if kind == "F":
                 if s == 0:
                     received = inputs[u]
                 else:
                     key = pipeline_key(token, "fwd", step, s - 1, d, u)
-                    received = state.mailbox.take(key, failed)
+                    received = state.mailbox.take(key, failed, since=since)
                 targets = labels[u] if state.last else None
                 result = _forward(state, step, u, scale, loss_scale, received, targets)
                 if state.last:
@@ -269,15 +276,15 @@ def run_stage(
                 incoming = None
                 if not state.last:
                     key = pipeline_key(token, "bwd", step, s + 1, d, u)
-                    incoming = state.mailbox.take(key, failed)
+                    incoming = state.mailbox.take(key, failed, since=since)
                 out = _backward(state, step, u, incoming)
                 if s > 0:
                     key = pipeline_key(token, "bwd", step, s, d, u)
                     posts.append(previous.post(key, address, out))
-        for post in posts:
-            post.result()
+        state.mailbox.wait_posted(posts, since=since)
     except BaseException as error:
-        _tell_neighbours(token, step, s, d, address, previous, following, error)
+        if state.dropped_step < step:  # a dropped step's other stages were dropped as well
+            _tell_neighbours(token, step, s, d, address, previous, following, error)
         raise
     return losses
 
@@ -299,6 +306,16 @@ def _tell_neighbours(token, step, s, d, address, previous, following, error) -> 
             notice.result(timeout=FAILURE_POST_TIMEOUT)
         except Exception:  # the neighbour is gone: nothing waits there
             pass
+
+
+def drop_steps(dask_worker, token: str, step: int) -> None:
+    """For ``Client.run``: end the stage replica's steps up to ``step`` (another stage of the
+    step was lost with its worker): its messages are forgotten, its task of the step stops
+    waiting for messages and posts, or fails at once if it has not started, with
+    ``RuntimeError``, and tells no neighbour (every stage still there is dropped the same way)."""
+    state = dask_worker.plugins[plugin_name(token)]
+    state.dropped_step = max(state.dropped_step, step)  # before the waits end: they read it
+    state.mailbox.clear()
 
 
 def gradient(token: str, step: int, after) -> np.ndarray:

@@ -81,17 +81,24 @@ class Mailbox:
             self._messages[key] = value
             self._arrived.notify_all()
 
-    def take(self, key, failed=None, timeout: float = MESSAGE_TIMEOUT):
+    @property
+    def clears(self) -> int:
+        """How many times :meth:`clear` was called so far (the ``since`` of a wait)."""
+        with self._arrived:
+            return self._clears
+
+    def take(self, key, failed=None, timeout: float = MESSAGE_TIMEOUT, since: int | None = None):
         """Remove and return the message ``key``, waiting up to ``timeout`` seconds for it
         (``TimeoutError`` naming the key after that). ``failed`` is the key under which a
         :class:`StepFailed` of the sender may arrive instead: its error is raised.
-        ``RuntimeError`` if :meth:`clear` is called meanwhile.
+        ``RuntimeError`` if :meth:`clear` is called meanwhile, or was called since
+        :attr:`clears` was ``since``.
 
         While the message has not arrived, the jobs of :meth:`queue_idle` run first, one at a
         time, in the order they were queued; the wait starts when none is left.
         """
         with self._arrived:
-            clears = self._clears
+            clears = self._clears if since is None else since
 
         def ready():
             return (
@@ -131,13 +138,13 @@ class Mailbox:
                 func, args = self._idle_jobs.popleft()
             func(*args)
 
-    def wait_posted(self, posts, poll: float = POST_POLL_SECONDS) -> None:
+    def wait_posted(self, posts, poll: float = POST_POLL_SECONDS, since: int | None = None) -> None:
         """Wait until every post (the futures of :meth:`Postbox.post` calls) is delivered,
-        re-raising a failed post's error; ``RuntimeError`` if :meth:`clear` is called meanwhile
-        (checked every ``poll`` seconds: a post to a worker that has left waits for it to come
-        back, which it may never do)."""
+        re-raising a failed post's error; ``RuntimeError`` if :meth:`clear` is called meanwhile,
+        or was called since :attr:`clears` was ``since`` (checked every ``poll`` seconds: a post
+        to a worker that has left waits for it to come back, which it may never do)."""
         with self._arrived:
-            clears = self._clears
+            clears = self._clears if since is None else since
         for post in posts:
             while True:
                 try:

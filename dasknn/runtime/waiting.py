@@ -9,6 +9,7 @@ import math
 import time
 import traceback
 from collections.abc import Callable, Coroutine, Sequence
+from concurrent.futures import CancelledError
 from typing import Any
 
 from distributed import Client, Future, wait
@@ -23,6 +24,7 @@ __all__ = [
     "run_naming_loss",
     "run_watching",
     "wait_at_most",
+    "watch_workers",
 ]
 
 #: Seconds :func:`gather_watching` looks for a lost worker after a cancelled result.
@@ -218,8 +220,42 @@ def run_naming_loss(
             time.sleep(min(poll, 0.25))
 
 
+def watch_workers(
+    client: Client, workers, what: str | Callable[[list[str]], str]
+) -> Callable[[], WorkerLostError | None]:
+    """The ``lost_error`` of :func:`run_naming_loss` for a computation that depends on
+    ``workers``: a :class:`WorkerLostError` naming those the scheduler no longer lists and what
+    was lost with them, or ``None`` while every one is there.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    workers : iterable of str
+        Addresses of the workers the computation depends on.
+    what : str or callable
+        What was lost with them, for the error (``"the shards it held are gone"``), or a
+        function of the sorted lost addresses that says it.
+    """
+    watched = list(workers)
+
+    def lost_error() -> WorkerLostError | None:
+        present = set(scheduler_workers(client))
+        lost = sorted(w for w in watched if w not in present)
+        if not lost:
+            return None
+        lost_what = what(lost) if callable(what) else what
+        return WorkerLostError(f"lost worker {', '.join(lost)}: {lost_what}")
+
+    return lost_error
+
+
 def gather_watching(
-    client: Client, futures: Sequence[Future], workers, what: str, poll: float = 1.0
+    client: Client,
+    futures: Sequence[Future],
+    workers,
+    what: str | Callable[[list[str]], str],
+    poll: float = 1.0,
+    graced: type[BaseException] | tuple[type[BaseException], ...] = CancelledError,
 ) -> list:
     """The results of ``futures``, gathered while checking every ``poll`` seconds that the
     ``workers`` holding the model are still in the cluster.
@@ -235,10 +271,15 @@ def gather_watching(
         Futures of ``client``.
     workers : iterable of str
         Addresses of the workers the results depend on.
-    what : str
-        What was lost with them, for the error (``"the model's shards there are gone"``).
+    what : str or callable
+        What was lost with them, for the error (``"the model's shards there are gone"``), or a
+        function of the lost addresses that says it (see :func:`watch_workers`).
     poll : float
         Seconds between two checks.
+    graced : exception type or tuple of them
+        The gather's errors after which a lost worker is looked for during
+        :data:`GATHER_LOSS_GRACE_SECONDS` (by default a result cancelled with its worker; add the
+        errors a task on another worker raises when it cannot reach a lost one).
 
     Returns
     -------
@@ -250,27 +291,21 @@ def gather_watching(
     WorkerLostError
         As soon as the scheduler no longer lists one of ``workers``, naming them and ``what``
         (the gather is cancelled), also when the gather failed because of the loss (a result
-        cancelled with its worker, looked for during :data:`GATHER_LOSS_GRACE_SECONDS`).
+        cancelled with its worker, or another error of ``graced``, looked for during
+        :data:`GATHER_LOSS_GRACE_SECONDS`).
     Exception
         A failed future's error, as ``Client.gather`` raises it.
     """
     futures = list(futures)
-    watched = list(workers)
-
-    def lost_error() -> WorkerLostError | None:
-        present = set(scheduler_workers(client))
-        lost = sorted(w for w in watched if w not in present)
-        return WorkerLostError(f"lost worker {', '.join(lost)}: {what}") if lost else None
-
     try:
         return run_naming_loss(
             client,
             client.gather(futures, asynchronous=True),
             math.inf,
-            lost_error,
+            watch_workers(client, workers, what),
             poll,
             GATHER_LOSS_GRACE_SECONDS,
-            concurrent.futures.CancelledError,
+            graced,
         )
     except BaseException:
         # the error's traceback holds this frame and so the futures: release them now, or a

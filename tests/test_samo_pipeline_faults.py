@@ -1,0 +1,173 @@
+"""A pipeline model (PipelineMLP) whose stage worker is killed (SIGKILL, a real worker process of
+a LocalCluster) ends in a WorkerLostError naming the worker and the stage replica it held, within
+a few seconds, in both message modes: never a hang and never Dask's own CommClosedError. The
+failed step's keys leave the scheduler, and the stages still there stop waiting for the lost
+one."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+from distributed import Client
+from distributed.diagnostics.plugin import WorkerPlugin
+
+from dasknn.model import CompressedMLP
+from dasknn.pipeline_parallel import PipelineMLP
+from dasknn.pruning import magnitude_masks
+from dasknn.runtime.cluster import local_cluster, scheduler_workers
+from dasknn.runtime.keys import parse_pipeline_key
+from dasknn.runtime.waiting import WorkerLostError
+
+SIZES = (12, 10, 8, 4)
+#: Seconds from the kill to the error that the tests accept.
+NAMED_WITHIN = 5.0
+
+
+@pytest.fixture(scope="module")
+def client2():
+    with local_cluster(2) as cluster, Client(cluster) as client:
+        yield client
+
+
+@pytest.fixture
+def client(client2):
+    """The module's client, with both workers up (the nanny restarts a killed one)."""
+    client2.wait_for_workers(2, timeout=30)
+    return client2
+
+
+def _model() -> CompressedMLP:
+    rng = np.random.default_rng(0)
+    weights = [rng.uniform(-1, 1, (a, b)) for a, b in zip(SIZES[:-1], SIZES[1:], strict=True)]
+    return CompressedMLP(weights, magnitude_masks(weights, 0.5))
+
+
+def _data(rows: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(1)
+    return rng.uniform(0, 1, (rows, SIZES[0])), rng.integers(0, SIZES[-1], rows)
+
+
+def _model_keys(dask_scheduler, token: str) -> list[str]:
+    keys = [parse_pipeline_key(key) for key in dask_scheduler.tasks]
+    return sorted(key.kind for key in keys if key is not None and key.token == token)
+
+
+def _keys_left(client, token: str, kept=("postbox",), seconds: float = 5.0) -> list[str]:
+    """The kinds of the model's keys the scheduler still holds, other than ``kept``, once none
+    is left or after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        left = [k for k in client.run_on_scheduler(_model_keys, token=token) if k not in kept]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
+
+
+def _lost_message(pipe: PipelineMLP, stage: int) -> str:
+    a, b = pipe.bounds[stage]
+    layers = f"layer {b}" if b == a + 1 else f"layers {a + 1} to {b}"
+    return (
+        f"^lost worker {re.escape(pipe.workers[(stage, 0)])}: it held stage {stage} of replica 0 "
+        rf"\({layers}\) of the pipeline model"
+    )
+
+
+@pytest.mark.parametrize(("messages", "stage"), [("posted", 1), ("tasks", 0)])
+def test_a_stage_worker_killed_during_fit_is_named(client, messages, stage):
+    x, y = _data(64)
+    pids = client.run(os.getpid)
+    with PipelineMLP(_model(), client, stages=2, microbatches=2, messages=messages) as pipe:
+        victim = pipe.workers[(stage, 0)]
+        killed_at = []
+
+        def kill_during_training():
+            deadline = time.monotonic() + 30
+            while pipe._step < 3 and time.monotonic() < deadline:
+                time.sleep(0.001)
+            killed_at.append(time.monotonic())
+            os.kill(pids[victim], signal.SIGKILL)
+
+        killer = threading.Thread(target=kill_during_training, daemon=True)
+        killer.start()
+        with pytest.raises(WorkerLostError, match=_lost_message(pipe, stage)) as raised:
+            # 2,000 steps take far longer than the kill
+            pipe.fit(x, y, batch_size=16, epochs=500, lr=0.1, progress=False)
+        named_after = time.monotonic() - killed_at[0]
+        killer.join()
+        assert 3 <= pipe._step < 100
+        assert named_after < NAMED_WITHIN, named_after
+        assert "the weights of those layers are gone" in str(raised.value)
+        assert _keys_left(client, pipe.token) == []  # the failed step's futures were released
+    assert _keys_left(client, pipe.token, kept=()) == []
+
+
+class _KillWhenStageRuns(WorkerPlugin):
+    """Kills its worker (SIGKILL) as the stage task of ``step`` of the pipeline model ``token``
+    starts executing there, if it is the worker at ``address``: a loss in the middle of a step,
+    while the other stages wait for its messages."""
+
+    name = "test-kill-when-stage-runs"
+
+    def __init__(self, token: str, step: int, address: str) -> None:
+        self.token, self.step, self.address = token, step, address
+
+    def setup(self, worker) -> None:
+        self.worker = worker
+
+    def transition(self, key, start, finish, **kwargs) -> None:
+        parsed = parse_pipeline_key(key)
+        if (
+            finish == "executing"
+            and self.worker.address == self.address
+            and parsed is not None
+            and (parsed.token, parsed.kind, parsed.step) == (self.token, "run", self.step)
+        ):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _ready() -> bool:
+    return True
+
+
+def test_the_other_stages_drop_a_step_whose_stage_worker_was_lost(client):
+    """With posted messages a stage that waits for a lost stage's message is freed at once (it
+    used to wait for the 600 s message timeout): its worker runs the next task within seconds."""
+    x, y = _data(16)
+    with PipelineMLP(_model(), client, stages=2, microbatches=2) as pipe:
+        pipe.train_step(x, y, lr=0.1)
+        victim, survivor = pipe.workers[(1, 0)], pipe.workers[(0, 0)]
+        client.register_plugin(_KillWhenStageRuns(pipe.token, 2, victim))
+        try:
+            with pytest.raises(WorkerLostError, match=_lost_message(pipe, 1)):
+                pipe.train_step(x, y, lr=0.1)
+            start = time.monotonic()
+            assert client.submit(_ready, workers=[survivor], pure=False).result(timeout=30)
+            assert time.monotonic() - start < 3.0
+        finally:
+            client.unregister_worker_plugin(_KillWhenStageRuns.name)
+        assert _keys_left(client, pipe.token) == []
+
+
+def test_a_stage_worker_lost_between_steps_is_named_at_the_next_step(client):
+    x, y = _data(16)
+    pids = client.run(os.getpid)
+    with PipelineMLP(_model(), client, stages=2, microbatches=2) as pipe:
+        pipe.train_step(x, y, lr=0.1)
+        victim = pipe.workers[(1, 0)]
+        os.kill(pids[victim], signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while victim in scheduler_workers(client) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for _ in range(2):  # the step's scatter finds it gone, every time
+            start = time.monotonic()
+            with pytest.raises(WorkerLostError, match=_lost_message(pipe, 1)):
+                pipe.train_step(x, y, lr=0.1)
+            assert time.monotonic() - start < NAMED_WITHIN
+        assert _keys_left(client, pipe.token) == []
+    assert _keys_left(client, pipe.token, kept=()) == []
