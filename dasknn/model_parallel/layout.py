@@ -24,6 +24,7 @@ from distributed import wait
 from dasknn.model_parallel.faults import run_watching_part_workers
 from dasknn.model_parallel.plan import CommPlan
 from dasknn.model_parallel.worker_state import install_parts, snapshot_bias, snapshot_weight
+from dasknn.runtime.model_span import held_in_span
 
 __all__ = [
     "Layout",
@@ -104,7 +105,8 @@ class Layout:
     plan_keys : list of list of key
         ``plan_keys[k-1][m]``: key of the :class:`LayerPartPlan` of part ``m`` in layer ``k``.
     futures : dict
-        The futures of the plans (holding them keeps the plans on the workers).
+        The futures of the plans by their scattered keys (holding them keeps the plans on the
+        workers).
     """
 
     token: str
@@ -150,6 +152,7 @@ def place_network(
     states: dict | None = None,
     generation: int = 0,
     timeout: float | None = None,
+    span: dict | None = None,
 ) -> Layout:
     """Hand the renumbered weight chunks and biases to the model's plugin on the workers of their
     parts, and scatter the plans beside them.
@@ -175,6 +178,10 @@ def place_network(
         reuses a key whose release may still be under way).
     timeout : float, optional
         Seconds the workers may take to accept the plans (``TimeoutError`` after that).
+    span : dict, optional
+        The model's span (:func:`~dasknn.runtime.model_span.new_span`): the plans are then held
+        by tasks of that span (:func:`~dasknn.runtime.model_span.held_in_span`) and
+        ``plan_keys`` name those tasks, so the steps that read the plans touch no other span.
     """
     plans: dict = {}
     values: dict = {}  # worker -> {(k, m): (chunk, bias)}
@@ -204,6 +211,10 @@ def place_network(
         )
         run_watching_part_workers(client, installing, part_workers, _limit(timeout), doing)
     futures = scatter_pinned(client, plans, part_workers, lambda key: key[-1], timeout, doing)
+    if span is not None:
+        workers = {key: part_workers[key[-1]] for key in futures}
+        futures = held_in_span(client, futures, workers, span)
+        plan_keys = [[futures[key].key for key in layer] for layer in plan_keys]
     return Layout(token, list(part_workers), shapes, np.dtype(dtype), plan_keys, futures)
 
 

@@ -62,6 +62,7 @@ from dasknn.model_parallel.worker_state import ModelState, plugin_name, read_par
 from dasknn.optim import Optimizer, ParamState, resolve_optimizer
 from dasknn.runtime.cluster import open_client, scheduler_workers
 from dasknn.runtime.key_cache import install_key_cache_bound, remove_key_cache_bound
+from dasknn.runtime.model_span import held_in_span, new_span
 from dasknn.runtime.postbox import Postbox
 from dasknn.runtime.waiting import gather_at_most
 from dasknn.runtime.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
@@ -192,6 +193,9 @@ class DistributedSparseMLP(SparseEstimator):
         self.layer_sizes = list(model.layer_sizes)
         self.step_timeout = float(step_timeout)
         self.token = uuid.uuid4().hex[:16]
+        #: The model's Dask span: every task it submits for training belongs to it, so a step's
+        #: graph adds one entry to Dask's span metadata (see :mod:`dasknn.runtime.model_span`).
+        self._span = new_span(f"dasknn-{self.token}")
         self._parts = parts
         self._pattern = [(w.shape, w.indptr.copy(), w.indices.copy()) for w in model.weights]
         self._pattern_digest = pattern_digest(self._pattern)
@@ -235,7 +239,7 @@ class DistributedSparseMLP(SparseEstimator):
             self._plugins.append(self.plugin_name)
             self._layout = place_network(
                 client, self.token, self.plan, chunks, model.biases, self.part_workers,
-                self.dtype, timeout=self.step_timeout,
+                self.dtype, timeout=self.step_timeout, span=self._span,
             )  # fmt: skip
             if messages == "actors":
                 self._place_postboxes()
@@ -319,17 +323,18 @@ class DistributedSparseMLP(SparseEstimator):
         """Start this placement's :class:`~dasknn.runtime.postbox.Postbox` actor on every
         worker hosting parts (``messages="actors"``); ``TimeoutError`` if the workers do not
         start them within ``step_timeout``."""
-        self._postboxes = [
-            self.client.submit(
-                Postbox,
-                plugin_name(self.token),
-                key=postbox_key(self.token, self._generation, w),
-                workers=[address],
-                allow_other_workers=False,
-                actor=True,
-            )
-            for w, address in enumerate(sorted(set(self.part_workers)))
-        ]
+        with dask.annotate(span=self._span):
+            self._postboxes = [
+                self.client.submit(
+                    Postbox,
+                    plugin_name(self.token),
+                    key=postbox_key(self.token, self._generation, w),
+                    workers=[address],
+                    allow_other_workers=False,
+                    actor=True,
+                )
+                for w, address in enumerate(sorted(set(self.part_workers)))
+            ]
         gather_at_most(self.client, self._postboxes, self.step_timeout)
 
     def _template(self, kind: str):
@@ -416,6 +421,7 @@ class DistributedSparseMLP(SparseEstimator):
             "workers": self._placement,
             "allow_other_workers": False,
             "priority": self._priority,
+            "span": self._span,
         }
         with dask.annotate(**annotations):
             return self.client.get(dsk, keys, sync=False)
@@ -481,9 +487,21 @@ class DistributedSparseMLP(SparseEstimator):
     @contextmanager
     def _training_data(self, x: np.ndarray, y: np.ndarray) -> Iterator[tuple[dict, dict]]:
         """Every part's input and target columns, scattered once to its worker for the call
-        (each step of :meth:`fit` takes its rows there); Dask releases them when the call drops
-        the futures."""
-        yield self._scatter_blocks("x", x, 0), self._scatter_blocks("y", y, self.n_layers)
+        (each step of :meth:`fit` takes its rows there) and held by tasks of the model's span
+        (:func:`~dasknn.runtime.model_span.held_in_span`), so each step's graph touches that span
+        only; Dask releases them when the call drops the futures."""
+        yield self._held_blocks(x, y)
+
+    def _held_blocks(self, x: np.ndarray, y: np.ndarray) -> tuple[dict, dict]:
+        """Every part's columns of ``x`` and ``y`` scattered (:meth:`_scatter_blocks`), then held
+        by tasks of the model's span submitted in one graph (so the scattered values join one
+        default span of Dask's); ``({m: future}, {m: future})`` of those tasks."""
+        scattered = {("x", m): f for m, f in self._scatter_blocks("x", x, 0).items()}
+        for m, future in self._scatter_blocks("y", y, self.n_layers).items():
+            scattered[("y", m)] = future
+        workers = {name: self.part_workers[name[1]] for name in scattered}
+        held = held_in_span(self.client, scattered, workers, self._span)
+        return tuple({m: held[(name, m)] for m in range(self.nparts)} for name in ("x", "y"))
 
     def _train_batches(
         self, data: tuple[dict, dict], batches: list[np.ndarray], optimizer: Optimizer
@@ -828,6 +846,7 @@ class DistributedSparseMLP(SparseEstimator):
             self._part_states(record),
             self._generation,
             self.step_timeout,
+            self._span,
         )
         if self.messages == "actors":
             self._place_postboxes()

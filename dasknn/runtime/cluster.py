@@ -15,7 +15,9 @@ Every function that opens a connection or starts a cluster takes ``security``: a
 The clusters and clients opened here keep Dask's debugging records short
 (:func:`short_dask_records`): :data:`LOW_LEVEL_LOG_LENGTH` entries of
 ``distributed.admin.low-level-log-length`` instead of Dask's 1,000, and no worker profiler
-(``distributed.worker.profile.enabled``), unless the user's configuration sets them.
+(``distributed.worker.profile.enabled``), unless the user's configuration sets them, and the
+process that opens them holds Dask's serialization header keys interned
+(:func:`~dasknn.runtime.header_keys.hold_header_keys`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import dask
 from distributed import Client, LocalCluster, Security
 from distributed.deploy import Cluster
 
+from dasknn.runtime.header_keys import hold_header_keys
 from dasknn.runtime.jobqueue import JobqueueSpec, start_jobqueue_cluster
 from dasknn.runtime.security import client_uses_tls, temporary_security
 
@@ -137,7 +140,9 @@ def local_cluster(
     """Start a LocalCluster of worker processes, one single-threaded worker per core by default,
     listening (scheduler, workers, dashboard) on ``host`` only; with ``security`` (a
     ``distributed.Security``, or ``True`` for temporary certificates) every connection uses TLS.
-    Dask's debugging records are kept short (:func:`short_dask_records`)."""
+    Dask's debugging records are kept short (:func:`short_dask_records`), and this process (the
+    scheduler's) holds Dask's header keys interned (:func:`hold_header_keys`)."""
+    hold_header_keys()
     with dask.config.set(short_dask_records()):
         return LocalCluster(
             n_workers=workers or os.cpu_count() or 1,
@@ -196,7 +201,8 @@ def open_client(
 
     ``security`` (see the module's docstring) is used for what is opened here; a ``Client``
     passed in keeps its own. What is opened here keeps Dask's debugging records short
-    (:func:`short_dask_records`).
+    (:func:`short_dask_records`); this process holds Dask's header keys interned
+    (:func:`hold_header_keys`), also for a ``Client`` passed in.
 
     Raises
     ------
@@ -210,6 +216,7 @@ def open_client(
     ValueError
         If a spec is malformed (before anything is submitted).
     """
+    hold_header_keys()
     if isinstance(client, Client):
         return client
     with dask.config.set(short_dask_records()):

@@ -20,12 +20,18 @@ reached early in a run (about 60 steps at 16 keys a step; 500 on the soak's sche
 on its workers with posted messages, 2 and 1 keys a step), after which the cache adds no memory.
 :func:`install_key_cache_bound` registers both under names of a model's own,
 :func:`remove_key_cache_bound` removes them.
+
+Both plugins also hold Dask's serialization header keys interned in their process when they start
+(:func:`~dasknn.runtime.header_keys.hold_header_keys`, another bound on what Dask's messages
+leave behind), so every scheduler and worker a distributed model runs on holds them.
 """
 
 from __future__ import annotations
 
 from dask.utils import key_split
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
+
+from dasknn.runtime.header_keys import hold_header_keys
 
 __all__ = [
     "MAX_ENTRIES",
@@ -65,6 +71,9 @@ class SchedulerKeyCacheBound(SchedulerPlugin):
     def __init__(self, max_entries: int = MAX_ENTRIES):
         self.max_entries = _check_max_entries(max_entries)
 
+    async def start(self, scheduler) -> None:
+        hold_header_keys()
+
     def update_graph(self, scheduler, **kwargs) -> None:
         bound_key_cache(self.max_entries)
 
@@ -75,6 +84,9 @@ class WorkerKeyCacheBound(WorkerPlugin):
 
     def __init__(self, max_entries: int = MAX_ENTRIES):
         self.max_entries = _check_max_entries(max_entries)
+
+    def setup(self, worker) -> None:
+        hold_header_keys()
 
     def transition(self, key, start: str, finish: str, **kwargs) -> None:
         if finish == "forgotten":

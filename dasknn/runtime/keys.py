@@ -45,6 +45,11 @@ worker's task that runs its whole part of the step and posts the messages, still
 keys, to the receivers' postbox actors (:func:`dp_postbox_key`, a string key outside the family);
 a ``failed`` key names the error a failing worker posts to the others.
 
+**Held keys** (:func:`dasknn.runtime.model_span.held_in_span`) name a task that returns a
+scattered value on its own worker, so a model's graphs read it from a task of the model's span:
+``held_key(key)`` is the scattered tuple key with ``-held`` appended to its name. They never move
+between workers.
+
 :func:`describe` turns any key into ``(token, phase, layer)`` for the transfer monitor (the
 variable takes the place of the layer for data-parallel keys).
 """
@@ -65,6 +70,7 @@ __all__ = [
     "describe",
     "dp_key",
     "dp_postbox_key",
+    "held_key",
     "parse_dp_key",
     "message_phase",
     "new_token",
@@ -291,6 +297,13 @@ def parse_dp_key(key) -> DataParallelKey | None:
     return DataParallelKey(
         parsed[1], int(key[1]), key[2], key[3], int(key[4]), int(key[5]), int(key[6])
     )
+
+
+# ------------------------------------------------------------------ held keys
+def held_key(key: tuple) -> tuple:
+    """The key of the task that holds the scattered value of the tuple key ``key``: its name
+    with ``-held`` appended, the rest unchanged."""
+    return (f"{key[0]}-held", *key[1:])
 
 
 # ------------------------------------------------------------------ all families
