@@ -396,14 +396,22 @@ class SampledMLP:
     def fit(self, X, Y, epochs: int = 1, batch_size: int = 256, shuffle: bool = True) -> SampledMLP:
         """Train ``epochs`` epochs of mini-batches; returns the model.
 
+        The learning rate follows ``lr_decay`` over the ``epochs * ceil(n / batch_size)`` steps
+        of the call (or over ``decay_horizon``).
+
         Parameters
         ----------
         X : (n, n_features) sparse matrix or array
         Y : (n, n_labels) sparse indicator matrix, or a sequence of label lists
             Every row needs at least one label. A sample's target is ``1 / |labels|`` on each.
+        epochs : int
+        batch_size : int
+        shuffle : bool
 
-        The learning rate follows ``lr_decay`` over the ``epochs * ceil(n / batch_size)`` steps
-        of the call (or over ``decay_horizon``).
+        Returns
+        -------
+        SampledMLP
+            This model.
         """
         return self._fit(X, Y, epochs, batch_size, shuffle, whole=True)
 
