@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 import pytest
-import scipy.sparse as sp
+from random_layers import random_layers
 
 from dasknn.cli import main
 from dasknn.model import SparseMLP
@@ -19,14 +19,7 @@ FIT = {"batch_size": 8, "epochs": 2, "progress": False, "record_batches": True}
 
 
 def _model(seed: int = 0, dtype=np.float64) -> SparseMLP:
-    rng = np.random.default_rng(seed)
-    sizes = [20, 40, 30, 6]
-    weights = []
-    for k in range(3):
-        w = sp.random(sizes[k], sizes[k + 1], density=0.3, format="csr", random_state=rng)
-        w.data = rng.uniform(-1, 1, size=w.nnz)
-        weights.append(w)
-    biases = [rng.uniform(-0.2, 0.2, size=n) for n in sizes[1:]]
+    weights, biases = random_layers([20, 40, 30, 6], 0.3, seed)
     return SparseMLP(weights, biases, activation="sigmoid", loss="mse", dtype=dtype)
 
 

@@ -8,7 +8,7 @@ import inspect
 
 import numpy as np
 import pytest
-import scipy.sparse as sp
+from random_layers import random_layers
 
 from dasknn import DistributedSparseMLP, SparseMLP
 from dasknn.optim import Adam
@@ -16,14 +16,7 @@ from dasknn.optim import Adam
 
 def tiny_model(loss="softmax_cross_entropy", seed=0):
     """24 -> 16 -> 12 -> 5, random patterns, float64."""
-    rng = np.random.default_rng(seed)
-    sizes = [24, 16, 12, 5]
-    weights = []
-    for k in range(3):
-        w = sp.random(sizes[k], sizes[k + 1], density=0.3, format="csr", random_state=rng)
-        w.data = rng.uniform(-1, 1, size=w.nnz)
-        weights.append(w)
-    biases = [rng.uniform(-0.2, 0.2, size=n) for n in sizes[1:]]
+    weights, biases = random_layers([24, 16, 12, 5], 0.3, seed)
     return SparseMLP(weights, biases, activation="relu" if loss != "mse" else "sigmoid", loss=loss)
 
 

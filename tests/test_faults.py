@@ -15,10 +15,10 @@ import time
 import dask
 import numpy as np
 import pytest
-import scipy.sparse as sp
 from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import SchedulerPlugin
 from model_reference import DenseReference
+from random_layers import random_layers
 
 from dasknn.cli import main
 from dasknn.model import SparseMLP
@@ -32,14 +32,7 @@ MODES = pytest.mark.parametrize("messages", ["tasks", "actors"])
 
 
 def _model() -> SparseMLP:
-    rng = np.random.default_rng(0)
-    sizes = [16, 24, 20, 6]
-    weights = []
-    for k in range(3):
-        w = sp.random(sizes[k], sizes[k + 1], density=0.4, format="csr", random_state=rng)
-        w.data = rng.uniform(-1, 1, size=w.nnz)
-        weights.append(w)
-    biases = [rng.uniform(-0.2, 0.2, size=n) for n in sizes[1:]]
+    weights, biases = random_layers([16, 24, 20, 6], 0.4, 0)
     return SparseMLP(weights, biases, activation="sigmoid", loss="mse")
 
 

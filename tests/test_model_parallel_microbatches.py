@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from model_reference import assert_same_layers
+from random_layers import random_layers
 
 from dasknn.kernels.training import spmm_forward
 from dasknn.model import SparseMLP
@@ -32,14 +33,7 @@ def _model_keys(dask_scheduler, token) -> list[str]:
 
 def _model(loss: str, seed: int) -> SparseMLP:
     """Three layers of different widths, random patterns, weights and biases (float64)."""
-    rng = np.random.default_rng(seed)
-    sizes = [18, 30, 26, 12]
-    weights = []
-    for k in range(3):
-        w = sp.random(sizes[k], sizes[k + 1], density=0.2, format="csr", random_state=rng)
-        w.data = rng.uniform(-1, 1, size=w.nnz)
-        weights.append(w)
-    biases = [rng.uniform(-0.2, 0.2, size=n) for n in sizes[1:]]
+    weights, biases = random_layers([18, 30, 26, 12], 0.2, seed)
     return SparseMLP(weights, biases, activation="sigmoid", loss=loss, dtype=np.float64)
 
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import scipy.sparse as sp
 import sparse
 from distributed import futures_of
 from model_reference import DenseReference, assert_same_layers, stored_mask
+from random_layers import random_layers
 
 import graph
 from dasknn.model import SparseMLP
@@ -26,14 +26,7 @@ pytestmark = pytest.mark.minversions  # also run at the minimum versions (.ci/ru
 # ----------------------------------------------------------------- networks and partitions
 def _irregular_model(dtype=np.float64, activation="sigmoid", loss="mse", seed=0):
     """Four layers of different widths, random patterns, random weights and biases."""
-    rng = np.random.default_rng(seed)
-    sizes = [24, 40, 32, 36, 20]
-    weights = []
-    for k in range(4):
-        w = sp.random(sizes[k], sizes[k + 1], density=0.15, format="csr", random_state=rng)
-        w.data = rng.uniform(-1, 1, size=w.nnz)
-        weights.append(w)
-    biases = [rng.uniform(-0.2, 0.2, size=n) for n in sizes[1:]]
+    weights, biases = random_layers([24, 40, 32, 36, 20], 0.15, seed)
     return SparseMLP(weights, biases, activation=activation, loss=loss, dtype=dtype)
 
 

@@ -8,9 +8,9 @@ import time
 import dask
 import numpy as np
 import pytest
-import scipy.sparse as sp
 import sparse
 from distributed import futures_of
+from random_layers import random_layers
 
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
@@ -22,14 +22,7 @@ pytestmark = pytest.mark.minversions  # also run at the minimum versions (.ci/ru
 
 
 def _model(seed: int = 0) -> SparseMLP:
-    rng = np.random.default_rng(seed)
-    sizes = [30, 60, 50, 40, 12]
-    weights = []
-    for k in range(4):
-        w = sp.random(sizes[k], sizes[k + 1], density=0.3, format="csr", random_state=rng)
-        w.data = rng.uniform(-1, 1, size=w.nnz)
-        weights.append(w)
-    biases = [rng.uniform(-0.2, 0.2, size=n) for n in sizes[1:]]
+    weights, biases = random_layers([30, 60, 50, 40, 12], 0.3, seed)
     return SparseMLP(weights, biases, activation="sigmoid", loss="mse")
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
-import scipy.sparse as sp
+from random_layers import random_layers
 
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
@@ -62,14 +62,7 @@ def test_held_values_stay_on_their_worker_in_the_model_span(dask_client):
 
 
 def _model() -> SparseMLP:
-    rng = np.random.default_rng(3)
-    sizes = [12, 16, 16, 6]
-    weights = []
-    for k in range(3):
-        w = sp.random(sizes[k], sizes[k + 1], density=0.4, format="csr", random_state=rng)
-        w.data = rng.uniform(-1, 1, size=w.nnz)
-        weights.append(w)
-    biases = [rng.uniform(-0.2, 0.2, size=n) for n in sizes[1:]]
+    weights, biases = random_layers([12, 16, 16, 6], 0.4, 3)
     return SparseMLP(weights, biases, activation="sigmoid", loss="mse")
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import scipy.sparse as sp
 from model_reference import act, act_derivative, stored_mask
+from random_layers import random_layers
 
 from dasknn import SparseMLP
 from dasknn.optim import SGD, Adam, AdamW, OptimizerSlots, ParamState
@@ -27,15 +27,8 @@ OPTIMIZERS = {
 
 def irregular_model(dtype=np.float64, seed=0, activation="sigmoid", loss="mse") -> SparseMLP:
     """Four sparse layers of different widths with random values, one explicit zero."""
-    rng = np.random.default_rng(seed)
-    sizes = [24, 40, 32, 36, 20]
-    weights = []
-    for k in range(4):
-        w = sp.random(sizes[k], sizes[k + 1], density=0.15, format="csr", random_state=rng)
-        w.data = rng.uniform(-1, 1, size=w.nnz)
-        weights.append(w)
+    weights, biases = random_layers([24, 40, 32, 36, 20], 0.15, seed)
     weights[1].data[0] = 0.0  # an explicit zero is part of the pattern and is trained
-    biases = [rng.uniform(-0.2, 0.2, size=n) for n in sizes[1:]]
     return SparseMLP(weights, biases, activation=activation, loss=loss, dtype=dtype)
 
 
