@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from ..runtime.cluster import scheduler_workers
+from ..runtime.shared_plugins import hold_scheduler_plugin, release_scheduler_plugin
 from ..runtime.waiting import WorkerLostError, run_naming_loss, wait_at_most
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "describe_worker",
     "describe_workers",
     "install_retirement_watch",
+    "release_retirement_watch",
     "lost_error",
     "lost_workers",
     "retirement_requests",
@@ -83,10 +85,16 @@ class RetirementRequests(SchedulerPlugin):
             self.requests[topic] = self.requests.get(topic, 0) + 1
 
 
-def install_retirement_watch(client) -> None:
+def install_retirement_watch(client, user: str | None = None) -> None:
     """Register :class:`RetirementRequests` on the scheduler (kept, with its counts, if it is
-    there already)."""
-    client.register_plugin(RetirementRequests(), name=RetirementRequests.name)
+    there already), held for ``user`` (a model's token; see
+    :mod:`dasknn.runtime.shared_plugins`)."""
+    hold_scheduler_plugin(client, RetirementRequests(), RetirementRequests.name, user)
+
+
+def release_retirement_watch(client, user: str) -> None:
+    """Drop ``user``'s hold on :class:`RetirementRequests`; the last holder removes it."""
+    release_scheduler_plugin(client, RetirementRequests.name, user)
 
 
 def _worker_states(dask_scheduler) -> tuple[dict, dict]:

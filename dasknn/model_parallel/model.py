@@ -39,6 +39,7 @@ from dasknn.model_parallel.faults import (
     install_retirement_watch,
     lost_error,
     lost_workers,
+    release_retirement_watch,
     retirement_requests,
     running_workers,
     step_timeout_error,
@@ -62,6 +63,7 @@ from dasknn.model_parallel.worker_state import ModelState, plugin_name, read_par
 from dasknn.optim import Optimizer, ParamState, resolve_optimizer
 from dasknn.runtime.cluster import open_client, scheduler_workers
 from dasknn.runtime.key_cache import install_key_cache_bound, remove_key_cache_bound
+from dasknn.runtime.measure import release_comm_monitor
 from dasknn.runtime.model_span import held_in_span, new_span
 from dasknn.runtime.postbox import Postbox
 from dasknn.runtime.waiting import gather_at_most
@@ -223,8 +225,8 @@ class DistributedSparseMLP(SparseEstimator):
         self.loss_curve_: list[float] = []
         self.batch_loss_curve_: list[float] = []
         self._leaving: set[str] = set()  # workers asked to leave while the model was placed
-        install_comm_monitor(client)
-        install_retirement_watch(client)
+        install_comm_monitor(client, self.token)
+        install_retirement_watch(client, self.token)
         self._retirements = retirement_requests(client)
         self._next_check = 0.0  # when a finished step looks next at its workers (monotonic)
         self._key_cache_bound = False
@@ -877,5 +879,6 @@ class DistributedSparseMLP(SparseEstimator):
             self._key_cache_bound = False
             remove_key_cache_bound(self.client, self.token)
         if self.client.status == "running":
-            reset_transfers(self.client, self.token)
+            release_comm_monitor(self.client, self.token)
+            release_retirement_watch(self.client, self.token)
         self._opened.close()

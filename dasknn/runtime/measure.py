@@ -26,12 +26,14 @@ from distributed import WorkerPlugin
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from dasknn.runtime.keys import describe
+from dasknn.runtime.shared_plugins import hold_scheduler_plugin, release_scheduler_plugin
 
 __all__ = [
     "CommMonitor",
     "TransferReporter",
     "install_comm_monitor",
     "read_transfers",
+    "release_comm_monitor",
     "report_transfer",
     "reset_transfers",
 ]
@@ -124,30 +126,36 @@ class CommMonitor(SchedulerPlugin):
             del self.counters[key]
 
 
-def _plugin(dask_scheduler) -> CommMonitor:
-    plugin = dask_scheduler.plugins.get(MONITOR_NAME)
-    if plugin is None:
-        raise RuntimeError("the dasknn communication monitor is not installed on this scheduler")
-    return plugin
-
-
 def _snapshot_on_scheduler(dask_scheduler, token):
-    return _plugin(dask_scheduler).snapshot(token)
+    plugin = dask_scheduler.plugins.get(MONITOR_NAME)
+    return [] if plugin is None else plugin.snapshot(token)
 
 
 def _reset_on_scheduler(dask_scheduler, token):
-    _plugin(dask_scheduler).reset(token)
+    plugin = dask_scheduler.plugins.get(MONITOR_NAME)
+    if plugin is not None:
+        plugin.reset(token)
 
 
-def install_comm_monitor(client) -> None:
+def install_comm_monitor(client, user: str | None = None) -> None:
     """Register :class:`CommMonitor` on the scheduler and :class:`TransferReporter` on every
-    worker (present and future); plugins already registered are kept, with their counts."""
-    client.register_plugin(CommMonitor(), name=MONITOR_NAME)
+    worker (present and future), held for ``user`` (a model's token; ``None``: for the cluster's
+    life); plugins already registered are kept, with their counts."""
+    hold_scheduler_plugin(client, CommMonitor(), MONITOR_NAME, user)
     client.register_plugin(TransferReporter(), name=REPORTER_NAME)
 
 
+def release_comm_monitor(client, user: str) -> None:
+    """Forget ``user``'s counts and its hold on the monitor; with the last holder gone, remove
+    :class:`CommMonitor` from the scheduler and :class:`TransferReporter` from the workers."""
+    reset_transfers(client, user)
+    if release_scheduler_plugin(client, MONITOR_NAME, user):
+        client.unregister_worker_plugin(REPORTER_NAME)
+
+
 def read_transfers(client, token: str | None) -> list[tuple]:
-    """Counted transfers of one token: ``[(layer, phase, sender, receiver, bytes, messages)]``."""
+    """Counted transfers of one token: ``[(layer, phase, sender, receiver, bytes, messages)]``
+    (none where the monitor is not installed)."""
     return client.run_on_scheduler(_snapshot_on_scheduler, token=token)
 
 

@@ -1,9 +1,10 @@
 """The life of a distributed model whose state on the workers one worker plugin owns.
 
-The transfer monitor is installed, the bound on Dask's key cache (:mod:`dasknn.runtime.key_cache`)
-and the plugin registered before the model's values are placed; if placing them fails the model is
-closed again (the plugin and everything it holds removed), and a ``with`` block closes the model at
-its end.
+The transfer monitor is held for the model (:mod:`dasknn.runtime.shared_plugins`), the bound on
+Dask's key cache (:mod:`dasknn.runtime.key_cache`) installed and the plugin registered before the
+model's values are placed; if placing them fails the model is closed again (the plugin and
+everything it holds removed), and a ``with`` block closes the model at its end. Closing removes
+the plugin, the bound and the model's hold on the monitor, which leaves with its last holder.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, Self
 
 from dasknn.runtime.key_cache import install_key_cache_bound, remove_key_cache_bound
-from dasknn.runtime.measure import install_comm_monitor
+from dasknn.runtime.measure import install_comm_monitor, release_comm_monitor
 
 __all__ = ["PluginOwner"]
 
@@ -32,12 +33,16 @@ class PluginOwner:
     def _register(self, plugin, place: Callable[[], None]) -> None:
         """Install the transfer monitor and the key-cache bound, register ``plugin`` on every
         worker under ``plugin_name``, then call ``place()``; close the model if it raises."""
-        install_comm_monitor(self.client)
-        install_key_cache_bound(self.client, self.token)
+        install_comm_monitor(self.client, self.token)
         try:
-            self.client.register_plugin(plugin, name=self.plugin_name)
+            install_key_cache_bound(self.client, self.token)
+            try:
+                self.client.register_plugin(plugin, name=self.plugin_name)
+            except BaseException:
+                remove_key_cache_bound(self.client, self.token)
+                raise
         except BaseException:
-            remove_key_cache_bound(self.client, self.token)
+            release_comm_monitor(self.client, self.token)
             raise
         self._open = True
         try:
@@ -47,11 +52,15 @@ class PluginOwner:
             raise
 
     def _unregister(self) -> None:
-        """Remove the plugin (with the state it owns) and the key-cache bound."""
+        """Remove the plugin (with the state it owns), the key-cache bound and the model's hold on
+        the transfer monitor (the monitor goes with its last holder)."""
         try:
             self.client.unregister_worker_plugin(self.plugin_name)
         finally:
-            remove_key_cache_bound(self.client, self.token)
+            try:
+                remove_key_cache_bound(self.client, self.token)
+            finally:
+                release_comm_monitor(self.client, self.token)
 
     def close(self) -> None:
         """Remove the plugin (with the state it owns); closing twice does nothing."""
