@@ -100,7 +100,12 @@ class DashboardFeed:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            self.publish()
+            try:
+                self.publish()
+            except OSError:
+                # a worker left between two publications (the connection to it closed): skip
+                # this one; the training reports the lost worker itself
+                continue
 
     def __enter__(self) -> DashboardFeed:
         self._start = time.perf_counter()
