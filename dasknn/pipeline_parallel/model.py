@@ -354,8 +354,8 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
         self._postboxes.clear()
         if self.reuse_memory:
             self.client.unregister_worker_plugin(self._memory_plugin)
-        self._unregister()
-        for token in [self.token, *self._tokens]:
+        self._unregister()  # also forgets the transfer records of the model's own token
+        for token in self._tokens:
             reset_transfers(self.client, token)
 
     def _check_open(self) -> None:

@@ -152,8 +152,7 @@ class DistributedSampledMLP(PluginOwner):
         closing twice does nothing."""
         if self._open:
             self._open = False
-            self._unregister()
-            reset_transfers(self.client, self.token)
+            self._unregister()  # also forgets the model's transfer records
 
     def _check_open(self) -> None:
         if not self._open:
