@@ -500,15 +500,84 @@ def received(micro_rows: int = 2048, repeat: int = 7, m: int = 4) -> None:
 
 
 def _pass_usage(report: dict, stages: int) -> dict:
-    """Per (stage, kind): the step's passes' wall and CPU seconds and minor page faults."""
+    """Per (stage, kind): the step's passes' wall and CPU seconds, minor page faults,
+    involuntary context switches and migrations between CPUs."""
     out = {}
     for s in range(stages):
         events = report[(s, 0)]["events"]
         usage = report[(s, 0)]["usage"]
-        for (kind, _, start, end), (_, _, cpu, faults) in zip(events, usage, strict=True):
+        for (kind, _, start, end), (_, _, cpu, *counts) in zip(events, usage, strict=True):
             if kind in "FB":
-                out.setdefault((s, kind), []).append((end - start, cpu, faults))
+                out.setdefault((s, kind), []).append((end - start, cpu, *counts))
     return out
+
+
+def _log_collections(dask_worker) -> None:
+    """For ``Client.run``: keep the start and end (``time.perf_counter``) and generation of
+    every cyclic garbage collection of the worker's process in ``dask_worker.samo_collections``.
+    """
+    import gc
+
+    log: list = []
+    begun: dict = {}
+
+    def callback(phase, info):
+        if phase == "start":
+            begun["t"] = time.perf_counter()
+        else:
+            end = time.perf_counter()
+            log.append((begun.get("t", end), end, info["generation"]))
+
+    dask_worker.samo_collections = log
+    gc.callbacks.append(callback)
+
+
+def _process_state(dask_worker) -> dict:
+    """For ``Client.run``: the worker's collections so far (emptied), its process's CPU seconds
+    (all threads), its anonymous huge pages (kB) and the CPUs it may run on."""
+    import resource
+
+    found = list(dask_worker.samo_collections)
+    dask_worker.samo_collections.clear()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    huge = 0
+    with open("/proc/self/smaps_rollup") as rollup:
+        for line in rollup:
+            if line.startswith("AnonHugePages:"):
+                huge = int(line.split()[1])
+    return {
+        "collections": found,
+        "cpu": usage.ru_utime + usage.ru_stime,
+        "huge kB": huge,
+        "cpus": sorted(os.sched_getaffinity(0)),
+    }
+
+
+def _collected_in_passes(events: list, collections: list) -> tuple[int, float]:
+    """How many of ``collections`` (start, end, generation) overlap a pass of ``events`` and
+    their seconds inside the passes."""
+    count, seconds = 0, 0.0
+    for start, end, _ in collections:
+        inside = sum(
+            max(0.0, min(end, e[3]) - max(start, e[2])) for e in events if e[0] in "FB"
+        )
+        if inside > 0:
+            count += 1
+            seconds += inside
+    return count, seconds
+
+
+def _spread_row(label: str, found: list) -> str:
+    """A markdown row of one stage and kind's passes: wall ms (min / median / max), CPU ms
+    (median), wall / CPU, involuntary switches and migrations (medians and most in a pass)."""
+    a = np.array(found)
+    wall, cpu = a[:, 0] * 1e3, a[:, 1] * 1e3
+    return (
+        f"| {label} | {len(a)} | {wall.min():.1f} / {np.median(wall):.1f} / {wall.max():.1f} | "
+        f"{cpu.min():.1f} / {np.median(cpu):.1f} / {cpu.max():.1f} | "
+        f"{np.median(wall / cpu):.2f} | {np.median(a[:, 3]):.0f} ({a[:, 3].max():.0f}) | "
+        f"{np.median(a[:, 4]):.0f} ({a[:, 4].max():.0f}) |"
+    )
 
 
 def bubble(
@@ -539,11 +608,12 @@ def bubble(
         f"multiply-adds per sample {stage_costs[0]:.2f} M / {stage_costs[1]:.2f} M), GPipe, "
         f"dense compute fp32, microbatches of {micro_rows} rows, {steps} steps per m\n"
     )
-    sources, usage = {}, {}
+    sources, usage, placement = {}, {}, {}
     c, client = cluster(2)
     with c, client:
         for address, found in sorted(client.run(_worker_threads).items()):
             print(f"worker {address}: {found}")
+        client.run(_log_collections)
         anatomy = CompressedMLP(
             weights, masks, activation="relu", loss="mse", precision="fp32", compute="dense"
         )
@@ -551,7 +621,7 @@ def bubble(
         print(
             "\n| messages | m | formula (S-1)/(m+S-1) | idle stage 0 / 1 | bubble (busiest "
             "stage's idle) | imbalance stage 0 / 1 | handover stage 0 / 1 (ms per pass) | "
-            "within 0.05: idle 0 / 1, bubble | busy per microbatch, stage 0 / 1 |"
+            "within 0.05: idle 0 / 1, bubble | busy per microbatch, stage 0 / 1 (ratio) |"
         )
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
         for mode in modes:
@@ -570,14 +640,28 @@ def bubble(
                     pipe.train_step(x, y, optimizer=Adam())
                     parts = {0: [], 1: []}
                     sources[(mode, m)] = {0: [], 1: []}
+                    cell = placement[(mode, m)] = {s: [] for s in (0, 1)}
                     for _ in range(steps):
+                        before = client.run(_process_state)
                         pipe.train_step(x, y, optimizer=Adam())
+                        after = client.run(_process_state)
+                        report = pipe.step_report()
                         for (s, _), breakdown in pipe.idle_breakdown().items():
                             parts[s].append(breakdown)
                         for (s, _), found in pipe.idle_sources().items():
                             sources[(mode, m)][s].append(found)
-                        for key, found in _pass_usage(pipe.step_report(), 2).items():
+                        for key, found in _pass_usage(report, 2).items():
                             usage.setdefault((mode, m, *key), []).extend(found)
+                        for s in (0, 1):
+                            address, events = pipe.workers[(s, 0)], report[(s, 0)]["events"]
+                            passes_cpu = sum(u[2] for u in report[(s, 0)]["usage"])
+                            cell[s].append(
+                                (
+                                    *_collected_in_passes(events, after[address]["collections"]),
+                                    after[address]["cpu"] - before[address]["cpu"] - passes_cpu,
+                                    after[address]["huge kB"],
+                                )
+                            )
                 want = bubble_fraction(2, m)
                 idle = [_median(parts[s], "idle") for s in (0, 1)]
                 imbalance = [_median(parts[s], "imbalance") for s in (0, 1)]
@@ -592,7 +676,7 @@ def bubble(
                     f"{bubble_part:.3f} | {imbalance[0]:.3f} / {imbalance[1]:.3f} | "
                     f"{handover[0]:.3f} / {handover[1]:.3f} ({per_pass[0]:.1f} / "
                     f"{per_pass[1]:.1f}) | {' / '.join(ok[:2])}, {ok[2]} | "
-                    f"{per[0]:.0f} / {per[1]:.0f} ms |"
+                    f"{per[0]:.0f} / {per[1]:.0f} ms ({max(per) / min(per):.3f}) |"
                 )
         if any(mode.endswith("-reuse") for mode in modes):
             pass_anatomy(client, anatomy, bounds, micro_rows, workers_only=", memory reused")
@@ -616,11 +700,30 @@ def bubble(
     )
     print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |")
     for (messages, m, s, kind), found in sorted(usage.items()):
-        wall, cpu, faults = np.median(np.array(found), axis=0)
+        wall, cpu, faults = np.median(np.array(found)[:, :3], axis=0)
         print(
             f"| {messages} | {m} | {s} | {kind} | {wall * 1e3:.1f} | {cpu * 1e3:.1f} | "
             f"{wall / cpu:.2f} | {faults:.0f} |"
         )
+    print(
+        "\n| messages | m | stage | pass | passes | wall ms min / median / max | CPU ms min / "
+        "median / max | wall / CPU | involuntary switches (most) | migrations (most) |"
+    )
+    print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for (messages, m, s, kind), found in sorted(usage.items()):
+        print(_spread_row(f"{messages} | {m} | {s} | {kind}", found))
+    print(
+        "\n| messages | m | stage | collections in passes a step (ms) | CPU of the worker's "
+        "other threads a step (ms) | anonymous huge pages (MiB) |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for (messages, m), per_stage in placement.items():
+        for s, found in per_stage.items():
+            a = np.median(np.array(found), axis=0)
+            print(
+                f"| {messages} | {m} | {s} | {a[0]:.0f} ({a[1] * 1e3:.1f}) | {a[2] * 1e3:.0f} | "
+                f"{a[3] / 1024:.0f} |"
+            )
     print(
         "\n(idle = formula + stage costs + pass variation + handover, medians of the steps: "
         "the stages' unequal mean passes, unequal passes of one stage and kind, and the time "

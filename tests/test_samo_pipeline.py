@@ -368,9 +368,9 @@ def test_posted_messages_run_a_task_per_stage_and_time_every_pass(client4):
         events, usage = step[(s, 0)]["events"], step[(s, 0)]["usage"]
         passes = [(kind, u) for kind, u, _, _ in events if kind in "FB"]
         assert passes == stage_order("1f1b", 3, s, 4)
-        assert [(kind, u) for kind, u, _, _ in usage] == [(kind, u) for kind, u, _, _ in events]
-        for (_, _, start, end), (_, _, cpu, faults) in zip(events, usage, strict=True):
-            assert 0 <= cpu <= end - start + 1e-3 and faults >= 0
+        assert [(kind, u) for kind, u, *_ in usage] == [(kind, u) for kind, u, _, _ in events]
+        for (_, _, start, end), (_, _, cpu, *counts) in zip(events, usage, strict=True):
+            assert 0 <= cpu <= end - start + 1e-3 and min(counts) >= 0 and len(counts) == 3
 
 
 def _plugin_names(dask_worker):
