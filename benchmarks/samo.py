@@ -3,8 +3,11 @@
 Run: ``flock /tmp/dasknn-tests.lock python3 benchmarks/samo.py [section ...]`` with sections
 ``memory``, ``accuracy``, ``speed``, ``bubble``, ``received``, ``workers`` (default: all);
 ``--bubble-m``, ``--bubble-steps`` and ``--bubble-rows`` shrink the bubble section (default m 2 4
-8, 3 steps, 2,048 rows a microbatch), ``--bubble-messages`` picks the pipeline's message modes
-(default all three, ``tasks``, ``posted``, ``posted-reuse``, in the same run). Everything runs
+8, 3 steps, 2,048 rows a microbatch), ``--bubble-messages`` picks the pipeline's modes (default
+``tasks``, ``posted``, ``posted-pinned``, ``posted-reuse``, ``posted-reuse-pinned``, in the same
+run: ``-reuse`` is ``reuse_memory=True``, ``-pinned`` ``pin_cores=True``), ``--bubble-clusters``
+the clusters that run them (default ``dask``: Dask's defaults; ``dasknn``: dasknn's own
+``local_cluster``, the worker profiler off). Everything runs
 single-threaded (BLAS, numba, torch), one thread per Dask worker, so the figures compare
 algorithms, not thread counts. Prints markdown tables with the targets of issue 12:
 
@@ -19,8 +22,12 @@ algorithms, not thread counts. Prints markdown tables with the targets of issue 
   by estimated cost): each stage's idle fraction against ``(S - 1) / (m + S - 1)``, split into
   the bubble (the busiest stage's idle fraction) and each stage's imbalance, with the handover
   time (``PipelineMLP.idle_breakdown``), for messages as task results and posted worker to
-  worker; before it, each stage's passes timed in this process, on its worker alone and on both
-  workers at once (wall and CPU time, page faults), and the workers' thread settings;
+  worker, with and without the stage workers pinned to cores; each cell's busy time split into
+  CPU, waiting for a core and slow passes, the spread of each stage's passes (wall, CPU,
+  involuntary context switches, migrations), the cyclic collections inside passes, the workers'
+  other threads' CPU and the other processes' CPU on the machine; before it, each stage's passes
+  timed in this process, on its worker alone and on both workers at once (wall and CPU time,
+  page faults), and the workers' thread settings;
 - **received**: stage 0's backward pass of the bubble network on one worker, on a delta fetched
   from the other worker against a copy of it and one made locally, and on a cold stash (the first
   of ``m`` microbatches) against a warm one;
@@ -62,6 +69,10 @@ from dasknn.pruning import EarlyBird, magnitude_masks  # noqa: E402
 from dasknn.runtime.worker_memory import ReuseFreedMemory  # noqa: E402
 
 P = 0.9
+#: The bubble section's pipeline modes: messages, then ``-reuse`` (``reuse_memory=True``: it
+#: tunes the workers' malloc for the rest of the cluster's life, so those come last) and
+#: ``-pinned`` (``pin_cores=True``).
+BUBBLE_MODES = ("tasks", "posted", "posted-pinned", "posted-reuse", "posted-reuse-pinned")
 
 
 def best_ms(fn, repeat: int = 7) -> float:
@@ -548,10 +559,24 @@ def _log_collections(dask_worker) -> None:
     gc.callbacks.append(callback)
 
 
+def _thread_migrations(thread: int) -> int:
+    """Migrations between CPUs so far of a thread of this process (0 where not reported)."""
+    try:
+        with open(f"/proc/self/task/{thread}/sched") as sched:
+            for line in sched:
+                if line.startswith("se.nr_migrations"):
+                    return int(line.split(":")[1])
+    except OSError:
+        pass
+    return 0
+
+
 def _process_state(dask_worker) -> dict:
     """For ``Client.run``: the worker's collections so far (emptied), its process's CPU seconds
-    (all threads), its anonymous huge pages (kB) and the CPUs it may run on."""
+    (all threads), its anonymous huge pages (kB), the CPUs it may run on, and the migrations
+    between CPUs so far of its task threads (Dask's executor's)."""
     import resource
+    import threading
 
     found = list(dask_worker.samo_collections)
     dask_worker.samo_collections.clear()
@@ -566,6 +591,11 @@ def _process_state(dask_worker) -> dict:
         "cpu": usage.ru_utime + usage.ru_stime,
         "huge kB": huge,
         "cpus": sorted(os.sched_getaffinity(0)),
+        "migrations": sum(
+            _thread_migrations(t.native_id)
+            for t in threading.enumerate()
+            if "Dask-Default-Threads" in t.name
+        ),
     }
 
 
@@ -626,7 +656,7 @@ def bubble(
     micro_rows: int = 2048,
     steps: int = 3,
     ms: tuple[int, ...] = (2, 4, 8),
-    modes: tuple[str, ...] = ("tasks", "posted", "posted-reuse"),
+    modes: tuple[str, ...] = BUBBLE_MODES,
     clusters: tuple[str, ...] = ("dask",),
 ) -> None:
     """The bubble section; ``modes``: ``"tasks"``, ``"posted"`` (``PipelineMLP``'s
@@ -717,6 +747,8 @@ def bubble(
                                         after[address]["cpu"] - before[address]["cpu"]
                                         - passes_cpu,
                                         after[address]["huge kB"],
+                                        after[address]["migrations"]
+                                        - before[address]["migrations"],
                                     )
                                 )  # fmt: skip
                     want = bubble_fraction(2, m)
@@ -789,15 +821,16 @@ def bubble(
         print(_spread_row(f"{messages} | {m} | {s} | {kind}", found))
     print(
         "\n| messages | m | stage | collections in passes a step (ms) | CPU of the worker's "
-        "other threads a step (ms) | anonymous huge pages (MiB) |"
+        "other threads a step (ms) | anonymous huge pages (MiB) | task thread's migrations a "
+        "step |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for (messages, m), per_stage in placement.items():  # fmt: skip
         for s, found in per_stage.items():
             a = np.median(np.array(found), axis=0)
             print(
                 f"| {messages} | {m} | {s} | {a[0]:.0f} ({a[1] * 1e3:.1f}) | {a[2] * 1e3:.0f} | "
-                f"{a[3] / 1024:.0f} |"
+                f"{a[3] / 1024:.0f} | {a[4]:.0f} |"
             )
     print(
         "\n(idle = formula + stage costs + pass variation + handover, medians of the steps: "
@@ -888,7 +921,7 @@ if __name__ == "__main__":
     parser.add_argument(
         "--bubble-messages",
         nargs="+",
-        default=["tasks", "posted", "posted-reuse"],
+        default=list(BUBBLE_MODES),
         choices=[
             f"{messages}{reuse}{pin}"
             for messages in ("tasks", "posted")
