@@ -682,7 +682,7 @@ def bubble(
         f"multiply-adds per sample {stage_costs[0]:.2f} M / {stage_costs[1]:.2f} M), GPipe, "
         f"dense compute fp32, microbatches of {micro_rows} rows, {steps} steps per m\n"
     )
-    sources, usage, placement, machine = {}, {}, {}, {}
+    sources, usage, placement, machine, span_ms = {}, {}, {}, {}, {}
     print(
         "\n| messages | m | formula (S-1)/(m+S-1) | idle stage 0 / 1 | bubble (busiest "
         "stage's idle) | imbalance stage 0 / 1 | handover stage 0 / 1 (ms per pass) | "
@@ -760,6 +760,7 @@ def bubble(
                     bubble_part = _median(parts[0], "bubble")
                     per = [_median(parts[s], "busy") / m * 1e3 for s in (0, 1)]
                     ok = ["yes" if abs(g - want) <= 0.05 else "NO" for g in (*idle, bubble_part)]
+                    span_ms[(label, m)] = statistics.median(spans) * 1e3
                     print(
                         f"| {label} | {m} | {want:.3f} | {idle[0]:.3f} / {idle[1]:.3f} | "
                         f"{bubble_part:.3f} | {imbalance[0]:.3f} / {imbalance[1]:.3f} | "
@@ -775,9 +776,9 @@ def bubble(
     print(
         "\n| messages | m | busy a microbatch (ms), stage 0 / 1 (ratio) | of it CPU | of it "
         "waiting for a core | at the median passes (F + B) | above the median passes | other "
-        "processes' CPU a step (ms) | steal a step (ms) |"
+        "processes' CPU a step (ms) | steal a step (ms) | forward-backward span (ms) |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for (label, m), found in machine.items():
         split = [_busy_split(usage[(label, m, s, "F")], usage[(label, m, s, "B")]) for s in (0, 1)]
         busy = [b[0] for b in split]
@@ -785,7 +786,7 @@ def bubble(
         print(
             f"| {label} | {m} | {busy[0]:.0f} / {busy[1]:.0f} ({max(busy) / min(busy):.3f}) | "
             + " | ".join(f"{split[0][k]:.0f} / {split[1][k]:.0f}" for k in (1, 2, 3, 4))
-            + f" | {others:.0f} | {steal:.0f} |"
+            + f" | {others:.0f} | {steal:.0f} | {span_ms[(label, m)]:.0f} |"
         )
     print(
         "\n| messages | m | stage | idle | formula | + stage costs | + pass variation | "
