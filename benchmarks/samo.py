@@ -3,8 +3,11 @@
 Run: ``flock /tmp/dasknn-tests.lock python3 benchmarks/samo.py [section ...]`` with sections
 ``memory``, ``accuracy``, ``speed``, ``bubble``, ``received``, ``workers`` (default: all);
 ``--bubble-m``, ``--bubble-steps`` and ``--bubble-rows`` shrink the bubble section (default m 2 4
-8, 3 steps, 2,048 rows a microbatch), ``--bubble-messages`` picks the pipeline's message modes
-(default all three, ``tasks``, ``posted``, ``posted-reuse``, in the same run). Everything runs
+8, 3 steps, 2,048 rows a microbatch), ``--bubble-messages`` picks the pipeline's modes (default
+``tasks``, ``posted``, ``posted-pinned``, ``posted-reuse``, ``posted-reuse-pinned``, in the same
+run: ``-reuse`` is ``reuse_memory=True``, ``-pinned`` ``pin_cores=True``), ``--bubble-clusters``
+the clusters that run them (default ``dask``: Dask's defaults; ``dasknn``: dasknn's own
+``local_cluster``, the worker profiler off). Everything runs
 single-threaded (BLAS, numba, torch), one thread per Dask worker, so the figures compare
 algorithms, not thread counts. Prints markdown tables with the targets of issue 12:
 
@@ -19,8 +22,12 @@ algorithms, not thread counts. Prints markdown tables with the targets of issue 
   by estimated cost): each stage's idle fraction against ``(S - 1) / (m + S - 1)``, split into
   the bubble (the busiest stage's idle fraction) and each stage's imbalance, with the handover
   time (``PipelineMLP.idle_breakdown``), for messages as task results and posted worker to
-  worker; before it, each stage's passes timed in this process, on its worker alone and on both
-  workers at once (wall and CPU time, page faults), and the workers' thread settings;
+  worker, with and without the stage workers pinned to cores; each cell's busy time split into
+  CPU, waiting for a core and slow passes, the spread of each stage's passes (wall, CPU,
+  involuntary context switches, migrations), the cyclic collections inside passes, the workers'
+  other threads' CPU and the other processes' CPU on the machine; before it, each stage's passes
+  timed in this process, on its worker alone and on both workers at once (wall and CPU time,
+  page faults), and the workers' thread settings;
 - **received**: stage 0's backward pass of the bubble network on one worker, on a delta fetched
   from the other worker against a copy of it and one made locally, and on a cold stash (the first
   of ``m`` microbatches) against a warm one;
@@ -62,6 +69,10 @@ from dasknn.pruning import EarlyBird, magnitude_masks  # noqa: E402
 from dasknn.runtime.worker_memory import ReuseFreedMemory  # noqa: E402
 
 P = 0.9
+#: The bubble section's pipeline modes: messages, then ``-reuse`` (``reuse_memory=True``: it
+#: tunes the workers' malloc for the rest of the cluster's life, so those come last) and
+#: ``-pinned`` (``pin_cores=True``).
+BUBBLE_MODES = ("tasks", "posted", "posted-pinned", "posted-reuse", "posted-reuse-pinned")
 
 
 def best_ms(fn, repeat: int = 7) -> float:
@@ -302,12 +313,28 @@ def speed() -> None:
 
 # ---------------------------------------------------------------------------- clusters
 def cluster(workers: int):
+    """A LocalCluster with Dask's defaults (its worker profiler on) and its client."""
     from distributed import Client, LocalCluster
 
     c = LocalCluster(
         n_workers=workers, threads_per_worker=1, dashboard_address=":0", host="127.0.0.1"
     )
     return c, Client(c)
+
+
+def dasknn_cluster(workers: int):
+    """``dasknn.runtime.cluster.local_cluster`` (Dask's worker profiler off, short records) and
+    its client."""
+    from distributed import Client
+
+    from dasknn.runtime.cluster import local_cluster
+
+    c = local_cluster(workers)
+    return c, Client(c)
+
+
+#: The bubble section's clusters: Dask's defaults (runs A-N), dasknn's own.
+CLUSTERS = {"dask": cluster, "dasknn": dasknn_cluster}
 
 
 def _median(breakdowns, field: str) -> float:
@@ -500,26 +527,142 @@ def received(micro_rows: int = 2048, repeat: int = 7, m: int = 4) -> None:
 
 
 def _pass_usage(report: dict, stages: int) -> dict:
-    """Per (stage, kind): the step's passes' wall and CPU seconds and minor page faults."""
+    """Per (stage, kind): the step's passes' wall and CPU seconds, minor page faults,
+    involuntary context switches and migrations between CPUs."""
     out = {}
     for s in range(stages):
         events = report[(s, 0)]["events"]
         usage = report[(s, 0)]["usage"]
-        for (kind, _, start, end), (_, _, cpu, faults) in zip(events, usage, strict=True):
+        for (kind, _, start, end), (_, _, cpu, *counts) in zip(events, usage, strict=True):
             if kind in "FB":
-                out.setdefault((s, kind), []).append((end - start, cpu, faults))
+                out.setdefault((s, kind), []).append((end - start, cpu, *counts))
     return out
+
+
+def _log_collections(dask_worker) -> None:
+    """For ``Client.run``: keep the start and end (``time.perf_counter``) and generation of
+    every cyclic garbage collection of the worker's process in ``dask_worker.samo_collections``.
+    """
+    import gc
+
+    log: list = []
+    begun: dict = {}
+
+    def callback(phase, info):
+        if phase == "start":
+            begun["t"] = time.perf_counter()
+        else:
+            end = time.perf_counter()
+            log.append((begun.get("t", end), end, info["generation"]))
+
+    dask_worker.samo_collections = log
+    gc.callbacks.append(callback)
+
+
+def _thread_migrations(thread: int) -> int:
+    """Migrations between CPUs so far of a thread of this process (0 where not reported)."""
+    try:
+        with open(f"/proc/self/task/{thread}/sched") as sched:
+            for line in sched:
+                if line.startswith("se.nr_migrations"):
+                    return int(line.split(":")[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _process_state(dask_worker) -> dict:
+    """For ``Client.run``: the worker's collections so far (emptied), its process's CPU seconds
+    (all threads), its anonymous huge pages (kB), the CPUs it may run on, and the migrations
+    between CPUs so far of its task threads (Dask's executor's)."""
+    import resource
+    import threading
+
+    found = list(dask_worker.samo_collections)
+    dask_worker.samo_collections.clear()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    huge = 0
+    with open("/proc/self/smaps_rollup") as rollup:
+        for line in rollup:
+            if line.startswith("AnonHugePages:"):
+                huge = int(line.split()[1])
+    return {
+        "collections": found,
+        "cpu": usage.ru_utime + usage.ru_stime,
+        "huge kB": huge,
+        "cpus": sorted(os.sched_getaffinity(0)),
+        "migrations": sum(
+            _thread_migrations(t.native_id)
+            for t in threading.enumerate()
+            if "Dask-Default-Threads" in t.name
+        ),
+    }
+
+
+def _collected_in_passes(events: list, collections: list) -> tuple[int, float]:
+    """How many of ``collections`` (start, end, generation) overlap a pass of ``events`` and
+    their seconds inside the passes."""
+    count, seconds = 0, 0.0
+    for start, end, _ in collections:
+        inside = sum(max(0.0, min(end, e[3]) - max(start, e[2])) for e in events if e[0] in "FB")
+        if inside > 0:
+            count += 1
+            seconds += inside
+    return count, seconds
+
+
+def _machine_cpu() -> np.ndarray:
+    """CPU seconds so far of the machine's processes other than this one and its children (the
+    workers, their nannies), and the machine's steal time."""
+    import psutil
+
+    times = psutil.cpu_times()
+    busy = sum(times) - times.idle - getattr(times, "iowait", 0.0)
+    here = psutil.Process()
+    own = 0.0
+    for process in [here, *here.children(recursive=True)]:
+        try:
+            own += sum(process.cpu_times()[:2])
+        except psutil.NoSuchProcess:
+            pass
+    return np.array([busy - own, getattr(times, "steal", 0.0)])
+
+
+def _busy_split(forward: list, backward: list) -> list[float]:
+    """A stage's busy ms a microbatch, from its passes' usage: the mean forward plus the mean
+    backward pass; of it the CPU time and the time waiting for a core; the median forward plus
+    the median backward pass, and the rest above them (the slow passes' share)."""
+    f, b = np.array(forward) * 1e3, np.array(backward) * 1e3
+    busy = f[:, 0].mean() + b[:, 0].mean()
+    cpu = f[:, 1].mean() + b[:, 1].mean()
+    medians = np.median(f[:, 0]) + np.median(b[:, 0])
+    return [busy, cpu, busy - cpu, medians, busy - medians]
+
+
+def _spread_row(label: str, found: list) -> str:
+    """A markdown row of one stage and kind's passes: wall ms (min / median / max), CPU ms
+    (median), wall / CPU, involuntary switches and migrations (medians and most in a pass)."""
+    a = np.array(found)
+    wall, cpu = a[:, 0] * 1e3, a[:, 1] * 1e3
+    return (
+        f"| {label} | {len(a)} | {wall.min():.1f} / {np.median(wall):.1f} / {wall.max():.1f} | "
+        f"{cpu.min():.1f} / {np.median(cpu):.1f} / {cpu.max():.1f} | "
+        f"{np.median(wall / cpu):.2f} | {np.median(a[:, 3]):.0f} ({a[:, 3].max():.0f}) | "
+        f"{np.median(a[:, 4]):.0f} ({a[:, 4].max():.0f}) |"
+    )
 
 
 def bubble(
     micro_rows: int = 2048,
     steps: int = 3,
     ms: tuple[int, ...] = (2, 4, 8),
-    modes: tuple[str, ...] = ("tasks", "posted", "posted-reuse"),
+    modes: tuple[str, ...] = BUBBLE_MODES,
+    clusters: tuple[str, ...] = ("dask",),
 ) -> None:
     """The bubble section; ``modes``: ``"tasks"``, ``"posted"`` (``PipelineMLP``'s
     ``messages``) and ``"posted-reuse"`` (posted, ``reuse_memory=True``: it tunes the workers'
-    malloc for the rest of the run, so it comes last)."""
+    malloc for the rest of the cluster's life, so it comes last), each also with ``"-pinned"``
+    (``pin_cores=True``); ``clusters``: :data:`CLUSTERS`, each running every mode."""
     rng = np.random.default_rng(0)
     # 64-1024-1024-1024-1024-1024: the narrow first layer (1/16 of the others) needs no input
     # gradient, so stage 0 = layers 1-3 and stage 1 = layers 4-5 carry equal forward and equal
@@ -539,63 +682,112 @@ def bubble(
         f"multiply-adds per sample {stage_costs[0]:.2f} M / {stage_costs[1]:.2f} M), GPipe, "
         f"dense compute fp32, microbatches of {micro_rows} rows, {steps} steps per m\n"
     )
-    sources, usage = {}, {}
-    c, client = cluster(2)
-    with c, client:
-        for address, found in sorted(client.run(_worker_threads).items()):
-            print(f"worker {address}: {found}")
-        anatomy = CompressedMLP(
-            weights, masks, activation="relu", loss="mse", precision="fp32", compute="dense"
-        )
-        pass_anatomy(client, anatomy, bounds, micro_rows)
-        print(
-            "\n| messages | m | formula (S-1)/(m+S-1) | idle stage 0 / 1 | bubble (busiest "
-            "stage's idle) | imbalance stage 0 / 1 | handover stage 0 / 1 (ms per pass) | "
-            "within 0.05: idle 0 / 1, bubble | busy per microbatch, stage 0 / 1 |"
-        )
-        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
-        for mode in modes:
-            messages, reuse = mode.removesuffix("-reuse"), mode.endswith("-reuse")
-            for m in ms:
-                model = CompressedMLP(
-                    weights, masks, activation="relu", loss="mse", precision="fp32",
-                    compute="dense",
-                )  # fmt: skip
-                x = rng.uniform(0, 1, (micro_rows * m, sizes[0])).astype(np.float32)
-                y = rng.uniform(0, 1, (micro_rows * m, sizes[-1])).astype(np.float32)
-                with PipelineMLP(
-                    model, client, stages=2, microbatches=m, schedule="gpipe", messages=messages,
-                    reuse_memory=reuse,
-                ) as pipe:  # fmt: skip
-                    pipe.train_step(x, y, optimizer=Adam())
-                    parts = {0: [], 1: []}
-                    sources[(mode, m)] = {0: [], 1: []}
-                    for _ in range(steps):
+    sources, usage, placement, machine, span_ms = {}, {}, {}, {}, {}
+    print(
+        "\n| messages | m | formula (S-1)/(m+S-1) | idle stage 0 / 1 | bubble (busiest "
+        "stage's idle) | imbalance stage 0 / 1 | handover stage 0 / 1 (ms per pass) | "
+        "within 0.05: idle 0 / 1, bubble | busy per microbatch, stage 0 / 1 (ratio) |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
+    for n_cluster, kind in enumerate(clusters):
+        c, client = CLUSTERS[kind](2)
+        with c, client:
+            for address, found in sorted(client.run(_worker_threads).items()):
+                print(f"worker {address} ({kind} cluster): {found}")
+            client.run(_log_collections)
+            anatomy = CompressedMLP(
+                weights, masks, activation="relu", loss="mse", precision="fp32", compute="dense"
+            )
+            if n_cluster == 0:
+                pass_anatomy(client, anatomy, bounds, micro_rows)
+            for mode in modes:
+                messages = mode.removesuffix("-pinned").removesuffix("-reuse")
+                options = {
+                    "reuse_memory": "-reuse" in mode,
+                    "pin_cores": mode.endswith("-pinned"),
+                }
+                label = mode if len(clusters) == 1 else f"{kind}: {mode}"
+                for m in ms:
+                    model = CompressedMLP(
+                        weights, masks, activation="relu", loss="mse", precision="fp32",
+                        compute="dense",
+                    )  # fmt: skip
+                    x = rng.uniform(0, 1, (micro_rows * m, sizes[0])).astype(np.float32)
+                    y = rng.uniform(0, 1, (micro_rows * m, sizes[-1])).astype(np.float32)
+                    with PipelineMLP(
+                        model, client, stages=2, microbatches=m, schedule="gpipe",
+                        messages=messages, **options,
+                    ) as pipe:  # fmt: skip
                         pipe.train_step(x, y, optimizer=Adam())
-                        for (s, _), breakdown in pipe.idle_breakdown().items():
-                            parts[s].append(breakdown)
-                        for (s, _), found in pipe.idle_sources().items():
-                            sources[(mode, m)][s].append(found)
-                        for key, found in _pass_usage(pipe.step_report(), 2).items():
-                            usage.setdefault((mode, m, *key), []).extend(found)
-                want = bubble_fraction(2, m)
-                idle = [_median(parts[s], "idle") for s in (0, 1)]
-                imbalance = [_median(parts[s], "imbalance") for s in (0, 1)]
-                handover = [_median(parts[s], "handover") for s in (0, 1)]
-                spans = [b.busy / (1 - b.idle) for b in parts[0]]
-                per_pass = [h * statistics.median(spans) / (2 * m) * 1e3 for h in handover]
-                bubble_part = _median(parts[0], "bubble")
-                per = [_median(parts[s], "busy") / m * 1e3 for s in (0, 1)]
-                ok = ["yes" if abs(g - want) <= 0.05 else "NO" for g in (*idle, bubble_part)]
-                print(
-                    f"| {mode} | {m} | {want:.3f} | {idle[0]:.3f} / {idle[1]:.3f} | "
-                    f"{bubble_part:.3f} | {imbalance[0]:.3f} / {imbalance[1]:.3f} | "
-                    f"{handover[0]:.3f} / {handover[1]:.3f} ({per_pass[0]:.1f} / "
-                    f"{per_pass[1]:.1f}) | {' / '.join(ok[:2])}, {ok[2]} | "
-                    f"{per[0]:.0f} / {per[1]:.0f} ms |"
-                )
-        if any(mode.endswith("-reuse") for mode in modes):
-            pass_anatomy(client, anatomy, bounds, micro_rows, workers_only=", memory reused")
+                        parts = {0: [], 1: []}
+                        sources[(label, m)] = {0: [], 1: []}
+                        cell = placement[(label, m)] = {s: [] for s in (0, 1)}
+                        machine[(label, m)] = []
+                        for _ in range(steps):
+                            before = client.run(_process_state), _machine_cpu()
+                            pipe.train_step(x, y, optimizer=Adam())
+                            after = client.run(_process_state), _machine_cpu()
+                            machine[(label, m)].append(after[1] - before[1])
+                            before, after = before[0], after[0]
+                            report = pipe.step_report()
+                            for (s, _), breakdown in pipe.idle_breakdown().items():
+                                parts[s].append(breakdown)
+                            for (s, _), found in pipe.idle_sources().items():
+                                sources[(label, m)][s].append(found)
+                            for key, found in _pass_usage(report, 2).items():
+                                usage.setdefault((label, m, *key), []).extend(found)
+                            for s in (0, 1):
+                                address, events = pipe.workers[(s, 0)], report[(s, 0)]["events"]
+                                passes_cpu = sum(u[2] for u in report[(s, 0)]["usage"])
+                                cell[s].append(
+                                    (
+                                        *_collected_in_passes(
+                                            events, after[address]["collections"]
+                                        ),
+                                        after[address]["cpu"] - before[address]["cpu"]
+                                        - passes_cpu,
+                                        after[address]["huge kB"],
+                                        after[address]["migrations"]
+                                        - before[address]["migrations"],
+                                    )
+                                )  # fmt: skip
+                    want = bubble_fraction(2, m)
+                    idle = [_median(parts[s], "idle") for s in (0, 1)]
+                    imbalance = [_median(parts[s], "imbalance") for s in (0, 1)]
+                    handover = [_median(parts[s], "handover") for s in (0, 1)]
+                    spans = [b.busy / (1 - b.idle) for b in parts[0]]
+                    per_pass = [h * statistics.median(spans) / (2 * m) * 1e3 for h in handover]
+                    bubble_part = _median(parts[0], "bubble")
+                    per = [_median(parts[s], "busy") / m * 1e3 for s in (0, 1)]
+                    ok = ["yes" if abs(g - want) <= 0.05 else "NO" for g in (*idle, bubble_part)]
+                    span_ms[(label, m)] = statistics.median(spans) * 1e3
+                    print(
+                        f"| {label} | {m} | {want:.3f} | {idle[0]:.3f} / {idle[1]:.3f} | "
+                        f"{bubble_part:.3f} | {imbalance[0]:.3f} / {imbalance[1]:.3f} | "
+                        f"{handover[0]:.3f} / {handover[1]:.3f} ({per_pass[0]:.1f} / "
+                        f"{per_pass[1]:.1f}) | {' / '.join(ok[:2])}, {ok[2]} | "
+                        f"{per[0]:.0f} / {per[1]:.0f} ms ({max(per) / min(per):.3f}) |"
+                    )
+            if any("-reuse" in mode for mode in modes):
+                pass_anatomy(
+                    client, anatomy, bounds, micro_rows,
+                    workers_only=f", memory reused ({kind} cluster)",
+                )  # fmt: skip
+    print(
+        "\n| messages | m | busy a microbatch (ms), stage 0 / 1 (ratio) | of it CPU | of it "
+        "waiting for a core | at the median passes (F + B) | above the median passes | other "
+        "processes' CPU a step (ms) | steal a step (ms) | forward-backward span (ms) |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for (label, m), found in machine.items():
+        split = [_busy_split(usage[(label, m, s, "F")], usage[(label, m, s, "B")]) for s in (0, 1)]
+        busy = [b[0] for b in split]
+        others, steal = np.median(np.array(found), axis=0) * 1e3
+        print(
+            f"| {label} | {m} | {busy[0]:.0f} / {busy[1]:.0f} ({max(busy) / min(busy):.3f}) | "
+            + " | ".join(f"{split[0][k]:.0f} / {split[1][k]:.0f}" for k in (1, 2, 3, 4))
+            + f" | {others:.0f} | {steal:.0f} | {span_ms[(label, m)]:.0f} |"
+        )
     print(
         "\n| messages | m | stage | idle | formula | + stage costs | + pass variation | "
         "+ handover | mean forward / backward (ms) |"
@@ -616,11 +808,31 @@ def bubble(
     )
     print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |")
     for (messages, m, s, kind), found in sorted(usage.items()):
-        wall, cpu, faults = np.median(np.array(found), axis=0)
+        wall, cpu, faults = np.median(np.array(found)[:, :3], axis=0)
         print(
             f"| {messages} | {m} | {s} | {kind} | {wall * 1e3:.1f} | {cpu * 1e3:.1f} | "
             f"{wall / cpu:.2f} | {faults:.0f} |"
         )
+    print(
+        "\n| messages | m | stage | pass | passes | wall ms min / median / max | CPU ms min / "
+        "median / max | wall / CPU | involuntary switches (most) | migrations (most) |"
+    )
+    print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for (messages, m, s, kind), found in sorted(usage.items()):
+        print(_spread_row(f"{messages} | {m} | {s} | {kind}", found))
+    print(
+        "\n| messages | m | stage | collections in passes a step (ms) | CPU of the worker's "
+        "other threads a step (ms) | anonymous huge pages (MiB) | task thread's migrations a "
+        "step |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for (messages, m), per_stage in placement.items():  # fmt: skip
+        for s, found in per_stage.items():
+            a = np.median(np.array(found), axis=0)
+            print(
+                f"| {messages} | {m} | {s} | {a[0]:.0f} ({a[1] * 1e3:.1f}) | {a[2] * 1e3:.0f} | "
+                f"{a[3] / 1024:.0f} | {a[4]:.0f} |"
+            )
     print(
         "\n(idle = formula + stage costs + pass variation + handover, medians of the steps: "
         "the stages' unequal mean passes, unequal passes of one stage and kind, and the time "
@@ -710,9 +922,23 @@ if __name__ == "__main__":
     parser.add_argument(
         "--bubble-messages",
         nargs="+",
-        default=["tasks", "posted", "posted-reuse"],
-        choices=["tasks", "posted", "posted-reuse"],
-        help="how the pipeline's messages travel (bubble)",
+        default=list(BUBBLE_MODES),
+        choices=[
+            f"{messages}{reuse}{pin}"
+            for messages in ("tasks", "posted")
+            for reuse in ("", "-reuse")
+            for pin in ("", "-pinned")
+        ],
+        help="how the pipeline's messages travel (bubble); -reuse: reuse_memory=True, -pinned: "
+        "pin_cores=True",
+    )
+    parser.add_argument(
+        "--bubble-clusters",
+        nargs="+",
+        default=["dask"],
+        choices=list(CLUSTERS),
+        help="clusters to run the modes on (bubble): dask = Dask's defaults, dasknn = "
+        "dasknn.runtime.cluster.local_cluster (worker profiler off)",
     )
     args = parser.parse_args()
     unknown = [name for name in args.sections if name not in SECTIONS]
@@ -726,6 +952,7 @@ if __name__ == "__main__":
                 args.bubble_steps,
                 tuple(args.bubble_m),
                 tuple(args.bubble_messages),
+                tuple(args.bubble_clusters),
             )
         else:
             SECTIONS[name]()

@@ -7,6 +7,7 @@ whole batch (float64, 1e-12); the bytes measured between workers with the formul
 from __future__ import annotations
 
 import itertools
+import os
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from dasknn.pipeline_parallel import (
     stage_order,
 )
 from dasknn.pruning import magnitude_masks
+from dasknn.runtime.affinity import pinned_core
 from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.keys import parse_pipeline_key, pipeline_key
 from dasknn.runtime.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
@@ -368,9 +370,9 @@ def test_posted_messages_run_a_task_per_stage_and_time_every_pass(client4):
         events, usage = step[(s, 0)]["events"], step[(s, 0)]["usage"]
         passes = [(kind, u) for kind, u, _, _ in events if kind in "FB"]
         assert passes == stage_order("1f1b", 3, s, 4)
-        assert [(kind, u) for kind, u, _, _ in usage] == [(kind, u) for kind, u, _, _ in events]
-        for (_, _, start, end), (_, _, cpu, faults) in zip(events, usage, strict=True):
-            assert 0 <= cpu <= end - start + 1e-3 and faults >= 0
+        assert [(kind, u) for kind, u, *_ in usage] == [(kind, u) for kind, u, _, _ in events]
+        for (_, _, start, end), (_, _, cpu, *counts) in zip(events, usage, strict=True):
+            assert 0 <= cpu <= end - start + 1e-3 and min(counts) >= 0 and len(counts) == 3
 
 
 def _plugin_names(dask_worker):
@@ -386,6 +388,34 @@ def test_reuse_memory_is_opt_in_and_removed_on_close(client4):
         loss = pipe.train_step(x, y, lr=0.1)
         assert loss == pytest.approx(reference.train_step(x, y, lr=0.1), abs=1e-12)
     assert not any(name in names for names in client4.run(_plugin_names).values())
+
+
+def _affinities(dask_worker):
+    """The distinct sets of cores the threads of the worker's process may run on."""
+    threads = [int(name) for name in os.listdir("/proc/self/task")]
+    return sorted({tuple(sorted(os.sched_getaffinity(t))) for t in threads})
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs os.sched_setaffinity")
+def test_pin_cores_binds_each_stage_worker_to_a_core_of_its_own_until_close(client4):
+    model, x, y = problem()
+    reference, _, _ = problem()
+    before = client4.run(_affinities)
+    with PipelineMLP(model, client4, stages=2, microbatches=2, pin_cores=True) as pipe:
+        loss = pipe.train_step(x, y, lr=0.1)  # the step starts task threads: they inherit it
+        pinned = client4.run(pinned_core)
+        during = client4.run(_affinities)
+        stage_workers = [pipe.workers[(s, 0)] for s in range(2)]
+    assert loss == pytest.approx(reference.train_step(x, y, lr=0.1), abs=1e-12)
+    cores = [pinned[address][0] for address in stage_workers]
+    allowed = sorted(set(before[stage_workers[0]][0]))
+    assert cores == [allowed[0], allowed[1 % len(allowed)]]
+    for address, core in zip(stage_workers, cores, strict=True):
+        assert during[address] == [(core,)]
+        assert all(threads == [core] for threads in pinned[address][1])
+    for address in set(pinned) - set(stage_workers):
+        assert pinned[address][0] is None and during[address] == before[address]
+    assert client4.run(_affinities) == before
 
 
 def test_bad_batches_raise_before_anything_is_scheduled(client4):

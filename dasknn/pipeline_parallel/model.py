@@ -31,6 +31,8 @@ from dasknn.pipeline_parallel.plan import layer_costs, split_stages
 from dasknn.pipeline_parallel.schedule import check_schedule
 from dasknn.pipeline_parallel.taskgraph import accumulate_dtype, build_step
 from dasknn.pipeline_parallel.timeline import IdleSources, handover_seconds, idle_sources
+from dasknn.runtime.affinity import PLUGIN_NAME as PIN_CORES_PLUGIN
+from dasknn.runtime.affinity import PinCores, host_slots
 from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.keys import new_token, pipeline_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
@@ -84,6 +86,12 @@ def _check_bounds(bounds, stages: int, n_layers: int) -> list[tuple[int, int]]:
             f"{n_layers} layers, got {bounds}"
         )
     return bounds
+
+
+def _by_replica(where: tuple[int, int]) -> tuple[int, int]:
+    """Stage replicas ``(s, d)`` ordered as ``workers`` lists them: replica, then stage."""
+    s, d = where
+    return d, s
 
 
 def balanced_bounds(model: CompressedMLP, stages: int) -> list[tuple[int, int]]:
@@ -211,6 +219,13 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
         passes' freed buffers are reused instead of coming back from the kernel as fresh pages
         (Dask's ``MALLOC_TRIM_THRESHOLD_`` otherwise returns them at once); process-wide, so
         off by default.
+    pin_cores : bool
+        Bind each stage worker's process, all its threads, to a core of its own
+        (:class:`~dasknn.runtime.affinity.PinCores`: the stage workers of one host take its
+        cores in the order of ``workers``), so the kernel does not move them or put two of them
+        on one core; restored on ``close()``. Off by default: where the client, the scheduler or
+        other work share the cores, the pinned workers cannot step aside (``docs/benchmarks.md``
+        gives the measured effect).
 
     Raises
     ------
@@ -237,6 +252,7 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
         bounds: Sequence[tuple[int, int]] | None = None,
         messages: str = "posted",
         reuse_memory: bool = False,
+        pin_cores: bool = False,
     ) -> None:
         if not isinstance(model, CompressedMLP):
             raise ValueError(f"model must be a CompressedMLP, got {type(model).__name__}")
@@ -248,6 +264,7 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
             raise ValueError(f"messages must be 'posted' or 'tasks', got {messages!r}")
         self.messages = messages
         self.reuse_memory = bool(reuse_memory)
+        self.pin_cores = bool(pin_cores)
         if self.stages > model.n_layers:
             raise ValueError(
                 f"{self.stages} stages for a network of {model.n_layers} layers: at most one per "
@@ -288,6 +305,7 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
         self.token = new_token()
         self.plugin_name = ws.plugin_name(self.token)
         self._memory_plugin = f"{REUSE_MEMORY_PLUGIN}-{self.token}"
+        self._cores_plugin = f"{PIN_CORES_PLUGIN}-{self.token}"
         self._nnz = model.nnz
         self._grad_sizes = [
             sum(
@@ -309,6 +327,9 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
     def _install(self, model: CompressedMLP) -> None:
         if self.reuse_memory:
             self.client.register_plugin(ReuseFreedMemory(), name=self._memory_plugin)
+        if self.pin_cores:
+            slots = host_slots(self.workers[key] for key in sorted(self.workers, key=_by_replica))
+            self.client.register_plugin(PinCores(slots), name=self._cores_plugin)
         layers = model.stack.layers
         activations = model.stack.activations
         for (s, d), address in self.workers.items():
@@ -354,6 +375,8 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
         self._postboxes.clear()
         if self.reuse_memory:
             self.client.unregister_worker_plugin(self._memory_plugin)
+        if self.pin_cores:
+            self.client.unregister_worker_plugin(self._cores_plugin)
         self._unregister()  # also forgets the transfer records of the model's own token
         for token in self._tokens:
             reset_transfers(self.client, token)

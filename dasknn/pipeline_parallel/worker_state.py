@@ -71,8 +71,9 @@ class StageState(WorkerPlugin):
         # the last stage's targets and delta factor per microbatch, for its backward pass
         self.targets: dict[tuple[int, int], tuple[np.ndarray, float]] = {}
         self.events: dict[int, list[tuple[str, int, float, float]]] = {}
-        # per step and pass: (kind, microbatch, CPU seconds of its thread, minor page faults)
-        self.usage: dict[int, list[tuple[str, int, float, int]]] = {}
+        # per step and pass: (kind, microbatch, CPU seconds of its thread, minor page faults,
+        # involuntary context switches, migrations between CPUs)
+        self.usage: dict[int, list[tuple[str, int, float, int, int, int]]] = {}
         # messages posted by the neighbouring stages (messages="posted")
         self.mailbox = Mailbox()
         # the latest step whose tasks drop_steps ended (a stage of it was lost)
@@ -97,19 +98,33 @@ class StageState(WorkerPlugin):
         self.mailbox.deliver(key, value)
 
     def record(self, step: int, kind: str, microbatch: int, start: tuple) -> None:
-        """Keep the pass's wall-clock start and end, and its thread's CPU time and minor page
-        faults since ``start`` (:func:`_clock`)."""
+        """Keep the pass's wall-clock start and end, and its thread's CPU time, minor page
+        faults, involuntary context switches and migrations since ``start`` (:func:`_clock`)."""
         end = _clock()
         self.events.setdefault(step, []).append((kind, microbatch, start[0], end[0]))
         self.usage.setdefault(step, []).append(
-            (kind, microbatch, end[1] - start[1], end[2] - start[2])
+            (kind, microbatch, *(b - a for a, b in zip(start[1:], end[1:], strict=True)))
         )
 
 
-def _clock() -> tuple[float, float, int]:
-    """Wall-clock seconds, the calling thread's CPU seconds and its minor page faults so far."""
-    faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
-    return time.perf_counter(), time.thread_time(), faults
+def _migrations() -> int:
+    """The calling thread's migrations between CPUs so far (``se.nr_migrations`` of
+    ``/proc/thread-self/sched``); 0 where the kernel does not report them."""
+    try:
+        with open("/proc/thread-self/sched") as sched:
+            for line in sched:
+                if line.startswith("se.nr_migrations"):
+                    return int(line.split(":")[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _clock() -> tuple[float, float, int, int, int]:
+    """Wall-clock seconds, and the calling thread's CPU seconds, minor page faults, involuntary
+    context switches and migrations between CPUs so far."""
+    usage = resource.getrusage(resource.RUSAGE_THREAD)
+    return time.perf_counter(), time.thread_time(), usage.ru_minflt, usage.ru_nivcsw, _migrations()
 
 
 def _state(token: str) -> StageState:
@@ -387,7 +402,8 @@ def snapshot_stage(dask_worker, token: str) -> dict:
 
 def read_step(dask_worker, token: str, step: int) -> dict:
     """For ``Client.run``: the passes of ``step`` on this worker (``events``: kind, microbatch,
-    start, end; ``usage``: kind, microbatch, CPU seconds of the thread, minor page faults), and
+    start, end; ``usage``: kind, microbatch, CPU seconds of the thread, minor page faults,
+    involuntary context switches, migrations between CPUs), and
     the most microbatches it held at once (``peak``)."""
     state = dask_worker.plugins[plugin_name(token)]
     return {
