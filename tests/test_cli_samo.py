@@ -4,6 +4,7 @@ here), the planner's choice under ``--memory-limit``, and its input errors."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import numpy as np
@@ -58,8 +59,12 @@ def test_save_writes_the_trained_model_that_load_reads(dask_client, tmp_path, ca
     saved = tmp_path / "pruned.npz"
     stats, text = run_samo(
         dask_client, tmp_path, capsys, "--dense-epochs", "0", "--stages", "2",
-        "--microbatches", "2", "--save", str(saved),
+        "--microbatches", "2", "--save", str(saved), "--pin-cores",
     )  # fmt: skip
+    pinned = stats["pinned_cores"]  # read on the stage workers while the pipeline was open
+    allowed = os.sched_getaffinity(0)
+    assert len(pinned) == 2 and set(pinned.values()) <= allowed
+    assert len(set(pinned.values())) == min(2, len(allowed))
     model = CompressedMLP.load(saved)
     assert model.layer_sizes == SIZES and model.nnz == stats["nnz"]
     assert model.steps_ == stats["steps"] and model.optimizer == Adam(lr=1e-3)

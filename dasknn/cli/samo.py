@@ -30,6 +30,7 @@ from dasknn.pipeline_parallel import (
     plan_parallelism,
 )
 from dasknn.pruning import EarlyBird, magnitude_masks
+from dasknn.runtime.affinity import pinned_core
 from dasknn.runtime.cluster import open_client
 from graph.atomic import check_output_path, write_text_atomically
 
@@ -91,6 +92,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--schedule", choices=SCHEDULES, default="gpipe")
     parser.add_argument(
+        "--pin-cores",
+        action="store_true",
+        help="bind each stage worker's process to a core of its own while training (for "
+        "machines whose cores the workers do not share with other work)",
+    )
+    parser.add_argument(
+        "--reuse-memory",
+        action="store_true",
+        help="keep the passes' freed buffers in the worker processes for reuse (glibc; "
+        "process-wide, stays after the run)",
+    )
+    parser.add_argument(
         "--workers",
         type=int,
         default=2,
@@ -108,6 +121,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "CompressedMLP.load reads it) to this .npz file",
     )
     parser.set_defaults(func=run)
+
+
+def _pinned_cores(client, pipe: PipelineMLP) -> dict[str, int | None]:
+    """The core each stage worker is bound to, read on the workers."""
+    stage_workers = sorted(set(pipe.workers.values()))
+    return {
+        address: core
+        for address, (core, _threads) in client.run(pinned_core, workers=stage_workers).items()
+    }
 
 
 def _layer_sizes(hidden: str) -> list[int]:
@@ -254,6 +276,8 @@ def run(args: argparse.Namespace) -> int:
                 microbatches=args.microbatches,
                 schedule=args.schedule,
                 bounds=plan.bounds,
+                pin_cores=args.pin_cores,
+                reuse_memory=args.reuse_memory,
             )
         )
 
@@ -301,6 +325,8 @@ def run(args: argparse.Namespace) -> int:
             },
             "microbatches": args.microbatches,
             "schedule": args.schedule,
+            "reuse_memory": args.reuse_memory,
+            "pinned_cores": _pinned_cores(client, pipe) if args.pin_cores else None,
             "batch_size": args.batch_size,
             "epochs": epochs,
             "steps": steps,
