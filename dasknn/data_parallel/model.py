@@ -51,7 +51,7 @@ __all__ = ["DataParallelEmbeddingMLP", "data_parallel"]
 SEARCH_MODES = ("model", "brute-force")
 MESSAGES = ("posted", "tasks")
 #: Consecutive training steps of ``fit`` per submitted task under ``messages="posted"``.
-DEFAULT_STEPS_PER_TASK = 10
+DEFAULT_STEPS_PER_TASK = 20
 
 
 class _Placement:
