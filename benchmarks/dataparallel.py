@@ -25,7 +25,9 @@ candidates a step; the output table is then a sparse variable), in dasknn and in
 median; ``--search-repeats`` brute-force passes), and prints both. ``--architectures`` runs a
 subset of the dasknn architectures; ``--messages tasks posted`` runs each of them with a task
 graph per step and with one task per worker and posted messages (``messages=`` of the model;
-the search uses the last one named). ``--ddp-kinds sparse`` runs DDP-sparse only. ``--learn``
+the search uses the last one named; ``--steps-per-task K ...`` runs the posted mode once for
+each ``steps_per_task=K`` of the model, labelled ``posted/kK``). ``--ddp-kinds sparse`` runs
+DDP-sparse only. ``--learn``
 trains a next-word model on the prose corpus with the hybrid architecture and in one process,
 and prints the held-out perplexity of both and of the unigram distribution per epoch.
 
@@ -122,15 +124,27 @@ def with_output(setup: dict, args) -> dict:
 
 # ------------------------------------------------------------------ dasknn
 def run_dasknn(
-    client, setup: dict, arch: str, shards: int, warmup: int, messages: str = "tasks"
+    client,
+    setup: dict,
+    arch: str,
+    shards: int,
+    warmup: int,
+    messages: str = "tasks",
+    steps_per_task: int | None = None,
 ) -> dict:
     from dasknn.data_parallel import data_parallel
     from dasknn.optim import SGD
 
     optimizer = SGD(lr=0.05)
     batches = setup["batches"]
+    per_task = {} if steps_per_task is None else {"steps_per_task": steps_per_task}
     with data_parallel(
-        make_model(setup), client, architecture=arch, sparse_partitions=shards, messages=messages
+        make_model(setup),
+        client,
+        architecture=arch,
+        sparse_partitions=shards,
+        messages=messages,
+        **per_task,
     ) as dp:
         for X, y in batches[:warmup]:
             dp.train_step(X, y, optimizer=optimizer)
@@ -382,6 +396,7 @@ def main() -> None:
         "--architectures", nargs="+", default=list(ARCHITECTURES), choices=ARCHITECTURES
     )
     parser.add_argument("--messages", nargs="+", default=["tasks"], choices=["tasks", "posted"])
+    parser.add_argument("--steps-per-task", type=int, nargs="+", default=None)
     parser.add_argument("--learn", action="store_true")
     parser.add_argument("--learn-windows", type=int, default=60000)
     parser.add_argument("--learn-epochs", type=int, default=5)
@@ -416,6 +431,15 @@ def main() -> None:
         have_torch = False
     from distributed import Client
 
+    # (messages, steps_per_task, label suffix) of every dasknn run
+    variants = []
+    for messages in args.messages:
+        if messages == "tasks":
+            variants.append((messages, None, ""))
+        elif args.steps_per_task is None:
+            variants.append((messages, None, "/posted"))
+        else:
+            variants += [(messages, k, f"/posted/k{k}") for k in args.steps_per_task]
     for name in args.models:
         setup = zipf_setup(args.steps) if name == "zipf" else corpus_setup(args.steps)
         setup = with_output(setup, args)
@@ -436,10 +460,16 @@ def main() -> None:
             with NetCluster(workers=n, rate=args.rate, env=env) as cluster:
                 with Client(cluster.address) as client:
                     for arch in args.architectures:
-                        for messages in args.messages:
-                            label = arch if messages == "tasks" else f"{arch}/posted"
+                        for messages, per_task, suffix in variants:
+                            label = f"{arch}{suffix}"
                             rows[label] = run_dasknn(
-                                client, setup, arch, args.shards or n, args.warmup, messages
+                                client,
+                                setup,
+                                arch,
+                                args.shards or n,
+                                args.warmup,
+                                messages,
+                                per_task,
                             )
                             r = rows[label]
                             print(
@@ -472,7 +502,7 @@ def main() -> None:
                                 f"{batch / r['seconds']:9.0f} windows/s",
                                 flush=True,
                             )
-            for suffix in ("", "/posted"):
+            for _, _, suffix in variants:
                 if f"hybrid{suffix}" not in rows:
                     continue
                 hyb = rows[f"hybrid{suffix}"]["seconds"]
@@ -485,6 +515,9 @@ def main() -> None:
                     ]
                 if suffix and "hybrid" in rows:
                     ratios.append(f"{rows['hybrid']['seconds'] / hyb:.2f}x hybrid (tasks)")
+                if suffix != variants[0][2] and f"hybrid{variants[0][2]}" in rows:
+                    first = rows[f"hybrid{variants[0][2]}"]["seconds"]
+                    ratios.append(f"{first / hyb:.2f}x hybrid{variants[0][2]}")
                 for label in ("DDP-sparse", "DDP-dense"):
                     if label in rows:
                         ratios.append(f"{rows[label]['seconds'] / hyb:.2f}x {label}")

@@ -9,7 +9,7 @@ import gc
 import dask
 import numpy as np
 import pytest
-from distributed import Client
+from distributed import Client, get_task_stream
 from plugin_checks import key_cache_bound_count
 
 from dasknn.data_parallel import data_parallel
@@ -289,6 +289,33 @@ def test_dense_gradient_rides_the_sparse_messages(client4, n, shards, messages):
         assert carried > 0
 
 
+@pytest.mark.parametrize("per_task", [1, 2, 5])
+def test_fit_runs_steps_per_task_as_one_process(client4, per_task):
+    """``messages="posted"``: each worker's task runs ``steps_per_task`` consecutive steps of
+    ``fit`` (5 steps: 5, 3 and 1 submissions), prefetching inside the task and across tasks;
+    the steps are those of one process, and the bytes stay per step and equal the prediction."""
+    workers = sorted(scheduler_workers(client4))[:3]
+    model = EmbeddingMLP(V, C, D, hidden=(4,), combine="sum", dtype=np.float64, seed=7)
+    rng = np.random.default_rng(8)
+    X, y = rng.integers(0, V, (23, C)), rng.integers(0, V, 23)
+    optimizer = SGD(lr=0.3, momentum=0.5)
+    want = model.copy().fit(X, y, batch_size=5, seed=3, optimizer=optimizer, record_batches=True)
+    with data_parallel(
+        model, client4, sparse_partitions=3, workers=workers, steps_per_task=per_task
+    ) as dp:
+        with get_task_stream(client4) as stream:
+            dp.fit(X, y, batch_size=5, seed=3, optimizer=optimizer, record_batches=True)
+        _assert_same(dp.gather(), want, 1e-9)
+        report = dp.comm_report()
+    assert dp.batch_loss_curve_ == pytest.approx(want.batch_loss_curve_, rel=1e-9)
+    runs = [task for task in stream.data if "'run'" in str(task["key"])]
+    assert len(runs) == len(workers) * -(-STEPS // per_task)
+    assert report.matches(), str(report)
+    assert report.steps == STEPS
+    pushes = [v[1] for k, v in report.measured.items() if k[:2] == ("sparse", "push")]
+    assert sum(pushes) == STEPS * len(workers) * (len(workers) - 1)  # one per chief and server
+
+
 def test_fit_while_the_client_refreshes_its_scheduler_info(client4):
     """The model looks for lost workers before every step. A client refreshing its cached
     scheduler info every 2 ms (a read of the cache that overlaps a refresh sees no worker, as
@@ -427,6 +454,9 @@ def test_bad_input_before_anything_is_scheduled(client4):
         ({"search_steps": 2, "search_warmup": 2}, "must exceed"),
         ({"search_mode": "grid"}, "search_mode"),
         ({"messages": "actors"}, "unknown messages"),
+        ({"steps_per_task": 0}, "steps_per_task"),
+        ({"steps_per_task": 1.5}, "steps_per_task"),
+        ({"messages": "tasks", "steps_per_task": 2}, "steps_per_task"),
     ]
     plugins_before = _plugin_names(client4)
     for kwargs, match in bad:
@@ -460,20 +490,26 @@ def _exit_soon():
     threading.Timer(0.2, os._exit, (1,)).start()
 
 
-@pytest.mark.parametrize("messages", MESSAGES)
-def test_lost_worker_is_named_with_its_shards(messages):
+@pytest.mark.parametrize("messages,per_task", [("tasks", 1), ("posted", 1), ("posted", 5)])
+def test_lost_worker_is_named_with_its_shards(messages, per_task):
+    """A worker lost during ``train_step`` or, with 5 steps per task, during ``fit``."""
     model = EmbeddingMLP(V, C, D, hidden=(4,))
     X, y = next(iter(_batches(2)))
     with local_cluster(2) as cluster, Client(cluster) as client:
-        with data_parallel(model, client, sparse_partitions=4, messages=messages) as dp:
+        with data_parallel(
+            model, client, sparse_partitions=4, messages=messages, steps_per_task=per_task
+        ) as dp:
             dp.train_step(X, y, lr=0.1)
             victim = dp.workers[1]
             client.run(_exit_soon, workers=[victim])
             with pytest.raises(
                 RuntimeError, match=r"worker .* \(held shards \[1, 3\] of the embedding"
             ):
-                for _ in range(50):
-                    dp.train_step(X, y, lr=0.1)
+                if per_task == 1:
+                    for _ in range(50):
+                        dp.train_step(X, y, lr=0.1)
+                else:
+                    dp.fit(np.tile(X, (50, 1)), np.tile(y, 50), batch_size=len(y), lr=0.1)
     # the step's gather was cancelled: distributed's inner wait tasks end later with an error
     # nobody retrieves, logged (with a formatted traceback) when collected; collect them here,
     # not inside some later ast.parse, where CPython 3.11.7's AST converter fails with

@@ -50,6 +50,8 @@ __all__ = ["DataParallelEmbeddingMLP", "data_parallel"]
 
 SEARCH_MODES = ("model", "brute-force")
 MESSAGES = ("posted", "tasks")
+#: Consecutive training steps of ``fit`` per submitted task under ``messages="posted"``.
+DEFAULT_STEPS_PER_TASK = 20
 
 
 class _Placement:
@@ -131,6 +133,11 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         ``"tasks"``: one Dask task per piece of work and message of the step
         (:mod:`dasknn.data_parallel.hybrid`), every message a task result the scheduler hands
         on.
+    steps_per_task : int, optional
+        ``messages="posted"``: how many consecutive steps of ``fit`` each worker's task runs
+        (one submission and one gather for all of them; the search and ``train_step`` run one
+        step a task). Default :data:`DEFAULT_STEPS_PER_TASK` under ``"posted"``, 1 under
+        ``"tasks"``, which takes no other value.
 
     Raises
     ------
@@ -151,6 +158,7 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         search_warmup: int = 2,
         search_mode: str = "model",
         messages: str = "posted",
+        steps_per_task: int | None = None,
     ) -> None:
         if not isinstance(model, EmbeddingMLP):
             raise ValueError(f"model must be an EmbeddingMLP, got {type(model).__name__}")
@@ -167,6 +175,14 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         if messages not in MESSAGES:
             raise ValueError(f"unknown messages {messages!r}; expected one of {MESSAGES}")
         self.messages = messages
+        if steps_per_task is None:
+            steps_per_task = DEFAULT_STEPS_PER_TASK if messages == "posted" else 1
+        self.steps_per_task = _check_count("steps_per_task", steps_per_task, 1)
+        if messages == "tasks" and self.steps_per_task != 1:
+            raise ValueError(
+                f'steps_per_task must be 1 under messages="tasks" (one graph a step), '
+                f"got {steps_per_task!r}"
+            )
         self.search_steps = _check_count("search_steps", search_steps, 1)
         self.search_warmup = _check_count("search_warmup", search_warmup, 0)
         if self.search_steps <= self.search_warmup:
@@ -215,9 +231,7 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         self._search: SearchReport | None = None
         self._step = 0
         self.steps_ = model.steps_
-        #: The batch ``fit`` will train on after the current step, and the plan of the step
-        #: whose rows the last step prefetched.
-        self._next_batch: tuple | None = None
+        #: The plan of the step whose rows the last step prefetched.
         self._prefetched = None
         self._version = 0
         self._gathered: tuple[int, EmbeddingMLP] | None = None
@@ -360,42 +374,58 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
             s, self.topology, self.shard_maps, ids, labels, candidates, self.architecture
         )
 
-    def _run_step(
-        self, ids: np.ndarray, labels: np.ndarray, optimizer: Optimizer, upcoming=None
-    ) -> float:
-        """One step on ``(ids, labels)``; with ``upcoming``, the next step's ``(ids, labels)``,
-        the servers send the chiefs its rows at the end of this one (``hybrid``, ``ps``)."""
+    def _step_graphs(self, batches: list, optimizer: Optimizer, after) -> tuple:
+        """The plans and graphs of consecutive steps on ``batches`` (``[(ids, labels), ...]``),
+        and the plan of the step whose rows the last one prefetches: each step prefetches the
+        rows of the next, the last those of ``after`` (the ``(ids, labels)`` of the step after
+        it) if given (``hybrid``, ``ps``; ``None`` otherwise)."""
+        plans = [self._plan(ids, y, self.steps_ + k) for k, (ids, y) in enumerate(batches)]
+        following = plans[1:] + [None]
+        if after is not None:
+            following[-1] = self._plan(*after, self.steps_ + len(batches))
+        prefetched, graphs = self._prefetched, []
+        for k, (plan, next_plan) in enumerate(zip(plans, following, strict=True)):
+            if self.architecture not in ("hybrid", "ps"):
+                next_plan = None
+            ctx = StepContext(
+                token=self.token,
+                step=self._step + 1 + k,
+                spec=self.spec,
+                architecture=self.architecture,
+                optimizer=optimizer,
+                denominator=batches[k][0].shape[0],
+                shards=self.shard_maps,
+            )
+            same = prefetched is not None and _same_rows(prefetched, plan)
+            graphs.append(build_step(ctx, self.topology, plan, self.dense_servers, same, next_plan))
+            prefetched = next_plan
+        return plans, graphs, prefetched
+
+    def _run_steps(self, batches: list, optimizer: Optimizer, after=None) -> list[float]:
+        """Consecutive steps on ``batches`` (``[(ids, labels), ...]``) in one submission (one
+        batch under ``messages="tasks"``); with ``after``, the next step's ``(ids, labels)``,
+        the servers send the chiefs its rows at the end of the last one (``hybrid``, ``ps``).
+        Returns each step's mean loss."""
         error = self._lost_workers_error()
         if error is not None:
             raise error
-        plan = self._plan(ids, labels, self.steps_)
-        prefetched, self._prefetched = self._prefetched, None
-        prefetched = prefetched is not None and _same_rows(prefetched, plan)
-        next_plan = None
-        if upcoming is not None and self.architecture in ("hybrid", "ps"):
-            next_plan = self._plan(*upcoming, self.steps_ + 1)
-        self._step += 1
-        ctx = StepContext(
-            token=self.token,
-            step=self._step,
-            spec=self.spec,
-            architecture=self.architecture,
-            optimizer=optimizer,
-            denominator=ids.shape[0],
-            shards=self.shard_maps,
-        )
-        graph = build_step(ctx, self.topology, plan, self.dense_servers, prefetched, next_plan)
-        tasks, outputs = graph.tasks, graph.outputs
+        plans, graphs, prefetched = self._step_graphs(batches, optimizer, after)
+        steps = list(range(self._step + 1, self._step + 1 + len(batches)))
         if self.messages == "posted":
-            programs = worker_programs(tasks, outputs, len(self.workers))
+            programs = [
+                worker_programs(graph.tasks, graph.outputs, len(self.workers)) for graph in graphs
+            ]
             boxes = [box.key for box in self._postboxes]
-            tasks, outputs = program_tasks(self.token, self._step, programs, boxes)
+            tasks, outputs = program_tasks(self.token, steps, programs, boxes)
+        else:
+            (graph,) = graphs
+            tasks, outputs = graph.tasks, graph.outputs
         with dask.annotate(workers=self._placement, allow_other_workers=False):
             futures = self.client.get(tasks, outputs, sync=False)
         # a task pinned to a lost worker, or a result held by one, would be waited for for ever:
         # look at the workers every second while the results are gathered
         try:
-            losses = run_naming_loss(
+            results = run_naming_loss(
                 self.client,
                 self.client.gather(futures, asynchronous=True),
                 math.inf,
@@ -406,20 +436,27 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         except BaseException:
             self._clear_mailboxes()
             raise
-        if self.messages == "posted":  # each worker's task: the values of its outputs
-            losses = [value for values in losses for value in values]
-        for key, counter in graph.predicted.items():
-            total = self.predicted[key]
-            total[0] += counter[0]
-            total[1] += counter[1]
-        for key, nbytes in graph.carried.items():
-            self.carried[key] += nbytes
-        self.stats.record(plan)
+        if self.messages == "posted":  # each worker's task: per step, the values of its outputs
+            per_step = [[v for worker in results for v in worker[k]] for k in range(len(steps))]
+        else:
+            per_step = [results]
+        for graph, plan in zip(graphs, plans, strict=True):
+            for key, counter in graph.predicted.items():
+                total = self.predicted[key]
+                total[0] += counter[0]
+                total[1] += counter[1]
+            for key, nbytes in graph.carried.items():
+                self.carried[key] += nbytes
+            self.stats.record(plan)
+        self._step += len(batches)
         self._version += 1
-        self.steps_ += 1
+        self.steps_ += len(batches)
         self.optimizer = optimizer
-        self._prefetched = next_plan
-        return float(sum(losses)) / ids.shape[0]
+        self._prefetched = prefetched
+        return [
+            float(sum(losses)) / ids.shape[0]
+            for losses, (ids, _) in zip(per_step, batches, strict=True)
+        ]
 
     def _clear_mailboxes(self) -> None:
         """End the waits of a failed step on the workers still present (``"posted"``)."""
@@ -455,15 +492,17 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
             "gone: close it and start again from a gathered copy"
         )
 
-    def _upcoming(self, ids: np.ndarray, labels: np.ndarray) -> None:
-        self._next_batch = (ids, labels)
+    def _steps_per_call(self) -> int:
+        return self.steps_per_task
 
     def _train_batch(self, ids: np.ndarray, labels: np.ndarray, optimizer: Optimizer) -> float:
+        return self._train_batches([(ids, labels)], None, optimizer)[0]
+
+    def _train_batches(self, batches: list, after, optimizer: Optimizer) -> list[float]:
         self._check_open()
-        upcoming, self._next_batch = self._next_batch, None
         if self._search_pending:
-            self.search(ids, labels, optimizer=optimizer)
-        return self._run_step(ids, labels, optimizer, upcoming)
+            self.search(*batches[0], optimizer=optimizer)
+        return self._run_steps(batches, optimizer, after)
 
     def _logits(self, ids: np.ndarray) -> np.ndarray:
         return self._gathered_model()._logits(ids)
@@ -479,7 +518,7 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         for k in range(self.search_steps):
             start = time.perf_counter()
             last = k == self.search_steps - 1
-            self._run_step(ids, labels, optimizer, None if last else (ids, labels))
+            self._run_steps([(ids, labels)], optimizer, None if last else (ids, labels))
             times.append(time.perf_counter() - start)
         return float(np.median(times[self.search_warmup :]))
 

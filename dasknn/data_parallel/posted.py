@@ -6,19 +6,22 @@ worker its key names as sender. :func:`worker_programs` cuts it into one
 :class:`WorkerProgram` per worker: that worker's tasks in one order that every worker follows
 (a topological order of the whole graph, so no worker waits for a message a later task of its
 own would make), which of their values go to which other workers, and which values the program
-returns. :func:`run_program` is the one task a worker runs for a step: it runs the tasks one
-after the other, takes the values made elsewhere from the model's mailbox
+returns. :func:`run_programs` is the one task a worker runs for one or more consecutive steps
+(``steps_per_task`` of the model): it runs each step's program, the tasks one after the other,
+takes the values made elsewhere from the model's mailbox
 (:class:`~dasknn.runtime.postbox.Mailbox`) and posts each value another worker reads to that
 worker's :class:`~dasknn.runtime.postbox.Postbox` actor, which reports its bytes to the transfer
-monitor as Dask's own transfers are reported. The scheduler sees ``N`` tasks a step.
+monitor as Dask's own transfers are reported. Every message keeps the key of its own step, so
+the monitor's records are per step whatever the steps per task. The scheduler sees ``N`` tasks
+per submission.
 
-A program returns without waiting for its posts to be acknowledged: every posted value is
-taken by its reader's program of the same step, so the step's results, all gathered, imply
-that every post arrived. The worker's next program waits for those of its last posts that are
-not acknowledged yet, raising a failed one's error (``ActorFuture.result`` is a round trip
-through the worker's event loop, about 1 ms each on a loaded machine, so the acknowledged ones
-are not asked again: a post that failed before its acknowledgement shows instead as the
-message its reader waits for, up to :data:`~dasknn.runtime.postbox.MESSAGE_TIMEOUT`).
+A task returns without waiting for its posts to be acknowledged: every posted value is taken
+by its reader's program of the same step, so the results, all gathered, imply that every post
+arrived. The worker's next task waits for those of the last task's posts that are not
+acknowledged yet, raising a failed one's error (``ActorFuture.result`` is a round trip through
+the worker's event loop, about 1 ms each on a loaded machine, so the acknowledged ones are not
+asked again: a post that failed before its acknowledgement shows instead as the message its
+reader waits for, up to :data:`~dasknn.runtime.postbox.MESSAGE_TIMEOUT`).
 
 A program that fails posts the error to every other worker of the step (under their
 ``failed`` key), whose waits then raise it too.
@@ -37,7 +40,7 @@ from dasknn.data_parallel.worker_state import replica_state
 from dasknn.runtime.keys import dp_key, parse_dp_key
 from dasknn.runtime.postbox import StepFailed
 
-__all__ = ["WorkerProgram", "program_tasks", "run_program", "worker_programs"]
+__all__ = ["WorkerProgram", "program_tasks", "run_programs", "worker_programs"]
 
 #: Seconds a failing program waits for each other worker to be told.
 FAILURE_POST_TIMEOUT = 10.0
@@ -137,16 +140,18 @@ def _topological(tasks: dict) -> list:
 
 
 def program_tasks(
-    token: str, step: int, programs: list[WorkerProgram], postboxes: list[str]
+    token: str, steps: list[int], programs: list[list[WorkerProgram]], postboxes: list[str]
 ) -> tuple[dict, list]:
-    """The step as ``{key: Task}`` of one :func:`run_program` task per worker (each placed on
-    its worker by its key's sender), and their keys in worker order; ``postboxes[w]`` is the key
-    of worker ``w``'s postbox actor."""
+    """Consecutive steps ``steps`` as ``{key: Task}`` of one :func:`run_programs` task per
+    worker (each placed on its worker by its key's sender), and their keys in worker order.
+    ``programs[k]`` are the programs of step ``steps[k]`` (one per worker); ``postboxes[w]`` is
+    the key of worker ``w``'s postbox actor."""
     boxes = List(*(TaskRef(key) for key in postboxes))
     tasks = {}
-    for program in programs:
-        key = dp_key(token, step, STEP, "run", program.worker, program.worker)
-        tasks[key] = Task(key, run_program, token, step, program, boxes)
+    for worker in range(len(programs[0])):
+        key = dp_key(token, steps[0], STEP, "run", worker, worker)
+        mine = [step_programs[worker] for step_programs in programs]
+        tasks[key] = Task(key, run_programs, token, list(steps), mine, boxes)
     return tasks, list(tasks)
 
 
@@ -155,29 +160,35 @@ def _failed_key(token: str, step: int, worker: int) -> tuple:
     return dp_key(token, step, STEP, "failed", worker, worker)
 
 
-def run_program(token: str, step: int, program: WorkerProgram, postboxes: list) -> list:
-    """Task: run ``program`` on its worker (see the module docstring); returns the values of
-    its outputs. ``postboxes[w]`` is worker ``w``'s postbox."""
+def run_programs(token: str, steps: list[int], programs: list, postboxes: list) -> list[list]:
+    """Task: run ``programs[k]`` (step ``steps[k]``) on its worker, one step after the other
+    (see the module docstring); returns, per step, the values of its program's outputs.
+    ``postboxes[w]`` is worker ``w``'s postbox. The posts of the task before are waited for
+    first; the posts of these steps are left for the next task to wait for."""
     state = replica_state(token)
-    state.mailbox.drop(lambda key: parse_dp_key(key).step >= step)
     address = get_worker().address
-    failed = _failed_key(token, step, program.worker)
-    values: dict = {}
-    posts, state.posts = state.posts, []
-    try:
-        state.mailbox.wait_posted([post for post in posts if not post.done()])
-        posts = state.posts
-        for task in program.tasks:
-            for key in task.dependencies:
-                if key not in values:
-                    values[key] = state.mailbox.take(key, failed)
-            values[task.key] = value = task({key: values[key] for key in task.dependencies})
-            for receiver in program.sends.get(task.key, ()):
-                posts.append(postboxes[receiver].post(task.key, address, value))
-    except BaseException as error:
-        _tell_others(token, step, program.worker, address, postboxes, error)
-        raise
-    return [values[key] for key in program.outputs]
+    earlier, state.posts = state.posts, []
+    results = []
+    for step, program in zip(steps, programs, strict=True):
+        state.mailbox.drop(lambda key, step=step: parse_dp_key(key).step >= step)
+        failed = _failed_key(token, step, program.worker)
+        values: dict = {}
+        try:
+            if earlier:
+                state.mailbox.wait_posted([post for post in earlier if not post.done()])
+                earlier = []
+            for task in program.tasks:
+                for key in task.dependencies:
+                    if key not in values:
+                        values[key] = state.mailbox.take(key, failed)
+                values[task.key] = value = task({key: values[key] for key in task.dependencies})
+                for receiver in program.sends.get(task.key, ()):
+                    state.posts.append(postboxes[receiver].post(task.key, address, value))
+        except BaseException as error:
+            _tell_others(token, step, program.worker, address, postboxes, error)
+            raise
+        results.append([values[key] for key in program.outputs])
+    return results
 
 
 def _tell_others(token, step, worker, address, postboxes, error) -> None:

@@ -102,7 +102,8 @@ def compute(ctx: StepContext, batch: WorkerBatch, *values) -> np.ndarray | None:
     servers, from this worker's scratch (the chief of a one-worker machine); then the dense
     variables' values under ``ps``. Keeps the batch, the gradients and the loss in the scratch;
     returns the gradients of the dense variables as one flat buffer (:data:`DENSE`) for the
-    allreduce or the servers' reduction, ``None`` under ``ps`` or without dense variables.
+    allreduce or the servers' reduction, ``None`` under ``ps`` or without dense variables. The
+    pass's temporaries are kept in the worker's workspace from one step to the next.
     """
     _forget_earlier_steps(ctx)
     scratch = _scratch(ctx)
@@ -115,6 +116,9 @@ def compute(ctx: StepContext, batch: WorkerBatch, *values) -> np.ndarray | None:
         elif rows[name] is None:
             rows[name] = _scratch(ctx, name)["rows"]
     dense = _dense_values(ctx, values[len(sparse) :])
+    sizes = [int(np.prod(shape)) for shape in ctx.spec.dense_shapes()]
+    scratch["dense_grad"] = flat = np.empty(sum(sizes), dtype=ctx.spec.dtype)
+    workspace = replica_state(ctx.token).workspace
     if ctx.spec.sampled:
         loss, grads, grad_rows, grad_output = sampled_batch_gradients(
             ctx.spec,
@@ -125,6 +129,8 @@ def compute(ctx: StepContext, batch: WorkerBatch, *values) -> np.ndarray | None:
             rows[SOFTMAX],
             batch.output,
             ctx.denominator,
+            workspace,
+            flat,
         )
         sparse_grads = {EMBEDDING: grad_rows, SOFTMAX: grad_output}
     else:
@@ -136,6 +142,8 @@ def compute(ctx: StepContext, batch: WorkerBatch, *values) -> np.ndarray | None:
             dense[0::2],
             dense[1::2],
             ctx.denominator,
+            workspace,
+            flat,
         )
         sparse_grads = {EMBEDDING: grad_rows}
     scratch["loss"] = loss
@@ -157,12 +165,10 @@ def sparse_gradient(ctx: StepContext, variable: str, _computed) -> np.ndarray:
 
 
 def dense_gradient(ctx: StepContext, variable: str, _computed) -> np.ndarray:
-    """This worker's gradient of a dense variable, or of all of them flattened into one buffer
-    for :data:`DENSE` (after :func:`compute`)."""
-    grads = _scratch(ctx)["grads"]
-    if variable == DENSE:
-        return np.concatenate([grads[name].reshape(-1) for name in ctx.spec.dense_names()])
-    return grads[variable]
+    """This worker's gradient of a dense variable, or of all of them as one flat buffer for
+    :data:`DENSE` (after :func:`compute`, which wrote them into that buffer)."""
+    scratch = _scratch(ctx)
+    return scratch["dense_grad"] if variable == DENSE else scratch["grads"][variable]
 
 
 def identity(value):

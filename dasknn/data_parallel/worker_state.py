@@ -9,7 +9,9 @@ it holds:
   optimizer state, identical on every worker (every replica takes the same step);
 - as a parameter server, the shards of the sparse variables it serves (``hybrid``, ``ps``)
   and, under ``ps``, the dense variables it serves, with their optimizer state;
-- the intermediate values of the step in flight (:attr:`scratch`), dropped when the step ends;
+- the intermediate values of the step in flight (:attr:`scratch`), dropped when the step ends,
+  and the :attr:`workspace` of the forward and backward pass's temporaries, kept from one step to
+  the next;
 - with ``messages="posted"``, the :attr:`mailbox` of the values other workers posted to it,
   and the :attr:`posts` it made in the last step (:mod:`dasknn.data_parallel.posted`).
 
@@ -25,6 +27,7 @@ import numpy as np
 from distributed import get_worker
 from distributed.diagnostics.plugin import WorkerPlugin
 
+from dasknn.model.embedding_network import Workspace
 from dasknn.optim import Optimizer, OptimizerSlots, ParamState
 from dasknn.runtime.postbox import Mailbox
 
@@ -74,6 +77,7 @@ class ReplicaState(WorkerPlugin):
 
     def setup(self, worker) -> None:
         self.replicas, self.shards, self.served, self.scratch = {}, {}, {}, {}
+        self.workspace = Workspace()
         self.mailbox = Mailbox()
         self.posts: list = []  # the posts of the last step, acknowledged or not
 

@@ -17,6 +17,12 @@ runs on a one-process model (``rows = E[unique ids]``) and on a data-parallel wo
 pulled from the parameter servers). ``denominator`` is the number of windows of the *global*
 batch: every worker's gradient is its share of the gradient of the global mean loss, and the sum
 of the shares is the exact gradient.
+
+A :class:`Workspace` passed to :func:`batch_gradients` (or :func:`sampled_batch_gradients`)
+holds the pass's temporaries (the layers' values, the softmax and the backward deltas) from one
+batch to the next: the same operations write into arrays kept from the last batch instead of
+new ones. Where the allocator hands large freed blocks back to the system at once (Dask's
+workers set ``MALLOC_TRIM_THRESHOLD_``), every new array of a step costs page faults again.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ __all__ = [
     "OUTPUTS",
     "SOFTMAX",
     "EmbeddingSpec",
+    "Workspace",
     "apply_dense",
     "apply_rows",
     "batch_gradients",
@@ -133,41 +140,93 @@ class EmbeddingSpec:
         return shapes
 
 
+class Workspace:
+    """Named arrays reused from one batch to the next (the temporaries of a pass).
+
+    :meth:`array` gives an array of the asked shape and dtype, a view of a buffer kept under
+    its name that grows when a larger one is asked for; its values are those left by the last
+    use. A workspace serves one thread at a time.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, np.ndarray] = {}
+
+    def array(self, name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
+        """An uninitialized C-contiguous array ``shape`` of ``dtype``, kept under ``name``."""
+        dtype = np.dtype(dtype)
+        size = int(np.prod(shape))
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.dtype != dtype or buffer.size < size:
+            buffer = self._buffers[name] = np.empty(size, dtype=dtype)
+        return buffer[:size].reshape(shape)
+
+
+def _temporary(workspace: Workspace | None, name: str, shape: tuple, dtype) -> np.ndarray:
+    """A new array, or the workspace's array ``name`` (uninitialized either way)."""
+    if workspace is None:
+        return np.empty(shape, dtype=dtype)
+    return workspace.array(name, shape, dtype)
+
+
 def unique_rows(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The sorted distinct ids of a batch ``(B, c)`` and the position of each id among them."""
     unique, inverse = np.unique(ids, return_inverse=True)
     return unique.astype(np.int64), inverse.reshape(ids.shape).astype(np.int64)
 
 
-def _combined(spec: EmbeddingSpec, rows: np.ndarray, inverse: np.ndarray) -> np.ndarray:
-    out = np.empty((inverse.shape[0], spec.input_width), dtype=rows.dtype)
+def _combined(spec: EmbeddingSpec, rows: np.ndarray, inverse: np.ndarray, workspace=None):
+    out = _temporary(workspace, "h0", (inverse.shape[0], spec.input_width), rows.dtype)
     scale = rows.dtype.type(1.0 / spec.context if spec.combine == "mean" else 1.0)
     gather_windows(rows, inverse, spec.combine == "concat", scale, out)
     return out
 
 
-def _forward(spec, rows, inverse, weights, biases, linear_last: bool) -> list:
+def _forward(spec, rows, inverse, weights, biases, linear_last: bool, workspace=None) -> list:
     """``[(z_k, h_k)]`` of every layer, ``h_0`` first as ``(h_0, h_0)``; with ``linear_last``
-    the last layer is the (linear) output ``(z, z)``."""
+    the last layer is the (linear) output ``(z, z)``. ``h_0`` and the ``z_k`` are arrays of
+    ``workspace`` when one is given."""
     activation = get_activation(spec.activation)
-    h = _combined(spec, rows, inverse)
+    h = _combined(spec, rows, inverse, workspace)
     layers = [(h, h)]
     for k, (w, b) in enumerate(zip(weights, biases, strict=True)):
-        z = h @ w + b
+        z = np.matmul(h, w, out=_temporary(workspace, f"z{k}", (h.shape[0], w.shape[1]), h.dtype))
+        z += b
         h = z if linear_last and k == len(weights) - 1 else activation.forward(z)
         layers.append((z, h))
     return layers
 
 
-def _backward(spec, rows, inverse, layers, weights, delta) -> tuple[list, np.ndarray]:
-    """The layers' gradients ``[grad W_1, grad b_1, ...]`` and the rows' gradient from ``delta``,
-    the gradient of the last layer's pre-activation ``z``."""
+def _gradient_views(weights, out: np.ndarray | None, dtype) -> list[np.ndarray]:
+    """``[grad W_1, grad b_1, ...]`` as consecutive views of the flat ``out`` (a new one by
+    default), uninitialized."""
+    shapes = [shape for w in weights for shape in (w.shape, w.shape[1:])]
+    sizes = [int(np.prod(shape)) for shape in shapes]
+    if out is None:
+        out = np.empty(sum(sizes), dtype=dtype)
+    elif out.shape != (sum(sizes),) or out.dtype != dtype:
+        raise ValueError(f"out must be a flat {np.dtype(dtype)} array of {sum(sizes)} items")
+    bounds = np.cumsum([0, *sizes])
+    return [
+        out[lo:hi].reshape(shape)
+        for lo, hi, shape in zip(bounds[:-1], bounds[1:], shapes, strict=True)
+    ]
+
+
+def _backward(
+    spec, rows, inverse, layers, weights, delta, workspace=None, out=None
+) -> tuple[list, np.ndarray]:
+    """The layers' gradients ``[grad W_1, grad b_1, ...]`` (views of the flat ``out``, or of a
+    new array) and the rows' gradient from ``delta``, the gradient of the last layer's
+    pre-activation ``z``; the deltas of the layers below are arrays of ``workspace`` when one is
+    given."""
     activation = get_activation(spec.activation)
-    grads: list[np.ndarray] = []
+    grads = _gradient_views(weights, out, rows.dtype)
     for k in range(len(weights) - 1, -1, -1):
         h_prev = layers[k][1]
-        grads[:0] = [h_prev.T @ delta, delta.sum(axis=0)]
-        delta = delta @ weights[k].T
+        np.matmul(h_prev.T, delta, out=grads[2 * k])
+        np.sum(delta, axis=0, out=grads[2 * k + 1])
+        below = _temporary(workspace, f"delta{k}", (delta.shape[0], h_prev.shape[1]), delta.dtype)
+        delta = np.matmul(delta, weights[k].T, out=below)
         if k > 0:
             delta *= activation.derivative(layers[k][0], layers[k][1])
     grad_rows = np.zeros_like(rows)
@@ -190,6 +249,8 @@ def batch_gradients(
     weights: list[np.ndarray],
     biases: list[np.ndarray],
     denominator: int,
+    workspace: Workspace | None = None,
+    out: np.ndarray | None = None,
 ) -> tuple[float, list[np.ndarray], np.ndarray]:
     """Loss and gradients of a batch's share of the global mean cross-entropy.
 
@@ -205,27 +266,42 @@ def batch_gradients(
         The dense layers (hidden ones, then the output layer).
     denominator : int
         Windows in the global batch (``>= B``).
+    workspace : Workspace, optional
+        Where the pass's temporaries are kept from one batch to the next (default: new arrays).
+    out : array, optional
+        A flat array of the dense variables' total size (their order) to write the gradients
+        into (default: a new one).
 
     Returns
     -------
     loss_sum : float
         Sum over the ``B`` windows of ``-log softmax(z)[label]`` (divide by ``denominator``).
     dense_grads : list of arrays
-        ``[grad W_1, grad b_1, ..., grad W_out, grad b_out]`` of ``sum / denominator``.
+        ``[grad W_1, grad b_1, ..., grad W_out, grad b_out]`` of ``sum / denominator``,
+        consecutive views of one flat array (``out`` when given).
     grad_rows : array (u, d)
         Gradient of the embedding rows ``rows``.
     """
-    layers = _forward(spec, rows, inverse, weights, biases, linear_last=True)
+    layers = _forward(spec, rows, inverse, weights, biases, True, workspace)
     z = layers[-1][0]
-    shifted = z - z.max(axis=1, keepdims=True)
-    log_norm = np.log(np.exp(shifted).sum(axis=1))
-    picked = shifted[np.arange(len(labels)), labels]
-    loss_sum = float(np.sum(log_norm - picked))
-    delta = np.exp(shifted - log_norm[:, None])
-    delta[np.arange(len(labels)), labels] -= 1
-    delta /= denominator
-    grads, grad_rows = _backward(spec, rows, inverse, layers, weights, delta)
+    loss_sum = _softmax_cross_entropy(z, labels, denominator)
+    grads, grad_rows = _backward(spec, rows, inverse, layers, weights, z, workspace, out)
     return loss_sum, grads, grad_rows
+
+
+def _softmax_cross_entropy(z: np.ndarray, labels: np.ndarray, denominator: int) -> float:
+    """The sum over the rows of ``-log softmax(z)[label]``; ``z`` is overwritten, in place, with
+    its gradient of the sum divided by ``denominator``: ``(softmax(z) - onehot(label)) /
+    denominator``."""
+    rows = np.arange(len(labels))
+    z -= z.max(axis=1, keepdims=True)
+    picked = z[rows, labels]
+    np.exp(z, out=z)
+    sums = z.sum(axis=1)
+    loss_sum = float(np.sum(np.log(sums) - picked))
+    z *= (1.0 / (sums * denominator))[:, None]
+    z[rows, labels] -= z.dtype.type(1.0 / denominator)
+    return loss_sum
 
 
 def sampled_batch_gradients(
@@ -237,21 +313,24 @@ def sampled_batch_gradients(
     output_rows: np.ndarray,
     output: SampledOutput,
     denominator: int,
+    workspace: Workspace | None = None,
+    out: np.ndarray | None = None,
 ) -> tuple[float, list[np.ndarray], np.ndarray, np.ndarray]:
     """:func:`batch_gradients` under the sampled softmax.
 
     ``weights`` and ``biases`` are the hidden layers only; ``output_rows`` (u, H + 1) are the
     rows of the output table ``[W_out^T | b_out]`` of ``output.classes``. Returns the loss sum,
-    the hidden layers' gradients, the embedding rows' gradient and the output rows' gradient.
+    the hidden layers' gradients (views of ``out``, or of a new flat array), the embedding rows'
+    gradient and the output rows' gradient.
     """
     activation = get_activation(spec.activation)
-    layers = _forward(spec, rows, inverse, weights, biases, linear_last=False)
+    layers = _forward(spec, rows, inverse, weights, biases, False, workspace)
     loss_sum, delta, grad_output = sampled_softmax_gradients(
         layers[-1][1], output_rows, output, denominator
     )
     if weights:  # from the gradient of h_H to that of its pre-activation
         delta = delta * activation.derivative(layers[-1][0], layers[-1][1])
-    grads, grad_rows = _backward(spec, rows, inverse, layers, weights, delta)
+    grads, grad_rows = _backward(spec, rows, inverse, layers, weights, delta, workspace, out)
     return loss_sum, grads, grad_rows, grad_output
 
 

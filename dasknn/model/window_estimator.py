@@ -4,7 +4,8 @@ Inputs are windows of integer token ids ``X`` (B, c) and integer labels ``y`` (B
 word). ``fit`` / ``partial_fit`` return the model and append to ``loss_curve_`` (per epoch) and,
 on request, ``batch_loss_curve_``; ``predict`` gives labels, ``predict_proba`` the softmax,
 ``score`` the accuracy, ``evaluate`` the mean cross-entropy and ``perplexity`` its exponential.
-Subclasses implement :meth:`_train_batch` (one step on a checked batch) and :meth:`_logits`.
+Subclasses implement :meth:`_train_batch` (one step on a checked batch) and :meth:`_logits`;
+one that runs several steps at once also :meth:`_steps_per_call` and :meth:`_train_batches`.
 """
 
 from __future__ import annotations
@@ -93,9 +94,20 @@ class WindowEstimator:
         """The output ``z`` (B, n_classes) of checked windows."""
         raise NotImplementedError
 
-    def _upcoming(self, ids: np.ndarray, labels: np.ndarray) -> None:
-        """Told by :meth:`fit`, before a step, the batch of the step after it (a model that
-        fetches a step's values ahead uses it; nothing to do in one process)."""
+    def _steps_per_call(self) -> int:
+        """How many consecutive steps :meth:`fit` hands :meth:`_train_batches` at once."""
+        return 1
+
+    def _train_batches(
+        self,
+        batches: list[tuple[np.ndarray, np.ndarray]],
+        after: tuple[np.ndarray, np.ndarray] | None,
+        optimizer: Optimizer,
+    ) -> list[float]:
+        """Consecutive steps on checked batches ``[(ids, labels), ...]``; ``after`` is the batch
+        of the step after the last one (``None`` if there is none; a model that fetches a step's
+        values ahead uses it). Returns each step's mean loss before its update."""
+        return [self._train_batch(ids, labels, optimizer) for ids, labels in batches]
 
     # ------------------------------------------------------------------ checks
     def _check_xy(self, X, y) -> tuple[np.ndarray, np.ndarray]:
@@ -152,20 +164,25 @@ class WindowEstimator:
         # the batch after every step is known before the step
         orders = (epoch_batches(ids.shape[0], batch_size, rng, shuffle) for _ in range(epochs))
         current = next(orders)
+        per_call = self._steps_per_call()
         for _ in range(epochs):
             following = next(orders, None)
             total = 0.0
-            for k, rows in enumerate(current):
-                if k + 1 < len(current):
-                    after = current[k + 1]
+            for start in range(0, len(current), per_call):
+                group = current[start : start + per_call]
+                if start + per_call < len(current):
+                    after = current[start + per_call]
                 else:
                     after = following[0] if following else None
-                if after is not None:
-                    self._upcoming(ids[after], labels[after])
-                loss = self._train_batch(ids[rows], labels[rows], optimizer)
-                total += loss * len(rows)
-                if record_batches:
-                    self.batch_loss_curve_.append(loss)
+                losses = self._train_batches(
+                    [(ids[rows], labels[rows]) for rows in group],
+                    None if after is None else (ids[after], labels[after]),
+                    optimizer,
+                )
+                for rows, loss in zip(group, losses, strict=True):
+                    total += loss * len(rows)
+                    if record_batches:
+                        self.batch_loss_curve_.append(loss)
             self.loss_curve_.append(total / ids.shape[0])
             current = following
         return self
