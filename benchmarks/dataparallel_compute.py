@@ -55,22 +55,12 @@ def _median_ms(func, repeats: int) -> float:
 
 def child(windows: int, repeats: int) -> dict:
     """Time both passes in this process (run with one thread by :func:`main`)."""
-    from dataparallel import zipf_setup
+    from dataparallel import make_model, zipf_setup
 
-    from dasknn.model import EmbeddingMLP
     from dasknn.model import embedding_network as net
 
-    setup = zipf_setup(1)
-    model = EmbeddingMLP(
-        setup["vocab"],
-        setup["context"],
-        setup["dim"],
-        hidden=(setup["hidden"],),
-        n_classes=setup["classes"],
-        combine=setup["combine"],
-        dtype=np.float32,
-        seed=0,
-    )
+    setup = {**zipf_setup(1), "sampled": False}
+    model = make_model(setup)
     X, y = setup["batches"][0]
     ids, labels = X[:windows].astype(np.int64), y[:windows].astype(np.int64)
     unique, inverse = net.unique_rows(ids)

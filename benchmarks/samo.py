@@ -66,6 +66,7 @@ from dasknn.pipeline_parallel import (  # noqa: E402
     split_stages,
 )
 from dasknn.pruning import EarlyBird, magnitude_masks  # noqa: E402
+from dasknn.runtime.affinity import migrations  # noqa: E402
 from dasknn.runtime.worker_memory import ReuseFreedMemory  # noqa: E402
 
 P = 0.9
@@ -559,18 +560,6 @@ def _log_collections(dask_worker) -> None:
     gc.callbacks.append(callback)
 
 
-def _thread_migrations(thread: int) -> int:
-    """Migrations between CPUs so far of a thread of this process (0 where not reported)."""
-    try:
-        with open(f"/proc/self/task/{thread}/sched") as sched:
-            for line in sched:
-                if line.startswith("se.nr_migrations"):
-                    return int(line.split(":")[1])
-    except OSError:
-        pass
-    return 0
-
-
 def _process_state(dask_worker) -> dict:
     """For ``Client.run``: the worker's collections so far (emptied), its process's CPU seconds
     (all threads), its anonymous huge pages (kB), the CPUs it may run on, and the migrations
@@ -592,7 +581,7 @@ def _process_state(dask_worker) -> dict:
         "huge kB": huge,
         "cpus": sorted(os.sched_getaffinity(0)),
         "migrations": sum(
-            _thread_migrations(t.native_id)
+            migrations(t.native_id)
             for t in threading.enumerate()
             if "Dask-Default-Threads" in t.name
         ),

@@ -23,6 +23,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from dasknn.compressed import CompressedStack
 from dasknn.model.compressed_mlp import first_nonfinite_layer, nonfinite_loss_error
+from dasknn.runtime.affinity import migrations
 from dasknn.runtime.alignment import local_copy
 from dasknn.runtime.keys import parse_pipeline_key, pipeline_key
 from dasknn.runtime.postbox import Mailbox, StepFailed
@@ -107,24 +108,11 @@ class StageState(WorkerPlugin):
         )
 
 
-def _migrations() -> int:
-    """The calling thread's migrations between CPUs so far (``se.nr_migrations`` of
-    ``/proc/thread-self/sched``); 0 where the kernel does not report them."""
-    try:
-        with open("/proc/thread-self/sched") as sched:
-            for line in sched:
-                if line.startswith("se.nr_migrations"):
-                    return int(line.split(":")[1])
-    except OSError:
-        pass
-    return 0
-
-
 def _clock() -> tuple[float, float, int, int, int]:
     """Wall-clock seconds, and the calling thread's CPU seconds, minor page faults, involuntary
     context switches and migrations between CPUs so far."""
     usage = resource.getrusage(resource.RUSAGE_THREAD)
-    return time.perf_counter(), time.thread_time(), usage.ru_minflt, usage.ru_nivcsw, _migrations()
+    return time.perf_counter(), time.thread_time(), usage.ru_minflt, usage.ru_nivcsw, migrations()
 
 
 def _state(token: str) -> StageState:

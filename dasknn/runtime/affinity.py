@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from distributed.comm import get_address_host
 from distributed.diagnostics.plugin import WorkerPlugin
 
-__all__ = ["PLUGIN_NAME", "PinCores", "host_slots", "pinned_core"]
+__all__ = ["PLUGIN_NAME", "PinCores", "host_slots", "migrations", "pinned_core"]
 
 PLUGIN_NAME = "dasknn-pin-cores"
 
@@ -98,3 +98,18 @@ def pinned_core(dask_worker) -> tuple[int | None, list[list[int]]]:
         except ProcessLookupError:
             pass
     return getattr(dask_worker, "dasknn_pinned_core", None), cores
+
+
+def migrations(thread: int | None = None) -> int:
+    """Migrations between CPUs so far of a thread of this process (the calling thread if
+    ``None``): ``se.nr_migrations`` of its ``sched`` file; 0 where the kernel does not report
+    them."""
+    path = "/proc/thread-self/sched" if thread is None else f"/proc/self/task/{thread}/sched"
+    try:
+        with open(path) as sched:
+            for line in sched:
+                if line.startswith("se.nr_migrations"):
+                    return int(line.split(":")[1])
+    except OSError:
+        pass
+    return 0
