@@ -223,8 +223,8 @@ def test_a_stopped_stage_worker_is_named_after_the_step_timeout(client):
             os.kill(pids[victim], signal.SIGCONT)
             client.unregister_worker_plugin(_StopWhenStageRuns.name)
     assert _keys_left(client, pipe.token, kept=()) == []
-    # the stopped stage's task ended with close() (it used to wait 600 s for its neighbour's
-    # message), after at most FAILURE_POST_TIMEOUT (10 s) per neighbour told of its failure
+    # resumed, the stopped worker runs tasks again (its task of the failed step, stopped before
+    # it started, was cancelled)
     assert client.submit(_ready, workers=[victim], pure=False).result(timeout=25)
 
 
