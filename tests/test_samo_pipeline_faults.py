@@ -175,9 +175,10 @@ def test_a_stage_worker_lost_between_steps_is_named_at_the_next_step(client):
 
 
 class _StopWhenStageRuns(_KillWhenStageRuns):
-    """Stops its worker (SIGSTOP) as the stage task of ``step`` starts executing there, if it is
-    the worker at ``address``: a stage that stops answering in the middle of a step while the
-    scheduler still lists it."""
+    """Stops its worker (SIGSTOP) as the first task of ``step`` (the stage's task with posted
+    messages, its first pass with tasks) starts executing there, if it is the worker at
+    ``address``: a stage that stops answering in the middle of a step while the scheduler still
+    lists it."""
 
     name = "test-stop-when-stage-runs"
 
@@ -187,19 +188,23 @@ class _StopWhenStageRuns(_KillWhenStageRuns):
             finish == "executing"
             and self.worker.address == self.address
             and parsed is not None
-            and (parsed.token, parsed.kind, parsed.step) == (self.token, "run", self.step)
+            and (parsed.token, parsed.step) == (self.token, self.step)
+            and parsed.kind in ("run", "fwd", "bwd")
         ):
             os.kill(os.getpid(), signal.SIGSTOP)
 
 
-def test_a_stopped_stage_worker_is_named_after_the_step_timeout(client):
+@pytest.mark.parametrize("messages", ["posted", "tasks"])
+def test_a_stopped_stage_worker_is_named_after_the_step_timeout(client, messages):
     """A stage worker stopped (SIGSTOP) during a step, still listed by the scheduler, ends the
     step after ``step_timeout`` in a StepTimeoutError naming it, its stage and its state; the
     step's keys leave the scheduler, the other stage's worker is free at once, and the model
     refuses further steps."""
     x, y = _data(16)
     pids = client.run(os.getpid)
-    with PipelineMLP(_model(), client, stages=2, microbatches=2, step_timeout=3) as pipe:
+    with PipelineMLP(
+        _model(), client, stages=2, microbatches=2, messages=messages, step_timeout=3
+    ) as pipe:
         pipe.train_step(x, y, lr=0.1)
         victim, survivor = pipe.workers[(1, 0)], pipe.workers[(0, 0)]
         client.register_plugin(_StopWhenStageRuns(pipe.token, 2, victim))
