@@ -523,7 +523,7 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
         )
 
     def _roles(self) -> dict[str, str]:
-        """``{address: "stage S of replica D (layers A to B)"}`` of every stage worker."""
+        """``{address: "stage S of replica D, layers A to B"}`` of every stage worker."""
         roles = {}
         for (s, d), address in self.workers.items():
             a, b = self.bounds[s]
