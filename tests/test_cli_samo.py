@@ -78,7 +78,7 @@ def test_save_writes_the_trained_model_that_load_reads(dask_client, tmp_path, ca
 def test_memory_limit_gives_one_stage_and_two_replicas(dask_client, tmp_path, capsys):
     stats, text = run_samo(
         dask_client, tmp_path, capsys, "--dense-epochs", "0", "--memory-limit", "10000000",
-        "--precision", "fp16", "--microbatches", "2",
+        "--precision", "fp16", "--microbatches", "2", "--step-timeout", "120",
     )  # fmt: skip
     assert (stats["plan"]["stages"], stats["plan"]["replicas"]) == (1, 2)
     nnz, biases = stats["nnz"], HIDDEN + 10
@@ -103,6 +103,8 @@ def test_memory_limit_gives_one_stage_and_two_replicas(dask_client, tmp_path, ca
         (["--memory-limit", "1000"], "do not fit"),
         (["--lr", "-1"], "learning rate"),
         (["--batch-size", "0"], "--batch-size must be at least 1"),
+        (["--step-timeout", "0"], "--step-timeout must be a number of seconds > 0"),
+        (["--step-timeout", "inf"], "--step-timeout must be a number of seconds > 0"),
         (["--save", "/nonexistent-dir/m.npz"], "the directory of '/nonexistent-dir/m.npz'"),
     ],
 )

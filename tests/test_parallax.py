@@ -5,6 +5,10 @@ count search, and bad input."""
 from __future__ import annotations
 
 import gc
+import os
+import re
+import signal
+import time
 
 import dask
 import numpy as np
@@ -17,6 +21,8 @@ from dasknn.data_parallel.search import balanced, search_partitions
 from dasknn.model import EmbeddingMLP
 from dasknn.optim import SGD, Adam
 from dasknn.runtime.cluster import local_cluster, scheduler_workers
+from dasknn.runtime.keys import parse_dp_key
+from dasknn.runtime.step_timeout import StepTimeoutError
 
 V, C, D = 24, 2, 3
 STEPS = 5
@@ -515,3 +521,52 @@ def test_lost_worker_is_named_with_its_shards(messages, per_task):
     # not inside some later ast.parse, where CPython 3.11.7's AST converter fails with
     # "SystemError: AST constructor recursion depth mismatch" on the nested parse
     gc.collect()
+
+
+def _step_keys(dask_scheduler, token: str) -> list:
+    keys = (parse_dp_key(key) for key in dask_scheduler.tasks)
+    return [key for key in keys if key is not None and key.token == token]
+
+
+def test_stopped_worker_is_named_after_the_step_timeout(client4):
+    """A worker stopped (SIGSTOP) and still listed by the scheduler ends the step after
+    ``step_timeout`` in a StepTimeoutError naming it, its shards and its state; the step's keys
+    leave the scheduler and the model refuses further calls. (The programs of the step end
+    within the 10 s each gives every post of its failure, the stopped worker's once it goes on
+    and ``close()`` ended its waits.)"""
+    model = EmbeddingMLP(V, C, D, hidden=(4,))
+    X, y = next(iter(_batches(2)))
+    workers = sorted(scheduler_workers(client4))[:2]
+    with data_parallel(
+        model, client4, sparse_partitions=4, workers=workers, step_timeout=3
+    ) as dp:
+        dp.train_step(X, y, lr=0.1)
+        victim = dp.workers[1]
+        pid = client4.run(os.getpid, workers=[victim])[victim]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            start = time.monotonic()
+            named = (
+                r"^the step did not finish within 3 s \(step_timeout\): .*worker "
+                rf"{re.escape(victim)} \(replica 1, shards \[1, 3\] of the embedding\) has "
+                "not been heard from for"
+            )
+            with pytest.raises(StepTimeoutError, match=named):
+                dp.train_step(X, y, lr=0.1)
+            assert time.monotonic() - start < 3 + 5
+            deadline = time.monotonic() + 5
+            while client4.run_on_scheduler(_step_keys, token=dp.token):
+                assert time.monotonic() < deadline, "the step's keys stayed on the scheduler"
+                time.sleep(0.05)
+            with pytest.raises(RuntimeError, match="unusable after a failed step"):
+                dp.train_step(X, y, lr=0.1)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    gc.collect()  # the cancelled gather's inner tasks, as in the lost-worker test
+
+
+def test_step_timeout_must_be_a_positive_finite_number(client4):
+    model = EmbeddingMLP(V, C, D, hidden=(4,))
+    for bad in (0, -1, float("nan"), float("inf"), "3", True, None):
+        with pytest.raises(ValueError, match="step_timeout must be a number of seconds > 0"):
+            data_parallel(model, client4, step_timeout=bad)

@@ -22,6 +22,7 @@ from dasknn.pipeline_parallel import PipelineMLP
 from dasknn.pruning import magnitude_masks
 from dasknn.runtime.cluster import local_cluster, scheduler_workers
 from dasknn.runtime.keys import parse_pipeline_key
+from dasknn.runtime.step_timeout import StepTimeoutError
 from dasknn.runtime.waiting import WorkerLostError
 
 SIZES = (12, 10, 8, 4)
@@ -171,3 +172,68 @@ def test_a_stage_worker_lost_between_steps_is_named_at_the_next_step(client):
             assert time.monotonic() - start < NAMED_WITHIN
         assert _keys_left(client, pipe.token) == []
     assert _keys_left(client, pipe.token, kept=()) == []
+
+
+class _StopWhenStageRuns(_KillWhenStageRuns):
+    """Stops its worker (SIGSTOP) as the first task of ``step`` (the stage's task with posted
+    messages, its first pass with tasks) starts executing there, if it is the worker at
+    ``address``: a stage that stops answering in the middle of a step while the scheduler still
+    lists it."""
+
+    name = "test-stop-when-stage-runs"
+
+    def transition(self, key, start, finish, **kwargs) -> None:
+        parsed = parse_pipeline_key(key)
+        if (
+            finish == "executing"
+            and self.worker.address == self.address
+            and parsed is not None
+            and (parsed.token, parsed.step) == (self.token, self.step)
+            and parsed.kind in ("run", "fwd", "bwd")
+        ):
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+
+@pytest.mark.parametrize("messages", ["posted", "tasks"])
+def test_a_stopped_stage_worker_is_named_after_the_step_timeout(client, messages):
+    """A stage worker stopped (SIGSTOP) during a step, still listed by the scheduler, ends the
+    step after ``step_timeout`` in a StepTimeoutError naming it, its stage and its state; the
+    step's keys leave the scheduler, the other stage's worker is free at once, and the model
+    refuses further steps."""
+    x, y = _data(16)
+    pids = client.run(os.getpid)
+    with PipelineMLP(
+        _model(), client, stages=2, microbatches=2, messages=messages, step_timeout=3
+    ) as pipe:
+        pipe.train_step(x, y, lr=0.1)
+        victim, survivor = pipe.workers[(1, 0)], pipe.workers[(0, 0)]
+        client.register_plugin(_StopWhenStageRuns(pipe.token, 2, victim))
+        try:
+            start = time.monotonic()
+            named = (
+                rf"^the step did not finish within 3 s \(step_timeout\): .*worker "
+                rf"{re.escape(victim)} \(stage 1 of replica 0, layers? [0-9 to]+\) has not been "
+                "heard from for"
+            )
+            with pytest.raises(StepTimeoutError, match=named):
+                pipe.train_step(x, y, lr=0.1)
+            assert time.monotonic() - start < 3 + NAMED_WITHIN
+            assert _keys_left(client, pipe.token) == []  # the step's futures were released
+            start = time.monotonic()
+            assert client.submit(_ready, workers=[survivor], pure=False).result(timeout=30)
+            assert time.monotonic() - start < 3.0  # the surviving stage dropped the step
+            with pytest.raises(RuntimeError, match="unusable after a failed step"):
+                pipe.train_step(x, y, lr=0.1)
+        finally:
+            os.kill(pids[victim], signal.SIGCONT)
+            client.unregister_worker_plugin(_StopWhenStageRuns.name)
+    assert _keys_left(client, pipe.token, kept=()) == []
+    # resumed, the stopped worker runs tasks again (its task of the failed step, stopped before
+    # it started, was cancelled)
+    assert client.submit(_ready, workers=[victim], pure=False).result(timeout=25)
+
+
+def test_step_timeout_must_be_a_positive_finite_number(client):
+    for bad in (0, -1.0, float("nan"), float("inf"), "3", True, None):
+        with pytest.raises(ValueError, match="step_timeout must be a number of seconds > 0"):
+            PipelineMLP(_model(), client, stages=2, step_timeout=bad)

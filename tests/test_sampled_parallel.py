@@ -4,7 +4,10 @@ same shards, exact predictions, and the bytes between workers against the formul
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import time
 
 import numpy as np
 import pytest
@@ -16,6 +19,8 @@ from sampled_reference import AdamReference, reference_step, targets
 from dasknn.datasets import make_extreme_classification
 from dasknn.optim import Adam
 from dasknn.runtime.cluster import local_cluster, scheduler_workers
+from dasknn.runtime.keys import parse_sampled_key
+from dasknn.runtime.step_timeout import StepTimeoutError
 from dasknn.sampled import SampledMLP
 from dasknn.sampled_parallel import DistributedSampledMLP
 
@@ -206,3 +211,46 @@ def test_lost_worker_ends_training_with_an_error_naming_it():
             with pytest.raises(RuntimeError, match=f"lost worker {re.escape(victim)}: the shards"):
                 for _ in range(100):
                     dist.train_step(data.X[:50], data.Y[:50])
+
+
+def _model_keys(dask_scheduler, token: str) -> list:
+    keys = (parse_sampled_key(key) for key in dask_scheduler.tasks)
+    return [key for key in keys if key is not None and key.token == token]
+
+
+def test_stopped_worker_is_named_after_the_step_timeout(client):
+    """A shard worker stopped (SIGSTOP) and still listed by the scheduler ends ``fit`` after
+    ``step_timeout`` in a StepTimeoutError naming it, its shard and its state; the steps' keys
+    (the one queued behind included) leave the scheduler and the model refuses further calls."""
+    data = make_extreme_classification(n_samples=200, n_features=60, n_labels=40, seed=1)
+    model = SampledMLP(hidden=6, active_fraction=0.2, k=2, n_tables=2, shards=3, seed=3)
+    model.initialize(60, 40)
+    with DistributedSampledMLP(model, client, _workers(client, 3), step_timeout=3) as dist:
+        dist.train_step(data.X[:50], data.Y[:50])
+        victim = dist.workers[1]
+        pid = client.run(os.getpid, workers=[victim])[victim]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            start = time.monotonic()
+            named = (
+                r"^the shards' results did not arrive within 3 s \(step_timeout\): .*worker "
+                rf"{re.escape(victim)} \(shard 1\) has not been heard from for"
+            )
+            with pytest.raises(StepTimeoutError, match=named):
+                dist.fit(data.X, data.Y, batch_size=50)
+            assert time.monotonic() - start < 3 + 5
+            deadline = time.monotonic() + 5
+            while client.run_on_scheduler(_model_keys, token=dist.token):
+                assert time.monotonic() < deadline, "the steps' keys stayed on the scheduler"
+                time.sleep(0.05)
+            with pytest.raises(RuntimeError, match="unusable after a failed step"):
+                dist.predict(data.X[:10])
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+
+def test_step_timeout_must_be_a_positive_finite_number(client):
+    model = SampledMLP(hidden=4, shards=1, seed=3).initialize(12, 10)
+    for bad in (0, -2, float("nan"), float("inf"), "3", True, None):
+        with pytest.raises(ValueError, match="step_timeout must be a number of seconds > 0"):
+            DistributedSampledMLP(model, client, _workers(client, 1), step_timeout=bad)

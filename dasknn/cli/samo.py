@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -32,6 +33,7 @@ from dasknn.pipeline_parallel import (
 from dasknn.pruning import EarlyBird, magnitude_masks
 from dasknn.runtime.affinity import pinned_core
 from dasknn.runtime.cluster import open_client
+from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT
 from graph.atomic import check_output_path, write_text_atomically
 
 __all__ = ["add_parser", "run"]
@@ -104,6 +106,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "process-wide, stays after the run)",
     )
     parser.add_argument(
+        "--step-timeout",
+        type=float,
+        default=DEFAULT_STEP_TIMEOUT,
+        help="seconds a step may go without finishing before the run stops, naming the stage "
+        f"workers it waits for (default {DEFAULT_STEP_TIMEOUT:g})",
+    )
+    parser.add_argument(
         "--workers",
         type=int,
         default=2,
@@ -156,6 +165,8 @@ def _check(args: argparse.Namespace) -> tuple[list[int], Optimizer]:
             f"--samples {args.samples} and --held-out {args.held_out} overlap: the MNIST test set "
             f"has {MNIST_SAMPLES} images"
         )
+    if not 0 < args.step_timeout < math.inf:
+        raise ValueError("--step-timeout must be a number of seconds > 0")
     if not 0.0 <= args.sparsity < 1.0:
         raise ValueError(f"--sparsity must lie in [0, 1), got {args.sparsity}")
     try:
@@ -278,6 +289,7 @@ def run(args: argparse.Namespace) -> int:
                 bounds=plan.bounds,
                 pin_cores=args.pin_cores,
                 reuse_memory=args.reuse_memory,
+                step_timeout=args.step_timeout,
             )
         )
 

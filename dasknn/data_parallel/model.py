@@ -11,7 +11,6 @@ so a run equals the one-process run step for step.
 
 from __future__ import annotations
 
-import math
 import time
 from collections import defaultdict
 from numbers import Integral
@@ -44,6 +43,13 @@ from dasknn.runtime.keys import dp_postbox_key, new_token, parse_dp_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
 from dasknn.runtime.plugin_owner import PluginOwner
 from dasknn.runtime.postbox import Postbox
+from dasknn.runtime.step_timeout import (
+    DEFAULT_STEP_TIMEOUT,
+    StepTimeoutError,
+    answering_workers,
+    check_step_timeout,
+    step_timeout_error,
+)
 from dasknn.runtime.waiting import WorkerLostError, run_naming_loss
 
 __all__ = ["DataParallelEmbeddingMLP", "data_parallel"]
@@ -138,6 +144,15 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         (one submission and one gather for all of them; the search and ``train_step`` run one
         step a task). Default :data:`DEFAULT_STEPS_PER_TASK` under ``"posted"``, 1 under
         ``"tasks"``, which takes no other value.
+    step_timeout : float
+        Seconds a training step (under ``fit``, the ``steps_per_task`` steps of one task
+        together), and the reading of the values (``gather``, ``predict``, ``score``), may take
+        before it is a
+        :class:`~dasknn.runtime.step_timeout.StepTimeoutError` naming the workers it waits for,
+        what they hold and their state (not heard from for N s: stopped or overloaded; paused
+        at the memory limit; running). The step's futures are released, the workers still
+        answering end its waits (``"posted"``), and the model is unusable afterwards. A
+        positive finite number.
 
     Raises
     ------
@@ -159,7 +174,9 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         search_mode: str = "model",
         messages: str = "posted",
         steps_per_task: int | None = None,
+        step_timeout: float = DEFAULT_STEP_TIMEOUT,
     ) -> None:
+        self.step_timeout = check_step_timeout(step_timeout)
         if not isinstance(model, EmbeddingMLP):
             raise ValueError(f"model must be an EmbeddingMLP, got {type(model).__name__}")
         if architecture not in ARCHITECTURES:
@@ -238,6 +255,8 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         self._placement = _Placement(self.workers)
         self._postboxes: list = []
         self._open = False
+        #: Why the model is unusable: a step that timed out, perhaps applied on some workers only.
+        self._failed: str | None = None
         self._register(ReplicaState(self.token), lambda: self._install(model))
 
     # ------------------------------------------------------------------ basics
@@ -265,6 +284,11 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
     def _check_open(self) -> None:
         if not self._open:
             raise RuntimeError("the data-parallel model is closed")
+        if self._failed is not None:
+            raise RuntimeError(
+                f"the data-parallel model is unusable after a failed step ({self._failed}); "
+                "close it and start again from a gathered copy"
+            )
 
     def close(self) -> None:
         """Remove the model's worker plugin (and with it every value it held)."""
@@ -335,7 +359,19 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         self._check_open()
         if self._gathered is not None and self._gathered[0] == self._version:
             return self._gathered[1].copy()
-        held = self.client.run(read_values, token=self.token, workers=self.workers)
+        try:
+            held = run_naming_loss(
+                self.client,
+                self.client.run(
+                    read_values, token=self.token, workers=self.workers, asynchronous=True
+                ),
+                self.step_timeout,
+                self._lost_workers_error,
+                poll=1.0,
+                grace=0.0,
+            )
+        except TimeoutError:
+            raise self._timeout_error("the values did not arrive", self.workers) from None
         first = held[self.workers[0]]
         dense = {}
         for worker in self.workers:
@@ -425,15 +461,23 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         # a task pinned to a lost worker, or a result held by one, would be waited for for ever:
         # look at the workers every second while the results are gathered
         try:
-            results = run_naming_loss(
-                self.client,
-                self.client.gather(futures, asynchronous=True),
-                math.inf,
-                self._lost_workers_error,
-                poll=1.0,
-                grace=0.0,
-            )
+            try:
+                results = run_naming_loss(
+                    self.client,
+                    self.client.gather(futures, asynchronous=True),
+                    self.step_timeout,
+                    self._lost_workers_error,
+                    poll=1.0,
+                    grace=0.0,
+                )
+            except TimeoutError:
+                waiting = [self._placement(f.key)[0] for f in futures if not f.done()]
+                error = self._timeout_error("the step did not finish", waiting or self.workers)
+                self._failed = str(error)
+                raise error from None
         except BaseException:
+            for future in futures:  # the error's traceback holds this frame
+                future.release()
             self._clear_mailboxes()
             raise
         if self.messages == "posted":  # each worker's task: per step, the values of its outputs
@@ -462,8 +506,7 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         """End the waits of a failed step on the workers still present (``"posted"``)."""
         if self.messages != "posted":
             return
-        present = set(scheduler_workers(self.client))
-        workers = [w for w in self.workers if w in present]
+        workers = answering_workers(self.client, self.workers)  # a stopped one never answers
         try:
             self.client.run(clear_mailbox, token=self.token, workers=workers, on_error="ignore")
         except Exception:  # noqa: BLE001 - the failed step's error is the one to report
@@ -475,18 +518,7 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         lost = [w for w in self.workers if w not in present]
         if not lost:
             return None
-        shard_maps = self.shard_maps
-        details = []
-        for worker in lost:
-            index = self.workers.index(worker)
-            shards = shard_maps[EMBEDDING].shards_of(index) if shard_maps is not None else []
-            served = [n for n, s in self.dense_servers.items() if s == index]
-            held = f"shards {shards} of the embedding" if shards else "no embedding shard"
-            if shards and self.spec.sampled:
-                held += " and of the softmax table"
-            if self.architecture == "ps" and served:
-                held += f" and the dense variables {served}"
-            details.append(f"worker {worker} (held {held})")
+        details = [f"worker {worker} (held {self._held(worker)})" for worker in lost]
         return WorkerLostError(
             f"lost {', '.join(details)} by step {self._step}; the model's values there are "
             "gone: close it and start again from a gathered copy"
@@ -494,6 +526,25 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
 
     def _steps_per_call(self) -> int:
         return self.steps_per_task
+
+    def _held(self, worker: str) -> str:
+        """What ``worker`` holds for the model, in words."""
+        shard_maps = self.shard_maps
+        index = self.workers.index(worker)
+        shards = shard_maps[EMBEDDING].shards_of(index) if shard_maps is not None else []
+        served = [n for n, s in self.dense_servers.items() if s == index]
+        held = f"shards {shards} of the embedding" if shards else "no embedding shard"
+        if shards and self.spec.sampled:
+            held += " and of the softmax table"
+        if self.architecture == "ps" and served:
+            held += f" and the dense variables {served}"
+        return held
+
+    def _timeout_error(self, what: str, workers) -> StepTimeoutError:
+        """The :class:`StepTimeoutError` for ``what`` that did not happen within
+        ``step_timeout``, naming ``workers``, what they hold and their state."""
+        roles = {w: f"replica {self.workers.index(w)}, {self._held(w)}" for w in self.workers}
+        return step_timeout_error(self.client, what, self.step_timeout, workers, roles)
 
     def _train_batch(self, ids: np.ndarray, labels: np.ndarray, optimizer: Optimizer) -> float:
         return self._train_batches([(ids, labels)], None, optimizer)[0]

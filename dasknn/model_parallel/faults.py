@@ -21,6 +21,12 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from ..runtime.cluster import scheduler_workers
 from ..runtime.shared_plugins import hold_scheduler_plugin, release_scheduler_plugin
+from ..runtime.step_timeout import (
+    StepTimeoutError,
+    describe_worker,
+    describe_workers,
+    step_timeout_error,
+)
 from ..runtime.waiting import WorkerLostError, run_naming_loss, wait_at_most
 
 __all__ = [
@@ -48,10 +54,6 @@ POLL_SECONDS = 0.25
 LOSS_GRACE_SECONDS = 2.0
 
 _GONE = ("closing_gracefully", "closing", "closed")
-
-
-class StepTimeoutError(RuntimeError):
-    """A step made no progress within the model's ``step_timeout``."""
 
 
 class RetirementRequests(SchedulerPlugin):
@@ -107,30 +109,6 @@ def _worker_states(dask_scheduler) -> tuple[dict, dict]:
 def retirement_requests(client) -> dict[str, int]:
     """``{worker address: retirements requested so far}`` (see :class:`RetirementRequests`)."""
     return client.run_on_scheduler(_worker_states)[1]
-
-
-def _mib(nbytes) -> str:
-    return f"{(nbytes or 0) / 2**20:.0f} MiB"
-
-
-def describe_worker(info: dict | None, now: float) -> str:
-    """The state of a worker from its entry of :func:`~dasknn.runtime.cluster.scheduler_workers`, in
-    words."""
-    if info is None:
-        return "has left the cluster"
-    status = info.get("status", "running")
-    memory = info.get("metrics", {}).get("memory")
-    limit = info.get("memory_limit")
-    if status == "paused":
-        share = f" ({memory / limit:.0%})" if memory and limit else ""
-        return (
-            f"is paused at its memory limit: {_mib(memory)} used of {_mib(limit)}{share} "
-            "(give the workers more memory or train smaller batches)"
-        )
-    silent = now - info.get("last_seen", now)
-    if silent > 2:
-        return f"has not been heard from for {silent:.0f} s (stopped or overloaded)"
-    return f"is {status}" + (f", {_mib(memory)} used of {_mib(limit)}" if limit else "")
 
 
 def lost_workers(
@@ -246,38 +224,4 @@ def wait_for_step(
     raise StepTimeoutError(
         f"a training or inference step made no progress for {timeout:g} s (step_timeout): "
         f"{describe_workers(client, waiting) or 'no worker named'}"
-    )
-
-
-def step_timeout_error(
-    client, what: str, timeout: float, addresses: Sequence[str]
-) -> StepTimeoutError:
-    """The error for a call to the workers that did not finish within ``step_timeout``.
-
-    Parameters
-    ----------
-    client : distributed.Client
-    what : str
-        What did not happen, such as ``"the workers did not take the model"``.
-    timeout : float
-        The ``step_timeout`` in seconds.
-    addresses : sequence of str
-        The workers waited for, named with their state (:func:`describe_workers`).
-
-    Returns
-    -------
-    StepTimeoutError
-        With the message ``"{what} within {timeout} s (step_timeout): worker ADDRESS STATE; ..."``.
-    """
-    return StepTimeoutError(
-        f"{what} within {timeout:g} s (step_timeout): {describe_workers(client, addresses)}"
-    )
-
-
-def describe_workers(client, addresses: Sequence[str]) -> str:
-    """``worker ADDRESS STATE; ...`` for the distinct ``addresses`` (:func:`describe_worker`)."""
-    workers = scheduler_workers(client)
-    now = time.time()
-    return "; ".join(
-        f"worker {w} {describe_worker(workers.get(w), now)}" for w in sorted(set(addresses))
     )

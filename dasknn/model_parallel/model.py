@@ -66,6 +66,7 @@ from dasknn.runtime.key_cache import install_key_cache_bound, remove_key_cache_b
 from dasknn.runtime.measure import release_comm_monitor
 from dasknn.runtime.model_span import held_in_span, new_span
 from dasknn.runtime.postbox import Postbox
+from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT, check_step_timeout
 from dasknn.runtime.waiting import gather_at_most
 from dasknn.runtime.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
 from dasknn.runtime.worker_memory import ReuseFreedMemory
@@ -135,7 +136,7 @@ class DistributedSparseMLP(SparseEstimator):
         passes (``predict``, ``score``, ...) always use tasks.
     step_timeout : float
         Seconds a step (or a block of predictions) may go without finishing before it is a
-        :class:`~dasknn.model_parallel.faults.StepTimeoutError` naming the workers it waits for
+        :class:`~dasknn.runtime.step_timeout.StepTimeoutError` naming the workers it waits for
         (stopped, paused at their memory limit, or busy). A worker that leaves the cluster, or
         is asked to retire, is a :class:`~dasknn.model_parallel.faults.WorkerLostError` at once.
 
@@ -175,15 +176,14 @@ class DistributedSparseMLP(SparseEstimator):
         reuse_memory: bool = False,
         microbatches: int | None = None,
         messages: str = "actors",
-        step_timeout: float = 300.0,
+        step_timeout: float = DEFAULT_STEP_TIMEOUT,
     ) -> None:
         self.microbatches = check_microbatches(microbatches)
         if messages not in ("tasks", "actors"):
             raise ValueError(f"messages must be 'tasks' or 'actors', got {messages!r}")
         self.messages = messages
         parts, nparts = normalize_partition(partition, model.layer_sizes, nparts)
-        if not (isinstance(step_timeout, int | float) and 0 < step_timeout < float("inf")):
-            raise ValueError(f"step_timeout must be a number of seconds > 0, got {step_timeout!r}")
+        step_timeout = check_step_timeout(step_timeout)
         self._opened = ExitStack()
         client = open_client(self._opened, client)
         workers = sorted(scheduler_workers(client))

@@ -13,7 +13,7 @@ A step equals the one-process step on the whole batch.
 from __future__ import annotations
 
 import concurrent.futures
-import math
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -38,6 +38,13 @@ from dasknn.runtime.keys import new_token, pipeline_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
 from dasknn.runtime.plugin_owner import PluginOwner
 from dasknn.runtime.postbox import Postbox
+from dasknn.runtime.step_timeout import (
+    DEFAULT_STEP_TIMEOUT,
+    StepTimeoutError,
+    answering_workers,
+    check_step_timeout,
+    step_timeout_error,
+)
 from dasknn.runtime.waiting import (
     GATHER_LOSS_GRACE_SECONDS,
     WorkerLostError,
@@ -226,13 +233,22 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
         on one core; restored on ``close()``. Off by default: where the client, the scheduler or
         other work share the cores, the pinned workers cannot step aside (``docs/benchmarks.md``
         gives the measured effect).
+    step_timeout : float
+        Seconds a step (``fit``'s batches, ``partial_fit``, ``train_step``), and the reading of
+        the weights (``replica``, ``gather``, ``predict``, ``score``), may take before it is a
+        :class:`~dasknn.runtime.step_timeout.StepTimeoutError` naming the stage workers it waits
+        for, with their stage, replica and state (not heard from for N s: stopped or
+        overloaded; paused at the memory limit; running). A failed step's data and results are
+        released, the stages still answering drop the step (posted messages), and the model is
+        unusable afterwards. A stage worker that leaves the cluster is a
+        :class:`~dasknn.runtime.waiting.WorkerLostError` within a poll instead.
 
     Raises
     ------
     ValueError
         Before anything is installed: bad counts, more stages than layers, ``stages *
         data_parallel`` more than the workers, an unknown schedule or ``messages``, a worker
-        named twice.
+        named twice, a ``step_timeout`` that is not a positive finite number of seconds.
 
     Attributes
     ----------
@@ -253,9 +269,11 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
         messages: str = "posted",
         reuse_memory: bool = False,
         pin_cores: bool = False,
+        step_timeout: float = DEFAULT_STEP_TIMEOUT,
     ) -> None:
         if not isinstance(model, CompressedMLP):
             raise ValueError(f"model must be a CompressedMLP, got {type(model).__name__}")
+        self.step_timeout = check_step_timeout(step_timeout)
         self.stages = _count("stages", stages)
         self.data_parallel = _count("data_parallel", data_parallel)
         self.microbatches = _count("microbatches", microbatches)
@@ -318,6 +336,8 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
         self._last_rows = 0
         self._tokens: list[str] = []
         self._open = False
+        # why the model is unusable: a step that timed out left the stages' weights unknown
+        self._failed: str | None = None
         self.optimizer: Optimizer | None = None
         self._postboxes: dict = {}
         self.loss_curve_: list[float] = []
@@ -385,6 +405,14 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
         if not self._open:
             raise ValueError("this PipelineMLP is closed")
 
+    def _check_usable(self) -> None:
+        """``RuntimeError`` after a step that timed out (some stages may have applied it)."""
+        if self._failed is not None:
+            raise RuntimeError(
+                f"this PipelineMLP is unusable after a failed step ({self._failed}); close it "
+                "and start again from a saved copy"
+            )
+
     # ------------------------------------------------------------------ training
     def _check_rows(self, rows: int) -> int:
         parts = self.data_parallel * self.microbatches
@@ -397,8 +425,10 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
 
     def _train_batch(self, x: np.ndarray, y: np.ndarray, optimizer: Optimizer) -> float:
         self._check_open()
+        self._check_usable()
         rows = self._check_rows(x.shape[0])
         self.reset_comm()  # the counts describe the last step
+        deadline = time.monotonic() + self.step_timeout
         self._step += 1
         step, last = self._step, self.stages - 1
         data = {}
@@ -417,7 +447,7 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
         scattered: list = []
         try:
             for address, values in by_worker.items():
-                scattered += self._scatter(values, address)
+                scattered += self._scatter(values, address, deadline)
             graph = build_step(
                 self.token,
                 step,
@@ -448,9 +478,18 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
                     self._held,
                     POLL_SECONDS,
                     LOSS_ERRORS,
+                    timeout=max(deadline - time.monotonic(), 0.0),
+                    timed_out=lambda unfinished: self._timeout_error(
+                        "the step did not finish",
+                        [graph.placement(future.key)[0] for future in unfinished],
+                    ),
                 )
             except NonFiniteLossError as error:
                 raise self._locate_nonfinite(error) from None
+        except StepTimeoutError as error:
+            self._failed = str(error)
+            self._drop_steps(step)
+            raise
         except WorkerLostError:
             self._drop_steps(step)
             raise
@@ -483,29 +522,67 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
             "layers are gone (close the model and start again from a saved copy)"
         )
 
-    def _scatter(self, values: dict, address: str) -> list:
-        """Scatter ``values`` (``{key: array}``) to the stage worker at ``address``; returns their
-        futures. ``WorkerLostError`` naming its stage replicas if that worker is lost before or
-        while they are sent (the scatter fails with a closed connection, or waits for it)."""
-        scattered = run_naming_loss(
-            self.client,
-            self.client.scatter(
-                values, workers=[address], hash=False, broadcast=False, asynchronous=True
-            ),
-            math.inf,
-            watch_workers(self.client, [address], self._held),
-            POLL_SECONDS,
-            GATHER_LOSS_GRACE_SECONDS,
-        )
+    def _roles(self) -> dict[str, str]:
+        """``{address: "stage S of replica D, layers A to B"}`` of every stage worker."""
+        roles = {}
+        for (s, d), address in self.workers.items():
+            a, b = self.bounds[s]
+            layers = f"layer {b}" if b == a + 1 else f"layers {a + 1} to {b}"
+            roles[address] = f"stage {s} of replica {d}, {layers}"
+        return roles
+
+    def _timeout_error(self, what: str, addresses) -> StepTimeoutError:
+        """The :class:`StepTimeoutError` for ``what`` that did not happen within
+        ``step_timeout``, naming the stage workers ``addresses`` and their state."""
+        return step_timeout_error(self.client, what, self.step_timeout, addresses, self._roles())
+
+    def _run_on_stages(self, function, addresses: list[str], what: str, **kwargs) -> dict:
+        """``Client.run(function, **kwargs)`` on the stage workers ``addresses``, within
+        ``step_timeout``: ``WorkerLostError`` naming the stage replicas of a worker that left,
+        :class:`StepTimeoutError` naming those that did not answer (``what`` did not happen)."""
+        try:
+            return run_naming_loss(
+                self.client,
+                self.client.run(function, workers=addresses, asynchronous=True, **kwargs),
+                self.step_timeout,
+                watch_workers(self.client, addresses, self._held),
+                POLL_SECONDS,
+                GATHER_LOSS_GRACE_SECONDS,
+                LOSS_ERRORS,
+            )
+        except TimeoutError:
+            raise self._timeout_error(what, addresses) from None
+
+    def _scatter(self, values: dict, address: str, deadline: float) -> list:
+        """Scatter ``values`` (``{key: array}``) to the stage worker at ``address`` before the
+        ``deadline`` (of ``time.monotonic()``); returns their futures. ``WorkerLostError`` naming
+        its stage replicas if that worker is lost before or while they are sent (the scatter
+        fails with a closed connection, or waits for it), :class:`StepTimeoutError` naming it
+        if they are not sent by the deadline."""
+        try:
+            scattered = run_naming_loss(
+                self.client,
+                self.client.scatter(
+                    values, workers=[address], hash=False, broadcast=False, asynchronous=True
+                ),
+                max(deadline - time.monotonic(), 0.0),
+                watch_workers(self.client, [address], self._held),
+                POLL_SECONDS,
+                GATHER_LOSS_GRACE_SECONDS,
+            )
+        except TimeoutError:
+            what = "the step's data did not reach its stage"
+            raise self._timeout_error(what, [address]) from None
         return list(scattered.values())
 
     def _drop_steps(self, step: int) -> None:
-        """End ``step``'s tasks on the stage workers still in the cluster (with posted messages a
-        stage waits for its neighbours' messages and posts, which a lost stage never answers)."""
+        """End ``step``'s tasks on the stage workers that still answer (with posted messages a
+        stage waits for its neighbours' messages and posts, which a lost or stopped stage never
+        answers; a stopped one's task ends when the model is closed, see
+        :meth:`~dasknn.pipeline_parallel.worker_state.StageState.teardown`)."""
         if self.messages != "posted":
             return
-        present = set(scheduler_workers(self.client))
-        survivors = sorted({w for w in self.workers.values() if w in present})
+        survivors = answering_workers(self.client, self.workers.values())
         if survivors:
             self.client.run(
                 ws.drop_steps, token=self.token, step=step, workers=survivors, on_error="ignore"
@@ -557,10 +634,13 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
         its optimizer state (once a step was taken), step count and fp16 loss scale, so that
         training it on in one process, or saving it, goes on from here."""
         self._check_open()
+        self._check_usable()
         values, indices, biases, states, optimizers = [], [], [], [], []
         for s in range(self.stages):
             address = self.workers[(s, d)]
-            held = self.client.run(ws.snapshot_stage, token=self.token, workers=[address])[address]
+            held = self._run_on_stages(
+                ws.snapshot_stage, [address], "the stage's weights did not arrive", token=self.token
+            )[address]
             optimizers.append(held["optimizer"])
             for v, i, b, state_w, state_b in held["layers"]:
                 values.append(v)

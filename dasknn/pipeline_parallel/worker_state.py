@@ -87,11 +87,14 @@ class StageState(WorkerPlugin):
         self.gradient_lock = threading.Lock()
 
     def teardown(self, worker) -> None:
+        """Forget the stage, and end the message waits of a step task still under way (that of
+        a stage that was stopped while the other stages dropped the step) with
+        ``RuntimeError``."""
+        self.mailbox.clear()
         self.stash.clear()
         self.targets.clear()
         self.events.clear()
         self.usage.clear()
-        self.mailbox.drop(lambda key: False)
         self.stack = None
 
     def deliver(self, key: tuple, value) -> None:

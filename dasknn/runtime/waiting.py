@@ -256,6 +256,8 @@ def gather_watching(
     what: str | Callable[[list[str]], str],
     poll: float = 1.0,
     graced: type[BaseException] | tuple[type[BaseException], ...] = CancelledError,
+    timeout: float = math.inf,
+    timed_out: Callable[[list[Future]], BaseException] | None = None,
 ) -> list:
     """The results of ``futures``, gathered while checking every ``poll`` seconds that the
     ``workers`` holding the model are still in the cluster.
@@ -280,6 +282,12 @@ def gather_watching(
         The gather's errors after which a lost worker is looked for during
         :data:`GATHER_LOSS_GRACE_SECONDS` (by default a result cancelled with its worker; add the
         errors a task on another worker raises when it cannot reach a lost one).
+    timeout : float
+        Seconds the results may take (by default no limit).
+    timed_out : callable, optional
+        The error to raise when they did not arrive within ``timeout``, made from the futures
+        not yet finished (all of them when every one finished but the results did not arrive:
+        a worker holding one stopped answering); by default a ``TimeoutError``.
 
     Returns
     -------
@@ -293,20 +301,30 @@ def gather_watching(
         (the gather is cancelled), also when the gather failed because of the loss (a result
         cancelled with its worker, or another error of ``graced``, looked for during
         :data:`GATHER_LOSS_GRACE_SECONDS`).
+    TimeoutError
+        Or what ``timed_out`` made, if the results did not arrive within ``timeout`` (the
+        gather is cancelled).
     Exception
         A failed future's error, as ``Client.gather`` raises it.
     """
     futures = list(futures)
     try:
-        return run_naming_loss(
-            client,
-            client.gather(futures, asynchronous=True),
-            math.inf,
-            watch_workers(client, workers, what),
-            poll,
-            GATHER_LOSS_GRACE_SECONDS,
-            graced,
-        )
+        try:
+            return run_naming_loss(
+                client,
+                client.gather(futures, asynchronous=True),
+                timeout,
+                watch_workers(client, workers, what),
+                poll,
+                GATHER_LOSS_GRACE_SECONDS,
+                graced,
+            )
+        except TimeoutError as exc:
+            if timed_out is None:
+                raise
+            _drop_tracebacks(exc)
+            unfinished = [future for future in futures if not future.done()] or futures
+            raise timed_out(unfinished) from None
     except BaseException:
         # the error's traceback holds this frame and so the futures: release them now, or a
         # caller keeping the error (a test report, a notebook's last traceback) would keep

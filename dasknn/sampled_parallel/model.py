@@ -11,9 +11,15 @@ import dask
 import numpy as np
 
 from dasknn.runtime.cluster import scheduler_workers
-from dasknn.runtime.keys import new_token
+from dasknn.runtime.keys import new_token, sampled_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
 from dasknn.runtime.plugin_owner import PluginOwner
+from dasknn.runtime.step_timeout import (
+    DEFAULT_STEP_TIMEOUT,
+    StepTimeoutError,
+    check_step_timeout,
+    step_timeout_error,
+)
 from dasknn.runtime.waiting import gather_watching
 from dasknn.sampled.checks import check_features, check_k, check_labels, check_positive_int
 from dasknn.sampled.layers import merge_top_k
@@ -69,14 +75,30 @@ class DistributedSampledMLP(PluginOwner):
     client : distributed.Client
     workers : list of str, optional
         The workers to use, one a shard (default: all, sorted).
+    step_timeout : float
+        Seconds the results of a step (``train_step``, each batch of ``fit`` and
+        ``partial_fit``), of a block of ``predict`` or of ``parameters`` may take before they
+        are a :class:`~dasknn.runtime.step_timeout.StepTimeoutError` naming the shard workers
+        they wait for and their state (not heard from for N s: stopped or overloaded; paused
+        at the memory limit; running). The call's futures are released, and after a training
+        step that timed out the model is unusable. A shard worker that leaves the cluster is a
+        :class:`~dasknn.runtime.waiting.WorkerLostError` within a poll instead.
 
     Raises
     ------
     ValueError
-        If the model has no parameters, or its shards and the workers differ in number.
+        If the model has no parameters, its shards and the workers differ in number, or
+        ``step_timeout`` is not a positive finite number of seconds.
     """
 
-    def __init__(self, model: SampledMLP, client, workers: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        model: SampledMLP,
+        client,
+        workers: list[str] | None = None,
+        step_timeout: float = DEFAULT_STEP_TIMEOUT,
+    ) -> None:
+        self.step_timeout = check_step_timeout(step_timeout)
         model._check_fitted()
         known = sorted(scheduler_workers(client))
         workers = list(known if workers is None else workers)
@@ -112,6 +134,9 @@ class DistributedSampledMLP(PluginOwner):
         self._calls = 0
         self._placement = SenderPlacement(workers)
         self._open = False
+        # why the model is unusable: a training step that timed out, perhaps applied on some
+        # shards only
+        self._failed: str | None = None
         self._register(ShardState(self.token), lambda: self._install(model))
 
     def _install(self, model: SampledMLP) -> None:
@@ -157,6 +182,11 @@ class DistributedSampledMLP(PluginOwner):
     def _check_open(self) -> None:
         if not self._open:
             raise ValueError("the distributed model is closed")
+        if self._failed is not None:
+            raise RuntimeError(
+                f"the distributed model is unusable after a failed step ({self._failed}); close "
+                "it and start again from a copy of its parameters"
+            )
 
     @property
     def nworkers(self) -> int:
@@ -201,15 +231,32 @@ class DistributedSampledMLP(PluginOwner):
         self.n_steps_ += 1
         return self._submit(tasks, outputs)
 
-    def _gather(self, futures) -> list:
-        """The results of a step's ``futures``; ``RuntimeError`` naming a shard worker that left
-        the cluster meanwhile."""
-        return gather_watching(
-            self.client,
-            futures,
-            self.workers,
-            "the shards it held are gone; close the model and start again from a copy of its "
-            "parameters",
+    def _gather(self, futures, training: bool = False) -> list:
+        """The results of a call's ``futures``; ``RuntimeError`` naming a shard worker that left
+        the cluster meanwhile, :class:`StepTimeoutError` naming the shard workers whose results
+        did not arrive within ``step_timeout`` (after a ``training`` step, the model is then
+        unusable)."""
+        try:
+            return gather_watching(
+                self.client,
+                futures,
+                self.workers,
+                "the shards it held are gone; close the model and start again from a copy of "
+                "its parameters",
+                timeout=self.step_timeout,
+                timed_out=self._timeout_error,
+            )
+        except StepTimeoutError as error:
+            if training:
+                self._failed = str(error)
+            raise
+
+    def _timeout_error(self, unfinished) -> StepTimeoutError:
+        """The :class:`StepTimeoutError` naming the shard workers of the futures ``unfinished``."""
+        shards = {w: f"shard {p}" for p, w in enumerate(self.workers)}
+        waiting = [self._placement(future.key)[0] for future in unfinished]
+        return step_timeout_error(
+            self.client, "the shards' results did not arrive", self.step_timeout, waiting, shards
         )
 
     def train_step(self, X, Y) -> float:
@@ -218,7 +265,7 @@ class DistributedSampledMLP(PluginOwner):
         self._check_open()
         X, ptr, ids = self._check_training(X, Y)
         self.schedule_ = training_schedule(self.lr_decay, self.decay_horizon, self.n_steps_, None)
-        losses = self._gather(self._submit_batch(X, ptr, ids, None))
+        losses = self._gather(self._submit_batch(X, ptr, ids, None), training=True)
         return float(np.sum(losses) / X.shape[0])
 
     def fit(
@@ -249,14 +296,23 @@ class DistributedSampledMLP(PluginOwner):
         for _ in range(epochs):
             total = 0.0
             running: deque = deque()
-            for rows in epoch_batches(X.shape[0], batch_size, self.seed, self.epochs_, shuffle):
-                batch_ptr, batch_ids = label_rows(ptr, ids, rows)
-                after = [f.key for f in running[-1]] if running else None
-                running.append(self._submit_batch(X[rows], batch_ptr, batch_ids, after))
-                if len(running) > 1:
-                    total += float(np.sum(self._gather(running.popleft())))
-            while running:
-                total += float(np.sum(self._gather(running.popleft())))
+            try:
+                for rows in epoch_batches(
+                    X.shape[0], batch_size, self.seed, self.epochs_, shuffle
+                ):
+                    batch_ptr, batch_ids = label_rows(ptr, ids, rows)
+                    after = [f.key for f in running[-1]] if running else None
+                    running.append(self._submit_batch(X[rows], batch_ptr, batch_ids, after))
+                    if len(running) > 1:
+                        total += float(np.sum(self._gather(running.popleft(), training=True)))
+                while running:
+                    total += float(np.sum(self._gather(running.popleft(), training=True)))
+            except BaseException:
+                # the step queued behind the failed one, released at once (the error's
+                # traceback holds this frame)
+                for future in (f for step in running for f in step):
+                    future.release()
+                raise
             self.epochs_ += 1
             self.loss_curve_.append(total / X.shape[0])
         return self
@@ -283,18 +339,20 @@ class DistributedSampledMLP(PluginOwner):
     def parameters(self) -> dict[str, np.ndarray]:
         """Copies of the current parameters, keyed as :meth:`SampledMLP.parameters`."""
         self._check_open()
-        parts = self.client.gather(
+        parts = self._gather(
             [
                 self.client.submit(
                     _parameters_on_worker,
                     self.token,
+                    key=sampled_key(self.token, self._calls, "parameters", p, p),
                     workers=[w],
                     allow_other_workers=False,
                     pure=False,
                 )
-                for w in self.workers
+                for p, w in enumerate(self.workers)
             ]
         )
+        self._calls += 1
         out_w = np.empty((self.n_labels_, self.hidden), dtype=self.dtype)
         out_b = np.empty(self.n_labels_, dtype=self.dtype)
         for p, part in enumerate(parts):

@@ -1,0 +1,136 @@
+"""A step that does not finish within the model's ``step_timeout``: the error, the option's
+check, and the workers the step waits for, named with their state (paused at a memory limit,
+not heard from for some seconds, or running) as the scheduler reports it."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from numbers import Real
+
+from dasknn.runtime.cluster import scheduler_workers
+
+__all__ = [
+    "DEFAULT_STEP_TIMEOUT",
+    "SILENT_SECONDS",
+    "StepTimeoutError",
+    "answering_workers",
+    "check_step_timeout",
+    "describe_worker",
+    "describe_workers",
+    "step_timeout_error",
+]
+
+#: Seconds a step may go without finishing, unless the model is given another ``step_timeout``.
+DEFAULT_STEP_TIMEOUT = 300.0
+#: Seconds after which a worker the scheduler has not heard from is said to be silent (a local
+#: worker's heartbeat comes every 0.5 s).
+SILENT_SECONDS = 2.0
+
+
+class StepTimeoutError(RuntimeError):
+    """A step made no progress within the model's ``step_timeout``."""
+
+
+def check_step_timeout(step_timeout) -> float:
+    """``step_timeout`` as a float, checked: a real number of seconds, positive and finite.
+
+    Raises
+    ------
+    ValueError
+        Naming the value otherwise (a bool, a string, 0, a negative number, NaN, infinity).
+    """
+    if (
+        isinstance(step_timeout, bool)
+        or not isinstance(step_timeout, Real)
+        or not 0 < step_timeout < math.inf
+    ):
+        raise ValueError(f"step_timeout must be a number of seconds > 0, got {step_timeout!r}")
+    return float(step_timeout)
+
+
+def _mib(nbytes) -> str:
+    return f"{(nbytes or 0) / 2**20:.0f} MiB"
+
+
+def describe_worker(info: dict | None, now: float) -> str:
+    """The state of a worker from its entry of :func:`~dasknn.runtime.cluster.scheduler_workers`, in
+    words."""
+    if info is None:
+        return "has left the cluster"
+    status = info.get("status", "running")
+    memory = info.get("metrics", {}).get("memory")
+    limit = info.get("memory_limit")
+    if status == "paused":
+        share = f" ({memory / limit:.0%})" if memory and limit else ""
+        return (
+            f"is paused at its memory limit: {_mib(memory)} used of {_mib(limit)}{share} "
+            "(give the workers more memory or train smaller batches)"
+        )
+    silent = now - info.get("last_seen", now)
+    if silent > SILENT_SECONDS:
+        return f"has not been heard from for {silent:.0f} s (stopped or overloaded)"
+    return f"is {status}" + (f", {_mib(memory)} used of {_mib(limit)}" if limit else "")
+
+
+def describe_workers(
+    client, addresses: Sequence[str], roles: Mapping[str, str] | None = None
+) -> str:
+    """``worker ADDRESS (ROLE) STATE; ...`` for the distinct ``addresses``
+    (:func:`describe_worker`); ``roles`` says what each worker holds for the model (``"stage 1
+    of replica 0"``), left out where not given."""
+    workers = scheduler_workers(client)
+    now = time.time()
+    roles = roles or {}
+    return "; ".join(
+        f"worker {w}{f' ({roles[w]})' if w in roles else ''} {describe_worker(workers.get(w), now)}"
+        for w in sorted(set(addresses))
+    )
+
+
+def step_timeout_error(
+    client,
+    what: str,
+    timeout: float,
+    addresses: Sequence[str],
+    roles: Mapping[str, str] | None = None,
+) -> StepTimeoutError:
+    """The error for a call to the workers that did not finish within ``step_timeout``.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    what : str
+        What did not happen, such as ``"the workers did not take the model"``.
+    timeout : float
+        The ``step_timeout`` in seconds.
+    addresses : sequence of str
+        The workers waited for, named with their state (:func:`describe_workers`).
+    roles : mapping, optional
+        ``{address: what the worker holds}`` (see :func:`describe_workers`).
+
+    Returns
+    -------
+    StepTimeoutError
+        With the message ``"{what} within {timeout} s (step_timeout): worker ADDRESS STATE; ..."``.
+    """
+    return StepTimeoutError(
+        f"{what} within {timeout:g} s (step_timeout): "
+        f"{describe_workers(client, addresses, roles) or 'no worker named'}"
+    )
+
+
+def answering_workers(client, addresses: Iterable[str]) -> list[str]:
+    """Those of ``addresses`` that are in the cluster, not paused, and heard from by the
+    scheduler within :data:`SILENT_SECONDS` (a ``Client.run`` to a stopped worker waits for
+    it), sorted."""
+    workers = scheduler_workers(client)
+    now = time.time()
+    return sorted(
+        w
+        for w in set(addresses)
+        if w in workers
+        and workers[w].get("status", "running") == "running"
+        and now - workers[w].get("last_seen", now) <= SILENT_SECONDS
+    )
