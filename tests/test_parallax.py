@@ -22,6 +22,7 @@ from dasknn.model import EmbeddingMLP
 from dasknn.optim import SGD, Adam
 from dasknn.runtime.cluster import local_cluster, scheduler_workers
 from dasknn.runtime.keys import parse_dp_key
+from dasknn.runtime.measure import TOPIC as TRANSFER_TOPIC
 from dasknn.runtime.step_timeout import StepTimeoutError
 
 V, C, D = 24, 2, 3
@@ -309,13 +310,22 @@ def test_fit_runs_steps_per_task_as_one_process(client4, per_task):
     with data_parallel(
         model, client4, sparse_partitions=3, workers=workers, steps_per_task=per_task
     ) as dp:
+        start = time.time()  # the scheduler's clock: it runs in this process
         with get_task_stream(client4) as stream:
             dp.fit(X, y, batch_size=5, seed=3, optimizer=optimizer, record_batches=True)
         _assert_same(dp.gather(), want, 1e-9)
         report = dp.comm_report()
+        events = [msg for stamp, msg in client4.get_events(TRANSFER_TOPIC) if stamp >= start]
+    # Dask's own fetches (the postbox actors' handles) are reported one an event with a "key"
+    posted = [msg for msg in events if "key" not in msg]
     assert dp.batch_loss_curve_ == pytest.approx(want.batch_loss_curve_, rel=1e-9)
     runs = [task for task in stream.data if "'run'" in str(task["key"])]
     assert len(runs) == len(workers) * -(-STEPS // per_task)
+    # each task reports the messages its worker received in one event, not one event a message
+    assert len(posted) <= len(runs)
+    assert sum(len(msg["transfers"]) for msg in posted) == sum(
+        count for _, count in report.measured.values()
+    )
     assert report.matches(), str(report)
     assert report.steps == STEPS
     pushes = [v[1] for k, v in report.measured.items() if k[:2] == ("sparse", "push")]

@@ -2,7 +2,8 @@
 that another thread delivers, a sender's failure ends the wait with the sender's error, and a
 message that never comes is a ``TimeoutError`` naming it; jobs queued by the task thread run
 while its message is missing, and clearing the mailbox ends the waits under way (or, given the
-count of clears they start from, the waits begun after it)."""
+count of clears they start from, the waits begun after it). The transfer reports held for the
+task are taken once, in order, and a clear keeps them."""
 
 from __future__ import annotations
 
@@ -111,3 +112,16 @@ def test_a_clear_since_a_waits_start_count_ends_it_even_before_it_began():
     assert time.monotonic() - start < 5
     later = box.clears  # a wait counted from after the clear is not ended by it
     assert box.take(("m", 10), timeout=5, since=later).tolist() == [1.0]
+
+
+def test_held_receipts_are_taken_once_in_order_and_survive_a_clear():
+    box = Mailbox()
+    box.hold_receipt(("m", 1), "tcp://a", 48)
+    worker = threading.Thread(target=box.hold_receipt, args=(("m", 2), "tcp://b", np.int64(8)))
+    worker.start()
+    worker.join()
+    box.clear()  # the bytes were moved: their reports stay
+    receipts = box.take_receipts()
+    assert receipts == [(("m", 1), "tcp://a", 48), (("m", 2), "tcp://b", 8)]
+    assert all(type(nbytes) is int for _, _, nbytes in receipts)  # msgpack-able
+    assert box.take_receipts() == []

@@ -10,10 +10,12 @@ returns. :func:`run_programs` is the one task a worker runs for one or more cons
 (``steps_per_task`` of the model): it runs each step's program, the tasks one after the other,
 takes the values made elsewhere from the model's mailbox
 (:class:`~dasknn.runtime.postbox.Mailbox`) and posts each value another worker reads to that
-worker's :class:`~dasknn.runtime.postbox.Postbox` actor, which reports its bytes to the transfer
-monitor as Dask's own transfers are reported. Every message keeps the key of its own step, so
-the monitor's records are per step whatever the steps per task. The scheduler sees ``N`` tasks
-per submission.
+worker's :class:`~dasknn.runtime.postbox.Postbox` actor, which holds the message's transfer
+report (``held_reports``) in the mailbox; the task reports every message its worker received
+to the transfer monitor in one event as it ends (before its result, on the same stream), as
+Dask's own transfers are reported. Every message keeps the key of its own step, so the
+monitor's records are per step whatever the steps per task. The scheduler sees ``N`` tasks per
+submission.
 
 A task returns without waiting for its posts to be acknowledged: every posted value is taken
 by its reader's program of the same step, so the results, all gathered, imply that every post
@@ -38,6 +40,7 @@ from distributed import get_worker
 from dasknn.data_parallel.hybrid import STEP
 from dasknn.data_parallel.worker_state import replica_state
 from dasknn.runtime.keys import dp_key, parse_dp_key
+from dasknn.runtime.measure import report_transfers
 from dasknn.runtime.postbox import StepFailed
 
 __all__ = ["WorkerProgram", "program_tasks", "run_programs", "worker_programs"]
@@ -166,28 +169,33 @@ def run_programs(token: str, steps: list[int], programs: list, postboxes: list) 
     ``postboxes[w]`` is worker ``w``'s postbox. The posts of the task before are waited for
     first; the posts of these steps are left for the next task to wait for."""
     state = replica_state(token)
-    address = get_worker().address
+    worker = get_worker()
+    address = worker.address
+    post = [box.post for box in postboxes]  # the actor's method, looked up once a task
     earlier, state.posts = state.posts, []
     results = []
-    for step, program in zip(steps, programs, strict=True):
-        state.mailbox.drop(lambda key, step=step: parse_dp_key(key).step >= step)
-        failed = _failed_key(token, step, program.worker)
-        values: dict = {}
-        try:
-            if earlier:
-                state.mailbox.wait_posted([post for post in earlier if not post.done()])
-                earlier = []
-            for task in program.tasks:
-                for key in task.dependencies:
-                    if key not in values:
-                        values[key] = state.mailbox.take(key, failed)
-                values[task.key] = value = task({key: values[key] for key in task.dependencies})
-                for receiver in program.sends.get(task.key, ()):
-                    state.posts.append(postboxes[receiver].post(task.key, address, value))
-        except BaseException as error:
-            _tell_others(token, step, program.worker, address, postboxes, error)
-            raise
-        results.append([values[key] for key in program.outputs])
+    try:
+        for step, program in zip(steps, programs, strict=True):
+            state.mailbox.drop(lambda key, step=step: parse_dp_key(key).step >= step)
+            failed = _failed_key(token, step, program.worker)
+            values: dict = {}
+            try:
+                if earlier:
+                    state.mailbox.wait_posted([p for p in earlier if not p.done()])
+                    earlier = []
+                for task in program.tasks:
+                    for key in task.dependencies:
+                        if key not in values:
+                            values[key] = state.mailbox.take(key, failed)
+                    values[task.key] = value = task({key: values[key] for key in task.dependencies})
+                    for receiver in program.sends.get(task.key, ()):
+                        state.posts.append(post[receiver](task.key, address, value))
+            except BaseException as error:
+                _tell_others(token, step, program.worker, address, postboxes, error)
+                raise
+            results.append([values[key] for key in program.outputs])
+    finally:  # every message this worker received so far, in one event before the result
+        report_transfers(worker, state.mailbox.take_receipts())
     return results
 
 

@@ -225,11 +225,19 @@ def _combine(ids: list[np.ndarray], values: list[np.ndarray]) -> tuple[np.ndarra
     return union.astype(np.int64), total
 
 
-def _flat(ctx: StepContext, arrays: list[np.ndarray]) -> np.ndarray:
-    """``arrays`` raveled into one flat array (one message, exactly their bytes)."""
-    if not arrays:
-        return np.zeros(0, dtype=ctx.spec.dtype)
-    return np.concatenate([a.reshape(-1) for a in arrays])
+def _gathered(ctx: StepContext, sources: list[tuple], tail: np.ndarray | None) -> np.ndarray:
+    """The rows ``rows`` of each ``(values, rows)`` of ``sources``, then ``tail`` (if any),
+    raveled into one new flat array (one message, exactly their bytes), each row copied once."""
+    sizes = [len(rows) * values.shape[1] for values, rows in sources]
+    out = np.empty(sum(sizes) + (0 if tail is None else tail.size), dtype=ctx.spec.dtype)
+    start = 0
+    for (values, rows), size in zip(sources, sizes, strict=True):
+        piece = out[start : start + size].reshape(len(rows), values.shape[1])
+        np.take(values, rows, axis=0, out=piece, mode="clip")  # "clip": unbuffered, rows valid
+        start += size
+    if tail is not None:
+        out[start:] = tail
+    return out
 
 
 def _split(ctx: StepContext, flat: np.ndarray, variables: list[str], counts: list[int]) -> list:
@@ -338,10 +346,9 @@ def push_rows(
     ``(variable, positions in the machine's rows)`` of the server's shards; one flat array,
     followed by the items ``chunk = (lo, hi)`` of the machine's summed dense buffer
     ``dense_sum`` when the dense gradient is reduced on the servers."""
-    arrays = [_machine_grad(ctx, v, alone)[pos] for v, pos in parts]
-    if chunk is not None:
-        arrays.append(dense_sum[chunk[0] : chunk[1]])
-    return _flat(ctx, arrays)
+    sources = [(_machine_grad(ctx, v, alone), pos) for v, pos in parts]
+    tail = None if chunk is None else dense_sum[chunk[0] : chunk[1]]
+    return _gathered(ctx, sources, tail)
 
 
 def chief_sum(ctx: StepContext, *member_grads: np.ndarray) -> np.ndarray:
@@ -376,17 +383,23 @@ def global_grad(ctx: StepContext, variable: str, _combined) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ servers
-def _read_shards(ctx: StepContext, parts: Parts, chief: int, offsets: list) -> list[np.ndarray]:
-    """The rows ``offsets[i]`` of each shard ``parts[i]`` this worker serves; the offsets are
-    kept as ``chief``'s request of step ``ctx.step`` (the push of the same rows comes in their
-    order)."""
+def _shard_rows(ctx: StepContext, parts: Parts, chief: int, offsets: list) -> list[tuple]:
+    """``(values, rows)``: the values of each shard ``parts[i]`` this worker serves and the rows
+    ``offsets[i]`` ``chief`` asks of it; the offsets are kept as ``chief``'s request of step
+    ``ctx.step`` (the push of the same rows comes in their order)."""
     requests = _scratch(ctx).setdefault("requests", {})
     shards = replica_state(ctx.token).shards
     out = []
     for (variable, shard), rows in zip(parts, offsets, strict=True):
         requests[(variable, shard, chief)] = rows
-        out.append(shards[(variable, shard)].values[rows])
+        out.append((shards[(variable, shard)].values, rows))
     return out
+
+
+def _read_shards(ctx: StepContext, parts: Parts, chief: int, offsets: list) -> list[np.ndarray]:
+    """The rows ``offsets[i]`` of each shard ``parts[i]`` this worker serves (kept as
+    ``chief``'s request, :func:`_shard_rows`)."""
+    return [values[rows] for values, rows in _shard_rows(ctx, parts, chief, offsets)]
 
 
 def serve_rows(
@@ -401,10 +414,7 @@ def serve_rows(
     its shards ``parts[i]`` (the client's plan of the chief's rows), in one flat array, followed
     by ``carried`` (the server's reduced dense chunk of the previous step), if any.
     ``_after``: the server's update of the previous step, when this is its prefetch."""
-    arrays = _read_shards(ctx, parts, chief, offsets)
-    if carried is not None:
-        arrays.append(carried)
-    return _flat(ctx, arrays)
+    return _gathered(ctx, _shard_rows(ctx, parts, chief, offsets), carried)
 
 
 def update_rows(

@@ -89,6 +89,11 @@ class ReplicaState(WorkerPlugin):
         """Leave a value another worker posted in the mailbox (the postbox calls it)."""
         self.mailbox.deliver(key, value)
 
+    def hold_receipt(self, key: tuple, sender: str, nbytes: int) -> None:
+        """Keep the transfer report of a posted value for the task that reports them all (the
+        postbox calls it)."""
+        self.mailbox.hold_receipt(key, sender, nbytes)
+
 
 def replica_state(token: str) -> ReplicaState:
     """The :class:`ReplicaState` of the model ``token`` on the worker running the calling task."""

@@ -7,7 +7,9 @@ Two plugins work together:
   worker's task state then names the one worker it is fetching from, ``coming_from``) and then
   ``memory`` (the value has arrived; ``nbytes`` is its size as Dask measures it, for a numpy
   array exactly ``array.nbytes``). On arrival it logs one event with the key, the
-  sender, the receiver and the size (:meth:`distributed.Worker.log_event`).
+  sender, the receiver and the size (:meth:`distributed.Worker.log_event`); messages received
+  outside Dask's transfers are reported one an event (:func:`report_transfer`) or several in one
+  event (:func:`report_transfers`).
 - :class:`CommMonitor`, a :class:`distributed.diagnostics.plugin.SchedulerPlugin`, receives those
   events through its ``log_event`` hook and adds them to the counters of
   ``(token, layer, phase, sender, receiver)`` (:func:`dasknn.runtime.keys.describe`). It is the one
@@ -35,6 +37,7 @@ __all__ = [
     "read_transfers",
     "release_comm_monitor",
     "report_transfer",
+    "report_transfers",
     "reset_transfers",
 ]
 
@@ -84,6 +87,16 @@ def report_transfer(worker, key, sender: str, nbytes: int) -> None:
     )
 
 
+def report_transfers(worker, receipts: list[tuple]) -> None:
+    """Report to :class:`CommMonitor` that ``worker`` received each ``(key, sender, nbytes)`` of
+    ``receipts`` (as :func:`report_transfer` does for one), in one event; none if empty.
+
+    Logged from a task, the event goes to the scheduler before that task's result does."""
+    if receipts:
+        transfers = [(key, sender, int(nbytes)) for key, sender, nbytes in receipts]
+        worker.log_event(TOPIC, {"receiver": worker.address, "transfers": transfers})
+
+
 class CommMonitor(SchedulerPlugin):
     """Counts the transfers the workers report: bytes and messages per sender and receiver.
 
@@ -102,7 +115,12 @@ class CommMonitor(SchedulerPlugin):
         self.counters: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
 
     def log_event(self, topic: str, msg: Any) -> None:
-        if topic == TOPIC:
+        if topic != TOPIC:
+            return
+        if "transfers" in msg:  # several, from report_transfers
+            for key, sender, nbytes in msg["transfers"]:
+                self.record(sender, msg["receiver"], key, nbytes)
+        else:
             self.record(msg["sender"], msg["receiver"], msg["key"], msg["nbytes"])
 
     def record(self, sender: str, receiver: str, key, nbytes: int) -> None:

@@ -4,7 +4,10 @@ A :class:`Postbox` is a Dask actor (documented API: its method calls go from wor
 scheduler in between), one per worker and model, made on the worker it serves. Its :meth:`post
 <Postbox.post>` leaves a message in the ``deliver(key, value)`` of the model's worker plugin
 there and reports it to the communication monitor (:func:`dasknn.runtime.measure.report_transfer`),
-so posted bytes are counted as Dask's own transfers are. A :class:`Mailbox` holds the messages a
+so posted bytes are counted as Dask's own transfers are; with ``held_reports``, it leaves the
+report with the plugin's ``hold_receipt(key, sender, nbytes)`` instead, for the worker's task to
+report with the others in one event (:meth:`Mailbox.take_receipts`,
+:func:`dasknn.runtime.measure.report_transfers`). A :class:`Mailbox` holds the messages a
 worker received until its task takes them, waiting for one not yet arrived; a failure of the
 sending side is posted as well and ends that wait with the sender's error, and clearing the
 mailbox (the steps in flight were dropped) ends it with ``RuntimeError``. While the message has
@@ -39,18 +42,27 @@ class Postbox:
     plugin_name : str
         The worker plugin the messages go to, as it is when the postbox is made (a message for
         an earlier plugin of that name never reaches a later one); it has ``deliver(key, value)``.
+    held_reports : bool, default False
+        Leave each message's report with the plugin's ``hold_receipt(key, sender, nbytes)``
+        (whose owner reports them later, several in one event) instead of reporting it at once.
     """
 
-    def __init__(self, plugin_name: str) -> None:
+    def __init__(self, plugin_name: str, held_reports: bool = False) -> None:
         self.worker = get_worker()  # made by a task on the worker it serves
         self.state = self.worker.plugins[plugin_name]
+        self.held_reports = held_reports
 
     async def post(self, key, sender: str, value) -> None:
         """Leave the message ``key`` from the worker at ``sender`` with the plugin and report its
-        bytes (``value.nbytes``; none for a :class:`StepFailed`) to the communication monitor
-        (runs on the worker's event loop)."""
+        bytes (``value.nbytes``; none for a :class:`StepFailed`) to the communication monitor,
+        or hold the report with the plugin (``held_reports``); runs on the worker's event
+        loop."""
         self.state.deliver(key, value)
-        if not isinstance(value, StepFailed):
+        if isinstance(value, StepFailed):
+            return
+        if self.held_reports:
+            self.state.hold_receipt(key, sender, value.nbytes)
+        else:
             report_transfer(self.worker, key, sender, value.nbytes)
 
 
@@ -74,12 +86,26 @@ class Mailbox:
         self._arrived = threading.Condition()
         self._clears = 0  # calls of clear, which end the waits begun before them
         self._idle_jobs: deque = deque()
+        self._receipts: list[tuple] = []
 
     def deliver(self, key, value) -> None:
         """Leave the message ``key`` (from any thread or the event loop)."""
         with self._arrived:
             self._messages[key] = value
             self._arrived.notify_all()
+
+    def hold_receipt(self, key, sender: str, nbytes: int) -> None:
+        """Keep the report that the message ``key`` (``nbytes`` bytes) came from the worker at
+        ``sender``, for :meth:`take_receipts` (from any thread or the event loop)."""
+        with self._arrived:
+            self._receipts.append((key, sender, int(nbytes)))
+
+    def take_receipts(self) -> list[tuple]:
+        """Remove and return the ``(key, sender, nbytes)`` kept by :meth:`hold_receipt`, in the
+        order they came (:meth:`clear` keeps them: those bytes were moved)."""
+        with self._arrived:
+            receipts, self._receipts = self._receipts, []
+        return receipts
 
     @property
     def clears(self) -> int:
