@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -79,6 +80,17 @@ def test_tsv_inputs_on_scheduler_address(files, scheduler_address, tmp_path, cap
     assert len(stats["peak_memory"]) == 2 and min(stats["peak_memory"].values()) > 0
 
 
+class _Records(logging.Handler):
+    """The levels of the records that reach it (at any level)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.levels: list[int] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.levels.append(record.levelno)
+
+
 def test_idx_inputs_on_own_local_cluster(tmp_path, capsys):
     """No --scheduler: the command starts (and stops) its own LocalCluster; IDX images in."""
     images = load_mnist_test()[0][:300]
@@ -87,12 +99,24 @@ def test_idx_inputs_on_own_local_cluster(tmp_path, capsys):
     with gzip.open(idx, "wb") as fh:
         fh.write(header + images.tobytes())
     out = tmp_path / "cats.tsv"
-    code = main([
-        "challenge", "--network", "radixnet:1024:12", "--inputs", str(idx), "--categories",
-        str(out), "--workers", "1", "--threads", "2", "--dtype", "float64", "--quiet",
-    ])
+    dask_logger = logging.getLogger("distributed")
+    records = _Records()
+    dask_logger.addHandler(records)
+    dask_logger.setLevel(logging.INFO)
+    try:
+        code = main([
+            "challenge", "--network", "radixnet:1024:12", "--inputs", str(idx), "--categories",
+            str(out), "--workers", "1", "--threads", "2", "--dtype", "float64", "--quiet",
+        ])
+    finally:
+        dask_logger.removeHandler(records)
     assert code == 0
     assert capsys.readouterr().out == ""
+    # the scheduler of the command's cluster runs in this process: its informational records
+    # ("State start", ...) are held back by the default --dask-log-level, and the level the
+    # caller had is back afterwards
+    assert all(level >= logging.WARNING for level in records.levels), records.levels
+    assert dask_logger.level == logging.INFO
     y = mnist_to_challenge_inputs(images, 32)
     for w in radixnet(1024, 12):
         z = (y @ w).toarray()
