@@ -103,8 +103,8 @@ def test_memory_limit_gives_one_stage_and_two_replicas(dask_client, tmp_path, ca
         (["--memory-limit", "1000"], "do not fit"),
         (["--lr", "-1"], "learning rate"),
         (["--batch-size", "0"], "--batch-size must be at least 1"),
-        (["--step-timeout", "0"], "--step-timeout must be a number of seconds > 0"),
-        (["--step-timeout", "inf"], "--step-timeout must be a number of seconds > 0"),
+        (["--step-timeout", "0"], "--step-timeout must be a finite number of seconds > 0"),
+        (["--step-timeout", "inf"], "--step-timeout must be a finite number of seconds > 0"),
         (["--save", "/nonexistent-dir/m.npz"], "the directory of '/nonexistent-dir/m.npz'"),
     ],
 )

@@ -50,6 +50,8 @@ def test_train_on_mnist_with_hypergraph_partition(dask_client, capsys):
         (["radixnet:32", "--data", "mnist"], "must be radixnet:N:L"),
         (["radixnet:32:x"], "must be radixnet:N:L"),
         (["radixnet:64:2", "--microbatches", "0"], "--microbatches must be at least 1"),
+        (["radixnet:64:2", "--step-timeout", "0"], "--step-timeout must be a finite number"),
+        (["radixnet:64:2", "--step-timeout", "inf"], "--step-timeout must be a finite number"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_message(argv, message, tmp_path, capsys):

@@ -166,7 +166,7 @@ def _check(args: argparse.Namespace) -> tuple[list[int], Optimizer]:
             f"has {MNIST_SAMPLES} images"
         )
     if not 0 < args.step_timeout < math.inf:
-        raise ValueError("--step-timeout must be a number of seconds > 0")
+        raise ValueError("--step-timeout must be a finite number of seconds > 0")
     if not 0.0 <= args.sparsity < 1.0:
         raise ValueError(f"--sparsity must lie in [0, 1), got {args.sparsity}")
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -143,8 +144,8 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError("--microbatches must be at least 1")
     if args.checkpoint_every is not None and args.checkpoint_every < 1:
         raise ValueError("--checkpoint-every must be at least 1")
-    if not args.step_timeout > 0:
-        raise ValueError("--step-timeout must be a number of seconds > 0")
+    if not 0 < args.step_timeout < math.inf:
+        raise ValueError("--step-timeout must be a finite number of seconds > 0")
     for output in (args.save, args.json):
         if output is not None:
             check_output_path(output)
