@@ -3,7 +3,8 @@ that another thread delivers, a sender's failure ends the wait with the sender's
 message that never comes is a ``TimeoutError`` naming it; jobs queued by the task thread run
 while its message is missing, and clearing the mailbox ends the waits under way (or, given the
 count of clears they start from, the waits begun after it). The transfer reports held for the
-task are taken once, in order, and a clear keeps them."""
+task are taken once, in order, and a clear keeps them; an envelope gives back the key and the
+sender it packed."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from concurrent.futures import Future
 import numpy as np
 import pytest
 
-from dasknn.runtime.postbox import Mailbox, StepFailed
+from dasknn.runtime.postbox import Mailbox, StepFailed, open_envelope, pack_envelope
 
 
 def test_take_waits_for_a_message_delivered_by_another_thread():
@@ -125,3 +126,12 @@ def test_held_receipts_are_taken_once_in_order_and_survive_a_clear():
     assert receipts == [(("m", 1), "tcp://a", 48), (("m", 2), "tcp://b", 8)]
     assert all(type(nbytes) is int for _, _, nbytes in receipts)  # msgpack-able
     assert box.take_receipts() == []
+
+
+def test_an_envelope_gives_back_the_key_and_the_sender_it_packed():
+    key = ("dp-token", np.int64(3), "sparse", "push", 1, 2, -1)
+    envelope = pack_envelope(key, "tcp://127.0.0.1:4321")
+    assert type(envelope) is bytes  # sent by Dask as it is, one frame
+    opened, sender = open_envelope(envelope)
+    assert opened == key and hash(opened) == hash(key) and sender == "tcp://127.0.0.1:4321"
+    assert [type(part) for part in opened] == [type(part) for part in key]

@@ -10,7 +10,8 @@ returns. :func:`run_programs` is the one task a worker runs for one or more cons
 (``steps_per_task`` of the model): it runs each step's program, the tasks one after the other,
 takes the values made elsewhere from the model's mailbox
 (:class:`~dasknn.runtime.postbox.Mailbox`) and posts each value another worker reads to that
-worker's :class:`~dasknn.runtime.postbox.Postbox` actor, which holds the message's transfer
+worker's :class:`~dasknn.runtime.postbox.Postbox` actor (key and sender in one packed
+envelope, :meth:`~dasknn.runtime.postbox.Postbox.post_packed`), which holds the message's transfer
 report (``held_reports``) in the mailbox; the task reports every message its worker received
 to the transfer monitor in one event as it ends (before its result, on the same stream), as
 Dask's own transfers are reported. Every message keeps the key of its own step, so the
@@ -41,7 +42,7 @@ from dasknn.data_parallel.hybrid import STEP
 from dasknn.data_parallel.worker_state import replica_state
 from dasknn.runtime.keys import dp_key, parse_dp_key
 from dasknn.runtime.measure import report_transfers
-from dasknn.runtime.postbox import StepFailed
+from dasknn.runtime.postbox import StepFailed, pack_envelope
 
 __all__ = ["WorkerProgram", "program_tasks", "run_programs", "worker_programs"]
 
@@ -171,7 +172,7 @@ def run_programs(token: str, steps: list[int], programs: list, postboxes: list) 
     state = replica_state(token)
     worker = get_worker()
     address = worker.address
-    post = [box.post for box in postboxes]  # the actor's method, looked up once a task
+    post = [box.post_packed for box in postboxes]  # the actor's method, looked up once a task
     earlier, state.posts = state.posts, []
     results = []
     try:
@@ -188,8 +189,10 @@ def run_programs(token: str, steps: list[int], programs: list, postboxes: list) 
                         if key not in values:
                             values[key] = state.mailbox.take(key, failed)
                     values[task.key] = value = task({key: values[key] for key in task.dependencies})
-                    for receiver in program.sends.get(task.key, ()):
-                        state.posts.append(post[receiver](task.key, address, value))
+                    receivers = program.sends.get(task.key, ())
+                    envelope = pack_envelope(task.key, address) if receivers else None
+                    for receiver in receivers:
+                        state.posts.append(post[receiver](envelope, value))
             except BaseException as error:
                 _tell_others(token, step, program.worker, address, postboxes, error)
                 raise

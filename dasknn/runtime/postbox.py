@@ -13,10 +13,15 @@ sending side is posted as well and ends that wait with the sender's error, and c
 mailbox (the steps in flight were dropped) ends it with ``RuntimeError``. While the message has
 not arrived, the waiting task runs the jobs it queued there (the weight updates of a
 model-parallel step, :meth:`Mailbox.queue_idle`).
+
+:meth:`Postbox.post_packed` takes the message's key and sender packed into one ``bytes``
+(:func:`pack_envelope`): Dask serializes each argument of an actor call, a key tuple element by
+element (one pickle and one frame each), and sends ``bytes`` as they are.
 """
 
 from __future__ import annotations
 
+import pickle
 import threading
 from collections import deque
 
@@ -24,7 +29,15 @@ from distributed import get_worker
 
 from dasknn.runtime.measure import report_transfer
 
-__all__ = ["MESSAGE_TIMEOUT", "POST_POLL_SECONDS", "Mailbox", "Postbox", "StepFailed"]
+__all__ = [
+    "MESSAGE_TIMEOUT",
+    "POST_POLL_SECONDS",
+    "Mailbox",
+    "Postbox",
+    "StepFailed",
+    "open_envelope",
+    "pack_envelope",
+]
 
 #: Seconds a task waits for a message posted by another worker before it fails.
 MESSAGE_TIMEOUT = 600.0
@@ -32,6 +45,17 @@ MESSAGE_TIMEOUT = 600.0
 #: Seconds between two checks, while a post is not yet delivered, that the mailbox was not
 #: cleared (:meth:`Mailbox.wait_posted`).
 POST_POLL_SECONDS = 0.25
+
+
+def pack_envelope(key, sender: str) -> bytes:
+    """A message's key and the address of the worker that sends it, packed for
+    :meth:`Postbox.post_packed` (one pickle)."""
+    return pickle.dumps((key, sender), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def open_envelope(envelope: bytes) -> tuple:
+    """``(key, sender)`` packed by :func:`pack_envelope`."""
+    return pickle.loads(envelope)
 
 
 class Postbox:
@@ -64,6 +88,12 @@ class Postbox:
             self.state.hold_receipt(key, sender, value.nbytes)
         else:
             report_transfer(self.worker, key, sender, value.nbytes)
+
+    async def post_packed(self, envelope: bytes, value) -> None:
+        """:meth:`post` of the message whose key and sender ``envelope`` holds
+        (:func:`pack_envelope`)."""
+        key, sender = open_envelope(envelope)
+        await self.post(key, sender, value)
 
 
 class StepFailed:
