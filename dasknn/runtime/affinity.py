@@ -54,14 +54,14 @@ def _bind_threads(cores: set[int]) -> None:
 class PinCores(WorkerPlugin):
     """Worker plugin binding each worker of ``slots`` to one core (see the module docstring).
 
+    The core is kept as the worker attribute ``dasknn_pinned_core`` (``None`` where the worker
+    was left as it was).
+
     Parameters
     ----------
     slots : dict of str to int
         Worker address to its slot: the worker gets the ``slot``-th core (modulo their number)
         of the cores its process may run on when the plugin is set up.
-
-    The core is kept as the worker attribute ``dasknn_pinned_core`` (``None`` where the worker
-    was left as it was).
     """
 
     name = PLUGIN_NAME
