@@ -482,7 +482,7 @@ def main() -> None:
                             )
                             r = rows[label]
                             print(
-                                f"  N={n} {label:16s} {r['seconds'] * 1e3:9.1f} ms/step "
+                                f"  N={n} {label:22s} {r['seconds'] * 1e3:9.1f} ms/step "
                                 f"{batch / r['seconds']:9.0f} windows/s "
                                 f"{r['bytes_per_step'] / 1e6:9.2f} MB/step between workers "
                                 f"(measured = predicted: {r['exact']}, alpha {r['alpha']:.4f})",
