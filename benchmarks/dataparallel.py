@@ -26,8 +26,10 @@ median; ``--search-repeats`` brute-force passes), and prints both. ``--architect
 subset of the dasknn architectures; ``--messages tasks posted`` runs each of them with a task
 graph per step and with one task per worker and posted messages (``messages=`` of the model;
 the search uses the last one named; ``--steps-per-task K ...`` runs the posted mode once for
-each ``steps_per_task=K`` of the model, labelled ``posted/kK``). ``--ddp-kinds sparse`` runs
-DDP-sparse only. ``--learn``
+each ``steps_per_task=K`` of the model, labelled ``posted/kK``). ``--reuse-memory`` runs every
+dasknn variant a second time with ``reuse_memory=True`` (labelled ``+reuse``), after all the
+untuned ones on the same cluster (the workers keep the malloc setting until they restart).
+``--ddp-kinds sparse`` runs DDP-sparse only. ``--learn``
 trains a next-word model on the prose corpus with the hybrid architecture and in one process,
 and prints the held-out perplexity of both and of the unigram distribution per epoch.
 
@@ -131,6 +133,7 @@ def run_dasknn(
     warmup: int,
     messages: str = "tasks",
     steps_per_task: int | None = None,
+    reuse_memory: bool = False,
 ) -> dict:
     from dasknn.data_parallel import data_parallel
     from dasknn.optim import SGD
@@ -144,6 +147,7 @@ def run_dasknn(
         architecture=arch,
         sparse_partitions=shards,
         messages=messages,
+        reuse_memory=reuse_memory,
         **per_task,
     ) as dp:
         for X, y in batches[:warmup]:
@@ -397,6 +401,7 @@ def main() -> None:
     )
     parser.add_argument("--messages", nargs="+", default=["tasks"], choices=["tasks", "posted"])
     parser.add_argument("--steps-per-task", type=int, nargs="+", default=None)
+    parser.add_argument("--reuse-memory", action="store_true")
     parser.add_argument("--learn", action="store_true")
     parser.add_argument("--learn-windows", type=int, default=60000)
     parser.add_argument("--learn-epochs", type=int, default=5)
@@ -431,15 +436,18 @@ def main() -> None:
         have_torch = False
     from distributed import Client
 
-    # (messages, steps_per_task, label suffix) of every dasknn run
+    # (messages, steps_per_task, reuse_memory, label suffix) of every dasknn run, the tuned
+    # ones last
     variants = []
     for messages in args.messages:
         if messages == "tasks":
-            variants.append((messages, None, ""))
+            variants.append((messages, None, False, ""))
         elif args.steps_per_task is None:
-            variants.append((messages, None, "/posted"))
+            variants.append((messages, None, False, "/posted"))
         else:
-            variants += [(messages, k, f"/posted/k{k}") for k in args.steps_per_task]
+            variants += [(messages, k, False, f"/posted/k{k}") for k in args.steps_per_task]
+    if args.reuse_memory:
+        variants += [(m, k, True, f"{suffix}+reuse") for m, k, _, suffix in variants]
     for name in args.models:
         setup = zipf_setup(args.steps) if name == "zipf" else corpus_setup(args.steps)
         setup = with_output(setup, args)
@@ -459,8 +467,8 @@ def main() -> None:
             rows = {}
             with NetCluster(workers=n, rate=args.rate, env=env) as cluster:
                 with Client(cluster.address) as client:
-                    for arch in args.architectures:
-                        for messages, per_task, suffix in variants:
+                    for reuse, arch in [(r, a) for r in (False, True) for a in args.architectures]:
+                        for messages, per_task, _, suffix in (v for v in variants if v[2] == reuse):
                             label = f"{arch}{suffix}"
                             rows[label] = run_dasknn(
                                 client,
@@ -470,10 +478,11 @@ def main() -> None:
                                 args.warmup,
                                 messages,
                                 per_task,
+                                reuse,
                             )
                             r = rows[label]
                             print(
-                                f"  N={n} {label:16s} {r['seconds'] * 1e3:9.1f} ms/step "
+                                f"  N={n} {label:22s} {r['seconds'] * 1e3:9.1f} ms/step "
                                 f"{batch / r['seconds']:9.0f} windows/s "
                                 f"{r['bytes_per_step'] / 1e6:9.2f} MB/step between workers "
                                 f"(measured = predicted: {r['exact']}, alpha {r['alpha']:.4f})",
@@ -502,7 +511,7 @@ def main() -> None:
                                 f"{batch / r['seconds']:9.0f} windows/s",
                                 flush=True,
                             )
-            for _, _, suffix in variants:
+            for *_, suffix in variants:
                 if f"hybrid{suffix}" not in rows:
                     continue
                 hyb = rows[f"hybrid{suffix}"]["seconds"]
@@ -515,9 +524,10 @@ def main() -> None:
                     ]
                 if suffix and "hybrid" in rows:
                     ratios.append(f"{rows['hybrid']['seconds'] / hyb:.2f}x hybrid (tasks)")
-                if suffix != variants[0][2] and f"hybrid{variants[0][2]}" in rows:
-                    first = rows[f"hybrid{variants[0][2]}"]["seconds"]
-                    ratios.append(f"{first / hyb:.2f}x hybrid{variants[0][2]}")
+                first_suffix = variants[0][3]
+                if suffix != first_suffix and f"hybrid{first_suffix}" in rows:
+                    first = rows[f"hybrid{first_suffix}"]["seconds"]
+                    ratios.append(f"{first / hyb:.2f}x hybrid{first_suffix}")
                 for label in ("DDP-sparse", "DDP-dense"):
                     if label in rows:
                         ratios.append(f"{rows[label]['seconds'] / hyb:.2f}x {label}")

@@ -8,6 +8,7 @@ import gc
 import os
 import re
 import signal
+import sys
 import time
 
 import dask
@@ -24,6 +25,7 @@ from dasknn.runtime.cluster import local_cluster, scheduler_workers
 from dasknn.runtime.keys import parse_dp_key
 from dasknn.runtime.measure import TOPIC as TRANSFER_TOPIC
 from dasknn.runtime.step_timeout import StepTimeoutError
+from dasknn.runtime.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
 
 V, C, D = 24, 2, 3
 STEPS = 5
@@ -473,6 +475,7 @@ def test_bad_input_before_anything_is_scheduled(client4):
         ({"steps_per_task": 0}, "steps_per_task"),
         ({"steps_per_task": 1.5}, "steps_per_task"),
         ({"messages": "tasks", "steps_per_task": 2}, "steps_per_task"),
+        ({"reuse_memory": "yes"}, "reuse_memory"),
     ]
     plugins_before = _plugin_names(client4)
     for kwargs, match in bad:
@@ -482,6 +485,8 @@ def test_bad_input_before_anything_is_scheduled(client4):
     with data_parallel(model, client4) as dp:
         workers = len(scheduler_workers(client4))
         assert key_cache_bound_count(client4, dp.token) == 1 + workers
+        # the default leaves the workers' malloc alone
+        assert not any(n.startswith(REUSE_MEMORY_PLUGIN) for n in _scheduler_plugins(client4))
         for X, y, match in [
             (np.full((3, C), V), np.zeros(3, int), "outside the vocabulary"),
             (np.zeros((3, C + 1), int), np.zeros(3, int), "shape"),
@@ -496,6 +501,35 @@ def test_bad_input_before_anything_is_scheduled(client4):
 
 def _plugin_names(client):
     return client.run(lambda dask_worker: sorted(dask_worker.plugins))
+
+
+def _scheduler_plugins(client) -> list[str]:
+    """The names of the worker plugins the scheduler gives every (new) worker."""
+    return client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.worker_plugins))
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="the tuning applies to glibc's malloc"
+)
+def test_reuse_memory_tunes_the_workers_until_close(client4):
+    workers = sorted(scheduler_workers(client4))[:2]
+    model = EmbeddingMLP(V, C, D, hidden=(4,), dtype=np.float64, seed=7)
+    optimizer = SGD(lr=0.4, momentum=0.5)
+    batches = _batches(2)[:3]
+    want = _one_process(model, batches, optimizer)
+    dp = data_parallel(model, client4, workers=workers, reuse_memory=True)
+    name = f"{REUSE_MEMORY_PLUGIN}-{dp.token}"
+    try:
+        assert name in _scheduler_plugins(client4)
+        tuned = client4.run(lambda dask_worker: dask_worker.dasknn_malloc_tuned, workers=workers)
+        assert tuned == {w: True for w in workers}
+        for X, y in batches:
+            dp.train_step(X, y, optimizer=optimizer)
+        _assert_same(dp.gather(), want, 1e-9)
+    finally:
+        dp.close()
+    assert name not in _scheduler_plugins(client4)
+    assert all(name not in names for names in _plugin_names(client4).values())
 
 
 def _exit_soon():

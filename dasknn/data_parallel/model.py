@@ -51,6 +51,8 @@ from dasknn.runtime.step_timeout import (
     step_timeout_error,
 )
 from dasknn.runtime.waiting import WorkerLostError, run_naming_loss
+from dasknn.runtime.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
+from dasknn.runtime.worker_memory import ReuseFreedMemory
 
 __all__ = ["DataParallelEmbeddingMLP", "data_parallel"]
 
@@ -153,6 +155,14 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         at the memory limit; running). The step's futures are released, the workers still
         answering end its waits (``"posted"``), and the model is unusable afterwards. A
         positive finite number.
+    reuse_memory : bool
+        Opt in to :class:`~dasknn.runtime.worker_memory.ReuseFreedMemory` on the workers (under
+        the name ``f"{PLUGIN_NAME}-{token}"``, removed on :meth:`close`), so the buffers a step
+        frees (messages, row and dense gradients, assembled rows) are reused by the next step
+        instead of being returned to the OS and faulted in again (Dask's nanny starts workers
+        with ``MALLOC_TRIM_THRESHOLD_=65536``). A process-wide malloc setting that stays in the
+        worker processes after ``close()``: use it on a cluster of your own. ``False`` (the
+        default) leaves the workers' malloc as it is.
 
     Raises
     ------
@@ -175,8 +185,12 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         messages: str = "posted",
         steps_per_task: int | None = None,
         step_timeout: float = DEFAULT_STEP_TIMEOUT,
+        reuse_memory: bool = False,
     ) -> None:
         self.step_timeout = check_step_timeout(step_timeout)
+        if not isinstance(reuse_memory, bool):
+            raise ValueError(f"reuse_memory must be True or False, got {reuse_memory!r}")
+        self.reuse_memory = reuse_memory
         if not isinstance(model, EmbeddingMLP):
             raise ValueError(f"model must be an EmbeddingMLP, got {type(model).__name__}")
         if architecture not in ARCHITECTURES:
@@ -254,6 +268,8 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         self._gathered: tuple[int, EmbeddingMLP] | None = None
         self._placement = _Placement(self.workers)
         self._postboxes: list = []
+        #: The name of the model's ReuseFreedMemory plugin while it is registered.
+        self._memory_plugin: str | None = None
         self._open = False
         #: Why the model is unusable: a step that timed out, perhaps applied on some workers only.
         self._failed: str | None = None
@@ -291,10 +307,16 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
             )
 
     def close(self) -> None:
-        """Remove the model's worker plugin (and with it every value it held)."""
+        """Remove the model's worker plugins (and with them every value it held)."""
         if self._open:
             self._open = False
             self._postboxes.clear()
+            memory_plugin, self._memory_plugin = self._memory_plugin, None
+            try:
+                if memory_plugin is not None:
+                    self.client.unregister_worker_plugin(memory_plugin)
+            except Exception:  # noqa: BLE001 - a cluster already gone holds nothing
+                pass
             try:
                 self._unregister()
             except Exception:  # noqa: BLE001 - a cluster already gone holds nothing
@@ -302,7 +324,12 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
 
     # ------------------------------------------------------------------ placement
     def _install(self, model: EmbeddingMLP) -> None:
-        """Place ``model``'s values, and make each worker's postbox (``messages="posted"``)."""
+        """Tune the workers' malloc (``reuse_memory``), place ``model``'s values, and make each
+        worker's postbox (``messages="posted"``)."""
+        if self.reuse_memory:
+            name = f"{REUSE_MEMORY_PLUGIN}-{self.token}"
+            self.client.register_plugin(ReuseFreedMemory(), name=name)
+            self._memory_plugin = name
         self._place(model, self.n_shards)
         if self.messages == "posted":
             self._postboxes = [

@@ -12,8 +12,9 @@ training``, gives the measured share and slowdown with the machine they were tak
 that a worker keeps the peak of its step's buffers mapped between steps (which the next step
 needs again anyway). On a C library other than glibc it does nothing.
 
-The setting is process-wide, so it is opt-in: :class:`~dasknn.model_parallel.DistributedSparseMLP`
-and :class:`~dasknn.pipeline_parallel.PipelineMLP` install the plugin only with
+The setting is process-wide, so it is opt-in: :class:`~dasknn.model_parallel.DistributedSparseMLP`,
+:class:`~dasknn.pipeline_parallel.PipelineMLP` and
+:class:`~dasknn.data_parallel.DataParallelEmbeddingMLP` install the plugin only with
 ``reuse_memory=True``, under a name of their own, and remove it on ``close()`` (workers already
 tuned keep the setting until they restart: glibc has no way back to the environment's thresholds
 short of setting them again).
@@ -64,9 +65,10 @@ def tune_malloc() -> bool:
 class ReuseFreedMemory(WorkerPlugin):
     """Worker plugin running :func:`tune_malloc` on every worker, present and future.
 
-    Installed by :class:`~dasknn.model_parallel.DistributedSparseMLP` and
-    :class:`~dasknn.pipeline_parallel.PipelineMLP` with ``reuse_memory=True`` (under the name
-    ``f"{PLUGIN_NAME}-{token}"``). The outcome is kept as the worker attribute
+    Installed by :class:`~dasknn.model_parallel.DistributedSparseMLP`,
+    :class:`~dasknn.pipeline_parallel.PipelineMLP` and
+    :class:`~dasknn.data_parallel.DataParallelEmbeddingMLP` with ``reuse_memory=True`` (under
+    the name ``f"{PLUGIN_NAME}-{token}"``). The outcome is kept as the worker attribute
     ``dasknn_malloc_tuned``.
     """
 
