@@ -28,7 +28,8 @@ graph per step and with one task per worker and posted messages (``messages=`` o
 the search uses the last one named; ``--steps-per-task K ...`` runs the posted mode once for
 each ``steps_per_task=K`` of the model, labelled ``posted/kK``). ``--reuse-memory`` runs every
 dasknn variant a second time with ``reuse_memory=True`` (labelled ``+reuse``), after all the
-untuned ones on the same cluster (the workers keep the malloc setting until they restart).
+untuned ones on the same cluster (the workers keep the malloc setting until they restart);
+``--reuse-memory only`` runs the tuned variants alone.
 ``--ddp-kinds sparse`` runs DDP-sparse only. ``--learn``
 trains a next-word model on the prose corpus with the hybrid architecture and in one process,
 and prints the held-out perplexity of both and of the unigram distribution per epoch.
@@ -401,7 +402,14 @@ def main() -> None:
     )
     parser.add_argument("--messages", nargs="+", default=["tasks"], choices=["tasks", "posted"])
     parser.add_argument("--steps-per-task", type=int, nargs="+", default=None)
-    parser.add_argument("--reuse-memory", action="store_true")
+    parser.add_argument(
+        "--reuse-memory",
+        nargs="?",
+        const="also",
+        choices=["also", "only"],
+        help="also: every dasknn variant again with reuse_memory=True after the untuned ones; "
+        "only: the tuned variants alone (workers tuned from their first step)",
+    )
     parser.add_argument("--learn", action="store_true")
     parser.add_argument("--learn-windows", type=int, default=60000)
     parser.add_argument("--learn-epochs", type=int, default=5)
@@ -447,7 +455,8 @@ def main() -> None:
         else:
             variants += [(messages, k, False, f"/posted/k{k}") for k in args.steps_per_task]
     if args.reuse_memory:
-        variants += [(m, k, True, f"{suffix}+reuse") for m, k, _, suffix in variants]
+        tuned = [(m, k, True, f"{suffix}+reuse") for m, k, _, suffix in variants]
+        variants = tuned if args.reuse_memory == "only" else variants + tuned
     for name in args.models:
         setup = zipf_setup(args.steps) if name == "zipf" else corpus_setup(args.steps)
         setup = with_output(setup, args)
