@@ -23,6 +23,7 @@ from dasknn.model_parallel.microbatches import (
 from dasknn.model_parallel.taskgraph import StepPriority
 from dasknn.optim import SGD, Adam
 from dasknn.runtime.keys import phase_names, step_key
+from dasknn.runtime.measure import TOPIC as TRANSFER_TOPIC
 
 pytestmark = pytest.mark.minversions
 
@@ -70,6 +71,7 @@ def test_microbatched_steps_equal_the_single_process_steps(
     parts = [rng.integers(0, 3, size=n) for n in model.layer_sizes]
     fit = {"batch_size": 7, "epochs": 2, "seed": 3, "progress": False, "optimizer": optimizer}
     options = {"microbatches": microbatches, "messages": messages}
+    start = time.time()  # the scheduler's clock: it runs in this process
     with DistributedSparseMLP(model, dask_client, parts, **options) as dist:
         assert dist.step_microbatches(7) == microbatches
         assert dist.step_microbatches(2) == min(microbatches, 2)
@@ -85,7 +87,18 @@ def test_microbatched_steps_equal_the_single_process_steps(
         trained = dist.gather()
         keys = dask_client.run_on_scheduler(_model_keys, token=dist.token)
         assert any("postbox" in key for key in keys) == (messages == "actors")
+        events = [m for t, m in dask_client.get_events(TRANSFER_TOPIC) if t >= start]
     assert report.payload == report.predicted
+    # posted messages: each worker's step task reports those its worker received in one event
+    # (2 workers, 4 batches x 2 epochs + 1 steps), no event a message
+    posted = [m for m in events if "transfers" in m]
+    if messages == "actors":
+        assert 0 < len(posted) <= 2 * 9
+        assert sum(len(m["transfers"]) for m in posted) == sum(
+            row["messages"] for row in report.pairs.values()
+        )
+    else:
+        assert not posted
     # with actors the task thread applies the updates in its waits, else the background thread
     assert all(t["update"] > 0 for t in timings)
     if messages == "actors":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 
 import numpy as np
 import pytest
@@ -28,6 +29,7 @@ from dasknn.pruning import magnitude_masks
 from dasknn.runtime.affinity import pinned_core
 from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.keys import parse_pipeline_key, pipeline_key
+from dasknn.runtime.measure import TOPIC as TRANSFER_TOPIC
 from dasknn.runtime.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
 
 SIZES = (30, 24, 16, 5)
@@ -355,17 +357,24 @@ def test_posted_messages_run_a_task_per_stage_and_time_every_pass(client4):
     CPU time and page faults beside its wall-clock time."""
     model, x, y = problem()
     client4.register_plugin(_RecordConsumers())
+    start = time.time()  # the scheduler's clock: it runs in this process
     try:
         with PipelineMLP(model, client4, stages=3, microbatches=4, schedule="1f1b") as pipe:
             pipe.train_step(x, y, lr=0.1)
             keys = [parse_pipeline_key(k) for k in client4.run_on_scheduler(_consumers)]
             report = pipe.comm_report()
             step = pipe.step_report()
+            events = [m for t, m in client4.get_events(TRANSFER_TOPIC) if t >= start]
     finally:
         client4.unregister_scheduler_plugin(_RecordConsumers.name)
     kinds = {k.kind for k in keys if k.token == pipe.token}
     assert "run" in kinds and not kinds & {"fwd", "bwd", "fwd-done", "bwd-done"}
     assert report.exact and report.pipeline_messages == 2 * 2 * 4, report
+    # each stage's task reports the messages it received in one event (stages 1 and 2 get
+    # forward messages, stages 0 and 1 backward ones), not one event a message
+    posted = [m for m in events if "transfers" in m]
+    assert 0 < len(posted) <= 3
+    assert sum(len(m["transfers"]) for m in posted) == 2 * 2 * 4
     for s in range(3):
         events, usage = step[(s, 0)]["events"], step[(s, 0)]["usage"]
         passes = [(kind, u) for kind, u, _, _ in events if kind in "FB"]

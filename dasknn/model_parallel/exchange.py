@@ -10,11 +10,13 @@ itself (the same per-part functions as the tasks of the default mode,
 message for a part on another worker is posted to that worker's
 :class:`~dasknn.runtime.postbox.Postbox`, a Dask actor (one per worker and model, documented API:
 its method calls go from worker to worker without the scheduler), which leaves it in the
-receiving model plugin's mailbox, where the receiving part waits for it. The postbox reports
-every message it receives to the communication monitor
-(:func:`dasknn.runtime.measure.report_transfer`), so the volume is measured as in the default
-mode. Microbatches interleave within the task: the worker computes microbatch ``i + 1`` of a
-layer while the messages of microbatch ``i`` travel.
+receiving model plugin's mailbox, where the receiving part waits for it. The message's key and
+sender travel in one packed envelope (:meth:`~dasknn.runtime.postbox.Postbox.post_packed`), and
+the postbox holds the message's transfer report (``held_reports``) in the mailbox; the step task
+reports every message its worker received to the communication monitor in one event as it ends
+(:func:`dasknn.runtime.measure.report_transfers`, before its result, on the same stream), so the
+volume is measured as in the default mode. Microbatches interleave within the task: the worker
+computes microbatch ``i + 1`` of a layer while the messages of microbatch ``i`` travel.
 
 The scheduler still sees one task per worker and step, its data dependencies (the plans, data
 blocks and postboxes on the workers) and the order of steps; it no longer sees the layer steps.
@@ -25,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dask.task_spec import List, Task, TaskRef
+from distributed import get_worker
 
 from dasknn.model_parallel.layout import Layout
 from dasknn.model_parallel.plan import CommPlan
@@ -37,6 +40,7 @@ from dasknn.model_parallel.steps import (
 )
 from dasknn.model_parallel.worker_state import model_state
 from dasknn.runtime.keys import phase_names, step_key
+from dasknn.runtime.measure import report_transfers
 
 __all__ = ["ActorStepTemplate", "WorkerProgram", "postbox_key", "worker_step"]
 
@@ -186,47 +190,50 @@ def worker_step(
         """The plan of part ``m`` for layer ``k + 1`` (``None`` outside ``0..L-1``)."""
         return plans[index[m] * L + k] if 0 <= k < L else None
 
-    for k in range(L):
-        for i in range(M):
-            for m in program.parts:
-                inputs = {"x0": xs[index[m]], "x0_rows": rows[i]} if k == 0 else {}
-                route = program.forward[(k, m)]
-                forward_task(
-                    ctx,
-                    m,
-                    k,
-                    NO_RECEIVER,
-                    plan(k - 1, m),
-                    plan(k, m),
-                    route=route,
-                    microbatch=i,
-                    **inputs,
-                )
-    lse = [None] * M
-    if ctx.loss == "softmax_cross_entropy":
-        lse = _logsumexp(owner, ctx, program, workers, plan, ys, rows)
-    loss = 0.0
-    for k in range(L, 0, -1):
-        for i in range(M):
-            for m in program.parts:
-                last = {}
-                if k == L:
-                    last = {"y": ys[index[m]], "y_rows": rows[i], "lse": lse[i]}
-                    last["forward_route"] = program.last_forward[m]
-                share = backward_task(
-                    ctx,
-                    m,
-                    k,
-                    NO_RECEIVER,
-                    plan(k - 1, m),
-                    plan(k, m),
-                    route=program.backward[(k, m)],
-                    microbatch=i,
-                    **last,
-                )
-                if k == 1:
-                    loss += share
-    owner.check_posts()
+    try:
+        for k in range(L):
+            for i in range(M):
+                for m in program.parts:
+                    inputs = {"x0": xs[index[m]], "x0_rows": rows[i]} if k == 0 else {}
+                    route = program.forward[(k, m)]
+                    forward_task(
+                        ctx,
+                        m,
+                        k,
+                        NO_RECEIVER,
+                        plan(k - 1, m),
+                        plan(k, m),
+                        route=route,
+                        microbatch=i,
+                        **inputs,
+                    )
+        lse = [None] * M
+        if ctx.loss == "softmax_cross_entropy":
+            lse = _logsumexp(owner, ctx, program, workers, plan, ys, rows)
+        loss = 0.0
+        for k in range(L, 0, -1):
+            for i in range(M):
+                for m in program.parts:
+                    last = {}
+                    if k == L:
+                        last = {"y": ys[index[m]], "y_rows": rows[i], "lse": lse[i]}
+                        last["forward_route"] = program.last_forward[m]
+                    share = backward_task(
+                        ctx,
+                        m,
+                        k,
+                        NO_RECEIVER,
+                        plan(k - 1, m),
+                        plan(k, m),
+                        route=program.backward[(k, m)],
+                        microbatch=i,
+                        **last,
+                    )
+                    if k == 1:
+                        loss += share
+        owner.check_posts()
+    finally:  # every message this worker received so far, in one event before the result
+        report_transfers(get_worker(), owner.mailbox.take_receipts())
     return loss
 
 

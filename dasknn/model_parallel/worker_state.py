@@ -33,7 +33,7 @@ from distributed import get_worker
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from dasknn.optim import Optimizer, OptimizerSlots
-from dasknn.runtime.postbox import MESSAGE_TIMEOUT, Mailbox
+from dasknn.runtime.postbox import MESSAGE_TIMEOUT, Mailbox, pack_envelope
 
 __all__ = [
     "TIMING_KINDS",
@@ -256,10 +256,17 @@ class ModelState(WorkerPlugin):
         """Leave the message ``key`` in the mailbox (from any thread or the event loop)."""
         self.mailbox.deliver(key, rows)
 
+    def hold_receipt(self, key: tuple, sender: str, nbytes: int) -> None:
+        """Keep the transfer report of a posted message for the step task that reports them all
+        (the postbox calls it)."""
+        self.mailbox.hold_receipt(key, sender, nbytes)
+
     def post(self, address: str, key: tuple, rows: np.ndarray) -> None:
         """Post the message ``key`` to the mailbox of the worker at ``address`` through its
-        postbox actor; :meth:`check_posts` raises if a post failed."""
-        self._posts.append(self.postboxes[address].post(key, self.address, rows))
+        postbox actor (key and sender in one envelope); :meth:`check_posts` raises if a post
+        failed."""
+        envelope = pack_envelope(key, self.address)
+        self._posts.append(self.postboxes[address].post_packed(envelope, rows))
 
     def check_posts(self) -> None:
         """Wait until every message posted so far is delivered; re-raise a failed post's error,

@@ -26,7 +26,8 @@ from dasknn.model.compressed_mlp import first_nonfinite_layer, nonfinite_loss_er
 from dasknn.runtime.affinity import migrations
 from dasknn.runtime.alignment import local_copy
 from dasknn.runtime.keys import parse_pipeline_key, pipeline_key
-from dasknn.runtime.postbox import Mailbox, StepFailed
+from dasknn.runtime.measure import report_transfers
+from dasknn.runtime.postbox import Mailbox, StepFailed, pack_envelope
 
 #: Seconds a failing stage waits for its neighbours to be told (``messages="posted"``).
 FAILURE_POST_TIMEOUT = 10.0
@@ -100,6 +101,11 @@ class StageState(WorkerPlugin):
     def deliver(self, key: tuple, value) -> None:
         """Leave a message posted to this stage in its mailbox (the postbox calls it)."""
         self.mailbox.deliver(key, value)
+
+    def hold_receipt(self, key: tuple, sender: str, nbytes: int) -> None:
+        """Keep the transfer report of a message posted to this stage for the step task that
+        reports them all (the postbox calls it)."""
+        self.mailbox.hold_receipt(key, sender, nbytes)
 
     def record(self, step: int, kind: str, microbatch: int, start: tuple) -> None:
         """Keep the pass's wall-clock start and end, and its thread's CPU time, minor page
@@ -237,8 +243,11 @@ def run_stage(
     A forward pass of stage ``s > 0`` takes the message ``pipeline_key(token, "fwd", step, s - 1,
     d, u)`` from the mailbox, a backward pass of ``s < S - 1`` the message ``("bwd", s + 1)``; a
     pass that sends posts its result under its own pass key to the ``following`` (forward) or
-    ``previous`` (backward) stage's postbox, while this stage goes on with its next pass. The
-    task ends once every post was delivered. If a pass fails, the stage posts the error to both
+    ``previous`` (backward) stage's postbox (key and sender in one envelope,
+    :meth:`~dasknn.runtime.postbox.Postbox.post_packed`), while this stage goes on with its next
+    pass; the postbox holds each message's transfer report, and the task reports those of every
+    message the stage received in one event as it ends. The task ends once every post was
+    delivered. If a pass fails, the stage posts the error to both
     neighbours (under their ``failed`` key of the step), whose waits then raise it too, so no
     stage of the replica waits for a message that will not come.
 
@@ -258,7 +267,8 @@ def run_stage(
     since = state.mailbox.clears
     state.mailbox.drop(lambda key: parse_pipeline_key(key).step >= step)
     s, d = state.stage, state.replica
-    address = get_worker().address
+    worker = get_worker()
+    address = worker.address
     failed = pipeline_key(token, "failed", step, s, d)
     posts, losses = [], []
     try:
@@ -276,8 +286,8 @@ def run_stage(
                 if state.last:
                     losses.append(result)
                 else:
-                    key = pipeline_key(token, "fwd", step, s, d, u)
-                    posts.append(following.post(key, address, result))
+                    envelope = pack_envelope(pipeline_key(token, "fwd", step, s, d, u), address)
+                    posts.append(following.post_packed(envelope, result))
             else:
                 incoming = None
                 if not state.last:
@@ -285,13 +295,15 @@ def run_stage(
                     incoming = state.mailbox.take(key, failed, since=since)
                 out = _backward(state, step, u, incoming)
                 if s > 0:
-                    key = pipeline_key(token, "bwd", step, s, d, u)
-                    posts.append(previous.post(key, address, out))
+                    envelope = pack_envelope(pipeline_key(token, "bwd", step, s, d, u), address)
+                    posts.append(previous.post_packed(envelope, out))
         state.mailbox.wait_posted(posts, since=since)
     except BaseException as error:
         if state.dropped_step < step:  # a dropped step's other stages were dropped as well
             _tell_neighbours(token, step, s, d, address, previous, following, error)
         raise
+    finally:  # every message this stage received so far, in one event before the result
+        report_transfers(worker, state.mailbox.take_receipts())
     return losses
 
 

@@ -79,14 +79,16 @@ class Postbox:
     async def post(self, key, sender: str, value) -> None:
         """Leave the message ``key`` from the worker at ``sender`` with the plugin and report its
         bytes (``value.nbytes``; none for a :class:`StepFailed`) to the communication monitor,
-        or hold the report with the plugin (``held_reports``); runs on the worker's event
-        loop."""
-        self.state.deliver(key, value)
+        or hold the report with the plugin (``held_reports``: before the message is left, so
+        a task that took it finds its report held); runs on the worker's event loop."""
         if isinstance(value, StepFailed):
+            self.state.deliver(key, value)
             return
         if self.held_reports:
             self.state.hold_receipt(key, sender, value.nbytes)
+            self.state.deliver(key, value)
         else:
+            self.state.deliver(key, value)
             report_transfer(self.worker, key, sender, value.nbytes)
 
     async def post_packed(self, envelope: bytes, value) -> None:
