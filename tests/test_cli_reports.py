@@ -144,4 +144,3 @@ def test_partition_json_holds_the_table_and_the_volume_per_layer(tmp_path, capsy
         assert row["method_metrics"]["layer_volume"] == volume
         assert row["method_metrics"]["total_volume"] == sum(volume)
         assert f"| {row['nparts']} | {row['avg_volume_ratio']:.3f} |" in table
-

@@ -7,7 +7,6 @@ from __future__ import annotations
 import gc
 import os
 import re
-import signal
 import sys
 import time
 
@@ -16,6 +15,7 @@ import numpy as np
 import pytest
 from distributed import Client, get_task_stream
 from plugin_checks import key_cache_bound_count
+from stopped_workers import stopped, wait_until_empty
 
 from dasknn.data_parallel import data_parallel
 from dasknn.data_parallel.search import balanced, search_partitions
@@ -534,7 +534,6 @@ def test_reuse_memory_tunes_the_workers_until_close(client4):
 
 def _exit_soon():
     """Kill this worker process a moment after answering (as a crash would)."""
-    import os
     import threading
 
     threading.Timer(0.2, os._exit, (1,)).start()
@@ -586,9 +585,7 @@ def test_stopped_worker_is_named_after_the_step_timeout(client4):
     ) as dp:
         dp.train_step(X, y, lr=0.1)
         victim = dp.workers[1]
-        pid = client4.run(os.getpid, workers=[victim])[victim]
-        os.kill(pid, signal.SIGSTOP)
-        try:
+        with stopped(client4, victim):
             start = time.monotonic()
             named = (
                 r"^the step did not finish within 3 s \(step_timeout\): .*worker "
@@ -598,14 +595,13 @@ def test_stopped_worker_is_named_after_the_step_timeout(client4):
             with pytest.raises(StepTimeoutError, match=named):
                 dp.train_step(X, y, lr=0.1)
             assert time.monotonic() - start < 3 + 5
-            deadline = time.monotonic() + 5
-            while client4.run_on_scheduler(_step_keys, token=dp.token):
-                assert time.monotonic() < deadline, "the step's keys stayed on the scheduler"
-                time.sleep(0.05)
+            wait_until_empty(
+                lambda: client4.run_on_scheduler(_step_keys, token=dp.token),
+                5,
+                "the step's keys stayed on the scheduler",
+            )
             with pytest.raises(RuntimeError, match="unusable after a failed step"):
                 dp.train_step(X, y, lr=0.1)
-        finally:
-            os.kill(pid, signal.SIGCONT)
     gc.collect()  # the cancelled gather's inner tasks, as in the lost-worker test
 
 

@@ -114,6 +114,9 @@ class _KillWhenStageRuns(WorkerPlugin):
     while the other stages wait for its messages."""
 
     name = "test-kill-when-stage-runs"
+    #: The signal sent, and the kinds of the step's tasks that send it as they start.
+    sent_signal = signal.SIGKILL
+    kinds = ("run",)
 
     def __init__(self, token: str, step: int, address: str) -> None:
         self.token, self.step, self.address = token, step, address
@@ -127,9 +130,10 @@ class _KillWhenStageRuns(WorkerPlugin):
             finish == "executing"
             and self.worker.address == self.address
             and parsed is not None
-            and (parsed.token, parsed.kind, parsed.step) == (self.token, "run", self.step)
+            and (parsed.token, parsed.step) == (self.token, self.step)
+            and parsed.kind in self.kinds
         ):
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), self.sent_signal)
 
 
 def _ready() -> bool:
@@ -181,17 +185,8 @@ class _StopWhenStageRuns(_KillWhenStageRuns):
     lists it."""
 
     name = "test-stop-when-stage-runs"
-
-    def transition(self, key, start, finish, **kwargs) -> None:
-        parsed = parse_pipeline_key(key)
-        if (
-            finish == "executing"
-            and self.worker.address == self.address
-            and parsed is not None
-            and (parsed.token, parsed.step) == (self.token, self.step)
-            and parsed.kind in ("run", "fwd", "bwd")
-        ):
-            os.kill(os.getpid(), signal.SIGSTOP)
+    sent_signal = signal.SIGSTOP
+    kinds = ("run", "fwd", "bwd")
 
 
 @pytest.mark.parametrize("messages", ["posted", "tasks"])

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import time
 
 import numpy as np
@@ -15,6 +14,7 @@ import scipy.sparse as sp
 from distributed import Client, LocalCluster
 from plugin_checks import key_cache_bound_count
 from sampled_reference import AdamReference, reference_step, targets
+from stopped_workers import stopped, wait_until_empty
 
 from dasknn.datasets import make_extreme_classification
 from dasknn.optim import Adam
@@ -193,7 +193,6 @@ def test_sampled_keys_are_built_parsed_and_described():
 
 def _exit_soon():
     """Kill this worker process a moment after answering (as a crash would)."""
-    import os
     import threading
 
     threading.Timer(0.2, os._exit, (1,)).start()
@@ -228,9 +227,7 @@ def test_stopped_worker_is_named_after_the_step_timeout(client):
     with DistributedSampledMLP(model, client, _workers(client, 3), step_timeout=3) as dist:
         dist.train_step(data.X[:50], data.Y[:50])
         victim = dist.workers[1]
-        pid = client.run(os.getpid, workers=[victim])[victim]
-        os.kill(pid, signal.SIGSTOP)
-        try:
+        with stopped(client, victim):
             start = time.monotonic()
             named = (
                 r"^the shards' results did not arrive within 3 s \(step_timeout\): .*worker "
@@ -239,14 +236,13 @@ def test_stopped_worker_is_named_after_the_step_timeout(client):
             with pytest.raises(StepTimeoutError, match=named):
                 dist.fit(data.X, data.Y, batch_size=50)
             assert time.monotonic() - start < 3 + 5
-            deadline = time.monotonic() + 5
-            while client.run_on_scheduler(_model_keys, token=dist.token):
-                assert time.monotonic() < deadline, "the steps' keys stayed on the scheduler"
-                time.sleep(0.05)
+            wait_until_empty(
+                lambda: client.run_on_scheduler(_model_keys, token=dist.token),
+                5,
+                "the steps' keys stayed on the scheduler",
+            )
             with pytest.raises(RuntimeError, match="unusable after a failed step"):
                 dist.predict(data.X[:10])
-        finally:
-            os.kill(pid, signal.SIGCONT)
 
 
 def test_step_timeout_must_be_a_positive_finite_number(client):
