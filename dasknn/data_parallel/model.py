@@ -336,7 +336,6 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
                 self.client.submit(
                     Postbox,
                     self.plugin_name,
-                    held_reports=True,  # each worker's task reports its receipts at once
                     key=dp_postbox_key(self.token, index),
                     workers=[worker],
                     allow_other_workers=False,

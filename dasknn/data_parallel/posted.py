@@ -12,7 +12,7 @@ takes the values made elsewhere from the model's mailbox
 (:class:`~dasknn.runtime.postbox.Mailbox`) and posts each value another worker reads to that
 worker's :class:`~dasknn.runtime.postbox.Postbox` actor (key and sender in one packed
 envelope, :meth:`~dasknn.runtime.postbox.Postbox.post_packed`), which holds the message's transfer
-report (``held_reports``) in the mailbox; the task reports every message its worker received
+report in the mailbox; the task reports every message its worker received
 to the transfer monitor in one event as it ends (before its result, on the same stream), as
 Dask's own transfers are reported. Every message keeps the key of its own step, so the
 monitor's records are per step whatever the steps per task. The scheduler sees ``N`` tasks per
@@ -32,7 +32,6 @@ A program that fails posts the error to every other worker of the step (under th
 
 from __future__ import annotations
 
-import pickle
 from dataclasses import dataclass
 
 from dask.task_spec import List, Task, TaskRef
@@ -42,13 +41,9 @@ from dasknn.data_parallel.hybrid import STEP
 from dasknn.data_parallel.worker_state import replica_state
 from dasknn.runtime.keys import dp_key, parse_dp_key
 from dasknn.runtime.measure import report_transfers
-from dasknn.runtime.postbox import StepFailed, pack_envelope
+from dasknn.runtime.postbox import pack_envelope, post_failure
 
 __all__ = ["WorkerProgram", "program_tasks", "run_programs", "worker_programs"]
-
-#: Seconds a failing program waits for each other worker to be told.
-FAILURE_POST_TIMEOUT = 10.0
-
 
 @dataclass(frozen=True)
 class WorkerProgram:
@@ -194,28 +189,15 @@ def run_programs(token: str, steps: list[int], programs: list, postboxes: list) 
                     for receiver in receivers:
                         state.posts.append(post[receiver](envelope, value))
             except BaseException as error:
-                _tell_others(token, step, program.worker, address, postboxes, error)
+                others = [
+                    (box, _failed_key(token, step, w))
+                    for w, box in enumerate(postboxes)
+                    if w != program.worker
+                ]
+                where = f"worker {program.worker} failed in step {step}"
+                post_failure(others, address, error, where)
                 raise
             results.append([values[key] for key in program.outputs])
     finally:  # every message this worker received so far, in one event before the result
         report_transfers(worker, state.mailbox.take_receipts())
     return results
-
-
-def _tell_others(token, step, worker, address, postboxes, error) -> None:
-    """Post ``error`` (a ``RuntimeError`` naming it if it cannot be pickled) to every other
-    worker of the step, waiting at most :data:`FAILURE_POST_TIMEOUT` for each."""
-    try:
-        pickle.dumps(error)
-    except Exception:
-        error = RuntimeError(f"worker {worker} failed in step {step}: {error!r}")
-    notices = [
-        box.post(_failed_key(token, step, w), address, StepFailed(error))
-        for w, box in enumerate(postboxes)
-        if w != worker
-    ]
-    for notice in notices:
-        try:
-            notice.result(timeout=FAILURE_POST_TIMEOUT)
-        except Exception:  # noqa: BLE001 - the worker is gone: nothing waits there
-            pass

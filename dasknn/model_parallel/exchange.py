@@ -12,7 +12,7 @@ message for a part on another worker is posted to that worker's
 its method calls go from worker to worker without the scheduler), which leaves it in the
 receiving model plugin's mailbox, where the receiving part waits for it. The message's key and
 sender travel in one packed envelope (:meth:`~dasknn.runtime.postbox.Postbox.post_packed`), and
-the postbox holds the message's transfer report (``held_reports``) in the mailbox; the step task
+the postbox holds the message's transfer report in the mailbox; the step task
 reports every message its worker received to the communication monitor in one event as it ends
 (:func:`dasknn.runtime.measure.report_transfers`, before its result, on the same stream), so the
 volume is measured as in the default mode. Microbatches interleave within the task: the worker

@@ -330,7 +330,6 @@ class DistributedSparseMLP(SparseEstimator):
                 self.client.submit(
                     Postbox,
                     plugin_name(self.token),
-                    held_reports=True,  # each worker's step task reports its receipts at once
                     key=postbox_key(self.token, self._generation, w),
                     workers=[address],
                     allow_other_workers=False,

@@ -376,7 +376,6 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
                 where: self.client.submit(
                     Postbox,
                     self.plugin_name,
-                    held_reports=True,  # each stage's step task reports its receipts at once
                     key=pipeline_key(self.token, "postbox", 0, *where),
                     workers=[address],
                     allow_other_workers=False,

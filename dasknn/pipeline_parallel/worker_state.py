@@ -12,7 +12,6 @@ arrays, and the states change only inside the plugin.
 
 from __future__ import annotations
 
-import pickle
 import resource
 import threading
 import time
@@ -27,10 +26,7 @@ from dasknn.runtime.affinity import migrations
 from dasknn.runtime.alignment import local_copy
 from dasknn.runtime.keys import parse_pipeline_key, pipeline_key
 from dasknn.runtime.measure import report_transfers
-from dasknn.runtime.postbox import Mailbox, StepFailed, pack_envelope
-
-#: Seconds a failing stage waits for its neighbours to be told (``messages="posted"``).
-FAILURE_POST_TIMEOUT = 10.0
+from dasknn.runtime.postbox import Mailbox, pack_envelope, post_failure
 
 __all__ = [
     "StageState",
@@ -300,30 +296,17 @@ def run_stage(
         state.mailbox.wait_posted(posts, since=since)
     except BaseException as error:
         if state.dropped_step < step:  # a dropped step's other stages were dropped as well
-            _tell_neighbours(token, step, s, d, address, previous, following, error)
+            neighbours = [
+                (box, pipeline_key(token, "failed", step, t, d))
+                for box, t in ((previous, s - 1), (following, s + 1))
+                if box is not None
+            ]
+            where = f"stage {s} of replica {d} failed in step {step}"
+            post_failure(neighbours, address, error, where)
         raise
     finally:  # every message this stage received so far, in one event before the result
         report_transfers(worker, state.mailbox.take_receipts())
     return losses
-
-
-def _tell_neighbours(token, step, s, d, address, previous, following, error) -> None:
-    """Post ``error`` (a ``RuntimeError`` naming it if it cannot be pickled) to the stages
-    before and after stage ``s``, waiting at most :data:`FAILURE_POST_TIMEOUT` for each."""
-    try:
-        pickle.dumps(error)
-    except Exception:
-        error = RuntimeError(f"stage {s} of replica {d} failed in step {step}: {error!r}")
-    notices = [
-        box.post(pipeline_key(token, "failed", step, t, d), address, StepFailed(error))
-        for box, t in ((previous, s - 1), (following, s + 1))
-        if box is not None
-    ]
-    for notice in notices:
-        try:
-            notice.result(timeout=FAILURE_POST_TIMEOUT)
-        except Exception:  # the neighbour is gone: nothing waits there
-            pass
 
 
 def drop_steps(dask_worker, token: str, step: int) -> None:

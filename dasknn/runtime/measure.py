@@ -8,8 +8,8 @@ Two plugins work together:
   ``memory`` (the value has arrived; ``nbytes`` is its size as Dask measures it, for a numpy
   array exactly ``array.nbytes``). On arrival it logs one event with the key, the
   sender, the receiver and the size (:meth:`distributed.Worker.log_event`); messages received
-  outside Dask's transfers are reported one an event (:func:`report_transfer`) or several in one
-  event (:func:`report_transfers`).
+  outside Dask's transfers (the postboxes', :mod:`dasknn.runtime.postbox`) are reported several
+  in one event (:func:`report_transfers`).
 - :class:`CommMonitor`, a :class:`distributed.diagnostics.plugin.SchedulerPlugin`, receives those
   events through its ``log_event`` hook and adds them to the counters of
   ``(token, layer, phase, sender, receiver)`` (:func:`dasknn.runtime.keys.describe`). It is the one

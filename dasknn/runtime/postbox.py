@@ -3,11 +3,10 @@
 A :class:`Postbox` is a Dask actor (documented API: its method calls go from worker to worker, no
 scheduler in between), one per worker and model, made on the worker it serves. Its :meth:`post
 <Postbox.post>` leaves a message in the ``deliver(key, value)`` of the model's worker plugin
-there and reports it to the communication monitor (:func:`dasknn.runtime.measure.report_transfer`),
-so posted bytes are counted as Dask's own transfers are; with ``held_reports``, it leaves the
-report with the plugin's ``hold_receipt(key, sender, nbytes)`` instead, for the worker's task to
-report with the others in one event (:meth:`Mailbox.take_receipts`,
-:func:`dasknn.runtime.measure.report_transfers`). A :class:`Mailbox` holds the messages a
+there, and its transfer report with the plugin's ``hold_receipt(key, sender, nbytes)``, for the
+worker's task to report with the others to the communication monitor in one event
+(:meth:`Mailbox.take_receipts`, :func:`dasknn.runtime.measure.report_transfers`), so posted
+bytes are counted as Dask's own transfers are. A :class:`Mailbox` holds the messages a
 worker received until its task takes them, waiting for one not yet arrived; a failure of the
 sending side is posted as well and ends that wait with the sender's error, and clearing the
 mailbox (the steps in flight were dropped) ends it with ``RuntimeError``. While the message has
@@ -27,16 +26,16 @@ from collections import deque
 
 from distributed import get_worker
 
-from dasknn.runtime.measure import report_transfer
-
 __all__ = [
     "MESSAGE_TIMEOUT",
     "POST_POLL_SECONDS",
     "Mailbox",
     "Postbox",
+    "FAILURE_POST_TIMEOUT",
     "StepFailed",
     "open_envelope",
     "pack_envelope",
+    "post_failure",
 ]
 
 #: Seconds a task waits for a message posted by another worker before it fails.
@@ -45,6 +44,8 @@ MESSAGE_TIMEOUT = 600.0
 #: Seconds between two checks, while a post is not yet delivered, that the mailbox was not
 #: cleared (:meth:`Mailbox.wait_posted`).
 POST_POLL_SECONDS = 0.25
+#: Seconds a failing task waits for each other worker to be told (:func:`post_failure`).
+FAILURE_POST_TIMEOUT = 10.0
 
 
 def pack_envelope(key, sender: str) -> bytes:
@@ -65,31 +66,20 @@ class Postbox:
     ----------
     plugin_name : str
         The worker plugin the messages go to, as it is when the postbox is made (a message for
-        an earlier plugin of that name never reaches a later one); it has ``deliver(key, value)``.
-    held_reports : bool, default False
-        Leave each message's report with the plugin's ``hold_receipt(key, sender, nbytes)``
-        (whose owner reports them later, several in one event) instead of reporting it at once.
+        an earlier plugin of that name never reaches a later one); it has ``deliver(key, value)``
+        and ``hold_receipt(key, sender, nbytes)``.
     """
 
-    def __init__(self, plugin_name: str, held_reports: bool = False) -> None:
-        self.worker = get_worker()  # made by a task on the worker it serves
-        self.state = self.worker.plugins[plugin_name]
-        self.held_reports = held_reports
+    def __init__(self, plugin_name: str) -> None:
+        self.state = get_worker().plugins[plugin_name]  # made by a task on the worker it serves
 
     async def post(self, key, sender: str, value) -> None:
-        """Leave the message ``key`` from the worker at ``sender`` with the plugin and report its
-        bytes (``value.nbytes``; none for a :class:`StepFailed`) to the communication monitor,
-        or hold the report with the plugin (``held_reports``: before the message is left, so
-        a task that took it finds its report held); runs on the worker's event loop."""
-        if isinstance(value, StepFailed):
-            self.state.deliver(key, value)
-            return
-        if self.held_reports:
+        """Leave the message ``key`` from the worker at ``sender`` with the plugin, and hold the
+        report of its bytes (``value.nbytes``; none for a :class:`StepFailed`) there first, so
+        a task that took the message finds its report held; runs on the worker's event loop."""
+        if not isinstance(value, StepFailed):
             self.state.hold_receipt(key, sender, value.nbytes)
-            self.state.deliver(key, value)
-        else:
-            self.state.deliver(key, value)
-            report_transfer(self.worker, key, sender, value.nbytes)
+        self.state.deliver(key, value)
 
     async def post_packed(self, envelope: bytes, value) -> None:
         """:meth:`post` of the message whose key and sender ``envelope`` holds
@@ -103,6 +93,23 @@ class StepFailed:
 
     def __init__(self, error: BaseException) -> None:
         self.error = error
+
+
+def post_failure(notices, sender: str, error: BaseException, where: str) -> None:
+    """Post ``error`` as a :class:`StepFailed` to each ``(postbox, key)`` of ``notices``, so the
+    waits of those workers for this one's messages raise it too, waiting at most
+    :data:`FAILURE_POST_TIMEOUT` for each (a worker that is gone has nothing waiting). An error
+    that cannot be pickled travels as a ``RuntimeError`` naming ``where`` it happened and it."""
+    try:
+        pickle.dumps(error)
+    except Exception:  # noqa: BLE001 - any pickling failure: send what can travel
+        error = RuntimeError(f"{where}: {error!r}")
+    posted = [box.post(key, sender, StepFailed(error)) for box, key in notices]
+    for notice in posted:
+        try:
+            notice.result(timeout=FAILURE_POST_TIMEOUT)
+        except Exception:  # noqa: BLE001 - the worker is gone: nothing waits there
+            pass
 
 
 class Mailbox:
