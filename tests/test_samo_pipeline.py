@@ -334,6 +334,8 @@ def _pipeline_plugins(dask_worker):
         ({"data_parallel": 1.5}, "data_parallel must be an integer"),
         ({"stages": 2, "bounds": [(0, 1), (2, 3)]}, "bounds must be 2 contiguous"),
         ({"messages": "mail"}, "messages must be 'posted' or 'tasks'"),
+        ({"pin_cores": "no"}, "pin_cores must be True or False, got 'no'"),
+        ({"reuse_memory": 1}, "reuse_memory must be True or False, got 1"),
     ],
 )
 def test_bad_settings_raise_before_anything_is_installed(client4, kwargs, match):

@@ -248,7 +248,8 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
     ValueError
         Before anything is installed: bad counts, more stages than layers, ``stages *
         data_parallel`` more than the workers, an unknown schedule or ``messages``, a worker
-        named twice, a ``step_timeout`` that is not a positive finite number of seconds.
+        named twice, a ``step_timeout`` that is not a positive finite number of seconds,
+        ``reuse_memory`` or ``pin_cores`` not a bool.
 
     Attributes
     ----------
@@ -281,8 +282,11 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
         if messages not in ("posted", "tasks"):
             raise ValueError(f"messages must be 'posted' or 'tasks', got {messages!r}")
         self.messages = messages
-        self.reuse_memory = bool(reuse_memory)
-        self.pin_cores = bool(pin_cores)
+        for name, flag in (("reuse_memory", reuse_memory), ("pin_cores", pin_cores)):
+            if not isinstance(flag, bool):
+                raise ValueError(f"{name} must be True or False, got {flag!r}")
+        self.reuse_memory = reuse_memory
+        self.pin_cores = pin_cores
         if self.stages > model.n_layers:
             raise ValueError(
                 f"{self.stages} stages for a network of {model.n_layers} layers: at most one per "
