@@ -5,6 +5,8 @@ from dasknn.challenge import run_challenge, run_challenge_model_parallel
 from dasknn.model import CompressedMLP, DenseMLP, SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
 from dasknn.pipeline_parallel import PipelineMLP
+from dasknn.runtime.step_timeout import StepTimeoutError
+from dasknn.runtime.waiting import WorkerLostError
 from dasknn.sampled import SampledMLP
 from dasknn.sampled_parallel import DistributedSampledMLP
 
@@ -18,6 +20,8 @@ __all__ = [
     "PipelineMLP",
     "SampledMLP",
     "SparseMLP",
+    "StepTimeoutError",
+    "WorkerLostError",
     "datasets",
     "optim",
     "pruning",

@@ -1,6 +1,7 @@
 """Every public class and function of the package roots (``dasknn``, ``graph``) has a numpy-style
 docstring: a summary, and a ``Parameters`` (or, for a record, ``Attributes``) section when it
-takes arguments."""
+takes arguments (an exception class takes its message as every exception does, and needs only the
+summary)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ def numpy_style_problem(obj) -> str | None:
         return "no docstring"
     if not doc.splitlines()[0].strip():
         return "no summary line"
+    if inspect.isclass(obj) and issubclass(obj, BaseException):
+        return None
     arguments = [p for p in inspect.signature(obj).parameters if p not in ("self", "cls")]
     sections = set(re.findall(r"(?m)^(\w[\w ]*)\n-{3,}$", doc))
     if arguments and not sections & {"Parameters", "Attributes"}:
@@ -54,3 +57,5 @@ def test_a_docstring_without_sections_is_found():
     assert numpy_style_problem(documented) is None
     assert numpy_style_problem(bare) == "takes x but has no Parameters section"
     assert numpy_style_problem(lambda: None) == "no docstring"
+    undocumented_error = type("UndocumentedError", (RuntimeError,), {"__doc__": ""})
+    assert numpy_style_problem(undocumented_error) == "no docstring"
