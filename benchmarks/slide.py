@@ -209,7 +209,8 @@ def learnable_ceilings(data, train: np.ndarray, test: np.ndarray) -> str:
     return "; ".join(parts)
 
 
-def main() -> None:
+def make_parser() -> argparse.ArgumentParser:
+    """The run's options; their defaults are the measured setup (sizes and models)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--samples", type=int, default=100_000)
     parser.add_argument("--features", type=int, default=100_000)
@@ -273,6 +274,11 @@ def main() -> None:
         default="synthetic",
         help="stdlib: next word from 3 words of the Python standard library's sources",
     )
+    return parser
+
+
+def main() -> None:
+    parser = make_parser()
     args = parser.parse_args()
     if args.torch_lr_decay is None:
         args.torch_lr_decay = args.lr_decay
