@@ -34,7 +34,7 @@ from collections import defaultdict
 
 import numpy as np
 from machine import describe
-from slide import _sampled, make_parser, torch_trainer
+from slide import make_parser, sampled_model, torch_trainer
 from slide_steps import PHASES
 
 from dasknn.datasets import make_extreme_classification
@@ -90,7 +90,7 @@ def fault_phases(args, model_args, data, warm, timed) -> None:
     for mode in MODES:
         if mode == "tuned" and not tune_malloc():
             raise RuntimeError("mallopt failed")
-        model = _sampled(model_args, args.parts, False).initialize(args.features, args.labels)
+        model = sampled_model(model_args, args.parts, False).initialize(args.features, args.labels)
         fit_rows(model, data, warm, args.batch)
         faults: dict = defaultdict(float)
         count_faults(model, faults)
@@ -118,7 +118,7 @@ def run_cluster(mode: str, args, model_args, data, warm, timed) -> dict:
             tuned = client.run(lambda dask_worker: dask_worker.dasknn_malloc_tuned)
             if not all(tuned.values()):
                 raise RuntimeError(f"mallopt failed on a worker: {tuned}")
-        model = _sampled(model_args, args.parts, False).initialize(args.features, args.labels)
+        model = sampled_model(model_args, args.parts, False).initialize(args.features, args.labels)
         with DistributedSampledMLP(model, client) as dist:
             fit_rows(dist, data, warm, args.batch)
             before = client.run(usage)
@@ -178,7 +178,7 @@ def main() -> None:
     torch_ms = 1e3 * (time.perf_counter() - start) / args.torch_steps
     print(f"PyTorch full softmax, {model_args.threads} threads: {torch_ms:.1f} ms a step")
 
-    local = _sampled(model_args, 1, True).initialize(args.features, args.labels)
+    local = sampled_model(model_args, 1, True).initialize(args.features, args.labels)
     fit_rows(local, data, warm, args.batch)
     before = usage()
     start = time.perf_counter()
