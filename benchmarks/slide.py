@@ -148,7 +148,8 @@ def run_torch(data, train, test, args, lr: float) -> tuple[float, float, Curve, 
     return timed_epoch(train, args, *torch_trainer(data, test, args, lr))
 
 
-def _sampled(args, shards: int, hogwild: bool) -> SampledMLP:
+def sampled_model(args, shards: int, hogwild: bool) -> SampledMLP:
+    """The run's sampled model with ``shards`` shards (``hogwild``: HOGWILD over the batch)."""
     return SampledMLP(
         hidden=args.hidden,
         active_fraction=args.active_fraction,
@@ -209,7 +210,8 @@ def learnable_ceilings(data, train: np.ndarray, test: np.ndarray) -> str:
     return "; ".join(parts)
 
 
-def main() -> None:
+def make_parser() -> argparse.ArgumentParser:
+    """The run's options; their defaults are the measured setup (sizes and models)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--samples", type=int, default=100_000)
     parser.add_argument("--features", type=int, default=100_000)
@@ -273,6 +275,11 @@ def main() -> None:
         default="synthetic",
         help="stdlib: next word from 3 words of the Python standard library's sources",
     )
+    return parser
+
+
+def main() -> None:
+    parser = make_parser()
     args = parser.parse_args()
     if args.torch_lr_decay is None:
         args.torch_lr_decay = args.lr_decay
@@ -335,7 +342,7 @@ def main() -> None:
         torch_p1, _, torch_rate, _ = best
 
     if not args.no_local:
-        local = _sampled(args, 1, True).initialize(args.features, args.labels)
+        local = sampled_model(args, 1, True).initialize(args.features, args.labels)
         sizes = [len(a) for a in local.active_sets(data.X[train[:512]], data.Y[train[:512]])]
         mac_ratio = float(np.mean(sizes)) / args.labels
         p1, sec, curve, rate = run_sampled(local, data, train, test, args)
@@ -351,7 +358,7 @@ def main() -> None:
 
         os.environ["NUMBA_NUM_THREADS"] = "1"  # one core a worker
         for parts in args.parts:
-            model = _sampled(args, parts, False).initialize(args.features, args.labels)
+            model = sampled_model(args, parts, False).initialize(args.features, args.labels)
             with (
                 LocalCluster(
                     n_workers=parts, threads_per_worker=1, dashboard_address=":0"

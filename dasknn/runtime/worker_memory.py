@@ -17,7 +17,9 @@ The setting is process-wide, so it is opt-in: :class:`~dasknn.model_parallel.Dis
 :class:`~dasknn.data_parallel.DataParallelEmbeddingMLP` install the plugin only with
 ``reuse_memory=True``, under a name of their own, and remove it on ``close()`` (workers already
 tuned keep the setting until they restart: glibc has no way back to the environment's thresholds
-short of setting them again).
+short of setting them again). :class:`~dasknn.sampled_parallel.DistributedSampledMLP` does not
+take the option: on its workers the setting halved the page faults but gained 1-3 % of a step
+(``docs/benchmarks.md``, branch ``sampledmem``).
 """
 
 from __future__ import annotations
