@@ -152,7 +152,7 @@ def test_a_lost_pinned_worker_is_an_error_at_once():
         try:
             with pytest.raises(
                 WorkerLostError,
-                match=rf"^lost worker {re.escape(victim)}: batches 2 of 6 were pinned there$",
+                match=rf"^lost worker {re.escape(victim)}: batch 2 of 6 was pinned there$",
             ):
                 run_batches(
                     client, rows, 1, step, [lambda: (1.0, 0.0)],

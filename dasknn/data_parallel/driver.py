@@ -9,6 +9,11 @@ soon as the slot's batch finishes, so faster workers take more batches. A slot i
 With several windows (weights streamed a window of layers at a time), a batch runs through the
 windows in order and its state stays on the workers between them; at most ``weight_buffers``
 windows are placed at once, and the oldest is released when all of its batches have passed it.
+
+The driver waits for the first of the batches in flight to finish, at most ``step_timeout``
+seconds (a stopped worker never finishes its batch, and Dask keeps it until its heartbeats are
+missed for minutes), and looks every :data:`POLL_SECONDS` whether a worker that a batch is pinned
+to has left (its batch could run nowhere else). On any error it releases every future it holds.
 """
 
 from __future__ import annotations
@@ -180,7 +185,11 @@ class _InFlight:
         labels = [
             self._label(b, w) for _, b, w, worker in self.running.values() if worker in lost
         ]
-        return f"batches {', '.join(labels)} of {self.batches} were pinned there"
+        many = len(labels) > 1
+        return (
+            f"batch{'es' if many else ''} {', '.join(labels)} of {self.batches} "
+            f"{'were' if many else 'was'} pinned there"
+        )
 
     def _timeout_error(self, what: str) -> StepTimeoutError:
         """The error naming the running batches by worker (the slot's, or the one the scheduler
