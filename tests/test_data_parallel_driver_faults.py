@@ -21,6 +21,7 @@ from distributed import Client, LocalCluster, get_worker
 from stopped_workers import stopped, wait_until_empty
 
 from dasknn.challenge import run_challenge
+from dasknn.challenge.model_parallel import run_challenge_model_parallel
 from dasknn.cli import main
 from dasknn.data_parallel.driver import per_worker_slots, run_batches, shared_slots
 from dasknn.datasets import radixnet, write_sparse_tsv
@@ -125,6 +126,10 @@ def test_bad_step_timeout_is_refused_before_anything_is_scheduled(dask_client):
         with pytest.raises(ValueError, match="step_timeout must be a number of seconds > 0"):
             # an unreachable scheduler: the check comes before any connection
             run_challenge(layers, x, -0.3, client="tcp://127.0.0.1:1", step_timeout=bad)
+        with pytest.raises(ValueError, match="step_timeout must be a number of seconds > 0"):
+            run_challenge_model_parallel(
+                layers, x, -0.3, client="tcp://127.0.0.1:1", step_timeout=bad
+            )
     assert step.keys == []
 
 
