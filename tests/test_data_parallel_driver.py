@@ -34,13 +34,13 @@ class AffineStep:
         self.delay = delay or {}
         self.windows: list[list] = []  # futures submitted through each window
 
-    def place(self, client, weights):
+    def place(self, client, weights, timeout):
         for futures in self.windows[: len(self.windows) + 1 - self.buffers]:
             assert all(f.done() for f in futures), "a window was placed before an old one passed"
         self.windows.append([])
         return client.scatter(weights, broadcast=True, hash=False)
 
-    def submit(self, client, batch, placed, worker, last):
+    def submit(self, client, batch, placed, worker, last, timeout):
         workers = None if worker is None else [worker]
         future = client.submit(
             apply_window, batch, placed, last, self.delay, worker, workers=workers, pure=False

@@ -24,6 +24,7 @@ from dasknn.data_parallel.inference import InferenceRun, infer_on_cpus, infer_on
 from dasknn.datasets import challenge_bias, load_network
 from dasknn.model.validation import check_float_dtype
 from dasknn.runtime.cluster import open_client
+from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT, check_step_timeout
 from graph.checks import check_csr
 
 __all__ = ["run_challenge", "prepare_run"]
@@ -126,6 +127,7 @@ def run_challenge(
     compact_every: int = 8,
     cuda_mode: str = "auto",
     security: Security | bool | None = None,
+    step_timeout: float = DEFAULT_STEP_TIMEOUT,
 ) -> tuple[np.ndarray, ChallengeStats]:
     """Run Graph Challenge inference and return the categories and the run's statistics.
 
@@ -180,6 +182,13 @@ def run_challenge(
         TLS for the client opened here (a scheduler address or a new local cluster); ``True``
         starts the local cluster on temporary certificates; ``None`` uses dask's configuration
         for an address and no TLS for a local cluster (see :mod:`dasknn.runtime.cluster`).
+    step_timeout : float
+        Seconds the run may go without progress: no batch finishing, the workers not answering
+        the kernels' warm-up (or, ``device="cuda"``, the question for their GPU), or the
+        weights, a batch's rows or a result not arriving. It then stops with
+        :class:`~dasknn.runtime.step_timeout.StepTimeoutError` naming the batches still running,
+        their workers and the workers' state (see
+        :func:`dasknn.data_parallel.driver.run_batches`).
 
     Returns
     -------
@@ -198,8 +207,14 @@ def run_challenge(
         scheduler that cannot be reached or refuses the client's certificate.
     MemoryError
         ``device="cuda"`` and the network does not fit a GPU even streamed.
+    StepTimeoutError
+        When the run made no progress within ``step_timeout`` seconds (a stopped worker).
+    WorkerLostError
+        ``device="cuda"``: a GPU worker left the cluster while a batch was pinned to it (on
+        CPUs Dask runs the lost worker's batches again on the others).
     """
     dtype = np.dtype(dtype)
+    step_timeout = check_step_timeout(step_timeout)
     matrices, matrix, bias = prepare_run(
         network, inputs, bias, neurons=neurons, layers=layers, seed=seed, batch_size=batch_size,
         dtype=dtype, resident_layers=resident_layers, weight_buffers=weight_buffers,
@@ -218,6 +233,7 @@ def run_challenge(
                 weight_budget=weight_budget,
                 compact_every=compact_every,
                 cuda_mode=cuda_mode,
+                step_timeout=step_timeout,
                 progress=progress,
                 desc="challenge",
             )
@@ -233,6 +249,7 @@ def run_challenge(
                 resident_layers=resident_layers,
                 weight_buffers=weight_buffers,
                 weight_budget=weight_budget,
+                step_timeout=step_timeout,
                 progress=progress,
                 desc="challenge",
             )

@@ -29,6 +29,7 @@ from dasknn.challenge.engine import prepare_run
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
 from dasknn.runtime.cluster import open_client, scheduler_workers
+from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT, check_step_timeout
 
 __all__ = ["ModelParallelStats", "check_model_parallel", "run_challenge_model_parallel"]
 
@@ -130,6 +131,7 @@ def run_challenge_model_parallel(
     dtype: str | np.dtype | type = "float32",
     progress: bool = True,
     security: Security | bool | None = None,
+    step_timeout: float = DEFAULT_STEP_TIMEOUT,
 ) -> tuple[np.ndarray, ModelParallelStats]:
     """Run Graph Challenge inference with every layer split by neurons across the workers.
 
@@ -149,6 +151,10 @@ def run_challenge_model_parallel(
         Show a progress bar over batches.
     security : distributed.Security or bool, optional
         TLS for the client opened here, as for :func:`dasknn.challenge.run_challenge`.
+    step_timeout : float
+        The distributed model's ``step_timeout``: seconds placing the model or a block of
+        predictions may go without finishing (see
+        :class:`dasknn.model_parallel.DistributedSparseMLP`).
 
     Returns
     -------
@@ -163,6 +169,7 @@ def run_challenge_model_parallel(
         any work is scheduled.
     """
     dtype = np.dtype(dtype)
+    step_timeout = check_step_timeout(step_timeout)
     matrices, matrix, bias = prepare_run(
         network,
         inputs,
@@ -193,11 +200,13 @@ def run_challenge_model_parallel(
             batch_size,
             dtype,
             progress,
+            step_timeout,
         )
 
 
 def _run(
-    client, matrices, matrix, bias, nparts, n_workers, method, seed, batch_size, dtype, progress
+    client, matrices, matrix, bias, nparts, n_workers, method, seed, batch_size, dtype, progress,
+    step_timeout,
 ) -> tuple[np.ndarray, ModelParallelStats]:
     start = time.perf_counter()
     partition = graph.partition_network(matrices, nparts, method=method, seed=seed)
@@ -210,7 +219,7 @@ def _run(
         dtype=dtype,
     )
     start = time.perf_counter()
-    dist = DistributedSparseMLP(model, client, partition)
+    dist = DistributedSparseMLP(model, client, partition, step_timeout=step_timeout)
     placement_seconds = time.perf_counter() - start
     try:
         alive = np.zeros(matrix.shape[0], dtype=bool)

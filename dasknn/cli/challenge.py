@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from contextlib import ExitStack
 from pathlib import Path
@@ -15,6 +16,7 @@ from dasknn.cli.cluster_options import add_cluster_arguments, cluster_target
 from dasknn.cli.tls import add_tls_options, security_from_args
 from dasknn.datasets import read_categories, write_categories
 from dasknn.runtime.cluster import open_client
+from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT
 from graph.atomic import check_output_path, write_text_atomically
 
 __all__ = ["add_parser", "run"]
@@ -99,6 +101,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default="hypergraph",
         help="partition method in model-parallel mode",
     )
+    parser.add_argument(
+        "--step-timeout",
+        type=float,
+        default=DEFAULT_STEP_TIMEOUT,
+        help="seconds the run may go without a batch finishing (with --model-parallel: a block "
+        "of predictions) before it stops, naming the workers it waits for (default 300)",
+    )
     parser.add_argument("--json", type=Path, help="write the statistics to this JSON file")
     parser.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
     add_tls_options(parser)
@@ -111,6 +120,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     if args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    if not 0 < args.step_timeout < math.inf:
+        raise ValueError("--step-timeout must be a finite number of seconds > 0")
     security = security_from_args(args)
     for output in (args.categories, args.json):
         if output is not None:
@@ -152,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
                 batch_size=args.batch_size or 1000,
                 dtype=args.dtype,
                 progress=not args.quiet,
+                step_timeout=args.step_timeout,
             )
         else:
             categories, stats = run_challenge(
@@ -167,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
                 device=args.device,
                 compact_every=args.compact_every,
                 cuda_mode=args.cuda_mode,
+                step_timeout=args.step_timeout,
             )
     report = stats.as_dict()
     passed = None

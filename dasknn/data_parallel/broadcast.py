@@ -1,5 +1,6 @@
 """Weights placed on the workers once: the same data on every worker, or a copy loaded on each
-named worker by a task pinned there (for example into its GPU's memory)."""
+named worker by a task pinned there (for example into its GPU's memory). Every scatter runs on
+the client's event loop with a time limit, since a stopped worker never takes its data."""
 
 from __future__ import annotations
 
@@ -8,26 +9,47 @@ from typing import Any
 
 from distributed import Client, Future
 
-__all__ = ["broadcast", "load_on_each"]
+from dasknn.runtime.waiting import run_watching
+
+__all__ = ["broadcast", "load_on_each", "scatter_within"]
 
 
-def broadcast(client: Client, value: Any) -> Future:
-    """Send ``value`` to every worker once; tasks that take the returned future read it there."""
-    return client.scatter(value, broadcast=True, hash=False)
+def scatter_within(client: Client, value: Any, timeout: float, **options: Any) -> Future:
+    """``Client.scatter(value, hash=False, **options)``, given up (and cancelled) with a
+    ``TimeoutError`` after ``timeout`` seconds."""
+    scattering = client.scatter(value, hash=False, asynchronous=True, **options)
+    return run_watching(client, scattering, timeout, lambda: None, timeout)
+
+
+def broadcast(client: Client, value: Any, timeout: float) -> Future:
+    """Send ``value`` to every worker once, within ``timeout`` seconds (else ``TimeoutError``);
+    tasks that take the returned future read it there."""
+    return scatter_within(client, value, timeout, broadcast=True)
 
 
 def load_on_each(
-    client: Client, value: Any, addresses: Sequence[str], load: Callable, *args: Any
+    client: Client,
+    value: Any,
+    addresses: Sequence[str],
+    timeout: float,
+    load: Callable,
+    *args: Any,
 ) -> dict[str, Future]:
-    """Send ``value`` to each worker of ``addresses`` and run ``load(value, *args)`` there.
+    """Send ``value`` to each worker of ``addresses`` (within ``timeout`` seconds each, else
+    ``TimeoutError``) and run ``load(value, *args)`` there.
 
     Returns the future of each worker's loaded copy, by address; its task is pinned to the worker
     (``allow_other_workers=False``), so the copy never moves.
     """
     loaded = {}
-    for address in addresses:
-        host = client.scatter(value, workers=[address], hash=False)
-        loaded[address] = client.submit(
-            load, host, *args, workers=[address], allow_other_workers=False, pure=False
-        )
+    try:
+        for address in addresses:
+            host = scatter_within(client, value, timeout, workers=[address])
+            loaded[address] = client.submit(
+                load, host, *args, workers=[address], allow_other_workers=False, pure=False
+            )
+    except BaseException:
+        for future in loaded.values():  # the error's traceback holds them
+            future.release()
+        raise
     return loaded

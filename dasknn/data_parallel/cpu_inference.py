@@ -124,14 +124,21 @@ class CPUInference:
         self.bias = bias
         self.ymax = ymax
 
-    def place(self, client: Client, weights: PackedLayers) -> Future:
-        """Broadcast a window of packed layers."""
-        return broadcast(client, weights)
+    def place(self, client: Client, weights: PackedLayers, timeout: float) -> Future:
+        """Broadcast a window of packed layers within ``timeout`` seconds."""
+        return broadcast(client, weights, timeout)
 
     def submit(
-        self, client: Client, batch, placed: Future, worker: str | None, last: bool
+        self,
+        client: Client,
+        batch,
+        placed: Future,
+        worker: str | None,
+        last: bool,
+        timeout: float,
     ) -> Future:
-        """Submit :func:`run_window` for one batch."""
+        """Submit :func:`run_window` for one batch (the rows travel in the task; nothing is
+        waited for, so ``timeout`` is not needed)."""
         return client.submit(
             run_window,
             batch,

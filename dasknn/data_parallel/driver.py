@@ -9,41 +9,72 @@ soon as the slot's batch finishes, so faster workers take more batches. A slot i
 With several windows (weights streamed a window of layers at a time), a batch runs through the
 windows in order and its state stays on the workers between them; at most ``weight_buffers``
 windows are placed at once, and the oldest is released when all of its batches have passed it.
+
+The driver waits for the first of the batches in flight to finish, at most ``step_timeout``
+seconds (a stopped worker never finishes its batch, and Dask keeps it until its heartbeats are
+missed for minutes), and looks every :data:`POLL_SECONDS` whether a worker that a batch is pinned
+to has left (its batch could run nowhere else). On any error it releases every future it holds.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import scipy.sparse as sp
-from distributed import Client, Future, as_completed, wait
+from distributed import Client, Future, futures_of
 from tqdm.auto import tqdm
 
 from dasknn.data_parallel.batches import batch_starts
 from dasknn.runtime.cluster import scheduler_workers
+from dasknn.runtime.step_timeout import (
+    DEFAULT_STEP_TIMEOUT,
+    StepTimeoutError,
+    check_step_timeout,
+    step_timeout_error,
+)
+from dasknn.runtime.waiting import (
+    gather_at_most,
+    run_watching,
+    wait_at_most,
+    watch_workers,
+)
 
-__all__ = ["BatchStep", "per_worker_slots", "run_batches", "shared_slots"]
+__all__ = ["BatchStep", "per_worker_slots", "run_batches", "run_on_workers", "shared_slots"]
 
 #: Batches in flight per worker thread (one running, one queued) or per pinned worker.
 IN_FLIGHT = 2
+#: Seconds between two looks at the pinned slots' workers while no batch finishes.
+POLL_SECONDS = 1.0
 
 
 class BatchStep(Protocol):
     """What runs a batch on one kind of device."""
 
-    def place(self, client: Client, weights: Any) -> Any:
-        """Put a window of weights on the workers; return what :meth:`submit` passes to tasks."""
+    def place(self, client: Client, weights: Any, timeout: float) -> Any:
+        """Put a window of weights on the workers; return what :meth:`submit` passes to tasks.
+
+        Raises ``TimeoutError`` if the weights did not reach the workers within ``timeout``
+        seconds (a stopped worker never takes them).
+        """
 
     def submit(
-        self, client: Client, batch: Any, placed: Any, worker: str | None, last: bool
+        self,
+        client: Client,
+        batch: Any,
+        placed: Any,
+        worker: str | None,
+        last: bool,
+        timeout: float,
     ) -> Future:
         """Submit one batch through the placed window.
 
         ``batch`` is the batch's input rows at the first window, else the future of its state
         after the previous window; ``worker`` is the slot's worker (``None``: any); ``last`` says
-        whether this is the last window, whose task returns the batch's result.
+        whether this is the last window, whose task returns the batch's result. Raises
+        ``TimeoutError`` if sending the batch to its worker took over ``timeout`` seconds.
         """
 
 
@@ -58,6 +89,142 @@ def per_worker_slots(addresses: Sequence[str], per_worker: int = IN_FLIGHT) -> l
     return [address for address in addresses for _ in range(per_worker)]
 
 
+def run_on_workers(
+    client: Client, what: str, step_timeout: float, function: Callable, *args: Any
+) -> dict[str, Any]:
+    """``Client.run(function, *args)`` on every worker, within ``step_timeout`` seconds.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        A synchronous client.
+    what : str
+        What the call does, for the error (``"warming the kernel"``).
+    step_timeout : float
+        Seconds the call may take.
+    function, args
+        What to run.
+
+    Returns
+    -------
+    dict
+        ``{address: result}``.
+
+    Raises
+    ------
+    StepTimeoutError
+        If a worker did not answer in time (a stopped worker never does), naming every worker
+        with its state; the call is cancelled.
+    """
+    try:
+        return run_watching(
+            client, client.run(function, *args, asynchronous=True), step_timeout,
+            lambda: None, step_timeout,
+        )  # fmt: skip
+    except TimeoutError:
+        raise step_timeout_error(
+            client, f"the workers did not finish {what}", step_timeout,
+            list(scheduler_workers(client)),
+        ) from None  # fmt: skip
+
+
+class _InFlight:
+    """The batches submitted and not yet taken back, and what the driver holds for them."""
+
+    def __init__(self, client: Client, step_timeout: float, batches: int, windows: int) -> None:
+        self.client = client
+        self.step_timeout = step_timeout
+        self.batches = batches
+        self.windows = windows
+        self.running: dict[str, tuple[Future, int, int, str | None]] = {}
+
+    def add(self, future: Future, batch: int, window: int, worker: str | None) -> None:
+        """Hold ``future``, batch ``batch`` at window ``window`` on slot ``worker``."""
+        self.running[future.key] = (future, batch, window, worker)
+
+    def wait_first(self, futures: Sequence[Future]) -> None:
+        """Wait until one of ``futures`` has finished, looking at the pinned slots' workers every
+        :data:`POLL_SECONDS` meanwhile.
+
+        Raises
+        ------
+        WorkerLostError
+            As soon as a worker a running batch is pinned to has left the cluster (its task
+            could run nowhere else).
+        StepTimeoutError
+            If none finished within ``step_timeout``, naming the running batches' workers.
+        """
+        deadline = time.monotonic() + self.step_timeout
+        while True:
+            left = deadline - time.monotonic()
+            if wait_at_most(futures, max(min(POLL_SECONDS, left), 0.01), "FIRST_COMPLETED"):
+                return
+            pinned = {worker for _, _, _, worker in self.running.values() if worker is not None}
+            if pinned:
+                lost = watch_workers(client=self.client, workers=pinned, what=self._pinned_to)()
+                if lost is not None:
+                    raise lost
+            if left <= POLL_SECONDS:
+                raise self._timeout_error("no batch finished")
+
+    def fetch(self, future: Future, batch: int) -> Any:
+        """The result of a finished batch, fetched within ``step_timeout``."""
+        try:
+            return gather_at_most(self.client, [future], self.step_timeout)[0]
+        except TimeoutError:
+            holders = self.client.who_has([future]).get(future.key, ())
+            raise step_timeout_error(
+                self.client, f"the result of batch {batch + 1} did not arrive",
+                self.step_timeout, list(holders),
+            ) from None  # fmt: skip
+
+    def _label(self, batch: int, window: int) -> str:
+        return f"{batch + 1}" + (f" (window {window + 1})" if self.windows > 1 else "")
+
+    def _pinned_to(self, lost: list[str]) -> str:
+        labels = [
+            self._label(b, w) for _, b, w, worker in self.running.values() if worker in lost
+        ]
+        many = len(labels) > 1
+        return (
+            f"batch{'es' if many else ''} {', '.join(labels)} of {self.batches} "
+            f"{'were' if many else 'was'} pinned there"
+        )
+
+    def _timeout_error(self, what: str) -> StepTimeoutError:
+        """The error naming the running batches by worker (the slot's, or the one the scheduler
+        reports processing it) and their workers' state."""
+        processing = {
+            key: address
+            for address, keys in self.client.processing().items()
+            for key in keys
+        }
+        by_worker: dict[str, list[str]] = {}
+        unplaced = []
+        for key, (future, b, w, worker) in self.running.items():
+            if future.done():
+                continue
+            address = worker or processing.get(key)
+            if address is None:
+                unplaced.append(self._label(b, w))
+            else:
+                by_worker.setdefault(address, []).append(self._label(b, w))
+        roles = {
+            address: f"batch{'es' if len(labels) > 1 else ''} {', '.join(labels)} of "
+            f"{self.batches}"
+            for address, labels in by_worker.items()
+        }
+        if unplaced:
+            what += f" (batches {', '.join(unplaced)} wait for a worker)"
+        return step_timeout_error(self.client, what, self.step_timeout, list(roles), roles)
+
+    def release(self) -> None:
+        """Release every batch's future."""
+        for future, *_ in self.running.values():
+            future.release()
+        self.running.clear()
+
+
 def run_batches(
     client: Client,
     rows: sp.csr_matrix,
@@ -67,6 +234,7 @@ def run_batches(
     slots: Sequence[str | None],
     *,
     weight_buffers: int = 1,
+    step_timeout: float = DEFAULT_STEP_TIMEOUT,
     progress: bool = True,
     desc: str = "batches",
 ) -> list[tuple[int, Any]]:
@@ -88,6 +256,9 @@ def run_batches(
         One entry per batch in flight (see :func:`shared_slots`, :func:`per_worker_slots`).
     weight_buffers : int
         Windows placed at once.
+    step_timeout : float
+        Seconds the run may go without a batch finishing (or a window reaching the workers, or
+        a result arriving) while batches are in flight.
     progress : bool
         Show a progress bar over batches and windows.
     desc : str
@@ -97,6 +268,25 @@ def run_batches(
     -------
     list of (int, object)
         ``(first row, result of the last window's task)`` for every batch, in completion order.
+
+    Raises
+    ------
+    ValueError
+        On no slots, no windows, ``weight_buffers < 1`` or a bad ``step_timeout``, before
+        anything is scheduled.
+    StepTimeoutError
+        If no batch finished within ``step_timeout`` seconds, naming the running batches, the
+        workers they run on (the pinned slot's, or the one the scheduler reports) and their
+        state ("has not been heard from for N s ..."); also for a window, a batch's rows or a
+        result that did not reach its worker or the client in that time.
+    WorkerLostError
+        As soon as a worker that a running batch is pinned to has left the cluster (a batch of a
+        shared slot is run again elsewhere by Dask).
+    Exception
+        A batch task's own error.
+
+    Every future the driver holds (batches in flight, states between windows, placed windows)
+    is released when it raises, so no key of the run stays on the scheduler.
     """
     if not slots:
         raise ValueError("the Dask cluster has no workers")
@@ -104,14 +294,29 @@ def run_batches(
         raise ValueError("there are no windows of weights")
     if weight_buffers < 1:
         raise ValueError(f"weight_buffers must be >= 1, got {weight_buffers}")
+    step_timeout = check_step_timeout(step_timeout)
     starts = batch_starts(rows.shape[0], batch_size)
     last = len(windows) - 1
     items = ((w, b) for w in range(len(windows)) for b in range(len(starts)))
     states: list[Future | None] = [None] * len(starts)  # a batch's state between windows
     placed: deque[tuple[Any, list[Future]]] = deque()  # (weights, states after them)
-    running: dict[str, tuple[int, int, str | None]] = {}
+    flight = _InFlight(client, step_timeout, len(starts), len(windows))
     results: list[tuple[int, Any]] = []
-    queue = as_completed()
+    pinned = sorted({worker for worker in slots if worker is not None})
+
+    def place(w: int) -> None:
+        if len(placed) >= weight_buffers:
+            _, passed = placed.popleft()
+            while unfinished := [f for f in passed if not f.done()]:
+                flight.wait_first(unfinished)
+        try:
+            placed.append((step.place(client, windows[w](), step_timeout), []))
+        except TimeoutError:
+            workers = pinned or list(scheduler_workers(client))
+            raise step_timeout_error(
+                client, f"window {w + 1} of the weights did not reach the workers",
+                step_timeout, workers,
+            ) from None  # fmt: skip
 
     def submit_next(worker: str | None) -> None:
         item = next(items, None)
@@ -119,29 +324,42 @@ def run_batches(
             return
         w, b = item
         if b == 0:
-            if len(placed) >= weight_buffers:
-                _, passed = placed.popleft()
-                wait(passed)
-            placed.append((step.place(client, windows[w]()), []))
+            place(w)
         weights, passed = placed[-1]
         batch = rows[starts[b] : starts[b] + batch_size] if w == 0 else states[b]
-        future = step.submit(client, batch, weights, worker, w == last)
+        try:
+            future = step.submit(client, batch, weights, worker, w == last, step_timeout)
+        except TimeoutError:
+            raise step_timeout_error(
+                client, f"batch {b + 1} did not reach its worker", step_timeout, [worker]
+            ) from None
         if w != last:
             states[b] = future
             passed.append(future)
-        running[future.key] = (b, w, worker)
-        queue.add(future)
+        flight.add(future, b, w, worker)
 
     total = len(starts) * len(windows)
-    with tqdm(total=total, disable=not progress, unit="batch", desc=desc) as bar:
-        for worker in slots:
-            submit_next(worker)
-        for future in queue:
-            b, w, worker = running.pop(future.key)
-            if w == last:
-                results.append((starts[b], future.result()))
-                future.release()
-            bar.update(1)
-            submit_next(worker)
+    try:
+        with tqdm(total=total, disable=not progress, unit="batch", desc=desc) as bar:
+            for worker in slots:
+                submit_next(worker)
+            while flight.running:
+                flight.wait_first([future for future, *_ in flight.running.values()])
+                done = [key for key, (f, *_) in flight.running.items() if f.done()]
+                for key in done:
+                    future, b, w, worker = flight.running[key]
+                    if w == last:
+                        results.append((starts[b], flight.fetch(future, b)))
+                        future.release()
+                    del flight.running[key]
+                    bar.update(1)
+                    submit_next(worker)
+    except BaseException:
+        # the error's traceback holds this frame: release the run's futures now, or a caller
+        # keeping the error would keep their keys (and the tasks waiting on them) on the cluster
+        flight.release()
+        for future in futures_of([states, [weights for weights, _ in placed]]):
+            future.release()
+        raise
     placed.clear()
     return results

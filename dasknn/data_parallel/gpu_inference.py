@@ -18,7 +18,8 @@ import scipy.sparse as sp
 from distributed import Client, Future
 
 from dasknn.data_parallel.batches import BatchResult
-from dasknn.data_parallel.broadcast import load_on_each
+from dasknn.data_parallel.broadcast import load_on_each, scatter_within
+from dasknn.data_parallel.driver import run_on_workers
 from dasknn.data_parallel.workers import peak_rss, worker_name
 from dasknn.kernels.cuda_inference import (
     CUDA_INSTALL_HINT,
@@ -75,9 +76,11 @@ def device_memory() -> dict:
     }
 
 
-def check_cuda_workers(client: Client) -> dict[str, dict]:
-    """Ask every worker for its GPU; raise ``RuntimeError`` naming those without one."""
-    info = client.run(device_memory)
+def check_cuda_workers(client: Client, step_timeout: float) -> dict[str, dict]:
+    """Ask every worker for its GPU (within ``step_timeout`` seconds, else
+    :class:`~dasknn.runtime.step_timeout.StepTimeoutError`); raise ``RuntimeError`` naming
+    those without one."""
+    info = run_on_workers(client, "reporting their GPU", step_timeout, device_memory)
     if not info:
         raise ValueError("the Dask cluster has no workers")
     missing = sorted(addr for addr, gpu in info.items() if gpu["runtime"] == "none")
@@ -200,9 +203,14 @@ class CUDAInference:
         self.compact_every = compact_every
         self.mode = mode
 
-    def place(self, client: Client, weights: CompactLayers) -> dict[str, Future]:
-        """Upload the network to every GPU worker; its device copy, by address."""
-        return load_on_each(client, weights, self.addresses, upload_network, self.budget)
+    def place(
+        self, client: Client, weights: CompactLayers, timeout: float
+    ) -> dict[str, Future]:
+        """Upload the network to every GPU worker (sent to each within ``timeout`` seconds); its
+        device copy, by address."""
+        return load_on_each(
+            client, weights, self.addresses, timeout, upload_network, self.budget
+        )
 
     def submit(
         self,
@@ -211,12 +219,14 @@ class CUDAInference:
         placed: dict[str, Future],
         worker: str | None,
         last: bool,
+        timeout: float,
     ) -> Future:
-        """Send a batch's rows to ``worker`` and submit :func:`infer_batch_cuda` there.
+        """Send a batch's rows to ``worker`` (within ``timeout`` seconds) and submit
+        :func:`infer_batch_cuda` there.
 
         The whole network is one window, so ``batch`` is always input rows and ``last`` is true.
         """
-        rows = client.scatter(batch, workers=[worker], hash=False)
+        rows = scatter_within(client, batch, timeout, workers=[worker])
         return client.submit(
             infer_batch_cuda,
             rows,

@@ -19,10 +19,16 @@ from distributed import Client
 
 from dasknn.data_parallel.batches import BatchResult, default_batch_size
 from dasknn.data_parallel.cpu_inference import CPUInference, layer_bytes, warm_kernel
-from dasknn.data_parallel.driver import per_worker_slots, run_batches, shared_slots
+from dasknn.data_parallel.driver import (
+    per_worker_slots,
+    run_batches,
+    run_on_workers,
+    shared_slots,
+)
 from dasknn.data_parallel.windows import layer_windows, window_layers, worker_memory_limit
 from dasknn.kernels.inference import pack_layers
 from dasknn.runtime.cluster import scheduler_workers
+from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT
 
 __all__ = ["InferenceRun", "infer_on_cpus", "infer_on_gpus"]
 
@@ -76,6 +82,7 @@ def infer_on_cpus(
     resident_layers: int | None = None,
     weight_buffers: int = 2,
     weight_budget: int | None = None,
+    step_timeout: float = DEFAULT_STEP_TIMEOUT,
     progress: bool = True,
     desc: str = "inference",
 ) -> InferenceRun:
@@ -101,6 +108,10 @@ def infer_on_cpus(
         Windows held by a worker at once when streaming (2 = double buffering).
     weight_budget : int, optional
         Bytes of weights a worker may hold; default half the smallest worker memory limit.
+    step_timeout : float
+        Seconds the run may go without a batch finishing (or the workers warming the kernel,
+        or a window of weights reaching them); see
+        :func:`dasknn.data_parallel.driver.run_batches`.
     progress : bool
         Show a progress bar.
     desc : str
@@ -110,6 +121,10 @@ def infer_on_cpus(
     ------
     ValueError
         If the cluster has no workers.
+    StepTimeoutError
+        If nothing finished within ``step_timeout``, naming the workers waited for.
+    WorkerLostError, Exception
+        As :func:`dasknn.data_parallel.driver.run_batches` raises them.
     """
     n_workers = len(scheduler_workers(client))
     if n_workers == 0:
@@ -118,7 +133,7 @@ def infer_on_cpus(
     sizes = layer_bytes(matrices, dtype)
     budget = weight_budget or worker_memory_limit(client) // 2
     per_window = window_layers(sizes, budget, weight_buffers, resident_layers)
-    client.run(warm_kernel, dtype.name)
+    run_on_workers(client, "warming the kernel", step_timeout, warm_kernel, dtype.name)
     if per_window is None:
         packed = pack_layers(matrices, dtype)
         windows = [lambda: packed]
@@ -138,6 +153,7 @@ def infer_on_cpus(
         windows,
         shared_slots(client),
         weight_buffers=buffers,
+        step_timeout=step_timeout,
         progress=progress,
         desc=desc,
     )
@@ -165,6 +181,7 @@ def infer_on_gpus(
     weight_budget: int | None = None,
     compact_every: int = 8,
     cuda_mode: str = "auto",
+    step_timeout: float = DEFAULT_STEP_TIMEOUT,
     progress: bool = True,
     desc: str = "inference",
 ) -> InferenceRun:
@@ -173,7 +190,7 @@ def infer_on_gpus(
 
     Parameters
     ----------
-    client, matrices, rows, bias, ymax, dtype, progress, desc
+    client, matrices, rows, bias, ymax, dtype, step_timeout, progress, desc
         As for :func:`infer_on_cpus`.
     batch_size : int, optional
         Rows per batch; by default an equal share of the rows per GPU. Capped by what the GPU's
@@ -192,6 +209,9 @@ def infer_on_gpus(
         If the cluster has no workers.
     RuntimeError
         If a worker has no GPU (or numba cannot load the CUDA driver there).
+    StepTimeoutError, WorkerLostError
+        As for :func:`infer_on_cpus` (a lost worker is always an error here: every batch is
+        pinned to its GPU's worker).
     MemoryError
         If the network does not fit a GPU even streamed.
     """
@@ -203,7 +223,7 @@ def infer_on_gpus(
     )
     from dasknn.kernels.cuda_inference import compact_layers, pack_bit_rows, weight_bytes
 
-    gpus = check_cuda_workers(client)
+    gpus = check_cuda_workers(client, step_timeout)
     n_rows, width = rows.shape
     packed = compact_layers(pack_layers(matrices, dtype))
     device_bytes, largest_layer = weight_bytes(packed)
@@ -217,7 +237,9 @@ def infer_on_gpus(
     if batch_size is None:
         batch_size = math.ceil(n_rows / len(addresses))
     batch_size = max(1, min(batch_size, max_rows))
-    client.run(warm_cuda_kernel, dtype.name)
+    run_on_workers(
+        client, "compiling the CUDA kernels", step_timeout, warm_cuda_kernel, dtype.name
+    )
     step = CUDAInference(addresses, bias, ymax, dtype, budget, compact_every, cuda_mode)
     start = time.perf_counter()
     results = run_batches(
@@ -227,6 +249,7 @@ def infer_on_gpus(
         step,
         [lambda: packed],
         per_worker_slots(addresses),
+        step_timeout=step_timeout,
         progress=progress,
         desc=desc,
     )

@@ -40,13 +40,16 @@ def _drop_tracebacks(error: BaseException | None) -> None:
         error = error.__context__ or error.__cause__
 
 
-def wait_at_most(futures: Sequence[Future], seconds: float) -> bool:
-    """Wait up to ``seconds`` for every future to finish (done, failed or cancelled).
+def wait_at_most(
+    futures: Sequence[Future], seconds: float, return_when: str = "ALL_COMPLETED"
+) -> bool:
+    """Wait up to ``seconds`` for every future to finish (done, failed or cancelled), or with
+    ``return_when="FIRST_COMPLETED"`` for one of them.
 
     Returns
     -------
     bool
-        True if all of them finished in time.
+        True if all of them (or one of them) finished in time.
 
     Notes
     -----
@@ -58,7 +61,7 @@ def wait_at_most(futures: Sequence[Future], seconds: float) -> bool:
     the cycle.
     """
     try:
-        wait(list(futures), timeout=seconds)
+        wait(list(futures), timeout=seconds, return_when=return_when)
     except TimeoutError as exc:
         _drop_tracebacks(exc)
         return False
