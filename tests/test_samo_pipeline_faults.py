@@ -2,13 +2,16 @@
 a LocalCluster) ends in a WorkerLostError naming the worker and the stage replica it held, within
 a few seconds, in both message modes: never a hang and never Dask's own CommClosedError. The
 failed step's keys leave the scheduler, and the stages still there stop waiting for the lost
-one."""
+one. Reading the model (replica, gather, predict, the reports) after a lost or stopped stage
+worker ends in the same errors, and so does ``dasknn samo``, on one line."""
 
 from __future__ import annotations
 
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -16,9 +19,11 @@ import numpy as np
 import pytest
 from distributed import Client
 from distributed.diagnostics.plugin import WorkerPlugin
+from stopped_workers import stopped
 
 from dasknn.model import CompressedMLP
 from dasknn.pipeline_parallel import PipelineMLP
+from dasknn.pipeline_parallel.worker_state import plugin_name
 from dasknn.pruning import magnitude_masks
 from dasknn.runtime.cluster import local_cluster, scheduler_workers
 from dasknn.runtime.keys import parse_pipeline_key
@@ -159,16 +164,20 @@ def test_the_other_stages_drop_a_step_whose_stage_worker_was_lost(client):
         assert _keys_left(client, pipe.token) == []
 
 
+def _kill(client, address: str) -> None:
+    """Kill the worker process at ``address`` (SIGKILL) and wait until the scheduler lists it no
+    more."""
+    os.kill(client.run(os.getpid, workers=[address])[address], signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while address in scheduler_workers(client) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 def test_a_stage_worker_lost_between_steps_is_named_at_the_next_step(client):
     x, y = _data(16)
-    pids = client.run(os.getpid)
     with PipelineMLP(_model(), client, stages=2, microbatches=2) as pipe:
         pipe.train_step(x, y, lr=0.1)
-        victim = pipe.workers[(1, 0)]
-        os.kill(pids[victim], signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while victim in scheduler_workers(client) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        _kill(client, pipe.workers[(1, 0)])
         for _ in range(2):  # the step's scatter finds it gone, every time
             start = time.monotonic()
             with pytest.raises(WorkerLostError, match=_lost_message(pipe, 1)):
@@ -176,6 +185,34 @@ def test_a_stage_worker_lost_between_steps_is_named_at_the_next_step(client):
             assert time.monotonic() - start < NAMED_WITHIN
         assert _keys_left(client, pipe.token) == []
     assert _keys_left(client, pipe.token, kept=()) == []
+
+
+def test_reading_the_model_after_a_lost_stage_worker_names_it(client):
+    """replica, gather, predict, score, step_report, idle_* and comm_report each name the lost
+    stage worker with its stage (WorkerLostError) within a poll or two; step_report and the
+    idle_* used to fail with Dask's OSError after its 30 s connect timeout, comm_report used to
+    report the counts as if nothing had happened."""
+    x, y = _data(16)
+    with PipelineMLP(_model(), client, stages=2, microbatches=2) as pipe:
+        pipe.train_step(x, y, lr=0.1)
+        _kill(client, pipe.workers[(1, 0)])
+        reads = {
+            "replica": lambda: pipe.replica(0),
+            "gather": pipe.gather,
+            "predict": lambda: pipe.predict(x),
+            "score": lambda: pipe.score(x, y),
+            "step_report": pipe.step_report,
+            "idle_fractions": pipe.idle_fractions,
+            "idle_breakdown": pipe.idle_breakdown,
+            "idle_sources": pipe.idle_sources,
+            "comm_report": pipe.comm_report,
+        }
+        for name, read in reads.items():
+            start = time.monotonic()
+            with pytest.raises(WorkerLostError, match=_lost_message(pipe, 1)) as raised:
+                read()
+            assert time.monotonic() - start < NAMED_WITHIN, name
+            assert "; the weights of those layers are gone (close the model" in str(raised.value)
 
 
 class _StopWhenStageRuns(_KillWhenStageRuns):
@@ -226,6 +263,74 @@ def test_a_stopped_stage_worker_is_named_after_the_step_timeout(client, messages
     # resumed, the stopped worker runs tasks again (its task of the failed step, stopped before
     # it started, was cancelled)
     assert client.submit(_ready, workers=[victim], pure=False).result(timeout=25)
+
+
+def test_reading_a_stopped_stage_worker_is_named_after_the_step_timeout(client):
+    """A stage worker stopped (SIGSTOP) after a step, still listed by the scheduler: reading the
+    last step's records (and so the idle fractions) ends after ``step_timeout`` in a
+    StepTimeoutError naming it, its stage and its state, instead of waiting for ever."""
+    x, y = _data(16)
+    with PipelineMLP(_model(), client, stages=2, microbatches=2, step_timeout=2.5) as pipe:
+        pipe.train_step(x, y, lr=0.1)
+        victim = pipe.workers[(1, 0)]
+        named = (
+            r"^the stages' records of the last step did not arrive within 2.5 s \(step_timeout\): "
+            rf".*worker {re.escape(victim)} \(stage 1 of replica 0, layers? [0-9 to]+\) has not "
+            "been heard from for"
+        )
+        with stopped(client, victim):
+            start = time.monotonic()
+            with pytest.raises(StepTimeoutError, match=named):
+                pipe.idle_fractions()
+            assert 2.5 <= time.monotonic() - start < 2.5 + NAMED_WITHIN
+        assert set(pipe.step_report()) == {(0, 0), (1, 0)}  # resumed, it answers again
+
+
+def test_samo_command_with_a_killed_stage_worker_prints_one_line_and_writes_nothing(
+    client, tmp_path
+):
+    """``dasknn samo`` in a process of its own, as a user runs it, against the module's
+    cluster: a stage worker killed mid-run ends it with exit code 2 and the WorkerLostError on
+    one line naming the worker and its stage, no traceback, and neither ``--json`` nor
+    ``--save`` written."""
+    pids = client.run(os.getpid)
+    killed = []
+
+    def kill_once_training():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            plugins = client.run(lambda dask_worker: list(dask_worker.plugins))
+            placed = [
+                address
+                for address, names in plugins.items()
+                if any(name.startswith(plugin_name("")) for name in names)
+            ]
+            if len(placed) == 2:
+                time.sleep(1.0)  # placed and training (8,000 steps take far longer)
+                killed.append(max(placed))
+                os.kill(pids[killed[0]], signal.SIGKILL)
+                return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_once_training, daemon=True)
+    killer.start()
+    report, saved = tmp_path / "samo.json", tmp_path / "model.npz"
+    argv = [
+        "samo", "--hidden", "16", "--samples", "256", "--held-out", "0", "--batch-size", "64",
+        "--dense-epochs", "0", "--epochs", "2000", "--stages", "2",
+        "--scheduler", client.scheduler.address, "--json", str(report), "--save", str(saved),
+    ]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "dasknn", *argv], capture_output=True, text=True, timeout=120
+    )
+    killer.join()
+    err = done.stderr
+    assert killed and done.returncode == 2, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"dasknn samo: error: lost worker {killed[0]}: it held stage "), err
+    assert "of replica 0" in err and "the step failed" in err
+    assert not report.exists() and not saved.exists()
+    assert list(tmp_path.iterdir()) == []  # no temporary file left either
 
 
 def test_step_timeout_must_be_a_positive_finite_number(client):
