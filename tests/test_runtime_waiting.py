@@ -7,13 +7,14 @@ import asyncio
 import gc
 import os
 import signal
+import threading
 import time
 
 import pytest
 from distributed import Event
 
 from dasknn.runtime.cluster import scheduler_workers
-from dasknn.runtime.waiting import gather_at_most, run_watching, wait_at_most
+from dasknn.runtime.waiting import call_at_most, gather_at_most, run_watching, wait_at_most
 
 pytestmark = pytest.mark.minversions
 
@@ -121,3 +122,21 @@ def test_run_watching_returns_gives_up_when_the_check_raises_and_times_out(dask_
     with pytest.raises(TimeoutError, match="did not finish within 0.3 s"):
         run_watching(dask_client, _sleeping(dask_client, 5), 0.3, quiet, 0.1)
     assert time.monotonic() - start < 3
+
+
+def test_call_at_most_leaves_a_slow_call_to_finish_and_raises_a_quick_calls_error():
+    release, finished = threading.Event(), threading.Event()
+
+    def slow() -> None:
+        release.wait(10)
+        finished.set()
+
+    start = time.monotonic()
+    assert call_at_most(slow, 0.2) is False
+    assert 0.2 <= time.monotonic() - start < 2 and not finished.is_set()
+    release.set()
+    assert finished.wait(5)  # not cancelled: it went on after the wait
+    assert call_at_most(lambda: None, 5) is True and call_at_most(lambda: None, None) is True
+    for seconds in (5, None):
+        with pytest.raises(ZeroDivisionError):
+            call_at_most(lambda: 1 / 0, seconds)

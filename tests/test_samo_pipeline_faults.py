@@ -33,6 +33,8 @@ from dasknn.runtime.waiting import WorkerLostError
 SIZES = (12, 10, 8, 4)
 #: Seconds from the kill to the error that the tests accept.
 NAMED_WITHIN = 5.0
+#: The start of the names of the pipeline models' worker plugins.
+PLUGINS = plugin_name("")
 
 
 @pytest.fixture(scope="module")
@@ -265,12 +267,21 @@ def test_a_stopped_stage_worker_is_named_after_the_step_timeout(client, messages
     assert client.submit(_ready, workers=[victim], pure=False).result(timeout=25)
 
 
-def test_reading_a_stopped_stage_worker_is_named_after_the_step_timeout(client):
+def _plugins(client) -> list[str]:
+    """The names of the worker plugins on every worker."""
+    held = client.run(lambda dask_worker: list(dask_worker.plugins))
+    return sorted(name for names in held.values() for name in names)
+
+
+def test_a_stopped_stage_worker_is_named_by_a_read_and_does_not_hold_up_close(client):
     """A stage worker stopped (SIGSTOP) after a step, still listed by the scheduler: reading the
     last step's records (and so the idle fractions) ends after ``step_timeout`` in a
-    StepTimeoutError naming it, its stage and its state, instead of waiting for ever."""
+    StepTimeoutError naming it, its stage and its state, instead of waiting for ever; ``close()``
+    waits for it at most ``step_timeout`` too (it used to wait until Dask removed the worker),
+    and the model's plugins leave it once it goes on."""
     x, y = _data(16)
-    with PipelineMLP(_model(), client, stages=2, microbatches=2, step_timeout=2.5) as pipe:
+    pipe = PipelineMLP(_model(), client, stages=2, microbatches=2, step_timeout=2.5)
+    try:
         pipe.train_step(x, y, lr=0.1)
         victim = pipe.workers[(1, 0)]
         named = (
@@ -283,7 +294,39 @@ def test_reading_a_stopped_stage_worker_is_named_after_the_step_timeout(client):
             with pytest.raises(StepTimeoutError, match=named):
                 pipe.idle_fractions()
             assert 2.5 <= time.monotonic() - start < 2.5 + NAMED_WITHIN
-        assert set(pipe.step_report()) == {(0, 0), (1, 0)}  # resumed, it answers again
+            start = time.monotonic()
+            pipe.close()
+            assert time.monotonic() - start < 2.5 + 1.0
+    finally:
+        pipe.close()
+    deadline = time.monotonic() + 10
+    while pipe.token in str(_plugins(client)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pipe.token not in str(_plugins(client))
+
+
+def _signal_once_training(client, sent_signal) -> tuple[threading.Thread, list]:
+    """A started thread that waits (up to 60 s) until a pipeline model's plugin is on both
+    workers, lets it train for a second and sends ``sent_signal`` to one of them, and the list
+    it then appends ``(address, time.monotonic(), pid)`` to."""
+    pids = client.run(os.getpid)
+    sent: list = []
+
+    def send_once_training() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            held = client.run(lambda dask_worker: list(dask_worker.plugins))
+            placed = [a for a, names in held.items() if any(n.startswith(PLUGINS) for n in names)]
+            if len(placed) == 2:
+                time.sleep(1.0)  # placed and training (8,000 steps take far longer)
+                os.kill(pids[max(placed)], sent_signal)
+                sent.append((max(placed), time.monotonic(), pids[max(placed)]))
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=send_once_training, daemon=True)
+    thread.start()
+    return thread, sent
 
 
 def test_samo_command_with_a_killed_stage_worker_prints_one_line_and_writes_nothing(
@@ -293,27 +336,7 @@ def test_samo_command_with_a_killed_stage_worker_prints_one_line_and_writes_noth
     cluster: a stage worker killed mid-run ends it with exit code 2 and the WorkerLostError on
     one line naming the worker and its stage, no traceback, and neither ``--json`` nor
     ``--save`` written."""
-    pids = client.run(os.getpid)
-    killed = []
-
-    def kill_once_training():
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            plugins = client.run(lambda dask_worker: list(dask_worker.plugins))
-            placed = [
-                address
-                for address, names in plugins.items()
-                if any(name.startswith(plugin_name("")) for name in names)
-            ]
-            if len(placed) == 2:
-                time.sleep(1.0)  # placed and training (8,000 steps take far longer)
-                killed.append(max(placed))
-                os.kill(pids[killed[0]], signal.SIGKILL)
-                return
-            time.sleep(0.05)
-
-    killer = threading.Thread(target=kill_once_training, daemon=True)
-    killer.start()
+    killer, killed = _signal_once_training(client, signal.SIGKILL)
     report, saved = tmp_path / "samo.json", tmp_path / "model.npz"
     argv = [
         "samo", "--hidden", "16", "--samples", "256", "--held-out", "0", "--batch-size", "64",
@@ -327,10 +350,47 @@ def test_samo_command_with_a_killed_stage_worker_prints_one_line_and_writes_noth
     err = done.stderr
     assert killed and done.returncode == 2, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    assert err.startswith(f"dasknn samo: error: lost worker {killed[0]}: it held stage "), err
+    assert err.startswith(f"dasknn samo: error: lost worker {killed[0][0]}: it held stage "), err
     assert "of replica 0" in err and "the step failed" in err
     assert not report.exists() and not saved.exists()
     assert list(tmp_path.iterdir()) == []  # no temporary file left either
+
+
+def test_samo_command_with_a_stopped_stage_worker_prints_the_step_timeout_on_one_line(
+    client, tmp_path
+):
+    """``dasknn samo --step-timeout 3`` with a stage worker stopped (SIGSTOP) mid-run: exit code
+    2 within seconds, the StepTimeoutError on one line naming the worker, its stage and its
+    state, and no ``--json`` written (closing the model used to wait for the stopped worker until
+    Dask removed it)."""
+    stopper, stopped_at = _signal_once_training(client, signal.SIGSTOP)
+    report = tmp_path / "samo.json"
+    argv = [
+        "samo", "--hidden", "16", "--samples", "256", "--held-out", "0", "--batch-size", "64",
+        "--dense-epochs", "0", "--epochs", "2000", "--stages", "2", "--step-timeout", "3",
+        "--scheduler", client.scheduler.address, "--json", str(report),
+    ]  # fmt: skip
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "dasknn", *argv], capture_output=True, text=True, timeout=120
+        )
+        ended = time.monotonic()
+    finally:
+        stopper.join()
+        for *_, pid in stopped_at:
+            os.kill(pid, signal.SIGCONT)
+    err = done.stderr
+    assert stopped_at and done.returncode == 2, err
+    victim, stopped_time, _ = stopped_at[0]
+    assert ended - stopped_time < 3 + 3 + NAMED_WITHIN  # the step's timeout, close's, the exit
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    named = (
+        r"^dasknn samo: error: the step('s data)? did not (finish|reach its stage) within 3 s "
+        rf"\(step_timeout\): .*worker {re.escape(victim)} \(stage [01] of replica 0, layers? "
+        r"[0-9 to]+\) has not been heard from for"
+    )
+    assert re.match(named, err), err
+    assert not report.exists()
 
 
 def test_step_timeout_must_be_a_positive_finite_number(client):

@@ -397,19 +397,22 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
 
     # ------------------------------------------------------------------ basics
     def close(self) -> None:
-        """Remove the plugin (with the states it owns) and the transfer records; closing twice
-        does nothing."""
+        """Remove the plugins (with the states they own) and the transfer records, waiting for
+        the stage workers at most ``step_timeout`` seconds (a stopped one has them removed by the
+        scheduler when it goes on); closing twice does nothing."""
         if not self._open:
             return
         self._open = False
         self._postboxes.clear()
-        if self.reuse_memory:
-            self.client.unregister_worker_plugin(self._memory_plugin)
+        plugins = [self._memory_plugin] if self.reuse_memory else []
         if self.pin_cores:
-            self.client.unregister_worker_plugin(self._cores_plugin)
-        self._unregister()  # also forgets the transfer records of the model's own token
-        for token in self._tokens:
-            reset_transfers(self.client, token)
+            plugins.append(self._cores_plugin)
+        try:
+            # also forgets the transfer records of the model's own token
+            self._unregister(plugins)
+        finally:
+            for token in self._tokens:
+                reset_transfers(self.client, token)
 
     def _check_open(self) -> None:
         if not self._open:

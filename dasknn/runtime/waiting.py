@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import math
+import threading
 import time
 import traceback
 from collections.abc import Callable, Coroutine, Sequence
@@ -19,6 +20,7 @@ from dasknn.runtime.cluster import scheduler_workers
 __all__ = [
     "GATHER_LOSS_GRACE_SECONDS",
     "WorkerLostError",
+    "call_at_most",
     "gather_at_most",
     "gather_watching",
     "run_naming_loss",
@@ -107,6 +109,53 @@ def gather_at_most(client: Client, futures: Sequence[Future], seconds: float) ->
         gathering.cancel()
         _drop_tracebacks(exc)
         raise TimeoutError(f"the results did not arrive within {seconds:g} s") from None
+
+
+def call_at_most(call: Callable[[], Any], seconds: float | None) -> bool:
+    """Call ``call()`` in a thread of its own and wait for it at most ``seconds``, leaving it to
+    finish after that.
+
+    Parameters
+    ----------
+    call : callable
+        A synchronous client call, such as ``lambda: client.unregister_worker_plugin(name)``.
+    seconds : float or None
+        How long to wait for it (``None``: called here, until it returns).
+
+    Returns
+    -------
+    bool
+        True if it returned in time, False if it still runs.
+
+    Raises
+    ------
+    Exception
+        The call's own error, if it failed in time (a later one is dropped).
+
+    Notes
+    -----
+    For calls the scheduler carries out on every worker (a plugin's removal): the request
+    reaches the scheduler at once, and the scheduler goes on with it after the wait ends, so a
+    worker that does not answer now (stopped) is reached when it goes on, or dropped with it
+    when the scheduler removes it. The thread is a daemon: it keeps no process from ending.
+    """
+    if seconds is None:
+        call()
+        return True
+    outcome: concurrent.futures.Future = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            outcome.set_result(call())
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, or dropped
+            outcome.set_exception(exc)
+
+    threading.Thread(target=run, name="dasknn-call-at-most", daemon=True).start()
+    try:
+        outcome.result(timeout=seconds)
+    except TimeoutError:
+        return False
+    return True
 
 
 def run_watching(
