@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import os
 import signal
 import threading
@@ -89,6 +90,28 @@ def test_gather_at_most_gives_up_on_a_stopped_worker_and_keeps_no_reference(dask
         os.kill(pid, signal.SIGCONT)
         if was_enabled:
             gc.enable()
+
+
+def test_a_gather_given_up_leaves_no_report_of_its_waits(dask_client, caplog):
+    """A gather given up before its futures finished leaves distributed's waits on each of them
+    behind; once the futures are cancelled each wait ends in ``AllExit``, which asyncio used to
+    report ("Task exception was never retrieved", a traceback on a command's stderr)."""
+    name = f"dasknn-test-gather-{time.monotonic_ns()}"
+    event = Event(name, client=dask_client)
+    futures = [dask_client.submit(_wait_for_event, name, pure=False) for _ in range(2)]
+    try:
+        with caplog.at_level(logging.ERROR, logger="asyncio"):
+            with pytest.raises(TimeoutError, match="did not arrive within 0.2 s"):
+                gather_at_most(dask_client, futures, 0.2)
+            dask_client.cancel(futures)
+            del futures
+            for _ in range(10):  # the waits end on the client's loop, then are collected
+                time.sleep(0.05)
+                gc.collect()
+        reports = [r.getMessage() for r in caplog.records if r.name == "asyncio"]
+        assert not reports, reports
+    finally:
+        event.set()  # the tasks on the workers end
 
 
 async def _sleep_then_answer(seconds: float) -> str:

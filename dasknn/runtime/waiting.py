@@ -42,6 +42,36 @@ def _drop_tracebacks(error: BaseException | None) -> None:
         error = error.__context__ or error.__cause__
 
 
+def _is_gather_exit(error: BaseException | None) -> bool:
+    """Whether ``error`` is distributed's ``AllExit``, the signal with which a gather's waits on
+    its futures stop early (not an error)."""
+    kind = type(error)
+    return kind.__name__ == "AllExit" and kind.__module__ == "distributed.client"
+
+
+def _quiet_gather_exits(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+    """An event loop's exception handler that drops asyncio's report of a task ended by
+    :func:`_is_gather_exit` and passes every other report on to the loop's default handler."""
+    if not _is_gather_exit(context.get("exception")):
+        loop.default_exception_handler(context)
+
+
+def _cancel_call(client: Client, running: concurrent.futures.Future) -> None:
+    """Cancel a client call running on the client's event loop.
+
+    A cancelled ``Client.gather`` leaves behind the tasks that wait on each of its futures
+    (distributed's ``All`` watches them only when one fails, not when it is cancelled); once
+    those futures are cancelled (the model's clean-up, the client's close) each such task ends
+    in ``AllExit`` that nobody retrieves, and asyncio reports it as "Task exception was never
+    retrieved" with a traceback on stderr. The loop's exception handler is set to drop those
+    reports (:func:`_quiet_gather_exits`), unless the loop already has a handler of its own.
+    """
+    loop = client.loop.asyncio_loop
+    if loop.get_exception_handler() is None:
+        loop.set_exception_handler(_quiet_gather_exits)
+    running.cancel()
+
+
 def wait_at_most(futures: Sequence[Future], seconds: float) -> bool:
     """Wait up to ``seconds`` for every future to finish (done, failed or cancelled).
 
@@ -106,7 +136,7 @@ def gather_at_most(client: Client, futures: Sequence[Future], seconds: float) ->
     try:
         return gathering.result(timeout=seconds)
     except TimeoutError as exc:
-        gathering.cancel()
+        _cancel_call(client, gathering)
         _drop_tracebacks(exc)
         raise TimeoutError(f"the results did not arrive within {seconds:g} s") from None
 
@@ -207,7 +237,7 @@ def run_watching(
             if left <= poll:
                 raise TimeoutError(f"the call did not finish within {seconds:g} s")
     except BaseException:
-        running.cancel()
+        _cancel_call(client, running)
         raise
 
 
