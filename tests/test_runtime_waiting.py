@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import os
 import signal
+import threading
 import time
 
 import pytest
 from distributed import Event
 
 from dasknn.runtime.cluster import scheduler_workers
-from dasknn.runtime.waiting import gather_at_most, run_watching, wait_at_most
+from dasknn.runtime.waiting import call_at_most, gather_at_most, run_watching, wait_at_most
 
 pytestmark = pytest.mark.minversions
 
@@ -90,6 +92,28 @@ def test_gather_at_most_gives_up_on_a_stopped_worker_and_keeps_no_reference(dask
             gc.enable()
 
 
+def test_a_gather_given_up_leaves_no_report_of_its_waits(dask_client, caplog):
+    """A gather given up before its futures finished leaves distributed's waits on each of them
+    behind; once the futures are cancelled each wait ends in ``AllExit``, which asyncio used to
+    report ("Task exception was never retrieved", a traceback on a command's stderr)."""
+    name = f"dasknn-test-gather-{time.monotonic_ns()}"
+    event = Event(name, client=dask_client)
+    futures = [dask_client.submit(_wait_for_event, name, pure=False) for _ in range(2)]
+    try:
+        with caplog.at_level(logging.ERROR, logger="asyncio"):
+            with pytest.raises(TimeoutError, match="did not arrive within 0.2 s"):
+                gather_at_most(dask_client, futures, 0.2)
+            dask_client.cancel(futures)
+            del futures
+            for _ in range(10):  # the waits end on the client's loop, then are collected
+                time.sleep(0.05)
+                gc.collect()
+        reports = [r.getMessage() for r in caplog.records if r.name == "asyncio"]
+        assert not reports, reports
+    finally:
+        event.set()  # the tasks on the workers end
+
+
 async def _sleep_then_answer(seconds: float) -> str:
     await asyncio.sleep(seconds)
     return "done"
@@ -121,3 +145,21 @@ def test_run_watching_returns_gives_up_when_the_check_raises_and_times_out(dask_
     with pytest.raises(TimeoutError, match="did not finish within 0.3 s"):
         run_watching(dask_client, _sleeping(dask_client, 5), 0.3, quiet, 0.1)
     assert time.monotonic() - start < 3
+
+
+def test_call_at_most_leaves_a_slow_call_to_finish_and_raises_a_quick_calls_error():
+    release, finished = threading.Event(), threading.Event()
+
+    def slow() -> None:
+        release.wait(10)
+        finished.set()
+
+    start = time.monotonic()
+    assert call_at_most(slow, 0.2) is False
+    assert 0.2 <= time.monotonic() - start < 2 and not finished.is_set()
+    release.set()
+    assert finished.wait(5)  # not cancelled: it went on after the wait
+    assert call_at_most(lambda: None, 5) is True and call_at_most(lambda: None, None) is True
+    for seconds in (5, None):
+        with pytest.raises(ZeroDivisionError):
+            call_at_most(lambda: 1 / 0, seconds)

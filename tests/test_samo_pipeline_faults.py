@@ -2,13 +2,16 @@
 a LocalCluster) ends in a WorkerLostError naming the worker and the stage replica it held, within
 a few seconds, in both message modes: never a hang and never Dask's own CommClosedError. The
 failed step's keys leave the scheduler, and the stages still there stop waiting for the lost
-one."""
+one. Reading the model (replica, gather, predict, the reports) after a lost or stopped stage
+worker ends in the same errors, and so does ``dasknn samo``, on one line."""
 
 from __future__ import annotations
 
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -16,9 +19,11 @@ import numpy as np
 import pytest
 from distributed import Client
 from distributed.diagnostics.plugin import WorkerPlugin
+from stopped_workers import stopped
 
 from dasknn.model import CompressedMLP
 from dasknn.pipeline_parallel import PipelineMLP
+from dasknn.pipeline_parallel.worker_state import plugin_name
 from dasknn.pruning import magnitude_masks
 from dasknn.runtime.cluster import local_cluster, scheduler_workers
 from dasknn.runtime.keys import parse_pipeline_key
@@ -28,6 +33,8 @@ from dasknn.runtime.waiting import WorkerLostError
 SIZES = (12, 10, 8, 4)
 #: Seconds from the kill to the error that the tests accept.
 NAMED_WITHIN = 5.0
+#: The start of the names of the pipeline models' worker plugins.
+PLUGINS = plugin_name("")
 
 
 @pytest.fixture(scope="module")
@@ -159,16 +166,20 @@ def test_the_other_stages_drop_a_step_whose_stage_worker_was_lost(client):
         assert _keys_left(client, pipe.token) == []
 
 
+def _kill(client, address: str) -> None:
+    """Kill the worker process at ``address`` (SIGKILL) and wait until the scheduler lists it no
+    more."""
+    os.kill(client.run(os.getpid, workers=[address])[address], signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while address in scheduler_workers(client) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 def test_a_stage_worker_lost_between_steps_is_named_at_the_next_step(client):
     x, y = _data(16)
-    pids = client.run(os.getpid)
     with PipelineMLP(_model(), client, stages=2, microbatches=2) as pipe:
         pipe.train_step(x, y, lr=0.1)
-        victim = pipe.workers[(1, 0)]
-        os.kill(pids[victim], signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while victim in scheduler_workers(client) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        _kill(client, pipe.workers[(1, 0)])
         for _ in range(2):  # the step's scatter finds it gone, every time
             start = time.monotonic()
             with pytest.raises(WorkerLostError, match=_lost_message(pipe, 1)):
@@ -176,6 +187,34 @@ def test_a_stage_worker_lost_between_steps_is_named_at_the_next_step(client):
             assert time.monotonic() - start < NAMED_WITHIN
         assert _keys_left(client, pipe.token) == []
     assert _keys_left(client, pipe.token, kept=()) == []
+
+
+def test_reading_the_model_after_a_lost_stage_worker_names_it(client):
+    """replica, gather, predict, score, step_report, idle_* and comm_report each name the lost
+    stage worker with its stage (WorkerLostError) within a poll or two; step_report and the
+    idle_* used to fail with Dask's OSError after its 30 s connect timeout, comm_report used to
+    report the counts as if nothing had happened."""
+    x, y = _data(16)
+    with PipelineMLP(_model(), client, stages=2, microbatches=2) as pipe:
+        pipe.train_step(x, y, lr=0.1)
+        _kill(client, pipe.workers[(1, 0)])
+        reads = {
+            "replica": lambda: pipe.replica(0),
+            "gather": pipe.gather,
+            "predict": lambda: pipe.predict(x),
+            "score": lambda: pipe.score(x, y),
+            "step_report": pipe.step_report,
+            "idle_fractions": pipe.idle_fractions,
+            "idle_breakdown": pipe.idle_breakdown,
+            "idle_sources": pipe.idle_sources,
+            "comm_report": pipe.comm_report,
+        }
+        for name, read in reads.items():
+            start = time.monotonic()
+            with pytest.raises(WorkerLostError, match=_lost_message(pipe, 1)) as raised:
+                read()
+            assert time.monotonic() - start < NAMED_WITHIN, name
+            assert "; the weights of those layers are gone (close the model" in str(raised.value)
 
 
 class _StopWhenStageRuns(_KillWhenStageRuns):
@@ -226,6 +265,142 @@ def test_a_stopped_stage_worker_is_named_after_the_step_timeout(client, messages
     # resumed, the stopped worker runs tasks again (its task of the failed step, stopped before
     # it started, was cancelled)
     assert client.submit(_ready, workers=[victim], pure=False).result(timeout=25)
+
+
+def _plugins(client) -> list[str]:
+    """The names of the worker plugins on every worker."""
+    held = client.run(lambda dask_worker: list(dask_worker.plugins))
+    return sorted(name for names in held.values() for name in names)
+
+
+def test_a_stopped_stage_worker_is_named_by_a_read_and_does_not_hold_up_close(client):
+    """A stage worker stopped (SIGSTOP) after a step, still listed by the scheduler: reading the
+    last step's records (and so the idle fractions) ends after ``step_timeout`` in a
+    StepTimeoutError naming it, its stage and its state, instead of waiting for ever; ``close()``
+    waits for it at most ``step_timeout`` too (it used to wait until Dask removed the worker),
+    and the model's plugins leave it once it goes on."""
+    x, y = _data(16)
+    pipe = PipelineMLP(_model(), client, stages=2, microbatches=2, step_timeout=2.5)
+    try:
+        pipe.train_step(x, y, lr=0.1)
+        victim = pipe.workers[(1, 0)]
+        named = (
+            r"^the stages' records of the last step did not arrive within 2.5 s \(step_timeout\): "
+            rf".*worker {re.escape(victim)} \(stage 1 of replica 0, layers? [0-9 to]+\) has not "
+            "been heard from for"
+        )
+        with stopped(client, victim):
+            start = time.monotonic()
+            with pytest.raises(StepTimeoutError, match=named):
+                pipe.idle_fractions()
+            assert 2.5 <= time.monotonic() - start < 2.5 + NAMED_WITHIN
+            start = time.monotonic()
+            pipe.close()
+            assert time.monotonic() - start < 2.5 + 1.0
+    finally:
+        pipe.close()
+    deadline = time.monotonic() + 10
+    while pipe.token in str(_plugins(client)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pipe.token not in str(_plugins(client))
+
+
+def _signal_once_training(client, sent_signal) -> tuple[threading.Thread, list]:
+    """A started thread that waits (up to 60 s) until a pipeline model's plugin is on both
+    workers, lets it train for a second and sends ``sent_signal`` to one of them, and the list
+    it then appends ``(address, time.monotonic(), pid)`` to."""
+    pids = client.run(os.getpid)
+    sent: list = []
+
+    def send_once_training() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            held = client.run(lambda dask_worker: list(dask_worker.plugins))
+            placed = [a for a, names in held.items() if any(n.startswith(PLUGINS) for n in names)]
+            if len(placed) == 2:
+                time.sleep(1.0)  # placed and training (8,000 steps take far longer)
+                os.kill(pids[max(placed)], sent_signal)
+                sent.append((max(placed), time.monotonic(), pids[max(placed)]))
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=send_once_training, daemon=True)
+    thread.start()
+    return thread, sent
+
+
+def _command_lines(stderr: str) -> list[str]:
+    """The lines of a command's ``stderr`` other than Dask's own warnings (shown from
+    ``--dask-log-level warning`` by default, such as the client's "Couldn't gather 2 keys,
+    rescheduling" as a worker dies under a gather)."""
+    dask_warning = re.compile(r"^\S+ \S+ - distributed(\.\w+)* - WARNING - ")
+    return [line for line in stderr.strip().splitlines() if not dask_warning.match(line)]
+
+
+def test_samo_command_with_a_killed_stage_worker_prints_one_line_and_writes_nothing(
+    client, tmp_path
+):
+    """``dasknn samo`` in a process of its own, as a user runs it, against the module's
+    cluster: a stage worker killed mid-run ends it with exit code 2 and the WorkerLostError on
+    one line naming the worker and its stage, no traceback, and neither ``--json`` nor
+    ``--save`` written."""
+    killer, killed = _signal_once_training(client, signal.SIGKILL)
+    report, saved = tmp_path / "samo.json", tmp_path / "model.npz"
+    argv = [
+        "samo", "--hidden", "16", "--samples", "256", "--held-out", "0", "--batch-size", "64",
+        "--dense-epochs", "0", "--epochs", "2000", "--stages", "2",
+        "--scheduler", client.scheduler.address, "--json", str(report), "--save", str(saved),
+    ]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "dasknn", *argv], capture_output=True, text=True, timeout=120
+    )
+    killer.join()
+    err = done.stderr
+    assert killed and done.returncode == 2, err
+    lines = _command_lines(err)
+    assert "Traceback" not in err and len(lines) == 1, err
+    assert lines[0].startswith(f"dasknn samo: error: lost worker {killed[0][0]}: it held stage ")
+    assert "of replica 0" in lines[0] and "the step failed" in lines[0]
+    assert not report.exists() and not saved.exists()
+    assert list(tmp_path.iterdir()) == []  # no temporary file left either
+
+
+def test_samo_command_with_a_stopped_stage_worker_prints_the_step_timeout_on_one_line(
+    client, tmp_path
+):
+    """``dasknn samo --step-timeout 3`` with a stage worker stopped (SIGSTOP) mid-run: exit code
+    2 within seconds, the StepTimeoutError on one line naming the worker, its stage and its
+    state, and no ``--json`` written (closing the model used to wait for the stopped worker until
+    Dask removed it)."""
+    stopper, stopped_at = _signal_once_training(client, signal.SIGSTOP)
+    report = tmp_path / "samo.json"
+    argv = [
+        "samo", "--hidden", "16", "--samples", "256", "--held-out", "0", "--batch-size", "64",
+        "--dense-epochs", "0", "--epochs", "2000", "--stages", "2", "--step-timeout", "3",
+        "--scheduler", client.scheduler.address, "--json", str(report),
+    ]  # fmt: skip
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "dasknn", *argv], capture_output=True, text=True, timeout=120
+        )
+        ended = time.monotonic()
+    finally:
+        stopper.join()
+        for *_, pid in stopped_at:
+            os.kill(pid, signal.SIGCONT)
+    err = done.stderr
+    assert stopped_at and done.returncode == 2, err
+    victim, stopped_time, _ = stopped_at[0]
+    assert ended - stopped_time < 3 + 3 + NAMED_WITHIN  # the step's timeout, close's, the exit
+    lines = _command_lines(err)
+    assert "Traceback" not in err and len(lines) == 1, err
+    named = (
+        r"^dasknn samo: error: the step('s data)? did not (finish|reach its stage) within 3 s "
+        rf"\(step_timeout\): .*worker {re.escape(victim)} \(stage [01] of replica 0, layers? "
+        r"[0-9 to]+\) has not been heard from for"
+    )
+    assert re.match(named, lines[0]), err
+    assert not report.exists()
 
 
 def test_step_timeout_must_be_a_positive_finite_number(client):

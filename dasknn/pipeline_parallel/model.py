@@ -71,6 +71,10 @@ POLL_SECONDS = 0.25
 #: loss: a result cancelled with the worker, a stage that could not reach it (its postbox actor
 #: lost, a closed connection) or was dropped with the step.
 LOSS_ERRORS = (concurrent.futures.CancelledError, RuntimeError, OSError)
+#: What a lost stage worker takes with it, said by :class:`WorkerLostError`: during a step, and
+#: while the model's states or records are read.
+LOST_IN_STEP = "the step failed and the weights of those layers are gone"
+LOST_WHILE_READ = "the weights of those layers are gone"
 
 
 def _count(name: str, value, low: int = 1) -> int:
@@ -234,14 +238,16 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
         other work share the cores, the pinned workers cannot step aside (``docs/benchmarks.md``
         gives the measured effect).
     step_timeout : float
-        Seconds a step (``fit``'s batches, ``partial_fit``, ``train_step``), and the reading of
-        the weights (``replica``, ``gather``, ``predict``, ``score``), may take before it is a
-        :class:`~dasknn.runtime.step_timeout.StepTimeoutError` naming the stage workers it waits
-        for, with their stage, replica and state (not heard from for N s: stopped or
-        overloaded; paused at the memory limit; running). A failed step's data and results are
-        released, the stages still answering drop the step (posted messages), and the model is
-        unusable afterwards. A stage worker that leaves the cluster is a
-        :class:`~dasknn.runtime.waiting.WorkerLostError` within a poll instead.
+        Seconds a step (``fit``'s batches, ``partial_fit``, ``train_step``), the reading of the
+        weights (``replica``, ``gather``, ``predict``, ``score``) and of the last step's records
+        (``step_report``, ``idle_fractions``, ``idle_breakdown``, ``idle_sources``) may take
+        before it is a :class:`~dasknn.runtime.step_timeout.StepTimeoutError` naming the stage
+        workers it waits for, with their stage, replica and state (not heard from for N s:
+        stopped or overloaded; paused at the memory limit; running). A failed step's data and
+        results are released, the stages still answering drop the step (posted messages), and
+        the model is unusable afterwards. A stage worker that leaves the cluster is a
+        :class:`~dasknn.runtime.waiting.WorkerLostError` within a poll instead (also from
+        ``comm_report``).
 
     Raises
     ------
@@ -391,19 +397,22 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
 
     # ------------------------------------------------------------------ basics
     def close(self) -> None:
-        """Remove the plugin (with the states it owns) and the transfer records; closing twice
-        does nothing."""
+        """Remove the plugins (with the states they own) and the transfer records, waiting for
+        the stage workers at most ``step_timeout`` seconds (a stopped one has them removed by the
+        scheduler when it goes on); closing twice does nothing."""
         if not self._open:
             return
         self._open = False
         self._postboxes.clear()
-        if self.reuse_memory:
-            self.client.unregister_worker_plugin(self._memory_plugin)
+        plugins = [self._memory_plugin] if self.reuse_memory else []
         if self.pin_cores:
-            self.client.unregister_worker_plugin(self._cores_plugin)
-        self._unregister()  # also forgets the transfer records of the model's own token
-        for token in self._tokens:
-            reset_transfers(self.client, token)
+            plugins.append(self._cores_plugin)
+        try:
+            # also forgets the transfer records of the model's own token
+            self._unregister(plugins)
+        finally:
+            for token in self._tokens:
+                reset_transfers(self.client, token)
 
     def _check_open(self) -> None:
         if not self._open:
@@ -511,9 +520,10 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
             losses = [value for replica in losses for value in replica]
         return float(sum(losses))
 
-    def _held(self, lost: list[str]) -> str:
+    def _held(self, lost: list[str], outcome: str = LOST_IN_STEP) -> str:
         """What the workers ``lost`` held, for :class:`~dasknn.runtime.waiting.WorkerLostError`:
-        their stage replicas and layers (1-based)."""
+        their stage replicas and layers (1-based), and the ``outcome`` (:data:`LOST_IN_STEP`,
+        :data:`LOST_WHILE_READ`)."""
         held = []
         for (s, d), address in sorted(self.workers.items()):
             if address in lost:
@@ -522,9 +532,15 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
                 where = "it" if len(lost) == 1 else address
                 held.append(f"{where} held stage {s} of replica {d} ({layers})")
         return (
-            f"{', '.join(held)} of the pipeline model; the step failed and the weights of those "
-            "layers are gone (close the model and start again from a saved copy)"
+            f"{', '.join(held)} of the pipeline model; {outcome} (close the model and start "
+            "again from a saved copy)"
         )
+
+    def _watch(self, addresses, outcome: str = LOST_IN_STEP):
+        """The ``lost_error`` of :func:`~dasknn.runtime.waiting.run_naming_loss` for the stage
+        workers ``addresses``: a :class:`WorkerLostError` naming those that left with their
+        stage replicas and the ``outcome`` (see :meth:`_held`), or ``None``."""
+        return watch_workers(self.client, addresses, lambda lost: self._held(lost, outcome))
 
     def _roles(self) -> dict[str, str]:
         """``{address: "stage S of replica D, layers A to B"}`` of every stage worker."""
@@ -540,16 +556,21 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
         ``step_timeout``, naming the stage workers ``addresses`` and their state."""
         return step_timeout_error(self.client, what, self.step_timeout, addresses, self._roles())
 
-    def _run_on_stages(self, function, addresses: list[str], what: str, **kwargs) -> dict:
+    def _run_on_stages(
+        self, function, addresses: list[str], what: str, outcome: str, **kwargs
+    ) -> dict:
         """``Client.run(function, **kwargs)`` on the stage workers ``addresses``, within
-        ``step_timeout``: ``WorkerLostError`` naming the stage replicas of a worker that left,
-        :class:`StepTimeoutError` naming those that did not answer (``what`` did not happen)."""
+        ``step_timeout``, watched as a step is: ``WorkerLostError`` within a poll naming the
+        stage replicas of a worker that left (and the ``outcome``, see :meth:`_held`), also when
+        the call failed because of the loss; :class:`StepTimeoutError` naming those that did not
+        answer, with their state (``what`` did not happen). Every method that waits on the
+        stage workers goes through here."""
         try:
             return run_naming_loss(
                 self.client,
                 self.client.run(function, workers=addresses, asynchronous=True, **kwargs),
                 self.step_timeout,
-                watch_workers(self.client, addresses, self._held),
+                self._watch(addresses, outcome),
                 POLL_SECONDS,
                 GATHER_LOSS_GRACE_SECONDS,
                 LOSS_ERRORS,
@@ -570,7 +591,7 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
                     values, workers=[address], hash=False, broadcast=False, asynchronous=True
                 ),
                 max(deadline - time.monotonic(), 0.0),
-                watch_workers(self.client, [address], self._held),
+                self._watch([address]),
                 POLL_SECONDS,
                 GATHER_LOSS_GRACE_SECONDS,
             )
@@ -598,8 +619,13 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
         earlier = [address for (s, _), address in self.workers.items() if s < self.stages - 1]
         if not earlier:
             return error
-        found = self.client.run(
-            ws.first_nonfinite_stashed, token=self.token, step=error.step, workers=earlier
+        found = self._run_on_stages(
+            ws.first_nonfinite_stashed,
+            earlier,
+            "the earlier stages did not say which outputs are not finite",
+            LOST_IN_STEP,
+            token=self.token,
+            step=error.step,
         )
         layer = min((v for v in found.values() if v is not None), default=error.layer)
         return NonFiniteLossError(error.step, error.value, min(layer, error.layer))
@@ -636,15 +662,31 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
     def replica(self, d: int = 0) -> CompressedMLP:
         """The model as held by replica ``d`` (a new one-process :class:`CompressedMLP`), with
         its optimizer state (once a step was taken), step count and fp16 loss scale, so that
-        training it on in one process, or saving it, goes on from here."""
+        training it on in one process, or saving it, goes on from here.
+
+        Raises
+        ------
+        WorkerLostError
+            Naming a stage worker of the replica that left the cluster, with its stage.
+        StepTimeoutError
+            Naming the stage workers that did not answer within ``step_timeout``, with their
+            state.
+        RuntimeError
+            After a failed step (see ``step_timeout``).
+        """
         self._check_open()
         self._check_usable()
+        addresses = [self.workers[(s, d)] for s in range(self.stages)]
+        snapshots = self._run_on_stages(
+            ws.snapshot_stage,
+            addresses,
+            "the stages' weights did not arrive",
+            LOST_WHILE_READ,
+            token=self.token,
+        )
         values, indices, biases, states, optimizers = [], [], [], [], []
-        for s in range(self.stages):
-            address = self.workers[(s, d)]
-            held = self._run_on_stages(
-                ws.snapshot_stage, [address], "the stage's weights did not arrive", token=self.token
-            )[address]
+        for address in addresses:
+            held = snapshots[address]
             optimizers.append(held["optimizer"])
             for v, i, b, state_w, state_b in held["layers"]:
                 values.append(v)
@@ -676,7 +718,7 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
         return model
 
     def gather(self) -> CompressedMLP:
-        """The trained model in one process (replica 0)."""
+        """The trained model in one process (replica 0; errors as :meth:`replica`)."""
         return self.replica(0)
 
     def _output_blocks(self, x: np.ndarray, batch_size: int) -> OutputBlocks:
@@ -685,13 +727,28 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
 
     def step_report(self) -> dict:
         """The passes of the last step per stage replica: ``{(s, d): {"events": [(kind, u,
-        start, end)], "peak": most microbatches held at once}}``."""
-        out = {}
-        for (s, d), address in self.workers.items():
-            out[(s, d)] = self.client.run(
-                ws.read_step, token=self.token, step=self._step, workers=[address]
-            )[address]
-        return out
+        start, end)], "peak": most microbatches held at once}}``.
+
+        Raises
+        ------
+        WorkerLostError
+            Naming a stage worker that left the cluster.
+        StepTimeoutError
+            Naming the stage workers that did not answer within ``step_timeout``.
+        RuntimeError
+            After a failed step (see ``step_timeout``).
+        """
+        self._check_open()
+        self._check_usable()
+        records = self._run_on_stages(
+            ws.read_step,
+            list(self.workers.values()),
+            "the stages' records of the last step did not arrive",
+            LOST_WHILE_READ,
+            token=self.token,
+            step=self._step,
+        )
+        return {where: records[address] for where, address in self.workers.items()}
 
     def idle_fractions(self) -> dict[tuple[int, int], float]:
         """Per stage replica, the fraction of the last step's forward-backward span (first pass
@@ -737,7 +794,22 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
         return out
 
     def comm_report(self) -> CommReport:
-        """Bytes and messages of the last step, measured and by formula."""
+        """Bytes and messages of the last step, measured and by formula (counted on the scheduler,
+        so read without waiting on the stage workers).
+
+        Raises
+        ------
+        WorkerLostError
+            Naming a stage worker that left the cluster (the model cannot go on, and the counts
+            of a step it failed in are incomplete).
+        RuntimeError
+            After a failed step (see ``step_timeout``).
+        """
+        self._check_open()
+        self._check_usable()
+        lost = self._watch(self.workers.values(), LOST_WHILE_READ)()
+        if lost is not None:
+            raise lost
         records = read_transfers(self.client, self.token)
         pipe = [r for r in records if r[1] in ("forward", "backward")]
         reduce = [r for token in self._tokens for r in read_transfers(self.client, token)]

@@ -32,6 +32,7 @@ from dask.utils import key_split
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 
 from dasknn.runtime.header_keys import hold_header_keys
+from dasknn.runtime.waiting import call_at_most
 
 __all__ = [
     "MAX_ENTRIES",
@@ -106,8 +107,10 @@ def install_key_cache_bound(client, token: str, max_entries: int = MAX_ENTRIES) 
     return name
 
 
-def remove_key_cache_bound(client, token: str) -> None:
-    """Unregister both plugins of ``token`` (registered by :func:`install_key_cache_bound`)."""
+def remove_key_cache_bound(client, token: str, seconds: float | None = None) -> None:
+    """Unregister both plugins of ``token`` (registered by :func:`install_key_cache_bound`),
+    waiting for the workers at most ``seconds`` (``None``: until all answered; see
+    :func:`~dasknn.runtime.waiting.call_at_most`)."""
     name = key_cache_plugin_name(token)
-    client.unregister_worker_plugin(name)
+    call_at_most(lambda: client.unregister_worker_plugin(name), seconds)
     client.unregister_scheduler_plugin(name)

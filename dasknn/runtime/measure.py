@@ -29,6 +29,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from dasknn.runtime.keys import describe
 from dasknn.runtime.shared_plugins import hold_scheduler_plugin, release_scheduler_plugin
+from dasknn.runtime.waiting import call_at_most
 
 __all__ = [
     "CommMonitor",
@@ -163,12 +164,14 @@ def install_comm_monitor(client, user: str | None = None) -> None:
     client.register_plugin(TransferReporter(), name=REPORTER_NAME)
 
 
-def release_comm_monitor(client, user: str) -> None:
+def release_comm_monitor(client, user: str, seconds: float | None = None) -> None:
     """Forget ``user``'s counts and its hold on the monitor; with the last holder gone, remove
-    :class:`CommMonitor` from the scheduler and :class:`TransferReporter` from the workers."""
+    :class:`CommMonitor` from the scheduler and :class:`TransferReporter` from the workers,
+    waiting for them at most ``seconds`` (``None``: until all answered; see
+    :func:`~dasknn.runtime.waiting.call_at_most`)."""
     reset_transfers(client, user)
     if release_scheduler_plugin(client, MONITOR_NAME, user):
-        client.unregister_worker_plugin(REPORTER_NAME)
+        call_at_most(lambda: client.unregister_worker_plugin(REPORTER_NAME), seconds)
 
 
 def read_transfers(client, token: str | None) -> list[tuple]:

@@ -9,11 +9,13 @@ the plugin, the bound and the model's hold on the monitor, which leaves with its
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from typing import Any, Self
 
 from dasknn.runtime.key_cache import install_key_cache_bound, remove_key_cache_bound
 from dasknn.runtime.measure import install_comm_monitor, release_comm_monitor
+from dasknn.runtime.waiting import call_at_most
 
 __all__ = ["PluginOwner"]
 
@@ -21,13 +23,15 @@ __all__ = ["PluginOwner"]
 class PluginOwner:
     """Base of a distributed model that owns one worker plugin.
 
-    A subclass sets ``client``, ``token`` and ``plugin_name`` and implements :meth:`close`,
+    A subclass sets ``client``, ``token``, ``plugin_name`` and ``step_timeout`` (seconds
+    :meth:`_unregister` waits for the workers) and implements :meth:`close`,
     which calls :meth:`_unregister` while ``_open`` is true and does nothing after that.
     """
 
     client: Any
     token: str
     plugin_name: str
+    step_timeout: float
     _open: bool = False
 
     def _register(self, plugin, place: Callable[[], None]) -> None:
@@ -51,16 +55,25 @@ class PluginOwner:
             self.close()
             raise
 
-    def _unregister(self) -> None:
-        """Remove the plugin (with the state it owns), the key-cache bound and the model's hold on
-        the transfer monitor (the monitor goes with its last holder)."""
+    def _unregister(self, plugins: Sequence[str] = ()) -> None:
+        """Remove the worker ``plugins`` (others the model registered), the plugin (with the
+        state it owns), the key-cache bound and the model's hold on the transfer monitor (the
+        monitor goes with its last holder), waiting for the workers at most ``step_timeout``
+        seconds in all: a worker that does not answer (stopped) is left to the scheduler, which
+        removes them there when it goes on (:func:`~dasknn.runtime.waiting.call_at_most`)."""
+        deadline = time.monotonic() + self.step_timeout
+
+        def left() -> float:
+            return max(deadline - time.monotonic(), 0.0)
+
         try:
-            self.client.unregister_worker_plugin(self.plugin_name)
+            for name in [*plugins, self.plugin_name]:
+                call_at_most(lambda name=name: self.client.unregister_worker_plugin(name), left())
         finally:
             try:
-                remove_key_cache_bound(self.client, self.token)
+                remove_key_cache_bound(self.client, self.token, left())
             finally:
-                release_comm_monitor(self.client, self.token)
+                release_comm_monitor(self.client, self.token, left())
 
     def close(self) -> None:
         """Remove the plugin (with the state it owns); closing twice does nothing."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import math
+import threading
 import time
 import traceback
 from collections.abc import Callable, Coroutine, Sequence
@@ -19,6 +20,7 @@ from dasknn.runtime.cluster import scheduler_workers
 __all__ = [
     "GATHER_LOSS_GRACE_SECONDS",
     "WorkerLostError",
+    "call_at_most",
     "gather_at_most",
     "gather_watching",
     "run_naming_loss",
@@ -38,6 +40,36 @@ def _drop_tracebacks(error: BaseException | None) -> None:
         traceback.clear_frames(error.__traceback__)
         error.__traceback__ = None
         error = error.__context__ or error.__cause__
+
+
+def _is_gather_exit(error: BaseException | None) -> bool:
+    """Whether ``error`` is distributed's ``AllExit``, the signal with which a gather's waits on
+    its futures stop early (not an error)."""
+    kind = type(error)
+    return kind.__name__ == "AllExit" and kind.__module__ == "distributed.client"
+
+
+def _quiet_gather_exits(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+    """An event loop's exception handler that drops asyncio's report of a task ended by
+    :func:`_is_gather_exit` and passes every other report on to the loop's default handler."""
+    if not _is_gather_exit(context.get("exception")):
+        loop.default_exception_handler(context)
+
+
+def _cancel_call(client: Client, running: concurrent.futures.Future) -> None:
+    """Cancel a client call running on the client's event loop.
+
+    A cancelled ``Client.gather`` leaves behind the tasks that wait on each of its futures
+    (distributed's ``All`` watches them only when one fails, not when it is cancelled); once
+    those futures are cancelled (the model's clean-up, the client's close) each such task ends
+    in ``AllExit`` that nobody retrieves, and asyncio reports it as "Task exception was never
+    retrieved" with a traceback on stderr. The loop's exception handler is set to drop those
+    reports (:func:`_quiet_gather_exits`), unless the loop already has a handler of its own.
+    """
+    loop = client.loop.asyncio_loop
+    if loop.get_exception_handler() is None:
+        loop.set_exception_handler(_quiet_gather_exits)
+    running.cancel()
 
 
 def wait_at_most(
@@ -107,9 +139,56 @@ def gather_at_most(client: Client, futures: Sequence[Future], seconds: float) ->
     try:
         return gathering.result(timeout=seconds)
     except TimeoutError as exc:
-        gathering.cancel()
+        _cancel_call(client, gathering)
         _drop_tracebacks(exc)
         raise TimeoutError(f"the results did not arrive within {seconds:g} s") from None
+
+
+def call_at_most(call: Callable[[], Any], seconds: float | None) -> bool:
+    """Call ``call()`` in a thread of its own and wait for it at most ``seconds``, leaving it to
+    finish after that.
+
+    Parameters
+    ----------
+    call : callable
+        A synchronous client call, such as ``lambda: client.unregister_worker_plugin(name)``.
+    seconds : float or None
+        How long to wait for it (``None``: called here, until it returns).
+
+    Returns
+    -------
+    bool
+        True if it returned in time, False if it still runs.
+
+    Raises
+    ------
+    Exception
+        The call's own error, if it failed in time (a later one is dropped).
+
+    Notes
+    -----
+    For calls the scheduler carries out on every worker (a plugin's removal): the request
+    reaches the scheduler at once, and the scheduler goes on with it after the wait ends, so a
+    worker that does not answer now (stopped) is reached when it goes on, or dropped with it
+    when the scheduler removes it. The thread is a daemon: it keeps no process from ending.
+    """
+    if seconds is None:
+        call()
+        return True
+    outcome: concurrent.futures.Future = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            outcome.set_result(call())
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, or dropped
+            outcome.set_exception(exc)
+
+    threading.Thread(target=run, name="dasknn-call-at-most", daemon=True).start()
+    try:
+        outcome.result(timeout=seconds)
+    except TimeoutError:
+        return False
+    return True
 
 
 def run_watching(
@@ -161,7 +240,7 @@ def run_watching(
             if left <= poll:
                 raise TimeoutError(f"the call did not finish within {seconds:g} s")
     except BaseException:
-        running.cancel()
+        _cancel_call(client, running)
         raise
 
 
