@@ -937,7 +937,7 @@ def infer_rows_cuda(
     final = None
     if activations:  # the live rows are packed in order into the first groups of y[parity]
         used = -(-live // LANES)
-        final = np.zeros((0, n), dtype=dtype) if live == 0 else (
+        final = np.zeros((0, n), dtype=dtype) if live == 0 else np.ascontiguousarray(
             y[parity][:used].copy_to_host().transpose(0, 2, 1).reshape(used * LANES, n)[:live])
     cuda.synchronize()
     return CudaBatchResult(rows, done, time.perf_counter() - start, final)
@@ -959,6 +959,11 @@ def _launch_tiled(window: _Window, y, flags, src: int, layer: int, blocks: int, 
 
 
 def _fill(flat, value) -> None:
+    """Set every entry of ``flat``: a grid of 256-thread blocks on a GPU, one warp under the
+    simulator (which runs a Python thread a GPU thread)."""
+    if config.ENABLE_CUDASIM:
+        _fill_kernel[1, LANES](flat, value)
+        return
     blocks = max(1, min(4096, math.ceil(flat.size / 256)))
     _fill_kernel[blocks, 256](flat, value)
 

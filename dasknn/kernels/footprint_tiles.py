@@ -9,11 +9,11 @@ columns from there, instead of loading one activation per weight entry (see
 columns and the activation loads fall 16-fold.
 
 Preparation, per layer (layers in parallel on the numba threads): the columns are ordered by their
-two smallest inputs (columns with equal input sets become adjacent), then cut greedily: a column
-joins the current tile unless the tile already has ``tile_outputs`` columns or its footprint would
-grow past ``footprint``. Each weight entry gets the position of its input in its tile's footprint
-(``local``, uint8), stored at the entry's own CSC position, so a column's entries keep their CSC
-order and the sums the CPU kernel's order.
+smallest input and then by their input set (columns with equal sets become adjacent), then cut
+greedily: a column joins the current tile unless the tile already has ``tile_outputs`` columns or
+its footprint would grow past ``footprint``. Each weight entry gets the position of its input in
+its tile's footprint (``local``, uint8), stored at the entry's own CSC position, so a column's
+entries keep their CSC order and the sums the CPU kernel's order.
 
 This module uses no CUDA: the tiles are computed on the host of the GPU (the GPU worker), from the
 compact network that already travels there, so nothing is added to the network's trip.
@@ -91,20 +91,19 @@ class FootprintTiles:
         )
 
 
-def check_tileable(indptr: np.ndarray, footprint: int = FOOTPRINT) -> None:
+def check_tileable(degrees: np.ndarray, footprint: int = FOOTPRINT) -> None:
     """Raise ``ValueError`` unless every column fits a footprint of ``footprint`` inputs.
 
     Parameters
     ----------
-    indptr : int array, shape (L, N + 1)
-        Column offsets of the layers (as in :class:`dasknn.kernels.inference.PackedLayers`).
+    degrees : int array, shape (L, N)
+        The number of inputs of each output column of each layer.
     footprint : int
         The footprint limit: a multiple of 8, at most 256.
     """
     if footprint < FOOTPRINT_MULTIPLE or footprint > _LOCAL_LIMIT or footprint % FOOTPRINT_MULTIPLE:
         raise ValueError(f"footprint must be a multiple of {FOOTPRINT_MULTIPLE} between "
                          f"{FOOTPRINT_MULTIPLE} and {_LOCAL_LIMIT}, got {footprint}")
-    degrees = np.diff(indptr, axis=1)
     if degrees.size and int(degrees.max()) > footprint:
         layer, column = np.unravel_index(int(np.argmax(degrees)), degrees.shape)
         raise ValueError(
@@ -114,20 +113,24 @@ def check_tileable(indptr: np.ndarray, footprint: int = FOOTPRINT) -> None:
 
 
 @njit(cache=True)
-def _column_order(indptr, indices, k, n):
-    """Layer ``k``'s columns ordered by their smallest and second smallest input (stable)."""
+def _column_order(indptr, indices, k, n, scratch):
+    """Layer ``k``'s columns ordered by their smallest input, then by a hash of their sorted
+    input set (so columns with equal sets are adjacent); ``scratch`` holds a column's inputs."""
     keys = np.empty(n, dtype=np.int64)
     for c in range(n):
-        first = n
-        second = n
-        for p in range(indptr[k, c], indptr[k, c + 1]):
-            j = np.int64(indices[p])
-            if j < first:
-                second = first
-                first = j
-            elif j < second:
-                second = j
-        keys[c] = first * (n + 1) + second
+        p0, p1 = indptr[k, c], indptr[k, c + 1]
+        d = p1 - p0
+        ordered = True
+        for p in range(p0, p1):
+            scratch[p - p0] = indices[p]
+            ordered = ordered and (p == p0 or indices[p] > indices[p - 1])
+        if not ordered:
+            scratch[:d].sort()
+        h = np.uint64(14695981039346656037)  # FNV-1a over the sorted inputs
+        for i in range(d):
+            h = (h ^ np.uint64(scratch[i])) * np.uint64(1099511628211)
+        first = np.int64(scratch[0]) if d > 0 else np.int64(n)
+        keys[c] = (first << np.int64(31)) | np.int64(h >> np.uint64(33))
     return np.argsort(keys, kind="mergesort")
 
 
@@ -153,9 +156,9 @@ def _cut_tiles(indptr, indices, footprint, tile_outputs, tile_cols, starts, loca
     n_layers = indptr.shape[0]
     n = indptr.shape[1] - 1
     for k in prange(n_layers):
-        order = _column_order(indptr, indices, k, n)
-        marker = np.full(n, -1, dtype=np.int64)
         members = np.empty(footprint, dtype=np.int64)
+        order = _column_order(indptr, indices, k, n, members)
+        marker = np.full(n, -1, dtype=np.int64)
         size = 0
         start = 0
         tiles = 0
@@ -260,7 +263,7 @@ def tile_layers(
     """
     if tile_outputs < 1:
         raise ValueError(f"tile_outputs must be >= 1, got {tile_outputs}")
-    check_tileable(indptr, footprint)
+    check_tileable(np.diff(indptr, axis=1), footprint)
     n_layers, n = indptr.shape[0], indptr.shape[1] - 1
     tile_cols = np.empty(n_layers * n, dtype=indices.dtype)
     starts = np.zeros(n_layers * n, dtype=np.uint8)
