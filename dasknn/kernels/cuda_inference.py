@@ -18,14 +18,18 @@ one coalesced 128-byte activation load per kept entry, issuing ``BATCH`` loads b
 them so their latencies overlap. The order of the sums is the CSC order of the CPU kernel, so
 results agree bit for bit in the same precision.
 
-Two launch modes:
+Three launch modes:
 
 - *fused* (:func:`_window_kernel`): one block of 1024 threads owns one group for ``compact_every``
   layers; the loop over layers runs inside the kernel (``syncthreads`` between layers), and a block
   whose rows are all dead leaves at once;
 - *sectioned* (:func:`_layer_kernel`): one launch per layer, one block per group and
   :func:`_section_outputs` output neurons, blocks in group-major order, so that the groups in flight
-  share the L2 cache when a group's activations are megabytes (wide networks).
+  share the L2 cache when a group's activations are megabytes (wide networks);
+- *tiled* (:func:`_tiled_kernel`, a network built with ``tiled=True``): one launch per layer like
+  *sectioned*, but a warp takes a footprint tile (:mod:`dasknn.kernels.footprint_tiles`): it
+  loads the tile's input activations of its group once into shared memory and computes all the
+  tile's columns from there, every entry added in CSC order, no flags read.
 
 Between windows of ``compact_every`` layers the host drops the dead rows and re-packs the live ones
 into fewer groups (:func:`_gather_kernel`).
@@ -358,10 +362,10 @@ def _tiled_kernel(dtype_name: str, footprint: int):
 
         For a tile the warp loads the footprint activations of its group, ``BATCH`` loads issued
         before the first store, into its shared slice (lane ``l``: row ``l``), and then sums
-        each column of the tile in CSC order from there and stores it with :func:`_store`.
-        ``alive_out`` must be zero before the launch; a group whose rows are all dead in
-        ``alive_in`` is skipped. Every warp of a block runs the same number of tile rounds (the
-        simulator's warp barrier is a block barrier).
+        each column of the tile in CSC order from there and stores it with :func:`_store`. A
+        lane reads back only the activations of its own row, which it stored itself, so no
+        barrier is needed. ``alive_out`` must be zero before the launch; a group whose rows are
+        all dead in ``alive_in`` is skipped.
         """
         b = cuda.blockIdx.x
         g = b // sections
@@ -385,40 +389,35 @@ def _tiled_kernel(dtype_name: str, footprint: int):
         mine = acts[warp]
         zero = ymax - ymax
         terms = 0
-        for base in range(lo, hi, active):
-            tile = base + warp
-            if tile < hi:
-                f0 = foot_ptr[tile]
-                f1 = foot_ptr[tile + 1]
-                for f in range(f0, f1, BATCH):
-                    last = f1 - 1
-                    v0 = y[src, g, foot[f], lane]
-                    v1 = y[src, g, foot[min(f + 1, last)], lane]
-                    v2 = y[src, g, foot[min(f + 2, last)], lane]
-                    v3 = y[src, g, foot[min(f + 3, last)], lane]
-                    v4 = y[src, g, foot[min(f + 4, last)], lane]
-                    v5 = y[src, g, foot[min(f + 5, last)], lane]
-                    v6 = y[src, g, foot[min(f + 6, last)], lane]
-                    v7 = y[src, g, foot[min(f + 7, last)], lane]
-                    r = f - f0  # slots past the footprint are never read (footprint % 8 == 0)
-                    mine[r, lane] = v0
-                    mine[r + 1, lane] = v1
-                    mine[r + 2, lane] = v2
-                    mine[r + 3, lane] = v3
-                    mine[r + 4, lane] = v4
-                    mine[r + 5, lane] = v5
-                    mine[r + 6, lane] = v6
-                    mine[r + 7, lane] = v7
-            _warp_sync()
-            if tile < hi:
-                for q in range(tile_ptr[tile], tile_ptr[tile + 1]):
-                    c = tile_cols[q]
-                    acc, added = _tile_column(mine, data, local, indptr[layer, c],
-                                              indptr[layer, c + 1], lane, zero)
-                    terms += added
-                    if _store(y, flags, dst, g, c, lane, acc, bias, ymax, zero):
-                        alive_out[g * LANES + lane] = 1
-            _warp_sync()
+        for tile in range(lo + warp, hi, active):
+            f0 = foot_ptr[tile]
+            f1 = foot_ptr[tile + 1]
+            last = f1 - 1
+            for f in range(f0, f1, BATCH):
+                v0 = y[src, g, foot[f], lane]
+                v1 = y[src, g, foot[min(f + 1, last)], lane]
+                v2 = y[src, g, foot[min(f + 2, last)], lane]
+                v3 = y[src, g, foot[min(f + 3, last)], lane]
+                v4 = y[src, g, foot[min(f + 4, last)], lane]
+                v5 = y[src, g, foot[min(f + 5, last)], lane]
+                v6 = y[src, g, foot[min(f + 6, last)], lane]
+                v7 = y[src, g, foot[min(f + 7, last)], lane]
+                r = f - f0  # slots past the footprint are never read (footprint % 8 == 0)
+                mine[r, lane] = v0
+                mine[r + 1, lane] = v1
+                mine[r + 2, lane] = v2
+                mine[r + 3, lane] = v3
+                mine[r + 4, lane] = v4
+                mine[r + 5, lane] = v5
+                mine[r + 6, lane] = v6
+                mine[r + 7, lane] = v7
+            for q in range(tile_ptr[tile], tile_ptr[tile + 1]):
+                c = tile_cols[q]
+                acc, added = _tile_column(mine, data, local, indptr[layer, c],
+                                          indptr[layer, c + 1], lane, zero)
+                terms += added
+                if _store(y, flags, dst, g, c, lane, acc, bias, ymax, zero):
+                    alive_out[g * LANES + lane] = 1
         if lane == 0 and terms > 0:
             cuda.atomic.add(work, g, terms * LANES)
 
