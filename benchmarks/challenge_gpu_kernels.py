@@ -15,8 +15,8 @@ gave the same categories (it exits with status 1 when one did not).
 
 Under the simulator (a Python thread a GPU thread, a block barrier for every warp vote) the
 sectioned kernel takes about 40 s per layer and group of 32 rows at 1024 neurons on a 2-core
-machine, hence the small check above (about two minutes); 1024 x 4 at 64 rows took over 5
-minutes a sectioned run.
+machine, hence the small check above (3.3 minutes there); 1024 x 4 at 64 rows took over 5
+minutes a sectioned run. The simulator's times say nothing about a GPU's.
 """
 
 from __future__ import annotations

@@ -12,9 +12,20 @@ import pytest
 import scipy.sparse as sp
 
 from dasknn.challenge import run_challenge
-from dasknn.datasets import radixnet
+from dasknn.datasets import (
+    challenge_bias,
+    load_mnist_test,
+    mnist_to_challenge_inputs,
+    radixnet,
+    read_challenge_network,
+)
 from dasknn.kernels import cuda_inference
-from dasknn.kernels.cuda_inference import DeviceNetwork, compact_layers, infer_rows_cuda
+from dasknn.kernels.cuda_inference import (
+    DeviceNetwork,
+    compact_layers,
+    infer_rows_cuda,
+    pack_bit_rows,
+)
 from dasknn.kernels.footprint_tiles import check_tileable, tile_layers
 from dasknn.kernels.inference import pack_layers
 
@@ -174,3 +185,19 @@ def test_engine_tiled_on_cuda_workers_equals_reference(dask_client):
     assert 0 < expected.size < 50
     np.testing.assert_array_equal(categories, expected)
     assert stats.device == "cuda" and stats.batches == 2 and stats.macs_done > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(cuda_inference.cuda_runtime() != "gpu", reason="no CUDA GPU on this machine")
+def test_official_network_tiled_on_gpu_equals_sectioned(official_1024_dir):
+    layers = read_challenge_network(official_1024_dir, neurons=1024)
+    x = pack_bit_rows(mnist_to_challenge_inputs(load_mnist_test()[0][:3000], 32))
+    packed = pack_layers(layers, np.float32)
+    bias = challenge_bias(1024)
+    sectioned = infer_rows_cuda(x, DeviceNetwork(packed), bias, mode="sectioned",
+                                activations=True)
+    for footprint in (64, 32):
+        tiled = infer_rows_cuda(x, DeviceNetwork(packed, tiled=True, footprint=footprint), bias,
+                                mode="tiled", activations=True)
+        np.testing.assert_array_equal(tiled.rows, sectioned.rows)
+        np.testing.assert_array_equal(tiled.activations, sectioned.activations)
