@@ -89,8 +89,7 @@ def prepare_run(
         if m.nnz and np.abs(m.data).max() > np.finfo(dtype).max:
             raise ValueError(f"layer {k + 1} has a weight that does not fit {dtype.name}")
     if device == "cuda" and cuda_mode == "tiled":
-        check_tileable(np.stack([np.bincount(sp.csr_matrix(m).indices, minlength=width)
-                                 for m in matrices]))
+        check_tileable(np.bincount(sp.csr_matrix(m).indices, minlength=width) for m in matrices)
     matrix = _resolve_inputs(inputs, width)
     if matrix.shape[1] != width:
         raise ValueError(

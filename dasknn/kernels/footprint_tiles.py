@@ -21,6 +21,7 @@ compact network that already travels there, so nothing is added to the network's
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,25 +92,26 @@ class FootprintTiles:
         )
 
 
-def check_tileable(degrees: np.ndarray, footprint: int = FOOTPRINT) -> None:
+def check_tileable(degrees: Iterable[np.ndarray], footprint: int = FOOTPRINT) -> None:
     """Raise ``ValueError`` unless every column fits a footprint of ``footprint`` inputs.
 
     Parameters
     ----------
-    degrees : int array, shape (L, N)
-        The number of inputs of each output column of each layer.
+    degrees : iterable of int arrays, one per layer
+        The number of inputs of each output column of each layer (an ``(L, N)`` array will do).
     footprint : int
         The footprint limit: a multiple of 8, at most 256.
     """
     if footprint < FOOTPRINT_MULTIPLE or footprint > _LOCAL_LIMIT or footprint % FOOTPRINT_MULTIPLE:
         raise ValueError(f"footprint must be a multiple of {FOOTPRINT_MULTIPLE} between "
                          f"{FOOTPRINT_MULTIPLE} and {_LOCAL_LIMIT}, got {footprint}")
-    if degrees.size and int(degrees.max()) > footprint:
-        layer, column = np.unravel_index(int(np.argmax(degrees)), degrees.shape)
-        raise ValueError(
-            f"column {column} of layer {layer} has {int(degrees[layer, column])} inputs, more "
-            f"than the footprint limit of {footprint} of mode='tiled'; use mode='sectioned'"
-        )
+    for layer, layer_degrees in enumerate(degrees):
+        if layer_degrees.size and int(layer_degrees.max()) > footprint:
+            column = int(np.argmax(layer_degrees))
+            raise ValueError(
+                f"column {column} of layer {layer} has {int(layer_degrees[column])} inputs, more "
+                f"than the footprint limit of {footprint} of mode='tiled'; use mode='sectioned'"
+            )
 
 
 @njit(cache=True)
@@ -263,7 +265,7 @@ def tile_layers(
     """
     if tile_outputs < 1:
         raise ValueError(f"tile_outputs must be >= 1, got {tile_outputs}")
-    check_tileable(np.diff(indptr, axis=1), footprint)
+    check_tileable((np.diff(indptr[k]) for k in range(indptr.shape[0])), footprint)
     n_layers, n = indptr.shape[0], indptr.shape[1] - 1
     tile_cols = np.empty(n_layers * n, dtype=indices.dtype)
     starts = np.zeros(n_layers * n, dtype=np.uint8)
