@@ -43,19 +43,24 @@ from dasknn.kernels.inference import pack_layers
 CHALLENGE_WIDTHS = (1024, 4096, 16384, 65536)  # the widths with a challenge bias
 
 
-def variants(modes: list[str], footprints: list[int]) -> list[tuple[str, str, int | None]]:
-    """(label, mode, footprint) of each kernel variant to run."""
-    out = []
+Variant = tuple[str, str, int | None, int | None]  # label, mode, footprint, warps a block
+
+
+def variants(modes: list[str], footprints: list[str]) -> list[Variant]:
+    """The kernel variants to run: each mode, the tiled one once per ``FOOTPRINT[xWARPS]``."""
+    out: list[Variant] = []
     for mode in modes:
-        if mode == "tiled":
-            out.extend((f"tiled/{f}", "tiled", f) for f in footprints)
-        else:
-            out.append((mode, mode, None))
+        if mode != "tiled":
+            out.append((mode, mode, None, None))
+            continue
+        for spec in footprints:
+            footprint, _, warps = spec.partition("x")
+            out.append((f"tiled/{spec}", "tiled", int(footprint), int(warps) if warps else None))
     return out
 
 
-def run_network(spec: str, images: np.ndarray, runs: list[tuple[str, str, int | None]],
-                repeats: int, compact_every: int, warm: bool) -> tuple[list[dict], bool]:
+def run_network(spec: str, images: np.ndarray, runs: list[Variant], repeats: int,
+                compact_every: int, warm: bool) -> tuple[list[dict], bool]:
     """Every variant on one network; the rows of the results and whether the categories agree."""
     neurons, depth = (int(v) for v in spec.split("x"))
     t0 = time.perf_counter()
@@ -69,10 +74,11 @@ def run_network(spec: str, images: np.ndarray, runs: list[tuple[str, str, int | 
     bias = challenge_bias(neurons) if neurons in CHALLENGE_WIDTHS else -0.3
     print(f"{spec}: generated {t1 - t0:.1f} s, packed {t2 - t1:.1f} s, {edges} edges", flush=True)
     networks = {}
-    for label, mode, footprint in runs:
+    for label, mode, footprint, warps in runs:
         start = time.perf_counter()
         if mode == "tiled":
-            networks[label] = DeviceNetwork(compact, tiled=True, footprint=footprint)
+            networks[label] = DeviceNetwork(compact, tiled=True, footprint=footprint,
+                                            tile_warps=warps)
         else:
             networks[label] = DeviceNetwork(compact)
         if warm:  # compile the kernels before the timed runs
@@ -81,10 +87,10 @@ def run_network(spec: str, images: np.ndarray, runs: list[tuple[str, str, int | 
         print(f"{spec} {label}: network on the device (tiles built when tiled)"
               f"{' and kernels compiled' if warm else ''} in {time.perf_counter() - start:.1f} s, "
               f"{networks[label].nbytes} device bytes", flush=True)
-    seconds: dict[str, list[float]] = {label: [] for label, _, _ in runs}
+    seconds: dict[str, list[float]] = {label: [] for label, _, _, _ in runs}
     categories = {}
     for repeat in range(repeats):
-        for label, mode, _ in runs:
+        for label, mode, _, _ in runs:
             start = time.perf_counter()
             result = infer_rows_cuda(bits, networks[label], bias, compact_every=compact_every,
                                      mode=mode)
@@ -98,15 +104,17 @@ def run_network(spec: str, images: np.ndarray, runs: list[tuple[str, str, int | 
     equal = all(np.array_equal(first, rows) for rows in categories.values())
     base = min(seconds["sectioned"]) if "sectioned" in seconds else None
     rows = []
-    for label, _, footprint in runs:
+    for label, mode, footprint, _ in runs:
         best = min(seconds[label])
+        network = networks[label]
         rows.append({
-            "network": spec, "variant": label, "footprint": footprint, "rows": bits.shape[0],
+            "network": spec, "variant": label, "footprint": footprint,
+            "tile_warps": network.tile_warps if mode == "tiled" else None, "rows": bits.shape[0],
             "edges": edges, "seconds": seconds[label], "best_seconds": best,
             "ge_s": bits.shape[0] * edges / best / 1e9,
             "vs_sectioned": None if base is None else base / best,
             "categories": int(categories[label].size), "categories_equal": equal,
-            "device_bytes": networks[label].nbytes,
+            "device_bytes": network.nbytes,
         })
     return rows, equal
 
@@ -118,8 +126,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=10_000, help="MNIST test images")
     parser.add_argument("--modes", default="sectioned,tiled",
                         help="kernel modes (auto, fused, sectioned, tiled), comma-separated")
-    parser.add_argument("--footprints", default="64,32",
-                        help="footprint limits tried for the tiled mode, comma-separated")
+    parser.add_argument("--footprints", default="64,32,32x6",
+                        help="the tiled mode's variants, comma-separated: FOOTPRINT (blocks of as "
+                        "many warps as 48 KB of shared memory hold) or FOOTPRINTxWARPS")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each mode, alternating")
     parser.add_argument("--compact-every", type=int, default=8)
     parser.add_argument("--out", type=Path, help="append the results to this JSON-lines file")
@@ -128,7 +137,7 @@ def main() -> None:
     if runtime == "none":
         sys.exit("no CUDA GPU here (set NUMBA_ENABLE_CUDASIM=1 to run on numba's simulator)")
     print(f"machine: {describe()}; CUDA: {runtime}", flush=True)
-    runs = variants(args.modes.split(","), [int(f) for f in args.footprints.split(",")])
+    runs = variants(args.modes.split(","), args.footprints.split(","))
     images = load_mnist_test()[0][: args.rows]
     table = []
     all_equal = True

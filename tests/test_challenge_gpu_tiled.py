@@ -136,8 +136,10 @@ def test_tiled_streamed_windows_equal_resident():
     x = binary_inputs(40, 64, 0.25, seed=5)  # a full group and a partly empty one
     packed = pack_layers(layers, np.float32)
     resident = DeviceNetwork(packed, tiled=True, footprint=32)
-    streamed = DeviceNetwork(packed, budget=resident.nbytes // 2, tiled=True, footprint=32)
+    streamed = DeviceNetwork(packed, budget=resident.nbytes // 2, tiled=True, footprint=32,
+                             tile_warps=1)  # blocks of one warp: a warp takes every tile
     assert streamed.streamed and streamed.layers_per_window == 1 and not resident.streamed
+    assert resident.tile_warps == 12  # 48 KB of shared memory: 12 footprints of 32 x 32 float32
     # the tiles replace the uint16 indices: a uint8 position a weight entry, footprints of 32
     # inputs for 16 columns, and their offsets
     untiled = DeviceNetwork(packed).nbytes
@@ -161,6 +163,8 @@ def test_too_wide_column_and_mode_mismatch_are_named():
     with pytest.raises(ValueError, match=rf"has {widest} inputs, more than the footprint limit "
                                          r"of 8 of mode='tiled'; use mode='sectioned'"):
         DeviceNetwork(packed, tiled=True, footprint=8)
+    with pytest.raises(ValueError, match="tile_warps must be between 1 and 6"):
+        DeviceNetwork(packed, tiled=True, footprint=64, tile_warps=7)
     with pytest.raises(ValueError, match="multiple of 8"):
         check_tileable(np.ones((1, 4), dtype=np.int64), footprint=12)
     x = binary_inputs(4, 32, 0.5, seed=0)

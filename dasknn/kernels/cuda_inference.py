@@ -348,11 +348,11 @@ def _tile_warps(footprint: int, itemsize: int) -> int:
 
 
 @functools.cache
-def _tiled_kernel(dtype_name: str, footprint: int):
-    """The tiled kernel for activations of ``dtype_name`` and footprints of ``footprint`` inputs
-    (the shared array's shape and type are compile-time constants, so one kernel per pair)."""
+def _tiled_kernel(dtype_name: str, footprint: int, warps: int):
+    """The tiled kernel for activations of ``dtype_name``, footprints of ``footprint`` inputs and
+    blocks of ``warps`` warps (the shared array's shape and type are compile-time constants, so
+    one kernel per triple)."""
     item = np.dtype(dtype_name).type
-    warps = _tile_warps(footprint, np.dtype(dtype_name).itemsize)
 
     @cuda.jit(**_BLOCK_KERNEL)
     def tiled_kernel(y, flags, src, indptr, data, layer_tiles, tile_ptr, tile_cols, foot_ptr,
@@ -639,17 +639,22 @@ class DeviceNetwork:
         ``mode="tiled"`` only, and the other networks every mode but ``"tiled"``.
     footprint : int
         The most inputs of a tile's footprint when ``tiled``.
+    tile_warps : int, optional
+        Warps a block of the tiled kernel (each with a shared slice of ``footprint x 32``
+        activations); by default as many as 48 KB of shared memory hold, at most 32.
 
     Raises
     ------
     MemoryError
         When even one layer does not fit ``budget``.
     ValueError
-        When ``tiled`` and a column has more than ``footprint`` inputs.
+        When ``tiled`` and a column has more than ``footprint`` inputs, or ``tile_warps`` is not
+        between 1 and what the shared memory holds.
     """
 
     def __init__(self, network: CompactLayers | PackedLayers, budget: int | None = None,
-                 tiled: bool = False, footprint: int = FOOTPRINT) -> None:
+                 tiled: bool = False, footprint: int = FOOTPRINT,
+                 tile_warps: int | None = None) -> None:
         if isinstance(network, PackedLayers):
             network = compact_layers(network)
         self.neurons = network.neurons
@@ -657,6 +662,11 @@ class DeviceNetwork:
         self.dtype = network.dtype
         self.tiled = tiled
         self.footprint = footprint
+        most = _tile_warps(footprint, self.dtype.itemsize)
+        self.tile_warps = most if tile_warps is None else tile_warps
+        if tiled and not 1 <= self.tile_warps <= most:
+            raise ValueError(f"tile_warps must be between 1 and {most} (48 KB of shared memory "
+                             f"for footprints of {footprint}), got {tile_warps}")
         tiles = tile_layers(network.indptr, network.indices, footprint) if tiled else None
         layers = [w.nbytes for w in _host_windows(network, 1, tiles)]
         self.nbytes, layer_bytes = sum(layers), max(layers)
@@ -906,8 +916,9 @@ def infer_rows_cuda(
                     src = (parity + k - first) % 2
                     _zero(b)
                     if mode == "tiled":
-                        _launch_tiled(window, y, flags, src, k, groups * sections, sections,
-                                      typed_bias, typed_ymax, a, b, work)
+                        _launch_tiled(window, network.tile_warps, y, flags, src, k,
+                                      groups * sections, sections, typed_bias, typed_ymax, a, b,
+                                      work)
                     else:
                         _zero(flags[1 - src].reshape(flags[1 - src].size))
                         _layer_kernel[groups * sections, threads](
@@ -942,13 +953,12 @@ def infer_rows_cuda(
     return CudaBatchResult(rows, done, time.perf_counter() - start, final)
 
 
-def _launch_tiled(window: _Window, y, flags, src: int, layer: int, blocks: int, sections: int,
-                  bias, ymax, alive_in, alive_out, work) -> None:
-    """Launch the tiled kernel for layer ``layer`` of ``window`` (its flags are written by the
-    store but never read in this mode, so they are not cleared)."""
+def _launch_tiled(window: _Window, warps: int, y, flags, src: int, layer: int, blocks: int,
+                  sections: int, bias, ymax, alive_in, alive_out, work) -> None:
+    """Launch the tiled kernel (blocks of ``warps`` warps) for layer ``layer`` of ``window`` (its
+    flags are written by the store but never read in this mode, so they are not cleared)."""
     tiles = window.tiles
-    kernel = _tiled_kernel(y.dtype.name, tiles.footprint)
-    warps = _tile_warps(tiles.footprint, y.dtype.itemsize)
+    kernel = _tiled_kernel(y.dtype.name, tiles.footprint, warps)
     threads = min(warps * LANES, _threads_per_block())
     kernel[blocks, threads](
         y, flags, src, window.indptr, window.values, tiles.layer_tiles, tiles.tile_ptr,
