@@ -109,8 +109,9 @@ def check_tileable(degrees: Iterable[np.ndarray], footprint: int = FOOTPRINT) ->
         if layer_degrees.size and int(layer_degrees.max()) > footprint:
             column = int(np.argmax(layer_degrees))
             raise ValueError(
-                f"column {column} of layer {layer} has {int(layer_degrees[column])} inputs, more "
-                f"than the footprint limit of {footprint} of mode='tiled'; use mode='sectioned'"
+                f"layer {layer + 1}: output neuron {column} (0-based) has "
+                f"{int(layer_degrees[column])} inputs, more than the footprint limit of "
+                f"{footprint} of mode='tiled'; use mode='sectioned'"
             )
 
 
