@@ -21,6 +21,10 @@ have passed; results are appended to ``--out/results.jsonl`` as they come.
 
     python benchmarks/challenge_gpu.py --write-refs refs/                     # any machine, CPU
     python benchmarks/challenge_gpu.py --refs refs/ --official DIR --out out/  # the GPU machine
+
+``--mode`` picks the CUDA kernel mode (``auto``, ``fused``, ``sectioned``, ``tiled``) for every
+case, e.g. ``--only 65536x120 --mode tiled`` and then ``--mode sectioned`` for an end-to-end A/B
+(``benchmarks/challenge_gpu_kernels.py`` is the kernel-only one).
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from dasknn.datasets import (
     radixnet,
     read_challenge_network,
 )
-from dasknn.kernels.cuda_inference import SECTIONED_FROM
+from dasknn.kernels.cuda_inference import CUDA_MODES, SECTIONED_FROM
 from dasknn.kernels.inference import advance, live_rows, pack_layers, start_batch
 from dasknn.runtime.cluster import scheduler_workers
 
@@ -115,6 +119,8 @@ def main() -> None:
                         help="copies for 65536-neuron networks (their inputs are 8x larger)")
     parser.add_argument("--compact-every", type=int, default=8,
                         help="layers between compactions of the live rows")
+    parser.add_argument("--mode", choices=CUDA_MODES, default="auto",
+                        help="CUDA kernel mode, passed to run_challenge(cuda_mode=...)")
     parser.add_argument("--batches-per-gpu", default="1,4",
                         help="batch counts per GPU tried on the first case of each width (more "
                         "batches overlap the transfer of one with the kernels of another); the "
@@ -177,7 +183,7 @@ def main() -> None:
                 categories, stats = run_challenge(
                     layers, x, bias, client=client, device="cuda",
                     batch_size=-(-x.shape[0] // (batches * gpus)),
-                    compact_every=args.compact_every, progress=False,
+                    compact_every=args.compact_every, cuda_mode=args.mode, progress=False,
                 )
                 tried.append((stats.seconds, batches, categories, stats))
             seconds, batches, categories, stats = min(tried, key=lambda t: t[0])
@@ -193,7 +199,9 @@ def main() -> None:
                            "equal": bool(np.array_equal(categories[categories <= rows_checked],
                                                         cpu)),
                            "seconds": time.perf_counter() - t1}
-            mode = "sectioned" if neurons >= SECTIONED_FROM else "fused"
+            mode = args.mode
+            if mode == "auto":
+                mode = "sectioned" if neurons >= SECTIONED_FROM else "fused"
             choice = f"{batches} batches/GPU, {mode}"
             snig = SNIG_ONE_GPU.get((neurons, n_layers), float("nan"))
             rate = stats.rate / 1e9

@@ -22,6 +22,7 @@ from dasknn.challenge.inputs import load_inputs
 from dasknn.challenge.stats import ChallengeStats, merge_batches
 from dasknn.data_parallel.inference import InferenceRun, infer_on_cpus, infer_on_gpus
 from dasknn.datasets import challenge_bias, load_network
+from dasknn.kernels.footprint_tiles import check_tileable
 from dasknn.model.validation import check_float_dtype
 from dasknn.runtime.cluster import open_client
 from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT, check_step_timeout
@@ -73,8 +74,10 @@ def prepare_run(
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     if compact_every < 1:
         raise ValueError(f"compact_every must be >= 1, got {compact_every}")
-    if cuda_mode not in ("auto", "fused", "sectioned"):
-        raise ValueError(f"cuda_mode must be 'auto', 'fused' or 'sectioned', got {cuda_mode!r}")
+    if cuda_mode not in ("auto", "fused", "sectioned", "tiled"):
+        raise ValueError(
+            f"cuda_mode must be 'auto', 'fused', 'sectioned' or 'tiled', got {cuda_mode!r}"
+        )
     matrices = _resolve_network(network, neurons, layers, seed)
     if not matrices:
         raise ValueError("the network has no layers")
@@ -86,6 +89,8 @@ def prepare_run(
             raise ValueError(f"layer {k + 1} has a weight that is NaN or infinite")
         if m.nnz and np.abs(m.data).max() > np.finfo(dtype).max:
             raise ValueError(f"layer {k + 1} has a weight that does not fit {dtype.name}")
+    if device == "cuda" and cuda_mode == "tiled":
+        check_tileable(np.bincount(sp.csr_matrix(m).indices, minlength=width) for m in matrices)
     matrix = _resolve_inputs(inputs, width)
     if matrix.shape[1] != width:
         raise ValueError(
@@ -173,10 +178,12 @@ def run_challenge(
         GPU, capped by the GPU's free memory.
     compact_every : int
         ``device="cuda"``: layers run before dead rows are dropped and the live ones re-packed.
-    cuda_mode : ``"auto"``, ``"fused"`` or ``"sectioned"``
+    cuda_mode : ``"auto"``, ``"fused"``, ``"sectioned"`` or ``"tiled"``
         ``device="cuda"``: one launch per ``compact_every`` layers with a block per 32 rows
         (fused), or one launch per layer with a block per 32 rows and 1024 output neurons
-        (sectioned); ``auto`` picks by width, see :func:`dasknn.kernels.cuda_inference.
+        (sectioned), or one launch per layer computing footprint tiles from shared memory (tiled;
+        a column may have at most ``dasknn.kernels.footprint_tiles.FOOTPRINT`` inputs); ``auto``
+        picks fused or sectioned by width, see :func:`dasknn.kernels.cuda_inference.
         infer_rows_cuda`.
     security : distributed.Security or bool, optional
         TLS for the client opened here (a scheduler address or a new local cluster); ``True``

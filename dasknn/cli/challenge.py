@@ -72,9 +72,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--cuda-mode",
-        choices=("auto", "fused", "sectioned"),
+        choices=("auto", "fused", "sectioned", "tiled"),
         default="auto",
-        help="--device cuda: one launch per window of layers (fused) or per layer (sectioned)",
+        help="--device cuda: one launch per window of layers (fused) or per layer (sectioned; "
+        "tiled: per layer, footprint tiles in shared memory)",
     )
     parser.add_argument(
         "--resident-layers",

@@ -124,11 +124,12 @@ def plan_memory(
     return (None if resident else budget), int(rows)
 
 
-def upload_network(network: CompactLayers, budget: int | None):
-    """On a worker: put the network on its GPU (streamed when over ``budget``)."""
+def upload_network(network: CompactLayers, budget: int | None, tiled: bool):
+    """On a worker: put the network on its GPU (streamed when over ``budget``), with its
+    footprint tiles, computed here on the worker's cores, when ``tiled``."""
     from dasknn.kernels.cuda_inference import DeviceNetwork
 
-    return DeviceNetwork(network, budget)
+    return DeviceNetwork(network, budget, tiled=tiled)
 
 
 def infer_batch_cuda(
@@ -152,16 +153,19 @@ def infer_batch_cuda(
     )
 
 
-def warm_cuda_kernel(dtype: str) -> None:
-    """On a worker: compile the CUDA kernels for ``dtype`` so that timings exclude the JIT."""
+def warm_cuda_kernel(dtype: str, mode: str) -> None:
+    """On a worker: compile the CUDA kernels of ``mode`` for ``dtype`` (both per-group kernels
+    for the modes other than ``"tiled"``) so that timings exclude the JIT."""
     from dasknn.kernels.cuda_inference import DeviceNetwork, infer_rows_cuda
 
     layer = sp.identity(64, dtype=np.float64, format="csr")
-    network = DeviceNetwork(compact_layers(pack_layers([layer, layer], np.dtype(dtype))))
+    compact = compact_layers(pack_layers([layer, layer], np.dtype(dtype)))
+    tiled = mode == "tiled"
+    network = DeviceNetwork(compact, tiled=tiled)
     rows = sp.csr_matrix(np.array([[1.0] * 64, [0.05] * 64]))  # the second row dies: compaction
-    for mode in ("fused", "sectioned"):
-        infer_rows_cuda(rows, network, -0.1, 32.0, compact_every=1, mode=mode)
-        infer_rows_cuda(pack_bit_rows(rows[:1]), network, -0.1, 32.0, compact_every=1, mode=mode)
+    for warm in ("tiled",) if tiled else ("fused", "sectioned"):
+        infer_rows_cuda(rows, network, -0.1, 32.0, compact_every=1, mode=warm)
+        infer_rows_cuda(pack_bit_rows(rows[:1]), network, -0.1, 32.0, compact_every=1, mode=warm)
 
 
 class CUDAInference:
@@ -181,7 +185,7 @@ class CUDAInference:
     compact_every : int
         Layers run before dead rows are dropped and the live ones re-packed.
     mode : str
-        ``"auto"``, ``"fused"`` or ``"sectioned"`` (see
+        ``"auto"``, ``"fused"``, ``"sectioned"`` or ``"tiled"`` (see
         :func:`dasknn.kernels.cuda_inference.infer_rows_cuda`).
     """
 
@@ -209,7 +213,8 @@ class CUDAInference:
         """Upload the network to every GPU worker (sent to each within ``timeout`` seconds); its
         device copy, by address."""
         return load_on_each(
-            client, weights, self.addresses, timeout, upload_network, self.budget
+            client, weights, self.addresses, timeout, upload_network, self.budget,
+            self.mode == "tiled",
         )
 
     def submit(

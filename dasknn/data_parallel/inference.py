@@ -200,8 +200,9 @@ def infer_on_gpus(
         over it is streamed to the GPU a window of layers at a time.
     compact_every : int
         Layers run before dead rows are dropped and the live ones re-packed.
-    cuda_mode : ``"auto"``, ``"fused"`` or ``"sectioned"``
-        See :func:`dasknn.kernels.cuda_inference.infer_rows_cuda`.
+    cuda_mode : ``"auto"``, ``"fused"``, ``"sectioned"`` or ``"tiled"``
+        See :func:`dasknn.kernels.cuda_inference.infer_rows_cuda` (``"tiled"``: each GPU worker
+        prepares the footprint tiles from the compact network it receives).
 
     Raises
     ------
@@ -226,7 +227,7 @@ def infer_on_gpus(
     gpus = check_cuda_workers(client, step_timeout)
     n_rows, width = rows.shape
     packed = compact_layers(pack_layers(matrices, dtype))
-    device_bytes, largest_layer = weight_bytes(packed)
+    device_bytes, largest_layer = weight_bytes(packed, tiled=cuda_mode == "tiled")
     bit_rows = pack_bit_rows(rows)  # binary inputs travel as bits; others as CSR of ``dtype``
     rows = bit_rows if bit_rows is not None else sp.csr_matrix(rows, dtype=dtype)
     free = min(gpu["free"] for gpu in gpus.values())
@@ -238,7 +239,8 @@ def infer_on_gpus(
         batch_size = math.ceil(n_rows / len(addresses))
     batch_size = max(1, min(batch_size, max_rows))
     run_on_workers(
-        client, "compiling the CUDA kernels", step_timeout, warm_cuda_kernel, dtype.name
+        client, "compiling the CUDA kernels", step_timeout, warm_cuda_kernel, dtype.name,
+        cuda_mode,
     )
     step = CUDAInference(addresses, bias, ymax, dtype, budget, compact_every, cuda_mode)
     start = time.perf_counter()

@@ -18,14 +18,18 @@ one coalesced 128-byte activation load per kept entry, issuing ``BATCH`` loads b
 them so their latencies overlap. The order of the sums is the CSC order of the CPU kernel, so
 results agree bit for bit in the same precision.
 
-Two launch modes:
+Three launch modes:
 
 - *fused* (:func:`_window_kernel`): one block of 1024 threads owns one group for ``compact_every``
   layers; the loop over layers runs inside the kernel (``syncthreads`` between layers), and a block
   whose rows are all dead leaves at once;
 - *sectioned* (:func:`_layer_kernel`): one launch per layer, one block per group and
   :func:`_section_outputs` output neurons, blocks in group-major order, so that the groups in flight
-  share the L2 cache when a group's activations are megabytes (wide networks).
+  share the L2 cache when a group's activations are megabytes (wide networks);
+- *tiled* (:func:`_tiled_kernel`, a network built with ``tiled=True``): one launch per layer like
+  *sectioned*, but a warp takes a footprint tile (:mod:`dasknn.kernels.footprint_tiles`): it
+  loads the tile's input activations of its group once into shared memory and computes all the
+  tile's columns from there, every entry added in CSC order, no flags read.
 
 Between windows of ``compact_every`` layers the host drops the dead rows and re-packs the live ones
 into fewer groups (:func:`_gather_kernel`).
@@ -37,6 +41,7 @@ has no warp vote or ``syncwarp``, so there the two warp primitives (:func:`_warp
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -45,6 +50,7 @@ import numpy as np
 import scipy.sparse as sp
 from numba import config, cuda, njit
 
+from dasknn.kernels.footprint_tiles import FOOTPRINT, FootprintTiles, tile_layers
 from dasknn.kernels.inference import PackedLayers
 from graph.checks import check_csr
 
@@ -72,10 +78,11 @@ LANES = 32  # rows per group: one warp, one lane per row
 SECTION_OUTPUTS = 1024  # fewest output neurons per block in the sectioned (one launch per layer)
 SECTIONS_PER_GROUP = 8  # blocks per group in the sectioned mode, within the bounds below
 SECTIONED_FROM = 4096  # widths from which mode="auto" launches per layer (see docs/benchmarks.md)
-CUDA_MODES = ("auto", "fused", "sectioned")
+CUDA_MODES = ("auto", "fused", "sectioned", "tiled")
 _WARPS = 32  # warps per block on a GPU (1024 threads)
 BATCH = 8  # kept entries of a column chunk whose activation loads are issued together
 _KEPT_SLOTS = LANES + BATCH  # a warp's shared slots for the kept entries and the padding
+_STATIC_SHARED = 48 * 1024  # bytes of static shared memory a block may take
 # Blocks of 1024 threads need at most 64 registers a thread (the simulator takes no such option).
 _BLOCK_KERNEL = {} if config.ENABLE_CUDASIM else {"max_registers": 64}
 
@@ -334,6 +341,117 @@ def _layer_kernel(y, flags, src, indptr, indices, data, layer, sections, bias, y
         cuda.atomic.add(work, g, terms * LANES)
 
 
+def _tile_warps(footprint: int, itemsize: int) -> int:
+    """Warps per block of the tiled kernel: as many footprints (``footprint x 32`` activations
+    each) as the static shared memory of a block holds, at most 32."""
+    return max(1, min(_WARPS, _STATIC_SHARED // (footprint * LANES * itemsize)))
+
+
+@functools.cache
+def _tiled_kernel(dtype_name: str, footprint: int, warps: int):
+    """The tiled kernel for activations of ``dtype_name``, footprints of ``footprint`` inputs and
+    blocks of ``warps`` warps (the shared array's shape and type are compile-time constants, so
+    one kernel per triple)."""
+    item = np.dtype(dtype_name).type
+
+    @cuda.jit(**_BLOCK_KERNEL)
+    def tiled_kernel(y, flags, src, indptr, data, layer_tiles, tile_ptr, tile_cols, foot_ptr,
+                     foot, local, layer, sections, bias, ymax, alive_in, alive_out, work):
+        """One layer, block ``b`` computing tile range ``b % sections`` of group
+        ``b // sections``; warp ``w`` of the block takes the range's tiles ``w, w + warps, ...``.
+
+        For a tile the warp loads the footprint activations of its group, ``BATCH`` loads issued
+        before the first store, into its shared slice (lane ``l``: row ``l``), and then sums
+        each column of the tile in CSC order from there and stores it with :func:`_store`. A
+        lane reads back only the activations of its own row, which it stored itself, so no
+        barrier is needed. ``alive_out`` must be zero before the launch; a group whose rows are
+        all dead in ``alive_in`` is skipped.
+        """
+        b = cuda.blockIdx.x
+        g = b // sections
+        s = b % sections
+        t = cuda.threadIdx.x
+        lane = t % LANES
+        warp = t // LANES
+        active = cuda.blockDim.x // LANES
+        any_live = 0
+        for i in range(LANES):
+            any_live |= alive_in[g * LANES + i]
+        if any_live == 0:
+            return
+        dst = 1 - src
+        t0 = layer_tiles[layer]
+        t1 = layer_tiles[layer + 1]
+        chunk = (t1 - t0 + sections - 1) // sections
+        lo = t0 + s * chunk
+        hi = min(t1, lo + chunk)
+        acts = cuda.shared.array((warps, footprint, LANES), dtype=item)
+        mine = acts[warp]
+        zero = ymax - ymax
+        terms = 0
+        for tile in range(lo + warp, hi, active):
+            f0 = foot_ptr[tile]
+            f1 = foot_ptr[tile + 1]
+            last = f1 - 1
+            for f in range(f0, f1, BATCH):
+                v0 = y[src, g, foot[f], lane]
+                v1 = y[src, g, foot[min(f + 1, last)], lane]
+                v2 = y[src, g, foot[min(f + 2, last)], lane]
+                v3 = y[src, g, foot[min(f + 3, last)], lane]
+                v4 = y[src, g, foot[min(f + 4, last)], lane]
+                v5 = y[src, g, foot[min(f + 5, last)], lane]
+                v6 = y[src, g, foot[min(f + 6, last)], lane]
+                v7 = y[src, g, foot[min(f + 7, last)], lane]
+                r = f - f0  # slots past the footprint are never read (footprint % 8 == 0)
+                mine[r, lane] = v0
+                mine[r + 1, lane] = v1
+                mine[r + 2, lane] = v2
+                mine[r + 3, lane] = v3
+                mine[r + 4, lane] = v4
+                mine[r + 5, lane] = v5
+                mine[r + 6, lane] = v6
+                mine[r + 7, lane] = v7
+            for q in range(tile_ptr[tile], tile_ptr[tile + 1]):
+                c = tile_cols[q]
+                acc, added = _tile_column(mine, data, local, indptr[layer, c],
+                                          indptr[layer, c + 1], lane, zero)
+                terms += added
+                if _store(y, flags, dst, g, c, lane, acc, bias, ymax, zero):
+                    alive_out[g * LANES + lane] = 1
+        if lane == 0 and terms > 0:
+            cuda.atomic.add(work, g, terms * LANES)
+
+    return tiled_kernel
+
+
+@cuda.jit(device=True)
+def _tile_column(mine, data, local, p0, p1, lane, zero):
+    """Lane ``lane``'s sum over entries ``p0 .. p1 - 1`` of a column, in order, from the warp's
+    shared footprint activations ``mine``; the weights and footprint positions of ``BATCH``
+    entries are read before any is added. Past the column's end the weight is zero, which leaves
+    the sum unchanged. Returns the sum and the entries added."""
+    acc = zero
+    last = p1 - 1
+    for p in range(p0, p1, BATCH):
+        w0 = data[p]
+        w1 = data[min(p + 1, last)] if p + 1 < p1 else zero
+        w2 = data[min(p + 2, last)] if p + 2 < p1 else zero
+        w3 = data[min(p + 3, last)] if p + 3 < p1 else zero
+        w4 = data[min(p + 4, last)] if p + 4 < p1 else zero
+        w5 = data[min(p + 5, last)] if p + 5 < p1 else zero
+        w6 = data[min(p + 6, last)] if p + 6 < p1 else zero
+        w7 = data[min(p + 7, last)] if p + 7 < p1 else zero
+        acc += w0 * mine[local[p], lane]
+        acc += w1 * mine[local[min(p + 1, last)], lane]
+        acc += w2 * mine[local[min(p + 2, last)], lane]
+        acc += w3 * mine[local[min(p + 3, last)], lane]
+        acc += w4 * mine[local[min(p + 4, last)], lane]
+        acc += w5 * mine[local[min(p + 5, last)], lane]
+        acc += w6 * mine[local[min(p + 6, last)], lane]
+        acc += w7 * mine[local[min(p + 7, last)], lane]
+    return acc, p1 - p0
+
+
 @cuda.jit
 def _gather_kernel(src, dst, source_of, flags_dst):
     """Pack the live rows ``source_of`` (indices into the old groups) into new groups of ``dst``.
@@ -450,7 +568,8 @@ def compact_layers(packed: PackedLayers) -> CompactLayers:
 @dataclass
 class _Window:
     """Consecutive layers (host or device arrays): ``indptr`` rows are per layer, offsets into the
-    window's own ``indices``; ``values`` as in :class:`CompactLayers`."""
+    window's own ``indices``; ``values`` as in :class:`CompactLayers`. A tiled window holds its
+    footprint tiles in place of ``indices`` (``None``), which the tiled kernel does not read."""
 
     indptr: object
     indices: object
@@ -458,10 +577,13 @@ class _Window:
     per_layer: bool
     n_layers: int
     nbytes: int  # on the device, weights expanded
+    tiles: FootprintTiles | None = None
 
 
-def _host_windows(network: CompactLayers, layers_per_window: int) -> list[_Window]:
-    """Cut the layers into windows whose ``indptr`` are offsets into their own arrays."""
+def _host_windows(network: CompactLayers, layers_per_window: int,
+                  tiles: FootprintTiles | None = None) -> list[_Window]:
+    """Cut the layers into windows whose ``indptr`` are offsets into their own arrays (with their
+    share of ``tiles`` instead of the indices when given)."""
     windows = []
     itemsize = network.dtype.itemsize
     for first in range(0, network.n_layers, layers_per_window):
@@ -469,18 +591,34 @@ def _host_windows(network: CompactLayers, layers_per_window: int) -> list[_Windo
         lo = int(network.indptr[first, 0])
         hi = int(network.indptr[last - 1, -1])
         indptr = np.ascontiguousarray(network.indptr[first:last] - network.indptr.dtype.type(lo))
-        indices = network.indices[lo:hi]
         values = network.values[first:last] if network.per_layer else network.values[lo:hi]
+        if tiles is None:
+            indices, part = network.indices[lo:hi], None
+            index_bytes = indices.nbytes
+        else:
+            indices, part = None, tiles.window(first, last, lo, hi)
+            index_bytes = part.nbytes
         windows.append(_Window(indptr, indices, values, network.per_layer, last - first,
-                               indptr.nbytes + indices.nbytes + (hi - lo) * itemsize))
+                               indptr.nbytes + index_bytes + (hi - lo) * itemsize, part))
     return windows
 
 
-def weight_bytes(network: PackedLayers | CompactLayers) -> tuple[int, int]:
-    """Device bytes of the network (``indptr``, ``indices``, weights) and of its largest layer."""
+def weight_bytes(network: PackedLayers | CompactLayers, tiled: bool = False) -> tuple[int, int]:
+    """Device bytes of the network (``indptr``, ``indices``, weights) and of its largest layer.
+
+    With ``tiled``, an upper bound for the network with footprint tiles in place of its indices
+    (the footprints hold at most one input a weight entry, as the indices do; the bound adds the
+    ``local`` positions, the tiles' columns and at most one tile a column's offsets).
+    """
     if isinstance(network, PackedLayers):
         network = compact_layers(network)
     layers = [w.nbytes for w in _host_windows(network, 1)]
+    if tiled:
+        n = network.neurons
+        per_layer_tiles = n * network.indices.itemsize + (n + 1) * 2 * 8 + 2 * 8
+        nnz = np.diff(network.indptr[:, [0, -1]], axis=1).ravel()
+        layers = [size + int(entries) + per_layer_tiles
+                  for size, entries in zip(layers, nnz, strict=True)]
     return sum(layers), max(layers)
 
 
@@ -495,20 +633,43 @@ class DeviceNetwork:
     budget : int, optional
         Device bytes the weights may take. When the network is larger it stays in host memory
         and is uploaded one window of ``budget`` bytes at a time during each batch.
+    tiled : bool
+        Prepare the footprint tiles (:func:`dasknn.kernels.footprint_tiles.tile_layers`, on this
+        host's cores) and hold them on the device in place of the indices: such a network runs
+        ``mode="tiled"`` only, and the other networks every mode but ``"tiled"``.
+    footprint : int
+        The most inputs of a tile's footprint when ``tiled``.
+    tile_warps : int, optional
+        Warps a block of the tiled kernel (each with a shared slice of ``footprint x 32``
+        activations); by default as many as 48 KB of shared memory hold, at most 32.
 
     Raises
     ------
     MemoryError
         When even one layer does not fit ``budget``.
+    ValueError
+        When ``tiled`` and a column has more than ``footprint`` inputs, or ``tile_warps`` is not
+        between 1 and what the shared memory holds.
     """
 
-    def __init__(self, network: CompactLayers | PackedLayers, budget: int | None = None) -> None:
+    def __init__(self, network: CompactLayers | PackedLayers, budget: int | None = None,
+                 tiled: bool = False, footprint: int = FOOTPRINT,
+                 tile_warps: int | None = None) -> None:
         if isinstance(network, PackedLayers):
             network = compact_layers(network)
         self.neurons = network.neurons
         self.n_layers = network.n_layers
         self.dtype = network.dtype
-        self.nbytes, layer_bytes = weight_bytes(network)
+        self.tiled = tiled
+        self.footprint = footprint
+        most = _tile_warps(footprint, self.dtype.itemsize)
+        self.tile_warps = most if tile_warps is None else tile_warps
+        if tiled and not 1 <= self.tile_warps <= most:
+            raise ValueError(f"tile_warps must be between 1 and {most} (48 KB of shared memory "
+                             f"for footprints of {footprint}), got {tile_warps}")
+        tiles = tile_layers(network.indptr, network.indices, footprint) if tiled else None
+        layers = [w.nbytes for w in _host_windows(network, 1, tiles)]
+        self.nbytes, layer_bytes = sum(layers), max(layers)
         if budget is not None and layer_bytes > budget:
             raise MemoryError(
                 f"one layer needs {layer_bytes} bytes of device memory but only {budget} bytes "
@@ -517,9 +678,10 @@ class DeviceNetwork:
         self.streamed = budget is not None and self.nbytes > budget
         if self.streamed:
             per_window = max(1, int(budget // layer_bytes))
-            self._windows = _host_windows(network, per_window)
+            self._windows = _host_windows(network, per_window, tiles)
         else:
-            self._windows = [self._upload(w) for w in _host_windows(network, network.n_layers)]
+            self._windows = [self._upload(w)
+                             for w in _host_windows(network, network.n_layers, tiles)]
         self.layers_per_window = self._windows[0].n_layers
 
     @staticmethod
@@ -527,15 +689,22 @@ class DeviceNetwork:
         """The window on the device, with one weight per nonzero."""
         indptr = cuda.to_device(window.indptr)
         if window.per_layer:
-            data = cuda.device_array(len(window.indices), dtype=window.values.dtype)
+            size = int(window.indptr[-1, -1])
+            data = cuda.device_array(size, dtype=window.values.dtype)
             for k in range(window.n_layers):
                 lo, hi = int(window.indptr[k, 0]), int(window.indptr[k, -1])
                 if hi > lo:
                     _fill(data[lo:hi], window.values[k])
         else:
             data = cuda.to_device(window.values)
-        return _Window(indptr, cuda.to_device(window.indices), data, False, window.n_layers,
-                       window.nbytes)
+        indices = None if window.indices is None else cuda.to_device(window.indices)
+        tiles = None
+        if window.tiles is not None:
+            host = window.tiles
+            tiles = FootprintTiles(host.footprint, *(
+                cuda.to_device(a) for a in (host.layer_tiles, host.tile_ptr, host.tile_cols,
+                                            host.foot_ptr, host.foot, host.local)))
+        return _Window(indptr, indices, data, False, window.n_layers, window.nbytes, tiles)
 
     def windows(self):
         """The windows in order, on the device (uploaded now when streamed)."""
@@ -626,6 +795,7 @@ class CudaBatchResult:
     rows: np.ndarray
     macs_done: int
     kernel_seconds: float
+    activations: np.ndarray | None = None  # (rows, N) after the last layer, when asked for
 
 
 def infer_rows_cuda(
@@ -635,6 +805,7 @@ def infer_rows_cuda(
     ymax: float = 32.0,
     compact_every: int = 8,
     mode: str = "auto",
+    activations: bool = False,
 ) -> CudaBatchResult:
     """Run the input rows through every layer on the GPU; return the rows still nonzero.
 
@@ -649,12 +820,20 @@ def infer_rows_cuda(
         Bias added to the nonzero entries of ``Y @ W`` and upper clip of the activations.
     compact_every : int
         Layers run before the dead rows are dropped and the live ones re-packed.
-    mode : ``"auto"``, ``"fused"`` or ``"sectioned"``
+    mode : ``"auto"``, ``"fused"``, ``"sectioned"`` or ``"tiled"``
         ``fused``: one launch runs ``compact_every`` layers, one block per group of 32 rows.
         ``sectioned``: one launch per layer, one block per group and section of an eighth of the
         output neurons (1,024 to 4,096), so the groups in flight share the L2 cache when a group's
         activations are large.
-        ``auto``: sectioned from ``SECTIONED_FROM`` neurons on.
+        ``tiled`` (a network built with ``tiled=True`` only): one launch per layer, one block per
+        group and range of footprint tiles (as many ranges as the sectioned mode has sections); a
+        warp loads a tile's footprint activations once into shared memory and computes the
+        tile's columns from there, so each activation leaves L2 once a tile rather than once a
+        weight entry. It reads no section flags: every entry of a live group is added.
+        ``auto``: sectioned from ``SECTIONED_FROM`` neurons on, fused below; it never picks
+        ``tiled``, which is not yet measured on a GPU (the next GPU run decides).
+    activations : bool
+        Also copy back the activations of the returned rows after the last layer.
 
     Returns
     -------
@@ -664,7 +843,8 @@ def infer_rows_cuda(
     Raises
     ------
     ValueError
-        On a width mismatch, an input index out of range, a bad ``compact_every`` or ``mode``.
+        On a width mismatch, an input index out of range, a bad ``compact_every`` or ``mode``,
+        or a ``mode`` the network was not built for (``tiled``).
     """
     if inputs.shape[1] != network.neurons:
         raise ValueError(
@@ -674,6 +854,11 @@ def infer_rows_cuda(
         raise ValueError(f"compact_every must be >= 1, got {compact_every}")
     if mode not in CUDA_MODES:
         raise ValueError(f"mode must be one of {CUDA_MODES}, got {mode!r}")
+    if network.tiled != (mode == "tiled"):
+        raise ValueError(
+            f"mode={mode!r} needs a DeviceNetwork built with tiled={mode == 'tiled'} (a tiled "
+            "network holds footprint tiles in place of the indices and runs mode='tiled' only)"
+        )
     start = time.perf_counter()
     dtype = network.dtype
     n = network.neurons
@@ -685,7 +870,8 @@ def infer_rows_cuda(
         csr.eliminate_zeros()
         rows = np.flatnonzero(np.diff(csr.indptr)).astype(np.int64)
     if rows.size == 0:
-        return CudaBatchResult(rows, 0, time.perf_counter() - start)
+        empty = np.zeros((0, n), dtype=dtype) if activations else None
+        return CudaBatchResult(rows, 0, time.perf_counter() - start, empty)
     threads = _threads_per_block()
     groups = -(-rows.size // LANES)
     y = cuda.device_array((2, groups, n, LANES), dtype=dtype)
@@ -727,13 +913,18 @@ def infer_rows_cuda(
                 sections = max(1, -(-n // _section_outputs(n)))
                 a, b = alive_in, alive
                 for k in range(first, first + count):
-                    dst = (parity + k - first + 1) % 2
-                    _zero(flags[dst].reshape(flags[dst].size))
+                    src = (parity + k - first) % 2
                     _zero(b)
-                    _layer_kernel[groups * sections, threads](
-                        y, flags, (parity + k - first) % 2, window.indptr, window.indices,
-                        window.values, k, sections, typed_bias, typed_ymax, a, b, work,
-                    )
+                    if mode == "tiled":
+                        _launch_tiled(window, network.tile_warps, y, flags, src, k,
+                                      groups * sections, sections, typed_bias, typed_ymax, a, b,
+                                      work)
+                    else:
+                        _zero(flags[1 - src].reshape(flags[1 - src].size))
+                        _layer_kernel[groups * sections, threads](
+                            y, flags, src, window.indptr, window.indices, window.values, k,
+                            sections, typed_bias, typed_ymax, a, b, work,
+                        )
                     a, b = b, a
                 if a is not alive:
                     alive.copy_to_device(a)
@@ -753,11 +944,35 @@ def infer_rows_cuda(
         if live == 0:
             break
     done = int(work.copy_to_host().sum())
+    final = None
+    if activations:  # the live rows are packed in order into the first groups of y[parity]
+        used = -(-live // LANES)
+        final = np.zeros((0, n), dtype=dtype) if live == 0 else np.ascontiguousarray(
+            y[parity][:used].copy_to_host().transpose(0, 2, 1).reshape(used * LANES, n)[:live])
     cuda.synchronize()
-    return CudaBatchResult(rows, done, time.perf_counter() - start)
+    return CudaBatchResult(rows, done, time.perf_counter() - start, final)
+
+
+def _launch_tiled(window: _Window, warps: int, y, flags, src: int, layer: int, blocks: int,
+                  sections: int, bias, ymax, alive_in, alive_out, work) -> None:
+    """Launch the tiled kernel (blocks of ``warps`` warps) for layer ``layer`` of ``window`` (its
+    flags are written by the store but never read in this mode, so they are not cleared)."""
+    tiles = window.tiles
+    kernel = _tiled_kernel(y.dtype.name, tiles.footprint, warps)
+    threads = min(warps * LANES, _threads_per_block())
+    kernel[blocks, threads](
+        y, flags, src, window.indptr, window.values, tiles.layer_tiles, tiles.tile_ptr,
+        tiles.tile_cols, tiles.foot_ptr, tiles.foot, tiles.local, layer, sections, bias, ymax,
+        alive_in, alive_out, work,
+    )
 
 
 def _fill(flat, value) -> None:
+    """Set every entry of ``flat``: a grid of 256-thread blocks on a GPU, one warp under the
+    simulator (which runs a Python thread a GPU thread)."""
+    if config.ENABLE_CUDASIM:
+        _fill_kernel[1, LANES](flat, value)
+        return
     blocks = max(1, min(4096, math.ceil(flat.size / 256)))
     _fill_kernel[blocks, 256](flat, value)
 
