@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from test_challenge_gpu import random_inputs
 
 from dasknn.challenge import run_challenge
 from dasknn.datasets import (
@@ -57,12 +58,6 @@ def uneven_network(neurons: int, depth: int, seed: int) -> list[sp.csr_matrix]:
     return layers
 
 
-def binary_inputs(rows: int, neurons: int, density: float, seed: int) -> sp.csr_matrix:
-    x = sp.random(rows, neurons, density=density, random_state=seed, format="csr")
-    x.data[:] = 1.0
-    return x
-
-
 def test_tiles_cover_every_entry_once_with_sorted_footprints():
     for network, footprint, tile_outputs in ((pack_layers(uneven_network(48, 3, seed=4),
                                                           np.float64), 16, 5),
@@ -107,7 +102,7 @@ def test_tiles_cover_every_entry_once_with_sorted_footprints():
 def test_tiled_equals_reference_and_sectioned_bit_for_bit(monkeypatch, network, dtype, bias):
     monkeypatch.setattr(cuda_inference, "SECTION_OUTPUTS", 16)  # 2 tile ranges a group
     layers = uneven_network(32, 3, seed=2) if network == "uneven" else radixnet(32, 3, seed=5)
-    x = binary_inputs(32, 32, 0.3, seed=6).tolil()  # one group of 32 rows
+    x = random_inputs(32, 32, 0.3, seed=6).tolil()  # one group of 32 rows
     x[7] = 0  # an empty input row is never a category
     x = x.tocsr()
     expected = reference(x, layers, bias)
@@ -133,7 +128,7 @@ def test_tiled_equals_reference_and_sectioned_bit_for_bit(monkeypatch, network, 
 
 def test_tiled_streamed_windows_equal_resident():
     layers = radixnet(64, 3, seed=2)
-    x = binary_inputs(40, 64, 0.25, seed=5)  # a full group and a partly empty one
+    x = random_inputs(40, 64, 0.25, seed=5)  # a full group and a partly empty one
     packed = pack_layers(layers, np.float32)
     resident = DeviceNetwork(packed, tiled=True, footprint=32)
     streamed = DeviceNetwork(packed, budget=resident.nbytes // 2, tiled=True, footprint=32,
@@ -167,7 +162,7 @@ def test_too_wide_column_and_mode_mismatch_are_named():
         DeviceNetwork(packed, tiled=True, footprint=64, tile_warps=7)
     with pytest.raises(ValueError, match="multiple of 8"):
         check_tileable(np.ones((1, 4), dtype=np.int64), footprint=12)
-    x = binary_inputs(4, 32, 0.5, seed=0)
+    x = random_inputs(4, 32, 0.5, seed=0)
     with pytest.raises(ValueError, match=r"mode='tiled' needs a DeviceNetwork built with "
                                          r"tiled=True"):
         infer_rows_cuda(x, DeviceNetwork(packed), -0.3, mode="tiled")
@@ -175,13 +170,13 @@ def test_too_wide_column_and_mode_mismatch_are_named():
         infer_rows_cuda(x, DeviceNetwork(packed, tiled=True), -0.3, mode="auto")
     wide = sp.csr_matrix(np.ones((72, 72)) / 72)  # every column has 72 inputs
     with pytest.raises(ValueError, match="72 inputs, more than the footprint limit of 64"):
-        run_challenge([wide], binary_inputs(4, 72, 0.5, seed=0), -0.3, device="cuda",
+        run_challenge([wide], random_inputs(4, 72, 0.5, seed=0), -0.3, device="cuda",
                       cuda_mode="tiled", client="tcp://127.0.0.1:1")
 
 
 def test_engine_tiled_on_cuda_workers_equals_reference(dask_client):
     layers = radixnet(64, 3, seed=3)
-    x = binary_inputs(50, 64, 0.2, seed=8)
+    x = random_inputs(50, 64, 0.2, seed=8)
     categories, stats = run_challenge(layers, x, -0.3, client=dask_client, device="cuda",
                                       batch_size=25, compact_every=2, cuda_mode="tiled",
                                       progress=False)

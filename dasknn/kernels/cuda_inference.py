@@ -248,6 +248,15 @@ def _store(y, flags, dst, g, c, lane, acc, bias, ymax, zero):
     return False
 
 
+@cuda.jit(device=True)
+def _group_live(alive, g):
+    """Whether any of the 32 rows of group ``g`` is set in ``alive`` (a flag per row)."""
+    live = 0
+    for i in range(LANES):
+        live |= alive[g * LANES + i]
+    return live != 0
+
+
 @cuda.jit(**_BLOCK_KERNEL)
 def _window_kernel(y, flags, parity, indptr, indices, data, first, count, bias, ymax, alive, work):
     """Run group ``blockIdx.x`` through layers ``first .. first + count - 1`` of the window.
@@ -318,10 +327,7 @@ def _layer_kernel(y, flags, src, indptr, indices, data, layer, sections, bias, y
     lane = t % LANES
     warp = t // LANES
     warps = cuda.blockDim.x // LANES
-    any_live = 0
-    for i in range(LANES):
-        any_live |= alive_in[g * LANES + i]
-    if any_live == 0:
+    if not _group_live(alive_in, g):
         return
     n = y.shape[2]
     dst = 1 - src
@@ -376,10 +382,7 @@ def _tiled_kernel(dtype_name: str, footprint: int, warps: int):
         lane = t % LANES
         warp = t // LANES
         active = cuda.blockDim.x // LANES
-        any_live = 0
-        for i in range(LANES):
-            any_live |= alive_in[g * LANES + i]
-        if any_live == 0:
+        if not _group_live(alive_in, g):
             return
         dst = 1 - src
         t0 = layer_tiles[layer]
