@@ -875,8 +875,10 @@ class DistributedSparseMLP(SparseEstimator):
         if self._layout is not None:
             self._layout.futures.clear()
             self._layout = None
+        # the plugins in the reverse of their registration: the model's state first
         plugins, self._plugins = self._plugins[::-1], []
         key_cache_bound, self._key_cache_bound = self._key_cache_bound, False
+        # a client no longer running after everything was removed: nothing left to release
         if plugins or key_cache_bound or self.client.status == "running":
             try:
                 unregister_within(
