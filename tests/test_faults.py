@@ -21,11 +21,13 @@ from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import SchedulerPlugin
 from model_reference import DenseReference
 from random_layers import random_layers
+from stopped_workers import stopped, wait_until_empty
 
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
 from dasknn.model_parallel.faults import StepTimeoutError, WorkerLostError
 from dasknn.runtime.cluster import scheduler_workers
+from dasknn.runtime.measure import MONITOR_NAME, REPORTER_NAME
 
 LR = 0.05
 #: Every test runs with both ways a step's messages travel (DistributedSparseMLP's messages=).
@@ -178,6 +180,41 @@ def test_stopped_worker_is_reported_after_the_step_timeout(cluster, messages):
         finally:
             stop.join()
             os.kill(pid, signal.SIGCONT)
+
+
+def _model_plugins(client, token: str) -> list[str]:
+    """The names of the scheduler's and the workers' plugins that hold ``token``, and of the
+    transfer monitor's, which leaves with the last model holding it."""
+    on_scheduler = client.run_on_scheduler(
+        lambda dask_scheduler: [*dask_scheduler.plugins, *dask_scheduler.worker_plugins]
+    )
+    on_workers = client.run(lambda dask_worker: list(dask_worker.plugins))
+    names = [*on_scheduler, *(n for ns in on_workers.values() for n in ns)]
+    return [n for n in names if token in n or n in (MONITOR_NAME, REPORTER_NAME)]
+
+
+def test_a_stopped_worker_does_not_hold_up_close(cluster):
+    """A worker stopped (SIGSTOP) after a step, still listed by the scheduler: ``close()`` of a
+    model with ``reuse_memory=True`` waits for it at most ``step_timeout`` (it used to wait until
+    Dask removed the worker), and no plugin of the model is left once it goes on."""
+    _, client = cluster
+    x, y = _data(8)
+    model = _model()
+    dist = DistributedSparseMLP(model, client, _parts(model), reuse_memory=True, step_timeout=2)
+    try:
+        dist.train_step(x, y, lr=LR)
+        assert _model_plugins(client, dist.token)  # the test sees the model's plugins
+        with stopped(client, dist.part_workers[1]):
+            start = time.monotonic()
+            dist.close()
+            assert time.monotonic() - start < 2 + 2.0
+    finally:
+        dist.close()
+    wait_until_empty(
+        lambda: _model_plugins(client, dist.token),
+        10,
+        "a plugin of the model stayed after the worker went on",
+    )
 
 
 class _StopWorkerWhenAStepIsDone(SchedulerPlugin):

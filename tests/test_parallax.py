@@ -605,6 +605,34 @@ def test_stopped_worker_is_named_after_the_step_timeout(client4):
     gc.collect()  # the cancelled gather's inner tasks, as in the lost-worker test
 
 
+def test_a_stopped_worker_does_not_hold_up_close(client4):
+    """A worker stopped (SIGSTOP) after a step, still listed by the scheduler: ``close()`` of a
+    model with ``reuse_memory=True`` waits for it at most ``step_timeout`` (the removal of the
+    malloc plugin used to wait until Dask removed the worker), and no plugin of the model is
+    left on the scheduler or any worker once it goes on."""
+    model = EmbeddingMLP(V, C, D, hidden=(4,))
+    X, y = next(iter(_batches(2)))
+    # not the workers the step-timeout test above stopped: their failed step may still run
+    workers = sorted(scheduler_workers(client4))[2:]
+    dp = data_parallel(model, client4, workers=workers, reuse_memory=True, step_timeout=2)
+    try:
+        dp.train_step(X, y, lr=0.1)
+        with stopped(client4, dp.workers[1]):
+            start = time.monotonic()
+            dp.close()
+            assert time.monotonic() - start < 2 + 2.0
+    finally:
+        dp.close()
+
+    def held() -> list[str]:
+        on_workers = [n for names in _plugin_names(client4).values() for n in names]
+        on_scheduler = client4.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.plugins))
+        names = [*on_scheduler, *_scheduler_plugins(client4), *on_workers]
+        return [n for n in names if dp.token in n]
+
+    wait_until_empty(held, 10, "a plugin of the model stayed after the worker went on")
+
+
 def test_step_timeout_must_be_a_positive_finite_number(client4):
     model = EmbeddingMLP(V, C, D, hidden=(4,))
     for bad in (0, -1, float("nan"), float("inf"), "3", True, None):

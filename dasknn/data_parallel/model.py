@@ -307,18 +307,15 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
             )
 
     def close(self) -> None:
-        """Remove the model's worker plugins (and with them every value it held)."""
+        """Remove the model's worker plugins (and with them every value it held), waiting for
+        the workers at most ``step_timeout`` seconds (a stopped one has them removed by the
+        scheduler when it goes on); closing twice does nothing."""
         if self._open:
             self._open = False
             self._postboxes.clear()
             memory_plugin, self._memory_plugin = self._memory_plugin, None
             try:
-                if memory_plugin is not None:
-                    self.client.unregister_worker_plugin(memory_plugin)
-            except Exception:  # noqa: BLE001 - a cluster already gone holds nothing
-                pass
-            try:
-                self._unregister()
+                self._unregister([memory_plugin] if memory_plugin is not None else [])
             except Exception:  # noqa: BLE001 - a cluster already gone holds nothing
                 pass
 

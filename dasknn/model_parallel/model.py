@@ -62,9 +62,9 @@ from dasknn.model_parallel.taskgraph import PartPlacement, StepPriority, StepTem
 from dasknn.model_parallel.worker_state import ModelState, plugin_name, read_parts
 from dasknn.optim import Optimizer, ParamState, resolve_optimizer
 from dasknn.runtime.cluster import open_client, scheduler_workers
-from dasknn.runtime.key_cache import install_key_cache_bound, remove_key_cache_bound
-from dasknn.runtime.measure import release_comm_monitor
+from dasknn.runtime.key_cache import install_key_cache_bound
 from dasknn.runtime.model_span import held_in_span, new_span
+from dasknn.runtime.plugin_owner import unregister_within
 from dasknn.runtime.postbox import Postbox
 from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT, check_step_timeout
 from dasknn.runtime.waiting import gather_at_most
@@ -866,19 +866,24 @@ class DistributedSparseMLP(SparseEstimator):
     def close(self) -> None:
         """Remove everything the model installed on the cluster: its worker plugins (with the
         weights, biases and optimizer state they own), its keys and its communication records.
-        The model cannot be used afterwards; closing twice does nothing."""
+        Waits for the workers at most ``step_timeout`` seconds in all: a stopped one has the
+        plugins removed by the scheduler when it goes on. The model cannot be used afterwards;
+        closing twice does nothing."""
         self._snapshot = None
         self._templates.clear()
         self._postboxes.clear()
         if self._layout is not None:
             self._layout.futures.clear()
             self._layout = None
-        while self._plugins:
-            self.client.unregister_worker_plugin(self._plugins.pop())
-        if self._key_cache_bound:
-            self._key_cache_bound = False
-            remove_key_cache_bound(self.client, self.token)
-        if self.client.status == "running":
-            release_comm_monitor(self.client, self.token)
-            release_retirement_watch(self.client, self.token)
+        # the plugins in the reverse of their registration: the model's state first
+        plugins, self._plugins = self._plugins[::-1], []
+        key_cache_bound, self._key_cache_bound = self._key_cache_bound, False
+        # a client no longer running after everything was removed: nothing left to release
+        if plugins or key_cache_bound or self.client.status == "running":
+            try:
+                unregister_within(
+                    self.client, self.token, plugins, self.step_timeout, key_cache_bound
+                )
+            finally:
+                release_retirement_watch(self.client, self.token)
         self._opened.close()
