@@ -441,3 +441,50 @@ def test_a_worker_stopped_before_the_constructor_is_named_and_nothing_is_left(cl
     while _model_plugins(client) != before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _model_plugins(client) == before
+
+
+class _KillWhenPostboxStarts(WorkerPlugin):
+    """Kills its worker (SIGKILL) as a pipeline model's postbox starts there, the last call of
+    the placement, if it is the worker at ``address``."""
+
+    name = "test-kill-when-postbox-starts"
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+
+    def setup(self, worker) -> None:
+        self.worker = worker
+
+    def transition(self, key, start, finish, **kwargs) -> None:
+        parsed = parse_pipeline_key(key)
+        if (
+            finish == "executing"
+            and self.worker.address == self.address
+            and parsed is not None
+            and parsed.kind == "postbox"
+        ):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_worker_lost_while_the_model_is_placed_is_named_and_nothing_is_left(client):
+    """A stage worker killed (SIGKILL) while the model is placed: the constructor ends within a
+    few seconds in a WorkerLostError naming it and its stage, not Dask's own error or a wait,
+    and no plugin of the model is left on the scheduler or the workers."""
+    before = _model_plugins(client)
+    victim = sorted(scheduler_workers(client))[1]  # stage 1 of replica 0
+    client.register_plugin(_KillWhenPostboxStarts(victim))
+    try:
+        start = time.monotonic()
+        named = (
+            rf"^lost worker {re.escape(victim)}: it held stage 1 of replica 0 \(layers? "
+            r"[0-9 to]+\) of the pipeline model; the model could not be placed"
+        )
+        with pytest.raises(WorkerLostError, match=named):
+            PipelineMLP(_model(), client, stages=2)
+        assert time.monotonic() - start < NAMED_WITHIN
+    finally:
+        client.unregister_worker_plugin(_KillWhenPostboxStarts.name)
+    deadline = time.monotonic() + 10
+    while _model_plugins(client) != before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _model_plugins(client) == before
