@@ -638,3 +638,39 @@ def test_step_timeout_must_be_a_positive_finite_number(client4):
     for bad in (0, -1, float("nan"), float("inf"), "3", True, None):
         with pytest.raises(ValueError, match="step_timeout must be a number of seconds > 0"):
             data_parallel(model, client4, step_timeout=bad)
+
+
+def test_a_worker_stopped_before_the_constructor_is_named_and_nothing_is_left(client4):
+    """A worker stopped (SIGSTOP) before the model is placed: the constructor's registrations
+    end after ``step_timeout`` in a StepTimeoutError naming it and what it was to hold, where
+    they used to wait until Dask removed the worker; once it goes on, no plugin of the model
+    (nor key-cache bound) is left on the scheduler or a worker."""
+
+    def model_plugins() -> list[str]:
+        on_workers = [n for ns in _plugin_names(client4).values() for n in ns]
+        on_scheduler = client4.run_on_scheduler(
+            lambda dask_scheduler: [*dask_scheduler.worker_plugins, *dask_scheduler.plugins]
+        )
+        return sorted(
+            n
+            for n in on_workers + on_scheduler
+            if n.startswith(("dasknn-dp-", "dasknn-key-cache-bound-"))
+        )
+
+    before = model_plugins()
+    workers = sorted(scheduler_workers(client4))[:2]
+    named = (
+        r"^the workers did not take the model while it was placed within 2 s \(step_timeout\): "
+        rf"(.*; )?worker {re.escape(workers[1])} \(replica 1, "
+    )
+    with stopped(client4, workers[1]):
+        start = time.monotonic()
+        with pytest.raises(StepTimeoutError, match=named):
+            data_parallel(
+                EmbeddingMLP(V, C, D, hidden=(4,)), client4, workers=workers, step_timeout=2
+            )
+        took = time.monotonic() - start
+    assert 2 <= took < 6, took
+    wait_until_empty(
+        lambda: sorted(set(model_plugins()) - set(before)), 10, "a plugin of the model stayed"
+    )

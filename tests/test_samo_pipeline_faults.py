@@ -407,3 +407,86 @@ def test_step_timeout_must_be_a_positive_finite_number(client):
     for bad in (0, -1.0, float("nan"), float("inf"), "3", True, None):
         with pytest.raises(ValueError, match="step_timeout must be a number of seconds > 0"):
             PipelineMLP(_model(), client, stages=2, step_timeout=bad)
+
+
+def _model_plugins(client) -> list[str]:
+    """The names of pipeline models' plugins and key-cache bounds on the workers and the
+    scheduler (worker plugins it hands to new workers, and its own plugins)."""
+
+    def on_scheduler(dask_scheduler) -> list[str]:
+        return [*dask_scheduler.worker_plugins, *dask_scheduler.plugins]
+
+    names = _plugins(client) + client.run_on_scheduler(on_scheduler)
+    return sorted(n for n in names if n.startswith((PLUGINS, "dasknn-key-cache-bound-")))
+
+
+def test_a_worker_stopped_before_the_constructor_is_named_and_nothing_is_left(client):
+    """A stage worker stopped (SIGSTOP) before the model is placed: the constructor ends after
+    ``step_timeout`` in a StepTimeoutError naming it and its stage, where it used to wait until
+    Dask removed the worker (worker-ttl, 5 minutes); once the worker goes on, no plugin of the
+    model is left on it, the other worker or the scheduler."""
+    before = _model_plugins(client)
+    victim = sorted(scheduler_workers(client))[1]  # stage 1 of replica 0
+    named = (
+        r"^the workers did not take the model while it was placed within 2 s \(step_timeout\): "
+        rf"(.*; )?worker {re.escape(victim)} \(stage 1 of replica 0, layers? [0-9 to]+\) "
+    )
+    with stopped(client, victim):
+        start = time.monotonic()
+        with pytest.raises(StepTimeoutError, match=named):
+            PipelineMLP(_model(), client, stages=2, reuse_memory=True, step_timeout=2)
+        took = time.monotonic() - start
+    assert 2 <= took < 6, took
+    deadline = time.monotonic() + 10
+    while _model_plugins(client) != before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _model_plugins(client) == before
+
+
+class _KillWhenPostboxStarts(WorkerPlugin):
+    """Kills its worker (SIGKILL) as a pipeline model's postbox starts there, the last call of
+    the placement, if it is the worker at ``address``."""
+
+    name = "test-kill-when-postbox-starts"
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+
+    def setup(self, worker) -> None:
+        self.worker = worker
+
+    def transition(self, key, start, finish, **kwargs) -> None:
+        parsed = parse_pipeline_key(key)
+        if (
+            finish == "executing"
+            and self.worker.address == self.address
+            and parsed is not None
+            and parsed.kind == "postbox"
+        ):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_worker_lost_while_the_model_is_placed_is_named_and_nothing_is_left(client):
+    """A stage worker killed (SIGKILL) while the model is placed: the constructor ends within a
+    few seconds (the bounded close included) in a WorkerLostError naming it and its stage, not
+    Dask's own error or a wait, and no plugin of the model is left on the scheduler or the
+    workers."""
+    before = _model_plugins(client)
+    victim = sorted(scheduler_workers(client))[1]  # stage 1 of replica 0
+    client.register_plugin(_KillWhenPostboxStarts(victim))
+    try:
+        start = time.monotonic()
+        named = (
+            rf"^lost worker {re.escape(victim)}: it held stage 1 of replica 0 \(layers? "
+            r"[0-9 to]+\) of the pipeline model; the model could not be placed"
+        )
+        with pytest.raises(WorkerLostError, match=named):
+            PipelineMLP(_model(), client, stages=2, step_timeout=3)
+        # the loss is seen within a poll; the close after it waits for the workers at most 3 s
+        assert time.monotonic() - start < NAMED_WITHIN + 3
+    finally:
+        client.unregister_worker_plugin(_KillWhenPostboxStarts.name)
+    deadline = time.monotonic() + 10
+    while _model_plugins(client) != before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _model_plugins(client) == before

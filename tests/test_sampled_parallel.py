@@ -250,3 +250,40 @@ def test_step_timeout_must_be_a_positive_finite_number(client):
     for bad in (0, -2, float("nan"), float("inf"), "3", True, None):
         with pytest.raises(ValueError, match="step_timeout must be a number of seconds > 0"):
             DistributedSampledMLP(model, client, _workers(client, 1), step_timeout=bad)
+
+
+def _sampled_plugins(client) -> list[str]:
+    """The names of sampled models' plugins and key-cache bounds on the workers and the
+    scheduler (worker plugins it hands to new workers, and its own plugins)."""
+
+    def on_scheduler(dask_scheduler) -> list[str]:
+        return [*dask_scheduler.worker_plugins, *dask_scheduler.plugins]
+
+    held = client.run(lambda dask_worker: list(dask_worker.plugins))
+    names = [n for ns in held.values() for n in ns] + client.run_on_scheduler(on_scheduler)
+    return sorted(n for n in names if n.startswith(("dasknn-sampled-", "dasknn-key-cache-bound-")))
+
+
+def test_a_worker_stopped_before_the_constructor_is_named_and_nothing_is_left(client):
+    """A shard worker stopped (SIGSTOP) before the model is placed: the constructor ends after
+    ``step_timeout`` in a StepTimeoutError naming it and its shard, where it used to wait until
+    Dask removed the worker; once it goes on, no plugin of the model is left."""
+    model = SampledMLP(hidden=6, active_fraction=0.5, k=2, n_tables=2, shards=3, seed=3)
+    model.initialize(12, 10)
+    before = _sampled_plugins(client)
+    workers = _workers(client, 3)
+    named = (
+        r"^the workers did not take the model while it was placed within 2 s \(step_timeout\): "
+        rf"(.*; )?worker {re.escape(workers[1])} \(shard 1\) "
+    )
+    with stopped(client, workers[1]):
+        start = time.monotonic()
+        with pytest.raises(StepTimeoutError, match=named):
+            DistributedSampledMLP(model, client, workers, step_timeout=2)
+        took = time.monotonic() - start
+    assert 2 <= took < 6, took
+    wait_until_empty(
+        lambda: sorted(set(_sampled_plugins(client)) - set(before)),
+        10,
+        "a plugin of the model stayed",
+    )

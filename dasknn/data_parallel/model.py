@@ -41,7 +41,7 @@ from dasknn.optim import SGD, Optimizer
 from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.keys import dp_postbox_key, new_token, parse_dp_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
-from dasknn.runtime.plugin_owner import PluginOwner
+from dasknn.runtime.plugin_owner import PLACEMENT_WHAT, PluginOwner
 from dasknn.runtime.postbox import Postbox
 from dasknn.runtime.step_timeout import (
     DEFAULT_STEP_TIMEOUT,
@@ -563,6 +563,11 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         if self.architecture == "ps" and served:
             held += f" and the dense variables {served}"
         return held
+
+    def _placement_timeout_error(self, addresses) -> StepTimeoutError:
+        """The :class:`StepTimeoutError` of a placement whose registrations did not finish,
+        naming the workers ``addresses`` with what they are to hold and their state."""
+        return self._timeout_error(PLACEMENT_WHAT, addresses)
 
     def _timeout_error(self, what: str, workers) -> StepTimeoutError:
         """The :class:`StepTimeoutError` for ``what`` that did not happen within

@@ -36,7 +36,7 @@ from dasknn.runtime.affinity import PinCores, host_slots
 from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.keys import new_token, pipeline_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
-from dasknn.runtime.plugin_owner import PluginOwner
+from dasknn.runtime.plugin_owner import PLACEMENT_WHAT, PluginOwner
 from dasknn.runtime.postbox import Postbox
 from dasknn.runtime.step_timeout import (
     DEFAULT_STEP_TIMEOUT,
@@ -75,6 +75,7 @@ LOSS_ERRORS = (concurrent.futures.CancelledError, RuntimeError, OSError)
 #: while the model's states or records are read.
 LOST_IN_STEP = "the step failed and the weights of those layers are gone"
 LOST_WHILE_READ = "the weights of those layers are gone"
+LOST_WHILE_PLACED = "the model could not be placed (the constructor closed it again)"
 
 
 def _count(name: str, value, low: int = 1) -> int:
@@ -355,11 +356,18 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
         self._register(ws.StageState(self.token), lambda: self._install(model))
 
     def _install(self, model: CompressedMLP) -> None:
+        """Register the memory and core plugins asked for, install every stage and start the
+        postboxes, each call within what is left of ``step_timeout`` and watched
+        (:meth:`~dasknn.runtime.plugin_owner.PluginOwner._placing`)."""
         if self.reuse_memory:
-            self.client.register_plugin(ReuseFreedMemory(), name=self._memory_plugin)
+            self._placing(
+                lambda: self.client.register_plugin(ReuseFreedMemory(), name=self._memory_plugin)
+            )
         if self.pin_cores:
             slots = host_slots(self.workers[key] for key in sorted(self.workers, key=_by_replica))
-            self.client.register_plugin(PinCores(slots), name=self._cores_plugin)
+            self._placing(
+                lambda: self.client.register_plugin(PinCores(slots), name=self._cores_plugin)
+            )
         layers = model.stack.layers
         activations = model.stack.activations
         for (s, d), address in self.workers.items():
@@ -380,7 +388,11 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
                 "loss": model.loss,
                 "output_activation": model.output_activation,
             }
-            self.client.run(ws.install_stage, token=self.token, spec=spec, workers=[address])
+            self._placing(
+                lambda spec=spec, address=address: self.client.run(
+                    ws.install_stage, token=self.token, spec=spec, workers=[address]
+                )
+            )
         if self.messages == "posted":
             self._postboxes = {
                 where: self.client.submit(
@@ -393,7 +405,8 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
                 )
                 for where, address in self.workers.items()
             }
-            self.client.gather(list(self._postboxes.values()))
+            postboxes = list(self._postboxes.values())
+            self._placing(lambda: self.client.gather(postboxes))
 
     # ------------------------------------------------------------------ basics
     def close(self) -> None:
@@ -523,7 +536,7 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
     def _held(self, lost: list[str], outcome: str = LOST_IN_STEP) -> str:
         """What the workers ``lost`` held, for :class:`~dasknn.runtime.waiting.WorkerLostError`:
         their stage replicas and layers (1-based), and the ``outcome`` (:data:`LOST_IN_STEP`,
-        :data:`LOST_WHILE_READ`)."""
+        :data:`LOST_WHILE_READ`, :data:`LOST_WHILE_PLACED`)."""
         held = []
         for (s, d), address in sorted(self.workers.items()):
             if address in lost:
@@ -531,10 +544,12 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
                 layers = f"layer {b}" if b == a + 1 else f"layers {a + 1} to {b}"
                 where = "it" if len(lost) == 1 else address
                 held.append(f"{where} held stage {s} of replica {d} ({layers})")
-        return (
-            f"{', '.join(held)} of the pipeline model; {outcome} (close the model and start "
-            "again from a saved copy)"
+        advice = (
+            ""
+            if outcome == LOST_WHILE_PLACED
+            else " (close the model and start again from a saved copy)"
         )
+        return f"{', '.join(held)} of the pipeline model; {outcome}{advice}"
 
     def _watch(self, addresses, outcome: str = LOST_IN_STEP):
         """The ``lost_error`` of :func:`~dasknn.runtime.waiting.run_naming_loss` for the stage
@@ -550,6 +565,16 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
             layers = f"layer {b}" if b == a + 1 else f"layers {a + 1} to {b}"
             roles[address] = f"stage {s} of replica {d}, {layers}"
         return roles
+
+    def _lost_while_placed(self) -> WorkerLostError | None:
+        """A :class:`WorkerLostError` naming the stage workers that left while the model was
+        placed, with their stage replicas, or ``None``."""
+        return self._watch(self.workers.values(), LOST_WHILE_PLACED)()
+
+    def _placement_timeout_error(self, addresses) -> StepTimeoutError:
+        """The :class:`StepTimeoutError` of a placement that did not finish, naming the workers
+        ``addresses`` with their stage replicas and state."""
+        return self._timeout_error(PLACEMENT_WHAT, addresses)
 
     def _timeout_error(self, what: str, addresses) -> StepTimeoutError:
         """The :class:`StepTimeoutError` for ``what`` that did not happen within

@@ -3,10 +3,15 @@
 The transfer monitor is held for the model (:mod:`dasknn.runtime.shared_plugins`), the bound on
 Dask's key cache (:mod:`dasknn.runtime.key_cache`) installed and the plugin registered before the
 model's values are placed; if placing them fails the model is closed again (the plugin and
-everything it holds removed), and a ``with`` block closes the model at its end. Closing removes
-the plugin, the bound and the model's hold on the monitor, which leaves with its last holder,
-waiting for the workers at most ``step_timeout`` in all (:func:`unregister_within`, also used by
-:class:`~dasknn.model_parallel.DistributedSparseMLP`, which installs its plugins itself).
+everything it holds removed), and a ``with`` block closes the model at its end. Placing the
+model, registrations included, waits for the workers at most ``step_timeout`` in all
+(:meth:`PluginOwner._placing`): a worker that does not answer (stopped) is a
+:class:`~dasknn.runtime.step_timeout.StepTimeoutError` naming it, one that leaves the cluster
+a :class:`~dasknn.runtime.waiting.WorkerLostError` where the subclass watches its workers.
+Closing removes the plugin, the bound and the model's hold on the monitor, which leaves with its
+last holder, waiting for the workers at most ``step_timeout`` in all (:func:`unregister_within`,
+also used by :class:`~dasknn.model_parallel.DistributedSparseMLP`, which installs its plugins
+itself).
 """
 
 from __future__ import annotations
@@ -15,11 +20,24 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Self
 
+from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.key_cache import install_key_cache_bound, remove_key_cache_bound
 from dasknn.runtime.measure import install_comm_monitor, release_comm_monitor
-from dasknn.runtime.waiting import call_at_most
+from dasknn.runtime.step_timeout import StepTimeoutError, answering_workers, step_timeout_error
+from dasknn.runtime.waiting import (
+    GATHER_LOSS_GRACE_SECONDS,
+    WorkerLostError,
+    call_at_most,
+    in_thread,
+    run_naming_loss,
+)
 
-__all__ = ["PluginOwner", "unregister_within"]
+__all__ = ["PLACEMENT_POLL_SECONDS", "PLACEMENT_WHAT", "PluginOwner", "unregister_within"]
+
+#: Seconds between two checks of the workers while a model is placed.
+PLACEMENT_POLL_SECONDS = 0.25
+#: What did not happen, said by the :class:`StepTimeoutError` of a placement.
+PLACEMENT_WHAT = "the workers did not take the model while it was placed"
 
 
 class PluginOwner:
@@ -35,20 +53,35 @@ class PluginOwner:
     plugin_name: str
     step_timeout: float
     _open: bool = False
+    _placed_by: float  # time.monotonic() by which the placement must be done
 
     def _register(self, plugin, place: Callable[[], None]) -> None:
         """Install the transfer monitor and the key-cache bound, register ``plugin`` on every
-        worker under ``plugin_name``, then call ``place()``; close the model if it raises."""
-        install_comm_monitor(self.client, self.token)
+        worker under ``plugin_name``, then call ``place()``, all within ``step_timeout``
+        (``place`` makes its calls to the workers through :meth:`_placing`); if one of them
+        fails, what was installed is removed again, waiting for the workers at most
+        ``step_timeout`` (:meth:`close`, or :func:`unregister_within` before the plugin)."""
+        self._placed_by = time.monotonic() + self.step_timeout
+        installing = "the monitor"
         try:
-            install_key_cache_bound(self.client, self.token)
-            try:
-                self.client.register_plugin(plugin, name=self.plugin_name)
-            except BaseException:
-                remove_key_cache_bound(self.client, self.token)
-                raise
+            self._placing(lambda: install_comm_monitor(self.client, self.token))
+            installing = "the bound"
+            self._placing(lambda: install_key_cache_bound(self.client, self.token))
+            installing = "the plugin"
+            self._placing(lambda: self.client.register_plugin(plugin, name=self.plugin_name))
         except BaseException:
-            release_comm_monitor(self.client, self.token)
+            # a registration that did not finish is on the scheduler already: removed as well
+            plugins = [self.plugin_name] if installing == "the plugin" else []
+            try:
+                unregister_within(
+                    self.client,
+                    self.token,
+                    plugins,
+                    self.step_timeout,
+                    key_cache_bound=installing != "the monitor",
+                )
+            except Exception:  # noqa: BLE001 - the placement's error is the one to raise
+                pass
             raise
         self._open = True
         try:
@@ -56,6 +89,48 @@ class PluginOwner:
         except BaseException:
             self.close()
             raise
+
+    def _placing(self, call: Callable[[], Any]) -> Any:
+        """``call()``, a synchronous client call that places the model, within what is left of
+        ``step_timeout`` since :meth:`_register` began, checking the workers every
+        :data:`PLACEMENT_POLL_SECONDS` (:meth:`_lost_while_placed`).
+
+        Raises
+        ------
+        WorkerLostError
+            What :meth:`_lost_while_placed` returned, also when the call failed with a
+            connection error and the loss is seen within
+            :data:`~dasknn.runtime.waiting.GATHER_LOSS_GRACE_SECONDS`.
+        StepTimeoutError
+            If the call did not finish in time (it is left to finish on its own), naming the
+            workers that do not answer with their state (:meth:`_placement_timeout_error`).
+        Exception
+            The call's own error.
+        """
+        try:
+            return run_naming_loss(
+                self.client,
+                in_thread(call),
+                max(self._placed_by - time.monotonic(), 0.0),
+                self._lost_while_placed,
+                PLACEMENT_POLL_SECONDS,
+                GATHER_LOSS_GRACE_SECONDS,
+                OSError,
+            )
+        except TimeoutError:
+            workers = sorted(scheduler_workers(self.client))
+            silent = sorted(set(workers) - set(answering_workers(self.client, workers)))
+            raise self._placement_timeout_error(silent or workers) from None
+
+    def _lost_while_placed(self) -> WorkerLostError | None:
+        """The error for a worker the model is being placed on that left the cluster, or
+        ``None`` (by default no worker is watched)."""
+        return None
+
+    def _placement_timeout_error(self, addresses: Sequence[str]) -> StepTimeoutError:
+        """The :class:`StepTimeoutError` of a placement that did not finish, naming the workers
+        ``addresses`` with their state."""
+        return step_timeout_error(self.client, PLACEMENT_WHAT, self.step_timeout, addresses)
 
     def _unregister(self, plugins: Sequence[str] = ()) -> None:
         """Remove the worker ``plugins`` (others the model registered), the plugin (with the

@@ -23,6 +23,7 @@ __all__ = [
     "call_at_most",
     "gather_at_most",
     "gather_watching",
+    "in_thread",
     "run_naming_loss",
     "run_watching",
     "wait_at_most",
@@ -175,7 +176,18 @@ def call_at_most(call: Callable[[], Any], seconds: float | None) -> bool:
     if seconds is None:
         call()
         return True
+    try:
+        _start_call(call).result(timeout=seconds)
+    except TimeoutError:
+        return False
+    return True
+
+
+def _start_call(call: Callable[[], Any]) -> concurrent.futures.Future:
+    """Start ``call()`` in a daemon thread of its own; the future gets its result or error."""
     outcome: concurrent.futures.Future = concurrent.futures.Future()
+    # running: a waiter that gives up cancels its wait, not the call's future
+    outcome.set_running_or_notify_cancel()
 
     def run() -> None:
         try:
@@ -184,11 +196,16 @@ def call_at_most(call: Callable[[], Any], seconds: float | None) -> bool:
             outcome.set_exception(exc)
 
     threading.Thread(target=run, name="dasknn-call-at-most", daemon=True).start()
-    try:
-        outcome.result(timeout=seconds)
-    except TimeoutError:
-        return False
-    return True
+    return outcome
+
+
+async def in_thread(call: Callable[[], Any]) -> Any:
+    """A coroutine for :func:`run_watching` and :func:`run_naming_loss` of a synchronous client
+    call that has no ``asynchronous=True`` form (``Client.register_plugin``): ``call()`` runs in
+    a daemon thread of its own, and cancelling the coroutine leaves it to finish there, as
+    :func:`call_at_most` does (a registration reaches the scheduler at once; a stopped worker
+    gets it when it goes on)."""
+    return await asyncio.wrap_future(_start_call(call))
 
 
 def run_watching(

@@ -13,14 +13,14 @@ import numpy as np
 from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.keys import new_token, sampled_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
-from dasknn.runtime.plugin_owner import PluginOwner
+from dasknn.runtime.plugin_owner import PLACEMENT_WHAT, PluginOwner
 from dasknn.runtime.step_timeout import (
     DEFAULT_STEP_TIMEOUT,
     StepTimeoutError,
     check_step_timeout,
     step_timeout_error,
 )
-from dasknn.runtime.waiting import gather_watching
+from dasknn.runtime.waiting import WorkerLostError, gather_watching, watch_workers
 from dasknn.sampled.checks import check_features, check_k, check_labels, check_positive_int
 from dasknn.sampled.layers import merge_top_k
 from dasknn.sampled.model import (
@@ -140,6 +140,9 @@ class DistributedSampledMLP(PluginOwner):
         self._register(ShardState(self.token), lambda: self._install(model))
 
     def _install(self, model: SampledMLP) -> None:
+        """Send every worker its shard and install it there, each call within what is left of
+        ``step_timeout`` and watched
+        (:meth:`~dasknn.runtime.plugin_owner.PluginOwner._placing`)."""
         params = model.parameters()
         config = asdict(model.sampling_config())
         futures = []
@@ -157,7 +160,11 @@ class DistributedSampledMLP(PluginOwner):
                 "hogwild": model.hogwild,
                 "update_all_rows": model.hidden_update == "all",
             }
-            [data] = self.client.scatter([payload], workers=[worker], hash=False)
+            [data] = self._placing(
+                lambda payload=payload, worker=worker: self.client.scatter(
+                    [payload], workers=[worker], hash=False
+                )
+            )
             futures.append(
                 self.client.submit(
                     install_shard,
@@ -169,7 +176,14 @@ class DistributedSampledMLP(PluginOwner):
                     pure=False,
                 )
             )
-        self.client.gather(futures)
+        self._placing(lambda: self.client.gather(futures))
+
+    def _lost_while_placed(self) -> WorkerLostError | None:
+        """A :class:`WorkerLostError` naming the shard workers that left while the model was
+        placed, or ``None``."""
+        return watch_workers(
+            self.client, self.workers, "its shard of the model could not be placed"
+        )()
 
     # ------------------------------------------------------------ basics
     def close(self) -> None:
@@ -253,11 +267,25 @@ class DistributedSampledMLP(PluginOwner):
 
     def _timeout_error(self, unfinished) -> StepTimeoutError:
         """The :class:`StepTimeoutError` naming the shard workers of the futures ``unfinished``."""
-        shards = {w: f"shard {p}" for p, w in enumerate(self.workers)}
         waiting = [self._placement(future.key)[0] for future in unfinished]
         return step_timeout_error(
-            self.client, "the shards' results did not arrive", self.step_timeout, waiting, shards
+            self.client,
+            "the shards' results did not arrive",
+            self.step_timeout,
+            waiting,
+            self._shards(),
         )
+
+    def _placement_timeout_error(self, addresses) -> StepTimeoutError:
+        """The :class:`StepTimeoutError` of a placement that did not finish, naming the workers
+        ``addresses`` with their shards and state."""
+        return step_timeout_error(
+            self.client, PLACEMENT_WHAT, self.step_timeout, addresses, self._shards()
+        )
+
+    def _shards(self) -> dict[str, str]:
+        """``{address: "shard P"}`` of every shard worker."""
+        return {w: f"shard {p}" for p, w in enumerate(self.workers)}
 
     def train_step(self, X, Y) -> float:
         """One step on the batch ``(X, Y)``; returns its loss before the update. The learning
