@@ -41,7 +41,7 @@ from dasknn.optim import SGD, Optimizer
 from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.keys import dp_postbox_key, new_token, parse_dp_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
-from dasknn.runtime.plugin_owner import PLACEMENT_WHAT, PluginOwner
+from dasknn.runtime.plugin_owner import PluginOwner
 from dasknn.runtime.postbox import Postbox
 from dasknn.runtime.step_timeout import (
     DEFAULT_STEP_TIMEOUT,
@@ -564,16 +564,16 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
             held += f" and the dense variables {served}"
         return held
 
-    def _placement_timeout_error(self, addresses) -> StepTimeoutError:
-        """The :class:`StepTimeoutError` of a placement whose registrations did not finish,
-        naming the workers ``addresses`` with what they are to hold and their state."""
-        return self._timeout_error(PLACEMENT_WHAT, addresses)
+    def _worker_roles(self) -> dict[str, str]:
+        """``{address: "replica R, what it holds"}`` of every worker."""
+        return {w: f"replica {self.workers.index(w)}, {self._held(w)}" for w in self.workers}
 
     def _timeout_error(self, what: str, workers) -> StepTimeoutError:
         """The :class:`StepTimeoutError` for ``what`` that did not happen within
         ``step_timeout``, naming ``workers``, what they hold and their state."""
-        roles = {w: f"replica {self.workers.index(w)}, {self._held(w)}" for w in self.workers}
-        return step_timeout_error(self.client, what, self.step_timeout, workers, roles)
+        return step_timeout_error(
+            self.client, what, self.step_timeout, workers, self._worker_roles()
+        )
 
     def _train_batch(self, ids: np.ndarray, labels: np.ndarray, optimizer: Optimizer) -> float:
         return self._train_batches([(ids, labels)], None, optimizer)[0]

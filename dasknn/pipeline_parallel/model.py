@@ -36,7 +36,7 @@ from dasknn.runtime.affinity import PinCores, host_slots
 from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.keys import new_token, pipeline_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
-from dasknn.runtime.plugin_owner import PLACEMENT_WHAT, PluginOwner
+from dasknn.runtime.plugin_owner import PluginOwner
 from dasknn.runtime.postbox import Postbox
 from dasknn.runtime.step_timeout import (
     DEFAULT_STEP_TIMEOUT,
@@ -557,7 +557,7 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
         stage replicas and the ``outcome`` (see :meth:`_held`), or ``None``."""
         return watch_workers(self.client, addresses, lambda lost: self._held(lost, outcome))
 
-    def _roles(self) -> dict[str, str]:
+    def _worker_roles(self) -> dict[str, str]:
         """``{address: "stage S of replica D, layers A to B"}`` of every stage worker."""
         roles = {}
         for (s, d), address in self.workers.items():
@@ -571,15 +571,12 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
         placed, with their stage replicas, or ``None``."""
         return self._watch(self.workers.values(), LOST_WHILE_PLACED)()
 
-    def _placement_timeout_error(self, addresses) -> StepTimeoutError:
-        """The :class:`StepTimeoutError` of a placement that did not finish, naming the workers
-        ``addresses`` with their stage replicas and state."""
-        return self._timeout_error(PLACEMENT_WHAT, addresses)
-
     def _timeout_error(self, what: str, addresses) -> StepTimeoutError:
         """The :class:`StepTimeoutError` for ``what`` that did not happen within
         ``step_timeout``, naming the stage workers ``addresses`` and their state."""
-        return step_timeout_error(self.client, what, self.step_timeout, addresses, self._roles())
+        return step_timeout_error(
+            self.client, what, self.step_timeout, addresses, self._worker_roles()
+        )
 
     def _run_on_stages(
         self, function, addresses: list[str], what: str, outcome: str, **kwargs

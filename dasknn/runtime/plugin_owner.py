@@ -127,10 +127,17 @@ class PluginOwner:
         ``None`` (by default no worker is watched)."""
         return None
 
+    def _worker_roles(self) -> dict[str, str] | None:
+        """``{address: what the worker is to the model}`` for the errors that name workers, or
+        ``None`` (by default workers are named by address and state only)."""
+        return None
+
     def _placement_timeout_error(self, addresses: Sequence[str]) -> StepTimeoutError:
         """The :class:`StepTimeoutError` of a placement that did not finish, naming the workers
-        ``addresses`` with their state."""
-        return step_timeout_error(self.client, PLACEMENT_WHAT, self.step_timeout, addresses)
+        ``addresses`` with their roles (:meth:`_worker_roles`) and state."""
+        return step_timeout_error(
+            self.client, PLACEMENT_WHAT, self.step_timeout, addresses, self._worker_roles()
+        )
 
     def _unregister(self, plugins: Sequence[str] = ()) -> None:
         """Remove the worker ``plugins`` (others the model registered), the plugin (with the

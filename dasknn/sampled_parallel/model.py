@@ -13,7 +13,7 @@ import numpy as np
 from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.keys import new_token, sampled_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
-from dasknn.runtime.plugin_owner import PLACEMENT_WHAT, PluginOwner
+from dasknn.runtime.plugin_owner import PluginOwner
 from dasknn.runtime.step_timeout import (
     DEFAULT_STEP_TIMEOUT,
     StepTimeoutError,
@@ -273,17 +273,10 @@ class DistributedSampledMLP(PluginOwner):
             "the shards' results did not arrive",
             self.step_timeout,
             waiting,
-            self._shards(),
+            self._worker_roles(),
         )
 
-    def _placement_timeout_error(self, addresses) -> StepTimeoutError:
-        """The :class:`StepTimeoutError` of a placement that did not finish, naming the workers
-        ``addresses`` with their shards and state."""
-        return step_timeout_error(
-            self.client, PLACEMENT_WHAT, self.step_timeout, addresses, self._shards()
-        )
-
-    def _shards(self) -> dict[str, str]:
+    def _worker_roles(self) -> dict[str, str]:
         """``{address: "shard P"}`` of every shard worker."""
         return {w: f"shard {p}" for p, w in enumerate(self.workers)}
 
