@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from contextlib import ExitStack
 from pathlib import Path
@@ -12,11 +11,15 @@ from pathlib import Path
 from dasknn.challenge import run_challenge
 from dasknn.challenge.engine import prepare_run
 from dasknn.challenge.model_parallel import check_model_parallel, run_challenge_model_parallel
-from dasknn.cli.cluster_options import add_cluster_arguments, cluster_target
+from dasknn.cli.cluster_options import (
+    add_cluster_arguments,
+    add_step_timeout_argument,
+    check_step_timeout_option,
+    cluster_target,
+)
 from dasknn.cli.tls import add_tls_options, security_from_args
 from dasknn.datasets import read_categories, write_categories
 from dasknn.runtime.cluster import open_client
-from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT
 from graph.atomic import check_output_path, write_text_atomically
 
 __all__ = ["add_parser", "run"]
@@ -102,12 +105,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default="hypergraph",
         help="partition method in model-parallel mode",
     )
-    parser.add_argument(
-        "--step-timeout",
-        type=float,
-        default=DEFAULT_STEP_TIMEOUT,
-        help="seconds the run may go without a batch finishing (with --model-parallel: a block "
-        "of predictions) before it stops, naming the workers it waits for (default 300)",
+    add_step_timeout_argument(
+        parser,
+        "the run may go without a batch finishing (with --model-parallel: a block of predictions)",
     )
     parser.add_argument("--json", type=Path, help="write the statistics to this JSON file")
     parser.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
@@ -121,8 +121,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     if args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
-    if not 0 < args.step_timeout < math.inf:
-        raise ValueError("--step-timeout must be a finite number of seconds > 0")
+    check_step_timeout_option(args.step_timeout)
     security = security_from_args(args)
     for output in (args.categories, args.json):
         if output is not None:

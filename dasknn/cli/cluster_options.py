@@ -3,16 +3,24 @@
 A local cluster by default, ``--scheduler ADDRESS`` for a running one, or ``--cluster SYSTEM``
 for workers started as batch jobs through dask-jobqueue, sized by ``--cores``, ``--memory``,
 ``--processes``, ``--walltime``, ``--queue``, ``--account``, ``--job-extra``, ``--interface``
-(and ``--jobqueue-config FILE`` for the rest, in dask's config format).
+(and ``--jobqueue-config FILE`` for the rest, in dask's config format). ``--step-timeout`` is
+how long a command's distributed work may go without progress.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 
 from dasknn.runtime.jobqueue import BATCH_SYSTEMS, JOBQUEUE_TIMEOUT, JobqueueSpec
+from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT
 
-__all__ = ["add_cluster_arguments", "cluster_target"]
+__all__ = [
+    "add_cluster_arguments",
+    "add_step_timeout_argument",
+    "check_step_timeout_option",
+    "cluster_target",
+]
 
 # the options copied as they are onto the JobqueueSpec field of the same name
 _SPEC_OPTIONS = (
@@ -93,3 +101,22 @@ def cluster_target(args: argparse.Namespace, workers: int | None) -> JobqueueSpe
         spec.timeout = args.cluster_timeout
     spec.check()
     return spec
+
+
+def add_step_timeout_argument(parser: argparse.ArgumentParser, waits: str) -> None:
+    """Add ``--step-timeout SECONDS`` (default the models' ``step_timeout``): how long ``waits``
+    (``"a step may go without finishing"``) before the command stops, naming the workers."""
+    parser.add_argument(
+        "--step-timeout",
+        type=float,
+        default=DEFAULT_STEP_TIMEOUT,
+        help=f"seconds {waits} before the run stops, naming the workers it waits for "
+        f"(default {DEFAULT_STEP_TIMEOUT:g})",
+    )
+
+
+def check_step_timeout_option(seconds: float) -> None:
+    """Refuse a ``--step-timeout`` that is not a finite number of seconds > 0 (0, negative,
+    ``inf``, ``nan``) with a ``ValueError`` naming the option."""
+    if not 0 < seconds < math.inf:
+        raise ValueError("--step-timeout must be a finite number of seconds > 0")

@@ -8,14 +8,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import time
 from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
 
-from dasknn.cli.cluster_options import add_cluster_arguments, cluster_target
+from dasknn.cli.cluster_options import (
+    add_cluster_arguments,
+    add_step_timeout_argument,
+    check_step_timeout_option,
+    cluster_target,
+)
 from dasknn.cli.tls import add_tls_options, security_from_args
 from dasknn.compressed import PRECISIONS, get_precision
 from dasknn.compressed.stack import COMPUTES
@@ -33,7 +37,6 @@ from dasknn.pipeline_parallel import (
 from dasknn.pruning import EarlyBird, magnitude_masks
 from dasknn.runtime.affinity import pinned_core
 from dasknn.runtime.cluster import open_client
-from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT
 from graph.atomic import check_output_path, write_text_atomically
 
 __all__ = ["add_parser", "run"]
@@ -105,13 +108,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="keep the passes' freed buffers in the worker processes for reuse (glibc; "
         "process-wide, stays after the run)",
     )
-    parser.add_argument(
-        "--step-timeout",
-        type=float,
-        default=DEFAULT_STEP_TIMEOUT,
-        help="seconds a step may go without finishing before the run stops, naming the stage "
-        f"workers it waits for (default {DEFAULT_STEP_TIMEOUT:g})",
-    )
+    add_step_timeout_argument(parser, "a step may go without finishing")
     parser.add_argument(
         "--workers",
         type=int,
@@ -165,8 +162,7 @@ def _check(args: argparse.Namespace) -> tuple[list[int], Optimizer]:
             f"--samples {args.samples} and --held-out {args.held_out} overlap: the MNIST test set "
             f"has {MNIST_SAMPLES} images"
         )
-    if not 0 < args.step_timeout < math.inf:
-        raise ValueError("--step-timeout must be a finite number of seconds > 0")
+    check_step_timeout_option(args.step_timeout)
     if not 0.0 <= args.sparsity < 1.0:
         raise ValueError(f"--sparsity must lie in [0, 1), got {args.sparsity}")
     try:

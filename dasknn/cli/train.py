@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
 
 import graph
-from dasknn.cli.cluster_options import add_cluster_arguments, cluster_target
+from dasknn.cli.cluster_options import (
+    add_cluster_arguments,
+    add_step_timeout_argument,
+    check_step_timeout_option,
+    cluster_target,
+)
 from dasknn.cli.held_out import read_validation_file, split_validation
 from dasknn.cli.tls import add_tls_options, security_from_args
 from dasknn.datasets import (
@@ -104,13 +108,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="continue from this checkpoint (or the newest in this directory), written by a run "
         "with the same network, data and options (--epochs may be larger)",
     )
-    parser.add_argument(
-        "--step-timeout",
-        type=float,
-        default=300.0,
-        help="seconds a step may go without finishing before the run stops, naming the workers "
-        "it waits for (default 300)",
-    )
+    add_step_timeout_argument(parser, "a step may go without finishing")
     parser.add_argument(
         "--reuse-memory",
         action="store_true",
@@ -144,8 +142,7 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError("--microbatches must be at least 1")
     if args.checkpoint_every is not None and args.checkpoint_every < 1:
         raise ValueError("--checkpoint-every must be at least 1")
-    if not 0 < args.step_timeout < math.inf:
-        raise ValueError("--step-timeout must be a finite number of seconds > 0")
+    check_step_timeout_option(args.step_timeout)
     for output in (args.save, args.json):
         if output is not None:
             check_output_path(output)
