@@ -37,12 +37,11 @@ from dasknn.runtime.step_timeout import (
 )
 from dasknn.runtime.waiting import (
     gather_at_most,
-    run_watching,
     wait_at_most,
     watch_workers,
 )
 
-__all__ = ["BatchStep", "per_worker_slots", "run_batches", "run_on_workers", "shared_slots"]
+__all__ = ["BatchStep", "per_worker_slots", "run_batches", "shared_slots"]
 
 #: Batches in flight per worker thread (one running, one queued) or per pinned worker.
 IN_FLIGHT = 2
@@ -87,45 +86,6 @@ def shared_slots(client: Client, per_thread: int = IN_FLIGHT) -> list[None]:
 def per_worker_slots(addresses: Sequence[str], per_worker: int = IN_FLIGHT) -> list[str]:
     """Slots pinned to workers: ``per_worker`` for each address."""
     return [address for address in addresses for _ in range(per_worker)]
-
-
-def run_on_workers(
-    client: Client, what: str, step_timeout: float, function: Callable, *args: Any
-) -> dict[str, Any]:
-    """``Client.run(function, *args)`` on every worker, within ``step_timeout`` seconds.
-
-    Parameters
-    ----------
-    client : distributed.Client
-        A synchronous client.
-    what : str
-        What the call does, for the error (``"warming the kernel"``).
-    step_timeout : float
-        Seconds the call may take.
-    function, args
-        What to run.
-
-    Returns
-    -------
-    dict
-        ``{address: result}``.
-
-    Raises
-    ------
-    StepTimeoutError
-        If a worker did not answer in time (a stopped worker never does), naming every worker
-        with its state; the call is cancelled.
-    """
-    try:
-        return run_watching(
-            client, client.run(function, *args, asynchronous=True), step_timeout,
-            lambda: None, step_timeout,
-        )  # fmt: skip
-    except TimeoutError:
-        raise step_timeout_error(
-            client, f"the workers did not finish {what}", step_timeout,
-            list(scheduler_workers(client)),
-        ) from None  # fmt: skip
 
 
 class _InFlight:

@@ -19,7 +19,6 @@ from distributed import Client, Future
 
 from dasknn.data_parallel.batches import BatchResult
 from dasknn.data_parallel.broadcast import load_on_each, scatter_within
-from dasknn.data_parallel.driver import run_on_workers
 from dasknn.data_parallel.workers import peak_rss, worker_name
 from dasknn.kernels.cuda_inference import (
     CUDA_INSTALL_HINT,
@@ -29,6 +28,7 @@ from dasknn.kernels.cuda_inference import (
     pack_bit_rows,
 )
 from dasknn.kernels.inference import pack_layers
+from dasknn.runtime.step_timeout import run_on_workers
 
 __all__ = [
     "CUDAInference",

@@ -22,13 +22,12 @@ from dasknn.data_parallel.cpu_inference import CPUInference, layer_bytes, warm_k
 from dasknn.data_parallel.driver import (
     per_worker_slots,
     run_batches,
-    run_on_workers,
     shared_slots,
 )
 from dasknn.data_parallel.windows import layer_windows, window_layers, worker_memory_limit
 from dasknn.kernels.inference import pack_layers
 from dasknn.runtime.cluster import scheduler_workers
-from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT
+from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT, run_on_workers
 
 __all__ = ["InferenceRun", "infer_on_cpus", "infer_on_gpus"]
 

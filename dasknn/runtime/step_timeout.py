@@ -1,15 +1,20 @@
 """A step that does not finish within the model's ``step_timeout``: the error, the option's
 check, and the workers the step waits for, named with their state (paused at a memory limit,
-not heard from for some seconds, or running) as the scheduler reports it."""
+not heard from for some seconds, or running) as the scheduler reports it; and
+:func:`run_on_workers`, a ``Client.run`` on every worker bounded by ``step_timeout``."""
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from numbers import Real
+from typing import Any
+
+from distributed import Client
 
 from dasknn.runtime.cluster import scheduler_workers
+from dasknn.runtime.waiting import run_watching
 
 __all__ = [
     "DEFAULT_STEP_TIMEOUT",
@@ -19,6 +24,7 @@ __all__ = [
     "check_step_timeout",
     "describe_worker",
     "describe_workers",
+    "run_on_workers",
     "step_timeout_error",
 ]
 
@@ -134,3 +140,42 @@ def answering_workers(client, addresses: Iterable[str]) -> list[str]:
         and workers[w].get("status", "running") == "running"
         and now - workers[w].get("last_seen", now) <= SILENT_SECONDS
     )
+
+
+def run_on_workers(
+    client: Client, what: str, step_timeout: float, function: Callable, *args: Any
+) -> dict[str, Any]:
+    """``Client.run(function, *args)`` on every worker, within ``step_timeout`` seconds.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        A synchronous client.
+    what : str
+        What the call does, for the error (``"warming the kernel"``).
+    step_timeout : float
+        Seconds the call may take.
+    function, args
+        What to run.
+
+    Returns
+    -------
+    dict
+        ``{address: result}``.
+
+    Raises
+    ------
+    StepTimeoutError
+        If a worker did not answer in time (a stopped worker never does), naming every worker
+        with its state; the call is cancelled.
+    """
+    try:
+        return run_watching(
+            client, client.run(function, *args, asynchronous=True), step_timeout,
+            lambda: None, step_timeout,
+        )  # fmt: skip
+    except TimeoutError:
+        raise step_timeout_error(
+            client, f"the workers did not finish {what}", step_timeout,
+            list(scheduler_workers(client)),
+        ) from None  # fmt: skip
