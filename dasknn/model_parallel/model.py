@@ -139,6 +139,10 @@ class DistributedSparseMLP(SparseEstimator, PluginOwner):
         :class:`~dasknn.runtime.step_timeout.StepTimeoutError` naming the workers it waits for
         (stopped, paused at their memory limit, or busy). A worker that leaves the cluster, or
         is asked to retire, is a :class:`~dasknn.model_parallel.faults.WorkerLostError` at once.
+        Placing the model (here, and again when ``fit(checkpoint=...)`` recovers from a lost
+        worker) waits for the workers at most ``step_timeout`` in all, registrations included:
+        a worker that does not answer is a ``StepTimeoutError`` naming it with its parts, and
+        the constructor removes what it registered again (waiting at most ``step_timeout``).
 
     Attributes
     ----------

@@ -9,9 +9,7 @@ model, registrations included, waits for the workers at most ``step_timeout`` in
 :class:`~dasknn.runtime.step_timeout.StepTimeoutError` naming it, one that leaves the cluster
 a :class:`~dasknn.runtime.waiting.WorkerLostError` where the subclass watches its workers.
 Closing removes the plugin, the bound and the model's hold on the monitor, which leaves with its
-last holder, waiting for the workers at most ``step_timeout`` in all (:func:`unregister_within`,
-also used by :class:`~dasknn.model_parallel.DistributedSparseMLP`, which installs its plugins
-itself).
+last holder, waiting for the workers at most ``step_timeout`` in all (:func:`unregister_within`).
 """
 
 from __future__ import annotations
