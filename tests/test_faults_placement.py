@@ -1,9 +1,11 @@
-"""A worker killed while a distributed model is being placed (its constructor): a quick error
-naming the worker, instead of Dask's 30 s connect timeout, and nothing of the model left."""
+"""A worker killed or stopped while a distributed model is being placed (its constructor): a quick
+error naming the worker, instead of Dask's 30 s connect timeout or a wait until Dask removes the
+worker, and nothing of the model left."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 
@@ -12,10 +14,14 @@ import pytest
 import scipy.sparse as sp
 from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import WorkerPlugin
+from plugin_checks import key_cache_bound_count
+from stopped_workers import stopped, wait_until_empty
 
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
 from dasknn.model_parallel.faults import WorkerLostError
+from dasknn.runtime.cluster import scheduler_workers
+from dasknn.runtime.step_timeout import StepTimeoutError
 
 
 def _model() -> SparseMLP:
@@ -83,3 +89,45 @@ def test_worker_killed_while_the_model_is_placed_is_a_quick_error_naming_it():
         while client.run_on_scheduler(_model_keys) or _model_plugins(client):
             assert time.monotonic() < deadline, "the failed model left keys or plugins for 10 s"
             time.sleep(0.05)
+
+
+def _dasknn_plugins(client) -> list[str]:
+    """The names of dasknn's plugins on the workers and the scheduler (worker plugins it hands
+    to new workers, and its own plugins)."""
+
+    def on_scheduler(dask_scheduler) -> list[str]:
+        return [*dask_scheduler.worker_plugins, *dask_scheduler.plugins]
+
+    on_workers = client.run(lambda dask_worker: list(dask_worker.plugins))
+    names = [n for ns in on_workers.values() for n in ns] + client.run_on_scheduler(on_scheduler)
+    return sorted(n for n in names if n.startswith("dasknn-"))
+
+
+def test_a_worker_stopped_before_the_constructor_is_named_and_nothing_is_left():
+    """A part worker stopped (SIGSTOP) before the model is placed: the constructor ends after
+    ``step_timeout`` in a StepTimeoutError naming it and its part, where its registrations used
+    to wait until Dask removed the worker (worker-ttl, 5 minutes); once the worker goes on, no
+    plugin of the model nor key-cache bound is left on it, the other worker or the scheduler."""
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+    ) as cluster, Client(cluster) as client:  # fmt: skip
+        # a model placed and closed first: the workers import and compile the model's code
+        # outside the 2 s step_timeout, and show that a closed model leaves nothing
+        model = _model()
+        parts = [np.arange(n) % 2 for n in model.layer_sizes]
+        placed = DistributedSparseMLP(model, client, parts, reuse_memory=True)
+        assert key_cache_bound_count(client, placed.token) == 3  # the scheduler, two workers
+        placed.close()
+        assert _dasknn_plugins(client) == []
+        victim = sorted(scheduler_workers(client))[1]  # part 1
+        named = (
+            r"^the workers did not take the model while it was placed within 2 s "
+            rf"\(step_timeout\): (.*; )?worker {re.escape(victim)} \(part 1\) "
+        )
+        with stopped(client, victim):
+            start = time.monotonic()
+            with pytest.raises(StepTimeoutError, match=named):
+                DistributedSparseMLP(model, client, parts, reuse_memory=True, step_timeout=2)
+            took = time.monotonic() - start
+        assert 2 <= took < 6, took
+        wait_until_empty(lambda: _dasknn_plugins(client), 10, "a plugin of the model stayed")

@@ -41,6 +41,7 @@ __all__ = [
     "release_retirement_watch",
     "lost_error",
     "lost_workers",
+    "part_workers_lost",
     "retirement_requests",
     "running_workers",
     "run_watching_part_workers",
@@ -165,18 +166,26 @@ def run_watching_part_workers(
         The call's own error when every part worker is still there.
     """
 
-    def lost_error() -> WorkerLostError | None:
-        lost = lost_workers(client, part_workers)
-        if not lost:
-            return None
-        parts = [m for m, w in enumerate(part_workers) if w in lost]
-        return WorkerLostError(
-            f"worker(s) {', '.join(lost)} holding parts {parts} of the model left the "
-            f"cluster while {doing}"
-        )
-
     return run_naming_loss(
-        client, coroutine, timeout, lost_error, POLL_SECONDS, LOSS_GRACE_SECONDS
+        client,
+        coroutine,
+        timeout,
+        lambda: part_workers_lost(client, part_workers, doing),
+        POLL_SECONDS,
+        LOSS_GRACE_SECONDS,
+    )
+
+
+def part_workers_lost(client, part_workers: Sequence[str], doing: str) -> WorkerLostError | None:
+    """The error naming the part workers that have left the cluster or are closing, with their
+    parts and what was being done (``doing``), or ``None`` while every one is there."""
+    lost = lost_workers(client, part_workers)
+    if not lost:
+        return None
+    parts = [m for m, w in enumerate(part_workers) if w in lost]
+    return WorkerLostError(
+        f"worker(s) {', '.join(lost)} holding parts {parts} of the model left the "
+        f"cluster while {doing}"
     )
 
 

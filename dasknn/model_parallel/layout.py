@@ -12,6 +12,7 @@ worker.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,6 +28,7 @@ from dasknn.model_parallel.worker_state import install_parts, snapshot_bias, sna
 from dasknn.runtime.model_span import held_in_span
 
 __all__ = [
+    "PLACING",
     "Layout",
     "Snapshot",
     "chunk_entries",
@@ -36,6 +38,9 @@ __all__ = [
     "snapshot_network",
     "worker_of_parts",
 ]
+
+#: What is being done while a network is placed, for the error naming a lost part worker.
+PLACING = "the model was placed on the workers"
 
 
 def worker_of_parts(workers: Sequence[str], nparts: int) -> list[str]:
@@ -56,8 +61,8 @@ def scatter_pinned(
     """Scatter ``{key: value}`` so each value lands on the worker of its part; returns futures.
 
     ``part_of(key)`` names the part of a key. One scatter per worker (values are not hashed: the
-    keys are the given ones). A worker that does not take its values within ``timeout`` seconds
-    (stopped, say) raises ``TimeoutError``. With ``watch`` (what is being done, in words) the
+    keys are the given ones). Values not all taken within ``timeout`` seconds in all (a worker
+    stopped, say) raise ``TimeoutError``. With ``watch`` (what is being done, in words) the
     part workers are checked while the values travel, and a part worker that left the cluster is
     a :class:`~dasknn.model_parallel.faults.WorkerLostError` at once instead of an error after
     Dask's connect timeout.
@@ -66,18 +71,19 @@ def scatter_pinned(
     for key, value in data.items():
         by_worker.setdefault(part_workers[part_of(key)], {})[key] = value
     futures = {}
+    deadline = time.monotonic() + _limit(timeout)
     try:
         for address, chunk in by_worker.items():
             options = dict(workers=[address], hash=False, broadcast=False)
+            left = max(deadline - time.monotonic(), 0.0)
             if watch is not None:
                 scattering = client.scatter(chunk, asynchronous=True, **options)
-                limit = _limit(timeout)
                 futures.update(
-                    run_watching_part_workers(client, scattering, part_workers, limit, watch)
+                    run_watching_part_workers(client, scattering, part_workers, left, watch)
                 )
                 continue
             if timeout is not None:
-                options["timeout"] = timeout
+                options["timeout"] = left
             futures.update(client.scatter(chunk, **options))
     except BaseException:
         # the values already scattered leave the cluster now, not when the error's traceback
@@ -177,7 +183,8 @@ def place_network(
         Number of the placement of this model (part of the plans' keys, so a new placement never
         reuses a key whose release may still be under way).
     timeout : float, optional
-        Seconds the workers may take to accept the plans (``TimeoutError`` after that).
+        Seconds the workers may take to accept the values and the plans, in all
+        (``TimeoutError`` after that).
     span : dict, optional
         The model's span (:func:`~dasknn.runtime.model_span.new_span`): the plans are then held
         by tasks of that span (:func:`~dasknn.runtime.model_span.held_in_span`) and
@@ -198,7 +205,7 @@ def place_network(
         plan_keys.append([(plan_name, m) for m in range(plan.nparts)])
         shapes.append((int(plan.offsets[k - 1][-1]), tuple(int(c) for c in plan.part_sizes(k))))
     states = states or {}
-    doing = "the model was placed on the workers"
+    deadline = time.monotonic() + _limit(timeout)
     for address, chunks_here in values.items():
         states_here = {key: states[key] for key in chunks_here if key in states}
         installing = client.run(
@@ -209,8 +216,10 @@ def place_network(
             workers=[address],
             asynchronous=True,
         )
-        run_watching_part_workers(client, installing, part_workers, _limit(timeout), doing)
-    futures = scatter_pinned(client, plans, part_workers, lambda key: key[-1], timeout, doing)
+        left = max(deadline - time.monotonic(), 0.0)
+        run_watching_part_workers(client, installing, part_workers, left, PLACING)
+    left = max(deadline - time.monotonic(), 0.0)
+    futures = scatter_pinned(client, plans, part_workers, lambda key: key[-1], left, PLACING)
     if span is not None:
         workers = {key: part_workers[key[-1]] for key in futures}
         futures = held_in_span(client, futures, workers, span)

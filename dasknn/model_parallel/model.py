@@ -26,7 +26,6 @@ from dasknn.model.sparse_mlp import SparseMLP
 from dasknn.model.validation import check_in_flight
 from dasknn.model_parallel.comm import (
     CommReport,
-    install_comm_monitor,
     read_transfers,
     reset_transfers,
     wire_bytes,
@@ -39,6 +38,7 @@ from dasknn.model_parallel.faults import (
     install_retirement_watch,
     lost_error,
     lost_workers,
+    part_workers_lost,
     release_retirement_watch,
     retirement_requests,
     running_workers,
@@ -46,6 +46,7 @@ from dasknn.model_parallel.faults import (
     wait_for_step,
 )
 from dasknn.model_parallel.layout import (
+    PLACING,
     Layout,
     Snapshot,
     chunk_entries,
@@ -62,9 +63,8 @@ from dasknn.model_parallel.taskgraph import PartPlacement, StepPriority, StepTem
 from dasknn.model_parallel.worker_state import ModelState, plugin_name, read_parts
 from dasknn.optim import Optimizer, ParamState, resolve_optimizer
 from dasknn.runtime.cluster import open_client, scheduler_workers
-from dasknn.runtime.key_cache import install_key_cache_bound
 from dasknn.runtime.model_span import held_in_span, new_span
-from dasknn.runtime.plugin_owner import unregister_within
+from dasknn.runtime.plugin_owner import PluginOwner
 from dasknn.runtime.postbox import Postbox
 from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT, check_step_timeout
 from dasknn.runtime.waiting import gather_at_most
@@ -86,7 +86,7 @@ def _reset_timings_on_worker(dask_worker, name):
     dask_worker.plugins[name].reset_timings()
 
 
-class DistributedSparseMLP(SparseEstimator):
+class DistributedSparseMLP(SparseEstimator, PluginOwner):
     """A sparse MLP whose layers are split by neurons across Dask workers.
 
     Its estimator API is that of :class:`SparseMLP`, with the same defaults, and its training
@@ -139,6 +139,10 @@ class DistributedSparseMLP(SparseEstimator):
         :class:`~dasknn.runtime.step_timeout.StepTimeoutError` naming the workers it waits for
         (stopped, paused at their memory limit, or busy). A worker that leaves the cluster, or
         is asked to retire, is a :class:`~dasknn.model_parallel.faults.WorkerLostError` at once.
+        Placing the model (here, and again when ``fit(checkpoint=...)`` recovers from a lost
+        worker) waits for the workers at most ``step_timeout`` in all, registrations included:
+        a worker that does not answer is a ``StepTimeoutError`` naming it with its parts, and
+        the constructor removes what it registered again (waiting at most ``step_timeout``).
 
     Attributes
     ----------
@@ -207,7 +211,7 @@ class DistributedSparseMLP(SparseEstimator):
         self.plan, chunks = build_comm_plan(model.weights, parts, nparts)
         self.part_workers = worker_of_parts(workers, nparts)
         self.plugin_name = plugin_name(self.token)
-        self._plugins: list[str] = []
+        self._plugins: list[str] = []  # the worker plugins registered besides the model's own
         self._layout: Layout | None = None
         self._snapshot: Snapshot | None = None
         self._templates: dict = {}
@@ -225,44 +229,19 @@ class DistributedSparseMLP(SparseEstimator):
         self.loss_curve_: list[float] = []
         self.batch_loss_curve_: list[float] = []
         self._leaving: set[str] = set()  # workers asked to leave while the model was placed
-        install_comm_monitor(client, self.token)
-        install_retirement_watch(client, self.token)
-        self._retirements = retirement_requests(client)
         self._next_check = 0.0  # when a finished step looks next at its workers (monotonic)
-        self._key_cache_bound = False
+        self._watching_retirements = True  # released by close(), also if not installed yet
         try:
-            install_key_cache_bound(client, self.token)
-            self._key_cache_bound = True
-            if reuse_memory:
-                name = f"{REUSE_MEMORY_PLUGIN}-{self.token}"
-                client.register_plugin(ReuseFreedMemory(), name=name)
-                self._plugins.append(name)
-            client.register_plugin(ModelState(self.token), name=self.plugin_name)
-            self._plugins.append(self.plugin_name)
-            self._layout = place_network(
-                client, self.token, self.plan, chunks, model.biases, self.part_workers,
-                self.dtype, timeout=self.step_timeout, span=self._span,
-            )  # fmt: skip
-            if messages == "actors":
-                self._place_postboxes()
-        except BaseException as exc:
-            self.close()
-            if isinstance(exc, TimeoutError):
-                raise step_timeout_error(
-                    client,
-                    "the workers did not take the model",
-                    self.step_timeout,
-                    self.part_workers,
-                ) from None
+            install_retirement_watch(client, self.token)
+            self._retirements = retirement_requests(client)
+            self._register(
+                ModelState(self.token), lambda: self._place(chunks, model.biases, reuse_memory)
+            )
+        except BaseException:
+            self.close()  # the retirement watch and the client opened here
             raise
 
     # ------------------------------------------------------------------ basics
-    def __enter__(self) -> DistributedSparseMLP:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
-
     @property
     def weights(self) -> list:
         """The renumbered weights as of the last completed training step: per layer a dask array
@@ -321,10 +300,57 @@ class DistributedSparseMLP(SparseEstimator):
             f"workers={len(set(self.part_workers))}, loss={self.loss.name!r})"
         )
 
-    def _place_postboxes(self) -> None:
+    def _place(self, chunks, biases, reuse_memory: bool) -> None:
+        """Register the memory plugin if asked for (``reuse_memory``) and place the network
+        (:meth:`_place_network`), within what is left of ``step_timeout``."""
+        if reuse_memory:
+            name = f"{REUSE_MEMORY_PLUGIN}-{self.token}"
+            self._plugins.append(name)  # a registration that times out is on the scheduler
+            self._placing(lambda: self.client.register_plugin(ReuseFreedMemory(), name=name))
+        self._place_network(chunks, biases)
+
+    def _place_network(self, chunks, biases, states: dict | None = None) -> None:
+        """Place the weight ``chunks``, ``biases`` and optimizer ``states`` on the part workers
+        (:func:`~dasknn.model_parallel.layout.place_network`) and start the postboxes, within
+        what is left of ``step_timeout`` since the placement began.
+
+        Raises
+        ------
+        WorkerLostError
+            As soon as a part worker has left the cluster, naming it and its parts.
+        StepTimeoutError
+            If the workers did not take the network in time, naming those that do not answer
+            with their parts and state.
+        """
+        try:
+            self._layout = place_network(
+                self.client, self.token, self.plan, chunks, biases, self.part_workers,
+                self.dtype, states, self._generation, self._placement_left(), self._span,
+            )  # fmt: skip
+            if self.messages == "actors":
+                self._place_postboxes(self._placement_left())
+        except TimeoutError:
+            raise self._placement_timed_out() from None
+
+    def _worker_roles(self) -> dict[str, str]:
+        """``{address: "parts 0, 2"}``: the parts of every part worker."""
+        parts: dict[str, list[str]] = {}
+        for m, address in enumerate(self.part_workers):
+            parts.setdefault(address, []).append(str(m))
+        return {
+            address: f"part{'s' if len(ms) > 1 else ''} {', '.join(ms)}"
+            for address, ms in parts.items()
+        }
+
+    def _lost_while_placed(self) -> WorkerLostError | None:
+        """The error naming the part workers that left the cluster while the model was placed,
+        with their parts, or ``None``."""
+        return part_workers_lost(self.client, self.part_workers, PLACING)
+
+    def _place_postboxes(self, seconds: float) -> None:
         """Start this placement's :class:`~dasknn.runtime.postbox.Postbox` actor on every
         worker hosting parts (``messages="actors"``); ``TimeoutError`` if the workers do not
-        start them within ``step_timeout``."""
+        start them within ``seconds``."""
         with dask.annotate(span=self._span):
             self._postboxes = [
                 self.client.submit(
@@ -337,7 +363,7 @@ class DistributedSparseMLP(SparseEstimator):
                 )
                 for w, address in enumerate(sorted(set(self.part_workers)))
             ]
-        gather_at_most(self.client, self._postboxes, self.step_timeout)
+        gather_at_most(self.client, self._postboxes, seconds)
 
     def _template(self, kind: str):
         if kind == "train" and self.messages == "actors":
@@ -827,31 +853,17 @@ class DistributedSparseMLP(SparseEstimator):
         self._layout.futures.clear()
         self._generation += 1
         self._step += 1  # no key of an earlier step or data block is used again
+        self._placed_by = time.monotonic() + self.step_timeout
         self.client.wait_for_workers(1, timeout=self.step_timeout)
         workers = running_workers(self.client, self._leaving)
         self.part_workers = worker_of_parts(workers, self.nparts)
         self._placement = PartPlacement(self.part_workers)
         # Replacing the plugin tears the old one down, which ends the waits of a step task still
         # running on a worker that stayed; a task of an earlier step is refused from now on.
-        self.client.register_plugin(
-            ModelState(self.token, first_step=self._step + 1), name=self.plugin_name
-        )
+        state = ModelState(self.token, first_step=self._step + 1)
+        self._placing(lambda: self.client.register_plugin(state, name=self.plugin_name))
         _, chunks = build_comm_plan(record.weights, self._parts, self.nparts)
-        self._layout = place_network(
-            self.client,
-            self.token,
-            self.plan,
-            chunks,
-            record.biases,
-            self.part_workers,
-            self.dtype,
-            self._part_states(record),
-            self._generation,
-            self.step_timeout,
-            self._span,
-        )
-        if self.messages == "actors":
-            self._place_postboxes()
+        self._place_network(chunks, record.biases, self._part_states(record))
         self.optimizer = record.optimizer
         self._failed = None
 
@@ -875,15 +887,14 @@ class DistributedSparseMLP(SparseEstimator):
         if self._layout is not None:
             self._layout.futures.clear()
             self._layout = None
-        # the plugins in the reverse of their registration: the model's state first
-        plugins, self._plugins = self._plugins[::-1], []
-        key_cache_bound, self._key_cache_bound = self._key_cache_bound, False
-        # a client no longer running after everything was removed: nothing left to release
-        if plugins or key_cache_bound or self.client.status == "running":
+        placed, self._open = self._open, False
+        watching, self._watching_retirements = self._watching_retirements, False
+        try:
+            if placed:
+                self._unregister(self._plugins[::-1])
+        finally:
             try:
-                unregister_within(
-                    self.client, self.token, plugins, self.step_timeout, key_cache_bound
-                )
+                if watching:
+                    release_retirement_watch(self.client, self.token)
             finally:
-                release_retirement_watch(self.client, self.token)
-        self._opened.close()
+                self._opened.close()

@@ -9,9 +9,7 @@ model, registrations included, waits for the workers at most ``step_timeout`` in
 :class:`~dasknn.runtime.step_timeout.StepTimeoutError` naming it, one that leaves the cluster
 a :class:`~dasknn.runtime.waiting.WorkerLostError` where the subclass watches its workers.
 Closing removes the plugin, the bound and the model's hold on the monitor, which leaves with its
-last holder, waiting for the workers at most ``step_timeout`` in all (:func:`unregister_within`,
-also used by :class:`~dasknn.model_parallel.DistributedSparseMLP`, which installs its plugins
-itself).
+last holder, waiting for the workers at most ``step_timeout`` in all (:func:`unregister_within`).
 """
 
 from __future__ import annotations
@@ -103,7 +101,7 @@ class PluginOwner:
             :data:`~dasknn.runtime.waiting.GATHER_LOSS_GRACE_SECONDS`.
         StepTimeoutError
             If the call did not finish in time (it is left to finish on its own), naming the
-            workers that do not answer with their state (:meth:`_placement_timeout_error`).
+            workers that do not answer with their state (:meth:`_placement_timed_out`).
         Exception
             The call's own error.
         """
@@ -111,16 +109,27 @@ class PluginOwner:
             return run_naming_loss(
                 self.client,
                 in_thread(call),
-                max(self._placed_by - time.monotonic(), 0.0),
+                self._placement_left(),
                 self._lost_while_placed,
                 PLACEMENT_POLL_SECONDS,
                 GATHER_LOSS_GRACE_SECONDS,
                 OSError,
             )
         except TimeoutError:
-            workers = sorted(scheduler_workers(self.client))
-            silent = sorted(set(workers) - set(answering_workers(self.client, workers)))
-            raise self._placement_timeout_error(silent or workers) from None
+            raise self._placement_timed_out() from None
+
+    def _placement_left(self) -> float:
+        """Seconds left of ``step_timeout`` since the placement began (0 once it is over)."""
+        return max(self._placed_by - time.monotonic(), 0.0)
+
+    def _placement_timed_out(self) -> StepTimeoutError:
+        """The :class:`StepTimeoutError` of a placement that did not finish in time, naming the
+        workers that do not answer, or all the cluster's workers when each one answers (a
+        registration waits for every worker), with their roles and state
+        (:meth:`_placement_timeout_error`)."""
+        workers = sorted(scheduler_workers(self.client))
+        silent = sorted(set(workers) - set(answering_workers(self.client, workers)))
+        return self._placement_timeout_error(silent or workers)
 
     def _lost_while_placed(self) -> WorkerLostError | None:
         """The error for a worker the model is being placed on that left the cluster, or
