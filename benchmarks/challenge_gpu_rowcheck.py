@@ -2,17 +2,18 @@
 
 The network is generated once (RadiX-Net, seed 0, float32) and packed for the CPU kernel
 (``pack_layers``, ~8 bytes an entry; the scipy layers, as many bytes again, are freed right after)
-and for the GPU (``compact_layers``, ~2 bytes an entry, freed after the GPU part). The first
-``--rows`` MNIST test images at the challenge's size for the width go, bit-packed, through
-``infer_rows_cuda`` on a resident ``DeviceNetwork`` for every ``--modes`` entry (``tiled`` with the
-default footprint; on a GPU each kernel is compiled on two rows before the timed run), then through
-the CPU engine's kernel in this process (``start_batch``, ``advance``, ``live_rows``, float32, on
-the numba threads that ``NUMBA_NUM_THREADS`` allows). It prints and writes to ``--out`` (one JSON
-object) the seconds of each, the category counts and whether each mode's categories equal the
-CPU kernel's; it exits with status 1 when one does not.
+and for the GPU (``compact_layers``, ~2 bytes an entry). The first ``--rows`` MNIST test images at
+the challenge's size for the width go through the CPU engine's kernel in this process
+(``start_batch``, ``advance``, ``live_rows``, float32, on the numba threads that
+``NUMBA_NUM_THREADS`` allows; the packed layers are freed after it), then, bit-packed, through
+``infer_rows_cuda`` on a resident ``DeviceNetwork`` for every ``--modes`` entry (``tiled`` with
+the default footprint; on a GPU each kernel is compiled on two rows before the timed run). It
+prints and writes to ``--out`` (one JSON object) the seconds of each, the category counts and
+whether each mode's categories equal the CPU kernel's; it exits with status 1 when one does not.
 
 ``--gpu-lock FILE`` holds an exclusive ``flock`` on FILE while the network is on the GPU, so a
-session that runs this in the background can time other GPU work under the same lock.
+session that runs this in the background can time other GPU work under the same lock; the CPU
+kernel (minutes at 65536 x 1920) runs first, so it overlaps that work instead of waiting for it.
 
     python benchmarks/challenge_gpu_rowcheck.py --neurons 65536 --layers 1920 --rows 1000 \
         --modes sectioned,tiled --out rowcheck.json                      # the GPU machine
@@ -37,7 +38,13 @@ from pathlib import Path
 import numpy as np
 from machine import describe
 
-from dasknn.datasets import challenge_bias, load_mnist_test, mnist_to_challenge_inputs, radixnet
+from dasknn.datasets import (
+    challenge_bias,
+    load_mnist_test,
+    mnist_to_challenge_inputs,
+    radixnet,
+    radixnet_group_size,
+)
 from dasknn.kernels.cuda_inference import (
     CUDA_MODES,
     DeviceNetwork,
@@ -116,6 +123,10 @@ def main() -> None:
         parser.error(f"--rows must be between 1 and {MNIST_TEST_IMAGES}, got {args.rows}")
     if args.layers < 1:
         parser.error(f"--layers must be >= 1, got {args.layers}")
+    try:
+        radixnet_group_size(args.neurons)
+    except ValueError as error:
+        parser.error(f"--neurons: {error}")
     side = int(round(args.neurons**0.5))
     if side * side != args.neurons:
         parser.error(f"--neurons must be a square (the inputs are images), got {args.neurons}")
@@ -145,6 +156,15 @@ def main() -> None:
         flush=True,
     )
 
+    start = time.perf_counter()
+    cpu_rows = np.sort(live_rows(advance(start_batch(x, np.float32), packed, bias)))
+    cpu_seconds = time.perf_counter() - start
+    print(
+        f"{spec} CPU kernel: {args.rows} rows in {cpu_seconds:.1f} s, {cpu_rows.size} categories",
+        flush=True,
+    )
+    del packed
+
     gpu = {}
     waited = time.perf_counter()
     with gpu_lock(args.gpu_lock):
@@ -159,14 +179,6 @@ def main() -> None:
                 flush=True,
             )
     del compact
-
-    start = time.perf_counter()
-    cpu_rows = np.sort(live_rows(advance(start_batch(x, np.float32), packed, bias)))
-    cpu_seconds = time.perf_counter() - start
-    print(
-        f"{spec} CPU kernel: {args.rows} rows in {cpu_seconds:.1f} s, {cpu_rows.size} categories",
-        flush=True,
-    )
 
     result = {
         "network": spec,
