@@ -54,8 +54,14 @@ fits() {  # fits PART NEED: true when NEED more seconds stay inside BUDGET, else
     fi
 }
 
+FOREGROUND=()  # taskset and thread count for the foreground while the row check runs
+
 locked() {  # run a command holding the GPU lock that the background row check also takes
-    if command -v flock >/dev/null; then flock "$GPU_LOCK" "$@"; else "$@"; fi
+    if command -v flock >/dev/null; then
+        flock "$GPU_LOCK" "${FOREGROUND[@]}" "$@"
+    else
+        "${FOREGROUND[@]}" "$@"
+    fi
 }
 
 setup() {
@@ -101,11 +107,12 @@ EOF
 
 ROWCHECK_PID=""
 
-start_rowcheck() {  # part 3 in the background, on the cores the foreground leaves
+start_rowcheck() {  # part 3 in the background on cores 4 and up, the foreground on cores 0-3
     local prefix=() cores
     cores=$(nproc)
     if [ "$cores" -ge 8 ] && command -v taskset >/dev/null; then
         prefix=(env NUMBA_NUM_THREADS=$((cores - 4)) taskset -c "4-$((cores - 1))")
+        FOREGROUND=(env NUMBA_NUM_THREADS=4 taskset -c 0-3)
     fi
     echo "== part 3: row check started in the background ${prefix[*]}"
     "${prefix[@]}" python3 benchmarks/challenge_gpu_rowcheck.py "${ROWCHECK_ARGS[@]}" \
@@ -125,6 +132,7 @@ finish_rowcheck() {  # wait for part 3 until the budget is spent, then show its 
     fi
     wait "$ROWCHECK_PID" || rc=$?
     ROWCHECK_PID=""
+    FOREGROUND=()
     echo "== part 3: row check log (exit $rc, ${SECONDS} s)"
     cat "$OUT/rowcheck.log"
     return "$rc"
