@@ -61,7 +61,7 @@ class PluginOwner:
         (``place`` makes its calls to the workers through :meth:`_placing`); if one of them
         fails, what was installed is removed again, waiting for the workers at most
         ``step_timeout`` (:meth:`close`, or :func:`unregister_within` before the plugin)."""
-        self._placed_by = time.monotonic() + self.step_timeout
+        self._start_placement()
         installing = "the monitor"
         try:
             self._placing(lambda: install_comm_monitor(self.client, self.token))
@@ -90,10 +90,16 @@ class PluginOwner:
             self.close()
             raise
 
+    def _start_placement(self) -> None:
+        """Start a placement: the :meth:`_placing` calls that follow take at most
+        ``step_timeout`` from now, all together (:meth:`_register` starts the constructor's;
+        a model that places its values again later starts one of its own)."""
+        self._placed_by = time.monotonic() + self.step_timeout
+
     def _placing(self, call: Callable[[], Any]) -> Any:
         """``call()``, a synchronous client call that places the model, within what is left of
-        ``step_timeout`` since :meth:`_register` began, checking the workers every
-        :data:`PLACEMENT_POLL_SECONDS` (:meth:`_lost_while_placed`).
+        ``step_timeout`` since the placement started (:meth:`_start_placement`), checking the
+        workers every :data:`PLACEMENT_POLL_SECONDS` (:meth:`_lost_while_placed`).
 
         Raises
         ------
