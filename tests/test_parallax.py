@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import os
 import re
+import signal
 import sys
 import time
 
@@ -14,6 +15,7 @@ import dask
 import numpy as np
 import pytest
 from distributed import Client, get_task_stream
+from distributed.diagnostics.plugin import WorkerPlugin
 from plugin_checks import key_cache_bound_count
 from stopped_workers import stopped, wait_until_empty
 
@@ -22,9 +24,10 @@ from dasknn.data_parallel.search import balanced, search_partitions
 from dasknn.model import EmbeddingMLP
 from dasknn.optim import SGD, Adam
 from dasknn.runtime.cluster import local_cluster, scheduler_workers
-from dasknn.runtime.keys import parse_dp_key
+from dasknn.runtime.keys import dp_postbox_key, parse_dp_key
 from dasknn.runtime.measure import TOPIC as TRANSFER_TOPIC
 from dasknn.runtime.step_timeout import StepTimeoutError
+from dasknn.runtime.waiting import WorkerLostError
 from dasknn.runtime.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
 
 V, C, D = 24, 2, 3
@@ -580,9 +583,7 @@ def test_stopped_worker_is_named_after_the_step_timeout(client4):
     model = EmbeddingMLP(V, C, D, hidden=(4,))
     X, y = next(iter(_batches(2)))
     workers = sorted(scheduler_workers(client4))[:2]
-    with data_parallel(
-        model, client4, sparse_partitions=4, workers=workers, step_timeout=3
-    ) as dp:
+    with data_parallel(model, client4, sparse_partitions=4, workers=workers, step_timeout=3) as dp:
         dp.train_step(X, y, lr=0.1)
         victim = dp.workers[1]
         with stopped(client4, victim):
@@ -640,24 +641,25 @@ def test_step_timeout_must_be_a_positive_finite_number(client4):
             data_parallel(model, client4, step_timeout=bad)
 
 
+def _model_plugins(client) -> list[str]:
+    """The data-parallel models' plugins and key-cache bounds on the scheduler and the workers."""
+    on_workers = [n for ns in _plugin_names(client).values() for n in ns]
+    on_scheduler = client.run_on_scheduler(
+        lambda dask_scheduler: [*dask_scheduler.worker_plugins, *dask_scheduler.plugins]
+    )
+    return sorted(
+        n
+        for n in on_workers + on_scheduler
+        if n.startswith(("dasknn-dp-", "dasknn-key-cache-bound-", REUSE_MEMORY_PLUGIN))
+    )
+
+
 def test_a_worker_stopped_before_the_constructor_is_named_and_nothing_is_left(client4):
     """A worker stopped (SIGSTOP) before the model is placed: the constructor's registrations
     end after ``step_timeout`` in a StepTimeoutError naming it and what it was to hold, where
     they used to wait until Dask removed the worker; once it goes on, no plugin of the model
     (nor key-cache bound) is left on the scheduler or a worker."""
-
-    def model_plugins() -> list[str]:
-        on_workers = [n for ns in _plugin_names(client4).values() for n in ns]
-        on_scheduler = client4.run_on_scheduler(
-            lambda dask_scheduler: [*dask_scheduler.worker_plugins, *dask_scheduler.plugins]
-        )
-        return sorted(
-            n
-            for n in on_workers + on_scheduler
-            if n.startswith(("dasknn-dp-", "dasknn-key-cache-bound-"))
-        )
-
-    before = model_plugins()
+    before = _model_plugins(client4)
     workers = sorted(scheduler_workers(client4))[:2]
     named = (
         r"^the workers did not take the model while it was placed within 2 s \(step_timeout\): "
@@ -672,5 +674,152 @@ def test_a_worker_stopped_before_the_constructor_is_named_and_nothing_is_left(cl
         took = time.monotonic() - start
     assert 2 <= took < 6, took
     wait_until_empty(
-        lambda: sorted(set(model_plugins()) - set(before)), 10, "a plugin of the model stayed"
+        lambda: sorted(set(_model_plugins(client4)) - set(before)),
+        10,
+        "a plugin of the model stayed",
     )
+
+
+#: The start of the keys of the data-parallel models' postbox actors.
+POSTBOX_KEYS = dp_postbox_key("", 0).removesuffix("-0")
+
+
+def _postbox_keys(dask_scheduler) -> list[str]:
+    return [k for k in dask_scheduler.tasks if isinstance(k, str) and k.startswith(POSTBOX_KEYS)]
+
+
+class _SignalWhenPostboxStarts(WorkerPlugin):
+    """Sends its worker ``sent_signal`` as a data-parallel model's postbox starts there (the
+    last call of the placement, after the registrations and the values), if it is the worker
+    at ``address``."""
+
+    name = "test-signal-when-postbox-starts"
+
+    def __init__(self, address: str, sent_signal: int) -> None:
+        self.address, self.sent_signal = address, sent_signal
+
+    def setup(self, worker) -> None:
+        self.worker = worker
+
+    def transition(self, key, start, finish, **kwargs) -> None:
+        if (
+            finish == "executing"
+            and self.worker.address == self.address
+            and isinstance(key, str)
+            and key.startswith(POSTBOX_KEYS)
+        ):
+            os.kill(os.getpid(), self.sent_signal)
+
+
+def test_a_worker_stopped_while_the_model_is_placed_is_named_and_nothing_is_left(client4):
+    """A worker that stops (SIGSTOP) as its postbox starts, after the registrations and the
+    values were placed: the constructor ends after ``step_timeout`` (and the bounded close) in
+    a StepTimeoutError naming it with its replica, where it used to wait until Dask removed the
+    worker; once it goes on, no plugin, key-cache bound or postbox of the model is left."""
+    before = _model_plugins(client4)
+    workers = sorted(scheduler_workers(client4))[:2]
+    victim = workers[1]
+    pid = client4.run(os.getpid, workers=[victim])[victim]
+    named = (
+        r"^the workers did not take the model while it was placed within 3 s \(step_timeout\): "
+        rf"(.*; )?worker {re.escape(victim)} \(replica 1, shards \[1, 3\] of the embedding\) "
+    )
+    client4.register_plugin(_SignalWhenPostboxStarts(victim, signal.SIGSTOP))
+    try:
+        start = time.monotonic()
+        with pytest.raises(StepTimeoutError, match=named):
+            data_parallel(
+                EmbeddingMLP(V, C, D, hidden=(4,)),
+                client4,
+                workers=workers,
+                sparse_partitions=4,
+                reuse_memory=True,
+                step_timeout=3,
+            )
+        took = time.monotonic() - start
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        client4.unregister_worker_plugin(_SignalWhenPostboxStarts.name)
+    assert 3 <= took < 3 + 3 + 2, took  # the placement, then the close waits at most 3 s
+    wait_until_empty(
+        lambda: sorted(set(_model_plugins(client4)) - set(before)),
+        10,
+        "a plugin of the model stayed",
+    )
+    wait_until_empty(
+        lambda: client4.run_on_scheduler(_postbox_keys), 10, "a postbox stayed on the scheduler"
+    )
+
+
+def test_a_worker_stopped_when_the_search_places_the_values_again_is_named(client4):
+    """A worker stopped (SIGSTOP) after the constructor, when the shard-count search places
+    the values again: the search ends after ``step_timeout`` in a StepTimeoutError naming it
+    with its replica and state, the model refuses further calls, closing it waits at most
+    ``step_timeout``, and no plugin of the model is left once the worker goes on."""
+    before = _model_plugins(client4)
+    workers = sorted(scheduler_workers(client4))[:2]
+    X, y = next(iter(_batches(2)))
+    dp = data_parallel(
+        EmbeddingMLP(V, C, D, hidden=(4,)),
+        client4,
+        workers=workers,
+        sparse_partitions=4,
+        step_timeout=3,
+    )
+    try:
+        dp.gather()  # the search places these values without reading them again
+        named = (
+            r"^the workers did not take the model while it was placed within 3 s "
+            rf"\(step_timeout\): worker {re.escape(workers[1])} \(replica 1, shards \[[0-9, ]+\] "
+            r"of the embedding\) has not been heard from for"
+        )
+        with stopped(client4, workers[1]):
+            start = time.monotonic()
+            with pytest.raises(StepTimeoutError, match=named):
+                dp.search(X, y)
+            assert 3 <= time.monotonic() - start < 3 + 2
+            with pytest.raises(RuntimeError, match="unusable after a failed step"):
+                dp.train_step(X, y, lr=0.1)
+            start = time.monotonic()
+            dp.close()
+            assert time.monotonic() - start < 3 + 2
+    finally:
+        dp.close()
+    wait_until_empty(
+        lambda: sorted(set(_model_plugins(client4)) - set(before)),
+        10,
+        "a plugin of the model stayed",
+    )
+
+
+def test_a_worker_lost_while_the_model_is_placed_is_named_and_nothing_is_left():
+    """A worker killed (SIGKILL) as its postbox starts, while the model is placed: the
+    constructor ends within a poll and the bounded close in a WorkerLostError naming it with its
+    replica and shards, not a wait for ever on the postbox, and no plugin or postbox of the
+    model is left."""
+    model = EmbeddingMLP(V, C, D, hidden=(4,))
+    with local_cluster(2) as cluster, Client(cluster) as client:
+        # the workers' first placement imports the model's code, outside the 3 s below
+        data_parallel(model, client).close()
+        before = _model_plugins(client)
+        victim = sorted(scheduler_workers(client))[1]
+        named = (
+            rf"^lost worker {re.escape(victim)}: it was replica 1 \(shards \[1, 3\] of the "
+            r"embedding\); the model could not be placed$"
+        )
+        client.register_plugin(_SignalWhenPostboxStarts(victim, signal.SIGKILL))
+        try:
+            start = time.monotonic()
+            with pytest.raises(WorkerLostError, match=named):
+                data_parallel(model, client, sparse_partitions=4, step_timeout=3)
+            assert time.monotonic() - start < 5 + 3  # the loss seen, then the bounded close
+        finally:
+            client.unregister_worker_plugin(_SignalWhenPostboxStarts.name)
+        wait_until_empty(
+            lambda: sorted(set(_model_plugins(client)) - set(before)),
+            10,
+            "a plugin of the model stayed",
+        )
+        wait_until_empty(
+            lambda: client.run_on_scheduler(_postbox_keys), 10, "a postbox stayed on the scheduler"
+        )

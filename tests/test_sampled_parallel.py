@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import time
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
 from distributed import Client, LocalCluster
+from distributed.diagnostics.plugin import WorkerPlugin
 from plugin_checks import key_cache_bound_count
 from sampled_reference import AdamReference, reference_step, targets
 from stopped_workers import stopped, wait_until_empty
@@ -21,6 +23,7 @@ from dasknn.optim import Adam
 from dasknn.runtime.cluster import local_cluster, scheduler_workers
 from dasknn.runtime.keys import parse_sampled_key
 from dasknn.runtime.step_timeout import StepTimeoutError
+from dasknn.runtime.waiting import WorkerLostError
 from dasknn.sampled import SampledMLP
 from dasknn.sampled_parallel import DistributedSampledMLP
 
@@ -287,3 +290,59 @@ def test_a_worker_stopped_before_the_constructor_is_named_and_nothing_is_left(cl
         10,
         "a plugin of the model stayed",
     )
+
+
+class _KillWhenShardInstalls(WorkerPlugin):
+    """Kills its worker (SIGKILL) as a sampled model's shard install starts there (the last
+    call of the placement), if it is the worker at ``address``."""
+
+    name = "test-kill-when-shard-installs"
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+
+    def setup(self, worker) -> None:
+        self.worker = worker
+
+    def transition(self, key, start, finish, **kwargs) -> None:
+        if (
+            finish == "executing"
+            and self.worker.address == self.address
+            and isinstance(key, str)
+            and key.startswith("install_shard-")
+        ):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_shard_worker_lost_while_the_model_is_placed_is_named_and_nothing_is_left():
+    """A shard worker killed (SIGKILL) as its shard is installed: the constructor ends within a
+    poll and the bounded close in a WorkerLostError naming it, and no plugin or key of the model
+    (payload or install) is left."""
+    model = SampledMLP(hidden=4, active_fraction=0.2, k=2, n_tables=2, shards=2, seed=3)
+    model.initialize(60, 40)
+    with local_cluster(2) as cluster, Client(cluster) as client:
+        workers = _workers(client, 2)
+        # the workers' first placement imports the model's code, outside the 3 s below
+        DistributedSampledMLP(model, client, workers).close()
+        before = _sampled_plugins(client)
+        named = (
+            rf"^lost worker {re.escape(workers[1])}: its shard of the model could not be placed$"
+        )
+        client.register_plugin(_KillWhenShardInstalls(workers[1]))
+        try:
+            start = time.monotonic()
+            with pytest.raises(WorkerLostError, match=named):
+                DistributedSampledMLP(model, client, workers, step_timeout=3)
+            assert time.monotonic() - start < 5 + 3  # the loss seen, then the bounded close
+        finally:
+            client.unregister_worker_plugin(_KillWhenShardInstalls.name)
+        wait_until_empty(
+            lambda: sorted(set(_sampled_plugins(client)) - set(before)),
+            10,
+            "a plugin of the model stayed",
+        )
+        wait_until_empty(
+            lambda: client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.tasks)),
+            10,
+            "a key of the model stayed on the scheduler",
+        )

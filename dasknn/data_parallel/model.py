@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from functools import partial
 from numbers import Integral
 
 import dask
@@ -50,7 +51,7 @@ from dasknn.runtime.step_timeout import (
     check_step_timeout,
     step_timeout_error,
 )
-from dasknn.runtime.waiting import WorkerLostError, run_naming_loss
+from dasknn.runtime.waiting import WorkerLostError, run_naming_loss, watch_workers
 from dasknn.runtime.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
 from dasknn.runtime.worker_memory import ReuseFreedMemory
 
@@ -153,8 +154,11 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         :class:`~dasknn.runtime.step_timeout.StepTimeoutError` naming the workers it waits for,
         what they hold and their state (not heard from for N s: stopped or overloaded; paused
         at the memory limit; running). The step's futures are released, the workers still
-        answering end its waits (``"posted"``), and the model is unusable afterwards. A
-        positive finite number.
+        answering end its waits (``"posted"``), and the model is unusable afterwards. Placing
+        the values (here, all of it together; again for each count the search times) takes at
+        most as long, a worker that leaves meanwhile is a
+        :class:`~dasknn.runtime.waiting.WorkerLostError` within a poll; here what was placed is
+        removed again, after the search the model is unusable. A positive finite number.
     reuse_memory : bool
         Opt in to :class:`~dasknn.runtime.worker_memory.ReuseFreedMemory` on the workers (under
         the name ``f"{PLUGIN_NAME}-{token}"``, removed on :meth:`close`), so the buffers a step
@@ -322,11 +326,13 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
     # ------------------------------------------------------------------ placement
     def _install(self, model: EmbeddingMLP) -> None:
         """Tune the workers' malloc (``reuse_memory``), place ``model``'s values, and make each
-        worker's postbox (``messages="posted"``)."""
+        worker's postbox (``messages="posted"``), each call within what is left of
+        ``step_timeout`` and watched
+        (:meth:`~dasknn.runtime.plugin_owner.PluginOwner._placing`)."""
         if self.reuse_memory:
             name = f"{REUSE_MEMORY_PLUGIN}-{self.token}"
-            self.client.register_plugin(ReuseFreedMemory(), name=name)
-            self._memory_plugin = name
+            self._memory_plugin = name  # a registration that times out is removed by close()
+            self._placing(lambda: self.client.register_plugin(ReuseFreedMemory(), name=name))
         self._place(model, self.n_shards)
         if self.messages == "posted":
             self._postboxes = [
@@ -340,11 +346,28 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
                 )
                 for index, worker in enumerate(self.workers)
             ]
-            self.client.gather(self._postboxes)
+            postboxes = list(self._postboxes)
+            try:
+                self._placing(lambda: self.client.gather(postboxes))
+            except BaseException:
+                # the gather left to finish in its thread holds them: cancelled, it ends
+                self.client.cancel(postboxes)
+                raise
+
+    def _place_again(self, model: EmbeddingMLP, n_shards: int) -> None:
+        """:meth:`_place` after the constructor (the search), within ``step_timeout`` of its
+        own; if it fails, the workers hold the values in part and the model is unusable."""
+        self._start_placement()
+        try:
+            self._place(model, n_shards)
+        except Exception as error:
+            self._failed = str(error)
+            raise
 
     def _place(self, model: EmbeddingMLP, n_shards: int) -> None:
         """Copy ``model``'s values to the workers with ``n_shards`` shards (fresh optimizer
-        state)."""
+        state), each worker's within what is left of the placement's ``step_timeout`` and
+        watched (:meth:`~dasknn.runtime.plugin_owner.PluginOwner._placing`)."""
         self.n_shards = n_shards
         self.steps_ = model.steps_
         arch = self.architecture
@@ -366,13 +389,16 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
             if arch == "ps":
                 served.update({n: v for n, v in dense.items() if self.dense_servers[n] == index})
         for worker, (replicas, shards, served) in payload.items():
-            self.client.run(
-                install_values,
-                token=self.token,
-                replicas=replicas,
-                shards=shards,
-                served=served,
-                workers=[worker],
+            self._placing(
+                partial(
+                    self.client.run,
+                    install_values,
+                    token=self.token,
+                    replicas=replicas,
+                    shards=shards,
+                    served=served,
+                    workers=[worker],
+                )
             )
         self.optimizer = None
         self._prefetched = None
@@ -548,6 +574,20 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
             "gone: close it and start again from a gathered copy"
         )
 
+    def _lost_while_placed(self) -> WorkerLostError | None:
+        """A :class:`WorkerLostError` naming the workers that left while the model was placed,
+        with their replicas and what they were to hold, or ``None``."""
+
+        def held(lost: list[str]) -> str:
+            names = ["it"] if len(lost) == 1 else lost
+            replicas = [
+                f"{name} was replica {self.workers.index(w)} ({self._held(w)})"
+                for name, w in zip(names, lost, strict=True)
+            ]
+            return f"{', '.join(replicas)}; the model could not be placed"
+
+        return watch_workers(self.client, self.workers, held)()
+
     def _steps_per_call(self) -> int:
         return self.steps_per_task
 
@@ -631,7 +671,7 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         self.carried = defaultdict(int)
 
         def measure(p: int) -> float:
-            self._place(saved, p)
+            self._place_again(saved, p)
             return self._time_steps(ids, labels, optimizer)
 
         rows = self._max_shards()
@@ -644,7 +684,7 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
             )
         else:
             report = brute_force(measure, range(1, min(2 * len(self.workers), rows) + 1))
-        self._place(saved, report.choice)
+        self._place_again(saved, report.choice)
         self._search_pending = False
         reset_transfers(self.client, self.token)
         self.predicted, self.carried, self.stats = predicted, carried, stats

@@ -853,7 +853,7 @@ class DistributedSparseMLP(SparseEstimator, PluginOwner):
         self._layout.futures.clear()
         self._generation += 1
         self._step += 1  # no key of an earlier step or data block is used again
-        self._placed_by = time.monotonic() + self.step_timeout
+        self._start_placement()
         self.client.wait_for_workers(1, timeout=self.step_timeout)
         workers = running_workers(self.client, self._leaving)
         self.part_workers = worker_of_parts(workers, self.nparts)

@@ -59,24 +59,21 @@ class PluginOwner:
         (``place`` makes its calls to the workers through :meth:`_placing`); if one of them
         fails, what was installed is removed again, waiting for the workers at most
         ``step_timeout`` (:meth:`close`, or :func:`unregister_within` before the plugin)."""
-        self._placed_by = time.monotonic() + self.step_timeout
-        installing = "the monitor"
+        self._start_placement()
+        # What to remove if a step fails: an installation that did not finish is on the
+        # scheduler already, so each is counted from the moment it is asked for.
+        key_cache_bound = False
+        plugins: list[str] = []
         try:
             self._placing(lambda: install_comm_monitor(self.client, self.token))
-            installing = "the bound"
+            key_cache_bound = True
             self._placing(lambda: install_key_cache_bound(self.client, self.token))
-            installing = "the plugin"
+            plugins.append(self.plugin_name)
             self._placing(lambda: self.client.register_plugin(plugin, name=self.plugin_name))
         except BaseException:
-            # a registration that did not finish is on the scheduler already: removed as well
-            plugins = [self.plugin_name] if installing == "the plugin" else []
             try:
                 unregister_within(
-                    self.client,
-                    self.token,
-                    plugins,
-                    self.step_timeout,
-                    key_cache_bound=installing != "the monitor",
+                    self.client, self.token, plugins, self.step_timeout, key_cache_bound
                 )
             except Exception:  # noqa: BLE001 - the placement's error is the one to raise
                 pass
@@ -88,10 +85,16 @@ class PluginOwner:
             self.close()
             raise
 
+    def _start_placement(self) -> None:
+        """Start a placement: the :meth:`_placing` calls that follow take at most
+        ``step_timeout`` from now, all together (:meth:`_register` starts the constructor's;
+        a model that places its values again later starts one of its own)."""
+        self._placed_by = time.monotonic() + self.step_timeout
+
     def _placing(self, call: Callable[[], Any]) -> Any:
         """``call()``, a synchronous client call that places the model, within what is left of
-        ``step_timeout`` since :meth:`_register` began, checking the workers every
-        :data:`PLACEMENT_POLL_SECONDS` (:meth:`_lost_while_placed`).
+        ``step_timeout`` since the placement started (:meth:`_start_placement`), checking the
+        workers every :data:`PLACEMENT_POLL_SECONDS` (:meth:`_lost_while_placed`).
 
         Raises
         ------

@@ -142,41 +142,49 @@ class DistributedSampledMLP(PluginOwner):
     def _install(self, model: SampledMLP) -> None:
         """Send every worker its shard and install it there, each call within what is left of
         ``step_timeout`` and watched
-        (:meth:`~dasknn.runtime.plugin_owner.PluginOwner._placing`)."""
+        (:meth:`~dasknn.runtime.plugin_owner.PluginOwner._placing`); if placing fails, the
+        payloads and installs already submitted are cancelled (a gather left to finish in its
+        thread would hold them, and their keys, for ever on a lost worker)."""
         params = model.parameters()
         config = asdict(model.sampling_config())
         futures = []
-        for p, worker in enumerate(self.workers):
-            ids = self.shard_map_.ids(p)
-            lo, hi = self.columns[p], self.columns[p + 1]
-            payload = {
-                "hidden_weights": np.ascontiguousarray(params["hidden_weights"][:, lo:hi]),
-                "hidden_bias": params["hidden_bias"][lo:hi].copy(),
-                "ids": ids,
-                "output_weights": params["output_weights"][ids],
-                "output_bias": params["output_bias"][ids],
-                "columns": self.columns,
-                "config": config,
-                "hogwild": model.hogwild,
-                "update_all_rows": model.hidden_update == "all",
-            }
-            [data] = self._placing(
-                lambda payload=payload, worker=worker: self.client.scatter(
-                    [payload], workers=[worker], hash=False
+        placed = []  # the payloads and their installs
+        try:
+            for p, worker in enumerate(self.workers):
+                ids = self.shard_map_.ids(p)
+                lo, hi = self.columns[p], self.columns[p + 1]
+                payload = {
+                    "hidden_weights": np.ascontiguousarray(params["hidden_weights"][:, lo:hi]),
+                    "hidden_bias": params["hidden_bias"][lo:hi].copy(),
+                    "ids": ids,
+                    "output_weights": params["output_weights"][ids],
+                    "output_bias": params["output_bias"][ids],
+                    "columns": self.columns,
+                    "config": config,
+                    "hogwild": model.hogwild,
+                    "update_all_rows": model.hidden_update == "all",
+                }
+                [data] = self._placing(
+                    lambda payload=payload, worker=worker: self.client.scatter(
+                        [payload], workers=[worker], hash=False
+                    )
                 )
-            )
-            futures.append(
-                self.client.submit(
-                    install_shard,
-                    self.token,
-                    p,
-                    data,
-                    workers=[worker],
-                    allow_other_workers=False,
-                    pure=False,
+                futures.append(
+                    self.client.submit(
+                        install_shard,
+                        self.token,
+                        p,
+                        data,
+                        workers=[worker],
+                        allow_other_workers=False,
+                        pure=False,
+                    )
                 )
-            )
-        self._placing(lambda: self.client.gather(futures))
+                placed += [data, futures[-1]]
+            self._placing(lambda: self.client.gather(futures))
+        except BaseException:
+            self.client.cancel(placed)
+            raise
 
     def _lost_while_placed(self) -> WorkerLostError | None:
         """A :class:`WorkerLostError` naming the shard workers that left while the model was
