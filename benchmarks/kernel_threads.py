@@ -46,7 +46,7 @@ from dasknn.kernels.inference import LANES
 ROOT = Path(__file__).resolve().parents[1]
 OFFICIAL = ROOT.parent / "shared/data/graphchallenge/neuron1024"
 
-Mode = Callable[[sp.csr_matrix], tuple[float, bytes]]
+Mode = Callable[[sp.csr_matrix], tuple[float, bytes, int]]
 
 
 def network() -> tuple[str, list[sp.csr_matrix]]:
@@ -75,13 +75,13 @@ def kernel_at(revision: str, folder: Path) -> ModuleType:
 
 
 def mode(kernel: ModuleType, layers, bias: float, dtype: np.dtype, **options) -> Mode:
-    """One timed ``advance`` of ``kernel`` over every layer: (seconds, what it computed).
+    """One timed ``advance`` of ``kernel`` over every layer: (seconds, what it computed, live rows).
 
     What it computed is the bytes of the live rows, their activations and the two counts.
     """
     packed = kernel.pack_layers(layers, dtype)
 
-    def run(inputs: sp.csr_matrix) -> tuple[float, bytes]:
+    def run(inputs: sp.csr_matrix) -> tuple[float, bytes, int]:
         state = kernel.start_batch(inputs, dtype)
         start = time.perf_counter()
         kernel.advance(state, packed, bias, **options)
@@ -92,7 +92,7 @@ def mode(kernel: ModuleType, layers, bias: float, dtype: np.dtype, **options) ->
             + kernel.live_activations(state).tobytes()
             + counts.tobytes()
         )
-        return seconds, computed
+        return seconds, computed, state.live
 
     return run
 
@@ -128,7 +128,7 @@ def main() -> None:
             times: dict[str, list[float]] = {label: [] for label in modes}
             for _ in range(repeats):
                 for label, run in modes.items():
-                    seconds, result = run(inputs)
+                    seconds, result, live = run(inputs)
                     assert result == computed[label], f"{label} changed between runs"
                     times[label].append(seconds)
             same = all(result == computed["split"] for result in computed.values())
@@ -138,7 +138,11 @@ def main() -> None:
                 + ("" if label == "split" else f" ({min(t) / best:.2f}x)")
                 for label, t in times.items()
             )
-            print(f"{rows:>6} rows, {repeats} runs:  {cells}  same bits: {same}", flush=True)
+            print(
+                f"{rows:>6} rows ({live} live at the end), {repeats} runs:  {cells}  "
+                f"same bits: {same}",
+                flush=True,
+            )
         print(f"threading layer {numba.threading_layer()}; machine at the end: {describe()}")
 
 
