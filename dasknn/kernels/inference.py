@@ -12,8 +12,11 @@ nonzero value (all-zero sections are skipped through a per-tile flag), with unit
 the lanes; bias (on nonzero entries only), ReLU and the clip are fused into the store; rows that
 died are compacted away before the next layer. Two rolling buffers are reused across the layers,
 and the whole loop over layers runs inside one compiled call. Tiles run in parallel (``prange``) on
-the numba threads. ``LANES`` is a compile-time constant so the lane loops vectorize without
-remainder code.
+the numba threads; when a layer has fewer live tiles than threads (a small batch, or one whose rows
+mostly died), each tile's output columns are split into consecutive chunks of at least
+``MIN_CHUNK_COLUMNS`` that run in parallel too, and the chunks' lane hits and counts are summed per
+tile afterwards. A column's sum keeps its order, so the results do not depend on the thread count.
+``LANES`` is a compile-time constant so the lane loops vectorize without remainder code.
 
 The layers are given as one concatenated CSC structure (column ``c`` of layer ``k`` lists the input
 neurons feeding output neuron ``c``), see :class:`PackedLayers`.
@@ -46,6 +49,7 @@ __all__ = [
 ]
 
 LANES = 64  # rows per tile: 8 AVX2 float32 vectors (16 float64) per section
+MIN_CHUNK_COLUMNS = 256  # fewest output columns of a tile that one thread computes when split
 
 
 @intrinsic
@@ -261,19 +265,62 @@ def _section_flags(block, live, flags, degree):
     return needed.sum()
 
 
+@njit(cache=True)
+def _column_chunks(n_tiles, n, threads):
+    """Into how many ranges of output columns each of ``n_tiles`` tiles is split for ``threads``.
+
+    1 when the tiles alone keep every thread busy. Otherwise the fewest chunks that give every
+    thread the same number of (tile, chunk) items, when those chunks still hold at least
+    ``MIN_CHUNK_COLUMNS`` of the ``n`` columns; failing that, enough chunks of that size for at
+    least one item a thread, as far as ``n`` allows.
+    """
+    if n_tiles >= threads:
+        return 1
+    most = max(1, n // MIN_CHUNK_COLUMNS)
+    a, b = n_tiles, threads
+    while b:
+        a, b = b, a % b
+    balanced = threads // a
+    if balanced <= most:
+        return balanced
+    return min(most, (threads + n_tiles - 1) // n_tiles)
+
+
 @njit(cache=True, parallel=True)
 def _layer(
-    src, dst, live, flags, next_flags, alive, counts, indptr, indices, data, degree, bias, ymax
+    src,
+    dst,
+    live,
+    chunks,
+    flags,
+    next_flags,
+    alive,
+    counts,
+    indptr,
+    indices,
+    data,
+    degree,
+    bias,
+    ymax,
 ):
-    """One layer, tile-parallel: ``dst = f(src @ W)``; fills ``alive`` and the section flags."""
+    """One layer: ``dst = f(src @ W)``; fills ``alive``, ``counts`` and the section flags.
+
+    The parallel items are the tiles, each split into ``chunks`` consecutive ranges of output
+    columns; the lane hits and the counts of a tile's chunks are summed afterwards.
+    """
     n = src.shape[1]
     n_tiles = (live + LANES - 1) // LANES
+    items = n_tiles * chunks
+    hits = np.zeros((items, LANES), dtype=np.int64)
+    item_counts = np.empty((items, 2), dtype=np.int64)
     zero = ymax - ymax
-    for t in prange(n_tiles):
-        hits = np.zeros(LANES, dtype=np.int64)
+    for i in prange(items):
+        t = i // chunks
+        part = i - t * chunks
+        item_hits = hits[i]
         done = 0
         needed = 0
-        for c in range(n):
+        for c in range(part * n // chunks, (part + 1) * n // chunks):
             acc = numba.carray(_stack_lanes(src.dtype), (LANES,))
             for lane in range(LANES):
                 acc[lane] = zero
@@ -293,12 +340,22 @@ def _layer(
                 y = y if z != zero else zero
                 dst[t, c, lane] = y
                 positive = y != zero
-                hits[lane] += positive
+                item_hits[lane] += positive
                 nonzeros += positive
             next_flags[t, c] = nonzeros > 0
             needed += nonzeros * degree[c]
+        item_counts[i, 0] = done
+        item_counts[i, 1] = needed
+    for t in range(n_tiles):
+        done = 0
+        needed = 0
         for lane in range(LANES):
-            alive[t * LANES + lane] = hits[lane] > 0
+            alive[t * LANES + lane] = False
+        for i in range(t * chunks, (t + 1) * chunks):
+            done += item_counts[i, 0]
+            needed += item_counts[i, 1]
+            for lane in range(LANES):
+                alive[t * LANES + lane] |= hits[i, lane] > 0
         counts[t, 0] = done * LANES
         counts[t, 1] = needed
     return n_tiles
@@ -327,10 +384,27 @@ def _compact(src, dst, source_of, next_flags):
 
 @njit(cache=True)
 def _run_layers(
-    block, spare, rows, live, flags, next_flags, indptr, indices, data, degrees, bias, ymax
+    block,
+    spare,
+    rows,
+    live,
+    flags,
+    next_flags,
+    indptr,
+    indices,
+    data,
+    degrees,
+    bias,
+    ymax,
+    threads,
 ):
-    """All layers of a window in one call; returns (live, result in spare?, done, needed)."""
+    """All layers of a window in one call; returns (live, result in spare?, done, needed).
+
+    Each layer whose live tiles are fewer than ``threads`` splits the tiles' output columns into
+    chunks for that many threads (:func:`_column_chunks`); ``threads=1`` never splits.
+    """
     n_layers = indptr.shape[0]
+    n = block.shape[1]
     src, dst = block, spare
     in_spare = False
     alive = np.empty(block.shape[0] * LANES, dtype=np.bool_)
@@ -341,10 +415,12 @@ def _run_layers(
         if live == 0:
             break
         degree = degrees[k + 1] if k + 1 < n_layers else degrees[k]
+        chunks = _column_chunks((live + LANES - 1) // LANES, n, threads)
         n_tiles = _layer(
             src,
             dst,
             live,
+            chunks,
             flags,
             next_flags,
             alive,
@@ -385,6 +461,8 @@ def advance(
     layers: PackedLayers,
     bias: float,
     ymax: float = 32.0,
+    *,
+    split_columns: bool = True,
 ) -> BatchState:
     """Run the state through every layer of ``layers``; update it in place and return it.
 
@@ -398,6 +476,10 @@ def advance(
         Added to the nonzero entries of ``Y @ W``.
     ymax : float
         Upper clip of the activations (32 in the challenge).
+    split_columns : bool
+        When the live tiles are fewer than the numba threads, split each tile's output columns
+        among the threads (the results are the same bit for bit); ``False`` runs a tile on one
+        thread whatever the count (``benchmarks/kernel_threads.py`` measures both).
     """
     n_tiles, n, _ = state.block.shape
     if layers.neurons != n:
@@ -426,6 +508,7 @@ def advance(
         layers.out_degree,
         dtype.type(bias),
         dtype.type(ymax),
+        numba.get_num_threads() if split_columns else 1,
     )
     block = spare if in_spare else state.block
     used = max(1, -(-live // LANES))
