@@ -4,7 +4,9 @@ checks on top of the data-parallel inference of :mod:`dasknn.data_parallel.infer
 :func:`prepare_run` reads and checks the network, the inputs and the options before any cluster
 is touched; :func:`run_challenge` runs the batches (weights broadcast once to every worker, or
 streamed a window of layers at a time, or uploaded to every GPU) and turns their live rows into
-the challenge's categories and statistics.
+the challenge's categories and statistics. With ``load_on_workers=True`` the GPU workers load the
+network themselves (:mod:`dasknn.challenge.worker_network`): :func:`prepare_worker_run` checks
+what can be checked before, and the inputs are read once the workers have reported the width.
 """
 
 from __future__ import annotations
