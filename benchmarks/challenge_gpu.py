@@ -22,6 +22,14 @@ have passed; results are appended to ``--out/results.jsonl`` as they come.
     python benchmarks/challenge_gpu.py --write-refs refs/                     # any machine, CPU
     python benchmarks/challenge_gpu.py --refs refs/ --official DIR --out out/  # the GPU machine
 
+``--load-on-workers`` also runs every case with ``run_challenge(load_on_workers=True)``: the GPU
+workers load the network themselves (the spec ``radixnet:N:L:0`` or the official directory) and no
+network bytes pass through the client; the run follows the client-loaded one on the same case and
+batches, and both rows carry ``"network_from"`` (``"client"`` or ``"workers"``), the timed
+seconds and the whole call's seconds; ``--workers-only`` skips the client-loaded run, e.g.
+``--only 65536x1920 --wide-copies 6 --batches-per-gpu 1 --load-on-workers`` for both paths on the
+largest network in one call.
+
 ``--mode`` picks the CUDA kernel mode (``auto``, ``fused``, ``sectioned``, ``tiled``) for every
 case, e.g. ``--only 65536x120 --mode tiled`` and then ``--mode sectioned`` for an end-to-end A/B
 (``benchmarks/challenge_gpu_kernels.py`` is the kernel-only one).
@@ -30,6 +38,7 @@ case, e.g. ``--only 65536x120 --mode tiled`` and then ``--mode sectioned`` for a
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import time
@@ -79,6 +88,17 @@ def _network(name: str, official: Path | None):
     return radixnet(neurons, layers, seed=0, dtype=np.float32)
 
 
+def _spec(name: str, official: Path | None) -> str:
+    """What the GPU workers load for ``--load-on-workers``: the official directory or the
+    generator spec of :func:`_network` (seed 0)."""
+    if name == "official":
+        if official is None:
+            raise FileNotFoundError("--official DIR is needed for the official network")
+        return str(official)
+    neurons, layers = _shape(name)
+    return f"radixnet:{neurons}:{layers}:0"
+
+
 def _inputs(images: np.ndarray, neurons: int, copies: int) -> sp.csr_matrix:
     base = mnist_to_challenge_inputs(images, int(round(neurons**0.5)))
     return sp.vstack([base] * copies, format="csr") if copies > 1 else base
@@ -107,6 +127,47 @@ def write_refs(out: Path, names: list[str], official: Path | None) -> None:
               f"{stats.rate:.3g} edges/s", flush=True)
 
 
+def _row(compact_every: int, cuda_mode: str, name: str, path: str, tried: list, batches: int,
+         categories: np.ndarray, stats, call: float, prepare: float,
+         expected: np.ndarray | None, cpu: tuple | None) -> dict:
+    """The results row of one case run one way (``path``: who loaded the network), printed."""
+    neurons, n_layers = _shape(name)
+    checked = None
+    if cpu is not None:
+        rows_checked, cpu_categories, cpu_seconds = cpu
+        checked = {"rows": rows_checked, "categories": int(cpu_categories.size),
+                   "equal": bool(np.array_equal(categories[categories <= rows_checked],
+                                                cpu_categories)),
+                   "seconds": cpu_seconds}
+    mode = cuda_mode
+    if mode == "auto":
+        mode = "sectioned" if neurons >= SECTIONED_FROM else "fused"
+    choice = f"{batches} batches/GPU, {mode}"
+    snig = SNIG_ONE_GPU.get((neurons, n_layers), float("nan"))
+    rate = stats.rate / 1e9
+    row = {
+        "case": name, "neurons": neurons, "layers": n_layers, "inputs": stats.inputs,
+        "categories": stats.categories, "seconds": stats.seconds,
+        "kernel_seconds": stats.kernel_seconds, "rate_ge_s": rate,
+        "snig_ge_s": snig, "ratio_vs_snig": rate / snig,
+        "compact_every": compact_every, "cuda_mode": mode,
+        "batches_per_gpu": batches, "tried": {t[1]: t[0] for t in tried},
+        "mode": stats.mode, "gpus": stats.gpus, "prepare_seconds": prepare,
+        "network_from": path, "call_seconds": call,
+        "matches_cpu_engine": None if expected is None else bool(
+            np.array_equal(categories, expected)),
+        "macs_done": stats.macs_done, "nominal": stats.inputs * stats.edges,
+        "cpu_kernel_check": checked,
+    }
+    print(f"{name} (network loaded by the {path}): {stats.inputs} inputs, {stats.categories} "
+          f"categories, {stats.seconds:.3f} s ({stats.kernel_seconds:.3f} s on the GPU), "
+          f"{rate:.1f} GE/s, SNIG {snig:.1f}, x{rate / snig:.2f}, "
+          f"{choice} (tried {row['tried']}), "
+          f"matches CPU engine: {row['matches_cpu_engine']}, CPU kernel check: {checked}, "
+          f"prepare {prepare:.1f} s, whole call with the network's load {call:.1f} s", flush=True)
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--refs", type=Path, help="CPU-engine categories (NAME.npy, 10k images)")
@@ -131,6 +192,11 @@ def main() -> None:
                         "on the first CHECK_ROWS images and compare their categories")
     parser.add_argument("--cpu-baseline", action="store_true",
                         help="also run the CPU engine on the official network on this machine")
+    parser.add_argument("--load-on-workers", action="store_true",
+                        help="also run every case with the GPU workers loading the network "
+                        "themselves (run_challenge(load_on_workers=True))")
+    parser.add_argument("--workers-only", action="store_true",
+                        help="with --load-on-workers: skip the client-loaded runs")
     parser.add_argument("--scheduler", help="use this cluster instead of a LocalCUDACluster")
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args()
@@ -169,7 +235,9 @@ def main() -> None:
             neurons, n_layers = _shape(name)
             copies = args.wide_copies if neurons >= 65536 else args.copies
             t0 = time.perf_counter()
-            layers = _network(name, args.official)
+            client_load = not (args.load_on_workers and args.workers_only)
+            layers = _network(name, args.official) if client_load else None
+            network_seconds = time.perf_counter() - t0
             x = _inputs(images, neurons, copies)
             prepare = time.perf_counter() - t0
             expected = None
@@ -178,55 +246,53 @@ def main() -> None:
                 base = base[base <= images.shape[0]]
                 expected = np.concatenate([base + c * images.shape[0] for c in range(copies)])
             bias = challenge_bias(neurons) if neurons in CHALLENGE_WIDTHS else -0.3
-            tried = []
-            for batches in [best_batches[neurons]] if neurons in best_batches else sweep:
-                categories, stats = run_challenge(
-                    layers, x, bias, client=client, device="cuda",
-                    batch_size=-(-x.shape[0] // (batches * gpus)),
-                    compact_every=args.compact_every, cuda_mode=args.mode, progress=False,
-                )
-                tried.append((stats.seconds, batches, categories, stats))
-            seconds, batches, categories, stats = min(tried, key=lambda t: t[0])
-            best_batches[neurons] = batches
-            print(f"{name}: timed call {stats.seconds:.3f} s ({stats.kernel_seconds:.3f} s on the "
-                  f"GPU), {stats.rate / 1e9:.1f} GE/s, {stats.categories} categories", flush=True)
-            checked = None
+            paths = (["client"] if client_load else []) + (
+                ["workers"] if args.load_on_workers else [])
+            runs = []
+            for path in paths:
+                if path == "workers":
+                    layers = None  # the client's copy: the workers' loads need the memory
+                    gc.collect()
+                tried = []
+                sweep_here = [best_batches[neurons]] if neurons in best_batches else sweep
+                for batches in sweep_here:
+                    t1 = time.perf_counter()
+                    categories, stats = run_challenge(
+                        layers if path == "client" else _spec(name, args.official), x, bias,
+                        client=client, device="cuda",
+                        batch_size=-(-x.shape[0] // (batches * gpus)),
+                        compact_every=args.compact_every, cuda_mode=args.mode, progress=False,
+                        load_on_workers=path == "workers",
+                    )
+                    call = time.perf_counter() - t1 + (network_seconds if path == "client" else 0)
+                    tried.append((stats.seconds, batches, categories, stats, call))
+                seconds, batches, categories, stats, call = min(tried, key=lambda t: t[0])
+                best_batches[neurons] = batches
+                print(f"{name} (network loaded by the {path}): timed call {stats.seconds:.3f} s "
+                      f"({stats.kernel_seconds:.3f} s on the GPU), {stats.rate / 1e9:.1f} GE/s, "
+                      f"{stats.categories} categories, whole call with the network's load "
+                      f"{call:.1f} s", flush=True)
+                runs.append((path, tried, batches, categories, stats, call))
+            if len(runs) == 2:
+                (_, _, _, by_client, client_stats, client_call), (_, _, _, by_workers, stats,
+                                                                  call) = runs
+                print(f"{name}: workers / client loading: timed {stats.seconds:.3f} / "
+                      f"{client_stats.seconds:.3f} s (x{client_stats.seconds / stats.seconds:.2f}"
+                      f" the rate), whole call {call:.1f} / {client_call:.1f} s, same categories:"
+                      f" {bool(np.array_equal(by_workers, by_client))}", flush=True)
+            cpu = None
             if expected is None and args.check_rows > 0:
+                layers = layers if layers is not None else _network(name, args.official)
                 rows_checked = min(args.check_rows, images.shape[0])
                 t1 = time.perf_counter()
-                cpu = cpu_kernel_categories(layers, x[:rows_checked], bias)
-                checked = {"rows": rows_checked, "categories": int(cpu.size),
-                           "equal": bool(np.array_equal(categories[categories <= rows_checked],
-                                                        cpu)),
-                           "seconds": time.perf_counter() - t1}
-            mode = args.mode
-            if mode == "auto":
-                mode = "sectioned" if neurons >= SECTIONED_FROM else "fused"
-            choice = f"{batches} batches/GPU, {mode}"
-            snig = SNIG_ONE_GPU.get((neurons, n_layers), float("nan"))
-            rate = stats.rate / 1e9
-            row = {
-                "case": name, "neurons": neurons, "layers": n_layers, "inputs": stats.inputs,
-                "categories": stats.categories, "seconds": stats.seconds,
-                "kernel_seconds": stats.kernel_seconds, "rate_ge_s": rate,
-                "snig_ge_s": snig, "ratio_vs_snig": rate / snig,
-                "compact_every": args.compact_every, "cuda_mode": mode,
-                "batches_per_gpu": batches, "tried": {t[1]: t[0] for t in tried},
-                "mode": stats.mode, "gpus": stats.gpus, "prepare_seconds": prepare,
-                "matches_cpu_engine": None if expected is None else bool(
-                    np.array_equal(categories, expected)),
-                "macs_done": stats.macs_done, "nominal": stats.inputs * stats.edges,
-                "cpu_kernel_check": checked,
-            }
-            rows.append(row)
-            with results_file.open("a") as fh:
-                fh.write(json.dumps(row) + "\n")
-            print(f"{name}: {stats.inputs} inputs, {stats.categories} categories, "
-                  f"{stats.seconds:.3f} s ({stats.kernel_seconds:.3f} s on the GPU), "
-                  f"{rate:.1f} GE/s, SNIG {snig:.1f}, x{rate / snig:.2f}, "
-                  f"{choice} (tried {row['tried']}), "
-                  f"matches CPU engine: {row['matches_cpu_engine']}, CPU kernel check: {checked}, "
-                  f"prepare {prepare:.1f} s", flush=True)
+                cpu = (rows_checked, cpu_kernel_categories(layers, x[:rows_checked], bias),
+                       time.perf_counter() - t1)
+            for path, tried, batches, categories, stats, call in runs:
+                row = _row(args.compact_every, args.mode, name, path, tried, batches, categories,
+                           stats, call, prepare, expected, cpu)
+                rows.append(row)
+                with results_file.open("a") as fh:
+                    fh.write(json.dumps(row) + "\n")
         if args.cpu_baseline and "official" in names:
             from dasknn.runtime.cluster import local_cluster
 
@@ -244,12 +310,14 @@ def main() -> None:
                 fh.write(json.dumps(row) + "\n")
             print(f"CPU engine, official, {stats.workers} workers: {stats.seconds:.3f} s, "
                   f"{stats.rate / 1e9:.1f} GE/s; GPU / CPU x{row['gpu_over_cpu']}", flush=True)
-    print("\n| network | inputs | s | GPU s | GE/s | SNIG GE/s | x SNIG | = CPU engine |")
-    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    print("\n| network | loaded by | inputs | s | GPU s | GE/s | SNIG GE/s | x SNIG | "
+          "whole call s | = CPU engine |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
-        print(f"| {r['case']} | {r['inputs']} | {r['seconds']:.3f} | {r['kernel_seconds']:.3f} "
+        print(f"| {r['case']} | {r['network_from']} | {r['inputs']} | {r['seconds']:.3f} "
+              f"| {r['kernel_seconds']:.3f} "
               f"| {r['rate_ge_s']:.1f} | {r['snig_ge_s']:.1f} | {r['ratio_vs_snig']:.2f} "
-              f"| {r['matches_cpu_engine']} |")
+              f"| {r['call_seconds']:.1f} | {r['matches_cpu_engine']} |")
 
 
 if __name__ == "__main__":

@@ -9,13 +9,18 @@ against the CPU engine. Tests marked ``gpu`` need a real GPU and skip elsewhere.
 from __future__ import annotations
 
 import os
+import re
+import time
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
 from distributed import Client, LocalCluster
+from stopped_workers import wait_until_empty
 
 from dasknn.challenge import run_challenge
+from dasknn.challenge.engine import prepare_run
+from dasknn.challenge.worker_network import _same_network
 from dasknn.cli import main
 from dasknn.data_parallel.gpu_inference import plan_memory
 from dasknn.datasets import (
@@ -40,6 +45,7 @@ from dasknn.kernels.cuda_inference import (
     weight_bytes,
 )
 from dasknn.kernels.inference import advance, live_rows, pack_layers, start_batch
+from dasknn.runtime.step_timeout import StepTimeoutError
 
 needs_gpu = pytest.mark.skipif(cuda_runtime() != "gpu", reason="no CUDA GPU on this machine")
 
@@ -304,6 +310,173 @@ def test_cli_device_cuda_on_scheduler(client, tmp_path, capsys):
                  "--scheduler", client.scheduler.address])
     assert code == 0
     np.testing.assert_array_equal(read_categories(out), reference_categories(x, layers, -0.3) + 1)
+
+
+def write_network(directory, layers) -> str:
+    """Write ``layers`` as the challenge's layer files ``n{N}-l{k}.tsv`` into ``directory``."""
+    directory.mkdir()
+    for k, w in enumerate(layers, start=1):
+        write_sparse_tsv(directory / f"n{w.shape[0]}-l{k}.tsv", w)
+    return str(directory)
+
+
+def _scheduler_tasks(dask_scheduler=None) -> list[str]:
+    return list(dask_scheduler.tasks)
+
+
+def nothing_left(client) -> None:
+    """Every key of the run (the workers' copies included) leaves the scheduler."""
+    wait_until_empty(lambda: client.run_on_scheduler(_scheduler_tasks), 5,
+                     "a key of the run stayed on the scheduler")
+
+
+needs_cuda_runtime = pytest.mark.skipif(cuda_runtime() == "none",
+                                        reason="numba's CUDA simulator is off")
+
+
+@needs_cuda_runtime
+def test_workers_load_the_network_as_the_client_does(client, tmp_path):
+    """A generator spec run both ways; a challenge directory run by the workers, against the
+    layers and statistics the client-loaded path takes from ``prepare_run`` (each call costs the
+    simulator's kernel warm-up)."""
+    x = mnist_to_challenge_inputs(load_mnist_test()[0][:40], 8)
+    expected = reference_categories(x, radixnet(64, 4, seed=3), -0.3) + 1
+    assert 0 < expected.size < 40
+    by_client, client_stats = run_challenge("radixnet:64:4:3", x, -0.3, client=client,
+                                            device="cuda", progress=False)
+    by_workers, stats = run_challenge("radixnet:64:4:3", x, -0.3, client=client, device="cuda",
+                                      progress=False, load_on_workers=True)
+    np.testing.assert_array_equal(by_client, expected)
+    np.testing.assert_array_equal(by_workers, expected)
+    shape = ("neurons", "layers", "edges", "weight_bytes", "mode", "batches", "workers", "device")
+    assert [getattr(stats, key) for key in shape] == [getattr(client_stats, key) for key in shape]
+    nothing_left(client)
+
+    directory = write_network(tmp_path / "net", random_network(64, 3, 6, seed=2))
+    layers, _, _ = prepare_run(directory, x, -0.2, device="cuda")  # what the client would run
+    expected = reference_categories(x, layers, -0.2) + 1
+    assert 0 < expected.size < 40
+    by_workers, stats = run_challenge(directory, x, -0.2, client=client, device="cuda",
+                                      progress=False, load_on_workers=True)
+    np.testing.assert_array_equal(by_workers, expected)
+    assert (stats.neurons, stats.layers, stats.edges) == (64, 3, sum(w.nnz for w in layers))
+    assert stats.edges == 3 * 64 * 6 and stats.batches == 2
+    nothing_left(client)
+
+
+@needs_cuda_runtime
+def test_worker_load_errors_name_the_worker_and_leave_nothing(client, tmp_path):
+    x = random_inputs(6, 64, 0.5, seed=0)
+    worker = r"worker tcp://[0-9.:]+ could not load the network"
+    missing = str(tmp_path / "absent")
+    with pytest.raises(FileNotFoundError, match=rf"{worker} '{re.escape(missing)}'"):
+        run_challenge(missing, x, -0.3, client=client, device="cuda", progress=False,
+                      load_on_workers=True)
+    nothing_left(client)
+    malformed = tmp_path / "malformed"
+    malformed.mkdir()
+    (malformed / "n64-l1.tsv").write_text("1 2 0.5\n3 x 0.5\n")
+    with pytest.raises(ValueError, match=rf"{worker} .*n64-l1.tsv, line 2"):
+        run_challenge(str(malformed), x, -0.3, client=client, device="cuda", progress=False,
+                      load_on_workers=True)
+    nothing_left(client)
+    with pytest.raises(ValueError, match=rf"{worker} 'radixnet:64:2': --layers 5 exceeds the 2"):
+        run_challenge("radixnet:64:2", x, -0.3, client=client, device="cuda", layers=5,
+                      progress=False, load_on_workers=True)
+    nothing_left(client)
+    narrow = random_inputs(6, 32, 0.5, seed=0)
+    with pytest.raises(ValueError, match=r"32 features but the network has 64 neurons \(width "
+                       r"mismatch\) \(the network 'radixnet:64:2' as loaded by worker tcp://"):
+        run_challenge("radixnet:64:2", narrow, -0.3, client=client, device="cuda",
+                      progress=False, load_on_workers=True)
+    nothing_left(client)
+
+
+@needs_cuda_runtime
+def test_worker_load_past_the_step_timeout_names_the_workers(client, tmp_path):
+    """A layer file that never delivers its bytes (a FIFO without a writer, as a stuck network
+    file system): the load is bounded by ``step_timeout``; the file is then closed so the workers'
+    reads end."""
+    directory = tmp_path / "stuck"
+    directory.mkdir()
+    fifo = directory / "n64-l1.tsv"
+    os.mkfifo(fifo)
+    named = (r"^the workers did not finish loading the network '.*stuck' within 3 s "
+             r"\(step_timeout\): worker tcp://[0-9.:]+ \(loading the network\) is running")
+    try:
+        start = time.monotonic()
+        with pytest.raises(StepTimeoutError, match=named):
+            run_challenge(str(directory), random_inputs(6, 64, 0.5, seed=0), -0.3,
+                          client=client, device="cuda", progress=False, load_on_workers=True,
+                          step_timeout=3)
+        assert time.monotonic() - start < 3 + 10
+    finally:
+        _end_reads(fifo)
+    nothing_left(client)
+
+
+def _end_reads(fifo) -> None:
+    """Open ``fifo`` for writing and close it until no worker has it open for reading (each read
+    then ends, the file empty)."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:  # ENXIO: no reader left
+            return
+        assert time.monotonic() < deadline, "the workers' reads of the FIFO did not end"
+        time.sleep(0.05)
+
+
+def test_workers_that_loaded_different_networks_are_named():
+    report = {"neurons": 64, "layers": 2, "edges": 4096, "device_bytes": 1, "largest_layer": 1,
+              "digest": "aa"}
+    assert _same_network({"tcp://b": report, "tcp://a": dict(report)}, "net") == {
+        key: value for key, value in report.items() if key != "digest"}
+    with pytest.raises(ValueError, match=r"different networks from 'net': worker tcp://a has 64 "
+                       r"neurons, 2 layers, 4096 edges \(digest aa\), worker tcp://b has 64 "
+                       r"neurons, 2 layers, 4096 edges \(digest bb\)"):
+        _same_network({"tcp://b": {**report, "digest": "bb"}, "tcp://a": report}, "net")
+
+
+def test_worker_load_options_fail_before_any_cluster():
+    x = random_inputs(4, 64, 0.5, seed=0)
+    unreachable = "tcp://127.0.0.1:1"
+    with pytest.raises(ValueError, match="load_on_workers=True needs the network as a directory"):
+        run_challenge(radixnet(64, 2), x, client=unreachable, device="cuda",
+                      load_on_workers=True)
+    with pytest.raises(ValueError, match="must be radixnet:N:L or radixnet:N:L:SEED"):
+        run_challenge("radixnet:64", x, client=unreachable, device="cuda", load_on_workers=True)
+    with pytest.raises(ValueError, match="needs device='cuda'"):
+        run_challenge("radixnet:64:2", x, client=unreachable, load_on_workers=True)
+    with pytest.raises(FileNotFoundError, match="input file"):
+        run_challenge("radixnet:64:2", "/nonexistent/x.tsv", client=unreachable, device="cuda",
+                      load_on_workers=True)
+
+
+@needs_cuda_runtime
+def test_cli_load_on_workers(client, tmp_path, capsys):
+    x = mnist_to_challenge_inputs(load_mnist_test()[0][:30], 8)
+    write_sparse_tsv(tmp_path / "x.tsv", x)
+    out = tmp_path / "cats.tsv"
+    report = tmp_path / "stats.json"
+    code = main(["challenge", "--network", "radixnet:64:3:1", "--layers", "2", "--inputs",
+                 str(tmp_path / "x.tsv"), "--bias", "-0.3", "--device", "cuda",
+                 "--load-on-workers", "--categories", str(out), "--json", str(report),
+                 "--quiet", "--scheduler", client.scheduler.address])
+    assert code == 0, capsys.readouterr().err
+    expected = reference_categories(x, radixnet(64, 2, seed=1), -0.3) + 1
+    np.testing.assert_array_equal(read_categories(out), expected)
+    assert '"layers": 2' in report.read_text()
+    for extra, message in ((["--model-parallel"], "drop --model-parallel"),
+                           (["--network", "radixnet:64"], "must be radixnet:N:L")):
+        code = main(["challenge", "--network", "radixnet:64:2", "--inputs",
+                     str(tmp_path / "x.tsv"), "--device", "cuda", "--load-on-workers",
+                     "--scheduler", "tcp://127.0.0.1:1", *extra])
+        assert code == 2 and message in capsys.readouterr().err
+    code = main(["challenge", "--network", "radixnet:64:2", "--inputs", str(tmp_path / "x.tsv"),
+                 "--load-on-workers", "--scheduler", "tcp://127.0.0.1:1"])
+    assert code == 2 and "needs device='cuda'" in capsys.readouterr().err
 
 
 @pytest.mark.gpu

@@ -4,7 +4,9 @@ checks on top of the data-parallel inference of :mod:`dasknn.data_parallel.infer
 :func:`prepare_run` reads and checks the network, the inputs and the options before any cluster
 is touched; :func:`run_challenge` runs the batches (weights broadcast once to every worker, or
 streamed a window of layers at a time, or uploaded to every GPU) and turns their live rows into
-the challenge's categories and statistics.
+the challenge's categories and statistics. With ``load_on_workers=True`` the GPU workers load the
+network themselves (:mod:`dasknn.challenge.worker_network`): :func:`prepare_worker_run` checks
+what can be checked before, and the inputs are read once the workers have reported the width.
 """
 
 from __future__ import annotations
@@ -13,22 +15,23 @@ import math
 import os
 from collections.abc import Sequence
 from contextlib import ExitStack
+from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
 from distributed import Client, Security
 
 from dasknn.challenge.inputs import load_inputs
+from dasknn.challenge.network_checks import check_network
 from dasknn.challenge.stats import ChallengeStats, merge_batches
 from dasknn.data_parallel.inference import InferenceRun, infer_on_cpus, infer_on_gpus
 from dasknn.datasets import challenge_bias, load_network
-from dasknn.kernels.footprint_tiles import check_tileable
 from dasknn.model.validation import check_float_dtype
 from dasknn.runtime.cluster import open_client
 from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT, check_step_timeout
 from graph.checks import check_csr
 
-__all__ = ["run_challenge", "prepare_run"]
+__all__ = ["run_challenge", "prepare_run", "prepare_worker_run"]
 
 
 def _resolve_network(network, neurons, layers, seed) -> list[sp.csr_matrix]:
@@ -67,6 +70,20 @@ def prepare_run(
     Returns the layers, the input rows (CSR, float64) and the bias. Raises ``ValueError`` (or
     ``FileNotFoundError``) naming the problem; see :func:`run_challenge` for the parameters.
     """
+    dtype = _check_options(
+        dtype, weight_buffers, device, compact_every, cuda_mode, batch_size, resident_layers
+    )
+    matrices = _resolve_network(network, neurons, layers, seed)
+    width = check_network(matrices, dtype, tiled=device == "cuda" and cuda_mode == "tiled")
+    matrix, bias = _prepare_inputs(inputs, bias, width)
+    return matrices, matrix, bias
+
+
+def _check_options(
+    dtype, weight_buffers: int, device: str, compact_every: int, cuda_mode: str,
+    batch_size: int | None, resident_layers: int | None,
+) -> np.dtype:  # fmt: skip
+    """The checked ``dtype``; ``ValueError`` naming the first bad option."""
     dtype = check_float_dtype(dtype)
     if weight_buffers < 1:
         raise ValueError(f"weight_buffers must be >= 1, got {weight_buffers}")
@@ -78,19 +95,16 @@ def prepare_run(
         raise ValueError(
             f"cuda_mode must be 'auto', 'fused', 'sectioned' or 'tiled', got {cuda_mode!r}"
         )
-    matrices = _resolve_network(network, neurons, layers, seed)
-    if not matrices:
-        raise ValueError("the network has no layers")
-    width = matrices[0].shape[0]
-    for k, m in enumerate(matrices):
-        if m.shape != (width, width):
-            raise ValueError(f"layer {k + 1} has shape {m.shape}, expected ({width}, {width})")
-        if not np.all(np.isfinite(m.data)):
-            raise ValueError(f"layer {k + 1} has a weight that is NaN or infinite")
-        if m.nnz and np.abs(m.data).max() > np.finfo(dtype).max:
-            raise ValueError(f"layer {k + 1} has a weight that does not fit {dtype.name}")
-    if device == "cuda" and cuda_mode == "tiled":
-        check_tileable(np.bincount(sp.csr_matrix(m).indices, minlength=width) for m in matrices)
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if resident_layers is not None and resident_layers < 1:
+        raise ValueError(f"resident_layers must be >= 1, got {resident_layers}")
+    return dtype
+
+
+def _prepare_inputs(inputs, bias: float | None, width: int) -> tuple[sp.csr_matrix, float]:
+    """The input rows for a network of ``width`` neurons, checked, and the bias (by default the
+    challenge's for ``width``)."""
     matrix = _resolve_inputs(inputs, width)
     if matrix.shape[1] != width:
         raise ValueError(
@@ -105,11 +119,38 @@ def prepare_run(
         bias = challenge_bias(width)
     if not math.isfinite(bias):
         raise ValueError(f"bias must be finite, got {bias}")
-    if batch_size is not None and batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if resident_layers is not None and resident_layers < 1:
-        raise ValueError(f"resident_layers must be >= 1, got {resident_layers}")
-    return matrices, matrix, float(bias)
+    return matrix, float(bias)
+
+
+def prepare_worker_run(
+    network: str | os.PathLike | Sequence[sp.spmatrix],
+    inputs: str | os.PathLike | sp.spmatrix | np.ndarray,
+    bias: float | None = None,
+    *,
+    batch_size: int | None = None,
+    dtype: str | np.dtype | type = "float32",
+    device: str = "cuda",
+    compact_every: int = 8,
+    cuda_mode: str = "auto",
+) -> str:
+    """Check what :func:`run_challenge` with ``load_on_workers=True`` can check before any cluster
+    is touched (the options, the network's form, the inputs file's presence, the bias), and
+    return the network spec the workers load
+    (:func:`dasknn.challenge.worker_network.worker_network_spec`).
+
+    Raises ``ValueError`` (or ``FileNotFoundError`` for the inputs) naming the problem.
+    """
+    from dasknn.challenge.worker_network import worker_network_spec
+
+    _check_options(dtype, 1, device, compact_every, cuda_mode, batch_size, None)
+    if device != "cuda":
+        raise ValueError(f"load_on_workers=True needs device='cuda', got device={device!r}")
+    spec = worker_network_spec(network)
+    if isinstance(inputs, str | os.PathLike) and not Path(inputs).exists():
+        raise FileNotFoundError(f"input file {inputs} does not exist")
+    if bias is not None and not math.isfinite(bias):
+        raise ValueError(f"bias must be finite, got {bias}")
+    return spec
 
 
 def run_challenge(
@@ -133,6 +174,7 @@ def run_challenge(
     cuda_mode: str = "auto",
     security: Security | bool | None = None,
     step_timeout: float = DEFAULT_STEP_TIMEOUT,
+    load_on_workers: bool = False,
 ) -> tuple[np.ndarray, ChallengeStats]:
     """Run Graph Challenge inference and return the categories and the run's statistics.
 
@@ -195,7 +237,16 @@ def run_challenge(
         weights, a batch's rows or a result not arriving. It then stops with
         :class:`~dasknn.runtime.step_timeout.StepTimeoutError` naming the batches still running,
         their workers and the workers' state (see
-        :func:`dasknn.data_parallel.driver.run_batches`).
+        :func:`dasknn.data_parallel.driver.run_batches`). With ``load_on_workers`` it also bounds
+        the workers' load of the network, so a huge network needs a ``step_timeout`` longer
+        than its load (generating or reading it and packing it on a worker).
+    load_on_workers : bool
+        ``device="cuda"``: each GPU worker loads ``network`` (a directory it reads at the same
+        path, or a ``radixnet:N:L`` spec) itself with :func:`dasknn.datasets.load_network`,
+        checks and packs it, and keeps the compact copy in its memory; only a summary comes back
+        (the client checks that every worker loaded the same network and its width against the
+        inputs, which are read after it). None of the network's bytes pass through the client.
+        The clock starts as without it, before the upload of each worker's copy to its GPU.
 
     Returns
     -------
@@ -208,7 +259,11 @@ def run_challenge(
     ------
     ValueError
         On inconsistent layers or inputs (width mismatch, NaN, a bad dtype, device or batch size),
-        or a ``tls://`` scheduler address without TLS certificates.
+        or a ``tls://`` scheduler address without TLS certificates; ``load_on_workers``: a
+        sequence of matrices, a spec that does not parse, a worker's bad file (naming the worker)
+        or workers that loaded different networks.
+    FileNotFoundError
+        A missing file or directory (``load_on_workers``: on a worker, naming it).
     RuntimeError
         ``device="cuda"`` without the optional packages or without a GPU on every worker; a
         scheduler that cannot be reached or refuses the client's certificate.
@@ -222,6 +277,13 @@ def run_challenge(
     """
     dtype = np.dtype(dtype)
     step_timeout = check_step_timeout(step_timeout)
+    if load_on_workers:
+        return _run_loading_on_workers(
+            network, inputs, bias, client, neurons=neurons, layers=layers, seed=seed,
+            batch_size=batch_size, dtype=dtype, ymax=ymax, weight_budget=weight_budget,
+            progress=progress, device=device, compact_every=compact_every, cuda_mode=cuda_mode,
+            security=security, step_timeout=step_timeout,
+        )  # fmt: skip
     matrices, matrix, bias = prepare_run(
         network, inputs, bias, neurons=neurons, layers=layers, seed=seed, batch_size=batch_size,
         dtype=dtype, resident_layers=resident_layers, weight_buffers=weight_buffers,
@@ -260,20 +322,77 @@ def run_challenge(
                 progress=progress,
                 desc="challenge",
             )
-    return _statistics(run, matrices, matrix.shape[0], dtype)
+    edges = int(sum(m.nnz for m in matrices))
+    return _statistics(run, matrices[0].shape[0], len(matrices), edges, matrix.shape[0], dtype)
+
+
+def _run_loading_on_workers(
+    network: str | os.PathLike | Sequence[sp.spmatrix],
+    inputs: str | os.PathLike | sp.spmatrix | np.ndarray,
+    bias: float | None,
+    client: Client | str | None,
+    *,
+    neurons: int | None,
+    layers: int | None,
+    seed: int,
+    batch_size: int | None,
+    dtype: np.dtype,
+    ymax: float,
+    weight_budget: int | None,
+    progress: bool,
+    device: str,
+    compact_every: int,
+    cuda_mode: str,
+    security: Security | bool | None,
+    step_timeout: float,
+) -> tuple[np.ndarray, ChallengeStats]:
+    """:func:`run_challenge` with ``load_on_workers=True``: the options checked before any
+    cluster is touched, the network loaded by every GPU worker, then the inputs read for its
+    width and the batches run on the workers' copies (released however the run ends)."""
+    from dasknn.challenge.worker_network import load_on_gpu_workers
+    from dasknn.data_parallel.gpu_inference import check_cuda_workers
+
+    spec = prepare_worker_run(
+        network, inputs, bias, batch_size=batch_size, dtype=dtype, device=device,
+        compact_every=compact_every, cuda_mode=cuda_mode,
+    )  # fmt: skip
+    tiled = cuda_mode == "tiled"
+    with ExitStack() as stack:
+        session = open_client(stack, client, device="cuda", security=security)
+        gpus = check_cuda_workers(session, step_timeout)
+        held = load_on_gpu_workers(
+            session, sorted(gpus), spec, neurons=neurons, layers=layers, seed=seed, dtype=dtype,
+            tiled=tiled, step_timeout=step_timeout,
+        )  # fmt: skip
+        try:
+            try:
+                matrix, bias = _prepare_inputs(inputs, bias, held.neurons)
+            except ValueError as error:
+                raise ValueError(
+                    f"{error} (the network {spec!r} as loaded by worker "
+                    f"{', '.join(sorted(held.copies))})"
+                ) from None
+            run = infer_on_gpus(
+                session, held, matrix, bias, float(ymax), dtype=dtype, batch_size=batch_size,
+                weight_budget=weight_budget, compact_every=compact_every, cuda_mode=cuda_mode,
+                step_timeout=step_timeout, progress=progress, desc="challenge",
+            )  # fmt: skip
+        finally:
+            held.release()
+    return _statistics(run, held.neurons, held.layers, held.edges, matrix.shape[0], dtype)
 
 
 def _statistics(
-    run: InferenceRun, matrices: list[sp.csr_matrix], n_inputs: int, dtype: np.dtype
+    run: InferenceRun, neurons: int, layers: int, edges: int, n_inputs: int, dtype: np.dtype
 ) -> tuple[np.ndarray, ChallengeStats]:
-    """The categories and statistics of a run's batches."""
+    """The categories and statistics of a run's batches through a network of ``neurons`` x
+    ``layers`` with ``edges`` weights."""
     categories, peaks = merge_batches(run.results)
-    edges = int(sum(m.nnz for m in matrices))
     seconds = run.seconds
     stats = ChallengeStats(
         inputs=n_inputs,
-        neurons=matrices[0].shape[0],
-        layers=len(matrices),
+        neurons=neurons,
+        layers=layers,
         edges=edges,
         categories=int(categories.size),
         seconds=seconds,

@@ -9,7 +9,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from dasknn.challenge import run_challenge
-from dasknn.challenge.engine import prepare_run
+from dasknn.challenge.engine import prepare_run, prepare_worker_run
 from dasknn.challenge.model_parallel import check_model_parallel, run_challenge_model_parallel
 from dasknn.cli.cluster_options import (
     add_cluster_arguments,
@@ -81,6 +81,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "tiled: per layer, footprint tiles in shared memory)",
     )
     parser.add_argument(
+        "--load-on-workers",
+        action="store_true",
+        help="--device cuda: each GPU worker loads --network itself (a directory it reads at "
+        "the same path, or radixnet:N:L), so the network does not pass through this process",
+    )
+    parser.add_argument(
         "--resident-layers",
         type=int,
         help="stream the weights in windows of this many layers (default: broadcast if it fits)",
@@ -130,20 +136,35 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--workers starts a local cluster or sizes --cluster, not --scheduler")
     target = cluster_target(args, args.workers)
     golden = read_categories(args.golden) if args.golden is not None else None
-    network, inputs, bias = prepare_run(
-        args.network,
-        args.inputs,
-        args.bias,
-        neurons=args.neurons,
-        layers=args.layers,
-        batch_size=args.batch_size,
-        dtype=args.dtype,
-        resident_layers=args.resident_layers,
-        weight_buffers=args.weight_buffers,
-        device=args.device,
-        compact_every=args.compact_every,
-        cuda_mode=args.cuda_mode,
-    )
+    if args.load_on_workers:
+        if args.model_parallel:
+            raise ValueError("--load-on-workers runs data-parallel on GPUs; drop --model-parallel")
+        network = prepare_worker_run(
+            args.network,
+            args.inputs,
+            args.bias,
+            batch_size=args.batch_size,
+            dtype=args.dtype,
+            device=args.device,
+            compact_every=args.compact_every,
+            cuda_mode=args.cuda_mode,
+        )
+        inputs, bias = args.inputs, args.bias
+    else:
+        network, inputs, bias = prepare_run(
+            args.network,
+            args.inputs,
+            args.bias,
+            neurons=args.neurons,
+            layers=args.layers,
+            batch_size=args.batch_size,
+            dtype=args.dtype,
+            resident_layers=args.resident_layers,
+            weight_buffers=args.weight_buffers,
+            device=args.device,
+            compact_every=args.compact_every,
+            cuda_mode=args.cuda_mode,
+        )
     if args.model_parallel:
         if args.device != "cpu":
             raise ValueError("--model-parallel runs on the CPU only; drop --device cuda")
@@ -180,6 +201,7 @@ def run(args: argparse.Namespace) -> int:
                 compact_every=args.compact_every,
                 cuda_mode=args.cuda_mode,
                 step_timeout=args.step_timeout,
+                **_worker_load_options(args),
             )
     report = stats.as_dict()
     passed = None
@@ -205,3 +227,11 @@ def run(args: argparse.Namespace) -> int:
             )
         return 0 if passed else 1
     return 0
+
+
+def _worker_load_options(args: argparse.Namespace) -> dict:
+    """The options of :func:`run_challenge` for ``--load-on-workers`` (none without it: the network
+    given to it is already loaded)."""
+    if not args.load_on_workers:
+        return {}
+    return {"load_on_workers": True, "neurons": args.neurons, "layers": args.layers}

@@ -1,17 +1,18 @@
 """Weights placed on the workers once: the same data on every worker, or a copy loaded on each
-named worker by a task pinned there (for example into its GPU's memory). Every scatter runs on
-the client's event loop with a time limit, since a stopped worker never takes its data."""
+named worker by a task pinned there (for example into its GPU's memory), sent from the client or
+taken from a copy the worker already holds. Every scatter runs on the client's event loop with a
+time limit, since a stopped worker never takes its data."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from distributed import Client, Future
 
 from dasknn.runtime.waiting import run_watching
 
-__all__ = ["broadcast", "load_on_each", "scatter_within"]
+__all__ = ["broadcast", "load_held", "load_on_each", "scatter_within", "submit_pinned"]
 
 
 def scatter_within(client: Client, value: Any, timeout: float, **options: Any) -> Future:
@@ -25,6 +26,12 @@ def broadcast(client: Client, value: Any, timeout: float) -> Future:
     """Send ``value`` to every worker once, within ``timeout`` seconds (else ``TimeoutError``);
     tasks that take the returned future read it there."""
     return scatter_within(client, value, timeout, broadcast=True)
+
+
+def submit_pinned(client: Client, address: str, function: Callable, *args: Any) -> Future:
+    """Submit ``function(*args)`` to the worker ``address`` only (``allow_other_workers=False``,
+    not pure: every call is a task of its own); its result stays on that worker."""
+    return client.submit(function, *args, workers=[address], allow_other_workers=False, pure=False)
 
 
 def load_on_each(
@@ -45,11 +52,23 @@ def load_on_each(
     try:
         for address in addresses:
             host = scatter_within(client, value, timeout, workers=[address])
-            loaded[address] = client.submit(
-                load, host, *args, workers=[address], allow_other_workers=False, pure=False
-            )
+            loaded[address] = submit_pinned(client, address, load, host, *args)
     except BaseException:
         for future in loaded.values():  # the error's traceback holds them
             future.release()
         raise
     return loaded
+
+
+def load_held(
+    client: Client, held: Mapping[str, Future], load: Callable, *args: Any
+) -> dict[str, Future]:
+    """Run ``load(held[address], *args)`` on each worker of ``held``, whose value that worker
+    already holds (nothing is sent from the client).
+
+    Returns the future of each worker's loaded copy, by address, pinned there as by
+    :func:`load_on_each`.
+    """
+    return {
+        address: submit_pinned(client, address, load, copy, *args) for address, copy in held.items()
+    }

@@ -2,9 +2,10 @@
 ``LocalCUDACluster`` starts them) as a step of the batch driver.
 
 Every GPU worker receives the network once, in the compact form of
-:func:`dasknn.kernels.cuda_inference.compact_layers`; a task pinned to the worker uploads it to its
-GPU, where it stays for the whole run (or, when it exceeds the weight budget, stays in host memory
-and is streamed to the GPU a window of layers at a time during each batch, inside
+:func:`dasknn.kernels.cuda_inference.compact_layers` (or loads it itself beforehand, a
+:class:`HeldNetwork`); a task pinned to the worker uploads it to its GPU, where it stays for
+the whole run (or, when it exceeds the weight budget, stays in host memory and is streamed to the
+GPU a window of layers at a time during each batch, inside
 :class:`dasknn.kernels.cuda_inference.DeviceNetwork`). Each batch is sent to the worker of the
 slot that pulled it (as bits when the inputs are binary,
 :class:`dasknn.kernels.cuda_inference.BitRows`) and runs through every layer with
@@ -13,12 +14,14 @@ slot that pulled it (as bits when the inputs are binary,
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import scipy.sparse as sp
 from distributed import Client, Future
 
 from dasknn.data_parallel.batches import BatchResult
-from dasknn.data_parallel.broadcast import load_on_each, scatter_within
+from dasknn.data_parallel.broadcast import load_held, load_on_each, scatter_within
 from dasknn.data_parallel.workers import peak_rss, worker_name
 from dasknn.kernels.cuda_inference import (
     CUDA_INSTALL_HINT,
@@ -32,6 +35,7 @@ from dasknn.runtime.step_timeout import run_on_workers
 
 __all__ = [
     "CUDAInference",
+    "HeldNetwork",
     "check_cuda_workers",
     "device_memory",
     "infer_batch_cuda",
@@ -42,6 +46,36 @@ __all__ = [
 
 _WEIGHT_SHARE = 0.5  # of a GPU's free memory that the resident weights may take
 _USABLE_SHARE = 0.9  # of a GPU's free memory that the run may take in all
+
+
+@dataclass
+class HeldNetwork:
+    """A compact network that each GPU worker loaded itself and holds in its host memory, and
+    what the workers reported of it.
+
+    Attributes
+    ----------
+    copies : dict of str to distributed.Future
+        Each worker's copy (a :class:`~dasknn.kernels.cuda_inference.CompactLayers`), by address,
+        pinned to that worker.
+    neurons, layers, edges : int
+        Width, depth and nonzero weights of the network.
+    device_bytes, largest_layer : int
+        Device bytes of the network and of its largest layer
+        (:func:`dasknn.kernels.cuda_inference.weight_bytes`).
+    """
+
+    copies: dict[str, Future]
+    neurons: int
+    layers: int
+    edges: int
+    device_bytes: int
+    largest_layer: int
+
+    def release(self) -> None:
+        """Release every worker's copy."""
+        for future in self.copies.values():
+            future.release()
 
 
 def device_memory() -> dict:
@@ -208,10 +242,13 @@ class CUDAInference:
         self.mode = mode
 
     def place(
-        self, client: Client, weights: CompactLayers, timeout: float
+        self, client: Client, weights: CompactLayers | HeldNetwork, timeout: float
     ) -> dict[str, Future]:
-        """Upload the network to every GPU worker (sent to each within ``timeout`` seconds); its
-        device copy, by address."""
+        """Upload the network to every GPU worker (sent to each within ``timeout`` seconds, or
+        taken from the copy each worker holds); its device copy, by address."""
+        if isinstance(weights, HeldNetwork):
+            return load_held(client, weights.copies, upload_network, self.budget,
+                             self.mode == "tiled")  # fmt: skip
         return load_on_each(
             client, weights, self.addresses, timeout, upload_network, self.budget,
             self.mode == "tiled",

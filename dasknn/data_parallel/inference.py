@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import scipy.sparse as sp
@@ -28,6 +29,9 @@ from dasknn.data_parallel.windows import layer_windows, window_layers, worker_me
 from dasknn.kernels.inference import pack_layers
 from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT, run_on_workers
+
+if TYPE_CHECKING:
+    from dasknn.data_parallel.gpu_inference import HeldNetwork
 
 __all__ = ["InferenceRun", "infer_on_cpus", "infer_on_gpus"]
 
@@ -170,7 +174,7 @@ def infer_on_cpus(
 
 def infer_on_gpus(
     client: Client,
-    matrices: list[sp.csr_matrix],
+    network: list[sp.csr_matrix] | HeldNetwork,
     rows: sp.csr_matrix,
     bias: float,
     ymax: float,
@@ -184,13 +188,17 @@ def infer_on_gpus(
     progress: bool = True,
     desc: str = "inference",
 ) -> InferenceRun:
-    """Run ``rows`` through the layers ``matrices`` with the CUDA kernels on the workers' GPUs
+    """Run ``rows`` through the layers of ``network`` with the CUDA kernels on the workers' GPUs
     (one GPU per worker).
 
     Parameters
     ----------
-    client, matrices, rows, bias, ymax, dtype, step_timeout, progress, desc
+    client, rows, bias, ymax, dtype, step_timeout, progress, desc
         As for :func:`infer_on_cpus`.
+    network : list of scipy.sparse.csr_matrix or HeldNetwork
+        The layers, packed here and sent to every GPU worker, or the compact network that each
+        GPU worker already holds (:class:`~dasknn.data_parallel.gpu_inference.HeldNetwork`; its
+        workers run the batches, the copies stay theirs to release).
     batch_size : int, optional
         Rows per batch; by default an equal share of the rows per GPU. Capped by what the GPU's
         free memory holds.
@@ -208,7 +216,8 @@ def infer_on_gpus(
     ValueError
         If the cluster has no workers.
     RuntimeError
-        If a worker has no GPU (or numba cannot load the CUDA driver there).
+        If a worker has no GPU (or numba cannot load the CUDA driver there), or a worker holding
+        ``network`` is no GPU worker of the cluster any more.
     StepTimeoutError, WorkerLostError
         As for :func:`infer_on_cpus` (a lost worker is always an error here: every batch is
         pinned to its GPU's worker).
@@ -217,6 +226,7 @@ def infer_on_gpus(
     """
     from dasknn.data_parallel.gpu_inference import (
         CUDAInference,
+        HeldNetwork,
         check_cuda_workers,
         plan_memory,
         warm_cuda_kernel,
@@ -225,8 +235,22 @@ def infer_on_gpus(
 
     gpus = check_cuda_workers(client, step_timeout)
     n_rows, width = rows.shape
-    packed = compact_layers(pack_layers(matrices, dtype))
-    device_bytes, largest_layer = weight_bytes(packed, tiled=cuda_mode == "tiled")
+    if isinstance(network, HeldNetwork):
+        gone = sorted(set(network.copies) - set(gpus))
+        if gone:
+            raise RuntimeError(
+                f"worker {', '.join(gone)} loaded the network and is no GPU worker of the "
+                "cluster any more"
+            )
+        gpus = {address: gpus[address] for address in network.copies}
+        weights = network
+        device_bytes, largest_layer, n_layers = (
+            network.device_bytes, network.largest_layer, network.layers,
+        )  # fmt: skip
+    else:
+        weights = compact_layers(pack_layers(network, dtype))
+        device_bytes, largest_layer = weight_bytes(weights, tiled=cuda_mode == "tiled")
+        n_layers = len(network)
     bit_rows = pack_bit_rows(rows)  # binary inputs travel as bits; others as CSR of ``dtype``
     rows = bit_rows if bit_rows is not None else sp.csr_matrix(rows, dtype=dtype)
     free = min(gpu["free"] for gpu in gpus.values())
@@ -248,7 +272,7 @@ def infer_on_gpus(
         rows,
         batch_size,
         step,
-        [lambda: packed],
+        [lambda: weights],
         per_worker_slots(addresses),
         step_timeout=step_timeout,
         progress=progress,
@@ -260,7 +284,7 @@ def infer_on_gpus(
         batch_size=batch_size,
         workers=len(addresses),
         mode="broadcast" if budget is None else "streamed",
-        resident_layers=len(matrices) if budget is None else max(1, budget // largest_layer),
+        resident_layers=n_layers if budget is None else max(1, budget // largest_layer),
         weight_buffers=1,
         weight_bytes=int(device_bytes),
         device="cuda",
