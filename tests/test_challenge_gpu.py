@@ -337,8 +337,7 @@ needs_cuda_runtime = pytest.mark.skipif(cuda_runtime() == "none",
 @needs_cuda_runtime
 def test_workers_load_the_network_as_the_client_does(client, tmp_path):
     """A generator spec run both ways; a challenge directory run by the workers, against the
-    layers and statistics the client-loaded path takes from ``prepare_run`` (each call costs the
-    simulator's kernel warm-up)."""
+    layers and statistics the client-loaded path takes from ``prepare_run``."""
     x = mnist_to_challenge_inputs(load_mnist_test()[0][:40], 8)
     expected = reference_categories(x, radixnet(64, 4, seed=3), -0.3) + 1
     assert 0 < expected.size < 40

@@ -189,8 +189,12 @@ def infer_batch_cuda(
 
 def warm_cuda_kernel(dtype: str, mode: str) -> None:
     """On a worker: compile the CUDA kernels of ``mode`` for ``dtype`` (both per-group kernels
-    for the modes other than ``"tiled"``) so that timings exclude the JIT."""
-    from dasknn.kernels.cuda_inference import DeviceNetwork, infer_rows_cuda
+    for the modes other than ``"tiled"``) so that timings exclude the JIT. Under numba's CUDA
+    simulator, which compiles nothing, it does nothing."""
+    from dasknn.kernels.cuda_inference import DeviceNetwork, cuda_runtime, infer_rows_cuda
+
+    if cuda_runtime() == "simulator":
+        return
 
     layer = sp.identity(64, dtype=np.float64, format="csr")
     compact = compact_layers(pack_layers([layer, layer], np.dtype(dtype)))
