@@ -21,6 +21,7 @@ from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
 from dasknn.model_parallel.faults import WorkerLostError
 from dasknn.runtime.cluster import scheduler_workers
+from dasknn.runtime.keys import message_phase
 from dasknn.runtime.step_timeout import StepTimeoutError
 
 
@@ -131,3 +132,76 @@ def test_a_worker_stopped_before_the_constructor_is_named_and_nothing_is_left():
             took = time.monotonic() - start
         assert 2 <= took < 6, took
         wait_until_empty(lambda: _dasknn_plugins(client), 10, "a plugin of the model stayed")
+
+
+class _KillOnStepStopOnPlacingAgain(WorkerPlugin):
+    """On the worker ``killed``: kills (SIGKILL) its own process the moment a task of step
+    ``step`` or later starts executing, so the step fails with a lost worker and ``fit`` recovers
+    from its checkpoint. On the worker ``stopped``: stops (SIGSTOP) its own process the moment a
+    layer plan of a later placement than the first (generation 1 on) arrives, so the recovery's
+    placement cannot finish."""
+
+    name = "dasknn-test-kill-on-step-stop-on-placing-again"
+
+    def __init__(self, killed: str, stopped: str, step: int):
+        self.killed_address = killed
+        self.stopped_address = stopped
+        self.step = step
+        self.address = ""
+
+    def setup(self, worker) -> None:
+        self.address = worker.address
+
+    def transition(self, key, start, finish, **kwargs) -> None:
+        if self.address == self.killed_address and finish == "executing":
+            if message_phase(key) is not None and key[1] >= self.step:
+                os.kill(os.getpid(), signal.SIGKILL)
+        if self.address == self.stopped_address and isinstance(key, tuple):
+            name = str(key[0])
+            if name.startswith("dasknn-plan-") and not name.endswith("-g0"):
+                self.address = ""  # once
+                os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def test_a_worker_stopped_while_the_recovery_places_a_checkpoint_again_is_named(tmp_path):
+    """``fit(checkpoint=...)``: a part worker killed (SIGKILL) in a step starts the recovery,
+    and another one stopped (SIGSTOP) as the recovery's layer plans arrive keeps its placement
+    from finishing: ``fit`` ends after ``step_timeout`` in a StepTimeoutError naming the stopped
+    worker, and once it goes on nothing of the model is left after ``close()``."""
+    with LocalCluster(
+        n_workers=3, threads_per_worker=1, processes=True, dashboard_address=":0"
+    ) as cluster, Client(cluster) as client:  # fmt: skip
+        model = _model()
+        parts = [np.arange(n) % 3 for n in model.layer_sizes]
+        rng = np.random.default_rng(1)
+        x, y = rng.uniform(size=(96, 16)), rng.uniform(size=(96, 6))
+        dist = DistributedSparseMLP(model, client, parts, step_timeout=3)
+        try:
+            dist.fit(x[:8], y[:8], batch_size=8, lr=0.0)  # step 1: the workers compile
+            pids = client.run(os.getpid)
+            _, stopped_worker, victim = sorted(pids)  # parts 1 and 2
+            client.register_plugin(_KillOnStepStopOnPlacingAgain(victim, stopped_worker, step=4))
+            named = (
+                r"^the workers did not take the model while it was placed within 3 s "
+                rf"\(step_timeout\): (.*; )?worker {re.escape(stopped_worker)} "
+            )
+            try:
+                start = time.monotonic()
+                with pytest.raises(StepTimeoutError, match=named):
+                    dist.fit(x, y, batch_size=8, epochs=3, lr=0.1, checkpoint=tmp_path)
+                took = time.monotonic() - start
+                with pytest.raises(RuntimeError, match="unusable"):
+                    dist.gather()
+                dist.close()
+            finally:
+                os.kill(pids[stopped_worker], signal.SIGCONT)
+        finally:
+            dist.close()
+            client.unregister_worker_plugin(_KillOnStepStopOnPlacingAgain.name)
+        # steps 2 and 3 take well under a second; then the loss is seen within a poll
+        assert 3 <= took < 3 + 5, took
+        assert victim not in scheduler_workers(client)
+        wait_until_empty(lambda: _dasknn_plugins(client), 10, "a plugin of the model stayed")
+        wait_until_empty(
+            lambda: client.run_on_scheduler(_model_keys), 10, "a key of the model stayed"
+        )

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from distributed import Client
 from distributed.diagnostics.plugin import WorkerPlugin
-from stopped_workers import stopped
+from stopped_workers import stopped, wait_until_empty
 
 from dasknn.model import CompressedMLP
 from dasknn.pipeline_parallel import PipelineMLP
@@ -64,6 +64,11 @@ def _data(rows: int) -> tuple[np.ndarray, np.ndarray]:
 def _model_keys(dask_scheduler, token: str) -> list[str]:
     keys = [parse_pipeline_key(key) for key in dask_scheduler.tasks]
     return sorted(key.kind for key in keys if key is not None and key.token == token)
+
+
+def _pipeline_keys(dask_scheduler) -> list[str]:
+    """The scheduler's pipeline keys, of any model, as strings."""
+    return sorted(str(key) for key in dask_scheduler.tasks if parse_pipeline_key(key) is not None)
 
 
 def _keys_left(client, token: str, kept=("postbox",), seconds: float = 5.0) -> list[str]:
@@ -470,11 +475,12 @@ def test_a_worker_lost_while_the_model_is_placed_is_named_and_nothing_is_left(cl
     """A stage worker killed (SIGKILL) while the model is placed: the constructor ends within a
     few seconds (the bounded close included) in a WorkerLostError naming it and its stage, not
     Dask's own error or a wait, and no plugin of the model is left on the scheduler or the
-    workers."""
+    workers, nor any key of the model (its postboxes) on the scheduler."""
     # a worker restarted by an earlier test is a fresh process: its first placement imports and
     # compiles the stage code, which must not count against this test's 3 s
     PipelineMLP(_model(), client, stages=2).close()
     before = _model_plugins(client)
+    keys_before = set(client.run_on_scheduler(_pipeline_keys))
     victim = sorted(scheduler_workers(client))[1]  # stage 1 of replica 0
     client.register_plugin(_KillWhenPostboxStarts(victim))
     try:
@@ -493,3 +499,8 @@ def test_a_worker_lost_while_the_model_is_placed_is_named_and_nothing_is_left(cl
     while _model_plugins(client) != before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _model_plugins(client) == before
+    wait_until_empty(
+        lambda: sorted(set(client.run_on_scheduler(_pipeline_keys)) - keys_before),
+        10,
+        "a key of the model (its postboxes) stayed on the scheduler",
+    )

@@ -347,12 +347,8 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
                 for index, worker in enumerate(self.workers)
             ]
             postboxes = list(self._postboxes)
-            try:
+            with self._cancelled_if_failed(postboxes):
                 self._placing(lambda: self.client.gather(postboxes))
-            except BaseException:
-                # the gather left to finish in its thread holds them: cancelled, it ends
-                self.client.cancel(postboxes)
-                raise
 
     def _place_again(self, model: EmbeddingMLP, n_shards: int) -> None:
         """:meth:`_place` after the constructor (the search), within ``step_timeout`` of its

@@ -358,7 +358,9 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
     def _install(self, model: CompressedMLP) -> None:
         """Register the memory and core plugins asked for, install every stage and start the
         postboxes, each call within what is left of ``step_timeout`` and watched
-        (:meth:`~dasknn.runtime.plugin_owner.PluginOwner._placing`)."""
+        (:meth:`~dasknn.runtime.plugin_owner.PluginOwner._placing`); the postboxes are
+        cancelled if starting them fails
+        (:meth:`~dasknn.runtime.plugin_owner.PluginOwner._cancelled_if_failed`)."""
         if self.reuse_memory:
             self._placing(
                 lambda: self.client.register_plugin(ReuseFreedMemory(), name=self._memory_plugin)
@@ -406,7 +408,8 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
                 for where, address in self.workers.items()
             }
             postboxes = list(self._postboxes.values())
-            self._placing(lambda: self.client.gather(postboxes))
+            with self._cancelled_if_failed(postboxes):
+                self._placing(lambda: self.client.gather(postboxes))
 
     # ------------------------------------------------------------------ basics
     def close(self) -> None:

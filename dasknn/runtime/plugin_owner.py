@@ -15,7 +15,8 @@ last holder, waiting for the workers at most ``step_timeout`` in all (:func:`unr
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, Self
 
 from dasknn.runtime.cluster import scheduler_workers
@@ -120,6 +121,18 @@ class PluginOwner:
             )
         except TimeoutError:
             raise self._placement_timed_out() from None
+
+    @contextmanager
+    def _cancelled_if_failed(self, futures: list) -> Iterator[None]:
+        """Cancel the ``futures`` a placement submitted (those in the list when it fails) if the
+        block raises: a call that did not finish is left to finish in its thread
+        (:meth:`_placing`), and a gather left there would hold them, and their keys on the
+        scheduler, for ever when their worker is lost."""
+        try:
+            yield
+        except BaseException:
+            self.client.cancel(futures)
+            raise
 
     def _placement_left(self) -> float:
         """Seconds left of ``step_timeout`` since the placement began (0 once it is over)."""

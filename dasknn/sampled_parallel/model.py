@@ -143,13 +143,13 @@ class DistributedSampledMLP(PluginOwner):
         """Send every worker its shard and install it there, each call within what is left of
         ``step_timeout`` and watched
         (:meth:`~dasknn.runtime.plugin_owner.PluginOwner._placing`); if placing fails, the
-        payloads and installs already submitted are cancelled (a gather left to finish in its
-        thread would hold them, and their keys, for ever on a lost worker)."""
+        payloads and installs already submitted are cancelled
+        (:meth:`~dasknn.runtime.plugin_owner.PluginOwner._cancelled_if_failed`)."""
         params = model.parameters()
         config = asdict(model.sampling_config())
         futures = []
         placed = []  # the payloads and their installs
-        try:
+        with self._cancelled_if_failed(placed):
             for p, worker in enumerate(self.workers):
                 ids = self.shard_map_.ids(p)
                 lo, hi = self.columns[p], self.columns[p + 1]
@@ -182,9 +182,6 @@ class DistributedSampledMLP(PluginOwner):
                 )
                 placed += [data, futures[-1]]
             self._placing(lambda: self.client.gather(futures))
-        except BaseException:
-            self.client.cancel(placed)
-            raise
 
     def _lost_while_placed(self) -> WorkerLostError | None:
         """A :class:`WorkerLostError` naming the shard workers that left while the model was
