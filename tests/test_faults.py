@@ -18,7 +18,7 @@ import dask
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster
-from distributed.diagnostics.plugin import SchedulerPlugin
+from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 from model_reference import DenseReference
 from random_layers import random_layers
 from stopped_workers import stopped, wait_until_empty
@@ -27,6 +27,7 @@ from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
 from dasknn.model_parallel.faults import StepTimeoutError, WorkerLostError
 from dasknn.runtime.cluster import scheduler_workers
+from dasknn.runtime.keys import message_phase
 from dasknn.runtime.measure import MONITOR_NAME, REPORTER_NAME
 
 LR = 0.05
@@ -215,6 +216,60 @@ def test_a_stopped_worker_does_not_hold_up_close(cluster):
         10,
         "a plugin of the model stayed after the worker went on",
     )
+
+
+class _StopOtherThenKillSelfOnStep(WorkerPlugin):
+    """On the worker ``killed``: the moment a task of step ``step`` or later starts executing,
+    stops (SIGSTOP) the worker process ``stopped_pid``, then kills (SIGKILL) its own process: a
+    step that loses one part worker while another does not answer."""
+
+    name = "dasknn-test-stop-other-then-kill-self"
+
+    def __init__(self, killed: str, stopped_pid: int, step: int):
+        self.killed_address = killed
+        self.stopped_pid = stopped_pid
+        self.step = step
+        self.here = False
+
+    def setup(self, worker) -> None:
+        self.here = worker.address == self.killed_address
+
+    def transition(self, key, start, finish, **kwargs) -> None:
+        if self.here and finish == "executing" and message_phase(key) is not None:
+            if key[1] >= self.step:
+                os.kill(self.stopped_pid, signal.SIGSTOP)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_worker_lost_while_another_is_stopped_is_named_within_the_step_timeout(cluster):
+    """``messages="actors"``: a part worker killed in a step while the other one is stopped. The
+    step's results do not arrive within ``step_timeout``; the lost worker is the step's failure
+    (a ``WorkerLostError`` naming it, which a checkpoint recovers, where it was a
+    ``StepTimeoutError``), and the clean-up after the loss (the step's waits ended on the part
+    workers still listed) waits for the stopped one at most ``step_timeout`` (it used to wait
+    until Dask removed the stopped worker)."""
+    _, client = cluster
+    x, y = _data(96)
+    model = _model()
+    dist = DistributedSparseMLP(model, client, _parts(model), messages="actors", step_timeout=3)
+    pids = _pids(client)
+    victim, survivor = dist.part_workers[1], dist.part_workers[0]
+    try:
+        dist.fit(x[:8], y[:8], batch_size=8, lr=0.0, progress=False)  # step 1: compile
+        client.register_plugin(_StopOtherThenKillSelfOnStep(victim, pids[survivor], step=4))
+        try:
+            start = time.monotonic()
+            with pytest.raises(WorkerLostError, match=f"{victim} holding parts"):
+                dist.fit(x, y, batch_size=8, epochs=3, lr=LR, progress=False)
+            took = time.monotonic() - start
+        finally:
+            os.kill(pids[survivor], signal.SIGCONT)
+        assert took < 2 * 3 + 4, took  # the results' wait, then the clean-up's
+        with pytest.raises(RuntimeError, match="unusable after a failed step"):
+            dist.gather()
+    finally:
+        dist.close()
+        client.unregister_worker_plugin(_StopOtherThenKillSelfOnStep.name)
 
 
 class _StopWorkerWhenAStepIsDone(SchedulerPlugin):

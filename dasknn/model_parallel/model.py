@@ -67,7 +67,7 @@ from dasknn.runtime.model_span import held_in_span, new_span
 from dasknn.runtime.plugin_owner import PluginOwner
 from dasknn.runtime.postbox import Postbox
 from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT, check_step_timeout
-from dasknn.runtime.waiting import gather_at_most
+from dasknn.runtime.waiting import call_at_most, gather_at_most
 from dasknn.runtime.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
 from dasknn.runtime.worker_memory import ReuseFreedMemory
 
@@ -694,8 +694,10 @@ class DistributedSparseMLP(SparseEstimator, PluginOwner):
 
     def _collect(self, futures) -> list:
         """Gather a step's results, watching its workers (:func:`wait_for_step`), then fetch
-        them in one gather within ``step_timeout`` (:func:`gather_at_most`); on failure, mark the
-        model failed, free the answering workers' step state and say why."""
+        them in one gather within ``step_timeout`` (:func:`gather_at_most`; a part worker lost by
+        then is a :class:`WorkerLostError`, else the workers holding the results are named by a
+        :class:`StepTimeoutError`); on failure, mark the model failed, free the answering
+        workers' step state (waiting for them at most ``step_timeout``) and say why."""
         try:
             parts = [future.key[3] for future in futures]
             wait_for_step(
@@ -710,6 +712,11 @@ class DistributedSparseMLP(SparseEstimator, PluginOwner):
             try:
                 return gather_at_most(self.client, futures, self.step_timeout)
             except TimeoutError:
+                # a part worker lost meanwhile is the step's failure (a checkpoint recovers it),
+                # also when another one does not answer
+                lost = lost_workers(self.client, self.part_workers, self._retirements)
+                if lost:
+                    raise lost_error(self.part_workers, lost) from None
                 holders = [self.part_workers[m] for m in parts]
                 raise step_timeout_error(
                     self.client,
@@ -723,7 +730,7 @@ class DistributedSparseMLP(SparseEstimator, PluginOwner):
         except Exception as exc:
             self._failed = f"{type(exc).__name__}: {exc}"
             self._raise_if_lost(futures)
-            self._clear_workers()
+            self._clear_workers(self.step_timeout)
             raise
 
     def _raise_if_lost(self, futures=()) -> None:
@@ -744,11 +751,11 @@ class DistributedSparseMLP(SparseEstimator, PluginOwner):
         retirement asked for while the model's postboxes are there is refused. Cancel the failed
         step and the postboxes, end the waits of the step tasks still running, and ask again for
         the retirements still to do until they are done (within ``step_timeout``)."""
+        deadline = time.monotonic() + self.step_timeout
         self.client.cancel([*futures, *self._postboxes])
         self._postboxes = []
         self._templates.pop("train", None)
-        self._clear_workers()
-        deadline = time.monotonic() + self.step_timeout
+        self._clear_workers(self.step_timeout)
         while True:
             staying = [w for w in running_workers(self.client) if w in leaving]
             if not staying or time.monotonic() > deadline:
@@ -756,11 +763,16 @@ class DistributedSparseMLP(SparseEstimator, PluginOwner):
             self.client.retire_workers(staying)
             time.sleep(POLL_SECONDS)
 
-    def _clear_workers(self) -> None:
-        """Drop the steps in flight on the part workers still running (ending their waits)."""
+    def _clear_workers(self, seconds: float) -> None:
+        """Drop the steps in flight on the part workers still running (ending their waits),
+        waiting for them at most ``seconds``: a worker that does not answer (stopped) drops them
+        when it goes on, or with the model's state when the model is placed again or closed."""
         workers = sorted(set(running_workers(self.client)) & set(self.part_workers))
         if workers:
-            self.client.run(_clear_on_worker, name=self.plugin_name, workers=workers)
+            call_at_most(
+                lambda: self.client.run(_clear_on_worker, name=self.plugin_name, workers=workers),
+                seconds,
+            )
 
     # ------------------------------------------------------------------ checkpoints
     def _identity(self) -> dict:
