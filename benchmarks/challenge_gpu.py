@@ -46,11 +46,11 @@ from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
+from challenge_cases import case_bias
 from machine import describe
 
 from dasknn.challenge import run_challenge
 from dasknn.datasets import (
-    challenge_bias,
     load_mnist_test,
     mnist_to_challenge_inputs,
     radixnet,
@@ -67,7 +67,6 @@ SNIG_ONE_GPU = {
     (16384, 120): 851.53, (16384, 480): 1076.99, (16384, 1920): 1113.94,
     (65536, 120): 1021.61, (65536, 480): 1404.60, (65536, 1920): 1489.46,
 }
-CHALLENGE_WIDTHS = (1024, 4096, 16384, 65536)
 CASES = ["official", "16384x120", "65536x120", "16384x480", "4096x120", "1024x1920", "4096x480",
          "1024x480", "4096x1920", "16384x1920", "1024x120"]
 
@@ -245,7 +244,7 @@ def main() -> None:
                 base = np.load(args.refs / f"{name}.npy")
                 base = base[base <= images.shape[0]]
                 expected = np.concatenate([base + c * images.shape[0] for c in range(copies)])
-            bias = challenge_bias(neurons) if neurons in CHALLENGE_WIDTHS else -0.3
+            bias = case_bias(neurons)
             paths = (["client"] if client_load else []) + (
                 ["workers"] if args.load_on_workers else [])
             runs = []

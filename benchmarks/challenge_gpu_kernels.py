@@ -28,9 +28,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+from challenge_cases import case_bias
 from machine import describe
 
-from dasknn.datasets import challenge_bias, load_mnist_test, mnist_to_challenge_inputs, radixnet
+from dasknn.datasets import load_mnist_test, mnist_to_challenge_inputs, radixnet
 from dasknn.kernels.cuda_inference import (
     DeviceNetwork,
     compact_layers,
@@ -39,9 +40,6 @@ from dasknn.kernels.cuda_inference import (
     pack_bit_rows,
 )
 from dasknn.kernels.inference import pack_layers
-
-CHALLENGE_WIDTHS = (1024, 4096, 16384, 65536)  # the widths with a challenge bias
-
 
 Variant = tuple[str, str, int | None, int | None]  # label, mode, footprint, warps a block
 
@@ -71,7 +69,7 @@ def run_network(spec: str, images: np.ndarray, runs: list[Variant], repeats: int
     del layers
     t2 = time.perf_counter()
     bits = pack_bit_rows(mnist_to_challenge_inputs(images, int(round(neurons**0.5))))
-    bias = challenge_bias(neurons) if neurons in CHALLENGE_WIDTHS else -0.3
+    bias = case_bias(neurons)
     print(f"{spec}: generated {t1 - t0:.1f} s, packed {t2 - t1:.1f} s, {edges} edges", flush=True)
     networks = {}
     for label, mode, footprint, warps in runs:

@@ -36,10 +36,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+from challenge_cases import case_bias
 from machine import describe
 
 from dasknn.datasets import (
-    challenge_bias,
     load_mnist_test,
     mnist_to_challenge_inputs,
     radixnet,
@@ -55,7 +55,6 @@ from dasknn.kernels.cuda_inference import (
 )
 from dasknn.kernels.inference import advance, live_rows, pack_layers, start_batch
 
-CHALLENGE_WIDTHS = (1024, 4096, 16384, 65536)  # the widths with a challenge bias
 MNIST_TEST_IMAGES = 10_000
 
 
@@ -136,7 +135,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     print(f"machine: {describe()}; CUDA: {runtime}", flush=True)
     spec = f"{args.neurons}x{args.layers}"
-    bias = challenge_bias(args.neurons) if args.neurons in CHALLENGE_WIDTHS else -0.3
+    bias = case_bias(args.neurons)
     x = mnist_to_challenge_inputs(load_mnist_test()[0][: args.rows], side)
     bits = pack_bit_rows(x)
     inputs = x if bits is None else bits
