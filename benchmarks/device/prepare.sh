@@ -16,7 +16,7 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 # found (its rapids-dask-dependency metapackage only pins dask and is not imported: not carried).
 WHEELS=(
     dask==2026.8.0 distributed==2026.8.0 sparse==0.19.3 tornado==6.6.1 tblib==3.2.2
-    zict==3.0.0 locket==1.0.0 partd==1.4.2 dask-cuda==26.10.0
+    zict==3.0.0 locket==1.0.0 partd==1.4.2 dask-cuda==26.10.0 numpy==2.4.6
 )
 # What the wheels require and the device image already holds (KINDS.md's package list).
 ON_DEVICE="click cloudpickle cuda-core fsspec jinja2 msgpack numba numpy nvidia-ml-py packaging

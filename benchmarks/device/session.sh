@@ -42,8 +42,10 @@ else
     E2E_SMALL=65536x120 E2E_BIG=65536x1920
     E2E_ARGS=(--wide-copies 6)
     # seconds: the run of record's and the seventh session's times with some margin
-    NEED_TESTS=90 NEED_KERNELS=150 NEED_E2E_SMALL=60 NEED_E2E_BIG=260
+    NEED_TESTS=90 NEED_KERNELS=150 NEED_E2E_SMALL=60 NEED_E2E_BIG=${NEED_E2E_BIG:-260}
 fi
+# the modes of the end-to-end A/B on E2E_SMALL (empty: none, BIG_MODE or sectioned for E2E_BIG)
+E2E_SMALL_MODES=${E2E_SMALL_MODES-tiled sectioned}
 
 has_part() { [[ ",$PARTS," == *",$1,"* ]]; }
 
@@ -186,7 +188,7 @@ EOF
 
 part_e2e() {
     local mode failed=0
-    for mode in tiled sectioned; do
+    for mode in $E2E_SMALL_MODES; do
         if fits "4 ($E2E_SMALL $mode)" "$NEED_E2E_SMALL"; then
             e2e "$E2E_SMALL" "$mode" || failed=1
         fi
