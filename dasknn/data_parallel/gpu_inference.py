@@ -79,15 +79,21 @@ class HeldNetwork:
 
 
 def device_memory() -> dict:
-    """On a worker: its GPU's name and free / total bytes, or why it has none.
+    """On a worker: its GPU's name and free / total bytes, or why it has none, or why its
+    numba-cuda cannot compile kernels (``"compiler"``, from
+    :func:`~dasknn.kernels.cuda_inference.check_cuda_compiler`).
 
     Under numba's CUDA simulator the "device" is this host's available memory.
     """
-    from dasknn.kernels.cuda_inference import cuda_runtime
+    from dasknn.kernels.cuda_inference import check_cuda_compiler, cuda_runtime
 
     runtime = cuda_runtime()
     if runtime == "none":
         return {"runtime": runtime}
+    try:
+        check_cuda_compiler()
+    except RuntimeError as error:
+        return {"runtime": runtime, "compiler": str(error)}
     if runtime == "simulator":
         import psutil
 
@@ -113,7 +119,8 @@ def device_memory() -> dict:
 def check_cuda_workers(client: Client, step_timeout: float) -> dict[str, dict]:
     """Ask every worker for its GPU (within ``step_timeout`` seconds, else
     :class:`~dasknn.runtime.step_timeout.StepTimeoutError`); raise ``RuntimeError`` naming
-    those without one."""
+    those without one, or those whose numba-cuda cannot compile kernels, with each one's
+    reason."""
     info = run_on_workers(client, "reporting their GPU", step_timeout, device_memory)
     if not info:
         raise ValueError("the Dask cluster has no workers")
@@ -123,6 +130,14 @@ def check_cuda_workers(client: Client, step_timeout: float) -> dict[str, dict]:
             f"device='cuda' needs a CUDA GPU on every worker; {', '.join(missing)} "
             f"{'has' if len(missing) == 1 else 'have'} none (or numba cannot load the CUDA "
             f"driver there); {CUDA_INSTALL_HINT}"
+        )
+    broken: dict[str, list[str]] = {}
+    for address in sorted(info):
+        if "compiler" in info[address]:
+            broken.setdefault(info[address]["compiler"], []).append(address)
+    if broken:
+        raise RuntimeError(
+            "; ".join(f"worker {', '.join(names)}: {problem}" for problem, names in broken.items())
         )
     return info
 
@@ -189,10 +204,18 @@ def infer_batch_cuda(
 
 def warm_cuda_kernel(dtype: str, mode: str) -> None:
     """On a worker: compile the CUDA kernels of ``mode`` for ``dtype`` (both per-group kernels
-    for the modes other than ``"tiled"``) so that timings exclude the JIT. Under numba's CUDA
-    simulator, which compiles nothing, it does nothing."""
-    from dasknn.kernels.cuda_inference import DeviceNetwork, cuda_runtime, infer_rows_cuda
+    for the modes other than ``"tiled"``) so that timings exclude the JIT, once
+    :func:`~dasknn.kernels.cuda_inference.check_cuda_compiler` found that numba-cuda can compile
+    them with this numpy. Under numba's CUDA simulator, which compiles nothing, only that check
+    runs."""
+    from dasknn.kernels.cuda_inference import (
+        DeviceNetwork,
+        check_cuda_compiler,
+        cuda_runtime,
+        infer_rows_cuda,
+    )
 
+    check_cuda_compiler()
     if cuda_runtime() == "simulator":
         return
 

@@ -44,9 +44,11 @@ has no warp vote or ``syncwarp``, so there the two warp primitives (:func:`_warp
 from __future__ import annotations
 
 import functools
+import importlib
 import math
 import time
 from dataclasses import dataclass
+from importlib import metadata
 
 import numpy as np
 import scipy.sparse as sp
@@ -65,6 +67,7 @@ __all__ = [
     "DeviceNetwork",
     "CudaBatchResult",
     "activation_bytes",
+    "check_cuda_compiler",
     "compact_layers",
     "cuda_runtime",
     "infer_rows_cuda",
@@ -490,6 +493,54 @@ def cuda_runtime() -> str:
         return "none"
 
 
+def check_cuda_compiler() -> None:
+    """Raise ``RuntimeError`` when the installed numba-cuda cannot compile kernels with the
+    installed numpy; checked once per process (the result is kept).
+
+    numba loads the numpy lowering of its CUDA target (``numba.cuda.np.arrayobj`` in
+    numba-cuda, ``numba.np.arrayobj`` in numba's built-in ``numba.cuda``) at a process's first
+    kernel compile, not at import; a numpy it does not support fails there (numba-cuda 0.30.4
+    with numpy 2.5.2, which removed ``numpy.row_stack``). This imports that module now, so the
+    error names the versions and what to install before anything is scheduled. Under the
+    simulator, which compiles nothing, the same module is checked, so that the tests see what a
+    GPU would.
+
+    Raises
+    ------
+    RuntimeError
+        Naming numba-cuda's (or numba's) version, numpy's, the underlying error in one line and
+        what to install.
+    """
+    problem = _cuda_compiler_problem()
+    if problem is not None:
+        raise RuntimeError(problem)
+
+
+@functools.cache
+def _cuda_compiler_problem() -> str | None:
+    """Why the CUDA target's numpy lowering does not load (one line), or ``None`` when it does."""
+    nvidia = getattr(cuda, "implementation", "") == "NVIDIA"
+    lowering = "numba.cuda.np.arrayobj" if nvidia else "numba.np.arrayobj"
+    try:
+        importlib.import_module(lowering)
+    except Exception as error:  # noqa: BLE001 - an unsupported numpy breaks the import many ways
+        cause = " ".join(f"{type(error).__name__}: {error}".split())
+    else:
+        return None
+    numba = metadata.version("numba")
+    compiler = (
+        f"numba-cuda {metadata.version('numba-cuda')} (numba {numba})"
+        if nvidia
+        else f"numba {numba} (its built-in numba.cuda)"
+    )
+    major, minor = np.__version__.split(".")[:2]
+    return (
+        f"{compiler} cannot compile CUDA kernels with numpy {np.__version__}: loading {lowering} "
+        f"failed with {cause}; install a numpy that it supports (python3 -m pip install "
+        f"'numpy<{major}.{minor}') or a numba-cuda release that supports numpy {np.__version__}"
+    )
+
+
 def _section_outputs(n: int) -> int:
     """Output neurons per block in the sectioned mode for layers of ``n`` neurons:
     ``n / SECTIONS_PER_GROUP``, between ``SECTION_OUTPUTS`` and ``4 * SECTION_OUTPUTS`` (the fastest
@@ -655,11 +706,15 @@ class DeviceNetwork:
     ValueError
         When ``tiled`` and a column has more than ``footprint`` inputs, or ``tile_warps`` is not
         between 1 and what the shared memory holds.
+    RuntimeError
+        When numba-cuda cannot compile kernels with this numpy (:func:`check_cuda_compiler`),
+        before anything is put on the device.
     """
 
     def __init__(self, network: CompactLayers | PackedLayers, budget: int | None = None,
                  tiled: bool = False, footprint: int = FOOTPRINT,
                  tile_warps: int | None = None) -> None:
+        check_cuda_compiler()
         if isinstance(network, PackedLayers):
             network = compact_layers(network)
         self.neurons = network.neurons

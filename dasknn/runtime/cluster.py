@@ -163,9 +163,11 @@ def local_cuda_cluster(
     Raises
     ------
     RuntimeError
-        When dask-cuda is not installed or this machine has no CUDA GPU, with the install hint.
+        When dask-cuda is not installed or this machine has no CUDA GPU, with the install hint,
+        or when its numba-cuda cannot compile kernels with its numpy
+        (:func:`~dasknn.kernels.cuda_inference.check_cuda_compiler`).
     """
-    from dasknn.kernels.cuda_inference import CUDA_INSTALL_HINT, cuda_runtime
+    from dasknn.kernels.cuda_inference import CUDA_INSTALL_HINT, check_cuda_compiler, cuda_runtime
 
     try:
         from dask_cuda import LocalCUDACluster
@@ -178,6 +180,7 @@ def local_cuda_cluster(
             "device='cuda': numba finds no CUDA GPU on this machine (no driver, or no device); "
             f"give the address of a cluster whose workers have GPUs, or {CUDA_INSTALL_HINT}"
         )
+    check_cuda_compiler()
     options = {"host": host, "dashboard_address": f"{host}:0", "threads_per_worker": 1}
     options.update(_tls_options(security))
     if workers is not None:
