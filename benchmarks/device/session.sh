@@ -9,6 +9,8 @@
 #      started first, in the background, on the cores the foreground leaves
 #   4  end to end: 65536 x 120 tiled then sectioned,  -> results.jsonl
 #      then 65536 x 1920 in the faster mode (last, if the budget allows)
+#   5  Nsight Compute's view of three steady-state    -> profile.txt
+#      sectioned launches on 65536 x 120 (after part 2; skipped where `ncu` is absent)
 # Each part is skipped, with a printed line, when its estimated seconds would pass BUDGET
 # (default 540) counted from the start of this script.
 #
@@ -21,7 +23,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT"
 : "${OUT:?set OUT to the folder for the results}"
 DRYRUN=${DRYRUN:-0}
-PARTS=${PARTS:-1,2,3,4}
+PARTS=${PARTS:-1,2,5,3,4}
 export PYTHONUNBUFFERED=1
 GPU_LOCK=/tmp/dasknn-gpu.lock
 
@@ -33,7 +35,8 @@ if [ "$DRYRUN" = 1 ]; then
     ROWCHECK_ARGS=(--neurons 64 --layers 2 --rows 32)
     E2E_SMALL=64x2 E2E_BIG=64x4
     E2E_ARGS=(--images 32 --copies 1)
-    NEED_TESTS=60 NEED_KERNELS=120 NEED_E2E_SMALL=90 NEED_E2E_BIG=90
+    NEED_TESTS=60 NEED_KERNELS=120 NEED_E2E_SMALL=90 NEED_E2E_BIG=90 NEED_PROFILE=60
+    PROFILE_ARGS=(--networks 64x4 --rows 32)
 else
     BUDGET=${BUDGET:-540}
     TEST_ARGS=()
@@ -43,6 +46,8 @@ else
     E2E_ARGS=(--wide-copies 6)
     # seconds: the run of record's and the seventh session's times with some margin
     NEED_TESTS=90 NEED_KERNELS=150 NEED_E2E_SMALL=60 NEED_E2E_BIG=${NEED_E2E_BIG:-260}
+    NEED_PROFILE=90
+    PROFILE_ARGS=(--networks 65536x120 --rows 10000)
 fi
 # the modes of the end-to-end A/B on E2E_SMALL (empty: none, BIG_MODE or sectioned for E2E_BIG)
 E2E_SMALL_MODES=${E2E_SMALL_MODES-tiled sectioned}
@@ -152,6 +157,23 @@ part_kernels() {
         --modes sectioned,tiled --out "$OUT/kernels.jsonl"
 }
 
+part_profile() {  # three sectioned launches past the first layers, where few rows are live
+    echo "== part 5: Nsight Compute on the sectioned kernel"
+    if ! command -v ncu >/dev/null; then
+        echo "== part 5: skipped (no ncu on this machine)"
+        return 0
+    fi
+    ncu --version
+    locked ncu --target-processes all --kernel-name regex:_layer_kernel --launch-skip 60 \
+        --launch-count 3 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+        --section Occupancy --section WarpStateStats --section LaunchStats \
+        python3 benchmarks/challenge_gpu_kernels.py "${PROFILE_ARGS[@]}" --modes sectioned \
+        --repeats 1 >"$OUT/profile.txt" 2>&1
+    local rc=$?
+    tail -n 120 "$OUT/profile.txt"
+    return "$rc"
+}
+
 e2e() {  # e2e CASE MODE [ARGS...]: one end-to-end run of challenge_gpu.py
     echo "== part 4: end to end, $1, mode $2 ${*:3} (${SECONDS} s)"
     locked python3 benchmarks/challenge_gpu.py --refs .gpu/refs --only "$1" --mode "$2" \
@@ -208,6 +230,7 @@ main() {
     if has_part 3; then start_rowcheck; fi
     if has_part 1 && fits 1 "$NEED_TESTS"; then part_tests || failed+=(1); fi
     if has_part 2 && fits 2 "$NEED_KERNELS"; then part_kernels || failed+=(2); fi
+    if has_part 5 && fits 5 "$NEED_PROFILE"; then part_profile || failed+=(5); fi
     if has_part 3; then finish_rowcheck || failed+=(3); fi
     if has_part 4; then part_e2e || failed+=(4); fi
     echo "== done in ${SECONDS} s (budget $BUDGET s); parts failed: ${failed[*]:-none}"
