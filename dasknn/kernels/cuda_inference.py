@@ -36,6 +36,13 @@ Three launch modes:
 Between windows of ``compact_every`` layers the host drops the dead rows and re-packs the live ones
 into fewer groups (:func:`_gather_kernel`).
 
+Weights. A network whose layers each have one weight (``CompactLayers.per_layer``, every RadiX-Net
+network) keeps one weight a layer on the device, not one a nonzero. The kernels take a
+``per_layer`` flag, uniform over the launch, read the layer's weight once into a register and
+multiply each kept entry by it, the same multiply-add in the same order as with ``data[q]``, so
+the results are those of the per-nonzero weights bit for bit. A runtime flag rather than a kernel
+compiled per kind of network keeps one body per kernel (the branch is the same for every thread).
+
 Under ``NUMBA_ENABLE_CUDASIM=1`` the same kernel code runs on the CPU in the tests; the simulator
 has no warp vote or ``syncwarp``, so there the two warp primitives (:func:`_warp_rank`,
 :func:`_warp_sync`) are a shared-memory scan and a block barrier.
