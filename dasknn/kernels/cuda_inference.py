@@ -36,6 +36,13 @@ Three launch modes:
 Between windows of ``compact_every`` layers the host drops the dead rows and re-packs the live ones
 into fewer groups (:func:`_gather_kernel`).
 
+Weights. A network whose layers each have one weight (``CompactLayers.per_layer``, every RadiX-Net
+network) keeps one weight a layer on the device, not one a nonzero. The kernels take a
+``per_layer`` flag, uniform over the launch, read the layer's weight once into a register and
+multiply each kept entry by it, the same multiply-add in the same order as with ``data[q]``, so
+the results are those of the per-nonzero weights bit for bit. A runtime flag rather than a kernel
+compiled per kind of network keeps one body per kernel (the branch is the same for every thread).
+
 Under ``NUMBA_ENABLE_CUDASIM=1`` the same kernel code runs on the CPU in the tests; the simulator
 has no warp vote or ``syncwarp``, so there the two warp primitives (:func:`_warp_rank`,
 :func:`_warp_sync`) are a shared-memory scan and a block barrier.
@@ -179,7 +186,8 @@ else:
 
 
 @cuda.jit(device=True)
-def _column(y, flags, src, g, c, p0, p1, indices, data, kept_p, kept_j, votes, lane, zero):
+def _column(y, flags, src, g, c, p0, p1, indices, data, per_layer, weight, kept_p, kept_j, votes,
+            lane, zero):
     """Lane ``lane``'s sum over the entries ``p0 .. p1 - 1`` of column ``c`` (one warp).
 
     The entries are read 32 at a time, one per lane (index and the section flag of group ``g``);
@@ -189,7 +197,9 @@ def _column(y, flags, src, g, c, p0, p1, indices, data, kept_p, kept_j, votes, l
     Every lane then accumulates the kept entries in order (the CSC order, as the CPU kernel does),
     issuing the coalesced activation loads of ``BATCH`` entries before it adds any of them, so
     that their memory latencies overlap. A padding slot
-    adds ``0 * y`` to the sum, which leaves it unchanged. Returns the sum and the entries added.
+    adds ``0 * y`` to the sum, which leaves it unchanged. Each kept entry's weight is
+    ``data[position]``, or ``weight`` (the layer's, in a register) when ``per_layer``. Returns
+    the sum and the entries added.
     """
     acc = zero
     terms = 0
@@ -217,22 +227,23 @@ def _column(y, flags, src, g, c, p0, p1, indices, data, kept_p, kept_j, votes, l
             v5 = y[src, g, kept_j[e + 5], lane]
             v6 = y[src, g, kept_j[e + 6], lane]
             v7 = y[src, g, kept_j[e + 7], lane]
-            acc += _weight(data, kept_p[e], zero) * v0
-            acc += _weight(data, kept_p[e + 1], zero) * v1
-            acc += _weight(data, kept_p[e + 2], zero) * v2
-            acc += _weight(data, kept_p[e + 3], zero) * v3
-            acc += _weight(data, kept_p[e + 4], zero) * v4
-            acc += _weight(data, kept_p[e + 5], zero) * v5
-            acc += _weight(data, kept_p[e + 6], zero) * v6
-            acc += _weight(data, kept_p[e + 7], zero) * v7
+            acc += _weight(data, kept_p[e], per_layer, weight, zero) * v0
+            acc += _weight(data, kept_p[e + 1], per_layer, weight, zero) * v1
+            acc += _weight(data, kept_p[e + 2], per_layer, weight, zero) * v2
+            acc += _weight(data, kept_p[e + 3], per_layer, weight, zero) * v3
+            acc += _weight(data, kept_p[e + 4], per_layer, weight, zero) * v4
+            acc += _weight(data, kept_p[e + 5], per_layer, weight, zero) * v5
+            acc += _weight(data, kept_p[e + 6], per_layer, weight, zero) * v6
+            acc += _weight(data, kept_p[e + 7], per_layer, weight, zero) * v7
         terms += count
     return acc, terms
 
 
 @cuda.jit(device=True)
-def _weight(data, q, zero):
-    """``data[q]``, or zero for a padding slot (``q == -1``), without a branch around the load."""
-    w = data[max(q, 0)]
+def _weight(data, q, per_layer, weight, zero):
+    """The weight of entry ``q``: ``weight`` when ``per_layer`` (no load), else ``data[q]``
+    (without a branch around the load); zero for a padding slot (``q == -1``)."""
+    w = weight if per_layer else data[max(q, 0)]
     return w if q >= 0 else zero
 
 
@@ -261,13 +272,15 @@ def _group_live(alive, g):
 
 
 @cuda.jit(**_BLOCK_KERNEL)
-def _window_kernel(y, flags, parity, indptr, indices, data, first, count, bias, ymax, alive, work):
+def _window_kernel(y, flags, parity, indptr, indices, data, per_layer, first, count, bias, ymax,
+                   alive, work):
     """Run group ``blockIdx.x`` through layers ``first .. first + count - 1`` of the window.
 
     ``y[parity]`` holds the input activations and ``flags[parity]`` their section flags; the output
     of layer ``k`` goes to buffer ``(parity + k + 1) % 2``. ``alive[g * 32 + lane]`` is set to
     whether the row is nonzero after the last layer run; ``work[g]`` adds the multiply-adds done
-    (32 per accumulated section).
+    (32 per accumulated section). ``data`` holds one weight per nonzero, or one per layer of the
+    window when ``per_layer``.
 
     Warp ``w`` computes the output neurons ``w, w + warps, ...`` with :func:`_column`.
     """
@@ -294,10 +307,11 @@ def _window_kernel(y, flags, parity, indptr, indices, data, first, count, bias, 
             live[cur, t] = 0
         cuda.syncthreads()
         layer = first + k
+        weight = data[layer] if per_layer else zero
         for c in range(warp, n, warps):
             acc, added = _column(y, flags, src, g, c, indptr[layer, c], indptr[layer, c + 1],
-                                 indices, data, kept_p[warp], kept_j[warp], votes[warp], lane,
-                                 zero)
+                                 indices, data, per_layer, weight, kept_p[warp], kept_j[warp],
+                                 votes[warp], lane, zero)
             terms += added
             if _store(y, flags, dst, g, c, lane, acc, bias, ymax, zero):
                 live[cur, lane] = 1
@@ -315,13 +329,14 @@ def _window_kernel(y, flags, parity, indptr, indices, data, first, count, bias, 
 
 
 @cuda.jit(**_BLOCK_KERNEL)
-def _layer_kernel(y, flags, src, indptr, indices, data, layer, sections, bias, ymax, alive_in,
-                  alive_out, work):
+def _layer_kernel(y, flags, src, indptr, indices, data, per_layer, layer, sections, bias, ymax,
+                  alive_in, alive_out, work):
     """One layer, block ``b`` computing output section ``b % sections`` of group ``b // sections``.
 
     ``flags[1 - src]`` and ``alive_out`` must be zero before the launch; a group whose rows are
     all dead in ``alive_in`` is skipped. Blocks run group-major, so the groups in flight share the
-    L2 cache even when one group's activations are megabytes.
+    L2 cache even when one group's activations are megabytes. ``data`` holds one weight per
+    nonzero, or one per layer of the window when ``per_layer``.
     """
     b = cuda.blockIdx.x
     g = b // sections
@@ -341,10 +356,12 @@ def _layer_kernel(y, flags, src, indptr, indices, data, layer, sections, bias, y
     kept_j = cuda.shared.array((_WARPS, _KEPT_SLOTS), dtype=np.int32)
     votes = cuda.shared.array((_WARPS, LANES), dtype=np.int32)
     zero = ymax - ymax
+    weight = data[layer] if per_layer else zero
     terms = 0
     for c in range(lo + warp, hi, warps):
         acc, added = _column(y, flags, src, g, c, indptr[layer, c], indptr[layer, c + 1],
-                             indices, data, kept_p[warp], kept_j[warp], votes[warp], lane, zero)
+                             indices, data, per_layer, weight, kept_p[warp], kept_j[warp],
+                             votes[warp], lane, zero)
         terms += added
         if _store(y, flags, dst, g, c, lane, acc, bias, ymax, zero):
             alive_out[g * LANES + lane] = 1
@@ -366,8 +383,8 @@ def _tiled_kernel(dtype_name: str, footprint: int, warps: int):
     item = np.dtype(dtype_name).type
 
     @cuda.jit(**_BLOCK_KERNEL)
-    def tiled_kernel(y, flags, src, indptr, data, layer_tiles, tile_ptr, tile_cols, foot_ptr,
-                     foot, local, layer, sections, bias, ymax, alive_in, alive_out, work):
+    def tiled_kernel(y, flags, src, indptr, data, per_layer, layer_tiles, tile_ptr, tile_cols,
+                     foot_ptr, foot, local, layer, sections, bias, ymax, alive_in, alive_out, work):
         """One layer, block ``b`` computing tile range ``b % sections`` of group
         ``b // sections``; warp ``w`` of the block takes the range's tiles ``w, w + warps, ...``.
 
@@ -376,7 +393,8 @@ def _tiled_kernel(dtype_name: str, footprint: int, warps: int):
         each column of the tile in CSC order from there and stores it with :func:`_store`. A
         lane reads back only the activations of its own row, which it stored itself, so no
         barrier is needed. ``alive_out`` must be zero before the launch; a group whose rows are
-        all dead in ``alive_in`` is skipped.
+        all dead in ``alive_in`` is skipped. ``data`` holds one weight per nonzero, or one per
+        layer of the window when ``per_layer``.
         """
         b = cuda.blockIdx.x
         g = b // sections
@@ -396,6 +414,7 @@ def _tiled_kernel(dtype_name: str, footprint: int, warps: int):
         acts = cuda.shared.array((warps, footprint, LANES), dtype=item)
         mine = acts[warp]
         zero = ymax - ymax
+        weight = data[layer] if per_layer else zero
         terms = 0
         for tile in range(lo + warp, hi, active):
             f0 = foot_ptr[tile]
@@ -421,7 +440,7 @@ def _tiled_kernel(dtype_name: str, footprint: int, warps: int):
                 mine[r + 7, lane] = v7
             for q in range(tile_ptr[tile], tile_ptr[tile + 1]):
                 c = tile_cols[q]
-                acc, added = _tile_column(mine, data, local, indptr[layer, c],
+                acc, added = _tile_column(mine, data, per_layer, weight, local, indptr[layer, c],
                                           indptr[layer, c + 1], lane, zero)
                 terms += added
                 if _store(y, flags, dst, g, c, lane, acc, bias, ymax, zero):
@@ -433,22 +452,33 @@ def _tiled_kernel(dtype_name: str, footprint: int, warps: int):
 
 
 @cuda.jit(device=True)
-def _tile_column(mine, data, local, p0, p1, lane, zero):
+def _tile_column(mine, data, per_layer, weight, local, p0, p1, lane, zero):
     """Lane ``lane``'s sum over entries ``p0 .. p1 - 1`` of a column, in order, from the warp's
-    shared footprint activations ``mine``; the weights and footprint positions of ``BATCH``
-    entries are read before any is added. Past the column's end the weight is zero, which leaves
-    the sum unchanged. Returns the sum and the entries added."""
+    shared footprint activations ``mine``; the weights (``data[p]``, or the layer's ``weight``
+    when ``per_layer``) and footprint positions of ``BATCH`` entries are read before any is
+    added. Past the column's end the weight is zero, which leaves the sum unchanged. Returns the
+    sum and the entries added."""
     acc = zero
     last = p1 - 1
     for p in range(p0, p1, BATCH):
-        w0 = data[p]
-        w1 = data[min(p + 1, last)] if p + 1 < p1 else zero
-        w2 = data[min(p + 2, last)] if p + 2 < p1 else zero
-        w3 = data[min(p + 3, last)] if p + 3 < p1 else zero
-        w4 = data[min(p + 4, last)] if p + 4 < p1 else zero
-        w5 = data[min(p + 5, last)] if p + 5 < p1 else zero
-        w6 = data[min(p + 6, last)] if p + 6 < p1 else zero
-        w7 = data[min(p + 7, last)] if p + 7 < p1 else zero
+        if per_layer:
+            w0 = weight
+            w1 = weight if p + 1 < p1 else zero
+            w2 = weight if p + 2 < p1 else zero
+            w3 = weight if p + 3 < p1 else zero
+            w4 = weight if p + 4 < p1 else zero
+            w5 = weight if p + 5 < p1 else zero
+            w6 = weight if p + 6 < p1 else zero
+            w7 = weight if p + 7 < p1 else zero
+        else:
+            w0 = data[p]
+            w1 = data[min(p + 1, last)] if p + 1 < p1 else zero
+            w2 = data[min(p + 2, last)] if p + 2 < p1 else zero
+            w3 = data[min(p + 3, last)] if p + 3 < p1 else zero
+            w4 = data[min(p + 4, last)] if p + 4 < p1 else zero
+            w5 = data[min(p + 5, last)] if p + 5 < p1 else zero
+            w6 = data[min(p + 6, last)] if p + 6 < p1 else zero
+            w7 = data[min(p + 7, last)] if p + 7 < p1 else zero
         acc += w0 * mine[local[p], lane]
         acc += w1 * mine[local[min(p + 1, last)], lane]
         acc += w2 * mine[local[min(p + 2, last)], lane]
@@ -571,7 +601,7 @@ class CompactLayers:
         Input neuron of each nonzero: uint16 when ``N <= 65536`` (every challenge width).
     values : float array
         The weight of each nonzero, or, when ``per_layer``, one weight per layer shared by all of
-        its nonzeros (the challenge networks): the device expands it.
+        its nonzeros (the challenge networks): it stays one a layer on the device too.
     per_layer : bool
         Whether ``values`` holds one weight per layer.
     """
@@ -632,7 +662,7 @@ class _Window:
     values: object
     per_layer: bool
     n_layers: int
-    nbytes: int  # on the device, weights expanded
+    nbytes: int  # on the device
     tiles: FootprintTiles | None = None
 
 
@@ -641,7 +671,6 @@ def _host_windows(network: CompactLayers, layers_per_window: int,
     """Cut the layers into windows whose ``indptr`` are offsets into their own arrays (with their
     share of ``tiles`` instead of the indices when given)."""
     windows = []
-    itemsize = network.dtype.itemsize
     for first in range(0, network.n_layers, layers_per_window):
         last = min(network.n_layers, first + layers_per_window)
         lo = int(network.indptr[first, 0])
@@ -655,12 +684,13 @@ def _host_windows(network: CompactLayers, layers_per_window: int,
             indices, part = None, tiles.window(first, last, lo, hi)
             index_bytes = part.nbytes
         windows.append(_Window(indptr, indices, values, network.per_layer, last - first,
-                               indptr.nbytes + index_bytes + (hi - lo) * itemsize, part))
+                               indptr.nbytes + index_bytes + values.nbytes, part))
     return windows
 
 
 def weight_bytes(network: PackedLayers | CompactLayers, tiled: bool = False) -> tuple[int, int]:
-    """Device bytes of the network (``indptr``, ``indices``, weights) and of its largest layer.
+    """Device bytes of the network (``indptr``, ``indices``, weights: one a nonzero, or one a
+    layer when ``per_layer``) and of its largest layer.
 
     With ``tiled``, an upper bound for the network with footprint tiles in place of its indices
     (the footprints hold at most one input a weight entry, as the indices do; the bound adds the
@@ -746,17 +776,10 @@ class DeviceNetwork:
 
     @staticmethod
     def _upload(window: _Window) -> _Window:
-        """The window on the device, with one weight per nonzero."""
+        """The window on the device, its weights as on the host (one a layer when
+        ``per_layer``)."""
         indptr = cuda.to_device(window.indptr)
-        if window.per_layer:
-            size = int(window.indptr[-1, -1])
-            data = cuda.device_array(size, dtype=window.values.dtype)
-            for k in range(window.n_layers):
-                lo, hi = int(window.indptr[k, 0]), int(window.indptr[k, -1])
-                if hi > lo:
-                    _fill(data[lo:hi], window.values[k])
-        else:
-            data = cuda.to_device(window.values)
+        data = cuda.to_device(window.values)
         indices = None if window.indices is None else cuda.to_device(window.indices)
         tiles = None
         if window.tiles is not None:
@@ -764,7 +787,8 @@ class DeviceNetwork:
             tiles = FootprintTiles(host.footprint, *(
                 cuda.to_device(a) for a in (host.layer_tiles, host.tile_ptr, host.tile_cols,
                                             host.foot_ptr, host.foot, host.local)))
-        return _Window(indptr, indices, data, False, window.n_layers, window.nbytes, tiles)
+        return _Window(indptr, indices, data, window.per_layer, window.n_layers, window.nbytes,
+                       tiles)
 
     def windows(self):
         """The windows in order, on the device (uploaded now when streamed)."""
@@ -963,8 +987,8 @@ def infer_rows_cuda(
             groups = -(-live // LANES)
             if mode == "fused":
                 _window_kernel[groups, threads](
-                    y, flags, parity, window.indptr, window.indices, window.values, first, count,
-                    typed_bias, typed_ymax, alive, work,
+                    y, flags, parity, window.indptr, window.indices, window.values,
+                    window.per_layer, first, count, typed_bias, typed_ymax, alive, work,
                 )
             else:
                 lanes = np.zeros(groups * LANES, dtype=np.uint8)
@@ -982,8 +1006,8 @@ def infer_rows_cuda(
                     else:
                         _zero(flags[1 - src].reshape(flags[1 - src].size))
                         _layer_kernel[groups * sections, threads](
-                            y, flags, src, window.indptr, window.indices, window.values, k,
-                            sections, typed_bias, typed_ymax, a, b, work,
+                            y, flags, src, window.indptr, window.indices, window.values,
+                            window.per_layer, k, sections, typed_bias, typed_ymax, a, b, work,
                         )
                     a, b = b, a
                 if a is not alive:
@@ -1021,7 +1045,8 @@ def _launch_tiled(window: _Window, warps: int, y, flags, src: int, layer: int, b
     kernel = _tiled_kernel(y.dtype.name, tiles.footprint, warps)
     threads = min(warps * LANES, _threads_per_block())
     kernel[blocks, threads](
-        y, flags, src, window.indptr, window.values, tiles.layer_tiles, tiles.tile_ptr,
+        y, flags, src, window.indptr, window.values, window.per_layer, tiles.layer_tiles,
+        tiles.tile_ptr,
         tiles.tile_cols, tiles.foot_ptr, tiles.foot, tiles.local, layer, sections, bias, ymax,
         alive_in, alive_out, work,
     )
