@@ -7,7 +7,10 @@ compiles each kernel on two rows (on a GPU; the simulator compiles nothing), the
 ``--repeats`` times, alternating, with ``infer_rows_cuda`` on the whole batch. It prints each
 run's seconds and GE/s (rows x edges / seconds, the challenge's measure), the best run's ratio to
 ``sectioned``, and whether every mode
-gave the same categories (it exits with status 1 when one did not).
+gave the same categories (it exits with status 1 when one did not). A mode written
+``MODE/per-entry`` (e.g. ``sectioned/per-entry``) runs on the same network with one weight per
+nonzero, expanded on the host, as the device held it before it kept one weight per layer: the
+A/B of that change.
 
     python benchmarks/challenge_gpu_kernels.py                          # on the GPU machine
     NUMBA_ENABLE_CUDASIM=1 python benchmarks/challenge_gpu_kernels.py --networks 1024x1,64x4 \
@@ -33,6 +36,7 @@ from machine import describe
 
 from dasknn.datasets import load_mnist_test, mnist_to_challenge_inputs, radixnet
 from dasknn.kernels.cuda_inference import (
+    CompactLayers,
     DeviceNetwork,
     compact_layers,
     cuda_runtime,
@@ -44,17 +48,29 @@ from dasknn.kernels.inference import pack_layers
 Variant = tuple[str, str, int | None, int | None]  # label, mode, footprint, warps a block
 
 
+PER_ENTRY = "/per-entry"
+
+
 def variants(modes: list[str], footprints: list[str]) -> list[Variant]:
     """The kernel variants to run: each mode, the tiled one once per ``FOOTPRINT[xWARPS]``."""
     out: list[Variant] = []
     for mode in modes:
         if mode != "tiled":
-            out.append((mode, mode, None, None))
+            out.append((mode, mode.removesuffix(PER_ENTRY), None, None))
             continue
         for spec in footprints:
             footprint, _, warps = spec.partition("x")
             out.append((f"tiled/{spec}", "tiled", int(footprint), int(warps) if warps else None))
     return out
+
+
+def per_entry_weights(compact: CompactLayers) -> CompactLayers:
+    """``compact`` with its one weight a layer repeated for every nonzero of the layer."""
+    if not compact.per_layer:
+        return compact
+    counts = compact.indptr[:, -1] - compact.indptr[:, 0]
+    values = np.repeat(compact.values, counts)
+    return CompactLayers(compact.indptr, compact.indices, values, per_layer=False)
 
 
 def run_network(spec: str, images: np.ndarray, runs: list[Variant], repeats: int,
@@ -77,6 +93,8 @@ def run_network(spec: str, images: np.ndarray, runs: list[Variant], repeats: int
         if mode == "tiled":
             networks[label] = DeviceNetwork(compact, tiled=True, footprint=footprint,
                                             tile_warps=warps)
+        elif label.endswith(PER_ENTRY):
+            networks[label] = DeviceNetwork(per_entry_weights(compact))
         else:
             networks[label] = DeviceNetwork(compact)
         if warm:  # compile the kernels before the timed runs

@@ -4,7 +4,8 @@
 #
 # Parts (PARTS, default 1,2,3,4), every figure printed and written under $OUT:
 #   1  the GPU test subset on the real card         -> session.log
-#   2  kernel-only A/B sectioned / tiled              -> kernels.jsonl
+#   2  kernel-only A/B sectioned (one weight a      -> kernels.jsonl
+#      layer, and per entry as before) / tiled
 #   3  row check of 65536 x 1920 on 1,000 images,     -> rowcheck.json, rowcheck.log
 #      started first, in the background, on the cores the foreground leaves
 #   4  end to end: 65536 x 120 tiled then sectioned,  -> results.jsonl
@@ -154,7 +155,7 @@ part_tests() {
 part_kernels() {
     echo "== part 2: kernel-only A/B"
     locked python3 benchmarks/challenge_gpu_kernels.py "${KERNEL_ARGS[@]}" \
-        --modes sectioned,tiled --out "$OUT/kernels.jsonl"
+        --modes sectioned,sectioned/per-entry,tiled --out "$OUT/kernels.jsonl"
 }
 
 part_profile() {  # three sectioned launches past the first layers, where few rows are live
