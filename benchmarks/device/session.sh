@@ -2,9 +2,9 @@
 # The lent GPU machine's session, run THERE in the repo root by one device `run` call with
 # carry [".whl", ".gpu"] (made here by prepare.sh; README.md beside this gives the call).
 #
-# Parts (PARTS, default 1,2,3,4), every figure printed and written under $OUT:
+# Parts (PARTS, default 1,2,5,3,4: the order does not matter), every figure printed and written under $OUT:
 #   1  the GPU test subset on the real card         -> session.log
-#   2  kernel-only A/B sectioned (one weight a      -> kernels.jsonl
+#   2  kernel-only A/B sectioned (one weight a       -> kernels.jsonl
 #      layer, and per entry as before) / tiled
 #   3  row check of 65536 x 1920 on 1,000 images,     -> rowcheck.json, rowcheck.log
 #      started first, in the background, on the cores the foreground leaves
