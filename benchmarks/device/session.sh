@@ -2,7 +2,7 @@
 # The lent GPU machine's session, run THERE in the repo root by one device `run` call with
 # carry [".whl", ".gpu"] (made here by prepare.sh; README.md beside this gives the call).
 #
-# Parts (PARTS, default 1,2,5,3,4; they run in the order below), every figure written under $OUT:
+# Parts (PARTS: which run, default 1,2,5,3,4; main() sets their order), every figure under $OUT:
 #   1  the GPU test subset on the real card         -> session.log
 #   2  kernel-only A/B sectioned (one weight a       -> kernels.jsonl
 #      layer, and per entry as before) / tiled
