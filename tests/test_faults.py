@@ -25,7 +25,7 @@ from stopped_workers import stopped, wait_until_empty
 
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
-from dasknn.model_parallel.faults import StepTimeoutError, WorkerLostError
+from dasknn.model_parallel.faults import RetirementRequests, StepTimeoutError, WorkerLostError
 from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.keys import message_phase
 from dasknn.runtime.measure import MONITOR_NAME, REPORTER_NAME
@@ -185,30 +185,38 @@ def test_stopped_worker_is_reported_after_the_step_timeout(cluster, messages):
 
 def _model_plugins(client, token: str) -> list[str]:
     """The names of the scheduler's and the workers' plugins that hold ``token``, and of the
-    transfer monitor's, which leaves with the last model holding it."""
+    transfer monitor's and the retirement watch's, which leave with the last model holding
+    them."""
     on_scheduler = client.run_on_scheduler(
         lambda dask_scheduler: [*dask_scheduler.plugins, *dask_scheduler.worker_plugins]
     )
     on_workers = client.run(lambda dask_worker: list(dask_worker.plugins))
     names = [*on_scheduler, *(n for ns in on_workers.values() for n in ns)]
-    return [n for n in names if token in n or n in (MONITOR_NAME, REPORTER_NAME)]
+    shared = (MONITOR_NAME, REPORTER_NAME, RetirementRequests.name)
+    return [n for n in names if token in n or n in shared]
 
 
-def test_a_stopped_worker_does_not_hold_up_close(cluster):
+@pytest.mark.parametrize("given", ["client", "address", "cluster"])
+def test_a_stopped_worker_does_not_hold_up_close(cluster, given):
     """A worker stopped (SIGSTOP) after a step, still listed by the scheduler: ``close()`` of a
     model with ``reuse_memory=True`` waits for it at most ``step_timeout`` (it used to wait until
-    Dask removed the worker), and no plugin of the model is left once it goes on."""
-    _, client = cluster
+    Dask removed the worker), and no plugin of the model is left once it goes on. Given the
+    scheduler's address or the cluster object, the model closes the client it opened at the end
+    of ``close()``: the removals it asked for are carried out all the same."""
+    local, client = cluster
+    where = {"client": client, "address": local.scheduler_address, "cluster": local}[given]
     x, y = _data(8)
     model = _model()
-    dist = DistributedSparseMLP(model, client, _parts(model), reuse_memory=True, step_timeout=2)
+    dist = DistributedSparseMLP(model, where, _parts(model), reuse_memory=True, step_timeout=2)
     try:
+        assert (dist.client is client) == (given == "client")
         dist.train_step(x, y, lr=LR)
         assert _model_plugins(client, dist.token)  # the test sees the model's plugins
         with stopped(client, dist.part_workers[1]):
             start = time.monotonic()
             dist.close()
             assert time.monotonic() - start < 2 + 2.0
+            assert (dist.client.status == "closed") == (given != "client")
     finally:
         dist.close()
     wait_until_empty(

@@ -134,19 +134,33 @@ def test_a_worker_stopped_before_the_constructor_is_named_and_nothing_is_left():
         wait_until_empty(lambda: _dasknn_plugins(client), 10, "a plugin of the model stayed")
 
 
+def _placed_again(key) -> str | None:
+    """``"plans"`` for a layer plan's key, ``"postboxes"`` for a postbox's, of a placement after
+    the first (generation 1 on); ``None`` for any other key."""
+    name = str(key[0]) if isinstance(key, tuple) else str(key)
+    placed = re.fullmatch(r"dasknn-(plan|postbox)-[\w-]+?-g(\d+)(-\d+)?", name)
+    if placed is None or placed[2] == "0":
+        return None
+    return {"plan": "plans", "postbox": "postboxes"}[placed[1]]
+
+
 class _KillOnStepStopOnPlacingAgain(WorkerPlugin):
     """On the worker ``killed``: kills (SIGKILL) its own process the moment a task of step
     ``step`` or later starts executing, so the step fails with a lost worker and ``fit`` recovers
-    from its checkpoint. On the worker ``stopped``: stops (SIGSTOP) its own process the moment a
-    layer plan of a later placement than the first (generation 1 on) arrives, so the recovery's
-    placement cannot finish."""
+    from its checkpoint. The worker ``stopped`` is stopped (SIGSTOP) so that the recovery's
+    placement cannot finish, at the ``moment`` it waits for that worker: ``"state"``, by the
+    killed worker just before it kills itself (the recovery's first call, registering
+    ``ModelState`` again, waits for it); ``"plans"`` or ``"postboxes"``, by itself the moment a
+    layer plan or its postbox of a later placement than the first (generation 1 on) arrives."""
 
     name = "dasknn-test-kill-on-step-stop-on-placing-again"
 
-    def __init__(self, killed: str, stopped: str, step: int):
+    def __init__(self, killed: str, stopped: str, stopped_pid: int, step: int, moment: str):
         self.killed_address = killed
         self.stopped_address = stopped
+        self.stopped_pid = stopped_pid
         self.step = step
+        self.moment = moment
         self.address = ""
 
     def setup(self, worker) -> None:
@@ -155,19 +169,22 @@ class _KillOnStepStopOnPlacingAgain(WorkerPlugin):
     def transition(self, key, start, finish, **kwargs) -> None:
         if self.address == self.killed_address and finish == "executing":
             if message_phase(key) is not None and key[1] >= self.step:
+                if self.moment == "state":
+                    os.kill(self.stopped_pid, signal.SIGSTOP)
                 os.kill(os.getpid(), signal.SIGKILL)
-        if self.address == self.stopped_address and isinstance(key, tuple):
-            name = str(key[0])
-            if name.startswith("dasknn-plan-") and not name.endswith("-g0"):
-                self.address = ""  # once
-                os.kill(os.getpid(), signal.SIGSTOP)
+        if self.address == self.stopped_address and _placed_again(key) == self.moment:
+            self.address = ""  # once
+            os.kill(os.getpid(), signal.SIGSTOP)
 
 
-def test_a_worker_stopped_while_the_recovery_places_a_checkpoint_again_is_named(tmp_path):
+@pytest.mark.parametrize("moment", ["state", "plans", "postboxes"])
+def test_a_worker_stopped_while_the_recovery_places_a_checkpoint_again_is_named(tmp_path, moment):
     """``fit(checkpoint=...)``: a part worker killed (SIGKILL) in a step starts the recovery,
-    and another one stopped (SIGSTOP) as the recovery's layer plans arrive keeps its placement
-    from finishing: ``fit`` ends after ``step_timeout`` in a StepTimeoutError naming the stopped
-    worker, and once it goes on nothing of the model is left after ``close()``."""
+    and another one stopped (SIGSTOP) keeps its placement from finishing, whether it stops
+    before ``ModelState`` is registered again, as the layer plans arrive or as its postbox
+    starts: ``fit`` ends after ``step_timeout`` in a StepTimeoutError naming the stopped worker,
+    the client keeps its connection and its user's futures, and once the worker goes on nothing
+    of the model is left after ``close()``."""
     with LocalCluster(
         n_workers=3, threads_per_worker=1, processes=True, dashboard_address=":0"
     ) as cluster, Client(cluster) as client:  # fmt: skip
@@ -175,21 +192,30 @@ def test_a_worker_stopped_while_the_recovery_places_a_checkpoint_again_is_named(
         parts = [np.arange(n) % 3 for n in model.layer_sizes]
         rng = np.random.default_rng(1)
         x, y = rng.uniform(size=(96, 16)), rng.uniform(size=(96, 6))
+        # the workers import the model's code outside the 3 s step_timeout
+        DistributedSparseMLP(model, client, parts).close()
         dist = DistributedSparseMLP(model, client, parts, step_timeout=3)
         try:
             dist.fit(x[:8], y[:8], batch_size=8, lr=0.0)  # step 1: the workers compile
             pids = client.run(os.getpid)
             _, stopped_worker, victim = sorted(pids)  # parts 1 and 2
-            client.register_plugin(_KillOnStepStopOnPlacingAgain(victim, stopped_worker, step=4))
+            client.register_plugin(
+                _KillOnStepStopOnPlacingAgain(
+                    victim, stopped_worker, pids[stopped_worker], step=4, moment=moment
+                )
+            )
             named = (
                 r"^the workers did not take the model while it was placed within 3 s "
                 rf"\(step_timeout\): (.*; )?worker {re.escape(stopped_worker)} "
             )
+            kept = client.submit(int, 7, key="kept-by-the-user")  # a future of the client's user
             try:
                 start = time.monotonic()
                 with pytest.raises(StepTimeoutError, match=named):
                     dist.fit(x, y, batch_size=8, epochs=3, lr=0.1, checkpoint=tmp_path)
                 took = time.monotonic() - start
+                # the failed step's clean-up kept the client's connection, and its futures
+                assert kept.result(timeout=5) == 7
                 with pytest.raises(RuntimeError, match="unusable"):
                     dist.gather()
                 dist.close()
@@ -198,10 +224,18 @@ def test_a_worker_stopped_while_the_recovery_places_a_checkpoint_again_is_named(
         finally:
             dist.close()
             client.unregister_worker_plugin(_KillOnStepStopOnPlacingAgain.name)
-        # steps 2 and 3 take well under a second; then the loss is seen within a poll
-        assert 3 <= took < 3 + 5, took
+        # steps 2 and 3 take well under a second; the loss is seen within a poll, or once the
+        # results of a step did not arrive (3 s); with the worker stopped before the recovery,
+        # the clean-up of the failed step waits for it too (3 s); the placement gives up (3 s)
+        assert 3 <= took < (3 * 3 if moment == "state" else 2 * 3) + 3, took
         assert victim not in scheduler_workers(client)
         wait_until_empty(lambda: _dasknn_plugins(client), 10, "a plugin of the model stayed")
-        wait_until_empty(
-            lambda: client.run_on_scheduler(_model_keys), 10, "a key of the model stayed"
-        )
+        # the plans' scatter to the stopped worker, given up by the client, is completed by the
+        # scheduler once the worker goes on: those keys stay the client's until it closes (a
+        # known gap, docs/reliability.md); nothing else of the model stays
+        late_plans = re.compile(r"\('dasknn-plan-\w+-\d+-g1', \d+\)")
+
+        def model_keys() -> list[str]:
+            return [k for k in client.run_on_scheduler(_model_keys) if not late_plans.fullmatch(k)]
+
+        wait_until_empty(model_keys, 10, "a key of the model stayed")

@@ -739,20 +739,30 @@ class DistributedSparseMLP(SparseEstimator, PluginOwner):
         lets it go, see :meth:`_let_go`); ``futures`` are those of the failed step."""
         lost = lost_workers(self.client, self.part_workers, self._retirements)
         if lost:
-            error = lost_error(self.part_workers, lost)
-            self._failed = str(error)
+            self._failed = str(lost_error(self.part_workers, lost))
             self._leaving.update(lost)
             if self.messages == "actors":
                 self._let_go(lost, futures)
-            raise error from None
+            # raised as made: an error held by a local of this frame would be in a reference
+            # cycle with its traceback, which keeps the calling frames' futures (the data of a
+            # fit call) on the cluster until the garbage collector runs
+            raise lost_error(self.part_workers, lost) from None
 
     def _let_go(self, leaving: list[str], futures) -> None:
         """Let the workers ``leaving`` retire: Dask retires no worker that holds an actor, so a
         retirement asked for while the model's postboxes are there is refused. Cancel the failed
         step and the postboxes, end the waits of the step tasks still running, and ask again for
-        the retirements still to do until they are done (within ``step_timeout``)."""
+        the retirements still to do until they are done (within ``step_timeout``).
+
+        The step is cancelled first, in a request of its own: the scheduler then forgets the
+        step tasks no future wants (the previous step's, which the failed one waited for), so
+        none of them depends on a postbox when the postboxes are cancelled. Dask's scheduler
+        fails on cancelling a key that such a task depends on, and drops the client's
+        connection: the client reconnects and cancels every future it holds, the user's too.
+        """
         deadline = time.monotonic() + self.step_timeout
-        self.client.cancel([*futures, *self._postboxes])
+        self.client.cancel(futures)
+        self.client.cancel(self._postboxes)
         self._postboxes = []
         self._templates.pop("train", None)
         self._clear_workers(self.step_timeout)

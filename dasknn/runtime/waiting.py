@@ -91,13 +91,19 @@ def wait_at_most(
     reference cycle that holds the futures (the closure's arguments) until the garbage collector
     runs, so their keys stay on the cluster long after the caller dropped them. The error and
     the ones it was raised from lose their tracebacks here (their frames cleared), which breaks
-    the cycle.
+    the cycle. Any other error of the wait (``FuturesCancelledError``) is raised with the
+    locals of its traceback's frames cleared, for the same reason.
     """
     try:
         wait(list(futures), timeout=seconds, return_when=return_when)
     except TimeoutError as exc:
         _drop_tracebacks(exc)
         return False
+    except Exception as exc:
+        # the wait's own error (futures cancelled) is in the same cycle: the traceback is kept,
+        # the locals of its frames cleared
+        traceback.clear_frames(exc.__traceback__)
+        raise
     return True
 
 
@@ -123,6 +129,7 @@ def gather_at_most(client: Client, futures: Sequence[Future], seconds: float) ->
     TimeoutError
         If they did not all arrive within ``seconds`` (a worker holding one stopped answering);
         the gather is cancelled and the error has no traceback that could hold the futures.
+        A failed gather's own error is in no reference cycle either.
     Exception
         A failed future's error, as ``Client.gather`` raises it.
 
@@ -143,6 +150,14 @@ def gather_at_most(client: Client, futures: Sequence[Future], seconds: float) ->
         _cancel_call(client, gathering)
         _drop_tracebacks(exc)
         raise TimeoutError(f"the results did not arrive within {seconds:g} s") from None
+    except Exception as exc:
+        # distributed raises a failed future's error from a frame that holds it: without the
+        # locals of the traceback's frames it is in no reference cycle that keeps the callers'
+        # frames (and their futures) alive until the garbage collector runs
+        traceback.clear_frames(exc.__traceback__)
+        raise
+    finally:
+        del gathering  # it holds the error too, whose traceback holds this frame
 
 
 def call_at_most(call: Callable[[], Any], seconds: float | None) -> bool:
