@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from distributed import Client, LocalCluster
+from simulator_threads import simulator_switch_interval
 from stopped_workers import wait_until_empty
 
 from dasknn.challenge import run_challenge
@@ -48,6 +49,13 @@ from dasknn.kernels.inference import advance, live_rows, pack_layers, start_batc
 from dasknn.runtime.step_timeout import StepTimeoutError
 
 needs_gpu = pytest.mark.skipif(cuda_runtime() != "gpu", reason="no CUDA GPU on this machine")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _short_switch_interval():
+    """The simulated kernels of this module run with a short thread switch interval."""
+    with simulator_switch_interval():
+        yield
 
 
 def reference_categories(inputs, layers, bias: float, ymax: float = 32.0) -> np.ndarray:
@@ -224,7 +232,7 @@ def test_plan_memory_resident_streamed_and_too_large():
 def client():
     cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                            dashboard_address=":0")
-    with cluster, Client(cluster) as c:
+    with cluster, Client(cluster) as c, simulator_switch_interval(c):
         yield c
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from simulator_threads import simulator_switch_interval
 from test_challenge_gpu import random_inputs
 
 from dasknn.challenge import run_challenge
@@ -32,6 +33,13 @@ from dasknn.kernels.inference import pack_layers
 
 pytestmark = pytest.mark.skipif(cuda_inference.cuda_runtime() == "none",
                                 reason="no CUDA GPU and numba's CUDA simulator is off")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _short_switch_interval():
+    """The simulated kernels of this module run with a short thread switch interval."""
+    with simulator_switch_interval():
+        yield
 
 
 def reference(inputs: sp.csr_matrix, layers, bias: float, ymax: float = 32.0) -> np.ndarray:
@@ -177,9 +185,10 @@ def test_too_wide_column_and_mode_mismatch_are_named():
 def test_engine_tiled_on_cuda_workers_equals_reference(dask_client):
     layers = radixnet(64, 3, seed=3)
     x = random_inputs(50, 64, 0.2, seed=8)
-    categories, stats = run_challenge(layers, x, -0.3, client=dask_client, device="cuda",
-                                      batch_size=25, compact_every=2, cuda_mode="tiled",
-                                      progress=False)
+    with simulator_switch_interval(dask_client):
+        categories, stats = run_challenge(layers, x, -0.3, client=dask_client, device="cuda",
+                                          batch_size=25, compact_every=2, cuda_mode="tiled",
+                                          progress=False)
     expected = np.flatnonzero(reference(x, layers, -0.3).any(axis=1)) + 1
     assert 0 < expected.size < 50
     np.testing.assert_array_equal(categories, expected)
