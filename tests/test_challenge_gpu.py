@@ -141,7 +141,7 @@ def test_radixnet_streamed_windows_match_resident():
     assert not resident.streamed and streamed.streamed and streamed.layers_per_window == 1
     bias = challenge_bias(1024)
     # float32 rounding of the bias may decide rows: compare like with like (the float64
-    # reference checks streamed windows in test_engine_streams_weights_over_budget)
+    # reference checks streamed windows in test_engine_on_cuda_workers_equals_cpu_engine)
     expected = cpu_engine_rows(x, layers, bias, np.float32)
     # the resident network's rows: test_kernel_matches_reference and the engine tests
     result = infer_rows_cuda(x, streamed, bias, compact_every=2)
@@ -239,26 +239,21 @@ def client():
 
 @pytest.mark.skipif(cuda_runtime() == "none", reason="numba's CUDA simulator is off")
 def test_engine_on_cuda_workers_equals_cpu_engine(client):
-    layers = radixnet(64, 3, seed=3)  # compact_every=2: a compaction, then a window of one layer
+    """The weights streamed in windows of two layers, with compact_every=2: a compaction, then a
+    window of one layer (the resident weights: the CLI and worker-load tests)."""
+    layers = radixnet(64, 3, seed=3)
     x = mnist_to_challenge_inputs(load_mnist_test()[0][:60], 8)
     bias = -0.3
     cpu, _ = run_challenge(layers, x, bias, client=client, progress=False)
     gpu, stats = run_challenge(layers, x, bias, client=client, device="cuda", batch_size=30,
-                               compact_every=2, cuda_mode="sectioned", progress=False)
+                               compact_every=2, cuda_mode="sectioned",
+                               weight_budget=2 * (64 * 32 * 8 + 65 * 8), progress=False)
     np.testing.assert_array_equal(gpu, cpu)
     np.testing.assert_array_equal(gpu, reference_categories(x, layers, bias) + 1)
+    assert stats.mode == "streamed" and stats.resident_layers == 2
     assert stats.device == "cuda" and stats.batches == 2 and stats.workers == 2
     assert stats.categories == gpu.size and stats.macs_done > 0
     assert "GPU workers" in stats.summary()
-
-
-def test_engine_streams_weights_over_budget(client):
-    layers = radixnet(64, 3, seed=4)
-    x = mnist_to_challenge_inputs(load_mnist_test()[0][:30], 8)
-    gpu, stats = run_challenge(layers, x, -0.3, client=client, device="cuda",
-                               weight_budget=2 * (64 * 32 * 8 + 65 * 8), progress=False)
-    np.testing.assert_array_equal(gpu, reference_categories(x, layers, -0.3) + 1)
-    assert stats.mode == "streamed" and stats.resident_layers == 2
 
 
 def test_bad_device_arguments_fail_before_any_cluster():
