@@ -5,8 +5,8 @@ The simulator runs each CUDA thread of a block as a Python thread, and the threa
 the block polls them in a loop without blocking until all of them wait at a barrier
 (``syncthreads``). With CPython's default switch interval (5 ms) the polling thread keeps the GIL
 for up to 5 ms before a simulated thread may run its next step, so a barrier of 64 threads takes
-tens of milliseconds; at 0.2 ms the same kernels run about four times faster. On a GPU nothing
-changes.
+tens of milliseconds; at 0.2 ms the same kernels run about four times faster (the tiled kernel,
+which has no barrier, gains nothing). On a GPU nothing changes.
 """
 
 from __future__ import annotations
