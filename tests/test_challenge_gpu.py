@@ -243,7 +243,7 @@ def test_plan_memory_resident_streamed_and_too_large():
 def client():
     cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                            dashboard_address=":0")
-    with cluster, Client(cluster) as c, simulator_switch_interval(c):
+    with cluster, Client(cluster) as c:
         yield c
 
 
