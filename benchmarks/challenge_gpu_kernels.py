@@ -36,7 +36,6 @@ from machine import describe
 
 from dasknn.datasets import load_mnist_test, mnist_to_challenge_inputs, radixnet
 from dasknn.kernels.cuda_inference import (
-    CompactLayers,
     DeviceNetwork,
     compact_layers,
     cuda_runtime,
@@ -64,15 +63,6 @@ def variants(modes: list[str], footprints: list[str]) -> list[Variant]:
     return out
 
 
-def per_entry_weights(compact: CompactLayers) -> CompactLayers:
-    """``compact`` with its one weight a layer repeated for every nonzero of the layer."""
-    if not compact.per_layer:
-        return compact
-    counts = compact.indptr[:, -1] - compact.indptr[:, 0]
-    values = np.repeat(compact.values, counts)
-    return CompactLayers(compact.indptr, compact.indices, values, per_layer=False)
-
-
 def run_network(spec: str, images: np.ndarray, runs: list[Variant], repeats: int,
                 compact_every: int, warm: bool) -> tuple[list[dict], bool]:
     """Every variant on one network; the rows of the results and whether the categories agree."""
@@ -94,7 +84,7 @@ def run_network(spec: str, images: np.ndarray, runs: list[Variant], repeats: int
             networks[label] = DeviceNetwork(compact, tiled=True, footprint=footprint,
                                             tile_warps=warps)
         elif label.endswith(PER_ENTRY):
-            networks[label] = DeviceNetwork(per_entry_weights(compact))
+            networks[label] = DeviceNetwork(compact.per_entry())
         else:
             networks[label] = DeviceNetwork(compact)
         if warm:  # compile the kernels before the timed runs

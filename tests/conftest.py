@@ -104,3 +104,13 @@ def pytest_sessionfinish(session):
     imported at the summary) makes CPython 3.11.7 fail with "SystemError: AST constructor
     recursion depth mismatch"."""
     gc.collect()
+
+
+@pytest.fixture(scope="module")
+def short_switch_interval():
+    """The module's simulated kernels run with a short thread switch interval in this process
+    (``tests/simulator_threads.py``); on a GPU nothing changes."""
+    from simulator_threads import simulator_switch_interval  # numba after NUMBA_ENABLE_CUDASIM
+
+    with simulator_switch_interval():
+        yield

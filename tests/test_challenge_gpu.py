@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from distributed import Client, LocalCluster
-from simulator_threads import simulator_switch_interval
 from stopped_workers import wait_until_empty
 
 from dasknn.challenge import run_challenge
@@ -49,13 +48,7 @@ from dasknn.kernels.inference import advance, live_rows, pack_layers, start_batc
 from dasknn.runtime.step_timeout import StepTimeoutError
 
 needs_gpu = pytest.mark.skipif(cuda_runtime() != "gpu", reason="no CUDA GPU on this machine")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _short_switch_interval():
-    """The simulated kernels of this module run with a short thread switch interval."""
-    with simulator_switch_interval():
-        yield
+pytestmark = pytest.mark.usefixtures("short_switch_interval")
 
 
 def reference_activations(inputs, layers, bias: float, ymax: float = 32.0) -> np.ndarray:
@@ -143,7 +136,8 @@ def test_radixnet_streamed_windows_match_resident():
     layers = radixnet(64, 3, seed=2)
     x = random_inputs(30, 64, 0.25, seed=5)
     for dtype in (np.float64, np.float32):
-        layer_bytes = 64 * 32 * (2 + np.dtype(dtype).itemsize) + 65 * 4  # uint16 index, int32 ptr
+        # uint16 indices, int32 offsets, one weight a layer
+        layer_bytes = 64 * 32 * 2 + 65 * 4 + np.dtype(dtype).itemsize
         assert weight_bytes(pack_layers(layers, dtype)) == (3 * layer_bytes, layer_bytes)
     packed = pack_layers(layers, np.float32)
     resident = DeviceNetwork(packed)
@@ -257,7 +251,7 @@ def test_engine_on_cuda_workers_equals_cpu_engine(client):
     cpu, _ = run_challenge(layers, x, bias, client=client, progress=False)
     gpu, stats = run_challenge(layers, x, bias, client=client, device="cuda", batch_size=30,
                                compact_every=2, cuda_mode="sectioned",
-                               weight_budget=2 * (64 * 32 * 8 + 65 * 8), progress=False)
+                               weight_budget=2 * (64 * 32 * 2 + 65 * 4 + 4), progress=False)
     np.testing.assert_array_equal(gpu, cpu)
     np.testing.assert_array_equal(gpu, reference_categories(x, layers, bias) + 1)
     assert stats.mode == "streamed" and stats.resident_layers == 2

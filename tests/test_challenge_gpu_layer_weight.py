@@ -24,9 +24,11 @@ from dasknn.kernels.cuda_inference import (
 )
 from dasknn.kernels.inference import pack_layers
 
-pytestmark = pytest.mark.skipif(
-    cuda_inference.cuda_runtime() == "none", reason="no CUDA GPU and numba's CUDA simulator is off"
-)
+pytestmark = [
+    pytest.mark.skipif(cuda_inference.cuda_runtime() == "none",
+                       reason="no CUDA GPU and numba's CUDA simulator is off"),
+    pytest.mark.usefixtures("short_switch_interval"),
+]
 
 BIAS = -0.25  # dyadic, as the weights (1/16) and the inputs (1): the sums are exact
 
@@ -48,21 +50,13 @@ def binary_inputs(rows: int, neurons: int, density: float, seed: int) -> sp.csr_
     return x
 
 
-def per_entry(network: CompactLayers) -> CompactLayers:
-    """``network`` with its per-layer weights expanded to one weight per nonzero."""
-    counts = np.diff(network.indptr[:, [0, -1]], axis=1).ravel()
-    return CompactLayers(
-        network.indptr, network.indices, np.repeat(network.values, counts), per_layer=False
-    )
-
-
 def radixnet_pair(neurons: int, depth: int, dtype) -> tuple[list, CompactLayers, CompactLayers]:
     """A RadiX-Net network's layers, its compact form (one weight a layer) and the same network
     with one weight per nonzero."""
     layers = radixnet(neurons, depth, seed=2)
     compact = compact_layers(pack_layers(layers, dtype))
     assert compact.per_layer and compact.values.shape == (depth,)
-    return layers, compact, per_entry(compact)
+    return layers, compact, compact.per_entry()
 
 
 def check_against_reference(result, x, layers) -> None:

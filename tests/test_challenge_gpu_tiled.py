@@ -10,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from simulator_threads import simulator_switch_interval
 from test_challenge_gpu import random_inputs
 
 from dasknn.challenge import run_challenge
@@ -31,15 +30,11 @@ from dasknn.kernels.cuda_inference import (
 from dasknn.kernels.footprint_tiles import check_tileable, tile_layers
 from dasknn.kernels.inference import pack_layers
 
-pytestmark = pytest.mark.skipif(cuda_inference.cuda_runtime() == "none",
-                                reason="no CUDA GPU and numba's CUDA simulator is off")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _short_switch_interval():
-    """The simulated kernels of this module run with a short thread switch interval."""
-    with simulator_switch_interval():
-        yield
+pytestmark = [
+    pytest.mark.skipif(cuda_inference.cuda_runtime() == "none",
+                       reason="no CUDA GPU and numba's CUDA simulator is off"),
+    pytest.mark.usefixtures("short_switch_interval"),
+]
 
 
 def reference(inputs: sp.csr_matrix, layers, bias: float, ymax: float = 32.0) -> np.ndarray:

@@ -628,6 +628,15 @@ class CompactLayers:
         """Bytes of the compact form (what travels to a worker)."""
         return int(self.indptr.nbytes + self.indices.nbytes + self.values.nbytes)
 
+    def per_entry(self) -> CompactLayers:
+        """These layers with one weight per nonzero (each layer's weight repeated for its
+        nonzeros when ``per_layer``; ``self`` otherwise)."""
+        if not self.per_layer:
+            return self
+        counts = np.diff(self.indptr[:, [0, -1]], axis=1).ravel()
+        return CompactLayers(self.indptr, self.indices, np.repeat(self.values, counts),
+                             per_layer=False)
+
 
 def compact_layers(packed: PackedLayers) -> CompactLayers:
     """The compact transfer form of ``packed``: narrow indices, one weight per layer when a
