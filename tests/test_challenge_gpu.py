@@ -15,6 +15,7 @@ import time
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from challenge_reference import reference_activations, reference_categories
 from distributed import Client, LocalCluster
 from stopped_workers import wait_until_empty
 
@@ -49,20 +50,6 @@ from dasknn.runtime.step_timeout import StepTimeoutError
 
 needs_gpu = pytest.mark.skipif(cuda_runtime() != "gpu", reason="no CUDA GPU on this machine")
 pytestmark = pytest.mark.usefixtures("short_switch_interval")
-
-
-def reference_activations(inputs, layers, bias: float, ymax: float = 32.0) -> np.ndarray:
-    """The activations after every layer, in float64 numpy."""
-    y = sp.csr_matrix(inputs).toarray().astype(np.float64)
-    for w in layers:
-        z = y @ sp.csr_matrix(w).toarray().astype(np.float64)
-        y = np.where(z != 0, np.clip(z + bias, 0.0, ymax), 0.0)
-    return y
-
-
-def reference_categories(inputs, layers, bias: float, ymax: float = 32.0) -> np.ndarray:
-    """0-based ids of the rows not all zero after every layer, in float64 numpy."""
-    return np.flatnonzero(reference_activations(inputs, layers, bias, ymax).any(axis=1))
 
 
 def random_network(neurons: int, depth: int, degree: int, seed: int) -> list[sp.csr_matrix]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from challenge_reference import reference_activations
 
 from dasknn.challenge import run_challenge
 from dasknn.datasets import radixnet
@@ -33,16 +34,6 @@ pytestmark = [
 BIAS = -0.25  # dyadic, as the weights (1/16) and the inputs (1): the sums are exact
 
 
-def reference(inputs: sp.csr_matrix, layers, bias: float, ymax: float = 32.0) -> np.ndarray:
-    """Activations after every layer in float64 numpy:
-    ``Y = min(max(Y W + b [Y W != 0], 0), ymax)``."""
-    y = inputs.toarray().astype(np.float64)
-    for w in layers:
-        z = y @ w.toarray().astype(np.float64)
-        y = np.where(z != 0, np.clip(z + bias, 0.0, ymax), 0.0)
-    return y
-
-
 def binary_inputs(rows: int, neurons: int, density: float, seed: int) -> sp.csr_matrix:
     """Random inputs whose nonzeros are all 1 (as the challenge's)."""
     x = sp.random(rows, neurons, density=density, random_state=seed, format="csr")
@@ -62,7 +53,7 @@ def radixnet_pair(neurons: int, depth: int, dtype) -> tuple[list, CompactLayers,
 def check_against_reference(result, x, layers) -> None:
     """The rows left and their activations equal the float64 reference exactly (the weights, the
     bias and the inputs are dyadic, so every sum is exact in float32 too)."""
-    expected = reference(x, layers, BIAS)
+    expected = reference_activations(x, layers, BIAS)
     alive = np.flatnonzero(expected.any(axis=1))
     assert 0 < alive.size < x.shape[0]
     np.testing.assert_array_equal(result.rows, alive)
@@ -147,7 +138,7 @@ def test_engine_keeps_resident_what_per_entry_weights_would_stream(dask_client):
     x = binary_inputs(30, 32, 0.25, seed=8)
     whole, layer = weight_bytes(pack_layers(layers, np.float32))
     assert whole == 3 * layer and layer == 32 * 32 * 2 + 33 * 4 + 4
-    expected = np.flatnonzero(reference(x, layers, BIAS).any(axis=1)) + 1
+    expected = np.flatnonzero(reference_activations(x, layers, BIAS).any(axis=1)) + 1
     assert 0 < expected.size < 30
     # the weight budget of three layers with their weights one a nonzero: 1.5 layers of those
     budget = int(1.5 * (layer + 32 * 32 * 4))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from challenge_reference import reference_activations
 from test_challenge_gpu import random_inputs
 
 from dasknn.challenge import run_challenge
@@ -35,16 +36,6 @@ pytestmark = [
                        reason="no CUDA GPU and numba's CUDA simulator is off"),
     pytest.mark.usefixtures("short_switch_interval"),
 ]
-
-
-def reference(inputs: sp.csr_matrix, layers, bias: float, ymax: float = 32.0) -> np.ndarray:
-    """Activations after every layer in float64 numpy:
-    ``Y = min(max(Y W + b [Y W != 0], 0), ymax)``."""
-    y = inputs.toarray().astype(np.float64)
-    for w in layers:
-        z = y @ w.toarray().astype(np.float64)
-        y = np.where(z != 0, np.clip(z + bias, 0.0, ymax), 0.0)
-    return y
 
 
 def uneven_network(neurons: int, depth: int, seed: int) -> list[sp.csr_matrix]:
@@ -108,7 +99,7 @@ def test_tiled_equals_reference_and_sectioned_bit_for_bit(monkeypatch, network, 
     x = random_inputs(32, 32, 0.3, seed=6).tolil()  # one group of 32 rows
     x[7] = 0  # an empty input row is never a category
     x = x.tocsr()
-    expected = reference(x, layers, bias)
+    expected = reference_activations(x, layers, bias)
     alive = np.flatnonzero(expected.any(axis=1))
     assert 0 < alive.size < 32
     packed = pack_layers(layers, dtype)
@@ -143,7 +134,7 @@ def test_tiled_streamed_windows_equal_resident():
     untiled = DeviceNetwork(packed).nbytes
     assert resident.nbytes < untiled
     assert resident.nbytes <= cuda_inference.weight_bytes(packed, tiled=True)[0]
-    expected = reference(x, layers, -0.3)
+    expected = reference_activations(x, layers, -0.3)
     alive = np.flatnonzero(expected.any(axis=1))
     results = [infer_rows_cuda(x, network, -0.3, compact_every=2, mode="tiled", activations=True)
                for network in (resident, streamed)]
@@ -183,7 +174,7 @@ def test_engine_tiled_on_cuda_workers_equals_reference(dask_client):
     categories, stats = run_challenge(layers, x, -0.3, client=dask_client, device="cuda",
                                       batch_size=25, compact_every=2, cuda_mode="tiled",
                                       progress=False)
-    expected = np.flatnonzero(reference(x, layers, -0.3).any(axis=1)) + 1
+    expected = np.flatnonzero(reference_activations(x, layers, -0.3).any(axis=1)) + 1
     assert 0 < expected.size < 50
     np.testing.assert_array_equal(categories, expected)
     assert stats.device == "cuda" and stats.batches == 2 and stats.macs_done > 0

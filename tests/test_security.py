@@ -17,6 +17,7 @@ import numpy as np
 import psutil
 import pytest
 import scipy.sparse as sp
+from challenge_reference import reference_categories
 from distributed import Client
 
 import graph
@@ -98,15 +99,6 @@ def tls_cluster(certificates):
         yield cluster, security
 
 
-def reference_categories(inputs: sp.csr_matrix, layers, bias: float) -> np.ndarray:
-    """1-based ids of the rows not all zero after every layer, float64 numpy."""
-    y = inputs.toarray()
-    for w in layers:
-        z = y @ w.toarray()
-        y = np.where(z != 0, np.clip(z + bias, 0.0, 32.0), 0.0)
-    return np.flatnonzero(y.any(axis=1)) + 1
-
-
 def challenge_files(tmp_path: Path) -> tuple[Path, Path, np.ndarray]:
     layers = radixnet(NEURONS, 3, seed=1)
     inputs = sp.random(40, NEURONS, density=0.3, random_state=2, format="csr")
@@ -116,7 +108,7 @@ def challenge_files(tmp_path: Path) -> tuple[Path, Path, np.ndarray]:
     for k, w in enumerate(layers, start=1):
         write_sparse_tsv(network / f"n{NEURONS}-l{k}.tsv", w)
     write_sparse_tsv(tmp_path / "in.tsv", inputs)
-    return network, tmp_path / "in.tsv", reference_categories(inputs, layers, BIAS)
+    return network, tmp_path / "in.tsv", reference_categories(inputs, layers, BIAS) + 1
 
 
 def error_lines(err: str) -> list[str]:
