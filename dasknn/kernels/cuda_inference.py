@@ -454,31 +454,22 @@ def _tiled_kernel(dtype_name: str, footprint: int, warps: int):
 @cuda.jit(device=True)
 def _tile_column(mine, data, per_layer, weight, local, p0, p1, lane, zero):
     """Lane ``lane``'s sum over entries ``p0 .. p1 - 1`` of a column, in order, from the warp's
-    shared footprint activations ``mine``; the weights (``data[p]``, or the layer's ``weight``
-    when ``per_layer``) and footprint positions of ``BATCH`` entries are read before any is
-    added. Past the column's end the weight is zero, which leaves the sum unchanged. Returns the
+    shared footprint activations ``mine``; the weights (:func:`_weight`: ``data[p]``, or the
+    layer's ``weight`` when ``per_layer``) and footprint positions of ``BATCH`` entries are read
+    before any is added. Past the column's end the weight is zero (position -1), which leaves the
+    sum unchanged. Returns the
     sum and the entries added."""
     acc = zero
     last = p1 - 1
     for p in range(p0, p1, BATCH):
-        if per_layer:
-            w0 = weight
-            w1 = weight if p + 1 < p1 else zero
-            w2 = weight if p + 2 < p1 else zero
-            w3 = weight if p + 3 < p1 else zero
-            w4 = weight if p + 4 < p1 else zero
-            w5 = weight if p + 5 < p1 else zero
-            w6 = weight if p + 6 < p1 else zero
-            w7 = weight if p + 7 < p1 else zero
-        else:
-            w0 = data[p]
-            w1 = data[min(p + 1, last)] if p + 1 < p1 else zero
-            w2 = data[min(p + 2, last)] if p + 2 < p1 else zero
-            w3 = data[min(p + 3, last)] if p + 3 < p1 else zero
-            w4 = data[min(p + 4, last)] if p + 4 < p1 else zero
-            w5 = data[min(p + 5, last)] if p + 5 < p1 else zero
-            w6 = data[min(p + 6, last)] if p + 6 < p1 else zero
-            w7 = data[min(p + 7, last)] if p + 7 < p1 else zero
+        w0 = _weight(data, p, per_layer, weight, zero)
+        w1 = _weight(data, p + 1 if p + 1 < p1 else -1, per_layer, weight, zero)
+        w2 = _weight(data, p + 2 if p + 2 < p1 else -1, per_layer, weight, zero)
+        w3 = _weight(data, p + 3 if p + 3 < p1 else -1, per_layer, weight, zero)
+        w4 = _weight(data, p + 4 if p + 4 < p1 else -1, per_layer, weight, zero)
+        w5 = _weight(data, p + 5 if p + 5 < p1 else -1, per_layer, weight, zero)
+        w6 = _weight(data, p + 6 if p + 6 < p1 else -1, per_layer, weight, zero)
+        w7 = _weight(data, p + 7 if p + 7 < p1 else -1, per_layer, weight, zero)
         acc += w0 * mine[local[p], lane]
         acc += w1 * mine[local[min(p + 1, last)], lane]
         acc += w2 * mine[local[min(p + 2, last)], lane]
