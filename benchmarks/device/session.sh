@@ -13,7 +13,8 @@
 #   5  Nsight Compute's view of three steady-state    -> profile.txt
 #      sectioned launches on 65536 x 120 (after part 2; skipped where `ncu` is absent)
 # Each part is skipped, with a printed line, when its estimated seconds would pass BUDGET
-# (default 540) counted from the start of this script.
+# (default 540) counted from the start of this script. BASE (a folder with an earlier dasknn)
+# makes part 2 run that code's kernels first, for an A/B of two versions in one call.
 #
 #   OUT=/tmp/out bash benchmarks/device/session.sh                       # on the GPU machine
 #   DRYRUN=1 OUT=/tmp/out bash benchmarks/device/session.sh              # here: tiny sizes, the
