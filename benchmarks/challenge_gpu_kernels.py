@@ -138,11 +138,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="runs of each mode, alternating")
     parser.add_argument("--compact-every", type=int, default=8)
     parser.add_argument("--out", type=Path, help="append the results to this JSON-lines file")
+    parser.add_argument("--tag", default="",
+                        help="a name for this run's code, written in each row (e.g. 'base' for "
+                        "an earlier dasknn put first on PYTHONPATH, to A/B against it)")
     args = parser.parse_args()
     runtime = cuda_runtime()
     if runtime == "none":
         sys.exit("no CUDA GPU here (set NUMBA_ENABLE_CUDASIM=1 to run on numba's simulator)")
-    print(f"machine: {describe()}; CUDA: {runtime}", flush=True)
+    print(f"machine: {describe()}; CUDA: {runtime}; dasknn from "
+          f"{Path(sys.modules['dasknn'].__file__).parent}", flush=True)
     runs = variants(args.modes.split(","), args.footprints.split(","))
     images = load_mnist_test()[0][: args.rows]
     table = []
@@ -155,9 +159,9 @@ def main() -> None:
         if args.out is not None:
             with args.out.open("a") as fh:
                 for row in rows:
-                    fh.write(json.dumps(row) + "\n")
-    print("\n| network | rows | variant | seconds (runs) | best GE/s | x sectioned | categories "
-          "| equal |")
+                    fh.write(json.dumps({**row, "tag": args.tag or None}) + "\n")
+    print(f"\n| network | rows | variant{' (' + args.tag + ')' if args.tag else ''} | seconds "
+          "(runs) | best GE/s | x sectioned | categories | equal |")
     print("|---|---:|---|---|---:|---:|---:|---|")
     for r in table:
         runs_s = " / ".join(f"{s:.3f}" for s in r["seconds"])

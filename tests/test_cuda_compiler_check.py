@@ -54,7 +54,10 @@ def test_a_numpy_without_row_stack_is_named_once_per_process():
         "        print('no error')\n"
         "    numpy.row_stack = numpy.vstack  # the result of the first check is kept\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # the checkout first, then whatever the run was given (a --target install, as on the GPU
+    # machine, where distributed is found only there)
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path}
     done = subprocess.run(
         [sys.executable, "-c", script],
         capture_output=True,

@@ -13,7 +13,8 @@
 #   5  Nsight Compute's view of three steady-state    -> profile.txt
 #      sectioned launches on 65536 x 120 (after part 2; skipped where `ncu` is absent)
 # Each part is skipped, with a printed line, when its estimated seconds would pass BUDGET
-# (default 540) counted from the start of this script.
+# (default 540) counted from the start of this script. BASE (a folder with an earlier dasknn)
+# makes part 2 run that code's kernels first, for an A/B of two versions in one call.
 #
 #   OUT=/tmp/out bash benchmarks/device/session.sh                       # on the GPU machine
 #   DRYRUN=1 OUT=/tmp/out bash benchmarks/device/session.sh              # here: tiny sizes, the
@@ -52,6 +53,11 @@ else
 fi
 # the modes of the end-to-end A/B on E2E_SMALL (empty: none, BIG_MODE or sectioned for E2E_BIG)
 E2E_SMALL_MODES=${E2E_SMALL_MODES-tiled sectioned}
+KERNEL_MODES=${KERNEL_MODES:-sectioned,sectioned/per-entry,tiled}  # part 2's variants
+ROWCHECK_MODES=${ROWCHECK_MODES:-sectioned,tiled}  # part 3's GPU kernels
+# BASE: a folder holding an earlier dasknn (e.g. .gpu/base, from `git archive`): part 2 runs its
+# kernels first, tagged "base", then this checkout's, for an A/B of two versions of the code
+BASE=${BASE:-}
 
 has_part() { [[ ",$PARTS," == *",$1,"* ]]; }
 
@@ -124,7 +130,7 @@ start_rowcheck() {  # part 3 in the background on cores 4 and up, the foreground
     fi
     echo "== part 3: row check started in the background ${prefix[*]}"
     "${prefix[@]}" python3 benchmarks/challenge_gpu_rowcheck.py "${ROWCHECK_ARGS[@]}" \
-        --modes sectioned,tiled --out "$OUT/rowcheck.json" --gpu-lock "$GPU_LOCK" \
+        --modes "$ROWCHECK_MODES" --out "$OUT/rowcheck.json" --gpu-lock "$GPU_LOCK" \
         >"$OUT/rowcheck.log" 2>&1 &
     ROWCHECK_PID=$!
 }
@@ -149,13 +155,20 @@ finish_rowcheck() {  # wait for part 3 until the budget is spent, then show its 
 part_tests() {
     echo "== part 1: GPU test subset"
     locked python3 -m pytest tests/test_challenge_gpu.py tests/test_challenge_gpu_tiled.py \
+        tests/test_challenge_gpu_layer_weight.py tests/test_cuda_compiler_check.py \
         tests/test_pack_layers.py -q -rs "${TEST_ARGS[@]}"
 }
 
 part_kernels() {
     echo "== part 2: kernel-only A/B"
+    if [ -n "$BASE" ]; then
+        echo "== part 2: the kernels of $BASE first (tag base)"
+        locked env PYTHONPATH="$(realpath "$BASE"):$PYTHONPATH" python3 \
+            benchmarks/challenge_gpu_kernels.py "${KERNEL_ARGS[@]}" \
+            --modes "$KERNEL_MODES" --tag base --out "$OUT/kernels.jsonl"
+    fi
     locked python3 benchmarks/challenge_gpu_kernels.py "${KERNEL_ARGS[@]}" \
-        --modes sectioned,sectioned/per-entry,tiled --out "$OUT/kernels.jsonl"
+        --modes "$KERNEL_MODES" --out "$OUT/kernels.jsonl"
 }
 
 part_profile() {  # three sectioned launches past the first layers, where few rows are live
@@ -196,7 +209,8 @@ def rows(name):
 
 whole = {r["cuda_mode"]: r["seconds"] for r in rows("results.jsonl") if r.get("case") == case}
 kernel = {r["variant"].split("/")[0]: r["best_seconds"] for r in rows("kernels.jsonl")
-          if r["network"] == case and r["variant"] in ("sectioned", "tiled/64")}
+          if r["network"] == case and r["variant"] in ("sectioned", "tiled/64")
+          and not r.get("tag")}
 for source, seconds in (("end to end", whole), ("kernel only", kernel)):
     if {"tiled", "sectioned"} <= seconds.keys():
         mode = min(("sectioned", "tiled"), key=seconds.get)

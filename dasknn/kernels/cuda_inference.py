@@ -14,8 +14,13 @@ Lane ``l`` of a warp computes row ``l`` of its group. For output neuron ``c`` th
 entries of column ``c`` 32 at a time, one per lane (index and the per-(group, neuron) flag telling
 whether that input section holds a nonzero), packs the entries whose section is nonzero in order
 into shared memory (a warp vote gives each its slot), and then accumulates the kept ones in order,
-one coalesced 128-byte activation load per kept entry, issuing ``BATCH`` loads before adding any of
-them so their latencies overlap. The order of the sums is the CSC order of the CPU kernel, so
+one coalesced 128-byte activation load per kept entry, issuing up to ``BATCH`` loads before adding
+any of them so their latencies overlap (batches of eight, then four, two and one: no padding
+slots). The kernels index a group's activations flat (``j * 32 + lane``, from a view that starts
+at the lane's first) with unsigned integers: numba checks a signed index for wrapping around and
+multiplies in 64 bits, which more than tripled the instructions of each kept entry (the kernel was
+bound by instruction issue, docs/benchmarks.md). The order of the sums is the CSC order of the CPU
+kernel, so
 under the simulator the results agree with it bit for bit in the same precision; on a GPU each
 multiply-add is fused (one rounding, ``fma``), so an activation may differ in its last bit, and
 the categories (rows left nonzero) are what the tests compare with the CPU engine's.
@@ -37,11 +42,12 @@ Between windows of ``compact_every`` layers the host drops the dead rows and re-
 into fewer groups (:func:`_gather_kernel`).
 
 Weights. A network whose layers each have one weight (``CompactLayers.per_layer``, every RadiX-Net
-network) keeps one weight a layer on the device, not one a nonzero. The kernels take a
-``per_layer`` flag, uniform over the launch, read the layer's weight once into a register and
+network) keeps one weight a layer on the device, not one a nonzero. The fused and sectioned
+kernels are compiled once for each kind (``_window_kernel(per_layer)``,
+``_layer_kernel(per_layer)``): with one weight a layer they read it once into a register and
 multiply each kept entry by it, the same multiply-add in the same order as with ``data[q]``, so
-the results are those of the per-nonzero weights bit for bit. A runtime flag rather than a kernel
-compiled per kind of network keeps one body per kernel (the branch is the same for every thread).
+the results are those of the per-nonzero weights bit for bit, and the per-nonzero weight reads
+are not in their code at all (a runtime flag left them there, predicated off, on every entry).
 
 Under ``NUMBA_ENABLE_CUDASIM=1`` the same kernel code runs on the CPU in the tests; the simulator
 has no warp vote or ``syncwarp``, so there the two warp primitives (:func:`_warp_rank`,
@@ -92,8 +98,7 @@ SECTIONS_PER_GROUP = 8  # blocks per group in the sectioned mode, within the bou
 SECTIONED_FROM = 4096  # widths from which mode="auto" launches per layer (see docs/benchmarks.md)
 CUDA_MODES = ("auto", "fused", "sectioned", "tiled")
 _WARPS = 32  # warps per block on a GPU (1024 threads)
-BATCH = 8  # kept entries of a column chunk whose activation loads are issued together
-_KEPT_SLOTS = LANES + BATCH  # a warp's shared slots for the kept entries and the padding
+BATCH = 8  # most entries whose activation loads are issued before any is added
 _STATIC_SHARED = 48 * 1024  # bytes of static shared memory a block may take
 # Blocks of 1024 threads need at most 64 registers a thread (the simulator takes no such option).
 _BLOCK_KERNEL = {} if config.ENABLE_CUDASIM else {"max_registers": 64}
@@ -186,57 +191,96 @@ else:
 
 
 @cuda.jit(device=True)
-def _column(y, flags, src, g, c, p0, p1, indices, data, per_layer, weight, kept_p, kept_j, votes,
-            lane, zero):
-    """Lane ``lane``'s sum over the entries ``p0 .. p1 - 1`` of column ``c`` (one warp).
+def _column(ys, fs, p0, p1, indices, data, per_layer, weight, kept_off, kept_q, votes, lane,
+            zero):
+    """Lane ``lane``'s sum over the entries ``p0 .. p1 - 1`` of a column (one warp), from its
+    row's activations ``ys`` (input ``j`` at ``j * 32``: the group's flat activations from the
+    lane's first) and the group's section flags ``fs``.
 
-    The entries are read 32 at a time, one per lane (index and the section flag of group ``g``);
-    those whose input section is nonzero are packed in order, by a warp vote (``votes`` is its
-    shared scratch under the simulator), into the warp's shared ``kept_p`` (position) and
-    ``kept_j`` (input neuron), followed by ``BATCH`` padding slots (position -1, weight zero).
-    Every lane then accumulates the kept entries in order (the CSC order, as the CPU kernel does),
-    issuing the coalesced activation loads of ``BATCH`` entries before it adds any of them, so
-    that their memory latencies overlap. A padding slot
-    adds ``0 * y`` to the sum, which leaves it unchanged. Each kept entry's weight is
-    ``data[position]``, or ``weight`` (the layer's, in a register) when ``per_layer``. Returns
-    the sum and the entries added.
+    The entries are read 32 at a time, one per lane (index and section flag); those whose input
+    section is nonzero are packed in order, by a warp vote (``votes`` is its shared scratch under
+    the simulator), into the warp's shared ``kept_off`` (``j * 32``, the input's offset in ``ys``)
+    and ``kept_q`` (position in the column). Every lane then adds the kept entries in order (the
+    CSC order, as the CPU kernel does) with :func:`_add_kept`. The index arithmetic is unsigned,
+    so no index is checked for wrapping around. Returns the sum and the entries added.
     """
     acc = zero
     terms = 0
-    for base in range(p0, p1, LANES):
-        p = base + lane
+    first = np.uint64(p0)
+    count = np.uint64(p1 - p0)
+    base = np.uint64(0)
+    while base < count:
+        q = base + lane
         keep = False
-        j = 0
-        if p < p1:
-            j = indices[p]
-            keep = flags[src, g, j] != 0
-        count, rank = _warp_rank(keep, lane, votes)
+        off = np.uint32(0)
+        if q < count:
+            j = np.uint64(indices[first + q])
+            keep = fs[j] != 0
+            off = np.uint32(j * LANES)
+        kept, rank = _warp_rank(keep, lane, votes)
         if keep:
-            kept_p[rank] = p
-            kept_j[rank] = j
-        if lane < BATCH:
-            kept_p[count + lane] = -1
-            kept_j[count + lane] = 0
+            kept_off[rank] = off
+            kept_q[rank] = np.uint32(q)
         _warp_sync()
-        for e in range(0, count, BATCH):
-            v0 = y[src, g, kept_j[e], lane]
-            v1 = y[src, g, kept_j[e + 1], lane]
-            v2 = y[src, g, kept_j[e + 2], lane]
-            v3 = y[src, g, kept_j[e + 3], lane]
-            v4 = y[src, g, kept_j[e + 4], lane]
-            v5 = y[src, g, kept_j[e + 5], lane]
-            v6 = y[src, g, kept_j[e + 6], lane]
-            v7 = y[src, g, kept_j[e + 7], lane]
-            acc += _weight(data, kept_p[e], per_layer, weight, zero) * v0
-            acc += _weight(data, kept_p[e + 1], per_layer, weight, zero) * v1
-            acc += _weight(data, kept_p[e + 2], per_layer, weight, zero) * v2
-            acc += _weight(data, kept_p[e + 3], per_layer, weight, zero) * v3
-            acc += _weight(data, kept_p[e + 4], per_layer, weight, zero) * v4
-            acc += _weight(data, kept_p[e + 5], per_layer, weight, zero) * v5
-            acc += _weight(data, kept_p[e + 6], per_layer, weight, zero) * v6
-            acc += _weight(data, kept_p[e + 7], per_layer, weight, zero) * v7
-        terms += count
+        acc = _add_kept(acc, ys, kept_off, kept_q, np.uint64(kept), first, data, per_layer,
+                        weight)
+        terms += kept
+        base += np.uint64(LANES)
     return acc, terms
+
+
+@cuda.jit(device=True)
+def _add_kept(acc, ys, kept_off, kept_q, kept, first, data, per_layer, weight):
+    """``acc`` plus the ``kept`` entries (at most 32) packed in ``kept_off`` / ``kept_q``, in
+    order: up to four batches of eight, then four, two and one, so that no slot is padding and
+    the activation loads of up to eight entries are issued before any of them is added."""
+    e = np.uint64(0)
+    acc, e = _add8_within(acc, ys, kept_off, kept_q, e, kept, first, data, per_layer, weight)
+    acc, e = _add8_within(acc, ys, kept_off, kept_q, e, kept, first, data, per_layer, weight)
+    acc, e = _add8_within(acc, ys, kept_off, kept_q, e, kept, first, data, per_layer, weight)
+    acc, e = _add8_within(acc, ys, kept_off, kept_q, e, kept, first, data, per_layer, weight)
+    if e + np.uint64(4) <= kept:
+        acc = _add4(acc, ys, kept_off, kept_q, e, first, data, per_layer, weight)
+        e += np.uint64(4)
+    if e + np.uint64(2) <= kept:
+        acc = _add2(acc, ys, kept_off, kept_q, e, first, data, per_layer, weight)
+        e += np.uint64(2)
+    if e < kept:
+        acc = _add1(acc, ys, kept_off, kept_q, e, first, data, per_layer, weight)
+    return acc
+
+
+@cuda.jit(device=True)
+def _add8_within(acc, ys, kept_off, kept_q, e, kept, first, data, per_layer, weight):
+    """``acc`` plus kept entries ``e .. e + 7`` and ``e + 8`` when the eight are within
+    ``kept``; else ``acc`` and ``e``."""
+    if e + np.uint64(8) <= kept:
+        acc = _add4(_add4(acc, ys, kept_off, kept_q, e, first, data, per_layer, weight),
+                    ys, kept_off, kept_q, e + np.uint64(4), first, data, per_layer, weight)
+        e += np.uint64(8)
+    return acc, e
+
+
+@cuda.jit(device=True)
+def _add4(acc, ys, kept_off, kept_q, e, first, data, per_layer, weight):
+    """``acc`` plus kept entries ``e .. e + 3``, in order."""
+    acc = _add2(acc, ys, kept_off, kept_q, e, first, data, per_layer, weight)
+    return _add2(acc, ys, kept_off, kept_q, e + np.uint64(2), first, data, per_layer, weight)
+
+
+@cuda.jit(device=True)
+def _add2(acc, ys, kept_off, kept_q, e, first, data, per_layer, weight):
+    """``acc`` plus kept entries ``e`` and ``e + 1``, in order."""
+    acc = _add1(acc, ys, kept_off, kept_q, e, first, data, per_layer, weight)
+    return _add1(acc, ys, kept_off, kept_q, e + np.uint64(1), first, data, per_layer, weight)
+
+
+@cuda.jit(device=True)
+def _add1(acc, ys, kept_off, kept_q, e, first, data, per_layer, weight):
+    """``acc`` plus kept entry ``e``: its weight (``weight`` when ``per_layer``, else
+    ``data[first + kept_q[e]]``) times the row's activation of its input."""
+    w = weight if per_layer else data[first + kept_q[e]]
+    return acc + w * ys[kept_off[e]]
 
 
 @cuda.jit(device=True)
@@ -248,16 +292,17 @@ def _weight(data, q, per_layer, weight, zero):
 
 
 @cuda.jit(device=True)
-def _store(y, flags, dst, g, c, lane, acc, bias, ymax, zero):
-    """Store neuron ``c`` of lane ``lane``'s row from its sum ``acc``: the bias on a nonzero sum,
-    ReLU and the clip at ``ymax``; set the section flag when the result is nonzero and return
-    whether it is."""
+def _store(yd, fd, c, acc, bias, ymax, zero):
+    """Store neuron ``c`` of a row from its sum ``acc`` into the row's activations ``yd`` (neuron
+    ``c`` at ``c * 32``): the bias on a nonzero sum, ReLU and the clip at ``ymax``; set the
+    group's section flag in ``fd`` when the result is nonzero and return whether it is."""
     out = zero
     if acc != zero:
         out = min(max(acc + bias, zero), ymax)
-    y[dst, g, c, lane] = out
+    col = np.uint64(c)
+    yd[col * np.uint64(LANES)] = out
     if out != zero:
-        flags[dst, g, c] = 1
+        fd[col] = 1
         return True
     return False
 
@@ -271,102 +316,127 @@ def _group_live(alive, g):
     return live != 0
 
 
-@cuda.jit(**_BLOCK_KERNEL)
-def _window_kernel(y, flags, parity, indptr, indices, data, per_layer, first, count, bias, ymax,
-                   alive, work):
-    """Run group ``blockIdx.x`` through layers ``first .. first + count - 1`` of the window.
+@functools.cache
+def _window_kernel(per_layer: bool):
+    """The fused kernel for networks with one weight a layer (``per_layer``) or one a nonzero:
+    the flag is a compile-time constant, so the other kind's weight reads are not in the code."""
 
-    ``y[parity]`` holds the input activations and ``flags[parity]`` their section flags; the output
-    of layer ``k`` goes to buffer ``(parity + k + 1) % 2``. ``alive[g * 32 + lane]`` is set to
-    whether the row is nonzero after the last layer run; ``work[g]`` adds the multiply-adds done
-    (32 per accumulated section). ``data`` holds one weight per nonzero, or one per layer of the
-    window when ``per_layer``.
+    @cuda.jit(**_BLOCK_KERNEL)
+    def window_kernel(y, flags, parity, indptr, indices, data, first, count, bias, ymax, alive,
+                      work):
+        """Run group ``blockIdx.x`` through layers ``first .. first + count - 1`` of the window.
 
-    Warp ``w`` computes the output neurons ``w, w + warps, ...`` with :func:`_column`.
-    """
-    g = cuda.blockIdx.x
-    t = cuda.threadIdx.x
-    lane = t % LANES
-    warp = t // LANES
-    warps = cuda.blockDim.x // LANES
-    n = y.shape[2]
-    live = cuda.shared.array((2, LANES), dtype=np.int32)
-    kept_p = cuda.shared.array((_WARPS, _KEPT_SLOTS), dtype=np.int64)
-    kept_j = cuda.shared.array((_WARPS, _KEPT_SLOTS), dtype=np.int32)
-    votes = cuda.shared.array((_WARPS, LANES), dtype=np.int32)
-    zero = ymax - ymax
-    terms = 0
-    src = parity
-    cur = 0
-    for k in range(count):
+        ``y[parity]`` holds the input activations (``y[buffer, group, j * 32 + lane]``) and
+        ``flags[parity]`` their section flags; the output of layer ``k`` goes to buffer
+        ``(parity + k + 1) % 2``. ``alive[g * 32 + lane]`` is set to whether the row is nonzero
+        after the last layer run; ``work[g]`` adds the multiply-adds done (32 per accumulated
+        section). ``data`` holds one weight per nonzero, or one per layer of the window when
+        ``per_layer``.
+
+        Warp ``w`` computes the output neurons ``w, w + warps, ...`` with :func:`_column`.
+        """
+        g = cuda.blockIdx.x
+        t = cuda.threadIdx.x
+        lane = np.uint32(t % LANES)
+        warp = t // LANES
+        warps = cuda.blockDim.x // LANES
+        n = flags.shape[2]
+        live = cuda.shared.array((2, LANES), dtype=np.int32)
+        kept_off = cuda.shared.array((_WARPS, LANES), dtype=np.uint32)
+        kept_q = cuda.shared.array((_WARPS, LANES), dtype=np.uint32)
+        votes = cuda.shared.array((_WARPS, LANES), dtype=np.int32)
+        zero = ymax - ymax
+        terms = 0
+        src = parity
+        cur = 0
+        for k in range(count):
+            dst = 1 - src
+            cur = k % 2
+            for j in range(t, n, cuda.blockDim.x):
+                flags[dst, g, j] = 0
+            if t < LANES:
+                live[cur, t] = 0
+            cuda.syncthreads()
+            layer = first + k
+            weight = data[layer] if per_layer else zero
+            ys, fs, yd, fd = y[src, g][lane:], flags[src, g], y[dst, g][lane:], flags[dst, g]
+            offsets = indptr[layer]
+            c = np.uint64(warp)
+            while c < np.uint64(n):
+                acc, added = _column(ys, fs, offsets[c], offsets[c + np.uint64(1)], indices,
+                                     data, per_layer, weight, kept_off[warp], kept_q[warp],
+                                     votes[warp], lane, zero)
+                terms += added
+                if _store(yd, fd, c, acc, bias, ymax, zero):
+                    live[cur, lane] = 1
+                c += np.uint64(warps)
+            cuda.syncthreads()
+            any_live = 0
+            for i in range(LANES):
+                any_live |= live[cur, i]
+            src = dst
+            if any_live == 0:
+                break
+        if warp == 0:
+            alive[g * LANES + lane] = live[cur, lane]
+        if lane == 0 and terms > 0:
+            cuda.atomic.add(work, g, terms * LANES)
+
+    return window_kernel
+
+
+@functools.cache
+def _layer_kernel(per_layer: bool):
+    """The sectioned kernel for networks with one weight a layer (``per_layer``) or one a nonzero
+    (a compile-time constant, as in :func:`_window_kernel`)."""
+
+    @cuda.jit(**_BLOCK_KERNEL)
+    def layer_kernel(y, flags, src, indptr, indices, data, layer, sections, bias, ymax, alive_in,
+                     alive_out, work):
+        """One layer, block ``b`` computing output section ``b % sections`` of group
+        ``b // sections``.
+
+        ``flags[1 - src]`` and ``alive_out`` must be zero before the launch; a group whose rows
+        are all dead in ``alive_in`` is skipped. Blocks run group-major, so the groups in flight
+        share the L2 cache even when one group's activations are megabytes. ``data`` holds one
+        weight per nonzero, or one per layer of the window when ``per_layer``.
+        """
+        b = cuda.blockIdx.x
+        g = b // sections
+        s = b % sections
+        t = cuda.threadIdx.x
+        lane = np.uint32(t % LANES)
+        warp = t // LANES
+        warps = cuda.blockDim.x // LANES
+        if not _group_live(alive_in, g):
+            return
+        n = flags.shape[2]
         dst = 1 - src
-        cur = k % 2
-        for j in range(t, n, cuda.blockDim.x):
-            flags[dst, g, j] = 0
-        if t < LANES:
-            live[cur, t] = 0
-        cuda.syncthreads()
-        layer = first + k
+        chunk = (n + sections - 1) // sections
+        lo = s * chunk
+        hi = min(n, lo + chunk)
+        kept_off = cuda.shared.array((_WARPS, LANES), dtype=np.uint32)
+        kept_q = cuda.shared.array((_WARPS, LANES), dtype=np.uint32)
+        votes = cuda.shared.array((_WARPS, LANES), dtype=np.int32)
+        zero = ymax - ymax
         weight = data[layer] if per_layer else zero
-        for c in range(warp, n, warps):
-            acc, added = _column(y, flags, src, g, c, indptr[layer, c], indptr[layer, c + 1],
-                                 indices, data, per_layer, weight, kept_p[warp], kept_j[warp],
-                                 votes[warp], lane, zero)
+        ys, fs, yd, fd = y[src, g][lane:], flags[src, g], y[dst, g][lane:], flags[dst, g]
+        mine = g * LANES + lane
+        terms = 0
+        offsets = indptr[layer]
+        c = np.uint64(lo + warp)
+        while c < np.uint64(hi):
+            acc, added = _column(ys, fs, offsets[c], offsets[c + np.uint64(1)], indices, data,
+                                 per_layer, weight, kept_off[warp], kept_q[warp], votes[warp],
+                                 lane, zero)
             terms += added
-            if _store(y, flags, dst, g, c, lane, acc, bias, ymax, zero):
-                live[cur, lane] = 1
-        cuda.syncthreads()
-        any_live = 0
-        for i in range(LANES):
-            any_live |= live[cur, i]
-        src = dst
-        if any_live == 0:
-            break
-    if warp == 0:
-        alive[g * LANES + lane] = live[cur, lane]
-    if lane == 0 and terms > 0:
-        cuda.atomic.add(work, g, terms * LANES)
+            if _store(yd, fd, c, acc, bias, ymax, zero):
+                alive_out[mine] = 1
+            c += np.uint64(warps)
+        if lane == 0 and terms > 0:
+            cuda.atomic.add(work, g, terms * LANES)
 
-
-@cuda.jit(**_BLOCK_KERNEL)
-def _layer_kernel(y, flags, src, indptr, indices, data, per_layer, layer, sections, bias, ymax,
-                  alive_in, alive_out, work):
-    """One layer, block ``b`` computing output section ``b % sections`` of group ``b // sections``.
-
-    ``flags[1 - src]`` and ``alive_out`` must be zero before the launch; a group whose rows are
-    all dead in ``alive_in`` is skipped. Blocks run group-major, so the groups in flight share the
-    L2 cache even when one group's activations are megabytes. ``data`` holds one weight per
-    nonzero, or one per layer of the window when ``per_layer``.
-    """
-    b = cuda.blockIdx.x
-    g = b // sections
-    s = b % sections
-    t = cuda.threadIdx.x
-    lane = t % LANES
-    warp = t // LANES
-    warps = cuda.blockDim.x // LANES
-    if not _group_live(alive_in, g):
-        return
-    n = y.shape[2]
-    dst = 1 - src
-    chunk = (n + sections - 1) // sections
-    lo = s * chunk
-    hi = min(n, lo + chunk)
-    kept_p = cuda.shared.array((_WARPS, _KEPT_SLOTS), dtype=np.int64)
-    kept_j = cuda.shared.array((_WARPS, _KEPT_SLOTS), dtype=np.int32)
-    votes = cuda.shared.array((_WARPS, LANES), dtype=np.int32)
-    zero = ymax - ymax
-    weight = data[layer] if per_layer else zero
-    terms = 0
-    for c in range(lo + warp, hi, warps):
-        acc, added = _column(y, flags, src, g, c, indptr[layer, c], indptr[layer, c + 1],
-                             indices, data, per_layer, weight, kept_p[warp], kept_j[warp],
-                             votes[warp], lane, zero)
-        terms += added
-        if _store(y, flags, dst, g, c, lane, acc, bias, ymax, zero):
-            alive_out[g * LANES + lane] = 1
-    if lane == 0 and terms > 0:
-        cuda.atomic.add(work, g, terms * LANES)
+    return layer_kernel
 
 
 def _tile_warps(footprint: int, itemsize: int) -> int:
@@ -400,12 +470,13 @@ def _tiled_kernel(dtype_name: str, footprint: int, warps: int):
         g = b // sections
         s = b % sections
         t = cuda.threadIdx.x
-        lane = t % LANES
+        lane = np.uint32(t % LANES)
         warp = t // LANES
         active = cuda.blockDim.x // LANES
         if not _group_live(alive_in, g):
             return
         dst = 1 - src
+        ys, yd, fd = y[src, g][lane:], y[dst, g][lane:], flags[dst, g]
         t0 = layer_tiles[layer]
         t1 = layer_tiles[layer + 1]
         chunk = (t1 - t0 + sections - 1) // sections
@@ -421,14 +492,14 @@ def _tiled_kernel(dtype_name: str, footprint: int, warps: int):
             f1 = foot_ptr[tile + 1]
             last = f1 - 1
             for f in range(f0, f1, BATCH):
-                v0 = y[src, g, foot[f], lane]
-                v1 = y[src, g, foot[min(f + 1, last)], lane]
-                v2 = y[src, g, foot[min(f + 2, last)], lane]
-                v3 = y[src, g, foot[min(f + 3, last)], lane]
-                v4 = y[src, g, foot[min(f + 4, last)], lane]
-                v5 = y[src, g, foot[min(f + 5, last)], lane]
-                v6 = y[src, g, foot[min(f + 6, last)], lane]
-                v7 = y[src, g, foot[min(f + 7, last)], lane]
+                v0 = _input(ys, foot, f)
+                v1 = _input(ys, foot, min(f + 1, last))
+                v2 = _input(ys, foot, min(f + 2, last))
+                v3 = _input(ys, foot, min(f + 3, last))
+                v4 = _input(ys, foot, min(f + 4, last))
+                v5 = _input(ys, foot, min(f + 5, last))
+                v6 = _input(ys, foot, min(f + 6, last))
+                v7 = _input(ys, foot, min(f + 7, last))
                 r = f - f0  # slots past the footprint are never read (footprint % 8 == 0)
                 mine[r, lane] = v0
                 mine[r + 1, lane] = v1
@@ -443,12 +514,18 @@ def _tiled_kernel(dtype_name: str, footprint: int, warps: int):
                 acc, added = _tile_column(mine, data, per_layer, weight, local, indptr[layer, c],
                                           indptr[layer, c + 1], lane, zero)
                 terms += added
-                if _store(y, flags, dst, g, c, lane, acc, bias, ymax, zero):
+                if _store(yd, fd, c, acc, bias, ymax, zero):
                     alive_out[g * LANES + lane] = 1
         if lane == 0 and terms > 0:
             cuda.atomic.add(work, g, terms * LANES)
 
     return tiled_kernel
+
+
+@cuda.jit(device=True)
+def _input(ys, foot, f):
+    """The row's activation of input ``foot[f]`` (``ys`` as in :func:`_column`)."""
+    return ys[np.uint64(foot[f]) * LANES]
 
 
 @cuda.jit(device=True)
@@ -915,7 +992,8 @@ def infer_rows_cuda(
         tile's columns from there, so each activation leaves L2 once a tile rather than once a
         weight entry. It reads no section flags: every entry of a live group is added.
         ``auto``: sectioned from ``SECTIONED_FROM`` neurons on, fused below; it never picks
-        ``tiled``, which is not yet measured on a GPU (the next GPU run decides).
+        ``tiled``, which ran 0.90x to 0.97x the sectioned kernel's speed on an H200
+        (docs/benchmarks.md).
     activations : bool
         Also copy back the activations of the returned rows after the last layer.
 
@@ -981,14 +1059,15 @@ def infer_rows_cuda(
     if mode == "auto":
         mode = "sectioned" if n >= SECTIONED_FROM else "fused"
     alive_in = cuda.device_array(groups * LANES, dtype=np.uint8)
+    flat = y.reshape(2, y.shape[1], n * LANES)  # what the layer kernels index: j * 32 + lane
     for window in network.windows():
         for first in range(0, window.n_layers, compact_every):
             count = min(compact_every, window.n_layers - first)
             groups = -(-live // LANES)
             if mode == "fused":
-                _window_kernel[groups, threads](
-                    y, flags, parity, window.indptr, window.indices, window.values,
-                    window.per_layer, first, count, typed_bias, typed_ymax, alive, work,
+                _window_kernel(window.per_layer)[groups, threads](
+                    flat, flags, parity, window.indptr, window.indices, window.values, first,
+                    count, typed_bias, typed_ymax, alive, work,
                 )
             else:
                 lanes = np.zeros(groups * LANES, dtype=np.uint8)
@@ -1000,14 +1079,14 @@ def infer_rows_cuda(
                     src = (parity + k - first) % 2
                     _zero(b)
                     if mode == "tiled":
-                        _launch_tiled(window, network.tile_warps, y, flags, src, k,
+                        _launch_tiled(window, network.tile_warps, flat, flags, src, k,
                                       groups * sections, sections, typed_bias, typed_ymax, a, b,
                                       work)
                     else:
                         _zero(flags[1 - src].reshape(flags[1 - src].size))
-                        _layer_kernel[groups * sections, threads](
-                            y, flags, src, window.indptr, window.indices, window.values,
-                            window.per_layer, k, sections, typed_bias, typed_ymax, a, b, work,
+                        _layer_kernel(window.per_layer)[groups * sections, threads](
+                            flat, flags, src, window.indptr, window.indices, window.values, k,
+                            sections, typed_bias, typed_ymax, a, b, work,
                         )
                     a, b = b, a
                 if a is not alive:
