@@ -308,6 +308,17 @@ def _store(yd, fd, c, acc, bias, ymax, zero):
 
 
 @cuda.jit(device=True)
+def _section_block(sections):
+    """Where this thread works in a launch of one block per group and section (block ``b``:
+    section ``b % sections`` of group ``b // sections``): the group, the section, the lane
+    (unsigned, for the flat indexing), the warp and the warps a block."""
+    b = cuda.blockIdx.x
+    t = cuda.threadIdx.x
+    return (b // sections, b % sections, np.uint32(t % LANES), t // LANES,
+            cuda.blockDim.x // LANES)
+
+
+@cuda.jit(device=True)
 def _group_live(alive, g):
     """Whether any of the 32 rows of group ``g`` is set in ``alive`` (a flag per row)."""
     live = 0
@@ -401,13 +412,7 @@ def _layer_kernel(per_layer: bool):
         share the L2 cache even when one group's activations are megabytes. ``data`` holds one
         weight per nonzero, or one per layer of the window when ``per_layer``.
         """
-        b = cuda.blockIdx.x
-        g = b // sections
-        s = b % sections
-        t = cuda.threadIdx.x
-        lane = np.uint32(t % LANES)
-        warp = t // LANES
-        warps = cuda.blockDim.x // LANES
+        g, s, lane, warp, warps = _section_block(sections)
         if not _group_live(alive_in, g):
             return
         n = flags.shape[2]
@@ -466,13 +471,7 @@ def _tiled_kernel(dtype_name: str, footprint: int, warps: int):
         all dead in ``alive_in`` is skipped. ``data`` holds one weight per nonzero, or one per
         layer of the window when ``per_layer``.
         """
-        b = cuda.blockIdx.x
-        g = b // sections
-        s = b % sections
-        t = cuda.threadIdx.x
-        lane = np.uint32(t % LANES)
-        warp = t // LANES
-        active = cuda.blockDim.x // LANES
+        g, s, lane, warp, active = _section_block(sections)
         if not _group_live(alive_in, g):
             return
         dst = 1 - src
