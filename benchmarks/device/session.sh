@@ -12,6 +12,8 @@
 #      then 65536 x 1920 in the faster mode (last, if the budget allows)
 #   5  Nsight Compute's view of three steady-state    -> profile.txt
 #      sectioned launches on 65536 x 120 (after part 2; skipped where `ncu` is absent)
+#   6  end to end: the run of record's eleven         -> results.jsonl
+#      networks (challenge_gpu.py's default cases), after part 1; not in the default PARTS
 # Each part is skipped, with a printed line, when its estimated seconds would pass BUDGET
 # (default 540) counted from the start of this script. BASE (a folder with an earlier dasknn)
 # makes part 2 run that code's kernels first, for an A/B of two versions in one call.
@@ -37,7 +39,9 @@ if [ "$DRYRUN" = 1 ]; then
     ROWCHECK_ARGS=(--neurons 64 --layers 2 --rows 32)
     E2E_SMALL=64x2 E2E_BIG=64x4
     E2E_ARGS=(--images 32 --copies 1)
+    ALL_ARGS=(--only 64x2,64x4)
     NEED_TESTS=60 NEED_KERNELS=120 NEED_E2E_SMALL=90 NEED_E2E_BIG=90 NEED_PROFILE=60
+    NEED_ALL=180
     PROFILE_ARGS=(--networks 64x4 --rows 32)
 else
     BUDGET=${BUDGET:-540}
@@ -46,9 +50,11 @@ else
     ROWCHECK_ARGS=(--neurons 65536 --layers 1920 --rows 1000)
     E2E_SMALL=65536x120 E2E_BIG=65536x1920
     E2E_ARGS=(--wide-copies 6)
+    ALL_ARGS=(--official .gpu/neuron1024)
     # seconds: the run of record's and the seventh session's times with some margin
     NEED_TESTS=90 NEED_KERNELS=150 NEED_E2E_SMALL=60 NEED_E2E_BIG=${NEED_E2E_BIG:-260}
     NEED_PROFILE=90
+    NEED_ALL=${NEED_ALL:-300}  # the run of record's timed calls took 103 s, plus each generation
     PROFILE_ARGS=(--networks 65536x120 --rows 10000)
 fi
 # the modes of the end-to-end A/B on E2E_SMALL (empty: none, BIG_MODE or sectioned for E2E_BIG)
@@ -195,6 +201,12 @@ e2e() {  # e2e CASE MODE [ARGS...]: one end-to-end run of challenge_gpu.py
         --out "$OUT"
 }
 
+part_all() {  # the run of record's networks, as it ran them (client-loaded, one batch a GPU)
+    echo "== part 6: the run of record's networks end to end (${SECONDS} s)"
+    locked python3 benchmarks/challenge_gpu.py --refs .gpu/refs "${ALL_ARGS[@]}" \
+        --batches-per-gpu 1 "${E2E_ARGS[@]}" --budget "$((BUDGET - SECONDS))" --out "$OUT"
+}
+
 faster_mode() {  # the faster of tiled and sectioned on E2E_SMALL: end to end, else kernel only
     python3 - "$OUT" "$E2E_SMALL" <<'EOF'
 import json
@@ -244,6 +256,7 @@ main() {
     setup
     if has_part 3; then start_rowcheck; fi
     if has_part 1 && fits 1 "$NEED_TESTS"; then part_tests || failed+=(1); fi
+    if has_part 6 && fits 6 "$NEED_ALL"; then part_all || failed+=(6); fi
     if has_part 2 && fits 2 "$NEED_KERNELS"; then part_kernels || failed+=(2); fi
     if has_part 5 && fits 5 "$NEED_PROFILE"; then part_profile || failed+=(5); fi
     if has_part 3; then finish_rowcheck || failed+=(3); fi
