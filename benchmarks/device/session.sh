@@ -203,7 +203,10 @@ e2e() {  # e2e CASE MODE [ARGS...]: one end-to-end run of challenge_gpu.py
 
 part_all() {  # the run of record's networks, as it ran them (client-loaded, one batch a GPU)
     echo "== part 6: the run of record's networks end to end (${SECONDS} s)"
-    locked python3 benchmarks/challenge_gpu.py --refs .gpu/refs "${ALL_ARGS[@]}" \
+    local extra=()  # ALL_ONLY: some of the cases (comma-separated); ALL_MODE: the kernel mode
+    if [ -n "${ALL_ONLY:-}" ]; then extra+=(--only "$ALL_ONLY"); fi
+    if [ -n "${ALL_MODE:-}" ]; then extra+=(--mode "$ALL_MODE"); fi
+    locked python3 benchmarks/challenge_gpu.py --refs .gpu/refs "${ALL_ARGS[@]}" "${extra[@]}" \
         --batches-per-gpu 1 "${E2E_ARGS[@]}" --budget "$((BUDGET - SECONDS))" --out "$OUT"
 }
 
