@@ -36,7 +36,9 @@ from dasknn.datasets import (
 from dasknn.kernels import cuda_inference
 from dasknn.kernels.cuda_inference import (
     LANES,
+    MAX_NEURONS,
     BitRows,
+    CompactLayers,
     DeviceNetwork,
     activation_bytes,
     compact_layers,
@@ -208,6 +210,16 @@ def test_device_network_too_small_budget():
     packed = pack_layers(radixnet(64, 2), np.float32)
     with pytest.raises(MemoryError, match="bytes"):
         DeviceNetwork(packed, budget=1000)
+
+
+def test_device_network_wider_than_32_bit_offsets_is_named():
+    """A layer of 2**27 + 1 neurons (zero-stride arrays: no memory) is refused before anything is
+    read: its activation offsets j * 32 would not fit the kernels' 32-bit slots."""
+    neurons = MAX_NEURONS + 1
+    wide = CompactLayers(np.broadcast_to(np.zeros(1, np.int64), (1, neurons + 1)),
+                         np.zeros(0, np.int32), np.zeros(1, np.float32), per_layer=True)
+    with pytest.raises(ValueError, match=f"at most {MAX_NEURONS:,} neurons .* got {neurons:,}"):
+        DeviceNetwork(wide)
 
 
 def test_plan_memory_resident_streamed_and_too_large():

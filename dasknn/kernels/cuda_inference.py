@@ -96,6 +96,7 @@ LANES = 32  # rows per group: one warp, one lane per row
 SECTION_OUTPUTS = 1024  # fewest output neurons per block in the sectioned (one launch per layer)
 SECTIONS_PER_GROUP = 8  # blocks per group in the sectioned mode, within the bounds below
 SECTIONED_FROM = 4096  # widths from which mode="auto" launches per layer (see docs/benchmarks.md)
+MAX_NEURONS = 2**32 // LANES  # widths whose activation offsets (j * 32) fit the kernels' uint32
 CUDA_MODES = ("auto", "fused", "sectioned", "tiled")
 _WARPS = 32  # warps per block on a GPU (1024 threads)
 BATCH = 8  # most entries whose activation loads are issued before any is added
@@ -810,8 +811,9 @@ class DeviceNetwork:
     MemoryError
         When even one layer does not fit ``budget``.
     ValueError
-        When ``tiled`` and a column has more than ``footprint`` inputs, or ``tile_warps`` is not
-        between 1 and what the shared memory holds.
+        When the layers have more than ``MAX_NEURONS`` (134,217,728) neurons, or ``tiled`` and a
+        column has more than ``footprint`` inputs, or ``tile_warps`` is not between 1 and what
+        the shared memory holds.
     RuntimeError
         When numba-cuda cannot compile kernels with this numpy (:func:`check_cuda_compiler`),
         before anything is put on the device.
@@ -821,6 +823,11 @@ class DeviceNetwork:
                  tiled: bool = False, footprint: int = FOOTPRINT,
                  tile_warps: int | None = None) -> None:
         check_cuda_compiler()
+        if network.neurons > MAX_NEURONS:
+            raise ValueError(
+                f"the CUDA kernels take layers of at most {MAX_NEURONS:,} neurons (they index a "
+                f"group's activations with 32-bit offsets), got {network.neurons:,}"
+            )
         if isinstance(network, PackedLayers):
             network = compact_layers(network)
         self.neurons = network.neurons
