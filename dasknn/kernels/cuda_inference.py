@@ -253,8 +253,8 @@ def _add_kept(acc, ys, kept_off, kept_q, kept, first, data, per_layer, weight):
 
 @cuda.jit(device=True)
 def _add8_within(acc, ys, kept_off, kept_q, e, kept, first, data, per_layer, weight):
-    """``acc`` plus kept entries ``e .. e + 7`` and ``e + 8`` when the eight are within
-    ``kept``; else ``acc`` and ``e``."""
+    """``(acc plus kept entries e .. e + 7, e + 8)`` when those eight are among the ``kept``;
+    else ``(acc, e)``."""
     if e + np.uint64(8) <= kept:
         acc = _add4(_add4(acc, ys, kept_off, kept_q, e, first, data, per_layer, weight),
                     ys, kept_off, kept_q, e + np.uint64(4), first, data, per_layer, weight)
