@@ -1,15 +1,18 @@
 """Weights placed on the workers once: the same data on every worker, or a copy loaded on each
 named worker by a task pinned there (for example into its GPU's memory), sent from the client or
 taken from a copy the worker already holds. Every scatter runs on the client's event loop with a
-time limit, since a stopped worker never takes its data."""
+time limit, since a stopped worker never takes its data, and a scatter given up leaves no key
+behind once that worker takes it (:func:`~dasknn.runtime.scatter.scatter_released_if_given_up`)."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from distributed import Client, Future
 
+from dasknn.runtime.scatter import scatter_released_if_given_up
 from dasknn.runtime.waiting import run_watching
 
 __all__ = ["broadcast", "load_held", "load_on_each", "scatter_within", "submit_pinned"]
@@ -17,9 +20,11 @@ __all__ = ["broadcast", "load_held", "load_on_each", "scatter_within", "submit_p
 
 def scatter_within(client: Client, value: Any, timeout: float, **options: Any) -> Future:
     """``Client.scatter(value, hash=False, **options)``, given up (and cancelled) with a
-    ``TimeoutError`` after ``timeout`` seconds."""
-    scattering = client.scatter(value, hash=False, asynchronous=True, **options)
-    return run_watching(client, scattering, timeout, lambda: None, timeout)
+    ``TimeoutError`` after ``timeout`` seconds; its key, named as Dask names an unhashed value,
+    leaves the cluster once the scheduler registers it after that."""
+    key = f"{type(value).__name__}-{uuid.uuid4().hex}"
+    scattering = scatter_released_if_given_up(client, {key: value}, **options)
+    return run_watching(client, scattering, timeout, lambda: None, timeout)[key]
 
 
 def broadcast(client: Client, value: Any, timeout: float) -> Future:
