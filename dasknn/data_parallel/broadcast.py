@@ -6,16 +6,25 @@ behind once that worker takes it (:func:`~dasknn.runtime.scatter.scatter_release
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from distributed import Client, Future
 
+from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.scatter import scatter_released_if_given_up
 from dasknn.runtime.waiting import run_watching
 
-__all__ = ["broadcast", "load_held", "load_on_each", "scatter_within", "submit_pinned"]
+__all__ = [
+    "COPY_POLL_SECONDS",
+    "broadcast",
+    "load_held",
+    "load_on_each",
+    "scatter_within",
+    "submit_pinned",
+]
 
 
 def scatter_within(client: Client, value: Any, timeout: float, **options: Any) -> Future:
@@ -27,10 +36,62 @@ def scatter_within(client: Client, value: Any, timeout: float, **options: Any) -
     return run_watching(client, scattering, timeout, lambda: None, timeout)[key]
 
 
+#: Seconds between two looks at which workers hold a broadcast value's copy.
+COPY_POLL_SECONDS = 0.02
+
+
+def _copied(value: Any) -> None:
+    """Task that takes ``value``, so that Dask copies it to the task's worker."""
+
+
+def _running_workers(client: Client) -> list[str]:
+    """The workers the scheduler lists as running (not paused, closing or gone)."""
+    return [w for w, info in scheduler_workers(client).items() if info.get("status") == "running"]
+
+
+def _lacking(client: Client, placed: Future, workers: Sequence[str]) -> list[str]:
+    """Those of ``workers`` still running that hold no copy of ``placed``."""
+    holders = set(client.who_has(placed).get(placed.key, ()))
+    if holders.issuperset(workers):
+        return []
+    running = set(_running_workers(client))
+    return [w for w in workers if w not in holders and w in running]
+
+
 def broadcast(client: Client, value: Any, timeout: float) -> Future:
-    """Send ``value`` to every worker once, within ``timeout`` seconds (else ``TimeoutError``);
-    tasks that take the returned future read it there."""
-    return scatter_within(client, value, timeout, broadcast=True)
+    """Send ``value`` to every running worker once, within ``timeout`` seconds (else
+    ``TimeoutError``, and nothing of it stays on the cluster); tasks that take the returned
+    future read it there.
+
+    The value is scattered to one worker (:func:`scatter_within`), and a task pinned to each
+    running worker takes it (:func:`_copied`), so that the worker fetches a copy; once every
+    worker still running holds one (:data:`COPY_POLL_SECONDS` between two looks), those tasks
+    are released, whether they ran or not. Each copy is one Dask's task states know of: a copy
+    that lands after the broadcast was given up is dropped again. The scheduler's own broadcast
+    (``Client.scatter(broadcast=True)``, its ``replicate``) copies the value outside them, and a
+    worker stopped after it took its copy, before it answered, kept that copy for good once the
+    key was released.
+    """
+    deadline = time.monotonic() + timeout
+    placed = scatter_within(client, value, timeout)
+    try:
+        workers = _running_workers(client)
+        copies = [
+            client.submit(_copied, placed, workers=[w], allow_other_workers=False, pure=False)
+            for w in workers
+        ]
+        try:
+            while _lacking(client, placed, workers):
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"the value did not reach every worker within {timeout:g} s")
+                time.sleep(COPY_POLL_SECONDS)
+        finally:
+            for copy in copies:
+                copy.release()
+    except BaseException:
+        placed.release()
+        raise
+    return placed
 
 
 def submit_pinned(client: Client, address: str, function: Callable, *args: Any) -> Future:
