@@ -19,6 +19,7 @@ from dasknn.runtime.waiting import run_watching
 
 __all__ = [
     "COPY_POLL_SECONDS",
+    "WORKERS_POLL_SECONDS",
     "broadcast",
     "load_held",
     "load_on_each",
@@ -37,25 +38,19 @@ def scatter_within(client: Client, value: Any, timeout: float, **options: Any) -
 
 
 #: Seconds between two looks at which workers hold a broadcast value's copy.
-COPY_POLL_SECONDS = 0.02
+COPY_POLL_SECONDS = 0.005
+
+#: Seconds between two looks, while a broadcast waits, at which workers are still running.
+WORKERS_POLL_SECONDS = 0.25
 
 
 def _copied(value: Any) -> None:
     """Task that takes ``value``, so that Dask copies it to the task's worker."""
 
 
-def _running_workers(client: Client) -> list[str]:
+def _running_workers(client: Client) -> set[str]:
     """The workers the scheduler lists as running (not paused, closing or gone)."""
-    return [w for w, info in scheduler_workers(client).items() if info.get("status") == "running"]
-
-
-def _lacking(client: Client, placed: Future, workers: Sequence[str]) -> list[str]:
-    """Those of ``workers`` still running that hold no copy of ``placed``."""
-    holders = set(client.who_has(placed).get(placed.key, ()))
-    if holders.issuperset(workers):
-        return []
-    running = set(_running_workers(client))
-    return [w for w in workers if w not in holders and w in running]
+    return {w for w, info in scheduler_workers(client).items() if info.get("status") == "running"}
 
 
 def broadcast(client: Client, value: Any, timeout: float) -> Future:
@@ -65,12 +60,13 @@ def broadcast(client: Client, value: Any, timeout: float) -> Future:
 
     The value is scattered to one worker (:func:`scatter_within`), and a task pinned to each
     running worker takes it (:func:`_copied`), so that the worker fetches a copy; once every
-    worker still running holds one (:data:`COPY_POLL_SECONDS` between two looks), those tasks
-    are released, whether they ran or not. Each copy is one Dask's task states know of: a copy
-    that lands after the broadcast was given up is dropped again. The scheduler's own broadcast
-    (``Client.scatter(broadcast=True)``, its ``replicate``) copies the value outside them, and a
-    worker stopped after it took its copy, before it answered, kept that copy for good once the
-    key was released.
+    one of them that is still running holds one (who holds it looked at every
+    :data:`COPY_POLL_SECONDS`, which workers run every :data:`WORKERS_POLL_SECONDS`), those
+    tasks are released, whether they ran or not. Each copy is one Dask's task states know of: a
+    copy that lands after the broadcast was given up is dropped again. The scheduler's own
+    broadcast (``Client.scatter(broadcast=True)``, its ``replicate``) copies the value outside
+    them, and a worker stopped after it took its copy, before it answered, kept that copy for
+    good once the key was released.
     """
     deadline = time.monotonic() + timeout
     placed = scatter_within(client, value, timeout)
@@ -81,9 +77,14 @@ def broadcast(client: Client, value: Any, timeout: float) -> Future:
             for w in workers
         ]
         try:
-            while _lacking(client, placed, workers):
-                if time.monotonic() >= deadline:
+            look_at_workers = time.monotonic() + WORKERS_POLL_SECONDS
+            while not workers.issubset(client.who_has(placed).get(placed.key, ())):
+                now = time.monotonic()
+                if now >= deadline:
                     raise TimeoutError(f"the value did not reach every worker within {timeout:g} s")
+                if now >= look_at_workers:
+                    workers &= _running_workers(client)
+                    look_at_workers = now + WORKERS_POLL_SECONDS
                 time.sleep(COPY_POLL_SECONDS)
         finally:
             for copy in copies:
