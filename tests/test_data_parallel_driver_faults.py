@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from distributed import Client, LocalCluster, get_worker
+from distributed.diagnostics.plugin import WorkerPlugin
 from stopped_workers import stopped, wait_until_empty
 
 from dasknn.challenge import run_challenge
@@ -168,6 +169,75 @@ def test_a_lost_pinned_worker_is_an_error_at_once():
         finally:
             killer.cancel()
         _keys_leave(client, step.keys)
+
+
+class _StopOnWindow(WorkerPlugin):
+    """On every worker: the first worker a window of the challenge's weights reaches (a key
+    named ``PackedLayers-...``, scattered there) creates the file ``marker``; a worker stops
+    (SIGSTOP) its own process as the window reaches it, once, if it is that first worker
+    (``moment="scattered"``) or a later one (``"copied"``, the copy of a broadcast)."""
+
+    name = "dasknn-test-stop-on-window"
+
+    def __init__(self, marker: str, moment: str):
+        self.marker = marker
+        self.moment = moment
+        self.armed = True
+
+    def transition(self, key, start, finish, **kwargs) -> None:
+        if self.armed and finish == "memory" and str(key).startswith("PackedLayers-"):
+            self.armed = False
+            try:
+                os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL))
+                first = True
+            except FileExistsError:
+                first = False
+            if first == (self.moment == "scattered"):
+                os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def _windows(dask_scheduler=None) -> list[str]:
+    return [str(key) for key in dask_scheduler.tasks if str(key).startswith("PackedLayers-")]
+
+
+def _windows_on_workers(client) -> list[str]:
+    held = client.run(
+        lambda dask_worker: [str(k) for k in dask_worker.data if str(k).startswith("PackedLayers-")]
+    )
+    return [key for keys in held.values() for key in keys]
+
+
+@pytest.mark.parametrize("moment", ["scattered", "copied"])
+def test_a_window_given_up_at_a_stopped_worker_leaves_nothing_behind(tmp_path, moment):
+    """A worker stops as the first window of weights reaches it, scattered there or copied
+    there by the broadcast: the window's placement is given up after ``step_timeout``; once the
+    worker goes on, the scheduler completes a scatter given up and registers the window's key
+    for the client, which releases it then, and a late copy is dropped: no window is left on the
+    scheduler or a worker."""
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+    ) as cluster, Client(cluster) as client:  # fmt: skip
+        layers, x = radixnet(64, 2), sp.csr_matrix(np.ones((8, 64)))
+        run_challenge(layers, x, -0.3, client=client, progress=False)  # the workers compile
+        pids = client.run(os.getpid)
+        client.register_plugin(_StopOnWindow(str(tmp_path / "marker"), moment))
+        try:
+            start = time.monotonic()
+            with pytest.raises(
+                StepTimeoutError,
+                match=r"^window 1 of the weights did not reach the workers within 2 s ",
+            ):
+                run_challenge(layers, x, -0.3, client=client, progress=False, step_timeout=2)
+            assert time.monotonic() - start < 2 + 5
+        finally:
+            for pid in pids.values():
+                os.kill(pid, signal.SIGCONT)
+        # the workers answer once the stopped one went on (the window's scatter, or its copy,
+        # handled); the scheduler registers a scattered window then
+        client.run(os.getpid)
+        time.sleep(1)
+        wait_until_empty(lambda: client.run_on_scheduler(_windows), 10, "a window stayed")
+        wait_until_empty(lambda: _windows_on_workers(client), 10, "a window stayed on a worker")
 
 
 def test_cli_stops_on_a_stopped_worker_in_one_line_and_writes_nothing(dask_client, tmp_path):

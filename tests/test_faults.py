@@ -91,7 +91,7 @@ def _when_checkpoint(directory, batches: int, action) -> threading.Thread:
 def cluster():
     with LocalCluster(
         n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
-    ) as cluster, Client(cluster) as client:
+    ) as cluster, Client(cluster) as client:  # fmt: skip
         yield cluster, client
 
 
@@ -181,6 +181,47 @@ def test_stopped_worker_is_reported_after_the_step_timeout(cluster, messages):
         finally:
             stop.join()
             os.kill(pid, signal.SIGCONT)
+
+
+def _is_call_data(key, token: str) -> bool:
+    """Whether ``key`` is one of a model's ``fit`` data blocks (scattered, or held in its span)."""
+    return isinstance(key, tuple) and str(key[0]).startswith(
+        (f"dasknn-x-{token}", f"dasknn-y-{token}")
+    )
+
+
+def _call_data(client, token: str) -> list[str]:
+    """The keys of a model's ``fit`` data blocks on the scheduler and in the workers' data."""
+    on_scheduler = client.run_on_scheduler(
+        lambda dask_scheduler: [str(k) for k in dask_scheduler.tasks if _is_call_data(k, token)]
+    )
+    on_workers = client.run(
+        lambda dask_worker: [str(k) for k in dask_worker.data if _is_call_data(k, token)]
+    )
+    return [*on_scheduler, *(k for ks in on_workers.values() for k in ks)]
+
+
+def test_a_worker_stopped_before_fit_is_named_after_the_step_timeout(cluster):
+    """A part worker stopped (SIGSTOP) between two ``fit`` calls: the call's data blocks,
+    scattered to the part workers first, are given up after ``step_timeout`` with a
+    StepTimeoutError naming the worker (a ``Client.scatter`` timeout bounds only the wait for a
+    running worker: the call used to wait until Dask removed the worker); once the worker goes
+    on, no block of the call is left on the scheduler or a worker."""
+    _, client = cluster
+    x, y = _data()
+    model = _model()
+    with DistributedSparseMLP(model, client, _parts(model), step_timeout=2) as dist:
+        dist.fit(x[:8], y[:8], batch_size=8, lr=0.0, progress=False)
+        address = max(_pids(client))
+        with stopped(client, address):
+            start = time.monotonic()
+            named = f"^the workers did not take the x blocks within 2 s .*worker {address} "
+            with pytest.raises(StepTimeoutError, match=named):
+                dist.fit(x, y, batch_size=8, lr=LR, progress=False)
+            assert time.monotonic() - start < 6
+        client.run(os.getpid)  # the worker went on and answered: a late scatter is registered
+        time.sleep(1)
+    wait_until_empty(lambda: _call_data(client, dist.token), 10, "a data block of fit stayed")
 
 
 def _model_plugins(client, token: str) -> list[str]:

@@ -1,31 +1,98 @@
 """Weights placed on the workers once: the same data on every worker, or a copy loaded on each
 named worker by a task pinned there (for example into its GPU's memory), sent from the client or
 taken from a copy the worker already holds. Every scatter runs on the client's event loop with a
-time limit, since a stopped worker never takes its data."""
+time limit, since a stopped worker never takes its data, and a scatter given up leaves no key
+behind once that worker takes it (:func:`~dasknn.runtime.scatter.scatter_released_if_given_up`)."""
 
 from __future__ import annotations
 
+import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from distributed import Client, Future
 
+from dasknn.runtime.cluster import scheduler_workers
+from dasknn.runtime.scatter import scatter_released_if_given_up
 from dasknn.runtime.waiting import run_watching
 
-__all__ = ["broadcast", "load_held", "load_on_each", "scatter_within", "submit_pinned"]
+__all__ = [
+    "COPY_POLL_SECONDS",
+    "WORKERS_POLL_SECONDS",
+    "broadcast",
+    "load_held",
+    "load_on_each",
+    "scatter_within",
+    "submit_pinned",
+]
 
 
 def scatter_within(client: Client, value: Any, timeout: float, **options: Any) -> Future:
     """``Client.scatter(value, hash=False, **options)``, given up (and cancelled) with a
-    ``TimeoutError`` after ``timeout`` seconds."""
-    scattering = client.scatter(value, hash=False, asynchronous=True, **options)
-    return run_watching(client, scattering, timeout, lambda: None, timeout)
+    ``TimeoutError`` after ``timeout`` seconds; its key, named as Dask names an unhashed value,
+    leaves the cluster once the scheduler registers it after that."""
+    key = f"{type(value).__name__}-{uuid.uuid4().hex}"
+    scattering = scatter_released_if_given_up(client, {key: value}, **options)
+    return run_watching(client, scattering, timeout, lambda: None, timeout)[key]
+
+
+#: Seconds between two looks at which workers hold a broadcast value's copy.
+COPY_POLL_SECONDS = 0.005
+
+#: Seconds between two looks, while a broadcast waits, at which workers are still running.
+WORKERS_POLL_SECONDS = 0.25
+
+
+def _copied(value: Any) -> None:
+    """Task that takes ``value``, so that Dask copies it to the task's worker."""
+
+
+def _running_workers(client: Client) -> set[str]:
+    """The workers the scheduler lists as running (not paused, closing or gone)."""
+    return {w for w, info in scheduler_workers(client).items() if info.get("status") == "running"}
 
 
 def broadcast(client: Client, value: Any, timeout: float) -> Future:
-    """Send ``value`` to every worker once, within ``timeout`` seconds (else ``TimeoutError``);
-    tasks that take the returned future read it there."""
-    return scatter_within(client, value, timeout, broadcast=True)
+    """Send ``value`` to every running worker once, within ``timeout`` seconds (else
+    ``TimeoutError``, and nothing of it stays on the cluster); tasks that take the returned
+    future read it there.
+
+    The value is scattered to one worker (:func:`scatter_within`), and a task pinned to each
+    running worker takes it (:func:`_copied`), so that the worker fetches a copy; once every
+    one of them that is still running holds one (who holds it looked at every
+    :data:`COPY_POLL_SECONDS`, which workers run every :data:`WORKERS_POLL_SECONDS`), those
+    tasks are released, whether they ran or not. Each copy is one Dask's task states know of: a
+    copy that lands after the broadcast was given up is dropped again. The scheduler's own
+    broadcast (``Client.scatter(broadcast=True)``, its ``replicate``) copies the value outside
+    them, and a worker stopped after it took its copy, before it answered, kept that copy for
+    good once the key was released.
+    """
+    deadline = time.monotonic() + timeout
+    placed = scatter_within(client, value, timeout)
+    try:
+        workers = _running_workers(client)
+        copies = [
+            client.submit(_copied, placed, workers=[w], allow_other_workers=False, pure=False)
+            for w in workers
+        ]
+        try:
+            look_at_workers = time.monotonic() + WORKERS_POLL_SECONDS
+            while not workers.issubset(client.who_has(placed).get(placed.key, ())):
+                now = time.monotonic()
+                if now >= deadline:
+                    raise TimeoutError(f"the value did not reach every worker within {timeout:g} s")
+                if now >= look_at_workers:
+                    workers &= _running_workers(client)
+                    look_at_workers = now + WORKERS_POLL_SECONDS
+                time.sleep(COPY_POLL_SECONDS)
+        finally:
+            for copy in copies:
+                copy.release()
+    except BaseException:
+        placed.release()
+        raise
+    return placed
 
 
 def submit_pinned(client: Client, address: str, function: Callable, *args: Any) -> Future:

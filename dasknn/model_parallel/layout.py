@@ -22,10 +22,12 @@ import scipy.sparse as sp
 import sparse
 from distributed import wait
 
-from dasknn.model_parallel.faults import run_watching_part_workers
+from dasknn.model_parallel.faults import POLL_SECONDS, run_watching_part_workers
 from dasknn.model_parallel.plan import CommPlan
 from dasknn.model_parallel.worker_state import install_parts, snapshot_bias, snapshot_weight
 from dasknn.runtime.model_span import held_in_span
+from dasknn.runtime.scatter import scatter_released_if_given_up
+from dasknn.runtime.waiting import run_watching
 
 __all__ = [
     "PLACING",
@@ -60,12 +62,13 @@ def scatter_pinned(
 ) -> dict:
     """Scatter ``{key: value}`` so each value lands on the worker of its part; returns futures.
 
-    ``part_of(key)`` names the part of a key. One scatter per worker (values are not hashed: the
-    keys are the given ones). Values not all taken within ``timeout`` seconds in all (a worker
-    stopped, say) raise ``TimeoutError``. With ``watch`` (what is being done, in words) the
-    part workers are checked while the values travel, and a part worker that left the cluster is
-    a :class:`~dasknn.model_parallel.faults.WorkerLostError` at once instead of an error after
-    Dask's connect timeout.
+    ``part_of(key)`` names the part of a key. One scatter per worker (the keys are the given
+    ones). Values not all taken within ``timeout`` seconds in all (a worker stopped, say) raise
+    ``TimeoutError``; the keys of a scatter given up leave the cluster once the worker takes them
+    (:func:`~dasknn.runtime.scatter.scatter_released_if_given_up`). With ``watch`` (what is
+    being done, in words) the part workers are checked while the values travel, and a part
+    worker that left the cluster is a :class:`~dasknn.model_parallel.faults.WorkerLostError` at
+    once instead of an error after Dask's connect timeout.
     """
     by_worker: dict[str, dict] = {}
     for key, value in data.items():
@@ -74,17 +77,14 @@ def scatter_pinned(
     deadline = time.monotonic() + _limit(timeout)
     try:
         for address, chunk in by_worker.items():
-            options = dict(workers=[address], hash=False, broadcast=False)
             left = max(deadline - time.monotonic(), 0.0)
+            scattering = scatter_released_if_given_up(client, chunk, workers=[address])
             if watch is not None:
-                scattering = client.scatter(chunk, asynchronous=True, **options)
                 futures.update(
                     run_watching_part_workers(client, scattering, part_workers, left, watch)
                 )
-                continue
-            if timeout is not None:
-                options["timeout"] = left
-            futures.update(client.scatter(chunk, **options))
+            else:
+                futures.update(run_watching(client, scattering, left, lambda: None, POLL_SECONDS))
     except BaseException:
         # the values already scattered leave the cluster now, not when the error's traceback
         # (which refers to these futures) is collected

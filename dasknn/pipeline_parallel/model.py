@@ -38,6 +38,7 @@ from dasknn.runtime.keys import new_token, pipeline_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
 from dasknn.runtime.plugin_owner import PluginOwner
 from dasknn.runtime.postbox import Postbox
+from dasknn.runtime.scatter import scatter_released_if_given_up
 from dasknn.runtime.step_timeout import (
     DEFAULT_STEP_TIMEOUT,
     StepTimeoutError,
@@ -608,13 +609,12 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
         ``deadline`` (of ``time.monotonic()``); returns their futures. ``WorkerLostError`` naming
         its stage replicas if that worker is lost before or while they are sent (the scatter
         fails with a closed connection, or waits for it), :class:`StepTimeoutError` naming it
-        if they are not sent by the deadline."""
+        if they are not sent by the deadline (their keys leave the cluster once the worker takes
+        them, :func:`~dasknn.runtime.scatter.scatter_released_if_given_up`)."""
         try:
             scattered = run_naming_loss(
                 self.client,
-                self.client.scatter(
-                    values, workers=[address], hash=False, broadcast=False, asynchronous=True
-                ),
+                scatter_released_if_given_up(self.client, values, workers=[address]),
                 max(deadline - time.monotonic(), 0.0),
                 self._watch([address]),
                 POLL_SECONDS,

@@ -1,0 +1,83 @@
+"""Values placed on the workers (``dasknn.data_parallel.broadcast``) on a real LocalCluster: on
+the named worker, on every worker, loaded by a task pinned to each; a placement given up at a
+stopped worker leaves nothing on the cluster once the worker goes on."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import dask
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster
+from stopped_workers import stopped, wait_until_empty
+
+from dasknn.data_parallel.broadcast import broadcast, load_on_each, scatter_within
+from dasknn.runtime.cluster import scheduler_workers
+
+
+@pytest.fixture(scope="module")
+def client():
+    """Two worker processes; Dask's active memory manager off, so that it does not drop the
+    copies a broadcast made (no task waits for them) while a test looks at them."""
+    with dask.config.set({"distributed.scheduler.active-memory-manager.start": False}):
+        with LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster, Client(cluster) as client:  # fmt: skip
+            yield client
+
+
+def _arrays(dask_scheduler=None) -> list[str]:
+    return [str(k) for k in dask_scheduler.tasks if str(k).startswith("ndarray-")]
+
+
+def _arrays_on_workers(client) -> list[str]:
+    held = client.run(
+        lambda dask_worker: [str(k) for k in dask_worker.data if str(k).startswith("ndarray-")]
+    )
+    return [key for keys in held.values() for key in keys]
+
+
+def test_scatter_within_places_the_value_on_the_named_worker(client):
+    value = np.arange(10.0)
+    for address in scheduler_workers(client):
+        placed = scatter_within(client, value, 10, workers=[address])
+        assert client.who_has(placed)[placed.key] == (address,)
+        np.testing.assert_array_equal(placed.result(), value)
+        placed.release()
+
+
+def test_broadcast_places_the_value_on_every_worker(client):
+    value = np.arange(1000.0)
+    placed = broadcast(client, value, 10)
+    assert sorted(client.who_has(placed)[placed.key]) == sorted(scheduler_workers(client))
+    np.testing.assert_array_equal(placed.result(), value)
+    placed.release()
+    wait_until_empty(lambda: client.run_on_scheduler(_arrays), 5, "the value stayed")
+
+
+def test_load_on_each_loads_a_copy_pinned_to_each_worker(client):
+    workers = sorted(scheduler_workers(client))
+    loaded = load_on_each(client, np.arange(6.0), workers, 10, np.multiply, 2.0)
+    assert sorted(loaded) == workers
+    for address, future in loaded.items():
+        np.testing.assert_array_equal(future.result(), np.arange(6.0) * 2)
+        assert client.who_has(future)[future.key] == (address,)
+
+
+@pytest.mark.parametrize("stopped_worker", [0, 1])
+def test_a_broadcast_given_up_at_a_stopped_worker_leaves_nothing(client, stopped_worker):
+    """Each worker stopped (SIGSTOP) before a broadcast in turn (the value is scattered to one
+    worker and copied to the other): ``TimeoutError`` after the timeout, and once the worker
+    goes on no key of the value on the scheduler and no copy on a worker."""
+    victim = sorted(scheduler_workers(client))[stopped_worker]
+    with stopped(client, victim):
+        start = time.monotonic()
+        with pytest.raises(TimeoutError, match="within 2 s"):
+            broadcast(client, np.arange(1000.0), 2)
+        assert time.monotonic() - start < 2 + 2
+    client.run(os.getpid)  # the stopped worker went on and answered
+    time.sleep(1)
+    wait_until_empty(lambda: client.run_on_scheduler(_arrays), 10, "the value stayed")
+    wait_until_empty(lambda: _arrays_on_workers(client), 10, "a copy stayed on a worker")
