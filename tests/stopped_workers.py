@@ -1,5 +1,6 @@
-"""A worker process stopped (SIGSTOP) for the length of a ``with`` block, and the wait for the
-scheduler to let go of a failed step's keys: shared by the step-timeout tests of the models."""
+"""A worker process stopped (SIGSTOP) for the length of a ``with`` block, the wait for the
+scheduler to let go of a failed step's keys, and the keys of a kind left on the scheduler or in
+the workers' data: shared by the step-timeout tests."""
 
 from __future__ import annotations
 
@@ -28,3 +29,22 @@ def wait_until_empty(read: Callable[[], list], seconds: float, what: str) -> Non
     while read():
         assert time.monotonic() < deadline, what
         time.sleep(0.05)
+
+
+def keys_on_scheduler(client, prefix: str) -> list[str]:
+    """The keys the scheduler knows whose name starts with ``prefix``."""
+    return client.run_on_scheduler(_scheduler_keys, prefix)
+
+
+def keys_on_workers(client, prefix: str) -> list[str]:
+    """The keys in the workers' data whose name starts with ``prefix`` (one entry a copy)."""
+    held = client.run(_worker_keys, prefix)
+    return [key for keys in held.values() for key in keys]
+
+
+def _scheduler_keys(prefix: str, dask_scheduler=None) -> list[str]:
+    return [str(key) for key in dask_scheduler.tasks if str(key).startswith(prefix)]
+
+
+def _worker_keys(prefix: str, dask_worker=None) -> list[str]:
+    return [str(key) for key in dask_worker.data if str(key).startswith(prefix)]

@@ -11,7 +11,7 @@ import dask
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster
-from stopped_workers import stopped, wait_until_empty
+from stopped_workers import keys_on_scheduler, keys_on_workers, stopped, wait_until_empty
 
 from dasknn.data_parallel.broadcast import broadcast, load_on_each, scatter_within
 from dasknn.runtime.cluster import scheduler_workers
@@ -26,17 +26,6 @@ def client():
             n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
         ) as cluster, Client(cluster) as client:  # fmt: skip
             yield client
-
-
-def _arrays(dask_scheduler=None) -> list[str]:
-    return [str(k) for k in dask_scheduler.tasks if str(k).startswith("ndarray-")]
-
-
-def _arrays_on_workers(client) -> list[str]:
-    held = client.run(
-        lambda dask_worker: [str(k) for k in dask_worker.data if str(k).startswith("ndarray-")]
-    )
-    return [key for keys in held.values() for key in keys]
 
 
 def test_scatter_within_places_the_value_on_the_named_worker(client):
@@ -54,7 +43,7 @@ def test_broadcast_places_the_value_on_every_worker(client):
     assert sorted(client.who_has(placed)[placed.key]) == sorted(scheduler_workers(client))
     np.testing.assert_array_equal(placed.result(), value)
     placed.release()
-    wait_until_empty(lambda: client.run_on_scheduler(_arrays), 5, "the value stayed")
+    wait_until_empty(lambda: keys_on_scheduler(client, "ndarray-"), 5, "the value stayed")
 
 
 def test_load_on_each_loads_a_copy_pinned_to_each_worker(client):
@@ -79,5 +68,5 @@ def test_a_broadcast_given_up_at_a_stopped_worker_leaves_nothing(client, stopped
         assert time.monotonic() - start < 2 + 2
     client.run(os.getpid)  # the stopped worker went on and answered
     time.sleep(1)
-    wait_until_empty(lambda: client.run_on_scheduler(_arrays), 10, "the value stayed")
-    wait_until_empty(lambda: _arrays_on_workers(client), 10, "a copy stayed on a worker")
+    wait_until_empty(lambda: keys_on_scheduler(client, "ndarray-"), 10, "the value stayed")
+    wait_until_empty(lambda: keys_on_workers(client, "ndarray-"), 10, "a copy stayed on a worker")

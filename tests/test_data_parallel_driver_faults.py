@@ -19,7 +19,7 @@ import pytest
 import scipy.sparse as sp
 from distributed import Client, LocalCluster, get_worker
 from distributed.diagnostics.plugin import WorkerPlugin
-from stopped_workers import stopped, wait_until_empty
+from stopped_workers import keys_on_scheduler, keys_on_workers, stopped, wait_until_empty
 
 from dasknn.challenge import run_challenge
 from dasknn.challenge.model_parallel import run_challenge_model_parallel
@@ -196,17 +196,6 @@ class _StopOnWindow(WorkerPlugin):
                 os.kill(os.getpid(), signal.SIGSTOP)
 
 
-def _windows(dask_scheduler=None) -> list[str]:
-    return [str(key) for key in dask_scheduler.tasks if str(key).startswith("PackedLayers-")]
-
-
-def _windows_on_workers(client) -> list[str]:
-    held = client.run(
-        lambda dask_worker: [str(k) for k in dask_worker.data if str(k).startswith("PackedLayers-")]
-    )
-    return [key for keys in held.values() for key in keys]
-
-
 @pytest.mark.parametrize("moment", ["scattered", "copied"])
 def test_a_window_given_up_at_a_stopped_worker_leaves_nothing_behind(tmp_path, moment):
     """A worker stops as the first window of weights reaches it, scattered there or copied
@@ -236,8 +225,9 @@ def test_a_window_given_up_at_a_stopped_worker_leaves_nothing_behind(tmp_path, m
         # handled); the scheduler registers a scattered window then
         client.run(os.getpid)
         time.sleep(1)
-        wait_until_empty(lambda: client.run_on_scheduler(_windows), 10, "a window stayed")
-        wait_until_empty(lambda: _windows_on_workers(client), 10, "a window stayed on a worker")
+        windows = "PackedLayers-"
+        wait_until_empty(lambda: keys_on_scheduler(client, windows), 10, "a window stayed")
+        wait_until_empty(lambda: keys_on_workers(client, windows), 10, "a window left on a worker")
 
 
 def test_cli_stops_on_a_stopped_worker_in_one_line_and_writes_nothing(dask_client, tmp_path):
