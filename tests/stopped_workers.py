@@ -24,10 +24,11 @@ def stopped(client, address: str) -> Iterator[None]:
 
 
 def wait_until_empty(read: Callable[[], list], seconds: float, what: str) -> None:
-    """Poll ``read()`` until it returns an empty list; fail with ``what`` after ``seconds``."""
+    """Poll ``read()`` until it returns an empty list; fail with ``what`` and what is left
+    after ``seconds``."""
     deadline = time.monotonic() + seconds
-    while read():
-        assert time.monotonic() < deadline, what
+    while left := read():
+        assert time.monotonic() < deadline, f"{what}: {left}"
         time.sleep(0.05)
 
 
