@@ -534,8 +534,7 @@ def _tile_column(mine, data, per_layer, weight, local, p0, p1, lane, zero):
     shared footprint activations ``mine``; the weights (:func:`_weight`: ``data[p]``, or the
     layer's ``weight`` when ``per_layer``) and footprint positions of ``BATCH`` entries are read
     before any is added. Past the column's end the weight is zero (position -1), which leaves the
-    sum unchanged. Returns the
-    sum and the entries added."""
+    sum unchanged. Returns the sum and the entries added."""
     acc = zero
     last = p1 - 1
     for p in range(p0, p1, BATCH):
