@@ -5,7 +5,9 @@ stopped worker leaves nothing on the cluster once the worker goes on."""
 from __future__ import annotations
 
 import os
+import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import dask
 import numpy as np
@@ -15,6 +17,7 @@ from stopped_workers import keys_on_scheduler, keys_on_workers, stopped, wait_un
 
 from dasknn.data_parallel.broadcast import broadcast, load_on_each, scatter_within
 from dasknn.runtime.cluster import scheduler_workers
+from dasknn.runtime.waiting import WorkerLostError
 
 
 @pytest.fixture(scope="module")
@@ -70,3 +73,69 @@ def test_a_broadcast_given_up_at_a_stopped_worker_leaves_nothing(client, stopped
     time.sleep(1)
     wait_until_empty(lambda: keys_on_scheduler(client, "ndarray-"), 10, "the value stayed")
     wait_until_empty(lambda: keys_on_workers(client, "ndarray-"), 10, "a copy stayed on a worker")
+
+
+def test_broadcasts_finish_while_the_memory_manager_drops_copies():
+    """Dask's active memory manager, run every 10 ms, drops a copy as soon as no task waits
+    for it: every broadcast still finishes at once with the value on the cluster (waiting for
+    every copy to be held at once, 15 of 40 broadcasts waited until their timeout)."""
+    amm = {
+        "distributed.scheduler.active-memory-manager.start": True,
+        "distributed.scheduler.active-memory-manager.interval": "10ms",
+    }
+    with dask.config.set(amm):
+        with LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster, Client(cluster) as client:  # fmt: skip
+            for size in range(1000, 1020):
+                start = time.monotonic()
+                placed = broadcast(client, np.arange(float(size)), 30)
+                assert time.monotonic() - start < 10
+                np.testing.assert_array_equal(placed.result(), np.arange(float(size)))
+                placed.release()
+
+
+def _holders(prefix: str, dask_scheduler=None) -> list[str]:
+    return [
+        ws.address
+        for key, ts in dask_scheduler.tasks.items()
+        if str(key).startswith(prefix)
+        for ws in ts.who_has or ()
+    ]
+
+
+def _holder_within(client, seconds: float) -> str | None:
+    """The worker holding the one value of the kind ``ndarray-`` once the scheduler knows it
+    (None if it does not within ``seconds``)."""
+    deadline = time.monotonic() + seconds
+    while not (holders := client.run_on_scheduler(_holders, "ndarray-")):
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.02)
+    return holders[0]
+
+
+def test_a_broadcast_whose_holder_dies_names_the_loss():
+    """The worker holding the scattered value killed while the other, stopped (SIGSTOP), has
+    not taken its copy: ``WorkerLostError`` as soon as the scheduler lost the value, not a wait
+    until the timeout. The scatter may go to the stopped worker (it then waits for it): the
+    test tries again (the scheduler scatters to the workers in turn)."""
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+    ) as cluster, Client(cluster) as client:  # fmt: skip
+        pids = client.run(os.getpid)
+        waiter = sorted(pids)[0]
+        for _ in range(6):
+            with ThreadPoolExecutor(1) as pool:
+                with stopped(client, waiter):
+                    running = pool.submit(broadcast, client, np.arange(1000.0), 60)
+                    holder = _holder_within(client, 3)
+                    if holder is not None and holder != waiter:
+                        start = time.monotonic()
+                        os.kill(pids[holder], signal.SIGKILL)
+                        with pytest.raises(WorkerLostError, match="holding it left"):
+                            running.result(timeout=30)
+                        assert time.monotonic() - start < 30
+                        return
+                running.result(timeout=30).release()
+    pytest.fail("every scatter went to the stopped worker")

@@ -9,16 +9,16 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import CancelledError
 from typing import Any
 
 from distributed import Client, Future
 
 from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.scatter import scatter_released_if_given_up
-from dasknn.runtime.waiting import run_watching
+from dasknn.runtime.waiting import WorkerLostError, run_watching, wait_at_most
 
 __all__ = [
-    "COPY_POLL_SECONDS",
     "WORKERS_POLL_SECONDS",
     "broadcast",
     "load_held",
@@ -37,9 +37,6 @@ def scatter_within(client: Client, value: Any, timeout: float, **options: Any) -
     return run_watching(client, scattering, timeout, lambda: None, timeout)[key]
 
 
-#: Seconds between two looks at which workers hold a broadcast value's copy.
-COPY_POLL_SECONDS = 0.005
-
 #: Seconds between two looks, while a broadcast waits, at which workers are still running.
 WORKERS_POLL_SECONDS = 0.25
 
@@ -53,41 +50,79 @@ def _running_workers(client: Client) -> set[str]:
     return {w for w, info in scheduler_workers(client).items() if info.get("status") == "running"}
 
 
+def _wait_for_copies(
+    client: Client, copies: dict[str, Future], deadline: float, timeout: float
+) -> None:
+    """Wait until the copy task of every worker still running has run there (see
+    :func:`broadcast`), until the monotonic ``deadline`` (else ``TimeoutError`` naming the
+    broadcast's ``timeout``).
+
+    Raises
+    ------
+    TimeoutError
+        If a running worker's copy task had not run by ``deadline``.
+    WorkerLostError
+        If a copy task was cancelled: the value was lost with the worker holding it (Dask
+        cancels the tasks that take a scattered value it lost).
+    Exception
+        A copy task's own error (the value could not be taken there).
+    """
+    workers = set(copies)
+    try:
+        while waiting := [copies[w] for w in workers if not copies[w].done()]:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"the value did not reach every worker within {timeout:g} s")
+            if not wait_at_most(waiting, min(left, WORKERS_POLL_SECONDS), "FIRST_COMPLETED"):
+                workers &= _running_workers(client)
+        for w in workers:
+            if copies[w].status != "finished":
+                copies[w].result()  # its error; cancelled when the value was lost
+    except CancelledError as error:
+        raise WorkerLostError(
+            "the broadcast value was lost before every worker took a copy (the worker holding "
+            f"it left the cluster): {error}"
+        ) from None
+
+
 def broadcast(client: Client, value: Any, timeout: float) -> Future:
     """Send ``value`` to every running worker once, within ``timeout`` seconds (else
     ``TimeoutError``, and nothing of it stays on the cluster); tasks that take the returned
     future read it there.
 
     The value is scattered to one worker (:func:`scatter_within`), and a task pinned to each
-    running worker takes it (:func:`_copied`), so that the worker fetches a copy; once every
-    one of them that is still running holds one (who holds it looked at every
-    :data:`COPY_POLL_SECONDS`, which workers run every :data:`WORKERS_POLL_SECONDS`), those
-    tasks are released, whether they ran or not. Each copy is one Dask's task states know of: a
-    copy that lands after the broadcast was given up is dropped again. The scheduler's own
-    broadcast (``Client.scatter(broadcast=True)``, its ``replicate``) copies the value outside
-    them, and a worker stopped after it took its copy, before it answered, kept that copy for
-    good once the key was released.
+    running worker takes it (:func:`_copied`), so that the worker fetches a copy; once the task
+    of every worker still running has run (which workers run is looked at after each
+    :data:`WORKERS_POLL_SECONDS` in which no copy task finished), those tasks are released,
+    whether they ran or not. Each copy is one Dask's task states know of: a copy that lands
+    after the broadcast was given up is dropped again. The scheduler's own broadcast
+    (``Client.scatter(broadcast=True)``, its ``replicate``) copies the value outside them, and a
+    worker stopped after it took its copy, before it answered, kept that copy for good once the
+    key was released.
+
+    Dask's active memory manager (its ``ReduceReplicas`` policy, on by default) drops the
+    copies no task waits for: the broadcast waits for each copy task to run, not for every
+    copy to be held at once, which that policy may never let happen. A worker whose copy was
+    dropped fetches the value again for its next task that takes it.
+
+    Raises
+    ------
+    TimeoutError
+        If a running worker did not take the value within ``timeout`` seconds.
+    WorkerLostError
+        If the worker holding the value left the cluster before every worker took a copy.
     """
     deadline = time.monotonic() + timeout
     placed = scatter_within(client, value, timeout)
     try:
-        workers = _running_workers(client)
-        copies = [
-            client.submit(_copied, placed, workers=[w], allow_other_workers=False, pure=False)
-            for w in workers
-        ]
+        copies = {
+            w: client.submit(_copied, placed, workers=[w], allow_other_workers=False, pure=False)
+            for w in _running_workers(client)
+        }
         try:
-            look_at_workers = time.monotonic() + WORKERS_POLL_SECONDS
-            while not workers.issubset(client.who_has(placed).get(placed.key, ())):
-                now = time.monotonic()
-                if now >= deadline:
-                    raise TimeoutError(f"the value did not reach every worker within {timeout:g} s")
-                if now >= look_at_workers:
-                    workers &= _running_workers(client)
-                    look_at_workers = now + WORKERS_POLL_SECONDS
-                time.sleep(COPY_POLL_SECONDS)
+            _wait_for_copies(client, copies, deadline, timeout)
         finally:
-            for copy in copies:
+            for copy in copies.values():
                 copy.release()
     except BaseException:
         placed.release()
