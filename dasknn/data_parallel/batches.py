@@ -44,3 +44,9 @@ class BatchResult:
     macs_needed: int
     kernel_seconds: float
     peak_memory: dict[str, int] = field(default_factory=dict)
+
+    def __sizeof__(self) -> int:
+        """Bytes of this object and of its arrays: Dask's ``sizeof`` falls back on
+        ``sys.getsizeof``, so a worker's memory accounting and the scheduler's transfer costs
+        count what it holds."""
+        return object.__sizeof__(self) + self.rows.nbytes

@@ -8,6 +8,7 @@ next window or, after the last, its live rows.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -42,6 +43,10 @@ class StreamedBatch:
     state: BatchState
     kernel_seconds: float = 0.0
     peak_memory: dict[str, int] = field(default_factory=dict)
+
+    def __sizeof__(self) -> int:
+        """Bytes of this object and of its state's arrays (see ``BatchState.__sizeof__``)."""
+        return object.__sizeof__(self) + sys.getsizeof(self.state)
 
 
 def layer_bytes(matrices: Sequence[sp.csr_matrix], dtype: np.dtype) -> list[int]:

@@ -99,6 +99,12 @@ class PackedLayers:
             self.indptr.nbytes + self.indices.nbytes + self.data.nbytes + self.out_degree.nbytes
         )
 
+    def __sizeof__(self) -> int:
+        """Bytes of this object and of its arrays: Dask's ``sizeof`` falls back on
+        ``sys.getsizeof``, so a worker's memory accounting and the scheduler's transfer costs
+        count what it holds."""
+        return object.__sizeof__(self) + self.nbytes
+
 
 def pack_layers(layers: list[sp.spmatrix], dtype: np.dtype | type = np.float32) -> PackedLayers:
     """Pack square sparse layers of shape ``(N, N)`` (challenge convention) for the kernel.
@@ -207,6 +213,12 @@ class BatchState:
     @property
     def live(self) -> int:
         return int(self.rows.size)
+
+    def __sizeof__(self) -> int:
+        """Bytes of this object and of its arrays: Dask's ``sizeof`` falls back on
+        ``sys.getsizeof``, so a worker's memory accounting and the scheduler's transfer costs
+        count what it holds."""
+        return object.__sizeof__(self) + self.rows.nbytes + self.block.nbytes
 
 
 @njit(cache=True, parallel=True)

@@ -130,6 +130,13 @@ class LayerPartPlan:
     own: np.ndarray
     send: dict[int, np.ndarray]
 
+    def __sizeof__(self) -> int:
+        """Bytes of this object and of its arrays: Dask's ``sizeof`` falls back on
+        ``sys.getsizeof``, so a worker's memory accounting and the scheduler's transfer costs
+        count what it holds."""
+        arrays = [self.indptr, self.groups, self.own, *self.send.values()]
+        return object.__sizeof__(self) + sum(int(a.nbytes) for a in arrays)
+
     def senders(self) -> list[int]:
         """Parts other than this one that own touched rows (they send forward, receive back)."""
         sizes = np.diff(self.groups)
