@@ -517,8 +517,17 @@ class DistributedSparseMLP(SparseEstimator, PluginOwner):
         """Every part's input and target columns, scattered once to its worker for the call
         (each step of :meth:`fit` takes its rows there) and held by tasks of the model's span
         (:func:`~dasknn.runtime.model_span.held_in_span`), so each step's graph touches that span
-        only; Dask releases them when the call drops the futures."""
-        yield self._held_blocks(x, y)
+        only. Their futures are released when the call ends, however it ends: the frames of a
+        failed call hold them for as long as its error's traceback lives (an error kept by the
+        caller, as an interactive session keeps the last one, or one in a reference cycle until
+        the garbage collector runs), and their keys would stay on the cluster meanwhile."""
+        data = self._held_blocks(x, y)
+        try:
+            yield data
+        finally:
+            for blocks in data:
+                for future in blocks.values():
+                    future.release()
 
     def _held_blocks(self, x: np.ndarray, y: np.ndarray) -> tuple[dict, dict]:
         """Every part's columns of ``x`` and ``y`` scattered (:meth:`_scatter_blocks`), then held
