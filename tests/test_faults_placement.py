@@ -198,8 +198,9 @@ def test_a_worker_stopped_while_the_recovery_places_a_checkpoint_again_is_named(
     before ``ModelState`` is registered again, as the layer plans arrive or as its postbox
     starts: ``fit`` ends after ``step_timeout`` in a StepTimeoutError naming the stopped worker,
     the client keeps its connection and its user's futures, and once the worker goes on nothing
-    of the model is left after ``close()``, while the error (and the failed call's frames) is
-    still held."""
+    of the model is left after ``close()`` (but the proxies of the killed worker's postbox that
+    Dask keeps in the other workers' data, docs/reliability.md "Known gaps"), while the error
+    (and the failed call's frames) is still held."""
     with LocalCluster(
         n_workers=3, threads_per_worker=1, processes=True, dashboard_address=":0"
     ) as cluster, Client(cluster) as client:  # fmt: skip
