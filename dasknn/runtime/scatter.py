@@ -7,11 +7,11 @@ on) and then registers the keys for the client (``Scheduler.update_data`` calls
 ``client_desires_keys``), however long ago the client cancelled its call. The client, holding no
 future of those keys, never releases them, and they stay on the scheduler and the worker until
 the client closes; a release sent before the registration is dropped by the scheduler (it knows
-no such key yet). Here the client's call to the scheduler is never cancelled: the caller gives up
-its wait for it (``asyncio.shield``), and the call goes on on the client's event loop until the
-scheduler answers. Its futures are released then, or if the scheduler's scatter failed (a worker
-that died, or that the scheduler removed, closes the scheduler's connection to it: the scatter
-fails with ``CommClosedError`` at once, before any key is registered) nothing is left to
+no such key yet). Here a caller that gives up does not cancel the client's call to the
+scheduler, only its wait for it (``asyncio.shield``): the call goes on on the client's event loop
+until the scheduler answers. Its futures are released then, or if the scheduler's scatter failed
+(a worker that died, or that the scheduler removed, closes the scheduler's connection to it: the
+scatter fails with ``CommClosedError`` at once, before any key is registered) nothing is left to
 release. The client also holds a future of every key from before the scatter starts, released
 when the call ends, so that a key the scheduler registered before its scatter failed (a
 ``broadcast`` whose copies failed) is released too.
