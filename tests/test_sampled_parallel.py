@@ -346,3 +346,62 @@ def test_a_shard_worker_lost_while_the_model_is_placed_is_named_and_nothing_is_l
             10,
             "a key of the model stayed on the scheduler",
         )
+
+
+class _StopAnotherWhenScattered(WorkerPlugin):
+    """Stops the worker process ``stopped_pid`` (SIGSTOP) once, as a scattered value (a
+    ``dict-`` key, a shard's payload) arrives at the worker at ``address``."""
+
+    name = "test-stop-another-when-scattered"
+
+    def __init__(self, address: str, stopped_pid: int) -> None:
+        self.address = address
+        self.stopped_pid = stopped_pid
+
+    def setup(self, worker) -> None:
+        self.worker = worker
+
+    def transition(self, key, start, finish, **kwargs) -> None:
+        if (
+            finish == "memory"
+            and self.worker.address == self.address
+            and isinstance(key, str)
+            and key.startswith("dict-")
+        ):
+            self.address = ""  # once
+            os.kill(self.stopped_pid, signal.SIGSTOP)
+
+
+def _payload_keys(client) -> list[str]:
+    """The shard payloads' keys (``dict-``) the scheduler or a worker holds, or of which the
+    client holds a future."""
+    on_scheduler = client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.tasks))
+    on_workers = client.run(lambda dask_worker: list(dask_worker.data))
+    held = [*on_scheduler, *client.futures, *(k for ks in on_workers.values() for k in ks)]
+    return sorted(str(key) for key in held if str(key).startswith("dict-"))
+
+
+def test_a_shard_scatter_given_up_at_a_stopped_worker_leaves_nothing_once_it_goes_on(client):
+    """The second shard worker stopped (SIGSTOP) as the first one takes its shard, so that the
+    second shard's scatter waits for it: the constructor ends after ``step_timeout`` in a
+    StepTimeoutError naming it and its shard, and once the worker goes on (and takes the payload
+    the scheduler still sends it) no key of a payload is left, on the scheduler, on a worker or
+    on the client."""
+    model = SampledMLP(hidden=6, active_fraction=0.5, k=2, n_tables=2, shards=2, seed=3)
+    model.initialize(12, 10)
+    workers = _workers(client, 2)
+    # the workers' first placement imports the model's code, outside the 2 s below
+    DistributedSampledMLP(model, client, workers).close()
+    pid = client.run(os.getpid, workers=[workers[1]])[workers[1]]
+    named = (
+        r"^the workers did not take the model while it was placed within 2 s \(step_timeout\): "
+        rf"(.*; )?worker {re.escape(workers[1])} \(shard 1\) "
+    )
+    client.register_plugin(_StopAnotherWhenScattered(workers[0], pid))
+    try:
+        with pytest.raises(StepTimeoutError, match=named):
+            DistributedSampledMLP(model, client, workers, step_timeout=2)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        client.unregister_worker_plugin(_StopAnotherWhenScattered.name)
+    wait_until_empty(lambda: _payload_keys(client), 10, "a shard's payload stayed")
