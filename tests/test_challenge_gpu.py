@@ -255,6 +255,7 @@ def test_engine_on_cuda_workers_equals_cpu_engine(client):
     np.testing.assert_array_equal(gpu, reference_categories(x, layers, bias) + 1)
     assert stats.mode == "streamed" and stats.resident_layers == 2
     assert stats.device == "cuda" and stats.batches == 2 and stats.workers == 2
+    assert len(stats.peak_memory) == 2  # each worker ran one of the two batches
     assert stats.categories == gpu.size and stats.macs_done > 0
     assert "GPU workers" in stats.summary()
 
