@@ -114,3 +114,14 @@ def short_switch_interval():
 
     with simulator_switch_interval():
         yield
+
+
+@pytest.fixture(scope="module")
+def simulator_dask_client(dask_client):
+    """The session's ``dask_client`` for a module whose engine tests simulate the CUDA kernels in
+    its workers: they switch threads more often while the module runs
+    (``tests/simulator_threads.py``); on a GPU nothing changes."""
+    from simulator_threads import workers_switch_interval  # numba after NUMBA_ENABLE_CUDASIM
+
+    with workers_switch_interval(dask_client):
+        yield dask_client

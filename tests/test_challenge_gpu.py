@@ -17,6 +17,7 @@ import pytest
 import scipy.sparse as sp
 from challenge_reference import reference_activations, reference_categories
 from distributed import Client, LocalCluster
+from simulator_threads import workers_switch_interval
 from stopped_workers import wait_until_empty
 
 from dasknn.challenge import run_challenge
@@ -234,9 +235,10 @@ def test_plan_memory_resident_streamed_and_too_large():
 
 @pytest.fixture(scope="module")
 def client():
+    """The module's cluster, its workers switching threads more often under the simulator."""
     cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                            dashboard_address=":0")
-    with cluster, Client(cluster) as c:
+    with cluster, Client(cluster) as c, workers_switch_interval(c):
         yield c
 
 
@@ -255,6 +257,7 @@ def test_engine_on_cuda_workers_equals_cpu_engine(client):
     np.testing.assert_array_equal(gpu, reference_categories(x, layers, bias) + 1)
     assert stats.mode == "streamed" and stats.resident_layers == 2
     assert stats.device == "cuda" and stats.batches == 2 and stats.workers == 2
+    assert len(stats.peak_memory) == 2  # each worker ran one of the two batches
     assert stats.categories == gpu.size and stats.macs_done > 0
     assert "GPU workers" in stats.summary()
 

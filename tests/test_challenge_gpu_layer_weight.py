@@ -133,7 +133,7 @@ def test_streamed_windows_of_one_weight_a_layer(mode, dtype):
     check_against_reference(results[0], x, layers)
 
 
-def test_engine_keeps_resident_what_per_entry_weights_would_stream(dask_client):
+def test_engine_keeps_resident_what_per_entry_weights_would_stream(simulator_dask_client):
     layers = radixnet(32, 3, seed=4)
     x = binary_inputs(30, 32, 0.25, seed=8)
     whole, layer = weight_bytes(pack_layers(layers, np.float32))
@@ -143,12 +143,24 @@ def test_engine_keeps_resident_what_per_entry_weights_would_stream(dask_client):
     # the weight budget of three layers with their weights one a nonzero: 1.5 layers of those
     budget = int(1.5 * (layer + 32 * 32 * 4))
     categories, stats = run_challenge(
-        layers, x, BIAS, client=dask_client, device="cuda", weight_budget=budget, progress=False
+        layers,
+        x,
+        BIAS,
+        client=simulator_dask_client,
+        device="cuda",
+        weight_budget=budget,
+        progress=False,
     )
     np.testing.assert_array_equal(categories, expected)
     assert stats.mode == "broadcast" and stats.weight_bytes == whole
     categories, stats = run_challenge(
-        layers, x, BIAS, client=dask_client, device="cuda", weight_budget=2 * layer, progress=False
+        layers,
+        x,
+        BIAS,
+        client=simulator_dask_client,
+        device="cuda",
+        weight_budget=2 * layer,
+        progress=False,
     )
     np.testing.assert_array_equal(categories, expected)
     assert stats.mode == "streamed" and stats.resident_layers == 2

@@ -168,10 +168,10 @@ def test_too_wide_column_and_mode_mismatch_are_named():
                       cuda_mode="tiled", client="tcp://127.0.0.1:1")
 
 
-def test_engine_tiled_on_cuda_workers_equals_reference(dask_client):
+def test_engine_tiled_on_cuda_workers_equals_reference(simulator_dask_client):
     layers = radixnet(64, 3, seed=3)
     x = random_inputs(50, 64, 0.2, seed=8)
-    categories, stats = run_challenge(layers, x, -0.3, client=dask_client, device="cuda",
+    categories, stats = run_challenge(layers, x, -0.3, client=simulator_dask_client, device="cuda",
                                       batch_size=25, compact_every=2, cuda_mode="tiled",
                                       progress=False)
     expected = np.flatnonzero(reference_activations(x, layers, -0.3).any(axis=1)) + 1

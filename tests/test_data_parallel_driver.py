@@ -73,6 +73,7 @@ def test_pinned_slots_keep_their_worker_and_faster_workers_pull_more(dask_client
     fast, slow = sorted(scheduler_workers(dask_client))
     step = AffineStep(1, delay={slow: 1.0})
     rows = sp.csr_matrix(np.arange(24.0).reshape(12, 2))
+    assert per_worker_slots([fast, slow]) == [fast, slow, fast, slow]  # one batch each first
     slots = per_worker_slots([fast, slow], per_worker=1)
     assert slots == [fast, slow]
     results = run_batches(dask_client, rows, 1, step, [lambda: (2.0, 1.0)], slots, progress=False)

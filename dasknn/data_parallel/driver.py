@@ -84,8 +84,9 @@ def shared_slots(client: Client, per_thread: int = IN_FLIGHT) -> list[None]:
 
 
 def per_worker_slots(addresses: Sequence[str], per_worker: int = IN_FLIGHT) -> list[str]:
-    """Slots pinned to workers: ``per_worker`` for each address."""
-    return [address for address in addresses for _ in range(per_worker)]
+    """Slots pinned to workers: ``per_worker`` for each address, in turns across the addresses
+    (``a, b, a, b``), so that the first batches go one to each worker."""
+    return [address for _ in range(per_worker) for address in addresses]
 
 
 class _InFlight:
