@@ -1,6 +1,7 @@
-"""A worker process stopped (SIGSTOP) for the length of a ``with`` block, the wait for the
-scheduler to let go of a failed step's keys, and the keys of a kind left on the scheduler or in
-the workers' data: shared by the step-timeout tests."""
+"""A worker process stopped (SIGSTOP) for the length of a ``with`` block, a worker plugin that
+signals a process as a key reaches a state, the wait for the scheduler to let go of a failed
+step's keys, and the keys of a kind left on the scheduler or in the workers' data: shared by the
+step-timeout tests."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+
+from distributed.diagnostics.plugin import WorkerPlugin
 
 
 @contextmanager
@@ -21,6 +24,32 @@ def stopped(client, address: str) -> Iterator[None]:
         yield
     finally:
         os.kill(pid, signal.SIGCONT)
+
+
+class SignalOnTransition(WorkerPlugin):
+    """On the worker at ``address``: sends ``sent_signal`` to the process ``pid`` (the worker's
+    own when None) as a key whose name starts with ``prefix`` (a string or a tuple of them; a
+    string key) reaches the state ``finish``; only the first time when ``once``."""
+
+    def __init__(self, name: str, address: str, finish: str, prefix: str | tuple[str, ...],
+                 sent_signal: int, pid: int | None = None, once: bool = False) -> None:
+        self.name = name
+        self.address, self.finish, self.prefix = address, finish, prefix
+        self.sent_signal, self.pid, self.once = sent_signal, pid, once
+
+    def setup(self, worker) -> None:
+        self.worker = worker
+
+    def transition(self, key, start, finish, **kwargs) -> None:
+        if (
+            finish == self.finish
+            and self.worker.address == self.address
+            and isinstance(key, str)
+            and key.startswith(self.prefix)
+        ):
+            if self.once:
+                self.address = ""
+            os.kill(os.getpid() if self.pid is None else self.pid, self.sent_signal)
 
 
 def wait_until_empty(read: Callable[[], list], seconds: float, what: str) -> None:

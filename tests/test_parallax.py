@@ -15,9 +15,8 @@ import dask
 import numpy as np
 import pytest
 from distributed import Client, get_task_stream
-from distributed.diagnostics.plugin import WorkerPlugin
 from plugin_checks import key_cache_bound_count
-from stopped_workers import stopped, wait_until_empty
+from stopped_workers import SignalOnTransition, stopped, wait_until_empty
 
 from dasknn.data_parallel import data_parallel
 from dasknn.data_parallel.search import balanced, search_partitions
@@ -688,27 +687,13 @@ def _postbox_keys(dask_scheduler) -> list[str]:
     return [k for k in dask_scheduler.tasks if isinstance(k, str) and k.startswith(POSTBOX_KEYS)]
 
 
-class _SignalWhenPostboxStarts(WorkerPlugin):
-    """Sends its worker ``sent_signal`` as a data-parallel model's postbox starts there (the
-    last call of the placement, after the registrations and the values), if it is the worker
-    at ``address``."""
-
-    name = "test-signal-when-postbox-starts"
-
-    def __init__(self, address: str, sent_signal: int) -> None:
-        self.address, self.sent_signal = address, sent_signal
-
-    def setup(self, worker) -> None:
-        self.worker = worker
-
-    def transition(self, key, start, finish, **kwargs) -> None:
-        if (
-            finish == "executing"
-            and self.worker.address == self.address
-            and isinstance(key, str)
-            and key.startswith(POSTBOX_KEYS)
-        ):
-            os.kill(os.getpid(), self.sent_signal)
+def _signal_when_postbox_starts(address: str, sent_signal: int) -> SignalOnTransition:
+    """A worker plugin that sends its worker ``sent_signal`` as a data-parallel model's postbox
+    starts there (the last call of the placement, after the registrations and the values), if it
+    is the worker at ``address``."""
+    return SignalOnTransition(
+        "test-signal-when-postbox-starts", address, "executing", POSTBOX_KEYS, sent_signal
+    )
 
 
 def test_a_worker_stopped_while_the_model_is_placed_is_named_and_nothing_is_left(client4):
@@ -724,7 +709,8 @@ def test_a_worker_stopped_while_the_model_is_placed_is_named_and_nothing_is_left
         r"^the workers did not take the model while it was placed within 3 s \(step_timeout\): "
         rf"(.*; )?worker {re.escape(victim)} \(replica 1, shards \[1, 3\] of the embedding\) "
     )
-    client4.register_plugin(_SignalWhenPostboxStarts(victim, signal.SIGSTOP))
+    signalling = _signal_when_postbox_starts(victim, signal.SIGSTOP)
+    client4.register_plugin(signalling)
     try:
         start = time.monotonic()
         with pytest.raises(StepTimeoutError, match=named):
@@ -739,7 +725,7 @@ def test_a_worker_stopped_while_the_model_is_placed_is_named_and_nothing_is_left
         took = time.monotonic() - start
     finally:
         os.kill(pid, signal.SIGCONT)
-        client4.unregister_worker_plugin(_SignalWhenPostboxStarts.name)
+        client4.unregister_worker_plugin(signalling.name)
     assert 3 <= took < 3 + 3 + 2, took  # the placement, then the close waits at most 3 s
     wait_until_empty(
         lambda: sorted(set(_model_plugins(client4)) - set(before)),
@@ -807,14 +793,15 @@ def test_a_worker_lost_while_the_model_is_placed_is_named_and_nothing_is_left():
             rf"^lost worker {re.escape(victim)}: it was replica 1 \(shards \[1, 3\] of the "
             r"embedding\); the model could not be placed$"
         )
-        client.register_plugin(_SignalWhenPostboxStarts(victim, signal.SIGKILL))
+        signalling = _signal_when_postbox_starts(victim, signal.SIGKILL)
+        client.register_plugin(signalling)
         try:
             start = time.monotonic()
             with pytest.raises(WorkerLostError, match=named):
                 data_parallel(model, client, sparse_partitions=4, step_timeout=3)
             assert time.monotonic() - start < 5 + 3  # the loss seen, then the bounded close
         finally:
-            client.unregister_worker_plugin(_SignalWhenPostboxStarts.name)
+            client.unregister_worker_plugin(signalling.name)
         wait_until_empty(
             lambda: sorted(set(_model_plugins(client)) - set(before)),
             10,

@@ -13,10 +13,15 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from distributed import Client, LocalCluster
-from distributed.diagnostics.plugin import WorkerPlugin
 from plugin_checks import key_cache_bound_count
 from sampled_reference import AdamReference, reference_step, targets
-from stopped_workers import stopped, wait_until_empty
+from stopped_workers import (
+    SignalOnTransition,
+    keys_on_scheduler,
+    keys_on_workers,
+    stopped,
+    wait_until_empty,
+)
 
 from dasknn.datasets import make_extreme_classification
 from dasknn.optim import Adam
@@ -292,28 +297,6 @@ def test_a_worker_stopped_before_the_constructor_is_named_and_nothing_is_left(cl
     )
 
 
-class _KillWhenShardInstalls(WorkerPlugin):
-    """Kills its worker (SIGKILL) as a sampled model's shard install starts there (the last
-    call of the placement), if it is the worker at ``address``."""
-
-    name = "test-kill-when-shard-installs"
-
-    def __init__(self, address: str) -> None:
-        self.address = address
-
-    def setup(self, worker) -> None:
-        self.worker = worker
-
-    def transition(self, key, start, finish, **kwargs) -> None:
-        if (
-            finish == "executing"
-            and self.worker.address == self.address
-            and isinstance(key, str)
-            and key.startswith("install_shard-")
-        ):
-            os.kill(os.getpid(), signal.SIGKILL)
-
-
 def test_a_shard_worker_lost_while_the_model_is_placed_is_named_and_nothing_is_left():
     """A shard worker killed (SIGKILL) as its shard is installed: the constructor ends within a
     poll and the bounded close in a WorkerLostError naming it, and no plugin or key of the model
@@ -328,14 +311,19 @@ def test_a_shard_worker_lost_while_the_model_is_placed_is_named_and_nothing_is_l
         named = (
             rf"^lost worker {re.escape(workers[1])}: its shard of the model could not be placed$"
         )
-        client.register_plugin(_KillWhenShardInstalls(workers[1]))
+        # kills its worker as the shard install starts there (the placement's last call)
+        kill = SignalOnTransition(
+            "test-kill-when-shard-installs", workers[1], "executing", "install_shard-",
+            signal.SIGKILL,
+        )
+        client.register_plugin(kill)
         try:
             start = time.monotonic()
             with pytest.raises(WorkerLostError, match=named):
                 DistributedSampledMLP(model, client, workers, step_timeout=3)
             assert time.monotonic() - start < 5 + 3  # the loss seen, then the bounded close
         finally:
-            client.unregister_worker_plugin(_KillWhenShardInstalls.name)
+            client.unregister_worker_plugin(kill.name)
         wait_until_empty(
             lambda: sorted(set(_sampled_plugins(client)) - set(before)),
             10,
@@ -348,37 +336,12 @@ def test_a_shard_worker_lost_while_the_model_is_placed_is_named_and_nothing_is_l
         )
 
 
-class _StopAnotherWhenScattered(WorkerPlugin):
-    """Stops the worker process ``stopped_pid`` (SIGSTOP) once, as a scattered value (a
-    ``dict-`` key, a shard's payload) arrives at the worker at ``address``."""
-
-    name = "test-stop-another-when-scattered"
-
-    def __init__(self, address: str, stopped_pid: int) -> None:
-        self.address = address
-        self.stopped_pid = stopped_pid
-
-    def setup(self, worker) -> None:
-        self.worker = worker
-
-    def transition(self, key, start, finish, **kwargs) -> None:
-        if (
-            finish == "memory"
-            and self.worker.address == self.address
-            and isinstance(key, str)
-            and key.startswith("dict-")
-        ):
-            self.address = ""  # once
-            os.kill(self.stopped_pid, signal.SIGSTOP)
-
-
 def _payload_keys(client) -> list[str]:
     """The shard payloads' keys (``dict-``) the scheduler or a worker holds, or of which the
     client holds a future."""
-    on_scheduler = client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.tasks))
-    on_workers = client.run(lambda dask_worker: list(dask_worker.data))
-    held = [*on_scheduler, *client.futures, *(k for ks in on_workers.values() for k in ks)]
-    return sorted(str(key) for key in held if str(key).startswith("dict-"))
+    on_client = [str(key) for key in client.futures if str(key).startswith("dict-")]
+    return sorted([*keys_on_scheduler(client, "dict-"), *keys_on_workers(client, "dict-"),
+                   *on_client])
 
 
 def test_a_shard_scatter_given_up_at_a_stopped_worker_leaves_nothing_once_it_goes_on(client):
@@ -397,11 +360,16 @@ def test_a_shard_scatter_given_up_at_a_stopped_worker_leaves_nothing_once_it_goe
         r"^the workers did not take the model while it was placed within 2 s \(step_timeout\): "
         rf"(.*; )?worker {re.escape(workers[1])} \(shard 1\) "
     )
-    client.register_plugin(_StopAnotherWhenScattered(workers[0], pid))
+    # stops the second worker, once, as a shard's payload (a scattered dict-) reaches the first
+    stop = SignalOnTransition(
+        "test-stop-another-when-scattered", workers[0], "memory", "dict-", signal.SIGSTOP,
+        pid=pid, once=True,
+    )
+    client.register_plugin(stop)
     try:
         with pytest.raises(StepTimeoutError, match=named):
             DistributedSampledMLP(model, client, workers, step_timeout=2)
     finally:
         os.kill(pid, signal.SIGCONT)
-        client.unregister_worker_plugin(_StopAnotherWhenScattered.name)
+        client.unregister_worker_plugin(stop.name)
     wait_until_empty(lambda: _payload_keys(client), 10, "a shard's payload stayed")
