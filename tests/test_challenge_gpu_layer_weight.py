@@ -142,25 +142,11 @@ def test_engine_keeps_resident_what_per_entry_weights_would_stream(simulator_das
     assert 0 < expected.size < 30
     # the weight budget of three layers with their weights one a nonzero: 1.5 layers of those
     budget = int(1.5 * (layer + 32 * 32 * 4))
-    categories, stats = run_challenge(
-        layers,
-        x,
-        BIAS,
-        client=simulator_dask_client,
-        device="cuda",
-        weight_budget=budget,
-        progress=False,
-    )
+    categories, stats = run_challenge(layers, x, BIAS, client=simulator_dask_client,
+                                      device="cuda", weight_budget=budget, progress=False)
     np.testing.assert_array_equal(categories, expected)
     assert stats.mode == "broadcast" and stats.weight_bytes == whole
-    categories, stats = run_challenge(
-        layers,
-        x,
-        BIAS,
-        client=simulator_dask_client,
-        device="cuda",
-        weight_budget=2 * layer,
-        progress=False,
-    )
+    categories, stats = run_challenge(layers, x, BIAS, client=simulator_dask_client,
+                                      device="cuda", weight_budget=2 * layer, progress=False)
     np.testing.assert_array_equal(categories, expected)
     assert stats.mode == "streamed" and stats.resident_layers == 2
