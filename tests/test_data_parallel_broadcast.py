@@ -119,7 +119,9 @@ def test_a_broadcast_whose_holder_dies_names_the_loss():
     """The worker holding the scattered value killed while the other, stopped (SIGSTOP), has
     not taken its copy: ``WorkerLostError`` as soon as the scheduler lost the value, not a wait
     until the timeout. The scatter may go to the stopped worker (it then waits for it): the
-    test tries again (the scheduler scatters to the workers in turn)."""
+    test tries again (the scheduler scatters to the workers in turn), once the scheduler has let
+    go of the last value (else its holder, the worker that took its copy, would be taken for the
+    new value's and killed while the new value was scattered to it)."""
     with LocalCluster(
         n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
     ) as cluster, Client(cluster) as client:  # fmt: skip
@@ -138,4 +140,6 @@ def test_a_broadcast_whose_holder_dies_names_the_loss():
                         assert time.monotonic() - start < 30
                         return
                 running.result(timeout=30).release()
+            # the next look at the holders sees only the next value
+            wait_until_empty(lambda: keys_on_scheduler(client, "ndarray-"), 10, "the value stayed")
     pytest.fail("every scatter went to the stopped worker")
