@@ -1,12 +1,17 @@
 """dasknn: distributed training and inference of sparse deep neural networks on Dask."""
 
-from dasknn import datasets, optim, pruning
+from dasknn import datasets, exceptions, optim, pruning
 from dasknn.challenge import run_challenge, run_challenge_model_parallel
+from dasknn.exceptions import (
+    ModelClosedError,
+    ModelFailedError,
+    NonFiniteLossError,
+    StepTimeoutError,
+    WorkerLostError,
+)
 from dasknn.model import CompressedMLP, DenseMLP, SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
 from dasknn.pipeline_parallel import PipelineMLP
-from dasknn.runtime.step_timeout import StepTimeoutError
-from dasknn.runtime.waiting import WorkerLostError
 from dasknn.sampled import SampledMLP
 from dasknn.sampled_parallel import DistributedSampledMLP
 
@@ -17,12 +22,16 @@ __all__ = [
     "DenseMLP",
     "DistributedSampledMLP",
     "DistributedSparseMLP",
+    "ModelClosedError",
+    "ModelFailedError",
+    "NonFiniteLossError",
     "PipelineMLP",
     "SampledMLP",
     "SparseMLP",
     "StepTimeoutError",
     "WorkerLostError",
     "datasets",
+    "exceptions",
     "optim",
     "pruning",
     "run_challenge",

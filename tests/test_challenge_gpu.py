@@ -34,6 +34,7 @@ from dasknn.datasets import (
     read_challenge_network,
     write_sparse_tsv,
 )
+from dasknn.exceptions import StepTimeoutError
 from dasknn.kernels import cuda_inference
 from dasknn.kernels.cuda_inference import (
     LANES,
@@ -49,7 +50,6 @@ from dasknn.kernels.cuda_inference import (
     weight_bytes,
 )
 from dasknn.kernels.inference import advance, live_rows, pack_layers, start_batch
-from dasknn.runtime.step_timeout import StepTimeoutError
 
 needs_gpu = pytest.mark.skipif(cuda_runtime() != "gpu", reason="no CUDA GPU on this machine")
 pytestmark = pytest.mark.usefixtures("short_switch_interval")

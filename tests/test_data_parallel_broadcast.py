@@ -16,8 +16,8 @@ from distributed import Client, LocalCluster
 from stopped_workers import keys_on_scheduler, keys_on_workers, stopped, wait_until_empty
 
 from dasknn.data_parallel.broadcast import broadcast, load_on_each, scatter_within
+from dasknn.exceptions import WorkerLostError
 from dasknn.runtime.cluster import scheduler_workers
-from dasknn.runtime.waiting import WorkerLostError
 
 
 @pytest.fixture(scope="module")

@@ -26,9 +26,8 @@ from dasknn.challenge.model_parallel import run_challenge_model_parallel
 from dasknn.cli import main
 from dasknn.data_parallel.driver import per_worker_slots, run_batches, shared_slots
 from dasknn.datasets import radixnet, write_sparse_tsv
+from dasknn.exceptions import StepTimeoutError, WorkerLostError
 from dasknn.runtime.cluster import scheduler_workers
-from dasknn.runtime.step_timeout import StepTimeoutError
-from dasknn.runtime.waiting import WorkerLostError
 
 
 def affine(batch, weights, last: bool, delay: dict[str, float]):

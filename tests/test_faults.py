@@ -23,9 +23,10 @@ from model_reference import DenseReference
 from random_layers import random_layers
 from stopped_workers import stopped, wait_until_empty
 
+from dasknn.exceptions import StepTimeoutError, WorkerLostError
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
-from dasknn.model_parallel.faults import RetirementRequests, StepTimeoutError, WorkerLostError
+from dasknn.model_parallel.faults import RetirementRequests
 from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.keys import message_phase
 from dasknn.runtime.measure import MONITOR_NAME, REPORTER_NAME

@@ -17,13 +17,12 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from plugin_checks import key_cache_bound_count
 from stopped_workers import keys_on_workers, stopped, wait_until_empty
 
+from dasknn.exceptions import StepTimeoutError, WorkerLostError
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
 from dasknn.model_parallel.exchange import postbox_key
-from dasknn.model_parallel.faults import WorkerLostError
 from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.keys import message_phase
-from dasknn.runtime.step_timeout import StepTimeoutError
 
 
 def _model() -> SparseMLP:

@@ -36,6 +36,7 @@ LEVELS = [
     ("optim",),
     ("datasets",),
     ("kernels",),
+    ("exceptions",),
     ("graph",),
 ]
 LEVEL = {layer: rank for rank, layer_names in enumerate(LEVELS) for layer in layer_names}

@@ -20,13 +20,12 @@ from stopped_workers import SignalOnTransition, stopped, wait_until_empty
 
 from dasknn.data_parallel import data_parallel
 from dasknn.data_parallel.search import balanced, search_partitions
+from dasknn.exceptions import StepTimeoutError, WorkerLostError
 from dasknn.model import EmbeddingMLP
 from dasknn.optim import SGD, Adam
 from dasknn.runtime.cluster import local_cluster, scheduler_workers
 from dasknn.runtime.keys import dp_postbox_key, parse_dp_key
 from dasknn.runtime.measure import TOPIC as TRANSFER_TOPIC
-from dasknn.runtime.step_timeout import StepTimeoutError
-from dasknn.runtime.waiting import WorkerLostError
 from dasknn.runtime.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
 
 V, C, D = 24, 2, 3

@@ -21,14 +21,13 @@ from distributed import Client
 from distributed.diagnostics.plugin import WorkerPlugin
 from stopped_workers import stopped, wait_until_empty
 
+from dasknn.exceptions import StepTimeoutError, WorkerLostError
 from dasknn.model import CompressedMLP
 from dasknn.pipeline_parallel import PipelineMLP
 from dasknn.pipeline_parallel.worker_state import plugin_name
 from dasknn.pruning import magnitude_masks
 from dasknn.runtime.cluster import local_cluster, scheduler_workers
 from dasknn.runtime.keys import parse_pipeline_key
-from dasknn.runtime.step_timeout import StepTimeoutError
-from dasknn.runtime.waiting import WorkerLostError
 
 SIZES = (12, 10, 8, 4)
 #: Seconds from the kill to the error that the tests accept.

@@ -24,11 +24,10 @@ from stopped_workers import (
 )
 
 from dasknn.datasets import make_extreme_classification
+from dasknn.exceptions import StepTimeoutError, WorkerLostError
 from dasknn.optim import Adam
 from dasknn.runtime.cluster import local_cluster, scheduler_workers
 from dasknn.runtime.keys import parse_sampled_key
-from dasknn.runtime.step_timeout import StepTimeoutError
-from dasknn.runtime.waiting import WorkerLostError
 from dasknn.sampled import SampledMLP
 from dasknn.sampled_parallel import DistributedSampledMLP
 

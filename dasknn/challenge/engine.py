@@ -235,7 +235,7 @@ def run_challenge(
         Seconds the run may go without progress: no batch finishing, the workers not answering
         the kernels' warm-up (or, ``device="cuda"``, the question for their GPU), or the
         weights, a batch's rows or a result not arriving. It then stops with
-        :class:`~dasknn.runtime.step_timeout.StepTimeoutError` naming the batches still running,
+        :class:`~dasknn.exceptions.StepTimeoutError` naming the batches still running,
         their workers and the workers' state (see
         :func:`dasknn.data_parallel.driver.run_batches`). With ``load_on_workers`` it also bounds
         the workers' load of the network, so a huge network needs a ``step_timeout`` longer

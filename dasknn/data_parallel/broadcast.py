@@ -14,9 +14,13 @@ from typing import Any
 
 from distributed import Client, Future
 
+from dasknn.exceptions import WorkerLostError
 from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.scatter import scatter_released_if_given_up
-from dasknn.runtime.waiting import WorkerLostError, run_watching, wait_at_most
+from dasknn.runtime.waiting import (
+    run_watching,
+    wait_at_most,
+)
 
 __all__ = [
     "WORKERS_POLL_SECONDS",

@@ -28,10 +28,10 @@ from distributed import Client, Future, futures_of
 from tqdm.auto import tqdm
 
 from dasknn.data_parallel.batches import batch_starts
+from dasknn.exceptions import StepTimeoutError
 from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.step_timeout import (
     DEFAULT_STEP_TIMEOUT,
-    StepTimeoutError,
     check_step_timeout,
     step_timeout_error,
 )

@@ -118,7 +118,7 @@ def device_memory() -> dict:
 
 def check_cuda_workers(client: Client, step_timeout: float) -> dict[str, dict]:
     """Ask every worker for its GPU (within ``step_timeout`` seconds, else
-    :class:`~dasknn.runtime.step_timeout.StepTimeoutError`); raise ``RuntimeError`` naming
+    :class:`~dasknn.exceptions.StepTimeoutError`); raise ``RuntimeError`` naming
     those without one, or those whose numba-cuda cannot compile kernels, with each one's
     reason."""
     info = run_on_workers(client, "reporting their GPU", step_timeout, device_memory)

@@ -34,6 +34,7 @@ from dasknn.data_parallel.worker_state import (
     plugin_name,
     read_values,
 )
+from dasknn.exceptions import StepTimeoutError, WorkerLostError
 from dasknn.model.embedding_mlp import EmbeddingMLP, split_output_table
 from dasknn.model.embedding_network import EMBEDDING, SOFTMAX
 from dasknn.model.sampled_softmax import sample_candidates
@@ -46,12 +47,14 @@ from dasknn.runtime.plugin_owner import PluginOwner
 from dasknn.runtime.postbox import Postbox
 from dasknn.runtime.step_timeout import (
     DEFAULT_STEP_TIMEOUT,
-    StepTimeoutError,
     answering_workers,
     check_step_timeout,
     step_timeout_error,
 )
-from dasknn.runtime.waiting import WorkerLostError, run_naming_loss, watch_workers
+from dasknn.runtime.waiting import (
+    run_naming_loss,
+    watch_workers,
+)
 from dasknn.runtime.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
 from dasknn.runtime.worker_memory import ReuseFreedMemory
 
@@ -151,13 +154,13 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         Seconds a training step (under ``fit``, the ``steps_per_task`` steps of one task
         together), and the reading of the values (``gather``, ``predict``, ``score``), may take
         before it is a
-        :class:`~dasknn.runtime.step_timeout.StepTimeoutError` naming the workers it waits for,
+        :class:`~dasknn.exceptions.StepTimeoutError` naming the workers it waits for,
         what they hold and their state (not heard from for N s: stopped or overloaded; paused
         at the memory limit; running). The step's futures are released, the workers still
         answering end its waits (``"posted"``), and the model is unusable afterwards. Placing
         the values (here, all of it together; again for each count the search times) takes at
         most as long, a worker that leaves meanwhile is a
-        :class:`~dasknn.runtime.waiting.WorkerLostError` within a poll; here what was placed is
+        :class:`~dasknn.exceptions.WorkerLostError` within a poll; here what was placed is
         removed again, after the search the model is unusable. A positive finite number.
     reuse_memory : bool
         Opt in to :class:`~dasknn.runtime.worker_memory.ReuseFreedMemory` on the workers (under

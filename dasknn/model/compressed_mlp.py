@@ -25,6 +25,7 @@ from dasknn.compressed import (
 )
 from dasknn.compressed.memory import CATEGORIES, FORMULAS
 from dasknn.compressed.stack import check_compute
+from dasknn.exceptions import NonFiniteLossError
 from dasknn.model.activations import Activation
 from dasknn.model.compressed_persistence import CompressedRecord, read_compressed, write_compressed
 from dasknn.model.estimator import InProcessEstimator
@@ -35,33 +36,9 @@ from dasknn.optim import Optimizer
 __all__ = [
     "CompressedMLP",
     "LayerShapes",
-    "NonFiniteLossError",
     "first_nonfinite_layer",
     "nonfinite_loss_error",
 ]
-
-
-class NonFiniteLossError(FloatingPointError):
-    """A step's loss is not finite: names the step and the first layer (1-based, in the whole
-    network) whose outputs are not finite.
-
-    Attributes
-    ----------
-    step : int
-    value : float
-        The loss.
-    layer : int
-    """
-
-    def __init__(self, step: int, value: float, layer: int) -> None:
-        super().__init__(
-            f"step {step}: the loss is {value}; layer {layer} is the first whose outputs are not "
-            f"finite (lower the learning rate or check the inputs)"
-        )
-        self.step, self.value, self.layer = step, value, layer
-
-    def __reduce__(self):
-        return (type(self), (self.step, self.value, self.layer))
 
 
 def first_nonfinite_layer(outputs: Sequence[np.ndarray], first_layer: int) -> int | None:

@@ -19,22 +19,24 @@ from collections.abc import Sequence
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from dasknn.exceptions import StepTimeoutError, WorkerLostError
+
 from ..runtime.cluster import scheduler_workers
 from ..runtime.shared_plugins import hold_scheduler_plugin, release_scheduler_plugin
 from ..runtime.step_timeout import (
-    StepTimeoutError,
     describe_worker,
     describe_workers,
     step_timeout_error,
 )
-from ..runtime.waiting import WorkerLostError, run_naming_loss, wait_at_most
+from ..runtime.waiting import (
+    run_naming_loss,
+    wait_at_most,
+)
 
 __all__ = [
     "LOSS_GRACE_SECONDS",
     "POLL_SECONDS",
     "RetirementRequests",
-    "StepTimeoutError",
-    "WorkerLostError",
     "describe_worker",
     "describe_workers",
     "install_retirement_watch",

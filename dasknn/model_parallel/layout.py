@@ -67,7 +67,7 @@ def scatter_pinned(
     ``TimeoutError``; the keys of a scatter given up leave the cluster once the worker takes them
     (:func:`~dasknn.runtime.scatter.scatter_released_if_given_up`). With ``watch`` (what is
     being done, in words) the part workers are checked while the values travel, and a part
-    worker that left the cluster is a :class:`~dasknn.model_parallel.faults.WorkerLostError` at
+    worker that left the cluster is a :class:`~dasknn.exceptions.WorkerLostError` at
     once instead of an error after Dask's connect timeout.
     """
     by_worker: dict[str, dict] = {}

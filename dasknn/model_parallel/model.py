@@ -20,6 +20,7 @@ import dask
 import numpy as np
 import scipy.sparse as sp
 
+from dasknn.exceptions import StepTimeoutError, WorkerLostError
 from dasknn.model.estimator import SparseEstimator
 from dasknn.model.persistence import ModelRecord, pattern_digest, write_model
 from dasknn.model.sparse_mlp import SparseMLP
@@ -33,8 +34,6 @@ from dasknn.model_parallel.comm import (
 from dasknn.model_parallel.exchange import ActorStepTemplate, postbox_key
 from dasknn.model_parallel.faults import (
     POLL_SECONDS,
-    StepTimeoutError,
-    WorkerLostError,
     install_retirement_watch,
     lost_error,
     lost_workers,
@@ -136,9 +135,9 @@ class DistributedSparseMLP(SparseEstimator, PluginOwner):
         passes (``predict``, ``score``, ...) always use tasks.
     step_timeout : float
         Seconds a step (or a block of predictions) may go without finishing before it is a
-        :class:`~dasknn.runtime.step_timeout.StepTimeoutError` naming the workers it waits for
+        :class:`~dasknn.exceptions.StepTimeoutError` naming the workers it waits for
         (stopped, paused at their memory limit, or busy). A worker that leaves the cluster, or
-        is asked to retire, is a :class:`~dasknn.model_parallel.faults.WorkerLostError` at once.
+        is asked to retire, is a :class:`~dasknn.exceptions.WorkerLostError` at once.
         Placing the model (here, and again when ``fit(checkpoint=...)`` recovers from a lost
         worker) waits for the workers at most ``step_timeout`` in all, registrations included:
         a worker that does not answer is a ``StepTimeoutError`` naming it with its parts, and

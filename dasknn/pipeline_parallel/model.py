@@ -23,7 +23,11 @@ import dask
 import numpy as np
 
 from dasknn.compressed import LossScaler
-from dasknn.model.compressed_mlp import CompressedMLP, LayerShapes, NonFiniteLossError
+from dasknn.exceptions import NonFiniteLossError, StepTimeoutError, WorkerLostError
+from dasknn.model.compressed_mlp import (
+    CompressedMLP,
+    LayerShapes,
+)
 from dasknn.model.estimator import OutputBlocks, SparseEstimator
 from dasknn.optim import Optimizer, resolve_optimizer
 from dasknn.pipeline_parallel import worker_state as ws
@@ -41,14 +45,12 @@ from dasknn.runtime.postbox import Postbox
 from dasknn.runtime.scatter import scatter_released_if_given_up
 from dasknn.runtime.step_timeout import (
     DEFAULT_STEP_TIMEOUT,
-    StepTimeoutError,
     answering_workers,
     check_step_timeout,
     step_timeout_error,
 )
 from dasknn.runtime.waiting import (
     GATHER_LOSS_GRACE_SECONDS,
-    WorkerLostError,
     gather_watching,
     run_naming_loss,
     watch_workers,
@@ -243,12 +245,12 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
         Seconds a step (``fit``'s batches, ``partial_fit``, ``train_step``), the reading of the
         weights (``replica``, ``gather``, ``predict``, ``score``) and of the last step's records
         (``step_report``, ``idle_fractions``, ``idle_breakdown``, ``idle_sources``) may take
-        before it is a :class:`~dasknn.runtime.step_timeout.StepTimeoutError` naming the stage
+        before it is a :class:`~dasknn.exceptions.StepTimeoutError` naming the stage
         workers it waits for, with their stage, replica and state (not heard from for N s:
         stopped or overloaded; paused at the memory limit; running). A failed step's data and
         results are released, the stages still answering drop the step (posted messages), and
         the model is unusable afterwards. A stage worker that leaves the cluster is a
-        :class:`~dasknn.runtime.waiting.WorkerLostError` within a poll instead (also from
+        :class:`~dasknn.exceptions.WorkerLostError` within a poll instead (also from
         ``comm_report``).
 
     Raises
@@ -538,7 +540,7 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
         return float(sum(losses))
 
     def _held(self, lost: list[str], outcome: str = LOST_IN_STEP) -> str:
-        """What the workers ``lost`` held, for :class:`~dasknn.runtime.waiting.WorkerLostError`:
+        """What the workers ``lost`` held, for :class:`~dasknn.exceptions.WorkerLostError`:
         their stage replicas and layers (1-based), and the ``outcome`` (:data:`LOST_IN_STEP`,
         :data:`LOST_WHILE_READ`, :data:`LOST_WHILE_PLACED`)."""
         held = []

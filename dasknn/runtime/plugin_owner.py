@@ -6,8 +6,8 @@ model's values are placed; if placing them fails the model is closed again (the 
 everything it holds removed), and a ``with`` block closes the model at its end. Placing the
 model, registrations included, waits for the workers at most ``step_timeout`` in all
 (:meth:`PluginOwner._placing`): a worker that does not answer (stopped) is a
-:class:`~dasknn.runtime.step_timeout.StepTimeoutError` naming it, one that leaves the cluster
-a :class:`~dasknn.runtime.waiting.WorkerLostError` where the subclass watches its workers.
+:class:`~dasknn.exceptions.StepTimeoutError` naming it, one that leaves the cluster
+a :class:`~dasknn.exceptions.WorkerLostError` where the subclass watches its workers.
 Closing removes the plugin, the bound and the model's hold on the monitor, which leaves with its
 last holder, waiting for the workers at most ``step_timeout`` in all (:func:`unregister_within`).
 """
@@ -19,13 +19,16 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Self
 
+from dasknn.exceptions import StepTimeoutError, WorkerLostError
 from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.key_cache import install_key_cache_bound, remove_key_cache_bound
 from dasknn.runtime.measure import install_comm_monitor, release_comm_monitor
-from dasknn.runtime.step_timeout import StepTimeoutError, answering_workers, step_timeout_error
+from dasknn.runtime.step_timeout import (
+    answering_workers,
+    step_timeout_error,
+)
 from dasknn.runtime.waiting import (
     GATHER_LOSS_GRACE_SECONDS,
-    WorkerLostError,
     call_at_most,
     in_thread,
     run_naming_loss,

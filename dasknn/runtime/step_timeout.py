@@ -13,13 +13,13 @@ from typing import Any
 
 from distributed import Client
 
+from dasknn.exceptions import StepTimeoutError
 from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.waiting import run_watching
 
 __all__ = [
     "DEFAULT_STEP_TIMEOUT",
     "SILENT_SECONDS",
-    "StepTimeoutError",
     "answering_workers",
     "check_step_timeout",
     "describe_worker",
@@ -33,10 +33,6 @@ DEFAULT_STEP_TIMEOUT = 300.0
 #: Seconds after which a worker the scheduler has not heard from is said to be silent (a local
 #: worker's heartbeat comes every 0.5 s).
 SILENT_SECONDS = 2.0
-
-
-class StepTimeoutError(RuntimeError):
-    """A step made no progress within the model's ``step_timeout``."""
 
 
 def check_step_timeout(step_timeout) -> float:

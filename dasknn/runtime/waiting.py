@@ -15,11 +15,11 @@ from typing import Any
 
 from distributed import Client, Future, wait
 
+from dasknn.exceptions import WorkerLostError
 from dasknn.runtime.cluster import scheduler_workers
 
 __all__ = [
     "GATHER_LOSS_GRACE_SECONDS",
-    "WorkerLostError",
     "call_at_most",
     "gather_at_most",
     "gather_watching",
@@ -274,10 +274,6 @@ def run_watching(
     except BaseException:
         _cancel_call(client, running)
         raise
-
-
-class WorkerLostError(RuntimeError):
-    """A worker a computation depends on left the cluster (or is leaving it)."""
 
 
 def run_naming_loss(

@@ -10,17 +10,20 @@ from dataclasses import asdict
 import dask
 import numpy as np
 
+from dasknn.exceptions import StepTimeoutError, WorkerLostError
 from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.keys import new_token, sampled_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
 from dasknn.runtime.plugin_owner import PluginOwner
 from dasknn.runtime.step_timeout import (
     DEFAULT_STEP_TIMEOUT,
-    StepTimeoutError,
     check_step_timeout,
     step_timeout_error,
 )
-from dasknn.runtime.waiting import WorkerLostError, gather_watching, watch_workers
+from dasknn.runtime.waiting import (
+    gather_watching,
+    watch_workers,
+)
 from dasknn.sampled.checks import check_features, check_k, check_labels, check_positive_int
 from dasknn.sampled.layers import merge_top_k
 from dasknn.sampled.model import (
@@ -78,11 +81,11 @@ class DistributedSampledMLP(PluginOwner):
     step_timeout : float
         Seconds the results of a step (``train_step``, each batch of ``fit`` and
         ``partial_fit``), of a block of ``predict`` or of ``parameters`` may take before they
-        are a :class:`~dasknn.runtime.step_timeout.StepTimeoutError` naming the shard workers
+        are a :class:`~dasknn.exceptions.StepTimeoutError` naming the shard workers
         they wait for and their state (not heard from for N s: stopped or overloaded; paused
         at the memory limit; running). The call's futures are released, and after a training
         step that timed out the model is unusable. A shard worker that leaves the cluster is a
-        :class:`~dasknn.runtime.waiting.WorkerLostError` within a poll instead.
+        :class:`~dasknn.exceptions.WorkerLostError` within a poll instead.
 
     Raises
     ------
