@@ -41,9 +41,9 @@ from dasknn.model.sampled_softmax import sample_candidates
 from dasknn.model.window_estimator import WindowEstimator
 from dasknn.optim import SGD, Optimizer
 from dasknn.runtime.cluster import scheduler_workers
+from dasknn.runtime.distributed_model import DistributedModel
 from dasknn.runtime.keys import dp_postbox_key, new_token, parse_dp_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
-from dasknn.runtime.plugin_owner import PluginOwner
 from dasknn.runtime.postbox import Postbox
 from dasknn.runtime.step_timeout import (
     DEFAULT_STEP_TIMEOUT,
@@ -109,7 +109,7 @@ def _check_count(name: str, value, low: int) -> int:
     return int(value)
 
 
-class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
+class DataParallelEmbeddingMLP(WindowEstimator, DistributedModel):
     """An embedding MLP trained data-parallel on the workers of a Dask cluster.
 
     Parameters
@@ -331,7 +331,7 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
         """Tune the workers' malloc (``reuse_memory``), place ``model``'s values, and make each
         worker's postbox (``messages="posted"``), each call within what is left of
         ``step_timeout`` and watched
-        (:meth:`~dasknn.runtime.plugin_owner.PluginOwner._placing`)."""
+        (:meth:`~dasknn.runtime.distributed_model.DistributedModel._placing`)."""
         if self.reuse_memory:
             name = f"{REUSE_MEMORY_PLUGIN}-{self.token}"
             self._memory_plugin = name  # a registration that times out is removed by close()
@@ -366,7 +366,7 @@ class DataParallelEmbeddingMLP(WindowEstimator, PluginOwner):
     def _place(self, model: EmbeddingMLP, n_shards: int) -> None:
         """Copy ``model``'s values to the workers with ``n_shards`` shards (fresh optimizer
         state), each worker's within what is left of the placement's ``step_timeout`` and
-        watched (:meth:`~dasknn.runtime.plugin_owner.PluginOwner._placing`)."""
+        watched (:meth:`~dasknn.runtime.distributed_model.DistributedModel._placing`)."""
         self.n_shards = n_shards
         self.steps_ = model.steps_
         arch = self.architecture

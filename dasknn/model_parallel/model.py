@@ -62,8 +62,8 @@ from dasknn.model_parallel.taskgraph import PartPlacement, StepPriority, StepTem
 from dasknn.model_parallel.worker_state import ModelState, plugin_name, read_parts
 from dasknn.optim import Optimizer, ParamState, resolve_optimizer
 from dasknn.runtime.cluster import open_client, scheduler_workers
+from dasknn.runtime.distributed_model import DistributedModel
 from dasknn.runtime.model_span import held_in_span, new_span
-from dasknn.runtime.plugin_owner import PluginOwner
 from dasknn.runtime.postbox import Postbox
 from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT, check_step_timeout
 from dasknn.runtime.waiting import call_at_most, gather_at_most
@@ -85,7 +85,7 @@ def _reset_timings_on_worker(dask_worker, name):
     dask_worker.plugins[name].reset_timings()
 
 
-class DistributedSparseMLP(SparseEstimator, PluginOwner):
+class DistributedSparseMLP(SparseEstimator, DistributedModel):
     """A sparse MLP whose layers are split by neurons across Dask workers.
 
     Its estimator API is that of :class:`SparseMLP`, with the same defaults, and its training

@@ -38,9 +38,9 @@ from dasknn.pipeline_parallel.timeline import IdleSources, handover_seconds, idl
 from dasknn.runtime.affinity import PLUGIN_NAME as PIN_CORES_PLUGIN
 from dasknn.runtime.affinity import PinCores, host_slots
 from dasknn.runtime.cluster import scheduler_workers
+from dasknn.runtime.distributed_model import DistributedModel
 from dasknn.runtime.keys import new_token, pipeline_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
-from dasknn.runtime.plugin_owner import PluginOwner
 from dasknn.runtime.postbox import Postbox
 from dasknn.runtime.scatter import scatter_released_if_given_up
 from dasknn.runtime.step_timeout import (
@@ -200,7 +200,7 @@ class CommReport:
         )
 
 
-class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
+class PipelineMLP(LayerShapes, SparseEstimator, DistributedModel):
     """A compressed model trained with pipeline stages and data-parallel replicas on Dask.
 
     Parameters
@@ -361,9 +361,9 @@ class PipelineMLP(LayerShapes, SparseEstimator, PluginOwner):
     def _install(self, model: CompressedMLP) -> None:
         """Register the memory and core plugins asked for, install every stage and start the
         postboxes, each call within what is left of ``step_timeout`` and watched
-        (:meth:`~dasknn.runtime.plugin_owner.PluginOwner._placing`); the postboxes are
+        (:meth:`~dasknn.runtime.distributed_model.DistributedModel._placing`); the postboxes are
         cancelled if starting them fails
-        (:meth:`~dasknn.runtime.plugin_owner.PluginOwner._cancelled_if_failed`)."""
+        (:meth:`~dasknn.runtime.distributed_model.DistributedModel._cancelled_if_failed`)."""
         if self.reuse_memory:
             self._placing(
                 lambda: self.client.register_plugin(ReuseFreedMemory(), name=self._memory_plugin)

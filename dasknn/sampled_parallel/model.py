@@ -12,9 +12,9 @@ import numpy as np
 
 from dasknn.exceptions import StepTimeoutError, WorkerLostError
 from dasknn.runtime.cluster import scheduler_workers
+from dasknn.runtime.distributed_model import DistributedModel
 from dasknn.runtime.keys import new_token, sampled_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
-from dasknn.runtime.plugin_owner import PluginOwner
 from dasknn.runtime.step_timeout import (
     DEFAULT_STEP_TIMEOUT,
     check_step_timeout,
@@ -58,7 +58,7 @@ def _column_bounds(hidden: int, workers: int) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
 
 
-class DistributedSampledMLP(PluginOwner):
+class DistributedSampledMLP(DistributedModel):
     """A :class:`~dasknn.sampled.SampledMLP` spread over the workers of a Dask cluster, one shard
     a worker (D-SLIDE, Yan et al. 2022).
 
@@ -145,9 +145,9 @@ class DistributedSampledMLP(PluginOwner):
     def _install(self, model: SampledMLP) -> None:
         """Send every worker its shard and install it there, each call within what is left of
         ``step_timeout`` and watched
-        (:meth:`~dasknn.runtime.plugin_owner.PluginOwner._placing`); if placing fails, the
+        (:meth:`~dasknn.runtime.distributed_model.DistributedModel._placing`); if placing fails, the
         payloads and installs already submitted are cancelled
-        (:meth:`~dasknn.runtime.plugin_owner.PluginOwner._cancelled_if_failed`)."""
+        (:meth:`~dasknn.runtime.distributed_model.DistributedModel._cancelled_if_failed`)."""
         params = model.parameters()
         config = asdict(model.sampling_config())
         futures = []

@@ -1,11 +1,21 @@
-"""The life of a distributed model whose state on the workers one worker plugin owns.
+"""The base of every distributed model: its cluster, its worker plugin, its life and its errors.
+
+:class:`DistributedModel` owns what the four distributed models share. The constructor's
+``client`` (``None`` for a new local cluster on 127.0.0.1, a scheduler address, a ``Cluster``,
+a ``Client`` or a :class:`~dasknn.runtime.jobqueue.JobqueueSpec`) is opened by
+:meth:`DistributedModel._connect`, the ``workers`` checked by :meth:`DistributedModel._use_workers`
+and ``step_timeout`` by :func:`~dasknn.runtime.step_timeout.check_step_timeout`. After
+:meth:`~DistributedModel.close` (or a ``with`` block) every call is a
+:class:`~dasknn.exceptions.ModelClosedError`; after a step that failed part-way a
+:class:`~dasknn.exceptions.ModelFailedError` saying why. Errors that name workers give each one's
+role in the model (:meth:`DistributedModel._worker_roles`).
 
 The transfer monitor is held for the model (:mod:`dasknn.runtime.shared_plugins`), the bound on
 Dask's key cache (:mod:`dasknn.runtime.key_cache`) installed and the plugin registered before the
 model's values are placed; if placing them fails the model is closed again (the plugin and
 everything it holds removed), and a ``with`` block closes the model at its end. Placing the
 model, registrations included, waits for the workers at most ``step_timeout`` in all
-(:meth:`PluginOwner._placing`): a worker that does not answer (stopped) is a
+(:meth:`DistributedModel._placing`): a worker that does not answer (stopped) is a
 :class:`~dasknn.exceptions.StepTimeoutError` naming it, one that leaves the cluster
 a :class:`~dasknn.exceptions.WorkerLostError` where the subclass watches its workers.
 Closing removes the plugin, the bound and the model's hold on the monitor, which leaves with its
@@ -16,15 +26,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any, Self
 
-from dasknn.exceptions import StepTimeoutError, WorkerLostError
-from dasknn.runtime.cluster import scheduler_workers
+from dasknn.exceptions import ModelClosedError, ModelFailedError, StepTimeoutError, WorkerLostError
+from dasknn.runtime.cluster import open_client, scheduler_workers
+from dasknn.runtime.comm_report import CommReport
 from dasknn.runtime.key_cache import install_key_cache_bound, remove_key_cache_bound
-from dasknn.runtime.measure import install_comm_monitor, release_comm_monitor
+from dasknn.runtime.keys import new_token
+from dasknn.runtime.measure import install_comm_monitor, release_comm_monitor, reset_transfers
 from dasknn.runtime.step_timeout import (
     answering_workers,
+    check_step_timeout,
     step_timeout_error,
 )
 from dasknn.runtime.waiting import (
@@ -34,7 +47,12 @@ from dasknn.runtime.waiting import (
     run_naming_loss,
 )
 
-__all__ = ["PLACEMENT_POLL_SECONDS", "PLACEMENT_WHAT", "PluginOwner", "unregister_within"]
+__all__ = [
+    "PLACEMENT_POLL_SECONDS",
+    "PLACEMENT_WHAT",
+    "DistributedModel",
+    "unregister_within",
+]
 
 #: Seconds between two checks of the workers while a model is placed.
 PLACEMENT_POLL_SECONDS = 0.25
@@ -42,12 +60,13 @@ PLACEMENT_POLL_SECONDS = 0.25
 PLACEMENT_WHAT = "the workers did not take the model while it was placed"
 
 
-class PluginOwner:
-    """Base of a distributed model that owns one worker plugin.
+class DistributedModel:
+    """Base of a distributed model that owns one worker plugin per worker.
 
-    A subclass sets ``client``, ``token``, ``plugin_name`` and ``step_timeout`` (seconds
-    :meth:`_unregister` waits for the workers) and implements :meth:`close`,
-    which calls :meth:`_unregister` while ``_open`` is true and does nothing after that.
+    A subclass calls :meth:`_connect` first in its constructor (client, token, step timeout),
+    then :meth:`_register` with its plugin and the function that places its values; it
+    implements :meth:`comm_report` and :meth:`gather`, and may extend :meth:`_before_close`
+    (what to release before the plugins go), :meth:`_worker_roles` and :meth:`_failed_advice`.
     """
 
     client: Any
@@ -55,7 +74,40 @@ class PluginOwner:
     plugin_name: str
     step_timeout: float
     _open: bool = False
+    _failed: str | None = None  # why the model is unusable after a step failed part-way
+    _opened: ExitStack | None = None  # what _connect opened for the model (closed with it)
     _placed_by: float  # time.monotonic() by which the placement must be done
+
+    def _connect(self, client, step_timeout: float) -> None:
+        """Open ``client`` (see the module's docstring; what is opened here is closed with the
+        model), check ``step_timeout`` and draw the model's token."""
+        self.step_timeout = check_step_timeout(step_timeout)
+        self._opened = ExitStack()
+        self.client = open_client(self._opened, client)
+        self.token = new_token()
+
+    def _use_workers(self, workers: Sequence[str] | None) -> list[str]:
+        """The workers the model runs on: ``workers`` (checked: known to the scheduler, no
+        repeats) or, when ``None``, every worker of the cluster, sorted.
+
+        Raises
+        ------
+        ValueError
+            Naming the addresses that are not workers of the cluster, or repeated, or when the
+            cluster has no worker.
+        """
+        known = sorted(scheduler_workers(self.client))
+        if workers is None:
+            if not known:
+                raise ValueError("the cluster has no worker")
+            return known
+        chosen = list(workers)
+        unknown = [w for w in chosen if w not in known]
+        if unknown:
+            raise ValueError(f"not workers of this cluster: {unknown}")
+        if len(set(chosen)) != len(chosen) or not chosen:
+            raise ValueError(f"workers must be distinct addresses, at least one: {chosen}")
+        return chosen
 
     def _register(self, plugin, place: Callable[[], None]) -> None:
         """Install the transfer monitor and the key-cache bound, register ``plugin`` on every
@@ -173,15 +225,71 @@ class PluginOwner:
         for the workers at most ``step_timeout`` seconds in all (:func:`unregister_within`)."""
         unregister_within(self.client, self.token, [*plugins, self.plugin_name], self.step_timeout)
 
+    # ------------------------------------------------------------------ life
+    def _check_open(self) -> None:
+        """Raise :class:`ModelClosedError` after :meth:`close`, :class:`ModelFailedError`
+        after a step that failed part-way (:attr:`_failed` says why)."""
+        if not self._open:
+            raise ModelClosedError(f"this {type(self).__name__} is closed")
+        if self._failed is not None:
+            raise ModelFailedError(
+                f"this {type(self).__name__} is unusable after a failed step ({self._failed}); "
+                f"{self._failed_advice()}"
+            )
+
+    def _failed_advice(self) -> str:
+        """What a user can do after a step failed part-way (the end of
+        :class:`ModelFailedError`'s message)."""
+        return "close it and start again from a saved copy"
+
+    def _before_close(self) -> None:
+        """Release what the model holds besides its plugin (called once by :meth:`close`
+        before the plugins are removed)."""
+
+    def _extra_plugins(self) -> Sequence[str]:
+        """The worker plugins the model registered besides its own (removed first)."""
+        return ()
+
     def close(self) -> None:
-        """Remove the plugin (with the state it owns); closing twice does nothing."""
-        raise NotImplementedError
+        """Remove the model's worker plugins (with the state they own), its transfer records and
+        what it opened (a local cluster, a client), waiting for the workers at most
+        ``step_timeout`` seconds (a stopped one has them removed by the scheduler when it goes
+        on); closing twice does nothing."""
+        try:
+            if self._open:
+                self._open = False
+                try:
+                    self._before_close()
+                finally:
+                    self._unregister(self._extra_plugins())
+        finally:
+            if self._opened is not None:
+                opened, self._opened = self._opened, None
+                opened.close()
 
     def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+    # ------------------------------------------------------------------ reports
+    def comm_report(self) -> CommReport:
+        """Measured beside predicted traffic since the model started or :meth:`reset_comm`."""
+        raise NotImplementedError
+
+    def reset_comm(self) -> None:
+        """Forget the traffic measured so far (:meth:`comm_report` counts from here)."""
+        self._check_open()
+        reset_transfers(self.client, self.token)
+
+    def _timeout_error(self, what: str, workers: Sequence[str]) -> StepTimeoutError:
+        """The :class:`StepTimeoutError` of ``what`` that did not happen within
+        ``step_timeout``, naming ``workers`` with their roles (:meth:`_worker_roles`) and
+        state."""
+        return step_timeout_error(
+            self.client, what, self.step_timeout, workers, self._worker_roles()
+        )
 
 
 def unregister_within(
