@@ -66,7 +66,8 @@ class ModelPlugin(WorkerPlugin):
         return plugin
 
 
-def call_plugin(dask_worker, name: str, method: str, *args: Any) -> Any:
-    """``client.run`` body: call ``method(*args)`` of the worker plugin registered as ``name``
-    on the worker running it and return its result (``dask_worker`` is passed by Dask)."""
+def call_plugin(name: str, method: str, *args: Any, dask_worker=None) -> Any:
+    """``client.run(call_plugin, name, method, *args)`` body: call ``method(*args)`` of the
+    worker plugin registered as ``name`` on the worker running it and return its result
+    (``dask_worker`` is passed by Dask)."""
     return getattr(dask_worker.plugins[name], method)(*args)
