@@ -1,0 +1,445 @@
+"""The one public contract of the distributed models, checked on every one of them alike (in the
+manner of scikit-learn's ``estimator_checks``): a model added later passes by being added to
+:data:`CASES`.
+
+Each case builds a small float64 one-process estimator, its data and its distributed model on a
+real two-worker LocalCluster. The checks: ``fit`` returns the model and sets the same fitted
+attributes; ``gather()`` equals the one-process estimator trained on the same data (float64,
+1e-9); ``predict`` and ``score`` equal the gathered model's; the measured traffic equals the
+prediction; the parameters are dask arrays held on their workers; ``close()`` leaves no key,
+plugin or actor, and a closed model refuses work; ``client`` may be a scheduler address; bad
+input is a ``ValueError`` before anything is scheduled; a SIGKILLed worker is a
+``WorkerLostError`` and a SIGSTOPped one a ``StepTimeoutError``, both naming the worker's role
+(slow).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import dask.array as da
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from distributed import Client, LocalCluster
+from random_layers import random_layers
+
+from dasknn.data_parallel import DistributedEmbeddingMLP
+from dasknn.exceptions import ModelClosedError, StepTimeoutError, WorkerLostError
+from dasknn.model import CompressedMLP, EmbeddingMLP, SparseMLP
+from dasknn.model_parallel import DistributedSparseMLP
+from dasknn.pipeline_parallel import DistributedCompressedMLP
+from dasknn.pruning import magnitude_masks
+from dasknn.runtime.cluster import scheduler_workers
+from dasknn.sampled import SampledMLP
+from dasknn.sampled_parallel import DistributedSampledMLP
+
+ROWS = 32
+
+
+@dataclass
+class Case:
+    """One distributed model under the contract.
+
+    ``estimator()`` makes a fresh one-process estimator, ``data()`` the training rows,
+    ``distributed(estimator, client, **options)`` the distributed model on the two workers,
+    ``fit`` the keyword arguments of both ``fit`` calls, ``parameters(estimator)`` the arrays
+    compared, and ``bad`` the malformed ``(X, y)`` that must be a ``ValueError``."""
+
+    name: str
+    estimator: Callable[[], Any]
+    data: Callable[[], tuple[Any, Any]]
+    distributed: Callable[..., Any]
+    fit: dict
+    parameters: Callable[[Any], dict[str, np.ndarray]]
+    bad: Callable[[Any, Any], list[tuple[Any, Any, str]]]
+    options: dict = field(default_factory=dict)
+
+
+def _rng(seed: int = 0) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+# ------------------------------------------------------------------ model-parallel
+def _sparse_estimator() -> SparseMLP:
+    weights, biases = random_layers([12, 16, 10], 0.4, seed=1)
+    return SparseMLP(
+        weights, biases, activation="relu", loss="softmax_cross_entropy", dtype=np.float64
+    )
+
+
+def _dense_rows() -> tuple[np.ndarray, np.ndarray]:
+    rng = _rng(2)
+    return rng.uniform(0, 1, (ROWS, 12)), rng.integers(0, 10, ROWS)
+
+
+def _sparse_distributed(estimator, client, **options):
+    parts = [np.arange(n) % 2 for n in estimator.layer_sizes]
+    return DistributedSparseMLP(estimator, client, partition=parts, **options)
+
+
+def _sparse_parameters(model) -> dict[str, np.ndarray]:
+    out = {f"weights_{k}": w.toarray() for k, w in enumerate(model.weights)}
+    out |= {f"bias_{k}": np.asarray(b) for k, b in enumerate(model.biases)}
+    return out
+
+
+def _dense_bad(X, y) -> list[tuple[Any, Any, str]]:
+    nan = X.copy()
+    nan[3, 2] = np.nan
+    return [
+        (X[:, :-1], y, "shape|features|columns|width"),
+        (nan, y, "finite|NaN|nan"),
+        (X, np.where(np.arange(len(y)) == 4, 10, y), "label|class|range"),
+        (X[:0], y[:0], "empty|no row|at least one"),
+        (X, y[:-1], "rows|length|shape"),
+    ]
+
+
+# ------------------------------------------------------------------ data-parallel
+VOCAB, CONTEXT = 24, 2
+
+
+def _embedding_estimator() -> EmbeddingMLP:
+    return EmbeddingMLP(VOCAB, CONTEXT, embed_dim=3, hidden=(4,), dtype=np.float64, seed=3)
+
+
+def _windows() -> tuple[np.ndarray, np.ndarray]:
+    rng = _rng(4)
+    return rng.integers(0, VOCAB, (ROWS, CONTEXT)), rng.integers(0, VOCAB, ROWS)
+
+
+def _embedding_distributed(estimator, client, **options):
+    return DistributedEmbeddingMLP(
+        estimator, client, architecture="hybrid", sparse_partitions=2, **options
+    )
+
+
+def _embedding_parameters(model) -> dict[str, np.ndarray]:
+    out = {"embedding": np.asarray(model.embedding)}
+    out |= {f"dense_{i}": np.asarray(v) for i, v in enumerate(model.dense_variables())}
+    return out
+
+
+def _windows_bad(X, y) -> list[tuple[Any, Any, str]]:
+    return [
+        (X[:, :-1], y, "context|shape|columns"),
+        (np.where(X == X[0, 0], VOCAB, X), y, "id|vocab|range"),
+        (X, np.where(np.arange(len(y)) == 4, VOCAB, y), "label|class|range"),
+        (X.astype(float) + 0.5, y, "integer|int"),
+        (X[:0], y[:0], "empty|no window|at least one"),
+    ]
+
+
+# ------------------------------------------------------------------ pipeline / compressed
+def _compressed_estimator() -> CompressedMLP:
+    rng = _rng(5)
+    sizes = (12, 16, 14, 10)
+    weights = [rng.uniform(-1, 1, (a, b)) for a, b in zip(sizes[:-1], sizes[1:], strict=True)]
+    biases = [rng.uniform(-0.1, 0.1, b) for b in sizes[1:]]
+    return CompressedMLP(weights, magnitude_masks(weights, 0.6), biases, precision="fp64")
+
+
+def _compressed_distributed(estimator, client, **options):
+    return DistributedCompressedMLP(estimator, client, stages=2, microbatches=2, **options)
+
+
+def _compressed_parameters(model) -> dict[str, np.ndarray]:
+    out = {f"weights_{k}": np.asarray(w) for k, w in enumerate(model.weights)}
+    out |= {f"bias_{k}": np.asarray(b) for k, b in enumerate(model.biases)}
+    return out
+
+
+# ------------------------------------------------------------------ LSH-sampled
+def _sampled_estimator() -> SampledMLP:
+    return SampledMLP(
+        hidden=6, active_fraction=1.0, k=3, n_tables=4, shards=2, hogwild=False,
+        dtype="float64", seed=6,
+    ).initialize(12, 10)  # fmt: skip
+
+
+def _sampled_rows() -> tuple[sp.csr_matrix, sp.csr_matrix]:
+    rng = _rng(7)
+    X = sp.csr_matrix(rng.uniform(0.1, 1.0, (ROWS, 12)) / 3)
+    labels = sp.lil_matrix((ROWS, 10), dtype=np.float32)
+    for i in range(ROWS):
+        labels[i, rng.choice(10, rng.integers(1, 4), replace=False)] = 1
+    return X, labels.tocsr()
+
+
+def _sampled_distributed(estimator, client, **options):
+    return DistributedSampledMLP(estimator, client, **options)
+
+
+def _sampled_parameters(model) -> dict[str, np.ndarray]:
+    return {name: np.asarray(value) for name, value in model.parameters().items()}
+
+
+def _sampled_bad(X, Y) -> list[tuple[Any, Any, str]]:
+    nan = X.toarray()
+    nan[3, 2] = np.nan
+    wide = sp.hstack([Y, sp.csr_matrix((ROWS, 1))]).tocsr()
+    wide[4, 10] = 1
+    return [
+        (X[:, :-1], Y, "features|shape|columns"),
+        (sp.csr_matrix(nan), Y, "finite|NaN|nan"),
+        (X, wide, "label|range|columns"),
+        (X[:0], Y[:0], "empty|no row|at least one"),
+        (X, Y[:-1], "rows|length|shape"),
+    ]
+
+
+CASES = [
+    Case(
+        "model-parallel", _sparse_estimator, _dense_rows, _sparse_distributed,
+        {"batch_size": 8, "epochs": 2, "lr": 0.1, "seed": 0}, _sparse_parameters, _dense_bad,
+    ),
+    Case(
+        "data-parallel", _embedding_estimator, _windows, _embedding_distributed,
+        {"batch_size": 8, "epochs": 2, "lr": 0.1, "seed": 0}, _embedding_parameters,
+        _windows_bad,
+    ),
+    Case(
+        "pipeline", _compressed_estimator, _dense_rows, _compressed_distributed,
+        {"batch_size": 8, "epochs": 2, "lr": 0.1, "seed": 0}, _compressed_parameters,
+        _dense_bad,
+    ),
+    Case(
+        "sampled", _sampled_estimator, _sampled_rows, _sampled_distributed,
+        {"batch_size": 8, "epochs": 2, "lr": 0.01, "seed": 0}, _sampled_parameters,
+        _sampled_bad,
+    ),
+]  # fmt: skip
+IDS = [case.name for case in CASES]
+
+
+@pytest.fixture(scope="module")
+def client():
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+    ):
+        yield client
+
+
+@pytest.fixture(scope="module", params=CASES, ids=IDS)
+def trained(request, client):
+    """``(case, distributed model fitted once, its fit's return value, X, y)``, closed after the
+    module's checks of the case."""
+    case = request.param
+    X, y = case.data()
+    dist = case.distributed(case.estimator(), client)
+    returned = dist.fit(X, y, **case.fit, progress=False)
+    try:
+        yield case, dist, returned, X, y
+    finally:
+        dist.close()
+
+
+def _one_process(case: Case, X, y):
+    """The case's estimator trained in this process with the arguments of the distributed
+    ``fit`` that its own ``fit`` takes."""
+    reference = case.estimator()
+    accepted = inspect.signature(reference.fit).parameters
+    reference.fit(X, y, **{k: v for k, v in case.fit.items() if k in accepted})
+    return reference
+
+
+def _transitions(client) -> int:
+    return client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.transition_counter)
+
+
+def _held_by(client, token: str) -> dict:
+    """What of the model ``token`` the cluster still holds: keys on the scheduler, plugins and
+    actors on the workers."""
+
+    def on_workers(dask_worker):
+        return {
+            "plugins": [name for name in dask_worker.plugins if token in name],
+            "data": [str(k) for k in dask_worker.data if token in str(k)],
+            "actors": [str(k) for k in dask_worker.state.actors if token in str(k)],
+        }
+
+    keys = client.run_on_scheduler(
+        lambda dask_scheduler: [str(k) for k in dask_scheduler.tasks if token in str(k)]
+    )
+    workers = client.run(on_workers)
+    return {"scheduler": keys} | {
+        f"{addr} {what}": names for addr, held in workers.items() for what, names in held.items()
+    }
+
+
+# ------------------------------------------------------------------ the checks
+def test_fit_returns_the_model_and_sets_the_fitted_attributes(trained):
+    case, dist, returned, X, y = trained
+    assert returned is dist
+    batches = -(-X.shape[0] // case.fit["batch_size"])
+    assert len(dist.loss_curve_) == case.fit["epochs"]
+    assert all(np.isfinite(dist.loss_curve_))
+    assert dist.n_steps_ == case.fit["epochs"] * batches
+    assert dist.optimizer_ is not None
+
+
+def test_gather_equals_the_one_process_estimator_trained_alike(trained):
+    case, dist, _, X, y = trained
+    gathered = dist.gather()
+    assert type(gathered) is type(case.estimator())
+    reference = _one_process(case, X, y)
+    got, want = case.parameters(gathered), case.parameters(reference)
+    assert got.keys() == want.keys()
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-9, err_msg=name)
+    np.testing.assert_allclose(dist.loss_curve_, reference.loss_curve_, rtol=1e-9)
+
+
+def test_predict_and_score_run_on_the_workers_and_equal_the_gathered_model(trained):
+    case, dist, _, X, y = trained
+    gathered = dist.gather()
+    np.testing.assert_array_equal(dist.predict(X), gathered.predict(X))
+    assert dist.score(X, y) == pytest.approx(gathered.score(X, y), abs=1e-12)
+    if hasattr(gathered, "predict_proba"):
+        np.testing.assert_allclose(dist.predict_proba(X), gathered.predict_proba(X), atol=1e-12)
+
+
+def test_the_measured_traffic_equals_the_prediction(trained):
+    case, dist, _, X, y = trained
+    report = dist.comm_report()
+    assert report.total() > 0
+    assert report.exact, report.format()
+    dist.reset_comm()
+    assert dist.comm_report().total() == 0
+
+
+def test_the_parameters_are_dask_arrays_held_by_their_workers(trained, client):
+    case, dist, _, X, y = trained
+    arrays = dist.to_dask()
+    assert arrays and all(isinstance(a, da.Array) for a in arrays.values())
+    workers = set(scheduler_workers(client))
+    for name, array in arrays.items():
+        value = array.compute()
+        dense = value.todense() if hasattr(value, "todense") else np.asarray(value)
+        assert dense.shape == array.shape, name
+        assert np.isfinite(np.asarray(dense, dtype=float)).all(), name
+        held = array.persist()
+        locations = client.who_has(held)
+        assert all(set(places) <= workers and places for places in locations.values()), name
+
+
+def test_bad_input_is_a_value_error_before_anything_is_scheduled(trained, client):
+    case, dist, _, X, y = trained
+    steps = dist.n_steps_
+    for bad_X, bad_y, match in case.bad(X, y):
+        before = _transitions(client)
+        with pytest.raises(ValueError, match=match):
+            dist.fit(bad_X, bad_y, **case.fit, progress=False)
+        assert _transitions(client) == before, match
+    with pytest.raises(ValueError, match="batch_size"):
+        dist.fit(X, y, **(case.fit | {"batch_size": 0}), progress=False)
+    assert dist.n_steps_ == steps
+
+
+def test_client_may_be_a_scheduler_address(client):
+    for case in CASES:
+        X, y = case.data()
+        with case.distributed(case.estimator(), client.scheduler.address) as dist:
+            assert dist.client is not client
+            dist.fit(X[:8], y[:8], batch_size=8, epochs=1, progress=False)
+            assert dist.n_steps_ == 1
+        assert dist.client.status == "closed", case.name
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_close_leaves_nothing_on_the_cluster_and_a_closed_model_refuses_work(case, client):
+    X, y = case.data()
+    dist = case.distributed(case.estimator(), client)
+    dist.fit(X, y, **case.fit, progress=False)
+    dist.predict(X)
+    token = dist.token
+    dist.close()
+    dist.close()  # twice does nothing
+    deadline = time.monotonic() + 10
+    while (held := _held_by(client, token)) and any(held.values()):
+        assert time.monotonic() < deadline, held
+        time.sleep(0.05)
+    with pytest.raises(ModelClosedError):
+        dist.fit(X, y, **case.fit, progress=False)
+    with pytest.raises(ModelClosedError):
+        dist.gather()
+
+
+def test_save_and_load_round_trip(trained, tmp_path, client):
+    case, dist, _, X, y = trained
+    if not hasattr(dist, "save"):
+        pytest.skip(f"the {case.name} model has no save() yet")
+    path = tmp_path / f"{case.name}.npz"
+    dist.save(path)
+    with type(dist).load(path, client) as loaded:
+        got, want = case.parameters(loaded.gather()), case.parameters(dist.gather())
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+# ------------------------------------------------------------------ faults (slow)
+def _fault_cluster():
+    return LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_a_killed_worker_is_a_worker_lost_error_naming_its_role(case):
+    X, y = case.data()
+    with _fault_cluster() as cluster, Client(cluster) as client:
+        with case.distributed(case.estimator(), client, step_timeout=30) as dist:
+            dist.fit(X, y, **case.fit, progress=False)
+            victim = sorted(scheduler_workers(client))[1]
+            pid = client.run(os.getpid, workers=[victim])[victim]
+            os.kill(pid, signal.SIGKILL)
+            started = time.monotonic()
+            with pytest.raises(WorkerLostError) as lost:
+                for _ in range(50):
+                    dist.fit(X, y, **case.fit, progress=False)
+            assert time.monotonic() - started < 30
+            assert victim in str(lost.value)
+            assert dist._worker_roles()[victim] in str(lost.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_a_stopped_worker_is_a_step_timeout_error_naming_its_role(case):
+    X, y = case.data()
+    with _fault_cluster() as cluster, Client(cluster) as client:
+        dist = case.distributed(case.estimator(), client, step_timeout=3)
+        dist.fit(X, y, **case.fit, progress=False)
+        victim = sorted(scheduler_workers(client))[1]
+        pid = client.run(os.getpid, workers=[victim])[victim]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(StepTimeoutError) as stopped:
+                dist.fit(X, y, **case.fit, progress=False)
+            assert time.monotonic() - started < 3 + 30
+            assert victim in str(stopped.value)
+            assert dist._worker_roles()[victim] in str(stopped.value)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+            dist.close()
+
+
+def test_every_distributed_model_is_public_and_shares_the_base():
+    import dasknn
+    from dasknn.runtime.distributed_model import DistributedModel
+
+    for name in (
+        "DistributedSparseMLP",
+        "DistributedEmbeddingMLP",
+        "DistributedCompressedMLP",
+        "DistributedSampledMLP",
+    ):
+        assert name in dasknn.__all__
+        assert issubclass(getattr(dasknn, name), DistributedModel), name
