@@ -27,6 +27,7 @@ __all__ = [
     "SGD",
     "Adam",
     "AdamW",
+    "NONNEGATIVE_STATES",
     "Optimizer",
     "OptimizerSlots",
     "ParamState",
@@ -34,6 +35,10 @@ __all__ = [
     "optimizer_from_config",
     "resolve_optimizer",
 ]
+
+#: The state arrays that are means of squares (Adam's and AdamW's second moments): a stored
+#: state with a negative value is refused on reading.
+NONNEGATIVE_STATES = frozenset({"exp_avg_sq"})
 
 
 def _number(name: str, value, low: float = 0.0, high: float | None = None) -> float:

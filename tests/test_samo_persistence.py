@@ -66,7 +66,7 @@ def test_the_file_holds_the_index_values_and_biases_as_documented(tmp_path):
     model.save(tmp_path / "m.npz")
     with np.load(tmp_path / "m.npz", allow_pickle=False) as npz:
         header = json.loads(str(npz["header"]))
-        assert header["format"] == "dasknn-compressed-model" and header["version"] == 1
+        assert header["format"] == "dasknn-compressed-model" and header["version"] == 2
         assert header["n_layers"] == 2 and header["precision"] == "fp32"
         assert header["optimizer"] is None  # no step taken: no optimizer state
         for k, w in enumerate(model.weights):
@@ -131,7 +131,7 @@ CORRUPTIONS = {
         lambda s: s.update(w0_index=np.array([object()], dtype=object)),
         "not a readable",
     ),
-    "a newer version": (lambda s: _header_with(s, version=2), "newer than this dasknn reads"),
+    "a newer version": (lambda s: _header_with(s, version=3), "newer than this dasknn reads"),
     "another format": (lambda s: _header_with(s, format="dasknn-model"), "does not describe"),
     "an unknown precision": (lambda s: _header_with(s, precision="fp8"), "unknown precision"),
     "an unknown activation": (lambda s: _header_with(s, activation="tanh2"), "tanh2"),

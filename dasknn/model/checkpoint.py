@@ -90,9 +90,35 @@ class Progress:
             progress.batch_loss_curve = [float(v) for v in progress.batch_loss_curve]
             if not isinstance(progress.call, dict):
                 raise ValueError("the call must be a JSON object")
+            progress._check_position()
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{where}: malformed training progress: {exc}") from None
         return progress
+
+    def _check_position(self) -> None:
+        """``ValueError`` unless the position is one the call can reach: the batch within its
+        epoch (``ceil(samples / batch_size)`` batches), ``batches_done`` equal to the batches of
+        the epochs before plus ``batch``, a finite ``epoch_loss`` that is 0 at an epoch's start,
+        and finite curves."""
+        samples, batch_size = self.call.get("samples"), self.call.get("batch_size")
+        for name, value in (("samples", samples), ("batch_size", batch_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"the call's {name} must be an integer >= 1, got {value!r}")
+        per_epoch = -(-samples // batch_size)
+        if self.batch >= per_epoch:
+            raise ValueError(
+                f"batch {self.batch} of epoch {self.epoch}, but the call has {per_epoch} "
+                "batches an epoch"
+            )
+        if self.batches_done != self.epoch * per_epoch + self.batch:
+            raise ValueError(
+                f"batches_done {self.batches_done} is not epoch {self.epoch} x {per_epoch} "
+                f"batches + batch {self.batch}"
+            )
+        if not np.isfinite(self.epoch_loss) or (self.batch == 0 and self.epoch_loss != 0):
+            raise ValueError(f"epoch_loss {self.epoch_loss} at batch {self.batch}")
+        if not np.isfinite(self.loss_curve).all() or not np.isfinite(self.batch_loss_curve).all():
+            raise ValueError("the loss curves hold NaN or infinite values")
 
     def check_call(self, call: dict, epochs: int, where: str) -> None:
         """``ValueError`` naming ``where`` unless ``call`` repeats the checkpointed call and asks
@@ -108,7 +134,8 @@ class Progress:
             if call.get(name) != self.call.get(name)
         ]
         if differ:
-            what = "data" if differ == [d for d in differ if d.startswith("data=")] else "call"
+            data_only = all(d.startswith("data=") for d in differ)
+            what = "data" if data_only else "arguments"
             raise ValueError(
                 f"{where}: the checkpoint was written by a fit call with other {what}; resume "
                 f"with the same data and arguments ({'; '.join(differ)})"

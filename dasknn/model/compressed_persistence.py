@@ -1,12 +1,14 @@
 """The file of a pruned model on compressed states (:class:`~dasknn.model.CompressedMLP`): one
 ``.npz`` archive with a JSON header, read without pickle.
 
-Format ``"dasknn-compressed-model"``, version 1:
+Format ``"dasknn-compressed-model"``, version 2:
 
 - ``header``: a 0-d unicode array holding a JSON object with ``"format"``, ``"version"``,
-  ``n_layers``, ``precision`` (``"fp64" | "fp32" | "bf16" | "fp16"``), ``compute``
-  (``"sparse" | "dense"``), ``activation``, ``output_activation``, ``loss``, ``steps`` (training
-  steps taken), ``loss_scaler`` (``null``, or fp16's ``{"scale", "growth_interval",
+  ``n_layers``, ``pattern`` (:func:`compressed_pattern`: a digest of every layer's shape and
+  index, so a layer's shape or index edited apart from the rest is refused), ``precision``
+  (``"fp64" | "fp32" | "bf16" | "fp16"``), ``compute`` (``"sparse" | "dense"``),
+  ``activation``, ``output_activation``, ``loss``, ``steps`` (training steps taken),
+  ``loss_scaler`` (``null``, or fp16's ``{"scale", "growth_interval",
   "good_steps", "skipped_steps"}``) and ``optimizer`` (``null`` or ``{"name", "params",
   "steps"}``, ``steps`` the step counts of every layer's weight and bias state);
 - per layer ``k`` (0-based): ``w{k}_shape`` (``n_in, n_out``), ``w{k}_index`` (the sorted int32
@@ -22,13 +24,14 @@ numbers, every index (:func:`~dasknn.compressed.check_index`: sorted, no duplica
 most ``2**31 - 1`` entries a layer), the values' and biases' lengths, dtypes and finiteness, that
 the layers chain, that the memory a layer's shape makes the model allocate (its row pointers, and
 with ``compute="dense"`` its dense compute weights) is at most :data:`MAX_EXPANSION` times the
-bytes of the layer's arrays in the file, and the optimizer state's names and lengths. A file that
-is not such an archive, of a newer version, or with anything missing or inconsistent is a
-``ValueError`` naming it.
+bytes of the layer's arrays in the file, the pattern's digest, and the optimizer state's names,
+lengths and values. A file that is not such an archive, of a newer version, or with anything
+missing or inconsistent is a ``ValueError`` naming it. Version 1 files (no digest) are read too.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -52,12 +55,13 @@ __all__ = [
     "COMPRESSED_VERSION",
     "MAX_EXPANSION",
     "CompressedRecord",
+    "compressed_pattern",
     "read_compressed",
     "write_compressed",
 ]
 
 COMPRESSED_FORMAT = "dasknn-compressed-model"
-COMPRESSED_VERSION = 1
+COMPRESSED_VERSION = 2
 #: The most bytes a layer's shape may make the model allocate (row pointers, and dense compute
 #: weights) per byte of the layer's arrays in the file (index, values, bias). A layer pruned to
 #: 99.9% stores at least 1/667 of the bytes of its dense compute weights (8 or 12 bytes per
@@ -103,6 +107,15 @@ class CompressedRecord:
     optimizer_state: list[tuple[ParamState, ParamState]] = field(default_factory=list)
 
 
+def compressed_pattern(shapes, indices) -> str:
+    """SHA-256 of a pruned network's pattern: every layer's shape and flat index."""
+    digest = hashlib.sha256()
+    for shape, index in zip(shapes, indices, strict=True):
+        digest.update(np.asarray(shape, dtype=np.int64).tobytes())
+        digest.update(np.asarray(index, dtype=np.int64).tobytes())
+    return digest.hexdigest()
+
+
 def write_compressed(path: str | os.PathLike, record: CompressedRecord) -> None:
     """Write ``record`` to the ``.npz`` file ``path`` atomically (all or nothing).
 
@@ -115,6 +128,7 @@ def write_compressed(path: str | os.PathLike, record: CompressedRecord) -> None:
         "format": COMPRESSED_FORMAT,
         "version": COMPRESSED_VERSION,
         "n_layers": len(record.values),
+        "pattern": compressed_pattern(record.shapes, record.indices),
         "precision": record.precision,
         "compute": record.compute,
         "activation": record.activation,
@@ -142,6 +156,8 @@ def _header(stored: dict[str, np.ndarray]) -> dict:
         raise ValueError("no header: not a dasknn compressed model file")
     described = "a dasknn compressed model file"
     header = json_header(stored["header"], COMPRESSED_FORMAT, described, 1, COMPRESSED_VERSION)
+    if header["version"] >= 2 and not isinstance(header.get("pattern"), str):
+        raise ValueError("the header lacks the pattern's digest")
     for name, allowed in (("precision", PRECISIONS), ("compute", COMPUTES)):
         if header.get(name) not in allowed:
             raise ValueError(f"unknown {name} {header.get(name)!r}; expected one of {allowed}")
@@ -246,6 +262,12 @@ def _parse(stored: dict[str, np.ndarray]) -> CompressedRecord:
                 f"layer {k + 1} has {layers[k][2][0]} inputs, layer {k} {layers[k - 1][2][1]} "
                 "outputs"
             )
+    shapes, indices = [s for _, _, s, _ in layers], [i for _, i, _, _ in layers]
+    if header["version"] >= 2 and header["pattern"] != compressed_pattern(shapes, indices):
+        raise ValueError(
+            "the layers' shapes and indices do not match the header's pattern digest (a layer "
+            "edited apart from the rest)"
+        )
     record = CompressedRecord(
         values=[v for v, _, _, _ in layers],
         indices=[i for _, i, _, _ in layers],

@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import struct
 import zipfile
 import zlib
 from collections.abc import Sequence
@@ -36,7 +37,13 @@ import numpy as np
 import scipy.sparse as sp
 
 from dasknn.model.validation import check_float_dtype
-from dasknn.optim import Optimizer, ParamState, optimizer_config, optimizer_from_config
+from dasknn.optim import (
+    NONNEGATIVE_STATES,
+    Optimizer,
+    ParamState,
+    optimizer_config,
+    optimizer_from_config,
+)
 from graph.atomic import write_atomically
 from graph.checks import csr_from_arrays
 
@@ -167,7 +174,38 @@ def write_model(path: str | os.PathLike, record: ModelRecord) -> None:
     write_atomically(Path(path), lambda handle: np.savez(handle, **arrays))
 
 
+#: What reading a damaged or foreign archive can raise (zipfile: an encrypted entry is a
+#: ``RuntimeError``, an entry of a newer zip version a ``NotImplementedError``; numpy: a bad
+#: ``.npy`` header a ``ValueError``, ``SyntaxError`` or ``struct.error``).
+_UNREADABLE = (
+    OSError,
+    ValueError,
+    EOFError,
+    zipfile.BadZipFile,
+    zlib.error,
+    NotImplementedError,
+    RuntimeError,
+    SyntaxError,
+    struct.error,
+    KeyError,
+    IndexError,
+    TypeError,
+    OverflowError,
+    MemoryError,
+)
+
+
 def read_arrays(path: Path) -> dict[str, np.ndarray]:
+    """Every array of the ``.npz`` archive ``path``, read without pickle.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` does not exist.
+    ValueError
+        Naming ``path``, if it is a directory, a pickle, or not a readable ``.npz`` archive of
+        plain arrays (truncated, corrupt, encrypted, of a newer zip version, holding objects).
+    """
     if not path.exists():
         raise FileNotFoundError(f"model file {path} does not exist")
     if path.is_dir():
@@ -178,8 +216,11 @@ def read_arrays(path: Path) -> dict[str, np.ndarray]:
             raise ValueError("a single array, not an .npz archive")
         with loaded as npz:
             return {key: npz[key] for key in npz.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
-        raise ValueError(f"{path}: not a readable .npz model file: {exc}") from None
+    except _UNREADABLE as exc:
+        reason = str(exc) or type(exc).__name__
+        if "pickle" in reason:  # numpy's message advises allow_pickle=, which dasknn never uses
+            reason = "it holds pickled data (Python objects), which dasknn never reads"
+        raise ValueError(f"{path}: not a readable .npz model file: {reason}") from None
 
 
 def _header(stored: dict[str, np.ndarray]) -> dict:
@@ -219,6 +260,8 @@ def json_header(
         header = json.loads(str(entry))
     except json.JSONDecodeError as exc:
         raise ValueError(f"the header is not JSON: {exc}") from None
+    except RecursionError:
+        raise ValueError("the header is JSON nested too deeply to be a dasknn header") from None
     if not isinstance(header, dict) or header.get("format") != format_name:
         raise ValueError(f"the header does not describe {described}")
     version = header.get("version")
@@ -247,6 +290,11 @@ def read_param_state(stored, prefix: str, expected: ParamState, step, length: in
             )
         if not np.isfinite(values).all():
             raise ValueError(f"optimizer state {prefix}{name} holds NaN or infinite values")
+        if name in NONNEGATIVE_STATES and (values < 0).any():
+            raise ValueError(
+                f"optimizer state {prefix}{name} holds negative values (a mean of squares "
+                "cannot be negative)"
+            )
         arrays[name] = values
     return ParamState(step=step, arrays=arrays)
 
