@@ -120,3 +120,24 @@ def test_a_model_plugin_is_found_by_its_token_and_gone_after_removal():
         client.unregister_worker_plugin(plugin.name)
         with pytest.raises(exceptions.ModelClosedError, match="holds no state of model tok1"):
             client.submit(_add_on_worker, "tok1", 1, pure=False).result()
+
+
+# ---------------------------------------------------------------------- a paused worker's advice
+def _paused(memory: int, managed: int) -> dict:
+    mib = 2**20
+    return {
+        "status": "paused",
+        "memory_limit": 200 * mib,
+        "metrics": {"memory": memory * mib, "managed_bytes": managed * mib},
+    }
+
+
+def test_a_worker_paused_by_its_own_memory_is_told_to_get_more_not_smaller_batches():
+    from dasknn.runtime.step_timeout import describe_worker
+
+    own = describe_worker(_paused(150, 10), now=0.0)
+    assert "paused at its memory limit: 150 MiB used of 200 MiB (75%)" in own
+    assert "140 MiB of it the process's own memory, not Dask's data" in own
+    assert "smaller batches" not in own
+    data = describe_worker(_paused(150, 120), now=0.0)
+    assert "120 MiB of it Dask's data" in data and "smaller batches" in data

@@ -56,6 +56,27 @@ def _mib(nbytes) -> str:
     return f"{(nbytes or 0) / 2**20:.0f} MiB"
 
 
+def _pause_advice(info: dict) -> str:
+    """Why a paused worker's memory is full and what to do, from the share Dask manages: its
+    data (``managed_bytes``: results, scattered values), which smaller batches or spilling
+    shrink, or the process's own (unmanaged: a model's state held by its worker plugin, step
+    buffers, libraries), which only more memory per worker or more workers shrink."""
+    metrics = info.get("metrics", {})
+    memory, managed = metrics.get("memory"), metrics.get("managed_bytes")
+    if not memory or managed is None:
+        return " (give the workers more memory)"
+    if managed >= memory / 2:
+        return (
+            f", {_mib(managed)} of it Dask's data (give the workers more memory, train smaller "
+            "batches, or let Dask spill to disk)"
+        )
+    return (
+        f", {_mib(memory - managed)} of it the process's own memory, not Dask's data (the "
+        "models' state on the worker, step buffers): give the workers more memory or spread "
+        "the model over more workers"
+    )
+
+
 def describe_worker(info: dict | None, now: float) -> str:
     """The state of a worker from its entry of :func:`~dasknn.runtime.cluster.scheduler_workers`, in
     words."""
@@ -67,8 +88,8 @@ def describe_worker(info: dict | None, now: float) -> str:
     if status == "paused":
         share = f" ({memory / limit:.0%})" if memory and limit else ""
         return (
-            f"is paused at its memory limit: {_mib(memory)} used of {_mib(limit)}{share} "
-            "(give the workers more memory or train smaller batches)"
+            f"is paused at its memory limit: {_mib(memory)} used of {_mib(limit)}{share}"
+            f"{_pause_advice(info)}"
         )
     silent = now - info.get("last_seen", now)
     if silent > SILENT_SECONDS:
