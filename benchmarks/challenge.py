@@ -31,7 +31,7 @@ import numpy as np
 import scipy.sparse as sp
 from distributed import Client
 from graphblas import binary, monoid, select, semiring
-from machine import describe
+from harness import describe
 
 from dasknn.challenge import run_challenge
 from dasknn.datasets import (

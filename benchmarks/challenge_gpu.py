@@ -46,8 +46,8 @@ from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
-from challenge_cases import case_bias
-from machine import describe
+from harness import case_bias
+from harness import describe
 
 from dasknn.challenge import run_challenge
 from dasknn.datasets import (

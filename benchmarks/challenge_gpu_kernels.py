@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from challenge_cases import case_bias
-from machine import describe
+from harness import case_bias
+from harness import describe
 
 from dasknn.datasets import load_mnist_test, mnist_to_challenge_inputs, radixnet
 from dasknn.kernels.cuda_inference import (

@@ -36,8 +36,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
-from challenge_cases import case_bias
-from machine import describe
+from harness import case_bias
+from harness import describe
 
 from dasknn.datasets import (
     load_mnist_test,

@@ -52,8 +52,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import describe  # noqa: E402
-from netcluster import NetCluster, unavailable_reason  # noqa: E402
+from harness import describe  # noqa: E402
+from harness import NetCluster, unavailable_reason  # noqa: E402
 
 ARCHITECTURES = ("ar-dense", "ps", "ar", "hybrid")
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ import platform
 import time
 from pathlib import Path
 
-from machine import describe
+from harness import describe
 
 from dasknn.datasets import radixnet, read_challenge_network
 

@@ -31,7 +31,7 @@ from types import ModuleType
 import numba
 import numpy as np
 import scipy.sparse as sp
-from machine import describe
+from harness import describe
 
 from dasknn.datasets import (
     challenge_bias,

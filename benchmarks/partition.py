@@ -27,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from machine import describe
+from harness import describe
 
 import graph  # noqa: E402
 from dasknn.datasets import radixnet, read_challenge_network  # noqa: E402

@@ -47,7 +47,7 @@ import time  # noqa: E402
 import tracemalloc  # noqa: E402
 
 import numpy as np  # noqa: E402
-from machine import describe  # noqa: E402
+from harness import describe  # noqa: E402
 
 from dasknn.compressed import CompressedStack  # noqa: E402
 from dasknn.datasets import load_mnist_test  # noqa: E402

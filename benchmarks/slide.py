@@ -29,7 +29,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import scipy.sparse as sp
-from machine import describe
+from harness import describe
 
 from dasknn.datasets import make_extreme_classification, oracle_top, stdlib_next_word
 from dasknn.optim import Adam

@@ -24,8 +24,8 @@ import time
 
 import numpy as np
 from distributed import Client
-from machine import describe
-from netcluster import NetCluster, unavailable_reason
+from harness import describe
+from harness import NetCluster, unavailable_reason
 
 from dasknn.datasets import make_extreme_classification
 from dasknn.optim import Adam

@@ -34,7 +34,7 @@ import numpy as np
 import psutil
 from dask.utils import key_split
 from distributed.batched import BatchedSend
-from machine import describe
+from harness import describe
 
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP

@@ -30,8 +30,8 @@ from contextlib import contextmanager
 
 import numpy as np
 from distributed import Client, LocalCluster, get_task_stream
-from machine import describe
-from netcluster import NetCluster
+from harness import describe
+from harness import NetCluster
 
 import graph
 from dasknn.model import SparseMLP

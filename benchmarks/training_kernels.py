@@ -22,7 +22,7 @@ import time
 from functools import partial
 
 import numpy as np
-from machine import describe
+from harness import describe
 
 from dasknn import SparseMLP
 from dasknn.datasets import radixnet
