@@ -451,7 +451,7 @@ def run_compute_child(args, extra_env: dict) -> dict:
     env["PYTHONPATH"] = str(ROOT)
     command = [sys.executable, __file__, "--compute-child", "--compute-windows",
                str(args.compute_windows), "--compute-repeats", str(args.compute_repeats)]
-    out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(command, env=env, stdout=subprocess.PIPE, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
