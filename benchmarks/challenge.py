@@ -7,7 +7,7 @@ categories agree, the multiply-adds dasknn did against the nominal edges, and th
 against this CPU's limit for the same access pattern. The 16384 x 120 case runs dasknn alone with
 streamed weights and reports its peak memory per worker.
 
-Run under the shared lock:  flock /tmp/dasknn-bench.lock python benchmarks/challenge.py
+Run:  python benchmarks/challenge.py
 Options: --only NAME[,NAME] (official, 1024x480, 1024x1920, 4096x120, 16384x120),
 --inputs N (images for every case instead of the per-case defaults below), --quick (1000 images,
 official, 1024x480 and 4096x120 only), --json FILE (the table's rows as JSON lines).

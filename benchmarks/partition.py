@@ -13,7 +13,7 @@ the volume floor beside each ratio and the paper's (PaToH) ratio and seconds, th
 
 Run from the repository root, under the shared lock::
 
-    flock /tmp/dasknn-bench.lock python benchmarks/partition.py --loop --compare --refine \
+    python benchmarks/partition.py --loop --compare --refine \
         --radixnet4096
 """
 

@@ -26,8 +26,8 @@ steps after one.
 
 Usage::
 
-    flock /tmp/dasknn-tests.lock python benchmarks/slide.py [--samples 100000] [--labels 200000]
-    flock /tmp/dasknn-tests.lock python benchmarks/slide.py --net 1gbit   # shaped links (root)
+    python benchmarks/slide.py [--samples 100000] [--labels 200000]
+    python benchmarks/slide.py --net 1gbit   # shaped links (root)
 """
 
 from __future__ import annotations

@@ -24,9 +24,9 @@ kernels are single-threaded, scipy's sparse products too.
 
 Usage::
 
-    flock /tmp/dasknn-bench.lock python benchmarks/train.py [--layers 30] [--batches 3]
-    flock /tmp/dasknn-bench.lock python benchmarks/train.py --net 1gbit   # shaped links (root)
-    flock /tmp/dasknn-bench.lock python benchmarks/train.py --kernels     # the kernels alone
+    python benchmarks/train.py [--layers 30] [--batches 3]
+    python benchmarks/train.py --net 1gbit   # shaped links (root)
+    python benchmarks/train.py --kernels     # the kernels alone
 """
 
 from __future__ import annotations
