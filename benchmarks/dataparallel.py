@@ -653,6 +653,10 @@ def main() -> None:
                         ratios.append(f"{rows[label]['seconds'] / hyb:.2f}x {label}")
                 if ratios:
                     print(f"  N={n} hybrid{suffix} speed-up: {', '.join(ratios)}", flush=True)
+            write_json(args.json, "dataparallel.py", {
+                "model": name, "workers": n, "rate": args.rate,
+                "ms_per_step": {label: r["seconds"] * 1e3 for label, r in rows.items()},
+            })
 
 
 if __name__ == "__main__":
