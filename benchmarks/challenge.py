@@ -7,31 +7,40 @@ categories agree, the multiply-adds dasknn did against the nominal edges, and th
 against this CPU's limit for the same access pattern. The 16384 x 120 case runs dasknn alone with
 streamed weights and reports its peak memory per worker.
 
-Run under the shared lock:  flock /tmp/dasknn-bench.lock python benchmarks/challenge.py
+Run:  python benchmarks/challenge.py
 Options: --only NAME[,NAME] (official, 1024x480, 1024x1920, 4096x120, 16384x120),
 --inputs N (images for every case instead of the per-case defaults below), --quick (1000 images,
-official, 1024x480 and 4096x120 only).
+official, 1024x480 and 4096x120 only), --json FILE (the table's rows as JSON lines).
 
 Per-case inputs by default: all 10,000 MNIST test images for the official network and 16384 x 120;
 the first 2,500 for 1024 x 480 and 4096 x 120 and the first 1,000 for 1024 x 1920, so the two
 single-machine baselines finish in a few minutes each on 2 cores. All three implementations always
 see the same inputs, and the rate is normalised by the inputs (inputs x edges / seconds).
+
+``--column-split`` runs the kernel alone instead (no Dask, one process, all numba threads): the
+official 1024 x 120 network (``radixnet(1024, 120)`` where ``../shared`` is absent), float32 by
+default, batches of the first ``--batches`` MNIST test images, ``advance`` over every layer with
+the column split (a layer's output columns divided among the threads when it has fewer live tiles
+of 64 rows than threads) and without it (``split_columns=False``, one tile a thread), the two
+alternating ``--repeats`` times (ten times as many for batches of at most 256 rows); it prints the
+best and median seconds of each, their ratio and whether rows, activations and multiply-add
+counts agree bit for bit.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-import graphblas as gb
 import numba
 import numpy as np
 import scipy.sparse as sp
 from distributed import Client
-from graphblas import binary, monoid, select, semiring
-from machine import describe
+from harness import add_json_option, describe, write_json
 
 from dasknn.challenge import run_challenge
 from dasknn.datasets import (
@@ -41,6 +50,7 @@ from dasknn.datasets import (
     radixnet,
     read_challenge_network,
 )
+from dasknn.kernels import inference
 from dasknn.kernels.inference import LANES, _stack_lanes
 from dasknn.runtime.cluster import local_cluster
 
@@ -59,8 +69,10 @@ def scipy_inference(inputs: sp.csr_matrix, layers, bias: float) -> np.ndarray:
     return np.flatnonzero(np.diff(y.indptr)) + 1
 
 
-def graphblas_inference(inputs: gb.Matrix, layers, bias: float) -> np.ndarray:
+def graphblas_inference(inputs, layers, bias: float) -> np.ndarray:
     """The same with python-graphblas (SuiteSparse:GraphBLAS, OpenMP on every core, float64)."""
+    from graphblas import binary, monoid, select, semiring
+
     y = inputs
     for w in layers:
         z = y.mxm(w, semiring.plus_times).new()
@@ -114,6 +126,8 @@ def timed(fn, *args):
 
 
 def run_case(name, layers, inputs, bias, baselines: bool, dasknn_kwargs: dict) -> dict:
+    import graphblas as gb  # the bench extra; imported here so that --help needs none
+
     edges = sum(w.nnz for w in layers)
     n = inputs.shape[0]
     nominal = n * edges
@@ -159,17 +173,97 @@ def run_case(name, layers, inputs, bias, baselines: bool, dasknn_kwargs: dict) -
     return row
 
 
+Mode = Callable[[sp.csr_matrix], tuple[float, bytes, int]]
+
+
+def kernel_mode(layers, bias: float, dtype: np.dtype, **options) -> Mode:
+    """One timed ``advance`` over every layer: (seconds, what it computed, live rows).
+
+    What it computed is the bytes of the live rows, their activations and the two counts.
+    """
+    packed = inference.pack_layers(layers, dtype)
+
+    def run(inputs: sp.csr_matrix) -> tuple[float, bytes, int]:
+        state = inference.start_batch(inputs, dtype)
+        start = time.perf_counter()
+        inference.advance(state, packed, bias, **options)
+        seconds = time.perf_counter() - start
+        counts = np.array([state.macs_done, state.macs_needed], dtype=np.int64)
+        computed = (
+            inference.live_rows(state).tobytes()
+            + inference.live_activations(state).tobytes()
+            + counts.tobytes()
+        )
+        return seconds, computed, state.live
+
+    return run
+
+
+def column_split(args) -> None:
+    """The CPU kernel with and without the column split, alternating (``--column-split``)."""
+    dtype = np.dtype(args.dtype)
+    if (OFFICIAL / "n1024-l1.tsv.gz").exists():
+        name, layers = "official 1024 x 120", read_challenge_network(OFFICIAL)
+    else:
+        name, layers = "radixnet(1024, 120)", radixnet(1024, 120)
+    bias = challenge_bias(1024)
+    images = load_mnist_test()[0]
+    modes = {
+        "split": kernel_mode(layers, bias, dtype, split_columns=True),
+        "tile-only": kernel_mode(layers, bias, dtype, split_columns=False),
+    }
+    print(f"machine: {describe()}")
+    print(f"numba {numba.__version__}, {numba.get_num_threads()} threads")
+    print(f"network: {name}, {dtype}, bias {bias}; {LANES} rows a tile")
+    print("seconds best / median of the timed runs; x: best of tile-only / best of split")
+    results = []
+    for rows in (int(b) for b in args.batches.split(",")):
+        inputs = mnist_to_challenge_inputs(images[:rows], 32)
+        repeats = args.repeats * (10 if rows <= 4 * LANES else 1)
+        computed = {label: run(inputs)[1] for label, run in modes.items()}  # compile, warm
+        times: dict[str, list[float]] = {label: [] for label in modes}
+        for _ in range(repeats):
+            for label, run in modes.items():
+                seconds, result, live = run(inputs)
+                assert result == computed[label], f"{label} changed between runs"
+                times[label].append(seconds)
+        same = computed["split"] == computed["tile-only"]
+        ratio = min(times["tile-only"]) / min(times["split"])
+        cells = "  ".join(f"{label} {min(t):.4f} / {statistics.median(t):.4f}"
+                          for label, t in times.items())
+        print(f"{rows:>6} rows ({live} live at the end), {repeats} runs:  {cells}  "
+              f"tile-only / split {ratio:.2f}x  same bits: {same}", flush=True)
+        results.append({"rows": rows, "live": live, "repeats": repeats, "same": same,
+                        "ratio": ratio, "seconds": times})
+    write_json(args.json, "challenge.py --column-split", results)
+    print(f"threading layer {numba.threading_layer()}; machine at the end: {describe()}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="comma-separated case names")
     parser.add_argument("--inputs", type=int, help="MNIST images for every case")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--column-split", action="store_true",
+                        help="time the CPU kernel with and without the column split instead")
+    parser.add_argument("--batches", default="64,128,256,10000",
+                        help="with --column-split: batch sizes, comma-separated")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="with --column-split: timed runs of each mode")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float64"],
+                        help="with --column-split: the kernel's dtype")
+    add_json_option(parser)
     args = parser.parse_args()
+    if args.column_split:
+        column_split(args)
+        return
     n_override = 1000 if args.quick else args.inputs
     wanted = set(args.only.split(",")) if args.only else None
     if args.quick and wanted is None:
         wanted = {"official", "1024x480", "4096x120"}
     print(f"machine: {describe()}")
+    import graphblas as gb
+
     print(f"numpy {np.__version__}, numba {numba.__version__}, graphblas {gb.__version__}")
     images = load_mnist_test()[0]
 
@@ -211,6 +305,7 @@ def main() -> None:
                   if "vs_scipy" in d else "- | - | -")
         print(f"| {row['name']} | {row['inputs']} | {base} | {d['rate']:.3g} | {ratios} | "
               f"{d['macs_done'] / nominal:.1%} | {d['peak_mib']:.0f} |")
+    write_json(args.json, "challenge.py", rows)
 
 
 if __name__ == "__main__":

@@ -31,32 +31,48 @@ seconds and the whole call's seconds; ``--workers-only`` skips the client-loaded
 largest network in one call.
 
 ``--mode`` picks the CUDA kernel mode (``auto``, ``fused``, ``sectioned``, ``tiled``) for every
-case, e.g. ``--only 65536x120 --mode tiled`` and then ``--mode sectioned`` for an end-to-end A/B
-(``benchmarks/challenge_gpu_kernels.py`` is the kernel-only one).
+case, e.g. ``--only 65536x120 --mode tiled`` and then ``--mode sectioned`` for an end-to-end A/B.
+
+Two more commands share this script: ``challenge_gpu.py kernels [...]`` times the CUDA kernels
+alone (no Dask) and ``challenge_gpu.py rowcheck [...]`` checks one large network's categories
+against the CPU kernel's (``--help`` after either for its options; ``benchmarks/device/run.sh``
+runs all three on a GPU machine).
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import gc
 import json
 import os
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
-from challenge_cases import case_bias
-from machine import describe
+from harness import case_bias, describe
 
 from dasknn.challenge import run_challenge
 from dasknn.datasets import (
     load_mnist_test,
     mnist_to_challenge_inputs,
     radixnet,
+    radixnet_group_size,
     read_challenge_network,
 )
-from dasknn.kernels.cuda_inference import CUDA_MODES, SECTIONED_FROM
+from dasknn.kernels.cuda_inference import (
+    CUDA_MODES,
+    SECTIONED_FROM,
+    DeviceNetwork,
+    compact_layers,
+    cuda_runtime,
+    infer_rows_cuda,
+    pack_bit_rows,
+)
 from dasknn.kernels.inference import advance, live_rows, pack_layers, start_batch
 from dasknn.runtime.cluster import scheduler_workers
 
@@ -319,5 +335,352 @@ def main() -> None:
               f"| {r['call_seconds']:.1f} | {r['matches_cpu_engine']} |")
 
 
+KERNELS_DOC = """Kernel only (``challenge_gpu.py kernels``): the CUDA modes on RadiX-Net networks.
+
+No Dask, one process, one GPU.
+
+For each network (the generator, seed 0, float32) the layers are packed once and one
+``DeviceNetwork`` uploaded per mode (``tiled`` once per ``--footprints`` entry, its footprint
+tiles built on this host's cores, timed); the MNIST inputs at the challenge's size for the width
+are bit-packed, each kernel compiled on two rows (on a GPU; the simulator compiles nothing), then
+every mode runs ``--repeats`` times, alternating, with ``infer_rows_cuda`` on the whole batch. It
+prints each run's seconds and GE/s (rows x edges / seconds, the challenge's measure), the best
+run's ratio to ``sectioned`` and whether every mode gave the same categories (exit status 1 when
+one did not). A mode written ``MODE/per-entry`` (e.g. ``sectioned/per-entry``) runs on the same
+network with one weight per nonzero, expanded on the host, beside the default of one weight a
+layer. ``--tag NAME`` labels the rows, e.g. for the kernels of another checkout put first on
+``PYTHONPATH`` in the same call.
+
+    python benchmarks/challenge_gpu.py kernels                                    # a GPU machine
+    NUMBA_ENABLE_CUDASIM=1 python benchmarks/challenge_gpu.py kernels --networks 64x2 --rows 32
+
+Under numba's CUDA simulator (any machine, functional only: its times say nothing about a GPU's)
+the sectioned kernel takes about 40 s per layer and group of 32 rows at 1024 neurons on 2 cores.
+"""
+
+Variant = tuple[str, str, int | None, int | None]  # label, mode, footprint, warps a block
+
+PER_ENTRY = "/per-entry"
+
+
+def variants(modes: list[str], footprints: list[str]) -> list[Variant]:
+    """The kernel variants to run: each mode, the tiled one once per ``FOOTPRINT[xWARPS]``."""
+    out: list[Variant] = []
+    for mode in modes:
+        if mode != "tiled":
+            out.append((mode, mode.removesuffix(PER_ENTRY), None, None))
+            continue
+        for spec in footprints:
+            footprint, _, warps = spec.partition("x")
+            out.append((f"tiled/{spec}", "tiled", int(footprint), int(warps) if warps else None))
+    return out
+
+
+def run_network(spec: str, images: np.ndarray, runs: list[Variant], repeats: int,
+                compact_every: int, warm: bool) -> tuple[list[dict], bool]:
+    """Every variant on one network; the rows of the results and whether the categories agree."""
+    neurons, depth = (int(v) for v in spec.split("x"))
+    t0 = time.perf_counter()
+    layers = radixnet(neurons, depth, seed=0, dtype=np.float32)
+    t1 = time.perf_counter()
+    compact = compact_layers(pack_layers(layers, np.float32))
+    edges = int(compact.indices.size)
+    del layers
+    t2 = time.perf_counter()
+    bits = pack_bit_rows(mnist_to_challenge_inputs(images, int(round(neurons**0.5))))
+    bias = case_bias(neurons)
+    print(f"{spec}: generated {t1 - t0:.1f} s, packed {t2 - t1:.1f} s, {edges} edges", flush=True)
+    networks = {}
+    for label, mode, footprint, warps in runs:
+        start = time.perf_counter()
+        if mode == "tiled":
+            networks[label] = DeviceNetwork(compact, tiled=True, footprint=footprint,
+                                            tile_warps=warps)
+        elif label.endswith(PER_ENTRY):
+            networks[label] = DeviceNetwork(compact.per_entry())
+        else:
+            networks[label] = DeviceNetwork(compact)
+        if warm:  # compile the kernels before the timed runs
+            infer_rows_cuda(bits[:2], networks[label], bias, compact_every=compact_every,
+                            mode=mode)
+        print(f"{spec} {label}: network on the device (tiles built when tiled)"
+              f"{' and kernels compiled' if warm else ''} in {time.perf_counter() - start:.1f} s, "
+              f"{networks[label].nbytes} device bytes", flush=True)
+    seconds: dict[str, list[float]] = {label: [] for label, _, _, _ in runs}
+    categories = {}
+    for repeat in range(repeats):
+        for label, mode, _, _ in runs:
+            start = time.perf_counter()
+            result = infer_rows_cuda(bits, networks[label], bias, compact_every=compact_every,
+                                     mode=mode)
+            elapsed = time.perf_counter() - start
+            seconds[label].append(elapsed)
+            categories.setdefault(label, result.rows)
+            rate = bits.shape[0] * edges / elapsed / 1e9
+            print(f"{spec} {label} run {repeat + 1}: {elapsed:.3f} s, {rate:.1f} GE/s, "
+                  f"{result.rows.size} categories, {result.macs_done:.3e} MACs", flush=True)
+    first = next(iter(categories.values()))
+    equal = all(np.array_equal(first, rows) for rows in categories.values())
+    base = min(seconds["sectioned"]) if "sectioned" in seconds else None
+    rows = []
+    for label, mode, footprint, _ in runs:
+        best = min(seconds[label])
+        network = networks[label]
+        rows.append({
+            "network": spec, "variant": label, "footprint": footprint,
+            "tile_warps": network.tile_warps if mode == "tiled" else None, "rows": bits.shape[0],
+            "edges": edges, "seconds": seconds[label], "best_seconds": best,
+            "ge_s": bits.shape[0] * edges / best / 1e9,
+            "vs_sectioned": None if base is None else base / best,
+            "categories": int(categories[label].size), "categories_equal": equal,
+            "device_bytes": network.nbytes,
+        })
+    return rows, equal
+
+
+def kernels_main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(
+        prog="challenge_gpu.py kernels", description=KERNELS_DOC.split("\n\n")[0])
+    parser.add_argument("--networks", default="65536x120,16384x120",
+                        help="RadiX-Net cases NxL, comma-separated")
+    parser.add_argument("--rows", type=int, default=10_000, help="MNIST test images")
+    parser.add_argument("--modes", default="sectioned,tiled",
+                        help="kernel modes (auto, fused, sectioned, tiled), comma-separated")
+    parser.add_argument("--footprints", default="64,32,32x6",
+                        help="the tiled mode's variants, comma-separated: FOOTPRINT (blocks of as "
+                        "many warps as 48 KB of shared memory hold) or FOOTPRINTxWARPS")
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each mode, alternating")
+    parser.add_argument("--compact-every", type=int, default=8)
+    parser.add_argument("--out", type=Path, help="append the results to this JSON-lines file")
+    parser.add_argument("--tag", default="",
+                        help="a name for this run's code, written in each row (e.g. 'base' for "
+                        "an earlier dasknn put first on PYTHONPATH, to A/B against it)")
+    args = parser.parse_args(argv)
+    runtime = cuda_runtime()
+    if runtime == "none":
+        sys.exit("no CUDA GPU here (set NUMBA_ENABLE_CUDASIM=1 to run on numba's simulator)")
+    print(f"machine: {describe()}; CUDA: {runtime}; dasknn from "
+          f"{Path(sys.modules['dasknn'].__file__).parent}", flush=True)
+    runs = variants(args.modes.split(","), args.footprints.split(","))
+    images = load_mnist_test()[0][: args.rows]
+    table = []
+    all_equal = True
+    for spec in args.networks.split(","):
+        rows, equal = run_network(spec, images, runs, args.repeats, args.compact_every,
+                                  warm=runtime == "gpu")
+        all_equal = all_equal and equal
+        table.extend(rows)
+        if args.out is not None:
+            with args.out.open("a") as fh:
+                for row in rows:
+                    fh.write(json.dumps({**row, "tag": args.tag or None}) + "\n")
+    print(f"\n| network | rows | variant{' (' + args.tag + ')' if args.tag else ''} | seconds "
+          "(runs) | best GE/s | x sectioned | categories | equal |")
+    print("|---|---:|---|---|---:|---:|---:|---|")
+    for r in table:
+        runs_s = " / ".join(f"{s:.3f}" for s in r["seconds"])
+        ratio = "" if r["vs_sectioned"] is None else f"{r['vs_sectioned']:.2f}"
+        print(f"| {r['network']} | {r['rows']} | {r['variant']} | {runs_s} | {r['ge_s']:.1f} "
+              f"| {ratio} | {r['categories']} | {r['categories_equal']} |")
+    if not all_equal:
+        sys.exit("the modes' categories differ")
+
+
+ROWCHECK_DOC = """Row check (``challenge_gpu.py rowcheck``): GPU against CPU categories.
+
+One large network, its first rows.
+
+The network is generated once (RadiX-Net, seed 0, float32) and packed for the CPU kernel
+(``pack_layers``, ~8 bytes an entry; the scipy layers, as many bytes again, are freed right after)
+and for the GPU (``compact_layers``, ~2 bytes an entry). The first ``--rows`` MNIST test images at
+the challenge's size for the width go through the CPU engine's kernel in this process
+(``start_batch``, ``advance``, ``live_rows``, float32, on the numba threads that
+``NUMBA_NUM_THREADS`` allows; the packed layers are freed after it), then, bit-packed, through
+``infer_rows_cuda`` on a resident ``DeviceNetwork`` for every ``--modes`` entry (``tiled`` with
+the default footprint; on a GPU each kernel is compiled on two rows before the timed run). It
+prints and writes to ``--out`` (one JSON object) the seconds of each, the category counts and
+whether each mode's categories equal the CPU kernel's; exit status 1 when one does not.
+
+``--gpu-lock FILE`` holds an exclusive ``flock`` on FILE while the network is on the GPU, so a
+script that runs this in the background can time other GPU work under the same lock; the CPU
+kernel (about a minute at 65536 x 1920 on 12 cores) runs first and overlaps that work.
+
+    python benchmarks/challenge_gpu.py rowcheck --neurons 65536 --layers 1920 --rows 1000 \
+        --out rowcheck.json
+    NUMBA_ENABLE_CUDASIM=1 python benchmarks/challenge_gpu.py rowcheck --neurons 64 --layers 2 \
+        --rows 32 --out /tmp/rowcheck.json
+
+At 65536 x 1920 (4.0e9 entries) the scipy layers and the packed ones take about 32 GB each at
+the peak, the compact network 8 GB.
+"""
+
+MNIST_TEST_IMAGES = 10_000
+
+
+@contextmanager
+def gpu_lock(path: Path | None) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (nothing when ``path`` is None)."""
+    if path is None:
+        yield
+        return
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def gpu_categories(compact, inputs, bias: float, mode: str, warm: bool) -> dict:
+    """One mode on the GPU: the network uploaded (tiles built when tiled), the rows run once."""
+    start = time.perf_counter()
+    network = DeviceNetwork(compact, tiled=mode == "tiled")
+    if warm:  # compile the kernels before the timed run
+        infer_rows_cuda(inputs[:2], network, bias, mode=mode)
+    upload = time.perf_counter() - start
+    start = time.perf_counter()
+    result = infer_rows_cuda(inputs, network, bias, mode=mode)
+    seconds = time.perf_counter() - start
+    return {
+        "rows": np.sort(result.rows),
+        "upload_seconds": upload,
+        "seconds": seconds,
+        "kernel_seconds": result.kernel_seconds,
+        "device_bytes": network.nbytes,
+    }
+
+
+def parse_modes(text: str) -> list[str]:
+    """The comma-separated CUDA modes, each named once; a clear error for any other."""
+    modes = text.split(",")
+    unknown = [m for m in modes if m not in CUDA_MODES]
+    if unknown or len(set(modes)) != len(modes):
+        raise argparse.ArgumentTypeError(
+            f"--modes takes distinct entries of {CUDA_MODES}, comma-separated; got {text!r}"
+        )
+    return modes
+
+
+def rowcheck_main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(
+        prog="challenge_gpu.py rowcheck", description=ROWCHECK_DOC.split("\n\n")[0])
+    parser.add_argument("--neurons", type=int, default=65536, help="RadiX-Net width")
+    parser.add_argument("--layers", type=int, default=1920, help="RadiX-Net depth")
+    parser.add_argument("--rows", type=int, default=1000, help="first MNIST test images checked")
+    parser.add_argument(
+        "--modes",
+        type=parse_modes,
+        default=["sectioned", "tiled"],
+        help="CUDA kernel modes, comma-separated",
+    )
+    parser.add_argument("--out", type=Path, required=True, help="JSON file for the results")
+    parser.add_argument(
+        "--gpu-lock", type=Path, help="hold an exclusive flock on this file while using the GPU"
+    )
+    args = parser.parse_args(argv)
+    if not 1 <= args.rows <= MNIST_TEST_IMAGES:
+        parser.error(f"--rows must be between 1 and {MNIST_TEST_IMAGES}, got {args.rows}")
+    if args.layers < 1:
+        parser.error(f"--layers must be >= 1, got {args.layers}")
+    try:
+        radixnet_group_size(args.neurons)
+    except ValueError as error:
+        parser.error(f"--neurons: {error}")
+    side = int(round(args.neurons**0.5))
+    if side * side != args.neurons:
+        parser.error(f"--neurons must be a square (the inputs are images), got {args.neurons}")
+    runtime = cuda_runtime()
+    if runtime == "none":
+        sys.exit("no CUDA GPU here (set NUMBA_ENABLE_CUDASIM=1 to run on numba's simulator)")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    print(f"machine: {describe()}; CUDA: {runtime}", flush=True)
+    spec = f"{args.neurons}x{args.layers}"
+    bias = case_bias(args.neurons)
+    x = mnist_to_challenge_inputs(load_mnist_test()[0][: args.rows], side)
+    bits = pack_bit_rows(x)
+    inputs = x if bits is None else bits
+
+    t0 = time.perf_counter()
+    layers = radixnet(args.neurons, args.layers, seed=0, dtype=np.float32)
+    t1 = time.perf_counter()
+    packed = pack_layers(layers, np.float32)
+    del layers
+    t2 = time.perf_counter()
+    compact = compact_layers(packed)
+    t3 = time.perf_counter()
+    edges = int(packed.indices.size)
+    print(
+        f"{spec}: generated {t1 - t0:.1f} s, packed {t2 - t1:.1f} s, compacted {t3 - t2:.1f} s, "
+        f"{edges} edges, {args.rows} rows",
+        flush=True,
+    )
+
+    start = time.perf_counter()
+    cpu_rows = np.sort(live_rows(advance(start_batch(x, np.float32), packed, bias)))
+    cpu_seconds = time.perf_counter() - start
+    print(
+        f"{spec} CPU kernel: {args.rows} rows in {cpu_seconds:.1f} s, {cpu_rows.size} categories",
+        flush=True,
+    )
+    del packed
+
+    gpu = {}
+    waited = time.perf_counter()
+    with gpu_lock(args.gpu_lock):
+        if args.gpu_lock is not None:
+            print(f"{spec}: GPU lock taken after {time.perf_counter() - waited:.1f} s", flush=True)
+        for mode in args.modes:
+            gpu[mode] = gpu_categories(compact, inputs, bias, mode, warm=runtime == "gpu")
+            print(
+                f"{spec} GPU {mode}: on the device in {gpu[mode]['upload_seconds']:.1f} s, "
+                f"{args.rows} rows in {gpu[mode]['seconds']:.3f} s, "
+                f"{gpu[mode]['rows'].size} categories",
+                flush=True,
+            )
+    del compact
+
+    result = {
+        "network": spec,
+        "rows": args.rows,
+        "edges": edges,
+        "bias": bias,
+        "cuda": runtime,
+        "machine": describe(),
+        "generate_seconds": t1 - t0,
+        "pack_seconds": t2 - t1,
+        "compact_seconds": t3 - t2,
+        "cpu_seconds": cpu_seconds,
+        "cpu_categories": int(cpu_rows.size),
+        "gpu": {},
+        "all_equal": True,
+    }
+    for mode, run in gpu.items():
+        equal = bool(np.array_equal(run["rows"], cpu_rows))
+        result["all_equal"] = result["all_equal"] and equal
+        result["gpu"][mode] = {
+            "upload_seconds": run["upload_seconds"],
+            "seconds": run["seconds"],
+            "kernel_seconds": run["kernel_seconds"],
+            "device_bytes": run["device_bytes"],
+            "categories": int(run["rows"].size),
+            "equal_to_cpu": equal,
+        }
+        print(
+            f"{spec} {mode}: GPU {run['seconds']:.3f} s, CPU {cpu_seconds:.1f} s, "
+            f"categories GPU {run['rows'].size} / CPU {cpu_rows.size}, "
+            f"equal: {equal}",
+            flush=True,
+        )
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    if not result["all_equal"]:
+        sys.exit(f"{spec}: the GPU categories differ from the CPU kernel's on {args.rows} rows")
+
+
 if __name__ == "__main__":
-    main()
+    COMMAND = sys.argv[1] if len(sys.argv) > 1 else ""
+    if COMMAND == "kernels":
+        kernels_main(sys.argv[2:])
+    elif COMMAND == "rowcheck":
+        rowcheck_main(sys.argv[2:])
+    else:
+        main()

@@ -1,8 +1,8 @@
 """Data-parallel training throughput (Parallax): hybrid against ar-dense, ps, ar and PyTorch DDP.
 
 Every figure is measured in the same run on the same namespace cluster
-(:mod:`netcluster`: scheduler and workers in their own network namespaces, every link shaped to
-``--rate``), the same model, the same batches:
+(:class:`harness.NetCluster`: scheduler and workers in their own network namespaces, every link
+shaped to ``--rate``), the same model, the same batches:
 
 - ``ar-dense``, ``ps``, ``ar`` and ``hybrid`` of :mod:`dasknn.data_parallel`, one shard per
   worker (``--shards`` to change it), ``--warmup`` steps by ``train_step``, then the timed
@@ -34,9 +34,17 @@ untuned ones on the same cluster (the workers keep the malloc setting until they
 trains a next-word model on the prose corpus with the hybrid architecture and in one process,
 and prints the held-out perplexity of both and of the unigram distribution per epoch.
 
-Root only (network namespaces)::
+``--compute`` times one worker's compute alone (no cluster, no root): the ``zipf`` model, one
+worker's share of the batch (``--compute-windows``, default 256: N = 4), the forward and backward
+pass of ``batch_gradients`` (its temporaries in a ``Workspace`` kept from one pass to the next)
+against PyTorch's forward and backward of the same model (as each DDP process runs it), each in a
+child process with one thread, the median of ``--compute-repeats`` passes; once in a plain
+environment and once in the one Dask's nanny gives its workers (``MALLOC_TRIM_THRESHOLD_``).
+
+Root only (network namespaces), except ``--learn`` and ``--compute``::
 
     PYTHONPATH=. python3 benchmarks/dataparallel.py --workers 2 4 --models zipf corpus
+    PYTHONPATH=. python3 benchmarks/dataparallel.py --compute
 """
 
 from __future__ import annotations
@@ -52,11 +60,17 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import describe  # noqa: E402
-from netcluster import NetCluster, unavailable_reason  # noqa: E402
+from harness import (  # noqa: E402
+    NetCluster,
+    add_json_option,
+    describe,
+    unavailable_reason,
+    write_json,
+)
 
 ARCHITECTURES = ("ar-dense", "ps", "ar", "hybrid")
 ROOT = Path(__file__).resolve().parents[1]
+ONE_THREAD = ("NUMBA_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 # ------------------------------------------------------------------ models and batches
@@ -378,6 +392,89 @@ def learn(args) -> None:
 
 
 # ------------------------------------------------------------------ main
+def _median_ms(func, repeats: int) -> float:
+    func()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        func()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)) * 1e3
+
+
+def compute_child(windows: int, repeats: int) -> dict:
+    """Time both passes in this process (run with one thread by :func:`compute`)."""
+    from dasknn.model import embedding_network as net
+
+    setup = {**zipf_setup(1), "sampled": False}
+    model = make_model(setup)
+    X, y = setup["batches"][0]
+    ids, labels = X[:windows].astype(np.int64), y[:windows].astype(np.int64)
+    unique, inverse = net.unique_rows(ids)
+    rows = model.embedding[unique]
+    dense = model.dense_variables()
+    weights, biases = dense[0::2], dense[1::2]
+    total = sum(a.size for a in dense)
+    denominator = len(setup["batches"][0][1])
+    workspace = net.Workspace()
+
+    def ours():
+        out = np.empty(total, dtype=np.float32)
+        net.batch_gradients(
+            model.spec, rows, inverse, labels, weights, biases, denominator, workspace, out
+        )
+
+    import torch
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    emb = torch.nn.EmbeddingBag(setup["vocab"], setup["dim"], mode="mean", sparse=True)
+    hidden = torch.nn.Linear(setup["dim"], setup["hidden"])
+    output = torch.nn.Linear(setup["hidden"], setup["classes"])
+    params = [*emb.parameters(), *hidden.parameters(), *output.parameters()]
+    x, t = torch.from_numpy(ids), torch.from_numpy(labels)
+
+    def theirs():
+        for p in params:
+            p.grad = None
+        loss = torch.nn.functional.cross_entropy(output(torch.relu(hidden(emb(x)))), t)
+        loss.backward()
+
+    return {
+        "dasknn": _median_ms(ours, repeats),
+        "torch": _median_ms(theirs, repeats),
+    }
+
+
+def run_compute_child(args, extra_env: dict) -> dict:
+    env = {**os.environ, **dict.fromkeys(ONE_THREAD, "1"), **extra_env}
+    env["PYTHONPATH"] = str(ROOT)
+    command = [sys.executable, __file__, "--compute-child", "--compute-windows",
+               str(args.compute_windows), "--compute-repeats", str(args.compute_repeats)]
+    out = subprocess.run(command, env=env, stdout=subprocess.PIPE, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def compute(args) -> None:
+    """One worker's compute against PyTorch's, one process and one thread each (``--compute``)."""
+    import dask
+    import distributed  # noqa: F401 - its configuration defaults
+
+    nanny = {k: str(v) for k, v in dask.config.get("distributed.nanny.pre-spawn-environ").items()}
+    print(f"{describe()}; one worker's share: {args.compute_windows} windows; "
+          f"median of {args.compute_repeats}")
+    print("| environment | dasknn | PyTorch | dasknn / PyTorch |")
+    print("| --- | --- | --- | --- |")
+    results = []
+    for label, env in (("plain", {}), ("Dask worker's", nanny)):
+        got = run_compute_child(args, env)
+        ratio = got["dasknn"] / got["torch"]
+        print(f"| {label} | {got['dasknn']:.2f} ms | {got['torch']:.2f} ms | {ratio:.2f}x |")
+        results.append({"environment": label, **got})
+    print(f"(Dask worker's environment: {nanny})")
+    write_json(args.json, "dataparallel.py --compute", results)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[2, 4])
@@ -418,7 +515,21 @@ def main() -> None:
     parser.add_argument("--ddp-master")
     parser.add_argument("--ddp-model")
     parser.add_argument("--ddp-sparse", action="store_true")
+    parser.add_argument("--compute", action="store_true",
+                        help="time one worker's compute against PyTorch's instead (no root)")
+    parser.add_argument("--compute-windows", type=int, default=256,
+                        help="with --compute: the worker's share of the batch")
+    parser.add_argument("--compute-repeats", type=int, default=100,
+                        help="with --compute: passes timed (median)")
+    parser.add_argument("--compute-child", action="store_true", help=argparse.SUPPRESS)
+    add_json_option(parser)
     args = parser.parse_args()
+    if args.compute_child:
+        print(json.dumps(compute_child(args.compute_windows, args.compute_repeats)))
+        return
+    if args.compute:
+        compute(args)
+        return
     if args.ddp_rank is not None:
         args.rank, args.world, args.master, args.model, args.sparse = (
             args.ddp_rank,
@@ -542,6 +653,10 @@ def main() -> None:
                         ratios.append(f"{rows[label]['seconds'] / hyb:.2f}x {label}")
                 if ratios:
                     print(f"  N={n} hybrid{suffix} speed-up: {', '.join(ratios)}", flush=True)
+            write_json(args.json, "dataparallel.py", {
+                "model": name, "workers": n, "rate": args.rate,
+                "ms_per_step": {label: r["seconds"] * 1e3 for label, r in rows.items()},
+            })
 
 
 if __name__ == "__main__":

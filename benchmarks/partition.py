@@ -1,18 +1,19 @@
-"""Benchmark of the multi-phase hypergraph partitioner (issue 2, section 6).
+"""Benchmark of the multi-phase hypergraph partitioner: hypergraph against random and the floor.
 
 Prints, per P, the Table-1 figures of ``dasknn partition`` (hypergraph H vs balanced random R) with
-the volume floor beside each ratio, then the comparisons the issue asks for:
+the volume floor beside each ratio and the paper's (PaToH) ratio and seconds, then, on request:
 
 * the straightforward loop (one Mt-KaHyPar call per layer, default preset, hypergraph built from
   Python lists with one fixed vertex per net, no merging), run in the same process as the baseline
   of the speed-up (``--loop``);
 * KaHyPar against Mt-KaHyPar, with and without the exact assignment phases (``--compare``);
 * the volume removed by two-sided refinement over the single sweep (``--refine``);
-* the same table for the generated RadiX-Net 4096 x 120 (``--radixnet4096``).
+* the same table for the generated RadiX-Net 4096 x 120 (``--radixnet4096``);
+* the seconds of generating RadiX-Net networks and reading the official network (``--generation``).
 
 Run from the repository root, under the shared lock::
 
-    flock /tmp/dasknn-bench.lock python benchmarks/partition.py --loop --compare --refine \
+    python benchmarks/partition.py --loop --compare --refine \
         --radixnet4096
 """
 
@@ -27,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from machine import describe
+from harness import add_json_option, describe, write_json  # noqa: E402
 
 import graph  # noqa: E402
 from dasknn.datasets import radixnet, read_challenge_network  # noqa: E402
@@ -108,6 +109,11 @@ def main_table(layers, parts, args, paper_ratio=None, paper_seconds=None):
         rows.append(row)
         extra.append((row, hyper))
     print(graph.format_table(rows))
+    write_json(args.json, "partition.py", [
+        {"network": args.name, "parts": row.nparts, "h_over_r_avg_volume": row.ratio("avg_volume"),
+         "floor_over_r": row.floor_ratio, "seconds": row.seconds}
+        for row in rows
+    ])
     print("\n| P | H/R avg vol | floor/R | H/floor | paper H/R | time H (s) | paper time (s) |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for row, _ in extra:
@@ -187,6 +193,22 @@ def refine_table(layers, rows, args):
         )
 
 
+def generation_times() -> None:
+    """Seconds of generating RadiX-Net networks and of reading the official one."""
+    print("\n### Generating and reading networks\n")
+    cases = [(f"radixnet({n}, {d})", lambda n=n, d=d: radixnet(n, d))
+             for n, d in ((1024, 120), (4096, 120), (16384, 120), (1024, 1920))]
+    if OFFICIAL.exists():
+        cases.append(("read official 1024 x 120 (.tsv.gz)",
+                      lambda: read_challenge_network(OFFICIAL)))
+    for label, make in cases:
+        start = time.perf_counter()
+        layers = make()
+        seconds = time.perf_counter() - start
+        edges = sum(w.nnz for w in layers)
+        print(f"{label:<36} {seconds:8.2f} s  {edges / 1e6:8.1f} M edges", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--network", type=Path, default=OFFICIAL)
@@ -199,6 +221,9 @@ def main() -> None:
     parser.add_argument("--compare-layers", type=int, default=24, help="layers for --compare")
     parser.add_argument("--refine", action="store_true", help="two-sided refinement gain")
     parser.add_argument("--radixnet4096", action="store_true", help="also RadiX-Net 4096 x 120")
+    parser.add_argument("--generation", action="store_true",
+                        help="also time generating RadiX-Net networks and reading the official one")
+    add_json_option(parser)
     args = parser.parse_args()
     print(f"machine: {describe()}")
     layers = read_challenge_network(args.network, layers=args.layers)
@@ -216,6 +241,8 @@ def main() -> None:
         rows = main_table(layers, args.parts, args, PAPER_RATIO_4096)
         if args.refine:
             refine_table(layers, rows, args)
+    if args.generation:
+        generation_times()
     print(f"\nmachine at the end: {describe()}")
 
 

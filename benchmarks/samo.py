@@ -1,6 +1,6 @@
 """SAMO (compressed model states of pruned networks) against its baselines, in the same run.
 
-Run: ``flock /tmp/dasknn-tests.lock python3 benchmarks/samo.py [section ...]`` with sections
+Run: ``python3 benchmarks/samo.py [section ...]`` with sections
 ``memory``, ``accuracy``, ``speed``, ``bubble``, ``received``, ``workers`` (default: all);
 ``--bubble-m``, ``--bubble-steps`` and ``--bubble-rows`` shrink the bubble section (default m 2 4
 8, 3 steps, 2,048 rows a microbatch), ``--bubble-messages`` picks the pipeline's modes (default
@@ -9,7 +9,7 @@ run: ``-reuse`` is ``reuse_memory=True``, ``-pinned`` ``pin_cores=True``), ``--b
 the clusters that run them (default ``dask``: Dask's defaults; ``dasknn``: dasknn's own
 ``local_cluster``, the worker profiler off). Everything runs
 single-threaded (BLAS, numba, torch), one thread per Dask worker, so the figures compare
-algorithms, not thread counts. Prints markdown tables with the targets of issue 12:
+algorithms, not thread counts. Prints markdown tables with their targets:
 
 - **memory** at p = 0.9 on 784-1024-1024-1024-10 (2.9 M weights): ``memory_report()`` checked
   against tracemalloc, SAMO fp32 against dense float32 Adam (16 phi) and PyTorch's pruning
@@ -47,7 +47,7 @@ import time  # noqa: E402
 import tracemalloc  # noqa: E402
 
 import numpy as np  # noqa: E402
-from machine import describe  # noqa: E402
+from harness import describe  # noqa: E402
 
 from dasknn.compressed import CompressedStack  # noqa: E402
 from dasknn.datasets import load_mnist_test  # noqa: E402
@@ -334,7 +334,7 @@ def dasknn_cluster(workers: int):
     return c, Client(c)
 
 
-#: The bubble section's clusters: Dask's defaults (runs A-N), dasknn's own.
+#: The bubble section's clusters: Dask's defaults, dasknn's own.
 CLUSTERS = {"dask": cluster, "dasknn": dasknn_cluster}
 
 
@@ -901,7 +901,7 @@ SECTIONS = {
 if __name__ == "__main__":
     import argparse
 
-    parser = argparse.ArgumentParser(description="SAMO against its baselines (issue 12)")
+    parser = argparse.ArgumentParser(description="SAMO against its baselines")
     parser.add_argument("sections", nargs="*", help=f"of {list(SECTIONS)} (default: all)")
     parser.add_argument(
         "--bubble-m", type=int, nargs="+", default=[2, 4, 8], help="microbatches (bubble)"

@@ -14,9 +14,20 @@ Each run evaluates precision@1 on held-out rows at checkpoints (evaluation time 
 training time), so the time to reach ``0.8 x`` PyTorch's one-epoch precision@1 is read off the
 same runs. Output-layer multiply-adds of the sampled model are counted from its active sets.
 
+``--net RATE`` runs the comparison on links instead (root only): on a :class:`harness.NetCluster`
+(scheduler and ``--net-workers`` workers in their own network namespaces, every link shaped to
+``RATE``), with the sizes above, dasknn ``DistributedSampledMLP`` with SLIDE's own sampled softmax
+(one shard a worker; seconds a step and the bytes a step between workers, measured, beside the
+formula), the same model with every neuron active (dense model parallelism), and PyTorch DDP over
+gloo, one process a worker (run as a task on the same workers) training the same network with a
+full softmax on ``B / P`` rows each (seconds a step; the bytes a step are those of its ring
+allreduce, ``2 (P - 1) / P`` times the parameter bytes sent by each worker), ``--net-steps`` timed
+steps after one.
+
 Usage::
 
-    flock /tmp/dasknn-tests.lock python benchmarks/slide.py [--samples 100000] [--labels 200000]
+    python benchmarks/slide.py [--samples 100000] [--labels 200000]
+    python benchmarks/slide.py --net 1gbit   # shaped links (root)
 """
 
 from __future__ import annotations
@@ -29,13 +40,15 @@ from types import SimpleNamespace
 
 import numpy as np
 import scipy.sparse as sp
-from machine import describe
+from harness import NetCluster, add_json_option, describe, unavailable_reason, write_json
 
 from dasknn.datasets import make_extreme_classification, oracle_top, stdlib_next_word
 from dasknn.optim import Adam
+from dasknn.runtime.cluster import scheduler_workers
 from dasknn.sampled import SampledMLP
 from dasknn.sampled.model import epoch_batches, precision_at_k
 from dasknn.sampled.schedule import lr_scale
+from dasknn.sampled_parallel import DistributedSampledMLP
 
 
 class Curve:
@@ -210,6 +223,150 @@ def learnable_ceilings(data, train: np.ndarray, test: np.ndarray) -> str:
     return "; ".join(parts)
 
 
+def ddp_steps(rank, world, master, port, features, labels, hidden, batch, nnz, steps):
+    """On a worker: DDP training steps of the full-softmax network; seconds a step (rank's)."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://{master}:{port}", rank=rank, world_size=world
+    )
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.EmbeddingBag(features, hidden, mode="sum")
+            self.lin = torch.nn.Linear(hidden, labels)
+
+        def forward(self, idx, off, val):
+            return self.lin(torch.relu(self.emb(idx, off, per_sample_weights=val)))
+
+    torch.manual_seed(0)
+    model = DistributedDataParallel(Net())
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    rows = batch // world
+    gen = torch.Generator().manual_seed(rank)
+    idx = torch.randint(0, features, (rows * nnz,), generator=gen)
+    off = torch.arange(0, rows * nnz, nnz)
+    val = torch.rand(rows * nnz, generator=gen)
+    target = torch.randint(0, labels, (rows,), generator=gen)
+
+    def step():
+        loss = torch.nn.functional.cross_entropy(model(idx, off, val), target)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    step()
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    dist.barrier()
+    seconds = (time.perf_counter() - start) / steps
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    dist.destroy_process_group()
+    return seconds, params
+
+
+def dslide_steps(client, data, args, fraction: float, steps: int):
+    model = SampledMLP(
+        hidden=args.hidden,
+        active_fraction=fraction,
+        k=9,
+        n_tables=50,
+        correction="none",  # SLIDE's own sampled softmax (plain SimHash, no correction)
+        hashing="plain",
+        uniform_fraction=0.0,
+        hidden_update="rows",
+        optimizer=Adam(lr=3e-3),
+        shards=args.net_workers,
+        hogwild=False,
+        seed=0,
+    ).initialize(args.features, args.labels)
+    with DistributedSampledMLP(model, client) as dist:
+        rows = np.arange(args.batch)
+        dist.train_step(data.X[rows], data.Y[rows])  # warm-up (compilation)
+        dist.reset_transfers()
+        start = time.perf_counter()
+        for s in range(steps):
+            rows = np.arange((s + 1) * args.batch, (s + 2) * args.batch)
+            dist.train_step(data.X[rows], data.Y[rows])
+        seconds = (time.perf_counter() - start) / steps
+        measured = sum(dist.transfers().values()) / steps
+        formula = sum(dist.predicted_bytes(args.batch).values())
+    return seconds, measured, formula
+
+
+def net(args) -> None:
+    """D-SLIDE against PyTorch DDP on shaped links (``--net RATE``)."""
+    from distributed import Client
+
+    reason = unavailable_reason()
+    if reason is not None:
+        raise SystemExit(f"cannot run: {reason}")
+    print(f"machine: {describe()}; links {args.net}, P = {args.net_workers}")
+    data = make_extreme_classification(
+        n_samples=(args.net_steps + 2) * args.batch,
+        n_features=args.features,
+        n_labels=args.labels,
+        seed=0,
+    )
+    # gloo picks its interface from the hostname (loopback here): name the namespace link
+    env = {"NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0"}
+    with (
+        NetCluster(workers=args.net_workers, rate=args.net, env=env) as cluster,
+        Client(cluster.address) as client,
+    ):
+        workers = sorted(scheduler_workers(client))
+        sec, measured, formula = dslide_steps(client, data, args, 0.005, args.net_steps)
+        print(
+            f"D-SLIDE (active fraction 0.005): {sec:.3f} s a step, {measured / 1e6:.3f} MB a "
+            f"step between workers (formula {formula / 1e6:.3f} MB)",
+            flush=True,
+        )
+        master = workers[0].split("://")[1].rsplit(":", 1)[0]
+        futures = [
+            client.submit(
+                ddp_steps,
+                rank,
+                args.net_workers,
+                master,
+                29511,
+                args.features,
+                args.labels,
+                args.hidden,
+                args.batch,
+                37,
+                args.net_steps,
+                workers=[w],
+                pure=False,
+            )
+            for rank, w in enumerate(workers)
+        ]
+        results = client.gather(futures)
+        ddp_sec = max(r[0] for r in results)
+        ddp_bytes = 2 * (args.net_workers - 1) / args.net_workers * results[0][1] * args.net_workers
+        print(
+            f"PyTorch DDP (gloo), full softmax: {ddp_sec:.3f} s a step, about "
+            f"{ddp_bytes / 1e6:.1f} MB a step between workers (ring allreduce of "
+            f"{results[0][1] / 1e6:.1f} MB of gradients); D-SLIDE is {ddp_sec / sec:.1f}x faster",
+            flush=True,
+        )
+        dense_sec, dense_measured, _ = dslide_steps(client, data, args, 1.0, args.net_dense_steps)
+        print(
+            f"dasknn, every neuron active (dense model parallel): {dense_sec:.3f} s a step, "
+            f"{dense_measured / 1e6:.3f} MB a step; D-SLIDE is {dense_sec / sec:.1f}x faster"
+        )
+    write_json(args.json, "slide.py --net", {
+        "rate": args.net, "workers": args.net_workers, "dslide_s": sec,
+        "dslide_bytes": measured, "formula_bytes": formula, "ddp_s": ddp_sec,
+        "ddp_bytes": ddp_bytes, "dense_s": dense_sec,
+    })
+
+
 def make_parser() -> argparse.ArgumentParser:
     """The run's options; their defaults are the measured setup (sizes and models)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -275,6 +432,13 @@ def make_parser() -> argparse.ArgumentParser:
         default="synthetic",
         help="stdlib: next word from 3 words of the Python standard library's sources",
     )
+    parser.add_argument("--net", metavar="RATE",
+                        help="compare with PyTorch DDP on links shaped to RATE instead (root)")
+    parser.add_argument("--net-workers", type=int, default=2, help="with --net: P")
+    parser.add_argument("--net-steps", type=int, default=5, help="with --net: timed steps")
+    parser.add_argument("--net-dense-steps", type=int, default=1,
+                        help="with --net: timed steps of the dense model")
+    add_json_option(parser)
     return parser
 
 
@@ -283,6 +447,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.torch_lr_decay is None:
         args.torch_lr_decay = args.lr_decay
+    if args.net:
+        net(args)
+        return
     print(f"machine: {describe()}")
 
     start = time.perf_counter()
@@ -365,8 +532,6 @@ def main() -> None:
                 ) as cluster,
                 Client(cluster) as client,
             ):
-                from dasknn.sampled_parallel import DistributedSampledMLP
-
                 with DistributedSampledMLP(model, client) as dist:
                     p1, sec, curve, rate = run_sampled(dist, data, train, test, args)
                     measured = dist.transfers()
@@ -397,6 +562,11 @@ def main() -> None:
             f"{rate:.0f} | {rate / torch_rate:.2f}x | "
             f"{'not reached' if reach is None else f'{reach:.1f}'} |"
         )
+    write_json(args.json, "slide.py", [
+        {"run": name, "p_at_1": p1, "epoch_s": sec, "samples_per_s": rate,
+         "vs_pytorch": rate / torch_rate, "s_to_target": curve.time_to(target)}
+        for name, p1, sec, rate, curve in rows
+    ])
 
 
 if __name__ == "__main__":

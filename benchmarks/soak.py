@@ -19,7 +19,7 @@ Dask's own length or with the profiler, set ``DASK_DISTRIBUTED__ADMIN__LOW_LEVEL
 
 Usage::
 
-    flock /tmp/dasknn-tests.lock python benchmarks/soak.py [--batches 2000] [--neurons 256]
+    python benchmarks/soak.py [--batches 2000] [--neurons 256]
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import numpy as np
 import psutil
 from dask.utils import key_split
 from distributed.batched import BatchedSend
-from machine import describe
+from harness import add_json_option, describe, write_json
 
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
@@ -112,6 +112,7 @@ def main() -> None:
         help="remove the model's bound on dask.utils.key_split's cache (dasknn.runtime.key_cache), "
         "to measure what it saves",
     )
+    add_json_option(parser)
     args = parser.parse_args()
     print(describe())
     model, x, y, parts = soak_problem(args.neurons, args.layers, args.every * args.batch_size)
@@ -154,6 +155,7 @@ def main() -> None:
           f"({wall / args.batches * 1e3:.1f} ms/batch); growth after {args.warmup} batches "
           "(MiB per 1,000 batches, least squares of the samples and of their running "
           "maximum):")  # fmt: skip
+    growths = []
     for name, values in samples.items():
         peaks = np.maximum.accumulate(values)
         growth = _slope([marks[i] for i in after], [values[i] for i in after])
@@ -162,6 +164,11 @@ def main() -> None:
               f"{growth:+7.2f} {_verdict(growth)}   maximum {peaks[after[0]] / MIB:8.1f} -> "
               f"{peaks[-1] / MIB:8.1f} MiB {peak_growth:+7.2f} "
               f"{_verdict(peak_growth)}")  # fmt: skip
+        growths.append({"process": name, "mib_per_1000_batches": growth,
+                        "maximum_mib_per_1000_batches": peak_growth,
+                        "first_mib": values[after[0]] / MIB, "last_mib": values[-1] / MIB})
+    write_json(args.json, "soak.py", {"ms_per_batch": wall / args.batches * 1e3,
+                                      "growth": growths})
     print("keys in dask.utils.key_split's cache at the end: "
           + ", ".join(f"{name.split('//')[-1]} {n}" for name, n in cached.items()))  # fmt: skip
     print("one-second profiles kept by the workers' profilers at the end: "

@@ -14,26 +14,38 @@ One run, one machine, baselines beside the figures:
 3. the overhead per layer step of each way, measured on a 32-neuron network of the same depth
    and partition count, where the arithmetic is negligible.
 
+``--kernels`` runs the training kernels alone instead (no Dask): for each RadiX-Net layer size,
+batch size and dtype the best-of-N wall time of ``spmm_forward`` (``x @ W``), ``spmm_backward``
+(``delta @ W.T``) and ``masked_outer_grad`` (``x.T @ delta`` on the pattern), on the
+feature-major arrays the training paths keep, beside the scipy.sparse way to get the same result
+from row blocks, and a whole ``SparseMLP.train_step`` (sigmoid + MSE, 4 layers) beside the same
+step written with scipy.sparse and numpy; the ratio is scipy / dasknn (> 1: dasknn faster). The
+kernels are single-threaded, scipy's sparse products too.
+
 Usage::
 
-    flock /tmp/dasknn-bench.lock python benchmarks/train.py [--layers 30] [--batches 3]
-    flock /tmp/dasknn-bench.lock python benchmarks/train.py --net 1gbit   # shaped links (root)
+    python benchmarks/train.py [--layers 30] [--batches 3]
+    python benchmarks/train.py --net 1gbit   # shaped links (root)
+    python benchmarks/train.py --kernels     # the kernels alone
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import platform
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 
 import numpy as np
 from distributed import Client, LocalCluster, get_task_stream
-from machine import describe
-from netcluster import NetCluster
+from harness import NetCluster, add_json_option, describe, write_json
 
 import graph
+from dasknn.datasets import radixnet
+from dasknn.kernels.training import masked_outer_grad, spmm_backward, spmm_forward
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
 from dasknn.model_parallel.timing import time_training
@@ -163,6 +175,97 @@ def scheduling_overhead(layers: int, nparts: int, workers: int, steps: int = 8) 
     }
 
 
+
+def best_time(func, repeats: int) -> float:
+    func()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        func()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def scipy_forward(x, w):
+    return x @ w
+
+
+def scipy_backward(delta, w):
+    return delta @ w.T
+
+
+def scipy_grad(x, delta, rows, cols):
+    return (x.T @ delta)[rows, cols]
+
+
+def scipy_step(weights, biases, x, y, lr):
+    """One SGD step of the sigmoid + MSE network with scipy.sparse products (reference baseline)."""
+    acts = [x]
+    for w, b in zip(weights, biases, strict=True):
+        acts.append(1.0 / (1.0 + np.exp(-(np.asarray(acts[-1] @ w) + b))))
+    delta = (acts[-1] - y) * acts[-1] * (1 - acts[-1]) / x.shape[0]
+    for k in range(len(weights) - 1, -1, -1):
+        w = weights[k]
+        rows = np.repeat(np.arange(w.shape[0]), np.diff(w.indptr))
+        grad = (acts[k].T @ delta)[rows, w.indices]
+        grad_b = delta.sum(0)
+        if k > 0:
+            delta = np.asarray(delta @ w.T) * acts[k] * (1 - acts[k])
+        w.data -= lr * grad
+        biases[k] -= lr * grad_b
+
+
+def kernels(args) -> None:
+    """The training kernels and a whole ``train_step`` against scipy.sparse (``--kernels``)."""
+    print(f"machine: {describe()}, python "
+          f"{platform.python_version()}; times are best-of-N wall seconds")
+    results = []
+    print(f"{'n':>5} {'B':>4} {'dtype':>7} {'op':<10} {'dasknn ms':>10} {'scipy ms':>9} "
+          f"{'ratio':>6}")
+    for n in (1024, 4096):
+        for dtype in (np.float32, np.float64):
+            w = radixnet(n, 1, dtype=dtype)[0]
+            rows = np.repeat(np.arange(n), np.diff(w.indptr))
+            for batch in (1, 32, 256):
+                rng = np.random.default_rng(0)
+                x = rng.random((batch, n)).astype(dtype)
+                delta = rng.standard_normal((batch, n)).astype(dtype)
+                xt, deltat = np.ascontiguousarray(x.T), np.ascontiguousarray(delta.T)
+                out = np.empty((n, batch), dtype=dtype)
+                grad = np.empty(w.nnz, dtype=dtype)
+                repeats = max(5, int(2e7 / (batch * w.nnz)))
+                csr = (w.indptr, w.indices, w.data)
+                cases = [
+                    ("forward", partial(spmm_forward, xt, *csr, out),
+                     partial(scipy_forward, x, w)),
+                    ("backward", partial(spmm_backward, deltat, *csr, out),
+                     partial(scipy_backward, delta, w)),
+                    ("grad", partial(masked_outer_grad, xt, deltat, *csr[:2], 1.0, grad),
+                     partial(scipy_grad, x, delta, rows, w.indices)),
+                ]
+                for name, ours, theirs in cases:
+                    t_ours, t_theirs = best_time(ours, repeats), best_time(theirs, repeats)
+                    results.append({"n": n, "batch": batch, "dtype": np.dtype(dtype).name,
+                                    "op": name, "dasknn_s": t_ours, "scipy_s": t_theirs})
+                    print(f"{n:>5} {batch:>4} {np.dtype(dtype).name:>7} {name:<10} "
+                          f"{t_ours * 1e3:>10.3f} {t_theirs * 1e3:>9.3f} {t_theirs / t_ours:>6.2f}",
+                          flush=True)
+    for n, batch in ((1024, 64), (4096, 256)):
+        model = SparseMLP.radixnet(n, 4, seed=0, activation="sigmoid", loss="mse", scale=0.1)
+        weights = [w.copy() for w in model.weights]
+        biases = [b.copy() for b in model.biases]
+        rng = np.random.default_rng(1)
+        x, y = rng.random((batch, n)), rng.random((batch, n))
+        t_ours = best_time(partial(model.train_step, x, y, 0.01), 5)
+        t_theirs = best_time(partial(scipy_step, weights, biases, x, y, 0.01), 5)
+        print(f"train_step 4 x {n}, B={batch}, float64: dasknn {t_ours * 1e3:.1f} ms, scipy "
+              f"{t_theirs * 1e3:.1f} ms, ratio {t_theirs / t_ours:.2f} "
+              f"({batch / t_ours:,.0f} vs {batch / t_theirs:,.0f} samples/s)")
+        results.append({"n": n, "batch": batch, "dtype": "float64", "op": "train_step",
+                        "dasknn_s": t_ours, "scipy_s": t_theirs})
+    write_json(args.json, "train.py --kernels", results)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--neurons", type=int, default=4096)
@@ -181,7 +284,7 @@ def main() -> None:
                         help="value type of every implementation (PyTorch follows the data)")
     parser.add_argument(
         "--net", help="run every cluster in network namespaces joined by links shaped to this "
-        "rate (tc notation: 1gbit, 10gbit; root only), see benchmarks/netcluster.py",
+        "rate (tc notation: 1gbit, 10gbit; root only), see benchmarks/harness.py",
     )
     parser.add_argument("--delay-us", type=float, help="with --net: one-way delay per link end")
     parser.add_argument(
@@ -191,7 +294,13 @@ def main() -> None:
     parser.add_argument(
         "--microbatches", type=int, help="microbatches per step (default: the automatic choice)"
     )
+    parser.add_argument("--kernels", action="store_true",
+                        help="time the training kernels against scipy.sparse instead")
+    add_json_option(parser)
     args = parser.parse_args()
+    if args.kernels:
+        kernels(args)
+        return
 
     print(f"machine: {describe()}")
     if args.net:
@@ -255,6 +364,18 @@ def main() -> None:
             print(f"P={nparts} {messages}: H vs R speedup {r.per_batch / h.per_batch:.2f}x (target "
                   f">= 1.5x); measured bytes ratio H/R {h.comm.payload / r.comm.payload:.3f}, "
                   f"predicted {h.comm.predicted / r.comm.predicted:.3f}")
+
+    write_json(args.json, "train.py", {
+        "one_process_ms": numba_single * 1e3,
+        "pytorch_ms": None if torch_batch is None else torch_batch * 1e3,
+        "distributed": [
+            {"parts": p, "method": method, "messages": messages,
+             "ms_per_batch": t.per_batch * 1e3, "wait_share": t.wait / t.per_batch,
+             "payload_bytes": t.comm.payload / t.batches,
+             "predicted_bytes": t.comm.predicted / t.batches}
+            for (p, method, messages), t in results.items()
+        ],
+    })
 
     for nparts in [] if args.skip_overhead else args.parts:
         if "actors" in args.messages:

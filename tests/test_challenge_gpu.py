@@ -74,7 +74,7 @@ def random_inputs(rows: int, neurons: int, density: float, seed: int) -> sp.csr_
 
 
 def test_sectioned_blocks_take_an_eighth_of_the_layer_within_bounds():
-    # The launch geometry measured fastest on an H200 (docs/benchmarks.md, the sweep).
+    # The launch geometry measured fastest on an H200 (docs/benchmarks.md, GPU section).
     widths = {1024: 1024, 4096: 1024, 16384: 2048, 65536: 4096, 1 << 20: 4096}
     for neurons, outputs in widths.items():
         assert cuda_inference._section_outputs(neurons) == outputs

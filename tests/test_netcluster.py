@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from netcluster import NetCluster, unavailable_reason  # noqa: E402
+from harness import NetCluster, unavailable_reason  # noqa: E402
 
 from dasknn.runtime.cluster import scheduler_workers
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Prepare the lent GPU machine's session HERE, before the device call (see README.md beside this):
-#   .whl/  the wheels the device image lacks (it has numba, numpy, scipy, pandas, cuda-core, ...),
-#   .gpu/neuron1024  the official 1024 x 120 network (the device cannot reach ../shared),
+# Prepare run.sh's inputs on a machine with network access and ../shared, for a GPU machine that
+# may have neither (see README.md beside this):
+#   .whl/  the wheels a GPU image with numba, numpy, scipy, pandas and cuda-core lacks,
+#   .gpu/neuron1024  the official 1024 x 120 network,
 #   .gpu/refs  the CPU engine's categories of the 10,000 MNIST test images for the cases in REFS.
-# Both folders are git-excluded and travel with `carry: [".whl", ".gpu"]`.
+# Both folders are git-excluded; copy them with the checkout to the GPU machine.
 #
 #   bash benchmarks/device/prepare.sh             # REFS="official 1024x120 ..." to pick cases
 set -euo pipefail
@@ -18,12 +19,12 @@ WHEELS=(
     dask==2026.8.0 distributed==2026.8.0 sparse==0.19.3 tornado==6.6.1 tblib==3.2.2
     zict==3.0.0 locket==1.0.0 partd==1.4.2 dask-cuda==26.10.0 numpy==2.4.6
 )
-# What the wheels require and the device image already holds (KINDS.md's package list).
+# What the wheels require and the GPU image is expected to hold already.
 ON_DEVICE="click cloudpickle cuda-core fsspec jinja2 msgpack numba numpy nvidia-ml-py packaging
 pandas psutil pyyaml sortedcontainers toolz urllib3"
 NOT_NEEDED="rapids-dask-dependency"
 # The cases whose references this 2-core machine computes (16384 x 1920 and the 65536-neuron
-# ones are too large for it); the seconds each took here are in README.md.
+# ones need more memory than a small machine has); README.md gives the time each takes.
 REFS=${REFS:-"official 1024x120 1024x480 4096x120 16384x120 1024x1920 4096x480 16384x480 4096x1920"}
 OFFICIAL="$ROOT/../shared/data/graphchallenge/neuron1024"
 
@@ -100,7 +101,7 @@ for case in $REFS; do
     echo "$case: $((SECONDS - start)) s with generation and cluster start"
 done
 
-echo "== sizes (a device call carries at most 64 MiB: the tracked tree and the carried paths)"
+echo "== sizes (what is copied to the GPU machine: the checkout and the two folders)"
 du -sh .whl .gpu
 tracked=$(python3 -c 'import os, subprocess
 names = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],

@@ -491,7 +491,7 @@ def advance(
     split_columns : bool
         When the live tiles are fewer than the numba threads, split each tile's output columns
         among the threads (the results are the same bit for bit); ``False`` runs a tile on one
-        thread whatever the count (``benchmarks/kernel_threads.py`` measures both).
+        thread whatever the count (``benchmarks/challenge.py --column-split`` measures both).
     """
     n_tiles, n, _ = state.block.shape
     if layers.neurons != n:

@@ -8,7 +8,7 @@ the row-block batch ``x`` of the maths). Every stored entry of ``W`` then meets 
 gather of whole rows. The single-process model and every worker of the model-parallel runtime keep
 their activations in this layout for the whole step, so no kernel transposes anything
 (transposing in and out of each kernel costs a multiple of the product itself; see
-``docs/benchmarks.md``, ``## Training kernels``, for the measured figures).
+``docs/benchmarks.md``, ``### Training kernels``, for the measured figures).
 
 These kernels are the only per-element arithmetic on the sparse matrices of the training path.
 They are single-threaded on purpose (the parallelism is across Dask workers, one thread each) and

@@ -3,8 +3,8 @@ they are computed on.
 
 A numpy array Dask deserialises from a message lies in the buffer its frames were read into,
 where the frames put it, not in memory numpy allocated for it (aligned as numpy aligns, with
-numpy's huge-page advice for large arrays). Measured (``docs/benchmarks.md``, SAMO run J): a
-pipeline stage's backward pass took 123 ms on a delta as it was received from the other worker,
+numpy's huge-page advice for large arrays). Measured (``benchmarks/samo.py received``): a pipeline
+stage's backward pass took 123 ms on a delta as it was received from the other worker,
 110 ms on a copy of such a delta made by the receiving task, and 111 ms on a delta made locally.
 Which property of the received buffer costs (its alignment, its pages) was not separated; the
 copy (about 1 ms for 8 MB) removes both. :func:`local_copy` makes it, on a 64-byte cache line.

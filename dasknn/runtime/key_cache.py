@@ -15,7 +15,7 @@ and :class:`WorkerKeyCacheBound` (a worker plugin, checked whenever a worker for
 the cache once it holds more than ``max_entries`` keys. Clearing a cache changes no result; the
 keys of a run that never repeats its keys never hit it anyway, a prefix a later task needs is
 computed again in about 0.1-0.4 microseconds more than a hit, and emptying 1,000 entries takes
-about 16 microseconds (``benchmarks/key_split_cost.py``). The bound of :data:`MAX_ENTRIES` keys is
+about 16 microseconds (``docs/benchmarks.md``, Soak). The bound of :data:`MAX_ENTRIES` keys is
 reached early in a run (about 60 steps at 16 keys a step; 500 on the soak's scheduler and 1,000
 on its workers with posted messages, 2 and 1 keys a step), after which the cache adds no memory.
 :func:`install_key_cache_bound` registers both under names of a model's own,

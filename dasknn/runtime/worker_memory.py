@@ -19,7 +19,7 @@ The setting is process-wide, so it is opt-in: :class:`~dasknn.model_parallel.Dis
 tuned keep the setting until they restart: glibc has no way back to the environment's thresholds
 short of setting them again). :class:`~dasknn.sampled_parallel.DistributedSampledMLP` does not
 take the option: on its workers the setting halved the page faults but gained 1-3 % of a step
-(``docs/benchmarks.md``, branch ``sampledmem``).
+(``docs/benchmarks.md``, ``## LSH-sampled training``).
 """
 
 from __future__ import annotations

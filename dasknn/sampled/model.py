@@ -220,7 +220,7 @@ class SampledMLP:
         to zero (0: a constant learning rate). The steps are those of each ``fit`` call (its
         epochs times its batches), or ``decay_horizon``. At 100,000 rows x 200,000 labels, one
         epoch, 0.5 lifted precision@1 from 0.457-0.4635 (constant) to 0.4960, and 1 to 0.4805
-        (``docs/benchmarks.md``, branch ``slide8``).
+        (``docs/benchmarks.md``).
     decay_horizon : int, optional
         Steps of the schedule, counted from the model's first step, for training in several
         calls (``fit`` per group of batches, ``partial_fit``, ``train_step``); after them the

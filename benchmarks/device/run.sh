@@ -1,33 +1,35 @@
 #!/usr/bin/env bash
-# The lent GPU machine's session, run THERE in the repo root by one device `run` call with
-# carry [".whl", ".gpu"] (made here by prepare.sh; README.md beside this gives the call).
+# The Graph Challenge on a GPU machine, every part in one call: run it in the repository root on
+# a machine with an NVIDIA GPU (H100 or H200 class for the largest network), after prepare.sh has
+# filled .whl/ and .gpu/ (README.md beside this says how, what runs and what it prints).
 #
-# Parts (PARTS: which run, default 1,2,5,3,4; main() sets their order), every figure under $OUT:
-#   1  the GPU test subset on the real card         -> session.log
-#   2  kernel-only A/B sectioned (one weight a       -> kernels.jsonl
-#      layer, and per entry as before) / tiled
-#   3  row check of 65536 x 1920 on 1,000 images,     -> rowcheck.json, rowcheck.log
-#      started first, in the background, on the cores the foreground leaves
-#   4  end to end: 65536 x 120 tiled then sectioned,  -> results.jsonl
-#      then 65536 x 1920 in the faster mode (last, if the budget allows)
-#   5  Nsight Compute's view of three steady-state    -> profile.txt
-#      sectioned launches on 65536 x 120 (after part 2; skipped where `ncu` is absent)
-#   6  end to end: the run of record's eleven         -> results.jsonl
-#      networks (challenge_gpu.py's default cases), after part 1; not in the default PARTS
+# Parts (PARTS: which run, default 1,6; main() sets their order), every file under $OUT:
+#   1  the GPU tests on the card                        -> run.log
+#   6  end to end: every network of challenge_gpu.py's  -> results.jsonl
+#      default cases against SNIG's one-GPU rate, categories checked against .gpu/refs
+#   2  kernel only: sectioned (one weight a layer, and  -> kernels.jsonl
+#      one per nonzero) against tiled
+#   5  Nsight Compute on three steady-state sectioned   -> profile.txt
+#      launches of 65536 x 120 (skipped where `ncu` is absent)
+#   3  row check of 65536 x 1920 on 1,000 images        -> rowcheck.json, rowcheck.log
+#      against the CPU kernel, in the background on the cores the foreground leaves
+#   4  end to end: 65536 x 120 tiled then sectioned,    -> results.jsonl
+#      then 65536 x 1920 loaded by the GPU worker, in the faster mode
 # Each part is skipped, with a printed line, when its estimated seconds would pass BUDGET
-# (default 540) counted from the start of this script. BASE (a folder with an earlier dasknn)
-# makes part 2 run that code's kernels first, for an A/B of two versions in one call.
+# (default 540) counted from the start of this script. BASE (a folder holding another checkout's
+# dasknn) makes part 2 run that code's kernels first, tagged "base", for an A/B in one call.
 #
-#   OUT=/tmp/out bash benchmarks/device/session.sh                       # on the GPU machine
-#   DRYRUN=1 OUT=/tmp/out bash benchmarks/device/session.sh              # here: tiny sizes, the
-#                                                                        # CUDA simulator, no wheels
+#   OUT=/tmp/out bash benchmarks/device/run.sh                    # on the GPU machine
+#   PARTS=1,2,5,3,4 OUT=/tmp/out bash benchmarks/device/run.sh    # the kernel parts
+#   DRYRUN=1 OUT=/tmp/out bash benchmarks/device/run.sh           # any machine: tiny sizes under
+#                                                                 # numba's CUDA simulator
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT"
 : "${OUT:?set OUT to the folder for the results}"
 DRYRUN=${DRYRUN:-0}
-PARTS=${PARTS:-1,2,5,3,4}
+PARTS=${PARTS:-1,6}
 export PYTHONUNBUFFERED=1
 GPU_LOCK=/tmp/dasknn-gpu.lock
 
@@ -51,10 +53,10 @@ else
     E2E_SMALL=65536x120 E2E_BIG=65536x1920
     E2E_ARGS=(--wide-copies 6)
     ALL_ARGS=(--official .gpu/neuron1024)
-    # seconds: the run of record's and the seventh session's times with some margin
+    # seconds each part needs on an H100 / H200, with some margin
     NEED_TESTS=90 NEED_KERNELS=150 NEED_E2E_SMALL=60 NEED_E2E_BIG=${NEED_E2E_BIG:-260}
     NEED_PROFILE=90
-    NEED_ALL=${NEED_ALL:-300}  # the run of record's timed calls took 103 s, plus each generation
+    NEED_ALL=${NEED_ALL:-300}  # the timed calls take about 100 s, plus each generation
     PROFILE_ARGS=(--networks 65536x120 --rows 10000)
 fi
 # the modes of the end-to-end A/B on E2E_SMALL (empty: none, BIG_MODE or sectioned for E2E_BIG)
@@ -112,7 +114,7 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 
 sys.path.insert(0, "benchmarks")
-from machine import describe
+from harness import describe
 
 found = []
 for name in ("numba", "numba-cuda", "numpy", "scipy", "dask", "distributed", "dask-cuda"):
@@ -135,7 +137,7 @@ start_rowcheck() {  # part 3 in the background on cores 4 and up, the foreground
         FOREGROUND=(env NUMBA_NUM_THREADS=4 taskset -c 0-3)
     fi
     echo "== part 3: row check started in the background ${prefix[*]}"
-    "${prefix[@]}" python3 benchmarks/challenge_gpu_rowcheck.py "${ROWCHECK_ARGS[@]}" \
+    "${prefix[@]}" python3 benchmarks/challenge_gpu.py rowcheck "${ROWCHECK_ARGS[@]}" \
         --modes "$ROWCHECK_MODES" --out "$OUT/rowcheck.json" --gpu-lock "$GPU_LOCK" \
         >"$OUT/rowcheck.log" 2>&1 &
     ROWCHECK_PID=$!
@@ -170,10 +172,10 @@ part_kernels() {
     if [ -n "$BASE" ]; then
         echo "== part 2: the kernels of $BASE first (tag base)"
         locked env PYTHONPATH="$(realpath "$BASE"):$PYTHONPATH" python3 \
-            benchmarks/challenge_gpu_kernels.py "${KERNEL_ARGS[@]}" \
+            benchmarks/challenge_gpu.py kernels "${KERNEL_ARGS[@]}" \
             --modes "$KERNEL_MODES" --tag base --out "$OUT/kernels.jsonl"
     fi
-    locked python3 benchmarks/challenge_gpu_kernels.py "${KERNEL_ARGS[@]}" \
+    locked python3 benchmarks/challenge_gpu.py kernels "${KERNEL_ARGS[@]}" \
         --modes "$KERNEL_MODES" --out "$OUT/kernels.jsonl"
 }
 
@@ -187,7 +189,7 @@ part_profile() {  # three sectioned launches past the first layers, where few ro
     locked ncu --target-processes all --kernel-name regex:_layer_kernel --launch-skip 60 \
         --launch-count 3 --section SpeedOfLight --section MemoryWorkloadAnalysis \
         --section Occupancy --section WarpStateStats --section LaunchStats \
-        python3 benchmarks/challenge_gpu_kernels.py "${PROFILE_ARGS[@]}" --modes sectioned \
+        python3 benchmarks/challenge_gpu.py kernels "${PROFILE_ARGS[@]}" --modes sectioned \
         --repeats 1 >"$OUT/profile.txt" 2>&1
     local rc=$?
     tail -n 120 "$OUT/profile.txt"
@@ -201,8 +203,8 @@ e2e() {  # e2e CASE MODE [ARGS...]: one end-to-end run of challenge_gpu.py
         --out "$OUT"
 }
 
-part_all() {  # the run of record's networks, as it ran them (client-loaded, one batch a GPU)
-    echo "== part 6: the run of record's networks end to end (${SECONDS} s)"
+part_all() {  # every default network, client-loaded, one batch a GPU
+    echo "== part 6: the default networks end to end (${SECONDS} s)"
     local extra=()  # ALL_ONLY: some of the cases (comma-separated); ALL_MODE: the kernel mode
     if [ -n "${ALL_ONLY:-}" ]; then extra+=(--only "$ALL_ONLY"); fi
     if [ -n "${ALL_MODE:-}" ]; then extra+=(--mode "$ALL_MODE"); fi
@@ -247,7 +249,6 @@ part_e2e() {
     done
     mode=${BIG_MODE:-$(faster_mode || echo sectioned)}
     # the largest network loaded by the GPU worker itself: no 8 GB trip through the client
-    # (the client-loaded run of record is in docs/benchmarks.md; the kernel seconds compare)
     if fits "4 ($E2E_BIG $mode)" "$NEED_E2E_BIG"; then
         e2e "$E2E_BIG" "$mode" --load-on-workers --workers-only || failed=1
     fi
@@ -270,4 +271,4 @@ main() {
 }
 
 mkdir -p "$OUT"
-main 2>&1 | tee -a "$OUT/session.log"
+main 2>&1 | tee -a "$OUT/run.log"

@@ -1,15 +1,25 @@
-"""A Dask cluster whose scheduler and workers each run in their own network namespace.
+"""The benchmarks' shared harness: command-line options, the machine, JSON output, clusters.
 
-Every node (the scheduler, each worker) gets a namespace with one ``eth0``, a veth link to a
-bridge in a "switch" namespace; the benchmark process (the client) reaches the bridge through one
-more veth link from the root namespace. The links of the nodes are shaped with ``tc``: a token
-bucket (``tbf``) at ``rate`` on both ends of each link, so every byte between two workers crosses
-two shaped links the way it would cross two network interfaces, and, when ``delay_us`` is given, a
-``netem`` delay on each end. Addresses are taken from ``10.213.X.0/24`` inside namespaces this
-harness creates and deletes; nothing outside the machine is reached.
+Every script of ``benchmarks/`` imports it (they run as ``python benchmarks/NAME.py`` from the
+repository root, so this folder is on ``sys.path``):
 
-Root only (namespaces and qdiscs need ``CAP_NET_ADMIN``); :func:`unavailable_reason` says why a
-machine cannot run it, so callers can skip with that message.
+- :func:`describe`: the machine a figure came from (CPU model, usable cores, load average),
+  printed at the top of every run;
+- :func:`add_json_option` and :func:`write_json`: ``--json FILE`` appends one JSON object per
+  result (the script's name, the machine and the figures) to ``FILE``;
+- :func:`case_bias`: the Graph Challenge bias of a network width, with a bias for the small
+  widths the GPU scripts run under the CUDA simulator;
+- :class:`NetCluster`: a Dask cluster whose scheduler and workers each run in their own network
+  namespace, every link shaped with ``tc`` to a rate (root only; :func:`unavailable_reason` says
+  why a machine cannot run it, so callers can skip with that message).
+
+``NetCluster``: every node (the scheduler, each worker) gets a namespace with one ``eth0``, a veth
+link to a bridge in a "switch" namespace; the benchmark process (the client) reaches the bridge
+through one more veth link from the root namespace. The links of the nodes are shaped with a
+token bucket (``tbf``) at ``rate`` on both ends of each link, so every byte between two workers
+crosses two shaped links the way it would cross two network interfaces, and, when ``delay_us`` is
+given, a ``netem`` delay on each end. Addresses are taken from ``10.213.X.0/24`` inside namespaces
+this harness creates and deletes; nothing outside the machine is reached::
 
     with NetCluster(workers=2, rate="1gbit") as cluster, Client(cluster.address) as client:
         ...
@@ -17,14 +27,76 @@ machine cannot run it, so callers can skip with that message.
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
-__all__ = ["NetCluster", "unavailable_reason"]
+from dasknn.datasets import challenge_bias
+
+__all__ = [
+    "NetCluster",
+    "add_json_option",
+    "case_bias",
+    "cpu_model",
+    "describe",
+    "unavailable_reason",
+    "write_json",
+]
+
+
+def cpu_model() -> str:
+    """The CPU's model name from ``lscpu``, else what :mod:`platform` knows."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        out = ""
+    for line in out.splitlines():
+        if line.startswith("Model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def describe() -> str:
+    """``MODEL, N cores, load L1 L5 L15``: the CPU, the cores this process may use, the load."""
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    return f"{cpu_model()}, {len(os.sched_getaffinity(0))} cores, load {load}"
+
+
+def add_json_option(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add ``--json FILE`` (append the results as JSON lines) to ``parser``; returns it."""
+    parser.add_argument("--json", type=Path, metavar="FILE",
+                        help="also append the results to FILE, one JSON object a line")
+    return parser
+
+
+def write_json(path: Path | None, script: str, results: dict | list) -> None:
+    """Append ``{"script", "machine", "results"}`` to ``path`` as one JSON line; nothing when
+    ``path`` is ``None``. Values JSON cannot hold (numpy scalars, paths) are written as text."""
+    if path is None:
+        return
+    record = {"script": script, "machine": describe(), "results": results}
+    with Path(path).open("a") as out:
+        out.write(json.dumps(record, default=str) + "\n")
+
+
+#: The widths the challenge gives a bias for.
+CHALLENGE_WIDTHS = (1024, 4096, 16384, 65536)
+#: The bias of the other (smaller, test-sized) widths the GPU scripts run.
+OTHER_WIDTH_BIAS = -0.3
+
+
+def case_bias(neurons: int) -> float:
+    """The challenge's bias for ``neurons``, or :data:`OTHER_WIDTH_BIAS` for a width it has none
+    for."""
+    return challenge_bias(neurons) if neurons in CHALLENGE_WIDTHS else OTHER_WIDTH_BIAS
+
 
 _SUBNET = "10.213"
 
