@@ -11,12 +11,20 @@ from __future__ import annotations
 
 import argparse
 import math
+from contextlib import ExitStack
+from pathlib import Path
 
+from dasknn.cli.tls import add_tls_options, security_from_args
+from dasknn.runtime.cluster import open_client
 from dasknn.runtime.jobqueue import BATCH_SYSTEMS, JOBQUEUE_TIMEOUT, JobqueueSpec
 from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT
+from graph.atomic import check_output_path
 
 __all__ = [
     "add_cluster_arguments",
+    "add_distributed_arguments",
+    "check_distributed_options",
+    "open_cluster",
     "add_step_timeout_argument",
     "check_step_timeout_option",
     "cluster_target",
@@ -120,3 +128,37 @@ def check_step_timeout_option(seconds: float) -> None:
     ``inf``, ``nan``) with a ``ValueError`` naming the option."""
     if not 0 < seconds < math.inf:
         raise ValueError("--step-timeout must be a finite number of seconds > 0")
+
+
+def add_distributed_arguments(parser: argparse.ArgumentParser, workers: int, waits: str) -> None:
+    """Add what a command that trains on a cluster takes: ``--step-timeout`` (how long
+    ``waits``), ``--workers`` (default ``workers``), the cluster choices
+    (:func:`add_cluster_arguments`), the TLS options and ``--json FILE``."""
+    add_step_timeout_argument(parser, waits)
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=workers,
+        help="local worker processes (with --cluster: the batch jobs' workers to wait for)",
+    )
+    add_cluster_arguments(parser, parser.add_mutually_exclusive_group())
+    add_tls_options(parser)
+    parser.add_argument("--json", type=Path, help="write every statistic to this JSON file")
+
+
+def check_distributed_options(args: argparse.Namespace) -> None:
+    """``ValueError`` naming a bad ``--workers``, ``--step-timeout`` or ``--json``, before any
+    work."""
+    if args.workers < 1:
+        raise ValueError("--workers must be at least 1")
+    check_step_timeout_option(args.step_timeout)
+    if args.json is not None:
+        check_output_path(args.json)
+
+
+def open_cluster(stack: ExitStack, args: argparse.Namespace):
+    """The client the options name (a local cluster, ``--scheduler``, ``--cluster`` batch
+    jobs; with the TLS options), closed with ``stack``."""
+    security = security_from_args(args)
+    target = cluster_target(args, args.workers)
+    return open_client(stack, target, args.workers, security=security)

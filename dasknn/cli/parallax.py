@@ -9,17 +9,14 @@ import argparse
 import json
 import time
 from contextlib import ExitStack
-from pathlib import Path
 
 import numpy as np
 
 from dasknn.cli.cluster_options import (
-    add_cluster_arguments,
-    add_step_timeout_argument,
-    check_step_timeout_option,
-    cluster_target,
+    add_distributed_arguments,
+    check_distributed_options,
+    open_cluster,
 )
-from dasknn.cli.tls import add_tls_options, security_from_args
 from dasknn.cli.training_options import (
     add_training_arguments,
     check_training_options,
@@ -28,8 +25,7 @@ from dasknn.cli.training_options import (
 from dasknn.data_parallel import ARCHITECTURES, DistributedEmbeddingMLP
 from dasknn.datasets import load_stdlib_corpus
 from dasknn.model import EmbeddingMLP
-from dasknn.runtime.cluster import open_client
-from graph.atomic import check_output_path, write_text_atomically
+from graph.atomic import write_text_atomically
 
 __all__ = ["add_parser", "run"]
 
@@ -68,16 +64,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--messages", choices=("posted", "tasks"), default="posted")
     add_training_arguments(parser, batch_size=256, lr=0.5, optimizer="sgd")
-    add_step_timeout_argument(parser, "a step may go without finishing")
-    parser.add_argument(
-        "--workers",
-        type=int,
-        default=2,
-        help="local worker processes (with --cluster: the batch jobs' workers to wait for)",
-    )
-    add_cluster_arguments(parser, parser.add_mutually_exclusive_group())
-    add_tls_options(parser)
-    parser.add_argument("--json", type=Path, help="write every statistic to this JSON file")
+    add_distributed_arguments(parser, 2, "a step may go without finishing")
     parser.set_defaults(func=run)
 
 
@@ -95,13 +82,13 @@ def _check(args: argparse.Namespace) -> tuple[tuple[int, ...], int | str]:
     """The hidden sizes and the shard count; ``ValueError`` for any bad option, before any
     work."""
     hidden = _sizes(args.hidden, "hidden")
-    for name in ("context", "embed_dim", "workers"):
+    for name in ("context", "embed_dim"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
     if args.max_vocab < 2:
         raise ValueError("--max-vocab must be at least 2")
     check_training_options(args)
-    check_step_timeout_option(args.step_timeout)
+    check_distributed_options(args)
     shards: int | str = args.sparse_partitions
     if shards != "auto":
         try:
@@ -112,8 +99,6 @@ def _check(args: argparse.Namespace) -> tuple[tuple[int, ...], int | str]:
             ) from None
         if shards < 1:
             raise ValueError("--sparse-partitions must be at least 1")
-    if args.json is not None:
-        check_output_path(args.json)
     return hidden, shards
 
 
@@ -121,8 +106,6 @@ def run(args: argparse.Namespace) -> int:
     """Check, load the corpus, train on the cluster and print the figures; return the exit
     code."""
     hidden, shards = _check(args)
-    security = security_from_args(args)
-    target = cluster_target(args, args.workers)
     optimizer = optimizer_from_args(args)
     packages = tuple(p.strip() for p in args.packages.split(",")) if args.packages else None
     corpus = load_stdlib_corpus(args.corpus, args.context, args.max_vocab, packages)
@@ -139,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     )
     epochs: list[dict] = []
     with ExitStack() as stack:
-        client = open_client(stack, target, args.workers, security=security)
+        client = open_cluster(stack, args)
         dist = stack.enter_context(
             DistributedEmbeddingMLP(
                 model,

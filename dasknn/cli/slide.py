@@ -12,22 +12,20 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from dasknn.cli.cluster_options import (
-    add_cluster_arguments,
-    add_step_timeout_argument,
-    check_step_timeout_option,
-    cluster_target,
+    add_distributed_arguments,
+    check_distributed_options,
+    open_cluster,
 )
-from dasknn.cli.tls import add_tls_options, security_from_args
 from dasknn.cli.training_options import (
     add_training_arguments,
     check_training_options,
     optimizer_from_args,
 )
 from dasknn.datasets import make_extreme_classification, read_xmc
-from dasknn.runtime.cluster import open_client, scheduler_workers
+from dasknn.runtime.cluster import scheduler_workers
 from dasknn.sampled import SampledMLP
 from dasknn.sampled_parallel import DistributedSampledMLP
-from graph.atomic import check_output_path, write_text_atomically
+from graph.atomic import write_text_atomically
 
 __all__ = ["add_parser", "run"]
 
@@ -62,22 +60,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     model.add_argument("--k", type=int, default=6, help="hash bits a table")
     model.add_argument("--tables", type=int, default=20, help="hash tables")
     add_training_arguments(parser, batch_size=256, lr=1e-3, optimizer="adam")
-    add_step_timeout_argument(parser, "a step may go without finishing")
-    parser.add_argument(
-        "--workers",
-        type=int,
-        default=2,
-        help="local worker processes, one shard each (with --cluster: the batch jobs' workers)",
-    )
-    add_cluster_arguments(parser, parser.add_mutually_exclusive_group())
-    add_tls_options(parser)
-    parser.add_argument("--json", type=Path, help="write every statistic to this JSON file")
+    add_distributed_arguments(parser, 2, "a step may go without finishing")
     parser.set_defaults(func=run)
 
 
 def _check(args: argparse.Namespace) -> None:
     """``ValueError`` for any bad option, before any work."""
-    for name in ("samples", "features", "labels", "hidden", "k", "tables", "workers"):
+    for name in ("samples", "features", "labels", "hidden", "k", "tables"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
     if args.held_out < 1:
@@ -85,13 +74,11 @@ def _check(args: argparse.Namespace) -> None:
     if not 0 < args.active_fraction <= 1:
         raise ValueError(f"--active-fraction must lie in (0, 1], got {args.active_fraction}")
     check_training_options(args)
-    check_step_timeout_option(args.step_timeout)
+    check_distributed_options(args)
     if args.xmc is not None and not args.xmc.is_file():
         raise FileNotFoundError(f"--xmc {args.xmc}: no such file")
     if args.xmc is None and args.held_out >= args.samples:
         raise ValueError(f"--held-out {args.held_out} leaves no training row of {args.samples}")
-    if args.json is not None:
-        check_output_path(args.json)
 
 
 def _data(args: argparse.Namespace):
@@ -110,8 +97,6 @@ def run(args: argparse.Namespace) -> int:
     """Check, make or read the data, train on the cluster and print the figures; return the
     exit code."""
     _check(args)
-    security = security_from_args(args)
-    target = cluster_target(args, args.workers)
     X, Y, problem = _data(args)
     split = X.shape[0] - args.held_out
     X_train, Y_train, X_held, Y_held = X[:split], Y[:split], X[split:], Y[split:]
@@ -121,8 +106,8 @@ def run(args: argparse.Namespace) -> int:
     )
     epochs: list[dict] = []
     with ExitStack() as stack:
-        client = open_client(stack, target, args.workers, security=security)
-        shards = args.workers if target is None else len(scheduler_workers(client))
+        client = open_cluster(stack, args)
+        shards = len(scheduler_workers(client))
         model = SampledMLP(
             hidden=args.hidden, active_fraction=args.active_fraction,
             hash_family=args.hash_family, k=args.k, n_tables=args.tables, shards=shards,
