@@ -1,6 +1,7 @@
 """The notebooks in ``examples/`` run top to bottom (nbclient, a real Jupyter kernel) on small
 sizes, and what they show is checked: against float64 references written here where there is
-one. The notebooks are stored without outputs."""
+one. The notebooks are stored executed, with their outputs (``examples/execute_notebooks.py``), so
+that they read on a repository page; the tests run them again."""
 
 from __future__ import annotations
 
@@ -24,9 +25,16 @@ def _execute(name: str, parameters: str, probe: str, tmp_path: Path) -> tuple[di
     probe's values and the executed cells."""
     nb = nbformat.read(EXAMPLES / f"{name}.ipynb", as_version=4)
     code = [cell for cell in nb.cells if cell.cell_type == "code"]
-    assert all(not cell.outputs and cell.execution_count is None for cell in code), (
-        f"{name}.ipynb is stored with outputs"
+    counts = [cell.execution_count for cell in code]
+    assert counts == list(range(1, len(code) + 1)), (
+        f"{name}.ipynb is not stored executed top to bottom: python examples/execute_notebooks.py "
+        f"{name}"
     )
+    assert any(cell.outputs for cell in code), f"{name}.ipynb is stored without outputs"
+    if any("matplotlib" in cell.source for cell in code):
+        assert _images(nb.cells) >= 1, f"{name}.ipynb is stored without its plots"
+    for cell in code:
+        cell.outputs, cell.execution_count = [], None
     tagged = [cell for cell in code if "parameters" in cell.metadata.get("tags", [])]
     assert len(tagged) == 1
     tagged[0].source += "\n# test sizes\n" + parameters
