@@ -24,7 +24,6 @@ from dasknn.challenge import run_challenge
 from dasknn.challenge.engine import prepare_run
 from dasknn.challenge.worker_network import _same_network
 from dasknn.cli import main
-from dasknn.data_parallel.gpu_inference import plan_memory
 from dasknn.datasets import (
     challenge_bias,
     load_mnist_test,
@@ -35,6 +34,7 @@ from dasknn.datasets import (
     write_sparse_tsv,
 )
 from dasknn.exceptions import StepTimeoutError
+from dasknn.inference._gpu_inference import plan_memory
 from dasknn.kernels import cuda_inference
 from dasknn.kernels.cuda_inference import (
     LANES,

@@ -14,10 +14,10 @@ import scipy.sparse as sp
 from dask.sizeof import sizeof
 from distributed import Client, LocalCluster
 
-from dasknn.data_parallel.batches import BatchResult
-from dasknn.data_parallel.broadcast import broadcast
-from dasknn.data_parallel.cpu_inference import StreamedBatch
 from dasknn.datasets import radixnet
+from dasknn.inference._batches import BatchResult
+from dasknn.inference._broadcast import broadcast
+from dasknn.inference._cpu_inference import StreamedBatch
 from dasknn.kernels.inference import pack_layers, start_batch
 from dasknn.model_parallel.plan import build_comm_plan
 

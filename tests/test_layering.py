@@ -2,8 +2,8 @@
 
 Every ``import`` statement of every module of ``dasknn/`` and ``graph/`` (those inside functions
 too) is read with :mod:`ast`, nothing is imported. A module may import its own folder and the
-layers below its own; the training modes do not import each other; the layers below
-``dasknn/runtime/`` and ``graph/`` import no Dask; numba code is compiled only in
+layers below its own; the training modes and the inference engine do not import each other;
+the layers below ``dasknn/runtime/`` and ``graph/`` import no Dask; numba code is compiled only in
 ``dasknn/kernels/``.
 """
 
@@ -26,7 +26,7 @@ LEVELS = [
     ("dasknn",),
     ("cli",),
     ("challenge",),
-    ("data_parallel", "model_parallel", "pipeline_parallel", "sampled_parallel"),
+    ("inference", "data_parallel", "model_parallel", "pipeline_parallel", "sampled_parallel"),
     ("runtime",),
     ("model",),
     ("compressed",),
@@ -45,9 +45,9 @@ NO_DASK = {layer for layer, rank in LEVEL.items() if rank > LEVEL["runtime"]}
 #: The modules outside ``dasknn/kernels/`` that import numba, and why: each reads or sets numba's
 #: thread count or asks numba's CUDA driver about a device, and compiles nothing.
 NUMBA_OUTSIDE_KERNELS = {
-    "dasknn.data_parallel.cpu_inference": "sets a worker's numba thread count for its batches",
-    "dasknn.data_parallel.gpu_inference": "asks numba's CUDA driver for a GPU's name and memory",
-    "dasknn.data_parallel.workers": "reports a worker's numba thread count",
+    "dasknn.inference._cpu_inference": "sets a worker's numba thread count for its batches",
+    "dasknn.inference._gpu_inference": "asks numba's CUDA driver for a GPU's name and memory",
+    "dasknn.inference._workers": "reports a worker's numba thread count",
     "dasknn.sampled.layers": "reads numba's thread count to cut a batch into HOGWILD chunks",
 }
 #: numba's names that compile code (decorators, ``prange``, ``jitclass``): ``dasknn/kernels/`` only.
@@ -180,7 +180,7 @@ def test_numba_against_the_rule_is_found():
         "dasknn/datasets/parse.py": "import numpy\nfrom numba import njit\n",
         "graph/cut.py": "def f():\n    import numba.cuda\n",
         "dasknn/sampled/layers.py": "import numba\n\n@numba.jit\ndef f(): pass\n",
-        "dasknn/data_parallel/workers.py": "import numba\nn = numba.get_num_threads()\n",
+        "dasknn/inference/_workers.py": "import numba\nn = numba.get_num_threads()\n",
     }
     assert numba_violations(sources) == [
         "dasknn.datasets.parse: imports numba outside dasknn/kernels/",
@@ -202,10 +202,15 @@ def test_imports_against_the_rules_are_found():
         "dasknn/model/__init__.py": "from .net import f\nfrom . import losses\n",
         "graph/cut.py": "import dask.array\nfrom distributed import Client\n",
         "dasknn/sampled_parallel/m.py": "from dasknn.data_parallel.plan import x\n",
+        "dasknn/data_parallel/d.py": "from dasknn.inference import infer_on_cpus\n",
+        "dasknn/inference/_i.py": "from dasknn.challenge import x\nfrom dasknn.runtime import w\n",
+        "dasknn/challenge/c.py": "from dasknn.inference import InferenceRun\n",
         "dasknn/kernels/k.py": "from dasknn.kernels import training\nimport numpy\n",
         "dasknn/runtime/r.py": "import distributed\nfrom dasknn.extra import y\n",
     }
     assert violations(sources) == [
+        "dasknn.data_parallel.d -> dasknn.inference: data_parallel and inference are side by side",
+        "dasknn.inference._i -> dasknn.challenge: inference is below challenge",
         "dasknn.model.net -> dasknn.runtime: model is below runtime",
         "dasknn.runtime.r -> dasknn.extra: a layer docs/architecture.md does not place",
         "dasknn.sampled_parallel.m -> dasknn.data_parallel.plan: sampled_parallel and "

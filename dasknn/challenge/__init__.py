@@ -1,5 +1,5 @@
 """The Sparse DNN Graph Challenge: its files, checks, bias rule, categories and statistics, run
-data-parallel on :mod:`dasknn.data_parallel` or model-parallel (networks wider than one worker)
+data-parallel on :mod:`dasknn.inference` or model-parallel (networks wider than one worker)
 on :mod:`dasknn.model_parallel`."""
 
 from dasknn.challenge.engine import ChallengeStats, run_challenge

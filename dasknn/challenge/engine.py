@@ -1,5 +1,5 @@
 """Graph Challenge inference over the workers of a Dask cluster: the challenge's files and
-checks on top of the data-parallel inference of :mod:`dasknn.data_parallel.inference`.
+checks on top of the data-parallel inference of :mod:`dasknn.inference`.
 
 :func:`prepare_run` reads and checks the network, the inputs and the options before any cluster
 is touched; :func:`run_challenge` runs the batches (weights broadcast once to every worker, or
@@ -24,8 +24,8 @@ from distributed import Client, Security
 from dasknn.challenge.inputs import load_inputs
 from dasknn.challenge.network_checks import check_network
 from dasknn.challenge.stats import ChallengeStats, merge_batches
-from dasknn.data_parallel.inference import InferenceRun, infer_on_cpus, infer_on_gpus
 from dasknn.datasets import challenge_bias, load_network
+from dasknn.inference import InferenceRun, infer_on_cpus, infer_on_gpus
 from dasknn.model.validation import check_float_dtype
 from dasknn.runtime.cluster import open_client
 from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT, check_step_timeout
@@ -197,8 +197,7 @@ def run_challenge(
     neurons, layers, seed : int, optional
         Passed to :func:`dasknn.datasets.load_network` (``layers`` also truncates a sequence).
     batch_size : int, optional
-        Rows per batch (default
-        :func:`dasknn.data_parallel.batches.default_batch_size`).
+        Rows per batch (default :func:`dasknn.inference.default_batch_size`).
     dtype : ``"float32"`` or ``"float64"``
         Arithmetic of the kernel.
     ymax : float
@@ -237,7 +236,7 @@ def run_challenge(
         weights, a batch's rows or a result not arriving. It then stops with
         :class:`~dasknn.exceptions.StepTimeoutError` naming the batches still running,
         their workers and the workers' state (see
-        :func:`dasknn.data_parallel.driver.run_batches`). With ``load_on_workers`` it also bounds
+        :func:`dasknn.inference.infer_on_cpus`). With ``load_on_workers`` it also bounds
         the workers' load of the network, so a huge network needs a ``step_timeout`` longer
         than its load (generating or reading it and packing it on a worker).
     load_on_workers : bool
@@ -350,7 +349,7 @@ def _run_loading_on_workers(
     cluster is touched, the network loaded by every GPU worker, then the inputs read for its
     width and the batches run on the workers' copies (released however the run ends)."""
     from dasknn.challenge.worker_network import load_on_gpu_workers
-    from dasknn.data_parallel.gpu_inference import check_cuda_workers
+    from dasknn.inference import check_cuda_workers
 
     spec = prepare_worker_run(
         network, inputs, bias, batch_size=batch_size, dtype=dtype, device=device,

@@ -13,8 +13,8 @@ __all__ = ["ChallengeStats", "merge_batches"]
 def merge_batches(results: Sequence[tuple[int, object]]) -> tuple[np.ndarray, dict[str, int]]:
     """The sorted 1-based categories and the peak memory per worker of a run's batches.
 
-    ``results`` holds ``(first row, BatchResult)`` pairs (:class:`dasknn.data_parallel.batches.
-    BatchResult`: batch-local ``rows`` and ``peak_memory``).
+    ``results`` holds ``(first row, BatchResult)`` pairs (:class:`dasknn.inference.BatchResult`:
+    batch-local ``rows`` and ``peak_memory``).
     """
     categories = np.sort(
         np.concatenate([r.rows + s + 1 for s, r in results] or [np.empty(0, np.int64)])

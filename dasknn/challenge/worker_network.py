@@ -13,9 +13,8 @@ import numpy as np
 from distributed import Client, Future
 
 from dasknn.challenge.network_checks import check_network
-from dasknn.data_parallel.broadcast import submit_pinned
-from dasknn.data_parallel.gpu_inference import HeldNetwork
 from dasknn.datasets import load_network, parse_radixnet_spec
+from dasknn.inference import HeldNetwork, submit_pinned
 from dasknn.kernels.cuda_inference import CompactLayers, compact_layers, weight_bytes
 from dasknn.kernels.inference import pack_layers
 from dasknn.runtime.step_timeout import step_timeout_error

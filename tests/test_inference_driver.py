@@ -11,7 +11,7 @@ import pytest
 import scipy.sparse as sp
 from distributed import get_worker
 
-from dasknn.data_parallel.driver import per_worker_slots, run_batches, shared_slots
+from dasknn.inference._driver import per_worker_slots, run_batches, shared_slots
 from dasknn.runtime.cluster import scheduler_workers
 
 

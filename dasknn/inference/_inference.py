@@ -4,7 +4,7 @@ ymax)`` for batches of rows pulled by the workers, on CPUs or GPUs.
 On CPUs the packed network is broadcast once to every worker when it fits the weight budget; else
 it is streamed in windows of layers, at most ``weight_buffers`` windows on the workers at once,
 and every batch's state advances window by window (it stays on its worker). On GPUs every worker
-uploads the network to its GPU once (see :mod:`dasknn.data_parallel.gpu_inference`).
+uploads the network to its GPU once (see :func:`infer_on_gpus`).
 """
 
 from __future__ import annotations
@@ -18,20 +18,20 @@ import numpy as np
 import scipy.sparse as sp
 from distributed import Client
 
-from dasknn.data_parallel.batches import BatchResult, default_batch_size
-from dasknn.data_parallel.cpu_inference import CPUInference, layer_bytes, warm_kernel
-from dasknn.data_parallel.driver import (
+from dasknn.inference._batches import BatchResult, default_batch_size
+from dasknn.inference._cpu_inference import CPUInference, layer_bytes, warm_kernel
+from dasknn.inference._driver import (
     per_worker_slots,
     run_batches,
     shared_slots,
 )
-from dasknn.data_parallel.windows import layer_windows, window_layers, worker_memory_limit
+from dasknn.inference._windows import layer_windows, window_layers, worker_memory_limit
 from dasknn.kernels.inference import pack_layers
 from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT, run_on_workers
 
 if TYPE_CHECKING:
-    from dasknn.data_parallel.gpu_inference import HeldNetwork
+    from dasknn.inference._gpu_inference import HeldNetwork
 
 __all__ = ["InferenceRun", "infer_on_cpus", "infer_on_gpus"]
 
@@ -103,7 +103,7 @@ def infer_on_cpus(
     dtype : numpy dtype
         float32 or float64, the kernel's arithmetic.
     batch_size : int, optional
-        Rows per batch (default :func:`dasknn.data_parallel.batches.default_batch_size`).
+        Rows per batch (default :func:`dasknn.inference.default_batch_size`).
     resident_layers : int, optional
         Stream the weights in windows of this many layers; by default they are broadcast whole
         when they fit ``weight_budget``, else streamed in windows that fit it.
@@ -114,7 +114,7 @@ def infer_on_cpus(
     step_timeout : float
         Seconds the run may go without a batch finishing (or the workers warming the kernel,
         or a window of weights reaching them); see
-        :func:`dasknn.data_parallel.driver.run_batches`.
+        :func:`dasknn.inference._driver.run_batches`.
     progress : bool
         Show a progress bar.
     desc : str
@@ -127,7 +127,7 @@ def infer_on_cpus(
     StepTimeoutError
         If nothing finished within ``step_timeout``, naming the workers waited for.
     WorkerLostError, Exception
-        As :func:`dasknn.data_parallel.driver.run_batches` raises them.
+        As :func:`dasknn.inference._driver.run_batches` raises them.
     """
     n_workers = len(scheduler_workers(client))
     if n_workers == 0:
@@ -197,7 +197,7 @@ def infer_on_gpus(
         As for :func:`infer_on_cpus`.
     network : list of scipy.sparse.csr_matrix or HeldNetwork
         The layers, packed here and sent to every GPU worker, or the compact network that each
-        GPU worker already holds (:class:`~dasknn.data_parallel.gpu_inference.HeldNetwork`; its
+        GPU worker already holds (:class:`~dasknn.inference.HeldNetwork`; its
         workers run the batches, the copies stay theirs to release).
     batch_size : int, optional
         Rows per batch; by default an equal share of the rows per GPU. Capped by what the GPU's
@@ -224,7 +224,7 @@ def infer_on_gpus(
     MemoryError
         If the network does not fit a GPU even streamed.
     """
-    from dasknn.data_parallel.gpu_inference import (
+    from dasknn.inference._gpu_inference import (
         CUDAInference,
         HeldNetwork,
         check_cuda_workers,

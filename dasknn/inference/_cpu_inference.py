@@ -19,9 +19,9 @@ import numpy as np
 import scipy.sparse as sp
 from distributed import Client, Future
 
-from dasknn.data_parallel.batches import BatchResult
-from dasknn.data_parallel.broadcast import broadcast
-from dasknn.data_parallel.workers import peak_rss, worker_threads
+from dasknn.inference._batches import BatchResult
+from dasknn.inference._broadcast import broadcast
+from dasknn.inference._workers import peak_rss, worker_threads
 from dasknn.kernels.inference import (
     BatchState,
     PackedLayers,

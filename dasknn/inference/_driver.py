@@ -27,8 +27,8 @@ import scipy.sparse as sp
 from distributed import Client, Future, futures_of
 from tqdm.auto import tqdm
 
-from dasknn.data_parallel.batches import batch_starts
 from dasknn.exceptions import StepTimeoutError
+from dasknn.inference._batches import batch_starts
 from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.step_timeout import (
     DEFAULT_STEP_TIMEOUT,

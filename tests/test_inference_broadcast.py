@@ -1,4 +1,4 @@
-"""Values placed on the workers (``dasknn.data_parallel.broadcast``) on a real LocalCluster: on
+"""Values placed on the workers (``dasknn.inference._broadcast``) on a real LocalCluster: on
 the named worker, on every worker, loaded by a task pinned to each; a placement given up at a
 stopped worker leaves nothing on the cluster once the worker goes on."""
 
@@ -15,8 +15,8 @@ import pytest
 from distributed import Client, LocalCluster
 from stopped_workers import keys_on_scheduler, keys_on_workers, stopped, wait_until_empty
 
-from dasknn.data_parallel.broadcast import broadcast, load_on_each, scatter_within
 from dasknn.exceptions import WorkerLostError
+from dasknn.inference._broadcast import broadcast, load_on_each, scatter_within
 from dasknn.runtime.cluster import scheduler_workers
 
 

@@ -100,9 +100,9 @@ def broadcast(client: Client, value: Any, timeout: float) -> Future:
     :data:`WORKERS_POLL_SECONDS` in which no copy task finished), those tasks are released,
     whether they ran or not. Each copy is one Dask's task states know of: a copy that lands
     after the broadcast was given up is dropped again. The scheduler's own broadcast
-    (``Client.scatter(broadcast=True)``, its ``replicate``) copies the value outside them, and a
-    worker stopped after it took its copy, before it answered, kept that copy for good once the
-    key was released.
+    (``Client.scatter(broadcast=True)``, its ``replicate``) copies the value outside them: a
+    worker stopped after it takes its copy and before it answers keeps that copy for good once
+    the key is released, which is why this function does not use it.
 
     Dask's active memory manager (its ``ReduceReplicas`` policy, on by default) drops the
     copies no task waits for: the broadcast waits for each copy task to run, not for every

@@ -20,9 +20,9 @@ import numpy as np
 import scipy.sparse as sp
 from distributed import Client, Future
 
-from dasknn.data_parallel.batches import BatchResult
-from dasknn.data_parallel.broadcast import load_held, load_on_each, scatter_within
-from dasknn.data_parallel.workers import peak_rss, worker_name
+from dasknn.inference._batches import BatchResult
+from dasknn.inference._broadcast import load_held, load_on_each, scatter_within
+from dasknn.inference._workers import peak_rss, worker_name
 from dasknn.kernels.cuda_inference import (
     CUDA_INSTALL_HINT,
     BitRows,
@@ -238,7 +238,7 @@ class CUDAInference:
     addresses : sequence of str
         The GPU workers.
     bias, ymax : float
-        As for :class:`dasknn.data_parallel.cpu_inference.CPUInference`.
+        As for :class:`dasknn.inference._cpu_inference.CPUInference`.
     dtype : numpy dtype
         Arithmetic of the kernels (CSR batches arrive in it).
     budget : int or None

@@ -24,9 +24,9 @@ from stopped_workers import keys_on_scheduler, keys_on_workers, stopped, wait_un
 from dasknn.challenge import run_challenge
 from dasknn.challenge.model_parallel import run_challenge_model_parallel
 from dasknn.cli import main
-from dasknn.data_parallel.driver import per_worker_slots, run_batches, shared_slots
 from dasknn.datasets import radixnet, write_sparse_tsv
 from dasknn.exceptions import StepTimeoutError, WorkerLostError
+from dasknn.inference._driver import per_worker_slots, run_batches, shared_slots
 from dasknn.runtime.cluster import scheduler_workers
 
 

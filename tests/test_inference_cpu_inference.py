@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from dasknn.data_parallel.cpu_inference import StreamedBatch, run_window
 from dasknn.datasets import radixnet
+from dasknn.inference._cpu_inference import StreamedBatch, run_window
 from dasknn.kernels.inference import pack_layers
 
 
