@@ -204,7 +204,9 @@ def test_each_boundary_activation_runs_on_the_receiving_stage_and_the_step_is_un
 
     reference = model()
     bounds = [(0, 1), (1, 2), (2, 3)]
-    with DistributedCompressedMLP(model(), client4, stages=3, microbatches=2, bounds=bounds) as pipe:
+    with DistributedCompressedMLP(
+        model(), client4, stages=3, microbatches=2, bounds=bounds
+    ) as pipe:
         for _ in range(2):
             loss = pipe.train_step(x, y, optimizer=Adam(lr=0.05))
             assert loss == pytest.approx(reference.train_step(x, y, optimizer=Adam(lr=0.05)))
@@ -366,7 +368,9 @@ def test_posted_messages_run_a_task_per_stage_and_time_every_pass(client4):
     client4.register_plugin(_RecordConsumers())
     start = time.time()  # the scheduler's clock: it runs in this process
     try:
-        with DistributedCompressedMLP(model, client4, stages=3, microbatches=4, schedule="1f1b") as pipe:
+        with DistributedCompressedMLP(
+            model, client4, stages=3, microbatches=4, schedule="1f1b"
+        ) as pipe:
             pipe.train_step(x, y, lr=0.1)
             keys = [parse_pipeline_key(k) for k in client4.run_on_scheduler(_consumers)]
             report = pipe.comm_report()
@@ -399,7 +403,9 @@ def _plugin_names(dask_worker):
 def test_reuse_memory_is_opt_in_and_removed_on_close(client4):
     model, x, y = problem()
     reference, _, _ = problem()
-    with DistributedCompressedMLP(model, client4, stages=2, microbatches=2, reuse_memory=True) as pipe:
+    with DistributedCompressedMLP(
+        model, client4, stages=2, microbatches=2, reuse_memory=True
+    ) as pipe:
         name = f"{REUSE_MEMORY_PLUGIN}-{pipe.token}"
         assert all(name in names for names in client4.run(_plugin_names).values())
         loss = pipe.train_step(x, y, lr=0.1)
