@@ -16,6 +16,7 @@ from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import SchedulerPlugin
 from plugin_checks import key_cache_bound_count
 
+from dasknn.exceptions import ModelClosedError
 from dasknn.model import CompressedMLP
 from dasknn.optim import SGD, Adam
 from dasknn.pipeline_parallel import (
@@ -487,6 +488,39 @@ def test_outputs_and_scores_equal_numpy(client4):
         # predict: blocks of 5, 5, 5, 1 rows; predict_proba: 16; evaluate: 7, 7, 2; score: 16
         assert report.messages(phase="predict") == 4 + 1 + 3 + 1
         assert report.steps == 0 and report.total(phase="forward") == 0
+
+
+def test_to_dask_gives_each_layer_on_its_stage_worker_and_a_closed_model_refuses_work(client4):
+    """to_dask: every layer's master weights (a GCXS chunk) and bias equal the gathered model's,
+    each copy made on the layer's stage worker of replica 0, and they stay those of the step
+    they were taken after; a closed model raises ModelClosedError."""
+    model, x, y = problem()
+    bounds = [(0, 2), (2, 3)]
+    with DistributedCompressedMLP(
+        model, client4, stages=2, replicas=2, microbatches=2, bounds=bounds
+    ) as pipe:
+        pipe.train_step(x, y, lr=0.1)
+        arrays = pipe.to_dask()
+        gathered = pipe.gather()
+        pipe.train_step(x, y, lr=0.1)  # the copies keep the first step's values
+        assert sorted(arrays) == sorted(
+            [f"weights_{k}" for k in range(3)] + [f"bias_{k}" for k in range(3)]
+        )
+        for k in range(3):
+            weights, bias = arrays[f"weights_{k}"], arrays[f"bias_{k}"]
+            assert weights.shape == model.layer_shapes[k] and weights.numblocks == (1, 1)
+            np.testing.assert_array_equal(weights.compute().todense(), gathered.weights[k])
+            np.testing.assert_array_equal(bias.compute(), gathered.biases[k])
+            owner = pipe.workers[(0 if k < 2 else 1, 0)]
+            for array in (weights, bias):
+                held = array.persist()
+                assert all(w == (owner,) for w in client4.who_has(held).values()), k
+        with pytest.raises(ValueError, match="replica must be an integer in \\[0, 2\\)"):
+            pipe.replica(2)
+    with pytest.raises(ModelClosedError):
+        pipe.to_dask()
+    with pytest.raises(ModelClosedError):
+        pipe.predict(x)
 
 
 def _set_first_weight_infinite(dask_worker, token):

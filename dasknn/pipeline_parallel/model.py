@@ -575,7 +575,12 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
             raise self._timeout_error(what, addresses) from None
 
     def _scatter(
-        self, values: dict, address: str, deadline: float, outcome: str = LOST_IN_STEP
+        self,
+        values: dict,
+        address: str,
+        deadline: float,
+        outcome: str = LOST_IN_STEP,
+        what: str = "the step's data did not reach its stage",
     ) -> list:
         """Scatter ``values`` (``{key: array}``) to the stage worker at ``address`` before the
         ``deadline`` (of ``time.monotonic()``); returns their futures. ``WorkerLostError`` naming
@@ -593,7 +598,6 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
                 GATHER_LOSS_GRACE_SECONDS,
             )
         except TimeoutError:
-            what = "the step's data did not reach its stage"
             raise self._timeout_error(what, [address]) from None
         return list(scattered.values())
 
@@ -677,6 +681,8 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
 
         Raises
         ------
+        ValueError
+            If ``d`` is not a replica's number.
         WorkerLostError
             Naming a stage worker of the replica that left the cluster, with its stage.
         StepTimeoutError
@@ -686,7 +692,9 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
             After ``close()``; after a failed step (see ``step_timeout``).
         """
         self._check_open()
-        addresses = [self.workers[(s, d)] for s in range(self.stages)]
+        if isinstance(d, bool) or not isinstance(d, Integral) or not 0 <= d < self.replicas:
+            raise ValueError(f"replica must be an integer in [0, {self.replicas}), got {d!r}")
+        addresses = [self.workers[(s, int(d))] for s in range(self.stages)]
         snapshots = self._run_on_stages(
             ws.snapshot_stage,
             addresses,
@@ -805,7 +813,9 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         scattered: list = []
         try:
             for address, values in by_worker.items():
-                scattered += self._scatter(values, address, deadline, LOST_WHILE_READ)
+                scattered += self._scatter(
+                    values, address, deadline, LOST_WHILE_READ, "the rows did not reach stage 0"
+                )
             tasks, outputs, placement = build_inference(
                 self.token, call, self.stages, self.replicas, len(starts), self.workers
             )
