@@ -7,8 +7,8 @@ workers. A step splits the batch into equal row blocks per replica, each into ``
 microbatches that flow through the replica's stages under the ``"gpipe"`` or ``"1f1b"``
 schedule; the compressed gradients accumulate over the microbatches, are summed across replicas by
 an allreduce of the compressed values only, and every replica applies the same update. A step
-equals the one-process step on the whole batch. Predictions run through the stages of the
-replicas on the workers too, one row block after the other.
+equals the one-process step on the whole batch. Predictions run on the workers too: each row
+block through the stages of one replica, the blocks pipelined and shared out over the replicas.
 """
 
 from __future__ import annotations
