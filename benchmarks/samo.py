@@ -21,10 +21,10 @@ algorithms, not thread counts. Prints markdown tables with their targets:
 - **bubble**: GPipe with S = 2, m in {2, 4, 8} on 64-1024-1024-1024-1024-1024 (stages balanced
   by estimated cost): each stage's idle fraction against ``(S - 1) / (m + S - 1)``, split into
   the bubble (the busiest stage's idle fraction) and each stage's imbalance, with the handover
-  time (``PipelineMLP.idle_breakdown``), for messages as task results and posted worker to
-  worker, with and without the stage workers pinned to cores; each cell's busy time split into
-  CPU, waiting for a core and slow passes, the spread of each stage's passes (wall, CPU,
-  involuntary context switches, migrations), the cyclic collections inside passes, the workers'
+  time (``DistributedCompressedMLP.idle_breakdown``), for messages as task results and posted
+  worker to worker, with and without the stage workers pinned to cores; each cell's busy time
+  split into CPU, waiting for a core and slow passes, the spread of each stage's passes (wall,
+  CPU, involuntary context switches, migrations), the cyclic collections inside passes, the workers'
   other threads' CPU and the other processes' CPU on the machine; before it, each stage's passes
   timed in this process, on its worker alone and on both workers at once (wall and CPU time,
   page faults), and the workers' thread settings;
@@ -56,7 +56,7 @@ from dasknn.model import CompressedMLP, DenseMLP  # noqa: E402
 from dasknn.model.dense_mlp import LENET_300_100, MLP_1024_3  # noqa: E402
 from dasknn.optim import Adam  # noqa: E402
 from dasknn.pipeline_parallel import (  # noqa: E402
-    PipelineMLP,
+    DistributedCompressedMLP,
     balanced_bounds,
     bubble_fraction,
     compressed_layer_bytes,
@@ -648,7 +648,7 @@ def bubble(
     modes: tuple[str, ...] = BUBBLE_MODES,
     clusters: tuple[str, ...] = ("dask",),
 ) -> None:
-    """The bubble section; ``modes``: ``"tasks"``, ``"posted"`` (``PipelineMLP``'s
+    """The bubble section; ``modes``: ``"tasks"``, ``"posted"`` (``DistributedCompressedMLP``'s
     ``messages``) and ``"posted-reuse"`` (posted, ``reuse_memory=True``: it tunes the workers'
     malloc for the rest of the cluster's life, so it comes last), each also with ``"-pinned"``
     (``pin_cores=True``); ``clusters``: :data:`CLUSTERS`, each running every mode."""
@@ -703,7 +703,7 @@ def bubble(
                     )  # fmt: skip
                     x = rng.uniform(0, 1, (micro_rows * m, sizes[0])).astype(np.float32)
                     y = rng.uniform(0, 1, (micro_rows * m, sizes[-1])).astype(np.float32)
-                    with PipelineMLP(
+                    with DistributedCompressedMLP(
                         model, client, stages=2, microbatches=m, schedule="gpipe",
                         messages=messages, **options,
                     ) as pipe:  # fmt: skip
@@ -863,21 +863,22 @@ def workers(rows: int = 256, microbatches: int = 4, steps: int = 5) -> None:
         for name, plan in plans.items():
             compute = "dense" if name == "dense with mask" else "sparse"
             model = dense.prune(masks, compute=compute)
-            with PipelineMLP(
+            with DistributedCompressedMLP(
                 model,
                 client,
                 stages=plan.stages,
-                data_parallel=plan.replicas,
+                replicas=plan.replicas,
                 microbatches=microbatches,
             ) as pipe:
                 pipe.train_step(x, y, optimizer=Adam())
+                pipe.reset_comm()  # the timed steps' traffic
                 times = []
                 for _ in range(steps):
                     start = time.perf_counter()
                     pipe.train_step(x, y, optimizer=Adam())
                     times.append(time.perf_counter() - start)
                 report = pipe.comm_report()
-            moved = report.pipeline_bytes + report.allreduce_bytes
+            moved = report.total() // report.steps
             print(
                 f"| {name} | {plan.stages} x {plan.replicas} | {max(plan.stage_bytes):,} | "
                 f"{moved:,} ({'= formula' if report.exact else 'differs from formula'}) | "

@@ -11,7 +11,7 @@ from dasknn.exceptions import (
 )
 from dasknn.model import CompressedMLP, DenseMLP, SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
-from dasknn.pipeline_parallel import PipelineMLP
+from dasknn.pipeline_parallel import DistributedCompressedMLP
 from dasknn.sampled import SampledMLP
 from dasknn.sampled_parallel import DistributedSampledMLP
 
@@ -20,12 +20,12 @@ __version__ = "0.1.0"
 __all__ = [
     "CompressedMLP",
     "DenseMLP",
+    "DistributedCompressedMLP",
     "DistributedSampledMLP",
     "DistributedSparseMLP",
     "ModelClosedError",
     "ModelFailedError",
     "NonFiniteLossError",
-    "PipelineMLP",
     "SampledMLP",
     "SparseMLP",
     "StepTimeoutError",

@@ -45,11 +45,15 @@ def test_samo_trains_two_stages_and_reports_bytes_memory_and_accuracy(
     assert categories["optimizer_states"] == 8 * (nnz + biases)  # Adam: two float32 moments
     assert categories["gradients"] == 4 * (nnz + biases)
     assert stats["plan"]["stages"] == 2 and stats["plan"]["bounds"] == [[0, 1], [1, 2]]
-    comm = stats["comm_last_step"]
-    assert comm["pipeline_bytes"] == 2 * 64 * HIDDEN * 4  # activations and partial sums, float32
-    assert comm["pipeline_messages"] == 2 * 2  # 2 (S - 1) m
-    assert comm["allreduce_bytes"] == 0 and comm["exact"]
-    assert [e["epoch"] for e in stats["epochs"]] == [1, 2] and stats["steps"] == 8
+    comm = stats["comm"]  # the 8 steps and the 2 held-out scores of 128 rows
+    assert comm["exact"] and comm["steps"] == stats["steps"] == 8
+    phases = comm["phases"]
+    for phase in ("forward", "backward"):  # activations and partial sums, float32, of 64 rows
+        assert phases[phase]["measured_bytes"] == 8 * 64 * HIDDEN * 4
+        assert phases[phase]["measured_messages"] == 8 * 2  # (S - 1) m a step
+    assert phases["predict"]["measured_bytes"] == 2 * 128 * HIDDEN * 4
+    assert phases["allreduce"]["measured_bytes"] == 0
+    assert [e["epoch"] for e in stats["epochs"]] == [1, 2]
     assert all(0 <= e["held_out_accuracy"] <= 1 for e in stats["epochs"])
     assert len(stats["idle_fractions_last_step"]) == 2
     assert "epoch 2/2" in text and "(equal)" in text and "formula samo" in text
@@ -82,9 +86,13 @@ def test_memory_limit_gives_one_stage_and_two_replicas(dask_client, tmp_path, ca
     )  # fmt: skip
     assert (stats["plan"]["stages"], stats["plan"]["replicas"]) == (1, 2)
     nnz, biases = stats["nnz"], HIDDEN + 10
-    comm = stats["comm_last_step"]
-    assert comm["allreduce_bytes"] == 2 * (nnz + biases) * 2  # 2 (D - 1) (nnz + biases), float16
-    assert comm["pipeline_bytes"] == 0 and comm["exact"]
+    comm = stats["comm"]  # the 4 steps of one epoch
+    assert comm["exact"] and comm["steps"] == stats["steps"] == 4
+    phases = comm["phases"]
+    allreduce = 2 * (nnz + biases) * 2  # 2 (D - 1) (nnz + biases), float16, a step
+    assert phases["allreduce"]["measured_bytes"] == 4 * allreduce
+    assert phases["allreduce"]["measured_messages"] == 4 * 2 * 1 * 2 * 1  # 2 S D (D - 1)
+    assert phases["forward"]["measured_bytes"] == phases["backward"]["measured_bytes"] == 0
     assert stats["skipped_steps"] == 0 and stats["loss_scale"] == 2.0**16
     assert "1 stage(s) x 2 replica(s)" in text
 
@@ -96,7 +104,7 @@ def test_memory_limit_gives_one_stage_and_two_replicas(dask_client, tmp_path, ca
         (["--sparsity", "1.0"], "--sparsity must lie in [0, 1)"),
         (["--samples", "9000"], "overlap"),
         (["--stages", "3"], "--stages 3 for a network of 2 layers"),
-        (["--stages", "2", "--data-parallel", "2"], "4 workers needed, --workers is 2"),
+        (["--stages", "2", "--replicas", "2"], "4 workers needed, --workers is 2"),
         (["--microbatches", "3"], "a batch of 64 rows does not split"),
         (["--samples", "201", "--microbatches", "2"], "a batch of 9 rows"),
         (["--memory-limit", "1000", "--stages", "2"], "not with --stages"),

@@ -1,5 +1,5 @@
 """The slots of worker addresses per host (runtime.affinity); the plugin itself is tested through
-``PipelineMLP(pin_cores=True)`` in test_samo_pipeline.py."""
+``DistributedCompressedMLP(pin_cores=True)`` in test_samo_pipeline.py."""
 
 from __future__ import annotations
 

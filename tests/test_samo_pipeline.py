@@ -16,10 +16,11 @@ from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import SchedulerPlugin
 from plugin_checks import key_cache_bound_count
 
+from dasknn.exceptions import ModelClosedError
 from dasknn.model import CompressedMLP
 from dasknn.optim import SGD, Adam
 from dasknn.pipeline_parallel import (
-    PipelineMLP,
+    DistributedCompressedMLP,
     dense_layer_bytes,
     plan_parallelism,
     split_stages,
@@ -121,11 +122,11 @@ def test_a_distributed_step_equals_the_full_batch_step(
 ):
     model, x, y = problem()
     reference, _, _ = problem()
-    with PipelineMLP(
+    with DistributedCompressedMLP(
         model,
         client4,
         stages=stages,
-        data_parallel=replicas,
+        replicas=replicas,
         microbatches=4,
         schedule=schedule,
         messages=messages,
@@ -154,13 +155,17 @@ def test_a_distributed_step_equals_the_full_batch_step(
             reference_next.train_step(x, y, optimizer=Adam(lr=0.01))
         for a, b in zip(resumed.weights, reference_next.weights, strict=True):
             np.testing.assert_allclose(a, b, rtol=0, atol=1e-12)
-        report = pipe.comm_report()
+        report = pipe.comm_report()  # the two steps
         assert report.exact, report
+        assert report.steps == 2
         boundary = SIZES[pipe.bounds[0][1]] if stages > 1 else 0
-        assert report.pipeline_bytes == 2 * (stages - 1) * 16 * boundary * 8
-        assert report.pipeline_messages == 2 * (stages - 1) * 4 * replicas
+        for phase in ("forward", "backward"):  # a step: (S - 1) 16 rows x the boundary, float64
+            assert report.total(phase=phase) == 2 * (stages - 1) * 16 * boundary * 8
+            assert report.messages(phase=phase) == 2 * (stages - 1) * 4 * replicas
         params = model.nnz + sum(SIZES[1:])
-        assert report.allreduce_bytes == 2 * (replicas - 1) * params * 8
+        assert report.total(phase="allreduce") == 2 * 2 * (replicas - 1) * params * 8
+        assert report.messages(phase="allreduce") == 2 * 2 * stages * replicas * (replicas - 1)
+        assert report.total(phase="predict") == 0
         step = pipe.step_report()
         for (s, _), value in step.items():
             assert value["peak"] == (4 if schedule == "gpipe" else min(stages - s, 4))
@@ -200,7 +205,9 @@ def test_each_boundary_activation_runs_on_the_receiving_stage_and_the_step_is_un
 
     reference = model()
     bounds = [(0, 1), (1, 2), (2, 3)]
-    with PipelineMLP(model(), client4, stages=3, microbatches=2, bounds=bounds) as pipe:
+    with DistributedCompressedMLP(
+        model(), client4, stages=3, microbatches=2, bounds=bounds
+    ) as pipe:
         for _ in range(2):
             loss = pipe.train_step(x, y, optimizer=Adam(lr=0.05))
             assert loss == pytest.approx(reference.train_step(x, y, optimizer=Adam(lr=0.05)))
@@ -211,11 +218,11 @@ def test_each_boundary_activation_runs_on_the_receiving_stage_and_the_step_is_un
 def test_bf16_allreduce_sends_the_compressed_16_bit_values(client4):
     pytest.importorskip("ml_dtypes")
     model, x, y = problem(precision="bf16")
-    with PipelineMLP(model, client4, stages=1, data_parallel=2, microbatches=2) as pipe:
+    with DistributedCompressedMLP(model, client4, stages=1, replicas=2, microbatches=2) as pipe:
         pipe.train_step(x, y, optimizer=Adam(lr=0.01))
         report = pipe.comm_report()
         assert report.exact
-        assert report.allreduce_bytes == 2 * (model.nnz + sum(SIZES[1:])) * 2
+        assert report.total(phase="allreduce") == 2 * (model.nnz + sum(SIZES[1:])) * 2
         a, b = pipe.replica(0), pipe.replica(1)
         for wa, wb in zip(a.weights, b.weights, strict=True):
             np.testing.assert_array_equal(wa, wb)
@@ -265,7 +272,7 @@ def test_a_sixteen_bit_pipeline_step_follows_the_float64_gradient(client4, preci
     x, y = rng.uniform(0, 1, (16, SIZES[0])), rng.integers(0, SIZES[-1], 16)
     model = CompressedMLP(weights, masks, biases, precision=precision)
     want_loss, grads = reference_gradients(weights, biases, masks, x, y, storage)
-    with PipelineMLP(model, client4, stages=2, data_parallel=2, microbatches=2) as pipe:
+    with DistributedCompressedMLP(model, client4, stages=2, replicas=2, microbatches=2) as pipe:
         loss = pipe.train_step(x, y, optimizer=SGD(lr=1.0))
         assert loss == pytest.approx(want_loss, rel=1e-6)  # float32 forward
         for d in range(2):
@@ -280,7 +287,8 @@ def test_a_sixteen_bit_pipeline_step_follows_the_float64_gradient(client4, preci
         if precision == "fp16":
             assert pipe.scaler.skipped_steps == 0 and pipe.scaler.scale == 2.0**16
         report = pipe.comm_report()
-        assert report.exact and report.allreduce_bytes == 2 * (model.nnz + sum(SIZES[1:])) * 2
+        assert report.exact, report
+        assert report.total(phase="allreduce") == 2 * (model.nnz + sum(SIZES[1:])) * 2
 
 
 def test_fp16_overflow_on_one_stage_skips_the_step_on_every_stage(client4):
@@ -298,8 +306,8 @@ def test_fp16_overflow_on_one_stage_skips_the_step_on_every_stage(client4):
     assert scale * max(largest[:2]) < 65504 / 16
     model = CompressedMLP(weights, masks, biases, precision="fp16", loss_scale=scale)
     before = model.weights, model.biases
-    with PipelineMLP(
-        model, client4, stages=2, data_parallel=2, microbatches=2, bounds=[(0, 2), (2, 3)]
+    with DistributedCompressedMLP(
+        model, client4, stages=2, replicas=2, microbatches=2, bounds=[(0, 2), (2, 3)]
     ) as pipe:
         for skipped in range(1, 4):
             pipe.train_step(x, y, optimizer=SGD(lr=1.0))
@@ -329,9 +337,9 @@ def _pipeline_plugins(dask_worker):
     [
         ({"microbatches": 0}, "microbatches must be an integer >= 1"),
         ({"stages": 4}, "4 stages for a network of 3 layers"),
-        ({"stages": 3, "data_parallel": 2}, "6 workers needed, 4 available"),
+        ({"stages": 3, "replicas": 2}, "6 workers needed, 4 available"),
         ({"schedule": "zigzag"}, "unknown schedule"),
-        ({"data_parallel": 1.5}, "data_parallel must be an integer"),
+        ({"replicas": 1.5}, "replicas must be an integer"),
         ({"stages": 2, "bounds": [(0, 1), (2, 3)]}, "bounds must be 2 contiguous"),
         ({"messages": "mail"}, "messages must be 'posted' or 'tasks'"),
         ({"pin_cores": "no"}, "pin_cores must be True or False, got 'no'"),
@@ -341,15 +349,15 @@ def _pipeline_plugins(dask_worker):
 def test_bad_settings_raise_before_anything_is_installed(client4, kwargs, match):
     model, _, _ = problem()
     with pytest.raises(ValueError, match=match):
-        PipelineMLP(model, client4, **kwargs)
+        DistributedCompressedMLP(model, client4, **kwargs)
     assert not any(client4.run(_pipeline_plugins).values())
 
 
 def test_a_worker_named_twice_is_refused(client4):
     model, _, _ = problem()
     address = sorted(scheduler_workers(client4))[0]
-    with pytest.raises(ValueError, match="a worker is named twice"):
-        PipelineMLP(model, client4, stages=2, workers=[address, address])
+    with pytest.raises(ValueError, match="workers must be distinct addresses"):
+        DistributedCompressedMLP(model, client4, stages=2, workers=[address, address])
     assert not any(client4.run(_pipeline_plugins).values())
 
 
@@ -361,7 +369,9 @@ def test_posted_messages_run_a_task_per_stage_and_time_every_pass(client4):
     client4.register_plugin(_RecordConsumers())
     start = time.time()  # the scheduler's clock: it runs in this process
     try:
-        with PipelineMLP(model, client4, stages=3, microbatches=4, schedule="1f1b") as pipe:
+        with DistributedCompressedMLP(
+            model, client4, stages=3, microbatches=4, schedule="1f1b"
+        ) as pipe:
             pipe.train_step(x, y, lr=0.1)
             keys = [parse_pipeline_key(k) for k in client4.run_on_scheduler(_consumers)]
             report = pipe.comm_report()
@@ -371,7 +381,8 @@ def test_posted_messages_run_a_task_per_stage_and_time_every_pass(client4):
         client4.unregister_scheduler_plugin(_RecordConsumers.name)
     kinds = {k.kind for k in keys if k.token == pipe.token}
     assert "run" in kinds and not kinds & {"fwd", "bwd", "fwd-done", "bwd-done"}
-    assert report.exact and report.pipeline_messages == 2 * 2 * 4, report
+    assert report.exact and report.messages(phase="forward") == 2 * 4, report
+    assert report.messages(phase="backward") == 2 * 4, report
     # each stage's task reports the messages it received in one event (stages 1 and 2 get
     # forward messages, stages 0 and 1 backward ones), not one event a message
     posted = [m for m in events if "transfers" in m]
@@ -393,7 +404,9 @@ def _plugin_names(dask_worker):
 def test_reuse_memory_is_opt_in_and_removed_on_close(client4):
     model, x, y = problem()
     reference, _, _ = problem()
-    with PipelineMLP(model, client4, stages=2, microbatches=2, reuse_memory=True) as pipe:
+    with DistributedCompressedMLP(
+        model, client4, stages=2, microbatches=2, reuse_memory=True
+    ) as pipe:
         name = f"{REUSE_MEMORY_PLUGIN}-{pipe.token}"
         assert all(name in names for names in client4.run(_plugin_names).values())
         loss = pipe.train_step(x, y, lr=0.1)
@@ -412,7 +425,7 @@ def test_pin_cores_binds_each_stage_worker_to_a_core_of_its_own_until_close(clie
     model, x, y = problem()
     reference, _, _ = problem()
     before = client4.run(_affinities)
-    with PipelineMLP(model, client4, stages=2, microbatches=2, pin_cores=True) as pipe:
+    with DistributedCompressedMLP(model, client4, stages=2, microbatches=2, pin_cores=True) as pipe:
         loss = pipe.train_step(x, y, lr=0.1)  # the step starts task threads: they inherit it
         pinned = client4.run(pinned_core)
         during = client4.run(_affinities)
@@ -431,14 +444,14 @@ def test_pin_cores_binds_each_stage_worker_to_a_core_of_its_own_until_close(clie
 
 def test_bad_batches_raise_before_anything_is_scheduled(client4):
     model, x, y = problem()
-    with PipelineMLP(model, client4, stages=2, microbatches=3) as pipe:
+    with DistributedCompressedMLP(model, client4, stages=2, microbatches=3) as pipe:
         workers = len(scheduler_workers(client4))
         assert key_cache_bound_count(client4, pipe.token) == 1 + workers
         with pytest.raises(ValueError, match="16 rows does not split into .* 3 equal"):
             pipe.train_step(x, y, lr=0.1)
         with pytest.raises(ValueError, match="learning rate"):
             pipe.train_step(x[:15], y[:15], optimizer=Adam(lr=float("nan")))
-        assert pipe._step == 0
+        assert pipe.n_steps_ == 0
         for a, b in zip(pipe.gather().weights, model.weights, strict=True):
             np.testing.assert_array_equal(a, b)
     assert not any(client4.run(_pipeline_plugins).values())
@@ -447,7 +460,8 @@ def test_bad_batches_raise_before_anything_is_scheduled(client4):
 
 def test_outputs_and_scores_equal_numpy(client4):
     """predict, predict_proba, evaluate and score of the pipeline model (the estimator API's,
-    run on the gathered model) against the masked network in float64 numpy."""
+    run through the stages on the workers) against the masked network in float64 numpy; the
+    stages' messages of the row blocks equal the prediction exactly."""
     model, x, y = problem()
     rng = np.random.default_rng(0)
     weights = [rng.uniform(-1, 1, (a, b)) for a, b in zip(SIZES[:-1], SIZES[1:], strict=True)]
@@ -460,13 +474,53 @@ def test_outputs_and_scores_equal_numpy(client4):
     shifted = np.exp(a - a.max(axis=1, keepdims=True))
     proba = shifted / shifted.sum(axis=1, keepdims=True)
     loss = -np.mean(np.log(proba[np.arange(len(y)), y]))
-    with PipelineMLP(model, client4, stages=2, microbatches=2) as pipe:
+    with DistributedCompressedMLP(model, client4, stages=2, microbatches=2) as pipe:
         np.testing.assert_array_equal(pipe.predict(x, batch_size=5), np.argmax(a, axis=1))
         np.testing.assert_allclose(pipe.predict_proba(x), proba, rtol=1e-12, atol=1e-15)
         assert pipe.evaluate(x, y, batch_size=7) == pytest.approx(loss, rel=1e-12)
         assert pipe.score(x, y) == np.mean(np.argmax(a, axis=1) == y)
         with pytest.raises(ValueError, match="batch_size"):
             pipe.score(x, y, batch_size=0)
+        report = pipe.comm_report()
+        boundary = SIZES[pipe.bounds[0][1]]
+        # four predictions of the 16 rows: the boundary's pre-activations, float64, once a block
+        assert report.exact and report.total(phase="predict") == 4 * 16 * boundary * 8, report
+        # predict: blocks of 5, 5, 5, 1 rows; predict_proba: 16; evaluate: 7, 7, 2; score: 16
+        assert report.messages(phase="predict") == 4 + 1 + 3 + 1
+        assert report.steps == 0 and report.total(phase="forward") == 0
+
+
+def test_to_dask_gives_each_layer_on_its_stage_worker_and_a_closed_model_refuses_work(client4):
+    """to_dask: every layer's master weights (a GCXS chunk) and bias equal the gathered model's,
+    each copy made on the layer's stage worker of replica 0, and they stay those of the step
+    they were taken after; a closed model raises ModelClosedError."""
+    model, x, y = problem()
+    bounds = [(0, 2), (2, 3)]
+    with DistributedCompressedMLP(
+        model, client4, stages=2, replicas=2, microbatches=2, bounds=bounds
+    ) as pipe:
+        pipe.train_step(x, y, lr=0.1)
+        arrays = pipe.to_dask()
+        gathered = pipe.gather()
+        pipe.train_step(x, y, lr=0.1)  # the copies keep the first step's values
+        assert sorted(arrays) == sorted(
+            [f"weights_{k}" for k in range(3)] + [f"bias_{k}" for k in range(3)]
+        )
+        for k in range(3):
+            weights, bias = arrays[f"weights_{k}"], arrays[f"bias_{k}"]
+            assert weights.shape == model.layer_shapes[k] and weights.numblocks == (1, 1)
+            np.testing.assert_array_equal(weights.compute().todense(), gathered.weights[k])
+            np.testing.assert_array_equal(bias.compute(), gathered.biases[k])
+            owner = pipe.workers[(0 if k < 2 else 1, 0)]
+            for array in (weights, bias):
+                held = array.persist()
+                assert all(w == (owner,) for w in client4.who_has(held).values()), k
+        with pytest.raises(ValueError, match="replica must be an integer in \\[0, 2\\)"):
+            pipe.replica(2)
+    with pytest.raises(ModelClosedError):
+        pipe.to_dask()
+    with pytest.raises(ModelClosedError):
+        pipe.predict(x)
 
 
 def _set_first_weight_infinite(dask_worker, token):
@@ -483,7 +537,7 @@ def test_a_nonfinite_loss_names_the_layer_where_values_first_became_nonfinite(
     client4, bounds, stage, layer
 ):
     model, x, y = problem()
-    with PipelineMLP(
+    with DistributedCompressedMLP(
         model, client4, stages=len(bounds), microbatches=2, bounds=bounds, schedule="1f1b"
     ) as pipe:
         pipe.train_step(x, y, lr=0.01)
@@ -514,7 +568,7 @@ def test_the_scheduler_gets_priorities_in_the_schedule_order(client4, schedule):
     model, x, y = problem()
     client4.register_plugin(_RecordPriorities())
     try:
-        with PipelineMLP(
+        with DistributedCompressedMLP(
             model, client4, stages=2, microbatches=4, schedule=schedule, messages="tasks"
         ) as pipe:
             pipe.train_step(x, y, lr=0.1)
@@ -565,8 +619,8 @@ def test_a_message_is_read_on_the_sender_only_by_tasks_that_run_at_once(client4)
     x, y = rng.uniform(0, 1, (16, SIZES[0])), rng.integers(0, SIZES[-1], 16)
     client4.register_plugin(_RecordConsumers())
     try:
-        with PipelineMLP(
-            model, client4, stages=2, data_parallel=2, microbatches=4, messages="tasks"
+        with DistributedCompressedMLP(
+            model, client4, stages=2, replicas=2, microbatches=4, messages="tasks"
         ) as pipe:
             pipe.train_step(x, y, lr=0.1)
             consumers = client4.run_on_scheduler(_consumers)

@@ -1,9 +1,9 @@
-"""A pipeline model (PipelineMLP) whose stage worker is killed (SIGKILL, a real worker process of
-a LocalCluster) ends in a WorkerLostError naming the worker and the stage replica it held, within
-a few seconds, in both message modes: never a hang and never Dask's own CommClosedError. The
-failed step's keys leave the scheduler, and the stages still there stop waiting for the lost
-one. Reading the model (replica, gather, predict, the reports) after a lost or stopped stage
-worker ends in the same errors, and so does ``dasknn samo``, on one line."""
+"""A pipeline model (DistributedCompressedMLP) whose stage worker is killed (SIGKILL, a real
+worker process of a LocalCluster) ends in a WorkerLostError naming the worker and the stage
+replica it held, within a few seconds, in both message modes: never a hang and never Dask's own
+CommClosedError. The failed step's keys leave the scheduler, and the stages still there stop
+waiting for the lost one. Reading the model (replica, gather, predict, the reports) after a lost
+or stopped stage worker ends in the same errors, and so does ``dasknn samo``, on one line."""
 
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ from distributed import Client
 from distributed.diagnostics.plugin import WorkerPlugin
 from stopped_workers import stopped, wait_until_empty
 
-from dasknn.exceptions import StepTimeoutError, WorkerLostError
+from dasknn.exceptions import ModelFailedError, StepTimeoutError, WorkerLostError
 from dasknn.model import CompressedMLP
-from dasknn.pipeline_parallel import PipelineMLP
-from dasknn.pipeline_parallel.worker_state import plugin_name
+from dasknn.pipeline_parallel import DistributedCompressedMLP
+from dasknn.pipeline_parallel.worker_state import StageState
 from dasknn.pruning import magnitude_masks
 from dasknn.runtime.cluster import local_cluster, scheduler_workers
 from dasknn.runtime.keys import parse_pipeline_key
@@ -33,7 +33,7 @@ SIZES = (12, 10, 8, 4)
 #: Seconds from the kill to the error that the tests accept.
 NAMED_WITHIN = 5.0
 #: The start of the names of the pipeline models' worker plugins.
-PLUGINS = plugin_name("")
+PLUGINS = StageState.plugin_name("")
 
 
 @pytest.fixture(scope="module")
@@ -81,12 +81,12 @@ def _keys_left(client, token: str, kept=("postbox",), seconds: float = 5.0) -> l
         time.sleep(0.05)
 
 
-def _lost_message(pipe: PipelineMLP, stage: int) -> str:
+def _lost_message(pipe: DistributedCompressedMLP, stage: int) -> str:
     a, b = pipe.bounds[stage]
     layers = f"layer {b}" if b == a + 1 else f"layers {a + 1} to {b}"
     return (
-        f"^lost worker {re.escape(pipe.workers[(stage, 0)])}: it held stage {stage} of replica 0 "
-        rf"\({layers}\) of the pipeline model"
+        f"^lost worker {re.escape(pipe.workers[(stage, 0)])}: it held stage {stage} of replica 0, "
+        f"{layers} of the pipeline model"
     )
 
 
@@ -94,13 +94,15 @@ def _lost_message(pipe: PipelineMLP, stage: int) -> str:
 def test_a_stage_worker_killed_during_fit_is_named(client, messages, stage):
     x, y = _data(64)
     pids = client.run(os.getpid)
-    with PipelineMLP(_model(), client, stages=2, microbatches=2, messages=messages) as pipe:
+    with DistributedCompressedMLP(
+        _model(), client, stages=2, microbatches=2, messages=messages
+    ) as pipe:
         victim = pipe.workers[(stage, 0)]
         killed_at = []
 
         def kill_during_training():
             deadline = time.monotonic() + 30
-            while pipe._step < 3 and time.monotonic() < deadline:
+            while pipe.n_steps_ < 3 and time.monotonic() < deadline:
                 time.sleep(0.001)
             killed_at.append(time.monotonic())
             os.kill(pids[victim], signal.SIGKILL)
@@ -112,7 +114,7 @@ def test_a_stage_worker_killed_during_fit_is_named(client, messages, stage):
             pipe.fit(x, y, batch_size=16, epochs=500, lr=0.1, progress=False)
         named_after = time.monotonic() - killed_at[0]
         killer.join()
-        assert 3 <= pipe._step < 100
+        assert 3 <= pipe.n_steps_ < 100
         assert named_after < NAMED_WITHIN, named_after
         assert "the weights of those layers are gone" in str(raised.value)
         assert _keys_left(client, pipe.token) == []  # the failed step's futures were released
@@ -155,7 +157,7 @@ def test_the_other_stages_drop_a_step_whose_stage_worker_was_lost(client):
     """With posted messages a stage that waits for a lost stage's message is freed at once (it
     used to wait for the 600 s message timeout): its worker runs the next task within seconds."""
     x, y = _data(16)
-    with PipelineMLP(_model(), client, stages=2, microbatches=2) as pipe:
+    with DistributedCompressedMLP(_model(), client, stages=2, microbatches=2) as pipe:
         pipe.train_step(x, y, lr=0.1)
         victim, survivor = pipe.workers[(1, 0)], pipe.workers[(0, 0)]
         client.register_plugin(_KillWhenStageRuns(pipe.token, 2, victim))
@@ -181,7 +183,7 @@ def _kill(client, address: str) -> None:
 
 def test_a_stage_worker_lost_between_steps_is_named_at_the_next_step(client):
     x, y = _data(16)
-    with PipelineMLP(_model(), client, stages=2, microbatches=2) as pipe:
+    with DistributedCompressedMLP(_model(), client, stages=2, microbatches=2) as pipe:
         pipe.train_step(x, y, lr=0.1)
         _kill(client, pipe.workers[(1, 0)])
         for _ in range(2):  # the step's scatter finds it gone, every time
@@ -199,7 +201,7 @@ def test_reading_the_model_after_a_lost_stage_worker_names_it(client):
     idle_* used to fail with Dask's OSError after its 30 s connect timeout, comm_report used to
     report the counts as if nothing had happened."""
     x, y = _data(16)
-    with PipelineMLP(_model(), client, stages=2, microbatches=2) as pipe:
+    with DistributedCompressedMLP(_model(), client, stages=2, microbatches=2) as pipe:
         pipe.train_step(x, y, lr=0.1)
         _kill(client, pipe.workers[(1, 0)])
         reads = {
@@ -240,7 +242,7 @@ def test_a_stopped_stage_worker_is_named_after_the_step_timeout(client, messages
     refuses further steps."""
     x, y = _data(16)
     pids = client.run(os.getpid)
-    with PipelineMLP(
+    with DistributedCompressedMLP(
         _model(), client, stages=2, microbatches=2, messages=messages, step_timeout=3
     ) as pipe:
         pipe.train_step(x, y, lr=0.1)
@@ -260,7 +262,7 @@ def test_a_stopped_stage_worker_is_named_after_the_step_timeout(client, messages
             start = time.monotonic()
             assert client.submit(_ready, workers=[survivor], pure=False).result(timeout=30)
             assert time.monotonic() - start < 3.0  # the surviving stage dropped the step
-            with pytest.raises(RuntimeError, match="unusable after a failed step"):
+            with pytest.raises(ModelFailedError, match="unusable after a failed step"):
                 pipe.train_step(x, y, lr=0.1)
         finally:
             os.kill(pids[victim], signal.SIGCONT)
@@ -284,7 +286,7 @@ def test_a_stopped_stage_worker_is_named_by_a_read_and_does_not_hold_up_close(cl
     waits for it at most ``step_timeout`` too (it used to wait until Dask removed the worker),
     and the model's plugins leave it once it goes on."""
     x, y = _data(16)
-    pipe = PipelineMLP(_model(), client, stages=2, microbatches=2, step_timeout=2.5)
+    pipe = DistributedCompressedMLP(_model(), client, stages=2, microbatches=2, step_timeout=2.5)
     try:
         pipe.train_step(x, y, lr=0.1)
         victim = pipe.workers[(1, 0)]
@@ -410,7 +412,7 @@ def test_samo_command_with_a_stopped_stage_worker_prints_the_step_timeout_on_one
 def test_step_timeout_must_be_a_positive_finite_number(client):
     for bad in (0, -1.0, float("nan"), float("inf"), "3", True, None):
         with pytest.raises(ValueError, match="step_timeout must be a number of seconds > 0"):
-            PipelineMLP(_model(), client, stages=2, step_timeout=bad)
+            DistributedCompressedMLP(_model(), client, stages=2, step_timeout=bad)
 
 
 def _model_plugins(client) -> list[str]:
@@ -438,7 +440,7 @@ def test_a_worker_stopped_before_the_constructor_is_named_and_nothing_is_left(cl
     with stopped(client, victim):
         start = time.monotonic()
         with pytest.raises(StepTimeoutError, match=named):
-            PipelineMLP(_model(), client, stages=2, reuse_memory=True, step_timeout=2)
+            DistributedCompressedMLP(_model(), client, stages=2, reuse_memory=True, step_timeout=2)
         took = time.monotonic() - start
     assert 2 <= took < 6, took
     deadline = time.monotonic() + 10
@@ -477,7 +479,7 @@ def test_a_worker_lost_while_the_model_is_placed_is_named_and_nothing_is_left(cl
     workers, nor any key of the model (its postboxes) on the scheduler."""
     # a worker restarted by an earlier test is a fresh process: its first placement imports and
     # compiles the stage code, which must not count against this test's 3 s
-    PipelineMLP(_model(), client, stages=2).close()
+    DistributedCompressedMLP(_model(), client, stages=2).close()
     before = _model_plugins(client)
     keys_before = set(client.run_on_scheduler(_pipeline_keys))
     victim = sorted(scheduler_workers(client))[1]  # stage 1 of replica 0
@@ -485,11 +487,11 @@ def test_a_worker_lost_while_the_model_is_placed_is_named_and_nothing_is_left(cl
     try:
         start = time.monotonic()
         named = (
-            rf"^lost worker {re.escape(victim)}: it held stage 1 of replica 0 \(layers? "
-            r"[0-9 to]+\) of the pipeline model; the model could not be placed"
+            rf"^lost worker {re.escape(victim)}: it held stage 1 of replica 0, layers? "
+            r"[0-9 to]+ of the pipeline model; the model could not be placed"
         )
         with pytest.raises(WorkerLostError, match=named):
-            PipelineMLP(_model(), client, stages=2, step_timeout=3)
+            DistributedCompressedMLP(_model(), client, stages=2, step_timeout=3)
         # the loss is seen within a poll; the close after it waits for the workers at most 3 s
         assert time.monotonic() - start < NAMED_WITHIN + 3
     finally:

@@ -1,12 +1,12 @@
 """``dasknn samo``: prune a dense network trained on MNIST and train the pruned network on
 compressed model states (SAMO) with pipeline stages and data-parallel replicas on a Dask cluster:
 memory by category, loss and held-out accuracy per epoch, time per step, measured bytes against
-the formulas and the stages' idle fractions (also as JSON); the trained model with ``--save``."""
+the formulas over the whole run and the stages' idle fractions (also as JSON); the trained model
+with ``--save``."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import time
 from contextlib import ExitStack
@@ -28,8 +28,8 @@ from dasknn.model import CompressedMLP, DenseMLP
 from dasknn.optim import SGD, Adam, AdamW, Optimizer
 from dasknn.pipeline_parallel import (
     SCHEDULES,
+    DistributedCompressedMLP,
     ParallelPlan,
-    PipelineMLP,
     balanced_bounds,
     compressed_layer_bytes,
     plan_parallelism,
@@ -37,6 +37,7 @@ from dasknn.pipeline_parallel import (
 from dasknn.pruning import EarlyBird, magnitude_masks
 from dasknn.runtime.affinity import pinned_core
 from dasknn.runtime.cluster import open_client
+from dasknn.runtime.comm_report import CommReport
 from graph.atomic import check_output_path, write_text_atomically
 
 __all__ = ["add_parser", "run"]
@@ -55,11 +56,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "Train a dense 784-...-10 network on the first SAMPLES images of the bundled MNIST "
             "test set in this process, prune it by weight magnitude (at the Early-Bird ticket "
             "with --early-bird), and train the pruned network on compressed model states with "
-            "STAGES pipeline stages x DATA_PARALLEL replicas on Dask workers (or the fewest "
+            "STAGES pipeline stages x REPLICAS replicas on Dask workers (or the fewest "
             "stages whose states fit --memory-limit). Prints the memory of the model states by "
             "category beside the paper's formulas, the loss and the held-out accuracy (the last "
             "HELD_OUT images) per epoch, the time per step, the bytes measured between workers "
-            "against the formulas, and the stages' idle fractions in the last step."
+            "over the run against the formulas, and the stages' idle fractions in the last step."
         ),
     )
     parser.add_argument(
@@ -85,12 +86,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--stages", type=int, help="pipeline stages (default 1)")
-    parser.add_argument("--data-parallel", type=int, help="replicas of every stage (default 1)")
+    parser.add_argument("--replicas", type=int, help="replicas of every stage (default 1)")
     parser.add_argument(
         "--memory-limit",
         type=int,
         help="bytes of model states a worker may hold: the fewest stages that fit, the other "
-        "workers as replicas (not with --stages / --data-parallel)",
+        "workers as replicas (not with --stages / --replicas)",
     )
     parser.add_argument(
         "--microbatches", type=int, default=1, help="microbatches per replica and batch"
@@ -129,13 +130,30 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def _pinned_cores(client, pipe: PipelineMLP) -> dict[str, int | None]:
+def _pinned_cores(client, pipe: DistributedCompressedMLP) -> dict[str, int | None]:
     """The core each stage worker is bound to, read on the workers."""
     stage_workers = sorted(set(pipe.workers.values()))
     return {
         address: core
         for address, (core, _threads) in client.run(pinned_core, workers=stage_workers).items()
     }
+
+
+def _comm_figures(report: CommReport) -> dict:
+    """The run's traffic by phase, measured beside the formulas: ``{"exact", "steps",
+    "phases": {phase: {measured_bytes, predicted_bytes, measured_messages,
+    predicted_messages}}}`` (phases ``forward``, ``backward``: the pipeline's messages between
+    stages; ``predict``: those of the held-out scores; ``allreduce``: the gradients between
+    replicas)."""
+    phases = {}
+    for phase in ("forward", "backward", "predict", "allreduce"):
+        phases[phase] = {
+            "measured_bytes": report.total(phase=phase),
+            "predicted_bytes": report.total("predicted", phase=phase),
+            "measured_messages": report.messages(phase=phase),
+            "predicted_messages": report.messages("predicted", phase=phase),
+        }
+    return {"exact": report.exact, "steps": report.steps, "phases": phases}
 
 
 def _layer_sizes(hidden: str) -> list[int]:
@@ -171,14 +189,13 @@ def _check(args: argparse.Namespace) -> tuple[list[int], Optimizer]:
         raise RuntimeError(str(exc)) from None
     optimizer = OPTIMIZERS[args.optimizer](lr=args.lr)
     if args.memory_limit is not None:
-        if args.stages is not None or args.data_parallel is not None:
+        if args.stages is not None or args.replicas is not None:
             raise ValueError(
-                "--memory-limit chooses the stages and replicas: not with --stages or "
-                "--data-parallel"
+                "--memory-limit chooses the stages and replicas: not with --stages or --replicas"
             )
         if args.memory_limit < 1:
             raise ValueError("--memory-limit must be a number of bytes >= 1")
-    for name in ("stages", "data_parallel"):
+    for name in ("stages", "replicas"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
@@ -186,7 +203,7 @@ def _check(args: argparse.Namespace) -> tuple[list[int], Optimizer]:
     if stages > len(sizes) - 1:
         raise ValueError(f"--stages {stages} for a network of {len(sizes) - 1} layers")
     if args.memory_limit is None:
-        _check_plan(args, stages, args.data_parallel or 1)
+        _check_plan(args, stages, args.replicas or 1)
     for path in (args.json, args.save):
         if path is not None:
             check_output_path(path)
@@ -223,7 +240,7 @@ def _prune(args, sizes, optimizer, x, y, x_held, y_held) -> tuple[CompressedMLP,
     bird = EarlyBird(args.sparsity, scope=args.scope) if args.early_bird else None
     ticket = None
     for epoch in range(args.dense_epochs):
-        dense.fit(x, y, args.batch_size, optimizer=optimizer, seed=epoch, progress=False)
+        dense.fit(x, y, batch_size=args.batch_size, optimizer=optimizer, seed=epoch, progress=False)
         if bird is not None and bird.update(dense.weights):
             ticket = epoch + 1
             break
@@ -245,7 +262,7 @@ def _plan(args: argparse.Namespace, model: CompressedMLP, optimizer: Optimizer) 
         plan = plan_parallelism(layer_bytes, args.workers, args.memory_limit)
         _check_plan(args, plan.stages, plan.replicas)
         return plan
-    stages, replicas = args.stages or 1, args.data_parallel or 1
+    stages, replicas = args.stages or 1, args.replicas or 1
     bounds = balanced_bounds(model, stages)
     sizes = [sum(layer_bytes[a:b]) for a, b in bounds]
     return ParallelPlan(stages, replicas, bounds, sizes, memory_limit=max(sizes))
@@ -275,11 +292,11 @@ def run(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
         client = open_client(stack, target, args.workers, security=security)
         pipe = stack.enter_context(
-            PipelineMLP(
+            DistributedCompressedMLP(
                 model,
                 client,
                 stages=plan.stages,
-                data_parallel=plan.replicas,
+                replicas=plan.replicas,
                 microbatches=args.microbatches,
                 schedule=args.schedule,
                 bounds=plan.bounds,
@@ -342,7 +359,7 @@ def run(args: argparse.Namespace) -> int:
         }
         if steps:
             comm = pipe.comm_report()
-            statistics["comm_last_step"] = dataclasses.asdict(comm) | {"exact": comm.exact}
+            statistics["comm"] = _comm_figures(comm)
             idle = pipe.idle_fractions()
             statistics["idle_fractions_last_step"] = [
                 {"stage": s, "replica": d, "idle": value} for (s, d), value in sorted(idle.items())
@@ -355,11 +372,12 @@ def run(args: argparse.Namespace) -> int:
                 f"{statistics['seconds_per_step'] * 1e3:.1f} ms/step"
             )
             print(
-                f"last step: pipeline {comm.pipeline_bytes:,} B in {comm.pipeline_messages} "
-                f"messages (formula {comm.pipeline_bytes_formula:,} B in "
-                f"{comm.pipeline_messages_formula}), allreduce {comm.allreduce_bytes:,} B in "
-                f"{comm.allreduce_messages} messages (formula {comm.allreduce_bytes_formula:,} B "
-                f"in {comm.allreduce_messages_formula}){' (equal)' if comm.exact else ''}"
+                ", ".join(
+                    f"{phase} {f['measured_bytes']:,} B in {f['measured_messages']} messages "
+                    f"(formula {f['predicted_bytes']:,} B in {f['predicted_messages']})"
+                    for phase, f in statistics["comm"]["phases"].items()
+                )
+                + f" over the run{' (equal)' if comm.exact else ''}"
             )
             print(
                 "idle fraction of the last step: "

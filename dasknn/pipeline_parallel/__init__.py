@@ -4,9 +4,8 @@ allreduce only the unpruned gradients, and the planner that picks stages and rep
 memory limit."""
 
 from dasknn.pipeline_parallel.model import (
-    CommReport,
+    DistributedCompressedMLP,
     IdleBreakdown,
-    PipelineMLP,
     balanced_bounds,
 )
 from dasknn.pipeline_parallel.plan import (
@@ -21,10 +20,9 @@ from dasknn.pipeline_parallel.schedule import SCHEDULES, bubble_fraction, stage_
 
 __all__ = [
     "SCHEDULES",
-    "CommReport",
+    "DistributedCompressedMLP",
     "IdleBreakdown",
     "ParallelPlan",
-    "PipelineMLP",
     "balanced_bounds",
     "bubble_fraction",
     "compressed_layer_bytes",

@@ -1,13 +1,14 @@
 """Pipeline (inter-layer) and data parallelism of a pruned network on compressed states (SAMO on
 Dask, after AxoNN).
 
-:class:`PipelineMLP` cuts a :class:`~dasknn.model.CompressedMLP` into ``stages`` runs of
-consecutive layers and places ``data_parallel`` replicas of every stage on ``stages *
-data_parallel`` workers. A step splits the batch into equal row blocks per replica, each into
-``microbatches`` microbatches that flow through the replica's stages under the ``"gpipe"`` or
-``"1f1b"`` schedule; the compressed gradients accumulate over the microbatches, are summed across
-replicas by an allreduce of the compressed values only, and every replica applies the same update.
-A step equals the one-process step on the whole batch.
+:class:`DistributedCompressedMLP` cuts a :class:`~dasknn.model.CompressedMLP` into ``stages`` runs
+of consecutive layers and places ``replicas`` replicas of every stage on ``stages * replicas``
+workers. A step splits the batch into equal row blocks per replica, each into ``microbatches``
+microbatches that flow through the replica's stages under the ``"gpipe"`` or ``"1f1b"``
+schedule; the compressed gradients accumulate over the microbatches, are summed across replicas by
+an allreduce of the compressed values only, and every replica applies the same update. A step
+equals the one-process step on the whole batch. Predictions run on the workers too: each row
+block through the stages of one replica, the blocks pipelined and shared out over the replicas.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from dataclasses import dataclass
 from numbers import Integral
 
 import dask
+import dask.array as da
 import numpy as np
+import sparse
 
 from dasknn.compressed import LossScaler
 from dasknn.exceptions import NonFiniteLossError, StepTimeoutError, WorkerLostError
@@ -33,22 +36,17 @@ from dasknn.optim import Optimizer, resolve_optimizer
 from dasknn.pipeline_parallel import worker_state as ws
 from dasknn.pipeline_parallel.plan import layer_costs, split_stages
 from dasknn.pipeline_parallel.schedule import check_schedule
-from dasknn.pipeline_parallel.taskgraph import accumulate_dtype, build_step
+from dasknn.pipeline_parallel.taskgraph import accumulate_dtype, build_inference, build_step
 from dasknn.pipeline_parallel.timeline import IdleSources, handover_seconds, idle_sources
 from dasknn.runtime.affinity import PLUGIN_NAME as PIN_CORES_PLUGIN
 from dasknn.runtime.affinity import PinCores, host_slots
-from dasknn.runtime.cluster import scheduler_workers
+from dasknn.runtime.comm_report import CommReport, Key
 from dasknn.runtime.distributed_model import DistributedModel
-from dasknn.runtime.keys import new_token, pipeline_key
+from dasknn.runtime.keys import pipeline_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
 from dasknn.runtime.postbox import Postbox
 from dasknn.runtime.scatter import scatter_released_if_given_up
-from dasknn.runtime.step_timeout import (
-    DEFAULT_STEP_TIMEOUT,
-    answering_workers,
-    check_step_timeout,
-    step_timeout_error,
-)
+from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT, answering_workers
 from dasknn.runtime.waiting import (
     GATHER_LOSS_GRACE_SECONDS,
     gather_watching,
@@ -59,11 +57,12 @@ from dasknn.runtime.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
 from dasknn.runtime.worker_memory import ReuseFreedMemory
 
 __all__ = [
+    "FOLD_TOKENS",
     "LOSS_ERRORS",
     "POLL_SECONDS",
-    "CommReport",
+    "SETTLE_POLL_SECONDS",
+    "DistributedCompressedMLP",
     "IdleBreakdown",
-    "PipelineMLP",
     "balanced_bounds",
 ]
 
@@ -79,6 +78,13 @@ LOSS_ERRORS = (concurrent.futures.CancelledError, RuntimeError, OSError)
 LOST_IN_STEP = "the step failed and the weights of those layers are gone"
 LOST_WHILE_READ = "the weights of those layers are gone"
 LOST_WHILE_PLACED = "the model could not be placed (the constructor closed it again)"
+#: Allreduce tokens (one per stage and step with replicas) whose transfer counts are kept on the
+#: scheduler before the model moves them into its own table and forgets them there.
+FOLD_TOKENS = 64
+#: Seconds between two checks, at the end of ``fit``, that the scheduler forgot the last step.
+SETTLE_POLL_SECONDS = 0.005
+#: ``what`` of the allreduce's rows in :meth:`DistributedCompressedMLP.comm_report`.
+GRADIENTS = "gradients"
 
 
 def _count(name: str, value, low: int = 1) -> int:
@@ -101,6 +107,11 @@ def _check_bounds(bounds, stages: int, n_layers: int) -> list[tuple[int, int]]:
             f"{n_layers} layers, got {bounds}"
         )
     return bounds
+
+
+def _known_keys(dask_scheduler, keys: list) -> list:
+    """The ``keys`` the scheduler still knows."""
+    return [key for key in keys if key in dask_scheduler.tasks]
 
 
 def _by_replica(where: tuple[int, int]) -> tuple[int, int]:
@@ -162,73 +173,29 @@ class IdleBreakdown:
     handover: float = 0.0
 
 
-@dataclass
-class CommReport:
-    """Measured bytes and messages of the last step, beside the formulas.
-
-    Attributes
-    ----------
-    pipeline_bytes, pipeline_messages : int
-        Activations and partial sums between stages: measured.
-    pipeline_bytes_formula, pipeline_messages_formula : int
-        ``2 B sum_b n_b s`` (``n_b`` the width of boundary ``b``, ``s`` the activations' item
-        size) in ``2 (S - 1) m D`` messages.
-    allreduce_bytes, allreduce_messages : int
-        Compressed gradients between replicas: measured.
-    allreduce_bytes_formula, allreduce_messages_formula : int
-        ``2 (D - 1) (nnz + biases) s_g`` (``s_g`` the storage item size) in ``2 S D (D - 1)``
-        messages.
-    """
-
-    pipeline_bytes: int
-    pipeline_messages: int
-    pipeline_bytes_formula: int
-    pipeline_messages_formula: int
-    allreduce_bytes: int
-    allreduce_messages: int
-    allreduce_bytes_formula: int
-    allreduce_messages_formula: int
-
-    @property
-    def exact(self) -> bool:
-        """Whether every measured figure equals its formula."""
-        return (
-            self.pipeline_bytes == self.pipeline_bytes_formula
-            and self.pipeline_messages == self.pipeline_messages_formula
-            and self.allreduce_bytes == self.allreduce_bytes_formula
-            and self.allreduce_messages == self.allreduce_messages_formula
-        )
-
-
-class PipelineMLP(LayerShapes, SparseEstimator, DistributedModel):
+class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
     """A compressed model trained with pipeline stages and data-parallel replicas on Dask.
 
     Parameters
     ----------
-    model : CompressedMLP
+    estimator : CompressedMLP
         The pruned model (its weights, biases, precision, compute and, for fp16, its loss scale
         and growth interval are copied; its optimizer state is not).
-    client : distributed.Client
+    client : distributed.Client, str, Cluster, JobqueueSpec or None
+        Where to run: ``None`` for a new local cluster on 127.0.0.1, a scheduler address, a
+        ``Cluster``, a ``Client`` or a :class:`~dasknn.runtime.jobqueue.JobqueueSpec`; what is
+        opened here is closed with the model.
     stages : int
         Runs of consecutive layers, ``1 <= stages <= n_layers``; cut to balance the estimated
         cost of a step (:func:`balanced_bounds`).
-    data_parallel : int
-        Replicas of every stage.
+    replicas : int
+        Replicas of every stage (data parallelism across them).
     microbatches : int
         Microbatches per replica and step; they must divide the replica's rows.
     schedule : {"gpipe", "1f1b"}
-    workers : sequence of str, optional
-        Worker addresses to use (default: the cluster's, sorted); ``stages * data_parallel`` of
-        them are used, replica ``d``'s stage ``s`` on ``workers[d * stages + s]``.
     bounds : sequence of (first, stop), optional
         The layers of each stage, contiguous and covering the network (default:
         :func:`balanced_bounds`), e.g. to balance stages by measured time.
-    messages : {"posted", "tasks"}
-        How a step runs. ``"posted"`` (the default): one task per stage replica runs its passes
-        in the schedule's order and posts each boundary message straight to the receiving
-        worker's postbox actor (:mod:`dasknn.runtime.postbox`), so a pass starts as soon as its
-        message arrived, with no scheduler round trip. ``"tasks"``: a task per pass, each
-        message a task result that the scheduler hands to the receiving pass.
     reuse_memory : bool
         Opt in to :class:`~dasknn.runtime.worker_memory.ReuseFreedMemory` on the workers, so the
         passes' freed buffers are reused instead of coming back from the kernel as fresh pages
@@ -241,52 +208,72 @@ class PipelineMLP(LayerShapes, SparseEstimator, DistributedModel):
         on one core; restored on ``close()``. Off by default: where the client, the scheduler or
         other work share the cores, the pinned workers cannot step aside (``docs/benchmarks.md``
         gives the measured effect).
+    workers : sequence of str, optional
+        Worker addresses to use (default: the cluster's, sorted); ``stages * replicas`` of them
+        are used, replica ``d``'s stage ``s`` on ``workers[d * stages + s]``.
+    messages : {"posted", "tasks"}
+        How a step runs. ``"posted"`` (the default): one task per stage replica runs its passes
+        in the schedule's order and posts each boundary message straight to the receiving
+        worker's postbox actor (:mod:`dasknn.runtime.postbox`), so a pass starts as soon as its
+        message arrived, with no scheduler round trip. ``"tasks"``: a task per pass, each
+        message a task result that the scheduler hands to the receiving pass.
     step_timeout : float
-        Seconds a step (``fit``'s batches, ``partial_fit``, ``train_step``), the reading of the
-        weights (``replica``, ``gather``, ``predict``, ``score``) and of the last step's records
-        (``step_report``, ``idle_fractions``, ``idle_breakdown``, ``idle_sources``) may take
-        before it is a :class:`~dasknn.exceptions.StepTimeoutError` naming the stage
-        workers it waits for, with their stage, replica and state (not heard from for N s:
-        stopped or overloaded; paused at the memory limit; running). A failed step's data and
-        results are released, the stages still answering drop the step (posted messages), and
-        the model is unusable afterwards. A stage worker that leaves the cluster is a
-        :class:`~dasknn.exceptions.WorkerLostError` within a poll instead (also from
-        ``comm_report``).
+        Seconds a step (``fit``'s batches, ``partial_fit``, ``train_step``), a prediction
+        (``predict``, ``predict_proba``, ``evaluate``, ``score``), the reading of the weights
+        (``replica``, ``gather``, ``to_dask``) and of the last step's records (``step_report``,
+        ``idle_fractions``, ``idle_breakdown``, ``idle_sources``) may take before it is a
+        :class:`~dasknn.exceptions.StepTimeoutError` naming the stage workers it waits for,
+        with their stage, replica and state (not heard from for N s: stopped or overloaded;
+        paused at the memory limit; running). A failed step's data and results are released,
+        the stages still answering drop the step (posted messages), and the model is unusable
+        afterwards (:class:`~dasknn.exceptions.ModelFailedError`). A stage worker that leaves
+        the cluster is a :class:`~dasknn.exceptions.WorkerLostError` within a poll instead
+        (also from ``comm_report``).
 
     Raises
     ------
     ValueError
         Before anything is installed: bad counts, more stages than layers, ``stages *
-        data_parallel`` more than the workers, an unknown schedule or ``messages``, a worker
-        named twice, a ``step_timeout`` that is not a positive finite number of seconds,
-        ``reuse_memory`` or ``pin_cores`` not a bool.
+        replicas`` more than the workers, an unknown schedule or ``messages``, a worker named
+        twice or not of the cluster, a ``step_timeout`` that is not a positive finite number of
+        seconds, ``reuse_memory`` or ``pin_cores`` not a bool.
 
     Attributes
     ----------
+    n_steps_ : int
+        Training steps taken (numbered from 1; as the one-process model's ``steps_``, a step
+        that raised :class:`~dasknn.exceptions.NonFiniteLossError` counts).
+    optimizer_ : Optimizer or None
+        The optimizer of the last step (``None`` before the first).
+    loss_curve_, batch_loss_curve_ : list of float
+        See :class:`~dasknn.model.estimator.SparseEstimator`.
     scaler : LossScaler or None
         fp16's dynamic loss scale (``skipped_steps``: the steps skipped for an overflow).
+    workers : dict
+        ``{(stage, replica): address}``.
     """
 
     def __init__(
         self,
-        model: CompressedMLP,
-        client,
+        estimator: CompressedMLP,
+        client=None,
+        *,
         stages: int = 1,
-        data_parallel: int = 1,
+        replicas: int = 1,
         microbatches: int = 1,
         schedule: str = "gpipe",
-        workers: Sequence[str] | None = None,
         bounds: Sequence[tuple[int, int]] | None = None,
-        messages: str = "posted",
         reuse_memory: bool = False,
         pin_cores: bool = False,
+        workers: Sequence[str] | None = None,
+        messages: str = "posted",
         step_timeout: float = DEFAULT_STEP_TIMEOUT,
     ) -> None:
+        model = estimator
         if not isinstance(model, CompressedMLP):
-            raise ValueError(f"model must be a CompressedMLP, got {type(model).__name__}")
-        self.step_timeout = check_step_timeout(step_timeout)
+            raise ValueError(f"estimator must be a CompressedMLP, got {type(model).__name__}")
         self.stages = _count("stages", stages)
-        self.data_parallel = _count("data_parallel", data_parallel)
+        self.replicas = _count("replicas", replicas)
         self.microbatches = _count("microbatches", microbatches)
         self.schedule = check_schedule(schedule)
         if messages not in ("posted", "tasks"):
@@ -302,20 +289,20 @@ class PipelineMLP(LayerShapes, SparseEstimator, DistributedModel):
                 f"{self.stages} stages for a network of {model.n_layers} layers: at most one per "
                 "layer"
             )
-        available = sorted(scheduler_workers(client))
-        if workers is not None:
-            unknown = sorted(set(workers) - set(available))
-            if unknown:
-                raise ValueError(f"not workers of this cluster: {unknown}")
-            available = list(workers)
-            if len(set(available)) != len(available):
-                raise ValueError(f"a worker is named twice in {list(workers)}")
-        needed = self.stages * self.data_parallel
-        if needed > len(available):
-            raise ValueError(
-                f"stages * data_parallel = {needed} workers needed, {len(available)} available"
-            )
-        self.client = client
+        if bounds is None:
+            bounds = balanced_bounds(model, self.stages)
+        self.bounds = _check_bounds(bounds, self.stages, model.n_layers)
+        self._connect(client, step_timeout)
+        try:
+            available = self._use_workers(workers)
+            needed = self.stages * self.replicas
+            if needed > len(available):
+                raise ValueError(
+                    f"stages * replicas = {needed} workers needed, {len(available)} available"
+                )
+        except BaseException:
+            self.close()  # what _connect opened
+            raise
         self.loss = model.loss
         self.dtype = model.dtype
         self.precision = model.precision
@@ -326,19 +313,16 @@ class PipelineMLP(LayerShapes, SparseEstimator, DistributedModel):
         self.activation = model.activation
         self.output_activation = model.output_activation
         self.layer_shapes = list(model.layer_shapes)
-        if bounds is None:
-            bounds = balanced_bounds(model, self.stages)
-        self.bounds = _check_bounds(bounds, self.stages, model.n_layers)
         self.workers = {
             (s, d): available[d * self.stages + s]
             for s in range(self.stages)
-            for d in range(self.data_parallel)
+            for d in range(self.replicas)
         }
-        self.token = new_token()
-        self.plugin_name = ws.plugin_name(self.token)
+        self.plugin_name = ws.StageState.plugin_name(self.token)
         self._memory_plugin = f"{REUSE_MEMORY_PLUGIN}-{self.token}"
         self._cores_plugin = f"{PIN_CORES_PLUGIN}-{self.token}"
         self._nnz = model.nnz
+        self._master_dtype = model.stack.layers[0].master.dtype
         self._grad_sizes = [
             sum(
                 model.stack.layers[k].grad_w.size + model.stack.layers[k].grad_b.size
@@ -346,13 +330,17 @@ class PipelineMLP(LayerShapes, SparseEstimator, DistributedModel):
             )
             for a, b in self.bounds
         ]
-        self._step = 0
-        self._last_rows = 0
-        self._tokens: list[str] = []
-        self._open = False
-        # why the model is unusable: a step that timed out left the stages' weights unknown
-        self._failed: str | None = None
-        self.optimizer: Optimizer | None = None
+        self.n_steps_ = 0
+        self._inference_calls = 0  # predictions made (their keys' number)
+        self._snapshots = 0  # to_dask calls (their keys' number)
+        # the traffic since the start or reset_comm: steps and rows trained, row blocks and rows
+        # predicted, the allreduce tokens still counted on the scheduler, and those moved here
+        self._comm_steps = self._comm_rows = 0
+        self._comm_blocks = self._comm_predicted_rows = 0
+        self._reduce_tokens: list[str] = []
+        self._reduced: dict[Key, list[int]] = {}
+        self.optimizer_: Optimizer | None = None
+        self._last_keys: list = []  # the last step's keys the client held
         self._postboxes: dict = {}
         self.loss_curve_: list[float] = []
         self.batch_loss_curve_: list[float] = []
@@ -414,57 +402,39 @@ class PipelineMLP(LayerShapes, SparseEstimator, DistributedModel):
             with self._cancelled_if_failed(postboxes):
                 self._placing(lambda: self.client.gather(postboxes))
 
-    # ------------------------------------------------------------------ basics
-    def close(self) -> None:
-        """Remove the plugins (with the states they own) and the transfer records, waiting for
-        the stage workers at most ``step_timeout`` seconds (a stopped one has them removed by the
-        scheduler when it goes on); closing twice does nothing."""
-        if not self._open:
-            return
-        self._open = False
+    # ------------------------------------------------------------------ life
+    def _before_close(self) -> None:
+        """Release the postboxes and forget the allreduce counts still on the scheduler."""
         self._postboxes.clear()
+        tokens, self._reduce_tokens = self._reduce_tokens, []
+        for token in tokens:
+            reset_transfers(self.client, token)
+
+    def _extra_plugins(self) -> list[str]:
+        """The memory and core plugins, where asked for."""
         plugins = [self._memory_plugin] if self.reuse_memory else []
         if self.pin_cores:
             plugins.append(self._cores_plugin)
-        try:
-            # also forgets the transfer records of the model's own token
-            self._unregister(plugins)
-        finally:
-            for token in self._tokens:
-                reset_transfers(self.client, token)
-
-    def _check_open(self) -> None:
-        if not self._open:
-            raise ValueError("this PipelineMLP is closed")
-
-    def _check_usable(self) -> None:
-        """``RuntimeError`` after a step that timed out (some stages may have applied it)."""
-        if self._failed is not None:
-            raise RuntimeError(
-                f"this PipelineMLP is unusable after a failed step ({self._failed}); close it "
-                "and start again from a saved copy"
-            )
+        return plugins
 
     # ------------------------------------------------------------------ training
     def _check_rows(self, rows: int) -> int:
-        parts = self.data_parallel * self.microbatches
+        parts = self.replicas * self.microbatches
         if rows % parts:
             raise ValueError(
-                f"a batch of {rows} rows does not split into data_parallel * microbatches = "
+                f"a batch of {rows} rows does not split into replicas * microbatches = "
                 f"{parts} equal microbatches"
             )
         return rows // parts
 
     def _train_batch(self, x: np.ndarray, y: np.ndarray, optimizer: Optimizer) -> float:
         self._check_open()
-        self._check_usable()
         rows = self._check_rows(x.shape[0])
-        self.reset_comm()  # the counts describe the last step
         deadline = time.monotonic() + self.step_timeout
-        self._step += 1
-        step, last = self._step, self.stages - 1
+        self.n_steps_ += 1
+        step, last = self.n_steps_, self.stages - 1
         data = {}
-        for d in range(self.data_parallel):
+        for d in range(self.replicas):
             for u in range(self.microbatches):
                 lo = (d * self.microbatches + u) * rows
                 xt = np.ascontiguousarray(x[lo : lo + rows].T)
@@ -477,6 +447,7 @@ class PipelineMLP(LayerShapes, SparseEstimator, DistributedModel):
         for (key, where), value in data.items():
             by_worker.setdefault(self.workers[where], {})[key] = value
         scattered: list = []
+        graph = None
         try:
             for address, values in by_worker.items():
                 scattered += self._scatter(values, address, deadline)
@@ -484,7 +455,7 @@ class PipelineMLP(LayerShapes, SparseEstimator, DistributedModel):
                 self.token,
                 step,
                 self.stages,
-                self.data_parallel,
+                self.replicas,
                 self.microbatches,
                 self.schedule,
                 self.workers,
@@ -502,6 +473,7 @@ class PipelineMLP(LayerShapes, SparseEstimator, DistributedModel):
                 workers=graph.placement, allow_other_workers=False, priority=graph.priority
             ):
                 futures = self.client.get(graph.tasks, wanted, sync=False)
+            self._last_keys = [f.key for f in scattered] + list(wanted)
             try:
                 results = gather_watching(
                     self.client,
@@ -529,11 +501,15 @@ class PipelineMLP(LayerShapes, SparseEstimator, DistributedModel):
             # released at once, also when the error (whose traceback holds this frame) is kept
             for future in scattered:
                 future.release()
+            if graph is not None:  # counted on the scheduler: forgotten by reset_comm or close
+                self._reduce_tokens += graph.collective_tokens
         if self.scaler is not None:
             self.scaler.update(bool(results[-1]))
-        self._tokens = graph.collective_tokens
-        self._last_rows = x.shape[0]
-        self.optimizer = optimizer
+        self._comm_steps += 1
+        self._comm_rows += x.shape[0]
+        if len(self._reduce_tokens) >= FOLD_TOKENS:
+            self._fold_reductions()
+        self.optimizer_ = optimizer
         losses = results[: len(graph.loss_keys)]
         if self.messages == "posted":  # each last stage's task: the losses of its microbatches
             losses = [value for replica in losses for value in replica]
@@ -543,19 +519,18 @@ class PipelineMLP(LayerShapes, SparseEstimator, DistributedModel):
         """What the workers ``lost`` held, for :class:`~dasknn.exceptions.WorkerLostError`:
         their stage replicas and layers (1-based), and the ``outcome`` (:data:`LOST_IN_STEP`,
         :data:`LOST_WHILE_READ`, :data:`LOST_WHILE_PLACED`)."""
+        roles = self._worker_roles()
         held = []
-        for (s, d), address in sorted(self.workers.items()):
+        for address in sorted(self.workers.values()):
             if address in lost:
-                a, b = self.bounds[s]
-                layers = f"layer {b}" if b == a + 1 else f"layers {a + 1} to {b}"
                 where = "it" if len(lost) == 1 else address
-                held.append(f"{where} held stage {s} of replica {d} ({layers})")
+                held.append(f"{where} held {roles[address]}")
         advice = (
             ""
             if outcome == LOST_WHILE_PLACED
             else " (close the model and start again from a saved copy)"
         )
-        return f"{', '.join(held)} of the pipeline model; {outcome}{advice}"
+        return f"{'; '.join(held)} of the pipeline model; {outcome}{advice}"
 
     def _watch(self, addresses, outcome: str = LOST_IN_STEP):
         """The ``lost_error`` of :func:`~dasknn.runtime.waiting.run_naming_loss` for the stage
@@ -576,13 +551,6 @@ class PipelineMLP(LayerShapes, SparseEstimator, DistributedModel):
         """A :class:`WorkerLostError` naming the stage workers that left while the model was
         placed, with their stage replicas, or ``None``."""
         return self._watch(self.workers.values(), LOST_WHILE_PLACED)()
-
-    def _timeout_error(self, what: str, addresses) -> StepTimeoutError:
-        """The :class:`StepTimeoutError` for ``what`` that did not happen within
-        ``step_timeout``, naming the stage workers ``addresses`` and their state."""
-        return step_timeout_error(
-            self.client, what, self.step_timeout, addresses, self._worker_roles()
-        )
 
     def _run_on_stages(
         self, function, addresses: list[str], what: str, outcome: str, **kwargs
@@ -606,7 +574,14 @@ class PipelineMLP(LayerShapes, SparseEstimator, DistributedModel):
         except TimeoutError:
             raise self._timeout_error(what, addresses) from None
 
-    def _scatter(self, values: dict, address: str, deadline: float) -> list:
+    def _scatter(
+        self,
+        values: dict,
+        address: str,
+        deadline: float,
+        outcome: str = LOST_IN_STEP,
+        what: str = "the step's data did not reach its stage",
+    ) -> list:
         """Scatter ``values`` (``{key: array}``) to the stage worker at ``address`` before the
         ``deadline`` (of ``time.monotonic()``); returns their futures. ``WorkerLostError`` naming
         its stage replicas if that worker is lost before or while they are sent (the scatter
@@ -618,12 +593,11 @@ class PipelineMLP(LayerShapes, SparseEstimator, DistributedModel):
                 self.client,
                 scatter_released_if_given_up(self.client, values, workers=[address]),
                 max(deadline - time.monotonic(), 0.0),
-                self._watch([address]),
+                self._watch([address], outcome),
                 POLL_SECONDS,
                 GATHER_LOSS_GRACE_SECONDS,
             )
         except TimeoutError:
-            what = "the step's data did not reach its stage"
             raise self._timeout_error(what, [address]) from None
         return list(scattered.values())
 
@@ -657,8 +631,10 @@ class PipelineMLP(LayerShapes, SparseEstimator, DistributedModel):
         layer = min((v for v in found.values() if v is not None), default=error.layer)
         return NonFiniteLossError(error.step, error.value, min(layer, error.layer))
 
-    def train_step(self, X, Y, lr: float | None = None, optimizer: Optimizer | None = None):
-        """One step on the batch ``(X, Y)`` (its rows split into ``data_parallel *
+    def train_step(
+        self, X, Y, *, lr: float | None = None, optimizer: Optimizer | None = None
+    ) -> float:
+        """One step on the batch ``(X, Y)`` (its rows split into ``replicas *
         microbatches`` equal microbatches); returns the batch's loss before the update.
 
         Raises
@@ -684,6 +660,18 @@ class PipelineMLP(LayerShapes, SparseEstimator, DistributedModel):
             self._check_rows(len(idx))
         for idx in batches:
             yield self._train_batch(x[idx], y[idx], optimizer)
+        self._settle()
+
+    def _settle(self) -> None:
+        """Wait until the scheduler has forgotten the last step's keys (released as the step
+        ended), polling every :data:`SETTLE_POLL_SECONDS` for at most ``step_timeout``: a
+        ``fit`` returns with nothing of the model left to do on the scheduler."""
+        keys, self._last_keys = self._last_keys, []
+        deadline = time.monotonic() + self.step_timeout
+        while keys and time.monotonic() < deadline:
+            keys = self.client.run_on_scheduler(_known_keys, keys=keys)
+            if keys:
+                time.sleep(SETTLE_POLL_SECONDS)
 
     # ------------------------------------------------------------------ results
     def replica(self, d: int = 0) -> CompressedMLP:
@@ -693,17 +681,20 @@ class PipelineMLP(LayerShapes, SparseEstimator, DistributedModel):
 
         Raises
         ------
+        ValueError
+            If ``d`` is not a replica's number.
         WorkerLostError
             Naming a stage worker of the replica that left the cluster, with its stage.
         StepTimeoutError
             Naming the stage workers that did not answer within ``step_timeout``, with their
             state.
-        RuntimeError
-            After a failed step (see ``step_timeout``).
+        ModelClosedError, ModelFailedError
+            After ``close()``; after a failed step (see ``step_timeout``).
         """
         self._check_open()
-        self._check_usable()
-        addresses = [self.workers[(s, d)] for s in range(self.stages)]
+        if isinstance(d, bool) or not isinstance(d, Integral) or not 0 <= d < self.replicas:
+            raise ValueError(f"replica must be an integer in [0, {self.replicas}), got {d!r}")
+        addresses = [self.workers[(s, int(d))] for s in range(self.stages)]
         snapshots = self._run_on_stages(
             ws.snapshot_stage,
             addresses,
@@ -732,7 +723,7 @@ class PipelineMLP(LayerShapes, SparseEstimator, DistributedModel):
             compute=self.compute,
             **({} if self.scaler is None else {"loss_scale": self.scaler.scale}),
         )
-        model.steps_ = self._step
+        model.steps_ = self.n_steps_
         if self.scaler is not None:
             model.scaler.growth_interval = self.scaler.growth_interval
             model.scaler.good_steps = self.scaler.good_steps
@@ -748,9 +739,107 @@ class PipelineMLP(LayerShapes, SparseEstimator, DistributedModel):
         """The trained model in one process (replica 0; errors as :meth:`replica`)."""
         return self.replica(0)
 
+    def to_dask(self) -> dict[str, da.Array]:
+        """The parameters as dask arrays: ``weights_{k}`` (``(n_in, n_out)``, one pydata-sparse
+        ``GCXS`` chunk holding the layer's unpruned master values) and ``bias_{k}`` (one numpy
+        chunk) of every layer ``k`` (0-based, as :attr:`CompressedMLP.weights` and ``biases``
+        number them), each chunk a fresh copy made by a task on the worker of the layer's stage
+        in replica 0.
+
+        A snapshot of the last step: the copies are made before this returns, so later steps do
+        not change them. Errors as :meth:`replica`.
+        """
+        self._check_open()
+        self._snapshots += 1
+        call = self._snapshots
+        meta_w = sparse.GCXS.from_numpy(np.empty((0, 0), self._master_dtype), compressed_axes=(0,))
+        meta_b = np.empty(0, self._master_dtype)
+        arrays, futures = {}, []
+        for s, (first, stop) in enumerate(self.bounds):
+            address = self.workers[(s, 0)]
+            pinned = {"workers": [address], "allow_other_workers": False, "pure": False}
+            for k in range(first, stop):
+                n_in, n_out = self.layer_shapes[k]
+                for name, part, chunks, meta in (
+                    (f"weights_{k}", "weights", ((n_in,), (n_out,)), meta_w),
+                    (f"bias_{k}", "bias", ((n_out,),), meta_b),
+                ):
+                    key = f"dasknn-{name}-{self.token}-v{call}"
+                    chunk = (key,) + (0,) * len(chunks)
+                    future = self.client.submit(
+                        ws.layer_copy, self.token, k - first, part, key=chunk, **pinned
+                    )
+                    futures.append(future)
+                    arrays[name] = da.Array(
+                        {chunk: future}, key, chunks=chunks, dtype=self._master_dtype, meta=meta
+                    )
+        try:
+            run_naming_loss(
+                self.client,
+                self.client.gather(futures, asynchronous=True),
+                self.step_timeout,
+                self._watch(set(self.workers[(s, 0)] for s in range(self.stages)), LOST_WHILE_READ),
+                POLL_SECONDS,
+                GATHER_LOSS_GRACE_SECONDS,
+                LOSS_ERRORS,
+            )
+        except TimeoutError:
+            self.client.cancel(futures)
+            addresses = [self.workers[(s, 0)] for s in range(self.stages)]
+            raise self._timeout_error("the layers' copies were not made", addresses) from None
+        return arrays
+
     def _output_blocks(self, x: np.ndarray, batch_size: int) -> OutputBlocks:
-        """The outputs of the gathered model (:meth:`gather`, replica 0), computed here."""
-        return self.gather()._output_blocks(x, batch_size)
+        """Row-block ``(z_L, a_L)`` of ``x``, ``batch_size`` rows at a time, computed on the
+        workers: each block runs through the stages of one replica (block ``j`` on replica
+        ``j % replicas``), the previous stage's last pre-activations sent to the next as in
+        training (phase ``"predict"`` of :meth:`comm_report`), within ``step_timeout`` in all.
+
+        Raises
+        ------
+        WorkerLostError, StepTimeoutError, ModelClosedError, ModelFailedError
+            As :meth:`replica`.
+        """
+        self._check_open()
+        deadline = time.monotonic() + self.step_timeout
+        self._inference_calls += 1
+        call = self._inference_calls
+        starts = list(range(0, x.shape[0], batch_size))
+        by_worker: dict[str, dict] = {}
+        for j, start in enumerate(starts):
+            key = pipeline_key(self.token, "infer-x", call, 0, j % self.replicas, j)
+            block = np.ascontiguousarray(x[start : start + batch_size].T)
+            by_worker.setdefault(self.workers[(0, j % self.replicas)], {})[key] = block
+        scattered: list = []
+        try:
+            for address, values in by_worker.items():
+                scattered += self._scatter(
+                    values, address, deadline, LOST_WHILE_READ, "the rows did not reach stage 0"
+                )
+            tasks, outputs, placement = build_inference(
+                self.token, call, self.stages, self.replicas, len(starts), self.workers
+            )
+            with dask.annotate(workers=placement, allow_other_workers=False):
+                futures = self.client.get(tasks, outputs, sync=False)
+            blocks = gather_watching(
+                self.client,
+                futures,
+                self.workers.values(),
+                lambda lost: self._held(lost, LOST_WHILE_READ),
+                POLL_SECONDS,
+                LOSS_ERRORS,
+                timeout=max(deadline - time.monotonic(), 0.0),
+                timed_out=lambda unfinished: self._timeout_error(
+                    "the predictions did not arrive",
+                    sorted({placement(future.key)[0] for future in unfinished}),
+                ),
+            )
+        finally:
+            for future in scattered:
+                future.release()
+        self._comm_blocks += len(starts)
+        self._comm_predicted_rows += x.shape[0]
+        return blocks
 
     def step_report(self) -> dict:
         """The passes of the last step per stage replica: ``{(s, d): {"events": [(kind, u,
@@ -762,18 +851,17 @@ class PipelineMLP(LayerShapes, SparseEstimator, DistributedModel):
             Naming a stage worker that left the cluster.
         StepTimeoutError
             Naming the stage workers that did not answer within ``step_timeout``.
-        RuntimeError
-            After a failed step (see ``step_timeout``).
+        ModelClosedError, ModelFailedError
+            After ``close()``; after a failed step (see ``step_timeout``).
         """
         self._check_open()
-        self._check_usable()
         records = self._run_on_stages(
             ws.read_step,
             list(self.workers.values()),
             "the stages' records of the last step did not arrive",
             LOST_WHILE_READ,
             token=self.token,
-            step=self._step,
+            step=self.n_steps_,
         )
         return {where: records[address] for where, address in self.workers.items()}
 
@@ -787,7 +875,7 @@ class PipelineMLP(LayerShapes, SparseEstimator, DistributedModel):
         and the stage imbalance (see :class:`IdleBreakdown`)."""
         report = self.step_report()
         out = {}
-        for d in range(self.data_parallel):
+        for d in range(self.replicas):
             passes = {
                 s: [e for e in report[(s, d)]["events"] if e[0] in "FB"] for s in range(self.stages)
             }
@@ -812,7 +900,7 @@ class PipelineMLP(LayerShapes, SparseEstimator, DistributedModel):
         the ideal timeline of the schedule (see :mod:`dasknn.pipeline_parallel.timeline`)."""
         report = self.step_report()
         out = {}
-        for d in range(self.data_parallel):
+        for d in range(self.replicas):
             passes = {
                 s: [e for e in report[(s, d)]["events"] if e[0] in "FB"] for s in range(self.stages)
             }
@@ -821,45 +909,109 @@ class PipelineMLP(LayerShapes, SparseEstimator, DistributedModel):
         return out
 
     def comm_report(self) -> CommReport:
-        """Bytes and messages of the last step, measured and by formula (counted on the scheduler,
-        so read without waiting on the stage workers).
+        """Bytes and messages between the workers since the model started or :meth:`reset_comm`,
+        measured (by the transfer monitor, on the scheduler: read without waiting on the stage
+        workers) beside the formulas.
+
+        Keys ``(what, phase, sender, receiver)``:
+
+        - ``(layer, "forward" | "backward", sender, receiver)``: training's messages across
+          the stage boundary after ``layer`` (1-based): that layer's pre-activations
+          (forward) and their deltas (backward); predicted per boundary and phase summed over
+          the workers, ``rows n_b s`` bytes (``rows`` the rows trained, ``n_b`` the
+          boundary's width, ``s`` the activations' item size) in ``m D`` messages a step;
+        - ``(layer, "predict", sender, receiver)``: the same boundary's pre-activations of
+          ``predict``/``score``'s row blocks, ``rows n_b s`` bytes in one message a block;
+        - ``("gradients", "allreduce", sender, receiver)``: the compressed gradients summed
+          across the replicas, ``2 (D - 1) (nnz + biases) s_g`` bytes (``s_g`` the storage
+          item size) in ``2 S D (D - 1)`` messages a step.
+
+        ``steps`` counts the training steps; ``details`` holds the stages, replicas,
+        microbatches, the rows trained and predicted, the row blocks predicted and the fp16
+        overflow flags the stage replicas exchanged (``flag_bytes``, ``flag_messages``: a
+        Python bool each, whose size Dask measures by its value, so not in the tables). A step
+        that raised :class:`~dasknn.exceptions.NonFiniteLossError` moved part of its messages:
+        they are counted and not predicted.
 
         Raises
         ------
         WorkerLostError
             Naming a stage worker that left the cluster (the model cannot go on, and the counts
             of a step it failed in are incomplete).
-        RuntimeError
-            After a failed step (see ``step_timeout``).
+        ModelClosedError, ModelFailedError
+            After ``close()``; after a failed step (see ``step_timeout``).
         """
         self._check_open()
-        self._check_usable()
         lost = self._watch(self.workers.values(), LOST_WHILE_READ)()
         if lost is not None:
             raise lost
-        records = read_transfers(self.client, self.token)
-        pipe = [r for r in records if r[1] in ("forward", "backward")]
-        reduce = [r for token in self._tokens for r in read_transfers(self.client, token)]
-        S, D, m = self.stages, self.data_parallel, self.microbatches
-        widths = [self.layer_shapes[b - 1][1] for _, b in self.bounds[:-1]]
-        n_bias = sum(shape[1] for shape in self.layer_shapes)
-        step_rows = self._last_rows
-        report = CommReport(
-            pipeline_bytes=sum(r[4] for r in pipe),
-            pipeline_messages=sum(r[5] for r in pipe),
-            pipeline_bytes_formula=2 * step_rows * sum(widths) * self.dtype.itemsize,
-            pipeline_messages_formula=2 * (S - 1) * m * D,
-            allreduce_bytes=sum(r[4] for r in reduce),
-            allreduce_messages=sum(r[5] for r in reduce),
-            allreduce_bytes_formula=2
-            * (D - 1)
-            * (self._nnz + n_bias)
-            * self.precision.storage.itemsize,
-            allreduce_messages_formula=2 * S * D * (D - 1),
+        self._fold_reductions()
+        measured: dict[Key, list[int]] = {key: list(v) for key, v in self._reduced.items()}
+        flags = [0, 0]
+        for stage, phase, sender, receiver, nbytes, count in read_transfers(
+            self.client, self.token
+        ):
+            if phase in ("forward", "predict"):  # sent by the boundary's earlier stage
+                what = self.bounds[stage][1]
+            elif phase == "backward":  # sent by its later stage
+                what = self.bounds[stage][0]
+            else:
+                flags[0] += nbytes
+                flags[1] += count
+                continue
+            row = measured.setdefault((what, phase, sender, receiver), [0, 0])
+            row[0] += nbytes
+            row[1] += count
+        S, D, m = self.stages, self.replicas, self.microbatches
+        steps, rows = self._comm_steps, self._comm_rows
+        itemsize = self.dtype.itemsize
+        predicted: dict[Key, tuple[int, int]] = {}
+        for _, stop in self.bounds[:-1]:
+            width = self.layer_shapes[stop - 1][1]
+            predicted[(stop, "forward", None, None)] = (rows * width * itemsize, steps * m * D)
+            predicted[(stop, "backward", None, None)] = (rows * width * itemsize, steps * m * D)
+            predicted[(stop, "predict", None, None)] = (
+                self._comm_predicted_rows * width * itemsize,
+                self._comm_blocks,
+            )
+        if D > 1:
+            n_bias = sum(shape[1] for shape in self.layer_shapes)
+            per_step = 2 * (D - 1) * (self._nnz + n_bias) * self.precision.storage.itemsize
+            predicted[(GRADIENTS, "allreduce", None, None)] = (
+                steps * per_step,
+                steps * 2 * S * D * (D - 1),
+            )
+        details = {
+            "stages": S,
+            "replicas": D,
+            "microbatches": m,
+            "rows": rows,
+            "predicted_rows": self._comm_predicted_rows,
+            "predicted_blocks": self._comm_blocks,
+            "flag_bytes": flags[0],
+            "flag_messages": flags[1],
+        }
+        return CommReport(
+            {key: (b, c) for key, (b, c) in measured.items()}, predicted, steps, details
         )
-        return report
 
     def reset_comm(self) -> None:
-        """Zero the transfer counts (before the step to be measured)."""
-        for token in [self.token, *self._tokens]:
+        """Forget the traffic counted so far (:meth:`comm_report` counts from here)."""
+        super().reset_comm()
+        tokens, self._reduce_tokens = self._reduce_tokens, []
+        for token in tokens:
+            reset_transfers(self.client, token)
+        self._reduced = {}
+        self._comm_steps = self._comm_rows = 0
+        self._comm_blocks = self._comm_predicted_rows = 0
+
+    def _fold_reductions(self) -> None:
+        """Move the allreduce counts of the finished steps from the scheduler's monitor (one
+        token per stage and step) into the model's table, and forget them there."""
+        tokens, self._reduce_tokens = self._reduce_tokens, []
+        for token in tokens:
+            for _, _, sender, receiver, nbytes, count in read_transfers(self.client, token):
+                row = self._reduced.setdefault((GRADIENTS, "allreduce", sender, receiver), [0, 0])
+                row[0] += nbytes
+                row[1] += count
             reset_transfers(self.client, token)

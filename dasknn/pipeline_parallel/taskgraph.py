@@ -37,6 +37,7 @@ from dasknn.runtime.keys import parse_collective_key, parse_pipeline_key, pipeli
 __all__ = [
     "SchedulePriority",
     "StepGraph",
+    "build_inference",
     "build_step",
     "chain_links",
     "collective_token",
@@ -343,6 +344,33 @@ def _run_task(key, token, step, s, d, order, stages, scale, loss_scale, postboxe
         previous,
         following,
     )
+
+
+def build_inference(
+    token: str,
+    call: int,
+    stages: int,
+    replicas: int,
+    blocks: int,
+    workers: dict[tuple[int, int], str],
+) -> tuple[dict, list, Placement]:
+    """The tasks of a prediction: row block ``j`` (its feature-major samples under the key
+    ``pipeline_key(token, "infer-x", call, 0, d, j)`` on stage 0 of replica ``d = j %
+    replicas``) runs through that replica's stages, one ``infer`` task per stage
+    (:func:`~dasknn.pipeline_parallel.worker_state.infer`), each reading the previous stage's
+    (one message per boundary and block). Returns the tasks, the keys of the last stage's
+    results (``(z_L, a_L)`` of each block, in order) and the placement of every key."""
+    tasks: dict = {}
+    outputs = []
+    for j in range(blocks):
+        d = j % replicas
+        source = pipeline_key(token, "infer-x", call, 0, d, j)
+        for s in range(stages):
+            key = pipeline_key(token, "infer", call, s, d, j)
+            tasks[key] = Task(key, ws.infer, token, TaskRef(source))
+            source = key
+        outputs.append(source)
+    return tasks, outputs, Placement(workers, {})
 
 
 def accumulate_dtype(storage: np.dtype) -> np.dtype:

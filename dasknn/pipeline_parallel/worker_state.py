@@ -1,13 +1,14 @@
 """What a pipeline stage keeps on its worker, and the tasks that run there.
 
-:class:`StageState` is a :class:`distributed.WorkerPlugin` registered by
-:class:`~dasknn.pipeline_parallel.PipelineMLP` under :func:`plugin_name` of the model's token and
-removed by its ``close()``. On each worker of the model it owns one stage replica: its layers'
-compressed states (:class:`~dasknn.compressed.CompressedStack`: master weights, gradients
-accumulated over the step's microbatches, optimizer state), the activations of the microbatches in
-flight (stashed by the forward pass for the backward pass), and the start and end of every pass,
-from which the bubble is measured. Tasks never change a value Dask holds: messages are fresh
-arrays, and the states change only inside the plugin.
+:class:`StageState` is the :class:`~dasknn.runtime.model_plugin.ModelPlugin` (kind
+``"pipeline"``) registered by :class:`~dasknn.pipeline_parallel.DistributedCompressedMLP` under
+:meth:`StageState.plugin_name` of the model's token and removed by its ``close()``. On each
+worker of the model it owns one stage replica: its layers' compressed states
+(:class:`~dasknn.compressed.CompressedStack`: master weights, gradients accumulated over the
+step's microbatches, optimizer state), the activations of the microbatches in flight (stashed by
+the forward pass for the backward pass), and the start and end of every pass, from which the
+bubble is measured; tasks find it with :meth:`StageState.on_worker`. Tasks never change a value
+Dask holds: messages are fresh arrays, and the states change only inside the plugin.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import threading
 import time
 
 import numpy as np
+import sparse
 from distributed import get_worker
-from distributed.diagnostics.plugin import WorkerPlugin
 
 from dasknn.compressed import CompressedStack
 from dasknn.model.compressed_mlp import first_nonfinite_layer, nonfinite_loss_error
@@ -26,6 +27,7 @@ from dasknn.runtime.affinity import migrations
 from dasknn.runtime.alignment import local_copy
 from dasknn.runtime.keys import parse_pipeline_key, pipeline_key
 from dasknn.runtime.measure import report_transfers
+from dasknn.runtime.model_plugin import ModelPlugin
 from dasknn.runtime.postbox import Mailbox, pack_envelope, post_failure
 
 __all__ = [
@@ -37,8 +39,9 @@ __all__ = [
     "forward_pass",
     "gradient",
     "gradients_finite",
+    "infer",
     "install_stage",
-    "plugin_name",
+    "layer_copy",
     "read_step",
     "run_stage",
     "snapshot_stage",
@@ -46,17 +49,10 @@ __all__ = [
 ]
 
 
-def plugin_name(token: str) -> str:
-    """Name of the worker plugin of the pipeline model ``token``."""
-    return f"dasknn-pipeline-{token}"
-
-
-class StageState(WorkerPlugin):
+class StageState(ModelPlugin):
     """One stage replica of a pipeline model on a worker (see the module docstring)."""
 
-    def __init__(self, token: str) -> None:
-        self.token = token
-        self.name = plugin_name(token)
+    kind = "pipeline"
 
     def setup(self, worker) -> None:
         self.stack: CompressedStack | None = None
@@ -120,10 +116,6 @@ def _clock() -> tuple[float, float, int, int, int]:
     return time.perf_counter(), time.thread_time(), usage.ru_minflt, usage.ru_nivcsw, migrations()
 
 
-def _state(token: str) -> StageState:
-    return get_worker().plugins[plugin_name(token)]
-
-
 def install_stage(dask_worker, token: str, spec: dict) -> int:
     """For ``Client.run``: build the stage replica ``spec`` describes on ``dask_worker``.
 
@@ -132,7 +124,7 @@ def install_stage(dask_worker, token: str, spec: dict) -> int:
     ``input_activation`` (the previous stage's last activation, ``None`` on stage 0),
     ``precision``, ``compute``, ``loss`` and ``output_activation``. Returns the stage's weights.
     """
-    state: StageState = dask_worker.plugins[plugin_name(token)]
+    state: StageState = StageState.on_worker(token, dask_worker)
     state.stack = CompressedStack(
         spec["layers"], spec["biases"], spec["activations"], spec["precision"], spec["compute"]
     )
@@ -160,7 +152,8 @@ def forward_pass(
     their last pre-activations, the message to the next stage. ``after`` are the stage's passes
     this one runs after (only ordered after, not read).
     """
-    return _forward(_state(token), step, microbatch, scale, loss_scale, inputs, labels)
+    state = StageState.on_worker(token)
+    return _forward(state, step, microbatch, scale, loss_scale, inputs, labels)
 
 
 def _forward(state: StageState, step: int, microbatch: int, scale, loss_scale, inputs, labels):
@@ -196,7 +189,7 @@ def backward_pass(token: str, step: int, microbatch: int, incoming, after):
     the stage's inputs times that layer's activation derivative), the message to the previous
     stage (``None`` on stage 0). ``incoming`` is the next stage's message (``None`` on the last
     stage)."""
-    return _backward(_state(token), step, microbatch, incoming)
+    return _backward(StageState.on_worker(token), step, microbatch, incoming)
 
 
 def _backward(state: StageState, step: int, microbatch: int, incoming):
@@ -258,7 +251,7 @@ def run_stage(
     previous, following : Postbox or None
         The postboxes of the stage before and after (``None`` at the ends).
     """
-    state = _state(token)
+    state = StageState.on_worker(token)
     # a drop_steps of this step ends the waits, whether it came before them or during them
     since = state.mailbox.clears
     state.mailbox.drop(lambda key: parse_pipeline_key(key).step >= step)
@@ -314,21 +307,21 @@ def drop_steps(dask_worker, token: str, step: int) -> None:
     step was lost with its worker): its messages are forgotten, its task of the step stops
     waiting for messages and posts, or fails at once if it has not started, with
     ``RuntimeError``, and tells no neighbour (every stage still there is dropped the same way)."""
-    state = dask_worker.plugins[plugin_name(token)]
+    state = StageState.on_worker(token, dask_worker)
     state.dropped_step = max(state.dropped_step, step)  # before the waits end: they read it
     state.mailbox.clear()
 
 
 def gradient(token: str, step: int, after) -> np.ndarray:
     """A copy of the stage's accumulated gradient buffer (the allreduce's contribution)."""
-    return _state(token).stack.grad.copy()
+    return StageState.on_worker(token).stack.grad.copy()
 
 
 def gradients_finite(token: str, step: int, summed, after) -> bool:
     """Whether the stage's gradient is finite (fp16's overflow check): the allreduced ``summed``
     with replicas, the stage's accumulated buffer otherwise."""
     if summed is None:
-        return _state(token).stack.gradients_finite()
+        return StageState.on_worker(token).stack.gradients_finite()
     return bool(np.isfinite(summed.astype(np.float32)).all())
 
 
@@ -342,7 +335,7 @@ def update(token: str, step: int, optimizer, summed, inv_scale: float, apply: bo
     """The optimizer step of the stage, from the allreduced gradient ``summed`` (or the stage's
     own with one replica) times ``inv_scale`` (fp16: one over the loss scale); nothing when
     ``apply`` is false (fp16: a gradient overflowed somewhere, the step is skipped)."""
-    state = _state(token)
+    state = StageState.on_worker(token)
     start = _clock()
     if apply:
         if summed is not None:
@@ -357,7 +350,7 @@ def first_nonfinite_stashed(dask_worker, token: str, step: int) -> int | None:
     of a microbatch of ``step`` are not finite; ``None`` if there is none. The forward pass of a
     microbatch whose loss is not finite stays stashed on every stage, as its backward never runs.
     """
-    state = dask_worker.plugins[plugin_name(token)]
+    state = StageState.on_worker(token, dask_worker)
     with state.lock:
         stashed = [layers for (s, _), (_, layers, _) in state.stash.items() if s == step]
     boundary = state.stack.activations[-1]  # a stage before the last leaves it to the next one
@@ -375,7 +368,7 @@ def snapshot_stage(dask_worker, token: str) -> dict:
     """For ``Client.run``: copies of the stage's states, ``{"optimizer": the optimizer of the
     last update or None, "layers": [(master values, index, bias, weight state, bias state)]}``
     (the states ``None`` before the first update)."""
-    stack = dask_worker.plugins[plugin_name(token)].stack
+    stack = StageState.on_worker(token, dask_worker).stack
 
     layers = []
     for layer in stack.layers:
@@ -391,9 +384,36 @@ def read_step(dask_worker, token: str, step: int) -> dict:
     start, end; ``usage``: kind, microbatch, CPU seconds of the thread, minor page faults,
     involuntary context switches, migrations between CPUs), and
     the most microbatches it held at once (``peak``)."""
-    state = dask_worker.plugins[plugin_name(token)]
+    state = StageState.on_worker(token, dask_worker)
     return {
         "events": list(state.events.get(step, [])),
         "usage": list(state.usage.get(step, [])),
         "peak": state.peak.get(step, 0),
     }
+
+
+def infer(token: str, inputs):
+    """Task: the stage's forward pass of a row block for a prediction (nothing is stashed or
+    recorded). ``inputs`` are the feature-major samples (stage 0) or the previous stage's last
+    pre-activations, to which this stage applies that layer's activation, as in training.
+    Returns the last pre-activations (a stage before the last: the message to the next) or,
+    on the last stage, the block's row-major ``(z_L, a_L)``."""
+    state = StageState.on_worker(token)
+    if state.input_activation is not None:
+        inputs = state.input_activation.forward(local_copy(inputs))
+    layers = state.stack.forward(inputs, activate_last=state.last)
+    zt, at = layers[-1]
+    return (zt.T, at.T) if state.last else zt
+
+
+def layer_copy(token: str, layer: int, part: str):
+    """Task: a copy of the stage's ``layer`` (0-based within the stage): its master weights as a
+    pydata-sparse ``GCXS`` matrix ``(n_in, n_out)`` (``part`` ``"weights"``) or its bias
+    (``"bias"``)."""
+    held = StageState.on_worker(token).stack.layers[layer]
+    if part == "bias":
+        return held.bias.copy()
+    columns = held.index.astype(np.int64) % held.shape[1]  # the flat index is row-major
+    return sparse.GCXS(
+        (held.master.copy(), columns, held.row_ptr.copy()), shape=held.shape, compressed_axes=(0,)
+    )

@@ -9,8 +9,9 @@ binding. Removing the plugin restores every thread to the process's cores as the
 the plugin does not name, and systems without ``os.sched_setaffinity`` (not Linux), are left as
 they are.
 
-:class:`~dasknn.pipeline_parallel.PipelineMLP` installs it with ``pin_cores=True`` for its stage
-workers (``docs/benchmarks.md`` gives the measured effect on the pipeline's idle fractions).
+:class:`~dasknn.pipeline_parallel.DistributedCompressedMLP` installs it with ``pin_cores=True``
+for its stage workers (``docs/benchmarks.md`` gives the measured effect on the pipeline's idle
+fractions).
 """
 
 from __future__ import annotations

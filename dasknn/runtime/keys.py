@@ -20,7 +20,9 @@ carry fp16's overflow flags (a stage's, and whether the step is applied) to and 
 replica 0; with ``messages="posted"``, a ``run`` key is a stage replica's task that runs all its
 passes of the step, a ``postbox`` key (step 0) the stage replica's postbox actor, and the ``fwd``
 / ``bwd`` keys name the messages posted to it (a ``failed`` key: the error a neighbouring stage
-posts when it fails); every other kind is local work.
+posts when it fails); an ``infer`` key is a stage's forward pass of a prediction's row block
+``microbatch`` (``step`` numbers the model's predictions), whose value the next stage reads, an
+``infer-x`` key that block's samples on stage 0; every other kind is local work.
 
 **Collective keys** (:mod:`dasknn.runtime.collectives`) are tuples
 ``(f"dasknn-{op}-{token}", phase, sender, receiver)``: ``op`` is the collective (one of
@@ -88,7 +90,7 @@ STEP_KINDS = ("fwd", "bwd", "lse", "run")
 COLLECTIVES = ("allreduce", "allgather", "allgatherv", "pull", "push", "alltoallv")
 PIPELINE_KINDS = (
     "fwd", "bwd", "fwd-done", "bwd-done", "x", "y", "grad", "update", "finite", "verdict", "run",
-    "postbox", "failed",
+    "postbox", "failed", "infer", "infer-x",
 )
 PIPELINE = "pipe"
 DP_KIND = "dp"
@@ -312,8 +314,8 @@ def describe(key) -> tuple[str | None, str, int | None]:
 
     Step keys give their model's token, phase and layer (:func:`message_phase`); collective and
     sampled-step keys their token and phase, with layer ``None``; pipeline keys their token,
-    ``"forward"`` / ``"backward"`` (``"other"`` for local work) and the sending stage as the layer;
-    data-parallel keys their token, phase and variable; every other key
+    ``"forward"`` / ``"backward"`` / ``"predict"`` (``"other"`` for local work) and the sending
+    stage as the layer; data-parallel keys their token, phase and variable; every other key
     ``(None, "other", None)``.
     """
     step = message_phase(key)
@@ -327,7 +329,9 @@ def describe(key) -> tuple[str | None, str, int | None]:
         return collective.token, collective.phase, None
     pipeline = parse_pipeline_key(key)
     if pipeline is not None:
-        phase = {"fwd": "forward", "bwd": "backward"}.get(pipeline.kind, "other")
+        phase = {"fwd": "forward", "bwd": "backward", "infer": "predict"}.get(
+            pipeline.kind, "other"
+        )
         return pipeline.token, phase, pipeline.stage
     data_parallel = parse_dp_key(key)
     if data_parallel is not None:

@@ -13,7 +13,7 @@ that a worker keeps the peak of its step's buffers mapped between steps (which t
 needs again anyway). On a C library other than glibc it does nothing.
 
 The setting is process-wide, so it is opt-in: :class:`~dasknn.model_parallel.DistributedSparseMLP`,
-:class:`~dasknn.pipeline_parallel.PipelineMLP` and
+:class:`~dasknn.pipeline_parallel.DistributedCompressedMLP` and
 :class:`~dasknn.data_parallel.DataParallelEmbeddingMLP` install the plugin only with
 ``reuse_memory=True``, under a name of their own, and remove it on ``close()`` (workers already
 tuned keep the setting until they restart: glibc has no way back to the environment's thresholds
@@ -68,7 +68,7 @@ class ReuseFreedMemory(WorkerPlugin):
     """Worker plugin running :func:`tune_malloc` on every worker, present and future.
 
     Installed by :class:`~dasknn.model_parallel.DistributedSparseMLP`,
-    :class:`~dasknn.pipeline_parallel.PipelineMLP` and
+    :class:`~dasknn.pipeline_parallel.DistributedCompressedMLP` and
     :class:`~dasknn.data_parallel.DataParallelEmbeddingMLP` with ``reuse_memory=True`` (under
     the name ``f"{PLUGIN_NAME}-{token}"``). The outcome is kept as the worker attribute
     ``dasknn_malloc_tuned``.
