@@ -27,9 +27,9 @@ FORBIDDEN = {
         r"|\b(PR|pull request)\s*#?[0-9]|\(#[0-9]+\)",
         re.IGNORECASE,
     ),
-    "a branch": re.compile(r"\bbranch(es)?\s+`", re.IGNORECASE),
+    "a branch": re.compile(r"\bbranch(es)?\s+`|\bon main\b|\b(main|master) branch", re.IGNORECASE),
     "a run letter": re.compile(
-        r"\bruns?\s+[A-Z]{1,2}[0-9]+\b|\bS[0-9]{1,3}\s*[/,]\s*S[0-9]{1,3}\b"
+        r"\b[Rr]uns?\s+[A-Z]{1,2}[0-9]*\b(?!\s*[=<>])|\bS[0-9]{1,3}\s*[/,]\s*S[0-9]{1,3}\b"
     ),
     "a date": re.compile(r"\b(19|20)[0-9]{2}-[01][0-9]-[0-3][0-9]\b"),
 }
@@ -133,6 +133,8 @@ def spelled(text: str) -> str:
         "from BR `slide3`",
         "(BR ``slide3``)",
         "in run Sn25",
+        "Runs K, L and M",
+        "measured on main",
         "runs\nSn9, Sn10",
         "Sn25/Sn26",
         "until DATE",
@@ -155,6 +157,8 @@ def test_a_reference_to_history_is_found(text):
         "issue a request",
         "tiles issue 8.7-18x fewer loads",
         "the BR of a tree",
+        "runs P = 2 on two workers",
+        "the main job",
     ],
 )
 def test_a_legitimate_use_is_allowed(text):
