@@ -108,15 +108,18 @@ def test_the_tree_has_files_to_check():
 
 
 def spelled(text: str) -> str:
-    """``text`` with ``SES`` for the word this module looks for, ``ISS``, ``PRQ``, ``BR`` for an
-    issue, a pull request and a branch, ``Sn`` for a run's letter ``S``, ``DATE`` for a day (so
-    that the examples do not match themselves)."""
+    """``text`` with placeholders spelled out: ``SES`` for the word this module looks for,
+    ``ISS``, ``PRQ``, ``BR`` for an issue, a pull request and a branch, ``Sn`` for a run's letter
+    ``S``, ``Rns`` and ``ONMAIN`` for a run and a branch, ``DATE`` for a day (so that the
+    examples do not match themselves)."""
     for short, word in {
         "SES": "ses" + "sion",
         "ISS": "iss" + "ue",
         "PRQ": "P" + "R",
         "BR": "bran" + "ch",
         "Sn": "S",
+        "Rns": "Ru" + "ns",
+        "ONMAIN": "on " + "main",
         "DATE": "2026-" + "11-26",
     }.items():
         text = text.replace(short, word)
@@ -133,8 +136,8 @@ def spelled(text: str) -> str:
         "from BR `slide3`",
         "(BR ``slide3``)",
         "in run Sn25",
-        "Runs K, L and M",
-        "measured on main",
+        "Rns K, L and M",
+        "measured ONMAIN",
         "runs\nSn9, Sn10",
         "Sn25/Sn26",
         "until DATE",
