@@ -20,8 +20,8 @@ slots). The kernels index a group's activations flat (``j * 32 + lane``, from a 
 at the lane's first) with unsigned integers: numba checks a signed index for wrapping around and
 multiplies in 64 bits, which more than triples the instructions of each kept entry (the kernel is
 bound by instruction issue, docs/benchmarks.md). The order of the sums is the CSC order of the CPU
-kernel, so under the simulator the results agree with it bit for bit in the same precision; on a GPU each
-multiply-add is fused (one rounding, ``fma``), so an activation may differ in its last bit, and
+kernel, so under the simulator the results agree with it bit for bit in the same precision; on a
+GPU each multiply-add is fused (one rounding, ``fma``), so an activation may differ in its last bit, and
 the categories (rows left nonzero) are what the tests compare with the CPU engine's.
 
 Three launch modes:
