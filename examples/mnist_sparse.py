@@ -10,7 +10,7 @@ images for training and its last 2,000 for evaluation. Images become 32 x 32 = 1
 The network is ``SparseMLP.radixnet(neurons=1024, layers=L, n_outputs=10)``: ``L`` sparse
 1024 x 1024 RadiX-Net layers (32 connections per neuron) with ReLU, then a fully connected
 1024 -> 10 linear layer trained with softmax cross-entropy. Weights start uniform in
-``[-sqrt(6 / fan_in), sqrt(6 / fan_in)]`` (He scaling of the issue's uniform initialisation).
+``[-sqrt(6 / fan_in), sqrt(6 / fan_in)]`` (He scaling of a uniform initialisation).
 
 With ``--workers P`` (default 2) a ``distributed.LocalCluster`` of ``P`` single-threaded worker
 processes is started, every layer is split by neurons with ``graph.partition_network(...,

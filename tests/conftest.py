@@ -60,8 +60,9 @@ def dask_client():
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory):
     """A one-node SLURM (munged, slurmctld, slurmd; Debian's ``slurm-wlm`` and ``munge``,
-    installed with apt-get where missing) for the session; yields its environment (``SLURM_CONF``
-    for ``sbatch``, ``squeue``, ``scancel``). Skips with the reason where that is impossible."""
+    installed with apt-get where missing) for the whole test run; yields its environment
+    (``SLURM_CONF`` for ``sbatch``, ``squeue``, ``scancel``). Skips with the reason where that is
+    impossible."""
     from system_packages import OneNodeSlurm, require_packages
 
     require_packages(
@@ -89,7 +90,7 @@ def chromium() -> str:
 
 
 def pytest_terminal_summary(terminalreporter):
-    """Print how long the apt-get installs of the session took (CI runs them on a fresh
+    """Print how long the apt-get installs of the test run took (CI runs them on a fresh
     machine)."""
     from system_packages import INSTALL_SECONDS
 
@@ -118,8 +119,8 @@ def short_switch_interval():
 
 @pytest.fixture(scope="module")
 def simulator_dask_client(dask_client):
-    """The session's ``dask_client`` for a module whose engine tests simulate the CUDA kernels in
-    its workers: they switch threads more often while the module runs
+    """The shared ``dask_client`` fixture for a module whose engine tests simulate the CUDA
+    kernels in its workers: they switch threads more often while the module runs
     (``tests/simulator_threads.py``); on a GPU nothing changes."""
     from simulator_threads import workers_switch_interval  # numba after NUMBA_ENABLE_CUDASIM
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-# Seconds each apt-get call took in this session, for the report printed at the end of the run.
+# Seconds each apt-get call took in this test run, for the report printed at the end of the run.
 INSTALL_SECONDS: dict[str, float] = {}
 _UPDATED = False
 

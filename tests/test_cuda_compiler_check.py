@@ -1,9 +1,9 @@
 """A numba-cuda that cannot compile kernels with the installed numpy: one clear error, early.
 
-numba-cuda 0.30.4 with numpy 2.5.2 (measured on 2026-11-27) failed at each process's first CUDA
-kernel compile, because numpy 2.5 removed ``numpy.row_stack`` and numba-cuda's numpy lowering
-registers an overload of it. Here a process (or a worker, through a preload that runs before
-anything imports numba) is given a numpy without ``row_stack``, as numpy 2.5 is, and
+numba-cuda 0.30.4 with numpy 2.5.2 fails at each process's first CUDA kernel compile, because numpy
+2.5 removed ``numpy.row_stack`` and numba-cuda's numpy lowering registers an overload of it. Here a
+process (or a worker, through a preload that runs before anything imports numba) is given a numpy
+without ``row_stack``, as numpy 2.5 is, and
 :func:`dasknn.kernels.cuda_inference.check_cuda_compiler` must name the versions, the missing
 function and what to install, before anything is scheduled.
 """

@@ -206,7 +206,7 @@ def test_a_worker_stopped_before_fit_is_named_after_the_step_timeout(cluster):
     """A part worker stopped (SIGSTOP) between two ``fit`` calls: the call's data blocks,
     scattered to the part workers first, are given up after ``step_timeout`` with a
     StepTimeoutError naming the worker (a ``Client.scatter`` timeout bounds only the wait for a
-    running worker: the call used to wait until Dask removed the worker); once the worker goes
+    running worker, not until Dask removes the worker); once the worker goes
     on, no block of the call is left on the scheduler or a worker."""
     _, client = cluster
     x, y = _data()
@@ -241,8 +241,8 @@ def _model_plugins(client, token: str) -> list[str]:
 @pytest.mark.parametrize("given", ["client", "address", "cluster"])
 def test_a_stopped_worker_does_not_hold_up_close(cluster, given):
     """A worker stopped (SIGSTOP) after a step, still listed by the scheduler: ``close()`` of a
-    model with ``reuse_memory=True`` waits for it at most ``step_timeout`` (it used to wait until
-    Dask removed the worker), and no plugin of the model is left once it goes on. Given the
+    model with ``reuse_memory=True`` waits for it at most ``step_timeout`` (not until Dask
+    removes the worker), and no plugin of the model is left once it goes on. Given the
     scheduler's address or the cluster object, the model closes the client it opened at the end
     of ``close()``: the removals it asked for are carried out all the same."""
     local, client = cluster
@@ -296,8 +296,8 @@ def test_a_worker_lost_while_another_is_stopped_is_named_within_the_step_timeout
     step's results do not arrive within ``step_timeout``; the lost worker is the step's failure
     (a ``WorkerLostError`` naming it, which a checkpoint recovers, where it was a
     ``StepTimeoutError``), and the clean-up after the loss (the step's waits ended on the part
-    workers still listed) waits for the stopped one at most ``step_timeout`` (it used to wait
-    until Dask removed the stopped worker)."""
+    workers still listed) waits for the stopped one at most ``step_timeout`` (not until Dask
+    removes the stopped worker)."""
     _, client = cluster
     x, y = _data(96)
     model = _model()

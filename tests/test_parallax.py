@@ -607,7 +607,7 @@ def test_stopped_worker_is_named_after_the_step_timeout(client4):
 def test_a_stopped_worker_does_not_hold_up_close(client4):
     """A worker stopped (SIGSTOP) after a step, still listed by the scheduler: ``close()`` of a
     model with ``reuse_memory=True`` waits for it at most ``step_timeout`` (the removal of the
-    malloc plugin used to wait until Dask removed the worker), and no plugin of the model is
+    malloc plugin included, not until Dask removes the worker), and no plugin of the model is
     left on the scheduler or any worker once it goes on."""
     model = EmbeddingMLP(V, C, D, hidden=(4,))
     X, y = next(iter(_batches(2)))
@@ -654,8 +654,8 @@ def _model_plugins(client) -> list[str]:
 
 def test_a_worker_stopped_before_the_constructor_is_named_and_nothing_is_left(client4):
     """A worker stopped (SIGSTOP) before the model is placed: the constructor's registrations
-    end after ``step_timeout`` in a StepTimeoutError naming it and what it was to hold, where
-    they used to wait until Dask removed the worker; once it goes on, no plugin of the model
+    end after ``step_timeout`` in a StepTimeoutError naming it and what it was to hold, not
+    waiting until Dask removes the worker; once it goes on, no plugin of the model
     (nor key-cache bound) is left on the scheduler or a worker."""
     before = _model_plugins(client4)
     workers = sorted(scheduler_workers(client4))[:2]
@@ -698,7 +698,7 @@ def _signal_when_postbox_starts(address: str, sent_signal: int) -> SignalOnTrans
 def test_a_worker_stopped_while_the_model_is_placed_is_named_and_nothing_is_left(client4):
     """A worker that stops (SIGSTOP) as its postbox starts, after the registrations and the
     values were placed: the constructor ends after ``step_timeout`` (and the bounded close) in
-    a StepTimeoutError naming it with its replica, where it used to wait until Dask removed the
+    a StepTimeoutError naming it with its replica, not waiting until Dask removes the
     worker; once it goes on, no plugin, key-cache bound or postbox of the model is left."""
     before = _model_plugins(client4)
     workers = sorted(scheduler_workers(client4))[:2]

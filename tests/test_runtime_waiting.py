@@ -94,8 +94,9 @@ def test_gather_at_most_gives_up_on_a_stopped_worker_and_keeps_no_reference(dask
 
 def test_a_gather_given_up_leaves_no_report_of_its_waits(dask_client, caplog):
     """A gather given up before its futures finished leaves distributed's waits on each of them
-    behind; once the futures are cancelled each wait ends in ``AllExit``, which asyncio used to
-    report ("Task exception was never retrieved", a traceback on a command's stderr)."""
+    behind; once the futures are cancelled each wait ends in ``AllExit``, which asyncio would
+    report if none read it ("Task exception was never retrieved", a traceback on a command's
+    stderr)."""
     name = f"dasknn-test-gather-{time.monotonic_ns()}"
     event = Event(name, client=dask_client)
     futures = [dask_client.submit(_wait_for_event, name, pure=False) for _ in range(2)]

@@ -154,8 +154,8 @@ def _ready() -> bool:
 
 
 def test_the_other_stages_drop_a_step_whose_stage_worker_was_lost(client):
-    """With posted messages a stage that waits for a lost stage's message is freed at once (it
-    used to wait for the 600 s message timeout): its worker runs the next task within seconds."""
+    """With posted messages a stage that waits for a lost stage's message is freed at once (not
+    after the 600 s message timeout): its worker runs the next task within seconds."""
     x, y = _data(16)
     with DistributedCompressedMLP(_model(), client, stages=2, microbatches=2) as pipe:
         pipe.train_step(x, y, lr=0.1)
@@ -198,8 +198,8 @@ def test_a_stage_worker_lost_between_steps_is_named_at_the_next_step(client):
 def test_reading_the_model_after_a_lost_stage_worker_names_it(client):
     """replica, gather, predict, score, step_report, idle_* and comm_report each name the lost
     stage worker with its stage (WorkerLostError) within a poll or two; step_report and the
-    idle_* used to fail with Dask's OSError after its 30 s connect timeout, comm_report used to
-    report the counts as if nothing had happened."""
+    idle_* do not wait for Dask's 30 s connect timeout, and comm_report does not report the counts
+    as if nothing had happened."""
     x, y = _data(16)
     with DistributedCompressedMLP(_model(), client, stages=2, microbatches=2) as pipe:
         pipe.train_step(x, y, lr=0.1)
@@ -283,7 +283,7 @@ def test_a_stopped_stage_worker_is_named_by_a_read_and_does_not_hold_up_close(cl
     """A stage worker stopped (SIGSTOP) after a step, still listed by the scheduler: reading the
     last step's records (and so the idle fractions) ends after ``step_timeout`` in a
     StepTimeoutError naming it, its stage and its state, instead of waiting for ever; ``close()``
-    waits for it at most ``step_timeout`` too (it used to wait until Dask removed the worker),
+    waits for it at most ``step_timeout`` too (not until Dask removes the worker),
     and the model's plugins leave it once it goes on."""
     x, y = _data(16)
     pipe = DistributedCompressedMLP(_model(), client, stages=2, microbatches=2, step_timeout=2.5)
@@ -376,8 +376,8 @@ def test_samo_command_with_a_stopped_stage_worker_prints_the_step_timeout_on_one
 ):
     """``dasknn samo --step-timeout 3`` with a stage worker stopped (SIGSTOP) mid-run: exit code
     2 within seconds, the StepTimeoutError on one line naming the worker, its stage and its
-    state, and no ``--json`` written (closing the model used to wait for the stopped worker until
-    Dask removed it)."""
+    state, and no ``--json`` written (closing the model does not wait for the stopped worker until
+    Dask removes it)."""
     stopper, stopped_at = _signal_once_training(client, signal.SIGSTOP)
     report = tmp_path / "samo.json"
     argv = [
@@ -428,8 +428,8 @@ def _model_plugins(client) -> list[str]:
 
 def test_a_worker_stopped_before_the_constructor_is_named_and_nothing_is_left(client):
     """A stage worker stopped (SIGSTOP) before the model is placed: the constructor ends after
-    ``step_timeout`` in a StepTimeoutError naming it and its stage, where it used to wait until
-    Dask removed the worker (worker-ttl, 5 minutes); once the worker goes on, no plugin of the
+    ``step_timeout`` in a StepTimeoutError naming it and its stage, not waiting until
+    Dask removes the worker (worker-ttl, 5 minutes); once the worker goes on, no plugin of the
     model is left on it, the other worker or the scheduler."""
     before = _model_plugins(client)
     victim = sorted(scheduler_workers(client))[1]  # stage 1 of replica 0

@@ -273,8 +273,8 @@ def _sampled_plugins(client) -> list[str]:
 
 def test_a_worker_stopped_before_the_constructor_is_named_and_nothing_is_left(client):
     """A shard worker stopped (SIGSTOP) before the model is placed: the constructor ends after
-    ``step_timeout`` in a StepTimeoutError naming it and its shard, where it used to wait until
-    Dask removed the worker; once it goes on, no plugin of the model is left."""
+    ``step_timeout`` in a StepTimeoutError naming it and its shard, not waiting until
+    Dask removes the worker; once it goes on, no plugin of the model is left."""
     model = SampledMLP(hidden=6, active_fraction=0.5, k=2, n_tables=2, shards=3, seed=3)
     model.initialize(12, 10)
     before = _sampled_plugins(client)

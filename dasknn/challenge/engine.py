@@ -357,10 +357,10 @@ def _run_loading_on_workers(
     )  # fmt: skip
     tiled = cuda_mode == "tiled"
     with ExitStack() as stack:
-        session = open_client(stack, client, device="cuda", security=security)
-        gpus = check_cuda_workers(session, step_timeout)
+        cuda_client = open_client(stack, client, device="cuda", security=security)
+        gpus = check_cuda_workers(cuda_client, step_timeout)
         held = load_on_gpu_workers(
-            session, sorted(gpus), spec, neurons=neurons, layers=layers, seed=seed, dtype=dtype,
+            cuda_client, sorted(gpus), spec, neurons=neurons, layers=layers, seed=seed, dtype=dtype,
             tiled=tiled, step_timeout=step_timeout,
         )  # fmt: skip
         try:
@@ -372,7 +372,7 @@ def _run_loading_on_workers(
                     f"{', '.join(sorted(held.copies))})"
                 ) from None
             run = infer_on_gpus(
-                session, held, matrix, bias, float(ymax), dtype=dtype, batch_size=batch_size,
+                cuda_client, held, matrix, bias, float(ymax), dtype=dtype, batch_size=batch_size,
                 weight_budget=weight_budget, compact_every=compact_every, cuda_mode=cuda_mode,
                 step_timeout=step_timeout, progress=progress, desc="challenge",
             )  # fmt: skip

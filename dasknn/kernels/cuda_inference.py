@@ -15,15 +15,14 @@ entries of column ``c`` 32 at a time, one per lane (index and the per-(group, ne
 whether that input section holds a nonzero), packs the entries whose section is nonzero in order
 into shared memory (a warp vote gives each its slot), and then accumulates the kept ones in order,
 one coalesced 128-byte activation load per kept entry, issuing up to ``BATCH`` loads before adding
-any of them so their latencies overlap (batches of eight, then four, two and one: no padding
-slots). The kernels index a group's activations flat (``j * 32 + lane``, from a view that starts
-at the lane's first) with unsigned integers: numba checks a signed index for wrapping around and
-multiplies in 64 bits, which more than tripled the instructions of each kept entry (the kernel was
-bound by instruction issue, docs/benchmarks.md). The order of the sums is the CSC order of the CPU
-kernel, so
+any of them so their latencies overlap (batches of eight, then four, two and one: no padding slots).
+The kernels index a group's activations flat (``j * 32 + lane``, from a view that starts at the
+lane's first) with unsigned integers: numba checks a signed index for wrapping around and multiplies
+in 64 bits, which more than triples the instructions of each kept entry (the kernel is bound by
+instruction issue, docs/benchmarks.md). The order of the sums is the CSC order of the CPU kernel, so
 under the simulator the results agree with it bit for bit in the same precision; on a GPU each
-multiply-add is fused (one rounding, ``fma``), so an activation may differ in its last bit, and
-the categories (rows left nonzero) are what the tests compare with the CPU engine's.
+multiply-add is fused (one rounding, ``fma``), so an activation may differ in its last bit, and the
+categories (rows left nonzero) are what the tests compare with the CPU engine's.
 
 Three launch modes:
 

@@ -269,7 +269,7 @@ class SparseMLP(LayerShapes, InProcessEstimator):
         activation, loss, dtype, output_activation
             As in :class:`SparseMLP`.
         scale : float or {"he", "glorot"}
-            Half-width of the uniform initial weights: a number (1.0 gives the issue's
+            Half-width of the uniform initial weights: a number (1.0 gives
             ``[-1, 1]``), or per layer ``sqrt(6 / fan_in)`` ("he", for ReLU) or
             ``sqrt(6 / (fan_in + fan_out))`` ("glorot"), with the layer's mean fan-in and fan-out.
         bias : float

@@ -3,11 +3,11 @@ they are computed on.
 
 A numpy array Dask deserialises from a message lies in the buffer its frames were read into,
 where the frames put it, not in memory numpy allocated for it (aligned as numpy aligns, with
-numpy's huge-page advice for large arrays). Measured (``benchmarks/samo.py received``): a pipeline
-stage's backward pass took 123 ms on a delta as it was received from the other worker,
-110 ms on a copy of such a delta made by the receiving task, and 111 ms on a delta made locally.
-Which property of the received buffer costs (its alignment, its pages) was not separated; the
-copy (about 1 ms for 8 MB) removes both. :func:`local_copy` makes it, on a 64-byte cache line.
+numpy's huge-page advice for large arrays). A pipeline stage's pass on an 8 MB delta as received
+costs about 11 % more than on a local copy (``benchmarks/samo.py received``, ``docs/benchmarks.md``,
+``## SAMO: pruned networks on compressed states``); the copy costs about 1 ms for 8 MB and removes
+whichever property of the received buffer (its alignment, its pages) costs. :func:`local_copy`
+makes it, on a 64-byte cache line.
 """
 
 from __future__ import annotations

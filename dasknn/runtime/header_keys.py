@@ -6,10 +6,10 @@ Dask reads carries serialization headers whose keys are strings such as ``"type-
 they are not interned: they are not identifiers), so each message interns them afresh and frees
 them again. CPython's dict of interned strings never reuses the entry of a deleted key: each
 such key takes a new entry, about 11 a training step in the model-parallel soak, until the table
-is full and rebuilt larger. In the soak's client/scheduler process that rebuild came between
-batches 1,400 and 1,500 and added about 1.9 MiB at once (a table of 2^18 slots, 3.67 MiB, for
-one of 2^17), which read as growth over a 2,000-batch soak (``docs/reliability.md``, ``## Long
-runs: memory (soak)``).
+is full and rebuilt larger. Without the held keys, the soak's client/scheduler process reaches
+that rebuild between batches 1,400 and 1,500, and it adds about 1.9 MiB at once (a table of 2^18
+slots, 3.67 MiB, for one of 2^17), which reads as growth over a 2,000-batch soak
+(``docs/reliability.md``, ``## Long runs: memory (soak)``).
 
 :func:`hold_header_keys` interns :data:`HEADER_KEYS` and keeps them in this module: a key msgpack
 unpacks then finds the live interned string and takes no new entry. dasknn calls it in every
@@ -17,7 +17,7 @@ process where it talks to Dask: the client's (:mod:`dasknn.runtime.cluster`, whe
 cluster's scheduler runs too) and, through the key-cache plugins every distributed model installs
 (:mod:`dasknn.runtime.key_cache`), the scheduler's and every worker's. It changes no message and
 no result. If Dask renames a key, the held string is merely unused (a few hundred bytes in all)
-and the renamed one is interned per message as before.
+and the renamed one is interned afresh per message.
 """
 
 from __future__ import annotations

@@ -2,13 +2,13 @@
 
 Dask names the prefix of every task with ``dask.utils.key_split``, a ``functools.lru_cache`` of
 100,000 entries: the scheduler calls it for every task it creates, every worker for every task it
-learns of. The cache keeps each key it was called with alive, about 330 bytes for a step key of
-the model-parallel trainer (the key tuple, its name string, its step number and the cache's
-entry). A run whose keys never repeat (every step key carries the step number, so no key of an
-earlier step is used again) adds one entry per key: a 256-neuron, 4-layer network at P = 2 makes
-about 16 keys a step, and the scheduler and every worker grew by about 5 MiB per 1,000 steps until,
-after some 6,000 steps, the cache was full at about 31 MiB a process (``docs/reliability.md``,
-``## Long runs: memory (soak)``).
+learns of. The cache keeps each key it was called with alive, about 330 bytes for a step key of the
+model-parallel trainer (the key tuple, its name string, its step number and the cache's entry). A
+run whose keys never repeat (every step key carries the step number, so no key of an earlier step is
+used again) adds one entry per key: a 256-neuron, 4-layer network at P = 2 makes about 16 keys a
+step, and without a bound the scheduler and every worker grow by about 5 MiB per 1,000 steps until,
+after some 6,000 steps, the cache is full at about 31 MiB a process (``docs/reliability.md``, ``##
+Long runs: memory (soak)``).
 
 :class:`SchedulerKeyCacheBound` (a scheduler plugin, checked at every graph the scheduler receives)
 and :class:`WorkerKeyCacheBound` (a worker plugin, checked whenever a worker forgets a task) empty

@@ -8,17 +8,18 @@ it and no public call drops it. A task belongs to the span of its task group, fi
 group is first seen: the span of the task's ``span`` annotation, else the cluster's current
 default span, which Dask replaces by a new one whenever its tasks are done (so at almost every
 call of a model). Scattered data never has an annotation, so its group always lands in a default
-span. A model-parallel training step referred to its postboxes (default span of the placement),
-its plans (scattered at the placement) and the data of the ``fit`` call (scattered per call), so
-each step added three entries in three spans: 0.6-0.9 KB a step, about 0.6-0.9 MiB per 1,000
-steps on the scheduler, never freed (``docs/reliability.md``, ``## Long runs: memory (soak)``).
+span. A model-parallel training step refers to its postboxes (default span of the placement),
+its plans (scattered at the placement) and the data of the ``fit`` call (scattered per call); in
+default spans each step would add three entries in three spans: 0.6-0.9 KB a step, about
+0.6-0.9 MiB per 1,000 steps on the scheduler, never freed (``docs/reliability.md``, ``## Long
+runs: memory (soak)``).
 
 :func:`new_span` makes a model's own span once (``distributed.span``, read back with
 ``dask.get_annotations()`` as its docstring documents); the model submits its tasks under it
 (``dask.annotate(span=...)``). :func:`held_in_span` gives scattered values a home in that span: a
 task per value, on the value's worker, that returns it (the same object: no copy), so the graphs
 that read the values depend on tasks of the model's span only. A step graph then touches one span
-and adds one entry, a third of what it added before. The entries themselves stay (one a graph).
+and adds one entry, a third of the three. The entries themselves stay (one a graph).
 """
 
 from __future__ import annotations

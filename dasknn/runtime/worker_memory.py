@@ -5,7 +5,7 @@ sums, messages). Dask starts its worker processes with ``MALLOC_TRIM_THRESHOLD_=
 their unmanaged memory low), and glibc then returns such buffers to the kernel as soon as they are
 freed, so the next layer's buffers come back as fresh pages the kernel must fault in and zero.
 That system time can be a large share of a step (``docs/benchmarks.md``, ``## Model-parallel
-training``, gives the measured share and slowdown with the machine they were taken on).
+training``, gives the measured share and slowdown with the machine they are taken on).
 
 :class:`ReuseFreedMemory` is a worker plugin that raises glibc's thresholds at run time
 (``mallopt``), so freed buffers stay in the process and the next layer reuses them. The price is

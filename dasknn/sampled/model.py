@@ -189,38 +189,36 @@ class SampledMLP:
         chosen (``log q``: 0 for labels and for candidates that all fit the budget, ``log(r / C +
         (1 - r / C) need / free)`` for a candidate when ``r`` of ``C`` fit, ``log(need / free)``
         for the uniform fill; 0 for every neuron when the whole shard is active), so the
-        normaliser and the gradient approximate the full softmax's. Default ``"logq"``: with
-        ``"mips"`` and a uniform share of 0.3 it lifted one-epoch precision@1 at 30,000 rows from
-        0.3490 to 0.4065-0.4105 (branch ``slide3``).
+        normaliser and the gradient approximate the full softmax's. Default ``"logq"``, the
+        higher one-epoch precision@1 (``docs/sampled.md``).
     hashing : {"plain", "mips"}
         What the tables hash: the weight vectors and the layer input as they are (SLIDE), or,
         for maximum inner product search, the weight vectors less their mean with the bias,
         scaled and completed to unit length, and the query ``(h, 1, 0)`` (simple-LSH, Neyshabur
         & Srebro 2015; :mod:`dasknn.lsh.mips`), so a neuron's chance of sharing a bucket grows
         with its logit rather than with its angle to ``h``. Default ``"mips"``: plain SimHash
-        crowds most neurons into one bucket once ``"logq"`` trains (branch ``slide3``).
+        crowds most neurons into one bucket once ``"logq"`` trains (``docs/sampled.md``).
     uniform_fraction : float in [0, 1)
         Share of each shard's budget (``floor(uniform_fraction * budget)`` slots) that the
         candidates leave to the uniform fill, so that every neuron has a chance to be active and
         the correction ``"logq"`` stays unbiased when the buckets hold more candidates than the
-        budget. Default 0.3 (0.0 and 0.6 measured lower, branch ``slide3``); needs
+        budget. Default 0.3, above 0.0 and 0.6 in precision@1 (``docs/sampled.md``); needs
         ``underflow="fill"`` (with ``"stop"`` set it to 0).
     hidden_update : {"rows", "all"}
         Which rows of the hidden weights Adam updates each step: those of the features present
         in the batch (sparse Adam), or all (a row absent from the batch moves on its moments, as
-        ``torch.optim.Adam`` does with a dense ``EmbeddingBag`` gradient). Default ``"all"``:
-        0.94x PyTorch's precision@1 against 0.88x with ``"rows"`` (runs S9, S10).
+        ``torch.optim.Adam`` does with a dense ``EmbeddingBag`` gradient). Default ``"all"``,
+        the higher precision@1 (``docs/sampled.md``).
     optimizer : dasknn.optim.Adam or AdamW, optional
         Default ``Adam(lr=1e-2)``, PyTorch's best rate of the grids measured and the best of the
-        sampled model with ``"logq"`` (1e-2 against 3e-3 and 2e-2, branch ``slide3``). Rows of
+        sampled model with ``"logq"`` (against 3e-3 and 2e-2, ``docs/sampled.md``). Rows of
         the output weights that a batch does not touch are not updated (sparse Adam; for the
         hidden weights see ``hidden_update``); the step count is global.
     lr_decay : float in [0, 1]
         Share of the training steps, at their end, over which the learning rate falls linearly
         to zero (0: a constant learning rate). The steps are those of each ``fit`` call (its
         epochs times its batches), or ``decay_horizon``. At 100,000 rows x 200,000 labels, one
-        epoch, 0.5 lifted precision@1 from 0.457-0.4635 (constant) to 0.4960, and 1 to 0.4805
-        (``docs/benchmarks.md``).
+        epoch, 0.5 gives the highest precision@1 of 0, 0.5 and 1 (``docs/benchmarks.md``).
     decay_horizon : int, optional
         Steps of the schedule, counted from the model's first step, for training in several
         calls (``fit`` per group of batches, ``partial_fit``, ``train_step``); after them the
