@@ -289,13 +289,13 @@ def dslide_steps(client, data, args, fraction: float, steps: int):
     with DistributedSampledMLP(model, client) as dist:
         rows = np.arange(args.batch)
         dist.train_step(data.X[rows], data.Y[rows])  # warm-up (compilation)
-        dist.reset_transfers()
+        dist.reset_comm()
         start = time.perf_counter()
         for s in range(steps):
             rows = np.arange((s + 1) * args.batch, (s + 2) * args.batch)
             dist.train_step(data.X[rows], data.Y[rows])
         seconds = (time.perf_counter() - start) / steps
-        measured = sum(dist.transfers().values()) / steps
+        measured = dist.comm_report().total() / steps
         formula = sum(dist.predicted_bytes(args.batch).values())
     return seconds, measured, formula
 
@@ -534,7 +534,7 @@ def main() -> None:
             ):
                 with DistributedSampledMLP(model, client) as dist:
                     p1, sec, curve, rate = run_sampled(dist, data, train, test, args)
-                    measured = dist.transfers()
+                    measured = dist.comm_report().by("phase")
                     steps = dist.n_steps_
                     formula = dist.predicted_bytes(args.batch)
             name = f"dasknn DistributedSampledMLP, P={parts} (LocalCluster)"

@@ -24,7 +24,12 @@ from stopped_workers import (
 )
 
 from dasknn.datasets import make_extreme_classification
-from dasknn.exceptions import StepTimeoutError, WorkerLostError
+from dasknn.exceptions import (
+    ModelClosedError,
+    ModelFailedError,
+    StepTimeoutError,
+    WorkerLostError,
+)
 from dasknn.optim import Adam
 from dasknn.runtime.cluster import local_cluster, scheduler_workers
 from dasknn.runtime.keys import parse_sampled_key
@@ -66,14 +71,14 @@ def test_every_neuron_active_equals_numpy_adam(client, shards):
     params = model.parameters()
     adam = AdamReference(0.01)
     dense, y = X.toarray(), targets(labels, 10)
-    with DistributedSampledMLP(model, client, _workers(client, shards)) as dist:
+    with DistributedSampledMLP(model, client, workers=_workers(client, shards)) as dist:
         for step in range(20):
             rows = slice((step % 2) * 20, (step % 2 + 1) * 20)
             loss = dist.train_step(X[rows], labels[rows])
             ref_loss, grads = reference_step(params, dense[rows], y[rows])
             adam.step(params, grads)
             assert loss == pytest.approx(ref_loss, rel=1e-10)
-        for name, value in dist.parameters().items():
+        for name, value in dist.gather().parameters().items():
             np.testing.assert_allclose(value, params[name], rtol=1e-9, atol=1e-9, err_msg=name)
 
 
@@ -125,31 +130,36 @@ def test_distributed_equals_the_local_model_simulating_its_shards(client, shards
         **options,
     ).initialize(200, 90)
     batch, hidden, itemsize = 50, 8, 4
-    with DistributedSampledMLP(local, client, _workers(client, shards)) as dist:
+    with DistributedSampledMLP(local, client, workers=_workers(client, shards)) as dist:
         local.fit(data.X, data.Y, epochs=2, batch_size=batch)
         dist.fit(data.X, data.Y, epochs=2, batch_size=batch)
         np.testing.assert_allclose(dist.loss_curve_, local.loss_curve_, rtol=1e-5)
-        theirs = dist.parameters()
+        theirs = dist.gather().parameters()
         for name, value in local.parameters().items():
             np.testing.assert_allclose(theirs[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
         # bytes: the formula per phase, exactly; nothing else (no weight) moved
         steps = 2 * (300 // batch)
-        measured = dist.transfers()
+        report = dist.comm_report()
+        measured = report.by("phase")
         per_step = {
             "hidden": (shards - 1) * batch * hidden * itemsize,
             "stats": shards * (shards - 1) * 2 * batch * itemsize,
             "grad": (shards - 1) * batch * hidden * itemsize,
         }
         assert measured == {phase: steps * b for phase, b in per_step.items()}
+        assert report.exact and report.steps == steps
+        assert report.messages() == 3 * steps * shards * (shards - 1)
         assert dist.predicted_bytes(batch) == per_step
         # predictions: exact top-k over all neurons, from the gathered parameters in numpy
-        dist.reset_transfers()
+        dist.reset_comm()
         top = dist.predict(data.X, k=3, batch_size=128)
         h = np.maximum(data.X.toarray() @ theirs["hidden_weights"] + theirs["hidden_bias"], 0)
         scores = h @ theirs["output_weights"].T + theirs["output_bias"]
         expected = np.argsort(-scores, axis=1, kind="stable")[:, :3]
         np.testing.assert_array_equal(top, expected)
-        assert dist.transfers() == {"predict-hidden": (shards - 1) * 300 * hidden * itemsize}
+        report = dist.comm_report()
+        assert report.by("phase") == {"predict-hidden": (shards - 1) * 300 * hidden * itemsize}
+        assert report.exact
         np.testing.assert_array_equal(local.predict(data.X, k=3), top)
         hits = [len(set(expected[i, :2]) & set(data.Y[i].indices)) for i in range(300)]
         assert dist.precision_at_k(data.X, data.Y, k=2) == pytest.approx(np.mean(hits) / 2)
@@ -158,8 +168,10 @@ def test_distributed_equals_the_local_model_simulating_its_shards(client, shards
 def test_bad_input_fails_before_anything_is_scheduled(client):
     model = SampledMLP(hidden=4, active_fraction=0.2, k=2, n_tables=2, shards=2).initialize(6, 20)
     with pytest.raises(ValueError, match="2 shards but 3 distinct workers"):
-        DistributedSampledMLP(model, client)
-    with DistributedSampledMLP(model, client, _workers(client, 2)) as dist:
+        DistributedSampledMLP(model, client, workers=_workers(client, 3))
+    with pytest.raises(ValueError, match="messages must be one of"):
+        DistributedSampledMLP(model, client, messages="posted")
+    with DistributedSampledMLP(model, client, workers=_workers(client, 2)) as dist:
         workers = len(scheduler_workers(client))
         assert key_cache_bound_count(client, dist.token) == 1 + workers
         X = sp.csr_matrix(np.ones((3, 6), dtype=np.float32))
@@ -169,13 +181,18 @@ def test_bad_input_fails_before_anything_is_scheduled(client):
             (X, [[0], [25], [2]], "labels out of range"),
             (X.multiply(np.nan).tocsr(), [[0], [1], [2]], "NaN or infinite"),
             (X, [[0, 1, 2, 3, 4, 5, 6], [1], [2]], "more than its budget"),
+            (X, [[0], [1.5], [2]], "row 1 of Y holds labels that are not integers"),
         ]:
             with pytest.raises(ValueError, match=message):
                 dist.train_step(bad_x, bad_y)
-        assert dist.n_steps_ == 0 and dist.transfers() == {}
+        assert dist.n_steps_ == 0 and dist.comm_report().total() == 0
         with pytest.raises(ValueError, match="k must be"):
             dist.predict(X, k=0)
-    with pytest.raises(ValueError, match="closed"):
+        with pytest.raises(ValueError, match="k is 21, but the model has only 20 labels"):
+            dist.predict(X, k=21)
+        with pytest.raises(ValueError, match="batch_size"):
+            dist.fit(X, [[0], [1], [2]], batch_size=0)
+    with pytest.raises(ModelClosedError, match="closed"):
         dist.predict(X)
     assert key_cache_bound_count(client, dist.token) == 0
 
@@ -210,7 +227,7 @@ def test_lost_worker_ends_training_with_an_error_naming_it():
     model = SampledMLP(hidden=4, active_fraction=0.2, k=2, n_tables=2, shards=2, seed=3)
     model.initialize(60, 40)
     with local_cluster(2) as cluster, Client(cluster) as client:
-        with DistributedSampledMLP(model, client, _workers(client, 2)) as dist:
+        with DistributedSampledMLP(model, client, workers=_workers(client, 2)) as dist:
             dist.train_step(data.X[:50], data.Y[:50])
             victim = dist.workers[1]
             client.run(_exit_soon, workers=[victim])
@@ -231,7 +248,7 @@ def test_stopped_worker_is_named_after_the_step_timeout(client):
     data = make_extreme_classification(n_samples=200, n_features=60, n_labels=40, seed=1)
     model = SampledMLP(hidden=6, active_fraction=0.2, k=2, n_tables=2, shards=3, seed=3)
     model.initialize(60, 40)
-    with DistributedSampledMLP(model, client, _workers(client, 3), step_timeout=3) as dist:
+    with DistributedSampledMLP(model, client, workers=_workers(client, 3), step_timeout=3) as dist:
         dist.train_step(data.X[:50], data.Y[:50])
         victim = dist.workers[1]
         with stopped(client, victim):
@@ -248,7 +265,7 @@ def test_stopped_worker_is_named_after_the_step_timeout(client):
                 5,
                 "the steps' keys stayed on the scheduler",
             )
-            with pytest.raises(RuntimeError, match="unusable after a failed step"):
+            with pytest.raises(ModelFailedError, match="unusable after a failed step"):
                 dist.predict(data.X[:10])
 
 
@@ -256,7 +273,7 @@ def test_step_timeout_must_be_a_positive_finite_number(client):
     model = SampledMLP(hidden=4, shards=1, seed=3).initialize(12, 10)
     for bad in (0, -2, float("nan"), float("inf"), "3", True, None):
         with pytest.raises(ValueError, match="step_timeout must be a number of seconds > 0"):
-            DistributedSampledMLP(model, client, _workers(client, 1), step_timeout=bad)
+            DistributedSampledMLP(model, client, workers=_workers(client, 1), step_timeout=bad)
 
 
 def _sampled_plugins(client) -> list[str]:
@@ -286,7 +303,7 @@ def test_a_worker_stopped_before_the_constructor_is_named_and_nothing_is_left(cl
     with stopped(client, workers[1]):
         start = time.monotonic()
         with pytest.raises(StepTimeoutError, match=named):
-            DistributedSampledMLP(model, client, workers, step_timeout=2)
+            DistributedSampledMLP(model, client, workers=workers, step_timeout=2)
         took = time.monotonic() - start
     assert 2 <= took < 6, took
     wait_until_empty(
@@ -305,7 +322,7 @@ def test_a_shard_worker_lost_while_the_model_is_placed_is_named_and_nothing_is_l
     with local_cluster(2) as cluster, Client(cluster) as client:
         workers = _workers(client, 2)
         # the workers' first placement imports the model's code, outside the 3 s below
-        DistributedSampledMLP(model, client, workers).close()
+        DistributedSampledMLP(model, client, workers=workers).close()
         before = _sampled_plugins(client)
         named = (
             rf"^lost worker {re.escape(workers[1])}: its shard of the model could not be placed$"
@@ -319,7 +336,7 @@ def test_a_shard_worker_lost_while_the_model_is_placed_is_named_and_nothing_is_l
         try:
             start = time.monotonic()
             with pytest.raises(WorkerLostError, match=named):
-                DistributedSampledMLP(model, client, workers, step_timeout=3)
+                DistributedSampledMLP(model, client, workers=workers, step_timeout=3)
             assert time.monotonic() - start < 5 + 3  # the loss seen, then the bounded close
         finally:
             client.unregister_worker_plugin(kill.name)
@@ -353,7 +370,7 @@ def test_a_shard_scatter_given_up_at_a_stopped_worker_leaves_nothing_once_it_goe
     model.initialize(12, 10)
     workers = _workers(client, 2)
     # the workers' first placement imports the model's code, outside the 2 s below
-    DistributedSampledMLP(model, client, workers).close()
+    DistributedSampledMLP(model, client, workers=workers).close()
     pid = client.run(os.getpid, workers=[workers[1]])[workers[1]]
     named = (
         r"^the workers did not take the model while it was placed within 2 s \(step_timeout\): "
@@ -367,7 +384,7 @@ def test_a_shard_scatter_given_up_at_a_stopped_worker_leaves_nothing_once_it_goe
     client.register_plugin(stop)
     try:
         with pytest.raises(StepTimeoutError, match=named):
-            DistributedSampledMLP(model, client, workers, step_timeout=2)
+            DistributedSampledMLP(model, client, workers=workers, step_timeout=2)
     finally:
         os.kill(pid, signal.SIGCONT)
         client.unregister_worker_plugin(stop.name)

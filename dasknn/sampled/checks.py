@@ -34,10 +34,13 @@ def check_positive_int(name: str, value) -> int:
     return int(value)
 
 
-def check_k(k) -> int:
-    """``k`` of a top-``k`` as an int; ``ValueError`` unless it is an integer >= 1."""
+def check_k(k, n_labels: int | None = None) -> int:
+    """``k`` of a top-``k`` as an int; ``ValueError`` unless it is an integer >= 1 and, given
+    ``n_labels``, at most the model's labels."""
     if isinstance(k, bool) or not isinstance(k, Integral) or k < 1:
         raise ValueError(f"k must be an integer >= 1, got {k!r}")
+    if n_labels is not None and k > n_labels:
+        raise ValueError(f"k is {k}, but the model has only {n_labels} labels")
     return int(k)
 
 
@@ -144,6 +147,19 @@ def check_features(X, n_features: int | None, dtype) -> sp.csr_matrix:
     return X
 
 
+def _label_row(row, index: int) -> np.ndarray:
+    """The sorted distinct labels of one row of label lists; ``ValueError`` naming the row for
+    a label that is not an integer (``1.5``, ``"a"``, NaN)."""
+    values = np.asarray(row).reshape(-1)
+    if values.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if values.dtype.kind in "iu":
+        return np.unique(values.astype(np.int64))
+    if values.dtype.kind == "f" and np.isfinite(values).all() and (values == np.rint(values)).all():
+        return np.unique(values.astype(np.int64))
+    raise ValueError(f"row {index} of Y holds labels that are not integers: {values.tolist()}")
+
+
 def check_labels(
     Y, n_rows: int, n_labels: int | None, training: bool
 ) -> tuple[np.ndarray, np.ndarray, int]:
@@ -156,8 +172,8 @@ def check_labels(
     Raises
     ------
     ValueError
-        If the number of rows differs from ``n_rows``, a label is negative or not below
-        ``n_labels``, or (``training``) a row has no label.
+        If the number of rows differs from ``n_rows``, a label is not an integer, negative or
+        not below ``n_labels``, or (``training``) a row has no label.
     """
     if sp.issparse(Y):
         Y = sp.csr_matrix(Y)
@@ -167,8 +183,8 @@ def check_labels(
         ptr, ids, width = Y.indptr.astype(np.int64), Y.indices.astype(np.int64), Y.shape[1]
     else:
         try:
-            rows = [np.unique(np.asarray(row, dtype=np.int64).reshape(-1)) for row in Y]
-        except (TypeError, ValueError) as exc:
+            rows = [_label_row(row, i) for i, row in enumerate(Y)]
+        except TypeError as exc:
             raise ValueError(f"Y must be a sparse indicator matrix or label lists: {exc}") from exc
         ptr = np.zeros(len(rows) + 1, dtype=np.int64)
         ptr[1:] = np.cumsum([len(r) for r in rows])

@@ -10,10 +10,12 @@ in one process and selects the same active sets.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator
 
 import numpy as np
 import scipy.sparse as sp
+from tqdm import tqdm
 
 from dasknn.optim import Adam, Optimizer
 from dasknn.sampled.checks import (
@@ -36,12 +38,15 @@ from dasknn.sampled.sharding import ShardMap
 
 __all__ = [
     "SampledMLP",
+    "check_seed",
+    "EpochBar",
     "epoch_batches",
     "epoch_loss",
     "initial_parameters",
     "label_rows",
     "precision_at_k",
     "predicted_precision_at_k",
+    "training_optimizer",
 ]
 
 
@@ -87,6 +92,58 @@ def epoch_loss(
         batch_ptr, batch_ids = label_rows(ptr, ids, rows)
         total += train_batch(X[rows], batch_ptr, batch_ids) * len(rows)
     return total / X.shape[0]
+
+
+def training_optimizer(current: Optimizer, lr: float | None, optimizer: Optimizer | None):
+    """The optimizer of a training call: ``Adam(lr=lr)``, ``optimizer``, or ``current``.
+
+    Raises
+    ------
+    ValueError
+        If both are given, ``lr`` is not a number > 0, or ``optimizer`` is not Adam or AdamW
+        (the sampled layers' update kernels are Adam's).
+    """
+    if lr is not None and optimizer is not None:
+        raise ValueError("give either lr or optimizer, not both")
+    if lr is not None:
+        return Adam(lr=lr)
+    if optimizer is None:
+        return current
+    if not isinstance(optimizer, Adam):
+        raise ValueError(f"optimizer must be dasknn.optim.Adam or AdamW, got {optimizer!r}")
+    return optimizer
+
+
+def check_seed(seed) -> int:
+    """``seed`` as an int; ``ValueError`` unless it is an integer >= 0."""
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    return int(seed)
+
+
+class EpochBar:
+    """A progress bar over one epoch's batches (nothing shown unless ``show``); ``wrap(step)``
+    counts each call of ``step`` and shows its loss."""
+
+    def __init__(self, rows: int, batch_size: int, epoch: int, show: bool) -> None:
+        self.bar = tqdm(
+            total=-(-rows // batch_size), desc=f"epoch {epoch + 1}", disable=not show, leave=True
+        )
+
+    def wrap(self, step: Callable[..., float]) -> Callable[..., float]:
+        def counted(*args) -> float:
+            loss = step(*args)
+            self.bar.update(1)
+            self.bar.set_postfix(loss=f"{loss:.4g}", refresh=False)
+            return loss
+
+        return counted
+
+    def __enter__(self) -> EpochBar:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.bar.close()
 
 
 def initial_parameters(
@@ -295,6 +352,12 @@ class SampledMLP:
         self.n_labels_: int | None = None
 
     # ------------------------------------------------------------ set-up
+    def get_params(self) -> dict:
+        """The hyperparameters, as given to ``__init__`` (scikit-learn's convention):
+        ``SampledMLP(**model.get_params())`` is an unfitted model with the same ones."""
+        names = inspect.signature(type(self).__init__).parameters
+        return {name: getattr(self, name) for name in names if name != "self"}
+
     def _resolve_optimizer(self) -> Adam:
         if self.optimizer is None:
             return Adam(lr=1e-2)
@@ -391,7 +454,19 @@ class SampledMLP:
         return X, ptr, ids
 
     # ------------------------------------------------------------ training
-    def fit(self, X, Y, epochs: int = 1, batch_size: int = 256, shuffle: bool = True) -> SampledMLP:
+    def fit(
+        self,
+        X,
+        Y,
+        *,
+        batch_size: int = 256,
+        epochs: int = 1,
+        lr: float | None = None,
+        optimizer: Optimizer | None = None,
+        shuffle: bool = True,
+        seed: int | None = None,
+        progress: bool = False,
+    ) -> SampledMLP:
         """Train ``epochs`` epochs of mini-batches; returns the model.
 
         The learning rate follows ``lr_decay`` over the ``epochs * ceil(n / batch_size)`` steps
@@ -402,41 +477,63 @@ class SampledMLP:
         X : (n, n_features) sparse matrix or array
         Y : (n, n_labels) sparse indicator matrix, or a sequence of label lists
             Every row needs at least one label. A sample's target is ``1 / |labels|`` on each.
-        epochs : int
-        batch_size : int
+        batch_size, epochs : int
+        lr : float, optional
+            Train with ``Adam(lr=lr)`` from now on (the sampled layers' kernels are Adam's).
+        optimizer : dasknn.optim.Adam or AdamW, optional
+            Train with it from now on; not together with ``lr``. Without either, the model's
+            ``optimizer_`` goes on.
         shuffle : bool
+        seed : int, optional
+            Seed of the batches' order (default the model's ``seed``); epoch ``e`` of the
+            model draws its order from ``(seed, e)``.
+        progress : bool
+            Show a progress bar of each epoch's batches.
 
         Returns
         -------
         SampledMLP
             This model.
         """
-        return self._fit(X, Y, epochs, batch_size, shuffle, whole=True)
+        return self._fit(X, Y, epochs, batch_size, shuffle, seed, progress, lr, optimizer, True)
 
-    def partial_fit(self, X, Y, batch_size: int = 256, shuffle: bool = True) -> SampledMLP:
-        """One epoch over ``(X, Y)``; returns the model. The learning rate stays constant
-        unless ``decay_horizon`` is given."""
-        return self._fit(X, Y, 1, batch_size, shuffle, whole=False)
+    def partial_fit(
+        self,
+        X,
+        Y,
+        *,
+        batch_size: int = 256,
+        lr: float | None = None,
+        optimizer: Optimizer | None = None,
+        shuffle: bool = True,
+        seed: int | None = None,
+        progress: bool = False,
+    ) -> SampledMLP:
+        """One epoch over ``(X, Y)`` (the arguments of :meth:`fit` but ``epochs``); returns the
+        model. The learning rate stays constant unless ``decay_horizon`` is given."""
+        return self._fit(X, Y, 1, batch_size, shuffle, seed, progress, lr, optimizer, False)
 
-    def _fit(self, X, Y, epochs, batch_size, shuffle, whole: bool) -> SampledMLP:
+    def _fit(
+        self, X, Y, epochs, batch_size, shuffle, seed, progress, lr, optimizer, whole: bool
+    ) -> SampledMLP:
         """``epochs`` epochs; ``whole``: the call's steps are the schedule's (``fit``)."""
         check_positive_int("epochs", epochs)
         check_positive_int("batch_size", batch_size)
+        chosen = training_optimizer(self.optimizer_, lr, optimizer)
+        order_seed = self.seed if seed is None else check_seed(seed)
         X, ptr, ids = self._check_training(X, Y)
+        self.optimizer_ = chosen
         steps = epochs * -(-X.shape[0] // batch_size) if whole else None
-        self.schedule_ = training_schedule(
-            self.lr_decay, self.decay_horizon, self.n_steps_, steps
-        )
+        self.schedule_ = training_schedule(self.lr_decay, self.decay_horizon, self.n_steps_, steps)
         for _ in range(epochs):
-            self._epoch(X, ptr, ids, batch_size, shuffle)
+            with EpochBar(X.shape[0], batch_size, self.epochs_, progress) as bar:
+                loss = epoch_loss(
+                    bar.wrap(self._train_batch), X, ptr, ids, batch_size, order_seed,
+                    self.epochs_, shuffle,
+                )  # fmt: skip
+            self.epochs_ += 1
+            self.loss_curve_.append(loss)
         return self
-
-    def _epoch(self, X, ptr, ids, batch_size: int, shuffle: bool) -> None:
-        loss = epoch_loss(
-            self._train_batch, X, ptr, ids, batch_size, self.seed, self.epochs_, shuffle
-        )
-        self.epochs_ += 1
-        self.loss_curve_.append(loss)
 
     def train_step(self, X, Y) -> float:
         """One step on the batch ``(X, Y)``; returns its loss before the update. The learning
@@ -528,7 +625,7 @@ class SampledMLP:
         """The ``k`` labels of highest score for each row, exact over all output neurons:
         ``(n, k)`` global ids, best first (ties: smaller id)."""
         self._check_fitted()
-        k = check_k(k)
+        k = check_k(k, self.n_labels_)
         X = check_features(X, self.n_features_in_, self.dtype)
         out = []
         for start in range(0, X.shape[0], batch_size):
@@ -539,6 +636,11 @@ class SampledMLP:
     def precision_at_k(self, X, Y, k: int = 1) -> float:
         """Precision@k of :meth:`predict` against the labels ``Y``."""
         return predicted_precision_at_k(self, X, Y, k)
+
+    def score(self, X, Y) -> float:
+        """Precision@1 against the labels ``Y`` (higher is better, as scikit-learn expects): the
+        fraction of rows whose top label is one of theirs."""
+        return self.precision_at_k(X, Y, k=1)
 
 
 def label_rows(ptr: np.ndarray, ids: np.ndarray, rows: np.ndarray) -> tuple:

@@ -4,51 +4,48 @@ budgets, and only activations, softmax statistics and partial gradients between 
 
 from __future__ import annotations
 
-from collections import deque
+import operator
+from collections import Counter, deque
 from dataclasses import asdict
 
 import dask
+import dask.array as da
 import numpy as np
 
-from dasknn.exceptions import StepTimeoutError, WorkerLostError
-from dasknn.runtime.cluster import scheduler_workers
+from dasknn.exceptions import StepTimeoutError
+from dasknn.runtime.comm_report import CommReport, counts_of
 from dasknn.runtime.distributed_model import DistributedModel
-from dasknn.runtime.keys import new_token, sampled_key
+from dasknn.runtime.keys import sampled_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
-from dasknn.runtime.step_timeout import (
-    DEFAULT_STEP_TIMEOUT,
-    check_step_timeout,
-    step_timeout_error,
-)
-from dasknn.runtime.waiting import (
-    gather_watching,
-    watch_workers,
-)
+from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT
+from dasknn.runtime.waiting import WorkerLostError, gather_watching, watch_workers
 from dasknn.sampled.checks import check_features, check_k, check_labels, check_positive_int
 from dasknn.sampled.layers import merge_top_k
 from dasknn.sampled.model import (
+    EpochBar,
     SampledMLP,
+    check_seed,
     epoch_batches,
     label_rows,
     predicted_precision_at_k,
+    training_optimizer,
 )
 from dasknn.sampled.schedule import DecaySchedule, training_schedule
 from dasknn.sampled_parallel.steps import ShardLabels
 from dasknn.sampled_parallel.taskgraph import (
+    PHASES,
     SenderPlacement,
     message_priority,
     predict_graph,
     step_bytes,
     train_graph,
 )
-from dasknn.sampled_parallel.worker_state import (
-    ShardState,
-    install_shard,
-    plugin_name,
-    shard_state,
-)
+from dasknn.sampled_parallel.worker_state import ShardState, install_shard, read_shard
 
 __all__ = ["DistributedSampledMLP"]
+
+#: The ways a step's messages travel that this model has: a task graph a step.
+MESSAGES = ("tasks",)
 
 
 def _column_bounds(hidden: int, workers: int) -> np.ndarray:
@@ -68,55 +65,60 @@ class DistributedSampledMLP(DistributedModel):
     only the hidden activations, each shard's softmax statistics and the partial gradients of the
     hidden activations (see :func:`~dasknn.sampled_parallel.taskgraph.step_bytes`). The model
     selects the same active sets, and computes the same values, as the one-process model with
-    ``shards=P``.
+    ``shards=P``, so :meth:`gather` after ``fit`` equals the one-process model after the same
+    ``fit``.
 
     Parameters
     ----------
     model : SampledMLP
-        An initialized model whose ``shards`` equals the number of workers; its parameters and
+        An initialized model with one shard a worker used; its parameters and
         hyperparameters are copied (not its optimizer state).
-    client : distributed.Client
+    client : distributed.Client, cluster, JobqueueSpec, str or None
+        Where to run: a client, a cluster object, batch jobs to start, a scheduler address, or
+        ``None`` for a new local cluster on 127.0.0.1; what the model opens it closes in
+        :meth:`close`.
     workers : list of str, optional
-        The workers to use, one a shard (default: all, sorted).
+        The workers to use, one a shard (default: the first ``model.shards`` of the cluster's
+        workers, sorted).
+    messages : {"tasks"}
+        How a step's messages travel: as the results of a task graph a step (the model's only
+        way).
     step_timeout : float
         Seconds the results of a step (``train_step``, each batch of ``fit`` and
-        ``partial_fit``), of a block of ``predict`` or of ``parameters`` may take before they
-        are a :class:`~dasknn.exceptions.StepTimeoutError` naming the shard workers
-        they wait for and their state (not heard from for N s: stopped or overloaded; paused
-        at the memory limit; running). The call's futures are released, and after a training
-        step that timed out the model is unusable. A shard worker that leaves the cluster is a
-        :class:`~dasknn.exceptions.WorkerLostError` within a poll instead.
+        ``partial_fit``), of a block of ``predict`` or of :meth:`gather` may take before they
+        are a :class:`~dasknn.exceptions.StepTimeoutError` naming the shard workers they wait
+        for and their state. The call's futures are released, and after a training step that
+        timed out the model is unusable (:class:`~dasknn.exceptions.ModelFailedError`). A shard
+        worker that leaves the cluster is a :class:`~dasknn.exceptions.WorkerLostError` within a
+        poll instead.
 
     Raises
     ------
     ValueError
-        If the model has no parameters, its shards and the workers differ in number, or
+        If the model has no parameters, the cluster has fewer workers than the model has shards,
+        ``workers`` are not as many as the shards, ``messages`` is not ``"tasks"``, or
         ``step_timeout`` is not a positive finite number of seconds.
     """
 
     def __init__(
         self,
         model: SampledMLP,
-        client,
+        client=None,
+        *,
         workers: list[str] | None = None,
+        messages: str = "tasks",
         step_timeout: float = DEFAULT_STEP_TIMEOUT,
     ) -> None:
-        self.step_timeout = check_step_timeout(step_timeout)
         model._check_fitted()
-        known = sorted(scheduler_workers(client))
-        workers = list(known if workers is None else workers)
-        unknown = [w for w in workers if w not in known]
-        if unknown:
-            raise ValueError(f"not workers of this cluster: {unknown}")
-        if len(workers) != model.shards or len(set(workers)) != len(workers):
-            raise ValueError(
-                f"the model has {model.shards} shards but {len(set(workers))} distinct workers "
-                f"were given: make the model with shards={len(set(workers))}"
-            )
-        if model.hidden < len(workers):
-            raise ValueError(f"more workers ({len(workers)}) than hidden neurons ({model.hidden})")
-        self.client = client
-        self.workers = workers
+        if messages not in MESSAGES:
+            raise ValueError(f"messages must be one of {MESSAGES} for this model, got {messages!r}")
+        self.messages = messages
+        self._connect(client, step_timeout)
+        try:
+            self.workers = self._shard_workers(model, workers)
+        except BaseException:
+            self.close()
+            raise
         self.optimizer_ = model.optimizer_
         self.lr_decay = model.lr_decay
         self.decay_horizon = model.decay_horizon
@@ -128,25 +130,44 @@ class DistributedSampledMLP(DistributedModel):
         self.shard_map_ = model.shard_map_
         self.n_features_in_ = model.n_features_in_
         self.n_labels_ = model.n_labels_
-        self.columns = _column_bounds(model.hidden, len(workers))
-        self.token = new_token()
-        self.plugin_name = plugin_name(self.token)
+        self.columns = _column_bounds(model.hidden, len(self.workers))
+        self.plugin_name = ShardState.plugin_name(self.token)
         self.n_steps_ = model.n_steps_
         self.epochs_ = model.epochs_
-        self.loss_curve_: list[float] = []
+        self.loss_curve_: list[float] = list(model.loss_curve_)
+        self._model = model  # its hyperparameters, for gather()
         self._calls = 0
-        self._placement = SenderPlacement(workers)
-        self._open = False
-        # why the model is unusable: a training step that timed out, perhaps applied on some
-        # shards only
-        self._failed: str | None = None
+        #: Rows of the training steps and prediction blocks run since the last reset_comm, by
+        #: (phase kind, rows): the comm report's prediction.
+        self._counted: Counter[tuple[str, int]] = Counter()
+        self._placement = SenderPlacement(self.workers)
         self._register(ShardState(self.token), lambda: self._install(model))
+
+    def _shard_workers(self, model: SampledMLP, workers: list[str] | None) -> list[str]:
+        """The workers of the shards, checked against the model's shard count."""
+        if workers is None:
+            known = self._use_workers(None)
+            if len(known) < model.shards:
+                raise ValueError(
+                    f"the model has {model.shards} shards but the cluster has {len(known)} "
+                    f"workers: make the model with shards={len(known)}"
+                )
+            return known[: model.shards]
+        chosen = self._use_workers(workers)
+        if len(chosen) != model.shards:
+            raise ValueError(
+                f"the model has {model.shards} shards but {len(chosen)} distinct workers "
+                f"were given: make the model with shards={len(chosen)}"
+            )
+        if model.hidden < len(chosen):
+            raise ValueError(f"more workers ({len(chosen)}) than hidden neurons ({model.hidden})")
+        return chosen
 
     def _install(self, model: SampledMLP) -> None:
         """Send every worker its shard and install it there, each call within what is left of
         ``step_timeout`` and watched
-        (:meth:`~dasknn.runtime.distributed_model.DistributedModel._placing`); if placing fails, the
-        payloads and installs already submitted are cancelled
+        (:meth:`~dasknn.runtime.distributed_model.DistributedModel._placing`); if placing fails,
+        the payloads and installs already submitted are cancelled
         (:meth:`~dasknn.runtime.distributed_model.DistributedModel._cancelled_if_failed`)."""
         params = model.parameters()
         config = asdict(model.sampling_config())
@@ -193,22 +214,9 @@ class DistributedSampledMLP(DistributedModel):
             self.client, self.workers, "its shard of the model could not be placed"
         )()
 
-    # ------------------------------------------------------------ basics
-    def close(self) -> None:
-        """Remove the model's plugin (with the parameters it owns) and its transfer records;
-        closing twice does nothing."""
-        if self._open:
-            self._open = False
-            self._unregister()  # also forgets the model's transfer records
-
-    def _check_open(self) -> None:
-        if not self._open:
-            raise ValueError("the distributed model is closed")
-        if self._failed is not None:
-            raise RuntimeError(
-                f"the distributed model is unusable after a failed step ({self._failed}); close "
-                "it and start again from a copy of its parameters"
-            )
+    def _worker_roles(self) -> dict[str, str]:
+        """``{address: "shard P"}`` of every shard worker."""
+        return {w: f"shard {p}" for p, w in enumerate(self.workers)}
 
     @property
     def nworkers(self) -> int:
@@ -224,7 +232,6 @@ class DistributedSampledMLP(DistributedModel):
         ):
             return self.client.get(tasks, outputs, sync=False)
 
-    # ------------------------------------------------------------ training
     def _check_training(self, X, Y):
         X = check_features(X, self.n_features_in_, self.dtype)
         ptr, ids, _ = check_labels(Y, X.shape[0], self.n_labels_, training=True)
@@ -251,73 +258,102 @@ class DistributedSampledMLP(DistributedModel):
         )
         self._calls += 1
         self.n_steps_ += 1
+        self._counted["train", X.shape[0]] += 1
         return self._submit(tasks, outputs)
 
     def _gather(self, futures, training: bool = False) -> list:
-        """The results of a call's ``futures``; ``RuntimeError`` naming a shard worker that left
-        the cluster meanwhile, :class:`StepTimeoutError` naming the shard workers whose results
-        did not arrive within ``step_timeout`` (after a ``training`` step, the model is then
-        unusable)."""
+        """The results of a call's ``futures``; :class:`WorkerLostError` naming a shard worker
+        that left the cluster meanwhile, :class:`StepTimeoutError` naming the shard workers whose
+        results did not arrive within ``step_timeout`` (after a ``training`` step, the model is
+        then unusable)."""
         try:
             return gather_watching(
                 self.client,
                 futures,
                 self.workers,
-                "the shards it held are gone; close the model and start again from a copy of "
-                "its parameters",
+                "the shards it held are gone; close the model and start again from a saved copy "
+                "(gather() it before)",
                 timeout=self.step_timeout,
-                timed_out=self._timeout_error,
+                timed_out=self._results_timed_out,
             )
         except StepTimeoutError as error:
             if training:
                 self._failed = str(error)
             raise
 
-    def _timeout_error(self, unfinished) -> StepTimeoutError:
+    def _results_timed_out(self, unfinished) -> StepTimeoutError:
         """The :class:`StepTimeoutError` naming the shard workers of the futures ``unfinished``."""
         waiting = [self._placement(future.key)[0] for future in unfinished]
-        return step_timeout_error(
-            self.client,
-            "the shards' results did not arrive",
-            self.step_timeout,
-            waiting,
-            self._worker_roles(),
-        )
+        return self._timeout_error("the shards' results did not arrive", waiting)
 
-    def _worker_roles(self) -> dict[str, str]:
-        """``{address: "shard P"}`` of every shard worker."""
-        return {w: f"shard {p}" for p, w in enumerate(self.workers)}
-
-    def train_step(self, X, Y) -> float:
+    # ------------------------------------------------------------ training
+    def train_step(self, X, Y, *, lr: float | None = None, optimizer=None) -> float:
         """One step on the batch ``(X, Y)``; returns its loss before the update. The learning
-        rate is constant unless the model's ``decay_horizon`` is given."""
+        rate is constant unless the model's ``decay_horizon`` is given; ``lr`` / ``optimizer``
+        as in :meth:`fit`."""
         self._check_open()
+        chosen = training_optimizer(self.optimizer_, lr, optimizer)
         X, ptr, ids = self._check_training(X, Y)
+        self.optimizer_ = chosen
         self.schedule_ = training_schedule(self.lr_decay, self.decay_horizon, self.n_steps_, None)
         losses = self._gather(self._submit_batch(X, ptr, ids, None), training=True)
         return float(np.sum(losses) / X.shape[0])
 
     def fit(
-        self, X, Y, epochs: int = 1, batch_size: int = 256, shuffle: bool = True
+        self,
+        X,
+        Y,
+        *,
+        batch_size: int = 256,
+        epochs: int = 1,
+        lr: float | None = None,
+        optimizer=None,
+        shuffle: bool = True,
+        seed: int | None = None,
+        progress: bool = False,
     ) -> DistributedSampledMLP:
-        """Train ``epochs`` epochs of mini-batches (the batches of
-        :meth:`SampledMLP.fit`, and its learning-rate schedule); returns the model.
+        """Train ``epochs`` epochs of mini-batches (the batches of :meth:`SampledMLP.fit` with
+        the same arguments, and its learning-rate schedule); returns the model.
 
         Each step is submitted before the previous one has returned, queued behind it on every
-        worker, so the workers go from one step to the next without waiting for the client."""
-        return self._fit(X, Y, epochs, batch_size, shuffle, whole=True)
+        worker, so the workers go from one step to the next without waiting for the client.
 
-    def partial_fit(self, X, Y, batch_size: int = 256, shuffle: bool = True):
-        """One epoch over ``(X, Y)``; returns the model. The learning rate stays constant
-        unless the model's ``decay_horizon`` is given."""
-        return self._fit(X, Y, 1, batch_size, shuffle, whole=False)
+        Raises
+        ------
+        ValueError
+            Before anything is scheduled, for malformed ``X``, ``Y`` (a label that is not an
+            integer or out of range, a row without one), ``batch_size``, ``epochs``, ``lr``,
+            ``optimizer`` or ``seed``.
+        """
+        return self._fit(X, Y, epochs, batch_size, shuffle, seed, progress, lr, optimizer, True)
 
-    def _fit(self, X, Y, epochs, batch_size, shuffle, whole: bool) -> DistributedSampledMLP:
+    def partial_fit(
+        self,
+        X,
+        Y,
+        *,
+        batch_size: int = 256,
+        lr: float | None = None,
+        optimizer=None,
+        shuffle: bool = True,
+        seed: int | None = None,
+        progress: bool = False,
+    ) -> DistributedSampledMLP:
+        """One epoch over ``(X, Y)`` (the arguments of :meth:`fit` but ``epochs``); returns the
+        model. The learning rate stays constant unless the model's ``decay_horizon`` is given."""
+        return self._fit(X, Y, 1, batch_size, shuffle, seed, progress, lr, optimizer, False)
+
+    def _fit(
+        self, X, Y, epochs, batch_size, shuffle, seed, progress, lr, optimizer, whole: bool
+    ) -> DistributedSampledMLP:
         """``epochs`` epochs; ``whole``: the call's steps are the schedule's (``fit``)."""
         self._check_open()
         check_positive_int("epochs", epochs)
         check_positive_int("batch_size", batch_size)
+        chosen = training_optimizer(self.optimizer_, lr, optimizer)
+        order_seed = self.seed if seed is None else check_seed(seed)
         X, ptr, ids = self._check_training(X, Y)
+        self.optimizer_ = chosen
         steps = epochs * -(-X.shape[0] // batch_size) if whole else None
         self.schedule_ = training_schedule(
             self.lr_decay, self.decay_horizon, self.n_steps_, steps
@@ -325,22 +361,27 @@ class DistributedSampledMLP(DistributedModel):
         for _ in range(epochs):
             total = 0.0
             running: deque = deque()
+            batches = epoch_batches(X.shape[0], batch_size, order_seed, self.epochs_, shuffle)
             try:
-                for rows in epoch_batches(
-                    X.shape[0], batch_size, self.seed, self.epochs_, shuffle
-                ):
-                    batch_ptr, batch_ids = label_rows(ptr, ids, rows)
-                    after = [f.key for f in running[-1]] if running else None
-                    running.append(self._submit_batch(X[rows], batch_ptr, batch_ids, after))
-                    if len(running) > 1:
-                        total += float(np.sum(self._gather(running.popleft(), training=True)))
-                while running:
-                    total += float(np.sum(self._gather(running.popleft(), training=True)))
+                with EpochBar(X.shape[0], batch_size, self.epochs_, progress) as bar:
+                    finish = bar.wrap(
+                        lambda step: float(np.sum(self._gather(step, training=True)))
+                    )
+                    for rows in batches:
+                        batch_ptr, batch_ids = label_rows(ptr, ids, rows)
+                        after = [f.key for f in running[-1]] if running else None
+                        running.append(self._submit_batch(X[rows], batch_ptr, batch_ids, after))
+                        if len(running) > 1:
+                            total += finish(running.popleft())
+                    while running:
+                        total += finish(running.popleft())
             except BaseException:
                 # the step queued behind the failed one, released at once (the error's
-                # traceback holds this frame)
+                # traceback holds this frame); an interrupted fit leaves steps half applied
                 for future in (f for step in running for f in step):
                     future.release()
+                if running:
+                    self._failed = "a fit call was interrupted with steps under way"
                 raise
             self.epochs_ += 1
             self.loss_curve_.append(total / X.shape[0])
@@ -348,15 +389,18 @@ class DistributedSampledMLP(DistributedModel):
 
     # ------------------------------------------------------------ inference
     def predict(self, X, k: int = 1, batch_size: int = 1024) -> np.ndarray:
-        """Exact top ``k`` labels of every row (a top ``k`` per shard, merged here)."""
+        """Exact top ``k`` labels of every row (a top ``k`` per shard on its worker, merged
+        here): ``(n, k)`` global ids, best first."""
         self._check_open()
-        k = check_k(k)
+        k = check_k(k, self.n_labels_)
+        check_positive_int("batch_size", batch_size)
         X = check_features(X, self.n_features_in_, self.dtype)
         out = []
         for start in range(0, X.shape[0], batch_size):
             block = X[start : start + batch_size]
             tasks, outputs = predict_graph(self.token, self._calls, [block] * self.nworkers, k)
             self._calls += 1
+            self._counted["predict", block.shape[0]] += 1
             out.append(merge_top_k(self._gather(self._submit(tasks, outputs)), k))
         return np.concatenate(out)
 
@@ -364,14 +408,19 @@ class DistributedSampledMLP(DistributedModel):
         """Precision@k of :meth:`predict` against the labels ``Y``."""
         return predicted_precision_at_k(self, X, Y, k)
 
+    def score(self, X, Y) -> float:
+        """Precision@1 against the labels ``Y`` (higher is better, as scikit-learn expects);
+        :meth:`precision_at_k` gives the others."""
+        return self.precision_at_k(X, Y, k=1)
+
     # ------------------------------------------------------------ state and bytes
-    def parameters(self) -> dict[str, np.ndarray]:
-        """Copies of the current parameters, keyed as :meth:`SampledMLP.parameters`."""
+    def _shard_parameters(self) -> list[dict]:
+        """Every worker's copies of its parameters (``read_shard``), within ``step_timeout``."""
         self._check_open()
         parts = self._gather(
             [
                 self.client.submit(
-                    _parameters_on_worker,
+                    read_shard,
                     self.token,
                     key=sampled_key(self.token, self._calls, "parameters", p, p),
                     workers=[w],
@@ -382,41 +431,109 @@ class DistributedSampledMLP(DistributedModel):
             ]
         )
         self._calls += 1
+        return parts
+
+    def gather(self) -> SampledMLP:
+        """The one-process model with the current parameters, hyperparameters, step and epoch
+        counts and loss curve (its hash tables rebuilt from the parameters; the Adam state starts
+        afresh, as :meth:`SampledMLP.set_parameters` does)."""
+        parts = self._shard_parameters()
         out_w = np.empty((self.n_labels_, self.hidden), dtype=self.dtype)
         out_b = np.empty(self.n_labels_, dtype=self.dtype)
         for p, part in enumerate(parts):
             ids = self.shard_map_.ids(p)
             out_w[ids] = part["output_weights"]
             out_b[ids] = part["output_bias"]
-        return {
+        params = {
             "hidden_weights": np.concatenate([p["hidden_weights"] for p in parts], axis=1),
             "hidden_bias": np.concatenate([p["hidden_bias"] for p in parts]),
             "output_weights": out_w,
             "output_bias": out_b,
+        }
+        model = SampledMLP(**self._model.get_params())
+        model.optimizer = self.optimizer_
+        model.optimizer_ = self.optimizer_
+        model.shard_map_ = self.shard_map_
+        model.set_parameters(params)
+        model.n_steps_, model.epochs_ = self.n_steps_, self.epochs_
+        model.loss_curve_ = list(self.loss_curve_)
+        return model
+
+    def to_dask(self) -> dict[str, da.Array]:
+        """The parameters as dask arrays, each chunk made by a task on the worker that owns it:
+        ``hidden_weights`` ``(n_features, H)`` chunked by the workers' blocks of hidden neurons,
+        ``hidden_bias`` likewise, and ``output_weights`` ``(N, H)`` / ``output_bias`` whose rows
+        are in shard order (shard ``p``'s rows are ``shard_map_.ids(p)``, chunked by shard). A
+        snapshot: the values of the last step that finished when the chunks are computed."""
+        self._check_open()
+        call = self._calls
+        self._calls += 1
+        blocks = {name: [] for name in ("hidden_weights", "hidden_bias", "output_weights",
+                                        "output_bias")}  # fmt: skip
+        for p, worker in enumerate(self.workers):
+            part = self.client.submit(
+                read_shard, self.token, key=sampled_key(self.token, call, "snapshot", p, p),
+                workers=[worker], allow_other_workers=False, pure=False,
+            )  # fmt: skip
+            width = int(self.columns[p + 1] - self.columns[p])
+            rows = len(self.shard_map_.ids(p))
+            shapes = {
+                "hidden_weights": (self.n_features_in_, width),
+                "hidden_bias": (width,),
+                "output_weights": (rows, self.hidden),
+                "output_bias": (rows,),
+            }
+            for name, shape in shapes.items():
+                blocks[name].append(
+                    da.from_delayed(_entry(part, name), shape=shape, dtype=self.dtype)
+                )
+        return {
+            "hidden_weights": da.concatenate(blocks["hidden_weights"], axis=1),
+            "hidden_bias": da.concatenate(blocks["hidden_bias"]),
+            "output_weights": da.concatenate(blocks["output_weights"], axis=0),
+            "output_bias": da.concatenate(blocks["output_bias"]),
         }
 
     def predicted_bytes(self, batch: int) -> dict[str, int]:
         """Bytes per phase of one training step of ``batch`` rows."""
         return step_bytes(batch, self.hidden, self.nworkers, self.dtype.itemsize)
 
-    def transfers(self) -> dict[str, int]:
-        """Bytes moved between workers so far, by phase, as the monitor measured them."""
-        out: dict[str, int] = {}
-        for _, phase, _, _, nbytes, _ in read_transfers(self.client, self.token):
-            out[phase] = out.get(phase, 0) + nbytes
-        return out
+    def comm_report(self) -> CommReport:
+        """Bytes and messages between workers since the model started or :meth:`reset_comm`,
+        as the transfer monitor measured them, beside the formula of every training step
+        (:func:`~dasknn.sampled_parallel.taskgraph.step_bytes`, ``P (P - 1)`` messages a phase)
+        and of every prediction block (phase ``predict-hidden``: ``(P - 1) B H s`` bytes)."""
+        self._check_open()
+        measured = counts_of(read_transfers(self.client, self.token))
+        pairs = self.nworkers * (self.nworkers - 1)
+        predicted: Counter = Counter()
+        messages: Counter = Counter()
+        for (kind, rows), count in self._counted.items():
+            if kind == "train":
+                per_phase = self.predicted_bytes(rows)
+            else:
+                per_phase = {
+                    "predict-hidden": (self.nworkers - 1) * rows * self.hidden
+                    * self.dtype.itemsize
+                }  # fmt: skip
+            for phase, nbytes in per_phase.items():
+                predicted[phase] += count * nbytes
+                messages[phase] += count * pairs
+        table = {
+            (None, phase, None, None): (predicted[phase], messages[phase])
+            for phase in predicted
+            if predicted[phase] or messages[phase]
+        }
+        steps = sum(c for (kind, _), c in self._counted.items() if kind == "train")
+        return CommReport(measured, table, steps=steps, details={"phases": list(PHASES)})
 
-    def reset_transfers(self) -> None:
-        """Forget the bytes measured so far (:meth:`transfers` starts again from 0)."""
+    def reset_comm(self) -> None:
+        """Forget the traffic measured and predicted so far."""
+        self._check_open()
         reset_transfers(self.client, self.token)
+        self._counted.clear()
 
 
-def _parameters_on_worker(token: str) -> dict:
-    """Task: copies of the worker's parameters."""
-    state = shard_state(token)
-    return {
-        "hidden_weights": state.hidden.weights.copy(),
-        "hidden_bias": state.hidden.bias.copy(),
-        "output_weights": state.shard.weights.copy(),
-        "output_bias": state.shard.bias.copy(),
-    }
+def _entry(future, name: str):
+    """A delayed value: entry ``name`` of the dict ``future`` holds (computed beside it)."""
+    return dask.delayed(operator.getitem, pure=True)(future, name)

@@ -29,7 +29,7 @@ import scipy.sparse as sp
 
 from dasknn.optim import Optimizer
 from dasknn.sampled.layers import ActiveSet, combine_statistics
-from dasknn.sampled_parallel.worker_state import shard_state
+from dasknn.sampled_parallel.worker_state import ShardState
 
 __all__ = [
     "Forward",
@@ -65,7 +65,7 @@ class Forward(NamedTuple):
 
 def hidden_block(token: str, x: sp.csr_matrix) -> np.ndarray:
     """The worker's block of the hidden activation of the batch rows ``x`` (CSR)."""
-    return shard_state(token).hidden.forward(x)
+    return ShardState.on_worker(token).hidden.forward(x)
 
 
 def train_hidden_block(token: str, call: int, x: sp.csr_matrix, *after) -> np.ndarray:
@@ -74,7 +74,7 @@ def train_hidden_block(token: str, call: int, x: sp.csr_matrix, *after) -> np.nd
 
     ``after``: the worker's result of the previous step when steps are queued, taken only so
     that this step starts after it."""
-    state = shard_state(token)
+    state = ShardState.on_worker(token)
     block = state.hidden.forward(x)
     state.hidden_blocks[call] = block
     return block
@@ -90,7 +90,7 @@ def select_and_score(
     """Select the shard's active neurons for the batch (hidden ``blocks`` in worker order) and
     compute their logits, kept as the worker's :class:`Forward` of submission ``call``; returns
     the shard's ``(max, sum exp)`` per sample."""
-    state = shard_state(token)
+    state = ShardState.on_worker(token)
     hidden = _concatenate(blocks)
     active = state.shard.select(hidden, labels.label_ptr, labels.label_ids, step)
     z, stats = state.shard.logits(hidden, active)
@@ -103,7 +103,7 @@ def output_backward(
 ) -> tuple[np.ndarray, float]:
     """The shard's backward pass from the statistics of every shard (in worker order); returns
     (partial ``dJ/dhidden``, loss part)."""
-    state = shard_state(token)
+    state = ShardState.on_worker(token)
     forward = state.forwards.pop(call)
     lse = combine_statistics(list(stats))
     grad_hidden, loss = state.shard.backward(
@@ -118,14 +118,14 @@ def output_update(
     """The shard's optimizer step (learning rate times ``lr_scale``), then its rehash /
     rebuild after ``steps_after`` steps (``result``: the shard's :func:`output_backward`,
     taken for the order)."""
-    shard = shard_state(token).shard
+    shard = ShardState.on_worker(token).shard
     shard.apply(optimizer, lr_scale)
     shard.end_step(steps_after)
 
 
 def columns_of(token: str, result: tuple, receiver: int) -> np.ndarray:
     """The message of phase ``grad``: the columns of ``receiver``'s hidden block."""
-    columns = shard_state(token).columns
+    columns = ShardState.on_worker(token).columns
     return np.ascontiguousarray(result[0][:, columns[receiver] : columns[receiver + 1]])
 
 
@@ -143,7 +143,7 @@ def hidden_step(
     others ``received`` in worker order), apply its update (learning rate times ``lr_scale``);
     returns the worker's part of the batch's summed loss (``x``: the batch rows; ``updated``:
     the shard's :func:`output_update`, taken for the order)."""
-    state = shard_state(token)
+    state = ShardState.on_worker(token)
     parts = list(received)
     parts.insert(state.position, columns_of(token, own_result, state.position))
     grad = parts[0]
@@ -157,4 +157,4 @@ def hidden_step(
 def shard_top_k(token: str, k: int, *blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Exact top ``k`` of the shard for every row of a prediction batch (hidden ``blocks`` in
     worker order)."""
-    return shard_state(token).shard.top_k(_concatenate(blocks), k)
+    return ShardState.on_worker(token).shard.top_k(_concatenate(blocks), k)

@@ -6,20 +6,14 @@ only this state, never a value Dask holds."""
 from __future__ import annotations
 
 import numpy as np
-from distributed import get_worker
-from distributed.diagnostics.plugin import WorkerPlugin
 
+from dasknn.runtime.model_plugin import ModelPlugin
 from dasknn.sampled.layers import HiddenLayer, OutputShard, SamplingConfig
 
-__all__ = ["ShardState", "install_shard", "plugin_name", "shard_state"]
+__all__ = ["ShardState", "install_shard", "read_shard"]
 
 
-def plugin_name(token: str) -> str:
-    """Name of the worker plugin of the sampled model ``token``."""
-    return f"dasknn-sampled-{token}"
-
-
-class ShardState(WorkerPlugin):
+class ShardState(ModelPlugin):
     """Worker plugin owning one sampled model's state on a worker.
 
     Attributes (after :meth:`install`)
@@ -37,9 +31,7 @@ class ShardState(WorkerPlugin):
         backward) of the training steps under way, by submission number.
     """
 
-    def __init__(self, token: str) -> None:
-        self.token = token
-        self.name = plugin_name(token)
+    kind = "sampled"
 
     def setup(self, worker) -> None:
         self.position = -1
@@ -76,11 +68,6 @@ class ShardState(WorkerPlugin):
         )
 
 
-def shard_state(token: str) -> ShardState:
-    """The :class:`ShardState` of the model ``token`` on the worker running the calling task."""
-    return get_worker().plugins[plugin_name(token)]
-
-
 def install_shard(token: str, position: int, payload: dict) -> int:
     """Task: hand the worker's parameters to the model's plugin; returns the position.
 
@@ -88,5 +75,16 @@ def install_shard(token: str, position: int, payload: dict) -> int:
     ``output_weights`` (``(n_p, H)``), ``output_bias``, ``columns``, ``config`` (the fields of
     :class:`~dasknn.sampled.layers.SamplingConfig`), ``hogwild`` and ``update_all_rows``.
     """
-    shard_state(token).install(position, payload)
+    ShardState.on_worker(token).install(position, payload)
     return position
+
+
+def read_shard(token: str) -> dict:
+    """Task: copies of the worker's parameters (its hidden block and output shard)."""
+    state = ShardState.on_worker(token)
+    return {
+        "hidden_weights": state.hidden.weights.copy(),
+        "hidden_bias": state.hidden.bias.copy(),
+        "output_weights": state.shard.weights.copy(),
+        "output_bias": state.shard.bias.copy(),
+    }
