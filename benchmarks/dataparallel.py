@@ -150,13 +150,13 @@ def run_dasknn(
     steps_per_task: int | None = None,
     reuse_memory: bool = False,
 ) -> dict:
-    from dasknn.data_parallel import data_parallel
+    from dasknn.data_parallel import DistributedEmbeddingMLP
     from dasknn.optim import SGD
 
     optimizer = SGD(lr=0.05)
     batches = setup["batches"]
     per_task = {} if steps_per_task is None else {"steps_per_task": steps_per_task}
-    with data_parallel(
+    with DistributedEmbeddingMLP(
         make_model(setup),
         client,
         architecture=arch,
@@ -177,8 +177,8 @@ def run_dasknn(
     return {
         "seconds": seconds,
         "bytes_per_step": report.total() / (len(batches) - warmup),
-        "exact": report.matches(),
-        "alpha": report.model_alpha,
+        "exact": report.exact,
+        "alpha": report.details["model_alpha"],
     }
 
 
@@ -189,10 +189,10 @@ def run_search(client, setup: dict, steps: int, repeats: int, messages: str = "t
     a count's figure moves between samples, and the choice is judged against each pass and
     against the per-count median over the passes.
     """
-    from dasknn.data_parallel import data_parallel
+    from dasknn.data_parallel import DistributedEmbeddingMLP
 
     X, y = setup["batches"][0]
-    with data_parallel(
+    with DistributedEmbeddingMLP(
         make_model(setup), client, search_steps=steps, search_warmup=2, messages=messages
     ) as dp:
         model = dp.search(X, y, mode="model")
@@ -358,7 +358,7 @@ def run_ddp(
 def learn(args) -> None:
     from distributed import Client
 
-    from dasknn.data_parallel import data_parallel
+    from dasknn.data_parallel import DistributedEmbeddingMLP
     from dasknn.datasets import load_stdlib_corpus
     from dasknn.model import EmbeddingMLP
     from dasknn.optim import Adam
@@ -379,7 +379,9 @@ def learn(args) -> None:
     one = model.copy()
     optimizer = Adam(lr=2e-3)
     with local_cluster(2) as cluster, Client(cluster) as client:
-        with data_parallel(model, client, architecture="hybrid", sparse_partitions=4) as dp:
+        with DistributedEmbeddingMLP(
+            model, client, architecture="hybrid", sparse_partitions=4
+        ) as dp:
             print("epoch  one-process  hybrid (2 workers)  unigram   (held-out perplexity)")
             for epoch in range(args.learn_epochs):
                 one.partial_fit(X, y, batch_size=256, seed=epoch, optimizer=optimizer)
@@ -449,8 +451,15 @@ def compute_child(windows: int, repeats: int) -> dict:
 def run_compute_child(args, extra_env: dict) -> dict:
     env = {**os.environ, **dict.fromkeys(ONE_THREAD, "1"), **extra_env}
     env["PYTHONPATH"] = str(ROOT)
-    command = [sys.executable, __file__, "--compute-child", "--compute-windows",
-               str(args.compute_windows), "--compute-repeats", str(args.compute_repeats)]
+    command = [
+        sys.executable,
+        __file__,
+        "--compute-child",
+        "--compute-windows",
+        str(args.compute_windows),
+        "--compute-repeats",
+        str(args.compute_repeats),
+    ]
     out = subprocess.run(command, env=env, stdout=subprocess.PIPE, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -461,8 +470,10 @@ def compute(args) -> None:
     import distributed  # noqa: F401 - its configuration defaults
 
     nanny = {k: str(v) for k, v in dask.config.get("distributed.nanny.pre-spawn-environ").items()}
-    print(f"{describe()}; one worker's share: {args.compute_windows} windows; "
-          f"median of {args.compute_repeats}")
+    print(
+        f"{describe()}; one worker's share: {args.compute_windows} windows; "
+        f"median of {args.compute_repeats}"
+    )
     print("| environment | dasknn | PyTorch | dasknn / PyTorch |")
     print("| --- | --- | --- | --- |")
     results = []
@@ -515,12 +526,20 @@ def main() -> None:
     parser.add_argument("--ddp-master")
     parser.add_argument("--ddp-model")
     parser.add_argument("--ddp-sparse", action="store_true")
-    parser.add_argument("--compute", action="store_true",
-                        help="time one worker's compute against PyTorch's instead (no root)")
-    parser.add_argument("--compute-windows", type=int, default=256,
-                        help="with --compute: the worker's share of the batch")
-    parser.add_argument("--compute-repeats", type=int, default=100,
-                        help="with --compute: passes timed (median)")
+    parser.add_argument(
+        "--compute",
+        action="store_true",
+        help="time one worker's compute against PyTorch's instead (no root)",
+    )
+    parser.add_argument(
+        "--compute-windows",
+        type=int,
+        default=256,
+        help="with --compute: the worker's share of the batch",
+    )
+    parser.add_argument(
+        "--compute-repeats", type=int, default=100, help="with --compute: passes timed (median)"
+    )
     parser.add_argument("--compute-child", action="store_true", help=argparse.SUPPRESS)
     add_json_option(parser)
     args = parser.parse_args()
@@ -653,10 +672,16 @@ def main() -> None:
                         ratios.append(f"{rows[label]['seconds'] / hyb:.2f}x {label}")
                 if ratios:
                     print(f"  N={n} hybrid{suffix} speed-up: {', '.join(ratios)}", flush=True)
-            write_json(args.json, "dataparallel.py", {
-                "model": name, "workers": n, "rate": args.rate,
-                "ms_per_step": {label: r["seconds"] * 1e3 for label, r in rows.items()},
-            })
+            write_json(
+                args.json,
+                "dataparallel.py",
+                {
+                    "model": name,
+                    "workers": n,
+                    "rate": args.rate,
+                    "ms_per_step": {label: r["seconds"] * 1e3 for label, r in rows.items()},
+                },
+            )
 
 
 if __name__ == "__main__":

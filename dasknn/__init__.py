@@ -2,6 +2,7 @@
 
 from dasknn import datasets, exceptions, optim, pruning
 from dasknn.challenge import run_challenge, run_challenge_model_parallel
+from dasknn.data_parallel import DistributedEmbeddingMLP
 from dasknn.exceptions import (
     ModelClosedError,
     ModelFailedError,
@@ -20,6 +21,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CompressedMLP",
     "DenseMLP",
+    "DistributedEmbeddingMLP",
     "DistributedCompressedMLP",
     "DistributedSampledMLP",
     "DistributedSparseMLP",

@@ -18,7 +18,7 @@ from distributed import Client, get_task_stream
 from plugin_checks import key_cache_bound_count
 from stopped_workers import SignalOnTransition, stopped, wait_until_empty
 
-from dasknn.data_parallel import data_parallel
+from dasknn.data_parallel import DistributedEmbeddingMLP, machine_bytes, machine_total
 from dasknn.data_parallel.search import balanced, search_partitions
 from dasknn.exceptions import StepTimeoutError, WorkerLostError
 from dasknn.model import EmbeddingMLP
@@ -97,25 +97,25 @@ def test_five_steps_equal_one_process(client4, arch, n, shards, local, combine, 
     optimizer = SGD(lr=0.4, momentum=0.5) if opt == "sgd" else Adam(lr=0.05)
     batches = _batches(n)
     want = _one_process(model, batches, optimizer)
-    with data_parallel(
+    with DistributedEmbeddingMLP(
         model,
         client4,
         architecture=arch,
         sparse_partitions=shards,
         machines=machines,
         workers=workers,
-        partition="div" if shards == 5 else "mod",
+        shard_rows="div" if shards == 5 else "mod",
         messages=messages,
     ) as dp:
         losses = [dp.train_step(X, y, optimizer=optimizer) for X, y in batches]
         _assert_same(dp.gather(), want, 1e-9)
         report = dp.comm_report()
-    assert report.matches(), str(report)
+    assert report.exact, str(report)
     assert report.steps == STEPS and report.total() > 0
     assert np.isfinite(losses).all()
     if local:  # machines of two workers: the first sums and talks to the other machines
-        assert report.total(scope="intra") > 0
-        assert (report.total(scope="inter") > 0) == (n > 2)
+        assert machine_total(report, scope="intra") > 0
+        assert (machine_total(report, scope="inter") > 0) == (n > 2)
 
 
 SAMPLED_CASES = [
@@ -150,7 +150,7 @@ def test_sampled_softmax_five_steps_equal_one_process(
     optimizer = SGD(lr=0.4, momentum=0.5) if opt == "sgd" else Adam(lr=0.05)
     batches = [(X, y % 20) for X, y in _batches(n)]
     want = _one_process(model, batches, optimizer)
-    with data_parallel(
+    with DistributedEmbeddingMLP(
         model,
         client4,
         architecture=arch,
@@ -166,10 +166,10 @@ def test_sampled_softmax_five_steps_equal_one_process(
     _assert_same(got, want, 1e-9)
     for a, b in zip(got.weights + got.biases, want.weights + want.biases, strict=True):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-9)
-    assert got.steps_ == want.steps_ == STEPS
-    assert report.matches(), str(report)
-    assert 0 < report.alpha["softmax"] < 1
-    assert set(report.by("variable")) <= {
+    assert got.n_steps_ == want.n_steps_ == STEPS
+    assert report.exact, str(report)
+    assert 0 < report.details["alpha"]["softmax"] < 1
+    assert set(report.by("what")) <= {
         "embedding",
         "softmax",
         "sparse",
@@ -193,13 +193,13 @@ def test_float32_and_fit(client4):
     rng = np.random.default_rng(5)
     X, y = rng.integers(0, V, (40, C)), rng.integers(0, V, 40)
     want = model.copy().fit(X, y, batch_size=9, epochs=1, lr=0.3, seed=2)
-    with data_parallel(model, client4, architecture="hybrid", sparse_partitions=3) as dp:
+    with DistributedEmbeddingMLP(model, client4, architecture="hybrid", sparse_partitions=3) as dp:
         assert dp.fit(X, y, batch_size=9, epochs=1, lr=0.3, seed=2) is dp
         _assert_same(dp.gather(), want, 1e-5)
         assert dp.loss_curve_ == pytest.approx(want.loss_curve_, rel=1e-5)
         assert dp.predict(X).shape == (40,)
         assert dp.score(X, y) == pytest.approx(want.score(X, y))
-        assert dp.comm_report().matches()
+        assert dp.comm_report().exact
 
 
 @pytest.mark.parametrize("messages", MESSAGES)
@@ -224,7 +224,7 @@ def test_fit_prefetching_rows_equals_one_process(client4, arch, local, messages)
     X, y = rng.integers(0, V, (23, C)), rng.integers(0, 20, 23)
     optimizer = Adam(lr=0.05)
     want = model.copy().fit(X, y, batch_size=6, epochs=2, seed=4, optimizer=optimizer)
-    with data_parallel(
+    with DistributedEmbeddingMLP(
         model,
         client4,
         architecture=arch,
@@ -243,7 +243,7 @@ def test_fit_prefetching_rows_equals_one_process(client4, arch, local, messages)
     ):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-9)
     assert dp.loss_curve_ == pytest.approx(want.loss_curve_, rel=1e-9)
-    assert report.matches(), str(report)
+    assert report.exact, str(report)
     # one pull a step per chief and server on another worker (shard p on worker p), carrying
     # every sparse variable's rows
     chiefs = [0, 2] if local else [0, 1, 2]
@@ -268,7 +268,7 @@ def test_dense_gradient_rides_the_sparse_messages(client4, n, shards, messages):
     X, y = rng.integers(0, V, (26, C)), rng.integers(0, 20, 26)
     optimizer = Adam(lr=0.05)
     want = model.copy().fit(X, y, batch_size=7, epochs=2, seed=1, optimizer=optimizer)
-    with data_parallel(
+    with DistributedEmbeddingMLP(
         model,
         client4,
         architecture="hybrid",
@@ -285,13 +285,13 @@ def test_dense_gradient_rides_the_sparse_messages(client4, n, shards, messages):
         strict=True,
     ):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-9)
-    assert report.matches(), str(report)
+    assert report.exact, str(report)
     steps = report.steps
     assert steps == 8
     phases = {k[1] for k in report.measured}
     assert "reduce-scatter" not in phases
     dense_items = sum(int(np.prod(s)) for s in model.spec.dense_shapes())
-    assert report.by("variable")["dense"] == 2 * (n - 1) * dense_items * 8 * steps
+    assert report.by("what")["dense"] == 2 * (n - 1) * dense_items * 8 * steps
     dense_messages = sum(v[1] for k, v in report.measured.items() if k[0] == "dense")
     assert dense_messages == n * (n - 1)  # the last step's reduced chunks
     for phase in ("push", "pull"):
@@ -310,7 +310,7 @@ def test_fit_runs_steps_per_task_as_one_process(client4, per_task):
     X, y = rng.integers(0, V, (23, C)), rng.integers(0, V, 23)
     optimizer = SGD(lr=0.3, momentum=0.5)
     want = model.copy().fit(X, y, batch_size=5, seed=3, optimizer=optimizer, record_batches=True)
-    with data_parallel(
+    with DistributedEmbeddingMLP(
         model, client4, sparse_partitions=3, workers=workers, steps_per_task=per_task
     ) as dp:
         start = time.time()  # the scheduler's clock: it runs in this process
@@ -329,7 +329,7 @@ def test_fit_runs_steps_per_task_as_one_process(client4, per_task):
     assert sum(len(msg["transfers"]) for msg in posted) == sum(
         count for _, count in report.measured.values()
     )
-    assert report.matches(), str(report)
+    assert report.exact, str(report)
     assert report.steps == STEPS
     pushes = [v[1] for k, v in report.measured.items() if k[:2] == ("sparse", "push")]
     assert sum(pushes) == STEPS * len(workers) * (len(workers) - 1)  # one per chief and server
@@ -348,7 +348,7 @@ def test_fit_while_the_client_refreshes_its_scheduler_info(client4):
         rng = np.random.default_rng(8)
         X, y = rng.integers(0, V, (30, C)), rng.integers(0, V, 30)
         want = model.copy().fit(X, y, batch_size=5, epochs=2, lr=0.2, seed=1)
-        with data_parallel(model, client, sparse_partitions=2, workers=workers[:2]) as dp:
+        with DistributedEmbeddingMLP(model, client, sparse_partitions=2, workers=workers[:2]) as dp:
             dp.fit(X, y, batch_size=5, epochs=2, lr=0.2, seed=1)
             _assert_same(dp.gather(), want, 1e-9)
 
@@ -372,15 +372,16 @@ def test_bytes_follow_table_3(client4, arch):
     n, vocab, dim = 4, 64, 4
     model = EmbeddingMLP(vocab, C, dim, hidden=(8,), dtype=np.float32)
     X, y = _alpha_batch(n, vocab // n)
-    with data_parallel(model, client4, architecture=arch, sparse_partitions=n) as dp:
+    with DistributedEmbeddingMLP(model, client4, architecture=arch, sparse_partitions=n) as dp:
         dp.train_step(X, y, lr=0.1)
         report = dp.comm_report()
-    assert report.matches()
+    assert report.exact
     alpha = 0.25
-    assert report.alpha["embedding"] == pytest.approx(alpha)
+    assert report.details["alpha"]["embedding"] == pytest.approx(alpha)
     w = vocab * dim * 4
     # the servers' messages carry the rows of every sparse variable: here the embedding only
-    emb = report.machine_bytes(
+    emb = machine_bytes(
+        report,
         variable="sparse" if arch in ("hybrid", "ps") else "embedding",
         phases=("pull", "push", "allgather", "reduce-scatter"),
     )
@@ -395,10 +396,10 @@ def test_bytes_follow_table_3(client4, arch):
     if arch == "ps":  # one variable per server: the server 2w(N-1), the others 2w
         for index, (name, wv) in enumerate(zip(model.spec.dense_names(), sizes, strict=True)):
             server = index % n
-            got = report.machine_bytes(variable=name)
+            got = machine_bytes(report, variable=name)
             assert got == {m: 2 * wv * (n - 1) if m == server else 2 * wv for m in range(n)}
     else:  # m dense variables fused in one allreduce: 4 w m (N - 1) / N
-        got = report.machine_bytes(variable="dense")
+        got = machine_bytes(report, variable="dense")
         assert got == {m: 4 * sum(sizes) * (n - 1) / n for m in range(n)}
 
 
@@ -438,7 +439,7 @@ def test_auto_search_keeps_the_values(client4, messages):
     X, y = next(iter(_batches(2)))
     want = _one_process(model, [(X, y)], SGD(lr=0.1))
     workers = sorted(scheduler_workers(client4))[:2]
-    with data_parallel(
+    with DistributedEmbeddingMLP(
         model,
         client4,
         sparse_partitions="auto",
@@ -463,7 +464,7 @@ def test_bad_input_before_anything_is_scheduled(client4):
     workers = sorted(scheduler_workers(client4))
     bad = [
         ({"architecture": "allreduce"}, "unknown architecture"),
-        ({"partition": "hash"}, "partition strategy"),
+        ({"shard_rows": "hash"}, "shard_rows"),
         ({"sparse_partitions": 0}, "number of shards"),
         ({"sparse_partitions": V + 1}, "number of shards"),
         ({"sparse_partitions": 2.5}, "number of shards"),
@@ -481,9 +482,9 @@ def test_bad_input_before_anything_is_scheduled(client4):
     plugins_before = _plugin_names(client4)
     for kwargs, match in bad:
         with pytest.raises(ValueError, match=match):
-            data_parallel(model, client4, **kwargs)
+            DistributedEmbeddingMLP(model, client4, **kwargs)
     assert _plugin_names(client4) == plugins_before
-    with data_parallel(model, client4) as dp:
+    with DistributedEmbeddingMLP(model, client4) as dp:
         workers = len(scheduler_workers(client4))
         assert key_cache_bound_count(client4, dp.token) == 1 + workers
         # the default leaves the workers' malloc alone
@@ -518,7 +519,7 @@ def test_reuse_memory_tunes_the_workers_until_close(client4):
     optimizer = SGD(lr=0.4, momentum=0.5)
     batches = _batches(2)[:3]
     want = _one_process(model, batches, optimizer)
-    dp = data_parallel(model, client4, workers=workers, reuse_memory=True)
+    dp = DistributedEmbeddingMLP(model, client4, workers=workers, reuse_memory=True)
     name = f"{REUSE_MEMORY_PLUGIN}-{dp.token}"
     try:
         assert name in _scheduler_plugins(client4)
@@ -546,7 +547,7 @@ def test_lost_worker_is_named_with_its_shards(messages, per_task):
     model = EmbeddingMLP(V, C, D, hidden=(4,))
     X, y = next(iter(_batches(2)))
     with local_cluster(2) as cluster, Client(cluster) as client:
-        with data_parallel(
+        with DistributedEmbeddingMLP(
             model, client, sparse_partitions=4, messages=messages, steps_per_task=per_task
         ) as dp:
             dp.train_step(X, y, lr=0.1)
@@ -581,7 +582,9 @@ def test_stopped_worker_is_named_after_the_step_timeout(client4):
     model = EmbeddingMLP(V, C, D, hidden=(4,))
     X, y = next(iter(_batches(2)))
     workers = sorted(scheduler_workers(client4))[:2]
-    with data_parallel(model, client4, sparse_partitions=4, workers=workers, step_timeout=3) as dp:
+    with DistributedEmbeddingMLP(
+        model, client4, sparse_partitions=4, workers=workers, step_timeout=3
+    ) as dp:
         dp.train_step(X, y, lr=0.1)
         victim = dp.workers[1]
         with stopped(client4, victim):
@@ -613,7 +616,7 @@ def test_a_stopped_worker_does_not_hold_up_close(client4):
     X, y = next(iter(_batches(2)))
     # not the workers the step-timeout test above stopped: their failed step may still run
     workers = sorted(scheduler_workers(client4))[2:]
-    dp = data_parallel(model, client4, workers=workers, reuse_memory=True, step_timeout=2)
+    dp = DistributedEmbeddingMLP(model, client4, workers=workers, reuse_memory=True, step_timeout=2)
     try:
         dp.train_step(X, y, lr=0.1)
         with stopped(client4, dp.workers[1]):
@@ -636,7 +639,7 @@ def test_step_timeout_must_be_a_positive_finite_number(client4):
     model = EmbeddingMLP(V, C, D, hidden=(4,))
     for bad in (0, -1, float("nan"), float("inf"), "3", True, None):
         with pytest.raises(ValueError, match="step_timeout must be a number of seconds > 0"):
-            data_parallel(model, client4, step_timeout=bad)
+            DistributedEmbeddingMLP(model, client4, step_timeout=bad)
 
 
 def _model_plugins(client) -> list[str]:
@@ -666,7 +669,7 @@ def test_a_worker_stopped_before_the_constructor_is_named_and_nothing_is_left(cl
     with stopped(client4, workers[1]):
         start = time.monotonic()
         with pytest.raises(StepTimeoutError, match=named):
-            data_parallel(
+            DistributedEmbeddingMLP(
                 EmbeddingMLP(V, C, D, hidden=(4,)), client4, workers=workers, step_timeout=2
             )
         took = time.monotonic() - start
@@ -713,7 +716,7 @@ def test_a_worker_stopped_while_the_model_is_placed_is_named_and_nothing_is_left
     try:
         start = time.monotonic()
         with pytest.raises(StepTimeoutError, match=named):
-            data_parallel(
+            DistributedEmbeddingMLP(
                 EmbeddingMLP(V, C, D, hidden=(4,)),
                 client4,
                 workers=workers,
@@ -744,7 +747,7 @@ def test_a_worker_stopped_when_the_search_places_the_values_again_is_named(clien
     before = _model_plugins(client4)
     workers = sorted(scheduler_workers(client4))[:2]
     X, y = next(iter(_batches(2)))
-    dp = data_parallel(
+    dp = DistributedEmbeddingMLP(
         EmbeddingMLP(V, C, D, hidden=(4,)),
         client4,
         workers=workers,
@@ -785,7 +788,7 @@ def test_a_worker_lost_while_the_model_is_placed_is_named_and_nothing_is_left():
     model = EmbeddingMLP(V, C, D, hidden=(4,))
     with local_cluster(2) as cluster, Client(cluster) as client:
         # the workers' first placement imports the model's code, outside the 3 s below
-        data_parallel(model, client).close()
+        DistributedEmbeddingMLP(model, client).close()
         before = _model_plugins(client)
         victim = sorted(scheduler_workers(client))[1]
         named = (
@@ -797,7 +800,7 @@ def test_a_worker_lost_while_the_model_is_placed_is_named_and_nothing_is_left():
         try:
             start = time.monotonic()
             with pytest.raises(WorkerLostError, match=named):
-                data_parallel(model, client, sparse_partitions=4, step_timeout=3)
+                DistributedEmbeddingMLP(model, client, sparse_partitions=4, step_timeout=3)
             assert time.monotonic() - start < 5 + 3  # the loss seen, then the bounded close
         finally:
             client.unregister_worker_plugin(signalling.name)

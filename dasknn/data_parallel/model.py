@@ -1,9 +1,10 @@
-"""``DataParallelEmbeddingMLP``: an :class:`~dasknn.model.EmbeddingMLP` trained data-parallel.
+"""``DistributedEmbeddingMLP``: an :class:`~dasknn.model.EmbeddingMLP` trained data-parallel.
 
-``data_parallel(model, client, architecture="hybrid", sparse_partitions=..., machines=None)``
-copies a one-process model's values to the workers and returns an object with the same
-``fit / partial_fit / train_step / predict / predict_proba / score / evaluate`` as the model,
-plus ``comm_report``, ``search_report``, ``variable_report``, ``gather`` and ``close``. Every step
+``DistributedEmbeddingMLP(model, client=None, *, architecture="hybrid", sparse_partitions=...,
+machines=None)`` copies a one-process model's values to the workers; the object has the same
+``fit / partial_fit / train_step / predict / predict_proba / score / evaluate / perplexity`` as
+the model, plus ``comm_report``, ``search``, ``search_report``, ``gather``, ``to_dask`` and
+``close``. Every step
 splits the global batch over the workers (contiguous row blocks, uneven when it must be, empty
 when there are more workers than windows) and takes the exact gradient of the global mean loss,
 so a run equals the one-process run step for step.
@@ -17,12 +18,13 @@ from functools import partial
 from numbers import Integral
 
 import dask
+import dask.array as da
 import numpy as np
 
 from dasknn.data_parallel.hybrid import ARCHITECTURES, build_step
 from dasknn.data_parallel.plan import StepPlan, Topology, plan_step
 from dasknn.data_parallel.posted import program_tasks, worker_programs
-from dasknn.data_parallel.report import DataParallelReport, split_carried
+from dasknn.data_parallel.report import split_carried
 from dasknn.data_parallel.search import SearchReport, brute_force, search_partitions
 from dasknn.data_parallel.shards import STRATEGIES, ShardMap
 from dasknn.data_parallel.steps import StepContext
@@ -31,26 +33,22 @@ from dasknn.data_parallel.worker_state import (
     ReplicaState,
     clear_mailbox,
     install_values,
-    plugin_name,
+    read_array,
     read_values,
 )
-from dasknn.exceptions import StepTimeoutError, WorkerLostError
+from dasknn.exceptions import WorkerLostError
 from dasknn.model.embedding_mlp import EmbeddingMLP, split_output_table
 from dasknn.model.embedding_network import EMBEDDING, SOFTMAX
 from dasknn.model.sampled_softmax import sample_candidates
 from dasknn.model.window_estimator import WindowEstimator
 from dasknn.optim import SGD, Optimizer
 from dasknn.runtime.cluster import scheduler_workers
+from dasknn.runtime.comm_report import CommReport, counts_of
 from dasknn.runtime.distributed_model import DistributedModel
-from dasknn.runtime.keys import dp_postbox_key, new_token, parse_dp_key
+from dasknn.runtime.keys import dp_postbox_key, parse_dp_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
 from dasknn.runtime.postbox import Postbox
-from dasknn.runtime.step_timeout import (
-    DEFAULT_STEP_TIMEOUT,
-    answering_workers,
-    check_step_timeout,
-    step_timeout_error,
-)
+from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT, answering_workers
 from dasknn.runtime.waiting import (
     run_naming_loss,
     watch_workers,
@@ -58,7 +56,7 @@ from dasknn.runtime.waiting import (
 from dasknn.runtime.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
 from dasknn.runtime.worker_memory import ReuseFreedMemory
 
-__all__ = ["DataParallelEmbeddingMLP", "data_parallel"]
+__all__ = ["DistributedEmbeddingMLP"]
 
 SEARCH_MODES = ("model", "brute-force")
 MESSAGES = ("posted", "tasks")
@@ -109,14 +107,17 @@ def _check_count(name: str, value, low: int) -> int:
     return int(value)
 
 
-class DataParallelEmbeddingMLP(WindowEstimator, DistributedModel):
+class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
     """An embedding MLP trained data-parallel on the workers of a Dask cluster.
 
     Parameters
     ----------
     model : EmbeddingMLP
         The one-process model; its values are copied (the model itself is not changed).
-    client : distributed.Client
+    client : distributed.Client, cluster, JobqueueSpec, str or None
+        Where to run: a client, a cluster object, batch jobs to start, a scheduler address, or
+        ``None`` for a new local cluster on 127.0.0.1; what the model opens it closes in
+        :meth:`close`.
     architecture : {"hybrid", "ps", "ar", "ar-dense"}
         ``"hybrid"``: the embedding on parameter-server shards, dense variables replicated and
         allreduced; ``"ps"``: every variable on servers; ``"ar"``: everything replicated, the
@@ -126,8 +127,9 @@ class DataParallelEmbeddingMLP(WindowEstimator, DistributedModel):
         Shards of the embedding (``hybrid``, ``ps``): an integer in ``1..V``, or ``"auto"`` to
         search for the count at the first training step (see :meth:`search`). Default: one per
         machine.
-    partition : {"mod", "div"}
-        Row ``r`` in shard ``r mod P``, or consecutive blocks.
+    shard_rows : {"mod", "div"}
+        How a sparse variable's rows are cut into shards: row ``r`` in shard ``r mod P``, or
+        consecutive blocks.
     machines : dict, optional
         ``{worker address: machine name}`` naming every worker of the model: a machine sums its
         workers' gradients before anything leaves it (local aggregation). Default: one machine
@@ -180,10 +182,11 @@ class DataParallelEmbeddingMLP(WindowEstimator, DistributedModel):
     def __init__(
         self,
         model: EmbeddingMLP,
-        client,
+        client=None,
+        *,
         architecture: str = "hybrid",
         sparse_partitions: int | str | None = None,
-        partition: str = "mod",
+        shard_rows: str = "mod",
         machines: dict | None = None,
         workers: list[str] | None = None,
         search_steps: int = 6,
@@ -194,7 +197,6 @@ class DataParallelEmbeddingMLP(WindowEstimator, DistributedModel):
         step_timeout: float = DEFAULT_STEP_TIMEOUT,
         reuse_memory: bool = False,
     ) -> None:
-        self.step_timeout = check_step_timeout(step_timeout)
         if not isinstance(reuse_memory, bool):
             raise ValueError(f"reuse_memory must be True or False, got {reuse_memory!r}")
         self.reuse_memory = reuse_memory
@@ -204,10 +206,8 @@ class DataParallelEmbeddingMLP(WindowEstimator, DistributedModel):
             raise ValueError(
                 f"unknown architecture {architecture!r}; expected one of {ARCHITECTURES}"
             )
-        if partition not in STRATEGIES:
-            raise ValueError(
-                f"unknown partition strategy {partition!r}; expected one of {STRATEGIES}"
-            )
+        if shard_rows not in STRATEGIES:
+            raise ValueError(f"unknown shard_rows {shard_rows!r}; expected one of {STRATEGIES}")
         if search_mode not in SEARCH_MODES:
             raise ValueError(f"unknown search_mode {search_mode!r}; expected one of {SEARCH_MODES}")
         if messages not in MESSAGES:
@@ -215,8 +215,8 @@ class DataParallelEmbeddingMLP(WindowEstimator, DistributedModel):
         self.messages = messages
         if steps_per_task is None:
             steps_per_task = DEFAULT_STEPS_PER_TASK if messages == "posted" else 1
-        self.steps_per_task = _check_count("steps_per_task", steps_per_task, 1)
-        if messages == "tasks" and self.steps_per_task != 1:
+        self.n_steps_per_task = _check_count("steps_per_task", steps_per_task, 1)
+        if messages == "tasks" and self.n_steps_per_task != 1:
             raise ValueError(
                 f'steps_per_task must be 1 under messages="tasks" (one graph a step), '
                 f"got {steps_per_task!r}"
@@ -228,34 +228,27 @@ class DataParallelEmbeddingMLP(WindowEstimator, DistributedModel):
                 f"search_steps ({search_steps}) must exceed the discarded warm-up steps "
                 f"search_warmup ({search_warmup})"
             )
+        if isinstance(workers, str):
+            raise ValueError(f"workers must be a list of worker addresses, got {workers!r}")
         self.spec = model.spec
-        self.client = client
-        present = sorted(scheduler_workers(client))
-        if workers is None:
-            workers = present
-        elif isinstance(workers, str) or len(set(workers)) != len(workers):
-            raise ValueError(
-                f"workers must be a list of distinct worker addresses, got {workers!r}"
-            )
-        unknown = sorted(set(workers) - set(present))
-        if unknown:
-            raise ValueError(f"not workers of this cluster: {unknown}")
-        self.workers = sorted(workers)
-        if not self.workers:
-            raise ValueError("there are no workers to train on")
-        self.topology = _topology(self.workers, machines)
         self.architecture = architecture
-        self.partition = partition
+        self.shard_rows = shard_rows
         self.search_mode = search_mode
-        rows = self._max_shards()
-        self._search_pending = sparse_partitions == "auto"
-        if sparse_partitions in ("auto", None):  # "auto": until the search at the first step
-            self.n_shards = min(len(self.topology.machines), rows)
-        else:
-            ShardMap(rows, sparse_partitions, len(self.workers), partition)  # checks the count
-            self.n_shards = int(sparse_partitions)
-        self.token = new_token()
-        self.plugin_name = plugin_name(self.token)
+        self._connect(client, step_timeout)
+        try:
+            self.workers = sorted(self._use_workers(workers))
+            self.topology = _topology(self.workers, machines)
+            rows = self._max_shards()
+            self._search_pending = sparse_partitions == "auto"
+            if sparse_partitions in ("auto", None):  # "auto": until the search at the first step
+                self.n_shards = min(len(self.topology.machines), rows)
+            else:  # checks the count
+                ShardMap(rows, sparse_partitions, len(self.workers), shard_rows)
+                self.n_shards = int(sparse_partitions)
+        except BaseException:
+            self.close()
+            raise
+        self.plugin_name = ReplicaState.plugin_name(self.token)
         self.dense_servers = {
             name: index % len(self.workers) for index, name in enumerate(self.spec.dense_names())
         }
@@ -263,12 +256,12 @@ class DataParallelEmbeddingMLP(WindowEstimator, DistributedModel):
         self.stats = VariableStats(self.variables)
         self.predicted: dict = defaultdict(lambda: [0, 0])
         self.carried: dict = defaultdict(int)
-        self.optimizer: Optimizer | None = None
+        self.optimizer_: Optimizer | None = None
         self.loss_curve_: list[float] = []
         self.batch_loss_curve_: list[float] = []
         self._search: SearchReport | None = None
         self._step = 0
-        self.steps_ = model.steps_
+        self.n_steps_ = model.n_steps_
         #: The plan of the step whose rows the last step prefetched.
         self._prefetched = None
         self._version = 0
@@ -277,15 +270,12 @@ class DataParallelEmbeddingMLP(WindowEstimator, DistributedModel):
         self._postboxes: list = []
         #: The name of the model's ReuseFreedMemory plugin while it is registered.
         self._memory_plugin: str | None = None
-        self._open = False
-        #: Why the model is unusable: a step that timed out, perhaps applied on some workers only.
-        self._failed: str | None = None
         self._register(ReplicaState(self.token), lambda: self._install(model))
 
     # ------------------------------------------------------------------ basics
     def __repr__(self) -> str:
         return (
-            f"DataParallelEmbeddingMLP(architecture={self.architecture!r}, "
+            f"DistributedEmbeddingMLP(architecture={self.architecture!r}, "
             f"workers={len(self.workers)}, machines={len(self.topology.machines)}, "
             f"shards={self.n_shards})"
         )
@@ -300,31 +290,20 @@ class DataParallelEmbeddingMLP(WindowEstimator, DistributedModel):
         if self.architecture not in ("hybrid", "ps"):
             return None
         return {
-            name: ShardMap(shape[0], self.n_shards, len(self.workers), self.partition)
+            name: ShardMap(shape[0], self.n_shards, len(self.workers), self.shard_rows)
             for name, shape in self.spec.sparse_shapes().items()
         }
 
-    def _check_open(self) -> None:
-        if not self._open:
-            raise RuntimeError("the data-parallel model is closed")
-        if self._failed is not None:
-            raise RuntimeError(
-                f"the data-parallel model is unusable after a failed step ({self._failed}); "
-                "close it and start again from a gathered copy"
-            )
+    def _failed_advice(self) -> str:
+        return "close it and start again from a copy gathered before the failure"
 
-    def close(self) -> None:
-        """Remove the model's worker plugins (and with them every value it held), waiting for
-        the workers at most ``step_timeout`` seconds (a stopped one has them removed by the
-        scheduler when it goes on); closing twice does nothing."""
-        if self._open:
-            self._open = False
-            self._postboxes.clear()
-            memory_plugin, self._memory_plugin = self._memory_plugin, None
-            try:
-                self._unregister([memory_plugin] if memory_plugin is not None else [])
-            except Exception:  # noqa: BLE001 - a cluster already gone holds nothing
-                pass
+    def _before_close(self) -> None:
+        self._postboxes.clear()
+
+    def _extra_plugins(self) -> list[str]:
+        """The ``reuse_memory`` plugin, while it is registered."""
+        memory_plugin, self._memory_plugin = self._memory_plugin, None
+        return [memory_plugin] if memory_plugin is not None else []
 
     # ------------------------------------------------------------------ placement
     def _install(self, model: EmbeddingMLP) -> None:
@@ -368,7 +347,7 @@ class DataParallelEmbeddingMLP(WindowEstimator, DistributedModel):
         state), each worker's within what is left of the placement's ``step_timeout`` and
         watched (:meth:`~dasknn.runtime.distributed_model.DistributedModel._placing`)."""
         self.n_shards = n_shards
-        self.steps_ = model.steps_
+        self.n_steps_ = model.n_steps_
         arch = self.architecture
         dense = dict(zip(self.spec.dense_names(), model.dense_variables(), strict=True))
         sparse = {EMBEDDING: model.embedding}
@@ -399,7 +378,7 @@ class DataParallelEmbeddingMLP(WindowEstimator, DistributedModel):
                     workers=[worker],
                 )
             )
-        self.optimizer = None
+        self.optimizer_ = None
         self._prefetched = None
         self._version += 1
 
@@ -442,7 +421,7 @@ class DataParallelEmbeddingMLP(WindowEstimator, DistributedModel):
             weights.append(weight)
             biases.append(bias)
         model = EmbeddingMLP._from_values(self.spec, sparse[EMBEDDING], weights, biases)
-        model.steps_ = self.steps_
+        model.n_steps_ = self.n_steps_
         self._gathered = (self._version, model)
         return model.copy()
 
@@ -464,10 +443,10 @@ class DataParallelEmbeddingMLP(WindowEstimator, DistributedModel):
         and the plan of the step whose rows the last one prefetches: each step prefetches the
         rows of the next, the last those of ``after`` (the ``(ids, labels)`` of the step after
         it) if given (``hybrid``, ``ps``; ``None`` otherwise)."""
-        plans = [self._plan(ids, y, self.steps_ + k) for k, (ids, y) in enumerate(batches)]
+        plans = [self._plan(ids, y, self.n_steps_ + k) for k, (ids, y) in enumerate(batches)]
         following = plans[1:] + [None]
         if after is not None:
-            following[-1] = self._plan(*after, self.steps_ + len(batches))
+            following[-1] = self._plan(*after, self.n_steps_ + len(batches))
         prefetched, graphs = self._prefetched, []
         for k, (plan, next_plan) in enumerate(zip(plans, following, strict=True)):
             if self.architecture not in ("hybrid", "ps"):
@@ -543,8 +522,8 @@ class DataParallelEmbeddingMLP(WindowEstimator, DistributedModel):
             self.stats.record(plan)
         self._step += len(batches)
         self._version += 1
-        self.steps_ += len(batches)
-        self.optimizer = optimizer
+        self.n_steps_ += len(batches)
+        self.optimizer_ = optimizer
         self._prefetched = prefetched
         return [
             float(sum(losses)) / ids.shape[0]
@@ -588,7 +567,7 @@ class DataParallelEmbeddingMLP(WindowEstimator, DistributedModel):
         return watch_workers(self.client, self.workers, held)()
 
     def _steps_per_call(self) -> int:
-        return self.steps_per_task
+        return self.n_steps_per_task
 
     def _held(self, worker: str) -> str:
         """What ``worker`` holds for the model, in words."""
@@ -606,13 +585,6 @@ class DataParallelEmbeddingMLP(WindowEstimator, DistributedModel):
     def _worker_roles(self) -> dict[str, str]:
         """``{address: "replica R, what it holds"}`` of every worker."""
         return {w: f"replica {self.workers.index(w)}, {self._held(w)}" for w in self.workers}
-
-    def _timeout_error(self, what: str, workers) -> StepTimeoutError:
-        """The :class:`StepTimeoutError` for ``what`` that did not happen within
-        ``step_timeout``, naming ``workers``, what they hold and their state."""
-        return step_timeout_error(
-            self.client, what, self.step_timeout, workers, self._worker_roles()
-        )
 
     def _train_batch(self, ids: np.ndarray, labels: np.ndarray, optimizer: Optimizer) -> float:
         return self._train_batches([(ids, labels)], None, optimizer)[0]
@@ -695,42 +667,92 @@ class DataParallelEmbeddingMLP(WindowEstimator, DistributedModel):
         return self._search
 
     # ------------------------------------------------------------------ reports
-    def comm_report(self) -> DataParallelReport:
-        """Bytes measured between workers beside the prediction from the batch ids, per
-        variable, phase and worker pair, split into intra- and inter-machine traffic."""
+    def comm_report(self) -> CommReport:
+        """Bytes and messages measured between workers beside the prediction from the batch ids,
+        keyed by ``(variable, phase, sender, receiver)`` (worker addresses), since the model
+        started or :meth:`reset_comm`. A message of one variable that carries another's bytes
+        (the dense chunks riding the fused sparse messages of ``hybrid``) is measured whole; the
+        carried bytes, fixed by the message's layout, are listed under the other variable with
+        no message of their own (:func:`~dasknn.data_parallel.report.split_carried`), in both
+        tables. ``details`` holds the ``architecture``, every worker's machine (``machine_of``,
+        for :func:`~dasknn.data_parallel.report.machine_total` and
+        :func:`~dasknn.data_parallel.report.machine_bytes`), and per variable the mean fraction
+        of its elements a worker touched per step (``alpha``; ``model_alpha`` size-weighted).
+        """
         self._check_open()
-        measured = {}
-        for variable, phase, sender, receiver, nbytes, messages in read_transfers(
-            self.client, self.token
-        ):
-            a, b = self.workers.index(sender), self.workers.index(receiver)
-            measured[(variable, phase, a, b)] = (nbytes, messages)
+        index = {w: i for i, w in enumerate(self.workers)}
+        measured = {
+            (key[0], key[1], index[key[2]], index[key[3]]): value
+            for key, value in counts_of(read_transfers(self.client, self.token)).items()
+        }
         measured = split_carried(measured, self.carried)
         predicted = split_carried({k: tuple(v) for k, v in self.predicted.items()}, self.carried)
-        machine = [self.topology.machine_of(i) for i in range(len(self.workers))]
-        return DataParallelReport(
-            architecture=self.architecture,
-            workers=list(self.workers),
-            machine_of=machine,
-            measured=measured,
-            predicted=predicted,
-            alpha=self.stats.alpha(),
-            model_alpha=self.stats.model_alpha(),
-            steps=self.stats.samples,
-        )
+
+        def by_address(table: dict) -> dict:
+            return {
+                (v, phase, self.workers[a], self.workers[b]): value
+                for (v, phase, a, b), value in table.items()
+            }
+
+        details = {
+            "architecture": self.architecture,
+            "machine_of": {w: self.topology.machine_of(i) for i, w in enumerate(self.workers)},
+            "alpha": self.stats.alpha(),
+            "model_alpha": self.stats.model_alpha(),
+        }
+        return CommReport(
+            by_address(measured), by_address(predicted), steps=self.stats.samples,
+            details=details,
+        )  # fmt: skip
 
     def reset_comm(self) -> None:
         """Zero the measured and predicted counts."""
+        self._check_open()
         reset_transfers(self.client, self.token)
         self.predicted = defaultdict(lambda: [0, 0])
         self.carried = defaultdict(int)
         self.stats = VariableStats(self.variables)
 
+    # ------------------------------------------------------------------ parameters
+    def to_dask(self) -> dict[str, da.Array]:
+        """The parameters as dask arrays, each chunk copied by a task on the worker that holds
+        it: ``embedding`` (and a sampled softmax's ``softmax`` table) chunked by its
+        parameter-server shards under ``hybrid`` and ``ps`` (shard ``p``'s rows are
+        ``shard_maps[name].rows(p)``, so the rows are in shard order: with ``shard_rows="mod"``
+        not the vocabulary's), one chunk of worker 0's replica otherwise; the dense variables
+        (``dense_{i}``, in the order of ``EmbeddingMLP.dense_variables()``) from worker 0's
+        replica, or from their server under ``ps``. A snapshot: the values of the last step that
+        finished when the chunks are computed."""
+        self._check_open()
+        sparse_shapes = self.spec.sparse_shapes()
+        out: dict[str, da.Array] = {}
 
-def data_parallel(model: EmbeddingMLP, client, **kwargs) -> DataParallelEmbeddingMLP:
-    """Wrap a one-process model for data-parallel training on ``client``'s workers.
+        def chunk(worker: str, where: str, name, shape) -> da.Array:
+            future = self.client.submit(
+                read_array, self.token, where, name, workers=[worker],
+                allow_other_workers=False, pure=False,
+            )  # fmt: skip
+            return da.from_delayed(future, shape=shape, dtype=self.spec.dtype)
 
-    ``data_parallel(model, client, architecture="hybrid", sparse_partitions="auto",
-    machines=None)``; the keyword arguments are those of :class:`DataParallelEmbeddingMLP`.
-    """
-    return DataParallelEmbeddingMLP(model, client, **kwargs)
+        shard_maps = self.shard_maps
+        for name, shape in sparse_shapes.items():
+            if shard_maps is None:
+                out[name] = chunk(self.workers[0], "replicas", name, shape)
+                continue
+            shard_map = shard_maps[name]
+            blocks = []
+            for p in range(shard_map.n_shards):
+                rows = len(shard_map.rows(p))
+                holder = next(
+                    w for i, w in enumerate(self.workers) if p in shard_map.shards_of(i)
+                )
+                blocks.append(chunk(holder, "shards", (name, p), (rows, *shape[1:])))
+            out[name] = da.concatenate(blocks, axis=0)
+        shapes = self.spec.dense_shapes()
+        for i, name in enumerate(self.spec.dense_names()):
+            if self.architecture == "ps":
+                where, worker = "served", self.workers[self.dense_servers[name]]
+            else:
+                where, worker = "replicas", self.workers[0]
+            out[f"dense_{i}"] = chunk(worker, where, name, tuple(shapes[i]))
+        return out

@@ -38,7 +38,7 @@ from dask.task_spec import List, Task, TaskRef
 from distributed import get_worker
 
 from dasknn.data_parallel.hybrid import STEP
-from dasknn.data_parallel.worker_state import replica_state
+from dasknn.data_parallel.worker_state import ReplicaState
 from dasknn.runtime.keys import dp_key, parse_dp_key
 from dasknn.runtime.measure import report_transfers
 from dasknn.runtime.postbox import pack_envelope, post_failure
@@ -164,7 +164,7 @@ def run_programs(token: str, steps: list[int], programs: list, postboxes: list) 
     (see the module docstring); returns, per step, the values of its program's outputs.
     ``postboxes[w]`` is worker ``w``'s postbox. The posts of the task before are waited for
     first; the posts of these steps are left for the next task to wait for."""
-    state = replica_state(token)
+    state = ReplicaState.on_worker(token)
     worker = get_worker()
     address = worker.address
     post = [box.post_packed for box in postboxes]  # the actor's method, looked up once a task

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dasknn.data_parallel.plan import WorkerBatch
-from dasknn.data_parallel.worker_state import replica_state
+from dasknn.data_parallel.worker_state import ReplicaState
 from dasknn.model.embedding_network import (
     EMBEDDING,
     SOFTMAX,
@@ -74,14 +74,14 @@ class StepContext:
 
 
 def _scratch(ctx: StepContext, variable: str | None = None) -> dict:
-    scratch = replica_state(ctx.token).scratch.setdefault(ctx.step, {})
+    scratch = ReplicaState.on_worker(ctx.token).scratch.setdefault(ctx.step, {})
     return scratch if variable is None else scratch.setdefault(variable, {})
 
 
 # ------------------------------------------------------------------ every worker
 def _forget_earlier_steps(ctx: StepContext) -> None:
     """Drop the scratch of the steps before ``ctx.step`` (every task of them has run)."""
-    scratch = replica_state(ctx.token).scratch
+    scratch = ReplicaState.on_worker(ctx.token).scratch
     for step in [s for s in scratch if s < ctx.step]:
         del scratch[step]
 
@@ -89,7 +89,7 @@ def _forget_earlier_steps(ctx: StepContext) -> None:
 def _dense_values(ctx: StepContext, pulled: tuple) -> list[np.ndarray]:
     if ctx.architecture == "ps":
         return list(pulled)
-    state = replica_state(ctx.token)
+    state = ReplicaState.on_worker(ctx.token)
     return [state.replicas[name].values for name in ctx.spec.dense_names()]
 
 
@@ -112,13 +112,13 @@ def compute(ctx: StepContext, batch: WorkerBatch, *values) -> np.ndarray | None:
     rows = dict(zip(sparse, values[: len(sparse)], strict=True))
     for name in sparse:
         if rows[name] is None and ctx.architecture in ("ar", "ar-dense"):
-            rows[name] = replica_state(ctx.token).replicas[name].values[batch.ids[name]]
+            rows[name] = ReplicaState.on_worker(ctx.token).replicas[name].values[batch.ids[name]]
         elif rows[name] is None:
             rows[name] = _scratch(ctx, name)["rows"]
     dense = _dense_values(ctx, values[len(sparse) :])
     sizes = [int(np.prod(shape)) for shape in ctx.spec.dense_shapes()]
     scratch["dense_grad"] = flat = np.empty(sum(sizes), dtype=ctx.spec.dtype)
-    workspace = replica_state(ctx.token).workspace
+    workspace = ReplicaState.on_worker(ctx.token).workspace
     if ctx.spec.sampled:
         loss, grads, grad_rows, grad_output = sampled_batch_gradients(
             ctx.spec,
@@ -187,7 +187,7 @@ def apply_replica(ctx: StepContext, variable: str, grad: np.ndarray) -> None:
             apply_replica(ctx, name, grad[start:stop].reshape(shape))
             start = stop
         return
-    held = replica_state(ctx.token).replicas[variable]
+    held = ReplicaState.on_worker(ctx.token).replicas[variable]
     if variable in ctx.spec.sparse_shapes():
         rows = _scratch(ctx)["batch"].global_ids[variable]
         state = held.state_for(ctx.optimizer, flat=False)
@@ -200,7 +200,7 @@ def apply_replica_rows(
     ctx: StepContext, variable: str, union: np.ndarray, grad_rows: np.ndarray
 ) -> None:
     """One row-sparse step of this worker's replica of a sparse variable (``ar``)."""
-    held = replica_state(ctx.token).replicas[variable]
+    held = ReplicaState.on_worker(ctx.token).replicas[variable]
     state = held.state_for(ctx.optimizer, flat=False)
     apply_rows(ctx.optimizer, held.values, state, union, grad_rows)
 
@@ -388,7 +388,7 @@ def _shard_rows(ctx: StepContext, parts: Parts, chief: int, offsets: list) -> li
     ``offsets[i]`` ``chief`` asks of it; the offsets are kept as ``chief``'s request of step
     ``ctx.step`` (the push of the same rows comes in their order)."""
     requests = _scratch(ctx).setdefault("requests", {})
-    shards = replica_state(ctx.token).shards
+    shards = ReplicaState.on_worker(ctx.token).shards
     out = []
     for (variable, shard), rows in zip(parts, offsets, strict=True):
         requests[(variable, shard, chief)] = rows
@@ -456,7 +456,7 @@ def update_rows(
         counts = [len(requests[(v, p, chief)]) for v, p in parts]
         contributions[chief] = _split(ctx, push[: push.size - width], variables, counts)
         dense.append(push[push.size - width :])
-    state = replica_state(ctx.token)
+    state = ReplicaState.on_worker(ctx.token)
     for i, (variable, shard) in enumerate(parts):
         offsets = [requests[(variable, shard, chief)] for chief in chiefs]
         union, total = _combine(offsets, [contributions[chief][i] for chief in chiefs])
@@ -468,11 +468,11 @@ def update_rows(
 
 def serve_dense(ctx: StepContext, variable: str) -> np.ndarray:
     """``ps``: a copy of the server's current value of a dense variable."""
-    return replica_state(ctx.token).served[variable].values.copy()
+    return ReplicaState.on_worker(ctx.token).served[variable].values.copy()
 
 
 def update_served(ctx: StepContext, variable: str, *grads: np.ndarray) -> None:
     """``ps``: the server sums the machines' gradients of a dense variable and applies them."""
-    held = replica_state(ctx.token).served[variable]
+    held = ReplicaState.on_worker(ctx.token).served[variable]
     total = chief_sum(ctx, *grads)
     apply_dense(ctx.optimizer, held.values, total, held.state_for(ctx.optimizer, flat=True))

@@ -1,7 +1,7 @@
 """What a data-parallel model keeps on a worker, owned by one worker plugin per model.
 
-:class:`ReplicaState` is a :class:`distributed.WorkerPlugin` registered under
-:func:`plugin_name` of the model's token and removed by the model's ``close()``. On every worker
+:class:`ReplicaState` is a :class:`~dasknn.runtime.model_plugin.ModelPlugin` registered under
+``ReplicaState.plugin_name(token)`` and removed by the model's ``close()``. On every worker
 it holds:
 
 - the replicas of the variables this worker computes with (the dense variables under ``hybrid``,
@@ -15,8 +15,8 @@ it holds:
 - with ``messages="posted"``, the :attr:`mailbox` of the values other workers posted to it,
   and the :attr:`posts` it made in the last step (:mod:`dasknn.data_parallel.posted`).
 
-The step tasks (:mod:`dasknn.data_parallel.steps`) find it with :func:`replica_state`. No task
-changes a value Dask holds: parameters live here only.
+The step tasks (:mod:`dasknn.data_parallel.steps`) find it with ``ReplicaState.on_worker(token)``.
+No task changes a value Dask holds: parameters live here only.
 """
 
 from __future__ import annotations
@@ -24,11 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from distributed import get_worker
-from distributed.diagnostics.plugin import WorkerPlugin
 
 from dasknn.model.embedding_network import Workspace
 from dasknn.optim import Optimizer, OptimizerSlots, ParamState
+from dasknn.runtime.model_plugin import ModelPlugin
 from dasknn.runtime.postbox import Mailbox
 
 __all__ = [
@@ -36,15 +35,9 @@ __all__ = [
     "ReplicaState",
     "clear_mailbox",
     "install_values",
-    "plugin_name",
+    "read_array",
     "read_values",
-    "replica_state",
 ]
-
-
-def plugin_name(token: str) -> str:
-    """Name of the worker plugin of the data-parallel model ``token``."""
-    return f"dasknn-dp-{token}"
 
 
 @dataclass
@@ -63,9 +56,10 @@ class Held:
 
 
 @dataclass
-class ReplicaState(WorkerPlugin):
+class ReplicaState(ModelPlugin):
     """The worker plugin of one data-parallel model (see the module docstring)."""
 
+    kind = "dp"
     token: str
     replicas: dict[str, Held] = field(default_factory=dict)
     shards: dict[tuple[str, int], Held] = field(default_factory=dict)
@@ -73,7 +67,7 @@ class ReplicaState(WorkerPlugin):
     scratch: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.name = plugin_name(self.token)
+        self.name = self.plugin_name(self.token)
 
     def setup(self, worker) -> None:
         self.replicas, self.shards, self.served, self.scratch = {}, {}, {}, {}
@@ -95,16 +89,11 @@ class ReplicaState(WorkerPlugin):
         self.mailbox.hold_receipt(key, sender, nbytes)
 
 
-def replica_state(token: str) -> ReplicaState:
-    """The :class:`ReplicaState` of the model ``token`` on the worker running the calling task."""
-    return get_worker().plugins[plugin_name(token)]
-
-
 def install_values(dask_worker, token: str, replicas: dict, shards: dict, served: dict) -> int:
     """For ``Client.run``: give the model's plugin on ``dask_worker`` copies of its arrays
     (``{name: array}``, ``{(variable, shard): array}``, ``{name: array}``), replacing what it
     held."""
-    state: ReplicaState = dask_worker.plugins[plugin_name(token)]
+    state: ReplicaState = ReplicaState.on_worker(token, dask_worker)
     state.replicas = {name: Held(np.array(v)) for name, v in replicas.items()}
     state.shards = {(name, int(p)): Held(np.array(v)) for (name, p), v in shards.items()}
     state.served = {name: Held(np.array(v)) for name, v in served.items()}
@@ -116,7 +105,7 @@ def clear_mailbox(dask_worker, token: str) -> int:
     """For ``Client.run``: forget the messages posted to the model's plugin on ``dask_worker``
     and end the waits of the step in flight there (with ``RuntimeError``); returns how many
     messages were forgotten."""
-    state = dask_worker.plugins[plugin_name(token)]
+    state = ReplicaState.on_worker(token, dask_worker)
     count = len(state.mailbox)
     state.mailbox.clear()
     state.posts = []  # those of the failed step: no later step waits for them
@@ -126,9 +115,16 @@ def clear_mailbox(dask_worker, token: str) -> int:
 def read_values(dask_worker, token: str) -> dict:
     """For ``Client.run``: copies of the arrays the model's plugin holds on ``dask_worker``:
     ``{"replicas": {...}, "shards": {...}, "served": {...}}``."""
-    state: ReplicaState = dask_worker.plugins[plugin_name(token)]
+    state: ReplicaState = ReplicaState.on_worker(token, dask_worker)
     return {
         "replicas": {name: held.values.copy() for name, held in state.replicas.items()},
         "shards": {p: held.values.copy() for p, held in state.shards.items()},
         "served": {name: held.values.copy() for name, held in state.served.items()},
     }
+
+
+def read_array(token: str, where: str, name) -> np.ndarray:
+    """Task: a copy of one array the model's plugin holds on this worker: ``where`` is
+    ``"replicas"``, ``"shards"`` (``name`` a ``(variable, shard)`` pair) or ``"served"``."""
+    key = tuple(name) if where == "shards" else name
+    return getattr(ReplicaState.on_worker(token), where)[key].values.copy()

@@ -2,7 +2,7 @@
 
 The arithmetic is in :mod:`dasknn.model.embedding_network`; this class owns the values and the
 optimizer state and follows the estimator conventions of :mod:`dasknn.model.window_estimator`.
-``dasknn.data_parallel.data_parallel(model, client, ...)`` trains a copy of it on a cluster.
+``dasknn.DistributedEmbeddingMLP(model, client, ...)`` trains a copy of it on a cluster.
 """
 
 from __future__ import annotations
@@ -88,9 +88,9 @@ class EmbeddingMLP(WindowEstimator):
         The dense layers, hidden ones first, shapes ``(n_in, n_out)`` and ``(n_out,)``.
     optimizer : Optimizer or None
         The optimizer of the last step; its state is kept while later steps use an equal one.
-    steps_ : int
+    n_steps_ : int
         Training steps taken (step ``t`` of the sampled softmax draws its candidates with
-        ``t = steps_``).
+        ``t = n_steps_``).
     """
 
     def __init__(
@@ -140,7 +140,7 @@ class EmbeddingMLP(WindowEstimator):
             self.weights.append(rng.uniform(-bound, bound, (n_in, n_out)).astype(dtype))
             self.biases.append(np.zeros(n_out, dtype=dtype))
         self._slots = OptimizerSlots()
-        self.steps_ = 0
+        self.n_steps_ = 0
         self.loss_curve_: list[float] = []
         self.batch_loss_curve_: list[float] = []
 
@@ -195,7 +195,7 @@ class EmbeddingMLP(WindowEstimator):
         model.spec = spec
         model.embedding, model.weights, model.biases = embedding, weights, biases
         model._slots = OptimizerSlots()
-        model.steps_ = 0
+        model.n_steps_ = 0
         model.loss_curve_, model.batch_loss_curve_ = [], []
         return model
 
@@ -207,7 +207,7 @@ class EmbeddingMLP(WindowEstimator):
             [w.copy() for w in self.weights],
             [b.copy() for b in self.biases],
         )
-        other.steps_ = self.steps_
+        other.n_steps_ = self.n_steps_
         return other
 
     def __repr__(self) -> str:
@@ -224,7 +224,7 @@ class EmbeddingMLP(WindowEstimator):
         n_dense = len(self.spec.dense_names()) // 2
         if self.spec.sampled:
             s = self.spec
-            output = sampled_output(labels, self.candidates(self.steps_), s.n_classes, s.sampler)
+            output = sampled_output(labels, self.candidates(self.n_steps_), s.n_classes, s.sampler)
             loss_sum, grads, grad_rows, grad_output = sampled_batch_gradients(
                 s,
                 self.embedding[unique],
@@ -260,7 +260,7 @@ class EmbeddingMLP(WindowEstimator):
         ):
             state = self._slots.state(optimizer, name, param.reshape(-1))
             apply_dense(optimizer, param, grad, state)
-        self.steps_ += 1
+        self.n_steps_ += 1
         return loss_sum / ids.shape[0]
 
     def _logits(self, ids: np.ndarray) -> np.ndarray:

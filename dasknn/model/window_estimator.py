@@ -14,6 +14,7 @@ from numbers import Integral
 from typing import Self
 
 import numpy as np
+from tqdm import tqdm
 
 from dasknn.model.losses import softmax
 from dasknn.model.validation import check_batch_size, check_epochs, epoch_batches
@@ -115,7 +116,7 @@ class WindowEstimator:
         return ids, check_labels(y, ids.shape[0], self.spec.n_classes)
 
     # ------------------------------------------------------------------ training
-    def train_step(self, X, y, lr: float | None = None, optimizer: Optimizer | None = None):
+    def train_step(self, X, y, *, lr: float | None = None, optimizer: Optimizer | None = None):
         """One step on the batch ``(X, y)`` (plain SGD with ``lr``, default 0.01, or
         ``optimizer``); returns the batch's mean loss before the update.
 
@@ -131,19 +132,22 @@ class WindowEstimator:
         self,
         X,
         y,
+        *,
         batch_size: int = 64,
         epochs: int = 1,
         lr: float | None = None,
+        optimizer: Optimizer | None = None,
         shuffle: bool = True,
         seed: int = 0,
-        optimizer: Optimizer | None = None,
+        progress: bool = False,
         record_batches: bool = False,
     ) -> Self:
         """Train on minibatches for ``epochs`` passes over ``(X, y)``, from the current values.
 
         Each epoch visits the windows in an order drawn from ``numpy.random.default_rng(seed)``
         (row order when ``shuffle`` is false), ``batch_size`` at a time (the last batch may be
-        smaller), and appends the mean over windows of each batch's loss to ``loss_curve_``.
+        smaller), and appends the mean over windows of each batch's loss to ``loss_curve_``;
+        ``progress`` shows a bar of each epoch's batches.
 
         Returns
         -------
@@ -165,9 +169,10 @@ class WindowEstimator:
         orders = (epoch_batches(ids.shape[0], batch_size, rng, shuffle) for _ in range(epochs))
         current = next(orders)
         per_call = self._steps_per_call()
-        for _ in range(epochs):
+        for epoch in range(epochs):
             following = next(orders, None)
             total = 0.0
+            bar = tqdm(total=len(current), desc=f"epoch {epoch + 1}/{epochs}", disable=not progress)
             for start in range(0, len(current), per_call):
                 group = current[start : start + per_call]
                 if start + per_call < len(current):
@@ -183,6 +188,8 @@ class WindowEstimator:
                     total += loss * len(rows)
                     if record_batches:
                         self.batch_loss_curve_.append(loss)
+                bar.update(len(group))
+            bar.close()
             self.loss_curve_.append(total / ids.shape[0])
             current = following
         return self

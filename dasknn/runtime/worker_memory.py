@@ -14,7 +14,7 @@ needs again anyway). On a C library other than glibc it does nothing.
 
 The setting is process-wide, so it is opt-in: :class:`~dasknn.model_parallel.DistributedSparseMLP`,
 :class:`~dasknn.pipeline_parallel.DistributedCompressedMLP` and
-:class:`~dasknn.data_parallel.DataParallelEmbeddingMLP` install the plugin only with
+:class:`~dasknn.data_parallel.DistributedEmbeddingMLP` install the plugin only with
 ``reuse_memory=True``, under a name of their own, and remove it on ``close()`` (workers already
 tuned keep the setting until they restart: glibc has no way back to the environment's thresholds
 short of setting them again). :class:`~dasknn.sampled_parallel.DistributedSampledMLP` does not
@@ -69,7 +69,7 @@ class ReuseFreedMemory(WorkerPlugin):
 
     Installed by :class:`~dasknn.model_parallel.DistributedSparseMLP`,
     :class:`~dasknn.pipeline_parallel.DistributedCompressedMLP` and
-    :class:`~dasknn.data_parallel.DataParallelEmbeddingMLP` with ``reuse_memory=True`` (under
+    :class:`~dasknn.data_parallel.DistributedEmbeddingMLP` with ``reuse_memory=True`` (under
     the name ``f"{PLUGIN_NAME}-{token}"``). The outcome is kept as the worker attribute
     ``dasknn_malloc_tuned``.
     """
