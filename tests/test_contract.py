@@ -27,7 +27,7 @@ import dask.array as da
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from distributed import Client, LocalCluster
+from distributed import Client, LocalCluster, wait
 from random_layers import random_layers
 
 from dasknn.data_parallel import DistributedEmbeddingMLP
@@ -97,8 +97,8 @@ def _dense_bad(X, y) -> list[tuple[Any, Any, str]]:
         (X[:, :-1], y, "shape|features|columns|width"),
         (nan, y, "finite|NaN|nan"),
         (X, np.where(np.arange(len(y)) == 4, 10, y), "label|class|range"),
-        (X[:0], y[:0], "empty|no row|at least one"),
-        (X, y[:-1], "rows|length|shape"),
+        (X[:0], y[:0], "empty|no row|no sample|no window|at least one"),
+        (X, y[:-1], "rows|length|shape|labels for"),
     ]
 
 
@@ -190,7 +190,7 @@ def _sampled_bad(X, Y) -> list[tuple[Any, Any, str]]:
         (X[:, :-1], Y, "features|shape|columns"),
         (sp.csr_matrix(nan), Y, "finite|NaN|nan"),
         (X, wide, "label|range|columns"),
-        (X[:0], Y[:0], "empty|no row|at least one"),
+        (X[:0], Y[:0], "empty|no row|no sample|no window|at least one"),
         (X, Y[:-1], "rows|length|shape"),
     ]
 
@@ -255,14 +255,18 @@ def _transitions(client) -> int:
     return client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.transition_counter)
 
 
-def _wait_until_gone(client, keys: set[str], seconds: float = 10) -> None:
-    """Poll until the scheduler holds none of ``keys`` (released futures leave asynchronously)."""
+def _quiet_transitions(client, still: float = 0.3, seconds: float = 10) -> int:
+    """The scheduler's transition count once it has not moved for ``still`` seconds (releases
+    of an earlier check end asynchronously)."""
     deadline = time.monotonic() + seconds
-    while keys & set(
-        client.run_on_scheduler(lambda dask_scheduler: [str(k) for k in dask_scheduler.tasks])
-    ):
-        assert time.monotonic() < deadline, "released keys stayed on the scheduler"
-        time.sleep(0.02)
+    count, since = _transitions(client), time.monotonic()
+    while time.monotonic() - since < still:
+        assert time.monotonic() < deadline, "the scheduler did not come to rest"
+        time.sleep(0.05)
+        now = _transitions(client)
+        if now != count:
+            count, since = now, time.monotonic()
+    return count
 
 
 def _held_by(client, token: str) -> dict:
@@ -336,19 +340,20 @@ def test_the_parameters_are_dask_arrays_held_by_their_workers(trained, client):
         dense = value.todense() if hasattr(value, "todense") else np.asarray(value)
         assert dense.shape == array.shape, name
         assert np.isfinite(np.asarray(dense, dtype=float)).all(), name
-        held = array.persist()
+        held = client.persist(array)
+        wait(held)
         locations = client.who_has(held)
-        assert all(set(places) <= workers and places for places in locations.values()), name
-        keys = {str(key) for key in locations}
+        assert locations and all(
+            places and set(places) <= workers for places in locations.values()
+        ), name
         del held
-        _wait_until_gone(client, keys)
 
 
 def test_bad_input_is_a_value_error_before_anything_is_scheduled(trained, client):
     case, dist, _, X, y = trained
     steps = dist.n_steps_
     for bad_X, bad_y, match in case.bad(X, y):
-        before = _transitions(client)
+        before = _quiet_transitions(client)
         with pytest.raises(ValueError, match=match):
             dist.fit(bad_X, bad_y, **case.fit, progress=False)
         assert _transitions(client) == before, match
