@@ -7,7 +7,7 @@ One run, one machine, baselines beside the figures:
    pattern; ``torch.optim.SGD``), and by dasknn's single-process ``SparseMLP``;
 2. dasknn model-parallel with the hypergraph (H) and the random (R) partition at each P (one
    single-threaded worker per part), with each way of running a step (``--messages``: ``tasks``,
-   a task per layer step and message; ``actors``, a task per worker and step, messages posted
+   a task per layer step and message; ``posted``, a task per worker and step, messages posted
    between workers): time per batch, the breakdown (local products / update / packing /
    communication+scheduling wait, the paper's Figure 5), the wait's share of the batch, measured
    bytes against the prediction, H/R ratios, the ratios to one process and to PyTorch;
@@ -120,8 +120,8 @@ def numba_time_per_batch(model: SparseMLP, x, y, batch: int, lr: float) -> float
     return (time.perf_counter() - start) / (x.shape[0] // batch)
 
 
-def actors_overhead(layers: int, nparts: int, workers: int, steps: int = 8) -> float:
-    """Time per layer step of ``fit`` with ``messages="actors"`` on a 32-neuron network (batch
+def posted_overhead(layers: int, nparts: int, workers: int, steps: int = 8) -> float:
+    """Time per layer step of ``fit`` with ``messages="posted"`` on a 32-neuron network (batch
     1) with the same depth and P."""
     model = SparseMLP.radixnet(32, layers, seed=0)
     rng = np.random.default_rng(0)
@@ -129,7 +129,7 @@ def actors_overhead(layers: int, nparts: int, workers: int, steps: int = 8) -> f
     partition = graph.partition_network(model.weights, nparts, "block")
     with (
         _cluster(workers) as client,
-        DistributedSparseMLP(model, client, partition, messages="actors") as dist,
+        DistributedSparseMLP(model, client, partition, messages="posted") as dist,
     ):
         times = time_training(dist, x, y, batch_size=1, lr=0.01)
     return times.per_batch / (2 * layers)
@@ -288,7 +288,7 @@ def main() -> None:
     )
     parser.add_argument("--delay-us", type=float, help="with --net: one-way delay per link end")
     parser.add_argument(
-        "--messages", nargs="+", choices=("tasks", "actors"), default=["tasks", "actors"],
+        "--messages", nargs="+", choices=("tasks", "posted"), default=["tasks", "posted"],
         help="how the distributed steps run (DistributedSparseMLP's messages=)",
     )
     parser.add_argument(
@@ -378,9 +378,9 @@ def main() -> None:
     })
 
     for nparts in [] if args.skip_overhead else args.parts:
-        if "actors" in args.messages:
-            per_step = actors_overhead(args.layers, nparts, args.workers or nparts)
-            print(f"overhead per layer step, messages=actors, 32 neurons x {args.layers} layers, "
+        if "posted" in args.messages:
+            per_step = posted_overhead(args.layers, nparts, args.workers or nparts)
+            print(f"overhead per layer step, messages=posted, 32 neurons x {args.layers} layers, "
                   f"batch 1, P={nparts} on {args.workers or nparts} workers: fit "
                   f"{per_step * 1e3:.2f} ms")
         if "tasks" not in args.messages:

@@ -33,7 +33,7 @@ from dasknn.runtime.measure import MONITOR_NAME, REPORTER_NAME
 
 LR = 0.05
 #: Every test runs with both ways a step's messages travel (DistributedSparseMLP's messages=).
-MODES = pytest.mark.parametrize("messages", ["tasks", "actors"])
+MODES = pytest.mark.parametrize("messages", ["tasks", "posted"])
 
 
 def _model() -> SparseMLP:
@@ -292,7 +292,7 @@ class _StopOtherThenKillSelfOnStep(WorkerPlugin):
 
 
 def test_a_worker_lost_while_another_is_stopped_is_named_within_the_step_timeout(cluster):
-    """``messages="actors"``: a part worker killed in a step while the other one is stopped. The
+    """``messages="posted"``: a part worker killed in a step while the other one is stopped. The
     step's results do not arrive within ``step_timeout``; the lost worker is the step's failure
     (a ``WorkerLostError`` naming it, which a checkpoint recovers, where it was a
     ``StepTimeoutError``), and the clean-up after the loss (the step's waits ended on the part
@@ -301,7 +301,7 @@ def test_a_worker_lost_while_another_is_stopped_is_named_within_the_step_timeout
     _, client = cluster
     x, y = _data(96)
     model = _model()
-    dist = DistributedSparseMLP(model, client, _parts(model), messages="actors", step_timeout=3)
+    dist = DistributedSparseMLP(model, client, _parts(model), messages="posted", step_timeout=3)
     pids = _pids(client)
     victim, survivor = dist.part_workers[1], dist.part_workers[0]
     try:
@@ -373,7 +373,7 @@ def test_worker_stopped_between_the_step_and_the_gather_is_reported_after_the_st
             dist.fit(x[:8], y[:8], batch_size=8, lr=0.0, progress=False)
             address, token = dist.part_workers[1], dist.token
             pid = _pids(client)[address]
-            prefix = {"tasks": "dasknn-bwd-", "actors": "dasknn-run-"}[messages]
+            prefix = {"tasks": "dasknn-bwd-", "posted": "dasknn-run-"}[messages]
             plugin = _StopWorkerWhenAStepIsDone(address, prefix)
             client.register_plugin(plugin)
             try:

@@ -57,7 +57,7 @@ def _run(client, model, parts, steps=2, batch=4, nparts=None, **options):
 def test_plugin_agrees_with_worker_logs_and_prediction(dask_client, nparts):
     """With a task per layer step, every message is a transfer Dask logs itself: the plugin's
     counts equal the workers' logs, and the serialization overhead is measured. (Posted messages,
-    ``messages="actors"``, are outside Dask's transfer logs; their payload is checked against
+    ``messages="posted"``, are outside Dask's transfer logs; their payload is checked against
     the prediction in ``test_model_parallel_microbatches.py``.)"""
     model = SparseMLP.radixnet(neurons=64, layers=3, seed=1)
     rng = np.random.default_rng(nparts)

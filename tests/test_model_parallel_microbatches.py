@@ -53,8 +53,8 @@ def _data(model: SparseMLP, rows: int, seed: int):
         (2, "softmax_cross_entropy", Adam(lr=0.02), "tasks"),
         (3, "mse", Adam(lr=0.02, weight_decay=0.01), "tasks"),
         (3, "softmax_cross_entropy", SGD(lr=0.2, momentum=0.9), "tasks"),
-        (1, "softmax_cross_entropy", Adam(lr=0.02), "actors"),
-        (3, "mse", SGD(lr=0.2, momentum=0.9), "actors"),
+        (1, "softmax_cross_entropy", Adam(lr=0.02), "posted"),
+        (3, "mse", SGD(lr=0.2, momentum=0.9), "posted"),
     ],
 )
 def test_microbatched_steps_equal_the_single_process_steps(
@@ -86,13 +86,13 @@ def test_microbatched_steps_equal_the_single_process_steps(
         timings = dist.timings().values()
         trained = dist.gather()
         keys = dask_client.run_on_scheduler(_model_keys, token=dist.token)
-        assert any("postbox" in key for key in keys) == (messages == "actors")
+        assert any("postbox" in key for key in keys) == (messages == "posted")
         events = [m for t, m in dask_client.get_events(TRANSFER_TOPIC) if t >= start]
     assert report.payload == report.predicted
     # posted messages: each worker's step task reports those its worker received in one event
     # (2 workers, 4 batches x 2 epochs + 1 steps), no event a message
     posted = [m for m in events if "transfers" in m]
-    if messages == "actors":
+    if messages == "posted":
         assert 0 < len(posted) <= 2 * 9
         assert sum(len(m["transfers"]) for m in posted) == sum(
             row["messages"] for row in report.pairs.values()
@@ -101,7 +101,7 @@ def test_microbatched_steps_equal_the_single_process_steps(
         assert not posted
     # with actors the task thread applies the updates in its waits, else the background thread
     assert all(t["update"] > 0 for t in timings)
-    if messages == "actors":
+    if messages == "posted":
         assert all(t["update_background"] == 0 for t in timings)
     else:
         assert all(t["update_background"] > 0 for t in timings)

@@ -14,9 +14,10 @@ from random_layers import random_layers
 
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
-from dasknn.model_parallel.comm import read_transfers
+from dasknn.exceptions import ModelClosedError
 from dasknn.optim import SGD, Adam
 from dasknn.runtime.key_cache import key_cache_plugin_name
+from dasknn.runtime.measure import read_transfers
 
 pytestmark = pytest.mark.minversions  # also run at the minimum versions (.ci/run)
 
@@ -163,9 +164,9 @@ def _take_with_idle_work(token: str) -> dict:
     """Task: exercise the mailbox's idle work on this worker's :class:`ModelState`."""
     import threading
 
-    from dasknn.model_parallel.worker_state import model_state
+    from dasknn.model_parallel.worker_state import ModelState
 
-    owner = model_state(token)
+    owner = ModelState.on_worker(token)
     ran: list[str] = []
     seen = {}
     owner.queue_idle(ran.append, "first")
@@ -191,17 +192,17 @@ def _take_with_idle_work(token: str) -> dict:
 
 
 def test_idle_work_runs_while_a_message_is_missing(dask_client):
-    """``take`` runs the queued jobs (the weight updates of ``messages="actors"``) only while the
+    """``take`` runs the queued jobs (the weight updates of ``messages="posted"``) only while the
     message it needs has not arrived, one at a time and in order; ``run_idle`` runs what is left;
     ``clear_steps`` drops them."""
-    from dasknn.model_parallel.worker_state import ModelState, plugin_name
+    from dasknn.model_parallel.worker_state import ModelState
 
     token = "idle-work-test"
-    dask_client.register_plugin(ModelState(token), name=plugin_name(token))
+    dask_client.register_plugin(ModelState(token), name=ModelState.plugin_name(token))
     try:
         seen = dask_client.submit(_take_with_idle_work, token, pure=False).result(timeout=60)
     finally:
-        dask_client.unregister_worker_plugin(plugin_name(token))
+        dask_client.unregister_worker_plugin(ModelState.plugin_name(token))
     assert seen["ready"] == ([0.0], [])
     assert seen["late"] == ([1.0, 1.0], ["first", "second"])
     assert seen["during"] == ([2.0, 2.0, 2.0], ["first", "second"])
@@ -212,9 +213,9 @@ def test_idle_work_runs_while_a_message_is_missing(dask_client):
 def _drop_steps_between_two_layers(token: str) -> dict:
     """Task: begin two steps on this worker's :class:`ModelState`, drop the steps in flight
     (as a failed step or a closing model does), then ask for their values again."""
-    from dasknn.model_parallel.worker_state import model_state
+    from dasknn.model_parallel.worker_state import ModelState
 
-    owner = model_state(token)
+    owner = ModelState.on_worker(token)
     owner.part_step(7, 0).microbatch(0).forward[2] = (None, None, np.ones(1))
     owner.part_step(8, 1)
     seen = {"dropped": owner.clear_steps()}
@@ -232,17 +233,17 @@ def test_a_dropped_step_is_refused_instead_of_started_afresh(dask_client):
     or the model's plugin closing) fails with a ``RuntimeError`` saying so, instead of finding
     empty values and failing on a missing layer (``KeyError(2)`` in the soak); a later step runs.
     Once the plugin is removed, a step task is told the model is not on its worker."""
-    from dasknn.model_parallel.worker_state import ModelState, model_state, plugin_name
+    from dasknn.model_parallel.worker_state import ModelState
 
     token = "dropped-step-test"
-    dask_client.register_plugin(ModelState(token), name=plugin_name(token))
+    dask_client.register_plugin(ModelState(token), name=ModelState.plugin_name(token))
     try:
         seen = dask_client.submit(_drop_steps_between_two_layers, token, pure=False).result(60)
     finally:
-        dask_client.unregister_worker_plugin(plugin_name(token))
+        dask_client.unregister_worker_plugin(ModelState.plugin_name(token))
     assert seen["dropped"] == 2
     for step in (7, 8):
         assert seen[step].startswith(f"step {step} was dropped on this worker"), seen[step]
     assert seen[9] == "started"
-    with pytest.raises(RuntimeError, match="is not on this worker"):
-        dask_client.submit(model_state, token, pure=False).result(60)
+    with pytest.raises(ModelClosedError, match="holds no state of model"):
+        dask_client.submit(ModelState.on_worker, token, pure=False).result(60)

@@ -124,9 +124,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--messages",
-        choices=("tasks", "actors"),
-        default="actors",
-        help="tasks: a task per layer step and message; actors: a task per worker and step, "
+        choices=("tasks", "posted"),
+        default="posted",
+        help="tasks: a task per layer step and message; posted: a task per worker and step, "
         "messages posted straight between workers (see docs/training.md)",
     )
     parser.set_defaults(func=run)

@@ -66,7 +66,7 @@ class RetirementRequests(SchedulerPlugin):
     sets the worker's status to ``closing_gracefully``, which the scheduler logs as a
     ``worker-status-change`` event of the worker's topic; the plugin counts those events in its
     documented ``log_event`` hook. The count also covers a retirement that Dask refused: a worker
-    holding an actor (the postboxes of ``messages="actors"``) is never retired, and its status
+    holding an actor (the postboxes of ``messages="posted"``) is never retired, and its status
     is set back to ``running`` at once.
 
     Attributes

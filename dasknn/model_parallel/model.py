@@ -326,7 +326,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
                 self.client, self.token, self.plan, chunks, biases, self.part_workers,
                 self.dtype, states, self._generation, self._placement_left(), self._span,
             )  # fmt: skip
-            if self.messages == "actors":
+            if self.messages == "posted":
                 self._place_postboxes(self._placement_left())
         except TimeoutError:
             raise self._placement_timed_out() from None
@@ -348,7 +348,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
 
     def _place_postboxes(self, seconds: float) -> None:
         """Start this placement's :class:`~dasknn.runtime.postbox.Postbox` actor on every
-        worker hosting parts (``messages="actors"``); ``TimeoutError`` if the workers do not
+        worker hosting parts (``messages="posted"``); ``TimeoutError`` if the workers do not
         start them within ``seconds``."""
         with dask.annotate(span=self._span):
             self._postboxes = [
@@ -365,7 +365,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         gather_at_most(self.client, self._postboxes, seconds)
 
     def _template(self, kind: str):
-        if kind == "train" and self.messages == "actors":
+        if kind == "train" and self.messages == "posted":
             if kind not in self._templates:
                 postboxes = [future.key for future in self._postboxes]
                 self._templates[kind] = ActorStepTemplate(
@@ -397,7 +397,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         """The context of the next step: training with ``optimizer`` on ``batch`` rows in
         ``microbatches`` blocks, or a forward pass."""
         self._step += 1
-        posted = self.messages == "actors" and optimizer is not None
+        posted = self.messages == "posted" and optimizer is not None
         return StepContext(
             token=self.token,
             step=self._step,
@@ -469,7 +469,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         blocks = split_rows(rows, batch, self.step_microbatches(batch))
         ctx = self._context(optimizer, batch, len(blocks))
         dsk = template.graph(ctx, self._inputs(x_blocks, y_blocks), blocks, previous)
-        if self.messages == "actors":
+        if self.messages == "posted":
             return self._submit(dsk, template.output_keys(ctx.step)), batch
         return self._submit(dsk, template.output_keys(ctx.step, len(blocks))), batch
 
@@ -743,13 +743,13 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
 
     def _raise_if_lost(self, futures=()) -> None:
         """Raise :class:`WorkerLostError` naming the parts whose worker has left the cluster or
-        was asked to (then no later placement uses it; with ``messages="actors"`` the model first
+        was asked to (then no later placement uses it; with ``messages="posted"`` the model first
         lets it go, see :meth:`_let_go`); ``futures`` are those of the failed step."""
         lost = lost_workers(self.client, self.part_workers, self._retirements)
         if lost:
             self._failed = str(lost_error(self.part_workers, lost))
             self._leaving.update(lost)
-            if self.messages == "actors":
+            if self.messages == "posted":
                 self._let_go(lost, futures)
             # raised as made: an error held by a local of this frame would be in a reference
             # cycle with its traceback, which keeps the calling frames' futures (the data of a
