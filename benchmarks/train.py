@@ -129,7 +129,7 @@ def posted_overhead(layers: int, nparts: int, workers: int, steps: int = 8) -> f
     partition = graph.partition_network(model.weights, nparts, "block")
     with (
         _cluster(workers) as client,
-        DistributedSparseMLP(model, client, partition, messages="posted") as dist,
+        DistributedSparseMLP(model, client, partition=partition, messages="posted") as dist,
     ):
         times = time_training(dist, x, y, batch_size=1, lr=0.01)
     return times.per_batch / (2 * layers)
@@ -149,11 +149,11 @@ def scheduling_overhead(layers: int, nparts: int, workers: int, steps: int = 8) 
     partition = graph.partition_network(model.weights, nparts, "block")
     with _cluster(workers) as client:
         separate = DistributedSparseMLP(
-            model, client, partition, separate_packing=True, reuse_memory=True
+            model, client, partition=partition, separate_packing=True, reuse_memory=True
         )
         separate_times = time_training(separate, x, y, batch_size=1, lr=0.01)
         separate.close()
-        dist = DistributedSparseMLP(model, client, partition, reuse_memory=True)
+        dist = DistributedSparseMLP(model, client, partition=partition, reuse_memory=True)
         times = time_training(dist, x, y, batch_size=1, lr=0.01)
         with get_task_stream(client) as stream:
             start = time.perf_counter()
@@ -335,7 +335,7 @@ def main() -> None:
                 partition = graph.partition_network(model.weights, nparts, method, seed=0)
                 for messages in args.messages:
                     dist = DistributedSparseMLP(
-                        model, client, partition, reuse_memory=True, messages=messages,
+                        model, client, partition=partition, reuse_memory=True, messages=messages,
                         microbatches=args.microbatches,
                     )
                     m = dist.step_microbatches(args.batch)

@@ -170,7 +170,7 @@ def test_distributed_checkpoints_resume_on_a_new_model(dask_client, tmp_path):
     local = _model()
     local.fit(x, y, optimizer=Adam(lr=0.02), resume=tmp_path, **FIT)
     _assert_same_weights(local, uninterrupted, atol=1e-12)
-    with DistributedSparseMLP(model, dask_client, _parts(model, 3)) as dist:
+    with DistributedSparseMLP(model, dask_client, partition=_parts(model, 3)) as dist:
         dist.fit(x, y, optimizer=Adam(lr=0.02), resume=tmp_path, checkpoint=tmp_path, **FIT)
         np.testing.assert_allclose(dist.loss_curve_, uninterrupted.loss_curve_, rtol=1e-12)
         _assert_same_weights(dist.gather(), uninterrupted, atol=1e-12)

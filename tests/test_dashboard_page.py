@@ -67,7 +67,7 @@ def test_page_shows_the_live_report_and_ends_equal_to_comm_report(chromium, dask
     x, y = rng.uniform(0, 1, (256, 64)), rng.uniform(0, 1, (256, 64))
     stop = threading.Event()
     with DistributedSparseMLP(
-        model, dask_client, graph.partition_network(model.weights, 2)
+        model, dask_client, partition=graph.partition_network(model.weights, 2)
     ) as dist:
 
         def train():  # epochs until the browser is done, so the page loads during the run

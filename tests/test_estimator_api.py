@@ -163,7 +163,7 @@ def test_distributed_estimator_api_equals_single_process(dask_client, loss):
     local = model.copy()
     x, y = tiny_data(model, 13, seed=3)
     adam = Adam(lr=0.02)
-    with DistributedSparseMLP(model, dask_client, block_partition(model)) as dist:
+    with DistributedSparseMLP(model, dask_client, partition=block_partition(model)) as dist:
         for name in ("n_layers", "n_inputs", "n_outputs", "layer_sizes", "dtype", "loss"):
             assert getattr(dist, name) == getattr(local, name), name
         fit = {"batch_size": 4, "epochs": 2, "lr": 0.2, "seed": 1, "progress": False,
@@ -207,7 +207,7 @@ def test_distributed_estimator_api_equals_single_process(dask_client, loss):
 def test_distributed_bad_input_is_rejected_before_scheduling(dask_client):
     model = tiny_model(seed=4)
     x, y = tiny_data(model, 6)
-    with DistributedSparseMLP(model, dask_client, block_partition(model)) as dist:
+    with DistributedSparseMLP(model, dask_client, partition=block_partition(model)) as dist:
         step = dist._step
         before = dask_client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks))
         cases = [

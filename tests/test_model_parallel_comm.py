@@ -44,7 +44,7 @@ def _incoming_logs(client, token):
 
 
 def _run(client, model, parts, steps=2, batch=4, nparts=None, **options):
-    dist = DistributedSparseMLP(model, client, parts, nparts=nparts, **options)
+    dist = DistributedSparseMLP(model, client, partition=parts, nparts=nparts, **options)
     rng = np.random.default_rng(0)
     for _ in range(steps):
         x = rng.uniform(size=(batch, model.n_inputs))
@@ -119,7 +119,7 @@ def _scheduler_task_count(client):
 def test_bad_input_is_rejected_before_scheduling(dask_client):
     model = SparseMLP.radixnet(neurons=32, layers=2, seed=3, loss="mse")
     parts = [np.arange(32) % 2] * 3
-    dist = DistributedSparseMLP(model, dask_client, parts)
+    dist = DistributedSparseMLP(model, dask_client, partition=parts)
     try:
         before = _scheduler_task_count(dask_client)
         x = np.ones((3, 32))
@@ -142,10 +142,10 @@ def test_bad_input_is_rejected_before_scheduling(dask_client):
     finally:
         dist.close()
     with pytest.raises(ValueError, match="part arrays"):
-        DistributedSparseMLP(model, dask_client, parts[:2])
+        DistributedSparseMLP(model, dask_client, partition=parts[:2])
     with pytest.raises(ValueError, match="neurons"):
         DistributedSparseMLP(
-            model, dask_client, [np.zeros(32, int), np.zeros(31, int), np.zeros(32, int)]
+            model, dask_client, partition=[np.zeros(32, int), np.zeros(31, int), np.zeros(32, int)]
         )
 
 
@@ -156,7 +156,7 @@ def test_a_lost_worker_is_reported_by_name():
     with LocalCluster(
         n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
     ) as cluster, Client(cluster) as client:
-        dist = DistributedSparseMLP(model, client, [np.arange(32) % 2] * 3)
+        dist = DistributedSparseMLP(model, client, partition=[np.arange(32) % 2] * 3)
         victim = dist.part_workers[1]
         pid = client.run(os.getpid, workers=[victim])[victim]
         os.kill(pid, signal.SIGKILL)

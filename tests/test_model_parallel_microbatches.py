@@ -72,7 +72,7 @@ def test_microbatched_steps_equal_the_single_process_steps(
     fit = {"batch_size": 7, "epochs": 2, "seed": 3, "progress": False, "optimizer": optimizer}
     options = {"microbatches": microbatches, "messages": messages}
     start = time.time()  # the scheduler's clock: it runs in this process
-    with DistributedSparseMLP(model, dask_client, parts, **options) as dist:
+    with DistributedSparseMLP(model, dask_client, partition=parts, **options) as dist:
         assert dist.step_microbatches(7) == microbatches
         assert dist.step_microbatches(2) == min(microbatches, 2)
         got = dist.fit(x, y, **fit).loss_curve_
@@ -163,7 +163,7 @@ def test_bad_options_raise_before_anything_is_scheduled(dask_client, options, me
     parts = [np.zeros(n, dtype=int) for n in model.layer_sizes]
     before = dask_client.run(_plugin_names)
     with pytest.raises(ValueError, match=message):
-        DistributedSparseMLP(model, dask_client, parts, **options)
+        DistributedSparseMLP(model, dask_client, partition=parts, **options)
     assert dask_client.run(_plugin_names) == before
     assert check_microbatches(None) is None
 

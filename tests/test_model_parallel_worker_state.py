@@ -12,9 +12,9 @@ import sparse
 from distributed import futures_of
 from random_layers import random_layers
 
+from dasknn.exceptions import ModelClosedError
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
-from dasknn.exceptions import ModelClosedError
 from dasknn.optim import SGD, Adam
 from dasknn.runtime.key_cache import key_cache_plugin_name
 from dasknn.runtime.measure import read_transfers
@@ -48,7 +48,7 @@ def test_weights_are_snapshots_of_the_last_completed_step(dask_client):
     model = _model(seed=1)
     reference = model.copy()
     optimizer = SGD(lr=0.2, momentum=0.5)
-    with DistributedSparseMLP(model, dask_client, _parts(model, 3, seed=1)) as dist:
+    with DistributedSparseMLP(model, dask_client, partition=_parts(model, 3, seed=1)) as dist:
         first = dist.weights[1]
         first_values = first.compute().todense()
         assert dist.weights[1] is first  # reads between steps share one copy
@@ -99,7 +99,7 @@ def test_training_while_dask_spills_the_weights(tmp_path):
         memory_limit="128 MiB",
         local_directory=tmp_path,
     ) as cluster, Client(cluster) as client:
-        with DistributedSparseMLP(model, client, _parts(model, 2, seed=2)) as dist:
+        with DistributedSparseMLP(model, client, partition=_parts(model, 2, seed=2)) as dist:
             x, y = _batch(model, 60, seed=2)
             for epoch in range(3):
                 fit = {"batch_size": 8, "seed": epoch, "progress": False, "optimizer": optimizer}
@@ -132,7 +132,9 @@ def _scheduler_plugins(dask_scheduler) -> list[str]:
 def test_close_removes_every_plugin_and_key(dask_client):
     model = _model(seed=3)
     x, y = _batch(model, 12, seed=3)
-    with DistributedSparseMLP(model, dask_client, _parts(model, 3), reuse_memory=True) as dist:
+    with DistributedSparseMLP(
+        model, dask_client, partition=_parts(model, 3), reuse_memory=True
+    ) as dist:
         token = dist.token
         dist.fit(x, y, batch_size=4, optimizer=Adam(), progress=False)
         dist.predict(x, batch_size=5)

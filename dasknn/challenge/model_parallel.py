@@ -219,7 +219,7 @@ def _run(
         dtype=dtype,
     )
     start = time.perf_counter()
-    dist = DistributedSparseMLP(model, client, partition, step_timeout=step_timeout)
+    dist = DistributedSparseMLP(model, client, partition=partition, step_timeout=step_timeout)
     placement_seconds = time.perf_counter() - start
     try:
         alive = np.zeros(matrix.shape[0], dtype=bool)

@@ -289,7 +289,7 @@ def run(args: argparse.Namespace) -> int:
             DistributedSparseMLP(
                 model,
                 client,
-                partition,
+                partition=partition,
                 reuse_memory=args.reuse_memory,
                 microbatches=args.microbatches,
                 messages=args.messages,

@@ -43,6 +43,7 @@ __all__ = [
     "release_retirement_watch",
     "lost_error",
     "lost_workers",
+    "part_roles",
     "part_workers_lost",
     "retirement_requests",
     "running_workers",
@@ -137,13 +138,29 @@ def running_workers(client, leaving: Sequence[str] = ()) -> list[str]:
     )
 
 
+def part_roles(part_workers: Sequence[str]) -> dict[str, str]:
+    """``{address: "parts 0, 2"}``: the parts of every part worker (``"part 1"`` for one)."""
+    parts: dict[str, list[str]] = {}
+    for m, address in enumerate(part_workers):
+        parts.setdefault(address, []).append(str(m))
+    return {
+        address: f"part{'s' if len(ms) > 1 else ''} {', '.join(ms)}"
+        for address, ms in parts.items()
+    }
+
+
+def _named(part_workers: Sequence[str], lost: Sequence[str]) -> str:
+    """``"ADDRESS (part 1), ..."``: the workers ``lost`` with their parts."""
+    roles = part_roles(part_workers)
+    return ", ".join(f"{w} ({roles[w]})" if w in roles else w for w in lost)
+
+
 def lost_error(part_workers: Sequence[str], lost: Sequence[str]) -> WorkerLostError:
-    """The error naming the parts whose workers are ``lost``."""
-    parts = [m for m, w in enumerate(part_workers) if w in lost]
+    """The error naming the workers ``lost`` with their parts."""
     return WorkerLostError(
-        f"worker(s) {', '.join(lost)} holding parts {parts} of the model left the cluster (or "
-        "were asked to), and their weights with them; fit(checkpoint=DIR) restores the last "
-        "checkpoint and goes on"
+        f"worker(s) {_named(part_workers, lost)} of the model left the cluster (or were asked "
+        "to), and their weights with them; fit(checkpoint=DIR) restores the last checkpoint and "
+        "goes on"
     )
 
 
@@ -184,10 +201,8 @@ def part_workers_lost(client, part_workers: Sequence[str], doing: str) -> Worker
     lost = lost_workers(client, part_workers)
     if not lost:
         return None
-    parts = [m for m, w in enumerate(part_workers) if w in lost]
     return WorkerLostError(
-        f"worker(s) {', '.join(lost)} holding parts {parts} of the model left the "
-        f"cluster while {doing}"
+        f"worker(s) {_named(part_workers, lost)} of the model left the cluster while {doing}"
     )
 
 
@@ -234,5 +249,5 @@ def wait_for_step(
     waiting = sorted({part_workers[m] for f, m in zip(futures, parts, strict=True) if not f.done()})
     raise StepTimeoutError(
         f"a training or inference step made no progress for {timeout:g} s (step_timeout): "
-        f"{describe_workers(client, waiting) or 'no worker named'}"
+        f"{describe_workers(client, waiting, part_roles(part_workers)) or 'no worker named'}"
     )

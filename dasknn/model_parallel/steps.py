@@ -24,9 +24,10 @@ Everything a task reads or changes besides its arguments belongs to the model's 
 (:class:`~dasknn.model_parallel.worker_state.ModelState`, found with its ``on_worker``): the
 weight values, biases and optimizer state of the parts on this worker, and the intermediate
 values of a part (``x_in``, ``z``, ``a`` per layer, partial sums) keyed by step and part, so
-one task per message suffices and the critical path of a layer is one task plus one transfer. The intermediate values are feature-major, shape
-``(neurons, B)`` (the layout of the kernels), so a message is a gather of whole rows: the forward
-rows for part ``n`` are ``a[send[n]]``, the backward ones a contiguous slice of the partial sums.
+one task per message suffices and the critical path of a layer is one task plus one transfer.
+The intermediate values are feature-major, shape ``(neurons, B)`` (the layout of the kernels),
+so a message is a gather of whole rows: the forward rows for part ``n`` are ``a[send[n]]``, the
+backward ones a contiguous slice of the partial sums.
 A forward pass without training (``StepContext.training`` false) keeps only the latest layer.
 The input and target blocks arrive feature-major too (``(n_m, N)``, batch columns taken here).
 No task changes a value Dask holds: the only Dask data a task reads are its arguments (plans,
