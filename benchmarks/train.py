@@ -349,21 +349,22 @@ def main() -> None:
                     if torch_batch is not None:
                         line += f", {torch_batch / times.per_batch:.2f}x PyTorch's"
                     print(line)
-                    mb = comm.payload / times.batches / 1e6
-                    overhead = "n/a (posted by actors, not in the transfer logs)"
-                    if comm.wire_messages:
-                        overhead = (f"{comm.serialization_overhead / comm.wire_messages:.0f} "
-                                    f"B/message over {comm.wire_messages} logged messages")
+                    mb = comm.total() / times.batches / 1e6
+                    overhead = "n/a (posted messages are not in the transfer logs)"
+                    wire = comm.details
+                    if wire["wire_messages"]:
+                        overhead = (f"{wire['serialization_overhead'] / wire['wire_messages']:.0f}"
+                                    f" B/message over {wire['wire_messages']} logged messages")
                     print(f"    measured payload {mb:.2f} MB/batch, "
-                          f"predicted {comm.predicted / times.batches / 1e6:.2f} MB/batch "
-                          f"({'equal' if comm.matches else 'DIFFERENT'}); serialization overhead "
+                          f"predicted {comm.total('predicted') / times.batches / 1e6:.2f} MB/batch "
+                          f"({'equal' if comm.exact else 'DIFFERENT'}); serialization overhead "
                           f"{overhead}")
         for messages in args.messages:
             h = results[(nparts, "hypergraph", messages)]
             r = results[(nparts, "random", messages)]
             print(f"P={nparts} {messages}: H vs R speedup {r.per_batch / h.per_batch:.2f}x (target "
-                  f">= 1.5x); measured bytes ratio H/R {h.comm.payload / r.comm.payload:.3f}, "
-                  f"predicted {h.comm.predicted / r.comm.predicted:.3f}")
+                  f">= 1.5x); measured bytes ratio H/R {h.comm.total() / r.comm.total():.3f}, "
+                  f"predicted {h.comm.total('predicted') / r.comm.total('predicted'):.3f}")
 
     write_json(args.json, "train.py", {
         "one_process_ms": numba_single * 1e3,
@@ -371,8 +372,8 @@ def main() -> None:
         "distributed": [
             {"parts": p, "method": method, "messages": messages,
              "ms_per_batch": t.per_batch * 1e3, "wait_share": t.wait / t.per_batch,
-             "payload_bytes": t.comm.payload / t.batches,
-             "predicted_bytes": t.comm.predicted / t.batches}
+             "payload_bytes": t.comm.total() / t.batches,
+             "predicted_bytes": t.comm.total("predicted") / t.batches}
             for (p, method, messages), t in results.items()
         ],
     })

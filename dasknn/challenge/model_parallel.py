@@ -252,8 +252,8 @@ def _run(
         nparts=nparts,
         workers=n_workers,
         method=method,
-        measured_bytes=report.payload,
-        predicted_bytes=report.predicted,
+        measured_bytes=report.total(),
+        predicted_bytes=report.total("predicted"),
         batch_size=batch_size,
         dtype=dtype.name,
     )

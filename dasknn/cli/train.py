@@ -235,23 +235,7 @@ def _statistics(args, model, partition, dist, times: TrainingTimes, epochs: list
             "pack": times.pack,
             "wait": times.wait,
         },
-        "comm": {
-            "payload": comm.payload,
-            "predicted": comm.predicted,
-            "predicted_parts": comm.predicted_parts,
-            "other": comm.other,
-            "matches": comm.matches,
-            "layers": [
-                {"layer": layer, "phase": phase, **row}
-                for (layer, phase), row in sorted(
-                    comm.layers.items(), key=lambda item: (item[0][0] or 0, item[0][1])
-                )
-            ],
-            "pairs": [
-                {"sender": sender, "receiver": receiver, **row}
-                for (sender, receiver), row in sorted(comm.pairs.items())
-            ],
-        },
+        "comm": json.loads(comm.to_json()),
     }
 
 

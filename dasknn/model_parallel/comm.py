@@ -19,11 +19,13 @@ from dasknn.model_parallel.plan import CommPlan
 from dasknn.runtime.comm_report import Key
 from dasknn.runtime.keys import message_phase
 
-__all__ = ["SOFTMAX_PART_ROWS", "predicted_counts", "wire_bytes"]
+__all__ = ["SOFTMAX_ITEMSIZE", "SOFTMAX_PART_ROWS", "predicted_counts", "wire_bytes"]
 
 #: Rows of one part's softmax statistics per sample (the peak, the sum of exponentials and the
 #: target sum); the combined statistics sent back have 2 (log-sum-exp and target sum).
 SOFTMAX_PART_ROWS = 3
+#: Bytes of one value of the softmax statistics (float64 whatever the model's dtype).
+SOFTMAX_ITEMSIZE = 8
 
 
 def predicted_counts(
@@ -46,8 +48,8 @@ def predicted_counts(
     A message is one per block and part pair with ``posted`` (a step of ``messages="posted"``),
     else one per block, sending part and receiving worker (a task result holds the rows of every
     receiving part on that worker). ``softmax`` (a training step of softmax cross-entropy): every
-    part on another worker than part 0 sends ``3 * batch`` values of statistics to part 0's
-    worker (phase ``"other"`` of layer ``L``), which sends ``2 * batch`` combined values back to
+    part on another worker than part 0 sends ``3 * batch`` float64 statistics to part 0's
+    worker (phase ``"other"`` of layer ``L``), which sends ``2 * batch`` combined ones back to
     every other part worker, a message per block each.
     """
     out: dict[Key, list[int]] = {}
@@ -75,11 +77,13 @@ def predicted_counts(
                 add((k, "backward", wn, wm), nbytes, microbatches if first else 0)
     if softmax:
         root = part_workers[0]
+        part_stats = SOFTMAX_PART_ROWS * batch * SOFTMAX_ITEMSIZE
+        combined = 2 * batch * SOFTMAX_ITEMSIZE
         for w in part_workers:
             if w != root:
-                add((L, "other", w, root), SOFTMAX_PART_ROWS * batch * itemsize, microbatches)
+                add((L, "other", w, root), part_stats, microbatches)
         for w in sorted(set(part_workers) - {root}):
-            add((L, "other", root, w), 2 * batch * itemsize, microbatches)
+            add((L, "other", root, w), combined, microbatches)
     return {key: (b, m) for key, (b, m) in out.items()}
 
 
