@@ -11,6 +11,7 @@ import pytest
 from random_layers import random_layers
 
 from dasknn import DistributedSparseMLP, SparseMLP
+from dasknn.exceptions import ModelClosedError
 from dasknn.optim import Adam
 
 
@@ -173,7 +174,8 @@ def test_distributed_estimator_api_equals_single_process(dask_client, loss):
         for piece in (slice(0, 6), slice(6, 13)):
             assert dist.partial_fit(x[piece], y[piece], batch_size=3, optimizer=adam) is dist
             local.partial_fit(x[piece], y[piece], batch_size=3, optimizer=adam)
-        assert dist.optimizer == local.optimizer == adam
+        assert dist.optimizer_ == local.optimizer == adam
+        assert dist.n_steps_ == 2 * 4 + 2 + 3
         assert len(dist.loss_curve_) == 4 and len(dist.batch_loss_curve_) == 8
         np.testing.assert_allclose(dist.loss_curve_, local.loss_curve_, rtol=1e-10)
         np.testing.assert_allclose(dist.batch_loss_curve_, local.batch_loss_curve_, rtol=1e-10)
@@ -198,9 +200,9 @@ def test_distributed_estimator_api_equals_single_process(dask_client, loss):
                     dist.predict_proba(x_test, **options), local.predict_proba(x_test),
                     rtol=1e-10, atol=1e-10,
                 )
-        assert dist.comm_report().matches
+        assert dist.comm_report().exact
         assert dist.gather().loss_curve_ == []
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(ModelClosedError, match="closed"):
         dist.score(x_test, y_test)
 
 

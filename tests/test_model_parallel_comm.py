@@ -66,8 +66,10 @@ def test_plugin_agrees_with_worker_logs_and_prediction(dask_client, nparts):
     try:
         report = dist.comm_report()
         expected = _expected_bytes(model, parts, dist.part_workers, batch=4, steps=2)
-        assert report.payload == report.predicted == expected > 0
-        assert report.other == 0
+        assert report.total() == report.total("predicted") == expected > 0
+        assert report.total(phase="other") == 0
+        # Per layer, phase and worker pair: measured equals predicted, bytes and messages.
+        assert report.exact, report.format()
         # The workers' incoming-transfer logs: same bytes per (sender, receiver), same messages.
         logged_bytes: Counter = Counter()
         logged_messages: Counter = Counter()
@@ -75,20 +77,23 @@ def test_plugin_agrees_with_worker_logs_and_prediction(dask_client, nparts):
             for sender, _, nbytes in entries:
                 logged_bytes[(sender, receiver)] += nbytes
                 logged_messages[(sender, receiver)] += 1
-        assert {pair: row["bytes"] for pair, row in report.pairs.items()} == dict(logged_bytes)
-        assert {pair: row["messages"] for pair, row in report.pairs.items()} == dict(
-            logged_messages
-        )
-        # Per layer and phase: measured equals predicted; no partial sums go back in layer 1.
-        for (layer, phase), row in report.layers.items():
-            assert row["measured"] == row["predicted"], (layer, phase)
-        assert report.layers[(1, "backward")]["measured"] == 0
-        assert report.wire_total > report.wire_payload > 0
-        text = report.format()
-        assert "equal" in text and "serialization overhead" in text
+        pair_bytes: Counter = Counter()
+        pair_messages: Counter = Counter()
+        for (_, _, sender, receiver), (nbytes, messages) in report.measured.items():
+            pair_bytes[(sender, receiver)] += nbytes
+            pair_messages[(sender, receiver)] += messages
+        assert dict(pair_bytes) == dict(logged_bytes)
+        assert dict(pair_messages) == dict(logged_messages)
+        # No partial sums go back in layer 1.
+        assert not any(k[:2] == (1, "backward") for k in report.measured)
+        assert report.by("what") == report.by("what", "predicted")
+        details = report.details
+        assert details["wire_total"] > details["wire_payload"] > 0
+        assert details["serialization_overhead"] == details["wire_total"] - details["wire_payload"]
+        assert "equal" in report.format()
         # A reset starts a new measurement.
         dist.reset_comm()
-        assert dist.comm_report().payload == 0
+        assert dist.comm_report().total() == 0
     finally:
         dist.close()
 
@@ -102,7 +107,7 @@ def test_partition_ratio_measured_equals_analytic(dask_client):
         partition = partition_module.partition_network(model.weights, 2, method=method, seed=0)
         dist = _run(dask_client, model, partition, steps=1)
         try:
-            measured[method] = dist.comm_report().payload
+            measured[method] = dist.comm_report().total()
             analytic[method] = _expected_bytes(model, partition.parts, dist.part_workers, 4, 1)
         finally:
             dist.close()

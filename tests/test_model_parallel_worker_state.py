@@ -155,9 +155,9 @@ def test_close_removes_every_plugin_and_key(dask_client):
         time.sleep(0.1)
     assert dask_client.run_on_scheduler(_model_keys, token=token) == []
     assert read_transfers(dask_client, token) == []
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(ModelClosedError, match="closed"):
         dist.train_step(x, y)
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(ModelClosedError, match="closed"):
         dist.gather()
     dist.close()  # a second close does nothing
 
