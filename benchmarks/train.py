@@ -114,7 +114,7 @@ def torch_time_per_batch(model: SparseMLP, x: np.ndarray, y: np.ndarray, batch: 
 def numba_time_per_batch(model: SparseMLP, x, y, batch: int, lr: float) -> float:
     """dasknn's single-process SparseMLP (same kernels, numba threads over the machine)."""
     model = model.copy()
-    model.train_step(x[:batch], y[:batch], lr)
+    model.train_step(x[:batch], y[:batch], lr=lr)
     start = time.perf_counter()
     model.fit(x, y, batch_size=batch, epochs=1, lr=lr, shuffle=False, progress=False)
     return (time.perf_counter() - start) / (x.shape[0] // batch)

@@ -223,7 +223,7 @@ def _prune(args, sizes, optimizer, x, y, x_held, y_held) -> tuple[CompressedMLP,
     bird = EarlyBird(args.sparsity, scope=args.scope) if args.early_bird else None
     ticket = None
     for epoch in range(args.dense_epochs):
-        dense.fit(x, y, args.batch_size, optimizer=optimizer, seed=epoch, progress=False)
+        dense.fit(x, y, batch_size=args.batch_size, optimizer=optimizer, seed=epoch, progress=False)
         if bird is not None and bird.update(dense.weights):
             ticket = epoch + 1
             break
