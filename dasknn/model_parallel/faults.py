@@ -23,11 +23,7 @@ from dasknn.exceptions import StepTimeoutError, WorkerLostError
 
 from ..runtime.cluster import scheduler_workers
 from ..runtime.shared_plugins import hold_scheduler_plugin, release_scheduler_plugin
-from ..runtime.step_timeout import (
-    describe_worker,
-    describe_workers,
-    step_timeout_error,
-)
+from ..runtime.step_timeout import describe_workers
 from ..runtime.waiting import (
     run_naming_loss,
     wait_at_most,
@@ -37,8 +33,6 @@ __all__ = [
     "LOSS_GRACE_SECONDS",
     "POLL_SECONDS",
     "RetirementRequests",
-    "describe_worker",
-    "describe_workers",
     "install_retirement_watch",
     "release_retirement_watch",
     "lost_error",
@@ -48,7 +42,6 @@ __all__ = [
     "retirement_requests",
     "running_workers",
     "run_watching_part_workers",
-    "step_timeout_error",
     "wait_for_step",
 ]
 

@@ -22,7 +22,7 @@ import scipy.sparse as sp
 
 from dasknn.exceptions import ModelClosedError, StepTimeoutError, WorkerLostError
 from dasknn.model.estimator import SparseEstimator
-from dasknn.model.persistence import ModelRecord, pattern_digest, write_model
+from dasknn.model.persistence import ModelRecord, pattern_digest, read_model, write_model
 from dasknn.model.sparse_mlp import SparseMLP
 from dasknn.model.validation import check_in_flight
 from dasknn.model_parallel.comm import predicted_counts, wire_bytes
@@ -942,8 +942,33 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the model (weights, biases, optimizer and its state, partition) to the ``.npz``
-        file ``path`` atomically; :meth:`SparseMLP.load` reads it back."""
+        file ``path`` atomically; :meth:`load` (or :meth:`SparseMLP.load`) reads it back."""
         write_model(path, self._record())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, client=None, **options) -> DistributedSparseMLP:
+        """A distributed model of the file ``path`` (written by :meth:`save`, by
+        :meth:`SparseMLP.save` or as a checkpoint) on ``client`` (as in the constructor): its
+        weights, biases and optimizer state, partitioned as stored in the file unless
+        ``options`` (the constructor's keyword arguments) give a ``partition``.
+
+        Raises
+        ------
+        FileNotFoundError, ValueError
+            As :meth:`SparseMLP.load`, before anything is placed.
+        """
+        model = SparseMLP.load(path)
+        record = read_model(path)
+        if "partition" not in options and record.partition is not None:
+            options = {**options, "partition": record.partition, "nparts": record.nparts}
+        dist = cls(model, client, **options)
+        if record.optimizer is not None:
+            try:
+                dist._restore(record)
+            except BaseException:
+                dist.close()
+                raise
+        return dist
 
     def _extra_plugins(self) -> list[str]:
         """The memory plugin (``reuse_memory``), removed before the model's own."""
