@@ -50,7 +50,7 @@ def check_inputs(X, n_inputs: int, dtype: np.dtype) -> np.ndarray:
             f"X has {X.shape[1]} features per sample but the network's input layer has {n_inputs}"
         )
     if X.shape[0] == 0:
-        raise ValueError("X has no samples (0 rows)")
+        raise ValueError("X has no samples (0 rows; at least one is needed)")
     return _finite_real(X, "X", dtype)
 
 
