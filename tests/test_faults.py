@@ -23,7 +23,7 @@ from model_reference import DenseReference
 from random_layers import random_layers
 from stopped_workers import stopped, wait_until_empty
 
-from dasknn.exceptions import StepTimeoutError, WorkerLostError
+from dasknn.exceptions import ModelFailedError, StepTimeoutError, WorkerLostError
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
 from dasknn.model_parallel.faults import RetirementRequests
@@ -138,7 +138,7 @@ def test_retired_worker_without_checkpoint_is_a_clear_error_then_with_one_is_res
             dist.fit(x, y, batch_size=8, epochs=50, lr=LR, progress=False)
         assert time.monotonic() - start < 20
         retire.join()
-        with pytest.raises(RuntimeError, match="unusable after a failed step"):
+        with pytest.raises(ModelFailedError, match="unusable after a failed step"):
             dist.gather()  # not weights that mix two steps
 
     local.scale(3)  # at least two workers again, whether the spec still counts the retired one
@@ -177,7 +177,7 @@ def test_stopped_worker_is_reported_after_the_step_timeout(cluster, messages):
             with pytest.raises(StepTimeoutError, match=reported):
                 dist.fit(x, y, batch_size=8, epochs=100, lr=LR, progress=False)
             assert time.monotonic() - start < 8
-            with pytest.raises(RuntimeError, match="unusable after a failed step"):
+            with pytest.raises(ModelFailedError, match="unusable after a failed step"):
                 dist.gather()
         finally:
             stop.join()
@@ -319,7 +319,7 @@ def test_a_worker_lost_while_another_is_stopped_is_named_within_the_step_timeout
         finally:
             os.kill(pids[survivor], signal.SIGCONT)
         assert took < 2 * 3 + 4, took  # the results' wait, then the clean-up's
-        with pytest.raises(RuntimeError, match="unusable after a failed step"):
+        with pytest.raises(ModelFailedError, match="unusable after a failed step"):
             dist.gather()
     finally:
         dist.close()
@@ -393,7 +393,7 @@ def test_worker_stopped_between_the_step_and_the_gather_is_reported_after_the_st
                     plugin.name].stopped)  # fmt: skip
             finally:
                 os.kill(pid, signal.SIGCONT)
-            with pytest.raises(RuntimeError, match="unusable after a failed step"):
+            with pytest.raises(ModelFailedError, match="unusable after a failed step"):
                 dist.gather()
         deadline = time.monotonic() + 10
         while client.run_on_scheduler(_model_keys, token=token):

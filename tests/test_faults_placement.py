@@ -17,7 +17,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from plugin_checks import key_cache_bound_count
 from stopped_workers import keys_on_workers, stopped, wait_until_empty
 
-from dasknn.exceptions import StepTimeoutError, WorkerLostError
+from dasknn.exceptions import ModelFailedError, StepTimeoutError, WorkerLostError
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
 from dasknn.model_parallel.exchange import postbox_key
@@ -233,7 +233,7 @@ def test_a_worker_stopped_while_the_recovery_places_a_checkpoint_again_is_named(
                 took = time.monotonic() - start
                 # the failed step's clean-up kept the client's connection, and its futures
                 assert kept.result(timeout=5) == 7
-                with pytest.raises(RuntimeError, match="unusable"):
+                with pytest.raises(ModelFailedError, match="unusable"):
                     dist.gather()
                 dist.close()
             finally:
