@@ -184,9 +184,8 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
 
     After a failed step (a lost worker, a timeout) the workers' values may mix two steps, so the
     model refuses to run or to :meth:`gather` (a :class:`~dasknn.exceptions.ModelFailedError`
-    saying why) until
-    ``fit(..., resume=CHECKPOINT)`` puts a checkpoint back; ``fit(..., checkpoint=DIR)`` does that
-    by itself when a worker is lost.
+    saying why) until ``fit(..., resume=CHECKPOINT)`` puts a checkpoint back;
+    ``fit(..., checkpoint=DIR)`` does that by itself when a worker is lost.
     """
 
     def __init__(
@@ -207,21 +206,35 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         if messages not in ("posted", "tasks"):
             raise ValueError(f"messages must be 'posted' or 'tasks', got {messages!r}")
         self.messages = messages
+        parts = None
         if partition is not None:
             parts, nparts = normalize_partition(partition, model.layer_sizes, nparts)
         self._connect(client, step_timeout)
         try:
-            self._chosen = None if workers is None else list(workers)
-            workers = self._use_workers(workers)
-            if partition is None:
-                nparts = len(workers) if nparts is None else nparts
-                parts, nparts = normalize_partition(
-                    _hypergraph_partition(model, nparts), model.layer_sizes, nparts
-                )
+            self._setup(model, parts, nparts, workers)
+            self._separate_packing = separate_packing
+            self._register(
+                ModelState(self.token),
+                lambda: self._place(self._chunks, model.biases, reuse_memory),
+            )
         except BaseException:
-            self.close()  # what _connect opened
+            self.close()  # what was registered and what _connect opened
             raise
-        client = self.client
+        finally:
+            self._chunks = None
+
+    def _setup(
+        self, model: SparseMLP, parts: list | None, nparts: int | None, workers
+    ) -> None:
+        """The model's attributes: the used workers, the partition (the hypergraph one when
+        ``parts`` is ``None``), the plan and its weight chunks (``_chunks``, until placed)."""
+        self._chosen = None if workers is None else list(workers)
+        workers = self._use_workers(workers)
+        if parts is None:
+            nparts = len(workers) if nparts is None else nparts
+            parts, nparts = normalize_partition(
+                _hypergraph_partition(model, nparts), model.layer_sizes, nparts
+            )
         self.activation = model.activation
         self.output_activation = model.output_activation
         self.loss = model.loss
@@ -235,7 +248,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         self._pattern_digest = pattern_digest(self._pattern)
         self._entries: list[list[np.ndarray]] | None = None
         self._generation = 0  # placements of the network so far, less one
-        self.plan, chunks = build_comm_plan(model.weights, parts, nparts)
+        self.plan, self._chunks = build_comm_plan(model.weights, parts, nparts)
         self.part_workers = worker_of_parts(workers, nparts)
         self.plugin_name = ModelState.plugin_name(self.token)
         self._plugins: list[str] = []  # the worker plugins registered besides the model's own
@@ -243,7 +256,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         self._snapshot: Snapshot | None = None
         self._templates: dict = {}
         self._postboxes: list = []
-        self._separate_packing = separate_packing
+        self._separate_packing = False
         self._step = 0
         self.n_steps_ = 0
         self._reset_step = 0
@@ -258,13 +271,6 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         self._leaving: set[str] = set()  # workers asked to leave while the model was placed
         self._next_check = 0.0  # when a finished step looks next at its workers (monotonic)
         self._watching_retirements = False
-        try:
-            self._register(
-                ModelState(self.token), lambda: self._place(chunks, model.biases, reuse_memory)
-            )
-        except BaseException:
-            self.close()  # the client opened here
-            raise
 
     # ------------------------------------------------------------------ basics
     @property
