@@ -163,7 +163,7 @@ def test_distributed_checkpoints_resume_on_a_new_model(dask_client, tmp_path):
     uninterrupted.fit(x, y, optimizer=Adam(lr=0.02), **FIT)
     model = _model()
     cls = _interrupt_after(DistributedSparseMLP, 7)
-    with cls(model, dask_client, _parts(model)) as dist:
+    with cls(model, dask_client, partition=_parts(model)) as dist:
         with pytest.raises(_Interrupted):
             dist.fit(x, y, optimizer=Adam(lr=0.02), checkpoint=tmp_path, checkpoint_every=5, **FIT)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-000000005.npz"]
