@@ -188,6 +188,8 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
     ``fit(..., checkpoint=DIR)`` does that by itself when a worker is lost.
     """
 
+    _watching_retirements = False  # whether the model holds the retirement watch
+
     def __init__(
         self,
         model: SparseMLP,
@@ -213,12 +215,20 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         try:
             self._setup(model, parts, nparts, workers)
             self._separate_packing = separate_packing
+            self._watching_retirements = True  # released on failure, also if not installed
+            install_retirement_watch(self.client, self.token)
+            self._retirements = retirement_requests(self.client)
             self._register(
                 ModelState(self.token),
                 lambda: self._place(self._chunks, model.biases, reuse_memory),
             )
         except BaseException:
-            self.close()  # what was registered and what _connect opened
+            try:
+                if not self._open and self._watching_retirements:
+                    self._watching_retirements = False
+                    release_retirement_watch(self.client, self.token)
+            finally:
+                self.close()  # what was registered and what _connect opened
             raise
         finally:
             self._chunks = None
@@ -270,7 +280,6 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         self.batch_loss_curve_: list[float] = []
         self._leaving: set[str] = set()  # workers asked to leave while the model was placed
         self._next_check = 0.0  # when a finished step looks next at its workers (monotonic)
-        self._watching_retirements = False
 
     # ------------------------------------------------------------------ basics
     @property
@@ -343,12 +352,8 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         )
 
     def _place(self, chunks, biases, reuse_memory: bool) -> None:
-        """Install the retirement watch (:func:`install_retirement_watch`), register the memory
-        plugin if asked for (``reuse_memory``) and place the network (:meth:`_place_network`),
-        within what is left of ``step_timeout``."""
-        self._watching_retirements = True  # released by close(), also if not installed
-        install_retirement_watch(self.client, self.token)
-        self._retirements = retirement_requests(self.client)
+        """Register the memory plugin if asked for (``reuse_memory``) and place the network
+        (:meth:`_place_network`), within what is left of ``step_timeout``."""
         if reuse_memory:
             name = f"{REUSE_MEMORY_PLUGIN}-{self.token}"
             self._plugins.append(name)  # a registration that times out is on the scheduler
