@@ -122,7 +122,7 @@ def main() -> None:
         lengths.update(client.run(_record_lengths))
         named = (f"{name.split('//')[-1]} {n}" for name, n in lengths.items())
         print("entries kept of the last messages of each batched stream: " + ", ".join(named))
-        with DistributedSparseMLP(model, client, parts) as dist:
+        with DistributedSparseMLP(model, client, partition=parts) as dist:
             if args.without_key_cache_bound:
                 remove_key_cache_bound(client, dist.token)
             samples: dict[str, list[float]] = {"client": [], "scheduler": []}

@@ -7,7 +7,7 @@ One run, one machine, baselines beside the figures:
    pattern; ``torch.optim.SGD``), and by dasknn's single-process ``SparseMLP``;
 2. dasknn model-parallel with the hypergraph (H) and the random (R) partition at each P (one
    single-threaded worker per part), with each way of running a step (``--messages``: ``tasks``,
-   a task per layer step and message; ``actors``, a task per worker and step, messages posted
+   a task per layer step and message; ``posted``, a task per worker and step, messages posted
    between workers): time per batch, the breakdown (local products / update / packing /
    communication+scheduling wait, the paper's Figure 5), the wait's share of the batch, measured
    bytes against the prediction, H/R ratios, the ratios to one process and to PyTorch;
@@ -114,14 +114,14 @@ def torch_time_per_batch(model: SparseMLP, x: np.ndarray, y: np.ndarray, batch: 
 def numba_time_per_batch(model: SparseMLP, x, y, batch: int, lr: float) -> float:
     """dasknn's single-process SparseMLP (same kernels, numba threads over the machine)."""
     model = model.copy()
-    model.train_step(x[:batch], y[:batch], lr)
+    model.train_step(x[:batch], y[:batch], lr=lr)
     start = time.perf_counter()
     model.fit(x, y, batch_size=batch, epochs=1, lr=lr, shuffle=False, progress=False)
     return (time.perf_counter() - start) / (x.shape[0] // batch)
 
 
-def actors_overhead(layers: int, nparts: int, workers: int, steps: int = 8) -> float:
-    """Time per layer step of ``fit`` with ``messages="actors"`` on a 32-neuron network (batch
+def posted_overhead(layers: int, nparts: int, workers: int, steps: int = 8) -> float:
+    """Time per layer step of ``fit`` with ``messages="posted"`` on a 32-neuron network (batch
     1) with the same depth and P."""
     model = SparseMLP.radixnet(32, layers, seed=0)
     rng = np.random.default_rng(0)
@@ -129,7 +129,7 @@ def actors_overhead(layers: int, nparts: int, workers: int, steps: int = 8) -> f
     partition = graph.partition_network(model.weights, nparts, "block")
     with (
         _cluster(workers) as client,
-        DistributedSparseMLP(model, client, partition, messages="actors") as dist,
+        DistributedSparseMLP(model, client, partition=partition, messages="posted") as dist,
     ):
         times = time_training(dist, x, y, batch_size=1, lr=0.01)
     return times.per_batch / (2 * layers)
@@ -149,11 +149,11 @@ def scheduling_overhead(layers: int, nparts: int, workers: int, steps: int = 8) 
     partition = graph.partition_network(model.weights, nparts, "block")
     with _cluster(workers) as client:
         separate = DistributedSparseMLP(
-            model, client, partition, separate_packing=True, reuse_memory=True
+            model, client, partition=partition, separate_packing=True, reuse_memory=True
         )
         separate_times = time_training(separate, x, y, batch_size=1, lr=0.01)
         separate.close()
-        dist = DistributedSparseMLP(model, client, partition, reuse_memory=True)
+        dist = DistributedSparseMLP(model, client, partition=partition, reuse_memory=True)
         times = time_training(dist, x, y, batch_size=1, lr=0.01)
         with get_task_stream(client) as stream:
             start = time.perf_counter()
@@ -288,7 +288,7 @@ def main() -> None:
     )
     parser.add_argument("--delay-us", type=float, help="with --net: one-way delay per link end")
     parser.add_argument(
-        "--messages", nargs="+", choices=("tasks", "actors"), default=["tasks", "actors"],
+        "--messages", nargs="+", choices=("tasks", "posted"), default=["tasks", "posted"],
         help="how the distributed steps run (DistributedSparseMLP's messages=)",
     )
     parser.add_argument(
@@ -335,7 +335,7 @@ def main() -> None:
                 partition = graph.partition_network(model.weights, nparts, method, seed=0)
                 for messages in args.messages:
                     dist = DistributedSparseMLP(
-                        model, client, partition, reuse_memory=True, messages=messages,
+                        model, client, partition=partition, reuse_memory=True, messages=messages,
                         microbatches=args.microbatches,
                     )
                     m = dist.step_microbatches(args.batch)
@@ -349,21 +349,22 @@ def main() -> None:
                     if torch_batch is not None:
                         line += f", {torch_batch / times.per_batch:.2f}x PyTorch's"
                     print(line)
-                    mb = comm.payload / times.batches / 1e6
-                    overhead = "n/a (posted by actors, not in the transfer logs)"
-                    if comm.wire_messages:
-                        overhead = (f"{comm.serialization_overhead / comm.wire_messages:.0f} "
-                                    f"B/message over {comm.wire_messages} logged messages")
+                    mb = comm.total() / times.batches / 1e6
+                    overhead = "n/a (posted messages are not in the transfer logs)"
+                    wire = comm.details
+                    if wire["wire_messages"]:
+                        overhead = (f"{wire['serialization_overhead'] / wire['wire_messages']:.0f}"
+                                    f" B/message over {wire['wire_messages']} logged messages")
                     print(f"    measured payload {mb:.2f} MB/batch, "
-                          f"predicted {comm.predicted / times.batches / 1e6:.2f} MB/batch "
-                          f"({'equal' if comm.matches else 'DIFFERENT'}); serialization overhead "
+                          f"predicted {comm.total('predicted') / times.batches / 1e6:.2f} MB/batch "
+                          f"({'equal' if comm.exact else 'DIFFERENT'}); serialization overhead "
                           f"{overhead}")
         for messages in args.messages:
             h = results[(nparts, "hypergraph", messages)]
             r = results[(nparts, "random", messages)]
             print(f"P={nparts} {messages}: H vs R speedup {r.per_batch / h.per_batch:.2f}x (target "
-                  f">= 1.5x); measured bytes ratio H/R {h.comm.payload / r.comm.payload:.3f}, "
-                  f"predicted {h.comm.predicted / r.comm.predicted:.3f}")
+                  f">= 1.5x); measured bytes ratio H/R {h.comm.total() / r.comm.total():.3f}, "
+                  f"predicted {h.comm.total('predicted') / r.comm.total('predicted'):.3f}")
 
     write_json(args.json, "train.py", {
         "one_process_ms": numba_single * 1e3,
@@ -371,16 +372,16 @@ def main() -> None:
         "distributed": [
             {"parts": p, "method": method, "messages": messages,
              "ms_per_batch": t.per_batch * 1e3, "wait_share": t.wait / t.per_batch,
-             "payload_bytes": t.comm.payload / t.batches,
-             "predicted_bytes": t.comm.predicted / t.batches}
+             "payload_bytes": t.comm.total() / t.batches,
+             "predicted_bytes": t.comm.total("predicted") / t.batches}
             for (p, method, messages), t in results.items()
         ],
     })
 
     for nparts in [] if args.skip_overhead else args.parts:
-        if "actors" in args.messages:
-            per_step = actors_overhead(args.layers, nparts, args.workers or nparts)
-            print(f"overhead per layer step, messages=actors, 32 neurons x {args.layers} layers, "
+        if "posted" in args.messages:
+            per_step = posted_overhead(args.layers, nparts, args.workers or nparts)
+            print(f"overhead per layer step, messages=posted, 32 neurons x {args.layers} layers, "
                   f"batch 1, P={nparts} on {args.workers or nparts} workers: fit "
                   f"{per_step * 1e3:.2f} ms")
         if "tasks" not in args.messages:

@@ -15,8 +15,9 @@ The network is ``SparseMLP.radixnet(neurons=1024, layers=L, n_outputs=10)``: ``L
 With ``--workers P`` (default 2) a ``distributed.LocalCluster`` of ``P`` single-threaded worker
 processes is started, every layer is split by neurons with ``graph.partition_network(...,
 method=--method)`` and the model is trained by
-``DistributedSparseMLP(model, client, partition)``; the measured communication is printed at the
-end. ``--workers 0`` trains the same model in this process (``SparseMLP.fit``), with the same steps.
+``DistributedSparseMLP(model, client, partition=partition)``; the measured communication is
+printed at the end. ``--workers 0`` trains the same model in this process (``SparseMLP.fit``),
+with the same steps.
 
 Run ``python examples/mnist_sparse.py --help`` for the options; it prints the learning curve (mean
 training loss and held-out accuracy after every epoch).
@@ -151,7 +152,7 @@ def run(
         Client(cluster) as client,
     ):
         # The cluster is the example's own, so the process-wide malloc tuning is safe to opt in to.
-        with DistributedSparseMLP(model, client, partition, reuse_memory=True) as dist:
+        with DistributedSparseMLP(model, client, partition=partition, reuse_memory=True) as dist:
             result = train(dist, data, epochs, batch_size, lr, seed, progress, log)
             result.comm = dist.comm_report().format()
             log(result.comm)

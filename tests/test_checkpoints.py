@@ -163,14 +163,14 @@ def test_distributed_checkpoints_resume_on_a_new_model(dask_client, tmp_path):
     uninterrupted.fit(x, y, optimizer=Adam(lr=0.02), **FIT)
     model = _model()
     cls = _interrupt_after(DistributedSparseMLP, 7)
-    with cls(model, dask_client, _parts(model)) as dist:
+    with cls(model, dask_client, partition=_parts(model)) as dist:
         with pytest.raises(_Interrupted):
             dist.fit(x, y, optimizer=Adam(lr=0.02), checkpoint=tmp_path, checkpoint_every=5, **FIT)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-000000005.npz"]
     local = _model()
     local.fit(x, y, optimizer=Adam(lr=0.02), resume=tmp_path, **FIT)
     _assert_same_weights(local, uninterrupted, atol=1e-12)
-    with DistributedSparseMLP(model, dask_client, _parts(model, 3)) as dist:
+    with DistributedSparseMLP(model, dask_client, partition=_parts(model, 3)) as dist:
         dist.fit(x, y, optimizer=Adam(lr=0.02), resume=tmp_path, checkpoint=tmp_path, **FIT)
         np.testing.assert_allclose(dist.loss_curve_, uninterrupted.loss_curve_, rtol=1e-12)
         _assert_same_weights(dist.gather(), uninterrupted, atol=1e-12)

@@ -69,12 +69,10 @@ def test_train_prints_epochs_and_held_out_accuracy_and_writes_json(dask_client, 
     assert accuracy > 0.2  # chance: 0.1
     assert stats["timing"]["batches"] == 16 and stats["timing"]["seconds_per_batch"] > 0
     comm = stats["comm"]
-    assert comm["matches"] and comm["payload"] == comm["predicted"] > 0
-    assert (
-        sum(row["measured"] for row in comm["layers"] if row["phase"] != "other")
-        == (comm["payload"])
-    )
-    assert f"measured {comm['payload']:,d} B" in out
+    assert comm["exact"] and comm["measured_bytes"] == comm["predicted_bytes"] > 0
+    assert sum(row["measured_bytes"] for row in comm["records"]) == comm["measured_bytes"]
+    assert sum(row["predicted_bytes"] for row in comm["records"]) == comm["predicted_bytes"]
+    assert f"measured {comm['measured_bytes']:,d} B" in out
 
 
 def test_train_scores_a_validation_file_and_rejects_a_bad_one(dask_client, tmp_path, capsys):

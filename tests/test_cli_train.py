@@ -65,7 +65,7 @@ def test_train_with_microbatches_and_posted_messages(dask_client, capsys):
     code = main(
         [
             "train", "radixnet:64:2", "--partition", "block", "--parts", "2", "--steps", "2",
-            "--batch-size", "6", "--microbatches", "3", "--messages", "actors", "--scheduler",
+            "--batch-size", "6", "--microbatches", "3", "--messages", "posted", "--scheduler",
             dask_client.scheduler.address,
         ]
     )

@@ -67,7 +67,7 @@ def test_page_shows_the_live_report_and_ends_equal_to_comm_report(chromium, dask
     x, y = rng.uniform(0, 1, (256, 64)), rng.uniform(0, 1, (256, 64))
     stop = threading.Event()
     with DistributedSparseMLP(
-        model, dask_client, graph.partition_network(model.weights, 2)
+        model, dask_client, partition=graph.partition_network(model.weights, 2)
     ) as dist:
 
         def train():  # epochs until the browser is done, so the page loads during the run
@@ -102,34 +102,43 @@ def test_page_shows_the_live_report_and_ends_equal_to_comm_report(chromium, dask
             name: re.search(rf'id="dasknn-{name}">(.*?)<', dom)[1]
             for name in ("token", "batches", "payload", "predicted", "other")
         }
+        forward_backward = ("forward", "backward")
         assert shown == {
             "token": dist.token,
-            "batches": str(report.batches),
-            "payload": str(report.payload),
-            "predicted": str(report.predicted),
-            "other": str(report.other),
+            "batches": str(report.steps),
+            "payload": str(sum(report.total(phase=p) for p in forward_backward)),
+            "predicted": str(sum(report.total("predicted", p) for p in forward_backward)),
+            "other": str(report.total(phase="other")),
         }
-        assert report.payload == report.predicted > 0
+        assert report.exact and report.total() > 0
+        by_layer: dict = {}
+        for row in report.records():
+            cell = by_layer.setdefault((row["what"], row["phase"]), [0, 0, 0])
+            cell[0] += row["measured_bytes"]
+            cell[1] += row["predicted_bytes"]
+            cell[2] += row["measured_messages"]
         layers = {
             (int(k), phase): [int(m), int(p), int(n)]
             for k, phase, m, p, n in _table(dom, "dasknn-layers")
         }
-        assert layers == {
-            key: [row["measured"], row["predicted"], row["messages"]]
-            for key, row in report.layers.items()
-        }
+        assert layers == by_layer
+        by_pair: dict = {}
+        for (_, _, sender, receiver), (nbytes, messages) in report.measured.items():
+            cell = by_pair.setdefault((sender, receiver), [0, 0])
+            cell[0] += nbytes
+            cell[1] += messages
         pairs = {(s, r): [int(b), int(n)] for s, r, b, n in _table(dom, "dasknn-pairs")}
-        assert pairs == {key: [row["bytes"], row["messages"]] for key, row in report.pairs.items()}
+        assert pairs == by_pair
         # the plots' sources: the heatmap cells and the bars are the same figures
         heat = _get(_data(feed, "pairs"))
         cells = zip(zip(heat["sender"], heat["receiver"], strict=True), heat["bytes"], strict=True)
-        assert dict(cells) == {key: row["bytes"] for key, row in report.pairs.items()}
+        assert dict(cells) == {key: row[0] for key, row in by_pair.items()}
         bars = _get(_data(feed, "layers"))
         for i, k in enumerate(bars["layer"]):
-            for phase in ("forward", "backward"):
-                row = report.layers.get((k, phase), {"measured": 0, "predicted": 0})
-                assert bars[f"{phase}_measured"][i] == row["measured"]
-                assert bars[f"{phase}_predicted"][i] == row["predicted"]
+            for phase in forward_backward:
+                row = by_layer.get((k, phase), [0, 0, 0])
+                assert bars[f"{phase}_measured"][i] == row[0]
+                assert bars[f"{phase}_predicted"][i] == row[1]
         times = _get(_data(feed, "times"))
         assert sorted(times["worker"]) == sorted(dist.timings())
         assert min(times["products"]) > 0

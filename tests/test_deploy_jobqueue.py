@@ -211,7 +211,7 @@ def slurm_env(slurm, monkeypatch):
 
 def _train(client, model, x, y) -> SparseMLP:
     partition = graph.partition_network(model.weights, 2, seed=0)
-    with DistributedSparseMLP(model, client, partition) as dist:
+    with DistributedSparseMLP(model, client, partition=partition) as dist:
         dist.fit(x, y, batch_size=16, epochs=2, lr=0.2, progress=False)
         return dist.gather()
 

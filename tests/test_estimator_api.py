@@ -11,6 +11,7 @@ import pytest
 from random_layers import random_layers
 
 from dasknn import DistributedSparseMLP, SparseMLP
+from dasknn.exceptions import ModelClosedError
 from dasknn.optim import Adam
 
 
@@ -163,7 +164,7 @@ def test_distributed_estimator_api_equals_single_process(dask_client, loss):
     local = model.copy()
     x, y = tiny_data(model, 13, seed=3)
     adam = Adam(lr=0.02)
-    with DistributedSparseMLP(model, dask_client, block_partition(model)) as dist:
+    with DistributedSparseMLP(model, dask_client, partition=block_partition(model)) as dist:
         for name in ("n_layers", "n_inputs", "n_outputs", "layer_sizes", "dtype", "loss"):
             assert getattr(dist, name) == getattr(local, name), name
         fit = {"batch_size": 4, "epochs": 2, "lr": 0.2, "seed": 1, "progress": False,
@@ -173,7 +174,8 @@ def test_distributed_estimator_api_equals_single_process(dask_client, loss):
         for piece in (slice(0, 6), slice(6, 13)):
             assert dist.partial_fit(x[piece], y[piece], batch_size=3, optimizer=adam) is dist
             local.partial_fit(x[piece], y[piece], batch_size=3, optimizer=adam)
-        assert dist.optimizer == local.optimizer == adam
+        assert dist.optimizer_ == local.optimizer == adam
+        assert dist.n_steps_ == 2 * 4 + 2 + 3
         assert len(dist.loss_curve_) == 4 and len(dist.batch_loss_curve_) == 8
         np.testing.assert_allclose(dist.loss_curve_, local.loss_curve_, rtol=1e-10)
         np.testing.assert_allclose(dist.batch_loss_curve_, local.batch_loss_curve_, rtol=1e-10)
@@ -198,16 +200,16 @@ def test_distributed_estimator_api_equals_single_process(dask_client, loss):
                     dist.predict_proba(x_test, **options), local.predict_proba(x_test),
                     rtol=1e-10, atol=1e-10,
                 )
-        assert dist.comm_report().matches
+        assert dist.comm_report().exact
         assert dist.gather().loss_curve_ == []
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(ModelClosedError, match="closed"):
         dist.score(x_test, y_test)
 
 
 def test_distributed_bad_input_is_rejected_before_scheduling(dask_client):
     model = tiny_model(seed=4)
     x, y = tiny_data(model, 6)
-    with DistributedSparseMLP(model, dask_client, block_partition(model)) as dist:
+    with DistributedSparseMLP(model, dask_client, partition=block_partition(model)) as dist:
         step = dist._step
         before = dask_client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks))
         cases = [

@@ -100,15 +100,16 @@ def test_model_parallel_training_notebook(tmp_path, dask_client):
         "import json\n"
         "print('RESULT ' + json.dumps({'loss': dist.loss_curve_,"
         " 'batches': len(dist.batch_loss_curve_), 'accuracy': accuracy,"
-        " 'measured': report.payload, 'predicted': report.predicted,"
-        " 'layers': sorted({str(k) for k, _ in report.layers})}))"
+        " 'measured': report.total(), 'predicted': report.total('predicted'),"
+        " 'exact': report.exact,"
+        " 'layers': sorted({str(row['what']) for row in report.records()})}))"
     )
     result, cells = _execute("model_parallel_training", parameters, probe, tmp_path)
     assert _images(cells) == 1  # one figure, redrawn in place every epoch
     assert len(result["loss"]) == 2 and result["batches"] == 2 * 8
     assert result["loss"][1] < result["loss"][0]
     assert len(result["accuracy"]) == 2 and result["accuracy"][-1] > 0.3  # chance: 0.1
-    assert result["measured"] == result["predicted"] > 0
+    assert result["measured"] == result["predicted"] > 0 and result["exact"]
     assert {"1", "2", "3"} <= set(result["layers"])
     printed = "".join(out.get("text", "") for cell in cells for out in cell.get("outputs", []))
     assert "held-out accuracy" in printed and "predicted" in printed

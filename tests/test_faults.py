@@ -23,7 +23,7 @@ from model_reference import DenseReference
 from random_layers import random_layers
 from stopped_workers import stopped, wait_until_empty
 
-from dasknn.exceptions import StepTimeoutError, WorkerLostError
+from dasknn.exceptions import ModelFailedError, StepTimeoutError, WorkerLostError
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
 from dasknn.model_parallel.faults import RetirementRequests
@@ -33,7 +33,7 @@ from dasknn.runtime.measure import MONITOR_NAME, REPORTER_NAME
 
 LR = 0.05
 #: Every test runs with both ways a step's messages travel (DistributedSparseMLP's messages=).
-MODES = pytest.mark.parametrize("messages", ["tasks", "actors"])
+MODES = pytest.mark.parametrize("messages", ["tasks", "posted"])
 
 
 def _model() -> SparseMLP:
@@ -106,7 +106,7 @@ def test_killed_worker_is_restored_from_the_checkpoint(cluster, tmp_path, messag
     x, y = _data()
     model = _model()
     with DistributedSparseMLP(
-        model, client, _parts(model), messages=messages, step_timeout=30
+        model, client, partition=_parts(model), messages=messages, step_timeout=30
     ) as dist:
         dist.fit(x[:8], y[:8], batch_size=8, lr=0.0, progress=False)  # compile on the workers
         victim = max(_pids(client).items())
@@ -127,25 +127,25 @@ def test_retired_worker_without_checkpoint_is_a_clear_error_then_with_one_is_res
     x, y = _data()
     model = _model()
     with DistributedSparseMLP(
-        model, client, _parts(model), messages=messages, step_timeout=30
+        model, client, partition=_parts(model), messages=messages, step_timeout=30
     ) as dist:
         dist.fit(x[:8], y[:8], batch_size=8, lr=0.0, progress=False)
         first = dist.part_workers[1]
         retire = threading.Timer(0.5, lambda: client.retire_workers([first]))
         retire.start()
         start = time.monotonic()
-        with pytest.raises(WorkerLostError, match=f"{first} holding parts \\[1\\]"):
+        with pytest.raises(WorkerLostError, match=f"{first} \\(part 1\\) of the model"):
             dist.fit(x, y, batch_size=8, epochs=50, lr=LR, progress=False)
         assert time.monotonic() - start < 20
         retire.join()
-        with pytest.raises(RuntimeError, match="unusable after a failed step"):
+        with pytest.raises(ModelFailedError, match="unusable after a failed step"):
             dist.gather()  # not weights that mix two steps
 
     local.scale(3)  # at least two workers again, whether the spec still counts the retired one
     client.wait_for_workers(2, timeout=30)
     model = _model()
     with DistributedSparseMLP(
-        model, client, _parts(model), messages=messages, step_timeout=30
+        model, client, partition=_parts(model), messages=messages, step_timeout=30
     ) as dist:
         leaving = dist.part_workers[0]
         retired = _when_checkpoint(tmp_path, 10, lambda: client.retire_workers([leaving]))
@@ -164,7 +164,7 @@ def test_stopped_worker_is_reported_after_the_step_timeout(cluster, messages):
     x, y = _data()
     model = _model()
     with DistributedSparseMLP(
-        model, client, _parts(model), messages=messages, step_timeout=2
+        model, client, partition=_parts(model), messages=messages, step_timeout=2
     ) as dist:
         dist.fit(x[:8], y[:8], batch_size=8, lr=0.0, progress=False)
         address, pid = max(_pids(client).items())
@@ -177,7 +177,7 @@ def test_stopped_worker_is_reported_after_the_step_timeout(cluster, messages):
             with pytest.raises(StepTimeoutError, match=reported):
                 dist.fit(x, y, batch_size=8, epochs=100, lr=LR, progress=False)
             assert time.monotonic() - start < 8
-            with pytest.raises(RuntimeError, match="unusable after a failed step"):
+            with pytest.raises(ModelFailedError, match="unusable after a failed step"):
                 dist.gather()
         finally:
             stop.join()
@@ -211,7 +211,7 @@ def test_a_worker_stopped_before_fit_is_named_after_the_step_timeout(cluster):
     _, client = cluster
     x, y = _data()
     model = _model()
-    with DistributedSparseMLP(model, client, _parts(model), step_timeout=2) as dist:
+    with DistributedSparseMLP(model, client, partition=_parts(model), step_timeout=2) as dist:
         dist.fit(x[:8], y[:8], batch_size=8, lr=0.0, progress=False)
         address = max(_pids(client))
         with stopped(client, address):
@@ -249,7 +249,9 @@ def test_a_stopped_worker_does_not_hold_up_close(cluster, given):
     where = {"client": client, "address": local.scheduler_address, "cluster": local}[given]
     x, y = _data(8)
     model = _model()
-    dist = DistributedSparseMLP(model, where, _parts(model), reuse_memory=True, step_timeout=2)
+    dist = DistributedSparseMLP(
+        model, where, partition=_parts(model), reuse_memory=True, step_timeout=2
+    )
     try:
         assert (dist.client is client) == (given == "client")
         dist.train_step(x, y, lr=LR)
@@ -292,7 +294,7 @@ class _StopOtherThenKillSelfOnStep(WorkerPlugin):
 
 
 def test_a_worker_lost_while_another_is_stopped_is_named_within_the_step_timeout(cluster):
-    """``messages="actors"``: a part worker killed in a step while the other one is stopped. The
+    """``messages="posted"``: a part worker killed in a step while the other one is stopped. The
     step's results do not arrive within ``step_timeout``; the lost worker is the step's failure
     (a ``WorkerLostError`` naming it, which a checkpoint recovers, where it was a
     ``StepTimeoutError``), and the clean-up after the loss (the step's waits ended on the part
@@ -301,7 +303,9 @@ def test_a_worker_lost_while_another_is_stopped_is_named_within_the_step_timeout
     _, client = cluster
     x, y = _data(96)
     model = _model()
-    dist = DistributedSparseMLP(model, client, _parts(model), messages="actors", step_timeout=3)
+    dist = DistributedSparseMLP(
+        model, client, partition=_parts(model), messages="posted", step_timeout=3
+    )
     pids = _pids(client)
     victim, survivor = dist.part_workers[1], dist.part_workers[0]
     try:
@@ -309,13 +313,13 @@ def test_a_worker_lost_while_another_is_stopped_is_named_within_the_step_timeout
         client.register_plugin(_StopOtherThenKillSelfOnStep(victim, pids[survivor], step=4))
         try:
             start = time.monotonic()
-            with pytest.raises(WorkerLostError, match=f"{victim} holding parts"):
+            with pytest.raises(WorkerLostError, match=f"{victim} \\(part \\d\\) of the model"):
                 dist.fit(x, y, batch_size=8, epochs=3, lr=LR, progress=False)
             took = time.monotonic() - start
         finally:
             os.kill(pids[survivor], signal.SIGCONT)
         assert took < 2 * 3 + 4, took  # the results' wait, then the clean-up's
-        with pytest.raises(RuntimeError, match="unusable after a failed step"):
+        with pytest.raises(ModelFailedError, match="unusable after a failed step"):
             dist.gather()
     finally:
         dist.close()
@@ -368,12 +372,12 @@ def test_worker_stopped_between_the_step_and_the_gather_is_reported_after_the_st
     gc.disable()
     try:
         with DistributedSparseMLP(
-            model, client, _parts(model), messages=messages, step_timeout=3
+            model, client, partition=_parts(model), messages=messages, step_timeout=3
         ) as dist:
             dist.fit(x[:8], y[:8], batch_size=8, lr=0.0, progress=False)
             address, token = dist.part_workers[1], dist.token
             pid = _pids(client)[address]
-            prefix = {"tasks": "dasknn-bwd-", "actors": "dasknn-run-"}[messages]
+            prefix = {"tasks": "dasknn-bwd-", "posted": "dasknn-run-"}[messages]
             plugin = _StopWorkerWhenAStepIsDone(address, prefix)
             client.register_plugin(plugin)
             try:
@@ -381,7 +385,7 @@ def test_worker_stopped_between_the_step_and_the_gather_is_reported_after_the_st
                 with pytest.raises(
                     StepTimeoutError,
                     match=f"results of a finished step did not arrive within 3 s .*{address} "
-                    "has not been heard from",
+                    r"\(part \d\) has not been heard from",
                 ):
                     dist.train_step(x[:8], y[:8], lr=LR)
                 assert time.monotonic() - start < 10
@@ -389,7 +393,7 @@ def test_worker_stopped_between_the_step_and_the_gather_is_reported_after_the_st
                     plugin.name].stopped)  # fmt: skip
             finally:
                 os.kill(pid, signal.SIGCONT)
-            with pytest.raises(RuntimeError, match="unusable after a failed step"):
+            with pytest.raises(ModelFailedError, match="unusable after a failed step"):
                 dist.gather()
         deadline = time.monotonic() + 10
         while client.run_on_scheduler(_model_keys, token=token):
@@ -421,7 +425,7 @@ def test_paused_worker_is_an_error_naming_the_memory_limit(tmp_path, messages):
         with pytest.raises(StepTimeoutError, match="paused at its memory limit: .* of 200 MiB"):
             # Placing the model (the workers pause as dasknn loads) or its first step.
             with DistributedSparseMLP(
-                model, client, _parts(model), messages=messages, step_timeout=3
+                model, client, partition=_parts(model), messages=messages, step_timeout=3
             ) as dist:
                 dist.fit(x, y, batch_size=8, lr=LR, progress=False)
         assert time.monotonic() - start < 10

@@ -17,7 +17,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from plugin_checks import key_cache_bound_count
 from stopped_workers import keys_on_workers, stopped, wait_until_empty
 
-from dasknn.exceptions import StepTimeoutError, WorkerLostError
+from dasknn.exceptions import ModelFailedError, StepTimeoutError, WorkerLostError
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
 from dasknn.model_parallel.exchange import postbox_key
@@ -92,10 +92,10 @@ def test_worker_killed_while_the_model_is_placed_is_a_quick_error_naming_it():
         start = time.monotonic()
         with pytest.raises(
             WorkerLostError,
-            match=f"worker\\(s\\) {victim} holding parts \\[1\\] of the model left the cluster "
+            match=f"worker\\(s\\) {victim} \\(part 1\\) of the model left the cluster "
             "while the model was placed",
         ):
-            DistributedSparseMLP(model, client, parts, step_timeout=60)
+            DistributedSparseMLP(model, client, partition=parts, step_timeout=60)
         assert time.monotonic() - start < 5  # Dask's connect timeout alone is 30 s
         killed = client.run(lambda dask_worker: dask_worker.plugins[plugin.name].killed)
         assert killed[first]
@@ -129,7 +129,7 @@ def test_a_worker_stopped_before_the_constructor_is_named_and_nothing_is_left():
         # outside the 2 s step_timeout, and show that a closed model leaves nothing
         model = _model()
         parts = [np.arange(n) % 2 for n in model.layer_sizes]
-        placed = DistributedSparseMLP(model, client, parts, reuse_memory=True)
+        placed = DistributedSparseMLP(model, client, partition=parts, reuse_memory=True)
         assert key_cache_bound_count(client, placed.token) == 3  # the scheduler, two workers
         placed.close()
         assert _dasknn_plugins(client) == []
@@ -141,7 +141,9 @@ def test_a_worker_stopped_before_the_constructor_is_named_and_nothing_is_left():
         with stopped(client, victim):
             start = time.monotonic()
             with pytest.raises(StepTimeoutError, match=named):
-                DistributedSparseMLP(model, client, parts, reuse_memory=True, step_timeout=2)
+                DistributedSparseMLP(
+                    model, client, partition=parts, reuse_memory=True, step_timeout=2
+                )
             took = time.monotonic() - start
         assert 2 <= took < 6, took
         wait_until_empty(lambda: _dasknn_plugins(client), 10, "a plugin of the model stayed")
@@ -208,8 +210,8 @@ def test_a_worker_stopped_while_the_recovery_places_a_checkpoint_again_is_named(
         rng = np.random.default_rng(1)
         x, y = rng.uniform(size=(96, 16)), rng.uniform(size=(96, 6))
         # the workers import the model's code outside the 3 s step_timeout
-        DistributedSparseMLP(model, client, parts).close()
-        dist = DistributedSparseMLP(model, client, parts, step_timeout=3)
+        DistributedSparseMLP(model, client, partition=parts).close()
+        dist = DistributedSparseMLP(model, client, partition=parts, step_timeout=3)
         try:
             dist.fit(x[:8], y[:8], batch_size=8, lr=0.0)  # step 1: the workers compile
             pids = client.run(os.getpid)
@@ -231,7 +233,7 @@ def test_a_worker_stopped_while_the_recovery_places_a_checkpoint_again_is_named(
                 took = time.monotonic() - start
                 # the failed step's clean-up kept the client's connection, and its futures
                 assert kept.result(timeout=5) == 7
-                with pytest.raises(RuntimeError, match="unusable"):
+                with pytest.raises(ModelFailedError, match="unusable"):
                     dist.gather()
                 dist.close()
             finally:

@@ -86,7 +86,7 @@ def test_defaults_and_properties():
     w.has_sorted_indices = False
     model = SparseMLP([w])
     assert model.weights[0].has_sorted_indices and model.weights[0] is not w
-    model.train_step(np.ones((1, 1)), np.zeros((1, 3)), 1.0)
+    model.train_step(np.ones((1, 1)), np.zeros((1, 3)), lr=1.0)
     np.testing.assert_array_equal(w.toarray(), [[0.0, 2.0, 1.0]])
 
 
@@ -122,7 +122,7 @@ def test_radixnet_with_other_input_and_output_widths():
 
 def test_save_load_round_trip(tmp_path):
     model = small_model(activation="clipped_relu", output_activation="sigmoid", dtype=np.float32)
-    model.train_step(np.ones((2, 8)), np.zeros((2, 3)), 0.1)
+    model.train_step(np.ones((2, 8)), np.zeros((2, 3)), lr=0.1)
     path = tmp_path / "model.npz"
     model.save(path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.npz"]
@@ -169,7 +169,7 @@ def test_load_rejects_bad_files(tmp_path):
 def test_bad_inputs_are_rejected_before_any_update(X, message):
     model = small_model()
     before = [w.data.copy() for w in model.weights]
-    for call in (lambda: model.train_step(X, np.zeros((len(X), 3)), 0.1),
+    for call in (lambda: model.train_step(X, np.zeros((len(X), 3)), lr=0.1),
                  lambda: model.predict(X), lambda: model.forward(X),
                  lambda: model.fit(X, np.zeros((len(X), 3)), progress=False)):
         with pytest.raises(ValueError, match=message):
@@ -194,15 +194,15 @@ def test_bad_inputs_are_rejected_before_any_update(X, message):
 def test_bad_targets(loss, Y, message):
     model = small_model(loss=loss)
     with pytest.raises(ValueError, match=message):
-        model.train_step(np.ones((2, 8)), Y, 0.1)
+        model.train_step(np.ones((2, 8)), Y, lr=0.1)
 
 
 def test_integer_labels_equal_one_hot_targets():
     a = small_model(loss="softmax_cross_entropy")
     b = a.copy()
     X = np.random.default_rng(1).random((4, 8))
-    a.train_step(X, np.array([0, 2, 1, 2]), 0.3)
-    b.train_step(X, np.eye(3)[[0, 2, 1, 2]], 0.3)
+    a.train_step(X, np.array([0, 2, 1, 2]), lr=0.3)
+    b.train_step(X, np.eye(3)[[0, 2, 1, 2]], lr=0.3)
     np.testing.assert_array_equal(a.weights[0].data, b.weights[0].data)
 
 

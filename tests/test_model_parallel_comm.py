@@ -44,7 +44,7 @@ def _incoming_logs(client, token):
 
 
 def _run(client, model, parts, steps=2, batch=4, nparts=None, **options):
-    dist = DistributedSparseMLP(model, client, parts, nparts=nparts, **options)
+    dist = DistributedSparseMLP(model, client, partition=parts, nparts=nparts, **options)
     rng = np.random.default_rng(0)
     for _ in range(steps):
         x = rng.uniform(size=(batch, model.n_inputs))
@@ -57,7 +57,7 @@ def _run(client, model, parts, steps=2, batch=4, nparts=None, **options):
 def test_plugin_agrees_with_worker_logs_and_prediction(dask_client, nparts):
     """With a task per layer step, every message is a transfer Dask logs itself: the plugin's
     counts equal the workers' logs, and the serialization overhead is measured. (Posted messages,
-    ``messages="actors"``, are outside Dask's transfer logs; their payload is checked against
+    ``messages="posted"``, are outside Dask's transfer logs; their payload is checked against
     the prediction in ``test_model_parallel_microbatches.py``.)"""
     model = SparseMLP.radixnet(neurons=64, layers=3, seed=1)
     rng = np.random.default_rng(nparts)
@@ -66,8 +66,10 @@ def test_plugin_agrees_with_worker_logs_and_prediction(dask_client, nparts):
     try:
         report = dist.comm_report()
         expected = _expected_bytes(model, parts, dist.part_workers, batch=4, steps=2)
-        assert report.payload == report.predicted == expected > 0
-        assert report.other == 0
+        assert report.total() == report.total("predicted") == expected > 0
+        assert report.total(phase="other") == 0
+        # Per layer, phase and worker pair: measured equals predicted, bytes and messages.
+        assert report.exact, report.format()
         # The workers' incoming-transfer logs: same bytes per (sender, receiver), same messages.
         logged_bytes: Counter = Counter()
         logged_messages: Counter = Counter()
@@ -75,20 +77,23 @@ def test_plugin_agrees_with_worker_logs_and_prediction(dask_client, nparts):
             for sender, _, nbytes in entries:
                 logged_bytes[(sender, receiver)] += nbytes
                 logged_messages[(sender, receiver)] += 1
-        assert {pair: row["bytes"] for pair, row in report.pairs.items()} == dict(logged_bytes)
-        assert {pair: row["messages"] for pair, row in report.pairs.items()} == dict(
-            logged_messages
-        )
-        # Per layer and phase: measured equals predicted; no partial sums go back in layer 1.
-        for (layer, phase), row in report.layers.items():
-            assert row["measured"] == row["predicted"], (layer, phase)
-        assert report.layers[(1, "backward")]["measured"] == 0
-        assert report.wire_total > report.wire_payload > 0
-        text = report.format()
-        assert "equal" in text and "serialization overhead" in text
+        pair_bytes: Counter = Counter()
+        pair_messages: Counter = Counter()
+        for (_, _, sender, receiver), (nbytes, messages) in report.measured.items():
+            pair_bytes[(sender, receiver)] += nbytes
+            pair_messages[(sender, receiver)] += messages
+        assert dict(pair_bytes) == dict(logged_bytes)
+        assert dict(pair_messages) == dict(logged_messages)
+        # No partial sums go back in layer 1.
+        assert not any(k[:2] == (1, "backward") for k in report.measured)
+        assert report.by("what") == report.by("what", "predicted")
+        details = report.details
+        assert details["wire_total"] > details["wire_payload"] > 0
+        assert details["serialization_overhead"] == details["wire_total"] - details["wire_payload"]
+        assert "equal" in report.format()
         # A reset starts a new measurement.
         dist.reset_comm()
-        assert dist.comm_report().payload == 0
+        assert dist.comm_report().total() == 0
     finally:
         dist.close()
 
@@ -102,7 +107,7 @@ def test_partition_ratio_measured_equals_analytic(dask_client):
         partition = partition_module.partition_network(model.weights, 2, method=method, seed=0)
         dist = _run(dask_client, model, partition, steps=1)
         try:
-            measured[method] = dist.comm_report().payload
+            measured[method] = dist.comm_report().total()
             analytic[method] = _expected_bytes(model, partition.parts, dist.part_workers, 4, 1)
         finally:
             dist.close()
@@ -119,7 +124,7 @@ def _scheduler_task_count(client):
 def test_bad_input_is_rejected_before_scheduling(dask_client):
     model = SparseMLP.radixnet(neurons=32, layers=2, seed=3, loss="mse")
     parts = [np.arange(32) % 2] * 3
-    dist = DistributedSparseMLP(model, dask_client, parts)
+    dist = DistributedSparseMLP(model, dask_client, partition=parts)
     try:
         before = _scheduler_task_count(dask_client)
         x = np.ones((3, 32))
@@ -142,10 +147,10 @@ def test_bad_input_is_rejected_before_scheduling(dask_client):
     finally:
         dist.close()
     with pytest.raises(ValueError, match="part arrays"):
-        DistributedSparseMLP(model, dask_client, parts[:2])
+        DistributedSparseMLP(model, dask_client, partition=parts[:2])
     with pytest.raises(ValueError, match="neurons"):
         DistributedSparseMLP(
-            model, dask_client, [np.zeros(32, int), np.zeros(31, int), np.zeros(32, int)]
+            model, dask_client, partition=[np.zeros(32, int), np.zeros(31, int), np.zeros(32, int)]
         )
 
 
@@ -156,11 +161,11 @@ def test_a_lost_worker_is_reported_by_name():
     with LocalCluster(
         n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
     ) as cluster, Client(cluster) as client:
-        dist = DistributedSparseMLP(model, client, [np.arange(32) % 2] * 3)
+        dist = DistributedSparseMLP(model, client, partition=[np.arange(32) % 2] * 3)
         victim = dist.part_workers[1]
         pid = client.run(os.getpid, workers=[victim])[victim]
         os.kill(pid, signal.SIGKILL)
         x, y = np.ones((2, 32)), np.ones((2, 32))
-        with pytest.raises(RuntimeError, match=f"{victim}.*parts \\[1\\]"):
+        with pytest.raises(RuntimeError, match=f"{victim} \\(part 1\\)"):
             for _ in range(50):  # until the scheduler notices the loss
                 dist.train_step(x, y, lr=0.1)

@@ -66,9 +66,9 @@ def _memory_plugins(client) -> set[str]:
 def test_reuse_memory_is_opt_in_and_removed_on_close(dask_client):
     model = SparseMLP.radixnet(32, 2, seed=0)
     parts = [np.zeros(32, dtype=int)] * 3
-    with DistributedSparseMLP(model, dask_client, parts, nparts=1):
+    with DistributedSparseMLP(model, dask_client, partition=parts, nparts=1):
         assert _memory_plugins(dask_client) == set()  # the default leaves malloc alone
-    dist = DistributedSparseMLP(model, dask_client, parts, nparts=1, reuse_memory=True)
+    dist = DistributedSparseMLP(model, dask_client, partition=parts, nparts=1, reuse_memory=True)
     try:
         tuned = dask_client.run(lambda dask_worker: dask_worker.dasknn_malloc_tuned)
         assert set(tuned.values()) == {True}

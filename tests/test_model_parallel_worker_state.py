@@ -12,11 +12,12 @@ import sparse
 from distributed import futures_of
 from random_layers import random_layers
 
+from dasknn.exceptions import ModelClosedError
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
-from dasknn.model_parallel.comm import read_transfers
 from dasknn.optim import SGD, Adam
 from dasknn.runtime.key_cache import key_cache_plugin_name
+from dasknn.runtime.measure import read_transfers
 
 pytestmark = pytest.mark.minversions  # also run at the minimum versions (.ci/run)
 
@@ -47,7 +48,7 @@ def test_weights_are_snapshots_of_the_last_completed_step(dask_client):
     model = _model(seed=1)
     reference = model.copy()
     optimizer = SGD(lr=0.2, momentum=0.5)
-    with DistributedSparseMLP(model, dask_client, _parts(model, 3, seed=1)) as dist:
+    with DistributedSparseMLP(model, dask_client, partition=_parts(model, 3, seed=1)) as dist:
         first = dist.weights[1]
         first_values = first.compute().todense()
         assert dist.weights[1] is first  # reads between steps share one copy
@@ -98,7 +99,7 @@ def test_training_while_dask_spills_the_weights(tmp_path):
         memory_limit="128 MiB",
         local_directory=tmp_path,
     ) as cluster, Client(cluster) as client:
-        with DistributedSparseMLP(model, client, _parts(model, 2, seed=2)) as dist:
+        with DistributedSparseMLP(model, client, partition=_parts(model, 2, seed=2)) as dist:
             x, y = _batch(model, 60, seed=2)
             for epoch in range(3):
                 fit = {"batch_size": 8, "seed": epoch, "progress": False, "optimizer": optimizer}
@@ -131,7 +132,9 @@ def _scheduler_plugins(dask_scheduler) -> list[str]:
 def test_close_removes_every_plugin_and_key(dask_client):
     model = _model(seed=3)
     x, y = _batch(model, 12, seed=3)
-    with DistributedSparseMLP(model, dask_client, _parts(model, 3), reuse_memory=True) as dist:
+    with DistributedSparseMLP(
+        model, dask_client, partition=_parts(model, 3), reuse_memory=True
+    ) as dist:
         token = dist.token
         dist.fit(x, y, batch_size=4, optimizer=Adam(), progress=False)
         dist.predict(x, batch_size=5)
@@ -152,9 +155,9 @@ def test_close_removes_every_plugin_and_key(dask_client):
         time.sleep(0.1)
     assert dask_client.run_on_scheduler(_model_keys, token=token) == []
     assert read_transfers(dask_client, token) == []
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(ModelClosedError, match="closed"):
         dist.train_step(x, y)
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(ModelClosedError, match="closed"):
         dist.gather()
     dist.close()  # a second close does nothing
 
@@ -163,9 +166,9 @@ def _take_with_idle_work(token: str) -> dict:
     """Task: exercise the mailbox's idle work on this worker's :class:`ModelState`."""
     import threading
 
-    from dasknn.model_parallel.worker_state import model_state
+    from dasknn.model_parallel.worker_state import ModelState
 
-    owner = model_state(token)
+    owner = ModelState.on_worker(token)
     ran: list[str] = []
     seen = {}
     owner.queue_idle(ran.append, "first")
@@ -191,17 +194,17 @@ def _take_with_idle_work(token: str) -> dict:
 
 
 def test_idle_work_runs_while_a_message_is_missing(dask_client):
-    """``take`` runs the queued jobs (the weight updates of ``messages="actors"``) only while the
+    """``take`` runs the queued jobs (the weight updates of ``messages="posted"``) only while the
     message it needs has not arrived, one at a time and in order; ``run_idle`` runs what is left;
     ``clear_steps`` drops them."""
-    from dasknn.model_parallel.worker_state import ModelState, plugin_name
+    from dasknn.model_parallel.worker_state import ModelState
 
     token = "idle-work-test"
-    dask_client.register_plugin(ModelState(token), name=plugin_name(token))
+    dask_client.register_plugin(ModelState(token), name=ModelState.plugin_name(token))
     try:
         seen = dask_client.submit(_take_with_idle_work, token, pure=False).result(timeout=60)
     finally:
-        dask_client.unregister_worker_plugin(plugin_name(token))
+        dask_client.unregister_worker_plugin(ModelState.plugin_name(token))
     assert seen["ready"] == ([0.0], [])
     assert seen["late"] == ([1.0, 1.0], ["first", "second"])
     assert seen["during"] == ([2.0, 2.0, 2.0], ["first", "second"])
@@ -212,9 +215,9 @@ def test_idle_work_runs_while_a_message_is_missing(dask_client):
 def _drop_steps_between_two_layers(token: str) -> dict:
     """Task: begin two steps on this worker's :class:`ModelState`, drop the steps in flight
     (as a failed step or a closing model does), then ask for their values again."""
-    from dasknn.model_parallel.worker_state import model_state
+    from dasknn.model_parallel.worker_state import ModelState
 
-    owner = model_state(token)
+    owner = ModelState.on_worker(token)
     owner.part_step(7, 0).microbatch(0).forward[2] = (None, None, np.ones(1))
     owner.part_step(8, 1)
     seen = {"dropped": owner.clear_steps()}
@@ -232,17 +235,17 @@ def test_a_dropped_step_is_refused_instead_of_started_afresh(dask_client):
     or the model's plugin closing) fails with a ``RuntimeError`` saying so, instead of finding
     empty values and failing on a missing layer (``KeyError(2)`` in the soak); a later step runs.
     Once the plugin is removed, a step task is told the model is not on its worker."""
-    from dasknn.model_parallel.worker_state import ModelState, model_state, plugin_name
+    from dasknn.model_parallel.worker_state import ModelState
 
     token = "dropped-step-test"
-    dask_client.register_plugin(ModelState(token), name=plugin_name(token))
+    dask_client.register_plugin(ModelState(token), name=ModelState.plugin_name(token))
     try:
         seen = dask_client.submit(_drop_steps_between_two_layers, token, pure=False).result(60)
     finally:
-        dask_client.unregister_worker_plugin(plugin_name(token))
+        dask_client.unregister_worker_plugin(ModelState.plugin_name(token))
     assert seen["dropped"] == 2
     for step in (7, 8):
         assert seen[step].startswith(f"step {step} was dropped on this worker"), seen[step]
     assert seen[9] == "started"
-    with pytest.raises(RuntimeError, match="is not on this worker"):
-        dask_client.submit(model_state, token, pure=False).result(60)
+    with pytest.raises(ModelClosedError, match="holds no state of model"):
+        dask_client.submit(ModelState.on_worker, token, pure=False).result(60)

@@ -135,7 +135,7 @@ def test_explicit_zeros_stay_in_the_pattern():
     assert model.weights[0].nnz == 2
     ref = DenseReference([w0, w1], [np.zeros(2), np.zeros(1)], "identity", "identity", "mse")
     X, Y = np.array([[1.0, 2.0]]), np.array([[3.0]])
-    model.train_step(X, Y, 0.1)
+    model.train_step(X, Y, lr=0.1)
     ref.step(X, Y, 0.1)
     assert model.weights[0][0, 0] != 0
     np.testing.assert_allclose(model.weights[0].toarray(), ref.W[0], rtol=1e-14)

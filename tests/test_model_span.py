@@ -73,7 +73,7 @@ def test_a_training_step_adds_one_span_entry(dask_client):
     batches, batch_size = 12, 4
     x = rng.uniform(size=(batches * batch_size, model.n_inputs))
     y = rng.uniform(size=(batches * batch_size, model.n_outputs))
-    with DistributedSparseMLP(model, dask_client, parts) as dist:
+    with DistributedSparseMLP(model, dask_client, partition=parts) as dist:
         dist.fit(x, y, batch_size=batch_size, lr=0.1, progress=False, shuffle=False)
         before = _entries(dask_client)
         dist.fit(x, y, batch_size=batch_size, lr=0.1, progress=False, shuffle=False)

@@ -38,7 +38,7 @@ def test_shared_plugins_leave_with_the_last_model():
     parts = [np.arange(n) % 2 for n in model.layer_sizes]
     x = np.random.default_rng(0).uniform(size=(6, 8))
     with local_cluster(2) as cluster, Client(cluster) as client:
-        first = DistributedSparseMLP(model, client, parts)
+        first = DistributedSparseMLP(model, client, partition=parts)
         second = data_parallel(EmbeddingMLP(24, 2, 3, hidden=(4,)), client, sparse_partitions=2)
         on_scheduler, on_workers = _dasknn_plugins(client)
         assert SHARED_ON_SCHEDULER <= on_scheduler and SHARED_ON_WORKERS <= on_workers
@@ -56,7 +56,8 @@ def test_shared_plugins_leave_with_the_last_model():
 def test_a_monitor_installed_for_the_cluster_stays():
     with local_cluster(2) as cluster, Client(cluster) as client:
         install_comm_monitor(client)
-        with DistributedSparseMLP(_sparse_model(), client, [np.zeros(n, int) for n in (8, 10, 4)]):
+        parts = [np.zeros(n, int) for n in (8, 10, 4)]
+        with DistributedSparseMLP(_sparse_model(), client, partition=parts):
             pass
         on_scheduler, on_workers = _dasknn_plugins(client)
         assert "dasknn-comm" in on_scheduler and SHARED_ON_WORKERS <= on_workers

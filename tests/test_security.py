@@ -144,7 +144,7 @@ def test_tls_cluster_trains_and_runs_the_challenge(tls_cluster, certificates, tm
     with ExitStack() as stack:
         client = open_client(stack, address, security=security)
         partition = graph.partition_network(model.weights, 2, seed=0)
-        with DistributedSparseMLP(model, client, partition) as dist:
+        with DistributedSparseMLP(model, client, partition=partition) as dist:
             dist.fit(x, y, batch_size=8, epochs=1, lr=0.5, seed=1, progress=False)
             trained = dist.gather()
     reference.fit(x, y, batch_size=8, epochs=1, lr=0.5, seed=1, progress=False)

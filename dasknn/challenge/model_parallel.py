@@ -219,7 +219,7 @@ def _run(
         dtype=dtype,
     )
     start = time.perf_counter()
-    dist = DistributedSparseMLP(model, client, partition, step_timeout=step_timeout)
+    dist = DistributedSparseMLP(model, client, partition=partition, step_timeout=step_timeout)
     placement_seconds = time.perf_counter() - start
     try:
         alive = np.zeros(matrix.shape[0], dtype=bool)
@@ -252,8 +252,8 @@ def _run(
         nparts=nparts,
         workers=n_workers,
         method=method,
-        measured_bytes=report.payload,
-        predicted_bytes=report.predicted,
+        measured_bytes=report.total(),
+        predicted_bytes=report.total("predicted"),
         batch_size=batch_size,
         dtype=dtype.name,
     )

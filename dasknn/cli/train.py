@@ -124,9 +124,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--messages",
-        choices=("tasks", "actors"),
-        default="actors",
-        help="tasks: a task per layer step and message; actors: a task per worker and step, "
+        choices=("tasks", "posted"),
+        default="posted",
+        help="tasks: a task per layer step and message; posted: a task per worker and step, "
         "messages posted straight between workers (see docs/training.md)",
     )
     parser.set_defaults(func=run)
@@ -235,23 +235,7 @@ def _statistics(args, model, partition, dist, times: TrainingTimes, epochs: list
             "pack": times.pack,
             "wait": times.wait,
         },
-        "comm": {
-            "payload": comm.payload,
-            "predicted": comm.predicted,
-            "predicted_parts": comm.predicted_parts,
-            "other": comm.other,
-            "matches": comm.matches,
-            "layers": [
-                {"layer": layer, "phase": phase, **row}
-                for (layer, phase), row in sorted(
-                    comm.layers.items(), key=lambda item: (item[0][0] or 0, item[0][1])
-                )
-            ],
-            "pairs": [
-                {"sender": sender, "receiver": receiver, **row}
-                for (sender, receiver), row in sorted(comm.pairs.items())
-            ],
-        },
+        "comm": json.loads(comm.to_json()),
     }
 
 
@@ -289,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
             DistributedSparseMLP(
                 model,
                 client,
-                partition,
+                partition=partition,
                 reuse_memory=args.reuse_memory,
                 microbatches=args.microbatches,
                 messages=args.messages,

@@ -135,6 +135,7 @@ class SparseEstimator:
         self,
         X,
         Y,
+        *,
         batch_size: int = 64,
         epochs: int = 1,
         lr: float | None = None,
@@ -312,6 +313,7 @@ class SparseEstimator:
         self,
         X,
         Y,
+        *,
         batch_size: int = 64,
         lr: float | None = None,
         shuffle: bool = True,
@@ -499,7 +501,7 @@ class InProcessEstimator(SparseEstimator):
         return [(z.T, a.T) for z, a in self._forward(xt)]
 
     def train_step(
-        self, X, Y, lr: float | None = None, optimizer: Optimizer | None = None
+        self, X, Y, *, lr: float | None = None, optimizer: Optimizer | None = None
     ) -> float:
         """One training step on the batch ``(X, Y)``, updating weights and biases in place.
 

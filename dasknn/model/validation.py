@@ -50,7 +50,7 @@ def check_inputs(X, n_inputs: int, dtype: np.dtype) -> np.ndarray:
             f"X has {X.shape[1]} features per sample but the network's input layer has {n_inputs}"
         )
     if X.shape[0] == 0:
-        raise ValueError("X has no samples (0 rows)")
+        raise ValueError("X has no samples (0 rows; at least one is needed)")
     return _finite_real(X, "X", dtype)
 
 
@@ -83,7 +83,10 @@ def check_targets(Y, n_samples: int, n_outputs: int, loss: Loss, dtype: np.dtype
         if not np.issubdtype(Y.dtype, np.integer):
             raise ValueError(f"1-D class labels must be integers, got dtype {Y.dtype}")
         if Y.shape[0] != n_samples:
-            raise ValueError(f"got {Y.shape[0]} labels for {n_samples} samples")
+            raise ValueError(
+                f"got {Y.shape[0]} labels for {n_samples} samples (one per row of X: its rows "
+                "and the labels' length differ)"
+            )
         if Y.size and (Y.min() < 0 or Y.max() >= n_outputs):
             raise ValueError(
                 f"class labels must lie in [0, {n_outputs}), got range [{Y.min()}, {Y.max()}]"

@@ -1,9 +1,11 @@
-"""The communication report of a distributed model: measured bytes against the prediction.
+"""The model-parallel model's traffic predicted from its plan, and the wire bytes Dask logged.
 
 The transfers are measured by the runtime's plugins (:mod:`dasknn.runtime.measure`: each
 receiving worker reports the key, its exact sender and its size; the scheduler plugin
 :class:`~dasknn.runtime.measure.CommMonitor` counts them per layer, phase, sender and receiver).
-:class:`CommReport` sets them beside the partition's prediction.
+:func:`predicted_counts` predicts the same counts from the communication plan, so
+``DistributedSparseMLP.comm_report()`` (a :class:`~dasknn.runtime.comm_report.CommReport`) sets
+them side by side.
 
 Payload is what the plugin counts. Serialization overhead (headers, framing) is measured from the
 workers' own ``transfer_outgoing_log`` (wire bytes written minus payload) by :func:`wire_bytes`.
@@ -11,24 +13,78 @@ workers' own ``transfer_outgoing_log`` (wire bytes written minus payload) by :fu
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 
+from dasknn.model_parallel.plan import CommPlan
+from dasknn.runtime.comm_report import Key
 from dasknn.runtime.keys import message_phase
-from dasknn.runtime.measure import (
-    CommMonitor,
-    install_comm_monitor,
-    read_transfers,
-    reset_transfers,
-)
 
-__all__ = [
-    "CommMonitor",
-    "CommReport",
-    "install_comm_monitor",
-    "read_transfers",
-    "reset_transfers",
-    "wire_bytes",
-]
+__all__ = ["SOFTMAX_ITEMSIZE", "SOFTMAX_PART_ROWS", "predicted_counts", "wire_bytes"]
+
+#: Rows of one part's softmax statistics per sample (the peak, the sum of exponentials and the
+#: target sum); the combined statistics sent back have 2 (log-sum-exp and target sum).
+SOFTMAX_PART_ROWS = 3
+#: Bytes of one value of the softmax statistics (float64 whatever the model's dtype).
+SOFTMAX_ITEMSIZE = 8
+
+
+def predicted_counts(
+    plan: CommPlan,
+    part_workers: Sequence[str],
+    batch: int,
+    itemsize: int,
+    backward: bool,
+    microbatches: int = 1,
+    posted: bool = False,
+    softmax: bool = False,
+) -> dict[Key, tuple[int, int]]:
+    """``{(layer, phase, sender, receiver): (bytes, messages)}`` between different workers of
+    one batch of ``batch`` rows in ``microbatches`` blocks: a training step (``backward``) or a
+    forward pass.
+
+    Forward, layer ``k``: every message ``(m, n, words)`` of ``plan.messages(k)`` whose parts are
+    on different workers carries ``words * batch * itemsize`` bytes from ``m``'s worker to
+    ``n``'s; backward (layers ``k >= 2``) the same bytes go back from ``n``'s worker to ``m``'s.
+    A message is one per block and part pair with ``posted`` (a step of ``messages="posted"``),
+    else one per block, sending part and receiving worker (a task result holds the rows of every
+    receiving part on that worker). ``softmax`` (a training step of softmax cross-entropy): every
+    part on another worker than part 0 sends ``3 * batch`` float64 statistics to part 0's
+    worker (phase ``"other"`` of layer ``L``), which sends ``2 * batch`` combined ones back to
+    every other part worker, a message per block each.
+    """
+    out: dict[Key, list[int]] = {}
+
+    def add(key: Key, nbytes: int, messages: int) -> None:
+        row = out.setdefault(key, [0, 0])
+        row[0] += nbytes
+        row[1] += messages
+
+    L = plan.n_layers
+    for k in range(1, L + 1):
+        senders: set = set()
+        returners: set = set()
+        for m, n, words in plan.messages(k):
+            wm, wn = part_workers[m], part_workers[n]
+            if wm == wn:
+                continue
+            nbytes = words * batch * itemsize
+            first = posted or (m, wn) not in senders
+            senders.add((m, wn))
+            add((k, "forward", wm, wn), nbytes, microbatches if first else 0)
+            if backward and k >= 2:
+                first = posted or (n, wm) not in returners
+                returners.add((n, wm))
+                add((k, "backward", wn, wm), nbytes, microbatches if first else 0)
+    if softmax:
+        root = part_workers[0]
+        part_stats = SOFTMAX_PART_ROWS * batch * SOFTMAX_ITEMSIZE
+        combined = 2 * batch * SOFTMAX_ITEMSIZE
+        for w in part_workers:
+            if w != root:
+                add((L, "other", w, root), part_stats, microbatches)
+        for w in sorted(set(part_workers) - {root}):
+            add((L, "other", root, w), combined, microbatches)
+    return {key: (b, m) for key, (b, m) in out.items()}
 
 
 def _outgoing_log(dask_worker, token, first_step):
@@ -55,72 +111,3 @@ def wire_bytes(client, token: str, first_step: int) -> tuple[int, int, int]:
             payload += total
             wire += compressed
     return messages, payload, wire
-
-
-@dataclass
-class CommReport:
-    """Measured against predicted communication of a distributed model since the last reset.
-
-    Attributes
-    ----------
-    batches : int
-        Training steps and forward passes covered.
-    layers : dict
-        ``{(layer, phase): {"measured": bytes, "messages": n, "predicted": bytes}}`` for phases
-        ``forward``, ``backward`` and ``other``.
-    pairs : dict
-        ``{(sender, receiver): {"bytes": n, "messages": n}}`` over all phases.
-    payload : int
-        Measured forward plus backward bytes.
-    predicted : int
-        Predicted forward plus backward bytes between different workers.
-    predicted_parts : int
-        Predicted forward plus backward bytes between different parts (equals ``predicted`` when
-        every part has its own worker).
-    other : int
-        Bytes of other transfers (softmax statistics, anything not a layer message).
-    wire_messages, wire_payload, wire_total : int
-        The senders' logs: messages, their payload and the bytes actually written.
-    """
-
-    batches: int
-    layers: dict = field(default_factory=dict)
-    pairs: dict = field(default_factory=dict)
-    payload: int = 0
-    predicted: int = 0
-    predicted_parts: int = 0
-    other: int = 0
-    wire_messages: int = 0
-    wire_payload: int = 0
-    wire_total: int = 0
-
-    @property
-    def matches(self) -> bool:
-        """Whether the measured payload equals the prediction exactly."""
-        return self.payload == self.predicted
-
-    @property
-    def serialization_overhead(self) -> int:
-        """Bytes written beyond the payload, over the logged messages."""
-        return self.wire_total - self.wire_payload
-
-    def format(self) -> str:
-        """A text table: per layer and phase, then totals."""
-        lines = [f"{'layer':>5} {'phase':<9} {'measured B':>14} {'predicted B':>14} {'msgs':>6}"]
-        rows = sorted(self.layers.items(), key=lambda item: (item[0][0] or 0, item[0][1]))
-        for (layer, phase), row in rows:
-            lines.append(
-                f"{layer if layer is not None else '-':>5} {phase:<9} {row['measured']:>14,d} "
-                f"{row['predicted']:>14,d} {row['messages']:>6d}"
-            )
-        lines.append(
-            f"forward+backward payload: measured {self.payload:,d} B, predicted {self.predicted:,d}"
-            f" B ({'equal' if self.matches else 'DIFFERENT'}); other transfers {self.other:,d} B"
-        )
-        if self.wire_messages:
-            lines.append(
-                f"serialization overhead: {self.serialization_overhead:,d} B over "
-                f"{self.wire_messages} logged messages "
-                f"({self.serialization_overhead / self.wire_messages:.0f} B per message)"
-            )
-        return "\n".join(lines)

@@ -12,8 +12,8 @@ import threading
 import time
 from typing import Any
 
-from dasknn.model_parallel.comm import CommReport
 from dasknn.model_parallel.model import DistributedSparseMLP
+from dasknn.runtime.comm_report import CommReport
 from dasknn.runtime.dashboard import install_dashboard_page, publish_report
 
 __all__ = ["DashboardFeed", "report_message"]
@@ -22,9 +22,22 @@ __all__ = ["DashboardFeed", "report_message"]
 def report_message(
     token: str, report: CommReport, timings: dict[str, dict[str, float]], elapsed: float
 ) -> dict[str, Any]:
-    """The page's report of a model: ``report`` as plain lists, and per worker the seconds of
-    local products, update (the part on the task thread) and packing, and the rest of
-    ``elapsed`` (waiting: communication, scheduling, other workers)."""
+    """The page's report of a model: ``report`` as plain lists (measured bytes and messages per
+    worker pair; measured and predicted bytes and measured messages per layer and phase; the
+    measured and predicted forward plus backward bytes, the measured other bytes), and per
+    worker the seconds of local products, update (the part on the task thread) and packing, and
+    the rest of ``elapsed`` (waiting: communication, scheduling, other workers)."""
+    pairs: dict = {}
+    for (_, _, sender, receiver), (nbytes, messages) in report.measured.items():
+        row = pairs.setdefault((sender, receiver), [0, 0])
+        row[0] += nbytes
+        row[1] += messages
+    layers: dict = {}
+    for (layer, phase, _, _), ((mb, mm), (pb, _)) in report.compared().items():
+        row = layers.setdefault((layer, phase), [0, 0, 0])
+        row[0] += mb
+        row[1] += pb
+        row[2] += mm
     times = {}
     for worker, seconds in timings.items():
         products = seconds["forward_product"] + seconds["backward_product"]
@@ -38,21 +51,18 @@ def report_message(
         }
     return {
         "token": token,
-        "batches": report.batches,
+        "batches": report.steps,
         "workers": sorted(timings),
-        "pairs": [
-            [sender, receiver, row["bytes"], row["messages"]]
-            for (sender, receiver), row in sorted(report.pairs.items())
-        ],
+        "pairs": [[sender, receiver, *row] for (sender, receiver), row in sorted(pairs.items())],
         "layers": [
-            [layer, phase, row["measured"], row["predicted"], row["messages"]]
+            [layer, phase, *row]
             for (layer, phase), row in sorted(
-                report.layers.items(), key=lambda item: (item[0][0] or 0, item[0][1])
+                layers.items(), key=lambda item: (item[0][0] or 0, item[0][1])
             )
         ],
-        "payload": report.payload,
-        "predicted": report.predicted,
-        "other": report.other,
+        "payload": report.total(phase="forward") + report.total(phase="backward"),
+        "predicted": report.total("predicted", "forward") + report.total("predicted", "backward"),
+        "other": report.total(phase="other"),
         "times": times,
     }
 

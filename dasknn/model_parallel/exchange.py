@@ -1,4 +1,4 @@
-"""Training steps whose layer messages go straight from worker to worker (``messages="actors"``).
+"""Training steps whose layer messages go straight from worker to worker (``messages="posted"``).
 
 In the default mode (:mod:`dasknn.model_parallel.taskgraph`) every layer step of every part is a
 task and every message a task result the scheduler routes: each layer costs a scheduler round
@@ -38,7 +38,7 @@ from dasknn.model_parallel.steps import (
     combine_logsumexp,
     forward_task,
 )
-from dasknn.model_parallel.worker_state import model_state
+from dasknn.model_parallel.worker_state import ModelState
 from dasknn.runtime.keys import phase_names, step_key
 from dasknn.runtime.measure import report_transfers
 
@@ -71,7 +71,7 @@ class WorkerProgram:
 
 
 class ActorStepTemplate:
-    """The structure of a training step in ``messages="actors"`` mode: one task per worker.
+    """The structure of a training step in ``messages="posted"`` mode: one task per worker.
 
     Parameters
     ----------
@@ -181,7 +181,7 @@ def worker_step(
     after : list
         Ignored: this worker's task of the previous step, which must end first.
     """
-    owner = model_state(ctx.token)
+    owner = ModelState.on_worker(ctx.token)
     owner.postboxes = dict(zip(workers, postboxes, strict=True))
     L, M = ctx.n_layers, ctx.microbatches
     index = {m: j for j, m in enumerate(program.parts)}

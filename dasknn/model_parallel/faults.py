@@ -23,11 +23,7 @@ from dasknn.exceptions import StepTimeoutError, WorkerLostError
 
 from ..runtime.cluster import scheduler_workers
 from ..runtime.shared_plugins import hold_scheduler_plugin, release_scheduler_plugin
-from ..runtime.step_timeout import (
-    describe_worker,
-    describe_workers,
-    step_timeout_error,
-)
+from ..runtime.step_timeout import describe_workers
 from ..runtime.waiting import (
     run_naming_loss,
     wait_at_most,
@@ -37,17 +33,15 @@ __all__ = [
     "LOSS_GRACE_SECONDS",
     "POLL_SECONDS",
     "RetirementRequests",
-    "describe_worker",
-    "describe_workers",
     "install_retirement_watch",
     "release_retirement_watch",
     "lost_error",
     "lost_workers",
+    "part_roles",
     "part_workers_lost",
     "retirement_requests",
     "running_workers",
     "run_watching_part_workers",
-    "step_timeout_error",
     "wait_for_step",
 ]
 
@@ -66,7 +60,7 @@ class RetirementRequests(SchedulerPlugin):
     sets the worker's status to ``closing_gracefully``, which the scheduler logs as a
     ``worker-status-change`` event of the worker's topic; the plugin counts those events in its
     documented ``log_event`` hook. The count also covers a retirement that Dask refused: a worker
-    holding an actor (the postboxes of ``messages="actors"``) is never retired, and its status
+    holding an actor (the postboxes of ``messages="posted"``) is never retired, and its status
     is set back to ``running`` at once.
 
     Attributes
@@ -137,13 +131,29 @@ def running_workers(client, leaving: Sequence[str] = ()) -> list[str]:
     )
 
 
+def part_roles(part_workers: Sequence[str]) -> dict[str, str]:
+    """``{address: "parts 0, 2"}``: the parts of every part worker (``"part 1"`` for one)."""
+    parts: dict[str, list[str]] = {}
+    for m, address in enumerate(part_workers):
+        parts.setdefault(address, []).append(str(m))
+    return {
+        address: f"part{'s' if len(ms) > 1 else ''} {', '.join(ms)}"
+        for address, ms in parts.items()
+    }
+
+
+def _named(part_workers: Sequence[str], lost: Sequence[str]) -> str:
+    """``"ADDRESS (part 1), ..."``: the workers ``lost`` with their parts."""
+    roles = part_roles(part_workers)
+    return ", ".join(f"{w} ({roles[w]})" if w in roles else w for w in lost)
+
+
 def lost_error(part_workers: Sequence[str], lost: Sequence[str]) -> WorkerLostError:
-    """The error naming the parts whose workers are ``lost``."""
-    parts = [m for m, w in enumerate(part_workers) if w in lost]
+    """The error naming the workers ``lost`` with their parts."""
     return WorkerLostError(
-        f"worker(s) {', '.join(lost)} holding parts {parts} of the model left the cluster (or "
-        "were asked to), and their weights with them; fit(checkpoint=DIR) restores the last "
-        "checkpoint and goes on"
+        f"worker(s) {_named(part_workers, lost)} of the model left the cluster (or were asked "
+        "to), and their weights with them; fit(checkpoint=DIR) restores the last checkpoint and "
+        "goes on"
     )
 
 
@@ -184,10 +194,8 @@ def part_workers_lost(client, part_workers: Sequence[str], doing: str) -> Worker
     lost = lost_workers(client, part_workers)
     if not lost:
         return None
-    parts = [m for m, w in enumerate(part_workers) if w in lost]
     return WorkerLostError(
-        f"worker(s) {', '.join(lost)} holding parts {parts} of the model left the "
-        f"cluster while {doing}"
+        f"worker(s) {_named(part_workers, lost)} of the model left the cluster while {doing}"
     )
 
 
@@ -234,5 +242,5 @@ def wait_for_step(
     waiting = sorted({part_workers[m] for f, m in zip(futures, parts, strict=True) if not f.done()})
     raise StepTimeoutError(
         f"a training or inference step made no progress for {timeout:g} s (step_timeout): "
-        f"{describe_workers(client, waiting) or 'no worker named'}"
+        f"{describe_workers(client, waiting, part_roles(part_workers)) or 'no worker named'}"
     )

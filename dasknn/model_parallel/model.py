@@ -11,37 +11,32 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 from collections import Counter, deque
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import dask
+import dask.array as da
 import numpy as np
 import scipy.sparse as sp
 
-from dasknn.exceptions import StepTimeoutError, WorkerLostError
+from dasknn.exceptions import ModelClosedError, StepTimeoutError, WorkerLostError
 from dasknn.model.estimator import SparseEstimator
-from dasknn.model.persistence import ModelRecord, pattern_digest, write_model
+from dasknn.model.persistence import ModelRecord, pattern_digest, read_model, write_model
 from dasknn.model.sparse_mlp import SparseMLP
 from dasknn.model.validation import check_in_flight
-from dasknn.model_parallel.comm import (
-    CommReport,
-    read_transfers,
-    reset_transfers,
-    wire_bytes,
-)
+from dasknn.model_parallel.comm import predicted_counts, wire_bytes
 from dasknn.model_parallel.exchange import ActorStepTemplate, postbox_key
 from dasknn.model_parallel.faults import (
     POLL_SECONDS,
     install_retirement_watch,
     lost_error,
     lost_workers,
+    part_roles,
     part_workers_lost,
     release_retirement_watch,
     retirement_requests,
     running_workers,
-    step_timeout_error,
     wait_for_step,
 )
 from dasknn.model_parallel.layout import (
@@ -59,13 +54,14 @@ from dasknn.model_parallel.microbatches import auto_microbatches, check_microbat
 from dasknn.model_parallel.plan import build_comm_plan, normalize_partition
 from dasknn.model_parallel.steps import StepContext
 from dasknn.model_parallel.taskgraph import PartPlacement, StepPriority, StepTemplate
-from dasknn.model_parallel.worker_state import ModelState, plugin_name, read_parts
+from dasknn.model_parallel.worker_state import ModelState, read_parts
 from dasknn.optim import Optimizer, ParamState, resolve_optimizer
-from dasknn.runtime.cluster import open_client, scheduler_workers
+from dasknn.runtime.comm_report import CommReport, counts_of
 from dasknn.runtime.distributed_model import DistributedModel
+from dasknn.runtime.measure import read_transfers
 from dasknn.runtime.model_span import held_in_span, new_span
 from dasknn.runtime.postbox import Postbox
-from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT, check_step_timeout
+from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT
 from dasknn.runtime.waiting import call_at_most, gather_at_most
 from dasknn.runtime.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
 from dasknn.runtime.worker_memory import ReuseFreedMemory
@@ -85,6 +81,16 @@ def _reset_timings_on_worker(dask_worker, name):
     dask_worker.plugins[name].reset_timings()
 
 
+def _hypergraph_partition(model: SparseMLP, nparts: int) -> list[np.ndarray]:
+    """The hypergraph partition of ``model``'s neurons into ``nparts`` parts
+    (:func:`graph.partition.partition_network`); every neuron in part 0 when ``nparts`` is 1."""
+    if nparts == 1:
+        return [np.zeros(n, dtype=np.int64) for n in model.layer_sizes]
+    from graph.partition import partition_network
+
+    return partition_network(model.weights, nparts).parts
+
+
 class DistributedSparseMLP(SparseEstimator, DistributedModel):
     """A sparse MLP whose layers are split by neurons across Dask workers.
 
@@ -101,12 +107,18 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
     client : distributed.Client, cluster, JobqueueSpec, str or None
         Where to run: a client, a running cluster object (``LocalCluster``, a dask-jobqueue
         cluster, ...), a :class:`~dasknn.runtime.jobqueue.JobqueueSpec` of batch jobs to start, a
-        scheduler address, or ``None`` for a new local cluster; what the model opens here it
-        closes in :meth:`close`.
-    partition : graph.NetworkPartition or sequence of L + 1 int arrays
+        scheduler address, or ``None`` (the default) for a new local cluster on 127.0.0.1; what
+        the model opens here it closes in :meth:`close`. Every argument after ``client`` is
+        keyword-only.
+    partition : graph.NetworkPartition, sequence of L + 1 int arrays, or None
         ``parts[k][j]`` is the part owning neuron ``j`` of layer ``k`` (``k = 0``: inputs).
+        ``None`` (the default): the hypergraph partition of the network into one part per used
+        worker (or ``nparts``), computed here by
+        :func:`graph.partition.partition_network` (``graph.partition_network(model.weights,
+        nparts)``; seconds for large networks, and the same partition for the same network).
     nparts : int, optional
-        Number of parts (defaults to ``partition.nparts`` or the largest id plus one).
+        Number of parts (defaults to ``partition.nparts`` or the largest id plus one; with
+        ``partition=None``, the number of used workers).
     separate_packing : bool
         Use a separate pack task per message after each part's product task (two scheduler
         round trips per layer instead of one); only to measure the default's saving.
@@ -123,8 +135,12 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         step is the same step. ``None`` (the default) chooses per step with
         :func:`~dasknn.model_parallel.microbatches.auto_microbatches`: 1 when all parts are on
         one worker, else blocks of at least 256 rows, at most 4 of them.
-    messages : {"actors", "tasks"}
-        How a training step runs. ``"actors"`` (the default): one task per worker and step runs
+    workers : sequence of str, optional
+        The addresses of the workers to use (part ``m`` on ``workers[m % W]``); default every
+        worker of the cluster, sorted. ``ValueError`` for an address that is not a worker of
+        the cluster, or a repeated one.
+    messages : {"posted", "tasks"}
+        How a training step runs. ``"posted"`` (the default): one task per worker and step runs
         its parts through the layers and posts the messages straight to the receiving worker's
         postbox actor (:mod:`dasknn.model_parallel.exchange`), without a scheduler round trip per
         layer. ``"tasks"``: every layer step of every part is a task, every message between
@@ -151,8 +167,10 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         Worker address of every part.
     plugin_name : str
         Name of the model's :class:`~dasknn.model_parallel.worker_state.ModelState` worker plugin.
-    optimizer : Optimizer or None
+    optimizer_ : Optimizer or None
         The optimizer of the last training step (its state lives on the workers).
+    n_steps_ : int
+        Training steps done by this object (``fit``, ``partial_fit``, ``train_step``).
     loss_curve_ : list of float
         Per epoch of :meth:`fit` / :meth:`partial_fit` on this object, the mean batch loss.
     batch_loss_curve_ : list of float
@@ -161,43 +179,77 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
     Notes
     -----
     The model holds worker plugins and keys on the cluster until :meth:`close`; use it as a
-    context manager (``with DistributedSparseMLP(model, client, partition) as dist:``) to close it.
+    context manager (``with DistributedSparseMLP(model, client, partition=parts) as dist:``) to
+    close it; afterwards every call is a :class:`~dasknn.exceptions.ModelClosedError`.
 
     After a failed step (a lost worker, a timeout) the workers' values may mix two steps, so the
-    model refuses to run or to :meth:`gather` (a ``RuntimeError`` saying why) until
-    ``fit(..., resume=CHECKPOINT)`` puts a checkpoint back; ``fit(..., checkpoint=DIR)`` does that
-    by itself when a worker is lost.
+    model refuses to run or to :meth:`gather` (a :class:`~dasknn.exceptions.ModelFailedError`
+    saying why) until ``fit(..., resume=CHECKPOINT)`` puts a checkpoint back;
+    ``fit(..., checkpoint=DIR)`` does that by itself when a worker is lost.
     """
+
+    _watching_retirements = False  # whether the model holds the retirement watch
 
     def __init__(
         self,
         model: SparseMLP,
-        client,
-        partition,
+        client=None,
+        *,
+        partition=None,
         nparts: int | None = None,
         separate_packing: bool = False,
         reuse_memory: bool = False,
         microbatches: int | None = None,
-        messages: str = "actors",
+        workers: Sequence[str] | None = None,
+        messages: str = "posted",
         step_timeout: float = DEFAULT_STEP_TIMEOUT,
     ) -> None:
         self.microbatches = check_microbatches(microbatches)
-        if messages not in ("tasks", "actors"):
-            raise ValueError(f"messages must be 'tasks' or 'actors', got {messages!r}")
+        if messages not in ("posted", "tasks"):
+            raise ValueError(f"messages must be 'posted' or 'tasks', got {messages!r}")
         self.messages = messages
-        parts, nparts = normalize_partition(partition, model.layer_sizes, nparts)
-        step_timeout = check_step_timeout(step_timeout)
-        self._opened = ExitStack()
-        client = open_client(self._opened, client)
-        workers = sorted(scheduler_workers(client))
-        self.client = client
+        parts = None
+        if partition is not None:
+            parts, nparts = normalize_partition(partition, model.layer_sizes, nparts)
+        self._connect(client, step_timeout)
+        try:
+            self._setup(model, parts, nparts, workers)
+            self._separate_packing = separate_packing
+            self._watching_retirements = True  # released on failure, also if not installed
+            install_retirement_watch(self.client, self.token)
+            self._retirements = retirement_requests(self.client)
+            self._register(
+                ModelState(self.token),
+                lambda: self._place(self._chunks, model.biases, reuse_memory),
+            )
+        except BaseException:
+            try:
+                if not self._open and self._watching_retirements:
+                    self._watching_retirements = False
+                    release_retirement_watch(self.client, self.token)
+            finally:
+                self.close()  # what was registered and what _connect opened
+            raise
+        finally:
+            self._chunks = None
+
+    def _setup(
+        self, model: SparseMLP, parts: list | None, nparts: int | None, workers
+    ) -> None:
+        """The model's attributes: the used workers, the partition (the hypergraph one when
+        ``parts`` is ``None``), the plan and its weight chunks (``_chunks``, until placed)."""
+        self._chosen = None if workers is None else list(workers)
+        workers = self._use_workers(workers)
+        if parts is None:
+            nparts = len(workers) if nparts is None else nparts
+            parts, nparts = normalize_partition(
+                _hypergraph_partition(model, nparts), model.layer_sizes, nparts
+            )
         self.activation = model.activation
         self.output_activation = model.output_activation
         self.loss = model.loss
         self.dtype = model.dtype
         self.layer_sizes = list(model.layer_sizes)
-        self.step_timeout = float(step_timeout)
-        self.token = uuid.uuid4().hex[:16]
         #: The model's Dask span: every task it submits for training belongs to it, so a step's
         #: graph adds one entry to Dask's span metadata (see :mod:`dasknn.runtime.model_span`).
         self._span = new_span(f"dasknn-{self.token}")
@@ -205,40 +257,29 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         self._pattern = [(w.shape, w.indptr.copy(), w.indices.copy()) for w in model.weights]
         self._pattern_digest = pattern_digest(self._pattern)
         self._entries: list[list[np.ndarray]] | None = None
-        self._failed: str | None = None
         self._generation = 0  # placements of the network so far, less one
-        self.plan, chunks = build_comm_plan(model.weights, parts, nparts)
+        self.plan, self._chunks = build_comm_plan(model.weights, parts, nparts)
         self.part_workers = worker_of_parts(workers, nparts)
-        self.plugin_name = plugin_name(self.token)
+        self.plugin_name = ModelState.plugin_name(self.token)
         self._plugins: list[str] = []  # the worker plugins registered besides the model's own
         self._layout: Layout | None = None
         self._snapshot: Snapshot | None = None
         self._templates: dict = {}
         self._postboxes: list = []
-        self._separate_packing = separate_packing
+        self._separate_packing = False
         self._step = 0
-        self._version = 0  # training steps completed
+        self.n_steps_ = 0
         self._reset_step = 0
-        #: Batches run since the last reset, counted by (rows, backward): the comm report's
-        #: prediction, kept in a size that does not grow with the number of batches.
-        self._batches: Counter[tuple[int, bool]] = Counter()
+        #: Batches run since the last reset, counted by (rows, backward, microbatches): the comm
+        #: report's prediction, kept in a size that does not grow with the number of batches.
+        self._batches: Counter[tuple[int, bool, int]] = Counter()
         self._placement = PartPlacement(self.part_workers)
         self._priority = StepPriority(self.token, self.plan.n_layers)
-        self.optimizer: Optimizer | None = None
+        self.optimizer_: Optimizer | None = None
         self.loss_curve_: list[float] = []
         self.batch_loss_curve_: list[float] = []
         self._leaving: set[str] = set()  # workers asked to leave while the model was placed
         self._next_check = 0.0  # when a finished step looks next at its workers (monotonic)
-        self._watching_retirements = True  # released by close(), also if not installed yet
-        try:
-            install_retirement_watch(client, self.token)
-            self._retirements = retirement_requests(client)
-            self._register(
-                ModelState(self.token), lambda: self._place(chunks, model.biases, reuse_memory)
-            )
-        except BaseException:
-            self.close()  # the retirement watch and the client opened here
-            raise
 
     # ------------------------------------------------------------------ basics
     @property
@@ -258,19 +299,30 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         of :attr:`weights` (see there)."""
         return self._current_snapshot().biases
 
-    def _check_open(self) -> None:
-        if self._layout is None:
-            raise RuntimeError("the distributed model is closed")
-        if self._failed is not None:
-            raise RuntimeError(
-                f"the distributed model is unusable after a failed step ({self._failed}); its "
-                "weights may mix two steps: fit(..., resume=CHECKPOINT) restores a checkpoint"
-            )
+    def to_dask(self) -> dict[str, da.Array]:
+        """The parameters as of the last completed training step (a snapshot: later steps do
+        not change it), as dask arrays whose chunks are made by tasks on the workers owning
+        them: ``{"weights_1": ..., "bias_1": ..., ..., "weights_L": ..., "bias_L": ...}``,
+        :attr:`weights` (pydata-sparse GCXS chunks, one per part) and :attr:`biases` (see there)
+        in the renumbered order of :attr:`plan` (``plan.orders[k]`` maps its positions to the
+        original neurons; :meth:`gather` returns them in the original order). Costs one task
+        per chunk on the workers; nothing is gathered to the client."""
+        snapshot = self._current_snapshot()
+        out: dict[str, da.Array] = {}
+        for k, (weight, bias) in enumerate(zip(snapshot.weights, snapshot.biases, strict=True), 1):
+            out[f"weights_{k}"] = weight
+            out[f"bias_{k}"] = bias
+        return out
+
+    def _failed_advice(self) -> str:
+        return (
+            "its weights may mix two steps: fit(..., resume=CHECKPOINT) restores a checkpoint"
+        )
 
     def _current_snapshot(self) -> Snapshot:
         self._check_open()
-        if self._snapshot is None or self._snapshot.version != self._version:
-            self._snapshot = snapshot_network(self.client, self._layout, self._version)
+        if self._snapshot is None or self._snapshot.version != self.n_steps_:
+            self._snapshot = snapshot_network(self.client, self._layout, self.n_steps_)
         return self._snapshot
 
     @property
@@ -326,20 +378,14 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
                 self.client, self.token, self.plan, chunks, biases, self.part_workers,
                 self.dtype, states, self._generation, self._placement_left(), self._span,
             )  # fmt: skip
-            if self.messages == "actors":
+            if self.messages == "posted":
                 self._place_postboxes(self._placement_left())
         except TimeoutError:
             raise self._placement_timed_out() from None
 
     def _worker_roles(self) -> dict[str, str]:
         """``{address: "parts 0, 2"}``: the parts of every part worker."""
-        parts: dict[str, list[str]] = {}
-        for m, address in enumerate(self.part_workers):
-            parts.setdefault(address, []).append(str(m))
-        return {
-            address: f"part{'s' if len(ms) > 1 else ''} {', '.join(ms)}"
-            for address, ms in parts.items()
-        }
+        return part_roles(self.part_workers)
 
     def _lost_while_placed(self) -> WorkerLostError | None:
         """The error naming the part workers that left the cluster while the model was placed,
@@ -348,13 +394,13 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
 
     def _place_postboxes(self, seconds: float) -> None:
         """Start this placement's :class:`~dasknn.runtime.postbox.Postbox` actor on every
-        worker hosting parts (``messages="actors"``); ``TimeoutError`` if the workers do not
+        worker hosting parts (``messages="posted"``); ``TimeoutError`` if the workers do not
         start them within ``seconds``."""
         with dask.annotate(span=self._span):
             self._postboxes = [
                 self.client.submit(
                     Postbox,
-                    plugin_name(self.token),
+                    self.plugin_name,
                     key=postbox_key(self.token, self._generation, w),
                     workers=[address],
                     allow_other_workers=False,
@@ -365,7 +411,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         gather_at_most(self.client, self._postboxes, seconds)
 
     def _template(self, kind: str):
-        if kind == "train" and self.messages == "actors":
+        if kind == "train" and self.messages == "posted":
             if kind not in self._templates:
                 postboxes = [future.key for future in self._postboxes]
                 self._templates[kind] = ActorStepTemplate(
@@ -397,7 +443,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         """The context of the next step: training with ``optimizer`` on ``batch`` rows in
         ``microbatches`` blocks, or a forward pass."""
         self._step += 1
-        posted = self.messages == "actors" and optimizer is not None
+        posted = self.messages == "posted" and optimizer is not None
         return StepContext(
             token=self.token,
             step=self._step,
@@ -434,11 +480,8 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         except Exception as exc:
             self._raise_if_lost()
             if isinstance(exc, TimeoutError):
-                raise step_timeout_error(
-                    self.client,
-                    f"the workers did not take the {name} blocks",
-                    self.step_timeout,
-                    self.part_workers,
+                raise self._timeout_error(
+                    f"the workers did not take the {name} blocks", self.part_workers
                 ) from None
             raise exc
         return {key[-1]: future for key, future in futures.items()}
@@ -464,17 +507,17 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
     # ------------------------------------------------------------------ training
     def _submit_step(self, x_blocks, y_blocks, rows, batch, optimizer, previous):
         """Submit the step on ``rows`` of the scattered data (``None``: all ``batch`` of them);
-        returns its futures and row count."""
+        returns its futures, row count and number of microbatches."""
         template = self._template("train")
         blocks = split_rows(rows, batch, self.step_microbatches(batch))
         ctx = self._context(optimizer, batch, len(blocks))
         dsk = template.graph(ctx, self._inputs(x_blocks, y_blocks), blocks, previous)
-        if self.messages == "actors":
-            return self._submit(dsk, template.output_keys(ctx.step)), batch
-        return self._submit(dsk, template.output_keys(ctx.step, len(blocks))), batch
+        if self.messages == "posted":
+            return self._submit(dsk, template.output_keys(ctx.step)), batch, len(blocks)
+        return self._submit(dsk, template.output_keys(ctx.step, len(blocks))), batch, len(blocks)
 
     def train_step(
-        self, X, Y, lr: float | None = None, optimizer: Optimizer | None = None
+        self, X, Y, *, lr: float | None = None, optimizer: Optimizer | None = None
     ) -> float:
         """One training step on the batch ``(X, Y)``; every part's weights, bias and optimizer
         state are updated on its worker.
@@ -504,12 +547,8 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         optimizer = resolve_optimizer(lr, optimizer)
         x_blocks = self._scatter_blocks("x", x, 0)
         y_blocks = self._scatter_blocks("y", y, self.n_layers)
-        futures, _ = self._submit_step(x_blocks, y_blocks, None, x.shape[0], optimizer, None)
-        shares = self._collect(futures)
-        self._version += 1
-        self._batches[(x.shape[0], True)] += 1
-        self.optimizer = optimizer
-        return float(sum(shares))
+        pending = self._submit_step(x_blocks, y_blocks, None, x.shape[0], optimizer, None)
+        return self._finish(pending, optimizer)
 
     @contextmanager
     def _training_data(self, x: np.ndarray, y: np.ndarray) -> Iterator[tuple[dict, dict]]:
@@ -562,11 +601,11 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
 
     def _finish(self, pending, optimizer: Optimizer) -> float:
         """Collect a step's loss."""
-        futures, batch = pending
+        futures, batch, blocks = pending
         loss = float(sum(self._collect(futures)))
-        self._version += 1
-        self._batches[(batch, True)] += 1
-        self.optimizer = optimizer
+        self.n_steps_ += 1
+        self._batches[(batch, True, blocks)] += 1
+        self.optimizer_ = optimizer
         return loss
 
     # ------------------------------------------------------------------ inference
@@ -603,7 +642,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
     def _finish_block(self, futures, rows: int) -> np.ndarray:
         """Collect one forward block's output parts: ``a_L`` of its rows, in neuron order."""
         parts = self._collect(futures)
-        self._batches[(rows, False)] += 1
+        self._batches[(rows, False, 1)] += 1
         out = np.empty((rows, self.n_outputs), dtype=self.dtype)
         out[:, self.plan.orders[self.n_layers]] = np.concatenate(parts, axis=0).T
         return out
@@ -640,7 +679,9 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
             dtype=self.dtype,
         )
 
-    def predicted_bytes(self, batch: int, backward: bool = True, between: str = "workers") -> dict:
+    def predicted_bytes(
+        self, batch: int, backward: bool = True, between: str = "workers"
+    ) -> dict[tuple[int, str], int]:
         """Predicted payload of one batch per ``(layer, phase)``.
 
         ``between="workers"`` counts only messages between parts on different workers (what can
@@ -660,38 +701,49 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         return result
 
     def comm_report(self) -> CommReport:
-        """Measured (scheduler plugin) against predicted communication since the last reset."""
-        records = read_transfers(self.client, self.token)
-        report = CommReport(batches=sum(self._batches.values()))
-        for (batch, backward), count in sorted(self._batches.items()):
-            for key, value in self.predicted_bytes(batch, backward).items():
-                row = report.layers.setdefault(key, {"measured": 0, "messages": 0, "predicted": 0})
-                row["predicted"] += value * count
-                report.predicted += value * count
-            report.predicted_parts += count * sum(
+        """Measured against predicted traffic between the workers since the model started or
+        :meth:`reset_comm`.
+
+        Keys are ``(layer, phase, sender, receiver)`` with phases ``forward`` (activations
+        consumed by ``layer``), ``backward`` (partial sums of ``layer``) and ``other`` (softmax
+        statistics), for every training step and forward pass; the prediction comes from the
+        plan (:func:`~dasknn.model_parallel.comm.predicted_counts`): bytes and messages per
+        worker pair. ``details`` holds ``predicted_parts`` (the forward and backward bytes of
+        every message between parts, also those on one worker) and the senders' logs
+        (:func:`~dasknn.model_parallel.comm.wire_bytes`: ``wire_messages``, ``wire_payload``,
+        ``wire_total``, ``serialization_overhead``; zero for posted messages, which Dask does
+        not log). Costs a call to the scheduler and one to every worker.
+        """
+        self._check_open()
+        measured = counts_of(read_transfers(self.client, self.token))
+        predicted: dict = {}
+        parts_bytes = 0
+        for (batch, backward, blocks), count in sorted(self._batches.items()):
+            posted = backward and self.messages == "posted"
+            one = predicted_counts(
+                self.plan, self.part_workers, batch, self.dtype.itemsize, backward, blocks,
+                posted=posted, softmax=backward and self.loss.name == "softmax_cross_entropy",
+            )  # fmt: skip
+            for key, (nbytes, messages) in one.items():
+                b, m = predicted.get(key, (0, 0))
+                predicted[key] = (b + nbytes * count, m + messages * count)
+            parts_bytes += count * sum(
                 self.predicted_bytes(batch, backward, between="parts").values()
             )
-        for layer, phase, sender, receiver, nbytes, messages in records:
-            row = report.layers.setdefault(
-                (layer, phase), {"measured": 0, "messages": 0, "predicted": 0}
-            )
-            row["measured"] += nbytes
-            row["messages"] += messages
-            pair = report.pairs.setdefault((sender, receiver), {"bytes": 0, "messages": 0})
-            pair["bytes"] += nbytes
-            pair["messages"] += messages
-            if phase in ("forward", "backward"):
-                report.payload += nbytes
-            else:
-                report.other += nbytes
-        report.wire_messages, report.wire_payload, report.wire_total = wire_bytes(
-            self.client, self.token, self._reset_step + 1
-        )
-        return report
+        messages, payload, wire = wire_bytes(self.client, self.token, self._reset_step + 1)
+        details = {
+            "predicted_parts": parts_bytes,
+            "wire_messages": messages,
+            "wire_payload": payload,
+            "wire_total": wire,
+            "serialization_overhead": wire - payload,
+        }
+        return CommReport(measured, predicted, sum(self._batches.values()), details)
 
     def reset_comm(self) -> None:
-        """Start a new measurement: zero the plugin's records and the worker timings."""
-        reset_transfers(self.client, self.token)
+        """Start a new measurement: zero the monitor's counts of the model and the worker
+        timings."""
+        super().reset_comm()
         self.client.run(_reset_timings_on_worker, name=self.plugin_name)
         self._batches = Counter()
         self._reset_step = self._step
@@ -725,12 +777,9 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
                 lost = lost_workers(self.client, self.part_workers, self._retirements)
                 if lost:
                     raise lost_error(self.part_workers, lost) from None
-                holders = [self.part_workers[m] for m in parts]
-                raise step_timeout_error(
-                    self.client,
-                    "the results of a finished step did not arrive",
-                    self.step_timeout,
-                    holders,
+                holders = sorted({self.part_workers[m] for m in parts})
+                raise self._timeout_error(
+                    "the results of a finished step did not arrive", holders
                 ) from None
         except StepTimeoutError as exc:
             self._failed = str(exc)
@@ -743,13 +792,13 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
 
     def _raise_if_lost(self, futures=()) -> None:
         """Raise :class:`WorkerLostError` naming the parts whose worker has left the cluster or
-        was asked to (then no later placement uses it; with ``messages="actors"`` the model first
+        was asked to (then no later placement uses it; with ``messages="posted"`` the model first
         lets it go, see :meth:`_let_go`); ``futures`` are those of the failed step."""
         lost = lost_workers(self.client, self.part_workers, self._retirements)
         if lost:
             self._failed = str(lost_error(self.part_workers, lost))
             self._leaving.update(lost)
-            if self.messages == "actors":
+            if self.messages == "posted":
                 self._let_go(lost, futures)
             # raised as made: an error held by a local of this frame would be in a reference
             # cycle with its traceback, which keeps the calling frames' futures (the data of a
@@ -875,8 +924,8 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
     def _restore(self, record: ModelRecord) -> None:
         """Place the weights, biases and optimizer state of ``record`` on the workers there are
         now (part ``m`` on worker ``m % W``), replacing the model's plugin everywhere."""
-        if self._layout is None:
-            raise RuntimeError("the distributed model is closed")
+        if not self._open:
+            raise ModelClosedError(f"this {type(self).__name__} is closed")
         self._snapshot = None
         self._templates.clear()
         self._postboxes = []
@@ -886,6 +935,8 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         self._start_placement()
         self.client.wait_for_workers(1, timeout=self.step_timeout)
         workers = running_workers(self.client, self._leaving)
+        if self._chosen is not None:
+            workers = [w for w in workers if w in self._chosen]
         self.part_workers = worker_of_parts(workers, self.nparts)
         self._placement = PartPlacement(self.part_workers)
         # Replacing the plugin tears the old one down, which ends the waits of a step task still
@@ -894,7 +945,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         self._placing(lambda: self.client.register_plugin(state, name=self.plugin_name))
         _, chunks = build_comm_plan(record.weights, self._parts, self.nparts)
         self._place_network(chunks, record.biases, self._part_states(record))
-        self.optimizer = record.optimizer
+        self.optimizer_ = record.optimizer
         self._failed = None
 
     def _recoverable(self, error: Exception) -> bool:
@@ -902,29 +953,48 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the model (weights, biases, optimizer and its state, partition) to the ``.npz``
-        file ``path`` atomically; :meth:`SparseMLP.load` reads it back."""
+        file ``path`` atomically; :meth:`load` (or :meth:`SparseMLP.load`) reads it back."""
         write_model(path, self._record())
 
-    def close(self) -> None:
-        """Remove everything the model installed on the cluster: its worker plugins (with the
-        weights, biases and optimizer state they own), its keys and its communication records.
-        Waits for the workers at most ``step_timeout`` seconds in all: a stopped one has the
-        plugins removed by the scheduler when it goes on. The model cannot be used afterwards;
-        closing twice does nothing."""
+    @classmethod
+    def load(cls, path: str | os.PathLike, client=None, **options) -> DistributedSparseMLP:
+        """A distributed model of the file ``path`` (written by :meth:`save`, by
+        :meth:`SparseMLP.save` or as a checkpoint) on ``client`` (as in the constructor): its
+        weights, biases and optimizer state, partitioned as stored in the file unless
+        ``options`` (the constructor's keyword arguments) give a ``partition``.
+
+        Raises
+        ------
+        FileNotFoundError, ValueError
+            As :meth:`SparseMLP.load`, before anything is placed.
+        """
+        model = SparseMLP.load(path)
+        record = read_model(path)
+        if "partition" not in options and record.partition is not None:
+            options = {**options, "partition": record.partition, "nparts": record.nparts}
+        dist = cls(model, client, **options)
+        if record.optimizer is not None:
+            try:
+                dist._restore(record)
+            except BaseException:
+                dist.close()
+                raise
+        return dist
+
+    def _extra_plugins(self) -> list[str]:
+        """The memory plugin (``reuse_memory``), removed before the model's own."""
+        return self._plugins[::-1]
+
+    def _before_close(self) -> None:
+        """Drop the model's hold on the retirement watch and the client's references to its
+        arrays, templates and postboxes (the plugins, with the weights, biases and optimizer
+        state they own, go next)."""
         self._snapshot = None
         self._templates.clear()
         self._postboxes.clear()
         if self._layout is not None:
             self._layout.futures.clear()
             self._layout = None
-        placed, self._open = self._open, False
-        watching, self._watching_retirements = self._watching_retirements, False
-        try:
-            if placed:
-                self._unregister(self._plugins[::-1])
-        finally:
-            try:
-                if watching:
-                    release_retirement_watch(self.client, self.token)
-            finally:
-                self._opened.close()
+        if self._watching_retirements:
+            self._watching_retirements = False
+            release_retirement_watch(self.client, self.token)

@@ -11,23 +11,23 @@ old weights), its update of layer ``k`` (the gradient, then the step of the mode
 handed to the model's background thread on the worker (the kernels release the GIL), so the update
 runs while the task thread waits for the next layer's messages instead of delaying them; the
 part's last task of the step updates layer 1 and waits for all of its updates. With
-``messages="actors"`` the waits are inside the task, so the task thread itself runs the queued
+``messages="posted"`` the waits are inside the task, so the task thread itself runs the queued
 updates while a message it needs has not arrived
 (:meth:`~dasknn.model_parallel.worker_state.ModelState.queue_idle`), and no second thread takes
 cores from the products. A step may be cut
 into microbatches (row blocks, :attr:`StepContext.microbatches`): each task works on one block,
 and a layer's gradients are summed over the blocks on the update thread before the optimizer's
-step. With ``messages="actors"`` (:mod:`dasknn.model_parallel.exchange`) one task per worker calls
+step. With ``messages="posted"`` (:mod:`dasknn.model_parallel.exchange`) one task per worker calls
 these functions for its parts, and messages for parts on other workers are posted there.
 
 Everything a task reads or changes besides its arguments belongs to the model's worker plugin
-(:class:`~dasknn.model_parallel.worker_state.ModelState`, found with
-:func:`~dasknn.model_parallel.worker_state.model_state`): the weight values, biases and optimizer
-state of the parts on this worker, and the intermediate values of a part (``x_in``, ``z``, ``a`` per
-layer, partial sums) keyed by step and part, so one task per message suffices and the critical
-path of a layer is one task plus one transfer. The intermediate values are feature-major, shape
-``(neurons, B)`` (the layout of the kernels), so a message is a gather of whole rows: the forward
-rows for part ``n`` are ``a[send[n]]``, the backward ones a contiguous slice of the partial sums.
+(:class:`~dasknn.model_parallel.worker_state.ModelState`, found with its ``on_worker``): the
+weight values, biases and optimizer state of the parts on this worker, and the intermediate
+values of a part (``x_in``, ``z``, ``a`` per layer, partial sums) keyed by step and part, so
+one task per message suffices and the critical path of a layer is one task plus one transfer.
+The intermediate values are feature-major, shape ``(neurons, B)`` (the layout of the kernels),
+so a message is a gather of whole rows: the forward rows for part ``n`` are ``a[send[n]]``, the
+backward ones a contiguous slice of the partial sums.
 A forward pass without training (``StepContext.training`` false) keeps only the latest layer.
 The input and target blocks arrive feature-major too (``(n_m, N)``, batch columns taken here).
 No task changes a value Dask holds: the only Dask data a task reads are its arguments (plans,
@@ -54,7 +54,6 @@ from dasknn.model_parallel.worker_state import (
     ModelState,
     PartLayer,
     PartStep,
-    model_state,
 )
 from dasknn.optim import Optimizer
 from dasknn.runtime.keys import phase_names, step_key
@@ -89,7 +88,7 @@ class StepContext:
     microbatches: int = 1
     #: Rows of the whole step's batch (the ``B`` of the mean loss); 0 for a forward pass.
     batch: int = 0
-    #: ``messages="actors"``: the worker address of every part; messages for parts on other
+    #: ``messages="posted"``: the worker address of every part; messages for parts on other
     #: workers are posted there (:mod:`dasknn.model_parallel.exchange`). Empty: they are task
     #: results.
     part_workers: tuple = ()
@@ -284,7 +283,7 @@ def forward_task(
         The row block of the step's batch this task works on (``0 <= microbatch <
         ctx.microbatches``); ``x0_rows`` and ``y_rows`` are its rows.
     """
-    owner = model_state(ctx.token)
+    owner = ModelState.on_worker(ctx.token)
     state = _ensure_forward(
         owner, ctx, part, microbatch, k, plan, next_plan, x0, x0_rows, pieces, route
     )
@@ -368,7 +367,7 @@ def backward_task(
     ``sorted(next_plan.send)`` (``pieces`` and the mailbox, as ``route.sources`` says) times
     ``f'(z_k)`` (at ``k = L``: the loss gradient from ``y``).
     Then the partial sums for layer ``k-1`` are computed with the old weights, and the
-    microbatch's gradient of layer ``k`` goes to the background thread (with ``messages="actors"``:
+    microbatch's gradient of layer ``k`` goes to the background thread (with ``messages="posted"``:
     to the task thread's queue of work for its waits), which adds it to the layer's sum and, once
     every microbatch's gradient is in, applies ``ctx.optimizer``'s step (with the state the worker
     keeps beside the weights). In layer 1 the part's last microbatch to finish waits for all of
@@ -387,7 +386,7 @@ def backward_task(
     microbatch : int
         The row block of the step's batch this task works on.
     """
-    owner = model_state(ctx.token)
+    owner = ModelState.on_worker(ctx.token)
     i = microbatch
     part_step = owner.part_step(ctx.step, part)
     with part_step.lock:

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dasknn.model_parallel.comm import CommReport
 from dasknn.model_parallel.model import DistributedSparseMLP
+from dasknn.runtime.comm_report import CommReport
 
 __all__ = ["TrainingTimes", "time_training"]
 
@@ -106,7 +106,7 @@ def time_training(
     )  # fmt: skip
     wall = time.perf_counter() - start - outside
     comm = dist.comm_report()
-    batches = max(comm.batches, 1)
+    batches = max(comm.steps, 1)
     busiest = max(dist.timings().values(), key=lambda t: sum(t.values()))
     products = (busiest["forward_product"] + busiest["backward_product"]) / batches
     update = busiest["update"] / batches

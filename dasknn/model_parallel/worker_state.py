@@ -1,9 +1,9 @@
 """What a distributed model keeps on a worker, owned by one worker plugin per model.
 
-:class:`ModelState` is a :class:`distributed.WorkerPlugin` registered by
-:class:`~dasknn.model_parallel.DistributedSparseMLP` under the name :func:`plugin_name` of the
-model's
-token and removed by its ``close()``. On every worker it owns, for the parts placed there:
+:class:`ModelState` is a :class:`~dasknn.runtime.model_plugin.ModelPlugin` (``kind`` ``"model"``)
+registered by :class:`~dasknn.model_parallel.DistributedSparseMLP` under
+:meth:`ModelState.plugin_name` of the model's token and removed by its ``close()``. On every
+worker it owns, for the parts placed there:
 
 - per layer and part, the weight chunk's stored values, its bias and the optimizer state of both
   (:class:`PartLayer`): the training steps update these and nothing else, so no value Dask holds is
@@ -12,12 +12,12 @@ token and removed by its ``close()``. On every worker it owns, for the parts pla
 - the intermediate values of the steps in flight (:class:`PartStep`), the mailbox of messages
   between parts on this worker, the time spent per kind of work, the background thread that
   applies the weight updates of steps run as a task per layer step, and the queue of updates
-  that a step run as one task per worker (``messages="actors"``) applies on its own thread while
+  that a step run as one task per worker (``messages="posted"``) applies on its own thread while
   it would otherwise wait for a message (:meth:`ModelState.queue_idle`).
 
-The step tasks (:mod:`dasknn.model_parallel.steps`) find it with :func:`model_state`. The dask
-arrays a user reads (``dist.weights``, ``dist.biases``) are snapshots: tasks that copy the owned
-values into fresh pydata-sparse chunks (:func:`snapshot_weight`, :func:`snapshot_bias`).
+The step tasks (:mod:`dasknn.model_parallel.steps`) find it with :meth:`ModelState.on_worker`.
+The dask arrays a user reads (``dist.weights``, ``dist.biases``) are snapshots: tasks that copy
+the owned values into fresh pydata-sparse chunks (:func:`snapshot_weight`, :func:`snapshot_bias`).
 """
 
 from __future__ import annotations
@@ -29,10 +29,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import sparse
-from distributed import get_worker
-from distributed.diagnostics.plugin import WorkerPlugin
 
 from dasknn.optim import Optimizer, OptimizerSlots
+from dasknn.runtime.model_plugin import ModelPlugin
 from dasknn.runtime.postbox import MESSAGE_TIMEOUT, Mailbox, pack_envelope
 
 __all__ = [
@@ -43,8 +42,6 @@ __all__ = [
     "PartLayer",
     "PartStep",
     "install_parts",
-    "model_state",
-    "plugin_name",
     "read_parts",
     "snapshot_bias",
     "snapshot_weight",
@@ -53,11 +50,6 @@ __all__ = [
 #: Timing categories recorded by the workers (seconds, summed over tasks); ``update_background``
 #: is the part of ``update`` run by the background thread, beside the task thread.
 TIMING_KINDS = ("forward_product", "backward_product", "update", "update_background", "pack")
-
-
-def plugin_name(token: str) -> str:
-    """Name of the worker plugin of the model ``token``."""
-    return f"dasknn-model-{token}"
 
 
 @dataclass
@@ -127,7 +119,7 @@ class PartStep:
     gradients : dict
         Layer -> :class:`GradientSum` until every microbatch's gradient of the layer is in it
         (used by the update thread only, or by the task thread once the updates are waited for;
-        with ``messages="actors"`` by the task thread only).
+        with ``messages="posted"`` by the task thread only).
     updates : list of Future
         The update-thread jobs of the step.
     finished : int
@@ -145,13 +137,13 @@ class PartStep:
         return self.microbatches.setdefault(i, MicrobatchStep())
 
 
-class ModelState(WorkerPlugin):
+class ModelState(ModelPlugin):
     """Worker plugin owning one distributed model's state on a worker (see the module docstring).
 
     Parameters
     ----------
     token : str
-        The model's token; the plugin is registered as :func:`plugin_name` of it.
+        The model's token; the plugin is registered as :meth:`plugin_name` of it.
     first_step : int
         The first step number this placement of the model runs: a task of an earlier step (one
         still running when the model was placed again after a lost worker) is refused, so it
@@ -160,9 +152,10 @@ class ModelState(WorkerPlugin):
         starting its part's values afresh (and failing on a missing layer, as ``KeyError``).
     """
 
+    kind = "model"
+
     def __init__(self, token: str, first_step: int = 1) -> None:
-        self.token = token
-        self.name = plugin_name(token)
+        super().__init__(token)
         self.first_step = first_step
 
     def setup(self, worker) -> None:
@@ -172,11 +165,11 @@ class ModelState(WorkerPlugin):
         self._latest_step = 0  # the highest step number begun here
         #: Messages for the parts on this worker, by step key ``(name, step, layer, sender,
         #: receiver part, microbatch)`` (:func:`dasknn.runtime.keys.step_key`): left by parts on
-        #: this worker, or posted by other workers (``messages="actors"``); also the jobs the
+        #: this worker, or posted by other workers (``messages="posted"``); also the jobs the
         #: task thread runs while a message it takes has not arrived (:meth:`queue_idle`).
         self.mailbox = Mailbox()
         self._posts: list = []
-        #: ``messages="actors"``: the postbox actor of every worker (address -> handle), set by
+        #: ``messages="posted"``: the postbox actor of every worker (address -> handle), set by
         #: the step task.
         self.postboxes: dict = {}
         self.timings: dict[str, float] = defaultdict(float)
@@ -315,32 +308,23 @@ class ModelState(WorkerPlugin):
             self.timings.clear()
 
 
-def model_state(token: str) -> ModelState:
-    """The :class:`ModelState` of the model ``token`` on the worker running the calling task;
-    ``RuntimeError`` if the model is not on this worker (closed, or never placed here)."""
-    state = get_worker().plugins.get(plugin_name(token))
-    if state is None:
-        raise RuntimeError(f"the distributed model {token} is not on this worker (closed?)")
-    return state
-
-
 def install_parts(dask_worker, token: str, chunks: dict, states: dict | None = None) -> int:
     """For ``Client.run``: hand ``{(k, m): (GCXS chunk, bias)}`` (and optimizer states, see
     :meth:`ModelState.install`) to the model's plugin on ``dask_worker``, which keeps copies;
     returns the number of chunks."""
-    dask_worker.plugins[plugin_name(token)].install(chunks, states)
+    ModelState.on_worker(token, dask_worker).install(chunks, states)
     return len(chunks)
 
 
 def read_parts(dask_worker, token: str) -> dict:
     """For ``Client.run``: copies of the parts the model's plugin owns on ``dask_worker`` (see
     :meth:`ModelState.read`); call it between steps."""
-    return dask_worker.plugins[plugin_name(token)].read()
+    return ModelState.on_worker(token, dask_worker).read()
 
 
 def snapshot_weight(token: str, k: int, m: int) -> sparse.GCXS:
     """Task: a new GCXS chunk holding the current weights of part ``m`` in layer ``k``."""
-    layer = model_state(token).layers[(k, m)]
+    layer = ModelState.on_worker(token).layers[(k, m)]
     with layer.lock:
         data = layer.values.copy()
     return sparse.GCXS(
@@ -352,6 +336,6 @@ def snapshot_weight(token: str, k: int, m: int) -> sparse.GCXS:
 
 def snapshot_bias(token: str, k: int, m: int) -> np.ndarray:
     """Task: a copy of the current bias of part ``m`` in layer ``k``."""
-    layer = model_state(token).layers[(k, m)]
+    layer = ModelState.on_worker(token).layers[(k, m)]
     with layer.lock:
         return layer.bias.copy()

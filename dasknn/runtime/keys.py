@@ -4,9 +4,9 @@ Five families of keys exist.
 
 **Step keys** (the model-parallel trainer, :mod:`dasknn.model_parallel.taskgraph`) are tuples
 ``(f"dasknn-{kind}-{token}", step, layer, part, receiver, microbatch)`` with ``kind`` ``fwd``,
-``bwd``, ``lse`` or ``run`` (a worker's whole step, ``messages="actors"``; see
+``bwd``, ``lse`` or ``run`` (a worker's whole step, ``messages="posted"``; see
 :func:`phase_names`); ``receiver`` is a worker number (a part number for the messages posted
-between workers in ``messages="actors"`` mode), negative for a value that is not a layer message;
+between workers in ``messages="posted"`` mode), negative for a value that is not a layer message;
 ``microbatch`` numbers the row block of the step's batch.
 
 **Pipeline keys** (:mod:`dasknn.pipeline_parallel`) are tuples
