@@ -554,7 +554,7 @@ def test_lost_worker_is_named_with_its_shards(messages, per_task):
             victim = dp.workers[1]
             client.run(_exit_soon, workers=[victim])
             with pytest.raises(
-                RuntimeError, match=r"worker .* \(held shards \[1, 3\] of the embedding"
+                RuntimeError, match=r"worker .* \(replica \d, shards \[1, 3\] of the embedding"
             ):
                 if per_task == 1:
                     for _ in range(50):

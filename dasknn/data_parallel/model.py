@@ -546,7 +546,8 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         lost = [w for w in self.workers if w not in present]
         if not lost:
             return None
-        details = [f"worker {worker} (held {self._held(worker)})" for worker in lost]
+        roles = self._worker_roles()
+        details = [f"worker {worker} ({roles[worker]})" for worker in lost]
         return WorkerLostError(
             f"lost {', '.join(details)} by step {self._step}; the model's values there are "
             "gone: close it and start again from a gathered copy"

@@ -271,8 +271,7 @@ class DistributedSampledMLP(DistributedModel):
                 self.client,
                 futures,
                 self.workers,
-                "the shards it held are gone; close the model and start again from a saved copy "
-                "(gather() it before)",
+                self._lost_shards,
                 timeout=self.step_timeout,
                 timed_out=self._results_timed_out,
             )
@@ -280,6 +279,15 @@ class DistributedSampledMLP(DistributedModel):
             if training:
                 self._failed = str(error)
             raise
+
+    def _lost_shards(self, lost: list[str]) -> str:
+        """What the ``lost`` workers held, for the :class:`WorkerLostError`."""
+        roles = self._worker_roles()
+        held = ", ".join(roles[w] for w in lost)
+        return (
+            f"it held {held} of the model; those shards are gone: close the model and start "
+            "again from a copy gathered before"
+        )
 
     def _results_timed_out(self, unfinished) -> StepTimeoutError:
         """The :class:`StepTimeoutError` naming the shard workers of the futures ``unfinished``."""
