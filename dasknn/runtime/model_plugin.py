@@ -24,14 +24,14 @@ __all__ = ["ModelPlugin", "call_plugin"]
 class ModelPlugin(WorkerPlugin):
     """Base of the worker plugin that owns one distributed model's state on a worker.
 
+    Subclasses set :attr:`kind`, create their state in ``setup`` (called when the plugin is
+    registered on a worker, and on every worker that joins later) and drop it in ``teardown``
+    (called when the plugin is removed or the worker closes).
+
     Parameters
     ----------
     token : str
         The model's token; the plugin is registered as ``plugin_name(token)``.
-
-    Subclasses set :attr:`kind`, create their state in ``setup`` (called when the plugin is
-    registered on a worker, and on every worker that joins later) and drop it in ``teardown``
-    (called when the plugin is removed or the worker closes).
     """
 
     #: The mode's short name, part of the plugin's name (``"model"``, ``"dp"``, ...).
