@@ -8,7 +8,7 @@ import numpy as np
 from distributed import Client
 from random_layers import random_layers
 
-from dasknn.data_parallel import data_parallel
+from dasknn.data_parallel import DistributedEmbeddingMLP
 from dasknn.model import EmbeddingMLP, SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
 from dasknn.runtime.cluster import local_cluster
@@ -39,7 +39,9 @@ def test_shared_plugins_leave_with_the_last_model():
     x = np.random.default_rng(0).uniform(size=(6, 8))
     with local_cluster(2) as cluster, Client(cluster) as client:
         first = DistributedSparseMLP(model, client, partition=parts)
-        second = data_parallel(EmbeddingMLP(24, 2, 3, hidden=(4,)), client, sparse_partitions=2)
+        second = DistributedEmbeddingMLP(
+            EmbeddingMLP(24, 2, 3, hidden=(4,)), client, sparse_partitions=2
+        )
         on_scheduler, on_workers = _dasknn_plugins(client)
         assert SHARED_ON_SCHEDULER <= on_scheduler and SHARED_ON_WORKERS <= on_workers
         first.predict(x)
