@@ -540,6 +540,7 @@ def _exit_soon():
     threading.Timer(0.2, os._exit, (1,)).start()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("messages,per_task", [("tasks", 1), ("posted", 1), ("posted", 5)])
 def test_lost_worker_is_named_with_its_shards(messages, per_task):
     """A worker lost during ``train_step`` or, with 5 steps per task, during ``fit``."""
