@@ -80,6 +80,7 @@ def test_sectioned_blocks_take_an_eighth_of_the_layer_within_bounds():
         assert cuda_inference._section_outputs(neurons) == outputs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("mode", "dtype", "bias", "compact_every"),
     [("fused", "float32", -0.3, 1), ("fused", "float64", 0.05, 100),

@@ -160,6 +160,7 @@ def test_retired_worker_without_checkpoint_is_a_clear_error_then_with_one_is_res
     _assert_reference(trained, _reference_weights(x, y, 8, 2))
 
 
+@pytest.mark.slow
 @MODES
 def test_stopped_worker_is_reported_after_the_step_timeout(cluster, messages):
     _, client = cluster
@@ -240,6 +241,7 @@ def _model_plugins(client, token: str) -> list[str]:
     return [n for n in names if token in n or n in shared]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("given", ["client", "address", "cluster"])
 def test_a_stopped_worker_does_not_hold_up_close(cluster, given):
     """A worker stopped (SIGSTOP) after a step, still listed by the scheduler: ``close()`` of a

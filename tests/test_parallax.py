@@ -127,6 +127,7 @@ SAMPLED_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("messages", MESSAGES)
 @pytest.mark.parametrize("arch,n,shards,local,opt", SAMPLED_CASES)
 def test_sampled_softmax_five_steps_equal_one_process(
@@ -778,6 +779,7 @@ def test_a_worker_stopped_when_the_search_places_the_values_again_is_named(clien
     )
 
 
+@pytest.mark.slow
 def test_a_worker_lost_while_the_model_is_placed_is_named_and_nothing_is_left():
     """A worker killed (SIGKILL) as its postbox starts, while the model is placed: the
     constructor ends within a poll and the bounded close in a WorkerLostError naming it with its

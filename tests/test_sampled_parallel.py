@@ -346,6 +346,7 @@ def _payload_keys(client) -> list[str]:
                    *on_client])
 
 
+@pytest.mark.slow
 def test_a_shard_scatter_given_up_at_a_stopped_worker_leaves_nothing_once_it_goes_on(client):
     """The second shard worker stopped (SIGSTOP) as the first one takes its shard, so that the
     second shard's scatter waits for it: the constructor ends after ``step_timeout`` in a
