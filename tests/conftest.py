@@ -25,6 +25,30 @@ OFFICIAL_1024 = SHARED / "data" / "graphchallenge" / "neuron1024"
 MNIST_DIR = SHARED / "data" / "mnist"
 
 
+SLOW_REASON = "slow test; run with --runslow (or -m slow)"
+
+
+def pytest_addoption(parser):
+    """``--runslow``: also run the tests marked ``slow`` (skipped by default; CI runs them)."""
+    parser.addoption(
+        "--runslow",
+        action="store_true",
+        default=False,
+        help="also run the tests marked slow (skipped by default; .ci/run runs them)",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip the tests marked ``slow`` unless ``--runslow`` is given or the ``-m`` expression
+    names ``slow`` (``-m slow`` runs only them, ``-m "not slow"`` none of them)."""
+    if config.getoption("--runslow") or "slow" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason=SLOW_REASON)
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def official_1024_dir() -> Path:
     """The official 1024-neuron challenge network; skips when ``../shared`` is absent."""

@@ -119,6 +119,7 @@ def generated_4096(mnist_images):
     return layers, inputs, expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("dtype", "resident_layers"), [("float64", 16), ("float32", None)]
 )

@@ -80,6 +80,7 @@ def test_sectioned_blocks_take_an_eighth_of_the_layer_within_bounds():
         assert cuda_inference._section_outputs(neurons) == outputs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("mode", "dtype", "bias", "compact_every"),
     [("fused", "float32", -0.3, 1), ("fused", "float64", 0.05, 100),
@@ -99,6 +100,7 @@ def test_kernel_matches_reference(monkeypatch, mode, dtype, bias, compact_every)
     assert result.macs_done > 0
 
 
+@pytest.mark.slow
 def test_columns_longer_than_a_warp():
     # 33 inputs a column: a full 32-entry chunk and a second one with one entry; 34 neurons, the
     # fewest that hold 33 distinct inputs and give the simulator's two warps equal columns
@@ -122,6 +124,7 @@ def cpu_engine_rows(x, layers, bias: float, dtype) -> np.ndarray:
     return live_rows(state)
 
 
+@pytest.mark.slow
 def test_radixnet_streamed_windows_match_resident():
     layers = radixnet(64, 3, seed=2)
     x = random_inputs(30, 64, 0.25, seed=5)
@@ -242,6 +245,7 @@ def client():
         yield c
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(cuda_runtime() == "none", reason="numba's CUDA simulator is off")
 def test_engine_on_cuda_workers_equals_cpu_engine(client):
     """The weights streamed in windows of two layers, with compact_every=2: a compaction, then a
@@ -344,6 +348,7 @@ needs_cuda_runtime = pytest.mark.skipif(cuda_runtime() == "none",
                                         reason="numba's CUDA simulator is off")
 
 
+@pytest.mark.slow
 @needs_cuda_runtime
 def test_workers_load_the_network_as_the_client_does(client, tmp_path):
     """A generator spec and a challenge directory loaded by the workers: the categories of the

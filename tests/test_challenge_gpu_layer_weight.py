@@ -67,6 +67,7 @@ def assert_bit_for_bit(a, b) -> None:
     assert a.macs_done == b.macs_done
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("mode", "dtype"),
     [
@@ -109,6 +110,7 @@ def test_device_holds_one_weight_a_layer():
         assert not window.per_layer and window.values.size == nnz
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("mode", "dtype"), [("sectioned", np.float64), ("tiled", np.float32)])
 def test_streamed_windows_of_one_weight_a_layer(mode, dtype):
     layers, compact, expanded = radixnet_pair(32, 4, dtype)
@@ -133,6 +135,7 @@ def test_streamed_windows_of_one_weight_a_layer(mode, dtype):
     check_against_reference(results[0], x, layers)
 
 
+@pytest.mark.slow
 def test_engine_keeps_resident_what_per_entry_weights_would_stream(simulator_dask_client):
     layers = radixnet(32, 3, seed=4)
     x = binary_inputs(30, 32, 0.25, seed=8)

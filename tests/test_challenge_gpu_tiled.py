@@ -91,6 +91,7 @@ def test_tiles_cover_every_entry_once_with_sorted_footprints():
     assert part.tile_ptr[0] == 0 and part.tile_ptr[-1] == 2 * 64
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("network", "dtype", "bias"),
                          [("uneven", np.float64, -0.1875), ("radixnet", np.float32, -0.3)])
 def test_tiled_equals_reference_and_sectioned_bit_for_bit(monkeypatch, network, dtype, bias):
@@ -120,6 +121,7 @@ def test_tiled_equals_reference_and_sectioned_bit_for_bit(monkeypatch, network, 
     assert tiled.macs_done > 0
 
 
+@pytest.mark.slow
 def test_tiled_streamed_windows_equal_resident():
     layers = radixnet(64, 3, seed=2)
     x = random_inputs(40, 64, 0.25, seed=5)  # a full group and a partly empty one

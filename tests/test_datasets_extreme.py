@@ -128,6 +128,7 @@ def test_generated_rows_and_labels_follow_the_model():
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hogwild", [False, True])
 def test_sampled_model_learns_the_synthetic_problem(hogwild):
     data = make_extreme_classification(
@@ -193,6 +194,7 @@ def test_xmc_files_in_shared_data_read():
         assert X.shape[0] == Y.shape[0] and np.isfinite(X.data).all()
 
 
+@pytest.mark.slow
 def test_stdlib_next_word_rows_encode_the_context():
     import re
     import sysconfig

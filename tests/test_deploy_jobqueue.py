@@ -216,6 +216,7 @@ def _train(client, model, x, y) -> SparseMLP:
         return dist.gather()
 
 
+@pytest.mark.slow
 def test_model_parallel_training_on_slurm_jobs_equals_a_local_cluster(slurm_env, dask_client):
     model = SparseMLP.radixnet(neurons=32, layers=3, seed=3)
     rng = np.random.default_rng(3)
@@ -238,6 +239,7 @@ def test_model_parallel_training_on_slurm_jobs_equals_a_local_cluster(slurm_env,
         np.testing.assert_allclose(b_slurm, b_local, rtol=0, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_challenge_cli_on_slurm_jobs(slurm_env, tmp_path, capsys):
     layers, bias = radixnet(64, 6), -0.3
     net = tmp_path / "net"

@@ -91,6 +91,7 @@ def test_partitioning_notebook(tmp_path):
     assert all(h >= f for h, f in zip(result["h_layers"], result["floor"], strict=True))
 
 
+@pytest.mark.slow
 def test_model_parallel_training_notebook(tmp_path, dask_client):
     parameters = (
         "NEURONS, LAYERS = 64, 2\nTRAIN, HELD_OUT = 512, 256\nEPOCHS, BATCH, LR = 2, 64, 0.1\n"
@@ -116,6 +117,7 @@ def test_model_parallel_training_notebook(tmp_path, dask_client):
     assert "dashboard page: http://" in printed and "/dasknn/comm" in printed
 
 
+@pytest.mark.slow
 def test_graph_challenge_notebook(tmp_path, dask_client):
     from dasknn.datasets import load_mnist_test, mnist_to_challenge_inputs, radixnet
 
@@ -136,6 +138,7 @@ def test_graph_challenge_notebook(tmp_path, dask_client):
     np.testing.assert_array_equal(categories, expected)
 
 
+@pytest.mark.slow
 def test_data_parallel_embeddings_notebook(tmp_path, dask_client):
     parameters = (
         "CONTEXT, MAX_VOCAB = 3, 400\nEMBED, HIDDEN = 8, (16,)\nTRAIN = 3000\n"
@@ -177,6 +180,7 @@ def test_data_parallel_embeddings_notebook(tmp_path, dask_client):
     assert result["perplexity"] == pytest.approx(want, rel=1e-4)
 
 
+@pytest.mark.slow
 def test_compressed_training_notebook(tmp_path, dask_client):
     parameters = (
         "TRAIN, HELD_OUT = 2000, 500\nDENSE_EPOCHS, SPARSE_EPOCHS, BATCH, LR = 3, 2, 100, 2e-3\n"
@@ -210,6 +214,7 @@ def test_compressed_training_notebook(tmp_path, dask_client):
     assert result["sparse"] == pytest.approx(accuracy, abs=0.005)
 
 
+@pytest.mark.slow
 def test_sampled_training_notebook(tmp_path, dask_client):
     parameters = (
         "SAMPLES, FEATURES, LABELS = 3000, 2000, 3000\nHIDDEN, ACTIVE_FRACTION = 32, 0.05\n"

@@ -100,6 +100,7 @@ def _pids(client) -> dict[str, int]:
     return client.run(os.getpid)
 
 
+@pytest.mark.slow
 @MODES
 def test_killed_worker_is_restored_from_the_checkpoint(cluster, tmp_path, messages):
     _, client = cluster
@@ -119,6 +120,7 @@ def test_killed_worker_is_restored_from_the_checkpoint(cluster, tmp_path, messag
     _assert_reference(trained, _reference_weights(x, y, 8, 2))
 
 
+@pytest.mark.slow
 @MODES
 def test_retired_worker_without_checkpoint_is_a_clear_error_then_with_one_is_restored(
     cluster, tmp_path, messages
@@ -158,6 +160,7 @@ def test_retired_worker_without_checkpoint_is_a_clear_error_then_with_one_is_res
     _assert_reference(trained, _reference_weights(x, y, 8, 2))
 
 
+@pytest.mark.slow
 @MODES
 def test_stopped_worker_is_reported_after_the_step_timeout(cluster, messages):
     _, client = cluster
@@ -238,6 +241,7 @@ def _model_plugins(client, token: str) -> list[str]:
     return [n for n in names if token in n or n in shared]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("given", ["client", "address", "cluster"])
 def test_a_stopped_worker_does_not_hold_up_close(cluster, given):
     """A worker stopped (SIGSTOP) after a step, still listed by the scheduler: ``close()`` of a
@@ -293,6 +297,7 @@ class _StopOtherThenKillSelfOnStep(WorkerPlugin):
                 os.kill(os.getpid(), signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_a_worker_lost_while_another_is_stopped_is_named_within_the_step_timeout(cluster):
     """``messages="posted"``: a part worker killed in a step while the other one is stopped. The
     step's results do not arrive within ``step_timeout``; the lost worker is the step's failure
@@ -357,6 +362,7 @@ def _model_keys(dask_scheduler, token: str) -> list:
     return [str(key) for key in dask_scheduler.tasks if token in str(key)]
 
 
+@pytest.mark.slow
 @MODES
 def test_worker_stopped_between_the_step_and_the_gather_is_reported_after_the_step_timeout(
     cluster, messages
@@ -404,6 +410,7 @@ def test_worker_stopped_between_the_step_and_the_gather_is_reported_after_the_st
             gc.enable()
 
 
+@pytest.mark.slow
 @MODES
 def test_paused_worker_is_an_error_naming_the_memory_limit(tmp_path, messages):
     """Workers whose memory limit lies below what a worker process with dasknn loaded takes
@@ -431,6 +438,7 @@ def test_paused_worker_is_an_error_naming_the_memory_limit(tmp_path, messages):
         assert time.monotonic() - start < 10
 
 
+@pytest.mark.slow
 def test_cli_reports_a_lost_worker_in_one_line(cluster):
     # the command runs in a process of its own, as a user runs it: this process also runs the
     # cluster's scheduler, whose own log lines (asyncio's "Task exception was never retrieved"

@@ -79,6 +79,7 @@ def _forgotten_keys_in_data(client, kept: str) -> list[str]:
     return [key for keys in held.values() for key in keys if key not in known]
 
 
+@pytest.mark.slow
 def test_worker_killed_while_the_model_is_placed_is_a_quick_error_naming_it():
     with LocalCluster(
         n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
@@ -192,6 +193,7 @@ class _KillOnStepStopOnPlacingAgain(WorkerPlugin):
             os.kill(os.getpid(), signal.SIGSTOP)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("moment", ["state", "plans", "postboxes"])
 def test_a_worker_stopped_while_the_recovery_places_a_checkpoint_again_is_named(tmp_path, moment):
     """``fit(checkpoint=...)``: a part worker killed (SIGKILL) in a step starts the recovery,

@@ -55,6 +55,7 @@ _CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_weightless_vertices_and_empty_layers_do_not_end_the_process():
     child = subprocess.run(
         [sys.executable, "-c", _CHILD], capture_output=True, text=True, timeout=600

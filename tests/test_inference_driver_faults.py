@@ -195,6 +195,7 @@ class _StopOnWindow(WorkerPlugin):
                 os.kill(os.getpid(), signal.SIGSTOP)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("moment", ["scattered", "copied"])
 def test_a_window_given_up_at_a_stopped_worker_leaves_nothing_behind(tmp_path, moment):
     """A worker stops as the first window of weights reaches it, scattered there or copied

@@ -145,6 +145,7 @@ def random_case():
     return layers, inputs, -0.25
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_threads_and_split_do_not_change_a_random_network(random_case, dtype):
     layers, inputs, bias = random_case

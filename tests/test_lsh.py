@@ -49,6 +49,7 @@ def test_simhash_bit_collisions_follow_the_angle(theta):
     assert abs(rate - p) < 4 * math.sqrt(p * (1 - p) / n)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("dim", "dense"), [(130, True), (4700, False)])
 def test_simhash_codes_are_the_signs_of_the_projections(dim, dense):
     # a dense projection matrix (one matrix product) or the sparse kernel, by the family's size

@@ -76,6 +76,7 @@ def _spilled_keys(dask_worker) -> list[str]:
     return [str(key) for key in dask_worker.data.slow]
 
 
+@pytest.mark.slow
 def test_training_while_dask_spills_the_weights(tmp_path):
     """Workers whose memory limit makes Dask spill almost all of their data to disk (the weight
     chunks read between epochs among them) train to the single-process weights."""

@@ -22,6 +22,7 @@ def _namespaces() -> str:
     return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
 
 
+@pytest.mark.slow
 def test_two_workers_on_shaped_links():
     from distributed import Client
 

@@ -127,6 +127,7 @@ SAMPLED_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("messages", MESSAGES)
 @pytest.mark.parametrize("arch,n,shards,local,opt", SAMPLED_CASES)
 def test_sampled_softmax_five_steps_equal_one_process(
@@ -541,6 +542,7 @@ def _exit_soon():
     threading.Timer(0.2, os._exit, (1,)).start()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("messages,per_task", [("tasks", 1), ("posted", 1), ("posted", 5)])
 def test_lost_worker_is_named_with_its_shards(messages, per_task):
     """A worker lost during ``train_step`` or, with 5 steps per task, during ``fit``."""
@@ -780,6 +782,7 @@ def test_a_worker_stopped_when_the_search_places_the_values_again_is_named(clien
     )
 
 
+@pytest.mark.slow
 def test_a_worker_lost_while_the_model_is_placed_is_named_and_nothing_is_left():
     """A worker killed (SIGKILL) as its postbox starts, while the model is placed: the
     constructor ends within a poll and the bounded close in a WorkerLostError naming it with its

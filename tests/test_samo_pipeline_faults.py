@@ -343,6 +343,7 @@ def _command_lines(stderr: str) -> list[str]:
     return [line for line in stderr.strip().splitlines() if not dask_warning.match(line)]
 
 
+@pytest.mark.slow
 def test_samo_command_with_a_killed_stage_worker_prints_one_line_and_writes_nothing(
     client, tmp_path
 ):
@@ -371,6 +372,7 @@ def test_samo_command_with_a_killed_stage_worker_prints_one_line_and_writes_noth
     assert list(tmp_path.iterdir()) == []  # no temporary file left either
 
 
+@pytest.mark.slow
 def test_samo_command_with_a_stopped_stage_worker_prints_the_step_timeout_on_one_line(
     client, tmp_path
 ):

@@ -52,6 +52,7 @@ def _workers(client, count: int) -> list[str]:
     return sorted(scheduler_workers(client))[:count]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shards", [1, 2, 3])
 def test_every_neuron_active_equals_numpy_adam(client, shards):
     rng = np.random.default_rng(shards)
@@ -222,6 +223,7 @@ def _exit_soon():
     threading.Timer(0.2, os._exit, (1,)).start()
 
 
+@pytest.mark.slow
 def test_lost_worker_ends_training_with_an_error_naming_it():
     data = make_extreme_classification(n_samples=200, n_features=60, n_labels=40, seed=1)
     model = SampledMLP(hidden=4, active_fraction=0.2, k=2, n_tables=2, shards=2, seed=3)
@@ -314,6 +316,7 @@ def test_a_worker_stopped_before_the_constructor_is_named_and_nothing_is_left(cl
     )
 
 
+@pytest.mark.slow
 def test_a_shard_worker_lost_while_the_model_is_placed_is_named_and_nothing_is_left():
     """A shard worker killed (SIGKILL) as its shard is installed: the constructor ends within a
     poll and the bounded close in a WorkerLostError naming it, and no plugin or key of the model
@@ -361,6 +364,7 @@ def _payload_keys(client) -> list[str]:
                    *on_client])
 
 
+@pytest.mark.slow
 def test_a_shard_scatter_given_up_at_a_stopped_worker_leaves_nothing_once_it_goes_on(client):
     """The second shard worker stopped (SIGSTOP) as the first one takes its shard, so that the
     second shard's scatter waits for it: the constructor ends after ``step_timeout`` in a
