@@ -160,7 +160,9 @@ def test_distributed_equals_the_local_model_simulating_its_shards(client, shards
             assert arrays[name].numblocks[0 if name.startswith("output") else -1] == shards
         placed = client.who_has()
         for name, array in arrays.items():
-            for key in (k for k in array.__dask_graph__() if parse_sampled_key(k) is not None):
+            chunks = [k for k in array.__dask_graph__() if parse_sampled_key(k) is not None]
+            assert sorted(parse_sampled_key(k).phase for k in chunks) == [name] * shards
+            for key in chunks:
                 assert tuple(placed[key]) == (dist.workers[parse_sampled_key(key).sender],), key
         # predictions: exact top-k over all neurons, from the gathered parameters in numpy
         dist.reset_comm()
