@@ -227,7 +227,8 @@ def test_sampled_training_notebook(tmp_path, dask_client):
         "sp.save_npz('x_test.npz', sp.csr_matrix(x_test))\n"
         "sp.save_npz('y_test.npz', sp.csr_matrix(y_test))\n"
         "print('RESULT ' + json.dumps({'one': one_p1, 'dist': dist_p1,"
-        " 'oracle': data.oracle_precision_at_1, 'measured': measured, 'predicted': predicted}))"
+        " 'oracle': data.oracle_precision_at_1, 'measured': report.by('phase'),"
+        " 'predicted': report.by('phase', 'predicted')}))"
     )
     result, cells = _execute("sampled_training", parameters, probe, tmp_path)
     assert 0 < result["oracle"] <= 1

@@ -492,9 +492,11 @@ class DistributedSampledMLP(DistributedModel):
                 "output_bias": (rows,),
             }
             for name, shape in shapes.items():
-                blocks[name].append(
-                    da.from_delayed(_entry(part, name), shape=shape, dtype=self.dtype)
-                )
+                entry = self.client.submit(
+                    operator.getitem, part, name, key=sampled_key(self.token, call, name, p, p),
+                    workers=[worker], allow_other_workers=False, pure=False,
+                )  # fmt: skip
+                blocks[name].append(da.from_delayed(entry, shape=shape, dtype=self.dtype))
         return {
             "hidden_weights": da.concatenate(blocks["hidden_weights"], axis=1),
             "hidden_bias": da.concatenate(blocks["hidden_bias"]),
@@ -541,7 +543,3 @@ class DistributedSampledMLP(DistributedModel):
         reset_transfers(self.client, self.token)
         self._counted.clear()
 
-
-def _entry(future, name: str):
-    """A delayed value: entry ``name`` of the dict ``future`` holds (computed beside it)."""
-    return dask.delayed(operator.getitem, pure=True)(future, name)
