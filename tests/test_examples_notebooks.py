@@ -149,7 +149,7 @@ def test_data_parallel_embeddings_notebook(tmp_path, dask_client):
         "import json\n"
         "np.savez('one.npz', one.embedding, *one.dense_variables())\n"
         "print('RESULT ' + json.dumps({'difference': difference,"
-        " 'exact': {a: r.matches() for a, r in reports.items()},"
+        " 'exact': {a: r.exact for a, r in reports.items()},"
         " 'bytes': {a: r.total() for a, r in reports.items()},"
         " 'loss': one.loss_curve_, 'choice': search.choice,"
         " 'sampled': [p for p, _ in search.samples],"
