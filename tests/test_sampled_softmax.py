@@ -107,7 +107,7 @@ def test_sgd_steps_match_reference(combine, sampler, hidden):
     np.testing.assert_allclose(model.embedding, E, rtol=0, atol=1e-12)
     for got, want in zip(model.weights + model.biases, Ws + bs, strict=True):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
-    assert model.steps_ == 4
+    assert model.n_steps_ == 4
     # predictions use the full softmax over every class
     X = rng.integers(0, V, (5, C))
     h = E[X].reshape(5, -1) if combine == "concat" else E[X].mean(axis=1)
