@@ -251,7 +251,7 @@ def _write_partition_file(
     info: dict,
     start: float,
 ) -> None:
-    """Turn the appended raw parts into a :func:`graph.save_partitions` file, one array at a time."""
+    """Turn the appended raw parts into a :func:`graph.save_partitions` file, array by array."""
     import zipfile
 
     meta = {

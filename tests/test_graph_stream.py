@@ -18,7 +18,7 @@ def test_iter_radixnet_yields_radixnet_layers():
     listed = radixnet(64, 5, seed=3)
     streamed = list(iter_radixnet(64, 5, seed=3))
     assert len(streamed) == 5
-    for a, b in zip(listed, streamed):
+    for a, b in zip(listed, streamed, strict=True):
         assert (a != b).nnz == 0
 
 
@@ -31,7 +31,7 @@ def test_stream_equals_partition_network(tmp_path):
     assert rows == reports and len(reports) == 6
     loaded = load_partitions(out)[8]
     assert len(loaded.parts) == len(whole.parts)
-    for a, b in zip(loaded.parts, whole.parts):
+    for a, b in zip(loaded.parts, whole.parts, strict=True):
         np.testing.assert_array_equal(a, b)
     metrics = whole.metrics()
     assert [r.volume for r in reports] == metrics.layer_volume.tolist()

@@ -16,10 +16,10 @@ from an unknown random stream).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import scipy.sparse as sp
-
-from collections.abc import Iterator
 
 __all__ = ["iter_radixnet", "radixnet", "radixnet_group_size"]
 
