@@ -93,3 +93,22 @@ def test_bad_inputs_fail_before_any_phase(tmp_path):
         partition_stream(iter_radixnet(64, 3), 4, parts_out=out, epsilon=2.0)
     assert phases == []
     assert list(tmp_path.iterdir()) == []
+
+
+def test_challenge_files_stream_one_layer_at_a_time(tmp_path):
+    from dasknn.datasets import iter_challenge_network, read_challenge_network, write_sparse_tsv
+
+    layers = radixnet(64, 3)
+    for k, layer in enumerate(layers, start=1):
+        write_sparse_tsv(tmp_path / f"n64-l{k}.tsv", layer)
+    streamed = iter_challenge_network(tmp_path)
+    assert not isinstance(streamed, list)
+    for a, b in zip(streamed, read_challenge_network(tmp_path), strict=True):
+        assert (a != b).nnz == 0
+    with pytest.raises(FileNotFoundError):
+        iter_challenge_network(tmp_path, layers=5)
+    out = tmp_path / "parts.npz"
+    partition_stream(iter_challenge_network(tmp_path), 4, parts_out=out)
+    whole = partition_network(layers, 4)
+    for a, b in zip(load_partitions(out)[4].parts, whole.parts, strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -230,6 +230,8 @@ def iter_challenge_network(
         numbers = list(range(1, int(layers) + 1))
     else:
         numbers = [int(k) for k in layers]
+    for k in numbers:
+        layer_file(directory, neurons, k)
     return _iter_layers(directory, neurons, numbers, dtype)
 
 
