@@ -9,7 +9,9 @@ the volume floor beside each ratio and the paper's (PaToH) ratio and seconds, th
 * KaHyPar against Mt-KaHyPar, with and without the exact assignment phases (``--compare``);
 * the volume removed by two-sided refinement over the single sweep (``--refine``);
 * the same table for the generated RadiX-Net 4096 x 120 (``--radixnet4096``);
-* the seconds of generating RadiX-Net networks and reading the official network (``--generation``).
+* the seconds of generating RadiX-Net networks and reading the official network (``--generation``);
+* only the streamed partition of a generated RadiX-Net N x L at one P, layer by layer, with its
+  time, peak memory (RSS high-water mark) and H/R (``--stream N L P``, nothing else is run).
 
 Run from the repository root, under the shared lock::
 
@@ -209,6 +211,56 @@ def generation_times() -> None:
         print(f"{label:<36} {seconds:8.2f} s  {edges / 1e6:8.1f} M edges", flush=True)
 
 
+def stream_run(neurons: int, depth: int, nparts: int, args) -> None:
+    """Streamed partition of RadiX-Net ``neurons x depth`` at ``nparts``: time, peak RSS, H/R."""
+    import resource
+    import tempfile
+
+    from dasknn.datasets import iter_radixnet
+
+    totals = {"volume": 0, "random_volume": 0, "floor": 0, "messages": 0, "random_messages": 0}
+    start = time.perf_counter()
+    imbalance = [1.0]
+
+    def report(row) -> None:
+        for key in totals:
+            totals[key] += getattr(row, key)
+        imbalance[0] = max(imbalance[0], row.imbalance)
+        if row.layer % args.stream_every == 0 or row.layer == depth:
+            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+            print(
+                f"layer {row.layer:5d}  {time.perf_counter() - start:9.1f} s  "
+                f"phase {row.seconds:6.2f} s  H/R so far "
+                f"{totals['volume'] / totals['random_volume']:.4f}  peak RSS {rss:.2f} GiB",
+                flush=True,
+            )
+
+    with tempfile.TemporaryDirectory() as folder:
+        graph.partition_stream(
+            iter_radixnet(neurons, depth, seed=args.seed), nparts,
+            parts_out=Path(folder) / "parts.npz", seed=args.seed, report=report,
+        )
+        stored = (Path(folder) / "parts.npz").stat().st_size
+    seconds = time.perf_counter() - start
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    ratio = totals["volume"] / totals["random_volume"]
+    floor = totals["floor"] / totals["random_volume"]
+    messages = totals["messages"] / totals["random_messages"]
+    print(
+        f"\n| network | P | seconds | s/layer | peak RSS (GiB) | H/R volume | floor/R "
+        f"| H/R messages | max imbalance | parts file (MB) |\n"
+        f"|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+        f"| RadiX-Net {neurons} x {depth} | {nparts} | {seconds:.0f} | {seconds / depth:.2f} "
+        f"| {rss:.2f} | {ratio:.4f} | {floor:.4f} | {messages:.4f} | {imbalance[0]:.4f} "
+        f"| {stored / 1e6:.1f} |"
+    )
+    write_json(args.json, "partition.py", [
+        {"network": f"radixnet:{neurons}:{depth}", "parts": nparts, "seconds": seconds,
+         "peak_rss_gib": rss, "h_over_r_volume": ratio, "floor_over_r": floor,
+         "h_over_r_messages": messages}
+    ])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--network", type=Path, default=OFFICIAL)
@@ -223,9 +275,17 @@ def main() -> None:
     parser.add_argument("--radixnet4096", action="store_true", help="also RadiX-Net 4096 x 120")
     parser.add_argument("--generation", action="store_true",
                         help="also time generating RadiX-Net networks and reading the official one")
+    parser.add_argument("--stream", type=int, nargs=3, metavar=("N", "L", "P"),
+                        help="only the streamed partition of RadiX-Net N x L at P parts")
+    parser.add_argument("--stream-every", type=int, default=10,
+                        help="print progress every this many layers (--stream)")
     add_json_option(parser)
     args = parser.parse_args()
     print(f"machine: {describe()}")
+    if args.stream:
+        stream_run(*args.stream, args)
+        print(f"\nmachine at the end: {describe()}")
+        return
     layers = read_challenge_network(args.network, layers=args.layers)
     args.name = f"official {layers[0].shape[0]} x {len(layers)}"
     rows = main_table(layers, args.parts, args, PAPER_RATIO_1024, PAPER_SECONDS_1024)

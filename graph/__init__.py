@@ -6,6 +6,7 @@ from graph.metrics import PartitionMetrics, exchange_pairs, layer_volume, partit
 from graph.network_partition import NetworkPartition, load_partitions, save_partitions
 from graph.partition import DEFAULT_BACKEND, METHODS, check_network, partition_network
 from graph.report import PartitionRow, format_table
+from graph.stream import PhaseReport, partition_stream
 
 __all__ = [
     "BACKENDS",
@@ -14,6 +15,7 @@ __all__ = [
     "NetworkPartition",
     "PartitionMetrics",
     "PartitionRow",
+    "PhaseReport",
     "check_network",
     "exchange_pairs",
     "format_table",
@@ -22,6 +24,7 @@ __all__ = [
     "load_partitions",
     "partition_metrics",
     "partition_network",
+    "partition_stream",
     "save_partitions",
     "volume_floor",
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,6 +16,7 @@ __all__ = [
     "PhaseSettings",
     "assign_input_owners",
     "consumer_part_matrix",
+    "iter_phase_parts",
     "multiphase_parts",
     "solve_phase",
 ]
@@ -107,17 +108,38 @@ def assign_input_owners(
     return owners
 
 
-def multiphase_parts(layers: Sequence[sp.spmatrix], settings: PhaseSettings) -> list[np.ndarray]:
-    """Partition layer after layer, each phase fixing its inputs to the parts chosen before."""
-    parts: list[np.ndarray] = []
+def iter_phase_parts(
+    layers: Iterable[sp.spmatrix], settings: PhaseSettings
+) -> Iterator[tuple[int, sp.spmatrix | None, np.ndarray]]:
+    """The forward sweep as a generator: partition layer after layer, holding one layer at a time.
+
+    Yields ``(0, None, input_parts)`` after the first phase, then ``(k, layer, parts)`` for every
+    layer ``k = 1 .. L``. Between phases only the previous phase's parts are kept, so ``layers``
+    may be an iterator that builds or reads each layer on demand.
+
+    Raises
+    ------
+    ValueError
+        Before layer ``k``'s phase runs, if its inputs do not match the outputs of layer ``k-1``.
+    """
     previous = None
-    for layer in layers:
+    for k, layer in enumerate(layers, start=1):
+        if previous is not None and layer.shape[0] != len(previous):
+            raise ValueError(
+                f"layer {k} has {layer.shape[0]} inputs but layer {k - 1} has "
+                f"{len(previous)} outputs"
+            )
         hypergraph = build_phase_hypergraph(
             layer, settings.nparts, previous, max_chunk=settings.max_chunk
         )
         current = solve_phase(hypergraph, settings)
+        del hypergraph
         if previous is None:
-            parts.append(assign_input_owners(layer, current, settings.nparts))
-        parts.append(current)
+            yield 0, None, assign_input_owners(layer, current, settings.nparts)
+        yield k, layer, current
         previous = current
-    return parts
+
+
+def multiphase_parts(layers: Sequence[sp.spmatrix], settings: PhaseSettings) -> list[np.ndarray]:
+    """Partition layer after layer, each phase fixing its inputs to the parts chosen before."""
+    return [parts for _, _, parts in iter_phase_parts(layers, settings)]

@@ -92,3 +92,28 @@ def test_refine_flag(capsys):
     printed = capsys.readouterr().out
     assert "refined" in printed.splitlines()[0]
     assert "\n| 8 |" in printed
+
+
+def test_stream_writes_parts_and_report_per_layer(tmp_path, capsys):
+    import json
+
+    out, figures = tmp_path / "parts.npz", tmp_path / "layers.json"
+    code = main(
+        ["partition", "radixnet:256:5", "--parts", "8", "--stream",
+         "--out", str(out), "--json", str(figures)]
+    )
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert printed.count("\n| 5 |") == 1
+    report = json.loads(figures.read_text())
+    assert report["layers_done"] == 5
+    layers = radixnet(256, 5, seed=0)
+    partition = graph.load_partitions(out)[8]
+    whole = graph.partition_network(layers, 8)
+    assert report["totals"]["volume"] == partition.metrics(layers).total_volume
+    assert report["totals"]["volume"] == whole.metrics().total_volume
+
+
+def test_stream_needs_out(capsys):
+    assert main(["partition", "radixnet:256:2", "--parts", "8", "--stream"]) == 2
+    assert "needs --out" in capsys.readouterr().err

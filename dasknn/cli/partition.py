@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import graph
-from dasknn.datasets import load_network
+from dasknn.datasets import iter_network, load_network, parse_radixnet_spec
 from graph.atomic import check_output_path, write_text_atomically
 from graph.report import PartitionRow, format_table
 
@@ -41,13 +42,101 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", type=Path, help="save the METHOD partitions to this .npz file")
     parser.add_argument("--report", type=Path, help="save the table to this markdown file")
     parser.add_argument("--json", type=Path, help="save the figures of every P to this JSON file")
+    parser.add_argument(
+        "--stream",
+        action="store_true",
+        help=(
+            "partition one layer at a time, keeping only the previous parts (taken without asking "
+            "for generated networks of more than STREAM_NONZEROS nonzeros); one P, the hypergraph "
+            "method, --out required; the per-layer report is printed and written to --json as "
+            "each layer is done"
+        ),
+    )
     parser.set_defaults(func=run)
+
+
+STREAM_NONZEROS = 2**31
+
+
+def _streams(args: argparse.Namespace) -> bool:
+    if args.stream:
+        return True
+    if str(args.network).startswith("radixnet:"):
+        neurons, depth, _ = parse_radixnet_spec(str(args.network))
+        depth = depth if args.layers is None else min(depth, args.layers)
+        return 32 * neurons * depth > STREAM_NONZEROS
+    return False
+
+
+def run_stream(args: argparse.Namespace) -> int:
+    """Partition layer by layer; print and save each layer's figures as soon as it is done."""
+    if len(args.parts) != 1:
+        raise ValueError("a streamed partition takes one --parts value")
+    if args.method != "hypergraph" or args.refine:
+        raise ValueError("a streamed partition uses the hypergraph method without --refine")
+    if args.out is None:
+        raise ValueError("a streamed partition needs --out for its parts")
+    for target in (args.out, args.report, args.json):
+        if target is not None:
+            check_output_path(target)
+    nparts = args.parts[0]
+    rows: list[dict] = []
+    totals = {"volume": 0, "random_volume": 0, "floor": 0}
+    print("| layer | volume | messages | R volume | R messages | floor | H/R | imbalance | s |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|", flush=True)
+
+    def report(row: graph.PhaseReport) -> None:
+        for key in totals:
+            totals[key] += getattr(row, key)
+        rows.append(asdict(row) | {"ratio": row.ratio})
+        print(
+            f"| {row.layer} | {row.volume} | {row.messages} | {row.random_volume} "
+            f"| {row.random_messages} | {row.floor} | {row.ratio:.3f} | {row.imbalance:.4f} "
+            f"| {row.seconds:.2f} |",
+            flush=True,
+        )
+        if args.json is not None:
+            write_text_atomically(args.json, json.dumps(_stream_report(args, rows, totals)))
+
+    layers = iter_network(args.network, neurons=args.neurons, layers=args.layers, seed=args.seed)
+    graph.partition_stream(
+        layers,
+        nparts,
+        parts_out=args.out,
+        epsilon=args.epsilon,
+        backend=args.backend,
+        seed=args.seed,
+        report=report,
+    )
+    summary = (
+        f"{args.network}: {len(rows)} layers, P = {nparts}: H/R "
+        f"{totals['volume'] / max(totals['random_volume'], 1):.3f}, floor/R "
+        f"{totals['floor'] / max(totals['random_volume'], 1):.3f}"
+    )
+    print(summary)
+    if args.report is not None:
+        write_text_atomically(args.report, summary + "\n")
+    return 0
+
+
+def _stream_report(args: argparse.Namespace, rows: list[dict], totals: dict) -> dict:
+    return {
+        "network": args.network,
+        "nparts": args.parts[0],
+        "backend": args.backend,
+        "epsilon": args.epsilon,
+        "layers_done": len(rows),
+        "totals": totals,
+        "layers": rows,
+    }
 
 
 def run(args: argparse.Namespace) -> int:
     """Partition, print the table, write the requested files; return the exit code."""
     if args.layers is not None and args.layers < 1:
         raise ValueError(f"--layers must be at least 1, not {args.layers}")
+    if _streams(args):
+        return run_stream(args)
     for target in (args.out, args.report, args.json):
         if target is not None:
             check_output_path(target)

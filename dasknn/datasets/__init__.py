@@ -3,6 +3,7 @@ the standard-library text corpus."""
 
 from dasknn.datasets.challenge_io import (
     challenge_bias,
+    iter_challenge_network,
     layer_file,
     read_categories,
     read_challenge_network,
@@ -17,8 +18,8 @@ from dasknn.datasets.mnist import (
     read_mnist_idx,
     resize_matrix,
 )
-from dasknn.datasets.network_spec import load_network, parse_radixnet_spec
-from dasknn.datasets.radixnet import radixnet, radixnet_group_size
+from dasknn.datasets.network_spec import iter_network, load_network, parse_radixnet_spec
+from dasknn.datasets.radixnet import iter_radixnet, radixnet, radixnet_group_size
 from dasknn.datasets.stdlib_corpus import Corpus, load_stdlib_corpus
 from dasknn.datasets.text import TextTask, stdlib_next_word
 from dasknn.datasets.xmc import read_xmc
@@ -35,6 +36,9 @@ __all__ = [
     "challenge_bias",
     "layer_file",
     "load_mnist_test",
+    "iter_challenge_network",
+    "iter_network",
+    "iter_radixnet",
     "load_network",
     "parse_radixnet_spec",
     "mnist_to_challenge_inputs",

@@ -13,7 +13,7 @@ import gzip
 import os
 import re
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +24,7 @@ from graph.atomic import write_atomically
 
 __all__ = [
     "challenge_bias",
+    "iter_challenge_network",
     "read_challenge_network",
     "read_sparse_tsv",
     "write_sparse_tsv",
@@ -163,13 +164,16 @@ def _discover(directory: Path) -> dict[int, list[int]]:
     return found
 
 
-def read_challenge_network(
+def iter_challenge_network(
     directory: str | os.PathLike,
     neurons: int | None = None,
     layers: int | Sequence[int] | None = None,
     dtype: np.dtype | type = np.float64,
-) -> list[sp.csr_matrix]:
-    """Read a Graph Challenge network from its layer files.
+) -> Iterator[sp.csr_matrix]:
+    """Read a Graph Challenge network one layer at a time.
+
+    The folder, the width and the layer files present are checked at the call, before any layer
+    is read.
 
     Parameters
     ----------
@@ -185,8 +189,9 @@ def read_challenge_network(
 
     Returns
     -------
-    list of scipy.sparse.csr_matrix
-        One matrix per layer, of shape ``(N, N)`` in the challenge convention ``(n_in, n_out)``.
+    iterator of scipy.sparse.csr_matrix
+        One matrix per layer, read when it is asked for, of shape ``(N, N)`` in the challenge
+        convention ``(n_in, n_out)``.
 
     Raises
     ------
@@ -225,7 +230,14 @@ def read_challenge_network(
         numbers = list(range(1, int(layers) + 1))
     else:
         numbers = [int(k) for k in layers]
-    result = []
+    for k in numbers:
+        layer_file(directory, neurons, k)
+    return _iter_layers(directory, neurons, numbers, dtype)
+
+
+def _iter_layers(
+    directory: Path, neurons: int, numbers: list[int], dtype: np.dtype | type
+) -> Iterator[sp.csr_matrix]:
     for k in numbers:
         path = layer_file(directory, neurons, k)
         rows, cols, vals, lines_used = _read_triples(path)
@@ -234,8 +246,7 @@ def read_challenge_network(
             (_cast(path, vals, lines_used, dtype), (rows, cols)), shape=(neurons, neurons)
         )
         mat.sum_duplicates()
-        result.append(mat)
-    return result
+        yield mat
 
 
 def read_sparse_tsv(
@@ -371,3 +382,30 @@ def write_categories(path: str | os.PathLike, categories: np.ndarray) -> None:
     if ids.size and ids.min() < 1:
         raise ValueError("category ids are 1-based and must be >= 1")
     _write_lines(Path(path), (f"{int(i)}\n" for i in ids))
+
+
+def read_challenge_network(
+    directory: str | os.PathLike,
+    neurons: int | None = None,
+    layers: int | Sequence[int] | None = None,
+    dtype: np.dtype | type = np.float64,
+) -> list[sp.csr_matrix]:
+    """Read a Graph Challenge network from its layer files (the list of
+    :func:`iter_challenge_network`).
+
+    Parameters
+    ----------
+    directory, neurons, layers, dtype
+        As :func:`iter_challenge_network`'s.
+
+    Returns
+    -------
+    list of scipy.sparse.csr_matrix
+        One matrix per layer, of shape ``(N, N)`` in the challenge convention ``(n_in, n_out)``.
+
+    Raises
+    ------
+    FileNotFoundError, ValueError
+        As :func:`iter_challenge_network`.
+    """
+    return list(iter_challenge_network(directory, neurons, layers, dtype))

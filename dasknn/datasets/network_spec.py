@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
 
-from dasknn.datasets.challenge_io import read_challenge_network
-from dasknn.datasets.radixnet import radixnet
+from dasknn.datasets.challenge_io import iter_challenge_network
+from dasknn.datasets.radixnet import iter_radixnet, radixnet_group_size
 
-__all__ = ["load_network", "parse_radixnet_spec"]
+__all__ = ["iter_network", "load_network", "parse_radixnet_spec"]
 
 
 def parse_radixnet_spec(text: str) -> tuple[int, int, int | None]:
@@ -29,14 +30,16 @@ def parse_radixnet_spec(text: str) -> tuple[int, int, int | None]:
     return int(fields[0]), int(fields[1]), int(fields[2]) if len(fields) == 3 else None
 
 
-def load_network(
+def iter_network(
     spec: str | os.PathLike,
     neurons: int | None = None,
     layers: int | None = None,
     seed: int = 0,
     dtype: np.dtype | type = np.float64,
-) -> list[sp.csr_matrix]:
-    """Load a network from a challenge directory or generate it from ``radixnet:N:L``.
+) -> Iterator[sp.csr_matrix]:
+    """Yield the layers of a challenge directory or of ``radixnet:N:L`` one at a time.
+
+    Errors in the spec or missing files are raised at the call, before any layer is made.
 
     Parameters
     ----------
@@ -61,10 +64,39 @@ def load_network(
             if layers > depth:
                 raise ValueError(f"--layers {layers} exceeds the {depth} layers of {text!r}")
             depth = layers
-        return radixnet(n, depth, seed=seed, dtype=dtype)
+        _check_radixnet(n, depth)
+        return iter_radixnet(n, depth, seed=seed, dtype=dtype)
     path = Path(text)
     if not path.exists():
         raise FileNotFoundError(
             f"network {text!r} is neither an existing directory nor radixnet:N:L"
         )
-    return read_challenge_network(path, neurons=neurons, layers=layers, dtype=dtype)
+    return iter_challenge_network(path, neurons=neurons, layers=layers, dtype=dtype)
+
+
+def _check_radixnet(neurons: int, layers: int) -> None:
+    radixnet_group_size(neurons)
+    if layers < 1:
+        raise ValueError(f"layers must be >= 1, got {layers}")
+
+
+def load_network(
+    spec: str | os.PathLike,
+    neurons: int | None = None,
+    layers: int | None = None,
+    seed: int = 0,
+    dtype: np.dtype | type = np.float64,
+) -> list[sp.csr_matrix]:
+    """Load a network from a challenge directory or generate it from ``radixnet:N:L``.
+
+    Parameters
+    ----------
+    spec, neurons, layers, seed, dtype
+        As :func:`iter_network`'s.
+
+    Returns
+    -------
+    list of scipy.sparse.csr_matrix
+        The layers :func:`iter_network` yields.
+    """
+    return list(iter_network(spec, neurons, layers, seed, dtype))

@@ -16,10 +16,12 @@ from an unknown random stream).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["radixnet", "radixnet_group_size"]
+__all__ = ["iter_radixnet", "radixnet", "radixnet_group_size"]
 
 _DENSE_BLOCK = 16
 
@@ -58,6 +60,54 @@ def _circulant_columns(neurons: int, stride: int) -> np.ndarray:
     return np.sort((rows + offsets[None, :]) % neurons, axis=1)
 
 
+def iter_radixnet(
+    neurons: int,
+    layers: int,
+    seed: int = 0,
+    dtype: np.dtype | type = np.float64,
+    value: float = 1.0 / 16.0,
+) -> Iterator[sp.csr_matrix]:
+    """Yield the layers of a RadiX-Net network one at a time (the matrices of :func:`radixnet`).
+
+    Only the ``log2(neurons / 16)`` circulant patterns and one relabelling are held between
+    layers, so a network too large for memory can be consumed layer by layer.
+
+    Parameters
+    ----------
+    neurons, layers, seed, dtype, value
+        As :func:`radixnet`'s.
+
+    Yields
+    ------
+    scipy.sparse.csr_matrix
+        Layer ``k`` of shape ``(neurons, neurons)`` with 32 nonzeros per row and column.
+
+    Raises
+    ------
+    ValueError
+        On the first ``next()``, if ``neurons`` is not ``16 * 2**m`` or ``layers < 1``.
+    """
+    group = radixnet_group_size(neurons)
+    if layers < 1:
+        raise ValueError(f"layers must be >= 1, got {layers}")
+    rng = np.random.default_rng(seed)
+    nnz_row = 2 * _DENSE_BLOCK
+    circulants = [_circulant_columns(neurons, 1 << t) for t in range(group)]
+    perm = np.arange(neurons)
+    for k in range(layers):
+        if k % group == 0 and k > 0:
+            perm = rng.permutation(neurons)
+        cols = circulants[k % group][perm]
+        yield sp.csr_matrix(
+            (
+                np.full(neurons * nnz_row, value, dtype=dtype),
+                cols.ravel(),
+                np.arange(neurons + 1, dtype=np.int64) * nnz_row,
+            ),
+            shape=(neurons, neurons),
+        )
+
+
 def radixnet(
     neurons: int,
     layers: int,
@@ -83,24 +133,7 @@ def radixnet(
     Returns
     -------
     list of scipy.sparse.csr_matrix
-        ``layers`` matrices of shape ``(neurons, neurons)`` with 32 nonzeros per row and column.
+        ``layers`` matrices of shape ``(neurons, neurons)`` with 32 nonzeros per row and column
+        (the layers :func:`iter_radixnet` yields).
     """
-    group = radixnet_group_size(neurons)
-    if layers < 1:
-        raise ValueError(f"layers must be >= 1, got {layers}")
-    rng = np.random.default_rng(seed)
-    nnz_row = 2 * _DENSE_BLOCK
-    indptr = np.arange(neurons + 1, dtype=np.int64) * nnz_row
-    data = np.full(neurons * nnz_row, value, dtype=dtype)
-    circulants = [_circulant_columns(neurons, 1 << t) for t in range(group)]
-    result = []
-    perm = np.arange(neurons)
-    for k in range(layers):
-        if k % group == 0 and k > 0:
-            perm = rng.permutation(neurons)
-        cols = circulants[k % group][perm]
-        matrix = sp.csr_matrix(
-            (data.copy(), cols.ravel().copy(), indptr.copy()), shape=(neurons, neurons)
-        )
-        result.append(matrix)
-    return result
+    return list(iter_radixnet(neurons, layers, seed, dtype, value))
