@@ -197,10 +197,10 @@ class DistributedModel:
         """The :class:`StepTimeoutError` of a placement that did not finish in time, naming the
         workers that do not answer, or all the cluster's workers when each one answers (a
         registration waits for every worker), with their roles and state
-        (:meth:`_placement_timeout_error`)."""
+        (:meth:`_timeout_error`)."""
         workers = sorted(scheduler_workers(self.client))
         silent = sorted(set(workers) - set(answering_workers(self.client, workers)))
-        return self._placement_timeout_error(silent or workers)
+        return self._timeout_error(PLACEMENT_WHAT, silent or workers)
 
     def _lost_while_placed(self) -> WorkerLostError | None:
         """The error for a worker the model is being placed on that left the cluster, or
@@ -211,13 +211,6 @@ class DistributedModel:
         """``{address: what the worker is to the model}`` for the errors that name workers, or
         ``None`` (by default workers are named by address and state only)."""
         return None
-
-    def _placement_timeout_error(self, addresses: Sequence[str]) -> StepTimeoutError:
-        """The :class:`StepTimeoutError` of a placement that did not finish, naming the workers
-        ``addresses`` with their roles (:meth:`_worker_roles`) and state."""
-        return step_timeout_error(
-            self.client, PLACEMENT_WHAT, self.step_timeout, addresses, self._worker_roles()
-        )
 
     def _unregister(self, plugins: Sequence[str] = ()) -> None:
         """Remove the worker ``plugins`` (others the model registered), the plugin (with the
