@@ -1,4 +1,4 @@
-"""Collectives as task graphs: allreduce, allgather(v), row-sparse pull and push, all-to-all-v.
+"""Collectives as task graphs: allreduce and allgather(v).
 
 Each collective has a *builder*, a pure function of metadata (the input keys, shapes, dtypes,
 counts) that returns a :class:`Graph`, and an *executor* that checks the inputs, builds the graph
@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from itertools import accumulate
 
 import dask
 import numpy as np
@@ -36,19 +35,12 @@ __all__ = [
     "allgather",
     "allgatherv",
     "allreduce",
-    "alltoallv",
     "build_allgather",
     "build_allreduce",
-    "build_alltoallv",
-    "build_pull",
-    "build_push",
     "chunk_bounds",
     "messages_to",
-    "pull",
-    "push",
 ]
 
-INDEX_DTYPE = np.dtype(np.int64)
 
 #: ``key(phase, sender, receiver)``: the key of one task of a collective.
 KeyFunction = Callable[[str, int, int], tuple]
@@ -129,10 +121,6 @@ def _flat_slice(x: np.ndarray, lo: int, hi: int) -> np.ndarray:
     return np.ascontiguousarray(x).reshape(-1)[lo:hi]
 
 
-def _rows(x: np.ndarray, lo: int, hi: int) -> np.ndarray:
-    return np.ascontiguousarray(x[lo:hi])
-
-
 def _with_own(position: int, own, received: tuple) -> list:
     """``received`` (from every other position, in order) with ``own`` put at ``position``."""
     items = list(received)
@@ -159,78 +147,6 @@ def _concatenate_flat(position: int, shape: tuple, own: np.ndarray, *received: n
 def _gather(position: int, stack: bool, own: np.ndarray, *received: np.ndarray) -> np.ndarray:
     parts = _with_own(position, own, received)
     return np.stack(parts) if stack else np.concatenate(parts, axis=0)
-
-
-def _alltoallv_result(position: int, lo: int, hi: int, x: np.ndarray, *received: np.ndarray):
-    return np.concatenate(_with_own(position, x[lo:hi], received), axis=0)
-
-
-def _owners(indices: np.ndarray, bounds: np.ndarray) -> np.ndarray:
-    return np.searchsorted(bounds, indices, side="right") - 1
-
-
-def _owner_cuts(unique: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Where each owner's rows start in the sorted distinct rows ``unique``, and per owner those
-    rows as int64 offsets into its shard."""
-    cuts = np.searchsorted(unique, bounds)
-    return cuts, [unique[cuts[j] : cuts[j + 1]] - bounds[j] for j in range(len(bounds) - 1)]
-
-
-def _split_requests(indices: np.ndarray, bounds: np.ndarray) -> list[np.ndarray]:
-    """Per owner, the distinct requested rows it owns, as sorted int64 offsets into its shard."""
-    return _owner_cuts(np.unique(np.asarray(indices, dtype=INDEX_DTYPE)), bounds)[1]
-
-
-def _item(values: list, j: int) -> np.ndarray:
-    return values[j]
-
-
-def _take_rows(shard: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    return shard[offsets]
-
-
-def _pull_result(
-    position: int,
-    indices: np.ndarray,
-    bounds: np.ndarray,
-    requests: list[np.ndarray],
-    shard: np.ndarray,
-    *received: np.ndarray,
-) -> np.ndarray:
-    """The requested rows in the order of ``indices``, from the owners' replies."""
-    indices = np.asarray(indices, dtype=INDEX_DTYPE)
-    replies = _with_own(position, shard[requests[position]], received)
-    out = np.empty((len(indices), *shard.shape[1:]), dtype=shard.dtype)
-    owners = _owners(indices, bounds)
-    for j, rows in enumerate(replies):
-        where = np.flatnonzero(owners == j)
-        out[where] = rows[np.searchsorted(requests[j], indices[where] - bounds[j])]
-    return out
-
-
-def _combine_push(indices: np.ndarray, rows: np.ndarray, bounds: np.ndarray) -> tuple:
-    """``(offsets, sums)`` per owner: the distinct pushed rows it owns (int64 offsets into its
-    shard, sorted) and the sum of the rows pushed to each."""
-    unique, inverse = np.unique(np.asarray(indices, dtype=INDEX_DTYPE), return_inverse=True)
-    sums = np.zeros((len(unique), *rows.shape[1:]), dtype=rows.dtype)
-    np.add.at(sums, inverse, rows)
-    cuts, offsets = _owner_cuts(unique, bounds)
-    return offsets, [sums[cuts[j] : cuts[j + 1]] for j in range(len(bounds) - 1)]
-
-
-def _push_part(combined: tuple, which: int, j: int) -> np.ndarray:
-    return combined[which][j]
-
-
-def _push_result(position: int, size: int, combined: tuple, *received: np.ndarray) -> np.ndarray:
-    """The owner's shard of the sums: every worker's rows added in worker order."""
-    own = (combined[0][position], combined[1][position])
-    pairs = list(zip(received[0::2], received[1::2], strict=True))
-    rows_like = combined[1][position]
-    out = np.zeros((size, *rows_like.shape[1:]), dtype=rows_like.dtype)
-    for offsets, rows in _with_own(position, own, tuple(pairs)):
-        out[offsets] += rows
-    return out
 
 
 # ------------------------------------------------------------------ builders
@@ -338,144 +254,6 @@ def build_allgather(
         tasks[k] = Task(k, _gather, j, stack, TaskRef(inputs[j]), *received)
         outputs.append(k)
     return Graph(op, token, tasks, outputs)
-
-
-def build_alltoallv(token: str, inputs: Sequence, counts: np.ndarray) -> Graph:
-    """All-to-all-v: worker ``i`` sends rows ``counts[i, j]`` of its array to worker ``j``.
-
-    Contribution ``i`` is cut along axis 0 into consecutive blocks of ``counts[i, 0]``,
-    ``counts[i, 1]``, ... rows; worker ``j``'s result is the concatenation of the blocks for
-    ``j`` in worker order.
-
-    Bytes: with ``r`` the bytes of one row, worker ``j`` receives
-    ``r sum(counts[i, j] for i != j)``; in all ``r (sum(counts) - trace(counts))`` bytes in
-    ``N (N - 1)`` messages of phase ``alltoallv``.
-
-    Parameters
-    ----------
-    token : str
-        Carried by every key (what the transfers are read by).
-    inputs : sequence of keys
-        ``inputs[i]``: the key of worker ``i``'s contribution.
-    counts : (N, N) int array
-    """
-    count = len(inputs)
-    offsets = np.concatenate([np.zeros((count, 1), dtype=np.int64), np.cumsum(counts, axis=1)], 1)
-    key = partial(collective_key, "alltoallv", token)
-    tasks = {}
-    for i in range(count):
-        for j in range(count):
-            if i != j:
-                k = key("alltoallv", i, j)
-                lo, hi = int(offsets[i, j]), int(offsets[i, j + 1])
-                tasks[k] = Task(k, _rows, TaskRef(inputs[i]), lo, hi)
-    outputs = []
-    for j in range(count):
-        received = messages_to(key, "alltoallv", j, count)
-        k = key("result", j, j)
-        lo, hi = int(offsets[j, j]), int(offsets[j, j + 1])
-        tasks[k] = Task(k, _alltoallv_result, j, lo, hi, TaskRef(inputs[j]), *received)
-        outputs.append(k)
-    return Graph("alltoallv", token, tasks, outputs)
-
-
-def build_pull(token: str, shards: Sequence, indices: Sequence, bounds: Sequence[int]) -> Graph:
-    """Row-sparse pull: every worker gets the rows of a sharded table that it asks for.
-
-    Worker ``j`` owns rows ``bounds[j]:bounds[j+1]`` of the table (its shard); worker ``i``
-    asks for the rows ``indices[i]`` (any order, repeats allowed) and gets them in that order.
-    Each worker asks every owner once for the distinct rows it owns (phase ``pull-indices``:
-    int64 offsets) and the owner replies with those rows (phase ``pull-rows``).
-
-    Bytes: with ``u_ij`` the number of distinct rows of ``indices[i]`` owned by ``j`` and ``r``
-    the bytes of one row, ``8 u_ij`` go from ``i`` to ``j`` and ``r u_ij`` back; in all
-    ``sum(u_ij (8 + r) for i != j)`` bytes in ``2 N (N - 1)`` messages.
-
-    Parameters
-    ----------
-    token : str
-    shards, indices : sequence of keys
-        Worker ``i``'s shard and requested rows.
-    bounds : sequence of int
-        ``N + 1`` row bounds of the shards.
-    """
-    count = len(shards)
-    bounds = np.asarray(bounds, dtype=INDEX_DTYPE)
-    key = partial(collective_key, "pull", token)
-    tasks = {}
-    for i in range(count):
-        split = key("requests", i, i)
-        tasks[split] = Task(split, _split_requests, TaskRef(indices[i]), bounds)
-        for j in range(count):
-            if i != j:
-                request = key("pull-indices", i, j)
-                tasks[request] = Task(request, _item, TaskRef(split), j)
-                reply = key("pull-rows", j, i)
-                tasks[reply] = Task(reply, _take_rows, TaskRef(shards[j]), TaskRef(request))
-    outputs = []
-    for i in range(count):
-        received = messages_to(key, "pull-rows", i, count)
-        k = key("result", i, i)
-        tasks[k] = Task(
-            k,
-            _pull_result,
-            i,
-            TaskRef(indices[i]),
-            bounds,
-            TaskRef(key("requests", i, i)),
-            TaskRef(shards[i]),
-            *received,
-        )
-        outputs.append(k)
-    return Graph("pull", token, tasks, outputs)
-
-
-def build_push(token: str, indices: Sequence, rows: Sequence, bounds: Sequence[int]) -> Graph:
-    """Row-sparse push: rows pushed by every worker are summed on the owner of each row.
-
-    Worker ``i`` pushes ``rows[i]`` to the table rows ``indices[i]`` (repeats allowed); worker
-    ``j`` owns table rows ``bounds[j]:bounds[j+1]`` and its result is its shard of the sum of
-    everything pushed (zero where nothing was). Each worker first adds its own rows with the same
-    index, then sends every owner the distinct indices it pushes there (phase ``push-indices``,
-    int64 offsets) and their summed rows (phase ``push-rows``).
-
-    Bytes: with ``u_ij`` the number of distinct indices of worker ``i`` owned by ``j`` and ``r``
-    the bytes of one row, ``u_ij (8 + r)`` go from ``i`` to ``j``; in all
-    ``sum(u_ij (8 + r) for i != j)`` bytes in ``2 N (N - 1)`` messages.
-
-    Parameters
-    ----------
-    token : str
-    indices, rows : sequence of keys
-        Worker ``i``'s pushed table rows and their values.
-    bounds : sequence of int
-        ``N + 1`` row bounds of the owners' blocks.
-    """
-    count = len(indices)
-    bounds = np.asarray(bounds, dtype=INDEX_DTYPE)
-    key = partial(collective_key, "push", token)
-    tasks = {}
-    for i in range(count):
-        combined = key("combine", i, i)
-        tasks[combined] = Task(
-            combined, _combine_push, TaskRef(indices[i]), TaskRef(rows[i]), bounds
-        )
-        for j in range(count):
-            if i != j:
-                for which, phase in enumerate(("push-indices", "push-rows")):
-                    k = key(phase, i, j)
-                    tasks[k] = Task(k, _push_part, TaskRef(combined), which, j)
-    outputs = []
-    for j in range(count):
-        received = []
-        for i in range(count):
-            if i != j:
-                received += [TaskRef(key("push-indices", i, j)), TaskRef(key("push-rows", i, j))]
-        k = key("result", j, j)
-        size = int(bounds[j + 1] - bounds[j])
-        tasks[k] = Task(k, _push_result, j, size, TaskRef(key("combine", j, j)), *received)
-        outputs.append(k)
-    return Graph("push", token, tasks, outputs)
 
 
 # ------------------------------------------------------------------ executors
@@ -657,136 +435,3 @@ def allgatherv(client, inputs: Sequence, workers: Sequence[str]) -> Collective:
         Before anything is scheduled, on an empty worker list or mismatched contributions.
     """
     return _gathered(client, inputs, workers, stack=False)
-
-
-def alltoallv(client, inputs: Sequence, workers: Sequence[str], counts) -> Collective:
-    """Worker ``i`` sends the next ``counts[i][j]`` rows of ``inputs[i]`` to worker ``j``.
-
-    See :func:`build_alltoallv` for the layout and the bytes.
-
-    Parameters
-    ----------
-    client : distributed.Client
-    inputs : sequence of distributed.Future
-        ``inputs[i]``: a numpy array in memory on ``workers[i]``.
-    workers : sequence of str
-        Distinct worker addresses; results come back in this order.
-    counts : (N, N) array-like of int
-        ``counts[i][j]``: rows of ``inputs[i]`` for worker ``j``.
-
-    Returns
-    -------
-    Collective
-        ``outputs[i]`` is the result on ``workers[i]``.
-
-    Raises
-    ------
-    ValueError
-        Before anything is scheduled, on an empty worker list, mismatched contributions, or
-        ``counts`` that is not an ``N x N`` matrix of non-negative integers whose row ``i`` sums
-        to the length of ``inputs[i]``.
-    """
-    workers = _check_workers(client, workers, inputs)
-    count = len(workers)
-    matrix = np.asarray(counts)
-    if matrix.shape != (count, count) or matrix.dtype.kind not in "iu" or (matrix < 0).any():
-        raise ValueError(f"counts must be a {count} x {count} matrix of non-negative integers")
-    metas = _contributions(client, workers, inputs, "alltoallv", ragged=True)
-    for i, meta in enumerate(metas):
-        if int(matrix[i].sum()) != meta[0][0]:
-            raise ValueError(
-                f"counts[{i}] sums to {int(matrix[i].sum())} but input {i} has {meta[0][0]} rows"
-            )
-    graph = build_alltoallv(new_token(), [f.key for f in inputs], matrix.astype(np.int64))
-    return _submit(client, graph, workers)
-
-
-def _check_indices(metas: list[tuple], rows: int, what: str) -> None:
-    for position, (shape, dtype, low, high) in enumerate(metas):
-        if len(shape) != 1 or dtype.kind not in "iu":
-            raise ValueError(f"{what} {position} must be a 1-D integer array, got {dtype} {shape}")
-        if low is not None and (low < 0 or high >= rows):
-            raise ValueError(f"{what} {position} has rows outside 0..{rows - 1}")
-
-
-def pull(client, shards: Sequence, indices: Sequence, workers: Sequence[str]) -> Collective:
-    """Worker ``i`` gets the rows ``indices[i]`` of the table whose consecutive row blocks are
-    ``shards`` (``shards[j]`` held by ``workers[j]``), in the order asked.
-
-    See :func:`build_pull` for the messages and the bytes.
-
-    Parameters
-    ----------
-    client : distributed.Client
-    shards : sequence of distributed.Future
-        ``shards[j]``: the rows of the table that ``workers[j]`` owns (any number, none
-        included), a numpy array in memory there; the blocks follow each other in order.
-    indices : sequence of distributed.Future
-        ``indices[i]``: 1-D integer array of table rows, in memory on ``workers[i]``.
-    workers : sequence of str
-
-    Returns
-    -------
-    Collective
-        ``outputs[i]`` is the result on ``workers[i]``.
-
-    Raises
-    ------
-    ValueError
-        Before anything is scheduled, on an empty worker list, shards that differ in dtype or
-        row shape, or indices that are not 1-D integer arrays of rows of the table.
-    """
-    workers = _check_workers(client, workers, shards, indices)
-    shard_metas = _inspect(client, workers, shards, "shard")
-    _same_rows("shards", "row shape", shard_metas, "shards must have at least one dimension (rows)")
-    bounds = list(accumulate((meta[0][0] for meta in shard_metas), initial=0))
-    _check_indices(_inspect(client, workers, indices, "indices"), bounds[-1], "indices")
-    graph = build_pull(new_token(), [f.key for f in shards], [f.key for f in indices], bounds)
-    return _submit(client, graph, workers)
-
-
-def push(
-    client, indices: Sequence, rows: Sequence, workers: Sequence[str], sizes: Sequence[int]
-) -> Collective:
-    """Sum the rows every worker pushes into a table sharded by row blocks of ``sizes``.
-
-    Worker ``i`` pushes ``rows[i]`` (one row per entry of ``indices[i]``); the result on worker
-    ``j`` is its block (``sizes[j]`` rows) of the sum. See :func:`build_push` for the bytes.
-
-    Parameters
-    ----------
-    client : distributed.Client
-    indices : sequence of distributed.Future
-        ``indices[i]``: 1-D integer array of table rows, in memory on ``workers[i]``.
-    rows : sequence of distributed.Future
-        ``rows[i]``: one row per entry of ``indices[i]``, on ``workers[i]``.
-    workers : sequence of str
-    sizes : sequence of int
-        Rows of the table owned by each worker, in order.
-
-    Returns
-    -------
-    Collective
-        ``outputs[i]`` is the result on ``workers[i]``.
-
-    Raises
-    ------
-    ValueError
-        Before anything is scheduled, on an empty worker list, rows that differ in dtype or row
-        shape or do not match their indices, indices outside the table, or bad ``sizes``.
-    """
-    workers = _check_workers(client, workers, indices, rows, sizes)
-    if any(int(size) != size or size < 0 for size in sizes):
-        raise ValueError(f"sizes must be non-negative integers: {list(sizes)}")
-    bounds = list(accumulate((int(size) for size in sizes), initial=0))
-    row_metas = _inspect(client, workers, rows, "rows")
-    _same_rows("rows", "row shape", row_metas, "rows must have at least one dimension")
-    index_metas = _inspect(client, workers, indices, "indices")
-    _check_indices(index_metas, bounds[-1], "indices")
-    for position, (index_meta, row_meta) in enumerate(zip(index_metas, row_metas, strict=True)):
-        if index_meta[0][0] != row_meta[0][0]:
-            raise ValueError(
-                f"worker {position} pushes {row_meta[0][0]} rows for {index_meta[0][0]} indices"
-            )
-    graph = build_push(new_token(), [f.key for f in indices], [f.key for f in rows], bounds)
-    return _submit(client, graph, workers)

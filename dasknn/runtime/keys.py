@@ -87,7 +87,7 @@ __all__ = [
 
 PREFIX = "dasknn-"
 STEP_KINDS = ("fwd", "bwd", "lse", "run")
-COLLECTIVES = ("allreduce", "allgather", "allgatherv", "pull", "push", "alltoallv")
+COLLECTIVES = ("allreduce", "allgather", "allgatherv")
 PIPELINE_KINDS = (
     "fwd", "bwd", "fwd-done", "bwd-done", "x", "y", "grad", "update", "finite", "verdict", "run",
     "postbox", "failed", "infer", "infer-x",
