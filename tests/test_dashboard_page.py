@@ -18,7 +18,7 @@ import pytest
 import graph
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
-from dasknn.model_parallel.dashboard import DashboardFeed
+from dasknn.runtime.dashboard_feed import DashboardFeed
 
 
 def _browser(chromium: str, url: str, *mode: str) -> str:

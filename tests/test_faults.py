@@ -26,8 +26,8 @@ from stopped_workers import stopped, wait_until_empty
 from dasknn.exceptions import ModelFailedError, StepTimeoutError, WorkerLostError
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
-from dasknn.model_parallel.faults import RetirementRequests
 from dasknn.runtime.cluster import scheduler_workers
+from dasknn.runtime.faults import RetirementRequests
 from dasknn.runtime.keys import message_phase
 from dasknn.runtime.measure import MONITOR_NAME, REPORTER_NAME
 

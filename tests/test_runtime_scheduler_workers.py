@@ -17,8 +17,8 @@ import dask
 import pytest
 from distributed import Client
 
-from dasknn.model_parallel.faults import lost_workers, running_workers
 from dasknn.runtime.cluster import scheduler_workers
+from dasknn.runtime.faults import lost_workers, running_workers
 from dasknn.runtime.step_timeout import describe_workers
 
 pytestmark = pytest.mark.minversions  # also run at the minimum versions (.ci/run)

@@ -22,9 +22,9 @@ import scipy.sparse as sp
 import sparse
 from distributed import wait
 
-from dasknn.model_parallel.faults import POLL_SECONDS, run_watching_part_workers
 from dasknn.model_parallel.plan import CommPlan
 from dasknn.model_parallel.worker_state import install_parts, snapshot_bias, snapshot_weight
+from dasknn.runtime.faults import POLL_SECONDS, run_watching_part_workers
 from dasknn.runtime.model_span import held_in_span
 from dasknn.runtime.scatter import scatter_released_if_given_up
 from dasknn.runtime.waiting import run_watching

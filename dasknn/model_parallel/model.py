@@ -27,18 +27,6 @@ from dasknn.model.sparse_mlp import SparseMLP
 from dasknn.model.validation import check_in_flight
 from dasknn.model_parallel.comm import predicted_counts, wire_bytes
 from dasknn.model_parallel.exchange import ActorStepTemplate, postbox_key
-from dasknn.model_parallel.faults import (
-    POLL_SECONDS,
-    install_retirement_watch,
-    lost_error,
-    lost_workers,
-    part_roles,
-    part_workers_lost,
-    release_retirement_watch,
-    retirement_requests,
-    running_workers,
-    wait_for_step,
-)
 from dasknn.model_parallel.layout import (
     PLACING,
     Layout,
@@ -58,6 +46,18 @@ from dasknn.model_parallel.worker_state import ModelState, read_parts
 from dasknn.optim import Optimizer, ParamState, resolve_optimizer
 from dasknn.runtime.comm_report import CommReport, counts_of
 from dasknn.runtime.distributed_model import DistributedModel
+from dasknn.runtime.faults import (
+    POLL_SECONDS,
+    install_retirement_watch,
+    lost_error,
+    lost_workers,
+    part_roles,
+    part_workers_lost,
+    release_retirement_watch,
+    retirement_requests,
+    running_workers,
+    wait_for_step,
+)
 from dasknn.runtime.measure import read_transfers
 from dasknn.runtime.model_span import held_in_span, new_span
 from dasknn.runtime.postbox import Postbox

@@ -16,7 +16,7 @@ Without ``token`` both show the run that published last.
 The figures come from the clients: :func:`publish_report` sends a run's report (a JSON-ready dict,
 see :func:`report_columns`) to the plugin through :meth:`distributed.Client.log_event`, and the
 plugin keeps the latest report of each run (token), of the last :data:`KEPT_RUNS` runs. A
-training loop publishes as it goes (:mod:`dasknn.model_parallel.dashboard`).
+training loop publishes as it goes (:mod:`dasknn.runtime.dashboard_feed`).
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ class _DataHandler(web.RequestHandler):
 _TABLE = """
 <div id="dasknn-summary" style="font-family: sans-serif; margin: 1em;">
   <p>run <span id="dasknn-token">(no report yet)</span>, <span id="dasknn-batches">0</span>
-  batches; forward+backward payload measured <span id="dasknn-payload">0</span> B, predicted
+  batches; payload measured <span id="dasknn-payload">0</span> B, predicted
   <span id="dasknn-predicted">0</span> B; other transfers <span id="dasknn-other">0</span> B</p>
   <table id="dasknn-layers" border="1" cellpadding="3">
     <thead><tr><th>layer</th><th>phase</th><th>measured B</th><th>predicted B</th>

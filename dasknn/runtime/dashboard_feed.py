@@ -2,8 +2,9 @@
 
 ``with DashboardFeed(dist) as feed: dist.fit(...)`` installs the page
 (:mod:`dasknn.runtime.dashboard`) and, from a background thread, publishes the model's
-:meth:`~DistributedSparseMLP.comm_report` and worker timings every ``interval`` seconds and once
-more when the block ends, so the page then shows exactly the final ``comm_report()``.
+``comm_report()`` (and its workers' ``timings()`` where the model has them) every ``interval``
+seconds and once more when the block ends, so the page then shows exactly the final
+``comm_report()``. Any :class:`~dasknn.runtime.distributed_model.DistributedModel` can be fed.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import threading
 import time
 from typing import Any
 
-from dasknn.model_parallel.model import DistributedSparseMLP
 from dasknn.runtime.comm_report import CommReport
 from dasknn.runtime.dashboard import install_dashboard_page, publish_report
+from dasknn.runtime.distributed_model import DistributedModel
 
 __all__ = ["DashboardFeed", "report_message"]
 
@@ -24,9 +25,10 @@ def report_message(
 ) -> dict[str, Any]:
     """The page's report of a model: ``report`` as plain lists (measured bytes and messages per
     worker pair; measured and predicted bytes and measured messages per layer and phase; the
-    measured and predicted forward plus backward bytes, the measured other bytes), and per
-    worker the seconds of local products, update (the part on the task thread) and packing, and
-    the rest of ``elapsed`` (waiting: communication, scheduling, other workers)."""
+    measured and predicted bytes of every phase but ``other``, the measured ``other`` bytes), and
+    per worker of ``timings`` (empty for a model without worker timings) the seconds of local
+    products, update (the part on the task thread) and packing, and the rest of ``elapsed``
+    (waiting: communication, scheduling, other workers)."""
     pairs: dict = {}
     for (_, _, sender, receiver), (nbytes, messages) in report.measured.items():
         row = pairs.setdefault((sender, receiver), [0, 0])
@@ -52,7 +54,7 @@ def report_message(
     return {
         "token": token,
         "batches": report.steps,
-        "workers": sorted(timings),
+        "workers": sorted(timings or {w for pair in pairs for w in pair}),
         "pairs": [[sender, receiver, *row] for (sender, receiver), row in sorted(pairs.items())],
         "layers": [
             [layer, phase, *row]
@@ -60,8 +62,8 @@ def report_message(
                 layers.items(), key=lambda item: (item[0][0] or 0, item[0][1])
             )
         ],
-        "payload": report.total(phase="forward") + report.total(phase="backward"),
-        "predicted": report.total("predicted", "forward") + report.total("predicted", "backward"),
+        "payload": report.total() - report.total(phase="other"),
+        "predicted": report.total("predicted") - report.total("predicted", "other"),
         "other": report.total(phase="other"),
         "times": times,
     }
@@ -72,7 +74,8 @@ class DashboardFeed:
 
     Parameters
     ----------
-    dist : DistributedSparseMLP
+    dist : DistributedModel
+        Any distributed model; its ``timings()``, where it has one, give the per-worker times.
     interval : float
         Seconds between publications (each reads the scheduler's counts and the workers'
         timings once).
@@ -85,7 +88,7 @@ class DashboardFeed:
         The report published last.
     """
 
-    def __init__(self, dist: DistributedSparseMLP, interval: float = 1.0) -> None:
+    def __init__(self, dist: DistributedModel, interval: float = 1.0) -> None:
         if not interval > 0:
             raise ValueError(f"interval must be > 0 seconds, got {interval!r}")
         self.dist = dist
@@ -101,7 +104,7 @@ class DashboardFeed:
         message = report_message(
             self.dist.token,
             self.dist.comm_report(),
-            self.dist.timings(),
+            self.dist.timings() if hasattr(self.dist, "timings") else {},
             time.perf_counter() - self._start,
         )
         publish_report(self.dist.client, message)

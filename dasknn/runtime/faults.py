@@ -20,11 +20,10 @@ from collections.abc import Sequence
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from dasknn.exceptions import StepTimeoutError, WorkerLostError
-
-from ..runtime.cluster import scheduler_workers
-from ..runtime.shared_plugins import hold_scheduler_plugin, release_scheduler_plugin
-from ..runtime.step_timeout import describe_workers
-from ..runtime.waiting import (
+from dasknn.runtime.cluster import scheduler_workers
+from dasknn.runtime.shared_plugins import hold_scheduler_plugin, release_scheduler_plugin
+from dasknn.runtime.step_timeout import describe_workers
+from dasknn.runtime.waiting import (
     run_naming_loss,
     wait_at_most,
 )
