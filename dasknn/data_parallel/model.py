@@ -47,6 +47,7 @@ from dasknn.runtime.comm_report import CommReport, counts_of
 from dasknn.runtime.distributed_model import DistributedModel
 from dasknn.runtime.keys import dp_postbox_key, parse_dp_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
+from dasknn.runtime.placement import KeyPlacement, by_sender
 from dasknn.runtime.postbox import Postbox
 from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT, answering_workers
 from dasknn.runtime.waiting import (
@@ -62,16 +63,6 @@ SEARCH_MODES = ("model", "brute-force")
 MESSAGES = ("posted", "tasks")
 #: Consecutive training steps of ``fit`` per submitted task under ``messages="posted"``.
 DEFAULT_STEPS_PER_TASK = 20
-
-
-class _Placement:
-    """``workers=`` annotation of a step's keys: the worker that makes the key (its sender)."""
-
-    def __init__(self, workers: list[str]) -> None:
-        self.workers = workers
-
-    def __call__(self, key) -> list[str]:
-        return [self.workers[parse_dp_key(key).sender]]
 
 
 def _topology(workers: list[str], machines) -> Topology:
@@ -266,7 +257,7 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         self._prefetched = None
         self._version = 0
         self._gathered: tuple[int, EmbeddingMLP] | None = None
-        self._placement = _Placement(self.workers)
+        self._placement = KeyPlacement(self.workers, by_sender(parse_dp_key))
         self._postboxes: list = []
         #: The name of the model's ReuseFreedMemory plugin while it is registered.
         self._memory_plugin: str | None = None

@@ -41,7 +41,7 @@ from dasknn.model_parallel.layout import (
 from dasknn.model_parallel.microbatches import auto_microbatches, check_microbatches, split_rows
 from dasknn.model_parallel.plan import build_comm_plan, normalize_partition
 from dasknn.model_parallel.steps import StepContext
-from dasknn.model_parallel.taskgraph import PartPlacement, StepPriority, StepTemplate
+from dasknn.model_parallel.taskgraph import StepPriority, StepTemplate, part_of
 from dasknn.model_parallel.worker_state import ModelState, read_parts
 from dasknn.optim import Optimizer, ParamState, resolve_optimizer
 from dasknn.runtime.comm_report import CommReport, counts_of
@@ -60,6 +60,7 @@ from dasknn.runtime.faults import (
 )
 from dasknn.runtime.measure import read_transfers
 from dasknn.runtime.model_span import held_in_span, new_span
+from dasknn.runtime.placement import KeyPlacement
 from dasknn.runtime.postbox import Postbox
 from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT
 from dasknn.runtime.waiting import call_at_most, gather_at_most
@@ -273,7 +274,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         #: Batches run since the last reset, counted by (rows, backward, microbatches): the comm
         #: report's prediction, kept in a size that does not grow with the number of batches.
         self._batches: Counter[tuple[int, bool, int]] = Counter()
-        self._placement = PartPlacement(self.part_workers)
+        self._placement = KeyPlacement(self.part_workers, part_of)
         self._priority = StepPriority(self.token, self.plan.n_layers)
         self.optimizer_: Optimizer | None = None
         self.loss_curve_: list[float] = []
@@ -938,7 +939,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         if self._chosen is not None:
             workers = [w for w in workers if w in self._chosen]
         self.part_workers = worker_of_parts(workers, self.nparts)
-        self._placement = PartPlacement(self.part_workers)
+        self._placement = KeyPlacement(self.part_workers, part_of)
         # Replacing the plugin tears the old one down, which ends the waits of a step task still
         # running on a worker that stayed; a task of an earlier step is refused from now on.
         state = ModelState(self.token, first_step=self._step + 1)

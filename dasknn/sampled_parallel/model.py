@@ -15,8 +15,9 @@ import numpy as np
 from dasknn.exceptions import StepTimeoutError
 from dasknn.runtime.comm_report import CommReport, counts_of
 from dasknn.runtime.distributed_model import DistributedModel
-from dasknn.runtime.keys import sampled_key
+from dasknn.runtime.keys import parse_sampled_key, sampled_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
+from dasknn.runtime.placement import KeyPlacement, by_sender
 from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT
 from dasknn.runtime.waiting import WorkerLostError, gather_watching, watch_workers
 from dasknn.sampled.checks import check_features, check_k, check_labels, check_positive_int
@@ -34,7 +35,6 @@ from dasknn.sampled.schedule import DecaySchedule, training_schedule
 from dasknn.sampled_parallel.steps import ShardLabels
 from dasknn.sampled_parallel.taskgraph import (
     PHASES,
-    SenderPlacement,
     message_priority,
     predict_graph,
     step_bytes,
@@ -140,7 +140,7 @@ class DistributedSampledMLP(DistributedModel):
         #: Rows of the training steps and prediction blocks run since the last reset_comm, by
         #: (phase kind, rows): the comm report's prediction.
         self._counted: Counter[tuple[str, int]] = Counter()
-        self._placement = SenderPlacement(self.workers)
+        self._placement = KeyPlacement(self.workers, by_sender(parse_sampled_key))
         self._register(ShardState(self.token), lambda: self._install(model))
 
     def _shard_workers(self, model: SampledMLP, workers: list[str] | None) -> list[str]:

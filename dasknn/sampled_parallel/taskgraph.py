@@ -2,9 +2,9 @@
 
 Keys are :func:`dasknn.runtime.keys.sampled_key` tuples ``(name, call, phase, sender,
 receiver)``, and every task runs on the worker of its ``sender`` position
-(:class:`SenderPlacement`). A key with ``sender == receiver`` is local to that worker and never
-moves. A key with ``receiver == EVERY_WORKER`` is a value its sender uses and every other worker
-reads: each read is one message of that phase from the sender to the reader. A key with
+(:class:`~dasknn.runtime.placement.KeyPlacement`). A key with ``sender == receiver`` is local to
+that worker and never moves. A key with ``receiver == EVERY_WORKER`` is a value its sender
+uses and every other worker reads: each read is one message of that phase from the sender to the reader. A key with
 another ``receiver`` is made on ``sender`` for that one worker: one message. The batch itself
 is part of the graph (data nodes on their workers), so nothing is scattered before a step.
 
@@ -29,7 +29,6 @@ from dasknn.sampled_parallel import steps
 __all__ = [
     "EVERY_WORKER",
     "PHASES",
-    "SenderPlacement",
     "message_priority",
     "predict_graph",
     "step_bytes",
@@ -41,16 +40,6 @@ PHASES = ("hidden", "stats", "grad")
 
 #: The receiver field of a value that every worker reads.
 EVERY_WORKER = -1
-
-
-class SenderPlacement:
-    """``workers=`` annotation: the worker at the key's sender position."""
-
-    def __init__(self, workers: list[str]) -> None:
-        self.workers = list(workers)
-
-    def __call__(self, key) -> list[str]:
-        return [self.workers[parse_sampled_key(key).sender]]
 
 
 def message_priority(key) -> int:
