@@ -1,12 +1,12 @@
 """Task graphs of a distributed sampled step and of a prediction batch.
 
-Keys are :func:`dasknn.runtime.keys.sampled_key` tuples ``(name, call, phase, sender,
-receiver)``, and every task runs on the worker of its ``sender`` position
+Keys are :func:`dasknn.runtime.keys.sampled_key` tuples ``(name, call, phase, sender, receiver)``,
+and every task runs on the worker of its ``sender`` position
 (:class:`~dasknn.runtime.placement.KeyPlacement`). A key with ``sender == receiver`` is local to
-that worker and never moves. A key with ``receiver == EVERY_WORKER`` is a value its sender
-uses and every other worker reads: each read is one message of that phase from the sender to the reader. A key with
-another ``receiver`` is made on ``sender`` for that one worker: one message. The batch itself
-is part of the graph (data nodes on their workers), so nothing is scattered before a step.
+that worker and never moves. A key with ``receiver == EVERY_WORKER`` is a value its sender uses and
+every other worker reads: each read is one message of that phase from the sender to the reader. A
+key with another ``receiver`` is made on ``sender`` for that one worker: one message. The batch
+itself is part of the graph (data nodes on their workers), so nothing is scattered before a step.
 
 Per training step, with ``B`` rows, ``H`` hidden neurons in blocks of ``H_q`` and item size
 ``s``: phase ``hidden`` moves ``(P - 1) B H s`` bytes, ``stats`` ``P (P - 1) 2 B s`` and
