@@ -15,6 +15,7 @@ input is a ``ValueError`` before anything is scheduled; a SIGKILLed worker is a
 
 from __future__ import annotations
 
+import gc
 import inspect
 import os
 import signal
@@ -389,6 +390,21 @@ def test_close_leaves_nothing_on_the_cluster_and_a_closed_model_refuses_work(cas
         dist.fit(X, y, **case.fit, progress=False)
     with pytest.raises(ModelClosedError):
         dist.gather()
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_a_model_dropped_without_close_releases_its_plugins(case, client):
+    X, y = case.data()
+    dist = case.distributed(case.estimator(), client)
+    dist.fit(X, y, **case.fit, progress=False)
+    token = dist.token
+    assert any(_held_by(client, token).values())
+    del dist
+    gc.collect()
+    deadline = time.monotonic() + 30
+    while (held := _held_by(client, token)) and any(held.values()):
+        assert time.monotonic() < deadline, held
+        time.sleep(0.05)
 
 
 def test_save_and_load_round_trip(trained, tmp_path, client):
