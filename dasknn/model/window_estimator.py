@@ -30,6 +30,11 @@ def _integers(values, what: str) -> np.ndarray:
             raise ValueError(f"{what} must be integers, got non-integral values")
     elif array.dtype.kind not in "iub":
         raise ValueError(f"{what} must be integers, got dtype {array.dtype}")
+    if array.size and array.dtype.kind in "uf":  # beyond int64, the cast would wrap around
+        bounds = np.iinfo(np.int64)
+        for value in (array.min(), array.max()):
+            if not bounds.min <= value <= bounds.max:
+                raise ValueError(f"{what} must fit in int64, got {int(value)}")
     return array.astype(np.int64)
 
 
