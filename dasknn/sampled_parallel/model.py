@@ -12,7 +12,7 @@ import dask
 import dask.array as da
 import numpy as np
 
-from dasknn.exceptions import StepTimeoutError
+from dasknn.exceptions import NonFiniteLossError, StepTimeoutError
 from dasknn.runtime.comm_report import CommReport, counts_of
 from dasknn.runtime.distributed_model import DistributedModel
 from dasknn.runtime.keys import parse_sampled_key, sampled_key
@@ -261,6 +261,13 @@ class DistributedSampledMLP(DistributedModel):
         self._counted["train", X.shape[0]] += 1
         return self._submit(tasks, outputs)
 
+    def _finish_step(self, futures, step: int) -> float:
+        """The loss of training step number ``step``, whose loss shares are ``futures``; a loss
+        that is not finite is a :class:`NonFiniteLossError`."""
+        loss = float(np.sum(self._gather(futures, training=True)))
+        NonFiniteLossError.check([loss], step)
+        return loss
+
     def _gather(self, futures, training: bool = False) -> list:
         """The results of a call's ``futures``; :class:`WorkerLostError` naming a shard worker
         that left the cluster meanwhile, :class:`StepTimeoutError` naming the shard workers whose
@@ -372,17 +379,15 @@ class DistributedSampledMLP(DistributedModel):
             batches = epoch_batches(X.shape[0], batch_size, order_seed, self.epochs_, shuffle)
             try:
                 with EpochBar(X.shape[0], batch_size, self.epochs_, progress) as bar:
-                    finish = bar.wrap(
-                        lambda step: float(np.sum(self._gather(step, training=True)))
-                    )
+                    finish = bar.wrap(self._finish_step)
                     for rows in batches:
                         batch_ptr, batch_ids = label_rows(ptr, ids, rows)
                         after = [f.key for f in running[-1]] if running else None
                         running.append(self._submit_batch(X[rows], batch_ptr, batch_ids, after))
                         if len(running) > 1:
-                            total += finish(running.popleft())
+                            total += finish(running.popleft(), self.n_steps_ - 1)
                     while running:
-                        total += finish(running.popleft())
+                        total += finish(running.popleft(), self.n_steps_ - len(running))
             except BaseException:
                 # the step queued behind the failed one, released at once (the error's
                 # traceback holds this frame); an interrupted fit leaves steps half applied
