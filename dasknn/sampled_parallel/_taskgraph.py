@@ -24,7 +24,7 @@ from functools import partial
 from dask.task_spec import DataNode, Task, TaskRef
 
 from dasknn.runtime.keys import parse_sampled_key, sampled_key
-from dasknn.sampled_parallel import steps
+from dasknn.sampled_parallel import _steps as steps
 
 __all__ = [
     "EVERY_WORKER",
@@ -84,7 +84,7 @@ def train_graph(
     ``lr_scale``.
 
     ``rows[p]``: the batch rows (CSR) for worker ``p``; ``labels[p]``: its
-    :class:`~dasknn.sampled_parallel.steps.ShardLabels`; ``after[p]``: a key of the previous
+    :class:`~dasknn.sampled_parallel._steps.ShardLabels`; ``after[p]``: a key of the previous
     step on worker ``p`` (its output key) when this step is queued behind it.
     """
     key = partial(sampled_key, token, call)

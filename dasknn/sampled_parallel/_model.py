@@ -32,15 +32,15 @@ from dasknn.sampled.model import (
     training_optimizer,
 )
 from dasknn.sampled.schedule import DecaySchedule, training_schedule
-from dasknn.sampled_parallel.steps import ShardLabels
-from dasknn.sampled_parallel.taskgraph import (
+from dasknn.sampled_parallel._steps import ShardLabels
+from dasknn.sampled_parallel._taskgraph import (
     PHASES,
     message_priority,
     predict_graph,
     step_bytes,
     train_graph,
 )
-from dasknn.sampled_parallel.worker_state import ShardState, install_shard, read_shard
+from dasknn.sampled_parallel._worker_state import ShardState, install_shard, read_shard
 
 __all__ = ["DistributedSampledMLP"]
 
@@ -63,7 +63,7 @@ class DistributedSampledMLP(DistributedModel):
     of the model (its neurons, weights, bias, Adam state, hash family and tables) and block ``p``
     of the hidden neurons. The parameters are sent once, here; after that a training step moves
     only the hidden activations, each shard's softmax statistics and the partial gradients of the
-    hidden activations (see :func:`~dasknn.sampled_parallel.taskgraph.step_bytes`). The model
+    hidden activations (see :func:`~dasknn.sampled_parallel._taskgraph.step_bytes`). The model
     selects the same active sets, and computes the same values, as the one-process model with
     ``shards=P``, so :meth:`gather` after ``fit`` equals the one-process model after the same
     ``fit``.
@@ -516,7 +516,7 @@ class DistributedSampledMLP(DistributedModel):
     def comm_report(self) -> CommReport:
         """Bytes and messages between workers since the model started or :meth:`reset_comm`,
         as the transfer monitor measured them, beside the formula of every training step
-        (:func:`~dasknn.sampled_parallel.taskgraph.step_bytes`, ``P (P - 1)`` messages a phase)
+        (:func:`~dasknn.sampled_parallel._taskgraph.step_bytes`, ``P (P - 1)`` messages a phase)
         and of every prediction block (phase ``predict-hidden``: ``(P - 1) B H s`` bytes)."""
         self._check_open()
         measured = counts_of(read_transfers(self.client, self.token))

@@ -16,7 +16,7 @@ nothing to another worker, ``-2`` for an output block, ``-3`` for softmax statis
 runs on the worker of ``part`` (:data:`part_of`), so the only values Dask moves between
 workers are the packed messages. A part sends one message per layer and phase to each *other
 worker* hosting receivers; messages between parts on the same worker never become tasks: the
-sender leaves them in the worker's mailbox (:mod:`dasknn.model_parallel.steps`) and the receiver's
+sender leaves them in the worker's mailbox (:mod:`dasknn.model_parallel._steps`) and the receiver's
 tasks wait for one of the sender's tasks (``after``). With ``P`` parts on ``W`` workers a layer thus
 costs at most ``P (W - 1)`` tasks instead of ``P (P - 1)``. With microbatches every task exists
 once per row block of the batch (``microbatch``), each block's tasks depending on the same
@@ -30,9 +30,9 @@ from operator import itemgetter
 
 from dask.task_spec import List, Task, TaskRef
 
-from dasknn.model_parallel.layout import Layout
-from dasknn.model_parallel.plan import CommPlan
-from dasknn.model_parallel.steps import (
+from dasknn.model_parallel._layout import Layout
+from dasknn.model_parallel._plan import CommPlan
+from dasknn.model_parallel._steps import (
     Route,
     StepContext,
     backward_task,
