@@ -1,40 +1,14 @@
 """The functions that run on the workers: one part's share of a layer step.
 
-Every task of a step is ``forward_task`` or ``backward_task`` for one ``(layer k, part m)`` and one
-*destination worker*: it makes sure part ``m``'s work for layer ``k`` is done on this worker (the
-first task of ``(k, m)`` to run does it, the others find it done) and returns the messages for the
-receiving parts on that worker, stacked (:class:`Route` says which) — the only values Dask moves
-between workers. Messages for parts on this worker are left in the worker's mailbox instead, where
-their receivers take them. A task with no destination returns a small value (the loss share, the
-output block, or nothing). Once a part's partial sums of layer ``k >= 2`` are computed (with the
-old weights), its update of layer ``k`` (the gradient, then the step of the model's optimizer) is
-handed to the model's background thread on the worker (the kernels release the GIL), so the update
-runs while the task thread waits for the next layer's messages instead of delaying them; the
-part's last task of the step updates layer 1 and waits for all of its updates. With
-``messages="posted"`` the waits are inside the task, so the task thread itself runs the queued
-updates while a message it needs has not arrived
-(:meth:`~dasknn.model_parallel.worker_state.ModelState.queue_idle`), and no second thread takes
-cores from the products. A step may be cut
-into microbatches (row blocks, :attr:`StepContext.microbatches`): each task works on one block,
-and a layer's gradients are summed over the blocks on the update thread before the optimizer's
-step. With ``messages="posted"`` (:mod:`dasknn.model_parallel.exchange`) one task per worker calls
-these functions for its parts, and messages for parts on other workers are posted there.
-
-Everything a task reads or changes besides its arguments belongs to the model's worker plugin
-(:class:`~dasknn.model_parallel.worker_state.ModelState`, found with its ``on_worker``): the
-weight values, biases and optimizer state of the parts on this worker, and the intermediate
-values of a part (``x_in``, ``z``, ``a`` per layer, partial sums) keyed by step and part, so
-one task per message suffices and the critical path of a layer is one task plus one transfer.
-The intermediate values are feature-major, shape ``(neurons, B)`` (the layout of the kernels),
-so a message is a gather of whole rows: the forward rows for part ``n`` are ``a[send[n]]``, the
-backward ones a contiguous slice of the partial sums.
-A forward pass without training (``StepContext.training`` false) keeps only the latest layer.
-The input and target blocks arrive feature-major too (``(n_m, N)``, batch columns taken here).
-No task changes a value Dask holds: the only Dask data a task reads are its arguments (plans,
-input blocks, messages), and what it returns is never changed afterwards (new arrays, or slices
-of partial sums that are only read). All per-element arithmetic on
-the sparse chunks is in the numba kernels of :mod:`dasknn.kernels.training` and
-:mod:`dasknn.kernels.optimizers`.
+``forward_task`` and ``backward_task`` run layer ``k`` of part ``m`` on its worker (the first task
+of ``(k, m)`` computes it, the others find it done) and return the messages for the receiving parts
+on one destination worker, stacked as :class:`Route` says; messages for parts on the same worker go
+through the worker's mailbox. The weights, optimizer state and intermediate values (feature-major,
+``(neurons, B)``) belong to the worker's :class:`~dasknn.model_parallel.worker_state.ModelState`; no
+task changes a value Dask holds. A layer's update runs on the plugin's background thread, or with
+``messages="posted"`` in the task's waits for messages
+(:meth:`~dasknn.model_parallel.worker_state.ModelState.queue_idle`). See docs/training.md
+(Model-parallel training) for the task graph, microbatches and posted messages.
 """
 
 from __future__ import annotations
@@ -80,16 +54,13 @@ class StepContext:
     #: The optimizer of a training step (``None`` for a forward pass).
     optimizer: Optimizer | None
     dtype: str
-    #: ``False`` for a forward pass only: a part then keeps just the activations of its latest
-    #: layer, not every layer's ``x_in``, ``z`` and ``a`` for a backward pass.
+    #: ``False`` for a forward pass: a part keeps only its latest layer's activations.
     training: bool = True
-    #: Row blocks the step's batch is split into; each runs through the layer chain as its own
-    #: tasks, and the gradients of a layer are summed over them before the update.
+    #: Row blocks the step's batch is split into; a layer's gradients are summed over them.
     microbatches: int = 1
     #: Rows of the whole step's batch (the ``B`` of the mean loss); 0 for a forward pass.
     batch: int = 0
-    #: ``messages="posted"``: the worker address of every part; messages for parts on other
-    #: workers are posted there (:mod:`dasknn.model_parallel.exchange`). Empty: they are task
+    #: ``messages="posted"``: every part's worker address (messages are posted there); empty: task
     #: results.
     part_workers: tuple = ()
 
@@ -101,14 +72,12 @@ class Route:
     Attributes
     ----------
     sources : tuple
-        Per sender of the messages the part takes in (plan order): ``None`` for a part on this
-        worker, whose message waits in the worker's mailbox, or ``(i, lo, hi)``: rows ``lo:hi`` of
-        the task's ``i``-th piece argument (one message array per sending part and worker).
+        Per sender (plan order): ``None`` for a part on this worker (message in the mailbox), or
+        ``(i, lo, hi)``: rows ``lo:hi`` of the task's ``i``-th piece argument.
     local : tuple of int
-        Receiving parts on this worker: their messages are left in the mailbox, not sent.
+        Receiving parts on this worker: their messages are left in the mailbox.
     to : tuple of int
-        Receiving parts on the task's destination worker, in the order their messages are
-        stacked in the array the task returns.
+        Receiving parts on the destination worker, in the order their messages are stacked.
     """
 
     sources: tuple = ()
@@ -127,8 +96,8 @@ def _message_key(ctx, i: int, phase: str, k: int, sender: int, receiver: int) ->
 
 
 def _post(owner: ModelState, ctx, i: int, phase: str, k: int, sender: int, messages: dict) -> None:
-    """Leave ``{receiver: rows}`` of ``sender`` for microbatch ``i`` in this worker's mailbox or,
-    for a part on another worker (``ctx.part_workers``), post it to that worker's mailbox."""
+    """Leave ``{receiver: rows}`` of ``sender`` for microbatch ``i`` in the mailbox of the
+    receiver's worker (posted there when it is another one)."""
     for receiver, rows in messages.items():
         key = _message_key(ctx, i, phase, k, sender, receiver)
         address = ctx.part_workers[receiver] if ctx.part_workers else owner.address
@@ -142,8 +111,8 @@ def _received(
     owner: ModelState, ctx, i: int, phase: str, k: int, part: int, senders, pieces, route: Route
 ) -> list:
     """The messages of ``(phase, k, s)`` for ``part`` in microbatch ``i`` from every ``s`` of
-    ``senders``, in order: from the mailbox for senders on this worker, sliced out of ``pieces``
-    for the others."""
+    ``senders``, in order: from the mailbox, or sliced out of ``pieces`` as ``route.sources`` says.
+    """
     messages = []
     for s, source in zip(senders, route.sources, strict=True):
         if source is None:
@@ -179,12 +148,8 @@ def _spmm_rows(x_in, sender, plan: LayerPartPlan, layer: PartLayer, z, accumulat
 def _ensure_forward(
     owner: ModelState, ctx, part, i, k, plan: LayerPartPlan, next_plan, x0, x0_rows, pieces, route
 ) -> MicrobatchStep:
-    """Compute ``x_in``, ``z``, ``a`` of part ``part`` in layer ``k`` for microbatch ``i`` unless
-    already done, and post the messages for the receiving parts on this worker
-    (``route.local``).
-
-    Layer 0 only stores the part's input columns (restricted to the batch rows) as ``a_0``.
-    """
+    """Compute ``x_in``, ``z``, ``a`` of ``part`` in layer ``k`` for microbatch ``i`` unless done,
+    and post its messages for ``route.local``; layer 0 stores the input columns as ``a_0``."""
     part_step = owner.part_step(ctx.step, part)
     with part_step.lock:
         state = part_step.microbatch(i)
@@ -207,8 +172,7 @@ def _ensure_forward(
         senders = plan.senders()
         seconds = {"pack": time.perf_counter() - clock, "forward_product": 0.0}
         if ctx.part_workers and senders:
-            # messages posted by other workers may still be on their way: the part's own input
-            # rows first, then each sender's as its message is taken (waiting counts as neither)
+            # own input rows first, then each sender's as it arrives (waiting counts as neither)
             _timed(seconds, "forward_product", _spmm_rows, x_in, part, plan, layer, z, False)
             received = _received(owner, ctx, i, "fwd", k - 1, part, senders, pieces, route)
             for n, piece in zip(senders, received, strict=True):
@@ -258,30 +222,27 @@ def forward_task(
     """Part ``part``'s forward step of layer ``k`` for one microbatch; returns what ``receiver``
     needs.
 
-    Layer ``k = 0`` takes the part's input columns ``x0`` (rows ``x0_rows`` of them when given);
-    ``plan`` is then ``None``. The part's weights and bias are those its worker's
-    :class:`~dasknn.model_parallel.worker_state.ModelState` owns.
-
     Parameters
     ----------
+    ctx : StepContext
+    part, k : int
+        The part and layer (``k = 0``: the input columns ``x0``; ``plan`` is then ``None``).
     receiver : int
-        A worker (its index) hosting parts of layer ``k+1`` that need activations of this part:
-        their rows ``next_plan.send[n]`` for ``n`` in ``route.to`` are returned, stacked; ``-1``
-        for none (returns ``None``), ``-2`` for the output block ``a_L`` of this part, ``-3`` for
-        this part's softmax statistics.
+        A worker index: rows ``next_plan.send[n]`` for ``n`` in ``route.to``, stacked; ``-1``: none
+        (returns ``None``); ``-2``: the output block ``a_L``; ``-3``: the softmax statistics.
+    plan, next_plan : LayerPartPlan
+        The plans of layers ``k`` and ``k + 1``.
     pieces : arrays
-        The messages of layer ``k-1`` from the senders on other workers (``route.sources``).
+        The messages of layer ``k-1`` from senders on other workers (``route.sources``).
     x0, x0_rows : array, optional
         Layer 0 only: the part's input columns and the batch rows to take from them.
     y, y_rows : array, optional
         Softmax statistics only: the part's target columns and the batch rows.
     after : tuple
-        Ignored: the part's tasks of the previous layer (or step) and those of the sending parts
-        on this worker, which must run first.
+        Ignored: tasks that must run first.
     route : Route
     microbatch : int
-        The row block of the step's batch this task works on (``0 <= microbatch <
-        ctx.microbatches``); ``x0_rows`` and ``y_rows`` are its rows.
+        The row block of the step's batch, ``0 <= microbatch < ctx.microbatches``.
     """
     owner = ModelState.on_worker(ctx.token)
     state = _ensure_forward(
@@ -363,26 +324,31 @@ def backward_task(
     """Part ``part``'s backward step of layer ``k`` for one microbatch; returns what ``receiver``
     needs.
 
-    The delta of layer ``k`` is the sum of the part's own partial sums and those received from
-    ``sorted(next_plan.send)`` (``pieces`` and the mailbox, as ``route.sources`` says) times
-    ``f'(z_k)`` (at ``k = L``: the loss gradient from ``y``).
-    Then the partial sums for layer ``k-1`` are computed with the old weights, and the
-    microbatch's gradient of layer ``k`` goes to the background thread (with ``messages="posted"``:
-    to the task thread's queue of work for its waits), which adds it to the layer's sum and, once
-    every microbatch's gradient is in, applies ``ctx.optimizer``'s step (with the state the worker
-    keeps beside the weights). In layer 1 the part's last microbatch to finish waits for all of
-    the part's updates and then adds its own gradient and updates layer 1 itself.
+    ``delta_k`` is the sum of the part's own and the received partial sums times ``f'(z_k)`` (at
+    ``k = L`` the loss gradient from ``y``). The partial sums for layer ``k-1`` use the old weights;
+    the layer's gradient is summed over the microbatches and ``ctx.optimizer``'s step applied with
+    the last one. In layer 1 the part's last microbatch waits for all of the part's updates.
 
     Parameters
     ----------
+    ctx : StepContext
+    part, k : int
     receiver : int
-        A worker (its index) hosting owners of rows of ``W_k``: the partial sums of the owners in
-        ``route.to`` (slices ``plan.groups``) are returned, stacked; or ``-1`` for none (in layer
-        1: the microbatch's last task of the step, which returns the microbatch's loss share).
-        The partial sums for owners on this worker (``route.local``) are left in the mailbox.
+        A worker index: the partial sums of the owners in ``route.to`` (slices ``plan.groups``),
+        stacked; ``-1``: none (in layer 1 the task returns the microbatch's loss share).
+    plan, next_plan : LayerPartPlan
+        The plans of layers ``k`` and ``k + 1``.
+    pieces : arrays
+        The partial sums of layer ``k + 1`` from other workers (``route.sources``).
     forward_pieces : tuple of arrays
-        At ``k = L``: the forward messages of layer ``L`` from other workers (the forward of the
-        last layer runs here), placed by ``forward_route``.
+        At ``k = L``: the forward messages of layer ``L`` from other workers (``forward_route``).
+    y, y_rows : array, optional
+        At ``k = L``: the part's target columns and the batch rows.
+    lse : array, optional
+        Softmax only: the ``(2, B)`` result of :func:`combine_logsumexp`.
+    after : tuple
+        Ignored: tasks that must run first.
+    route, forward_route : Route
     microbatch : int
         The row block of the step's batch this task works on.
     """
@@ -441,13 +407,11 @@ def _backward(
     owner: ModelState, ctx, state: MicrobatchStep, i, part, k, plan, layer: PartLayer, next_plan,
     receive, y, y_rows, lse, route: Route,
 ):
-    """Return ``delta_k`` of the part; keep its partial sums for layer ``k-1`` (old weights).
+    """Return ``delta_k`` of the part and keep its partial sums for layer ``k-1`` (old weights).
 
-    ``receive()`` returns the other parts' partial sums of layer ``k + 1`` for this part (in the
-    order of ``sorted(next_plan.send)``); it is called once the part's own share of ``grad_a`` and
-    ``f'(z_k)`` are computed, so a message still on its way is waited for as late as possible.
-    With ``ctx.part_workers`` (messages posted between workers) the partial sums for the owners
-    in ``route.local`` are posted here, as each owner's rows are computed.
+    ``receive()`` returns the others' partial sums of layer ``k + 1`` (``sorted(next_plan.send)``
+    order); it is called as late as possible. With ``ctx.part_workers`` the partial sums for
+    ``route.local`` are posted as each owner's rows are computed.
     """
     _, z, a = state.forward[k]
     start = time.perf_counter()
@@ -469,8 +433,7 @@ def _backward(
         partial = np.empty((int(plan.groups[-1]), z.shape[1]), dtype=z.dtype)
         state.partial[k] = partial
         if ctx.part_workers:
-            # the other owners' rows first, each posted as soon as it is computed, so they
-            # travel while this part computes its own rows
+            # the other owners' rows first, each posted as soon as computed
             groups = plan.groups
             for n in [n for n in route.local if n != part] + [part]:
                 lo, hi = int(groups[n]), int(groups[n + 1])
