@@ -1,26 +1,13 @@
 """Task graphs of a training step and of a forward pass, built once per network and partition.
 
-The structure of a step (which tasks exist, what each one depends on, which part runs it) is
-computed once into a :class:`StepTemplate`; every batch only stamps it with fresh keys carrying the
-step number and submits the whole step at once. Keys (named in :mod:`dasknn.runtime.keys`) are
-tuples
-
-    ``(f"dasknn-{phase}-{token}", step, layer, part, receiver, microbatch)``
-
-with ``phase`` ``fwd`` (the task of ``(layer, part)`` that returns the activations the parts of
-layer ``layer + 1`` on worker number ``receiver`` need, stacked), ``bwd`` (the partial sums of
-layer ``layer`` returned to the owners of those rows on worker number ``receiver``; the part's
-weight update of the layer starts in the background when they are computed) or ``lse`` (softmax
-statistics). Workers are numbered by sorted address. ``receiver`` is ``-1`` for a task that sends
-nothing to another worker, ``-2`` for an output block, ``-3`` for softmax statistics. Every task
-runs on the worker of ``part`` (:data:`part_of`), so the only values Dask moves between
-workers are the packed messages. A part sends one message per layer and phase to each *other
-worker* hosting receivers; messages between parts on the same worker never become tasks: the
-sender leaves them in the worker's mailbox (:mod:`dasknn.model_parallel.steps`) and the receiver's
-tasks wait for one of the sender's tasks (``after``). With ``P`` parts on ``W`` workers a layer thus
-costs at most ``P (W - 1)`` tasks instead of ``P (P - 1)``. With microbatches every task exists
-once per row block of the batch (``microbatch``), each block's tasks depending on the same
-block's; :class:`StepPriority` orders a worker's ready tasks.
+A :class:`StepTemplate` holds the structure of a step; each batch stamps it with fresh keys
+``(f"dasknn-{phase}-{token}", step, layer, part, receiver, microbatch)``
+(:mod:`dasknn.runtime.keys`), ``phase`` being ``fwd``, ``bwd`` or ``lse`` (softmax statistics) and
+``receiver`` the index of the destination worker (sorted addresses), ``-1`` for none, ``-2`` for an
+output block, ``-3`` for softmax statistics. Every task runs on its part's worker (:data:`part_of`)
+and returns one stacked message per other worker hosting receivers; messages between parts on one
+worker go through the worker's mailbox, so a layer costs at most ``P (W - 1)`` tasks for ``P`` parts
+on ``W`` workers. See docs/training.md (Model-parallel training).
 """
 
 from __future__ import annotations
@@ -79,10 +66,9 @@ class StepTemplate:
     softmax : bool
         Whether the loss is softmax cross-entropy (needs the ``lse`` reduction).
     separate_packing : bool
-        ``False`` (the default): each message is returned by a task that also makes sure its
-        part's layer is computed, so a layer costs one scheduler round trip. ``True``: a product
-        task per part and layer, then one pack task per message after it (two round trips per
-        layer); kept to measure what the fusion saves.
+        ``False`` (the default): the task that returns a message also computes its part's layer (one
+        scheduler round trip per layer). ``True``: a product task per part and layer, then one pack
+        task per message (two round trips), to measure what the fusion saves.
     """
 
     def __init__(
@@ -146,8 +132,8 @@ class StepTemplate:
 
     def _sources(self, phase: str, k: int, m: int, senders: list[int]) -> tuple:
         """``(pieces, route sources, extra after)`` of part ``m`` receiving the messages of
-        ``(phase, k, s)`` for every ``s`` of ``senders``: a remote sender's message is the piece
-        of its task for ``m``'s worker, rows ``lo:hi``; a local one's waits in the mailbox."""
+        ``(phase, k, s)`` for every ``s`` of ``senders`` (remote: rows ``lo:hi`` of a piece; local:
+        the mailbox)."""
         pieces, sources, after = [], [], []
         home = self._worker[m]
         for s in senders:
@@ -320,9 +306,8 @@ class StepTemplate:
 class StepPriority:
     """Scheduling priority of a step's tasks (the ``priority=`` annotation, evaluated per key).
 
-    A worker with several ready tasks runs the earliest layer step first (the forward layers
-    ``0..L``, then the backward layers ``L..1``), and within one layer step the lowest microbatch:
-    the messages of microbatch ``i`` are sent, and travel, while microbatch ``i + 1`` computes.
+    Earliest layer step first (forward ``0..L``, then backward ``L..1``), then the lowest
+    microbatch, so microbatch ``i``'s messages travel while ``i + 1`` computes.
     """
 
     def __init__(self, token: str, n_layers: int) -> None:
