@@ -1,13 +1,9 @@
 """Placement of a partitioned network on Dask workers, and snapshots of its current values.
 
-Part ``m`` lives on worker ``m % W`` (workers sorted by address). Every layer is renumbered so every
-part's rows and columns are contiguous (:func:`dasknn.model_parallel.plan.reorder`) and cut into one
-chunk of shape ``(n_{k-1}, c_m)`` per part. The chunks and biases are handed to the model's worker
-plugin (:class:`~dasknn.model_parallel.worker_state.ModelState`) on the part's worker, which owns
-and trains them; every part's :class:`~dasknn.model_parallel.plan.LayerPartPlan` stays beside them
-as Dask data (never changed). :func:`snapshot_network` turns the owned values into dask arrays of
-fresh pydata-sparse ``GCXS`` chunks (biases: numpy chunks), each made by a task on its part's
-worker.
+Part ``m`` lives on worker ``m % W`` (workers sorted by address), as one chunk of shape ``(n_{k-1},
+c_m)`` per layer, owned by the model's plugin
+(:class:`~dasknn.model_parallel.worker_state.ModelState`); its plans stay beside it as Dask data.
+See docs/training.md (Layout, Worker state).
 """
 
 from __future__ import annotations
@@ -62,13 +58,10 @@ def scatter_pinned(
 ) -> dict:
     """Scatter ``{key: value}`` so each value lands on the worker of its part; returns futures.
 
-    ``part_of(key)`` names the part of a key. One scatter per worker (the keys are the given
-    ones). Values not all taken within ``timeout`` seconds in all (a worker stopped, say) raise
-    ``TimeoutError``; the keys of a scatter given up leave the cluster once the worker takes them
-    (:func:`~dasknn.runtime.scatter.scatter_released_if_given_up`). With ``watch`` (what is
-    being done, in words) the part workers are checked while the values travel, and a part
-    worker that left the cluster is a :class:`~dasknn.exceptions.WorkerLostError` at
-    once instead of an error after Dask's connect timeout.
+    ``part_of(key)`` names the part of a key; one scatter per worker. Values not all taken within
+    ``timeout`` seconds raise ``TimeoutError`` (and the given-up keys are released). With ``watch``
+    (what is being done, in words) a part worker that leaves the cluster meanwhile raises
+    :class:`~dasknn.exceptions.WorkerLostError` at once.
     """
     by_worker: dict[str, dict] = {}
     for key, value in data.items():
@@ -86,8 +79,7 @@ def scatter_pinned(
             else:
                 futures.update(run_watching(client, scattering, left, lambda: None, POLL_SECONDS))
     except BaseException:
-        # the values already scattered leave the cluster now, not when the error's traceback
-        # (which refers to these futures) is collected
+        # release the values already scattered now, not when the traceback is collected
         client.cancel(list(futures.values()))
         futures.clear()
         raise
@@ -160,12 +152,9 @@ def place_network(
     timeout: float | None = None,
     span: dict | None = None,
 ) -> Layout:
-    """Hand the renumbered weight chunks and biases to the model's plugin on the workers of their
-    parts, and scatter the plans beside them.
-
-    The model's :class:`~dasknn.model_parallel.worker_state.ModelState` must be registered. The
-    chunks travel with one ``Client.run`` call per worker (no task and no key: the plugin keeps
-    them).
+    """Hand the renumbered weight chunks and biases to the model's plugin on their parts' workers
+    (one ``Client.run`` per worker; the plugin must be registered) and scatter the plans beside
+    them.
 
     Parameters
     ----------
@@ -177,18 +166,15 @@ def place_network(
     part_workers : from :func:`worker_of_parts`
     dtype : numpy dtype of the values
     states : dict, optional
-        ``{(k, m): (optimizer, weight state, bias state)}`` to install beside the chunks (the
-        state arrays in the chunk's order).
+        ``{(k, m): (optimizer, weight state, bias state)}`` to install beside the chunks (the state
+        arrays in the chunk's order).
     generation : int
-        Number of the placement of this model (part of the plans' keys, so a new placement never
-        reuses a key whose release may still be under way).
+        Number of this placement of the model (part of the plans' keys, so no key is reused).
     timeout : float, optional
-        Seconds the workers may take to accept the values and the plans, in all
-        (``TimeoutError`` after that).
+        Seconds the workers may take to accept the values and the plans, in all (``TimeoutError``).
     span : dict, optional
-        The model's span (:func:`~dasknn.runtime.model_span.new_span`): the plans are then held
-        by tasks of that span (:func:`~dasknn.runtime.model_span.held_in_span`) and
-        ``plan_keys`` name those tasks, so the steps that read the plans touch no other span.
+        The model's span (:func:`~dasknn.runtime.model_span.new_span`): the plans are then held by
+        tasks of that span and ``plan_keys`` name those tasks.
     """
     plans: dict = {}
     values: dict = {}  # worker -> {(k, m): (chunk, bias)}
@@ -268,9 +254,7 @@ def chunk_entries(pattern, plan: CommPlan) -> list[list[np.ndarray]]:
 def snapshot_network(client, layout: Layout, version: int) -> Snapshot:
     """Dask arrays of fresh copies of the current weights and biases, made on the parts' workers.
 
-    The caller makes sure no training step is running; the copies are made before this returns,
-    so they show the last completed step whatever runs next. Every call makes new keys, so nothing
-    Dask holds is ever changed.
+    Call it with no training step running; the copies are made before it returns, under new keys.
     """
     token, dtype = layout.token, layout.dtype
     meta = sparse.GCXS.from_numpy(np.empty((0, 0), dtype=dtype), compressed_axes=(0,))
