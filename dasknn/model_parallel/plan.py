@@ -1,20 +1,11 @@
 """The communication plan of a partitioned network, computed once from the pattern and the parts.
 
-Neurons of every layer are renumbered so that each part's neurons are contiguous (part 0 first,
-neurons of a part in their original order). Part ``m`` of layer ``k`` holds the columns of
-``W_k`` of its neurons; the *rows* its chunk touches are the input neurons (of layer ``k-1``) it
-needs. Sorted by the renumbering, these rows come grouped by the part that owns them, so part
-``m``'s input block ``x_in`` is the concatenation, over owners ``n = 0 .. P-1``, of the owner's
-activations at the rows ``m`` needs (its own for ``n = m``, a received message otherwise).
-
-- forward (``Xsend/Xrecv``): owner ``n`` sends ``m`` the columns ``send[m]`` of its activations
-  ``a_{k-1}^n`` (:attr:`LayerPartPlan.send` of part ``n``);
-- backward (``Ssend/Srecv``), the mirror: ``m`` sends back the slice ``groups[n]:groups[n+1]`` of
-  its partial sums ``s = delta_k^m W_k^m.T`` and ``n`` adds it at the same columns ``send[m]``.
-
-A word of layer ``k-1`` crosses once to every part other than its owner whose chunk touches it:
-``connectivity - 1`` words, forward in every layer and backward in layers ``2 .. L`` (no partial
-sums go back to the input features).
+Every layer's neurons are renumbered so each part's are contiguous; part ``m``'s input block of
+layer ``k`` is then the concatenation over owners ``n`` of the activations at the rows ``m``
+touches. Forward, ``n`` sends ``m`` its activations at ``send[m]``; backward, ``m`` returns the
+slice ``groups[n]:groups[n+1]`` of its partial sums ``delta_k^m W_k^m.T``. A word crosses
+``connectivity - 1`` times, forward in every layer and backward in layers ``2 .. L``. See
+docs/training.md (Communication plan).
 """
 
 from __future__ import annotations
@@ -131,9 +122,7 @@ class LayerPartPlan:
     send: dict[int, np.ndarray]
 
     def __sizeof__(self) -> int:
-        """Bytes of this object and of its arrays: Dask's ``sizeof`` falls back on
-        ``sys.getsizeof``, so a worker's memory accounting and the scheduler's transfer costs
-        count what it holds."""
+        """Bytes of this object and its arrays (Dask's ``sizeof`` uses ``sys.getsizeof``)."""
         arrays = [self.indptr, self.groups, self.own, *self.send.values()]
         return object.__sizeof__(self) + sum(int(a.nbytes) for a in arrays)
 
