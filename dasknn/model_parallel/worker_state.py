@@ -1,23 +1,11 @@
 """What a distributed model keeps on a worker, owned by one worker plugin per model.
 
-:class:`ModelState` is a :class:`~dasknn.runtime.model_plugin.ModelPlugin` (``kind`` ``"model"``)
-registered by :class:`~dasknn.model_parallel.DistributedSparseMLP` under
-:meth:`ModelState.plugin_name` of the model's token and removed by its ``close()``. On every
-worker it owns, for the parts placed there:
-
-- per layer and part, the weight chunk's stored values, its bias and the optimizer state of both
-  (:class:`PartLayer`): the training steps update these and nothing else, so no value Dask holds is
-  ever changed after its task returned (spilling, replicating or rebalancing Dask's data cannot
-  lose an update);
-- the intermediate values of the steps in flight (:class:`PartStep`), the mailbox of messages
-  between parts on this worker, the time spent per kind of work, the background thread that
-  applies the weight updates of steps run as a task per layer step, and the queue of updates
-  that a step run as one task per worker (``messages="posted"``) applies on its own thread while
-  it would otherwise wait for a message (:meth:`ModelState.queue_idle`).
-
-The step tasks (:mod:`dasknn.model_parallel.steps`) find it with :meth:`ModelState.on_worker`.
-The dask arrays a user reads (``dist.weights``, ``dist.biases``) are snapshots: tasks that copy
-the owned values into fresh pydata-sparse chunks (:func:`snapshot_weight`, :func:`snapshot_bias`).
+:class:`ModelState` owns, for the parts placed on its worker, every layer's weight values, bias and
+optimizer state (:class:`PartLayer`), the intermediate values of the steps in flight
+(:class:`PartStep`), the mailbox of messages, the timings and the background update thread. Only
+the step tasks (:mod:`dasknn.model_parallel.steps`) change these; no value Dask holds is changed.
+``dist.weights`` and ``dist.biases`` are snapshots (:func:`snapshot_weight`,
+:func:`snapshot_bias`). See docs/training.md (Worker state).
 """
 
 from __future__ import annotations
@@ -47,8 +35,8 @@ __all__ = [
     "snapshot_weight",
 ]
 
-#: Timing categories recorded by the workers (seconds, summed over tasks); ``update_background``
-#: is the part of ``update`` run by the background thread, beside the task thread.
+#: Timing categories (seconds, summed over tasks); ``update_background`` is the background thread's
+#: share of ``update``.
 TIMING_KINDS = ("forward_product", "backward_product", "update", "update_background", "pack")
 
 
@@ -117,9 +105,8 @@ class PartStep:
     microbatches : dict
         Microbatch number -> :class:`MicrobatchStep`.
     gradients : dict
-        Layer -> :class:`GradientSum` until every microbatch's gradient of the layer is in it
-        (used by the update thread only, or by the task thread once the updates are waited for;
-        with ``messages="posted"`` by the task thread only).
+        Layer -> :class:`GradientSum` until every microbatch's gradient of the layer is in it (used
+        by one thread at a time: the update thread, or the task thread).
     updates : list of Future
         The update-thread jobs of the step.
     finished : int
@@ -145,11 +132,8 @@ class ModelState(ModelPlugin):
     token : str
         The model's token; the plugin is registered as :meth:`plugin_name` of it.
     first_step : int
-        The first step number this placement of the model runs: a task of an earlier step (one
-        still running when the model was placed again after a lost worker) is refused, so it
-        cannot change the values placed afresh. :meth:`clear_steps` moves it past every step
-        begun here, so a task of a dropped step fails with a ``RuntimeError`` instead of
-        starting its part's values afresh (and failing on a missing layer, as ``KeyError``).
+        The first step number this placement runs: a task of an earlier step (or, after
+        :meth:`clear_steps`, of a dropped one) raises ``RuntimeError``.
     """
 
     kind = "model"
@@ -163,14 +147,11 @@ class ModelState(ModelPlugin):
         self.layers: dict[tuple[int, int], PartLayer] = {}
         self.steps: dict[tuple[int, int], PartStep] = {}
         self._latest_step = 0  # the highest step number begun here
-        #: Messages for the parts on this worker, by step key ``(name, step, layer, sender,
-        #: receiver part, microbatch)`` (:func:`dasknn.runtime.keys.step_key`): left by parts on
-        #: this worker, or posted by other workers (``messages="posted"``); also the jobs the
-        #: task thread runs while a message it takes has not arrived (:meth:`queue_idle`).
+        #: Messages for the parts on this worker by step key (``dasknn.runtime.keys.step_key``),
+        #: and the jobs of :meth:`queue_idle`.
         self.mailbox = Mailbox()
         self._posts: list = []
-        #: ``messages="posted"``: the postbox actor of every worker (address -> handle), set by
-        #: the step task.
+        #: ``messages="posted"``: every worker's postbox actor (address -> handle).
         self.postboxes: dict = {}
         self.timings: dict[str, float] = defaultdict(float)
         self._lock = threading.Lock()
@@ -233,9 +214,8 @@ class ModelState(ModelPlugin):
             self.steps.pop((step, part), None)
 
     def clear_steps(self) -> int:
-        """Forget every step in flight and the mailbox, and refuse the steps begun so far from
-        now on (a task still running or queued for one fails instead of computing from missing
-        values); returns the number of part states."""
+        """Forget every step in flight and the mailbox, and refuse the steps begun so far; returns
+        the number of part states dropped."""
         with self._lock:
             dropped = len(self.steps)
             self.steps.clear()
@@ -262,20 +242,15 @@ class ModelState(ModelPlugin):
         self._posts.append(self.postboxes[address].post_packed(envelope, rows))
 
     def check_posts(self) -> None:
-        """Wait until every message posted so far is delivered; re-raise a failed post's error,
-        and raise ``RuntimeError`` if :meth:`clear_steps` drops the steps in flight meanwhile (a
-        post to a worker that has left waits for it to come back, which it never does)."""
+        """Wait until every message posted so far is delivered; re-raise a failed post's error, or
+        raise ``RuntimeError`` if :meth:`clear_steps` drops the steps in flight meanwhile."""
         posts, self._posts = self._posts, []
         self.mailbox.wait_posted(posts)
 
     def take(self, key: tuple, timeout: float = MESSAGE_TIMEOUT) -> np.ndarray:
-        """Remove and return the message ``key``, waiting for it up to ``timeout`` seconds
-        (``TimeoutError`` naming the key after that); ``RuntimeError`` if :meth:`clear_steps`
-        drops the steps in flight meanwhile (a step failed elsewhere).
-
-        While the message has not arrived, the jobs of :meth:`queue_idle` run first, one at a
-        time, in the order they were queued; the wait starts when none is left.
-        """
+        """Remove and return the message ``key``, waiting up to ``timeout`` seconds (then
+        ``TimeoutError``); ``RuntimeError`` if :meth:`clear_steps` drops the steps in flight
+        meanwhile. While waiting it runs the jobs of :meth:`queue_idle`, in order."""
         return self.mailbox.take(key, timeout=timeout)
 
     def queue_idle(self, func, *args) -> None:
