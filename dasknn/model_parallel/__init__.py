@@ -1,5 +1,4 @@
-"""Model-parallel training of sparse MLPs on Dask: layout, communication plan, task graphs, and
-the measured communication volume beside the plan's prediction."""
+"""Model-parallel training of sparse MLPs on Dask (see docs/training.md)."""
 
 from dasknn.model_parallel.model import DistributedSparseMLP
 from dasknn.model_parallel.plan import CommPlan, LayerPartPlan, build_comm_plan, normalize_partition

@@ -1,14 +1,8 @@
 """The model-parallel model's traffic predicted from its plan, and the wire bytes Dask logged.
 
-The transfers are measured by the runtime's plugins (:mod:`dasknn.runtime.measure`: each
-receiving worker reports the key, its exact sender and its size; the scheduler plugin
-:class:`~dasknn.runtime.measure.CommMonitor` counts them per layer, phase, sender and receiver).
-:func:`predicted_counts` predicts the same counts from the communication plan, so
-``DistributedSparseMLP.comm_report()`` (a :class:`~dasknn.runtime.comm_report.CommReport`) sets
-them side by side.
-
-Payload is what the plugin counts. Serialization overhead (headers, framing) is measured from the
-workers' own ``transfer_outgoing_log`` (wire bytes written minus payload) by :func:`wire_bytes`.
+:func:`predicted_counts` predicts what :class:`~dasknn.runtime.measure.CommMonitor` measures, so
+``comm_report()`` sets them side by side; :func:`wire_bytes` reads the serialization overhead
+from the workers' ``transfer_outgoing_log``. See docs/training.md (Communication volume).
 """
 
 from __future__ import annotations
@@ -38,19 +32,16 @@ def predicted_counts(
     posted: bool = False,
     softmax: bool = False,
 ) -> dict[Key, tuple[int, int]]:
-    """``{(layer, phase, sender, receiver): (bytes, messages)}`` between different workers of
-    one batch of ``batch`` rows in ``microbatches`` blocks: a training step (``backward``) or a
-    forward pass.
+    """``{(layer, phase, sender, receiver): (bytes, messages)}`` between different workers of one
+    batch of ``batch`` rows in ``microbatches`` blocks: a training step (``backward``) or a forward
+    pass.
 
-    Forward, layer ``k``: every message ``(m, n, words)`` of ``plan.messages(k)`` whose parts are
-    on different workers carries ``words * batch * itemsize`` bytes from ``m``'s worker to
-    ``n``'s; backward (layers ``k >= 2``) the same bytes go back from ``n``'s worker to ``m``'s.
-    A message is one per block and part pair with ``posted`` (a step of ``messages="posted"``),
-    else one per block, sending part and receiving worker (a task result holds the rows of every
-    receiving part on that worker). ``softmax`` (a training step of softmax cross-entropy): every
-    part on another worker than part 0 sends ``3 * batch`` float64 statistics to part 0's
-    worker (phase ``"other"`` of layer ``L``), which sends ``2 * batch`` combined ones back to
-    every other part worker, a message per block each.
+    Forward, layer ``k``: every message ``(m, n, words)`` of ``plan.messages(k)`` between workers
+    carries ``words * batch * itemsize`` bytes from ``m``'s worker to ``n``'s; backward (``k >= 2``)
+    the same bytes go back. Messages: one per block and part pair with ``posted``, else one per
+    block, sending part and receiving worker. ``softmax``: every part on a worker other than part
+    0's sends ``3 * batch`` float64 statistics there (phase ``"other"`` of layer ``L``), which sends
+    ``2 * batch`` back to every other worker, a message per block each.
     """
     out: dict[Key, list[int]] = {}
 

@@ -1,9 +1,6 @@
 """Splitting a training step's batch into microbatches, and how many to use.
 
-A step's batch of ``B`` rows is cut into ``m`` consecutive row blocks (the first ``B mod m`` one
-row longer) that run through the layer chain as separate tasks, so a worker computes one
-microbatch's layer while the messages of another travel; their gradients are summed before the
-update, so the step is the same step (see ``docs/training.md``, "Microbatches").
+See docs/training.md (Microbatches).
 """
 
 from __future__ import annotations
@@ -34,8 +31,7 @@ def check_microbatches(microbatches: int | None) -> int | None:
 def auto_microbatches(batch: int, workers: int) -> int:
     """The number of microbatches of a ``batch``-row step on ``workers`` workers when none is given.
 
-    One when every part is on one worker (no message crosses a worker, there is no latency to
-    hide); otherwise as many as give microbatches of at least :data:`AUTO_MIN_ROWS` rows, at most
+    One on a single worker; otherwise as many as keep :data:`AUTO_MIN_ROWS` rows each, at most
     :data:`AUTO_MAX`.
     """
     if workers <= 1:

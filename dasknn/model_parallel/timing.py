@@ -1,9 +1,7 @@
 """Time a model-parallel training run and split it into local products, update and waiting.
 
-The workers record how long they spend in the numba products, the weight update and packing
-(:mod:`dasknn.model_parallel.steps`); what is left of the wall time on the busiest worker, once the
-updates run by the background thread (beside the task thread) are set aside, is time its task
-thread spent waiting: for messages, for the scheduler, for the other workers.
+Waiting is what is left of the busiest worker's wall time besides the products, packing and the
+task thread's share of the update.
 """
 
 from __future__ import annotations
@@ -83,10 +81,9 @@ def time_training(
 ) -> TrainingTimes:
     """Train ``dist`` on ``(X, Y)`` with :meth:`~DistributedSparseMLP.fit` and time it.
 
-    A warm-up step on the first batch (compiling the kernels on the workers) runs first unless
-    ``warmup`` is false; measurements (timings and communication) are reset after it.
-    ``on_epoch`` goes to ``fit`` (the time it takes is not counted), and so do ``fit_options``
-    (checkpoint, resume, ...); the batches counted are those run.
+    A warm-up step on the first batch (compiling the kernels) runs first unless ``warmup`` is false,
+    and the measurements are reset after it. ``on_epoch`` (its time not counted) and ``fit_options``
+    go to ``fit``.
     """
     if warmup:
         dist.train_step(X[:batch_size], Y[:batch_size], lr=lr)
