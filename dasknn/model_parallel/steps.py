@@ -1,14 +1,9 @@
 """The functions that run on the workers: one part's share of a layer step.
 
-``forward_task`` and ``backward_task`` run layer ``k`` of part ``m`` on its worker (the first task
-of ``(k, m)`` computes it, the others find it done) and return the messages for the receiving parts
-on one destination worker, stacked as :class:`Route` says; messages for parts on the same worker go
-through the worker's mailbox. The weights, optimizer state and intermediate values (feature-major,
-``(neurons, B)``) belong to the worker's :class:`~dasknn.model_parallel.worker_state.ModelState`; no
-task changes a value Dask holds. A layer's update runs on the plugin's background thread, or with
-``messages="posted"`` in the task's waits for messages
-(:meth:`~dasknn.model_parallel.worker_state.ModelState.queue_idle`). See docs/training.md
-(Model-parallel training) for the task graph, microbatches and posted messages.
+A task computes its part's layer once (the first task of ``(k, m)`` to run) and returns the
+messages for one destination worker (:class:`Route`); the values it keeps between tasks belong to
+:class:`~dasknn.model_parallel.worker_state.ModelState`, and no task changes a value Dask holds.
+See docs/training.md (Model-parallel training).
 """
 
 from __future__ import annotations
@@ -60,8 +55,7 @@ class StepContext:
     microbatches: int = 1
     #: Rows of the whole step's batch (the ``B`` of the mean loss); 0 for a forward pass.
     batch: int = 0
-    #: ``messages="posted"``: every part's worker address (messages are posted there); empty: task
-    #: results.
+    #: ``messages="posted"``: every part's worker address; empty: messages are task results.
     part_workers: tuple = ()
 
 
@@ -96,8 +90,8 @@ def _message_key(ctx, i: int, phase: str, k: int, sender: int, receiver: int) ->
 
 
 def _post(owner: ModelState, ctx, i: int, phase: str, k: int, sender: int, messages: dict) -> None:
-    """Leave ``{receiver: rows}`` of ``sender`` for microbatch ``i`` in the mailbox of the
-    receiver's worker (posted there when it is another one)."""
+    """Leave ``{receiver: rows}`` of ``sender`` in the receiver's worker's mailbox (posted if
+    remote)."""
     for receiver, rows in messages.items():
         key = _message_key(ctx, i, phase, k, sender, receiver)
         address = ctx.part_workers[receiver] if ctx.part_workers else owner.address
@@ -110,9 +104,7 @@ def _post(owner: ModelState, ctx, i: int, phase: str, k: int, sender: int, messa
 def _received(
     owner: ModelState, ctx, i: int, phase: str, k: int, part: int, senders, pieces, route: Route
 ) -> list:
-    """The messages of ``(phase, k, s)`` for ``part`` in microbatch ``i`` from every ``s`` of
-    ``senders``, in order: from the mailbox, or sliced out of ``pieces`` as ``route.sources`` says.
-    """
+    """The messages of ``(phase, k, s)`` for ``part`` from every ``s`` of ``senders``, in order."""
     messages = []
     for s, source in zip(senders, route.sources, strict=True):
         if source is None:
@@ -148,8 +140,8 @@ def _spmm_rows(x_in, sender, plan: LayerPartPlan, layer: PartLayer, z, accumulat
 def _ensure_forward(
     owner: ModelState, ctx, part, i, k, plan: LayerPartPlan, next_plan, x0, x0_rows, pieces, route
 ) -> MicrobatchStep:
-    """Compute ``x_in``, ``z``, ``a`` of ``part`` in layer ``k`` for microbatch ``i`` unless done,
-    and post its messages for ``route.local``; layer 0 stores the input columns as ``a_0``."""
+    """Compute ``x_in``, ``z``, ``a`` of ``part`` in layer ``k`` unless done; post to
+    ``route.local``."""
     part_step = owner.part_step(ctx.step, part)
     with part_step.lock:
         state = part_step.microbatch(i)
@@ -219,28 +211,20 @@ def forward_task(
     route: Route = Route(),
     microbatch: int = 0,
 ):
-    """Part ``part``'s forward step of layer ``k`` for one microbatch; returns what ``receiver``
-    needs.
+    """Part ``part``'s forward step of layer ``k``; returns what ``receiver`` needs.
 
     Parameters
     ----------
-    ctx : StepContext
-    part, k : int
-        The part and layer (``k = 0``: the input columns ``x0``; ``plan`` is then ``None``).
     receiver : int
-        A worker index: rows ``next_plan.send[n]`` for ``n`` in ``route.to``, stacked; ``-1``: none
-        (returns ``None``); ``-2``: the output block ``a_L``; ``-3``: the softmax statistics.
-    plan, next_plan : LayerPartPlan
-        The plans of layers ``k`` and ``k + 1``.
+        A worker index: rows ``next_plan.send[n]`` for ``n`` in ``route.to``, stacked; ``-1``: none;
+        ``-2``: the output block ``a_L``; ``-3``: the softmax statistics.
     pieces : arrays
-        The messages of layer ``k-1`` from senders on other workers (``route.sources``).
-    x0, x0_rows : array, optional
-        Layer 0 only: the part's input columns and the batch rows to take from them.
-    y, y_rows : array, optional
-        Softmax statistics only: the part's target columns and the batch rows.
+        The messages of layer ``k-1`` from other workers (``route.sources``).
+    x0, x0_rows, y, y_rows : array, optional
+        The part's input (layer ``0``; ``plan`` is ``None``) or target (softmax statistics) columns,
+        and the batch rows to take.
     after : tuple
         Ignored: tasks that must run first.
-    route : Route
     microbatch : int
         The row block of the step's batch, ``0 <= microbatch < ctx.microbatches``.
     """
@@ -263,8 +247,7 @@ def forward_task(
 
 
 def _softmax_statistics(z: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """One part's per-sample maxima of the logits, sums of ``exp(z - max)`` and target sums,
-    (3, B), from its feature-major logits and targets."""
+    """One part's per-sample logit maxima, sums of ``exp(z - max)`` and target sums, ``(3, B)``."""
     stats = np.empty((3, z.shape[1]), dtype=np.float64)
     stats[2] = y.sum(axis=0)
     if z.shape[0] == 0:
@@ -277,8 +260,7 @@ def _softmax_statistics(z: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def combine_logsumexp(*stats: np.ndarray) -> np.ndarray:
-    """From every part's :func:`_softmax_statistics`: the row-wise log-sum-exp of all logits and
-    the row sums of the targets, shape (2, B)."""
+    """The row-wise log-sum-exp of all parts' logits and the target row sums, ``(2, B)``."""
     peaks = np.stack([s[0] for s in stats])
     top = peaks.max(axis=0)
     total = sum(s[1] * np.exp(s[0] - top) for s in stats)
@@ -286,8 +268,7 @@ def combine_logsumexp(*stats: np.ndarray) -> np.ndarray:
 
 
 def _output_delta(ctx: StepContext, z, a, y, lse) -> tuple[np.ndarray, float]:
-    """``dJ/dz_L`` of this part's output neurons for one microbatch (feature-major) and its share
-    of the loss, both scaled by ``1 / ctx.batch`` (the mean over the whole step's batch)."""
+    """``dJ/dz_L`` of the part's outputs and its loss share, both scaled by ``1 / ctx.batch``."""
     loss = get_loss(ctx.loss)
     rows = z.shape[1]
     if loss.name == "softmax_cross_entropy":
@@ -321,34 +302,19 @@ def backward_task(
     forward_route: Route = Route(),
     microbatch: int = 0,
 ):
-    """Part ``part``'s backward step of layer ``k`` for one microbatch; returns what ``receiver``
-    needs.
+    """Part ``part``'s backward step of layer ``k``; returns what ``receiver`` needs.
 
-    ``delta_k`` is the sum of the part's own and the received partial sums times ``f'(z_k)`` (at
-    ``k = L`` the loss gradient from ``y``). The partial sums for layer ``k-1`` use the old weights;
-    the layer's gradient is summed over the microbatches and ``ctx.optimizer``'s step applied with
-    the last one. In layer 1 the part's last microbatch waits for all of the part's updates.
+    ``delta_k`` is the summed partial sums times ``f'(z_k)`` (at ``k = L`` the loss gradient); the
+    partial sums for layer ``k-1`` use the old weights, and the optimizer's step is applied once
+    every microbatch's gradient is summed.
 
     Parameters
     ----------
-    ctx : StepContext
-    part, k : int
     receiver : int
-        A worker index: the partial sums of the owners in ``route.to`` (slices ``plan.groups``),
-        stacked; ``-1``: none (in layer 1 the task returns the microbatch's loss share).
-    plan, next_plan : LayerPartPlan
-        The plans of layers ``k`` and ``k + 1``.
-    pieces : arrays
-        The partial sums of layer ``k + 1`` from other workers (``route.sources``).
+        A worker index: the partial sums of the owners in ``route.to``, stacked; ``-1``: none (in
+        layer 1: the microbatch's loss share).
     forward_pieces : tuple of arrays
         At ``k = L``: the forward messages of layer ``L`` from other workers (``forward_route``).
-    y, y_rows : array, optional
-        At ``k = L``: the part's target columns and the batch rows.
-    lse : array, optional
-        Softmax only: the ``(2, B)`` result of :func:`combine_logsumexp`.
-    after : tuple
-        Ignored: tasks that must run first.
-    route, forward_route : Route
     microbatch : int
         The row block of the step's batch this task works on.
     """
@@ -407,11 +373,11 @@ def _backward(
     owner: ModelState, ctx, state: MicrobatchStep, i, part, k, plan, layer: PartLayer, next_plan,
     receive, y, y_rows, lse, route: Route,
 ):
-    """Return ``delta_k`` of the part and keep its partial sums for layer ``k-1`` (old weights).
+    """Return ``delta_k`` and keep the partial sums for layer ``k-1`` (old weights).
 
-    ``receive()`` returns the others' partial sums of layer ``k + 1`` (``sorted(next_plan.send)``
-    order); it is called as late as possible. With ``ctx.part_workers`` the partial sums for
-    ``route.local`` are posted as each owner's rows are computed.
+    ``receive()`` (the others' partial sums) is called as late as possible; with
+    ``ctx.part_workers`` the partial sums for ``route.local`` are posted as each owner's rows are
+    computed.
     """
     _, z, a = state.forward[k]
     start = time.perf_counter()
@@ -459,8 +425,7 @@ def _accumulate(
     layer: PartLayer,
     background: bool = False,
 ) -> None:
-    """Add one microbatch's gradient of a part's chunk of layer ``k`` to the layer's sum; with
-    the last microbatch's, apply the optimizer's step to the chunk."""
+    """Add one microbatch's gradient to the layer's sum; apply the optimizer with the last one."""
     start = time.perf_counter()
     grad_w = np.empty_like(layer.values)
     one = layer.values.dtype.type(1)
