@@ -1,9 +1,6 @@
 """Placement of a partitioned network on Dask workers, and snapshots of its current values.
 
-Part ``m`` lives on worker ``m % W`` (workers sorted by address), as one chunk of shape ``(n_{k-1},
-c_m)`` per layer, owned by the model's plugin
-(:class:`~dasknn.model_parallel.worker_state.ModelState`); its plans stay beside it as Dask data.
-See docs/training.md (Layout, Worker state).
+Part ``m`` lives on worker ``m % W`` (sorted addresses); see docs/training.md (Layout).
 """
 
 from __future__ import annotations
@@ -56,12 +53,9 @@ def scatter_pinned(
     timeout: float | None = None,
     watch: str | None = None,
 ) -> dict:
-    """Scatter ``{key: value}`` so each value lands on the worker of its part; returns futures.
-
-    ``part_of(key)`` names the part of a key; one scatter per worker. Values not all taken within
-    ``timeout`` seconds raise ``TimeoutError`` (and the given-up keys are released). With ``watch``
-    (what is being done, in words) a part worker that leaves the cluster meanwhile raises
-    :class:`~dasknn.exceptions.WorkerLostError` at once.
+    """Scatter ``{key: value}`` so each value lands on the worker of part ``part_of(key)``; returns
+    futures. ``TimeoutError`` after ``timeout`` seconds in all; with ``watch`` (what is being done,
+    in words) a part worker that leaves raises :class:`~dasknn.exceptions.WorkerLostError` at once.
     """
     by_worker: dict[str, dict] = {}
     for key, value in data.items():
@@ -93,18 +87,15 @@ class Layout:
     Attributes
     ----------
     token : str
-        The model's token.
     part_workers : list of str
         Worker address of every part.
     shapes : list of tuple
-        ``shapes[k-1]``: ``(n_{k-1}, (c_0, ..., c_{P-1}))``, rows and the columns of every part's
-        chunk of layer ``k``.
+        ``shapes[k-1]``: ``(n_{k-1}, (c_0, ..., c_{P-1}))``, the rows and every part's columns.
     dtype : numpy.dtype
     plan_keys : list of list of key
         ``plan_keys[k-1][m]``: key of the :class:`LayerPartPlan` of part ``m`` in layer ``k``.
     futures : dict
-        The futures of the plans by their scattered keys (holding them keeps the plans on the
-        workers).
+        The plans' futures (holding them keeps the plans on the workers).
     """
 
     token: str
@@ -124,8 +115,7 @@ class Snapshot:
     version : int
         Training steps completed when the snapshot was taken.
     weights, biases : list of dask.array.Array
-        ``weights[k-1]``: the renumbered ``W_k``, one GCXS chunk per part on the part's worker;
-        ``biases[k-1]``: the renumbered ``b_k``, chunked like the columns.
+        The renumbered ``W_k`` (one GCXS chunk per part, on its worker) and ``b_k``, per layer.
     """
 
     version: int
@@ -152,9 +142,8 @@ def place_network(
     timeout: float | None = None,
     span: dict | None = None,
 ) -> Layout:
-    """Hand the renumbered weight chunks and biases to the model's plugin on their parts' workers
-    (one ``Client.run`` per worker; the plugin must be registered) and scatter the plans beside
-    them.
+    """Hand the renumbered chunks and biases to the model's registered plugin on their parts'
+    workers and scatter the plans beside them.
 
     Parameters
     ----------
@@ -166,15 +155,13 @@ def place_network(
     part_workers : from :func:`worker_of_parts`
     dtype : numpy dtype of the values
     states : dict, optional
-        ``{(k, m): (optimizer, weight state, bias state)}`` to install beside the chunks (the state
-        arrays in the chunk's order).
+        ``{(k, m): (optimizer, weight state, bias state)}`` to install (arrays in chunk order).
     generation : int
-        Number of this placement of the model (part of the plans' keys, so no key is reused).
+        Number of this placement (part of the plans' keys, so no key is reused).
     timeout : float, optional
-        Seconds the workers may take to accept the values and the plans, in all (``TimeoutError``).
+        Seconds for the workers to accept everything (then ``TimeoutError``).
     span : dict, optional
-        The model's span (:func:`~dasknn.runtime.model_span.new_span`): the plans are then held by
-        tasks of that span and ``plan_keys`` name those tasks.
+        The model's span: the plans are then held by tasks of that span, named in ``plan_keys``.
     """
     plans: dict = {}
     values: dict = {}  # worker -> {(k, m): (chunk, bias)}
@@ -229,9 +216,8 @@ def chunk_entries(pattern, plan: CommPlan) -> list[list[np.ndarray]]:
     Returns
     -------
     list of list of numpy.ndarray
-        ``entries[k-1][m][i]`` is the position, in the values of the original ``W_k``, of the
-        ``i``-th stored value of part ``m``'s chunk (the chunks of
-        :func:`~dasknn.model_parallel.plan.build_comm_plan`, cut the same way).
+        ``entries[k-1][m][i]``: the position in the original ``W_k``'s values of the ``i``-th value
+        of part ``m``'s chunk.
     """
     entries = []
     for k, (shape, indptr, indices) in enumerate(pattern, start=1):
@@ -252,10 +238,8 @@ def chunk_entries(pattern, plan: CommPlan) -> list[list[np.ndarray]]:
 
 
 def snapshot_network(client, layout: Layout, version: int) -> Snapshot:
-    """Dask arrays of fresh copies of the current weights and biases, made on the parts' workers.
-
-    Call it with no training step running; the copies are made before it returns, under new keys.
-    """
+    """Dask arrays of fresh copies of the current weights and biases, made on the parts' workers
+    before it returns (call it with no step running)."""
     token, dtype = layout.token, layout.dtype
     meta = sparse.GCXS.from_numpy(np.empty((0, 0), dtype=dtype), compressed_axes=(0,))
     weights, biases, copies = [], [], []

@@ -1,13 +1,8 @@
 """Task graphs of a training step and of a forward pass, built once per network and partition.
 
-A :class:`StepTemplate` holds the structure of a step; each batch stamps it with fresh keys
-``(f"dasknn-{phase}-{token}", step, layer, part, receiver, microbatch)``
-(:mod:`dasknn.runtime.keys`), ``phase`` being ``fwd``, ``bwd`` or ``lse`` (softmax statistics) and
-``receiver`` the index of the destination worker (sorted addresses), ``-1`` for none, ``-2`` for an
-output block, ``-3`` for softmax statistics. Every task runs on its part's worker (:data:`part_of`)
-and returns one stacked message per other worker hosting receivers; messages between parts on one
-worker go through the worker's mailbox, so a layer costs at most ``P (W - 1)`` tasks for ``P`` parts
-on ``W`` workers. See docs/training.md (Model-parallel training).
+Keys are ``(f"dasknn-{phase}-{token}", step, layer, part, receiver, microbatch)``, ``phase`` one of
+``fwd``, ``bwd``, ``lse``; ``receiver`` is the destination worker's index, ``-1`` for none, ``-2``
+an output block, ``-3`` softmax statistics. See docs/training.md (Task graphs).
 """
 
 from __future__ import annotations
@@ -42,8 +37,7 @@ PRIORITY_STRIDE = 2**31
 
 @dataclass(frozen=True)
 class _Spec:
-    """One task of the template: refs are ``("step", phase, k, m, n)`` (a key of the same step),
-    ``("prev", m)`` (the part's last task of the previous step) or a fixed key."""
+    """A template task; refs: ``("step", phase, k, m, n)``, ``("prev", m)`` or a fixed key."""
 
     phase: str
     k: int
@@ -66,9 +60,8 @@ class StepTemplate:
     softmax : bool
         Whether the loss is softmax cross-entropy (needs the ``lse`` reduction).
     separate_packing : bool
-        ``False`` (the default): the task that returns a message also computes its part's layer (one
-        scheduler round trip per layer). ``True``: a product task per part and layer, then one pack
-        task per message (two round trips), to measure what the fusion saves.
+        ``True``: a product task per part and layer, then one pack task per message (two scheduler
+        round trips a layer instead of one), to measure what fusing them saves. Default ``False``.
     """
 
     def __init__(
@@ -103,8 +96,7 @@ class StepTemplate:
 
     # ------------------------------------------------------------------ structure
     def _fixed(self, k: int, m: int) -> tuple:
-        """``(plan, next_plan)`` refs of ``(k, m)`` (``None`` where absent); the weights are not
-        task arguments: the model's worker plugin owns them."""
+        """``(plan, next_plan)`` refs of ``(k, m)`` (``None`` where absent)."""
         layout = self._layout
         next_plan = ("fixed", layout.plan_keys[k][m]) if k < self.n_layers else None
         if k == 0:
@@ -112,8 +104,7 @@ class StepTemplate:
         return ("fixed", layout.plan_keys[k - 1][m]), next_plan
 
     def _destinations(self, phase: str, k: int, m: int, receivers: list[int]) -> list[int]:
-        """Task receivers of ``(phase, k, m)`` sending to the parts ``receivers``: one per other
-        worker hosting some of them (``[NO_RECEIVER]`` if none); records the routes."""
+        """Task receivers of ``(phase, k, m)``: one per other worker hosting ``receivers``."""
         home = self._worker[m]
         local = tuple(n for n in receivers if self._worker[n] == home)
         self._local[(phase, k, m)] = local
@@ -123,17 +114,15 @@ class StepTemplate:
         return dests or [NO_RECEIVER]
 
     def _rows(self, phase: str, k: int, sender: int, n: int) -> int:
-        """Rows of the message of ``sender`` for part ``n`` (activations of layer ``k`` forward,
-        partial sums of layer ``k`` backward)."""
+        """Rows of the message of ``sender`` for part ``n`` in layer ``k``."""
         if phase == "fwd":
             return len(self.plan.layers[k][sender].send[n])
         groups = self.plan.layers[k - 1][sender].groups
         return int(groups[n + 1] - groups[n])
 
     def _sources(self, phase: str, k: int, m: int, senders: list[int]) -> tuple:
-        """``(pieces, route sources, extra after)`` of part ``m`` receiving the messages of
-        ``(phase, k, s)`` for every ``s`` of ``senders`` (remote: rows ``lo:hi`` of a piece; local:
-        the mailbox)."""
+        """``(pieces, route sources, extra after)`` of part ``m`` receiving from every ``s`` of
+        ``senders``."""
         pieces, sources, after = [], [], []
         home = self._worker[m]
         for s in senders:
@@ -257,8 +246,7 @@ class StepTemplate:
         inputs : dict
             ``{("x", m): key, ("y", m): key}``: the keys of every part's data blocks.
         rows : list
-            Per microbatch (``ctx.microbatches`` of them), the batch columns to take from the
-            data blocks: an index array, a slice or ``None`` (all of them).
+            Per microbatch, the batch columns to take: an index array, a slice or ``None`` (all).
         previous : dict, optional
             Per part, the keys of the previous step's last tasks, which the first layer waits for.
         """
@@ -304,11 +292,8 @@ class StepTemplate:
 
 
 class StepPriority:
-    """Scheduling priority of a step's tasks (the ``priority=`` annotation, evaluated per key).
-
-    Earliest layer step first (forward ``0..L``, then backward ``L..1``), then the lowest
-    microbatch, so microbatch ``i``'s messages travel while ``i + 1`` computes.
-    """
+    """Scheduling priority of a step's tasks (the ``priority=`` annotation): the earliest layer step
+    first (forward ``0..L``, backward ``L..1``), then the lowest microbatch."""
 
     def __init__(self, token: str, n_layers: int) -> None:
         self.names = phase_names(token)
