@@ -1,11 +1,8 @@
 """The communication plan of a partitioned network, computed once from the pattern and the parts.
 
-Every layer's neurons are renumbered so each part's are contiguous; part ``m``'s input block of
-layer ``k`` is then the concatenation over owners ``n`` of the activations at the rows ``m``
-touches. Forward, ``n`` sends ``m`` its activations at ``send[m]``; backward, ``m`` returns the
-slice ``groups[n]:groups[n+1]`` of its partial sums ``delta_k^m W_k^m.T``. A word crosses
-``connectivity - 1`` times, forward in every layer and backward in layers ``2 .. L``. See
-docs/training.md (Communication plan).
+Each layer is renumbered so a part's neurons are contiguous; forward, owner ``n`` sends part ``m``
+its activations at ``send[m]``, backward ``m`` returns the slice ``groups[n]:groups[n+1]`` of its
+partial sums. See docs/training.md (Communication plan).
 """
 
 from __future__ import annotations
@@ -33,8 +30,8 @@ def normalize_partition(
     Parameters
     ----------
     partition : graph.NetworkPartition or sequence of int arrays
-        Anything with a ``parts`` attribute (and optionally ``nparts``), or ``L + 1`` arrays where
-        ``parts[k][j]`` is the part of neuron ``j`` of layer ``k`` (``k = 0``: input features).
+        Anything with a ``parts`` attribute (and optionally ``nparts``), or ``L + 1`` arrays,
+        ``parts[k][j]`` the part of neuron ``j`` of layer ``k`` (``k = 0``: input features).
     layer_sizes : sequence of int
         ``n_0, n_1, ..., n_L``.
     nparts : int, optional
@@ -43,8 +40,8 @@ def normalize_partition(
     Raises
     ------
     ValueError
-        If the partition has the wrong number of layers, a layer of the wrong length, ids that are
-        not integers in ``[0, nparts)``, or fewer than one part.
+        A wrong number of layers, a layer of the wrong length, ids that are not integers in ``[0,
+        nparts)``, or fewer than one part.
     """
     if nparts is None:
         nparts = getattr(partition, "nparts", None)
@@ -102,17 +99,15 @@ class LayerPartPlan:
     part : int
         The part ``m``.
     indptr : numpy.ndarray
-        Row pointer of the compact chunk: the chunk ``(n_{k-1}, c_m)`` without its empty rows, so
-        its rows are the ``groups[-1]`` touched inputs in renumbered order (``indices`` and
-        ``data`` are those of the full chunk).
+        Row pointer of the chunk without its empty rows: its rows are the ``groups[-1]`` touched
+        inputs, renumbered (``indices`` and ``data`` are the full chunk's).
     groups : numpy.ndarray
         ``P + 1`` offsets into the touched rows: rows ``groups[n]:groups[n+1]`` are owned by ``n``.
     own : numpy.ndarray
         Positions, within part ``m`` of layer ``k-1``, of the touched rows ``m`` owns itself.
     send : dict of int to numpy.ndarray
-        For every other part ``n`` that touches rows owned by ``m``: their positions within part
-        ``m`` of layer ``k-1`` (forward message ``m -> n``; backward, where ``n``'s partial sums
-        are added).
+        Per other part ``n`` touching rows of ``m``: their positions within part ``m`` of layer
+        ``k-1`` (forward message ``m -> n``; backward, where ``n``'s partial sums are added).
     """
 
     part: int
@@ -176,8 +171,8 @@ class CommPlan:
         return self.forward_words(k) if k >= 2 else 0
 
     def predicted_bytes(self, batch: int, itemsize: int, backward: bool = True) -> dict:
-        """Predicted payload of one batch: ``{(layer, phase): bytes}`` for phases ``forward`` and
-        ``backward`` (the latter only for training steps)."""
+        """Predicted payload of one batch, ``{(layer, phase): bytes}``: ``words * batch * itemsize``
+        for ``forward`` and (with ``backward``) ``backward``."""
         result = {}
         for k in range(1, self.n_layers + 1):
             result[(k, "forward")] = self.forward_words(k) * batch * itemsize
@@ -250,8 +245,8 @@ def build_comm_plan(
     -------
     plan : CommPlan
     chunks : list of list of scipy.sparse.csr_matrix
-        ``chunks[k-1][m]``: the renumbered columns of part ``m`` of ``W_k``, shape ``(n_{k-1},
-        c_m)``, sorted indices (the weight chunk that lives on part ``m``'s worker).
+        ``chunks[k-1][m]``: the renumbered columns of part ``m`` of ``W_k``, ``(n_{k-1}, c_m)``,
+        sorted indices.
     """
     reorders = [reorder(p, nparts) for p in parts]
     orders = [o for o, _ in reorders]
