@@ -1,11 +1,6 @@
 """What a distributed model keeps on a worker, owned by one worker plugin per model.
 
-:class:`ModelState` owns, for the parts placed on its worker, every layer's weight values, bias and
-optimizer state (:class:`PartLayer`), the intermediate values of the steps in flight
-(:class:`PartStep`), the mailbox of messages, the timings and the background update thread. Only
-the step tasks (:mod:`dasknn.model_parallel.steps`) change these; no value Dask holds is changed.
-``dist.weights`` and ``dist.biases`` are snapshots (:func:`snapshot_weight`,
-:func:`snapshot_bias`). See docs/training.md (Worker state).
+See docs/training.md (Worker state).
 """
 
 from __future__ import annotations
@@ -47,16 +42,13 @@ class PartLayer:
     Attributes
     ----------
     shape : (int, int)
-        Shape ``(n_{k-1}, c_m)`` of the chunk.
+        ``(n_{k-1}, c_m)``.
     indptr, indices : numpy.ndarray
-        The chunk's CSR structure (fixed: training never changes the pattern).
-    values : numpy.ndarray
-        The stored weights, updated in place by training.
-    bias : numpy.ndarray
-        The part's bias, updated in place by training.
+        The chunk's fixed CSR structure.
+    values, bias : numpy.ndarray
+        The stored weights and the part's bias, updated in place by training.
     slots : OptimizerSlots
-        The optimizer of the last update and its state of ``"weights"`` (the values) and
-        ``"bias"``.
+        The last update's optimizer and its state of ``"weights"`` and ``"bias"``.
     lock : threading.Lock
         Held while the parameters are updated or copied.
     """
@@ -70,8 +62,7 @@ class PartLayer:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def apply(self, optimizer: Optimizer, grad_w: np.ndarray, grad_b: np.ndarray) -> None:
-        """One step of ``optimizer`` from the gradients (its state is started afresh when it
-        differs from the previous step's optimizer)."""
+        """One step of ``optimizer`` (its state starts afresh when the optimizer changed)."""
         with self.lock:
             self.slots.update(optimizer, "weights", self.values, grad_w)
             self.slots.update(optimizer, "bias", self.bias, grad_b)
@@ -105,8 +96,8 @@ class PartStep:
     microbatches : dict
         Microbatch number -> :class:`MicrobatchStep`.
     gradients : dict
-        Layer -> :class:`GradientSum` until every microbatch's gradient of the layer is in it (used
-        by one thread at a time: the update thread, or the task thread).
+        Layer -> :class:`GradientSum` until every microbatch's gradient is in (one thread at a
+        time).
     updates : list of Future
         The update-thread jobs of the step.
     finished : int
@@ -125,7 +116,7 @@ class PartStep:
 
 
 class ModelState(ModelPlugin):
-    """Worker plugin owning one distributed model's state on a worker (see the module docstring).
+    """Worker plugin owning one distributed model's parts, steps in flight, mailbox and timings.
 
     Parameters
     ----------
@@ -165,8 +156,7 @@ class ModelState(ModelPlugin):
 
     # ---------------------------------------------------------------- parameters
     def install(self, chunks: dict, states: dict | None = None) -> None:
-        """Own copies of ``{(k, m): (GCXS chunk, bias)}``, with the optimizer and its state
-        ``{(k, m): (optimizer, weight state, bias state)}`` where given."""
+        """Own copies of ``{(k, m): (GCXS chunk, bias)}`` and of the optimizer states given."""
         for (k, m), (chunk, bias) in chunks.items():
             optimizer, weight_state, bias_state = (states or {}).get((k, m), (None, None, None))
             held = {"weights": weight_state, "bias": bias_state} if optimizer is not None else {}
@@ -180,8 +170,7 @@ class ModelState(ModelPlugin):
             )
 
     def read(self) -> dict:
-        """Copies of every owned part: ``{(k, m): (values, bias, optimizer, weight state, bias
-        state)}``."""
+        """Copies: ``{(k, m): (values, bias, optimizer, weight state, bias state)}``."""
         parts = {}
         for key, layer in list(self.layers.items()):
             with layer.lock:
@@ -197,8 +186,8 @@ class ModelState(ModelPlugin):
 
     # ---------------------------------------------------------------- steps
     def part_step(self, step: int, part: int) -> PartStep:
-        """The intermediate values of ``part`` in ``step`` (created on first use);
-        ``RuntimeError`` for a step before :attr:`first_step`."""
+        """``part``'s values in ``step`` (created on first use); ``RuntimeError`` before
+        ``first_step``."""
         with self._lock:
             if step < self.first_step:
                 raise RuntimeError(
@@ -214,8 +203,8 @@ class ModelState(ModelPlugin):
             self.steps.pop((step, part), None)
 
     def clear_steps(self) -> int:
-        """Forget every step in flight and the mailbox, and refuse the steps begun so far; returns
-        the number of part states dropped."""
+        """Forget the steps in flight and the mailbox, refuse the steps begun; returns the states
+        dropped."""
         with self._lock:
             dropped = len(self.steps)
             self.steps.clear()
@@ -230,14 +219,12 @@ class ModelState(ModelPlugin):
         self.mailbox.deliver(key, rows)
 
     def hold_receipt(self, key: tuple, sender: str, nbytes: int) -> None:
-        """Keep the transfer report of a posted message for the step task that reports them all
-        (the postbox calls it)."""
+        """Keep a posted message's transfer report for the step task (the postbox calls it)."""
         self.mailbox.hold_receipt(key, sender, nbytes)
 
     def post(self, address: str, key: tuple, rows: np.ndarray) -> None:
-        """Post the message ``key`` to the mailbox of the worker at ``address`` through its
-        postbox actor (key and sender in one envelope); :meth:`check_posts` raises if a post
-        failed."""
+        """Post the message ``key`` to the worker at ``address`` (:meth:`check_posts` raises on
+        failure)."""
         envelope = pack_envelope(key, self.address)
         self._posts.append(self.postboxes[address].post_packed(envelope, rows))
 
@@ -248,14 +235,14 @@ class ModelState(ModelPlugin):
         self.mailbox.wait_posted(posts)
 
     def take(self, key: tuple, timeout: float = MESSAGE_TIMEOUT) -> np.ndarray:
-        """Remove and return the message ``key``, waiting up to ``timeout`` seconds (then
-        ``TimeoutError``); ``RuntimeError`` if :meth:`clear_steps` drops the steps in flight
-        meanwhile. While waiting it runs the jobs of :meth:`queue_idle`, in order."""
+        """Remove and return the message ``key``, running the :meth:`queue_idle` jobs while it has
+        not arrived; ``TimeoutError`` after ``timeout`` seconds, ``RuntimeError`` if the steps are
+        cleared."""
         return self.mailbox.take(key, timeout=timeout)
 
     def queue_idle(self, func, *args) -> None:
-        """Queue ``func(*args)`` for the calling task thread: it runs while a message that thread
-        takes has not arrived (:meth:`take`), or at the latest in :meth:`run_idle`."""
+        """Queue ``func(*args)`` to run in the calling thread's waits (:meth:`take`) or
+        :meth:`run_idle`."""
         self.mailbox.queue_idle(func, *args)
 
     def run_idle(self) -> None:
@@ -284,16 +271,14 @@ class ModelState(ModelPlugin):
 
 
 def install_parts(dask_worker, token: str, chunks: dict, states: dict | None = None) -> int:
-    """For ``Client.run``: hand ``{(k, m): (GCXS chunk, bias)}`` (and optimizer states, see
-    :meth:`ModelState.install`) to the model's plugin on ``dask_worker``, which keeps copies;
-    returns the number of chunks."""
+    """For ``Client.run``: :meth:`ModelState.install` on ``dask_worker``; returns the number of
+    chunks."""
     ModelState.on_worker(token, dask_worker).install(chunks, states)
     return len(chunks)
 
 
 def read_parts(dask_worker, token: str) -> dict:
-    """For ``Client.run``: copies of the parts the model's plugin owns on ``dask_worker`` (see
-    :meth:`ModelState.read`); call it between steps."""
+    """For ``Client.run``: :meth:`ModelState.read` on ``dask_worker`` (call it between steps)."""
     return ModelState.on_worker(token, dask_worker).read()
 
 
