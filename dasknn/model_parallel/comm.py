@@ -1,8 +1,6 @@
 """The model-parallel model's traffic predicted from its plan, and the wire bytes Dask logged.
 
-:func:`predicted_counts` predicts what :class:`~dasknn.runtime.measure.CommMonitor` measures, so
-``comm_report()`` sets them side by side; :func:`wire_bytes` reads the serialization overhead
-from the workers' ``transfer_outgoing_log``. See docs/training.md (Communication volume).
+See docs/training.md (Communication volume).
 """
 
 from __future__ import annotations

@@ -1,7 +1,4 @@
-"""Splitting a training step's batch into microbatches, and how many to use.
-
-See docs/training.md (Microbatches).
-"""
+"""Splitting a training step's batch into microbatches (see docs/training.md, Microbatches)."""
 
 from __future__ import annotations
 
@@ -29,11 +26,8 @@ def check_microbatches(microbatches: int | None) -> int | None:
 
 
 def auto_microbatches(batch: int, workers: int) -> int:
-    """The number of microbatches of a ``batch``-row step on ``workers`` workers when none is given.
-
-    One on a single worker; otherwise as many as keep :data:`AUTO_MIN_ROWS` rows each, at most
-    :data:`AUTO_MAX`.
-    """
+    """The microbatches of a ``batch``-row step on ``workers`` workers: 1 on one worker, otherwise
+    ``batch // AUTO_MIN_ROWS`` clipped to ``[1, AUTO_MAX]``."""
     if workers <= 1:
         return 1
     return int(min(AUTO_MAX, max(1, batch // AUTO_MIN_ROWS)))
@@ -41,8 +35,8 @@ def auto_microbatches(batch: int, workers: int) -> int:
 
 def split_rows(rows: np.ndarray | None, batch: int, microbatches: int) -> list:
     """The batch columns of each microbatch: ``min(microbatches, batch)`` consecutive blocks of
-    ``rows`` (index arrays), or of ``0..batch-1`` (slices) when ``rows`` is ``None``; a single
-    block is ``rows`` itself."""
+    ``rows``, or slices of ``0..batch-1`` when ``rows`` is ``None``; one block is ``rows`` itself.
+    """
     count = min(microbatches, batch)
     if count == 1:
         return [rows]

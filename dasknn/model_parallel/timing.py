@@ -1,8 +1,4 @@
-"""Time a model-parallel training run and split it into local products, update and waiting.
-
-Waiting is what is left of the busiest worker's wall time besides the products, packing and the
-task thread's share of the update.
-"""
+"""Time a model-parallel training run and split it into local products, update and waiting."""
 
 from __future__ import annotations
 
@@ -27,17 +23,13 @@ class TrainingTimes:
     batches, batch_size : int
     per_batch : float
         Wall time per batch.
-    products : float
-        Forward and backward sparse products on the busiest worker.
-    update : float
-        Gradient and SGD update on the busiest worker.
+    products, update, pack : float
+        Sparse products, gradient and optimizer update, and packing on the busiest worker.
     update_background : float
         The part of ``update`` run by the background thread, overlapping the task thread.
-    pack : float
-        Assembling inputs and packing messages on the busiest worker.
     wait : float
-        ``per_batch - (products + pack + update - update_background)`` of the busiest worker:
-        the task thread's time waiting for communication, scheduling and other workers.
+        ``per_batch - (products + pack + update - update_background)`` of the busiest worker: the
+        task thread's wait for communication, scheduling and other workers.
     comm : CommReport
         Measured against predicted communication of the timed batches.
     """
@@ -81,9 +73,8 @@ def time_training(
 ) -> TrainingTimes:
     """Train ``dist`` on ``(X, Y)`` with :meth:`~DistributedSparseMLP.fit` and time it.
 
-    A warm-up step on the first batch (compiling the kernels) runs first unless ``warmup`` is false,
-    and the measurements are reset after it. ``on_epoch`` (its time not counted) and ``fit_options``
-    go to ``fit``.
+    A warm-up step on the first batch runs first unless ``warmup`` is false; ``on_epoch`` (its time
+    not counted) and ``fit_options`` go to ``fit``.
     """
     if warmup:
         dist.train_step(X[:batch_size], Y[:batch_size], lr=lr)
