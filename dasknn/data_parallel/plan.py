@@ -1,12 +1,7 @@
 """The client's plan of one data-parallel step: which rows every worker, machine and shard uses.
 
-The client splits the global batch over the workers, so it knows, before anything runs, every
-row id a step touches. It works out here, per sparse variable (the embedding, and the output
-table of a sampled-softmax model), each worker's distinct rows, each machine's union of them,
-where each worker's rows sit in that union, and which rows of the union each shard holds (and
-at which offsets). The step graph (:mod:`.hybrid`) carries these arrays to the tasks that need
-them, so no worker has to send another one row ids before a parameter server can answer, and the
-traffic of every message is predicted from them.
+The client splits the global batch, so it knows every row a step touches before it runs; the step
+graph carries these arrays to the tasks, and every message's size is predicted from them.
 """
 
 from __future__ import annotations
@@ -64,8 +59,7 @@ class WorkerBatch:
     output : SampledOutput or None
         Its labels and the step's candidates among ``ids["softmax"]`` (sampled softmax).
     global_ids : dict or None
-        ``ar-dense``: per sparse variable, the distinct rows of the global batch (the rows its
-        replica steps).
+        ``ar-dense``: per sparse variable, the distinct rows of the global batch.
     """
 
     inverse: np.ndarray
@@ -119,8 +113,7 @@ def plan_step(
     candidates: np.ndarray | None,
     architecture: str,
 ) -> StepPlan:
-    """Split a global batch over the workers (contiguous row blocks, ``numpy.array_split``) and
-    plan its rows.
+    """Split a global batch over the workers (``numpy.array_split`` row blocks) and plan its rows.
 
     Parameters
     ----------
