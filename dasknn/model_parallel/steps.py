@@ -1,9 +1,8 @@
 """The functions that run on the workers: one part's share of a layer step.
 
-A task computes its part's layer once (the first task of ``(k, m)`` to run) and returns the
-messages for one destination worker (:class:`Route`); the values it keeps between tasks belong to
-:class:`~dasknn.model_parallel.worker_state.ModelState`, and no task changes a value Dask holds.
-See docs/training.md (Model-parallel training).
+The values a task keeps between tasks belong to
+:class:`~dasknn.model_parallel.worker_state.ModelState`; no task changes a value Dask holds. See
+docs/training.md (Task graphs, Messages between workers).
 """
 
 from __future__ import annotations
@@ -66,8 +65,7 @@ class Route:
     Attributes
     ----------
     sources : tuple
-        Per sender (plan order): ``None`` for a part on this worker (message in the mailbox), or
-        ``(i, lo, hi)``: rows ``lo:hi`` of the task's ``i``-th piece argument.
+        Per sender (plan order): ``None`` (in the mailbox) or ``(i, lo, hi)``, rows of piece ``i``.
     local : tuple of int
         Receiving parts on this worker: their messages are left in the mailbox.
     to : tuple of int
@@ -80,18 +78,16 @@ class Route:
 
 
 def _input_block(x, rows):
-    """The batch columns ``rows`` of a feature-major data block (all of it for ``None``)."""
     return x if rows is None else np.ascontiguousarray(x[:, rows])
 
 
 def _message_key(ctx, i: int, phase: str, k: int, sender: int, receiver: int) -> tuple:
-    """The mailbox key of the message of ``(phase, k, sender)`` for part ``receiver``."""
     return step_key(phase_names(ctx.token)[phase], ctx.step, k, sender, receiver, i)
 
 
 def _post(owner: ModelState, ctx, i: int, phase: str, k: int, sender: int, messages: dict) -> None:
-    """Leave ``{receiver: rows}`` of ``sender`` in the receiver's worker's mailbox (posted if
-    remote)."""
+    """Leave ``{receiver: rows}`` of ``sender`` in the receiver's mailbox (posted if on another
+    worker)."""
     for receiver, rows in messages.items():
         key = _message_key(ctx, i, phase, k, sender, receiver)
         address = ctx.part_workers[receiver] if ctx.part_workers else owner.address
@@ -116,12 +112,10 @@ def _received(
 
 
 def _stack(rows: list[np.ndarray]) -> np.ndarray:
-    """One message array from the row blocks for the receivers on one worker."""
     return rows[0] if len(rows) == 1 else np.concatenate(rows, axis=0)
 
 
 def _timed(seconds: dict, kind: str, func, *args) -> None:
-    """Call ``func(*args)`` and add its duration to ``seconds[kind]``."""
     clock = time.perf_counter()
     func(*args)
     seconds[kind] += time.perf_counter() - clock
@@ -221,8 +215,7 @@ def forward_task(
     pieces : arrays
         The messages of layer ``k-1`` from other workers (``route.sources``).
     x0, x0_rows, y, y_rows : array, optional
-        The part's input (layer ``0``; ``plan`` is ``None``) or target (softmax statistics) columns,
-        and the batch rows to take.
+        Input (layer 0) or target (softmax statistics) columns, and the batch rows to take.
     after : tuple
         Ignored: tasks that must run first.
     microbatch : int
@@ -304,9 +297,8 @@ def backward_task(
 ):
     """Part ``part``'s backward step of layer ``k``; returns what ``receiver`` needs.
 
-    ``delta_k`` is the summed partial sums times ``f'(z_k)`` (at ``k = L`` the loss gradient); the
-    partial sums for layer ``k-1`` use the old weights, and the optimizer's step is applied once
-    every microbatch's gradient is summed.
+    Computes ``delta_k`` and the partial sums for layer ``k-1`` (old weights); the optimizer's step
+    runs once every microbatch's gradient of the layer is summed.
 
     Parameters
     ----------
@@ -373,12 +365,7 @@ def _backward(
     owner: ModelState, ctx, state: MicrobatchStep, i, part, k, plan, layer: PartLayer, next_plan,
     receive, y, y_rows, lse, route: Route,
 ):
-    """Return ``delta_k`` and keep the partial sums for layer ``k-1`` (old weights).
-
-    ``receive()`` (the others' partial sums) is called as late as possible; with
-    ``ctx.part_workers`` the partial sums for ``route.local`` are posted as each owner's rows are
-    computed.
-    """
+    """Return ``delta_k``, keep the partial sums for layer ``k-1``; ``receive()`` is called last."""
     _, z, a = state.forward[k]
     start = time.perf_counter()
     if k == ctx.n_layers:
