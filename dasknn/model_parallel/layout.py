@@ -95,7 +95,7 @@ class Layout:
     plan_keys : list of list of key
         ``plan_keys[k-1][m]``: key of the :class:`LayerPartPlan` of part ``m`` in layer ``k``.
     futures : dict
-        The plans' futures (holding them keeps the plans on the workers).
+        The plans' futures (they keep the plans on the workers).
     """
 
     token: str
@@ -216,8 +216,7 @@ def chunk_entries(pattern, plan: CommPlan) -> list[list[np.ndarray]]:
     Returns
     -------
     list of list of numpy.ndarray
-        ``entries[k-1][m][i]``: the position in the original ``W_k``'s values of the ``i``-th value
-        of part ``m``'s chunk.
+        ``entries[k-1][m][i]``: the index in ``W_k``'s values of part ``m``'s ``i``-th value.
     """
     entries = []
     for k, (shape, indptr, indices) in enumerate(pattern, start=1):

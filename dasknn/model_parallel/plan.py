@@ -1,8 +1,6 @@
 """The communication plan of a partitioned network, computed once from the pattern and the parts.
 
-Each layer is renumbered so a part's neurons are contiguous; forward, owner ``n`` sends part ``m``
-its activations at ``send[m]``, backward ``m`` returns the slice ``groups[n]:groups[n+1]`` of its
-partial sums. See docs/training.md (Communication plan).
+See docs/training.md (Communication plan).
 """
 
 from __future__ import annotations
@@ -30,18 +28,17 @@ def normalize_partition(
     Parameters
     ----------
     partition : graph.NetworkPartition or sequence of int arrays
-        Anything with a ``parts`` attribute (and optionally ``nparts``), or ``L + 1`` arrays,
-        ``parts[k][j]`` the part of neuron ``j`` of layer ``k`` (``k = 0``: input features).
+        Anything with ``parts`` (and optionally ``nparts``), or ``L + 1`` arrays, ``parts[k][j]``
+        the part of neuron ``j`` of layer ``k`` (``k = 0``: input features).
     layer_sizes : sequence of int
         ``n_0, n_1, ..., n_L``.
     nparts : int, optional
-        Number of parts; defaults to ``partition.nparts`` or to one more than the largest id.
+        Defaults to ``partition.nparts`` or to one more than the largest id.
 
     Raises
     ------
     ValueError
-        A wrong number of layers, a layer of the wrong length, ids that are not integers in ``[0,
-        nparts)``, or fewer than one part.
+        Wrong layer count or lengths, ids not integers in ``[0, nparts)``, or no part.
     """
     if nparts is None:
         nparts = getattr(partition, "nparts", None)
@@ -99,8 +96,7 @@ class LayerPartPlan:
     part : int
         The part ``m``.
     indptr : numpy.ndarray
-        Row pointer of the chunk without its empty rows: its rows are the ``groups[-1]`` touched
-        inputs, renumbered (``indices`` and ``data`` are the full chunk's).
+        Row pointer of the chunk without its empty rows (the ``groups[-1]`` touched inputs).
     groups : numpy.ndarray
         ``P + 1`` offsets into the touched rows: rows ``groups[n]:groups[n+1]`` are owned by ``n``.
     own : numpy.ndarray
@@ -245,8 +241,7 @@ def build_comm_plan(
     -------
     plan : CommPlan
     chunks : list of list of scipy.sparse.csr_matrix
-        ``chunks[k-1][m]``: the renumbered columns of part ``m`` of ``W_k``, ``(n_{k-1}, c_m)``,
-        sorted indices.
+        ``chunks[k-1][m]``: part ``m``'s renumbered columns of ``W_k``, sorted indices.
     """
     reorders = [reorder(p, nparts) for p in parts]
     orders = [o for o, _ in reorders]

@@ -46,7 +46,7 @@ class PartLayer:
     indptr, indices : numpy.ndarray
         The chunk's fixed CSR structure.
     values, bias : numpy.ndarray
-        The stored weights and the part's bias, updated in place by training.
+        The stored weights and the bias, updated in place.
     slots : OptimizerSlots
         The last update's optimizer and its state of ``"weights"`` and ``"bias"``.
     lock : threading.Lock
@@ -123,8 +123,8 @@ class ModelState(ModelPlugin):
     token : str
         The model's token; the plugin is registered as :meth:`plugin_name` of it.
     first_step : int
-        The first step number this placement runs: a task of an earlier step (or, after
-        :meth:`clear_steps`, of a dropped one) raises ``RuntimeError``.
+        The first step this placement runs; earlier (or, after :meth:`clear_steps`, dropped) steps
+        raise ``RuntimeError``.
     """
 
     kind = "model"
