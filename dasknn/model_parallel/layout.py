@@ -142,8 +142,8 @@ def place_network(
     timeout: float | None = None,
     span: dict | None = None,
 ) -> Layout:
-    """Hand the renumbered chunks and biases to the model's registered plugin on their parts'
-    workers and scatter the plans beside them.
+    """Hand the renumbered chunks and biases to the model's plugin on their workers; scatter the
+    plans.
 
     Parameters
     ----------
@@ -237,8 +237,7 @@ def chunk_entries(pattern, plan: CommPlan) -> list[list[np.ndarray]]:
 
 
 def snapshot_network(client, layout: Layout, version: int) -> Snapshot:
-    """Dask arrays of fresh copies of the current weights and biases, made on the parts' workers
-    before it returns (call it with no step running)."""
+    """Dask arrays of fresh copies of the current weights and biases (call with no step running)."""
     token, dtype = layout.token, layout.dtype
     meta = sparse.GCXS.from_numpy(np.empty((0, 0), dtype=dtype), compressed_axes=(0,))
     weights, biases, copies = [], [], []

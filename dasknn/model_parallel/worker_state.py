@@ -30,8 +30,7 @@ __all__ = [
     "snapshot_weight",
 ]
 
-#: Timing categories (seconds, summed over tasks); ``update_background`` is the background thread's
-#: share of ``update``.
+#: Seconds summed over tasks; ``update_background`` is the background thread's share of ``update``.
 TIMING_KINDS = ("forward_product", "backward_product", "update", "update_background", "pack")
 
 
@@ -96,8 +95,7 @@ class PartStep:
     microbatches : dict
         Microbatch number -> :class:`MicrobatchStep`.
     gradients : dict
-        Layer -> :class:`GradientSum` until every microbatch's gradient is in (one thread at a
-        time).
+        Layer -> :class:`GradientSum` until every microbatch's gradient is in.
     updates : list of Future
         The update-thread jobs of the step.
     finished : int
@@ -123,8 +121,7 @@ class ModelState(ModelPlugin):
     token : str
         The model's token; the plugin is registered as :meth:`plugin_name` of it.
     first_step : int
-        The first step this placement runs; earlier (or, after :meth:`clear_steps`, dropped) steps
-        raise ``RuntimeError``.
+        The first step of this placement; earlier or dropped steps raise ``RuntimeError``.
     """
 
     kind = "model"
@@ -138,8 +135,7 @@ class ModelState(ModelPlugin):
         self.layers: dict[tuple[int, int], PartLayer] = {}
         self.steps: dict[tuple[int, int], PartStep] = {}
         self._latest_step = 0  # the highest step number begun here
-        #: Messages for the parts on this worker by step key (``dasknn.runtime.keys.step_key``),
-        #: and the jobs of :meth:`queue_idle`.
+        #: Messages for this worker's parts by step key, and the jobs of :meth:`queue_idle`.
         self.mailbox = Mailbox()
         self._posts: list = []
         #: ``messages="posted"``: every worker's postbox actor (address -> handle).
@@ -186,8 +182,7 @@ class ModelState(ModelPlugin):
 
     # ---------------------------------------------------------------- steps
     def part_step(self, step: int, part: int) -> PartStep:
-        """``part``'s values in ``step`` (created on first use); ``RuntimeError`` before
-        ``first_step``."""
+        """The values of ``part`` in ``step``; ``RuntimeError`` for a step before ``first_step``."""
         with self._lock:
             if step < self.first_step:
                 raise RuntimeError(
@@ -203,8 +198,7 @@ class ModelState(ModelPlugin):
             self.steps.pop((step, part), None)
 
     def clear_steps(self) -> int:
-        """Forget the steps in flight and the mailbox, refuse the steps begun; returns the states
-        dropped."""
+        """Drop the steps in flight and the mailbox, refuse those begun; returns the count."""
         with self._lock:
             dropped = len(self.steps)
             self.steps.clear()
@@ -223,8 +217,7 @@ class ModelState(ModelPlugin):
         self.mailbox.hold_receipt(key, sender, nbytes)
 
     def post(self, address: str, key: tuple, rows: np.ndarray) -> None:
-        """Post the message ``key`` to the worker at ``address`` (:meth:`check_posts` raises on
-        failure)."""
+        """Post the message ``key`` to the worker at ``address`` (see :meth:`check_posts`)."""
         envelope = pack_envelope(key, self.address)
         self._posts.append(self.postboxes[address].post_packed(envelope, rows))
 
@@ -235,14 +228,12 @@ class ModelState(ModelPlugin):
         self.mailbox.wait_posted(posts)
 
     def take(self, key: tuple, timeout: float = MESSAGE_TIMEOUT) -> np.ndarray:
-        """Remove and return the message ``key``, running the :meth:`queue_idle` jobs while it has
-        not arrived; ``TimeoutError`` after ``timeout`` seconds, ``RuntimeError`` if the steps are
-        cleared."""
+        """Remove and return message ``key``, running :meth:`queue_idle` jobs while waiting;
+        ``TimeoutError`` after ``timeout`` s, ``RuntimeError`` if the steps are cleared."""
         return self.mailbox.take(key, timeout=timeout)
 
     def queue_idle(self, func, *args) -> None:
-        """Queue ``func(*args)`` to run in the calling thread's waits (:meth:`take`) or
-        :meth:`run_idle`."""
+        """Queue ``func(*args)`` for the calling thread's waits (:meth:`take`, :meth:`run_idle`)."""
         self.mailbox.queue_idle(func, *args)
 
     def run_idle(self) -> None:
@@ -271,8 +262,7 @@ class ModelState(ModelPlugin):
 
 
 def install_parts(dask_worker, token: str, chunks: dict, states: dict | None = None) -> int:
-    """For ``Client.run``: :meth:`ModelState.install` on ``dask_worker``; returns the number of
-    chunks."""
+    """For ``Client.run``: :meth:`ModelState.install` on ``dask_worker``; returns the count."""
     ModelState.on_worker(token, dask_worker).install(chunks, states)
     return len(chunks)
 
