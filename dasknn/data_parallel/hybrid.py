@@ -1,9 +1,7 @@
 """The task graph of one data-parallel step, for every architecture, and its exact traffic.
 
-Workers are grouped into machines, the first worker of a machine its chief; only chiefs talk to
-other machines. Every message key is a :func:`dasknn.runtime.keys.dp_key`, and its size is
-recorded from the batch ids alone (:attr:`StepGraph.predicted`). See docs/data_parallel.md
-(Architectures, Measured and predicted traffic).
+Every message key is a :func:`dasknn.runtime.keys.dp_key`, its size predicted from the batch ids
+(:attr:`StepGraph.predicted`). See docs/data_parallel.md (Architectures).
 """
 
 from __future__ import annotations
@@ -40,8 +38,8 @@ class StepGraph:
     predicted : dict
         ``{(variable, phase, sender, receiver): [bytes, messages]}`` of every message.
     carried : dict
-        ``{(variable, phase, sender, receiver, other variable): bytes}``: the bytes of another
-        variable riding messages of ``variable`` (included in :attr:`predicted`).
+        ``{(variable, phase, sender, receiver, other variable): bytes}`` riding ``variable``'s
+        messages.
     """
 
     tasks: dict = field(default_factory=dict)
@@ -52,9 +50,8 @@ class StepGraph:
 
 @dataclass(frozen=True)
 class _DenseRide:
-    """``hybrid`` with the servers exactly the chiefs: chunk ``j`` of the fused dense gradient is
-    reduced on chief ``j``, riding the sparse push there and the server's next prefetch reply back.
-    """
+    """``hybrid`` with the servers exactly the chiefs: dense chunk ``j`` is reduced on chief ``j``,
+    riding the sparse push there and the next prefetch reply back."""
 
     bounds: list[int]
     itemsize: int
@@ -85,8 +82,8 @@ class _Builder:
         return dp_key(self.ctx.token, step, variable, phase, sender, receiver, part)
 
     def task(self, key, func, *args, nbytes: int = 0, carried: dict | None = None):
-        """Add a task; a key whose sender and receiver differ is a message of ``nbytes``,
-        ``carried`` (``{variable: bytes}``) of them another variable's."""
+        """Add a task; a key between two workers is a message of ``nbytes`` (``carried``: other
+        variables')."""
         self.graph.tasks[key] = Task(key, func, *args)
         if key[4] != key[5]:
             message = (key[2], key[3], key[4], key[5])
@@ -104,8 +101,8 @@ class _Builder:
         return self.task(key, steps.identity, ref, nbytes=nbytes)
 
     def collective_key(self, variable, renames=None):
-        """``key(phase, a, b)`` of a collective among chiefs ``a``, ``b``, phases renamed by
-        ``renames``."""
+        """``key(phase, a, b)`` of a collective among chiefs ``a``, ``b`` (phases renamed by
+        ``renames``)."""
         chiefs = self.topology.chiefs
         renames = renames or {}
 
@@ -139,10 +136,7 @@ def build_step(
     prefetched: bool = False,
     next_plan: StepPlan | None = None,
 ) -> StepGraph:
-    """The graph of one step.
-
-    Every message key has exactly one consumer, on its receiver (Dask's active memory manager may
-    drop either replica of a key held twice).
+    """The graph of one step; every message key has exactly one consumer, on its receiver.
 
     Parameters
     ----------
@@ -304,9 +298,8 @@ def _serve_and_assemble(
     after: dict,
     ride: _DenseRide | None = None,
 ) -> TaskRef:
-    """Every server's fused reply to machine ``index``'s pull of step ``ctx.step`` (after
-    ``after[server]``) and the chief's task assembling the rows (with ``ride``: and the reduced
-    dense buffer)."""
+    """Every server's fused reply to machine ``index``'s pull (after ``after[server]``) and the
+    chief's task assembling the rows (with ``ride``: and the reduced dense buffer)."""
     c = b.topology.chiefs[index]
     rows = {v: plan.machines[v][index] for v in ctx.spec.sparse_shapes()}
     replies, remote, local, tails = [], [], None, []
@@ -353,8 +346,8 @@ def _serve_and_assemble(
 
 
 def _pull_rows(b: _Builder, prefetched: bool) -> dict:
-    """The servers send each chief its machine's rows unless prefetched, and the chief hands them
-    on: ``{variable: {worker: rows}}`` (a one-worker machine: the assembling task, or ``None``)."""
+    """The servers send each chief its machine's rows unless prefetched; the chief hands them on.
+    ``{variable: {worker: rows}}`` (a one-worker machine: the assembling task, or ``None``)."""
     rows_of = {v: {} for v in b.ctx.spec.sparse_shapes()}
     for index, members in enumerate(b.topology.machines):
         c = members[0]
@@ -419,8 +412,8 @@ def _summed_rows(b: _Builder, variable: str, computed: list, own_sums: bool = Tr
 def _push_rows(
     b: _Builder, computed: list, ride: _DenseRide | None, dense_sums: list | None
 ) -> dict:
-    """Each chief pushes its machine's summed row gradients to each other server, values only, in
-    pull order (with ``ride``: and the server's dense chunk); ``{server: its update}``."""
+    """Each chief pushes its machine's summed row gradients to each other server in pull order (with
+    ``ride``: and the server's dense chunk); ``{server: its update}``."""
     ctx, topology = b.ctx, b.topology
     sums = [_summed_rows(b, v, computed, own_sums=False) for v in ctx.spec.sparse_shapes()]
     # the task after which a chief holds all its machine's sums
@@ -477,8 +470,8 @@ def _push_rows(
 def _prefetch_rows(
     b: _Builder, next_plan: StepPlan, updates: dict, ride: _DenseRide | None
 ) -> list[TaskRef] | None:
-    """Each server, once updated, sends each chief the next step's rows (with ``ride``: and its
-    reduced dense chunk; per chief, the task returning the reduced buffer)."""
+    """Each updated server sends each chief the next step's rows (with ``ride``: and its reduced
+    dense chunk; per chief, the task returning the reduced buffer)."""
     ctx_next = replace(b.ctx, step=b.ctx.step + 1)
     after = {server: [update] for server, update in updates.items()}
     assembled = [
@@ -493,8 +486,8 @@ def _prefetch_rows(
 
 
 def _return_chunks(b: _Builder, ride: _DenseRide, updates: dict) -> list[TaskRef]:
-    """With nothing to prefetch, each server sends every other chief its reduced dense chunk
-    (``allgather``); per chief, the task assembling the buffer."""
+    """With nothing to prefetch, each server sends every other chief its reduced dense chunk; per
+    chief, the task assembling the buffer."""
     chiefs = b.topology.chiefs
     results = []
     for index, c in enumerate(chiefs):

@@ -1,8 +1,5 @@
-"""The client's plan of one data-parallel step: which rows every worker, machine and shard uses.
-
-The client splits the global batch, so it knows every row a step touches before it runs; the step
-graph carries these arrays to the tasks, and every message's size is predicted from them.
-"""
+"""The client's plan of one data-parallel step: which rows every worker, machine and shard uses,
+known before the step runs, from which every message's size is predicted."""
 
 from __future__ import annotations
 
@@ -24,8 +21,7 @@ class Topology:
     Attributes
     ----------
     machines : tuple of tuple of int
-        The workers of each machine, ascending; machines ordered by their first worker, which is
-        the machine's chief.
+        The workers of each machine, ascending; machines ordered by their first worker, the chief.
     """
 
     machines: tuple[tuple[int, ...], ...]
@@ -93,8 +89,8 @@ class MachineRows:
 
 @dataclass(frozen=True)
 class StepPlan:
-    """The plan of one step: ``batches[i]`` for worker ``i``, ``machines[v][k]`` the rows of
-    sparse variable ``v`` on machine ``k``."""
+    """One step's plan: ``batches[i]`` of worker ``i``; ``machines[v][k]``: variable ``v``, machine
+    ``k``."""
 
     batches: list[WorkerBatch]
     machines: dict

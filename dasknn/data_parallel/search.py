@@ -1,9 +1,5 @@
-"""The number of shards of the sparse variable: sampled step times, a cost model, a choice.
-
-A step's time is modelled as ``t(P) = t0 + t1 / P + t2 * P`` (Parallax, 3.2), fitted to timed
-samples and minimised within the sampled range over the counts that load the servers evenly.
-See docs/data_parallel.md (The number of shards).
-"""
+"""The number of shards of the sparse variable: a cost model ``t(P) = t0 + t1 / P + t2 * P``
+fitted to timed steps (Parallax, 3.2). See docs/data_parallel.md (The number of shards)."""
 
 from __future__ import annotations
 
@@ -85,8 +81,8 @@ def search_partitions(
     max_samples: int = 5,
     servers: int | None = None,
 ) -> SearchReport:
-    """Time ``P = start``, double while the time falls, then halve below the smallest sample while
-    it falls; fit the cost model and :func:`choose`.
+    """Time steps at a few shard counts, fit the cost model and :func:`choose`
+    (docs/data_parallel.md).
 
     Parameters
     ----------
@@ -99,8 +95,8 @@ def search_partitions(
     max_samples : int
         Counts timed at most (>= 1).
     servers : int, optional
-        Workers the shards are spread over (shard ``p`` on ``p mod servers``), at least ``start``:
-        the choice is then a balanced count.
+        Workers the shards are spread over (``p mod servers``), at least ``start``: the choice is
+        then a balanced count.
     """
     samples: dict[int, float] = {}
 

@@ -1,10 +1,5 @@
-"""What runs on a worker during a data-parallel step.
-
-The tasks of the graph :mod:`dasknn.data_parallel.hybrid` builds. Each reads and writes the worker's
-:class:`~dasknn.data_parallel.worker_state.ReplicaState` (intermediate values in
-``state.scratch[step]`` until the next step's :func:`compute`) and returns a message (a numpy array
-fetched by exactly one worker) or a local value.
-"""
+"""What runs on a worker during a data-parallel step: the tasks :mod:`dasknn.data_parallel.hybrid`
+builds, each returning a message (fetched by exactly one worker) or a local value."""
 
 from __future__ import annotations
 
@@ -86,10 +81,9 @@ def _dense_values(ctx: StepContext, pulled: tuple) -> list[np.ndarray]:
 def compute(ctx: StepContext, batch: WorkerBatch, *values) -> np.ndarray | None:
     """Forward and backward pass of this worker's part ``batch`` of the step.
 
-    ``values``: per sparse variable the rows the batch reads, or ``None`` to read the local replica
-    (``ar``, ``ar-dense``) or this worker's scratch (a one-worker machine's chief); then, under
-    ``ps``, the dense variables' values. Returns the dense gradients as one flat buffer
-    (:data:`DENSE`), ``None`` under ``ps`` or without dense variables.
+    ``values``: per sparse variable the rows the batch reads (``None``: the local replica or this
+    worker's scratch), then the dense values under ``ps``. Returns the dense gradients as one flat
+    buffer (:data:`DENSE`), or ``None`` under ``ps`` or without dense variables.
     """
     _forget_earlier_steps(ctx)
     scratch = _scratch(ctx)
@@ -191,8 +185,7 @@ def apply_replica_rows(
 
 def finish(ctx: StepContext, variables: list[str], *grads_then_done) -> float:
     """End of this worker's part of the step: :func:`apply_replica` for each of ``variables`` with
-    the summed gradients that follow it, then return the loss sum (the scratch stays until the next
-    step)."""
+    the summed gradients that follow it; returns the loss sum."""
     for variable, grad in zip(variables, grads_then_done, strict=False):
         apply_replica(ctx, variable, grad)
     return float(_scratch(ctx).get("loss", 0.0))
@@ -209,8 +202,7 @@ def _combine(ids: list[np.ndarray], values: list[np.ndarray]) -> tuple[np.ndarra
 
 
 def _gathered(ctx: StepContext, sources: list[tuple], tail: np.ndarray | None) -> np.ndarray:
-    """The rows ``rows`` of each ``(values, rows)`` of ``sources``, then ``tail``, as one new flat
-    array."""
+    """The rows ``rows`` of each ``(values, rows)``, then ``tail``, as one new flat array."""
     sizes = [len(rows) * values.shape[1] for values, rows in sources]
     out = np.empty(sum(sizes) + (0 if tail is None else tail.size), dtype=ctx.spec.dtype)
     start = 0
@@ -245,10 +237,9 @@ def assemble_rows(
 ) -> np.ndarray | None:
     """The chief puts its machine's rows of every sparse variable together, in the machine's order.
 
-    ``local``: ``(parts, offsets, positions)`` of the shards it serves itself; ``remote[i]``:
-    ``(parts, positions)`` of the servers' reply ``i``. ``dense``: ``(own chunk, tails)`` when the
-    replies also carry the other chiefs' reduced dense chunks; the reduced dense buffer is then
-    returned.
+    ``local``: ``(parts, offsets, positions)`` of its own shards; ``remote[i]``: ``(parts,
+    positions)`` of reply ``i``. With ``dense`` (``(own chunk, tails)``) the replies carry the other
+    chiefs' reduced dense chunks, and the reduced dense buffer is returned.
     """
     shapes = ctx.spec.sparse_shapes()
     rows = {v: np.empty((n, shapes[v][1]), dtype=ctx.spec.dtype) for v, n in sizes.items()}
@@ -317,9 +308,8 @@ def push_rows(
     dense_sum: np.ndarray | None,
     *_summed,
 ) -> np.ndarray:
-    """The machine's summed gradient of the rows pulled from one server, in the pull's order, as one
-    flat array (``parts``: ``(variable, positions)`` of the server's shards), followed by the items
-    ``chunk = (lo, hi)`` of ``dense_sum`` when the dense gradient is reduced on the servers."""
+    """The machine's summed gradient of the rows pulled from one server, in pull order, as one flat
+    array, then the items ``chunk`` of ``dense_sum`` when the dense gradient is reduced there."""
     sources = [(_machine_grad(ctx, v, alone), pos) for v, pos in parts]
     tail = None if chunk is None else dense_sum[chunk[0] : chunk[1]]
     return _gathered(ctx, sources, tail)
@@ -357,8 +347,7 @@ def global_grad(ctx: StepContext, variable: str, _combined) -> np.ndarray:
 
 # ------------------------------------------------------------------ servers
 def _shard_rows(ctx: StepContext, parts: Parts, chief: int, offsets: list) -> list[tuple]:
-    """``(values, rows)`` of each shard ``parts[i]`` at ``offsets[i]`` (kept as ``chief``'s
-    request)."""
+    """``(values, rows)`` of each shard ``parts[i]`` at ``offsets[i]`` (``chief``'s request)."""
     requests = _scratch(ctx).setdefault("requests", {})
     shards = ReplicaState.on_worker(ctx.token).shards
     out = []
@@ -381,9 +370,8 @@ def serve_rows(
     carried: np.ndarray | None,
     *_after,
 ) -> np.ndarray:
-    """The server's reply to ``chief``: the rows ``offsets[i]`` of each shard ``parts[i]`` in one
-    flat array, then ``carried`` (its reduced dense chunk), if any; ``_after``: its previous update.
-    """
+    """The server's reply to ``chief``: the rows ``offsets[i]`` of each shard ``parts[i]``, then
+    ``carried`` (its reduced dense chunk); ``_after``: its previous update."""
     return _gathered(ctx, _shard_rows(ctx, parts, chief, offsets), carried)
 
 
@@ -397,13 +385,12 @@ def update_rows(
     own_dense: np.ndarray | None,
     *pushes_then_after,
 ) -> np.ndarray | None:
-    """The server sums the ``chiefs``' pushed gradients of each shard ``parts[i]`` and steps those
+    """The server sums the ``chiefs``' pushed gradients of each shard ``parts[i]`` and steps the
     rows.
 
-    ``pushes_then_after``: the other chiefs' pushes, then the task leaving its own machine's sum;
-    ``local``: ``(alone, positions)`` when the server is a chief. With ``chunk = (lo, hi)`` each
-    push ends with that chunk of its machine's dense sum; they and ``own_dense`` are summed in chief
-    order and returned.
+    ``pushes_then_after``: the other chiefs' pushes, then its own machine's sum; ``local``:
+    ``(alone, positions)``. With ``chunk`` each push ends with that chunk of the machine's dense
+    sum; they and ``own_dense`` are summed in chief order and returned.
     """
     requests = _scratch(ctx)["requests"]
     variables = [variable for variable, _ in parts]
