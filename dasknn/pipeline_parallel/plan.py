@@ -26,8 +26,8 @@ def _positive_int(name: str, value) -> int:
 
 
 def split_stages(layer_bytes: Sequence[int], stages: int) -> list[tuple[int, int]]:
-    """Cut the layers into ``stages`` contiguous non-empty runs ``[(first, stop)]``, the largest
-    run's bytes as small as possible (ties: the earliest cut).
+    """Cut the layers into ``stages`` contiguous runs ``[(first, stop)]`` minimising the largest
+    run's bytes (ties: the earliest cut).
 
     Raises
     ------
@@ -131,8 +131,7 @@ class ParallelPlan:
 
 
 def plan_parallelism(layer_bytes: Sequence[int], workers: int, memory_limit: int) -> ParallelPlan:
-    """The fewest stages whose largest fits ``memory_limit`` bytes per worker, and
-    ``workers // stages`` replicas.
+    """Fewest stages whose largest fits ``memory_limit`` per worker, ``workers // stages`` replicas.
 
     Raises
     ------

@@ -1,12 +1,8 @@
-"""Pipeline schedules: the order in which a stage runs the forward (F) and backward (B) passes of a
-step's microbatches.
+"""Pipeline schedules: the order of a stage's forward (F) and backward (B) passes (docs/samo.md).
 
 - ``"gpipe"``: every forward pass, then every backward pass (``m`` microbatches held).
 - ``"1f1b"``: stage ``s`` of ``S`` runs ``min(S - s - 1, m)`` forward passes, then alternates
   forward and backward, then the backward passes left (at most ``S - s`` held).
-
-Both idle ``(S - 1) / (m + S - 1)`` of a step with equal stages. The task graph enforces the order
-as dependencies (see docs/samo.md, Schedules).
 """
 
 from __future__ import annotations

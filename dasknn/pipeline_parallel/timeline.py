@@ -1,10 +1,8 @@
-"""Where a pipeline stage's idle time comes from: the measured passes of a step against the ideal
-timeline of its schedule.
+"""Where a pipeline stage's idle time comes from: measured passes against the schedule's replay.
 
-:func:`idle_sources` splits each stage's measured idle fraction exactly into ``formula``
-(:func:`bubble_fraction`), ``stage_costs`` (:func:`replay` at each stage's mean pass times, minus
-the formula), ``pass_variation`` (the replay at the measured times, minus the former) and
-``handover`` (measured minus that replay). See docs/samo.md (Schedules).
+``idle = formula + stage_costs + pass_variation + handover``: the equal-stage bubble, the
+:func:`replay` at each stage's mean pass times minus it, the replay at the measured times minus
+that, and the measured idle minus the latter. See docs/samo.md (Schedules).
 """
 
 from __future__ import annotations
@@ -82,9 +80,8 @@ def _idle(durations: dict[PassKey, float], times: dict[PassKey, tuple[float, flo
 
 @dataclass(frozen=True)
 class IdleSources:
-    """A stage's idle fraction of a step,
-    ``idle = formula + stage_costs + pass_variation + handover``; ``mean_forward`` and
-    ``mean_backward`` are its mean pass durations in seconds."""
+    """A stage's idle fraction of a step split into its four sources, and its mean forward and
+    backward pass durations in seconds."""
 
     idle: float
     formula: float

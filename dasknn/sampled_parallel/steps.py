@@ -1,10 +1,5 @@
-"""The tasks of a distributed sampled step, run on the worker of their position.
-
-Position ``p`` owns hidden block ``p`` and output shard ``p``; a step runs
-:func:`train_hidden_block`, :func:`select_and_score`, :func:`output_backward`,
-:func:`output_update` and :func:`hidden_step`, and only the hidden blocks, softmax statistics and
-partial gradients move. See docs/sampled.md (Across workers).
-"""
+"""The tasks of a distributed sampled step, run on the worker of their position ``p`` (hidden block
+``p``, output shard ``p``). See docs/sampled.md (Across workers)."""
 
 from __future__ import annotations
 
@@ -120,9 +115,8 @@ def hidden_step(
     updated: None,
     *received: np.ndarray,
 ) -> float:
-    """Sum the partial gradients of the worker's hidden block (its own from ``own_result``, then
-    ``received`` in worker order) and update it (learning rate times ``lr_scale``); returns the
-    worker's part of the summed batch loss (``updated`` only orders it)."""
+    """Sum the partial gradients of the worker's hidden block (own first, then ``received``) and
+    update it; returns the worker's part of the summed batch loss (``updated`` only orders it)."""
     state = ShardState.on_worker(token)
     parts = list(received)
     parts.insert(state.position, columns_of(token, own_result, state.position))
@@ -135,6 +129,5 @@ def hidden_step(
 
 
 def shard_top_k(token: str, k: int, *blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Exact top ``k`` of the shard for every row of a prediction batch (``blocks`` in worker
-    order)."""
+    """Exact top ``k`` of the shard for every row of a prediction batch."""
     return ShardState.on_worker(token).shard.top_k(_concatenate(blocks), k)

@@ -68,12 +68,11 @@ def train_graph(
     lr_scale: float = 1.0,
     after: list | None = None,
 ) -> tuple[dict, list]:
-    """The tasks of training step ``step`` (submission ``call``) and its output keys, one loss share
-    per worker; the updates use ``optimizer`` at its learning rate times ``lr_scale``.
+    """The tasks of training step ``step`` (submission ``call``) and its output keys (loss shares).
 
     ``rows[p]``: worker ``p``'s batch rows (CSR); ``labels[p]``: its
     :class:`~dasknn.sampled_parallel.steps.ShardLabels`; ``after[p]``: the previous step's output
-    key on ``p`` when this step is queued behind it.
+    key on ``p`` when queued; the updates use ``optimizer``'s learning rate times ``lr_scale``.
     """
     key = partial(sampled_key, token, call)
     workers = len(rows)
@@ -136,8 +135,7 @@ def train_graph(
 
 
 def predict_graph(token: str, call: int, rows: list, k: int) -> tuple[dict, list]:
-    """The tasks of one prediction batch (``rows[p]`` for worker ``p``): each worker's exact top
-    ``k``."""
+    """The tasks of one prediction batch (``rows[p]`` for worker ``p``): each worker's top ``k``."""
     key = partial(sampled_key, token, call)
     tasks: dict = {}
     _rows(tasks, key, rows)
