@@ -82,8 +82,7 @@ class _Builder:
         return dp_key(self.ctx.token, step, variable, phase, sender, receiver, part)
 
     def task(self, key, func, *args, nbytes: int = 0, carried: dict | None = None):
-        """Add a task; a key between two workers is a message of ``nbytes`` (``carried``: other
-        variables')."""
+        """Add a task; a key between two workers is a message of ``nbytes`` (see ``carried``)."""
         self.graph.tasks[key] = Task(key, func, *args)
         if key[4] != key[5]:
             message = (key[2], key[3], key[4], key[5])
@@ -101,8 +100,7 @@ class _Builder:
         return self.task(key, steps.identity, ref, nbytes=nbytes)
 
     def collective_key(self, variable, renames=None):
-        """``key(phase, a, b)`` of a collective among chiefs ``a``, ``b`` (phases renamed by
-        ``renames``)."""
+        """``key(phase, a, b)`` of a collective among chiefs ``a``, ``b`` (see ``renames``)."""
         chiefs = self.topology.chiefs
         renames = renames or {}
 
@@ -225,8 +223,7 @@ def build_step(
 
 
 def _machine_sums(b: _Builder, name: str, computed: list, nbytes: int) -> list[TaskRef]:
-    """Per machine, the task after which its chief holds the sum of its workers' gradients of dense
-    variable ``name`` (:data:`DENSE`: the fused buffer)."""
+    """Per machine, the task after which its chief holds its workers' summed ``name`` gradient."""
     ctx = b.ctx
     sums = []
     for members in b.topology.machines:
@@ -486,8 +483,7 @@ def _prefetch_rows(
 
 
 def _return_chunks(b: _Builder, ride: _DenseRide, updates: dict) -> list[TaskRef]:
-    """With nothing to prefetch, each server sends every other chief its reduced dense chunk; per
-    chief, the task assembling the buffer."""
+    """With nothing to prefetch, each server sends the other chiefs its reduced dense chunk."""
     chiefs = b.topology.chiefs
     results = []
     for index, c in enumerate(chiefs):

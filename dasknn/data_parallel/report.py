@@ -43,8 +43,7 @@ def machine_total(report, which: str = "measured", scope: str = "all") -> int:
 
 
 def machine_bytes(report, which: str = "measured", variable: str | None = None, phases=None):
-    """Per machine, the bytes it sent plus received across machines (optionally of one
-    variable and some phases): the figure of Table 3 of Kim et al."""
+    """Per machine, the bytes it sent plus received across machines (Kim et al., Table 3)."""
     machine_of = report.details["machine_of"]
     table = report.measured if which == "measured" else report.predicted
     out: dict = defaultdict(int)

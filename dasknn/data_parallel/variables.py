@@ -32,8 +32,7 @@ class VariableInfo:
 
 
 def classify(spec: EmbeddingSpec) -> list[VariableInfo]:
-    """The model's variables: the sparse ones (embedding, sampled-softmax table), then the dense
-    ones."""
+    """The model's variables: the sparse ones (embedding, sampled-softmax table), then the dense."""
     out = [VariableInfo(name, shape, "sparse") for name, shape in spec.sparse_shapes().items()]
     for name, shape in zip(spec.dense_names(), spec.dense_shapes(), strict=True):
         out.append(VariableInfo(name, tuple(shape), "dense"))

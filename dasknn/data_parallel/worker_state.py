@@ -69,8 +69,7 @@ class ReplicaState(ModelPlugin):
         self.mailbox.deliver(key, value)
 
     def hold_receipt(self, key: tuple, sender: str, nbytes: int) -> None:
-        """Keep a posted value's transfer report for the task that reports them (the postbox calls
-        it)."""
+        """Keep a posted value's transfer report for the reporting task (the postbox calls it)."""
         self.mailbox.hold_receipt(key, sender, nbytes)
 
 

@@ -15,8 +15,7 @@ AUTO_MAX = 4
 
 
 def check_microbatches(microbatches: int | None) -> int | None:
-    """Return ``microbatches`` (``None``: chosen per step by :func:`auto_microbatches`) as an int;
-    ``ValueError`` unless it is ``None`` or an integer >= 1."""
+    """``microbatches`` as an int, or ``None`` (chosen per step); ``ValueError`` unless >= 1."""
     if microbatches is None:
         return None
     integer = isinstance(microbatches, Integral) and not isinstance(microbatches, bool)

@@ -86,8 +86,7 @@ def _message_key(ctx, i: int, phase: str, k: int, sender: int, receiver: int) ->
 
 
 def _post(owner: ModelState, ctx, i: int, phase: str, k: int, sender: int, messages: dict) -> None:
-    """Leave ``{receiver: rows}`` of ``sender`` in the receiver's mailbox (posted if on another
-    worker)."""
+    """Leave ``{receiver: rows}`` of ``sender`` in the receiver's mailbox (posted if remote)."""
     for receiver, rows in messages.items():
         key = _message_key(ctx, i, phase, k, sender, receiver)
         address = ctx.part_workers[receiver] if ctx.part_workers else owner.address
@@ -134,8 +133,7 @@ def _spmm_rows(x_in, sender, plan: LayerPartPlan, layer: PartLayer, z, accumulat
 def _ensure_forward(
     owner: ModelState, ctx, part, i, k, plan: LayerPartPlan, next_plan, x0, x0_rows, pieces, route
 ) -> MicrobatchStep:
-    """Compute ``x_in``, ``z``, ``a`` of ``part`` in layer ``k`` unless done; post to
-    ``route.local``."""
+    """Compute ``x_in``, ``z``, ``a`` of ``part`` in layer ``k`` once; post to ``route.local``."""
     part_step = owner.part_step(ctx.step, part)
     with part_step.lock:
         state = part_step.microbatch(i)

@@ -121,8 +121,7 @@ class StepTemplate:
         return int(groups[n + 1] - groups[n])
 
     def _sources(self, phase: str, k: int, m: int, senders: list[int]) -> tuple:
-        """``(pieces, route sources, extra after)`` of part ``m`` receiving from every ``s`` of
-        ``senders``."""
+        """``(pieces, route sources, extra after)`` of part ``m`` receiving from ``senders``."""
         pieces, sources, after = [], [], []
         home = self._worker[m]
         for s in senders:

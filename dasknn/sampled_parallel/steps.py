@@ -27,8 +27,7 @@ __all__ = [
 
 
 class ShardLabels(NamedTuple):
-    """A worker's share of a batch's labels, ``(ptr, local ids)`` on its shard, and the per-row
-    target ``1 / n_labels``."""
+    """A worker's labels on its shard, ``(ptr, local ids)``, and row targets ``1 / n_labels``."""
 
     label_ptr: np.ndarray
     label_ids: np.ndarray
@@ -78,8 +77,7 @@ def select_and_score(
 def output_backward(
     token: str, call: int, labels: ShardLabels, *stats: np.ndarray
 ) -> tuple[np.ndarray, float]:
-    """The shard's backward pass from the statistics of every shard (in worker order); returns
-    (partial ``dJ/dhidden``, loss part)."""
+    """The shard's backward pass; returns (partial ``dJ/dhidden``, loss part)."""
     state = ShardState.on_worker(token)
     forward = state.forwards.pop(call)
     lse = combine_statistics(list(stats))
