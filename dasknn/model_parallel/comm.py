@@ -13,8 +13,7 @@ from dasknn.runtime.keys import message_phase
 
 __all__ = ["SOFTMAX_ITEMSIZE", "SOFTMAX_PART_ROWS", "predicted_counts", "wire_bytes"]
 
-#: Rows of one part's softmax statistics per sample (the peak, the sum of exponentials and the
-#: target sum); the combined statistics sent back have 2 (log-sum-exp and target sum).
+#: Rows of a part's softmax statistics per sample (peak, sum of exponentials, target sum).
 SOFTMAX_PART_ROWS = 3
 #: Bytes of one value of the softmax statistics (float64 whatever the model's dtype).
 SOFTMAX_ITEMSIZE = 8

@@ -94,7 +94,6 @@ class StepTemplate:
         else:
             self.outputs = [("fwd", self.n_layers, m, OUTPUT_BLOCK) for m in range(self.nparts)]
 
-    # ------------------------------------------------------------------ structure
     def _fixed(self, k: int, m: int) -> tuple:
         """``(plan, next_plan)`` refs of ``(k, m)`` (``None`` where absent)."""
         layout = self._layout
@@ -225,7 +224,6 @@ class StepTemplate:
             task_kwargs = {**kwargs, "route": route}
             self.specs.append(_Spec(phase, k, m, h, func, args + pieces, task_kwargs))
 
-    # ------------------------------------------------------------------ stamping
     def key(self, step: int, phase: str, k: int, m: int, n: int, i: int = 0) -> tuple:
         """Key of a task of microbatch ``i`` of ``step``."""
         return step_key(self.names[phase], step, k, m, n, i)

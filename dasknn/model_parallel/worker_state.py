@@ -150,7 +150,6 @@ class ModelState(ModelPlugin):
         self.clear_steps()
         self.layers.clear()
 
-    # ---------------------------------------------------------------- parameters
     def install(self, chunks: dict, states: dict | None = None) -> None:
         """Own copies of ``{(k, m): (GCXS chunk, bias)}`` and of the optimizer states given."""
         for (k, m), (chunk, bias) in chunks.items():
@@ -180,7 +179,6 @@ class ModelState(ModelPlugin):
                 )
         return parts
 
-    # ---------------------------------------------------------------- steps
     def part_step(self, step: int, part: int) -> PartStep:
         """The values of ``part`` in ``step``; ``RuntimeError`` for a step before ``first_step``."""
         with self._lock:
@@ -207,7 +205,6 @@ class ModelState(ModelPlugin):
         self._posts = []
         return dropped
 
-    # ---------------------------------------------------------------- messages
     def deliver(self, key: tuple, rows: np.ndarray) -> None:
         """Leave the message ``key`` in the mailbox (from any thread or the event loop)."""
         self.mailbox.deliver(key, rows)
@@ -244,7 +241,6 @@ class ModelState(ModelPlugin):
         """Run ``func(*args)`` on this model's background update thread."""
         return self._updater.submit(func, *args)
 
-    # ---------------------------------------------------------------- timings
     def add_time(self, kind: str, seconds: float) -> None:
         """Add to the time spent on ``kind`` of work (from either thread)."""
         with self._timings_lock:
