@@ -1,7 +1,4 @@
-"""The model-parallel model's traffic predicted from its plan, and the wire bytes Dask logged.
-
-See docs/training.md (Communication volume).
-"""
+"""Predicted traffic and the wire bytes Dask logged (see docs/training.md, Communication volume)."""
 
 from __future__ import annotations
 
@@ -29,9 +26,8 @@ def predicted_counts(
     posted: bool = False,
     softmax: bool = False,
 ) -> dict[Key, tuple[int, int]]:
-    """``{(layer, phase, sender, receiver): (bytes, messages)}`` between different workers of one
-    batch of ``batch`` rows in ``microbatches`` blocks: a training step (``backward``) or a forward
-    pass.
+    """``{(layer, phase, sender, receiver): (bytes, messages)}`` between workers for one batch of
+    ``batch`` rows in ``microbatches`` blocks (``backward``: a training step).
 
     Forward, layer ``k``: every message ``(m, n, words)`` of ``plan.messages(k)`` between workers
     carries ``words * batch * itemsize`` bytes from ``m``'s worker to ``n``'s; backward (``k >= 2``)

@@ -1,7 +1,4 @@
-"""Placement of a partitioned network on Dask workers, and snapshots of its current values.
-
-Part ``m`` lives on worker ``m % W`` (sorted addresses); see docs/training.md (Layout).
-"""
+"""Placing a network's parts (part ``m`` on worker ``m % W``) and snapshots of their values."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""The communication plan of a partitioned network, computed once from the pattern and the parts.
-
-See docs/training.md (Communication plan).
-"""
+"""The communication plan of a partitioned network (see docs/training.md, Communication plan)."""
 
 from __future__ import annotations
 

@@ -71,11 +71,8 @@ def time_training(
     on_epoch: Callable[[int, float], None] | None = None,
     **fit_options,
 ) -> TrainingTimes:
-    """Train ``dist`` on ``(X, Y)`` with :meth:`~DistributedSparseMLP.fit` and time it.
-
-    A warm-up step on the first batch runs first unless ``warmup`` is false; ``on_epoch`` (its time
-    not counted) and ``fit_options`` go to ``fit``.
-    """
+    """Train ``dist`` on ``(X, Y)`` with ``fit`` (``on_epoch``'s time not counted) and time it,
+    after a warm-up step unless ``warmup`` is false; ``fit_options`` go to ``fit``."""
     if warmup:
         dist.train_step(X[:batch_size], Y[:batch_size], lr=lr)
     dist.reset_comm()

@@ -1,7 +1,4 @@
-"""What a distributed model keeps on a worker, owned by one worker plugin per model.
-
-See docs/training.md (Worker state).
-"""
+"""A model's state on a worker, owned by one plugin per model (docs/training.md, Worker state)."""
 
 from __future__ import annotations
 
