@@ -1,8 +1,4 @@
-"""The task graph of one data-parallel step, for every architecture, and its exact traffic.
-
-Every message key is a :func:`dasknn.runtime.keys.dp_key`, its size predicted from the batch ids
-(:attr:`StepGraph.predicted`). See docs/data_parallel.md (Architectures).
-"""
+"""The task graph of one data-parallel step and its exact traffic (see docs/data_parallel.md)."""
 
 from __future__ import annotations
 

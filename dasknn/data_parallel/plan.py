@@ -1,5 +1,4 @@
-"""The client's plan of one data-parallel step: which rows every worker, machine and shard uses,
-known before the step runs, from which every message's size is predicted."""
+"""The client's plan of one data-parallel step: which rows every worker, machine and shard uses."""
 
 from __future__ import annotations
 

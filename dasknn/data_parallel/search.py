@@ -1,5 +1,7 @@
-"""The number of shards of the sparse variable: a cost model ``t(P) = t0 + t1 / P + t2 * P``
-fitted to timed steps (Parallax, 3.2). See docs/data_parallel.md (The number of shards)."""
+"""The shard count from step times fitted to ``t(P) = t0 + t1 / P + t2 * P`` (Parallax, 3.2).
+
+See docs/data_parallel.md (The number of shards).
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""What runs on a worker during a data-parallel step: the tasks :mod:`dasknn.data_parallel.hybrid`
-builds, each returning a message (fetched by exactly one worker) or a local value."""
+"""The tasks of a data-parallel step, as :mod:`dasknn.data_parallel.hybrid` wires them."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """Dense and sparse variables, and how much of each a worker touches per step (alpha).
 
-A variable is sparse when its step gradient is row-sparse (the embedding; under the sampled
-softmax also the output table), dense otherwise. ``alpha`` is the mean fraction of a variable's
-elements a worker touches in a step (1 if dense); the model's alpha weights each by its size
-(Parallax, 2.2).
+``alpha``: the mean fraction of a variable's elements a worker touches in a step (1 if dense);
+the model's alpha weights each variable by its size (Parallax, 2.2).
 """
 
 from __future__ import annotations

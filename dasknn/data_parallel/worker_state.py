@@ -1,9 +1,6 @@
-"""What a data-parallel model keeps on a worker, owned by one worker plugin per model.
+"""What a data-parallel model keeps on a worker, owned by one plugin per model.
 
-:class:`ReplicaState` holds the worker's replicas, the shards and dense variables it serves with
-their optimizer state, the step's :attr:`scratch`, the pass's :attr:`workspace` and, with
-``messages="posted"``, the :attr:`mailbox` and :attr:`posts`. Parameters live only here; no task
-changes a value Dask holds.
+Parameters live only in :class:`ReplicaState`; no task changes a value Dask holds.
 """
 
 from __future__ import annotations
