@@ -1,5 +1,5 @@
-"""Stages and replicas: contiguous runs of layers per stage, and the planner that picks the fewest
-stages whose per-worker model states fit a memory limit (see docs/samo.md, Planner)."""
+"""Stages and replicas: contiguous layer runs, and the planner fitting a memory limit
+(docs/samo.md)."""
 
 from __future__ import annotations
 

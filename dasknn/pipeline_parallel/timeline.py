@@ -27,8 +27,8 @@ def _source(stage: int, kind: str, u: int, stages: int) -> PassKey | None:
 
 
 def handover_seconds(passes: dict[int, list[tuple]]) -> dict[int, float]:
-    """Per stage, the seconds its passes started after their inputs were ready; ``passes[s]`` holds
-    the stage's measured ``(kind, u, start, end)``."""
+    """Per stage, the seconds its passes started after their inputs were ready (``passes`` as in
+    :func:`idle_sources`)."""
     ends = {(s, kind, u): end for s, events in passes.items() for kind, u, _, end in events}
     stages = max(passes) + 1
     out = {}
@@ -100,8 +100,8 @@ def idle_sources(
     Parameters
     ----------
     passes : dict
-        Per stage ``s``, its passes of one step as ``(kind, microbatch, start, end)`` (``kind``
-        ``"F"`` or ``"B"``; every pass of the schedule once).
+        Per stage ``s``, its passes of one step, ``(kind, microbatch, start, end)`` with ``kind``
+        ``"F"`` or ``"B"``, each once.
     schedule : str
     microbatches : int
 
