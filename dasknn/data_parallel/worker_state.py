@@ -39,7 +39,9 @@ class Held:
 
 @dataclass
 class ReplicaState(ModelPlugin):
-    """The worker plugin of one data-parallel model (see the module docstring)."""
+    """The worker plugin of one data-parallel model: its ``replicas``, the ``shards`` and ``served``
+    dense variables it serves, the step's ``scratch``, the pass's ``workspace`` and the ``mailbox``.
+    """
 
     kind = "dp"
     token: str
