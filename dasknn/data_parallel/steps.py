@@ -384,8 +384,7 @@ def update_rows(
     own_dense: np.ndarray | None,
     *pushes_then_after,
 ) -> np.ndarray | None:
-    """The server sums the ``chiefs``' pushed gradients of each shard ``parts[i]`` and steps the
-    rows.
+    """The server sums the chiefs' pushed gradients of each shard ``parts[i]`` and steps its rows.
 
     ``pushes_then_after``: the other chiefs' pushes, then its own machine's sum; ``local``:
     ``(alone, positions)``. With ``chunk`` each push ends with that chunk of the machine's dense

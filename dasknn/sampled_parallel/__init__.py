@@ -1,5 +1,4 @@
-"""LSH-sampled training across Dask workers (D-SLIDE), one output shard a worker; see
-docs/sampled.md."""
+"""LSH-sampled training across Dask workers (D-SLIDE); see docs/sampled.md."""
 
 from dasknn.sampled_parallel.model import DistributedSampledMLP
 
