@@ -1,11 +1,7 @@
-"""Sparsity-aware data-parallel training (Parallax) on Dask: every worker runs the whole model on
-its share of each batch's rows.
+"""Sparsity-aware data-parallel training (Parallax) on Dask (see docs/data_parallel.md).
 
-:class:`DistributedEmbeddingMLP` wraps a one-process model; the sparse variable lives on
-parameter-server shards, the dense ones are allreduced, with local aggregation per machine and the
-shard-count search (:mod:`~dasknn.data_parallel._model`, ``hybrid``, ``shards``, ``search``).
-
-Batched data-parallel inference of sparse networks is :mod:`dasknn.inference`.
+:class:`DistributedEmbeddingMLP` runs the whole model on every worker on its share of each batch;
+batched data-parallel inference of sparse networks is :mod:`dasknn.inference`.
 """
 
 from dasknn.data_parallel._hybrid import ARCHITECTURES

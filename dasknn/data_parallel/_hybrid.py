@@ -1,49 +1,4 @@
-"""The task graph of one data-parallel step, for every architecture, and its exact traffic.
-
-Workers ``0 .. N-1`` are grouped into machines; the first worker of a machine is its chief.
-Every worker computes the gradient of its share of the global batch (:mod:`.steps`). The
-sparse variables are the embedding and, for a sampled-softmax model, the output table
-``[W_out^T | b_out]``; each goes its own way below, side by side (on the parameter servers,
-in shared messages). By architecture:
-
-- **sparse variables on parameter servers** (``hybrid``, ``ps``): each server sends each chief
-  the rows of its machine that the server's shards hold (``pull``; the offsets come with the
-  graph from the client's plan, :mod:`.plan`, so the pull is the step's first message), the
-  chief hands each worker its rows (``from-chief``), sums the workers' row gradients
-  (``to-chief``) and pushes them to the servers in the order of the pull, values only
-  (``push``); each server sums what the machines pushed and steps its rows. A server and a chief
-  exchange one message each way (variable :data:`~.steps.SPARSE`): the rows of every sparse
-  variable and every shard the server holds, as one flat array; a chief reads and steps the
-  shards it serves itself in place. When the client knows the next step's batch (``fit``
-  does), the step also **prefetches** it: right after a server has stepped its shards, it sends
-  each chief the rows of the next step (the next step's ``pull``, keyed by that step, its
-  offsets from that step's plan), so the next step starts with its rows on the chiefs and its
-  only dependent messages across machines are the push and this reply.
-- **sparse variables by allgather** (``ar``): each chief sums its machine's row gradients
-  (``to-chief``), the chiefs allgather the ids (``allgather-indices``) and the rows
-  (``allgather``), and each chief hands its workers the global ids and sums
-  (``from-chief-indices``, ``from-chief``); every replica steps those rows.
-- **dense variables by allreduce** (``hybrid``, ``ar``, ``ar-dense``, which also treats each
-  sparse variable's gradient as a dense array): the gradients of all dense variables form one
-  flat buffer, variable ``"dense"`` in the keys (tensor fusion, as Horovod's: one collective
-  instead of one per variable); each chief sums its machine's buffer (``to-chief``), the chiefs
-  allreduce it (``reduce-scatter``, ``allgather``; the two hops of
-  :func:`dasknn.runtime.collectives.build_allreduce`) and hand the sum back (``from-chief``);
-  each worker's ``finish`` steps its replicas. Under ``hybrid`` with the parameter servers
-  exactly the chiefs (one shard set per machine, the default), the buffer is reduced on them
-  without messages of its own: chunk ``j`` of :func:`~dasknn.runtime.collectives.chunk_bounds`
-  rides every other chief's push to chief ``j`` (after the rows), chief ``j``'s update sums it,
-  and the reduced chunk rides its prefetch reply to every other chief (or, with nothing to
-  prefetch, a message of its own, ``allgather``): the bytes of the two-hop allreduce, in the
-  sparse messages (:attr:`StepGraph.carried`).
-- **dense variables on parameter servers** (``ps``): variable ``v`` is served by worker
-  ``v mod N``; each chief pulls it whole (``pull``) and hands it on (``from-chief``), and pushes
-  its machine's summed gradient (``push``) to the server, which steps it.
-
-Every message key is a :func:`dasknn.runtime.keys.dp_key`; the builder records the size of each
-message from the batch ids alone (:attr:`StepGraph.predicted`), which is what the transfer
-monitor must measure.
-"""
+"""The task graph of one data-parallel step and its exact traffic (see docs/data_parallel.md)."""
 
 from __future__ import annotations
 
@@ -79,9 +34,8 @@ class StepGraph:
     predicted : dict
         ``{(variable, phase, sender, receiver): [bytes, messages]}`` of every message.
     carried : dict
-        ``{(variable, phase, sender, receiver, other variable): bytes}``: the bytes of another
-        variable that messages of ``variable`` carry (the dense chunks riding the fused sparse
-        messages), included in their bytes in :attr:`predicted`.
+        ``{(variable, phase, sender, receiver, other variable): bytes}`` riding ``variable``'s
+        messages.
     """
 
     tasks: dict = field(default_factory=dict)
@@ -92,10 +46,8 @@ class StepGraph:
 
 @dataclass(frozen=True)
 class _DenseRide:
-    """``hybrid`` with the parameter servers exactly the chiefs: the fused dense gradient is
-    reduced on them, chunk ``j`` (:func:`chunk_bounds` over the machines) on chief ``j``, its
-    parts riding the sparse push to that server and the reduced chunk riding the server's next
-    pull (or a message of its own when there is no next step to prefetch)."""
+    """``hybrid`` with the servers exactly the chiefs: dense chunk ``j`` is reduced on chief ``j``,
+    riding the sparse push there and the next prefetch reply back."""
 
     bounds: list[int]
     itemsize: int
@@ -108,19 +60,16 @@ class _DenseRide:
 
 
 class _Builder:
-    """The step graph under construction: keys, tasks and the predicted bytes of every
-    message."""
+    """The step graph under construction: keys, tasks and the predicted bytes of every message."""
 
     def __init__(self, ctx: StepContext, topology: Topology, plan: StepPlan) -> None:
         self.ctx = ctx
         self.topology = topology
         self.plan = plan
         self.graph = StepGraph()
-        #: Per worker, the local tasks that end its part of the step (its ``finish`` waits for
-        #: them; every other task of the step is upstream of some worker's ``finish``).
+        #: Per worker, the local tasks its ``finish`` waits for.
         self.final: dict[int, list] = defaultdict(list)
-        #: Per worker, ``(variable, summed gradient)`` of the replicated variables (allreduced,
-        #: or reduced on the servers), whose replica its ``finish`` steps.
+        #: Per worker, ``(variable, summed gradient)`` of the replicas its ``finish`` steps.
         self.replica_steps: dict[int, list] = defaultdict(list)
 
     def key(self, variable, phase, sender, receiver, part=-1, step=None):
@@ -129,8 +78,7 @@ class _Builder:
         return dp_key(self.ctx.token, step, variable, phase, sender, receiver, part)
 
     def task(self, key, func, *args, nbytes: int = 0, carried: dict | None = None):
-        """Add a task; a key whose sender and receiver differ is a message of ``nbytes``, of
-        which ``carried`` gives the bytes of other variables (``{variable: bytes}``)."""
+        """Add a task; a key between two workers is a message of ``nbytes`` (see ``carried``)."""
         self.graph.tasks[key] = Task(key, func, *args)
         if key[4] != key[5]:
             message = (key[2], key[3], key[4], key[5])
@@ -142,15 +90,13 @@ class _Builder:
         return TaskRef(key)
 
     def forward(self, key, ref: TaskRef, nbytes: int = 0) -> TaskRef:
-        """The message ``key`` carrying the value of ``ref`` unchanged; ``ref`` itself when the
-        key's sender and receiver are the same worker (no task is needed)."""
+        """The message ``key`` carrying ``ref``'s value, or ``ref`` itself on the same worker."""
         if key[4] == key[5]:
             return ref
         return self.task(key, steps.identity, ref, nbytes=nbytes)
 
     def collective_key(self, variable, renames=None):
-        """``key(phase, a, b)`` for a collective among the chiefs (``a``, ``b`` their positions):
-        this step's key of ``variable``, with the phases in ``renames`` renamed."""
+        """``key(phase, a, b)`` of a collective among chiefs ``a``, ``b`` (see ``renames``)."""
         chiefs = self.topology.chiefs
         renames = renames or {}
 
@@ -184,19 +130,14 @@ def build_step(
     prefetched: bool = False,
     next_plan: StepPlan | None = None,
 ) -> StepGraph:
-    """The graph of one step (see the module docstring).
-
-    Every message key has exactly one consumer, on its receiver: once fetched, no task on the
-    sender needs it again (Dask's active memory manager may drop either replica of a key held
-    twice, and a later local consumer would fetch it back).
+    """The graph of one step; every message key has exactly one consumer, on its receiver.
 
     Parameters
     ----------
     ctx : StepContext
     topology : Topology
     plan : StepPlan
-        The client's plan of the step; ``plan.batches[i]`` is carried by worker ``i``'s first
-        task (the client sends it with the graph: no worker-to-worker traffic).
+        The client's plan of the step; ``plan.batches[i]`` travels with worker ``i``'s first task.
     dense_servers : dict
         ``ps``: the worker serving each dense variable.
     prefetched : bool
@@ -278,10 +219,7 @@ def build_step(
 
 
 def _machine_sums(b: _Builder, name: str, computed: list, nbytes: int) -> list[TaskRef]:
-    """Per machine, the task after which its chief holds the sum of its workers' gradients of
-    the dense variable ``name`` (of the fused buffer for :data:`DENSE`, which ``compute``
-    returns): the workers send theirs to the chief (``to-chief``), a one-worker machine's sum is
-    its own gradient."""
+    """Per machine, the task after which its chief holds its workers' summed ``name`` gradient."""
     ctx = b.ctx
     sums = []
     for members in b.topology.machines:
@@ -309,8 +247,7 @@ def _machine_sums(b: _Builder, name: str, computed: list, nbytes: int) -> list[T
 
 
 def _pull_dense(b: _Builder, names: list[str], size: dict, servers: dict) -> dict:
-    """``ps``: each chief pulls every dense variable whole and hands it to its workers;
-    ``{worker: [values in the order of names]}``."""
+    """``ps``: each chief pulls every dense variable and hands it on; ``{worker: [values]}``."""
     ctx, topology = b.ctx, b.topology
     pulled = defaultdict(list)
     for name in names:
@@ -332,8 +269,7 @@ def _pull_dense(b: _Builder, names: list[str], size: dict, servers: dict) -> dic
 
 
 def _served(b: _Builder) -> dict[int, list]:
-    """Per server, the shards it holds, ``[(variable, shard), ...]`` (variables in order, shards
-    ascending): the parts of its fused messages."""
+    """Per server, its ``[(variable, shard), ...]``: the parts of its fused messages."""
     served = defaultdict(list)
     for variable in b.ctx.spec.sparse_shapes():
         shards = b.ctx.shards[variable]
@@ -343,8 +279,7 @@ def _served(b: _Builder) -> dict[int, list]:
 
 
 def _servers_are_chiefs(b: _Builder) -> bool:
-    """Whether the parameter servers are exactly the chiefs of two or more machines (the
-    dense gradient can then be reduced on them in the sparse messages, :class:`_DenseRide`)."""
+    """Whether the servers are exactly the chiefs of two or more machines (:class:`_DenseRide`)."""
     return len(b.topology.chiefs) > 1 and list(_served(b)) == b.topology.chiefs
 
 
@@ -356,11 +291,8 @@ def _serve_and_assemble(
     after: dict,
     ride: _DenseRide | None = None,
 ) -> TaskRef:
-    """Every server's fused reply to machine ``index``'s pull of step ``ctx.step`` (each after
-    the tasks ``after[server]``, if any) and the chief's task that puts the rows together (it
-    reads the shards it serves itself). With ``ride``, ``after[server]`` is the server's update
-    of the previous step, whose reduced dense chunk each reply carries after the rows; the
-    chief's task then returns the reduced dense buffer."""
+    """Every server's fused reply to machine ``index``'s pull (after ``after[server]``) and the
+    chief's task assembling the rows (with ``ride``: and the reduced dense buffer)."""
     c = b.topology.chiefs[index]
     rows = {v: plan.machines[v][index] for v in ctx.spec.sparse_shapes()}
     replies, remote, local, tails = [], [], None, []
@@ -407,11 +339,8 @@ def _serve_and_assemble(
 
 
 def _pull_rows(b: _Builder, prefetched: bool) -> dict:
-    """The servers send each chief the machine's rows of every sparse variable they hold
-    (offsets from the client's plan), unless the previous step prefetched them; the chief hands
-    each worker its rows. ``{variable: {worker: rows}}``; the chief of a one-worker machine gets
-    the assembling task (or ``None``) instead: its rows are the assembled ones, which it reads
-    from its scratch."""
+    """The servers send each chief its machine's rows unless prefetched; the chief hands them on.
+    ``{variable: {worker: rows}}`` (a one-worker machine: the assembling task, or ``None``)."""
     rows_of = {v: {} for v in b.ctx.spec.sparse_shapes()}
     for index, members in enumerate(b.topology.machines):
         c = members[0]
@@ -438,9 +367,7 @@ def _pull_rows(b: _Builder, prefetched: bool) -> dict:
 
 
 def _summed_rows(b: _Builder, variable: str, computed: list, own_sums: bool = True) -> dict:
-    """Each chief's sum of its machine's row gradients (returns the machine's rows); a
-    one-worker machine's sum is its own gradient: with ``own_sums``, a task that returns its
-    rows, otherwise its ``compute`` itself."""
+    """Each chief's sum of its machine's row gradients (a one-worker machine: its own gradient)."""
     row = b.row_bytes(variable)
     summed = {}
     for index, members in enumerate(b.topology.machines):
@@ -478,11 +405,8 @@ def _summed_rows(b: _Builder, variable: str, computed: list, own_sums: bool = Tr
 def _push_rows(
     b: _Builder, computed: list, ride: _DenseRide | None, dense_sums: list | None
 ) -> dict:
-    """Each chief pushes its machine's summed row gradients of every sparse variable to each
-    other server in one message (values only, in the order of its pull); each server steps the
-    rows of its shards, with its own machine's sum read in place. With ``ride``, each push also
-    carries the server's chunk of the machine's dense sum (``dense_sums[machine]``), and the
-    server's update sums the chunks and returns the reduced one. ``{server: its update}``."""
+    """Each chief pushes its machine's summed row gradients to each other server in pull order (with
+    ``ride``: and the server's dense chunk); ``{server: its update}``."""
     ctx, topology = b.ctx, b.topology
     sums = [_summed_rows(b, v, computed, own_sums=False) for v in ctx.spec.sparse_shapes()]
     # the task after which a chief holds all its machine's sums
@@ -539,10 +463,8 @@ def _push_rows(
 def _prefetch_rows(
     b: _Builder, next_plan: StepPlan, updates: dict, ride: _DenseRide | None
 ) -> list[TaskRef] | None:
-    """Each server, once it has stepped its shards, sends each chief the next step's rows of
-    them; the chief keeps them for the next step (its part of this step ends when it has
-    them). With ``ride``, the replies carry the servers' reduced dense chunks: per chief, the
-    task that returns the reduced dense buffer."""
+    """Each updated server sends each chief the next step's rows (with ``ride``: and its reduced
+    dense chunk; per chief, the task returning the reduced buffer)."""
     ctx_next = replace(b.ctx, step=b.ctx.step + 1)
     after = {server: [update] for server, update in updates.items()}
     assembled = [
@@ -557,9 +479,7 @@ def _prefetch_rows(
 
 
 def _return_chunks(b: _Builder, ride: _DenseRide, updates: dict) -> list[TaskRef]:
-    """With no next step to prefetch, each server sends every other chief its reduced dense
-    chunk in a message of its own (``allgather``); per chief, the task that puts the reduced
-    dense buffer together."""
+    """With nothing to prefetch, each server sends the other chiefs its reduced dense chunk."""
     chiefs = b.topology.chiefs
     results = []
     for index, c in enumerate(chiefs):
@@ -579,8 +499,7 @@ def _return_chunks(b: _Builder, ride: _DenseRide, updates: dict) -> list[TaskRef
 
 
 def _allreduce_dense(b: _Builder, name: str, shape: tuple, sums: list, nbytes: int) -> None:
-    """The chiefs allreduce their machines' sums of a dense gradient and hand the total to their
-    workers."""
+    """The chiefs allreduce their machines' sums of a dense gradient and hand the total on."""
     ctx, topology = b.ctx, b.topology
     item = np.dtype(ctx.spec.dtype).itemsize
     results = sums
@@ -597,8 +516,7 @@ def _allreduce_dense(b: _Builder, name: str, shape: tuple, sums: list, nbytes: i
 
 
 def _hand_out_dense(b: _Builder, name: str, results: list, nbytes: int) -> None:
-    """Each chief hands its machine's workers the summed gradient of a dense variable
-    (``results[machine]``, on the chief); every replica steps in its worker's ``finish``."""
+    """Each chief hands its workers a dense variable's summed gradient (``results[machine]``)."""
     for members, result in zip(b.topology.machines, results, strict=True):
         c = members[0]
         for m in members:

@@ -1,13 +1,4 @@
-"""The client's plan of one data-parallel step: which rows every worker, machine and shard uses.
-
-The client splits the global batch over the workers, so it knows, before anything runs, every
-row id a step touches. It works out here, per sparse variable (the embedding, and the output
-table of a sampled-softmax model), each worker's distinct rows, each machine's union of them,
-where each worker's rows sit in that union, and which rows of the union each shard holds (and
-at which offsets). The step graph (:mod:`.hybrid`) carries these arrays to the tasks that need
-them, so no worker has to send another one row ids before a parameter server can answer, and the
-traffic of every message is predicted from them.
-"""
+"""The client's plan of one data-parallel step: which rows every worker, machine and shard uses."""
 
 from __future__ import annotations
 
@@ -29,8 +20,7 @@ class Topology:
     Attributes
     ----------
     machines : tuple of tuple of int
-        The workers of each machine, ascending; machines ordered by their first worker, which is
-        the machine's chief.
+        The workers of each machine, ascending; machines ordered by their first worker, the chief.
     """
 
     machines: tuple[tuple[int, ...], ...]
@@ -64,8 +54,7 @@ class WorkerBatch:
     output : SampledOutput or None
         Its labels and the step's candidates among ``ids["softmax"]`` (sampled softmax).
     global_ids : dict or None
-        ``ar-dense``: per sparse variable, the distinct rows of the global batch (the rows its
-        replica steps).
+        ``ar-dense``: per sparse variable, the distinct rows of the global batch.
     """
 
     inverse: np.ndarray
@@ -99,8 +88,8 @@ class MachineRows:
 
 @dataclass(frozen=True)
 class StepPlan:
-    """The plan of one step: ``batches[i]`` for worker ``i``, ``machines[v][k]`` the rows of
-    sparse variable ``v`` on machine ``k``."""
+    """One step's plan: ``batches[i]`` of worker ``i``; ``machines[v][k]``: variable ``v``, machine
+    ``k``."""
 
     batches: list[WorkerBatch]
     machines: dict
@@ -119,8 +108,7 @@ def plan_step(
     candidates: np.ndarray | None,
     architecture: str,
 ) -> StepPlan:
-    """Split a global batch over the workers (contiguous row blocks, ``numpy.array_split``) and
-    plan its rows.
+    """Split a global batch over the workers (``numpy.array_split`` row blocks) and plan its rows.
 
     Parameters
     ----------

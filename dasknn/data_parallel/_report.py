@@ -1,5 +1,4 @@
-"""The data-parallel model's view of its communication report: the bytes one variable's
-messages carry for another, and the traffic within and across machines."""
+"""The data-parallel view of a communication report: carried bytes and per-machine traffic."""
 
 from __future__ import annotations
 
@@ -10,8 +9,7 @@ __all__ = ["machine_bytes", "machine_total", "split_carried"]
 
 def split_carried(table: dict, carried: dict) -> dict:
     """``table`` (``{(variable, phase, sender, receiver): (bytes, messages)}``) with the bytes
-    that messages of one variable carry for another (``carried``:
-    ``{(variable, phase, sender, receiver, other): bytes}``, fixed by the message layout) moved
+    ``carried`` for another variable (``{(variable, phase, sender, receiver, other): bytes}``) moved
     to ``(other, phase, sender, receiver)``, with no message of its own."""
     out = dict(table)
     for (*message, other), nbytes in carried.items():
@@ -32,9 +30,8 @@ def _intra(report, key) -> bool:
 
 
 def machine_total(report, which: str = "measured", scope: str = "all") -> int:
-    """Bytes of a data-parallel model's :class:`~dasknn.runtime.comm_report.CommReport`, in
-    all (``scope="all"``), between workers of one machine (``"intra"``) or across machines
-    (``"inter"``)."""
+    """Bytes of a data-parallel model's :class:`~dasknn.runtime.comm_report.CommReport`: ``scope``
+    ``"all"``, ``"intra"`` (within machines) or ``"inter"`` (across machines)."""
     if scope not in ("all", "intra", "inter"):
         raise ValueError(f"scope must be 'all', 'intra' or 'inter', got {scope!r}")
     table = report.measured if which == "measured" else report.predicted
@@ -46,8 +43,7 @@ def machine_total(report, which: str = "measured", scope: str = "all") -> int:
 
 
 def machine_bytes(report, which: str = "measured", variable: str | None = None, phases=None):
-    """Per machine, the bytes it sent plus received across machines (optionally of one
-    variable and some phases): the figure of Table 3 of Kim et al."""
+    """Per machine, the bytes it sent plus received across machines (Kim et al., Table 3)."""
     machine_of = report.details["machine_of"]
     table = report.measured if which == "measured" else report.predicted
     out: dict = defaultdict(int)

@@ -1,18 +1,6 @@
-"""The number of shards of the sparse variable: sampled step times, a cost model, a choice.
+"""The shard count from step times fitted to ``t(P) = t0 + t1 / P + t2 * P`` (Parallax, 3.2).
 
-Kim et al. (Parallax, 3.2) model a step's time as ``t(P) = t0 + t1 / P + t2 * P``: a fixed
-cost, work the shards share, and a per-shard overhead. The search times a few steps at
-``P = start`` (the number of machines), doubles ``P`` while the time falls, then halves from
-below the smallest sample while it falls, fits ``(t0, t1, t2)`` by least squares and chooses the
-integer ``P`` minimising the fit within the sampled range (no extrapolation). At most
-``max_samples`` counts are timed. :func:`brute_force` times every candidate, for comparison.
-
-The model assumes the shards load the servers evenly (Kim et al. sample and report counts with
-as many shards on every server). Shard ``p`` lives on worker ``p mod N``: a count ``P > N`` that
-``N`` does not divide puts ``ceil(P / N)`` shards on some servers and ``floor(P / N)`` on others,
-so its busiest server serves more than ``1 / N`` of the rows and the step is slower than
-``t1 / P`` says. Given ``servers``, the choice is therefore made among the balanced counts of
-the sampled range (``P <= servers`` or a multiple of ``servers``).
+See docs/data_parallel.md (The number of shards).
 """
 
 from __future__ import annotations
@@ -80,11 +68,8 @@ def balanced(p: int, servers: int) -> bool:
 def choose(
     theta: tuple[float, float, float], low: int, high: int, servers: int | None = None
 ) -> int:
-    """The integer ``P`` in ``[low, high]`` minimising the fitted cost (the smallest on ties).
-
-    With ``servers``, only the counts that load them evenly (:func:`balanced`) are candidates;
-    ``low`` must then be at most ``servers``.
-    """
+    """The integer ``P`` in ``[low, high]`` minimising the fitted cost (the smallest on ties); with
+    ``servers``, only :func:`balanced` counts (``low`` at most ``servers``)."""
     candidates = np.arange(low, high + 1)
     if servers is not None:
         candidates = candidates[[balanced(int(p), servers) for p in candidates]]
@@ -98,7 +83,8 @@ def search_partitions(
     max_samples: int = 5,
     servers: int | None = None,
 ) -> SearchReport:
-    """Sample, fit and choose (see the module docstring).
+    """Time steps at a few shard counts, fit the cost model and :func:`choose`
+    (docs/data_parallel.md).
 
     Parameters
     ----------
@@ -111,8 +97,8 @@ def search_partitions(
     max_samples : int
         Counts timed at most (>= 1).
     servers : int, optional
-        Workers the shards are spread over (shard ``p`` on server ``p mod servers``), at least
-        ``start``: the choice is then a balanced count (see the module docstring).
+        Workers the shards are spread over (``p mod servers``), at least ``start``: the choice is
+        then a balanced count.
     """
     samples: dict[int, float] = {}
 

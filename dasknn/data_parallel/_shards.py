@@ -1,9 +1,7 @@
 """Row shards of the sparse variable: which shard holds a row, and which worker holds a shard.
 
-The ``V`` rows of the embedding are split into ``P`` shards. ``"mod"`` puts row ``r`` in shard
-``r mod P`` (offset ``r // P`` there); ``"div"`` cuts consecutive blocks (the first ``V mod P``
-shards hold one row more, as :func:`numpy.array_split`). Shard ``p`` lives on worker
-``p mod N``, its parameter server.
+``"mod"`` puts row ``r`` in shard ``r mod P`` (offset ``r // P``); ``"div"`` cuts consecutive
+blocks as :func:`numpy.array_split`. Shard ``p`` lives on worker ``p mod N``.
 """
 
 from __future__ import annotations
@@ -73,8 +71,7 @@ class ShardMap:
         return np.arange(bounds[shard], bounds[shard + 1], dtype=np.int64)
 
     def split(self, ids: np.ndarray) -> list[np.ndarray]:
-        """Per shard, the positions in the sorted distinct ``ids`` of the rows it holds (each
-        list ascending, so a shard's rows come in the order of ``ids``)."""
+        """Per shard, the positions in the sorted distinct ``ids`` of its rows (ascending)."""
         shard = self.shard_of(ids)
         order = np.argsort(shard, kind="stable")
         cuts = np.searchsorted(shard[order], np.arange(self.n_shards + 1))

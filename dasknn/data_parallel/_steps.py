@@ -1,18 +1,4 @@
-"""What runs on a worker during a data-parallel step.
-
-Every function here is the body of one task of the step graph built by
-:mod:`dasknn.data_parallel._hybrid`. It reads and writes the model's
-:class:`~dasknn.data_parallel._worker_state.ReplicaState` on its worker and returns either a
-message (a plain numpy array, fetched by exactly one other worker, so the transfer monitor
-measures its size exactly) or a local value. The step's intermediate values live in
-``state.scratch[step]`` until the next step's :func:`compute` drops them; what belongs to one
-sparse variable (the embedding, or the output table of a sampled softmax) under
-``state.scratch[step][variable]``.
-
-Roles: every worker computes its share of the batch; the first worker of each machine is its
-*chief* (it sums its machine's gradients and talks to the other machines); the owner of a shard
-or of a served dense variable is its *server*.
-"""
+"""The tasks of a data-parallel step, as :mod:`dasknn.data_parallel._hybrid` wires them."""
 
 from __future__ import annotations
 
@@ -37,8 +23,7 @@ __all__ = ["DENSE", "EMBEDDING", "SOFTMAX", "SPARSE", "StepContext"]
 
 #: The fused buffer of every dense variable's gradient (allreduced at once).
 DENSE = "dense"
-#: The fused messages between a parameter server and a chief: the rows (or row gradients) of
-#: every sparse variable and every shard the server holds, in one flat array.
+#: The fused messages between a server and a chief: every sparse variable's rows of its shards.
 SPARSE = "sparse"
 
 #: The shards one server holds, ``[(variable, shard), ...]``: the parts of its fused messages.
@@ -52,7 +37,6 @@ class StepContext:
     Attributes
     ----------
     token : str
-        The model's token.
     step : int
     spec : EmbeddingSpec
     architecture : str
@@ -94,16 +78,11 @@ def _dense_values(ctx: StepContext, pulled: tuple) -> list[np.ndarray]:
 
 
 def compute(ctx: StepContext, batch: WorkerBatch, *values) -> np.ndarray | None:
-    """Forward and backward pass of this worker's part ``batch`` of the step (the scratch of
-    earlier steps is dropped first).
+    """Forward and backward pass of this worker's part ``batch`` of the step.
 
-    ``values`` are first, per sparse variable, the rows the batch reads (from the chief), or
-    ``None`` to read them from the local replica (``ar``, ``ar-dense``) or, on the parameter
-    servers, from this worker's scratch (the chief of a one-worker machine); then the dense
-    variables' values under ``ps``. Keeps the batch, the gradients and the loss in the scratch;
-    returns the gradients of the dense variables as one flat buffer (:data:`DENSE`) for the
-    allreduce or the servers' reduction, ``None`` under ``ps`` or without dense variables. The
-    pass's temporaries are kept in the worker's workspace from one step to the next.
+    ``values``: per sparse variable the rows the batch reads (``None``: the local replica or this
+    worker's scratch), then the dense values under ``ps``. Returns the dense gradients as one flat
+    buffer (:data:`DENSE`), or ``None`` under ``ps`` or without dense variables.
     """
     _forget_earlier_steps(ctx)
     scratch = _scratch(ctx)
@@ -165,8 +144,7 @@ def sparse_gradient(ctx: StepContext, variable: str, _computed) -> np.ndarray:
 
 
 def dense_gradient(ctx: StepContext, variable: str, _computed) -> np.ndarray:
-    """This worker's gradient of a dense variable, or of all of them as one flat buffer for
-    :data:`DENSE` (after :func:`compute`, which wrote them into that buffer)."""
+    """This worker's gradient of a dense variable, or the flat buffer for :data:`DENSE`."""
     scratch = _scratch(ctx)
     return scratch["dense_grad"] if variable == DENSE else scratch["grads"][variable]
 
@@ -177,9 +155,8 @@ def identity(value):
 
 
 def apply_replica(ctx: StepContext, variable: str, grad: np.ndarray) -> None:
-    """One optimizer step of this worker's replica of a dense variable (of each of them for the
-    fused :data:`DENSE` buffer; under ``ar-dense``, of a sparse variable, on the global batch's
-    rows) from the summed gradient."""
+    """One optimizer step of this worker's replica of a dense variable (each of them for
+    :data:`DENSE`; a sparse one under ``ar-dense``) from the summed gradient."""
     if variable == DENSE:
         start = 0
         for name, shape in zip(ctx.spec.dense_names(), ctx.spec.dense_shapes(), strict=True):
@@ -206,10 +183,8 @@ def apply_replica_rows(
 
 
 def finish(ctx: StepContext, variables: list[str], *grads_then_done) -> float:
-    """End of this worker's part of the step: the step of its replicas of the allreduced
-    ``variables`` from their summed gradients (the first ``len(variables)`` arguments after
-    ``variables``; :func:`apply_replica`), then its loss sum. (Its scratch stays until the next
-    step's :func:`compute`: tasks of other workers' parts may still read it.)"""
+    """End of this worker's part of the step: :func:`apply_replica` for each of ``variables`` with
+    the summed gradients that follow it; returns the loss sum."""
     for variable, grad in zip(variables, grads_then_done, strict=False):
         apply_replica(ctx, variable, grad)
     return float(_scratch(ctx).get("loss", 0.0))
@@ -226,8 +201,7 @@ def _combine(ids: list[np.ndarray], values: list[np.ndarray]) -> tuple[np.ndarra
 
 
 def _gathered(ctx: StepContext, sources: list[tuple], tail: np.ndarray | None) -> np.ndarray:
-    """The rows ``rows`` of each ``(values, rows)`` of ``sources``, then ``tail`` (if any),
-    raveled into one new flat array (one message, exactly their bytes), each row copied once."""
+    """The rows ``rows`` of each ``(values, rows)``, then ``tail``, as one new flat array."""
     sizes = [len(rows) * values.shape[1] for values, rows in sources]
     out = np.empty(sum(sizes) + (0 if tail is None else tail.size), dtype=ctx.spec.dtype)
     start = 0
@@ -260,16 +234,12 @@ def assemble_rows(
     dense: tuple[int, list[int]] | None,
     *replies_then_after,
 ) -> np.ndarray | None:
-    """The chief (worker ``chief``) puts its machine's rows of every sparse variable together,
-    each in the order of the machine's rows (``sizes[variable]`` of them): the rows of the
-    shards it serves itself (``local``: ``(parts, offsets, positions)``, read here, after the
-    tasks that follow the replies) and the servers' fused replies (``remote[i]``:
-    ``(parts, positions)`` of reply ``i``).
+    """The chief puts its machine's rows of every sparse variable together, in the machine's order.
 
-    ``dense``: ``(own chunk, tails)`` when the replies carry the previous step's reduced dense
-    chunks after the rows (``tails[i]`` items in reply ``i``, the chunks of the other chiefs in
-    order) and the first task after the replies is the chief's own update, which returned its
-    chunk; the reduced dense buffer is returned."""
+    ``local``: ``(parts, offsets, positions)`` of its own shards; ``remote[i]``: ``(parts,
+    positions)`` of reply ``i``. With ``dense`` (``(own chunk, tails)``) the replies carry the other
+    chiefs' reduced dense chunks, and the reduced dense buffer is returned.
+    """
     shapes = ctx.spec.sparse_shapes()
     rows = {v: np.empty((n, shapes[v][1]), dtype=ctx.spec.dtype) for v, n in sizes.items()}
     if local is not None:
@@ -294,8 +264,7 @@ def assemble_rows(
 
 
 def join_chunks(position: int, own: np.ndarray, *received: np.ndarray) -> np.ndarray:
-    """The reduced dense buffer: the chunks of the other chiefs (``received``, in order) with
-    this chief's own chunk put at ``position``."""
+    """The reduced dense buffer: the other chiefs' chunks with this chief's own at ``position``."""
     chunks = list(received)
     chunks.insert(position, own)
     return np.concatenate(chunks)
@@ -309,8 +278,7 @@ def rows_for(ctx: StepContext, variable: str, positions: np.ndarray, _assembled)
 def chief_rows_sum(
     ctx: StepContext, variable: str, union: np.ndarray, member_pos: list, *grads: np.ndarray
 ) -> np.ndarray:
-    """The machine's row gradients summed (worker order) in the order of its rows ``union``;
-    returns ``union``."""
+    """The machine's row gradients summed in the order of its rows ``union``; returns ``union``."""
     width = ctx.spec.sparse_shapes()[variable][1]
     total = np.zeros((len(union), width), dtype=ctx.spec.dtype)
     for positions, grad in zip(member_pos, grads, strict=True):
@@ -320,16 +288,14 @@ def chief_rows_sum(
 
 
 def own_rows_sum(ctx: StepContext, variable: str, _computed) -> np.ndarray:
-    """The sum of a one-worker machine: its chief's own row gradient (after :func:`compute`);
-    returns its rows."""
+    """A one-worker machine's sum: its chief's own row gradient; returns its rows."""
     scratch = _scratch(ctx, variable)
     scratch["union_grad"] = scratch["grad_rows"]
     return _scratch(ctx)["batch"].ids[variable]
 
 
 def _machine_grad(ctx: StepContext, variable: str, alone: bool) -> np.ndarray:
-    """The machine's summed row gradient of ``variable`` on its chief, in the order of its rows:
-    the chief's own gradient when it is ``alone`` on its machine."""
+    """The machine's summed row gradient of ``variable`` on its chief, in the order of its rows."""
     return _scratch(ctx, variable)["grad_rows" if alone else "union_grad"]
 
 
@@ -341,11 +307,8 @@ def push_rows(
     dense_sum: np.ndarray | None,
     *_summed,
 ) -> np.ndarray:
-    """The machine's summed gradient of the rows it pulled from one server, in the pull's order
-    (the server kept the offsets), after the tasks ``_summed`` that sum it: ``parts`` are
-    ``(variable, positions in the machine's rows)`` of the server's shards; one flat array,
-    followed by the items ``chunk = (lo, hi)`` of the machine's summed dense buffer
-    ``dense_sum`` when the dense gradient is reduced on the servers."""
+    """The machine's summed gradient of the rows pulled from one server, in pull order, as one flat
+    array, then the items ``chunk`` of ``dense_sum`` when the dense gradient is reduced there."""
     sources = [(_machine_grad(ctx, v, alone), pos) for v, pos in parts]
     tail = None if chunk is None else dense_sum[chunk[0] : chunk[1]]
     return _gathered(ctx, sources, tail)
@@ -367,8 +330,7 @@ def chief_union_grad(ctx: StepContext, variable: str, _summed) -> np.ndarray:
 def combine_gathered(
     ctx: StepContext, variable: str, ids: np.ndarray, rows: np.ndarray, *sizes
 ) -> np.ndarray:
-    """``ar``: the concatenated ids and rows of every machine combined into the global batch's
-    distinct ids and summed gradient (machines in order)."""
+    """``ar``: every machine's ids and rows combined into the distinct ids and summed gradient."""
     cuts = np.cumsum([0, *sizes])
     parts = [(ids[a:b], rows[a:b]) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
     union, total = _combine([p[0] for p in parts], [p[1] for p in parts])
@@ -384,9 +346,7 @@ def global_grad(ctx: StepContext, variable: str, _combined) -> np.ndarray:
 
 # ------------------------------------------------------------------ servers
 def _shard_rows(ctx: StepContext, parts: Parts, chief: int, offsets: list) -> list[tuple]:
-    """``(values, rows)``: the values of each shard ``parts[i]`` this worker serves and the rows
-    ``offsets[i]`` ``chief`` asks of it; the offsets are kept as ``chief``'s request of step
-    ``ctx.step`` (the push of the same rows comes in their order)."""
+    """``(values, rows)`` of each shard ``parts[i]`` at ``offsets[i]`` (``chief``'s request)."""
     requests = _scratch(ctx).setdefault("requests", {})
     shards = ReplicaState.on_worker(ctx.token).shards
     out = []
@@ -397,8 +357,7 @@ def _shard_rows(ctx: StepContext, parts: Parts, chief: int, offsets: list) -> li
 
 
 def _read_shards(ctx: StepContext, parts: Parts, chief: int, offsets: list) -> list[np.ndarray]:
-    """The rows ``offsets[i]`` of each shard ``parts[i]`` this worker serves (kept as
-    ``chief``'s request, :func:`_shard_rows`)."""
+    """The rows ``offsets[i]`` of each served shard ``parts[i]`` (kept as ``chief``'s request)."""
     return [values[rows] for values, rows in _shard_rows(ctx, parts, chief, offsets)]
 
 
@@ -410,10 +369,8 @@ def serve_rows(
     carried: np.ndarray | None,
     *_after,
 ) -> np.ndarray:
-    """The server's reply to ``chief`` in step ``ctx.step``: the rows ``offsets[i]`` of each of
-    its shards ``parts[i]`` (the client's plan of the chief's rows), in one flat array, followed
-    by ``carried`` (the server's reduced dense chunk of the previous step), if any.
-    ``_after``: the server's update of the previous step, when this is its prefetch."""
+    """The server's reply to ``chief``: the rows ``offsets[i]`` of each shard ``parts[i]``, then
+    ``carried`` (its reduced dense chunk); ``_after``: its previous update."""
     return _gathered(ctx, _shard_rows(ctx, parts, chief, offsets), carried)
 
 
@@ -427,16 +384,12 @@ def update_rows(
     own_dense: np.ndarray | None,
     *pushes_then_after,
 ) -> np.ndarray | None:
-    """The server (worker ``server``) sums, for each of its shards ``parts[i]``, the gradients
-    the ``chiefs`` pushed (in order; each in the order of that chief's pull) and applies the
-    optimizer to those rows.
-    ``pushes_then_after`` are the fused pushes of the other chiefs, in order, then the task that
-    leaves the server's own machine's sum; ``local``: ``(alone, positions)`` when the server is
-    a chief, its machine's gradient (read here).
+    """The server sums the chiefs' pushed gradients of each shard ``parts[i]`` and steps its rows.
 
-    With ``chunk = (lo, hi)`` (the server is a chief, and the dense gradient is reduced on the
-    servers), each push ends with the items ``lo:hi`` of its machine's dense sum; they and those
-    of ``own_dense`` (the server's own machine's) are summed in chief order and returned."""
+    ``pushes_then_after``: the other chiefs' pushes, then its own machine's sum; ``local``:
+    ``(alone, positions)``. With ``chunk`` each push ends with that chunk of the machine's dense
+    sum; they and ``own_dense`` are summed in chief order and returned.
+    """
     requests = _scratch(ctx)["requests"]
     variables = [variable for variable, _ in parts]
     contributions, dense = {}, []

@@ -1,12 +1,7 @@
 """Dense and sparse variables, and how much of each a worker touches per step (alpha).
 
-A variable is *sparse* when the gradient a step produces for it is row-sparse (the embedding: a
-batch reads and changes only the rows its ids name; under the sampled softmax also the output
-table, of which a step changes the rows of its labels and candidate classes) and *dense* when
-every element gets a gradient (the hidden layers, and the output layer of a full softmax).
-``alpha`` of a variable is the mean, over steps and workers, of the fraction of its elements a
-worker touches in a step (1 for a dense variable); the model's alpha weights each variable by
-its number of elements (Kim et al., Parallax, 2.2).
+``alpha``: the mean fraction of a variable's elements a worker touches in a step (1 if dense);
+the model's alpha weights each variable by its size (Parallax, 2.2).
 """
 
 from __future__ import annotations
@@ -35,8 +30,7 @@ class VariableInfo:
 
 
 def classify(spec: EmbeddingSpec) -> list[VariableInfo]:
-    """The model's variables: the embedding (and the output table of a sampled softmax), whose
-    step gradient is row-sparse, then the dense layers, whose gradient covers every element."""
+    """The model's variables: the sparse ones (embedding, sampled-softmax table), then the dense."""
     out = [VariableInfo(name, shape, "sparse") for name, shape in spec.sparse_shapes().items()]
     for name, shape in zip(spec.dense_names(), spec.dense_shapes(), strict=True):
         out.append(VariableInfo(name, tuple(shape), "dense"))
@@ -45,7 +39,7 @@ def classify(spec: EmbeddingSpec) -> list[VariableInfo]:
 
 @dataclass
 class VariableStats:
-    """Running alpha of every variable (see the module docstring)."""
+    """Running alpha of every variable."""
 
     variables: list[VariableInfo]
     touched: dict[str, float] = field(default_factory=dict)

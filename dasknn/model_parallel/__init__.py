@@ -1,5 +1,4 @@
-"""Model-parallel training of sparse MLPs on Dask: layout, communication plan, task graphs, and
-the measured communication volume beside the plan's prediction."""
+"""Model-parallel training of sparse MLPs on Dask (see docs/training.md)."""
 
 from dasknn.model_parallel._model import DistributedSparseMLP
 from dasknn.model_parallel._plan import (

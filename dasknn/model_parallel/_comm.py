@@ -1,15 +1,4 @@
-"""The model-parallel model's traffic predicted from its plan, and the wire bytes Dask logged.
-
-The transfers are measured by the runtime's plugins (:mod:`dasknn.runtime.measure`: each
-receiving worker reports the key, its exact sender and its size; the scheduler plugin
-:class:`~dasknn.runtime.measure.CommMonitor` counts them per layer, phase, sender and receiver).
-:func:`predicted_counts` predicts the same counts from the communication plan, so
-``DistributedSparseMLP.comm_report()`` (a :class:`~dasknn.runtime.comm_report.CommReport`) sets
-them side by side.
-
-Payload is what the plugin counts. Serialization overhead (headers, framing) is measured from the
-workers' own ``transfer_outgoing_log`` (wire bytes written minus payload) by :func:`wire_bytes`.
-"""
+"""Predicted traffic and the wire bytes Dask logged (see docs/training.md, Communication volume)."""
 
 from __future__ import annotations
 
@@ -21,8 +10,7 @@ from dasknn.runtime.keys import message_phase
 
 __all__ = ["SOFTMAX_ITEMSIZE", "SOFTMAX_PART_ROWS", "predicted_counts", "wire_bytes"]
 
-#: Rows of one part's softmax statistics per sample (the peak, the sum of exponentials and the
-#: target sum); the combined statistics sent back have 2 (log-sum-exp and target sum).
+#: Rows of a part's softmax statistics per sample (peak, sum of exponentials, target sum).
 SOFTMAX_PART_ROWS = 3
 #: Bytes of one value of the softmax statistics (float64 whatever the model's dtype).
 SOFTMAX_ITEMSIZE = 8
@@ -38,19 +26,15 @@ def predicted_counts(
     posted: bool = False,
     softmax: bool = False,
 ) -> dict[Key, tuple[int, int]]:
-    """``{(layer, phase, sender, receiver): (bytes, messages)}`` between different workers of
-    one batch of ``batch`` rows in ``microbatches`` blocks: a training step (``backward``) or a
-    forward pass.
+    """``{(layer, phase, sender, receiver): (bytes, messages)}`` between workers for one batch of
+    ``batch`` rows in ``microbatches`` blocks (``backward``: a training step).
 
-    Forward, layer ``k``: every message ``(m, n, words)`` of ``plan.messages(k)`` whose parts are
-    on different workers carries ``words * batch * itemsize`` bytes from ``m``'s worker to
-    ``n``'s; backward (layers ``k >= 2``) the same bytes go back from ``n``'s worker to ``m``'s.
-    A message is one per block and part pair with ``posted`` (a step of ``messages="posted"``),
-    else one per block, sending part and receiving worker (a task result holds the rows of every
-    receiving part on that worker). ``softmax`` (a training step of softmax cross-entropy): every
-    part on another worker than part 0 sends ``3 * batch`` float64 statistics to part 0's
-    worker (phase ``"other"`` of layer ``L``), which sends ``2 * batch`` combined ones back to
-    every other part worker, a message per block each.
+    Forward, layer ``k``: every message ``(m, n, words)`` of ``plan.messages(k)`` between workers
+    carries ``words * batch * itemsize`` bytes from ``m``'s worker to ``n``'s; backward (``k >= 2``)
+    the same bytes go back. Messages: one per block and part pair with ``posted``, else one per
+    block, sending part and receiving worker. ``softmax``: every part on a worker other than part
+    0's sends ``3 * batch`` float64 statistics there (phase ``"other"`` of layer ``L``), which sends
+    ``2 * batch`` back to every other worker, a message per block each.
     """
     out: dict[Key, list[int]] = {}
 

@@ -1,13 +1,4 @@
-"""Placement of a partitioned network on Dask workers, and snapshots of its current values.
-
-Part ``m`` lives on worker ``m % W`` (workers sorted by address). Every layer is renumbered so every
-part's rows and columns are contiguous (:func:`dasknn.model_parallel._plan.reorder`) and cut into
-one chunk of shape ``(n_{k-1}, c_m)`` per part. The chunks and biases are handed to the model's
-worker plugin (:class:`~dasknn.model_parallel._worker_state.ModelState`) on the part's worker, which
-owns and trains them; every part's :class:`~dasknn.model_parallel._plan.LayerPartPlan` stays beside
-them as Dask data (never changed). :func:`snapshot_network` turns the owned values into dask arrays
-of fresh pydata-sparse ``GCXS`` chunks (biases: numpy chunks), each made by a task on its part's
-worker. """
+"""Placing a network's parts (part ``m`` on worker ``m % W``) and snapshots of their values."""
 
 from __future__ import annotations
 
@@ -59,15 +50,9 @@ def scatter_pinned(
     timeout: float | None = None,
     watch: str | None = None,
 ) -> dict:
-    """Scatter ``{key: value}`` so each value lands on the worker of its part; returns futures.
-
-    ``part_of(key)`` names the part of a key. One scatter per worker (the keys are the given
-    ones). Values not all taken within ``timeout`` seconds in all (a worker stopped, say) raise
-    ``TimeoutError``; the keys of a scatter given up leave the cluster once the worker takes them
-    (:func:`~dasknn.runtime.scatter.scatter_released_if_given_up`). With ``watch`` (what is
-    being done, in words) the part workers are checked while the values travel, and a part
-    worker that left the cluster is a :class:`~dasknn.exceptions.WorkerLostError` at
-    once instead of an error after Dask's connect timeout.
+    """Scatter ``{key: value}`` so each value lands on the worker of part ``part_of(key)``; returns
+    futures. ``TimeoutError`` after ``timeout`` seconds in all; with ``watch`` (what is being done,
+    in words) a part worker that leaves raises :class:`~dasknn.exceptions.WorkerLostError` at once.
     """
     by_worker: dict[str, dict] = {}
     for key, value in data.items():
@@ -85,8 +70,7 @@ def scatter_pinned(
             else:
                 futures.update(run_watching(client, scattering, left, lambda: None, POLL_SECONDS))
     except BaseException:
-        # the values already scattered leave the cluster now, not when the error's traceback
-        # (which refers to these futures) is collected
+        # release the values already scattered now, not when the traceback is collected
         client.cancel(list(futures.values()))
         futures.clear()
         raise
@@ -100,18 +84,15 @@ class Layout:
     Attributes
     ----------
     token : str
-        The model's token.
     part_workers : list of str
         Worker address of every part.
     shapes : list of tuple
-        ``shapes[k-1]``: ``(n_{k-1}, (c_0, ..., c_{P-1}))``, rows and the columns of every part's
-        chunk of layer ``k``.
+        ``shapes[k-1]``: ``(n_{k-1}, (c_0, ..., c_{P-1}))``, the rows and every part's columns.
     dtype : numpy.dtype
     plan_keys : list of list of key
         ``plan_keys[k-1][m]``: key of the :class:`LayerPartPlan` of part ``m`` in layer ``k``.
     futures : dict
-        The futures of the plans by their scattered keys (holding them keeps the plans on the
-        workers).
+        The plans' futures (they keep the plans on the workers).
     """
 
     token: str
@@ -131,8 +112,7 @@ class Snapshot:
     version : int
         Training steps completed when the snapshot was taken.
     weights, biases : list of dask.array.Array
-        ``weights[k-1]``: the renumbered ``W_k``, one GCXS chunk per part on the part's worker;
-        ``biases[k-1]``: the renumbered ``b_k``, chunked like the columns.
+        The renumbered ``W_k`` (one GCXS chunk per part, on its worker) and ``b_k``, per layer.
     """
 
     version: int
@@ -159,12 +139,8 @@ def place_network(
     timeout: float | None = None,
     span: dict | None = None,
 ) -> Layout:
-    """Hand the renumbered weight chunks and biases to the model's plugin on the workers of their
-    parts, and scatter the plans beside them.
-
-    The model's :class:`~dasknn.model_parallel._worker_state.ModelState` must be registered. The
-    chunks travel with one ``Client.run`` call per worker (no task and no key: the plugin keeps
-    them).
+    """Hand the renumbered chunks and biases to the model's plugin on their workers; scatter the
+    plans.
 
     Parameters
     ----------
@@ -176,18 +152,13 @@ def place_network(
     part_workers : from :func:`worker_of_parts`
     dtype : numpy dtype of the values
     states : dict, optional
-        ``{(k, m): (optimizer, weight state, bias state)}`` to install beside the chunks (the
-        state arrays in the chunk's order).
+        ``{(k, m): (optimizer, weight state, bias state)}`` to install (arrays in chunk order).
     generation : int
-        Number of the placement of this model (part of the plans' keys, so a new placement never
-        reuses a key whose release may still be under way).
+        Number of this placement (part of the plans' keys, so no key is reused).
     timeout : float, optional
-        Seconds the workers may take to accept the values and the plans, in all
-        (``TimeoutError`` after that).
+        Seconds for the workers to accept everything (then ``TimeoutError``).
     span : dict, optional
-        The model's span (:func:`~dasknn.runtime.model_span.new_span`): the plans are then held
-        by tasks of that span (:func:`~dasknn.runtime.model_span.held_in_span`) and
-        ``plan_keys`` name those tasks, so the steps that read the plans touch no other span.
+        The model's span: the plans are then held by tasks of that span, named in ``plan_keys``.
     """
     plans: dict = {}
     values: dict = {}  # worker -> {(k, m): (chunk, bias)}
@@ -242,9 +213,7 @@ def chunk_entries(pattern, plan: CommPlan) -> list[list[np.ndarray]]:
     Returns
     -------
     list of list of numpy.ndarray
-        ``entries[k-1][m][i]`` is the position, in the values of the original ``W_k``, of the
-        ``i``-th stored value of part ``m``'s chunk (the chunks of
-        :func:`~dasknn.model_parallel._plan.build_comm_plan`, cut the same way).
+        ``entries[k-1][m][i]``: the index in ``W_k``'s values of part ``m``'s ``i``-th value.
     """
     entries = []
     for k, (shape, indptr, indices) in enumerate(pattern, start=1):
@@ -265,12 +234,7 @@ def chunk_entries(pattern, plan: CommPlan) -> list[list[np.ndarray]]:
 
 
 def snapshot_network(client, layout: Layout, version: int) -> Snapshot:
-    """Dask arrays of fresh copies of the current weights and biases, made on the parts' workers.
-
-    The caller makes sure no training step is running; the copies are made before this returns,
-    so they show the last completed step whatever runs next. Every call makes new keys, so nothing
-    Dask holds is ever changed.
-    """
+    """Dask arrays of fresh copies of the current weights and biases (call with no step running)."""
     token, dtype = layout.token, layout.dtype
     meta = sparse.GCXS.from_numpy(np.empty((0, 0), dtype=dtype), compressed_axes=(0,))
     weights, biases, copies = [], [], []

@@ -1,10 +1,4 @@
-"""Splitting a training step's batch into microbatches, and how many to use.
-
-A step's batch of ``B`` rows is cut into ``m`` consecutive row blocks (the first ``B mod m`` one
-row longer) that run through the layer chain as separate tasks, so a worker computes one
-microbatch's layer while the messages of another travel; their gradients are summed before the
-update, so the step is the same step (see ``docs/training.md``, "Microbatches").
-"""
+"""Splitting a training step's batch into microbatches (see docs/training.md, Microbatches)."""
 
 from __future__ import annotations
 
@@ -21,8 +15,7 @@ AUTO_MAX = 4
 
 
 def check_microbatches(microbatches: int | None) -> int | None:
-    """Return ``microbatches`` (``None``: chosen per step by :func:`auto_microbatches`) as an int;
-    ``ValueError`` unless it is ``None`` or an integer >= 1."""
+    """``microbatches`` as an int, or ``None`` (chosen per step); ``ValueError`` unless >= 1."""
     if microbatches is None:
         return None
     integer = isinstance(microbatches, Integral) and not isinstance(microbatches, bool)
@@ -32,12 +25,8 @@ def check_microbatches(microbatches: int | None) -> int | None:
 
 
 def auto_microbatches(batch: int, workers: int) -> int:
-    """The number of microbatches of a ``batch``-row step on ``workers`` workers when none is given.
-
-    One when every part is on one worker (no message crosses a worker, there is no latency to
-    hide); otherwise as many as give microbatches of at least :data:`AUTO_MIN_ROWS` rows, at most
-    :data:`AUTO_MAX`.
-    """
+    """The microbatches of a ``batch``-row step on ``workers`` workers: 1 on one worker, otherwise
+    ``batch // AUTO_MIN_ROWS`` clipped to ``[1, AUTO_MAX]``."""
     if workers <= 1:
         return 1
     return int(min(AUTO_MAX, max(1, batch // AUTO_MIN_ROWS)))
@@ -45,8 +34,8 @@ def auto_microbatches(batch: int, workers: int) -> int:
 
 def split_rows(rows: np.ndarray | None, batch: int, microbatches: int) -> list:
     """The batch columns of each microbatch: ``min(microbatches, batch)`` consecutive blocks of
-    ``rows`` (index arrays), or of ``0..batch-1`` (slices) when ``rows`` is ``None``; a single
-    block is ``rows`` itself."""
+    ``rows``, or slices of ``0..batch-1`` when ``rows`` is ``None``; one block is ``rows`` itself.
+    """
     count = min(microbatches, batch)
     if count == 1:
         return [rows]

@@ -1,21 +1,4 @@
-"""The communication plan of a partitioned network, computed once from the pattern and the parts.
-
-Neurons of every layer are renumbered so that each part's neurons are contiguous (part 0 first,
-neurons of a part in their original order). Part ``m`` of layer ``k`` holds the columns of
-``W_k`` of its neurons; the *rows* its chunk touches are the input neurons (of layer ``k-1``) it
-needs. Sorted by the renumbering, these rows come grouped by the part that owns them, so part
-``m``'s input block ``x_in`` is the concatenation, over owners ``n = 0 .. P-1``, of the owner's
-activations at the rows ``m`` needs (its own for ``n = m``, a received message otherwise).
-
-- forward (``Xsend/Xrecv``): owner ``n`` sends ``m`` the columns ``send[m]`` of its activations
-  ``a_{k-1}^n`` (:attr:`LayerPartPlan.send` of part ``n``);
-- backward (``Ssend/Srecv``), the mirror: ``m`` sends back the slice ``groups[n]:groups[n+1]`` of
-  its partial sums ``s = delta_k^m W_k^m.T`` and ``n`` adds it at the same columns ``send[m]``.
-
-A word of layer ``k-1`` crosses once to every part other than its owner whose chunk touches it:
-``connectivity - 1`` words, forward in every layer and backward in layers ``2 .. L`` (no partial
-sums go back to the input features).
-"""
+"""The communication plan of a partitioned network (see docs/training.md, Communication plan)."""
 
 from __future__ import annotations
 
@@ -42,18 +25,17 @@ def normalize_partition(
     Parameters
     ----------
     partition : graph.NetworkPartition or sequence of int arrays
-        Anything with a ``parts`` attribute (and optionally ``nparts``), or ``L + 1`` arrays where
-        ``parts[k][j]`` is the part of neuron ``j`` of layer ``k`` (``k = 0``: input features).
+        Anything with ``parts`` (and optionally ``nparts``), or ``L + 1`` arrays, ``parts[k][j]``
+        the part of neuron ``j`` of layer ``k`` (``k = 0``: input features).
     layer_sizes : sequence of int
         ``n_0, n_1, ..., n_L``.
     nparts : int, optional
-        Number of parts; defaults to ``partition.nparts`` or to one more than the largest id.
+        Defaults to ``partition.nparts`` or to one more than the largest id.
 
     Raises
     ------
     ValueError
-        If the partition has the wrong number of layers, a layer of the wrong length, ids that are
-        not integers in ``[0, nparts)``, or fewer than one part.
+        Wrong layer count or lengths, ids not integers in ``[0, nparts)``, or no part.
     """
     if nparts is None:
         nparts = getattr(partition, "nparts", None)
@@ -111,17 +93,14 @@ class LayerPartPlan:
     part : int
         The part ``m``.
     indptr : numpy.ndarray
-        Row pointer of the compact chunk: the chunk ``(n_{k-1}, c_m)`` without its empty rows, so
-        its rows are the ``groups[-1]`` touched inputs in renumbered order (``indices`` and
-        ``data`` are those of the full chunk).
+        Row pointer of the chunk without its empty rows (the ``groups[-1]`` touched inputs).
     groups : numpy.ndarray
         ``P + 1`` offsets into the touched rows: rows ``groups[n]:groups[n+1]`` are owned by ``n``.
     own : numpy.ndarray
         Positions, within part ``m`` of layer ``k-1``, of the touched rows ``m`` owns itself.
     send : dict of int to numpy.ndarray
-        For every other part ``n`` that touches rows owned by ``m``: their positions within part
-        ``m`` of layer ``k-1`` (forward message ``m -> n``; backward, where ``n``'s partial sums
-        are added).
+        Per other part ``n`` touching rows of ``m``: their positions within part ``m`` of layer
+        ``k-1`` (forward message ``m -> n``; backward, where ``n``'s partial sums are added).
     """
 
     part: int
@@ -131,9 +110,7 @@ class LayerPartPlan:
     send: dict[int, np.ndarray]
 
     def __sizeof__(self) -> int:
-        """Bytes of this object and of its arrays: Dask's ``sizeof`` falls back on
-        ``sys.getsizeof``, so a worker's memory accounting and the scheduler's transfer costs
-        count what it holds."""
+        """Bytes of this object and its arrays (Dask's ``sizeof`` uses ``sys.getsizeof``)."""
         arrays = [self.indptr, self.groups, self.own, *self.send.values()]
         return object.__sizeof__(self) + sum(int(a.nbytes) for a in arrays)
 
@@ -187,8 +164,8 @@ class CommPlan:
         return self.forward_words(k) if k >= 2 else 0
 
     def predicted_bytes(self, batch: int, itemsize: int, backward: bool = True) -> dict:
-        """Predicted payload of one batch: ``{(layer, phase): bytes}`` for phases ``forward`` and
-        ``backward`` (the latter only for training steps)."""
+        """Predicted payload of one batch, ``{(layer, phase): bytes}``: ``words * batch * itemsize``
+        for ``forward`` and (with ``backward``) ``backward``."""
         result = {}
         for k in range(1, self.n_layers + 1):
             result[(k, "forward")] = self.forward_words(k) * batch * itemsize
@@ -261,8 +238,7 @@ def build_comm_plan(
     -------
     plan : CommPlan
     chunks : list of list of scipy.sparse.csr_matrix
-        ``chunks[k-1][m]``: the renumbered columns of part ``m`` of ``W_k``, shape ``(n_{k-1},
-        c_m)``, sorted indices (the weight chunk that lives on part ``m``'s worker).
+        ``chunks[k-1][m]``: part ``m``'s renumbered columns of ``W_k``, sorted indices.
     """
     reorders = [reorder(p, nparts) for p in parts]
     orders = [o for o, _ in reorders]

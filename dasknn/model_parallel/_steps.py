@@ -1,40 +1,8 @@
 """The functions that run on the workers: one part's share of a layer step.
 
-Every task of a step is ``forward_task`` or ``backward_task`` for one ``(layer k, part m)`` and one
-*destination worker*: it makes sure part ``m``'s work for layer ``k`` is done on this worker (the
-first task of ``(k, m)`` to run does it, the others find it done) and returns the messages for the
-receiving parts on that worker, stacked (:class:`Route` says which) — the only values Dask moves
-between workers. Messages for parts on this worker are left in the worker's mailbox instead, where
-their receivers take them. A task with no destination returns a small value (the loss share, the
-output block, or nothing). Once a part's partial sums of layer ``k >= 2`` are computed (with the
-old weights), its update of layer ``k`` (the gradient, then the step of the model's optimizer) is
-handed to the model's background thread on the worker (the kernels release the GIL), so the update
-runs while the task thread waits for the next layer's messages instead of delaying them; the
-part's last task of the step updates layer 1 and waits for all of its updates. With
-``messages="posted"`` the waits are inside the task, so the task thread itself runs the queued
-updates while a message it needs has not arrived
-(:meth:`~dasknn.model_parallel._worker_state.ModelState.queue_idle`), and no second thread takes
-cores from the products. A step may be cut
-into microbatches (row blocks, :attr:`StepContext.microbatches`): each task works on one block,
-and a layer's gradients are summed over the blocks on the update thread before the optimizer's
-step. With ``messages="posted"`` (:mod:`dasknn.model_parallel._exchange`) one task per worker calls
-these functions for its parts, and messages for parts on other workers are posted there.
-
-Everything a task reads or changes besides its arguments belongs to the model's worker plugin
-(:class:`~dasknn.model_parallel._worker_state.ModelState`, found with its ``on_worker``): the
-weight values, biases and optimizer state of the parts on this worker, and the intermediate
-values of a part (``x_in``, ``z``, ``a`` per layer, partial sums) keyed by step and part, so
-one task per message suffices and the critical path of a layer is one task plus one transfer.
-The intermediate values are feature-major, shape ``(neurons, B)`` (the layout of the kernels),
-so a message is a gather of whole rows: the forward rows for part ``n`` are ``a[send[n]]``, the
-backward ones a contiguous slice of the partial sums.
-A forward pass without training (``StepContext.training`` false) keeps only the latest layer.
-The input and target blocks arrive feature-major too (``(n_m, N)``, batch columns taken here).
-No task changes a value Dask holds: the only Dask data a task reads are its arguments (plans,
-input blocks, messages), and what it returns is never changed afterwards (new arrays, or slices
-of partial sums that are only read). All per-element arithmetic on
-the sparse chunks is in the numba kernels of :mod:`dasknn.kernels.training` and
-:mod:`dasknn.kernels.optimizers`.
+The values a task keeps between tasks belong to
+:class:`~dasknn.model_parallel._worker_state.ModelState`; no task changes a value Dask holds. See
+docs/training.md (Task graphs, Messages between workers).
 """
 
 from __future__ import annotations
@@ -80,17 +48,13 @@ class StepContext:
     #: The optimizer of a training step (``None`` for a forward pass).
     optimizer: Optimizer | None
     dtype: str
-    #: ``False`` for a forward pass only: a part then keeps just the activations of its latest
-    #: layer, not every layer's ``x_in``, ``z`` and ``a`` for a backward pass.
+    #: ``False`` for a forward pass: a part keeps only its latest layer's activations.
     training: bool = True
-    #: Row blocks the step's batch is split into; each runs through the layer chain as its own
-    #: tasks, and the gradients of a layer are summed over them before the update.
+    #: Row blocks the step's batch is split into; a layer's gradients are summed over them.
     microbatches: int = 1
     #: Rows of the whole step's batch (the ``B`` of the mean loss); 0 for a forward pass.
     batch: int = 0
-    #: ``messages="posted"``: the worker address of every part; messages for parts on other
-    #: workers are posted there (:mod:`dasknn.model_parallel._exchange`). Empty: they are task
-    #: results.
+    #: ``messages="posted"``: every part's worker address; empty: messages are task results.
     part_workers: tuple = ()
 
 
@@ -101,14 +65,11 @@ class Route:
     Attributes
     ----------
     sources : tuple
-        Per sender of the messages the part takes in (plan order): ``None`` for a part on this
-        worker, whose message waits in the worker's mailbox, or ``(i, lo, hi)``: rows ``lo:hi`` of
-        the task's ``i``-th piece argument (one message array per sending part and worker).
+        Per sender (plan order): ``None`` (in the mailbox) or ``(i, lo, hi)``, rows of piece ``i``.
     local : tuple of int
-        Receiving parts on this worker: their messages are left in the mailbox, not sent.
+        Receiving parts on this worker: their messages are left in the mailbox.
     to : tuple of int
-        Receiving parts on the task's destination worker, in the order their messages are
-        stacked in the array the task returns.
+        Receiving parts on the destination worker, in the order their messages are stacked.
     """
 
     sources: tuple = ()
@@ -117,18 +78,15 @@ class Route:
 
 
 def _input_block(x, rows):
-    """The batch columns ``rows`` of a feature-major data block (all of it for ``None``)."""
     return x if rows is None else np.ascontiguousarray(x[:, rows])
 
 
 def _message_key(ctx, i: int, phase: str, k: int, sender: int, receiver: int) -> tuple:
-    """The mailbox key of the message of ``(phase, k, sender)`` for part ``receiver``."""
     return step_key(phase_names(ctx.token)[phase], ctx.step, k, sender, receiver, i)
 
 
 def _post(owner: ModelState, ctx, i: int, phase: str, k: int, sender: int, messages: dict) -> None:
-    """Leave ``{receiver: rows}`` of ``sender`` for microbatch ``i`` in this worker's mailbox or,
-    for a part on another worker (``ctx.part_workers``), post it to that worker's mailbox."""
+    """Leave ``{receiver: rows}`` of ``sender`` in the receiver's mailbox (posted if remote)."""
     for receiver, rows in messages.items():
         key = _message_key(ctx, i, phase, k, sender, receiver)
         address = ctx.part_workers[receiver] if ctx.part_workers else owner.address
@@ -141,9 +99,7 @@ def _post(owner: ModelState, ctx, i: int, phase: str, k: int, sender: int, messa
 def _received(
     owner: ModelState, ctx, i: int, phase: str, k: int, part: int, senders, pieces, route: Route
 ) -> list:
-    """The messages of ``(phase, k, s)`` for ``part`` in microbatch ``i`` from every ``s`` of
-    ``senders``, in order: from the mailbox for senders on this worker, sliced out of ``pieces``
-    for the others."""
+    """The messages of ``(phase, k, s)`` for ``part`` from every ``s`` of ``senders``, in order."""
     messages = []
     for s, source in zip(senders, route.sources, strict=True):
         if source is None:
@@ -155,12 +111,10 @@ def _received(
 
 
 def _stack(rows: list[np.ndarray]) -> np.ndarray:
-    """One message array from the row blocks for the receivers on one worker."""
     return rows[0] if len(rows) == 1 else np.concatenate(rows, axis=0)
 
 
 def _timed(seconds: dict, kind: str, func, *args) -> None:
-    """Call ``func(*args)`` and add its duration to ``seconds[kind]``."""
     clock = time.perf_counter()
     func(*args)
     seconds[kind] += time.perf_counter() - clock
@@ -179,12 +133,7 @@ def _spmm_rows(x_in, sender, plan: LayerPartPlan, layer: PartLayer, z, accumulat
 def _ensure_forward(
     owner: ModelState, ctx, part, i, k, plan: LayerPartPlan, next_plan, x0, x0_rows, pieces, route
 ) -> MicrobatchStep:
-    """Compute ``x_in``, ``z``, ``a`` of part ``part`` in layer ``k`` for microbatch ``i`` unless
-    already done, and post the messages for the receiving parts on this worker
-    (``route.local``).
-
-    Layer 0 only stores the part's input columns (restricted to the batch rows) as ``a_0``.
-    """
+    """Compute ``x_in``, ``z``, ``a`` of ``part`` in layer ``k`` once; post to ``route.local``."""
     part_step = owner.part_step(ctx.step, part)
     with part_step.lock:
         state = part_step.microbatch(i)
@@ -207,8 +156,7 @@ def _ensure_forward(
         senders = plan.senders()
         seconds = {"pack": time.perf_counter() - clock, "forward_product": 0.0}
         if ctx.part_workers and senders:
-            # messages posted by other workers may still be on their way: the part's own input
-            # rows first, then each sender's as its message is taken (waiting counts as neither)
+            # own input rows first, then each sender's as it arrives (waiting counts as neither)
             _timed(seconds, "forward_product", _spmm_rows, x_in, part, plan, layer, z, False)
             received = _received(owner, ctx, i, "fwd", k - 1, part, senders, pieces, route)
             for n, piece in zip(senders, received, strict=True):
@@ -255,33 +203,21 @@ def forward_task(
     route: Route = Route(),
     microbatch: int = 0,
 ):
-    """Part ``part``'s forward step of layer ``k`` for one microbatch; returns what ``receiver``
-    needs.
-
-    Layer ``k = 0`` takes the part's input columns ``x0`` (rows ``x0_rows`` of them when given);
-    ``plan`` is then ``None``. The part's weights and bias are those its worker's
-    :class:`~dasknn.model_parallel._worker_state.ModelState` owns.
+    """Part ``part``'s forward step of layer ``k``; returns what ``receiver`` needs.
 
     Parameters
     ----------
     receiver : int
-        A worker (its index) hosting parts of layer ``k+1`` that need activations of this part:
-        their rows ``next_plan.send[n]`` for ``n`` in ``route.to`` are returned, stacked; ``-1``
-        for none (returns ``None``), ``-2`` for the output block ``a_L`` of this part, ``-3`` for
-        this part's softmax statistics.
+        A worker index: rows ``next_plan.send[n]`` for ``n`` in ``route.to``, stacked; ``-1``: none;
+        ``-2``: the output block ``a_L``; ``-3``: the softmax statistics.
     pieces : arrays
-        The messages of layer ``k-1`` from the senders on other workers (``route.sources``).
-    x0, x0_rows : array, optional
-        Layer 0 only: the part's input columns and the batch rows to take from them.
-    y, y_rows : array, optional
-        Softmax statistics only: the part's target columns and the batch rows.
+        The messages of layer ``k-1`` from other workers (``route.sources``).
+    x0, x0_rows, y, y_rows : array, optional
+        Input (layer 0) or target (softmax statistics) columns, and the batch rows to take.
     after : tuple
-        Ignored: the part's tasks of the previous layer (or step) and those of the sending parts
-        on this worker, which must run first.
-    route : Route
+        Ignored: tasks that must run first.
     microbatch : int
-        The row block of the step's batch this task works on (``0 <= microbatch <
-        ctx.microbatches``); ``x0_rows`` and ``y_rows`` are its rows.
+        The row block of the step's batch, ``0 <= microbatch < ctx.microbatches``.
     """
     owner = ModelState.on_worker(ctx.token)
     state = _ensure_forward(
@@ -302,8 +238,7 @@ def forward_task(
 
 
 def _softmax_statistics(z: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """One part's per-sample maxima of the logits, sums of ``exp(z - max)`` and target sums,
-    (3, B), from its feature-major logits and targets."""
+    """One part's per-sample logit maxima, sums of ``exp(z - max)`` and target sums, ``(3, B)``."""
     stats = np.empty((3, z.shape[1]), dtype=np.float64)
     stats[2] = y.sum(axis=0)
     if z.shape[0] == 0:
@@ -316,8 +251,7 @@ def _softmax_statistics(z: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def combine_logsumexp(*stats: np.ndarray) -> np.ndarray:
-    """From every part's :func:`_softmax_statistics`: the row-wise log-sum-exp of all logits and
-    the row sums of the targets, shape (2, B)."""
+    """The row-wise log-sum-exp of all parts' logits and the target row sums, ``(2, B)``."""
     peaks = np.stack([s[0] for s in stats])
     top = peaks.max(axis=0)
     total = sum(s[1] * np.exp(s[0] - top) for s in stats)
@@ -325,8 +259,7 @@ def combine_logsumexp(*stats: np.ndarray) -> np.ndarray:
 
 
 def _output_delta(ctx: StepContext, z, a, y, lse) -> tuple[np.ndarray, float]:
-    """``dJ/dz_L`` of this part's output neurons for one microbatch (feature-major) and its share
-    of the loss, both scaled by ``1 / ctx.batch`` (the mean over the whole step's batch)."""
+    """``dJ/dz_L`` of the part's outputs and its loss share, both scaled by ``1 / ctx.batch``."""
     loss = get_loss(ctx.loss)
     rows = z.shape[1]
     if loss.name == "softmax_cross_entropy":
@@ -360,29 +293,18 @@ def backward_task(
     forward_route: Route = Route(),
     microbatch: int = 0,
 ):
-    """Part ``part``'s backward step of layer ``k`` for one microbatch; returns what ``receiver``
-    needs.
+    """Part ``part``'s backward step of layer ``k``; returns what ``receiver`` needs.
 
-    The delta of layer ``k`` is the sum of the part's own partial sums and those received from
-    ``sorted(next_plan.send)`` (``pieces`` and the mailbox, as ``route.sources`` says) times
-    ``f'(z_k)`` (at ``k = L``: the loss gradient from ``y``).
-    Then the partial sums for layer ``k-1`` are computed with the old weights, and the
-    microbatch's gradient of layer ``k`` goes to the background thread (with ``messages="posted"``:
-    to the task thread's queue of work for its waits), which adds it to the layer's sum and, once
-    every microbatch's gradient is in, applies ``ctx.optimizer``'s step (with the state the worker
-    keeps beside the weights). In layer 1 the part's last microbatch to finish waits for all of
-    the part's updates and then adds its own gradient and updates layer 1 itself.
+    Computes ``delta_k`` and the partial sums for layer ``k-1`` (old weights); the optimizer's step
+    runs once every microbatch's gradient of the layer is summed.
 
     Parameters
     ----------
     receiver : int
-        A worker (its index) hosting owners of rows of ``W_k``: the partial sums of the owners in
-        ``route.to`` (slices ``plan.groups``) are returned, stacked; or ``-1`` for none (in layer
-        1: the microbatch's last task of the step, which returns the microbatch's loss share).
-        The partial sums for owners on this worker (``route.local``) are left in the mailbox.
+        A worker index: the partial sums of the owners in ``route.to``, stacked; ``-1``: none (in
+        layer 1: the microbatch's loss share).
     forward_pieces : tuple of arrays
-        At ``k = L``: the forward messages of layer ``L`` from other workers (the forward of the
-        last layer runs here), placed by ``forward_route``.
+        At ``k = L``: the forward messages of layer ``L`` from other workers (``forward_route``).
     microbatch : int
         The row block of the step's batch this task works on.
     """
@@ -441,14 +363,7 @@ def _backward(
     owner: ModelState, ctx, state: MicrobatchStep, i, part, k, plan, layer: PartLayer, next_plan,
     receive, y, y_rows, lse, route: Route,
 ):
-    """Return ``delta_k`` of the part; keep its partial sums for layer ``k-1`` (old weights).
-
-    ``receive()`` returns the other parts' partial sums of layer ``k + 1`` for this part (in the
-    order of ``sorted(next_plan.send)``); it is called once the part's own share of ``grad_a`` and
-    ``f'(z_k)`` are computed, so a message still on its way is waited for as late as possible.
-    With ``ctx.part_workers`` (messages posted between workers) the partial sums for the owners
-    in ``route.local`` are posted here, as each owner's rows are computed.
-    """
+    """Return ``delta_k``, keep the partial sums for layer ``k-1``; ``receive()`` is called last."""
     _, z, a = state.forward[k]
     start = time.perf_counter()
     if k == ctx.n_layers:
@@ -469,8 +384,7 @@ def _backward(
         partial = np.empty((int(plan.groups[-1]), z.shape[1]), dtype=z.dtype)
         state.partial[k] = partial
         if ctx.part_workers:
-            # the other owners' rows first, each posted as soon as it is computed, so they
-            # travel while this part computes its own rows
+            # the other owners' rows first, each posted as soon as computed
             groups = plan.groups
             for n in [n for n in route.local if n != part] + [part]:
                 lo, hi = int(groups[n]), int(groups[n + 1])
@@ -496,8 +410,7 @@ def _accumulate(
     layer: PartLayer,
     background: bool = False,
 ) -> None:
-    """Add one microbatch's gradient of a part's chunk of layer ``k`` to the layer's sum; with
-    the last microbatch's, apply the optimizer's step to the chunk."""
+    """Add one microbatch's gradient to the layer's sum; apply the optimizer with the last one."""
     start = time.perf_counter()
     grad_w = np.empty_like(layer.values)
     one = layer.values.dtype.type(1)

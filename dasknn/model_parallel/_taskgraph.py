@@ -1,26 +1,8 @@
 """Task graphs of a training step and of a forward pass, built once per network and partition.
 
-The structure of a step (which tasks exist, what each one depends on, which part runs it) is
-computed once into a :class:`StepTemplate`; every batch only stamps it with fresh keys carrying the
-step number and submits the whole step at once. Keys (named in :mod:`dasknn.runtime.keys`) are
-tuples
-
-    ``(f"dasknn-{phase}-{token}", step, layer, part, receiver, microbatch)``
-
-with ``phase`` ``fwd`` (the task of ``(layer, part)`` that returns the activations the parts of
-layer ``layer + 1`` on worker number ``receiver`` need, stacked), ``bwd`` (the partial sums of
-layer ``layer`` returned to the owners of those rows on worker number ``receiver``; the part's
-weight update of the layer starts in the background when they are computed) or ``lse`` (softmax
-statistics). Workers are numbered by sorted address. ``receiver`` is ``-1`` for a task that sends
-nothing to another worker, ``-2`` for an output block, ``-3`` for softmax statistics. Every task
-runs on the worker of ``part`` (:data:`part_of`), so the only values Dask moves between
-workers are the packed messages. A part sends one message per layer and phase to each *other
-worker* hosting receivers; messages between parts on the same worker never become tasks: the
-sender leaves them in the worker's mailbox (:mod:`dasknn.model_parallel._steps`) and the receiver's
-tasks wait for one of the sender's tasks (``after``). With ``P`` parts on ``W`` workers a layer thus
-costs at most ``P (W - 1)`` tasks instead of ``P (P - 1)``. With microbatches every task exists
-once per row block of the batch (``microbatch``), each block's tasks depending on the same
-block's; :class:`StepPriority` orders a worker's ready tasks.
+Keys are ``(f"dasknn-{phase}-{token}", step, layer, part, receiver, microbatch)``, ``phase`` one of
+``fwd``, ``bwd``, ``lse``; ``receiver`` is the destination worker's index, ``-1`` for none, ``-2``
+an output block, ``-3`` softmax statistics. See docs/training.md (Task graphs).
 """
 
 from __future__ import annotations
@@ -55,8 +37,7 @@ PRIORITY_STRIDE = 2**31
 
 @dataclass(frozen=True)
 class _Spec:
-    """One task of the template: refs are ``("step", phase, k, m, n)`` (a key of the same step),
-    ``("prev", m)`` (the part's last task of the previous step) or a fixed key."""
+    """A template task; refs: ``("step", phase, k, m, n)``, ``("prev", m)`` or a fixed key."""
 
     phase: str
     k: int
@@ -79,10 +60,8 @@ class StepTemplate:
     softmax : bool
         Whether the loss is softmax cross-entropy (needs the ``lse`` reduction).
     separate_packing : bool
-        ``False`` (the default): each message is returned by a task that also makes sure its
-        part's layer is computed, so a layer costs one scheduler round trip. ``True``: a product
-        task per part and layer, then one pack task per message after it (two round trips per
-        layer); kept to measure what the fusion saves.
+        ``True``: a product task per part and layer, then one pack task per message (two scheduler
+        round trips a layer instead of one), to measure what fusing them saves. Default ``False``.
     """
 
     def __init__(
@@ -115,10 +94,8 @@ class StepTemplate:
         else:
             self.outputs = [("fwd", self.n_layers, m, OUTPUT_BLOCK) for m in range(self.nparts)]
 
-    # ------------------------------------------------------------------ structure
     def _fixed(self, k: int, m: int) -> tuple:
-        """``(plan, next_plan)`` refs of ``(k, m)`` (``None`` where absent); the weights are not
-        task arguments: the model's worker plugin owns them."""
+        """``(plan, next_plan)`` refs of ``(k, m)`` (``None`` where absent)."""
         layout = self._layout
         next_plan = ("fixed", layout.plan_keys[k][m]) if k < self.n_layers else None
         if k == 0:
@@ -126,8 +103,7 @@ class StepTemplate:
         return ("fixed", layout.plan_keys[k - 1][m]), next_plan
 
     def _destinations(self, phase: str, k: int, m: int, receivers: list[int]) -> list[int]:
-        """Task receivers of ``(phase, k, m)`` sending to the parts ``receivers``: one per other
-        worker hosting some of them (``[NO_RECEIVER]`` if none); records the routes."""
+        """Task receivers of ``(phase, k, m)``: one per other worker hosting ``receivers``."""
         home = self._worker[m]
         local = tuple(n for n in receivers if self._worker[n] == home)
         self._local[(phase, k, m)] = local
@@ -137,17 +113,14 @@ class StepTemplate:
         return dests or [NO_RECEIVER]
 
     def _rows(self, phase: str, k: int, sender: int, n: int) -> int:
-        """Rows of the message of ``sender`` for part ``n`` (activations of layer ``k`` forward,
-        partial sums of layer ``k`` backward)."""
+        """Rows of the message of ``sender`` for part ``n`` in layer ``k``."""
         if phase == "fwd":
             return len(self.plan.layers[k][sender].send[n])
         groups = self.plan.layers[k - 1][sender].groups
         return int(groups[n + 1] - groups[n])
 
     def _sources(self, phase: str, k: int, m: int, senders: list[int]) -> tuple:
-        """``(pieces, route sources, extra after)`` of part ``m`` receiving the messages of
-        ``(phase, k, s)`` for every ``s`` of ``senders``: a remote sender's message is the piece
-        of its task for ``m``'s worker, rows ``lo:hi``; a local one's waits in the mailbox."""
+        """``(pieces, route sources, extra after)`` of part ``m`` receiving from ``senders``."""
         pieces, sources, after = [], [], []
         home = self._worker[m]
         for s in senders:
@@ -251,7 +224,6 @@ class StepTemplate:
             task_kwargs = {**kwargs, "route": route}
             self.specs.append(_Spec(phase, k, m, h, func, args + pieces, task_kwargs))
 
-    # ------------------------------------------------------------------ stamping
     def key(self, step: int, phase: str, k: int, m: int, n: int, i: int = 0) -> tuple:
         """Key of a task of microbatch ``i`` of ``step``."""
         return step_key(self.names[phase], step, k, m, n, i)
@@ -271,8 +243,7 @@ class StepTemplate:
         inputs : dict
             ``{("x", m): key, ("y", m): key}``: the keys of every part's data blocks.
         rows : list
-            Per microbatch (``ctx.microbatches`` of them), the batch columns to take from the
-            data blocks: an index array, a slice or ``None`` (all of them).
+            Per microbatch, the batch columns to take: an index array, a slice or ``None`` (all).
         previous : dict, optional
             Per part, the keys of the previous step's last tasks, which the first layer waits for.
         """
@@ -318,12 +289,8 @@ class StepTemplate:
 
 
 class StepPriority:
-    """Scheduling priority of a step's tasks (the ``priority=`` annotation, evaluated per key).
-
-    A worker with several ready tasks runs the earliest layer step first (the forward layers
-    ``0..L``, then the backward layers ``L..1``), and within one layer step the lowest microbatch:
-    the messages of microbatch ``i`` are sent, and travel, while microbatch ``i + 1`` computes.
-    """
+    """Scheduling priority of a step's tasks (the ``priority=`` annotation): the earliest layer step
+    first (forward ``0..L``, backward ``L..1``), then the lowest microbatch."""
 
     def __init__(self, token: str, n_layers: int) -> None:
         self.names = phase_names(token)

@@ -1,10 +1,4 @@
-"""Time a model-parallel training run and split it into local products, update and waiting.
-
-The workers record how long they spend in the numba products, the weight update and packing
-(:mod:`dasknn.model_parallel._steps`); what is left of the wall time on the busiest worker, once the
-updates run by the background thread (beside the task thread) are set aside, is time its task
-thread spent waiting: for messages, for the scheduler, for the other workers.
-"""
+"""Time a model-parallel training run and split it into local products, update and waiting."""
 
 from __future__ import annotations
 
@@ -29,17 +23,13 @@ class TrainingTimes:
     batches, batch_size : int
     per_batch : float
         Wall time per batch.
-    products : float
-        Forward and backward sparse products on the busiest worker.
-    update : float
-        Gradient and SGD update on the busiest worker.
+    products, update, pack : float
+        Sparse products, gradient and optimizer update, and packing on the busiest worker.
     update_background : float
         The part of ``update`` run by the background thread, overlapping the task thread.
-    pack : float
-        Assembling inputs and packing messages on the busiest worker.
     wait : float
-        ``per_batch - (products + pack + update - update_background)`` of the busiest worker:
-        the task thread's time waiting for communication, scheduling and other workers.
+        ``per_batch - (products + pack + update - update_background)`` of the busiest worker: the
+        task thread's wait for communication, scheduling and other workers.
     comm : CommReport
         Measured against predicted communication of the timed batches.
     """
@@ -81,13 +71,8 @@ def time_training(
     on_epoch: Callable[[int, float], None] | None = None,
     **fit_options,
 ) -> TrainingTimes:
-    """Train ``dist`` on ``(X, Y)`` with :meth:`~DistributedSparseMLP.fit` and time it.
-
-    A warm-up step on the first batch (compiling the kernels on the workers) runs first unless
-    ``warmup`` is false; measurements (timings and communication) are reset after it.
-    ``on_epoch`` goes to ``fit`` (the time it takes is not counted), and so do ``fit_options``
-    (checkpoint, resume, ...); the batches counted are those run.
-    """
+    """Train ``dist`` on ``(X, Y)`` with ``fit`` (``on_epoch``'s time not counted) and time it,
+    after a warm-up step unless ``warmup`` is false; ``fit_options`` go to ``fit``."""
     if warmup:
         dist.train_step(X[:batch_size], Y[:batch_size], lr=lr)
     dist.reset_comm()

@@ -1,24 +1,4 @@
-"""What a distributed model keeps on a worker, owned by one worker plugin per model.
-
-:class:`ModelState` is a :class:`~dasknn.runtime.model_plugin.ModelPlugin` (``kind`` ``"model"``)
-registered by :class:`~dasknn.model_parallel.DistributedSparseMLP` under
-:meth:`ModelState.plugin_name` of the model's token and removed by its ``close()``. On every
-worker it owns, for the parts placed there:
-
-- per layer and part, the weight chunk's stored values, its bias and the optimizer state of both
-  (:class:`PartLayer`): the training steps update these and nothing else, so no value Dask holds is
-  ever changed after its task returned (spilling, replicating or rebalancing Dask's data cannot
-  lose an update);
-- the intermediate values of the steps in flight (:class:`PartStep`), the mailbox of messages
-  between parts on this worker, the time spent per kind of work, the background thread that
-  applies the weight updates of steps run as a task per layer step, and the queue of updates
-  that a step run as one task per worker (``messages="posted"``) applies on its own thread while
-  it would otherwise wait for a message (:meth:`ModelState.queue_idle`).
-
-The step tasks (:mod:`dasknn.model_parallel._steps`) find it with :meth:`ModelState.on_worker`.
-The dask arrays a user reads (``dist.weights``, ``dist.biases``) are snapshots: tasks that copy
-the owned values into fresh pydata-sparse chunks (:func:`snapshot_weight`, :func:`snapshot_bias`).
-"""
+"""A model's state on a worker, owned by one plugin per model (docs/training.md, Worker state)."""
 
 from __future__ import annotations
 
@@ -47,8 +27,7 @@ __all__ = [
     "snapshot_weight",
 ]
 
-#: Timing categories recorded by the workers (seconds, summed over tasks); ``update_background``
-#: is the part of ``update`` run by the background thread, beside the task thread.
+#: Seconds summed over tasks; ``update_background`` is the background thread's share of ``update``.
 TIMING_KINDS = ("forward_product", "backward_product", "update", "update_background", "pack")
 
 
@@ -59,16 +38,13 @@ class PartLayer:
     Attributes
     ----------
     shape : (int, int)
-        Shape ``(n_{k-1}, c_m)`` of the chunk.
+        ``(n_{k-1}, c_m)``.
     indptr, indices : numpy.ndarray
-        The chunk's CSR structure (fixed: training never changes the pattern).
-    values : numpy.ndarray
-        The stored weights, updated in place by training.
-    bias : numpy.ndarray
-        The part's bias, updated in place by training.
+        The chunk's fixed CSR structure.
+    values, bias : numpy.ndarray
+        The stored weights and the bias, updated in place.
     slots : OptimizerSlots
-        The optimizer of the last update and its state of ``"weights"`` (the values) and
-        ``"bias"``.
+        The last update's optimizer and its state of ``"weights"`` and ``"bias"``.
     lock : threading.Lock
         Held while the parameters are updated or copied.
     """
@@ -82,8 +58,7 @@ class PartLayer:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def apply(self, optimizer: Optimizer, grad_w: np.ndarray, grad_b: np.ndarray) -> None:
-        """One step of ``optimizer`` from the gradients (its state is started afresh when it
-        differs from the previous step's optimizer)."""
+        """One step of ``optimizer`` (its state starts afresh when the optimizer changed)."""
         with self.lock:
             self.slots.update(optimizer, "weights", self.values, grad_w)
             self.slots.update(optimizer, "bias", self.bias, grad_b)
@@ -117,9 +92,7 @@ class PartStep:
     microbatches : dict
         Microbatch number -> :class:`MicrobatchStep`.
     gradients : dict
-        Layer -> :class:`GradientSum` until every microbatch's gradient of the layer is in it
-        (used by the update thread only, or by the task thread once the updates are waited for;
-        with ``messages="posted"`` by the task thread only).
+        Layer -> :class:`GradientSum` until every microbatch's gradient is in.
     updates : list of Future
         The update-thread jobs of the step.
     finished : int
@@ -138,18 +111,14 @@ class PartStep:
 
 
 class ModelState(ModelPlugin):
-    """Worker plugin owning one distributed model's state on a worker (see the module docstring).
+    """Worker plugin owning one distributed model's parts, steps in flight, mailbox and timings.
 
     Parameters
     ----------
     token : str
         The model's token; the plugin is registered as :meth:`plugin_name` of it.
     first_step : int
-        The first step number this placement of the model runs: a task of an earlier step (one
-        still running when the model was placed again after a lost worker) is refused, so it
-        cannot change the values placed afresh. :meth:`clear_steps` moves it past every step
-        begun here, so a task of a dropped step fails with a ``RuntimeError`` instead of
-        starting its part's values afresh (and failing on a missing layer, as ``KeyError``).
+        The first step of this placement; earlier or dropped steps raise ``RuntimeError``.
     """
 
     kind = "model"
@@ -163,14 +132,10 @@ class ModelState(ModelPlugin):
         self.layers: dict[tuple[int, int], PartLayer] = {}
         self.steps: dict[tuple[int, int], PartStep] = {}
         self._latest_step = 0  # the highest step number begun here
-        #: Messages for the parts on this worker, by step key ``(name, step, layer, sender,
-        #: receiver part, microbatch)`` (:func:`dasknn.runtime.keys.step_key`): left by parts on
-        #: this worker, or posted by other workers (``messages="posted"``); also the jobs the
-        #: task thread runs while a message it takes has not arrived (:meth:`queue_idle`).
+        #: Messages for this worker's parts by step key, and the jobs of :meth:`queue_idle`.
         self.mailbox = Mailbox()
         self._posts: list = []
-        #: ``messages="posted"``: the postbox actor of every worker (address -> handle), set by
-        #: the step task.
+        #: ``messages="posted"``: every worker's postbox actor (address -> handle).
         self.postboxes: dict = {}
         self.timings: dict[str, float] = defaultdict(float)
         self._lock = threading.Lock()
@@ -182,10 +147,8 @@ class ModelState(ModelPlugin):
         self.clear_steps()
         self.layers.clear()
 
-    # ---------------------------------------------------------------- parameters
     def install(self, chunks: dict, states: dict | None = None) -> None:
-        """Own copies of ``{(k, m): (GCXS chunk, bias)}``, with the optimizer and its state
-        ``{(k, m): (optimizer, weight state, bias state)}`` where given."""
+        """Own copies of ``{(k, m): (GCXS chunk, bias)}`` and of the optimizer states given."""
         for (k, m), (chunk, bias) in chunks.items():
             optimizer, weight_state, bias_state = (states or {}).get((k, m), (None, None, None))
             held = {"weights": weight_state, "bias": bias_state} if optimizer is not None else {}
@@ -199,8 +162,7 @@ class ModelState(ModelPlugin):
             )
 
     def read(self) -> dict:
-        """Copies of every owned part: ``{(k, m): (values, bias, optimizer, weight state, bias
-        state)}``."""
+        """Copies: ``{(k, m): (values, bias, optimizer, weight state, bias state)}``."""
         parts = {}
         for key, layer in list(self.layers.items()):
             with layer.lock:
@@ -214,10 +176,8 @@ class ModelState(ModelPlugin):
                 )
         return parts
 
-    # ---------------------------------------------------------------- steps
     def part_step(self, step: int, part: int) -> PartStep:
-        """The intermediate values of ``part`` in ``step`` (created on first use);
-        ``RuntimeError`` for a step before :attr:`first_step`."""
+        """The values of ``part`` in ``step``; ``RuntimeError`` for a step before ``first_step``."""
         with self._lock:
             if step < self.first_step:
                 raise RuntimeError(
@@ -233,9 +193,7 @@ class ModelState(ModelPlugin):
             self.steps.pop((step, part), None)
 
     def clear_steps(self) -> int:
-        """Forget every step in flight and the mailbox, and refuse the steps begun so far from
-        now on (a task still running or queued for one fails instead of computing from missing
-        values); returns the number of part states."""
+        """Drop the steps in flight and the mailbox, refuse those begun; returns the count."""
         with self._lock:
             dropped = len(self.steps)
             self.steps.clear()
@@ -244,43 +202,32 @@ class ModelState(ModelPlugin):
         self._posts = []
         return dropped
 
-    # ---------------------------------------------------------------- messages
     def deliver(self, key: tuple, rows: np.ndarray) -> None:
         """Leave the message ``key`` in the mailbox (from any thread or the event loop)."""
         self.mailbox.deliver(key, rows)
 
     def hold_receipt(self, key: tuple, sender: str, nbytes: int) -> None:
-        """Keep the transfer report of a posted message for the step task that reports them all
-        (the postbox calls it)."""
+        """Keep a posted message's transfer report for the step task (the postbox calls it)."""
         self.mailbox.hold_receipt(key, sender, nbytes)
 
     def post(self, address: str, key: tuple, rows: np.ndarray) -> None:
-        """Post the message ``key`` to the mailbox of the worker at ``address`` through its
-        postbox actor (key and sender in one envelope); :meth:`check_posts` raises if a post
-        failed."""
+        """Post the message ``key`` to the worker at ``address`` (see :meth:`check_posts`)."""
         envelope = pack_envelope(key, self.address)
         self._posts.append(self.postboxes[address].post_packed(envelope, rows))
 
     def check_posts(self) -> None:
-        """Wait until every message posted so far is delivered; re-raise a failed post's error,
-        and raise ``RuntimeError`` if :meth:`clear_steps` drops the steps in flight meanwhile (a
-        post to a worker that has left waits for it to come back, which it never does)."""
+        """Wait until every message posted so far is delivered; re-raise a failed post's error, or
+        raise ``RuntimeError`` if :meth:`clear_steps` drops the steps in flight meanwhile."""
         posts, self._posts = self._posts, []
         self.mailbox.wait_posted(posts)
 
     def take(self, key: tuple, timeout: float = MESSAGE_TIMEOUT) -> np.ndarray:
-        """Remove and return the message ``key``, waiting for it up to ``timeout`` seconds
-        (``TimeoutError`` naming the key after that); ``RuntimeError`` if :meth:`clear_steps`
-        drops the steps in flight meanwhile (a step failed elsewhere).
-
-        While the message has not arrived, the jobs of :meth:`queue_idle` run first, one at a
-        time, in the order they were queued; the wait starts when none is left.
-        """
+        """Remove and return message ``key``, running :meth:`queue_idle` jobs while waiting;
+        ``TimeoutError`` after ``timeout`` s, ``RuntimeError`` if the steps are cleared."""
         return self.mailbox.take(key, timeout=timeout)
 
     def queue_idle(self, func, *args) -> None:
-        """Queue ``func(*args)`` for the calling task thread: it runs while a message that thread
-        takes has not arrived (:meth:`take`), or at the latest in :meth:`run_idle`."""
+        """Queue ``func(*args)`` for the calling thread's waits (:meth:`take`, :meth:`run_idle`)."""
         self.mailbox.queue_idle(func, *args)
 
     def run_idle(self) -> None:
@@ -291,7 +238,6 @@ class ModelState(ModelPlugin):
         """Run ``func(*args)`` on this model's background update thread."""
         return self._updater.submit(func, *args)
 
-    # ---------------------------------------------------------------- timings
     def add_time(self, kind: str, seconds: float) -> None:
         """Add to the time spent on ``kind`` of work (from either thread)."""
         with self._timings_lock:
@@ -309,16 +255,13 @@ class ModelState(ModelPlugin):
 
 
 def install_parts(dask_worker, token: str, chunks: dict, states: dict | None = None) -> int:
-    """For ``Client.run``: hand ``{(k, m): (GCXS chunk, bias)}`` (and optimizer states, see
-    :meth:`ModelState.install`) to the model's plugin on ``dask_worker``, which keeps copies;
-    returns the number of chunks."""
+    """For ``Client.run``: :meth:`ModelState.install` on ``dask_worker``; returns the count."""
     ModelState.on_worker(token, dask_worker).install(chunks, states)
     return len(chunks)
 
 
 def read_parts(dask_worker, token: str) -> dict:
-    """For ``Client.run``: copies of the parts the model's plugin owns on ``dask_worker`` (see
-    :meth:`ModelState.read`); call it between steps."""
+    """For ``Client.run``: :meth:`ModelState.read` on ``dask_worker`` (call it between steps)."""
     return ModelState.on_worker(token, dask_worker).read()
 
 

@@ -1,7 +1,4 @@
-"""Pipeline (inter-layer) and compressed-gradient data parallelism of pruned networks (SAMO):
-stages of consecutive layers, GPipe and 1F1B schedules as task-graph dependencies, replicas that
-allreduce only the unpruned gradients, and the planner that picks stages and replicas from a
-memory limit."""
+"""Pipeline and compressed-gradient data parallelism of pruned networks (SAMO); see docs/samo.md."""
 
 from dasknn.pipeline_parallel._model import (
     DistributedCompressedMLP,

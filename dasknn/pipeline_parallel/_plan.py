@@ -1,10 +1,5 @@
-"""Stages and replicas: contiguous runs of layers per stage, and the planner that picks the fewest
-stages whose per-worker model states fit a memory limit.
-
-Compressing the model states shrinks every stage, so the planner can choose fewer stages and give
-the workers left to more data-parallel replicas: SAMO's way of turning saved memory into less
-communication (fewer pipeline messages, a smaller bubble).
-"""
+"""Stages and replicas: contiguous layer runs, and the planner fitting a memory limit
+(docs/samo.md)."""
 
 from __future__ import annotations
 
@@ -31,8 +26,8 @@ def _positive_int(name: str, value) -> int:
 
 
 def split_stages(layer_bytes: Sequence[int], stages: int) -> list[tuple[int, int]]:
-    """Cut the layers into ``stages`` contiguous runs ``[(first, stop)]``, none empty, with the
-    largest run's bytes as small as possible (ties: the earliest cut).
+    """Cut the layers into ``stages`` contiguous runs ``[(first, stop)]`` minimising the largest
+    run's bytes (ties: the earliest cut).
 
     Raises
     ------
@@ -66,13 +61,9 @@ def split_stages(layer_bytes: Sequence[int], stages: int) -> list[tuple[int, int
 
 
 def layer_costs(shapes: Sequence[tuple[int, int]], entries: Sequence[int]) -> list[int]:
-    """Per layer, the multiply-adds per sample of its training step: the forward product, the
-    weight gradient and the input gradient (``W @ delta``), each over the layer's ``entries``
-    (``n_in * n_out`` with dense compute, the unpruned weights with sparse compute). The
-    network's first layer needs no input gradient, so it costs 2 products, every other layer 3.
-
-    Splitting the layers by these costs (:func:`split_stages`) balances the stages' work, where a
-    split by weights gives the stage holding the first layer less to do.
+    """Per layer, the multiply-adds per sample of its training step over its ``entries``
+    (``n_in * n_out`` dense, the unpruned weights sparse): 3 products (forward, weight and input
+    gradient), 2 for the first layer.
 
     Raises
     ------
@@ -110,8 +101,7 @@ def dense_layer_bytes(
     shapes: Sequence[tuple[int, int]], arrays: int, itemsize: int = 4
 ) -> list[int]:
     """Per dense layer of ``shapes``, ``arrays`` full-size arrays of ``itemsize`` bytes per weight
-    and per bias (dense float32 Adam: 4 arrays, weight, gradient, two moments; the dense model
-    with a float mask: 5; PyTorch's pruning utilities: 6)."""
+    and bias (float32 Adam: 4; with a float mask: 5; PyTorch's pruning utilities: 6)."""
     return [arrays * itemsize * (n_in * n_out + n_out) for n_in, n_out in shapes]
 
 
@@ -141,8 +131,7 @@ class ParallelPlan:
 
 
 def plan_parallelism(layer_bytes: Sequence[int], workers: int, memory_limit: int) -> ParallelPlan:
-    """The fewest stages whose largest stage fits ``memory_limit`` bytes per worker, and as many
-    replicas as the workers allow (``workers // stages``).
+    """Fewest stages whose largest fits ``memory_limit`` per worker, ``workers // stages`` replicas.
 
     Raises
     ------

@@ -1,21 +1,8 @@
-"""Pipeline schedules: the order in which a stage runs the forward (F) and backward (B) passes
-of a step's microbatches.
+"""Pipeline schedules: the order of a stage's forward (F) and backward (B) passes (docs/samo.md).
 
-The task graph (:mod:`dasknn.pipeline_parallel._taskgraph`) makes each of a stage's tasks depend on
-the one before it in this order, besides the data it needs (the activations from the stage before,
-the partial sums from the stage after), so the schedule is a property of the graph, not of the
-scheduler's choices; within a run of passes of one kind a pass depends on the pass two before it,
-so the next one is handed to the worker before the one before it ends, and their priorities order
-them.
-
-- ``"gpipe"`` (Huang et al.): every forward pass, then every backward pass. A stage holds the
-  activations of all ``m`` microbatches at once.
-- ``"1f1b"`` (PipeDream-Flush, Narayanan et al.): stage ``s`` of ``S`` (0-based) runs
-  ``min(S - s - 1, m)`` forward passes, then alternates one forward and one backward, then runs
-  the backward passes left. It holds at most ``S - s`` microbatches' activations.
-
-Both have the same bubble: with equal stages each stage idles a fraction ``(S - 1) / (m + S - 1)``
-of the step.
+- ``"gpipe"``: every forward pass, then every backward pass (``m`` microbatches held).
+- ``"1f1b"``: stage ``s`` of ``S`` runs ``min(S - s - 1, m)`` forward passes, then alternates
+  forward and backward, then the backward passes left (at most ``S - s`` held).
 """
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
-"""Where a pipeline stage's idle time comes from: the measured passes of a step against the ideal
-timeline of its schedule.
+"""Where a pipeline stage's idle time comes from: measured passes against the schedule's replay.
 
-:func:`replay` runs a schedule on paper: every pass starts the moment the stage's previous pass
-(in the schedule's order) and the pass it reads (the stage before's forward, the stage after's
-backward of the same microbatch) have ended, nothing else in between. :func:`idle_sources` splits
-each stage's measured idle fraction into four parts that add up to it exactly:
-
-- ``formula``: ``(S - 1) / (m + S - 1)``, the idle of equal stages (:func:`bubble_fraction`);
-- ``stage_costs``: what the stages' unequal mean forward and backward passes add (the replay with
-  every pass at its stage's mean for its kind, minus the formula): stage imbalance, the last
-  stage's loss, the first stage's missing input gradient;
-- ``pass_variation``: what passes of one stage and kind taking unequal times add (the replay with
-  the measured durations, minus the replay with the means): a slow first pass, a pass slowed by
-  the other worker's message handling, the machine's other load;
-- ``handover``: the measured idle minus the replay's: every wait between a pass's inputs being
-  ready and its start, and what it delays downstream (the scheduler's dispatch, the message's
-  transfer and deserialisation, the worker's own event loop).
+``idle = formula + stage_costs + pass_variation + handover``: the equal-stage bubble, the
+:func:`replay` at each stage's mean pass times minus it, the replay at the measured times minus
+that, and the measured idle minus the latter. See docs/samo.md (Schedules).
 """
 
 from __future__ import annotations
@@ -40,9 +27,8 @@ def _source(stage: int, kind: str, u: int, stages: int) -> PassKey | None:
 
 
 def handover_seconds(passes: dict[int, list[tuple]]) -> dict[int, float]:
-    """Per stage, the seconds its passes started after their inputs were ready (the stage's
-    previous pass and the pass whose message it reads, :func:`_source`); ``passes[s]`` holds the
-    stage's measured ``(kind, u, start, end)``."""
+    """Per stage, the seconds its passes started after their inputs were ready (``passes`` as in
+    :func:`idle_sources`)."""
     ends = {(s, kind, u): end for s, events in passes.items() for kind, u, _, end in events}
     stages = max(passes) + 1
     out = {}
@@ -63,8 +49,8 @@ def handover_seconds(passes: dict[int, list[tuple]]) -> dict[int, float]:
 def replay(
     durations: dict[PassKey, float], schedule: str, stages: int, microbatches: int
 ) -> dict[PassKey, tuple[float, float]]:
-    """The ideal ``(start, end)`` of every pass of a step from 0, with the given ``durations``:
-    each pass starts when the stage's previous pass and the pass it reads have ended."""
+    """The ideal ``(start, end)`` of every pass from 0 with ``durations``: each pass starts when its
+    stage's previous pass and the pass it reads have ended."""
     orders = [stage_order(schedule, stages, s, microbatches) for s in range(stages)]
     times: dict[PassKey, tuple[float, float]] = {}
     done = [0] * stages
@@ -94,9 +80,8 @@ def _idle(durations: dict[PassKey, float], times: dict[PassKey, tuple[float, flo
 
 @dataclass(frozen=True)
 class IdleSources:
-    """A stage's idle fraction of a step, ``idle = formula + stage_costs + pass_variation +
-    handover`` (see the module docstring); ``mean_forward`` and ``mean_backward`` are the stage's
-    mean pass durations in seconds."""
+    """A stage's idle fraction of a step split into its four sources, and its mean forward and
+    backward pass durations in seconds."""
 
     idle: float
     formula: float
@@ -115,8 +100,8 @@ def idle_sources(
     Parameters
     ----------
     passes : dict
-        Per stage ``s`` (``0 .. S - 1``), its passes of one step as ``(kind, microbatch, start,
-        end)`` (``kind`` ``"F"`` or ``"B"``; every pass of the schedule once).
+        Per stage ``s``, its passes of one step, ``(kind, microbatch, start, end)`` with ``kind``
+        ``"F"`` or ``"B"``, each once.
     schedule : str
     microbatches : int
 

@@ -1,5 +1,4 @@
-"""LSH-sampled training across Dask workers (D-SLIDE): the output layer sharded one shard a
-worker, weights that never move, per-shard active budgets."""
+"""LSH-sampled training across Dask workers (D-SLIDE); see docs/sampled.md."""
 
 from dasknn.sampled_parallel._model import DistributedSampledMLP
 

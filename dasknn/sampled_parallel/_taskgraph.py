@@ -1,20 +1,10 @@
 """Task graphs of a distributed sampled step and of a prediction batch.
 
-Keys are :func:`dasknn.runtime.keys.sampled_key` tuples ``(name, call, phase, sender, receiver)``,
-and every task runs on the worker of its ``sender`` position
-(:class:`~dasknn.runtime.placement.KeyPlacement`). A key with ``sender == receiver`` is local to
-that worker and never moves. A key with ``receiver == EVERY_WORKER`` is a value its sender uses and
-every other worker reads: each read is one message of that phase from the sender to the reader. A
-key with another ``receiver`` is made on ``sender`` for that one worker: one message. The batch
-itself is part of the graph (data nodes on their workers), so nothing is scattered before a step.
-
-Per training step, with ``B`` rows, ``H`` hidden neurons in blocks of ``H_q`` and item size
-``s``: phase ``hidden`` moves ``(P - 1) B H s`` bytes, ``stats`` ``P (P - 1) 2 B s`` and
-``grad`` ``(P - 1) B H s``, each in ``P (P - 1)`` messages (see :func:`step_bytes`).
-
-Steps can be queued: the first task of a step on a worker may take that worker's last task
-of the previous step (``after``), so the next step's batch is placed and its tasks are known
-to the scheduler while the current one runs, and each worker goes on as soon as it is done.
+Keys are :func:`dasknn.runtime.keys.sampled_key` tuples ``(name, call, phase, sender, receiver)``;
+each task runs on its ``sender``'s worker, and a key with ``receiver == EVERY_WORKER`` is one
+message to every other worker that reads it. Per training step (``B`` rows, ``H`` hidden, item
+size ``s``): ``hidden`` moves ``(P - 1) B H s`` bytes, ``stats`` ``P (P - 1) 2 B s`` and ``grad``
+``(P - 1) B H s``, each in ``P (P - 1)`` messages (:func:`step_bytes`). See docs/sampled.md.
 """
 
 from __future__ import annotations
@@ -43,8 +33,7 @@ EVERY_WORKER = -1
 
 
 def message_priority(key) -> int:
-    """``priority=`` annotation: the ``grad`` messages before the other work of their worker
-    (the shard's update), so that they leave as soon as they exist."""
+    """``priority=`` annotation: a worker's ``grad`` messages before its other work."""
     return 1 if parse_sampled_key(key).phase == "grad" else 0
 
 
@@ -79,13 +68,11 @@ def train_graph(
     lr_scale: float = 1.0,
     after: list | None = None,
 ) -> tuple[dict, list]:
-    """The tasks of training step ``step`` (submission ``call``) and its output keys, one per
-    worker (its loss share); the updates take ``optimizer`` with its learning rate times
-    ``lr_scale``.
+    """The tasks of training step ``step`` (submission ``call``) and its output keys (loss shares).
 
-    ``rows[p]``: the batch rows (CSR) for worker ``p``; ``labels[p]``: its
-    :class:`~dasknn.sampled_parallel._steps.ShardLabels`; ``after[p]``: a key of the previous
-    step on worker ``p`` (its output key) when this step is queued behind it.
+    ``rows[p]``: worker ``p``'s batch rows (CSR); ``labels[p]``: its
+    :class:`~dasknn.sampled_parallel._steps.ShardLabels`; ``after[p]``: the previous step's output
+    key on ``p`` when queued; the updates use ``optimizer``'s learning rate times ``lr_scale``.
     """
     key = partial(sampled_key, token, call)
     workers = len(rows)
@@ -148,8 +135,7 @@ def train_graph(
 
 
 def predict_graph(token: str, call: int, rows: list, k: int) -> tuple[dict, list]:
-    """The tasks of one prediction batch (``rows[p]``: the rows for worker ``p``): each
-    worker's exact top ``k`` (phase ``predict-hidden`` carries the hidden blocks)."""
+    """The tasks of one prediction batch (``rows[p]`` for worker ``p``): each worker's top ``k``."""
     key = partial(sampled_key, token, call)
     tasks: dict = {}
     _rows(tasks, key, rows)

@@ -1,7 +1,6 @@
-"""What a distributed sampled model keeps on a worker: one worker plugin per model owning the
-worker's block of hidden neurons and its shard of the output layer (weights, biases, optimizer
-state, hash family and tables). The step tasks find it with :func:`shard_state`; they change
-only this state, never a value Dask holds."""
+"""What a distributed sampled model keeps on a worker: its hidden block and output shard (weights,
+biases, optimizer state, hash tables), owned by one worker plugin per model (:func:`shard_state`).
+"""
 
 from __future__ import annotations
 
@@ -26,9 +25,8 @@ class ShardState(ModelPlugin):
     columns : numpy.ndarray
         Bounds of every worker's block of hidden neurons.
     hidden_blocks, forwards : dict
-        The worker's hidden block (from the forward pass to the hidden update) and its shard's
-        forward values (:class:`~dasknn.sampled_parallel._steps.Forward`, from selection to
-        backward) of the training steps under way, by submission number.
+        The hidden block and the shard's :class:`~dasknn.sampled_parallel._steps.Forward` of the
+        training steps under way, by submission number.
     """
 
     kind = "sampled"
@@ -71,7 +69,7 @@ class ShardState(ModelPlugin):
 def install_shard(token: str, position: int, payload: dict) -> int:
     """Task: hand the worker's parameters to the model's plugin; returns the position.
 
-    ``payload`` holds ``hidden_weights`` (``(n_features, H_p)``), ``hidden_bias``, ``ids``,
+    ``payload``: ``hidden_weights`` (``(n_features, H_p)``), ``hidden_bias``, ``ids``,
     ``output_weights`` (``(n_p, H)``), ``output_bias``, ``columns``, ``config`` (the fields of
     :class:`~dasknn.sampled.layers.SamplingConfig`), ``hogwild`` and ``update_all_rows``.
     """
