@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 
 from dasknn.cli import main
@@ -69,3 +70,14 @@ def test_bad_options_exit_2_with_one_line_before_any_work(argv, message, tmp_pat
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
     assert not out.exists()
+
+
+def test_a_loss_that_is_not_finite_exits_2_with_one_line(dask_client, tmp_path, capsys):
+    out = tmp_path / "stats.json"
+    argv = [*SLIDE, "--lr", "1e300", "--scheduler", dask_client.scheduler.address]
+    with np.errstate(all="ignore"):
+        code = main([*argv, "--json", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("dasknn slide: error: step ") and "the loss is" in err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()

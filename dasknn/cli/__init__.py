@@ -42,7 +42,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Errors a user can cause with bad files, options or an unreachable cluster (``ValueError``,
     ``OSError`` such as a missing file, a directory given for a file or a connection timeout,
-    ``RuntimeError``, ``MemoryError``) exit with 2 and one line on stderr, no traceback. Dask's
+    ``RuntimeError``, ``MemoryError``, a loss that is not finite) exit with 2 and one line on
+    stderr, no traceback. Dask's
     own log records in this process below ``--dask-log-level`` (default warning) are not shown
     while the command runs.
 
@@ -63,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     dask_logger.setLevel(args.dask_log_level.upper())
     try:
         return int(args.func(args) or 0)
-    except (ValueError, OSError, RuntimeError, MemoryError) as exc:
+    except (ValueError, OSError, RuntimeError, MemoryError, FloatingPointError) as exc:
         message = " ".join(str(exc).split()) or type(exc).__name__
         print(f"dasknn {args.command}: error: {message}", file=sys.stderr)
         return 2
