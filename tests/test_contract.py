@@ -15,10 +15,12 @@ input is a ``ValueError`` before anything is scheduled; a SIGKILLed worker is a
 
 from __future__ import annotations
 
+import _thread
 import gc
 import inspect
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,6 +36,7 @@ from random_layers import random_layers
 from dasknn.data_parallel import DistributedEmbeddingMLP
 from dasknn.exceptions import (
     ModelClosedError,
+    ModelFailedError,
     NonFiniteLossError,
     StepTimeoutError,
     WorkerLostError,
@@ -406,6 +409,30 @@ def test_a_loss_that_is_not_finite_is_an_error_naming_its_step(case, client):
             dist.fit(X, y, **fit, progress=False)
     with np.errstate(all="ignore"), pytest.raises(NonFiniteLossError, match="step 2:"):
         case.estimator().fit(X, y, **fit)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_an_interrupted_fit_leaves_a_model_that_refuses_further_use(case, client):
+    X, y = case.data()
+    with case.distributed(case.estimator(), client) as dist:
+
+        def interrupt() -> None:  # Ctrl-C once two steps are done
+            deadline = time.monotonic() + 60
+            while dist.n_steps_ < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            _thread.interrupt_main()
+
+        thread = threading.Thread(target=interrupt)
+        thread.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                dist.fit(X, y, **(case.fit | {"epochs": 100_000}), progress=False)
+        finally:
+            thread.join()
+        with pytest.raises(ModelFailedError, match="interrupted"):
+            dist.gather()
+        with pytest.raises(ModelFailedError, match="interrupted"):
+            dist.fit(X, y, **case.fit, progress=False)
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)

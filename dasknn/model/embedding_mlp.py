@@ -219,6 +219,9 @@ class EmbeddingMLP(WindowEstimator):
         )
 
     # ------------------------------------------------------------------ hooks
+    def _interrupted(self) -> None:
+        """A ``fit`` call was interrupted: a step runs whole in the process; nothing to do."""
+
     def _train_batch(self, ids: np.ndarray, labels: np.ndarray, optimizer: Optimizer) -> float:
         unique, inverse = unique_rows(ids)
         n_dense = len(self.spec.dense_names()) // 2

@@ -71,7 +71,8 @@ class SparseEstimator:
 
     A subclass sets ``loss`` and ``dtype``, provides ``n_inputs`` and ``n_outputs``, starts
     ``loss_curve_`` and ``batch_loss_curve_`` as empty lists, and implements
-    :meth:`_training_data`, :meth:`_train_batches` and :meth:`_output_blocks`.
+    :meth:`_training_data`, :meth:`_train_batches`, :meth:`_output_blocks` and ``_interrupted()``
+    (what a ``fit`` call interrupted by ``KeyboardInterrupt`` leaves to do).
 
     Attributes
     ----------
@@ -247,6 +248,9 @@ class SparseEstimator:
             try:
                 self._run_epochs(run, state)
                 return self
+            except KeyboardInterrupt:
+                self._interrupted()
+                raise
             except Exception as exc:
                 if run.saved is None or recoveries >= self.max_recoveries:
                     raise
@@ -473,6 +477,11 @@ class InProcessEstimator(SparseEstimator):
     activations of the layers ``k = 1..L`` for the feature-major batch ``xt``, ``(n_0, B)``) and
     ``_train_batch(x, y, optimizer) -> float`` (one step on checked rows, returning the loss).
     """
+
+    def _interrupted(self) -> None:
+        """A ``fit`` call was interrupted (``KeyboardInterrupt``): a step runs whole in the
+        process, so nothing is to be done."""
+
 
     def _training_data(self, x: np.ndarray, y: np.ndarray) -> nullcontext:
         return nullcontext((x, y))

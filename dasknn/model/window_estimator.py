@@ -4,7 +4,8 @@ Inputs are windows of integer token ids ``X`` (B, c) and integer labels ``y`` (B
 word). ``fit`` / ``partial_fit`` return the model and append to ``loss_curve_`` (per epoch) and,
 on request, ``batch_loss_curve_``; ``predict`` gives labels, ``predict_proba`` the softmax,
 ``score`` the accuracy, ``evaluate`` the mean cross-entropy and ``perplexity`` its exponential.
-Subclasses implement :meth:`_train_batch` (one step on a checked batch) and :meth:`_logits`;
+Subclasses implement :meth:`_train_batch` (one step on a checked batch), :meth:`_logits` and
+:meth:`_interrupted` (what an interrupted ``fit`` leaves to do);
 one that runs several steps at once also :meth:`_steps_per_call` and :meth:`_train_batches`.
 """
 
@@ -180,6 +181,17 @@ class WindowEstimator:
         # each epoch's order is drawn one epoch ahead (the same draws, in the same order), so
         # the batch after every step is known before the step
         orders = (epoch_batches(ids.shape[0], batch_size, rng, shuffle) for _ in range(epochs))
+        try:
+            self._run_windows(ids, labels, orders, epochs, optimizer, progress, record_batches)
+        except KeyboardInterrupt:
+            self._interrupted()
+            raise
+        return self
+
+    def _run_windows(
+        self, ids, labels, orders, epochs, optimizer, progress: bool, record_batches: bool
+    ) -> None:
+        """The epochs of a :meth:`fit` call, whose batch orders ``orders`` yields."""
         current = next(orders)
         per_call = self._steps_per_call()
         for epoch in range(epochs):
@@ -206,7 +218,6 @@ class WindowEstimator:
             bar.close()
             self.loss_curve_.append(total / ids.shape[0])
             current = following
-        return self
 
     def partial_fit(self, X, y, **kwargs) -> Self:
         """One epoch over ``(X, y)`` (the arguments of :meth:`fit` but ``epochs``)."""

@@ -244,6 +244,13 @@ class DistributedModel:
                 f"{self._failed_advice()}"
             )
 
+    def _interrupted(self) -> None:
+        """A training call was interrupted (``KeyboardInterrupt``) with steps possibly under
+        way on the workers: the model refuses further use (:class:`ModelFailedError`), since its
+        workers' values may mix two steps."""
+        if self._failed is None:
+            self._failed = "a fit call was interrupted while steps were under way"
+
     def _failed_advice(self) -> str:
         """What a user can do after a step failed part-way (the end of
         :class:`ModelFailedError`'s message)."""
