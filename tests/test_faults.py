@@ -121,6 +121,22 @@ def test_killed_worker_is_restored_from_the_checkpoint(cluster, tmp_path, messag
 
 
 @pytest.mark.slow
+def test_a_fit_call_stops_once_its_recoveries_are_used_up(cluster, tmp_path):
+    _, client = cluster
+    x, y = _data()
+    model = _model()
+    with DistributedSparseMLP(model, client, partition=_parts(model), step_timeout=30) as dist:
+        dist.max_recoveries = 0
+        dist.fit(x[:8], y[:8], batch_size=8, lr=0.0, progress=False)  # compile on the workers
+        victim = max(_pids(client).items())
+        killed = _when_checkpoint(tmp_path, 10, lambda: os.kill(victim[1], signal.SIGKILL))
+        with pytest.raises(WorkerLostError, match=r"restored its checkpoint 0 times already"):
+            dist.fit(x, y, batch_size=8, epochs=2, lr=LR, progress=False, checkpoint=tmp_path,
+                     checkpoint_every=5)  # fmt: skip
+        killed.join()
+
+
+@pytest.mark.slow
 @MODES
 def test_retired_worker_without_checkpoint_is_a_clear_error_then_with_one_is_restored(
     cluster, tmp_path, messages

@@ -252,10 +252,13 @@ class SparseEstimator:
                 self._interrupted()
                 raise
             except Exception as exc:
-                if run.saved is None or recoveries >= self.max_recoveries:
+                if not self._recoverable(exc) or run.saved is None:
                     raise
-                if not self._recoverable(exc):
-                    raise
+                if recoveries >= self.max_recoveries:
+                    raise type(exc)(
+                        f"{exc}; this fit call has restored its checkpoint {recoveries} times "
+                        "already (max_recoveries) and stops here"
+                    ) from exc
                 recoveries += 1
                 _, record, state = latest_checkpoint(run.saved)
                 self._restore_checkpoint(record, state)

@@ -151,8 +151,8 @@ def lost_error(part_workers: Sequence[str], lost: Sequence[str]) -> WorkerLostEr
     """The error naming the workers ``lost`` with their parts."""
     return WorkerLostError(
         f"worker(s) {_named(part_workers, lost)} of the model left the cluster (or were asked "
-        "to), and their weights with them; fit(checkpoint=DIR) restores the last checkpoint and "
-        "goes on"
+        "to), and their weights with them; a fit call given a checkpoint directory "
+        "(fit(checkpoint=DIR)) restores its last checkpoint and goes on"
     )
 
 
