@@ -4,16 +4,24 @@ workers run no profiler, unless the user's configuration sets these
 
 from __future__ import annotations
 
+import os
 import time
 from contextlib import ExitStack
 
 import dask
 import pytest
 
-from dasknn.runtime.cluster import LOW_LEVEL_LOG_LENGTH, open_client, short_dask_records
+from dasknn.runtime.cluster import (
+    LOW_LEVEL_LOG_LENGTH,
+    open_client,
+    short_dask_records,
+    worker_environ,
+)
+from dasknn.runtime.worker_memory import MMAP_THRESHOLD, TOP_PAD, TRIM_THRESHOLD
 
 KEY = "distributed.admin.low-level-log-length"
 PROFILE = "distributed.worker.profile.enabled"
+ENVIRON = "distributed.nanny.pre-spawn-environ"
 
 
 def _scheduler_lengths(dask_scheduler) -> list:
@@ -66,3 +74,28 @@ def test_a_local_cluster_keeps_short_records_in_every_process(user, monkeypatch)
         (profiles,) = client.run(_profiles).values()
         assert profiles == 0 if user is None else profiles >= 1
     assert (dask.config.get(KEY), dask.config.get(PROFILE)) == before  # left as it was
+
+
+def _malloc_environ() -> dict:
+    return {k: v for k, v in os.environ.items() if k.startswith(("MALLOC_", "OMP_NUM"))}
+
+
+def test_the_workers_of_a_local_cluster_keep_freed_buffers_unless_the_user_says_otherwise():
+    assert worker_environ()["MALLOC_TRIM_THRESHOLD_"] == TRIM_THRESHOLD
+    with dask.config.set({ENVIRON: {"MALLOC_TRIM_THRESHOLD_": 0, "MALLOC_TOP_PAD_": 1}}):
+        assert worker_environ() == {
+            "MALLOC_TRIM_THRESHOLD_": 0,
+            "MALLOC_TOP_PAD_": 1,
+            "MALLOC_MMAP_THRESHOLD_": MMAP_THRESHOLD,
+        }
+    before = dask.config.get(ENVIRON)
+    with ExitStack() as stack:
+        client = open_client(stack, workers=1)
+        (environ,) = client.run(_malloc_environ).values()
+    assert environ == {
+        "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD),
+        "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD),
+        "MALLOC_TOP_PAD_": str(TOP_PAD),
+        "OMP_NUM_THREADS": "1",
+    }
+    assert dask.config.get(ENVIRON) == before  # left as it was

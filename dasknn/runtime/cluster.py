@@ -33,6 +33,7 @@ from distributed.deploy import Cluster
 from dasknn.runtime.header_keys import hold_header_keys
 from dasknn.runtime.jobqueue import JobqueueSpec, start_jobqueue_cluster
 from dasknn.runtime.security import client_uses_tls, temporary_security
+from dasknn.runtime.worker_memory import MMAP_THRESHOLD, TOP_PAD, TRIM_THRESHOLD
 
 __all__ = [
     "CONNECT_TIMEOUT",
@@ -44,6 +45,7 @@ __all__ = [
     "open_client",
     "scheduler_workers",
     "short_dask_records",
+    "worker_environ",
 ]
 
 LOCAL_HOST = "127.0.0.1"
@@ -99,6 +101,26 @@ def short_dask_records() -> dict:
     return config
 
 
+#: Dask's key of the environment its nannies start worker processes with.
+_ENVIRON_KEY = "distributed.nanny.pre-spawn-environ"
+#: Dask's default trim threshold of its workers (it keeps their unmanaged memory low).
+_DASK_TRIM_THRESHOLD = 65536
+
+
+def worker_environ() -> dict:
+    """The environment of the worker processes of the clusters dasknn starts: Dask's configured
+    ``distributed.nanny.pre-spawn-environ`` with glibc's malloc thresholds of
+    :mod:`~dasknn.runtime.worker_memory` (freed step buffers are kept and reused rather than
+    faulted in again at every step; ``docs/benchmarks.md``), unless the user's configuration sets
+    them (a trim threshold other than Dask's default, or the other two at all)."""
+    environ = dict(dask.config.get(_ENVIRON_KEY, default={}) or {})
+    if int(environ.get("MALLOC_TRIM_THRESHOLD_", _DASK_TRIM_THRESHOLD)) == _DASK_TRIM_THRESHOLD:
+        environ["MALLOC_TRIM_THRESHOLD_"] = TRIM_THRESHOLD
+    environ.setdefault("MALLOC_MMAP_THRESHOLD_", MMAP_THRESHOLD)
+    environ.setdefault("MALLOC_TOP_PAD_", TOP_PAD)
+    return environ
+
+
 def connect_timeout() -> float:
     """Seconds to wait for a scheduler: ``DASKNN_CONNECT_TIMEOUT`` if set, else
     :data:`CONNECT_TIMEOUT`.
@@ -140,10 +162,11 @@ def local_cluster(
     """Start a LocalCluster of worker processes, one single-threaded worker per core by default,
     listening (scheduler, workers, dashboard) on ``host`` only; with ``security`` (a
     ``distributed.Security``, or ``True`` for temporary certificates) every connection uses TLS.
-    Dask's debugging records are kept short (:func:`short_dask_records`), and this process (the
-    scheduler's) holds Dask's header keys interned (:func:`hold_header_keys`)."""
+    Dask's debugging records are kept short (:func:`short_dask_records`), the workers start with
+    :func:`worker_environ`, and this process (the scheduler's) holds Dask's header keys interned
+    (:func:`hold_header_keys`)."""
     hold_header_keys()
-    with dask.config.set(short_dask_records()):
+    with dask.config.set(short_dask_records() | {_ENVIRON_KEY: worker_environ()}):
         return LocalCluster(
             n_workers=workers or os.cpu_count() or 1,
             threads_per_worker=threads_per_worker,

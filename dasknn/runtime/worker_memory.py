@@ -12,7 +12,9 @@ training``, gives the measured share and slowdown with the machine they are take
 that a worker keeps the peak of its step's buffers mapped between steps (which the next step
 needs again anyway). On a C library other than glibc it does nothing.
 
-The setting is process-wide, so it is opt-in: :class:`~dasknn.model_parallel.DistributedSparseMLP`,
+The clusters dasknn starts itself start their workers with the same thresholds in the environment
+(:func:`dasknn.runtime.cluster.worker_environ`). On a user's cluster the setting is process-wide,
+so it is opt-in: :class:`~dasknn.model_parallel.DistributedSparseMLP`,
 :class:`~dasknn.pipeline_parallel.DistributedCompressedMLP` and
 :class:`~dasknn.data_parallel.DistributedEmbeddingMLP` install the plugin only with
 ``reuse_memory=True``, under a name of their own, and remove it on ``close()`` (workers already
