@@ -27,7 +27,7 @@ from dasknn.pipeline_parallel import (
     stage_order,
 )
 from dasknn.pruning import magnitude_masks
-from dasknn.runtime.affinity import pinned_core
+from dasknn.runtime.affinity import pinned_core, usable_cores
 from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.keys import parse_pipeline_key, pipeline_key
 from dasknn.runtime.measure import TOPIC as TRANSFER_TOPIC
@@ -440,6 +440,18 @@ def test_pin_cores_binds_each_stage_worker_to_a_core_of_its_own_until_close(clie
     for address in set(pinned) - set(stage_workers):
         assert pinned[address][0] is None and during[address] == before[address]
     assert client4.run(_affinities) == before
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs os.sched_setaffinity")
+def test_pin_cores_is_on_by_default_only_on_a_cluster_of_the_models_own(client4):
+    model, x, y = problem()
+    with DistributedCompressedMLP(model, client4, stages=2) as pipe:
+        assert pipe.pin_cores is False  # the user's cluster: nothing process-wide by default
+    with DistributedCompressedMLP(problem()[0], stages=1) as pipe:
+        assert pipe.pin_cores is (len(usable_cores()) > 1)
+        pipe.train_step(x, y, lr=0.1)
+        pinned = pipe.client.run(pinned_core)
+        assert (pinned[pipe.workers[(0, 0)]][0] is not None) is pipe.pin_cores
 
 
 def test_bad_batches_raise_before_anything_is_scheduled(client4):

@@ -39,7 +39,7 @@ from dasknn.pipeline_parallel._schedule import check_schedule
 from dasknn.pipeline_parallel._taskgraph import accumulate_dtype, build_inference, build_step
 from dasknn.pipeline_parallel._timeline import IdleSources, handover_seconds, idle_sources
 from dasknn.runtime.affinity import PLUGIN_NAME as PIN_CORES_PLUGIN
-from dasknn.runtime.affinity import PinCores, host_slots
+from dasknn.runtime.affinity import PinCores, host_slots, usable_cores
 from dasknn.runtime.comm_report import CommReport, Key
 from dasknn.runtime.distributed_model import DistributedModel
 from dasknn.runtime.keys import pipeline_key
@@ -201,13 +201,14 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         passes' freed buffers are reused instead of coming back from the kernel as fresh pages
         (Dask's ``MALLOC_TRIM_THRESHOLD_`` otherwise returns them at once); process-wide, so
         off by default.
-    pin_cores : bool
+    pin_cores : bool, optional
         Bind each stage worker's process, all its threads, to a core of its own
         (:class:`~dasknn.runtime.affinity.PinCores`: the stage workers of one host take its
         cores in the order of ``workers``), so the kernel does not move them or put two of them
-        on one core; restored on ``close()``. Off by default: where the client, the scheduler or
-        other work share the cores, the pinned workers cannot step aside (``docs/benchmarks.md``
-        gives the measured effect).
+        on one core; restored on ``close()``. By default (``None``) on when the model started
+        its own local cluster (``client=None``) and this machine has more cores than stage
+        workers, off otherwise: where the client, the scheduler or other work share the cores,
+        the pinned workers cannot step aside (``docs/benchmarks.md`` gives the measured effect).
     workers : sequence of str, optional
         Worker addresses to use (default: the cluster's, sorted); ``stages * replicas`` of them
         are used, replica ``d``'s stage ``s`` on ``workers[d * stages + s]``.
@@ -236,7 +237,7 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         Before anything is installed: bad counts, more stages than layers, ``stages *
         replicas`` more than the workers, an unknown schedule or ``messages``, a worker named
         twice or not of the cluster, a ``step_timeout`` that is not a positive finite number of
-        seconds, ``reuse_memory`` or ``pin_cores`` not a bool.
+        seconds, ``reuse_memory`` not a bool or ``pin_cores`` not a bool or ``None``.
 
     Attributes
     ----------
@@ -264,7 +265,7 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         schedule: str = "gpipe",
         bounds: Sequence[tuple[int, int]] | None = None,
         reuse_memory: bool = False,
-        pin_cores: bool = False,
+        pin_cores: bool | None = None,
         workers: Sequence[str] | None = None,
         messages: str = "posted",
         step_timeout: float = DEFAULT_STEP_TIMEOUT,
@@ -280,7 +281,7 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
             raise ValueError(f"messages must be 'posted' or 'tasks', got {messages!r}")
         self.messages = messages
         for name, flag in (("reuse_memory", reuse_memory), ("pin_cores", pin_cores)):
-            if not isinstance(flag, bool):
+            if not isinstance(flag, bool) and not (name == "pin_cores" and flag is None):
                 raise ValueError(f"{name} must be True or False, got {flag!r}")
         self.reuse_memory = reuse_memory
         self.pin_cores = pin_cores
@@ -303,6 +304,8 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         except BaseException:
             self.close()  # what _connect opened
             raise
+        if self.pin_cores is None:
+            self.pin_cores = self._own_cluster and len(usable_cores()) > needed
         self.loss = model.loss
         self.dtype = model.dtype
         self.precision = model.precision

@@ -9,8 +9,9 @@ binding. Removing the plugin restores every thread to the process's cores as the
 the plugin does not name, and systems without ``os.sched_setaffinity`` (not Linux), are left as
 they are.
 
-:class:`~dasknn.pipeline_parallel.DistributedCompressedMLP` installs it with ``pin_cores=True``
-for its stage workers (``docs/benchmarks.md`` gives the measured effect on the pipeline's idle
+:class:`~dasknn.pipeline_parallel.DistributedCompressedMLP` installs it for its stage workers
+with ``pin_cores=True``, and by default on a local cluster of its own where the machine has more
+cores than stage workers (``docs/benchmarks.md`` gives the measured effect on the pipeline's idle
 fractions).
 """
 
@@ -22,9 +23,23 @@ from collections.abc import Iterable
 from distributed.comm import get_address_host
 from distributed.diagnostics.plugin import WorkerPlugin
 
-__all__ = ["PLUGIN_NAME", "PinCores", "host_slots", "migrations", "pinned_core"]
+__all__ = [
+    "PLUGIN_NAME",
+    "PinCores",
+    "host_slots",
+    "migrations",
+    "pinned_core",
+    "usable_cores",
+]
 
 PLUGIN_NAME = "dasknn-pin-cores"
+
+
+def usable_cores() -> set[int]:
+    """The cores this process may run on (every core where the system cannot tell)."""
+    if hasattr(os, "sched_getaffinity"):
+        return set(os.sched_getaffinity(0))
+    return set(range(os.cpu_count() or 1))
 
 
 def host_slots(addresses: Iterable[str]) -> dict[str, int]:

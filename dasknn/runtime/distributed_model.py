@@ -91,6 +91,7 @@ class DistributedModel:
         """Open ``client`` (see the module's docstring; what is opened here is closed with the
         model), check ``step_timeout`` and draw the model's token."""
         self.step_timeout = check_step_timeout(step_timeout)
+        self._own_cluster = client is None  # a local cluster of the model's own
         self._opened = ExitStack()
         self.client = open_client(self._opened, client)
         self.token = new_token()
