@@ -4,7 +4,7 @@
 machines=None)`` copies a one-process model's values to the workers; the object has the same
 ``fit / partial_fit / train_step / predict / predict_proba / score / evaluate / perplexity`` as
 the model, plus ``comm_report``, ``search``, ``search_report``, ``gather``, ``to_dask`` and
-``close``. Every step
+``close``; inference runs on the workers, a pass per ``batch_size`` windows. Every step
 splits the global batch over the workers (contiguous row blocks, uneven when it must be, empty
 when there are more workers than windows) and takes the exact gradient of the global mean loss,
 so a run equals the one-process run step for step.
@@ -116,6 +116,18 @@ def _check_count(name: str, value, low: int) -> int:
 class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
     """An embedding MLP trained data-parallel on the workers of a Dask cluster.
 
+    Inference (``predict``, ``predict_proba``, ``decision_function``, ``evaluate``,
+    ``perplexity``, ``score``) runs on the workers, never by gathering the model: one pass per
+    ``batch_size`` windows (default 1024), split over the workers as a training step's batch;
+    under ``hybrid`` and ``ps`` the servers send each machine the embedding rows of its windows
+    (under the sampled softmax also the whole output table, a prediction scoring every class;
+    under ``ps`` also every dense variable) as a step's pull does, measured and predicted in
+    :meth:`comm_report` under the phases ``predict-pull`` and ``predict-from-chief``; under
+    ``ar`` and ``ar-dense`` the workers read their replicas and nothing moves between them.
+    Each worker scores its windows with its replicas of the dense variables, and only the
+    per-window results (a label, or ``n_classes`` probabilities or logits) or one sum a worker
+    (``evaluate``, ``score``) reach the client. Each pass costs a scheduler round trip.
+
     Parameters
     ----------
     model : EmbeddingMLP
@@ -160,8 +172,8 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         ``"tasks"``, which takes no other value.
     step_timeout : float
         Seconds a training step (under ``fit``, the ``steps_per_task`` steps of one task
-        together), and the reading of the values (``gather``, ``predict``, ``score``), may take
-        before it is a
+        together), the reading of the values (``gather``) and each inference pass (``predict``,
+        ``score``, ...), may take before it is a
         :class:`~dasknn.exceptions.StepTimeoutError` naming the workers it waits for,
         what they hold and their state (not heard from for N s: stopped or overloaded; paused
         at the memory limit; running). The step's futures are released, the workers still
