@@ -48,7 +48,7 @@ from dasknn.datasets import radixnet
 from dasknn.kernels.training import masked_outer_grad, spmm_backward, spmm_forward
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
-from dasknn.model_parallel.timing import time_training
+from dasknn.model_parallel._timing import time_training
 
 
 @contextmanager

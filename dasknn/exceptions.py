@@ -1,11 +1,13 @@
 """The errors dasknn raises beside Python's own (``ValueError`` for bad input, ``OSError`` for
 files), in one module; the package root re-exports them.
 
-This module imports nothing, so every layer of dasknn (the kernels' callers, the one-process
-models, the runtime, the distributed models) raises the same classes.
+This module imports nothing of dasknn, so every layer of dasknn (the kernels' callers, the
+one-process models, the runtime, the distributed models) raises the same classes.
 """
 
 from __future__ import annotations
+
+import math
 
 __all__ = [
     "ModelClosedError",
@@ -38,23 +40,33 @@ class ModelFailedError(RuntimeError):
 
 
 class NonFiniteLossError(FloatingPointError):
-    """A step's loss is not finite: names the step and the first layer (1-based, in the whole
-    network) whose outputs are not finite.
+    """A step's loss is not finite: names the step and, where the model locates it, the first
+    layer (1-based, in the whole network) whose outputs are not finite.
 
     Attributes
     ----------
     step : int
     value : float
         The loss.
-    layer : int
+    layer : int or None
     """
 
-    def __init__(self, step: int, value: float, layer: int) -> None:
+    def __init__(self, step: int, value: float, layer: int | None = None) -> None:
+        where = ""
+        if layer is not None:
+            where = f"; layer {layer} is the first whose outputs are not finite"
         super().__init__(
-            f"step {step}: the loss is {value}; layer {layer} is the first whose outputs are not "
-            f"finite (lower the learning rate or check the inputs)"
+            f"step {step}: the loss is {value}{where} (lower the learning rate or check the inputs)"
         )
         self.step, self.value, self.layer = step, value, layer
 
     def __reduce__(self):
         return (type(self), (self.step, self.value, self.layer))
+
+    @classmethod
+    def check(cls, losses, first_step: int) -> None:
+        """Raise the error for the first of ``losses`` (the losses of consecutive steps, the
+        first numbered ``first_step``) that is not finite; nothing if all are."""
+        for i, loss in enumerate(losses):
+            if not math.isfinite(loss):
+                raise cls(first_step + i, loss)

@@ -15,6 +15,7 @@ input is a ``ValueError`` before anything is scheduled; a SIGKILLed worker is a
 
 from __future__ import annotations
 
+import gc
 import inspect
 import os
 import signal
@@ -31,7 +32,12 @@ from distributed import Client, LocalCluster, wait
 from random_layers import random_layers
 
 from dasknn.data_parallel import DistributedEmbeddingMLP
-from dasknn.exceptions import ModelClosedError, StepTimeoutError, WorkerLostError
+from dasknn.exceptions import (
+    ModelClosedError,
+    NonFiniteLossError,
+    StepTimeoutError,
+    WorkerLostError,
+)
 from dasknn.model import CompressedMLP, EmbeddingMLP, SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
 from dasknn.pipeline_parallel import DistributedCompressedMLP
@@ -389,6 +395,32 @@ def test_close_leaves_nothing_on_the_cluster_and_a_closed_model_refuses_work(cas
         dist.fit(X, y, **case.fit, progress=False)
     with pytest.raises(ModelClosedError):
         dist.gather()
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_a_loss_that_is_not_finite_is_an_error_naming_its_step(case, client):
+    X, y = case.data()
+    fit = case.fit | {"epochs": 2, "lr": 1e300}
+    with np.errstate(all="ignore"), case.distributed(case.estimator(), client) as dist:
+        with pytest.raises(NonFiniteLossError, match=r"step 2: the loss is (nan|inf)"):
+            dist.fit(X, y, **fit, progress=False)
+    with np.errstate(all="ignore"), pytest.raises(NonFiniteLossError, match="step 2:"):
+        case.estimator().fit(X, y, **fit)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_a_model_dropped_without_close_releases_its_plugins(case, client):
+    X, y = case.data()
+    dist = case.distributed(case.estimator(), client)
+    dist.fit(X, y, **case.fit, progress=False)
+    token = dist.token
+    assert any(_held_by(client, token).values())
+    del dist
+    gc.collect()
+    deadline = time.monotonic() + 30
+    while (held := _held_by(client, token)) and any(held.values()):
+        assert time.monotonic() < deadline, held
+        time.sleep(0.05)
 
 
 def test_save_and_load_round_trip(trained, tmp_path, client):

@@ -19,7 +19,7 @@ from dasknn.inference._batches import BatchResult
 from dasknn.inference._broadcast import broadcast
 from dasknn.inference._cpu_inference import StreamedBatch
 from dasknn.kernels.inference import pack_layers, start_batch
-from dasknn.model_parallel.plan import build_comm_plan
+from dasknn.model_parallel._plan import build_comm_plan
 
 pytestmark = pytest.mark.minversions  # also run at the minimum versions (.ci/run)
 

@@ -11,6 +11,7 @@ import pytest
 from embedding_reference import EmbeddingReference
 
 from dasknn.datasets.stdlib_corpus import load_stdlib_corpus, stdlib_files, tokenize_source
+from dasknn.exceptions import NonFiniteLossError
 from dasknn.model.embedding_mlp import EmbeddingMLP
 from dasknn.model.embedding_network import batch_gradients, unique_rows
 from dasknn.optim import SGD, Adam
@@ -118,6 +119,8 @@ def test_fit_returns_self_and_learns():
         (np.full((4, C), 0.5), np.zeros(4, dtype=int), "integers"),
         (np.full((4, C), V), np.zeros(4, dtype=int), "outside the vocabulary"),
         (np.full((4, C), -1), np.zeros(4, dtype=int), "outside the vocabulary"),
+        (np.full((4, C), 2**63, dtype=np.uint64), np.zeros(4, dtype=int), "9223372036854775808"),
+        (np.zeros((4, C), dtype=int), np.full(4, 2**64 - 1, dtype=np.uint64), "1844674407370955"),
         (np.zeros((4, C), dtype=int), np.zeros(3, dtype=int), "one label per window"),
         (np.zeros((4, C), dtype=int), np.full(4, V), "outside the classes"),
         (np.zeros((4, C), dtype=int), np.array(["a"] * 4), "integers"),
@@ -191,3 +194,11 @@ def tokenize_source_texts(text):
 def test_corpus_bad_arguments(kwargs):
     with pytest.raises(ValueError):
         load_stdlib_corpus(**kwargs)
+
+
+def test_a_non_finite_loss_is_an_error_naming_the_step():
+    X, y = next(_batches(1, 64))
+    model = _model("sum")
+    with pytest.raises(NonFiniteLossError, match=r"step \d+: the loss is (nan|inf)"):
+        model.fit(X, y, batch_size=16, epochs=3, lr=1e300)
+    assert model.n_steps_ >= 2  # the first step's loss is finite; its update is not

@@ -20,7 +20,7 @@ from stopped_workers import keys_on_workers, stopped, wait_until_empty
 from dasknn.exceptions import ModelFailedError, StepTimeoutError, WorkerLostError
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
-from dasknn.model_parallel.exchange import postbox_key
+from dasknn.model_parallel._exchange import postbox_key
 from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.keys import message_phase
 

@@ -201,7 +201,7 @@ def test_imports_against_the_rules_are_found():
         "dasknn/model/net.py": "def f():\n    from ..runtime import keys\n",
         "dasknn/model/__init__.py": "from .net import f\nfrom . import losses\n",
         "graph/cut.py": "import dask.array\nfrom distributed import Client\n",
-        "dasknn/sampled_parallel/m.py": "from dasknn.data_parallel.plan import x\n",
+        "dasknn/sampled_parallel/m.py": "from dasknn.data_parallel._plan import x\n",
         "dasknn/data_parallel/d.py": "from dasknn.inference import infer_on_cpus\n",
         "dasknn/inference/_i.py": "from dasknn.challenge import x\nfrom dasknn.runtime import w\n",
         "dasknn/challenge/c.py": "from dasknn.inference import InferenceRun\n",
@@ -213,7 +213,7 @@ def test_imports_against_the_rules_are_found():
         "dasknn.inference._i -> dasknn.challenge: inference is below challenge",
         "dasknn.model.net -> dasknn.runtime: model is below runtime",
         "dasknn.runtime.r -> dasknn.extra: a layer docs/architecture.md does not place",
-        "dasknn.sampled_parallel.m -> dasknn.data_parallel.plan: sampled_parallel and "
+        "dasknn.sampled_parallel.m -> dasknn.data_parallel._plan: sampled_parallel and "
         "data_parallel are side by side",
         "graph.cut -> dask.array: graph runs in one process, without Dask",
         "graph.cut -> distributed: graph runs in one process, without Dask",

@@ -13,14 +13,14 @@ from random_layers import random_layers
 from dasknn.kernels.training import spmm_forward
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
-from dasknn.model_parallel.microbatches import (
+from dasknn.model_parallel._microbatches import (
     AUTO_MAX,
     AUTO_MIN_ROWS,
     auto_microbatches,
     check_microbatches,
     split_rows,
 )
-from dasknn.model_parallel.taskgraph import StepPriority
+from dasknn.model_parallel._taskgraph import StepPriority
 from dasknn.optim import SGD, Adam
 from dasknn.runtime.keys import phase_names, step_key
 from dasknn.runtime.measure import TOPIC as TRANSFER_TOPIC

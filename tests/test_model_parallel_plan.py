@@ -7,7 +7,7 @@ import pytest
 import scipy.sparse as sp
 
 from dasknn.datasets import radixnet
-from dasknn.model_parallel.plan import build_comm_plan, normalize_partition, reorder
+from dasknn.model_parallel._plan import build_comm_plan, normalize_partition, reorder
 
 
 def _network(seed=0):

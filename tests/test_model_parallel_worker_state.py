@@ -167,7 +167,7 @@ def _take_with_idle_work(token: str) -> dict:
     """Task: exercise the mailbox's idle work on this worker's :class:`ModelState`."""
     import threading
 
-    from dasknn.model_parallel.worker_state import ModelState
+    from dasknn.model_parallel._worker_state import ModelState
 
     owner = ModelState.on_worker(token)
     ran: list[str] = []
@@ -198,7 +198,7 @@ def test_idle_work_runs_while_a_message_is_missing(dask_client):
     """``take`` runs the queued jobs (the weight updates of ``messages="posted"``) only while the
     message it needs has not arrived, one at a time and in order; ``run_idle`` runs what is left;
     ``clear_steps`` drops them."""
-    from dasknn.model_parallel.worker_state import ModelState
+    from dasknn.model_parallel._worker_state import ModelState
 
     token = "idle-work-test"
     dask_client.register_plugin(ModelState(token), name=ModelState.plugin_name(token))
@@ -216,7 +216,7 @@ def test_idle_work_runs_while_a_message_is_missing(dask_client):
 def _drop_steps_between_two_layers(token: str) -> dict:
     """Task: begin two steps on this worker's :class:`ModelState`, drop the steps in flight
     (as a failed step or a closing model does), then ask for their values again."""
-    from dasknn.model_parallel.worker_state import ModelState
+    from dasknn.model_parallel._worker_state import ModelState
 
     owner = ModelState.on_worker(token)
     owner.part_step(7, 0).microbatch(0).forward[2] = (None, None, np.ones(1))
@@ -236,7 +236,7 @@ def test_a_dropped_step_is_refused_instead_of_started_afresh(dask_client):
     or the model's plugin closing) fails with a ``RuntimeError`` saying so, instead of finding
     empty values and failing on a missing layer (``KeyError(2)`` in the soak); a later step runs.
     Once the plugin is removed, a step task is told the model is not on its worker."""
-    from dasknn.model_parallel.worker_state import ModelState
+    from dasknn.model_parallel._worker_state import ModelState
 
     token = "dropped-step-test"
     dask_client.register_plugin(ModelState(token), name=ModelState.plugin_name(token))

@@ -19,7 +19,7 @@ from plugin_checks import key_cache_bound_count
 from stopped_workers import SignalOnTransition, stopped, wait_until_empty
 
 from dasknn.data_parallel import DistributedEmbeddingMLP, machine_bytes, machine_total
-from dasknn.data_parallel.search import balanced, search_partitions
+from dasknn.data_parallel._search import balanced, search_partitions
 from dasknn.exceptions import StepTimeoutError, WorkerLostError
 from dasknn.model import EmbeddingMLP
 from dasknn.optim import SGD, Adam

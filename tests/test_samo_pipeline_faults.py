@@ -24,7 +24,7 @@ from stopped_workers import stopped, wait_until_empty
 from dasknn.exceptions import ModelFailedError, StepTimeoutError, WorkerLostError
 from dasknn.model import CompressedMLP
 from dasknn.pipeline_parallel import DistributedCompressedMLP
-from dasknn.pipeline_parallel.worker_state import StageState
+from dasknn.pipeline_parallel._worker_state import StageState
 from dasknn.pruning import magnitude_masks
 from dasknn.runtime.cluster import local_cluster, scheduler_workers
 from dasknn.runtime.keys import parse_pipeline_key

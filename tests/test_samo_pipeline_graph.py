@@ -12,8 +12,8 @@ import pytest
 from dasknn.model import CompressedMLP
 from dasknn.optim import SGD
 from dasknn.pipeline_parallel import balanced_bounds, layer_costs, split_stages, stage_order
-from dasknn.pipeline_parallel.taskgraph import build_step, chain_links, final_passes
-from dasknn.pipeline_parallel.timeline import handover_seconds
+from dasknn.pipeline_parallel._taskgraph import build_step, chain_links, final_passes
+from dasknn.pipeline_parallel._timeline import handover_seconds
 from dasknn.runtime.keys import parse_pipeline_key
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from dasknn.pipeline_parallel.timeline import idle_sources, replay
+from dasknn.pipeline_parallel._timeline import idle_sources, replay
 
 # S = 2, m = 2, GPipe. Stage 0: forward 1.5 then 0.5 s, backward 2 and 2 s; stage 1: forward 1
 # then 2 s, backward 2 and 2 s. Busy: stage 0 6 s, stage 1 7 s. Measured: stage 1's first forward

@@ -28,7 +28,7 @@ from dasknn.datasets import (
 from dasknn.model import SparseMLP
 from dasknn.model.checkpoint import latest_checkpoint
 from dasknn.model_parallel import DistributedSparseMLP
-from dasknn.model_parallel.timing import TrainingTimes, time_training
+from dasknn.model_parallel._timing import TrainingTimes, time_training
 from dasknn.runtime.cluster import open_client
 from dasknn.runtime.dashboard_feed import DashboardFeed
 from graph.atomic import check_output_path, write_text_atomically

@@ -21,6 +21,7 @@ from typing import Any, Self
 import numpy as np
 from tqdm.auto import tqdm
 
+from dasknn.exceptions import NonFiniteLossError
 from dasknn.model.checkpoint import (
     Progress,
     check_checkpoint_every,
@@ -203,6 +204,9 @@ class SparseEstimator:
             ``lr``, ``optimizer``, ``batch_size``, ``epochs``, ``seed`` or ``checkpoint_every``
             are malformed, or ``resume`` names a checkpoint of another model, other data or
             other arguments.
+        NonFiniteLossError
+            At the end of the batches up to the next checkpoint (all of them without one) if
+            one of them had a loss that is not finite, naming the first such step of the call.
         """
         x, y = self._check_xy(X, Y)
         optimizer = resolve_optimizer(lr, optimizer)
@@ -281,13 +285,17 @@ class SparseEstimator:
                     due = run.every - state.batches_done % run.every
                     stop = min(stop, state.batch + due)
                 segment = batches[state.batch : stop]
-                losses = self._train_batches(data, segment, run.optimizer)
-                for idx, loss in zip(segment, losses, strict=True):
+                losses = []
+                for idx, loss in zip(
+                    segment, self._train_batches(data, segment, run.optimizer), strict=True
+                ):
+                    losses.append(loss)
                     state.epoch_loss += loss * len(idx)
                     if run.record_batches:
                         self.batch_loss_curve_.append(loss)
                     bar.update(1)
                     bar.set_postfix(loss=f"{loss:.4g}", refresh=False)
+                NonFiniteLossError.check(losses, state.batches_done + 1)
                 state.batch, state.batches_done = stop, state.batches_done + len(segment)
                 if stop == len(batches):
                     self.loss_curve_.append(state.epoch_loss / run.x.shape[0])

@@ -155,3 +155,4 @@ def epoch_batches(
     """
     order = rng.permutation(n) if shuffle else np.arange(n)
     return [order[start : start + batch_size] for start in range(0, n, batch_size)]
+

@@ -16,8 +16,13 @@ from typing import Self
 import numpy as np
 from tqdm import tqdm
 
+from dasknn.exceptions import NonFiniteLossError
 from dasknn.model.losses import softmax
-from dasknn.model.validation import check_batch_size, check_epochs, epoch_batches
+from dasknn.model.validation import (
+    check_batch_size,
+    check_epochs,
+    epoch_batches,
+)
 from dasknn.optim import Optimizer, resolve_optimizer
 
 __all__ = ["WindowEstimator", "check_labels", "check_windows"]
@@ -30,6 +35,11 @@ def _integers(values, what: str) -> np.ndarray:
             raise ValueError(f"{what} must be integers, got non-integral values")
     elif array.dtype.kind not in "iub":
         raise ValueError(f"{what} must be integers, got dtype {array.dtype}")
+    if array.size and array.dtype.kind in "uf":  # beyond int64, the cast would wrap around
+        bounds = np.iinfo(np.int64)
+        for value in (array.min(), array.max()):
+            if not bounds.min <= value <= bounds.max:
+                raise ValueError(f"{what} must fit in int64, got {int(value)}")
     return array.astype(np.int64)
 
 
@@ -157,6 +167,9 @@ class WindowEstimator:
         ------
         ValueError
             Before any update, on malformed data or arguments.
+        NonFiniteLossError
+            After the steps run in the same call as the first step whose loss is not finite
+            (one step for the one-process model), naming that step.
         """
         ids, labels = self._check_xy(X, y)
         optimizer = resolve_optimizer(lr, optimizer)
@@ -188,6 +201,7 @@ class WindowEstimator:
                     total += loss * len(rows)
                     if record_batches:
                         self.batch_loss_curve_.append(loss)
+                NonFiniteLossError.check(losses, self.n_steps_ - len(losses) + 1)
                 bar.update(len(group))
             bar.close()
             self.loss_curve_.append(total / ids.shape[0])

@@ -3,12 +3,12 @@ stages of consecutive layers, GPipe and 1F1B schedules as task-graph dependencie
 allreduce only the unpruned gradients, and the planner that picks stages and replicas from a
 memory limit."""
 
-from dasknn.pipeline_parallel.model import (
+from dasknn.pipeline_parallel._model import (
     DistributedCompressedMLP,
     IdleBreakdown,
     balanced_bounds,
 )
-from dasknn.pipeline_parallel.plan import (
+from dasknn.pipeline_parallel._plan import (
     ParallelPlan,
     compressed_layer_bytes,
     dense_layer_bytes,
@@ -16,7 +16,7 @@ from dasknn.pipeline_parallel.plan import (
     plan_parallelism,
     split_stages,
 )
-from dasknn.pipeline_parallel.schedule import SCHEDULES, bubble_fraction, stage_order
+from dasknn.pipeline_parallel._schedule import SCHEDULES, bubble_fraction, stage_order
 
 __all__ = [
     "SCHEDULES",

@@ -28,6 +28,7 @@ from distributed import wait
 
 from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.keys import collective_key, new_token, parse_collective_key
+from dasknn.runtime.placement import KeyPlacement, by_sender
 
 __all__ = [
     "Collective",
@@ -84,16 +85,6 @@ class Collective:
     token: str
     workers: list
     outputs: list
-
-
-class _Placement:
-    """``workers=`` annotation of a collective's keys: the worker at the key's sender position."""
-
-    def __init__(self, workers: Sequence[str]) -> None:
-        self.workers = list(workers)
-
-    def __call__(self, key) -> list[str]:
-        return [self.workers[parse_collective_key(key).sender]]
 
 
 def chunk_bounds(n: int, parts: int) -> list[int]:
@@ -328,7 +319,8 @@ def _same_rows(what: str, field: str, metas: list[tuple], no_rows: str) -> None:
 
 
 def _submit(client, graph: Graph, workers: list[str]) -> Collective:
-    with dask.annotate(workers=_Placement(workers), allow_other_workers=False):
+    placement = KeyPlacement(workers, by_sender(parse_collective_key))
+    with dask.annotate(workers=placement, allow_other_workers=False):
         futures = client.get(graph.tasks, graph.outputs, sync=False)
     return Collective(graph.op, graph.token, workers, list(futures))
 

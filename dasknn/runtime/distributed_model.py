@@ -20,11 +20,15 @@ model, registrations included, waits for the workers at most ``step_timeout`` in
 a :class:`~dasknn.exceptions.WorkerLostError` where the subclass watches its workers.
 Closing removes the plugin, the bound and the model's hold on the monitor, which leaves with its
 last holder, waiting for the workers at most ``step_timeout`` in all (:func:`unregister_within`).
+A model dropped without :meth:`~DistributedModel.close` is released alike, from a background
+thread, when the garbage collector takes it (not at interpreter exit).
 """
 
 from __future__ import annotations
 
+import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any, Self
@@ -32,7 +36,11 @@ from typing import Any, Self
 from dasknn.exceptions import ModelClosedError, ModelFailedError, StepTimeoutError, WorkerLostError
 from dasknn.runtime.cluster import open_client, scheduler_workers
 from dasknn.runtime.comm_report import CommReport
-from dasknn.runtime.key_cache import install_key_cache_bound, remove_key_cache_bound
+from dasknn.runtime.key_cache import (
+    install_key_cache_bound,
+    key_cache_plugin_name,
+    remove_key_cache_bound,
+)
 from dasknn.runtime.keys import new_token
 from dasknn.runtime.measure import install_comm_monitor, release_comm_monitor, reset_transfers
 from dasknn.runtime.step_timeout import (
@@ -77,6 +85,7 @@ class DistributedModel:
     _failed: str | None = None  # why the model is unusable after a step failed part-way
     _opened: ExitStack | None = None  # what _connect opened for the model (closed with it)
     _placed_by: float  # time.monotonic() by which the placement must be done
+    _finalizer: weakref.finalize | None = None  # releases a model dropped without close()
 
     def _connect(self, client, step_timeout: float) -> None:
         """Open ``client`` (see the module's docstring; what is opened here is closed with the
@@ -135,6 +144,11 @@ class DistributedModel:
                 pass
             raise
         self._open = True
+        self._finalizer = weakref.finalize(
+            self, _release_dropped, self.client, self.token, self.plugin_name, self.step_timeout,
+            self._opened,
+        )  # fmt: skip
+        self._finalizer.atexit = False
         try:
             place()
         except BaseException:
@@ -248,6 +262,8 @@ class DistributedModel:
         what it opened (a local cluster, a client), waiting for the workers at most
         ``step_timeout`` seconds (a stopped one has them removed by the scheduler when it goes
         on); closing twice does nothing."""
+        if self._finalizer is not None:
+            self._finalizer.detach()
         try:
             if self._open:
                 self._open = False
@@ -310,3 +326,30 @@ def unregister_within(
                 remove_key_cache_bound(client, token, left())
         finally:
             release_comm_monitor(client, token, left())
+
+
+def _plugins_of(dask_scheduler, token: str) -> list[str]:
+    """The worker plugins of model ``token`` registered on the scheduler."""
+    return [name for name in dask_scheduler.worker_plugins if token in name]
+
+
+def _release_dropped(
+    client, token: str, plugin_name: str, seconds: float, opened: ExitStack | None
+) -> None:
+    """Finalizer of a model dropped without ``close()``: remove its worker plugins (its own last),
+    key-cache bound and hold on the transfer monitor, then close what it opened, in a daemon
+    thread (the garbage collector may run on the client's event loop, which the calls need)."""
+
+    def release() -> None:
+        try:
+            if client.status == "running":
+                names = client.run_on_scheduler(_plugins_of, token=token)
+                names = [n for n in names if n not in (plugin_name, key_cache_plugin_name(token))]
+                unregister_within(client, token, [*names, plugin_name], seconds)
+        except Exception:  # noqa: BLE001, S110 - nothing to report to: the model is gone
+            pass
+        finally:
+            if opened is not None:
+                opened.close()
+
+    threading.Thread(target=release, name=f"dasknn-release-{token}", daemon=True).start()

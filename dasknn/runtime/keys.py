@@ -2,7 +2,7 @@
 
 Five families of keys exist.
 
-**Step keys** (the model-parallel trainer, :mod:`dasknn.model_parallel.taskgraph`) are tuples
+**Step keys** (the model-parallel trainer, :mod:`dasknn.model_parallel._taskgraph`) are tuples
 ``(f"dasknn-{kind}-{token}", step, layer, part, receiver, microbatch)`` with ``kind`` ``fwd``,
 ``bwd``, ``lse`` or ``run`` (a worker's whole step, ``messages="posted"``; see
 :func:`phase_names`); ``receiver`` is a worker number (a part number for the messages posted
@@ -15,7 +15,7 @@ between workers in ``messages="posted"`` mode), negative for a value that is not
 of replica ``replica``, whose value, the activations sent to stage ``stage + 1`` (the partial
 sums sent to ``stage - 1``), is read by the receiving pass; a ``fwd-done`` (``bwd-done``) key of
 the same numbers is the local mark that the pass ended, which the sender's own later tasks wait
-for (see :func:`dasknn.pipeline_parallel.taskgraph.local_keys`); ``finite`` and ``verdict``
+for (see :func:`dasknn.pipeline_parallel._taskgraph.local_keys`); ``finite`` and ``verdict``
 carry fp16's overflow flags (a stage's, and whether the step is applied) to and from stage 0 of
 replica 0; with ``messages="posted"``, a ``run`` key is a stage replica's task that runs all its
 passes of the step, a ``postbox`` key (step 0) the stage replica's postbox actor, and the ``fwd``
@@ -31,7 +31,7 @@ positions of the two workers in the collective's worker list. A *message* (a val
 ``sender`` for ``receiver``) has ``sender != receiver``; a key with ``sender == receiver`` is the
 local work of that worker and is never sent.
 
-**Sampled-step keys** (the LSH-sampled trainer, :mod:`dasknn.sampled_parallel.taskgraph`) are
+**Sampled-step keys** (the LSH-sampled trainer, :mod:`dasknn.sampled_parallel._taskgraph`) are
 tuples ``(f"dasknn-slide-{token}", call, phase, sender, receiver)``: ``call`` numbers the
 model's submissions, ``phase`` names the kind of message, and ``sender != receiver`` marks a
 message between those worker positions (as for collective keys); ``receiver == -1`` marks a

@@ -31,6 +31,7 @@ import distributed
 from dask.task_spec import Task, TaskRef
 
 from dasknn.runtime.keys import held_key
+from dasknn.runtime.placement import KeyPlacement, same
 
 __all__ = ["held_in_span", "new_span"]
 
@@ -49,17 +50,6 @@ def _same(value):
     return value
 
 
-class _OnWorkerOf:
-    """Worker restriction of a held value's task: the worker its scattered value is on (the
-    ``workers=`` annotation, evaluated per key by the scheduler)."""
-
-    def __init__(self, workers: Mapping) -> None:
-        self.workers = dict(workers)
-
-    def __call__(self, key) -> list[str]:
-        return [self.workers[key]]
-
-
 def held_in_span(client, futures: Mapping, workers: Mapping, span: dict) -> dict:
     """Tasks of ``span`` that return the scattered values ``futures`` (``{name: Future}``), each on
     its value's worker ``workers[name]``, submitted in one graph; returns ``{name: Future}`` of
@@ -74,7 +64,7 @@ def held_in_span(client, futures: Mapping, workers: Mapping, span: dict) -> dict
         placement[key] = workers[name]
     if not graph:
         return {}
-    options = {"span": span, "workers": _OnWorkerOf(placement), "allow_other_workers": False}
+    options = {"span": span, "workers": KeyPlacement(placement, same), "allow_other_workers": False}
     with dask.annotate(**options):
         held = client.get(graph, list(graph), sync=False)
     return dict(zip(futures, held, strict=True))

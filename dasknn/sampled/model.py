@@ -17,6 +17,7 @@ import numpy as np
 import scipy.sparse as sp
 from tqdm import tqdm
 
+from dasknn.exceptions import NonFiniteLossError
 from dasknn.optim import Adam, Optimizer
 from dasknn.sampled.checks import (
     check_features,
@@ -528,7 +529,7 @@ class SampledMLP:
         for _ in range(epochs):
             with EpochBar(X.shape[0], batch_size, self.epochs_, progress) as bar:
                 loss = epoch_loss(
-                    bar.wrap(self._train_batch), X, ptr, ids, batch_size, order_seed,
+                    bar.wrap(self._checked_batch), X, ptr, ids, batch_size, order_seed,
                     self.epochs_, shuffle,
                 )  # fmt: skip
             self.epochs_ += 1
@@ -564,6 +565,12 @@ class SampledMLP:
             loss = part if loss is None else loss + part
         self.hidden_layer_.backward(X, hidden, grad_hidden)
         return float(np.mean(loss))
+
+    def _checked_batch(self, X, ptr, ids) -> float:
+        """:meth:`_train_batch`, raising :class:`NonFiniteLossError` if its loss is not finite."""
+        loss = self._train_batch(X, ptr, ids)
+        NonFiniteLossError.check([loss], self.n_steps_)
+        return loss
 
     def _train_batch(self, X, ptr, ids) -> float:
         hidden, active, logits, lse = self._forward(X, ptr, ids, None)

@@ -1,6 +1,6 @@
 """LSH-sampled training across Dask workers (D-SLIDE): the output layer sharded one shard a
 worker, weights that never move, per-shard active budgets."""
 
-from dasknn.sampled_parallel.model import DistributedSampledMLP
+from dasknn.sampled_parallel._model import DistributedSampledMLP
 
 __all__ = ["DistributedSampledMLP"]

@@ -21,20 +21,20 @@ import dask
 import dask.array as da
 import numpy as np
 
-from dasknn.data_parallel.hybrid import (
+from dasknn.data_parallel._hybrid import (
     ARCHITECTURES,
     build_inference,
     build_step,
     inference_step,
 )
-from dasknn.data_parallel.plan import StepPlan, Topology, plan_inference, plan_step
-from dasknn.data_parallel.posted import program_tasks, worker_programs
-from dasknn.data_parallel.report import split_carried
-from dasknn.data_parallel.search import SearchReport, brute_force, search_partitions
-from dasknn.data_parallel.shards import STRATEGIES, ShardMap
-from dasknn.data_parallel.steps import StepContext
-from dasknn.data_parallel.variables import VariableStats, classify
-from dasknn.data_parallel.worker_state import (
+from dasknn.data_parallel._plan import StepPlan, Topology, plan_inference, plan_step
+from dasknn.data_parallel._posted import program_tasks, worker_programs
+from dasknn.data_parallel._report import split_carried
+from dasknn.data_parallel._search import SearchReport, brute_force, search_partitions
+from dasknn.data_parallel._shards import STRATEGIES, ShardMap
+from dasknn.data_parallel._steps import StepContext
+from dasknn.data_parallel._variables import VariableStats, classify
+from dasknn.data_parallel._worker_state import (
     ReplicaState,
     clear_mailbox,
     install_values,
@@ -53,6 +53,7 @@ from dasknn.runtime.comm_report import CommReport, counts_of
 from dasknn.runtime.distributed_model import DistributedModel
 from dasknn.runtime.keys import dp_postbox_key, parse_dp_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
+from dasknn.runtime.placement import KeyPlacement, by_sender
 from dasknn.runtime.postbox import Postbox
 from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT, answering_workers
 from dasknn.runtime.waiting import (
@@ -68,16 +69,6 @@ SEARCH_MODES = ("model", "brute-force")
 MESSAGES = ("posted", "tasks")
 #: Consecutive training steps of ``fit`` per submitted task under ``messages="posted"``.
 DEFAULT_STEPS_PER_TASK = 20
-
-
-class _Placement:
-    """``workers=`` annotation of a step's keys: the worker that makes the key (its sender)."""
-
-    def __init__(self, workers: list[str]) -> None:
-        self.workers = workers
-
-    def __call__(self, key) -> list[str]:
-        return [self.workers[parse_dp_key(key).sender]]
 
 
 def _topology(workers: list[str], machines) -> Topology:
@@ -161,9 +152,9 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
     messages : {"posted", "tasks"}
         How a step runs. ``"posted"`` (the default): one task per worker runs that worker's part
         of the step graph and posts each message straight to the receiving worker's postbox
-        actor (:mod:`dasknn.data_parallel.posted`), so the scheduler sees ``N`` tasks a step.
+        actor (:mod:`dasknn.data_parallel._posted`), so the scheduler sees ``N`` tasks a step.
         ``"tasks"``: one Dask task per piece of work and message of the step
-        (:mod:`dasknn.data_parallel.hybrid`), every message a task result the scheduler hands
+        (:mod:`dasknn.data_parallel._hybrid`), every message a task result the scheduler hands
         on.
     steps_per_task : int, optional
         ``messages="posted"``: how many consecutive steps of ``fit`` each worker's task runs
@@ -284,7 +275,7 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         self._prefetched = None
         self._version = 0
         self._gathered: tuple[int, EmbeddingMLP] | None = None
-        self._placement = _Placement(self.workers)
+        self._placement = KeyPlacement(self.workers, by_sender(parse_dp_key))
         self._postboxes: list = []
         #: The name of the model's ReuseFreedMemory plugin while it is registered.
         self._memory_plugin: str | None = None
@@ -617,8 +608,8 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
     # ------------------------------------------------------------------ inference
     def _infer_pass(self, ids: np.ndarray, labels: np.ndarray | None, output: str) -> list:
         """One inference pass on the workers over checked windows ``ids`` (and ``labels``):
-        per worker, in order, :func:`~dasknn.data_parallel.steps.infer` ``(output)`` of its
-        share of the windows (:func:`~dasknn.data_parallel.hybrid.build_inference`), the
+        per worker, in order, :func:`~dasknn.data_parallel._steps.infer` ``(output)`` of its
+        share of the windows (:func:`~dasknn.data_parallel._hybrid.build_inference`), the
         messages' bytes added to the predicted traffic."""
         self._check_open()
         error = self._lost_workers_error()
@@ -750,7 +741,7 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
 
         The values before the search are restored afterwards, with the chosen count; the timed
         steps do not count as training. ``mode`` (default: the model's ``search_mode``) is
-        ``"model"`` (at most 5 counts, see :mod:`dasknn.data_parallel.search`) or
+        ``"model"`` (at most 5 counts, see :mod:`dasknn.data_parallel._search`) or
         ``"brute-force"`` (every count from 1 to ``2 N``).
 
         Raises
@@ -803,10 +794,10 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         started or :meth:`reset_comm`. A message of one variable that carries another's bytes
         (the dense chunks riding the fused sparse messages of ``hybrid``) is measured whole; the
         carried bytes, fixed by the message's layout, are listed under the other variable with
-        no message of their own (:func:`~dasknn.data_parallel.report.split_carried`), in both
+        no message of their own (:func:`~dasknn.data_parallel._report.split_carried`), in both
         tables. ``details`` holds the ``architecture``, every worker's machine (``machine_of``,
-        for :func:`~dasknn.data_parallel.report.machine_total` and
-        :func:`~dasknn.data_parallel.report.machine_bytes`), and per variable the mean fraction
+        for :func:`~dasknn.data_parallel._report.machine_total` and
+        :func:`~dasknn.data_parallel._report.machine_bytes`), and per variable the mean fraction
         of its elements a worker touched per step (``alpha``; ``model_alpha`` size-weighted).
         """
         self._check_open()

@@ -15,7 +15,7 @@ worker it owns, for the parts placed there:
   that a step run as one task per worker (``messages="posted"``) applies on its own thread while
   it would otherwise wait for a message (:meth:`ModelState.queue_idle`).
 
-The step tasks (:mod:`dasknn.model_parallel.steps`) find it with :meth:`ModelState.on_worker`.
+The step tasks (:mod:`dasknn.model_parallel._steps`) find it with :meth:`ModelState.on_worker`.
 The dask arrays a user reads (``dist.weights``, ``dist.biases``) are snapshots: tasks that copy
 the owned values into fresh pydata-sparse chunks (:func:`snapshot_weight`, :func:`snapshot_bias`).
 """

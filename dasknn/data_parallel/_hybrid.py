@@ -59,9 +59,9 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from dask.task_spec import Task, TaskRef
 
-from dasknn.data_parallel import steps
-from dasknn.data_parallel.plan import StepPlan, Topology
-from dasknn.data_parallel.steps import DENSE, SPARSE, StepContext
+from dasknn.data_parallel import _steps as steps
+from dasknn.data_parallel._plan import StepPlan, Topology
+from dasknn.data_parallel._steps import DENSE, SPARSE, StepContext
 from dasknn.runtime.collectives import build_allgather, build_allreduce, chunk_bounds
 from dasknn.runtime.keys import dp_key
 
@@ -90,7 +90,7 @@ class StepGraph:
     tasks : dict
         ``{key: Task}``; the batch keys are outside references.
     outputs : list
-        Per worker, the key of its :func:`~dasknn.data_parallel.steps.finish` (its loss sum).
+        Per worker, the key of its :func:`~dasknn.data_parallel._steps.finish` (its loss sum).
     predicted : dict
         ``{(variable, phase, sender, receiver): [bytes, messages]}`` of every message.
     carried : dict

@@ -1,7 +1,7 @@
 """Pipeline schedules: the order in which a stage runs the forward (F) and backward (B) passes
 of a step's microbatches.
 
-The task graph (:mod:`dasknn.pipeline_parallel.taskgraph`) makes each of a stage's tasks depend on
+The task graph (:mod:`dasknn.pipeline_parallel._taskgraph`) makes each of a stage's tasks depend on
 the one before it in this order, besides the data it needs (the activations from the stage before,
 the partial sums from the stage after), so the schedule is a property of the graph, not of the
 scheduler's choices; within a run of passes of one kind a pass depends on the pass two before it,

@@ -1,8 +1,8 @@
 """What runs on a worker during a data-parallel step.
 
 Every function here is the body of one task of the step graph, or of the graph of an inference
-pass, built by :mod:`dasknn.data_parallel.hybrid`. It reads and writes the model's
-:class:`~dasknn.data_parallel.worker_state.ReplicaState` on its worker and returns either a
+pass, built by :mod:`dasknn.data_parallel._hybrid`. It reads and writes the model's
+:class:`~dasknn.data_parallel._worker_state.ReplicaState` on its worker and returns either a
 message (a plain numpy array, fetched by exactly one other worker, so the transfer monitor
 measures its size exactly) or a local value. The step's intermediate values live in
 ``state.scratch[step]`` until the next step's :func:`compute` drops them; what belongs to one
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dasknn.data_parallel.plan import WorkerBatch
-from dasknn.data_parallel.worker_state import ReplicaState
+from dasknn.data_parallel._plan import WorkerBatch
+from dasknn.data_parallel._worker_state import ReplicaState
 from dasknn.model.embedding_network import (
     EMBEDDING,
     SOFTMAX,

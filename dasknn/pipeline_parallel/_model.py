@@ -33,11 +33,11 @@ from dasknn.model.compressed_mlp import (
 )
 from dasknn.model.estimator import OutputBlocks, SparseEstimator
 from dasknn.optim import Optimizer, resolve_optimizer
-from dasknn.pipeline_parallel import worker_state as ws
-from dasknn.pipeline_parallel.plan import layer_costs, split_stages
-from dasknn.pipeline_parallel.schedule import check_schedule
-from dasknn.pipeline_parallel.taskgraph import accumulate_dtype, build_inference, build_step
-from dasknn.pipeline_parallel.timeline import IdleSources, handover_seconds, idle_sources
+from dasknn.pipeline_parallel import _worker_state as ws
+from dasknn.pipeline_parallel._plan import layer_costs, split_stages
+from dasknn.pipeline_parallel._schedule import check_schedule
+from dasknn.pipeline_parallel._taskgraph import accumulate_dtype, build_inference, build_step
+from dasknn.pipeline_parallel._timeline import IdleSources, handover_seconds, idle_sources
 from dasknn.runtime.affinity import PLUGIN_NAME as PIN_CORES_PLUGIN
 from dasknn.runtime.affinity import PinCores, host_slots
 from dasknn.runtime.comm_report import CommReport, Key
@@ -122,7 +122,7 @@ def _by_replica(where: tuple[int, int]) -> tuple[int, int]:
 
 def balanced_bounds(model: CompressedMLP, stages: int) -> list[tuple[int, int]]:
     """The layers of each of ``stages`` stages of ``model``, balanced by the estimated cost of a
-    training step (:func:`~dasknn.pipeline_parallel.plan.layer_costs`: forward, weight gradient
+    training step (:func:`~dasknn.pipeline_parallel._plan.layer_costs`: forward, weight gradient
     and input gradient products over the dense entries with ``compute="dense"``, the unpruned
     weights with ``compute="sparse"``).
 
@@ -605,7 +605,7 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         """End ``step``'s tasks on the stage workers that still answer (with posted messages a
         stage waits for its neighbours' messages and posts, which a lost or stopped stage never
         answers; a stopped one's task ends when the model is closed, see
-        :meth:`~dasknn.pipeline_parallel.worker_state.StageState.teardown`)."""
+        :meth:`~dasknn.pipeline_parallel._worker_state.StageState.teardown`)."""
         if self.messages != "posted":
             return
         survivors = answering_workers(self.client, self.workers.values())
@@ -897,7 +897,7 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
     def idle_sources(self) -> dict[tuple[int, int], IdleSources]:
         """Per stage replica, its idle fraction in the last step split into the schedule's
         formula, the stages' unequal mean passes, the passes' variation and the handover, against
-        the ideal timeline of the schedule (see :mod:`dasknn.pipeline_parallel.timeline`)."""
+        the ideal timeline of the schedule (see :mod:`dasknn.pipeline_parallel._timeline`)."""
         report = self.step_report()
         out = {}
         for d in range(self.replicas):

@@ -27,7 +27,7 @@ class ShardState(ModelPlugin):
         Bounds of every worker's block of hidden neurons.
     hidden_blocks, forwards : dict
         The worker's hidden block (from the forward pass to the hidden update) and its shard's
-        forward values (:class:`~dasknn.sampled_parallel.steps.Forward`, from selection to
+        forward values (:class:`~dasknn.sampled_parallel._steps.Forward`, from selection to
         backward) of the training steps under way, by submission number.
     """
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dasknn.data_parallel.shards import ShardMap
+from dasknn.data_parallel._shards import ShardMap
 from dasknn.model.embedding_network import EMBEDDING, SOFTMAX, EmbeddingSpec, unique_rows
 from dasknn.model.sampled_softmax import SampledOutput, sampled_output
 

@@ -13,9 +13,9 @@ it holds:
   and the :attr:`workspace` of the forward and backward pass's temporaries, kept from one step to
   the next;
 - with ``messages="posted"``, the :attr:`mailbox` of the values other workers posted to it,
-  and the :attr:`posts` it made in the last step (:mod:`dasknn.data_parallel.posted`).
+  and the :attr:`posts` it made in the last step (:mod:`dasknn.data_parallel._posted`).
 
-The step tasks (:mod:`dasknn.data_parallel.steps`) find it with ``ReplicaState.on_worker(token)``.
+The step tasks (:mod:`dasknn.data_parallel._steps`) find it with ``ReplicaState.on_worker(token)``.
 No task changes a value Dask holds: parameters live here only.
 """
 

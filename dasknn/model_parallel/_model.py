@@ -25,9 +25,9 @@ from dasknn.model.estimator import SparseEstimator
 from dasknn.model.persistence import ModelRecord, pattern_digest, read_model, write_model
 from dasknn.model.sparse_mlp import SparseMLP
 from dasknn.model.validation import check_in_flight
-from dasknn.model_parallel.comm import predicted_counts, wire_bytes
-from dasknn.model_parallel.exchange import ActorStepTemplate, postbox_key
-from dasknn.model_parallel.layout import (
+from dasknn.model_parallel._comm import predicted_counts, wire_bytes
+from dasknn.model_parallel._exchange import ActorStepTemplate, postbox_key
+from dasknn.model_parallel._layout import (
     PLACING,
     Layout,
     Snapshot,
@@ -38,11 +38,11 @@ from dasknn.model_parallel.layout import (
     snapshot_network,
     worker_of_parts,
 )
-from dasknn.model_parallel.microbatches import auto_microbatches, check_microbatches, split_rows
-from dasknn.model_parallel.plan import build_comm_plan, normalize_partition
-from dasknn.model_parallel.steps import StepContext
-from dasknn.model_parallel.taskgraph import PartPlacement, StepPriority, StepTemplate
-from dasknn.model_parallel.worker_state import ModelState, read_parts
+from dasknn.model_parallel._microbatches import auto_microbatches, check_microbatches, split_rows
+from dasknn.model_parallel._plan import build_comm_plan, normalize_partition
+from dasknn.model_parallel._steps import StepContext
+from dasknn.model_parallel._taskgraph import StepPriority, StepTemplate, part_of
+from dasknn.model_parallel._worker_state import ModelState, read_parts
 from dasknn.optim import Optimizer, ParamState, resolve_optimizer
 from dasknn.runtime.comm_report import CommReport, counts_of
 from dasknn.runtime.distributed_model import DistributedModel
@@ -60,6 +60,7 @@ from dasknn.runtime.faults import (
 )
 from dasknn.runtime.measure import read_transfers
 from dasknn.runtime.model_span import held_in_span, new_span
+from dasknn.runtime.placement import KeyPlacement
 from dasknn.runtime.postbox import Postbox
 from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT
 from dasknn.runtime.waiting import call_at_most, gather_at_most
@@ -133,7 +134,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         run through the layer chain interleaved: a worker computes one microbatch's layer while
         the messages of the previous one travel. The gradients are summed over the blocks, so the
         step is the same step. ``None`` (the default) chooses per step with
-        :func:`~dasknn.model_parallel.microbatches.auto_microbatches`: 1 when all parts are on
+        :func:`~dasknn.model_parallel._microbatches.auto_microbatches`: 1 when all parts are on
         one worker, else blocks of at least 256 rows, at most 4 of them.
     workers : sequence of str, optional
         The addresses of the workers to use (part ``m`` on ``workers[m % W]``); default every
@@ -142,7 +143,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
     messages : {"posted", "tasks"}
         How a training step runs. ``"posted"`` (the default): one task per worker and step runs
         its parts through the layers and posts the messages straight to the receiving worker's
-        postbox actor (:mod:`dasknn.model_parallel.exchange`), without a scheduler round trip per
+        postbox actor (:mod:`dasknn.model_parallel._exchange`), without a scheduler round trip per
         layer. ``"tasks"``: every layer step of every part is a task, every message between
         workers a task result Dask moves (the scheduler sees and orders the whole dataflow, and
         ``comm_report()`` adds the serialization overhead from Dask's transfer logs). Both take
@@ -166,7 +167,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
     part_workers : list of str
         Worker address of every part.
     plugin_name : str
-        Name of the model's :class:`~dasknn.model_parallel.worker_state.ModelState` worker plugin.
+        Name of the model's :class:`~dasknn.model_parallel._worker_state.ModelState` worker plugin.
     optimizer_ : Optimizer or None
         The optimizer of the last training step (its state lives on the workers).
     n_steps_ : int
@@ -273,7 +274,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         #: Batches run since the last reset, counted by (rows, backward, microbatches): the comm
         #: report's prediction, kept in a size that does not grow with the number of batches.
         self._batches: Counter[tuple[int, bool, int]] = Counter()
-        self._placement = PartPlacement(self.part_workers)
+        self._placement = KeyPlacement(self.part_workers, part_of)
         self._priority = StepPriority(self.token, self.plan.n_layers)
         self.optimizer_: Optimizer | None = None
         self.loss_curve_: list[float] = []
@@ -362,7 +363,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
 
     def _place_network(self, chunks, biases, states: dict | None = None) -> None:
         """Place the weight ``chunks``, ``biases`` and optimizer ``states`` on the part workers
-        (:func:`~dasknn.model_parallel.layout.place_network`) and start the postboxes, within
+        (:func:`~dasknn.model_parallel._layout.place_network`) and start the postboxes, within
         what is left of ``step_timeout`` since the placement began.
 
         Raises
@@ -707,10 +708,10 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         Keys are ``(layer, phase, sender, receiver)`` with phases ``forward`` (activations
         consumed by ``layer``), ``backward`` (partial sums of ``layer``) and ``other`` (softmax
         statistics), for every training step and forward pass; the prediction comes from the
-        plan (:func:`~dasknn.model_parallel.comm.predicted_counts`): bytes and messages per
+        plan (:func:`~dasknn.model_parallel._comm.predicted_counts`): bytes and messages per
         worker pair. ``details`` holds ``predicted_parts`` (the forward and backward bytes of
         every message between parts, also those on one worker) and the senders' logs
-        (:func:`~dasknn.model_parallel.comm.wire_bytes`: ``wire_messages``, ``wire_payload``,
+        (:func:`~dasknn.model_parallel._comm.wire_bytes`: ``wire_messages``, ``wire_payload``,
         ``wire_total``, ``serialization_overhead``; zero for posted messages, which Dask does
         not log). Costs a call to the scheduler and one to every worker.
         """
@@ -938,7 +939,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         if self._chosen is not None:
             workers = [w for w in workers if w in self._chosen]
         self.part_workers = worker_of_parts(workers, self.nparts)
-        self._placement = PartPlacement(self.part_workers)
+        self._placement = KeyPlacement(self.part_workers, part_of)
         # Replacing the plugin tears the old one down, which ends the waits of a step task still
         # running on a worker that stayed; a task of an earlier step is refused from now on.
         state = ModelState(self.token, first_step=self._step + 1)

@@ -1,7 +1,7 @@
 """Time a model-parallel training run and split it into local products, update and waiting.
 
 The workers record how long they spend in the numba products, the weight update and packing
-(:mod:`dasknn.model_parallel.steps`); what is left of the wall time on the busiest worker, once the
+(:mod:`dasknn.model_parallel._steps`); what is left of the wall time on the busiest worker, once the
 updates run by the background thread (beside the task thread) are set aside, is time its task
 thread spent waiting: for messages, for the scheduler, for the other workers.
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dasknn.model_parallel.model import DistributedSparseMLP
+from dasknn.model_parallel._model import DistributedSparseMLP
 from dasknn.runtime.comm_report import CommReport
 
 __all__ = ["TrainingTimes", "time_training"]

@@ -13,15 +13,15 @@ runs while the task thread waits for the next layer's messages instead of delayi
 part's last task of the step updates layer 1 and waits for all of its updates. With
 ``messages="posted"`` the waits are inside the task, so the task thread itself runs the queued
 updates while a message it needs has not arrived
-(:meth:`~dasknn.model_parallel.worker_state.ModelState.queue_idle`), and no second thread takes
+(:meth:`~dasknn.model_parallel._worker_state.ModelState.queue_idle`), and no second thread takes
 cores from the products. A step may be cut
 into microbatches (row blocks, :attr:`StepContext.microbatches`): each task works on one block,
 and a layer's gradients are summed over the blocks on the update thread before the optimizer's
-step. With ``messages="posted"`` (:mod:`dasknn.model_parallel.exchange`) one task per worker calls
+step. With ``messages="posted"`` (:mod:`dasknn.model_parallel._exchange`) one task per worker calls
 these functions for its parts, and messages for parts on other workers are posted there.
 
 Everything a task reads or changes besides its arguments belongs to the model's worker plugin
-(:class:`~dasknn.model_parallel.worker_state.ModelState`, found with its ``on_worker``): the
+(:class:`~dasknn.model_parallel._worker_state.ModelState`, found with its ``on_worker``): the
 weight values, biases and optimizer state of the parts on this worker, and the intermediate
 values of a part (``x_in``, ``z``, ``a`` per layer, partial sums) keyed by step and part, so
 one task per message suffices and the critical path of a layer is one task plus one transfer.
@@ -47,8 +47,8 @@ import numpy as np
 from dasknn.kernels.training import masked_outer_grad, spmm_backward, spmm_forward
 from dasknn.model.activations import get_activation
 from dasknn.model.losses import get_loss
-from dasknn.model_parallel.plan import LayerPartPlan
-from dasknn.model_parallel.worker_state import (
+from dasknn.model_parallel._plan import LayerPartPlan
+from dasknn.model_parallel._worker_state import (
     GradientSum,
     MicrobatchStep,
     ModelState,
@@ -89,7 +89,7 @@ class StepContext:
     #: Rows of the whole step's batch (the ``B`` of the mean loss); 0 for a forward pass.
     batch: int = 0
     #: ``messages="posted"``: the worker address of every part; messages for parts on other
-    #: workers are posted there (:mod:`dasknn.model_parallel.exchange`). Empty: they are task
+    #: workers are posted there (:mod:`dasknn.model_parallel._exchange`). Empty: they are task
     #: results.
     part_workers: tuple = ()
 
@@ -260,7 +260,7 @@ def forward_task(
 
     Layer ``k = 0`` takes the part's input columns ``x0`` (rows ``x0_rows`` of them when given);
     ``plan`` is then ``None``. The part's weights and bias are those its worker's
-    :class:`~dasknn.model_parallel.worker_state.ModelState` owns.
+    :class:`~dasknn.model_parallel._worker_state.ModelState` owns.
 
     Parameters
     ----------

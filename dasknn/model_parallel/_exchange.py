@@ -1,12 +1,12 @@
 """Training steps whose layer messages go straight from worker to worker (``messages="posted"``).
 
-In the default mode (:mod:`dasknn.model_parallel.taskgraph`) every layer step of every part is a
+In the default mode (:mod:`dasknn.model_parallel._taskgraph`) every layer step of every part is a
 task and every message a task result the scheduler routes: each layer costs a scheduler round
 trip (task finished, next task assigned, its input fetched from the peer). Here a step is one
 task per worker, which runs that worker's parts through the forward and backward layer chain
 itself (the same per-part functions as the tasks of the default mode,
-:func:`~dasknn.model_parallel.steps.forward_task` and
-:func:`~dasknn.model_parallel.steps.backward_task`) and exchanges the messages directly: a
+:func:`~dasknn.model_parallel._steps.forward_task` and
+:func:`~dasknn.model_parallel._steps.backward_task`) and exchanges the messages directly: a
 message for a part on another worker is posted to that worker's
 :class:`~dasknn.runtime.postbox.Postbox`, a Dask actor (one per worker and model, documented API:
 its method calls go from worker to worker without the scheduler), which leaves it in the
@@ -29,16 +29,16 @@ from dataclasses import dataclass
 from dask.task_spec import List, Task, TaskRef
 from distributed import get_worker
 
-from dasknn.model_parallel.layout import Layout
-from dasknn.model_parallel.plan import CommPlan
-from dasknn.model_parallel.steps import (
+from dasknn.model_parallel._layout import Layout
+from dasknn.model_parallel._plan import CommPlan
+from dasknn.model_parallel._steps import (
     Route,
     StepContext,
     backward_task,
     combine_logsumexp,
     forward_task,
 )
-from dasknn.model_parallel.worker_state import ModelState
+from dasknn.model_parallel._worker_state import ModelState
 from dasknn.runtime.keys import phase_names, step_key
 from dasknn.runtime.measure import report_transfers
 
@@ -122,7 +122,7 @@ class ActorStepTemplate:
         self, ctx: StepContext, inputs: dict, rows: list, previous: dict | None = None
     ) -> dict:
         """The task graph of step ``ctx.step`` (see :meth:`StepTemplate.graph
-        <dasknn.model_parallel.taskgraph.StepTemplate.graph>` for the arguments)."""
+        <dasknn.model_parallel._taskgraph.StepTemplate.graph>` for the arguments)."""
         postboxes = List(*(TaskRef(key) for key in self.postboxes))
         dsk = {}
         for w, program in enumerate(self.programs):

@@ -1,12 +1,12 @@
 """Task graphs of a distributed sampled step and of a prediction batch.
 
-Keys are :func:`dasknn.runtime.keys.sampled_key` tuples ``(name, call, phase, sender,
-receiver)``, and every task runs on the worker of its ``sender`` position
-(:class:`SenderPlacement`). A key with ``sender == receiver`` is local to that worker and never
-moves. A key with ``receiver == EVERY_WORKER`` is a value its sender uses and every other worker
-reads: each read is one message of that phase from the sender to the reader. A key with
-another ``receiver`` is made on ``sender`` for that one worker: one message. The batch itself
-is part of the graph (data nodes on their workers), so nothing is scattered before a step.
+Keys are :func:`dasknn.runtime.keys.sampled_key` tuples ``(name, call, phase, sender, receiver)``,
+and every task runs on the worker of its ``sender`` position
+(:class:`~dasknn.runtime.placement.KeyPlacement`). A key with ``sender == receiver`` is local to
+that worker and never moves. A key with ``receiver == EVERY_WORKER`` is a value its sender uses and
+every other worker reads: each read is one message of that phase from the sender to the reader. A
+key with another ``receiver`` is made on ``sender`` for that one worker: one message. The batch
+itself is part of the graph (data nodes on their workers), so nothing is scattered before a step.
 
 Per training step, with ``B`` rows, ``H`` hidden neurons in blocks of ``H_q`` and item size
 ``s``: phase ``hidden`` moves ``(P - 1) B H s`` bytes, ``stats`` ``P (P - 1) 2 B s`` and
@@ -24,12 +24,11 @@ from functools import partial
 from dask.task_spec import DataNode, Task, TaskRef
 
 from dasknn.runtime.keys import parse_sampled_key, sampled_key
-from dasknn.sampled_parallel import steps
+from dasknn.sampled_parallel import _steps as steps
 
 __all__ = [
     "EVERY_WORKER",
     "PHASES",
-    "SenderPlacement",
     "message_priority",
     "predict_graph",
     "step_bytes",
@@ -41,16 +40,6 @@ PHASES = ("hidden", "stats", "grad")
 
 #: The receiver field of a value that every worker reads.
 EVERY_WORKER = -1
-
-
-class SenderPlacement:
-    """``workers=`` annotation: the worker at the key's sender position."""
-
-    def __init__(self, workers: list[str]) -> None:
-        self.workers = list(workers)
-
-    def __call__(self, key) -> list[str]:
-        return [self.workers[parse_sampled_key(key).sender]]
 
 
 def message_priority(key) -> int:
@@ -95,7 +84,7 @@ def train_graph(
     ``lr_scale``.
 
     ``rows[p]``: the batch rows (CSR) for worker ``p``; ``labels[p]``: its
-    :class:`~dasknn.sampled_parallel.steps.ShardLabels`; ``after[p]``: a key of the previous
+    :class:`~dasknn.sampled_parallel._steps.ShardLabels`; ``after[p]``: a key of the previous
     step on worker ``p`` (its output key) when this step is queued behind it.
     """
     key = partial(sampled_key, token, call)

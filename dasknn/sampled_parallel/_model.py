@@ -12,11 +12,12 @@ import dask
 import dask.array as da
 import numpy as np
 
-from dasknn.exceptions import StepTimeoutError
+from dasknn.exceptions import NonFiniteLossError, StepTimeoutError
 from dasknn.runtime.comm_report import CommReport, counts_of
 from dasknn.runtime.distributed_model import DistributedModel
-from dasknn.runtime.keys import sampled_key
+from dasknn.runtime.keys import parse_sampled_key, sampled_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
+from dasknn.runtime.placement import KeyPlacement, by_sender
 from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT
 from dasknn.runtime.waiting import WorkerLostError, gather_watching, watch_workers
 from dasknn.sampled.checks import check_features, check_k, check_labels, check_positive_int
@@ -31,16 +32,15 @@ from dasknn.sampled.model import (
     training_optimizer,
 )
 from dasknn.sampled.schedule import DecaySchedule, training_schedule
-from dasknn.sampled_parallel.steps import ShardLabels
-from dasknn.sampled_parallel.taskgraph import (
+from dasknn.sampled_parallel._steps import ShardLabels
+from dasknn.sampled_parallel._taskgraph import (
     PHASES,
-    SenderPlacement,
     message_priority,
     predict_graph,
     step_bytes,
     train_graph,
 )
-from dasknn.sampled_parallel.worker_state import ShardState, install_shard, read_shard
+from dasknn.sampled_parallel._worker_state import ShardState, install_shard, read_shard
 
 __all__ = ["DistributedSampledMLP"]
 
@@ -63,7 +63,7 @@ class DistributedSampledMLP(DistributedModel):
     of the model (its neurons, weights, bias, Adam state, hash family and tables) and block ``p``
     of the hidden neurons. The parameters are sent once, here; after that a training step moves
     only the hidden activations, each shard's softmax statistics and the partial gradients of the
-    hidden activations (see :func:`~dasknn.sampled_parallel.taskgraph.step_bytes`). The model
+    hidden activations (see :func:`~dasknn.sampled_parallel._taskgraph.step_bytes`). The model
     selects the same active sets, and computes the same values, as the one-process model with
     ``shards=P``, so :meth:`gather` after ``fit`` equals the one-process model after the same
     ``fit``.
@@ -140,7 +140,7 @@ class DistributedSampledMLP(DistributedModel):
         #: Rows of the training steps and prediction blocks run since the last reset_comm, by
         #: (phase kind, rows): the comm report's prediction.
         self._counted: Counter[tuple[str, int]] = Counter()
-        self._placement = SenderPlacement(self.workers)
+        self._placement = KeyPlacement(self.workers, by_sender(parse_sampled_key))
         self._register(ShardState(self.token), lambda: self._install(model))
 
     def _shard_workers(self, model: SampledMLP, workers: list[str] | None) -> list[str]:
@@ -261,6 +261,13 @@ class DistributedSampledMLP(DistributedModel):
         self._counted["train", X.shape[0]] += 1
         return self._submit(tasks, outputs)
 
+    def _finish_step(self, futures, step: int) -> float:
+        """The loss of training step number ``step``, whose loss shares are ``futures``; a loss
+        that is not finite is a :class:`NonFiniteLossError`."""
+        loss = float(np.sum(self._gather(futures, training=True)))
+        NonFiniteLossError.check([loss], step)
+        return loss
+
     def _gather(self, futures, training: bool = False) -> list:
         """The results of a call's ``futures``; :class:`WorkerLostError` naming a shard worker
         that left the cluster meanwhile, :class:`StepTimeoutError` naming the shard workers whose
@@ -372,17 +379,15 @@ class DistributedSampledMLP(DistributedModel):
             batches = epoch_batches(X.shape[0], batch_size, order_seed, self.epochs_, shuffle)
             try:
                 with EpochBar(X.shape[0], batch_size, self.epochs_, progress) as bar:
-                    finish = bar.wrap(
-                        lambda step: float(np.sum(self._gather(step, training=True)))
-                    )
+                    finish = bar.wrap(self._finish_step)
                     for rows in batches:
                         batch_ptr, batch_ids = label_rows(ptr, ids, rows)
                         after = [f.key for f in running[-1]] if running else None
                         running.append(self._submit_batch(X[rows], batch_ptr, batch_ids, after))
                         if len(running) > 1:
-                            total += finish(running.popleft())
+                            total += finish(running.popleft(), self.n_steps_ - 1)
                     while running:
-                        total += finish(running.popleft())
+                        total += finish(running.popleft(), self.n_steps_ - len(running))
             except BaseException:
                 # the step queued behind the failed one, released at once (the error's
                 # traceback holds this frame); an interrupted fit leaves steps half applied
@@ -511,7 +516,7 @@ class DistributedSampledMLP(DistributedModel):
     def comm_report(self) -> CommReport:
         """Bytes and messages between workers since the model started or :meth:`reset_comm`,
         as the transfer monitor measured them, beside the formula of every training step
-        (:func:`~dasknn.sampled_parallel.taskgraph.step_bytes`, ``P (P - 1)`` messages a phase)
+        (:func:`~dasknn.sampled_parallel._taskgraph.step_bytes`, ``P (P - 1)`` messages a phase)
         and of every prediction block (phase ``predict-hidden``: ``(P - 1) B H s`` bytes)."""
         self._check_open()
         measured = counts_of(read_transfers(self.client, self.token))

@@ -13,10 +13,10 @@ layer ``layer`` returned to the owners of those rows on worker number ``receiver
 weight update of the layer starts in the background when they are computed) or ``lse`` (softmax
 statistics). Workers are numbered by sorted address. ``receiver`` is ``-1`` for a task that sends
 nothing to another worker, ``-2`` for an output block, ``-3`` for softmax statistics. Every task
-runs on the worker of ``part`` (:class:`PartPlacement`), so the only values Dask moves between
+runs on the worker of ``part`` (:data:`part_of`), so the only values Dask moves between
 workers are the packed messages. A part sends one message per layer and phase to each *other
 worker* hosting receivers; messages between parts on the same worker never become tasks: the
-sender leaves them in the worker's mailbox (:mod:`dasknn.model_parallel.steps`) and the receiver's
+sender leaves them in the worker's mailbox (:mod:`dasknn.model_parallel._steps`) and the receiver's
 tasks wait for one of the sender's tasks (``after``). With ``P`` parts on ``W`` workers a layer thus
 costs at most ``P (W - 1)`` tasks instead of ``P (P - 1)``. With microbatches every task exists
 once per row block of the batch (``microbatch``), each block's tasks depending on the same
@@ -26,12 +26,13 @@ block's; :class:`StepPriority` orders a worker's ready tasks.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import itemgetter
 
 from dask.task_spec import List, Task, TaskRef
 
-from dasknn.model_parallel.layout import Layout
-from dasknn.model_parallel.plan import CommPlan
-from dasknn.model_parallel.steps import (
+from dasknn.model_parallel._layout import Layout
+from dasknn.model_parallel._plan import CommPlan
+from dasknn.model_parallel._steps import (
     Route,
     StepContext,
     backward_task,
@@ -40,27 +41,16 @@ from dasknn.model_parallel.steps import (
 )
 from dasknn.runtime.keys import phase_names, step_key
 
-__all__ = ["PartPlacement", "StepPriority", "StepTemplate"]
+__all__ = ["StepPriority", "StepTemplate", "part_of"]
+
+#: The position function of a step key's placement: the part in ``key[3]``.
+part_of = itemgetter(3)
 
 NO_RECEIVER = -1
 OUTPUT_BLOCK = -2
 SOFTMAX_STATS = -3
 #: Microbatch numbers stay below this in a priority (:class:`StepPriority`).
 PRIORITY_STRIDE = 2**31
-
-
-class PartPlacement:
-    """Worker restriction of a step's tasks: the worker of the part in ``key[3]``.
-
-    Used as the ``workers=`` annotation (evaluated per key by the scheduler) together with
-    ``allow_other_workers=False``.
-    """
-
-    def __init__(self, part_workers: list[str]):
-        self.part_workers = list(part_workers)
-
-    def __call__(self, key) -> list[str]:
-        return [self.part_workers[key[3]]]
 
 
 @dataclass(frozen=True)

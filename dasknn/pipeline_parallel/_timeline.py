@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from statistics import fmean
 
-from dasknn.pipeline_parallel.schedule import bubble_fraction, stage_order
+from dasknn.pipeline_parallel._schedule import bubble_fraction, stage_order
 
 __all__ = ["IdleSources", "handover_seconds", "idle_sources", "replay"]
 

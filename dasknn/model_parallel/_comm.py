@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dasknn.model_parallel.plan import CommPlan
+from dasknn.model_parallel._plan import CommPlan
 from dasknn.runtime.comm_report import Key
 from dasknn.runtime.keys import message_phase
 

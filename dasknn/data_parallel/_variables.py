@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dasknn.data_parallel.plan import StepPlan
+from dasknn.data_parallel._plan import StepPlan
 from dasknn.model.embedding_network import EmbeddingSpec
 
 __all__ = ["VariableInfo", "VariableStats", "classify"]

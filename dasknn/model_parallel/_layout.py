@@ -1,14 +1,13 @@
 """Placement of a partitioned network on Dask workers, and snapshots of its current values.
 
 Part ``m`` lives on worker ``m % W`` (workers sorted by address). Every layer is renumbered so every
-part's rows and columns are contiguous (:func:`dasknn.model_parallel.plan.reorder`) and cut into one
-chunk of shape ``(n_{k-1}, c_m)`` per part. The chunks and biases are handed to the model's worker
-plugin (:class:`~dasknn.model_parallel.worker_state.ModelState`) on the part's worker, which owns
-and trains them; every part's :class:`~dasknn.model_parallel.plan.LayerPartPlan` stays beside them
-as Dask data (never changed). :func:`snapshot_network` turns the owned values into dask arrays of
-fresh pydata-sparse ``GCXS`` chunks (biases: numpy chunks), each made by a task on its part's
-worker.
-"""
+part's rows and columns are contiguous (:func:`dasknn.model_parallel._plan.reorder`) and cut into
+one chunk of shape ``(n_{k-1}, c_m)`` per part. The chunks and biases are handed to the model's
+worker plugin (:class:`~dasknn.model_parallel._worker_state.ModelState`) on the part's worker, which
+owns and trains them; every part's :class:`~dasknn.model_parallel._plan.LayerPartPlan` stays beside
+them as Dask data (never changed). :func:`snapshot_network` turns the owned values into dask arrays
+of fresh pydata-sparse ``GCXS`` chunks (biases: numpy chunks), each made by a task on its part's
+worker. """
 
 from __future__ import annotations
 
@@ -22,8 +21,8 @@ import scipy.sparse as sp
 import sparse
 from distributed import wait
 
-from dasknn.model_parallel.plan import CommPlan
-from dasknn.model_parallel.worker_state import install_parts, snapshot_bias, snapshot_weight
+from dasknn.model_parallel._plan import CommPlan
+from dasknn.model_parallel._worker_state import install_parts, snapshot_bias, snapshot_weight
 from dasknn.runtime.faults import POLL_SECONDS, run_watching_part_workers
 from dasknn.runtime.model_span import held_in_span
 from dasknn.runtime.scatter import scatter_released_if_given_up
@@ -163,7 +162,7 @@ def place_network(
     """Hand the renumbered weight chunks and biases to the model's plugin on the workers of their
     parts, and scatter the plans beside them.
 
-    The model's :class:`~dasknn.model_parallel.worker_state.ModelState` must be registered. The
+    The model's :class:`~dasknn.model_parallel._worker_state.ModelState` must be registered. The
     chunks travel with one ``Client.run`` call per worker (no task and no key: the plugin keeps
     them).
 
@@ -172,7 +171,7 @@ def place_network(
     client : distributed.Client
     token : str
         Unique name of the distributed model (part of every key).
-    plan, chunks : from :func:`dasknn.model_parallel.plan.build_comm_plan`
+    plan, chunks : from :func:`dasknn.model_parallel._plan.build_comm_plan`
     biases : sequence of 1-D arrays in the original neuron order
     part_workers : from :func:`worker_of_parts`
     dtype : numpy dtype of the values
@@ -245,7 +244,7 @@ def chunk_entries(pattern, plan: CommPlan) -> list[list[np.ndarray]]:
     list of list of numpy.ndarray
         ``entries[k-1][m][i]`` is the position, in the values of the original ``W_k``, of the
         ``i``-th stored value of part ``m``'s chunk (the chunks of
-        :func:`~dasknn.model_parallel.plan.build_comm_plan`, cut the same way).
+        :func:`~dasknn.model_parallel._plan.build_comm_plan`, cut the same way).
     """
     entries = []
     for k, (shape, indptr, indices) in enumerate(pattern, start=1):

@@ -29,7 +29,7 @@ import scipy.sparse as sp
 
 from dasknn.optim import Optimizer
 from dasknn.sampled.layers import ActiveSet, combine_statistics
-from dasknn.sampled_parallel.worker_state import ShardState
+from dasknn.sampled_parallel._worker_state import ShardState
 
 __all__ = [
     "Forward",

@@ -243,7 +243,7 @@ def run_stage(
     Parameters
     ----------
     order : list of (kind, microbatch)
-        :func:`~dasknn.pipeline_parallel.schedule.stage_order` of this stage.
+        :func:`~dasknn.pipeline_parallel._schedule.stage_order` of this stage.
     scale, loss_scale : float
         As for :func:`forward_pass`.
     inputs, labels : list

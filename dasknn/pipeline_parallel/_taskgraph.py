@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 from dask.task_spec import List, Task, TaskRef
 
-from dasknn.pipeline_parallel import worker_state as ws
-from dasknn.pipeline_parallel.schedule import stage_order
+from dasknn.pipeline_parallel import _worker_state as ws
+from dasknn.pipeline_parallel._schedule import stage_order
 from dasknn.runtime.collectives import build_allreduce
 from dasknn.runtime.keys import parse_collective_key, parse_pipeline_key, pipeline_key
 
@@ -216,7 +216,7 @@ def build_step(
         is the value of ``verdict_key``).
     postboxes : dict, optional
         ``{(stage, replica): key of its postbox actor}``: the step runs as one task per stage
-        replica (``run`` keys, :func:`~dasknn.pipeline_parallel.worker_state.run_stage`) whose
+        replica (``run`` keys, :func:`~dasknn.pipeline_parallel._worker_state.run_stage`) whose
         messages are posted worker to worker; each last stage's task returns the losses of its
         microbatches. Without it, a task per pass and each message a task result; each
         ``loss_keys`` entry is one microbatch's loss.
@@ -323,7 +323,7 @@ def build_step(
 
 def _run_task(key, token, step, s, d, order, stages, scale, loss_scale, postboxes) -> Task:
     """The task of stage replica ``(s, d)`` that runs all its passes of the step, its messages
-    posted (:func:`~dasknn.pipeline_parallel.worker_state.run_stage`)."""
+    posted (:func:`~dasknn.pipeline_parallel._worker_state.run_stage`)."""
     m = len(order) // 2
     inputs = [TaskRef(pipeline_key(token, "x", step, 0, d, u)) for u in range(m)] if s == 0 else []
     labels = []
@@ -357,7 +357,7 @@ def build_inference(
     """The tasks of a prediction: row block ``j`` (its feature-major samples under the key
     ``pipeline_key(token, "infer-x", call, 0, d, j)`` on stage 0 of replica ``d = j %
     replicas``) runs through that replica's stages, one ``infer`` task per stage
-    (:func:`~dasknn.pipeline_parallel.worker_state.infer`), each reading the previous stage's
+    (:func:`~dasknn.pipeline_parallel._worker_state.infer`), each reading the previous stage's
     (one message per boundary and block). Returns the tasks, the keys of the last stage's
     results (``(z_L, a_L)`` of each block, in order) and the placement of every key."""
     tasks: dict = {}

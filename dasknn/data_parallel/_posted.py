@@ -1,7 +1,7 @@
 """Data-parallel steps as one task per worker, the messages posted worker to worker
 (``messages="posted"``).
 
-The step graph of :func:`dasknn.data_parallel.hybrid.build_step` places every task on the
+The step graph of :func:`dasknn.data_parallel._hybrid.build_step` places every task on the
 worker its key names as sender. :func:`worker_programs` cuts it into one
 :class:`WorkerProgram` per worker: that worker's tasks in one order that every worker follows
 (a topological order of the whole graph, so no worker waits for a message a later task of its
@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from dask.task_spec import List, Task, TaskRef
 from distributed import get_worker
 
-from dasknn.data_parallel.hybrid import STEP
-from dasknn.data_parallel.worker_state import ReplicaState
+from dasknn.data_parallel._hybrid import STEP
+from dasknn.data_parallel._worker_state import ReplicaState
 from dasknn.runtime.keys import dp_key, parse_dp_key
 from dasknn.runtime.measure import report_transfers
 from dasknn.runtime.postbox import pack_envelope, post_failure
