@@ -742,6 +742,38 @@ def test_stopped_worker_is_named_after_the_step_timeout(client4):
     gc.collect()  # the cancelled gather's inner tasks, as in the lost-worker test
 
 
+def test_a_stopped_worker_is_named_after_the_step_timeout_of_an_inference_pass(client4):
+    """A worker stopped (SIGSTOP) during ``predict`` ends the pass after ``step_timeout`` in a
+    StepTimeoutError naming it and its shards; the pass's keys leave the scheduler, and once the
+    worker goes on the model predicts again (a pass changes no value)."""
+    model = EmbeddingMLP(V, C, D, hidden=(4,), dtype=np.float64)
+    X, y = next(iter(_batches(2)))
+    workers = sorted(scheduler_workers(client4))[:2]
+    with DistributedEmbeddingMLP(
+        model, client4, sparse_partitions=4, workers=workers, step_timeout=30
+    ) as dp:
+        dp.train_step(X, y, lr=0.1)
+        dp.step_timeout = 3  # placed (within 30 s on a busy machine): the pass's limit
+        victim = dp.workers[1]
+        with stopped(client4, victim):
+            start = time.monotonic()
+            named = (
+                r"^the inference did not finish within 3 s \(step_timeout\): .*worker "
+                rf"{re.escape(victim)} \(replica 1, shards \[1, 3\] of the embedding\) has "
+                "not been heard from for"
+            )
+            with pytest.raises(StepTimeoutError, match=named):
+                dp.predict(X)
+            assert time.monotonic() - start < 3 + 5
+            wait_until_empty(
+                lambda: client4.run_on_scheduler(_step_keys, token=dp.token),
+                5,
+                "the pass's keys stayed on the scheduler",
+            )
+        np.testing.assert_array_equal(dp.predict(X), dp.gather().predict(X))
+    gc.collect()
+
+
 def test_a_stopped_worker_does_not_hold_up_close(client4):
     """A worker stopped (SIGSTOP) after a step, still listed by the scheduler: ``close()`` of a
     model with ``reuse_memory=True`` waits for it at most ``step_timeout`` (the removal of the
