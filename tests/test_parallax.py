@@ -203,6 +203,125 @@ def test_float32_and_fit(client4):
         assert dp.comm_report().exact
 
 
+# (architecture, workers, shards, machines of 2 workers each, sampled softmax, messages)
+INFERENCE_CASES = [
+    ("hybrid", 4, 3, True, False, "posted"),
+    ("hybrid", 3, 5, False, True, "tasks"),
+    ("ps", 4, 5, True, True, "posted"),
+    ("ps", 2, 2, False, False, "tasks"),
+    ("ar", 3, None, False, True, "posted"),
+    ("ar-dense", 4, None, True, False, "tasks"),
+]
+
+
+@pytest.mark.parametrize("arch,n,shards,local,sampled,messages", INFERENCE_CASES)
+def test_inference_on_the_workers_equals_the_gathered_model(
+    client4, arch, n, shards, local, sampled, messages
+):
+    """``predict``, ``predict_proba``, ``decision_function``, ``evaluate``, ``perplexity`` and
+    ``score`` run on the workers, ``batch_size`` windows a pass (the last pass leaves a worker
+    without windows), and equal the gathered one-process model's; the passes' messages are
+    measured and predicted alike, and are no training steps."""
+    workers = sorted(scheduler_workers(client4))[:n]
+    machines = {w: i // 2 for i, w in enumerate(workers)} if local else None
+    classes = {"n_classes": 20, "output": "sampled", "n_sampled": 6} if sampled else {}
+    model = EmbeddingMLP(V, C, D, hidden=(4,), dtype=np.float64, seed=n, **classes)
+    batches = [(X, y % model.spec.n_classes) for X, y in _batches(n)]
+    X = np.concatenate([X for X, _ in batches])
+    y = np.concatenate([y for _, y in batches])
+    with DistributedEmbeddingMLP(
+        model,
+        client4,
+        architecture=arch,
+        sparse_partitions=shards,
+        machines=machines,
+        workers=workers,
+        messages=messages,
+    ) as dp:
+        for Xb, yb in batches:
+            dp.train_step(Xb, yb, optimizer=Adam(lr=0.05))
+        batch_size = (X.shape[0] - 1) // 3  # 4 passes, the last of 3 windows
+        labels = dp.predict(X, batch_size=batch_size)
+        proba = dp.predict_proba(X, batch_size=batch_size)
+        logits = dp.decision_function(X, batch_size=batch_size)
+        loss = dp.evaluate(X, y, batch_size=batch_size)
+        perplexity = dp.perplexity(X, y)
+        score = dp.score(X, y, batch_size=batch_size)
+        report = dp.comm_report()
+        one = dp.gather()
+    np.testing.assert_array_equal(labels, one.predict(X))
+    assert labels.dtype == np.int64
+    np.testing.assert_allclose(proba, one.predict_proba(X), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(logits, one.decision_function(X), rtol=0, atol=1e-12)
+    assert loss == pytest.approx(one.evaluate(X, y), rel=0, abs=1e-12)
+    assert perplexity == pytest.approx(one.perplexity(X, y), rel=1e-12)
+    assert score == one.score(X, y)
+    assert report.exact, str(report)
+    assert report.steps == STEPS
+    inference = {p for p in report.by("phase") if p.startswith("predict-")}
+    if arch in ("hybrid", "ps"):  # the servers send the rows of the windows, as in a step
+        assert "predict-pull" in inference
+    else:  # every row is in every worker's replica
+        assert not inference
+
+
+def _forget_sent(client) -> None:
+    """Empty the workers' logs of the data they sent (a log of the last few hundred sends)."""
+    client.run(lambda dask_worker: dask_worker.transfer_outgoing_log.clear())
+
+
+def _sent_to_clients(client) -> int:
+    """Bytes the workers sent to clients since :func:`_forget_sent` (a worker's own fetches
+    name the worker)."""
+    return sum(
+        client.run(
+            lambda dask_worker: sum(
+                entry["total"]
+                for entry in dask_worker.transfer_outgoing_log
+                if entry["who"] is None
+            )
+        ).values()
+    )
+
+
+def test_inference_pulls_the_rows_of_the_windows_and_never_gathers_the_model(client4):
+    """The client receives the per-window results only (labels: 8 bytes a window), and the
+    servers send each machine the rows of its windows only, as a training step's pull: far
+    less than the model, which is never read whole."""
+    vocab, dim, n = 1000, 8, 4
+    workers = sorted(scheduler_workers(client4))
+    model = EmbeddingMLP(vocab, C, dim, hidden=(4,), n_classes=5, dtype=np.float64, seed=2)
+    rng = np.random.default_rng(3)
+    X = rng.integers(0, 10, (20, C))  # the windows read 10 of the 1000 rows
+    batch_size = 8
+    machines = {w: i // 2 for i, w in enumerate(workers)}
+    with DistributedEmbeddingMLP(
+        model, client4, sparse_partitions=n, machines=machines, messages="tasks"
+    ) as dp:
+        _forget_sent(client4)
+        labels = dp.predict(X, batch_size=batch_size)
+        assert _sent_to_clients(client4) == labels.nbytes == 8 * X.shape[0]
+        _forget_sent(client4)
+        proba = dp.predict_proba(X, batch_size=batch_size)
+        assert _sent_to_clients(client4) == proba.nbytes == 8 * 5 * X.shape[0]
+        report = dp.comm_report()
+        assert dp._gathered is None  # what gather() reads it keeps: nothing was read
+        np.testing.assert_array_equal(labels, dp.gather().predict(X))
+    assert report.exact, str(report)
+    assert report.steps == 0
+    assert set(report.by("phase")) == {"predict-pull", "predict-from-chief"}
+    # shard p (rows r = p mod 4) on worker p; the chiefs are workers 0 and 2
+    pulled = 0
+    for start in range(0, X.shape[0], batch_size):
+        blocks = np.array_split(X[start : start + batch_size], n)
+        for chief in (0, 2):
+            union = np.unique(np.concatenate(blocks[chief : chief + 2]))
+            pulled += dim * 8 * int(np.count_nonzero(union % n != chief))
+    assert report.total(phase="predict-pull") == 2 * pulled  # predict, then predict_proba
+    values = sum(v.nbytes for v in model.variables().values())
+    assert report.total() + labels.nbytes + proba.nbytes < values / 4
+
+
 @pytest.mark.parametrize("messages", MESSAGES)
 @pytest.mark.parametrize("arch,local", [("hybrid", True), ("ps", False)])
 def test_fit_prefetching_rows_equals_one_process(client4, arch, local, messages):
@@ -498,7 +617,21 @@ def test_bad_input_before_anything_is_scheduled(client4):
         ]:
             with pytest.raises(ValueError, match=match):
                 dp.train_step(X, y, lr=0.1)
+        X, y = np.zeros((3, C), int), np.zeros(3, int)
+        for call, match in [
+            (lambda: dp.predict(np.full((3, C), V)), "outside the vocabulary"),
+            (lambda: dp.predict_proba(np.zeros((3, C + 1), int)), "shape"),
+            (lambda: dp.decision_function(np.full((3, C), 0.5)), "integers"),
+            (lambda: dp.predict(X, batch_size=0), "batch_size"),
+            (lambda: dp.score(X, np.full(3, -1)), "outside the classes"),
+            (lambda: dp.evaluate(X, y[:2]), "one label per window"),
+            (lambda: dp.perplexity(X, y, batch_size=1.5), "batch_size"),
+        ]:
+            with pytest.raises(ValueError, match=match):
+                call()
+        # any pass of four workers on four machines has messages (if of no bytes)
         assert dp.comm_report().steps == 0 and dp.comm_report().total() == 0
+        assert dp.comm_report().messages() == 0
     assert key_cache_bound_count(client4, dp.token) == 0
 
 
@@ -607,6 +740,38 @@ def test_stopped_worker_is_named_after_the_step_timeout(client4):
             with pytest.raises(RuntimeError, match="unusable after a failed step"):
                 dp.train_step(X, y, lr=0.1)
     gc.collect()  # the cancelled gather's inner tasks, as in the lost-worker test
+
+
+def test_a_stopped_worker_is_named_after_the_step_timeout_of_an_inference_pass(client4):
+    """A worker stopped (SIGSTOP) during ``predict`` ends the pass after ``step_timeout`` in a
+    StepTimeoutError naming it and its shards; the pass's keys leave the scheduler, and once the
+    worker goes on the model predicts again (a pass changes no value)."""
+    model = EmbeddingMLP(V, C, D, hidden=(4,), dtype=np.float64)
+    X, y = next(iter(_batches(2)))
+    workers = sorted(scheduler_workers(client4))[:2]
+    with DistributedEmbeddingMLP(
+        model, client4, sparse_partitions=4, workers=workers, step_timeout=30
+    ) as dp:
+        dp.train_step(X, y, lr=0.1)
+        dp.step_timeout = 3  # placed (within 30 s on a busy machine): the pass's limit
+        victim = dp.workers[1]
+        with stopped(client4, victim):
+            start = time.monotonic()
+            named = (
+                r"^the inference did not finish within 3 s \(step_timeout\): .*worker "
+                rf"{re.escape(victim)} \(replica 1, shards \[1, 3\] of the embedding\) has "
+                "not been heard from for"
+            )
+            with pytest.raises(StepTimeoutError, match=named):
+                dp.predict(X)
+            assert time.monotonic() - start < 3 + 5
+            wait_until_empty(
+                lambda: client4.run_on_scheduler(_step_keys, token=dp.token),
+                5,
+                "the pass's keys stayed on the scheduler",
+            )
+        np.testing.assert_array_equal(dp.predict(X), dp.gather().predict(X))
+    gc.collect()
 
 
 def test_a_stopped_worker_does_not_hold_up_close(client4):

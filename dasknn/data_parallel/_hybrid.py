@@ -1,7 +1,11 @@
-"""The task graph of one data-parallel step and its exact traffic (see docs/data_parallel.md)."""
+"""The task graph of one data-parallel step, and of an inference pass (:func:`build_inference`:
+the step's pull of the rows, then every worker's :func:`~._steps.infer` on its share of the
+windows), with their exact traffic. See docs/data_parallel.md.
+"""
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
@@ -14,11 +18,20 @@ from dasknn.data_parallel._steps import DENSE, SPARSE, StepContext
 from dasknn.runtime.collectives import build_allgather, build_allreduce, chunk_bounds
 from dasknn.runtime.keys import dp_key
 
-__all__ = ["ARCHITECTURES", "StepGraph", "build_step"]
+__all__ = [
+    "ARCHITECTURES",
+    "PREDICT",
+    "StepGraph",
+    "build_inference",
+    "build_step",
+    "inference_step",
+]
 
 ARCHITECTURES = ("hybrid", "ps", "ar", "ar-dense")
 INDEX_BYTES = 8
 STEP = "step"
+#: The prefix of the phases of an inference pass's messages (``predict-pull``, ...).
+PREDICT = "predict-"
 
 
 @dataclass
@@ -215,6 +228,70 @@ def build_step(
         key = b.key(STEP, "finish", i, i)
         finish = b.task(key, steps.finish, ctx, stepped, *grads, *b.final[i])
         b.graph.outputs.append(finish.key)
+    return b.graph
+
+
+_passes = itertools.count(1)
+
+
+def inference_step() -> int:
+    """A new step number for an inference pass: negative (apart from the training steps) and
+    unique in this process."""
+    return -next(_passes)
+
+
+class _InferenceBuilder(_Builder):
+    """The graph of an inference pass: a step's builder whose phases are prefixed with
+    :data:`PREDICT`."""
+
+    def key(self, variable, phase, sender, receiver, part=-1, step=None):
+        return super().key(variable, PREDICT + phase, sender, receiver, part, step)
+
+
+def build_inference(
+    ctx: StepContext,
+    topology: Topology,
+    plan: StepPlan,
+    dense_servers: dict[str, int],
+    output: str,
+) -> StepGraph:
+    """The graph of one inference pass (see the module docstring): ``hybrid`` and ``ps`` pull
+    each machine's rows from the servers as a step does (``ps`` the dense variables too), and
+    every worker computes :func:`~.steps.infer` ``(output)`` of its windows.
+
+    Parameters
+    ----------
+    ctx : StepContext
+        ``ctx.step`` negative and unique to the pass (its keys and its scratch).
+    topology : Topology
+    plan : StepPlan
+        The client's plan of the pass (:func:`~.plan.plan_inference`).
+    dense_servers : dict
+        ``ps``: the worker serving each dense variable.
+    output : str
+        One of :data:`~.steps.OUTPUTS`.
+
+    Returns
+    -------
+    StepGraph
+        ``outputs[i]`` is the key of worker ``i``'s result; ``predicted`` the pass's messages.
+    """
+    b = _InferenceBuilder(ctx, topology, plan)
+    sparse = list(ctx.spec.sparse_shapes())
+    rows_of = {v: dict.fromkeys(range(topology.n_workers)) for v in sparse}
+    if ctx.architecture in ("hybrid", "ps"):
+        rows_of = _pull_rows(b, prefetched=False)
+    pulled = defaultdict(list)
+    if ctx.architecture == "ps":
+        item = np.dtype(ctx.spec.dtype).itemsize
+        names, shapes = ctx.spec.dense_names(), ctx.spec.dense_shapes()
+        size = {n: int(np.prod(shape)) * item for n, shape in zip(names, shapes, strict=True)}
+        pulled = _pull_dense(b, names, size, dense_servers)
+    for i in range(topology.n_workers):
+        values = [rows_of[v][i] for v in sparse] + pulled[i]
+        key = b.key(STEP, "infer", i, i)
+        b.task(key, steps.infer, ctx, plan.batches[i], output, *values)
+        b.graph.outputs.append(key)
     return b.graph
 
 

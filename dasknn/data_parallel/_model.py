@@ -4,7 +4,7 @@
 machines=None)`` copies a one-process model's values to the workers; the object has the same
 ``fit / partial_fit / train_step / predict / predict_proba / score / evaluate / perplexity`` as
 the model, plus ``comm_report``, ``search``, ``search_report``, ``gather``, ``to_dask`` and
-``close``. Every step
+``close``; inference runs on the workers, a pass per ``batch_size`` windows. Every step
 splits the global batch over the workers (contiguous row blocks, uneven when it must be, empty
 when there are more workers than windows) and takes the exact gradient of the global mean loss,
 so a run equals the one-process run step for step.
@@ -21,8 +21,13 @@ import dask
 import dask.array as da
 import numpy as np
 
-from dasknn.data_parallel._hybrid import ARCHITECTURES, build_step
-from dasknn.data_parallel._plan import StepPlan, Topology, plan_step
+from dasknn.data_parallel._hybrid import (
+    ARCHITECTURES,
+    build_inference,
+    build_step,
+    inference_step,
+)
+from dasknn.data_parallel._plan import StepPlan, Topology, plan_inference, plan_step
 from dasknn.data_parallel._posted import program_tasks, worker_programs
 from dasknn.data_parallel._report import split_carried
 from dasknn.data_parallel._search import SearchReport, brute_force, search_partitions
@@ -40,7 +45,8 @@ from dasknn.exceptions import WorkerLostError
 from dasknn.model.embedding_mlp import EmbeddingMLP, split_output_table
 from dasknn.model.embedding_network import EMBEDDING, SOFTMAX
 from dasknn.model.sampled_softmax import sample_candidates
-from dasknn.model.window_estimator import WindowEstimator
+from dasknn.model.validation import check_batch_size
+from dasknn.model.window_estimator import WindowEstimator, check_windows
 from dasknn.optim import SGD, Optimizer
 from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.comm_report import CommReport, counts_of
@@ -101,6 +107,18 @@ def _check_count(name: str, value, low: int) -> int:
 class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
     """An embedding MLP trained data-parallel on the workers of a Dask cluster.
 
+    Inference (``predict``, ``predict_proba``, ``decision_function``, ``evaluate``,
+    ``perplexity``, ``score``) runs on the workers, never by gathering the model: one pass per
+    ``batch_size`` windows (default 1024), split over the workers as a training step's batch;
+    under ``hybrid`` and ``ps`` the servers send each machine the embedding rows of its windows
+    (under the sampled softmax also the whole output table, a prediction scoring every class;
+    under ``ps`` also every dense variable) as a step's pull does, measured and predicted in
+    :meth:`comm_report` under the phases ``predict-pull`` and ``predict-from-chief``; under
+    ``ar`` and ``ar-dense`` the workers read their replicas and nothing moves between them.
+    Each worker scores its windows with its replicas of the dense variables, and only the
+    per-window results (a label, or ``n_classes`` probabilities or logits) or one sum a worker
+    (``evaluate``, ``score``) reach the client. Each pass costs a scheduler round trip.
+
     Parameters
     ----------
     model : EmbeddingMLP
@@ -145,8 +163,8 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         ``"tasks"``, which takes no other value.
     step_timeout : float
         Seconds a training step (under ``fit``, the ``steps_per_task`` steps of one task
-        together), and the reading of the values (``gather``, ``predict``, ``score``), may take
-        before it is a
+        together), the reading of the values (``gather``) and each inference pass (``predict``,
+        ``score``, ...), may take before it is a
         :class:`~dasknn.exceptions.StepTimeoutError` naming the workers it waits for,
         what they hold and their state (not heard from for N s: stopped or overloaded; paused
         at the memory limit; running). The step's futures are released, the workers still
@@ -587,12 +605,123 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
             self.search(*batches[0], optimizer=optimizer)
         return self._run_steps(batches, optimizer, after)
 
-    def _logits(self, ids: np.ndarray) -> np.ndarray:
-        return self._gathered_model()._logits(ids)
+    # ------------------------------------------------------------------ inference
+    def _infer_pass(self, ids: np.ndarray, labels: np.ndarray | None, output: str) -> list:
+        """One inference pass on the workers over checked windows ``ids`` (and ``labels``):
+        per worker, in order, :func:`~dasknn.data_parallel._steps.infer` ``(output)`` of its
+        share of the windows (:func:`~dasknn.data_parallel._hybrid.build_inference`), the
+        messages' bytes added to the predicted traffic."""
+        self._check_open()
+        error = self._lost_workers_error()
+        if error is not None:
+            raise error
+        shards = self.shard_maps
+        plan = plan_inference(self.spec, self.topology, shards, ids, labels)
+        ctx = StepContext(
+            token=self.token,
+            step=inference_step(),
+            spec=self.spec,
+            architecture=self.architecture,
+            optimizer=None,
+            denominator=ids.shape[0],
+            shards=shards,
+        )
+        graph = build_inference(ctx, self.topology, plan, self.dense_servers, output)
+        with dask.annotate(workers=self._placement, allow_other_workers=False):
+            futures = self.client.get(graph.tasks, graph.outputs, sync=False)
+        try:
+            results = run_naming_loss(
+                self.client,
+                self.client.gather(futures, asynchronous=True),
+                self.step_timeout,
+                self._lost_workers_error,
+                poll=1.0,
+                grace=0.0,
+            )
+        except TimeoutError:
+            waiting = [self._placement(f.key)[0] for f in futures if not f.done()]
+            raise self._timeout_error(
+                "the inference did not finish", waiting or self.workers
+            ) from None
+        finally:
+            for future in futures:
+                future.release()
+        for key, counter in graph.predicted.items():
+            total = self.predicted[key]
+            total[0] += counter[0]
+            total[1] += counter[1]
+        return results
 
-    def _gathered_model(self) -> EmbeddingMLP:
-        self.gather()
-        return self._gathered[1]
+    def _infer(self, ids: np.ndarray, labels: np.ndarray | None, output: str, batch_size) -> list:
+        """:meth:`_infer_pass` over ``batch_size`` windows at a time (checked first); every
+        pass's per-worker results, in window order."""
+        batch_size = check_batch_size(batch_size)
+        results = []
+        for start in range(0, ids.shape[0], batch_size):
+            part = None if labels is None else labels[start : start + batch_size]
+            results += self._infer_pass(ids[start : start + batch_size], part, output)
+        return results
+
+    def _logits(self, ids: np.ndarray) -> np.ndarray:
+        """The logits of checked windows, computed on the workers in one pass (used by
+        :meth:`decision_function`, one pass a block)."""
+        return np.concatenate(self._infer_pass(ids, None, "logits"), axis=0)
+
+    def predict(self, X, batch_size: int = 1024) -> np.ndarray:
+        """The most probable class of each window, int64 (B,), computed on the workers.
+
+        ``batch_size`` windows at a time (one pass each): the pass splits them over the workers
+        as a step splits its batch; the parameter servers send each machine the embedding rows
+        of its windows (under the sampled softmax also the whole output table), as a training
+        step's pull, and each worker scores its windows with its replicas of the dense
+        variables (under ``ps`` pulled from their servers too; under ``ar`` and ``ar-dense``
+        every row is in the worker's replica, and nothing moves between workers). Only the
+        labels come back to the client; the messages between workers are measured and
+        predicted in :meth:`comm_report` (phases ``predict-pull``, ``predict-from-chief``).
+
+        Raises
+        ------
+        ValueError
+            Before anything is scheduled, on malformed windows or ``batch_size``.
+        """
+        ids = check_windows(X, self.spec.vocab_size, self.spec.context)
+        return np.concatenate(self._infer(ids, None, "labels", batch_size))
+
+    def predict_proba(self, X, batch_size: int = 1024) -> np.ndarray:
+        """``softmax(z)`` (B, n_classes), computed on the workers as :meth:`predict` (the
+        probabilities come back to the client).
+
+        Raises
+        ------
+        ValueError
+            Before anything is scheduled, on malformed windows or ``batch_size``.
+        """
+        ids = check_windows(X, self.spec.vocab_size, self.spec.context)
+        return np.concatenate(self._infer(ids, None, "proba", batch_size), axis=0)
+
+    def evaluate(self, X, y, batch_size: int = 1024) -> float:
+        """Mean cross-entropy (nats) of the windows ``X`` with labels ``y``, computed on the
+        workers as :meth:`predict` (each worker returns the sum over its windows); no update.
+
+        Raises
+        ------
+        ValueError
+            Before anything is scheduled, on malformed windows, labels or ``batch_size``.
+        """
+        ids, labels = self._check_xy(X, y)
+        return float(sum(self._infer(ids, labels, "loss", batch_size))) / ids.shape[0]
+
+    def score(self, X, y, batch_size: int = 1024) -> float:
+        """Accuracy of :meth:`predict` against ``y``, computed on the workers (each worker
+        returns how many of its windows it predicts right).
+
+        Raises
+        ------
+        ValueError
+            Before anything is scheduled, on malformed windows, labels or ``batch_size``.
+        """
+        ids, labels = self._check_xy(X, y)
+        return sum(self._infer(ids, labels, "correct", batch_size)) / ids.shape[0]
 
     # ------------------------------------------------------------------ shard-count search
     def _time_steps(self, ids, labels, optimizer) -> float:

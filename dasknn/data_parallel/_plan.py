@@ -10,7 +10,7 @@ from dasknn.data_parallel._shards import ShardMap
 from dasknn.model.embedding_network import EMBEDDING, SOFTMAX, EmbeddingSpec, unique_rows
 from dasknn.model.sampled_softmax import SampledOutput, sampled_output
 
-__all__ = ["MachineRows", "StepPlan", "Topology", "WorkerBatch", "plan_step"]
+__all__ = ["MachineRows", "StepPlan", "Topology", "WorkerBatch", "plan_inference", "plan_step"]
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,8 @@ class WorkerBatch:
     ----------
     inverse : int64 array (B_i, c)
         Position of every token id of its windows in ``ids["embedding"]``.
-    labels : int64 array (B_i,)
+    labels : int64 array (B_i,) or None
+        Its windows' labels (``None`` for an inference pass that needs none).
     ids : dict
         Per sparse variable, the sorted distinct rows it reads.
     output : SampledOutput or None
@@ -58,7 +59,7 @@ class WorkerBatch:
     """
 
     inverse: np.ndarray
-    labels: np.ndarray
+    labels: np.ndarray | None
     ids: dict
     output: SampledOutput | None
     global_ids: dict | None
@@ -137,6 +138,46 @@ def plan_step(
             output = sampled_output(labels[block], candidates, spec.n_classes, spec.sampler)
             rows[SOFTMAX] = output.classes
         batches.append(WorkerBatch(inverse, labels[block], rows, output, global_ids))
+    return StepPlan(batches, _machines(spec, topology, shards, batches))
+
+
+def plan_inference(
+    spec: EmbeddingSpec,
+    topology: Topology,
+    shards: dict | None,
+    ids: np.ndarray,
+    labels: np.ndarray | None,
+) -> StepPlan:
+    """Split windows to score over the workers as :func:`plan_step` splits a batch, and plan the
+    rows each worker reads: its windows' distinct embedding rows and, under the sampled softmax,
+    every row of the output table (a prediction scores every class); a worker with no window
+    reads none.
+
+    Parameters
+    ----------
+    spec : EmbeddingSpec
+    topology : Topology
+    shards : dict or None
+        ``{variable: ShardMap}`` of the sparse variables on parameter servers.
+    ids : int64 array (B, c)
+    labels : int64 array (B,) or None
+        The windows' labels, when the pass needs them (a loss or an accuracy).
+    """
+    batches = []
+    for block in np.array_split(np.arange(ids.shape[0]), topology.n_workers):
+        unique, inverse = unique_rows(ids[block])
+        rows = {EMBEDDING: unique}
+        if spec.sampled:
+            rows[SOFTMAX] = np.arange(spec.n_classes if len(block) else 0, dtype=np.int64)
+        mine = None if labels is None else labels[block]
+        batches.append(WorkerBatch(inverse, mine, rows, None, None))
+    return StepPlan(batches, _machines(spec, topology, shards, batches))
+
+
+def _machines(
+    spec: EmbeddingSpec, topology: Topology, shards: dict | None, batches: list[WorkerBatch]
+) -> dict:
+    """``{variable: [MachineRows of each machine]}`` of the workers' rows ``batches``."""
     machines = {}
     for variable in spec.sparse_shapes():
         shard_map: ShardMap | None = None if shards is None else shards[variable]
@@ -144,7 +185,7 @@ def plan_step(
             _machine_rows([batches[m].ids[variable] for m in members], shard_map)
             for members in topology.machines
         ]
-    return StepPlan(batches, machines)
+    return machines
 
 
 def _machine_rows(member_ids: list[np.ndarray], shard_map: ShardMap | None) -> MachineRows:

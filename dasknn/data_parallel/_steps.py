@@ -1,4 +1,8 @@
-"""The tasks of a data-parallel step, as :mod:`dasknn.data_parallel._hybrid` wires them."""
+"""The tasks of a data-parallel step and of an inference pass, as
+:mod:`dasknn.data_parallel._hybrid` wires them. An inference pass has a negative step number; its
+scratch (the rows it pulled) stays until the next pass's :func:`infer` or the next step's
+:func:`compute`.
+"""
 
 from __future__ import annotations
 
@@ -15,16 +19,21 @@ from dasknn.model.embedding_network import (
     apply_dense,
     apply_rows,
     batch_gradients,
+    batch_logits,
     sampled_batch_gradients,
 )
+from dasknn.model.losses import softmax
 from dasknn.optim import Optimizer
 
-__all__ = ["DENSE", "EMBEDDING", "SOFTMAX", "SPARSE", "StepContext"]
+__all__ = ["DENSE", "EMBEDDING", "OUTPUTS", "SOFTMAX", "SPARSE", "StepContext"]
 
 #: The fused buffer of every dense variable's gradient (allreduced at once).
 DENSE = "dense"
 #: The fused messages between a server and a chief: every sparse variable's rows of its shards.
 SPARSE = "sparse"
+
+#: What an inference pass returns (:func:`infer`).
+OUTPUTS = ("logits", "proba", "labels", "loss", "correct")
 
 #: The shards one server holds, ``[(variable, shard), ...]``: the parts of its fused messages.
 Parts = list[tuple[str, int]]
@@ -77,6 +86,19 @@ def _dense_values(ctx: StepContext, pulled: tuple) -> list[np.ndarray]:
     return [state.replicas[name].values for name in ctx.spec.dense_names()]
 
 
+def _inputs(ctx: StepContext, batch: WorkerBatch, values: tuple) -> tuple[dict, list]:
+    """``({sparse variable: the rows batch reads}, [dense values])`` from the arguments
+    ``values`` of :func:`compute` or :func:`infer` (see :func:`compute`)."""
+    sparse = list(ctx.spec.sparse_shapes())
+    rows = dict(zip(sparse, values[: len(sparse)], strict=True))
+    for name in sparse:
+        if rows[name] is None and ctx.architecture in ("ar", "ar-dense"):
+            rows[name] = ReplicaState.on_worker(ctx.token).replicas[name].values[batch.ids[name]]
+        elif rows[name] is None:
+            rows[name] = _scratch(ctx, name)["rows"]
+    return rows, _dense_values(ctx, values[len(sparse) :])
+
+
 def compute(ctx: StepContext, batch: WorkerBatch, *values) -> np.ndarray | None:
     """Forward and backward pass of this worker's part ``batch`` of the step.
 
@@ -87,14 +109,7 @@ def compute(ctx: StepContext, batch: WorkerBatch, *values) -> np.ndarray | None:
     _forget_earlier_steps(ctx)
     scratch = _scratch(ctx)
     scratch["batch"] = batch
-    sparse = list(ctx.spec.sparse_shapes())
-    rows = dict(zip(sparse, values[: len(sparse)], strict=True))
-    for name in sparse:
-        if rows[name] is None and ctx.architecture in ("ar", "ar-dense"):
-            rows[name] = ReplicaState.on_worker(ctx.token).replicas[name].values[batch.ids[name]]
-        elif rows[name] is None:
-            rows[name] = _scratch(ctx, name)["rows"]
-    dense = _dense_values(ctx, values[len(sparse) :])
+    rows, dense = _inputs(ctx, batch, values)
     sizes = [int(np.prod(shape)) for shape in ctx.spec.dense_shapes()]
     scratch["dense_grad"] = flat = np.empty(sum(sizes), dtype=ctx.spec.dtype)
     workspace = ReplicaState.on_worker(ctx.token).workspace
@@ -136,6 +151,53 @@ def compute(ctx: StepContext, batch: WorkerBatch, *values) -> np.ndarray | None:
     if ctx.architecture == "ps" or not ctx.spec.dense_names():
         return None
     return dense_gradient(ctx, DENSE, None)
+
+
+def _forget_other_passes(ctx: StepContext) -> None:
+    """Drop the scratch of the inference passes before ``ctx.step`` (every task of them has
+    run: the client runs one pass at a time); the training steps' scratch stays."""
+    scratch = ReplicaState.on_worker(ctx.token).scratch
+    for step in [s for s in scratch if s < 0 and s != ctx.step]:
+        del scratch[step]
+
+
+def infer(ctx: StepContext, batch: WorkerBatch, output: str, *values):
+    """This worker's part of an inference pass (``ctx.step`` negative: a pass keeps its scratch
+    apart from the training steps', and drops the previous passes' first): the logits of its
+    windows ``batch`` from the rows it reads and its dense values (``values`` as in
+    :func:`compute`; under the sampled softmax the rows of the whole output table), reduced to
+    ``output``: ``"logits"`` or ``"proba"`` (the softmax), ``(B_i, n_classes)``; ``"labels"``,
+    the most probable class of each window, int64 ``(B_i,)``; ``"loss"``, the sum of the
+    windows' cross-entropy (``batch.labels``), a float; ``"correct"``, how many windows' most
+    probable class is their label, an int."""
+    _forget_other_passes(ctx)
+    n_windows, n_classes = batch.inverse.shape[0], ctx.spec.n_classes
+    if n_windows == 0:
+        return {
+            "logits": np.zeros((0, n_classes), ctx.spec.dtype),
+            "proba": np.zeros((0, n_classes), ctx.spec.dtype),
+            "labels": np.zeros(0, np.int64),
+            "loss": 0.0,
+            "correct": 0,
+        }[output]
+    rows, dense = _inputs(ctx, batch, values)
+    weights, biases = list(dense[0::2]), list(dense[1::2])
+    if ctx.spec.sampled:  # the rows of every class, in class order: [W_out^T | b_out]
+        table = rows[SOFTMAX]
+        weights.append(table[:, :-1].T)
+        biases.append(table[:, -1])
+    z = batch_logits(ctx.spec, rows[EMBEDDING], batch.inverse, weights, biases)
+    if output == "logits":
+        return z
+    if output == "proba":
+        return softmax(z)
+    if output == "labels":
+        return np.argmax(z, axis=1).astype(np.int64)
+    if output == "correct":
+        return int(np.count_nonzero(np.argmax(z, axis=1) == batch.labels))
+    shifted = z - z.max(axis=1, keepdims=True)
+    log_norm = np.log(np.exp(shifted).sum(axis=1))
+    return float(np.sum(log_norm - shifted[np.arange(n_windows), batch.labels]))
 
 
 def sparse_gradient(ctx: StepContext, variable: str, _computed) -> np.ndarray:
