@@ -462,6 +462,35 @@ def test_save_and_load_round_trip(trained, tmp_path, client):
             np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
 
+# ------------------------------------------------------------------ elastic (slow)
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_a_worker_joining_mid_fit_changes_nothing(case):
+    X, y = case.data()
+    fit = case.fit | {"epochs": 20}
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+        case.distributed(case.estimator(), client, step_timeout=60) as dist,
+    ):
+        grow = threading.Timer(0.2, cluster.scale, [3])
+        grow.start()
+        try:
+            dist.fit(X, y, **fit, progress=False)
+        finally:
+            grow.join()
+        client.wait_for_workers(3, timeout=60)
+        dist.fit(X, y, **(fit | {"epochs": 1}), progress=False)  # a call after the join
+        gathered = dist.gather()
+    reference = case.estimator()
+    accepted = inspect.signature(reference.fit).parameters
+    for one in (fit, fit | {"epochs": 1}):
+        reference.fit(X, y, **{k: v for k, v in one.items() if k in accepted})
+    got, want = case.parameters(gathered), case.parameters(reference)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-9, err_msg=name)
+
+
 # ------------------------------------------------------------------ faults (slow)
 def _fault_cluster():
     return LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0")
