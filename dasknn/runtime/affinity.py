@@ -1,17 +1,9 @@
 """Pin worker processes, all their threads, to cores of their own.
 
-Worker processes on one machine share its cores with each other, with the scheduler and the
-client, and the kernel places their threads where a core is free. :class:`PinCores` is a worker
-plugin that gives each named worker one core of those its process may run on (the ``slot``-th,
-so the workers of one host get different cores while there are enough): every thread of the
-process is bound to it with ``os.sched_setaffinity``, and threads started later inherit the
-binding. Removing the plugin restores every thread to the process's cores as they were. Workers
-the plugin does not name, and systems without ``os.sched_setaffinity`` (not Linux), are left as
-they are.
-
-:class:`~dasknn.pipeline_parallel.DistributedCompressedMLP` installs it with ``pin_cores=True``
-for its stage workers (``docs/benchmarks.md`` gives the measured effect on the pipeline's idle
-fractions).
+:class:`PinCores` binds each named worker's threads (and threads started later) to the
+``slot``-th core its process may run on, with ``os.sched_setaffinity``; removing it restores the
+cores. Other workers, and systems without ``os.sched_setaffinity``, are left as they are. The
+pipeline model installs it with ``pin_cores=True`` (docs/samo.md).
 """
 
 from __future__ import annotations
@@ -53,16 +45,13 @@ def _bind_threads(cores: set[int]) -> None:
 
 
 class PinCores(WorkerPlugin):
-    """Worker plugin binding each worker of ``slots`` to one core (see the module docstring).
-
-    The core is kept as the worker attribute ``dasknn_pinned_core`` (``None`` where the worker
-    was left as it was).
+    """Worker plugin binding each worker of ``slots`` to one core, kept as the worker attribute
+    ``dasknn_pinned_core`` (``None`` if left as it was).
 
     Parameters
     ----------
     slots : dict of str to int
-        Worker address to its slot: the worker gets the ``slot``-th core (modulo their number)
-        of the cores its process may run on when the plugin is set up.
+        Worker address to its slot: the ``slot``-th (modulo) of the cores its process may use.
     """
 
     name = PLUGIN_NAME
@@ -102,9 +91,8 @@ def pinned_core(dask_worker) -> tuple[int | None, list[list[int]]]:
 
 
 def migrations(thread: int | None = None) -> int:
-    """Migrations between CPUs so far of a thread of this process (the calling thread if
-    ``None``): ``se.nr_migrations`` of its ``sched`` file; 0 where the kernel does not report
-    them."""
+    """``se.nr_migrations`` of a thread of this process (default the caller's); 0 if not
+    reported."""
     path = "/proc/thread-self/sched" if thread is None else f"/proc/self/task/{thread}/sched"
     try:
         with open(path) as sched:

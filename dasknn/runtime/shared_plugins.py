@@ -1,11 +1,8 @@
 """Scheduler plugins that the models on one cluster share, kept while a model uses them.
 
-The transfer monitor (:mod:`dasknn.runtime.measure`) and the model-parallel retirement watch are
-one plugin per cluster, whatever the number of models on it. Each model that installs one names
-itself as a user (its token); :func:`release_scheduler_plugin` drops a user, and the plugin
-leaves the scheduler with its last user, in one call on the scheduler's event loop, so a model
-registered at the same moment keeps it. A plugin installed without a user (by hand, for the
-whole life of the cluster) is never removed this way.
+Each model holding a plugin (the transfer monitor, the retirement watch) is recorded as a user
+(its token); the plugin leaves with its last user, in one call on the scheduler. A plugin held
+without a user stays for the cluster's life.
 """
 
 from __future__ import annotations
@@ -34,8 +31,7 @@ def _drop_user(dask_scheduler, name: str, user) -> bool:
 
 
 def hold_scheduler_plugin(client, plugin, name: str, user: str | None = FOR_EVER) -> None:
-    """Register ``plugin`` on the scheduler under ``name`` (one already there is kept, with its
-    state) and record ``user`` among those that hold it.
+    """Register ``plugin`` under ``name`` (one already there is kept) held for ``user``.
 
     Parameters
     ----------
