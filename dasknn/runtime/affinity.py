@@ -1,10 +1,5 @@
-"""Pin worker processes, all their threads, to cores of their own.
-
-:class:`PinCores` binds each named worker's threads (and threads started later) to the
-``slot``-th core its process may run on, with ``os.sched_setaffinity``; removing it restores the
-cores. Other workers, and systems without ``os.sched_setaffinity``, are left as they are. The
-pipeline model installs it with ``pin_cores=True`` (docs/samo.md).
-"""
+"""Pin worker processes, all their threads, to cores of their own (``os.sched_setaffinity``;
+nothing where it is missing). The pipeline model uses it with ``pin_cores=True`` (docs/samo.md)."""
 
 from __future__ import annotations
 

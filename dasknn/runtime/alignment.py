@@ -1,6 +1,5 @@
 """Arrays received from another worker, copied once into memory of the receiving process before
-they are computed on (a pass on an array as received costs about 11 % more; docs/samo.md).
-"""
+they are computed on (a pass on an array as received costs about 11 % more; docs/samo.md)."""
 
 from __future__ import annotations
 

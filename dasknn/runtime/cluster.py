@@ -1,10 +1,6 @@
-"""Connect to a Dask cluster, or start a local one (on 127.0.0.1 unless ``host`` says).
-See docs/runtime.md, "Connecting".
-
-``security`` everywhere: a ``distributed.Security`` (:mod:`dasknn.runtime.security`), ``True`` for
-temporary certificates (a local cluster only), or ``None``: no TLS for a local cluster, dask's
-configuration (``distributed.comm.tls.*``) for a scheduler address.
-"""
+"""Connect to a Dask cluster, or start a local one (on 127.0.0.1 unless ``host`` says); see
+docs/runtime.md, "Connecting". ``security``: a ``distributed.Security``, ``True`` for temporary
+certificates (local clusters only), or ``None`` (no TLS locally, dask's configuration otherwise)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """Collectives as task graphs: allreduce and allgather(v). See docs/runtime.md, "Collectives".
 
-Keys are ``(name, phase, sender, receiver)`` (:func:`dasknn.runtime.keys.collective_key`); a task
-with ``sender != receiver`` runs on ``sender`` and its value is one message to ``receiver``. In
-the byte formulas (the payload the monitor measures) ``N`` is the number of workers and ``s`` the
-item size; every pair of workers exchanges one message per phase, empty ones included.
-"""
+In the byte formulas (the payload the monitor measures) ``N`` is the number of workers and ``s``
+the item size; every pair of workers exchanges one message per phase, empty ones included."""
 
 from __future__ import annotations
 
@@ -45,7 +42,6 @@ class Graph:
     Attributes
     ----------
     op, token : str
-        The collective and the token its keys carry.
     tasks : dict
         ``{key: dask.task_spec.Task}``; the inputs are :class:`~dask.task_spec.TaskRef`.
     outputs : list

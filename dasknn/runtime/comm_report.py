@@ -1,6 +1,5 @@
 """One communication report for every distributed model: measured beside predicted traffic,
-keyed ``(what, phase, sender, receiver)`` (the monitor: :mod:`dasknn.runtime.measure`).
-"""
+keyed ``(what, phase, sender, receiver)`` (the monitor: :mod:`dasknn.runtime.measure`)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""A page on the Dask dashboard: bytes between every pair of workers, measured against predicted
-bytes per layer and phase, and the time breakdown per worker, updating live.
-
-:class:`CommDashboard`, a scheduler plugin, serves ``/dasknn/comm?token=T`` (the page) and
-``/dasknn/comm.json?token=T&part=pairs|layers|times|report`` (its data) and keeps the latest
-report of each of the last :data:`KEPT_RUNS` runs, which clients send with
-:func:`publish_report`. See docs/dashboard.md.
-"""
+"""A page on the Dask dashboard, ``/dasknn/comm?token=T``, and its data route
+``/dasknn/comm.json``: bytes between workers, measured against predicted bytes per layer and
+phase, and the time per worker, updating live. See docs/dashboard.md."""
 
 from __future__ import annotations
 

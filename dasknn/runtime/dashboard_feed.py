@@ -1,6 +1,5 @@
 """A distributed model's communication and timings on the dashboard page, updated while it trains:
-``with DashboardFeed(dist) as feed: dist.fit(...)``. See docs/dashboard.md.
-"""
+``with DashboardFeed(dist) as feed: dist.fit(...)``. See docs/dashboard.md."""
 
 from __future__ import annotations
 

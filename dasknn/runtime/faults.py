@@ -1,7 +1,5 @@
 """Waiting for a step without waiting for ever: lost, retiring, paused and stalled workers.
-See docs/reliability.md, "How a lost worker is detected" and "Retiring workers that hold
-postboxes".
-"""
+See docs/reliability.md, "How a lost worker is detected"."""
 
 from __future__ import annotations
 
@@ -188,12 +186,10 @@ def wait_for_step(
     Parameters
     ----------
     client : distributed.Client
-    futures : list of Future
-        The step's results.
+    futures, parts : list of Future, sequence of int
+        The step's results and the part of each.
     part_workers : sequence of str
         The worker of every part.
-    parts : sequence of int
-        The part each future belongs to (to name the workers a step waits for).
     timeout : float
         Seconds after which an unfinished step is an error.
     requests : dict, optional

@@ -1,12 +1,7 @@
-"""Keep the string keys of Dask's serialization headers interned for the life of a process.
-
-msgpack interns every string map key it unpacks, and CPython's table of interned strings never
-reuses a deleted key's entry, so headers interned afresh per message grow that table until it
-is rebuilt larger (a one-time MiB step). :func:`hold_header_keys` keeps :data:`HEADER_KEYS` alive
-instead; dasknn calls it in the client's process (:mod:`dasknn.runtime.cluster`) and, through the
-key-cache plugins (:mod:`dasknn.runtime.key_cache`), on the scheduler and every worker. It changes
-no message. See docs/reliability.md, "Long runs: memory (soak)".
-"""
+"""Keep the string keys of Dask's serialization headers interned for the life of a process, so
+msgpack's interning of them takes no new entries of CPython's interned-string table per message.
+Called in the client's process and, through the key-cache plugins, on the scheduler and workers.
+See docs/reliability.md, "Long runs: memory (soak)"."""
 
 from __future__ import annotations
 

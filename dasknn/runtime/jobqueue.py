@@ -1,6 +1,5 @@
 """Workers as batch jobs: a dask-jobqueue cluster (SLURM, PBS, SGE, LSF, HTCondor) from options.
-See docs/deploying.md.
-"""
+See docs/deploying.md."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
-"""A bound on ``dask.utils.key_split``'s cache, which keeps alive every key a process has seen.
-
-The cache (100,000 entries, about 330 bytes for a step key) grows with every new key, and step
-keys never repeat. :class:`SchedulerKeyCacheBound` (checked at every graph) and
-:class:`WorkerKeyCacheBound` (checked when a task is forgotten) empty it above ``max_entries``
-keys, which changes no result (a miss costs about 0.1-0.4 us); both also hold Dask's header keys
-(:func:`~dasknn.runtime.header_keys.hold_header_keys`). See docs/reliability.md, "Long runs:
-memory (soak)".
-"""
+"""A bound on ``dask.utils.key_split``'s cache, which keeps alive every key a process has seen
+(about 330 bytes a step key; step keys never repeat). Emptying it changes no result (a miss costs
+about 0.1-0.4 us). The plugins also hold Dask's header keys (:mod:`dasknn.runtime.header_keys`).
+See docs/reliability.md, "Long runs: memory (soak)"."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
 """Names of the keys the runtime moves between workers: every key is built and parsed here.
-
-The five families (step, pipeline, collective, sampled-step and data-parallel keys) and the held
-keys are described in docs/runtime.md, "Keys". :func:`describe` turns any key into
-``(token, phase, layer)`` for the transfer monitor.
-"""
+The families are described in docs/runtime.md, "Keys"."""
 
 from __future__ import annotations
 

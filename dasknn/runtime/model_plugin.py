@@ -1,9 +1,5 @@
-"""The worker plugin that owns a distributed model's state on a worker, one base for every mode.
-
-Each model registers its own plugin under :meth:`ModelPlugin.plugin_name` of its token, so models
-never share state, and removing it (``close()``) drops the state. Tasks find it with
-:meth:`ModelPlugin.on_worker`, ``client.run`` calls with :func:`call_plugin`.
-"""
+"""The worker plugin that owns a distributed model's state on a worker, one base for every mode:
+one plugin per model (named by its token), removed with its state by ``close()``."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""One Dask span for the tasks a distributed model submits, so a graph adds one span record.
-
-Dask appends every graph's metadata, for the cluster's lifetime, to every span its tasks and
-dependencies belong to, and scattered data always lands in a default span: a model submits under
-:func:`new_span` and reads its scattered values through :func:`held_in_span`, so a step graph
-touches one span. See docs/reliability.md, "Long runs: memory (soak)".
-"""
+"""One Dask span for the tasks a distributed model submits, so a graph adds one span record:
+tasks are submitted under :func:`new_span`, scattered values read through :func:`held_in_span`.
+See docs/reliability.md, "Long runs: memory (soak)"."""
 
 from __future__ import annotations
 

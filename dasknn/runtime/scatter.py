@@ -1,7 +1,6 @@
 """Scattering data that the client may give up on: nothing of a scatter given up stays, on the
 cluster or on the client, whether its workers take the data later or die first.
-See docs/runtime.md, "Waiting with a time limit".
-"""
+See docs/runtime.md, "Waiting with a time limit"."""
 
 from __future__ import annotations
 

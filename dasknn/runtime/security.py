@@ -1,7 +1,6 @@
 """TLS between the client, the scheduler and the workers: a ``distributed.Security`` from
 certificate files (one CA, certificate and key for every role, encryption required), or with
-temporary certificates for a local cluster. See docs/reliability.md, "Security".
-"""
+temporary certificates for a local cluster. See docs/reliability.md, "Security"."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Scheduler plugins that the models on one cluster share, kept while a model uses them.
-
-Each model holding a plugin (the transfer monitor, the retirement watch) is recorded as a user
-(its token); the plugin leaves with its last user, in one call on the scheduler. A plugin held
-without a user stays for the cluster's life.
-"""
+"""Scheduler plugins the models on one cluster share (the transfer monitor, the retirement
+watch), held per model token and removed with their last holder; one held without a user stays."""
 
 from __future__ import annotations
 
@@ -37,7 +33,7 @@ def hold_scheduler_plugin(client, plugin, name: str, user: str | None = FOR_EVER
     ----------
     client : distributed.Client
     plugin : distributed.diagnostics.plugin.SchedulerPlugin
-        With ``idempotent = True``, so a plugin already registered under ``name`` stays.
+        With ``idempotent = True``.
     name : str
     user : str or None
         The token of the model that uses it; ``None`` keeps it for the cluster's life.
@@ -51,9 +47,8 @@ def release_scheduler_plugin(client, name: str, user: str) -> bool:
 
     Parameters
     ----------
-    client : distributed.Client
-    name : str
-    user : str
+    client, name, user
+        As for :func:`hold_scheduler_plugin`.
 
     Returns
     -------

@@ -159,9 +159,7 @@ def run_on_workers(
     what : str
         What the call does, for the error (``"warming the kernel"``).
     step_timeout : float
-        Seconds the call may take.
     function, args
-        What to run.
 
     Returns
     -------

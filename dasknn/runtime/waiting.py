@@ -55,9 +55,8 @@ def _quiet_gather_exits(loop: asyncio.AbstractEventLoop, context: dict) -> None:
 
 
 def _cancel_call(client: Client, running: concurrent.futures.Future) -> None:
-    """Cancel a client call running on the client's event loop, first installing
-    :func:`_quiet_gather_exits` (unless the loop has a handler), since a cancelled gather's
-    leftover tasks end in unretrieved ``AllExit`` errors asyncio would print."""
+    """Cancel a call on the client's loop, first making the loop drop the ``AllExit`` reports
+    a cancelled gather leaves (unless it has a handler of its own)."""
     loop = client.loop.asyncio_loop
     if loop.get_exception_handler() is None:
         loop.set_exception_handler(_quiet_gather_exits)
@@ -94,15 +93,13 @@ def gather_at_most(client: Client, futures: Sequence[Future], seconds: float) ->
     Parameters
     ----------
     client : distributed.Client
-        A synchronous client, whose ``futures`` these are.
+        A synchronous client.
     futures : sequence of Future
     seconds : float
-        How long the results may take to arrive.
 
     Returns
     -------
     list
-        The results.
 
     Raises
     ------
@@ -195,12 +192,10 @@ def run_watching(
         A synchronous client.
     coroutine : coroutine
         One of its calls made with ``asynchronous=True`` (``Client.run``, ...).
-    seconds : float
-        How long it may take.
+    seconds, poll : float
+        How long it may take; seconds between two checks.
     check : callable
         Called between two polls; raises to give up (the call is then cancelled).
-    poll : float
-        Seconds between two checks.
 
     Raises
     ------
@@ -323,7 +318,6 @@ def gather_watching(
         As for :func:`watch_workers` (``client`` synchronous).
     futures : sequence of Future
     poll : float
-        Seconds between two checks.
     graced : exception type or tuple of them
         Errors after which a lost worker is looked for during
         :data:`GATHER_LOSS_GRACE_SECONDS` (default: a result cancelled with its worker).
@@ -336,7 +330,6 @@ def gather_watching(
     Returns
     -------
     list
-        The results, in order.
 
     Raises
     ------

@@ -1,12 +1,7 @@
-"""Keep the workers' freed activation buffers for reuse instead of handing them back to the OS.
-
-Under Dask's ``MALLOC_TRIM_THRESHOLD_=65536`` glibc returns every freed step buffer to the kernel,
-and the next layer's buffers are faulted in and zeroed again. :class:`ReuseFreedMemory` raises
-glibc's thresholds at run time (``mallopt``; nothing without glibc); a worker then keeps its peak
-step memory mapped. The setting is process-wide and stays until the worker restarts, so the models
-install it only with ``reuse_memory=True``; the clusters dasknn starts get the same thresholds
-from :func:`dasknn.runtime.cluster.worker_environ`. See docs/training.md, "Worker memory".
-"""
+"""Keep the workers' freed activation buffers for reuse instead of handing them back to the OS
+(glibc's ``mallopt``; nothing without glibc). Process-wide and kept until the worker restarts, so
+models install it only with ``reuse_memory=True``; the clusters dasknn starts get the same
+thresholds from :func:`dasknn.runtime.cluster.worker_environ`. See docs/training.md."""
 
 from __future__ import annotations
 
