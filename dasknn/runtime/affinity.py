@@ -1,5 +1,18 @@
-"""Pin worker processes, all their threads, to cores of their own (``os.sched_setaffinity``;
-nothing where it is missing). The pipeline model uses it with ``pin_cores=True`` (docs/samo.md)."""
+"""Pin worker processes, all their threads, to cores of their own.
+
+Worker processes on one machine share its cores with each other, with the scheduler and the
+client, and the kernel places their threads where a core is free. :class:`PinCores` is a worker
+plugin that gives each named worker one core of those its process may run on (the ``slot``-th,
+so the workers of one host get different cores while there are enough): every thread of the
+process is bound to it with ``os.sched_setaffinity``, and threads started later inherit the
+binding. Removing the plugin restores every thread to the process's cores as they were. Workers
+the plugin does not name, and systems without ``os.sched_setaffinity`` (not Linux), are left as
+they are.
+
+:class:`~dasknn.pipeline_parallel.DistributedCompressedMLP` installs it with ``pin_cores=True``
+for its stage workers (``docs/benchmarks.md`` gives the measured effect on the pipeline's idle
+fractions).
+"""
 
 from __future__ import annotations
 
