@@ -11,8 +11,7 @@ from typing import Any
 
 __all__ = ["FIELDS", "CommReport", "Key", "counts_of"]
 
-#: ``(what, phase, sender, receiver)``: ``what`` a layer, a variable's name or ``None``; the
-#: worker addresses ``None`` in a prediction summed over them.
+#: ``(what, phase, sender, receiver)``: a layer or variable, a phase, two workers (or ``None``).
 Key = tuple[Any, str, str | None, str | None]
 #: The names of a key's fields, in order (the columns of :meth:`CommReport.records`).
 FIELDS = ("what", "phase", "sender", "receiver")
@@ -37,8 +36,7 @@ class CommReport:
     measured : dict
         ``{(what, phase, sender, receiver): (bytes, messages)}`` as the monitor counted them.
     predicted : dict
-        The same, from the model's plan; a key whose ``sender`` and ``receiver`` (or ``what``)
-        are ``None`` is a sum over them.
+        The same, from the model's plan (summed over the fields that are ``None``).
     steps : int
         Training steps (and forward passes, where they move data) covered.
     details : dict

@@ -17,9 +17,8 @@ __all__ = ["DashboardFeed", "report_message"]
 def report_message(
     token: str, report: CommReport, timings: dict[str, dict[str, float]], elapsed: float
 ) -> dict[str, Any]:
-    """The page's report (see :func:`~dasknn.runtime.dashboard.report_columns`): ``report`` as
-    plain lists, and per worker of ``timings`` the seconds of products, update, packing and the
-    rest of ``elapsed`` (waiting)."""
+    """The page's report: ``report`` as plain lists, and per worker of ``timings`` the seconds of
+    products, update, packing and the rest of ``elapsed`` (waiting)."""
     pairs: dict = {}
     for (_, _, sender, receiver), (nbytes, messages) in report.measured.items():
         row = pairs.setdefault((sender, receiver), [0, 0])

@@ -42,8 +42,7 @@ _GONE = ("closing_gracefully", "closing", "closed")
 
 
 class RetirementRequests(SchedulerPlugin):
-    """Scheduler plugin counting the requests to retire each worker, also those Dask refuses
-    (a worker holding an actor), from the ``closing_gracefully`` status events it logs.
+    """Scheduler plugin counting retirement requests per worker, also those Dask refuses.
 
     Attributes
     ----------
@@ -67,8 +66,7 @@ class RetirementRequests(SchedulerPlugin):
 
 
 def install_retirement_watch(client, user: str | None = None) -> None:
-    """Register :class:`RetirementRequests` (kept with its counts if there), held for ``user``
-    (:mod:`dasknn.runtime.shared_plugins`)."""
+    """Register :class:`RetirementRequests` (kept with its counts if there) held for ``user``."""
     hold_scheduler_plugin(client, RetirementRequests(), RetirementRequests.name, user)
 
 
@@ -92,8 +90,7 @@ def retirement_requests(client) -> dict[str, int]:
 def lost_workers(
     client, part_workers: Sequence[str], requests: dict[str, int] | None = None
 ) -> list[str]:
-    """The part workers gone or closing, and those asked to retire since ``requests``
-    (:func:`retirement_requests` when the model was placed), sorted."""
+    """The part workers gone, closing, or asked to retire since ``requests``, sorted."""
     statuses, now = client.run_on_scheduler(_worker_states)
     asked = {
         w for w in part_workers if requests is not None and now.get(w, 0) > requests.get(w, 0)

@@ -55,6 +55,5 @@ class ModelPlugin(WorkerPlugin):
 
 
 def call_plugin(name: str, method: str, *args: Any, dask_worker=None) -> Any:
-    """For ``client.run(call_plugin, name, method, *args)``: the result of ``method(*args)`` of
-    the worker plugin ``name``."""
+    """``client.run`` body: ``method(*args)`` of the worker plugin ``name``."""
     return getattr(dask_worker.plugins[name], method)(*args)

@@ -93,8 +93,7 @@ def describe_worker(info: dict | None, now: float) -> str:
 def describe_workers(
     client, addresses: Sequence[str], roles: Mapping[str, str] | None = None
 ) -> str:
-    """``worker ADDRESS (ROLE) STATE; ...`` for the distinct ``addresses``; ``roles``: what each
-    worker holds (``"stage 1 of replica 0"``)."""
+    """``worker ADDRESS (ROLE) STATE; ...`` for the distinct ``addresses``, ``roles`` by address."""
     workers = scheduler_workers(client)
     now = time.time()
     roles = roles or {}

@@ -172,8 +172,7 @@ def _start_call(call: Callable[[], Any]) -> concurrent.futures.Future:
 
 
 async def in_thread(call: Callable[[], Any]) -> Any:
-    """A coroutine running the synchronous ``call()`` (no ``asynchronous=True`` form) in a
-    daemon thread; cancelling it leaves the call to finish, as :func:`call_at_most`."""
+    """Run the synchronous ``call()`` in a daemon thread; cancelling leaves it to finish."""
     return await asyncio.wrap_future(_start_call(call))
 
 
@@ -229,8 +228,7 @@ def run_naming_loss(
     grace: float,
     graced: type[BaseException] | tuple[type[BaseException], ...] = Exception,
 ) -> Any:
-    """:func:`run_watching`, raising ``lost_error()`` once a worker is lost (also if the call
-    failed because of it).
+    """:func:`run_watching`, raising ``lost_error()`` once a worker is lost (also on failure).
 
     Parameters
     ----------
