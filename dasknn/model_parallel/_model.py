@@ -1,11 +1,4 @@
-"""``DistributedSparseMLP``: a :class:`~dasknn.model.SparseMLP` trained model-parallel on Dask.
-
-Each layer is split by neurons across the parts of a partition; part ``m`` lives on worker
-``m % W``, where the model's worker plugin owns its weights, biases and optimizer state. A training
-step is one task graph (forward, loss, backward and the optimizer's update of every layer)
-submitted at once; only the packed messages of the communication plan move between workers, and a
-scheduler plugin counts them.
-"""
+"""``DistributedSparseMLP``: a SparseMLP trained model-parallel on Dask (docs/training.md)."""
 
 from __future__ import annotations
 
@@ -83,8 +76,7 @@ def _reset_timings_on_worker(dask_worker, name):
 
 
 def _hypergraph_partition(model: SparseMLP, nparts: int) -> list[np.ndarray]:
-    """The hypergraph partition of ``model``'s neurons into ``nparts`` parts
-    (:func:`graph.partition.partition_network`); every neuron in part 0 when ``nparts`` is 1."""
+    """The hypergraph partition of ``model``'s neurons into ``nparts`` parts (one: all in 0)."""
     if nparts == 1:
         return [np.zeros(n, dtype=np.int64) for n in model.layer_sizes]
     from graph.partition import partition_network
@@ -95,70 +87,43 @@ def _hypergraph_partition(model: SparseMLP, nparts: int) -> list[np.ndarray]:
 class DistributedSparseMLP(SparseEstimator, DistributedModel):
     """A sparse MLP whose layers are split by neurons across Dask workers.
 
-    Its estimator API is that of :class:`SparseMLP`, with the same defaults, and its training
-    takes the same steps: :meth:`fit`, :meth:`partial_fit` (both return the model and append to
-    ``loss_curve_``), :meth:`train_step`, :meth:`predict`, :attr:`predict_proba` (softmax
-    models), :meth:`evaluate` and :meth:`score`; the methods that run the network on the workers
-    also take ``in_flight``.
+    Its estimator API and defaults are those of :class:`SparseMLP`; the methods that run on the
+    workers also take ``in_flight``.
 
     Parameters
     ----------
     model : SparseMLP
-        The network; its weights are copied to the workers (the model itself is not changed).
+        The network; its weights are copied to the workers (the model is not changed).
     client : distributed.Client, cluster, JobqueueSpec, str or None
-        Where to run: a client, a running cluster object (``LocalCluster``, a dask-jobqueue
-        cluster, ...), a :class:`~dasknn.runtime.jobqueue.JobqueueSpec` of batch jobs to start, a
-        scheduler address, or ``None`` (the default) for a new local cluster on 127.0.0.1; what
-        the model opens here it closes in :meth:`close`. Every argument after ``client`` is
-        keyword-only.
+        A client, a running cluster object, a :class:`~dasknn.runtime.jobqueue.JobqueueSpec`, a
+        scheduler address, or ``None`` (the default) for a new local cluster; what the model
+        opens it closes in :meth:`close`. Every later argument is keyword-only.
     partition : graph.NetworkPartition, sequence of L + 1 int arrays, or None
         ``parts[k][j]`` is the part owning neuron ``j`` of layer ``k`` (``k = 0``: inputs).
-        ``None`` (the default): the hypergraph partition of the network into one part per used
-        worker (or ``nparts``), computed here by
-        :func:`graph.partition.partition_network` (``graph.partition_network(model.weights,
-        nparts)``; seconds for large networks, and the same partition for the same network).
+        ``None`` (the default): ``graph.partition_network(model.weights, nparts)``, one part per
+        used worker (seconds for large networks; deterministic).
     nparts : int, optional
-        Number of parts (defaults to ``partition.nparts`` or the largest id plus one; with
+        Number of parts (default ``partition.nparts`` or the largest id plus one; with
         ``partition=None``, the number of used workers).
     separate_packing : bool
-        Use a separate pack task per message after each part's product task (two scheduler
-        round trips per layer instead of one); only to measure the default's saving.
+        A pack task per message (two scheduler round trips per layer); for measurement only.
     reuse_memory : bool
-        Opt in to :class:`~dasknn.runtime.worker_memory.ReuseFreedMemory` on the workers, so
-        the buffers a step frees are reused by the next layer instead of being returned to the OS
-        and faulted in again (faster steps, but a process-wide malloc setting that stays in the
-        worker processes: use it on a cluster of your own). ``False`` (the default) leaves the
-        workers' malloc as it is.
+        Default ``False``; register :class:`~dasknn.runtime.worker_memory.ReuseFreedMemory`
+        (faster steps; a malloc setting that stays in the workers: use on your own cluster).
     microbatches : int, optional
-        Split every training step's batch into this many row blocks (at most one per row) that
-        run through the layer chain interleaved: a worker computes one microbatch's layer while
-        the messages of the previous one travel. The gradients are summed over the blocks, so the
-        step is the same step. ``None`` (the default) chooses per step with
-        :func:`~dasknn.model_parallel._microbatches.auto_microbatches`: 1 when all parts are on
-        one worker, else blocks of at least 256 rows, at most 4 of them.
+        Row blocks per training step, interleaved through the layers (the same step); ``None``
+        (the default): :func:`~dasknn.model_parallel._microbatches.auto_microbatches`.
     workers : sequence of str, optional
-        The addresses of the workers to use (part ``m`` on ``workers[m % W]``); default every
-        worker of the cluster, sorted. ``ValueError`` for an address that is not a worker of
-        the cluster, or a repeated one.
+        The workers to use (part ``m`` on ``workers[m % W]``); default every worker, sorted.
+        ``ValueError`` for an address not in the cluster, or a repeated one.
     messages : {"posted", "tasks"}
-        How a training step runs. ``"posted"`` (the default): one task per worker and step runs
-        its parts through the layers and posts the messages straight to the receiving worker's
-        postbox actor (:mod:`dasknn.model_parallel._exchange`), without a scheduler round trip per
-        layer. ``"tasks"``: every layer step of every part is a task, every message between
-        workers a task result Dask moves (the scheduler sees and orders the whole dataflow, and
-        ``comm_report()`` adds the serialization overhead from Dask's transfer logs). Both take
-        the same steps and keep the same promises for lost, retired, stopped and paused workers
-        (``fit(checkpoint=...)`` restores the last checkpoint after a lost worker); forward
-        passes (``predict``, ``score``, ...) always use tasks.
+        ``"posted"`` (the default): one task per worker and step, messages posted to postbox
+        actors; ``"tasks"``: one task per part and layer, messages moved by Dask. Forward passes
+        always use tasks. See docs/runtime.md.
     step_timeout : float
-        Seconds a step (or a block of predictions) may go without finishing before it is a
-        :class:`~dasknn.exceptions.StepTimeoutError` naming the workers it waits for
-        (stopped, paused at their memory limit, or busy). A worker that leaves the cluster, or
-        is asked to retire, is a :class:`~dasknn.exceptions.WorkerLostError` at once.
-        Placing the model (here, and again when ``fit(checkpoint=...)`` recovers from a lost
-        worker) waits for the workers at most ``step_timeout`` in all, registrations included:
-        a worker that does not answer is a ``StepTimeoutError`` naming it with its parts, and
-        the constructor removes what it registered again (waiting at most ``step_timeout``).
+        Seconds a step, a prediction block or the placement may wait before a
+        :class:`~dasknn.exceptions.StepTimeoutError`; a worker that leaves or is asked to retire
+        is a :class:`~dasknn.exceptions.WorkerLostError` at once. See docs/reliability.md.
 
     Attributes
     ----------
@@ -179,14 +144,10 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
 
     Notes
     -----
-    The model holds worker plugins and keys on the cluster until :meth:`close`; use it as a
-    context manager (``with DistributedSparseMLP(model, client, partition=parts) as dist:``) to
-    close it; afterwards every call is a :class:`~dasknn.exceptions.ModelClosedError`.
-
-    After a failed step (a lost worker, a timeout) the workers' values may mix two steps, so the
-    model refuses to run or to :meth:`gather` (a :class:`~dasknn.exceptions.ModelFailedError`
-    saying why) until ``fit(..., resume=CHECKPOINT)`` puts a checkpoint back;
-    ``fit(..., checkpoint=DIR)`` does that by itself when a worker is lost.
+    The model holds plugins and keys on the cluster until :meth:`close` (or the end of a
+    ``with`` block); afterwards every call is a :class:`~dasknn.exceptions.ModelClosedError`.
+    After a failed step every call is a :class:`~dasknn.exceptions.ModelFailedError` until
+    ``fit(..., resume=CHECKPOINT)``; ``fit(..., checkpoint=DIR)`` does that after a lost worker.
     """
 
     _watching_retirements = False  # whether the model holds the retirement watch
@@ -237,8 +198,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
     def _setup(
         self, model: SparseMLP, parts: list | None, nparts: int | None, workers
     ) -> None:
-        """The model's attributes: the used workers, the partition (the hypergraph one when
-        ``parts`` is ``None``), the plan and its weight chunks (``_chunks``, until placed)."""
+        """Set the workers, partition, plan and weight chunks (``_chunks``, until placed)."""
         self._chosen = None if workers is None else list(workers)
         workers = self._use_workers(workers)
         if parts is None:
@@ -251,8 +211,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         self.loss = model.loss
         self.dtype = model.dtype
         self.layer_sizes = list(model.layer_sizes)
-        #: The model's Dask span: every task it submits for training belongs to it, so a step's
-        #: graph adds one entry to Dask's span metadata (see :mod:`dasknn.runtime.model_span`).
+        #: The Dask span of every training task (see :mod:`dasknn.runtime.model_span`).
         self._span = new_span(f"dasknn-{self.token}")
         self._parts = parts
         self._pattern = [(w.shape, w.indptr.copy(), w.indices.copy()) for w in model.weights]
@@ -271,8 +230,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         self._step = 0
         self.n_steps_ = 0
         self._reset_step = 0
-        #: Batches run since the last reset, counted by (rows, backward, microbatches): the comm
-        #: report's prediction, kept in a size that does not grow with the number of batches.
+        #: Batches since the last reset by (rows, backward, microbatches), for the comm report.
         self._batches: Counter[tuple[int, bool, int]] = Counter()
         self._placement = KeyPlacement(self.part_workers, part_of)
         self._priority = StepPriority(self.token, self.plan.n_layers)
@@ -282,32 +240,20 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         self._leaving: set[str] = set()  # workers asked to leave while the model was placed
         self._next_check = 0.0  # when a finished step looks next at its workers (monotonic)
 
-    # ------------------------------------------------------------------ basics
     @property
     def weights(self) -> list:
-        """The renumbered weights as of the last completed training step: per layer a dask array
-        of pydata-sparse GCXS chunks, one per part, each on its part's worker (see
-        :attr:`part_workers`); :meth:`gather` returns them in the original order.
-
-        Every read after a training step copies the values the workers own into new chunks (the
-        arrays of a read are never changed afterwards); reads between steps share one copy.
-        """
+        """The renumbered weights after the last step: per layer a dask array of GCXS chunks,
+        one per part on its worker (copied there on the first read after a step)."""
         return self._current_snapshot().weights
 
     @property
     def biases(self) -> list:
-        """The renumbered biases as of the last completed training step, chunked like the columns
-        of :attr:`weights` (see there)."""
+        """The renumbered biases, chunked like the columns of :attr:`weights` (see there)."""
         return self._current_snapshot().biases
 
     def to_dask(self) -> dict[str, da.Array]:
-        """The parameters as of the last completed training step (a snapshot: later steps do
-        not change it), as dask arrays whose chunks are made by tasks on the workers owning
-        them: ``{"weights_1": ..., "bias_1": ..., ..., "weights_L": ..., "bias_L": ...}``,
-        :attr:`weights` (pydata-sparse GCXS chunks, one per part) and :attr:`biases` (see there)
-        in the renumbered order of :attr:`plan` (``plan.orders[k]`` maps its positions to the
-        original neurons; :meth:`gather` returns them in the original order). Costs one task
-        per chunk on the workers; nothing is gathered to the client."""
+        """``{"weights_k": ..., "bias_k": ...}`` for k = 1..L: :attr:`weights` and :attr:`biases`
+        (renumbered). Costs one task per chunk on the workers; nothing is gathered."""
         snapshot = self._current_snapshot()
         out: dict[str, da.Array] = {}
         for k, (weight, bias) in enumerate(zip(snapshot.weights, snapshot.biases, strict=True), 1):
@@ -353,8 +299,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         )
 
     def _place(self, chunks, biases, reuse_memory: bool) -> None:
-        """Register the memory plugin if asked for (``reuse_memory``) and place the network
-        (:meth:`_place_network`), within what is left of ``step_timeout``."""
+        """Register the memory plugin if ``reuse_memory``, then :meth:`_place_network`."""
         if reuse_memory:
             name = f"{REUSE_MEMORY_PLUGIN}-{self.token}"
             self._plugins.append(name)  # a registration that times out is on the scheduler
@@ -362,17 +307,15 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         self._place_network(chunks, biases)
 
     def _place_network(self, chunks, biases, states: dict | None = None) -> None:
-        """Place the weight ``chunks``, ``biases`` and optimizer ``states`` on the part workers
-        (:func:`~dasknn.model_parallel._layout.place_network`) and start the postboxes, within
-        what is left of ``step_timeout`` since the placement began.
+        """Place ``chunks``, ``biases`` and optimizer ``states`` on the part workers and start
+        the postboxes, within what is left of ``step_timeout``.
 
         Raises
         ------
         WorkerLostError
             As soon as a part worker has left the cluster, naming it and its parts.
         StepTimeoutError
-            If the workers did not take the network in time, naming those that do not answer
-            with their parts and state.
+            Naming the workers that did not take the network in time, with parts and state.
         """
         try:
             self._layout = place_network(
@@ -389,14 +332,11 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         return part_roles(self.part_workers)
 
     def _lost_while_placed(self) -> WorkerLostError | None:
-        """The error naming the part workers that left the cluster while the model was placed,
-        with their parts, or ``None``."""
+        """The error naming the part workers lost during placement, or ``None``."""
         return part_workers_lost(self.client, self.part_workers, PLACING)
 
     def _place_postboxes(self, seconds: float) -> None:
-        """Start this placement's :class:`~dasknn.runtime.postbox.Postbox` actor on every
-        worker hosting parts (``messages="posted"``); ``TimeoutError`` if the workers do not
-        start them within ``seconds``."""
+        """Start a Postbox actor on every part worker; ``TimeoutError`` after ``seconds``."""
         with dask.annotate(span=self._span):
             self._postboxes = [
                 self.client.submit(
@@ -441,8 +381,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
     def _context(
         self, optimizer: Optimizer | None, batch: int = 0, microbatches: int = 1
     ) -> StepContext:
-        """The context of the next step: training with ``optimizer`` on ``batch`` rows in
-        ``microbatches`` blocks, or a forward pass."""
+        """The next step's context (a forward pass when ``optimizer`` is ``None``)."""
         self._step += 1
         posted = self.messages == "posted" and optimizer is not None
         return StepContext(
@@ -469,8 +408,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         ]
 
     def _scatter_blocks(self, name: str, values: np.ndarray, layer: int) -> dict:
-        """Scatter every part's columns of ``values`` (by the parts of ``layer``), feature-major,
-        to its worker; ``{m: future}``."""
+        """Scatter :meth:`_feature_blocks` to the part workers; ``{m: future}``."""
         self._check_open()
         blocks = self._feature_blocks(values, layer)
         data = {(f"dasknn-{name}-{self.token}", self._step + 1, m): b for m, b in enumerate(blocks)}
@@ -505,10 +443,8 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
                 inputs[("y", m)] = y_blocks[m].key
         return inputs
 
-    # ------------------------------------------------------------------ training
     def _submit_step(self, x_blocks, y_blocks, rows, batch, optimizer, previous):
-        """Submit the step on ``rows`` of the scattered data (``None``: all ``batch`` of them);
-        returns its futures, row count and number of microbatches."""
+        """Submit a step on ``rows`` (``None``: all); ``(futures, batch, microbatches)``."""
         template = self._template("train")
         blocks = split_rows(rows, batch, self.step_microbatches(batch))
         ctx = self._context(optimizer, batch, len(blocks))
@@ -520,8 +456,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
     def train_step(
         self, X, Y, *, lr: float | None = None, optimizer: Optimizer | None = None
     ) -> float:
-        """One training step on the batch ``(X, Y)``; every part's weights, bias and optimizer
-        state are updated on its worker.
+        """One training step on the batch ``(X, Y)``, updating every part on its worker.
 
         Parameters
         ----------
@@ -530,9 +465,8 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         lr : float, optional
             Learning rate of plain SGD (default 0.01); not together with ``optimizer``.
         optimizer : dasknn.optim.Optimizer, optional
-            ``SGD(...)``, ``Adam(...)`` or ``AdamW(...)``. The state lives beside each part's
-            weights on its worker; it is kept while later steps use an equal optimizer and started
-            afresh for a different one.
+            ``SGD``, ``Adam`` or ``AdamW``; its state lives on the workers, kept while later
+            steps use an equal optimizer.
 
         Returns
         -------
@@ -553,13 +487,8 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
 
     @contextmanager
     def _training_data(self, x: np.ndarray, y: np.ndarray) -> Iterator[tuple[dict, dict]]:
-        """Every part's input and target columns, scattered once to its worker for the call
-        (each step of :meth:`fit` takes its rows there) and held by tasks of the model's span
-        (:func:`~dasknn.runtime.model_span.held_in_span`), so each step's graph touches that span
-        only. Their futures are released when the call ends, however it ends: the frames of a
-        failed call hold them for as long as its error's traceback lives (an error kept by the
-        caller, as an interactive session keeps the last one, or one in a reference cycle until
-        the garbage collector runs), and their keys would stay on the cluster meanwhile."""
+        """:meth:`_held_blocks` for one call, released when it ends however it ends (a kept
+        traceback would otherwise keep the keys on the cluster)."""
         data = self._held_blocks(x, y)
         try:
             yield data
@@ -569,9 +498,8 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
                     future.release()
 
     def _held_blocks(self, x: np.ndarray, y: np.ndarray) -> tuple[dict, dict]:
-        """Every part's columns of ``x`` and ``y`` scattered (:meth:`_scatter_blocks`), then held
-        by tasks of the model's span submitted in one graph (so the scattered values join one
-        default span of Dask's); ``({m: future}, {m: future})`` of those tasks."""
+        """Every part's columns of ``x`` and ``y``, scattered and held in the model's span;
+        ``({m: future}, {m: future})``."""
         scattered = {("x", m): f for m, f in self._scatter_blocks("x", x, 0).items()}
         for m, future in self._scatter_blocks("y", y, self.n_layers).items():
             scattered[("y", m)] = future
@@ -582,9 +510,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
     def _train_batches(
         self, data: tuple[dict, dict], batches: list[np.ndarray], optimizer: Optimizer
     ) -> Iterator[float]:
-        """The steps of ``batches`` with one step in flight ahead: step ``t + 1`` is submitted
-        before step ``t`` is collected (its first tasks wait on the workers for step ``t``'s
-        updates), so the client adds no gap between steps."""
+        """The losses of ``batches``, step ``t + 1`` submitted before step ``t`` is collected."""
         x_blocks, y_blocks = data
         pending = None
         for rows in batches:
@@ -609,19 +535,11 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         self.optimizer_ = optimizer
         return loss
 
-    # ------------------------------------------------------------------ inference
     def _output_blocks(
         self, x: np.ndarray, batch_size: int, in_flight: int
     ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """Row-block ``(z_L, a_L)`` of ``x``, in order, computed on the workers.
-
-        The samples go through in blocks of ``batch_size`` rows, ``in_flight`` blocks at a time:
-        while one block's messages travel, the workers compute another's layers. A part keeps
-        only its latest layer's activations of a block. The parts return ``a_L`` only, which is
-        also ``z_L`` where the loss reads it (softmax cross-entropy has a linear output layer;
-        the mse value and prediction read ``a_L`` alone), so both entries are that array.
-        ``in_flight`` is checked before anything is scheduled.
-        """
+        """Row blocks ``(a_L, a_L)`` of ``x`` in order (``a_L`` stands for ``z_L`` wherever the
+        loss reads it), ``batch_size`` rows each, ``in_flight`` blocks on the workers at once."""
         in_flight = check_in_flight(in_flight)
         self._check_open()
         template = self._template("predict")
@@ -649,8 +567,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         return out
 
     def predict(self, X, batch_size: int = 1024, in_flight: int = 2) -> np.ndarray:
-        """Predictions for ``X``, as :meth:`SparseMLP.predict` (class labels for softmax models,
-        ``a_L`` otherwise), computed on the workers ``batch_size`` rows at a time with
+        """Predictions for ``X`` as :meth:`SparseMLP.predict`, ``batch_size`` rows per block,
         ``in_flight`` blocks on the workers at once."""
         return self._predictions(self._input_blocks(X, batch_size, in_flight=in_flight))
 
@@ -662,14 +579,11 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         return self._mean_loss(*self._labelled_blocks(X, Y, batch_size, in_flight=in_flight))
 
     def score(self, X, Y, batch_size: int = 1024, in_flight: int = 2) -> float:
-        """Higher-is-better score, as :meth:`SparseMLP.score`: the accuracy for softmax models,
-        otherwise the **negative** mean loss ``-evaluate(X, Y)``."""
+        """As :meth:`SparseMLP.score`: accuracy for softmax models, else ``-evaluate(X, Y)``."""
         return self._score(*self._labelled_blocks(X, Y, batch_size, in_flight=in_flight))
 
-    # ------------------------------------------------------------------ results
     def gather(self) -> SparseMLP:
-        """A :class:`SparseMLP` with the current weights and biases, in the original order (no
-        optimizer state, empty loss curves)."""
+        """A :class:`SparseMLP` of the current weights and biases (no optimizer state)."""
         weights, biases = gather_network(self.client, self._current_snapshot(), self.plan)
         return SparseMLP(
             weights,
@@ -683,11 +597,8 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
     def predicted_bytes(
         self, batch: int, backward: bool = True, between: str = "workers"
     ) -> dict[tuple[int, str], int]:
-        """Predicted payload of one batch per ``(layer, phase)``.
-
-        ``between="workers"`` counts only messages between parts on different workers (what can
-        be measured); ``"parts"`` counts every message of the plan.
-        """
+        """Predicted bytes of one batch per ``(layer, phase)``: ``words * batch * itemsize``
+        over the plan's messages between workers (``between="workers"``) or all (``"parts"``)."""
         itemsize = self.dtype.itemsize
         result = {}
         for k in range(1, self.n_layers + 1):
@@ -702,19 +613,10 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         return result
 
     def comm_report(self) -> CommReport:
-        """Measured against predicted traffic between the workers since the model started or
-        :meth:`reset_comm`.
-
-        Keys are ``(layer, phase, sender, receiver)`` with phases ``forward`` (activations
-        consumed by ``layer``), ``backward`` (partial sums of ``layer``) and ``other`` (softmax
-        statistics), for every training step and forward pass; the prediction comes from the
-        plan (:func:`~dasknn.model_parallel._comm.predicted_counts`): bytes and messages per
-        worker pair. ``details`` holds ``predicted_parts`` (the forward and backward bytes of
-        every message between parts, also those on one worker) and the senders' logs
-        (:func:`~dasknn.model_parallel._comm.wire_bytes`: ``wire_messages``, ``wire_payload``,
-        ``wire_total``, ``serialization_overhead``; zero for posted messages, which Dask does
-        not log). Costs a call to the scheduler and one to every worker.
-        """
+        """Measured against predicted traffic between workers since :meth:`reset_comm`, keyed
+        ``(layer, phase, sender, receiver)``, phases ``forward``, ``backward``, ``other``.
+        ``details``: ``predicted_parts``, ``wire_messages``, ``wire_payload``, ``wire_total``,
+        ``serialization_overhead`` (zero when posted). Costs a call to the scheduler and workers."""
         self._check_open()
         measured = counts_of(read_transfers(self.client, self.token))
         predicted: dict = {}
@@ -742,8 +644,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         return CommReport(measured, predicted, sum(self._batches.values()), details)
 
     def reset_comm(self) -> None:
-        """Start a new measurement: zero the monitor's counts of the model and the worker
-        timings."""
+        """Zero the model's traffic counts and worker timings."""
         super().reset_comm()
         self.client.run(_reset_timings_on_worker, name=self.plugin_name)
         self._batches = Counter()
@@ -754,11 +655,8 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         return self.client.run(_timings_on_worker, name=self.plugin_name)
 
     def _collect(self, futures) -> list:
-        """Gather a step's results, watching its workers (:func:`wait_for_step`), then fetch
-        them in one gather within ``step_timeout`` (:func:`gather_at_most`; a part worker lost by
-        then is a :class:`WorkerLostError`, else the workers holding the results are named by a
-        :class:`StepTimeoutError`); on failure, mark the model failed, free the answering
-        workers' step state (waiting for them at most ``step_timeout``) and say why."""
+        """A step's results within ``step_timeout``; on failure mark the model failed, free the
+        workers' step state, raise :class:`WorkerLostError` or :class:`StepTimeoutError`."""
         try:
             parts = [future.key[3] for future in futures]
             wait_for_step(
@@ -773,8 +671,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
             try:
                 return gather_at_most(self.client, futures, self.step_timeout)
             except TimeoutError:
-                # a part worker lost meanwhile is the step's failure (a checkpoint recovers it),
-                # also when another one does not answer
+                # a lost part worker takes precedence (a checkpoint recovers it)
                 lost = lost_workers(self.client, self.part_workers, self._retirements)
                 if lost:
                     raise lost_error(self.part_workers, lost) from None
@@ -792,32 +689,20 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
             raise
 
     def _raise_if_lost(self, futures=()) -> None:
-        """Raise :class:`WorkerLostError` naming the parts whose worker has left the cluster or
-        was asked to (then no later placement uses it; with ``messages="posted"`` the model first
-        lets it go, see :meth:`_let_go`); ``futures`` are those of the failed step."""
+        """Raise :class:`WorkerLostError` if a part worker left or was asked to leave."""
         lost = lost_workers(self.client, self.part_workers, self._retirements)
         if lost:
             self._failed = str(lost_error(self.part_workers, lost))
             self._leaving.update(lost)
             if self.messages == "posted":
                 self._let_go(lost, futures)
-            # raised as made: an error held by a local of this frame would be in a reference
-            # cycle with its traceback, which keeps the calling frames' futures (the data of a
-            # fit call) on the cluster until the garbage collector runs
+            # not held in a local: a reference cycle would keep the callers' futures alive
             raise lost_error(self.part_workers, lost) from None
 
     def _let_go(self, leaving: list[str], futures) -> None:
-        """Let the workers ``leaving`` retire: Dask retires no worker that holds an actor, so a
-        retirement asked for while the model's postboxes are there is refused. Cancel the failed
-        step and the postboxes, end the waits of the step tasks still running, and ask again for
-        the retirements still to do until they are done (within ``step_timeout``).
-
-        The step is cancelled first, in a request of its own: the scheduler then forgets the
-        step tasks no future wants (the previous step's, which the failed one waited for), so
-        none of them depends on a postbox when the postboxes are cancelled. Dask's scheduler
-        fails on cancelling a key that such a task depends on, and drops the client's
-        connection: the client reconnects and cancels every future it holds, the user's too.
-        """
+        """Cancel the failed step, then (separately: else the scheduler drops the client) the
+        postboxes, which block retirement, and retire ``leaving`` again until done or
+        ``step_timeout``. See docs/reliability.md."""
         deadline = time.monotonic() + self.step_timeout
         self.client.cancel(futures)
         self.client.cancel(self._postboxes)
@@ -832,9 +717,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
             time.sleep(POLL_SECONDS)
 
     def _clear_workers(self, seconds: float) -> None:
-        """Drop the steps in flight on the part workers still running (ending their waits),
-        waiting for them at most ``seconds``: a worker that does not answer (stopped) drops them
-        when it goes on, or with the model's state when the model is placed again or closed."""
+        """Drop the steps in flight on the running part workers, waiting at most ``seconds``."""
         workers = sorted(set(running_workers(self.client)) & set(self.part_workers))
         if workers:
             call_at_most(
@@ -854,15 +737,13 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         }
 
     def _chunk_entries(self) -> list[list[np.ndarray]]:
-        """Per layer and part, the positions of the chunk's stored values in the layer's CSR
-        values (original order); computed on first use."""
+        """Per layer and part, the chunk's positions in the layer's CSR values (cached)."""
         if self._entries is None:
             self._entries = chunk_entries(self._pattern, self.plan)
         return self._entries
 
     def _record(self) -> ModelRecord:
-        """The weights, biases, optimizer state and partition, read from the workers (between
-        steps), in the original neuron order."""
+        """The parameters, optimizer state and partition from the workers, in original order."""
         self._check_open()
         owned: dict = {}
         for parts in self.client.run(
@@ -923,8 +804,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         return states
 
     def _restore(self, record: ModelRecord) -> None:
-        """Place the weights, biases and optimizer state of ``record`` on the workers there are
-        now (part ``m`` on worker ``m % W``), replacing the model's plugin everywhere."""
+        """Place ``record`` on the workers there are now, replacing the model's plugin."""
         if not self._open:
             raise ModelClosedError(f"this {type(self).__name__} is closed")
         self._snapshot = None
@@ -940,8 +820,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
             workers = [w for w in workers if w in self._chosen]
         self.part_workers = worker_of_parts(workers, self.nparts)
         self._placement = KeyPlacement(self.part_workers, part_of)
-        # Replacing the plugin tears the old one down, which ends the waits of a step task still
-        # running on a worker that stayed; a task of an earlier step is refused from now on.
+        # the new plugin ends old waits and refuses tasks of earlier steps
         state = ModelState(self.token, first_step=self._step + 1)
         self._placing(lambda: self.client.register_plugin(state, name=self.plugin_name))
         _, chunks = build_comm_plan(record.weights, self._parts, self.nparts)
@@ -953,16 +832,13 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         return isinstance(error, WorkerLostError)
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the model (weights, biases, optimizer and its state, partition) to the ``.npz``
-        file ``path`` atomically; :meth:`load` (or :meth:`SparseMLP.load`) reads it back."""
+        """Write the model and optimizer state to the ``.npz`` file ``path`` atomically."""
         write_model(path, self._record())
 
     @classmethod
     def load(cls, path: str | os.PathLike, client=None, **options) -> DistributedSparseMLP:
-        """A distributed model of the file ``path`` (written by :meth:`save`, by
-        :meth:`SparseMLP.save` or as a checkpoint) on ``client`` (as in the constructor): its
-        weights, biases and optimizer state, partitioned as stored in the file unless
-        ``options`` (the constructor's keyword arguments) give a ``partition``.
+        """The model saved at ``path`` (by :meth:`save` or :meth:`SparseMLP.save`) on ``client``,
+        partitioned as stored unless ``options`` (constructor keywords) give a ``partition``.
 
         Raises
         ------
@@ -987,9 +863,8 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         return self._plugins[::-1]
 
     def _before_close(self) -> None:
-        """Drop the model's hold on the retirement watch and the client's references to its
-        arrays, templates and postboxes (the plugins, with the weights, biases and optimizer
-        state they own, go next)."""
+        """Release the retirement watch and the client's references to arrays, templates and
+        postboxes."""
         self._snapshot = None
         self._templates.clear()
         self._postboxes.clear()

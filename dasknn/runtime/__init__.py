@@ -1,9 +1,6 @@
-"""What every distributed mode shares: the cluster to run on (a local cluster, a scheduler
-address, dask-jobqueue batch jobs; TLS), the base of a distributed model and of its worker
-plugin, the measured-against-predicted communication report, and the step timeout.
-
-The names below are the runtime's public API; the modules hold more for the modes built on it.
-"""
+"""What every distributed mode shares: the cluster to run on (local, a scheduler address,
+dask-jobqueue batch jobs; TLS), the base of a distributed model and of its worker plugin, the
+communication report, and the step timeout. See docs/runtime.md."""
 
 from dasknn.runtime.cluster import local_cluster, local_cuda_cluster, open_client
 from dasknn.runtime.comm_report import CommReport

@@ -68,16 +68,13 @@ def _bind_threads(cores: set[int]) -> None:
 
 
 class PinCores(WorkerPlugin):
-    """Worker plugin binding each worker of ``slots`` to one core (see the module docstring).
-
-    The core is kept as the worker attribute ``dasknn_pinned_core`` (``None`` where the worker
-    was left as it was).
+    """Worker plugin binding each worker of ``slots`` to one core, kept as the worker attribute
+    ``dasknn_pinned_core`` (``None`` if left as it was).
 
     Parameters
     ----------
     slots : dict of str to int
-        Worker address to its slot: the worker gets the ``slot``-th core (modulo their number)
-        of the cores its process may run on when the plugin is set up.
+        Worker address to its slot: the ``slot``-th (modulo) of the cores its process may use.
     """
 
     name = PLUGIN_NAME
@@ -117,9 +114,8 @@ def pinned_core(dask_worker) -> tuple[int | None, list[list[int]]]:
 
 
 def migrations(thread: int | None = None) -> int:
-    """Migrations between CPUs so far of a thread of this process (the calling thread if
-    ``None``): ``se.nr_migrations`` of its ``sched`` file; 0 where the kernel does not report
-    them."""
+    """``se.nr_migrations`` of a thread of this process (default the caller's); 0 if not
+    reported."""
     path = "/proc/thread-self/sched" if thread is None else f"/proc/self/task/{thread}/sched"
     try:
         with open(path) as sched:

@@ -1,24 +1,6 @@
-"""Connect to a Dask cluster, or start a local one, for the runs of the command line and API.
-
-Local clusters listen on 127.0.0.1 only (scheduler, workers and dashboard), so nobody else on the
-network reaches them; pass ``host`` to listen elsewhere. Connecting to a scheduler address gives up
-after ``connect_timeout`` seconds (:data:`CONNECT_TIMEOUT`, or the environment variable
-``DASKNN_CONNECT_TIMEOUT``) with a ``RuntimeError`` naming the address. :func:`open_client` also
-takes a running cluster object (a ``LocalCluster``, a dask-jobqueue cluster, ...) or a
-:class:`~dasknn.runtime.jobqueue.JobqueueSpec` of batch jobs to start.
-
-Every function that opens a connection or starts a cluster takes ``security``: a
-``distributed.Security`` (see :mod:`dasknn.runtime.security`), ``True`` for temporary certificates
-(a local cluster only), or ``None``: no TLS for a local cluster, dask's configuration
-(``distributed.comm.tls.*``) for a scheduler address.
-
-The clusters and clients opened here keep Dask's debugging records short
-(:func:`short_dask_records`): :data:`LOW_LEVEL_LOG_LENGTH` entries of
-``distributed.admin.low-level-log-length`` instead of Dask's 1,000, and no worker profiler
-(``distributed.worker.profile.enabled``), unless the user's configuration sets them, and the
-process that opens them holds Dask's serialization header keys interned
-(:func:`~dasknn.runtime.header_keys.hold_header_keys`).
-"""
+"""Connect to a Dask cluster, or start a local one (on 127.0.0.1 unless ``host`` says); see
+docs/runtime.md, "Connecting". ``security``: a ``distributed.Security``, ``True`` for temporary
+certificates (local clusters only), or ``None`` (no TLS locally, dask's configuration otherwise)."""
 
 from __future__ import annotations
 
@@ -51,16 +33,14 @@ __all__ = [
 LOCAL_HOST = "127.0.0.1"
 CONNECT_TIMEOUT = 5.0
 
-#: Entries of Dask's bounded debugging records on what dasknn opens (see
-#: :func:`short_dask_records`).
+#: Entries of Dask's debugging records on what dasknn opens (:func:`short_dask_records`).
 LOW_LEVEL_LOG_LENGTH = 100
 _LOG_LENGTH_KEY = "distributed.admin.low-level-log-length"
 _PROFILE_KEY = "distributed.worker.profile.enabled"
 
 
 def _user_sets(key: str) -> bool:
-    """Whether the user's configuration sets ``key``: a value other than Dask's default in the
-    program, or any value in a YAML file or the environment (``DASK_...``)."""
+    """Whether ``key`` is set: not Dask's default in the program, or in YAML or ``DASK_...``."""
     defaults = dask.config.merge(*dask.config.defaults)
     if dask.config.get(key) != dask.config.get(key, config=defaults):
         return True
@@ -68,30 +48,11 @@ def _user_sets(key: str) -> bool:
 
 
 def short_dask_records() -> dict:
-    """The dask configuration under which dasknn starts clusters and opens clients:
-    ``distributed.admin.low-level-log-length`` at :data:`LOW_LEVEL_LOG_LENGTH` and
+    """The dask configuration dasknn starts clusters and opens clients under:
+    ``distributed.admin.low-level-log-length`` at :data:`LOW_LEVEL_LOG_LENGTH` (Dask: 1,000) and
     ``distributed.worker.profile.enabled`` off, each left out when the user's configuration sets
-    it (a value other than Dask's default in the program, or any value in a YAML file or the
-    environment, such as ``DASK_DISTRIBUTED__ADMIN__LOW_LEVEL_LOG_LENGTH`` or
-    ``DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED``).
-
-    That length bounds Dask's records of the last messages of every batched stream (each step's
-    task message with its task, the client's graph messages), the scheduler's transitions and
-    events of every topic and the workers' state-machine logs. They are bounded, but at 1,000
-    entries of several KiB they go on filling for the first thousands of training steps, which
-    reads as growth of the scheduler and the client (``docs/reliability.md``, ``## Long runs:
-    memory (soak)``).
-
-    The worker profiler samples the call stack of every running task every 10 ms and keeps one
-    tree of the samples per second in two deques of ``low-level-log-length`` entries: about
-    55 KiB a second for a training step's stacks, so a worker's history fills for 100 s to about
-    5 MiB at dasknn's length (for 1,000 s to about 50 MiB at Dask's), which reads as growth of
-    every worker over the first minutes of a run. It serves the dashboard's profile pages and
-    ``Client.profile`` only.
-
-    Each record is made when its scheduler, worker or stream starts, so the settings apply to
-    the processes and connections started under them: the scheduler, workers and clients opened
-    here, not a worker that joins later nor a ``Client`` or cluster the user made.
+    it. It applies to the processes and connections started under it, not to a user's own
+    cluster. Why: docs/reliability.md, "Long runs: memory (soak)".
     """
     config = {}
     if not _user_sets(_LOG_LENGTH_KEY):
@@ -108,11 +69,9 @@ _DASK_TRIM_THRESHOLD = 65536
 
 
 def worker_environ() -> dict:
-    """The environment of the worker processes of the clusters dasknn starts: Dask's configured
-    ``distributed.nanny.pre-spawn-environ`` with glibc's malloc thresholds of
-    :mod:`~dasknn.runtime.worker_memory` (freed step buffers are kept and reused rather than
-    faulted in again at every step; ``docs/benchmarks.md``), unless the user's configuration sets
-    them (a trim threshold other than Dask's default, or the other two at all)."""
+    """Dask's ``distributed.nanny.pre-spawn-environ`` plus the malloc thresholds of
+    :mod:`~dasknn.runtime.worker_memory` (freed step buffers reused), for the workers of the
+    clusters dasknn starts, unless the user's configuration sets them."""
     environ = dict(dask.config.get(_ENVIRON_KEY, default={}) or {})
     if int(environ.get("MALLOC_TRIM_THRESHOLD_", _DASK_TRIM_THRESHOLD)) == _DASK_TRIM_THRESHOLD:
         environ["MALLOC_TRIM_THRESHOLD_"] = TRIM_THRESHOLD
@@ -159,12 +118,9 @@ def local_cluster(
     host: str = LOCAL_HOST,
     security: Security | bool | None = None,
 ) -> LocalCluster:
-    """Start a LocalCluster of worker processes, one single-threaded worker per core by default,
-    listening (scheduler, workers, dashboard) on ``host`` only; with ``security`` (a
-    ``distributed.Security``, or ``True`` for temporary certificates) every connection uses TLS.
-    Dask's debugging records are kept short (:func:`short_dask_records`), the workers start with
-    :func:`worker_environ`, and this process (the scheduler's) holds Dask's header keys interned
-    (:func:`hold_header_keys`)."""
+    """Start a LocalCluster of worker processes (default one single-threaded worker per core)
+    listening on ``host`` only, with TLS if ``security``, under :func:`short_dask_records` and
+    :func:`worker_environ`; this process holds Dask's header keys (:func:`hold_header_keys`)."""
     hold_header_keys()
     with dask.config.set(short_dask_records() | {_ENVIRON_KEY: worker_environ()}):
         return LocalCluster(
@@ -186,9 +142,8 @@ def local_cuda_cluster(
     Raises
     ------
     RuntimeError
-        When dask-cuda is not installed or this machine has no CUDA GPU, with the install hint,
-        or when its numba-cuda cannot compile kernels with its numpy
-        (:func:`~dasknn.kernels.cuda_inference.check_cuda_compiler`).
+        Without dask-cuda or a CUDA GPU (with the install hint), or when numba-cuda cannot
+        compile kernels (:func:`~dasknn.kernels.cuda_inference.check_cuda_compiler`).
     """
     from dasknn.kernels.cuda_inference import CUDA_INSTALL_HINT, check_cuda_compiler, cuda_runtime
 
@@ -219,16 +174,11 @@ def open_client(
     device: str = "cpu",
     security: Security | bool | None = None,
 ) -> Client:
-    """The client to run on: ``client`` itself, one of a running cluster object, one of the
-    batch jobs a :class:`~dasknn.runtime.jobqueue.JobqueueSpec` describes (submitted here, and
-    waited for), one connected to a scheduler address, or one on a new :func:`local_cluster`
-    (``device="cuda"``: :func:`local_cuda_cluster`); whatever is opened here is closed when
-    ``stack`` closes.
-
-    ``security`` (see the module's docstring) is used for what is opened here; a ``Client``
-    passed in keeps its own. What is opened here keeps Dask's debugging records short
-    (:func:`short_dask_records`); this process holds Dask's header keys interned
-    (:func:`hold_header_keys`), also for a ``Client`` passed in.
+    """The client to run on: ``client`` itself, or one of a running cluster object, of the
+    batch jobs a :class:`~dasknn.runtime.jobqueue.JobqueueSpec` describes (submitted and waited
+    for), of a scheduler address, or of a new :func:`local_cluster` (``device="cuda"``:
+    :func:`local_cuda_cluster`). What is opened here (with ``security`` and
+    :func:`short_dask_records`) is closed when ``stack`` closes.
 
     Raises
     ------
@@ -236,9 +186,8 @@ def open_client(
         If ``client`` is a ``tls://`` address and neither ``security`` nor dask's configuration
         gives TLS certificates, or ``security=True`` (temporary certificates) with an address.
     RuntimeError
-        If no scheduler answers at the address ``client`` within :func:`connect_timeout` seconds,
-        it refuses this client's certificate, or the batch jobs of a spec cannot be submitted or
-        do not start in time.
+        If no scheduler answers at ``client`` within :func:`connect_timeout` seconds or it
+        refuses the certificate, or a spec's batch jobs cannot be submitted or do not start.
     ValueError
         If a spec is malformed (before anything is submitted).
     """
@@ -267,15 +216,9 @@ def _workers_identity(dask_scheduler) -> dict:
 
 
 def scheduler_workers(client: Client) -> dict[str, dict]:
-    """Every worker the scheduler knows now, ``{address: info}`` with the entries of
-    ``Client.scheduler_info()["workers"]`` (``status``, ``memory_limit``, ``metrics``,
-    ``last_seen``, ...), asked of the scheduler at each call.
-
-    ``Client.scheduler_info(n_workers=-1)["workers"]`` may be empty while every worker is there
-    (distributed 2025.x and later): the client's own refresh, every
-    ``distributed.client.scheduler-info-interval`` (2 s), asks for no worker and can replace the
-    answer between the request and the return (about 1 call in 7,000 on a local cluster, 1 in 3
-    with a 1 ms interval), which read as every worker gone.
+    """Every worker the scheduler knows now, ``{address: info}`` as in
+    ``Client.scheduler_info()["workers"]``, asked of the scheduler (``Client.scheduler_info``
+    can briefly list none; see docs/reliability.md, "How a lost worker is detected").
     """
     return client.run_on_scheduler(_workers_identity)
 

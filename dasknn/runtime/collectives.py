@@ -1,19 +1,7 @@
-"""Collectives as task graphs: allreduce and allgather(v).
+"""Collectives as task graphs: allreduce and allgather(v). See docs/runtime.md, "Collectives".
 
-Each collective has a *builder*, a pure function of metadata (the input keys, shapes, dtypes,
-counts) that returns a :class:`Graph`, and an *executor* that checks the inputs, builds the graph
-and submits it with every task pinned to its worker. Keys are named by
-:func:`dasknn.runtime.keys.collective_key`: ``(name, phase, sender, receiver)`` with ``sender``
-and ``receiver`` positions in the worker list. A task whose key has ``sender == receiver`` is local
-work of that worker; one with ``sender != receiver`` runs on ``sender`` and its value, a plain
-numpy array, is the one message from ``sender`` to ``receiver`` of that phase. The transfer
-monitor (:mod:`dasknn.runtime.measure`) therefore counts every message by phase, sender and
-receiver, and its size is exactly the array's ``nbytes``.
-
-The byte formulas below count the payload the monitor measures. ``N`` is the number of workers,
-``s`` the item size of the dtype; every pair of different workers exchanges one message per
-phase, empty ones included.
-"""
+In the byte formulas (the payload the monitor measures) ``N`` is the number of workers and ``s``
+the item size; every pair of workers exchanges one message per phase, empty ones included."""
 
 from __future__ import annotations
 
@@ -54,10 +42,8 @@ class Graph:
     Attributes
     ----------
     op, token : str
-        The collective and the token its keys carry.
     tasks : dict
-        ``{key: dask.task_spec.Task}``; references to keys outside (the inputs) are
-        :class:`~dask.task_spec.TaskRef`.
+        ``{key: dask.task_spec.Task}``; the inputs are :class:`~dask.task_spec.TaskRef`.
     outputs : list
         The key of each worker's result, by position.
     """
@@ -75,7 +61,7 @@ class Collective:
     Attributes
     ----------
     op, token : str
-        The token is what :func:`dasknn.runtime.measure.read_transfers` reads its transfers by.
+        The token is what :func:`dasknn.runtime.measure.read_transfers` reads by.
     workers : list of str
     outputs : list of distributed.Future
         ``outputs[i]`` is the result on ``workers[i]``.
@@ -88,8 +74,7 @@ class Collective:
 
 
 def chunk_bounds(n: int, parts: int) -> list[int]:
-    """Bounds of ``parts`` consecutive chunks of ``n`` items: the first ``n % parts`` chunks hold
-    ``n // parts + 1`` items, the others ``n // parts`` (as :func:`numpy.array_split`)."""
+    """Bounds of ``parts`` consecutive chunks of ``n`` items, as :func:`numpy.array_split`."""
     base, extra = divmod(n, parts)
     bounds = [0]
     for j in range(parts):
@@ -98,12 +83,10 @@ def chunk_bounds(n: int, parts: int) -> list[int]:
 
 
 def messages_to(key: KeyFunction, phase: str, receiver: int, count: int) -> list[TaskRef]:
-    """References to the messages ``key(phase, sender, receiver)`` of every other ``sender`` of
-    ``count`` positions, in sender order."""
+    """References to ``key(phase, sender, receiver)`` of every other ``sender`` < ``count``."""
     return [TaskRef(key(phase, sender, receiver)) for sender in range(count) if sender != receiver]
 
 
-# ------------------------------------------------------------------ worker functions
 def _identity(x):
     return x
 
@@ -113,7 +96,7 @@ def _flat_slice(x: np.ndarray, lo: int, hi: int) -> np.ndarray:
 
 
 def _with_own(position: int, own, received: tuple) -> list:
-    """``received`` (from every other position, in order) with ``own`` put at ``position``."""
+    """``received`` with ``own`` inserted at ``position``."""
     items = list(received)
     items.insert(position, own)
     return items
@@ -122,8 +105,7 @@ def _with_own(position: int, own, received: tuple) -> list:
 def _reduce_chunk(
     position: int, lo: int, hi: int, accumulate, x: np.ndarray, *received: np.ndarray
 ):
-    """Sum of chunk ``lo:hi`` of every contribution, added in worker order (in the dtype
-    ``accumulate`` when given, then cast back to the contributions' dtype)."""
+    """Sum of chunk ``lo:hi`` of every contribution in worker order, in ``accumulate`` if given."""
     parts = _with_own(position, _flat_slice(x, lo, hi), received)
     total = parts[0].astype(accumulate or parts[0].dtype, copy=True)
     for part in parts[1:]:
@@ -140,7 +122,6 @@ def _gather(position: int, stack: bool, own: np.ndarray, *received: np.ndarray) 
     return np.stack(parts) if stack else np.concatenate(parts, axis=0)
 
 
-# ------------------------------------------------------------------ builders
 def build_allreduce(
     token: str,
     inputs: Sequence,
@@ -148,17 +129,11 @@ def build_allreduce(
     accumulate=None,
     key: KeyFunction | None = None,
 ) -> Graph:
-    """Allreduce (sum) of one array of ``shape`` per worker, as a flat buffer of ``n`` items,
-    in two hops.
+    """Allreduce (sum) of one array of ``shape`` (``n`` items) per worker: reduce-scatter of
+    ``N`` chunks (``c_j`` items in chunk ``j``), then allgather.
 
-    Every buffer is split into ``N`` chunks (:func:`chunk_bounds`, ``c_j`` items in chunk
-    ``j``). *Reduce-scatter*: worker ``j`` receives chunk ``j`` from every other worker and adds
-    them in worker order. *Allgather*: every worker receives the ``N - 1`` reduced chunks it does
-    not hold and concatenates.
-
-    Bytes: worker ``i`` receives ``s ((N - 1) c_i + n - c_i)`` and sends as much; in all
-    ``2 (N - 1) n s`` bytes in ``2 N (N - 1)`` messages (phases ``reduce-scatter`` and
-    ``allgather``, ``(N - 1) n s`` each).
+    Bytes: worker ``i`` receives, and sends, ``s ((N - 1) c_i + n - c_i)``; in all
+    ``2 (N - 1) n s`` in ``2 N (N - 1)`` messages (phases ``reduce-scatter``, ``allgather``).
 
     Parameters
     ----------
@@ -169,12 +144,10 @@ def build_allreduce(
     shape : tuple
         Shape of every contribution and of the result.
     accumulate : numpy dtype, optional
-        Dtype the chunks are summed in (e.g. float32 for 16-bit contributions); the messages
-        and the result keep the contributions' dtype.
+        Dtype the chunks are summed in; messages and result keep the contributions' dtype.
     key : callable, optional
         ``key(phase, sender, receiver)`` names the keys (default :func:`collective_key` of
-        ``"allreduce"`` and ``token``), for a caller that embeds the collective in a larger graph
-        with keys of its own family.
+        ``"allreduce"`` and ``token``).
     """
     count = len(inputs)
     bounds = chunk_bounds(int(np.prod(shape, dtype=np.int64)), count)
@@ -212,22 +185,15 @@ def build_allgather(
 ) -> Graph:
     """Allgather: every worker receives every other worker's contribution.
 
-    ``stack=True`` (allgather, equal shapes): each result is ``np.stack`` of the contributions in
-    worker order; ``stack=False`` (allgatherv, sizes differ along axis 0): ``np.concatenate``.
-
-    Bytes: with ``b_i`` the size of contribution ``i``, worker ``j`` receives
-    ``sum(b_i for i != j)``; in all ``(N - 1) sum(b_i)`` bytes (``N (N - 1) b`` for equal sizes
-    ``b``) in ``N (N - 1)`` messages of phase ``allgather``.
+    Bytes: worker ``j`` receives ``sum(b_i for i != j)`` (``b_i``: contribution ``i``'s bytes);
+    in all ``(N - 1) sum(b_i)`` in ``N (N - 1)`` messages of phase ``allgather``.
 
     Parameters
     ----------
-    token : str
-        Carried by every key (what the transfers are read by).
-    inputs : sequence of keys
-        ``inputs[i]``: the key of worker ``i``'s contribution.
+    token, inputs, key
+        As for :func:`build_allreduce`.
     stack : bool
-    key : callable, optional
-        ``key(phase, sender, receiver)`` names the keys (see :func:`build_allreduce`).
+        ``np.stack`` the contributions (allgather), else ``np.concatenate`` (allgatherv).
     """
     op = "allgather" if stack else "allgatherv"
     key = key or partial(collective_key, op, token)
@@ -247,10 +213,8 @@ def build_allgather(
     return Graph(op, token, tasks, outputs)
 
 
-# ------------------------------------------------------------------ executors
 def _describe(dask_worker, keys: dict) -> dict:
-    """``{position: (shape, dtype, min, max)}`` of the inputs held here (``None`` if absent or
-    not an array; ``min``/``max`` only for non-empty integer arrays)."""
+    """``{position: (shape, dtype, min, max)}`` of the inputs here (``None``: not an array)."""
     out = {}
     for position, key in keys.get(dask_worker.address, {}).items():
         value = dask_worker.data.get(key)
@@ -283,8 +247,7 @@ def _check_workers(client, workers: Sequence[str], *inputs: Sequence) -> list[st
 
 
 def _inspect(client, workers: list[str], futures: Sequence, what: str) -> list[tuple]:
-    """``(shape, dtype, min, max)`` of each input, which must be a numpy array in memory on its
-    worker."""
+    """``(shape, dtype, min, max)`` of each input; ``ValueError`` if not an array in memory."""
     wait(list(futures))
     keys: dict = {}
     for position, (worker, future) in enumerate(zip(workers, futures, strict=True)):
@@ -310,8 +273,7 @@ def _same(what: str, field: str, values: list) -> None:
 
 
 def _same_rows(what: str, field: str, metas: list[tuple], no_rows: str) -> None:
-    """Check that the arrays ``metas`` describe share their dtype and their shape beyond axis 0
-    (``field`` in the message), and have an axis 0 (else the message ``no_rows``)."""
+    """Check that ``metas`` share dtype and shape beyond axis 0 and have an axis 0."""
     _same(what, "dtype", [str(m[1]) for m in metas])
     if any(len(m[0]) == 0 for m in metas):
         raise ValueError(no_rows)
@@ -326,9 +288,8 @@ def _submit(client, graph: Graph, workers: list[str]) -> Collective:
 
 
 def allreduce(client, inputs: Sequence, workers: Sequence[str]) -> Collective:
-    """Sum the arrays ``inputs[i]`` (held by ``workers[i]``); every worker gets the sum.
-
-    See :func:`build_allreduce` for the two hops and the bytes they move.
+    """Sum the arrays ``inputs[i]`` (held by ``workers[i]``); every worker gets the sum. Bytes:
+    :func:`build_allreduce`.
 
     Parameters
     ----------
@@ -346,8 +307,8 @@ def allreduce(client, inputs: Sequence, workers: Sequence[str]) -> Collective:
     Raises
     ------
     ValueError
-        Before anything is scheduled, if the worker list is empty or has repeats, the inputs do
-        not match the workers, or the contributions differ in dtype or shape.
+        Before anything is scheduled, for an empty or repeating worker list, or contributions
+        not matching the workers or differing in dtype or shape.
     """
     workers = _check_workers(client, workers, inputs)
     metas = _contributions(client, workers, inputs, "allreduce", ragged=False)
@@ -358,8 +319,8 @@ def allreduce(client, inputs: Sequence, workers: Sequence[str]) -> Collective:
 def _contributions(
     client, workers: list[str], inputs: Sequence, op: str, ragged: bool
 ) -> list[tuple]:
-    """``(shape, dtype, min, max)`` of each contribution, checked to share one dtype and either
-    one shape (``ragged=False``) or one shape beyond axis 0 (``ragged=True``, any length)."""
+    """``(shape, dtype, min, max)`` of each contribution, checked to share dtype and shape
+    (beyond axis 0 if ``ragged``)."""
     metas = _inspect(client, workers, inputs, "input")
     if ragged:
         no_rows = f"{op} contributions must have at least one dimension"
@@ -381,20 +342,16 @@ def _gathered(client, inputs: Sequence, workers: Sequence[str], stack: bool) -> 
 
 def allgather(client, inputs: Sequence, workers: Sequence[str]) -> Collective:
     """Every worker gets ``np.stack`` of all contributions (same shape and dtype), in worker
-    order. See :func:`build_allgather` for the bytes.
+    order. Bytes: :func:`build_allgather`.
 
     Parameters
     ----------
-    client : distributed.Client
-    inputs : sequence of distributed.Future
-        ``inputs[i]``: a numpy array in memory on ``workers[i]``.
-    workers : sequence of str
-        Distinct worker addresses; results come back in this order.
+    client, inputs, workers
+        As for :func:`allreduce`.
 
     Returns
     -------
     Collective
-        ``outputs[i]`` is the result on ``workers[i]``.
 
     Raises
     ------
@@ -406,20 +363,16 @@ def allgather(client, inputs: Sequence, workers: Sequence[str]) -> Collective:
 
 def allgatherv(client, inputs: Sequence, workers: Sequence[str]) -> Collective:
     """Every worker gets ``np.concatenate`` of all contributions along axis 0 (same dtype and
-    shape beyond axis 0; any length, empty included). See :func:`build_allgather` for the bytes.
+    shape beyond axis 0, any length). Bytes: :func:`build_allgather`.
 
     Parameters
     ----------
-    client : distributed.Client
-    inputs : sequence of distributed.Future
-        ``inputs[i]``: a numpy array in memory on ``workers[i]``.
-    workers : sequence of str
-        Distinct worker addresses; results come back in this order.
+    client, inputs, workers
+        As for :func:`allreduce`.
 
     Returns
     -------
     Collective
-        ``outputs[i]`` is the result on ``workers[i]``.
 
     Raises
     ------

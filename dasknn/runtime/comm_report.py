@@ -1,11 +1,5 @@
-"""One communication report for every distributed model: measured beside predicted traffic.
-
-The runtime's transfer monitor (:mod:`dasknn.runtime.measure`) counts every message a model's
-workers exchange by ``(what, phase, sender, receiver)``; a model predicts the same counts from
-its plan (the partition, the stages, the shards, the batch ids). :class:`CommReport` holds both
-tables and answers the same questions in every mode: totals, breakdowns, whether the measurement
-equals the prediction, a text table, records for a DataFrame, JSON.
-"""
+"""One communication report for every distributed model: measured beside predicted traffic,
+keyed ``(what, phase, sender, receiver)`` (the monitor: :mod:`dasknn.runtime.measure`)."""
 
 from __future__ import annotations
 
@@ -17,17 +11,14 @@ from typing import Any
 
 __all__ = ["FIELDS", "CommReport", "Key", "counts_of"]
 
-#: ``(what, phase, sender, receiver)``: ``what`` is a layer number, a variable's name or
-#: ``None``; ``sender`` and ``receiver`` are worker addresses, or ``None`` in a prediction that
-#: is known only summed over the worker pairs.
+#: ``(what, phase, sender, receiver)``: a layer or variable, a phase, two workers (or ``None``).
 Key = tuple[Any, str, str | None, str | None]
 #: The names of a key's fields, in order (the columns of :meth:`CommReport.records`).
 FIELDS = ("what", "phase", "sender", "receiver")
 
 
 def counts_of(records: Iterable[tuple]) -> dict[Key, tuple[int, int]]:
-    """``{key: (bytes, messages)}`` from the monitor's records
-    ``(what, phase, sender, receiver, bytes, messages)`` (summed where a key repeats)."""
+    """``{key: (bytes, messages)}`` summed from records ``(*key, bytes, messages)``."""
     out: dict[Key, list[int]] = defaultdict(lambda: [0, 0])
     for what, phase, sender, receiver, nbytes, messages in records:
         row = out[(what, phase, sender, receiver)]
@@ -38,21 +29,18 @@ def counts_of(records: Iterable[tuple]) -> dict[Key, tuple[int, int]]:
 
 @dataclass(frozen=True)
 class CommReport:
-    """Measured and predicted traffic of a distributed model since it started or since its
-    ``reset_comm()``.
+    """Measured and predicted traffic of a distributed model since its ``reset_comm()``.
 
     Attributes
     ----------
     measured : dict
         ``{(what, phase, sender, receiver): (bytes, messages)}`` as the monitor counted them.
     predicted : dict
-        The same, from the model's plan; a key whose ``sender`` and ``receiver`` (or ``what``)
-        are ``None`` is a sum over them.
+        The same, from the model's plan (summed over the fields that are ``None``).
     steps : int
         Training steps (and forward passes, where they move data) covered.
     details : dict
-        What a mode adds (a data-parallel model's alpha, a model-parallel model's wire bytes);
-        plain JSON values.
+        What a mode adds (plain JSON values, such as wire bytes).
     """
 
     measured: Mapping[Key, tuple[int, int]]
@@ -60,7 +48,6 @@ class CommReport:
     steps: int = 0
     details: Mapping[str, Any] = field(default_factory=dict)
 
-    # ------------------------------------------------------------------ questions
     def total(self, which: str = "measured", phase: str | None = None) -> int:
         """Bytes in all (of one ``phase``), ``which`` ``"measured"`` or ``"predicted"``."""
         return sum(b for k, (b, _) in self._table(which).items() if phase in (None, k[1]))
@@ -70,8 +57,7 @@ class CommReport:
         return sum(m for k, (_, m) in self._table(which).items() if phase in (None, k[1]))
 
     def by(self, name: str, which: str = "measured") -> dict:
-        """Bytes summed by one field of the key: ``"what"``, ``"phase"``, ``"sender"`` or
-        ``"receiver"``."""
+        """Bytes summed by one field of :data:`FIELDS`."""
         index = FIELDS.index(name)
         out: dict = defaultdict(int)
         for key, (nbytes, _) in self._table(which).items():
@@ -79,9 +65,8 @@ class CommReport:
         return dict(out)
 
     def compared(self) -> dict[Key, tuple[tuple[int, int], tuple[int, int]]]:
-        """``{key: (measured, predicted)}`` at the prediction's resolution: the measured counts
-        summed over the fields a predicted key leaves out (``None``), and every measured key
-        that no prediction covers with a prediction of ``(0, 0)``."""
+        """``{key: (measured, predicted)}``, measured summed over the fields a predicted key
+        leaves ``None``; an unpredicted key has ``(0, 0)`` predicted."""
         out: dict[Key, list] = {key: [[0, 0], list(value)] for key, value in self.predicted.items()}
         shapes = {tuple(f is None for f in key) for key in self.predicted}
         for key, (nbytes, count) in self.measured.items():
@@ -101,11 +86,9 @@ class CommReport:
         """Whether every measured count equals its prediction (bytes and messages)."""
         return all(m == p for m, p in self.compared().values())
 
-    # ------------------------------------------------------------------ output
     def records(self) -> list[dict]:
-        """One dict per key of :meth:`compared` (``what``, ``phase``, ``sender``, ``receiver``,
-        ``measured_bytes``, ``predicted_bytes``, ``measured_messages``,
-        ``predicted_messages``), sorted: ``pandas.DataFrame(report.records())`` is the table."""
+        """One dict per key of :meth:`compared`, :data:`FIELDS` plus ``measured_bytes``,
+        ``predicted_bytes``, ``measured_messages``, ``predicted_messages``, sorted."""
         rows = []
         for key, ((mb, mm), (pb, pm)) in self.compared().items():
             row = dict(zip(FIELDS, key, strict=True))

@@ -1,23 +1,6 @@
-"""A page on the Dask dashboard: bytes between every pair of workers, measured against predicted
-bytes per layer and phase, and the time breakdown per worker, updating live.
-
-:class:`CommDashboard` is a :class:`~distributed.diagnostics.plugin.SchedulerPlugin`. When it starts
-it adds two routes to the scheduler's HTTP server (the server of the dashboard):
-
-- ``/dasknn/comm?token=T``: a Bokeh page (BokehJS inline, so it needs no network) with a heatmap
-  of the bytes each worker sent each other worker, bars of measured and predicted bytes per layer
-  and phase, stacked bars of each worker's time, and a plain HTML table of the same figures. The
-  plots poll the data route every second (``AjaxDataSource``), the table as often.
-- ``/dasknn/comm.json?token=T&part=pairs|layers|times|report``: the latest report of the run
-  ``T``, as Bokeh column data (``pairs``, ``layers``, ``times``) or whole (``report``).
-
-Without ``token`` both show the run that published last.
-
-The figures come from the clients: :func:`publish_report` sends a run's report (a JSON-ready dict,
-see :func:`report_columns`) to the plugin through :meth:`distributed.Client.log_event`, and the
-plugin keeps the latest report of each run (token), of the last :data:`KEPT_RUNS` runs. A
-training loop publishes as it goes (:mod:`dasknn.runtime.dashboard_feed`).
-"""
+"""A page on the Dask dashboard, ``/dasknn/comm?token=T``, and its data route
+``/dasknn/comm.json``: bytes between workers, measured against predicted bytes per layer and
+phase, and the time per worker, updating live. See docs/dashboard.md."""
 
 from __future__ import annotations
 
@@ -62,9 +45,9 @@ def report_columns(report: dict[str, Any]) -> dict[str, dict[str, list]]:
     Returns
     -------
     dict
-        ``pairs`` (one row per sender and receiver, with their positions in ``workers`` and the
-        bytes as a share of the largest pair), ``layers`` (one row per layer: measured and
-        predicted bytes of both phases, and the bar positions) and ``times`` (one row per worker).
+        ``pairs`` (per sender and receiver: positions, bytes, share of the largest pair),
+        ``layers`` (per layer: measured and predicted bytes by phase, bar positions) and
+        ``times`` (per worker).
     """
     workers = list(report.get("workers", []))
     position = {worker: i for i, worker in enumerate(workers)}
@@ -103,7 +86,7 @@ def report_columns(report: dict[str, Any]) -> dict[str, dict[str, list]]:
 
 
 class CommDashboard(SchedulerPlugin):
-    """Owns the dashboard page and the latest published report (see the module docs).
+    """Owns the dashboard page and the latest published reports.
 
     Attributes
     ----------
@@ -118,8 +101,7 @@ class CommDashboard(SchedulerPlugin):
         self.reports: dict[str, dict[str, Any]] = {}
 
     def report(self, token: str | None) -> dict[str, Any]:
-        """The latest report of run ``token`` (``None``: of the run that published last), or
-        ``{}``."""
+        """The latest report of run ``token`` (default the last to publish), or ``{}``."""
         if token is None:
             return next(reversed(self.reports.values()), {})
         return self.reports.get(token, {})
@@ -299,8 +281,7 @@ def _page_html(token: str) -> str:
 
 
 def install_dashboard_page(client, token: str | None = None) -> str:
-    """Register :class:`CommDashboard` on the scheduler (kept if already there) and return the
-    page's address (:func:`page_url`)."""
+    """Register :class:`CommDashboard` (kept if there); returns :func:`page_url`."""
     client.register_plugin(CommDashboard(), name=PLUGIN_NAME)
     return page_url(client, token)
 

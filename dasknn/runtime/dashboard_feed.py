@@ -1,11 +1,5 @@
-"""A distributed model's communication and timings on the dashboard page, updated while it trains.
-
-``with DashboardFeed(dist) as feed: dist.fit(...)`` installs the page
-(:mod:`dasknn.runtime.dashboard`) and, from a background thread, publishes the model's
-``comm_report()`` (and its workers' ``timings()`` where the model has them) every ``interval``
-seconds and once more when the block ends, so the page then shows exactly the final
-``comm_report()``. Any :class:`~dasknn.runtime.distributed_model.DistributedModel` can be fed.
-"""
+"""A distributed model's communication and timings on the dashboard page, updated while it trains:
+``with DashboardFeed(dist) as feed: dist.fit(...)``. See docs/dashboard.md."""
 
 from __future__ import annotations
 
@@ -23,12 +17,8 @@ __all__ = ["DashboardFeed", "report_message"]
 def report_message(
     token: str, report: CommReport, timings: dict[str, dict[str, float]], elapsed: float
 ) -> dict[str, Any]:
-    """The page's report of a model: ``report`` as plain lists (measured bytes and messages per
-    worker pair; measured and predicted bytes and measured messages per layer and phase; the
-    measured and predicted bytes of every phase but ``other``, the measured ``other`` bytes), and
-    per worker of ``timings`` (empty for a model without worker timings) the seconds of local
-    products, update (the part on the task thread) and packing, and the rest of ``elapsed``
-    (waiting: communication, scheduling, other workers)."""
+    """The page's report: ``report`` as plain lists, and per worker of ``timings`` the seconds of
+    products, update, packing and the rest of ``elapsed`` (waiting)."""
     pairs: dict = {}
     for (_, _, sender, receiver), (nbytes, messages) in report.measured.items():
         row = pairs.setdefault((sender, receiver), [0, 0])
@@ -77,8 +67,7 @@ class DashboardFeed:
     dist : DistributedModel
         Any distributed model; its ``timings()``, where it has one, give the per-worker times.
     interval : float
-        Seconds between publications (each reads the scheduler's counts and the workers'
-        timings once).
+        Seconds between publications (each reads the scheduler's counts and workers' timings).
 
     Attributes
     ----------
@@ -116,8 +105,7 @@ class DashboardFeed:
             try:
                 self.publish()
             except OSError:
-                # a worker left between two publications (the connection to it closed): skip
-                # this one; the training reports the lost worker itself
+                # a worker left: skip; the training reports it
                 continue
 
     def __enter__(self) -> DashboardFeed:

@@ -1,16 +1,5 @@
 """Waiting for a step without waiting for ever: lost, retiring, paused and stalled workers.
-
-A step's tasks are pinned to the workers of their parts (``allow_other_workers=False``), so when
-such a worker leaves the cluster (killed, or retired as adaptive scale-down and job-queue
-lifetimes do) its tasks wait in Dask's ``no-worker`` state for ever, and a worker that stops
-answering (``SIGSTOP``, a swapping node) or pauses at its memory limit holds the step up silently.
-:func:`wait_for_step` waits for a step's results and checks the parts' workers every
-:data:`POLL_SECONDS`: a part worker that is gone or closing, or that was asked to retire since the
-model was placed (:class:`RetirementRequests` counts the requests, also those Dask refuses because
-the worker holds an actor), is a :class:`WorkerLostError`; a step that has not finished after
-``timeout`` seconds is a :class:`StepTimeoutError` naming the workers it waits for, with their
-state (paused at a memory limit, not heard from for some seconds, or running).
-"""
+See docs/reliability.md, "How a lost worker is detected"."""
 
 from __future__ import annotations
 
@@ -53,14 +42,7 @@ _GONE = ("closing_gracefully", "closing", "closed")
 
 
 class RetirementRequests(SchedulerPlugin):
-    """Scheduler plugin counting the requests to retire each worker.
-
-    Every retirement (``Client.retire_workers``, adaptive scale-down, a worker's lifetime) first
-    sets the worker's status to ``closing_gracefully``, which the scheduler logs as a
-    ``worker-status-change`` event of the worker's topic; the plugin counts those events in its
-    documented ``log_event`` hook. The count also covers a retirement that Dask refused: a worker
-    holding an actor (the postboxes of ``messages="posted"``) is never retired, and its status
-    is set back to ``running`` at once.
+    """Scheduler plugin counting retirement requests per worker, also those Dask refuses.
 
     Attributes
     ----------
@@ -84,9 +66,7 @@ class RetirementRequests(SchedulerPlugin):
 
 
 def install_retirement_watch(client, user: str | None = None) -> None:
-    """Register :class:`RetirementRequests` on the scheduler (kept, with its counts, if it is
-    there already), held for ``user`` (a model's token; see
-    :mod:`dasknn.runtime.shared_plugins`)."""
+    """Register :class:`RetirementRequests` (kept with its counts if there) held for ``user``."""
     hold_scheduler_plugin(client, RetirementRequests(), RetirementRequests.name, user)
 
 
@@ -110,9 +90,7 @@ def retirement_requests(client) -> dict[str, int]:
 def lost_workers(
     client, part_workers: Sequence[str], requests: dict[str, int] | None = None
 ) -> list[str]:
-    """The part workers that have left the cluster or are closing, and, given ``requests``
-    (:func:`retirement_requests` when the model was placed), those asked to retire since, also
-    when Dask refused (see :class:`RetirementRequests`)."""
+    """The part workers gone, closing, or asked to retire since ``requests``, sorted."""
     statuses, now = client.run_on_scheduler(_worker_states)
     asked = {
         w for w in part_workers if requests is not None and now.get(w, 0) > requests.get(w, 0)
@@ -122,8 +100,7 @@ def lost_workers(
 
 
 def running_workers(client, leaving: Sequence[str] = ()) -> list[str]:
-    """The addresses of the workers that are not leaving the cluster, nor in ``leaving``,
-    sorted."""
+    """The workers neither leaving the cluster nor in ``leaving``, sorted."""
     workers = scheduler_workers(client)
     return sorted(
         w for w, info in workers.items() if info.get("status") not in _GONE and w not in leaving
@@ -159,18 +136,14 @@ def lost_error(part_workers: Sequence[str], lost: Sequence[str]) -> WorkerLostEr
 def run_watching_part_workers(
     client, coroutine, part_workers: Sequence[str], timeout: float, doing: str
 ):
-    """The result of ``coroutine`` (a call of the synchronous ``client`` made with
-    ``asynchronous=True``, such as ``Client.run`` or ``Client.scatter``), checking the part
-    workers every :data:`POLL_SECONDS` while it runs.
+    """The result of ``coroutine`` (a ``client`` call made with ``asynchronous=True``),
+    checking the part workers every :data:`POLL_SECONDS`.
 
     Raises
     ------
     WorkerLostError
-        As soon as a part worker has left the cluster or is closing (a call that must reach a
-        worker killed a moment ago would otherwise wait for Dask's 30 s connect timeout), or
-        when the call failed (a connection error, or the scheduler no longer knowing the worker)
-        and a part worker is found gone within :data:`LOSS_GRACE_SECONDS`; names the workers,
-        their parts and what was being done (``doing``).
+        As soon as a part worker is gone or closing, or when the call failed and one is found
+        gone within :data:`LOSS_GRACE_SECONDS`; names the workers, parts and ``doing``.
     TimeoutError
         After ``timeout`` seconds.
     Exception
@@ -188,8 +161,7 @@ def run_watching_part_workers(
 
 
 def part_workers_lost(client, part_workers: Sequence[str], doing: str) -> WorkerLostError | None:
-    """The error naming the part workers that have left the cluster or are closing, with their
-    parts and what was being done (``doing``), or ``None`` while every one is there."""
+    """The error naming the part workers gone or closing, with parts and ``doing``, or ``None``."""
     lost = lost_workers(client, part_workers)
     if not lost:
         return None
@@ -211,12 +183,10 @@ def wait_for_step(
     Parameters
     ----------
     client : distributed.Client
-    futures : list of Future
-        The step's results.
+    futures, parts : list of Future, sequence of int
+        The step's results and the part of each.
     part_workers : sequence of str
         The worker of every part.
-    parts : sequence of int
-        The part each future belongs to (to name the workers a step waits for).
     timeout : float
         Seconds after which an unfinished step is an error.
     requests : dict, optional

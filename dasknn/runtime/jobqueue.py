@@ -1,11 +1,5 @@
 """Workers as batch jobs: a dask-jobqueue cluster (SLURM, PBS, SGE, LSF, HTCondor) from options.
-
-:class:`JobqueueSpec` holds what a user chooses (the batch system, cores, memory and processes per
-job, walltime, queue, account, extra job directives, network interface, number of workers and a
-dask config file); :meth:`JobqueueSpec.check` rejects a malformed spec before anything is
-submitted. :func:`start_jobqueue_cluster` opens the cluster, submits the jobs and waits until the
-workers have joined, or closes everything and raises ``RuntimeError`` saying why.
-"""
+See docs/deploying.md."""
 
 from __future__ import annotations
 
@@ -38,10 +32,10 @@ BATCH_SYSTEMS: dict[str, tuple[str, str]] = {
     "htcondor": ("HTCondorCluster", "condor_submit"),
 }
 
-#: seconds to wait for the workers of the submitted jobs by default
+#: default seconds to wait for the workers of the submitted jobs
 JOBQUEUE_TIMEOUT = 300.0
 
-# The keyword each system's job class takes for the account to charge (HTCondor has none).
+# each system's keyword for the account to charge (HTCondor has none)
 _ACCOUNT_KEYWORD = {"slurm": "account", "pbs": "account", "sge": "project", "lsf": "project"}
 _WALLTIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
 
@@ -65,10 +59,9 @@ class JobqueueSpec:
     walltime : str, optional
         Job time limit, ``[D-]HH:MM[:SS]`` (HTCondor: not supported).
     queue, account : str, optional
-        Partition / queue and the account (SGE and LSF: project) to charge; not for HTCondor.
+        Queue and account (SGE, LSF: project) to charge; not for HTCondor.
     job_extra_directives : list of str
-        Extra header lines of the job script (``"--gres=gpu:1"`` for SLURM); for HTCondor,
-        ``"key=value"`` submit-file entries.
+        Extra job script header lines (``"--gres=gpu:1"``); HTCondor: ``"key=value"`` entries.
     interface : str, optional
         Network interface the scheduler and workers listen on (``"ib0"``, ``"lo"``).
     disk : str, optional
@@ -76,9 +69,8 @@ class JobqueueSpec:
     dashboard_address : str, optional
         Where the scheduler's dashboard listens (dask-jobqueue's default ``":8787"``).
     config_file : path, optional
-        A YAML file in dask's config format (``jobqueue: slurm: ...``) whose values are used
-        where an option above is not given. Cores, memory and processes given nowhere are 1 core,
-        4GB and 1 process per job.
+        A dask config YAML file (``jobqueue: slurm: ...``) for the options not given; cores,
+        memory and processes given nowhere are 1, 4GB and 1 per job.
     timeout : float
         Seconds to wait for the workers after submitting the jobs.
     """
@@ -99,8 +91,7 @@ class JobqueueSpec:
     timeout: float = JOBQUEUE_TIMEOUT
 
     def check(self) -> dict[str, Any]:
-        """Validate every option; return the options of :attr:`config_file` for this system
-        (its ``jobqueue: SYSTEM:`` section, as keyword arguments), or ``{}``.
+        """Validate every option; return :attr:`config_file`'s ``jobqueue: SYSTEM:`` options.
 
         Raises
         ------
@@ -143,9 +134,8 @@ class JobqueueSpec:
         return _read_config(self.config_file, self.system)
 
     def cluster_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of the dask-jobqueue cluster class: the options given here, then
-        those of :attr:`config_file`, then the defaults of this class (1 core, 4GB, 1 process)
-        where dask's own config has none."""
+        """The cluster class's keyword arguments: the options here, then :attr:`config_file`'s,
+        then 1 core, 4GB, 1 process where dask's config has none."""
         import dask_jobqueue  # noqa: F401 - loads its config (defaults and the user's files)
 
         kwargs = self.check()
@@ -193,9 +183,7 @@ def _check_bytes(name: str, value: str) -> None:
 
 
 def _read_config(path: Path | str | None, system: str) -> dict[str, Any]:
-    """The ``jobqueue: SYSTEM:`` section of a dask config file as keyword arguments of the
-    cluster class (``job-extra-directives`` -> ``job_extra_directives``, ``name`` ->
-    ``job_name``)."""
+    """The ``jobqueue: SYSTEM:`` section of a dask config file as the cluster's keywords."""
     if path is None:
         return {}
     path = Path(path)
@@ -222,8 +210,7 @@ def _read_config(path: Path | str | None, system: str) -> dict[str, Any]:
 
 
 def jobqueue_cluster(spec: JobqueueSpec):
-    """The dask-jobqueue cluster of ``spec``, with no job submitted yet (see
-    :func:`start_jobqueue_cluster`); its :meth:`job_script` shows the job it would submit.
+    """The dask-jobqueue cluster of ``spec``, no job submitted (``job_script()`` shows one).
 
     Raises
     ------
@@ -246,17 +233,15 @@ def start_jobqueue_cluster(spec: JobqueueSpec):
     Returns
     -------
     dask_jobqueue.JobQueueCluster
-        Running, with the workers joined; close it (or use it as a context manager) to cancel
-        the jobs.
+        With the workers joined; closing it cancels the jobs.
 
     Raises
     ------
     ValueError, FileNotFoundError
         If the spec is malformed, before anything is started.
     RuntimeError
-        If the batch system's submit command is not on ``PATH``, a submission fails (with the
-        batch system's message), or the workers have not joined within ``spec.timeout`` seconds;
-        the cluster is closed then.
+        If the submit command is not on ``PATH``, a submission fails (with its message), or the
+        workers have not joined within ``spec.timeout`` seconds (the cluster is closed).
     """
     spec.check()
     submit = BATCH_SYSTEMS[spec.system][1]
@@ -288,13 +273,8 @@ class _LoopErrors(logging.Handler):
 
 
 def _submit_jobs(cluster, spec: JobqueueSpec) -> None:
-    """Submit the jobs for ``spec.workers`` workers and wait for the submit commands to return.
-
-    The cluster submits from its event loop, which logs a failed submission (with a traceback)
-    rather than raising it; the log is caught here instead, and a failure raises one
-    ``RuntimeError`` with the batch system's message. A job whose submission failed is marked
-    failed, so closing the cluster cancels the others and accepts it.
-    """
+    """Submit the jobs for ``spec.workers`` workers and wait for the submit commands; a
+    failure (which the cluster's loop only logs) is a ``RuntimeError`` with its message."""
     from distributed.core import Status
 
     loop_log = logging.getLogger("tornado.application")

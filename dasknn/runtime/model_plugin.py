@@ -1,13 +1,5 @@
-"""The worker plugin that owns a distributed model's state on a worker, one base for every mode.
-
-A mode subclasses :class:`ModelPlugin`, sets its :attr:`~ModelPlugin.kind` and keeps its state
-(weights, optimizer state, the values of the steps in flight) on the instance. The model
-registers one plugin per model (:meth:`~dasknn.runtime.distributed_model.DistributedModel`
-does it) under :meth:`ModelPlugin.plugin_name` of its token, so two models on one cluster never
-share state; removing the plugin (the model's ``close()``) drops the state with it. Tasks find
-the plugin of their worker with :meth:`ModelPlugin.on_worker`, client calls
-(``client.run``) with :func:`call_plugin`.
-"""
+"""The worker plugin that owns a distributed model's state on a worker, one base for every mode:
+one plugin per model (named by its token), removed with its state by ``close()``."""
 
 from __future__ import annotations
 
@@ -24,9 +16,7 @@ __all__ = ["ModelPlugin", "call_plugin"]
 class ModelPlugin(WorkerPlugin):
     """Base of the worker plugin that owns one distributed model's state on a worker.
 
-    Subclasses set :attr:`kind`, create their state in ``setup`` (called when the plugin is
-    registered on a worker, and on every worker that joins later) and drop it in ``teardown``
-    (called when the plugin is removed or the worker closes).
+    Subclasses set :attr:`kind`, create their state in ``setup`` and drop it in ``teardown``.
 
     Parameters
     ----------
@@ -48,14 +38,12 @@ class ModelPlugin(WorkerPlugin):
 
     @classmethod
     def on_worker(cls, token: str, worker=None) -> Self:
-        """The plugin of model ``token`` on ``worker`` (default: the worker running the calling
-        task).
+        """The plugin of model ``token`` on ``worker`` (default: the calling task's worker).
 
         Raises
         ------
         ModelClosedError
-            If the worker holds no such plugin (the model was closed, or the worker joined
-            after the plugin was removed).
+            If the worker holds no such plugin (the model was closed).
         """
         worker = get_worker() if worker is None else worker
         plugin = worker.plugins.get(cls.plugin_name(token))
@@ -67,7 +55,5 @@ class ModelPlugin(WorkerPlugin):
 
 
 def call_plugin(name: str, method: str, *args: Any, dask_worker=None) -> Any:
-    """``client.run(call_plugin, name, method, *args)`` body: call ``method(*args)`` of the
-    worker plugin registered as ``name`` on the worker running it and return its result
-    (``dask_worker`` is passed by Dask)."""
+    """``client.run`` body: ``method(*args)`` of the worker plugin ``name``."""
     return getattr(dask_worker.plugins[name], method)(*args)

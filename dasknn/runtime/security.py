@@ -1,12 +1,6 @@
 """TLS between the client, the scheduler and the workers: a ``distributed.Security`` from
-certificate files, from dask's configuration, or with temporary certificates for a local cluster.
-
-A ``Security`` made here uses one CA, certificate and key for every role (client, scheduler,
-worker), as ``dask scheduler --tls-ca-file --tls-cert --tls-key`` does, and requires encryption.
-Without files, dask's configuration (``distributed.comm.tls.ca-file``,
-``distributed.comm.tls.client.cert``, ``distributed.comm.tls.client.key``, ...) applies, as it does
-for any ``distributed.Client``.
-"""
+certificate files (one CA, certificate and key for every role, encryption required), or with
+temporary certificates for a local cluster. See docs/reliability.md, "Security"."""
 
 from __future__ import annotations
 
@@ -38,8 +32,7 @@ def tls_security(
     Raises
     ------
     ValueError
-        If a key is given without a certificate, only one of CA and certificate is given, or the
-        files are not a valid CA, certificate and key.
+        For a key without a certificate, only one of CA and certificate, or invalid files.
     FileNotFoundError
         If a file does not exist.
     """
@@ -70,8 +63,7 @@ def tls_security(
 
 
 def temporary_security() -> Security:
-    """A ``Security`` with a new self-signed certificate for every role, held in memory: for a
-    cluster started here, which only this process can then reach (needs ``cryptography``).
+    """A ``Security`` with new self-signed certificates in memory, for a cluster started here.
 
     Raises
     ------

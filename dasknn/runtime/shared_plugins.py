@@ -1,12 +1,5 @@
-"""Scheduler plugins that the models on one cluster share, kept while a model uses them.
-
-The transfer monitor (:mod:`dasknn.runtime.measure`) and the model-parallel retirement watch are
-one plugin per cluster, whatever the number of models on it. Each model that installs one names
-itself as a user (its token); :func:`release_scheduler_plugin` drops a user, and the plugin
-leaves the scheduler with its last user, in one call on the scheduler's event loop, so a model
-registered at the same moment keeps it. A plugin installed without a user (by hand, for the
-whole life of the cluster) is never removed this way.
-"""
+"""Scheduler plugins the models on one cluster share (the transfer monitor, the retirement
+watch), held per model token and removed with their last holder; one held without a user stays."""
 
 from __future__ import annotations
 
@@ -34,14 +27,13 @@ def _drop_user(dask_scheduler, name: str, user) -> bool:
 
 
 def hold_scheduler_plugin(client, plugin, name: str, user: str | None = FOR_EVER) -> None:
-    """Register ``plugin`` on the scheduler under ``name`` (one already there is kept, with its
-    state) and record ``user`` among those that hold it.
+    """Register ``plugin`` under ``name`` (one already there is kept) held for ``user``.
 
     Parameters
     ----------
     client : distributed.Client
     plugin : distributed.diagnostics.plugin.SchedulerPlugin
-        With ``idempotent = True``, so a plugin already registered under ``name`` stays.
+        With ``idempotent = True``.
     name : str
     user : str or None
         The token of the model that uses it; ``None`` keeps it for the cluster's life.
@@ -55,9 +47,8 @@ def release_scheduler_plugin(client, name: str, user: str) -> bool:
 
     Parameters
     ----------
-    client : distributed.Client
-    name : str
-    user : str
+    client, name, user
+        As for :func:`hold_scheduler_plugin`.
 
     Returns
     -------

@@ -1,7 +1,5 @@
-"""A step that does not finish within the model's ``step_timeout``: the error, the option's
-check, and the workers the step waits for, named with their state (paused at a memory limit,
-not heard from for some seconds, or running) as the scheduler reports it; and
-:func:`run_on_workers`, a ``Client.run`` on every worker bounded by ``step_timeout``."""
+"""``step_timeout``: the option's check, the error naming the workers waited for with their
+state, and :func:`run_on_workers`. See docs/reliability.md."""
 
 from __future__ import annotations
 
@@ -30,8 +28,7 @@ __all__ = [
 
 #: Seconds a step may go without finishing, unless the model is given another ``step_timeout``.
 DEFAULT_STEP_TIMEOUT = 300.0
-#: Seconds after which a worker the scheduler has not heard from is said to be silent (a local
-#: worker's heartbeat comes every 0.5 s).
+#: Seconds without a heartbeat after which a worker is said to be silent.
 SILENT_SECONDS = 2.0
 
 
@@ -41,7 +38,7 @@ def check_step_timeout(step_timeout) -> float:
     Raises
     ------
     ValueError
-        Naming the value otherwise (a bool, a string, 0, a negative number, NaN, infinity).
+        Naming the value otherwise.
     """
     if (
         isinstance(step_timeout, bool)
@@ -57,10 +54,7 @@ def _mib(nbytes) -> str:
 
 
 def _pause_advice(info: dict) -> str:
-    """Why a paused worker's memory is full and what to do, from the share Dask manages: its
-    data (``managed_bytes``: results, scattered values), which smaller batches or spilling
-    shrink, or the process's own (unmanaged: a model's state held by its worker plugin, step
-    buffers, libraries), which only more memory per worker or more workers shrink."""
+    """What to do about a paused worker's memory, by whether Dask's data fills most of it."""
     metrics = info.get("metrics", {})
     memory, managed = metrics.get("memory"), metrics.get("managed_bytes")
     if not memory or managed is None:
@@ -78,8 +72,7 @@ def _pause_advice(info: dict) -> str:
 
 
 def describe_worker(info: dict | None, now: float) -> str:
-    """The state of a worker from its entry of :func:`~dasknn.runtime.cluster.scheduler_workers`, in
-    words."""
+    """A worker's state in words, from its ``scheduler_workers`` entry."""
     if info is None:
         return "has left the cluster"
     status = info.get("status", "running")
@@ -100,9 +93,7 @@ def describe_worker(info: dict | None, now: float) -> str:
 def describe_workers(
     client, addresses: Sequence[str], roles: Mapping[str, str] | None = None
 ) -> str:
-    """``worker ADDRESS (ROLE) STATE; ...`` for the distinct ``addresses``
-    (:func:`describe_worker`); ``roles`` says what each worker holds for the model (``"stage 1
-    of replica 0"``), left out where not given."""
+    """``worker ADDRESS (ROLE) STATE; ...`` for the distinct ``addresses``, ``roles`` by address."""
     workers = scheduler_workers(client)
     now = time.time()
     roles = roles or {}
@@ -128,10 +119,8 @@ def step_timeout_error(
         What did not happen, such as ``"the workers did not take the model"``.
     timeout : float
         The ``step_timeout`` in seconds.
-    addresses : sequence of str
-        The workers waited for, named with their state (:func:`describe_workers`).
-    roles : mapping, optional
-        ``{address: what the worker holds}`` (see :func:`describe_workers`).
+    addresses, roles
+        As for :func:`describe_workers`: the workers waited for and what they hold.
 
     Returns
     -------
@@ -145,9 +134,7 @@ def step_timeout_error(
 
 
 def answering_workers(client, addresses: Iterable[str]) -> list[str]:
-    """Those of ``addresses`` that are in the cluster, not paused, and heard from by the
-    scheduler within :data:`SILENT_SECONDS` (a ``Client.run`` to a stopped worker waits for
-    it), sorted."""
+    """Those of ``addresses`` running and heard from within :data:`SILENT_SECONDS`, sorted."""
     workers = scheduler_workers(client)
     now = time.time()
     return sorted(
@@ -171,9 +158,7 @@ def run_on_workers(
     what : str
         What the call does, for the error (``"warming the kernel"``).
     step_timeout : float
-        Seconds the call may take.
     function, args
-        What to run.
 
     Returns
     -------
@@ -183,8 +168,7 @@ def run_on_workers(
     Raises
     ------
     StepTimeoutError
-        If a worker did not answer in time (a stopped worker never does), naming every worker
-        with its state; the call is cancelled.
+        If a worker did not answer in time, naming every worker with its state (cancelled).
     """
     try:
         return run_watching(

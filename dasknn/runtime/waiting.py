@@ -1,5 +1,5 @@
-"""Waiting for futures and gathering their results with a time limit, without keeping them
-alive afterwards, and running a client call while watching the cluster."""
+"""Waits and gathers with a time limit that keep no futures alive afterwards, and client calls
+that watch the cluster for lost workers. See docs/runtime.md, "Waiting with a time limit"."""
 
 from __future__ import annotations
 
@@ -35,8 +35,7 @@ GATHER_LOSS_GRACE_SECONDS = 5.0
 
 
 def _drop_tracebacks(error: BaseException | None) -> None:
-    """Clear the frames of ``error``'s traceback and of the errors it was raised from, and drop
-    the tracebacks (see :func:`wait_at_most`)."""
+    """Clear and drop the tracebacks of ``error`` and of the errors it was raised from."""
     while error is not None:
         traceback.clear_frames(error.__traceback__)
         error.__traceback__ = None
@@ -44,29 +43,20 @@ def _drop_tracebacks(error: BaseException | None) -> None:
 
 
 def _is_gather_exit(error: BaseException | None) -> bool:
-    """Whether ``error`` is distributed's ``AllExit``, the signal with which a gather's waits on
-    its futures stop early (not an error)."""
+    """Whether ``error`` is distributed's ``AllExit`` (a gather's waits stopping early)."""
     kind = type(error)
     return kind.__name__ == "AllExit" and kind.__module__ == "distributed.client"
 
 
 def _quiet_gather_exits(loop: asyncio.AbstractEventLoop, context: dict) -> None:
-    """An event loop's exception handler that drops asyncio's report of a task ended by
-    :func:`_is_gather_exit` and passes every other report on to the loop's default handler."""
+    """Event loop exception handler: drop reports of ``AllExit``, pass the others on."""
     if not _is_gather_exit(context.get("exception")):
         loop.default_exception_handler(context)
 
 
 def _cancel_call(client: Client, running: concurrent.futures.Future) -> None:
-    """Cancel a client call running on the client's event loop.
-
-    A cancelled ``Client.gather`` leaves behind the tasks that wait on each of its futures
-    (distributed's ``All`` watches them only when one fails, not when it is cancelled); once
-    those futures are cancelled (the model's clean-up, the client's close) each such task ends
-    in ``AllExit`` that nobody retrieves, and asyncio reports it as "Task exception was never
-    retrieved" with a traceback on stderr. The loop's exception handler is set to drop those
-    reports (:func:`_quiet_gather_exits`), unless the loop already has a handler of its own.
-    """
+    """Cancel a call on the client's loop, first making the loop drop the ``AllExit`` reports
+    a cancelled gather leaves (unless it has a handler of its own)."""
     loop = client.loop.asyncio_loop
     if loop.get_exception_handler() is None:
         loop.set_exception_handler(_quiet_gather_exits)
@@ -82,17 +72,8 @@ def wait_at_most(
     Returns
     -------
     bool
-        True if all of them (or one of them) finished in time.
-
-    Notes
-    -----
-    ``distributed.wait`` reports a timeout by raising ``TimeoutError``. The traceback of that
-    error passes through the client's ``sync`` frame, whose closure refers back to the error: a
-    reference cycle that holds the futures (the closure's arguments) until the garbage collector
-    runs, so their keys stay on the cluster long after the caller dropped them. The error and
-    the ones it was raised from lose their tracebacks here (their frames cleared), which breaks
-    the cycle. Any other error of the wait (``FuturesCancelledError``) is raised with the
-    locals of its traceback's frames cleared, for the same reason.
+        True if all of them (or one of them) finished in time. Errors lose their traceback
+        frames' locals, so no reference cycle keeps the futures alive.
     """
     try:
         wait(list(futures), timeout=seconds, return_when=return_when)
@@ -100,8 +81,7 @@ def wait_at_most(
         _drop_tracebacks(exc)
         return False
     except Exception as exc:
-        # the wait's own error (futures cancelled) is in the same cycle: the traceback is kept,
-        # the locals of its frames cleared
+        # same cycle: keep the traceback, clear its frames' locals
         traceback.clear_frames(exc.__traceback__)
         raise
     return True
@@ -113,33 +93,20 @@ def gather_at_most(client: Client, futures: Sequence[Future], seconds: float) ->
     Parameters
     ----------
     client : distributed.Client
-        A synchronous client (not one used inside ``async`` code).
+        A synchronous client.
     futures : sequence of Future
-        Futures of ``client``.
     seconds : float
-        How long the results may take to arrive.
 
     Returns
     -------
     list
-        The results.
 
     Raises
     ------
     TimeoutError
-        If they did not all arrive within ``seconds`` (a worker holding one stopped answering);
-        the gather is cancelled and the error has no traceback that could hold the futures.
-        A failed gather's own error is in no reference cycle either.
+        If they did not all arrive within ``seconds`` (the gather is cancelled).
     Exception
         A failed future's error, as ``Client.gather`` raises it.
-
-    Notes
-    -----
-    ``Client.gather`` takes no timeout, and a worker that stops (``SIGSTOP``, a swapping node)
-    after its tasks finished blocks it for ever. Here the same single gather request runs as a
-    coroutine (``Client.gather(..., asynchronous=True)``) on the client's event loop
-    (``asyncio.run_coroutine_threadsafe``), and the caller waits for it with a time limit and
-    cancels it on timeout, as ``Future.result(timeout)`` does for one future.
     """
     gathering = asyncio.run_coroutine_threadsafe(
         client.gather(list(futures), asynchronous=True), client.loop.asyncio_loop
@@ -151,23 +118,20 @@ def gather_at_most(client: Client, futures: Sequence[Future], seconds: float) ->
         _drop_tracebacks(exc)
         raise TimeoutError(f"the results did not arrive within {seconds:g} s") from None
     except Exception as exc:
-        # distributed raises a failed future's error from a frame that holds it: without the
-        # locals of the traceback's frames it is in no reference cycle that keeps the callers'
-        # frames (and their futures) alive until the garbage collector runs
+        # clear the frames' locals: no reference cycle keeps the callers' futures alive
         traceback.clear_frames(exc.__traceback__)
         raise
     finally:
-        del gathering  # it holds the error too, whose traceback holds this frame
+        del gathering  # it holds the error, whose traceback holds this frame
 
 
 def call_at_most(call: Callable[[], Any], seconds: float | None) -> bool:
-    """Call ``call()`` in a thread of its own and wait for it at most ``seconds``, leaving it to
-    finish after that.
+    """Call ``call()`` in a daemon thread, waiting at most ``seconds`` (it may finish later).
 
     Parameters
     ----------
     call : callable
-        A synchronous client call, such as ``lambda: client.unregister_worker_plugin(name)``.
+        A synchronous client call the scheduler goes on with (removing a plugin, ...).
     seconds : float or None
         How long to wait for it (``None``: called here, until it returns).
 
@@ -180,13 +144,6 @@ def call_at_most(call: Callable[[], Any], seconds: float | None) -> bool:
     ------
     Exception
         The call's own error, if it failed in time (a later one is dropped).
-
-    Notes
-    -----
-    For calls the scheduler carries out on every worker (a plugin's removal): the request
-    reaches the scheduler at once, and the scheduler goes on with it after the wait ends, so a
-    worker that does not answer now (stopped) is reached when it goes on, or dropped with it
-    when the scheduler removes it. The thread is a daemon: it keeps no process from ending.
     """
     if seconds is None:
         call()
@@ -215,11 +172,7 @@ def _start_call(call: Callable[[], Any]) -> concurrent.futures.Future:
 
 
 async def in_thread(call: Callable[[], Any]) -> Any:
-    """A coroutine for :func:`run_watching` and :func:`run_naming_loss` of a synchronous client
-    call that has no ``asynchronous=True`` form (``Client.register_plugin``): ``call()`` runs in
-    a daemon thread of its own, and cancelling the coroutine leaves it to finish there, as
-    :func:`call_at_most` does (a registration reaches the scheduler at once; a stopped worker
-    gets it when it goes on)."""
+    """Run the synchronous ``call()`` in a daemon thread; cancelling leaves it to finish."""
     return await asyncio.wrap_future(_start_call(call))
 
 
@@ -230,22 +183,18 @@ def run_watching(
     check: Callable[[], None],
     poll: float,
 ) -> Any:
-    """The result of ``coroutine`` run on the client's event loop, calling ``check()`` every
-    ``poll`` seconds while it runs.
+    """The result of ``coroutine`` on the client's loop, calling ``check()`` every ``poll`` s.
 
     Parameters
     ----------
     client : distributed.Client
-        A synchronous client; ``coroutine`` is one of its calls made with ``asynchronous=True``
-        (``Client.run``, ``Client.scatter``, ...).
+        A synchronous client.
     coroutine : coroutine
-        The call to run.
-    seconds : float
-        How long it may take.
+        One of its calls made with ``asynchronous=True`` (``Client.run``, ...).
+    seconds, poll : float
+        How long it may take; seconds between two checks.
     check : callable
         Called between two polls; raises to give up (the call is then cancelled).
-    poll : float
-        Seconds between two checks.
 
     Raises
     ------
@@ -253,12 +202,6 @@ def run_watching(
         If the call did not finish within ``seconds`` (it is cancelled).
     Exception
         What ``check()`` raised, or the call's own error.
-
-    Notes
-    -----
-    A call that must reach a worker which has just died waits for Dask's connect timeout
-    (``distributed.comm.timeouts.connect``, 30 s by default) before it fails; ``check`` lets the
-    caller notice the loss from the scheduler's side within ``poll`` seconds instead.
     """
     running = asyncio.run_coroutine_threadsafe(coroutine, client.loop.asyncio_loop)
     deadline = time.monotonic() + seconds
@@ -285,8 +228,7 @@ def run_naming_loss(
     grace: float,
     graced: type[BaseException] | tuple[type[BaseException], ...] = Exception,
 ) -> Any:
-    """:func:`run_watching`, raising ``lost_error()`` as soon as it finds a lost worker, also
-    when the call failed because of the loss.
+    """:func:`run_watching`, raising ``lost_error()`` once a worker is lost (also on failure).
 
     Parameters
     ----------
@@ -295,9 +237,8 @@ def run_naming_loss(
     lost_error : callable
         The error naming the lost workers and what they held, or ``None`` while none is lost.
     grace : float
-        Seconds the scheduler is given to notice the loss after the call failed with an error of
-        the types ``graced`` (a call to a worker that died under it can fail before the scheduler
-        removed that worker); other errors are looked at once.
+        Seconds the scheduler is given to notice a loss after the call failed with one of
+        ``graced``; other errors are looked at once.
     graced : exception type or tuple of them
 
     Raises
@@ -333,9 +274,8 @@ def run_naming_loss(
 def watch_workers(
     client: Client, workers, what: str | Callable[[list[str]], str]
 ) -> Callable[[], WorkerLostError | None]:
-    """The ``lost_error`` of :func:`run_naming_loss` for a computation that depends on
-    ``workers``: a :class:`WorkerLostError` naming those the scheduler no longer lists and what
-    was lost with them, or ``None`` while every one is there.
+    """The ``lost_error`` of :func:`run_naming_loss`: a :class:`WorkerLostError` naming the
+    ``workers`` the scheduler no longer lists and ``what``, or ``None``.
 
     Parameters
     ----------
@@ -343,8 +283,7 @@ def watch_workers(
     workers : iterable of str
         Addresses of the workers the computation depends on.
     what : str or callable
-        What was lost with them, for the error (``"the shards it held are gone"``), or a
-        function of the sorted lost addresses that says it.
+        What was lost with them, or a function of the sorted lost addresses that says it.
     """
     watched = list(workers)
 
@@ -369,51 +308,34 @@ def gather_watching(
     timeout: float = math.inf,
     timed_out: Callable[[list[Future]], BaseException] | None = None,
 ) -> list:
-    """The results of ``futures``, gathered while checking every ``poll`` seconds that the
-    ``workers`` holding the model are still in the cluster.
-
-    Tasks pinned to a worker (``allow_other_workers=False``), or results held by one, are waited
-    for for ever once that worker has died; this turns the loss into an error.
+    """The results of ``futures``, checking every ``poll`` s that ``workers`` are still there.
 
     Parameters
     ----------
-    client : distributed.Client
-        A synchronous client.
+    client, workers, what
+        As for :func:`watch_workers` (``client`` synchronous).
     futures : sequence of Future
-        Futures of ``client``.
-    workers : iterable of str
-        Addresses of the workers the results depend on.
-    what : str or callable
-        What was lost with them, for the error (``"the model's shards there are gone"``), or a
-        function of the lost addresses that says it (see :func:`watch_workers`).
     poll : float
-        Seconds between two checks.
     graced : exception type or tuple of them
-        The gather's errors after which a lost worker is looked for during
-        :data:`GATHER_LOSS_GRACE_SECONDS` (by default a result cancelled with its worker; add the
-        errors a task on another worker raises when it cannot reach a lost one).
+        Errors after which a lost worker is looked for during
+        :data:`GATHER_LOSS_GRACE_SECONDS` (default: a result cancelled with its worker).
     timeout : float
-        Seconds the results may take (by default no limit).
+        Seconds the results may take (default no limit).
     timed_out : callable, optional
-        The error to raise when they did not arrive within ``timeout``, made from the futures
-        not yet finished (all of them when every one finished but the results did not arrive:
-        a worker holding one stopped answering); by default a ``TimeoutError``.
+        Makes the error raised after ``timeout`` from the unfinished futures (all of them if all
+        finished); default a ``TimeoutError``.
 
     Returns
     -------
     list
-        The results, in order.
 
     Raises
     ------
     WorkerLostError
-        As soon as the scheduler no longer lists one of ``workers``, naming them and ``what``
-        (the gather is cancelled), also when the gather failed because of the loss (a result
-        cancelled with its worker, or another error of ``graced``, looked for during
-        :data:`GATHER_LOSS_GRACE_SECONDS`).
+        As soon as one of ``workers`` is gone, naming them and ``what`` (the gather is
+        cancelled), also when the gather failed with one of ``graced`` because of the loss.
     TimeoutError
-        Or what ``timed_out`` made, if the results did not arrive within ``timeout`` (the
-        gather is cancelled).
+        Or what ``timed_out`` made, after ``timeout`` (the gather is cancelled).
     Exception
         A failed future's error, as ``Client.gather`` raises it.
     """
@@ -436,9 +358,7 @@ def gather_watching(
             unfinished = [future for future in futures if not future.done()] or futures
             raise timed_out(unfinished) from None
     except BaseException:
-        # the error's traceback holds this frame and so the futures: release them now, or a
-        # caller keeping the error (a test report, a notebook's last traceback) would keep
-        # their keys, and tasks still waiting on them, on the cluster
+        # a kept error's traceback holds this frame: release the futures now
         for future in futures:
             future.release()
         raise
