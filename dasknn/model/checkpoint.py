@@ -1,11 +1,18 @@
 """Checkpoints of a ``fit`` call: where a run stands, written to and found in a directory.
 
-A checkpoint is a model file (:mod:`dasknn.model.persistence`) whose header also holds the
-:class:`Progress` of the ``fit`` call that wrote it: the call's arguments and a digest of its data
+A checkpoint is a model file whose header also holds the :class:`Progress` of the ``fit`` call
+that wrote it: the call's arguments and a digest of its data
 (so a resume with other data or other batches is refused), the epoch and batch reached, the loss
 summed so far in that epoch and the model's loss curves. ``fit(..., checkpoint=DIR)`` writes
 ``DIR/checkpoint-{batches:09d}.npz`` atomically and then removes the older ones, so the directory
 always holds one complete checkpoint; ``resume=`` reads the newest.
+
+One mechanism serves every kind of model: a :class:`CheckpointFormat` names how a model's record
+is written and read (npz with a JSON header, no pickle) and what in it identifies the network. A
+record is any object with a ``progress`` attribute (``None`` or the progress as JSON, written in
+its file's header) and an ``optimizer`` attribute (``None`` or the optimizer of its last step).
+:data:`MODEL_FILE` is that of :class:`~dasknn.model.persistence.ModelRecord` (the sparse MLPs);
+the other models' persistence modules define theirs.
 """
 
 from __future__ import annotations
@@ -13,14 +20,18 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from dasknn.model.persistence import ModelRecord, read_model, write_model
 
 __all__ = [
+    "MODEL_FILE",
+    "CheckpointFormat",
     "Progress",
     "check_checkpoint_every",
     "check_same_model",
@@ -155,10 +166,33 @@ def model_identity(record: ModelRecord) -> dict:
     }
 
 
-def check_same_model(record: ModelRecord, identity: dict, where: str) -> None:
+@dataclass(frozen=True)
+class CheckpointFormat:
+    """How the records of one kind of model are checkpointed.
+
+    Attributes
+    ----------
+    write : callable
+        ``write(path, record)``: write the record (with its ``progress``) atomically.
+    read : callable
+        ``read(path) -> record``: read it back, checked (``FileNotFoundError``, or a
+        ``ValueError`` naming the file), with its ``progress`` (``None`` or a JSON object).
+    identity : callable
+        ``identity(record) -> dict``: what makes two records the same network (the estimator's
+        ``_identity()`` returns the same keys).
+    """
+
+    write: Callable[[Path, Any], None]
+    read: Callable[[Path], Any]
+    identity: Callable[[Any], dict]
+
+
+def check_same_model(
+    record: Any, identity: dict, where: str, fmt: CheckpointFormat | None = None
+) -> None:
     """``ValueError`` naming ``where`` unless ``record`` is the network ``identity`` describes
-    (:func:`model_identity`)."""
-    stored = model_identity(record)
+    (``fmt.identity``, default :func:`model_identity`)."""
+    stored = (fmt or MODEL_FILE).identity(record)
     differ = [name for name in identity if identity[name] != stored[name]]
     if differ:
         details = "; ".join(
@@ -168,6 +202,11 @@ def check_same_model(record: ModelRecord, identity: dict, where: str) -> None:
             for name in differ
         )
         raise ValueError(f"{where}: a checkpoint of another model ({details})")
+
+
+#: The checkpoint format of :class:`~dasknn.model.persistence.ModelRecord` (``SparseMLP``,
+#: ``DistributedSparseMLP``).
+MODEL_FILE = CheckpointFormat(write_model, read_model, model_identity)
 
 
 def check_checkpoint_every(every, batches_per_epoch: int) -> int:
@@ -203,20 +242,26 @@ def _checkpoints(directory: Path) -> list[Path]:
     return sorted(p for p in directory.iterdir() if _NAME.fullmatch(p.name))
 
 
-def write_checkpoint(directory: Path, record: ModelRecord, progress: Progress) -> Path:
-    """Write ``record`` with ``progress`` as the newest checkpoint of ``directory`` (atomically),
-    then remove the older ones; returns the file."""
+def write_checkpoint(
+    directory: Path, record: Any, progress: Progress, fmt: CheckpointFormat | None = None
+) -> Path:
+    """Write ``record`` with ``progress`` as the newest checkpoint of ``directory`` (atomically,
+    with ``fmt.write``, default :data:`MODEL_FILE`), then remove the older ones; returns the
+    file."""
     record.progress = progress.to_json()
     path = directory / f"checkpoint-{progress.batches_done:09d}.npz"
-    write_model(path, record)
+    (fmt or MODEL_FILE).write(path, record)
     for older in _checkpoints(directory):
         if older != path:
             older.unlink(missing_ok=True)
     return path
 
 
-def latest_checkpoint(source: str | os.PathLike) -> tuple[Path, ModelRecord, Progress]:
-    """Read the newest checkpoint of the directory ``source`` (or the checkpoint file itself).
+def latest_checkpoint(
+    source: str | os.PathLike, fmt: CheckpointFormat | None = None
+) -> tuple[Path, Any, Progress]:
+    """Read the newest checkpoint of the directory ``source`` (or the checkpoint file itself)
+    with ``fmt.read`` (default :data:`MODEL_FILE`).
 
     Raises
     ------
@@ -231,7 +276,7 @@ def latest_checkpoint(source: str | os.PathLike) -> tuple[Path, ModelRecord, Pro
         if not found:
             raise FileNotFoundError(f"no checkpoint-*.npz in {str(source)!r} to resume from")
         source = found[-1]
-    record = read_model(source)
+    record = (fmt or MODEL_FILE).read(source)
     if record.progress is None:
         raise ValueError(f"{source}: a model file without training progress, not a checkpoint")
     return source, record, Progress.from_json(record.progress, str(source))

@@ -23,6 +23,8 @@ from tqdm.auto import tqdm
 
 from dasknn.exceptions import NonFiniteLossError
 from dasknn.model.checkpoint import (
+    MODEL_FILE,
+    CheckpointFormat,
     Progress,
     check_checkpoint_every,
     check_same_model,
@@ -32,7 +34,6 @@ from dasknn.model.checkpoint import (
     write_checkpoint,
 )
 from dasknn.model.losses import Loss
-from dasknn.model.persistence import ModelRecord
 from dasknn.model.validation import (
     check_batch_size,
     check_epochs,
@@ -92,6 +93,8 @@ class SparseEstimator:
 
     n_inputs: int
     n_outputs: int
+    #: How this model's records are checkpointed (its ``_record``/``_restore`` records).
+    _checkpoint_format: CheckpointFormat = MODEL_FILE
 
     # ------------------------------------------------------------------ hooks
     def _training_data(self, x: np.ndarray, y: np.ndarray) -> AbstractContextManager[Any]:
@@ -109,11 +112,12 @@ class SparseEstimator:
         """:func:`~dasknn.model.checkpoint.model_identity` of this model."""
         raise NotImplementedError
 
-    def _record(self) -> ModelRecord:
-        """The current weights, biases and optimizer state (and placement) as a record."""
+    def _record(self) -> Any:
+        """The current weights, biases and optimizer state (and placement) as a record of
+        ``_checkpoint_format`` (:class:`~dasknn.model.persistence.ModelRecord` by default)."""
         raise NotImplementedError
 
-    def _restore(self, record: ModelRecord) -> None:
+    def _restore(self, record: Any) -> None:
         """Take the weights, biases and optimizer state of ``record`` (the same network)."""
         raise NotImplementedError
 
@@ -225,8 +229,9 @@ class SparseEstimator:
             }
         state = Progress(call)
         if resume is not None:
-            where, record, state = latest_checkpoint(resume)
-            check_same_model(record, self._identity(), str(where))
+            fmt = self._checkpoint_format
+            where, record, state = latest_checkpoint(resume, fmt)
+            check_same_model(record, self._identity(), str(where), fmt)
             state.check_call(call, epochs, str(where))
             trained_with = record.optimizer if state.batches_done else None
             if trained_with is not None and trained_with != optimizer:
@@ -260,7 +265,7 @@ class SparseEstimator:
                         "already (max_recoveries) and stops here"
                     ) from exc
                 recoveries += 1
-                _, record, state = latest_checkpoint(run.saved)
+                _, record, state = latest_checkpoint(run.saved, self._checkpoint_format)
                 self._restore_checkpoint(record, state)
 
     #: How many times one ``fit`` call restores its last checkpoint after a recoverable failure.
@@ -316,9 +321,11 @@ class SparseEstimator:
     def _write_checkpoint(self, run: _Run, state: Progress) -> None:
         state.loss_curve = list(self.loss_curve_)
         state.batch_loss_curve = list(self.batch_loss_curve_)
-        run.saved = write_checkpoint(run.directory, self._record(), state)
+        run.saved = write_checkpoint(
+            run.directory, self._record(), state, self._checkpoint_format
+        )
 
-    def _restore_checkpoint(self, record: ModelRecord, state: Progress) -> None:
+    def _restore_checkpoint(self, record: Any, state: Progress) -> None:
         """Take the weights, optimizer state and loss curves of a checkpoint."""
         self._restore(record)
         self.loss_curve_ = list(state.loss_curve)
