@@ -32,6 +32,7 @@ from dasknn.model.persistence import ModelRecord, read_model, write_model
 __all__ = [
     "MODEL_FILE",
     "CheckpointFormat",
+    "Checkpointed",
     "Progress",
     "check_checkpoint_every",
     "check_same_model",
@@ -280,3 +281,90 @@ def latest_checkpoint(
     if record.progress is None:
         raise ValueError(f"{source}: a model file without training progress, not a checkpoint")
     return source, record, Progress.from_json(record.progress, str(source))
+
+
+class Checkpointed:
+    """What a model's ``fit`` needs to write checkpoints and resume from one, shared by every
+    estimator loop (:class:`~dasknn.model.estimator.SparseEstimator`,
+    :class:`~dasknn.model.window_estimator.WindowEstimator`).
+
+    A subclass sets :attr:`_checkpoint_format` and implements ``_identity()`` (the
+    ``_checkpoint_format.identity`` of its network), ``_record()`` (its values and optimizer
+    state as a record of that format) and ``_restore(record)``; it holds ``loss_curve_`` and
+    ``batch_loss_curve_``.
+    """
+
+    #: How this model's records are checkpointed.
+    _checkpoint_format: CheckpointFormat = MODEL_FILE
+
+    def _identity(self) -> dict:
+        """The ``identity`` of this model's network (see :class:`CheckpointFormat`)."""
+        raise NotImplementedError
+
+    def _record(self) -> Any:
+        """The current values and optimizer state (and placement) as a record of
+        :attr:`_checkpoint_format`."""
+        raise NotImplementedError
+
+    def _restore(self, record: Any) -> None:
+        """Take the values and optimizer state of ``record`` (the same network)."""
+        raise NotImplementedError
+
+    def _open_checkpoints(
+        self, x, y, *, batch_size: int, epochs: int, shuffle: bool, seed: int, optimizer,
+        checkpoint, checkpoint_every, resume,
+    ) -> tuple[Progress, Path | None, int]:  # fmt: skip
+        """Check a ``fit`` call's checkpoint arguments on its checked data ``x``, ``y``; restore
+        the ``resume`` checkpoint. Returns the call's progress (where it starts), the checkpoint
+        directory (created, or ``None``) and the batches between checkpoints.
+
+        Raises
+        ------
+        ValueError
+            For a bad ``checkpoint_every``, or a ``resume`` checkpoint of another network, other
+            data or arguments, or another optimizer.
+        """
+        every = check_checkpoint_every(checkpoint_every, -(-x.shape[0] // batch_size))
+        call = {}
+        if checkpoint is not None or resume is not None:
+            call = {
+                "samples": x.shape[0],
+                "batch_size": batch_size,
+                "shuffle": bool(shuffle),
+                "seed": int(seed),
+                "data": data_digest(x, y),
+            }
+        state = Progress(call)
+        if resume is not None:
+            fmt = self._checkpoint_format
+            where, record, state = latest_checkpoint(resume, fmt)
+            check_same_model(record, self._identity(), str(where), fmt)
+            state.check_call(call, epochs, str(where))
+            trained_with = record.optimizer if state.batches_done else None
+            if trained_with is not None and trained_with != optimizer:
+                raise ValueError(
+                    f"{where}: the checkpoint was trained with {record.optimizer!r}; resume with "
+                    f"the same optimizer, not {optimizer!r}"
+                )
+            self._restore_checkpoint(record, state)
+        directory = prepare_checkpoint_dir(checkpoint) if checkpoint is not None else None
+        return state, directory, every
+
+    def _save_checkpoint(self, directory: Path, state: Progress) -> Path:
+        """Write the model with ``state`` and its loss curves as the newest checkpoint of
+        ``directory``; returns the file."""
+        state.loss_curve = list(self.loss_curve_)
+        state.batch_loss_curve = list(self.batch_loss_curve_)
+        return write_checkpoint(directory, self._record(), state, self._checkpoint_format)
+
+    def _restore_checkpoint(self, record: Any, state: Progress) -> None:
+        """Take the values, optimizer state and loss curves of a checkpoint."""
+        self._restore(record)
+        self.loss_curve_ = list(state.loss_curve)
+        self.batch_loss_curve_ = list(state.batch_loss_curve)
+
+    def _restore_latest(self, saved: Path) -> Progress:
+        """Restore the checkpoint ``saved``; returns its progress."""
+        _, record, state = latest_checkpoint(saved, self._checkpoint_format)
+        self._restore_checkpoint(record, state)
+        return state
