@@ -79,6 +79,28 @@ def test_save_writes_the_trained_model_that_load_reads(dask_client, tmp_path, ca
     assert f"saved the trained model to {saved}" in text
 
 
+def test_checkpoint_dir_and_resume_end_with_the_model_of_an_uninterrupted_run(
+    dask_client, tmp_path, capsys
+):
+    common = ("--dense-epochs", "0", "--stages", "2", "--precision", "fp64")
+    run_samo(dask_client, tmp_path, capsys, *common, "--epochs", "2", "--save",
+             str(tmp_path / "whole.npz"))  # fmt: skip
+    checkpoints = tmp_path / "checkpoints"
+    run_samo(dask_client, tmp_path, capsys, *common, "--epochs", "1", "--checkpoint-dir",
+             str(checkpoints), "--checkpoint-every", "3")  # fmt: skip
+    assert [p.name for p in checkpoints.iterdir()] == ["checkpoint-000000004.npz"]
+    stats, _ = run_samo(dask_client, tmp_path, capsys, *common, "--epochs", "2", "--resume",
+                        str(checkpoints), "--save", str(tmp_path / "resumed.npz"))  # fmt: skip
+    whole, resumed = CompressedMLP.load(tmp_path / "whole.npz"), CompressedMLP.load(
+        tmp_path / "resumed.npz"
+    )
+    assert resumed.steps_ == whole.steps_ == 8
+    for got, want in zip(resumed.weights + resumed.biases, whole.weights + whole.biases,
+                         strict=True):  # fmt: skip
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-9)
+    assert [e["epoch"] for e in stats["epochs"]] == [2]  # the first came from the checkpoint
+
+
 def test_memory_limit_gives_one_stage_and_two_replicas(dask_client, tmp_path, capsys):
     stats, text = run_samo(
         dask_client, tmp_path, capsys, "--dense-epochs", "0", "--memory-limit", "10000000",
@@ -114,6 +136,8 @@ def test_memory_limit_gives_one_stage_and_two_replicas(dask_client, tmp_path, ca
         (["--step-timeout", "0"], "--step-timeout must be a finite number of seconds > 0"),
         (["--step-timeout", "inf"], "--step-timeout must be a finite number of seconds > 0"),
         (["--save", "/nonexistent-dir/m.npz"], "the directory of '/nonexistent-dir/m.npz'"),
+        (["--checkpoint-every", "0"], "--checkpoint-every must be at least 1"),
+        (["--resume", "/nonexistent-dir"], "--resume '/nonexistent-dir' does not exist"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(argv, message, tmp_path, capsys):

@@ -462,6 +462,21 @@ def test_save_and_load_round_trip(trained, tmp_path, client):
             np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
 
+def test_a_resumed_checkpoint_ends_as_the_uninterrupted_run(trained, tmp_path, client):
+    case, dist, _, X, y = trained
+    if "checkpoint" not in inspect.signature(dist.fit).parameters:
+        pytest.skip(f"the {case.name} model has no fit checkpoints yet")
+    first = {**case.fit, "epochs": 1}
+    with case.distributed(case.estimator(), client) as part:
+        part.fit(X, y, **first, progress=False, checkpoint=tmp_path, checkpoint_every=3)
+    with case.distributed(case.estimator(), client) as resumed:
+        resumed.fit(X, y, **case.fit, progress=False, resume=tmp_path)
+        got, want = case.parameters(resumed.gather()), case.parameters(dist.gather())
+        assert resumed.loss_curve_ == pytest.approx(dist.loss_curve_, rel=0, abs=1e-9)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-9, err_msg=name)
+
+
 # ------------------------------------------------------------------ elastic (slow)
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=IDS)

@@ -21,6 +21,11 @@ from dasknn.cli.cluster_options import (
     cluster_target,
 )
 from dasknn.cli.tls import add_tls_options, security_from_args
+from dasknn.cli.training_options import (
+    add_checkpoint_arguments,
+    check_checkpoint_options,
+    checkpoint_options,
+)
 from dasknn.compressed import PRECISIONS, get_precision
 from dasknn.compressed.stack import COMPUTES
 from dasknn.datasets import load_mnist_test
@@ -127,6 +132,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="write the trained pruned model (compressed weights, index, biases, configuration; "
         "CompressedMLP.load reads it) to this .npz file",
     )
+    add_checkpoint_arguments(parser, "a lost stage worker's layers are")
     parser.set_defaults(func=run)
 
 
@@ -181,6 +187,7 @@ def _check(args: argparse.Namespace) -> tuple[list[int], Optimizer]:
             f"has {MNIST_SAMPLES} images"
         )
     check_step_timeout_option(args.step_timeout)
+    check_checkpoint_options(args)
     if not 0.0 <= args.sparsity < 1.0:
         raise ValueError(f"--sparsity must lie in [0, 1), got {args.sparsity}")
     try:
@@ -325,6 +332,7 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             progress=False,
             on_epoch=report_epoch,
+            **checkpoint_options(args),
         )
         seconds = time.perf_counter() - start
         steps = args.epochs * -(-args.samples // args.batch_size)

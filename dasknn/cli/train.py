@@ -19,6 +19,11 @@ from dasknn.cli.cluster_options import (
 )
 from dasknn.cli.held_out import read_validation_file, split_validation
 from dasknn.cli.tls import add_tls_options, security_from_args
+from dasknn.cli.training_options import (
+    add_checkpoint_arguments,
+    check_checkpoint_options,
+    checkpoint_options,
+)
 from dasknn.datasets import (
     load_mnist_test,
     load_network,
@@ -93,21 +98,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         type=Path,
         help="write the trained model (with its optimizer state and partition) to this .npz file",
     )
-    parser.add_argument(
-        "--checkpoint-dir",
-        type=Path,
-        help="write a checkpoint here every --checkpoint-every batches; a lost worker's parts are "
-        "restored from the last one and training goes on",
-    )
-    parser.add_argument(
-        "--checkpoint-every", type=int, help="batches between checkpoints (default: one epoch)"
-    )
-    parser.add_argument(
-        "--resume",
-        type=Path,
-        help="continue from this checkpoint (or the newest in this directory), written by a run "
-        "with the same network, data and options (--epochs may be larger)",
-    )
+    add_checkpoint_arguments(parser, "a lost worker's parts are")
     add_step_timeout_argument(parser, "a step may go without finishing")
     parser.add_argument(
         "--reuse-memory",
@@ -140,21 +131,11 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError("--steps must be at least 1")
     if args.microbatches is not None and args.microbatches < 1:
         raise ValueError("--microbatches must be at least 1")
-    if args.checkpoint_every is not None and args.checkpoint_every < 1:
-        raise ValueError("--checkpoint-every must be at least 1")
     check_step_timeout_option(args.step_timeout)
     for output in (args.save, args.json):
         if output is not None:
             check_output_path(output)
-    if args.checkpoint_dir is not None:
-        if args.checkpoint_dir.exists() and not args.checkpoint_dir.is_dir():
-            raise NotADirectoryError(f"--checkpoint-dir {str(args.checkpoint_dir)!r} is a file")
-        if not args.checkpoint_dir.absolute().parent.is_dir():
-            raise FileNotFoundError(
-                f"the parent of --checkpoint-dir {args.checkpoint_dir} is missing"
-            )
-    if args.resume is not None and not args.resume.exists():
-        raise FileNotFoundError(f"--resume {str(args.resume)!r} does not exist")
+    check_checkpoint_options(args)
 
 
 def _model_and_data(args: argparse.Namespace) -> tuple[SparseMLP, np.ndarray, np.ndarray]:
@@ -259,9 +240,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"partition: that of the checkpoint {args.resume}, P={args.parts}")
     fit_options = {
         "seed": args.seed,
-        "checkpoint": args.checkpoint_dir,
-        "checkpoint_every": args.checkpoint_every,
-        "resume": args.resume,
+        **checkpoint_options(args),
     }
     # A warm-up step (compiling the kernels before timing) would be a step of its own: not in a
     # run that must match the checkpointed one.

@@ -1,11 +1,18 @@
 """Checkpoints of a ``fit`` call: where a run stands, written to and found in a directory.
 
-A checkpoint is a model file (:mod:`dasknn.model.persistence`) whose header also holds the
-:class:`Progress` of the ``fit`` call that wrote it: the call's arguments and a digest of its data
+A checkpoint is a model file whose header also holds the :class:`Progress` of the ``fit`` call
+that wrote it: the call's arguments and a digest of its data
 (so a resume with other data or other batches is refused), the epoch and batch reached, the loss
 summed so far in that epoch and the model's loss curves. ``fit(..., checkpoint=DIR)`` writes
 ``DIR/checkpoint-{batches:09d}.npz`` atomically and then removes the older ones, so the directory
 always holds one complete checkpoint; ``resume=`` reads the newest.
+
+One mechanism serves every kind of model: a :class:`CheckpointFormat` names how a model's record
+is written and read (npz with a JSON header, no pickle) and what in it identifies the network. A
+record is any object with a ``progress`` attribute (``None`` or the progress as JSON, written in
+its file's header) and an ``optimizer`` attribute (``None`` or the optimizer of its last step).
+:data:`MODEL_FILE` is that of :class:`~dasknn.model.persistence.ModelRecord` (the sparse MLPs);
+the other models' persistence modules define theirs.
 """
 
 from __future__ import annotations
@@ -13,14 +20,19 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from dasknn.model.persistence import ModelRecord, read_model, write_model
 
 __all__ = [
+    "MODEL_FILE",
+    "CheckpointFormat",
+    "Checkpointed",
     "Progress",
     "check_checkpoint_every",
     "check_same_model",
@@ -155,10 +167,33 @@ def model_identity(record: ModelRecord) -> dict:
     }
 
 
-def check_same_model(record: ModelRecord, identity: dict, where: str) -> None:
+@dataclass(frozen=True)
+class CheckpointFormat:
+    """How the records of one kind of model are checkpointed.
+
+    Attributes
+    ----------
+    write : callable
+        ``write(path, record)``: write the record (with its ``progress``) atomically.
+    read : callable
+        ``read(path) -> record``: read it back, checked (``FileNotFoundError``, or a
+        ``ValueError`` naming the file), with its ``progress`` (``None`` or a JSON object).
+    identity : callable
+        ``identity(record) -> dict``: what makes two records the same network (the estimator's
+        ``_identity()`` returns the same keys).
+    """
+
+    write: Callable[[Path, Any], None]
+    read: Callable[[Path], Any]
+    identity: Callable[[Any], dict]
+
+
+def check_same_model(
+    record: Any, identity: dict, where: str, fmt: CheckpointFormat | None = None
+) -> None:
     """``ValueError`` naming ``where`` unless ``record`` is the network ``identity`` describes
-    (:func:`model_identity`)."""
-    stored = model_identity(record)
+    (``fmt.identity``, default :func:`model_identity`)."""
+    stored = (fmt or MODEL_FILE).identity(record)
     differ = [name for name in identity if identity[name] != stored[name]]
     if differ:
         details = "; ".join(
@@ -168,6 +203,11 @@ def check_same_model(record: ModelRecord, identity: dict, where: str) -> None:
             for name in differ
         )
         raise ValueError(f"{where}: a checkpoint of another model ({details})")
+
+
+#: The checkpoint format of :class:`~dasknn.model.persistence.ModelRecord` (``SparseMLP``,
+#: ``DistributedSparseMLP``).
+MODEL_FILE = CheckpointFormat(write_model, read_model, model_identity)
 
 
 def check_checkpoint_every(every, batches_per_epoch: int) -> int:
@@ -203,20 +243,26 @@ def _checkpoints(directory: Path) -> list[Path]:
     return sorted(p for p in directory.iterdir() if _NAME.fullmatch(p.name))
 
 
-def write_checkpoint(directory: Path, record: ModelRecord, progress: Progress) -> Path:
-    """Write ``record`` with ``progress`` as the newest checkpoint of ``directory`` (atomically),
-    then remove the older ones; returns the file."""
+def write_checkpoint(
+    directory: Path, record: Any, progress: Progress, fmt: CheckpointFormat | None = None
+) -> Path:
+    """Write ``record`` with ``progress`` as the newest checkpoint of ``directory`` (atomically,
+    with ``fmt.write``, default :data:`MODEL_FILE`), then remove the older ones; returns the
+    file."""
     record.progress = progress.to_json()
     path = directory / f"checkpoint-{progress.batches_done:09d}.npz"
-    write_model(path, record)
+    (fmt or MODEL_FILE).write(path, record)
     for older in _checkpoints(directory):
         if older != path:
             older.unlink(missing_ok=True)
     return path
 
 
-def latest_checkpoint(source: str | os.PathLike) -> tuple[Path, ModelRecord, Progress]:
-    """Read the newest checkpoint of the directory ``source`` (or the checkpoint file itself).
+def latest_checkpoint(
+    source: str | os.PathLike, fmt: CheckpointFormat | None = None
+) -> tuple[Path, Any, Progress]:
+    """Read the newest checkpoint of the directory ``source`` (or the checkpoint file itself)
+    with ``fmt.read`` (default :data:`MODEL_FILE`).
 
     Raises
     ------
@@ -231,7 +277,94 @@ def latest_checkpoint(source: str | os.PathLike) -> tuple[Path, ModelRecord, Pro
         if not found:
             raise FileNotFoundError(f"no checkpoint-*.npz in {str(source)!r} to resume from")
         source = found[-1]
-    record = read_model(source)
+    record = (fmt or MODEL_FILE).read(source)
     if record.progress is None:
         raise ValueError(f"{source}: a model file without training progress, not a checkpoint")
     return source, record, Progress.from_json(record.progress, str(source))
+
+
+class Checkpointed:
+    """What a model's ``fit`` needs to write checkpoints and resume from one, shared by every
+    estimator loop (:class:`~dasknn.model.estimator.SparseEstimator`,
+    :class:`~dasknn.model.window_estimator.WindowEstimator`).
+
+    A subclass sets :attr:`_checkpoint_format` and implements ``_identity()`` (the
+    ``_checkpoint_format.identity`` of its network), ``_record()`` (its values and optimizer
+    state as a record of that format) and ``_restore(record)``; it holds ``loss_curve_`` and
+    ``batch_loss_curve_``.
+    """
+
+    #: How this model's records are checkpointed.
+    _checkpoint_format: CheckpointFormat = MODEL_FILE
+
+    def _identity(self) -> dict:
+        """The ``identity`` of this model's network (see :class:`CheckpointFormat`)."""
+        raise NotImplementedError
+
+    def _record(self) -> Any:
+        """The current values and optimizer state (and placement) as a record of
+        :attr:`_checkpoint_format`."""
+        raise NotImplementedError
+
+    def _restore(self, record: Any) -> None:
+        """Take the values and optimizer state of ``record`` (the same network)."""
+        raise NotImplementedError
+
+    def _open_checkpoints(
+        self, x, y, *, batch_size: int, epochs: int, shuffle: bool, seed: int, optimizer,
+        checkpoint, checkpoint_every, resume,
+    ) -> tuple[Progress, Path | None, int]:  # fmt: skip
+        """Check a ``fit`` call's checkpoint arguments on its checked data ``x``, ``y``; restore
+        the ``resume`` checkpoint. Returns the call's progress (where it starts), the checkpoint
+        directory (created, or ``None``) and the batches between checkpoints.
+
+        Raises
+        ------
+        ValueError
+            For a bad ``checkpoint_every``, or a ``resume`` checkpoint of another network, other
+            data or arguments, or another optimizer.
+        """
+        every = check_checkpoint_every(checkpoint_every, -(-x.shape[0] // batch_size))
+        call = {}
+        if checkpoint is not None or resume is not None:
+            call = {
+                "samples": x.shape[0],
+                "batch_size": batch_size,
+                "shuffle": bool(shuffle),
+                "seed": int(seed),
+                "data": data_digest(x, y),
+            }
+        state = Progress(call)
+        if resume is not None:
+            fmt = self._checkpoint_format
+            where, record, state = latest_checkpoint(resume, fmt)
+            check_same_model(record, self._identity(), str(where), fmt)
+            state.check_call(call, epochs, str(where))
+            trained_with = record.optimizer if state.batches_done else None
+            if trained_with is not None and trained_with != optimizer:
+                raise ValueError(
+                    f"{where}: the checkpoint was trained with {record.optimizer!r}; resume with "
+                    f"the same optimizer, not {optimizer!r}"
+                )
+            self._restore_checkpoint(record, state)
+        directory = prepare_checkpoint_dir(checkpoint) if checkpoint is not None else None
+        return state, directory, every
+
+    def _save_checkpoint(self, directory: Path, state: Progress) -> Path:
+        """Write the model with ``state`` and its loss curves as the newest checkpoint of
+        ``directory``; returns the file."""
+        state.loss_curve = list(self.loss_curve_)
+        state.batch_loss_curve = list(self.batch_loss_curve_)
+        return write_checkpoint(directory, self._record(), state, self._checkpoint_format)
+
+    def _restore_checkpoint(self, record: Any, state: Progress) -> None:
+        """Take the values, optimizer state and loss curves of a checkpoint."""
+        self._restore(record)
+        self.loss_curve_ = list(state.loss_curve)
+        self.batch_loss_curve_ = list(state.batch_loss_curve)
+
+    def _restore_latest(self, saved: Path) -> Progress:
+        """Restore the checkpoint ``saved``; returns its progress."""
+        _, record, state = latest_checkpoint(saved, self._checkpoint_format)
+        self._restore_checkpoint(record, state)
+        return state

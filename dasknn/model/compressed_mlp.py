@@ -27,7 +27,13 @@ from dasknn.compressed.memory import CATEGORIES, FORMULAS
 from dasknn.compressed.stack import check_compute
 from dasknn.exceptions import NonFiniteLossError
 from dasknn.model.activations import Activation
-from dasknn.model.compressed_persistence import CompressedRecord, read_compressed, write_compressed
+from dasknn.model.compressed_persistence import (
+    COMPRESSED_FILE,
+    CompressedRecord,
+    compressed_identity,
+    read_compressed,
+    write_compressed,
+)
 from dasknn.model.estimator import InProcessEstimator
 from dasknn.model.layer_shapes import LayerShapes
 from dasknn.model.losses import Loss, network_functions
@@ -227,11 +233,20 @@ class CompressedMLP(LayerShapes, InProcessEstimator):
         return model
 
     # ------------------------------------------------------------------ persistence
+    _checkpoint_format = COMPRESSED_FILE
+
     def save(self, path: str | os.PathLike) -> None:
         """Write the model to the ``.npz`` file ``path`` atomically (all or nothing): every
         layer's flat index, master weights and bias, the precision, compute, activations and
         loss, fp16's loss scale, and the optimizer with its compressed state (format of
         :mod:`dasknn.model.compressed_persistence`)."""
+        write_compressed(path, self._record())
+
+    def _identity(self) -> dict:
+        return compressed_identity(self._record())
+
+    def _record(self) -> CompressedRecord:
+        """The model's compressed states as a record (arrays shared, not copied)."""
         layers = self.stack.layers
         state = []
         held = [layer.optimizer_state for layer in layers]
@@ -245,7 +260,7 @@ class CompressedMLP(LayerShapes, InProcessEstimator):
                 "good_steps": self.scaler.good_steps,
                 "skipped_steps": self.scaler.skipped_steps,
             }
-        record = CompressedRecord(
+        return CompressedRecord(
             values=[layer.master for layer in layers],
             indices=[layer.index for layer in layers],
             shapes=[layer.shape for layer in layers],
@@ -260,7 +275,6 @@ class CompressedMLP(LayerShapes, InProcessEstimator):
             optimizer=self.optimizer if state else None,
             optimizer_state=state,
         )
-        write_compressed(path, record)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> CompressedMLP:
@@ -281,7 +295,17 @@ class CompressedMLP(LayerShapes, InProcessEstimator):
         ImportError
             For a bf16 model without ``ml_dtypes``.
         """
-        record = read_compressed(path)
+        return cls._from_record(read_compressed(path), path)
+
+    def _restore(self, record: CompressedRecord) -> None:
+        """Take the values, biases, optimizer state, step count and loss scale of ``record``
+        (a record of the same network)."""
+        model = type(self)._from_record(record, "checkpoint")
+        self.stack, self.scaler, self.steps_ = model.stack, model.scaler, model.steps_
+
+    @classmethod
+    def _from_record(cls, record: CompressedRecord, path) -> CompressedMLP:
+        """A model of the checked ``record`` (read from ``path``, named in the errors)."""
         scaler = record.loss_scaler
         try:
             model = cls.from_compressed(

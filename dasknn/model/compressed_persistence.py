@@ -10,7 +10,9 @@ Format ``"dasknn-compressed-model"``, version 2:
   ``activation``, ``output_activation``, ``loss``, ``steps`` (training steps taken),
   ``loss_scaler`` (``null``, or fp16's ``{"scale", "growth_interval",
   "good_steps", "skipped_steps"}``) and ``optimizer`` (``null`` or ``{"name", "params",
-  "steps"}``, ``steps`` the step counts of every layer's weight and bias state);
+  "steps"}``, ``steps`` the step counts of every layer's weight and bias state) and ``progress``
+  (absent or ``null``, or the training progress of a checkpoint,
+  :class:`~dasknn.model.checkpoint.Progress`);
 - per layer ``k`` (0-based): ``w{k}_shape`` (``n_in, n_out``), ``w{k}_index`` (the sorted int32
   flat index of the unpruned weights), ``w{k}_values`` (the master weights at the index, in the
   arithmetic dtype: float64 for ``"fp64"``, float32 otherwise) and ``b{k}`` (the bias, same
@@ -41,6 +43,7 @@ import numpy as np
 
 from dasknn.compressed import PRECISIONS, check_index
 from dasknn.compressed.stack import COMPUTES
+from dasknn.model.checkpoint import CheckpointFormat
 from dasknn.model.persistence import (
     json_header,
     optimizer_entries,
@@ -51,10 +54,12 @@ from dasknn.optim import Optimizer, ParamState, optimizer_from_config
 from graph.atomic import write_atomically
 
 __all__ = [
+    "COMPRESSED_FILE",
     "COMPRESSED_FORMAT",
     "COMPRESSED_VERSION",
     "MAX_EXPANSION",
     "CompressedRecord",
+    "compressed_identity",
     "compressed_pattern",
     "read_compressed",
     "write_compressed",
@@ -90,6 +95,8 @@ class CompressedRecord:
     optimizer : Optimizer or None
     optimizer_state : list of (ParamState, ParamState)
         Per layer, the state of the weight values and of the bias (empty without an optimizer).
+    progress : dict or None
+        A checkpoint's training progress (:class:`~dasknn.model.checkpoint.Progress` as JSON).
     """
 
     values: list[np.ndarray]
@@ -105,6 +112,7 @@ class CompressedRecord:
     loss_scaler: dict | None = None
     optimizer: Optimizer | None = None
     optimizer_state: list[tuple[ParamState, ParamState]] = field(default_factory=list)
+    progress: dict | None = None
 
 
 def compressed_pattern(shapes, indices) -> str:
@@ -137,6 +145,7 @@ def write_compressed(path: str | os.PathLike, record: CompressedRecord) -> None:
         "steps": record.steps,
         "loss_scaler": record.loss_scaler,
         "optimizer": None,
+        "progress": record.progress,
     }
     arrays: dict[str, np.ndarray] = {}
     layers = zip(record.values, record.indices, record.shapes, record.biases, strict=True)
@@ -281,6 +290,9 @@ def _parse(stored: dict[str, np.ndarray]) -> CompressedRecord:
         steps=header["steps"],
         loss_scaler=_loss_scaler(header),
     )
+    if header.get("progress") is not None and not isinstance(header["progress"], dict):
+        raise ValueError("the training progress must be a JSON object")
+    record.progress = header.get("progress")
     config = header.get("optimizer")
     if config is not None:
         record.optimizer = optimizer_from_config(config)
@@ -324,3 +336,22 @@ def read_compressed(path: str | os.PathLike) -> CompressedRecord:
         raise ValueError(f"{path}: compressed model file lacks the entry {exc.args[0]!r}") from None
     except (ValueError, TypeError, OverflowError, AttributeError) as exc:
         raise ValueError(f"{path}: invalid compressed model file: {exc}") from None
+
+
+def compressed_identity(record: CompressedRecord) -> dict:
+    """What makes two compressed models the same network: layer shapes, pattern digest,
+    precision, compute, activations and loss."""
+    return {
+        "layer_shapes": [tuple(int(n) for n in shape) for shape in record.shapes],
+        "pattern": compressed_pattern(record.shapes, record.indices),
+        "precision": record.precision,
+        "compute": record.compute,
+        "activation": record.activation,
+        "output_activation": record.output_activation,
+        "loss": record.loss,
+    }
+
+
+#: The checkpoint format of :class:`CompressedRecord` (``CompressedMLP``,
+#: ``DistributedCompressedMLP``).
+COMPRESSED_FILE = CheckpointFormat(write_compressed, read_compressed, compressed_identity)

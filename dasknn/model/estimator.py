@@ -22,17 +22,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from dasknn.exceptions import NonFiniteLossError
-from dasknn.model.checkpoint import (
-    Progress,
-    check_checkpoint_every,
-    check_same_model,
-    data_digest,
-    latest_checkpoint,
-    prepare_checkpoint_dir,
-    write_checkpoint,
-)
+from dasknn.model.checkpoint import Checkpointed, Progress
 from dasknn.model.losses import Loss
-from dasknn.model.persistence import ModelRecord
 from dasknn.model.validation import (
     check_batch_size,
     check_epochs,
@@ -66,7 +57,7 @@ class _Run:
     saved: Path | None = None
 
 
-class SparseEstimator:
+class SparseEstimator(Checkpointed):
     """Training loop, loss curves, predictions and scores of a sparse MLP.
 
     A subclass sets ``loss`` and ``dtype``, provides ``n_inputs`` and ``n_outputs``, starts
@@ -103,18 +94,6 @@ class SparseEstimator:
     ) -> Iterator[float]:
         """Train on the rows ``batches[i]`` of ``data`` in order; yield each batch's loss. When
         the generator is exhausted no step is running."""
-        raise NotImplementedError
-
-    def _identity(self) -> dict:
-        """:func:`~dasknn.model.checkpoint.model_identity` of this model."""
-        raise NotImplementedError
-
-    def _record(self) -> ModelRecord:
-        """The current weights, biases and optimizer state (and placement) as a record."""
-        raise NotImplementedError
-
-    def _restore(self, record: ModelRecord) -> None:
-        """Take the weights, biases and optimizer state of ``record`` (the same network)."""
         raise NotImplementedError
 
     def _recoverable(self, error: Exception) -> bool:
@@ -213,29 +192,11 @@ class SparseEstimator:
         optimizer = resolve_optimizer(lr, optimizer)
         batch_size, epochs = check_batch_size(batch_size), check_epochs(epochs)
         np.random.default_rng(seed)  # a bad seed is an error before anything else
-        every = check_checkpoint_every(checkpoint_every, -(-x.shape[0] // batch_size))
-        call = {}
-        if checkpoint is not None or resume is not None:
-            call = {
-                "samples": x.shape[0],
-                "batch_size": batch_size,
-                "shuffle": bool(shuffle),
-                "seed": int(seed),
-                "data": data_digest(x, y),
-            }
-        state = Progress(call)
-        if resume is not None:
-            where, record, state = latest_checkpoint(resume)
-            check_same_model(record, self._identity(), str(where))
-            state.check_call(call, epochs, str(where))
-            trained_with = record.optimizer if state.batches_done else None
-            if trained_with is not None and trained_with != optimizer:
-                raise ValueError(
-                    f"{where}: the checkpoint was trained with {record.optimizer!r}; resume with "
-                    f"the same optimizer, not {optimizer!r}"
-                )
-            self._restore_checkpoint(record, state)
-        directory = prepare_checkpoint_dir(checkpoint) if checkpoint is not None else None
+        state, directory, every = self._open_checkpoints(
+            x, y, batch_size=batch_size, epochs=epochs, shuffle=shuffle, seed=seed,
+            optimizer=optimizer, checkpoint=checkpoint, checkpoint_every=checkpoint_every,
+            resume=resume,
+        )  # fmt: skip
         if epochs == 0:
             return self
         run = _Run(x, y, epochs, batch_size, shuffle, seed, progress, optimizer, record_batches,
@@ -260,8 +221,7 @@ class SparseEstimator:
                         "already (max_recoveries) and stops here"
                     ) from exc
                 recoveries += 1
-                _, record, state = latest_checkpoint(run.saved)
-                self._restore_checkpoint(record, state)
+                state = self._restore_latest(run.saved)
 
     #: How many times one ``fit`` call restores its last checkpoint after a recoverable failure.
     max_recoveries = 3
@@ -314,15 +274,7 @@ class SparseEstimator:
                     self._write_checkpoint(run, state)
 
     def _write_checkpoint(self, run: _Run, state: Progress) -> None:
-        state.loss_curve = list(self.loss_curve_)
-        state.batch_loss_curve = list(self.batch_loss_curve_)
-        run.saved = write_checkpoint(run.directory, self._record(), state)
-
-    def _restore_checkpoint(self, record: ModelRecord, state: Progress) -> None:
-        """Take the weights, optimizer state and loss curves of a checkpoint."""
-        self._restore(record)
-        self.loss_curve_ = list(state.loss_curve)
-        self.batch_loss_curve_ = list(state.batch_loss_curve)
+        run.saved = self._save_checkpoint(run.directory, state)
 
     def partial_fit(
         self,

@@ -14,6 +14,7 @@ block through the stages of one replica, the blocks pipelined and shared out ove
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
@@ -31,6 +32,12 @@ from dasknn.model.compressed_mlp import (
     CompressedMLP,
     LayerShapes,
 )
+from dasknn.model.compressed_persistence import (
+    COMPRESSED_FILE,
+    CompressedRecord,
+    compressed_identity,
+    read_compressed,
+)
 from dasknn.model.estimator import OutputBlocks, SparseEstimator
 from dasknn.optim import Optimizer, resolve_optimizer
 from dasknn.pipeline_parallel import _worker_state as ws
@@ -42,6 +49,7 @@ from dasknn.runtime.affinity import PLUGIN_NAME as PIN_CORES_PLUGIN
 from dasknn.runtime.affinity import PinCores, host_slots, usable_cores
 from dasknn.runtime.comm_report import CommReport, Key
 from dasknn.runtime.distributed_model import DistributedModel
+from dasknn.runtime.faults import running_workers
 from dasknn.runtime.keys import pipeline_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
 from dasknn.runtime.postbox import Postbox
@@ -325,6 +333,7 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         self._memory_plugin = f"{REUSE_MEMORY_PLUGIN}-{self.token}"
         self._cores_plugin = f"{PIN_CORES_PLUGIN}-{self.token}"
         self._nnz = model.nnz
+        self._network = compressed_identity(model._record())
         self._master_dtype = model.stack.layers[0].master.dtype
         self._grad_sizes = [
             sum(
@@ -334,6 +343,8 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
             for a, b in self.bounds
         ]
         self.n_steps_ = 0
+        self._key_offset = 0  # added to n_steps_ in a step's keys: no key is used twice
+        self._generation = 0  # placements of the model (the postboxes' keys)
         self._inference_calls = 0  # predictions made (their keys' number)
         self._snapshots = 0  # to_dask calls (their keys' number)
         # the traffic since the start or reset_comm: steps and rows trained, row blocks and rows
@@ -349,12 +360,13 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         self.batch_loss_curve_: list[float] = []
         self._register(ws.StageState(self.token), lambda: self._install(model))
 
-    def _install(self, model: CompressedMLP) -> None:
+    def _install(self, model: CompressedMLP, with_state: bool = False) -> None:
         """Register the memory and core plugins asked for, install every stage and start the
         postboxes, each call within what is left of ``step_timeout`` and watched
         (:meth:`~dasknn.runtime.distributed_model.DistributedModel._placing`); the postboxes are
         cancelled if starting them fails
-        (:meth:`~dasknn.runtime.distributed_model.DistributedModel._cancelled_if_failed`)."""
+        (:meth:`~dasknn.runtime.distributed_model.DistributedModel._cancelled_if_failed`).
+        With ``with_state`` the stages also take the model's optimizer state."""
         if self.reuse_memory:
             self._placing(
                 lambda: self.client.register_plugin(ReuseFreedMemory(), name=self._memory_plugin)
@@ -384,6 +396,9 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
                 "loss": model.loss,
                 "output_activation": model.output_activation,
             }
+            held = [layers[k].optimizer_state for k in range(a, b)]
+            if with_state and model.optimizer is not None and None not in held:
+                spec["optimizer"], spec["optimizer_state"] = model.optimizer, held
             self._placing(
                 lambda spec=spec, address=address: self.client.run(
                     ws.install_stage, token=self.token, spec=spec, workers=[address]
@@ -394,7 +409,7 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
                 where: self.client.submit(
                     Postbox,
                     self.plugin_name,
-                    key=pipeline_key(self.token, "postbox", 0, *where),
+                    key=pipeline_key(self.token, "postbox", self._generation, *where),
                     workers=[address],
                     allow_other_workers=False,
                     actor=True,
@@ -435,7 +450,7 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         rows = self._check_rows(x.shape[0])
         deadline = time.monotonic() + self.step_timeout
         self.n_steps_ += 1
-        step, last = self.n_steps_, self.stages - 1
+        step, last = self.n_steps_ + self._key_offset, self.stages - 1
         data = {}
         for d in range(self.replicas):
             for u in range(self.microbatches):
@@ -621,8 +636,9 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         """The last stage's error, naming instead the layer of an earlier stage whose outputs
         were already not finite (the earliest such layer of the step's stashed microbatches)."""
         earlier = [address for (s, _), address in self.workers.items() if s < self.stages - 1]
+        step = error.step - self._key_offset  # the training step the keys' step stands for
         if not earlier:
-            return error
+            return NonFiniteLossError(step, error.value, error.layer)
         found = self._run_on_stages(
             ws.first_nonfinite_stashed,
             earlier,
@@ -632,7 +648,7 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
             step=error.step,
         )
         layer = min((v for v in found.values() if v is not None), default=error.layer)
-        return NonFiniteLossError(error.step, error.value, min(layer, error.layer))
+        return NonFiniteLossError(step, error.value, min(layer, error.layer))
 
     def train_step(
         self, X, Y, *, lr: float | None = None, optimizer: Optimizer | None = None
@@ -675,6 +691,103 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
             keys = self.client.run_on_scheduler(_known_keys, keys=keys)
             if keys:
                 time.sleep(SETTLE_POLL_SECONDS)
+
+    # ------------------------------------------------------------------ checkpoints
+    _checkpoint_format = COMPRESSED_FILE
+
+    def _identity(self) -> dict:
+        return self._network
+
+    def _record(self) -> CompressedRecord:
+        """The model of replica 0 (values, biases, optimizer state, steps, loss scale) as a
+        record, read from its stage workers."""
+        return self.gather()._record()
+
+    def _recoverable(self, error: Exception) -> bool:
+        return isinstance(error, WorkerLostError)
+
+    def _restore(self, record: CompressedRecord) -> None:
+        """Install the values, biases and optimizer state of ``record`` (the same network) on
+        ``stages * replicas`` of the workers there are now (the stage workers still running keep
+        their places), replacing the model's plugin everywhere; its step count and loss scale
+        become the model's.
+
+        Raises
+        ------
+        WorkerLostError
+            If fewer than ``stages * replicas`` workers run within ``step_timeout``.
+        """
+        self._check_open()
+        model = CompressedMLP._from_record(record, "checkpoint")
+        needed = self.stages * self.replicas
+        try:
+            self.client.wait_for_workers(needed, timeout=self.step_timeout)
+        except TimeoutError:
+            pass
+        running = running_workers(self.client)
+        kept = [w for w in self.workers.values() if w in running]
+        chosen = kept + [w for w in running if w not in kept]
+        if len(chosen) < needed:
+            raise WorkerLostError(
+                f"the pipeline model needs stages * replicas = {needed} workers to go on from "
+                f"its checkpoint, the cluster has {len(chosen)}"
+            )
+        spare = iter(chosen[len(kept) :])
+        self.workers = {
+            where: w if w in running else next(spare) for where, w in self.workers.items()
+        }
+        self._key_offset += self.n_steps_ - record.steps + 1
+        self._generation += 1
+        self._postboxes = {}
+        self._last_keys = []
+        self._start_placement()
+        # a new plugin replaces the old one everywhere, ending what it still waited for
+        state = ws.StageState(self.token)
+        self._placing(lambda: self.client.register_plugin(state, name=self.plugin_name))
+        self._install(model, with_state=True)
+        self._take_counts(model)
+        self._failed = None
+
+    def _take_counts(self, model: CompressedMLP) -> None:
+        """The step count, loss scale and optimizer of ``model`` become the model's."""
+        self.n_steps_ = model.steps_
+        self.optimizer_ = model.optimizer
+        if model.scaler is not None:
+            self.scaler = LossScaler(model.scaler.scale, model.scaler.growth_interval)
+            self.scaler.good_steps = model.scaler.good_steps
+            self.scaler.skipped_steps = model.scaler.skipped_steps
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the model (replica 0's values, biases, optimizer state, step count and loss
+        scale) to the ``.npz`` file ``path`` atomically, in the format of
+        :meth:`CompressedMLP.save`; :meth:`load` (or :meth:`CompressedMLP.load`) reads it back.
+        Errors as :meth:`replica`."""
+        self.gather().save(path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, client=None, **options) -> DistributedCompressedMLP:
+        """A distributed model of the file ``path`` (written by :meth:`save`, by
+        :meth:`CompressedMLP.save` or as a checkpoint) on ``client`` (as in the constructor,
+        with its keyword arguments ``options``): its values, biases, optimizer state, step
+        count and loss scale, so that training goes on from there.
+
+        Raises
+        ------
+        FileNotFoundError, ValueError
+            As :meth:`CompressedMLP.load`, before anything is placed; the constructor's errors.
+        """
+        record = read_compressed(path)
+        model = CompressedMLP._from_record(record, path)
+        dist = cls(model, client, **options)
+        if record.optimizer is None:
+            dist._take_counts(model)
+            return dist
+        try:
+            dist._restore(record)
+        except BaseException:
+            dist.close()
+            raise
+        return dist
 
     # ------------------------------------------------------------------ results
     def replica(self, d: int = 0) -> CompressedMLP:
@@ -864,7 +977,7 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
             "the stages' records of the last step did not arrive",
             LOST_WHILE_READ,
             token=self.token,
-            step=self.n_steps_,
+            step=self.n_steps_ + self._key_offset,
         )
         return {where: records[address] for where, address in self.workers.items()}
 

@@ -122,12 +122,17 @@ def install_stage(dask_worker, token: str, spec: dict) -> int:
     ``spec`` holds ``stage``, ``replica``, ``first_layer`` (1-based number of the stage's first
     layer), ``last``, ``layers`` (``(values, index, shape)`` each), ``biases``, ``activations``,
     ``input_activation`` (the previous stage's last activation, ``None`` on stage 0),
-    ``precision``, ``compute``, ``loss`` and ``output_activation``. Returns the stage's weights.
+    ``precision``, ``compute``, ``loss`` and ``output_activation``, and optionally
+    ``optimizer`` with ``optimizer_state`` (a ``(weights, bias)`` state pair per layer) to go on
+    from. Returns the stage's weights.
     """
     state: StageState = StageState.on_worker(token, dask_worker)
     state.stack = CompressedStack(
         spec["layers"], spec["biases"], spec["activations"], spec["precision"], spec["compute"]
     )
+    if spec.get("optimizer") is not None:
+        for layer, pair in zip(state.stack.layers, spec["optimizer_state"], strict=True):
+            layer.restore_optimizer_state(spec["optimizer"], pair)
     state.stage, state.replica = spec["stage"], spec["replica"]
     state.first_layer, state.last = spec["first_layer"], spec["last"]
     state.loss, state.output_activation = spec["loss"], spec["output_activation"]

@@ -1,0 +1,137 @@
+"""Saving, loading, checkpoints and resuming of the compressed models: the one-process
+CompressedMLP and the pipeline model DistributedCompressedMLP (real LocalCluster workers), through
+the checkpoint mechanism every model shares. A stage worker killed (SIGKILL) during a fit with a
+checkpoint directory is recovered from: the run goes on from the last checkpoint on the workers
+there are and ends with the weights of an uninterrupted run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+from distributed import Client
+
+from dasknn.model import CompressedMLP
+from dasknn.optim import Adam
+from dasknn.pipeline_parallel import DistributedCompressedMLP
+from dasknn.pruning import magnitude_masks
+from dasknn.runtime.cluster import local_cluster
+
+SIZES = (12, 10, 8, 4)
+OPTIMIZER = Adam(1e-2)
+
+
+def _model() -> CompressedMLP:
+    rng = np.random.default_rng(0)
+    weights = [rng.uniform(-1, 1, (a, b)) for a, b in zip(SIZES[:-1], SIZES[1:], strict=True)]
+    return CompressedMLP(weights, magnitude_masks(weights, 0.5), precision="fp64")
+
+
+def _data(rows: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(1)
+    return rng.uniform(0, 1, (rows, SIZES[0])), rng.integers(0, SIZES[-1], rows)
+
+
+def _fit(model, x, y, epochs: int, **options):
+    return model.fit(
+        x, y, batch_size=8, epochs=epochs, optimizer=OPTIMIZER, progress=False, **options
+    )
+
+
+def _assert_same(trained: CompressedMLP, reference: CompressedMLP) -> None:
+    for got, want in zip(trained.weights, reference.weights, strict=True):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-9)
+    for got, want in zip(trained.biases, reference.biases, strict=True):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-9)
+    assert trained.steps_ == reference.steps_
+
+
+@pytest.fixture(scope="module")
+def reference() -> CompressedMLP:
+    x, y = _data()
+    return _fit(_model(), x, y, 3)
+
+
+@pytest.fixture(scope="module")
+def client():
+    with local_cluster(3) as cluster, Client(cluster) as client:
+        yield client
+
+
+def test_compressed_mlp_resumes_from_its_checkpoint_to_an_uninterrupted_run(tmp_path, reference):
+    x, y = _data()
+    _fit(_model(), x, y, 1, checkpoint=tmp_path, checkpoint_every=3)
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint-000000008.npz"]
+    resumed = _fit(_model(), x, y, 3, resume=tmp_path)
+    _assert_same(resumed, reference)
+    assert resumed.loss_curve_ == pytest.approx(reference.loss_curve_, abs=1e-12)
+
+
+def test_a_checkpoint_of_another_compressed_network_is_refused(tmp_path):
+    x, y = _data()
+    _fit(_model(), x, y, 1, checkpoint=tmp_path)
+    rng = np.random.default_rng(5)
+    weights = [rng.uniform(-1, 1, (a, b)) for a, b in zip(SIZES[:-1], SIZES[1:], strict=True)]
+    other = CompressedMLP(weights, magnitude_masks(weights, 0.7), precision="fp64")
+    with pytest.raises(ValueError, match="a checkpoint of another model"):
+        _fit(other, x, y, 2, resume=tmp_path)
+
+
+def test_pipeline_model_saves_loads_and_resumes_to_an_uninterrupted_run(
+    client, tmp_path, reference
+):
+    x, y = _data()
+    with DistributedCompressedMLP(_model(), client, stages=2) as dist:
+        _fit(dist, x, y, 1, checkpoint=tmp_path / "run", checkpoint_every=3)
+        dist.save(tmp_path / "model.npz")
+        kept = dist.gather()
+    loaded = CompressedMLP.load(tmp_path / "model.npz")
+    _assert_same(loaded, kept)
+    with DistributedCompressedMLP.load(tmp_path / "model.npz", client, stages=2) as dist:
+        assert dist.n_steps_ == kept.steps_ and dist.optimizer_ == OPTIMIZER
+        _assert_same(dist.gather(), kept)
+        _fit(dist, x, y, 3, resume=tmp_path / "run")
+        _assert_same(dist.gather(), reference)
+        assert dist.loss_curve_ == pytest.approx(reference.loss_curve_, abs=1e-12)
+
+
+def _when_checkpoint(directory, batches: int, action) -> threading.Thread:
+    """Run ``action()`` in a thread once ``directory`` holds a checkpoint of ``batches`` or more
+    batches (polled, for at most a minute)."""
+
+    def watch():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            names = [p.name for p in directory.iterdir()] if directory.exists() else []
+            if any(name >= f"checkpoint-{batches:09d}" for name in names):
+                action()
+                return
+            time.sleep(0.005)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("messages", ["posted", "tasks"])
+def test_a_killed_stage_worker_is_recovered_from_the_checkpoint(
+    client, tmp_path, reference, messages
+):
+    x, y = _data()
+    client.wait_for_workers(3, timeout=30)
+    with DistributedCompressedMLP(
+        _model(), client, stages=2, messages=messages, step_timeout=30
+    ) as dist:
+        victim = dist.workers[(1, 0)]
+        pid = client.run(os.getpid, workers=[victim])[victim]
+        killed = _when_checkpoint(tmp_path, 10, lambda: os.kill(pid, signal.SIGKILL))
+        _fit(dist, x, y, 3, checkpoint=tmp_path, checkpoint_every=5)
+        killed.join()
+        assert victim not in dist.workers.values()  # the stage moved
+        _assert_same(dist.gather(), reference)
+        assert dist.loss_curve_ == pytest.approx(reference.loss_curve_, abs=1e-12)
