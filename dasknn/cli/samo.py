@@ -23,14 +23,16 @@ from dasknn.cli.cluster_options import (
 from dasknn.cli.tls import add_tls_options, security_from_args
 from dasknn.cli.training_options import (
     add_checkpoint_arguments,
+    add_training_arguments,
     check_checkpoint_options,
     checkpoint_options,
+    optimizer_from_args,
 )
 from dasknn.compressed import PRECISIONS, get_precision
 from dasknn.compressed.stack import COMPUTES
 from dasknn.datasets import load_mnist_test
 from dasknn.model import CompressedMLP, DenseMLP
-from dasknn.optim import SGD, Adam, AdamW, Optimizer
+from dasknn.optim import Optimizer
 from dasknn.pipeline_parallel import (
     SCHEDULES,
     DistributedCompressedMLP,
@@ -48,7 +50,6 @@ from graph.atomic import check_output_path, write_text_atomically
 __all__ = ["add_parser", "run"]
 
 MNIST_SAMPLES = 10_000
-OPTIMIZERS = {"adam": Adam, "adamw": AdamW, "sgd": SGD}
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -84,12 +85,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="prune at the Early-Bird ticket (masks of 5 epochs within Hamming distance 0.1) "
         "when one is found within --dense-epochs",
     )
-    parser.add_argument("--epochs", type=int, default=1, help="epochs of the pruned network")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
     parser.add_argument("--compute", choices=COMPUTES, default="sparse")
-    parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adam")
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--stages", type=int, help="pipeline stages (default 1)")
     parser.add_argument("--replicas", type=int, help="replicas of every stage (default 1)")
     parser.add_argument(
@@ -124,7 +121,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     add_cluster_arguments(parser, parser.add_mutually_exclusive_group())
     add_tls_options(parser)
-    parser.add_argument("--seed", type=int, default=0)
+    add_training_arguments(parser, batch_size=64, lr=1e-3, optimizer="adam")
     parser.add_argument("--json", type=Path, help="write every statistic to this JSON file")
     parser.add_argument(
         "--save",
@@ -194,7 +191,7 @@ def _check(args: argparse.Namespace) -> tuple[list[int], Optimizer]:
         get_precision(args.precision)
     except ImportError as exc:
         raise RuntimeError(str(exc)) from None
-    optimizer = OPTIMIZERS[args.optimizer](lr=args.lr)
+    optimizer = optimizer_from_args(args)
     if args.memory_limit is not None:
         if args.stages is not None or args.replicas is not None:
             raise ValueError(
@@ -330,7 +327,7 @@ def run(args: argparse.Namespace) -> int:
             epochs=args.epochs,
             optimizer=optimizer,
             seed=args.seed,
-            progress=False,
+            progress=args.progress,
             on_epoch=report_epoch,
             **checkpoint_options(args),
         )

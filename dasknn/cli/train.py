@@ -21,8 +21,11 @@ from dasknn.cli.held_out import read_validation_file, split_validation
 from dasknn.cli.tls import add_tls_options, security_from_args
 from dasknn.cli.training_options import (
     add_checkpoint_arguments,
+    add_training_arguments,
     check_checkpoint_options,
+    check_training_options,
     checkpoint_options,
+    optimizer_from_args,
 )
 from dasknn.datasets import (
     load_mnist_test,
@@ -73,16 +76,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="local worker processes (with --cluster: the batch jobs' workers to wait for)",
     )
     add_cluster_arguments(parser, parser.add_mutually_exclusive_group())
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--steps", type=int, help="train STEPS batches (overrides --samples)")
-    parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument(
         "--activation", default="sigmoid", choices=("sigmoid", "relu", "clipped_relu", "identity")
     )
     parser.add_argument("--loss", choices=("mse", "softmax_cross_entropy"))
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float64")
-    parser.add_argument("--seed", type=int, default=0)
     held_out = parser.add_mutually_exclusive_group()
     held_out.add_argument(
         "--validation-fraction", type=float,
@@ -92,6 +91,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--validation-data", type=Path,
         help="score this .npz file (arrays X and y) every epoch",
     )
+    add_training_arguments(parser, batch_size=64, lr=0.01, optimizer="sgd")
     parser.add_argument("--json", type=Path, help="write every statistic to this JSON file")
     parser.add_argument(
         "--save",
@@ -124,7 +124,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    for name in ("parts", "workers", "batch_size", "samples", "epochs"):
+    check_training_options(args)
+    for name in ("parts", "workers", "samples"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
     if args.steps is not None and args.steps < 1:
@@ -282,8 +283,8 @@ def run(args: argparse.Namespace) -> int:
         with DashboardFeed(dist) as feed:
             print(f"dashboard: {feed.url}", flush=True)
             times = time_training(
-                dist, x, y, args.batch_size, args.epochs, args.lr, warmup=warmup, progress=True,
-                on_epoch=report_epoch, **fit_options,
+                dist, x, y, args.batch_size, args.epochs, optimizer=optimizer_from_args(args),
+                warmup=warmup, progress=args.progress, on_epoch=report_epoch, **fit_options,
             )  # fmt: skip
         print(f"trained {times.batches} batches of {args.batch_size}: {times.format()}")
         print(times.comm.format())

@@ -65,16 +65,20 @@ def time_training(
     Y: np.ndarray,
     batch_size: int,
     epochs: int = 1,
-    lr: float = 0.01,
+    lr: float | None = 0.01,
     warmup: bool = True,
     progress: bool = False,
     on_epoch: Callable[[int, float], None] | None = None,
     **fit_options,
 ) -> TrainingTimes:
     """Train ``dist`` on ``(X, Y)`` with ``fit`` (``on_epoch``'s time not counted) and time it,
-    after a warm-up step unless ``warmup`` is false; ``fit_options`` go to ``fit``."""
+    after a warm-up step unless ``warmup`` is false; plain SGD at ``lr``, or the ``optimizer``
+    of ``fit_options``, which go to ``fit``."""
+    if fit_options.get("optimizer") is not None:
+        lr = None
     if warmup:
-        dist.train_step(X[:batch_size], Y[:batch_size], lr=lr)
+        optimizer = fit_options.get("optimizer")
+        dist.train_step(X[:batch_size], Y[:batch_size], lr=lr, optimizer=optimizer)
     dist.reset_comm()
     outside = 0.0
 
