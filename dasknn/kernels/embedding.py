@@ -1,10 +1,9 @@
 """Numba kernels of an embedding layer: gather rows into windows, scatter-add row gradients.
 
-A batch of ``B`` windows of ``c`` token ids is given as ``inverse`` (B, c): for each id, its
-position in ``rows`` (u, d), the distinct embedding rows the batch touches (the rows pulled from
-the parameter servers, or taken from a local replica). The ``c`` rows of a window are combined
-by concatenation (an output of ``c * d`` features) or by a scaled sum (``scale = 1`` for the sum,
-``1 / c`` for the mean). Like the other kernels these are single-threaded and release the GIL.
+A batch of ``B`` windows of ``c`` token ids is ``inverse`` (B, c), each id's position in ``rows``
+(u, d), the distinct rows the batch touches. A window's rows are concatenated (``c * d``
+features) or summed times ``scale`` (1 for the sum, ``1 / c`` for the mean). Single-threaded,
+``nogil``.
 """
 
 from __future__ import annotations
