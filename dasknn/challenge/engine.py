@@ -1,12 +1,9 @@
-"""Graph Challenge inference over the workers of a Dask cluster: the challenge's files and
-checks on top of the data-parallel inference of :mod:`dasknn.inference`.
+"""Graph Challenge inference over the workers of a Dask cluster, on :mod:`dasknn.inference`.
 
-:func:`prepare_run` reads and checks the network, the inputs and the options before any cluster
-is touched; :func:`run_challenge` runs the batches (weights broadcast once to every worker, or
-streamed a window of layers at a time, or uploaded to every GPU) and turns their live rows into
-the challenge's categories and statistics. With ``load_on_workers=True`` the GPU workers load the
-network themselves (:mod:`dasknn.challenge.worker_network`): :func:`prepare_worker_run` checks
-what can be checked before, and the inputs are read once the workers have reported the width.
+:func:`prepare_run` reads and checks the network, inputs and options before any cluster is
+touched; :func:`run_challenge` runs the batches and returns the categories and statistics. With
+``load_on_workers=True`` the GPU workers load the network themselves
+(:mod:`dasknn.challenge.worker_network`, checked beforehand by :func:`prepare_worker_run`).
 """
 
 from __future__ import annotations
@@ -133,13 +130,9 @@ def prepare_worker_run(
     compact_every: int = 8,
     cuda_mode: str = "auto",
 ) -> str:
-    """Check what :func:`run_challenge` with ``load_on_workers=True`` can check before any cluster
-    is touched (the options, the network's form, the inputs file's presence, the bias), and
-    return the network spec the workers load
-    (:func:`dasknn.challenge.worker_network.worker_network_spec`).
-
-    Raises ``ValueError`` (or ``FileNotFoundError`` for the inputs) naming the problem.
-    """
+    """Check the options, the network's form, the inputs file and the bias before any cluster is
+    touched (``load_on_workers=True``); return the spec the workers load. Raises ``ValueError``
+    (or ``FileNotFoundError``) naming the problem."""
     from dasknn.challenge.worker_network import worker_network_spec
 
     _check_options(dtype, 1, device, compact_every, cuda_mode, batch_size, None)
@@ -213,39 +206,25 @@ def run_challenge(
     progress : bool
         Show a progress bar over batches.
     device : ``"cpu"`` or ``"cuda"``
-        Run the numba CPU kernel on the workers' cores, or the CUDA kernels of
-        :mod:`dasknn.kernels.cuda_inference` on the workers' GPUs (one GPU per worker; needs the
-        ``cuda`` extra). With ``"cuda"`` a batch is by default an equal share of the inputs per
-        GPU, capped by the GPU's free memory.
+        The numba CPU kernel on the workers' cores, or the CUDA kernels on one GPU per worker
+        (the ``cuda`` extra; a batch is by default an equal share of the inputs per GPU).
     compact_every : int
         ``device="cuda"``: layers run before dead rows are dropped and the live ones re-packed.
     cuda_mode : ``"auto"``, ``"fused"``, ``"sectioned"`` or ``"tiled"``
-        ``device="cuda"``: one launch per ``compact_every`` layers with a block per 32 rows
-        (fused), or one launch per layer with a block per 32 rows and 1024 output neurons
-        (sectioned), or one launch per layer computing footprint tiles from shared memory (tiled;
-        a column may have at most ``dasknn.kernels.footprint_tiles.FOOTPRINT`` inputs); ``auto``
-        picks fused or sectioned by width, see :func:`dasknn.kernels.cuda_inference.
-        infer_rows_cuda`.
+        ``device="cuda"``: see :func:`dasknn.kernels.cuda_inference.infer_rows_cuda` (tiled: at
+        most ``dasknn.kernels.footprint_tiles.FOOTPRINT`` inputs a column).
     security : distributed.Security or bool, optional
         TLS for the client opened here (a scheduler address or a new local cluster); ``True``
         starts the local cluster on temporary certificates; ``None`` uses dask's configuration
         for an address and no TLS for a local cluster (see :mod:`dasknn.runtime.cluster`).
     step_timeout : float
-        Seconds the run may go without progress: no batch finishing, the workers not answering
-        the kernels' warm-up (or, ``device="cuda"``, the question for their GPU), or the
-        weights, a batch's rows or a result not arriving. It then stops with
-        :class:`~dasknn.exceptions.StepTimeoutError` naming the batches still running,
-        their workers and the workers' state (see
-        :func:`dasknn.inference.infer_on_cpus`). With ``load_on_workers`` it also bounds
-        the workers' load of the network, so a huge network needs a ``step_timeout`` longer
-        than its load (generating or reading it and packing it on a worker).
+        Seconds the run may go without progress (a batch, a warm-up, weights, rows or a result)
+        before :class:`~dasknn.exceptions.StepTimeoutError`; with ``load_on_workers`` it also
+        bounds the workers' load of the network.
     load_on_workers : bool
-        ``device="cuda"``: each GPU worker loads ``network`` (a directory it reads at the same
-        path, or a ``radixnet:N:L`` spec) itself with :func:`dasknn.datasets.load_network`,
-        checks and packs it, and keeps the compact copy in its memory; only a summary comes back
-        (the client checks that every worker loaded the same network and its width against the
-        inputs, which are read after it). None of the network's bytes pass through the client.
-        The clock starts as without it, before the upload of each worker's copy to its GPU.
+        ``device="cuda"``: each GPU worker loads ``network`` (a directory at the same path, or a
+        ``radixnet:N:L`` spec) itself and keeps the compact copy; only a summary reaches the
+        client, which checks that every worker loaded the same network (docs/challenge.md).
 
     Returns
     -------
@@ -271,8 +250,7 @@ def run_challenge(
     StepTimeoutError
         When the run made no progress within ``step_timeout`` seconds (a stopped worker).
     WorkerLostError
-        ``device="cuda"``: a GPU worker left the cluster while a batch was pinned to it (on
-        CPUs Dask runs the lost worker's batches again on the others).
+        ``device="cuda"``: a GPU worker left the cluster while a batch was pinned to it.
     """
     dtype = np.dtype(dtype)
     step_timeout = check_step_timeout(step_timeout)
@@ -345,9 +323,8 @@ def _run_loading_on_workers(
     security: Security | bool | None,
     step_timeout: float,
 ) -> tuple[np.ndarray, ChallengeStats]:
-    """:func:`run_challenge` with ``load_on_workers=True``: the options checked before any
-    cluster is touched, the network loaded by every GPU worker, then the inputs read for its
-    width and the batches run on the workers' copies (released however the run ends)."""
+    """:func:`run_challenge` with ``load_on_workers=True`` (the copies released however it
+    ends)."""
     from dasknn.challenge.worker_network import load_on_gpu_workers
     from dasknn.inference import check_cuda_workers
 

@@ -1,8 +1,6 @@
 """A challenge network that each GPU worker loads itself (``run_challenge(load_on_workers=True)``):
-read from a directory the worker can see or generated from a ``radixnet:N:L`` spec there, checked
-as on the client, packed into the compact form and held in the worker's memory by a task pinned to
-it. Only a summary of each copy comes back to the client, which checks that every worker loaded
-the same network; none of the network's bytes pass through the client."""
+read or generated there, checked, packed and held by a task pinned to the worker; only a summary
+reaches the client, which checks that every worker loaded the same network."""
 
 from __future__ import annotations
 
@@ -68,10 +66,8 @@ def load_compact_network(
 
 
 def describe_compact(network: CompactLayers, tiled: bool) -> dict:
-    """On a worker: the summary of a compact network that goes back to the client: neurons,
-    layers, edges, device bytes (whole and largest layer, :func:`weight_bytes`) and a digest of
-    its structure (blake2b of the offsets, the per-layer weights and :data:`DIGEST_SAMPLE` evenly
-    spaced indices and weights)."""
+    """On a worker: neurons, layers, edges, device bytes (:func:`weight_bytes`) and a blake2b
+    digest (offsets, per-layer weights, :data:`DIGEST_SAMPLE` indices and weights)."""
     device_bytes, largest_layer = weight_bytes(network, tiled=tiled)
     digest = hashlib.blake2b(digest_size=16)
     stride = max(1, network.indices.size // DIGEST_SAMPLE)
@@ -128,11 +124,9 @@ def load_on_gpu_workers(
     Raises
     ------
     StepTimeoutError
-        If a worker did not finish its load within ``step_timeout`` (a stopped worker, a stuck
-        file system), naming it.
+        If a worker did not finish its load within ``step_timeout``, naming it.
     ValueError, OSError, MemoryError, RuntimeError
-        A worker's load failed (a missing directory, a malformed file, a bad layer), or the
-        workers loaded different networks: the error names the worker and the problem.
+        A worker's load failed, or the workers loaded different networks (naming the worker).
 
     Every copy is released when it raises.
     """
@@ -183,8 +177,8 @@ def _reports(
 
 
 def _naming_worker(error: BaseException, address: str, spec: str) -> BaseException:
-    """A worker's load error with the worker and the network named, of the same type (a
-    ``RuntimeError`` where that type is not made from a message alone)."""
+    """A worker's load error naming the worker and network, of the same type (else
+    ``RuntimeError``)."""
     message = f"worker {address} could not load the network {spec!r}: {error}"
     try:
         named = type(error)(message)
