@@ -1,9 +1,6 @@
 """The learning-rate schedule of the sampled models: constant, then a linear fall to zero over
-the last share of a horizon of steps.
-
-The scale multiplies the optimizer's ``lr`` at one step; the optimizer's state does not depend
-on it, so one optimizer (and its per-array state) serves every step of the schedule.
-"""
+the last share of a horizon of steps; the scale multiplies ``lr`` only, so one optimizer state
+serves every step (docs/sampled.md)."""
 
 from __future__ import annotations
 
@@ -68,9 +65,8 @@ class DecaySchedule:
 
 
 def scaled_lr(optimizer: Optimizer, scale: float) -> Optimizer:
-    """``optimizer`` with its learning rate times ``scale`` (``optimizer`` itself at 1). Take the
-    optimizer state with the unscaled optimizer: the state belongs to it, not to one step's
-    learning rate."""
+    """``optimizer`` with its learning rate times ``scale`` (itself at 1); its state belongs to
+    the unscaled optimizer."""
     return optimizer if scale == 1.0 else replace(optimizer, lr=optimizer.lr * scale)
 
 
@@ -89,9 +85,8 @@ def training_schedule(
     step : int
         The model's step count at the start of the call.
     fit_steps : int or None
-        The steps of the call when it is a ``fit`` (epochs times batches); ``None`` for
-        ``partial_fit`` and ``train_step``, which keep the learning rate constant unless
-        ``horizon`` is given.
+        A ``fit``'s steps (epochs times batches); ``None`` for ``partial_fit`` and
+        ``train_step`` (constant unless ``horizon`` is given).
 
     Returns
     -------
