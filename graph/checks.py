@@ -1,9 +1,7 @@
-"""The checks every sparse matrix passes before a compiled kernel or a partitioner reads it.
-
-numba kernels and scipy's C++ routines trust the index arrays of a sparse matrix: an index beyond
-the shape reads or writes out of bounds, a decreasing ``indptr`` makes C++ allocate a negative
-size. :func:`check_csr` (a matrix) and :func:`csr_from_arrays` (the raw arrays of a file) look at
-the raw arrays before any such routine runs and raise ``ValueError`` naming the matrix.
+"""The checks every sparse matrix passes before a compiled kernel or a partitioner reads it:
+numba kernels and scipy's C++ routines trust the index arrays, so :func:`check_csr` (a matrix)
+and :func:`csr_from_arrays` (a file's raw arrays) check them first and raise ``ValueError``
+naming the matrix.
 """
 
 from __future__ import annotations

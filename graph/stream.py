@@ -1,11 +1,9 @@
 """Partition a network that does not fit in memory: layers in one at a time, parts out to a file.
 
-:func:`partition_stream` runs the multi-phase forward sweep of :func:`graph.partition_network`
-(the same code, :func:`graph.multiphase.iter_phase_parts`) on an iterable of layers. Between phases
-it holds only the previous phase's parts. Each phase's parts are appended, as ``int16`` when
-``nparts <= 32767`` (else ``int32``), to a temporary file beside ``parts_out``; when the last phase
-is done that file is turned into a partition file readable by :func:`graph.load_partitions` and
-renamed into place, so an error leaves no partial output.
+:func:`partition_stream` runs the forward sweep of :func:`graph.partition_network`
+(:func:`graph.multiphase.iter_phase_parts`) on an iterable of layers, appending each phase's parts
+to a temporary file renamed into place at the end (docs/partitioning.md, "Networks that do not
+fit in memory").
 """
 
 from __future__ import annotations
