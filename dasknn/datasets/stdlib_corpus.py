@@ -1,13 +1,9 @@
 """A text corpus with no download: the comments and docstrings of Python's standard library.
 
-``kind="prose"`` takes the English of every comment and docstring (lower-case words of letters,
-``[a-z]+``); ``kind="code"`` takes the code's own tokens (names, operators, numbers; a string
-literal is one ``<str>`` token). Files are read in sorted path order, one token stream per file,
-and windows never cross files, so everything is deterministic for one Python installation (the
-figures change between Python versions: tests derive expected values from the data).
-
-The vocabulary orders words by falling count, ties alphabetically; id 0 is ``<unk>``, which
-stands for every word beyond ``max_vocab`` (a word not seen at all maps to it too).
+``kind="prose"``: the lower-case words (``[a-z]+``) of every comment and docstring; ``kind="code"``:
+the code's tokens (a string literal is one ``<str>``). Files in sorted path order, one stream a
+file, windows never cross files: deterministic for one Python installation. The vocabulary orders
+words by falling count, ties alphabetically; id 0 is ``<unk>`` (beyond ``max_vocab`` or unseen).
 """
 
 from __future__ import annotations

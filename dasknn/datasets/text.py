@@ -1,12 +1,10 @@
-"""A real next-word prediction task with a large output layer, from text every Python install
-has: the sources of the standard library (nothing is downloaded, no text is shipped).
+"""A real next-word prediction task with a large output layer from the standard library's
+sources (nothing downloaded or shipped).
 
-Words are the runs of ASCII letters (case kept; about 52 K distinct words in CPython 3.11's
-library) of every file of :func:`~dasknn.datasets.stdlib_corpus.stdlib_files`, test suites
-included, and windows are cut by :func:`~dasknn.datasets.stdlib_corpus.token_windows`. Sample
-``t`` of a file predicts word ``t`` from the ``context`` words before it: its features are the
-pairs (position, word), one-hot, scaled to unit length. Files are split into training and
-held-out files (every ``test_every``-th file in sorted order is held out).
+Words are runs of ASCII letters (case kept) of every file of
+:func:`~dasknn.datasets.stdlib_corpus.stdlib_files`, tests included; sample ``t`` of a file
+predicts word ``t`` from the ``context`` words before it, as (position, word) one-hot features
+scaled to unit length. Every ``test_every``-th file in sorted order is held out.
 """
 
 from __future__ import annotations
