@@ -1,17 +1,10 @@
 """CUDA kernels of sparse-DNN inference (the Graph Challenge step) on one GPU, with numba-cuda.
 
-SNIG-style (Lin & Huang, TPDS 2021): the batch stays on the device, the weights are resident or
-streamed a window of layers at a time, dead rows are dropped, bias / ReLU / clip are fused into the
-store, two rolling activation buffers. Live rows are cut into groups of ``LANES = 32``, stored
-feature-major, ``y[buffer, group, j, lane]`` (lane ``l`` of a warp computes row ``l``), indexed flat
-(``j * 32 + lane``) with unsigned integers. Sums follow the CPU kernel's CSC order (bit-equal under
-the simulator; on a GPU ``fma`` may change the last bit). Launch modes: *fused*
-(:func:`_window_kernel`, a block owns a group for ``compact_every`` layers), *sectioned*
-(:func:`_layer_kernel`, one launch per layer, a block per group and output section) and *tiled*
-(:func:`_tiled_kernel`, footprint tiles from :mod:`dasknn.kernels.footprint_tiles`). Networks with
-one weight a layer (``CompactLayers.per_layer``) get their own compiled kernels. Under
-``NUMBA_ENABLE_CUDASIM=1`` the warp vote and ``syncwarp`` become a shared-memory scan and a block
-barrier. Design and measurements: docs/challenge.md ("On GPUs").
+SNIG-style: the batch stays on the device, dead rows are dropped, bias / ReLU / clip fused into the
+store. Live rows form groups of ``LANES = 32`` (lane ``l`` of a warp: row ``l``), feature-major,
+``y[buffer, group, j * 32 + lane]``, indexed with unsigned integers; sums follow the CPU kernel's
+CSC order. Modes: *fused* (:func:`_window_kernel`), *sectioned* (:func:`_layer_kernel`), *tiled*
+(:func:`_tiled_kernel`). Design, simulator and measurements: docs/challenge.md ("On GPUs").
 """
 
 from __future__ import annotations
@@ -151,13 +144,9 @@ else:
 @cuda.jit(device=True)
 def _column(ys, fs, p0, p1, indices, data, per_layer, weight, kept_off, kept_q, votes, lane,
             zero):
-    """(lane ``lane``'s sum over entries ``p0 .. p1 - 1`` of a column, entries added).
-
-    ``ys``: the row's activations, input ``j`` at ``j * 32``; ``fs``: the group's section flags.
-    Entries are read 32 at a time, one a lane; those with a nonzero section are packed in order
-    by a warp vote into shared ``kept_off`` (``j * 32``) and ``kept_q`` (position in the column)
-    and added in CSC order by :func:`_add_kept`.
-    """
+    """(lane ``lane``'s sum over entries ``p0 .. p1 - 1`` of a column, entries added): entries
+    with a nonzero section in ``fs`` are packed in order by a warp vote into ``kept_off``
+    (``j * 32``, the offset in ``ys``) / ``kept_q`` and added by :func:`_add_kept`."""
     acc = zero
     terms = 0
     first = np.uint64(p0)
@@ -281,12 +270,8 @@ def _window_kernel(per_layer: bool):
     @cuda.jit(**_BLOCK_KERNEL)
     def window_kernel(y, flags, parity, indptr, indices, data, first, count, bias, ymax, alive,
                       work):
-        """Run group ``blockIdx.x`` through layers ``first .. first + count - 1`` of the window.
-
-        Input in ``y[parity]`` / ``flags[parity]``; layer ``k`` writes buffer
-        ``(parity + k + 1) % 2``. Sets ``alive[g * 32 + lane]`` (row nonzero at the end) and adds
-        the multiply-adds to ``work[g]``. Warp ``w`` computes outputs ``w, w + warps, ...``.
-        """
+        """Run group ``blockIdx.x`` through layers ``first .. first + count - 1`` from buffer
+        ``parity`` (layer ``k`` writes ``(parity + k + 1) % 2``); set ``alive``, add to ``work``."""
         g = cuda.blockIdx.x
         t = cuda.threadIdx.x
         lane = np.uint32(t % LANES)
@@ -344,12 +329,8 @@ def _layer_kernel(per_layer: bool):
     @cuda.jit(**_BLOCK_KERNEL)
     def layer_kernel(y, flags, src, indptr, indices, data, layer, sections, bias, ymax, alive_in,
                      alive_out, work):
-        """One layer, block ``b`` computing output section ``b % sections`` of group
-        ``b // sections`` (group-major, to share L2).
-
-        ``flags[1 - src]`` and ``alive_out`` must be zero before the launch; groups dead in
-        ``alive_in`` are skipped.
-        """
+        """One layer, block ``b`` computing section ``b % sections`` of group ``b // sections``;
+        ``flags[1 - src]`` and ``alive_out`` zero before, groups dead in ``alive_in`` skipped."""
         g, s, lane, warp, warps = _section_block(sections)
         if not _group_live(alive_in, g):
             return
@@ -396,12 +377,8 @@ def _tiled_kernel(dtype_name: str, footprint: int, warps: int):
     def tiled_kernel(y, flags, src, indptr, data, per_layer, layer_tiles, tile_ptr, tile_cols,
                      foot_ptr, foot, local, layer, sections, bias, ymax, alive_in, alive_out, work):
         """One layer, block ``b`` computing tile range ``b % sections`` of group
-        ``b // sections``; warp ``w`` takes tiles ``w, w + warps, ...``.
-
-        A warp loads a tile's footprint activations into its shared slice (lane ``l``: row
-        ``l``; a lane reads back only its own, so no barrier) and sums each column in CSC order.
-        ``alive_out`` must be zero before the launch; groups dead in ``alive_in`` are skipped.
-        """
+        ``b // sections``; a warp loads a tile's footprint into shared memory (a lane reads back
+        only its own row: no barrier). ``alive_out`` zero before; dead groups skipped."""
         g, s, lane, warp, active = _section_block(sections)
         if not _group_live(alive_in, g):
             return
@@ -517,10 +494,7 @@ def cuda_runtime() -> str:
 
 def check_cuda_compiler() -> None:
     """Raise ``RuntimeError`` when the installed numba-cuda cannot compile kernels with the
-    installed numpy; checked once per process, under the simulator too.
-
-    Imports the CUDA target's numpy lowering, which numba otherwise loads at the first kernel
-    compile (docs/challenge.md, "On GPUs").
+    installed numpy (by importing its numpy lowering; once per process, under the simulator too).
 
     Raises
     ------
@@ -683,9 +657,7 @@ def weight_bytes(network: PackedLayers | CompactLayers, tiled: bool = False) -> 
     """Device bytes of the network (``indptr``, ``indices``, weights: one a nonzero, or one a
     layer when ``per_layer``) and of its largest layer.
 
-    With ``tiled``, an upper bound with footprint tiles in place of the indices (footprints
-    <= indices, plus ``local`` positions, tile columns and one tile a column's offsets).
-    """
+    With ``tiled``, an upper bound with footprint tiles in place of the indices."""
     if isinstance(network, PackedLayers):
         network = compact_layers(network)
     layers = [w.nbytes for w in _host_windows(network, 1)]
@@ -707,8 +679,7 @@ class DeviceNetwork:
         The layers (float32 or float64), from :func:`compact_layers` or
         :func:`dasknn.kernels.inference.pack_layers`.
     budget : int, optional
-        Device bytes the weights may take. When the network is larger it stays in host memory
-        and is uploaded one window of ``budget`` bytes at a time during each batch.
+        Device bytes the weights may take; a larger network is streamed a window at a time.
     tiled : bool
         Hold footprint tiles (:func:`dasknn.kernels.footprint_tiles.tile_layers`) in place of the
         indices; such a network runs ``mode="tiled"`` only, the others every mode but it.
@@ -722,12 +693,10 @@ class DeviceNetwork:
     MemoryError
         When even one layer does not fit ``budget``.
     ValueError
-        When the layers have more than ``MAX_NEURONS`` (134,217,728) neurons, or ``tiled`` and a
-        column has more than ``footprint`` inputs, or ``tile_warps`` is not between 1 and what
-        the shared memory holds.
+        Over ``MAX_NEURONS`` (134,217,728) neurons; ``tiled`` and a column over ``footprint``
+        inputs; ``tile_warps`` out of range.
     RuntimeError
-        When numba-cuda cannot compile kernels with this numpy (:func:`check_cuda_compiler`),
-        before anything is put on the device.
+        When numba-cuda cannot compile kernels with this numpy (:func:`check_cuda_compiler`).
     """
 
     def __init__(self, network: CompactLayers | PackedLayers, budget: int | None = None,
@@ -914,8 +883,7 @@ def infer_rows_cuda(
     Raises
     ------
     ValueError
-        On a width mismatch, an input index out of range, a bad ``compact_every`` or ``mode``,
-        or a ``mode`` the network was not built for (``tiled``).
+        On a width mismatch, an index out of range, a bad ``compact_every`` or ``mode``.
     """
     if inputs.shape[1] != network.neurons:
         raise ValueError(
