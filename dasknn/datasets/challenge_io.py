@@ -123,10 +123,8 @@ def layer_file(directory: str | os.PathLike, neurons: int, layer: int) -> Path:
     ----------
     directory : str or os.PathLike
         A directory of challenge layer files ``n{neurons}-l{layer}.tsv[.gz]``.
-    neurons : int
-        Neurons per layer.
-    layer : int
-        The layer, 1-based.
+    neurons, layer : int
+        Neurons per layer; the layer, 1-based.
 
     Returns
     -------
@@ -172,24 +170,21 @@ def iter_challenge_network(
     directory : path
         Folder holding ``n{N}-l{k}.tsv`` or ``n{N}-l{k}.tsv.gz`` files.
     neurons : int, optional
-        Neurons per layer ``N``. Inferred from the file names when the folder holds one width.
+        Neurons per layer ``N``; inferred when the folder holds one width.
     layers : int or sequence of int, optional
-        Number of layers to read (layers ``1..layers``) or explicit 1-based layer numbers. By
-        default every layer present, which must be numbered 1 to L with none missing.
+        Layers ``1..layers`` or explicit 1-based numbers; by default all, numbered 1 to L.
     dtype : numpy dtype
         Value type of the matrices.
 
     Returns
     -------
     iterator of scipy.sparse.csr_matrix
-        One matrix per layer, read when it is asked for, of shape ``(N, N)`` in the challenge
-        convention ``(n_in, n_out)``.
+        One ``(N, N)`` matrix per layer, read when asked for.
 
     Raises
     ------
     FileNotFoundError
-        If the folder or a requested layer file is missing, or (``layers=None``) a layer between
-        1 and the last one present.
+        If the folder or a requested layer file is missing (``layers=None``: a gap).
     ValueError
         On a malformed line, an index out of range or inconsistent widths.
     """
@@ -253,7 +248,7 @@ def read_sparse_tsv(
     path : path
         ``.tsv`` or ``.tsv.gz`` file.
     shape : (rows, cols), optional
-        Matrix shape; ``rows`` may be None to take the largest row index. Indices beyond it raise.
+        Matrix shape; ``rows=None`` takes the largest row index.
     dtype : numpy dtype
         Value type.
 
@@ -332,8 +327,7 @@ def read_categories(path: str | os.PathLike) -> np.ndarray:
     FileNotFoundError
         If ``path`` does not exist.
     ValueError
-        Naming the file (and the line): unreadable or corrupt gzip, a line that is not a decimal
-        id from 1 to ``MAX_INDEX``.
+        Naming the file and line: unreadable, or not a decimal id from 1 to ``MAX_INDEX``.
     """
     path = Path(path)
     if not path.exists():
@@ -391,7 +385,7 @@ def read_challenge_network(
     Returns
     -------
     list of scipy.sparse.csr_matrix
-        One matrix per layer, of shape ``(N, N)`` in the challenge convention ``(n_in, n_out)``.
+        One ``(N, N)`` matrix per layer.
 
     Raises
     ------
