@@ -62,11 +62,9 @@ def prepare_run(
     compact_every: int = 8,
     cuda_mode: str = "auto",
 ) -> tuple[list[sp.csr_matrix], sp.csr_matrix, float]:
-    """Load and check everything a run needs before any cluster is touched.
-
-    Returns the layers, the input rows (CSR, float64) and the bias. Raises ``ValueError`` (or
-    ``FileNotFoundError``) naming the problem; see :func:`run_challenge` for the parameters.
-    """
+    """Load and check everything a run needs before any cluster is touched: (layers, input rows
+    (CSR, float64), bias). ``ValueError`` / ``FileNotFoundError`` naming the problem; parameters
+    as :func:`run_challenge`'s."""
     dtype = _check_options(
         dtype, weight_buffers, device, compact_every, cuda_mode, batch_size, resident_layers
     )
@@ -184,9 +182,8 @@ def run_challenge(
     bias : float, optional
         Bias added to the nonzero entries; by default the challenge's bias for ``N``.
     client : distributed.Client or str, optional
-        The cluster (a client or a scheduler address). By default a LocalCluster with one
-        single-threaded worker process per core (``device="cuda"``: dask-cuda's
-        ``LocalCUDACluster``, one worker per GPU) is started and closed afterwards.
+        A client or scheduler address; by default a LocalCluster of one single-threaded worker
+        per core (``device="cuda"``: ``LocalCUDACluster``, one per GPU), closed afterwards.
     neurons, layers, seed : int, optional
         Passed to :func:`dasknn.datasets.load_network` (``layers`` also truncates a sequence).
     batch_size : int, optional
@@ -196,8 +193,8 @@ def run_challenge(
     ymax : float
         Upper clip of the activations (32).
     resident_layers : int, optional
-        Stream the weights in windows of this many layers (CPU). By default the weights are
-        broadcast whole when they fit ``weight_budget``, else streamed in windows that fit it.
+        Stream the weights in windows of this many layers (CPU); by default broadcast whole
+        when within ``weight_budget``, else streamed.
     weight_buffers : int
         Windows of layers resident on a worker at once when streaming (2 = double buffering).
     weight_budget : int, optional
@@ -214,9 +211,8 @@ def run_challenge(
         ``device="cuda"``: see :func:`dasknn.kernels.cuda_inference.infer_rows_cuda` (tiled: at
         most ``dasknn.kernels.footprint_tiles.FOOTPRINT`` inputs a column).
     security : distributed.Security or bool, optional
-        TLS for the client opened here (a scheduler address or a new local cluster); ``True``
-        starts the local cluster on temporary certificates; ``None`` uses dask's configuration
-        for an address and no TLS for a local cluster (see :mod:`dasknn.runtime.cluster`).
+        TLS for the client opened here (:mod:`dasknn.runtime.cluster`); ``True``: a local cluster
+        on temporary certificates; ``None``: dask's configuration, no TLS for a local cluster.
     step_timeout : float
         Seconds the run may go without progress (a batch, a warm-up, weights, rows or a result)
         before :class:`~dasknn.exceptions.StepTimeoutError`; with ``load_on_workers`` it also
@@ -236,19 +232,18 @@ def run_challenge(
     Raises
     ------
     ValueError
-        On inconsistent layers or inputs (width mismatch, NaN, a bad dtype, device or batch size),
-        or a ``tls://`` scheduler address without TLS certificates; ``load_on_workers``: a
-        sequence of matrices, a spec that does not parse, a worker's bad file (naming the worker)
-        or workers that loaded different networks.
+        On inconsistent layers, inputs or options, a ``tls://`` address without certificates;
+        ``load_on_workers``: a sequence of matrices, a bad spec, a worker's bad file (naming
+        it) or workers that loaded different networks.
     FileNotFoundError
         A missing file or directory (``load_on_workers``: on a worker, naming it).
     RuntimeError
-        ``device="cuda"`` without the optional packages or without a GPU on every worker; a
-        scheduler that cannot be reached or refuses the client's certificate.
+        ``device="cuda"`` without the packages or a GPU on every worker; an unreachable or
+        refusing scheduler.
     MemoryError
         ``device="cuda"`` and the network does not fit a GPU even streamed.
     StepTimeoutError
-        When the run made no progress within ``step_timeout`` seconds (a stopped worker).
+        When the run made no progress within ``step_timeout`` seconds.
     WorkerLostError
         ``device="cuda"``: a GPU worker left the cluster while a batch was pinned to it.
     """
