@@ -45,9 +45,7 @@ def run_backend(
     Parameters
     ----------
     hypergraph : PhaseHypergraph
-        The phase hypergraph.
     nparts : int
-        Number of parts.
     epsilon : float
         Allowed imbalance of the free vertices.
     seed : int

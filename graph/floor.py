@@ -44,7 +44,6 @@ def volume_floor(layers: Sequence[sp.spmatrix], nparts: int) -> int:
     layers : sequence of scipy.sparse matrices
         The network's layers, ``(n_in, n_out)`` each.
     nparts : int
-        Number of parts.
 
     Returns
     -------

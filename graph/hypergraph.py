@@ -37,7 +37,6 @@ class PhaseHypergraph:
     Attributes
     ----------
     num_free : int
-        Number of free vertices.
     vertex_weights : numpy.ndarray
         Weight of every free vertex (nonzeros of the neurons it holds).
     fixed_parts : numpy.ndarray
@@ -167,7 +166,6 @@ def build_phase_hypergraph(
     layer : scipy.sparse.csr_matrix
         The stored layer, shape ``(n_in, n_out)``.
     nparts : int
-        Number of parts.
     input_parts : numpy.ndarray or None
         Owner part of every input neuron; ``None`` in the first phase (no fixed vertices).
     consumer_parts : scipy.sparse.csr_matrix or None

@@ -27,7 +27,6 @@ def exchange_pairs(
     input_parts, output_parts : numpy.ndarray of int
         The part of each input neuron and of each output neuron.
     nparts : int
-        Number of parts.
 
     Returns
     -------
@@ -68,7 +67,6 @@ class PartitionMetrics:
     Attributes
     ----------
     nparts : int
-        Number of parts.
     send_volume : numpy.ndarray
         Words each part sends (forward and backward).
     messages_sent, messages_received : numpy.ndarray
@@ -156,7 +154,6 @@ def partition_metrics(
         ``L + 1`` arrays: ``parts[0]`` places the input features, ``parts[k]`` the neurons of
         layer ``k``.
     nparts : int
-        Number of parts.
 
     Returns
     -------

@@ -29,7 +29,6 @@ class PhaseSettings:
     Attributes
     ----------
     nparts : int
-        Number of parts.
     epsilon : float
         Allowed imbalance.
     seed : int

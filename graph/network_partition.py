@@ -28,7 +28,6 @@ class NetworkPartition:
         ``parts[k][j]`` is the part that owns neuron ``j`` of layer ``k``; ``k = 0`` are the input
         features, ``k = 1 .. L`` the outputs of the stored ``layers[k-1]``.
     nparts : int
-        Number of parts.
     method : str
         How it was made (``hypergraph``, ``random``, ``block``).
     seconds : float

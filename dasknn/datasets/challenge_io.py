@@ -250,7 +250,6 @@ def read_sparse_tsv(
     shape : (rows, cols), optional
         Matrix shape; ``rows=None`` takes the largest row index.
     dtype : numpy dtype
-        Value type.
 
     Raises
     ------

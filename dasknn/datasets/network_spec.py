@@ -51,7 +51,6 @@ def iter_network(
     seed : int
         Relabelling seed for generated networks (overridden by a ``:SEED`` suffix).
     dtype : numpy dtype
-        Value type.
     """
     text = os.fspath(spec)
     if text.startswith("radixnet:"):

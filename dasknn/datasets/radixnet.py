@@ -121,7 +121,6 @@ def radixnet(
     seed : int
         Seed of the per-group relabellings; the first group does not depend on it.
     dtype : numpy dtype
-        Value type.
     value : float
         Value of every nonzero (1/16 in the challenge).
 

@@ -204,7 +204,6 @@ def run_batches(
     progress : bool
         Show a progress bar over batches and windows.
     desc : str
-        Label of the progress bar.
 
     Returns
     -------

@@ -108,9 +108,7 @@ def infer_on_cpus(
     step_timeout : float
         Seconds the run may go without progress (:func:`dasknn.inference._driver.run_batches`).
     progress : bool
-        Show a progress bar.
     desc : str
-        Label of the progress bar.
 
     Raises
     ------
