@@ -189,7 +189,6 @@ def run_batches(
     rows : scipy.sparse.csr_matrix
         The input rows; batch ``i`` is ``rows[i * batch_size : (i + 1) * batch_size]``.
     batch_size : int
-        Rows per batch.
     step : BatchStep
         Places the weights and submits a batch (see :class:`BatchStep`).
     windows : sequence of callables
@@ -199,11 +198,11 @@ def run_batches(
     weight_buffers : int
         Windows placed at once.
     step_timeout : float
-        Seconds the run may go without a batch finishing (or a window reaching the workers, or
-        a result arriving) while batches are in flight.
+        Seconds the run may go without a batch finishing, a window placed or a result arriving.
     progress : bool
-        Show a progress bar over batches and windows.
+        A progress bar over batches and windows.
     desc : str
+        Its label.
 
     Returns
     -------

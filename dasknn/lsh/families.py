@@ -44,8 +44,8 @@ class HashFamily:
     Raises
     ------
     ValueError
-        If ``dim``, ``k`` or ``n_tables`` is not an integer >= 1, ``seed`` not one >= 0, or a
-        table's code would have more than ``MAX_CODE_BITS`` bits.
+        If ``dim``, ``k`` or ``n_tables`` is not an integer >= 1, ``seed`` < 0, or a code would
+        exceed ``MAX_CODE_BITS`` bits.
     """
 
     dim: int
@@ -85,9 +85,8 @@ class SimHash(HashFamily):
     """Signed random projections: each function is a sparse +-1 projection over
     ``ceil(density * dim)`` distinct coordinates; its bit is ``projection >= 0``.
 
-    Two vectors at angle ``theta`` share a bit with probability ``1 - theta / pi`` (exactly for a
-    randomly rotated pair), a ``k``-bit code with ``p**k``, and some table's code with
-    ``1 - (1 - p**k)**n_tables``.
+    Vectors at angle ``theta`` share a bit with probability ``p = 1 - theta / pi``, a code with
+    ``p**k``, some table's code with ``1 - (1 - p**k)**n_tables``.
 
     Up to ``DENSE_PROJECTION_ENTRIES`` entries the codes come from one dense matrix product
     (docs/sampled.md), otherwise from :func:`~dasknn.kernels.lsh.simhash_codes`; a projection
