@@ -28,11 +28,8 @@ _HASH_SEED = 0x5EED
 
 @dataclass(frozen=True)
 class PhaseHypergraph:
-    """A hypergraph ready for a partitioner.
-
-    Vertices ``0 .. num_free-1`` are free (merged neuron chunks), vertices
-    ``num_free .. num_free+len(fixed_parts)-1`` are fixed, vertex ``num_free+t`` to part
-    ``fixed_parts[t]``.
+    """A hypergraph ready for a partitioner: vertices ``0 .. num_free-1`` free (merged neuron
+    chunks), vertex ``num_free+t`` fixed to part ``fixed_parts[t]``.
 
     Attributes
     ----------
@@ -169,13 +166,13 @@ def build_phase_hypergraph(
     input_parts : numpy.ndarray or None
         Owner part of every input neuron; ``None`` in the first phase (no fixed vertices).
     consumer_parts : scipy.sparse.csr_matrix or None
-        Refinement only: a ``(n_out, nparts)`` matrix whose entry ``(j, p)`` is nonzero when part
-        ``p`` consumes neuron ``j`` in the next layer. Adds one net per neuron of the layer.
+        Refinement: ``(n_out, nparts)``, nonzero where part ``p`` consumes neuron ``j`` in the
+        next layer; adds one net per neuron.
     max_chunk : int
         Merge neurons with identical inputs into chunks of up to this many (1 disables merging).
     current_parts : numpy.ndarray, optional
-        Refinement: the present part of every neuron. Identical neurons in one part are kept in
-        one chunk where the chunk size allows, so the present placement stays representable.
+        Refinement: every neuron's present part (identical neurons merged within a part only,
+        so the present placement stays representable).
 
     Returns
     -------

@@ -30,12 +30,11 @@ def formula_bytes(name: str, phi: int, sparsity: float) -> float:
     phi : int
         Weights of the dense network.
     sparsity : float
-        Share of the weights pruned, in ``[0, 1]``.
+        Share pruned, in ``[0, 1]``.
 
     Returns
     -------
     float
-        Bytes of the weights, gradients and optimizer states the formula counts.
 
     Raises
     ------

@@ -42,8 +42,7 @@ class FootprintTiles:
     foot : uint16 or int32 array
         Input neuron ids, sorted within each tile.
     local : uint8 array, shape (nnz,)
-        For weight entry ``p`` (a CSC position of the layers), the position of its input neuron
-        in the footprint of its column's tile.
+        For weight entry ``p`` (CSC position), its input's position in its tile's footprint.
     """
 
     footprint: int
@@ -85,7 +84,7 @@ def check_tileable(degrees: Iterable[np.ndarray], footprint: int = FOOTPRINT) ->
     Parameters
     ----------
     degrees : iterable of int arrays, one per layer
-        The number of inputs of each output column of each layer (an ``(L, N)`` array will do).
+        Inputs of each output column (an ``(L, N)`` array will do).
     footprint : int
         The footprint limit: a multiple of 8, at most 256.
     """
@@ -227,9 +226,8 @@ def tile_layers(
     Parameters
     ----------
     indptr : int array, shape (L, N + 1)
-        Column offsets of the layers into ``indices`` (CSC, as in
-        :class:`dasknn.kernels.inference.PackedLayers` and
-        :class:`dasknn.kernels.cuda_inference.CompactLayers`).
+        Column offsets into ``indices`` (CSC, as in
+        :class:`dasknn.kernels.inference.PackedLayers`).
     indices : uint16 or int32 array
         Input neuron of each weight entry.
     footprint : int

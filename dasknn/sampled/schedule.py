@@ -12,8 +12,7 @@ __all__ = ["DecaySchedule", "lr_scale", "scaled_lr", "training_schedule"]
 
 
 def lr_scale(step: int, horizon: int, decay: float) -> float:
-    """The learning-rate factor of step ``step`` (0 for the first) of a schedule of ``horizon``
-    steps whose last ``decay * horizon`` steps fall linearly to zero.
+    """The learning-rate factor of step ``step`` (0-based) of a schedule of ``horizon`` steps.
 
     Parameters
     ----------
@@ -22,15 +21,13 @@ def lr_scale(step: int, horizon: int, decay: float) -> float:
     horizon : int
         Steps the schedule spans (>= 1).
     decay : float in [0, 1]
-        Share of the horizon, at its end, over which the factor falls linearly from 1 towards
-        0; 0 keeps it at 1.
+        Share of the horizon, at its end, over which the factor falls linearly towards 0.
 
     Returns
     -------
     float
-        1 before the fall and always when ``decay`` is 0; ``(horizon - step) / (decay *
-        horizon)`` during the fall (so the last step of the horizon takes ``1 / (decay *
-        horizon)``); 0 after the horizon.
+        1 before the fall (always when ``decay`` is 0); ``(horizon - step) / (decay * horizon)``
+        during it; 0 after the horizon.
     """
     if decay == 0:
         return 1.0
@@ -80,8 +77,7 @@ def training_schedule(
     decay : float in [0, 1]
         The model's ``lr_decay`` (0: constant learning rate, no schedule).
     horizon : int or None
-        The model's ``decay_horizon``: a schedule over the model's steps ``0 .. horizon - 1``
-        for every call; ``None``: a schedule over the call's own steps.
+        The model's ``decay_horizon`` (its steps ``0 .. horizon - 1``); ``None``: the call's own.
     step : int
         The model's step count at the start of the call.
     fit_steps : int or None
