@@ -32,14 +32,13 @@ DIGEST_SAMPLE = 1 << 20
 
 
 def worker_network_spec(network) -> str:
-    """The network as the workers are to load it: a ``radixnet:N:L[:SEED]`` spec, checked here,
-    or a path made absolute (a directory the workers see at the same path).
+    """The network as the workers load it: a checked ``radixnet:N:L[:SEED]`` spec, or an
+    absolute path (the workers see it at the same path).
 
     Raises
     ------
     ValueError
-        If ``network`` is not a path or a string (a sequence of matrices), or a spec that does
-        not parse.
+        If ``network`` is neither a path nor a string, or a spec that does not parse.
     """
     if not isinstance(network, str | os.PathLike):
         raise ValueError(
@@ -105,8 +104,7 @@ def load_on_gpu_workers(
     addresses : list of str
         The GPU workers.
     spec : str
-        A ``radixnet:N:L[:SEED]`` spec or a directory every worker reads at that path (see
-        :func:`worker_network_spec`).
+        From :func:`worker_network_spec`.
     neurons, layers, seed : int or None
         Passed to :func:`dasknn.datasets.load_network`.
     dtype : numpy dtype
@@ -114,7 +112,7 @@ def load_on_gpu_workers(
     tiled : bool
         Whether the run uses the tiled CUDA mode (its checks and device bytes).
     step_timeout : float
-        Seconds the loads may take, all together (a huge network needs a longer one).
+        Seconds the loads may take, all together.
 
     Returns
     -------
@@ -155,8 +153,8 @@ def load_on_gpu_workers(
 def _reports(
     client: Client, summaries: dict[str, Future], spec: str, step_timeout: float
 ) -> dict[str, dict]:
-    """Every worker's summary, once all loads have finished within ``step_timeout``; the first
-    failed load's error (by address) with its worker named."""
+    """Every worker's summary once all loads finished within ``step_timeout``; else the first
+    failed load's error, naming its worker."""
     if not wait_at_most(list(summaries.values()), step_timeout):
         running = [address for address, future in summaries.items() if not future.done()]
         raise step_timeout_error(

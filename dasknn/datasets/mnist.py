@@ -35,8 +35,7 @@ def read_mnist_idx(path: str | os.PathLike) -> np.ndarray:
     Returns
     -------
     numpy.ndarray
-        The array with the shape stored in the header (``(n, 28, 28)`` for images, ``(n,)`` for
-        labels) and its stored type.
+        The header's shape (``(n, 28, 28)`` images, ``(n,)`` labels) and stored type.
 
     Raises
     ------

@@ -23,7 +23,7 @@ _DENSE_BLOCK = 16
 
 
 def radixnet_group_size(neurons: int) -> int:
-    """Number of layers in one relabelling group: ``log2(neurons / 16)``.
+    """Number of layers in one relabelling group: ``m = log2(neurons / 16)``.
 
     Parameters
     ----------
@@ -33,7 +33,6 @@ def radixnet_group_size(neurons: int) -> int:
     Returns
     -------
     int
-        ``m``.
 
     Raises
     ------
@@ -127,7 +126,6 @@ def radixnet(
     Returns
     -------
     list of scipy.sparse.csr_matrix
-        ``layers`` matrices of shape ``(neurons, neurons)`` with 32 nonzeros per row and column
-        (the layers :func:`iter_radixnet` yields).
+        The ``(neurons, neurons)`` layers :func:`iter_radixnet` yields.
     """
     return list(iter_radixnet(neurons, layers, seed, dtype, value))

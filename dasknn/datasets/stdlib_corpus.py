@@ -37,8 +37,8 @@ _TEST_DIRS = frozenset({"test", "tests", "idle_test"})
 
 
 def stdlib_files(packages: tuple[str, ...] | None = None, tests: bool = False) -> list[Path]:
-    """The standard library's ``.py`` files in sorted order, without third-party packages
-    (:data:`_PACKAGE_DIRS`) and, unless ``tests``, without the test suites (:data:`_TEST_DIRS`).
+    """The standard library's ``.py`` files in sorted order, without third-party packages and,
+    unless ``tests``, the test suites.
 
     Parameters
     ----------
@@ -128,12 +128,8 @@ class Corpus:
         ``vocabulary[i]`` is the word of id ``i`` (``<unk>`` at 0).
     counts : numpy.ndarray
         Occurrences of every id in the token streams.
-    X : int64 array (n, context)
-        The ``context`` ids before each predicted token.
-    y : int64 array (n,)
-        The id of the token after each window.
-    document : int64 array (n,)
-        Index of the file each window comes from.
+    X, y, document : int64 arrays
+        As :func:`token_windows` returns them (``document``: the file's index).
     n_tokens : int
         Tokens in the streams.
     """
