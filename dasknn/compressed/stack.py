@@ -1,12 +1,9 @@
 """Compressed model states of a run of layers (SAMO) and their forward, backward and update.
 
-Each layer keeps its unpruned entries at one sorted flat index shared by its master weights,
-optimizer states (arithmetic dtype) and gradient (storage dtype, plus a float32 copy when 16-bit).
-Compute weights: ``compute="sparse"``, the compressed values through
-:mod:`dasknn.kernels.compressed`; ``compute="dense"``, SAMO as published, a dense storage-dtype
-matrix rebuilt after each update, its gradient compressed layer by layer (docs/samo.md). A stack's
-gradients are one flat buffer (per layer weights, then bias) for one allreduce. Activations are
-passed in (``forward(z)``, ``derivative(z, a)``).
+Each layer's states share one sorted flat index; compute weights are the compressed values
+(``compute="sparse"``, :mod:`dasknn.kernels.compressed`) or, as published, a dense storage-dtype
+matrix (``"dense"``); a stack's gradients are one flat buffer for one allreduce (docs/samo.md).
+Activations are passed in (``forward(z)``, ``derivative(z, a)``).
 """
 
 from __future__ import annotations

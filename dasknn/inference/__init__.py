@@ -1,11 +1,7 @@
-"""Batched data-parallel inference of sparse networks on CPU or GPU workers.
-
-Every layer ``Y = min(max(Y @ W + bias on the nonzeros, 0), ymax)`` runs on batches of rows that
-the workers pull: :func:`infer_on_cpus` with the numba kernel (the network broadcast once, or
-streamed in windows of layers over the weight budget), :func:`infer_on_gpus` with the CUDA kernels
-on one GPU per worker (uploaded once, or loaded by the workers, a :class:`HeldNetwork`). Both
-return an :class:`InferenceRun`, one :class:`BatchResult` a batch. The Graph Challenge
-(:mod:`dasknn.challenge`) runs on this package; docs/challenge.md ("The engine").
+"""Batched data-parallel inference of sparse networks on CPU or GPU workers: every layer
+``Y = min(max(Y @ W + bias on the nonzeros, 0), ymax)`` on batches of rows the workers pull, with
+the numba kernel (:func:`infer_on_cpus`) or the CUDA kernels (:func:`infer_on_gpus`). The Graph
+Challenge (:mod:`dasknn.challenge`) runs on it; docs/challenge.md ("The engine").
 """
 
 from dasknn.inference._batches import BatchResult, default_batch_size

@@ -1,12 +1,7 @@
-"""The data-parallel batch driver: rows cut into batches that the workers pull, through one or
-more windows of weights, with a per-device step.
-
-A *step* places a window of weights and submits one batch through it. The driver keeps one batch
-in flight per *slot* (shared, ``None``: the scheduler picks; or pinned to a worker), refilling a
-slot as its batch finishes. Batch states stay on the workers between windows; at most
-``weight_buffers`` windows are placed at once. Every wait is bounded by ``step_timeout``, pinned
-workers are looked at every :data:`POLL_SECONDS`, and every future is released on error
-(docs/challenge.md, "The engine"; docs/reliability.md).
+"""The data-parallel batch driver: batches pulled by the workers' *slots* (shared or pinned to a
+worker) through one or more windows of weights placed by a per-device step, at most
+``weight_buffers`` at once; every wait bounded by ``step_timeout`` and every future released on
+error (docs/challenge.md, "The engine"; docs/reliability.md).
 """
 
 from __future__ import annotations

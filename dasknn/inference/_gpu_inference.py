@@ -1,13 +1,7 @@
-"""Sparse inference on the GPUs of a Dask cluster (one worker per GPU, as dask-cuda's
-``LocalCUDACluster`` starts them) as a step of the batch driver.
-
-Each GPU worker gets the network once in compact form
-(:func:`~dasknn.kernels.cuda_inference.compact_layers`, or loads it itself, a
-:class:`HeldNetwork`) and uploads it to its GPU
-(:class:`~dasknn.kernels.cuda_inference.DeviceNetwork`, streamed by windows over the budget).
-Each batch goes to its slot's worker (as
-:class:`~dasknn.kernels.cuda_inference.BitRows` when binary) and only its surviving row ids come
-back; docs/challenge.md ("On GPUs").
+"""Sparse inference on the GPUs of a Dask cluster (one worker per GPU) as a step of the batch
+driver: each GPU worker gets the compact network once (or loads it, a :class:`HeldNetwork`) and
+uploads it to its GPU; each batch runs on its slot's GPU and only its surviving row ids come back
+(docs/challenge.md, "On GPUs").
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Numba kernels of compressed model states: compress, expand, and a layer's products from the
-values at a sorted flat index.
-
-A layer ``(n_in, n_out)`` keeps its unpruned entries at one sorted int32 flat index (``i * n_out +
-j``, CSR order) shared by all its compressed states; ``row_ptr`` (``n_in + 1``) marks each row's
-first entry, and the column is ``index[p] - i * n_out``. Activations are feature-major as in
-:mod:`dasknn.kernels.training`. Single-threaded, ``nogil``.
+values at a sorted int32 flat index (``i * n_out + j``, CSR order; ``row_ptr`` marks each row's
+first entry, the column is ``index[p] - i * n_out``). Feature-major activations as in
+:mod:`dasknn.kernels.training`; single-threaded, ``nogil``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Numba kernels of the sampled network: the dense hidden layer on sparse inputs, active-set
-selection, and the output layer restricted to the active neurons.
-
-A batch runs in ``n_chunks`` chunks of samples in parallel (``prange``); ``n_chunks == 1`` is the
-deterministic mode, more chunks race on the gradients without locks (HOGWILD, as in SLIDE).
-:func:`hidden_forward`, :func:`select_active` and :func:`output_logits` give the same result for
-any ``n_chunks``.
+selection, and the output layer restricted to the active neurons. A batch runs in ``n_chunks``
+parallel chunks; ``n_chunks == 1`` is deterministic, more race on the gradients (HOGWILD, as in
+SLIDE); kernels writing per-sample results only give the same result for any ``n_chunks``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""Numba kernels for training on one weight chunk, on feature-major activations.
-
-A chunk is a CSR matrix ``W`` of shape ``(n_in, n_out)`` given by ``(indptr, indices, data)``.
-Activations, pre-activations and deltas are feature-major, ``xt`` of shape ``(n_features, B)``
-(``x.T``), so every stored entry meets a contiguous run of ``B`` samples and nothing is transposed
-(docs/benchmarks.md, "Training kernels"). Single-threaded (the parallelism is across workers) and
-``nogil``, so a worker keeps answering its peers while it computes.
+"""Numba kernels for training on one weight chunk ``W`` (CSR, ``(n_in, n_out)``) on feature-major
+activations ``xt`` (``(n_features, B)``, ``x.T``), so every entry meets a contiguous run of
+samples and nothing is transposed (docs/benchmarks.md, "Training kernels"). Single-threaded (the
+parallelism is across workers) and ``nogil``.
 """
 
 from __future__ import annotations

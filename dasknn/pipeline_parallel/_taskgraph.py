@@ -1,12 +1,8 @@
-"""The task graph of one pipeline (and data-parallel) training step.
-
-Each stage replica's passes are tasks pinned to its worker, chained in the schedule's order
-(:func:`stage_order`, :func:`chain_links`); a forward task reads the previous stage's pass key, a
-backward task the next stage's (one message each). The sender's later tasks wait for the pass's
-``fwd-done`` / ``bwd-done`` mark (:func:`local_keys`) so its copy of the message is kept until no
-task there needs it. With ``D > 1`` replicas each stage's gradient buffer is summed by
-:func:`dasknn.runtime.collectives.build_allreduce` (float32 for 16-bit storage); with fp16 loss
-scaling a step is applied on every stage replica or skipped on all. Details: docs/samo.md.
+"""The task graph of one pipeline (and data-parallel) training step: each stage replica's passes
+pinned to its worker and chained in schedule order, one message a stage boundary, ``fwd-done`` /
+``bwd-done`` marks keeping the sender's copy, each stage's gradients allreduced across replicas
+(:func:`dasknn.runtime.collectives.build_allreduce`) and fp16 steps applied everywhere or nowhere.
+Details: docs/samo.md.
 """
 
 from __future__ import annotations
