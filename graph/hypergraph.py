@@ -1,10 +1,7 @@
-"""Phase hypergraphs of the multi-phase model, built with vectorised numpy.
-
-Phase ``k`` partitions the neurons of layer ``k`` (columns of ``layers[k-1]``). Each input neuron
-is a net of cost 2 (forward word, backward partial sum) over its consumers and the fixed vertex of
-its owner's part (one fixed vertex a part). The refinement adds a net of cost 2 a neuron over it
-and the parts consuming it in layer ``k+1``. Neurons with identical inputs are merged into chunks
-whose size divides the ideal part size (docs/partitioning.md, "The hypergraph of a phase").
+"""Phase hypergraphs of the multi-phase model, built with vectorised numpy: phase ``k``'s vertices
+are layer ``k``'s neurons (identical ones merged into chunks), its nets of cost 2 the input neurons
+(consumers plus the owner's fixed vertex, one a part) and, in refinement, one a neuron over the
+parts consuming it next (docs/partitioning.md, "The hypergraph of a phase").
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Two-sided refinement: revisit each layer with its inputs and its consumers fixed.
-
-Layer ``k``'s classes of identical neurons are first re-split against layer ``k+1``
-(:mod:`graph.resplit`); then a hypergraph whose connectivity-1 is the words of layers ``k`` and
-``k+1`` re-places it, kept only when that sum drops and the balance holds. Sweeps repeat until one
-gains nothing (docs/partitioning.md, "Two-sided refinement").
+"""Two-sided refinement: each layer re-split (:mod:`graph.resplit`) and re-placed with its inputs
+and consumers fixed, kept when the words of layers ``k`` and ``k+1`` drop and the balance holds,
+until a sweep gains nothing (docs/partitioning.md, "Two-sided refinement").
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Partition a network that does not fit in memory: layers in one at a time, parts out to a file.
-
-:func:`partition_stream` runs the forward sweep of :func:`graph.partition_network`
-(:func:`graph.multiphase.iter_phase_parts`) on an iterable of layers, appending each phase's parts
-to a temporary file renamed into place at the end (docs/partitioning.md, "Networks that do not
-fit in memory").
+"""Partition a network that does not fit in memory: :func:`partition_stream` runs the forward
+sweep on an iterable of layers, appending each phase's parts to a temporary file renamed into
+place at the end (docs/partitioning.md, "Networks that do not fit in memory").
 """
 
 from __future__ import annotations

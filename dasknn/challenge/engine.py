@@ -1,9 +1,7 @@
-"""Graph Challenge inference over the workers of a Dask cluster, on :mod:`dasknn.inference`.
-
-:func:`prepare_run` reads and checks the network, inputs and options before any cluster is
-touched; :func:`run_challenge` runs the batches and returns the categories and statistics. With
-``load_on_workers=True`` the GPU workers load the network themselves
-(:mod:`dasknn.challenge.worker_network`, checked beforehand by :func:`prepare_worker_run`).
+"""Graph Challenge inference over the workers of a Dask cluster, on :mod:`dasknn.inference`:
+:func:`prepare_run` checks the network, inputs and options before any cluster is touched,
+:func:`run_challenge` runs the batches (``load_on_workers=True``: the GPU workers load the
+network, :mod:`dasknn.challenge.worker_network`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""Model-parallel Graph Challenge inference (H-SpFF): the network split by neurons across workers.
-
-Every layer is split with :func:`graph.partition_network` and the batches run through
-:class:`dasknn.model_parallel.DistributedSparseMLP`. The challenge adds the bias to nonzeros only;
-for ``b <= 0`` that equals ``min(max(Y @ W + b, 0), 32)`` (``clipped_relu``), so a positive bias
-is refused (docs/challenge.md, "Model-parallel mode").
+"""Model-parallel Graph Challenge inference (H-SpFF): every layer split by neurons
+(:func:`graph.partition_network`) and run by :class:`dasknn.model_parallel.DistributedSparseMLP`
+as ``min(max(Y @ W + b, 0), 32)``, equal to the challenge's for ``b <= 0``, so a positive bias is
+refused (docs/challenge.md, "Model-parallel mode").
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""A text corpus with no download: the comments and docstrings of Python's standard library.
-
-``kind="prose"``: the lower-case words (``[a-z]+``) of every comment and docstring; ``kind="code"``:
-the code's tokens (a string literal is one ``<str>``). Files in sorted path order, one stream a
-file, windows never cross files: deterministic for one Python installation. The vocabulary orders
-words by falling count, ties alphabetically; id 0 is ``<unk>`` (beyond ``max_vocab`` or unseen).
+"""A text corpus with no download, from Python's standard library: ``kind="prose"``, the lower-case
+words of its comments and docstrings; ``kind="code"``, its tokens (a string literal is one
+``<str>``). Files in sorted order, windows within a file; vocabulary by falling count, ties
+alphabetically, id 0 ``<unk>`` (beyond ``max_vocab`` or unseen).
 """
 
 from __future__ import annotations

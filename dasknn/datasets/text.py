@@ -1,10 +1,7 @@
 """A real next-word prediction task with a large output layer from the standard library's
-sources (nothing downloaded or shipped).
-
-Words are runs of ASCII letters (case kept) of every file of
-:func:`~dasknn.datasets.stdlib_corpus.stdlib_files`, tests included; sample ``t`` of a file
-predicts word ``t`` from the ``context`` words before it, as (position, word) one-hot features
-scaled to unit length. Every ``test_every``-th file in sorted order is held out.
+sources, test suites included (nothing downloaded): words are runs of ASCII letters (case kept);
+sample ``t`` of a file predicts word ``t`` from the ``context`` before it, as (position, word)
+one-hot features scaled to unit length; every ``test_every``-th file is held out.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
-"""CUDA kernels of sparse-DNN inference (the Graph Challenge step) on one GPU, with numba-cuda.
-
-SNIG-style: the batch stays on the device, dead rows are dropped, bias / ReLU / clip fused into the
-store. Live rows form groups of ``LANES = 32`` (lane ``l`` of a warp: row ``l``), feature-major,
-``y[buffer, group, j * 32 + lane]``, indexed with unsigned integers; sums follow the CPU kernel's
-CSC order. Modes: *fused* (:func:`_window_kernel`), *sectioned* (:func:`_layer_kernel`), *tiled*
-(:func:`_tiled_kernel`). Design, simulator and measurements: docs/challenge.md ("On GPUs").
+"""CUDA kernels of sparse-DNN inference (the Graph Challenge step) on one GPU, with numba-cuda:
+live rows in groups of ``LANES = 32`` (a lane a row), feature-major, ``y[buffer, group, j * 32 +
+lane]`` indexed with unsigned integers, sums in the CPU kernel's CSC order; modes *fused*
+(:func:`_window_kernel`), *sectioned* (:func:`_layer_kernel`) and *tiled* (:func:`_tiled_kernel`).
+Design, simulator and measurements: docs/challenge.md ("On GPUs").
 """
 
 from __future__ import annotations

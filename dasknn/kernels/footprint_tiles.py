@@ -1,10 +1,7 @@
-"""Footprint tiles of sparse layers: output columns grouped so that a tile's inputs are few.
-
-A *tile* of layer ``k`` is a run of at most ``tile_outputs`` output columns whose *footprint* (the
-sorted union of their inputs) has at most ``footprint`` entries; the GPU's tiled mode loads it
-once into shared memory (:mod:`dasknn.kernels.cuda_inference`). Columns are ordered by smallest
-input, then input set, and cut greedily; ``local`` gives each weight entry its input's position
-in the footprint, at its CSC position. Host-only (no CUDA); docs/challenge.md ("On GPUs").
+"""Footprint tiles of sparse layers: runs of at most ``tile_outputs`` output columns whose
+*footprint* (sorted union of inputs) holds at most ``footprint`` entries, which the GPU's tiled
+mode loads once into shared memory; ``local`` gives each weight entry its input's footprint
+position. Host-only (no CUDA); docs/challenge.md ("On GPUs").
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
-"""Numba kernel of sparse-DNN inference on one batch of input rows (the Graph Challenge step).
-
-Each layer computes ``Y = min(max(Y @ W + b * (Y @ W != 0), 0), ymax)``. A batch keeps its live
-rows only, feature-major in tiles of ``LANES`` rows (``block[t, j, lane]``: neuron ``j`` of live
-row ``t * LANES + lane``); all-zero sections are skipped, dead rows compacted away, and the layers
-given as one concatenated CSC structure (:class:`PackedLayers`). Results do not depend on the
-thread count. Layout and costs: docs/challenge.md ("The kernel").
+"""Numba kernel of sparse-DNN inference on one batch of input rows (the Graph Challenge step):
+each layer ``Y = min(max(Y @ W + b * (Y @ W != 0), 0), ymax)`` on the batch's live rows,
+feature-major in tiles of ``LANES`` (``block[t, j, lane]``), all-zero sections skipped, layers as
+one concatenated CSC structure (:class:`PackedLayers`). Results do not depend on the thread
+count; docs/challenge.md ("The kernel").
 """
 
 from __future__ import annotations
