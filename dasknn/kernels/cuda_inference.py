@@ -108,7 +108,7 @@ if config.ENABLE_CUDASIM:
     @cuda.jit(device=True)
     def _warp_sync():
         """A block barrier (the simulator has no ``syncwarp``): every warp must run as many
-        32-entry column chunks (equal column degrees, as in the tests)."""
+        32-entry column chunks (equal column degrees, a width the warps divide: the tests')."""
         cuda.syncthreads()
 
     @cuda.jit(device=True)
