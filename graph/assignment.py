@@ -1,11 +1,7 @@
-"""Exact phase solution when every part must take exactly one (merged) vertex.
-
-If a phase hypergraph has as many free vertices as parts and all weigh the same, balance forces a
-bijection between vertices and parts. The free pins of a net then lie in distinct parts, so a net's
-connectivity is ``|free pins| + |fixed parts| - #(free pins placed on one of its fixed parts)``:
-the connectivity-1 objective is linear in the placement. Minimising it is the linear assignment
-problem with profit ``M[v, p]`` = total cost of the nets that contain ``v`` and have a fixed vertex
-in ``p``, solved exactly by ``scipy.optimize.linear_sum_assignment``.
+"""Exact phase solution when every part must take exactly one (merged) vertex: with equal weights
+and as many free vertices as parts, connectivity-1 is linear in the placement, a linear assignment
+(``scipy.optimize.linear_sum_assignment``) with profit ``M[v, p]`` = cost of the nets containing
+``v`` with a fixed vertex in ``p`` (docs/partitioning.md, "Solving a phase").
 """
 
 from __future__ import annotations

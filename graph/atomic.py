@@ -1,8 +1,5 @@
-"""Write files so that an error never leaves a partial file behind.
-
-The temporary file is created with mode 0600; before it is renamed into place it gets the mode an
-ordinary ``open(target, "w")`` would give, ``0666`` less the process umask.
-"""
+"""Write files so that an error never leaves a partial file behind; the file gets the mode of an
+ordinary ``open(target, "w")``, ``0666`` less the umask."""
 
 from __future__ import annotations
 
@@ -45,9 +42,8 @@ def check_output_path(target: str | os.PathLike) -> Path:
 
 
 def write_atomically(target: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
-    """Call ``write`` on a temporary file beside ``target``, then rename it into place.
-
-    The file gets mode ``0666`` less the umask, like a file opened for writing.
+    """Call ``write`` on a temporary file beside ``target``, then rename it into place (mode
+    ``0666`` less the umask).
 
     Raises
     ------

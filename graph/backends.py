@@ -1,14 +1,7 @@
-"""Calls into the hypergraph partitioners: Mt-KaHyPar and KaHyPar.
-
-Both receive the CSR arrays of a :class:`~graph.hypergraph.PhaseHypergraph` directly. Fixed vertices
-get weight 1 (Mt-KaHyPar rejects weight 0) and every part's weight limit is raised by the weight of
-the fixed vertex it holds, so the balance of the free vertices is exactly what ``epsilon`` allows.
-
-Both partitioners reject free vertices of weight 0 (neurons with no inputs; KaHyPar ends the process
-from C++). Such vertices never reach them: the weighted vertices are partitioned alone, on a
-hypergraph without the weightless pins, and every weightless vertex then goes to the part that most
-of its nets already touch, ties to the part with the fewest neurons. A weightless vertex adds no
-work, so the balance of the weighted vertices is the one the partitioner kept.
+"""Calls into the hypergraph partitioners: Mt-KaHyPar and KaHyPar, on the CSR arrays of a
+:class:`~graph.hypergraph.PhaseHypergraph`. Fixed vertices weigh 1 and raise their part's limit
+by that; weightless free vertices are placed after the others by the parts their nets touch
+(docs/partitioning.md, "Solving a phase").
 """
 
 from __future__ import annotations
@@ -30,12 +23,8 @@ KAHYPAR_CONFIG = "kahypar_km1.ini"
 
 
 def block_weight_limits(hypergraph: PhaseHypergraph, nparts: int, epsilon: float) -> np.ndarray:
-    """Largest weight each part may reach, fixed vertices (weight 1) included.
-
-    The free vertices of a part may weigh ``floor((1 + epsilon) * W / nparts)``, where ``W`` is
-    their total weight, but never less than ``ceil(W / nparts)`` so that a perfectly balanced
-    partition is always admissible.
-    """
+    """Largest weight each part may reach, fixed vertices (weight 1) included: free vertices
+    ``floor((1 + epsilon) * W / nparts)``, never below ``ceil(W / nparts)``."""
     total = int(hypergraph.vertex_weights.sum())
     limit = max(int(np.floor((1.0 + epsilon) * total / nparts)), -(-total // nparts))
     limits = np.full(nparts, limit, dtype=np.int64)
@@ -56,9 +45,7 @@ def run_backend(
     Parameters
     ----------
     hypergraph : PhaseHypergraph
-        The phase hypergraph.
     nparts : int
-        Number of parts.
     epsilon : float
         Allowed imbalance of the free vertices.
     seed : int
@@ -104,11 +91,8 @@ def _run_weighted(
 
 
 def _weighted_part(hypergraph: PhaseHypergraph, weighted: np.ndarray) -> PhaseHypergraph:
-    """``hypergraph`` restricted to the free vertices flagged in ``weighted`` and the fixed ones.
-
-    Pins of the dropped vertices are removed, then nets left with fewer than two pins (they can
-    never be cut).
-    """
+    """``hypergraph`` restricted to the free vertices flagged in ``weighted`` and the fixed ones
+    (nets left with fewer than two pins dropped)."""
     num_kept = int(weighted.sum())
     new_id = np.full(hypergraph.num_vertices, -1, dtype=np.int64)
     new_id[: hypergraph.num_free][weighted] = np.arange(num_kept)
@@ -134,11 +118,8 @@ def _weighted_part(hypergraph: PhaseHypergraph, weighted: np.ndarray) -> PhaseHy
 def _place_weightless(
     hypergraph: PhaseHypergraph, parts: np.ndarray, weightless: np.ndarray, nparts: int
 ) -> None:
-    """Give each vertex in ``weightless`` (in order) the part most of its nets touch, in place.
-
-    A net touches the parts of its placed free pins and of its fixed pins; ties, and vertices in no
-    net, go to the part holding the fewest neurons so far.
-    """
+    """Give each vertex in ``weightless`` (in order) the part most of its nets touch, in place;
+    ties, and vertices in no net, to the part with the fewest neurons so far."""
     neurons = np.bincount(hypergraph.vertex_of_neuron, minlength=hypergraph.num_free)
     load = np.bincount(parts[parts >= 0], weights=neurons[parts >= 0], minlength=nparts)
     sizes = np.diff(hypergraph.net_offsets)

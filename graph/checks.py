@@ -1,9 +1,7 @@
-"""The checks every sparse matrix passes before a compiled kernel or a partitioner reads it.
-
-numba kernels and scipy's C++ routines trust the index arrays of a sparse matrix: an index beyond
-the shape reads or writes out of bounds, a decreasing ``indptr`` makes C++ allocate a negative
-size. :func:`check_csr` (a matrix) and :func:`csr_from_arrays` (the raw arrays of a file) look at
-the raw arrays before any such routine runs and raise ``ValueError`` naming the matrix.
+"""The checks every sparse matrix passes before a compiled kernel or a partitioner reads it:
+numba kernels and scipy's C++ routines trust the index arrays, so :func:`check_csr` (a matrix)
+and :func:`csr_from_arrays` (a file's raw arrays) check them first and raise ``ValueError``
+naming the matrix.
 """
 
 from __future__ import annotations
@@ -130,8 +128,8 @@ def check_csr(
     Parameters
     ----------
     matrix : scipy.sparse matrix or array or 2-D array-like
-        CSR, CSC and COO matrices are checked on their raw arrays before scipy converts them; other
-        sparse formats hold no index arrays that scipy trusts and are converted first.
+        CSR, CSC and COO are checked on their raw arrays before conversion; other formats are
+        converted first.
     shape : (rows, columns), optional
         Required shape; ``None`` leaves a dimension free.
     name : str
@@ -145,8 +143,8 @@ def check_csr(
     Raises
     ------
     ValueError
-        If ``matrix`` is not 2-D, has the wrong shape, an index out of range, an ``indptr`` that is
-        not monotonic or does not match the indices, or a value that is not a finite real number.
+        If ``matrix`` is not 2-D, or on a bad shape, index, ``indptr`` or value, as
+        :func:`csr_from_arrays`.
     """
     if not sp.issparse(matrix):
         dense = np.asarray(matrix)

@@ -1,10 +1,6 @@
-"""A lower bound on the words any balanced partition must exchange.
-
-If a part holds at most ``s`` neurons of layer ``k``, the ``d`` consumers of an input neuron span
-at least ``ceil(d / s)`` parts, so at least ``ceil(d / s) - 1`` of them are remote to its owner (the
-owner is at best one of them): that many forward words and as many backward partial sums. With equal
-neuron weights and ``epsilon < 1 / ceil(n / P)`` a balanced part holds at most ``s = ceil(n / P)``
-neurons, which is the ``s`` used here.
+"""A lower bound on the words any balanced partition must exchange: with at most ``s = ceil(n / P)``
+neurons of a layer a part, an input with ``d`` consumers reaches ``ceil(d / s) - 1`` remote parts,
+forward and back (docs/partitioning.md, "The floor").
 """
 
 from __future__ import annotations
@@ -30,10 +26,8 @@ def layer_volume_floor(layer: sp.spmatrix, nparts: int) -> int:
     Returns
     -------
     int
-        Words that every partition into ``nparts`` parts of at most ``ceil(n_out / nparts)``
-        outputs exchanges at least: an input feeding ``c`` outputs reaches at least
-        ``ceil(c / ceil(n_out / nparts))`` parts and is sent to all of them but one, forward and
-        back.
+        The least words: ``2 * sum_i max(ceil(c_i / ceil(n_out / nparts)) - 1, 0)`` over inputs
+        ``i`` feeding ``c_i`` outputs.
     """
     layer = sp.csr_matrix(layer)
     per_part = -(-layer.shape[1] // nparts)
@@ -50,7 +44,6 @@ def volume_floor(layers: Sequence[sp.spmatrix], nparts: int) -> int:
     layers : sequence of scipy.sparse matrices
         The network's layers, ``(n_in, n_out)`` each.
     nparts : int
-        Number of parts.
 
     Returns
     -------

@@ -1,22 +1,7 @@
-"""Phase hypergraphs of the multi-phase model, built with vectorised numpy.
-
-Phase ``k`` partitions the neurons of layer ``k`` (the columns of the stored ``layers[k-1]``, shape
-``(n_in, n_out)``). Every input neuron ``i`` of the layer (stored row ``i``) becomes a net of cost
-2 (the forward word ``x_{k-1}(i)`` and the backward partial sum) whose pins are the neurons that
-consume it, plus the fixed vertex of the part that owns ``i``. Instead of one fixed vertex per net
-the model uses one fixed vertex per part, shared by all nets owned by that part; the connectivity of
-every net is the same, so the connectivity-1 objective is unchanged and the hypergraph is far
-smaller.
-
-The refinement adds, for every neuron ``j`` of layer ``k``, a net of cost 2 whose pins are ``j`` and
-the fixed vertices of the parts that consume ``j`` in layer ``k+1``; its connectivity-1 is the
-number of words layer ``k+1`` exchanges for ``j``.
-
-Neurons with exactly the same inputs are interchangeable within their layer. They are merged into
-chunks whose size divides the ideal part size, so perfect balance stays reachable while the
-hypergraph shrinks. In the refinement the members of such a class may differ in their consumers; the
-class is then cut along the present partition, and each neuron keeps its own output net, so the
-hypergraph stays exact for every placement of the chunks.
+"""Phase hypergraphs of the multi-phase model, built with vectorised numpy: phase ``k``'s vertices
+are layer ``k``'s neurons (identical ones merged into chunks), its nets of cost 2 the input neurons
+(consumers plus the owner's fixed vertex, one a part) and, in refinement, one a neuron over the
+parts consuming it next (docs/partitioning.md, "The hypergraph of a phase").
 """
 
 from __future__ import annotations
@@ -40,16 +25,12 @@ _HASH_SEED = 0x5EED
 
 @dataclass(frozen=True)
 class PhaseHypergraph:
-    """A hypergraph ready for a partitioner.
-
-    Vertices ``0 .. num_free-1`` are free (merged neuron chunks), vertices
-    ``num_free .. num_free+len(fixed_parts)-1`` are fixed, vertex ``num_free+t`` to part
-    ``fixed_parts[t]``.
+    """A hypergraph ready for a partitioner: vertices ``0 .. num_free-1`` free (merged neuron
+    chunks), vertex ``num_free+t`` fixed to part ``fixed_parts[t]``.
 
     Attributes
     ----------
     num_free : int
-        Number of free vertices.
     vertex_weights : numpy.ndarray
         Weight of every free vertex (nonzeros of the neurons it holds).
     fixed_parts : numpy.ndarray
@@ -86,10 +67,8 @@ class PhaseHypergraph:
 
 
 def _set_hashes(offsets: np.ndarray, items: np.ndarray) -> np.ndarray:
-    """Two 64-bit order-independent hashes of each set ``items[offsets[v]:offsets[v+1]]``.
-
-    Each item gets two random 64-bit keys; a set hashes to the wrapping sums of its keys.
-    """
+    """Two 64-bit order-independent hashes of each set ``items[offsets[v]:offsets[v+1]]`` (wrapping
+    sums of two random keys an item)."""
     rng = np.random.default_rng(_HASH_SEED)
     top = int(items.max()) + 1 if len(items) else 1
     keys = rng.integers(1, 2**63, size=(2, top), dtype=np.uint64)
@@ -101,9 +80,8 @@ def _set_hashes(offsets: np.ndarray, items: np.ndarray) -> np.ndarray:
 def identical_classes(offsets: np.ndarray, items: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """Class id of every vertex: vertices with the same net set and weight share an id.
 
-    Vertices are compared by two independent 64-bit hashes of their net sets (and their weight and
-    degree). A collision, about as likely as 2**-100, would only treat two different vertices as
-    interchangeable; every hypergraph built on the classes stays exact for the merged vertices.
+    Compared by two 64-bit hashes of the net sets, weight and degree (a collision, about
+    2**-100, would only merge two vertices; the hypergraphs stay exact for them).
     """
     hashes = _set_hashes(offsets, items)
     keys = np.stack(
@@ -182,17 +160,16 @@ def build_phase_hypergraph(
     layer : scipy.sparse.csr_matrix
         The stored layer, shape ``(n_in, n_out)``.
     nparts : int
-        Number of parts.
     input_parts : numpy.ndarray or None
         Owner part of every input neuron; ``None`` in the first phase (no fixed vertices).
     consumer_parts : scipy.sparse.csr_matrix or None
-        Refinement only: a ``(n_out, nparts)`` matrix whose entry ``(j, p)`` is nonzero when part
-        ``p`` consumes neuron ``j`` in the next layer. Adds one net per neuron of the layer.
+        Refinement: ``(n_out, nparts)``, nonzero where part ``p`` consumes neuron ``j`` in the
+        next layer; adds one net per neuron.
     max_chunk : int
         Merge neurons with identical inputs into chunks of up to this many (1 disables merging).
     current_parts : numpy.ndarray, optional
-        Refinement: the present part of every neuron. Identical neurons in one part are kept in
-        one chunk where the chunk size allows, so the present placement stays representable.
+        Refinement: every neuron's present part (identical neurons merged within a part only,
+        so the present placement stays representable).
 
     Returns
     -------

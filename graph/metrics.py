@@ -1,10 +1,7 @@
-"""Communication and load metrics of a network partition, from the exchange model.
-
-In layer ``k`` the owner of input neuron ``i`` (``parts[k-1][i]``) sends ``x_{k-1}(i)`` once to
-every other part that owns a consumer of ``i`` (a neuron ``j`` of layer ``k`` with
-``layers[k-1][i, j] != 0``).
-In the backward pass each of those parts returns one partial sum of the gradient for ``i`` to the
-owner. A message is the set of words one part sends another in one direction of one layer.
+"""Communication and load metrics of a network partition, from the exchange model: in layer ``k``
+the owner of input ``i`` sends ``x_{k-1}(i)`` once to every other part owning a consumer of ``i``,
+which returns one partial sum backward; a message is the words one part sends another in one
+direction of one layer (docs/partitioning.md).
 """
 
 from __future__ import annotations
@@ -30,7 +27,6 @@ def exchange_pairs(
     input_parts, output_parts : numpy.ndarray of int
         The part of each input neuron and of each output neuron.
     nparts : int
-        Number of parts.
 
     Returns
     -------
@@ -59,8 +55,7 @@ def layer_volume(
     Returns
     -------
     int
-        Twice the number of distinct (input neuron, consuming part) pairs whose part is not the
-        input's owner: each such input is sent forward, and its partial sum returned backward.
+        Twice the distinct (input neuron, consuming part) pairs whose part is not the owner.
     """
     return 2 * len(exchange_pairs(layer, input_parts, output_parts, nparts)[0])
 
@@ -72,7 +67,6 @@ class PartitionMetrics:
     Attributes
     ----------
     nparts : int
-        Number of parts.
     send_volume : numpy.ndarray
         Words each part sends (forward and backward).
     messages_sent, messages_received : numpy.ndarray
@@ -160,7 +154,6 @@ def partition_metrics(
         ``L + 1`` arrays: ``parts[0]`` places the input features, ``parts[k]`` the neurons of
         layer ``k``.
     nparts : int
-        Number of parts.
 
     Returns
     -------

@@ -29,7 +29,6 @@ class PhaseSettings:
     Attributes
     ----------
     nparts : int
-        Number of parts.
     epsilon : float
         Allowed imbalance.
     seed : int
@@ -86,12 +85,8 @@ def consumer_part_matrix(
 def assign_input_owners(
     layer: sp.spmatrix, output_parts: np.ndarray, nparts: int
 ) -> np.ndarray:
-    """Give every input feature to one of the parts that consume it, balancing the counts.
-
-    Owning an input costs no words when the owner is one of its consumers. Inputs with fewer
-    candidate parts choose first; each takes its least loaded candidate. Inputs nobody consumes go
-    to the least loaded part.
-    """
+    """Give every input feature to its least loaded consuming part (fewest candidates first;
+    unconsumed inputs to the least loaded part)."""
     candidates = consumer_part_matrix(layer, output_parts, nparts)
     count = np.diff(candidates.indptr)
     owners = np.empty(layer.shape[0], dtype=np.int64)
@@ -114,8 +109,7 @@ def iter_phase_parts(
     """The forward sweep as a generator: partition layer after layer, holding one layer at a time.
 
     Yields ``(0, None, input_parts)`` after the first phase, then ``(k, layer, parts)`` for every
-    layer ``k = 1 .. L``. Between phases only the previous phase's parts are kept, so ``layers``
-    may be an iterator that builds or reads each layer on demand.
+    layer ``k = 1 .. L``; ``layers`` may be an iterator (only the previous parts are kept).
 
     Raises
     ------

@@ -28,7 +28,6 @@ class NetworkPartition:
         ``parts[k][j]`` is the part that owns neuron ``j`` of layer ``k``; ``k = 0`` are the input
         features, ``k = 1 .. L`` the outputs of the stored ``layers[k-1]``.
     nparts : int
-        Number of parts.
     method : str
         How it was made (``hypergraph``, ``random``, ``block``).
     seconds : float
@@ -100,15 +99,13 @@ class NetworkPartition:
 
 
 def save_partitions(path: str | os.PathLike, partitions: Mapping[int, NetworkPartition]) -> None:
-    """Write several partitions (keyed by part count) to one ``.npz`` file, atomically.
-
-    The file holds ``P{nparts}_parts_{k}`` (``k = 0 .. L``) and ``P{nparts}_meta`` (JSON bytes)
-    for every partition.
+    """Write several partitions (keyed by part count) to one ``.npz`` file, atomically: arrays
+    ``P{nparts}_parts_{k}`` (``k = 0 .. L``) and ``P{nparts}_meta`` (JSON bytes).
 
     Parameters
     ----------
     path : str or os.PathLike
-        The file to write (replaced whole, or left as it was on an error).
+        The file, replaced whole (unchanged on an error).
     partitions : mapping of int to NetworkPartition
         The partitions by their part count.
 

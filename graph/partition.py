@@ -31,8 +31,8 @@ def check_network(layers: Sequence[sp.spmatrix]) -> None:
     Raises
     ------
     ValueError
-        Naming the layer, unless ``layers`` is a non-empty chain of 2-d sparse matrices (the
-        outputs of each the inputs of the next) whose arrays pass :func:`graph.checks.check_csr`.
+        Naming the layer, unless ``layers`` is a non-empty chain of 2-d sparse matrices whose
+        arrays pass :func:`graph.checks.check_csr`.
     """
     if len(layers) == 0:
         raise ValueError("the network has no layers")
@@ -65,8 +65,7 @@ def partition_network(
     Parameters
     ----------
     layers : sequence of scipy.sparse matrices
-        Layer ``k`` (1-based) is ``layers[k-1]`` of shape ``(n_in, n_out)``; its neurons are the
-        columns.
+        Layer ``k`` (1-based) is ``layers[k-1]``, ``(n_in, n_out)``; its neurons are the columns.
     nparts : int
         Number of parts, at least 1 and at most the neurons of the narrowest layer.
     method : {"hypergraph", "random", "block"}
@@ -87,8 +86,8 @@ def partition_network(
     max_sweeps : int
         Most refinement sweeps; they stop earlier when a sweep gains nothing.
     exact_assignment : bool
-        Solve a phase exactly by linear assignment when balance forces one merged vertex per part
-        (see :mod:`graph.assignment`); otherwise every phase goes to ``backend``.
+        Solve a phase by linear assignment when balance forces one merged vertex per part
+        (:mod:`graph.assignment`).
 
     Returns
     -------

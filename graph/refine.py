@@ -1,13 +1,6 @@
-"""Two-sided refinement: revisit each layer with its inputs and its consumers fixed.
-
-The forward sweep places layer ``k`` knowing only who owns its inputs. Once layer ``k+1`` is placed,
-layer ``k`` can be placed again against both sides: its free vertices are the neurons of layer
-``k``; its nets are the input nets of layer ``k`` (pins: consumers plus the owner's fixed vertex)
-and one net per neuron of layer ``k`` (pins: the neuron plus the fixed vertices of the parts that
-consume it in layer ``k+1``). Its connectivity-1 is exactly the words of layers ``k`` and ``k+1``,
-so a new placement is kept only when that sum drops and the balance holds. Before that, the classes
-of identical neurons of layer ``k`` are re-split against layer ``k+1`` (:mod:`graph.resplit`), which
-layer ``k`` does not notice. Sweeps repeat over all layers until one gains nothing.
+"""Two-sided refinement: each layer re-split (:mod:`graph.resplit`) and re-placed with its inputs
+and consumers fixed, kept when the words of layers ``k`` and ``k+1`` drop and the balance holds,
+until a sweep gains nothing (docs/partitioning.md, "Two-sided refinement").
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""Re-split classes of identical neurons against the next layer, exactly.
-
-Neurons of layer ``k`` with the same inputs are interchangeable for layer ``k``: permuting them
-among the places they occupy changes neither the words of layer ``k`` nor any part's load. It does
-change layer ``k+1``, where input neuron ``j`` costs ``|C_j| - [owner(j) in C_j]`` words per
-direction (``C_j``: the parts consuming ``j``). So, class by class, the occupied places are re-dealt
-to the members to maximise the number of neurons owned by one of their consumer parts: a linear
-assignment per class, solved exactly.
+"""Re-split classes of identical neurons against the next layer, exactly: a class's occupied
+places are re-dealt to its members to maximise the neurons owned by one of their consumer parts
+(input ``j`` of layer ``k+1`` costs ``|C_j| - [owner(j) in C_j]`` words a direction), a linear
+assignment per class (docs/partitioning.md, "Two-sided refinement").
 """
 
 from __future__ import annotations

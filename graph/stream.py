@@ -1,11 +1,6 @@
-"""Partition a network that does not fit in memory: layers in one at a time, parts out to a file.
-
-:func:`partition_stream` runs the multi-phase forward sweep of :func:`graph.partition_network`
-(the same code, :func:`graph.multiphase.iter_phase_parts`) on an iterable of layers. Between phases
-it holds only the previous phase's parts. Each phase's parts are appended, as ``int16`` when
-``nparts <= 32767`` (else ``int32``), to a temporary file beside ``parts_out``; when the last phase
-is done that file is turned into a partition file readable by :func:`graph.load_partitions` and
-renamed into place, so an error leaves no partial output.
+"""Partition a network that does not fit in memory: :func:`partition_stream` runs the forward
+sweep on an iterable of layers, appending each phase's parts to a temporary file renamed into
+place at the end (docs/partitioning.md, "Networks that do not fit in memory").
 """
 
 from __future__ import annotations
@@ -96,11 +91,8 @@ def layer_report(
     seed: int = 0,
     seconds: float = 0.0,
 ) -> PhaseReport:
-    """Measure layer ``k`` under a partition and under a random balanced placement.
-
-    The random placement deals the inputs and outputs of the layer out in equal shares with a
-    generator seeded by ``(seed, k)``. Cost: a few sorts of the layer's nonzeros.
-    """
+    """Measure layer ``k`` under a partition and under a random balanced placement (seeded by
+    ``(seed, k)``); cost: a few sorts of the layer's nonzeros."""
     layer = sp.csr_matrix(layer)
     volume, messages = _words_and_messages(layer, input_parts, output_parts, nparts)
     rng = np.random.default_rng((seed, k))
@@ -152,22 +144,19 @@ def partition_stream(
     exact_assignment: bool = True,
     report: Callable[[PhaseReport], None] | None = None,
 ) -> list[PhaseReport]:
-    """Partition a network layer by layer, keeping only the previous phase's parts in memory.
-
-    The parts are those :func:`graph.partition_network` (``method="hypergraph"``, no refinement)
-    gives for the same layers and settings.
+    """Partition a network layer by layer, keeping only the previous phase's parts in memory;
+    the parts :func:`graph.partition_network` (hypergraph, no refinement) gives.
 
     Parameters
     ----------
     layers : iterable of scipy.sparse matrices
-        Layer ``k`` of shape ``(n_in, n_out)``, one at a time (a list or a generator such as
-        :func:`dasknn.datasets.radixnet.iter_radixnet`). A layer is not referenced after its
-        phase.
+        Layers ``(n_in, n_out)``, one at a time (e.g.
+        :func:`dasknn.datasets.radixnet.iter_radixnet`), not referenced after their phase.
     nparts : int
         Number of parts, at most the neurons of every layer.
     parts_out : str or os.PathLike
-        The partition file to write (format of :func:`graph.save_partitions`, parts stored as
-        ``int16`` when ``nparts <= 32767``); it appears only when every phase is done.
+        The partition file (:func:`graph.save_partitions`'s format, ``int16`` parts when
+        ``nparts <= 32767``), written when every phase is done.
     epsilon, backend, seed, preset, max_chunk, exact_assignment
         As :func:`graph.partition_network`'s.
     report : callable, optional
@@ -181,9 +170,8 @@ def partition_stream(
     Raises
     ------
     ValueError
-        On bad settings or ``nparts`` before any phase runs; on a layer that is not a sparse matrix,
-        has fewer than ``nparts`` neurons or inputs that do not match the previous outputs, before
-        that layer's phase runs. No output file is left behind.
+        On bad settings before any phase; on a bad layer (not sparse, fewer than ``nparts``
+        neurons, inputs not the previous outputs) before its phase. No file is left behind.
     FileNotFoundError, IsADirectoryError
         Before any phase runs, if ``parts_out`` cannot be written.
 

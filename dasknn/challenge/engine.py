@@ -1,12 +1,7 @@
-"""Graph Challenge inference over the workers of a Dask cluster: the challenge's files and
-checks on top of the data-parallel inference of :mod:`dasknn.inference`.
-
-:func:`prepare_run` reads and checks the network, the inputs and the options before any cluster
-is touched; :func:`run_challenge` runs the batches (weights broadcast once to every worker, or
-streamed a window of layers at a time, or uploaded to every GPU) and turns their live rows into
-the challenge's categories and statistics. With ``load_on_workers=True`` the GPU workers load the
-network themselves (:mod:`dasknn.challenge.worker_network`): :func:`prepare_worker_run` checks
-what can be checked before, and the inputs are read once the workers have reported the width.
+"""Graph Challenge inference over the workers of a Dask cluster, on :mod:`dasknn.inference`:
+:func:`prepare_run` checks the network, inputs and options before any cluster is touched,
+:func:`run_challenge` runs the batches (``load_on_workers=True``: the GPU workers load the
+network, :mod:`dasknn.challenge.worker_network`).
 """
 
 from __future__ import annotations
@@ -65,11 +60,9 @@ def prepare_run(
     compact_every: int = 8,
     cuda_mode: str = "auto",
 ) -> tuple[list[sp.csr_matrix], sp.csr_matrix, float]:
-    """Load and check everything a run needs before any cluster is touched.
-
-    Returns the layers, the input rows (CSR, float64) and the bias. Raises ``ValueError`` (or
-    ``FileNotFoundError``) naming the problem; see :func:`run_challenge` for the parameters.
-    """
+    """Load and check everything a run needs before any cluster is touched: (layers, input rows
+    (CSR, float64), bias). ``ValueError`` / ``FileNotFoundError`` naming the problem; parameters
+    as :func:`run_challenge`'s."""
     dtype = _check_options(
         dtype, weight_buffers, device, compact_every, cuda_mode, batch_size, resident_layers
     )
@@ -133,13 +126,9 @@ def prepare_worker_run(
     compact_every: int = 8,
     cuda_mode: str = "auto",
 ) -> str:
-    """Check what :func:`run_challenge` with ``load_on_workers=True`` can check before any cluster
-    is touched (the options, the network's form, the inputs file's presence, the bias), and
-    return the network spec the workers load
-    (:func:`dasknn.challenge.worker_network.worker_network_spec`).
-
-    Raises ``ValueError`` (or ``FileNotFoundError`` for the inputs) naming the problem.
-    """
+    """Check the options, the network's form, the inputs file and the bias before any cluster is
+    touched (``load_on_workers=True``); return the spec the workers load. Raises ``ValueError``
+    (or ``FileNotFoundError``) naming the problem."""
     from dasknn.challenge.worker_network import worker_network_spec
 
     _check_options(dtype, 1, device, compact_every, cuda_mode, batch_size, None)
@@ -191,9 +180,8 @@ def run_challenge(
     bias : float, optional
         Bias added to the nonzero entries; by default the challenge's bias for ``N``.
     client : distributed.Client or str, optional
-        The cluster (a client or a scheduler address). By default a LocalCluster with one
-        single-threaded worker process per core (``device="cuda"``: dask-cuda's
-        ``LocalCUDACluster``, one worker per GPU) is started and closed afterwards.
+        A client or scheduler address; by default a LocalCluster of one single-threaded worker
+        per core (``device="cuda"``: ``LocalCUDACluster``, one per GPU), closed afterwards.
     neurons, layers, seed : int, optional
         Passed to :func:`dasknn.datasets.load_network` (``layers`` also truncates a sequence).
     batch_size : int, optional
@@ -203,8 +191,8 @@ def run_challenge(
     ymax : float
         Upper clip of the activations (32).
     resident_layers : int, optional
-        Stream the weights in windows of this many layers (CPU). By default the weights are
-        broadcast whole when they fit ``weight_budget``, else streamed in windows that fit it.
+        Stream the weights in windows of this many layers (CPU); by default broadcast whole
+        when within ``weight_budget``, else streamed.
     weight_buffers : int
         Windows of layers resident on a worker at once when streaming (2 = double buffering).
     weight_budget : int, optional
@@ -213,39 +201,24 @@ def run_challenge(
     progress : bool
         Show a progress bar over batches.
     device : ``"cpu"`` or ``"cuda"``
-        Run the numba CPU kernel on the workers' cores, or the CUDA kernels of
-        :mod:`dasknn.kernels.cuda_inference` on the workers' GPUs (one GPU per worker; needs the
-        ``cuda`` extra). With ``"cuda"`` a batch is by default an equal share of the inputs per
-        GPU, capped by the GPU's free memory.
+        The numba CPU kernel on the workers' cores, or the CUDA kernels on one GPU per worker
+        (the ``cuda`` extra; a batch is by default an equal share of the inputs per GPU).
     compact_every : int
         ``device="cuda"``: layers run before dead rows are dropped and the live ones re-packed.
     cuda_mode : ``"auto"``, ``"fused"``, ``"sectioned"`` or ``"tiled"``
-        ``device="cuda"``: one launch per ``compact_every`` layers with a block per 32 rows
-        (fused), or one launch per layer with a block per 32 rows and 1024 output neurons
-        (sectioned), or one launch per layer computing footprint tiles from shared memory (tiled;
-        a column may have at most ``dasknn.kernels.footprint_tiles.FOOTPRINT`` inputs); ``auto``
-        picks fused or sectioned by width, see :func:`dasknn.kernels.cuda_inference.
-        infer_rows_cuda`.
+        ``device="cuda"``: see :func:`dasknn.kernels.cuda_inference.infer_rows_cuda` (tiled: at
+        most ``dasknn.kernels.footprint_tiles.FOOTPRINT`` inputs a column).
     security : distributed.Security or bool, optional
-        TLS for the client opened here (a scheduler address or a new local cluster); ``True``
-        starts the local cluster on temporary certificates; ``None`` uses dask's configuration
-        for an address and no TLS for a local cluster (see :mod:`dasknn.runtime.cluster`).
+        TLS for the client opened here (:mod:`dasknn.runtime.cluster`); ``True``: a local cluster
+        on temporary certificates; ``None``: dask's configuration, no TLS for a local cluster.
     step_timeout : float
-        Seconds the run may go without progress: no batch finishing, the workers not answering
-        the kernels' warm-up (or, ``device="cuda"``, the question for their GPU), or the
-        weights, a batch's rows or a result not arriving. It then stops with
-        :class:`~dasknn.exceptions.StepTimeoutError` naming the batches still running,
-        their workers and the workers' state (see
-        :func:`dasknn.inference.infer_on_cpus`). With ``load_on_workers`` it also bounds
-        the workers' load of the network, so a huge network needs a ``step_timeout`` longer
-        than its load (generating or reading it and packing it on a worker).
+        Seconds the run may go without progress (a batch, a warm-up, weights, rows or a result)
+        before :class:`~dasknn.exceptions.StepTimeoutError`; with ``load_on_workers`` it also
+        bounds the workers' load of the network.
     load_on_workers : bool
-        ``device="cuda"``: each GPU worker loads ``network`` (a directory it reads at the same
-        path, or a ``radixnet:N:L`` spec) itself with :func:`dasknn.datasets.load_network`,
-        checks and packs it, and keeps the compact copy in its memory; only a summary comes back
-        (the client checks that every worker loaded the same network and its width against the
-        inputs, which are read after it). None of the network's bytes pass through the client.
-        The clock starts as without it, before the upload of each worker's copy to its GPU.
+        ``device="cuda"``: each GPU worker loads ``network`` (a directory at the same path, or a
+        ``radixnet:N:L`` spec) itself and keeps the compact copy; only a summary reaches the
+        client, which checks that every worker loaded the same network (docs/challenge.md).
 
     Returns
     -------
@@ -257,22 +230,20 @@ def run_challenge(
     Raises
     ------
     ValueError
-        On inconsistent layers or inputs (width mismatch, NaN, a bad dtype, device or batch size),
-        or a ``tls://`` scheduler address without TLS certificates; ``load_on_workers``: a
-        sequence of matrices, a spec that does not parse, a worker's bad file (naming the worker)
-        or workers that loaded different networks.
+        On inconsistent layers, inputs or options, a ``tls://`` address without certificates;
+        ``load_on_workers``: a sequence of matrices, a bad spec, a worker's bad file (naming
+        it) or workers that loaded different networks.
     FileNotFoundError
         A missing file or directory (``load_on_workers``: on a worker, naming it).
     RuntimeError
-        ``device="cuda"`` without the optional packages or without a GPU on every worker; a
-        scheduler that cannot be reached or refuses the client's certificate.
+        ``device="cuda"`` without the packages or a GPU on every worker; an unreachable or
+        refusing scheduler.
     MemoryError
         ``device="cuda"`` and the network does not fit a GPU even streamed.
     StepTimeoutError
-        When the run made no progress within ``step_timeout`` seconds (a stopped worker).
+        When the run made no progress within ``step_timeout`` seconds.
     WorkerLostError
-        ``device="cuda"``: a GPU worker left the cluster while a batch was pinned to it (on
-        CPUs Dask runs the lost worker's batches again on the others).
+        ``device="cuda"``: a GPU worker left the cluster while a batch was pinned to it.
     """
     dtype = np.dtype(dtype)
     step_timeout = check_step_timeout(step_timeout)
@@ -345,9 +316,8 @@ def _run_loading_on_workers(
     security: Security | bool | None,
     step_timeout: float,
 ) -> tuple[np.ndarray, ChallengeStats]:
-    """:func:`run_challenge` with ``load_on_workers=True``: the options checked before any
-    cluster is touched, the network loaded by every GPU worker, then the inputs read for its
-    width and the batches run on the workers' copies (released however the run ends)."""
+    """:func:`run_challenge` with ``load_on_workers=True`` (the copies released however it
+    ends)."""
     from dasknn.challenge.worker_network import load_on_gpu_workers
     from dasknn.inference import check_cuda_workers
 

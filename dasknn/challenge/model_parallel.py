@@ -1,14 +1,7 @@
-"""Model-parallel Graph Challenge inference (H-SpFF): the network split by neurons across workers.
-
-For networks too wide for one worker, every layer is split by neurons with a partition from
-:func:`graph.partition_network` (hypergraph by default) and the batches run through the
-model-parallel forward pass of :class:`dasknn.model_parallel.DistributedSparseMLP`: each worker
-holds only its parts' chunks of every layer and receives only the activations its neurons consume.
-
-The challenge adds the bias to the nonzero entries of ``Y @ W`` only. For a bias ``b <= 0`` (every
-challenge bias is negative) that equals adding it everywhere before the ReLU, since a zero entry
-becomes ``max(0 + b, 0) = 0`` either way; so the layer is the model's
-``min(max(Y @ W + b, 0), 32)`` (``clipped_relu``), and a positive bias is refused.
+"""Model-parallel Graph Challenge inference (H-SpFF): every layer split by neurons
+(:func:`graph.partition_network`) and run by :class:`dasknn.model_parallel.DistributedSparseMLP`
+as ``min(max(Y @ W + b, 0), 32)``, equal to the challenge's for ``b <= 0``, so a positive bias is
+refused (docs/challenge.md, "Model-parallel mode").
 """
 
 from __future__ import annotations
@@ -47,8 +40,7 @@ class ModelParallelStats:
     inputs, neurons, layers, edges, categories : int
         Input rows, neurons per layer, layers, nonzeros of all layers, rows alive at the end.
     seconds : float
-        Wall time of the inference (batches through the workers, outputs back); partitioning and
-        placing the weights are reported apart.
+        Wall time of the inference (partitioning and placement apart).
     rate : float
         ``inputs * edges / seconds`` (edges per second).
     partition_seconds, placement_seconds : float
@@ -58,8 +50,7 @@ class ModelParallelStats:
     method : str
         Partition method.
     measured_bytes, predicted_bytes : int
-        Activation payload moved between workers (scheduler plugin) and the partition's
-        prediction.
+        Activation payload moved between workers, and the partition's prediction.
     batch_size : int
         Rows per batch.
     dtype : str
@@ -152,9 +143,7 @@ def run_challenge_model_parallel(
     security : distributed.Security or bool, optional
         TLS for the client opened here, as for :func:`dasknn.challenge.run_challenge`.
     step_timeout : float
-        The distributed model's ``step_timeout``: seconds placing the model or a block of
-        predictions may go without finishing (see
-        :class:`dasknn.model_parallel.DistributedSparseMLP`).
+        The ``step_timeout`` of :class:`dasknn.model_parallel.DistributedSparseMLP`.
 
     Returns
     -------

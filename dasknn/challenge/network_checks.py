@@ -22,8 +22,7 @@ def check_network(matrices: list[sp.csr_matrix], dtype: np.dtype, tiled: bool) -
     dtype : numpy dtype
         The kernel's arithmetic, which every weight must fit.
     tiled : bool
-        Whether the network runs in the tiled CUDA mode (every column's inputs must fit a
-        footprint, :func:`dasknn.kernels.footprint_tiles.check_tileable`).
+        Check that every column fits a footprint (tiled CUDA mode).
 
     Raises
     ------

@@ -11,11 +11,8 @@ __all__ = ["ChallengeStats", "merge_batches"]
 
 
 def merge_batches(results: Sequence[tuple[int, object]]) -> tuple[np.ndarray, dict[str, int]]:
-    """The sorted 1-based categories and the peak memory per worker of a run's batches.
-
-    ``results`` holds ``(first row, BatchResult)`` pairs (:class:`dasknn.inference.BatchResult`:
-    batch-local ``rows`` and ``peak_memory``).
-    """
+    """The sorted 1-based categories and the peak memory per worker of ``(first row,
+    BatchResult)`` pairs."""
     categories = np.sort(
         np.concatenate([r.rows + s + 1 for s, r in results] or [np.empty(0, np.int64)])
     ).astype(np.int64)
@@ -37,16 +34,14 @@ class ChallengeStats:
     categories : int
         Input rows that are not all zero after the last layer.
     seconds : float
-        Wall time of the inference (weights to the workers, batches, categories back); the
-        network and input reading, the cluster start and the packing of broadcast weights are not
-        included.
+        Wall time of the inference (docs/challenge.md says what the clock covers).
     rate : float
         ``inputs * edges / seconds``, the challenge's measure (edges per second).
     kernel_seconds : float
         Time spent inside the kernel, summed over batches and workers.
     macs_done, macs_needed : int
-        Multiply-adds the kernel executed, and those a row-by-row sparse product that skips every
-        zero activation would need. Both compare with the nominal ``inputs * edges``.
+        Multiply-adds the kernel executed, and those a sparse product skipping every zero
+        activation would need (nominal: ``inputs * edges``).
     batches, batch_size : int
         Number of batches and rows per batch.
     dtype : str

@@ -1,8 +1,6 @@
 """A challenge network that each GPU worker loads itself (``run_challenge(load_on_workers=True)``):
-read from a directory the worker can see or generated from a ``radixnet:N:L`` spec there, checked
-as on the client, packed into the compact form and held in the worker's memory by a task pinned to
-it. Only a summary of each copy comes back to the client, which checks that every worker loaded
-the same network; none of the network's bytes pass through the client."""
+read or generated there, checked, packed and held by a task pinned to the worker; only a summary
+reaches the client, which checks that every worker loaded the same network."""
 
 from __future__ import annotations
 
@@ -34,14 +32,13 @@ DIGEST_SAMPLE = 1 << 20
 
 
 def worker_network_spec(network) -> str:
-    """The network as the workers are to load it: a ``radixnet:N:L[:SEED]`` spec, checked here,
-    or a path made absolute (a directory the workers see at the same path).
+    """The network as the workers load it: a checked ``radixnet:N:L[:SEED]`` spec, or an
+    absolute path (the workers see it at the same path).
 
     Raises
     ------
     ValueError
-        If ``network`` is not a path or a string (a sequence of matrices), or a spec that does
-        not parse.
+        If ``network`` is neither a path nor a string, or a spec that does not parse.
     """
     if not isinstance(network, str | os.PathLike):
         raise ValueError(
@@ -68,10 +65,8 @@ def load_compact_network(
 
 
 def describe_compact(network: CompactLayers, tiled: bool) -> dict:
-    """On a worker: the summary of a compact network that goes back to the client: neurons,
-    layers, edges, device bytes (whole and largest layer, :func:`weight_bytes`) and a digest of
-    its structure (blake2b of the offsets, the per-layer weights and :data:`DIGEST_SAMPLE` evenly
-    spaced indices and weights)."""
+    """On a worker: neurons, layers, edges, device bytes (:func:`weight_bytes`) and a blake2b
+    digest (offsets, per-layer weights, :data:`DIGEST_SAMPLE` indices and weights)."""
     device_bytes, largest_layer = weight_bytes(network, tiled=tiled)
     digest = hashlib.blake2b(digest_size=16)
     stride = max(1, network.indices.size // DIGEST_SAMPLE)
@@ -109,8 +104,7 @@ def load_on_gpu_workers(
     addresses : list of str
         The GPU workers.
     spec : str
-        A ``radixnet:N:L[:SEED]`` spec or a directory every worker reads at that path (see
-        :func:`worker_network_spec`).
+        From :func:`worker_network_spec`.
     neurons, layers, seed : int or None
         Passed to :func:`dasknn.datasets.load_network`.
     dtype : numpy dtype
@@ -118,7 +112,7 @@ def load_on_gpu_workers(
     tiled : bool
         Whether the run uses the tiled CUDA mode (its checks and device bytes).
     step_timeout : float
-        Seconds the loads may take, all together (a huge network needs a longer one).
+        Seconds the loads may take, all together.
 
     Returns
     -------
@@ -128,11 +122,9 @@ def load_on_gpu_workers(
     Raises
     ------
     StepTimeoutError
-        If a worker did not finish its load within ``step_timeout`` (a stopped worker, a stuck
-        file system), naming it.
+        If a worker did not finish its load within ``step_timeout``, naming it.
     ValueError, OSError, MemoryError, RuntimeError
-        A worker's load failed (a missing directory, a malformed file, a bad layer), or the
-        workers loaded different networks: the error names the worker and the problem.
+        A worker's load failed, or the workers loaded different networks (naming the worker).
 
     Every copy is released when it raises.
     """
@@ -161,8 +153,8 @@ def load_on_gpu_workers(
 def _reports(
     client: Client, summaries: dict[str, Future], spec: str, step_timeout: float
 ) -> dict[str, dict]:
-    """Every worker's summary, once all loads have finished within ``step_timeout``; the first
-    failed load's error (by address) with its worker named."""
+    """Every worker's summary once all loads finished within ``step_timeout``; else the first
+    failed load's error, naming its worker."""
     if not wait_at_most(list(summaries.values()), step_timeout):
         running = [address for address, future in summaries.items() if not future.done()]
         raise step_timeout_error(
@@ -183,8 +175,8 @@ def _reports(
 
 
 def _naming_worker(error: BaseException, address: str, spec: str) -> BaseException:
-    """A worker's load error with the worker and the network named, of the same type (a
-    ``RuntimeError`` where that type is not made from a message alone)."""
+    """A worker's load error naming the worker and network, of the same type (else
+    ``RuntimeError``)."""
     message = f"worker {address} could not load the network {spec!r}: {error}"
     try:
         named = type(error)(message)

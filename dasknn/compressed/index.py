@@ -1,10 +1,6 @@
-"""The flat index of a pruned layer, and compress / expand of its states (checked wrappers of the
-numba kernels in :mod:`dasknn.kernels.compressed`).
-
-A layer of shape ``(n_in, n_out)`` keeps the entries a mask leaves; their row-major positions
-``i * n_out + j``, sorted (CSR order), as one int32 array, are the layer's *flat index*. Every
-compressed state of the layer holds one value per index entry, in index order.
-"""
+"""The flat index of a pruned layer (its kept entries' sorted row-major positions
+``i * n_out + j``, int32), and checked compress / expand of its states
+(:mod:`dasknn.kernels.compressed`); a compressed state holds one value per index entry."""
 
 from __future__ import annotations
 
@@ -65,9 +61,8 @@ def check_index(index, shape, name: str = "index") -> np.ndarray:
     Raises
     ------
     ValueError
-        If ``index`` is not a 1-D integer array, is empty, not strictly increasing (unsorted or
-        with duplicates), or has a position outside ``[0, n_in * n_out)``; or if the layer has
-        ``2**31`` or more entries.
+        If ``index`` is not a 1-D integer array, is empty, not strictly increasing, or outside
+        ``[0, n_in * n_out)``; or if the layer has ``2**31`` or more entries.
     """
     n_in, n_out = _check_shape(shape, name)
     index = np.asarray(index)

@@ -1,18 +1,7 @@
-"""Memory accounting of compressed model states, beside the SAMO paper's formulas.
-
-With ``phi`` the weights before pruning, ``p`` the pruned fraction and ``f = 1 - p``, the paper
-(Singh & Bhatele, Section III-D) counts, in bytes:
-
-- default mixed precision with Adam: ``20 phi`` (16-bit weights and gradients, 2 + 2; float32
-  weights and gradients, 4 + 4; two float32 moments, 8);
-- SAMO: ``2 phi + 24 f phi`` (dense 16-bit weights, 2 phi; compressed float32 weights, float16 and
-  float32 gradients and the two moments, 18 f phi; the int32 index, 4 f phi; the temporary 16-bit
-  compressed copy of the weights made by the update, 2 f phi).
-
-The baselines of the benchmarks are also here: dense float32 Adam, ``16 phi`` (weights, gradient,
-two moments), and PyTorch's pruning utilities with Adam, ``24 phi`` (``weight_orig``, the float32
-``mask``, the masked ``weight``, the gradient and two moments).
-"""
+"""Memory accounting of compressed model states, beside the SAMO paper's formulas (Singh &
+Bhatele, Section III-D), in bytes, with ``phi`` weights before pruning and ``f = 1 - p``: mixed
+precision with Adam ``20 phi``; SAMO ``2 phi + 24 f phi``; dense float32 Adam ``16 phi``; PyTorch's
+pruning utilities with Adam ``24 phi`` (what each counts: docs/samo.md)."""
 
 from __future__ import annotations
 
@@ -32,8 +21,7 @@ FORMULAS = {
 
 
 def formula_bytes(name: str, phi: int, sparsity: float) -> float:
-    """Bytes of the model states of ``phi`` weights pruned to ``sparsity`` under formula
-    ``name`` (one of :data:`FORMULAS`).
+    """Bytes of the model states of ``phi`` weights pruned to ``sparsity`` under formula ``name``.
 
     Parameters
     ----------
@@ -42,12 +30,11 @@ def formula_bytes(name: str, phi: int, sparsity: float) -> float:
     phi : int
         Weights of the dense network.
     sparsity : float
-        Share of the weights pruned, in ``[0, 1]``.
+        Share pruned, in ``[0, 1]``.
 
     Returns
     -------
     float
-        Bytes of the weights, gradients and optimizer states the formula counts.
 
     Raises
     ------
@@ -66,10 +53,7 @@ class MemoryReport:
     Attributes
     ----------
     categories : dict
-        Bytes by category (:data:`CATEGORIES`): ``weights`` (master, compute copies and biases),
-        ``gradients`` (stored and float32 copies, biases included), ``optimizer_states``,
-        ``index`` (flat indices and row pointers), ``temporaries`` (the largest buffer one layer's
-        step allocates and frees: upcast weights, a dense gradient, the downcast copy).
+        Bytes by category (:data:`CATEGORIES`, described in docs/samo.md).
     phi : int
         Weights before pruning.
     nnz : int

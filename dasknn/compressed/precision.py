@@ -12,9 +12,8 @@ name       storage (16-bit     arithmetic   notes
 ``fp16``   float16             float32      dynamic loss scaling, steps with inf/NaN skipped
 =========  ==================  ===========  ==================================================
 
-With a 16-bit storage the master weights, the optimizer states and the float32 copy of the
-gradients (what the optimizer reads) are float32, as in mixed-precision training (Micikevicius et
-al.); activations stay in the arithmetic dtype.
+With a 16-bit storage the master weights, optimizer states and the gradients' copy the optimizer
+reads are float32 (mixed precision); activations stay in the arithmetic dtype.
 """
 
 from __future__ import annotations
@@ -93,10 +92,8 @@ def get_precision(name: str | Precision) -> Precision:
 class LossScaler:
     """Dynamic loss scaling for float16 gradients, as AxoNN (and apex / ``torch.amp``) do.
 
-    The loss (in practice the output delta) is multiplied by ``scale`` before the backward pass so
-    that small gradients survive float16. A step whose float16 gradients hold inf or NaN is
-    skipped and the scale halved; after ``growth_interval`` steps in a row without overflow the
-    scale doubles.
+    The output delta is multiplied by ``scale``; a step whose gradients hold inf or NaN is
+    skipped and the scale halved; ``growth_interval`` clean steps in a row double it.
 
     Parameters
     ----------

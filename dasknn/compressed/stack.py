@@ -1,21 +1,9 @@
 """Compressed model states of a run of layers (SAMO) and their forward, backward and update.
 
-Every layer keeps only its unpruned entries, at one sorted int32 flat index shared by all its
-compressed states: the master weights and the optimizer's state arrays (arithmetic dtype), and the
-gradient (storage dtype, plus a float32 copy for the optimizer when the storage is 16-bit). The
-compute weights are
-
-- ``compute="sparse"``: the compressed values themselves (the master copy in fp32 / fp64, a
-  16-bit compressed copy otherwise), multiplied by the flat-index kernels of
-  :mod:`dasknn.kernels.compressed`;
-- ``compute="dense"``: SAMO as published, a dense matrix in the storage dtype expanded from the
-  master copy after every update and multiplied by BLAS; its gradient is computed dense and
-  compressed at once, layer by layer, so no dense gradient of the whole model ever exists.
-
-A stack's gradients of all its layers are one flat buffer (per layer its weight values, then its
-bias), so data-parallel replicas exchange it in one allreduce. Activations are passed in (objects
-with ``forward(z)`` and ``derivative(z, a)``, as :mod:`dasknn.model.activations`'), so this
-module knows nothing of the model classes.
+Each layer's states share one sorted flat index; compute weights are the compressed values
+(``compute="sparse"``, :mod:`dasknn.kernels.compressed`) or, as published, a dense storage-dtype
+matrix (``"dense"``); a stack's gradients are one flat buffer for one allreduce (docs/samo.md).
+Activations are passed in (``forward(z)``, ``derivative(z, a)``).
 """
 
 from __future__ import annotations
@@ -104,7 +92,6 @@ class CompressedLayer:
         """Number of unpruned weights."""
         return int(self.index.size)
 
-    # ------------------------------------------------------------------ compute weights
     def refresh(self) -> None:
         """Rebuild the compute weights from the master copy (downcast, then expand if dense)."""
         if self.values16 is not None:
@@ -123,7 +110,6 @@ class CompressedLayer:
             return self.dense.astype(self.precision.arithmetic)
         return self.dense
 
-    # ------------------------------------------------------------------ products
     def forward(self, at: np.ndarray) -> np.ndarray:
         """Feature-major pre-activations ``W.T @ at + b`` of the feature-major inputs ``at``."""
         if self.compute == "dense":
@@ -177,11 +163,9 @@ class CompressedLayer:
             else:
                 self.grad_b[...] = self.grad_b.astype(bias.dtype) + bias
 
-    # ------------------------------------------------------------------ update
     def apply(self, optimizer: Optimizer, inv_scale: float) -> None:
-        """One optimizer step on the compressed master weights and the bias, from the stored
-        gradient times ``inv_scale`` (the state is kept while the optimizer stays equal); then
-        the compute weights are rebuilt."""
+        """One optimizer step on the master weights and bias from the stored gradient times
+        ``inv_scale`` (state kept while the optimizer stays equal); compute weights rebuilt."""
         if self.grad32_w is None:
             grad_w, grad_b = self.grad_w, self.grad_b
             if inv_scale != 1.0:
@@ -207,13 +191,11 @@ class CompressedLayer:
     def restore_optimizer_state(
         self, optimizer: Optimizer, state: tuple[ParamState, ParamState]
     ) -> None:
-        """Hold ``state`` (of the master weights and of the bias, used as given) as the state
-        of ``optimizer``: the next step with an equal optimizer goes on from it."""
+        """Hold ``state`` (master weights, bias) as ``optimizer``'s, for its next step."""
         self.slots = OptimizerSlots(optimizer, {"weights": state[0], "bias": state[1]})
 
     def dense_weights(self) -> np.ndarray:
-        """The layer's weights as a dense arithmetic-dtype array (master values, zeros
-        elsewhere)."""
+        """The layer's master weights as a dense arithmetic-dtype array."""
         out = np.zeros(self.shape, dtype=self.precision.arithmetic)
         out.reshape(-1)[self.index] = self.master
         return out
@@ -237,8 +219,7 @@ class CompressedLayer:
 
 
 class CompressedStack:
-    """A run of consecutive compressed layers: the whole model in one process, or one pipeline
-    stage.
+    """A run of consecutive compressed layers: the whole model, or one pipeline stage.
 
     Parameters
     ----------
@@ -311,12 +292,9 @@ class CompressedStack:
         first: bool,
         input_delta: bool,
     ) -> np.ndarray | None:
-        """Backward pass through the stack from the deltas of its last layer's pre-activations.
-
-        The compressed gradient of every layer is stored (``first``) or added to the held one.
-        Returns ``W_0 @ delta_0``, the partial sums of the stack's inputs (before the previous
-        layer's activation derivative), when ``input_delta``; ``None`` otherwise.
-        """
+        """Backward pass from the deltas of the last layer's pre-activations; each gradient
+        stored (``first``) or added. Returns ``W_0 @ delta_0`` when ``input_delta``, else
+        ``None``."""
         for k in range(self.n_layers - 1, -1, -1):
             layer = self.layers[k]
             a_prev = xt if k == 0 else layers[k - 1][1]

@@ -1,10 +1,6 @@
-"""Readers and writers for the Sparse DNN Graph Challenge file formats.
-
-Layer files hold one ``row<TAB>col<TAB>value`` triple a line with 1-based indices; entry ``(i, j)``
-connects neuron ``i`` of the previous layer to neuron ``j`` of this layer, so a layer is a matrix of
-shape ``(n_in, n_out)`` and inference multiplies row vectors on the left: ``Y_next = f(Y @ W + b)``.
-Sparse input files use the same triple format (row = sample, column = feature); category files list
-1-based sample ids, one a line.
+"""Readers and writers for the Sparse DNN Graph Challenge file formats: ``row<TAB>col<TAB>value``
+triples, 1-based, a line. A layer is ``(n_in, n_out)`` (``Y_next = f(Y @ W + b)``); input files
+have a sample a row; category files list 1-based sample ids, one a line.
 """
 
 from __future__ import annotations
@@ -33,8 +29,7 @@ __all__ = [
     "layer_file",
 ]
 
-# an input file may leave out rows (samples with no nonzero), but its largest row id may exceed
-# twice the number of entries by at most this many
+# most by which an input file's largest row id may exceed twice its entries (rows may be absent)
 ROW_SLACK = 1024
 
 _CHALLENGE_BIAS = {1024: -0.30, 4096: -0.35, 16384: -0.40, 65536: -0.45}
@@ -65,7 +60,7 @@ def challenge_bias(neurons: int) -> float:
 
 def _read_bytes(path: Path) -> bytes:
     """The content of ``path``, gunzipped when it ends in ``.gz``; ``ValueError`` naming the file
-    when it cannot be read (a directory, no permission, a corrupt or truncated gzip stream)."""
+    when it cannot be read."""
     try:
         if path.suffix == ".gz":
             with gzip.open(path, "rb") as fh:
@@ -76,10 +71,8 @@ def _read_bytes(path: Path) -> bytes:
 
 
 def _read_triples(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Parse a ``row col value`` file into 0-based index arrays, values and source line numbers.
-
-    Blank lines are allowed. Raises ``ValueError`` naming the file and the first bad line.
-    """
+    """Parse a ``row col value`` file into 0-based index arrays, values and line numbers;
+    ``ValueError`` naming the file and the first bad line."""
     text = _read_bytes(path)
     try:
         rows, cols, vals, lines_used = parse_triples(text)
@@ -130,10 +123,8 @@ def layer_file(directory: str | os.PathLike, neurons: int, layer: int) -> Path:
     ----------
     directory : str or os.PathLike
         A directory of challenge layer files ``n{neurons}-l{layer}.tsv[.gz]``.
-    neurons : int
-        Neurons per layer.
-    layer : int
-        The layer, 1-based.
+    neurons, layer : int
+        Neurons per layer; the layer, 1-based.
 
     Returns
     -------
@@ -172,32 +163,28 @@ def iter_challenge_network(
 ) -> Iterator[sp.csr_matrix]:
     """Read a Graph Challenge network one layer at a time.
 
-    The folder, the width and the layer files present are checked at the call, before any layer
-    is read.
+    The folder, width and layer files are checked at the call, before any layer is read.
 
     Parameters
     ----------
     directory : path
         Folder holding ``n{N}-l{k}.tsv`` or ``n{N}-l{k}.tsv.gz`` files.
     neurons : int, optional
-        Neurons per layer ``N``. Inferred from the file names when the folder holds one width.
+        Neurons per layer ``N``; inferred when the folder holds one width.
     layers : int or sequence of int, optional
-        Number of layers to read (layers ``1..layers``) or explicit 1-based layer numbers. By
-        default every layer present, which must be numbered 1 to L with none missing.
+        Layers ``1..layers`` or explicit 1-based numbers; by default all, numbered 1 to L.
     dtype : numpy dtype
         Value type of the matrices.
 
     Returns
     -------
     iterator of scipy.sparse.csr_matrix
-        One matrix per layer, read when it is asked for, of shape ``(N, N)`` in the challenge
-        convention ``(n_in, n_out)``.
+        One ``(N, N)`` matrix per layer, read when asked for.
 
     Raises
     ------
     FileNotFoundError
-        If the folder or a requested layer file is missing, or (``layers=None``) a layer between
-        1 and the last one present.
+        If the folder or a requested layer file is missing (``layers=None``: a gap).
     ValueError
         On a malformed line, an index out of range or inconsistent widths.
     """
@@ -261,9 +248,8 @@ def read_sparse_tsv(
     path : path
         ``.tsv`` or ``.tsv.gz`` file.
     shape : (rows, cols), optional
-        Matrix shape; ``rows`` may be None to take the largest row index. Indices beyond it raise.
+        Matrix shape; ``rows=None`` takes the largest row index.
     dtype : numpy dtype
-        Value type.
 
     Raises
     ------
@@ -271,8 +257,7 @@ def read_sparse_tsv(
         If ``path`` does not exist.
     ValueError
         Naming the file and line: a malformed line, an index out of range, or (``rows`` taken
-        from the file) a row id beyond ``2 * entries + ROW_SLACK``, which would make a matrix of
-        mostly empty rows out of a small file.
+        from the file) a row id beyond ``2 * entries + ROW_SLACK``.
     """
     path = Path(path)
     if not path.exists():
@@ -341,8 +326,7 @@ def read_categories(path: str | os.PathLike) -> np.ndarray:
     FileNotFoundError
         If ``path`` does not exist.
     ValueError
-        Naming the file (and the line): unreadable or corrupt gzip, a line that is not a decimal
-        id from 1 to ``MAX_INDEX``.
+        Naming the file and line: unreadable, or not a decimal id from 1 to ``MAX_INDEX``.
     """
     path = Path(path)
     if not path.exists():
@@ -390,8 +374,7 @@ def read_challenge_network(
     layers: int | Sequence[int] | None = None,
     dtype: np.dtype | type = np.float64,
 ) -> list[sp.csr_matrix]:
-    """Read a Graph Challenge network from its layer files (the list of
-    :func:`iter_challenge_network`).
+    """Read a Graph Challenge network from its layer files (:func:`iter_challenge_network`).
 
     Parameters
     ----------
@@ -401,7 +384,7 @@ def read_challenge_network(
     Returns
     -------
     list of scipy.sparse.csr_matrix
-        One matrix per layer, of shape ``(N, N)`` in the challenge convention ``(n_in, n_out)``.
+        One ``(N, N)`` matrix per layer.
 
     Raises
     ------

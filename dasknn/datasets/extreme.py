@@ -1,26 +1,17 @@
 """A seeded synthetic extreme-classification problem with a known Bayes-optimal ceiling.
 
-The generative model (all draws from ``numpy.random.default_rng(seed)``):
+Generative model (``numpy.random.default_rng(seed)``): labels ``0..N-1`` have Zipf popularity
+``P(primary = l) ∝ (l + 1) ** -zipf`` and fall into random clusters of ``cluster_size``. Each label
+has a signature of ``label_features`` features, each cluster one of ``cluster_features``, on
+disjoint halves of the features. A sample draws its primary label, then
+``min(Poisson(extra_labels), cluster_size - 1)`` others of its cluster, and ``nnz`` features with
+replacement: from the primary's signature with ``p_label``, its cluster's with ``p_cluster``, else
+uniformly. A feature drawn ``m`` times has value ``m * idf[f]``; rows are scaled to unit length.
 
-- Labels ``0..N-1`` have Zipf popularity, ``P(primary = l) ∝ (l + 1) ** -zipf``, and fall into
-  confusable clusters of ``cluster_size`` labels (a random grouping).
-- Every label has a signature of ``label_features`` features, every cluster one of
-  ``cluster_features`` features; cluster signatures come from one half of the features, label
-  signatures from the other (then the feature ids are shuffled), so the two never overlap.
-- A sample draws its primary label, then ``min(Poisson(extra_labels), cluster_size - 1)`` more
-  labels uniformly from the rest of the primary's cluster. It draws ``nnz`` features with
-  replacement: with probability ``p_label`` uniformly from the primary's signature, with
-  ``p_cluster`` from its cluster's, otherwise uniformly from all features. A feature drawn
-  ``m`` times gets the value ``m * idf[f]`` (a fixed per-feature weight), and each row is scaled
-  to unit length: TF-IDF-like rows of about ``nnz`` nonzeros from which the counts can be read
-  back.
-
-The Bayes-optimal scorer ranks the labels by ``P(l in labels | x)``: with ``post(l)`` the
-posterior of the primary label (prior times the likelihood of the drawn features) and ``pi`` the
-chance that a given other label of the cluster is among the extras,
-``P(l in labels | x) = (1 - pi) post(l) + pi post(cluster(l))``. Its precision@1 on the generated
-samples is the ceiling reported beside every result. :func:`oracle_top` gives the same scorer's top
-label among a subset of the labels (e.g. those seen in training: what a learner can name).
+The Bayes-optimal scorer ranks labels by ``P(l in labels | x) = (1 - pi) post(l) + pi
+post(cluster(l))``, ``post`` the primary's posterior and ``pi`` the chance that a given other label
+of the cluster is an extra; its precision@1 is the ceiling reported beside every result.
+:func:`oracle_top` gives its top label among a subset of the labels.
 """
 
 from __future__ import annotations
@@ -199,9 +190,6 @@ def oracle_top(
 ) -> np.ndarray:
     """The Bayes-optimal top label of generated rows, among a subset of the labels.
 
-    With ``labels`` the labels some training rows carry, this is the ceiling of a learner that
-    knows the generator but can only name labels it has seen.
-
     Parameters
     ----------
     data : SyntheticXMC
@@ -294,8 +282,8 @@ def _distinct_rows(rng, rows: int, width: int, low: int, high: int) -> np.ndarra
 
 
 def _extra_share(mean: float, cluster_size: int) -> float:
-    """``E[min(K, c - 1)] / (c - 1)`` for ``K ~ Poisson(mean)``: the chance that one given other
-    label of the cluster is among the extras (exact for full clusters)."""
+    """``E[min(K, c - 1)] / (c - 1)`` for ``K ~ Poisson(mean)``: ``pi`` (exact for full
+    clusters)."""
     if cluster_size == 1:
         return 0.0
     top = cluster_size - 1

@@ -35,8 +35,7 @@ def read_mnist_idx(path: str | os.PathLike) -> np.ndarray:
     Returns
     -------
     numpy.ndarray
-        The array with the shape stored in the header (``(n, 28, 28)`` for images, ``(n,)`` for
-        labels) and its stored type.
+        The header's shape (``(n, 28, 28)`` images, ``(n,)`` labels) and stored type.
 
     Raises
     ------
@@ -87,8 +86,8 @@ def load_mnist_test() -> tuple[np.ndarray, np.ndarray]:
 def resize_matrix(n_in: int, n_out: int) -> np.ndarray:
     """Linear-interpolation matrix ``R`` of shape ``(n_out, n_in)`` with pixel centres aligned.
 
-    Output pixel ``u`` samples the input at ``x = (u + 0.5) * n_in / n_out - 0.5``, clamped to
-    ``[0, n_in - 1]``, interpolating linearly between the two nearest input pixels.
+    Output pixel ``u`` interpolates the input at ``x = (u + 0.5) * n_in / n_out - 0.5``, clamped
+    to ``[0, n_in - 1]``.
 
     Parameters
     ----------
@@ -116,11 +115,9 @@ def mnist_to_challenge_inputs(
 ) -> sp.csr_matrix:
     """Convert MNIST images into Graph Challenge input rows.
 
-    The rule, exactly: pixel values are scaled to ``[0, 1]`` (divided by 255); each image is resized
-    from 28x28 to ``side`` x ``side`` by separable bilinear interpolation with pixel centres aligned
-    (:func:`resize_matrix`: ``out = R @ img @ R.T``); a pixel becomes 1 when its interpolated value
-    is strictly greater than ``threshold`` (default 0.5), else 0; the image is flattened in
-    row-major order into a row of ``side * side`` features.
+    Pixels are divided by 255, resized to ``side`` x ``side`` by :func:`resize_matrix`
+    (``R @ img @ R.T``), set to 1 where strictly above ``threshold`` (else 0), and flattened
+    row-major into ``side * side`` features.
 
     Parameters
     ----------

@@ -16,8 +16,7 @@ __all__ = ["iter_network", "load_network", "parse_radixnet_spec"]
 
 
 def parse_radixnet_spec(text: str) -> tuple[int, int, int | None]:
-    """``(neurons, layers, seed)`` of ``radixnet:N:L`` or ``radixnet:N:L:SEED`` (seed ``None``
-    when not given).
+    """``(neurons, layers, seed)`` of ``radixnet:N:L[:SEED]`` (seed ``None`` when not given).
 
     Raises
     ------
@@ -52,7 +51,6 @@ def iter_network(
     seed : int
         Relabelling seed for generated networks (overridden by a ``:SEED`` suffix).
     dtype : numpy dtype
-        Value type.
     """
     text = os.fspath(spec)
     if text.startswith("radixnet:"):

@@ -1,17 +1,13 @@
 """Deterministic generator of Graph Challenge style RadiX-Net networks.
 
-The official challenge networks are built from radix-2 butterfly layers on ``M = N / 16`` neurons,
-expanded to ``N`` neurons by a Kronecker product with a dense 16 x 16 block, which gives exactly 32
-nonzeros per row and per column, all equal to 1/16. In the challenge convention (matrices of shape
-``(n_in, n_out)``) layer ``k`` of the first group connects input neuron ``i`` to the outputs
+Radix-2 butterfly layers on ``M = N / 16`` neurons, Kronecker-expanded by a dense 16 x 16 block:
+32 nonzeros of 1/16 per row and column. Layer ``k`` of the first group connects input ``i`` to the
+outputs
 
     ``(i - b * s + M * q) mod N`` for ``b in {0, 1}``, ``q in 0..15``, ``s = 2 ** ((k - 1) mod m)``
 
-where ``m = log2(M)`` is the number of layers in a group (6 for N = 1024). These layers are
-circulant; the first group of the official 1024-neuron network is reproduced exactly. Every later
-group ``g`` relabels the inputs: all its layers are the circulant layers with their rows permuted by
-one random permutation drawn for the group (the official network does the same with a permutation
-from an unknown random stream).
+with ``m = log2(M)`` layers a group (the official network's first group exactly). Each later group
+permutes the rows of these circulant layers by one seeded random permutation.
 """
 
 from __future__ import annotations
@@ -27,7 +23,7 @@ _DENSE_BLOCK = 16
 
 
 def radixnet_group_size(neurons: int) -> int:
-    """Number of layers in one relabelling group: ``log2(neurons / 16)``.
+    """Number of layers in one relabelling group: ``m = log2(neurons / 16)``.
 
     Parameters
     ----------
@@ -37,7 +33,6 @@ def radixnet_group_size(neurons: int) -> int:
     Returns
     -------
     int
-        ``m``.
 
     Raises
     ------
@@ -69,8 +64,7 @@ def iter_radixnet(
 ) -> Iterator[sp.csr_matrix]:
     """Yield the layers of a RadiX-Net network one at a time (the matrices of :func:`radixnet`).
 
-    Only the ``log2(neurons / 16)`` circulant patterns and one relabelling are held between
-    layers, so a network too large for memory can be consumed layer by layer.
+    Holds only the ``log2(neurons / 16)`` circulant patterns and one relabelling.
 
     Parameters
     ----------
@@ -126,14 +120,12 @@ def radixnet(
     seed : int
         Seed of the per-group relabellings; the first group does not depend on it.
     dtype : numpy dtype
-        Value type.
     value : float
         Value of every nonzero (1/16 in the challenge).
 
     Returns
     -------
     list of scipy.sparse.csr_matrix
-        ``layers`` matrices of shape ``(neurons, neurons)`` with 32 nonzeros per row and column
-        (the layers :func:`iter_radixnet` yields).
+        The ``(neurons, neurons)`` layers :func:`iter_radixnet` yields.
     """
     return list(iter_radixnet(neurons, layers, seed, dtype, value))

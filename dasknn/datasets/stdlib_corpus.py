@@ -1,13 +1,7 @@
-"""A text corpus with no download: the comments and docstrings of Python's standard library.
-
-``kind="prose"`` takes the English of every comment and docstring (lower-case words of letters,
-``[a-z]+``); ``kind="code"`` takes the code's own tokens (names, operators, numbers; a string
-literal is one ``<str>`` token). Files are read in sorted path order, one token stream per file,
-and windows never cross files, so everything is deterministic for one Python installation (the
-figures change between Python versions: tests derive expected values from the data).
-
-The vocabulary orders words by falling count, ties alphabetically; id 0 is ``<unk>``, which
-stands for every word beyond ``max_vocab`` (a word not seen at all maps to it too).
+"""A text corpus with no download, from Python's standard library: ``kind="prose"``, the lower-case
+words of its comments and docstrings; ``kind="code"``, its tokens (a string literal is one
+``<str>``). Files in sorted order, windows within a file; vocabulary by falling count, ties
+alphabetically, id 0 ``<unk>`` (beyond ``max_vocab`` or unseen).
 """
 
 from __future__ import annotations
@@ -41,8 +35,8 @@ _TEST_DIRS = frozenset({"test", "tests", "idle_test"})
 
 
 def stdlib_files(packages: tuple[str, ...] | None = None, tests: bool = False) -> list[Path]:
-    """The standard library's ``.py`` files in sorted order, without third-party packages
-    (:data:`_PACKAGE_DIRS`) and, unless ``tests``, without the test suites (:data:`_TEST_DIRS`).
+    """The standard library's ``.py`` files in sorted order, without third-party packages and,
+    unless ``tests``, the test suites.
 
     Parameters
     ----------
@@ -132,12 +126,8 @@ class Corpus:
         ``vocabulary[i]`` is the word of id ``i`` (``<unk>`` at 0).
     counts : numpy.ndarray
         Occurrences of every id in the token streams.
-    X : int64 array (n, context)
-        The ``context`` ids before each predicted token.
-    y : int64 array (n,)
-        The id of the token after each window.
-    document : int64 array (n,)
-        Index of the file each window comes from.
+    X, y, document : int64 arrays
+        As :func:`token_windows` returns them (``document``: the file's index).
     n_tokens : int
         Tokens in the streams.
     """

@@ -1,12 +1,7 @@
-"""A real next-word prediction task with a large output layer, from text every Python install
-has: the sources of the standard library (nothing is downloaded, no text is shipped).
-
-Words are the runs of ASCII letters (case kept; about 52 K distinct words in CPython 3.11's
-library) of every file of :func:`~dasknn.datasets.stdlib_corpus.stdlib_files`, test suites
-included, and windows are cut by :func:`~dasknn.datasets.stdlib_corpus.token_windows`. Sample
-``t`` of a file predicts word ``t`` from the ``context`` words before it: its features are the
-pairs (position, word), one-hot, scaled to unit length. Files are split into training and
-held-out files (every ``test_every``-th file in sorted order is held out).
+"""A real next-word prediction task with a large output layer from the standard library's
+sources, test suites included (nothing downloaded): words are runs of ASCII letters (case kept);
+sample ``t`` of a file predicts word ``t`` from the ``context`` before it, as (position, word)
+one-hot features scaled to unit length; every ``test_every``-th file is held out.
 """
 
 from __future__ import annotations

@@ -52,9 +52,8 @@ def read_xmc(path: str | Path) -> tuple[sp.csr_matrix, sp.csr_matrix]:
     FileNotFoundError
         If ``path`` does not exist.
     ValueError
-        For a wrong header, a malformed ``index:value`` pair or label, an index out of range, a
-        NaN or infinite value, or a number of sample lines other than the header's (the message
-        names the line).
+        Naming the line: a wrong header, a malformed pair or label, an index out of range, a NaN
+        or infinite value, or a sample count other than the header's.
     """
     path = Path(path)
     with path.open(encoding="utf-8", errors="strict") as handle:

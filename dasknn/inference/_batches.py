@@ -46,7 +46,5 @@ class BatchResult:
     peak_memory: dict[str, int] = field(default_factory=dict)
 
     def __sizeof__(self) -> int:
-        """Bytes of this object and of its arrays: Dask's ``sizeof`` falls back on
-        ``sys.getsizeof``, so a worker's memory accounting and the scheduler's transfer costs
-        count what it holds."""
+        """Bytes of this object and its arrays (what Dask's ``sizeof`` counts)."""
         return object.__sizeof__(self) + self.rows.nbytes

@@ -1,8 +1,7 @@
 """Weights placed on the workers once: the same data on every worker, or a copy loaded on each
-named worker by a task pinned there (for example into its GPU's memory), sent from the client or
-taken from a copy the worker already holds. Every scatter runs on the client's event loop with a
-time limit, since a stopped worker never takes its data, and a scatter given up leaves no key
-behind once that worker takes it (:func:`~dasknn.runtime.scatter.scatter_released_if_given_up`)."""
+named worker by a task pinned there, sent from the client or taken from a copy the worker holds.
+Every scatter has a time limit and leaves no key behind when given up
+(:func:`~dasknn.runtime.scatter.scatter_released_if_given_up`); docs/reliability.md."""
 
 from __future__ import annotations
 
@@ -33,9 +32,8 @@ __all__ = [
 
 
 def scatter_within(client: Client, value: Any, timeout: float, **options: Any) -> Future:
-    """``Client.scatter(value, hash=False, **options)``, given up (and cancelled) with a
-    ``TimeoutError`` after ``timeout`` seconds; its key, named as Dask names an unhashed value,
-    leaves the cluster once the scheduler registers it after that."""
+    """``Client.scatter(value, hash=False, **options)``, cancelled with a ``TimeoutError`` after
+    ``timeout`` seconds; a late key leaves the cluster once registered."""
     key = f"{type(value).__name__}-{uuid.uuid4().hex}"
     scattering = scatter_released_if_given_up(client, {key: value}, **options)
     return run_watching(client, scattering, timeout, lambda: None, timeout)[key]
@@ -57,17 +55,15 @@ def _running_workers(client: Client) -> set[str]:
 def _wait_for_copies(
     client: Client, copies: dict[str, Future], deadline: float, timeout: float
 ) -> None:
-    """Wait until the copy task of every worker still running has run there (see
-    :func:`broadcast`), until the monotonic ``deadline`` (else ``TimeoutError`` naming the
-    broadcast's ``timeout``).
+    """Wait until the copy task of every worker still running has run there, until the monotonic
+    ``deadline``.
 
     Raises
     ------
     TimeoutError
         If a running worker's copy task had not run by ``deadline``.
     WorkerLostError
-        If a copy task was cancelled: the value was lost with the worker holding it (Dask
-        cancels the tasks that take a scattered value it lost).
+        If a copy task was cancelled: the value was lost with the worker holding it.
     Exception
         A copy task's own error (the value could not be taken there).
     """
@@ -94,20 +90,9 @@ def broadcast(client: Client, value: Any, timeout: float) -> Future:
     ``TimeoutError``, and nothing of it stays on the cluster); tasks that take the returned
     future read it there.
 
-    The value is scattered to one worker (:func:`scatter_within`), and a task pinned to each
-    running worker takes it (:func:`_copied`), so that the worker fetches a copy; once the task
-    of every worker still running has run (which workers run is looked at after each
-    :data:`WORKERS_POLL_SECONDS` in which no copy task finished), those tasks are released,
-    whether they ran or not. Each copy is one Dask's task states know of: a copy that lands
-    after the broadcast was given up is dropped again. The scheduler's own broadcast
-    (``Client.scatter(broadcast=True)``, its ``replicate``) copies the value outside them: a
-    worker stopped after it takes its copy and before it answers keeps that copy for good once
-    the key is released, which is why this function does not use it.
-
-    Dask's active memory manager (its ``ReduceReplicas`` policy, on by default) drops the
-    copies no task waits for: the broadcast waits for each copy task to run, not for every
-    copy to be held at once, which that policy may never let happen. A worker whose copy was
-    dropped fetches the value again for its next task that takes it.
+    Scattered to one worker, then taken by a task pinned to each running worker (running
+    workers looked at every :data:`WORKERS_POLL_SECONDS`); why not Dask's ``broadcast=True``:
+    docs/reliability.md.
 
     Raises
     ------
@@ -135,8 +120,8 @@ def broadcast(client: Client, value: Any, timeout: float) -> Future:
 
 
 def submit_pinned(client: Client, address: str, function: Callable, *args: Any) -> Future:
-    """Submit ``function(*args)`` to the worker ``address`` only (``allow_other_workers=False``,
-    not pure: every call is a task of its own); its result stays on that worker."""
+    """Submit ``function(*args)`` to the worker ``address`` only (not pure); its result stays
+    there."""
     return client.submit(function, *args, workers=[address], allow_other_workers=False, pure=False)
 
 
@@ -149,11 +134,8 @@ def load_on_each(
     *args: Any,
 ) -> dict[str, Future]:
     """Send ``value`` to each worker of ``addresses`` (within ``timeout`` seconds each, else
-    ``TimeoutError``) and run ``load(value, *args)`` there.
-
-    Returns the future of each worker's loaded copy, by address; its task is pinned to the worker
-    (``allow_other_workers=False``), so the copy never moves.
-    """
+    ``TimeoutError``) and run ``load(value, *args)`` there; return each worker's pinned copy's
+    future, by address."""
     loaded = {}
     try:
         for address in addresses:
@@ -169,12 +151,8 @@ def load_on_each(
 def load_held(
     client: Client, held: Mapping[str, Future], load: Callable, *args: Any
 ) -> dict[str, Future]:
-    """Run ``load(held[address], *args)`` on each worker of ``held``, whose value that worker
-    already holds (nothing is sent from the client).
-
-    Returns the future of each worker's loaded copy, by address, pinned there as by
-    :func:`load_on_each`.
-    """
+    """Run ``load(held[address], *args)`` on each worker of ``held`` (nothing sent from the
+    client); return each worker's pinned copy's future, by address."""
     return {
         address: submit_pinned(client, address, load, copy, *args) for address, copy in held.items()
     }

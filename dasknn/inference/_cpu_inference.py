@@ -1,10 +1,5 @@
 """Sparse inference on the workers' cores: the numba kernel of :mod:`dasknn.kernels.inference`
-as a step of the batch driver.
-
-A window of packed layers is broadcast to every worker once; a batch's task loads its rows (at the
-first window), advances them through the window, and returns either the batch's state for the
-next window or, after the last, its live rows.
-"""
+as a step of the batch driver, each window of layers broadcast once to every worker."""
 
 from __future__ import annotations
 
@@ -73,14 +68,10 @@ def run_window(
     ymax: float,
     last: bool,
 ) -> StreamedBatch | BatchResult:
-    """On a worker: run a batch through the window of layers ``weights``.
-
-    ``batch`` is the input rows (first window) or the state after the previous window. Returns
-    the state for the next window, or the batch's result when ``last``.
-    """
+    """On a worker: run a batch (input rows, or the previous window's state) through the window
+    ``weights``; return the next state, or the batch's result when ``last``."""
     if isinstance(batch, StreamedBatch):
-        # The kernel advances a state in place; Dask holds ``batch`` as the previous window's
-        # result, so the window runs on a copy of its activations.
+        # Dask holds ``batch`` as the previous result: advance a copy.
         state = BatchState(
             rows=batch.state.rows,
             block=batch.state.block.copy(),
@@ -142,8 +133,7 @@ class CPUInference:
         last: bool,
         timeout: float,
     ) -> Future:
-        """Submit :func:`run_window` for one batch (the rows travel in the task; nothing is
-        waited for, so ``timeout`` is not needed)."""
+        """Submit :func:`run_window` for one batch (``timeout`` unused: nothing is waited for)."""
         return client.submit(
             run_window,
             batch,

@@ -1,19 +1,7 @@
-"""The data-parallel batch driver: rows cut into batches that the workers pull, through one or
-more windows of weights, with a per-device step.
-
-A *step* places a window of weights on the workers and submits one batch through it. The driver
-keeps a bounded number of batches in flight, one per *slot*, and gives a slot its next batch as
-soon as the slot's batch finishes, so faster workers take more batches. A slot is either shared
-(``None``: the scheduler picks the worker) or pinned to a worker address (one GPU each).
-
-With several windows (weights streamed a window of layers at a time), a batch runs through the
-windows in order and its state stays on the workers between them; at most ``weight_buffers``
-windows are placed at once, and the oldest is released when all of its batches have passed it.
-
-The driver waits for the first of the batches in flight to finish, at most ``step_timeout``
-seconds (a stopped worker never finishes its batch, and Dask keeps it until its heartbeats are
-missed for minutes), and looks every :data:`POLL_SECONDS` whether a worker that a batch is pinned
-to has left (its batch could run nowhere else). On any error it releases every future it holds.
+"""The data-parallel batch driver: batches pulled by the workers' *slots* (shared or pinned to a
+worker) through one or more windows of weights placed by a per-device step, at most
+``weight_buffers`` at once; every wait bounded by ``step_timeout`` and every future released on
+error (docs/challenge.md, "The engine"; docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -54,10 +42,7 @@ class BatchStep(Protocol):
 
     def place(self, client: Client, weights: Any, timeout: float) -> Any:
         """Put a window of weights on the workers; return what :meth:`submit` passes to tasks.
-
-        Raises ``TimeoutError`` if the weights did not reach the workers within ``timeout``
-        seconds (a stopped worker never takes them).
-        """
+        ``TimeoutError`` if they did not arrive within ``timeout`` seconds."""
 
     def submit(
         self,
@@ -68,13 +53,9 @@ class BatchStep(Protocol):
         last: bool,
         timeout: float,
     ) -> Future:
-        """Submit one batch through the placed window.
-
-        ``batch`` is the batch's input rows at the first window, else the future of its state
-        after the previous window; ``worker`` is the slot's worker (``None``: any); ``last`` says
-        whether this is the last window, whose task returns the batch's result. Raises
-        ``TimeoutError`` if sending the batch to its worker took over ``timeout`` seconds.
-        """
+        """Submit one batch (input rows, or the future of its previous state) through the placed
+        window on ``worker`` (``None``: any); ``last``: its task returns the batch's result.
+        ``TimeoutError`` if sending took over ``timeout`` seconds."""
 
 
 def shared_slots(client: Client, per_thread: int = IN_FLIGHT) -> list[None]:
@@ -84,8 +65,7 @@ def shared_slots(client: Client, per_thread: int = IN_FLIGHT) -> list[None]:
 
 
 def per_worker_slots(addresses: Sequence[str], per_worker: int = IN_FLIGHT) -> list[str]:
-    """Slots pinned to workers: ``per_worker`` for each address, in turns across the addresses
-    (``a, b, a, b``), so that the first batches go one to each worker."""
+    """Slots pinned to workers: ``per_worker`` for each address, in turns (``a, b, a, b``)."""
     return [address for _ in range(per_worker) for address in addresses]
 
 
@@ -104,14 +84,12 @@ class _InFlight:
         self.running[future.key] = (future, batch, window, worker)
 
     def wait_first(self, futures: Sequence[Future]) -> None:
-        """Wait until one of ``futures`` has finished, looking at the pinned slots' workers every
-        :data:`POLL_SECONDS` meanwhile.
+        """Wait until one of ``futures`` has finished, looking at the pinned slots' workers.
 
         Raises
         ------
         WorkerLostError
-            As soon as a worker a running batch is pinned to has left the cluster (its task
-            could run nowhere else).
+            As soon as a worker a running batch is pinned to has left the cluster.
         StepTimeoutError
             If none finished within ``step_timeout``, naming the running batches' workers.
         """
@@ -153,8 +131,7 @@ class _InFlight:
         )
 
     def _timeout_error(self, what: str) -> StepTimeoutError:
-        """The error naming the running batches by worker (the slot's, or the one the scheduler
-        reports processing it) and their workers' state."""
+        """The error naming the running batches by worker and their workers' state."""
         processing = {
             key: address
             for address, keys in self.client.processing().items()
@@ -207,23 +184,20 @@ def run_batches(
     rows : scipy.sparse.csr_matrix
         The input rows; batch ``i`` is ``rows[i * batch_size : (i + 1) * batch_size]``.
     batch_size : int
-        Rows per batch.
     step : BatchStep
         Places the weights and submits a batch (see :class:`BatchStep`).
     windows : sequence of callables
-        ``windows[k]()`` makes the weights of window ``k``; it is called when the window is
-        placed, so streamed windows are made one at a time.
+        ``windows[k]()`` makes window ``k``'s weights, called when it is placed.
     slots : sequence of str or None
         One entry per batch in flight (see :func:`shared_slots`, :func:`per_worker_slots`).
     weight_buffers : int
         Windows placed at once.
     step_timeout : float
-        Seconds the run may go without a batch finishing (or a window reaching the workers, or
-        a result arriving) while batches are in flight.
+        Seconds the run may go without a batch finishing, a window placed or a result arriving.
     progress : bool
-        Show a progress bar over batches and windows.
+        A progress bar over batches and windows.
     desc : str
-        Label of the progress bar.
+        Its label.
 
     Returns
     -------
@@ -236,18 +210,14 @@ def run_batches(
         On no slots, no windows, ``weight_buffers < 1`` or a bad ``step_timeout``, before
         anything is scheduled.
     StepTimeoutError
-        If no batch finished within ``step_timeout`` seconds, naming the running batches, the
-        workers they run on (the pinned slot's, or the one the scheduler reports) and their
-        state ("has not been heard from for N s ..."); also for a window, a batch's rows or a
-        result that did not reach its worker or the client in that time.
+        If no batch finished within ``step_timeout`` seconds (naming the running batches, their
+        workers and their state), or a window, rows or result did not arrive in that time.
     WorkerLostError
-        As soon as a worker that a running batch is pinned to has left the cluster (a batch of a
-        shared slot is run again elsewhere by Dask).
+        As soon as a worker that a running batch is pinned to has left the cluster.
     Exception
         A batch task's own error.
 
-    Every future the driver holds (batches in flight, states between windows, placed windows)
-    is released when it raises, so no key of the run stays on the scheduler.
+    Every future the driver holds is released when it raises.
     """
     if not slots:
         raise ValueError("the Dask cluster has no workers")
@@ -316,8 +286,7 @@ def run_batches(
                     bar.update(1)
                     submit_next(worker)
     except BaseException:
-        # the error's traceback holds this frame: release the run's futures now, or a caller
-        # keeping the error would keep their keys (and the tasks waiting on them) on the cluster
+        # the error's traceback holds this frame: release the run's futures now
         flight.release()
         for future in futures_of([states, [weights for weights, _ in placed]]):
             future.release()

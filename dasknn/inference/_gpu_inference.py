@@ -1,15 +1,7 @@
-"""Sparse inference on the GPUs of a Dask cluster (one worker per GPU, as dask-cuda's
-``LocalCUDACluster`` starts them) as a step of the batch driver.
-
-Every GPU worker receives the network once, in the compact form of
-:func:`dasknn.kernels.cuda_inference.compact_layers` (or loads it itself beforehand, a
-:class:`HeldNetwork`); a task pinned to the worker uploads it to its GPU, where it stays for
-the whole run (or, when it exceeds the weight budget, stays in host memory and is streamed to the
-GPU a window of layers at a time during each batch, inside
-:class:`dasknn.kernels.cuda_inference.DeviceNetwork`). Each batch is sent to the worker of the
-slot that pulled it (as bits when the inputs are binary,
-:class:`dasknn.kernels.cuda_inference.BitRows`) and runs through every layer with
-:func:`dasknn.kernels.cuda_inference.infer_rows_cuda`; only its surviving row ids come back.
+"""Sparse inference on the GPUs of a Dask cluster (one worker per GPU) as a step of the batch
+driver: each GPU worker gets the compact network once (or loads it, a :class:`HeldNetwork`) and
+uploads it to its GPU; each batch runs on its slot's GPU and only its surviving row ids come back
+(docs/challenge.md, "On GPUs").
 """
 
 from __future__ import annotations
@@ -50,8 +42,7 @@ _USABLE_SHARE = 0.9  # of a GPU's free memory that the run may take in all
 
 @dataclass
 class HeldNetwork:
-    """A compact network that each GPU worker loaded itself and holds in its host memory, and
-    what the workers reported of it.
+    """A compact network that each GPU worker loaded itself and holds in host memory.
 
     Attributes
     ----------
@@ -79,12 +70,8 @@ class HeldNetwork:
 
 
 def device_memory() -> dict:
-    """On a worker: its GPU's name and free / total bytes, or why it has none, or why its
-    numba-cuda cannot compile kernels (``"compiler"``, from
-    :func:`~dasknn.kernels.cuda_inference.check_cuda_compiler`).
-
-    Under numba's CUDA simulator the "device" is this host's available memory.
-    """
+    """On a worker: its GPU's name and free / total bytes, or why it has none, or why numba-cuda
+    cannot compile (``"compiler"``); under the simulator, this host's available memory."""
     from dasknn.kernels.cuda_inference import check_cuda_compiler, cuda_runtime
 
     runtime = cuda_runtime()
@@ -118,9 +105,8 @@ def device_memory() -> dict:
 
 def check_cuda_workers(client: Client, step_timeout: float) -> dict[str, dict]:
     """Ask every worker for its GPU (within ``step_timeout`` seconds, else
-    :class:`~dasknn.exceptions.StepTimeoutError`); raise ``RuntimeError`` naming
-    those without one, or those whose numba-cuda cannot compile kernels, with each one's
-    reason."""
+    :class:`~dasknn.exceptions.StepTimeoutError`); ``RuntimeError`` naming those without one or
+    whose numba-cuda cannot compile, with each one's reason."""
     info = run_on_workers(client, "reporting their GPU", step_timeout, device_memory)
     if not info:
         raise ValueError("the Dask cluster has no workers")
@@ -203,11 +189,8 @@ def infer_batch_cuda(
 
 
 def warm_cuda_kernel(dtype: str, mode: str) -> None:
-    """On a worker: compile the CUDA kernels of ``mode`` for ``dtype`` (both per-group kernels
-    for the modes other than ``"tiled"``) so that timings exclude the JIT, once
-    :func:`~dasknn.kernels.cuda_inference.check_cuda_compiler` found that numba-cuda can compile
-    them with this numpy. Under numba's CUDA simulator, which compiles nothing, only that check
-    runs."""
+    """On a worker: check the compiler, then compile the CUDA kernels of ``mode`` for ``dtype``
+    so that timings exclude the JIT (only the check under the simulator)."""
     from dasknn.kernels.cuda_inference import (
         DeviceNetwork,
         check_cuda_compiler,
@@ -271,8 +254,8 @@ class CUDAInference:
     def place(
         self, client: Client, weights: CompactLayers | HeldNetwork, timeout: float
     ) -> dict[str, Future]:
-        """Upload the network to every GPU worker (sent to each within ``timeout`` seconds, or
-        taken from the copy each worker holds); its device copy, by address."""
+        """Upload the network to every GPU worker within ``timeout`` seconds; the device copies,
+        by address."""
         if isinstance(weights, HeldNetwork):
             return load_held(client, weights.copies, upload_network, self.budget,
                              self.mode == "tiled")  # fmt: skip
@@ -291,10 +274,7 @@ class CUDAInference:
         timeout: float,
     ) -> Future:
         """Send a batch's rows to ``worker`` (within ``timeout`` seconds) and submit
-        :func:`infer_batch_cuda` there.
-
-        The whole network is one window, so ``batch`` is always input rows and ``last`` is true.
-        """
+        :func:`infer_batch_cuda` there (one window: ``last`` is always true)."""
         rows = scatter_within(client, batch, timeout, workers=[worker])
         return client.submit(
             infer_batch_cuda,

@@ -1,11 +1,5 @@
-"""Data-parallel sparse inference: every layer ``Y = min(max(Y @ W + bias on the nonzeros, 0),
-ymax)`` for batches of rows pulled by the workers, on CPUs or GPUs.
-
-On CPUs the packed network is broadcast once to every worker when it fits the weight budget; else
-it is streamed in windows of layers, at most ``weight_buffers`` windows on the workers at once,
-and every batch's state advances window by window (it stays on its worker). On GPUs every worker
-uploads the network to its GPU once (see :func:`infer_on_gpus`).
-"""
+"""Data-parallel sparse inference on CPUs or GPUs: :func:`infer_on_cpus` (weights broadcast, or
+streamed in windows of layers, at most ``weight_buffers`` at once) and :func:`infer_on_gpus`."""
 
 from __future__ import annotations
 
@@ -112,13 +106,9 @@ def infer_on_cpus(
     weight_budget : int, optional
         Bytes of weights a worker may hold; default half the smallest worker memory limit.
     step_timeout : float
-        Seconds the run may go without a batch finishing (or the workers warming the kernel,
-        or a window of weights reaching them); see
-        :func:`dasknn.inference._driver.run_batches`.
+        Seconds the run may go without progress (:func:`dasknn.inference._driver.run_batches`).
     progress : bool
-        Show a progress bar.
     desc : str
-        Label of the progress bar.
 
     Raises
     ------
@@ -197,8 +187,7 @@ def infer_on_gpus(
         As for :func:`infer_on_cpus`.
     network : list of scipy.sparse.csr_matrix or HeldNetwork
         The layers, packed here and sent to every GPU worker, or the compact network that each
-        GPU worker already holds (:class:`~dasknn.inference.HeldNetwork`; its
-        workers run the batches, the copies stay theirs to release).
+        GPU worker already holds (:class:`~dasknn.inference.HeldNetwork`, the caller's to release).
     batch_size : int, optional
         Rows per batch; by default an equal share of the rows per GPU. Capped by what the GPU's
         free memory holds.
@@ -208,8 +197,7 @@ def infer_on_gpus(
     compact_every : int
         Layers run before dead rows are dropped and the live ones re-packed.
     cuda_mode : ``"auto"``, ``"fused"``, ``"sectioned"`` or ``"tiled"``
-        See :func:`dasknn.kernels.cuda_inference.infer_rows_cuda` (``"tiled"``: each GPU worker
-        prepares the footprint tiles from the compact network it receives).
+        See :func:`dasknn.kernels.cuda_inference.infer_rows_cuda`.
 
     Raises
     ------
@@ -219,8 +207,7 @@ def infer_on_gpus(
         If a worker has no GPU (or numba cannot load the CUDA driver there), or a worker holding
         ``network`` is no GPU worker of the cluster any more.
     StepTimeoutError, WorkerLostError
-        As for :func:`infer_on_cpus` (a lost worker is always an error here: every batch is
-        pinned to its GPU's worker).
+        As for :func:`infer_on_cpus` (a lost worker is always an error here).
     MemoryError
         If the network does not fit a GPU even streamed.
     """

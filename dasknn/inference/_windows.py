@@ -26,10 +26,8 @@ def window_layers(
 ) -> int | None:
     """Layers per window when the weights are streamed, ``None`` when they are held whole.
 
-    With ``resident_layers`` given, the weights are streamed in windows of that many layers
-    (held whole when it covers every layer). Otherwise they are held whole when their bytes fit
-    ``budget``, else streamed in windows such that ``buffers`` windows fit it (at least one
-    layer a window).
+    Windows of ``resident_layers`` when given (whole when it covers every layer); else whole
+    when the bytes fit ``budget``, or windows such that ``buffers`` of them fit it (>= 1 layer).
     """
     if resident_layers is None and sum(layer_bytes) > budget:
         resident_layers = max(1, int(budget // (buffers * max(layer_bytes))))

@@ -29,9 +29,8 @@ def worker_name() -> str:
 def peak_rss() -> int:
     """Peak resident memory of this process in bytes.
 
-    Linux: ``VmHWM`` of ``/proc/self/status``, the high-water mark of this process image
-    (``ru_maxrss`` would also count the parent's memory at fork time, because the kernel keeps it
-    across ``execve``). Elsewhere: ``ru_maxrss``.
+    Linux: ``VmHWM`` of ``/proc/self/status`` (``ru_maxrss`` keeps the parent's across
+    ``execve``). Elsewhere: ``ru_maxrss``.
     """
     try:
         with open("/proc/self/status") as fh:

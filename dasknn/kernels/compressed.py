@@ -1,13 +1,7 @@
-"""Numba kernels of compressed model states: compress, expand, and the products of a layer whose
-weights are held as the values at a sorted flat index.
-
-A layer of shape ``(n_in, n_out)`` keeps only its unpruned entries. Their positions are one sorted
-int32 *flat index* (row-major positions ``i * n_out + j``, i.e. CSR order), shared by every
-compressed state of the layer (master weights, gradients, optimizer moments). ``row_ptr`` (length
-``n_in + 1``) marks where each row's entries start in the index, so the products below walk the
-entries row by row, CSR style, and take the column as ``index[p] - i * n_out`` without a second
-index array. Activations and deltas are feature-major ``(n_features, B)`` as in
-:mod:`dasknn.kernels.training`. The kernels are single-threaded and release the GIL.
+"""Numba kernels of compressed model states: compress, expand, and a layer's products from the
+values at a sorted int32 flat index (``i * n_out + j``, CSR order; ``row_ptr`` marks each row's
+first entry, the column is ``index[p] - i * n_out``). Feature-major activations as in
+:mod:`dasknn.kernels.training`; single-threaded, ``nogil``.
 """
 
 from __future__ import annotations

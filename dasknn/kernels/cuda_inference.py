@@ -1,56 +1,8 @@
-"""CUDA kernels of sparse-DNN inference (the Graph Challenge step) on one GPU, with numba-cuda.
-
-The kernels follow SNIG (Lin & Huang, TPDS 2021): the whole batch stays on the device, the weights
-are loaded once (or streamed a window of layers at a time when the network exceeds the device's
-budget), rows that became all zero are dropped, bias / ReLU / clip are fused into the store, and
-two rolling activation buffers are reused across layers.
-
-Layout. The live rows of a batch are cut into *groups* of ``LANES = 32`` rows, stored
-feature-major::
-
-    y[buffer, group, j, lane]  =  activation of neuron j for live row  group * 32 + lane
-
-Lane ``l`` of a warp computes row ``l`` of its group. For output neuron ``c`` the warp reads the
-entries of column ``c`` 32 at a time, one per lane (index and the per-(group, neuron) flag telling
-whether that input section holds a nonzero), packs the entries whose section is nonzero in order
-into shared memory (a warp vote gives each its slot), and then accumulates the kept ones in order,
-one coalesced 128-byte activation load per kept entry, issuing up to ``BATCH`` loads before adding
-any of them so their latencies overlap (batches of eight, then four, two and one: no padding slots).
-The kernels index a group's activations flat (``j * 32 + lane``, from a view that starts at the
-lane's first) with unsigned integers: numba checks a signed index for wrapping around and multiplies
-in 64 bits, which more than triples the instructions of each kept entry (the kernel is bound by
-instruction issue, docs/benchmarks.md). The order of the sums is the CSC order of the CPU kernel, so
-under the simulator the results agree with it bit for bit in the same precision; on a GPU each
-multiply-add is fused (one rounding, ``fma``), so an activation may differ in its last bit, and the
-categories (rows left nonzero) are what the tests compare with the CPU engine's.
-
-Three launch modes:
-
-- *fused* (:func:`_window_kernel`): one block of 1024 threads owns one group for ``compact_every``
-  layers; the loop over layers runs inside the kernel (``syncthreads`` between layers), and a block
-  whose rows are all dead leaves at once;
-- *sectioned* (:func:`_layer_kernel`): one launch per layer, one block per group and
-  :func:`_section_outputs` output neurons, blocks in group-major order, so that the groups in flight
-  share the L2 cache when a group's activations are megabytes (wide networks);
-- *tiled* (:func:`_tiled_kernel`, a network built with ``tiled=True``): one launch per layer like
-  *sectioned*, but a warp takes a footprint tile (:mod:`dasknn.kernels.footprint_tiles`): it
-  loads the tile's input activations of its group once into shared memory and computes all the
-  tile's columns from there, every entry added in CSC order, no flags read.
-
-Between windows of ``compact_every`` layers the host drops the dead rows and re-packs the live ones
-into fewer groups (:func:`_gather_kernel`).
-
-Weights. A network whose layers each have one weight (``CompactLayers.per_layer``, every RadiX-Net
-network) keeps one weight a layer on the device, not one a nonzero. The fused and sectioned
-kernels are compiled once for each kind (``_window_kernel(per_layer)``,
-``_layer_kernel(per_layer)``): with one weight a layer they read it once into a register and
-multiply each kept entry by it, the same multiply-add in the same order as with ``data[q]``, so
-the results are those of the per-nonzero weights bit for bit, and the per-nonzero weight reads
-are not in their code at all (a runtime flag left them there, predicated off, on every entry).
-
-Under ``NUMBA_ENABLE_CUDASIM=1`` the same kernel code runs on the CPU in the tests; the simulator
-has no warp vote or ``syncwarp``, so there the two warp primitives (:func:`_warp_rank`,
-:func:`_warp_sync`) are a shared-memory scan and a block barrier.
+"""CUDA kernels of sparse-DNN inference (the Graph Challenge step) on one GPU, with numba-cuda:
+live rows in groups of ``LANES = 32`` (a lane a row), feature-major, ``y[buffer, group, j * 32 +
+lane]`` indexed with unsigned integers, sums in the CPU kernel's CSC order; modes *fused*
+(:func:`_window_kernel`), *sectioned* (:func:`_layer_kernel`) and *tiled* (:func:`_tiled_kernel`).
+Design, simulator and measurements: docs/challenge.md ("On GPUs").
 """
 
 from __future__ import annotations
@@ -155,16 +107,14 @@ if config.ENABLE_CUDASIM:
 
     @cuda.jit(device=True)
     def _warp_sync():
-        """The simulator has no ``syncwarp``: a block barrier instead, which needs every warp of
-        the block to run the same number of 32-entry column chunks (true for networks whose
-        columns have equal degrees and whose width the warps divide, as in the tests)."""
+        """A block barrier (the simulator has no ``syncwarp``): every warp must run as many
+        32-entry column chunks (equal column degrees, a width the warps divide: the tests')."""
         cuda.syncthreads()
 
     @cuda.jit(device=True)
     def _warp_rank(keep, lane, scratch):
-        """The number of lanes of the warp with ``keep`` set and how many of them come before
-        ``lane``, once every lane has finished the previous chunk: the simulator has no warp
-        vote, so the flags go through shared ``scratch`` and a barrier."""
+        """(lanes with ``keep`` set, those before ``lane``), through shared ``scratch`` and a
+        barrier (the simulator has no warp vote)."""
         scratch[lane] = 1 if keep else 0
         cuda.syncthreads()
         count = 0
@@ -183,8 +133,7 @@ else:
 
     @cuda.jit(device=True)
     def _warp_rank(keep, lane, scratch):
-        """The number of lanes of the warp with ``keep`` set and how many of them come before
-        ``lane`` (a warp vote), once every lane has finished the previous chunk."""
+        """(lanes with ``keep`` set, those before ``lane``), by a warp vote."""
         cuda.syncwarp()
         mask = cuda.ballot_sync(0xFFFFFFFF, keep)
         return cuda.popc(mask), cuda.popc(mask & cuda.lanemask_lt())
@@ -193,17 +142,9 @@ else:
 @cuda.jit(device=True)
 def _column(ys, fs, p0, p1, indices, data, per_layer, weight, kept_off, kept_q, votes, lane,
             zero):
-    """Lane ``lane``'s sum over the entries ``p0 .. p1 - 1`` of a column (one warp), from its
-    row's activations ``ys`` (input ``j`` at ``j * 32``: the group's flat activations from the
-    lane's first) and the group's section flags ``fs``.
-
-    The entries are read 32 at a time, one per lane (index and section flag); those whose input
-    section is nonzero are packed in order, by a warp vote (``votes`` is its shared scratch under
-    the simulator), into the warp's shared ``kept_off`` (``j * 32``, the input's offset in ``ys``)
-    and ``kept_q`` (position in the column). Every lane then adds the kept entries in order (the
-    CSC order, as the CPU kernel does) with :func:`_add_kept`. The index arithmetic is unsigned,
-    so no index is checked for wrapping around. Returns the sum and the entries added.
-    """
+    """(lane ``lane``'s sum over entries ``p0 .. p1 - 1`` of a column, entries added): entries
+    with a nonzero section in ``fs`` are packed in order by a warp vote into ``kept_off``
+    (``j * 32``, the offset in ``ys``) / ``kept_q`` and added by :func:`_add_kept`."""
     acc = zero
     terms = 0
     first = np.uint64(p0)
@@ -231,9 +172,8 @@ def _column(ys, fs, p0, p1, indices, data, per_layer, weight, kept_off, kept_q, 
 
 @cuda.jit(device=True)
 def _add_kept(acc, ys, kept_off, kept_q, kept, first, data, per_layer, weight):
-    """``acc`` plus the ``kept`` entries (at most 32) packed in ``kept_off`` / ``kept_q``, in
-    order: up to four batches of eight, then four, two and one, so that no slot is padding and
-    the activation loads of up to eight entries are issued before any of them is added."""
+    """``acc`` plus the ``kept`` (<= 32) packed entries, in order, in batches of 8, 4, 2, 1 (no
+    padding; up to eight loads issued before any add)."""
     e = np.uint64(0)
     acc, e = _add8_within(acc, ys, kept_off, kept_q, e, kept, first, data, per_layer, weight)
     acc, e = _add8_within(acc, ys, kept_off, kept_q, e, kept, first, data, per_layer, weight)
@@ -252,8 +192,7 @@ def _add_kept(acc, ys, kept_off, kept_q, kept, first, data, per_layer, weight):
 
 @cuda.jit(device=True)
 def _add8_within(acc, ys, kept_off, kept_q, e, kept, first, data, per_layer, weight):
-    """``(acc plus kept entries e .. e + 7, e + 8)`` when those eight are among the ``kept``;
-    else ``(acc, e)``."""
+    """``(acc + entries e .. e + 7, e + 8)`` when ``e + 8 <= kept``, else ``(acc, e)``."""
     if e + np.uint64(8) <= kept:
         acc = _add4(_add4(acc, ys, kept_off, kept_q, e, first, data, per_layer, weight),
                     ys, kept_off, kept_q, e + np.uint64(4), first, data, per_layer, weight)
@@ -277,25 +216,22 @@ def _add2(acc, ys, kept_off, kept_q, e, first, data, per_layer, weight):
 
 @cuda.jit(device=True)
 def _add1(acc, ys, kept_off, kept_q, e, first, data, per_layer, weight):
-    """``acc`` plus kept entry ``e``: its weight (``weight`` when ``per_layer``, else
-    ``data[first + kept_q[e]]``) times the row's activation of its input."""
+    """``acc`` plus kept entry ``e``'s weight times the row's activation of its input."""
     w = weight if per_layer else data[first + kept_q[e]]
     return acc + w * ys[kept_off[e]]
 
 
 @cuda.jit(device=True)
 def _weight(data, q, per_layer, weight, zero):
-    """The weight of entry ``q``: ``weight`` when ``per_layer`` (no load), else ``data[q]``
-    (without a branch around the load); zero for a padding slot (``q == -1``)."""
+    """Entry ``q``'s weight (``weight`` when ``per_layer``, else ``data[q]``); 0 if ``q == -1``."""
     w = weight if per_layer else data[max(q, 0)]
     return w if q >= 0 else zero
 
 
 @cuda.jit(device=True)
 def _store(yd, fd, c, acc, bias, ymax, zero):
-    """Store neuron ``c`` of a row from its sum ``acc`` into the row's activations ``yd`` (neuron
-    ``c`` at ``c * 32``): the bias on a nonzero sum, ReLU and the clip at ``ymax``; set the
-    group's section flag in ``fd`` when the result is nonzero and return whether it is."""
+    """Store neuron ``c`` (at ``yd[c * 32]``): bias on a nonzero sum, ReLU, clip at ``ymax``; set
+    its flag in ``fd`` and return ``True`` when nonzero."""
     out = zero
     if acc != zero:
         out = min(max(acc + bias, zero), ymax)
@@ -309,9 +245,7 @@ def _store(yd, fd, c, acc, bias, ymax, zero):
 
 @cuda.jit(device=True)
 def _section_block(sections):
-    """Where this thread works in a launch of one block per group and section (block ``b``:
-    section ``b % sections`` of group ``b // sections``): the group, the section, the lane
-    (unsigned, for the flat indexing), the warp and the warps a block."""
+    """(group ``b // sections``, section ``b % sections``, lane (unsigned), warp, warps a block)."""
     b = cuda.blockIdx.x
     t = cuda.threadIdx.x
     return (b // sections, b % sections, np.uint32(t % LANES), t // LANES,
@@ -320,7 +254,7 @@ def _section_block(sections):
 
 @cuda.jit(device=True)
 def _group_live(alive, g):
-    """Whether any of the 32 rows of group ``g`` is set in ``alive`` (a flag per row)."""
+    """Whether any of the 32 rows of group ``g`` is set in ``alive``."""
     live = 0
     for i in range(LANES):
         live |= alive[g * LANES + i]
@@ -329,23 +263,13 @@ def _group_live(alive, g):
 
 @functools.cache
 def _window_kernel(per_layer: bool):
-    """The fused kernel for networks with one weight a layer (``per_layer``) or one a nonzero:
-    the flag is a compile-time constant, so the other kind's weight reads are not in the code."""
+    """The fused kernel, compiled for one weight a layer (``per_layer``) or one a nonzero."""
 
     @cuda.jit(**_BLOCK_KERNEL)
     def window_kernel(y, flags, parity, indptr, indices, data, first, count, bias, ymax, alive,
                       work):
-        """Run group ``blockIdx.x`` through layers ``first .. first + count - 1`` of the window.
-
-        ``y[parity]`` holds the input activations (``y[buffer, group, j * 32 + lane]``) and
-        ``flags[parity]`` their section flags; the output of layer ``k`` goes to buffer
-        ``(parity + k + 1) % 2``. ``alive[g * 32 + lane]`` is set to whether the row is nonzero
-        after the last layer run; ``work[g]`` adds the multiply-adds done (32 per accumulated
-        section). ``data`` holds one weight per nonzero, or one per layer of the window when
-        ``per_layer``.
-
-        Warp ``w`` computes the output neurons ``w, w + warps, ...`` with :func:`_column`.
-        """
+        """Run group ``blockIdx.x`` through layers ``first .. first + count - 1`` from buffer
+        ``parity`` (layer ``k`` writes ``(parity + k + 1) % 2``); set ``alive``, add to ``work``."""
         g = cuda.blockIdx.x
         t = cuda.threadIdx.x
         lane = np.uint32(t % LANES)
@@ -398,20 +322,13 @@ def _window_kernel(per_layer: bool):
 
 @functools.cache
 def _layer_kernel(per_layer: bool):
-    """The sectioned kernel for networks with one weight a layer (``per_layer``) or one a nonzero
-    (a compile-time constant, as in :func:`_window_kernel`)."""
+    """The sectioned kernel, compiled for one weight a layer (``per_layer``) or one a nonzero."""
 
     @cuda.jit(**_BLOCK_KERNEL)
     def layer_kernel(y, flags, src, indptr, indices, data, layer, sections, bias, ymax, alive_in,
                      alive_out, work):
-        """One layer, block ``b`` computing output section ``b % sections`` of group
-        ``b // sections``.
-
-        ``flags[1 - src]`` and ``alive_out`` must be zero before the launch; a group whose rows
-        are all dead in ``alive_in`` is skipped. Blocks run group-major, so the groups in flight
-        share the L2 cache even when one group's activations are megabytes. ``data`` holds one
-        weight per nonzero, or one per layer of the window when ``per_layer``.
-        """
+        """One layer, block ``b`` computing section ``b % sections`` of group ``b // sections``;
+        ``flags[1 - src]`` and ``alive_out`` zero before, groups dead in ``alive_in`` skipped."""
         g, s, lane, warp, warps = _section_block(sections)
         if not _group_live(alive_in, g):
             return
@@ -445,32 +362,21 @@ def _layer_kernel(per_layer: bool):
 
 
 def _tile_warps(footprint: int, itemsize: int) -> int:
-    """Warps per block of the tiled kernel: as many footprints (``footprint x 32`` activations
-    each) as the static shared memory of a block holds, at most 32."""
+    """Warps per tiled block: footprints of ``footprint x 32`` activations in 48 KB, at most 32."""
     return max(1, min(_WARPS, _STATIC_SHARED // (footprint * LANES * itemsize)))
 
 
 @functools.cache
 def _tiled_kernel(dtype_name: str, footprint: int, warps: int):
-    """The tiled kernel for activations of ``dtype_name``, footprints of ``footprint`` inputs and
-    blocks of ``warps`` warps (the shared array's shape and type are compile-time constants, so
-    one kernel per triple)."""
+    """The tiled kernel for ``dtype_name``, ``footprint`` and ``warps`` (compiled per triple)."""
     item = np.dtype(dtype_name).type
 
     @cuda.jit(**_BLOCK_KERNEL)
     def tiled_kernel(y, flags, src, indptr, data, per_layer, layer_tiles, tile_ptr, tile_cols,
                      foot_ptr, foot, local, layer, sections, bias, ymax, alive_in, alive_out, work):
         """One layer, block ``b`` computing tile range ``b % sections`` of group
-        ``b // sections``; warp ``w`` of the block takes the range's tiles ``w, w + warps, ...``.
-
-        For a tile the warp loads the footprint activations of its group, ``BATCH`` loads issued
-        before the first store, into its shared slice (lane ``l``: row ``l``), and then sums
-        each column of the tile in CSC order from there and stores it with :func:`_store`. A
-        lane reads back only the activations of its own row, which it stored itself, so no
-        barrier is needed. ``alive_out`` must be zero before the launch; a group whose rows are
-        all dead in ``alive_in`` is skipped. ``data`` holds one weight per nonzero, or one per
-        layer of the window when ``per_layer``.
-        """
+        ``b // sections``; a warp loads a tile's footprint into shared memory (a lane reads back
+        only its own row: no barrier). ``alive_out`` zero before; dead groups skipped."""
         g, s, lane, warp, active = _section_block(sections)
         if not _group_live(alive_in, g):
             return
@@ -529,11 +435,8 @@ def _input(ys, foot, f):
 
 @cuda.jit(device=True)
 def _tile_column(mine, data, per_layer, weight, local, p0, p1, lane, zero):
-    """Lane ``lane``'s sum over entries ``p0 .. p1 - 1`` of a column, in order, from the warp's
-    shared footprint activations ``mine``; the weights (:func:`_weight`: ``data[p]``, or the
-    layer's ``weight`` when ``per_layer``) and footprint positions of ``BATCH`` entries are read
-    before any is added. Past the column's end the weight is zero (position -1), which leaves the
-    sum unchanged. Returns the sum and the entries added."""
+    """(lane ``lane``'s sum over entries ``p0 .. p1 - 1`` from shared ``mine``, entries added);
+    ``BATCH`` weights read before any add, zero past the column's end."""
     acc = zero
     last = p1 - 1
     for p in range(p0, p1, BATCH):
@@ -558,10 +461,8 @@ def _tile_column(mine, data, per_layer, weight, local, p0, p1, lane, zero):
 
 @cuda.jit
 def _gather_kernel(src, dst, source_of, flags_dst):
-    """Pack the live rows ``source_of`` (indices into the old groups) into new groups of ``dst``.
-
-    ``flags_dst`` (zeroed) receives the section flags of the new groups.
-    """
+    """Pack live rows ``source_of`` into new groups of ``dst``; set their flags in ``flags_dst``
+    (zeroed)."""
     g = cuda.blockIdx.x
     t = cuda.threadIdx.x
     lane = t % LANES
@@ -591,15 +492,7 @@ def cuda_runtime() -> str:
 
 def check_cuda_compiler() -> None:
     """Raise ``RuntimeError`` when the installed numba-cuda cannot compile kernels with the
-    installed numpy; checked once per process (the result is kept).
-
-    numba loads the numpy lowering of its CUDA target (``numba.cuda.np.arrayobj`` in
-    numba-cuda, ``numba.np.arrayobj`` in numba's built-in ``numba.cuda``) at a process's first
-    kernel compile, not at import; a numpy it does not support fails there (numba-cuda 0.30.4
-    with numpy 2.5.2, which removed ``numpy.row_stack``). This imports that module now, so the
-    error names the versions and what to install before anything is scheduled. Under the
-    simulator, which compiles nothing, the same module is checked, so that the tests see what a
-    GPU would.
+    installed numpy (by importing its numpy lowering; once per process, under the simulator too).
 
     Raises
     ------
@@ -638,9 +531,8 @@ def _cuda_compiler_problem() -> str | None:
 
 
 def _section_outputs(n: int) -> int:
-    """Output neurons per block in the sectioned mode for layers of ``n`` neurons:
-    ``n / SECTIONS_PER_GROUP``, between ``SECTION_OUTPUTS`` and ``4 * SECTION_OUTPUTS`` (the fastest
-    measured at 16,384 and 65,536 neurons: 2,048 and 4,096 outputs, see docs/benchmarks.md)."""
+    """Sectioned-mode outputs a block: ``n / SECTIONS_PER_GROUP`` within ``SECTION_OUTPUTS`` ..
+    ``4 * SECTION_OUTPUTS`` (the fastest measured, docs/benchmarks.md)."""
     return min(4 * SECTION_OUTPUTS, max(SECTION_OUTPUTS, n // SECTIONS_PER_GROUP))
 
 
@@ -666,8 +558,7 @@ class CompactLayers:
     indices : uint16 or int32 array
         Input neuron of each nonzero: uint16 when ``N <= 65536`` (every challenge width).
     values : float array
-        The weight of each nonzero, or, when ``per_layer``, one weight per layer shared by all of
-        its nonzeros (the challenge networks): it stays one a layer on the device too.
+        The weight of each nonzero, or one weight a layer when ``per_layer`` (the challenge's).
     per_layer : bool
         Whether ``values`` holds one weight per layer.
     """
@@ -695,8 +586,7 @@ class CompactLayers:
         return int(self.indptr.nbytes + self.indices.nbytes + self.values.nbytes)
 
     def per_entry(self) -> CompactLayers:
-        """These layers with one weight per nonzero (each layer's weight repeated for its
-        nonzeros when ``per_layer``; ``self`` otherwise)."""
+        """These layers with one weight per nonzero (``self`` unless ``per_layer``)."""
         if not self.per_layer:
             return self
         counts = np.diff(self.indptr[:, [0, -1]], axis=1).ravel()
@@ -728,9 +618,8 @@ def compact_layers(packed: PackedLayers) -> CompactLayers:
 
 @dataclass
 class _Window:
-    """Consecutive layers (host or device arrays): ``indptr`` rows are per layer, offsets into the
-    window's own ``indices``; ``values`` as in :class:`CompactLayers`. A tiled window holds its
-    footprint tiles in place of ``indices`` (``None``), which the tiled kernel does not read."""
+    """Consecutive layers (host or device): ``indptr`` offsets into the window's own arrays; a
+    tiled window holds ``tiles`` and no ``indices``."""
 
     indptr: object
     indices: object
@@ -743,8 +632,7 @@ class _Window:
 
 def _host_windows(network: CompactLayers, layers_per_window: int,
                   tiles: FootprintTiles | None = None) -> list[_Window]:
-    """Cut the layers into windows whose ``indptr`` are offsets into their own arrays (with their
-    share of ``tiles`` instead of the indices when given)."""
+    """Cut the layers into windows of ``layers_per_window`` (with their share of ``tiles``)."""
     windows = []
     for first in range(0, network.n_layers, layers_per_window):
         last = min(network.n_layers, first + layers_per_window)
@@ -767,10 +655,7 @@ def weight_bytes(network: PackedLayers | CompactLayers, tiled: bool = False) -> 
     """Device bytes of the network (``indptr``, ``indices``, weights: one a nonzero, or one a
     layer when ``per_layer``) and of its largest layer.
 
-    With ``tiled``, an upper bound for the network with footprint tiles in place of its indices
-    (the footprints hold at most one input a weight entry, as the indices do; the bound adds the
-    ``local`` positions, the tiles' columns and at most one tile a column's offsets).
-    """
+    With ``tiled``, an upper bound with footprint tiles in place of the indices."""
     if isinstance(network, PackedLayers):
         network = compact_layers(network)
     layers = [w.nbytes for w in _host_windows(network, 1)]
@@ -792,29 +677,24 @@ class DeviceNetwork:
         The layers (float32 or float64), from :func:`compact_layers` or
         :func:`dasknn.kernels.inference.pack_layers`.
     budget : int, optional
-        Device bytes the weights may take. When the network is larger it stays in host memory
-        and is uploaded one window of ``budget`` bytes at a time during each batch.
+        Device bytes the weights may take; a larger network is streamed a window at a time.
     tiled : bool
-        Prepare the footprint tiles (:func:`dasknn.kernels.footprint_tiles.tile_layers`, on this
-        host's cores) and hold them on the device in place of the indices: such a network runs
-        ``mode="tiled"`` only, and the other networks every mode but ``"tiled"``.
+        Hold footprint tiles (:func:`dasknn.kernels.footprint_tiles.tile_layers`) in place of the
+        indices; such a network runs ``mode="tiled"`` only, the others every mode but it.
     footprint : int
         The most inputs of a tile's footprint when ``tiled``.
     tile_warps : int, optional
-        Warps a block of the tiled kernel (each with a shared slice of ``footprint x 32``
-        activations); by default as many as 48 KB of shared memory hold, at most 32.
+        Warps a tiled block; by default as many as 48 KB of shared memory hold, at most 32.
 
     Raises
     ------
     MemoryError
         When even one layer does not fit ``budget``.
     ValueError
-        When the layers have more than ``MAX_NEURONS`` (134,217,728) neurons, or ``tiled`` and a
-        column has more than ``footprint`` inputs, or ``tile_warps`` is not between 1 and what
-        the shared memory holds.
+        Over ``MAX_NEURONS`` (134,217,728) neurons; ``tiled`` and a column over ``footprint``
+        inputs; ``tile_warps`` out of range.
     RuntimeError
-        When numba-cuda cannot compile kernels with this numpy (:func:`check_cuda_compiler`),
-        before anything is put on the device.
+        When numba-cuda cannot compile kernels with this numpy (:func:`check_cuda_compiler`).
     """
 
     def __init__(self, network: CompactLayers | PackedLayers, budget: int | None = None,
@@ -857,8 +737,7 @@ class DeviceNetwork:
 
     @staticmethod
     def _upload(window: _Window) -> _Window:
-        """The window on the device, its weights as on the host (one a layer when
-        ``per_layer``)."""
+        """The window on the device."""
         indptr = cuda.to_device(window.indptr)
         data = cuda.to_device(window.values)
         indices = None if window.indices is None else cuda.to_device(window.indices)
@@ -977,8 +856,8 @@ def infer_rows_cuda(
     Parameters
     ----------
     inputs : scipy.sparse.csr_matrix or BitRows, shape (rows, N)
-        The batch; :class:`BitRows` (from :func:`pack_bit_rows`) when every nonzero input has one
-        value, which is 1/32 of the float32 CSR bytes at the challenge's densities.
+        The batch; :class:`BitRows` (:func:`pack_bit_rows`, 1/32 of the float32 CSR bytes) when
+        every nonzero input has one value.
     network : DeviceNetwork
         The layers on this GPU.
     bias, ymax : float
@@ -987,17 +866,10 @@ def infer_rows_cuda(
         Layers run before the dead rows are dropped and the live ones re-packed.
     mode : ``"auto"``, ``"fused"``, ``"sectioned"`` or ``"tiled"``
         ``fused``: one launch runs ``compact_every`` layers, one block per group of 32 rows.
-        ``sectioned``: one launch per layer, one block per group and section of an eighth of the
-        output neurons (1,024 to 4,096), so the groups in flight share the L2 cache when a group's
-        activations are large.
-        ``tiled`` (a network built with ``tiled=True`` only): one launch per layer, one block per
-        group and range of footprint tiles (as many ranges as the sectioned mode has sections); a
-        warp loads a tile's footprint activations once into shared memory and computes the
-        tile's columns from there, so each activation leaves L2 once a tile rather than once a
-        weight entry. It reads no section flags: every entry of a live group is added.
-        ``auto``: sectioned from ``SECTIONED_FROM`` neurons on, fused below; it never picks
-        ``tiled``, which ran 0.90x to 0.97x the sectioned kernel's speed on an H200
-        (docs/benchmarks.md).
+        ``sectioned``: one launch per layer, a block per group and eighth of the outputs.
+        ``tiled`` (network built with ``tiled=True`` only): one launch per layer, a block per
+        group and range of footprint tiles. ``auto``: sectioned from ``SECTIONED_FROM`` neurons
+        on, fused below; never ``tiled`` (slower, docs/benchmarks.md).
     activations : bool
         Also copy back the activations of the returned rows after the last layer.
 
@@ -1009,8 +881,7 @@ def infer_rows_cuda(
     Raises
     ------
     ValueError
-        On a width mismatch, an input index out of range, a bad ``compact_every`` or ``mode``,
-        or a ``mode`` the network was not built for (``tiled``).
+        On a width mismatch, an index out of range, a bad ``compact_every`` or ``mode``.
     """
     if inputs.shape[1] != network.neurons:
         raise ValueError(
@@ -1122,8 +993,7 @@ def infer_rows_cuda(
 
 def _launch_tiled(window: _Window, warps: int, y, flags, src: int, layer: int, blocks: int,
                   sections: int, bias, ymax, alive_in, alive_out, work) -> None:
-    """Launch the tiled kernel (blocks of ``warps`` warps) for layer ``layer`` of ``window`` (its
-    flags are written by the store but never read in this mode, so they are not cleared)."""
+    """Launch the tiled kernel for layer ``layer`` of ``window`` (flags unread, not cleared)."""
     tiles = window.tiles
     kernel = _tiled_kernel(y.dtype.name, tiles.footprint, warps)
     threads = min(warps * LANES, _threads_per_block())
@@ -1136,8 +1006,7 @@ def _launch_tiled(window: _Window, warps: int, y, flags, src: int, layer: int, b
 
 
 def _fill(flat, value) -> None:
-    """Set every entry of ``flat``: a grid of 256-thread blocks on a GPU, one warp under the
-    simulator (which runs a Python thread a GPU thread)."""
+    """Set every entry of ``flat`` (256-thread blocks on a GPU, one warp under the simulator)."""
     if config.ENABLE_CUDASIM:
         _fill_kernel[1, LANES](flat, value)
         return

@@ -1,10 +1,7 @@
-"""Numba kernels of an embedding layer: gather rows into windows, scatter-add row gradients.
-
-A batch of ``B`` windows of ``c`` token ids is given as ``inverse`` (B, c): for each id, its
-position in ``rows`` (u, d), the distinct embedding rows the batch touches (the rows pulled from
-the parameter servers, or taken from a local replica). The ``c`` rows of a window are combined
-by concatenation (an output of ``c * d`` features) or by a scaled sum (``scale = 1`` for the sum,
-``1 / c`` for the mean). Like the other kernels these are single-threaded and release the GIL.
+"""Numba kernels of an embedding layer: gather rows into windows, scatter-add row gradients. A
+batch of ``B`` windows of ``c`` ids is ``inverse`` (B, c), positions in ``rows`` (u, d), the
+batch's distinct rows; a window's rows are concatenated or summed times ``scale`` (``1 / c``: the
+mean). Single-threaded, ``nogil``.
 """
 
 from __future__ import annotations
@@ -54,9 +51,7 @@ def gather_windows(rows, inverse, concat, scale, out):  # pragma: no cover - com
 def scatter_add_windows(grad_rows, inverse, concat, scale, grad_out):  # pragma: no cover
     """Add the gradient of the combined windows into the gradient of the distinct rows.
 
-    The transpose of :func:`gather_windows`: every id of window ``b`` adds its slice of
-    ``grad_out[b]`` (times ``scale`` for a sum) to ``grad_rows[inverse[b, j]]``, windows and
-    positions in order, so repeated ids add up.
+    The transpose of :func:`gather_windows`, in order, so repeated ids add up.
 
     Parameters
     ----------

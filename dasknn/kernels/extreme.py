@@ -29,15 +29,11 @@ def bayes_top_labels(
 ):  # pragma: no cover - compiled
     """The Bayes-optimal top label of every sample (the scorer of :mod:`dasknn.datasets.extreme`).
 
-    Labels are addressed by *slot*: cluster ``c`` holds the slots
-    ``c * cluster_size .. (c + 1) * cluster_size - 1`` and slot ``s`` is label
-    ``slot_label[s]``. ``slot_inv`` lists the slots whose signature holds a feature,
-    ``cluster_inv`` the clusters. ``ratio[i, j]`` is the likelihood ratio
-    ``exp(beta * i + alpha * j)`` of a label with ``j`` draws in its signature and ``i`` in its
-    cluster's. The scores share one normaliser, which the top label does not depend on. Only
-    slots with ``slot_allowed`` compete for the top (every slot still counts in its cluster's
-    posterior mass); ``fallback_order`` lists the clusters holding an allowed slot, best first by
-    their best allowed score without evidence.
+    Cluster ``c`` holds slots ``c * cluster_size .. (c + 1) * cluster_size - 1``; slot ``s`` is
+    label ``slot_label[s]``. ``slot_inv`` / ``cluster_inv`` list the slots / clusters whose
+    signature holds a feature. ``ratio[i, j] = exp(beta * i + alpha * j)`` for ``j`` draws in the
+    label's signature and ``i`` in its cluster's. Only ``slot_allowed`` slots compete (all count
+    in the cluster's mass); ``fallback_order``: clusters with an allowed slot, best first.
     """
     n = indptr.shape[0] - 1
     n_slots = slot_label.shape[0]

@@ -1,22 +1,7 @@
-"""Footprint tiles of sparse layers: output columns grouped so that a tile's inputs are few.
-
-A *tile* of layer ``k`` is a run of output columns (at most ``tile_outputs``) whose *footprint*,
-the sorted union of their input neurons, has at most ``footprint`` entries. The GPU kernel's warp
-loads a tile's footprint activations once into shared memory and computes all of the tile's
-columns from there, instead of loading one activation per weight entry (see
-:mod:`dasknn.kernels.cuda_inference`, mode ``"tiled"``). RadiX-Net layers are made for this: the
-16 outputs ``o + M q`` (``M = N / 16``) share the same 32 inputs, so a footprint of 32 serves 16
-columns and the activation loads fall 16-fold.
-
-Preparation, per layer (layers in parallel on the numba threads): the columns are ordered by their
-smallest input and then by their input set (columns with equal sets become adjacent), then cut
-greedily: a column joins the current tile unless the tile already has ``tile_outputs`` columns or
-its footprint would grow past ``footprint``. Each weight entry gets the position of its input in
-its tile's footprint (``local``, uint8), stored at the entry's own CSC position, so a column's
-entries keep their CSC order and the sums the CPU kernel's order.
-
-This module uses no CUDA: the tiles are computed on the host of the GPU (the GPU worker), from the
-compact network that already travels there, so nothing is added to the network's trip.
+"""Footprint tiles of sparse layers: runs of at most ``tile_outputs`` output columns whose
+*footprint* (sorted union of inputs) holds at most ``footprint`` entries, which the GPU's tiled
+mode loads once into shared memory; ``local`` gives each weight entry its input's footprint
+position. Host-only (no CUDA); docs/challenge.md ("On GPUs").
 """
 
 from __future__ import annotations
@@ -54,8 +39,7 @@ class FootprintTiles:
     foot : uint16 or int32 array
         Input neuron ids, sorted within each tile.
     local : uint8 array, shape (nnz,)
-        For weight entry ``p`` (a CSC position of the layers), the position of its input neuron
-        in the footprint of its column's tile.
+        For weight entry ``p`` (CSC position), its input's position in its tile's footprint.
     """
 
     footprint: int
@@ -76,8 +60,7 @@ class FootprintTiles:
                                           self.foot_ptr, self.foot, self.local)))
 
     def window(self, first: int, last: int, lo: int, hi: int) -> FootprintTiles:
-        """The tiles of layers ``first .. last - 1``, whose entries are ``lo .. hi - 1``, with
-        offsets rebased to the window's own arrays."""
+        """The tiles of layers ``first .. last - 1`` (entries ``lo .. hi - 1``), offsets rebased."""
         t0, t1 = int(self.layer_tiles[first]), int(self.layer_tiles[last])
         c0, c1 = int(self.tile_ptr[t0]), int(self.tile_ptr[t1])
         f0, f1 = int(self.foot_ptr[t0]), int(self.foot_ptr[t1])
@@ -98,7 +81,7 @@ def check_tileable(degrees: Iterable[np.ndarray], footprint: int = FOOTPRINT) ->
     Parameters
     ----------
     degrees : iterable of int arrays, one per layer
-        The number of inputs of each output column of each layer (an ``(L, N)`` array will do).
+        Inputs of each output column (an ``(L, N)`` array will do).
     footprint : int
         The footprint limit: a multiple of 8, at most 256.
     """
@@ -117,8 +100,7 @@ def check_tileable(degrees: Iterable[np.ndarray], footprint: int = FOOTPRINT) ->
 
 @njit(cache=True)
 def _column_order(indptr, indices, k, n, scratch):
-    """Layer ``k``'s columns ordered by their smallest input, then by a hash of their sorted
-    input set (so columns with equal sets are adjacent); ``scratch`` holds a column's inputs."""
+    """Layer ``k``'s columns ordered by smallest input, then a hash of their input set."""
     keys = np.empty(n, dtype=np.int64)
     for c in range(n):
         p0, p1 = indptr[k, c], indptr[k, c + 1]
@@ -139,8 +121,8 @@ def _column_order(indptr, indices, k, n, scratch):
 
 @njit(cache=True)
 def _close_tile(indptr, indices, k, order, start, stop, members, size, marker, local):
-    """Sort the tile's footprint ``members[:size]``, write ``local`` for the entries of columns
-    ``order[start:stop]`` and clear ``marker``."""
+    """Sort footprint ``members[:size]``, write ``local`` for columns ``order[start:stop]``, clear
+    ``marker``."""
     members[:size].sort()
     for r in range(size):
         marker[members[r]] = r
@@ -154,8 +136,8 @@ def _close_tile(indptr, indices, k, order, start, stop, members, size, marker, l
 
 @njit(parallel=True, cache=True)
 def _cut_tiles(indptr, indices, footprint, tile_outputs, tile_cols, starts, local, counts):
-    """Pass 1, layers in parallel: order the columns into ``tile_cols``, mark the first column of
-    each tile in ``starts``, write ``local``; ``counts[k]`` = (tiles, footprint entries)."""
+    """Pass 1, layers in parallel: ``tile_cols``, tile ``starts``, ``local``; ``counts[k]`` =
+    (tiles, footprint entries)."""
     n_layers = indptr.shape[0]
     n = indptr.shape[1] - 1
     for k in prange(n_layers):
@@ -199,8 +181,7 @@ def _cut_tiles(indptr, indices, footprint, tile_outputs, tile_cols, starts, loca
 @njit(parallel=True, cache=True)
 def _fill_tiles(indptr, indices, tile_cols, starts, local, layer_tiles, layer_foot, tile_ptr,
                 foot_ptr, foot):
-    """Pass 2, layers in parallel: the tile and footprint offsets and the footprints (each
-    entry's input written at its ``local`` position of its tile's footprint)."""
+    """Pass 2, layers in parallel: tile and footprint offsets, and the footprints."""
     n_layers = indptr.shape[0]
     n = indptr.shape[1] - 1
     for k in prange(n_layers):
@@ -242,9 +223,8 @@ def tile_layers(
     Parameters
     ----------
     indptr : int array, shape (L, N + 1)
-        Column offsets of the layers into ``indices`` (CSC, as in
-        :class:`dasknn.kernels.inference.PackedLayers` and
-        :class:`dasknn.kernels.cuda_inference.CompactLayers`).
+        Column offsets into ``indices`` (CSC, as in
+        :class:`dasknn.kernels.inference.PackedLayers`).
     indices : uint16 or int32 array
         Input neuron of each weight entry.
     footprint : int
@@ -260,8 +240,7 @@ def tile_layers(
     Raises
     ------
     ValueError
-        When a column has more than ``footprint`` inputs (the message names its degree and the
-        limit; the sectioned mode handles such columns), or on a bad ``footprint`` or
+        When a column has more than ``footprint`` inputs, or on a bad ``footprint`` or
         ``tile_outputs``.
     """
     if tile_outputs < 1:

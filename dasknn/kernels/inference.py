@@ -1,25 +1,8 @@
-"""Numba kernel of sparse-DNN inference on one batch of input rows (the Graph Challenge step).
-
-Each layer computes ``Y = min(max(Y @ W + b * (Y @ W != 0), 0), ymax)``. A batch is kept as its
-*live* rows only (rows that are all zero can never come back to life, so they are dropped as soon
-as they die and never touched again), stored feature-major in tiles of ``LANES`` rows::
-
-    block[t, j, lane]  =  activation of neuron j for live row  t * LANES + lane
-
-so one neuron of one tile is a contiguous *section* of ``LANES`` values. For output neuron ``c`` the
-kernel accumulates ``y_j * W[j, c]`` over the inputs ``j`` of column ``c`` whose section holds a
-nonzero value (all-zero sections are skipped through a per-tile flag), with unit-stride SIMD over
-the lanes; bias (on nonzero entries only), ReLU and the clip are fused into the store; rows that
-died are compacted away before the next layer. Two rolling buffers are reused across the layers,
-and the whole loop over layers runs inside one compiled call. Tiles run in parallel (``prange``) on
-the numba threads; when a layer has fewer live tiles than threads (a small batch, or one whose rows
-mostly died), each tile's output columns are split into consecutive chunks of at least
-``MIN_CHUNK_COLUMNS`` that run in parallel too, and the chunks' lane hits and counts are summed per
-tile afterwards. A column's sum keeps its order, so the results do not depend on the thread count.
-``LANES`` is a compile-time constant so the lane loops vectorize without remainder code.
-
-The layers are given as one concatenated CSC structure (column ``c`` of layer ``k`` lists the input
-neurons feeding output neuron ``c``), see :class:`PackedLayers`.
+"""Numba kernel of sparse-DNN inference on one batch of input rows (the Graph Challenge step):
+each layer ``Y = min(max(Y @ W + b * (Y @ W != 0), 0), ymax)`` on the batch's live rows,
+feature-major in tiles of ``LANES`` (``block[t, j, lane]``), all-zero sections skipped, layers as
+one concatenated CSC structure (:class:`PackedLayers`). Results do not depend on the thread
+count; docs/challenge.md ("The kernel").
 """
 
 from __future__ import annotations
@@ -100,18 +83,15 @@ class PackedLayers:
         )
 
     def __sizeof__(self) -> int:
-        """Bytes of this object and of its arrays: Dask's ``sizeof`` falls back on
-        ``sys.getsizeof``, so a worker's memory accounting and the scheduler's transfer costs
-        count what it holds."""
+        """Bytes of this object and its arrays (what Dask's ``sizeof`` counts)."""
         return object.__sizeof__(self) + self.nbytes
 
 
 def pack_layers(layers: list[sp.spmatrix], dtype: np.dtype | type = np.float32) -> PackedLayers:
     """Pack square sparse layers of shape ``(N, N)`` (challenge convention) for the kernel.
 
-    Each layer is checked (:func:`graph.checks.check_csr`), duplicates are summed, and its CSR
-    arrays are transposed into the concatenated CSC arrays by a numba kernel, the layers spread
-    over the machine's cores (the kernel releases the GIL).
+    Each layer is checked (:func:`graph.checks.check_csr`), duplicates summed, and transposed
+    to CSC, layers in parallel.
 
     Raises
     ------
@@ -160,13 +140,9 @@ def _canonical(csr: sp.csr_matrix) -> sp.csr_matrix:
 
 @njit(cache=True, nogil=True)
 def _csr_to_csc(csr_indptr, csr_indices, csr_data, offset, indptr, indices, data, degree):
-    """Transpose one canonical CSR layer into its slice of the packed CSC arrays.
-
-    ``indptr`` (the layer's row of :attr:`PackedLayers.indptr`) receives offsets starting at
-    ``offset``; ``indices`` / ``data`` (the layer's slices) the input neuron and weight of each
-    nonzero, rows ascending within a column; ``degree`` each row's nonzeros. Returns whether every
-    weight is still finite in the type of ``data`` (a float64 weight may overflow float32).
-    """
+    """Transpose one canonical CSR layer into its slice of the packed CSC arrays (offsets from
+    ``offset``, rows ascending in a column; ``degree``: each row's nonzeros); return whether every
+    weight is finite in the type of ``data``."""
     n = degree.size
     counts = np.zeros(n + 1, dtype=np.int64)
     for p in range(csr_indptr[n]):
@@ -215,9 +191,7 @@ class BatchState:
         return int(self.rows.size)
 
     def __sizeof__(self) -> int:
-        """Bytes of this object and of its arrays: Dask's ``sizeof`` falls back on
-        ``sys.getsizeof``, so a worker's memory accounting and the scheduler's transfer costs
-        count what it holds."""
+        """Bytes of this object and its arrays (what Dask's ``sizeof`` counts)."""
         return object.__sizeof__(self) + self.rows.nbytes + self.block.nbytes
 
 
@@ -252,10 +226,7 @@ def start_batch(inputs: sp.spmatrix, dtype: np.dtype | type = np.float32) -> Bat
 
 @njit(cache=True)
 def _tile_section_flags(tile, tile_flags, degree):
-    # One tile of ``_section_flags``, kept out of its ``prange`` loop (and not inlined into it):
-    # with these accumulators in the loop body, numba's parfor reduction analysis fails with
-    # "AssertionError: unexpected cycle in lookup()" (seen with numba 0.68.0 and 0.68.1 on Python
-    # 3.12; Python 3.11 compiled it). Same speed: the loop over tiles is still parallel.
+    # Out of the prange loop: numba's parfor reduction analysis fails on these accumulators there.
     count = 0
     for j in range(tile.shape[0]):
         nz = 0
@@ -279,13 +250,9 @@ def _section_flags(block, live, flags, degree):
 
 @njit(cache=True)
 def _column_chunks(n_tiles, n, threads):
-    """Into how many ranges of output columns each of ``n_tiles`` tiles is split for ``threads``.
-
-    1 when the tiles alone keep every thread busy. Otherwise the fewest chunks that give every
-    thread the same number of (tile, chunk) items, when those chunks still hold at least
-    ``MIN_CHUNK_COLUMNS`` of the ``n`` columns; failing that, enough chunks of that size for at
-    least one item a thread, as far as ``n`` allows.
-    """
+    """Into how many ranges of output columns each of ``n_tiles`` tiles is split for ``threads``:
+    1 when the tiles keep every thread busy, else the fewest chunks of at least
+    ``MIN_CHUNK_COLUMNS`` that balance the (tile, chunk) items over the threads."""
     if n_tiles >= threads:
         return 1
     most = max(1, n // MIN_CHUNK_COLUMNS)
@@ -315,11 +282,8 @@ def _layer(
     bias,
     ymax,
 ):
-    """One layer: ``dst = f(src @ W)``; fills ``alive``, ``counts`` and the section flags.
-
-    The parallel items are the tiles, each split into ``chunks`` consecutive ranges of output
-    columns; the lane hits and the counts of a tile's chunks are summed afterwards.
-    """
+    """One layer: ``dst = f(src @ W)``; fills ``alive``, ``counts`` and the section flags; the
+    parallel items are (tile, column chunk)."""
     n = src.shape[1]
     n_tiles = (live + LANES - 1) // LANES
     items = n_tiles * chunks
@@ -410,11 +374,8 @@ def _run_layers(
     ymax,
     threads,
 ):
-    """All layers of a window in one call; returns (live, result in spare?, done, needed).
-
-    Each layer whose live tiles are fewer than ``threads`` splits the tiles' output columns into
-    chunks for that many threads (:func:`_column_chunks`); ``threads=1`` never splits.
-    """
+    """All layers of a window in one call; returns (live, result in spare?, done, needed);
+    columns split per :func:`_column_chunks` (never with ``threads=1``)."""
     n_layers = indptr.shape[0]
     n = block.shape[1]
     src, dst = block, spare
@@ -490,8 +451,7 @@ def advance(
         Upper clip of the activations (32 in the challenge).
     split_columns : bool
         When the live tiles are fewer than the numba threads, split each tile's output columns
-        among the threads (the results are the same bit for bit); ``False`` runs a tile on one
-        thread whatever the count (``benchmarks/challenge.py --column-split`` measures both).
+        among the threads (same results bit for bit); ``False`` runs a tile on one thread.
     """
     n_tiles, n, _ = state.block.shape
     if layers.neurons != n:

@@ -63,11 +63,9 @@ def pack_sign_bits(projections, k, n_tables):  # pragma: no cover - compiled
 def dwta_codes(vectors, bins, k, n_tables, bits):  # pragma: no cover - compiled
     """Densified winner-take-all codes.
 
-    Bin ``f`` (``f = t * k + j``) looks at the coordinates ``bins[f]``; its code is the position
-    of the largest value among them (the first on ties). A bin whose coordinates are all zero is
-    empty and takes the code of the next non-empty bin to its right (circularly over all
-    ``n_tables * k`` bins); a zero vector has all codes 0. Table ``t``'s code is the ``k`` bin
-    codes of ``bits`` bits each, bin ``j`` at bit ``j * bits``.
+    Bin ``f = t * k + j``'s code is the position of the largest of ``vectors[i, bins[f]]`` (first
+    on ties); an all-zero bin takes the next non-empty bin's code (circularly); a zero vector has
+    all codes 0. Table ``t``'s code packs its ``k`` bin codes, bin ``j`` at bit ``j * bits``.
 
     Returns an ``(n, n_tables)`` int64 array.
     """
@@ -153,9 +151,7 @@ def mips_transform(weights, bias):  # pragma: no cover - compiled
 
 @njit(cache=True)
 def _stable_order(column):  # pragma: no cover - compiled
-    """The positions of ``column``'s values in increasing order, equal values in position order:
-    a counting sort when the values are non-negative and below ``4 * len(column) + 1024``, else
-    a merge sort."""
+    """Stable argsort of ``column`` (a counting sort for small non-negative values)."""
     n = column.shape[0]
     if n == 0:
         return np.zeros(0, dtype=np.int64)
@@ -177,8 +173,7 @@ def _stable_order(column):  # pragma: no cover - compiled
 
 @njit(cache=True)
 def _run_end(column, order, start):  # pragma: no cover - compiled
-    """The end of the run of equal codes that starts at ``start`` (codes ``column`` sorted by
-    ``order``)."""
+    """The end of the run of equal codes from ``start`` (``column`` sorted by ``order``)."""
     code = column[order[start]]
     stop = start
     while stop < column.shape[0] and column[order[stop]] == code:
@@ -205,11 +200,8 @@ def _bucket_counts(column, order, cap):  # pragma: no cover - compiled
 def build_buckets(codes, cap, seed):  # pragma: no cover - compiled
     """CSR-like tables from the codes of ``n`` items (``codes``: ``(n, n_tables)``).
 
-    Per table the items are grouped by code (sorted codes, items in id order). A bucket with more
-    than ``cap`` items keeps a uniform sample of ``cap`` of them, drawn by reservoir sampling
-    (Vitter's algorithm R over the items in id order, stream ``(seed, table, code)``), in
-    reservoir order. The tables are built in parallel: each is sorted and counted, then written
-    at its offsets.
+    Per table, items grouped by sorted code, in id order; a bucket over ``cap`` keeps a uniform
+    reservoir sample of ``cap`` (algorithm R, stream ``(seed, table, code)``). Tables in parallel.
 
     Returns
     -------
@@ -280,8 +272,7 @@ def bucket_of(keys, key_ptr, t, code):  # pragma: no cover - compiled
 
 @njit(cache=True)
 def query_union(keys, key_ptr, bucket_ptr, items, codes, n_items):  # pragma: no cover
-    """The union of the buckets of ``codes`` (one code per table), each id once, in the order
-    met (table by table, bucket order)."""
+    """The union of the buckets of ``codes`` (one a table), each id once, in the order met."""
     seen = np.zeros(n_items, dtype=np.bool_)
     out = np.empty(items.shape[0], dtype=np.int32)
     count = 0

@@ -1,12 +1,8 @@
 """Numba kernels of the optimizers' updates on the values array of one chunk.
 
-A chunk's parameters are a 1-D array: the stored values of a weight chunk (its nonzeros only, so
-the update is restricted to the sparsity pattern) or a dense bias vector. Every state array
-(momentum buffer, first and second moments) has the same length as the parameters and is updated
-in place beside them. The formulas are those of ``torch.optim`` (``SGD``, ``Adam``, ``AdamW``);
-the scalars (learning rate, bias corrections, ...) are computed by :mod:`dasknn.optim` and passed
-in the dtype of the parameters. Like the training kernels, these are single-threaded and release
-the GIL.
+Parameters are 1-D (a weight chunk's nonzeros, or a bias) and every state array (momentum, moments)
+has their length, updated in place. Formulas of ``torch.optim`` (``SGD``, ``Adam``, ``AdamW``); the
+scalars come from :mod:`dasknn.optim` in the parameters' dtype. Single-threaded, ``nogil``.
 """
 
 from __future__ import annotations
@@ -116,9 +112,7 @@ def adam_update_rows(
 ):  # pragma: no cover - compiled
     """:func:`adam_update` on the listed rows of 2-D arrays only (a sparse row update).
 
-    Every entry of the rows ``rows`` (distinct) of ``param`` is updated with exactly the formulas
-    of :func:`adam_update`; the other rows and their moments are left as they are. The rows are
-    processed in parallel.
+    The rows ``rows`` (distinct) are updated in parallel; the others are left as they are.
 
     Parameters
     ----------

@@ -1,9 +1,7 @@
 """A counter-seeded random stream for numba code: splitmix64.
 
-Every random choice of the sampled layers (bucket reservoirs, active-set reservoirs, fill) draws
-from a stream seeded by integers that name the choice (seed, table, step, sample, shard), so the
-result does not depend on threads, on the order samples are processed in, or on the process that
-makes it: a distributed shard and the one-process model simulating it draw the same numbers.
+Every random choice of the sampled layers draws from a stream seeded by the integers that name it
+(seed, table, step, sample, shard), so results do not depend on threads, order or process.
 """
 
 from __future__ import annotations

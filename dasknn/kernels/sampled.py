@@ -1,12 +1,7 @@
 """Numba kernels of the sampled network: the dense hidden layer on sparse inputs, active-set
-selection, and the output layer restricted to the active neurons.
-
-Every kernel processes a batch in ``n_chunks`` consecutive chunks of samples, the chunks in
-parallel (``prange``). With ``n_chunks == 1`` the samples are processed one after the other in
-order (the deterministic mode); with more chunks the gradient accumulations of different chunks
-race without locks, HOGWILD-style (Recht et al.), as in SLIDE. Kernels that only write per-sample
-results (:func:`hidden_forward`, :func:`select_active`, :func:`output_logits`) give the same result
-for any ``n_chunks``.
+selection, and the output layer restricted to the active neurons. A batch runs in ``n_chunks``
+parallel chunks; ``n_chunks == 1`` is deterministic, more race on the gradients (HOGWILD, as in
+SLIDE); kernels writing per-sample results only give the same result for any ``n_chunks``.
 """
 
 from __future__ import annotations
@@ -108,19 +103,13 @@ def select_active(
 ):  # pragma: no cover - compiled
     """Each sample's active neurons of one shard: its labels, then a sample of its candidates.
 
-    For sample ``b``: the labels ``label_ids[label_ptr[b]:label_ptr[b + 1]]`` come first (forced,
-    each once); then the candidates, the union of the sample's buckets (``codes[b]``, one code a
-    table) less the labels, in the order met. The candidates may take ``room = budget - labels -
-    reserve`` slots (at least none): if there are more, a uniform sample of ``room`` of them is
-    kept by reservoir sampling. If slots are left and ``fill``, they are filled with neurons drawn
-    uniformly from those not yet active (dropped candidates included). The random stream of a
-    sample is ``(seed, step, row0 + b, shard)``, independent of the chunking.
-
-    Given the sample's buckets, every active neuron had a known probability ``q`` of being
-    chosen: 1 for a label and for a candidate when all candidates fit; with ``C`` candidates of
-    which ``r < C`` kept, and ``need`` slots filled from the ``free`` neurons not active after
-    the candidates, ``r / C + (1 - r / C) need / free`` for a candidate and ``need / free`` for
-    any other neuron.
+    Sample ``b``'s labels ``label_ids[label_ptr[b]:label_ptr[b + 1]]`` come first (forced), then
+    the union of its buckets (``codes[b]``) less the labels, a reservoir sample of at most
+    ``room = max(0, budget - labels - reserve)``; with ``fill``, free slots take uniform draws
+    from the inactive neurons. Stream ``(seed, step, row0 + b, shard)``. Inclusion probability
+    ``q``: 1 for a label or when all ``C`` candidates fit; else, with ``r`` kept and ``need``
+    slots filled from ``free`` neurons, ``r / C + (1 - r / C) need / free`` for a candidate and
+    ``need / free`` for any other.
 
     Returns
     -------
@@ -212,13 +201,11 @@ def select_active(
 
 @njit(cache=True, parallel=True, nogil=True)
 def output_logits(hidden, weights, bias, active, count, shift, n_chunks):  # pragma: no cover
-    """Logits of the active neurons, less ``shift``, and each sample's softmax statistics on
-    this shard.
+    """Logits of the active neurons less ``shift``, and each sample's softmax statistics.
 
-    ``weights`` is neuron-major, ``(n_items, H)``; ``shift`` is ``(n, budget)`` (the sampled-
-    softmax correction ``log q``, or zeros) or ``(0, 0)`` for none. Returns ``z`` (``(n, budget)``,
-    ``h . w_j + b_j - shift``, zero past ``count``) and ``stats`` (``(n, 2)``): the largest of
-    them (``-inf`` with none) and ``sum exp(z - max)``.
+    ``weights`` is ``(n_items, H)``; ``shift`` is ``(n, budget)`` (``log q``, or zeros) or
+    ``(0, 0)``. Returns ``z`` (``(n, budget)``, ``h . w_j + b_j - shift``, zero past ``count``)
+    and ``stats`` (``(n, 2)``): ``max z`` (``-inf`` with none) and ``sum exp(z - max)``.
     """
     shifted = shift.shape[0] > 0
     n, budget = active.shape
@@ -265,13 +252,10 @@ def output_backward(
 ):  # pragma: no cover - compiled
     """Backward pass of the sampled softmax on one shard.
 
-    ``z`` are the logits of :func:`output_logits` (less the correction, if any; a label's
-    correction is zero). With ``p = exp(z - lse)`` (softmax over every shard's active set) and
-    the target
-    ``y = target[b]`` (one over the sample's number of labels) on each label (the first
-    ``forced[b]`` active ids), ``delta = scale * (p - y)``: ``grad_w[j] += delta * hidden[b]``,
-    ``grad_b[j] += delta`` (``touched[j] = True``), and the partial gradient of the layer input
-    ``sum_j delta * weights[j]`` (weights before the step).
+    ``z`` from :func:`output_logits`; ``p = exp(z - lse)`` (softmax over every shard's active
+    set); ``y = target[b]`` on the first ``forced[b]`` (labels). ``delta = scale * (p - y)``:
+    ``grad_w[j] += delta * hidden[b]``, ``grad_b[j] += delta`` (``touched[j] = True``), and the
+    input's partial gradient ``sum_j delta * weights[j]`` (weights before the step).
 
     Returns
     -------

@@ -1,18 +1,7 @@
-"""Numba kernels for training on one weight chunk, on feature-major activations.
-
-A chunk is a CSR matrix ``W`` of shape ``(n_in, n_out)`` given by its arrays ``(indptr, indices,
-data)``. Activations, pre-activations and deltas are **feature-major**: an array ``xt`` of shape
-``(n_features, B)`` holds the batch's values of one neuron in a contiguous row (it is ``x.T`` for
-the row-block batch ``x`` of the maths). Every stored entry of ``W`` then meets a contiguous run of
-``B`` samples, the innermost loops are SIMD-vectorised, and a part's message to another part is a
-gather of whole rows. The single-process model and every worker of the model-parallel runtime keep
-their activations in this layout for the whole step, so no kernel transposes anything
-(transposing in and out of each kernel costs a multiple of the product itself; see
-``docs/benchmarks.md``, ``### Training kernels``, for the measured figures).
-
-These kernels are the only per-element arithmetic on the sparse matrices of the training path.
-They are single-threaded on purpose (the parallelism is across Dask workers, one thread each) and
-release the GIL (``nogil``), so a worker keeps answering its peers' data requests while it computes.
+"""Numba kernels for training on one weight chunk ``W`` (CSR, ``(n_in, n_out)``) on feature-major
+activations ``xt`` (``(n_features, B)``, ``x.T``), so every entry meets a contiguous run of
+samples and nothing is transposed (docs/benchmarks.md, "Training kernels"). Single-threaded (the
+parallelism is across workers) and ``nogil``.
 """
 
 from __future__ import annotations
@@ -31,9 +20,8 @@ def spmm_forward(xt, indptr, indices, data, outt, accumulate=False):  # pragma: 
     xt : array (n_in, B)
         Feature-major inputs.
     indptr, indices, data : CSR arrays of ``W`` (n_in, n_out)
-        ``indptr`` may be the slice ``indptr[lo : hi + 1]`` of a larger matrix's (its entries
-        stay positions in ``indices`` and ``data``), with ``xt`` the inputs ``lo:hi``: the
-        product of those rows of ``W``.
+        ``indptr`` may be a slice ``indptr[lo : hi + 1]`` of a larger matrix's, with ``xt`` the
+        inputs ``lo:hi``.
     outt : array (n_out, B)
         Overwritten with the feature-major pre-activations (without bias), or added to with
         ``accumulate``.

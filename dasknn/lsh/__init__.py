@@ -1,9 +1,5 @@
-"""Locality-sensitive hashing for sampling neurons: SimHash and DWTA families, bucketed tables.
-
-One process, no Dask (the numba kernels are in :mod:`dasknn.kernels.lsh`): the sampled layers
-(:mod:`dasknn.sampled`) query these tables with a layer's input to find the neurons likely to have
-large activations.
-"""
+"""Locality-sensitive hashing for sampling neurons: SimHash and DWTA families, bucketed tables
+(one process; kernels in :mod:`dasknn.kernels.lsh`), queried by :mod:`dasknn.sampled`."""
 
 from dasknn.lsh.families import DWTA, FAMILIES, MAX_CODE_BITS, HashFamily, SimHash, make_family
 from dasknn.lsh.mips import mips_items, mips_queries

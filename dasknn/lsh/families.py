@@ -1,11 +1,6 @@
 """Hash families for sampling neurons: signed random projections (SimHash) and densified
-winner-take-all (DWTA).
-
-A family of ``L`` tables of ``K`` functions each maps a dense vector of ``dim`` values to one
-integer code per table (:meth:`HashFamily.codes`). Its random parts are drawn from
-``numpy.random.default_rng(seed)`` when it is made, so a family is determined by its
-hyperparameters and seed.
-"""
+winner-take-all (DWTA). A family of ``L`` tables of ``K`` functions maps a vector of ``dim``
+values to one code per table; its random parts come from ``numpy.random.default_rng(seed)``."""
 
 from __future__ import annotations
 
@@ -21,8 +16,7 @@ __all__ = ["DWTA", "FAMILIES", "MAX_CODE_BITS", "HashFamily", "SimHash", "make_f
 #: The most bits a table's code may have.
 MAX_CODE_BITS = 30
 
-#: The largest ``dim * k * n_tables`` for which SimHash keeps its projections as a dense
-#: matrix and computes codes with one matrix product (16 MiB of float32).
+#: The largest ``dim * k * n_tables`` for which SimHash also keeps a dense projection matrix.
 DENSE_PROJECTION_ENTRIES = 1 << 22
 
 
@@ -50,8 +44,8 @@ class HashFamily:
     Raises
     ------
     ValueError
-        If ``dim``, ``k`` or ``n_tables`` is not an integer >= 1, ``seed`` not one >= 0, or a
-        table's code would have more than ``MAX_CODE_BITS`` bits.
+        If ``dim``, ``k`` or ``n_tables`` is not an integer >= 1, ``seed`` < 0, or a code would
+        exceed ``MAX_CODE_BITS`` bits.
     """
 
     dim: int
@@ -91,15 +85,12 @@ class SimHash(HashFamily):
     """Signed random projections: each function is a sparse +-1 projection over
     ``ceil(density * dim)`` distinct coordinates; its bit is ``projection >= 0``.
 
-    Two vectors at angle ``theta`` share a bit with probability ``1 - theta / pi`` (exactly for a
-    randomly rotated pair), a ``k``-bit code with ``p**k``, and some table's code with
-    ``1 - (1 - p**k)**n_tables``.
+    Vectors at angle ``theta`` share a bit with probability ``p = 1 - theta / pi``, a code with
+    ``p**k``, some table's code with ``1 - (1 - p**k)**n_tables``.
 
-    Up to ``DENSE_PROJECTION_ENTRIES`` entries the projections are also kept as a dense
-    ``(dim, k * n_tables)`` matrix of ``-1, 0, +1`` and the codes come from one matrix product
-    (BLAS; about 3.5x faster than the sparse kernel when a shard of 100,000 weight vectors is
-    rehashed), otherwise from :func:`~dasknn.kernels.lsh.simhash_codes`. The two sum the same
-    terms in another order, so a projection within rounding of 0 may take either sign.
+    Up to ``DENSE_PROJECTION_ENTRIES`` entries the codes come from one dense matrix product
+    (docs/sampled.md), otherwise from :func:`~dasknn.kernels.lsh.simhash_codes`; a projection
+    within rounding of 0 may take either sign between the two.
 
     Attributes
     ----------
@@ -146,11 +137,9 @@ class SimHash(HashFamily):
 
 @dataclass(frozen=True)
 class DWTA(HashFamily):
-    """Densified winner-take-all: ``k`` bins of ``bin_size`` coordinates a table, each coding the
-    position of its largest value in ``log2(bin_size)`` bits; an empty (all-zero) bin borrows the
-    code of the next non-empty bin (see :func:`dasknn.kernels.lsh.dwta_codes`).
-
-    The bins are consecutive pieces of random permutations of the coordinates.
+    """Densified winner-take-all: ``k`` bins of ``bin_size`` coordinates (pieces of random
+    permutations) a table, each coding its argmax in ``log2(bin_size)`` bits
+    (:func:`dasknn.kernels.lsh.dwta_codes`).
 
     Attributes
     ----------

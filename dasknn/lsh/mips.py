@@ -1,12 +1,10 @@
-"""Maximum inner product search with an angular hash: the asymmetric transform of simple-LSH
-(Neyshabur & Srebro, ICML'15), applied to centred items with a bias.
+"""Maximum inner product search with an angular hash: simple-LSH (Neyshabur & Srebro, ICML'15) on
+centred items with a bias.
 
-A layer's logit ``z_j = h . w_j + b_j`` ranks neurons by inner product, which an angular hash
-(SimHash) does not see when the weight vectors differ in norm or share a common direction. The
-items ``u_j = (w_j - mean w, b_j - mean b)`` are scaled by their largest norm ``M`` and completed
-to unit length, ``x_j = (u_j / M, sqrt(1 - |u_j|^2 / M^2))``; the query is ``y = (h, 1, 0)``.
-Then ``x_j . y = (z_j - c(h)) / M`` with ``c(h) = h . mean w + mean b`` the same for every item,
-and all ``|x_j| = 1``: for a given query the angle to ``x_j`` falls as ``z_j`` grows.
+Items ``u_j = (w_j - mean w, b_j - mean b)`` are scaled by their largest norm ``M`` and completed to
+unit length, ``x_j = (u_j / M, sqrt(1 - |u_j|^2 / M^2))``; the query is ``y = (h, 1, 0)``. Then
+``x_j . y = (z_j - c(h)) / M`` with ``c(h)`` the same for every item, so the angle falls as the
+logit ``z_j = h . w_j + b_j`` grows (docs/sampled.md).
 """
 
 from __future__ import annotations
@@ -31,8 +29,7 @@ def mips_items(weights: np.ndarray, bias: np.ndarray) -> np.ndarray:
     Returns
     -------
     numpy.ndarray ``(n, H + 2)``, ``weights``' dtype
-        ``x_j = (u_j / M, sqrt(1 - |u_j|^2 / M^2))`` with ``u_j`` the centred weights and bias
-        (see the module docstring).
+        ``x_j = (u_j / M, sqrt(1 - |u_j|^2 / M^2))`` (see the module docstring).
     """
     weights = np.ascontiguousarray(weights)
     return mips_transform(weights, np.ascontiguousarray(bias, dtype=weights.dtype))

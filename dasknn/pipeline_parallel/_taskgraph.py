@@ -1,25 +1,8 @@
-"""The task graph of one pipeline (and data-parallel) training step.
-
-For every replica ``d`` and stage ``s`` the passes of the step are tasks pinned to the stage
-replica's worker, run in the order of the schedule (:func:`stage_order`): a pass of a run of
-passes of one kind runs after the pass two before it, the first passes of a run after the last of
-the run before (:func:`chain_links`), so the next pass of a run is on the worker, its priority
-ordering it, before the one before it ends. A forward task of stage ``s > 0`` reads the pass key of
-stage ``s - 1``'s forward pass of its microbatch (its last pre-activations), a backward task of
-stage ``s < S - 1`` that of stage ``s + 1``'s backward pass (those pre-activations' deltas): one
-message each. The
-sender's own tasks that must run after a sent pass but may wait for something else wait instead
-for the pass's ``fwd-done`` / ``bwd-done`` task (:func:`local_keys`), which reads the pass, is
-processing on the sender as soon as the pass ends, and returns nothing: Dask's active memory
-manager keeps a replica that a task processing on its worker still needs, so the sender's copy
-stays until then, nothing on the sender reads the pass later, and the sender never fetches a
-message back. With ``D > 1`` replicas, each
-stage's accumulated compressed gradients (one flat buffer in the storage dtype) are summed across
-its replicas by the runtime's allreduce (:func:`dasknn.runtime.collectives.build_allreduce`,
-summed in float32 for 16-bit storage), and every replica applies the same update. With fp16's
-dynamic loss scaling, every stage replica checks its (summed) gradient for inf / NaN, stage 0 of
-replica 0 combines the flags, and every update task reads the verdict: a step is applied on every
-stage replica or skipped on all of them.
+"""The task graph of one pipeline (and data-parallel) training step: each stage replica's passes
+pinned to its worker and chained in schedule order, one message a stage boundary, ``fwd-done`` /
+``bwd-done`` marks keeping the sender's copy, each stage's gradients allreduced across replicas
+(:func:`dasknn.runtime.collectives.build_allreduce`) and fp16 steps applied everywhere or nowhere.
+Details: docs/samo.md.
 """
 
 from __future__ import annotations
@@ -68,10 +51,8 @@ class Placement:
 
 
 class SchedulePriority:
-    """``priority=`` annotation of a step's keys (evaluated per key): a stage's passes in the
-    order of its schedule (:func:`stage_order`), the earlier pass the higher priority, and the
-    per-step work (gradients, allreduce, fp16 flags, update) after all of them. The chains already
-    fix that order on a stage's worker; the priorities state it to the scheduler as well."""
+    """``priority=`` annotation of a step's keys: a stage's passes in schedule order, earlier
+    higher, and the per-step work (gradients, allreduce, fp16 flags, update) after them."""
 
     def __init__(self, schedule: str, stages: int, microbatches: int) -> None:
         self.last = 2 * microbatches
@@ -95,21 +76,16 @@ def _done(value) -> None:
 
 
 def _local_inputs(kind: str, stage: int, stages: int) -> bool:
-    """Whether a pass reads nothing from another stage: a forward pass of the first stage (the
-    microbatch, in memory before the step), a backward pass of the last (its output delta)."""
+    """Whether a pass reads nothing from another stage (first stage forward, last backward)."""
     return (kind == "F" and stage == 0) or (kind == "B" and stage == stages - 1)
 
 
 def chain_links(order: list[tuple[str, int]]) -> list[tuple[int, ...]]:
     """Per pass of a stage's ``order``, the positions of the passes of the stage it runs after.
 
-    The first pass of a run of passes of one kind runs after the last pass before the run, and
-    after the one before that too if both are of one kind; the second pass of a run after the
-    same passes as the first; every later pass after the pass two before it. So while a pass
-    runs, the next one of its run is already on the worker (its inputs permitting), with no
-    scheduler round trip between them, and a run's passes may end in any order: the run after it
-    waits for the last two, which between them follow every earlier pass. The schedule's
-    interleaving of forward and backward passes (1F1B's runs of one) is kept.
+    A run's first pass follows the last one or two passes before it (two if of one kind), its
+    second the same ones, every later pass the pass two before it; so the next pass of a run is
+    already on the worker while one runs (docs/samo.md).
     """
     links: list[tuple[int, ...]] = []
     for n, (kind, _) in enumerate(order):
@@ -126,9 +102,8 @@ def chain_links(order: list[tuple[str, int]]) -> list[tuple[int, ...]]:
 
 
 def final_passes(order: list[tuple[str, int]]) -> tuple[int, ...]:
-    """Positions of the passes that the step's later work (gradients, update) runs after: the
-    last one and, if of the same kind, the one before it (between them they follow every
-    pass)."""
+    """Positions of the passes the step's later work runs after: the last one and, if of the
+    same kind, the one before it."""
     last = len(order) - 1
     if last >= 1 and order[last - 1][0] == order[last][0]:
         return (last, last - 1)
@@ -145,14 +120,9 @@ def local_keys(
 ) -> list[tuple]:
     """Per pass of the stage replica's ``order``, the key the stage's own later tasks wait for.
 
-    The pass key itself, unless the pass sends a message (a forward pass before the last stage,
-    a backward pass after the first) and a task of the sender that waits for it may wait for
-    something else too: a pass that runs after another one as well or reads another stage's
-    message, or the step's later work (:func:`final_passes`). Such tasks wait for the pass's
-    ``fwd-done`` / ``bwd-done`` mark instead, a task that reads the pass key and so is
-    processing on the sender as soon as the pass ends: the sender's copy of the message is
-    needed by a task processing there until the mark ran, so Dask's active memory manager
-    cannot drop it, and afterwards nothing on the sender reads it.
+    The pass key itself, unless the pass sends a message and a task of the sender waiting for
+    it may wait for something else too; then its ``fwd-done`` / ``bwd-done`` mark, which keeps
+    the sender's copy from the active memory manager (docs/samo.md).
     """
     links = chain_links(order)
     final = final_passes(order)
@@ -215,11 +185,10 @@ def build_step(
         it out, and a step whose gradients overflow anywhere is skipped everywhere (the verdict
         is the value of ``verdict_key``).
     postboxes : dict, optional
-        ``{(stage, replica): key of its postbox actor}``: the step runs as one task per stage
-        replica (``run`` keys, :func:`~dasknn.pipeline_parallel._worker_state.run_stage`) whose
-        messages are posted worker to worker; each last stage's task returns the losses of its
-        microbatches. Without it, a task per pass and each message a task result; each
-        ``loss_keys`` entry is one microbatch's loss.
+        ``{(stage, replica): key of its postbox actor}``: one task per stage replica
+        (:func:`~dasknn.pipeline_parallel._worker_state.run_stage`), messages posted, the last
+        stage's returning its microbatches' losses. Without it, a task per pass, each
+        ``loss_keys`` entry one microbatch's loss.
     """
     tasks: dict = {}
     loss_keys, update_keys, tokens, collectives = [], [], [], {}
@@ -354,12 +323,10 @@ def build_inference(
     blocks: int,
     workers: dict[tuple[int, int], str],
 ) -> tuple[dict, list, Placement]:
-    """The tasks of a prediction: row block ``j`` (its feature-major samples under the key
-    ``pipeline_key(token, "infer-x", call, 0, d, j)`` on stage 0 of replica ``d = j %
-    replicas``) runs through that replica's stages, one ``infer`` task per stage
-    (:func:`~dasknn.pipeline_parallel._worker_state.infer`), each reading the previous stage's
-    (one message per boundary and block). Returns the tasks, the keys of the last stage's
-    results (``(z_L, a_L)`` of each block, in order) and the placement of every key."""
+    """The tasks of a prediction: row block ``j`` (key ``pipeline_key(token, "infer-x", call, 0,
+    d, j)``, replica ``d = j % replicas``) through that replica's stages, one
+    :func:`~dasknn.pipeline_parallel._worker_state.infer` task a stage. Returns the tasks, the
+    last stage's result keys (``(z_L, a_L)`` a block, in order) and every key's placement."""
     tasks: dict = {}
     outputs = []
     for j in range(blocks):

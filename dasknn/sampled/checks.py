@@ -165,9 +165,8 @@ def check_labels(
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """The labels of every row as CSR arrays ``(ptr, ids, width)``.
 
-    ``Y`` is a sparse indicator matrix (its stored nonzeros are the labels) or a sequence of
-    label lists. ``width`` is the number of labels the data implies (the matrix's width, or one
-    more than the largest label).
+    ``Y`` is a sparse indicator matrix or a sequence of label lists; ``width`` is the labels
+    the data implies (the matrix's width, or the largest label + 1).
 
     Raises
     ------

@@ -1,9 +1,6 @@
-"""The two layers of the sampled network, each a self-contained piece of state that one process
-owns: the dense hidden layer (or a block of its neurons) and one shard of the sampled output
-layer with its hash tables.
-
-The one-process model holds the whole hidden layer and every shard; a worker of the distributed
-model holds one hidden block and one shard, the same classes, so both run the same arithmetic.
+"""The two layers of the sampled network, each state that one process owns: the dense hidden
+layer (or a block of its neurons) and one shard of the sampled output layer with its hash tables.
+The one-process model holds all of them; a distributed worker holds one hidden block and one shard.
 """
 
 from __future__ import annotations
@@ -52,10 +49,8 @@ def shard_budget(active_fraction: float, n_items: int) -> int:
 
 
 def shard_bucket_cap(bucket_size: int, shards: int) -> int:
-    """The bucket cap of each shard's tables: ``ceil(bucket_size / shards)``, so that the ``P``
-    shards' tables together keep as many candidates a query as one table of the whole layer
-    with the cap ``bucket_size`` (at P = 2 with a cap of 128 per shard they kept 1.8x as many,
-    and the budget's share of the best logits fell from 0.22 to 0.12; ``docs/benchmarks.md``)."""
+    """The bucket cap of each shard's tables: ``ceil(bucket_size / shards)``, so the shards
+    together keep as many candidates as one whole-layer table (docs/benchmarks.md)."""
     return max(1, -(-bucket_size // shards))
 
 
@@ -92,10 +87,9 @@ class SamplingConfig:
 
 
 class ActiveSet(NamedTuple):
-    """One shard's active neurons of a batch (see :func:`dasknn.kernels.sampled.select_active`):
-    ``active[b, :count[b]]`` are sample ``b``'s local ids, the first ``forced[b]`` its labels;
-    ``log_q[b, a]`` the log of the probability that ``active[b, a]`` was chosen (``None``: not
-    known, as for sets given from outside; the correction ``"logq"`` then refuses them)."""
+    """One shard's active neurons of a batch (:func:`dasknn.kernels.sampled.select_active`):
+    ``active[b, :count[b]]``, the first ``forced[b]`` labels; ``log_q``: log inclusion
+    probabilities (``None``: unknown, refused by ``"logq"``)."""
 
     active: np.ndarray
     count: np.ndarray
@@ -105,8 +99,7 @@ class ActiveSet(NamedTuple):
 
 class HiddenLayer:
     """The dense hidden layer ``relu(X @ weights + bias)`` on sparse inputs, or a block of its
-    neurons; Adam updates the rows of the features present in the batch (and the bias), or
-    every row.
+    neurons, trained by Adam.
 
     Parameters
     ----------
@@ -115,9 +108,8 @@ class HiddenLayer:
     hogwild : bool
         Accumulate the gradients of the batch's samples in parallel without locks.
     update_all_rows : bool, default False
-        Update every row each step (a row absent from the batch has a zero gradient and moves
-        on its moments, as ``torch.optim.Adam`` on a dense ``EmbeddingBag`` gradient), instead
-        of the rows of the batch's features only.
+        Update every row each step (as ``torch.optim.Adam`` on a dense gradient), not only the
+        rows of the batch's features.
     """
 
     def __init__(
@@ -167,8 +159,8 @@ class HiddenLayer:
 
 
 class OutputShard:
-    """One shard of the sampled output layer: its neurons' weights and bias, their optimizer
-    state, the hash family and tables over the weight vectors, and the gradient buffers.
+    """One shard of the sampled output layer: weights, bias, optimizer state, hash tables and
+    gradient buffers.
 
     Parameters
     ----------
@@ -177,7 +169,7 @@ class OutputShard:
     ids : (n,) int array
         The global ids of its neurons; local id ``i`` is global ``ids[i]``.
     weights : (n, H) array
-        Neuron-major weights (row ``i``: the weight vector of local neuron ``i``).
+        Neuron-major weights.
     bias : (n,) array
     config : SamplingConfig
     hogwild : bool
@@ -209,7 +201,6 @@ class OutputShard:
         self.family = self.make_family(0)
         self.tables = self.build_tables()
 
-    # ------------------------------------------------------------ hashing
     def family_seed(self, rebuilds: int) -> int:
         """Seed of the hash family (and bucket reservoirs) after ``rebuilds`` rebuilds."""
         seq = np.random.SeedSequence([self.config.seed, self.index, rebuilds])
@@ -227,8 +218,7 @@ class OutputShard:
         )
 
     def hashed_items(self) -> np.ndarray:
-        """What the tables hash: the weight vectors (``hashing="plain"``), or with
-        ``"mips"`` the unit vectors of :func:`dasknn.lsh.mips_items` (weights and bias)."""
+        """What the tables hash: the weights, or :func:`dasknn.lsh.mips_items` (``"mips"``)."""
         if self.config.hashing == "mips":
             return mips_items(self.weights, self.bias)
         return self.weights
@@ -256,7 +246,6 @@ class OutputShard:
         elif steps % self.config.rehash_every == 0:
             self.tables = self.build_tables()
 
-    # ------------------------------------------------------------ a step
     def select(
         self,
         hidden: np.ndarray,
@@ -286,12 +275,8 @@ class OutputShard:
     def logits(self, hidden: np.ndarray, active: ActiveSet) -> tuple[np.ndarray, np.ndarray]:
         """Active logits ``(B, budget)`` and softmax statistics ``(B, 2)``.
 
-        With the correction ``"logq"`` (Bengio & Senecal; Jean et al.), each logit is lowered by
-        the log of its neuron's probability of being chosen, ``z_j - log q_j``: the sum of
-        ``exp`` over the active set then estimates the softmax's normaliser over all neurons
-        (every sample's own, unbiased while the buckets hold fewer candidates than the budget),
-        so the sampled gradient approximates the full softmax's. Labels (``q = 1``) keep their
-        logits.
+        With ``"logq"`` each logit is ``z_j - log q_j`` (labels keep theirs), so the active set's
+        ``exp`` sum estimates the full normaliser (docs/sampled.md).
         """
         if self.config.correction == "logq":
             if active.log_q is None:
@@ -357,7 +342,6 @@ class OutputShard:
         self.grad_b[rows] = 0
         self.touched[rows] = False
 
-    # ------------------------------------------------------------ inference
     def top_k(self, hidden: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Exact top ``k`` (or all, if fewer) neurons by logit: ``(scores, global ids)``, each
         ``(B, min(k, n))`` sorted by decreasing score (ties: smaller global id first)."""

@@ -1,9 +1,6 @@
 """The learning-rate schedule of the sampled models: constant, then a linear fall to zero over
-the last share of a horizon of steps.
-
-The scale multiplies the optimizer's ``lr`` at one step; the optimizer's state does not depend
-on it, so one optimizer (and its per-array state) serves every step of the schedule.
-"""
+the last share of a horizon of steps; the scale multiplies ``lr`` only, so one optimizer state
+serves every step (docs/sampled.md)."""
 
 from __future__ import annotations
 
@@ -15,8 +12,7 @@ __all__ = ["DecaySchedule", "lr_scale", "scaled_lr", "training_schedule"]
 
 
 def lr_scale(step: int, horizon: int, decay: float) -> float:
-    """The learning-rate factor of step ``step`` (0 for the first) of a schedule of ``horizon``
-    steps whose last ``decay * horizon`` steps fall linearly to zero.
+    """The learning-rate factor of step ``step`` (0-based) of a schedule of ``horizon`` steps.
 
     Parameters
     ----------
@@ -25,15 +21,13 @@ def lr_scale(step: int, horizon: int, decay: float) -> float:
     horizon : int
         Steps the schedule spans (>= 1).
     decay : float in [0, 1]
-        Share of the horizon, at its end, over which the factor falls linearly from 1 towards
-        0; 0 keeps it at 1.
+        Share of the horizon, at its end, over which the factor falls linearly towards 0.
 
     Returns
     -------
     float
-        1 before the fall and always when ``decay`` is 0; ``(horizon - step) / (decay *
-        horizon)`` during the fall (so the last step of the horizon takes ``1 / (decay *
-        horizon)``); 0 after the horizon.
+        1 before the fall (always when ``decay`` is 0); ``(horizon - step) / (decay * horizon)``
+        during it; 0 after the horizon.
     """
     if decay == 0:
         return 1.0
@@ -68,9 +62,8 @@ class DecaySchedule:
 
 
 def scaled_lr(optimizer: Optimizer, scale: float) -> Optimizer:
-    """``optimizer`` with its learning rate times ``scale`` (``optimizer`` itself at 1). Take the
-    optimizer state with the unscaled optimizer: the state belongs to it, not to one step's
-    learning rate."""
+    """``optimizer`` with its learning rate times ``scale`` (itself at 1); its state belongs to
+    the unscaled optimizer."""
     return optimizer if scale == 1.0 else replace(optimizer, lr=optimizer.lr * scale)
 
 
@@ -84,14 +77,12 @@ def training_schedule(
     decay : float in [0, 1]
         The model's ``lr_decay`` (0: constant learning rate, no schedule).
     horizon : int or None
-        The model's ``decay_horizon``: a schedule over the model's steps ``0 .. horizon - 1``
-        for every call; ``None``: a schedule over the call's own steps.
+        The model's ``decay_horizon`` (its steps ``0 .. horizon - 1``); ``None``: the call's own.
     step : int
         The model's step count at the start of the call.
     fit_steps : int or None
-        The steps of the call when it is a ``fit`` (epochs times batches); ``None`` for
-        ``partial_fit`` and ``train_step``, which keep the learning rate constant unless
-        ``horizon`` is given.
+        A ``fit``'s steps (epochs times batches); ``None`` for ``partial_fit`` and
+        ``train_step`` (constant unless ``horizon`` is given).
 
     Returns
     -------

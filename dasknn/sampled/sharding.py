@@ -57,8 +57,7 @@ class ShardMap:
         return self.order[self.bounds[p] : self.bounds[p + 1]]
 
     def split_labels(self, ptr: np.ndarray, ids: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per shard, the CSR ``(ptr, local ids)`` of the labels of a batch (``ptr``, ``ids``:
-        global labels per row)."""
+        """Per shard, the CSR ``(ptr, local ids)`` of a batch's global labels ``(ptr, ids)``."""
         rows = np.repeat(np.arange(len(ptr) - 1), np.diff(ptr))
         owner = self.shard_of[ids]
         out = []
