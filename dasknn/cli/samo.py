@@ -42,7 +42,7 @@ from dasknn.pipeline_parallel import (
     plan_parallelism,
 )
 from dasknn.pruning import EarlyBird, magnitude_masks
-from dasknn.runtime.affinity import pinned_core
+from dasknn.runtime.affinity import pin_by_default, pinned_core
 from dasknn.runtime.cluster import open_client
 from dasknn.runtime.comm_report import CommReport
 from graph.atomic import check_output_path, write_text_atomically
@@ -101,9 +101,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--schedule", choices=SCHEDULES, default="gpipe")
     parser.add_argument(
         "--pin-cores",
-        action="store_true",
-        help="bind each stage worker's process to a core of its own while training (for "
-        "machines whose cores the workers do not share with other work)",
+        action=argparse.BooleanOptionalAction,
+        help="bind each stage worker's process to a core of its own while training (default: "
+        "on a local cluster of --workers when the machine has more cores than stage workers)",
     )
     parser.add_argument(
         "--reuse-memory",
@@ -295,6 +295,9 @@ def run(args: argparse.Namespace) -> int:
     epochs: list[dict] = []
     with ExitStack() as stack:
         client = open_client(stack, target, args.workers, security=security)
+        pin_cores = args.pin_cores
+        if pin_cores is None:
+            pin_cores = pin_by_default(target is None, plan.stages * plan.replicas)
         pipe = stack.enter_context(
             DistributedCompressedMLP(
                 model,
@@ -304,7 +307,7 @@ def run(args: argparse.Namespace) -> int:
                 microbatches=args.microbatches,
                 schedule=args.schedule,
                 bounds=plan.bounds,
-                pin_cores=args.pin_cores,
+                pin_cores=pin_cores,
                 reuse_memory=args.reuse_memory,
                 step_timeout=args.step_timeout,
             )
@@ -356,7 +359,7 @@ def run(args: argparse.Namespace) -> int:
             "microbatches": args.microbatches,
             "schedule": args.schedule,
             "reuse_memory": args.reuse_memory,
-            "pinned_cores": _pinned_cores(client, pipe) if args.pin_cores else None,
+            "pinned_cores": _pinned_cores(client, pipe) if pipe.pin_cores else None,
             "batch_size": args.batch_size,
             "epochs": epochs,
             "steps": steps,

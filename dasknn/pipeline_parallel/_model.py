@@ -46,7 +46,7 @@ from dasknn.pipeline_parallel._schedule import check_schedule
 from dasknn.pipeline_parallel._taskgraph import accumulate_dtype, build_inference, build_step
 from dasknn.pipeline_parallel._timeline import IdleSources, handover_seconds, idle_sources
 from dasknn.runtime.affinity import PLUGIN_NAME as PIN_CORES_PLUGIN
-from dasknn.runtime.affinity import PinCores, host_slots, usable_cores
+from dasknn.runtime.affinity import PinCores, host_slots, pin_by_default
 from dasknn.runtime.comm_report import CommReport, Key
 from dasknn.runtime.distributed_model import DistributedModel
 from dasknn.runtime.faults import running_workers
@@ -313,7 +313,7 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
             self.close()  # what _connect opened
             raise
         if self.pin_cores is None:
-            self.pin_cores = self._own_cluster and len(usable_cores()) > needed
+            self.pin_cores = pin_by_default(self._own_cluster, needed)
         self.loss = model.loss
         self.dtype = model.dtype
         self.precision = model.precision

@@ -28,6 +28,7 @@ __all__ = [
     "PinCores",
     "host_slots",
     "migrations",
+    "pin_by_default",
     "pinned_core",
     "usable_cores",
 ]
@@ -40,6 +41,12 @@ def usable_cores() -> set[int]:
     if hasattr(os, "sched_getaffinity"):
         return set(os.sched_getaffinity(0))
     return set(range(os.cpu_count() or 1))
+
+
+def pin_by_default(own_cluster: bool, workers: int) -> bool:
+    """Whether ``workers`` workers are pinned when no one said: on a local cluster dasknn started
+    itself (``own_cluster``) whose machine has more cores than ``workers``."""
+    return own_cluster and len(usable_cores()) > workers
 
 
 def host_slots(addresses: Iterable[str]) -> dict[str, int]:
