@@ -441,6 +441,12 @@ def test_paused_worker_is_an_error_naming_the_memory_limit(tmp_path, messages):
         assert time.monotonic() - start < HANG_GUARD  # a hang guard, not a timing
 
 
+def _latest_step(dask_worker) -> int:
+    """The highest step a model-parallel model began on this worker (0 if none)."""
+    states = [p for n, p in dask_worker.plugins.items() if n.startswith("dasknn-model-")]
+    return max((state._latest_step for state in states), default=0)
+
+
 @pytest.mark.slow
 def test_cli_reports_a_lost_worker_in_one_line(cluster):
     # the command runs in a process of its own, as a user runs it: this process also runs the
@@ -452,12 +458,8 @@ def test_cli_reports_a_lost_worker_in_one_line(cluster):
     def kill_once_training():
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            plugins = client.run(lambda dask_worker: list(dask_worker.plugins))
-            names = [name for names in plugins.values() for name in names]
-            if any(name.startswith("dasknn-model-") for name in names):
-                # let the command's run train a while: its model lives in the command's process,
-                # with no step count here to poll (3,000 steps take over a minute)
-                time.sleep(2.0)
+            # placed and training (the command runs 3,000 steps): its parts began step 3
+            if min(client.run(_latest_step).values()) >= 3:
                 os.kill(max(pids.items())[1], signal.SIGKILL)
                 return
             time.sleep(0.05)

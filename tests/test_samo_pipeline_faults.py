@@ -313,24 +313,27 @@ def test_a_stopped_stage_worker_is_named_by_a_read_and_does_not_hold_up_close(cl
     )
 
 
+def _recorded_step(dask_worker) -> int:
+    """The highest training step a pipeline model's stage recorded on this worker (0 if none)."""
+    states = [p for n, p in dask_worker.plugins.items() if n.startswith(PLUGINS)]
+    return max((max(state.events, default=0) for state in states), default=0)
+
+
 def _signal_once_training(client, sent_signal) -> tuple[threading.Thread, list]:
-    """A started thread that waits (up to 60 s) until a pipeline model's plugin is on both
-    workers, lets it train for a second and sends ``sent_signal`` to one of them, and the list
-    it then appends ``(address, time.monotonic(), pid)`` to."""
+    """A started thread that waits (up to 60 s) until both workers' stages of a pipeline model
+    recorded step 3 (placed and training: the commands run 8,000 steps), then sends
+    ``sent_signal`` to one of them, and the list it then appends
+    ``(address, time.monotonic(), pid)`` to."""
     pids = client.run(os.getpid)
     sent: list = []
 
     def send_once_training() -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            held = client.run(lambda dask_worker: list(dask_worker.plugins))
-            placed = [a for a, names in held.items() if any(n.startswith(PLUGINS) for n in names)]
-            if len(placed) == 2:
-                # let the command's run train a while: its model lives in the command's process,
-                # with no step count here to poll (8,000 steps take far longer than the second)
-                time.sleep(1.0)
-                os.kill(pids[max(placed)], sent_signal)
-                sent.append((max(placed), time.monotonic(), pids[max(placed)]))
+            steps = client.run(_recorded_step)
+            if len(steps) == 2 and min(steps.values()) >= 3:
+                os.kill(pids[max(steps)], sent_signal)
+                sent.append((max(steps), time.monotonic(), pids[max(steps)]))
                 return
             time.sleep(0.05)
 
