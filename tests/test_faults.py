@@ -94,6 +94,12 @@ def cluster():
     with LocalCluster(
         n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
     ) as cluster, Client(cluster) as client:  # fmt: skip
+        # the workers import and compile the model's code before the tests' short step timeouts
+        # (on a loaded machine that alone took longer than their 2 s placements)
+        model = _model()
+        x, y = _data(8)
+        with DistributedSparseMLP(model, client, partition=_parts(model)) as warm:
+            warm.train_step(x, y, lr=LR)
         yield cluster, client
 
 
