@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from distributed.diagnostics.plugin import WorkerPlugin
+from polling import wait_until
 
 
 @contextmanager
@@ -55,10 +55,13 @@ class SignalOnTransition(WorkerPlugin):
 def wait_until_empty(read: Callable[[], list], seconds: float, what: str) -> None:
     """Poll ``read()`` until it returns an empty list; fail with ``what`` and what is left
     after ``seconds``."""
-    deadline = time.monotonic() + seconds
-    while left := read():
-        assert time.monotonic() < deadline, f"{what}: {left}"
-        time.sleep(0.05)
+    left: list = []
+
+    def empty() -> bool:
+        left[:] = read()
+        return not left
+
+    wait_until(empty, seconds, lambda: f"{what}: {left}")
 
 
 def keys_on_scheduler(client, prefix: str) -> list[str]:

@@ -17,6 +17,7 @@ import pytest
 import scipy.sparse as sp
 from challenge_reference import reference_activations, reference_categories
 from distributed import Client, LocalCluster
+from polling import HANG_GUARD
 from simulator_threads import workers_switch_interval
 from stopped_workers import wait_until_empty
 
@@ -426,7 +427,7 @@ def test_worker_load_past_the_step_timeout_names_the_workers(client, tmp_path):
             run_challenge(str(directory), random_inputs(6, 64, 0.5, seed=0), -0.3,
                           client=client, device="cuda", progress=False, load_on_workers=True,
                           step_timeout=3)
-        assert time.monotonic() - start < 3 + 10
+        assert time.monotonic() - start < HANG_GUARD  # a hang guard, not a timing
     finally:
         _end_reads(fifo)
     nothing_left(client)

@@ -31,6 +31,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from distributed import Client, LocalCluster, wait
+from polling import wait_until
 from random_layers import random_layers
 
 from dasknn.data_parallel import DistributedEmbeddingMLP
@@ -264,7 +265,7 @@ def _transitions(client) -> int:
     return client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.transition_counter)
 
 
-def _quiet_transitions(client, still: float = 0.3, seconds: float = 10) -> int:
+def _quiet_transitions(client, still: float = 0.3, seconds: float = 30) -> int:
     """The scheduler's transition count once it has not moved for ``still`` seconds (releases
     of an earlier check end asynchronously)."""
     deadline = time.monotonic() + seconds
@@ -390,10 +391,11 @@ def test_close_leaves_nothing_on_the_cluster_and_a_closed_model_refuses_work(cas
     token = dist.token
     dist.close()
     dist.close()  # twice does nothing
-    deadline = time.monotonic() + 10
-    while (held := _held_by(client, token)) and any(held.values()):
-        assert time.monotonic() < deadline, held
-        time.sleep(0.05)
+    wait_until(
+        lambda: not any(_held_by(client, token).values()),
+        30,
+        lambda: f"the closed model is still held: {_held_by(client, token)}",
+    )
     with pytest.raises(ModelClosedError):
         dist.fit(X, y, **case.fit, progress=False)
     with pytest.raises(ModelClosedError):
@@ -444,10 +446,11 @@ def test_a_model_dropped_without_close_releases_its_plugins(case, client):
     assert any(_held_by(client, token).values())
     del dist
     gc.collect()
-    deadline = time.monotonic() + 30
-    while (held := _held_by(client, token)) and any(held.values()):
-        assert time.monotonic() < deadline, held
-        time.sleep(0.05)
+    wait_until(
+        lambda: not any(_held_by(client, token).values()),
+        30,
+        lambda: f"the dropped model is still held: {_held_by(client, token)}",
+    )
 
 
 def test_save_and_load_round_trip(trained, tmp_path, client):
@@ -525,7 +528,7 @@ def test_a_killed_worker_is_a_worker_lost_error_naming_its_role(case):
             with pytest.raises(WorkerLostError) as lost:
                 for _ in range(50):
                     dist.fit(X, y, **case.fit, progress=False)
-            assert time.monotonic() - started < 30
+            assert time.monotonic() - started < 30  # below step_timeout: a hang guard
             assert victim in str(lost.value)
             assert dist._worker_roles()[victim] in str(lost.value)
 
@@ -544,7 +547,7 @@ def test_a_stopped_worker_is_a_step_timeout_error_naming_its_role(case):
             started = time.monotonic()
             with pytest.raises(StepTimeoutError) as stopped:
                 dist.fit(X, y, **case.fit, progress=False)
-            assert time.monotonic() - started < 20 + 30
+            assert time.monotonic() - started < 20 + 30  # a hang guard, not a timing
             assert victim in str(stopped.value)
             assert dist._worker_roles()[victim] in str(stopped.value)
         finally:

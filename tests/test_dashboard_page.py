@@ -59,6 +59,7 @@ def _table(dom: str, table_id: str) -> list[list[str]]:
     ]
 
 
+@pytest.mark.slow
 def test_page_shows_the_live_report_and_ends_equal_to_comm_report(chromium, dask_client, tmp_path):
     from PIL import Image
 

@@ -66,6 +66,7 @@ def _layer_volume(layer: sp.spmatrix, inputs: np.ndarray, outputs: np.ndarray) -
     return 2 * sum(part != inputs[i] for i, part in pairs)
 
 
+@pytest.mark.slow
 def test_partitioning_notebook(tmp_path):
     probe = (
         "import json\n"

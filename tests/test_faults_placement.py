@@ -15,6 +15,7 @@ import scipy.sparse as sp
 from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import WorkerPlugin
 from plugin_checks import key_cache_bound_count
+from polling import HANG_GUARD
 from stopped_workers import keys_on_workers, stopped, wait_until_empty
 
 from dasknn.exceptions import ModelFailedError, StepTimeoutError, WorkerLostError
@@ -97,13 +98,14 @@ def test_worker_killed_while_the_model_is_placed_is_a_quick_error_naming_it():
             "while the model was placed",
         ):
             DistributedSparseMLP(model, client, partition=parts, step_timeout=60)
-        assert time.monotonic() - start < 5  # Dask's connect timeout alone is 30 s
+        assert time.monotonic() - start < HANG_GUARD  # below Dask's 30 s connect timeout
         killed = client.run(lambda dask_worker: dask_worker.plugins[plugin.name].killed)
         assert killed[first]
-        deadline = time.monotonic() + 10
-        while client.run_on_scheduler(_model_keys) or _model_plugins(client):
-            assert time.monotonic() < deadline, "the failed model left keys or plugins for 10 s"
-            time.sleep(0.05)
+        wait_until_empty(
+            lambda: [*client.run_on_scheduler(_model_keys), *_model_plugins(client)],
+            30,
+            "the failed model left keys or plugins",
+        )
 
 
 def _dasknn_plugins(client) -> list[str]:
@@ -118,6 +120,7 @@ def _dasknn_plugins(client) -> list[str]:
     return sorted(n for n in names if n.startswith("dasknn-"))
 
 
+@pytest.mark.slow
 def test_a_worker_stopped_before_the_constructor_is_named_and_nothing_is_left():
     """A part worker stopped (SIGSTOP) before the model is placed: the constructor ends after
     ``step_timeout`` in a StepTimeoutError naming it and its part, where its registrations used
@@ -146,7 +149,7 @@ def test_a_worker_stopped_before_the_constructor_is_named_and_nothing_is_left():
                     model, client, partition=parts, reuse_memory=True, step_timeout=2
                 )
             took = time.monotonic() - start
-        assert 2 <= took < 6, took
+        assert took < HANG_GUARD, took  # a hang guard, not a timing
         wait_until_empty(lambda: _dasknn_plugins(client), 10, "a plugin of the model stayed")
 
 
@@ -243,10 +246,9 @@ def test_a_worker_stopped_while_the_recovery_places_a_checkpoint_again_is_named(
         finally:
             dist.close()
             client.unregister_worker_plugin(_KillOnStepStopOnPlacingAgain.name)
-        # steps 2 and 3 take well under a second; the loss is seen within a poll, or once the
-        # results of a step did not arrive (3 s); with the worker stopped before the recovery,
-        # the clean-up of the failed step waits for it too (3 s); the placement gives up (3 s)
-        assert 3 <= took < (3 * 3 if moment == "state" else 2 * 3) + 3, took
+        # the loss, the failed step's clean-up and the placement each wait at most 3 s (the
+        # step_timeout): a hang guard, not a timing
+        assert took < 3 * 3 + HANG_GUARD, took
         assert victim not in scheduler_workers(client)
         lost_postbox = postbox_key(dist.token, 0, 2)  # the victim's, third of the sorted workers
         wait_until_empty(

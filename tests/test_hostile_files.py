@@ -7,10 +7,12 @@ import gzip
 import os
 import stat
 import time
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
 import pytest
+from polling import HANG_GUARD
 
 from dasknn import SparseMLP
 from dasknn.challenge.engine import prepare_run
@@ -56,10 +58,15 @@ def test_an_absurd_row_id_is_an_error_before_any_work(tmp_path):
     path = tmp_path / "in.tsv"
     lines = [f"{r}\t{c}\t1\n" for r in range(1, 200) for c in (1,)]
     path.write_text("".join(lines) + "100000000\t1\t1\n")
-    start = time.perf_counter()
-    with pytest.raises(ValueError, match=r"in.tsv, line 200: row 100000000 is absurd"):
-        load_inputs(path, NEURONS)
-    assert time.perf_counter() - start < 5
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match=r"in.tsv, line 200: row 100000000 is absurd"):
+            load_inputs(path, NEURONS)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # no work for 10^8 rows: their row pointers alone would take 800 MB
+    assert peak < 100 * 2**20, peak
     path.write_text("".join(lines) + "1400\t1\t1\n")
     assert load_inputs(path, NEURONS).shape == (1400, NEURONS)
 
@@ -124,10 +131,8 @@ def test_an_output_path_naming_a_directory_fails_before_the_job(tmp_path, networ
         "partition": ["partition", str(network), "--parts", "2", "--out", str(tmp_path)],
         "train": ["train", "radixnet:32:2", "--save", str(tmp_path)],
     }[command]
-    start = time.perf_counter()
     code, err = _cli(capsys, argv)
     assert code == 2 and "is a directory" in err and len(err.strip().splitlines()) == 1
-    assert time.perf_counter() - start < 5
 
 
 def test_an_unreachable_scheduler_fails_quickly_in_one_line(tmp_path, network, capsys,
@@ -138,7 +143,8 @@ def test_an_unreachable_scheduler_fails_quickly_in_one_line(tmp_path, network, c
     code, err = _cli(capsys, ["challenge", "--network", str(network), "--inputs",
                               str(tmp_path / "in.tsv"), "--bias", "-0.3", "--quiet",
                               "--scheduler", "tcp://127.0.0.1:9"])
-    assert time.perf_counter() - start < 10
+    # below Dask's own 30 s connect timeout: the 1 s one was used (a hang guard, not a timing)
+    assert time.perf_counter() - start < HANG_GUARD
     assert code == 2 and "cannot reach the Dask scheduler" in err
     assert len(err.strip().splitlines()) == 1
 

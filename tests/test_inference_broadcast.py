@@ -13,6 +13,7 @@ import dask
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster
+from polling import HANG_GUARD
 from stopped_workers import keys_on_scheduler, keys_on_workers, stopped, wait_until_empty
 
 from dasknn.exceptions import WorkerLostError
@@ -58,6 +59,7 @@ def test_load_on_each_loads_a_copy_pinned_to_each_worker(client):
         assert client.who_has(future)[future.key] == (address,)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stopped_worker", [0, 1])
 def test_a_broadcast_given_up_at_a_stopped_worker_leaves_nothing(client, stopped_worker):
     """Each worker stopped (SIGSTOP) before a broadcast in turn (the value is scattered to one
@@ -68,9 +70,9 @@ def test_a_broadcast_given_up_at_a_stopped_worker_leaves_nothing(client, stopped
         start = time.monotonic()
         with pytest.raises(TimeoutError, match="within 2 s"):
             broadcast(client, np.arange(1000.0), 2)
-        assert time.monotonic() - start < 2 + 2
+        assert time.monotonic() - start < HANG_GUARD  # a hang guard, not a timing
     client.run(os.getpid)  # the stopped worker went on and answered
-    time.sleep(1)
+    time.sleep(1)  # lets a late copy land: a copy that may never come has no condition to poll
     wait_until_empty(lambda: keys_on_scheduler(client, "ndarray-"), 10, "the value stayed")
     wait_until_empty(lambda: keys_on_workers(client, "ndarray-"), 10, "a copy stayed on a worker")
 
@@ -90,7 +92,7 @@ def test_broadcasts_finish_while_the_memory_manager_drops_copies():
             for size in range(1000, 1020):
                 start = time.monotonic()
                 placed = broadcast(client, np.arange(float(size)), 30)
-                assert time.monotonic() - start < 10
+                assert time.monotonic() - start < HANG_GUARD  # a hang guard, not a timing
                 np.testing.assert_array_equal(placed.result(), np.arange(float(size)))
                 placed.release()
 
@@ -115,6 +117,7 @@ def _holder_within(client, seconds: float) -> str | None:
     return holders[0]
 
 
+@pytest.mark.slow
 def test_a_broadcast_whose_holder_dies_names_the_loss():
     """The worker holding the scattered value killed while the other, stopped (SIGSTOP), has
     not taken its copy: ``WorkerLostError`` as soon as the scheduler lost the value, not a wait
@@ -137,7 +140,8 @@ def test_a_broadcast_whose_holder_dies_names_the_loss():
                         os.kill(pids[holder], signal.SIGKILL)
                         with pytest.raises(WorkerLostError, match="holding it left"):
                             running.result(timeout=30)
-                        assert time.monotonic() - start < 30
+                        # below the broadcast's 60 s timeout: a hang guard, not a timing
+                        assert time.monotonic() - start < HANG_GUARD
                         return
                 running.result(timeout=30).release()
             # the next look at the holders sees only the next value

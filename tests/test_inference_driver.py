@@ -20,7 +20,7 @@ def apply_window(batch, weights: tuple[float, float], last: bool, delay: dict[st
     """Task: ``rows * a + b`` for the window ``(a, b)``; the last window also returns whether it
     ran on its slot's worker (``None``: any) and on which worker."""
     worker = get_worker().address
-    time.sleep(delay.get(worker, 0.0))
+    time.sleep(delay.get(worker, 0.0))  # a slow batch on purpose, not a wait
     rows = batch.toarray() if sp.issparse(batch) else batch
     out = rows * weights[0] + weights[1]
     return (out, slot in (None, worker), worker) if last else out

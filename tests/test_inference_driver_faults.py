@@ -19,6 +19,7 @@ import pytest
 import scipy.sparse as sp
 from distributed import Client, LocalCluster, get_worker
 from distributed.diagnostics.plugin import WorkerPlugin
+from polling import HANG_GUARD
 from stopped_workers import keys_on_scheduler, keys_on_workers, stopped, wait_until_empty
 
 from dasknn.challenge import run_challenge
@@ -33,7 +34,7 @@ from dasknn.runtime.cluster import scheduler_workers
 def affine(batch, weights, last: bool, delay: dict[str, float]):
     """Task: ``rows * a + b`` for the window ``(a, b)``, after sleeping ``delay`` on its worker;
     the window ``"fail"`` raises."""
-    time.sleep(delay.get(get_worker().address, 0.0))
+    time.sleep(delay.get(get_worker().address, 0.0))  # a slow batch on purpose, not a wait
     if isinstance(weights, str):
         raise ValueError(f"window {weights!r} failed on purpose")
     rows = batch.toarray() if sp.issparse(batch) else batch
@@ -76,10 +77,11 @@ def _held(keys: list[str], dask_scheduler=None) -> list[str]:
 
 def _keys_leave(client, keys: list[str]) -> None:
     wait_until_empty(
-        lambda: client.run_on_scheduler(_held, keys), 5, "a key of the run stayed on the scheduler"
+        lambda: client.run_on_scheduler(_held, keys), 30, "a key of the run stayed on the scheduler"
     )
 
 
+@pytest.mark.slow
 def test_stopped_worker_is_named_after_the_step_timeout(dask_client):
     """Two windows, one buffer: placing the second waits for the first window's batches, some
     of which the scheduler gave to the stopped worker (a shared slot: the driver asks the
@@ -99,7 +101,7 @@ def test_stopped_worker_is_named_after_the_step_timeout(dask_client):
                 dask_client, rows, 2, step, windows, shared_slots(dask_client), weight_buffers=1,
                 step_timeout=3, progress=False,
             )  # fmt: skip
-        assert time.monotonic() - start < 3 + 5
+        assert time.monotonic() - start < HANG_GUARD  # a hang guard, not a timing
         assert len(step.keys) > 2  # the windows and the batches submitted
         _keys_leave(dask_client, step.keys)
 
@@ -133,6 +135,7 @@ def test_bad_step_timeout_is_refused_before_anything_is_scheduled(dask_client):
     assert step.keys == []
 
 
+@pytest.mark.slow
 def test_a_lost_pinned_worker_is_an_error_at_once():
     """A batch pinned to a worker (as on GPUs) can run nowhere else: the worker killed under it
     is a WorkerLostError within a poll, not a wait until the step timeout (or for ever)."""
@@ -164,7 +167,7 @@ def test_a_lost_pinned_worker_is_an_error_at_once():
                     per_worker_slots([fast, victim], per_worker=1), step_timeout=60,
                     progress=False,
                 )  # fmt: skip
-            assert time.monotonic() - killed[0] < 5
+            assert time.monotonic() - killed[0] < HANG_GUARD  # below step_timeout: a hang guard
         finally:
             killer.cancel()
         _keys_leave(client, step.keys)
@@ -217,19 +220,20 @@ def test_a_window_given_up_at_a_stopped_worker_leaves_nothing_behind(tmp_path, m
                 match=r"^window 1 of the weights did not reach the workers within 2 s ",
             ):
                 run_challenge(layers, x, -0.3, client=client, progress=False, step_timeout=2)
-            assert time.monotonic() - start < 2 + 5
+            assert time.monotonic() - start < HANG_GUARD  # a hang guard, not a timing
         finally:
             for pid in pids.values():
                 os.kill(pid, signal.SIGCONT)
         # the workers answer once the stopped one went on (the window's scatter, or its copy,
         # handled); the scheduler registers a scattered window then
         client.run(os.getpid)
-        time.sleep(1)
+        time.sleep(1)  # lets a late window land: one that may never come has no condition to poll
         windows = "PackedLayers-"
         wait_until_empty(lambda: keys_on_scheduler(client, windows), 10, "a window stayed")
         wait_until_empty(lambda: keys_on_workers(client, windows), 10, "a window left on a worker")
 
 
+@pytest.mark.slow
 def test_cli_stops_on_a_stopped_worker_in_one_line_and_writes_nothing(dask_client, tmp_path):
     """``dasknn challenge --step-timeout 2`` on a cluster with a stopped worker, in a process of
     its own as a user runs it: exit code 2, one line naming the worker, no output file."""

@@ -154,6 +154,7 @@ def test_bad_input_is_rejected_before_scheduling(dask_client):
         )
 
 
+@pytest.mark.slow
 def test_a_lost_worker_is_reported_by_name():
     from distributed import Client, LocalCluster
 

@@ -9,6 +9,7 @@ import pytest
 import scipy.sparse as sp
 from model_reference import assert_same_layers
 from random_layers import random_layers
+from stopped_workers import wait_until_empty
 
 from dasknn.kernels.training import spmm_forward
 from dasknn.model import SparseMLP
@@ -103,10 +104,11 @@ def test_microbatched_steps_equal_the_single_process_steps(
         assert all(t["update_background"] == 0 for t in timings)
     else:
         assert all(t["update_background"] > 0 for t in timings)
-    deadline = time.monotonic() + 30  # the scheduler releases them asynchronously
-    while left := dask_client.run_on_scheduler(_model_keys, token=dist.token):  # on close
-        assert time.monotonic() < deadline, f"keys still held after close: {left}"
-        time.sleep(0.05)
+    wait_until_empty(  # the scheduler releases them asynchronously on close
+        lambda: dask_client.run_on_scheduler(_model_keys, token=dist.token),
+        30,
+        "keys still held after close",
+    )
     assert_same_layers(trained, reference, atol=1e-10)
     assert not np.allclose(trained.weights[1].toarray(), model.weights[1].toarray())
 

@@ -3,14 +3,13 @@ may spill, and nothing left on the cluster after ``close()``."""
 
 from __future__ import annotations
 
-import time
-
 import dask
 import numpy as np
 import pytest
 import sparse
 from distributed import futures_of
 from random_layers import random_layers
+from stopped_workers import wait_until_empty
 
 from dasknn.exceptions import ModelClosedError
 from dasknn.model import SparseMLP
@@ -151,10 +150,11 @@ def test_close_removes_every_plugin_and_key(dask_client):
     plugins = dask_client.run(lambda dask_worker: [n for n in dask_worker.plugins])
     assert not [n for names in plugins.values() for n in names if token in n]
     assert not [n for n in dask_client.run_on_scheduler(_scheduler_plugins) if token in n]
-    deadline = time.monotonic() + 10
-    while dask_client.run_on_scheduler(_model_keys, token=token) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert dask_client.run_on_scheduler(_model_keys, token=token) == []
+    wait_until_empty(
+        lambda: dask_client.run_on_scheduler(_model_keys, token=token),
+        30,
+        "the closed model's keys stayed on the scheduler",
+    )
     assert read_transfers(dask_client, token) == []
     with pytest.raises(ModelClosedError, match="closed"):
         dist.train_step(x, y)

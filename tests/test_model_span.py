@@ -4,9 +4,8 @@ three: one per span its graph touched)."""
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
+from polling import wait_until
 from random_layers import random_layers
 
 from dasknn.model import SparseMLP
@@ -55,10 +54,11 @@ def test_held_values_stay_on_their_worker_in_the_model_span(dask_client):
     name, _, groups = dask_client.run_on_scheduler(_span_records)[span["ids"][-1]]
     assert name == ("dasknn-test-held",) and groups == ["dasknn-test-held-held"]
     # the scattered values are freed once their holders ran
-    deadline = time.monotonic() + 10
-    while any(dask_client.run_on_scheduler(_known, key=key) for key in scattered_keys):
-        assert time.monotonic() < deadline, "the scattered values were not released"
-        time.sleep(0.05)
+    wait_until(
+        lambda: not any(dask_client.run_on_scheduler(_known, key=key) for key in scattered_keys),
+        30,
+        "the scattered values were not released",
+    )
 
 
 def _model() -> SparseMLP:

