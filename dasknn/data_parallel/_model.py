@@ -23,7 +23,7 @@ import numpy as np
 
 from dasknn.data_parallel._hybrid import ARCHITECTURES, build_step
 from dasknn.data_parallel._plan import StepPlan, Topology, plan_step
-from dasknn.data_parallel._posted import program_tasks, worker_programs
+from dasknn.data_parallel._posted import step_tasks, worker_programs
 from dasknn.data_parallel._report import split_carried
 from dasknn.data_parallel._search import SearchReport, brute_force, search_partitions
 from dasknn.data_parallel._shards import STRATEGIES, ShardMap
@@ -134,7 +134,7 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
     messages : {"posted", "tasks"}
         How a step runs. ``"posted"`` (the default): one task per worker runs that worker's part
         of the step graph and posts each message straight to the receiving worker's postbox
-        actor (:mod:`dasknn.data_parallel._posted`), so the scheduler sees ``N`` tasks a step.
+        actor (:mod:`dasknn.runtime.posted`), so the scheduler sees ``N`` tasks a step.
         ``"tasks"``: one Dask task per piece of work and message of the step
         (:mod:`dasknn.data_parallel._hybrid`), every message a task result the scheduler hands
         on.
@@ -471,7 +471,7 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
                 worker_programs(graph.tasks, graph.outputs, len(self.workers)) for graph in graphs
             ]
             boxes = [box.key for box in self._postboxes]
-            tasks, outputs = program_tasks(self.token, steps, programs, boxes)
+            tasks, outputs = step_tasks(self.token, steps, programs, boxes)
         else:
             (graph,) = graphs
             tasks, outputs = graph.tasks, graph.outputs
