@@ -27,7 +27,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dask.task_spec import List, Task, TaskRef
-from distributed import get_worker
 
 from dasknn.model_parallel._layout import Layout
 from dasknn.model_parallel._plan import CommPlan
@@ -40,9 +39,9 @@ from dasknn.model_parallel._steps import (
 )
 from dasknn.model_parallel._worker_state import ModelState
 from dasknn.runtime.keys import phase_names, step_key
-from dasknn.runtime.measure import report_transfers
+from dasknn.runtime.posted import PostedTask
 
-__all__ = ["ActorStepTemplate", "WorkerProgram", "postbox_key", "worker_step"]
+__all__ = ["ActorStepTemplate", "WorkerProgram", "failed_key", "postbox_key", "worker_step"]
 
 NO_RECEIVER = -1
 SOFTMAX_STATS = -3
@@ -182,59 +181,91 @@ def worker_step(
         Ignored: this worker's task of the previous step, which must end first.
     """
     owner = ModelState.on_worker(ctx.token)
-    owner.postboxes = dict(zip(workers, postboxes, strict=True))
-    L, M = ctx.n_layers, ctx.microbatches
+    L = ctx.n_layers
     index = {m: j for j, m in enumerate(program.parts)}
+    me = workers.index(owner.address)
 
     def plan(k: int, m: int):
         """The plan of part ``m`` for layer ``k + 1`` (``None`` outside ``0..L-1``)."""
         return plans[index[m] * L + k] if 0 <= k < L else None
 
-    try:
-        for k in range(L):
-            for i in range(M):
-                for m in program.parts:
-                    inputs = {"x0": xs[index[m]], "x0_rows": rows[i]} if k == 0 else {}
-                    route = program.forward[(k, m)]
-                    forward_task(
-                        ctx,
-                        m,
-                        k,
-                        NO_RECEIVER,
-                        plan(k - 1, m),
-                        plan(k, m),
-                        route=route,
-                        microbatch=i,
-                        **inputs,
-                    )
-        lse = [None] * M
-        if ctx.loss == "softmax_cross_entropy":
-            lse = _logsumexp(owner, ctx, program, workers, plan, ys, rows)
-        loss = 0.0
-        for k in range(L, 0, -1):
-            for i in range(M):
-                for m in program.parts:
-                    last = {}
-                    if k == L:
-                        last = {"y": ys[index[m]], "y_rows": rows[i], "lse": lse[i]}
-                        last["forward_route"] = program.last_forward[m]
-                    share = backward_task(
-                        ctx,
-                        m,
-                        k,
-                        NO_RECEIVER,
-                        plan(k - 1, m),
-                        plan(k, m),
-                        route=program.backward[(k, m)],
-                        microbatch=i,
-                        **last,
-                    )
-                    if k == 1:
-                        loss += share
-        owner.check_posts()
-    finally:  # every message this worker received so far, in one event before the result
-        report_transfers(get_worker(), owner.mailbox.take_receipts())
+    def others() -> list:
+        if owner.first_step > ctx.step:  # dropped: every worker's step was dropped as well
+            return []
+        return [
+            (box, failed_key(ctx.token, ctx.step, w))
+            for w, box in enumerate(postboxes)
+            if w != me
+        ]
+
+    with PostedTask(owner.mailbox, dict(zip(workers, postboxes, strict=True))) as task:
+        task.drop_ended(lambda key: message_step(key) >= ctx.step)
+        owner.posting, owner.failed = task, failed_key(ctx.token, ctx.step, me)
+        try:
+            with task.failing(others, f"worker {owner.address} failed in step {ctx.step}"):
+                loss = _step(owner, ctx, program, workers, plan, xs, ys, rows)
+                task.wait_posted(task.posts)
+        finally:
+            owner.posting = owner.failed = None
     return loss
+
+
+def _step(owner, ctx, program, workers, plan, xs, ys, rows) -> float:
+    """The forward and backward layer chain of the worker's parts (see :func:`worker_step`)."""
+    L, M = ctx.n_layers, ctx.microbatches
+    index = {m: j for j, m in enumerate(program.parts)}
+    for k in range(L):
+        for i in range(M):
+            for m in program.parts:
+                inputs = {"x0": xs[index[m]], "x0_rows": rows[i]} if k == 0 else {}
+                route = program.forward[(k, m)]
+                forward_task(
+                    ctx,
+                    m,
+                    k,
+                    NO_RECEIVER,
+                    plan(k - 1, m),
+                    plan(k, m),
+                    route=route,
+                    microbatch=i,
+                    **inputs,
+                )
+    lse = [None] * M
+    if ctx.loss == "softmax_cross_entropy":
+        lse = _logsumexp(owner, ctx, program, workers, plan, ys, rows)
+    loss = 0.0
+    for k in range(L, 0, -1):
+        for i in range(M):
+            for m in program.parts:
+                last = {}
+                if k == L:
+                    last = {"y": ys[index[m]], "y_rows": rows[i], "lse": lse[i]}
+                    last["forward_route"] = program.last_forward[m]
+                share = backward_task(
+                    ctx,
+                    m,
+                    k,
+                    NO_RECEIVER,
+                    plan(k - 1, m),
+                    plan(k, m),
+                    route=program.backward[(k, m)],
+                    microbatch=i,
+                    **last,
+                )
+                if k == 1:
+                    loss += share
+    return loss
+
+
+def failed_key(token: str, step: int, worker: int) -> tuple:
+    """The key under which worker number ``worker`` receives the error of a worker that failed
+    in ``step``."""
+    return step_key(phase_names(token)["failed"], step, -1, -1, worker, -1)
+
+
+def message_step(key) -> int:
+    """The step of a message in the mailbox (a step key)."""
+    return key[1]
 
 
 def _logsumexp(owner, ctx, program, workers, plan, ys, rows) -> list:

@@ -4,10 +4,11 @@ Five families of keys exist.
 
 **Step keys** (the model-parallel trainer, :mod:`dasknn.model_parallel._taskgraph`) are tuples
 ``(f"dasknn-{kind}-{token}", step, layer, part, receiver, microbatch)`` with ``kind`` ``fwd``,
-``bwd``, ``lse`` or ``run`` (a worker's whole step, ``messages="posted"``; see
-:func:`phase_names`); ``receiver`` is a worker number (a part number for the messages posted
-between workers in ``messages="posted"`` mode), negative for a value that is not a layer message;
-``microbatch`` numbers the row block of the step's batch.
+``bwd``, ``lse``, ``run`` (a worker's whole step, ``messages="posted"``) or ``failed`` (the
+error a failing worker posts to the others there; see :func:`phase_names`); ``receiver`` is a
+worker number (a part number for the messages posted between workers in ``messages="posted"``
+mode), negative for a value that is not a layer message; ``microbatch`` numbers the row block of
+the step's batch.
 
 **Pipeline keys** (:mod:`dasknn.pipeline_parallel`) are tuples
 ``(f"dasknn-pipe-{token}", kind, step, stage, replica, microbatch)``: ``kind`` is one of
@@ -86,7 +87,7 @@ __all__ = [
 ]
 
 PREFIX = "dasknn-"
-STEP_KINDS = ("fwd", "bwd", "lse", "run")
+STEP_KINDS = ("fwd", "bwd", "lse", "run", "failed")
 COLLECTIVES = ("allreduce", "allgather", "allgatherv")
 PIPELINE_KINDS = (
     "fwd", "bwd", "fwd-done", "bwd-done", "x", "y", "grad", "update", "finite", "verdict", "run",
@@ -162,7 +163,7 @@ def message_phase(key) -> tuple[str, str, int] | None:
     if parsed is None or parsed[0] not in STEP_KINDS:
         return None
     kind, token = parsed
-    if kind == "lse" or key[4] < 0:  # softmax statistics, output blocks: not layer messages
+    if kind in ("lse", "failed") or key[4] < 0:  # statistics, output blocks, errors: no layers
         return token, "other", int(key[2])
     if kind == "fwd":
         return token, "forward", int(key[2]) + 1
