@@ -45,7 +45,7 @@ from dasknn.optim import SGD, Optimizer
 from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.comm_report import CommReport, counts_of
 from dasknn.runtime.distributed_model import DistributedModel
-from dasknn.runtime.keys import dp_postbox_key, parse_dp_key
+from dasknn.runtime.keys import DP_KIND, parse_dp_key, postbox_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
 from dasknn.runtime.placement import KeyPlacement, by_sender
 from dasknn.runtime.postbox import Postbox
@@ -312,7 +312,7 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
                 self.client.submit(
                     Postbox,
                     self.plugin_name,
-                    key=dp_postbox_key(self.token, index),
+                    key=postbox_key(DP_KIND, self.token, index),
                     workers=[worker],
                     allow_other_workers=False,
                     actor=True,

@@ -38,6 +38,7 @@ from dasknn.model_parallel._steps import (
     forward_task,
 )
 from dasknn.model_parallel._worker_state import ModelState
+from dasknn.runtime import keys
 from dasknn.runtime.keys import phase_names, step_key
 from dasknn.runtime.posted import PostedTask
 
@@ -45,13 +46,14 @@ __all__ = ["ActorStepTemplate", "WorkerProgram", "failed_key", "postbox_key", "w
 
 NO_RECEIVER = -1
 SOFTMAX_STATS = -3
+#: The family of the model-parallel postbox keys (:func:`dasknn.runtime.keys.postbox_key`).
+MODEL_POSTBOXES = "model"
 
 
 def postbox_key(token: str, generation: int, worker: int) -> str:
     """The key of the :class:`Postbox` actor of the model ``token`` on worker number ``worker``
-    in the model's placement number ``generation`` (a placement after a lost worker makes new
-    postboxes, so no key whose release may still be under way is used again)."""
-    return f"dasknn-postbox-{token}-g{generation}-{worker}"
+    in the model's placement number ``generation`` (:func:`dasknn.runtime.keys.postbox_key`)."""
+    return keys.postbox_key(MODEL_POSTBOXES, token, worker, generation)
 
 
 @dataclass(frozen=True)

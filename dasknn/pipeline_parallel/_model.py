@@ -42,7 +42,7 @@ from dasknn.runtime.affinity import PLUGIN_NAME as PIN_CORES_PLUGIN
 from dasknn.runtime.affinity import PinCores, host_slots
 from dasknn.runtime.comm_report import CommReport, Key
 from dasknn.runtime.distributed_model import DistributedModel
-from dasknn.runtime.keys import pipeline_key
+from dasknn.runtime.keys import PIPELINE, pipeline_key, postbox_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
 from dasknn.runtime.postbox import Postbox
 from dasknn.runtime.scatter import scatter_released_if_given_up
@@ -391,7 +391,7 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
                 where: self.client.submit(
                     Postbox,
                     self.plugin_name,
-                    key=pipeline_key(self.token, "postbox", 0, *where),
+                    key=postbox_key(PIPELINE, self.token, where),
                     workers=[address],
                     allow_other_workers=False,
                     actor=True,

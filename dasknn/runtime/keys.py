@@ -45,7 +45,7 @@ model variable the message belongs to (``"embedding"``, ``"softmax"``, ``"dense"
 numbers (a message when they differ, local work when equal) and ``part`` the shard of a sharded
 variable (``-1`` otherwise). With ``messages="posted"``, a ``run`` key (variable ``"step"``) is a
 worker's task that runs its whole part of the step and posts the messages, still named by their
-keys, to the receivers' postbox actors (:func:`dp_postbox_key`, a string key outside the family);
+keys, to the receivers' postbox actors (:func:`postbox_key`, a string key outside the family);
 a ``failed`` key names the error a failing worker posts to the others.
 
 **Held keys** (:func:`dasknn.runtime.model_span.held_in_span`) name a task that returns a
@@ -82,6 +82,7 @@ __all__ = [
     "parse_sampled_key",
     "phase_names",
     "pipeline_key",
+    "postbox_key",
     "sampled_key",
     "step_key",
 ]
@@ -286,8 +287,29 @@ def dp_key(
 
 def dp_postbox_key(token: str, worker: int) -> str:
     """The key of the postbox actor of the data-parallel model ``token`` on its worker number
-    ``worker`` (not a step key: the monitor counts the actor's handle as ``"other"``)."""
-    return f"{PREFIX}postbox-{DP_KIND}-{token}-{int(worker)}"
+    ``worker`` (:func:`postbox_key` of the family ``"dp"``)."""
+    return postbox_key(DP_KIND, token, int(worker))
+
+
+# ------------------------------------------------------------------ postbox keys
+def postbox_key(family: str, token: str, worker, generation: int | None = None):
+    """The key of the postbox actor (:mod:`dasknn.runtime.postbox`) of the model ``token`` of
+    the key family ``family`` (``"model"``, ``"dp"``, ``"pipe"``) on its worker ``worker``, in
+    the model's placement number ``generation`` (a placement after a lost worker makes new
+    postboxes, so no key whose release may still be under way is used again; ``None``: a mode
+    that places its postboxes once).
+
+    A pipeline's postbox is the pipeline key ``(token, "postbox", generation or 0, stage,
+    replica)`` of the stage replica ``worker = (stage, replica)``, so the moves of its handle
+    count among the model's own (phase ``"other"``); every other family's is the string
+    ``dasknn-postbox-{family}-{token}[-g{generation}]-{worker}``, outside the key families
+    (the monitor counts its handle's moves as ``"other"`` of no model).
+    """
+    if family == PIPELINE:
+        stage, replica = worker
+        return pipeline_key(token, "postbox", generation or 0, stage, replica)
+    placement = "" if generation is None else f"-g{int(generation)}"
+    return f"{PREFIX}postbox-{family}-{token}{placement}-{worker}"
 
 
 def parse_dp_key(key) -> DataParallelKey | None:
