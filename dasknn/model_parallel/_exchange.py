@@ -10,13 +10,14 @@ itself (the same per-part functions as the tasks of the default mode,
 message for a part on another worker is posted to that worker's
 :class:`~dasknn.runtime.postbox.Postbox`, a Dask actor (one per worker and model, documented API:
 its method calls go from worker to worker without the scheduler), which leaves it in the
-receiving model plugin's mailbox, where the receiving part waits for it. The message's key and
-sender travel in one packed envelope (:meth:`~dasknn.runtime.postbox.Postbox.post_packed`), and
-the postbox holds the message's transfer report in the mailbox; the step task
-reports every message its worker received to the communication monitor in one event as it ends
-(:func:`dasknn.runtime.measure.report_transfers`, before its result, on the same stream), so the
-volume is measured as in the default mode. Microbatches interleave within the task: the worker
-computes microbatch ``i + 1`` of a layer while the messages of microbatch ``i`` travel.
+receiving model plugin's mailbox, where the receiving part waits for it. The task runs in the
+posted run loop of every mode (:class:`~dasknn.runtime.posted.PostedTask`): it waits for its
+posts before it ends, reports every message its worker received to the communication monitor in
+one event as it ends (so the volume is measured as in the default mode), and a worker whose step
+fails posts its error to the others (under their :func:`failed_key` of the step), whose waits
+then raise it too, unless its step was dropped (every worker's was). Microbatches interleave
+within the task: the worker computes microbatch ``i + 1`` of a layer while the messages of
+microbatch ``i`` travel.
 
 The scheduler still sees one task per worker and step, its data dependencies (the plans, data
 blocks and postboxes on the workers) and the order of steps; it no longer sees the layer steps.
