@@ -195,14 +195,11 @@ def worker_step(
     def others() -> list:
         if owner.first_step > ctx.step:  # dropped: every worker's step was dropped as well
             return []
-        return [
-            (box, failed_key(ctx.token, ctx.step, w))
-            for w, box in enumerate(postboxes)
-            if w != me
-        ]
+        return [(box, failed_key(ctx.token, ctx.step, w)) for w, box in enumerate(postboxes)
+                if w != me]  # fmt: skip
 
     with PostedTask(owner.mailbox, dict(zip(workers, postboxes, strict=True))) as task:
-        task.drop_ended(lambda key: message_step(key) >= ctx.step)
+        task.drop_ended(lambda key: key[1] >= ctx.step)  # step keys: the step second
         owner.posting, owner.failed = task, failed_key(ctx.token, ctx.step, me)
         try:
             with task.failing(others, f"worker {owner.address} failed in step {ctx.step}"):
@@ -264,11 +261,6 @@ def failed_key(token: str, step: int, worker: int) -> tuple:
     """The key under which worker number ``worker`` receives the error of a worker that failed
     in ``step``."""
     return step_key(phase_names(token)["failed"], step, -1, -1, worker, -1)
-
-
-def message_step(key) -> int:
-    """The step of a message in the mailbox (a step key)."""
-    return key[1]
 
 
 def _logsumexp(owner, ctx, program, workers, plan, ys, rows) -> list:
