@@ -28,7 +28,7 @@ from dasknn.data_parallel._hybrid import (
     inference_step,
 )
 from dasknn.data_parallel._plan import StepPlan, Topology, plan_inference, plan_step
-from dasknn.data_parallel._posted import program_tasks, worker_programs
+from dasknn.data_parallel._posted import step_tasks, worker_programs
 from dasknn.data_parallel._report import split_carried
 from dasknn.data_parallel._search import SearchReport, brute_force, search_partitions
 from dasknn.data_parallel._shards import STRATEGIES, ShardMap
@@ -51,7 +51,7 @@ from dasknn.optim import SGD, Optimizer
 from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.comm_report import CommReport, counts_of
 from dasknn.runtime.distributed_model import DistributedModel
-from dasknn.runtime.keys import dp_postbox_key, parse_dp_key
+from dasknn.runtime.keys import DP_KIND, parse_dp_key, postbox_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
 from dasknn.runtime.placement import KeyPlacement, by_sender
 from dasknn.runtime.postbox import Postbox
@@ -152,7 +152,7 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
     messages : {"posted", "tasks"}
         How a step runs. ``"posted"`` (the default): one task per worker runs that worker's part
         of the step graph and posts each message straight to the receiving worker's postbox
-        actor (:mod:`dasknn.data_parallel._posted`), so the scheduler sees ``N`` tasks a step.
+        actor (:mod:`dasknn.runtime.posted`), so the scheduler sees ``N`` tasks a step.
         ``"tasks"``: one Dask task per piece of work and message of the step
         (:mod:`dasknn.data_parallel._hybrid`), every message a task result the scheduler hands
         on.
@@ -330,7 +330,7 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
                 self.client.submit(
                     Postbox,
                     self.plugin_name,
-                    key=dp_postbox_key(self.token, index),
+                    key=postbox_key(DP_KIND, self.token, index),
                     workers=[worker],
                     allow_other_workers=False,
                     actor=True,
@@ -489,7 +489,7 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
                 worker_programs(graph.tasks, graph.outputs, len(self.workers)) for graph in graphs
             ]
             boxes = [box.key for box in self._postboxes]
-            tasks, outputs = program_tasks(self.token, steps, programs, boxes)
+            tasks, outputs = step_tasks(self.token, steps, programs, boxes)
         else:
             (graph,) = graphs
             tasks, outputs = graph.tasks, graph.outputs

@@ -10,13 +10,14 @@ itself (the same per-part functions as the tasks of the default mode,
 message for a part on another worker is posted to that worker's
 :class:`~dasknn.runtime.postbox.Postbox`, a Dask actor (one per worker and model, documented API:
 its method calls go from worker to worker without the scheduler), which leaves it in the
-receiving model plugin's mailbox, where the receiving part waits for it. The message's key and
-sender travel in one packed envelope (:meth:`~dasknn.runtime.postbox.Postbox.post_packed`), and
-the postbox holds the message's transfer report in the mailbox; the step task
-reports every message its worker received to the communication monitor in one event as it ends
-(:func:`dasknn.runtime.measure.report_transfers`, before its result, on the same stream), so the
-volume is measured as in the default mode. Microbatches interleave within the task: the worker
-computes microbatch ``i + 1`` of a layer while the messages of microbatch ``i`` travel.
+receiving model plugin's mailbox, where the receiving part waits for it. The task runs in the
+posted run loop of every mode (:class:`~dasknn.runtime.posted.PostedTask`): it waits for its
+posts before it ends, reports every message its worker received to the communication monitor in
+one event as it ends (so the volume is measured as in the default mode), and a worker whose step
+fails posts its error to the others (under their :func:`failed_key` of the step), whose waits
+then raise it too, unless its step was dropped (every worker's was). Microbatches interleave
+within the task: the worker computes microbatch ``i + 1`` of a layer while the messages of
+microbatch ``i`` travel.
 
 The scheduler still sees one task per worker and step, its data dependencies (the plans, data
 blocks and postboxes on the workers) and the order of steps; it no longer sees the layer steps.
@@ -27,7 +28,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dask.task_spec import List, Task, TaskRef
-from distributed import get_worker
 
 from dasknn.model_parallel._layout import Layout
 from dasknn.model_parallel._plan import CommPlan
@@ -39,20 +39,22 @@ from dasknn.model_parallel._steps import (
     forward_task,
 )
 from dasknn.model_parallel._worker_state import ModelState
+from dasknn.runtime import keys
 from dasknn.runtime.keys import phase_names, step_key
-from dasknn.runtime.measure import report_transfers
+from dasknn.runtime.posted import PostedTask
 
-__all__ = ["ActorStepTemplate", "WorkerProgram", "postbox_key", "worker_step"]
+__all__ = ["ActorStepTemplate", "WorkerProgram", "failed_key", "postbox_key", "worker_step"]
 
 NO_RECEIVER = -1
 SOFTMAX_STATS = -3
+#: The family of the model-parallel postbox keys (:func:`dasknn.runtime.keys.postbox_key`).
+MODEL_POSTBOXES = "model"
 
 
 def postbox_key(token: str, generation: int, worker: int) -> str:
     """The key of the :class:`Postbox` actor of the model ``token`` on worker number ``worker``
-    in the model's placement number ``generation`` (a placement after a lost worker makes new
-    postboxes, so no key whose release may still be under way is used again)."""
-    return f"dasknn-postbox-{token}-g{generation}-{worker}"
+    in the model's placement number ``generation`` (:func:`dasknn.runtime.keys.postbox_key`)."""
+    return keys.postbox_key(MODEL_POSTBOXES, token, worker, generation)
 
 
 @dataclass(frozen=True)
@@ -182,59 +184,83 @@ def worker_step(
         Ignored: this worker's task of the previous step, which must end first.
     """
     owner = ModelState.on_worker(ctx.token)
-    owner.postboxes = dict(zip(workers, postboxes, strict=True))
-    L, M = ctx.n_layers, ctx.microbatches
+    L = ctx.n_layers
     index = {m: j for j, m in enumerate(program.parts)}
+    me = workers.index(owner.address)
 
     def plan(k: int, m: int):
         """The plan of part ``m`` for layer ``k + 1`` (``None`` outside ``0..L-1``)."""
         return plans[index[m] * L + k] if 0 <= k < L else None
 
-    try:
-        for k in range(L):
-            for i in range(M):
-                for m in program.parts:
-                    inputs = {"x0": xs[index[m]], "x0_rows": rows[i]} if k == 0 else {}
-                    route = program.forward[(k, m)]
-                    forward_task(
-                        ctx,
-                        m,
-                        k,
-                        NO_RECEIVER,
-                        plan(k - 1, m),
-                        plan(k, m),
-                        route=route,
-                        microbatch=i,
-                        **inputs,
-                    )
-        lse = [None] * M
-        if ctx.loss == "softmax_cross_entropy":
-            lse = _logsumexp(owner, ctx, program, workers, plan, ys, rows)
-        loss = 0.0
-        for k in range(L, 0, -1):
-            for i in range(M):
-                for m in program.parts:
-                    last = {}
-                    if k == L:
-                        last = {"y": ys[index[m]], "y_rows": rows[i], "lse": lse[i]}
-                        last["forward_route"] = program.last_forward[m]
-                    share = backward_task(
-                        ctx,
-                        m,
-                        k,
-                        NO_RECEIVER,
-                        plan(k - 1, m),
-                        plan(k, m),
-                        route=program.backward[(k, m)],
-                        microbatch=i,
-                        **last,
-                    )
-                    if k == 1:
-                        loss += share
-        owner.check_posts()
-    finally:  # every message this worker received so far, in one event before the result
-        report_transfers(get_worker(), owner.mailbox.take_receipts())
+    def others() -> list:
+        if owner.first_step > ctx.step:  # dropped: every worker's step was dropped as well
+            return []
+        return [(box, failed_key(ctx.token, ctx.step, w)) for w, box in enumerate(postboxes)
+                if w != me]  # fmt: skip
+
+    with PostedTask(owner.mailbox, dict(zip(workers, postboxes, strict=True))) as task:
+        task.drop_ended(lambda key: key[1] >= ctx.step)  # step keys: the step second
+        owner.posting, owner.failed = task, failed_key(ctx.token, ctx.step, me)
+        try:
+            with task.failing(others, f"worker {owner.address} failed in step {ctx.step}"):
+                loss = _step(owner, ctx, program, workers, plan, xs, ys, rows)
+                task.wait_posted(task.posts)
+        finally:
+            owner.posting = owner.failed = None
     return loss
+
+
+def _step(owner, ctx, program, workers, plan, xs, ys, rows) -> float:
+    """The forward and backward layer chain of the worker's parts (see :func:`worker_step`)."""
+    L, M = ctx.n_layers, ctx.microbatches
+    index = {m: j for j, m in enumerate(program.parts)}
+    for k in range(L):
+        for i in range(M):
+            for m in program.parts:
+                inputs = {"x0": xs[index[m]], "x0_rows": rows[i]} if k == 0 else {}
+                route = program.forward[(k, m)]
+                forward_task(
+                    ctx,
+                    m,
+                    k,
+                    NO_RECEIVER,
+                    plan(k - 1, m),
+                    plan(k, m),
+                    route=route,
+                    microbatch=i,
+                    **inputs,
+                )
+    lse = [None] * M
+    if ctx.loss == "softmax_cross_entropy":
+        lse = _logsumexp(owner, ctx, program, workers, plan, ys, rows)
+    loss = 0.0
+    for k in range(L, 0, -1):
+        for i in range(M):
+            for m in program.parts:
+                last = {}
+                if k == L:
+                    last = {"y": ys[index[m]], "y_rows": rows[i], "lse": lse[i]}
+                    last["forward_route"] = program.last_forward[m]
+                share = backward_task(
+                    ctx,
+                    m,
+                    k,
+                    NO_RECEIVER,
+                    plan(k - 1, m),
+                    plan(k, m),
+                    route=program.backward[(k, m)],
+                    microbatch=i,
+                    **last,
+                )
+                if k == 1:
+                    loss += share
+    return loss
+
+
+def failed_key(token: str, step: int, worker: int) -> tuple:
+    """The key under which worker number ``worker`` receives the error of a worker that failed
+    in ``step``."""
+    return step_key(phase_names(token)["failed"], step, -1, -1, worker, -1)
 
 
 def _logsumexp(owner, ctx, program, workers, plan, ys, rows) -> list:

@@ -12,7 +12,8 @@ import sparse
 
 from dasknn.optim import Optimizer, OptimizerSlots
 from dasknn.runtime.model_plugin import ModelPlugin
-from dasknn.runtime.postbox import MESSAGE_TIMEOUT, Mailbox, pack_envelope
+from dasknn.runtime.postbox import MESSAGE_TIMEOUT, Mailbox
+from dasknn.runtime.posted import PostedTask
 
 __all__ = [
     "TIMING_KINDS",
@@ -134,9 +135,10 @@ class ModelState(ModelPlugin):
         self._latest_step = 0  # the highest step number begun here
         #: Messages for this worker's parts by step key, and the jobs of :meth:`queue_idle`.
         self.mailbox = Mailbox()
-        self._posts: list = []
-        #: ``messages="posted"``: every worker's postbox actor (address -> handle).
-        self.postboxes: dict = {}
+        #: ``messages="posted"``: the step task under way here (its posts go to the postboxes of
+        #: the workers by address) and the key of the error a failing worker posts to it.
+        self.posting: PostedTask | None = None
+        self.failed = None
         self.timings: dict[str, float] = defaultdict(float)
         self._lock = threading.Lock()
         self._timings_lock = threading.Lock()
@@ -199,7 +201,6 @@ class ModelState(ModelPlugin):
             self.steps.clear()
             self.first_step = max(self.first_step, self._latest_step + 1)
         self.mailbox.clear()
-        self._posts = []
         return dropped
 
     def deliver(self, key: tuple, rows: np.ndarray) -> None:
@@ -211,20 +212,15 @@ class ModelState(ModelPlugin):
         self.mailbox.hold_receipt(key, sender, nbytes)
 
     def post(self, address: str, key: tuple, rows: np.ndarray) -> None:
-        """Post the message ``key`` to the worker at ``address`` (see :meth:`check_posts`)."""
-        envelope = pack_envelope(key, self.address)
-        self._posts.append(self.postboxes[address].post_packed(envelope, rows))
-
-    def check_posts(self) -> None:
-        """Wait until every message posted so far is delivered; re-raise a failed post's error, or
-        raise ``RuntimeError`` if :meth:`clear_steps` drops the steps in flight meanwhile."""
-        posts, self._posts = self._posts, []
-        self.mailbox.wait_posted(posts)
+        """Post the message ``key`` to the worker at ``address`` from the step task under way
+        (:attr:`posting`, which waits for its posts before it ends)."""
+        self.posting.post((address,), key, rows)
 
     def take(self, key: tuple, timeout: float = MESSAGE_TIMEOUT) -> np.ndarray:
         """Remove and return message ``key``, running :meth:`queue_idle` jobs while waiting;
-        ``TimeoutError`` after ``timeout`` s, ``RuntimeError`` if the steps are cleared."""
-        return self.mailbox.take(key, timeout=timeout)
+        ``TimeoutError`` after ``timeout`` s, ``RuntimeError`` if the steps are cleared, the
+        error another worker posted under :attr:`failed` if it failed in the step."""
+        return self.mailbox.take(key, self.failed, timeout=timeout)
 
     def queue_idle(self, func, *args) -> None:
         """Queue ``func(*args)`` for the calling thread's waits (:meth:`take`, :meth:`run_idle`)."""

@@ -50,7 +50,7 @@ from dasknn.runtime.affinity import PinCores, host_slots, pin_by_default
 from dasknn.runtime.comm_report import CommReport, Key
 from dasknn.runtime.distributed_model import DistributedModel
 from dasknn.runtime.faults import running_workers
-from dasknn.runtime.keys import pipeline_key
+from dasknn.runtime.keys import PIPELINE, pipeline_key, postbox_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
 from dasknn.runtime.postbox import Postbox
 from dasknn.runtime.scatter import scatter_released_if_given_up
@@ -409,7 +409,7 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
                 where: self.client.submit(
                     Postbox,
                     self.plugin_name,
-                    key=pipeline_key(self.token, "postbox", self._generation, *where),
+                    key=postbox_key(PIPELINE, self.token, where, self._generation),
                     workers=[address],
                     allow_other_workers=False,
                     actor=True,

@@ -19,16 +19,15 @@ import time
 
 import numpy as np
 import sparse
-from distributed import get_worker
 
 from dasknn.compressed import CompressedStack
 from dasknn.model.compressed_mlp import first_nonfinite_layer, nonfinite_loss_error
 from dasknn.runtime.affinity import migrations
 from dasknn.runtime.alignment import local_copy
 from dasknn.runtime.keys import parse_pipeline_key, pipeline_key
-from dasknn.runtime.measure import report_transfers
 from dasknn.runtime.model_plugin import ModelPlugin
-from dasknn.runtime.postbox import Mailbox, pack_envelope, post_failure
+from dasknn.runtime.postbox import Mailbox
+from dasknn.runtime.posted import PostedTask
 
 __all__ = [
     "StageState",
@@ -237,9 +236,8 @@ def run_stage(
     A forward pass of stage ``s > 0`` takes the message ``pipeline_key(token, "fwd", step, s - 1,
     d, u)`` from the mailbox, a backward pass of ``s < S - 1`` the message ``("bwd", s + 1)``; a
     pass that sends posts its result under its own pass key to the ``following`` (forward) or
-    ``previous`` (backward) stage's postbox (key and sender in one envelope,
-    :meth:`~dasknn.runtime.postbox.Postbox.post_packed`), while this stage goes on with its next
-    pass; the postbox holds each message's transfer report, and the task reports those of every
+    ``previous`` (backward) stage's postbox, while this stage goes on with its next pass; the task
+    runs in the posted run loop (:class:`~dasknn.runtime.posted.PostedTask`), which reports every
     message the stage received in one event as it ends. The task ends once every post was
     delivered. If a pass fails, the stage posts the error to both
     neighbours (under their ``failed`` key of the step), whose waits then raise it too, so no
@@ -257,53 +255,49 @@ def run_stage(
         The postboxes of the stage before and after (``None`` at the ends).
     """
     state = StageState.on_worker(token)
-    # a drop_steps of this step ends the waits, whether it came before them or during them
-    since = state.mailbox.clears
-    state.mailbox.drop(lambda key: parse_pipeline_key(key).step >= step)
     s, d = state.stage, state.replica
-    worker = get_worker()
-    address = worker.address
     failed = pipeline_key(token, "failed", step, s, d)
-    posts, losses = [], []
-    try:
-        if state.dropped_step >= step:
-            raise RuntimeError(f"step {step} was dropped before stage {s} of replica {d} ran it")
-        for kind, u in order:
-            if kind == "F":
-                if s == 0:
-                    received = inputs[u]
-                else:
-                    key = pipeline_key(token, "fwd", step, s - 1, d, u)
-                    received = state.mailbox.take(key, failed, since=since)
-                targets = labels[u] if state.last else None
-                result = _forward(state, step, u, scale, loss_scale, received, targets)
-                if state.last:
-                    losses.append(result)
-                else:
-                    envelope = pack_envelope(pipeline_key(token, "fwd", step, s, d, u), address)
-                    posts.append(following.post_packed(envelope, result))
-            else:
-                incoming = None
-                if not state.last:
-                    key = pipeline_key(token, "bwd", step, s + 1, d, u)
-                    incoming = state.mailbox.take(key, failed, since=since)
-                out = _backward(state, step, u, incoming)
-                if s > 0:
-                    envelope = pack_envelope(pipeline_key(token, "bwd", step, s, d, u), address)
-                    posts.append(previous.post_packed(envelope, out))
-        state.mailbox.wait_posted(posts, since=since)
-    except BaseException as error:
-        if state.dropped_step < step:  # a dropped step's other stages were dropped as well
-            neighbours = [
+    losses = []
+    # a drop_steps of this step ends the waits, whether it came before them or during them
+    with PostedTask(state.mailbox, {"previous": previous, "following": following}, True) as task:
+        task.drop_ended(lambda key: parse_pipeline_key(key).step >= step)
+
+        def neighbours() -> list:
+            if state.dropped_step >= step:  # a dropped step's other stages were dropped as well
+                return []
+            return [
                 (box, pipeline_key(token, "failed", step, t, d))
                 for box, t in ((previous, s - 1), (following, s + 1))
                 if box is not None
             ]
-            where = f"stage {s} of replica {d} failed in step {step}"
-            post_failure(neighbours, address, error, where)
-        raise
-    finally:  # every message this stage received so far, in one event before the result
-        report_transfers(worker, state.mailbox.take_receipts())
+
+        with task.failing(neighbours, f"stage {s} of replica {d} failed in step {step}"):
+            if state.dropped_step >= step:
+                raise RuntimeError(
+                    f"step {step} was dropped before stage {s} of replica {d} ran it"
+                )
+            for kind, u in order:
+                if kind == "F":
+                    if s == 0:
+                        received = inputs[u]
+                    else:
+                        received = task.take(pipeline_key(token, "fwd", step, s - 1, d, u), failed)
+                    targets = labels[u] if state.last else None
+                    result = _forward(state, step, u, scale, loss_scale, received, targets)
+                    if state.last:
+                        losses.append(result)
+                    else:
+                        key = pipeline_key(token, "fwd", step, s, d, u)
+                        task.post(("following",), key, result)
+                else:
+                    incoming = None
+                    if not state.last:
+                        key = pipeline_key(token, "bwd", step, s + 1, d, u)
+                        incoming = task.take(key, failed)
+                    out = _backward(state, step, u, incoming)
+                    if s > 0:
+                        task.post(("previous",), pipeline_key(token, "bwd", step, s, d, u), out)
+            task.wait_posted(task.posts)
     return losses
 
 

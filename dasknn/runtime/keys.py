@@ -26,12 +26,13 @@ __all__ = [
     "parse_sampled_key",
     "phase_names",
     "pipeline_key",
+    "postbox_key",
     "sampled_key",
     "step_key",
 ]
 
 PREFIX = "dasknn-"
-STEP_KINDS = ("fwd", "bwd", "lse", "run")
+STEP_KINDS = ("fwd", "bwd", "lse", "run", "failed")
 COLLECTIVES = ("allreduce", "allgather", "allgatherv")
 PIPELINE_KINDS = (
     "fwd", "bwd", "fwd-done", "bwd-done", "x", "y", "grad", "update", "finite", "verdict", "run",
@@ -99,7 +100,7 @@ def message_phase(key) -> tuple[str, str, int] | None:
     if parsed is None or parsed[0] not in STEP_KINDS:
         return None
     kind, token = parsed
-    if kind == "lse" or key[4] < 0:  # softmax statistics, output blocks: not layer messages
+    if kind in ("lse", "failed") or key[4] < 0:  # statistics, output blocks, errors: no layers
         return token, "other", int(key[2])
     if kind == "fwd":
         return token, "forward", int(key[2]) + 1
@@ -217,8 +218,30 @@ def dp_key(
 
 
 def dp_postbox_key(token: str, worker: int) -> str:
-    """The key of the data-parallel model's postbox actor on worker number ``worker``."""
-    return f"{PREFIX}postbox-{DP_KIND}-{token}-{int(worker)}"
+    """The key of the postbox actor of the data-parallel model ``token`` on its worker number
+    ``worker`` (:func:`postbox_key` of the family ``"dp"``)."""
+    return postbox_key(DP_KIND, token, int(worker))
+
+
+# ------------------------------------------------------------------ postbox keys
+def postbox_key(family: str, token: str, worker, generation: int | None = None):
+    """The key of the postbox actor (:mod:`dasknn.runtime.postbox`) of the model ``token`` of
+    the key family ``family`` (``"model"``, ``"dp"``, ``"pipe"``) on its worker ``worker``, in
+    the model's placement number ``generation`` (a placement after a lost worker makes new
+    postboxes, so no key whose release may still be under way is used again; ``None``: a mode
+    that places its postboxes once).
+
+    A pipeline's postbox is the pipeline key ``(token, "postbox", generation or 0, stage,
+    replica)`` of the stage replica ``worker = (stage, replica)``, so the moves of its handle
+    count among the model's own (phase ``"other"``); every other family's is the string
+    ``dasknn-postbox-{family}-{token}[-g{generation}]-{worker}``, outside the key families
+    (the monitor counts its handle's moves as ``"other"`` of no model).
+    """
+    if family == PIPELINE:
+        stage, replica = worker
+        return pipeline_key(token, "postbox", generation or 0, stage, replica)
+    placement = "" if generation is None else f"-g{int(generation)}"
+    return f"{PREFIX}postbox-{family}-{token}{placement}-{worker}"
 
 
 def parse_dp_key(key) -> DataParallelKey | None:
