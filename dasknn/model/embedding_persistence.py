@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from dasknn.model.checkpoint import CheckpointFormat
-from dasknn.model.persistence import json_header, read_arrays
+from dasknn.model.persistence import json_header, read_parsed
 from dasknn.optim import Optimizer, ParamState, optimizer_config, optimizer_from_config
 from graph.atomic import write_atomically
 
@@ -166,14 +166,7 @@ def read_embedding(path: str | os.PathLike) -> EmbeddingRecord:
         Naming ``path``: not an embedding model file (not a zip archive, truncated, corrupt,
         another format), a newer format version, a missing entry or a malformed header.
     """
-    path = Path(path)
-    stored = read_arrays(path)
-    try:
-        return _parse(stored)
-    except KeyError as exc:
-        raise ValueError(f"{path}: embedding model file lacks the entry {exc.args[0]!r}") from None
-    except (ValueError, TypeError, OverflowError, AttributeError) as exc:
-        raise ValueError(f"{path}: invalid embedding model file: {exc}") from None
+    return read_parsed(path, _parse, "embedding model file")
 
 
 def embedding_identity(record: EmbeddingRecord) -> dict:
