@@ -2,15 +2,19 @@
 EmbeddingMLP (its own file format, npz with a JSON header) and the data-parallel
 DistributedEmbeddingMLP (real LocalCluster workers, every architecture), through the checkpoint
 mechanism every model shares. A resumed run ends with the values of an uninterrupted one, its
-optimizer state included (Adam), with the full and with the sampled softmax."""
+optimizer state included (Adam), with the full and with the sampled softmax; so does a run whose
+worker is killed (SIGKILL) with a checkpoint directory set, recovered on the workers there are."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import zipfile
 
 import numpy as np
 import pytest
+from checkpoint_watch import when_checkpoint
 from distributed import Client, LocalCluster
 
 from dasknn.data_parallel import DistributedEmbeddingMLP
@@ -122,5 +126,23 @@ def test_data_parallel_model_saves_loads_and_resumes_to_an_uninterrupted_run(
     with DistributedEmbeddingMLP.load(tmp_path / "model.npz", client, **config) as dist:
         assert dist.n_steps_ == kept.n_steps_ and dist.optimizer_ == OPTIMIZER
         _fit(dist, 3, resume=tmp_path / "run")
+        _assert_same(dist.gather(), reference)
+        assert dist.loss_curve_ == pytest.approx(reference.loss_curve_, rel=0, abs=1e-9)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("messages", ["posted", "tasks"])
+def test_a_killed_worker_is_recovered_from_the_checkpoint(client, tmp_path, messages):
+    reference = _fit(_model(), 3)
+    client.wait_for_workers(2, timeout=30)
+    with DistributedEmbeddingMLP(
+        _model(), client, sparse_partitions=2, messages=messages, step_timeout=30
+    ) as dist:
+        victim = dist.workers[1]
+        pid = client.run(os.getpid, workers=[victim])[victim]
+        killed = when_checkpoint(tmp_path, 10, lambda: os.kill(pid, signal.SIGKILL))
+        _fit(dist, 3, checkpoint=tmp_path, checkpoint_every=5)
+        killed.join()
+        assert victim not in dist.workers  # its number went to the worker that replaced it
         _assert_same(dist.gather(), reference)
         assert dist.loss_curve_ == pytest.approx(reference.loss_curve_, rel=0, abs=1e-9)

@@ -58,6 +58,7 @@ from dasknn.optim import SGD, Optimizer, OptimizerSlots, ParamState
 from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.comm_report import CommReport, counts_of
 from dasknn.runtime.distributed_model import DistributedModel
+from dasknn.runtime.faults import running_workers
 from dasknn.runtime.keys import dp_postbox_key, parse_dp_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
 from dasknn.runtime.placement import KeyPlacement, by_sender
@@ -281,6 +282,7 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         #: The plan of the step whose rows the last step prefetched.
         self._prefetched = None
         self._version = 0
+        self._generation = 0  # placements after a lost worker (the postboxes' keys)
         self._gathered: tuple[int, EmbeddingMLP] | None = None
         self._placement = KeyPlacement(self.workers, by_sender(parse_dp_key))
         self._postboxes: list = []
@@ -322,7 +324,7 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         return [memory_plugin] if memory_plugin is not None else []
 
     # ------------------------------------------------------------------ placement
-    def _install(self, model: EmbeddingMLP) -> None:
+    def _install(self, model: EmbeddingMLP, with_state: bool = False) -> None:
         """Tune the workers' malloc (``reuse_memory``), place ``model``'s values, and make each
         worker's postbox (``messages="posted"``), each call within what is left of
         ``step_timeout`` and watched
@@ -331,13 +333,13 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
             name = f"{REUSE_MEMORY_PLUGIN}-{self.token}"
             self._memory_plugin = name  # a registration that times out is removed by close()
             self._placing(lambda: self.client.register_plugin(ReuseFreedMemory(), name=name))
-        self._place(model, self.n_shards)
+        self._place(model, self.n_shards, with_state)
         if self.messages == "posted":
             self._postboxes = [
                 self.client.submit(
                     Postbox,
                     self.plugin_name,
-                    key=dp_postbox_key(self.token, index),
+                    key=dp_postbox_key(self.token, index, self._generation),
                     workers=[worker],
                     allow_other_workers=False,
                     actor=True,
@@ -509,13 +511,59 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         model._slots = self._gather_states()
         return model._record()
 
+    def _recoverable(self, error: Exception) -> bool:
+        return isinstance(error, WorkerLostError)
+
     def _restore(self, record: EmbeddingRecord) -> None:
         """Place the values, step count and optimizer state of ``record`` (this network) on the
-        workers, with the shards there are now."""
+        workers. A worker that left is replaced by one of the cluster's others (waiting up to
+        ``step_timeout`` for one, as when a nanny restarts it), which takes its number: its
+        replica, shards and served variables; the model's plugin and postboxes are placed
+        anew.
+
+        Raises
+        ------
+        WorkerLostError
+            If no worker comes to replace a lost one within ``step_timeout``.
+        """
         self._check_open()
-        model = self.gather()
-        model._restore(record)
-        self._place_again(model, self.n_shards, with_state=True)
+        model = EmbeddingMLP._of_record(record)
+        if not self._replace_lost_workers():
+            self._place_again(model, self.n_shards, with_state=True)
+            return
+        self._generation += 1
+        self._step += self._steps_per_call() + 1  # no key of the failed steps is used again
+        self._gathered, self._postboxes = None, []
+        self._placement = KeyPlacement(self.workers, by_sender(parse_dp_key))
+        self._start_placement()
+        state = ReplicaState(self.token)
+        self._placing(lambda: self.client.register_plugin(state, name=self.plugin_name))
+        try:
+            self._install(model, with_state=True)
+        except Exception as error:
+            self._failed = str(error)
+            raise
+        self._failed = None
+
+    def _replace_lost_workers(self) -> list[int]:
+        """Put a running worker of the cluster in the place of every worker of the model that
+        left (polling every 0.1 s for at most ``step_timeout``); returns their numbers."""
+        deadline = time.monotonic() + self.step_timeout
+        while True:
+            running = running_workers(self.client)
+            lost = [i for i, w in enumerate(self.workers) if w not in running]
+            spare = [w for w in running if w not in self.workers]
+            if len(spare) >= len(lost):
+                break
+            if time.monotonic() > deadline:
+                raise WorkerLostError(
+                    f"the data-parallel model needs {len(self.workers)} workers to go on from its "
+                    f"checkpoint; {len(self.workers) - len(lost) + len(spare)} are running"
+                )
+            time.sleep(0.1)
+        for i, worker in zip(lost, spare, strict=False):
+            self.workers[i] = worker
+        return lost
 
     def save(self, path) -> None:
         """Write the model (values, step count, optimizer and its state, read from the workers)

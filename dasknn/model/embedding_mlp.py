@@ -252,20 +252,26 @@ class EmbeddingMLP(WindowEstimator):
         """
         record = read_embedding(path)
         try:
-            spec = record.spec
-            names = set(EmbeddingSpec.__dataclass_fields__)
-            if set(spec) != names:
-                raise ValueError(f"the spec must have the fields {sorted(names)}")
-            model = cls(
-                spec["vocab_size"], spec["context"], spec["embed_dim"], spec["hidden"],
-                spec["n_classes"], spec["combine"], spec["activation"], spec["dtype"],
-                spec["sampler_seed"], spec["output"], spec["n_sampled"], spec["sampler"],
-            )  # fmt: skip
-            if embedding_identity(record) != model._identity():
-                raise ValueError("the spec does not hold after its checks")
-            model._restore(record)
+            return cls._of_record(record)
         except (ValueError, TypeError) as exc:
             raise ValueError(f"{path}: invalid embedding model file: {exc}") from None
+
+    @classmethod
+    def _of_record(cls, record: EmbeddingRecord) -> EmbeddingMLP:
+        """A model of ``record`` (its spec checked as the constructor's arguments, its arrays
+        as :meth:`_restore` does; ``ValueError`` or ``TypeError`` otherwise)."""
+        spec = record.spec
+        names = set(EmbeddingSpec.__dataclass_fields__)
+        if set(spec) != names:
+            raise ValueError(f"the spec must have the fields {sorted(names)}")
+        model = cls(
+            spec["vocab_size"], spec["context"], spec["embed_dim"], spec["hidden"],
+            spec["n_classes"], spec["combine"], spec["activation"], spec["dtype"],
+            spec["sampler_seed"], spec["output"], spec["n_sampled"], spec["sampler"],
+        )  # fmt: skip
+        if embedding_identity(record) != model._identity():
+            raise ValueError("the spec does not hold after its checks")
+        model._restore(record)
         return model
 
     def _identity(self) -> dict:

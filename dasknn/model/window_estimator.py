@@ -196,28 +196,30 @@ class WindowEstimator(Checkpointed):
             optimizer=optimizer, checkpoint=checkpoint, checkpoint_every=checkpoint_every,
             resume=resume,
         )  # fmt: skip
+        saved: list[Path] = []
         if directory is not None and epochs:
-            self._save_checkpoint(directory, state)
-        rng = np.random.default_rng(seed)
-        # each epoch's order is drawn one epoch ahead (the same draws, in the same order), so
-        # the batch after every step is known before the step
-        orders = (epoch_batches(ids.shape[0], batch_size, rng, shuffle) for _ in range(epochs))
-        try:
+            saved.append(self._save_checkpoint(directory, state))
+
+        def run(at: Progress) -> None:
+            rng = np.random.default_rng(seed)
+            # each epoch's order is drawn one epoch ahead (the same draws, in the same order),
+            # so the batch after every step is known before the step
+            orders = (epoch_batches(ids.shape[0], batch_size, rng, shuffle) for _ in range(epochs))
             self._run_windows(
                 ids, labels, orders, epochs, optimizer, progress, record_batches,
-                state, directory, every,
+                at, directory, every, saved,
             )  # fmt: skip
-        except KeyboardInterrupt:
-            self._interrupted()
-            raise
+
+        self._recovering(run, state, lambda: saved[-1] if saved else None)
         return self
 
     def _run_windows(
         self, ids, labels, orders, epochs, optimizer, progress: bool, record_batches: bool,
-        state: Progress, directory: Path | None, every: int,
+        state: Progress, directory: Path | None, every: int, saved: list[Path],
     ) -> None:  # fmt: skip
         """The epochs of a :meth:`fit` call, whose batch orders ``orders`` yields, from the
-        position ``state``; a checkpoint goes to ``directory`` every ``every`` batches."""
+        position ``state``; a checkpoint goes to ``directory`` every ``every`` batches (its file
+        appended to ``saved``)."""
         current = next(orders, None)
         per_call = self._steps_per_call()
         for epoch in range(epochs):
@@ -260,7 +262,7 @@ class WindowEstimator(Checkpointed):
                     state.epoch, state.batch, state.epoch_loss = epoch + 1, 0, 0.0
                 due = state.batches_done % every == 0 or state.epoch == epochs
                 if directory is not None and due:
-                    self._save_checkpoint(directory, state)
+                    saved.append(self._save_checkpoint(directory, state))
             bar.close()
             current = following
 

@@ -283,9 +283,12 @@ def dp_key(
     )
 
 
-def dp_postbox_key(token: str, worker: int) -> str:
+def dp_postbox_key(token: str, worker: int, generation: int = 0) -> str:
     """The key of the postbox actor of the data-parallel model ``token`` on its worker number
-    ``worker`` (not a step key: the monitor counts the actor's handle as ``"other"``)."""
+    ``worker`` (not a step key: the monitor counts the actor's handle as ``"other"``), of the
+    model's ``generation``-th placement after the first (a restored checkpoint)."""
+    if generation:
+        return f"{PREFIX}postbox-{DP_KIND}-{token}-g{int(generation)}-{int(worker)}"
     return f"{PREFIX}postbox-{DP_KIND}-{token}-{int(worker)}"
 
 
