@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
-import time
 
 import numpy as np
 import pytest
+from checkpoint_watch import when_checkpoint
 from distributed import Client
 
 from dasknn.model import CompressedMLP
@@ -99,24 +98,6 @@ def test_pipeline_model_saves_loads_and_resumes_to_an_uninterrupted_run(
         assert dist.loss_curve_ == pytest.approx(reference.loss_curve_, abs=1e-12)
 
 
-def _when_checkpoint(directory, batches: int, action) -> threading.Thread:
-    """Run ``action()`` in a thread once ``directory`` holds a checkpoint of ``batches`` or more
-    batches (polled, for at most a minute)."""
-
-    def watch():
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            names = [p.name for p in directory.iterdir()] if directory.exists() else []
-            if any(name >= f"checkpoint-{batches:09d}" for name in names):
-                action()
-                return
-            time.sleep(0.005)
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    return thread
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("messages", ["posted", "tasks"])
 def test_a_killed_stage_worker_is_recovered_from_the_checkpoint(
@@ -129,7 +110,7 @@ def test_a_killed_stage_worker_is_recovered_from_the_checkpoint(
     ) as dist:
         victim = dist.workers[(1, 0)]
         pid = client.run(os.getpid, workers=[victim])[victim]
-        killed = _when_checkpoint(tmp_path, 10, lambda: os.kill(pid, signal.SIGKILL))
+        killed = when_checkpoint(tmp_path, 10, lambda: os.kill(pid, signal.SIGKILL))
         _fit(dist, x, y, 3, checkpoint=tmp_path, checkpoint_every=5)
         killed.join()
         assert victim not in dist.workers.values()  # the stage moved

@@ -41,6 +41,22 @@ def test_parallax_trains_and_reports_the_measured_bytes(dask_client, tmp_path, c
     assert "epoch 2/2" in text and "(equal)" in text
 
 
+def test_parallax_resumes_its_checkpoint_to_the_losses_of_an_uninterrupted_run(
+    dask_client, tmp_path, capsys
+):
+    whole, _ = _run([*PARALLAX, "--epochs", "2", "--checkpoint-dir", str(tmp_path / "whole")],
+                    dask_client, tmp_path, capsys)  # fmt: skip
+    part = tmp_path / "part"
+    _run([*PARALLAX, "--epochs", "1", "--checkpoint-dir", str(part), "--checkpoint-every", "5"],
+         dask_client, tmp_path, capsys)  # fmt: skip
+    resumed, text = _run([*PARALLAX, "--epochs", "2", "--resume", str(part)], dask_client,
+                         tmp_path, capsys)  # fmt: skip
+    assert [e["epoch"] for e in resumed["epochs"]] == [1, 2]
+    for got, want in zip(resumed["epochs"], whole["epochs"], strict=True):
+        assert got == pytest.approx(want, rel=1e-6)
+    assert "epoch 1/2: loss" in text and "epoch 2/2: loss" in text and "held-out perplexity" in text
+
+
 def test_slide_trains_and_reports_the_measured_bytes(dask_client, tmp_path, capsys):
     stats, text = _run([*SLIDE, "--epochs", "1"], dask_client, tmp_path, capsys)
     assert stats["shards"] == 2 and stats["steps"] == math.ceil(300 / 50)
@@ -58,6 +74,7 @@ def test_slide_trains_and_reports_the_measured_bytes(dask_client, tmp_path, caps
         ([*PARALLAX, "--lr", "nan"], "--lr must be a finite number > 0"),
         ([*PARALLAX, "--epochs", "0"], "--epochs must be at least 1"),
         ([*PARALLAX, "--workers", "0"], "--workers must be at least 1"),
+        ([*PARALLAX, "--checkpoint-every", "0"], "--checkpoint-every must be at least 1"),
         ([*SLIDE, "--active-fraction", "0"], "--active-fraction must lie in (0, 1]"),
         ([*SLIDE, "--held-out", "400"], "--held-out 400 leaves no training row"),
         ([*SLIDE, "--xmc", "/nonexistent.txt"], "no such file"),

@@ -17,6 +17,7 @@ import time
 import dask
 import numpy as np
 import pytest
+from checkpoint_watch import when_checkpoint
 from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 from model_reference import DenseReference
@@ -71,24 +72,6 @@ def _assert_reference(trained: SparseMLP, reference: DenseReference) -> None:
         np.testing.assert_allclose(trained.biases[k], reference.b[k], atol=1e-12)
 
 
-def _when_checkpoint(directory, batches: int, action) -> threading.Thread:
-    """Run ``action()`` in a thread once ``directory`` holds a checkpoint of ``batches`` or more
-    batches (training then is in full swing)."""
-
-    def watch():
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            names = [p.name for p in directory.iterdir()] if directory.exists() else []
-            if any(name >= f"checkpoint-{batches:09d}" for name in names):
-                action()
-                return
-            time.sleep(0.005)
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    return thread
-
-
 @pytest.fixture
 def cluster():
     with LocalCluster(
@@ -118,7 +101,7 @@ def test_killed_worker_is_restored_from_the_checkpoint(cluster, tmp_path, messag
     ) as dist:
         dist.fit(x[:8], y[:8], batch_size=8, lr=0.0, progress=False)  # compile on the workers
         victim = max(_pids(client).items())
-        killed = _when_checkpoint(tmp_path, 10, lambda: os.kill(victim[1], signal.SIGKILL))
+        killed = when_checkpoint(tmp_path, 10, lambda: os.kill(victim[1], signal.SIGKILL))
         dist.fit(x, y, batch_size=8, epochs=2, lr=LR, progress=False, checkpoint=tmp_path,
                  checkpoint_every=5)  # fmt: skip
         killed.join()
@@ -136,7 +119,7 @@ def test_a_fit_call_stops_once_its_recoveries_are_used_up(cluster, tmp_path):
         dist.max_recoveries = 0
         dist.fit(x[:8], y[:8], batch_size=8, lr=0.0, progress=False)  # compile on the workers
         victim = max(_pids(client).items())
-        killed = _when_checkpoint(tmp_path, 10, lambda: os.kill(victim[1], signal.SIGKILL))
+        killed = when_checkpoint(tmp_path, 10, lambda: os.kill(victim[1], signal.SIGKILL))
         with pytest.raises(WorkerLostError, match=r"restored its checkpoint 0 times already"):
             dist.fit(x, y, batch_size=8, epochs=2, lr=LR, progress=False, checkpoint=tmp_path,
                      checkpoint_every=5)  # fmt: skip
@@ -173,7 +156,7 @@ def test_retired_worker_without_checkpoint_is_a_clear_error_then_with_one_is_res
         model, client, partition=_parts(model), messages=messages, step_timeout=30
     ) as dist:
         leaving = dist.part_workers[0]
-        retired = _when_checkpoint(tmp_path, 10, lambda: client.retire_workers([leaving]))
+        retired = when_checkpoint(tmp_path, 10, lambda: client.retire_workers([leaving]))
         dist.fit(x, y, batch_size=8, epochs=2, lr=LR, progress=False, checkpoint=tmp_path,
                  checkpoint_every=5)  # fmt: skip
         retired.join()

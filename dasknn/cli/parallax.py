@@ -18,8 +18,11 @@ from dasknn.cli.cluster_options import (
     open_cluster,
 )
 from dasknn.cli.training_options import (
+    add_checkpoint_arguments,
     add_training_arguments,
+    check_checkpoint_options,
     check_training_options,
+    checkpoint_options,
     optimizer_from_args,
 )
 from dasknn.data_parallel import ARCHITECTURES, DistributedEmbeddingMLP
@@ -64,6 +67,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--messages", choices=("posted", "tasks"), default="posted")
     add_training_arguments(parser, batch_size=256, lr=0.5, optimizer="sgd")
+    add_checkpoint_arguments(
+        parser,
+        "one fit call trains every epoch (batches drawn from --seed) and scores the held-out "
+        "windows after the last; a lost worker's replica and shards are",
+    )
     add_distributed_arguments(parser, 2, "a step may go without finishing")
     parser.set_defaults(func=run)
 
@@ -88,6 +96,7 @@ def _check(args: argparse.Namespace) -> tuple[tuple[int, ...], int | str]:
     if args.max_vocab < 2:
         raise ValueError("--max-vocab must be at least 2")
     check_training_options(args)
+    check_checkpoint_options(args)
     check_distributed_options(args)
     shards: int | str = args.sparse_partitions
     if shards != "auto":
@@ -134,23 +143,23 @@ def run(args: argparse.Namespace) -> int:
             )
         )
         start = time.perf_counter()
-        for epoch in range(args.epochs):
+        checkpoints = checkpoint_options(args)
+        if any(value is not None for value in checkpoints.values()):
             dist.fit(
-                X, y, batch_size=args.batch_size, epochs=1, optimizer=optimizer,
-                seed=args.seed + epoch, progress=args.progress,
+                X, y, batch_size=args.batch_size, epochs=args.epochs, optimizer=optimizer,
+                seed=args.seed, progress=args.progress, **checkpoints,
             )  # fmt: skip
-            line = {
-                "epoch": epoch + 1,
-                "loss": dist.loss_curve_[-1],
-                "held_out_perplexity": dist.perplexity(X_held, y_held),
-                "held_out_accuracy": dist.score(X_held, y_held),
-            }
-            epochs.append(line)
-            print(
-                f"epoch {epoch + 1}/{args.epochs}: loss {line['loss']:.6g}, held-out perplexity "
-                f"{line['held_out_perplexity']:.2f}, accuracy {line['held_out_accuracy']:.4f}",
-                flush=True,
-            )
+            for epoch, loss in enumerate(dist.loss_curve_):
+                last = epoch == len(dist.loss_curve_) - 1
+                epochs.append(_epoch_line(dist, epoch, args.epochs, loss, X_held, y_held, last))
+        else:  # a fit call an epoch, its batches drawn from --seed + epoch
+            for epoch in range(args.epochs):
+                dist.fit(
+                    X, y, batch_size=args.batch_size, epochs=1, optimizer=optimizer,
+                    seed=args.seed + epoch, progress=args.progress,
+                )  # fmt: skip
+                loss = dist.loss_curve_[-1]
+                epochs.append(_epoch_line(dist, epoch, args.epochs, loss, X_held, y_held, True))
         seconds = time.perf_counter() - start
         steps = dist.n_steps_
         report = dist.comm_report()
@@ -172,6 +181,22 @@ def run(args: argparse.Namespace) -> int:
     if args.json is not None:
         write_text_atomically(args.json, json.dumps(statistics, indent=2, default=_plain))
     return 0
+
+
+def _epoch_line(dist, epoch: int, total: int, loss: float, X_held, y_held, scored: bool) -> dict:
+    """Print and return an epoch's line: its loss and, when ``scored``, the held-out perplexity
+    and accuracy."""
+    line = {"epoch": epoch + 1, "loss": loss}
+    text = f"epoch {epoch + 1}/{total}: loss {loss:.6g}"
+    if scored:
+        line["held_out_perplexity"] = dist.perplexity(X_held, y_held)
+        line["held_out_accuracy"] = dist.score(X_held, y_held)
+        text += (
+            f", held-out perplexity {line['held_out_perplexity']:.2f}, accuracy "
+            f"{line['held_out_accuracy']:.4f}"
+        )
+    print(text, flush=True)
+    return line
 
 
 def _plain(value):

@@ -39,18 +39,26 @@ from dasknn.data_parallel._worker_state import (
     clear_mailbox,
     install_values,
     read_array,
+    read_states,
     read_values,
 )
 from dasknn.exceptions import WorkerLostError
 from dasknn.model.embedding_mlp import EmbeddingMLP, split_output_table
 from dasknn.model.embedding_network import EMBEDDING, SOFTMAX
+from dasknn.model.embedding_persistence import (
+    EMBEDDING_FILE,
+    EmbeddingRecord,
+    spec_identity,
+    write_embedding,
+)
 from dasknn.model.sampled_softmax import sample_candidates
 from dasknn.model.validation import check_batch_size
 from dasknn.model.window_estimator import WindowEstimator, check_windows
-from dasknn.optim import SGD, Optimizer
+from dasknn.optim import SGD, Optimizer, OptimizerSlots, ParamState
 from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.comm_report import CommReport, counts_of
 from dasknn.runtime.distributed_model import DistributedModel
+from dasknn.runtime.faults import running_workers
 from dasknn.runtime.keys import DP_KIND, parse_dp_key, postbox_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
 from dasknn.runtime.placement import KeyPlacement, by_sender
@@ -274,6 +282,7 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         #: The plan of the step whose rows the last step prefetched.
         self._prefetched = None
         self._version = 0
+        self._generation = 0  # placements after a lost worker (the postboxes' keys)
         self._gathered: tuple[int, EmbeddingMLP] | None = None
         self._placement = KeyPlacement(self.workers, by_sender(parse_dp_key))
         self._postboxes: list = []
@@ -315,7 +324,7 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         return [memory_plugin] if memory_plugin is not None else []
 
     # ------------------------------------------------------------------ placement
-    def _install(self, model: EmbeddingMLP) -> None:
+    def _install(self, model: EmbeddingMLP, with_state: bool = False) -> None:
         """Tune the workers' malloc (``reuse_memory``), place ``model``'s values, and make each
         worker's postbox (``messages="posted"``), each call within what is left of
         ``step_timeout`` and watched
@@ -324,13 +333,13 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
             name = f"{REUSE_MEMORY_PLUGIN}-{self.token}"
             self._memory_plugin = name  # a registration that times out is removed by close()
             self._placing(lambda: self.client.register_plugin(ReuseFreedMemory(), name=name))
-        self._place(model, self.n_shards)
+        self._place(model, self.n_shards, with_state)
         if self.messages == "posted":
             self._postboxes = [
                 self.client.submit(
                     Postbox,
                     self.plugin_name,
-                    key=postbox_key(DP_KIND, self.token, index),
+                    key=postbox_key(DP_KIND, self.token, index, self._generation or None),
                     workers=[worker],
                     allow_other_workers=False,
                     actor=True,
@@ -341,20 +350,22 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
             with self._cancelled_if_failed(postboxes):
                 self._placing(lambda: self.client.gather(postboxes))
 
-    def _place_again(self, model: EmbeddingMLP, n_shards: int) -> None:
-        """:meth:`_place` after the constructor (the search), within ``step_timeout`` of its
-        own; if it fails, the workers hold the values in part and the model is unusable."""
+    def _place_again(self, model: EmbeddingMLP, n_shards: int, with_state: bool = False) -> None:
+        """:meth:`_place` after the constructor (the search, a restored checkpoint), within
+        ``step_timeout`` of its own; if it fails, the workers hold the values in part and the
+        model is unusable."""
         self._start_placement()
         try:
-            self._place(model, n_shards)
+            self._place(model, n_shards, with_state)
         except Exception as error:
             self._failed = str(error)
             raise
 
-    def _place(self, model: EmbeddingMLP, n_shards: int) -> None:
+    def _place(self, model: EmbeddingMLP, n_shards: int, with_state: bool = False) -> None:
         """Copy ``model``'s values to the workers with ``n_shards`` shards (fresh optimizer
-        state), each worker's within what is left of the placement's ``step_timeout`` and
-        watched (:meth:`~dasknn.runtime.distributed_model.DistributedModel._placing`)."""
+        state, or with ``with_state`` the model's), each worker's within what is left of the
+        placement's ``step_timeout`` and watched
+        (:meth:`~dasknn.runtime.distributed_model.DistributedModel._placing`)."""
         self.n_shards = n_shards
         self.n_steps_ = model.n_steps_
         arch = self.architecture
@@ -363,6 +374,8 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         if self.spec.sampled:
             sparse[SOFTMAX] = model.output_table()
         payload = {w: ({}, {}, {}) for w in self.workers}
+        full = _variable_states(model) if with_state else {}
+        held_states: dict = {w: {"replicas": {}, "shards": {}, "served": {}} for w in self.workers}
         for index, worker in enumerate(self.workers):
             replicas, shards, served = payload[worker]
             if arch != "ps":
@@ -375,6 +388,15 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
                         shards[(name, p)] = sparse[name][shard_map.rows(p)]
             if arch == "ps":
                 served.update({n: v for n, v in dense.items() if self.dense_servers[n] == index})
+            mine = held_states[worker]
+            for where, names in (("replicas", replicas), ("served", served)):
+                mine[where] = {n: (model.optimizer, full[n]) for n in names if n in full}
+            for name, p in shards:
+                if name in full:
+                    rows = self.shard_maps[name].rows(p)
+                    arrays = {n: a[rows] for n, a in full[name].arrays.items()}
+                    piece = ParamState(full[name].step, arrays)
+                    mine["shards"][(name, p)] = (model.optimizer, piece)
         for worker, (replicas, shards, served) in payload.items():
             self._placing(
                 partial(
@@ -384,10 +406,11 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
                     replicas=replicas,
                     shards=shards,
                     served=served,
+                    states=held_states[worker] if full else None,
                     workers=[worker],
                 )
             )
-        self.optimizer_ = None
+        self.optimizer_ = model.optimizer if full else None
         self._prefetched = None
         self._version += 1
 
@@ -396,19 +419,7 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         self._check_open()
         if self._gathered is not None and self._gathered[0] == self._version:
             return self._gathered[1].copy()
-        try:
-            held = run_naming_loss(
-                self.client,
-                self.client.run(
-                    read_values, token=self.token, workers=self.workers, asynchronous=True
-                ),
-                self.step_timeout,
-                self._lost_workers_error,
-                poll=1.0,
-                grace=0.0,
-            )
-        except TimeoutError:
-            raise self._timeout_error("the values did not arrive", self.workers) from None
+        held = self._run_on_workers(read_values, "the values did not arrive")
         first = held[self.workers[0]]
         dense = {}
         for worker in self.workers:
@@ -433,6 +444,154 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         model.n_steps_ = self.n_steps_
         self._gathered = (self._version, model)
         return model.copy()
+
+    def _run_on_workers(self, function, what: str) -> dict:
+        """``Client.run(function, token=...)`` on every worker within ``step_timeout``:
+        ``WorkerLostError`` naming a worker that left, :class:`StepTimeoutError` (``what`` did
+        not happen) naming those that did not answer."""
+        try:
+            return run_naming_loss(
+                self.client,
+                self.client.run(
+                    function, token=self.token, workers=self.workers, asynchronous=True
+                ),
+                self.step_timeout,
+                self._lost_workers_error,
+                poll=1.0,
+                grace=0.0,
+            )
+        except TimeoutError:
+            raise self._timeout_error(what, self.workers) from None
+
+    # ------------------------------------------------------------------ checkpoints
+    _checkpoint_format = EMBEDDING_FILE
+
+    def _identity(self) -> dict:
+        return spec_identity(self.spec)
+
+    def _gather_states(self) -> OptimizerSlots:
+        """The optimizer state of every variable, read from the workers, under the keys of the
+        one-process model (:meth:`EmbeddingMLP._state_params`)."""
+        held = self._run_on_workers(read_states, "the optimizer states did not arrive")
+        first = held[self.workers[0]]
+        full: dict[str, tuple] = dict(first["replicas"])
+        for worker in self.workers:
+            full.update(held[worker]["served"])
+        for name, shard_map in (self.shard_maps or {}).items():
+            if name in full:
+                continue
+            pieces = {p: v for w in self.workers for (n, p), v in held[w]["shards"].items()
+                      if n == name}  # fmt: skip
+            if not pieces:
+                continue
+            optimizer, some = next(iter(pieces.values()))
+            rows = self.spec.sparse_shapes()[name][0]
+            arrays = {n: np.empty((rows, *a.shape[1:]), a.dtype) for n, a in some.arrays.items()}
+            for p, (_, state) in pieces.items():
+                for n, a in state.arrays.items():
+                    arrays[n][shard_map.rows(p)] = a
+            full[name] = (optimizer, ParamState(some.step, arrays))
+        if not full:
+            return OptimizerSlots()
+        optimizer = next(iter(full.values()))[0]
+        states = {name: state for name, (_, state) in full.items() if name != SOFTMAX}
+        if SOFTMAX in full:  # the output table [W_out^T | b_out]: the weight's and bias's states
+            table = full[SOFTMAX][1]
+            states["softmax-weight"] = ParamState(
+                table.step, {n: a[:, :-1] for n, a in table.arrays.items()}
+            )
+            states["softmax-bias"] = ParamState(
+                table.step, {n: a[:, -1:] for n, a in table.arrays.items()}
+            )
+        return OptimizerSlots(optimizer, states)
+
+    def _record(self) -> EmbeddingRecord:
+        """The values, step count and optimizer state, read from the workers."""
+        model = self.gather()
+        model._slots = self._gather_states()
+        return model._record()
+
+    def _recoverable(self, error: Exception) -> bool:
+        return isinstance(error, WorkerLostError)
+
+    def _restore(self, record: EmbeddingRecord) -> None:
+        """Place the values, step count and optimizer state of ``record`` (this network) on the
+        workers. A worker that left is replaced by one of the cluster's others (waiting up to
+        ``step_timeout`` for one, as when a nanny restarts it), which takes its number: its
+        replica, shards and served variables; the model's plugin and postboxes are placed
+        anew.
+
+        Raises
+        ------
+        WorkerLostError
+            If no worker comes to replace a lost one within ``step_timeout``.
+        """
+        self._check_open()
+        model = EmbeddingMLP._of_record(record)
+        if not self._replace_lost_workers():
+            self._place_again(model, self.n_shards, with_state=True)
+            return
+        self._generation += 1
+        self._step += self._steps_per_call() + 1  # no key of the failed steps is used again
+        self._gathered, self._postboxes = None, []
+        self._placement = KeyPlacement(self.workers, by_sender(parse_dp_key))
+        self._start_placement()
+        state = ReplicaState(self.token)
+        self._placing(lambda: self.client.register_plugin(state, name=self.plugin_name))
+        try:
+            self._install(model, with_state=True)
+        except Exception as error:
+            self._failed = str(error)
+            raise
+        self._failed = None
+
+    def _replace_lost_workers(self) -> list[int]:
+        """Put a running worker of the cluster in the place of every worker of the model that
+        left (polling every 0.1 s for at most ``step_timeout``); returns their numbers."""
+        deadline = time.monotonic() + self.step_timeout
+        while True:
+            running = running_workers(self.client)
+            lost = [i for i, w in enumerate(self.workers) if w not in running]
+            spare = [w for w in running if w not in self.workers]
+            if len(spare) >= len(lost):
+                break
+            if time.monotonic() > deadline:
+                raise WorkerLostError(
+                    f"the data-parallel model needs {len(self.workers)} workers to go on from its "
+                    f"checkpoint; {len(self.workers) - len(lost) + len(spare)} are running"
+                )
+            time.sleep(0.1)
+        for i, worker in zip(lost, spare, strict=False):
+            self.workers[i] = worker
+        return lost
+
+    def save(self, path) -> None:
+        """Write the model (values, step count, optimizer and its state, read from the workers)
+        to the ``.npz`` file ``path`` atomically, in the format of :meth:`EmbeddingMLP.save`,
+        which :meth:`load` (or :meth:`EmbeddingMLP.load`) reads back."""
+        write_embedding(path, self._record())
+
+    @classmethod
+    def load(cls, path, client=None, **options) -> DistributedEmbeddingMLP:
+        """A distributed model of the file ``path`` (written by :meth:`save`, by
+        :meth:`EmbeddingMLP.save` or as a checkpoint) on ``client`` (as in the constructor, with
+        its keyword arguments ``options``): its values, step count and optimizer state, so that
+        training goes on as the saved model would.
+
+        Raises
+        ------
+        FileNotFoundError, ValueError
+            As :meth:`EmbeddingMLP.load`, before anything is placed; the constructor's errors.
+        """
+        model = EmbeddingMLP.load(path)
+        dist = cls(model, client, **options)
+        if model.optimizer is not None:
+            try:
+                dist._place_again(model, dist.n_shards, with_state=True)
+            except BaseException:
+                dist.close()
+                raise
+        return dist
 
     # ------------------------------------------------------------------ steps
     def _plan(self, ids: np.ndarray, labels: np.ndarray, step: int) -> StepPlan:
@@ -877,3 +1036,17 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
                 where, worker = "replicas", self.workers[0]
             out[f"dense_{i}"] = chunk(worker, where, name, tuple(shapes[i]))
         return out
+
+
+def _variable_states(model: EmbeddingMLP) -> dict[str, ParamState]:
+    """``model``'s optimizer state by distributed variable: the one-process keys, with the
+    output layer's weight and bias states joined into the output table's
+    (``[W_out^T | b_out]``, the sampled softmax)."""
+    states = dict(model._slots.states) if model.optimizer is not None else {}
+    weight, bias = states.pop("softmax-weight", None), states.pop("softmax-bias", None)
+    if weight is not None and bias is not None:
+        states[SOFTMAX] = ParamState(
+            weight.step,
+            {n: np.hstack([weight.arrays[n], bias.arrays[n]]) for n in weight.arrays},
+        )
+    return states

@@ -20,6 +20,7 @@ __all__ = [
     "clear_mailbox",
     "install_values",
     "read_array",
+    "read_states",
     "read_values",
 ]
 
@@ -72,15 +73,42 @@ class ReplicaState(ModelPlugin):
         self.mailbox.hold_receipt(key, sender, nbytes)
 
 
-def install_values(dask_worker, token: str, replicas: dict, shards: dict, served: dict) -> int:
+def install_values(
+    dask_worker, token: str, replicas: dict, shards: dict, served: dict, states=None
+) -> int:
     """For ``Client.run``: give the model's plugin on ``dask_worker`` copies of its replicas, shards
-    (``{(variable, shard): array}``) and served arrays, replacing what it held."""
+    (``{(variable, shard): array}``) and served arrays, replacing what it held, with fresh
+    optimizer state, or with ``states`` (``{"replicas"|"shards"|"served": {name: (optimizer,
+    ParamState)}}``, copied) for the arrays it names."""
     state: ReplicaState = ReplicaState.on_worker(token, dask_worker)
     state.replicas = {name: Held(np.array(v)) for name, v in replicas.items()}
     state.shards = {(name, int(p)): Held(np.array(v)) for (name, p), v in shards.items()}
     state.served = {name: Held(np.array(v)) for name, v in served.items()}
+    for where, held_states in (states or {}).items():
+        held = getattr(state, where)
+        for name, (optimizer, param_state) in held_states.items():
+            copies = {n: np.array(a) for n, a in param_state.arrays.items()}
+            held[name].slots = OptimizerSlots(
+                optimizer, {"values": ParamState(param_state.step, copies)}
+            )
     state.scratch = {}
     return len(state.replicas) + len(state.shards) + len(state.served)
+
+
+def read_states(dask_worker, token: str) -> dict:
+    """For ``Client.run``: copies of the optimizer state of every held array,
+    ``{"replicas"|"shards"|"served": {name: (optimizer, ParamState)}}`` (arrays not stepped
+    yet left out)."""
+    state: ReplicaState = ReplicaState.on_worker(token, dask_worker)
+    out: dict = {}
+    for where in ("replicas", "shards", "served"):
+        out[where] = {}
+        for name, held in getattr(state, where).items():
+            values = held.slots.states.get("values")
+            if values is not None:
+                copies = {n: a.copy() for n, a in values.arrays.items()}
+                out[where][name] = (held.slots.optimizer, ParamState(values.step, copies))
+    return out
 
 
 def clear_mailbox(dask_worker, token: str) -> int:

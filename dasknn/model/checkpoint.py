@@ -363,6 +363,39 @@ class Checkpointed:
         self.loss_curve_ = list(state.loss_curve)
         self.batch_loss_curve_ = list(state.batch_loss_curve)
 
+    #: How many times one ``fit`` call restores its last checkpoint after a recoverable failure.
+    max_recoveries = 3
+
+    def _recoverable(self, error: Exception) -> bool:
+        """Whether ``fit`` may restore its last checkpoint and go on after ``error``."""
+        return False
+
+    def _recovering(
+        self, run: Callable[[Progress], None], state: Progress, saved: Callable[[], Path | None]
+    ) -> None:
+        """``run(state)``, the rest of a ``fit`` call from ``state``; after an error that
+        :meth:`_recoverable` accepts, restore the call's last checkpoint (``saved()``, ``None``
+        if none was written) and run again from there, at most :attr:`max_recoveries` times.
+        ``KeyboardInterrupt`` calls ``_interrupted()`` and goes on."""
+        recoveries = 0
+        while True:
+            try:
+                run(state)
+                return
+            except KeyboardInterrupt:
+                self._interrupted()
+                raise
+            except Exception as exc:
+                if not self._recoverable(exc) or saved() is None:
+                    raise
+                if recoveries >= self.max_recoveries:
+                    raise type(exc)(
+                        f"{exc}; this fit call has restored its checkpoint {recoveries} times "
+                        "already (max_recoveries) and stops here"
+                    ) from exc
+                recoveries += 1
+                state = self._restore_latest(saved())
+
     def _restore_latest(self, saved: Path) -> Progress:
         """Restore the checkpoint ``saved``; returns its progress."""
         _, record, state = latest_checkpoint(saved, self._checkpoint_format)

@@ -47,8 +47,8 @@ from dasknn.model.checkpoint import CheckpointFormat
 from dasknn.model.persistence import (
     json_header,
     optimizer_entries,
-    read_arrays,
     read_param_state,
+    read_parsed,
 )
 from dasknn.optim import Optimizer, ParamState, optimizer_from_config
 from graph.atomic import write_atomically
@@ -328,14 +328,7 @@ def read_compressed(path: str | os.PathLike) -> CompressedRecord:
         or not finite, layers that do not chain, a layer's shape that would allocate more than
         :data:`MAX_EXPANSION` times its arrays' bytes, a bad loss scaler or optimizer state).
     """
-    path = Path(path)
-    stored = read_arrays(path)
-    try:
-        return _parse(stored)
-    except KeyError as exc:
-        raise ValueError(f"{path}: compressed model file lacks the entry {exc.args[0]!r}") from None
-    except (ValueError, TypeError, OverflowError, AttributeError) as exc:
-        raise ValueError(f"{path}: invalid compressed model file: {exc}") from None
+    return read_parsed(path, _parse, "compressed model file")
 
 
 def compressed_identity(record: CompressedRecord) -> dict:

@@ -7,6 +7,8 @@ optimizer state and follows the estimator conventions of :mod:`dasknn.model.wind
 
 from __future__ import annotations
 
+import os
+from dataclasses import asdict
 from numbers import Integral
 
 import numpy as np
@@ -25,10 +27,17 @@ from dasknn.model.embedding_network import (
     sampled_batch_gradients,
     unique_rows,
 )
+from dasknn.model.embedding_persistence import (
+    EMBEDDING_FILE,
+    EmbeddingRecord,
+    embedding_identity,
+    read_embedding,
+    write_embedding,
+)
 from dasknn.model.sampled_softmax import SAMPLERS, sample_candidates, sampled_output
 from dasknn.model.validation import check_float_dtype
 from dasknn.model.window_estimator import WindowEstimator
-from dasknn.optim import Optimizer, OptimizerSlots
+from dasknn.optim import NONNEGATIVE_STATES, Optimizer, OptimizerSlots
 
 __all__ = ["EmbeddingMLP", "split_output_table"]
 
@@ -217,6 +226,122 @@ class EmbeddingMLP(WindowEstimator):
             f"embed_dim={s.embed_dim}, hidden={s.hidden}, n_classes={s.n_classes}, "
             f"combine={s.combine!r}, dtype={s.dtype}, output={s.output!r})"
         )
+
+    # ------------------------------------------------------------------ persistence
+    _checkpoint_format = EMBEDDING_FILE
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the model (spec, embedding, dense layers, step count, optimizer and its state)
+        to the ``.npz`` file ``path`` atomically (format of
+        :mod:`dasknn.model.embedding_persistence`); :meth:`load` reads it back."""
+        write_embedding(path, self._record())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> EmbeddingMLP:
+        """Read a model written by :meth:`save` (or a checkpoint), with its optimizer state, so
+        that it trains on as the saved one would. Nothing is unpickled.
+
+        Raises
+        ------
+        FileNotFoundError
+            If ``path`` does not exist.
+        ValueError
+            Naming ``path``: not an embedding model file (not a zip archive, truncated,
+            corrupt, another format), a newer format version, a bad spec, arrays of the wrong
+            shape or dtype or not finite, optimizer state that does not fit.
+        """
+        record = read_embedding(path)
+        try:
+            return cls._of_record(record)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{path}: invalid embedding model file: {exc}") from None
+
+    @classmethod
+    def _of_record(cls, record: EmbeddingRecord) -> EmbeddingMLP:
+        """A model of ``record`` (its spec checked as the constructor's arguments, its arrays
+        as :meth:`_restore` does; ``ValueError`` or ``TypeError`` otherwise)."""
+        spec = record.spec
+        names = set(EmbeddingSpec.__dataclass_fields__)
+        if set(spec) != names:
+            raise ValueError(f"the spec must have the fields {sorted(names)}")
+        model = cls(
+            spec["vocab_size"], spec["context"], spec["embed_dim"], spec["hidden"],
+            spec["n_classes"], spec["combine"], spec["activation"], spec["dtype"],
+            spec["sampler_seed"], spec["output"], spec["n_sampled"], spec["sampler"],
+        )  # fmt: skip
+        if embedding_identity(record) != model._identity():
+            raise ValueError("the spec does not hold after its checks")
+        model._restore(record)
+        return model
+
+    def _identity(self) -> dict:
+        return embedding_identity(self._record(with_state=False))
+
+    def _record(self, with_state: bool = True) -> EmbeddingRecord:
+        """The model as a record (arrays shared, not copied)."""
+        spec = asdict(self.spec)
+        spec["hidden"] = list(spec["hidden"])
+        record = EmbeddingRecord(
+            spec, self.embedding, list(self.weights), list(self.biases), self.n_steps_
+        )
+        if with_state and self.optimizer is not None:
+            record.optimizer, record.states = self.optimizer, dict(self._slots.states)
+        return record
+
+    def _state_params(self) -> dict[str, np.ndarray]:
+        """The array each optimizer state key steps, as :meth:`_train_batch` hands it over."""
+        params = {EMBEDDING: self.embedding}
+        for name, param in zip(self.spec.dense_names(), self.dense_variables(), strict=True):
+            params[name] = param.reshape(-1)
+        if self.spec.sampled:
+            params["softmax-weight"] = self.weights[-1].T
+            params["softmax-bias"] = self.biases[-1][:, None]
+        return params
+
+    def _restore(self, record: EmbeddingRecord) -> None:
+        """Take the values, step count and optimizer state of ``record`` (a record of this
+        network), each array checked first (``ValueError``)."""
+        if len(record.weights) != len(self.weights) or len(record.biases) != len(self.biases):
+            raise ValueError(f"{len(self.weights)} dense layers expected")
+        arrays = [("embedding", self.embedding, record.embedding)]
+        for k in range(len(self.weights)):
+            arrays += [(f"w{k}", self.weights[k], record.weights[k])]
+            arrays += [(f"b{k}", self.biases[k], record.biases[k])]
+        for name, mine, stored in arrays:
+            if stored.shape != mine.shape or stored.dtype != mine.dtype:
+                raise ValueError(
+                    f"{name} has shape {stored.shape} and dtype {stored.dtype}, expected "
+                    f"{mine.shape} {mine.dtype}"
+                )
+            if not np.isfinite(stored).all():
+                raise ValueError(f"{name} holds NaN or infinite values")
+        self.embedding = np.array(record.embedding)
+        self.weights = [np.array(w) for w in record.weights]
+        self.biases = [np.array(b) for b in record.biases]
+        states = {}
+        if record.optimizer is not None:
+            params = self._state_params()
+            for key, state in record.states.items():
+                if key not in params:
+                    raise ValueError(f"optimizer state of an unknown variable {key!r}")
+                fresh = record.optimizer.init_state(params[key])
+                if set(state.arrays) != set(fresh.arrays):
+                    raise ValueError(
+                        f"optimizer state of {key} holds {sorted(state.arrays)}, expected "
+                        f"{sorted(fresh.arrays)}"
+                    )
+                for name, values in state.arrays.items():
+                    want = fresh.arrays[name]
+                    if values.shape != want.shape or values.dtype != want.dtype:
+                        raise ValueError(f"optimizer state {key}.{name} has the wrong shape")
+                    if not np.isfinite(values).all() or (
+                        name in NONNEGATIVE_STATES and (values < 0).any()
+                    ):
+                        raise ValueError(f"optimizer state {key}.{name} holds bad values")
+                copies = {n: np.array(v) for n, v in state.arrays.items()}
+                states[key] = type(state)(state.step, copies)
+        self._slots = OptimizerSlots(record.optimizer, states)
+        self.n_steps_ = record.n_steps
 
     # ------------------------------------------------------------------ hooks
     def _interrupted(self) -> None:

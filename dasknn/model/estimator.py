@@ -96,10 +96,6 @@ class SparseEstimator(Checkpointed):
         the generator is exhausted no step is running."""
         raise NotImplementedError
 
-    def _recoverable(self, error: Exception) -> bool:
-        """Whether ``fit`` may restore its last checkpoint and go on after ``error``."""
-        return False
-
     def _output_blocks(self, x: np.ndarray, batch_size: int, **options) -> OutputBlocks:
         """Row-block ``(z_L, a_L)`` of the checked rows ``x``, ``batch_size`` rows at a time, in
         order; the model's inference ``options`` are checked before anything runs."""
@@ -204,27 +200,8 @@ class SparseEstimator(Checkpointed):
         run.directory, run.every = directory, every
         if directory is not None:
             self._write_checkpoint(run, state)
-        recoveries = 0
-        while True:
-            try:
-                self._run_epochs(run, state)
-                return self
-            except KeyboardInterrupt:
-                self._interrupted()
-                raise
-            except Exception as exc:
-                if not self._recoverable(exc) or run.saved is None:
-                    raise
-                if recoveries >= self.max_recoveries:
-                    raise type(exc)(
-                        f"{exc}; this fit call has restored its checkpoint {recoveries} times "
-                        "already (max_recoveries) and stops here"
-                    ) from exc
-                recoveries += 1
-                state = self._restore_latest(run.saved)
-
-    #: How many times one ``fit`` call restores its last checkpoint after a recoverable failure.
-    max_recoveries = 3
+        self._recovering(lambda at: self._run_epochs(run, at), state, lambda: run.saved)
+        return self
 
     def _run_epochs(self, run: _Run, state: Progress) -> None:
         """Train from ``state`` to the end of the call, writing the checkpoints on the way."""

@@ -56,6 +56,7 @@ __all__ = [
     "read_arrays",
     "read_model",
     "read_param_state",
+    "read_parsed",
     "write_model",
 ]
 
@@ -221,6 +222,28 @@ def read_arrays(path: Path) -> dict[str, np.ndarray]:
         if "pickle" in reason:  # numpy's message advises allow_pickle=, which dasknn never uses
             reason = "it holds pickled data (Python objects), which dasknn never reads"
         raise ValueError(f"{path}: not a readable .npz model file: {reason}") from None
+
+
+def read_parsed(path: str | os.PathLike, parse, described: str):
+    """``parse(arrays)`` of the ``.npz`` archive ``path`` (:func:`read_arrays`), its errors as
+    ``ValueError`` naming the file and what it should be (``described``, such as
+    ``"compressed model file"``): a missing entry, or what ``parse`` raised.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` does not exist.
+    ValueError
+        Naming ``path``, if it is not a readable archive or ``parse`` refuses it.
+    """
+    path = Path(path)
+    stored = read_arrays(path)
+    try:
+        return parse(stored)
+    except KeyError as exc:
+        raise ValueError(f"{path}: {described} lacks the entry {exc.args[0]!r}") from None
+    except (ValueError, TypeError, OverflowError, AttributeError) as exc:
+        raise ValueError(f"{path}: invalid {described}: {exc}") from None
 
 
 def _header(stored: dict[str, np.ndarray]) -> dict:

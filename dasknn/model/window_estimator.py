@@ -11,13 +11,16 @@ one that runs several steps at once also :meth:`_steps_per_call` and :meth:`_tra
 
 from __future__ import annotations
 
+import os
 from numbers import Integral
+from pathlib import Path
 from typing import Self
 
 import numpy as np
 from tqdm import tqdm
 
 from dasknn.exceptions import NonFiniteLossError
+from dasknn.model.checkpoint import Checkpointed, Progress
 from dasknn.model.losses import softmax
 from dasknn.model.validation import (
     check_batch_size,
@@ -86,12 +89,13 @@ def check_labels(y, n_windows: int, n_classes: int) -> np.ndarray:
     return labels
 
 
-class WindowEstimator:
+class WindowEstimator(Checkpointed):
     """Training loop, loss curves and predictions of a model of token windows.
 
     A subclass sets ``spec`` (:class:`~dasknn.model.embedding_network.EmbeddingSpec`), starts
     ``loss_curve_`` and ``batch_loss_curve_`` as empty lists and implements :meth:`_train_batch`
-    and :meth:`_logits`.
+    and :meth:`_logits`; for ``fit``'s checkpoints, the hooks of
+    :class:`~dasknn.model.checkpoint.Checkpointed`.
     """
 
     loss_curve_: list[float]
@@ -152,6 +156,9 @@ class WindowEstimator:
         seed: int = 0,
         progress: bool = False,
         record_batches: bool = False,
+        checkpoint: str | os.PathLike | None = None,
+        checkpoint_every: int | None = None,
+        resume: str | os.PathLike | None = None,
     ) -> Self:
         """Train on minibatches for ``epochs`` passes over ``(X, y)``, from the current values.
 
@@ -159,6 +166,13 @@ class WindowEstimator:
         (row order when ``shuffle`` is false), ``batch_size`` at a time (the last batch may be
         smaller), and appends the mean over windows of each batch's loss to ``loss_curve_``;
         ``progress`` shows a bar of each epoch's batches.
+
+        ``checkpoint`` (a directory, created if missing), ``checkpoint_every`` (batches, default
+        one epoch) and ``resume`` (a checkpoint directory or file of a call with the same data
+        and arguments; ``epochs`` may be larger) are those of
+        :meth:`dasknn.model.SparseMLP.fit` (:mod:`dasknn.model.checkpoint`): a resumed call ends
+        with the values of an uninterrupted one. The steps a model runs at once end where a
+        checkpoint is due.
 
         Returns
         -------
@@ -177,46 +191,79 @@ class WindowEstimator:
         batch_size, epochs = check_batch_size(batch_size), check_epochs(epochs)
         if isinstance(seed, bool) or not isinstance(seed, Integral) or seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-        rng = np.random.default_rng(seed)
-        # each epoch's order is drawn one epoch ahead (the same draws, in the same order), so
-        # the batch after every step is known before the step
-        orders = (epoch_batches(ids.shape[0], batch_size, rng, shuffle) for _ in range(epochs))
-        try:
-            self._run_windows(ids, labels, orders, epochs, optimizer, progress, record_batches)
-        except KeyboardInterrupt:
-            self._interrupted()
-            raise
+        state, directory, every = self._open_checkpoints(
+            ids, labels, batch_size=batch_size, epochs=epochs, shuffle=shuffle, seed=seed,
+            optimizer=optimizer, checkpoint=checkpoint, checkpoint_every=checkpoint_every,
+            resume=resume,
+        )  # fmt: skip
+        saved: list[Path] = []
+        if directory is not None and epochs:
+            saved.append(self._save_checkpoint(directory, state))
+
+        def run(at: Progress) -> None:
+            rng = np.random.default_rng(seed)
+            # each epoch's order is drawn one epoch ahead (the same draws, in the same order),
+            # so the batch after every step is known before the step
+            orders = (epoch_batches(ids.shape[0], batch_size, rng, shuffle) for _ in range(epochs))
+            self._run_windows(
+                ids, labels, orders, epochs, optimizer, progress, record_batches,
+                at, directory, every, saved,
+            )  # fmt: skip
+
+        self._recovering(run, state, lambda: saved[-1] if saved else None)
         return self
 
     def _run_windows(
-        self, ids, labels, orders, epochs, optimizer, progress: bool, record_batches: bool
-    ) -> None:
-        """The epochs of a :meth:`fit` call, whose batch orders ``orders`` yields."""
-        current = next(orders)
+        self, ids, labels, orders, epochs, optimizer, progress: bool, record_batches: bool,
+        state: Progress, directory: Path | None, every: int, saved: list[Path],
+    ) -> None:  # fmt: skip
+        """The epochs of a :meth:`fit` call, whose batch orders ``orders`` yields, from the
+        position ``state``; a checkpoint goes to ``directory`` every ``every`` batches (its file
+        appended to ``saved``)."""
+        current = next(orders, None)
         per_call = self._steps_per_call()
         for epoch in range(epochs):
             following = next(orders, None)
-            total = 0.0
-            bar = tqdm(total=len(current), desc=f"epoch {epoch + 1}/{epochs}", disable=not progress)
-            for start in range(0, len(current), per_call):
-                group = current[start : start + per_call]
-                if start + per_call < len(current):
-                    after = current[start + per_call]
+            if epoch < state.epoch:
+                current = following
+                continue
+            bar = tqdm(
+                total=len(current),
+                initial=state.batch,
+                desc=f"epoch {epoch + 1}/{epochs}",
+                disable=not progress,
+            )
+            while state.epoch == epoch:
+                start = state.batch
+                stop = min(start + per_call, len(current))
+                if directory is not None:
+                    stop = min(stop, start + every - state.batches_done % every)
+                group = current[start:stop]
+                if stop < len(current):
+                    after = current[stop]
                 else:
                     after = following[0] if following else None
+                if directory is not None and (state.batches_done + len(group)) % every == 0:
+                    after = None  # a checkpoint comes between: nothing is fetched ahead
                 losses = self._train_batches(
                     [(ids[rows], labels[rows]) for rows in group],
                     None if after is None else (ids[after], labels[after]),
                     optimizer,
                 )
                 for rows, loss in zip(group, losses, strict=True):
-                    total += loss * len(rows)
+                    state.epoch_loss += loss * len(rows)
                     if record_batches:
                         self.batch_loss_curve_.append(loss)
                 NonFiniteLossError.check(losses, self.n_steps_ - len(losses) + 1)
                 bar.update(len(group))
+                state.batch, state.batches_done = stop, state.batches_done + len(group)
+                if stop == len(current):
+                    self.loss_curve_.append(state.epoch_loss / ids.shape[0])
+                    state.epoch, state.batch, state.epoch_loss = epoch + 1, 0, 0.0
+                due = state.batches_done % every == 0 or state.epoch == epochs
+                if directory is not None and due:
+                    saved.append(self._save_checkpoint(directory, state))
             bar.close()
-            self.loss_curve_.append(total / ids.shape[0])
             current = following
 
     def partial_fit(self, X, y, **kwargs) -> Self:
