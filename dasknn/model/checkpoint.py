@@ -376,7 +376,7 @@ class Checkpointed:
         """``run(state)``, the rest of a ``fit`` call from ``state``; after an error that
         :meth:`_recoverable` accepts, restore the call's last checkpoint (``saved()``, ``None``
         if none was written) and run again from there, at most :attr:`max_recoveries` times.
-        ``KeyboardInterrupt`` calls ``_interrupted()`` and goes on."""
+        ``KeyboardInterrupt`` calls ``_interrupted()`` and is raised again."""
         recoveries = 0
         while True:
             try:
