@@ -85,5 +85,6 @@ def test_a_training_step_adds_one_span_entry(dask_client):
     model_spans = [r for r in records.values() if r[0] == (f"dasknn-{dist.token}",)]
     assert len(model_spans) == 1
     groups = model_spans[0][2]
-    assert f"dasknn-run-{dist.token}" in groups and "dasknn-postbox" in groups
+    assert f"dasknn-run-{dist.token}" in groups
+    assert any(group.startswith("dasknn-postbox") for group in groups)
     assert f"dasknn-plan-{dist.token}-1-g0-held" in groups

@@ -15,13 +15,10 @@ from dasknn.runtime.cluster import (
     LOW_LEVEL_LOG_LENGTH,
     open_client,
     short_dask_records,
-    worker_environ,
 )
-from dasknn.runtime.worker_memory import MMAP_THRESHOLD, TOP_PAD, TRIM_THRESHOLD
 
 KEY = "distributed.admin.low-level-log-length"
 PROFILE = "distributed.worker.profile.enabled"
-ENVIRON = "distributed.nanny.pre-spawn-environ"
 
 
 def _scheduler_lengths(dask_scheduler) -> list:
@@ -76,26 +73,20 @@ def test_a_local_cluster_keeps_short_records_in_every_process(user, monkeypatch)
     assert (dask.config.get(KEY), dask.config.get(PROFILE)) == before  # left as it was
 
 
-def _malloc_environ() -> dict:
-    return {k: v for k, v in os.environ.items() if k.startswith(("MALLOC_", "OMP_NUM"))}
+
+def _tuned(dask_worker) -> bool:
+    return dask_worker.dasknn_malloc_tuned
 
 
-def test_the_workers_of_a_local_cluster_keep_freed_buffers_unless_the_user_says_otherwise():
-    assert worker_environ()["MALLOC_TRIM_THRESHOLD_"] == TRIM_THRESHOLD
-    with dask.config.set({ENVIRON: {"MALLOC_TRIM_THRESHOLD_": 0, "MALLOC_TOP_PAD_": 1}}):
-        assert worker_environ() == {
-            "MALLOC_TRIM_THRESHOLD_": 0,
-            "MALLOC_TOP_PAD_": 1,
-            "MALLOC_MMAP_THRESHOLD_": MMAP_THRESHOLD,
-        }
-    before = dask.config.get(ENVIRON)
+def test_the_workers_of_a_local_cluster_keep_freed_buffers_for_reuse():
+    environ = dict(os.environ)
     with ExitStack() as stack:
         client = open_client(stack, workers=1)
-        (environ,) = client.run(_malloc_environ).values()
-    assert environ == {
-        "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD),
-        "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD),
-        "MALLOC_TOP_PAD_": str(TOP_PAD),
-        "OMP_NUM_THREADS": "1",
-    }
-    assert dask.config.get(ENVIRON) == before  # left as it was
+        assert list(client.run(_tuned).values()) == [True]
+        client.cluster.scale(2)  # a worker that joins is tuned too
+        client.wait_for_workers(2, timeout=60)
+        assert list(client.run(_tuned).values()) == [True, True]
+    # nothing of it in this process's environment, which later processes would inherit (Dask's
+    # nanny leaves its own MALLOC_TRIM_THRESHOLD_ there)
+    added = {k for k in os.environ if k.startswith("MALLOC_")} - set(environ)
+    assert added <= {"MALLOC_TRIM_THRESHOLD_"}, added

@@ -15,7 +15,8 @@ from distributed.deploy import Cluster
 from dasknn.runtime.header_keys import hold_header_keys
 from dasknn.runtime.jobqueue import JobqueueSpec, start_jobqueue_cluster
 from dasknn.runtime.security import client_uses_tls, temporary_security
-from dasknn.runtime.worker_memory import MMAP_THRESHOLD, TOP_PAD, TRIM_THRESHOLD
+from dasknn.runtime.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
+from dasknn.runtime.worker_memory import ReuseFreedMemory
 
 __all__ = [
     "CONNECT_TIMEOUT",
@@ -27,7 +28,6 @@ __all__ = [
     "open_client",
     "scheduler_workers",
     "short_dask_records",
-    "worker_environ",
 ]
 
 LOCAL_HOST = "127.0.0.1"
@@ -60,24 +60,6 @@ def short_dask_records() -> dict:
     if not _user_sets(_PROFILE_KEY):
         config[_PROFILE_KEY] = False
     return config
-
-
-#: Dask's key of the environment its nannies start worker processes with.
-_ENVIRON_KEY = "distributed.nanny.pre-spawn-environ"
-#: Dask's default trim threshold of its workers (it keeps their unmanaged memory low).
-_DASK_TRIM_THRESHOLD = 65536
-
-
-def worker_environ() -> dict:
-    """Dask's ``distributed.nanny.pre-spawn-environ`` plus the malloc thresholds of
-    :mod:`~dasknn.runtime.worker_memory` (freed step buffers reused), for the workers of the
-    clusters dasknn starts, unless the user's configuration sets them."""
-    environ = dict(dask.config.get(_ENVIRON_KEY, default={}) or {})
-    if int(environ.get("MALLOC_TRIM_THRESHOLD_", _DASK_TRIM_THRESHOLD)) == _DASK_TRIM_THRESHOLD:
-        environ["MALLOC_TRIM_THRESHOLD_"] = TRIM_THRESHOLD
-    environ.setdefault("MALLOC_MMAP_THRESHOLD_", MMAP_THRESHOLD)
-    environ.setdefault("MALLOC_TOP_PAD_", TOP_PAD)
-    return environ
 
 
 def connect_timeout() -> float:
@@ -119,10 +101,10 @@ def local_cluster(
     security: Security | bool | None = None,
 ) -> LocalCluster:
     """Start a LocalCluster of worker processes (default one single-threaded worker per core)
-    listening on ``host`` only, with TLS if ``security``, under :func:`short_dask_records` and
-    :func:`worker_environ`; this process holds Dask's header keys (:func:`hold_header_keys`)."""
+    listening on ``host`` only, with TLS if ``security``, under :func:`short_dask_records`; this
+    process holds Dask's header keys (:func:`hold_header_keys`)."""
     hold_header_keys()
-    with dask.config.set(short_dask_records() | {_ENVIRON_KEY: worker_environ()}):
+    with dask.config.set(short_dask_records()):
         return LocalCluster(
             n_workers=workers or os.cpu_count() or 1,
             threads_per_worker=threads_per_worker,
@@ -205,10 +187,11 @@ def open_client(
             return stack.enter_context(_connect(str(client), security))
         if device == "cuda":
             cluster = stack.enter_context(local_cuda_cluster(workers, security=security))
-        else:
-            cluster = local_cluster(workers, threads_per_worker, security=security)
-            cluster = stack.enter_context(cluster)
-        return stack.enter_context(Client(cluster))
+            return stack.enter_context(Client(cluster))
+        cluster = stack.enter_context(local_cluster(workers, threads_per_worker, security=security))
+        local = stack.enter_context(Client(cluster))
+        local.register_plugin(ReuseFreedMemory(), name=REUSE_MEMORY_PLUGIN)
+        return local
 
 
 def _workers_identity(dask_scheduler) -> dict:

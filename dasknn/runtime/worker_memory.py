@@ -1,7 +1,7 @@
 """Keep the workers' freed activation buffers for reuse instead of handing them back to the OS
 (glibc's ``mallopt``; nothing without glibc). Process-wide and kept until the worker restarts, so
-models install it only with ``reuse_memory=True``; the clusters dasknn starts get the same
-thresholds from :func:`dasknn.runtime.cluster.worker_environ`. See docs/training.md."""
+models install it only with ``reuse_memory=True``; the local clusters dasknn starts itself have
+it from the start (:func:`dasknn.runtime.cluster.open_client`). See docs/training.md."""
 
 from __future__ import annotations
 
