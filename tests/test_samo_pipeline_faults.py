@@ -362,7 +362,7 @@ def test_samo_command_with_a_killed_stage_worker_prints_one_line_and_writes_noth
     report, saved = tmp_path / "samo.json", tmp_path / "model.npz"
     argv = [
         "samo", "--hidden", "16", "--samples", "256", "--held-out", "0", "--batch-size", "64",
-        "--dense-epochs", "0", "--epochs", "2000", "--stages", "2",
+        "--dense-epochs", "0", "--epochs", "2000", "--stages", "2", "--no-progress",
         "--scheduler", client.scheduler.address, "--json", str(report), "--save", str(saved),
     ]  # fmt: skip
     done = subprocess.run(
@@ -392,7 +392,7 @@ def test_samo_command_with_a_stopped_stage_worker_prints_the_step_timeout_on_one
     argv = [
         "samo", "--hidden", "16", "--samples", "256", "--held-out", "0", "--batch-size", "64",
         "--dense-epochs", "0", "--epochs", "2000", "--stages", "2", "--step-timeout", "3",
-        "--scheduler", client.scheduler.address, "--json", str(report),
+        "--no-progress", "--scheduler", client.scheduler.address, "--json", str(report),
     ]  # fmt: skip
     try:
         done = subprocess.run(
