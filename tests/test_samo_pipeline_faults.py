@@ -222,7 +222,9 @@ def test_reading_the_model_after_a_lost_stage_worker_names_it(client):
             with pytest.raises(WorkerLostError, match=_lost_message(pipe, 1)) as raised:
                 read()
             assert time.monotonic() - start < HANG_GUARD, name  # a hang guard, not a timing
-            assert "; the weights of those layers are gone (close the model" in str(raised.value)
+            assert "; the weights of those layers are gone (a fit call given fit(checkpoint" in str(
+                raised.value
+            )
 
 
 class _StopWhenStageRuns(_KillWhenStageRuns):

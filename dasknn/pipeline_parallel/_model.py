@@ -546,7 +546,8 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         advice = (
             ""
             if outcome == LOST_WHILE_PLACED
-            else " (close the model and start again from a saved copy)"
+            else " (a fit call given fit(checkpoint=DIR) restores its last checkpoint and goes on; "
+            "otherwise close the model and start again from a saved copy)"
         )
         return f"{'; '.join(held)} of the pipeline model; {outcome}{advice}"
 
