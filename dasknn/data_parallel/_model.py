@@ -42,7 +42,7 @@ from dasknn.data_parallel._worker_state import (
     read_states,
     read_values,
 )
-from dasknn.exceptions import WorkerLostError
+from dasknn.exceptions import StepTimeoutError, WorkerLostError
 from dasknn.model.embedding_mlp import EmbeddingMLP, split_output_table
 from dasknn.model.embedding_network import EMBEDDING, SOFTMAX
 from dasknn.model.embedding_persistence import (
@@ -652,28 +652,13 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         else:
             (graph,) = graphs
             tasks, outputs = graph.tasks, graph.outputs
-        with dask.annotate(workers=self._placement, allow_other_workers=False):
-            futures = self.client.get(tasks, outputs, sync=False)
-        # a task pinned to a lost worker, or a result held by one, would be waited for for ever:
-        # look at the workers every second while the results are gathered
         try:
-            try:
-                results = run_naming_loss(
-                    self.client,
-                    self.client.gather(futures, asynchronous=True),
-                    self.step_timeout,
-                    self._lost_workers_error,
-                    poll=1.0,
-                    grace=0.0,
-                )
-            except TimeoutError:
-                waiting = [self._placement(f.key)[0] for f in futures if not f.done()]
-                error = self._timeout_error("the step did not finish", waiting or self.workers)
-                self._failed = str(error)
-                raise error from None
+            results = self._gather_graph(tasks, outputs, "the step did not finish")
+        except StepTimeoutError as error:
+            self._failed = str(error)
+            self._clear_mailboxes()
+            raise
         except BaseException:
-            for future in futures:  # the error's traceback holds this frame
-                future.release()
             self._clear_mailboxes()
             raise
         if self.messages == "posted":  # each worker's task: per step, the values of its outputs
@@ -697,6 +682,30 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
             float(sum(losses)) / ids.shape[0]
             for losses, (ids, _) in zip(per_step, batches, strict=True)
         ]
+
+    def _gather_graph(self, tasks: dict, outputs: list, what: str) -> list:
+        """Submit ``tasks``, each on its worker, and gather ``outputs`` within ``step_timeout``,
+        looking at the workers every second (a task pinned to a lost worker would be waited for
+        for ever): a lost worker is :meth:`_lost_workers_error`, a gather past the timeout a
+        :class:`StepTimeoutError` of ``what`` naming the workers still at work. The futures are
+        released before this returns or raises (an error's traceback holds this frame)."""
+        with dask.annotate(workers=self._placement, allow_other_workers=False):
+            futures = self.client.get(tasks, outputs, sync=False)
+        try:
+            return run_naming_loss(
+                self.client,
+                self.client.gather(futures, asynchronous=True),
+                self.step_timeout,
+                self._lost_workers_error,
+                poll=1.0,
+                grace=0.0,
+            )
+        except TimeoutError:
+            waiting = [self._placement(f.key)[0] for f in futures if not f.done()]
+            raise self._timeout_error(what, waiting or self.workers) from None
+        finally:
+            for future in futures:
+                future.release()
 
     def _clear_mailboxes(self) -> None:
         """End the waits of a failed step on the workers still present (``"posted"``)."""
@@ -786,25 +795,7 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
             shards=shards,
         )
         graph = build_inference(ctx, self.topology, plan, self.dense_servers, output)
-        with dask.annotate(workers=self._placement, allow_other_workers=False):
-            futures = self.client.get(graph.tasks, graph.outputs, sync=False)
-        try:
-            results = run_naming_loss(
-                self.client,
-                self.client.gather(futures, asynchronous=True),
-                self.step_timeout,
-                self._lost_workers_error,
-                poll=1.0,
-                grace=0.0,
-            )
-        except TimeoutError:
-            waiting = [self._placement(f.key)[0] for f in futures if not f.done()]
-            raise self._timeout_error(
-                "the inference did not finish", waiting or self.workers
-            ) from None
-        finally:
-            for future in futures:
-                future.release()
+        results = self._gather_graph(graph.tasks, graph.outputs, "the inference did not finish")
         for key, counter in graph.predicted.items():
             total = self.predicted[key]
             total[0] += counter[0]
