@@ -118,14 +118,14 @@ class StepLoop(Checkpointed):
             # each epoch's order is drawn one epoch ahead (the same draws, in the same order),
             # so the batch after every step is known before the step
             orders = self._epoch_orders(x.shape[0], batch_size, shuffle, seed, epochs, at)
-            self._run_steps(
+            self._loop_epochs(
                 x, y, orders, epochs, optimizer, progress, record_batches,
                 at, directory, every, saved, on_epoch,
             )  # fmt: skip
 
         self._recovering(run, state, lambda: saved[-1] if saved else None)
 
-    def _run_steps(
+    def _loop_epochs(
         self, x, y, orders, epochs, optimizer, progress: bool, record_batches: bool,
         state: Progress, directory: Path | None, every: int, saved: list[Path], on_epoch,
     ) -> None:  # fmt: skip
