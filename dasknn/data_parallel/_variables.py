@@ -49,7 +49,7 @@ class VariableStats:
         """Count one step of the plan ``plan`` (the distinct rows every worker touched)."""
         for info in self.variables:
             if info.kind == "sparse":
-                ids = plan.worker_ids(info.name)
+                ids = [batch.ids[info.name] for batch in plan.batches]
                 fraction = sum(len(u) for u in ids) / (info.shape[0] * len(ids))
             else:
                 fraction = 1.0
