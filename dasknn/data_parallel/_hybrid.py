@@ -256,17 +256,10 @@ def _machine_sums(b: _Builder, name: str, computed: list, nbytes: int) -> list[T
         elif len(members) == 1:
             sums.append(b.task((name, "sum", c, c), steps.dense_gradient, b.ctx, name, computed[c]))
         else:
-            grads = [
-                b.task(
-                    (name, "to-chief", m, c),
-                    steps.dense_gradient,
-                    b.ctx,
-                    name,
-                    computed[m],
-                    nbytes=nbytes,
-                )
-                for m in members
-            ]
+            grads = []
+            for m in members:
+                where, args = (name, "to-chief", m, c), (b.ctx, name, computed[m])
+                grads.append(b.task(where, steps.dense_gradient, *args, nbytes=nbytes))
             sums.append(b.task((name, "sum", c, c), steps.chief_sum, b.ctx, *grads))
     return sums
 
@@ -367,17 +360,10 @@ def _summed_rows(b: _Builder, variable: str, computed: list, own_sums: bool = Tr
                 where = (variable, "sum", c, c)
                 summed[c] = b.task(where, steps.own_rows_sum, b.ctx, variable, computed[c])
             continue
-        grads = [
-            b.task(
-                (variable, "to-chief", m, c),
-                steps.sparse_gradient,
-                b.ctx,
-                variable,
-                computed[m],
-                nbytes=row * len(pos),
-            )
-            for m, pos in zip(members, machine.member_pos, strict=True)
-        ]
+        grads = []
+        for m, pos in zip(members, machine.member_pos, strict=True):
+            where, args = (variable, "to-chief", m, c), (b.ctx, variable, "grad_rows", computed[m])
+            grads.append(b.task(where, steps.kept, *args, nbytes=row * len(pos)))
         args = (b.ctx, variable, machine.union, machine.member_pos, *grads)
         summed[c] = b.task((variable, "sum", c, c), steps.chief_rows_sum, *args)
     return summed
@@ -443,7 +429,7 @@ def _allgather_rows(b: _Builder, variable: str, computed: list) -> None:
     summed = _summed_rows(b, variable, computed)
     ids = [summed[c] for c in chiefs]
     values = [
-        b.task((variable, "union-grad", c, c), steps.chief_union_grad, ctx, variable, summed[c])
+        b.task((variable, "union-grad", c, c), steps.kept, ctx, variable, "union_grad", summed[c])
         for c in chiefs
     ]
     unions = [m.union for m in b.plan.machines[variable]]
@@ -462,7 +448,8 @@ def _allgather_rows(b: _Builder, variable: str, computed: list) -> None:
         c = members[0]
         args = (ctx, variable, id_ref, value_ref, *sizes)
         combined = b.task((variable, "combine", c, c), steps.combine_gathered, *args)
-        grad = b.task((variable, "global-grad", c, c), steps.global_grad, ctx, variable, combined)
+        args = (ctx, variable, "global_grad", combined)
+        grad = b.task((variable, "global-grad", c, c), steps.kept, *args)
         for m in members:
             where = (variable, "from-chief-indices", c, m)
             union = b.forward(where, combined, nbytes=INDEX_BYTES * total)

@@ -16,8 +16,6 @@ from dasknn.model.embedding_network import (
     EMBEDDING,
     SOFTMAX,
     EmbeddingSpec,
-    apply_dense,
-    apply_rows,
     batch_logits,
     gradients,
 )
@@ -151,9 +149,11 @@ def infer(ctx: StepContext, batch: WorkerBatch, output: str, *values):
     return float(np.sum(log_norm - shifted[np.arange(len(z)), batch.labels]))
 
 
-def sparse_gradient(ctx: StepContext, variable: str, _computed) -> np.ndarray:
-    """This worker's gradient of the rows of a sparse variable it read."""
-    return _scratch(ctx, variable)["grad_rows"]
+def kept(ctx: StepContext, variable: str, name: str, _after) -> np.ndarray:
+    """What an earlier task of the step kept in this worker's scratch of ``variable``: its
+    ``"grad_rows"`` (the gradient of the rows it read), its machine's ``"union_grad"`` or (``ar``)
+    the ``"global_grad"``."""
+    return _scratch(ctx, variable)[name]
 
 
 def dense_gradient(ctx: StepContext, variable: str, _computed) -> np.ndarray:
@@ -180,17 +180,14 @@ def apply_replica(ctx: StepContext, variable: str, grad: np.ndarray) -> None:
     held = ReplicaState.on_worker(ctx.token).replicas[variable]
     if variable in ctx.spec.sparse_shapes():
         rows = _scratch(ctx)["batch"].global_ids[variable]
-        state = held.state_for(ctx.optimizer, flat=False)
-        apply_rows(ctx.optimizer, held.values, state, rows, grad[rows])
+        held.step(ctx.optimizer, grad[rows], rows)
     else:
-        apply_dense(ctx.optimizer, held.values, grad, held.state_for(ctx.optimizer, flat=True))
+        held.step(ctx.optimizer, grad)
 
 
 def apply_replica_rows(ctx: StepContext, variable: str, union, grad_rows) -> None:
     """``ar``: one row-sparse step of this worker's replica of a sparse variable."""
-    held = ReplicaState.on_worker(ctx.token).replicas[variable]
-    state = held.state_for(ctx.optimizer, flat=False)
-    apply_rows(ctx.optimizer, held.values, state, union, grad_rows)
+    ReplicaState.on_worker(ctx.token).replicas[variable].step(ctx.optimizer, grad_rows, union)
 
 
 def finish(ctx: StepContext, variables: list[str], *grads_then_done) -> float:
@@ -313,24 +310,14 @@ def chief_sum(ctx: StepContext, *member_grads: np.ndarray) -> np.ndarray:
     return total
 
 
-def chief_union_grad(ctx: StepContext, variable: str, _summed) -> np.ndarray:
-    """``ar``: the machine's summed row gradient (allgathered beside its ids)."""
-    return _scratch(ctx, variable)["union_grad"]
-
-
 def combine_gathered(ctx: StepContext, variable: str, ids, rows, *sizes) -> np.ndarray:
     """``ar``: every machine's ids and rows combined into the distinct ids and summed gradient."""
     cuts = np.cumsum([0, *sizes])
     bounds = list(zip(cuts[:-1], cuts[1:], strict=True))
-    union, total = _combine([ids[a:b] for a, b in bounds], [rows[a:b] for a, b in bounds])
-    scratch = _scratch(ctx, variable)
-    scratch["global_union"], scratch["global_grad"] = union, total
+    union, _scratch(ctx, variable)["global_grad"] = _combine(
+        [ids[a:b] for a, b in bounds], [rows[a:b] for a, b in bounds]
+    )
     return union
-
-
-def global_grad(ctx: StepContext, variable: str, _combined) -> np.ndarray:
-    """``ar``: the global summed row gradient (after :func:`combine_gathered`)."""
-    return _scratch(ctx, variable)["global_grad"]
 
 
 # ------------------------------------------------------------------ servers
@@ -384,9 +371,7 @@ def update_rows(
     for i, (variable, shard) in enumerate(parts):
         offsets = [requests[(variable, shard, chief)] for chief in chiefs]
         union, total = _combine(offsets, [contributions[chief][i] for chief in chiefs])
-        held = state.shards[(variable, shard)]
-        state_rows = held.state_for(ctx.optimizer, flat=False)
-        apply_rows(ctx.optimizer, held.values, state_rows, union, total)
+        state.shards[(variable, shard)].step(ctx.optimizer, total, union)
     return None if chunk is None else chief_sum(ctx, *dense)
 
 
@@ -397,6 +382,4 @@ def serve_dense(ctx: StepContext, variable: str) -> np.ndarray:
 
 def update_served(ctx: StepContext, variable: str, *grads: np.ndarray) -> None:
     """``ps``: the server sums the machines' gradients of a dense variable and applies them."""
-    held = ReplicaState.on_worker(ctx.token).served[variable]
-    total = chief_sum(ctx, *grads)
-    apply_dense(ctx.optimizer, held.values, total, held.state_for(ctx.optimizer, flat=True))
+    ReplicaState.on_worker(ctx.token).served[variable].step(ctx.optimizer, chief_sum(ctx, *grads))

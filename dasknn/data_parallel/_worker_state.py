@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dasknn.model.embedding_network import Workspace
+from dasknn.model.embedding_network import Workspace, apply_dense, apply_rows
 from dasknn.optim import Optimizer, OptimizerSlots, ParamState
 from dasknn.runtime.model_plugin import ModelPlugin
 from dasknn.runtime.postbox import Mailbox
@@ -32,10 +32,15 @@ class Held:
     values: np.ndarray
     slots: OptimizerSlots = field(default_factory=OptimizerSlots)
 
-    def state_for(self, optimizer: Optimizer, flat: bool) -> ParamState:
-        """The state of ``optimizer`` (fresh if it changed), flat (``flat``) or shaped."""
-        param = self.values.reshape(-1) if flat else self.values
-        return self.slots.state(optimizer, "values", param)
+    def step(self, optimizer: Optimizer, grad: np.ndarray, rows: np.ndarray | None = None) -> None:
+        """One step of ``optimizer`` (its state fresh if it changed) on the whole array, or on its
+        distinct rows ``rows`` only (``grad`` then holds theirs)."""
+        if rows is None:
+            state = self.slots.state(optimizer, "values", self.values.reshape(-1))
+            apply_dense(optimizer, self.values, grad, state)
+        else:
+            state = self.slots.state(optimizer, "values", self.values)
+            apply_rows(optimizer, self.values, state, rows, grad)
 
 
 @dataclass
