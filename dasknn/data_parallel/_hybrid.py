@@ -53,6 +53,14 @@ class _Builder:
     def __init__(self, ctx: StepContext, topology: Topology, plan: StepPlan, prefix="") -> None:
         self.ctx, self.topology, self.plan, self.prefix = ctx, topology, plan, prefix
         self.item = np.dtype(ctx.spec.dtype).itemsize
+        #: Bytes of one row of each sparse variable.
+        self.row = {v: shape[1] * self.item for v, shape in ctx.spec.sparse_shapes().items()}
+        #: ``hybrid``, ``ps``: per server, its ``[(variable, shard), ...]`` (its messages' parts).
+        self.served: dict[int, list] = defaultdict(list)
+        for variable, shards in (ctx.shards or {}).items():
+            for p in range(shards.n_shards):
+                self.served[shards.owner(p)].append((variable, p))
+        self.served = dict(sorted(self.served.items()))
         self.graph = StepGraph()
         self.final: dict[int, list] = defaultdict(list)  # per worker, what its finish waits for
         # per worker, (variable, summed gradient) of the replicas its finish steps
@@ -100,9 +108,6 @@ class _Builder:
                 self._count(k, bytes_of(k[3], chiefs.index(k[4]), chiefs.index(k[5])))
         return [TaskRef(k) for k in graph.outputs]
 
-    def row_bytes(self, variable: str) -> int:
-        return self.ctx.spec.sparse_shapes()[variable][1] * self.item
-
 
 def _sizes(ctx: StepContext) -> tuple[dict, dict]:
     """``({variable: shape}, {variable: bytes})`` of every variable and of :data:`DENSE`."""
@@ -118,7 +123,7 @@ def _inputs(b: _Builder, dense_servers: dict, size: dict, prefetched: bool) -> l
     dense values, its :func:`~._steps.compute` or :func:`~._steps.infer` takes."""
     pulled: dict = defaultdict(list)
     if b.ctx.architecture == "ps":
-        pulled = _pull_dense(b, b.ctx.spec.dense_names(), size, dense_servers)
+        pulled = _pull_dense(b, size, dense_servers)
     rows_of = _pull_rows(b, prefetched)
     return [[of[i] for of in rows_of.values()] + pulled[i] for i in range(b.topology.n_workers)]
 
@@ -161,7 +166,7 @@ def build_step(
         dense = ([DENSE] if names else []) + (sparse if arch == "ar-dense" else [])
     sums = {name: _machine_sums(b, name, computed, size[name]) for name in dense}
     ride = None  # the servers are the chiefs: the reduction of DENSE rides the sparse messages
-    if arch == "hybrid" and DENSE in sums and len(chiefs) > 1 and list(_served(b)) == chiefs:
+    if arch == "hybrid" and DENSE in sums and len(chiefs) > 1 and list(b.served) == chiefs:
         ride = list(itertools.pairwise(chunk_bounds(shapes[DENSE][0], len(chiefs))))
 
     if arch in ("hybrid", "ps"):
@@ -219,26 +224,10 @@ def build_inference(
     ctx: StepContext, topology: Topology, plan: StepPlan, dense_servers: dict[str, int], output
 ) -> StepGraph:
     """The graph of one inference pass: the rows (``ps``: and the dense values) pulled as a step
-    pulls them, then every worker's :func:`~._steps.infer` ``(output)`` of its windows; the
-    phases are prefixed with ``"predict-"``.
-
-    Parameters
-    ----------
-    ctx : StepContext
-        ``ctx.step`` negative and unique to the pass (:func:`inference_step`).
-    topology : Topology
-    plan : StepPlan
-        The pass's plan (:func:`~._plan.plan_inference`).
-    dense_servers : dict
-        ``ps``: the worker serving each dense variable.
-    output : str
-        One of :data:`~._steps.OUTPUTS`.
-
-    Returns
-    -------
-    StepGraph
-        ``outputs[i]``: the key of worker ``i``'s result.
-    """
+    pulls them, then every worker's :func:`~._steps.infer` ``(output)``, one of
+    :data:`~._steps.OUTPUTS`, of its windows (``outputs[i]``: worker ``i``'s result). ``ctx.step``
+    is negative and unique to the pass (:func:`inference_step`), ``plan`` the pass's
+    (:func:`~._plan.plan_inference`); the phases are a step's prefixed with ``"predict-"``."""
     b = _Builder(ctx, topology, plan, prefix="predict-")
     for i, values in enumerate(_inputs(b, dense_servers, _sizes(ctx)[1], prefetched=False)):
         infer = b.task((STEP, "infer", i, i), steps.infer, ctx, plan.batches[i], output, *values)
@@ -264,10 +253,10 @@ def _machine_sums(b: _Builder, name: str, computed: list, nbytes: int) -> list[T
     return sums
 
 
-def _pull_dense(b: _Builder, names: list[str], size: dict, servers: dict) -> dict:
+def _pull_dense(b: _Builder, size: dict, servers: dict) -> dict:
     """``ps``: each chief pulls every dense variable and hands it on; ``{worker: [values]}``."""
     pulled = defaultdict(list)
-    for name in names:
+    for name in b.ctx.spec.dense_names():
         server = servers[name]
         for members in b.topology.machines:
             c = members[0]
@@ -282,16 +271,6 @@ def _pull_dense(b: _Builder, names: list[str], size: dict, servers: dict) -> dic
     return pulled
 
 
-def _served(b: _Builder) -> dict[int, list]:
-    """Per server, its ``[(variable, shard), ...]``: the parts of its fused messages."""
-    served = defaultdict(list)
-    for variable in b.ctx.spec.sparse_shapes():
-        shards = b.ctx.shards[variable]
-        for p in range(shards.n_shards):
-            served[shards.owner(p)].append((variable, p))
-    return dict(sorted(served.items()))
-
-
 def _serve_and_assemble(b: _Builder, ctx, plan, index: int, after: dict, ride=None) -> TaskRef:
     """Every server's fused reply to machine ``index``'s pull of ``plan``'s rows (after
     ``after[server]``) and the chief's task assembling them; with ``ride`` the replies carry the
@@ -299,13 +278,13 @@ def _serve_and_assemble(b: _Builder, ctx, plan, index: int, after: dict, ride=No
     c = b.topology.chiefs[index]
     rows = {v: plan.machines[v][index] for v in ctx.spec.sparse_shapes()}
     replies, remote, local, tails = [], [], None, []
-    for j, (server, parts) in enumerate(_served(b).items()):
+    for j, (server, parts) in enumerate(b.served.items()):
         offsets = [rows[v].offsets[p] for v, p in parts]
         positions = [rows[v].shard_pos[p] for v, p in parts]
         if server == c:
             local = (parts, offsets, positions)
             continue
-        nbytes = sum(b.row_bytes(v) * len(o) for (v, _), o in zip(parts, offsets, strict=True))
+        nbytes = sum(b.row[v] * len(o) for (v, _), o in zip(parts, offsets, strict=True))
         dense, extra, then = None, {}, after.get(server, [])
         if ride is not None:  # the reply carries the server's reduced dense chunk
             tails.append(ride[j][1] - ride[j][0])
@@ -338,7 +317,7 @@ def _pull_rows(b: _Builder, prefetched: bool) -> dict:
             if len(members) == 1:
                 of[c] = assembled
                 continue
-            row = b.row_bytes(variable)
+            row = b.row[variable]
             for m, pos in zip(members, b.plan.machines[variable][index].member_pos, strict=True):
                 where = (variable, "from-chief", c, m)
                 args = (b.ctx, variable, pos, assembled)
@@ -349,7 +328,7 @@ def _pull_rows(b: _Builder, prefetched: bool) -> dict:
 def _summed_rows(b: _Builder, variable: str, computed: list, own_sums: bool = True) -> dict:
     """Each chief's sum of its machine's row gradients (a one-worker machine: its own gradient,
     with ``own_sums`` made a task of its own)."""
-    row = b.row_bytes(variable)
+    row = b.row[variable]
     summed = {}
     for index, members in enumerate(b.topology.machines):
         c = members[0]
@@ -376,7 +355,7 @@ def _push_rows(b: _Builder, computed: list, ride, dense_sums) -> dict:
     sums = [_summed_rows(b, v, computed, own_sums=False) for v in ctx.spec.sparse_shapes()]
     ready = {c: [s[c] for s in sums] for c in topology.chiefs}  # then a chief holds its sums
     updates = {}
-    for j, (server, parts) in enumerate(_served(b).items()):
+    for j, (server, parts) in enumerate(b.served.items()):
         chunk = None if ride is None else ride[j]
         carried = {} if ride is None else {DENSE: (chunk[1] - chunk[0]) * b.item}
         pushes, local = [], None
@@ -387,7 +366,7 @@ def _push_rows(b: _Builder, computed: list, ride, dense_sums) -> dict:
                 local = (alone, positions)
                 continue
             rows = [(v, pos) for (v, _), pos in zip(parts, positions, strict=True)]
-            nbytes = sum(b.row_bytes(v) * len(pos) for v, pos in rows) + sum(carried.values())
+            nbytes = sum(b.row[v] * len(pos) for v, pos in rows) + sum(carried.values())
             dense = None if ride is None else dense_sums[index]
             args = (ctx, alone, rows, chunk, dense, *ready[c])
             where = (SPARSE, "push", c, server)
@@ -405,12 +384,12 @@ def _allreduce_dense(b: _Builder, name: str, shape: tuple, sums: list, nbytes: i
     results = sums
     if len(b.topology.machines) > 1:
         bounds = chunk_bounds(int(np.prod(shape)), len(b.topology.machines))
+        chunks = [(hi - lo) * b.item for lo, hi in itertools.pairwise(bounds)]
 
-        def chunk_bytes(phase, a, c):
-            j = c if phase == "reduce-scatter" else a
-            return (bounds[j + 1] - bounds[j]) * b.item
+        def bytes_of(phase, a, c):  # a reduce-scatter message holds the receiver's chunk
+            return chunks[c if phase == "reduce-scatter" else a]
 
-        results = b.collective(build_allreduce, name, sums, chunk_bytes, shape)
+        results = b.collective(build_allreduce, name, sums, bytes_of, shape)
     _hand_out_dense(b, name, results, nbytes)
 
 
@@ -425,7 +404,7 @@ def _hand_out_dense(b: _Builder, name: str, results: list, nbytes: int) -> None:
 def _allgather_rows(b: _Builder, variable: str, computed: list) -> None:
     """``ar``: the chiefs' summed row gradients allgathered and handed to every worker."""
     ctx, chiefs = b.ctx, b.topology.chiefs
-    row = b.row_bytes(variable)
+    row = b.row[variable]
     summed = _summed_rows(b, variable, computed)
     ids = [summed[c] for c in chiefs]
     values = [

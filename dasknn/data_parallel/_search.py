@@ -93,23 +93,17 @@ def search_partitions(
         Workers the shards are spread over (``p mod servers``), at least ``start``: the choice is
         then a :func:`balanced` count.
     """
-    samples: dict[int, float] = {}
-
-    def sample(p: int) -> float:
-        samples[p] = measure(p)
-        return samples[p]
-
-    best = sample(start)
+    samples = {start: measure(start)}
     p = start * 2
-    while p <= max_partitions and len(samples) < max_samples:
-        t = sample(p)
-        if t >= best:
+    while p <= max_partitions and len(samples) < max_samples:  # doubling while it gets faster
+        samples[p] = measure(p)
+        if samples[p] >= samples[p // 2]:
             break
-        best, p = t, p * 2
+        p *= 2
     p = start // 2
-    while p >= 1 and len(samples) < max_samples:
-        t = sample(p)
-        if t >= min(v for q, v in samples.items() if q != p):
+    while p >= 1 and len(samples) < max_samples:  # halving while faster than every other
+        samples[p] = measure(p)
+        if samples[p] >= min(v for q, v in samples.items() if q != p):
             break
         p //= 2
     ordered = list(samples.items())

@@ -37,21 +37,10 @@ Parts = list[tuple[str, int]]
 
 @dataclass(frozen=True)
 class StepContext:
-    """What every task of one step needs to know.
-
-    Attributes
-    ----------
-    token : str
-    step : int
-    spec : EmbeddingSpec
-    architecture : str
-        ``"hybrid"``, ``"ps"``, ``"ar"`` or ``"ar-dense"``.
-    optimizer : Optimizer
-    denominator : int
-        Windows of the global batch.
-    shards : dict or None
-        ``{sparse variable: ShardMap}`` (``hybrid`` and ``ps``).
-    """
+    """What every task of one step needs to know: the model's ``token``, the ``step``, the
+    ``spec``, the ``architecture`` (one of :data:`~._hybrid.ARCHITECTURES`), the ``optimizer``,
+    the ``denominator`` (windows of the global batch) and the ``shards`` (``{sparse variable:
+    ShardMap}`` under ``hybrid`` and ``ps``, else ``None``)."""
 
     token: str
     step: int
@@ -171,11 +160,10 @@ def apply_replica(ctx: StepContext, variable: str, grad: np.ndarray) -> None:
     """One optimizer step of this worker's replica of a dense variable (each of them for
     :data:`DENSE`; a sparse one under ``ar-dense``) from the summed gradient."""
     if variable == DENSE:
-        start = 0
-        for name, shape in zip(ctx.spec.dense_names(), ctx.spec.dense_shapes(), strict=True):
-            stop = start + int(np.prod(shape))
-            apply_replica(ctx, name, grad[start:stop].reshape(shape))
-            start = stop
+        shapes = ctx.spec.dense_shapes()
+        parts = np.split(grad, np.cumsum([int(np.prod(shape)) for shape in shapes])[:-1])
+        for name, shape, part in zip(ctx.spec.dense_names(), shapes, parts, strict=True):
+            apply_replica(ctx, name, part.reshape(shape))
         return
     held = ReplicaState.on_worker(ctx.token).replicas[variable]
     if variable in ctx.spec.sparse_shapes():
@@ -350,16 +338,13 @@ def update_rows(
     """
     requests = _scratch(ctx)["requests"]
     variables = [variable for variable, _ in parts]
-    contributions, dense = {}, []
     width = 0 if chunk is None else chunk[1] - chunk[0]
-    pushed = iter(pushes)
+    contributions, dense, pushed = {}, [], iter(pushes)
     for chief in chiefs:
         if chief == server:
             alone, positions = local
-            contributions[chief] = [
-                _machine_grad(ctx, v, alone)[pos]
-                for v, pos in zip(variables, positions, strict=True)
-            ]
+            mine = zip(variables, positions, strict=True)
+            contributions[chief] = [_machine_grad(ctx, v, alone)[pos] for v, pos in mine]
             if chunk is not None:
                 dense.append(own_dense[chunk[0] : chunk[1]])
             continue
