@@ -43,24 +43,18 @@ class Held:
             apply_rows(optimizer, self.values, state, rows, grad)
 
 
-@dataclass
 class ReplicaState(ModelPlugin):
     """The worker plugin of one data-parallel model: its ``replicas``, the ``shards`` and the
     ``served`` dense variables it serves, the steps' ``scratch``, the ``workspace`` of a pass, the
     ``mailbox`` and the ``posts`` of its last posted task."""
 
     kind = "dp"
-    token: str
-    replicas: dict[str, Held] = field(default_factory=dict)
-    shards: dict[tuple[str, int], Held] = field(default_factory=dict)
-    served: dict[str, Held] = field(default_factory=dict)
-    scratch: dict = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.name = self.plugin_name(self.token)
 
     def setup(self, worker) -> None:
-        self.replicas, self.shards, self.served, self.scratch = {}, {}, {}, {}
+        self.replicas: dict[str, Held] = {}
+        self.shards: dict[tuple[str, int], Held] = {}
+        self.served: dict[str, Held] = {}
+        self.scratch: dict = {}
         self.workspace = Workspace()
         self.mailbox = Mailbox()
         self.posts: list = []
