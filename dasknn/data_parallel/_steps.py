@@ -117,8 +117,9 @@ def infer(ctx: StepContext, batch: WorkerBatch, output: str, *values):
     cross-entropy (``batch.labels``), a float; ``"correct"``, how many windows' most probable
     class is their label, an int."""
     _forget(ctx, lambda step: step < 0 and step != ctx.step)
-    z = np.zeros((0, ctx.spec.n_classes), ctx.spec.dtype)
-    if batch.inverse.shape[0]:
+    if not batch.inverse.shape[0]:
+        z = np.zeros((0, ctx.spec.n_classes), ctx.spec.dtype)
+    else:
         rows, dense = _inputs(ctx, batch, values)
         weights, biases = list(dense[0::2]), list(dense[1::2])
         if ctx.spec.sampled:  # the rows of every class, in class order: [W_out^T | b_out]
@@ -160,10 +161,11 @@ def apply_replica(ctx: StepContext, variable: str, grad: np.ndarray) -> None:
     """One optimizer step of this worker's replica of a dense variable (each of them for
     :data:`DENSE`; a sparse one under ``ar-dense``) from the summed gradient."""
     if variable == DENSE:
-        shapes = ctx.spec.dense_shapes()
-        parts = np.split(grad, np.cumsum([int(np.prod(shape)) for shape in shapes])[:-1])
-        for name, shape, part in zip(ctx.spec.dense_names(), shapes, parts, strict=True):
-            apply_replica(ctx, name, part.reshape(shape))
+        start = 0
+        for name, shape in zip(ctx.spec.dense_names(), ctx.spec.dense_shapes(), strict=True):
+            stop = start + int(np.prod(shape))
+            apply_replica(ctx, name, grad[start:stop].reshape(shape))
+            start = stop
         return
     held = ReplicaState.on_worker(ctx.token).replicas[variable]
     if variable in ctx.spec.sparse_shapes():
