@@ -336,13 +336,13 @@ def backward_task(
             if k >= 2 or part_step.finished + 1 < ctx.microbatches:
                 job = (_accumulate, owner, ctx, part_step, x_in, delta, k, plan, layer)
                 if ctx.part_workers:
-                    owner.queue_idle(*job)
+                    owner.mailbox.queue_idle(*job)
                 else:
-                    part_step.updates.append(owner.submit_update(*job, True))
+                    part_step.updates.append(owner.updater.submit(*job, True))
             else:  # the part's last task of the step: every other update is queued before it
                 for update in part_step.updates:
                     update.result()
-                owner.run_idle()
+                owner.mailbox.run_idle()
                 _accumulate(owner, ctx, part_step, x_in, delta, k, plan, layer)
         last = False
         if k == 1:
