@@ -180,9 +180,13 @@ class ModelState(ModelPlugin):
         """Keep a posted message's transfer report for the step task (the postbox calls it)."""
         self.mailbox.hold_receipt(key, sender, nbytes)
 
-    def post(self, address: str, key: tuple, rows: np.ndarray) -> None:
-        """Post the message ``key`` to the worker at ``address`` from the step task under way."""
-        self.posting.post((address,), key, rows)
+    def send(self, address: str, key: tuple, rows) -> None:
+        """Leave the message ``key`` in the mailbox if ``address`` is this worker's, else post it
+        there from the step task under way (:attr:`posting`)."""
+        if address == self.address:
+            self.mailbox.deliver(key, rows)
+        else:
+            self.posting.post((address,), key, rows)
 
     def take(self, key: tuple, timeout: float = MESSAGE_TIMEOUT) -> np.ndarray:
         """:meth:`Mailbox.take <dasknn.runtime.postbox.Mailbox.take>` of ``key``, raising the
