@@ -1,12 +1,8 @@
-"""Training steps whose layer messages go straight from worker to worker (``messages="posted"``).
-
-A step is one task per worker (:func:`worker_step`): it runs its parts through the forward and
-backward layer chain with the per-part functions of the task mode
-(:mod:`~dasknn.model_parallel._steps`) in the posted run loop
-(:class:`~dasknn.runtime.posted.PostedTask`), posting a message for a part on another worker to
-that worker's :class:`~dasknn.runtime.postbox.Postbox`. Microbatch ``i + 1`` of a layer is
-computed while the messages of microbatch ``i`` travel. See docs/training.md.
-"""
+"""Training steps whose layer messages go straight from worker to worker (``messages="posted"``):
+one task per worker (:func:`worker_step`) runs its parts' layer chain with the functions of
+:mod:`~dasknn.model_parallel._steps` in the posted run loop
+(:class:`~dasknn.runtime.posted.PostedTask`), computing microbatch ``i + 1`` of a layer while the
+messages of microbatch ``i`` travel to the other workers' postboxes (docs/training.md)."""
 
 from __future__ import annotations
 
@@ -17,6 +13,8 @@ from dask.task_spec import List, Task, TaskRef
 from dasknn.model_parallel._layout import Layout
 from dasknn.model_parallel._plan import CommPlan
 from dasknn.model_parallel._steps import (
+    NO_RECEIVER,
+    SOFTMAX_STATS,
     Route,
     StepContext,
     backward_task,
@@ -29,10 +27,6 @@ from dasknn.runtime.keys import phase_names, step_key
 from dasknn.runtime.posted import PostedTask
 
 __all__ = ["ActorStepTemplate", "WorkerProgram", "failed_key", "postbox_key", "worker_step"]
-
-NO_RECEIVER = -1
-SOFTMAX_STATS = -3
-
 
 def postbox_key(token: str, generation: int, worker: int) -> str:
     """The key of the :class:`Postbox` actor of the model ``token`` on worker number ``worker``
@@ -97,17 +91,14 @@ class ActorStepTemplate:
             self.programs.append(WorkerProgram(parts, forward, last, backward, parts[0] == 0))
 
     def key(self, step: int, worker: int) -> tuple:
-        """Key of the task of worker number ``worker`` in ``step`` (part field: its first part,
-        which places it)."""
+        """Key of worker number ``worker``'s task in ``step`` (placed by its first part)."""
         return step_key(self.name, step, -1, self.programs[worker].parts[0], -1, 0)
 
     def output_keys(self, step: int) -> list[tuple]:
         """One key per worker; each returns the loss share of its parts."""
         return [self.key(step, w) for w in range(len(self.programs))]
 
-    def graph(
-        self, ctx: StepContext, inputs: dict, rows: list, previous: dict | None = None
-    ) -> dict:
+    def graph(self, ctx: StepContext, inputs: dict, rows: list, previous: dict | None = None):
         """The task graph of step ``ctx.step`` (see :meth:`StepTemplate.graph
         <dasknn.model_parallel._taskgraph.StepTemplate.graph>` for the arguments)."""
         postboxes = List(*(TaskRef(key) for key in self.postboxes))
@@ -131,21 +122,10 @@ def worker_step(
 ) -> float:  # fmt: skip
     """Task: one training step of the parts on this worker; returns their loss share.
 
-    Parameters
-    ----------
-    ctx : StepContext
-        With ``part_workers`` set, so messages to parts on other workers are posted.
-    program : WorkerProgram
-    workers : tuple of str
-        The addresses of the workers, in the order of ``postboxes`` (their :class:`Postbox`).
-    plans : list
-        ``plans[j * L + k]``: the plan of part ``program.parts[j]`` for layer ``k + 1``.
-    xs, ys : list
-        Every part's input and target block (``program.parts`` order).
-    rows : list
-        The batch columns of every microbatch.
-    after : list
-        Ignored: this worker's task of the previous step, which must end first.
+    ``ctx`` has ``part_workers`` set; ``workers`` are the addresses in the order of their
+    ``postboxes``; ``plans[j * L + k]`` is the plan of part ``program.parts[j]`` for layer
+    ``k + 1``; ``xs`` and ``ys`` hold every part's input and target block, ``rows`` the batch
+    columns of every microbatch; ``after`` (ignored) is this worker's task of the previous step.
     """
     owner = ModelState.on_worker(ctx.token)
     L = ctx.n_layers

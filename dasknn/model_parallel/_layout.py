@@ -37,13 +37,9 @@ def worker_of_parts(workers: Sequence[str], nparts: int) -> list[str]:
 
 
 def scatter_pinned(
-    client,
-    data: dict,
-    part_workers: Sequence[str],
-    part_of,
-    timeout: float | None = None,
+    client, data: dict, part_workers: Sequence[str], part_of, timeout: float | None = None,
     watch: str | None = None,
-) -> dict:
+) -> dict:  # fmt: skip
     """Scatter ``{key: value}`` so each value lands on the worker of part ``part_of(key)``; returns
     futures. ``TimeoutError`` after ``timeout`` seconds in all; with ``watch`` (what is being done,
     in words) a part worker that leaves raises :class:`~dasknn.exceptions.WorkerLostError` at once.
@@ -58,11 +54,10 @@ def scatter_pinned(
             left = max(deadline - time.monotonic(), 0.0)
             scattering = scatter_released_if_given_up(client, chunk, workers=[address])
             if watch is None:
-                futures.update(run_watching(client, scattering, left, lambda: None, POLL_SECONDS))
+                scattered = run_watching(client, scattering, left, lambda: None, POLL_SECONDS)
             else:
-                futures.update(
-                    run_watching_part_workers(client, scattering, part_workers, left, watch)
-                )
+                scattered = run_watching_part_workers(client, scattering, part_workers, left, watch)
+            futures.update(scattered)
     except BaseException:
         # release the values already scattered now, not when the traceback is collected
         client.cancel(list(futures.values()))
@@ -101,38 +96,20 @@ class Snapshot:
 
 
 def place_network(
-    client,
-    token: str,
-    plan: CommPlan,
-    chunks: list[list[sp.csr_matrix]],
-    biases: Sequence[np.ndarray],
-    part_workers: list[str],
-    dtype: np.dtype,
-    states: dict | None = None,
-    generation: int = 0,
-    timeout: float | None = None,
+    client, token: str, plan: CommPlan, chunks: list[list[sp.csr_matrix]],
+    biases: Sequence[np.ndarray], part_workers: list[str], dtype: np.dtype,
+    states: dict | None = None, generation: int = 0, timeout: float | None = None,
     span: dict | None = None,
-) -> Layout:
-    """Hand the renumbered chunks and biases to the model's plugin on their workers; scatter the
-    plans.
+) -> Layout:  # fmt: skip
+    """Hand the renumbered ``chunks`` (of :func:`~dasknn.model_parallel._plan.build_comm_plan`)
+    and the ``biases`` (original neuron order) to the plugin of the model ``token`` on their
+    workers (``part_workers``, :func:`worker_of_parts`) as ``dtype`` values, with the optimizer
+    ``states`` ``{(k, m): (optimizer, weight state, bias state)}`` given; scatter the plans.
 
-    Parameters
-    ----------
-    client : distributed.Client
-    token : str
-        Unique name of the distributed model (part of every key).
-    plan, chunks : from :func:`dasknn.model_parallel._plan.build_comm_plan`
-    biases : sequence of 1-D arrays in the original neuron order
-    part_workers : from :func:`worker_of_parts`
-    dtype : numpy dtype of the values
-    states : dict, optional
-        ``{(k, m): (optimizer, weight state, bias state)}`` to install (arrays in chunk order).
-    generation : int
-        Number of this placement (part of the plans' keys, so no key is reused).
-    timeout : float, optional
-        Seconds for the workers to accept everything (then ``TimeoutError``).
-    span : dict, optional
-        The model's span: the plans are then held by tasks of that span, named in ``plan_keys``.
+    ``generation`` numbers the placement (part of the plans' keys, so no key is reused); with a
+    ``span`` (the model's), the plans are held by tasks of that span, named in ``plan_keys``.
+    ``TimeoutError`` unless the workers accept everything within ``timeout`` seconds;
+    :class:`~dasknn.exceptions.WorkerLostError` as soon as a part worker leaves.
     """
     plans: dict = {}
     values: dict = {}  # worker -> {(k, m): (chunk, bias)}

@@ -107,8 +107,7 @@ class LayerPartPlan:
 
     def senders(self) -> list[int]:
         """Parts other than this one that own touched rows (they send forward, receive back)."""
-        sizes = np.diff(self.groups)
-        return [n for n in np.flatnonzero(sizes).tolist() if n != self.part]
+        return [n for n in np.flatnonzero(np.diff(self.groups)).tolist() if n != self.part]
 
 
 @dataclass(frozen=True)

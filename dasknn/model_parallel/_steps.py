@@ -1,9 +1,6 @@
-"""The functions that run on the workers: one part's share of a layer step.
-
-The values a task keeps between tasks belong to
-:class:`~dasknn.model_parallel._worker_state.ModelState`; no task changes a value Dask holds. See
-docs/training.md (Task graphs, Messages between workers).
-"""
+"""The functions that run on the workers: one part's share of a layer step. The values kept
+between tasks belong to :class:`~dasknn.model_parallel._worker_state.ModelState`; no task changes
+a value Dask holds (docs/training.md, Task graphs, Messages between workers)."""
 
 from __future__ import annotations
 
@@ -20,7 +17,13 @@ from dasknn.model_parallel._worker_state import GradientSum, ModelState, PartLay
 from dasknn.optim import Optimizer
 from dasknn.runtime.keys import phase_names, step_key
 
-__all__ = ["Route", "StepContext", "backward_task", "combine_logsumexp", "forward_task"]
+__all__ = [
+    "NO_RECEIVER", "OUTPUT_BLOCK", "SOFTMAX_STATS", "Route", "StepContext", "backward_task",
+    "combine_logsumexp", "forward_task",
+]
+
+#: A task's ``receiver`` other than a worker: none, the output block ``a_L``, softmax statistics.
+NO_RECEIVER, OUTPUT_BLOCK, SOFTMAX_STATS = -1, -2, -3
 
 
 @dataclass(frozen=True)
@@ -190,10 +193,10 @@ def forward_task(
         message = _stack([a[next_plan.send[n]] for n in route.to])
         owner.add_time("pack", time.perf_counter() - start)
         return message
-    if receiver == -2:
+    if receiver == OUTPUT_BLOCK:
         owner.drop_part_step(ctx.step, part)
         return a
-    if receiver == -3:
+    if receiver == SOFTMAX_STATS:
         return _softmax_statistics(state.forward[k][1], _input_block(y, y_rows))
     return None
 
@@ -203,8 +206,7 @@ def _softmax_statistics(z: np.ndarray, y: np.ndarray) -> np.ndarray:
     stats = np.empty((3, z.shape[1]), dtype=np.float64)
     stats[2] = y.sum(axis=0)
     if z.shape[0] == 0:
-        stats[0] = -np.inf
-        stats[1] = 0.0
+        stats[0], stats[1] = -np.inf, 0.0
         return stats
     stats[0] = z.max(axis=0)
     stats[1] = np.exp(z - stats[0]).sum(axis=0)

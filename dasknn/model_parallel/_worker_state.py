@@ -142,9 +142,8 @@ class ModelState(ModelPlugin):
         for key, layer in list(self.layers.items()):
             with layer.lock:
                 slots = layer.slots.copy()
-                states = slots.states
-                parts[key] = (layer.values.copy(), layer.bias.copy(), slots.optimizer,
-                              states.get("weights"), states.get("bias"))  # fmt: skip
+                values = (layer.values.copy(), layer.bias.copy(), slots.optimizer)
+                parts[key] = (*values, slots.states.get("weights"), slots.states.get("bias"))
         return parts
 
     def part_step(self, step: int, part: int) -> PartStep:
