@@ -42,14 +42,13 @@ def failed_key(token: str, step: int, worker: int) -> tuple:
 
 @dataclass(frozen=True)
 class WorkerProgram:
-    """What one worker runs in a step: its parts, the :class:`Route` of every forward ``(k, m)``
-    (``k < L``), ``last_forward`` (``m``: of layer ``L``) and ``backward`` ``(k, m)``, and whether
-    it hosts part 0 (``root``, which combines the softmax statistics). Every route takes its
-    messages from the mailbox and lists all receiving parts in ``local``."""
+    """What one worker runs in a step: its parts, the :class:`Route` of every ``forward`` and
+    ``backward`` step ``(k, m)``, and whether it hosts part 0 (``root``, which combines the softmax
+    statistics). Every route takes its messages from the mailbox and lists all receiving parts in
+    ``local``."""
 
     parts: tuple
     forward: dict
-    last_forward: dict
     backward: dict
     root: bool
 
@@ -79,16 +78,15 @@ class ActorStepTemplate:
         self.programs = []
         for address in self.workers:
             parts = tuple(m for m, w in enumerate(layout.part_workers) if w == address)
-            forward, backward, last = {}, {}, {}
+            forward, backward = {}, {}
             for m in parts:
                 senders = [()] + [tuple(plan.layers[k - 1][m].senders()) for k in range(1, L + 1)]
                 receivers = [tuple(sorted(plan.layers[k][m].send)) for k in range(L)] + [()]
-                for k in range(L):
+                for k in range(L + 1):
                     forward[(k, m)] = Route(_mailbox(senders[k]), receivers[k])
-                last[m] = Route(_mailbox(senders[L]))
                 for k in range(1, L + 1):
                     backward[(k, m)] = Route(_mailbox(receivers[k]), senders[k] if k >= 2 else ())
-            self.programs.append(WorkerProgram(parts, forward, last, backward, parts[0] == 0))
+            self.programs.append(WorkerProgram(parts, forward, backward, parts[0] == 0))
 
     def key(self, step: int, worker: int) -> tuple:
         """Key of worker number ``worker``'s task in ``step`` (placed by its first part)."""
@@ -175,7 +173,7 @@ def _step(owner, ctx, program, workers, plan, x, y, rows) -> float:
             for m in program.parts:
                 last = {}
                 if k == L:
-                    route = program.last_forward[m]
+                    route = program.forward[(L, m)]
                     last = {"y": y[m], "y_rows": rows[i], "lse": lse[i], "forward_route": route}
                 share = backward_task(
                     ctx, m, k, NO_RECEIVER, plan(k - 1, m), plan(k, m),
@@ -194,7 +192,7 @@ def _logsumexp(owner, ctx, program, workers, plan, y, rows) -> list:
         for m in program.parts:
             stats = forward_task(
                 ctx, m, L, SOFTMAX_STATS, plan(L - 1, m), None, y=y[m], y_rows=rows[i],
-                route=program.last_forward[m], microbatch=i,
+                route=program.forward[(L, m)], microbatch=i,
             )  # fmt: skip
             owner.send(root, step_key(name, ctx.step, L, m, SOFTMAX_STATS, i), stats)
     result = []
