@@ -48,15 +48,14 @@ def scatter_pinned(
     for key, value in data.items():
         by_worker.setdefault(part_workers[part_of(key)], {})[key] = value
     futures = {}
-    deadline = _deadline(timeout)
+    left = _clock(timeout)
     try:
         for address, chunk in by_worker.items():
-            left = max(deadline - time.monotonic(), 0.0)
-            scattering = scatter_released_if_given_up(client, chunk, workers=[address])
+            call = scatter_released_if_given_up(client, chunk, workers=[address])
             if watch is None:
-                scattered = run_watching(client, scattering, left, lambda: None, POLL_SECONDS)
+                scattered = run_watching(client, call, left(), lambda: None, POLL_SECONDS)
             else:
-                scattered = run_watching_part_workers(client, scattering, part_workers, left, watch)
+                scattered = run_watching_part_workers(client, call, part_workers, left(), watch)
             futures.update(scattered)
     except BaseException:
         # release the values already scattered now, not when the traceback is collected
@@ -66,8 +65,10 @@ def scatter_pinned(
     return futures
 
 
-def _deadline(timeout: float | None) -> float:
-    return time.monotonic() + (float("inf") if timeout is None else timeout)
+def _clock(timeout: float | None):
+    """A function returning the seconds left of ``timeout`` (``None``: no limit) from now."""
+    deadline = time.monotonic() + (float("inf") if timeout is None else timeout)
+    return lambda: max(deadline - time.monotonic(), 0.0)
 
 
 @dataclass
@@ -127,17 +128,15 @@ def place_network(
         plan_keys.append([(plan_name, m) for m in range(plan.nparts)])
         shapes.append((int(plan.offsets[k - 1][-1]), tuple(int(c) for c in plan.part_sizes(k))))
     states = states or {}
-    deadline = _deadline(timeout)
+    left = _clock(timeout)
     for address, chunks_here in values.items():
         states_here = {key: states[key] for key in chunks_here if key in states}
         installing = client.run(
             call_plugin, ModelState.plugin_name(token), "install", chunks_here, states_here,
             workers=[address], asynchronous=True,
         )  # fmt: skip
-        left = max(deadline - time.monotonic(), 0.0)
-        run_watching_part_workers(client, installing, part_workers, left, PLACING)
-    left = max(deadline - time.monotonic(), 0.0)
-    futures = scatter_pinned(client, plans, part_workers, lambda key: key[-1], left, PLACING)
+        run_watching_part_workers(client, installing, part_workers, left(), PLACING)
+    futures = scatter_pinned(client, plans, part_workers, lambda key: key[-1], left(), PLACING)
     if span is not None:
         workers = {key: part_workers[key[-1]] for key in futures}
         futures = held_in_span(client, futures, workers, span)
