@@ -1,13 +1,13 @@
-"""The task graph of one pipeline (and data-parallel) training step: each stage replica's passes
-pinned to its worker and chained in schedule order, one message a stage boundary, ``fwd-done`` /
-``bwd-done`` marks keeping the sender's copy, each stage's gradients allreduced across replicas
-(:func:`dasknn.runtime.collectives.build_allreduce`) and fp16 steps applied everywhere or nowhere.
-Details: docs/samo.md.
+"""The task graph of one pipeline (and data-parallel) training step and of a prediction: each
+stage replica's passes pinned to its worker in schedule order, each stage's gradients allreduced
+across replicas (:func:`~dasknn.runtime.collectives.build_allreduce`), fp16 steps applied
+everywhere or nowhere. Details: docs/samo.md.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 from dask.task_spec import List, Task, TaskRef
@@ -16,38 +16,33 @@ from dasknn.pipeline_parallel import _worker_state as ws
 from dasknn.pipeline_parallel._schedule import stage_order
 from dasknn.runtime.collectives import build_allreduce
 from dasknn.runtime.keys import parse_collective_key, parse_pipeline_key, pipeline_key
+from dasknn.runtime.placement import KeyPlacement
 
 __all__ = [
     "SchedulePriority",
     "StepGraph",
+    "accumulate_dtype",
     "build_inference",
     "build_step",
     "chain_links",
-    "collective_token",
     "final_passes",
     "local_keys",
 ]
 
 
-def collective_token(token: str, stage: int, step: int) -> str:
-    """Token of the allreduce of ``stage``'s gradients in ``step``."""
-    return f"{token}s{stage}n{step}"
+def _stage_replica(collectives: dict[str, int], key) -> tuple[int, int]:
+    """The ``(stage, replica)`` whose worker runs ``key`` (``collectives``: the stage of each
+    allreduce token)."""
+    pipeline = parse_pipeline_key(key)
+    if pipeline is not None:
+        return pipeline.stage, pipeline.replica
+    collective = parse_collective_key(key)
+    return collectives[collective.token], collective.sender
 
 
-class Placement:
+def _placement(workers: dict, collectives: dict[str, int]) -> KeyPlacement:
     """``workers=`` annotation of a step's keys: the worker of the key's stage replica."""
-
-    def __init__(self, workers: dict[tuple[int, int], str], collectives: dict[str, int]) -> None:
-        self.workers = dict(workers)
-        self.collectives = dict(collectives)
-
-    def __call__(self, key) -> list[str]:
-        pipeline = parse_pipeline_key(key)
-        if pipeline is not None:
-            return [self.workers[(pipeline.stage, pipeline.replica)]]
-        collective = parse_collective_key(key)
-        stage = self.collectives[collective.token]
-        return [self.workers[(stage, collective.sender)]]
+    return KeyPlacement(dict(workers), partial(_stage_replica, dict(collectives)))
 
 
 class SchedulePriority:
@@ -73,11 +68,6 @@ class SchedulePriority:
 def _done(value) -> None:
     """Nothing: the mark that a pass ended (see :func:`local_keys`)."""
     return None
-
-
-def _local_inputs(kind: str, stage: int, stages: int) -> bool:
-    """Whether a pass reads nothing from another stage (first stage forward, last backward)."""
-    return (kind == "F" and stage == 0) or (kind == "B" and stage == stages - 1)
 
 
 def chain_links(order: list[tuple[str, int]]) -> list[tuple[int, ...]]:
@@ -110,31 +100,23 @@ def final_passes(order: list[tuple[str, int]]) -> tuple[int, ...]:
     return (last,)
 
 
-def local_keys(
-    token: str,
-    step: int,
-    stage: int,
-    replica: int,
-    order: list[tuple[str, int]],
-    stages: int,
-) -> list[tuple]:
-    """Per pass of the stage replica's ``order``, the key the stage's own later tasks wait for.
-
-    The pass key itself, unless the pass sends a message and a task of the sender waiting for
-    it may wait for something else too; then its ``fwd-done`` / ``bwd-done`` mark, which keeps
-    the sender's copy from the active memory manager (docs/samo.md).
-    """
+def local_keys(token: str, step: int, stage: int, replica: int, order: list, stages: int) -> list:
+    """Per pass of the stage replica's ``order``, the key the stage's own later tasks wait for:
+    the pass key, or, if the pass sends a message and a task of the sender waiting for it may
+    wait for something else too, its ``fwd-done`` / ``bwd-done`` mark, which keeps the sender's
+    copy from the active memory manager (docs/samo.md)."""
     links = chain_links(order)
     final = final_passes(order)
+    sends = {"F": stage < stages - 1, "B": stage > 0}
+    reads = {"F": stage > 0, "B": stage < stages - 1}
     out = []
     for n, (kind, u) in enumerate(order):
         name = "fwd" if kind == "F" else "bwd"
-        sends = (kind == "F" and stage < stages - 1) or (kind == "B" and stage > 0)
         readers = [m for m, link in enumerate(links) if n in link]
         at_once = n not in final and all(
-            links[m] == (n,) and _local_inputs(order[m][0], stage, stages) for m in readers
+            links[m] == (n,) and not reads[order[m][0]] for m in readers
         )
-        kind_key = name if at_once or not sends else f"{name}-done"
+        kind_key = name if at_once or not sends[kind] else f"{name}-done"
         out.append(pipeline_key(token, kind_key, step, stage, replica, u))
     return out
 
@@ -146,7 +128,7 @@ class StepGraph:
     tasks: dict
     loss_keys: list
     update_keys: list
-    placement: Placement
+    placement: KeyPlacement
     priority: SchedulePriority
     collective_tokens: list
     verdict_key: tuple | None = None
@@ -167,7 +149,7 @@ def build_step(
     loss_scale: float | None = None,
     postboxes: dict[tuple[int, int], str] | None = None,
 ) -> StepGraph:
-    """Build the step: the inputs are the keys ``pipeline_key(token, "x", step, 0, d, u)`` on
+    """The step's graph; its inputs are the keys ``pipeline_key(token, "x", step, 0, d, u)`` on
     stage 0's workers and ``pipeline_key(token, "y", step, S - 1, d, u)`` on the last stage's.
 
     Parameters
@@ -175,44 +157,39 @@ def build_step(
     workers : dict
         ``{(stage, replica): address}``.
     scale : float
-        Each microbatch's share of the batch (its rows over the batch's rows).
+        Each microbatch's share of the batch.
     grad_sizes : list of int
         Length of each stage's gradient buffer.
     accumulate : numpy dtype
-        The dtype the allreduce sums in.
+        The dtype the allreduce sums in (:func:`accumulate_dtype`).
     loss_scale : float, optional
         fp16's dynamic loss scale: the output deltas are multiplied by it, the updates divide
         it out, and a step whose gradients overflow anywhere is skipped everywhere (the verdict
         is the value of ``verdict_key``).
     postboxes : dict, optional
-        ``{(stage, replica): key of its postbox actor}``: one task per stage replica
-        (:func:`~dasknn.pipeline_parallel._worker_state.run_stage`), messages posted, the last
-        stage's returning its microbatches' losses. Without it, a task per pass, each
-        ``loss_keys`` entry one microbatch's loss.
+        ``{(stage, replica): key of its postbox actor}``: one :func:`~._worker_state.run_stage`
+        task per stage replica, whose last stage's returns its microbatches' losses. Without
+        it, a task per pass, each ``loss_keys`` entry one microbatch's loss.
     """
     tasks: dict = {}
     loss_keys, update_keys, tokens, collectives = [], [], [], {}
     final: dict[tuple[int, int], List] = {}
+    factor = 1.0 if loss_scale is None else loss_scale
     for d in range(replicas):
         for s in range(stages):
             order = stage_order(schedule, stages, s, microbatches)
             if postboxes is not None:
                 key = pipeline_key(token, "run", step, s, d)
                 tasks[key] = _run_task(
-                    key, token, step, s, d, order, stages, scale, loss_scale, postboxes
+                    key, token, step, s, d, order, stages, scale, factor, postboxes
                 )
                 if s == stages - 1:
                     loss_keys.append(key)
                 final[(s, d)] = List(TaskRef(key))
                 continue
-            keys = [
-                pipeline_key(token, "fwd" if kind == "F" else "bwd", step, s, d, u)
-                for kind, u in order
-            ]
             marks = local_keys(token, step, s, d, order, stages)
-            for (kind, u), key, mark, link in zip(
-                order, keys, marks, chain_links(order), strict=True
-            ):
+            for (kind, u), mark, link in zip(order, marks, chain_links(order), strict=True):
+                key = pipeline_key(token, "fwd" if kind == "F" else "bwd", step, s, d, u)
                 after = List(*(TaskRef(marks[n]) for n in link))
                 if kind == "F":
                     source = ("x", 0) if s == 0 else ("fwd", s - 1)
@@ -221,78 +198,52 @@ def build_step(
                     if s == stages - 1:
                         labels = TaskRef(pipeline_key(token, "y", step, s, d, u))
                         loss_keys.append(key)
-                    tasks[key] = Task(
-                        key,
-                        ws.forward_pass,
-                        token,
-                        step,
-                        u,
-                        scale,
-                        1.0 if loss_scale is None else loss_scale,
-                        inputs,
-                        labels,
-                        after,
-                    )
+                    args = (ws.forward, token, after, step, u, scale, factor, inputs, labels)
                 else:
                     incoming = None
                     if s < stages - 1:
                         incoming = TaskRef(pipeline_key(token, "bwd", step, s + 1, d, u))
-                    tasks[key] = Task(key, ws.backward_pass, token, step, u, incoming, after)
+                    args = (ws.backward, token, after, step, u, incoming)
+                tasks[key] = Task(key, ws.on_stage, *args)
                 if mark != key:
                     tasks[mark] = Task(mark, _done, TaskRef(key))
             final[(s, d)] = List(*(TaskRef(marks[n]) for n in final_passes(order)))
-    summed_by_stage = []
-    for s in range(stages):
-        summed = [None] * replicas
-        if replicas > 1:
-            grads = []
-            for d in range(replicas):
-                key = pipeline_key(token, "grad", step, s, d)
-                tasks[key] = Task(key, ws.gradient, token, step, final[(s, d)])
-                grads.append(key)
-            name = collective_token(token, s, step)
-            graph = build_allreduce(name, grads, (grad_sizes[s],), accumulate)
-            tasks.update(graph.tasks)
-            summed = [TaskRef(k) for k in graph.outputs]
-            tokens.append(name)
-            collectives[name] = s
-        summed_by_stage.append(summed)
+    summed = {(s, d): None for s in range(stages) for d in range(replicas)}
+    for s in range(stages if replicas > 1 else 0):  # each stage's gradients allreduced
+        grads = []
+        for d in range(replicas):
+            key = pipeline_key(token, "grad", step, s, d)
+            tasks[key] = Task(key, ws.on_stage, ws.gradient, token, final[(s, d)])
+            grads.append(key)
+        name = f"{token}s{s}n{step}"  # the allreduce of stage s in this step
+        graph = build_allreduce(name, grads, (grad_sizes[s],), accumulate)
+        tasks.update(graph.tasks)
+        for d, out in enumerate(graph.outputs):
+            summed[(s, d)] = TaskRef(out)
+        tokens.append(name)
+        collectives[name] = s
     apply, verdict = True, None
     if loss_scale is not None:
         flags = []
-        for s in range(stages):
-            for d in range(replicas):
-                key = pipeline_key(token, "finite", step, s, d)
-                tasks[key] = Task(
-                    key, ws.gradients_finite, token, step, summed_by_stage[s][d], final[(s, d)]
-                )
-                flags.append(TaskRef(key))
+        for (s, d), value in summed.items():
+            key = pipeline_key(token, "finite", step, s, d)
+            tasks[key] = Task(key, ws.on_stage, ws.gradients_finite, token, final[(s, d)], value)
+            flags.append(TaskRef(key))
         verdict = pipeline_key(token, "verdict", step, 0, 0)
-        tasks[verdict] = Task(verdict, ws.all_finite, *flags)
+        tasks[verdict] = Task(verdict, all, List(*flags))
         apply = TaskRef(verdict)
-    inv_scale = 1.0 if loss_scale is None else 1.0 / loss_scale
-    for s in range(stages):
-        for d in range(replicas):
-            key = pipeline_key(token, "update", step, s, d)
-            summed = summed_by_stage[s][d]
-            tasks[key] = Task(
-                key, ws.update, token, step, optimizer, summed, inv_scale, apply, final[(s, d)]
-            )
-            update_keys.append(key)
-    return StepGraph(
-        tasks,
-        loss_keys,
-        update_keys,
-        Placement(workers, collectives),
-        SchedulePriority(schedule, stages, microbatches),
-        tokens,
-        verdict,
-    )
+    for (s, d), value in summed.items():
+        key = pipeline_key(token, "update", step, s, d)
+        args = (ws.update, token, final[(s, d)], step, optimizer, value, 1.0 / factor, apply)
+        tasks[key] = Task(key, ws.on_stage, *args)
+        update_keys.append(key)
+    placement = _placement(workers, collectives)
+    priority = SchedulePriority(schedule, stages, microbatches)
+    return StepGraph(tasks, loss_keys, update_keys, placement, priority, tokens, verdict)
 
 
 def _run_task(key, token, step, s, d, order, stages, scale, loss_scale, postboxes) -> Task:
-    """The task of stage replica ``(s, d)`` that runs all its passes of the step, its messages
-    posted (:func:`~dasknn.pipeline_parallel._worker_state.run_stage`)."""
+    """The :func:`~._worker_state.run_stage` task of stage replica ``(s, d)``."""
     m = len(order) // 2
     inputs = [TaskRef(pipeline_key(token, "x", step, 0, d, u)) for u in range(m)] if s == 0 else []
     labels = []
@@ -300,33 +251,17 @@ def _run_task(key, token, step, s, d, order, stages, scale, loss_scale, postboxe
         labels = [TaskRef(pipeline_key(token, "y", step, s, d, u)) for u in range(m)]
     previous = TaskRef(postboxes[(s - 1, d)]) if s > 0 else None
     following = TaskRef(postboxes[(s + 1, d)]) if s < stages - 1 else None
-    return Task(
-        key,
-        ws.run_stage,
-        token,
-        step,
-        order,
-        scale,
-        1.0 if loss_scale is None else loss_scale,
-        List(*inputs),
-        List(*labels),
-        previous,
-        following,
-    )
+    args = (token, step, order, scale, loss_scale, List(*inputs), List(*labels))
+    return Task(key, ws.run_stage, *args, previous, following)
 
 
 def build_inference(
-    token: str,
-    call: int,
-    stages: int,
-    replicas: int,
-    blocks: int,
-    workers: dict[tuple[int, int], str],
-) -> tuple[dict, list, Placement]:
+    token: str, call: int, stages: int, replicas: int, blocks: int, workers: dict
+) -> tuple[dict, list, KeyPlacement]:
     """The tasks of a prediction: row block ``j`` (key ``pipeline_key(token, "infer-x", call, 0,
     d, j)``, replica ``d = j % replicas``) through that replica's stages, one
-    :func:`~dasknn.pipeline_parallel._worker_state.infer` task a stage. Returns the tasks, the
-    last stage's result keys (``(z_L, a_L)`` a block, in order) and every key's placement."""
+    :func:`~._worker_state.infer` task a stage. Returns the tasks, the last stage's result keys
+    (``(z_L, a_L)`` a block, in order) and every key's placement."""
     tasks: dict = {}
     outputs = []
     for j in range(blocks):
@@ -334,10 +269,10 @@ def build_inference(
         source = pipeline_key(token, "infer-x", call, 0, d, j)
         for s in range(stages):
             key = pipeline_key(token, "infer", call, s, d, j)
-            tasks[key] = Task(key, ws.infer, token, TaskRef(source))
+            tasks[key] = Task(key, ws.on_stage, ws.infer, token, None, TaskRef(source))
             source = key
         outputs.append(source)
-    return tasks, outputs, Placement(workers, {})
+    return tasks, outputs, _placement(workers, {})
 
 
 def accumulate_dtype(storage: np.dtype) -> np.dtype:
