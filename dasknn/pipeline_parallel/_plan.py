@@ -11,15 +11,19 @@ from dasknn.optim import Optimizer
 
 __all__ = [
     "ParallelPlan",
+    "balanced_bounds",
+    "check_bounds",
     "compressed_layer_bytes",
     "dense_layer_bytes",
     "layer_costs",
     "plan_parallelism",
+    "positive_int",
     "split_stages",
 ]
 
 
-def _positive_int(name: str, value) -> int:
+def positive_int(name: str, value) -> int:
+    """``value`` as an int; ``ValueError`` naming ``name`` unless it is an integer >= 1."""
     if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
     return int(value)
@@ -35,7 +39,7 @@ def split_stages(layer_bytes: Sequence[int], stages: int) -> list[tuple[int, int
         If ``stages`` is not an integer in ``[1, len(layer_bytes)]``.
     """
     n = len(layer_bytes)
-    stages = _positive_int("stages", stages)
+    stages = positive_int("stages", stages)
     if stages > n:
         raise ValueError(f"{stages} stages for a network of {n} layers: at most one per layer")
     prefix = [0]
@@ -79,6 +83,41 @@ def layer_costs(shapes: Sequence[tuple[int, int]], entries: Sequence[int]) -> li
             raise ValueError(f"layer {k}: {count} entries for a layer of shape {(n_in, n_out)}")
         costs.append((2 if k == 0 else 3) * int(count))
     return costs
+
+
+def balanced_bounds(model, stages: int) -> list[tuple[int, int]]:
+    """The layers of each of ``stages`` stages of the :class:`~dasknn.model.CompressedMLP`
+    ``model``, balanced by :func:`layer_costs` (over the dense entries with ``compute="dense"``,
+    the unpruned weights with ``compute="sparse"``).
+
+    Raises
+    ------
+    ValueError
+        If ``stages`` is not an integer in ``[1, n_layers]``.
+    """
+    entries = [
+        n_in * n_out if model.compute == "dense" else layer.nnz
+        for (n_in, n_out), layer in zip(model.layer_shapes, model.stack.layers, strict=True)
+    ]
+    return split_stages(layer_costs(model.layer_shapes, entries), stages)
+
+
+def check_bounds(bounds, stages: int, n_layers: int) -> list[tuple[int, int]]:
+    """``bounds`` as ``[(first, stop)]``; ``ValueError`` unless they are ``stages`` contiguous
+    non-empty runs covering the ``n_layers`` layers."""
+    bounds = [(int(a), int(b)) for a, b in bounds]
+    stops = [0] + [b for _, b in bounds]
+    if (
+        len(bounds) != stages
+        or [a for a, _ in bounds] != stops[:-1]
+        or stops[-1] != n_layers
+        or any(a >= b for a, b in bounds)
+    ):
+        raise ValueError(
+            f"bounds must be {stages} contiguous non-empty runs (first, stop) covering the "
+            f"{n_layers} layers, got {bounds}"
+        )
+    return bounds
 
 
 def compressed_layer_bytes(stack, optimizer: Optimizer) -> list[int]:
@@ -139,8 +178,8 @@ def plan_parallelism(layer_bytes: Sequence[int], workers: int, memory_limit: int
         If ``workers`` or ``memory_limit`` is not a positive integer, or no split into at most
         ``min(workers, layers)`` stages fits (the message gives the bytes needed and available).
     """
-    workers = _positive_int("workers", workers)
-    memory_limit = _positive_int("memory_limit", memory_limit)
+    workers = positive_int("workers", workers)
+    memory_limit = positive_int("memory_limit", memory_limit)
     smallest, most = None, min(workers, len(layer_bytes))
     for stages in range(1, most + 1):
         bounds = split_stages(layer_bytes, stages)

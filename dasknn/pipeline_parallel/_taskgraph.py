@@ -19,7 +19,6 @@ from dasknn.runtime.keys import parse_collective_key, parse_pipeline_key, pipeli
 from dasknn.runtime.placement import KeyPlacement
 
 __all__ = [
-    "SchedulePriority",
     "StepGraph",
     "accumulate_dtype",
     "build_inference",
@@ -45,24 +44,14 @@ def _placement(workers: dict, collectives: dict[str, int]) -> KeyPlacement:
     return KeyPlacement(dict(workers), partial(_stage_replica, dict(collectives)))
 
 
-class SchedulePriority:
-    """``priority=`` annotation of a step's keys: a stage's passes in schedule order, earlier
-    higher, and the per-step work (gradients, allreduce, fp16 flags, update) after them."""
-
-    def __init__(self, schedule: str, stages: int, microbatches: int) -> None:
-        self.last = 2 * microbatches
-        self.position = {
-            (s, "fwd" if kind == "F" else "bwd", u): n
-            for s in range(stages)
-            for n, (kind, u) in enumerate(stage_order(schedule, stages, s, microbatches))
-        }
-
-    def __call__(self, key) -> int:
-        pipeline = parse_pipeline_key(key)
-        if pipeline is None:
-            return -self.last
-        kind = pipeline.kind.removesuffix("-done")  # a pass's mark right after the pass
-        return -self.position.get((pipeline.stage, kind, pipeline.microbatch), self.last)
+def _priority(position: dict, last: int, key) -> int:
+    """``priority=`` annotation of a step's keys: a stage's passes (and their marks) by their
+    ``position`` in its schedule, earlier higher, then the per-step work."""
+    pipeline = parse_pipeline_key(key)
+    if pipeline is None:
+        return -last
+    kind = pipeline.kind.removesuffix("-done")
+    return -position.get((pipeline.stage, kind, pipeline.microbatch), last)
 
 
 def _done(value) -> None:
@@ -129,7 +118,7 @@ class StepGraph:
     loss_keys: list
     update_keys: list
     placement: KeyPlacement
-    priority: SchedulePriority
+    priority: partial
     collective_tokens: list
     verdict_key: tuple | None = None
 
@@ -171,38 +160,42 @@ def build_step(
         task per stage replica, whose last stage's returns its microbatches' losses. Without
         it, a task per pass, each ``loss_keys`` entry one microbatch's loss.
     """
+
+    def pkey(kind: str, s: int, d: int, u: int = -1) -> tuple:
+        return pipeline_key(token, kind, step, s, d, u)
+
     tasks: dict = {}
     loss_keys, update_keys, tokens, collectives = [], [], [], {}
-    final: dict[tuple[int, int], List] = {}
-    factor = 1.0 if loss_scale is None else loss_scale
+    final: dict[tuple[int, int], List] = {}  # per stage replica, what its later work runs after
+    factor, last = 1.0 if loss_scale is None else loss_scale, stages - 1
+    orders = [stage_order(schedule, stages, s, microbatches) for s in range(stages)]
     for d in range(replicas):
-        for s in range(stages):
-            order = stage_order(schedule, stages, s, microbatches)
-            if postboxes is not None:
-                key = pipeline_key(token, "run", step, s, d)
-                tasks[key] = _run_task(
-                    key, token, step, s, d, order, stages, scale, factor, postboxes
-                )
-                if s == stages - 1:
-                    loss_keys.append(key)
-                final[(s, d)] = List(TaskRef(key))
+        for s, order in enumerate(orders):
+            if postboxes is not None:  # one run_stage task, its messages posted
+                run, m = pkey("run", s, d), range(microbatches)
+                inputs = List(*(TaskRef(pkey("x", 0, d, u)) for u in m)) if s == 0 else List()
+                labels = List(*(TaskRef(pkey("y", s, d, u)) for u in m)) if s == last else List()
+                boxes = [
+                    TaskRef(postboxes[(t, d)]) if 0 <= t <= last else None for t in (s - 1, s + 1)
+                ]
+                args = (token, step, order, scale, factor, inputs, labels, *boxes)
+                tasks[run] = Task(run, ws.run_stage, *args)
+                if s == last:
+                    loss_keys.append(run)
+                final[(s, d)] = List(TaskRef(run))
                 continue
             marks = local_keys(token, step, s, d, order, stages)
             for (kind, u), mark, link in zip(order, marks, chain_links(order), strict=True):
-                key = pipeline_key(token, "fwd" if kind == "F" else "bwd", step, s, d, u)
+                key = pkey("fwd" if kind == "F" else "bwd", s, d, u)
                 after = List(*(TaskRef(marks[n]) for n in link))
                 if kind == "F":
-                    source = ("x", 0) if s == 0 else ("fwd", s - 1)
-                    inputs = TaskRef(pipeline_key(token, source[0], step, source[1], d, u))
-                    labels = None
-                    if s == stages - 1:
-                        labels = TaskRef(pipeline_key(token, "y", step, s, d, u))
-                        loss_keys.append(key)
+                    inputs = TaskRef(pkey("x", 0, d, u) if s == 0 else pkey("fwd", s - 1, d, u))
+                    labels = TaskRef(pkey("y", s, d, u)) if s == last else None
                     args = (ws.forward, token, after, step, u, scale, factor, inputs, labels)
+                    if s == last:
+                        loss_keys.append(key)
                 else:
-                    incoming = None
-                    if s < stages - 1:
-                        incoming = TaskRef(pipeline_key(token, "bwd", step, s + 1, d, u))
+                    incoming = TaskRef(pkey("bwd", s + 1, d, u)) if s < last else None
                     args = (ws.backward, token, after, step, u, incoming)
                 tasks[key] = Task(key, ws.on_stage, *args)
                 if mark != key:
@@ -210,49 +203,36 @@ def build_step(
             final[(s, d)] = List(*(TaskRef(marks[n]) for n in final_passes(order)))
     summed = {(s, d): None for s in range(stages) for d in range(replicas)}
     for s in range(stages if replicas > 1 else 0):  # each stage's gradients allreduced
-        grads = []
-        for d in range(replicas):
-            key = pipeline_key(token, "grad", step, s, d)
+        grads = [pkey("grad", s, d) for d in range(replicas)]
+        for d, key in enumerate(grads):
             tasks[key] = Task(key, ws.on_stage, ws.gradient, token, final[(s, d)])
-            grads.append(key)
         name = f"{token}s{s}n{step}"  # the allreduce of stage s in this step
         graph = build_allreduce(name, grads, (grad_sizes[s],), accumulate)
         tasks.update(graph.tasks)
-        for d, out in enumerate(graph.outputs):
-            summed[(s, d)] = TaskRef(out)
+        summed.update({(s, d): TaskRef(out) for d, out in enumerate(graph.outputs)})
         tokens.append(name)
         collectives[name] = s
     apply, verdict = True, None
     if loss_scale is not None:
-        flags = []
         for (s, d), value in summed.items():
-            key = pipeline_key(token, "finite", step, s, d)
+            key = pkey("finite", s, d)
             tasks[key] = Task(key, ws.on_stage, ws.gradients_finite, token, final[(s, d)], value)
-            flags.append(TaskRef(key))
-        verdict = pipeline_key(token, "verdict", step, 0, 0)
-        tasks[verdict] = Task(verdict, all, List(*flags))
+        verdict = pkey("verdict", 0, 0)
+        tasks[verdict] = Task(verdict, all, List(*(TaskRef(pkey("finite", *w)) for w in summed)))
         apply = TaskRef(verdict)
     for (s, d), value in summed.items():
-        key = pipeline_key(token, "update", step, s, d)
+        key = pkey("update", s, d)
         args = (ws.update, token, final[(s, d)], step, optimizer, value, 1.0 / factor, apply)
         tasks[key] = Task(key, ws.on_stage, *args)
         update_keys.append(key)
+    position = {
+        (s, "fwd" if kind == "F" else "bwd", u): n
+        for s, order in enumerate(orders)
+        for n, (kind, u) in enumerate(order)
+    }
+    priority = partial(_priority, position, 2 * microbatches)
     placement = _placement(workers, collectives)
-    priority = SchedulePriority(schedule, stages, microbatches)
     return StepGraph(tasks, loss_keys, update_keys, placement, priority, tokens, verdict)
-
-
-def _run_task(key, token, step, s, d, order, stages, scale, loss_scale, postboxes) -> Task:
-    """The :func:`~._worker_state.run_stage` task of stage replica ``(s, d)``."""
-    m = len(order) // 2
-    inputs = [TaskRef(pipeline_key(token, "x", step, 0, d, u)) for u in range(m)] if s == 0 else []
-    labels = []
-    if s == stages - 1:
-        labels = [TaskRef(pipeline_key(token, "y", step, s, d, u)) for u in range(m)]
-    previous = TaskRef(postboxes[(s - 1, d)]) if s > 0 else None
-    following = TaskRef(postboxes[(s + 1, d)]) if s < stages - 1 else None
-    args = (token, step, order, scale, loss_scale, List(*inputs), List(*labels))
-    return Task(key, ws.run_stage, *args, previous, following)
 
 
 def build_inference(

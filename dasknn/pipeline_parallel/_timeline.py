@@ -12,7 +12,7 @@ from statistics import fmean
 
 from dasknn.pipeline_parallel._schedule import bubble_fraction, stage_order
 
-__all__ = ["IdleSources", "handover_seconds", "idle_sources", "replay"]
+__all__ = ["IdleBreakdown", "IdleSources", "handover_seconds", "idle_sources", "replay"]
 
 PassKey = tuple[int, str, int]  # (stage, "F" | "B", microbatch)
 
@@ -76,6 +76,36 @@ def replay(
 def _idle(durations: dict[PassKey, float], times: dict[PassKey, tuple[float, float]], stages):
     span = max(end for _, end in times.values()) - min(start for start, _ in times.values())
     return [1.0 - sum(v for k, v in durations.items() if k[0] == s) / span for s in range(stages)]
+
+
+@dataclass(frozen=True)
+class IdleBreakdown:
+    """A stage replica's idle fraction of a step, ``idle = bubble + imbalance``, over the span
+    of its replica's passes (first started to last ended). The pipeline runs at its busiest
+    stage's pace: the bubble (fill and drain, ``(S - 1) / (m + S - 1)`` with equal stages) is
+    that stage's idle fraction; a less busy stage also waits for it, its imbalance.
+
+    Attributes
+    ----------
+    idle : float
+        Fraction of the span in which the stage ran no pass.
+    bubble : float
+        ``1 - busy_max / span``.
+    imbalance : float
+        ``(busy_max - busy) / span``.
+    busy : float
+        Seconds of the stage's passes.
+    handover : float
+        Fraction of the span in which the stage idled with its next pass's inputs ready
+        (:func:`handover_seconds`: Dask's round trip of a chained task, the message's
+        transfer); part of ``idle``.
+    """
+
+    idle: float
+    bubble: float
+    imbalance: float
+    busy: float
+    handover: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -74,11 +74,7 @@ class StageState(ModelPlugin):
     def teardown(self, worker) -> None:
         """Forget the stage; a step task still waiting for a message raises ``RuntimeError``."""
         self.mailbox.clear()
-        self.stash.clear()
-        self.targets.clear()
-        self.events.clear()
-        self.usage.clear()
-        self.stack = None
+        self.setup(worker)
 
     def deliver(self, key: tuple, value) -> None:
         """Leave a posted message in the mailbox (the postbox calls it)."""
@@ -204,15 +200,7 @@ def backward(state: StageState, step: int, microbatch: int, incoming):
 
 
 def run_stage(
-    token: str,
-    step: int,
-    order: list[tuple[str, int]],
-    scale: float,
-    loss_scale: float,
-    inputs: list,
-    labels: list,
-    previous,
-    following,
+    token: str, step: int, order, scale, loss_scale, inputs, labels, previous, following
 ) -> list[float]:
     """Task (``messages="posted"``): every pass of the stage replica in step ``step``, in the
     schedule's ``order``, in a :class:`~dasknn.runtime.posted.PostedTask`; returns the
@@ -228,21 +216,20 @@ def run_stage(
     """
     state = StageState.on_worker(token)
     s, d = state.stage, state.replica
-    failed = pipeline_key(token, "failed", step, s, d)
-    losses = []
+
+    def key(kind: str, stage: int, u: int = -1) -> tuple:
+        return pipeline_key(token, kind, step, stage, d, u)
+
+    def neighbours() -> list:  # a dropped step's other stages were dropped as well
+        if state.dropped_step >= step:
+            return []
+        boxes = ((previous, s - 1), (following, s + 1))
+        return [(box, key("failed", t)) for box, t in boxes if box is not None]
+
+    failed, losses = key("failed", s), []
     # a drop_steps of this step ends the waits, whether it came before them or during them
     with PostedTask(state.mailbox, {"previous": previous, "following": following}, True) as task:
-        task.drop_ended(lambda key: parse_pipeline_key(key).step >= step)
-
-        def neighbours() -> list:
-            if state.dropped_step >= step:  # a dropped step's other stages were dropped as well
-                return []
-            return [
-                (box, pipeline_key(token, "failed", step, t, d))
-                for box, t in ((previous, s - 1), (following, s + 1))
-                if box is not None
-            ]
-
+        task.drop_ended(lambda k: parse_pipeline_key(k).step >= step)
         with task.failing(neighbours, f"stage {s} of replica {d} failed in step {step}"):
             if state.dropped_step >= step:
                 raise RuntimeError(
@@ -250,25 +237,18 @@ def run_stage(
                 )
             for kind, u in order:
                 if kind == "F":
-                    if s == 0:
-                        received = inputs[u]
-                    else:
-                        received = task.take(pipeline_key(token, "fwd", step, s - 1, d, u), failed)
-                    targets = labels[u] if state.last else None
-                    result = forward(state, step, u, scale, loss_scale, received, targets)
+                    x = inputs[u] if s == 0 else task.take(key("fwd", s - 1, u), failed)
+                    y = labels[u] if state.last else None
+                    result = forward(state, step, u, scale, loss_scale, x, y)
                     if state.last:
                         losses.append(result)
                     else:
-                        key = pipeline_key(token, "fwd", step, s, d, u)
-                        task.post(("following",), key, result)
+                        task.post(("following",), key("fwd", s, u), result)
                 else:
-                    incoming = None
-                    if not state.last:
-                        key = pipeline_key(token, "bwd", step, s + 1, d, u)
-                        incoming = task.take(key, failed)
+                    incoming = None if state.last else task.take(key("bwd", s + 1, u), failed)
                     out = backward(state, step, u, incoming)
                     if s > 0:
-                        task.post(("previous",), pipeline_key(token, "bwd", step, s, d, u), out)
+                        task.post(("previous",), key("bwd", s, u), out)
             task.wait_posted(task.posts)
     return losses
 
