@@ -12,8 +12,9 @@ from functools import partial
 import numpy as np
 from dask.task_spec import List, Task, TaskRef
 
-from dasknn.pipeline_parallel import _worker_state as ws
 from dasknn.pipeline_parallel._schedule import stage_order
+from dasknn.pipeline_parallel._worker_state import StageState as Stage
+from dasknn.pipeline_parallel._worker_state import on_stage, run_stage
 from dasknn.runtime.collectives import build_allreduce
 from dasknn.runtime.keys import parse_collective_key, parse_pipeline_key, pipeline_key
 from dasknn.runtime.placement import KeyPlacement
@@ -179,7 +180,7 @@ def build_step(
                     TaskRef(postboxes[(t, d)]) if 0 <= t <= last else None for t in (s - 1, s + 1)
                 ]
                 args = (token, step, order, scale, factor, inputs, labels, *boxes)
-                tasks[run] = Task(run, ws.run_stage, *args)
+                tasks[run] = Task(run, run_stage, *args)
                 if s == last:
                     loss_keys.append(run)
                 final[(s, d)] = List(TaskRef(run))
@@ -191,13 +192,13 @@ def build_step(
                 if kind == "F":
                     inputs = TaskRef(pkey("x", 0, d, u) if s == 0 else pkey("fwd", s - 1, d, u))
                     labels = TaskRef(pkey("y", s, d, u)) if s == last else None
-                    args = (ws.forward, token, after, step, u, scale, factor, inputs, labels)
+                    args = (Stage.forward, token, after, step, u, scale, factor, inputs, labels)
                     if s == last:
                         loss_keys.append(key)
                 else:
                     incoming = TaskRef(pkey("bwd", s + 1, d, u)) if s < last else None
-                    args = (ws.backward, token, after, step, u, incoming)
-                tasks[key] = Task(key, ws.on_stage, *args)
+                    args = (Stage.backward, token, after, step, u, incoming)
+                tasks[key] = Task(key, on_stage, *args)
                 if mark != key:
                     tasks[mark] = Task(mark, _done, TaskRef(key))
             final[(s, d)] = List(*(TaskRef(marks[n]) for n in final_passes(order)))
@@ -205,7 +206,7 @@ def build_step(
     for s in range(stages if replicas > 1 else 0):  # each stage's gradients allreduced
         grads = [pkey("grad", s, d) for d in range(replicas)]
         for d, key in enumerate(grads):
-            tasks[key] = Task(key, ws.on_stage, ws.gradient, token, final[(s, d)])
+            tasks[key] = Task(key, on_stage, Stage.gradient, token, final[(s, d)])
         name = f"{token}s{s}n{step}"  # the allreduce of stage s in this step
         graph = build_allreduce(name, grads, (grad_sizes[s],), accumulate)
         tasks.update(graph.tasks)
@@ -216,14 +217,14 @@ def build_step(
     if loss_scale is not None:
         for (s, d), value in summed.items():
             key = pkey("finite", s, d)
-            tasks[key] = Task(key, ws.on_stage, ws.gradients_finite, token, final[(s, d)], value)
+            tasks[key] = Task(key, on_stage, Stage.gradients_finite, token, final[(s, d)], value)
         verdict = pkey("verdict", 0, 0)
         tasks[verdict] = Task(verdict, all, List(*(TaskRef(pkey("finite", *w)) for w in summed)))
         apply = TaskRef(verdict)
     for (s, d), value in summed.items():
         key = pkey("update", s, d)
-        args = (ws.update, token, final[(s, d)], step, optimizer, value, 1.0 / factor, apply)
-        tasks[key] = Task(key, ws.on_stage, *args)
+        args = (Stage.update, token, final[(s, d)], step, optimizer, value, 1.0 / factor, apply)
+        tasks[key] = Task(key, on_stage, *args)
         update_keys.append(key)
     position = {
         (s, "fwd" if kind == "F" else "bwd", u): n
@@ -239,9 +240,9 @@ def build_inference(
     token: str, call: int, stages: int, replicas: int, blocks: int, workers: dict
 ) -> tuple[dict, list, KeyPlacement]:
     """The tasks of a prediction: row block ``j`` (key ``pipeline_key(token, "infer-x", call, 0,
-    d, j)``, replica ``d = j % replicas``) through that replica's stages, one
-    :func:`~._worker_state.infer` task a stage. Returns the tasks, the last stage's result keys
-    (``(z_L, a_L)`` a block, in order) and every key's placement."""
+    d, j)``, replica ``d = j % replicas``) through that replica's stages, a
+    :meth:`~._worker_state.StageState.infer` task a stage. Returns the tasks, the last stage's
+    result keys (``(z_L, a_L)`` a block, in order) and every key's placement."""
     tasks: dict = {}
     outputs = []
     for j in range(blocks):
@@ -249,7 +250,7 @@ def build_inference(
         source = pipeline_key(token, "infer-x", call, 0, d, j)
         for s in range(stages):
             key = pipeline_key(token, "infer", call, s, d, j)
-            tasks[key] = Task(key, ws.on_stage, ws.infer, token, None, TaskRef(source))
+            tasks[key] = Task(key, on_stage, Stage.infer, token, None, TaskRef(source))
             source = key
         outputs.append(source)
     return tasks, outputs, _placement(workers, {})

@@ -26,20 +26,14 @@ from dasknn.runtime.posted import PostedTask
 
 __all__ = [
     "StageState",
-    "backward",
     "drop_steps",
     "first_nonfinite_stashed",
-    "forward",
-    "gradient",
-    "gradients_finite",
-    "infer",
     "install_stage",
     "layer_copy",
     "on_stage",
     "read_step",
     "run_stage",
     "snapshot_stage",
-    "update",
 ]
 
 
@@ -92,6 +86,104 @@ class StageState(ModelPlugin):
             (kind, microbatch, *(b - a for a, b in zip(start[1:], end[1:], strict=True)))
         )
 
+    def _stage_forward(self, inputs) -> tuple:
+        """``(inputs, received, layers)``: the stage's feature-major inputs (the previous stage's
+        last activation applied to ``received``, a local copy of its message, on stage > 0) and
+        their ``(z, a)`` per layer (the last layer's activation left to the next stage)."""
+        received = None
+        if self.input_activation is not None:
+            received = local_copy(inputs)
+            inputs = self.input_activation.forward(received)
+        return inputs, received, self.stack.forward(inputs, activate_last=self.last)
+
+    def forward(self, step: int, microbatch: int, scale, loss_scale, inputs, labels):
+        """Forward pass of one microbatch, its outputs stashed for its backward pass.
+
+        ``inputs`` are the microbatch's feature-major samples (stage 0) or the previous stage's last
+        pre-activations; ``labels`` the last stage's targets ``(n_out, rows)``. The last stage keeps
+        the labels and the output delta's factor ``scale * loss_scale`` (``scale``: the
+        microbatch's share of the batch; ``loss_scale``: fp16's, else 1) and returns the loss times
+        ``scale``; the others return their last pre-activations, the message to the next stage.
+
+        Raises
+        ------
+        NonFiniteLossError
+            If the loss is not finite, naming the stage's first layer whose outputs are not.
+        """
+        start = _clock()
+        inputs, received, layers = self._stage_forward(inputs)
+        with self.lock:
+            self.stash[(step, microbatch)] = (inputs, layers, received)
+            self.in_flight += 1
+            self.peak[step] = max(self.peak.get(step, 0), self.in_flight)
+        if self.last:
+            zt, at = layers[-1]
+            value = self.loss.value_t(zt, at, labels)
+            if not np.isfinite(value):
+                raise nonfinite_loss_error(step, value, [a for _, a in layers], self.first_layer)
+            self.targets[(step, microbatch)] = (labels, scale * loss_scale)
+            result = value * scale
+        else:
+            result = layers[-1][1]
+        self.record(step, "F", microbatch, start)
+        return result
+
+    def backward(self, step: int, microbatch: int, incoming):
+        """Backward pass of one microbatch from ``incoming``, the next stage's message (the last
+        stage: from the output delta of the labels its forward pass kept). The step's first
+        backward pass on the stage stores the gradients, the others add to them, one at a time.
+        Returns the deltas of the previous stage's last pre-activations, times that layer's
+        activation derivative (the message to the previous stage; ``None`` on stage 0)."""
+        start = _clock()
+        with self.lock:
+            xt, layers, received = self.stash.pop((step, microbatch))
+            self.in_flight -= 1
+        if self.last:
+            labels, factor = self.targets.pop((step, microbatch))
+            zt, at = layers[-1]
+            deltat = self.loss.output_delta_t(zt, at, labels, self.output_activation)
+            deltat *= factor
+        else:  # the next stage applied the derivative of this stage's last activation
+            deltat = local_copy(incoming)
+        with self.gradient_lock:
+            first = self.gradient_step != step
+            self.gradient_step = step
+            out = self.stack.backward(xt, layers, deltat, first=first, input_delta=self.stage > 0)
+        if out is not None:
+            out *= self.input_activation.derivative(received, xt)
+        self.record(step, "B", microbatch, start)
+        return out
+
+    def gradient(self) -> np.ndarray:
+        """A copy of the stage's accumulated gradient buffer (the allreduce's contribution)."""
+        return self.stack.grad.copy()
+
+    def gradients_finite(self, summed) -> bool:
+        """Whether the stage's gradient is finite (fp16's overflow check): the allreduced ``summed``
+        with replicas, the stage's accumulated buffer otherwise."""
+        if summed is None:
+            return self.stack.gradients_finite()
+        return bool(np.isfinite(summed.astype(np.float32)).all())
+
+    def update(self, step: int, optimizer, summed, inv_scale: float, apply: bool) -> int:
+        """The stage's optimizer step from the allreduced ``summed`` (``None``: its own gradient)
+        times ``inv_scale`` (fp16: one over the loss scale); nothing unless ``apply`` (fp16: a
+        gradient overflowed somewhere)."""
+        start = _clock()
+        if apply:
+            if summed is not None:
+                self.stack.grad[...] = summed
+            self.stack.apply(optimizer, inv_scale)
+        self.record(step, "U", -1, start)
+        return step
+
+    def infer(self, inputs):
+        """The stage's forward pass of a row block for a prediction (nothing stashed or recorded):
+        the last pre-activations (the message to the next stage) or, on the last stage, the block's
+        row-major ``(z_L, a_L)``."""
+        zt, at = self._stage_forward(inputs)[2][-1]
+        return (zt.T, at.T) if self.last else zt
+
 
 def _clock() -> tuple[float, float, int, int, int]:
     """Wall-clock seconds, and the calling thread's CPU seconds, minor page faults, involuntary
@@ -128,77 +220,6 @@ def on_stage(function, token: str, after, *args):
     return function(StageState.on_worker(token), *args)
 
 
-def _stage_forward(state: StageState, inputs) -> tuple:
-    """``(inputs, received, layers)``: the stage's feature-major inputs (the previous stage's
-    last activation applied to ``received``, a local copy of its message, on stage > 0) and
-    their ``(z, a)`` per layer (the last layer's activation left to the next stage)."""
-    received = None
-    if state.input_activation is not None:
-        received = local_copy(inputs)
-        inputs = state.input_activation.forward(received)
-    return inputs, received, state.stack.forward(inputs, activate_last=state.last)
-
-
-def forward(state: StageState, step: int, microbatch: int, scale, loss_scale, inputs, labels):
-    """Forward pass of one microbatch, its outputs stashed for its backward pass.
-
-    ``inputs`` are the microbatch's feature-major samples (stage 0) or the previous stage's last
-    pre-activations; ``labels`` the last stage's targets ``(n_out, rows)``. The last stage keeps
-    the labels and the output delta's factor ``scale * loss_scale`` (``scale``: the
-    microbatch's share of the batch; ``loss_scale``: fp16's, else 1) and returns the loss times
-    ``scale``; the others return their last pre-activations, the message to the next stage.
-
-    Raises
-    ------
-    NonFiniteLossError
-        If the loss is not finite, naming the stage's first layer whose outputs are not.
-    """
-    start = _clock()
-    inputs, received, layers = _stage_forward(state, inputs)
-    with state.lock:
-        state.stash[(step, microbatch)] = (inputs, layers, received)
-        state.in_flight += 1
-        state.peak[step] = max(state.peak.get(step, 0), state.in_flight)
-    if state.last:
-        zt, at = layers[-1]
-        value = state.loss.value_t(zt, at, labels)
-        if not np.isfinite(value):
-            raise nonfinite_loss_error(step, value, [a for _, a in layers], state.first_layer)
-        state.targets[(step, microbatch)] = (labels, scale * loss_scale)
-        result = value * scale
-    else:
-        result = layers[-1][1]
-    state.record(step, "F", microbatch, start)
-    return result
-
-
-def backward(state: StageState, step: int, microbatch: int, incoming):
-    """Backward pass of one microbatch from ``incoming``, the next stage's message (the last
-    stage: from the output delta of the labels its forward pass kept). The step's first
-    backward pass on the stage stores the gradients, the others add to them, one at a time.
-    Returns the deltas of the previous stage's last pre-activations, times that layer's
-    activation derivative (the message to the previous stage; ``None`` on stage 0)."""
-    start = _clock()
-    with state.lock:
-        xt, layers, received = state.stash.pop((step, microbatch))
-        state.in_flight -= 1
-    if state.last:
-        labels, factor = state.targets.pop((step, microbatch))
-        zt, at = layers[-1]
-        deltat = state.loss.output_delta_t(zt, at, labels, state.output_activation)
-        deltat *= factor
-    else:  # the next stage applied the derivative of this stage's last activation
-        deltat = local_copy(incoming)
-    with state.gradient_lock:
-        first = state.gradient_step != step
-        state.gradient_step = step
-        out = state.stack.backward(xt, layers, deltat, first=first, input_delta=state.stage > 0)
-    if out is not None:
-        out *= state.input_activation.derivative(received, xt)
-    state.record(step, "B", microbatch, start)
-    return out
-
-
 def run_stage(
     token: str, step: int, order, scale, loss_scale, inputs, labels, previous, following
 ) -> list[float]:
@@ -210,9 +231,9 @@ def run_stage(
     the mailbox and posts its result under its own pass key to the ``following`` (forward) or
     ``previous`` (backward) stage's :class:`~dasknn.runtime.postbox.Postbox` (``None`` at the
     ends). A failed pass posts its error to both neighbours under their ``failed`` key of the
-    step, so no stage waits for a message that will not come. ``scale`` and ``loss_scale`` are
-    as for :func:`forward`; ``inputs`` and ``labels`` hold per microbatch the stage's inputs
-    (stage 0) and targets (last stage), empty otherwise.
+    step, so no stage waits for a message that will not come. ``scale``, ``loss_scale``: as for
+    :meth:`StageState.forward`; ``inputs``, ``labels``: per microbatch the stage's inputs (stage
+    0) and targets (last stage), empty otherwise.
     """
     state = StageState.on_worker(token)
     s, d = state.stage, state.replica
@@ -239,14 +260,14 @@ def run_stage(
                 if kind == "F":
                     x = inputs[u] if s == 0 else task.take(key("fwd", s - 1, u), failed)
                     y = labels[u] if state.last else None
-                    result = forward(state, step, u, scale, loss_scale, x, y)
+                    result = state.forward(step, u, scale, loss_scale, x, y)
                     if state.last:
                         losses.append(result)
                     else:
                         task.post(("following",), key("fwd", s, u), result)
                 else:
                     incoming = None if state.last else task.take(key("bwd", s + 1, u), failed)
-                    out = backward(state, step, u, incoming)
+                    out = state.backward(step, u, incoming)
                     if s > 0:
                         task.post(("previous",), key("bwd", s, u), out)
             task.wait_posted(task.posts)
@@ -260,32 +281,6 @@ def drop_steps(dask_worker, token: str, step: int) -> None:
     state = StageState.on_worker(token, dask_worker)
     state.dropped_step = max(state.dropped_step, step)  # before the waits end: they read it
     state.mailbox.clear()
-
-
-def gradient(state: StageState) -> np.ndarray:
-    """A copy of the stage's accumulated gradient buffer (the allreduce's contribution)."""
-    return state.stack.grad.copy()
-
-
-def gradients_finite(state: StageState, summed) -> bool:
-    """Whether the stage's gradient is finite (fp16's overflow check): the allreduced ``summed``
-    with replicas, the stage's accumulated buffer otherwise."""
-    if summed is None:
-        return state.stack.gradients_finite()
-    return bool(np.isfinite(summed.astype(np.float32)).all())
-
-
-def update(state: StageState, step: int, optimizer, summed, inv_scale: float, apply: bool) -> int:
-    """The stage's optimizer step from the allreduced ``summed`` (``None``: its own gradient)
-    times ``inv_scale`` (fp16: one over the loss scale); nothing unless ``apply`` (fp16: a
-    gradient overflowed somewhere)."""
-    start = _clock()
-    if apply:
-        if summed is not None:
-            state.stack.grad[...] = summed
-        state.stack.apply(optimizer, inv_scale)
-    state.record(step, "U", -1, start)
-    return step
 
 
 def first_nonfinite_stashed(dask_worker, token: str, step: int) -> int | None:
@@ -327,14 +322,6 @@ def read_step(dask_worker, token: str, step: int) -> dict:
         "usage": list(state.usage.get(step, [])),
         "peak": state.peak.get(step, 0),
     }
-
-
-def infer(state: StageState, inputs):
-    """The stage's forward pass of a row block for a prediction (nothing stashed or recorded):
-    the last pre-activations (the message to the next stage) or, on the last stage, the block's
-    row-major ``(z_L, a_L)``."""
-    zt, at = _stage_forward(state, inputs)[2][-1]
-    return (zt.T, at.T) if state.last else zt
 
 
 def layer_copy(token: str, layer: int, part: str):
