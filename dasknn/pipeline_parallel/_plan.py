@@ -1,10 +1,11 @@
-"""Stages and replicas: contiguous layer runs, and the planner fitting a memory limit
+"""Stages and replicas: contiguous layer runs, balanced by cost or fitting a memory limit
 (docs/samo.md)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from numbers import Integral
 
 from dasknn.optim import Optimizer
@@ -42,9 +43,7 @@ def split_stages(layer_bytes: Sequence[int], stages: int) -> list[tuple[int, int
     stages = positive_int("stages", stages)
     if stages > n:
         raise ValueError(f"{stages} stages for a network of {n} layers: at most one per layer")
-    prefix = [0]
-    for b in layer_bytes:
-        prefix.append(prefix[-1] + int(b))
+    prefix = [0, *accumulate(int(b) for b in layer_bytes)]
     inf = float("inf")
     # best[s][i]: the smallest largest-run over the first i layers cut into s runs
     best = [[inf] * (n + 1) for _ in range(stages + 1)]
@@ -107,12 +106,8 @@ def check_bounds(bounds, stages: int, n_layers: int) -> list[tuple[int, int]]:
     non-empty runs covering the ``n_layers`` layers."""
     bounds = [(int(a), int(b)) for a, b in bounds]
     stops = [0] + [b for _, b in bounds]
-    if (
-        len(bounds) != stages
-        or [a for a, _ in bounds] != stops[:-1]
-        or stops[-1] != n_layers
-        or any(a >= b for a, b in bounds)
-    ):
+    contiguous = [a for a, _ in bounds] == stops[:-1] and all(a < b for a, b in bounds)
+    if len(bounds) != stages or not contiguous or stops[-1] != n_layers:
         raise ValueError(
             f"bounds must be {stages} contiguous non-empty runs (first, stop) covering the "
             f"{n_layers} layers, got {bounds}"
@@ -127,18 +122,12 @@ def compressed_layer_bytes(stack, optimizer: Optimizer) -> list[int]:
     for layer in stack.layers:
         held = layer.state_bytes()
         n_states = len(optimizer.init_state(layer.master[:0]).arrays)
-        out.append(
-            held["weights"]
-            + held["gradients"]
-            + held["index"]
-            + n_states * (layer.master.nbytes + layer.bias.nbytes)
-        )
+        params = layer.master.nbytes + layer.bias.nbytes
+        out.append(held["weights"] + held["gradients"] + held["index"] + n_states * params)
     return out
 
 
-def dense_layer_bytes(
-    shapes: Sequence[tuple[int, int]], arrays: int, itemsize: int = 4
-) -> list[int]:
+def dense_layer_bytes(shapes: Sequence[tuple], arrays: int, itemsize: int = 4) -> list[int]:
     """Per dense layer of ``shapes``, ``arrays`` full-size arrays of ``itemsize`` bytes per weight
     and bias (float32 Adam: 4; with a float mask: 5; PyTorch's pruning utilities: 6)."""
     return [arrays * itemsize * (n_in * n_out + n_out) for n_in, n_out in shapes]
@@ -146,17 +135,8 @@ def dense_layer_bytes(
 
 @dataclass(frozen=True)
 class ParallelPlan:
-    """A choice of stages and data-parallel replicas.
-
-    Attributes
-    ----------
-    stages, replicas : int
-    bounds : list of (first, stop)
-        The layers of each stage.
-    stage_bytes : list of int
-        Model-state bytes of each stage (what each of its workers holds).
-    memory_limit : int
-    """
+    """A choice of stages and data-parallel replicas: ``bounds``, the layers ``(first, stop)``
+    of each stage, and ``stage_bytes``, the model-state bytes each of its workers holds."""
 
     stages: int
     replicas: int

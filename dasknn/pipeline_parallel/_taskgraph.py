@@ -32,17 +32,13 @@ __all__ = [
 
 def _stage_replica(collectives: dict[str, int], key) -> tuple[int, int]:
     """The ``(stage, replica)`` whose worker runs ``key`` (``collectives``: the stage of each
-    allreduce token)."""
+    allreduce token); with :class:`~dasknn.runtime.placement.KeyPlacement`, the ``workers=``
+    annotation of a step's or prediction's keys."""
     pipeline = parse_pipeline_key(key)
     if pipeline is not None:
         return pipeline.stage, pipeline.replica
     collective = parse_collective_key(key)
     return collectives[collective.token], collective.sender
-
-
-def _placement(workers: dict, collectives: dict[str, int]) -> KeyPlacement:
-    """``workers=`` annotation of a step's keys: the worker of the key's stage replica."""
-    return KeyPlacement(dict(workers), partial(_stage_replica, dict(collectives)))
 
 
 def _priority(position: dict, last: int, key) -> int:
@@ -142,24 +138,13 @@ def build_step(
     """The step's graph; its inputs are the keys ``pipeline_key(token, "x", step, 0, d, u)`` on
     stage 0's workers and ``pipeline_key(token, "y", step, S - 1, d, u)`` on the last stage's.
 
-    Parameters
-    ----------
-    workers : dict
-        ``{(stage, replica): address}``.
-    scale : float
-        Each microbatch's share of the batch.
-    grad_sizes : list of int
-        Length of each stage's gradient buffer.
-    accumulate : numpy dtype
-        The dtype the allreduce sums in (:func:`accumulate_dtype`).
-    loss_scale : float, optional
-        fp16's dynamic loss scale: the output deltas are multiplied by it, the updates divide
-        it out, and a step whose gradients overflow anywhere is skipped everywhere (the verdict
-        is the value of ``verdict_key``).
-    postboxes : dict, optional
-        ``{(stage, replica): key of its postbox actor}``: one :func:`~._worker_state.run_stage`
-        task per stage replica, whose last stage's returns its microbatches' losses. Without
-        it, a task per pass, each ``loss_keys`` entry one microbatch's loss.
+    ``workers``: ``{(stage, replica): address}``; ``scale``: each microbatch's share of the
+    batch; ``grad_sizes``: the length of each stage's gradient buffer; ``accumulate``: the dtype
+    the allreduce sums in. fp16's ``loss_scale`` multiplies the output deltas and is divided out
+    of the updates, and a step whose gradients overflow anywhere is skipped everywhere (the
+    verdict is the value of ``verdict_key``). With ``postboxes`` (``{(stage, replica): key of
+    its postbox actor}``), a :func:`~._worker_state.run_stage` task a stage replica, the last
+    stage's returning its microbatches' losses; without, a task a pass, a loss key a microbatch.
     """
 
     def pkey(kind: str, s: int, d: int, u: int = -1) -> tuple:
@@ -232,7 +217,7 @@ def build_step(
         for n, (kind, u) in enumerate(order)
     }
     priority = partial(_priority, position, 2 * microbatches)
-    placement = _placement(workers, collectives)
+    placement = KeyPlacement(dict(workers), partial(_stage_replica, collectives))
     return StepGraph(tasks, loss_keys, update_keys, placement, priority, tokens, verdict)
 
 
@@ -253,7 +238,7 @@ def build_inference(
             tasks[key] = Task(key, on_stage, Stage.infer, token, None, TaskRef(source))
             source = key
         outputs.append(source)
-    return tasks, outputs, _placement(workers, {})
+    return tasks, outputs, KeyPlacement(dict(workers), partial(_stage_replica, {}))
 
 
 def accumulate_dtype(storage: np.dtype) -> np.dtype:

@@ -46,8 +46,7 @@ class StageState(ModelPlugin):
         self.stack: CompressedStack | None = None
         self.stage = self.replica = self.first_layer = 0
         self.last = False
-        # the loss and output activation (last stage); the previous stage's last activation,
-        # applied here to its pre-activations (stage > 0)
+        # input_activation: the previous stage's last, applied here to its pre-activations
         self.loss = self.output_activation = self.input_activation = None
         self.stash: dict[tuple[int, int], tuple] = {}  # (step, microbatch): forward's outputs
         # the last stage's targets and delta factor per microbatch, for its backward pass
@@ -57,6 +56,8 @@ class StageState(ModelPlugin):
         self.events: dict[int, list[tuple[str, int, float, float]]] = {}
         self.usage: dict[int, list[tuple[str, int, float, int, int, int]]] = {}
         self.mailbox = Mailbox()  # messages posted by the neighbouring stages
+        # what the postbox calls: leave a message, keep its transfer report for the step task
+        self.deliver, self.hold_receipt = self.mailbox.deliver, self.mailbox.hold_receipt
         self.dropped_step = 0  # the latest step drop_steps ended
         self.in_flight = 0
         self.peak: dict[int, int] = {}
@@ -69,14 +70,6 @@ class StageState(ModelPlugin):
         """Forget the stage; a step task still waiting for a message raises ``RuntimeError``."""
         self.mailbox.clear()
         self.setup(worker)
-
-    def deliver(self, key: tuple, value) -> None:
-        """Leave a posted message in the mailbox (the postbox calls it)."""
-        self.mailbox.deliver(key, value)
-
-    def hold_receipt(self, key: tuple, sender: str, nbytes: int) -> None:
-        """Keep a posted message's transfer report for the step task (the postbox calls it)."""
-        self.mailbox.hold_receipt(key, sender, nbytes)
 
     def record(self, step: int, kind: str, microbatch: int, start: tuple) -> None:
         """Keep the pass's times and its thread's usage since ``start`` (:func:`_clock`)."""
@@ -97,19 +90,13 @@ class StageState(ModelPlugin):
         return inputs, received, self.stack.forward(inputs, activate_last=self.last)
 
     def forward(self, step: int, microbatch: int, scale, loss_scale, inputs, labels):
-        """Forward pass of one microbatch, its outputs stashed for its backward pass.
-
-        ``inputs`` are the microbatch's feature-major samples (stage 0) or the previous stage's last
-        pre-activations; ``labels`` the last stage's targets ``(n_out, rows)``. The last stage keeps
-        the labels and the output delta's factor ``scale * loss_scale`` (``scale``: the
-        microbatch's share of the batch; ``loss_scale``: fp16's, else 1) and returns the loss times
-        ``scale``; the others return their last pre-activations, the message to the next stage.
-
-        Raises
-        ------
-        NonFiniteLossError
-            If the loss is not finite, naming the stage's first layer whose outputs are not.
-        """
+        """Forward pass of one microbatch from its feature-major samples (stage 0) or the previous
+        stage's last pre-activations ``inputs``, its outputs stashed for its backward pass. The
+        last stage keeps ``labels`` (``(n_out, rows)``) and the output delta's factor ``scale *
+        loss_scale`` (the microbatch's share of the batch times fp16's loss scale, else 1) and
+        returns the loss times ``scale`` (:class:`~dasknn.exceptions.NonFiniteLossError`, naming
+        the first layer whose outputs are not finite, if it is not); the others return their last
+        pre-activations, the message to the next stage."""
         start = _clock()
         inputs, received, layers = self._stage_forward(inputs)
         with self.lock:
@@ -130,10 +117,9 @@ class StageState(ModelPlugin):
 
     def backward(self, step: int, microbatch: int, incoming):
         """Backward pass of one microbatch from ``incoming``, the next stage's message (the last
-        stage: from the output delta of the labels its forward pass kept). The step's first
-        backward pass on the stage stores the gradients, the others add to them, one at a time.
-        Returns the deltas of the previous stage's last pre-activations, times that layer's
-        activation derivative (the message to the previous stage; ``None`` on stage 0)."""
+        stage: from the labels its forward pass kept); the step's first on the stage stores the
+        gradients, the others add to them, one at a time. Returns the message to the previous
+        stage (``None`` on stage 0): the deltas of its last pre-activations."""
         start = _clock()
         with self.lock:
             xt, layers, received = self.stash.pop((step, microbatch))
@@ -193,13 +179,11 @@ def _clock() -> tuple[float, float, int, int, int]:
 
 
 def install_stage(dask_worker, token: str, spec: dict) -> int:
-    """For ``Client.run``: build the stage replica ``spec`` describes; returns its weights.
-
-    ``spec`` holds ``stage``, ``replica``, ``first_layer`` (1-based), ``last``, ``layers``
-    (``(values, index, shape)`` each), ``biases``, ``activations``, ``input_activation``
-    (``None`` on stage 0), ``precision``, ``compute``, ``loss``, ``output_activation`` and
-    optionally ``optimizer`` with ``optimizer_state`` (a ``(weights, bias)`` pair per layer).
-    """
+    """For ``Client.run``: build the stage replica ``spec`` describes (``stage``, ``replica``,
+    ``first_layer`` 1-based, ``last``, ``layers`` as ``(values, index, shape)``, ``biases``,
+    ``activations``, ``input_activation`` (``None`` on stage 0), ``precision``, ``compute``,
+    ``loss``, ``output_activation``, optionally ``optimizer`` with ``optimizer_state``, a
+    ``(weights, bias)`` pair per layer); returns its weights."""
     state: StageState = StageState.on_worker(token, dask_worker)
     state.stack = CompressedStack(
         spec["layers"], spec["biases"], spec["activations"], spec["precision"], spec["compute"]
@@ -223,18 +207,14 @@ def on_stage(function, token: str, after, *args):
 def run_stage(
     token: str, step: int, order, scale, loss_scale, inputs, labels, previous, following
 ) -> list[float]:
-    """Task (``messages="posted"``): every pass of the stage replica in step ``step``, in the
-    schedule's ``order``, in a :class:`~dasknn.runtime.posted.PostedTask`; returns the
-    microbatches' losses (last stage; empty otherwise).
-
-    A pass takes its message (``pipeline_key(token, "fwd" | "bwd", step, sender, d, u)``) from
-    the mailbox and posts its result under its own pass key to the ``following`` (forward) or
-    ``previous`` (backward) stage's :class:`~dasknn.runtime.postbox.Postbox` (``None`` at the
-    ends). A failed pass posts its error to both neighbours under their ``failed`` key of the
-    step, so no stage waits for a message that will not come. ``scale``, ``loss_scale``: as for
-    :meth:`StageState.forward`; ``inputs``, ``labels``: per microbatch the stage's inputs (stage
-    0) and targets (last stage), empty otherwise.
-    """
+    """Task (``messages="posted"``): every pass of the stage replica in step ``step`` in the
+    schedule's ``order``, in a :class:`~dasknn.runtime.posted.PostedTask`; returns the losses
+    of the microbatches (last stage; empty otherwise). A pass takes its message from the mailbox
+    and posts its result under its pass key to the postbox of the ``following`` (forward) or
+    ``previous`` (backward) stage (``None`` at the ends); a failed pass posts its error to both
+    under their ``failed`` key of the step. ``scale``, ``loss_scale``: as for
+    :meth:`StageState.forward`; ``inputs``, ``labels``: per microbatch, the stage's inputs
+    (stage 0) and targets (last stage), empty otherwise."""
     state = StageState.on_worker(token)
     s, d = state.stage, state.replica
 
