@@ -61,6 +61,7 @@ __all__ = [
     "label_rows",
     "precision_at_k",
     "predicted_precision_at_k",
+    "restored_slots",
     "training_optimizer",
 ]
 
@@ -291,6 +292,20 @@ class SampledTraining(StepLoop):
             start=start, on_epoch=on_epoch, extra_call=_schedule_call(self, steps),
         )  # fmt: skip
         return self
+
+    def _identity(self) -> dict:
+        return {
+            "params": self._params_json(),
+            "n_features": self.n_features_in_,
+            "n_labels": self.n_labels_,
+        }
+
+    def _slot_states(self, slots: OptimizerSlots) -> dict | None:
+        """The layer's optimizer state when it belongs to ``optimizer_`` (else the next step
+        starts afresh, and nothing is kept)."""
+        if slots.optimizer != self.optimizer_ or set(slots.states) != set(STATE_KEYS):
+            return None
+        return dict(slots.states)
 
     # ------------------------------------------------------------ the loop's hooks
     def _data_digest(self, x, y) -> str:
@@ -638,20 +653,6 @@ class SampledMLP(SampledTraining):
         params["dtype"] = str(np.dtype(params["dtype"]))
         return params
 
-    def _identity(self) -> dict:
-        return {
-            "params": self._params_json(),
-            "n_features": self.n_features_in_,
-            "n_labels": self.n_labels_,
-        }
-
-    def _slot_states(self, slots: OptimizerSlots) -> dict | None:
-        """The layer's optimizer state when it belongs to ``optimizer_`` (else the next step
-        starts afresh, and nothing is kept)."""
-        if slots.optimizer != self.optimizer_ or set(slots.states) != set(STATE_KEYS):
-            return None
-        return dict(slots.states)
-
     def _record(self) -> SampledRecord:
         """The model as a record (arrays shared, not copied)."""
         self._check_fitted()
@@ -698,7 +699,7 @@ class SampledMLP(SampledTraining):
             np.array(record.hidden.weights), np.array(record.hidden.bias), self.hogwild,
             self.hidden_update == "all",
         )  # fmt: skip
-        self.hidden_layer_.slots = _slots(record.optimizer, record.hidden.states)
+        self.hidden_layer_.slots = restored_slots(record.optimizer, record.hidden.states)
         config = self.sampling_config()
         self.shards_ = []
         for p, layer in enumerate(record.shards):
@@ -708,7 +709,7 @@ class SampledMLP(SampledTraining):
                 p, ids, np.array(layer.weights), np.array(layer.bias), config, self.hogwild,
                 layer.rebuilds, tables,
             )  # fmt: skip
-            shard.slots = _slots(record.optimizer, layer.states)
+            shard.slots = restored_slots(record.optimizer, layer.states)
             self.shards_.append(shard)
         self.optimizer_ = record.optimizer
         self.n_steps_, self.epochs_ = record.n_steps, record.epochs
@@ -830,7 +831,7 @@ def label_rows(ptr: np.ndarray, ids: np.ndarray, rows: np.ndarray) -> tuple:
     return new_ptr, ids[np.asarray(take, dtype=np.int64)]
 
 
-def _slots(optimizer: Optimizer, states: dict | None) -> OptimizerSlots:
+def restored_slots(optimizer: Optimizer, states: dict | None) -> OptimizerSlots:
     """The optimizer slots of a layer restored from ``states`` (copies), or fresh ones."""
     if states is None:
         return OptimizerSlots()

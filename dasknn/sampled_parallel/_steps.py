@@ -1,8 +1,10 @@
-"""The tasks of a distributed sampled step, run on the worker of their position ``p`` (hidden block
-``p``, output shard ``p``). See docs/sampled.md (Across workers)."""
+"""The tasks of a distributed sampled step, each on the worker of its position ``p`` (hidden block
+and output shard ``p``); see docs/sampled.md."""
 
 from __future__ import annotations
 
+import functools
+import operator
 from typing import NamedTuple
 
 import numpy as np
@@ -22,7 +24,6 @@ __all__ = [
     "output_update",
     "select_and_score",
     "shard_top_k",
-    "train_hidden_block",
 ]
 
 
@@ -43,17 +44,14 @@ class Forward(NamedTuple):
     stats: np.ndarray
 
 
-def hidden_block(token: str, x: sp.csr_matrix) -> np.ndarray:
-    """The worker's block of the hidden activation of the batch rows ``x`` (CSR)."""
-    return ShardState.on_worker(token).hidden.forward(x)
-
-
-def train_hidden_block(token: str, call: int, x: sp.csr_matrix, *after) -> np.ndarray:
-    """:func:`hidden_block` of a training step, kept in the worker's state under submission ``call``
-    until :func:`hidden_step`; ``after`` (the previous step's result) only orders the steps."""
+def hidden_block(token: str, x: sp.csr_matrix, call: int | None = None, *after) -> np.ndarray:
+    """The worker's block of the hidden activation of the batch rows ``x`` (CSR); in a training
+    step (submission ``call``) also kept until :func:`hidden_step`. ``after`` (the previous
+    step's result) only orders the steps."""
     state = ShardState.on_worker(token)
     block = state.hidden.forward(x)
-    state.hidden_blocks[call] = block
+    if call is not None:
+        state.hidden_blocks[call] = block
     return block
 
 
@@ -118,9 +116,7 @@ def hidden_step(
     state = ShardState.on_worker(token)
     parts = list(received)
     parts.insert(state.position, columns_of(token, own_result, state.position))
-    grad = parts[0]
-    for part in parts[1:]:
-        grad = grad + part
+    grad = functools.reduce(operator.add, parts)
     state.hidden.backward(x, state.hidden_blocks.pop(call), grad)
     state.hidden.apply(optimizer, lr_scale)
     return own_result[1]

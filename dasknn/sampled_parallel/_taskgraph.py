@@ -46,16 +46,25 @@ def step_bytes(batch: int, hidden: int, workers: int, itemsize: int) -> dict[str
     }
 
 
-def _shared(key, phase: str, workers: int) -> list[TaskRef]:
-    """References to every worker's value ``key(phase, p, EVERY_WORKER)``, in worker order."""
-    return [TaskRef(key(phase, p, EVERY_WORKER)) for p in range(workers)]
+def _graph(token: str, call: int, rows: list):
+    """A new graph of submission ``call`` with worker ``p``'s batch rows ``rows[p]`` as data nodes
+    ``("rows", p, p)``; returns ``(tasks, key, add, shared)``: ``add(phase, p, receiver, func,
+    *args)`` adds a task ``func(token, *args)``, ``shared(phase)`` references every worker's
+    ``(phase, p, EVERY_WORKER)`` value, in worker order."""
+    key = partial(sampled_key, token, call)
+    tasks: dict = {}
 
+    def add(phase: str, p: int, receiver: int, func, *args) -> tuple:
+        k = key(phase, p, receiver)
+        tasks[k] = Task(k, func, token, *args)
+        return k
 
-def _rows(tasks: dict, key, rows: list) -> None:
-    """Worker ``p``'s batch rows ``rows[p]``: a data node ``key("rows", p, p)``."""
+    def shared(phase: str) -> list[TaskRef]:
+        return [TaskRef(key(phase, p, EVERY_WORKER)) for p in range(len(rows))]
+
     for p, block in enumerate(rows):
-        data = key("rows", p, p)
-        tasks[data] = DataNode(data, block)
+        tasks[key("rows", p, p)] = DataNode(key("rows", p, p), block)
+    return tasks, key, add, shared
 
 
 def train_graph(
@@ -74,79 +83,38 @@ def train_graph(
     :class:`~dasknn.sampled_parallel._steps.ShardLabels`; ``after[p]``: the previous step's output
     key on ``p`` when queued; the updates use ``optimizer``'s learning rate times ``lr_scale``.
     """
-    key = partial(sampled_key, token, call)
+    tasks, key, add, shared = _graph(token, call, rows)
     workers = len(rows)
-    tasks: dict = {}
-    _rows(tasks, key, rows)
     for p in range(workers):
-        k = key("hidden", p, EVERY_WORKER)
         previous = [TaskRef(after[p])] if after else []
-        tasks[k] = Task(
-            k, steps.train_hidden_block, token, call, TaskRef(key("rows", p, p)), *previous
-        )
+        x = TaskRef(key("rows", p, p))
+        add("hidden", p, EVERY_WORKER, steps.hidden_block, x, call, *previous)
     for p in range(workers):
-        data = key("labels", p, p)
-        tasks[data] = DataNode(data, labels[p])
-        k = key("stats", p, EVERY_WORKER)
-        tasks[k] = Task(
-            k,
-            steps.select_and_score,
-            token,
-            call,
-            step,
-            TaskRef(data),
-            *_shared(key, "hidden", workers),
-        )
+        tasks[key("labels", p, p)] = DataNode(key("labels", p, p), labels[p])
+        data = TaskRef(key("labels", p, p))
+        add("stats", p, EVERY_WORKER, steps.select_and_score, call, step, data, *shared("hidden"))
     for p in range(workers):
-        k = key("output", p, p)
-        tasks[k] = Task(
-            k,
-            steps.output_backward,
-            token,
-            call,
-            TaskRef(key("labels", p, p)),
-            *_shared(key, "stats", workers),
-        )
+        data = TaskRef(key("labels", p, p))
+        out = TaskRef(add("output", p, p, steps.output_backward, call, data, *shared("stats")))
         for q in range(workers):
             if q != p:
-                kq = key("grad", p, q)
-                tasks[kq] = Task(kq, steps.columns_of, token, TaskRef(k), q)
-        ku = key("output-update", p, p)
-        tasks[ku] = Task(
-            ku, steps.output_update, token, optimizer, lr_scale, step + 1, TaskRef(k)
-        )
-    outputs = []
-    for p in range(workers):
-        k = key("update", p, p)
-        tasks[k] = Task(
-            k,
-            steps.hidden_step,
-            token,
-            call,
-            optimizer,
-            lr_scale,
-            TaskRef(key("rows", p, p)),
-            TaskRef(key("output", p, p)),
+                add("grad", p, q, steps.columns_of, out, q)
+        add("output-update", p, p, steps.output_update, optimizer, lr_scale, step + 1, out)
+    return tasks, [
+        add(
+            "update", p, p, steps.hidden_step, call, optimizer, lr_scale,
+            TaskRef(key("rows", p, p)), TaskRef(key("output", p, p)),
             TaskRef(key("output-update", p, p)),
             *(TaskRef(key("grad", q, p)) for q in range(workers) if q != p),
-        )
-        outputs.append(k)
-    return tasks, outputs
+        )  # fmt: skip
+        for p in range(workers)
+    ]
 
 
 def predict_graph(token: str, call: int, rows: list, k: int) -> tuple[dict, list]:
     """The tasks of one prediction batch (``rows[p]`` for worker ``p``): each worker's top ``k``."""
-    key = partial(sampled_key, token, call)
-    tasks: dict = {}
-    _rows(tasks, key, rows)
+    tasks, key, add, shared = _graph(token, call, rows)
     for p in range(len(rows)):
-        kh = key("predict-hidden", p, EVERY_WORKER)
-        tasks[kh] = Task(kh, steps.hidden_block, token, TaskRef(key("rows", p, p)))
-    outputs = []
-    for p in range(len(rows)):
-        kk = key("top", p, p)
-        tasks[kk] = Task(
-            kk, steps.shard_top_k, token, k, *_shared(key, "predict-hidden", len(rows))
-        )
-        outputs.append(kk)
-    return tasks, outputs
+        add("predict-hidden", p, EVERY_WORKER, steps.hidden_block, TaskRef(key("rows", p, p)))
+    hidden = shared("predict-hidden")
+    return tasks, [add("top", p, p, steps.shard_top_k, k, *hidden) for p in range(len(rows))]

@@ -1,15 +1,14 @@
 """What a distributed sampled model keeps on a worker: its hidden block and output shard (weights,
-biases, optimizer state, hash tables), owned by one worker plugin per model (:func:`shard_state`).
-"""
+biases, optimizer state, hash tables), owned by one worker plugin per model."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from dasknn.lsh import HashTables
-from dasknn.optim import OptimizerSlots
 from dasknn.runtime.model_plugin import ModelPlugin
 from dasknn.sampled.layers import HiddenLayer, OutputShard, SamplingConfig, shard_bucket_cap
+from dasknn.sampled.model import restored_slots
 
 __all__ = ["ShardState", "install_shard", "read_shard", "read_shard_state"]
 
@@ -20,7 +19,7 @@ class ShardState(ModelPlugin):
     Attributes (after :meth:`install`)
     ----------------------------------
     position : int
-        The worker's position, which is also its shard's number.
+        The worker's position, also its shard's number.
     hidden : HiddenLayer
         The worker's block of hidden neurons (columns ``columns[position]`` of the layer).
     shard : OutputShard
@@ -48,51 +47,37 @@ class ShardState(ModelPlugin):
         self.forwards.clear()
 
     def install(self, position: int, payload: dict) -> None:
-        """Own copies of the worker's parameters, and of its optimizer state and hash tables
-        when the payload holds them (see :func:`install_shard`)."""
+        """Own copies of the payload of :func:`install_shard`."""
         hogwild = payload["hogwild"]
         config = SamplingConfig(**payload["config"])
         self.position = position
         self.columns = np.asarray(payload["columns"], dtype=np.int64)
         self.hidden = HiddenLayer(
-            np.array(payload["hidden_weights"]),
-            np.array(payload["hidden_bias"]),
-            hogwild,
+            np.array(payload["hidden_weights"]), np.array(payload["hidden_bias"]), hogwild,
             payload["update_all_rows"],
-        )
+        )  # fmt: skip
         ids = np.array(payload["ids"])
         tables = None
         if payload.get("tables") is not None:
             cap = shard_bucket_cap(config.bucket_size, config.shards)
             tables = HashTables(*(np.array(a) for a in payload["tables"]), len(ids), cap)
         self.shard = OutputShard(
-            position,
-            ids,
-            np.array(payload["output_weights"]),
-            np.array(payload["output_bias"]),
-            config,
-            hogwild,
-            payload.get("rebuilds", 0),
-            tables,
-        )
+            position, ids, np.array(payload["output_weights"]), np.array(payload["output_bias"]),
+            config, hogwild, payload.get("rebuilds", 0), tables,
+        )  # fmt: skip
         optimizer = payload.get("optimizer")
-        for layer, states in ((self.hidden, payload.get("hidden_states")),
-                              (self.shard, payload.get("output_states"))):  # fmt: skip
-            if states is not None:
-                copies = {k: type(v)(v.step, {n: np.array(a) for n, a in v.arrays.items()})
-                          for k, v in states.items()}  # fmt: skip
-                layer.slots = OptimizerSlots(optimizer, copies)
+        self.hidden.slots = restored_slots(optimizer, payload.get("hidden_states"))
+        self.shard.slots = restored_slots(optimizer, payload.get("output_states"))
 
 
 def install_shard(token: str, position: int, payload: dict) -> int:
-    """Task: hand the worker's parameters to the model's plugin; returns the position.
+    """Task: hand the worker's shard to the model's plugin; returns the position.
 
     ``payload``: ``hidden_weights`` (``(n_features, H_p)``), ``hidden_bias``, ``ids``,
     ``output_weights`` (``(n_p, H)``), ``output_bias``, ``columns``, ``config`` (the fields of
-    :class:`~dasknn.sampled.layers.SamplingConfig`), ``hogwild`` and ``update_all_rows``; for a
-    model that trained, also ``optimizer``, ``hidden_states`` and ``output_states`` (the
-    optimizer state of each layer's ``"weights"`` and ``"bias"``, ``None`` if none),
-    ``rebuilds`` and ``tables`` (``(keys, key_ptr, bucket_ptr, items)`` of the shard).
+    :class:`~dasknn.sampled.layers.SamplingConfig`), ``hogwild``, ``update_all_rows``; for a model
+    that trained also ``optimizer``, ``hidden_states`` / ``output_states`` (each layer's
+    ``"weights"`` and ``"bias"`` optimizer state, or ``None``), ``rebuilds`` and ``tables``.
     """
     ShardState.on_worker(token).install(position, payload)
     return position
@@ -110,14 +95,13 @@ def read_shard(token: str) -> dict:
 
 
 def read_shard_state(token: str) -> dict:
-    """Task: copies of everything the worker holds of the model: :func:`read_shard`, and
-    ``hidden_slots`` / ``output_slots`` (``(optimizer, states)`` of each layer), ``rebuilds``
-    and ``tables`` of its shard."""
+    """Task: :func:`read_shard`, the layers' ``hidden_slots`` / ``output_slots`` (copies of
+    their :class:`~dasknn.optim.OptimizerSlots`) and the shard's ``rebuilds`` and ``tables``."""
     state = ShardState.on_worker(token)
-    out = read_shard(token)
-    for name, layer in (("hidden_slots", state.hidden), ("output_slots", state.shard)):
-        slots = layer.slots.copy()
-        out[name] = (slots.optimizer, slots.states)
-    out["rebuilds"] = state.shard.rebuilds
-    out["tables"] = tuple(a.copy() for a in state.shard.tables.arrays())
-    return out
+    return {
+        **read_shard(token),
+        "hidden_slots": state.hidden.slots.copy(),
+        "output_slots": state.shard.slots.copy(),
+        "rebuilds": state.shard.rebuilds,
+        "tables": tuple(a.copy() for a in state.shard.tables.arrays()),
+    }
