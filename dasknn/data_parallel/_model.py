@@ -49,7 +49,6 @@ from dasknn.model.embedding_persistence import (
     EMBEDDING_FILE,
     EmbeddingRecord,
     spec_identity,
-    write_embedding,
 )
 from dasknn.model.sampled_softmax import sample_candidates
 from dasknn.model.validation import check_batch_size
@@ -312,9 +311,6 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
             for name, shape in self.spec.sparse_shapes().items()
         }
 
-    def _failed_advice(self) -> str:
-        return "close it and start again from a copy gathered before the failure"
-
     def _before_close(self) -> None:
         self._postboxes.clear()
 
@@ -465,6 +461,7 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
 
     # ------------------------------------------------------------------ checkpoints
     _checkpoint_format = EMBEDDING_FILE
+    _estimator_class = EmbeddingMLP
 
     def _identity(self) -> dict:
         return spec_identity(self.spec)
@@ -510,9 +507,6 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         model = self.gather()
         model._slots = self._gather_states()
         return model._record()
-
-    def _recoverable(self, error: Exception) -> bool:
-        return isinstance(error, WorkerLostError)
 
     def _restore(self, record: EmbeddingRecord) -> None:
         """Place the values, step count and optimizer state of ``record`` (this network) on the
@@ -564,34 +558,6 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         for i, worker in zip(lost, spare, strict=False):
             self.workers[i] = worker
         return lost
-
-    def save(self, path) -> None:
-        """Write the model (values, step count, optimizer and its state, read from the workers)
-        to the ``.npz`` file ``path`` atomically, in the format of :meth:`EmbeddingMLP.save`,
-        which :meth:`load` (or :meth:`EmbeddingMLP.load`) reads back."""
-        write_embedding(path, self._record())
-
-    @classmethod
-    def load(cls, path, client=None, **options) -> DistributedEmbeddingMLP:
-        """A distributed model of the file ``path`` (written by :meth:`save`, by
-        :meth:`EmbeddingMLP.save` or as a checkpoint) on ``client`` (as in the constructor, with
-        its keyword arguments ``options``): its values, step count and optimizer state, so that
-        training goes on as the saved model would.
-
-        Raises
-        ------
-        FileNotFoundError, ValueError
-            As :meth:`EmbeddingMLP.load`, before anything is placed; the constructor's errors.
-        """
-        model = EmbeddingMLP.load(path)
-        dist = cls(model, client, **options)
-        if model.optimizer is not None:
-            try:
-                dist._place_again(model, dist.n_shards, with_state=True)
-            except BaseException:
-                dist.close()
-                raise
-        return dist
 
     # ------------------------------------------------------------------ steps
     def _plan(self, ids: np.ndarray, labels: np.ndarray, step: int) -> StepPlan:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections import Counter, deque
 from collections.abc import Iterator, Sequence
@@ -15,7 +14,7 @@ import scipy.sparse as sp
 
 from dasknn.exceptions import ModelClosedError, StepTimeoutError, WorkerLostError
 from dasknn.model.estimator import SparseEstimator
-from dasknn.model.persistence import ModelRecord, pattern_digest, read_model, write_model
+from dasknn.model.persistence import ModelRecord, pattern_digest, read_model
 from dasknn.model.sparse_mlp import SparseMLP
 from dasknn.model.validation import check_in_flight
 from dasknn.model_parallel._comm import predicted_counts, wire_bytes
@@ -260,11 +259,6 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
             out[f"weights_{k}"] = weight
             out[f"bias_{k}"] = bias
         return out
-
-    def _failed_advice(self) -> str:
-        return (
-            "its weights may mix two steps: fit(..., resume=CHECKPOINT) restores a checkpoint"
-        )
 
     def _current_snapshot(self) -> Snapshot:
         self._check_open()
@@ -828,35 +822,15 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         self.optimizer_ = record.optimizer
         self._failed = None
 
-    def _recoverable(self, error: Exception) -> bool:
-        return isinstance(error, WorkerLostError)
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Write the model and optimizer state to the ``.npz`` file ``path`` atomically."""
-        write_model(path, self._record())
+    _estimator_class = SparseMLP
 
     @classmethod
-    def load(cls, path: str | os.PathLike, client=None, **options) -> DistributedSparseMLP:
-        """The model saved at ``path`` (by :meth:`save` or :meth:`SparseMLP.save`) on ``client``,
-        partitioned as stored unless ``options`` (constructor keywords) give a ``partition``.
-
-        Raises
-        ------
-        FileNotFoundError, ValueError
-            As :meth:`SparseMLP.load`, before anything is placed.
-        """
-        model = SparseMLP.load(path)
+    def _load_options(cls, path, options: dict) -> dict:
+        """``options``, with the stored partition unless they give a ``partition``."""
         record = read_model(path)
-        if "partition" not in options and record.partition is not None:
-            options = {**options, "partition": record.partition, "nparts": record.nparts}
-        dist = cls(model, client, **options)
-        if record.optimizer is not None:
-            try:
-                dist._restore(record)
-            except BaseException:
-                dist.close()
-                raise
-        return dist
+        if "partition" in options or record.partition is None:
+            return options
+        return {**options, "partition": record.partition, "nparts": record.nparts}
 
     def _extra_plugins(self) -> list[str]:
         """The memory plugin (``reuse_memory``), removed before the model's own."""

@@ -14,7 +14,6 @@ block through the stages of one replica, the blocks pipelined and shared out ove
 from __future__ import annotations
 
 import concurrent.futures
-import os
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
@@ -36,7 +35,6 @@ from dasknn.model.compressed_persistence import (
     COMPRESSED_FILE,
     CompressedRecord,
     compressed_identity,
-    read_compressed,
 )
 from dasknn.model.estimator import OutputBlocks, SparseEstimator
 from dasknn.optim import Optimizer, resolve_optimizer
@@ -695,6 +693,7 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
 
     # ------------------------------------------------------------------ checkpoints
     _checkpoint_format = COMPRESSED_FILE
+    _estimator_class = CompressedMLP
 
     def _identity(self) -> dict:
         return self._network
@@ -703,9 +702,6 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         """The model of replica 0 (values, biases, optimizer state, steps, loss scale) as a
         record, read from its stage workers."""
         return self.gather()._record()
-
-    def _recoverable(self, error: Exception) -> bool:
-        return isinstance(error, WorkerLostError)
 
     def _restore(self, record: CompressedRecord) -> None:
         """Install the values, biases and optimizer state of ``record`` (the same network) on
@@ -758,37 +754,10 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
             self.scaler.good_steps = model.scaler.good_steps
             self.scaler.skipped_steps = model.scaler.skipped_steps
 
-    def save(self, path: str | os.PathLike) -> None:
-        """Write the model (replica 0's values, biases, optimizer state, step count and loss
-        scale) to the ``.npz`` file ``path`` atomically, in the format of
-        :meth:`CompressedMLP.save`; :meth:`load` (or :meth:`CompressedMLP.load`) reads it back.
-        Errors as :meth:`replica`."""
-        self.gather().save(path)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike, client=None, **options) -> DistributedCompressedMLP:
-        """A distributed model of the file ``path`` (written by :meth:`save`, by
-        :meth:`CompressedMLP.save` or as a checkpoint) on ``client`` (as in the constructor,
-        with its keyword arguments ``options``): its values, biases, optimizer state, step
-        count and loss scale, so that training goes on from there.
-
-        Raises
-        ------
-        FileNotFoundError, ValueError
-            As :meth:`CompressedMLP.load`, before anything is placed; the constructor's errors.
-        """
-        record = read_compressed(path)
-        model = CompressedMLP._from_record(record, path)
-        dist = cls(model, client, **options)
-        if record.optimizer is None:
-            dist._take_counts(model)
-            return dist
-        try:
-            dist._restore(record)
-        except BaseException:
-            dist.close()
-            raise
-        return dist
+    def _take_state(self, estimator: CompressedMLP) -> None:
+        """Also take its step count and loss scale."""
+        super()._take_state(estimator)
+        self._take_counts(estimator)
 
     # ------------------------------------------------------------------ results
     def replica(self, d: int = 0) -> CompressedMLP:

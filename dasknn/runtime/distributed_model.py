@@ -255,7 +255,10 @@ class DistributedModel:
     def _failed_advice(self) -> str:
         """What a user can do after a step failed part-way (the end of
         :class:`ModelFailedError`'s message)."""
-        return "close it and start again from a saved copy"
+        return (
+            "its values may mix two steps: fit(..., resume=CHECKPOINT) restores a checkpoint, "
+            "or close it and start again from a saved copy"
+        )
 
     def _before_close(self) -> None:
         """Release what the model holds besides its plugin (called once by :meth:`close`
@@ -299,6 +302,44 @@ class DistributedModel:
         """Forget the traffic measured so far (:meth:`comm_report` counts from here)."""
         self._check_open()
         reset_transfers(self.client, self.token)
+
+    # ------------------------------------------------------------------ files
+    #: The one-process estimator whose files :meth:`load` reads (with its ``load``).
+    _estimator_class: type
+
+    @classmethod
+    def load(cls, path, client=None, **options) -> Self:
+        """A distributed model of the file ``path`` (written by ``save``, by the one-process
+        estimator's ``save`` or as a checkpoint) on ``client``, with the constructor's keywords
+        ``options``: its values and optimizer state, so that training goes on as the saved
+        model would.
+
+        Raises
+        ------
+        FileNotFoundError, ValueError
+            As the one-process estimator's ``load``, before anything is placed; the
+            constructor's errors (what was placed is removed again).
+        """
+        estimator = cls._estimator_class.load(path)
+        dist = cls(estimator, client, **cls._load_options(path, options))
+        try:
+            dist._take_state(estimator)
+        except BaseException:
+            dist.close()
+            raise
+        return dist
+
+    @classmethod
+    def _load_options(cls, path, options: dict) -> dict:
+        """The constructor's keywords for the model stored at ``path`` (``options``)."""
+        return options
+
+    def _take_state(self, estimator) -> None:
+        """Take the optimizer state of ``estimator``, whose values the constructor placed
+        (``_restore`` of its record, when it has an optimizer)."""
+        record = estimator._record()
+        if record.optimizer is not None:
+            self._restore(record)
 
     def _timeout_error(self, what: str, workers: Sequence[str]) -> StepTimeoutError:
         """The :class:`StepTimeoutError` of ``what`` that did not happen within
