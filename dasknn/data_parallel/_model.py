@@ -57,11 +57,9 @@ from dasknn.optim import SGD, Optimizer, OptimizerSlots, ParamState
 from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.comm_report import CommReport, counts_of
 from dasknn.runtime.distributed_model import DistributedModel
-from dasknn.runtime.faults import running_workers
 from dasknn.runtime.keys import DP_KIND, parse_dp_key, postbox_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
 from dasknn.runtime.placement import KeyPlacement, by_sender
-from dasknn.runtime.postbox import Postbox
 from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT, answering_workers
 from dasknn.runtime.waiting import (
     run_naming_loss,
@@ -285,8 +283,6 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         self._gathered: tuple[int, EmbeddingMLP] | None = None
         self._placement = KeyPlacement(self.workers, by_sender(parse_dp_key))
         self._postboxes: list = []
-        #: The name of the model's ReuseFreedMemory plugin while it is registered.
-        self._memory_plugin: str | None = None
         self._register(ReplicaState(self.token), lambda: self._install(model))
 
     # ------------------------------------------------------------------ basics
@@ -314,11 +310,6 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
     def _before_close(self) -> None:
         self._postboxes.clear()
 
-    def _extra_plugins(self) -> list[str]:
-        """The ``reuse_memory`` plugin, while it is registered."""
-        memory_plugin, self._memory_plugin = self._memory_plugin, None
-        return [memory_plugin] if memory_plugin is not None else []
-
     # ------------------------------------------------------------------ placement
     def _install(self, model: EmbeddingMLP, with_state: bool = False) -> None:
         """Tune the workers' malloc (``reuse_memory``), place ``model``'s values, and make each
@@ -326,25 +317,15 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         ``step_timeout`` and watched
         (:meth:`~dasknn.runtime.distributed_model.DistributedModel._placing`)."""
         if self.reuse_memory:
-            name = f"{REUSE_MEMORY_PLUGIN}-{self.token}"
-            self._memory_plugin = name  # a registration that times out is removed by close()
-            self._placing(lambda: self.client.register_plugin(ReuseFreedMemory(), name=name))
+            self._add_plugin(ReuseFreedMemory(), REUSE_MEMORY_PLUGIN)
         self._place(model, self.n_shards, with_state)
         if self.messages == "posted":
-            self._postboxes = [
-                self.client.submit(
-                    Postbox,
-                    self.plugin_name,
-                    key=postbox_key(DP_KIND, self.token, index, self._generation or None),
-                    workers=[worker],
-                    allow_other_workers=False,
-                    actor=True,
-                )
-                for index, worker in enumerate(self.workers)
-            ]
-            postboxes = list(self._postboxes)
-            with self._cancelled_if_failed(postboxes):
-                self._placing(lambda: self.client.gather(postboxes))
+            self._postboxes = self._start_postboxes(
+                {
+                    postbox_key(DP_KIND, self.token, index, self._generation or None): worker
+                    for index, worker in enumerate(self.workers)
+                }
+            )
 
     def _place_again(self, model: EmbeddingMLP, n_shards: int, with_state: bool = False) -> None:
         """:meth:`_place` after the constructor (the search, a restored checkpoint), within
@@ -522,7 +503,8 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         """
         self._check_open()
         model = EmbeddingMLP._of_record(record)
-        if not self._replace_lost_workers():
+        workers, self.workers = self.workers, self._replace_lost(self.workers)
+        if workers == self.workers:
             self._place_again(model, self.n_shards, with_state=True)
             return
         self._generation += 1
@@ -538,26 +520,6 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
             self._failed = str(error)
             raise
         self._failed = None
-
-    def _replace_lost_workers(self) -> list[int]:
-        """Put a running worker of the cluster in the place of every worker of the model that
-        left (polling every 0.1 s for at most ``step_timeout``); returns their numbers."""
-        deadline = time.monotonic() + self.step_timeout
-        while True:
-            running = running_workers(self.client)
-            lost = [i for i, w in enumerate(self.workers) if w not in running]
-            spare = [w for w in running if w not in self.workers]
-            if len(spare) >= len(lost):
-                break
-            if time.monotonic() > deadline:
-                raise WorkerLostError(
-                    f"the data-parallel model needs {len(self.workers)} workers to go on from its "
-                    f"checkpoint; {len(self.workers) - len(lost) + len(spare)} are running"
-                )
-            time.sleep(0.1)
-        for i, worker in zip(lost, spare, strict=False):
-            self.workers[i] = worker
-        return lost
 
     # ------------------------------------------------------------------ steps
     def _plan(self, ids: np.ndarray, labels: np.ndarray, step: int) -> StepPlan:

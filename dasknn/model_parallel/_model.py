@@ -53,7 +53,6 @@ from dasknn.runtime.faults import (
 from dasknn.runtime.measure import read_transfers
 from dasknn.runtime.model_span import held_in_span, new_span
 from dasknn.runtime.placement import KeyPlacement
-from dasknn.runtime.postbox import Postbox
 from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT
 from dasknn.runtime.waiting import call_at_most, gather_at_most
 from dasknn.runtime.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
@@ -220,7 +219,6 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         self.plan, self._chunks = build_comm_plan(model.weights, parts, nparts)
         self.part_workers = worker_of_parts(workers, nparts)
         self.plugin_name = ModelState.plugin_name(self.token)
-        self._plugins: list[str] = []  # the worker plugins registered besides the model's own
         self._layout: Layout | None = None
         self._snapshot: Snapshot | None = None
         self._templates: dict = {}
@@ -295,9 +293,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
     def _place(self, chunks, biases, reuse_memory: bool) -> None:
         """Register the memory plugin if ``reuse_memory``, then :meth:`_place_network`."""
         if reuse_memory:
-            name = f"{REUSE_MEMORY_PLUGIN}-{self.token}"
-            self._plugins.append(name)  # a registration that times out is on the scheduler
-            self._placing(lambda: self.client.register_plugin(ReuseFreedMemory(), name=name))
+            self._add_plugin(ReuseFreedMemory(), REUSE_MEMORY_PLUGIN)
         self._place_network(chunks, biases)
 
     def _place_network(self, chunks, biases, states: dict | None = None) -> None:
@@ -317,7 +313,11 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
                 self.dtype, states, self._generation, self._placement_left(), self._span,
             )  # fmt: skip
             if self.messages == "posted":
-                self._place_postboxes(self._placement_left())
+                keys = {
+                    postbox_key(self.token, self._generation, w): address
+                    for w, address in enumerate(sorted(set(self.part_workers)))
+                }
+                self._postboxes = self._start_postboxes(keys, span=self._span)
         except TimeoutError:
             raise self._placement_timed_out() from None
 
@@ -328,22 +328,6 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
     def _lost_while_placed(self) -> WorkerLostError | None:
         """The error naming the part workers lost during placement, or ``None``."""
         return part_workers_lost(self.client, self.part_workers, PLACING)
-
-    def _place_postboxes(self, seconds: float) -> None:
-        """Start a Postbox actor on every part worker; ``TimeoutError`` after ``seconds``."""
-        with dask.annotate(span=self._span):
-            self._postboxes = [
-                self.client.submit(
-                    Postbox,
-                    self.plugin_name,
-                    key=postbox_key(self.token, self._generation, w),
-                    workers=[address],
-                    allow_other_workers=False,
-                    actor=True,
-                )
-                for w, address in enumerate(sorted(set(self.part_workers)))
-            ]
-        gather_at_most(self.client, self._postboxes, seconds)
 
     def _template(self, kind: str):
         if kind == "train" and self.messages == "posted":
@@ -831,10 +815,6 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         if "partition" in options or record.partition is None:
             return options
         return {**options, "partition": record.partition, "nparts": record.nparts}
-
-    def _extra_plugins(self) -> list[str]:
-        """The memory plugin (``reuse_memory``), removed before the model's own."""
-        return self._plugins[::-1]
 
     def _before_close(self) -> None:
         """Release the retirement watch and the client's references to arrays, templates and

@@ -47,10 +47,8 @@ from dasknn.runtime.affinity import PLUGIN_NAME as PIN_CORES_PLUGIN
 from dasknn.runtime.affinity import PinCores, host_slots, pin_by_default
 from dasknn.runtime.comm_report import CommReport, Key
 from dasknn.runtime.distributed_model import DistributedModel
-from dasknn.runtime.faults import running_workers
 from dasknn.runtime.keys import PIPELINE, pipeline_key, postbox_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
-from dasknn.runtime.postbox import Postbox
 from dasknn.runtime.scatter import scatter_released_if_given_up
 from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT, answering_workers
 from dasknn.runtime.waiting import (
@@ -328,8 +326,6 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
             for d in range(self.replicas)
         }
         self.plugin_name = ws.StageState.plugin_name(self.token)
-        self._memory_plugin = f"{REUSE_MEMORY_PLUGIN}-{self.token}"
-        self._cores_plugin = f"{PIN_CORES_PLUGIN}-{self.token}"
         self._nnz = model.nnz
         self._network = compressed_identity(model._record())
         self._master_dtype = model.stack.layers[0].master.dtype
@@ -366,14 +362,10 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         (:meth:`~dasknn.runtime.distributed_model.DistributedModel._cancelled_if_failed`).
         With ``with_state`` the stages also take the model's optimizer state."""
         if self.reuse_memory:
-            self._placing(
-                lambda: self.client.register_plugin(ReuseFreedMemory(), name=self._memory_plugin)
-            )
+            self._add_plugin(ReuseFreedMemory(), REUSE_MEMORY_PLUGIN)
         if self.pin_cores:
             slots = host_slots(self.workers[key] for key in sorted(self.workers, key=_by_replica))
-            self._placing(
-                lambda: self.client.register_plugin(PinCores(slots), name=self._cores_plugin)
-            )
+            self._add_plugin(PinCores(slots), PIN_CORES_PLUGIN)
         layers = model.stack.layers
         activations = model.stack.activations
         for (s, d), address in self.workers.items():
@@ -403,20 +395,13 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
                 )
             )
         if self.messages == "posted":
-            self._postboxes = {
-                where: self.client.submit(
-                    Postbox,
-                    self.plugin_name,
-                    key=postbox_key(PIPELINE, self.token, where, self._generation),
-                    workers=[address],
-                    allow_other_workers=False,
-                    actor=True,
-                )
-                for where, address in self.workers.items()
-            }
-            postboxes = list(self._postboxes.values())
-            with self._cancelled_if_failed(postboxes):
-                self._placing(lambda: self.client.gather(postboxes))
+            boxes = self._start_postboxes(
+                {
+                    postbox_key(PIPELINE, self.token, where, self._generation): address
+                    for where, address in self.workers.items()
+                }
+            )
+            self._postboxes = dict(zip(self.workers, boxes, strict=True))
 
     # ------------------------------------------------------------------ life
     def _before_close(self) -> None:
@@ -425,13 +410,6 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         tokens, self._reduce_tokens = self._reduce_tokens, []
         for token in tokens:
             reset_transfers(self.client, token)
-
-    def _extra_plugins(self) -> list[str]:
-        """The memory and core plugins, where asked for."""
-        plugins = [self._memory_plugin] if self.reuse_memory else []
-        if self.pin_cores:
-            plugins.append(self._cores_plugin)
-        return plugins
 
     # ------------------------------------------------------------------ training
     def _check_rows(self, rows: int) -> int:
@@ -716,23 +694,9 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         """
         self._check_open()
         model = CompressedMLP._from_record(record, "checkpoint")
-        needed = self.stages * self.replicas
-        try:
-            self.client.wait_for_workers(needed, timeout=self.step_timeout)
-        except TimeoutError:
-            pass
-        running = running_workers(self.client)
-        kept = [w for w in self.workers.values() if w in running]
-        chosen = kept + [w for w in running if w not in kept]
-        if len(chosen) < needed:
-            raise WorkerLostError(
-                f"the pipeline model needs stages * replicas = {needed} workers to go on from "
-                f"its checkpoint, the cluster has {len(chosen)}"
-            )
-        spare = iter(chosen[len(kept) :])
-        self.workers = {
-            where: w if w in running else next(spare) for where, w in self.workers.items()
-        }
+        self.workers = dict(
+            zip(self.workers, self._replace_lost(list(self.workers.values())), strict=True)
+        )
         self._key_offset += self.n_steps_ - record.steps + 1
         self._generation += 1
         self._postboxes = {}

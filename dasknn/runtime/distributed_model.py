@@ -33,9 +33,12 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any, Self
 
+import dask
+
 from dasknn.exceptions import ModelClosedError, ModelFailedError, StepTimeoutError, WorkerLostError
 from dasknn.runtime.cluster import open_client, scheduler_workers
 from dasknn.runtime.comm_report import CommReport
+from dasknn.runtime.faults import running_workers
 from dasknn.runtime.key_cache import (
     install_key_cache_bound,
     key_cache_plugin_name,
@@ -43,6 +46,7 @@ from dasknn.runtime.key_cache import (
 )
 from dasknn.runtime.keys import new_token
 from dasknn.runtime.measure import install_comm_monitor, release_comm_monitor, reset_transfers
+from dasknn.runtime.postbox import Postbox
 from dasknn.runtime.step_timeout import (
     answering_workers,
     check_step_timeout,
@@ -95,6 +99,7 @@ class DistributedModel:
         self._opened = ExitStack()
         self.client = open_client(self._opened, client)
         self.token = new_token()
+        self._plugins: list[str] = []  # the worker plugins registered besides the model's own
 
     def _use_workers(self, workers: Sequence[str] | None) -> list[str]:
         """The workers the model runs on: ``workers`` (checked: known to the scheduler, no
@@ -192,6 +197,60 @@ class DistributedModel:
         except TimeoutError:
             raise self._placement_timed_out() from None
 
+    def _add_plugin(self, plugin, kind: str) -> None:
+        """Register the worker ``plugin`` under ``f"{kind}-{token}"`` (again, when the model is
+        placed again) within the placement's time (:meth:`_placing`); :meth:`close` removes it
+        before the model's own, also when the registration failed."""
+        name = f"{kind}-{self.token}"
+        if name not in self._plugins:
+            self._plugins.append(name)
+        self._placing(lambda: self.client.register_plugin(plugin, name=name))
+
+    def _start_postboxes(self, workers: dict, **annotations) -> list:
+        """Start a :class:`~dasknn.runtime.postbox.Postbox` actor of the model's plugin under
+        every key of ``workers`` (``{key: address}``) on its worker, within the placement's
+        time (:meth:`_placing`; the actors are cancelled if that fails), the submissions
+        annotated with ``annotations``; returns their futures, in order."""
+        with dask.annotate(**annotations):
+            boxes = [
+                self.client.submit(
+                    Postbox, self.plugin_name, key=key, workers=[address],
+                    allow_other_workers=False, actor=True,
+                )  # fmt: skip
+                for key, address in workers.items()
+            ]
+        with self._cancelled_if_failed(boxes):
+            self._placing(lambda: self.client.gather(boxes))
+        return boxes
+
+    def _replace_lost(self, workers: Sequence[str]) -> list[str]:
+        """``workers`` with each one that is no longer running replaced by a running worker of
+        the cluster that is not among them, waiting (polls of 0.1 s) at most ``step_timeout``
+        for enough of them (as when a nanny restarts a worker).
+
+        Raises
+        ------
+        WorkerLostError
+            If too few workers run by then.
+        """
+        deadline = time.monotonic() + self.step_timeout
+        while True:
+            running = running_workers(self.client)
+            lost = [i for i, w in enumerate(workers) if w not in running]
+            spare = [w for w in running if w not in workers]
+            if len(spare) >= len(lost):
+                break
+            if time.monotonic() > deadline:
+                raise WorkerLostError(
+                    f"this {type(self).__name__} needs {len(workers)} workers to go on from its "
+                    f"checkpoint; {len(workers) - len(lost) + len(spare)} are running"
+                )
+            time.sleep(0.1)
+        replaced = list(workers)
+        for i, worker in zip(lost, spare, strict=False):
+            replaced[i] = worker
+        return replaced
+
     @contextmanager
     def _cancelled_if_failed(self, futures: list) -> Iterator[None]:
         """Cancel the ``futures`` a placement submitted (those in the list when it fails) if the
@@ -265,8 +324,9 @@ class DistributedModel:
         before the plugins are removed)."""
 
     def _extra_plugins(self) -> Sequence[str]:
-        """The worker plugins the model registered besides its own (removed first)."""
-        return ()
+        """The worker plugins the model registered besides its own (:meth:`_add_plugin`),
+        removed first, the last registered first."""
+        return self._plugins[::-1]
 
     def close(self) -> None:
         """Remove the model's worker plugins (with the state they own), its transfer records and
