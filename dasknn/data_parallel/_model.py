@@ -17,7 +17,6 @@ from collections import defaultdict
 from functools import partial
 from numbers import Integral
 
-import dask
 import dask.array as da
 import numpy as np
 
@@ -42,7 +41,7 @@ from dasknn.data_parallel._worker_state import (
     read_states,
     read_values,
 )
-from dasknn.exceptions import StepTimeoutError, WorkerLostError
+from dasknn.exceptions import StepTimeoutError
 from dasknn.model.embedding_mlp import EmbeddingMLP, split_output_table
 from dasknn.model.embedding_network import EMBEDDING, SOFTMAX
 from dasknn.model.embedding_persistence import (
@@ -54,17 +53,12 @@ from dasknn.model.sampled_softmax import sample_candidates
 from dasknn.model.validation import check_batch_size
 from dasknn.model.window_estimator import WindowEstimator, check_windows
 from dasknn.optim import SGD, Optimizer, OptimizerSlots, ParamState
-from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.comm_report import CommReport, counts_of
 from dasknn.runtime.distributed_model import DistributedModel
 from dasknn.runtime.keys import DP_KIND, parse_dp_key, postbox_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
 from dasknn.runtime.placement import KeyPlacement, by_sender
-from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT, answering_workers
-from dasknn.runtime.waiting import (
-    run_naming_loss,
-    watch_workers,
-)
+from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT
 from dasknn.runtime.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
 from dasknn.runtime.worker_memory import ReuseFreedMemory
 
@@ -396,7 +390,8 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         self._check_open()
         if self._gathered is not None and self._gathered[0] == self._version:
             return self._gathered[1].copy()
-        held = self._run_on_workers(read_values, "the values did not arrive")
+        what = "the values did not arrive"
+        held = self._run_on(read_values, self.workers, what, token=self.token)
         first = held[self.workers[0]]
         dense = {}
         for worker in self.workers:
@@ -422,24 +417,6 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         self._gathered = (self._version, model)
         return model.copy()
 
-    def _run_on_workers(self, function, what: str) -> dict:
-        """``Client.run(function, token=...)`` on every worker within ``step_timeout``:
-        ``WorkerLostError`` naming a worker that left, :class:`StepTimeoutError` (``what`` did
-        not happen) naming those that did not answer."""
-        try:
-            return run_naming_loss(
-                self.client,
-                self.client.run(
-                    function, token=self.token, workers=self.workers, asynchronous=True
-                ),
-                self.step_timeout,
-                self._lost_workers_error,
-                poll=1.0,
-                grace=0.0,
-            )
-        except TimeoutError:
-            raise self._timeout_error(what, self.workers) from None
-
     # ------------------------------------------------------------------ checkpoints
     _checkpoint_format = EMBEDDING_FILE
     _estimator_class = EmbeddingMLP
@@ -450,7 +427,9 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
     def _gather_states(self) -> OptimizerSlots:
         """The optimizer state of every variable, read from the workers, under the keys of the
         one-process model (:meth:`EmbeddingMLP._state_params`)."""
-        held = self._run_on_workers(read_states, "the optimizer states did not arrive")
+        held = self._run_on(
+            read_states, self.workers, "the optimizer states did not arrive", token=self.token
+        )
         first = held[self.workers[0]]
         full: dict[str, tuple] = dict(first["replicas"])
         for worker in self.workers:
@@ -566,9 +545,7 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         batch under ``messages="tasks"``); with ``after``, the next step's ``(ids, labels)``,
         the servers send the chiefs its rows at the end of the last one (``hybrid``, ``ps``).
         Returns each step's mean loss."""
-        error = self._lost_workers_error()
-        if error is not None:
-            raise error
+        self._check_workers()
         plans, graphs, prefetched = self._step_graphs(batches, optimizer, after)
         steps = list(range(self._step + 1, self._step + 1 + len(batches)))
         if self.messages == "posted":
@@ -611,66 +588,10 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
             for losses, (ids, _) in zip(per_step, batches, strict=True)
         ]
 
-    def _gather_graph(self, tasks: dict, outputs: list, what: str) -> list:
-        """Submit ``tasks``, each on its worker, and gather ``outputs`` within ``step_timeout``,
-        looking at the workers every second (a task pinned to a lost worker would be waited for
-        for ever): a lost worker is :meth:`_lost_workers_error`, a gather past the timeout a
-        :class:`StepTimeoutError` of ``what`` naming the workers still at work. The futures are
-        released before this returns or raises (an error's traceback holds this frame)."""
-        with dask.annotate(workers=self._placement, allow_other_workers=False):
-            futures = self.client.get(tasks, outputs, sync=False)
-        try:
-            return run_naming_loss(
-                self.client,
-                self.client.gather(futures, asynchronous=True),
-                self.step_timeout,
-                self._lost_workers_error,
-                poll=1.0,
-                grace=0.0,
-            )
-        except TimeoutError:
-            waiting = [self._placement(f.key)[0] for f in futures if not f.done()]
-            raise self._timeout_error(what, waiting or self.workers) from None
-        finally:
-            for future in futures:
-                future.release()
-
     def _clear_mailboxes(self) -> None:
         """End the waits of a failed step on the workers still present (``"posted"``)."""
-        if self.messages != "posted":
-            return
-        workers = answering_workers(self.client, self.workers)  # a stopped one never answers
-        try:
-            self.client.run(clear_mailbox, token=self.token, workers=workers, on_error="ignore")
-        except Exception:  # noqa: BLE001 - the failed step's error is the one to report
-            pass
-
-    def _lost_workers_error(self) -> WorkerLostError | None:
-        """The error naming every lost worker and what it held, or ``None`` if none is gone."""
-        present = set(scheduler_workers(self.client))
-        lost = [w for w in self.workers if w not in present]
-        if not lost:
-            return None
-        roles = self._worker_roles()
-        details = [f"worker {worker} ({roles[worker]})" for worker in lost]
-        return WorkerLostError(
-            f"lost {', '.join(details)} by step {self._step}; the model's values there are "
-            "gone: close it and start again from a gathered copy"
-        )
-
-    def _lost_while_placed(self) -> WorkerLostError | None:
-        """A :class:`WorkerLostError` naming the workers that left while the model was placed,
-        with their replicas and what they were to hold, or ``None``."""
-
-        def held(lost: list[str]) -> str:
-            names = ["it"] if len(lost) == 1 else lost
-            replicas = [
-                f"{name} was replica {self.workers.index(w)} ({self._held(w)})"
-                for name, w in zip(names, lost, strict=True)
-            ]
-            return f"{', '.join(replicas)}; the model could not be placed"
-
-        return watch_workers(self.client, self.workers, held)()
+        if self.messages == "posted":
+            self._run_on_answering(clear_mailbox, self.workers)
 
     def _steps_per_call(self) -> int:
         return self.n_steps_per_task
@@ -708,9 +629,7 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         share of the windows (:func:`~dasknn.data_parallel._hybrid.build_inference`), the
         messages' bytes added to the predicted traffic."""
         self._check_open()
-        error = self._lost_workers_error()
-        if error is not None:
-            raise error
+        self._check_workers()
         shards = self.shard_maps
         plan = plan_inference(self.spec, self.topology, shards, ids, labels)
         ctx = StepContext(

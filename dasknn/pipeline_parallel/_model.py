@@ -20,7 +20,6 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from numbers import Integral
 
-import dask
 import dask.array as da
 import numpy as np
 import sparse
@@ -50,13 +49,7 @@ from dasknn.runtime.distributed_model import DistributedModel
 from dasknn.runtime.keys import PIPELINE, pipeline_key, postbox_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
 from dasknn.runtime.scatter import scatter_released_if_given_up
-from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT, answering_workers
-from dasknn.runtime.waiting import (
-    GATHER_LOSS_GRACE_SECONDS,
-    gather_watching,
-    run_naming_loss,
-    watch_workers,
-)
+from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT
 from dasknn.runtime.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
 from dasknn.runtime.worker_memory import ReuseFreedMemory
 
@@ -77,11 +70,14 @@ POLL_SECONDS = 0.25
 #: loss: a result cancelled with the worker, a stage that could not reach it (its postbox actor
 #: lost, a closed connection) or was dropped with the step.
 LOSS_ERRORS = (concurrent.futures.CancelledError, RuntimeError, OSError)
+_RECOVERY = (
+    " (a fit call given fit(checkpoint=DIR) restores its last checkpoint and goes on; otherwise "
+    "close the model and start again from a saved copy)"
+)
 #: What a lost stage worker takes with it, said by :class:`WorkerLostError`: during a step, and
 #: while the model's states or records are read.
-LOST_IN_STEP = "the step failed and the weights of those layers are gone"
-LOST_WHILE_READ = "the weights of those layers are gone"
-LOST_WHILE_PLACED = "the model could not be placed (the constructor closed it again)"
+LOST_IN_STEP = "the step failed and the weights of those layers are gone" + _RECOVERY
+LOST_WHILE_READ = "the weights of those layers are gone" + _RECOVERY
 #: Allreduce tokens (one per stage and step with replicas) whose transfer counts are kept on the
 #: scheduler before the model moves them into its own table and forgets them there.
 FOLD_TOKENS = 64
@@ -257,6 +253,10 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
     workers : dict
         ``{(stage, replica): address}``.
     """
+
+    _poll_seconds = POLL_SECONDS
+    _loss_errors = LOSS_ERRORS
+    _lost_outcome = LOST_IN_STEP
 
     def __init__(
         self,
@@ -463,25 +463,12 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
             wanted = graph.loss_keys + graph.update_keys
             if graph.verdict_key is not None:
                 wanted.append(graph.verdict_key)
-            with dask.annotate(
-                workers=graph.placement, allow_other_workers=False, priority=graph.priority
-            ):
-                futures = self.client.get(graph.tasks, wanted, sync=False)
             self._last_keys = [f.key for f in scattered] + list(wanted)
             try:
-                results = gather_watching(
-                    self.client,
-                    futures,
-                    self.workers.values(),
-                    self._held,
-                    POLL_SECONDS,
-                    LOSS_ERRORS,
-                    timeout=max(deadline - time.monotonic(), 0.0),
-                    timed_out=lambda unfinished: self._timeout_error(
-                        "the step did not finish",
-                        [graph.placement(future.key)[0] for future in unfinished],
-                    ),
-                )
+                results = self._gather_graph(
+                    graph.tasks, wanted, "the step did not finish", graph.placement,
+                    graph.priority, max(deadline - time.monotonic(), 0.0),
+                )  # fmt: skip
             except NonFiniteLossError as error:
                 raise self._locate_nonfinite(error) from None
         except StepTimeoutError as error:
@@ -509,30 +496,6 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
             losses = [value for replica in losses for value in replica]
         return float(sum(losses))
 
-    def _held(self, lost: list[str], outcome: str = LOST_IN_STEP) -> str:
-        """What the workers ``lost`` held, for :class:`~dasknn.exceptions.WorkerLostError`:
-        their stage replicas and layers (1-based), and the ``outcome`` (:data:`LOST_IN_STEP`,
-        :data:`LOST_WHILE_READ`, :data:`LOST_WHILE_PLACED`)."""
-        roles = self._worker_roles()
-        held = []
-        for address in sorted(self.workers.values()):
-            if address in lost:
-                where = "it" if len(lost) == 1 else address
-                held.append(f"{where} held {roles[address]}")
-        advice = (
-            ""
-            if outcome == LOST_WHILE_PLACED
-            else " (a fit call given fit(checkpoint=DIR) restores its last checkpoint and goes on; "
-            "otherwise close the model and start again from a saved copy)"
-        )
-        return f"{'; '.join(held)} of the pipeline model; {outcome}{advice}"
-
-    def _watch(self, addresses, outcome: str = LOST_IN_STEP):
-        """The ``lost_error`` of :func:`~dasknn.runtime.waiting.run_naming_loss` for the stage
-        workers ``addresses``: a :class:`WorkerLostError` naming those that left with their
-        stage replicas and the ``outcome`` (see :meth:`_held`), or ``None``."""
-        return watch_workers(self.client, addresses, lambda lost: self._held(lost, outcome))
-
     def _worker_roles(self) -> dict[str, str]:
         """``{address: "stage S of replica D, layers A to B"}`` of every stage worker."""
         roles = {}
@@ -541,33 +504,6 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
             layers = f"layer {b}" if b == a + 1 else f"layers {a + 1} to {b}"
             roles[address] = f"stage {s} of replica {d}, {layers}"
         return roles
-
-    def _lost_while_placed(self) -> WorkerLostError | None:
-        """A :class:`WorkerLostError` naming the stage workers that left while the model was
-        placed, with their stage replicas, or ``None``."""
-        return self._watch(self.workers.values(), LOST_WHILE_PLACED)()
-
-    def _run_on_stages(
-        self, function, addresses: list[str], what: str, outcome: str, **kwargs
-    ) -> dict:
-        """``Client.run(function, **kwargs)`` on the stage workers ``addresses``, within
-        ``step_timeout``, watched as a step is: ``WorkerLostError`` within a poll naming the
-        stage replicas of a worker that left (and the ``outcome``, see :meth:`_held`), also when
-        the call failed because of the loss; :class:`StepTimeoutError` naming those that did not
-        answer, with their state (``what`` did not happen). Every method that waits on the
-        stage workers goes through here."""
-        try:
-            return run_naming_loss(
-                self.client,
-                self.client.run(function, workers=addresses, asynchronous=True, **kwargs),
-                self.step_timeout,
-                self._watch(addresses, outcome),
-                POLL_SECONDS,
-                GATHER_LOSS_GRACE_SECONDS,
-                LOSS_ERRORS,
-            )
-        except TimeoutError:
-            raise self._timeout_error(what, addresses) from None
 
     def _scatter(
         self,
@@ -583,17 +519,9 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         fails with a closed connection, or waits for it), :class:`StepTimeoutError` naming it
         if they are not sent by the deadline (their keys leave the cluster once the worker takes
         them, :func:`~dasknn.runtime.scatter.scatter_released_if_given_up`)."""
-        try:
-            scattered = run_naming_loss(
-                self.client,
-                scatter_released_if_given_up(self.client, values, workers=[address]),
-                max(deadline - time.monotonic(), 0.0),
-                self._watch([address], outcome),
-                POLL_SECONDS,
-                GATHER_LOSS_GRACE_SECONDS,
-            )
-        except TimeoutError:
-            raise self._timeout_error(what, [address]) from None
+        scattering = scatter_released_if_given_up(self.client, values, workers=[address])
+        left = max(deadline - time.monotonic(), 0.0)
+        scattered = self._watched(scattering, [address], what, outcome, left, graced=Exception)
         return list(scattered.values())
 
     def _drop_steps(self, step: int) -> None:
@@ -601,13 +529,8 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         stage waits for its neighbours' messages and posts, which a lost or stopped stage never
         answers; a stopped one's task ends when the model is closed, see
         :meth:`~dasknn.pipeline_parallel._worker_state.StageState.teardown`)."""
-        if self.messages != "posted":
-            return
-        survivors = answering_workers(self.client, self.workers.values())
-        if survivors:
-            self.client.run(
-                ws.drop_steps, token=self.token, step=step, workers=survivors, on_error="ignore"
-            )
+        if self.messages == "posted":
+            self._run_on_answering(ws.drop_steps, self.workers.values(), step=step)
 
     def _locate_nonfinite(self, error: NonFiniteLossError) -> NonFiniteLossError:
         """The last stage's error, naming instead the layer of an earlier stage whose outputs
@@ -616,7 +539,7 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         step = error.step - self._key_offset  # the training step the keys' step stands for
         if not earlier:
             return NonFiniteLossError(step, error.value, error.layer)
-        found = self._run_on_stages(
+        found = self._run_on(
             ws.first_nonfinite_stashed,
             earlier,
             "the earlier stages did not say which outputs are not finite",
@@ -745,7 +668,7 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         if isinstance(d, bool) or not isinstance(d, Integral) or not 0 <= d < self.replicas:
             raise ValueError(f"replica must be an integer in [0, {self.replicas}), got {d!r}")
         addresses = [self.workers[(s, int(d))] for s in range(self.stages)]
-        snapshots = self._run_on_stages(
+        snapshots = self._run_on(
             ws.snapshot_stage,
             addresses,
             "the stages' weights did not arrive",
@@ -823,20 +746,13 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
                     arrays[name] = da.Array(
                         {chunk: future}, key, chunks=chunks, dtype=self._master_dtype, meta=meta
                     )
+        copying = self.client.gather(futures, asynchronous=True)
+        addresses = [self.workers[(s, 0)] for s in range(self.stages)]
         try:
-            run_naming_loss(
-                self.client,
-                self.client.gather(futures, asynchronous=True),
-                self.step_timeout,
-                self._watch(set(self.workers[(s, 0)] for s in range(self.stages)), LOST_WHILE_READ),
-                POLL_SECONDS,
-                GATHER_LOSS_GRACE_SECONDS,
-                LOSS_ERRORS,
-            )
-        except TimeoutError:
+            self._watched(copying, addresses, "the layers' copies were not made", LOST_WHILE_READ)
+        except StepTimeoutError:
             self.client.cancel(futures)
-            addresses = [self.workers[(s, 0)] for s in range(self.stages)]
-            raise self._timeout_error("the layers' copies were not made", addresses) from None
+            raise
         return arrays
 
     def _output_blocks(self, x: np.ndarray, batch_size: int) -> OutputBlocks:
@@ -869,21 +785,10 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
             tasks, outputs, placement = build_inference(
                 self.token, call, self.stages, self.replicas, len(starts), self.workers
             )
-            with dask.annotate(workers=placement, allow_other_workers=False):
-                futures = self.client.get(tasks, outputs, sync=False)
-            blocks = gather_watching(
-                self.client,
-                futures,
-                self.workers.values(),
-                lambda lost: self._held(lost, LOST_WHILE_READ),
-                POLL_SECONDS,
-                LOSS_ERRORS,
-                timeout=max(deadline - time.monotonic(), 0.0),
-                timed_out=lambda unfinished: self._timeout_error(
-                    "the predictions did not arrive",
-                    sorted({placement(future.key)[0] for future in unfinished}),
-                ),
-            )
+            blocks = self._gather_graph(
+                tasks, outputs, "the predictions did not arrive", placement,
+                seconds=max(deadline - time.monotonic(), 0.0), outcome=LOST_WHILE_READ,
+            )  # fmt: skip
         finally:
             for future in scattered:
                 future.release()
@@ -905,7 +810,7 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
             After ``close()``; after a failed step (see ``step_timeout``).
         """
         self._check_open()
-        records = self._run_on_stages(
+        records = self._run_on(
             ws.read_step,
             list(self.workers.values()),
             "the stages' records of the last step did not arrive",
@@ -992,9 +897,7 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
             After ``close()``; after a failed step (see ``step_timeout``).
         """
         self._check_open()
-        lost = self._watch(self.workers.values(), LOST_WHILE_READ)()
-        if lost is not None:
-            raise lost
+        self._check_workers(outcome=LOST_WHILE_READ)
         self._fold_reductions()
         measured: dict[Key, list[int]] = {key: list(v) for key, v in self._reduced.items()}
         flags = [0, 0]

@@ -29,7 +29,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any, Self
 
@@ -57,9 +57,11 @@ from dasknn.runtime.waiting import (
     call_at_most,
     in_thread,
     run_naming_loss,
+    watch_workers,
 )
 
 __all__ = [
+    "PLACEMENT_LOST",
     "PLACEMENT_POLL_SECONDS",
     "PLACEMENT_WHAT",
     "DistributedModel",
@@ -70,6 +72,8 @@ __all__ = [
 PLACEMENT_POLL_SECONDS = 0.25
 #: What did not happen, said by the :class:`StepTimeoutError` of a placement.
 PLACEMENT_WHAT = "the workers did not take the model while it was placed"
+#: What a worker lost while the model is placed takes with it (the end of the error).
+PLACEMENT_LOST = "the model could not be placed"
 
 
 class DistributedModel:
@@ -278,13 +282,137 @@ class DistributedModel:
 
     def _lost_while_placed(self) -> WorkerLostError | None:
         """The error for a worker the model is being placed on that left the cluster, or
-        ``None`` (by default no worker is watched)."""
-        return None
+        ``None``: by default :meth:`_lost_watch` of the workers :meth:`_worker_roles` names
+        (none when it returns ``None``)."""
+        if self._worker_roles() is None:
+            return None
+        return self._lost_watch(outcome=PLACEMENT_LOST)()
 
     def _worker_roles(self) -> dict[str, str] | None:
-        """``{address: what the worker is to the model}`` for the errors that name workers, or
-        ``None`` (by default workers are named by address and state only)."""
+        """``{address: what the worker is to the model}`` of every worker of the model, for the
+        errors that name workers, or ``None`` (workers named by address and state only)."""
         return None
+
+    # ------------------------------------------------------------------ watched waits
+    #: Seconds between two looks at the workers while the model waits for them.
+    _poll_seconds = 1.0
+    #: A call's errors after which a lost worker is looked for during
+    #: :data:`~dasknn.runtime.waiting.GATHER_LOSS_GRACE_SECONDS` (after others: once).
+    _loss_errors: tuple[type[BaseException], ...] = ()
+    #: What a worker lost during a step takes with it (the end of :meth:`_lost_watch`'s error).
+    _lost_outcome = "the model's values there are gone"
+
+    def _lost_watch(
+        self, workers: Iterable[str] | None = None, outcome: str | None = None
+    ) -> Callable[[], WorkerLostError | None]:
+        """The ``lost_error`` of :func:`~dasknn.runtime.waiting.run_naming_loss` for
+        ``workers`` (default: those of :meth:`_worker_roles`): a :class:`WorkerLostError`
+        ``"lost worker A: it held ROLE; OUTCOME"`` naming each one that left the cluster with
+        its role, and ``outcome`` (default :attr:`_lost_outcome`), or ``None``."""
+
+        def held(lost: list[str]) -> str:
+            roles = self._worker_roles() or {}
+            named = "; ".join(
+                f"{'it' if len(lost) == 1 else w} held {roles.get(w, 'part of the model')}"
+                for w in lost
+            )
+            return f"{named}; {outcome or self._lost_outcome}"
+
+        if workers is None:
+            workers = list(self._worker_roles() or ())
+        return watch_workers(self.client, workers, held)
+
+    def _check_workers(self, workers: Iterable[str] | None = None, outcome: str | None = None):
+        """Raise the :class:`WorkerLostError` of :meth:`_lost_watch` if a worker left."""
+        error = self._lost_watch(workers, outcome)()
+        if error is not None:
+            raise error
+
+    def _naming_loss(
+        self, coroutine, workers, outcome: str | None, seconds: float | None, graced=None
+    ) -> Any:
+        """:func:`~dasknn.runtime.waiting.run_naming_loss` of ``coroutine`` within ``seconds``
+        (default ``step_timeout``), watching ``workers`` (:meth:`_lost_watch`) every
+        :attr:`_poll_seconds`, with a grace after the errors ``graced`` (default
+        :attr:`_loss_errors`)."""
+        return run_naming_loss(
+            self.client,
+            coroutine,
+            self.step_timeout if seconds is None else seconds,
+            self._lost_watch(workers, outcome),
+            self._poll_seconds,
+            GATHER_LOSS_GRACE_SECONDS,
+            self._loss_errors if graced is None else graced,
+        )
+
+    def _watched(
+        self, coroutine, workers: Sequence[str], what: str, outcome: str | None = None,
+        seconds: float | None = None, graced=None,
+    ) -> Any:  # fmt: skip
+        """The result of ``coroutine`` (a client call made with ``asynchronous=True``) within
+        ``seconds`` (default ``step_timeout``), looking at ``workers`` every
+        :attr:`_poll_seconds` (``graced``: as for :meth:`_naming_loss`).
+
+        Raises
+        ------
+        WorkerLostError
+            Naming those of ``workers`` that left and ``outcome`` (:meth:`_lost_watch`), also
+            when the call failed because of the loss.
+        StepTimeoutError
+            Naming ``workers`` after the time (``what`` did not happen).
+        Exception
+            The call's own error.
+        """
+        try:
+            return self._naming_loss(coroutine, workers, outcome, seconds, graced)
+        except TimeoutError:
+            raise self._timeout_error(what, workers) from None
+
+    def _run_on(
+        self, function, workers: Sequence[str], what: str, outcome: str | None = None, **kwargs
+    ) -> dict:
+        """``Client.run(function, **kwargs)`` on ``workers``, :meth:`_watched`."""
+        workers = list(workers)
+        running = self.client.run(function, workers=workers, asynchronous=True, **kwargs)
+        return self._watched(running, workers, what, outcome)
+
+    def _gather_graph(
+        self, tasks: dict, outputs: list, what: str, placement=None, priority=None,
+        seconds: float | None = None, outcome: str | None = None,
+    ) -> list:  # fmt: skip
+        """Submit the graph ``tasks``, each task on the worker ``placement(key)[0]`` (default
+        the model's ``_placement``) with ``priority`` if given, and gather ``outputs`` as
+        :meth:`_watched` does over the model's workers; after the time the
+        :class:`StepTimeoutError` names the workers of the unfinished outputs. The futures are
+        released before this returns or raises (an error's traceback holds this frame)."""
+        placement = placement or self._placement
+        annotations = {"workers": placement, "allow_other_workers": False}
+        if priority is not None:
+            annotations["priority"] = priority
+        with dask.annotate(**annotations):
+            futures = self.client.get(tasks, outputs, sync=False)
+        workers = list(self._worker_roles() or ())
+        try:
+            gathering = self.client.gather(futures, asynchronous=True)
+            return self._naming_loss(gathering, workers, outcome, seconds)
+        except TimeoutError:
+            busy = sorted({placement(f.key)[0] for f in futures if not f.done()})
+            raise self._timeout_error(what, busy or workers) from None
+        finally:
+            for future in futures:
+                future.release()
+
+    def _run_on_answering(self, function, workers: Iterable[str], **kwargs) -> None:
+        """``Client.run(function, token=..., **kwargs)`` on those of ``workers`` that answer
+        (a stopped one never does), its errors ignored: ends a failed step's waits there."""
+        answering = answering_workers(self.client, workers)
+        try:
+            if answering:
+                self.client.run(
+                    function, token=self.token, workers=answering, on_error="ignore", **kwargs
+                )
+        except Exception:  # noqa: BLE001, S110 - the failed step's error is the one to report
+            pass
 
     def _unregister(self, plugins: Sequence[str] = ()) -> None:
         """Remove the worker ``plugins`` (others the model registered), the plugin (with the
