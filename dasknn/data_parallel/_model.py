@@ -1,13 +1,7 @@
 """``DistributedEmbeddingMLP``: an :class:`~dasknn.model.EmbeddingMLP` trained data-parallel.
 
-``DistributedEmbeddingMLP(model, client=None, *, architecture="hybrid", sparse_partitions=...,
-machines=None)`` copies a one-process model's values to the workers; the object has the same
-``fit / partial_fit / train_step / predict / predict_proba / score / evaluate / perplexity`` as
-the model, plus ``comm_report``, ``search``, ``search_report``, ``gather``, ``to_dask`` and
-``close``; inference runs on the workers, a pass per ``batch_size`` windows. Every step
-splits the global batch over the workers (contiguous row blocks, uneven when it must be, empty
-when there are more workers than windows) and takes the exact gradient of the global mean loss,
-so a run equals the one-process run step for step.
+Every step splits the global batch over the workers (contiguous row blocks) and takes the exact
+gradient of the global mean loss, so a run equals the one-process run step for step.
 """
 
 from __future__ import annotations
@@ -106,85 +100,60 @@ def _check_count(name: str, value, low: int) -> int:
 class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
     """An embedding MLP trained data-parallel on the workers of a Dask cluster.
 
-    Inference (``predict``, ``predict_proba``, ``decision_function``, ``evaluate``,
-    ``perplexity``, ``score``) runs on the workers, never by gathering the model: one pass per
-    ``batch_size`` windows (default 1024), split over the workers as a training step's batch;
-    under ``hybrid`` and ``ps`` the servers send each machine the embedding rows of its windows
-    (under the sampled softmax also the whole output table, a prediction scoring every class;
-    under ``ps`` also every dense variable) as a step's pull does, measured and predicted in
-    :meth:`comm_report` under the phases ``predict-pull`` and ``predict-from-chief``; under
-    ``ar`` and ``ar-dense`` the workers read their replicas and nothing moves between them.
-    Each worker scores its windows with its replicas of the dense variables, and only the
-    per-window results (a label, or ``n_classes`` probabilities or logits) or one sum a worker
-    (``evaluate``, ``score``) reach the client. Each pass costs a scheduler round trip.
+    It has the model's ``fit``, ``partial_fit``, ``train_step`` and inference methods, plus
+    ``comm_report``, ``search``, ``gather``, ``to_dask``, ``save``/``load`` and ``close``.
+    Inference runs on the workers, one pass (a scheduler round trip) per ``batch_size``
+    windows split as a step's batch; only per-window results or per-worker sums reach the
+    client.
 
     Parameters
     ----------
     model : EmbeddingMLP
-        The one-process model; its values are copied (the model itself is not changed).
+        The one-process model; its values are copied (the model is not changed).
     client : distributed.Client, cluster, JobqueueSpec, str or None
-        Where to run: a client, a cluster object, batch jobs to start, a scheduler address, or
-        ``None`` for a new local cluster on 127.0.0.1; what the model opens it closes in
-        :meth:`close`.
+        Where to run (see :class:`~dasknn.runtime.distributed_model.DistributedModel`); ``None``
+        (the default) starts a local cluster. What the model opens it closes.
     architecture : {"hybrid", "ps", "ar", "ar-dense"}
-        ``"hybrid"``: the embedding on parameter-server shards, dense variables replicated and
-        allreduced; ``"ps"``: every variable on servers; ``"ar"``: everything replicated, the
-        embedding's row gradients allgathered; ``"ar-dense"``: its gradient densified and
-        allreduced.
+        ``"hybrid"`` (the default): embedding on parameter-server shards, dense variables
+        replicated and allreduced; ``"ps"``: every variable on servers; ``"ar"``: everything
+        replicated, row gradients allgathered; ``"ar-dense"``: gradients densified, allreduced.
     sparse_partitions : int or "auto", optional
-        Shards of the embedding (``hybrid``, ``ps``): an integer in ``1..V``, or ``"auto"`` to
-        search for the count at the first training step (see :meth:`search`). Default: one per
-        machine.
+        Shards of the embedding (``hybrid``, ``ps``): ``1..V``, or ``"auto"`` to :meth:`search`
+        at the first step. Default: one per machine.
     shard_rows : {"mod", "div"}
-        How a sparse variable's rows are cut into shards: row ``r`` in shard ``r mod P``, or
-        consecutive blocks.
+        Row ``r`` in shard ``r mod P`` (the default), or consecutive blocks.
     machines : dict, optional
-        ``{worker address: machine name}`` naming every worker of the model: a machine sums its
-        workers' gradients before anything leaves it (local aggregation). Default: one machine
-        per worker.
+        ``{worker address: machine name}`` of every worker: a machine sums its workers'
+        gradients before sending. Default: one machine per worker.
     workers : list of str, optional
         The workers to train on (default: every worker of the cluster).
     search_steps, search_warmup : int
-        Steps timed per shard count by the search, and how many of them are discarded first.
+        Steps timed per shard count by the search (default 6), the first discarded (default 2).
     search_mode : {"model", "brute-force"}
-        The cost-model search, or timing every count from 1 to ``2 N``.
+        The cost-model search (the default), or timing every count from 1 to ``2 N``.
     messages : {"posted", "tasks"}
-        How a step runs. ``"posted"`` (the default): one task per worker runs that worker's part
-        of the step graph and posts each message straight to the receiving worker's postbox
-        actor (:mod:`dasknn.runtime.posted`), so the scheduler sees ``N`` tasks a step.
-        ``"tasks"``: one Dask task per piece of work and message of the step
-        (:mod:`dasknn.data_parallel._hybrid`), every message a task result the scheduler hands
-        on.
+        ``"posted"`` (the default): one task per worker runs its part of the step and posts
+        each message to the receiving worker's postbox (:mod:`dasknn.runtime.posted`);
+        ``"tasks"``: a Dask task per piece of work and message.
     steps_per_task : int, optional
-        ``messages="posted"``: how many consecutive steps of ``fit`` each worker's task runs
-        (one submission and one gather for all of them; the search and ``train_step`` run one
-        step a task). Default :data:`DEFAULT_STEPS_PER_TASK` under ``"posted"``, 1 under
-        ``"tasks"``, which takes no other value.
+        Steps of ``fit`` per task under ``"posted"`` (default
+        :data:`DEFAULT_STEPS_PER_TASK`; 1, the only value, under ``"tasks"``).
     step_timeout : float
-        Seconds a training step (under ``fit``, the ``steps_per_task`` steps of one task
-        together), the reading of the values (``gather``) and each inference pass (``predict``,
-        ``score``, ...), may take before it is a
-        :class:`~dasknn.exceptions.StepTimeoutError` naming the workers it waits for,
-        what they hold and their state (not heard from for N s: stopped or overloaded; paused
-        at the memory limit; running). The step's futures are released, the workers still
-        answering end its waits (``"posted"``), and the model is unusable afterwards. Placing
-        the values (here, all of it together; again for each count the search times) takes at
-        most as long, a worker that leaves meanwhile is a
-        :class:`~dasknn.exceptions.WorkerLostError` within a poll; here what was placed is
-        removed again, after the search the model is unusable. A positive finite number.
+        Seconds a step (under ``fit``, one task's steps), ``gather`` or an inference pass may
+        take before a :class:`~dasknn.exceptions.StepTimeoutError` naming the workers waited
+        for, their roles and state; the model is then unusable. A worker that leaves is a
+        :class:`~dasknn.exceptions.WorkerLostError` within a poll. Placing the values takes at
+        most as long. A positive finite number (default
+        :data:`~dasknn.runtime.step_timeout.DEFAULT_STEP_TIMEOUT`).
     reuse_memory : bool
-        Opt in to :class:`~dasknn.runtime.worker_memory.ReuseFreedMemory` on the workers (under
-        the name ``f"{PLUGIN_NAME}-{token}"``, removed on :meth:`close`), so the buffers a step
-        frees (messages, row and dense gradients, assembled rows) are reused by the next step
-        instead of being returned to the OS and faulted in again (Dask's nanny starts workers
-        with ``MALLOC_TRIM_THRESHOLD_=65536``). A process-wide malloc setting that stays in the
-        worker processes after ``close()``: use it on a cluster of your own. ``False`` (the
-        default) leaves the workers' malloc as it is.
+        Register :class:`~dasknn.runtime.worker_memory.ReuseFreedMemory` (a process-wide malloc
+        setting that stays after ``close()``: use it on a cluster of your own). Default
+        ``False``.
 
     Raises
     ------
     ValueError
-        Before anything is scheduled, for any argument above out of its range.
+        Before anything is scheduled, for any argument out of its range.
     """
 
     def __init__(
@@ -470,10 +439,7 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
 
     def _restore(self, record: EmbeddingRecord) -> None:
         """Place the values, step count and optimizer state of ``record`` (this network) on the
-        workers. A worker that left is replaced by one of the cluster's others (waiting up to
-        ``step_timeout`` for one, as when a nanny restarts it), which takes its number: its
-        replica, shards and served variables; the model's plugin and postboxes are placed
-        anew.
+        workers, a lost worker's place taken by another (:meth:`_replace_lost`).
 
         Raises
         ------
@@ -490,15 +456,7 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         self._step += self._steps_per_call() + 1  # no key of the failed steps is used again
         self._gathered, self._postboxes = None, []
         self._placement = KeyPlacement(self.workers, by_sender(parse_dp_key))
-        self._start_placement()
-        state = ReplicaState(self.token)
-        self._placing(lambda: self.client.register_plugin(state, name=self.plugin_name))
-        try:
-            self._install(model, with_state=True)
-        except Exception as error:
-            self._failed = str(error)
-            raise
-        self._failed = None
+        self._place_anew(ReplicaState(self.token), lambda: self._install(model, with_state=True))
 
     # ------------------------------------------------------------------ steps
     def _plan(self, ids: np.ndarray, labels: np.ndarray, step: int) -> StepPlan:
@@ -665,60 +623,26 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         return np.concatenate(self._infer_pass(ids, None, "logits"), axis=0)
 
     def predict(self, X, batch_size: int = 1024) -> np.ndarray:
-        """The most probable class of each window, int64 (B,), computed on the workers.
-
-        ``batch_size`` windows at a time (one pass each): the pass splits them over the workers
-        as a step splits its batch; the parameter servers send each machine the embedding rows
-        of its windows (under the sampled softmax also the whole output table), as a training
-        step's pull, and each worker scores its windows with its replicas of the dense
-        variables (under ``ps`` pulled from their servers too; under ``ar`` and ``ar-dense``
-        every row is in the worker's replica, and nothing moves between workers). Only the
-        labels come back to the client; the messages between workers are measured and
-        predicted in :meth:`comm_report` (phases ``predict-pull``, ``predict-from-chief``).
-
-        Raises
-        ------
-        ValueError
-            Before anything is scheduled, on malformed windows or ``batch_size``.
-        """
-        ids = check_windows(X, self.spec.vocab_size, self.spec.context)
-        return np.concatenate(self._infer(ids, None, "labels", batch_size))
+        """The most probable class of each window, int64 (B,), computed on the workers
+        ``batch_size`` windows a pass (see the class); ``ValueError`` on malformed input."""
+        return np.concatenate(self._infer(self._windows(X), None, "labels", batch_size))
 
     def predict_proba(self, X, batch_size: int = 1024) -> np.ndarray:
-        """``softmax(z)`` (B, n_classes), computed on the workers as :meth:`predict` (the
-        probabilities come back to the client).
-
-        Raises
-        ------
-        ValueError
-            Before anything is scheduled, on malformed windows or ``batch_size``.
-        """
-        ids = check_windows(X, self.spec.vocab_size, self.spec.context)
-        return np.concatenate(self._infer(ids, None, "proba", batch_size), axis=0)
+        """``softmax(z)`` (B, n_classes), computed on the workers as :meth:`predict`."""
+        return np.concatenate(self._infer(self._windows(X), None, "proba", batch_size), axis=0)
 
     def evaluate(self, X, y, batch_size: int = 1024) -> float:
-        """Mean cross-entropy (nats) of the windows ``X`` with labels ``y``, computed on the
-        workers as :meth:`predict` (each worker returns the sum over its windows); no update.
-
-        Raises
-        ------
-        ValueError
-            Before anything is scheduled, on malformed windows, labels or ``batch_size``.
-        """
+        """Mean cross-entropy (nats) of ``(X, y)``, summed on the workers; no update."""
         ids, labels = self._check_xy(X, y)
         return float(sum(self._infer(ids, labels, "loss", batch_size))) / ids.shape[0]
 
     def score(self, X, y, batch_size: int = 1024) -> float:
-        """Accuracy of :meth:`predict` against ``y``, computed on the workers (each worker
-        returns how many of its windows it predicts right).
-
-        Raises
-        ------
-        ValueError
-            Before anything is scheduled, on malformed windows, labels or ``batch_size``.
-        """
+        """Accuracy of :meth:`predict` against ``y``, counted on the workers."""
         ids, labels = self._check_xy(X, y)
         return sum(self._infer(ids, labels, "correct", batch_size)) / ids.shape[0]
+
+    def _windows(self, X) -> np.ndarray:
+        return check_windows(X, self.spec.vocab_size, self.spec.context)
 
     # ------------------------------------------------------------------ shard-count search
     def _time_steps(self, ids, labels, optimizer) -> float:
@@ -734,12 +658,9 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
     def search(
         self, X, y, optimizer: Optimizer | None = None, mode: str | None = None
     ) -> SearchReport:
-        """Choose the number of shards by timing steps on the batch ``(X, y)``.
-
-        The values before the search are restored afterwards, with the chosen count; the timed
-        steps do not count as training. ``mode`` (default: the model's ``search_mode``) is
-        ``"model"`` (at most 5 counts, see :mod:`dasknn.data_parallel._search`) or
-        ``"brute-force"`` (every count from 1 to ``2 N``).
+        """Choose the number of shards by timing steps on the batch ``(X, y)`` (the values are
+        restored afterwards; the steps do not count as training). ``mode``: ``"model"`` (at most
+        5 counts) or ``"brute-force"`` (1 to ``2 N``); default the model's ``search_mode``.
 
         Raises
         ------
@@ -786,17 +707,11 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
 
     # ------------------------------------------------------------------ reports
     def comm_report(self) -> CommReport:
-        """Bytes and messages measured between workers beside the prediction from the batch ids,
-        keyed by ``(variable, phase, sender, receiver)`` (worker addresses), since the model
-        started or :meth:`reset_comm`. A message of one variable that carries another's bytes
-        (the dense chunks riding the fused sparse messages of ``hybrid``) is measured whole; the
-        carried bytes, fixed by the message's layout, are listed under the other variable with
-        no message of their own (:func:`~dasknn.data_parallel._report.split_carried`), in both
-        tables. ``details`` holds the ``architecture``, every worker's machine (``machine_of``,
-        for :func:`~dasknn.data_parallel._report.machine_total` and
-        :func:`~dasknn.data_parallel._report.machine_bytes`), and per variable the mean fraction
-        of its elements a worker touched per step (``alpha``; ``model_alpha`` size-weighted).
-        """
+        """Measured beside predicted traffic since the start or :meth:`reset_comm`, keyed
+        ``(variable, phase, sender, receiver)``; bytes a message carries for another variable
+        are listed under that one (:func:`~dasknn.data_parallel._report.split_carried`).
+        ``details``: ``architecture``, ``machine_of``, ``alpha`` and ``model_alpha`` (the
+        fraction of each variable a worker touched per step)."""
         self._check_open()
         index = {w: i for i, w in enumerate(self.workers)}
         measured = {
@@ -825,22 +740,17 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
 
     def reset_comm(self) -> None:
         """Zero the measured and predicted counts."""
-        self._check_open()
-        reset_transfers(self.client, self.token)
+        super().reset_comm()
         self.predicted = defaultdict(lambda: [0, 0])
         self.carried = defaultdict(int)
         self.stats = VariableStats(self.variables)
 
     # ------------------------------------------------------------------ parameters
     def to_dask(self) -> dict[str, da.Array]:
-        """The parameters as dask arrays, each chunk copied by a task on the worker that holds
-        it: ``embedding`` (and a sampled softmax's ``softmax`` table) chunked by its
-        parameter-server shards under ``hybrid`` and ``ps`` (shard ``p``'s rows are
-        ``shard_maps[name].rows(p)``, so the rows are in shard order: with ``shard_rows="mod"``
-        not the vocabulary's), one chunk of worker 0's replica otherwise; the dense variables
-        (``dense_{i}``, in the order of ``EmbeddingMLP.dense_variables()``) from worker 0's
-        replica, or from their server under ``ps``. A snapshot: the values of the last step that
-        finished when the chunks are computed."""
+        """The parameters as dask arrays, each chunk copied by a task on its holder (a snapshot
+        when computed): ``embedding`` (and ``softmax``) chunked by shard under ``hybrid`` and
+        ``ps``, rows in shard order (``shard_maps[name].rows(p)``), else worker 0's replica;
+        ``dense_{i}`` (as ``EmbeddingMLP.dense_variables()``) from worker 0 or their server."""
         self._check_open()
         sparse_shapes = self.spec.sparse_shapes()
         out: dict[str, da.Array] = {}

@@ -791,20 +791,18 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         self._layout.futures.clear()
         self._generation += 1
         self._step += 1  # no key of an earlier step or data block is used again
-        self._start_placement()
         self.client.wait_for_workers(1, timeout=self.step_timeout)
         workers = running_workers(self.client, self._leaving)
         if self._chosen is not None:
             workers = [w for w in workers if w in self._chosen]
         self.part_workers = worker_of_parts(workers, self.nparts)
         self._placement = KeyPlacement(self.part_workers, part_of)
-        # the new plugin ends old waits and refuses tasks of earlier steps
-        state = ModelState(self.token, first_step=self._step + 1)
-        self._placing(lambda: self.client.register_plugin(state, name=self.plugin_name))
         _, chunks = build_comm_plan(record.weights, self._parts, self.nparts)
-        self._place_network(chunks, record.biases, self._part_states(record))
+        self._place_anew(  # the new plugin also refuses tasks of earlier steps
+            ModelState(self.token, first_step=self._step + 1),
+            lambda: self._place_network(chunks, record.biases, self._part_states(record)),
+        )
         self.optimizer_ = record.optimizer
-        self._failed = None
 
     _estimator_class = SparseMLP
 

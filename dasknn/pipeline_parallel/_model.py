@@ -1,14 +1,7 @@
-"""Pipeline (inter-layer) and data parallelism of a pruned network on compressed states (SAMO on
-Dask, after AxoNN).
-
-:class:`DistributedCompressedMLP` cuts a :class:`~dasknn.model.CompressedMLP` into ``stages`` runs
-of consecutive layers and places ``replicas`` replicas of every stage on ``stages * replicas``
-workers. A step splits the batch into equal row blocks per replica, each into ``microbatches``
-microbatches that flow through the replica's stages under the ``"gpipe"`` or ``"1f1b"``
-schedule; the compressed gradients accumulate over the microbatches, are summed across replicas by
-an allreduce of the compressed values only, and every replica applies the same update. A step
-equals the one-process step on the whole batch. Predictions run on the workers too: each row
-block through the stages of one replica, the blocks pipelined and shared out over the replicas.
+"""Pipeline and data parallelism of a pruned network on compressed states (SAMO on Dask, after
+AxoNN): :class:`DistributedCompressedMLP` runs ``replicas`` replicas of ``stages`` runs of layers,
+``microbatches`` flowing through each replica's stages; the compressed gradients are summed across
+replicas, so a step equals the one-process step on the whole batch.
 """
 
 from __future__ import annotations
@@ -140,30 +133,23 @@ def balanced_bounds(model: CompressedMLP, stages: int) -> list[tuple[int, int]]:
 
 @dataclass(frozen=True)
 class IdleBreakdown:
-    """A stage replica's idle fraction of a step, ``idle = bubble + imbalance``.
-
-    The span is the step's forward-backward span of the replica (first pass started to last pass
-    ended, over its stages). The pipeline runs at the pace of its busiest stage, so the bubble
-    (fill and drain, ``(S - 1) / (m + S - 1)`` of the span with equal stages, as SAMO and
-    Narayanan et al. count it) is the busiest stage's idle fraction, the same for every stage of
-    the replica; a less busy stage also waits for the busier one, its imbalance.
+    """A stage replica's idle fraction of a step's forward-backward span, ``idle = bubble +
+    imbalance``: the bubble (fill and drain) is the busiest stage's idle fraction, the imbalance
+    the time a stage waits because another is busier.
 
     Attributes
     ----------
     idle : float
         Fraction of the span in which the stage ran no pass.
     bubble : float
-        ``1 - busy_max / span``: the busiest stage's idle fraction.
+        ``1 - busy_max / span``.
     imbalance : float
-        ``(busy_max - busy) / span``: the time this stage waits because another stage is busier.
+        ``(busy_max - busy) / span``.
     busy : float
         Seconds of the stage's passes in the step.
     handover : float
-        Fraction of the span in which the stage idled although the inputs of its next pass were
-        ready: from the later of its previous pass's end and the end of the other stage's pass
-        it reads (the message's source) to the pass's start. Dask's handover: the scheduler's
-        round trip of a chained task, the message's transfer. Part of ``idle``; the rest is
-        waiting for the other stage.
+        Fraction of the span the stage idled with its next pass's inputs ready (Dask's
+        handover: a scheduler round trip, the message's transfer); part of ``idle``.
     """
 
     idle: float
@@ -179,77 +165,56 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
     Parameters
     ----------
     estimator : CompressedMLP
-        The pruned model (its weights, biases, precision, compute and, for fp16, its loss scale
-        and growth interval are copied; its optimizer state is not).
+        The pruned model (its values, precision, compute and fp16 loss scale are copied, not
+        its optimizer state).
     client : distributed.Client, str, Cluster, JobqueueSpec or None
-        Where to run: ``None`` for a new local cluster on 127.0.0.1, a scheduler address, a
-        ``Cluster``, a ``Client`` or a :class:`~dasknn.runtime.jobqueue.JobqueueSpec`; what is
-        opened here is closed with the model.
+        Where to run (see :class:`~dasknn.runtime.distributed_model.DistributedModel`); ``None``
+        (the default) starts a local cluster. What the model opens it closes.
     stages : int
-        Runs of consecutive layers, ``1 <= stages <= n_layers``; cut to balance the estimated
-        cost of a step (:func:`balanced_bounds`).
+        Runs of consecutive layers, ``1 <= stages <= n_layers`` (default 1).
     replicas : int
-        Replicas of every stage (data parallelism across them).
+        Replicas of every stage (default 1).
     microbatches : int
-        Microbatches per replica and step; they must divide the replica's rows.
+        Microbatches per replica and step (default 1); they must divide the replica's rows.
     schedule : {"gpipe", "1f1b"}
     bounds : sequence of (first, stop), optional
-        The layers of each stage, contiguous and covering the network (default:
-        :func:`balanced_bounds`), e.g. to balance stages by measured time.
+        The layers of each stage, contiguous and covering the network (default
+        :func:`balanced_bounds`).
     reuse_memory : bool
-        Opt in to :class:`~dasknn.runtime.worker_memory.ReuseFreedMemory` on the workers, so the
-        passes' freed buffers are reused instead of coming back from the kernel as fresh pages
-        (Dask's ``MALLOC_TRIM_THRESHOLD_`` otherwise returns them at once); process-wide, so
-        off by default.
+        Register :class:`~dasknn.runtime.worker_memory.ReuseFreedMemory` (process-wide; default
+        ``False``).
     pin_cores : bool, optional
-        Bind each stage worker's process, all its threads, to a core of its own
-        (:class:`~dasknn.runtime.affinity.PinCores`: the stage workers of one host take its
-        cores in the order of ``workers``), so the kernel does not move them or put two of them
-        on one core; restored on ``close()``. By default (``None``) on when the model started
-        its own local cluster (``client=None``) and this machine has more cores than stage
-        workers, off otherwise: where the client, the scheduler or other work share the cores,
-        the pinned workers cannot step aside (``docs/benchmarks.md`` gives the measured effect).
+        Bind each stage worker to a core of its own (:class:`~dasknn.runtime.affinity.PinCores`)
+        until ``close()``. Default ``None``: on for a local cluster of the model's own on a
+        machine with more cores than stage workers.
     workers : sequence of str, optional
-        Worker addresses to use (default: the cluster's, sorted); ``stages * replicas`` of them
-        are used, replica ``d``'s stage ``s`` on ``workers[d * stages + s]``.
+        Worker addresses (default: the cluster's, sorted); replica ``d``'s stage ``s`` runs on
+        ``workers[d * stages + s]``.
     messages : {"posted", "tasks"}
-        How a step runs. ``"posted"`` (the default): one task per stage replica runs its passes
-        in the schedule's order and posts each boundary message straight to the receiving
-        worker's postbox actor (:mod:`dasknn.runtime.postbox`), so a pass starts as soon as its
-        message arrived, with no scheduler round trip. ``"tasks"``: a task per pass, each
-        message a task result that the scheduler hands to the receiving pass.
+        ``"posted"`` (the default): one task per stage replica posts each boundary message to
+        the receiving worker's postbox; ``"tasks"``: a task per pass.
     step_timeout : float
-        Seconds a step (``fit``'s batches, ``partial_fit``, ``train_step``), a prediction
-        (``predict``, ``predict_proba``, ``evaluate``, ``score``), the reading of the weights
-        (``replica``, ``gather``, ``to_dask``) and of the last step's records (``step_report``,
-        ``idle_fractions``, ``idle_breakdown``, ``idle_sources``) may take before it is a
-        :class:`~dasknn.exceptions.StepTimeoutError` naming the stage workers it waits for,
-        with their stage, replica and state (not heard from for N s: stopped or overloaded;
-        paused at the memory limit; running). A failed step's data and results are released,
-        the stages still answering drop the step (posted messages), and the model is unusable
-        afterwards (:class:`~dasknn.exceptions.ModelFailedError`). A stage worker that leaves
-        the cluster is a :class:`~dasknn.exceptions.WorkerLostError` within a poll instead
-        (also from ``comm_report``).
+        Seconds a step, a prediction or a read of the workers (``replica``, ``gather``,
+        ``to_dask``, ``step_report``) may take before a
+        :class:`~dasknn.exceptions.StepTimeoutError` naming the stage workers waited for, their
+        roles and state; after a failed step the model is unusable. A stage worker that leaves
+        is a :class:`~dasknn.exceptions.WorkerLostError` within a poll.
 
     Raises
     ------
     ValueError
-        Before anything is installed: bad counts, more stages than layers, ``stages *
-        replicas`` more than the workers, an unknown schedule or ``messages``, a worker named
-        twice or not of the cluster, a ``step_timeout`` that is not a positive finite number of
-        seconds, ``reuse_memory`` not a bool or ``pin_cores`` not a bool or ``None``.
+        Before anything is installed, for an argument out of its range or more stage replicas
+        than workers.
 
     Attributes
     ----------
     n_steps_ : int
-        Training steps taken (numbered from 1; as the one-process model's ``steps_``, a step
-        that raised :class:`~dasknn.exceptions.NonFiniteLossError` counts).
+        Training steps taken (a step that raised
+        :class:`~dasknn.exceptions.NonFiniteLossError` counts).
     optimizer_ : Optimizer or None
-        The optimizer of the last step (``None`` before the first).
-    loss_curve_, batch_loss_curve_ : list of float
-        See :class:`~dasknn.model.estimator.SparseEstimator`.
+        The optimizer of the last step.
     scaler : LossScaler or None
-        fp16's dynamic loss scale (``skipped_steps``: the steps skipped for an overflow).
+        fp16's dynamic loss scale.
     workers : dict
         ``{(stage, replica): address}``.
     """
@@ -355,12 +320,8 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         self._register(ws.StageState(self.token), lambda: self._install(model))
 
     def _install(self, model: CompressedMLP, with_state: bool = False) -> None:
-        """Register the memory and core plugins asked for, install every stage and start the
-        postboxes, each call within what is left of ``step_timeout`` and watched
-        (:meth:`~dasknn.runtime.distributed_model.DistributedModel._placing`); the postboxes are
-        cancelled if starting them fails
-        (:meth:`~dasknn.runtime.distributed_model.DistributedModel._cancelled_if_failed`).
-        With ``with_state`` the stages also take the model's optimizer state."""
+        """Register the plugins asked for, install every stage (``with_state``: with the
+        model's optimizer state) and start the postboxes, within the placement's time."""
         if self.reuse_memory:
             self._add_plugin(ReuseFreedMemory(), REUSE_MEMORY_PLUGIN)
         if self.pin_cores:
@@ -514,21 +475,14 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         what: str = "the step's data did not reach its stage",
     ) -> list:
         """Scatter ``values`` (``{key: array}``) to the stage worker at ``address`` before the
-        ``deadline`` (of ``time.monotonic()``); returns their futures. ``WorkerLostError`` naming
-        its stage replicas if that worker is lost before or while they are sent (the scatter
-        fails with a closed connection, or waits for it), :class:`StepTimeoutError` naming it
-        if they are not sent by the deadline (their keys leave the cluster once the worker takes
-        them, :func:`~dasknn.runtime.scatter.scatter_released_if_given_up`)."""
+        ``deadline`` (``time.monotonic()``), :meth:`_watched`; returns their futures."""
         scattering = scatter_released_if_given_up(self.client, values, workers=[address])
         left = max(deadline - time.monotonic(), 0.0)
         scattered = self._watched(scattering, [address], what, outcome, left, graced=Exception)
         return list(scattered.values())
 
     def _drop_steps(self, step: int) -> None:
-        """End ``step``'s tasks on the stage workers that still answer (with posted messages a
-        stage waits for its neighbours' messages and posts, which a lost or stopped stage never
-        answers; a stopped one's task ends when the model is closed, see
-        :meth:`~dasknn.pipeline_parallel._worker_state.StageState.teardown`)."""
+        """End ``step``'s tasks (waiting for posted messages) on the stage workers that answer."""
         if self.messages == "posted":
             self._run_on_answering(ws.drop_steps, self.workers.values(), step=step)
 
@@ -539,31 +493,24 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         step = error.step - self._key_offset  # the training step the keys' step stands for
         if not earlier:
             return NonFiniteLossError(step, error.value, error.layer)
-        found = self._run_on(
-            ws.first_nonfinite_stashed,
-            earlier,
-            "the earlier stages did not say which outputs are not finite",
-            LOST_IN_STEP,
-            token=self.token,
-            step=error.step,
-        )
+        what = "the earlier stages did not say which outputs are not finite"
+        found = self._run_on(ws.first_nonfinite_stashed, earlier, what, token=self.token,
+                             step=error.step)  # fmt: skip
         layer = min((v for v in found.values() if v is not None), default=error.layer)
         return NonFiniteLossError(step, error.value, min(layer, error.layer))
 
     def train_step(
         self, X, Y, *, lr: float | None = None, optimizer: Optimizer | None = None
     ) -> float:
-        """One step on the batch ``(X, Y)`` (its rows split into ``replicas *
-        microbatches`` equal microbatches); returns the batch's loss before the update.
+        """One step on the batch ``(X, Y)``; returns its loss before the update.
 
         Raises
         ------
         ValueError
-            Before anything is scheduled, for malformed ``X``, ``Y``, ``lr`` or ``optimizer``, or
-            rows that do not split into equal microbatches.
+            Before anything is scheduled, for malformed arguments or rows that do not split
+            into ``replicas * microbatches`` equal microbatches.
         NonFiniteLossError
-            If the loss is not finite (a ``FloatingPointError``), naming the step and the first
-            layer, on whichever stage, whose outputs are not finite.
+            Naming the step and the first layer whose outputs are not finite.
         """
         x, y = self._check_xy(X, Y)
         optimizer = resolve_optimizer(lr, optimizer)
@@ -605,16 +552,8 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         return self.gather()._record()
 
     def _restore(self, record: CompressedRecord) -> None:
-        """Install the values, biases and optimizer state of ``record`` (the same network) on
-        ``stages * replicas`` of the workers there are now (the stage workers still running keep
-        their places), replacing the model's plugin everywhere; its step count and loss scale
-        become the model's.
-
-        Raises
-        ------
-        WorkerLostError
-            If fewer than ``stages * replicas`` workers run within ``step_timeout``.
-        """
+        """Install the values, optimizer state, step count and loss scale of ``record`` (the
+        same network), a lost stage worker's place taken by another (:meth:`_replace_lost`)."""
         self._check_open()
         model = CompressedMLP._from_record(record, "checkpoint")
         self.workers = dict(
@@ -624,13 +563,8 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         self._generation += 1
         self._postboxes = {}
         self._last_keys = []
-        self._start_placement()
-        # a new plugin replaces the old one everywhere, ending what it still waited for
-        state = ws.StageState(self.token)
-        self._placing(lambda: self.client.register_plugin(state, name=self.plugin_name))
-        self._install(model, with_state=True)
+        self._place_anew(ws.StageState(self.token), lambda: self._install(model, with_state=True))
         self._take_counts(model)
-        self._failed = None
 
     def _take_counts(self, model: CompressedMLP) -> None:
         """The step count, loss scale and optimizer of ``model`` become the model's."""
@@ -648,33 +582,23 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
 
     # ------------------------------------------------------------------ results
     def replica(self, d: int = 0) -> CompressedMLP:
-        """The model as held by replica ``d`` (a new one-process :class:`CompressedMLP`), with
-        its optimizer state (once a step was taken), step count and fp16 loss scale, so that
-        training it on in one process, or saving it, goes on from here.
+        """The model as held by replica ``d``: a one-process :class:`CompressedMLP` with its
+        optimizer state, step count and fp16 loss scale, that trains on from here.
 
         Raises
         ------
         ValueError
             If ``d`` is not a replica's number.
-        WorkerLostError
-            Naming a stage worker of the replica that left the cluster, with its stage.
-        StepTimeoutError
-            Naming the stage workers that did not answer within ``step_timeout``, with their
-            state.
-        ModelClosedError, ModelFailedError
-            After ``close()``; after a failed step (see ``step_timeout``).
+        WorkerLostError, StepTimeoutError, ModelClosedError, ModelFailedError
+            See ``step_timeout`` in the class.
         """
         self._check_open()
         if isinstance(d, bool) or not isinstance(d, Integral) or not 0 <= d < self.replicas:
             raise ValueError(f"replica must be an integer in [0, {self.replicas}), got {d!r}")
         addresses = [self.workers[(s, int(d))] for s in range(self.stages)]
-        snapshots = self._run_on(
-            ws.snapshot_stage,
-            addresses,
-            "the stages' weights did not arrive",
-            LOST_WHILE_READ,
-            token=self.token,
-        )
+        what = "the stages' weights did not arrive"
+        snapshots = self._run_on(ws.snapshot_stage, addresses, what, LOST_WHILE_READ,
+                                 token=self.token)  # fmt: skip
         values, indices, biases, states, optimizers = [], [], [], [], []
         for address in addresses:
             held = snapshots[address]
@@ -713,15 +637,10 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         return self.replica(0)
 
     def to_dask(self) -> dict[str, da.Array]:
-        """The parameters as dask arrays: ``weights_{k}`` (``(n_in, n_out)``, one pydata-sparse
-        ``GCXS`` chunk holding the layer's unpruned master values) and ``bias_{k}`` (one numpy
-        chunk) of every layer ``k`` (0-based, as :attr:`CompressedMLP.weights` and ``biases``
-        number them), each chunk a fresh copy made by a task on the worker of the layer's stage
-        in replica 0.
-
-        A snapshot of the last step: the copies are made before this returns, so later steps do
-        not change them. Errors as :meth:`replica`.
-        """
+        """The parameters as dask arrays: ``weights_{k}`` (one ``(n_in, n_out)`` GCXS chunk of
+        the master values) and ``bias_{k}`` of every layer ``k`` (0-based), each chunk a copy
+        made before this returns (a snapshot) by a task on the layer's stage worker of replica
+        0. Errors as :meth:`replica`."""
         self._check_open()
         self._snapshots += 1
         call = self._snapshots
@@ -756,16 +675,9 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         return arrays
 
     def _output_blocks(self, x: np.ndarray, batch_size: int) -> OutputBlocks:
-        """Row-block ``(z_L, a_L)`` of ``x``, ``batch_size`` rows at a time, computed on the
-        workers: each block runs through the stages of one replica (block ``j`` on replica
-        ``j % replicas``), the previous stage's last pre-activations sent to the next as in
-        training (phase ``"predict"`` of :meth:`comm_report`), within ``step_timeout`` in all.
-
-        Raises
-        ------
-        WorkerLostError, StepTimeoutError, ModelClosedError, ModelFailedError
-            As :meth:`replica`.
-        """
+        """Row blocks ``(z_L, a_L)`` of ``x``, ``batch_size`` rows each, block ``j`` through
+        the stages of replica ``j % replicas``, within ``step_timeout`` in all (errors as
+        :meth:`replica`)."""
         self._check_open()
         deadline = time.monotonic() + self.step_timeout
         self._inference_calls += 1
@@ -798,26 +710,11 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
 
     def step_report(self) -> dict:
         """The passes of the last step per stage replica: ``{(s, d): {"events": [(kind, u,
-        start, end)], "peak": most microbatches held at once}}``.
-
-        Raises
-        ------
-        WorkerLostError
-            Naming a stage worker that left the cluster.
-        StepTimeoutError
-            Naming the stage workers that did not answer within ``step_timeout``.
-        ModelClosedError, ModelFailedError
-            After ``close()``; after a failed step (see ``step_timeout``).
-        """
+        start, end)], "peak": most microbatches held at once}}`` (errors as :meth:`replica`)."""
         self._check_open()
-        records = self._run_on(
-            ws.read_step,
-            list(self.workers.values()),
-            "the stages' records of the last step did not arrive",
-            LOST_WHILE_READ,
-            token=self.token,
-            step=self.n_steps_ + self._key_offset,
-        )
+        what = "the stages' records of the last step did not arrive"
+        records = self._run_on(ws.read_step, self.workers.values(), what, LOST_WHILE_READ,
+                               token=self.token, step=self.n_steps_ + self._key_offset)  # fmt: skip
         return {where: records[address] for where, address in self.workers.items()}
 
     def idle_fractions(self) -> dict[tuple[int, int], float]:
@@ -864,38 +761,14 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         return out
 
     def comm_report(self) -> CommReport:
-        """Bytes and messages between the workers since the model started or :meth:`reset_comm`,
-        measured (by the transfer monitor, on the scheduler: read without waiting on the stage
-        workers) beside the formulas.
-
-        Keys ``(what, phase, sender, receiver)``:
-
-        - ``(layer, "forward" | "backward", sender, receiver)``: training's messages across
-          the stage boundary after ``layer`` (1-based): that layer's pre-activations
-          (forward) and their deltas (backward); predicted per boundary and phase summed over
-          the workers, ``rows n_b s`` bytes (``rows`` the rows trained, ``n_b`` the
-          boundary's width, ``s`` the activations' item size) in ``m D`` messages a step;
-        - ``(layer, "predict", sender, receiver)``: the same boundary's pre-activations of
-          ``predict``/``score``'s row blocks, ``rows n_b s`` bytes in one message a block;
-        - ``("gradients", "allreduce", sender, receiver)``: the compressed gradients summed
-          across the replicas, ``2 (D - 1) (nnz + biases) s_g`` bytes (``s_g`` the storage
-          item size) in ``2 S D (D - 1)`` messages a step.
-
-        ``steps`` counts the training steps; ``details`` holds the stages, replicas,
-        microbatches, the rows trained and predicted, the row blocks predicted and the fp16
-        overflow flags the stage replicas exchanged (``flag_bytes``, ``flag_messages``: a
-        Python bool each, whose size Dask measures by its value, so not in the tables). A step
-        that raised :class:`~dasknn.exceptions.NonFiniteLossError` moved part of its messages:
-        they are counted and not predicted.
-
-        Raises
-        ------
-        WorkerLostError
-            Naming a stage worker that left the cluster (the model cannot go on, and the counts
-            of a step it failed in are incomplete).
-        ModelClosedError, ModelFailedError
-            After ``close()``; after a failed step (see ``step_timeout``).
-        """
+        """Measured beside predicted traffic since the start or :meth:`reset_comm`, keyed
+        ``(what, phase, sender, receiver)``: ``(layer, "forward" | "backward" | "predict")``
+        across the stage boundary after ``layer`` (``rows n_b s`` bytes in ``m D`` messages a
+        step, one a predicted block) and ``("gradients", "allreduce")`` across replicas
+        (``2 (D - 1) (nnz + biases) s_g`` bytes in ``2 S D (D - 1)`` messages a step).
+        ``details``: stages, replicas, microbatches, rows, blocks and the fp16 overflow flags
+        (``flag_bytes``, ``flag_messages``). A lost stage worker is a
+        :class:`~dasknn.exceptions.WorkerLostError`."""
         self._check_open()
         self._check_workers(outcome=LOST_WHILE_READ)
         self._fold_reductions()

@@ -165,6 +165,20 @@ class DistributedModel:
             self.close()
             raise
 
+    def _place_anew(self, plugin, place: Callable[[], None]) -> None:
+        """Start a placement, register ``plugin`` in the place of the model's own on every
+        worker (which ends what the old one still waited for) and call ``place()``, within
+        ``step_timeout``; the model is usable again afterwards, unusable (:attr:`_failed`) if
+        this fails."""
+        self._start_placement()
+        try:
+            self._placing(lambda: self.client.register_plugin(plugin, name=self.plugin_name))
+            place()
+        except Exception as error:
+            self._failed = str(error)
+            raise
+        self._failed = None
+
     def _start_placement(self) -> None:
         """Start a placement: the :meth:`_placing` calls that follow take at most
         ``step_timeout`` from now, all together (:meth:`_register` starts the constructor's;
