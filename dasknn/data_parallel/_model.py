@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from functools import partial
-from numbers import Integral
 
 import dask.array as da
 import numpy as np
@@ -44,7 +43,7 @@ from dasknn.model.embedding_persistence import (
     spec_identity,
 )
 from dasknn.model.sampled_softmax import sample_candidates
-from dasknn.model.validation import check_batch_size
+from dasknn.model.validation import check_batch_size, check_count
 from dasknn.model.window_estimator import WindowEstimator, check_windows
 from dasknn.optim import SGD, Optimizer, OptimizerSlots, ParamState
 from dasknn.runtime.comm_report import CommReport, counts_of
@@ -89,12 +88,6 @@ def _same_rows(a: StepPlan, b: StepPlan) -> bool:
         for name in a.machines
         for x, y in zip(a.machines[name], b.machines[name], strict=True)
     )
-
-
-def _check_count(name: str, value, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-    return int(value)
 
 
 class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
@@ -192,14 +185,14 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         self.messages = messages
         if steps_per_task is None:
             steps_per_task = DEFAULT_STEPS_PER_TASK if messages == "posted" else 1
-        self.n_steps_per_task = _check_count("steps_per_task", steps_per_task, 1)
+        self.n_steps_per_task = check_count("steps_per_task", steps_per_task)
         if messages == "tasks" and self.n_steps_per_task != 1:
             raise ValueError(
                 f'steps_per_task must be 1 under messages="tasks" (one graph a step), '
                 f"got {steps_per_task!r}"
             )
-        self.search_steps = _check_count("search_steps", search_steps, 1)
-        self.search_warmup = _check_count("search_warmup", search_warmup, 0)
+        self.search_steps = check_count("search_steps", search_steps)
+        self.search_warmup = check_count("search_warmup", search_warmup, 0)
         if self.search_steps <= self.search_warmup:
             raise ValueError(
                 f"search_steps ({search_steps}) must exceed the discarded warm-up steps "

@@ -29,6 +29,7 @@ from dasknn.model.compressed_persistence import (
     compressed_identity,
 )
 from dasknn.model.estimator import OutputBlocks, SparseEstimator
+from dasknn.model.validation import check_count
 from dasknn.optim import Optimizer, resolve_optimizer
 from dasknn.pipeline_parallel import _worker_state as ws
 from dasknn.pipeline_parallel._plan import layer_costs, split_stages
@@ -78,12 +79,6 @@ FOLD_TOKENS = 64
 SETTLE_POLL_SECONDS = 0.005
 #: ``what`` of the allreduce's rows in :meth:`DistributedCompressedMLP.comm_report`.
 GRADIENTS = "gradients"
-
-
-def _count(name: str, value, low: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-    return int(value)
 
 
 def _check_bounds(bounds, stages: int, n_layers: int) -> list[tuple[int, int]]:
@@ -242,9 +237,9 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         model = estimator
         if not isinstance(model, CompressedMLP):
             raise ValueError(f"estimator must be a CompressedMLP, got {type(model).__name__}")
-        self.stages = _count("stages", stages)
-        self.replicas = _count("replicas", replicas)
-        self.microbatches = _count("microbatches", microbatches)
+        self.stages = check_count("stages", stages)
+        self.replicas = check_count("replicas", replicas)
+        self.microbatches = check_count("microbatches", microbatches)
         self.schedule = check_schedule(schedule)
         if messages not in ("posted", "tasks"):
             raise ValueError(f"messages must be 'posted' or 'tasks', got {messages!r}")
