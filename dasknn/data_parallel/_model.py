@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from functools import partial
 
 import dask.array as da
 import numpy as np
@@ -204,8 +203,7 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         self.architecture = architecture
         self.shard_rows = shard_rows
         self.search_mode = search_mode
-        self._connect(client, step_timeout)
-        try:
+        with self._connecting(client, step_timeout):
             self.workers = sorted(self._use_workers(workers))
             self.topology = _topology(self.workers, machines)
             rows = self._max_shards()
@@ -215,9 +213,6 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
             else:  # checks the count
                 ShardMap(rows, sparse_partitions, len(self.workers), shard_rows)
                 self.n_shards = int(sparse_partitions)
-        except BaseException:
-            self.close()
-            raise
         self.plugin_name = ReplicaState.plugin_name(self.token)
         self.dense_servers = {
             name: index % len(self.workers) for index, name in enumerate(self.spec.dense_names())
@@ -285,14 +280,8 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
 
     def _place_again(self, model: EmbeddingMLP, n_shards: int, with_state: bool = False) -> None:
         """:meth:`_place` after the constructor (the search, a restored checkpoint), within
-        ``step_timeout`` of its own; if it fails, the workers hold the values in part and the
-        model is unusable."""
-        self._start_placement()
-        try:
-            self._place(model, n_shards, with_state)
-        except Exception as error:
-            self._failed = str(error)
-            raise
+        ``step_timeout`` of its own; if it fails, the model is unusable."""
+        self._place_anew(None, lambda: self._place(model, n_shards, with_state))
 
     def _place(self, model: EmbeddingMLP, n_shards: int, with_state: bool = False) -> None:
         """Copy ``model``'s values to the workers with ``n_shards`` shards (fresh optimizer
@@ -331,18 +320,9 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
                     piece = ParamState(full[name].step, arrays)
                     mine["shards"][(name, p)] = (model.optimizer, piece)
         for worker, (replicas, shards, served) in payload.items():
-            self._placing(
-                partial(
-                    self.client.run,
-                    install_values,
-                    token=self.token,
-                    replicas=replicas,
-                    shards=shards,
-                    served=served,
-                    states=held_states[worker] if full else None,
-                    workers=[worker],
-                )
-            )
+            states = held_states[worker] if full else None
+            self._install_on(worker, install_values, replicas=replicas, shards=shards,
+                             served=served, states=states)  # fmt: skip
         self.optimizer_ = model.optimizer if full else None
         self._prefetched = None
         self._version += 1

@@ -93,9 +93,8 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
     model : SparseMLP
         The network; its weights are copied to the workers (the model is not changed).
     client : distributed.Client, cluster, JobqueueSpec, str or None
-        A client, a running cluster object, a :class:`~dasknn.runtime.jobqueue.JobqueueSpec`, a
-        scheduler address, or ``None`` (the default) for a new local cluster; what the model
-        opens it closes in :meth:`close`. Every later argument is keyword-only.
+        Where to run (see :class:`~dasknn.runtime.distributed_model.DistributedModel`); ``None``
+        (the default) starts a local cluster. What the model opens it closes.
     partition : graph.NetworkPartition, sequence of L + 1 int arrays, or None
         ``parts[k][j]`` is the part owning neuron ``j`` of layer ``k`` (``k = 0``: inputs).
         ``None`` (the default): ``graph.partition_network(model.weights, nparts)``, one part per
@@ -129,23 +128,10 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         Renumbering and per-layer communication plan.
     part_workers : list of str
         Worker address of every part.
-    plugin_name : str
-        Name of the model's :class:`~dasknn.model_parallel._worker_state.ModelState` worker plugin.
     optimizer_ : Optimizer or None
         The optimizer of the last training step (its state lives on the workers).
     n_steps_ : int
-        Training steps done by this object (``fit``, ``partial_fit``, ``train_step``).
-    loss_curve_ : list of float
-        Per epoch of :meth:`fit` / :meth:`partial_fit` on this object, the mean batch loss.
-    batch_loss_curve_ : list of float
-        Per batch of the training calls made with ``record_batches=True``, its loss.
-
-    Notes
-    -----
-    The model holds plugins and keys on the cluster until :meth:`close` (or the end of a
-    ``with`` block); afterwards every call is a :class:`~dasknn.exceptions.ModelClosedError`.
-    After a failed step every call is a :class:`~dasknn.exceptions.ModelFailedError` until
-    ``fit(..., resume=CHECKPOINT)``; ``fit(..., checkpoint=DIR)`` does that after a lost worker.
+        Training steps done by this object.
     """
 
     _watching_retirements = False  # whether the model holds the retirement watch
@@ -434,28 +420,9 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
     def train_step(
         self, X, Y, *, lr: float | None = None, optimizer: Optimizer | None = None
     ) -> float:
-        """One training step on the batch ``(X, Y)``, updating every part on its worker.
-
-        Parameters
-        ----------
-        X : array-like (B, n_0)
-        Y : array-like (B, n_L), or integer labels (B,) for softmax cross-entropy
-        lr : float, optional
-            Learning rate of plain SGD (default 0.01); not together with ``optimizer``.
-        optimizer : dasknn.optim.Optimizer, optional
-            ``SGD``, ``Adam`` or ``AdamW``; its state lives on the workers, kept while later
-            steps use an equal optimizer.
-
-        Returns
-        -------
-        float
-            The loss of the batch before the update.
-
-        Raises
-        ------
-        ValueError
-            Before anything is scheduled, if ``X``, ``Y``, ``lr`` or ``optimizer`` are malformed.
-        """
+        """One training step on the batch ``(X, Y)`` as :meth:`SparseMLP.train_step`, every part
+        updated on its worker (the optimizer state lives there); returns the loss before the
+        update. ``ValueError`` before anything is scheduled on malformed arguments."""
         x, y = self._check_xy(X, Y)
         optimizer = resolve_optimizer(lr, optimizer)
         x_blocks = self._scatter_blocks("x", x, 0)

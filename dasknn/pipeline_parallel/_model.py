@@ -257,17 +257,13 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         if bounds is None:
             bounds = balanced_bounds(model, self.stages)
         self.bounds = _check_bounds(bounds, self.stages, model.n_layers)
-        self._connect(client, step_timeout)
-        try:
+        with self._connecting(client, step_timeout):
             available = self._use_workers(workers)
             needed = self.stages * self.replicas
             if needed > len(available):
                 raise ValueError(
                     f"stages * replicas = {needed} workers needed, {len(available)} available"
                 )
-        except BaseException:
-            self.close()  # what _connect opened
-            raise
         if self.pin_cores is None:
             self.pin_cores = pin_by_default(self._own_cluster, needed)
         self.loss = model.loss
@@ -345,11 +341,7 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
             held = [layers[k].optimizer_state for k in range(a, b)]
             if with_state and model.optimizer is not None and None not in held:
                 spec["optimizer"], spec["optimizer_state"] = model.optimizer, held
-            self._placing(
-                lambda spec=spec, address=address: self.client.run(
-                    ws.install_stage, token=self.token, spec=spec, workers=[address]
-                )
-            )
+            self._install_on(address, ws.install_stage, spec=spec)
         if self.messages == "posted":
             boxes = self._start_postboxes(
                 {

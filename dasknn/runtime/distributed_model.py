@@ -105,6 +105,16 @@ class DistributedModel:
         self.token = new_token()
         self._plugins: list[str] = []  # the worker plugins registered besides the model's own
 
+    @contextmanager
+    def _connecting(self, client, step_timeout: float) -> Iterator[None]:
+        """:meth:`_connect`, then the block; if the block raises, what was opened is closed."""
+        self._connect(client, step_timeout)
+        try:
+            yield
+        except BaseException:
+            self.close()
+            raise
+
     def _use_workers(self, workers: Sequence[str] | None) -> list[str]:
         """The workers the model runs on: ``workers`` (checked: known to the scheduler, no
         repeats) or, when ``None``, every worker of the cluster, sorted.
@@ -166,13 +176,15 @@ class DistributedModel:
             raise
 
     def _place_anew(self, plugin, place: Callable[[], None]) -> None:
-        """Start a placement, register ``plugin`` in the place of the model's own on every
-        worker (which ends what the old one still waited for) and call ``place()``, within
+        """Start a placement, register ``plugin`` (unless ``None``) in the place of the model's
+        own on every worker (which ends what the old one still waited for) and call ``place()``,
+        within
         ``step_timeout``; the model is usable again afterwards, unusable (:attr:`_failed`) if
         this fails."""
         self._start_placement()
         try:
-            self._placing(lambda: self.client.register_plugin(plugin, name=self.plugin_name))
+            if plugin is not None:
+                self._placing(lambda: self.client.register_plugin(plugin, name=self.plugin_name))
             place()
         except Exception as error:
             self._failed = str(error)
@@ -214,6 +226,13 @@ class DistributedModel:
             )
         except TimeoutError:
             raise self._placement_timed_out() from None
+
+    def _install_on(self, worker: str, function, **kwargs) -> None:
+        """``Client.run(function, token=..., **kwargs)`` on ``worker`` within the placement's
+        time (:meth:`_placing`)."""
+        self._placing(
+            lambda: self.client.run(function, token=self.token, workers=[worker], **kwargs)
+        )
 
     def _add_plugin(self, plugin, kind: str) -> None:
         """Register the worker ``plugin`` under ``f"{kind}-{token}"`` (again, when the model is
