@@ -213,7 +213,6 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
             else:  # checks the count
                 ShardMap(rows, sparse_partitions, len(self.workers), shard_rows)
                 self.n_shards = int(sparse_partitions)
-        self.plugin_name = ReplicaState.plugin_name(self.token)
         self.dense_servers = {
             name: index % len(self.workers) for index, name in enumerate(self.spec.dense_names())
         }
@@ -221,9 +220,6 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         self.stats = VariableStats(self.variables)
         self.predicted: dict = defaultdict(lambda: [0, 0])
         self.carried: dict = defaultdict(int)
-        self.optimizer_: Optimizer | None = None
-        self.loss_curve_: list[float] = []
-        self.batch_loss_curve_: list[float] = []
         self._search: SearchReport | None = None
         self._step = 0
         self.n_steps_ = model.n_steps_
@@ -233,7 +229,6 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         self._generation = 0  # placements after a lost worker (the postboxes' keys)
         self._gathered: tuple[int, EmbeddingMLP] | None = None
         self._placement = KeyPlacement(self.workers, by_sender(parse_dp_key))
-        self._postboxes: list = []
         self._register(ReplicaState(self.token), lambda: self._install(model))
 
     # ------------------------------------------------------------------ basics
@@ -257,9 +252,6 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
             name: ShardMap(shape[0], self.n_shards, len(self.workers), self.shard_rows)
             for name, shape in self.spec.sparse_shapes().items()
         }
-
-    def _before_close(self) -> None:
-        self._postboxes.clear()
 
     # ------------------------------------------------------------------ placement
     def _install(self, model: EmbeddingMLP, with_state: bool = False) -> None:

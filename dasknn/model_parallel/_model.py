@@ -204,22 +204,16 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         self._generation = 0  # placements of the network so far, less one
         self.plan, self._chunks = build_comm_plan(model.weights, parts, nparts)
         self.part_workers = worker_of_parts(workers, nparts)
-        self.plugin_name = ModelState.plugin_name(self.token)
         self._layout: Layout | None = None
         self._snapshot: Snapshot | None = None
         self._templates: dict = {}
-        self._postboxes: list = []
         self._separate_packing = False
         self._step = 0
-        self.n_steps_ = 0
         self._reset_step = 0
         #: Batches since the last reset by (rows, backward, microbatches), for the comm report.
         self._batches: Counter[tuple[int, bool, int]] = Counter()
         self._placement = KeyPlacement(self.part_workers, part_of)
         self._priority = StepPriority(self.token, self.plan.n_layers)
-        self.optimizer_: Optimizer | None = None
-        self.loss_curve_: list[float] = []
-        self.batch_loss_curve_: list[float] = []
         self._leaving: set[str] = set()  # workers asked to leave while the model was placed
         self._next_check = 0.0  # when a finished step looks next at its workers (monotonic)
 
@@ -784,9 +778,9 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
     def _before_close(self) -> None:
         """Release the retirement watch and the client's references to arrays, templates and
         postboxes."""
+        super()._before_close()
         self._snapshot = None
         self._templates.clear()
-        self._postboxes.clear()
         if self._layout is not None:
             self._layout.futures.clear()
             self._layout = None

@@ -281,7 +281,6 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
             for s in range(self.stages)
             for d in range(self.replicas)
         }
-        self.plugin_name = ws.StageState.plugin_name(self.token)
         self._nnz = model.nnz
         self._network = compressed_identity(model._record())
         self._master_dtype = model.stack.layers[0].master.dtype
@@ -292,7 +291,6 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
             )
             for a, b in self.bounds
         ]
-        self.n_steps_ = 0
         self._key_offset = 0  # added to n_steps_ in a step's keys: no key is used twice
         self._generation = 0  # placements of the model (the postboxes' keys)
         self._inference_calls = 0  # predictions made (their keys' number)
@@ -303,11 +301,8 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         self._comm_blocks = self._comm_predicted_rows = 0
         self._reduce_tokens: list[str] = []
         self._reduced: dict[Key, list[int]] = {}
-        self.optimizer_: Optimizer | None = None
         self._last_keys: list = []  # the last step's keys the client held
         self._postboxes: dict = {}
-        self.loss_curve_: list[float] = []
-        self.batch_loss_curve_: list[float] = []
         self._register(ws.StageState(self.token), lambda: self._install(model))
 
     def _install(self, model: CompressedMLP, with_state: bool = False) -> None:
@@ -354,7 +349,7 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
     # ------------------------------------------------------------------ life
     def _before_close(self) -> None:
         """Release the postboxes and forget the allreduce counts still on the scheduler."""
-        self._postboxes.clear()
+        super()._before_close()
         tokens, self._reduce_tokens = self._reduce_tokens, []
         for token in tokens:
             reset_transfers(self.client, token)

@@ -104,6 +104,11 @@ class DistributedModel:
         self.client = open_client(self._opened, client)
         self.token = new_token()
         self._plugins: list[str] = []  # the worker plugins registered besides the model's own
+        self._postboxes: list | dict = []  # the model's postbox actors, released on close
+        self.optimizer_ = None  # the optimizer of the last training step
+        self.n_steps_ = 0
+        self.loss_curve_: list[float] = []
+        self.batch_loss_curve_: list[float] = []
 
     @contextmanager
     def _connecting(self, client, step_timeout: float) -> Iterator[None]:
@@ -140,10 +145,12 @@ class DistributedModel:
 
     def _register(self, plugin, place: Callable[[], None]) -> None:
         """Install the transfer monitor and the key-cache bound, register ``plugin`` on every
-        worker under ``plugin_name``, then call ``place()``, all within ``step_timeout``
+        worker under its name (the model's ``plugin_name``), then call ``place()``, all within
+        ``step_timeout``
         (``place`` makes its calls to the workers through :meth:`_placing`); if one of them
         fails, what was installed is removed again, waiting for the workers at most
         ``step_timeout`` (:meth:`close`, or :func:`unregister_within` before the plugin)."""
+        self.plugin_name = plugin.name
         self._start_placement()
         # What to remove if a step fails: an installation that did not finish is on the
         # scheduler already, so each is counted from the moment it is asked for.
@@ -482,7 +489,8 @@ class DistributedModel:
 
     def _before_close(self) -> None:
         """Release what the model holds besides its plugin (called once by :meth:`close`
-        before the plugins are removed)."""
+        before the plugins are removed): by default its postbox actors."""
+        self._postboxes.clear()
 
     def _extra_plugins(self) -> Sequence[str]:
         """The worker plugins the model registered besides its own (:meth:`_add_plugin`),
