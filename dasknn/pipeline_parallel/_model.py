@@ -707,12 +707,8 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
     def idle_breakdown(self) -> dict[tuple[int, int], IdleBreakdown]:
         """Per stage replica, its idle fraction in the last step split into the pipeline bubble
         and the stage imbalance (see :class:`IdleBreakdown`)."""
-        report = self.step_report()
         out = {}
-        for d in range(self.replicas):
-            passes = {
-                s: [e for e in report[(s, d)]["events"] if e[0] in "FB"] for s in range(self.stages)
-            }
+        for d, passes in enumerate(self._passes()):
             begin = min(e[2] for events in passes.values() for e in events)
             end = max(e[3] for events in passes.values() for e in events)
             busy = {s: sum(e[3] - e[2] for e in events) for s, events in passes.items()}
@@ -732,15 +728,19 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         """Per stage replica, its idle fraction in the last step split into the schedule's
         formula, the stages' unequal mean passes, the passes' variation and the handover, against
         the ideal timeline of the schedule (see :mod:`dasknn.pipeline_parallel._timeline`)."""
-        report = self.step_report()
         out = {}
-        for d in range(self.replicas):
-            passes = {
-                s: [e for e in report[(s, d)]["events"] if e[0] in "FB"] for s in range(self.stages)
-            }
+        for d, passes in enumerate(self._passes()):
             for s, sources in idle_sources(passes, self.schedule, self.microbatches).items():
                 out[(s, d)] = sources
         return out
+
+    def _passes(self) -> list[dict]:
+        """Per replica, ``{stage: its forward and backward passes in the last step}``."""
+        report = self.step_report()
+        return [
+            {s: [e for e in report[(s, d)]["events"] if e[0] in "FB"] for s in range(self.stages)}
+            for d in range(self.replicas)
+        ]
 
     def comm_report(self) -> CommReport:
         """Measured beside predicted traffic since the start or :meth:`reset_comm`, keyed
