@@ -79,10 +79,14 @@ PLACEMENT_LOST = "the model could not be placed"
 class DistributedModel:
     """Base of a distributed model that owns one worker plugin per worker.
 
-    A subclass calls :meth:`_connect` first in its constructor (client, token, step timeout),
-    then :meth:`_register` with its plugin and the function that places its values; it
-    implements :meth:`comm_report` and :meth:`gather`, and may extend :meth:`_before_close`
-    (what to release before the plugins go), :meth:`_worker_roles` and :meth:`_failed_advice`.
+    A subclass calls :meth:`_connect` (or :meth:`_connecting`) first in its constructor
+    (client, token, step timeout, fitted attributes), then :meth:`_register` with its plugin and
+    the function that places its values; it implements :meth:`comm_report`, :meth:`gather`,
+    :meth:`_worker_roles` (every worker's role: the errors and the watched waits name them)
+    and, to be loaded, sets ``_estimator_class`` and implements ``_record``/``_restore``
+    (:class:`~dasknn.model.checkpoint.Checkpointed`); it may extend :meth:`_before_close` and
+    :meth:`_failed_advice`, and set :attr:`_poll_seconds`, :attr:`_loss_errors` and
+    :attr:`_lost_outcome`.
     """
 
     client: Any
