@@ -226,7 +226,6 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         #: The plan of the step whose rows the last step prefetched.
         self._prefetched = None
         self._version = 0
-        self._generation = 0  # placements after a lost worker (the postboxes' keys)
         self._gathered: tuple[int, EmbeddingMLP] | None = None
         self._placement = KeyPlacement(self.workers, by_sender(parse_dp_key))
         self._register(ReplicaState(self.token), lambda: self._install(model))
@@ -417,9 +416,8 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         if workers == self.workers:
             self._place_again(model, self.n_shards, with_state=True)
             return
-        self._generation += 1
         self._step += self._steps_per_call() + 1  # no key of the failed steps is used again
-        self._gathered, self._postboxes = None, []
+        self._gathered = None
         self._placement = KeyPlacement(self.workers, by_sender(parse_dp_key))
         self._place_anew(ReplicaState(self.token), lambda: self._install(model, with_state=True))
 

@@ -201,7 +201,6 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         self._pattern = [(w.shape, w.indptr.copy(), w.indices.copy()) for w in model.weights]
         self._pattern_digest = pattern_digest(self._pattern)
         self._entries: list[list[np.ndarray]] | None = None
-        self._generation = 0  # placements of the network so far, less one
         self.plan, self._chunks = build_comm_plan(model.weights, parts, nparts)
         self.part_workers = worker_of_parts(workers, nparts)
         self._layout: Layout | None = None
@@ -748,9 +747,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
             raise ModelClosedError(f"this {type(self).__name__} is closed")
         self._snapshot = None
         self._templates.clear()
-        self._postboxes = []
         self._layout.futures.clear()
-        self._generation += 1
         self._step += 1  # no key of an earlier step or data block is used again
         self.client.wait_for_workers(1, timeout=self.step_timeout)
         workers = running_workers(self.client, self._leaving)

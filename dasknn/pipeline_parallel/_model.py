@@ -292,7 +292,6 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
             for a, b in self.bounds
         ]
         self._key_offset = 0  # added to n_steps_ in a step's keys: no key is used twice
-        self._generation = 0  # placements of the model (the postboxes' keys)
         self._inference_calls = 0  # predictions made (their keys' number)
         self._snapshots = 0  # to_dask calls (their keys' number)
         # the traffic since the start or reset_comm: steps and rows trained, row blocks and rows
@@ -542,8 +541,6 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
             zip(self.workers, self._replace_lost(list(self.workers.values())), strict=True)
         )
         self._key_offset += self.n_steps_ - record.steps + 1
-        self._generation += 1
-        self._postboxes = {}
         self._last_keys = []
         self._place_anew(ws.StageState(self.token), lambda: self._install(model, with_state=True))
         self._take_counts(model)

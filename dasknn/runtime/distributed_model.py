@@ -109,6 +109,7 @@ class DistributedModel:
         self.token = new_token()
         self._plugins: list[str] = []  # the worker plugins registered besides the model's own
         self._postboxes: list | dict = []  # the model's postbox actors, released on close
+        self._generation = 0  # placements anew (_place_anew), part of the postboxes' keys
         self.optimizer_ = None  # the optimizer of the last training step
         self.n_steps_ = 0
         self.loss_curve_: list[float] = []
@@ -187,11 +188,14 @@ class DistributedModel:
             raise
 
     def _place_anew(self, plugin, place: Callable[[], None]) -> None:
-        """Start a placement, register ``plugin`` (unless ``None``) in the place of the model's
-        own on every worker (which ends what the old one still waited for) and call ``place()``,
-        within
+        """Start a placement, register ``plugin`` (unless ``None``; then also a new generation
+        and no postbox) in the place of the model's own on every worker (which ends what the old
+        one still waited for) and call ``place()``, within
         ``step_timeout``; the model is usable again afterwards, unusable (:attr:`_failed`) if
         this fails."""
+        if plugin is not None:
+            self._generation += 1
+            self._postboxes = type(self._postboxes)()
         self._start_placement()
         try:
             if plugin is not None:
