@@ -369,24 +369,19 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         deadline = time.monotonic() + self.step_timeout
         self.n_steps_ += 1
         step, last = self.n_steps_ + self._key_offset, self.stages - 1
-        data = {}
+        by_worker: dict[str, dict] = {}
         for d in range(self.replicas):
             for u in range(self.microbatches):
                 lo = (d * self.microbatches + u) * rows
-                xt = np.ascontiguousarray(x[lo : lo + rows].T)
-                data[(pipeline_key(self.token, "x", step, 0, d, u), (0, d))] = xt
                 # the targets feature-major, as the last stage's activations: transposed once
-                data[(pipeline_key(self.token, "y", step, last, d, u), (last, d))] = (
-                    np.ascontiguousarray(y[lo : lo + rows].T)
-                )
-        by_worker: dict[str, dict] = {}
-        for (key, where), value in data.items():
-            by_worker.setdefault(self.workers[where], {})[key] = value
+                for name, s, values in (("x", 0, x), ("y", last, y)):
+                    key = pipeline_key(self.token, name, step, s, d, u)
+                    held = by_worker.setdefault(self.workers[(s, d)], {})
+                    held[key] = np.ascontiguousarray(values[lo : lo + rows].T)
         scattered: list = []
         graph = None
         try:
-            for address, values in by_worker.items():
-                scattered += self._scatter(values, address, deadline)
+            scattered = self._scatter(by_worker, deadline)
             graph = build_step(
                 self.token,
                 step,
@@ -448,19 +443,24 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         return roles
 
     def _scatter(
-        self,
-        values: dict,
-        address: str,
-        deadline: float,
-        outcome: str = LOST_IN_STEP,
+        self, by_worker: dict, deadline: float, outcome: str = LOST_IN_STEP,
         what: str = "the step's data did not reach its stage",
-    ) -> list:
-        """Scatter ``values`` (``{key: array}``) to the stage worker at ``address`` before the
-        ``deadline`` (``time.monotonic()``), :meth:`_watched`; returns their futures."""
-        scattering = scatter_released_if_given_up(self.client, values, workers=[address])
-        left = max(deadline - time.monotonic(), 0.0)
-        scattered = self._watched(scattering, [address], what, outcome, left, graced=Exception)
-        return list(scattered.values())
+    ) -> list:  # fmt: skip
+        """Scatter ``by_worker`` (``{address: {key: array}}``) to the stage workers, one after
+        the other, before the ``deadline`` (``time.monotonic()``), :meth:`_watched`; returns the
+        futures (released here if one scatter fails)."""
+        scattered: list = []
+        try:
+            for address, values in by_worker.items():
+                scattering = scatter_released_if_given_up(self.client, values, workers=[address])
+                left = max(deadline - time.monotonic(), 0.0)
+                held = self._watched(scattering, [address], what, outcome, left, graced=Exception)
+                scattered += held.values()
+        except BaseException:
+            for future in scattered:
+                future.release()
+            raise
+        return scattered
 
     def _drop_steps(self, step: int) -> None:
         """End ``step``'s tasks (waiting for posted messages) on the stage workers that answer."""
@@ -669,10 +669,8 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
             by_worker.setdefault(self.workers[(0, j % self.replicas)], {})[key] = block
         scattered: list = []
         try:
-            for address, values in by_worker.items():
-                scattered += self._scatter(
-                    values, address, deadline, LOST_WHILE_READ, "the rows did not reach stage 0"
-                )
+            what = "the rows did not reach stage 0"
+            scattered = self._scatter(by_worker, deadline, LOST_WHILE_READ, what)
             tasks, outputs, placement = build_inference(
                 self.token, call, self.stages, self.replicas, len(starts), self.workers
             )
