@@ -128,23 +128,30 @@ def balanced_bounds(model: CompressedMLP, stages: int) -> list[tuple[int, int]]:
 
 @dataclass(frozen=True)
 class IdleBreakdown:
-    """A stage replica's idle fraction of a step's forward-backward span, ``idle = bubble +
-    imbalance``: the bubble (fill and drain) is the busiest stage's idle fraction, the imbalance
-    the time a stage waits because another is busier.
+    """A stage replica's idle fraction of a step, ``idle = bubble + imbalance``.
+
+    The span is the step's forward-backward span of the replica (first pass started to last pass
+    ended, over its stages). The pipeline runs at the pace of its busiest stage, so the bubble
+    (fill and drain, ``(S - 1) / (m + S - 1)`` of the span with equal stages, as SAMO and
+    Narayanan et al. count it) is the busiest stage's idle fraction, the same for every stage of
+    the replica; a less busy stage also waits for the busier one, its imbalance.
 
     Attributes
     ----------
     idle : float
         Fraction of the span in which the stage ran no pass.
     bubble : float
-        ``1 - busy_max / span``.
+        ``1 - busy_max / span``: the busiest stage's idle fraction.
     imbalance : float
-        ``(busy_max - busy) / span``.
+        ``(busy_max - busy) / span``: the time this stage waits because another stage is busier.
     busy : float
         Seconds of the stage's passes in the step.
     handover : float
-        Fraction of the span the stage idled with its next pass's inputs ready (Dask's
-        handover: a scheduler round trip, the message's transfer); part of ``idle``.
+        Fraction of the span in which the stage idled although the inputs of its next pass were
+        ready: from the later of its previous pass's end and the end of the other stage's pass
+        it reads (the message's source) to the pass's start. Dask's handover: the scheduler's
+        round trip of a chained task, the message's transfer. Part of ``idle``; the rest is
+        waiting for the other stage.
     """
 
     idle: float
