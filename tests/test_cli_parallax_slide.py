@@ -66,6 +66,26 @@ def test_slide_trains_and_reports_the_measured_bytes(dask_client, tmp_path, caps
     assert "epoch 1/1" in text and "(equal)" in text
 
 
+def test_slide_checkpoints_and_resumes_its_run(dask_client, tmp_path, capsys):
+    run = tmp_path / "run"
+    argv = [*SLIDE, "--epochs", "2", "--checkpoint-dir", str(run), "--checkpoint-every", "4"]
+    whole, _ = _run(argv, dask_client, tmp_path, capsys)
+    assert [p.name for p in run.iterdir()] == ["checkpoint-000000012.npz"]
+    assert stats_epochs(whole) == [1, 2] and whole["steps"] == 12
+    resumed, text = _run([*SLIDE, "--epochs", "2", "--resume", str(run)], dask_client, tmp_path,
+                         capsys)  # fmt: skip
+    assert resumed["steps"] == 12 and resumed["epochs"] == whole["epochs"]
+    assert "epoch 2/2: loss" in text and "held-out P@1" in text
+    code = main([*SLIDE, "--epochs", "3", "--resume", str(run), "--scheduler",
+                 dask_client.scheduler.address])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "schedule_steps" in err and err.count("\n") == 1
+
+
+def stats_epochs(stats: dict) -> list[int]:
+    return [e["epoch"] for e in stats["epochs"]]
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -79,6 +99,8 @@ def test_slide_trains_and_reports_the_measured_bytes(dask_client, tmp_path, caps
         ([*SLIDE, "--held-out", "400"], "--held-out 400 leaves no training row"),
         ([*SLIDE, "--xmc", "/nonexistent.txt"], "no such file"),
         ([*SLIDE, "--step-timeout", "0"], "--step-timeout must be a finite number of seconds"),
+        ([*SLIDE, "--checkpoint-every", "0"], "--checkpoint-every must be at least 1"),
+        ([*SLIDE, "--resume", "/nonexistent"], "--resume '/nonexistent' does not exist"),
     ],
 )
 def test_bad_options_exit_2_with_one_line_before_any_work(argv, message, tmp_path, capsys):

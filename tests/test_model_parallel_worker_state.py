@@ -172,24 +172,24 @@ def _take_with_idle_work(token: str) -> dict:
     owner = ModelState.on_worker(token)
     ran: list[str] = []
     seen = {}
-    owner.queue_idle(ran.append, "first")
+    owner.mailbox.queue_idle(ran.append, "first")
     owner.deliver(("ready",), np.zeros(1))
     seen["ready"] = (owner.take(("ready",), timeout=30).tolist(), list(ran))
     # the message is missing: the queued jobs run, in order, then the task thread waits
-    owner.queue_idle(ran.append, "second")
+    owner.mailbox.queue_idle(ran.append, "second")
     timer = threading.Timer(0.2, owner.deliver, args=(("late",), np.ones(2)))
     timer.start()
     seen["late"] = (owner.take(("late",), timeout=30).tolist(), list(ran))
     timer.join()
     # a job that delivers the message ends the idle work: the next job stays queued
-    owner.queue_idle(owner.deliver, ("during",), np.full(3, 2.0))
-    owner.queue_idle(ran.append, "third")
+    owner.mailbox.queue_idle(owner.deliver, ("during",), np.full(3, 2.0))
+    owner.mailbox.queue_idle(ran.append, "third")
     seen["during"] = (owner.take(("during",), timeout=30).tolist(), list(ran))
-    owner.run_idle()
+    owner.mailbox.run_idle()
     seen["run_idle"] = list(ran)
-    owner.queue_idle(ran.append, "dropped")
+    owner.mailbox.queue_idle(ran.append, "dropped")
     owner.clear_steps()
-    owner.run_idle()
+    owner.mailbox.run_idle()
     seen["cleared"] = list(ran)
     return seen
 

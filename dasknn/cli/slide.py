@@ -1,7 +1,8 @@
 """``dasknn slide``: LSH-sampled training of an extreme-classification network across a Dask
 cluster (D-SLIDE), one shard of the output layer and one block of the hidden layer a worker:
 loss per epoch, held-out precision@1 and @5, the bytes measured between workers beside the
-prediction (also as JSON)."""
+prediction (also as JSON); checkpoints, resume and the recovery of a lost worker with
+``--checkpoint-dir`` / ``--resume``."""
 
 from __future__ import annotations
 
@@ -17,8 +18,11 @@ from dasknn.cli.cluster_options import (
     open_cluster,
 )
 from dasknn.cli.training_options import (
+    add_checkpoint_arguments,
     add_training_arguments,
+    check_checkpoint_options,
     check_training_options,
+    checkpoint_options,
     optimizer_from_args,
 )
 from dasknn.datasets import make_extreme_classification, read_xmc
@@ -60,6 +64,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     model.add_argument("--k", type=int, default=6, help="hash bits a table")
     model.add_argument("--tables", type=int, default=20, help="hash tables")
     add_training_arguments(parser, batch_size=256, lr=1e-3, optimizer="adam")
+    add_checkpoint_arguments(
+        parser,
+        "one fit call trains every epoch (its learning rate decaying over all of them) and "
+        "scores the held-out rows after the last; a lost worker's shard and hidden block are",
+    )
     add_distributed_arguments(parser, 2, "a step may go without finishing")
     parser.set_defaults(func=run)
 
@@ -74,6 +83,7 @@ def _check(args: argparse.Namespace) -> None:
     if not 0 < args.active_fraction <= 1:
         raise ValueError(f"--active-fraction must lie in (0, 1], got {args.active_fraction}")
     check_training_options(args)
+    check_checkpoint_options(args)
     check_distributed_options(args)
     if args.xmc is not None and not args.xmc.is_file():
         raise FileNotFoundError(f"--xmc {args.xmc}: no such file")
@@ -91,6 +101,22 @@ def _data(args: argparse.Namespace):
         n_samples=args.samples, n_features=args.features, n_labels=args.labels, seed=args.seed
     )
     return problem.X, problem.Y, problem
+
+
+def _epoch_line(dist, epoch: int, epochs: int, loss: float, X_held, Y_held, score: bool) -> dict:
+    """Print the line of an epoch (with the held-out precision@1 and @5 if ``score``); returns
+    its statistics."""
+    line = {"epoch": epoch + 1, "loss": loss}
+    text = f"epoch {epoch + 1}/{epochs}: loss {loss:.6g}"
+    if score:
+        line["held_out_precision_at_1"] = dist.precision_at_k(X_held, Y_held, k=1)
+        line["held_out_precision_at_5"] = dist.precision_at_k(X_held, Y_held, k=5)
+        text += (
+            f", held-out P@1 {line['held_out_precision_at_1']:.4f}, "
+            f"P@5 {line['held_out_precision_at_5']:.4f}"
+        )
+    print(text, flush=True)
+    return line
 
 
 def run(args: argparse.Namespace) -> int:
@@ -118,24 +144,23 @@ def run(args: argparse.Namespace) -> int:
         )
         optimizer = optimizer_from_args(args)
         start = time.perf_counter()
-        for epoch in range(args.epochs):
+        checkpoints = checkpoint_options(args)
+        if any(value is not None for value in checkpoints.values()):
             dist.fit(
-                X_train, Y_train, batch_size=args.batch_size, epochs=1, optimizer=optimizer,
-                seed=args.seed, progress=args.progress,
+                X_train, Y_train, batch_size=args.batch_size, epochs=args.epochs,
+                optimizer=optimizer, seed=args.seed, progress=args.progress, **checkpoints,
             )  # fmt: skip
-            line = {
-                "epoch": epoch + 1,
-                "loss": dist.loss_curve_[-1],
-                "held_out_precision_at_1": dist.precision_at_k(X_held, Y_held, k=1),
-                "held_out_precision_at_5": dist.precision_at_k(X_held, Y_held, k=5),
-            }
-            epochs.append(line)
-            print(
-                f"epoch {epoch + 1}/{args.epochs}: loss {line['loss']:.6g}, held-out P@1 "
-                f"{line['held_out_precision_at_1']:.4f}, P@5 "
-                f"{line['held_out_precision_at_5']:.4f}",
-                flush=True,
-            )
+            for epoch, loss in enumerate(dist.loss_curve_):
+                last = epoch == len(dist.loss_curve_) - 1
+                epochs.append(_epoch_line(dist, epoch, args.epochs, loss, X_held, Y_held, last))
+        else:  # a fit call an epoch
+            for epoch in range(args.epochs):
+                dist.fit(
+                    X_train, Y_train, batch_size=args.batch_size, epochs=1, optimizer=optimizer,
+                    seed=args.seed, progress=args.progress,
+                )  # fmt: skip
+                loss = dist.loss_curve_[-1]
+                epochs.append(_epoch_line(dist, epoch, args.epochs, loss, X_held, Y_held, True))
         seconds = time.perf_counter() - start
         steps = dist.n_steps_
         report = dist.comm_report()

@@ -34,10 +34,7 @@ class Topology:
         return [m[0] for m in self.machines]
 
     def machine_of(self, worker: int) -> int:
-        for index, members in enumerate(self.machines):
-            if worker in members:
-                return index
-        raise KeyError(worker)
+        return next(k for k, members in enumerate(self.machines) if worker in members)
 
 
 @dataclass(frozen=True)
@@ -95,9 +92,12 @@ class StepPlan:
     batches: list[WorkerBatch]
     machines: dict
 
-    def worker_ids(self, variable: str) -> list[np.ndarray]:
-        """Per worker, its distinct rows of ``variable``."""
-        return [batch.ids[variable] for batch in self.batches]
+
+def _blocks(topology: Topology, ids: np.ndarray):
+    """Per worker, its row block of ``ids`` (``numpy.array_split``), the distinct embedding rows
+    of its windows and the position of each id among them."""
+    for block in np.array_split(np.arange(ids.shape[0]), topology.n_workers):
+        yield (block, *unique_rows(ids[block]))
 
 
 def plan_step(
@@ -123,17 +123,14 @@ def plan_step(
         The step's candidate classes (sampled softmax).
     architecture : str
     """
-    blocks = np.array_split(np.arange(ids.shape[0]), topology.n_workers)
     global_ids = None
     if architecture == "ar-dense":
         global_ids = {EMBEDDING: unique_rows(ids)[0]}
         if spec.sampled:
             global_ids[SOFTMAX] = np.unique(np.concatenate([labels, candidates]))
     batches = []
-    for block in blocks:
-        unique, inverse = unique_rows(ids[block])
-        rows = {EMBEDDING: unique}
-        output = None
+    for block, unique, inverse in _blocks(topology, ids):
+        rows, output = {EMBEDDING: unique}, None
         if spec.sampled:
             output = sampled_output(labels[block], candidates, spec.n_classes, spec.sampler)
             rows[SOFTMAX] = output.classes
@@ -142,30 +139,14 @@ def plan_step(
 
 
 def plan_inference(
-    spec: EmbeddingSpec,
-    topology: Topology,
-    shards: dict | None,
-    ids: np.ndarray,
-    labels: np.ndarray | None,
+    spec: EmbeddingSpec, topology: Topology, shards: dict | None, ids: np.ndarray, labels
 ) -> StepPlan:
-    """Split windows to score over the workers as :func:`plan_step` splits a batch, and plan the
-    rows each worker reads: its windows' distinct embedding rows and, under the sampled softmax,
-    every row of the output table (a prediction scores every class); a worker with no window
-    reads none.
-
-    Parameters
-    ----------
-    spec : EmbeddingSpec
-    topology : Topology
-    shards : dict or None
-        ``{variable: ShardMap}`` of the sparse variables on parameter servers.
-    ids : int64 array (B, c)
-    labels : int64 array (B,) or None
-        The windows' labels, when the pass needs them (a loss or an accuracy).
-    """
+    """Split windows over the workers as :func:`plan_step` does; a worker reads its windows'
+    distinct embedding rows and, under the sampled softmax, the whole output table (none
+    without a window). ``labels`` (B,): the windows' labels, or ``None`` when the pass needs
+    none; the other parameters as for :func:`plan_step`."""
     batches = []
-    for block in np.array_split(np.arange(ids.shape[0]), topology.n_workers):
-        unique, inverse = unique_rows(ids[block])
+    for block, unique, inverse in _blocks(topology, ids):
         rows = {EMBEDDING: unique}
         if spec.sampled:
             rows[SOFTMAX] = np.arange(spec.n_classes if len(block) else 0, dtype=np.int64)

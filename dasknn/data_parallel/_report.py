@@ -14,13 +14,11 @@ def split_carried(table: dict, carried: dict) -> dict:
     out = dict(table)
     for (*message, other), nbytes in carried.items():
         message = tuple(message)
-        if message not in out:
-            continue
-        total, messages = out[message]
-        out[message] = (total - nbytes, messages)
-        rider = (other, *message[1:])
-        rider_bytes, rider_messages = out.get(rider, (0, 0))
-        out[rider] = (rider_bytes + nbytes, rider_messages)
+        if message in out:
+            total, messages = out[message]
+            out[message] = (total - nbytes, messages)
+            rider_bytes, rider_messages = out.get((other, *message[1:]), (0, 0))
+            out[(other, *message[1:])] = (rider_bytes + nbytes, rider_messages)
     return out
 
 

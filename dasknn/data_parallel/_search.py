@@ -1,7 +1,5 @@
-"""The shard count from step times fitted to ``t(P) = t0 + t1 / P + t2 * P`` (Parallax, 3.2).
-
-See docs/data_parallel.md (The number of shards).
-"""
+"""The shard count from step times fitted to ``t(P) = t0 + t1 / P + t2 * P`` (Parallax, 3.2; see
+docs/data_parallel.md, The number of shards)."""
 
 from __future__ import annotations
 
@@ -10,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["SearchReport", "balanced", "brute_force", "choose", "fit_cost", "search_partitions"]
+__all__ = ["SearchReport", "balanced", "brute_force", "search_partitions"]
 
 
 @dataclass(frozen=True)
@@ -26,6 +24,7 @@ class SearchReport:
     theta : tuple of float or None
         ``(t0, t1, t2)`` of the fit (``None`` with fewer than three samples or brute force).
     choice : int
+        The chosen count.
     """
 
     mode: str
@@ -36,9 +35,7 @@ class SearchReport:
     def __str__(self) -> str:
         lines = [f"shard-count search ({self.mode}): {len(self.samples)} samples"]
         for p, seconds in self.samples:
-            fitted = ""
-            if self.theta is not None:
-                fitted = f"  fit {1e3 * _cost(self.theta, p):.2f} ms"
+            fitted = "" if self.theta is None else f"  fit {1e3 * _cost(self.theta, p):.2f} ms"
             lines.append(f"  P = {p:5d}: {1e3 * seconds:.2f} ms/step{fitted}")
         if self.theta is not None:
             t0, t1, t2 = self.theta
@@ -51,7 +48,7 @@ def _cost(theta, p):
     return theta[0] + theta[1] / p + theta[2] * p
 
 
-def fit_cost(samples: Sequence[tuple[int, float]]) -> tuple[float, float, float]:
+def _fit(samples: Sequence[tuple[int, float]]) -> tuple[float, float, float]:
     """Least-squares ``(t0, t1, t2)`` of ``t = t0 + t1 / P + t2 P`` (needs 3 distinct P)."""
     p = np.array([s[0] for s in samples], dtype=float)
     t = np.array([s[1] for s in samples], dtype=float)
@@ -65,15 +62,11 @@ def balanced(p: int, servers: int) -> bool:
     return p <= servers or p % servers == 0
 
 
-def choose(
-    theta: tuple[float, float, float], low: int, high: int, servers: int | None = None
-) -> int:
+def _choose(theta: tuple, low: int, high: int, servers: int | None) -> int:
     """The integer ``P`` in ``[low, high]`` minimising the fitted cost (the smallest on ties); with
     ``servers``, only :func:`balanced` counts (``low`` at most ``servers``)."""
-    candidates = np.arange(low, high + 1)
-    if servers is not None:
-        candidates = candidates[[balanced(int(p), servers) for p in candidates]]
-    return int(candidates[np.argmin(_cost(theta, candidates.astype(float)))])
+    candidates = [p for p in range(low, high + 1) if servers is None or balanced(p, servers)]
+    return candidates[int(np.argmin(_cost(theta, np.array(candidates, dtype=float))))]
 
 
 def search_partitions(
@@ -94,38 +87,33 @@ def search_partitions(
         First count (the number of machines), at most ``max_partitions``.
     max_partitions : int
         Largest count allowed (the rows of the sparse variable).
-    max_samples : int
+    max_samples : int, default 5
         Counts timed at most (>= 1).
     servers : int, optional
         Workers the shards are spread over (``p mod servers``), at least ``start``: the choice is
-        then a balanced count.
+        then a :func:`balanced` count.
     """
-    samples: dict[int, float] = {}
-
-    def sample(p: int) -> float:
-        samples[p] = measure(p)
-        return samples[p]
-
-    best = sample(start)
+    samples = {start: measure(start)}
     p = start * 2
-    while p <= max_partitions and len(samples) < max_samples:
-        t = sample(p)
-        if t >= best:
+    while p <= max_partitions and len(samples) < max_samples:  # doubling while it gets faster
+        samples[p] = measure(p)
+        if samples[p] >= samples[p // 2]:
             break
-        best, p = t, p * 2
+        p *= 2
     p = start // 2
-    while p >= 1 and len(samples) < max_samples:
-        t = sample(p)
-        if t >= min(v for q, v in samples.items() if q != p):
+    while p >= 1 and len(samples) < max_samples:  # halving while faster than every other
+        samples[p] = measure(p)
+        if samples[p] >= min(v for q, v in samples.items() if q != p):
             break
         p //= 2
     ordered = list(samples.items())
     if len(samples) < 3:
         eligible = [p for p in samples if servers is None or balanced(p, servers)]
         return SearchReport("model", ordered, None, min(eligible, key=samples.get))
-    theta = fit_cost(ordered)
-    choice = choose(theta, min(samples), max(samples), servers)
-    return SearchReport("model", ordered, theta, choice)
+    theta = _fit(ordered)
+    return SearchReport(
+        "model", ordered, theta, _choose(theta, min(samples), max(samples), servers)
+    )
 
 
 def brute_force(measure: Callable[[int], float], candidates: Sequence[int]) -> SearchReport:

@@ -1,8 +1,6 @@
-"""Row shards of the sparse variable: which shard holds a row, and which worker holds a shard.
-
-``"mod"`` puts row ``r`` in shard ``r mod P`` (offset ``r // P``); ``"div"`` cuts consecutive
-blocks as :func:`numpy.array_split`. Shard ``p`` lives on worker ``p mod N``.
-"""
+"""Row shards of a sparse variable: ``"mod"`` puts row ``r`` in shard ``r mod P`` (offset
+``r // P``), ``"div"`` cuts consecutive blocks as :func:`numpy.array_split`; shard ``p`` lives on
+worker ``p mod N``."""
 
 from __future__ import annotations
 
@@ -25,7 +23,7 @@ class ShardMap:
     Parameters
     ----------
     n_rows, n_shards, n_workers : int
-    strategy : {"mod", "div"}
+    strategy : {"mod", "div"}, default "mod"
 
     Raises
     ------

@@ -1,7 +1,7 @@
-"""The tasks of a data-parallel step and of an inference pass, as
-:mod:`dasknn.data_parallel._hybrid` wires them. An inference pass has a negative step number; its
-scratch (the rows it pulled) stays until the next pass's :func:`infer` or the next step's
-:func:`compute`.
+"""The tasks of a data-parallel step and of an inference pass, as :mod:`._hybrid` wires them.
+
+A task keeps what later tasks of its step read in the worker's scratch of the step; an inference
+pass (a negative step) keeps its own until the next pass or the next step.
 """
 
 from __future__ import annotations
@@ -16,22 +16,18 @@ from dasknn.model.embedding_network import (
     EMBEDDING,
     SOFTMAX,
     EmbeddingSpec,
-    apply_dense,
-    apply_rows,
-    batch_gradients,
     batch_logits,
-    sampled_batch_gradients,
+    gradients,
 )
 from dasknn.model.losses import softmax
 from dasknn.optim import Optimizer
 
-__all__ = ["DENSE", "EMBEDDING", "OUTPUTS", "SOFTMAX", "SPARSE", "StepContext"]
+__all__ = ["DENSE", "OUTPUTS", "SPARSE", "StepContext"]
 
 #: The fused buffer of every dense variable's gradient (allreduced at once).
 DENSE = "dense"
 #: The fused messages between a server and a chief: every sparse variable's rows of its shards.
 SPARSE = "sparse"
-
 #: What an inference pass returns (:func:`infer`).
 OUTPUTS = ("logits", "proba", "labels", "loss", "correct")
 
@@ -41,21 +37,10 @@ Parts = list[tuple[str, int]]
 
 @dataclass(frozen=True)
 class StepContext:
-    """What every task of one step needs to know.
-
-    Attributes
-    ----------
-    token : str
-    step : int
-    spec : EmbeddingSpec
-    architecture : str
-        ``"hybrid"``, ``"ps"``, ``"ar"`` or ``"ar-dense"``.
-    optimizer : Optimizer
-    denominator : int
-        Windows of the global batch.
-    shards : dict or None
-        ``{sparse variable: ShardMap}`` (``hybrid`` and ``ps``).
-    """
+    """What every task of one step needs to know: the model's ``token``, the ``step``, the
+    ``spec``, the ``architecture`` (one of :data:`~._hybrid.ARCHITECTURES`), the ``optimizer``,
+    the ``denominator`` (windows of the global batch) and the ``shards`` (``{sparse variable:
+    ShardMap}`` under ``hybrid`` and ``ps``, else ``None``)."""
 
     token: str
     step: int
@@ -71,32 +56,28 @@ def _scratch(ctx: StepContext, variable: str | None = None) -> dict:
     return scratch if variable is None else scratch.setdefault(variable, {})
 
 
-# ------------------------------------------------------------------ every worker
-def _forget_earlier_steps(ctx: StepContext) -> None:
-    """Drop the scratch of the steps before ``ctx.step`` (every task of them has run)."""
+def _forget(ctx: StepContext, ended) -> None:
+    """Drop the scratch of the steps ``s`` for which ``ended(s)`` (every task of them ran)."""
     scratch = ReplicaState.on_worker(ctx.token).scratch
-    for step in [s for s in scratch if s < ctx.step]:
+    for step in [s for s in scratch if ended(s)]:
         del scratch[step]
 
 
-def _dense_values(ctx: StepContext, pulled: tuple) -> list[np.ndarray]:
-    if ctx.architecture == "ps":
-        return list(pulled)
-    state = ReplicaState.on_worker(ctx.token)
-    return [state.replicas[name].values for name in ctx.spec.dense_names()]
-
-
+# ------------------------------------------------------------------ every worker
 def _inputs(ctx: StepContext, batch: WorkerBatch, values: tuple) -> tuple[dict, list]:
-    """``({sparse variable: the rows batch reads}, [dense values])`` from the arguments
-    ``values`` of :func:`compute` or :func:`infer` (see :func:`compute`)."""
+    """``({sparse variable: the rows batch reads}, [dense values])`` from the ``values`` of
+    :func:`compute` or :func:`infer`."""
+    state = ReplicaState.on_worker(ctx.token)
     sparse = list(ctx.spec.sparse_shapes())
     rows = dict(zip(sparse, values[: len(sparse)], strict=True))
     for name in sparse:
         if rows[name] is None and ctx.architecture in ("ar", "ar-dense"):
-            rows[name] = ReplicaState.on_worker(ctx.token).replicas[name].values[batch.ids[name]]
+            rows[name] = state.replicas[name].values[batch.ids[name]]
         elif rows[name] is None:
             rows[name] = _scratch(ctx, name)["rows"]
-    return rows, _dense_values(ctx, values[len(sparse) :])
+    if ctx.architecture == "ps":
+        return rows, list(values[len(sparse) :])
+    return rows, [state.replicas[name].values for name in ctx.spec.dense_names()]
 
 
 def compute(ctx: StepContext, batch: WorkerBatch, *values) -> np.ndarray | None:
@@ -106,43 +87,17 @@ def compute(ctx: StepContext, batch: WorkerBatch, *values) -> np.ndarray | None:
     worker's scratch), then the dense values under ``ps``. Returns the dense gradients as one flat
     buffer (:data:`DENSE`), or ``None`` under ``ps`` or without dense variables.
     """
-    _forget_earlier_steps(ctx)
+    _forget(ctx, lambda step: step < ctx.step)
     scratch = _scratch(ctx)
     scratch["batch"] = batch
     rows, dense = _inputs(ctx, batch, values)
     sizes = [int(np.prod(shape)) for shape in ctx.spec.dense_shapes()]
     scratch["dense_grad"] = flat = np.empty(sum(sizes), dtype=ctx.spec.dtype)
     workspace = ReplicaState.on_worker(ctx.token).workspace
-    if ctx.spec.sampled:
-        loss, grads, grad_rows, grad_output = sampled_batch_gradients(
-            ctx.spec,
-            rows[EMBEDDING],
-            batch.inverse,
-            dense[0::2],
-            dense[1::2],
-            rows[SOFTMAX],
-            batch.output,
-            ctx.denominator,
-            workspace,
-            flat,
-        )
-        sparse_grads = {EMBEDDING: grad_rows, SOFTMAX: grad_output}
-    else:
-        loss, grads, grad_rows = batch_gradients(
-            ctx.spec,
-            rows[EMBEDDING],
-            batch.inverse,
-            batch.labels,
-            dense[0::2],
-            dense[1::2],
-            ctx.denominator,
-            workspace,
-            flat,
-        )
-        sparse_grads = {EMBEDDING: grad_rows}
-    scratch["loss"] = loss
+    args = (batch.inverse, batch.labels, batch.output, dense, ctx.denominator, workspace, flat)
+    scratch["loss"], grads, row_grads = gradients(ctx.spec, rows, *args)
     scratch["grads"] = dict(zip(ctx.spec.dense_names(), grads, strict=True))
-    for name, grad in sparse_grads.items():
+    for name, grad in row_grads.items():
         _scratch(ctx, name)["grad_rows"] = grad
         if ctx.architecture == "ar-dense":
             full = np.zeros(ctx.spec.sparse_shapes()[name], dtype=grad.dtype)
@@ -150,43 +105,27 @@ def compute(ctx: StepContext, batch: WorkerBatch, *values) -> np.ndarray | None:
             scratch["grads"][name] = full
     if ctx.architecture == "ps" or not ctx.spec.dense_names():
         return None
-    return dense_gradient(ctx, DENSE, None)
-
-
-def _forget_other_passes(ctx: StepContext) -> None:
-    """Drop the scratch of the inference passes before ``ctx.step`` (every task of them has
-    run: the client runs one pass at a time); the training steps' scratch stays."""
-    scratch = ReplicaState.on_worker(ctx.token).scratch
-    for step in [s for s in scratch if s < 0 and s != ctx.step]:
-        del scratch[step]
+    return flat
 
 
 def infer(ctx: StepContext, batch: WorkerBatch, output: str, *values):
-    """This worker's part of an inference pass (``ctx.step`` negative: a pass keeps its scratch
-    apart from the training steps', and drops the previous passes' first): the logits of its
-    windows ``batch`` from the rows it reads and its dense values (``values`` as in
-    :func:`compute`; under the sampled softmax the rows of the whole output table), reduced to
-    ``output``: ``"logits"`` or ``"proba"`` (the softmax), ``(B_i, n_classes)``; ``"labels"``,
-    the most probable class of each window, int64 ``(B_i,)``; ``"loss"``, the sum of the
-    windows' cross-entropy (``batch.labels``), a float; ``"correct"``, how many windows' most
-    probable class is their label, an int."""
-    _forget_other_passes(ctx)
-    n_windows, n_classes = batch.inverse.shape[0], ctx.spec.n_classes
-    if n_windows == 0:
-        return {
-            "logits": np.zeros((0, n_classes), ctx.spec.dtype),
-            "proba": np.zeros((0, n_classes), ctx.spec.dtype),
-            "labels": np.zeros(0, np.int64),
-            "loss": 0.0,
-            "correct": 0,
-        }[output]
-    rows, dense = _inputs(ctx, batch, values)
-    weights, biases = list(dense[0::2]), list(dense[1::2])
-    if ctx.spec.sampled:  # the rows of every class, in class order: [W_out^T | b_out]
-        table = rows[SOFTMAX]
-        weights.append(table[:, :-1].T)
-        biases.append(table[:, -1])
-    z = batch_logits(ctx.spec, rows[EMBEDDING], batch.inverse, weights, biases)
+    """This worker's part of an inference pass (``ctx.step`` negative; the earlier passes'
+    scratch dropped first): the logits of its windows ``batch`` (``values`` as for
+    :func:`compute`; under the sampled softmax the whole output table) reduced to ``output``:
+    ``"logits"`` or ``"proba"`` (the softmax) ``(B_i, n_classes)``; ``"labels"``, the most
+    probable class of each window, int64 ``(B_i,)``; ``"loss"``, the sum of the windows'
+    cross-entropy (``batch.labels``), a float; ``"correct"``, how many windows' most probable
+    class is their label, an int."""
+    _forget(ctx, lambda step: step < 0 and step != ctx.step)
+    if not batch.inverse.shape[0]:
+        z = np.zeros((0, ctx.spec.n_classes), ctx.spec.dtype)
+    else:
+        rows, dense = _inputs(ctx, batch, values)
+        weights, biases = list(dense[0::2]), list(dense[1::2])
+        if ctx.spec.sampled:  # the rows of every class, in class order: [W_out^T | b_out]
+            weights.append(rows[SOFTMAX][:, :-1].T)
+            biases.append(rows[SOFTMAX][:, -1])
+        z = batch_logits(ctx.spec, rows[EMBEDDING], batch.inverse, weights, biases)
     if output == "logits":
         return z
     if output == "proba":
@@ -197,12 +136,14 @@ def infer(ctx: StepContext, batch: WorkerBatch, output: str, *values):
         return int(np.count_nonzero(np.argmax(z, axis=1) == batch.labels))
     shifted = z - z.max(axis=1, keepdims=True)
     log_norm = np.log(np.exp(shifted).sum(axis=1))
-    return float(np.sum(log_norm - shifted[np.arange(n_windows), batch.labels]))
+    return float(np.sum(log_norm - shifted[np.arange(len(z)), batch.labels]))
 
 
-def sparse_gradient(ctx: StepContext, variable: str, _computed) -> np.ndarray:
-    """This worker's gradient of the rows of a sparse variable it read (after :func:`compute`)."""
-    return _scratch(ctx, variable)["grad_rows"]
+def kept(ctx: StepContext, variable: str, name: str, _after) -> np.ndarray:
+    """What an earlier task of the step kept in this worker's scratch of ``variable``: its
+    ``"grad_rows"`` (the gradient of the rows it read), its machine's ``"union_grad"`` or (``ar``)
+    the ``"global_grad"``."""
+    return _scratch(ctx, variable)[name]
 
 
 def dense_gradient(ctx: StepContext, variable: str, _computed) -> np.ndarray:
@@ -212,7 +153,7 @@ def dense_gradient(ctx: StepContext, variable: str, _computed) -> np.ndarray:
 
 
 def identity(value):
-    """A value passed on unchanged (a message that forwards what its task depends on)."""
+    """A value passed on unchanged (a message of what its task depends on)."""
     return value
 
 
@@ -229,24 +170,19 @@ def apply_replica(ctx: StepContext, variable: str, grad: np.ndarray) -> None:
     held = ReplicaState.on_worker(ctx.token).replicas[variable]
     if variable in ctx.spec.sparse_shapes():
         rows = _scratch(ctx)["batch"].global_ids[variable]
-        state = held.state_for(ctx.optimizer, flat=False)
-        apply_rows(ctx.optimizer, held.values, state, rows, grad[rows])
+        held.step(ctx.optimizer, grad[rows], rows)
     else:
-        apply_dense(ctx.optimizer, held.values, grad, held.state_for(ctx.optimizer, flat=True))
+        held.step(ctx.optimizer, grad)
 
 
-def apply_replica_rows(
-    ctx: StepContext, variable: str, union: np.ndarray, grad_rows: np.ndarray
-) -> None:
-    """One row-sparse step of this worker's replica of a sparse variable (``ar``)."""
-    held = ReplicaState.on_worker(ctx.token).replicas[variable]
-    state = held.state_for(ctx.optimizer, flat=False)
-    apply_rows(ctx.optimizer, held.values, state, union, grad_rows)
+def apply_replica_rows(ctx: StepContext, variable: str, union, grad_rows) -> None:
+    """``ar``: one row-sparse step of this worker's replica of a sparse variable."""
+    ReplicaState.on_worker(ctx.token).replicas[variable].step(ctx.optimizer, grad_rows, union)
 
 
 def finish(ctx: StepContext, variables: list[str], *grads_then_done) -> float:
-    """End of this worker's part of the step: :func:`apply_replica` for each of ``variables`` with
-    the summed gradients that follow it; returns the loss sum."""
+    """:func:`apply_replica` of each of ``variables`` with the summed gradient that follows it;
+    returns this worker's loss sum."""
     for variable, grad in zip(variables, grads_then_done, strict=False):
         apply_replica(ctx, variable, grad)
     return float(_scratch(ctx).get("loss", 0.0))
@@ -288,28 +224,22 @@ def _split(ctx: StepContext, flat: np.ndarray, variables: list[str], counts: lis
 
 
 def assemble_rows(
-    ctx: StepContext,
-    chief: int,
-    sizes: dict,
-    local: tuple | None,
-    remote: list[tuple[Parts, list]],
-    dense: tuple[int, list[int]] | None,
-    *replies_then_after,
+    ctx: StepContext, chief: int, sizes: dict, local, remote, dense, *replies_then_after
 ) -> np.ndarray | None:
     """The chief puts its machine's rows of every sparse variable together, in the machine's order.
 
-    ``local``: ``(parts, offsets, positions)`` of its own shards; ``remote[i]``: ``(parts,
-    positions)`` of reply ``i``. With ``dense`` (``(own chunk, tails)``) the replies carry the other
-    chiefs' reduced dense chunks, and the reduced dense buffer is returned.
+    ``local``: ``(parts, offsets, positions)`` of its own shards, or ``None``; ``remote[i]``:
+    ``(parts, positions)`` of reply ``i``. With ``dense`` (``(own chunk's position, chunk
+    sizes)``) the replies end with the other chiefs' reduced dense chunks, and the reduced dense
+    buffer is returned (after the replies comes this chief's own chunk).
     """
     shapes = ctx.spec.sparse_shapes()
     rows = {v: np.empty((n, shapes[v][1]), dtype=ctx.spec.dtype) for v, n in sizes.items()}
     if local is not None:
         parts, offsets, positions = local
-        for (variable, _), pos, values in zip(
-            parts, positions, _read_shards(ctx, parts, chief, offsets), strict=True
-        ):
-            rows[variable][pos] = values
+        held = _shard_rows(ctx, parts, chief, offsets)
+        for (variable, _), pos, (values, offset) in zip(parts, positions, held, strict=True):
+            rows[variable][pos] = values[offset]
     for (parts, positions), reply in zip(remote, replies_then_after, strict=False):
         variables = [variable for variable, _ in parts]
         pieces = _split(ctx, reply, variables, [len(pos) for pos in positions])
@@ -321,14 +251,8 @@ def assemble_rows(
         return None
     own, tails = dense
     replies = replies_then_after[: len(remote)]
-    received = [reply[reply.size - tail :] for reply, tail in zip(replies, tails, strict=True)]
-    return join_chunks(own, replies_then_after[len(remote)], *received)
-
-
-def join_chunks(position: int, own: np.ndarray, *received: np.ndarray) -> np.ndarray:
-    """The reduced dense buffer: the other chiefs' chunks with this chief's own at ``position``."""
-    chunks = list(received)
-    chunks.insert(position, own)
+    chunks = [reply[reply.size - tail :] for reply, tail in zip(replies, tails, strict=True)]
+    chunks.insert(own, replies_then_after[len(remote)])
     return np.concatenate(chunks)
 
 
@@ -337,9 +261,7 @@ def rows_for(ctx: StepContext, variable: str, positions: np.ndarray, _assembled)
     return _scratch(ctx, variable)["rows"][positions]
 
 
-def chief_rows_sum(
-    ctx: StepContext, variable: str, union: np.ndarray, member_pos: list, *grads: np.ndarray
-) -> np.ndarray:
+def chief_rows_sum(ctx: StepContext, variable: str, union, member_pos: list, *grads) -> np.ndarray:
     """The machine's row gradients summed in the order of its rows ``union``; returns ``union``."""
     width = ctx.spec.sparse_shapes()[variable][1]
     total = np.zeros((len(union), width), dtype=ctx.spec.dtype)
@@ -361,16 +283,10 @@ def _machine_grad(ctx: StepContext, variable: str, alone: bool) -> np.ndarray:
     return _scratch(ctx, variable)["grad_rows" if alone else "union_grad"]
 
 
-def push_rows(
-    ctx: StepContext,
-    alone: bool,
-    parts: list[tuple[str, np.ndarray]],
-    chunk: tuple[int, int] | None,
-    dense_sum: np.ndarray | None,
-    *_summed,
-) -> np.ndarray:
-    """The machine's summed gradient of the rows pulled from one server, in pull order, as one flat
-    array, then the items ``chunk`` of ``dense_sum`` when the dense gradient is reduced there."""
+def push_rows(ctx: StepContext, alone: bool, parts: list, chunk, dense_sum, *_summed) -> np.ndarray:
+    """The machine's summed gradient of the rows ``parts`` (``[(variable, positions), ...]``)
+    pulled from one server, as one flat array, then the items ``chunk`` of ``dense_sum`` when
+    the dense gradient is reduced there."""
     sources = [(_machine_grad(ctx, v, alone), pos) for v, pos in parts]
     tail = None if chunk is None else dense_sum[chunk[0] : chunk[1]]
     return _gathered(ctx, sources, tail)
@@ -384,31 +300,20 @@ def chief_sum(ctx: StepContext, *member_grads: np.ndarray) -> np.ndarray:
     return total
 
 
-def chief_union_grad(ctx: StepContext, variable: str, _summed) -> np.ndarray:
-    """The machine's summed row gradient (``ar``: the values allgathered beside the ids)."""
-    return _scratch(ctx, variable)["union_grad"]
-
-
-def combine_gathered(
-    ctx: StepContext, variable: str, ids: np.ndarray, rows: np.ndarray, *sizes
-) -> np.ndarray:
+def combine_gathered(ctx: StepContext, variable: str, ids, rows, *sizes) -> np.ndarray:
     """``ar``: every machine's ids and rows combined into the distinct ids and summed gradient."""
     cuts = np.cumsum([0, *sizes])
-    parts = [(ids[a:b], rows[a:b]) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
-    union, total = _combine([p[0] for p in parts], [p[1] for p in parts])
-    scratch = _scratch(ctx, variable)
-    scratch["global_union"], scratch["global_grad"] = union, total
+    bounds = list(zip(cuts[:-1], cuts[1:], strict=True))
+    union, _scratch(ctx, variable)["global_grad"] = _combine(
+        [ids[a:b] for a, b in bounds], [rows[a:b] for a, b in bounds]
+    )
     return union
-
-
-def global_grad(ctx: StepContext, variable: str, _combined) -> np.ndarray:
-    """``ar``: the global summed row gradient (after :func:`combine_gathered`)."""
-    return _scratch(ctx, variable)["global_grad"]
 
 
 # ------------------------------------------------------------------ servers
 def _shard_rows(ctx: StepContext, parts: Parts, chief: int, offsets: list) -> list[tuple]:
-    """``(values, rows)`` of each shard ``parts[i]`` at ``offsets[i]`` (``chief``'s request)."""
+    """``(values, rows)`` of each shard ``parts[i]`` at ``offsets[i]``, kept as ``chief``'s
+    request."""
     requests = _scratch(ctx).setdefault("requests", {})
     shards = ReplicaState.on_worker(ctx.token).shards
     out = []
@@ -418,56 +323,34 @@ def _shard_rows(ctx: StepContext, parts: Parts, chief: int, offsets: list) -> li
     return out
 
 
-def _read_shards(ctx: StepContext, parts: Parts, chief: int, offsets: list) -> list[np.ndarray]:
-    """The rows ``offsets[i]`` of each served shard ``parts[i]`` (kept as ``chief``'s request)."""
-    return [values[rows] for values, rows in _shard_rows(ctx, parts, chief, offsets)]
-
-
-def serve_rows(
-    ctx: StepContext,
-    parts: Parts,
-    chief: int,
-    offsets: list,
-    carried: np.ndarray | None,
-    *_after,
-) -> np.ndarray:
+def serve_rows(ctx: StepContext, parts: Parts, chief: int, offsets: list, carried, *_after):
     """The server's reply to ``chief``: the rows ``offsets[i]`` of each shard ``parts[i]``, then
-    ``carried`` (its reduced dense chunk); ``_after``: its previous update."""
+    ``carried`` (its reduced dense chunk, or ``None``); ``_after``: its previous update."""
     return _gathered(ctx, _shard_rows(ctx, parts, chief, offsets), carried)
 
 
 def update_rows(
-    ctx: StepContext,
-    server: int,
-    parts: Parts,
-    chiefs: list[int],
-    local: tuple | None,
-    chunk: tuple[int, int] | None,
-    own_dense: np.ndarray | None,
-    *pushes_then_after,
+    ctx: StepContext, server: int, parts: Parts, chiefs: list[int], local, chunk, own_dense, *pushes
 ) -> np.ndarray | None:
     """The server sums the chiefs' pushed gradients of each shard ``parts[i]`` and steps its rows.
 
-    ``pushes_then_after``: the other chiefs' pushes, then its own machine's sum; ``local``:
+    ``pushes``: the other chiefs' pushes, then what its own machine's sum waits for; ``local``:
     ``(alone, positions)``. With ``chunk`` each push ends with that chunk of the machine's dense
     sum; they and ``own_dense`` are summed in chief order and returned.
     """
     requests = _scratch(ctx)["requests"]
     variables = [variable for variable, _ in parts]
-    contributions, dense = {}, []
     width = 0 if chunk is None else chunk[1] - chunk[0]
-    pushes = iter(pushes_then_after)
+    contributions, dense, pushed = {}, [], iter(pushes)
     for chief in chiefs:
         if chief == server:
             alone, positions = local
-            contributions[chief] = [
-                _machine_grad(ctx, v, alone)[pos]
-                for v, pos in zip(variables, positions, strict=True)
-            ]
+            mine = zip(variables, positions, strict=True)
+            contributions[chief] = [_machine_grad(ctx, v, alone)[pos] for v, pos in mine]
             if chunk is not None:
                 dense.append(own_dense[chunk[0] : chunk[1]])
             continue
-        push = next(pushes)
+        push = next(pushed)
         counts = [len(requests[(v, p, chief)]) for v, p in parts]
         contributions[chief] = _split(ctx, push[: push.size - width], variables, counts)
         dense.append(push[push.size - width :])
@@ -475,9 +358,7 @@ def update_rows(
     for i, (variable, shard) in enumerate(parts):
         offsets = [requests[(variable, shard, chief)] for chief in chiefs]
         union, total = _combine(offsets, [contributions[chief][i] for chief in chiefs])
-        held = state.shards[(variable, shard)]
-        state_rows = held.state_for(ctx.optimizer, flat=False)
-        apply_rows(ctx.optimizer, held.values, state_rows, union, total)
+        state.shards[(variable, shard)].step(ctx.optimizer, total, union)
     return None if chunk is None else chief_sum(ctx, *dense)
 
 
@@ -488,6 +369,4 @@ def serve_dense(ctx: StepContext, variable: str) -> np.ndarray:
 
 def update_served(ctx: StepContext, variable: str, *grads: np.ndarray) -> None:
     """``ps``: the server sums the machines' gradients of a dense variable and applies them."""
-    held = ReplicaState.on_worker(ctx.token).served[variable]
-    total = chief_sum(ctx, *grads)
-    apply_dense(ctx.optimizer, held.values, total, held.state_for(ctx.optimizer, flat=True))
+    ReplicaState.on_worker(ctx.token).served[variable].step(ctx.optimizer, chief_sum(ctx, *grads))

@@ -1,7 +1,5 @@
-"""What a data-parallel model keeps on a worker, owned by one plugin per model.
-
-Parameters live only in :class:`ReplicaState`; no task changes a value Dask holds.
-"""
+"""What a data-parallel model keeps on a worker, in one plugin per model (:class:`ReplicaState`);
+no task changes a value Dask holds."""
 
 from __future__ import annotations
 
@@ -9,13 +7,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dasknn.model.embedding_network import Workspace
+from dasknn.model.embedding_network import Workspace, apply_dense, apply_rows
 from dasknn.optim import Optimizer, OptimizerSlots, ParamState
 from dasknn.runtime.model_plugin import ModelPlugin
 from dasknn.runtime.postbox import Mailbox
 
 __all__ = [
-    "Held",
     "ReplicaState",
     "clear_mailbox",
     "install_values",
@@ -23,6 +20,9 @@ __all__ = [
     "read_states",
     "read_values",
 ]
+
+#: The attributes of :class:`ReplicaState` that hold arrays.
+HELD = ("replicas", "shards", "served")
 
 
 @dataclass
@@ -32,44 +32,43 @@ class Held:
     values: np.ndarray
     slots: OptimizerSlots = field(default_factory=OptimizerSlots)
 
-    def state_for(self, optimizer: Optimizer, flat: bool) -> ParamState:
-        """The state of ``optimizer`` (fresh if it changed), flat (``flat``) or shaped."""
-        param = self.values.reshape(-1) if flat else self.values
-        return self.slots.state(optimizer, "values", param)
+    def step(self, optimizer: Optimizer, grad: np.ndarray, rows: np.ndarray | None = None) -> None:
+        """One step of ``optimizer`` (its state fresh if it changed) on the whole array, or on its
+        distinct rows ``rows`` only (``grad`` then holds theirs)."""
+        if rows is None:
+            state = self.slots.state(optimizer, "values", self.values.reshape(-1))
+            apply_dense(optimizer, self.values, grad, state)
+        else:
+            state = self.slots.state(optimizer, "values", self.values)
+            apply_rows(optimizer, self.values, state, rows, grad)
 
 
-@dataclass
 class ReplicaState(ModelPlugin):
-    """The worker plugin of one data-parallel model: its ``replicas``, the ``shards`` and ``served``
-    dense variables it serves, the step's ``scratch``, the pass's ``workspace`` and the ``mailbox``.
-    """
+    """The worker plugin of one data-parallel model: its ``replicas``, the ``shards`` and the
+    ``served`` dense variables it serves, the steps' ``scratch``, the ``workspace`` of a pass, the
+    ``mailbox`` and the ``posts`` of its last posted task."""
 
     kind = "dp"
-    token: str
-    replicas: dict[str, Held] = field(default_factory=dict)
-    shards: dict[tuple[str, int], Held] = field(default_factory=dict)
-    served: dict[str, Held] = field(default_factory=dict)
-    scratch: dict = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.name = self.plugin_name(self.token)
 
     def setup(self, worker) -> None:
-        self.replicas, self.shards, self.served, self.scratch = {}, {}, {}, {}
+        self.replicas: dict[str, Held] = {}
+        self.shards: dict[tuple[str, int], Held] = {}
+        self.served: dict[str, Held] = {}
+        self.scratch: dict = {}
         self.workspace = Workspace()
         self.mailbox = Mailbox()
-        self.posts: list = []  # the posts of the last step, acknowledged or not
+        self.posts: list = []
 
     def teardown(self, worker) -> None:
         self.mailbox.clear()  # ends the waits of a step in flight
         self.setup(worker)
 
     def deliver(self, key: tuple, value) -> None:
-        """Leave a value another worker posted in the mailbox (the postbox calls it)."""
+        """Leave a posted value in the mailbox (the postbox calls it)."""
         self.mailbox.deliver(key, value)
 
     def hold_receipt(self, key: tuple, sender: str, nbytes: int) -> None:
-        """Keep a posted value's transfer report for the reporting task (the postbox calls it)."""
+        """Keep a posted value's transfer report for the task (the postbox calls it)."""
         self.mailbox.hold_receipt(key, sender, nbytes)
 
 
@@ -78,30 +77,32 @@ def install_values(
 ) -> int:
     """For ``Client.run``: give the model's plugin on ``dask_worker`` copies of its replicas, shards
     (``{(variable, shard): array}``) and served arrays, replacing what it held, with fresh
-    optimizer state, or with ``states`` (``{"replicas"|"shards"|"served": {name: (optimizer,
-    ParamState)}}``, copied) for the arrays it names."""
+    optimizer state, or with copies of ``states`` (``{"replicas"|"shards"|"served": {name:
+    (optimizer, ParamState)}}``) for the arrays it names. Returns how many arrays it holds."""
     state: ReplicaState = ReplicaState.on_worker(token, dask_worker)
-    state.replicas = {name: Held(np.array(v)) for name, v in replicas.items()}
-    state.shards = {(name, int(p)): Held(np.array(v)) for (name, p), v in shards.items()}
-    state.served = {name: Held(np.array(v)) for name, v in served.items()}
+    for where, arrays in zip(HELD, (replicas, shards, served), strict=True):
+        setattr(state, where, {_name(where, n): Held(np.array(v)) for n, v in arrays.items()})
     for where, held_states in (states or {}).items():
-        held = getattr(state, where)
         for name, (optimizer, param_state) in held_states.items():
             copies = {n: np.array(a) for n, a in param_state.arrays.items()}
-            held[name].slots = OptimizerSlots(
+            getattr(state, where)[_name(where, name)].slots = OptimizerSlots(
                 optimizer, {"values": ParamState(param_state.step, copies)}
             )
     state.scratch = {}
-    return len(state.replicas) + len(state.shards) + len(state.served)
+    return sum(len(getattr(state, where)) for where in HELD)
+
+
+def _name(where: str, name):
+    """A held array's key: ``(variable, shard)`` for a shard."""
+    return (name[0], int(name[1])) if where == "shards" else name
 
 
 def read_states(dask_worker, token: str) -> dict:
-    """For ``Client.run``: copies of the optimizer state of every held array,
-    ``{"replicas"|"shards"|"served": {name: (optimizer, ParamState)}}`` (arrays not stepped
-    yet left out)."""
+    """For ``Client.run``: copies of the optimizer state of every held array that was stepped,
+    ``{"replicas"|"shards"|"served": {name: (optimizer, ParamState)}}``."""
     state: ReplicaState = ReplicaState.on_worker(token, dask_worker)
     out: dict = {}
-    for where in ("replicas", "shards", "served"):
+    for where in HELD:
         out[where] = {}
         for name, held in getattr(state, where).items():
             values = held.slots.states.get("values")
@@ -122,17 +123,12 @@ def clear_mailbox(dask_worker, token: str) -> int:
 
 
 def read_values(dask_worker, token: str) -> dict:
-    """For ``Client.run``: copies ``{"replicas": {...}, "shards": {...}, "served": {...}}``."""
+    """For ``Client.run``: copies ``{"replicas"|"shards"|"served": {name: array}}``."""
     state: ReplicaState = ReplicaState.on_worker(token, dask_worker)
-    return {
-        "replicas": {name: held.values.copy() for name, held in state.replicas.items()},
-        "shards": {p: held.values.copy() for p, held in state.shards.items()},
-        "served": {name: held.values.copy() for name, held in state.served.items()},
-    }
+    return {w: {n: h.values.copy() for n, h in getattr(state, w).items()} for w in HELD}
 
 
 def read_array(token: str, where: str, name) -> np.ndarray:
     """Task: a copy of one held array; ``where`` is ``"replicas"``, ``"shards"`` (``name`` a
     ``(variable, shard)`` pair) or ``"served"``."""
-    key = tuple(name) if where == "shards" else name
-    return getattr(ReplicaState.on_worker(token), where)[key].values.copy()
+    return getattr(ReplicaState.on_worker(token), where)[_name(where, name)].values.copy()

@@ -47,10 +47,11 @@ __all__ = [
 _NAME = re.compile(r"checkpoint-(\d{9})\.npz")
 
 
-def data_digest(x: np.ndarray, y: np.ndarray) -> str:
-    """BLAKE2b digest of the checked training data (values, shapes and dtypes)."""
+def data_digest(*arrays: np.ndarray) -> str:
+    """BLAKE2b digest of the checked training data, its arrays in order (values, shapes and
+    dtypes)."""
     digest = hashlib.blake2b(digest_size=16)
-    for array in (x, y):
+    for array in arrays:
         array = np.ascontiguousarray(array)
         digest.update(f"{array.dtype.str}{array.shape}".encode())
         digest.update(array.data)
@@ -65,9 +66,9 @@ class Progress:
     ----------
     call : dict
         The call's ``samples``, ``batch_size``, ``shuffle``, ``seed`` and ``data`` (the
-        :func:`data_digest` of ``X`` and ``Y``): a resume must repeat them. It may ask for more
-        epochs (the epochs' orders are drawn one after the other from the seed, so the first ones
-        are those of the shorter call).
+        :func:`data_digest` of the checked ``X`` and ``Y``): a resume must repeat them. It may
+        ask for more epochs (the epochs' orders are drawn one after the other from the seed, so
+        the first ones are those of the shorter call).
     epoch, batch : int
         The next batch to train: batch ``batch`` of epoch ``epoch`` (0-based).
     batches_done : int
@@ -287,7 +288,7 @@ def latest_checkpoint(
 class Checkpointed:
     """What a model's ``fit`` needs to write checkpoints and resume from one, shared by every
     estimator loop (:class:`~dasknn.model.estimator.SparseEstimator`,
-    :class:`~dasknn.model.window_estimator.WindowEstimator`).
+    :class:`~dasknn.model.step_loop.StepLoop`).
 
     A subclass sets :attr:`_checkpoint_format` and implements ``_identity()`` (the
     ``_checkpoint_format.identity`` of its network), ``_record()`` (its values and optimizer
@@ -311,13 +312,18 @@ class Checkpointed:
         """Take the values and optimizer state of ``record`` (the same network)."""
         raise NotImplementedError
 
+    def _data_digest(self, x, y) -> str:
+        """The :func:`data_digest` of a ``fit`` call's checked data ``x``, ``y``."""
+        return data_digest(x, y)
+
     def _open_checkpoints(
         self, x, y, *, batch_size: int, epochs: int, shuffle: bool, seed: int, optimizer,
-        checkpoint, checkpoint_every, resume,
+        checkpoint, checkpoint_every, resume, extra_call: dict | None = None,
     ) -> tuple[Progress, Path | None, int]:  # fmt: skip
         """Check a ``fit`` call's checkpoint arguments on its checked data ``x``, ``y``; restore
         the ``resume`` checkpoint. Returns the call's progress (where it starts), the checkpoint
-        directory (created, or ``None``) and the batches between checkpoints.
+        directory (created, or ``None``) and the batches between checkpoints. ``extra_call``:
+        more of the call (JSON values) that a resume must repeat.
 
         Raises
         ------
@@ -333,7 +339,8 @@ class Checkpointed:
                 "batch_size": batch_size,
                 "shuffle": bool(shuffle),
                 "seed": int(seed),
-                "data": data_digest(x, y),
+                "data": self._data_digest(x, y),
+                **(extra_call or {}),
             }
         state = Progress(call)
         if resume is not None:

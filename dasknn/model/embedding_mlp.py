@@ -22,9 +22,8 @@ from dasknn.model.embedding_network import (
     EmbeddingSpec,
     apply_dense,
     apply_rows,
-    batch_gradients,
     batch_logits,
-    sampled_batch_gradients,
+    gradients,
     unique_rows,
 )
 from dasknn.model.embedding_persistence import (
@@ -349,43 +348,27 @@ class EmbeddingMLP(WindowEstimator):
 
     def _train_batch(self, ids: np.ndarray, labels: np.ndarray, optimizer: Optimizer) -> float:
         unique, inverse = unique_rows(ids)
-        n_dense = len(self.spec.dense_names()) // 2
-        if self.spec.sampled:
-            s = self.spec
+        s = self.spec
+        rows, output = {EMBEDDING: self.embedding[unique]}, None
+        if s.sampled:
             output = sampled_output(labels, self.candidates(self.n_steps_), s.n_classes, s.sampler)
-            loss_sum, grads, grad_rows, grad_output = sampled_batch_gradients(
-                s,
-                self.embedding[unique],
-                inverse,
-                self.weights[:n_dense],
-                self.biases[:n_dense],
-                self.output_table()[output.classes],
-                output,
-                ids.shape[0],
-            )
+            rows[SOFTMAX] = self.output_table()[output.classes]
+        dense = self.dense_variables()
+        loss_sum, grads, grad_rows = gradients(
+            s, rows, inverse, labels, output, dense, ids.shape[0]
+        )
+        if s.sampled:
             # the output table's rows, stepped as the weight's columns and the bias's entries
             weight = self.weights[-1].T
             bias = self.biases[-1][:, None]
             weight_state = self._slots.state(optimizer, "softmax-weight", weight)
             bias_state = self._slots.state(optimizer, "softmax-bias", bias)
-            classes = output.classes
+            classes, grad_output = output.classes, grad_rows[SOFTMAX]
             apply_rows(optimizer, weight, weight_state, classes, grad_output[:, :-1])
             apply_rows(optimizer, bias, bias_state, classes, grad_output[:, -1:])
-        else:
-            loss_sum, grads, grad_rows = batch_gradients(
-                self.spec,
-                self.embedding[unique],
-                inverse,
-                labels,
-                self.weights,
-                self.biases,
-                ids.shape[0],
-            )
         state = self._slots.state(optimizer, EMBEDDING, self.embedding)
-        apply_rows(optimizer, self.embedding, state, unique, grad_rows)
-        for name, param, grad in zip(
-            self.spec.dense_names(), self.dense_variables(), grads, strict=True
-        ):
+        apply_rows(optimizer, self.embedding, state, unique, grad_rows[EMBEDDING])
+        for name, param, grad in zip(s.dense_names(), dense, grads, strict=True):
             state = self._slots.state(optimizer, name, param.reshape(-1))
             apply_dense(optimizer, param, grad, state)
         self.n_steps_ += 1

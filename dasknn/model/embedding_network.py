@@ -47,6 +47,7 @@ __all__ = [
     "apply_rows",
     "batch_gradients",
     "batch_logits",
+    "gradients",
     "sampled_batch_gradients",
     "unique_rows",
 ]
@@ -332,6 +333,35 @@ def sampled_batch_gradients(
         delta = delta * activation.derivative(layers[-1][0], layers[-1][1])
     grads, grad_rows = _backward(spec, rows, inverse, layers, weights, delta, workspace, out)
     return loss_sum, grads, grad_rows, grad_output
+
+
+def gradients(
+    spec: EmbeddingSpec,
+    rows: dict[str, np.ndarray],
+    inverse: np.ndarray,
+    labels: np.ndarray,
+    output: SampledOutput | None,
+    dense: list[np.ndarray],
+    denominator: int,
+    workspace: Workspace | None = None,
+    out: np.ndarray | None = None,
+) -> tuple[float, list[np.ndarray], dict[str, np.ndarray]]:
+    """:func:`batch_gradients`, or :func:`sampled_batch_gradients` under the sampled softmax, of
+    the rows ``rows`` (``{sparse variable: the rows the batch reads}``) and the dense variables
+    ``dense`` (in the order of ``spec.dense_names()``); ``output`` is the sampled softmax's
+    (``None`` otherwise). Returns the loss sum, the dense gradients and ``{sparse variable: the
+    gradient of its rows}``."""
+    weights, biases = dense[0::2], dense[1::2]
+    if not spec.sampled:
+        loss_sum, grads, grad_rows = batch_gradients(
+            spec, rows[EMBEDDING], inverse, labels, weights, biases, denominator, workspace, out
+        )
+        return loss_sum, grads, {EMBEDDING: grad_rows}
+    loss_sum, grads, grad_rows, grad_output = sampled_batch_gradients(
+        spec, rows[EMBEDDING], inverse, weights, biases, rows[SOFTMAX], output, denominator,
+        workspace, out,
+    )  # fmt: skip
+    return loss_sum, grads, {EMBEDDING: grad_rows, SOFTMAX: grad_output}
 
 
 def apply_dense(optimizer: Optimizer, param: np.ndarray, grad: np.ndarray, state) -> None:

@@ -6,26 +6,23 @@ on request, ``batch_loss_curve_``; ``predict`` gives labels, ``predict_proba`` t
 ``score`` the accuracy, ``evaluate`` the mean cross-entropy and ``perplexity`` its exponential.
 Subclasses implement :meth:`_train_batch` (one step on a checked batch), :meth:`_logits` and
 :meth:`_interrupted` (what an interrupted ``fit`` leaves to do);
-one that runs several steps at once also :meth:`_steps_per_call` and :meth:`_train_batches`.
+one that runs several steps at once also ``_steps_per_call`` and ``_train_batches`` of the
+shared loop, :class:`~dasknn.model.step_loop.StepLoop`.
 """
 
 from __future__ import annotations
 
 import os
 from numbers import Integral
-from pathlib import Path
 from typing import Self
 
 import numpy as np
-from tqdm import tqdm
 
-from dasknn.exceptions import NonFiniteLossError
-from dasknn.model.checkpoint import Checkpointed, Progress
 from dasknn.model.losses import softmax
+from dasknn.model.step_loop import StepLoop
 from dasknn.model.validation import (
     check_batch_size,
     check_epochs,
-    epoch_batches,
 )
 from dasknn.optim import Optimizer, resolve_optimizer
 
@@ -89,7 +86,7 @@ def check_labels(y, n_windows: int, n_classes: int) -> np.ndarray:
     return labels
 
 
-class WindowEstimator(Checkpointed):
+class WindowEstimator(StepLoop):
     """Training loop, loss curves and predictions of a model of token windows.
 
     A subclass sets ``spec`` (:class:`~dasknn.model.embedding_network.EmbeddingSpec`), starts
@@ -109,21 +106,6 @@ class WindowEstimator(Checkpointed):
     def _logits(self, ids: np.ndarray) -> np.ndarray:
         """The output ``z`` (B, n_classes) of checked windows."""
         raise NotImplementedError
-
-    def _steps_per_call(self) -> int:
-        """How many consecutive steps :meth:`fit` hands :meth:`_train_batches` at once."""
-        return 1
-
-    def _train_batches(
-        self,
-        batches: list[tuple[np.ndarray, np.ndarray]],
-        after: tuple[np.ndarray, np.ndarray] | None,
-        optimizer: Optimizer,
-    ) -> list[float]:
-        """Consecutive steps on checked batches ``[(ids, labels), ...]``; ``after`` is the batch
-        of the step after the last one (``None`` if there is none; a model that fetches a step's
-        values ahead uses it). Returns each step's mean loss before its update."""
-        return [self._train_batch(ids, labels, optimizer) for ids, labels in batches]
 
     # ------------------------------------------------------------------ checks
     def _check_xy(self, X, y) -> tuple[np.ndarray, np.ndarray]:
@@ -191,80 +173,12 @@ class WindowEstimator(Checkpointed):
         batch_size, epochs = check_batch_size(batch_size), check_epochs(epochs)
         if isinstance(seed, bool) or not isinstance(seed, Integral) or seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-        state, directory, every = self._open_checkpoints(
-            ids, labels, batch_size=batch_size, epochs=epochs, shuffle=shuffle, seed=seed,
-            optimizer=optimizer, checkpoint=checkpoint, checkpoint_every=checkpoint_every,
-            resume=resume,
+        self._fit_loop(
+            ids, labels, batch_size=batch_size, epochs=epochs, optimizer=optimizer,
+            shuffle=shuffle, seed=seed, progress=progress, record_batches=record_batches,
+            checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume,
         )  # fmt: skip
-        saved: list[Path] = []
-        if directory is not None and epochs:
-            saved.append(self._save_checkpoint(directory, state))
-
-        def run(at: Progress) -> None:
-            rng = np.random.default_rng(seed)
-            # each epoch's order is drawn one epoch ahead (the same draws, in the same order),
-            # so the batch after every step is known before the step
-            orders = (epoch_batches(ids.shape[0], batch_size, rng, shuffle) for _ in range(epochs))
-            self._run_windows(
-                ids, labels, orders, epochs, optimizer, progress, record_batches,
-                at, directory, every, saved,
-            )  # fmt: skip
-
-        self._recovering(run, state, lambda: saved[-1] if saved else None)
         return self
-
-    def _run_windows(
-        self, ids, labels, orders, epochs, optimizer, progress: bool, record_batches: bool,
-        state: Progress, directory: Path | None, every: int, saved: list[Path],
-    ) -> None:  # fmt: skip
-        """The epochs of a :meth:`fit` call, whose batch orders ``orders`` yields, from the
-        position ``state``; a checkpoint goes to ``directory`` every ``every`` batches (its file
-        appended to ``saved``)."""
-        current = next(orders, None)
-        per_call = self._steps_per_call()
-        for epoch in range(epochs):
-            following = next(orders, None)
-            if epoch < state.epoch:
-                current = following
-                continue
-            bar = tqdm(
-                total=len(current),
-                initial=state.batch,
-                desc=f"epoch {epoch + 1}/{epochs}",
-                disable=not progress,
-            )
-            while state.epoch == epoch:
-                start = state.batch
-                stop = min(start + per_call, len(current))
-                if directory is not None:
-                    stop = min(stop, start + every - state.batches_done % every)
-                group = current[start:stop]
-                if stop < len(current):
-                    after = current[stop]
-                else:
-                    after = following[0] if following else None
-                if directory is not None and (state.batches_done + len(group)) % every == 0:
-                    after = None  # a checkpoint comes between: nothing is fetched ahead
-                losses = self._train_batches(
-                    [(ids[rows], labels[rows]) for rows in group],
-                    None if after is None else (ids[after], labels[after]),
-                    optimizer,
-                )
-                for rows, loss in zip(group, losses, strict=True):
-                    state.epoch_loss += loss * len(rows)
-                    if record_batches:
-                        self.batch_loss_curve_.append(loss)
-                NonFiniteLossError.check(losses, self.n_steps_ - len(losses) + 1)
-                bar.update(len(group))
-                state.batch, state.batches_done = stop, state.batches_done + len(group)
-                if stop == len(current):
-                    self.loss_curve_.append(state.epoch_loss / ids.shape[0])
-                    state.epoch, state.batch, state.epoch_loss = epoch + 1, 0, 0.0
-                due = state.batches_done % every == 0 or state.epoch == epochs
-                if directory is not None and due:
-                    saved.append(self._save_checkpoint(directory, state))
-            bar.close()
-            current = following
 
     def partial_fit(self, X, y, **kwargs) -> Self:
         """One epoch over ``(X, y)`` (the arguments of :meth:`fit` but ``epochs``)."""

@@ -9,9 +9,5 @@ from dasknn.model_parallel._plan import (
 )
 
 __all__ = [
-    "CommPlan",
-    "DistributedSparseMLP",
-    "LayerPartPlan",
-    "build_comm_plan",
-    "normalize_partition",
+    "CommPlan", "DistributedSparseMLP", "LayerPartPlan", "build_comm_plan", "normalize_partition",
 ]

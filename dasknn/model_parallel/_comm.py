@@ -17,15 +17,9 @@ SOFTMAX_ITEMSIZE = 8
 
 
 def predicted_counts(
-    plan: CommPlan,
-    part_workers: Sequence[str],
-    batch: int,
-    itemsize: int,
-    backward: bool,
-    microbatches: int = 1,
-    posted: bool = False,
-    softmax: bool = False,
-) -> dict[Key, tuple[int, int]]:
+    plan: CommPlan, part_workers: Sequence[str], batch: int, itemsize: int, backward: bool,
+    microbatches: int = 1, posted: bool = False, softmax: bool = False,
+) -> dict[Key, tuple[int, int]]:  # fmt: skip
     """``{(layer, phase, sender, receiver): (bytes, messages)}`` between workers for one batch of
     ``batch`` rows in ``microbatches`` blocks (``backward``: a training step).
 
@@ -45,8 +39,7 @@ def predicted_counts(
 
     L = plan.n_layers
     for k in range(1, L + 1):
-        senders: set = set()
-        returners: set = set()
+        senders, returners = set(), set()
         for m, n, words in plan.messages(k):
             wm, wn = part_workers[m], part_workers[n]
             if wm == wn:
@@ -60,18 +53,17 @@ def predicted_counts(
                 returners.add((n, wm))
                 add((k, "backward", wn, wm), nbytes, microbatches if first else 0)
     if softmax:
-        root = part_workers[0]
-        part_stats = SOFTMAX_PART_ROWS * batch * SOFTMAX_ITEMSIZE
-        combined = 2 * batch * SOFTMAX_ITEMSIZE
+        root, part_stats = part_workers[0], SOFTMAX_PART_ROWS * batch * SOFTMAX_ITEMSIZE
         for w in part_workers:
             if w != root:
                 add((L, "other", w, root), part_stats, microbatches)
         for w in sorted(set(part_workers) - {root}):
-            add((L, "other", root, w), combined, microbatches)
+            add((L, "other", root, w), 2 * batch * SOFTMAX_ITEMSIZE, microbatches)
     return {key: (b, m) for key, (b, m) in out.items()}
 
 
 def _outgoing_log(dask_worker, token, first_step):
+    """``(messages, payload, wire bytes)`` of each logged transfer of the model from a step on."""
     entries = []
     for entry in dask_worker.transfer_outgoing_log:
         if entry.get("who") is None:
@@ -88,10 +80,5 @@ def wire_bytes(client, token: str, first_step: int) -> tuple[int, int, int]:
     """``(messages, payload bytes, wire bytes)`` of a model's messages from step ``first_step`` on,
     as the sending workers logged them (their logs keep only the most recent transfers)."""
     logs = client.run(_outgoing_log, token=token, first_step=first_step)
-    messages = payload = wire = 0
-    for entries in logs.values():
-        for count, total, compressed in entries:
-            messages += count
-            payload += total
-            wire += compressed
-    return messages, payload, wire
+    entries = [entry for worker in logs.values() for entry in worker]
+    return tuple(sum(column) for column in zip(*entries, strict=True)) if entries else (0, 0, 0)

@@ -12,23 +12,17 @@ import scipy.sparse as sp
 import sparse
 from distributed import wait
 
-from dasknn.model_parallel._plan import CommPlan
-from dasknn.model_parallel._worker_state import install_parts, snapshot_bias, snapshot_weight
+from dasknn.model_parallel._plan import CommPlan, renumbered_chunks
+from dasknn.model_parallel._worker_state import ModelState, gcxs, snapshot_bias, snapshot_weight
 from dasknn.runtime.faults import POLL_SECONDS, run_watching_part_workers
+from dasknn.runtime.model_plugin import call_plugin
 from dasknn.runtime.model_span import held_in_span
 from dasknn.runtime.scatter import scatter_released_if_given_up
 from dasknn.runtime.waiting import run_watching
 
 __all__ = [
-    "PLACING",
-    "Layout",
-    "Snapshot",
-    "chunk_entries",
-    "gather_network",
-    "place_network",
-    "scatter_pinned",
-    "snapshot_network",
-    "worker_of_parts",
+    "PLACING", "Layout", "Snapshot", "chunk_entries", "gather_network", "place_network",
+    "scatter_pinned", "snapshot_network", "worker_of_parts",
 ]
 
 #: What is being done while a network is placed, for the error naming a lost part worker.
@@ -43,13 +37,9 @@ def worker_of_parts(workers: Sequence[str], nparts: int) -> list[str]:
 
 
 def scatter_pinned(
-    client,
-    data: dict,
-    part_workers: Sequence[str],
-    part_of,
-    timeout: float | None = None,
+    client, data: dict, part_workers: Sequence[str], part_of, timeout: float | None = None,
     watch: str | None = None,
-) -> dict:
+) -> dict:  # fmt: skip
     """Scatter ``{key: value}`` so each value lands on the worker of part ``part_of(key)``; returns
     futures. ``TimeoutError`` after ``timeout`` seconds in all; with ``watch`` (what is being done,
     in words) a part worker that leaves raises :class:`~dasknn.exceptions.WorkerLostError` at once.
@@ -58,17 +48,15 @@ def scatter_pinned(
     for key, value in data.items():
         by_worker.setdefault(part_workers[part_of(key)], {})[key] = value
     futures = {}
-    deadline = time.monotonic() + _limit(timeout)
+    left = _clock(timeout)
     try:
         for address, chunk in by_worker.items():
-            left = max(deadline - time.monotonic(), 0.0)
-            scattering = scatter_released_if_given_up(client, chunk, workers=[address])
-            if watch is not None:
-                futures.update(
-                    run_watching_part_workers(client, scattering, part_workers, left, watch)
-                )
+            call = scatter_released_if_given_up(client, chunk, workers=[address])
+            if watch is None:
+                scattered = run_watching(client, call, left(), lambda: None, POLL_SECONDS)
             else:
-                futures.update(run_watching(client, scattering, left, lambda: None, POLL_SECONDS))
+                scattered = run_watching_part_workers(client, call, part_workers, left(), watch)
+            futures.update(scattered)
     except BaseException:
         # release the values already scattered now, not when the traceback is collected
         client.cancel(list(futures.values()))
@@ -77,23 +65,18 @@ def scatter_pinned(
     return futures
 
 
+def _clock(timeout: float | None):
+    """A function returning the seconds left of ``timeout`` (``None``: no limit) from now."""
+    deadline = time.monotonic() + (float("inf") if timeout is None else timeout)
+    return lambda: max(deadline - time.monotonic(), 0.0)
+
+
 @dataclass
 class Layout:
-    """Where the parts of a placed network are, and the keys of their plans.
-
-    Attributes
-    ----------
-    token : str
-    part_workers : list of str
-        Worker address of every part.
-    shapes : list of tuple
-        ``shapes[k-1]``: ``(n_{k-1}, (c_0, ..., c_{P-1}))``, the rows and every part's columns.
-    dtype : numpy.dtype
-    plan_keys : list of list of key
-        ``plan_keys[k-1][m]``: key of the :class:`LayerPartPlan` of part ``m`` in layer ``k``.
-    futures : dict
-        The plans' futures (they keep the plans on the workers).
-    """
+    """Where the parts of a placed network are: ``part_workers[m]``, the worker of part ``m``;
+    ``shapes[k-1] = (n_{k-1}, (c_0, ..., c_{P-1}))``, layer ``k``'s rows and every part's columns;
+    ``plan_keys[k-1][m]``, the key of the :class:`LayerPartPlan` of part ``m`` in layer ``k``,
+    whose future ``futures`` holds."""
 
     token: str
     part_workers: list[str]
@@ -105,60 +88,29 @@ class Layout:
 
 @dataclass
 class Snapshot:
-    """The weights and biases of a distributed model after a given number of training steps.
-
-    Attributes
-    ----------
-    version : int
-        Training steps completed when the snapshot was taken.
-    weights, biases : list of dask.array.Array
-        The renumbered ``W_k`` (one GCXS chunk per part, on its worker) and ``b_k``, per layer.
-    """
+    """The weights (one GCXS chunk per part, on its worker) and biases of a distributed model,
+    renumbered, per layer, after ``version`` training steps."""
 
     version: int
     weights: list[da.Array]
     biases: list[da.Array]
 
 
-def _gcxs(chunk: sp.csr_matrix) -> sparse.GCXS:
-    return sparse.GCXS(
-        (chunk.data, chunk.indices, chunk.indptr), shape=chunk.shape, compressed_axes=(0,)
-    )
-
-
 def place_network(
-    client,
-    token: str,
-    plan: CommPlan,
-    chunks: list[list[sp.csr_matrix]],
-    biases: Sequence[np.ndarray],
-    part_workers: list[str],
-    dtype: np.dtype,
-    states: dict | None = None,
-    generation: int = 0,
-    timeout: float | None = None,
+    client, token: str, plan: CommPlan, chunks: list[list[sp.csr_matrix]],
+    biases: Sequence[np.ndarray], part_workers: list[str], dtype: np.dtype,
+    states: dict | None = None, generation: int = 0, timeout: float | None = None,
     span: dict | None = None,
-) -> Layout:
-    """Hand the renumbered chunks and biases to the model's plugin on their workers; scatter the
-    plans.
+) -> Layout:  # fmt: skip
+    """Hand the renumbered ``chunks`` (of :func:`~dasknn.model_parallel._plan.build_comm_plan`)
+    and the ``biases`` (original neuron order) to the plugin of the model ``token`` on their
+    workers (``part_workers``, :func:`worker_of_parts`) as ``dtype`` values, with the optimizer
+    ``states`` ``{(k, m): (optimizer, weight state, bias state)}`` given; scatter the plans.
 
-    Parameters
-    ----------
-    client : distributed.Client
-    token : str
-        Unique name of the distributed model (part of every key).
-    plan, chunks : from :func:`dasknn.model_parallel._plan.build_comm_plan`
-    biases : sequence of 1-D arrays in the original neuron order
-    part_workers : from :func:`worker_of_parts`
-    dtype : numpy dtype of the values
-    states : dict, optional
-        ``{(k, m): (optimizer, weight state, bias state)}`` to install (arrays in chunk order).
-    generation : int
-        Number of this placement (part of the plans' keys, so no key is reused).
-    timeout : float, optional
-        Seconds for the workers to accept everything (then ``TimeoutError``).
-    span : dict, optional
-        The model's span: the plans are then held by tasks of that span, named in ``plan_keys``.
+    ``generation`` numbers the placement (part of the plans' keys, so no key is reused); with a
+    ``span`` (the model's), the plans are held by tasks of that span, named in ``plan_keys``.
+    ``TimeoutError`` unless the workers accept everything within ``timeout`` seconds;
+    :class:`~dasknn.exceptions.WorkerLostError` as soon as a part worker leaves.
     """
     plans: dict = {}
     values: dict = {}  # worker -> {(k, m): (chunk, bias)}
@@ -170,26 +122,21 @@ def place_network(
         for m, chunk in enumerate(layer_chunks):
             chunk = sp.csr_matrix(chunk, dtype=dtype, copy=True)
             bias_m = np.array(bias[offsets[m] : offsets[m + 1]], dtype=dtype)
-            values.setdefault(part_workers[m], {})[(k, m)] = (_gcxs(chunk), bias_m)
+            part = gcxs(chunk.data, chunk.indices, chunk.indptr, chunk.shape)
+            values.setdefault(part_workers[m], {})[(k, m)] = (part, bias_m)
             plans[(plan_name, m)] = plan.layers[k - 1][m]
         plan_keys.append([(plan_name, m) for m in range(plan.nparts)])
         shapes.append((int(plan.offsets[k - 1][-1]), tuple(int(c) for c in plan.part_sizes(k))))
     states = states or {}
-    deadline = time.monotonic() + _limit(timeout)
+    left = _clock(timeout)
     for address, chunks_here in values.items():
         states_here = {key: states[key] for key in chunks_here if key in states}
         installing = client.run(
-            install_parts,
-            token=token,
-            chunks=chunks_here,
-            states=states_here,
-            workers=[address],
-            asynchronous=True,
-        )
-        left = max(deadline - time.monotonic(), 0.0)
-        run_watching_part_workers(client, installing, part_workers, left, PLACING)
-    left = max(deadline - time.monotonic(), 0.0)
-    futures = scatter_pinned(client, plans, part_workers, lambda key: key[-1], left, PLACING)
+            call_plugin, ModelState.plugin_name(token), "install", chunks_here, states_here,
+            workers=[address], asynchronous=True,
+        )  # fmt: skip
+        run_watching_part_workers(client, installing, part_workers, left(), PLACING)
+    futures = scatter_pinned(client, plans, part_workers, lambda key: key[-1], left(), PLACING)
     if span is not None:
         workers = {key: part_workers[key[-1]] for key in futures}
         futures = held_in_span(client, futures, workers, span)
@@ -197,39 +144,18 @@ def place_network(
     return Layout(token, list(part_workers), shapes, np.dtype(dtype), plan_keys, futures)
 
 
-def _limit(timeout: float | None) -> float:
-    return float("inf") if timeout is None else timeout
-
-
 def chunk_entries(pattern, plan: CommPlan) -> list[list[np.ndarray]]:
-    """Where every part's chunk values sit in the original layers' CSR values.
-
-    Parameters
-    ----------
-    pattern : sequence of ``(shape, indptr, indices)``
-        Every layer's CSR structure in the original neuron order (sorted indices).
-    plan : CommPlan
-
-    Returns
-    -------
-    list of list of numpy.ndarray
-        ``entries[k-1][m][i]``: the index in ``W_k``'s values of part ``m``'s ``i``-th value.
-    """
+    """``entries[k-1][m][i]``: the index in ``W_k``'s CSR values of part ``m``'s ``i``-th chunk
+    value; ``pattern`` is every layer's ``(shape, indptr, indices)`` in the original neuron order
+    (sorted indices)."""
     entries = []
     for k, (shape, indptr, indices) in enumerate(pattern, start=1):
         # Entry ids (from 1, so none is a zero that scipy could drop) renumbered as the values.
         ids = sp.csr_matrix(
             (np.arange(1, len(indices) + 1, dtype=np.float64), indices, indptr), shape=shape
         )
-        renumbered = ids[plan.orders[k - 1]][:, plan.orders[k]]
-        renumbered.sort_indices()
-        offsets = plan.offsets[k]
-        layer = []
-        for m in range(plan.nparts):
-            chunk = sp.csr_matrix(renumbered[:, offsets[m] : offsets[m + 1]])
-            chunk.sort_indices()
-            layer.append(chunk.data.astype(np.int64) - 1)
-        entries.append(layer)
+        chunks = renumbered_chunks(ids, plan.orders[k - 1], plan.orders[k], plan.offsets[k])
+        entries.append([chunk.data.astype(np.int64) - 1 for chunk in chunks])
     return entries
 
 
@@ -244,20 +170,12 @@ def snapshot_network(client, layout: Layout, version: int) -> Snapshot:
         weight_graph, bias_graph = {}, {}
         for m, address in enumerate(layout.part_workers):
             pinned = {"workers": [address], "allow_other_workers": False, "pure": False}
-            weight_graph[(weight_name, 0, m)] = client.submit(
-                snapshot_weight, token, k, m, key=(weight_name, 0, m), **pinned
-            )
-            bias_graph[(bias_name, m)] = client.submit(
-                snapshot_bias, token, k, m, key=(bias_name, m), **pinned
-            )
-        weights.append(
-            da.Array(weight_graph, weight_name, chunks=((n_in,), columns), dtype=dtype, meta=meta)
-        )
-        biases.append(
-            da.Array(bias_graph, bias_name, chunks=(columns,), dtype=dtype, meta=np.empty(0, dtype))
-        )
-        copies.extend(weight_graph.values())
-        copies.extend(bias_graph.values())
+            w_key, b_key = (weight_name, 0, m), (bias_name, m)
+            weight_graph[w_key] = client.submit(snapshot_weight, token, k, m, key=w_key, **pinned)
+            bias_graph[b_key] = client.submit(snapshot_bias, token, k, m, key=b_key, **pinned)
+        weights.append(da.Array(weight_graph, weight_name, ((n_in,), columns), dtype, meta=meta))
+        biases.append(da.Array(bias_graph, bias_name, (columns,), dtype, meta=np.empty(0, dtype)))
+        copies += [*weight_graph.values(), *bias_graph.values()]
     wait(copies)
     return Snapshot(version, weights, biases)
 
@@ -269,14 +187,13 @@ def gather_network(
     weights, biases = [], []
     for k in range(1, plan.n_layers + 1):
         weight_array, bias_array = snapshot.weights[k - 1], snapshot.biases[k - 1]
+        graph = {**weight_array.dask, **bias_array.dask}
         keys = [(weight_array.name, 0, m) for m in range(plan.nparts)]
         keys += [(bias_array.name, m) for m in range(plan.nparts)]
-        graph = {**weight_array.dask, **bias_array.dask}
         values = client.gather([graph[key] for key in keys])
         blocks, bias_blocks = values[: plan.nparts], values[plan.nparts :]
         renumbered = sp.hstack([block.to_scipy_sparse() for block in blocks], format="csr")
-        inverse_in = np.argsort(plan.orders[k - 1])
-        inverse_out = np.argsort(plan.orders[k])
+        inverse_in, inverse_out = np.argsort(plan.orders[k - 1]), np.argsort(plan.orders[k])
         weight = sp.csr_matrix(renumbered[inverse_in][:, inverse_out])
         weight.sort_indices()
         weights.append(weight)

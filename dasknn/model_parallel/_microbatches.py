@@ -18,8 +18,7 @@ def check_microbatches(microbatches: int | None) -> int | None:
     """``microbatches`` as an int, or ``None`` (chosen per step); ``ValueError`` unless >= 1."""
     if microbatches is None:
         return None
-    integer = isinstance(microbatches, Integral) and not isinstance(microbatches, bool)
-    if not integer or microbatches < 1:
+    if isinstance(microbatches, bool) or not isinstance(microbatches, Integral) or microbatches < 1:
         raise ValueError(f"microbatches must be an integer >= 1 or None, got {microbatches!r}")
     return int(microbatches)
 
@@ -40,6 +39,5 @@ def split_rows(rows: np.ndarray | None, batch: int, microbatches: int) -> list:
     if count == 1:
         return [rows]
     bounds = [(batch // count) * i + min(i, batch % count) for i in range(count + 1)]
-    if rows is None:
-        return [slice(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
-    return [rows[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+    pairs = zip(bounds[:-1], bounds[1:], strict=True)
+    return [slice(lo, hi) if rows is None else rows[lo:hi] for lo, hi in pairs]

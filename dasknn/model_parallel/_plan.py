@@ -9,10 +9,7 @@ import numpy as np
 import scipy.sparse as sp
 
 __all__ = [
-    "CommPlan",
-    "LayerPartPlan",
-    "build_comm_plan",
-    "normalize_partition",
+    "CommPlan", "LayerPartPlan", "build_comm_plan", "normalize_partition", "renumbered_chunks",
     "reorder",
 ]
 
@@ -69,15 +66,9 @@ def normalize_partition(
 
 
 def reorder(parts: np.ndarray, nparts: int) -> tuple[np.ndarray, np.ndarray]:
-    """Renumbering of one layer that makes every part contiguous.
-
-    Returns
-    -------
-    order : numpy.ndarray
-        ``order[r]`` is the original index of the neuron at new position ``r``.
-    offsets : numpy.ndarray
-        ``nparts + 1`` offsets: part ``m`` holds new positions ``offsets[m]:offsets[m+1]``.
-    """
+    """``(order, offsets)``: the renumbering of one layer that makes every part contiguous;
+    ``order[r]`` is the original index of the neuron at new position ``r``, part ``m`` holds new
+    positions ``offsets[m]:offsets[m+1]``."""
     order = np.argsort(parts, kind="stable")
     offsets = np.zeros(nparts + 1, dtype=np.int64)
     np.cumsum(np.bincount(parts, minlength=nparts), out=offsets[1:])
@@ -116,8 +107,7 @@ class LayerPartPlan:
 
     def senders(self) -> list[int]:
         """Parts other than this one that own touched rows (they send forward, receive back)."""
-        sizes = np.diff(self.groups)
-        return [n for n in np.flatnonzero(sizes).tolist() if n != self.part]
+        return [n for n in np.flatnonzero(np.diff(self.groups)).tolist() if n != self.part]
 
 
 @dataclass(frozen=True)
@@ -174,53 +164,36 @@ class CommPlan:
         return result
 
 
-def _layer_plans(
-    weight: sp.csr_matrix,
-    order_in: np.ndarray,
-    offsets_in: np.ndarray,
-    order_out: np.ndarray,
-    offsets_out: np.ndarray,
-    nparts: int,
-) -> tuple[list[LayerPartPlan], list[sp.csr_matrix]]:
-    """Plans and renumbered chunks ``(n_{k-1}, c_m)`` of one layer."""
+def renumbered_chunks(weight, order_in, order_out, offsets_out) -> list[sp.csr_matrix]:
+    """Every part's columns ``offsets_out[m]:offsets_out[m+1]`` of ``weight`` with its rows and
+    columns renumbered by ``order_in`` and ``order_out`` (sorted indices)."""
     renumbered = sp.csr_matrix(weight)[order_in][:, order_out]
     renumbered.sort_indices()
-    compact: list[tuple[np.ndarray, np.ndarray]] = []
-    chunks: list[sp.csr_matrix] = []
-    touched_by: list[np.ndarray] = []
-    for m in range(nparts):
-        chunk = sp.csr_matrix(renumbered[:, offsets_out[m] : offsets_out[m + 1]])
+    chunks = []
+    for lo, hi in zip(offsets_out[:-1], offsets_out[1:], strict=True):
+        chunk = sp.csr_matrix(renumbered[:, lo:hi])
         chunk.sort_indices()
-        counts = np.diff(chunk.indptr)
-        rows = np.flatnonzero(counts)
-        indptr = np.zeros(len(rows) + 1, dtype=chunk.indptr.dtype)
-        np.cumsum(counts[rows], out=indptr[1:])
         chunks.append(chunk)
-        touched_by.append(rows)
-        compact.append((rows, indptr))
+    return chunks
+
+
+def _layer_plans(chunks: list[sp.csr_matrix], offsets_in: np.ndarray) -> list[LayerPartPlan]:
+    """The plan of every part of one layer from its renumbered chunks ``(n_{k-1}, c_m)``."""
+    nparts = len(chunks)
+    touched_by = [np.flatnonzero(np.diff(chunk.indptr)) for chunk in chunks]
     result = []
-    for m in range(nparts):
-        rows, indptr = compact[m]
+    for m, (chunk, rows) in enumerate(zip(chunks, touched_by, strict=True)):
+        indptr = np.zeros(len(rows) + 1, dtype=chunk.indptr.dtype)
+        np.cumsum(np.diff(chunk.indptr)[rows], out=indptr[1:])
         groups = np.searchsorted(rows, offsets_in).astype(np.int64)
-        own_rows = rows[groups[m] : groups[m + 1]]
         send = {}
         for n in range(nparts):
-            if n == m:
-                continue
-            other = touched_by[n]
-            lo, hi = np.searchsorted(other, offsets_in[m : m + 2])
-            if hi > lo:
-                send[n] = other[lo:hi] - offsets_in[m]
-        result.append(
-            LayerPartPlan(
-                part=m,
-                indptr=indptr,
-                groups=groups,
-                own=own_rows - offsets_in[m],
-                send=send,
-            )
-        )
-    return result, chunks
+            lo, hi = np.searchsorted(touched_by[n], offsets_in[m : m + 2])
+            if n != m and hi > lo:
+                send[n] = touched_by[n][lo:hi] - offsets_in[m]
+        own = rows[groups[m] : groups[m + 1]] - offsets_in[m]
+        result.append(LayerPartPlan(m, indptr, groups, own, send))
+    return result
 
 
 def build_comm_plan(
@@ -240,14 +213,10 @@ def build_comm_plan(
     chunks : list of list of scipy.sparse.csr_matrix
         ``chunks[k-1][m]``: part ``m``'s renumbered columns of ``W_k``, sorted indices.
     """
-    reorders = [reorder(p, nparts) for p in parts]
-    orders = [o for o, _ in reorders]
-    offsets = [off for _, off in reorders]
+    orders, offsets = zip(*(reorder(p, nparts) for p in parts), strict=True)
     layers, chunks = [], []
     for k, weight in enumerate(weights, start=1):
-        plans, layer_chunks = _layer_plans(
-            weight, orders[k - 1], offsets[k - 1], orders[k], offsets[k], nparts
-        )
-        layers.append(plans)
+        layer_chunks = renumbered_chunks(weight, orders[k - 1], orders[k], offsets[k])
+        layers.append(_layer_plans(layer_chunks, offsets[k - 1]))
         chunks.append(layer_chunks)
-    return CommPlan(nparts, orders, offsets, layers), chunks
+    return CommPlan(nparts, list(orders), list(offsets), layers), chunks

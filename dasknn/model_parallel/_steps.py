@@ -1,9 +1,6 @@
-"""The functions that run on the workers: one part's share of a layer step.
-
-The values a task keeps between tasks belong to
-:class:`~dasknn.model_parallel._worker_state.ModelState`; no task changes a value Dask holds. See
-docs/training.md (Task graphs, Messages between workers).
-"""
+"""The functions that run on the workers: one part's share of a layer step. The values kept
+between tasks belong to :class:`~dasknn.model_parallel._worker_state.ModelState`; no task changes
+a value Dask holds (docs/training.md, Task graphs, Messages between workers)."""
 
 from __future__ import annotations
 
@@ -16,23 +13,17 @@ from dasknn.kernels.training import masked_outer_grad, spmm_backward, spmm_forwa
 from dasknn.model.activations import get_activation
 from dasknn.model.losses import get_loss
 from dasknn.model_parallel._plan import LayerPartPlan
-from dasknn.model_parallel._worker_state import (
-    GradientSum,
-    MicrobatchStep,
-    ModelState,
-    PartLayer,
-    PartStep,
-)
+from dasknn.model_parallel._worker_state import GradientSum, ModelState, PartLayer, PartStep
 from dasknn.optim import Optimizer
 from dasknn.runtime.keys import phase_names, step_key
 
 __all__ = [
-    "Route",
-    "StepContext",
-    "backward_task",
-    "combine_logsumexp",
-    "forward_task",
+    "NO_RECEIVER", "OUTPUT_BLOCK", "SOFTMAX_STATS", "Route", "StepContext", "backward_task",
+    "combine_logsumexp", "forward_task",
 ]
+
+#: A task's ``receiver`` other than a worker: none, the output block ``a_L``, softmax statistics.
+NO_RECEIVER, OUTPUT_BLOCK, SOFTMAX_STATS = -1, -2, -3
 
 
 @dataclass(frozen=True)
@@ -60,17 +51,11 @@ class StepContext:
 
 @dataclass(frozen=True)
 class Route:
-    """Where a task's incoming messages come from and where its part's messages go (static).
-
-    Attributes
-    ----------
-    sources : tuple
-        Per sender (plan order): ``None`` (in the mailbox) or ``(i, lo, hi)``, rows of piece ``i``.
-    local : tuple of int
-        Receiving parts on this worker: their messages are left in the mailbox.
-    to : tuple of int
-        Receiving parts on the destination worker, in the order their messages are stacked.
-    """
+    """Where a task's incoming messages come from and where its part's messages go (static):
+    ``sources``, per sender (plan order), ``None`` (in the mailbox) or ``(i, lo, hi)``, rows of
+    piece ``i``; ``local``, the receiving parts whose messages are left in the mailbox (posted
+    to their worker when ``StepContext.part_workers`` is set); ``to``, the receiving parts on the
+    destination worker, in the order their messages are stacked."""
 
     sources: tuple = ()
     local: tuple = ()
@@ -88,17 +73,11 @@ def _message_key(ctx, i: int, phase: str, k: int, sender: int, receiver: int) ->
 def _post(owner: ModelState, ctx, i: int, phase: str, k: int, sender: int, messages: dict) -> None:
     """Leave ``{receiver: rows}`` of ``sender`` in the receiver's mailbox (posted if remote)."""
     for receiver, rows in messages.items():
-        key = _message_key(ctx, i, phase, k, sender, receiver)
         address = ctx.part_workers[receiver] if ctx.part_workers else owner.address
-        if address == owner.address:
-            owner.deliver(key, rows)
-        else:
-            owner.post(address, key, rows)
+        owner.send(address, _message_key(ctx, i, phase, k, sender, receiver), rows)
 
 
-def _received(
-    owner: ModelState, ctx, i: int, phase: str, k: int, part: int, senders, pieces, route: Route
-) -> list:
+def _received(owner: ModelState, ctx, i, phase, k, part, senders, pieces, route: Route) -> list:
     """The messages of ``(phase, k, s)`` for ``part`` from every ``s`` of ``senders``, in order."""
     messages = []
     for s, source in zip(senders, route.sources, strict=True):
@@ -130,10 +109,9 @@ def _spmm_rows(x_in, sender, plan: LayerPartPlan, layer: PartLayer, z, accumulat
     spmm_forward(x_in[lo:hi], indptr, layer.indices, layer.values, z, accumulate)
 
 
-def _ensure_forward(
-    owner: ModelState, ctx, part, i, k, plan: LayerPartPlan, next_plan, x0, x0_rows, pieces, route
-) -> MicrobatchStep:
-    """Compute ``x_in``, ``z``, ``a`` of ``part`` in layer ``k`` once; post to ``route.local``."""
+def _ensure_forward(owner, ctx, part, i, k, plan, next_plan, x0, x0_rows, pieces, route):
+    """Compute ``x_in``, ``z``, ``a`` of ``part`` in layer ``k`` once (the microbatch's
+    :class:`MicrobatchStep` is returned); post its messages to ``route.local``."""
     part_step = owner.part_step(ctx.step, part)
     with part_step.lock:
         state = part_step.microbatch(i)
@@ -147,16 +125,14 @@ def _ensure_forward(
         layer = owner.layers[(k, part)]
         clock = time.perf_counter()
         a_prev = state.forward[k - 1][2]
-        groups = plan.groups
-        batch = a_prev.shape[1]
-        dtype = np.dtype(ctx.dtype)
+        groups, batch, dtype = plan.groups, a_prev.shape[1], np.dtype(ctx.dtype)
         x_in = np.empty((int(groups[-1]), batch), dtype=dtype)
         x_in[groups[part] : groups[part + 1]] = a_prev[plan.own]
         z = np.empty((layer.shape[1], batch), dtype=dtype)
         senders = plan.senders()
         seconds = {"pack": time.perf_counter() - clock, "forward_product": 0.0}
         if ctx.part_workers and senders:
-            # own input rows first, then each sender's as it arrives (waiting counts as neither)
+            # own input rows first, then each sender's (waiting counts as neither)
             _timed(seconds, "forward_product", _spmm_rows, x_in, part, plan, layer, z, False)
             received = _received(owner, ctx, i, "fwd", k - 1, part, senders, pieces, route)
             for n, piece in zip(senders, received, strict=True):
@@ -188,22 +164,12 @@ def _ensure_forward(
 
 
 def forward_task(
-    ctx: StepContext,
-    part: int,
-    k: int,
-    receiver: int,
-    plan: LayerPartPlan,
-    next_plan: LayerPartPlan | None,
-    *pieces: np.ndarray,
-    x0=None,
-    x0_rows=None,
-    y=None,
-    y_rows=None,
-    after=None,
-    route: Route = Route(),
-    microbatch: int = 0,
-):
-    """Part ``part``'s forward step of layer ``k``; returns what ``receiver`` needs.
+    ctx: StepContext, part: int, k: int, receiver: int, plan: LayerPartPlan,
+    next_plan: LayerPartPlan | None, *pieces: np.ndarray, x0=None, x0_rows=None, y=None,
+    y_rows=None, after=None, route: Route = Route(), microbatch: int = 0,
+):  # fmt: skip
+    """Part ``part``'s forward step of layer ``k`` on microbatch ``microbatch``; returns what
+    ``receiver`` needs.
 
     Parameters
     ----------
@@ -216,8 +182,6 @@ def forward_task(
         Input (layer 0) or target (softmax statistics) columns, and the batch rows to take.
     after : tuple
         Ignored: tasks that must run first.
-    microbatch : int
-        The row block of the step's batch, ``0 <= microbatch < ctx.microbatches``.
     """
     owner = ModelState.on_worker(ctx.token)
     state = _ensure_forward(
@@ -229,10 +193,10 @@ def forward_task(
         message = _stack([a[next_plan.send[n]] for n in route.to])
         owner.add_time("pack", time.perf_counter() - start)
         return message
-    if receiver == -2:
+    if receiver == OUTPUT_BLOCK:
         owner.drop_part_step(ctx.step, part)
         return a
-    if receiver == -3:
+    if receiver == SOFTMAX_STATS:
         return _softmax_statistics(state.forward[k][1], _input_block(y, y_rows))
     return None
 
@@ -242,8 +206,7 @@ def _softmax_statistics(z: np.ndarray, y: np.ndarray) -> np.ndarray:
     stats = np.empty((3, z.shape[1]), dtype=np.float64)
     stats[2] = y.sum(axis=0)
     if z.shape[0] == 0:
-        stats[0] = -np.inf
-        stats[1] = 0.0
+        stats[0], stats[1] = -np.inf, 0.0
         return stats
     stats[0] = z.max(axis=0)
     stats[1] = np.exp(z - stats[0]).sum(axis=0)
@@ -277,23 +240,13 @@ def _output_delta(ctx: StepContext, z, a, y, lse) -> tuple[np.ndarray, float]:
 
 
 def backward_task(
-    ctx: StepContext,
-    part: int,
-    k: int,
-    receiver: int,
-    plan: LayerPartPlan,
-    next_plan: LayerPartPlan | None,
-    *pieces: np.ndarray,
-    forward_pieces: tuple = (),
-    y=None,
-    y_rows=None,
-    lse=None,
-    after=None,
-    route: Route = Route(),
-    forward_route: Route = Route(),
+    ctx: StepContext, part: int, k: int, receiver: int, plan: LayerPartPlan,
+    next_plan: LayerPartPlan | None, *pieces: np.ndarray, forward_pieces: tuple = (), y=None,
+    y_rows=None, lse=None, after=None, route: Route = Route(), forward_route: Route = Route(),
     microbatch: int = 0,
-):
-    """Part ``part``'s backward step of layer ``k``; returns what ``receiver`` needs.
+):  # fmt: skip
+    """Part ``part``'s backward step of layer ``k`` on microbatch ``microbatch``; returns what
+    ``receiver`` needs.
 
     Computes ``delta_k`` and the partial sums for layer ``k-1`` (old weights); the optimizer's step
     runs once every microbatch's gradient of the layer is summed.
@@ -305,8 +258,6 @@ def backward_task(
         layer 1: the microbatch's loss share).
     forward_pieces : tuple of arrays
         At ``k = L``: the forward messages of layer ``L`` from other workers (``forward_route``).
-    microbatch : int
-        The row block of the step's batch this task works on.
     """
     owner = ModelState.on_worker(ctx.token)
     i = microbatch
@@ -315,34 +266,26 @@ def backward_task(
         state = part_step.microbatch(i)
         if k not in state.backward_done:
             if k == ctx.n_layers:
-                inputs = (None, None, None, forward_pieces, forward_route)
-                _ensure_forward(owner, ctx, part, i, k, plan, *inputs)
-            returning = sorted(next_plan.send) if k < ctx.n_layers else []
-
-            def receive() -> list:
-                return _received(owner, ctx, i, "bwd", k + 1, part, returning, pieces, route)
-
+                _ensure_forward(owner, ctx, part, i, k, plan, None, None, None, forward_pieces,
+                                forward_route)  # fmt: skip
             layer = owner.layers[(k, part)]
-            delta = _backward(
-                owner, ctx, state, i, part, k, plan, layer, next_plan, receive, y, y_rows, lse,
-                route,
-            )
+            delta = _backward(owner, ctx, state, i, part, k, plan, layer, next_plan, pieces, y,
+                              y_rows, lse, route)  # fmt: skip
             x_in = state.forward.pop(k)[0]
             if k >= 2 and not ctx.part_workers:
-                groups = plan.groups
-                partial = state.partial[k]
+                groups, partial = plan.groups, state.partial[k]
                 local = {n: partial[groups[n] : groups[n + 1]] for n in route.local}
                 _post(owner, ctx, i, "bwd", k, part, local)
             if k >= 2 or part_step.finished + 1 < ctx.microbatches:
                 job = (_accumulate, owner, ctx, part_step, x_in, delta, k, plan, layer)
                 if ctx.part_workers:
-                    owner.queue_idle(*job)
+                    owner.mailbox.queue_idle(*job)
                 else:
-                    part_step.updates.append(owner.submit_update(*job, True))
+                    part_step.updates.append(owner.updater.submit(*job, True))
             else:  # the part's last task of the step: every other update is queued before it
                 for update in part_step.updates:
                     update.result()
-                owner.run_idle()
+                owner.mailbox.run_idle()
                 _accumulate(owner, ctx, part_step, x_in, delta, k, plan, layer)
         last = False
         if k == 1:
@@ -359,11 +302,10 @@ def backward_task(
     return state.loss
 
 
-def _backward(
-    owner: ModelState, ctx, state: MicrobatchStep, i, part, k, plan, layer: PartLayer, next_plan,
-    receive, y, y_rows, lse, route: Route,
-):
-    """Return ``delta_k``, keep the partial sums for layer ``k-1``; ``receive()`` is called last."""
+def _backward(owner, ctx, state, i, part, k, plan, layer: PartLayer, next_plan, pieces, y, y_rows,
+              lse, route: Route):  # fmt: skip
+    """Return ``delta_k``, keep the partial sums for layer ``k-1`` (the messages of layer
+    ``k + 1`` are taken last)."""
     _, z, a = state.forward[k]
     start = time.perf_counter()
     if k == ctx.n_layers:
@@ -373,18 +315,17 @@ def _backward(
         grad_a = np.zeros_like(z)
         grad_a[next_plan.own] = own[next_plan.groups[part] : next_plan.groups[part + 1]]
         derivative = get_activation(ctx.activation).derivative(z, a)
+        returning = sorted(next_plan.send)
         clock = time.perf_counter()
-        pieces = receive()
+        received = _received(owner, ctx, i, "bwd", k + 1, part, returning, pieces, route)
         start += time.perf_counter() - clock  # waiting for the messages is no product
-        for n, piece in zip(sorted(next_plan.send), pieces, strict=True):
+        for n, piece in zip(returning, received, strict=True):
             grad_a[next_plan.send[n]] += piece
         grad_a *= derivative
         delta = grad_a
     if k >= 2:
-        partial = np.empty((int(plan.groups[-1]), z.shape[1]), dtype=z.dtype)
-        state.partial[k] = partial
-        if ctx.part_workers:
-            # the other owners' rows first, each posted as soon as computed
+        partial = state.partial[k] = np.empty((int(plan.groups[-1]), z.shape[1]), dtype=z.dtype)
+        if ctx.part_workers:  # the other owners' rows first, each posted as soon as computed
             groups = plan.groups
             for n in [n for n in route.local if n != part] + [part]:
                 lo, hi = int(groups[n]), int(groups[n + 1])
@@ -399,17 +340,8 @@ def _backward(
     return delta
 
 
-def _accumulate(
-    owner: ModelState,
-    ctx,
-    part_step: PartStep,
-    x_in,
-    delta,
-    k: int,
-    plan,
-    layer: PartLayer,
-    background: bool = False,
-) -> None:
+def _accumulate(owner: ModelState, ctx, part_step: PartStep, x_in, delta, k: int, plan,
+                layer: PartLayer, background: bool = False) -> None:  # fmt: skip
     """Add one microbatch's gradient to the layer's sum; apply the optimizer with the last one."""
     start = time.perf_counter()
     grad_w = np.empty_like(layer.values)

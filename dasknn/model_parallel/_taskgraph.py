@@ -15,6 +15,9 @@ from dask.task_spec import List, Task, TaskRef
 from dasknn.model_parallel._layout import Layout
 from dasknn.model_parallel._plan import CommPlan
 from dasknn.model_parallel._steps import (
+    NO_RECEIVER,
+    OUTPUT_BLOCK,
+    SOFTMAX_STATS,
     Route,
     StepContext,
     backward_task,
@@ -28,16 +31,14 @@ __all__ = ["StepPriority", "StepTemplate", "part_of"]
 #: The position function of a step key's placement: the part in ``key[3]``.
 part_of = itemgetter(3)
 
-NO_RECEIVER = -1
-OUTPUT_BLOCK = -2
-SOFTMAX_STATS = -3
 #: Microbatch numbers stay below this in a priority (:class:`StepPriority`).
 PRIORITY_STRIDE = 2**31
 
 
 @dataclass(frozen=True)
 class _Spec:
-    """A template task; refs: ``("step", phase, k, m, n)``, ``("prev", m)`` or a fixed key."""
+    """A template task; refs: ``("step", phase, k, m, n)``, ``("prev", m)``, ``("fixed", key)``,
+    ``("input", name, m)``."""
 
     phase: str
     k: int
@@ -65,23 +66,14 @@ class StepTemplate:
     """
 
     def __init__(
-        self,
-        token: str,
-        plan: CommPlan,
-        layout: Layout,
-        kind: str,
-        softmax: bool = False,
+        self, token: str, plan: CommPlan, layout: Layout, kind: str, softmax: bool = False,
         separate_packing: bool = False,
-    ) -> None:
-        self.token = token
+    ) -> None:  # fmt: skip
         self.separate_packing = separate_packing
         self.names = phase_names(token)
-        self.plan = plan
-        self.kind = kind
-        self.n_layers = plan.n_layers
-        self.nparts = plan.nparts
+        self.plan, self.n_layers, self.nparts = plan, plan.n_layers, plan.nparts
         self.specs: list[_Spec] = []
-        self._layout = layout
+        self._plan_keys = layout.plan_keys
         workers = sorted(set(layout.part_workers))
         self._worker = [workers.index(address) for address in layout.part_workers]
         self._receivers: dict[tuple, list[int]] = {}  # (phase, k, m) -> task receivers
@@ -96,11 +88,9 @@ class StepTemplate:
 
     def _fixed(self, k: int, m: int) -> tuple:
         """``(plan, next_plan)`` refs of ``(k, m)`` (``None`` where absent)."""
-        layout = self._layout
-        next_plan = ("fixed", layout.plan_keys[k][m]) if k < self.n_layers else None
-        if k == 0:
-            return None, next_plan
-        return ("fixed", layout.plan_keys[k - 1][m]), next_plan
+        keys = self._plan_keys
+        plan = ("fixed", keys[k - 1][m]) if k else None
+        return plan, ("fixed", keys[k][m]) if k < self.n_layers else None
 
     def _destinations(self, phase: str, k: int, m: int, receivers: list[int]) -> list[int]:
         """Task receivers of ``(phase, k, m)``: one per other worker hosting ``receivers``."""
@@ -140,8 +130,7 @@ class StepTemplate:
             for m in range(P):
                 local: tuple = ()
                 if k < L:
-                    targets = sorted(self.plan.layers[k][m].send)
-                    receivers = self._destinations("fwd", k, m, targets)
+                    receivers = self._destinations("fwd", k, m, sorted(self.plan.layers[k][m].send))
                     local = self._local[("fwd", k, m)]
                 elif not train:
                     receivers = [OUTPUT_BLOCK]
@@ -158,11 +147,9 @@ class StepTemplate:
                     kwargs["after"] += after
                 kwargs["route"] = Route(sources=sources, local=local)
                 if k == 0:
-                    kwargs["x0"] = ("input", "x", m)
-                    kwargs["x0_rows"] = ("input", "x_rows", m)
+                    kwargs.update(x0=("input", "x", m), x0_rows=("input", "x_rows", m))
                 if k == L and train:
-                    kwargs["y"] = ("input", "y", m)
-                    kwargs["y_rows"] = ("input", "y_rows", m)
+                    kwargs.update(y=("input", "y", m), y_rows=("input", "y_rows", m))
                 self._add_part_tasks("fwd", k, m, receivers, forward_task, pieces, kwargs)
         if train and softmax:
             stats = tuple(("step", "fwd", L, m, SOFTMAX_STATS) for m in range(P))
@@ -187,25 +174,19 @@ class StepTemplate:
                 if k == L:
                     kwargs = self._after_previous_layer(k, m)
                     senders = layer_plan.senders()
-                    forward_pieces, forward_sources, after = self._sources(
-                        "fwd", k - 1, m, senders
-                    )
+                    forward_pieces, sources, after = self._sources("fwd", k - 1, m, senders)
                     kwargs["after"] += after
-                    kwargs["forward_pieces"] = forward_pieces
-                    kwargs["forward_route"] = Route(sources=forward_sources, local=())
-                    kwargs["y"] = ("input", "y", m)
-                    kwargs["y_rows"] = ("input", "y_rows", m)
+                    kwargs.update(forward_pieces=forward_pieces, forward_route=Route(sources))
+                    kwargs.update(y=("input", "y", m), y_rows=("input", "y_rows", m))
                     if softmax:
                         kwargs["lse"] = ("step", "lse", L, 0, NO_RECEIVER)
                         kwargs["after"] += (("step", "fwd", L, m, SOFTMAX_STATS),)
                     pieces, sources = (), ()
                 else:
-                    kwargs["after"] = tuple(
-                        ("step", "bwd", k + 1, m, n) for n in self._receivers[("bwd", k + 1, m)]
-                    )
                     returning = sorted(self.plan.layers[k][m].send)
                     pieces, sources, after = self._sources("bwd", k + 1, m, returning)
-                    kwargs["after"] += after
+                    previous = self._receivers[("bwd", k + 1, m)]
+                    kwargs["after"] = tuple(("step", "bwd", k + 1, m, n) for n in previous) + after
                 kwargs["route"] = Route(sources=sources, local=self._local[("bwd", k, m)])
                 self._add_part_tasks("bwd", k, m, receivers, backward_task, pieces, kwargs)
 
@@ -232,9 +213,7 @@ class StepTemplate:
         """Keys whose values the client collects: one per part and microbatch."""
         return [self.key(step, *spec, i) for spec in self.outputs for i in range(microbatches)]
 
-    def graph(
-        self, ctx: StepContext, inputs: dict, rows: list, previous: dict | None = None
-    ) -> dict:
+    def graph(self, ctx: StepContext, inputs: dict, rows: list, previous: dict | None = None):
         """The task graph of step ``ctx.step``: every task of the template once per microbatch.
 
         Parameters
@@ -247,43 +226,40 @@ class StepTemplate:
         previous : dict, optional
             Per part, the keys of the previous step's last tasks, which the first layer waits for.
         """
-        step = ctx.step
+        step, previous = ctx.step, previous or {}
+
+        def resolve(ref, i: int):
+            if not (isinstance(ref, tuple) and ref):
+                return ref  # None or a Route
+            if ref[0] == "step":
+                return TaskRef(self.key(step, *ref[1:], i))
+            if ref[0] == "fixed":
+                return TaskRef(ref[1])
+            if ref[0] == "input":
+                return TaskRef(inputs[ref[1:]]) if ref[1] in ("x", "y") else rows[i]
+            return ref
+
+        def resolve_all(refs, i: int) -> List | tuple:
+            resolved = []
+            for ref in refs:
+                if ref[0] == "prev":
+                    resolved += [TaskRef(k) for k in previous.get(ref[1], ())]
+                else:
+                    resolved.append(resolve(ref, i))
+            return List(*resolved) if resolved else ()
+
         dsk = {}
         for i in range(ctx.microbatches):
-
-            def resolve(ref, i=i):
-                if ref is None:
-                    return None
-                if isinstance(ref, tuple) and ref and ref[0] == "step":
-                    return TaskRef(self.key(step, *ref[1:], i))
-                if isinstance(ref, tuple) and ref and ref[0] == "fixed":
-                    return TaskRef(ref[1])
-                if isinstance(ref, tuple) and ref and ref[0] == "input":
-                    if ref[1] in ("x", "y"):
-                        return TaskRef(inputs[(ref[1], ref[2])])
-                    return rows[i]
-                return ref
-
             for spec in self.specs:
                 key = self.key(step, spec.phase, spec.k, spec.m, spec.n, i)
-                args = [resolve(a) for a in spec.args]
+                args = [resolve(a, i) for a in spec.args]
                 if spec.func is combine_logsumexp:
                     dsk[key] = Task(key, spec.func, *args)
                     continue
                 kwargs = {"microbatch": i}
                 for name, value in spec.kwargs.items():
-                    if name in ("route", "forward_route"):
-                        kwargs[name] = value
-                    elif name in ("after", "forward_pieces"):
-                        refs = []
-                        for ref in value:
-                            if isinstance(ref, tuple) and ref and ref[0] == "prev":
-                                refs += [TaskRef(k) for k in (previous or {}).get(ref[1], ())]
-                            elif (resolved := resolve(ref)) is not None:
-                                refs.append(resolved)
-                        kwargs[name] = List(*refs) if refs else ()
-                    else:
-                        kwargs[name] = resolve(value)
+                    many = name in ("after", "forward_pieces")
+                    kwargs[name] = resolve_all(value, i) if many else resolve(value, i)
                 dsk[key] = Task(key, spec.func, ctx, *args, **kwargs)
         return dsk
 
@@ -298,8 +274,5 @@ class StepPriority:
 
     def __call__(self, key) -> int:
         _, _, k, _, _, i = key
-        if key[0] == self.names["bwd"]:
-            position = 2 * self.n_layers + 1 - k
-        else:
-            position = k
+        position = 2 * self.n_layers + 1 - k if key[0] == self.names["bwd"] else k
         return -(position * PRIORITY_STRIDE + i)

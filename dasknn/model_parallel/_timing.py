@@ -16,23 +16,11 @@ __all__ = ["TrainingTimes", "time_training"]
 
 @dataclass(frozen=True)
 class TrainingTimes:
-    """Per-batch figures of a timed run (seconds unless said otherwise).
-
-    Attributes
-    ----------
-    batches, batch_size : int
-    per_batch : float
-        Wall time per batch.
-    products, update, pack : float
-        Sparse products, gradient and optimizer update, and packing on the busiest worker.
-    update_background : float
-        The part of ``update`` run by the background thread, overlapping the task thread.
-    wait : float
-        ``per_batch - (products + pack + update - update_background)`` of the busiest worker: the
-        task thread's wait for communication, scheduling and other workers.
-    comm : CommReport
-        Measured against predicted communication of the timed batches.
-    """
+    """Per-batch seconds of a timed run: wall time (``per_batch``); sparse products, gradient and
+    optimizer update (``update_background`` of it on the background thread) and packing on the
+    busiest worker; ``wait = per_batch - (products + pack + update - update_background)``, that
+    worker's task thread waiting for communication, scheduling and other workers. ``comm``:
+    measured against predicted communication of the timed batches."""
 
     batches: int
     batch_size: int
@@ -60,24 +48,16 @@ class TrainingTimes:
 
 
 def time_training(
-    dist: DistributedSparseMLP,
-    X: np.ndarray,
-    Y: np.ndarray,
-    batch_size: int,
-    epochs: int = 1,
-    lr: float | None = 0.01,
-    warmup: bool = True,
-    progress: bool = False,
-    on_epoch: Callable[[int, float], None] | None = None,
-    **fit_options,
-) -> TrainingTimes:
+    dist: DistributedSparseMLP, X: np.ndarray, Y: np.ndarray, batch_size: int, epochs: int = 1,
+    lr: float | None = 0.01, warmup: bool = True, progress: bool = False,
+    on_epoch: Callable[[int, float], None] | None = None, **fit_options,
+) -> TrainingTimes:  # fmt: skip
     """Train ``dist`` on ``(X, Y)`` with ``fit`` (``on_epoch``'s time not counted) and time it,
     after a warm-up step unless ``warmup`` is false; plain SGD at ``lr``, or the ``optimizer``
     of ``fit_options``, which go to ``fit``."""
-    if fit_options.get("optimizer") is not None:
-        lr = None
+    optimizer = fit_options.get("optimizer")
+    lr = None if optimizer is not None else lr
     if warmup:
-        optimizer = fit_options.get("optimizer")
         dist.train_step(X[:batch_size], Y[:batch_size], lr=lr, optimizer=optimizer)
     dist.reset_comm()
     outside = 0.0
@@ -97,19 +77,11 @@ def time_training(
     comm = dist.comm_report()
     batches = max(comm.steps, 1)
     busiest = max(dist.timings().values(), key=lambda t: sum(t.values()))
+    each = {kind: seconds / batches for kind, seconds in busiest.items()}
     products = (busiest["forward_product"] + busiest["backward_product"]) / batches
-    update = busiest["update"] / batches
-    background = busiest["update_background"] / batches
-    pack = busiest["pack"] / batches
+    update, background, pack = each["update"], each["update_background"], each["pack"]
     per_batch = wall / batches
+    wait = per_batch - products - pack - (update - background)
     return TrainingTimes(
-        batches=batches,
-        batch_size=batch_size,
-        per_batch=per_batch,
-        products=products,
-        update=update,
-        update_background=background,
-        pack=pack,
-        wait=per_batch - products - pack - (update - background),
-        comm=comm,
+        batches, batch_size, per_batch, products, update, background, pack, wait, comm
     )

@@ -16,39 +16,24 @@ from dasknn.runtime.postbox import MESSAGE_TIMEOUT, Mailbox
 from dasknn.runtime.posted import PostedTask
 
 __all__ = [
-    "TIMING_KINDS",
-    "GradientSum",
-    "MicrobatchStep",
-    "ModelState",
-    "PartLayer",
-    "PartStep",
-    "install_parts",
-    "read_parts",
-    "snapshot_bias",
-    "snapshot_weight",
+    "TIMING_KINDS", "GradientSum", "MicrobatchStep", "ModelState", "PartLayer", "PartStep",
+    "gcxs", "read_parts", "snapshot_bias", "snapshot_weight",
 ]
 
 #: Seconds summed over tasks; ``update_background`` is the background thread's share of ``update``.
 TIMING_KINDS = ("forward_product", "backward_product", "update", "update_background", "pack")
 
 
+def gcxs(data: np.ndarray, indices: np.ndarray, indptr: np.ndarray, shape) -> sparse.GCXS:
+    """A row-compressed GCXS matrix of the CSR arrays given (not copied)."""
+    return sparse.GCXS((data, indices, indptr), shape=shape, compressed_axes=(0,))
+
+
 @dataclass
 class PartLayer:
-    """One part's chunk of one layer: the parameters and their optimizer state.
-
-    Attributes
-    ----------
-    shape : (int, int)
-        ``(n_{k-1}, c_m)``.
-    indptr, indices : numpy.ndarray
-        The chunk's fixed CSR structure.
-    values, bias : numpy.ndarray
-        The stored weights and the bias, updated in place.
-    slots : OptimizerSlots
-        The last update's optimizer and its state of ``"weights"`` and ``"bias"``.
-    lock : threading.Lock
-        Held while the parameters are updated or copied.
-    """
+    """One part's chunk ``(n_{k-1}, c_m)`` of one layer: the fixed CSR structure ``indptr``,
+    ``indices``; ``values`` and ``bias``, updated in place under ``lock``; ``slots``, the last
+    update's optimizer and its state of ``"weights"`` and ``"bias"``."""
 
     shape: tuple[int, int]
     indptr: np.ndarray
@@ -67,7 +52,8 @@ class PartLayer:
 
 @dataclass
 class MicrobatchStep:
-    """One part's intermediate values for one microbatch (a row block of the step's batch)."""
+    """One part's values of one microbatch: ``forward[k] = (x_in, z, a)``, ``partial[k]`` (the
+    partial sums for layer ``k-1``), the layers whose backward is done, the loss share."""
 
     forward: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
     partial: dict[int, np.ndarray] = field(default_factory=dict)
@@ -77,7 +63,7 @@ class MicrobatchStep:
 
 @dataclass
 class GradientSum:
-    """A layer's weight and bias gradients summed over the microbatches accumulated so far."""
+    """A layer's weight and bias gradients summed over ``count`` microbatches."""
 
     count: int
     weights: np.ndarray
@@ -86,19 +72,9 @@ class GradientSum:
 
 @dataclass
 class PartStep:
-    """One part's intermediate values during one step.
-
-    Attributes
-    ----------
-    microbatches : dict
-        Microbatch number -> :class:`MicrobatchStep`.
-    gradients : dict
-        Layer -> :class:`GradientSum` until every microbatch's gradient is in.
-    updates : list of Future
-        The update-thread jobs of the step.
-    finished : int
-        Microbatches whose layer 1 is done.
-    """
+    """One part's values in one step: :class:`MicrobatchStep` per microbatch, :class:`GradientSum`
+    per layer until every microbatch's is in, the update-thread jobs, and the microbatches whose
+    layer 1 is done (``finished``)."""
 
     microbatches: dict[int, MicrobatchStep] = field(default_factory=dict)
     gradients: dict[int, GradientSum] = field(default_factory=dict)
@@ -133,35 +109,32 @@ class ModelState(ModelPlugin):
         self.layers: dict[tuple[int, int], PartLayer] = {}
         self.steps: dict[tuple[int, int], PartStep] = {}
         self._latest_step = 0  # the highest step number begun here
-        #: Messages for this worker's parts by step key, and the jobs of :meth:`queue_idle`.
         self.mailbox = Mailbox()
-        #: ``messages="posted"``: the step task under way here (its posts go to the postboxes of
-        #: the workers by address) and the key of the error a failing worker posts to it.
+        #: ``messages="posted"``: the step task under way and the key a failing worker posts to.
         self.posting: PostedTask | None = None
         self.failed = None
         self.timings: dict[str, float] = defaultdict(float)
         self._lock = threading.Lock()
         self._timings_lock = threading.Lock()
-        self._updater = ThreadPoolExecutor(1, thread_name_prefix=f"dasknn-update-{self.token}")
+        #: The model's background update thread.
+        self.updater = ThreadPoolExecutor(1, thread_name_prefix=f"dasknn-update-{self.token}")
 
     def teardown(self, worker) -> None:
-        self._updater.shutdown(wait=True, cancel_futures=True)
+        self.updater.shutdown(wait=True, cancel_futures=True)
         self.clear_steps()
         self.layers.clear()
 
-    def install(self, chunks: dict, states: dict | None = None) -> None:
-        """Own copies of ``{(k, m): (GCXS chunk, bias)}`` and of the optimizer states given."""
+    def install(self, chunks: dict, states: dict | None = None) -> int:
+        """Own copies of ``{(k, m): (GCXS chunk, bias)}`` and of the optimizer states
+        ``{(k, m): (optimizer, weight state, bias state)}`` given; returns the count."""
         for (k, m), (chunk, bias) in chunks.items():
             optimizer, weight_state, bias_state = (states or {}).get((k, m), (None, None, None))
             held = {"weights": weight_state, "bias": bias_state} if optimizer is not None else {}
             self.layers[(k, m)] = PartLayer(
-                shape=tuple(chunk.shape),
-                indptr=np.array(chunk.indptr),
-                indices=np.array(chunk.indices),
-                values=np.array(chunk.data),
-                bias=np.array(bias),
-                slots=OptimizerSlots(optimizer, held),
-            )
+                tuple(chunk.shape), np.array(chunk.indptr), np.array(chunk.indices),
+                np.array(chunk.data), np.array(bias), OptimizerSlots(optimizer, held),
+            )  # fmt: skip
+        return len(chunks)
 
     def read(self) -> dict:
         """Copies: ``{(k, m): (values, bias, optimizer, weight state, bias state)}``."""
@@ -169,13 +142,8 @@ class ModelState(ModelPlugin):
         for key, layer in list(self.layers.items()):
             with layer.lock:
                 slots = layer.slots.copy()
-                parts[key] = (
-                    layer.values.copy(),
-                    layer.bias.copy(),
-                    slots.optimizer,
-                    slots.states.get("weights"),
-                    slots.states.get("bias"),
-                )
+                values = (layer.values.copy(), layer.bias.copy(), slots.optimizer)
+                parts[key] = (*values, slots.states.get("weights"), slots.states.get("bias"))
         return parts
 
     def part_step(self, step: int, part: int) -> PartStep:
@@ -211,28 +179,18 @@ class ModelState(ModelPlugin):
         """Keep a posted message's transfer report for the step task (the postbox calls it)."""
         self.mailbox.hold_receipt(key, sender, nbytes)
 
-    def post(self, address: str, key: tuple, rows: np.ndarray) -> None:
-        """Post the message ``key`` to the worker at ``address`` from the step task under way
-        (:attr:`posting`, which waits for its posts before it ends)."""
-        self.posting.post((address,), key, rows)
+    def send(self, address: str, key: tuple, rows) -> None:
+        """Leave the message ``key`` in the mailbox if ``address`` is this worker's, else post it
+        there from the step task under way (:attr:`posting`)."""
+        if address == self.address:
+            self.mailbox.deliver(key, rows)
+        else:
+            self.posting.post((address,), key, rows)
 
     def take(self, key: tuple, timeout: float = MESSAGE_TIMEOUT) -> np.ndarray:
-        """Remove and return message ``key``, running :meth:`queue_idle` jobs while waiting;
-        ``TimeoutError`` after ``timeout`` s, ``RuntimeError`` if the steps are cleared, the
+        """:meth:`Mailbox.take <dasknn.runtime.postbox.Mailbox.take>` of ``key``, raising the
         error another worker posted under :attr:`failed` if it failed in the step."""
         return self.mailbox.take(key, self.failed, timeout=timeout)
-
-    def queue_idle(self, func, *args) -> None:
-        """Queue ``func(*args)`` for the calling thread's waits (:meth:`take`, :meth:`run_idle`)."""
-        self.mailbox.queue_idle(func, *args)
-
-    def run_idle(self) -> None:
-        """Run every job :meth:`queue_idle` left, in the order they were queued."""
-        self.mailbox.run_idle()
-
-    def submit_update(self, func, *args) -> Future:
-        """Run ``func(*args)`` on this model's background update thread."""
-        return self._updater.submit(func, *args)
 
     def add_time(self, kind: str, seconds: float) -> None:
         """Add to the time spent on ``kind`` of work (from either thread)."""
@@ -250,12 +208,6 @@ class ModelState(ModelPlugin):
             self.timings.clear()
 
 
-def install_parts(dask_worker, token: str, chunks: dict, states: dict | None = None) -> int:
-    """For ``Client.run``: :meth:`ModelState.install` on ``dask_worker``; returns the count."""
-    ModelState.on_worker(token, dask_worker).install(chunks, states)
-    return len(chunks)
-
-
 def read_parts(dask_worker, token: str) -> dict:
     """For ``Client.run``: :meth:`ModelState.read` on ``dask_worker`` (call it between steps)."""
     return ModelState.on_worker(token, dask_worker).read()
@@ -266,11 +218,7 @@ def snapshot_weight(token: str, k: int, m: int) -> sparse.GCXS:
     layer = ModelState.on_worker(token).layers[(k, m)]
     with layer.lock:
         data = layer.values.copy()
-    return sparse.GCXS(
-        (data, layer.indices.copy(), layer.indptr.copy()),
-        shape=layer.shape,
-        compressed_axes=(0,),
-    )
+    return gcxs(data, layer.indices.copy(), layer.indptr.copy(), layer.shape)
 
 
 def snapshot_bias(token: str, k: int, m: int) -> np.ndarray:

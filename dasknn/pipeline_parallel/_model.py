@@ -10,7 +10,6 @@ import concurrent.futures
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
 from numbers import Integral
 
 import dask.array as da
@@ -32,10 +31,16 @@ from dasknn.model.estimator import OutputBlocks, SparseEstimator
 from dasknn.model.validation import check_count
 from dasknn.optim import Optimizer, resolve_optimizer
 from dasknn.pipeline_parallel import _worker_state as ws
-from dasknn.pipeline_parallel._plan import layer_costs, split_stages
+from dasknn.pipeline_parallel._plan import balanced_bounds
+from dasknn.pipeline_parallel._plan import check_bounds as _check_bounds
 from dasknn.pipeline_parallel._schedule import check_schedule
 from dasknn.pipeline_parallel._taskgraph import accumulate_dtype, build_inference, build_step
-from dasknn.pipeline_parallel._timeline import IdleSources, handover_seconds, idle_sources
+from dasknn.pipeline_parallel._timeline import (
+    IdleBreakdown,
+    IdleSources,
+    handover_seconds,
+    idle_sources,
+)
 from dasknn.runtime.affinity import PLUGIN_NAME as PIN_CORES_PLUGIN
 from dasknn.runtime.affinity import PinCores, host_slots, pin_by_default
 from dasknn.runtime.comm_report import CommReport, Key
@@ -81,22 +86,6 @@ SETTLE_POLL_SECONDS = 0.005
 GRADIENTS = "gradients"
 
 
-def _check_bounds(bounds, stages: int, n_layers: int) -> list[tuple[int, int]]:
-    bounds = [(int(a), int(b)) for a, b in bounds]
-    stops = [0] + [b for _, b in bounds]
-    if (
-        len(bounds) != stages
-        or [a for a, _ in bounds] != stops[:-1]
-        or stops[-1] != n_layers
-        or any(a >= b for a, b in bounds)
-    ):
-        raise ValueError(
-            f"bounds must be {stages} contiguous non-empty runs (first, stop) covering the "
-            f"{n_layers} layers, got {bounds}"
-        )
-    return bounds
-
-
 def _known_keys(dask_scheduler, keys: list) -> list:
     """The ``keys`` the scheduler still knows."""
     return [key for key in keys if key in dask_scheduler.tasks]
@@ -106,59 +95,6 @@ def _by_replica(where: tuple[int, int]) -> tuple[int, int]:
     """Stage replicas ``(s, d)`` ordered as ``workers`` lists them: replica, then stage."""
     s, d = where
     return d, s
-
-
-def balanced_bounds(model: CompressedMLP, stages: int) -> list[tuple[int, int]]:
-    """The layers of each of ``stages`` stages of ``model``, balanced by the estimated cost of a
-    training step (:func:`~dasknn.pipeline_parallel._plan.layer_costs`: forward, weight gradient
-    and input gradient products over the dense entries with ``compute="dense"``, the unpruned
-    weights with ``compute="sparse"``).
-
-    Raises
-    ------
-    ValueError
-        If ``stages`` is not an integer in ``[1, n_layers]``.
-    """
-    entries = [
-        n_in * n_out if model.compute == "dense" else layer.nnz
-        for (n_in, n_out), layer in zip(model.layer_shapes, model.stack.layers, strict=True)
-    ]
-    return split_stages(layer_costs(model.layer_shapes, entries), stages)
-
-
-@dataclass(frozen=True)
-class IdleBreakdown:
-    """A stage replica's idle fraction of a step, ``idle = bubble + imbalance``.
-
-    The span is the step's forward-backward span of the replica (first pass started to last pass
-    ended, over its stages). The pipeline runs at the pace of its busiest stage, so the bubble
-    (fill and drain, ``(S - 1) / (m + S - 1)`` of the span with equal stages, as SAMO and
-    Narayanan et al. count it) is the busiest stage's idle fraction, the same for every stage of
-    the replica; a less busy stage also waits for the busier one, its imbalance.
-
-    Attributes
-    ----------
-    idle : float
-        Fraction of the span in which the stage ran no pass.
-    bubble : float
-        ``1 - busy_max / span``: the busiest stage's idle fraction.
-    imbalance : float
-        ``(busy_max - busy) / span``: the time this stage waits because another stage is busier.
-    busy : float
-        Seconds of the stage's passes in the step.
-    handover : float
-        Fraction of the span in which the stage idled although the inputs of its next pass were
-        ready: from the later of its previous pass's end and the end of the other stage's pass
-        it reads (the message's source) to the pass's start. Dask's handover: the scheduler's
-        round trip of a chained task, the message's transfer. Part of ``idle``; the rest is
-        waiting for the other stage.
-    """
-
-    idle: float
-    bubble: float
-    imbalance: float
-    busy: float
-    handover: float = 0.0
 
 
 class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):

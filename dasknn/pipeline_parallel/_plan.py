@@ -1,28 +1,25 @@
-"""Stages and replicas: contiguous layer runs, and the planner fitting a memory limit
+"""Stages and replicas: contiguous layer runs, balanced by cost or fitting a memory limit
 (docs/samo.md)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from numbers import Integral
+from itertools import accumulate
 
+from dasknn.model.validation import check_count
 from dasknn.optim import Optimizer
 
 __all__ = [
     "ParallelPlan",
+    "balanced_bounds",
+    "check_bounds",
     "compressed_layer_bytes",
     "dense_layer_bytes",
     "layer_costs",
     "plan_parallelism",
     "split_stages",
 ]
-
-
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return int(value)
 
 
 def split_stages(layer_bytes: Sequence[int], stages: int) -> list[tuple[int, int]]:
@@ -35,12 +32,10 @@ def split_stages(layer_bytes: Sequence[int], stages: int) -> list[tuple[int, int
         If ``stages`` is not an integer in ``[1, len(layer_bytes)]``.
     """
     n = len(layer_bytes)
-    stages = _positive_int("stages", stages)
+    stages = check_count("stages", stages)
     if stages > n:
         raise ValueError(f"{stages} stages for a network of {n} layers: at most one per layer")
-    prefix = [0]
-    for b in layer_bytes:
-        prefix.append(prefix[-1] + int(b))
+    prefix = [0, *accumulate(int(b) for b in layer_bytes)]
     inf = float("inf")
     # best[s][i]: the smallest largest-run over the first i layers cut into s runs
     best = [[inf] * (n + 1) for _ in range(stages + 1)]
@@ -81,6 +76,37 @@ def layer_costs(shapes: Sequence[tuple[int, int]], entries: Sequence[int]) -> li
     return costs
 
 
+def balanced_bounds(model, stages: int) -> list[tuple[int, int]]:
+    """The layers of each of ``stages`` stages of the :class:`~dasknn.model.CompressedMLP`
+    ``model``, balanced by :func:`layer_costs` (over the dense entries with ``compute="dense"``,
+    the unpruned weights with ``compute="sparse"``).
+
+    Raises
+    ------
+    ValueError
+        If ``stages`` is not an integer in ``[1, n_layers]``.
+    """
+    entries = [
+        n_in * n_out if model.compute == "dense" else layer.nnz
+        for (n_in, n_out), layer in zip(model.layer_shapes, model.stack.layers, strict=True)
+    ]
+    return split_stages(layer_costs(model.layer_shapes, entries), stages)
+
+
+def check_bounds(bounds, stages: int, n_layers: int) -> list[tuple[int, int]]:
+    """``bounds`` as ``[(first, stop)]``; ``ValueError`` unless they are ``stages`` contiguous
+    non-empty runs covering the ``n_layers`` layers."""
+    bounds = [(int(a), int(b)) for a, b in bounds]
+    stops = [0] + [b for _, b in bounds]
+    contiguous = [a for a, _ in bounds] == stops[:-1] and all(a < b for a, b in bounds)
+    if len(bounds) != stages or not contiguous or stops[-1] != n_layers:
+        raise ValueError(
+            f"bounds must be {stages} contiguous non-empty runs (first, stop) covering the "
+            f"{n_layers} layers, got {bounds}"
+        )
+    return bounds
+
+
 def compressed_layer_bytes(stack, optimizer: Optimizer) -> list[int]:
     """Per layer of a :class:`~dasknn.compressed.CompressedStack`, the bytes of its model states
     with ``optimizer``'s state arrays (weights, gradients, optimizer states, index)."""
@@ -88,18 +114,12 @@ def compressed_layer_bytes(stack, optimizer: Optimizer) -> list[int]:
     for layer in stack.layers:
         held = layer.state_bytes()
         n_states = len(optimizer.init_state(layer.master[:0]).arrays)
-        out.append(
-            held["weights"]
-            + held["gradients"]
-            + held["index"]
-            + n_states * (layer.master.nbytes + layer.bias.nbytes)
-        )
+        params = layer.master.nbytes + layer.bias.nbytes
+        out.append(held["weights"] + held["gradients"] + held["index"] + n_states * params)
     return out
 
 
-def dense_layer_bytes(
-    shapes: Sequence[tuple[int, int]], arrays: int, itemsize: int = 4
-) -> list[int]:
+def dense_layer_bytes(shapes: Sequence[tuple], arrays: int, itemsize: int = 4) -> list[int]:
     """Per dense layer of ``shapes``, ``arrays`` full-size arrays of ``itemsize`` bytes per weight
     and bias (float32 Adam: 4; with a float mask: 5; PyTorch's pruning utilities: 6)."""
     return [arrays * itemsize * (n_in * n_out + n_out) for n_in, n_out in shapes]
@@ -107,17 +127,8 @@ def dense_layer_bytes(
 
 @dataclass(frozen=True)
 class ParallelPlan:
-    """A choice of stages and data-parallel replicas.
-
-    Attributes
-    ----------
-    stages, replicas : int
-    bounds : list of (first, stop)
-        The layers of each stage.
-    stage_bytes : list of int
-        Model-state bytes of each stage (what each of its workers holds).
-    memory_limit : int
-    """
+    """A choice of stages and data-parallel replicas: ``bounds``, the layers ``(first, stop)``
+    of each stage, and ``stage_bytes``, the model-state bytes each of its workers holds."""
 
     stages: int
     replicas: int
@@ -139,8 +150,8 @@ def plan_parallelism(layer_bytes: Sequence[int], workers: int, memory_limit: int
         If ``workers`` or ``memory_limit`` is not a positive integer, or no split into at most
         ``min(workers, layers)`` stages fits (the message gives the bytes needed and available).
     """
-    workers = _positive_int("workers", workers)
-    memory_limit = _positive_int("memory_limit", memory_limit)
+    workers = check_count("workers", workers)
+    memory_limit = check_count("memory_limit", memory_limit)
     smallest, most = None, min(workers, len(layer_bytes))
     for stages in range(1, most + 1):
         bounds = split_stages(layer_bytes, stages)

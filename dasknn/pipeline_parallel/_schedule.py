@@ -23,9 +23,7 @@ def stage_order(schedule: str, stages: int, stage: int, microbatches: int) -> li
     """The passes of ``stage`` in the order it runs them: ``[("F", u) | ("B", u)]``."""
     check_schedule(schedule)
     m = microbatches
-    if schedule == "gpipe":
-        return [("F", u) for u in range(m)] + [("B", u) for u in range(m)]
-    warmup = min(stages - stage - 1, m)
+    warmup = m if schedule == "gpipe" else min(stages - stage - 1, m)
     order = [("F", u) for u in range(warmup)]
     for i in range(m - warmup):
         order += [("F", warmup + i), ("B", i)]

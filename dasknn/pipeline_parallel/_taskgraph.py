@@ -1,83 +1,59 @@
-"""The task graph of one pipeline (and data-parallel) training step: each stage replica's passes
-pinned to its worker and chained in schedule order, one message a stage boundary, ``fwd-done`` /
-``bwd-done`` marks keeping the sender's copy, each stage's gradients allreduced across replicas
-(:func:`dasknn.runtime.collectives.build_allreduce`) and fp16 steps applied everywhere or nowhere.
-Details: docs/samo.md.
+"""The task graph of one pipeline (and data-parallel) training step and of a prediction: each
+stage replica's passes pinned to its worker in schedule order, each stage's gradients allreduced
+across replicas (:func:`~dasknn.runtime.collectives.build_allreduce`), fp16 steps applied
+everywhere or nowhere. Details: docs/samo.md.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 from dask.task_spec import List, Task, TaskRef
 
-from dasknn.pipeline_parallel import _worker_state as ws
 from dasknn.pipeline_parallel._schedule import stage_order
+from dasknn.pipeline_parallel._worker_state import StageState as Stage
+from dasknn.pipeline_parallel._worker_state import on_stage, run_stage
 from dasknn.runtime.collectives import build_allreduce
 from dasknn.runtime.keys import parse_collective_key, parse_pipeline_key, pipeline_key
+from dasknn.runtime.placement import KeyPlacement
 
 __all__ = [
-    "SchedulePriority",
     "StepGraph",
+    "accumulate_dtype",
     "build_inference",
     "build_step",
     "chain_links",
-    "collective_token",
     "final_passes",
     "local_keys",
 ]
 
 
-def collective_token(token: str, stage: int, step: int) -> str:
-    """Token of the allreduce of ``stage``'s gradients in ``step``."""
-    return f"{token}s{stage}n{step}"
+def _stage_replica(collectives: dict[str, int], key) -> tuple[int, int]:
+    """The ``(stage, replica)`` whose worker runs ``key`` (``collectives``: the stage of each
+    allreduce token); with :class:`~dasknn.runtime.placement.KeyPlacement`, the ``workers=``
+    annotation of a step's or prediction's keys."""
+    pipeline = parse_pipeline_key(key)
+    if pipeline is not None:
+        return pipeline.stage, pipeline.replica
+    collective = parse_collective_key(key)
+    return collectives[collective.token], collective.sender
 
 
-class Placement:
-    """``workers=`` annotation of a step's keys: the worker of the key's stage replica."""
-
-    def __init__(self, workers: dict[tuple[int, int], str], collectives: dict[str, int]) -> None:
-        self.workers = dict(workers)
-        self.collectives = dict(collectives)
-
-    def __call__(self, key) -> list[str]:
-        pipeline = parse_pipeline_key(key)
-        if pipeline is not None:
-            return [self.workers[(pipeline.stage, pipeline.replica)]]
-        collective = parse_collective_key(key)
-        stage = self.collectives[collective.token]
-        return [self.workers[(stage, collective.sender)]]
-
-
-class SchedulePriority:
-    """``priority=`` annotation of a step's keys: a stage's passes in schedule order, earlier
-    higher, and the per-step work (gradients, allreduce, fp16 flags, update) after them."""
-
-    def __init__(self, schedule: str, stages: int, microbatches: int) -> None:
-        self.last = 2 * microbatches
-        self.position = {
-            (s, "fwd" if kind == "F" else "bwd", u): n
-            for s in range(stages)
-            for n, (kind, u) in enumerate(stage_order(schedule, stages, s, microbatches))
-        }
-
-    def __call__(self, key) -> int:
-        pipeline = parse_pipeline_key(key)
-        if pipeline is None:
-            return -self.last
-        kind = pipeline.kind.removesuffix("-done")  # a pass's mark right after the pass
-        return -self.position.get((pipeline.stage, kind, pipeline.microbatch), self.last)
+def _priority(position: dict, last: int, key) -> int:
+    """``priority=`` annotation of a step's keys: a stage's passes (and their marks) by their
+    ``position`` in its schedule, earlier higher, then the per-step work."""
+    pipeline = parse_pipeline_key(key)
+    if pipeline is None:
+        return -last
+    kind = pipeline.kind.removesuffix("-done")
+    return -position.get((pipeline.stage, kind, pipeline.microbatch), last)
 
 
 def _done(value) -> None:
     """Nothing: the mark that a pass ended (see :func:`local_keys`)."""
     return None
-
-
-def _local_inputs(kind: str, stage: int, stages: int) -> bool:
-    """Whether a pass reads nothing from another stage (first stage forward, last backward)."""
-    return (kind == "F" and stage == 0) or (kind == "B" and stage == stages - 1)
 
 
 def chain_links(order: list[tuple[str, int]]) -> list[tuple[int, ...]]:
@@ -110,31 +86,23 @@ def final_passes(order: list[tuple[str, int]]) -> tuple[int, ...]:
     return (last,)
 
 
-def local_keys(
-    token: str,
-    step: int,
-    stage: int,
-    replica: int,
-    order: list[tuple[str, int]],
-    stages: int,
-) -> list[tuple]:
-    """Per pass of the stage replica's ``order``, the key the stage's own later tasks wait for.
-
-    The pass key itself, unless the pass sends a message and a task of the sender waiting for
-    it may wait for something else too; then its ``fwd-done`` / ``bwd-done`` mark, which keeps
-    the sender's copy from the active memory manager (docs/samo.md).
-    """
+def local_keys(token: str, step: int, stage: int, replica: int, order: list, stages: int) -> list:
+    """Per pass of the stage replica's ``order``, the key the stage's own later tasks wait for:
+    the pass key, or, if the pass sends a message and a task of the sender waiting for it may
+    wait for something else too, its ``fwd-done`` / ``bwd-done`` mark, which keeps the sender's
+    copy from the active memory manager (docs/samo.md)."""
     links = chain_links(order)
     final = final_passes(order)
+    sends = {"F": stage < stages - 1, "B": stage > 0}
+    reads = {"F": stage > 0, "B": stage < stages - 1}
     out = []
     for n, (kind, u) in enumerate(order):
         name = "fwd" if kind == "F" else "bwd"
-        sends = (kind == "F" and stage < stages - 1) or (kind == "B" and stage > 0)
         readers = [m for m, link in enumerate(links) if n in link]
         at_once = n not in final and all(
-            links[m] == (n,) and _local_inputs(order[m][0], stage, stages) for m in readers
+            links[m] == (n,) and not reads[order[m][0]] for m in readers
         )
-        kind_key = name if at_once or not sends else f"{name}-done"
+        kind_key = name if at_once or not sends[kind] else f"{name}-done"
         out.append(pipeline_key(token, kind_key, step, stage, replica, u))
     return out
 
@@ -146,8 +114,8 @@ class StepGraph:
     tasks: dict
     loss_keys: list
     update_keys: list
-    placement: Placement
-    priority: SchedulePriority
+    placement: KeyPlacement
+    priority: partial
     collective_tokens: list
     verdict_key: tuple | None = None
 
@@ -167,166 +135,99 @@ def build_step(
     loss_scale: float | None = None,
     postboxes: dict[tuple[int, int], str] | None = None,
 ) -> StepGraph:
-    """Build the step: the inputs are the keys ``pipeline_key(token, "x", step, 0, d, u)`` on
+    """The step's graph; its inputs are the keys ``pipeline_key(token, "x", step, 0, d, u)`` on
     stage 0's workers and ``pipeline_key(token, "y", step, S - 1, d, u)`` on the last stage's.
 
-    Parameters
-    ----------
-    workers : dict
-        ``{(stage, replica): address}``.
-    scale : float
-        Each microbatch's share of the batch (its rows over the batch's rows).
-    grad_sizes : list of int
-        Length of each stage's gradient buffer.
-    accumulate : numpy dtype
-        The dtype the allreduce sums in.
-    loss_scale : float, optional
-        fp16's dynamic loss scale: the output deltas are multiplied by it, the updates divide
-        it out, and a step whose gradients overflow anywhere is skipped everywhere (the verdict
-        is the value of ``verdict_key``).
-    postboxes : dict, optional
-        ``{(stage, replica): key of its postbox actor}``: one task per stage replica
-        (:func:`~dasknn.pipeline_parallel._worker_state.run_stage`), messages posted, the last
-        stage's returning its microbatches' losses. Without it, a task per pass, each
-        ``loss_keys`` entry one microbatch's loss.
+    ``workers``: ``{(stage, replica): address}``; ``scale``: each microbatch's share of the
+    batch; ``grad_sizes``: the length of each stage's gradient buffer; ``accumulate``: the dtype
+    the allreduce sums in. fp16's ``loss_scale`` multiplies the output deltas and is divided out
+    of the updates, and a step whose gradients overflow anywhere is skipped everywhere (the
+    verdict is the value of ``verdict_key``). With ``postboxes`` (``{(stage, replica): key of
+    its postbox actor}``), a :func:`~._worker_state.run_stage` task a stage replica, the last
+    stage's returning its microbatches' losses; without, a task a pass, a loss key a microbatch.
     """
+
+    def pkey(kind: str, s: int, d: int, u: int = -1) -> tuple:
+        return pipeline_key(token, kind, step, s, d, u)
+
     tasks: dict = {}
     loss_keys, update_keys, tokens, collectives = [], [], [], {}
-    final: dict[tuple[int, int], List] = {}
+    final: dict[tuple[int, int], List] = {}  # per stage replica, what its later work runs after
+    factor, last = 1.0 if loss_scale is None else loss_scale, stages - 1
+    orders = [stage_order(schedule, stages, s, microbatches) for s in range(stages)]
     for d in range(replicas):
-        for s in range(stages):
-            order = stage_order(schedule, stages, s, microbatches)
-            if postboxes is not None:
-                key = pipeline_key(token, "run", step, s, d)
-                tasks[key] = _run_task(
-                    key, token, step, s, d, order, stages, scale, loss_scale, postboxes
-                )
-                if s == stages - 1:
-                    loss_keys.append(key)
-                final[(s, d)] = List(TaskRef(key))
+        for s, order in enumerate(orders):
+            if postboxes is not None:  # one run_stage task, its messages posted
+                run, m = pkey("run", s, d), range(microbatches)
+                inputs = List(*(TaskRef(pkey("x", 0, d, u)) for u in m)) if s == 0 else List()
+                labels = List(*(TaskRef(pkey("y", s, d, u)) for u in m)) if s == last else List()
+                boxes = [
+                    TaskRef(postboxes[(t, d)]) if 0 <= t <= last else None for t in (s - 1, s + 1)
+                ]
+                args = (token, step, order, scale, factor, inputs, labels, *boxes)
+                tasks[run] = Task(run, run_stage, *args)
+                if s == last:
+                    loss_keys.append(run)
+                final[(s, d)] = List(TaskRef(run))
                 continue
-            keys = [
-                pipeline_key(token, "fwd" if kind == "F" else "bwd", step, s, d, u)
-                for kind, u in order
-            ]
             marks = local_keys(token, step, s, d, order, stages)
-            for (kind, u), key, mark, link in zip(
-                order, keys, marks, chain_links(order), strict=True
-            ):
+            for (kind, u), mark, link in zip(order, marks, chain_links(order), strict=True):
+                key = pkey("fwd" if kind == "F" else "bwd", s, d, u)
                 after = List(*(TaskRef(marks[n]) for n in link))
                 if kind == "F":
-                    source = ("x", 0) if s == 0 else ("fwd", s - 1)
-                    inputs = TaskRef(pipeline_key(token, source[0], step, source[1], d, u))
-                    labels = None
-                    if s == stages - 1:
-                        labels = TaskRef(pipeline_key(token, "y", step, s, d, u))
+                    inputs = TaskRef(pkey("x", 0, d, u) if s == 0 else pkey("fwd", s - 1, d, u))
+                    labels = TaskRef(pkey("y", s, d, u)) if s == last else None
+                    args = (Stage.forward, token, after, step, u, scale, factor, inputs, labels)
+                    if s == last:
                         loss_keys.append(key)
-                    tasks[key] = Task(
-                        key,
-                        ws.forward_pass,
-                        token,
-                        step,
-                        u,
-                        scale,
-                        1.0 if loss_scale is None else loss_scale,
-                        inputs,
-                        labels,
-                        after,
-                    )
                 else:
-                    incoming = None
-                    if s < stages - 1:
-                        incoming = TaskRef(pipeline_key(token, "bwd", step, s + 1, d, u))
-                    tasks[key] = Task(key, ws.backward_pass, token, step, u, incoming, after)
+                    incoming = TaskRef(pkey("bwd", s + 1, d, u)) if s < last else None
+                    args = (Stage.backward, token, after, step, u, incoming)
+                tasks[key] = Task(key, on_stage, *args)
                 if mark != key:
                     tasks[mark] = Task(mark, _done, TaskRef(key))
             final[(s, d)] = List(*(TaskRef(marks[n]) for n in final_passes(order)))
-    summed_by_stage = []
-    for s in range(stages):
-        summed = [None] * replicas
-        if replicas > 1:
-            grads = []
-            for d in range(replicas):
-                key = pipeline_key(token, "grad", step, s, d)
-                tasks[key] = Task(key, ws.gradient, token, step, final[(s, d)])
-                grads.append(key)
-            name = collective_token(token, s, step)
-            graph = build_allreduce(name, grads, (grad_sizes[s],), accumulate)
-            tasks.update(graph.tasks)
-            summed = [TaskRef(k) for k in graph.outputs]
-            tokens.append(name)
-            collectives[name] = s
-        summed_by_stage.append(summed)
+    summed = {(s, d): None for s in range(stages) for d in range(replicas)}
+    for s in range(stages if replicas > 1 else 0):  # each stage's gradients allreduced
+        grads = [pkey("grad", s, d) for d in range(replicas)]
+        for d, key in enumerate(grads):
+            tasks[key] = Task(key, on_stage, Stage.gradient, token, final[(s, d)])
+        name = f"{token}s{s}n{step}"  # the allreduce of stage s in this step
+        graph = build_allreduce(name, grads, (grad_sizes[s],), accumulate)
+        tasks.update(graph.tasks)
+        summed.update({(s, d): TaskRef(out) for d, out in enumerate(graph.outputs)})
+        tokens.append(name)
+        collectives[name] = s
     apply, verdict = True, None
     if loss_scale is not None:
-        flags = []
-        for s in range(stages):
-            for d in range(replicas):
-                key = pipeline_key(token, "finite", step, s, d)
-                tasks[key] = Task(
-                    key, ws.gradients_finite, token, step, summed_by_stage[s][d], final[(s, d)]
-                )
-                flags.append(TaskRef(key))
-        verdict = pipeline_key(token, "verdict", step, 0, 0)
-        tasks[verdict] = Task(verdict, ws.all_finite, *flags)
+        for (s, d), value in summed.items():
+            key = pkey("finite", s, d)
+            tasks[key] = Task(key, on_stage, Stage.gradients_finite, token, final[(s, d)], value)
+        verdict = pkey("verdict", 0, 0)
+        tasks[verdict] = Task(verdict, all, List(*(TaskRef(pkey("finite", *w)) for w in summed)))
         apply = TaskRef(verdict)
-    inv_scale = 1.0 if loss_scale is None else 1.0 / loss_scale
-    for s in range(stages):
-        for d in range(replicas):
-            key = pipeline_key(token, "update", step, s, d)
-            summed = summed_by_stage[s][d]
-            tasks[key] = Task(
-                key, ws.update, token, step, optimizer, summed, inv_scale, apply, final[(s, d)]
-            )
-            update_keys.append(key)
-    return StepGraph(
-        tasks,
-        loss_keys,
-        update_keys,
-        Placement(workers, collectives),
-        SchedulePriority(schedule, stages, microbatches),
-        tokens,
-        verdict,
-    )
-
-
-def _run_task(key, token, step, s, d, order, stages, scale, loss_scale, postboxes) -> Task:
-    """The task of stage replica ``(s, d)`` that runs all its passes of the step, its messages
-    posted (:func:`~dasknn.pipeline_parallel._worker_state.run_stage`)."""
-    m = len(order) // 2
-    inputs = [TaskRef(pipeline_key(token, "x", step, 0, d, u)) for u in range(m)] if s == 0 else []
-    labels = []
-    if s == stages - 1:
-        labels = [TaskRef(pipeline_key(token, "y", step, s, d, u)) for u in range(m)]
-    previous = TaskRef(postboxes[(s - 1, d)]) if s > 0 else None
-    following = TaskRef(postboxes[(s + 1, d)]) if s < stages - 1 else None
-    return Task(
-        key,
-        ws.run_stage,
-        token,
-        step,
-        order,
-        scale,
-        1.0 if loss_scale is None else loss_scale,
-        List(*inputs),
-        List(*labels),
-        previous,
-        following,
-    )
+    for (s, d), value in summed.items():
+        key = pkey("update", s, d)
+        args = (Stage.update, token, final[(s, d)], step, optimizer, value, 1.0 / factor, apply)
+        tasks[key] = Task(key, on_stage, *args)
+        update_keys.append(key)
+    position = {
+        (s, "fwd" if kind == "F" else "bwd", u): n
+        for s, order in enumerate(orders)
+        for n, (kind, u) in enumerate(order)
+    }
+    priority = partial(_priority, position, 2 * microbatches)
+    placement = KeyPlacement(dict(workers), partial(_stage_replica, collectives))
+    return StepGraph(tasks, loss_keys, update_keys, placement, priority, tokens, verdict)
 
 
 def build_inference(
-    token: str,
-    call: int,
-    stages: int,
-    replicas: int,
-    blocks: int,
-    workers: dict[tuple[int, int], str],
-) -> tuple[dict, list, Placement]:
+    token: str, call: int, stages: int, replicas: int, blocks: int, workers: dict
+) -> tuple[dict, list, KeyPlacement]:
     """The tasks of a prediction: row block ``j`` (key ``pipeline_key(token, "infer-x", call, 0,
-    d, j)``, replica ``d = j % replicas``) through that replica's stages, one
-    :func:`~dasknn.pipeline_parallel._worker_state.infer` task a stage. Returns the tasks, the
-    last stage's result keys (``(z_L, a_L)`` a block, in order) and every key's placement."""
+    d, j)``, replica ``d = j % replicas``) through that replica's stages, a
+    :meth:`~._worker_state.StageState.infer` task a stage. Returns the tasks, the last stage's
+    result keys (``(z_L, a_L)`` a block, in order) and every key's placement."""
     tasks: dict = {}
     outputs = []
     for j in range(blocks):
@@ -334,10 +235,10 @@ def build_inference(
         source = pipeline_key(token, "infer-x", call, 0, d, j)
         for s in range(stages):
             key = pipeline_key(token, "infer", call, s, d, j)
-            tasks[key] = Task(key, ws.infer, token, TaskRef(source))
+            tasks[key] = Task(key, on_stage, Stage.infer, token, None, TaskRef(source))
             source = key
         outputs.append(source)
-    return tasks, outputs, Placement(workers, {})
+    return tasks, outputs, KeyPlacement(dict(workers), partial(_stage_replica, {}))
 
 
 def accumulate_dtype(storage: np.dtype) -> np.dtype:

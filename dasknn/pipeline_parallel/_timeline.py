@@ -12,7 +12,7 @@ from statistics import fmean
 
 from dasknn.pipeline_parallel._schedule import bubble_fraction, stage_order
 
-__all__ = ["IdleSources", "handover_seconds", "idle_sources", "replay"]
+__all__ = ["IdleBreakdown", "IdleSources", "handover_seconds", "idle_sources", "replay"]
 
 PassKey = tuple[int, str, int]  # (stage, "F" | "B", microbatch)
 
@@ -35,10 +35,9 @@ def handover_seconds(passes: dict[int, list[tuple]]) -> dict[int, float]:
     for s, events in passes.items():
         waited, previous_end = 0.0, None
         for kind, u, start, _ in sorted(events, key=lambda e: e[2]):
-            ready = [] if previous_end is None else [previous_end]
             source = _source(s, kind, u, stages)
-            if source is not None:
-                ready.append(ends[source])
+            ready = [previous_end, None if source is None else ends[source]]
+            ready = [t for t in ready if t is not None]
             if ready:
                 waited += max(0.0, start - max(ready))
             previous_end = ends[(s, kind, u)]
@@ -46,11 +45,10 @@ def handover_seconds(passes: dict[int, list[tuple]]) -> dict[int, float]:
     return out
 
 
-def replay(
-    durations: dict[PassKey, float], schedule: str, stages: int, microbatches: int
-) -> dict[PassKey, tuple[float, float]]:
-    """The ideal ``(start, end)`` of every pass from 0 with ``durations``: each pass starts when its
-    stage's previous pass and the pass it reads have ended."""
+def replay(durations: dict, schedule: str, stages: int, microbatches: int) -> dict:
+    """The ideal ``(start, end)`` of every pass ``(stage, kind, microbatch)`` from 0 with its
+    ``durations``: each pass starts when its stage's previous pass and the pass it reads have
+    ended. ``ValueError`` if the schedule deadlocks."""
     orders = [stage_order(schedule, stages, s, microbatches) for s in range(stages)]
     times: dict[PassKey, tuple[float, float]] = {}
     done = [0] * stages
@@ -79,6 +77,22 @@ def _idle(durations: dict[PassKey, float], times: dict[PassKey, tuple[float, flo
 
 
 @dataclass(frozen=True)
+class IdleBreakdown:
+    """A stage replica's idle fraction of a step over its replica's span (first pass started to
+    last ended): ``idle = bubble + imbalance``. The ``bubble``, ``1 - busy_max / span``, is the
+    busiest stage's idle fraction (fill and drain: ``(S - 1) / (m + S - 1)`` with equal stages);
+    the ``imbalance``, ``(busy_max - busy) / span``, the wait for that stage; ``busy`` the
+    seconds of the stage's passes; ``handover`` the part of ``idle`` with the next pass's inputs
+    ready (:func:`handover_seconds`: a chained task's round trip, the message's transfer)."""
+
+    idle: float
+    bubble: float
+    imbalance: float
+    busy: float
+    handover: float = 0.0
+
+
+@dataclass(frozen=True)
 class IdleSources:
     """A stage's idle fraction of a step split into its four sources, and its mean forward and
     backward pass durations in seconds."""
@@ -92,23 +106,11 @@ class IdleSources:
     mean_backward: float
 
 
-def idle_sources(
-    passes: dict[int, list[tuple]], schedule: str, microbatches: int
-) -> dict[int, IdleSources]:
-    """Per stage, its measured idle fraction split into its sources.
+def idle_sources(passes: dict, schedule: str, microbatches: int) -> dict[int, IdleSources]:
+    """Per stage, its measured idle fraction split into its sources (see the module docstring).
 
-    Parameters
-    ----------
-    passes : dict
-        Per stage ``s``, its passes of one step, ``(kind, microbatch, start, end)`` with ``kind``
-        ``"F"`` or ``"B"``, each once.
-    schedule : str
-    microbatches : int
-
-    Raises
-    ------
-    ValueError
-        If the passes are not those of the schedule.
+    ``passes`` holds per stage ``s`` its passes of one step, ``(kind, microbatch, start, end)``
+    with ``kind`` ``"F"`` or ``"B"``, each once; ``ValueError`` if they are not the schedule's.
     """
     stages = len(passes)
     durations = {(s, kind, u): end - start for s, v in passes.items() for kind, u, start, end in v}

@@ -173,6 +173,10 @@ class OutputShard:
     bias : (n,) array
     config : SamplingConfig
     hogwild : bool
+    rebuilds : int
+        Hash-function draws after the first (the family is that of :meth:`make_family`).
+    tables : HashTables, optional
+        The tables to query (default: built from ``weights`` under the family).
     """
 
     def __init__(
@@ -183,6 +187,8 @@ class OutputShard:
         bias: np.ndarray,
         config: SamplingConfig,
         hogwild: bool,
+        rebuilds: int = 0,
+        tables: HashTables | None = None,
     ) -> None:
         self.index = int(index)
         self.ids = np.asarray(ids, dtype=np.int64)
@@ -197,9 +203,9 @@ class OutputShard:
         self.grad_b = np.zeros_like(self.bias)
         self.touched = np.zeros(len(self.ids), dtype=np.bool_)
         self.slots = OptimizerSlots()
-        self.rebuilds = 0
-        self.family = self.make_family(0)
-        self.tables = self.build_tables()
+        self.rebuilds = int(rebuilds)
+        self.family = self.make_family(self.rebuilds)
+        self.tables = self.build_tables() if tables is None else tables
 
     def family_seed(self, rebuilds: int) -> int:
         """Seed of the hash family (and bucket reservoirs) after ``rebuilds`` rebuilds."""

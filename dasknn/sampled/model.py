@@ -11,14 +11,17 @@ in one process and selects the same active sets.
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Callable, Iterator
+from typing import Self
 
 import numpy as np
 import scipy.sparse as sp
-from tqdm import tqdm
 
-from dasknn.exceptions import NonFiniteLossError
-from dasknn.optim import Adam, Optimizer
+from dasknn.lsh import HashTables
+from dasknn.model.checkpoint import Progress, data_digest
+from dasknn.model.step_loop import StepLoop
+from dasknn.optim import Adam, Optimizer, OptimizerSlots
 from dasknn.sampled.checks import (
     check_features,
     check_hyperparameters,
@@ -33,16 +36,27 @@ from dasknn.sampled.layers import (
     SamplingConfig,
     combine_statistics,
     merge_top_k,
+    shard_bucket_cap,
+)
+from dasknn.sampled.persistence import (
+    SAMPLED_FILE,
+    STATE_KEYS,
+    LayerRecord,
+    SampledRecord,
+    check_layer,
+    check_tables,
+    read_sampled,
+    sampled_identity,
+    write_sampled,
 )
 from dasknn.sampled.schedule import DecaySchedule, training_schedule
 from dasknn.sampled.sharding import ShardMap
 
 __all__ = [
     "SampledMLP",
+    "SampledTraining",
     "check_seed",
-    "EpochBar",
     "epoch_batches",
-    "epoch_loss",
     "initial_parameters",
     "label_rows",
     "precision_at_k",
@@ -56,43 +70,6 @@ def epoch_batches(n: int, batch_size: int, seed: int, epoch: int, shuffle: bool)
     order = np.random.default_rng([seed, epoch, 0xE90C]).permutation(n) if shuffle else np.arange(n)
     for start in range(0, n, batch_size):
         yield np.sort(order[start : start + batch_size])
-
-
-def epoch_loss(
-    train_batch: Callable[[sp.csr_matrix, np.ndarray, np.ndarray], float],
-    X: sp.csr_matrix,
-    ptr: np.ndarray,
-    ids: np.ndarray,
-    batch_size: int,
-    seed: int,
-    epoch: int,
-    shuffle: bool,
-) -> float:
-    """Train one epoch and return its mean loss over the rows.
-
-    Parameters
-    ----------
-    train_batch : callable
-        ``train_batch(X_rows, ptr, ids)`` takes one step on a batch (its CSR labels) and returns
-        the batch's mean loss.
-    X : scipy.sparse.csr_matrix
-        Checked features of every row.
-    ptr, ids : numpy.ndarray
-        Checked CSR labels of every row.
-    batch_size, seed, epoch : int
-        The batches of :func:`epoch_batches`.
-    shuffle : bool
-
-    Returns
-    -------
-    float
-        The batch losses weighted by the batches' rows, divided by the rows of ``X``.
-    """
-    total = 0.0
-    for rows in epoch_batches(X.shape[0], batch_size, seed, epoch, shuffle):
-        batch_ptr, batch_ids = label_rows(ptr, ids, rows)
-        total += train_batch(X[rows], batch_ptr, batch_ids) * len(rows)
-    return total / X.shape[0]
 
 
 def training_optimizer(current: Optimizer, lr: float | None, optimizer: Optimizer | None):
@@ -120,31 +97,6 @@ def check_seed(seed) -> int:
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
         raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
     return int(seed)
-
-
-class EpochBar:
-    """A progress bar over one epoch's batches (nothing shown unless ``show``); ``wrap(step)``
-    counts each call of ``step`` and shows its loss."""
-
-    def __init__(self, rows: int, batch_size: int, epoch: int, show: bool) -> None:
-        self.bar = tqdm(
-            total=-(-rows // batch_size), desc=f"epoch {epoch + 1}", disable=not show, leave=True
-        )
-
-    def wrap(self, step: Callable[..., float]) -> Callable[..., float]:
-        def counted(*args) -> float:
-            loss = step(*args)
-            self.bar.update(1)
-            self.bar.set_postfix(loss=f"{loss:.4g}", refresh=False)
-            return loss
-
-        return counted
-
-    def __enter__(self) -> EpochBar:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.bar.close()
 
 
 def initial_parameters(
@@ -203,7 +155,164 @@ def predicted_precision_at_k(model, X, Y, k: int) -> float:
     return precision_at_k(model.predict(X, k), ptr, ids, k)
 
 
-class SampledMLP:
+class SampledTraining(StepLoop):
+    """``fit`` and ``partial_fit`` of the sampled models, one-process and distributed, on the
+    shared loop (:class:`~dasknn.model.step_loop.StepLoop`): the batches of epoch ``e`` of the
+    model drawn from ``(seed, e)``, the learning-rate schedule of ``lr_decay``, Adam only.
+
+    A subclass holds the attributes of :class:`SampledMLP` that training reads (``seed``,
+    ``optimizer_``, ``lr_decay``, ``decay_horizon``, ``n_steps_``, ``epochs_``, the curves),
+    implements ``_check_training(X, Y)`` (the checked ``(X, ptr, ids)``), ``_train_batches``
+    and the hooks of :class:`~dasknn.model.checkpoint.Checkpointed`.
+    """
+
+    # ------------------------------------------------------------ training
+    def fit(
+        self,
+        X,
+        Y,
+        *,
+        batch_size: int = 256,
+        epochs: int = 1,
+        lr: float | None = None,
+        optimizer: Optimizer | None = None,
+        shuffle: bool = True,
+        seed: int | None = None,
+        progress: bool = False,
+        record_batches: bool = False,
+        on_epoch: Callable[[int, float], None] | None = None,
+        checkpoint: str | os.PathLike | None = None,
+        checkpoint_every: int | None = None,
+        resume: str | os.PathLike | None = None,
+    ) -> Self:
+        """Train ``epochs`` epochs of mini-batches; returns the model.
+
+        The learning rate follows ``lr_decay`` over the ``epochs * ceil(n / batch_size)`` steps
+        of the call (or over ``decay_horizon``).
+
+        Parameters
+        ----------
+        X : (n, n_features) sparse matrix or array
+        Y : (n, n_labels) sparse indicator matrix, or a sequence of label lists
+            Every row needs at least one label. A sample's target is ``1 / |labels|`` on each.
+        batch_size, epochs : int
+        lr : float, optional
+            Train with ``Adam(lr=lr)`` from now on (the sampled layers' kernels are Adam's).
+        optimizer : dasknn.optim.Adam or AdamW, optional
+            Train with it from now on; not together with ``lr``. Without either, the model's
+            ``optimizer_`` goes on.
+        shuffle : bool
+        seed : int, optional
+            Seed of the batches' order (default the model's ``seed``); epoch ``e`` of the
+            model draws its order from ``(seed, e)``.
+        progress : bool
+            Show a progress bar of each epoch's batches.
+        record_batches : bool
+            Also append every batch's loss to ``batch_loss_curve_``.
+        on_epoch : callable, optional
+            Called after every epoch with its index in the call (from 0) and its mean loss.
+        checkpoint : path, optional
+            Directory (created if missing) where a checkpoint (the model file of :meth:`save`
+            with the call's progress) is written atomically at the start, every
+            ``checkpoint_every`` batches and at the end; the older ones are removed
+            (:mod:`dasknn.model.checkpoint`). A distributed model that loses a worker restores
+            the last one and trains on.
+        checkpoint_every : int, optional
+            Batches between checkpoints (default: one epoch).
+        resume : path, optional
+            A checkpoint directory (its newest checkpoint) or file written by a ``fit`` call
+            with the same data and arguments (``epochs`` may be larger): the model takes its
+            values, optimizer state, hash tables, counts and loss curves, and training goes on
+            from the batch it had reached, to the values of an uninterrupted run.
+
+        Returns
+        -------
+        self
+
+        Raises
+        ------
+        ValueError
+            Before any update, for malformed data or arguments, or a ``resume`` checkpoint of
+            another network, other data or arguments, or another optimizer.
+        NonFiniteLossError
+            At the first step whose loss is not finite, naming it.
+        """
+        return self._fit(
+            X, Y, epochs, batch_size, shuffle, seed, progress, lr, optimizer, True,
+            record_batches=record_batches, on_epoch=on_epoch, checkpoint=checkpoint,
+            checkpoint_every=checkpoint_every, resume=resume,
+        )  # fmt: skip
+
+    def partial_fit(
+        self,
+        X,
+        Y,
+        *,
+        batch_size: int = 256,
+        lr: float | None = None,
+        optimizer: Optimizer | None = None,
+        shuffle: bool = True,
+        seed: int | None = None,
+        progress: bool = False,
+        record_batches: bool = False,
+    ) -> Self:
+        """One epoch over ``(X, Y)`` (the arguments of :meth:`fit` but ``epochs`` and the
+        checkpoints); returns the model. The learning rate stays constant unless
+        ``decay_horizon`` is given."""
+        return self._fit(
+            X, Y, 1, batch_size, shuffle, seed, progress, lr, optimizer, False,
+            record_batches=record_batches,
+        )  # fmt: skip
+
+    def _fit(
+        self, X, Y, epochs, batch_size, shuffle, seed, progress, lr, optimizer, whole: bool, *,
+        record_batches: bool = False, on_epoch=None, checkpoint=None, checkpoint_every=None,
+        resume=None,
+    ):  # fmt: skip
+        """``epochs`` epochs on the shared loop (:class:`~dasknn.model.step_loop.StepLoop`);
+        ``whole``: the call's steps are the schedule's (``fit``)."""
+        check_positive_int("epochs", epochs)
+        check_positive_int("batch_size", batch_size)
+        chosen = training_optimizer(self.optimizer_, lr, optimizer)
+        order_seed = self.seed if seed is None else check_seed(seed)
+        X, ptr, ids = self._check_training(X, Y)
+        self.optimizer_ = chosen
+        steps = epochs * -(-X.shape[0] // batch_size) if whole else None
+
+        def start(at: Progress) -> None:  # the call began at step n_steps_ - batches_done
+            self.optimizer_ = chosen
+            begun = self.n_steps_ - at.batches_done
+            self.schedule_ = training_schedule(self.lr_decay, self.decay_horizon, begun, steps)
+
+        self._fit_loop(
+            X, (ptr, ids), batch_size=batch_size, epochs=epochs, optimizer=chosen,
+            shuffle=shuffle, seed=order_seed, progress=progress, record_batches=record_batches,
+            checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume,
+            start=start, on_epoch=on_epoch, extra_call=_schedule_call(self, steps),
+        )  # fmt: skip
+        return self
+
+    # ------------------------------------------------------------ the loop's hooks
+    def _data_digest(self, x, y) -> str:
+        ptr, ids = y
+        return data_digest(x.indptr, x.indices, x.data, np.asarray(x.shape), ptr, ids)
+
+    def _batch(self, x, y, rows: np.ndarray) -> tuple:
+        """``(X_rows, ptr, ids)``: the rows' features and CSR labels."""
+        return (x[rows], *label_rows(*y, rows))
+
+    def _epoch_orders(self, n, batch_size, shuffle, seed, epochs, state: Progress) -> Iterator:
+        """Epoch ``e`` of the call is the model's epoch ``epochs_ - state.epoch + e``."""
+        first = self.epochs_ - state.epoch
+        return (
+            list(epoch_batches(n, batch_size, seed, first + e, shuffle)) for e in range(epochs)
+        )
+
+    def _epoch_ended(self) -> None:
+        self.epochs_ += 1
+
+
+class SampledMLP(SampledTraining):
     """A sparse-input network ``softmax(relu(X @ W1 + b1) @ W2 + b2)`` trained with LSH-sampled
     softmax (SLIDE, Chen et al. 2020; D-SLIDE's per-shard budgets, Yan et al. 2022).
 
@@ -294,9 +403,15 @@ class SampledMLP:
     ----------
     loss_curve_ : list of float
         Mean training loss of each epoch (batch losses before their update).
+    batch_loss_curve_ : list of float
+        The loss of every batch of the ``fit`` calls made with ``record_batches=True``.
     n_steps_ : int
         Training steps taken.
+    epochs_ : int
+        Epochs trained (epoch ``e`` of the model draws its batch order from ``(seed, e)``).
     """
+
+    _checkpoint_format = SAMPLED_FILE
 
     def __init__(
         self,
@@ -346,6 +461,7 @@ class SampledMLP:
         check_hyperparameters(self)
         self.optimizer_ = self._resolve_optimizer()
         self.loss_curve_: list[float] = []
+        self.batch_loss_curve_: list[float] = []
         self.n_steps_ = 0
         self.epochs_ = 0
         self.schedule_: DecaySchedule | None = None
@@ -454,87 +570,149 @@ class SampledMLP:
         self.shard_map_.check_budgets(ptr, ids, self.active_fraction)
         return X, ptr, ids
 
-    # ------------------------------------------------------------ training
-    def fit(
-        self,
-        X,
-        Y,
-        *,
-        batch_size: int = 256,
-        epochs: int = 1,
-        lr: float | None = None,
-        optimizer: Optimizer | None = None,
-        shuffle: bool = True,
-        seed: int | None = None,
-        progress: bool = False,
-    ) -> SampledMLP:
-        """Train ``epochs`` epochs of mini-batches; returns the model.
+    def _train_batches(self, batches: list, after, optimizer: Optimizer) -> list[float]:
+        return [self._train_batch(X, ptr, ids) for X, ptr, ids in batches]
 
-        The learning rate follows ``lr_decay`` over the ``epochs * ceil(n / batch_size)`` steps
-        of the call (or over ``decay_horizon``).
+    def _interrupted(self) -> None:
+        """A ``fit`` call was interrupted: a step runs whole in the process; nothing to do."""
 
-        Parameters
-        ----------
-        X : (n, n_features) sparse matrix or array
-        Y : (n, n_labels) sparse indicator matrix, or a sequence of label lists
-            Every row needs at least one label. A sample's target is ``1 / |labels|`` on each.
-        batch_size, epochs : int
-        lr : float, optional
-            Train with ``Adam(lr=lr)`` from now on (the sampled layers' kernels are Adam's).
-        optimizer : dasknn.optim.Adam or AdamW, optional
-            Train with it from now on; not together with ``lr``. Without either, the model's
-            ``optimizer_`` goes on.
-        shuffle : bool
-        seed : int, optional
-            Seed of the batches' order (default the model's ``seed``); epoch ``e`` of the
-            model draws its order from ``(seed, e)``.
-        progress : bool
-            Show a progress bar of each epoch's batches.
+    # ------------------------------------------------------------ persistence
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the model (hyperparameters, weights, biases, Adam state, hash tables, step and
+        epoch counts, loss curve) to the ``.npz`` file ``path`` atomically, in the format of
+        :mod:`dasknn.sampled.persistence`; :meth:`load` reads it back.
 
-        Returns
-        -------
-        SampledMLP
-            This model.
+        Raises
+        ------
+        ValueError
+            If the model has no parameters yet.
         """
-        return self._fit(X, Y, epochs, batch_size, shuffle, seed, progress, lr, optimizer, True)
+        write_sampled(path, self._record())
 
-    def partial_fit(
-        self,
-        X,
-        Y,
-        *,
-        batch_size: int = 256,
-        lr: float | None = None,
-        optimizer: Optimizer | None = None,
-        shuffle: bool = True,
-        seed: int | None = None,
-        progress: bool = False,
-    ) -> SampledMLP:
-        """One epoch over ``(X, Y)`` (the arguments of :meth:`fit` but ``epochs``); returns the
-        model. The learning rate stays constant unless ``decay_horizon`` is given."""
-        return self._fit(X, Y, 1, batch_size, shuffle, seed, progress, lr, optimizer, False)
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> SampledMLP:
+        """Read a model written by :meth:`save` (or a checkpoint), so that it trains on as the
+        saved one would: the same steps, active sets and values. Its ``optimizer`` is the saved
+        model's ``optimizer_``. Nothing is unpickled.
 
-    def _fit(
-        self, X, Y, epochs, batch_size, shuffle, seed, progress, lr, optimizer, whole: bool
-    ) -> SampledMLP:
-        """``epochs`` epochs; ``whole``: the call's steps are the schedule's (``fit``)."""
-        check_positive_int("epochs", epochs)
-        check_positive_int("batch_size", batch_size)
-        chosen = training_optimizer(self.optimizer_, lr, optimizer)
-        order_seed = self.seed if seed is None else check_seed(seed)
-        X, ptr, ids = self._check_training(X, Y)
-        self.optimizer_ = chosen
-        steps = epochs * -(-X.shape[0] // batch_size) if whole else None
-        self.schedule_ = training_schedule(self.lr_decay, self.decay_horizon, self.n_steps_, steps)
-        for _ in range(epochs):
-            with EpochBar(X.shape[0], batch_size, self.epochs_, progress) as bar:
-                loss = epoch_loss(
-                    bar.wrap(self._checked_batch), X, ptr, ids, batch_size, order_seed,
-                    self.epochs_, shuffle,
-                )  # fmt: skip
-            self.epochs_ += 1
-            self.loss_curve_.append(loss)
-        return self
+        Raises
+        ------
+        FileNotFoundError
+            If ``path`` does not exist.
+        ValueError
+            Naming ``path``: not a sampled model file (not a zip archive, truncated, corrupt,
+            another format), a newer format version, bad hyperparameters, arrays of the wrong
+            shape or dtype or not finite, optimizer state or hash tables that do not fit.
+        """
+        record = read_sampled(path)
+        try:
+            return cls._of_record(record)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{path}: invalid sampled model file: {exc}") from None
+
+    @classmethod
+    def _of_record(cls, record: SampledRecord) -> SampledMLP:
+        """A model of ``record`` (its hyperparameters checked as the constructor's arguments,
+        its arrays as :meth:`_restore` does; ``ValueError`` or ``TypeError`` otherwise)."""
+        names = set(inspect.signature(cls.__init__).parameters) - {"self", "optimizer"}
+        if set(record.params) != names:
+            raise ValueError(f"the hyperparameters must be {sorted(names)}")
+        model = cls(**record.params, optimizer=record.optimizer)
+        if model._params_json() != record.params:
+            raise ValueError("the hyperparameters do not hold after their checks")
+        model._restore(record)
+        return model
+
+    def _params_json(self) -> dict:
+        """The hyperparameters but ``optimizer``, as JSON values."""
+        params = self.get_params()
+        del params["optimizer"]
+        for name in ("active_fraction", "uniform_fraction", "lr_decay"):
+            params[name] = float(params[name])
+        for name in ("hidden", "k", "n_tables", "bin_size", "bucket_size", "rehash_every",
+                     "rebuild_every", "shards", "seed"):  # fmt: skip
+            params[name] = int(params[name])
+        if params["decay_horizon"] is not None:
+            params["decay_horizon"] = int(params["decay_horizon"])
+        params["hogwild"] = bool(params["hogwild"])
+        params["dtype"] = str(np.dtype(params["dtype"]))
+        return params
+
+    def _identity(self) -> dict:
+        return {
+            "params": self._params_json(),
+            "n_features": self.n_features_in_,
+            "n_labels": self.n_labels_,
+        }
+
+    def _slot_states(self, slots: OptimizerSlots) -> dict | None:
+        """The layer's optimizer state when it belongs to ``optimizer_`` (else the next step
+        starts afresh, and nothing is kept)."""
+        if slots.optimizer != self.optimizer_ or set(slots.states) != set(STATE_KEYS):
+            return None
+        return dict(slots.states)
+
+    def _record(self) -> SampledRecord:
+        """The model as a record (arrays shared, not copied)."""
+        self._check_fitted()
+        layer = self.hidden_layer_
+        return SampledRecord(
+            params=self._params_json(),
+            n_features=self.n_features_in_,
+            n_labels=self.n_labels_,
+            hidden=LayerRecord(layer.weights, layer.bias, self._slot_states(layer.slots)),
+            shards=[
+                LayerRecord(
+                    s.weights, s.bias, self._slot_states(s.slots), s.rebuilds, s.tables.arrays()
+                )
+                for s in self.shards_
+            ],
+            optimizer=self.optimizer_,
+            n_steps=self.n_steps_,
+            epochs=self.epochs_,
+            loss_curve=list(self.loss_curve_),
+        )
+
+    def _restore(self, record: SampledRecord) -> None:
+        """Take the values, optimizer state, hash tables, counts and loss curve of ``record``
+        (a record of this network), each array checked first (``ValueError``)."""
+        if sampled_identity(record) != {**self._identity(), "n_features": record.n_features,
+                                        "n_labels": record.n_labels}:  # fmt: skip
+            raise ValueError("a record of another network")
+        if not isinstance(record.optimizer, Adam):
+            raise ValueError(f"the optimizer must be Adam or AdamW, got {record.optimizer!r}")
+        if len(record.shards) != self.shards:
+            raise ValueError(f"{len(record.shards)} shards, expected {self.shards}")
+        dtype = np.dtype(self.dtype)
+        shard_map = ShardMap.make(record.n_labels, self.shards, self.seed)
+        hidden_shape = (record.n_features, self.hidden)
+        check_layer("hidden", record.hidden, hidden_shape, self.hidden, dtype, record.optimizer)
+        cap = shard_bucket_cap(self.bucket_size, self.shards)
+        for p, layer in enumerate(record.shards):
+            n_p = len(shard_map.ids(p))
+            check_layer(f"shard{p}", layer, (n_p, self.hidden), n_p, dtype, record.optimizer)
+            check_tables(f"shard {p}", layer.tables, self.n_tables, n_p, cap)
+        self.shard_map_ = shard_map
+        self.n_features_in_, self.n_labels_ = record.n_features, record.n_labels
+        self.hidden_layer_ = HiddenLayer(
+            np.array(record.hidden.weights), np.array(record.hidden.bias), self.hogwild,
+            self.hidden_update == "all",
+        )  # fmt: skip
+        self.hidden_layer_.slots = _slots(record.optimizer, record.hidden.states)
+        config = self.sampling_config()
+        self.shards_ = []
+        for p, layer in enumerate(record.shards):
+            ids = shard_map.ids(p)
+            tables = HashTables(*(np.array(a) for a in layer.tables), len(ids), cap)
+            shard = OutputShard(
+                p, ids, np.array(layer.weights), np.array(layer.bias), config, self.hogwild,
+                layer.rebuilds, tables,
+            )  # fmt: skip
+            shard.slots = _slots(record.optimizer, layer.states)
+            self.shards_.append(shard)
+        self.optimizer_ = record.optimizer
+        self.n_steps_, self.epochs_ = record.n_steps, record.epochs
+        self.loss_curve_ = list(record.loss_curve)
 
     def train_step(self, X, Y) -> float:
         """One step on the batch ``(X, Y)``; returns its loss before the update. The learning
@@ -565,12 +743,6 @@ class SampledMLP:
             loss = part if loss is None else loss + part
         self.hidden_layer_.backward(X, hidden, grad_hidden)
         return float(np.mean(loss))
-
-    def _checked_batch(self, X, ptr, ids) -> float:
-        """:meth:`_train_batch`, raising :class:`NonFiniteLossError` if its loss is not finite."""
-        loss = self._train_batch(X, ptr, ids)
-        NonFiniteLossError.check([loss], self.n_steps_)
-        return loss
 
     def _train_batch(self, X, ptr, ids) -> float:
         hidden, active, logits, lse = self._forward(X, ptr, ids, None)
@@ -656,3 +828,21 @@ def label_rows(ptr: np.ndarray, ids: np.ndarray, rows: np.ndarray) -> tuple:
     new_ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     take = np.concatenate([np.arange(ptr[r], ptr[r + 1]) for r in rows]) if len(rows) else []
     return new_ptr, ids[np.asarray(take, dtype=np.int64)]
+
+
+def _slots(optimizer: Optimizer, states: dict | None) -> OptimizerSlots:
+    """The optimizer slots of a layer restored from ``states`` (copies), or fresh ones."""
+    if states is None:
+        return OptimizerSlots()
+    copies = {k: type(v)(v.step, {n: np.array(a) for n, a in v.arrays.items()})
+              for k, v in states.items()}  # fmt: skip
+    return OptimizerSlots(optimizer, copies)
+
+
+def _schedule_call(model, steps: int | None) -> dict:
+    """What of a ``fit`` call's learning-rate schedule a resume must repeat: the steps it decays
+    over when they are the call's own (``lr_decay`` without ``decay_horizon``), which a call of
+    other ``epochs`` would change."""
+    if model.lr_decay == 0 or model.decay_horizon is not None or steps is None:
+        return {}
+    return {"schedule_steps": steps}

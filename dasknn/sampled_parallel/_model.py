@@ -5,6 +5,8 @@ budgets, and only activations, softmax statistics and partial gradients between 
 from __future__ import annotations
 
 import operator
+import os
+import time
 from collections import Counter, deque
 from dataclasses import asdict
 
@@ -12,9 +14,10 @@ import dask
 import dask.array as da
 import numpy as np
 
-from dasknn.exceptions import NonFiniteLossError, StepTimeoutError
+from dasknn.exceptions import ModelClosedError, NonFiniteLossError, StepTimeoutError
 from dasknn.runtime.comm_report import CommReport, counts_of
 from dasknn.runtime.distributed_model import DistributedModel
+from dasknn.runtime.faults import running_workers
 from dasknn.runtime.keys import parse_sampled_key, sampled_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
 from dasknn.runtime.placement import KeyPlacement, by_sender
@@ -23,13 +26,17 @@ from dasknn.runtime.waiting import WorkerLostError, gather_watching, watch_worke
 from dasknn.sampled.checks import check_features, check_k, check_labels, check_positive_int
 from dasknn.sampled.layers import merge_top_k
 from dasknn.sampled.model import (
-    EpochBar,
     SampledMLP,
-    check_seed,
-    epoch_batches,
-    label_rows,
+    SampledTraining,
     predicted_precision_at_k,
     training_optimizer,
+)
+from dasknn.sampled.persistence import (
+    SAMPLED_FILE,
+    STATE_KEYS,
+    LayerRecord,
+    SampledRecord,
+    write_sampled,
 )
 from dasknn.sampled.schedule import DecaySchedule, training_schedule
 from dasknn.sampled_parallel._steps import ShardLabels
@@ -40,12 +47,21 @@ from dasknn.sampled_parallel._taskgraph import (
     step_bytes,
     train_graph,
 )
-from dasknn.sampled_parallel._worker_state import ShardState, install_shard, read_shard
+from dasknn.sampled_parallel._worker_state import (
+    ShardState,
+    install_shard,
+    read_shard,
+    read_shard_state,
+)
 
 __all__ = ["DistributedSampledMLP"]
 
 #: The ways a step's messages travel that this model has: a task graph a step.
 MESSAGES = ("tasks",)
+
+#: Training steps ``fit`` submits in one go, each queued behind the one before on every worker
+#: (a group ends earlier where an epoch ends or a checkpoint is due).
+STEPS_PER_CALL = 64
 
 
 def _column_bounds(hidden: int, workers: int) -> np.ndarray:
@@ -55,7 +71,7 @@ def _column_bounds(hidden: int, workers: int) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
 
 
-class DistributedSampledMLP(DistributedModel):
+class DistributedSampledMLP(SampledTraining, DistributedModel):
     """A :class:`~dasknn.sampled.SampledMLP` spread over the workers of a Dask cluster, one shard
     a worker (D-SLIDE, Yan et al. 2022).
 
@@ -68,11 +84,18 @@ class DistributedSampledMLP(DistributedModel):
     ``shards=P``, so :meth:`gather` after ``fit`` equals the one-process model after the same
     ``fit``.
 
+    ``fit(..., checkpoint=DIR)`` writes checkpoints (the file of :meth:`save`, read from the
+    workers); when a shard worker is lost during such a call, the model waits up to
+    ``step_timeout`` for a worker of the cluster to take its place (a nanny restarts a killed
+    worker; a spare one serves as well), places the newest checkpoint on its workers again and
+    trains on: the call ends with the values of an uninterrupted one. See docs/reliability.md.
+
     Parameters
     ----------
     model : SampledMLP
-        An initialized model with one shard a worker used; its parameters and
-        hyperparameters are copied (not its optimizer state).
+        An initialized model with one shard a worker used; its parameters, hyperparameters,
+        step and epoch counts and loss curve are copied, and, once it has taken a step, its
+        optimizer state and hash tables too, so that training goes on as it would.
     client : distributed.Client, cluster, JobqueueSpec, str or None
         Where to run: a client, a cluster object, batch jobs to start, a scheduler address, or
         ``None`` for a new local cluster on 127.0.0.1; what the model opens it closes in
@@ -135,13 +158,16 @@ class DistributedSampledMLP(DistributedModel):
         self.n_steps_ = model.n_steps_
         self.epochs_ = model.epochs_
         self.loss_curve_: list[float] = list(model.loss_curve_)
-        self._model = model  # its hyperparameters, for gather()
+        self.batch_loss_curve_: list[float] = []
+        self._params = model._params_json()  # the hyperparameters, for the records
         self._calls = 0
         #: Rows of the training steps and prediction blocks run since the last reset_comm, by
         #: (phase kind, rows): the comm report's prediction.
         self._counted: Counter[tuple[str, int]] = Counter()
         self._placement = KeyPlacement(self.workers, by_sender(parse_sampled_key))
-        self._register(ShardState(self.token), lambda: self._install(model))
+        self._register(
+            ShardState(self.token), lambda: self._install(model, with_state=model.n_steps_ > 0)
+        )
 
     def _shard_workers(self, model: SampledMLP, workers: list[str] | None) -> list[str]:
         """The workers of the shards, checked against the model's shard count."""
@@ -163,8 +189,9 @@ class DistributedSampledMLP(DistributedModel):
             raise ValueError(f"more workers ({len(chosen)}) than hidden neurons ({model.hidden})")
         return chosen
 
-    def _install(self, model: SampledMLP) -> None:
-        """Send every worker its shard and install it there, each call within what is left of
+    def _install(self, model: SampledMLP, with_state: bool = False) -> None:
+        """Send every worker its shard (``with_state``: with its optimizer state and hash
+        tables) and install it there, each call within what is left of
         ``step_timeout`` and watched
         (:meth:`~dasknn.runtime.distributed_model.DistributedModel._placing`); if placing fails,
         the payloads and installs already submitted are cancelled
@@ -188,6 +215,8 @@ class DistributedSampledMLP(DistributedModel):
                     "hogwild": model.hogwild,
                     "update_all_rows": model.hidden_update == "all",
                 }
+                if with_state:
+                    payload.update(_shard_state(model, p, lo, hi))
                 [data] = self._placing(
                     lambda payload=payload, worker=worker: self.client.scatter(
                         [payload], workers=[worker], hash=False
@@ -233,6 +262,7 @@ class DistributedSampledMLP(DistributedModel):
             return self.client.get(tasks, outputs, sync=False)
 
     def _check_training(self, X, Y):
+        self._check_open()
         X = check_features(X, self.n_features_in_, self.dtype)
         ptr, ids, _ = check_labels(Y, X.shape[0], self.n_labels_, training=True)
         self.shard_map_.check_budgets(ptr, ids, self.active_fraction)
@@ -261,12 +291,43 @@ class DistributedSampledMLP(DistributedModel):
         self._counted["train", X.shape[0]] += 1
         return self._submit(tasks, outputs)
 
-    def _finish_step(self, futures, step: int) -> float:
-        """The loss of training step number ``step``, whose loss shares are ``futures``; a loss
-        that is not finite is a :class:`NonFiniteLossError`."""
-        loss = float(np.sum(self._gather(futures, training=True)))
-        NonFiniteLossError.check([loss], step)
-        return loss
+    def _steps_per_call(self) -> int:
+        return STEPS_PER_CALL
+
+    def _train_batches(self, batches: list, after, optimizer) -> list[float]:
+        """Submit the steps of ``batches`` (``(X, ptr, ids)`` each) one behind the other, each
+        before the previous one has returned, so that the workers go from one step to the next
+        without waiting for the client; returns their mean losses. A loss that is not finite
+        stops the submissions: the steps under way finish, then it is a
+        :class:`NonFiniteLossError` naming its step. Any other error releases the steps under
+        way, and the model refuses further use if some were (a checkpoint restored clears
+        that)."""
+        losses: list[float] = []
+        running: deque = deque()
+        try:
+            for X, ptr, ids in batches:
+                keys = [f.key for f in running[-1][1]] if running else None
+                running.append((X.shape[0], self._submit_batch(X, ptr, ids, keys)))
+                if len(running) > 1:
+                    losses.append(self._step_loss(*running.popleft()))
+                    if not np.isfinite(losses[-1]):
+                        break
+            while running:
+                losses.append(self._step_loss(*running.popleft()))
+        except BaseException as error:
+            for future in (f for _, step in running for f in step):
+                future.release()
+            if running:
+                why = "interrupted" if isinstance(error, KeyboardInterrupt) else "stopped"
+                self._failed = f"a fit call was {why} with steps under way"
+            raise
+        NonFiniteLossError.check(losses, self.n_steps_ - len(losses) + 1)
+        return losses
+
+    def _step_loss(self, rows: int, futures) -> float:
+        """The mean loss of a training step of ``rows`` rows whose loss shares are
+        ``futures``."""
+        return float(np.sum(self._gather(futures, training=True)) / rows)
 
     def _gather(self, futures, training: bool = False) -> list:
         """The results of a call's ``futures``; :class:`WorkerLostError` naming a shard worker
@@ -292,8 +353,9 @@ class DistributedSampledMLP(DistributedModel):
         roles = self._worker_roles()
         held = ", ".join(roles[w] for w in lost)
         return (
-            f"it held {held} of the model; those shards are gone: close the model and start "
-            "again from a copy gathered before"
+            f"it held {held} of the model; those shards are gone: a fit call with checkpoint= "
+            "restores its last checkpoint on a worker that replaces it; otherwise close the "
+            "model and start again from a saved copy"
         )
 
     def _results_timed_out(self, unfinished) -> StepTimeoutError:
@@ -313,92 +375,6 @@ class DistributedSampledMLP(DistributedModel):
         self.schedule_ = training_schedule(self.lr_decay, self.decay_horizon, self.n_steps_, None)
         losses = self._gather(self._submit_batch(X, ptr, ids, None), training=True)
         return float(np.sum(losses) / X.shape[0])
-
-    def fit(
-        self,
-        X,
-        Y,
-        *,
-        batch_size: int = 256,
-        epochs: int = 1,
-        lr: float | None = None,
-        optimizer=None,
-        shuffle: bool = True,
-        seed: int | None = None,
-        progress: bool = False,
-    ) -> DistributedSampledMLP:
-        """Train ``epochs`` epochs of mini-batches (the batches of :meth:`SampledMLP.fit` with
-        the same arguments, and its learning-rate schedule); returns the model.
-
-        Each step is submitted before the previous one has returned, queued behind it on every
-        worker, so the workers go from one step to the next without waiting for the client.
-
-        Raises
-        ------
-        ValueError
-            Before anything is scheduled, for malformed ``X``, ``Y`` (a label that is not an
-            integer or out of range, a row without one), ``batch_size``, ``epochs``, ``lr``,
-            ``optimizer`` or ``seed``.
-        """
-        return self._fit(X, Y, epochs, batch_size, shuffle, seed, progress, lr, optimizer, True)
-
-    def partial_fit(
-        self,
-        X,
-        Y,
-        *,
-        batch_size: int = 256,
-        lr: float | None = None,
-        optimizer=None,
-        shuffle: bool = True,
-        seed: int | None = None,
-        progress: bool = False,
-    ) -> DistributedSampledMLP:
-        """One epoch over ``(X, Y)`` (the arguments of :meth:`fit` but ``epochs``); returns the
-        model. The learning rate stays constant unless the model's ``decay_horizon`` is given."""
-        return self._fit(X, Y, 1, batch_size, shuffle, seed, progress, lr, optimizer, False)
-
-    def _fit(
-        self, X, Y, epochs, batch_size, shuffle, seed, progress, lr, optimizer, whole: bool
-    ) -> DistributedSampledMLP:
-        """``epochs`` epochs; ``whole``: the call's steps are the schedule's (``fit``)."""
-        self._check_open()
-        check_positive_int("epochs", epochs)
-        check_positive_int("batch_size", batch_size)
-        chosen = training_optimizer(self.optimizer_, lr, optimizer)
-        order_seed = self.seed if seed is None else check_seed(seed)
-        X, ptr, ids = self._check_training(X, Y)
-        self.optimizer_ = chosen
-        steps = epochs * -(-X.shape[0] // batch_size) if whole else None
-        self.schedule_ = training_schedule(
-            self.lr_decay, self.decay_horizon, self.n_steps_, steps
-        )
-        for _ in range(epochs):
-            total = 0.0
-            running: deque = deque()
-            batches = epoch_batches(X.shape[0], batch_size, order_seed, self.epochs_, shuffle)
-            try:
-                with EpochBar(X.shape[0], batch_size, self.epochs_, progress) as bar:
-                    finish = bar.wrap(self._finish_step)
-                    for rows in batches:
-                        batch_ptr, batch_ids = label_rows(ptr, ids, rows)
-                        after = [f.key for f in running[-1]] if running else None
-                        running.append(self._submit_batch(X[rows], batch_ptr, batch_ids, after))
-                        if len(running) > 1:
-                            total += finish(running.popleft(), self.n_steps_ - 1)
-                    while running:
-                        total += finish(running.popleft(), self.n_steps_ - len(running))
-            except BaseException:
-                # the step queued behind the failed one, released at once (the error's
-                # traceback holds this frame); an interrupted fit leaves steps half applied
-                for future in (f for step in running for f in step):
-                    future.release()
-                if running:
-                    self._failed = "a fit call was interrupted with steps under way"
-                raise
-            self.epochs_ += 1
-            self.loss_curve_.append(total / X.shape[0])
-        return self
 
     # ------------------------------------------------------------ inference
     def predict(self, X, k: int = 1, batch_size: int = 1024) -> np.ndarray:
@@ -447,30 +423,158 @@ class DistributedSampledMLP(DistributedModel):
         return parts
 
     def gather(self) -> SampledMLP:
-        """The one-process model with the current parameters, hyperparameters, step and epoch
-        counts and loss curve (its hash tables rebuilt from the parameters; the Adam state starts
-        afresh, as :meth:`SampledMLP.set_parameters` does)."""
-        parts = self._shard_parameters()
-        out_w = np.empty((self.n_labels_, self.hidden), dtype=self.dtype)
-        out_b = np.empty(self.n_labels_, dtype=self.dtype)
-        for p, part in enumerate(parts):
-            ids = self.shard_map_.ids(p)
-            out_w[ids] = part["output_weights"]
-            out_b[ids] = part["output_bias"]
-        params = {
-            "hidden_weights": np.concatenate([p["hidden_weights"] for p in parts], axis=1),
-            "hidden_bias": np.concatenate([p["hidden_bias"] for p in parts]),
-            "output_weights": out_w,
-            "output_bias": out_b,
+        """The one-process model with the current parameters, hyperparameters, optimizer state,
+        hash tables, step and epoch counts and loss curve, read from the workers: it trains on
+        as this model would."""
+        return SampledMLP._of_record(self._record())
+
+    # ------------------------------------------------------------ checkpoints
+    _checkpoint_format = SAMPLED_FILE
+
+    def _identity(self) -> dict:
+        return {
+            "params": dict(self._params),
+            "n_features": self.n_features_in_,
+            "n_labels": self.n_labels_,
         }
-        model = SampledMLP(**self._model.get_params())
-        model.optimizer = self.optimizer_
-        model.optimizer_ = self.optimizer_
-        model.shard_map_ = self.shard_map_
-        model.set_parameters(params)
-        model.n_steps_, model.epochs_ = self.n_steps_, self.epochs_
-        model.loss_curve_ = list(self.loss_curve_)
-        return model
+
+    def _record(self) -> SampledRecord:
+        """The model as the one-process model with ``shards=P`` records it, read from the
+        workers (their blocks of the hidden layer put together), within ``step_timeout``."""
+        self._check_open()
+        parts = self._gather(
+            [
+                self.client.submit(
+                    read_shard_state,
+                    self.token,
+                    key=sampled_key(self.token, self._calls, "state", p, p),
+                    workers=[w],
+                    allow_other_workers=False,
+                    pure=False,
+                )
+                for p, w in enumerate(self.workers)
+            ]
+        )
+        self._calls += 1
+        hidden = LayerRecord(
+            np.concatenate([p["hidden_weights"] for p in parts], axis=1),
+            np.concatenate([p["hidden_bias"] for p in parts]),
+            self._joined_states([p["hidden_slots"] for p in parts]),
+        )
+        shards = [
+            LayerRecord(
+                p["output_weights"], p["output_bias"], self._states_of(*p["output_slots"]),
+                p["rebuilds"], p["tables"],
+            )  # fmt: skip
+            for p in parts
+        ]
+        return SampledRecord(
+            params=dict(self._params),
+            n_features=self.n_features_in_,
+            n_labels=self.n_labels_,
+            hidden=hidden,
+            shards=shards,
+            optimizer=self.optimizer_,
+            n_steps=self.n_steps_,
+            epochs=self.epochs_,
+            loss_curve=list(self.loss_curve_),
+        )
+
+    def _states_of(self, optimizer, states: dict) -> dict | None:
+        """A layer's optimizer states when they belong to ``optimizer_`` (else ``None``)."""
+        if optimizer != self.optimizer_ or set(states) != set(STATE_KEYS):
+            return None
+        return states
+
+    def _joined_states(self, blocks: list) -> dict | None:
+        """The optimizer state of the whole hidden layer from those of its blocks (columns of
+        the weights, entries of the bias, in worker order)."""
+        held = [self._states_of(*block) for block in blocks]
+        if any(states is None for states in held):
+            return None
+        out = {}
+        for key, axis in (("weights", 1), ("bias", 0)):
+            first = held[0][key]
+            arrays = {
+                name: np.concatenate([states[key].arrays[name] for states in held], axis=axis)
+                for name in first.arrays
+            }
+            out[key] = type(first)(first.step, arrays)
+        return out
+
+    def _recoverable(self, error: Exception) -> bool:
+        return isinstance(error, WorkerLostError)
+
+    def _restore(self, record: SampledRecord) -> None:
+        """Place the values, optimizer state, hash tables, counts and loss curve of ``record``
+        (this network) on the workers. A shard worker that left is replaced by one of the
+        cluster's others (waiting up to ``step_timeout`` for one, as when a nanny restarts it),
+        which takes its shard; the model's plugin is registered anew on every worker.
+
+        Raises
+        ------
+        ValueError
+            If ``record`` does not hold (as :meth:`SampledMLP.load` checks it).
+        WorkerLostError
+            If no worker comes to replace a lost one within ``step_timeout``.
+        """
+        if not self._open:
+            raise ModelClosedError(f"this {type(self).__name__} is closed")
+        model = SampledMLP._of_record(record)
+        self._replace_lost_workers()
+        self._placement = KeyPlacement(self.workers, by_sender(parse_sampled_key))
+        self._start_placement()
+        state = ShardState(self.token)
+        self._placing(lambda: self.client.register_plugin(state, name=self.plugin_name))
+        try:
+            self._install(model, with_state=True)
+        except Exception as error:
+            self._failed = str(error)
+            raise
+        self.optimizer_ = model.optimizer_
+        self.n_steps_, self.epochs_ = model.n_steps_, model.epochs_
+        self.loss_curve_ = list(model.loss_curve_)
+        self._failed = None
+
+    def _replace_lost_workers(self) -> list[int]:
+        """Put a running worker of the cluster in the place of every shard worker that left
+        (polling every 0.1 s for at most ``step_timeout``); returns their shards."""
+        deadline = time.monotonic() + self.step_timeout
+        while True:
+            running = running_workers(self.client)
+            lost = [p for p, w in enumerate(self.workers) if w not in running]
+            spare = sorted(w for w in running if w not in self.workers)
+            if len(spare) >= len(lost):
+                break
+            if time.monotonic() > deadline:
+                raise WorkerLostError(
+                    f"the sampled model needs {len(self.workers)} workers, one a shard, to go on "
+                    f"from its checkpoint; {len(self.workers) - len(lost) + len(spare)} are "
+                    "running"
+                )
+            time.sleep(0.1)
+        for p, worker in zip(lost, spare, strict=False):
+            self.workers[p] = worker
+        return lost
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the model (read from the workers: weights, biases, optimizer state, hash
+        tables, counts, loss curve) to the ``.npz`` file ``path`` atomically, in the format of
+        :meth:`SampledMLP.save`; :meth:`load` (or :meth:`SampledMLP.load`) reads it back."""
+        write_sampled(path, self._record())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, client=None, **options) -> DistributedSampledMLP:
+        """A distributed model of the file ``path`` (written by :meth:`save`, by
+        :meth:`SampledMLP.save` or as a checkpoint) on ``client`` (as in the constructor, with
+        its keyword arguments ``options``), so that training goes on as the saved model would.
+
+        Raises
+        ------
+        FileNotFoundError, ValueError
+            As :meth:`SampledMLP.load`, before anything is placed; the constructor's errors.
+        """
+        return cls(SampledMLP.load(path), client, **options)
 
     def to_dask(self) -> dict[str, da.Array]:
         """The parameters as dask arrays, each chunk made by a task on the worker that owns it:
@@ -548,3 +652,28 @@ class DistributedSampledMLP(DistributedModel):
         reset_transfers(self.client, self.token)
         self._counted.clear()
 
+
+def _shard_state(model: SampledMLP, p: int, lo: int, hi: int) -> dict:
+    """What worker ``p`` takes of ``model``'s state besides its parameters: the optimizer state
+    of its hidden block (columns ``lo:hi``) and of its shard, the shard's rebuilds and tables."""
+    shard = model.shards_[p]
+    record = model._record()
+    hidden = record.hidden.states
+    if hidden is not None:
+        hidden = {
+            "weights": type(hidden["weights"])(
+                hidden["weights"].step,
+                {n: np.ascontiguousarray(a[:, lo:hi]) for n, a in hidden["weights"].arrays.items()},
+            ),
+            "bias": type(hidden["bias"])(
+                hidden["bias"].step,
+                {n: a[lo:hi].copy() for n, a in hidden["bias"].arrays.items()},
+            ),
+        }
+    return {
+        "optimizer": model.optimizer_,
+        "hidden_states": hidden,
+        "output_states": record.shards[p].states,
+        "rebuilds": shard.rebuilds,
+        "tables": shard.tables.arrays(),
+    }

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from dasknn.lsh import HashTables
+from dasknn.optim import OptimizerSlots
 from dasknn.runtime.model_plugin import ModelPlugin
-from dasknn.sampled.layers import HiddenLayer, OutputShard, SamplingConfig
+from dasknn.sampled.layers import HiddenLayer, OutputShard, SamplingConfig, shard_bucket_cap
 
-__all__ = ["ShardState", "install_shard", "read_shard"]
+__all__ = ["ShardState", "install_shard", "read_shard", "read_shard_state"]
 
 
 class ShardState(ModelPlugin):
@@ -46,8 +48,10 @@ class ShardState(ModelPlugin):
         self.forwards.clear()
 
     def install(self, position: int, payload: dict) -> None:
-        """Own copies of the worker's parameters (see :func:`install_shard`)."""
+        """Own copies of the worker's parameters, and of its optimizer state and hash tables
+        when the payload holds them (see :func:`install_shard`)."""
         hogwild = payload["hogwild"]
+        config = SamplingConfig(**payload["config"])
         self.position = position
         self.columns = np.asarray(payload["columns"], dtype=np.int64)
         self.hidden = HiddenLayer(
@@ -56,14 +60,28 @@ class ShardState(ModelPlugin):
             hogwild,
             payload["update_all_rows"],
         )
+        ids = np.array(payload["ids"])
+        tables = None
+        if payload.get("tables") is not None:
+            cap = shard_bucket_cap(config.bucket_size, config.shards)
+            tables = HashTables(*(np.array(a) for a in payload["tables"]), len(ids), cap)
         self.shard = OutputShard(
             position,
-            np.array(payload["ids"]),
+            ids,
             np.array(payload["output_weights"]),
             np.array(payload["output_bias"]),
-            SamplingConfig(**payload["config"]),
+            config,
             hogwild,
+            payload.get("rebuilds", 0),
+            tables,
         )
+        optimizer = payload.get("optimizer")
+        for layer, states in ((self.hidden, payload.get("hidden_states")),
+                              (self.shard, payload.get("output_states"))):  # fmt: skip
+            if states is not None:
+                copies = {k: type(v)(v.step, {n: np.array(a) for n, a in v.arrays.items()})
+                          for k, v in states.items()}  # fmt: skip
+                layer.slots = OptimizerSlots(optimizer, copies)
 
 
 def install_shard(token: str, position: int, payload: dict) -> int:
@@ -71,7 +89,10 @@ def install_shard(token: str, position: int, payload: dict) -> int:
 
     ``payload``: ``hidden_weights`` (``(n_features, H_p)``), ``hidden_bias``, ``ids``,
     ``output_weights`` (``(n_p, H)``), ``output_bias``, ``columns``, ``config`` (the fields of
-    :class:`~dasknn.sampled.layers.SamplingConfig`), ``hogwild`` and ``update_all_rows``.
+    :class:`~dasknn.sampled.layers.SamplingConfig`), ``hogwild`` and ``update_all_rows``; for a
+    model that trained, also ``optimizer``, ``hidden_states`` and ``output_states`` (the
+    optimizer state of each layer's ``"weights"`` and ``"bias"``, ``None`` if none),
+    ``rebuilds`` and ``tables`` (``(keys, key_ptr, bucket_ptr, items)`` of the shard).
     """
     ShardState.on_worker(token).install(position, payload)
     return position
@@ -86,3 +107,17 @@ def read_shard(token: str) -> dict:
         "output_weights": state.shard.weights.copy(),
         "output_bias": state.shard.bias.copy(),
     }
+
+
+def read_shard_state(token: str) -> dict:
+    """Task: copies of everything the worker holds of the model: :func:`read_shard`, and
+    ``hidden_slots`` / ``output_slots`` (``(optimizer, states)`` of each layer), ``rebuilds``
+    and ``tables`` of its shard."""
+    state = ShardState.on_worker(token)
+    out = read_shard(token)
+    for name, layer in (("hidden_slots", state.hidden), ("output_slots", state.shard)):
+        slots = layer.slots.copy()
+        out[name] = (slots.optimizer, slots.states)
+    out["rebuilds"] = state.shard.rebuilds
+    out["tables"] = tuple(a.copy() for a in state.shard.tables.arrays())
+    return out
