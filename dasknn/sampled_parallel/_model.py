@@ -5,8 +5,6 @@ budgets, and only activations, softmax statistics and partial gradients between 
 from __future__ import annotations
 
 import operator
-import os
-import time
 from collections import Counter, deque
 from dataclasses import asdict
 
@@ -17,9 +15,8 @@ import numpy as np
 from dasknn.exceptions import ModelClosedError, NonFiniteLossError, StepTimeoutError
 from dasknn.runtime.comm_report import CommReport, counts_of
 from dasknn.runtime.distributed_model import DistributedModel
-from dasknn.runtime.faults import running_workers
 from dasknn.runtime.keys import parse_sampled_key, sampled_key
-from dasknn.runtime.measure import read_transfers, reset_transfers
+from dasknn.runtime.measure import read_transfers
 from dasknn.runtime.placement import KeyPlacement, by_sender
 from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT
 from dasknn.runtime.waiting import WorkerLostError, gather_watching, watch_workers
@@ -36,7 +33,6 @@ from dasknn.sampled.persistence import (
     STATE_KEYS,
     LayerRecord,
     SampledRecord,
-    write_sampled,
 )
 from dasknn.sampled.schedule import DecaySchedule, training_schedule
 from dasknn.sampled_parallel._steps import ShardLabels
@@ -136,12 +132,8 @@ class DistributedSampledMLP(SampledTraining, DistributedModel):
         if messages not in MESSAGES:
             raise ValueError(f"messages must be one of {MESSAGES} for this model, got {messages!r}")
         self.messages = messages
-        self._connect(client, step_timeout)
-        try:
+        with self._connecting(client, step_timeout):
             self.workers = self._shard_workers(model, workers)
-        except BaseException:
-            self.close()
-            raise
         self.optimizer_ = model.optimizer_
         self.lr_decay = model.lr_decay
         self.decay_horizon = model.decay_horizon
@@ -154,11 +146,9 @@ class DistributedSampledMLP(SampledTraining, DistributedModel):
         self.n_features_in_ = model.n_features_in_
         self.n_labels_ = model.n_labels_
         self.columns = _column_bounds(model.hidden, len(self.workers))
-        self.plugin_name = ShardState.plugin_name(self.token)
         self.n_steps_ = model.n_steps_
         self.epochs_ = model.epochs_
         self.loss_curve_: list[float] = list(model.loss_curve_)
-        self.batch_loss_curve_: list[float] = []
         self._params = model._params_json()  # the hyperparameters, for the records
         self._calls = 0
         #: Rows of the training steps and prediction blocks run since the last reset_comm, by
@@ -502,9 +492,6 @@ class DistributedSampledMLP(SampledTraining, DistributedModel):
             out[key] = type(first)(first.step, arrays)
         return out
 
-    def _recoverable(self, error: Exception) -> bool:
-        return isinstance(error, WorkerLostError)
-
     def _restore(self, record: SampledRecord) -> None:
         """Place the values, optimizer state, hash tables, counts and loss curve of ``record``
         (this network) on the workers. A shard worker that left is replaced by one of the
@@ -521,60 +508,17 @@ class DistributedSampledMLP(SampledTraining, DistributedModel):
         if not self._open:
             raise ModelClosedError(f"this {type(self).__name__} is closed")
         model = SampledMLP._of_record(record)
-        self._replace_lost_workers()
+        self.workers = self._replace_lost(self.workers)
         self._placement = KeyPlacement(self.workers, by_sender(parse_sampled_key))
-        self._start_placement()
-        state = ShardState(self.token)
-        self._placing(lambda: self.client.register_plugin(state, name=self.plugin_name))
-        try:
-            self._install(model, with_state=True)
-        except Exception as error:
-            self._failed = str(error)
-            raise
+        self._place_anew(ShardState(self.token), lambda: self._install(model, with_state=True))
         self.optimizer_ = model.optimizer_
         self.n_steps_, self.epochs_ = model.n_steps_, model.epochs_
         self.loss_curve_ = list(model.loss_curve_)
-        self._failed = None
 
-    def _replace_lost_workers(self) -> list[int]:
-        """Put a running worker of the cluster in the place of every shard worker that left
-        (polling every 0.1 s for at most ``step_timeout``); returns their shards."""
-        deadline = time.monotonic() + self.step_timeout
-        while True:
-            running = running_workers(self.client)
-            lost = [p for p, w in enumerate(self.workers) if w not in running]
-            spare = sorted(w for w in running if w not in self.workers)
-            if len(spare) >= len(lost):
-                break
-            if time.monotonic() > deadline:
-                raise WorkerLostError(
-                    f"the sampled model needs {len(self.workers)} workers, one a shard, to go on "
-                    f"from its checkpoint; {len(self.workers) - len(lost) + len(spare)} are "
-                    "running"
-                )
-            time.sleep(0.1)
-        for p, worker in zip(lost, spare, strict=False):
-            self.workers[p] = worker
-        return lost
+    _estimator_class = SampledMLP
 
-    def save(self, path: str | os.PathLike) -> None:
-        """Write the model (read from the workers: weights, biases, optimizer state, hash
-        tables, counts, loss curve) to the ``.npz`` file ``path`` atomically, in the format of
-        :meth:`SampledMLP.save`; :meth:`load` (or :meth:`SampledMLP.load`) reads it back."""
-        write_sampled(path, self._record())
-
-    @classmethod
-    def load(cls, path: str | os.PathLike, client=None, **options) -> DistributedSampledMLP:
-        """A distributed model of the file ``path`` (written by :meth:`save`, by
-        :meth:`SampledMLP.save` or as a checkpoint) on ``client`` (as in the constructor, with
-        its keyword arguments ``options``), so that training goes on as the saved model would.
-
-        Raises
-        ------
-        FileNotFoundError, ValueError
-            As :meth:`SampledMLP.load`, before anything is placed; the constructor's errors.
-        """
-        return cls(SampledMLP.load(path), client, **options)
+    def _take_state(self, estimator: SampledMLP) -> None:
+        """Nothing: the constructor took the loaded model's state."""
 
     def to_dask(self) -> dict[str, da.Array]:
         """The parameters as dask arrays, each chunk made by a task on the worker that owns it:
@@ -648,8 +592,7 @@ class DistributedSampledMLP(SampledTraining, DistributedModel):
 
     def reset_comm(self) -> None:
         """Forget the traffic measured and predicted so far."""
-        self._check_open()
-        reset_transfers(self.client, self.token)
+        super().reset_comm()
         self._counted.clear()
 
 
