@@ -690,7 +690,8 @@ def test_lost_worker_is_named_with_its_shards(messages, per_task):
             victim = dp.workers[1]
             client.run(_exit_soon, workers=[victim])
             with pytest.raises(
-                RuntimeError, match=r"worker .* \(replica \d, shards \[1, 3\] of the embedding"
+                RuntimeError,
+                match=r"worker .*: it held replica \d, shards \[1, 3\] of the embedding",
             ):
                 if per_task == 1:
                     for _ in range(50):
@@ -967,8 +968,8 @@ def test_a_worker_lost_while_the_model_is_placed_is_named_and_nothing_is_left():
         before = _model_plugins(client)
         victim = sorted(scheduler_workers(client))[1]
         named = (
-            rf"^lost worker {re.escape(victim)}: it was replica 1 \(shards \[1, 3\] of the "
-            r"embedding\); the model could not be placed$"
+            rf"^lost worker {re.escape(victim)}: it held replica 1, shards \[1, 3\] of the "
+            r"embedding; the model could not be placed$"
         )
         signalling = _signal_when_postbox_starts(victim, signal.SIGKILL)
         client.register_plugin(signalling)

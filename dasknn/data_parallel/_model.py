@@ -1,23 +1,14 @@
 """``DistributedEmbeddingMLP``: an :class:`~dasknn.model.EmbeddingMLP` trained data-parallel.
 
-``DistributedEmbeddingMLP(model, client=None, *, architecture="hybrid", sparse_partitions=...,
-machines=None)`` copies a one-process model's values to the workers; the object has the same
-``fit / partial_fit / train_step / predict / predict_proba / score / evaluate / perplexity`` as
-the model, plus ``comm_report``, ``search``, ``search_report``, ``gather``, ``to_dask`` and
-``close``; inference runs on the workers, a pass per ``batch_size`` windows. Every step
-splits the global batch over the workers (contiguous row blocks, uneven when it must be, empty
-when there are more workers than windows) and takes the exact gradient of the global mean loss,
-so a run equals the one-process run step for step.
+Every step splits the global batch over the workers (contiguous row blocks) and takes the exact
+gradient of the global mean loss, so a run equals the one-process run step for step.
 """
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
-from functools import partial
-from numbers import Integral
 
-import dask
 import dask.array as da
 import numpy as np
 
@@ -42,32 +33,24 @@ from dasknn.data_parallel._worker_state import (
     read_states,
     read_values,
 )
-from dasknn.exceptions import StepTimeoutError, WorkerLostError
+from dasknn.exceptions import StepTimeoutError
 from dasknn.model.embedding_mlp import EmbeddingMLP, split_output_table
 from dasknn.model.embedding_network import EMBEDDING, SOFTMAX
 from dasknn.model.embedding_persistence import (
     EMBEDDING_FILE,
     EmbeddingRecord,
     spec_identity,
-    write_embedding,
 )
 from dasknn.model.sampled_softmax import sample_candidates
-from dasknn.model.validation import check_batch_size
+from dasknn.model.validation import check_batch_size, check_count
 from dasknn.model.window_estimator import WindowEstimator, check_windows
 from dasknn.optim import SGD, Optimizer, OptimizerSlots, ParamState
-from dasknn.runtime.cluster import scheduler_workers
 from dasknn.runtime.comm_report import CommReport, counts_of
 from dasknn.runtime.distributed_model import DistributedModel
-from dasknn.runtime.faults import running_workers
 from dasknn.runtime.keys import DP_KIND, parse_dp_key, postbox_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
 from dasknn.runtime.placement import KeyPlacement, by_sender
-from dasknn.runtime.postbox import Postbox
-from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT, answering_workers
-from dasknn.runtime.waiting import (
-    run_naming_loss,
-    watch_workers,
-)
+from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT
 from dasknn.runtime.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
 from dasknn.runtime.worker_memory import ReuseFreedMemory
 
@@ -106,94 +89,63 @@ def _same_rows(a: StepPlan, b: StepPlan) -> bool:
     )
 
 
-def _check_count(name: str, value, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-    return int(value)
-
-
 class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
     """An embedding MLP trained data-parallel on the workers of a Dask cluster.
 
-    Inference (``predict``, ``predict_proba``, ``decision_function``, ``evaluate``,
-    ``perplexity``, ``score``) runs on the workers, never by gathering the model: one pass per
-    ``batch_size`` windows (default 1024), split over the workers as a training step's batch;
-    under ``hybrid`` and ``ps`` the servers send each machine the embedding rows of its windows
-    (under the sampled softmax also the whole output table, a prediction scoring every class;
-    under ``ps`` also every dense variable) as a step's pull does, measured and predicted in
-    :meth:`comm_report` under the phases ``predict-pull`` and ``predict-from-chief``; under
-    ``ar`` and ``ar-dense`` the workers read their replicas and nothing moves between them.
-    Each worker scores its windows with its replicas of the dense variables, and only the
-    per-window results (a label, or ``n_classes`` probabilities or logits) or one sum a worker
-    (``evaluate``, ``score``) reach the client. Each pass costs a scheduler round trip.
+    It has the model's ``fit``, ``partial_fit``, ``train_step`` and inference methods, plus
+    ``comm_report``, ``search``, ``gather``, ``to_dask``, ``save``/``load`` and ``close``.
+    Inference runs on the workers, one pass (a scheduler round trip) per ``batch_size``
+    windows split as a step's batch; only per-window results or per-worker sums reach the
+    client.
 
     Parameters
     ----------
     model : EmbeddingMLP
-        The one-process model; its values are copied (the model itself is not changed).
+        The one-process model; its values are copied (the model is not changed).
     client : distributed.Client, cluster, JobqueueSpec, str or None
-        Where to run: a client, a cluster object, batch jobs to start, a scheduler address, or
-        ``None`` for a new local cluster on 127.0.0.1; what the model opens it closes in
-        :meth:`close`.
+        Where to run (see :class:`~dasknn.runtime.distributed_model.DistributedModel`); ``None``
+        (the default) starts a local cluster. What the model opens it closes.
     architecture : {"hybrid", "ps", "ar", "ar-dense"}
-        ``"hybrid"``: the embedding on parameter-server shards, dense variables replicated and
-        allreduced; ``"ps"``: every variable on servers; ``"ar"``: everything replicated, the
-        embedding's row gradients allgathered; ``"ar-dense"``: its gradient densified and
-        allreduced.
+        ``"hybrid"`` (the default): embedding on parameter-server shards, dense variables
+        replicated and allreduced; ``"ps"``: every variable on servers; ``"ar"``: everything
+        replicated, row gradients allgathered; ``"ar-dense"``: gradients densified, allreduced.
     sparse_partitions : int or "auto", optional
-        Shards of the embedding (``hybrid``, ``ps``): an integer in ``1..V``, or ``"auto"`` to
-        search for the count at the first training step (see :meth:`search`). Default: one per
-        machine.
+        Shards of the embedding (``hybrid``, ``ps``): ``1..V``, or ``"auto"`` to :meth:`search`
+        at the first step. Default: one per machine.
     shard_rows : {"mod", "div"}
-        How a sparse variable's rows are cut into shards: row ``r`` in shard ``r mod P``, or
-        consecutive blocks.
+        Row ``r`` in shard ``r mod P`` (the default), or consecutive blocks.
     machines : dict, optional
-        ``{worker address: machine name}`` naming every worker of the model: a machine sums its
-        workers' gradients before anything leaves it (local aggregation). Default: one machine
-        per worker.
+        ``{worker address: machine name}`` of every worker: a machine sums its workers'
+        gradients before sending. Default: one machine per worker.
     workers : list of str, optional
         The workers to train on (default: every worker of the cluster).
     search_steps, search_warmup : int
-        Steps timed per shard count by the search, and how many of them are discarded first.
+        Steps timed per shard count by the search (default 6), the first discarded (default 2).
     search_mode : {"model", "brute-force"}
-        The cost-model search, or timing every count from 1 to ``2 N``.
+        The cost-model search (the default), or timing every count from 1 to ``2 N``.
     messages : {"posted", "tasks"}
-        How a step runs. ``"posted"`` (the default): one task per worker runs that worker's part
-        of the step graph and posts each message straight to the receiving worker's postbox
-        actor (:mod:`dasknn.runtime.posted`), so the scheduler sees ``N`` tasks a step.
-        ``"tasks"``: one Dask task per piece of work and message of the step
-        (:mod:`dasknn.data_parallel._hybrid`), every message a task result the scheduler hands
-        on.
+        ``"posted"`` (the default): one task per worker runs its part of the step and posts
+        each message to the receiving worker's postbox (:mod:`dasknn.runtime.posted`);
+        ``"tasks"``: a Dask task per piece of work and message.
     steps_per_task : int, optional
-        ``messages="posted"``: how many consecutive steps of ``fit`` each worker's task runs
-        (one submission and one gather for all of them; the search and ``train_step`` run one
-        step a task). Default :data:`DEFAULT_STEPS_PER_TASK` under ``"posted"``, 1 under
-        ``"tasks"``, which takes no other value.
+        Steps of ``fit`` per task under ``"posted"`` (default
+        :data:`DEFAULT_STEPS_PER_TASK`; 1, the only value, under ``"tasks"``).
     step_timeout : float
-        Seconds a training step (under ``fit``, the ``steps_per_task`` steps of one task
-        together), the reading of the values (``gather``) and each inference pass (``predict``,
-        ``score``, ...), may take before it is a
-        :class:`~dasknn.exceptions.StepTimeoutError` naming the workers it waits for,
-        what they hold and their state (not heard from for N s: stopped or overloaded; paused
-        at the memory limit; running). The step's futures are released, the workers still
-        answering end its waits (``"posted"``), and the model is unusable afterwards. Placing
-        the values (here, all of it together; again for each count the search times) takes at
-        most as long, a worker that leaves meanwhile is a
-        :class:`~dasknn.exceptions.WorkerLostError` within a poll; here what was placed is
-        removed again, after the search the model is unusable. A positive finite number.
+        Seconds a step (under ``fit``, one task's steps), ``gather`` or an inference pass may
+        take before a :class:`~dasknn.exceptions.StepTimeoutError` naming the workers waited
+        for, their roles and state; the model is then unusable. A worker that leaves is a
+        :class:`~dasknn.exceptions.WorkerLostError` within a poll. Placing the values takes at
+        most as long. A positive finite number (default
+        :data:`~dasknn.runtime.step_timeout.DEFAULT_STEP_TIMEOUT`).
     reuse_memory : bool
-        Opt in to :class:`~dasknn.runtime.worker_memory.ReuseFreedMemory` on the workers (under
-        the name ``f"{PLUGIN_NAME}-{token}"``, removed on :meth:`close`), so the buffers a step
-        frees (messages, row and dense gradients, assembled rows) are reused by the next step
-        instead of being returned to the OS and faulted in again (Dask's nanny starts workers
-        with ``MALLOC_TRIM_THRESHOLD_=65536``). A process-wide malloc setting that stays in the
-        worker processes after ``close()``: use it on a cluster of your own. ``False`` (the
-        default) leaves the workers' malloc as it is.
+        Register :class:`~dasknn.runtime.worker_memory.ReuseFreedMemory` (a process-wide malloc
+        setting that stays after ``close()``: use it on a cluster of your own). Default
+        ``False``.
 
     Raises
     ------
     ValueError
-        Before anything is scheduled, for any argument above out of its range.
+        Before anything is scheduled, for any argument out of its range.
     """
 
     def __init__(
@@ -232,14 +184,14 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         self.messages = messages
         if steps_per_task is None:
             steps_per_task = DEFAULT_STEPS_PER_TASK if messages == "posted" else 1
-        self.n_steps_per_task = _check_count("steps_per_task", steps_per_task, 1)
+        self.n_steps_per_task = check_count("steps_per_task", steps_per_task)
         if messages == "tasks" and self.n_steps_per_task != 1:
             raise ValueError(
                 f'steps_per_task must be 1 under messages="tasks" (one graph a step), '
                 f"got {steps_per_task!r}"
             )
-        self.search_steps = _check_count("search_steps", search_steps, 1)
-        self.search_warmup = _check_count("search_warmup", search_warmup, 0)
+        self.search_steps = check_count("search_steps", search_steps)
+        self.search_warmup = check_count("search_warmup", search_warmup, 0)
         if self.search_steps <= self.search_warmup:
             raise ValueError(
                 f"search_steps ({search_steps}) must exceed the discarded warm-up steps "
@@ -251,8 +203,7 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         self.architecture = architecture
         self.shard_rows = shard_rows
         self.search_mode = search_mode
-        self._connect(client, step_timeout)
-        try:
+        with self._connecting(client, step_timeout):
             self.workers = sorted(self._use_workers(workers))
             self.topology = _topology(self.workers, machines)
             rows = self._max_shards()
@@ -262,10 +213,6 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
             else:  # checks the count
                 ShardMap(rows, sparse_partitions, len(self.workers), shard_rows)
                 self.n_shards = int(sparse_partitions)
-        except BaseException:
-            self.close()
-            raise
-        self.plugin_name = ReplicaState.plugin_name(self.token)
         self.dense_servers = {
             name: index % len(self.workers) for index, name in enumerate(self.spec.dense_names())
         }
@@ -273,21 +220,14 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         self.stats = VariableStats(self.variables)
         self.predicted: dict = defaultdict(lambda: [0, 0])
         self.carried: dict = defaultdict(int)
-        self.optimizer_: Optimizer | None = None
-        self.loss_curve_: list[float] = []
-        self.batch_loss_curve_: list[float] = []
         self._search: SearchReport | None = None
         self._step = 0
         self.n_steps_ = model.n_steps_
         #: The plan of the step whose rows the last step prefetched.
         self._prefetched = None
         self._version = 0
-        self._generation = 0  # placements after a lost worker (the postboxes' keys)
         self._gathered: tuple[int, EmbeddingMLP] | None = None
         self._placement = KeyPlacement(self.workers, by_sender(parse_dp_key))
-        self._postboxes: list = []
-        #: The name of the model's ReuseFreedMemory plugin while it is registered.
-        self._memory_plugin: str | None = None
         self._register(ReplicaState(self.token), lambda: self._install(model))
 
     # ------------------------------------------------------------------ basics
@@ -312,17 +252,6 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
             for name, shape in self.spec.sparse_shapes().items()
         }
 
-    def _failed_advice(self) -> str:
-        return "close it and start again from a copy gathered before the failure"
-
-    def _before_close(self) -> None:
-        self._postboxes.clear()
-
-    def _extra_plugins(self) -> list[str]:
-        """The ``reuse_memory`` plugin, while it is registered."""
-        memory_plugin, self._memory_plugin = self._memory_plugin, None
-        return [memory_plugin] if memory_plugin is not None else []
-
     # ------------------------------------------------------------------ placement
     def _install(self, model: EmbeddingMLP, with_state: bool = False) -> None:
         """Tune the workers' malloc (``reuse_memory``), place ``model``'s values, and make each
@@ -330,36 +259,20 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         ``step_timeout`` and watched
         (:meth:`~dasknn.runtime.distributed_model.DistributedModel._placing`)."""
         if self.reuse_memory:
-            name = f"{REUSE_MEMORY_PLUGIN}-{self.token}"
-            self._memory_plugin = name  # a registration that times out is removed by close()
-            self._placing(lambda: self.client.register_plugin(ReuseFreedMemory(), name=name))
+            self._add_plugin(ReuseFreedMemory(), REUSE_MEMORY_PLUGIN)
         self._place(model, self.n_shards, with_state)
         if self.messages == "posted":
-            self._postboxes = [
-                self.client.submit(
-                    Postbox,
-                    self.plugin_name,
-                    key=postbox_key(DP_KIND, self.token, index, self._generation or None),
-                    workers=[worker],
-                    allow_other_workers=False,
-                    actor=True,
-                )
-                for index, worker in enumerate(self.workers)
-            ]
-            postboxes = list(self._postboxes)
-            with self._cancelled_if_failed(postboxes):
-                self._placing(lambda: self.client.gather(postboxes))
+            self._postboxes = self._start_postboxes(
+                {
+                    postbox_key(DP_KIND, self.token, index, self._generation or None): worker
+                    for index, worker in enumerate(self.workers)
+                }
+            )
 
     def _place_again(self, model: EmbeddingMLP, n_shards: int, with_state: bool = False) -> None:
         """:meth:`_place` after the constructor (the search, a restored checkpoint), within
-        ``step_timeout`` of its own; if it fails, the workers hold the values in part and the
-        model is unusable."""
-        self._start_placement()
-        try:
-            self._place(model, n_shards, with_state)
-        except Exception as error:
-            self._failed = str(error)
-            raise
+        ``step_timeout`` of its own; if it fails, the model is unusable."""
+        self._place_anew(None, lambda: self._place(model, n_shards, with_state))
 
     def _place(self, model: EmbeddingMLP, n_shards: int, with_state: bool = False) -> None:
         """Copy ``model``'s values to the workers with ``n_shards`` shards (fresh optimizer
@@ -398,18 +311,9 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
                     piece = ParamState(full[name].step, arrays)
                     mine["shards"][(name, p)] = (model.optimizer, piece)
         for worker, (replicas, shards, served) in payload.items():
-            self._placing(
-                partial(
-                    self.client.run,
-                    install_values,
-                    token=self.token,
-                    replicas=replicas,
-                    shards=shards,
-                    served=served,
-                    states=held_states[worker] if full else None,
-                    workers=[worker],
-                )
-            )
+            states = held_states[worker] if full else None
+            self._install_on(worker, install_values, replicas=replicas, shards=shards,
+                             served=served, states=states)  # fmt: skip
         self.optimizer_ = model.optimizer if full else None
         self._prefetched = None
         self._version += 1
@@ -419,7 +323,8 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         self._check_open()
         if self._gathered is not None and self._gathered[0] == self._version:
             return self._gathered[1].copy()
-        held = self._run_on_workers(read_values, "the values did not arrive")
+        what = "the values did not arrive"
+        held = self._run_on(read_values, self.workers, what, token=self.token)
         first = held[self.workers[0]]
         dense = {}
         for worker in self.workers:
@@ -445,26 +350,9 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         self._gathered = (self._version, model)
         return model.copy()
 
-    def _run_on_workers(self, function, what: str) -> dict:
-        """``Client.run(function, token=...)`` on every worker within ``step_timeout``:
-        ``WorkerLostError`` naming a worker that left, :class:`StepTimeoutError` (``what`` did
-        not happen) naming those that did not answer."""
-        try:
-            return run_naming_loss(
-                self.client,
-                self.client.run(
-                    function, token=self.token, workers=self.workers, asynchronous=True
-                ),
-                self.step_timeout,
-                self._lost_workers_error,
-                poll=1.0,
-                grace=0.0,
-            )
-        except TimeoutError:
-            raise self._timeout_error(what, self.workers) from None
-
     # ------------------------------------------------------------------ checkpoints
     _checkpoint_format = EMBEDDING_FILE
+    _estimator_class = EmbeddingMLP
 
     def _identity(self) -> dict:
         return spec_identity(self.spec)
@@ -472,7 +360,9 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
     def _gather_states(self) -> OptimizerSlots:
         """The optimizer state of every variable, read from the workers, under the keys of the
         one-process model (:meth:`EmbeddingMLP._state_params`)."""
-        held = self._run_on_workers(read_states, "the optimizer states did not arrive")
+        held = self._run_on(
+            read_states, self.workers, "the optimizer states did not arrive", token=self.token
+        )
         first = held[self.workers[0]]
         full: dict[str, tuple] = dict(first["replicas"])
         for worker in self.workers:
@@ -511,15 +401,9 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         model._slots = self._gather_states()
         return model._record()
 
-    def _recoverable(self, error: Exception) -> bool:
-        return isinstance(error, WorkerLostError)
-
     def _restore(self, record: EmbeddingRecord) -> None:
         """Place the values, step count and optimizer state of ``record`` (this network) on the
-        workers. A worker that left is replaced by one of the cluster's others (waiting up to
-        ``step_timeout`` for one, as when a nanny restarts it), which takes its number: its
-        replica, shards and served variables; the model's plugin and postboxes are placed
-        anew.
+        workers, a lost worker's place taken by another (:meth:`_replace_lost`).
 
         Raises
         ------
@@ -528,70 +412,14 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         """
         self._check_open()
         model = EmbeddingMLP._of_record(record)
-        if not self._replace_lost_workers():
+        workers, self.workers = self.workers, self._replace_lost(self.workers)
+        if workers == self.workers:
             self._place_again(model, self.n_shards, with_state=True)
             return
-        self._generation += 1
         self._step += self._steps_per_call() + 1  # no key of the failed steps is used again
-        self._gathered, self._postboxes = None, []
+        self._gathered = None
         self._placement = KeyPlacement(self.workers, by_sender(parse_dp_key))
-        self._start_placement()
-        state = ReplicaState(self.token)
-        self._placing(lambda: self.client.register_plugin(state, name=self.plugin_name))
-        try:
-            self._install(model, with_state=True)
-        except Exception as error:
-            self._failed = str(error)
-            raise
-        self._failed = None
-
-    def _replace_lost_workers(self) -> list[int]:
-        """Put a running worker of the cluster in the place of every worker of the model that
-        left (polling every 0.1 s for at most ``step_timeout``); returns their numbers."""
-        deadline = time.monotonic() + self.step_timeout
-        while True:
-            running = running_workers(self.client)
-            lost = [i for i, w in enumerate(self.workers) if w not in running]
-            spare = [w for w in running if w not in self.workers]
-            if len(spare) >= len(lost):
-                break
-            if time.monotonic() > deadline:
-                raise WorkerLostError(
-                    f"the data-parallel model needs {len(self.workers)} workers to go on from its "
-                    f"checkpoint; {len(self.workers) - len(lost) + len(spare)} are running"
-                )
-            time.sleep(0.1)
-        for i, worker in zip(lost, spare, strict=False):
-            self.workers[i] = worker
-        return lost
-
-    def save(self, path) -> None:
-        """Write the model (values, step count, optimizer and its state, read from the workers)
-        to the ``.npz`` file ``path`` atomically, in the format of :meth:`EmbeddingMLP.save`,
-        which :meth:`load` (or :meth:`EmbeddingMLP.load`) reads back."""
-        write_embedding(path, self._record())
-
-    @classmethod
-    def load(cls, path, client=None, **options) -> DistributedEmbeddingMLP:
-        """A distributed model of the file ``path`` (written by :meth:`save`, by
-        :meth:`EmbeddingMLP.save` or as a checkpoint) on ``client`` (as in the constructor, with
-        its keyword arguments ``options``): its values, step count and optimizer state, so that
-        training goes on as the saved model would.
-
-        Raises
-        ------
-        FileNotFoundError, ValueError
-            As :meth:`EmbeddingMLP.load`, before anything is placed; the constructor's errors.
-        """
-        model = EmbeddingMLP.load(path)
-        dist = cls(model, client, **options)
-        if model.optimizer is not None:
-            try:
-                dist._place_again(model, dist.n_shards, with_state=True)
-            except BaseException:
-                dist.close()
-                raise
-        return dist
+        self._place_anew(ReplicaState(self.token), lambda: self._install(model, with_state=True))
 
     # ------------------------------------------------------------------ steps
     def _plan(self, ids: np.ndarray, labels: np.ndarray, step: int) -> StepPlan:
@@ -638,9 +466,7 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         batch under ``messages="tasks"``); with ``after``, the next step's ``(ids, labels)``,
         the servers send the chiefs its rows at the end of the last one (``hybrid``, ``ps``).
         Returns each step's mean loss."""
-        error = self._lost_workers_error()
-        if error is not None:
-            raise error
+        self._check_workers()
         plans, graphs, prefetched = self._step_graphs(batches, optimizer, after)
         steps = list(range(self._step + 1, self._step + 1 + len(batches)))
         if self.messages == "posted":
@@ -683,66 +509,10 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
             for losses, (ids, _) in zip(per_step, batches, strict=True)
         ]
 
-    def _gather_graph(self, tasks: dict, outputs: list, what: str) -> list:
-        """Submit ``tasks``, each on its worker, and gather ``outputs`` within ``step_timeout``,
-        looking at the workers every second (a task pinned to a lost worker would be waited for
-        for ever): a lost worker is :meth:`_lost_workers_error`, a gather past the timeout a
-        :class:`StepTimeoutError` of ``what`` naming the workers still at work. The futures are
-        released before this returns or raises (an error's traceback holds this frame)."""
-        with dask.annotate(workers=self._placement, allow_other_workers=False):
-            futures = self.client.get(tasks, outputs, sync=False)
-        try:
-            return run_naming_loss(
-                self.client,
-                self.client.gather(futures, asynchronous=True),
-                self.step_timeout,
-                self._lost_workers_error,
-                poll=1.0,
-                grace=0.0,
-            )
-        except TimeoutError:
-            waiting = [self._placement(f.key)[0] for f in futures if not f.done()]
-            raise self._timeout_error(what, waiting or self.workers) from None
-        finally:
-            for future in futures:
-                future.release()
-
     def _clear_mailboxes(self) -> None:
         """End the waits of a failed step on the workers still present (``"posted"``)."""
-        if self.messages != "posted":
-            return
-        workers = answering_workers(self.client, self.workers)  # a stopped one never answers
-        try:
-            self.client.run(clear_mailbox, token=self.token, workers=workers, on_error="ignore")
-        except Exception:  # noqa: BLE001 - the failed step's error is the one to report
-            pass
-
-    def _lost_workers_error(self) -> WorkerLostError | None:
-        """The error naming every lost worker and what it held, or ``None`` if none is gone."""
-        present = set(scheduler_workers(self.client))
-        lost = [w for w in self.workers if w not in present]
-        if not lost:
-            return None
-        roles = self._worker_roles()
-        details = [f"worker {worker} ({roles[worker]})" for worker in lost]
-        return WorkerLostError(
-            f"lost {', '.join(details)} by step {self._step}; the model's values there are "
-            "gone: close it and start again from a gathered copy"
-        )
-
-    def _lost_while_placed(self) -> WorkerLostError | None:
-        """A :class:`WorkerLostError` naming the workers that left while the model was placed,
-        with their replicas and what they were to hold, or ``None``."""
-
-        def held(lost: list[str]) -> str:
-            names = ["it"] if len(lost) == 1 else lost
-            replicas = [
-                f"{name} was replica {self.workers.index(w)} ({self._held(w)})"
-                for name, w in zip(names, lost, strict=True)
-            ]
-            return f"{', '.join(replicas)}; the model could not be placed"
-
-        return watch_workers(self.client, self.workers, held)()
+        if self.messages == "posted":
+            self._run_on_answering(clear_mailbox, self.workers)
 
     def _steps_per_call(self) -> int:
         return self.n_steps_per_task
@@ -780,9 +550,7 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         share of the windows (:func:`~dasknn.data_parallel._hybrid.build_inference`), the
         messages' bytes added to the predicted traffic."""
         self._check_open()
-        error = self._lost_workers_error()
-        if error is not None:
-            raise error
+        self._check_workers()
         shards = self.shard_maps
         plan = plan_inference(self.spec, self.topology, shards, ids, labels)
         ctx = StepContext(
@@ -818,60 +586,26 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         return np.concatenate(self._infer_pass(ids, None, "logits"), axis=0)
 
     def predict(self, X, batch_size: int = 1024) -> np.ndarray:
-        """The most probable class of each window, int64 (B,), computed on the workers.
-
-        ``batch_size`` windows at a time (one pass each): the pass splits them over the workers
-        as a step splits its batch; the parameter servers send each machine the embedding rows
-        of its windows (under the sampled softmax also the whole output table), as a training
-        step's pull, and each worker scores its windows with its replicas of the dense
-        variables (under ``ps`` pulled from their servers too; under ``ar`` and ``ar-dense``
-        every row is in the worker's replica, and nothing moves between workers). Only the
-        labels come back to the client; the messages between workers are measured and
-        predicted in :meth:`comm_report` (phases ``predict-pull``, ``predict-from-chief``).
-
-        Raises
-        ------
-        ValueError
-            Before anything is scheduled, on malformed windows or ``batch_size``.
-        """
-        ids = check_windows(X, self.spec.vocab_size, self.spec.context)
-        return np.concatenate(self._infer(ids, None, "labels", batch_size))
+        """The most probable class of each window, int64 (B,), computed on the workers
+        ``batch_size`` windows a pass (see the class); ``ValueError`` on malformed input."""
+        return np.concatenate(self._infer(self._windows(X), None, "labels", batch_size))
 
     def predict_proba(self, X, batch_size: int = 1024) -> np.ndarray:
-        """``softmax(z)`` (B, n_classes), computed on the workers as :meth:`predict` (the
-        probabilities come back to the client).
-
-        Raises
-        ------
-        ValueError
-            Before anything is scheduled, on malformed windows or ``batch_size``.
-        """
-        ids = check_windows(X, self.spec.vocab_size, self.spec.context)
-        return np.concatenate(self._infer(ids, None, "proba", batch_size), axis=0)
+        """``softmax(z)`` (B, n_classes), computed on the workers as :meth:`predict`."""
+        return np.concatenate(self._infer(self._windows(X), None, "proba", batch_size), axis=0)
 
     def evaluate(self, X, y, batch_size: int = 1024) -> float:
-        """Mean cross-entropy (nats) of the windows ``X`` with labels ``y``, computed on the
-        workers as :meth:`predict` (each worker returns the sum over its windows); no update.
-
-        Raises
-        ------
-        ValueError
-            Before anything is scheduled, on malformed windows, labels or ``batch_size``.
-        """
+        """Mean cross-entropy (nats) of ``(X, y)``, summed on the workers; no update."""
         ids, labels = self._check_xy(X, y)
         return float(sum(self._infer(ids, labels, "loss", batch_size))) / ids.shape[0]
 
     def score(self, X, y, batch_size: int = 1024) -> float:
-        """Accuracy of :meth:`predict` against ``y``, computed on the workers (each worker
-        returns how many of its windows it predicts right).
-
-        Raises
-        ------
-        ValueError
-            Before anything is scheduled, on malformed windows, labels or ``batch_size``.
-        """
+        """Accuracy of :meth:`predict` against ``y``, counted on the workers."""
         ids, labels = self._check_xy(X, y)
         return sum(self._infer(ids, labels, "correct", batch_size)) / ids.shape[0]
+
+    def _windows(self, X) -> np.ndarray:
+        return check_windows(X, self.spec.vocab_size, self.spec.context)
 
     # ------------------------------------------------------------------ shard-count search
     def _time_steps(self, ids, labels, optimizer) -> float:
@@ -887,12 +621,9 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
     def search(
         self, X, y, optimizer: Optimizer | None = None, mode: str | None = None
     ) -> SearchReport:
-        """Choose the number of shards by timing steps on the batch ``(X, y)``.
-
-        The values before the search are restored afterwards, with the chosen count; the timed
-        steps do not count as training. ``mode`` (default: the model's ``search_mode``) is
-        ``"model"`` (at most 5 counts, see :mod:`dasknn.data_parallel._search`) or
-        ``"brute-force"`` (every count from 1 to ``2 N``).
+        """Choose the number of shards by timing steps on the batch ``(X, y)`` (the values are
+        restored afterwards; the steps do not count as training). ``mode``: ``"model"`` (at most
+        5 counts) or ``"brute-force"`` (1 to ``2 N``); default the model's ``search_mode``.
 
         Raises
         ------
@@ -939,17 +670,11 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
 
     # ------------------------------------------------------------------ reports
     def comm_report(self) -> CommReport:
-        """Bytes and messages measured between workers beside the prediction from the batch ids,
-        keyed by ``(variable, phase, sender, receiver)`` (worker addresses), since the model
-        started or :meth:`reset_comm`. A message of one variable that carries another's bytes
-        (the dense chunks riding the fused sparse messages of ``hybrid``) is measured whole; the
-        carried bytes, fixed by the message's layout, are listed under the other variable with
-        no message of their own (:func:`~dasknn.data_parallel._report.split_carried`), in both
-        tables. ``details`` holds the ``architecture``, every worker's machine (``machine_of``,
-        for :func:`~dasknn.data_parallel._report.machine_total` and
-        :func:`~dasknn.data_parallel._report.machine_bytes`), and per variable the mean fraction
-        of its elements a worker touched per step (``alpha``; ``model_alpha`` size-weighted).
-        """
+        """Measured beside predicted traffic since the start or :meth:`reset_comm`, keyed
+        ``(variable, phase, sender, receiver)``; bytes a message carries for another variable
+        are listed under that one (:func:`~dasknn.data_parallel._report.split_carried`).
+        ``details``: ``architecture``, ``machine_of``, ``alpha`` and ``model_alpha`` (the
+        fraction of each variable a worker touched per step)."""
         self._check_open()
         index = {w: i for i, w in enumerate(self.workers)}
         measured = {
@@ -978,22 +703,17 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
 
     def reset_comm(self) -> None:
         """Zero the measured and predicted counts."""
-        self._check_open()
-        reset_transfers(self.client, self.token)
+        super().reset_comm()
         self.predicted = defaultdict(lambda: [0, 0])
         self.carried = defaultdict(int)
         self.stats = VariableStats(self.variables)
 
     # ------------------------------------------------------------------ parameters
     def to_dask(self) -> dict[str, da.Array]:
-        """The parameters as dask arrays, each chunk copied by a task on the worker that holds
-        it: ``embedding`` (and a sampled softmax's ``softmax`` table) chunked by its
-        parameter-server shards under ``hybrid`` and ``ps`` (shard ``p``'s rows are
-        ``shard_maps[name].rows(p)``, so the rows are in shard order: with ``shard_rows="mod"``
-        not the vocabulary's), one chunk of worker 0's replica otherwise; the dense variables
-        (``dense_{i}``, in the order of ``EmbeddingMLP.dense_variables()``) from worker 0's
-        replica, or from their server under ``ps``. A snapshot: the values of the last step that
-        finished when the chunks are computed."""
+        """The parameters as dask arrays, each chunk copied by a task on its holder (a snapshot
+        when computed): ``embedding`` (and ``softmax``) chunked by shard under ``hybrid`` and
+        ``ps``, rows in shard order (``shard_maps[name].rows(p)``), else worker 0's replica;
+        ``dense_{i}`` (as ``EmbeddingMLP.dense_variables()``) from worker 0 or their server."""
         self._check_open()
         sparse_shapes = self.spec.sparse_shapes()
         out: dict[str, da.Array] = {}

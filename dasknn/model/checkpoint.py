@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from dasknn.exceptions import WorkerLostError
 from dasknn.model.persistence import ModelRecord, read_model, write_model
 
 __all__ = [
@@ -357,6 +358,12 @@ class Checkpointed:
         directory = prepare_checkpoint_dir(checkpoint) if checkpoint is not None else None
         return state, directory, every
 
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the model (its values and optimizer state, read from the workers where it is
+        distributed) to the ``.npz`` file ``path`` atomically, in :attr:`_checkpoint_format`;
+        the model's ``load`` reads it back."""
+        self._checkpoint_format.write(path, self._record())
+
     def _save_checkpoint(self, directory: Path, state: Progress) -> Path:
         """Write the model with ``state`` and its loss curves as the newest checkpoint of
         ``directory``; returns the file."""
@@ -374,8 +381,9 @@ class Checkpointed:
     max_recoveries = 3
 
     def _recoverable(self, error: Exception) -> bool:
-        """Whether ``fit`` may restore its last checkpoint and go on after ``error``."""
-        return False
+        """Whether ``fit`` may restore its last checkpoint and go on after ``error`` (a lost
+        worker)."""
+        return isinstance(error, WorkerLostError)
 
     def _recovering(
         self, run: Callable[[Progress], None], state: Progress, saved: Callable[[], Path | None]

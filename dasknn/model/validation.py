@@ -123,6 +123,14 @@ def _is_integer(value) -> bool:
     return isinstance(value, Integral) and not isinstance(value, bool)
 
 
+def check_count(name: str, value, low: int = 1) -> int:
+    """Return ``value`` as an int; ``ValueError`` naming ``name`` unless it is an integer >=
+    ``low``."""
+    if not _is_integer(value) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return int(value)
+
+
 def check_batch_size(batch_size: int) -> int:
     """Return ``batch_size`` as an int; ``ValueError`` unless it is an integer >= 1."""
     if not _is_integer(batch_size) or batch_size < 1:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections import Counter, deque
 from collections.abc import Iterator, Sequence
@@ -15,7 +14,7 @@ import scipy.sparse as sp
 
 from dasknn.exceptions import ModelClosedError, StepTimeoutError, WorkerLostError
 from dasknn.model.estimator import SparseEstimator
-from dasknn.model.persistence import ModelRecord, pattern_digest, read_model, write_model
+from dasknn.model.persistence import ModelRecord, pattern_digest, read_model
 from dasknn.model.sparse_mlp import SparseMLP
 from dasknn.model.validation import check_in_flight
 from dasknn.model_parallel._comm import predicted_counts, wire_bytes
@@ -54,7 +53,6 @@ from dasknn.runtime.faults import (
 from dasknn.runtime.measure import read_transfers
 from dasknn.runtime.model_span import held_in_span, new_span
 from dasknn.runtime.placement import KeyPlacement
-from dasknn.runtime.postbox import Postbox
 from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT
 from dasknn.runtime.waiting import call_at_most, gather_at_most
 from dasknn.runtime.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
@@ -95,9 +93,8 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
     model : SparseMLP
         The network; its weights are copied to the workers (the model is not changed).
     client : distributed.Client, cluster, JobqueueSpec, str or None
-        A client, a running cluster object, a :class:`~dasknn.runtime.jobqueue.JobqueueSpec`, a
-        scheduler address, or ``None`` (the default) for a new local cluster; what the model
-        opens it closes in :meth:`close`. Every later argument is keyword-only.
+        Where to run (see :class:`~dasknn.runtime.distributed_model.DistributedModel`); ``None``
+        (the default) starts a local cluster. What the model opens it closes.
     partition : graph.NetworkPartition, sequence of L + 1 int arrays, or None
         ``parts[k][j]`` is the part owning neuron ``j`` of layer ``k`` (``k = 0``: inputs).
         ``None`` (the default): ``graph.partition_network(model.weights, nparts)``, one part per
@@ -131,23 +128,10 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         Renumbering and per-layer communication plan.
     part_workers : list of str
         Worker address of every part.
-    plugin_name : str
-        Name of the model's :class:`~dasknn.model_parallel._worker_state.ModelState` worker plugin.
     optimizer_ : Optimizer or None
         The optimizer of the last training step (its state lives on the workers).
     n_steps_ : int
-        Training steps done by this object (``fit``, ``partial_fit``, ``train_step``).
-    loss_curve_ : list of float
-        Per epoch of :meth:`fit` / :meth:`partial_fit` on this object, the mean batch loss.
-    batch_loss_curve_ : list of float
-        Per batch of the training calls made with ``record_batches=True``, its loss.
-
-    Notes
-    -----
-    The model holds plugins and keys on the cluster until :meth:`close` (or the end of a
-    ``with`` block); afterwards every call is a :class:`~dasknn.exceptions.ModelClosedError`.
-    After a failed step every call is a :class:`~dasknn.exceptions.ModelFailedError` until
-    ``fit(..., resume=CHECKPOINT)``; ``fit(..., checkpoint=DIR)`` does that after a lost worker.
+        Training steps done by this object.
     """
 
     _watching_retirements = False  # whether the model holds the retirement watch
@@ -217,26 +201,18 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         self._pattern = [(w.shape, w.indptr.copy(), w.indices.copy()) for w in model.weights]
         self._pattern_digest = pattern_digest(self._pattern)
         self._entries: list[list[np.ndarray]] | None = None
-        self._generation = 0  # placements of the network so far, less one
         self.plan, self._chunks = build_comm_plan(model.weights, parts, nparts)
         self.part_workers = worker_of_parts(workers, nparts)
-        self.plugin_name = ModelState.plugin_name(self.token)
-        self._plugins: list[str] = []  # the worker plugins registered besides the model's own
         self._layout: Layout | None = None
         self._snapshot: Snapshot | None = None
         self._templates: dict = {}
-        self._postboxes: list = []
         self._separate_packing = False
         self._step = 0
-        self.n_steps_ = 0
         self._reset_step = 0
         #: Batches since the last reset by (rows, backward, microbatches), for the comm report.
         self._batches: Counter[tuple[int, bool, int]] = Counter()
         self._placement = KeyPlacement(self.part_workers, part_of)
         self._priority = StepPriority(self.token, self.plan.n_layers)
-        self.optimizer_: Optimizer | None = None
-        self.loss_curve_: list[float] = []
-        self.batch_loss_curve_: list[float] = []
         self._leaving: set[str] = set()  # workers asked to leave while the model was placed
         self._next_check = 0.0  # when a finished step looks next at its workers (monotonic)
 
@@ -260,11 +236,6 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
             out[f"weights_{k}"] = weight
             out[f"bias_{k}"] = bias
         return out
-
-    def _failed_advice(self) -> str:
-        return (
-            "its weights may mix two steps: fit(..., resume=CHECKPOINT) restores a checkpoint"
-        )
 
     def _current_snapshot(self) -> Snapshot:
         self._check_open()
@@ -301,9 +272,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
     def _place(self, chunks, biases, reuse_memory: bool) -> None:
         """Register the memory plugin if ``reuse_memory``, then :meth:`_place_network`."""
         if reuse_memory:
-            name = f"{REUSE_MEMORY_PLUGIN}-{self.token}"
-            self._plugins.append(name)  # a registration that times out is on the scheduler
-            self._placing(lambda: self.client.register_plugin(ReuseFreedMemory(), name=name))
+            self._add_plugin(ReuseFreedMemory(), REUSE_MEMORY_PLUGIN)
         self._place_network(chunks, biases)
 
     def _place_network(self, chunks, biases, states: dict | None = None) -> None:
@@ -323,7 +292,11 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
                 self.dtype, states, self._generation, self._placement_left(), self._span,
             )  # fmt: skip
             if self.messages == "posted":
-                self._place_postboxes(self._placement_left())
+                keys = {
+                    postbox_key(self.token, self._generation, w): address
+                    for w, address in enumerate(sorted(set(self.part_workers)))
+                }
+                self._postboxes = self._start_postboxes(keys, span=self._span)
         except TimeoutError:
             raise self._placement_timed_out() from None
 
@@ -334,22 +307,6 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
     def _lost_while_placed(self) -> WorkerLostError | None:
         """The error naming the part workers lost during placement, or ``None``."""
         return part_workers_lost(self.client, self.part_workers, PLACING)
-
-    def _place_postboxes(self, seconds: float) -> None:
-        """Start a Postbox actor on every part worker; ``TimeoutError`` after ``seconds``."""
-        with dask.annotate(span=self._span):
-            self._postboxes = [
-                self.client.submit(
-                    Postbox,
-                    self.plugin_name,
-                    key=postbox_key(self.token, self._generation, w),
-                    workers=[address],
-                    allow_other_workers=False,
-                    actor=True,
-                )
-                for w, address in enumerate(sorted(set(self.part_workers)))
-            ]
-        gather_at_most(self.client, self._postboxes, seconds)
 
     def _template(self, kind: str):
         if kind == "train" and self.messages == "posted":
@@ -456,28 +413,9 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
     def train_step(
         self, X, Y, *, lr: float | None = None, optimizer: Optimizer | None = None
     ) -> float:
-        """One training step on the batch ``(X, Y)``, updating every part on its worker.
-
-        Parameters
-        ----------
-        X : array-like (B, n_0)
-        Y : array-like (B, n_L), or integer labels (B,) for softmax cross-entropy
-        lr : float, optional
-            Learning rate of plain SGD (default 0.01); not together with ``optimizer``.
-        optimizer : dasknn.optim.Optimizer, optional
-            ``SGD``, ``Adam`` or ``AdamW``; its state lives on the workers, kept while later
-            steps use an equal optimizer.
-
-        Returns
-        -------
-        float
-            The loss of the batch before the update.
-
-        Raises
-        ------
-        ValueError
-            Before anything is scheduled, if ``X``, ``Y``, ``lr`` or ``optimizer`` are malformed.
-        """
+        """One training step on the batch ``(X, Y)`` as :meth:`SparseMLP.train_step`, every part
+        updated on its worker (the optimizer state lives there); returns the loss before the
+        update. ``ValueError`` before anything is scheduled on malformed arguments."""
         x, y = self._check_xy(X, Y)
         optimizer = resolve_optimizer(lr, optimizer)
         x_blocks = self._scatter_blocks("x", x, 0)
@@ -809,65 +747,37 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
             raise ModelClosedError(f"this {type(self).__name__} is closed")
         self._snapshot = None
         self._templates.clear()
-        self._postboxes = []
         self._layout.futures.clear()
-        self._generation += 1
         self._step += 1  # no key of an earlier step or data block is used again
-        self._start_placement()
         self.client.wait_for_workers(1, timeout=self.step_timeout)
         workers = running_workers(self.client, self._leaving)
         if self._chosen is not None:
             workers = [w for w in workers if w in self._chosen]
         self.part_workers = worker_of_parts(workers, self.nparts)
         self._placement = KeyPlacement(self.part_workers, part_of)
-        # the new plugin ends old waits and refuses tasks of earlier steps
-        state = ModelState(self.token, first_step=self._step + 1)
-        self._placing(lambda: self.client.register_plugin(state, name=self.plugin_name))
         _, chunks = build_comm_plan(record.weights, self._parts, self.nparts)
-        self._place_network(chunks, record.biases, self._part_states(record))
+        self._place_anew(  # the new plugin also refuses tasks of earlier steps
+            ModelState(self.token, first_step=self._step + 1),
+            lambda: self._place_network(chunks, record.biases, self._part_states(record)),
+        )
         self.optimizer_ = record.optimizer
-        self._failed = None
 
-    def _recoverable(self, error: Exception) -> bool:
-        return isinstance(error, WorkerLostError)
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Write the model and optimizer state to the ``.npz`` file ``path`` atomically."""
-        write_model(path, self._record())
+    _estimator_class = SparseMLP
 
     @classmethod
-    def load(cls, path: str | os.PathLike, client=None, **options) -> DistributedSparseMLP:
-        """The model saved at ``path`` (by :meth:`save` or :meth:`SparseMLP.save`) on ``client``,
-        partitioned as stored unless ``options`` (constructor keywords) give a ``partition``.
-
-        Raises
-        ------
-        FileNotFoundError, ValueError
-            As :meth:`SparseMLP.load`, before anything is placed.
-        """
-        model = SparseMLP.load(path)
+    def _load_options(cls, path, options: dict) -> dict:
+        """``options``, with the stored partition unless they give a ``partition``."""
         record = read_model(path)
-        if "partition" not in options and record.partition is not None:
-            options = {**options, "partition": record.partition, "nparts": record.nparts}
-        dist = cls(model, client, **options)
-        if record.optimizer is not None:
-            try:
-                dist._restore(record)
-            except BaseException:
-                dist.close()
-                raise
-        return dist
-
-    def _extra_plugins(self) -> list[str]:
-        """The memory plugin (``reuse_memory``), removed before the model's own."""
-        return self._plugins[::-1]
+        if "partition" in options or record.partition is None:
+            return options
+        return {**options, "partition": record.partition, "nparts": record.nparts}
 
     def _before_close(self) -> None:
         """Release the retirement watch and the client's references to arrays, templates and
         postboxes."""
+        super()._before_close()
         self._snapshot = None
         self._templates.clear()
-        self._postboxes.clear()
         if self._layout is not None:
             self._layout.futures.clear()
             self._layout = None

@@ -1,26 +1,17 @@
-"""Pipeline (inter-layer) and data parallelism of a pruned network on compressed states (SAMO on
-Dask, after AxoNN).
-
-:class:`DistributedCompressedMLP` cuts a :class:`~dasknn.model.CompressedMLP` into ``stages`` runs
-of consecutive layers and places ``replicas`` replicas of every stage on ``stages * replicas``
-workers. A step splits the batch into equal row blocks per replica, each into ``microbatches``
-microbatches that flow through the replica's stages under the ``"gpipe"`` or ``"1f1b"``
-schedule; the compressed gradients accumulate over the microbatches, are summed across replicas by
-an allreduce of the compressed values only, and every replica applies the same update. A step
-equals the one-process step on the whole batch. Predictions run on the workers too: each row
-block through the stages of one replica, the blocks pipelined and shared out over the replicas.
+"""Pipeline and data parallelism of a pruned network on compressed states (SAMO on Dask, after
+AxoNN): :class:`DistributedCompressedMLP` runs ``replicas`` replicas of ``stages`` runs of layers,
+``microbatches`` flowing through each replica's stages; the compressed gradients are summed across
+replicas, so a step equals the one-process step on the whole batch.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import os
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
 from numbers import Integral
 
-import dask
 import dask.array as da
 import numpy as np
 import sparse
@@ -35,14 +26,13 @@ from dasknn.model.compressed_persistence import (
     COMPRESSED_FILE,
     CompressedRecord,
     compressed_identity,
-    read_compressed,
 )
 from dasknn.model.estimator import OutputBlocks, SparseEstimator
+from dasknn.model.validation import check_count
 from dasknn.optim import Optimizer, resolve_optimizer
 from dasknn.pipeline_parallel import _worker_state as ws
 from dasknn.pipeline_parallel._plan import balanced_bounds
 from dasknn.pipeline_parallel._plan import check_bounds as _check_bounds
-from dasknn.pipeline_parallel._plan import positive_int as _count
 from dasknn.pipeline_parallel._schedule import check_schedule
 from dasknn.pipeline_parallel._taskgraph import accumulate_dtype, build_inference, build_step
 from dasknn.pipeline_parallel._timeline import (
@@ -55,18 +45,10 @@ from dasknn.runtime.affinity import PLUGIN_NAME as PIN_CORES_PLUGIN
 from dasknn.runtime.affinity import PinCores, host_slots, pin_by_default
 from dasknn.runtime.comm_report import CommReport, Key
 from dasknn.runtime.distributed_model import DistributedModel
-from dasknn.runtime.faults import running_workers
 from dasknn.runtime.keys import PIPELINE, pipeline_key, postbox_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
-from dasknn.runtime.postbox import Postbox
 from dasknn.runtime.scatter import scatter_released_if_given_up
-from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT, answering_workers
-from dasknn.runtime.waiting import (
-    GATHER_LOSS_GRACE_SECONDS,
-    gather_watching,
-    run_naming_loss,
-    watch_workers,
-)
+from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT
 from dasknn.runtime.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
 from dasknn.runtime.worker_memory import ReuseFreedMemory
 
@@ -87,11 +69,14 @@ POLL_SECONDS = 0.25
 #: loss: a result cancelled with the worker, a stage that could not reach it (its postbox actor
 #: lost, a closed connection) or was dropped with the step.
 LOSS_ERRORS = (concurrent.futures.CancelledError, RuntimeError, OSError)
+_RECOVERY = (
+    " (a fit call given fit(checkpoint=DIR) restores its last checkpoint and goes on; otherwise "
+    "close the model and start again from a saved copy)"
+)
 #: What a lost stage worker takes with it, said by :class:`WorkerLostError`: during a step, and
 #: while the model's states or records are read.
-LOST_IN_STEP = "the step failed and the weights of those layers are gone"
-LOST_WHILE_READ = "the weights of those layers are gone"
-LOST_WHILE_PLACED = "the model could not be placed (the constructor closed it again)"
+LOST_IN_STEP = "the step failed and the weights of those layers are gone" + _RECOVERY
+LOST_WHILE_READ = "the weights of those layers are gone" + _RECOVERY
 #: Allreduce tokens (one per stage and step with replicas) whose transfer counts are kept on the
 #: scheduler before the model moves them into its own table and forgets them there.
 FOLD_TOKENS = 64
@@ -118,80 +103,63 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
     Parameters
     ----------
     estimator : CompressedMLP
-        The pruned model (its weights, biases, precision, compute and, for fp16, its loss scale
-        and growth interval are copied; its optimizer state is not).
+        The pruned model (its values, precision, compute and fp16 loss scale are copied, not
+        its optimizer state).
     client : distributed.Client, str, Cluster, JobqueueSpec or None
-        Where to run: ``None`` for a new local cluster on 127.0.0.1, a scheduler address, a
-        ``Cluster``, a ``Client`` or a :class:`~dasknn.runtime.jobqueue.JobqueueSpec`; what is
-        opened here is closed with the model.
+        Where to run (see :class:`~dasknn.runtime.distributed_model.DistributedModel`); ``None``
+        (the default) starts a local cluster. What the model opens it closes.
     stages : int
-        Runs of consecutive layers, ``1 <= stages <= n_layers``; cut to balance the estimated
-        cost of a step (:func:`balanced_bounds`).
+        Runs of consecutive layers, ``1 <= stages <= n_layers`` (default 1).
     replicas : int
-        Replicas of every stage (data parallelism across them).
+        Replicas of every stage (default 1).
     microbatches : int
-        Microbatches per replica and step; they must divide the replica's rows.
+        Microbatches per replica and step (default 1); they must divide the replica's rows.
     schedule : {"gpipe", "1f1b"}
     bounds : sequence of (first, stop), optional
-        The layers of each stage, contiguous and covering the network (default:
-        :func:`balanced_bounds`), e.g. to balance stages by measured time.
+        The layers of each stage, contiguous and covering the network (default
+        :func:`balanced_bounds`).
     reuse_memory : bool
-        Opt in to :class:`~dasknn.runtime.worker_memory.ReuseFreedMemory` on the workers, so the
-        passes' freed buffers are reused instead of coming back from the kernel as fresh pages
-        (Dask's ``MALLOC_TRIM_THRESHOLD_`` otherwise returns them at once); process-wide, so
-        off by default.
+        Register :class:`~dasknn.runtime.worker_memory.ReuseFreedMemory` (process-wide; default
+        ``False``).
     pin_cores : bool, optional
-        Bind each stage worker's process, all its threads, to a core of its own
-        (:class:`~dasknn.runtime.affinity.PinCores`: the stage workers of one host take its
-        cores in the order of ``workers``), so the kernel does not move them or put two of them
-        on one core; restored on ``close()``. By default (``None``) on when the model started
-        its own local cluster (``client=None``) and this machine has more cores than stage
-        workers, off otherwise: where the client, the scheduler or other work share the cores,
-        the pinned workers cannot step aside (``docs/benchmarks.md`` gives the measured effect).
+        Bind each stage worker to a core of its own (:class:`~dasknn.runtime.affinity.PinCores`)
+        until ``close()``. Default ``None``: on for a local cluster of the model's own on a
+        machine with more cores than stage workers.
     workers : sequence of str, optional
-        Worker addresses to use (default: the cluster's, sorted); ``stages * replicas`` of them
-        are used, replica ``d``'s stage ``s`` on ``workers[d * stages + s]``.
+        Worker addresses (default: the cluster's, sorted); replica ``d``'s stage ``s`` runs on
+        ``workers[d * stages + s]``.
     messages : {"posted", "tasks"}
-        How a step runs. ``"posted"`` (the default): one task per stage replica runs its passes
-        in the schedule's order and posts each boundary message straight to the receiving
-        worker's postbox actor (:mod:`dasknn.runtime.postbox`), so a pass starts as soon as its
-        message arrived, with no scheduler round trip. ``"tasks"``: a task per pass, each
-        message a task result that the scheduler hands to the receiving pass.
+        ``"posted"`` (the default): one task per stage replica posts each boundary message to
+        the receiving worker's postbox; ``"tasks"``: a task per pass.
     step_timeout : float
-        Seconds a step (``fit``'s batches, ``partial_fit``, ``train_step``), a prediction
-        (``predict``, ``predict_proba``, ``evaluate``, ``score``), the reading of the weights
-        (``replica``, ``gather``, ``to_dask``) and of the last step's records (``step_report``,
-        ``idle_fractions``, ``idle_breakdown``, ``idle_sources``) may take before it is a
-        :class:`~dasknn.exceptions.StepTimeoutError` naming the stage workers it waits for,
-        with their stage, replica and state (not heard from for N s: stopped or overloaded;
-        paused at the memory limit; running). A failed step's data and results are released,
-        the stages still answering drop the step (posted messages), and the model is unusable
-        afterwards (:class:`~dasknn.exceptions.ModelFailedError`). A stage worker that leaves
-        the cluster is a :class:`~dasknn.exceptions.WorkerLostError` within a poll instead
-        (also from ``comm_report``).
+        Seconds a step, a prediction or a read of the workers (``replica``, ``gather``,
+        ``to_dask``, ``step_report``) may take before a
+        :class:`~dasknn.exceptions.StepTimeoutError` naming the stage workers waited for, their
+        roles and state; after a failed step the model is unusable. A stage worker that leaves
+        is a :class:`~dasknn.exceptions.WorkerLostError` within a poll.
 
     Raises
     ------
     ValueError
-        Before anything is installed: bad counts, more stages than layers, ``stages *
-        replicas`` more than the workers, an unknown schedule or ``messages``, a worker named
-        twice or not of the cluster, a ``step_timeout`` that is not a positive finite number of
-        seconds, ``reuse_memory`` not a bool or ``pin_cores`` not a bool or ``None``.
+        Before anything is installed, for an argument out of its range or more stage replicas
+        than workers.
 
     Attributes
     ----------
     n_steps_ : int
-        Training steps taken (numbered from 1; as the one-process model's ``steps_``, a step
-        that raised :class:`~dasknn.exceptions.NonFiniteLossError` counts).
+        Training steps taken (a step that raised
+        :class:`~dasknn.exceptions.NonFiniteLossError` counts).
     optimizer_ : Optimizer or None
-        The optimizer of the last step (``None`` before the first).
-    loss_curve_, batch_loss_curve_ : list of float
-        See :class:`~dasknn.model.estimator.SparseEstimator`.
+        The optimizer of the last step.
     scaler : LossScaler or None
-        fp16's dynamic loss scale (``skipped_steps``: the steps skipped for an overflow).
+        fp16's dynamic loss scale.
     workers : dict
         ``{(stage, replica): address}``.
     """
+
+    _poll_seconds = POLL_SECONDS
+    _loss_errors = LOSS_ERRORS
+    _lost_outcome = LOST_IN_STEP
 
     def __init__(
         self,
@@ -212,9 +180,9 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         model = estimator
         if not isinstance(model, CompressedMLP):
             raise ValueError(f"estimator must be a CompressedMLP, got {type(model).__name__}")
-        self.stages = _count("stages", stages)
-        self.replicas = _count("replicas", replicas)
-        self.microbatches = _count("microbatches", microbatches)
+        self.stages = check_count("stages", stages)
+        self.replicas = check_count("replicas", replicas)
+        self.microbatches = check_count("microbatches", microbatches)
         self.schedule = check_schedule(schedule)
         if messages not in ("posted", "tasks"):
             raise ValueError(f"messages must be 'posted' or 'tasks', got {messages!r}")
@@ -232,17 +200,13 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         if bounds is None:
             bounds = balanced_bounds(model, self.stages)
         self.bounds = _check_bounds(bounds, self.stages, model.n_layers)
-        self._connect(client, step_timeout)
-        try:
+        with self._connecting(client, step_timeout):
             available = self._use_workers(workers)
             needed = self.stages * self.replicas
             if needed > len(available):
                 raise ValueError(
                     f"stages * replicas = {needed} workers needed, {len(available)} available"
                 )
-        except BaseException:
-            self.close()  # what _connect opened
-            raise
         if self.pin_cores is None:
             self.pin_cores = pin_by_default(self._own_cluster, needed)
         self.loss = model.loss
@@ -260,9 +224,6 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
             for s in range(self.stages)
             for d in range(self.replicas)
         }
-        self.plugin_name = ws.StageState.plugin_name(self.token)
-        self._memory_plugin = f"{REUSE_MEMORY_PLUGIN}-{self.token}"
-        self._cores_plugin = f"{PIN_CORES_PLUGIN}-{self.token}"
         self._nnz = model.nnz
         self._network = compressed_identity(model._record())
         self._master_dtype = model.stack.layers[0].master.dtype
@@ -273,9 +234,7 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
             )
             for a, b in self.bounds
         ]
-        self.n_steps_ = 0
         self._key_offset = 0  # added to n_steps_ in a step's keys: no key is used twice
-        self._generation = 0  # placements of the model (the postboxes' keys)
         self._inference_calls = 0  # predictions made (their keys' number)
         self._snapshots = 0  # to_dask calls (their keys' number)
         # the traffic since the start or reset_comm: steps and rows trained, row blocks and rows
@@ -284,29 +243,18 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         self._comm_blocks = self._comm_predicted_rows = 0
         self._reduce_tokens: list[str] = []
         self._reduced: dict[Key, list[int]] = {}
-        self.optimizer_: Optimizer | None = None
         self._last_keys: list = []  # the last step's keys the client held
         self._postboxes: dict = {}
-        self.loss_curve_: list[float] = []
-        self.batch_loss_curve_: list[float] = []
         self._register(ws.StageState(self.token), lambda: self._install(model))
 
     def _install(self, model: CompressedMLP, with_state: bool = False) -> None:
-        """Register the memory and core plugins asked for, install every stage and start the
-        postboxes, each call within what is left of ``step_timeout`` and watched
-        (:meth:`~dasknn.runtime.distributed_model.DistributedModel._placing`); the postboxes are
-        cancelled if starting them fails
-        (:meth:`~dasknn.runtime.distributed_model.DistributedModel._cancelled_if_failed`).
-        With ``with_state`` the stages also take the model's optimizer state."""
+        """Register the plugins asked for, install every stage (``with_state``: with the
+        model's optimizer state) and start the postboxes, within the placement's time."""
         if self.reuse_memory:
-            self._placing(
-                lambda: self.client.register_plugin(ReuseFreedMemory(), name=self._memory_plugin)
-            )
+            self._add_plugin(ReuseFreedMemory(), REUSE_MEMORY_PLUGIN)
         if self.pin_cores:
             slots = host_slots(self.workers[key] for key in sorted(self.workers, key=_by_replica))
-            self._placing(
-                lambda: self.client.register_plugin(PinCores(slots), name=self._cores_plugin)
-            )
+            self._add_plugin(PinCores(slots), PIN_CORES_PLUGIN)
         layers = model.stack.layers
         activations = model.stack.activations
         for (s, d), address in self.workers.items():
@@ -330,41 +278,23 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
             held = [layers[k].optimizer_state for k in range(a, b)]
             if with_state and model.optimizer is not None and None not in held:
                 spec["optimizer"], spec["optimizer_state"] = model.optimizer, held
-            self._placing(
-                lambda spec=spec, address=address: self.client.run(
-                    ws.install_stage, token=self.token, spec=spec, workers=[address]
-                )
-            )
+            self._install_on(address, ws.install_stage, spec=spec)
         if self.messages == "posted":
-            self._postboxes = {
-                where: self.client.submit(
-                    Postbox,
-                    self.plugin_name,
-                    key=postbox_key(PIPELINE, self.token, where, self._generation),
-                    workers=[address],
-                    allow_other_workers=False,
-                    actor=True,
-                )
-                for where, address in self.workers.items()
-            }
-            postboxes = list(self._postboxes.values())
-            with self._cancelled_if_failed(postboxes):
-                self._placing(lambda: self.client.gather(postboxes))
+            boxes = self._start_postboxes(
+                {
+                    postbox_key(PIPELINE, self.token, where, self._generation): address
+                    for where, address in self.workers.items()
+                }
+            )
+            self._postboxes = dict(zip(self.workers, boxes, strict=True))
 
     # ------------------------------------------------------------------ life
     def _before_close(self) -> None:
         """Release the postboxes and forget the allreduce counts still on the scheduler."""
-        self._postboxes.clear()
+        super()._before_close()
         tokens, self._reduce_tokens = self._reduce_tokens, []
         for token in tokens:
             reset_transfers(self.client, token)
-
-    def _extra_plugins(self) -> list[str]:
-        """The memory and core plugins, where asked for."""
-        plugins = [self._memory_plugin] if self.reuse_memory else []
-        if self.pin_cores:
-            plugins.append(self._cores_plugin)
-        return plugins
 
     # ------------------------------------------------------------------ training
     def _check_rows(self, rows: int) -> int:
@@ -382,24 +312,19 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         deadline = time.monotonic() + self.step_timeout
         self.n_steps_ += 1
         step, last = self.n_steps_ + self._key_offset, self.stages - 1
-        data = {}
+        by_worker: dict[str, dict] = {}
         for d in range(self.replicas):
             for u in range(self.microbatches):
                 lo = (d * self.microbatches + u) * rows
-                xt = np.ascontiguousarray(x[lo : lo + rows].T)
-                data[(pipeline_key(self.token, "x", step, 0, d, u), (0, d))] = xt
                 # the targets feature-major, as the last stage's activations: transposed once
-                data[(pipeline_key(self.token, "y", step, last, d, u), (last, d))] = (
-                    np.ascontiguousarray(y[lo : lo + rows].T)
-                )
-        by_worker: dict[str, dict] = {}
-        for (key, where), value in data.items():
-            by_worker.setdefault(self.workers[where], {})[key] = value
+                for name, s, values in (("x", 0, x), ("y", last, y)):
+                    key = pipeline_key(self.token, name, step, s, d, u)
+                    held = by_worker.setdefault(self.workers[(s, d)], {})
+                    held[key] = np.ascontiguousarray(values[lo : lo + rows].T)
         scattered: list = []
         graph = None
         try:
-            for address, values in by_worker.items():
-                scattered += self._scatter(values, address, deadline)
+            scattered = self._scatter(by_worker, deadline)
             graph = build_step(
                 self.token,
                 step,
@@ -418,25 +343,12 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
             wanted = graph.loss_keys + graph.update_keys
             if graph.verdict_key is not None:
                 wanted.append(graph.verdict_key)
-            with dask.annotate(
-                workers=graph.placement, allow_other_workers=False, priority=graph.priority
-            ):
-                futures = self.client.get(graph.tasks, wanted, sync=False)
             self._last_keys = [f.key for f in scattered] + list(wanted)
             try:
-                results = gather_watching(
-                    self.client,
-                    futures,
-                    self.workers.values(),
-                    self._held,
-                    POLL_SECONDS,
-                    LOSS_ERRORS,
-                    timeout=max(deadline - time.monotonic(), 0.0),
-                    timed_out=lambda unfinished: self._timeout_error(
-                        "the step did not finish",
-                        [graph.placement(future.key)[0] for future in unfinished],
-                    ),
-                )
+                results = self._gather_graph(
+                    graph.tasks, wanted, "the step did not finish", graph.placement,
+                    graph.priority, max(deadline - time.monotonic(), 0.0),
+                )  # fmt: skip
             except NonFiniteLossError as error:
                 raise self._locate_nonfinite(error) from None
         except StepTimeoutError as error:
@@ -464,30 +376,6 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
             losses = [value for replica in losses for value in replica]
         return float(sum(losses))
 
-    def _held(self, lost: list[str], outcome: str = LOST_IN_STEP) -> str:
-        """What the workers ``lost`` held, for :class:`~dasknn.exceptions.WorkerLostError`:
-        their stage replicas and layers (1-based), and the ``outcome`` (:data:`LOST_IN_STEP`,
-        :data:`LOST_WHILE_READ`, :data:`LOST_WHILE_PLACED`)."""
-        roles = self._worker_roles()
-        held = []
-        for address in sorted(self.workers.values()):
-            if address in lost:
-                where = "it" if len(lost) == 1 else address
-                held.append(f"{where} held {roles[address]}")
-        advice = (
-            ""
-            if outcome == LOST_WHILE_PLACED
-            else " (a fit call given fit(checkpoint=DIR) restores its last checkpoint and goes on; "
-            "otherwise close the model and start again from a saved copy)"
-        )
-        return f"{'; '.join(held)} of the pipeline model; {outcome}{advice}"
-
-    def _watch(self, addresses, outcome: str = LOST_IN_STEP):
-        """The ``lost_error`` of :func:`~dasknn.runtime.waiting.run_naming_loss` for the stage
-        workers ``addresses``: a :class:`WorkerLostError` naming those that left with their
-        stage replicas and the ``outcome`` (see :meth:`_held`), or ``None``."""
-        return watch_workers(self.client, addresses, lambda lost: self._held(lost, outcome))
-
     def _worker_roles(self) -> dict[str, str]:
         """``{address: "stage S of replica D, layers A to B"}`` of every stage worker."""
         roles = {}
@@ -497,72 +385,30 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
             roles[address] = f"stage {s} of replica {d}, {layers}"
         return roles
 
-    def _lost_while_placed(self) -> WorkerLostError | None:
-        """A :class:`WorkerLostError` naming the stage workers that left while the model was
-        placed, with their stage replicas, or ``None``."""
-        return self._watch(self.workers.values(), LOST_WHILE_PLACED)()
-
-    def _run_on_stages(
-        self, function, addresses: list[str], what: str, outcome: str, **kwargs
-    ) -> dict:
-        """``Client.run(function, **kwargs)`` on the stage workers ``addresses``, within
-        ``step_timeout``, watched as a step is: ``WorkerLostError`` within a poll naming the
-        stage replicas of a worker that left (and the ``outcome``, see :meth:`_held`), also when
-        the call failed because of the loss; :class:`StepTimeoutError` naming those that did not
-        answer, with their state (``what`` did not happen). Every method that waits on the
-        stage workers goes through here."""
-        try:
-            return run_naming_loss(
-                self.client,
-                self.client.run(function, workers=addresses, asynchronous=True, **kwargs),
-                self.step_timeout,
-                self._watch(addresses, outcome),
-                POLL_SECONDS,
-                GATHER_LOSS_GRACE_SECONDS,
-                LOSS_ERRORS,
-            )
-        except TimeoutError:
-            raise self._timeout_error(what, addresses) from None
-
     def _scatter(
-        self,
-        values: dict,
-        address: str,
-        deadline: float,
-        outcome: str = LOST_IN_STEP,
+        self, by_worker: dict, deadline: float, outcome: str = LOST_IN_STEP,
         what: str = "the step's data did not reach its stage",
-    ) -> list:
-        """Scatter ``values`` (``{key: array}``) to the stage worker at ``address`` before the
-        ``deadline`` (of ``time.monotonic()``); returns their futures. ``WorkerLostError`` naming
-        its stage replicas if that worker is lost before or while they are sent (the scatter
-        fails with a closed connection, or waits for it), :class:`StepTimeoutError` naming it
-        if they are not sent by the deadline (their keys leave the cluster once the worker takes
-        them, :func:`~dasknn.runtime.scatter.scatter_released_if_given_up`)."""
+    ) -> list:  # fmt: skip
+        """Scatter ``by_worker`` (``{address: {key: array}}``) to the stage workers, one after
+        the other, before the ``deadline`` (``time.monotonic()``), :meth:`_watched`; returns the
+        futures (released here if one scatter fails)."""
+        scattered: list = []
         try:
-            scattered = run_naming_loss(
-                self.client,
-                scatter_released_if_given_up(self.client, values, workers=[address]),
-                max(deadline - time.monotonic(), 0.0),
-                self._watch([address], outcome),
-                POLL_SECONDS,
-                GATHER_LOSS_GRACE_SECONDS,
-            )
-        except TimeoutError:
-            raise self._timeout_error(what, [address]) from None
-        return list(scattered.values())
+            for address, values in by_worker.items():
+                scattering = scatter_released_if_given_up(self.client, values, workers=[address])
+                left = max(deadline - time.monotonic(), 0.0)
+                held = self._watched(scattering, [address], what, outcome, left, graced=Exception)
+                scattered += held.values()
+        except BaseException:
+            for future in scattered:
+                future.release()
+            raise
+        return scattered
 
     def _drop_steps(self, step: int) -> None:
-        """End ``step``'s tasks on the stage workers that still answer (with posted messages a
-        stage waits for its neighbours' messages and posts, which a lost or stopped stage never
-        answers; a stopped one's task ends when the model is closed, see
-        :meth:`~dasknn.pipeline_parallel._worker_state.StageState.teardown`)."""
-        if self.messages != "posted":
-            return
-        survivors = answering_workers(self.client, self.workers.values())
-        if survivors:
-            self.client.run(
-                ws.drop_steps, token=self.token, step=step, workers=survivors, on_error="ignore"
-            )
+        """End ``step``'s tasks (waiting for posted messages) on the stage workers that answer."""
+        if self.messages == "posted":
+            self._run_on_answering(ws.drop_steps, self.workers.values(), step=step)
 
     def _locate_nonfinite(self, error: NonFiniteLossError) -> NonFiniteLossError:
         """The last stage's error, naming instead the layer of an earlier stage whose outputs
@@ -571,31 +417,24 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         step = error.step - self._key_offset  # the training step the keys' step stands for
         if not earlier:
             return NonFiniteLossError(step, error.value, error.layer)
-        found = self._run_on_stages(
-            ws.first_nonfinite_stashed,
-            earlier,
-            "the earlier stages did not say which outputs are not finite",
-            LOST_IN_STEP,
-            token=self.token,
-            step=error.step,
-        )
+        what = "the earlier stages did not say which outputs are not finite"
+        found = self._run_on(ws.first_nonfinite_stashed, earlier, what, token=self.token,
+                             step=error.step)  # fmt: skip
         layer = min((v for v in found.values() if v is not None), default=error.layer)
         return NonFiniteLossError(step, error.value, min(layer, error.layer))
 
     def train_step(
         self, X, Y, *, lr: float | None = None, optimizer: Optimizer | None = None
     ) -> float:
-        """One step on the batch ``(X, Y)`` (its rows split into ``replicas *
-        microbatches`` equal microbatches); returns the batch's loss before the update.
+        """One step on the batch ``(X, Y)``; returns its loss before the update.
 
         Raises
         ------
         ValueError
-            Before anything is scheduled, for malformed ``X``, ``Y``, ``lr`` or ``optimizer``, or
-            rows that do not split into equal microbatches.
+            Before anything is scheduled, for malformed arguments or rows that do not split
+            into ``replicas * microbatches`` equal microbatches.
         NonFiniteLossError
-            If the loss is not finite (a ``FloatingPointError``), naming the step and the first
-            layer, on whichever stage, whose outputs are not finite.
+            Naming the step and the first layer whose outputs are not finite.
         """
         x, y = self._check_xy(X, Y)
         optimizer = resolve_optimizer(lr, optimizer)
@@ -626,6 +465,7 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
 
     # ------------------------------------------------------------------ checkpoints
     _checkpoint_format = COMPRESSED_FILE
+    _estimator_class = CompressedMLP
 
     def _identity(self) -> dict:
         return self._network
@@ -635,50 +475,18 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         record, read from its stage workers."""
         return self.gather()._record()
 
-    def _recoverable(self, error: Exception) -> bool:
-        return isinstance(error, WorkerLostError)
-
     def _restore(self, record: CompressedRecord) -> None:
-        """Install the values, biases and optimizer state of ``record`` (the same network) on
-        ``stages * replicas`` of the workers there are now (the stage workers still running keep
-        their places), replacing the model's plugin everywhere; its step count and loss scale
-        become the model's.
-
-        Raises
-        ------
-        WorkerLostError
-            If fewer than ``stages * replicas`` workers run within ``step_timeout``.
-        """
+        """Install the values, optimizer state, step count and loss scale of ``record`` (the
+        same network), a lost stage worker's place taken by another (:meth:`_replace_lost`)."""
         self._check_open()
         model = CompressedMLP._from_record(record, "checkpoint")
-        needed = self.stages * self.replicas
-        try:
-            self.client.wait_for_workers(needed, timeout=self.step_timeout)
-        except TimeoutError:
-            pass
-        running = running_workers(self.client)
-        kept = [w for w in self.workers.values() if w in running]
-        chosen = kept + [w for w in running if w not in kept]
-        if len(chosen) < needed:
-            raise WorkerLostError(
-                f"the pipeline model needs stages * replicas = {needed} workers to go on from "
-                f"its checkpoint, the cluster has {len(chosen)}"
-            )
-        spare = iter(chosen[len(kept) :])
-        self.workers = {
-            where: w if w in running else next(spare) for where, w in self.workers.items()
-        }
+        self.workers = dict(
+            zip(self.workers, self._replace_lost(list(self.workers.values())), strict=True)
+        )
         self._key_offset += self.n_steps_ - record.steps + 1
-        self._generation += 1
-        self._postboxes = {}
         self._last_keys = []
-        self._start_placement()
-        # a new plugin replaces the old one everywhere, ending what it still waited for
-        state = ws.StageState(self.token)
-        self._placing(lambda: self.client.register_plugin(state, name=self.plugin_name))
-        self._install(model, with_state=True)
+        self._place_anew(ws.StageState(self.token), lambda: self._install(model, with_state=True))
         self._take_counts(model)
-        self._failed = None
 
     def _take_counts(self, model: CompressedMLP) -> None:
         """The step count, loss scale and optimizer of ``model`` become the model's."""
@@ -689,67 +497,30 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
             self.scaler.good_steps = model.scaler.good_steps
             self.scaler.skipped_steps = model.scaler.skipped_steps
 
-    def save(self, path: str | os.PathLike) -> None:
-        """Write the model (replica 0's values, biases, optimizer state, step count and loss
-        scale) to the ``.npz`` file ``path`` atomically, in the format of
-        :meth:`CompressedMLP.save`; :meth:`load` (or :meth:`CompressedMLP.load`) reads it back.
-        Errors as :meth:`replica`."""
-        self.gather().save(path)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike, client=None, **options) -> DistributedCompressedMLP:
-        """A distributed model of the file ``path`` (written by :meth:`save`, by
-        :meth:`CompressedMLP.save` or as a checkpoint) on ``client`` (as in the constructor,
-        with its keyword arguments ``options``): its values, biases, optimizer state, step
-        count and loss scale, so that training goes on from there.
-
-        Raises
-        ------
-        FileNotFoundError, ValueError
-            As :meth:`CompressedMLP.load`, before anything is placed; the constructor's errors.
-        """
-        record = read_compressed(path)
-        model = CompressedMLP._from_record(record, path)
-        dist = cls(model, client, **options)
-        if record.optimizer is None:
-            dist._take_counts(model)
-            return dist
-        try:
-            dist._restore(record)
-        except BaseException:
-            dist.close()
-            raise
-        return dist
+    def _take_state(self, estimator: CompressedMLP) -> None:
+        """Also take its step count and loss scale."""
+        super()._take_state(estimator)
+        self._take_counts(estimator)
 
     # ------------------------------------------------------------------ results
     def replica(self, d: int = 0) -> CompressedMLP:
-        """The model as held by replica ``d`` (a new one-process :class:`CompressedMLP`), with
-        its optimizer state (once a step was taken), step count and fp16 loss scale, so that
-        training it on in one process, or saving it, goes on from here.
+        """The model as held by replica ``d``: a one-process :class:`CompressedMLP` with its
+        optimizer state, step count and fp16 loss scale, that trains on from here.
 
         Raises
         ------
         ValueError
             If ``d`` is not a replica's number.
-        WorkerLostError
-            Naming a stage worker of the replica that left the cluster, with its stage.
-        StepTimeoutError
-            Naming the stage workers that did not answer within ``step_timeout``, with their
-            state.
-        ModelClosedError, ModelFailedError
-            After ``close()``; after a failed step (see ``step_timeout``).
+        WorkerLostError, StepTimeoutError, ModelClosedError, ModelFailedError
+            See ``step_timeout`` in the class.
         """
         self._check_open()
         if isinstance(d, bool) or not isinstance(d, Integral) or not 0 <= d < self.replicas:
             raise ValueError(f"replica must be an integer in [0, {self.replicas}), got {d!r}")
         addresses = [self.workers[(s, int(d))] for s in range(self.stages)]
-        snapshots = self._run_on_stages(
-            ws.snapshot_stage,
-            addresses,
-            "the stages' weights did not arrive",
-            LOST_WHILE_READ,
-            token=self.token,
-        )
+        what = "the stages' weights did not arrive"
+        snapshots = self._run_on(ws.snapshot_stage, addresses, what, LOST_WHILE_READ,
+                                 token=self.token)  # fmt: skip
         values, indices, biases, states, optimizers = [], [], [], [], []
         for address in addresses:
             held = snapshots[address]
@@ -788,15 +559,10 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         return self.replica(0)
 
     def to_dask(self) -> dict[str, da.Array]:
-        """The parameters as dask arrays: ``weights_{k}`` (``(n_in, n_out)``, one pydata-sparse
-        ``GCXS`` chunk holding the layer's unpruned master values) and ``bias_{k}`` (one numpy
-        chunk) of every layer ``k`` (0-based, as :attr:`CompressedMLP.weights` and ``biases``
-        number them), each chunk a fresh copy made by a task on the worker of the layer's stage
-        in replica 0.
-
-        A snapshot of the last step: the copies are made before this returns, so later steps do
-        not change them. Errors as :meth:`replica`.
-        """
+        """The parameters as dask arrays: ``weights_{k}`` (one ``(n_in, n_out)`` GCXS chunk of
+        the master values) and ``bias_{k}`` of every layer ``k`` (0-based), each chunk a copy
+        made before this returns (a snapshot) by a task on the layer's stage worker of replica
+        0. Errors as :meth:`replica`."""
         self._check_open()
         self._snapshots += 1
         call = self._snapshots
@@ -821,33 +587,19 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
                     arrays[name] = da.Array(
                         {chunk: future}, key, chunks=chunks, dtype=self._master_dtype, meta=meta
                     )
+        copying = self.client.gather(futures, asynchronous=True)
+        addresses = [self.workers[(s, 0)] for s in range(self.stages)]
         try:
-            run_naming_loss(
-                self.client,
-                self.client.gather(futures, asynchronous=True),
-                self.step_timeout,
-                self._watch(set(self.workers[(s, 0)] for s in range(self.stages)), LOST_WHILE_READ),
-                POLL_SECONDS,
-                GATHER_LOSS_GRACE_SECONDS,
-                LOSS_ERRORS,
-            )
-        except TimeoutError:
+            self._watched(copying, addresses, "the layers' copies were not made", LOST_WHILE_READ)
+        except StepTimeoutError:
             self.client.cancel(futures)
-            addresses = [self.workers[(s, 0)] for s in range(self.stages)]
-            raise self._timeout_error("the layers' copies were not made", addresses) from None
+            raise
         return arrays
 
     def _output_blocks(self, x: np.ndarray, batch_size: int) -> OutputBlocks:
-        """Row-block ``(z_L, a_L)`` of ``x``, ``batch_size`` rows at a time, computed on the
-        workers: each block runs through the stages of one replica (block ``j`` on replica
-        ``j % replicas``), the previous stage's last pre-activations sent to the next as in
-        training (phase ``"predict"`` of :meth:`comm_report`), within ``step_timeout`` in all.
-
-        Raises
-        ------
-        WorkerLostError, StepTimeoutError, ModelClosedError, ModelFailedError
-            As :meth:`replica`.
-        """
+        """Row blocks ``(z_L, a_L)`` of ``x``, ``batch_size`` rows each, block ``j`` through
+        the stages of replica ``j % replicas``, within ``step_timeout`` in all (errors as
+        :meth:`replica`)."""
         self._check_open()
         deadline = time.monotonic() + self.step_timeout
         self._inference_calls += 1
@@ -860,28 +612,15 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
             by_worker.setdefault(self.workers[(0, j % self.replicas)], {})[key] = block
         scattered: list = []
         try:
-            for address, values in by_worker.items():
-                scattered += self._scatter(
-                    values, address, deadline, LOST_WHILE_READ, "the rows did not reach stage 0"
-                )
+            what = "the rows did not reach stage 0"
+            scattered = self._scatter(by_worker, deadline, LOST_WHILE_READ, what)
             tasks, outputs, placement = build_inference(
                 self.token, call, self.stages, self.replicas, len(starts), self.workers
             )
-            with dask.annotate(workers=placement, allow_other_workers=False):
-                futures = self.client.get(tasks, outputs, sync=False)
-            blocks = gather_watching(
-                self.client,
-                futures,
-                self.workers.values(),
-                lambda lost: self._held(lost, LOST_WHILE_READ),
-                POLL_SECONDS,
-                LOSS_ERRORS,
-                timeout=max(deadline - time.monotonic(), 0.0),
-                timed_out=lambda unfinished: self._timeout_error(
-                    "the predictions did not arrive",
-                    sorted({placement(future.key)[0] for future in unfinished}),
-                ),
-            )
+            blocks = self._gather_graph(
+                tasks, outputs, "the predictions did not arrive", placement,
+                seconds=max(deadline - time.monotonic(), 0.0), outcome=LOST_WHILE_READ,
+            )  # fmt: skip
         finally:
             for future in scattered:
                 future.release()
@@ -891,26 +630,11 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
 
     def step_report(self) -> dict:
         """The passes of the last step per stage replica: ``{(s, d): {"events": [(kind, u,
-        start, end)], "peak": most microbatches held at once}}``.
-
-        Raises
-        ------
-        WorkerLostError
-            Naming a stage worker that left the cluster.
-        StepTimeoutError
-            Naming the stage workers that did not answer within ``step_timeout``.
-        ModelClosedError, ModelFailedError
-            After ``close()``; after a failed step (see ``step_timeout``).
-        """
+        start, end)], "peak": most microbatches held at once}}`` (errors as :meth:`replica`)."""
         self._check_open()
-        records = self._run_on_stages(
-            ws.read_step,
-            list(self.workers.values()),
-            "the stages' records of the last step did not arrive",
-            LOST_WHILE_READ,
-            token=self.token,
-            step=self.n_steps_ + self._key_offset,
-        )
+        what = "the stages' records of the last step did not arrive"
+        records = self._run_on(ws.read_step, self.workers.values(), what, LOST_WHILE_READ,
+                               token=self.token, step=self.n_steps_ + self._key_offset)  # fmt: skip
         return {where: records[address] for where, address in self.workers.items()}
 
     def idle_fractions(self) -> dict[tuple[int, int], float]:
@@ -921,12 +645,8 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
     def idle_breakdown(self) -> dict[tuple[int, int], IdleBreakdown]:
         """Per stage replica, its idle fraction in the last step split into the pipeline bubble
         and the stage imbalance (see :class:`IdleBreakdown`)."""
-        report = self.step_report()
         out = {}
-        for d in range(self.replicas):
-            passes = {
-                s: [e for e in report[(s, d)]["events"] if e[0] in "FB"] for s in range(self.stages)
-            }
+        for d, passes in enumerate(self._passes()):
             begin = min(e[2] for events in passes.values() for e in events)
             end = max(e[3] for events in passes.values() for e in events)
             busy = {s: sum(e[3] - e[2] for e in events) for s, events in passes.items()}
@@ -946,53 +666,31 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         """Per stage replica, its idle fraction in the last step split into the schedule's
         formula, the stages' unequal mean passes, the passes' variation and the handover, against
         the ideal timeline of the schedule (see :mod:`dasknn.pipeline_parallel._timeline`)."""
-        report = self.step_report()
         out = {}
-        for d in range(self.replicas):
-            passes = {
-                s: [e for e in report[(s, d)]["events"] if e[0] in "FB"] for s in range(self.stages)
-            }
+        for d, passes in enumerate(self._passes()):
             for s, sources in idle_sources(passes, self.schedule, self.microbatches).items():
                 out[(s, d)] = sources
         return out
 
+    def _passes(self) -> list[dict]:
+        """Per replica, ``{stage: its forward and backward passes in the last step}``."""
+        report = self.step_report()
+        return [
+            {s: [e for e in report[(s, d)]["events"] if e[0] in "FB"] for s in range(self.stages)}
+            for d in range(self.replicas)
+        ]
+
     def comm_report(self) -> CommReport:
-        """Bytes and messages between the workers since the model started or :meth:`reset_comm`,
-        measured (by the transfer monitor, on the scheduler: read without waiting on the stage
-        workers) beside the formulas.
-
-        Keys ``(what, phase, sender, receiver)``:
-
-        - ``(layer, "forward" | "backward", sender, receiver)``: training's messages across
-          the stage boundary after ``layer`` (1-based): that layer's pre-activations
-          (forward) and their deltas (backward); predicted per boundary and phase summed over
-          the workers, ``rows n_b s`` bytes (``rows`` the rows trained, ``n_b`` the
-          boundary's width, ``s`` the activations' item size) in ``m D`` messages a step;
-        - ``(layer, "predict", sender, receiver)``: the same boundary's pre-activations of
-          ``predict``/``score``'s row blocks, ``rows n_b s`` bytes in one message a block;
-        - ``("gradients", "allreduce", sender, receiver)``: the compressed gradients summed
-          across the replicas, ``2 (D - 1) (nnz + biases) s_g`` bytes (``s_g`` the storage
-          item size) in ``2 S D (D - 1)`` messages a step.
-
-        ``steps`` counts the training steps; ``details`` holds the stages, replicas,
-        microbatches, the rows trained and predicted, the row blocks predicted and the fp16
-        overflow flags the stage replicas exchanged (``flag_bytes``, ``flag_messages``: a
-        Python bool each, whose size Dask measures by its value, so not in the tables). A step
-        that raised :class:`~dasknn.exceptions.NonFiniteLossError` moved part of its messages:
-        they are counted and not predicted.
-
-        Raises
-        ------
-        WorkerLostError
-            Naming a stage worker that left the cluster (the model cannot go on, and the counts
-            of a step it failed in are incomplete).
-        ModelClosedError, ModelFailedError
-            After ``close()``; after a failed step (see ``step_timeout``).
-        """
+        """Measured beside predicted traffic since the start or :meth:`reset_comm`, keyed
+        ``(what, phase, sender, receiver)``: ``(layer, "forward" | "backward" | "predict")``
+        across the stage boundary after ``layer`` (``rows n_b s`` bytes in ``m D`` messages a
+        step, one a predicted block) and ``("gradients", "allreduce")`` across replicas
+        (``2 (D - 1) (nnz + biases) s_g`` bytes in ``2 S D (D - 1)`` messages a step).
+        ``details``: stages, replicas, microbatches, rows, blocks and the fp16 overflow flags
+        (``flag_bytes``, ``flag_messages``). A lost stage worker is a
+        :class:`~dasknn.exceptions.WorkerLostError`."""
         self._check_open()
-        lost = self._watch(self.workers.values(), LOST_WHILE_READ)()
-        if lost is not None:
-            raise lost
+        self._check_workers(outcome=LOST_WHILE_READ)
         self._fold_reductions()
         measured: dict[Key, list[int]] = {key: list(v) for key, v in self._reduced.items()}
         flags = [0, 0]

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
-from numbers import Integral
 
+from dasknn.model.validation import check_count
 from dasknn.optim import Optimizer
 
 __all__ = [
@@ -18,16 +18,8 @@ __all__ = [
     "dense_layer_bytes",
     "layer_costs",
     "plan_parallelism",
-    "positive_int",
     "split_stages",
 ]
-
-
-def positive_int(name: str, value) -> int:
-    """``value`` as an int; ``ValueError`` naming ``name`` unless it is an integer >= 1."""
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return int(value)
 
 
 def split_stages(layer_bytes: Sequence[int], stages: int) -> list[tuple[int, int]]:
@@ -40,7 +32,7 @@ def split_stages(layer_bytes: Sequence[int], stages: int) -> list[tuple[int, int
         If ``stages`` is not an integer in ``[1, len(layer_bytes)]``.
     """
     n = len(layer_bytes)
-    stages = positive_int("stages", stages)
+    stages = check_count("stages", stages)
     if stages > n:
         raise ValueError(f"{stages} stages for a network of {n} layers: at most one per layer")
     prefix = [0, *accumulate(int(b) for b in layer_bytes)]
@@ -158,8 +150,8 @@ def plan_parallelism(layer_bytes: Sequence[int], workers: int, memory_limit: int
         If ``workers`` or ``memory_limit`` is not a positive integer, or no split into at most
         ``min(workers, layers)`` stages fits (the message gives the bytes needed and available).
     """
-    workers = positive_int("workers", workers)
-    memory_limit = positive_int("memory_limit", memory_limit)
+    workers = check_count("workers", workers)
+    memory_limit = check_count("memory_limit", memory_limit)
     smallest, most = None, min(workers, len(layer_bytes))
     for stages in range(1, most + 1):
         bounds = split_stages(layer_bytes, stages)

@@ -29,13 +29,16 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any, Self
+
+import dask
 
 from dasknn.exceptions import ModelClosedError, ModelFailedError, StepTimeoutError, WorkerLostError
 from dasknn.runtime.cluster import open_client, scheduler_workers
 from dasknn.runtime.comm_report import CommReport
+from dasknn.runtime.faults import running_workers
 from dasknn.runtime.key_cache import (
     install_key_cache_bound,
     key_cache_plugin_name,
@@ -43,6 +46,7 @@ from dasknn.runtime.key_cache import (
 )
 from dasknn.runtime.keys import new_token
 from dasknn.runtime.measure import install_comm_monitor, release_comm_monitor, reset_transfers
+from dasknn.runtime.postbox import Postbox
 from dasknn.runtime.step_timeout import (
     answering_workers,
     check_step_timeout,
@@ -53,9 +57,11 @@ from dasknn.runtime.waiting import (
     call_at_most,
     in_thread,
     run_naming_loss,
+    watch_workers,
 )
 
 __all__ = [
+    "PLACEMENT_LOST",
     "PLACEMENT_POLL_SECONDS",
     "PLACEMENT_WHAT",
     "DistributedModel",
@@ -66,15 +72,21 @@ __all__ = [
 PLACEMENT_POLL_SECONDS = 0.25
 #: What did not happen, said by the :class:`StepTimeoutError` of a placement.
 PLACEMENT_WHAT = "the workers did not take the model while it was placed"
+#: What a worker lost while the model is placed takes with it (the end of the error).
+PLACEMENT_LOST = "the model could not be placed"
 
 
 class DistributedModel:
     """Base of a distributed model that owns one worker plugin per worker.
 
-    A subclass calls :meth:`_connect` first in its constructor (client, token, step timeout),
-    then :meth:`_register` with its plugin and the function that places its values; it
-    implements :meth:`comm_report` and :meth:`gather`, and may extend :meth:`_before_close`
-    (what to release before the plugins go), :meth:`_worker_roles` and :meth:`_failed_advice`.
+    A subclass calls :meth:`_connect` (or :meth:`_connecting`) first in its constructor
+    (client, token, step timeout, fitted attributes), then :meth:`_register` with its plugin and
+    the function that places its values; it implements :meth:`comm_report`, :meth:`gather`,
+    :meth:`_worker_roles` (every worker's role: the errors and the watched waits name them)
+    and, to be loaded, sets ``_estimator_class`` and implements ``_record``/``_restore``
+    (:class:`~dasknn.model.checkpoint.Checkpointed`); it may extend :meth:`_before_close` and
+    :meth:`_failed_advice`, and set :attr:`_poll_seconds`, :attr:`_loss_errors` and
+    :attr:`_lost_outcome`.
     """
 
     client: Any
@@ -95,6 +107,23 @@ class DistributedModel:
         self._opened = ExitStack()
         self.client = open_client(self._opened, client)
         self.token = new_token()
+        self._plugins: list[str] = []  # the worker plugins registered besides the model's own
+        self._postboxes: list | dict = []  # the model's postbox actors, released on close
+        self._generation = 0  # placements anew (_place_anew), part of the postboxes' keys
+        self.optimizer_ = None  # the optimizer of the last training step
+        self.n_steps_ = 0
+        self.loss_curve_: list[float] = []
+        self.batch_loss_curve_: list[float] = []
+
+    @contextmanager
+    def _connecting(self, client, step_timeout: float) -> Iterator[None]:
+        """:meth:`_connect`, then the block; if the block raises, what was opened is closed."""
+        self._connect(client, step_timeout)
+        try:
+            yield
+        except BaseException:
+            self.close()
+            raise
 
     def _use_workers(self, workers: Sequence[str] | None) -> list[str]:
         """The workers the model runs on: ``workers`` (checked: known to the scheduler, no
@@ -121,10 +150,12 @@ class DistributedModel:
 
     def _register(self, plugin, place: Callable[[], None]) -> None:
         """Install the transfer monitor and the key-cache bound, register ``plugin`` on every
-        worker under ``plugin_name``, then call ``place()``, all within ``step_timeout``
+        worker under its name (the model's ``plugin_name``), then call ``place()``, all within
+        ``step_timeout``
         (``place`` makes its calls to the workers through :meth:`_placing`); if one of them
         fails, what was installed is removed again, waiting for the workers at most
         ``step_timeout`` (:meth:`close`, or :func:`unregister_within` before the plugin)."""
+        self.plugin_name = plugin.name
         self._start_placement()
         # What to remove if a step fails: an installation that did not finish is on the
         # scheduler already, so each is counted from the moment it is asked for.
@@ -155,6 +186,25 @@ class DistributedModel:
         except BaseException:
             self.close()
             raise
+
+    def _place_anew(self, plugin, place: Callable[[], None]) -> None:
+        """Start a placement, register ``plugin`` (unless ``None``; then also a new generation
+        and no postbox) in the place of the model's own on every worker (which ends what the old
+        one still waited for) and call ``place()``, within
+        ``step_timeout``; the model is usable again afterwards, unusable (:attr:`_failed`) if
+        this fails."""
+        if plugin is not None:
+            self._generation += 1
+            self._postboxes = type(self._postboxes)()
+        self._start_placement()
+        try:
+            if plugin is not None:
+                self._placing(lambda: self.client.register_plugin(plugin, name=self.plugin_name))
+            place()
+        except Exception as error:
+            self._failed = str(error)
+            raise
+        self._failed = None
 
     def _start_placement(self) -> None:
         """Start a placement: the :meth:`_placing` calls that follow take at most
@@ -192,6 +242,67 @@ class DistributedModel:
         except TimeoutError:
             raise self._placement_timed_out() from None
 
+    def _install_on(self, worker: str, function, **kwargs) -> None:
+        """``Client.run(function, token=..., **kwargs)`` on ``worker`` within the placement's
+        time (:meth:`_placing`)."""
+        self._placing(
+            lambda: self.client.run(function, token=self.token, workers=[worker], **kwargs)
+        )
+
+    def _add_plugin(self, plugin, kind: str) -> None:
+        """Register the worker ``plugin`` under ``f"{kind}-{token}"`` (again, when the model is
+        placed again) within the placement's time (:meth:`_placing`); :meth:`close` removes it
+        before the model's own, also when the registration failed."""
+        name = f"{kind}-{self.token}"
+        if name not in self._plugins:
+            self._plugins.append(name)
+        self._placing(lambda: self.client.register_plugin(plugin, name=name))
+
+    def _start_postboxes(self, workers: dict, **annotations) -> list:
+        """Start a :class:`~dasknn.runtime.postbox.Postbox` actor of the model's plugin under
+        every key of ``workers`` (``{key: address}``) on its worker, within the placement's
+        time (:meth:`_placing`; the actors are cancelled if that fails), the submissions
+        annotated with ``annotations``; returns their futures, in order."""
+        with dask.annotate(**annotations):
+            boxes = [
+                self.client.submit(
+                    Postbox, self.plugin_name, key=key, workers=[address],
+                    allow_other_workers=False, actor=True,
+                )  # fmt: skip
+                for key, address in workers.items()
+            ]
+        with self._cancelled_if_failed(boxes):
+            self._placing(lambda: self.client.gather(boxes))
+        return boxes
+
+    def _replace_lost(self, workers: Sequence[str]) -> list[str]:
+        """``workers`` with each one that is no longer running replaced by a running worker of
+        the cluster that is not among them, waiting (polls of 0.1 s) at most ``step_timeout``
+        for enough of them (as when a nanny restarts a worker).
+
+        Raises
+        ------
+        WorkerLostError
+            If too few workers run by then.
+        """
+        deadline = time.monotonic() + self.step_timeout
+        while True:
+            running = running_workers(self.client)
+            lost = [i for i, w in enumerate(workers) if w not in running]
+            spare = [w for w in running if w not in workers]
+            if len(spare) >= len(lost):
+                break
+            if time.monotonic() > deadline:
+                raise WorkerLostError(
+                    f"this {type(self).__name__} needs {len(workers)} workers to go on from its "
+                    f"checkpoint; {len(workers) - len(lost) + len(spare)} are running"
+                )
+            time.sleep(0.1)
+        replaced = list(workers)
+        for i, worker in zip(lost, spare, strict=False):
+            replaced[i] = worker
+        return replaced
+
     @contextmanager
     def _cancelled_if_failed(self, futures: list) -> Iterator[None]:
         """Cancel the ``futures`` a placement submitted (those in the list when it fails) if the
@@ -219,13 +330,137 @@ class DistributedModel:
 
     def _lost_while_placed(self) -> WorkerLostError | None:
         """The error for a worker the model is being placed on that left the cluster, or
-        ``None`` (by default no worker is watched)."""
-        return None
+        ``None``: by default :meth:`_lost_watch` of the workers :meth:`_worker_roles` names
+        (none when it returns ``None``)."""
+        if self._worker_roles() is None:
+            return None
+        return self._lost_watch(outcome=PLACEMENT_LOST)()
 
     def _worker_roles(self) -> dict[str, str] | None:
-        """``{address: what the worker is to the model}`` for the errors that name workers, or
-        ``None`` (by default workers are named by address and state only)."""
+        """``{address: what the worker is to the model}`` of every worker of the model, for the
+        errors that name workers, or ``None`` (workers named by address and state only)."""
         return None
+
+    # ------------------------------------------------------------------ watched waits
+    #: Seconds between two looks at the workers while the model waits for them.
+    _poll_seconds = 1.0
+    #: A call's errors after which a lost worker is looked for during
+    #: :data:`~dasknn.runtime.waiting.GATHER_LOSS_GRACE_SECONDS` (after others: once).
+    _loss_errors: tuple[type[BaseException], ...] = ()
+    #: What a worker lost during a step takes with it (the end of :meth:`_lost_watch`'s error).
+    _lost_outcome = "the model's values there are gone"
+
+    def _lost_watch(
+        self, workers: Iterable[str] | None = None, outcome: str | None = None
+    ) -> Callable[[], WorkerLostError | None]:
+        """The ``lost_error`` of :func:`~dasknn.runtime.waiting.run_naming_loss` for
+        ``workers`` (default: those of :meth:`_worker_roles`): a :class:`WorkerLostError`
+        ``"lost worker A: it held ROLE; OUTCOME"`` naming each one that left the cluster with
+        its role, and ``outcome`` (default :attr:`_lost_outcome`), or ``None``."""
+
+        def held(lost: list[str]) -> str:
+            roles = self._worker_roles() or {}
+            named = "; ".join(
+                f"{'it' if len(lost) == 1 else w} held {roles.get(w, 'part of the model')}"
+                for w in lost
+            )
+            return f"{named}; {outcome or self._lost_outcome}"
+
+        if workers is None:
+            workers = list(self._worker_roles() or ())
+        return watch_workers(self.client, workers, held)
+
+    def _check_workers(self, workers: Iterable[str] | None = None, outcome: str | None = None):
+        """Raise the :class:`WorkerLostError` of :meth:`_lost_watch` if a worker left."""
+        error = self._lost_watch(workers, outcome)()
+        if error is not None:
+            raise error
+
+    def _naming_loss(
+        self, coroutine, workers, outcome: str | None, seconds: float | None, graced=None
+    ) -> Any:
+        """:func:`~dasknn.runtime.waiting.run_naming_loss` of ``coroutine`` within ``seconds``
+        (default ``step_timeout``), watching ``workers`` (:meth:`_lost_watch`) every
+        :attr:`_poll_seconds`, with a grace after the errors ``graced`` (default
+        :attr:`_loss_errors`)."""
+        return run_naming_loss(
+            self.client,
+            coroutine,
+            self.step_timeout if seconds is None else seconds,
+            self._lost_watch(workers, outcome),
+            self._poll_seconds,
+            GATHER_LOSS_GRACE_SECONDS,
+            self._loss_errors if graced is None else graced,
+        )
+
+    def _watched(
+        self, coroutine, workers: Sequence[str], what: str, outcome: str | None = None,
+        seconds: float | None = None, graced=None,
+    ) -> Any:  # fmt: skip
+        """The result of ``coroutine`` (a client call made with ``asynchronous=True``) within
+        ``seconds`` (default ``step_timeout``), looking at ``workers`` every
+        :attr:`_poll_seconds` (``graced``: as for :meth:`_naming_loss`).
+
+        Raises
+        ------
+        WorkerLostError
+            Naming those of ``workers`` that left and ``outcome`` (:meth:`_lost_watch`), also
+            when the call failed because of the loss.
+        StepTimeoutError
+            Naming ``workers`` after the time (``what`` did not happen).
+        Exception
+            The call's own error.
+        """
+        try:
+            return self._naming_loss(coroutine, workers, outcome, seconds, graced)
+        except TimeoutError:
+            raise self._timeout_error(what, workers) from None
+
+    def _run_on(
+        self, function, workers: Sequence[str], what: str, outcome: str | None = None, **kwargs
+    ) -> dict:
+        """``Client.run(function, **kwargs)`` on ``workers``, :meth:`_watched`."""
+        workers = list(workers)
+        running = self.client.run(function, workers=workers, asynchronous=True, **kwargs)
+        return self._watched(running, workers, what, outcome)
+
+    def _gather_graph(
+        self, tasks: dict, outputs: list, what: str, placement=None, priority=None,
+        seconds: float | None = None, outcome: str | None = None,
+    ) -> list:  # fmt: skip
+        """Submit the graph ``tasks``, each task on the worker ``placement(key)[0]`` (default
+        the model's ``_placement``) with ``priority`` if given, and gather ``outputs`` as
+        :meth:`_watched` does over the model's workers; after the time the
+        :class:`StepTimeoutError` names the workers of the unfinished outputs. The futures are
+        released before this returns or raises (an error's traceback holds this frame)."""
+        placement = placement or self._placement
+        annotations = {"workers": placement, "allow_other_workers": False}
+        if priority is not None:
+            annotations["priority"] = priority
+        with dask.annotate(**annotations):
+            futures = self.client.get(tasks, outputs, sync=False)
+        workers = list(self._worker_roles() or ())
+        try:
+            gathering = self.client.gather(futures, asynchronous=True)
+            return self._naming_loss(gathering, workers, outcome, seconds)
+        except TimeoutError:
+            busy = sorted({placement(f.key)[0] for f in futures if not f.done()})
+            raise self._timeout_error(what, busy or workers) from None
+        finally:
+            for future in futures:
+                future.release()
+
+    def _run_on_answering(self, function, workers: Iterable[str], **kwargs) -> None:
+        """``Client.run(function, token=..., **kwargs)`` on those of ``workers`` that answer
+        (a stopped one never does), its errors ignored: ends a failed step's waits there."""
+        answering = answering_workers(self.client, workers)
+        try:
+            if answering:
+                self.client.run(
+                    function, token=self.token, workers=answering, on_error="ignore", **kwargs
+                )
+        except Exception:  # noqa: BLE001, S110 - the failed step's error is the one to report
+            pass
 
     def _unregister(self, plugins: Sequence[str] = ()) -> None:
         """Remove the worker ``plugins`` (others the model registered), the plugin (with the
@@ -255,15 +490,20 @@ class DistributedModel:
     def _failed_advice(self) -> str:
         """What a user can do after a step failed part-way (the end of
         :class:`ModelFailedError`'s message)."""
-        return "close it and start again from a saved copy"
+        return (
+            "its values may mix two steps: fit(..., resume=CHECKPOINT) restores a checkpoint, "
+            "or close it and start again from a saved copy"
+        )
 
     def _before_close(self) -> None:
         """Release what the model holds besides its plugin (called once by :meth:`close`
-        before the plugins are removed)."""
+        before the plugins are removed): by default its postbox actors."""
+        self._postboxes.clear()
 
     def _extra_plugins(self) -> Sequence[str]:
-        """The worker plugins the model registered besides its own (removed first)."""
-        return ()
+        """The worker plugins the model registered besides its own (:meth:`_add_plugin`),
+        removed first, the last registered first."""
+        return self._plugins[::-1]
 
     def close(self) -> None:
         """Remove the model's worker plugins (with the state they own), its transfer records and
@@ -299,6 +539,44 @@ class DistributedModel:
         """Forget the traffic measured so far (:meth:`comm_report` counts from here)."""
         self._check_open()
         reset_transfers(self.client, self.token)
+
+    # ------------------------------------------------------------------ files
+    #: The one-process estimator whose files :meth:`load` reads (with its ``load``).
+    _estimator_class: type
+
+    @classmethod
+    def load(cls, path, client=None, **options) -> Self:
+        """A distributed model of the file ``path`` (written by ``save``, by the one-process
+        estimator's ``save`` or as a checkpoint) on ``client``, with the constructor's keywords
+        ``options``: its values and optimizer state, so that training goes on as the saved
+        model would.
+
+        Raises
+        ------
+        FileNotFoundError, ValueError
+            As the one-process estimator's ``load``, before anything is placed; the
+            constructor's errors (what was placed is removed again).
+        """
+        estimator = cls._estimator_class.load(path)
+        dist = cls(estimator, client, **cls._load_options(path, options))
+        try:
+            dist._take_state(estimator)
+        except BaseException:
+            dist.close()
+            raise
+        return dist
+
+    @classmethod
+    def _load_options(cls, path, options: dict) -> dict:
+        """The constructor's keywords for the model stored at ``path`` (``options``)."""
+        return options
+
+    def _take_state(self, estimator) -> None:
+        """Take the optimizer state of ``estimator``, whose values the constructor placed
+        (``_restore`` of its record, when it has an optimizer)."""
+        record = estimator._record()
+        if record.optimizer is not None:
+            self._restore(record)
 
     def _timeout_error(self, what: str, workers: Sequence[str]) -> StepTimeoutError:
         """The :class:`StepTimeoutError` of ``what`` that did not happen within

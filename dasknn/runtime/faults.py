@@ -27,7 +27,6 @@ __all__ = [
     "lost_workers",
     "part_roles",
     "part_workers_lost",
-    "replace_lost_workers",
     "retirement_requests",
     "running_workers",
     "run_watching_part_workers",
@@ -106,33 +105,6 @@ def running_workers(client, leaving: Sequence[str] = ()) -> list[str]:
     return sorted(
         w for w, info in workers.items() if info.get("status") not in _GONE and w not in leaving
     )
-
-
-def replace_lost_workers(client, workers: list[str], seconds: float, model: str) -> list[int]:
-    """Put a running worker of the cluster in the place of every one of ``workers`` that left
-    (in place, the spares in sorted order), polling every 0.1 s; returns the places refilled.
-
-    Raises
-    ------
-    WorkerLostError
-        If there are not enough spares within ``seconds`` (``model`` names the model).
-    """
-    deadline = time.monotonic() + seconds
-    while True:
-        running = running_workers(client)
-        lost = [i for i, w in enumerate(workers) if w not in running]
-        spare = [w for w in running if w not in workers]
-        if len(spare) >= len(lost):
-            break
-        if time.monotonic() > deadline:
-            raise WorkerLostError(
-                f"the {model} needs {len(workers)} workers to go on from its checkpoint; "
-                f"{len(workers) - len(lost) + len(spare)} are running"
-            )
-        time.sleep(0.1)
-    for i, worker in zip(lost, spare, strict=False):
-        workers[i] = worker
-    return lost
 
 
 def part_roles(part_workers: Sequence[str]) -> dict[str, str]:

@@ -4,7 +4,6 @@ only activations, softmax statistics and partial gradients move between workers.
 from __future__ import annotations
 
 import operator
-import os
 from collections import Counter, deque
 from dataclasses import asdict
 
@@ -15,7 +14,6 @@ import numpy as np
 from dasknn.exceptions import ModelClosedError, NonFiniteLossError, StepTimeoutError
 from dasknn.runtime.comm_report import CommReport, counts_of
 from dasknn.runtime.distributed_model import DistributedModel
-from dasknn.runtime.faults import replace_lost_workers
 from dasknn.runtime.keys import parse_sampled_key, sampled_key
 from dasknn.runtime.measure import read_transfers
 from dasknn.runtime.placement import KeyPlacement, by_sender
@@ -29,7 +27,11 @@ from dasknn.sampled.model import (
     predicted_precision_at_k,
     training_optimizer,
 )
-from dasknn.sampled.persistence import SAMPLED_FILE, LayerRecord, SampledRecord, write_sampled
+from dasknn.sampled.persistence import (
+    SAMPLED_FILE,
+    LayerRecord,
+    SampledRecord,
+)
 from dasknn.sampled.schedule import DecaySchedule, training_schedule
 from dasknn.sampled_parallel._steps import ShardLabels
 from dasknn.sampled_parallel._taskgraph import (
@@ -107,12 +109,8 @@ class DistributedSampledMLP(SampledTraining, DistributedModel):
         if messages not in MESSAGES:
             raise ValueError(f"messages must be one of {MESSAGES} for this model, got {messages!r}")
         self.messages = messages
-        self._connect(client, step_timeout)
-        try:
+        with self._connecting(client, step_timeout):
             self.workers = self._shard_workers(model, workers)
-        except BaseException:
-            self.close()
-            raise
         self.optimizer_ = model.optimizer_
         self.lr_decay = model.lr_decay
         self.decay_horizon = model.decay_horizon
@@ -126,12 +124,10 @@ class DistributedSampledMLP(SampledTraining, DistributedModel):
         self.n_labels_ = model.n_labels_
         sizes = [len(b) for b in np.array_split(np.arange(model.hidden), len(self.workers))]
         self.columns = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        self.plugin_name = ShardState.plugin_name(self.token)
         self.n_steps_ = model.n_steps_
         self.epochs_ = model.epochs_
         self.loss_curve_: list[float] = list(model.loss_curve_)
-        self.batch_loss_curve_: list[float] = []
-        self._params = model._params_json()
+        self._params = model._params_json()  # the hyperparameters, for the records
         self._calls = 0
         #: Steps and prediction blocks since the last reset_comm by (kind, rows): the prediction.
         self._counted: Counter[tuple[str, int]] = Counter()
@@ -395,9 +391,6 @@ class DistributedSampledMLP(SampledTraining, DistributedModel):
             epochs=self.epochs_, loss_curve=list(self.loss_curve_),
         )  # fmt: skip
 
-    def _recoverable(self, error: Exception) -> bool:
-        return isinstance(error, WorkerLostError)
-
     def _restore(self, record: SampledRecord) -> None:
         """Place ``record`` (this network) on the workers, a lost shard worker replaced by a
         running one (waiting up to ``step_timeout``) and the plugin registered anew.
@@ -412,37 +405,17 @@ class DistributedSampledMLP(SampledTraining, DistributedModel):
         if not self._open:
             raise ModelClosedError(f"this {type(self).__name__} is closed")
         model = SampledMLP._of_record(record)
-        replace_lost_workers(self.client, self.workers, self.step_timeout, "sampled model")
+        self.workers = self._replace_lost(self.workers)
         self._placement = KeyPlacement(self.workers, by_sender(parse_sampled_key))
-        self._start_placement()
-        state = ShardState(self.token)
-        self._placing(lambda: self.client.register_plugin(state, name=self.plugin_name))
-        try:
-            self._install(model, with_state=True)
-        except Exception as error:
-            self._failed = str(error)
-            raise
+        self._place_anew(ShardState(self.token), lambda: self._install(model, with_state=True))
         self.optimizer_ = model.optimizer_
         self.n_steps_, self.epochs_ = model.n_steps_, model.epochs_
         self.loss_curve_ = list(model.loss_curve_)
-        self._failed = None
 
-    def save(self, path: str | os.PathLike) -> None:
-        """Write the model, read from the workers, to the ``.npz`` file ``path`` atomically in
-        the format of :meth:`SampledMLP.save`."""
-        write_sampled(path, self._record())
+    _estimator_class = SampledMLP
 
-    @classmethod
-    def load(cls, path: str | os.PathLike, client=None, **options) -> DistributedSampledMLP:
-        """A distributed model of the file ``path`` (:meth:`save`, :meth:`SampledMLP.save` or a
-        checkpoint) on ``client``, with the constructor's keyword ``options``.
-
-        Raises
-        ------
-        FileNotFoundError, ValueError
-            As :meth:`SampledMLP.load`, before anything is placed; the constructor's errors.
-        """
-        return cls(SampledMLP.load(path), client, **options)
+    def _take_state(self, estimator: SampledMLP) -> None:
+        """Nothing: the constructor took the loaded model's state."""
 
     def to_dask(self) -> dict[str, da.Array]:
         """The parameters as dask arrays, each chunk read by a task on its worker:
