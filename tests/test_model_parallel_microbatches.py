@@ -87,7 +87,8 @@ def test_microbatched_steps_equal_the_single_process_steps(
         timings = dist.timings().values()
         trained = dist.gather()
         keys = dask_client.run_on_scheduler(_model_keys, token=dist.token)
-        assert any("postbox" in key for key in keys) == (messages == "posted")
+        # in both modes: a postbox keeps Dask from retiring a part worker before its parts move
+        assert any("postbox" in key for key in keys)
         events = [m for t, m in dask_client.get_events(TRANSFER_TOPIC) if t >= start]
     assert report.exact, report.format()
     # posted messages: each worker's step task reports those its worker received in one event

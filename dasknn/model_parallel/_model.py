@@ -47,6 +47,7 @@ from dasknn.runtime.faults import (
     part_workers_lost,
     release_retirement_watch,
     retirement_requests,
+    retiring_workers,
     running_workers,
     wait_for_step,
 )
@@ -119,8 +120,10 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         always use tasks. See docs/runtime.md.
     step_timeout : float
         Seconds a step, a prediction block or the placement may wait before a
-        :class:`~dasknn.exceptions.StepTimeoutError`; a worker that leaves or is asked to retire
-        is a :class:`~dasknn.exceptions.WorkerLostError` at once. See docs/reliability.md.
+        :class:`~dasknn.exceptions.StepTimeoutError`; a worker that leaves is a
+        :class:`~dasknn.exceptions.WorkerLostError` at once, while a worker asked to retire
+        (``retire_workers``, an adaptive cluster scaling down) hands its parts to the others
+        after the step and then leaves. See docs/reliability.md.
 
     Attributes
     ----------
@@ -215,6 +218,8 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         self._priority = StepPriority(self.token, self.plan.n_layers)
         self._leaving: set[str] = set()  # workers asked to leave while the model was placed
         self._next_check = 0.0  # when a finished step looks next at its workers (monotonic)
+        self._next_retire_check = 0.0  # when a step looks next for workers being retired
+        self._training_rows: tuple[np.ndarray, np.ndarray] | None = None  # of the fit call
 
     @property
     def weights(self) -> list:
@@ -291,12 +296,12 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
                 self.client, self.token, self.plan, chunks, biases, self.part_workers,
                 self.dtype, states, self._generation, self._placement_left(), self._span,
             )  # fmt: skip
-            if self.messages == "posted":
-                keys = {
-                    postbox_key(self.token, self._generation, w): address
-                    for w, address in enumerate(sorted(set(self.part_workers)))
-                }
-                self._postboxes = self._start_postboxes(keys, span=self._span)
+            # in both modes: they keep Dask from retiring a part worker before _hand_over
+            keys = {
+                postbox_key(self.token, self._generation, w): address
+                for w, address in enumerate(sorted(set(self.part_workers)))
+            }
+            self._postboxes = self._start_postboxes(keys, span=self._span)
         except TimeoutError:
             raise self._placement_timed_out() from None
 
@@ -418,6 +423,9 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         update. ``ValueError`` before anything is scheduled on malformed arguments."""
         x, y = self._check_xy(X, Y)
         optimizer = resolve_optimizer(lr, optimizer)
+        leaving = self._retiring()
+        if leaving:
+            self._hand_over(leaving)
         x_blocks = self._scatter_blocks("x", x, 0)
         y_blocks = self._scatter_blocks("y", y, self.n_layers)
         pending = self._submit_step(x_blocks, y_blocks, None, x.shape[0], optimizer, None)
@@ -428,9 +436,11 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         """:meth:`_held_blocks` for one call, released when it ends however it ends (a kept
         traceback would otherwise keep the keys on the cluster)."""
         data = self._held_blocks(x, y)
+        self._training_rows = (x, y)
         try:
             yield data
         finally:
+            self._training_rows = None
             for blocks in data:
                 for future in blocks.values():
                     future.release()
@@ -452,6 +462,12 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         x_blocks, y_blocks = data
         pending = None
         for rows in batches:
+            leaving = self._retiring()
+            if leaving:
+                if pending:
+                    yield self._finish(pending, optimizer)
+                    pending = None
+                self._hand_over(leaving, data)
             previous = None
             if pending:
                 previous = {}
@@ -463,6 +479,30 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
             pending = submitted
         if pending:
             yield self._finish(pending, optimizer)
+
+    def _retiring(self) -> list[str]:
+        """The part workers being retired (looked at every :data:`POLL_SECONDS` at most)."""
+        if time.monotonic() < self._next_retire_check:
+            return []
+        self._next_retire_check = time.monotonic() + POLL_SECONDS
+        return retiring_workers(self.client, self.part_workers, self._retirements)
+
+    def _hand_over(self, leaving: list[str], data: tuple[dict, dict] | None = None) -> None:
+        """Move the parts of the workers ``leaving`` (being retired) to the other workers, then
+        let them go: the model of the last whole step is read from every part worker, the
+        postboxes that kept Dask from retiring ``leaving`` are released, ``leaving`` is retired
+        (within ``step_timeout``) and the model placed again on the workers that remain, as
+        :meth:`_restore` places a checkpoint; the ``data`` of a fit call is scattered again to
+        the parts' new workers. Costs one read and one placement of the model."""
+        record = self._record()
+        self._leaving.update(leaving)
+        self._let_go(leaving, [])
+        self._restore(record)
+        if data is not None:
+            for blocks, held in zip(data, self._held_blocks(*self._training_rows), strict=True):
+                for future in blocks.values():
+                    future.release()
+                blocks.update(held)
 
     def _finish(self, pending, optimizer: Optimizer) -> float:
         """Collect a step's loss."""
@@ -599,11 +639,11 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
             parts = [future.key[3] for future in futures]
             wait_for_step(
                 self.client, futures, self.part_workers, parts, self.step_timeout,
-                self._retirements,
+                handing_over=True,
             )  # fmt: skip
             if time.monotonic() >= self._next_check:  # a short step had no look at its workers
                 self._next_check = time.monotonic() + POLL_SECONDS
-                lost = lost_workers(self.client, self.part_workers, self._retirements)
+                lost = lost_workers(self.client, self.part_workers, handing_over=True)
                 if lost:
                     raise lost_error(self.part_workers, lost)
             try:
@@ -632,8 +672,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         if lost:
             self._failed = str(lost_error(self.part_workers, lost))
             self._leaving.update(lost)
-            if self.messages == "posted":
-                self._let_go(lost, futures)
+            self._let_go(lost, futures)
             # not held in a local: a reference cycle would keep the callers' futures alive
             raise lost_error(self.part_workers, lost) from None
 

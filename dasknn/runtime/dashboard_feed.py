@@ -7,6 +7,7 @@ import threading
 import time
 from typing import Any
 
+from dasknn.exceptions import ModelClosedError, ModelFailedError
 from dasknn.runtime.comm_report import CommReport
 from dasknn.runtime.dashboard import install_dashboard_page, publish_report
 from dasknn.runtime.distributed_model import DistributedModel
@@ -107,6 +108,8 @@ class DashboardFeed:
             except OSError:
                 # a worker left: skip; the training reports it
                 continue
+            except (ModelClosedError, ModelFailedError):
+                return  # the training reports why
 
     def __enter__(self) -> DashboardFeed:
         self._start = time.perf_counter()

@@ -28,6 +28,7 @@ __all__ = [
     "part_roles",
     "part_workers_lost",
     "retirement_requests",
+    "retiring_workers",
     "running_workers",
     "run_watching_part_workers",
     "wait_for_step",
@@ -38,7 +39,8 @@ POLL_SECONDS = 0.25
 #: Seconds the scheduler is given to notice a lost worker after a call to it failed.
 LOSS_GRACE_SECONDS = 2.0
 
-_GONE = ("closing_gracefully", "closing", "closed")
+_CLOSED = ("closing", "closed")
+_GONE = ("closing_gracefully", *_CLOSED)
 
 
 class RetirementRequests(SchedulerPlugin):
@@ -88,15 +90,38 @@ def retirement_requests(client) -> dict[str, int]:
 
 
 def lost_workers(
-    client, part_workers: Sequence[str], requests: dict[str, int] | None = None
+    client,
+    part_workers: Sequence[str],
+    requests: dict[str, int] | None = None,
+    *,
+    handing_over: bool = False,
 ) -> list[str]:
-    """The part workers gone, closing, or asked to retire since ``requests``, sorted."""
+    """The part workers gone, closing, or asked to retire since ``requests``, sorted. With
+    ``handing_over`` (a model that hands the parts of retiring workers to the others between
+    steps), only those gone or closing: a worker Dask is retiring is not lost yet."""
     statuses, now = client.run_on_scheduler(_worker_states)
+    if handing_over:
+        return sorted({w for w in part_workers if statuses.get(w, "closed") in _CLOSED})
     asked = {
         w for w in part_workers if requests is not None and now.get(w, 0) > requests.get(w, 0)
     }
     gone = {w for w in part_workers if statuses.get(w, "closed") in _GONE}
     return sorted(asked | gone)
+
+
+def retiring_workers(
+    client, part_workers: Sequence[str], requests: dict[str, int]
+) -> list[str]:
+    """The part workers still in the cluster that are being retired or were asked to retire
+    since ``requests``, sorted (Dask refuses to retire a worker holding an actor, such as a
+    model's postbox, so they stay until the model lets them go)."""
+    statuses, now = client.run_on_scheduler(_worker_states)
+    return sorted(
+        w
+        for w in set(part_workers)
+        if statuses.get(w, "closed") not in _CLOSED
+        and (statuses[w] == "closing_gracefully" or now.get(w, 0) > requests.get(w, 0))
+    )
 
 
 def running_workers(client, leaving: Sequence[str] = ()) -> list[str]:
@@ -177,6 +202,8 @@ def wait_for_step(
     parts: Sequence[int],
     timeout: float,
     requests: dict[str, int] | None = None,
+    *,
+    handing_over: bool = False,
 ) -> None:
     """Wait until every future of a step is finished (done or failed).
 
@@ -191,6 +218,8 @@ def wait_for_step(
         Seconds after which an unfinished step is an error.
     requests : dict, optional
         The retirement requests when the model was placed (see :func:`lost_workers`).
+    handing_over : bool
+        As :func:`lost_workers`: a worker being retired is not lost.
 
     Raises
     ------
@@ -203,7 +232,7 @@ def wait_for_step(
     while True:
         if wait_at_most(futures, min(POLL_SECONDS, max(deadline - time.monotonic(), 0.01))):
             return
-        lost = lost_workers(client, part_workers, requests)
+        lost = lost_workers(client, part_workers, requests, handing_over=handing_over)
         if lost:
             raise lost_error(part_workers, lost)
         if time.monotonic() >= deadline:
