@@ -420,11 +420,18 @@ def test_an_interrupted_fit_leaves_a_model_that_refuses_further_use(case, client
     X, y = case.data()
     with case.distributed(case.estimator(), client) as dist:
 
+        raised = threading.Event()
+
         def interrupt() -> None:  # Ctrl-C once two steps are done
             deadline = time.monotonic() + 60
             while dist.n_steps_ < 2 and time.monotonic() < deadline:
                 time.sleep(0.01)
-            _thread.interrupt_main()
+            # Python drops an interrupt that lands in a finalizer (a released future's
+            # __del__), as it drops a user's Ctrl-C there: press again until fit has raised
+            while True:
+                _thread.interrupt_main()
+                if raised.wait(10):
+                    return
 
         thread = threading.Thread(target=interrupt)
         thread.start()
@@ -432,6 +439,7 @@ def test_an_interrupted_fit_leaves_a_model_that_refuses_further_use(case, client
             with pytest.raises(KeyboardInterrupt):
                 dist.fit(X, y, **(case.fit | {"epochs": 100_000}), progress=False)
         finally:
+            raised.set()
             thread.join()
         with pytest.raises(ModelFailedError, match="interrupted"):
             dist.gather()
