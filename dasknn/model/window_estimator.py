@@ -13,6 +13,7 @@ shared loop, :class:`~dasknn.model.step_loop.StepLoop`.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from numbers import Integral
 from typing import Self
 
@@ -141,13 +142,15 @@ class WindowEstimator(StepLoop):
         checkpoint: str | os.PathLike | None = None,
         checkpoint_every: int | None = None,
         resume: str | os.PathLike | None = None,
+        on_epoch: Callable[[int, float], None] | None = None,
     ) -> Self:
         """Train on minibatches for ``epochs`` passes over ``(X, y)``, from the current values.
 
         Each epoch visits the windows in an order drawn from ``numpy.random.default_rng(seed)``
         (row order when ``shuffle`` is false), ``batch_size`` at a time (the last batch may be
         smaller), and appends the mean over windows of each batch's loss to ``loss_curve_``;
-        ``progress`` shows a bar of each epoch's batches.
+        ``progress`` shows a bar of each epoch's batches; ``on_epoch(epoch, loss)`` is called
+        after each epoch with its index in the call and its mean loss.
 
         ``checkpoint`` (a directory, created if missing), ``checkpoint_every`` (batches, default
         one epoch) and ``resume`` (a checkpoint directory or file of a call with the same data
@@ -177,6 +180,7 @@ class WindowEstimator(StepLoop):
             ids, labels, batch_size=batch_size, epochs=epochs, optimizer=optimizer,
             shuffle=shuffle, seed=seed, progress=progress, record_batches=record_batches,
             checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume,
+            on_epoch=on_epoch,
         )  # fmt: skip
         return self
 
