@@ -39,6 +39,7 @@ from dasknn.optim import Optimizer, ParamState, resolve_optimizer
 from dasknn.runtime.comm_report import CommReport, counts_of
 from dasknn.runtime.distributed_model import DistributedModel
 from dasknn.runtime.faults import (
+    LOSS_GRACE_SECONDS,
     POLL_SECONDS,
     install_retirement_watch,
     lost_error,
@@ -379,7 +380,12 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
                 self.client, data, self.part_workers, lambda key: key[-1], self.step_timeout
             )
         except Exception as exc:
+            # a connection to a killed worker may close before the scheduler sees it gone
+            deadline = time.monotonic() + (LOSS_GRACE_SECONDS if isinstance(exc, OSError) else 0)
             self._raise_if_lost()
+            while time.monotonic() < deadline:
+                time.sleep(0.1)
+                self._raise_if_lost()
             if isinstance(exc, TimeoutError):
                 raise self._timeout_error(
                     f"the workers did not take the {name} blocks", self.part_workers
