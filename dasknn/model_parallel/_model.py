@@ -39,7 +39,6 @@ from dasknn.optim import Optimizer, ParamState, resolve_optimizer
 from dasknn.runtime.comm_report import CommReport, counts_of
 from dasknn.runtime.distributed_model import DistributedModel
 from dasknn.runtime.faults import (
-    LOSS_GRACE_SECONDS,
     POLL_SECONDS,
     install_retirement_watch,
     lost_error,
@@ -377,15 +376,11 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         data = {(f"dasknn-{name}-{self.token}", self._step + 1, m): b for m, b in enumerate(blocks)}
         try:
             futures = scatter_pinned(
-                self.client, data, self.part_workers, lambda key: key[-1], self.step_timeout
+                self.client, data, self.part_workers, lambda key: key[-1], self.step_timeout,
+                watch=f"the {name} blocks were scattered",
             )
         except Exception as exc:
-            # a connection to a killed worker may close before the scheduler sees it gone
-            deadline = time.monotonic() + (LOSS_GRACE_SECONDS if isinstance(exc, OSError) else 0)
             self._raise_if_lost()
-            while time.monotonic() < deadline:
-                time.sleep(0.1)
-                self._raise_if_lost()
             if isinstance(exc, TimeoutError):
                 raise self._timeout_error(
                     f"the workers did not take the {name} blocks", self.part_workers
