@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import dask
@@ -791,8 +791,8 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         self._step += 1  # no key of an earlier step or data block is used again
         self.client.wait_for_workers(1, timeout=self.step_timeout)
         workers = running_workers(self.client, self._leaving)
-        if self._chosen is not None:
-            workers = [w for w in workers if w in self._chosen]
+        if self._chosen is not None:  # in the order chosen: part m on chosen[m % W]
+            workers = [w for w in self._chosen if w in workers]
         self.part_workers = worker_of_parts(workers, self.nparts)
         self._placement = KeyPlacement(self.part_workers, part_of)
         _, chunks = build_comm_plan(record.weights, self._parts, self.nparts)
@@ -801,6 +801,14 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
             lambda: self._place_network(chunks, record.biases, self._part_states(record)),
         )
         self.optimizer_ = record.optimizer
+
+    def _rebalancing(self, workers: list[str]) -> Callable[[], None]:
+        """The parts go to ``workers``, part ``m`` on ``workers[m % W]`` (:meth:`rebalance`)."""
+
+        def take() -> None:
+            self._chosen = list(workers)
+
+        return take
 
     _estimator_class = SparseMLP
 
