@@ -721,12 +721,16 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         return self._entries
 
     def _record(self) -> ModelRecord:
-        """The parameters, optimizer state and partition from the workers, in original order."""
+        """The parameters, optimizer state and partition from the workers, in original order,
+        read within ``step_timeout``; a part worker that left the cluster (also before the read)
+        is a :class:`WorkerLostError` naming it and its parts, at once."""
         self._check_open()
         owned: dict = {}
-        for parts in self.client.run(
-            read_parts, token=self.token, workers=sorted(set(self.part_workers))
-        ).values():
+        held = self._run_on(
+            read_parts, sorted(set(self.part_workers)), "the part workers did not send the model",
+            token=self.token,
+        )  # fmt: skip
+        for parts in held.values():
             owned.update(parts)
         weights, biases, states = [], [], []
         optimizer = owned[(1, 0)][2]
