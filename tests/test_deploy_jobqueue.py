@@ -1,6 +1,7 @@
 """Workers as batch jobs through dask-jobqueue: job scripts of every batch system, bad options,
 and, on a real one-node SLURM (``slurm`` fixture), model-parallel training and the challenge on
-two workers that are SLURM jobs."""
+two workers that are SLURM jobs, and a model-parallel fit that recovers from its checkpoint when
+one of the jobs reaches its walltime."""
 
 from __future__ import annotations
 
