@@ -566,7 +566,10 @@ def test_rebalance_places_the_model_on_a_worker_that_joined_and_changes_nothing(
         dist.fit(X, y, **case.fit, progress=False)
         assert dist.rebalance([*joined, *old]) is dist
         assert joined[0] in dist._worker_roles()
+        assert dist.comm_report().total() == 0  # the counts start again
         dist.fit(X, y, **case.fit, progress=False)
+        report = dist.comm_report()
+        assert report.total() > 0 and report.exact, report.format()
         gathered = dist.gather()
     reference = case.estimator()
     accepted = inspect.signature(reference.fit).parameters

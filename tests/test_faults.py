@@ -1,8 +1,8 @@
-"""Workers that come and go during ``fit``: killed (SIGKILL), stopped (SIGSTOP), retired, or paused
-at their memory limit, on real LocalCluster worker processes. A run either restores its last
-checkpoint and ends with the weights of an uninterrupted run (checked against the independent
-float64 reference), or stops with a clear error; it never waits for ever and never hands out
-weights that mix two steps."""
+"""Workers that come and go during ``fit``: killed (SIGKILL), stopped (SIGSTOP), retired, closed at
+the end of their ``--lifetime``, or paused at their memory limit, on real worker processes. A run
+either restores its last checkpoint and ends with the weights of an uninterrupted run (checked
+against the independent float64 reference), or stops with a clear error; it never waits for ever
+and never hands out weights that mix two steps."""
 
 from __future__ import annotations
 

@@ -569,7 +569,9 @@ class DistributedModel:
         Notes
         -----
         Costs one read of the model from its workers (as a checkpoint reads it) and one
-        placement of the model on ``workers`` (as a restored checkpoint is placed).
+        placement of the model on ``workers`` (as a restored checkpoint is placed). The traffic
+        counts start again (:meth:`reset_comm`): :meth:`comm_report` then sets the new
+        placement's traffic beside its prediction.
         """
         self._check_open()
         if isinstance(workers, str):
@@ -592,6 +594,7 @@ class DistributedModel:
         record = self._record()
         take()
         self._restore(record)
+        self.reset_comm()  # the traffic of the new placement, measured beside its prediction
         return self
 
     def _rebalancing(self, workers: list[str]) -> Callable[[], None]:
