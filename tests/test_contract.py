@@ -8,9 +8,10 @@ attributes; ``gather()`` equals the one-process estimator trained on the same da
 1e-9); ``predict`` and ``score`` equal the gathered model's; the measured traffic equals the
 prediction; the parameters are dask arrays held on their workers; ``close()`` leaves no key,
 plugin or actor, and a closed model refuses work; ``client`` may be a scheduler address; bad
-input is a ``ValueError`` before anything is scheduled; a SIGKILLed worker is a
-``WorkerLostError`` and a SIGSTOPped one a ``StepTimeoutError``, both naming the worker's role
-(slow).
+input is a ``ValueError`` before anything is scheduled, and so are bad workers given to
+``rebalance``; ``rebalance`` places the model on a worker that joined and training goes on to
+the one-process estimator's values (slow); a SIGKILLed worker is a ``WorkerLostError`` and a
+SIGSTOPped one a ``StepTimeoutError``, both naming the worker's role (slow).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from dasknn.model_parallel import DistributedSparseMLP
 from dasknn.pipeline_parallel import DistributedCompressedMLP
 from dasknn.pruning import magnitude_masks
 from dasknn.runtime.cluster import scheduler_workers
+from dasknn.runtime.faults import running_workers
 from dasknn.sampled import SampledMLP
 from dasknn.sampled_parallel import DistributedSampledMLP
 
@@ -374,6 +376,26 @@ def test_bad_input_is_a_value_error_before_anything_is_scheduled(trained, client
     assert dist.n_steps_ == steps
 
 
+def test_rebalance_refuses_bad_workers_before_anything_is_done(trained, client):
+    case, dist, _, X, y = trained
+    roles = dist._worker_roles()
+    worker = sorted(scheduler_workers(client))[0]
+    bads = [
+        ([], "at least one"),
+        (["tcp://127.0.0.1:9"], "not running workers"),
+        ([worker, worker], "distinct"),
+        (worker, "list of worker addresses"),
+    ]
+    if case.name in ("pipeline", "sampled"):  # layouts of two workers
+        bads.append(([worker], "2 workers needed|2 shards"))
+    for bad, match in bads:
+        before = _quiet_transitions(client)
+        with pytest.raises(ValueError, match=match):
+            dist.rebalance(bad)
+        assert _transitions(client) == before, match
+    assert dist._worker_roles() == roles
+
+
 def test_client_may_be_a_scheduler_address(client):
     for case in CASES:
         X, y = case.data()
@@ -402,6 +424,8 @@ def test_close_leaves_nothing_on_the_cluster_and_a_closed_model_refuses_work(cas
         dist.fit(X, y, **case.fit, progress=False)
     with pytest.raises(ModelClosedError):
         dist.gather()
+    with pytest.raises(ModelClosedError):
+        dist.rebalance()
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
@@ -452,6 +476,8 @@ def test_an_interrupted_fit_leaves_a_model_that_refuses_further_use(case, client
             dist.gather()
         with pytest.raises(ModelFailedError, match="interrupted"):
             dist.fit(X, y, **case.fit, progress=False)
+        with pytest.raises(ModelFailedError, match="interrupted"):
+            dist.rebalance()
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
@@ -517,6 +543,41 @@ def test_a_worker_joining_mid_fit_changes_nothing(case):
     accepted = inspect.signature(reference.fit).parameters
     for one in (fit, fit | {"epochs": 1}):
         reference.fit(X, y, **{k: v for k, v in one.items() if k in accepted})
+    got, want = case.parameters(gathered), case.parameters(reference)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-9, err_msg=name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_rebalance_places_the_model_on_a_worker_that_joined_and_changes_nothing(case):
+    X, y = case.data()
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+        case.distributed(case.estimator(), client, step_timeout=60) as dist,
+    ):
+        dist.fit(X, y, **case.fit, progress=False)
+        old = running_workers(client)
+        cluster.scale(3)
+        joined = wait_until(
+            lambda: [w for w in running_workers(client) if w not in old], 60,
+            "the third worker did not join",
+        )  # fmt: skip
+        assert dist.rebalance() is dist  # every running worker, sorted
+        assert set(dist._worker_roles()) <= set(running_workers(client))
+        dist.fit(X, y, **case.fit, progress=False)
+        assert dist.rebalance([*joined, *old]) is dist
+        assert joined[0] in dist._worker_roles()
+        assert dist.comm_report().total() == 0  # the counts start again
+        dist.fit(X, y, **case.fit, progress=False)
+        report = dist.comm_report()
+        assert report.total() > 0 and report.exact, report.format()
+        gathered = dist.gather()
+    reference = case.estimator()
+    accepted = inspect.signature(reference.fit).parameters
+    for _ in range(3):
+        reference.fit(X, y, **{k: v for k, v in case.fit.items() if k in accepted})
     got, want = case.parameters(gathered), case.parameters(reference)
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-9, err_msg=name)

@@ -1,6 +1,7 @@
 """Workers as batch jobs through dask-jobqueue: job scripts of every batch system, bad options,
 and, on a real one-node SLURM (``slurm`` fixture), model-parallel training and the challenge on
-two workers that are SLURM jobs."""
+two workers that are SLURM jobs, and a model-parallel fit that recovers from its checkpoint when
+one of the jobs reaches its walltime."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ from contextlib import ExitStack
 
 import numpy as np
 import pytest
+from polling import wait_until
 
 import graph
 from dasknn.cli import main
 from dasknn.datasets import radixnet, read_categories, write_sparse_tsv
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
-from dasknn.runtime.cluster import open_client
+from dasknn.runtime.cluster import open_client, scheduler_workers
 from dasknn.runtime.jobqueue import JobqueueSpec, jobqueue_cluster, start_jobqueue_cluster
 
 
@@ -237,6 +239,62 @@ def test_model_parallel_training_on_slurm_jobs_equals_a_local_cluster(slurm_env,
         assert np.abs(w_slurm.toarray() - w_start.toarray()).max() > 1e-3  # it trained
     for b_slurm, b_local in zip(on_slurm.biases, local.biases, strict=True):
         np.testing.assert_allclose(b_slurm, b_local, rtol=0, atol=1e-12)
+
+
+def _job_state(slurm, job_id: str) -> str:
+    """SLURM's state of job ``job_id`` (``RUNNING``, ``TIMEOUT``, ...), from ``scontrol``."""
+    shown = subprocess.run(
+        ["scontrol", "show", "job", job_id], env=slurm.env, capture_output=True, text=True
+    )
+    fields = dict(f.split("=", 1) for f in shown.stdout.split() if "=" in f)
+    return fields.get("JobState", f"unknown ({shown.stderr.strip()})")
+
+
+@pytest.mark.slow
+def test_a_worker_job_at_its_walltime_mid_fit_is_recovered_from_the_checkpoint(
+    slurm_env, tmp_path
+):
+    model = SparseMLP.radixnet(neurons=32, layers=3, seed=3)
+    rng = np.random.default_rng(4)
+    x, y = rng.uniform(0, 1, (64, 32)), rng.uniform(0, 1, (64, 32))
+    fit = {"batch_size": 16, "epochs": 3, "lr": 0.2, "progress": False}
+    reference = model.copy().fit(x, y, **fit)
+    # both jobs ask for SLURM's shortest walltime, one minute; the survivor's is lengthened
+    with start_jobqueue_cluster(_slurm_spec(slurm_env, walltime="00:01:00")) as cluster:
+        with ExitStack() as stack:
+            client = open_client(stack, cluster)
+            job_of = client.run(lambda: os.environ["SLURM_JOB_ID"])
+            victim, survivor = sorted(job_of)
+            lengthened = subprocess.run(
+                ["scontrol", "update", f"JobId={job_of[survivor]}", "TimeLimit=00:30:00"],
+                env=slurm_env.env, capture_output=True, text=True,
+            )  # fmt: skip
+            assert lengthened.returncode == 0, lengthened.stderr
+            partition = graph.partition_network(model.weights, 2, seed=0)
+            with DistributedSparseMLP(
+                model, client, partition=partition, workers=[victim, survivor], step_timeout=60
+            ) as dist:
+
+                def at_walltime(epoch: int, loss: float) -> None:
+                    # after the first epoch's checkpoint: the victim's job reaches its walltime
+                    if epoch == 1:
+                        wait_until(
+                            lambda: victim not in scheduler_workers(client), 240,
+                            lambda: f"job {job_of[victim]} is "
+                            f"{_job_state(slurm_env, job_of[victim])}",
+                            interval=1.0,
+                        )  # fmt: skip
+
+                dist.fit(x, y, **fit, checkpoint=tmp_path / "checkpoints", on_epoch=at_walltime)
+                assert _job_state(slurm_env, job_of[victim]) == "TIMEOUT"
+                assert _job_state(slurm_env, job_of[survivor]) == "RUNNING"
+                assert set(dist.part_workers) == {survivor}  # both parts on the survivor
+                trained = dist.gather()
+    for got, want in zip(trained.weights, reference.weights, strict=True):
+        np.testing.assert_allclose(got.toarray(), want.toarray(), rtol=0, atol=1e-9)
+    for got, want in zip(trained.biases, reference.biases, strict=True):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-9)
+    assert np.abs(trained.weights[0].toarray() - model.weights[0].toarray()).max() > 1e-3
 
 
 @pytest.mark.slow

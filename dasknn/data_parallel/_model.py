@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Callable
 
 import dask.array as da
 import numpy as np
@@ -206,6 +207,7 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         with self._connecting(client, step_timeout):
             self.workers = sorted(self._use_workers(workers))
             self.topology = _topology(self.workers, machines)
+            self._machines = machines
             rows = self._max_shards()
             self._search_pending = sparse_partitions == "auto"
             if sparse_partitions in ("auto", None):  # "auto": until the search at the first step
@@ -412,14 +414,45 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         """
         self._check_open()
         model = EmbeddingMLP._of_record(record)
-        workers, self.workers = self.workers, self._replace_lost(self.workers)
-        if workers == self.workers:
+        placed = list(self._placement.workers)  # where the values are (rebalance: were)
+        self.workers = self._replace_lost(self.workers)
+        if placed == self.workers:
             self._place_again(model, self.n_shards, with_state=True)
             return
         self._step += self._steps_per_call() + 1  # no key of the failed steps is used again
         self._gathered = None
         self._placement = KeyPlacement(self.workers, by_sender(parse_dp_key))
         self._place_anew(ReplicaState(self.token), lambda: self._install(model, with_state=True))
+
+    def _rebalancing(self, workers: list[str]) -> Callable[[], None]:
+        """A replica on every one of ``workers`` (sorted), the shards and served variables
+        spread over them as the constructor spreads them, the shard count kept
+        (:meth:`rebalance`).
+
+        Raises
+        ------
+        ValueError
+            If the model was given ``machines`` that do not name every one of ``workers``.
+        """
+        workers = sorted(workers)
+        machines = self._machines
+        if machines is not None:
+            missing = sorted(set(workers) - set(machines))
+            if missing:
+                raise ValueError(
+                    f"the model's machines map does not name the workers {missing}: rebalance "
+                    "onto workers it names"
+                )
+            machines = {w: machines[w] for w in workers}
+        topology = _topology(workers, machines)
+
+        def take() -> None:
+            self.workers, self.topology = workers, topology
+            self.dense_servers = {
+                name: index % len(workers) for index, name in enumerate(self.spec.dense_names())
+            }
+
+        return take
 
     # ------------------------------------------------------------------ steps
     def _plan(self, ids: np.ndarray, labels: np.ndarray, step: int) -> StepPlan:

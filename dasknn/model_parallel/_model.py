@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import dask
@@ -721,12 +721,16 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         return self._entries
 
     def _record(self) -> ModelRecord:
-        """The parameters, optimizer state and partition from the workers, in original order."""
+        """The parameters, optimizer state and partition from the workers, in original order,
+        read within ``step_timeout``; a part worker that left the cluster (also before the read)
+        is a :class:`WorkerLostError` naming it and its parts, at once."""
         self._check_open()
         owned: dict = {}
-        for parts in self.client.run(
-            read_parts, token=self.token, workers=sorted(set(self.part_workers))
-        ).values():
+        held = self._run_on(
+            read_parts, sorted(set(self.part_workers)), "the part workers did not send the model",
+            token=self.token,
+        )  # fmt: skip
+        for parts in held.values():
             owned.update(parts)
         weights, biases, states = [], [], []
         optimizer = owned[(1, 0)][2]
@@ -791,8 +795,8 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         self._step += 1  # no key of an earlier step or data block is used again
         self.client.wait_for_workers(1, timeout=self.step_timeout)
         workers = running_workers(self.client, self._leaving)
-        if self._chosen is not None:
-            workers = [w for w in workers if w in self._chosen]
+        if self._chosen is not None:  # in the order chosen: part m on chosen[m % W]
+            workers = [w for w in self._chosen if w in workers]
         self.part_workers = worker_of_parts(workers, self.nparts)
         self._placement = KeyPlacement(self.part_workers, part_of)
         _, chunks = build_comm_plan(record.weights, self._parts, self.nparts)
@@ -801,6 +805,14 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
             lambda: self._place_network(chunks, record.biases, self._part_states(record)),
         )
         self.optimizer_ = record.optimizer
+
+    def _rebalancing(self, workers: list[str]) -> Callable[[], None]:
+        """The parts go to ``workers``, part ``m`` on ``workers[m % W]`` (:meth:`rebalance`)."""
+
+        def take() -> None:
+            self._chosen = list(workers)
+
+        return take
 
     _estimator_class = SparseMLP
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
 from numbers import Integral
 
@@ -487,6 +487,25 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         self._last_keys = []
         self._place_anew(ws.StageState(self.token), lambda: self._install(model, with_state=True))
         self._take_counts(model)
+
+    def _rebalancing(self, workers: list[str]) -> Callable[[], None]:
+        """Stage ``s`` of replica ``d`` on ``workers[d * stages + s]``, as the constructor
+        places them (:meth:`rebalance`).
+
+        Raises
+        ------
+        ValueError
+            If ``workers`` are fewer than ``stages * replicas``.
+        """
+        needed = self.stages * self.replicas
+        if needed > len(workers):
+            raise ValueError(f"stages * replicas = {needed} workers needed, {len(workers)} given")
+        placed = {(s, d): workers[d * self.stages + s] for s, d in self.workers}
+
+        def take() -> None:
+            self.workers = placed
+
+        return take
 
     def _take_counts(self, model: CompressedMLP) -> None:
         """The step count, loss scale and optimizer of ``model`` become the model's."""

@@ -530,6 +530,79 @@ class DistributedModel:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
+    # ------------------------------------------------------------------ elasticity
+    def rebalance(self, workers: Sequence[str] | None = None) -> Self:
+        """Place the model anew on ``workers`` (workers that joined the cluster, say), with
+        the values, optimizer state and step count of its last whole step: training goes on
+        from there as it would have where the model was, to the same values.
+
+        The model is laid out on ``workers`` as its constructor lays it out on its
+        ``workers``, its layout kept (model-parallel: its partition, part ``m`` on
+        ``workers[m % W]``; data-parallel: a replica on every worker, its shard count; pipeline:
+        ``stages * replicas`` of them; sampled: one shard a worker, on the first of them). A
+        model whose layout needs fewer workers than given uses the first ones, in the order
+        given.
+
+        Parameters
+        ----------
+        workers : sequence of str, optional
+            Addresses of running workers of the model's cluster; ``None`` (the default): every
+            running worker of the cluster, sorted.
+
+        Returns
+        -------
+        self
+
+        Raises
+        ------
+        ValueError
+            Before anything is read or placed: for an empty ``workers``, an address that is not
+            a running worker of the cluster, a repeated one, or fewer workers than the model's
+            layout needs.
+        ModelClosedError, ModelFailedError
+            After :meth:`close`, or after a step that failed part-way, as every call.
+        WorkerLostError, StepTimeoutError
+            If a worker leaves, or does not answer within ``step_timeout``, while the model is
+            read or placed; a placement that failed leaves the model unusable
+            (:class:`ModelFailedError`) until a checkpoint is restored.
+
+        Notes
+        -----
+        Costs one read of the model from its workers (as a checkpoint reads it) and one
+        placement of the model on ``workers`` (as a restored checkpoint is placed). The traffic
+        counts start again (:meth:`reset_comm`): :meth:`comm_report` then sets the new
+        placement's traffic beside its prediction.
+        """
+        self._check_open()
+        if isinstance(workers, str):
+            raise ValueError(f"workers must be a list of worker addresses, got {workers!r}")
+        running = running_workers(self.client)
+        if workers is None:
+            chosen = running
+            if not chosen:
+                raise ValueError("the cluster has no running worker to place the model on")
+        else:
+            chosen = list(workers)
+            if not chosen:
+                raise ValueError("rebalance needs at least one worker, got none")
+            unknown = [w for w in chosen if w not in running]
+            if unknown:
+                raise ValueError(f"not running workers of this cluster: {unknown}")
+            if len(set(chosen)) != len(chosen):
+                raise ValueError(f"workers must be distinct addresses: {chosen}")
+        take = self._rebalancing(chosen)
+        record = self._record()
+        take()
+        self._restore(record)
+        self.reset_comm()  # the traffic of the new placement, measured beside its prediction
+        return self
+
+    def _rebalancing(self, workers: list[str]) -> Callable[[], None]:
+        """Check that the model can be laid out on ``workers`` (:meth:`rebalance`), raising
+        ``ValueError`` if not, and return what makes them the workers the next ``_restore``
+        places the model on (called once the model has been read)."""
+        raise NotImplementedError
+
     # ------------------------------------------------------------------ reports
     def comm_report(self) -> CommReport:
         """Measured beside predicted traffic since the model started or :meth:`reset_comm`."""

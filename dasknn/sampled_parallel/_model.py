@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import operator
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import asdict
 
 import dask
@@ -411,6 +412,26 @@ class DistributedSampledMLP(SampledTraining, DistributedModel):
         self.optimizer_ = model.optimizer_
         self.n_steps_, self.epochs_ = model.n_steps_, model.epochs_
         self.loss_curve_ = list(model.loss_curve_)
+
+    def _rebalancing(self, workers: list[str]) -> Callable[[], None]:
+        """Shard ``p`` on ``workers[p]``, the shard count kept (:meth:`rebalance`).
+
+        Raises
+        ------
+        ValueError
+            If ``workers`` are fewer than the model's shards.
+        """
+        if len(workers) < len(self.workers):
+            raise ValueError(
+                f"the model has {len(self.workers)} shards, one a worker, but {len(workers)} "
+                "workers were given"
+            )
+        placed = list(workers[: len(self.workers)])
+
+        def take() -> None:
+            self.workers = placed
+
+        return take
 
     _estimator_class = SampledMLP
 
