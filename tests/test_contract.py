@@ -439,8 +439,18 @@ def test_a_loss_that_is_not_finite_is_an_error_naming_its_step(case, client):
         case.estimator().fit(X, y, **fit)
 
 
+@pytest.fixture
+def sigint_raises():
+    """Ctrl-C raises ``KeyboardInterrupt`` in the main thread for the test, as in an interactive
+    session: a process started in the background by a shell without job control ignores SIGINT
+    (``SIG_IGN`` from its start), where ``_thread.interrupt_main`` does nothing."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_an_interrupted_fit_leaves_a_model_that_refuses_further_use(case, client):
+def test_an_interrupted_fit_leaves_a_model_that_refuses_further_use(case, client, sigint_raises):
     X, y = case.data()
     with case.distributed(case.estimator(), client) as dist:
 
