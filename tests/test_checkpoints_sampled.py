@@ -16,7 +16,10 @@ import pytest
 import scipy.sparse as sp
 from checkpoint_watch import when_checkpoint
 from distributed import Client, LocalCluster
+from polling import HANG_GUARD, wait_until
+from retirement import retire_after_steps
 
+from dasknn.runtime.cluster import scheduler_workers
 from dasknn.sampled import SampledMLP
 from dasknn.sampled_parallel import DistributedSampledMLP
 
@@ -200,3 +203,24 @@ def test_a_killed_worker_is_recovered_from_the_checkpoint(client, tmp_path):
         killed.join()
         assert victim not in dist.workers  # its shard went to the worker that replaced it
         _assert_same(dist.gather(), reference)
+
+
+@pytest.mark.slow
+def test_a_retired_worker_hands_its_shard_over_and_fit_goes_on():
+    """A shard worker retired mid-fit with no checkpoint: its shard moves to the spare worker
+    between two steps, the worker leaves and the run ends as the uninterrupted one."""
+    X, labels = _data()
+    reference = _model().fit(X, labels, batch_size=4, epochs=8)
+    with (
+        LocalCluster(n_workers=3, threads_per_worker=1, dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+    ):
+        workers = sorted(scheduler_workers(client))[:2]  # the third is the spare
+        with DistributedSampledMLP(_model(), client, workers=workers, step_timeout=30) as dist:
+            leaving = dist.workers[1]
+            retire = retire_after_steps(client, dist, 20, leaving)
+            dist.fit(X, labels, batch_size=4, epochs=8)  # no checkpoint
+            retire.join()
+            assert leaving not in dist.workers
+            wait_until(lambda: leaving not in scheduler_workers(client), HANG_GUARD, "retired")
+            _assert_same(dist.gather(), reference)

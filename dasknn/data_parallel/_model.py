@@ -148,6 +148,8 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         Before anything is scheduled, for any argument out of its range.
     """
 
+    _needs_spares = True
+
     def __init__(
         self,
         model: EmbeddingMLP,
@@ -213,6 +215,7 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
             else:  # checks the count
                 ShardMap(rows, sparse_partitions, len(self.workers), shard_rows)
                 self.n_shards = int(sparse_partitions)
+            self._watch_retirements()
         self.dense_servers = {
             name: index % len(self.workers) for index, name in enumerate(self.spec.dense_names())
         }
@@ -268,6 +271,8 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
                     for index, worker in enumerate(self.workers)
                 }
             )
+        else:  # the postboxes keep Dask from retiring a worker before the hand-over
+            self._start_anchors(self.workers)
 
     def _place_again(self, model: EmbeddingMLP, n_shards: int, with_state: bool = False) -> None:
         """:meth:`_place` after the constructor (the search, a restored checkpoint), within
@@ -538,9 +543,12 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         return self._train_batches([(ids, labels)], None, optimizer)[0]
 
     def _train_batches(self, batches: list, after, optimizer: Optimizer) -> list[float]:
+        """The steps of one task (:meth:`_run_steps`), after the values of workers being
+        retired were handed over to spare ones (between two tasks)."""
         self._check_open()
         if self._search_pending:
             self.search(*batches[0], optimizer=optimizer)
+        self._hand_over_retiring()
         return self._run_steps(batches, optimizer, after)
 
     # ------------------------------------------------------------------ inference
