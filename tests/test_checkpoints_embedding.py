@@ -3,7 +3,8 @@ EmbeddingMLP (its own file format, npz with a JSON header) and the data-parallel
 DistributedEmbeddingMLP (real LocalCluster workers, every architecture), through the checkpoint
 mechanism every model shares. A resumed run ends with the values of an uninterrupted one, its
 optimizer state included (Adam), with the full and with the sampled softmax; so does a run whose
-worker is killed (SIGKILL) with a checkpoint directory set, recovered on the workers there are."""
+worker is killed (SIGKILL) with a checkpoint directory set, recovered on the workers there are,
+and a run whose worker is retired, with no checkpoint, its values handed to a spare worker."""
 
 from __future__ import annotations
 

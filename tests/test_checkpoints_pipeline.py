@@ -2,7 +2,8 @@
 CompressedMLP and the pipeline model DistributedCompressedMLP (real LocalCluster workers), through
 the checkpoint mechanism every model shares. A stage worker killed (SIGKILL) during a fit with a
 checkpoint directory is recovered from: the run goes on from the last checkpoint on the workers
-there are and ends with the weights of an uninterrupted run."""
+there are and ends with the weights of an uninterrupted run; so does a run whose stage worker is
+retired, with no checkpoint, its stage handed to a spare worker."""
 
 from __future__ import annotations
 

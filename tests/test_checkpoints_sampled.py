@@ -3,7 +3,9 @@ SampledMLP (its own file format, npz with a JSON header: weights, Adam state, ha
 counts) and the distributed DistributedSampledMLP (real LocalCluster workers), through the
 checkpoint mechanism every model shares. A resumed or loaded model takes the steps of the
 uninterrupted one, its active sets included (float64, to 1e-12 or exactly); so does a run whose
-worker is killed (SIGKILL) with a checkpoint directory set, recovered on the workers there are."""
+worker is killed (SIGKILL) with a checkpoint directory set, recovered on the workers there are,
+and a run whose worker is retired, with no checkpoint: its shard handed to a spare worker, or
+the retirement refused when there is none."""
 
 from __future__ import annotations
 
@@ -224,3 +226,21 @@ def test_a_retired_worker_hands_its_shard_over_and_fit_goes_on():
             assert leaving not in dist.workers
             wait_until(lambda: leaving not in scheduler_workers(client), HANG_GUARD, "retired")
             _assert_same(dist.gather(), reference)
+
+
+@pytest.mark.slow
+def test_a_retirement_with_no_spare_worker_is_refused_and_fit_goes_on(client):
+    """With every worker holding a shard, a retired one has no worker to take its shard: Dask's
+    retirement is refused (the worker holds an actor of the model) and the run goes on with it
+    to the values of the uninterrupted one."""
+    X, labels = _data()
+    reference = _model().fit(X, labels, batch_size=4, epochs=8)
+    client.wait_for_workers(2, timeout=30)
+    with DistributedSampledMLP(_model(), client, step_timeout=30) as dist:
+        kept = list(dist.workers)
+        retire = retire_after_steps(client, dist, 20, kept[1])
+        dist.fit(X, labels, batch_size=4, epochs=8)
+        retire.join()
+        assert dist.workers == kept
+        assert kept[1] in scheduler_workers(client)
+        _assert_same(dist.gather(), reference)
