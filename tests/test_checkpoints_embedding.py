@@ -175,3 +175,4 @@ def test_a_retired_worker_hands_its_values_over_and_fit_goes_on(messages):
             wait_until(lambda: leaving not in scheduler_workers(client), HANG_GUARD, "retired")
             _assert_same(dist.gather(), reference)
             assert dist.loss_curve_ == pytest.approx(reference.loss_curve_, rel=0, abs=1e-9)
+            assert dist.comm_report().steps == reference.n_steps_  # the traffic of every step

@@ -141,3 +141,4 @@ def test_a_retired_stage_worker_hands_its_stage_over_and_fit_goes_on(messages):
             wait_until(lambda: leaving not in scheduler_workers(client), HANG_GUARD, "retired")
             _assert_same(dist.gather(), reference)
             assert dist.loss_curve_ == pytest.approx(reference.loss_curve_, abs=1e-12)
+            assert dist.comm_report().steps == reference.steps_  # the traffic of every step

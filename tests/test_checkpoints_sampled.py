@@ -226,6 +226,7 @@ def test_a_retired_worker_hands_its_shard_over_and_fit_goes_on():
             assert leaving not in dist.workers
             wait_until(lambda: leaving not in scheduler_workers(client), HANG_GUARD, "retired")
             _assert_same(dist.gather(), reference)
+            assert dist.comm_report().steps == reference.n_steps_  # the traffic of every step
 
 
 @pytest.mark.slow

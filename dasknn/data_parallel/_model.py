@@ -231,6 +231,8 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         self._version = 0
         self._gathered: tuple[int, EmbeddingMLP] | None = None
         self._placement = KeyPlacement(self.workers, by_sender(parse_dp_key))
+        #: Every address that has held worker number ``i`` (a replaced one keeps its number).
+        self._numbers = {w: i for i, w in enumerate(self.workers)}
         self._register(ReplicaState(self.token), lambda: self._install(model))
 
     # ------------------------------------------------------------------ basics
@@ -422,6 +424,7 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
             self._place_again(model, self.n_shards, with_state=True)
             return
         self._step += self._steps_per_call() + 1  # no key of the failed steps is used again
+        self._numbers.update({w: i for i, w in enumerate(self.workers)})
         self._gathered = None
         self._placement = KeyPlacement(self.workers, by_sender(parse_dp_key))
         self._place_anew(ReplicaState(self.token), lambda: self._install(model, with_state=True))
@@ -682,13 +685,15 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         ``(variable, phase, sender, receiver)``; bytes a message carries for another variable
         are listed under that one (:func:`~dasknn.data_parallel._report.split_carried`).
         ``details``: ``architecture``, ``machine_of``, ``alpha`` and ``model_alpha`` (the
-        fraction of each variable a worker touched per step)."""
+        fraction of each variable a worker touched per step). The messages of a worker that
+        another replaced (a restored checkpoint, a hand-over) count under its number, named by
+        the address that holds it now."""
         self._check_open()
-        index = {w: i for i, w in enumerate(self.workers)}
-        measured = {
-            (key[0], key[1], index[key[2]], index[key[3]]): value
-            for key, value in counts_of(read_transfers(self.client, self.token)).items()
-        }
+        measured: dict = {}
+        for key, (nbytes, count) in counts_of(read_transfers(self.client, self.token)).items():
+            numbered = (key[0], key[1], self._numbers[key[2]], self._numbers[key[3]])
+            total = measured.get(numbered, (0, 0))
+            measured[numbered] = (total[0] + nbytes, total[1] + count)
         measured = split_carried(measured, self.carried)
         predicted = split_carried({k: tuple(v) for k, v in self.predicted.items()}, self.carried)
 
