@@ -22,6 +22,12 @@ Closing removes the plugin, the bound and the model's hold on the monitor, which
 last holder, waiting for the workers at most ``step_timeout`` in all (:func:`unregister_within`).
 A model dropped without :meth:`~DistributedModel.close` is released alike, from a background
 thread, when the garbage collector takes it (not at interpreter exit).
+
+A worker of the model that Dask is asked to retire (``Client.retire_workers``, an adaptive
+cluster scaling down) is handed over between two steps (:meth:`DistributedModel._hand_over`):
+every worker of the model holds an actor, which Dask refuses to retire, and the model counts the
+requests (:meth:`DistributedModel._watch_retirements`), reads its last whole step, lets the
+worker go and places the record on the workers that remain, as a checkpoint is restored.
 """
 
 from __future__ import annotations
@@ -93,7 +99,11 @@ class DistributedModel:
     and, to be loaded, sets ``_estimator_class`` and implements ``_record``/``_restore``
     (:class:`~dasknn.model.checkpoint.Checkpointed`); it may extend :meth:`_before_close` and
     :meth:`_failed_advice`, and set :attr:`_poll_seconds`, :attr:`_loss_errors` and
-    :attr:`_lost_outcome`.
+    :attr:`_lost_outcome`. To hand a retiring worker over it calls :meth:`_watch_retirements`
+    before :meth:`_register`, places an actor on every worker (its postboxes, or
+    :meth:`_start_anchors`), calls :meth:`_hand_over_retiring` (or :meth:`_retiring` and
+    :meth:`_hand_over`) between two steps, and sets :attr:`_needs_spares` where its
+    ``_restore`` keeps the number of workers.
     """
 
     client: Any
@@ -623,10 +633,10 @@ class DistributedModel:
         return self._plugins[::-1]
 
     def close(self) -> None:
-        """Remove the model's worker plugins (with the state they own), its transfer records and
-        what it opened (a local cluster, a client), waiting for the workers at most
-        ``step_timeout`` seconds (a stopped one has them removed by the scheduler when it goes
-        on); closing twice does nothing."""
+        """Remove the model's worker plugins (with the state they own), its transfer records, its
+        hold on the retirement watch and what it opened (a local cluster, a client), waiting for
+        the workers at most ``step_timeout`` seconds (a stopped one has them removed by the
+        scheduler when it goes on); closing twice does nothing."""
         if self._finalizer is not None:
             self._finalizer.detach()
         try:
