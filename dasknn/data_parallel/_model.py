@@ -134,9 +134,10 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         Seconds a step (under ``fit``, one task's steps), ``gather`` or an inference pass may
         take before a :class:`~dasknn.exceptions.StepTimeoutError` naming the workers waited
         for, their roles and state; the model is then unusable. A worker that leaves is a
-        :class:`~dasknn.exceptions.WorkerLostError` within a poll. Placing the values takes at
-        most as long. A positive finite number (default
-        :data:`~dasknn.runtime.step_timeout.DEFAULT_STEP_TIMEOUT`).
+        :class:`~dasknn.exceptions.WorkerLostError` within a poll, while a worker asked to
+        retire hands its values to a spare worker between two tasks and then leaves (see
+        docs/reliability.md). Placing the values takes at most as long. A positive finite
+        number (default :data:`~dasknn.runtime.step_timeout.DEFAULT_STEP_TIMEOUT`).
     reuse_memory : bool
         Register :class:`~dasknn.runtime.worker_memory.ReuseFreedMemory` (a process-wide malloc
         setting that stays after ``close()``: use it on a cluster of your own). Default

@@ -136,7 +136,9 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         ``to_dask``, ``step_report``) may take before a
         :class:`~dasknn.exceptions.StepTimeoutError` naming the stage workers waited for, their
         roles and state; after a failed step the model is unusable. A stage worker that leaves
-        is a :class:`~dasknn.exceptions.WorkerLostError` within a poll.
+        is a :class:`~dasknn.exceptions.WorkerLostError` within a poll, while one asked to
+        retire hands its stage to a spare worker between two steps and then leaves (see
+        docs/reliability.md).
 
     Raises
     ------

@@ -86,7 +86,9 @@ class DistributedSampledMLP(SampledTraining, DistributedModel):
         Seconds a step, a ``predict`` block or :meth:`gather` may wait for results before a
         :class:`~dasknn.exceptions.StepTimeoutError` naming the shard workers waited for (after a
         training step the model is then unusable); a shard worker that leaves is a
-        :class:`~dasknn.exceptions.WorkerLostError` within a poll.
+        :class:`~dasknn.exceptions.WorkerLostError` within a poll, while one asked to retire
+        hands its shard to a spare worker between two steps and then leaves (see
+        docs/reliability.md).
 
     Raises
     ------
