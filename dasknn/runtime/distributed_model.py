@@ -753,7 +753,8 @@ def _release_dropped(
     client, token: str, plugin_name: str, seconds: float, opened: ExitStack | None
 ) -> None:
     """Finalizer of a model dropped without ``close()``: remove its worker plugins (its own last),
-    key-cache bound and hold on the transfer monitor, then close what it opened, in a daemon
+    key-cache bound and holds on the transfer monitor and the retirement watch, then close what
+    it opened, in a daemon
     thread (the garbage collector may run on the client's event loop, which the calls need)."""
 
     def release() -> None:
@@ -761,7 +762,10 @@ def _release_dropped(
             if client.status == "running":
                 names = client.run_on_scheduler(_plugins_of, token=token)
                 names = [n for n in names if n not in (plugin_name, key_cache_plugin_name(token))]
-                unregister_within(client, token, [*names, plugin_name], seconds)
+                try:
+                    unregister_within(client, token, [*names, plugin_name], seconds)
+                finally:
+                    release_retirement_watch(client, token)
         except Exception:  # noqa: BLE001, S110 - nothing to report to: the model is gone
             pass
         finally:
