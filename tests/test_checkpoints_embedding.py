@@ -3,7 +3,8 @@ EmbeddingMLP (its own file format, npz with a JSON header) and the data-parallel
 DistributedEmbeddingMLP (real LocalCluster workers, every architecture), through the checkpoint
 mechanism every model shares. A resumed run ends with the values of an uninterrupted one, its
 optimizer state included (Adam), with the full and with the sampled softmax; so does a run whose
-worker is killed (SIGKILL) with a checkpoint directory set, recovered on the workers there are."""
+worker is killed (SIGKILL) with a checkpoint directory set, recovered on the workers there are,
+and a run whose worker is retired, with no checkpoint, its values handed to a spare worker."""
 
 from __future__ import annotations
 
@@ -16,10 +17,13 @@ import numpy as np
 import pytest
 from checkpoint_watch import when_checkpoint
 from distributed import Client, LocalCluster
+from polling import HANG_GUARD, wait_until
+from retirement import retire_after_steps
 
 from dasknn.data_parallel import DistributedEmbeddingMLP
 from dasknn.model import EmbeddingMLP
 from dasknn.optim import Adam
+from dasknn.runtime.cluster import scheduler_workers
 
 VOCAB, CONTEXT = 30, 3
 OPTIMIZER = Adam(1e-2)
@@ -146,3 +150,29 @@ def test_a_killed_worker_is_recovered_from_the_checkpoint(client, tmp_path, mess
         assert victim not in dist.workers  # its number went to the worker that replaced it
         _assert_same(dist.gather(), reference)
         assert dist.loss_curve_ == pytest.approx(reference.loss_curve_, rel=0, abs=1e-9)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("messages", ["posted", "tasks"])
+def test_a_retired_worker_hands_its_values_over_and_fit_goes_on(messages):
+    """A worker of the model retired mid-fit with no checkpoint: its values move to the spare
+    worker between two tasks, the worker leaves and the run ends as the uninterrupted one."""
+    reference = _fit(_model(), 6)
+    with (
+        LocalCluster(n_workers=3, threads_per_worker=1, dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+    ):
+        workers = sorted(scheduler_workers(client))[:2]  # the third is the spare
+        with DistributedEmbeddingMLP(
+            _model(), client, workers=workers, sparse_partitions=2, messages=messages,
+            step_timeout=30,
+        ) as dist:  # fmt: skip
+            leaving = dist.workers[1]
+            retire = retire_after_steps(client, dist, 8, leaving)
+            _fit(dist, 6)  # no checkpoint
+            retire.join()
+            assert leaving not in dist.workers
+            wait_until(lambda: leaving not in scheduler_workers(client), HANG_GUARD, "retired")
+            _assert_same(dist.gather(), reference)
+            assert dist.loss_curve_ == pytest.approx(reference.loss_curve_, rel=0, abs=1e-9)
+            assert dist.comm_report().steps == reference.n_steps_  # the traffic of every step

@@ -2,7 +2,8 @@
 CompressedMLP and the pipeline model DistributedCompressedMLP (real LocalCluster workers), through
 the checkpoint mechanism every model shares. A stage worker killed (SIGKILL) during a fit with a
 checkpoint directory is recovered from: the run goes on from the last checkpoint on the workers
-there are and ends with the weights of an uninterrupted run."""
+there are and ends with the weights of an uninterrupted run; so does a run whose stage worker is
+retired, with no checkpoint, its stage handed to a spare worker."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ import numpy as np
 import pytest
 from checkpoint_watch import when_checkpoint
 from distributed import Client
+from polling import HANG_GUARD, wait_until
+from retirement import retire_after_steps
 
 from dasknn.model import CompressedMLP
 from dasknn.optim import Adam
 from dasknn.pipeline_parallel import DistributedCompressedMLP
 from dasknn.pruning import magnitude_masks
-from dasknn.runtime.cluster import local_cluster
+from dasknn.runtime.cluster import local_cluster, scheduler_workers
 
 SIZES = (12, 10, 8, 4)
 OPTIMIZER = Adam(1e-2)
@@ -116,3 +119,26 @@ def test_a_killed_stage_worker_is_recovered_from_the_checkpoint(
         assert victim not in dist.workers.values()  # the stage moved
         _assert_same(dist.gather(), reference)
         assert dist.loss_curve_ == pytest.approx(reference.loss_curve_, abs=1e-12)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("messages", ["posted", "tasks"])
+def test_a_retired_stage_worker_hands_its_stage_over_and_fit_goes_on(messages):
+    """A stage worker retired mid-fit with no checkpoint: its stage moves to the spare worker
+    between two steps, the worker leaves and the run ends as the uninterrupted one."""
+    x, y = _data()
+    reference = _fit(_model(), x, y, 6)
+    with local_cluster(3) as cluster, Client(cluster) as client:
+        client.wait_for_workers(3, timeout=30)
+        with DistributedCompressedMLP(
+            _model(), client, stages=2, messages=messages, step_timeout=30
+        ) as dist:
+            leaving = dist.workers[(1, 0)]
+            retire = retire_after_steps(client, dist, 8, leaving)
+            _fit(dist, x, y, 6)  # no checkpoint
+            retire.join()
+            assert leaving not in dist.workers.values()
+            wait_until(lambda: leaving not in scheduler_workers(client), HANG_GUARD, "retired")
+            _assert_same(dist.gather(), reference)
+            assert dist.loss_curve_ == pytest.approx(reference.loss_curve_, abs=1e-12)
+            assert dist.comm_report().steps == reference.steps_  # the traffic of every step

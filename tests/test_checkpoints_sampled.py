@@ -3,7 +3,9 @@ SampledMLP (its own file format, npz with a JSON header: weights, Adam state, ha
 counts) and the distributed DistributedSampledMLP (real LocalCluster workers), through the
 checkpoint mechanism every model shares. A resumed or loaded model takes the steps of the
 uninterrupted one, its active sets included (float64, to 1e-12 or exactly); so does a run whose
-worker is killed (SIGKILL) with a checkpoint directory set, recovered on the workers there are."""
+worker is killed (SIGKILL) with a checkpoint directory set, recovered on the workers there are,
+and a run whose worker is retired, with no checkpoint: its shard handed to a spare worker, or
+the retirement refused when there is none."""
 
 from __future__ import annotations
 
@@ -16,7 +18,10 @@ import pytest
 import scipy.sparse as sp
 from checkpoint_watch import when_checkpoint
 from distributed import Client, LocalCluster
+from polling import HANG_GUARD, wait_until
+from retirement import retire_after_steps
 
+from dasknn.runtime.cluster import scheduler_workers
 from dasknn.sampled import SampledMLP
 from dasknn.sampled_parallel import DistributedSampledMLP
 
@@ -199,4 +204,44 @@ def test_a_killed_worker_is_recovered_from_the_checkpoint(client, tmp_path):
         dist.fit(X, labels, batch_size=4, epochs=8, checkpoint=tmp_path, checkpoint_every=5)
         killed.join()
         assert victim not in dist.workers  # its shard went to the worker that replaced it
+        _assert_same(dist.gather(), reference)
+
+
+@pytest.mark.slow
+def test_a_retired_worker_hands_its_shard_over_and_fit_goes_on():
+    """A shard worker retired mid-fit with no checkpoint: its shard moves to the spare worker
+    between two steps, the worker leaves and the run ends as the uninterrupted one."""
+    X, labels = _data()
+    reference = _model().fit(X, labels, batch_size=4, epochs=8)
+    with (
+        LocalCluster(n_workers=3, threads_per_worker=1, dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+    ):
+        workers = sorted(scheduler_workers(client))[:2]  # the third is the spare
+        with DistributedSampledMLP(_model(), client, workers=workers, step_timeout=30) as dist:
+            leaving = dist.workers[1]
+            retire = retire_after_steps(client, dist, 20, leaving)
+            dist.fit(X, labels, batch_size=4, epochs=8)  # no checkpoint
+            retire.join()
+            assert leaving not in dist.workers
+            wait_until(lambda: leaving not in scheduler_workers(client), HANG_GUARD, "retired")
+            _assert_same(dist.gather(), reference)
+            assert dist.comm_report().steps == reference.n_steps_  # the traffic of every step
+
+
+@pytest.mark.slow
+def test_a_retirement_with_no_spare_worker_is_refused_and_fit_goes_on(client):
+    """With every worker holding a shard, a retired one has no worker to take its shard: Dask's
+    retirement is refused (the worker holds an actor of the model) and the run goes on with it
+    to the values of the uninterrupted one."""
+    X, labels = _data()
+    reference = _model().fit(X, labels, batch_size=4, epochs=8)
+    client.wait_for_workers(2, timeout=30)
+    with DistributedSampledMLP(_model(), client, step_timeout=30) as dist:
+        kept = list(dist.workers)
+        retire = retire_after_steps(client, dist, 20, kept[1])
+        dist.fit(X, labels, batch_size=4, epochs=8)
+        retire.join()
+        assert dist.workers == kept
+        assert kept[1] in scheduler_workers(client)
         _assert_same(dist.gather(), reference)

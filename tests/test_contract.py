@@ -284,8 +284,8 @@ def _quiet_transitions(client, still: float = 0.3, seconds: float = 30) -> int:
 
 
 def _held_by(client, token: str) -> dict:
-    """What of the model ``token`` the cluster still holds: keys on the scheduler, plugins and
-    actors on the workers."""
+    """What of the model ``token`` the cluster still holds: keys and holds on shared plugins on
+    the scheduler, plugins and actors on the workers."""
 
     def on_workers(dask_worker):
         return {
@@ -297,8 +297,13 @@ def _held_by(client, token: str) -> dict:
     keys = client.run_on_scheduler(
         lambda dask_scheduler: [str(k) for k in dask_scheduler.tasks if token in str(k)]
     )
+    holds = client.run_on_scheduler(
+        lambda dask_scheduler: [
+            name for name, p in dask_scheduler.plugins.items() if token in getattr(p, "users", ())
+        ]
+    )
     workers = client.run(on_workers)
-    return {"scheduler": keys} | {
+    return {"scheduler": keys, "scheduler plugins held": holds} | {
         f"{addr} {what}": names for addr, held in workers.items() for what, names in held.items()
     }
 

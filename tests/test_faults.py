@@ -23,6 +23,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 from model_reference import DenseReference
 from polling import HANG_GUARD, wait_until
 from random_layers import random_layers
+from retirement import retire_after_steps
 from stopped_workers import stopped, wait_until_empty
 
 from dasknn.exceptions import ModelFailedError, StepTimeoutError, WorkerLostError
@@ -167,18 +168,6 @@ def test_a_fit_call_stops_once_its_recoveries_are_used_up(cluster, tmp_path):
         killed.join()
 
 
-def _after_steps(dist: DistributedSparseMLP, steps: int, action) -> threading.Thread:
-    """Run ``action()`` in a thread once ``dist`` has trained ``steps`` steps."""
-
-    def watch():
-        wait_until(lambda: dist.n_steps_ >= steps, HANG_GUARD, f"{steps} steps", 0.005)
-        action()
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    return thread
-
-
 @pytest.mark.slow
 @MODES
 def test_a_retired_part_worker_hands_its_parts_over_and_fit_goes_on(cluster, messages):
@@ -189,7 +178,7 @@ def test_a_retired_part_worker_hands_its_parts_over_and_fit_goes_on(cluster, mes
         model, client, partition=_parts(model), messages=messages, step_timeout=30
     ) as dist:
         leaving = dist.part_workers[1]
-        retire = _after_steps(dist, 10, lambda: client.retire_workers([leaving]))
+        retire = retire_after_steps(client, dist, 10, leaving)
         dist.fit(x, y, batch_size=8, epochs=2, lr=LR, progress=False)  # no checkpoint
         retire.join()
         assert leaving not in dist.part_workers

@@ -46,10 +46,9 @@ def test_shared_plugins_leave_with_the_last_model():
         assert SHARED_ON_SCHEDULER <= on_scheduler and SHARED_ON_WORKERS <= on_workers
         first.predict(x)
         first.close()
-        # the data-parallel model still holds the monitor (not the retirement watch)
+        # the data-parallel model still holds the monitor and the retirement watch
         on_scheduler, on_workers = _dasknn_plugins(client)
-        assert "dasknn-comm" in on_scheduler and SHARED_ON_WORKERS <= on_workers
-        assert "dasknn-retirement-requests" not in on_scheduler
+        assert SHARED_ON_SCHEDULER <= on_scheduler and SHARED_ON_WORKERS <= on_workers
         second.close()
         assert _dasknn_plugins(client) == (set(), set())
         first.close()  # closing again releases nothing more

@@ -135,9 +135,10 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         Seconds a step (under ``fit``, one task's steps), ``gather`` or an inference pass may
         take before a :class:`~dasknn.exceptions.StepTimeoutError` naming the workers waited
         for, their roles and state; the model is then unusable. A worker that leaves is a
-        :class:`~dasknn.exceptions.WorkerLostError` within a poll. Placing the values takes at
-        most as long. A positive finite number (default
-        :data:`~dasknn.runtime.step_timeout.DEFAULT_STEP_TIMEOUT`).
+        :class:`~dasknn.exceptions.WorkerLostError` within a poll, while a worker asked to
+        retire hands its values to a spare worker between two tasks and then leaves (see
+        docs/reliability.md). Placing the values takes at most as long. A positive finite
+        number (default :data:`~dasknn.runtime.step_timeout.DEFAULT_STEP_TIMEOUT`).
     reuse_memory : bool
         Register :class:`~dasknn.runtime.worker_memory.ReuseFreedMemory` (a process-wide malloc
         setting that stays after ``close()``: use it on a cluster of your own). Default
@@ -148,6 +149,8 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
     ValueError
         Before anything is scheduled, for any argument out of its range.
     """
+
+    _needs_spares = True
 
     def __init__(
         self,
@@ -215,6 +218,7 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
             else:  # checks the count
                 ShardMap(rows, sparse_partitions, len(self.workers), shard_rows)
                 self.n_shards = int(sparse_partitions)
+            self._watch_retirements()
         self.dense_servers = {
             name: index % len(self.workers) for index, name in enumerate(self.spec.dense_names())
         }
@@ -230,6 +234,8 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         self._version = 0
         self._gathered: tuple[int, EmbeddingMLP] | None = None
         self._placement = KeyPlacement(self.workers, by_sender(parse_dp_key))
+        #: Every address that has held worker number ``i`` (a replaced one keeps its number).
+        self._numbers = {w: i for i, w in enumerate(self.workers)}
         self._register(ReplicaState(self.token), lambda: self._install(model))
 
     # ------------------------------------------------------------------ basics
@@ -270,6 +276,8 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
                     for index, worker in enumerate(self.workers)
                 }
             )
+        else:  # the postboxes keep Dask from retiring a worker before the hand-over
+            self._start_anchors(self.workers)
 
     def _place_again(self, model: EmbeddingMLP, n_shards: int, with_state: bool = False) -> None:
         """:meth:`_place` after the constructor (the search, a restored checkpoint), within
@@ -420,6 +428,7 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
             self._place_again(model, self.n_shards, with_state=True)
             return
         self._step += self._steps_per_call() + 1  # no key of the failed steps is used again
+        self._numbers.update({w: i for i, w in enumerate(self.workers)})
         self._gathered = None
         self._placement = KeyPlacement(self.workers, by_sender(parse_dp_key))
         self._place_anew(ReplicaState(self.token), lambda: self._install(model, with_state=True))
@@ -571,9 +580,12 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         return self._train_batches([(ids, labels)], None, optimizer)[0]
 
     def _train_batches(self, batches: list, after, optimizer: Optimizer) -> list[float]:
+        """The steps of one task (:meth:`_run_steps`), after the values of workers being
+        retired were handed over to spare ones (between two tasks)."""
         self._check_open()
         if self._search_pending:
             self.search(*batches[0], optimizer=optimizer)
+        self._hand_over_retiring()
         return self._run_steps(batches, optimizer, after)
 
     # ------------------------------------------------------------------ inference
@@ -707,13 +719,15 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         ``(variable, phase, sender, receiver)``; bytes a message carries for another variable
         are listed under that one (:func:`~dasknn.data_parallel._report.split_carried`).
         ``details``: ``architecture``, ``machine_of``, ``alpha`` and ``model_alpha`` (the
-        fraction of each variable a worker touched per step)."""
+        fraction of each variable a worker touched per step). The messages of a worker that
+        another replaced (a restored checkpoint, a hand-over) count under its number, named by
+        the address that holds it now."""
         self._check_open()
-        index = {w: i for i, w in enumerate(self.workers)}
-        measured = {
-            (key[0], key[1], index[key[2]], index[key[3]]): value
-            for key, value in counts_of(read_transfers(self.client, self.token)).items()
-        }
+        measured: dict = {}
+        for key, (nbytes, count) in counts_of(read_transfers(self.client, self.token)).items():
+            numbered = (key[0], key[1], self._numbers[key[2]], self._numbers[key[3]])
+            total = measured.get(numbered, (0, 0))
+            measured[numbered] = (total[0] + nbytes, total[1] + count)
         measured = split_carried(measured, self.carried)
         predicted = split_carried({k: tuple(v) for k, v in self.predicted.items()}, self.carried)
 

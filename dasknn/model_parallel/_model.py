@@ -40,14 +40,10 @@ from dasknn.runtime.comm_report import CommReport, counts_of
 from dasknn.runtime.distributed_model import DistributedModel
 from dasknn.runtime.faults import (
     POLL_SECONDS,
-    install_retirement_watch,
     lost_error,
     lost_workers,
     part_roles,
     part_workers_lost,
-    release_retirement_watch,
-    retirement_requests,
-    retiring_workers,
     running_workers,
     wait_for_step,
 )
@@ -137,8 +133,6 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         Training steps done by this object.
     """
 
-    _watching_retirements = False  # whether the model holds the retirement watch
-
     def __init__(
         self,
         model: SparseMLP,
@@ -160,25 +154,15 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         parts = None
         if partition is not None:
             parts, nparts = normalize_partition(partition, model.layer_sizes, nparts)
-        self._connect(client, step_timeout)
         try:
-            self._setup(model, parts, nparts, workers)
-            self._separate_packing = separate_packing
-            self._watching_retirements = True  # released on failure, also if not installed
-            install_retirement_watch(self.client, self.token)
-            self._retirements = retirement_requests(self.client)
-            self._register(
-                ModelState(self.token),
-                lambda: self._place(self._chunks, model.biases, reuse_memory),
-            )
-        except BaseException:
-            try:
-                if not self._open and self._watching_retirements:
-                    self._watching_retirements = False
-                    release_retirement_watch(self.client, self.token)
-            finally:
-                self.close()  # what was registered and what _connect opened
-            raise
+            with self._connecting(client, step_timeout):  # closed again if this fails
+                self._setup(model, parts, nparts, workers)
+                self._separate_packing = separate_packing
+                self._watch_retirements()
+                self._register(
+                    ModelState(self.token),
+                    lambda: self._place(self._chunks, model.biases, reuse_memory),
+                )
         finally:
             self._chunks = None
 
@@ -216,9 +200,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         self._batches: Counter[tuple[int, bool, int]] = Counter()
         self._placement = KeyPlacement(self.part_workers, part_of)
         self._priority = StepPriority(self.token, self.plan.n_layers)
-        self._leaving: set[str] = set()  # workers asked to leave while the model was placed
         self._next_check = 0.0  # when a finished step looks next at its workers (monotonic)
-        self._next_retire_check = 0.0  # when a step looks next for workers being retired
         self._training_rows: tuple[np.ndarray, np.ndarray] | None = None  # of the fit call
 
     @property
@@ -424,9 +406,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         update. ``ValueError`` before anything is scheduled on malformed arguments."""
         x, y = self._check_xy(X, Y)
         optimizer = resolve_optimizer(lr, optimizer)
-        leaving = self._retiring()
-        if leaving:
-            self._hand_over(leaving)
+        self._hand_over_retiring()
         x_blocks = self._scatter_blocks("x", x, 0)
         y_blocks = self._scatter_blocks("y", y, self.n_layers)
         pending = self._submit_step(x_blocks, y_blocks, None, x.shape[0], optimizer, None)
@@ -468,7 +448,8 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
                 if pending:
                     yield self._finish(pending, optimizer)
                     pending = None
-                self._hand_over(leaving, data)
+                if self._hand_over(leaving):
+                    self._replace_data(data)
             previous = None
             if pending:
                 previous = {}
@@ -481,29 +462,14 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         if pending:
             yield self._finish(pending, optimizer)
 
-    def _retiring(self) -> list[str]:
-        """The part workers being retired (looked at every :data:`POLL_SECONDS` at most)."""
-        if time.monotonic() < self._next_retire_check:
-            return []
-        self._next_retire_check = time.monotonic() + POLL_SECONDS
-        return retiring_workers(self.client, self.part_workers, self._retirements)
-
-    def _hand_over(self, leaving: list[str], data: tuple[dict, dict] | None = None) -> None:
-        """Move the parts of the workers ``leaving`` (being retired) to the other workers, then
-        let them go: the model of the last whole step is read from every part worker, the
-        postboxes that kept Dask from retiring ``leaving`` are released, ``leaving`` is retired
-        (within ``step_timeout``) and the model placed again on the workers that remain, as
-        :meth:`_restore` places a checkpoint; the ``data`` of a fit call is scattered again to
-        the parts' new workers. Costs one read and one placement of the model."""
-        record = self._record()
-        self._leaving.update(leaving)
-        self._let_go(leaving, [])
-        self._restore(record)
-        if data is not None:
-            for blocks, held in zip(data, self._held_blocks(*self._training_rows), strict=True):
-                for future in blocks.values():
-                    future.release()
-                blocks.update(held)
+    def _replace_data(self, data: tuple[dict, dict]) -> None:
+        """Scatter the fit call's ``data`` again to the parts' workers after a hand-over
+        (:meth:`~dasknn.runtime.distributed_model.DistributedModel._hand_over`), releasing
+        the blocks held before."""
+        for blocks, held in zip(data, self._held_blocks(*self._training_rows), strict=True):
+            for future in blocks.values():
+                future.release()
+            blocks.update(held)
 
     def _finish(self, pending, optimizer: Optimizer) -> float:
         """Collect a step's loss."""
@@ -677,22 +643,11 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
             # not held in a local: a reference cycle would keep the callers' futures alive
             raise lost_error(self.part_workers, lost) from None
 
-    def _let_go(self, leaving: list[str], futures) -> None:
-        """Cancel the failed step, then (separately: else the scheduler drops the client) the
-        postboxes, which block retirement, and retire ``leaving`` again until done or
-        ``step_timeout``. See docs/reliability.md."""
-        deadline = time.monotonic() + self.step_timeout
-        self.client.cancel(futures)
-        self.client.cancel(self._postboxes)
-        self._postboxes = []
+    def _anchors_released(self) -> None:
+        """Forget the posted step template (it names the released postboxes) and drop the
+        steps in flight on the part workers."""
         self._templates.pop("train", None)
         self._clear_workers(self.step_timeout)
-        while True:
-            staying = [w for w in running_workers(self.client) if w in leaving]
-            if not staying or time.monotonic() > deadline:
-                return
-            self.client.retire_workers(staying)
-            time.sleep(POLL_SECONDS)
 
     def _clear_workers(self, seconds: float) -> None:
         """Drop the steps in flight on the running part workers, waiting at most ``seconds``."""
@@ -825,14 +780,10 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         return {**options, "partition": record.partition, "nparts": record.nparts}
 
     def _before_close(self) -> None:
-        """Release the retirement watch and the client's references to arrays, templates and
-        postboxes."""
+        """Release the client's references to arrays, templates and postboxes."""
         super()._before_close()
         self._snapshot = None
         self._templates.clear()
         if self._layout is not None:
             self._layout.futures.clear()
             self._layout = None
-        if self._watching_retirements:
-            self._watching_retirements = False
-            release_retirement_watch(self.client, self.token)

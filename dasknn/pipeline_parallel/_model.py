@@ -136,7 +136,9 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         ``to_dask``, ``step_report``) may take before a
         :class:`~dasknn.exceptions.StepTimeoutError` naming the stage workers waited for, their
         roles and state; after a failed step the model is unusable. A stage worker that leaves
-        is a :class:`~dasknn.exceptions.WorkerLostError` within a poll.
+        is a :class:`~dasknn.exceptions.WorkerLostError` within a poll, while one asked to
+        retire hands its stage to a spare worker between two steps and then leaves (see
+        docs/reliability.md).
 
     Raises
     ------
@@ -160,6 +162,7 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
     _poll_seconds = POLL_SECONDS
     _loss_errors = LOSS_ERRORS
     _lost_outcome = LOST_IN_STEP
+    _needs_spares = True
 
     def __init__(
         self,
@@ -207,6 +210,7 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
                 raise ValueError(
                     f"stages * replicas = {needed} workers needed, {len(available)} available"
                 )
+            self._watch_retirements()
         if self.pin_cores is None:
             self.pin_cores = pin_by_default(self._own_cluster, needed)
         self.loss = model.loss
@@ -287,6 +291,8 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
                 }
             )
             self._postboxes = dict(zip(self.workers, boxes, strict=True))
+        else:  # the postboxes keep Dask from retiring a worker before the hand-over
+            self._start_anchors(list(self.workers.values()))
 
     # ------------------------------------------------------------------ life
     def _before_close(self) -> None:
@@ -309,6 +315,7 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
     def _train_batch(self, x: np.ndarray, y: np.ndarray, optimizer: Optimizer) -> float:
         self._check_open()
         rows = self._check_rows(x.shape[0])
+        self._hand_over_retiring()  # between two steps: the stages of retiring workers move
         deadline = time.monotonic() + self.step_timeout
         self.n_steps_ += 1
         step, last = self.n_steps_ + self._key_offset, self.stages - 1

@@ -22,6 +22,12 @@ Closing removes the plugin, the bound and the model's hold on the monitor, which
 last holder, waiting for the workers at most ``step_timeout`` in all (:func:`unregister_within`).
 A model dropped without :meth:`~DistributedModel.close` is released alike, from a background
 thread, when the garbage collector takes it (not at interpreter exit).
+
+A worker of the model that Dask is asked to retire (``Client.retire_workers``, an adaptive
+cluster scaling down) is handed over between two steps (:meth:`DistributedModel._hand_over`):
+every worker of the model holds an actor, which Dask refuses to retire, and the model counts the
+requests (:meth:`DistributedModel._watch_retirements`), reads its last whole step, lets the
+worker go and places the record on the workers that remain, as a checkpoint is restored.
 """
 
 from __future__ import annotations
@@ -38,13 +44,20 @@ import dask
 from dasknn.exceptions import ModelClosedError, ModelFailedError, StepTimeoutError, WorkerLostError
 from dasknn.runtime.cluster import open_client, scheduler_workers
 from dasknn.runtime.comm_report import CommReport
-from dasknn.runtime.faults import running_workers
+from dasknn.runtime.faults import (
+    POLL_SECONDS,
+    install_retirement_watch,
+    release_retirement_watch,
+    retirement_requests,
+    retiring_workers,
+    running_workers,
+)
 from dasknn.runtime.key_cache import (
     install_key_cache_bound,
     key_cache_plugin_name,
     remove_key_cache_bound,
 )
-from dasknn.runtime.keys import new_token
+from dasknn.runtime.keys import new_token, postbox_key
 from dasknn.runtime.measure import install_comm_monitor, release_comm_monitor, reset_transfers
 from dasknn.runtime.postbox import Postbox
 from dasknn.runtime.step_timeout import (
@@ -86,7 +99,11 @@ class DistributedModel:
     and, to be loaded, sets ``_estimator_class`` and implements ``_record``/``_restore``
     (:class:`~dasknn.model.checkpoint.Checkpointed`); it may extend :meth:`_before_close` and
     :meth:`_failed_advice`, and set :attr:`_poll_seconds`, :attr:`_loss_errors` and
-    :attr:`_lost_outcome`.
+    :attr:`_lost_outcome`. To hand a retiring worker over it calls :meth:`_watch_retirements`
+    before :meth:`_register`, places an actor on every worker (its postboxes, or
+    :meth:`_start_anchors`), calls :meth:`_hand_over_retiring` (or :meth:`_retiring` and
+    :meth:`_hand_over`) between two steps, and sets :attr:`_needs_spares` where its
+    ``_restore`` keeps the number of workers.
     """
 
     client: Any
@@ -98,6 +115,7 @@ class DistributedModel:
     _opened: ExitStack | None = None  # what _connect opened for the model (closed with it)
     _placed_by: float  # time.monotonic() by which the placement must be done
     _finalizer: weakref.finalize | None = None  # releases a model dropped without close()
+    _watching_retirements = False  # whether the model holds the retirement watch
 
     def _connect(self, client, step_timeout: float) -> None:
         """Open ``client`` (see the module's docstring; what is opened here is closed with the
@@ -110,6 +128,10 @@ class DistributedModel:
         self._plugins: list[str] = []  # the worker plugins registered besides the model's own
         self._postboxes: list | dict = []  # the model's postbox actors, released on close
         self._generation = 0  # placements anew (_place_anew), part of the postboxes' keys
+        self._anchors: list = []  # actors that keep Dask from retiring a worker of the model
+        self._retirements: dict[str, int] = {}  # retirement requests seen (_watch_retirements)
+        self._next_retire_check = 0.0  # when a step looks next for workers being retired
+        self._leaving: set[str] = set()  # workers asked to leave while the model was placed
         self.optimizer_ = None  # the optimizer of the last training step
         self.n_steps_ = 0
         self.loss_curve_: list[float] = []
@@ -172,6 +194,7 @@ class DistributedModel:
                 unregister_within(
                     self.client, self.token, plugins, self.step_timeout, key_cache_bound
                 )
+                self._stop_watching_retirements()
             except Exception:  # noqa: BLE001 - the placement's error is the one to raise
                 pass
             raise
@@ -196,6 +219,7 @@ class DistributedModel:
         if plugin is not None:
             self._generation += 1
             self._postboxes = type(self._postboxes)()
+            self._anchors = []
         self._start_placement()
         try:
             if plugin is not None:
@@ -275,10 +299,21 @@ class DistributedModel:
             self._placing(lambda: self.client.gather(boxes))
         return boxes
 
+    def _start_anchors(self, workers: Sequence[str]) -> None:
+        """Start an actor of the model's plugin (a :class:`~dasknn.runtime.postbox.Postbox`
+        that receives nothing) on each of ``workers`` within the placement's time: Dask refuses
+        to retire a worker holding an actor, so the model hands its values over first
+        (:meth:`_hand_over`). A mode whose postboxes are on every worker needs none."""
+        keys = {
+            postbox_key("anchor", self.token, index, self._generation): address
+            for index, address in enumerate(workers)
+        }
+        self._anchors = self._start_postboxes(keys)
+
     def _replace_lost(self, workers: Sequence[str]) -> list[str]:
-        """``workers`` with each one that is no longer running replaced by a running worker of
-        the cluster that is not among them, waiting (polls of 0.1 s) at most ``step_timeout``
-        for enough of them (as when a nanny restarts a worker).
+        """``workers`` with each one that is no longer running or is leaving (handed over)
+        replaced by a running worker of the cluster that is not among them, waiting (polls of
+        0.1 s) at most ``step_timeout`` for enough of them (as when a nanny restarts a worker).
 
         Raises
         ------
@@ -287,7 +322,7 @@ class DistributedModel:
         """
         deadline = time.monotonic() + self.step_timeout
         while True:
-            running = running_workers(self.client)
+            running = running_workers(self.client, sorted(self._leaving))
             lost = [i for i, w in enumerate(workers) if w not in running]
             spare = [w for w in running if w not in workers]
             if len(spare) >= len(lost):
@@ -468,6 +503,97 @@ class DistributedModel:
         for the workers at most ``step_timeout`` seconds in all (:func:`unregister_within`)."""
         unregister_within(self.client, self.token, [*plugins, self.plugin_name], self.step_timeout)
 
+    # ------------------------------------------------------------------ retirement
+    def _watch_retirements(self) -> None:
+        """Count the cluster's retirement requests from now on (the scheduler plugin
+        :class:`~dasknn.runtime.faults.RetirementRequests`, held for the model until
+        :meth:`close`), so that :meth:`_retiring` sees the workers Dask is asked to retire.
+        Called by the constructor before :meth:`_register`."""
+        self._watching_retirements = True  # released by close, also if not installed
+        install_retirement_watch(self.client, self.token)
+        self._retirements = retirement_requests(self.client)
+
+    def _stop_watching_retirements(self) -> None:
+        """Drop the model's hold on the retirement watch, if it holds it."""
+        if self._watching_retirements:
+            self._watching_retirements = False
+            release_retirement_watch(self.client, self.token)
+
+    def _model_workers(self) -> list[str]:
+        """The workers holding part of the model (those :meth:`_worker_roles` names), sorted."""
+        return sorted(self._worker_roles() or ())
+
+    def _retiring(self) -> list[str]:
+        """The model's workers being retired, sorted (looked at every
+        :data:`~dasknn.runtime.faults.POLL_SECONDS` at most; ``[]`` in between)."""
+        if not self._watching_retirements or time.monotonic() < self._next_retire_check:
+            return []
+        self._next_retire_check = time.monotonic() + POLL_SECONDS
+        return retiring_workers(self.client, self._model_workers(), self._retirements)
+
+    def _spares(self, leaving: Sequence[str]) -> list[str]:
+        """The running workers that hold nothing of the model and are not ``leaving``."""
+        taken = {*leaving, *self._leaving, *self._model_workers()}
+        return [w for w in running_workers(self.client) if w not in taken]
+
+    #: Whether the model needs a spare worker (:meth:`_spares`) for each worker it lets go:
+    #: its number of workers is fixed (one a stage or shard), or its ``_restore`` replaces them.
+    _needs_spares = False
+
+    def _can_hand_over(self, leaving: Sequence[str]) -> bool:
+        """Whether the model can go on without ``leaving``: always when it places its values
+        on fewer workers, else when a spare worker runs for each (:attr:`_needs_spares`)."""
+        return not self._needs_spares or len(self._spares(leaving)) >= len(leaving)
+
+    def _hand_over_retiring(self) -> bool:
+        """:meth:`_hand_over` the model's workers being retired (:meth:`_retiring`), between
+        two steps; whether the model moved."""
+        leaving = self._retiring()
+        return bool(leaving) and self._hand_over(leaving)
+
+    def _hand_over(self, leaving: list[str]) -> bool:
+        """Move the values of the workers ``leaving`` (being retired) to other workers, then
+        let them go: the model of the last whole step is read from its workers
+        (``_record``), the actors that kept Dask from retiring ``leaving`` are released,
+        ``leaving`` is retired (:meth:`_let_go`, within ``step_timeout``) and the record placed
+        again on the workers that remain, as a checkpoint is restored (``_restore``); returns
+        ``True``. When the model cannot go on without them (:meth:`_can_hand_over`) it keeps
+        them, the requests counted as seen (Dask refuses the retirement), and returns
+        ``False``. Costs one read and one placement of the model."""
+        if not self._can_hand_over(leaving):
+            now = retirement_requests(self.client)
+            self._retirements.update({w: now.get(w, 0) for w in leaving})
+            return False
+        record = self._record()
+        self._leaving.update(leaving)
+        self._let_go(leaving)
+        self._restore(record)
+        return True
+
+    def _let_go(self, leaving: Sequence[str], futures=()) -> None:
+        """Cancel ``futures`` (a failed step), then (separately: else the scheduler drops the
+        client) the postboxes and anchors, which block retirement, call
+        :meth:`_anchors_released`, and retire ``leaving`` again every
+        :data:`~dasknn.runtime.faults.POLL_SECONDS` until they are gone or ``step_timeout``
+        has passed. See docs/reliability.md."""
+        deadline = time.monotonic() + self.step_timeout
+        if futures:
+            self.client.cancel(list(futures))
+        boxes = self._postboxes.values() if isinstance(self._postboxes, dict) else self._postboxes
+        self.client.cancel([*boxes, *self._anchors])
+        self._postboxes = type(self._postboxes)()
+        self._anchors = []
+        self._anchors_released()
+        while True:
+            staying = [w for w in running_workers(self.client) if w in leaving]
+            if not staying or time.monotonic() > deadline:
+                return
+            self.client.retire_workers(staying)
+            time.sleep(POLL_SECONDS)
+
+    def _anchors_released(self) -> None:
+        """Called by :meth:`_let_go` once the postboxes are released: drop what used them."""
+
     # ------------------------------------------------------------------ life
     def _check_open(self) -> None:
         """Raise :class:`ModelClosedError` after :meth:`close`, :class:`ModelFailedError`
@@ -497,8 +623,9 @@ class DistributedModel:
 
     def _before_close(self) -> None:
         """Release what the model holds besides its plugin (called once by :meth:`close`
-        before the plugins are removed): by default its postbox actors."""
+        before the plugins are removed): by default its postbox and anchor actors."""
         self._postboxes.clear()
+        self._anchors = []
 
     def _extra_plugins(self) -> Sequence[str]:
         """The worker plugins the model registered besides its own (:meth:`_add_plugin`),
@@ -506,10 +633,10 @@ class DistributedModel:
         return self._plugins[::-1]
 
     def close(self) -> None:
-        """Remove the model's worker plugins (with the state they own), its transfer records and
-        what it opened (a local cluster, a client), waiting for the workers at most
-        ``step_timeout`` seconds (a stopped one has them removed by the scheduler when it goes
-        on); closing twice does nothing."""
+        """Remove the model's worker plugins (with the state they own), its transfer records, its
+        hold on the retirement watch and what it opened (a local cluster, a client), waiting for
+        the workers at most ``step_timeout`` seconds (a stopped one has them removed by the
+        scheduler when it goes on); closing twice does nothing."""
         if self._finalizer is not None:
             self._finalizer.detach()
         try:
@@ -520,9 +647,12 @@ class DistributedModel:
                 finally:
                     self._unregister(self._extra_plugins())
         finally:
-            if self._opened is not None:
-                opened, self._opened = self._opened, None
-                opened.close()
+            try:
+                self._stop_watching_retirements()
+            finally:
+                if self._opened is not None:
+                    opened, self._opened = self._opened, None
+                    opened.close()
 
     def __enter__(self) -> Self:
         return self
@@ -696,7 +826,8 @@ def _release_dropped(
     client, token: str, plugin_name: str, seconds: float, opened: ExitStack | None
 ) -> None:
     """Finalizer of a model dropped without ``close()``: remove its worker plugins (its own last),
-    key-cache bound and hold on the transfer monitor, then close what it opened, in a daemon
+    key-cache bound and holds on the transfer monitor and the retirement watch, then close what
+    it opened, in a daemon
     thread (the garbage collector may run on the client's event loop, which the calls need)."""
 
     def release() -> None:
@@ -704,7 +835,10 @@ def _release_dropped(
             if client.status == "running":
                 names = client.run_on_scheduler(_plugins_of, token=token)
                 names = [n for n in names if n not in (plugin_name, key_cache_plugin_name(token))]
-                unregister_within(client, token, [*names, plugin_name], seconds)
+                try:
+                    unregister_within(client, token, [*names, plugin_name], seconds)
+                finally:
+                    release_retirement_watch(client, token)
         except Exception:  # noqa: BLE001, S110 - nothing to report to: the model is gone
             pass
         finally:

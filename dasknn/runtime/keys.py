@@ -226,7 +226,8 @@ def dp_postbox_key(token: str, worker: int) -> str:
 # ------------------------------------------------------------------ postbox keys
 def postbox_key(family: str, token: str, worker, generation: int | None = None):
     """The key of the postbox actor (:mod:`dasknn.runtime.postbox`) of the model ``token`` of
-    the key family ``family`` (``"model"``, ``"dp"``, ``"pipe"``) on its worker ``worker``, in
+    the key family ``family`` (``"model"``, ``"dp"``, ``"pipe"``; ``"anchor"`` for an actor
+    that only keeps Dask from retiring the worker) on its worker ``worker``, in
     the model's placement number ``generation`` (a placement after a lost worker makes new
     postboxes, so no key whose release may still be under way is used again; ``None``: a mode
     that places its postboxes once).

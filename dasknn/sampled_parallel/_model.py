@@ -87,7 +87,9 @@ class DistributedSampledMLP(SampledTraining, DistributedModel):
         Seconds a step, a ``predict`` block or :meth:`gather` may wait for results before a
         :class:`~dasknn.exceptions.StepTimeoutError` naming the shard workers waited for (after a
         training step the model is then unusable); a shard worker that leaves is a
-        :class:`~dasknn.exceptions.WorkerLostError` within a poll.
+        :class:`~dasknn.exceptions.WorkerLostError` within a poll, while one asked to retire
+        hands its shard to a spare worker between two steps and then leaves (see
+        docs/reliability.md).
 
     Raises
     ------
@@ -96,6 +98,8 @@ class DistributedSampledMLP(SampledTraining, DistributedModel):
         ``workers`` are not as many as the shards, ``messages`` is not ``"tasks"``, or
         ``step_timeout`` is not a positive finite number.
     """
+
+    _needs_spares = True
 
     def __init__(
         self,
@@ -112,6 +116,7 @@ class DistributedSampledMLP(SampledTraining, DistributedModel):
         self.messages = messages
         with self._connecting(client, step_timeout):
             self.workers = self._shard_workers(model, workers)
+            self._watch_retirements()
         self.optimizer_ = model.optimizer_
         self.lr_decay = model.lr_decay
         self.decay_horizon = model.decay_horizon
@@ -200,6 +205,7 @@ class DistributedSampledMLP(SampledTraining, DistributedModel):
                 )
                 placed += [data, futures[-1]]
             self._placing(lambda: self.client.gather(futures))
+        self._start_anchors(self.workers)  # keep Dask from retiring a worker before the hand-over
 
     def _lost_while_placed(self) -> WorkerLostError | None:
         return watch_workers(
@@ -268,6 +274,13 @@ class DistributedSampledMLP(SampledTraining, DistributedModel):
         running: deque = deque()
         try:
             for X, ptr, ids in batches:
+                leaving = self._retiring()
+                if leaving:  # the steps under way finish, then the shards move
+                    while running:
+                        losses.append(self._step_loss(*running.popleft()))
+                    if losses and not np.isfinite(losses[-1]):
+                        break
+                    self._hand_over(leaving)
                 keys = [f.key for f in running[-1][1]] if running else None
                 running.append((X.shape[0], self._submit_batch(X, ptr, ids, keys)))
                 if len(running) > 1:
@@ -322,6 +335,7 @@ class DistributedSampledMLP(SampledTraining, DistributedModel):
         self._check_open()
         chosen = training_optimizer(self.optimizer_, lr, optimizer)
         X, ptr, ids = self._check_training(X, Y)
+        self._hand_over_retiring()
         self.optimizer_ = chosen
         self.schedule_ = training_schedule(self.lr_decay, self.decay_horizon, self.n_steps_, None)
         return self._step_loss(X.shape[0], self._submit_batch(X, ptr, ids, None))
