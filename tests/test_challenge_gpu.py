@@ -310,6 +310,7 @@ def test_cli_device_cuda_without_local_gpu_support(tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.slow  # the default run keeps test_cli_load_on_workers, the CLI on the simulator
 @pytest.mark.skipif(cuda_runtime() == "none", reason="numba's CUDA simulator is off")
 def test_cli_device_cuda_on_scheduler(client, tmp_path, capsys):
     layers = radixnet(64, 2, seed=1)

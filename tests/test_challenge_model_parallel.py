@@ -39,7 +39,11 @@ def case():
 
 @pytest.mark.parametrize(
     ("method", "nparts", "dtype"),
-    [("hypergraph", 2, "float64"), ("random", 3, "float64"), ("hypergraph", 4, "float32")],
+    [
+        pytest.param("hypergraph", 2, "float64", marks=pytest.mark.slow),
+        ("random", 3, "float64"),
+        ("hypergraph", 4, "float32"),
+    ],
 )
 def test_categories_equal_scipy_and_volume_equals_prediction(
     dask_client, case, method, nparts, dtype

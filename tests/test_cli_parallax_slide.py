@@ -13,7 +13,7 @@ import pytest
 from dasknn.cli import main
 
 PARALLAX = [
-    "parallax", "--packages", "email", "--max-vocab", "200", "--embed-dim", "8",
+    "parallax", "--packages", "dbm,curses,sqlite3", "--max-vocab", "200", "--embed-dim", "8",
     "--hidden", "16", "--batch-size", "64", "--sparse-partitions", "2", "--no-progress",
 ]  # fmt: skip
 SLIDE = [

@@ -1,7 +1,7 @@
 """examples/mnist_sparse.py learns: on a small slice in one process and model-parallel on two Dask
-workers with a hypergraph partition (the same steps, so the same curve), and on the full split in
-one process and on two workers with a hypergraph partition (accuracy >= 0.90; the two-worker run
-takes about 2 minutes here)."""
+workers with a hypergraph partition (the same steps, so the same curve), and (slow, full training
+runs) on the full split in one process and on two workers with a hypergraph partition (accuracy
+>= 0.90; the two-worker run takes about 2 minutes here)."""
 
 from __future__ import annotations
 
@@ -43,6 +43,7 @@ def test_learns_on_a_slice_in_one_process_and_on_two_workers(example):
     assert "(equal)" in dist.comm
 
 
+@pytest.mark.slow
 def test_full_split_in_one_process_reaches_090(example):
     result = example.run(workers=0, log=quiet, progress=False)
     assert result.losses == sorted(result.losses, reverse=True)

@@ -169,7 +169,7 @@ def official_case(official_1024_dir):
     return layers, inputs, -0.30
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", [np.float32, pytest.param(np.float64, marks=pytest.mark.slow)])
 def test_threads_and_split_do_not_change_the_official_network(official_case, dtype):
     layers, inputs, bias = official_case
     packed = pack_layers(layers, dtype)

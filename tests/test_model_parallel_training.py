@@ -94,10 +94,18 @@ def _train_and_compare(client, model, partition, steps=2, batch=6, lr=0.3, tol=1
 
 
 # ----------------------------------------------------------------- tests
+# the default run takes one part, a random, a block and an uneven partition; the rest are slow
 @pytest.mark.parametrize(
     ("kind", "nparts"),
-    [("random", 1), ("random", 2), ("random", 3), ("random", 4), ("block", 2), ("block", 4)]
-    + [("uneven", 3)],
+    [
+        ("random", 1),
+        pytest.param("random", 2, marks=pytest.mark.slow),
+        ("random", 3),
+        pytest.param("random", 4, marks=pytest.mark.slow),
+        pytest.param("block", 2, marks=pytest.mark.slow),
+        ("block", 4),
+        ("uneven", 3),
+    ],
 )
 def test_steps_equal_dense_reference(dask_client, kind, nparts):
     model = _irregular_model()
@@ -284,9 +292,16 @@ DISTRIBUTED_OPTIMIZERS = {
 }
 
 
+# the default run takes SGD with momentum, AdamW, and Adam on 3 parts; the rest are slow
+OPTIMIZERS_FAST = {("sgd-momentum", 2), ("adamw", 2), ("adam", 3)}
+
+
 @pytest.mark.parametrize(
     ("name", "nparts"),
-    [(name, 2) for name in sorted(DISTRIBUTED_OPTIMIZERS)] + [("adam", 3)],
+    [
+        pytest.param(*case, marks=() if case in OPTIMIZERS_FAST else pytest.mark.slow)
+        for case in [(name, 2) for name in sorted(DISTRIBUTED_OPTIMIZERS)] + [("adam", 3)]
+    ],
 )
 def test_optimizers_match_single_process(dask_client, name, nparts):
     """20 steps of ``fit`` and one more ``train_step`` with each part's optimizer state on its

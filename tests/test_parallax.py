@@ -89,8 +89,30 @@ CASES = [
 MESSAGES = ["tasks", "posted"]
 
 
-@pytest.mark.parametrize("messages", MESSAGES)
-@pytest.mark.parametrize("arch,n,shards,local,combine,opt", CASES)
+def _matrix(cases, messages, fast):
+    """Every case with every way of sending messages, those in ``fast`` in the default run and
+    the others marked ``slow`` (run with ``--runslow``)."""
+    return [
+        pytest.param(*case, m, marks=() if (*case, m) in fast else pytest.mark.slow)
+        for case in cases
+        for m in messages
+    ]
+
+
+# every architecture, both ways of sending, both optimizers, every combine, machines or not
+FIVE_STEP_FAST = {
+    ("hybrid", 4, 8, True, "mean", "sgd", "posted"),
+    ("hybrid", 3, 5, False, "sum", "adam", "tasks"),
+    ("ps", 4, 5, True, "sum", "sgd", "tasks"),
+    ("ps", 3, 2, False, "concat", "sgd", "posted"),
+    ("ar", 4, None, False, "concat", "adam", "posted"),
+    ("ar-dense", 4, None, True, "mean", "sgd", "tasks"),
+}
+
+
+@pytest.mark.parametrize(
+    "arch,n,shards,local,combine,opt,messages", _matrix(CASES, MESSAGES, FIVE_STEP_FAST)
+)
 def test_five_steps_equal_one_process(client4, arch, n, shards, local, combine, opt, messages):
     workers = sorted(scheduler_workers(client4))[:n]
     machines = {w: i // 2 for i, w in enumerate(workers)} if local else None
@@ -215,7 +237,22 @@ INFERENCE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("arch,n,shards,local,sampled,messages", INFERENCE_CASES)
+# every architecture but ar-dense (which the five-step cases hold), both ways of sending,
+# sampled or not, machines or not
+INFERENCE_FAST = {
+    ("hybrid", 4, 3, True, False, "posted"),
+    ("ps", 2, 2, False, False, "tasks"),
+    ("ar", 3, None, False, True, "posted"),
+}
+
+
+@pytest.mark.parametrize(
+    "arch,n,shards,local,sampled,messages",
+    [
+        pytest.param(*case, marks=() if case in INFERENCE_FAST else pytest.mark.slow)
+        for case in INFERENCE_CASES
+    ],
+)
 def test_inference_on_the_workers_equals_the_gathered_model(
     client4, arch, n, shards, local, sampled, messages
 ):
@@ -323,8 +360,14 @@ def test_inference_pulls_the_rows_of_the_windows_and_never_gathers_the_model(cli
     assert report.total() + labels.nbytes + proba.nbytes < values / 4
 
 
-@pytest.mark.parametrize("messages", MESSAGES)
-@pytest.mark.parametrize("arch,local", [("hybrid", True), ("ps", False)])
+@pytest.mark.parametrize(
+    "arch,local,messages",
+    _matrix(
+        [("hybrid", True), ("ps", False)],
+        MESSAGES,
+        {("hybrid", True, "posted"), ("ps", False, "tasks")},
+    ),
+)
 def test_fit_prefetching_rows_equals_one_process(client4, arch, local, messages):
     """``fit`` knows each next batch: the servers send the chiefs the next step's rows right
     after stepping them, across epochs too; the steps stay exact (sampled softmax, Adam)."""
@@ -373,8 +416,9 @@ def test_fit_prefetching_rows_equals_one_process(client4, arch, local, messages)
     assert sum(pulls) == report.steps * remote
 
 
-@pytest.mark.parametrize("messages", MESSAGES)
-@pytest.mark.parametrize("n,shards", [(4, 4), (3, 6)])
+@pytest.mark.parametrize(
+    "n,shards,messages", _matrix([(4, 4), (3, 6)], MESSAGES, {(4, 4, "posted"), (3, 6, "tasks")})
+)
 def test_dense_gradient_rides_the_sparse_messages(client4, n, shards, messages):
     """``hybrid`` with the servers exactly the chiefs reduces the dense gradient on them inside
     the push and the next step's pull: no reduce-scatter message, the reduced chunks in

@@ -106,12 +106,14 @@ def test_the_planner_gives_samo_fewer_stages_and_more_replicas():
         plan_parallelism(dense, workers=4, memory_limit=100)
 
 
+# (stages, replicas, schedule, messages); the default run takes one pipeline, one data-parallel
+# and one hybrid case (both schedules, both ways of sending), the others are slow
 CONFIGS = [
     (2, 1, "gpipe", "posted"),
-    (2, 1, "1f1b", "posted"),
+    pytest.param(2, 1, "1f1b", "posted", marks=pytest.mark.slow),
     (1, 2, "gpipe", "posted"),
-    (2, 2, "1f1b", "posted"),
-    (2, 1, "gpipe", "tasks"),
+    pytest.param(2, 2, "1f1b", "posted", marks=pytest.mark.slow),
+    pytest.param(2, 1, "gpipe", "tasks", marks=pytest.mark.slow),
     (2, 2, "1f1b", "tasks"),
 ]
 
