@@ -219,9 +219,7 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
                 ShardMap(rows, sparse_partitions, len(self.workers), shard_rows)
                 self.n_shards = int(sparse_partitions)
             self._watch_retirements()
-        self.dense_servers = {
-            name: index % len(self.workers) for index, name in enumerate(self.spec.dense_names())
-        }
+        self.dense_servers = self._dense_servers()
         self.variables = classify(self.spec)
         self.stats = VariableStats(self.variables)
         self.predicted: dict = defaultdict(lambda: [0, 0])
@@ -457,11 +455,16 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
 
         def take() -> None:
             self.workers, self.topology = workers, topology
-            self.dense_servers = {
-                name: index % len(workers) for index, name in enumerate(self.spec.dense_names())
-            }
+            self.dense_servers = self._dense_servers()
 
         return take
+
+    def _dense_servers(self) -> dict[str, int]:
+        """``{dense variable: worker number}``: the dense variables served round robin by the
+        model's workers."""
+        return {
+            name: index % len(self.workers) for index, name in enumerate(self.spec.dense_names())
+        }
 
     # ------------------------------------------------------------------ steps
     def _plan(self, ids: np.ndarray, labels: np.ndarray, step: int) -> StepPlan:
