@@ -176,3 +176,29 @@ def test_a_retired_worker_hands_its_values_over_and_fit_goes_on(messages):
             _assert_same(dist.gather(), reference)
             assert dist.loss_curve_ == pytest.approx(reference.loss_curve_, rel=0, abs=1e-9)
             assert dist.comm_report().steps == reference.n_steps_  # the traffic of every step
+
+
+@pytest.mark.slow
+def test_a_retired_worker_with_no_spare_leaves_the_model_on_the_workers_that_stay(caplog):
+    """With no spare worker, the model is laid out on the worker that stays between two tasks
+    (its shard count kept), the retired one leaves and the run ends as the uninterrupted one;
+    the traffic is counted again from the new layout."""
+    reference = _fit(_model(), 6)
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+    ):
+        with DistributedEmbeddingMLP(
+            _model(), client, sparse_partitions=2, step_timeout=30
+        ) as dist:  # fmt: skip
+            staying, leaving = dist.workers
+            retire = retire_after_steps(client, dist, 8, leaving)
+            _fit(dist, 6)  # no checkpoint
+            retire.join()
+            assert dist.workers == [staying]
+            wait_until(lambda: leaving not in scheduler_workers(client), HANG_GUARD, "retired")
+            _assert_same(dist.gather(), reference)
+            assert dist.loss_curve_ == pytest.approx(reference.loss_curve_, rel=0, abs=1e-9)
+            report = dist.comm_report()
+            assert report.exact and 0 < report.steps < reference.n_steps_
+    assert not [r for r in caplog.records if r.levelname == "WARNING" and "dasknn" in r.name]

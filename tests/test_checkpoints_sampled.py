@@ -230,10 +230,10 @@ def test_a_retired_worker_hands_its_shard_over_and_fit_goes_on():
 
 
 @pytest.mark.slow
-def test_a_retirement_with_no_spare_worker_is_refused_and_fit_goes_on(client):
+def test_a_retirement_with_no_spare_worker_is_refused_and_fit_goes_on(client, caplog):
     """With every worker holding a shard, a retired one has no worker to take its shard: Dask's
-    retirement is refused (the worker holds an actor of the model) and the run goes on with it
-    to the values of the uninterrupted one."""
+    retirement is refused (the worker holds an actor of the model), a warning names it and the
+    run goes on with it to the values of the uninterrupted one."""
     X, labels = _data()
     reference = _model().fit(X, labels, batch_size=4, epochs=8)
     client.wait_for_workers(2, timeout=30)
@@ -245,3 +245,5 @@ def test_a_retirement_with_no_spare_worker_is_refused_and_fit_goes_on(client):
         assert dist.workers == kept
         assert kept[1] in scheduler_workers(client)
         _assert_same(dist.gather(), reference)
+    [warning] = [r.getMessage() for r in caplog.records if r.name.startswith("dasknn")]
+    assert f"keeps the workers ['{kept[1]}']" in warning and "2 shards" in warning

@@ -11,7 +11,8 @@ plugin or actor, and a closed model refuses work; ``client`` may be a scheduler 
 input is a ``ValueError`` before anything is scheduled, and so are bad workers given to
 ``rebalance``; ``rebalance`` places the model on a worker that joined and training goes on to
 the one-process estimator's values (slow); a SIGKILLed worker is a ``WorkerLostError`` and a
-SIGSTOPped one a ``StepTimeoutError``, both naming the worker's role (slow).
+SIGSTOPped one a ``StepTimeoutError``, both naming the worker's role, and a worker that closes at
+the end of its ``--lifetime`` mid-fit is recovered from the checkpoint (slow).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import gc
 import inspect
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -642,6 +645,56 @@ def test_a_stopped_worker_is_a_step_timeout_error_naming_its_role(case):
         finally:
             os.kill(pid, signal.SIGCONT)
             dist.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_a_worker_at_the_end_of_its_lifetime_is_recovered_from_the_checkpoint(
+    case, tmp_path, caplog
+):
+    """A batch job's worker given dask-jobqueue's advice (``--lifetime`` shorter than the
+    walltime) closes itself between two epochs of ``fit``, its retirement refused or not: the
+    model is restored from its checkpoint on the workers there are then (the spare taking the
+    mortal worker's place where the layout needs one), the recovery logged, and ends equal to
+    the one-process estimator."""
+    X, y = case.data()
+    with _fault_cluster() as cluster, Client(cluster) as client:
+        survivor = sorted(scheduler_workers(client))[0]
+        mortal = subprocess.Popen(
+            [sys.executable, "-m", "distributed.cli.dask_worker", cluster.scheduler_address,
+             "--nthreads", "1", "--no-dashboard", "--lifetime", "20s"],
+        )  # fmt: skip
+        try:
+            old = set(scheduler_workers(client))
+            [victim] = wait_until(
+                lambda: [w for w in scheduler_workers(client) if w not in old], 60,
+                "the worker with a lifetime did not join",
+            )  # fmt: skip
+            with case.distributed(
+                case.estimator(), client, workers=[victim, survivor], step_timeout=30
+            ) as dist:
+
+                def at_its_end(epoch: int, loss: float) -> None:
+                    if epoch == 1:  # the checkpoint of the epoch is read after this returns
+                        wait_until(
+                            lambda: victim not in scheduler_workers(client), 120,
+                            "the worker did not close at the end of its lifetime", 0.5,
+                        )  # fmt: skip
+
+                dist.fit(X, y, **case.fit, progress=False, checkpoint=tmp_path,
+                         on_epoch=at_its_end)  # fmt: skip
+                assert victim not in dist._worker_roles()
+                logged = [r.getMessage() for r in caplog.records if r.name.startswith("dasknn")]
+                assert any("restoring the newest checkpoint" in m for m in logged), logged
+                got = case.parameters(dist.gather())
+            assert mortal.wait(timeout=60) == 0  # it closed by itself
+        finally:
+            if mortal.poll() is None:
+                mortal.kill()
+                mortal.wait()
+    want = case.parameters(_one_process(case, X, y))
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-9, err_msg=name)
 
 
 def test_every_distributed_model_is_public_and_shares_the_base():

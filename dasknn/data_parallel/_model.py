@@ -136,9 +136,10 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         take before a :class:`~dasknn.exceptions.StepTimeoutError` naming the workers waited
         for, their roles and state; the model is then unusable. A worker that leaves is a
         :class:`~dasknn.exceptions.WorkerLostError` within a poll, while a worker asked to
-        retire hands its values to a spare worker between two tasks and then leaves (see
-        docs/reliability.md). Placing the values takes at most as long. A positive finite
-        number (default :data:`~dasknn.runtime.step_timeout.DEFAULT_STEP_TIMEOUT`).
+        retire hands its values to a spare worker between two tasks (with no spare, the model
+        is laid out on the workers that stay) and then leaves (see docs/reliability.md).
+        Placing the values takes at most as long. A positive finite number (default
+        :data:`~dasknn.runtime.step_timeout.DEFAULT_STEP_TIMEOUT`).
     reuse_memory : bool
         Register :class:`~dasknn.runtime.worker_memory.ReuseFreedMemory` (a process-wide malloc
         setting that stays after ``close()``: use it on a cluster of your own). Default
@@ -584,7 +585,7 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
 
     def _train_batches(self, batches: list, after, optimizer: Optimizer) -> list[float]:
         """The steps of one task (:meth:`_run_steps`), after the values of workers being
-        retired were handed over to spare ones (between two tasks)."""
+        retired were handed over (between two tasks)."""
         self._check_open()
         if self._search_pending:
             self.search(*batches[0], optimizer=optimizer)

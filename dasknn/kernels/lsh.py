@@ -127,7 +127,12 @@ def mips_transform(weights, bias):  # pragma: no cover - compiled
             for d in range(width):
                 partial[c, d] += weights[i, d]
             partial[c, width] += bias[i]
-    mean = partial.sum(axis=0) / max(n, 1)
+    mean = np.zeros(width + 1)  # loops, not partial.sum(axis=0): half the compile time
+    for c in range(MIPS_CHUNKS):
+        for d in range(width + 1):
+            mean[d] += partial[c, d]
+    for d in range(width + 1):
+        mean[d] /= max(n, 1)
     items = np.empty((n, width + 2), dtype=weights.dtype)
     norms = np.empty(n)
     for i in prange(n):
@@ -139,7 +144,9 @@ def mips_transform(weights, bias):  # pragma: no cover - compiled
         u = bias[i] - mean[width]
         items[i, width] = u
         norms[i] = np.sqrt(total + u * u)
-    largest = norms.max() if n > 0 else 0.0
+    largest = 0.0
+    for i in range(n):
+        largest = max(largest, norms[i])
     scale = 1.0 / largest if largest > 0 else 1.0
     for i in prange(n):
         for d in range(width + 1):
@@ -150,25 +157,27 @@ def mips_transform(weights, bias):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _stable_order(column):  # pragma: no cover - compiled
-    """Stable argsort of ``column`` (a counting sort for small non-negative values)."""
+def _stable_order(column, order):  # pragma: no cover - compiled
+    """Write the stable argsort of ``column`` into ``order`` (a counting sort for small
+    non-negative values)."""
     n = column.shape[0]
     if n == 0:
-        return np.zeros(0, dtype=np.int64)
+        return
     low = column.min()
     span = column.max() + 1
     if low < 0 or span > 4 * n + 1024:
-        return np.argsort(column, kind="mergesort")
+        sorted_order = np.argsort(column, kind="mergesort")
+        for i in range(n):
+            order[i] = sorted_order[i]
+        return
     start = np.zeros(span + 1, dtype=np.int64)
     for i in range(n):
         start[column[i] + 1] += 1
     for v in range(span):
         start[v + 1] += start[v]
-    order = np.empty(n, dtype=np.int64)
     for i in range(n):
         order[start[column[i]]] = i
         start[column[i]] += 1
-    return order
 
 
 @njit(cache=True)
@@ -219,7 +228,7 @@ def build_buckets(codes, cap, seed):  # pragma: no cover - compiled
     item_counts = np.zeros(n_tables, dtype=np.int64)
     for t in prange(n_tables):
         column = np.ascontiguousarray(codes[:, t])
-        orders[t] = _stable_order(column)
+        _stable_order(column, orders[t])  # in place: no shape check to compile
         key_counts[t], item_counts[t] = _bucket_counts(column, orders[t], cap)
     key_ptr = np.zeros(n_tables + 1, dtype=np.int64)
     item_ptr = np.zeros(n_tables + 1, dtype=np.int64)

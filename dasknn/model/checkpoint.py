@@ -18,6 +18,7 @@ the other models' persistence modules define theirs.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 from collections.abc import Callable
@@ -43,6 +44,8 @@ __all__ = [
     "prepare_checkpoint_dir",
     "write_checkpoint",
 ]
+
+logger = logging.getLogger(__name__)
 
 _NAME = re.compile(r"checkpoint-(\d{9})\.npz")
 
@@ -390,7 +393,8 @@ class Checkpointed:
     ) -> None:
         """``run(state)``, the rest of a ``fit`` call from ``state``; after an error that
         :meth:`_recoverable` accepts, restore the call's last checkpoint (``saved()``, ``None``
-        if none was written) and run again from there, at most :attr:`max_recoveries` times.
+        if none was written) and run again from there, at most :attr:`max_recoveries` times,
+        each recovery logged as a warning (logger ``dasknn.model.checkpoint``).
         ``KeyboardInterrupt`` calls ``_interrupted()`` and is raised again."""
         recoveries = 0
         while True:
@@ -409,6 +413,11 @@ class Checkpointed:
                         "already (max_recoveries) and stops here"
                     ) from exc
                 recoveries += 1
+                logger.warning(
+                    "%s: %s; restoring the newest checkpoint of %s and going on (recovery %d "
+                    "of at most %d in this fit call)",
+                    type(self).__name__, exc, saved(), recoveries, self.max_recoveries,
+                )  # fmt: skip
                 state = self._restore_latest(saved())
 
     def _restore_latest(self, saved: Path) -> Progress:

@@ -32,6 +32,7 @@ worker go and places the record on the workers that remain, as a checkpoint is r
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import weakref
@@ -80,6 +81,8 @@ __all__ = [
     "DistributedModel",
     "unregister_within",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: Seconds between two checks of the workers while a model is placed.
 PLACEMENT_POLL_SECONDS = 0.25
@@ -536,14 +539,11 @@ class DistributedModel:
         taken = {*leaving, *self._leaving, *self._model_workers()}
         return [w for w in running_workers(self.client) if w not in taken]
 
-    #: Whether the model needs a spare worker (:meth:`_spares`) for each worker it lets go:
-    #: its number of workers is fixed (one a stage or shard), or its ``_restore`` replaces them.
+    #: Whether the model needs a spare worker (:meth:`_spares`) for each worker it lets go to
+    #: keep its layout: its number of workers is fixed (one a stage or shard), or its
+    #: ``_restore`` replaces them. Without enough spares it is laid out anew on the workers
+    #: that stay (:meth:`_rebalancing`) where its layout allows that.
     _needs_spares = False
-
-    def _can_hand_over(self, leaving: Sequence[str]) -> bool:
-        """Whether the model can go on without ``leaving``: always when it places its values
-        on fewer workers, else when a spare worker runs for each (:attr:`_needs_spares`)."""
-        return not self._needs_spares or len(self._spares(leaving)) >= len(leaving)
 
     def _hand_over_retiring(self) -> bool:
         """:meth:`_hand_over` the model's workers being retired (:meth:`_retiring`), between
@@ -556,18 +556,40 @@ class DistributedModel:
         let them go: the model of the last whole step is read from its workers
         (``_record``), the actors that kept Dask from retiring ``leaving`` are released,
         ``leaving`` is retired (:meth:`_let_go`, within ``step_timeout``) and the record placed
-        again on the workers that remain, as a checkpoint is restored (``_restore``); returns
-        ``True``. When the model cannot go on without them (:meth:`_can_hand_over`) it keeps
-        them, the requests counted as seen (Dask refuses the retirement), and returns
-        ``False``. Costs one read and one placement of the model."""
-        if not self._can_hand_over(leaving):
-            now = retirement_requests(self.client)
-            self._retirements.update({w: now.get(w, 0) for w in leaving})
-            return False
+        again, as a checkpoint is restored (``_restore``); returns ``True``.
+
+        A model that needs spares (:attr:`_needs_spares`) and finds too few is laid out on the
+        workers of the model that stay (:meth:`_rebalancing`, its traffic counts started
+        again); where its layout needs more workers than stay it keeps ``leaving``, the
+        requests counted as seen (Dask refuses the retirement), logs a warning naming them
+        (logger ``dasknn.runtime.distributed_model``) and returns ``False``. Costs one read and
+        one placement of the model."""
+        relayout = None
+        if self._needs_spares and len(self._spares(leaving)) < len(leaving):
+            staying = [w for w in self._model_workers() if w not in leaving]
+            try:
+                relayout = self._rebalancing(staying) if staying else None
+                refusal = "" if staying else "no worker of the model stays"
+            except ValueError as error:
+                refusal = str(error)
+            if relayout is None:
+                now = retirement_requests(self.client)
+                self._retirements.update({w: now.get(w, 0) for w in leaving})
+                logger.warning(
+                    "%s keeps the workers %s that Dask was asked to retire (it refuses): no "
+                    "spare worker runs to take their values over and %s; start a worker, and "
+                    "they are handed over between two steps",
+                    type(self).__name__, leaving, refusal,
+                )  # fmt: skip
+                return False
         record = self._record()
         self._leaving.update(leaving)
         self._let_go(leaving)
+        if relayout is not None:
+            relayout()
         self._restore(record)
+        if relayout is not None:
+            self.reset_comm()  # the traffic of the new layout, measured beside its prediction
         return True
 
     def _let_go(self, leaving: Sequence[str], futures=()) -> None:
