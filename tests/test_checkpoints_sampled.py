@@ -229,6 +229,47 @@ def test_a_retired_worker_hands_its_shard_over_and_fit_goes_on():
             assert dist.comm_report().steps == reference.n_steps_  # the traffic of every step
 
 
+def _fill_to(fraction: float, dask_worker) -> int:
+    """Hold arrays on ``dask_worker`` (outside its data) until its process memory is about
+    ``fraction`` of its memory limit; returns the process memory then."""
+    import psutil
+
+    process = psutil.Process()
+    extra = int(fraction * dask_worker.memory_manager.memory_limit) - process.memory_info().rss
+    dask_worker.ballast = np.ones(max(extra, 0) // 8)
+    return process.memory_info().rss
+
+
+@pytest.mark.slow
+def test_a_spare_worker_without_the_memory_for_a_shard_is_not_used(caplog):
+    """The only spare worker is at 75 % of its memory limit: a shard worker's values would take
+    it past Dask's pause threshold (80 %), so it is no spare; the retirement is refused, a
+    warning names the worker, and the run goes on to the values of the uninterrupted one."""
+    X, labels = _data()
+    reference = _model().fit(X, labels, batch_size=4, epochs=8)
+    with (
+        LocalCluster(
+            n_workers=3, threads_per_worker=1, memory_limit="3GiB", dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        *workers, spare = sorted(scheduler_workers(client))
+        with DistributedSampledMLP(_model(), client, workers=workers, step_timeout=30) as dist:
+            client.run(_fill_to, 0.75, workers=[spare])
+            wait_until(
+                lambda: scheduler_workers(client)[spare]["metrics"]["memory"] > 0.74 * 3 * 2**30,
+                HANG_GUARD, "the spare's memory was not reported",
+            )  # fmt: skip
+            kept = list(dist.workers)
+            retire = retire_after_steps(client, dist, 20, kept[1])
+            dist.fit(X, labels, batch_size=4, epochs=8)
+            retire.join()
+            assert dist.workers == kept
+            _assert_same(dist.gather(), reference)
+    [warning] = [r.getMessage() for r in caplog.records if r.name.startswith("dasknn")]
+    assert f"keeps the workers ['{kept[1]}']" in warning and "memory" in warning
+
+
 @pytest.mark.slow
 def test_a_retirement_with_no_spare_worker_is_refused_and_fit_goes_on(client, caplog):
     """With every worker holding a shard, a retired one has no worker to take its shard: Dask's

@@ -52,6 +52,7 @@ from dasknn.runtime.faults import (
     retirement_requests,
     retiring_workers,
     running_workers,
+    with_memory_room,
 )
 from dasknn.runtime.key_cache import (
     install_key_cache_bound,
@@ -327,7 +328,9 @@ class DistributedModel:
         while True:
             running = running_workers(self.client, sorted(self._leaving))
             lost = [i for i, w in enumerate(workers) if w not in running]
-            spare = [w for w in running if w not in workers]
+            spare = with_memory_room(
+                self.client, [w for w in running if w not in workers], [workers[i] for i in lost]
+            )
             if len(spare) >= len(lost):
                 break
             if time.monotonic() > deadline:
@@ -535,9 +538,11 @@ class DistributedModel:
         return retiring_workers(self.client, self._model_workers(), self._retirements)
 
     def _spares(self, leaving: Sequence[str]) -> list[str]:
-        """The running workers that hold nothing of the model and are not ``leaving``."""
+        """The running workers that hold nothing of the model, are not ``leaving`` and have
+        the memory to take the values of one of them (:func:`with_memory_room`)."""
         taken = {*leaving, *self._leaving, *self._model_workers()}
-        return [w for w in running_workers(self.client) if w not in taken]
+        free = [w for w in running_workers(self.client) if w not in taken]
+        return with_memory_room(self.client, free, leaving)
 
     #: Whether the model needs a spare worker (:meth:`_spares`) for each worker it lets go to
     #: keep its layout: its number of workers is fixed (one a stage or shard), or its
@@ -577,8 +582,8 @@ class DistributedModel:
                 self._retirements.update({w: now.get(w, 0) for w in leaving})
                 logger.warning(
                     "%s keeps the workers %s that Dask was asked to retire (it refuses): no "
-                    "spare worker runs to take their values over and %s; start a worker, and "
-                    "they are handed over between two steps",
+                    "spare worker with the memory to take their values over runs and %s; start "
+                    "a worker, then ask again to retire them",
                     type(self).__name__, leaving, refusal,
                 )  # fmt: skip
                 return False

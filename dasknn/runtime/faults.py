@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+import dask
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from dasknn.exceptions import StepTimeoutError, WorkerLostError
@@ -30,6 +31,7 @@ __all__ = [
     "retirement_requests",
     "retiring_workers",
     "running_workers",
+    "with_memory_room",
     "run_watching_part_workers",
     "wait_for_step",
 ]
@@ -130,6 +132,27 @@ def running_workers(client, leaving: Sequence[str] = ()) -> list[str]:
     return sorted(
         w for w, info in workers.items() if info.get("status") not in _GONE and w not in leaving
     )
+
+
+def with_memory_room(client, candidates: Sequence[str], holders: Sequence[str]) -> list[str]:
+    """Those of ``candidates`` that can take the values of any one of the workers ``holders``
+    without reaching Dask's pause threshold, the most room first (ties in the order given): a
+    worker without a memory limit, or one whose process memory plus the largest process memory
+    among ``holders`` (a bound on what a holder keeps; 0 for a worker already gone) stays below
+    the fraction ``distributed.worker.memory.pause`` of its ``memory_limit``. From the
+    scheduler's latest heartbeats."""
+    workers = scheduler_workers(client)
+    pause = dask.config.get("distributed.worker.memory.pause") or 1.0
+
+    def process(address: str) -> int:
+        return int(workers.get(address, {}).get("metrics", {}).get("memory") or 0)
+
+    def room(address: str) -> float:
+        limit = workers.get(address, {}).get("memory_limit")
+        return pause * limit - process(address) if limit else float("inf")
+
+    need = max((process(w) for w in holders), default=0)
+    return sorted((w for w in candidates if room(w) > need), key=room, reverse=True)
 
 
 def part_roles(part_workers: Sequence[str]) -> dict[str, str]:
