@@ -62,6 +62,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
             "golden": root / "golden.tsv"}
 
 
+@pytest.mark.slow  # the default run keeps test_idx_inputs_on_own_local_cluster
 def test_tsv_inputs_on_scheduler_address(files, scheduler_address, tmp_path, capsys):
     out, report = tmp_path / "cats.tsv", tmp_path / "report.json"
     code = main([

@@ -159,7 +159,9 @@ def test_compact_layers_narrow_indices_and_one_weight_per_layer():
     assert compact.nbytes < packed.nbytes
 
 
-@pytest.mark.parametrize(("neurons", "mode"), [(64, "fused"), (44, "sectioned")])
+@pytest.mark.parametrize(
+    ("neurons", "mode"), [pytest.param(64, "fused", marks=pytest.mark.slow), (44, "sectioned")]
+)
 def test_bit_rows_give_the_csr_results(neurons, mode):  # 44: the last byte is partly used
     layers = random_network(neurons, 2, 4, seed=3)
     x = random_inputs(40, neurons, 0.3, seed=4).tolil()

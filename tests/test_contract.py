@@ -237,12 +237,9 @@ IDS = [case.name for case in CASES]
 
 
 @pytest.fixture(scope="module")
-def client():
-    with (
-        LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster,
-        Client(cluster) as client,
-    ):
-        yield client
+def client(dask_client):
+    """The session's two-worker LocalCluster (:func:`conftest.dask_client`)."""
+    return dask_client
 
 
 @pytest.fixture(scope="module", params=CASES, ids=IDS)

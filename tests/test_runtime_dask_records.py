@@ -52,7 +52,7 @@ def test_the_length_is_shortened_only_where_the_user_did_not_set_it(monkeypatch)
     assert short_dask_records() == {}
 
 
-@pytest.mark.parametrize("user", [None, 300])
+@pytest.mark.parametrize("user", [None, pytest.param(300, marks=pytest.mark.slow)])
 def test_a_local_cluster_keeps_short_records_in_every_process(user, monkeypatch):
     before = dask.config.get(KEY), dask.config.get(PROFILE)
     monkeypatch.delenv("DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED", raising=False)

@@ -108,15 +108,27 @@ def test_a_gather_given_up_leaves_no_report_of_its_waits(dask_client, caplog):
         with caplog.at_level(logging.ERROR, logger="asyncio"):
             with pytest.raises(TimeoutError, match="did not arrive within 0.2 s"):
                 gather_at_most(dask_client, futures, 0.2)
+            assert dask_client.sync(_futures_waiting)  # the waits left behind
             dask_client.cancel(futures)
             del futures
-            for _ in range(10):  # the waits end on the client's loop, then are collected
-                time.sleep(0.05)  # distributed's waits give no handle to poll: time passes
-                gc.collect()
+            wait_until(  # the waits end on the client's loop, then are collected
+                lambda: not dask_client.sync(_futures_waiting), HANG_GUARD,
+                "the gather's waits did not end", 0.05,
+            )  # fmt: skip
+            gc.collect()
         reports = [r.getMessage() for r in caplog.records if r.name == "asyncio"]
         assert not reports, reports
     finally:
         event.set()  # the tasks on the workers end
+
+
+async def _futures_waiting() -> list:
+    """The tasks of the running event loop that wait for a future of a gather (distributed's
+    ``Client._gather``)."""
+    return [
+        t for t in asyncio.all_tasks()
+        if getattr(t.get_coro(), "__qualname__", "").startswith("Client._gather.")
+    ]  # fmt: skip
 
 
 async def _sleep_then_answer(seconds: float) -> str:
