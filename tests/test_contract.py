@@ -238,7 +238,7 @@ IDS = [case.name for case in CASES]
 
 @pytest.fixture(scope="module")
 def client(dask_client):
-    """The session's two-worker LocalCluster (:func:`conftest.dask_client`)."""
+    """The two-worker LocalCluster every test module shares (conftest's ``dask_client``)."""
     return dask_client
 
 
