@@ -1,12 +1,17 @@
 """A worker retired (``Client.retire_workers``) while a model trains: the request comes from a
 thread once the model has trained a given number of steps, as an adaptive cluster scaling down
-would send it."""
+would send it; and a worker brought near its memory limit, to be no place for a model's
+values."""
 
 from __future__ import annotations
 
 import threading
 
+import numpy as np
+import psutil
 from polling import HANG_GUARD, wait_until
+
+from dasknn.runtime.cluster import scheduler_workers
 
 
 def after_steps(model, steps: int, action) -> threading.Thread:
@@ -25,3 +30,22 @@ def after_steps(model, steps: int, action) -> threading.Thread:
 def retire_after_steps(client, model, steps: int, worker: str) -> threading.Thread:
     """:func:`after_steps` that asks the scheduler to retire ``worker``."""
     return after_steps(model, steps, lambda: client.retire_workers([worker]))
+
+
+def _fill_to(fraction: float, dask_worker) -> None:
+    """Hold an array on ``dask_worker`` (outside its data) so that its process memory is about
+    ``fraction`` of its memory limit."""
+    rss = psutil.Process().memory_info().rss
+    extra = int(fraction * dask_worker.memory_manager.memory_limit) - rss
+    dask_worker.ballast = np.ones(max(extra, 0) // 8)
+
+
+def fill_memory_to(client, worker: str, fraction: float) -> None:
+    """Bring ``worker``'s process memory to about ``fraction`` of its memory limit, and wait
+    (at most :data:`~polling.HANG_GUARD` seconds) until the scheduler's heartbeats say so."""
+    client.run(_fill_to, fraction, workers=[worker])
+    limit = scheduler_workers(client)[worker]["memory_limit"]
+    wait_until(
+        lambda: scheduler_workers(client)[worker]["metrics"]["memory"] > (fraction - 0.01) * limit,
+        HANG_GUARD, f"the memory of {worker} was not reported",
+    )  # fmt: skip

@@ -18,7 +18,7 @@ import pytest
 from checkpoint_watch import when_checkpoint
 from distributed import Client, LocalCluster
 from polling import HANG_GUARD, wait_until
-from retirement import retire_after_steps
+from retirement import fill_memory_to, retire_after_steps
 
 from dasknn.data_parallel import DistributedEmbeddingMLP
 from dasknn.model import EmbeddingMLP
@@ -202,3 +202,30 @@ def test_a_retired_worker_with_no_spare_leaves_the_model_on_the_workers_that_sta
             report = dist.comm_report()
             assert report.exact and 0 < report.steps < reference.n_steps_
     assert not [r for r in caplog.records if r.levelname == "WARNING" and "dasknn" in r.name]
+
+
+@pytest.mark.slow
+def test_a_retirement_is_refused_where_the_worker_that_stays_lacks_the_memory(caplog):
+    """With no spare, the model would be laid out on the worker that stays, but that one is at
+    75 % of its memory limit: the values of the leaving one would take it past Dask's pause
+    threshold, so the retirement is refused, a warning says why, and the run goes on on both
+    workers to the values of the uninterrupted one."""
+    reference = _fit(_model(), 6)
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, memory_limit="3GiB", dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        with DistributedEmbeddingMLP(
+            _model(), client, sparse_partitions=2, step_timeout=30
+        ) as dist:  # fmt: skip
+            staying, leaving = kept = list(dist.workers)
+            fill_memory_to(client, staying, 0.75)
+            retire = retire_after_steps(client, dist, 8, leaving)
+            _fit(dist, 6)
+            retire.join()
+            assert dist.workers == kept
+            _assert_same(dist.gather(), reference)
+    [warning] = [r.getMessage() for r in caplog.records if r.name.startswith("dasknn")]
+    assert f"keeps the workers ['{leaving}']" in warning and "lack the memory" in warning

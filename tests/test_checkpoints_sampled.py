@@ -19,7 +19,7 @@ import scipy.sparse as sp
 from checkpoint_watch import when_checkpoint
 from distributed import Client, LocalCluster
 from polling import HANG_GUARD, wait_until
-from retirement import retire_after_steps
+from retirement import fill_memory_to, retire_after_steps
 
 from dasknn.runtime.cluster import scheduler_workers
 from dasknn.sampled import SampledMLP
@@ -229,17 +229,6 @@ def test_a_retired_worker_hands_its_shard_over_and_fit_goes_on():
             assert dist.comm_report().steps == reference.n_steps_  # the traffic of every step
 
 
-def _fill_to(fraction: float, dask_worker) -> int:
-    """Hold arrays on ``dask_worker`` (outside its data) until its process memory is about
-    ``fraction`` of its memory limit; returns the process memory then."""
-    import psutil
-
-    process = psutil.Process()
-    extra = int(fraction * dask_worker.memory_manager.memory_limit) - process.memory_info().rss
-    dask_worker.ballast = np.ones(max(extra, 0) // 8)
-    return process.memory_info().rss
-
-
 @pytest.mark.slow
 def test_a_spare_worker_without_the_memory_for_a_shard_is_not_used(caplog):
     """The only spare worker is at 75 % of its memory limit: a shard worker's values would take
@@ -255,11 +244,7 @@ def test_a_spare_worker_without_the_memory_for_a_shard_is_not_used(caplog):
     ):
         *workers, spare = sorted(scheduler_workers(client))
         with DistributedSampledMLP(_model(), client, workers=workers, step_timeout=30) as dist:
-            client.run(_fill_to, 0.75, workers=[spare])
-            wait_until(
-                lambda: scheduler_workers(client)[spare]["metrics"]["memory"] > 0.74 * 3 * 2**30,
-                HANG_GUARD, "the spare's memory was not reported",
-            )  # fmt: skip
+            fill_memory_to(client, spare, 0.75)
             kept = list(dist.workers)
             retire = retire_after_steps(client, dist, 20, kept[1])
             dist.fit(X, labels, batch_size=4, epochs=8)

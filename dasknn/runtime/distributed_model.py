@@ -563,20 +563,15 @@ class DistributedModel:
         ``leaving`` is retired (:meth:`_let_go`, within ``step_timeout``) and the record placed
         again, as a checkpoint is restored (``_restore``); returns ``True``.
 
-        A model that needs spares (:attr:`_needs_spares`) and finds too few is laid out on the
-        workers of the model that stay (:meth:`_rebalancing`, its traffic counts started
-        again); where its layout needs more workers than stay it keeps ``leaving``, the
-        requests counted as seen (Dask refuses the retirement), logs a warning naming them
-        (logger ``dasknn.runtime.distributed_model``) and returns ``False``. Costs one read and
-        one placement of the model."""
+        A model that needs spares (:attr:`_needs_spares`) and finds too few is laid out on its
+        workers that stay (:meth:`_layout_without`, its traffic counts started again); where
+        that cannot be, it keeps ``leaving``, the requests counted as seen (Dask refuses the
+        retirement), logs a warning naming them and why (logger
+        ``dasknn.runtime.distributed_model``) and returns ``False``. Costs one read and one
+        placement of the model."""
         relayout = None
         if self._needs_spares and len(self._spares(leaving)) < len(leaving):
-            staying = [w for w in self._model_workers() if w not in leaving]
-            try:
-                relayout = self._rebalancing(staying) if staying else None
-                refusal = "" if staying else "no worker of the model stays"
-            except ValueError as error:
-                refusal = str(error)
+            relayout, refusal = self._layout_without(leaving)
             if relayout is None:
                 now = retirement_requests(self.client)
                 self._retirements.update({w: now.get(w, 0) for w in leaving})
@@ -596,6 +591,21 @@ class DistributedModel:
         if relayout is not None:
             self.reset_comm()  # the traffic of the new layout, measured beside its prediction
         return True
+
+    def _layout_without(self, leaving: Sequence[str]) -> tuple[Callable[[], None] | None, str]:
+        """What lays the model out on its workers that stay once ``leaving`` go
+        (:meth:`_rebalancing`), and ``""``; or ``None`` and why not: none stays, one of them
+        lacks the memory for a leaving worker's values (:func:`with_memory_room`), or the
+        layout needs more workers."""
+        staying = [w for w in self._model_workers() if w not in leaving]
+        if not staying:
+            return None, "no worker of the model stays"
+        if len(with_memory_room(self.client, staying, leaving)) < len(staying):
+            return None, "the workers that stay lack the memory for their values"
+        try:
+            return self._rebalancing(staying), ""
+        except ValueError as error:
+            return None, str(error)
 
     def _let_go(self, leaving: Sequence[str], futures=()) -> None:
         """Cancel ``futures`` (a failed step), then (separately: else the scheduler drops the
