@@ -12,7 +12,8 @@ input is a ``ValueError`` before anything is scheduled, and so are bad workers g
 ``rebalance``; ``rebalance`` places the model on a worker that joined and training goes on to
 the one-process estimator's values (slow); a SIGKILLed worker is a ``WorkerLostError`` and a
 SIGSTOPped one a ``StepTimeoutError``, both naming the worker's role, and a worker that closes at
-the end of its ``--lifetime`` mid-fit is recovered from the checkpoint (slow).
+the end of its ``--lifetime`` mid-fit is recovered from the checkpoint, and a worker paused at its
+memory limit is a ``StepTimeoutError`` naming the limit (slow).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import dask
 import dask.array as da
 import numpy as np
 import pytest
@@ -642,6 +644,31 @@ def test_a_stopped_worker_is_a_step_timeout_error_naming_its_role(case):
         finally:
             os.kill(pid, signal.SIGCONT)
             dist.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_a_paused_worker_is_a_step_timeout_error_naming_its_memory_limit(case, tmp_path):
+    """Workers whose memory limit lies below what a worker process with dasknn loaded takes:
+    Dask pauses them, and placing the model or its first step stops with an error naming the
+    limit, within the step timeout."""
+    X, y = case.data()
+    limits = {
+        "distributed.worker.memory.target": False,
+        "distributed.worker.memory.spill": False,
+        "distributed.worker.memory.pause": 0.5,
+        "distributed.worker.memory.terminate": False,
+        "distributed.worker.memory.monitor-interval": "20ms",
+    }
+    with dask.config.set(limits), LocalCluster(
+        n_workers=2, threads_per_worker=1, dashboard_address=":0", memory_limit="200 MiB",
+        local_directory=tmp_path,
+    ) as cluster, Client(cluster) as client:  # fmt: skip
+        started = time.monotonic()
+        with pytest.raises(StepTimeoutError, match="paused at its memory limit: .* of 200 MiB"):
+            with case.distributed(case.estimator(), client, step_timeout=3) as dist:
+                dist.fit(X, y, **case.fit, progress=False)
+        assert time.monotonic() - started < 60  # a hang guard, not a timing
 
 
 @pytest.mark.slow
