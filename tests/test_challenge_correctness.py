@@ -12,7 +12,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from distributed import Client, LocalCluster
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -63,11 +62,9 @@ def reference_challenge(inputs, layers, bias: float, ymax: float = 32.0):
 
 
 @pytest.fixture(scope="module")
-def client():
-    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                           dashboard_address=":0")
-    with cluster, Client(cluster) as c:
-        yield c
+def client(dask_client):
+    """The two-worker LocalCluster every test module shares (conftest's ``dask_client``)."""
+    return dask_client
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from dask.sizeof import sizeof
-from distributed import Client, LocalCluster
 
 from dasknn.datasets import radixnet
 from dasknn.inference._batches import BatchResult
@@ -65,13 +64,10 @@ def _scheduler_nbytes(key: str, dask_scheduler=None) -> int:
     return dask_scheduler.tasks[key].nbytes
 
 
-def test_the_scheduler_counts_a_broadcast_window():
+def test_the_scheduler_counts_a_broadcast_window(dask_client):
     """A window broadcast to two workers: the scheduler's size of its key is the window's."""
     packed = pack_layers(radixnet(256, 12), np.float32)
-    with LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
-    ) as cluster, Client(cluster) as client:  # fmt: skip
-        placed = broadcast(client, packed, 30)
-        nbytes = client.run_on_scheduler(_scheduler_nbytes, placed.key)
-        assert packed.nbytes <= nbytes <= packed.nbytes + OVERHEAD, (nbytes, packed.nbytes)
-        placed.release()
+    placed = broadcast(dask_client, packed, 30)
+    nbytes = dask_client.run_on_scheduler(_scheduler_nbytes, placed.key)
+    assert packed.nbytes <= nbytes <= packed.nbytes + OVERHEAD, (nbytes, packed.nbytes)
+    placed.release()
