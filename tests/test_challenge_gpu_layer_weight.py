@@ -92,13 +92,19 @@ def test_one_weight_a_layer_equals_one_weight_a_nonzero_bit_for_bit(monkeypatch,
     check_against_reference(results[0], x, layers)
 
 
-def test_device_holds_one_weight_a_layer():
+def test_one_weight_a_layer_takes_four_bytes_a_layer():
     _, compact, expanded = radixnet_pair(64, 3, np.float32)
     nnz = int(compact.indptr[-1, -1])
     assert nnz == 3 * 64 * 32
     layer = 64 * 32 * 2 + 65 * 4  # uint16 indices and int32 offsets of one layer
     assert weight_bytes(compact) == (3 * layer + 3 * 4, layer + 4)
     assert weight_bytes(expanded) == (3 * layer + nnz * 4, layer + 64 * 32 * 4)
+
+
+@pytest.mark.slow  # the device arrays on the simulator: the default run keeps the sizes above
+def test_device_holds_one_weight_a_layer():
+    _, compact, expanded = radixnet_pair(64, 3, np.float32)
+    nnz = int(compact.indptr[-1, -1])
     for tiled in (False, True):
         small = DeviceNetwork(compact, tiled=tiled, footprint=32)
         large = DeviceNetwork(expanded, tiled=tiled, footprint=32)
