@@ -1,5 +1,6 @@
-"""Workers that come and go during ``fit``: killed (SIGKILL), stopped (SIGSTOP), retired, closed at
-the end of their ``--lifetime``, or paused at their memory limit, on real worker processes. A run
+"""Workers that come and go during ``fit``: killed (SIGKILL), stopped (SIGSTOP), retired or paused
+at their memory limit, on real worker processes (a worker closed at the end of its ``--lifetime``:
+``tests/test_contract.py``). A run
 either restores its last checkpoint and ends with the weights of an uninterrupted run (checked
 against the independent float64 reference), or stops with a clear error; it never waits for ever
 and never hands out weights that mix two steps."""
@@ -108,47 +109,6 @@ def test_killed_worker_is_restored_from_the_checkpoint(cluster, tmp_path, messag
         killed.join()
         assert victim[0] not in dist.part_workers  # the parts moved
         trained = dist.gather()
-    _assert_reference(trained, _reference_weights(x, y, 8, 2))
-
-
-@pytest.mark.slow
-def test_a_worker_at_the_end_of_its_lifetime_is_restored_from_the_checkpoint(tmp_path):
-    # a batch job's worker given dask-jobqueue's advice: --lifetime shorter than the walltime
-    x, y = _data()
-    model = _model()
-    with (
-        LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0") as cluster,
-        Client(cluster) as client,
-    ):
-        [survivor] = scheduler_workers(client)
-        mortal = subprocess.Popen(
-            [sys.executable, "-m", "distributed.cli.dask_worker", cluster.scheduler_address,
-             "--nthreads", "1", "--no-dashboard", "--lifetime", "30s"],
-        )  # fmt: skip
-        try:
-            [victim] = wait_until(
-                lambda: [w for w in scheduler_workers(client) if w != survivor], HANG_GUARD,
-                "the worker with a lifetime did not join",
-            )  # fmt: skip
-            with DistributedSparseMLP(
-                model, client, partition=_parts(model), workers=[victim, survivor],
-                step_timeout=30,
-            ) as dist:  # fmt: skip
-
-                def at_its_end(epoch: int, loss: float) -> None:
-                    # the first epoch ends before the checkpoint that follows it is read
-                    wait_until(lambda: victim not in scheduler_workers(client), 120,
-                               "the worker did not close at the end of its lifetime", 0.5)
-
-                dist.fit(x, y, batch_size=8, epochs=2, lr=LR, progress=False,
-                         checkpoint=tmp_path, on_epoch=at_its_end)  # fmt: skip
-                assert dist.part_workers == [survivor, survivor]
-                trained = dist.gather()
-            assert mortal.wait(timeout=HANG_GUARD) == 0  # it closed by itself
-        finally:
-            if mortal.poll() is None:
-                mortal.kill()
-                mortal.wait()
     _assert_reference(trained, _reference_weights(x, y, 8, 2))
 
 
