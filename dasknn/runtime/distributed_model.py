@@ -316,13 +316,14 @@ class DistributedModel:
 
     def _replace_lost(self, workers: Sequence[str]) -> list[str]:
         """``workers`` with each one that is no longer running or is leaving (handed over)
-        replaced by a running worker of the cluster that is not among them, waiting (polls of
+        replaced by a running worker of the cluster that is not among them and has the memory
+        for its values (:func:`with_memory_room`, the most room first), waiting (polls of
         0.1 s) at most ``step_timeout`` for enough of them (as when a nanny restarts a worker).
 
         Raises
         ------
         WorkerLostError
-            If too few workers run by then.
+            If too few such workers run by then.
         """
         deadline = time.monotonic() + self.step_timeout
         while True:
@@ -336,7 +337,8 @@ class DistributedModel:
             if time.monotonic() > deadline:
                 raise WorkerLostError(
                     f"this {type(self).__name__} needs {len(workers)} workers to go on from its "
-                    f"checkpoint; {len(workers) - len(lost) + len(spare)} are running"
+                    f"checkpoint; {len(workers) - len(lost) + len(spare)} are running with the "
+                    "memory for its values"
                 )
             time.sleep(0.1)
         replaced = list(workers)
