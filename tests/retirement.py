@@ -6,9 +6,13 @@ values."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
+import dask
 import numpy as np
 import psutil
+from distributed import LocalCluster
 from polling import HANG_GUARD, wait_until
 
 from dasknn.runtime.cluster import scheduler_workers
@@ -49,3 +53,22 @@ def fill_memory_to(client, worker: str, fraction: float) -> None:
         lambda: scheduler_workers(client)[worker]["metrics"]["memory"] > (fraction - 0.01) * limit,
         HANG_GUARD, f"the memory of {worker} was not reported",
     )  # fmt: skip
+
+
+@contextmanager
+def pausing_cluster(local_directory) -> Iterator[LocalCluster]:
+    """Two single-threaded worker processes with a memory limit of 200 MiB, paused at half of it:
+    below what a worker with dasknn loaded takes, so Dask pauses them as the model is placed
+    (no spilling, no termination, the memory looked at every 20 ms)."""
+    limits = {
+        "distributed.worker.memory.target": False,
+        "distributed.worker.memory.spill": False,
+        "distributed.worker.memory.pause": 0.5,
+        "distributed.worker.memory.terminate": False,
+        "distributed.worker.memory.monitor-interval": "20ms",
+    }
+    with dask.config.set(limits), LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
+        memory_limit="200 MiB", local_directory=local_directory,
+    ) as cluster:  # fmt: skip
+        yield cluster

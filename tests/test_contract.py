@@ -31,7 +31,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import dask
 import dask.array as da
 import numpy as np
 import pytest
@@ -39,6 +38,7 @@ import scipy.sparse as sp
 from distributed import Client, LocalCluster, wait
 from polling import wait_until
 from random_layers import random_layers
+from retirement import pausing_cluster
 
 from dasknn.data_parallel import DistributedEmbeddingMLP
 from dasknn.exceptions import (
@@ -653,17 +653,7 @@ def test_a_paused_worker_is_a_step_timeout_error_naming_its_memory_limit(case, t
     Dask pauses them, and placing the model or its first step stops with an error naming the
     limit, within the step timeout."""
     X, y = case.data()
-    limits = {
-        "distributed.worker.memory.target": False,
-        "distributed.worker.memory.spill": False,
-        "distributed.worker.memory.pause": 0.5,
-        "distributed.worker.memory.terminate": False,
-        "distributed.worker.memory.monitor-interval": "20ms",
-    }
-    with dask.config.set(limits), LocalCluster(
-        n_workers=2, threads_per_worker=1, dashboard_address=":0", memory_limit="200 MiB",
-        local_directory=tmp_path,
-    ) as cluster, Client(cluster) as client:  # fmt: skip
+    with pausing_cluster(tmp_path) as cluster, Client(cluster) as client:
         started = time.monotonic()
         with pytest.raises(StepTimeoutError, match="paused at its memory limit: .* of 200 MiB"):
             with case.distributed(case.estimator(), client, step_timeout=3) as dist:

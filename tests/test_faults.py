@@ -15,7 +15,6 @@ import sys
 import threading
 import time
 
-import dask
 import numpy as np
 import pytest
 from checkpoint_watch import when_checkpoint
@@ -24,7 +23,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 from model_reference import DenseReference
 from polling import HANG_GUARD, wait_until
 from random_layers import random_layers
-from retirement import retire_after_steps
+from retirement import pausing_cluster, retire_after_steps
 from stopped_workers import stopped, wait_until_empty
 
 from dasknn.exceptions import ModelFailedError, StepTimeoutError, WorkerLostError
@@ -404,17 +403,7 @@ def test_worker_stopped_between_the_step_and_the_gather_is_reported_after_the_st
 def test_paused_worker_is_an_error_naming_the_memory_limit(tmp_path, messages):
     """Workers whose memory limit lies below what a worker process with dasknn loaded takes
     (about 200 MiB here): Dask pauses them; the run stops with an error naming the limit."""
-    limits = {
-        "distributed.worker.memory.target": False,
-        "distributed.worker.memory.spill": False,
-        "distributed.worker.memory.pause": 0.5,
-        "distributed.worker.memory.terminate": False,
-        "distributed.worker.memory.monitor-interval": "20ms",
-    }
-    with dask.config.set(limits), LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
-        memory_limit="200 MiB", local_directory=tmp_path,
-    ) as cluster, Client(cluster) as client:  # fmt: skip
+    with pausing_cluster(tmp_path) as cluster, Client(cluster) as client:
         x, y = _data()
         model = _model()
         start = time.monotonic()
