@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit, prange
 
+from dasknn.kernels.sorting import sort_prefix, stable_argsort_into
+
 __all__ = ["FOOTPRINT", "TILE_OUTPUTS", "FootprintTiles", "check_tileable", "tile_layers"]
 
 FOOTPRINT = 64  # most input neurons in one tile's footprint (one warp's shared activations)
@@ -110,20 +112,22 @@ def _column_order(indptr, indices, k, n, scratch):
             scratch[p - p0] = indices[p]
             ordered = ordered and (p == p0 or indices[p] > indices[p - 1])
         if not ordered:
-            scratch[:d].sort()
+            sort_prefix(scratch, d)
         h = np.uint64(14695981039346656037)  # FNV-1a over the sorted inputs
         for i in range(d):
             h = (h ^ np.uint64(scratch[i])) * np.uint64(1099511628211)
         first = np.int64(scratch[0]) if d > 0 else np.int64(n)
         keys[c] = (first << np.int64(31)) | np.int64(h >> np.uint64(33))
-    return np.argsort(keys, kind="mergesort")
+    order = np.empty(n, dtype=np.int64)
+    stable_argsort_into(keys, order)
+    return order
 
 
 @njit(cache=True)
 def _close_tile(indptr, indices, k, order, start, stop, members, size, marker, local):
     """Sort footprint ``members[:size]``, write ``local`` for columns ``order[start:stop]``, clear
     ``marker``."""
-    members[:size].sort()
+    sort_prefix(members, size)
     for r in range(size):
         marker[members[r]] = r
     for i in range(start, stop):

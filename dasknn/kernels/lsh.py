@@ -10,6 +10,7 @@ import numpy as np
 from numba import njit, prange
 
 from dasknn.kernels.random import rand_below, seed_stream
+from dasknn.kernels.sorting import stable_argsort_into
 
 __all__ = ["build_buckets", "dwta_codes", "mips_transform", "query_union", "simhash_codes"]
 
@@ -159,16 +160,18 @@ def mips_transform(weights, bias):  # pragma: no cover - compiled
 @njit(cache=True)
 def _stable_order(column, order):  # pragma: no cover - compiled
     """Write the stable argsort of ``column`` into ``order`` (a counting sort for small
-    non-negative values)."""
+    non-negative values, else a merge sort)."""
     n = column.shape[0]
     if n == 0:
         return
-    low = column.min()
-    span = column.max() + 1
+    low = column[0]
+    high = column[0]
+    for i in range(n):
+        low = min(low, column[i])
+        high = max(high, column[i])
+    span = high + 1
     if low < 0 or span > 4 * n + 1024:
-        sorted_order = np.argsort(column, kind="mergesort")
-        for i in range(n):
-            order[i] = sorted_order[i]
+        stable_argsort_into(column, order)
         return
     start = np.zeros(span + 1, dtype=np.int64)
     for i in range(n):
