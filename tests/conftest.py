@@ -5,6 +5,8 @@ from __future__ import annotations
 import gc
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -35,6 +37,31 @@ def pytest_addoption(parser):
         action="store_true",
         default=False,
         help="also run the tests marked slow (skipped by default; .ci/run runs them)",
+    )
+
+
+#: ``dasknn precompile`` running in the background while the tests run (``pytest_sessionstart``).
+_PRECOMPILE: list[subprocess.Popen] = []
+
+
+def _lowest_priority() -> None:
+    os.nice(19)
+
+
+def pytest_sessionstart(session):
+    """Start ``dasknn precompile`` at the lowest CPU priority: on a fresh clone it fills numba's
+    cache with the kernels on the core the tests leave idle (the test process mostly waits for
+    its workers), so that the tests and their workers load kernels instead of compiling them
+    one after another. A kernel a test reaches first is compiled by the test as without it;
+    the results are the same either way."""
+    _PRECOMPILE.append(
+        subprocess.Popen(
+            [sys.executable, "-m", "dasknn", "precompile", "--quiet"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=_lowest_priority,
+        )
     )
 
 
@@ -127,8 +154,11 @@ def pytest_sessionfinish(session):
     test cancelled a gather log their error with a formatted traceback when collected, and a
     collection that falls inside a later ``ast.parse`` (pytest's rewriting of a plugin module
     imported at the summary) makes CPython 3.11.7 fail with "SystemError: AST constructor
-    recursion depth mismatch"."""
+    recursion depth mismatch". Stop ``dasknn precompile`` if it still runs (a short run)."""
     gc.collect()
+    for process in _PRECOMPILE:
+        process.kill()
+        process.wait()
 
 
 @pytest.fixture(scope="module")

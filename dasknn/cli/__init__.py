@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 __all__ = ["main", "build_parser"]
 
-SUBCOMMANDS = ("partition", "challenge", "train", "samo", "parallax", "slide")
+SUBCOMMANDS = ("partition", "challenge", "train", "samo", "parallax", "slide", "precompile")
 DASK_LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
