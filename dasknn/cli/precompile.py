@@ -3,11 +3,12 @@
 Every numba kernel of dasknn is compiled on its first call in each process and kept in numba's
 cache beside its module (``dasknn/kernels/__pycache__``, or ``NUMBA_CACHE_DIR``); a later
 process with the same installation loads it in milliseconds. A fresh installation compiles
-about two minutes of kernels (on two cores) at the first steps of its workers, each worker the
-kernels it runs. This command runs every mode's one-process code paths on tiny problems, in
-``float32`` and ``float64``, so that the workers of a cluster started afterwards on the same
-installation (a shared file system under dask-jobqueue, a container image) load the kernels
-instead of compiling them. It writes nothing but numba's cache.
+about 70 s of kernels (one core; the sampled model's LSH kernels are most of it) at the first
+steps of its workers, each worker the kernels it runs. This command runs every mode's
+one-process code paths on tiny problems, in ``float32`` and ``float64``, so that the workers of
+a cluster started afterwards on the same installation (a shared file system under
+dask-jobqueue, a container image) load the kernels instead of compiling them. It writes nothing
+but numba's cache.
 """
 
 from __future__ import annotations
@@ -18,30 +19,31 @@ from collections.abc import Callable
 
 import numpy as np
 
+from dasknn.datasets import make_extreme_classification, radixnet
+from dasknn.datasets.tsv_parser import parse_triples
+from dasknn.inference._cpu_inference import warm_kernel
+from dasknn.kernels.cuda_inference import compact_layers
+from dasknn.kernels.footprint_tiles import tile_layers
+from dasknn.kernels.inference import pack_layers
+from dasknn.model import DenseMLP, EmbeddingMLP, SparseMLP
+from dasknn.pruning import magnitude_masks
+from dasknn.sampled import SampledMLP
+
 __all__ = ["WORKLOADS", "add_parser", "run"]
 
 DTYPES = ("float32", "float64")
 
 
 def _challenge(dtype: str) -> None:
-    from dasknn.inference._cpu_inference import warm_kernel
-
+    """The CPU engine's kernel, the host side of the tiled GPU kernel, the TSV parser."""
     warm_kernel(dtype)
-
-
-def _footprint_tiles(dtype: str) -> None:
-    from dasknn.datasets import radixnet
-    from dasknn.kernels.cuda_inference import compact_layers
-    from dasknn.kernels.footprint_tiles import tile_layers
-    from dasknn.kernels.inference import pack_layers
-
     compact = compact_layers(pack_layers(radixnet(64, 2), np.dtype(dtype)))
     tile_layers(compact.indptr, compact.indices)
+    parse_triples(b"1\t1\t1\n2\t2\t1\n")
 
 
 def _model_parallel(dtype: str) -> None:
-    from dasknn.model import SparseMLP
-
+    """The training kernels and optimizers of a sparse MLP (MSE and softmax)."""
     rng = np.random.default_rng(0)
     x = rng.random((8, 64)).astype(dtype)
     y = np.eye(4, dtype=dtype)[rng.integers(0, 4, 8)]
@@ -51,9 +53,7 @@ def _model_parallel(dtype: str) -> None:
 
 
 def _sampled(dtype: str) -> None:
-    from dasknn.datasets import make_extreme_classification
-    from dasknn.sampled import SampledMLP
-
+    """The LSH (SimHash and DWTA) and sampled-layer kernels of a two-shard model."""
     data = make_extreme_classification(n_samples=64, n_features=50, n_labels=40, seed=0)
     for family in ("simhash", "dwta"):
         model = SampledMLP(hidden=8, active_fraction=0.25, hash_family=family, k=2, n_tables=4,
@@ -61,9 +61,8 @@ def _sampled(dtype: str) -> None:
         model.fit(data.X, data.Y, batch_size=16, epochs=1)
 
 
-def _embedding(dtype: str) -> None:
-    from dasknn.model import EmbeddingMLP
-
+def _data_parallel(dtype: str) -> None:
+    """The embedding and dense kernels of an embedding MLP (softmax and sampled)."""
     rng = np.random.default_rng(0)
     windows, targets = rng.integers(0, 30, (32, 3)), rng.integers(0, 30, 32)
     for output in ("softmax", "sampled"):
@@ -72,10 +71,8 @@ def _embedding(dtype: str) -> None:
         model.fit(windows, targets, batch_size=16, epochs=1, lr=0.1)
 
 
-def _compressed(dtype: str) -> None:
-    from dasknn.model import DenseMLP
-    from dasknn.pruning import magnitude_masks
-
+def _pipeline(dtype: str) -> None:
+    """The compressed-state kernels of a pruned network."""
     rng = np.random.default_rng(0)
     dense = DenseMLP.init([16, 8, 4], seed=0, dtype=np.dtype(dtype))
     pruned = dense.prune(magnitude_masks(dense.weights, 0.5))
@@ -83,22 +80,14 @@ def _compressed(dtype: str) -> None:
                epochs=1, lr=0.1, progress=False)  # fmt: skip
 
 
-def _tsv(dtype: str) -> None:
-    from dasknn.datasets.tsv_parser import parse_triples
-
-    parse_triples(b"1\t1\t1\n2\t2\t1\n")
-
-
-#: ``(name, workload)`` in the order a first run of the test suite meets them.
-WORKLOADS: tuple[tuple[str, Callable[[str], None]], ...] = (
-    ("challenge", _challenge),
-    ("footprint tiles", _footprint_tiles),
-    ("model-parallel", _model_parallel),
-    ("sampled", _sampled),
-    ("embedding", _embedding),
-    ("compressed", _compressed),
-    ("tsv", _tsv),
-)
+#: The workload of each mode, in the order a first run of the test suite meets them.
+WORKLOADS: dict[str, Callable[[str], None]] = {
+    "challenge": _challenge,
+    "model-parallel": _model_parallel,
+    "sampled": _sampled,
+    "data-parallel": _data_parallel,
+    "pipeline": _pipeline,
+}
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -112,16 +101,23 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "afterwards on this installation load them instead of compiling them."
         ),
     )
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        choices=tuple(WORKLOADS),
+        default=tuple(WORKLOADS),
+        help="the modes whose kernels to compile (default: all)",
+    )
     parser.add_argument("--quiet", action="store_true", help="print nothing")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run :data:`WORKLOADS`; print the seconds each took unless ``--quiet``."""
-    for name, workload in WORKLOADS:
+    """Run the workloads of ``args.modes``; print the seconds each took unless ``--quiet``."""
+    for name in dict.fromkeys(args.modes):
         start = time.perf_counter()
         for dtype in DTYPES:
-            workload(dtype)
+            WORKLOADS[name](dtype)
         if not args.quiet:
             print(f"{name}: {time.perf_counter() - start:.1f} s")
     return 0
