@@ -17,9 +17,18 @@ single-threaded worker processes on 127.0.0.1, Dask's debugging records kept at
 Dask's own length or with the profiler, set ``DASK_DISTRIBUTED__ADMIN__LOW_LEVEL_LOG_LENGTH`` or
 ``DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=True`` (a value the user sets is kept).
 
+``--step-faults`` measures instead what a training step allocates afresh in each mode: the
+minor page faults of every worker over ``--steps`` steps after a warm-up call of ``fit``, per
+worker and step, on a ``LocalCluster`` of Dask's defaults (two single-threaded workers whose
+nannies set ``MALLOC_TRIM_THRESHOLD_``, so freed large buffers go back to the system and a new
+one is faulted in page by page), with the models' defaults and then with ``reuse_memory=True``
+where the mode has it (a fresh cluster each). A page is 4 KiB: faults x 4 KiB is the memory a
+step touches for the first time.
+
 Usage::
 
     python benchmarks/soak.py [--batches 2000] [--neurons 256]
+    python benchmarks/soak.py --step-faults [--steps 20]
 """
 
 from __future__ import annotations
@@ -27,20 +36,30 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import resource
 import time
 from contextlib import ExitStack
 
 import numpy as np
 import psutil
 from dask.utils import key_split
+from distributed import Client, LocalCluster
 from distributed.batched import BatchedSend
 from harness import add_json_option, describe, write_json
 
-from dasknn.model import SparseMLP
-from dasknn.model_parallel import DistributedSparseMLP
+from dasknn import (
+    DistributedCompressedMLP,
+    DistributedEmbeddingMLP,
+    DistributedSampledMLP,
+    DistributedSparseMLP,
+)
+from dasknn.datasets import make_extreme_classification
+from dasknn.model import DenseMLP, EmbeddingMLP, SparseMLP
+from dasknn.pruning import magnitude_masks
 from dasknn.runtime.cluster import open_client
 from dasknn.runtime.key_cache import remove_key_cache_bound
 from dasknn.runtime.measure import TOPIC
+from dasknn.sampled import SampledMLP
 
 MIB = 2**20
 
@@ -92,6 +111,74 @@ def soak_problem(neurons: int, layers: int, rows: int):
     return model, x, y, parts
 
 
+def _minor_faults(dask_worker=None) -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def _fault_modes(batch: int, steps: int) -> dict:
+    """Per mode: ``(make(client, reuse_memory) -> distributed model, X, y, fit keywords)``;
+    ``reuse_memory`` is ``None`` for a mode without the option. Every fit is ``steps`` steps."""
+    rng = np.random.default_rng(0)
+    rows = batch * steps
+    sparse_model = SparseMLP.radixnet(neurons=1024, layers=6, n_outputs=10, activation="relu",
+                                      loss="softmax_cross_entropy", scale="he", dtype=np.float32,
+                                      seed=0)
+    x = rng.random((rows, 1024), dtype=np.float32)
+    y = np.eye(10, dtype=np.float32)[rng.integers(0, 10, rows)]
+    words = rng.integers(0, 8192, (rows, 3))
+    dense = DenseMLP.init([1024, 300, 100, 10], seed=0)
+    pruned = dense.prune(magnitude_masks(dense.weights, 0.9))
+    xmc = make_extreme_classification(n_samples=rows, n_features=2000, n_labels=5000, seed=0)
+    sampled = SampledMLP(hidden=64, active_fraction=0.05, shards=2).initialize(2000, 5000)
+    fit = {"batch_size": batch, "epochs": 1, "shuffle": False}
+    return {
+        "model-parallel": (
+            lambda c, reuse: DistributedSparseMLP(sparse_model, c, reuse_memory=reuse),
+            x, y, {**fit, "lr": 0.01, "progress": False},
+        ),
+        "data-parallel": (
+            lambda c, reuse: DistributedEmbeddingMLP(
+                EmbeddingMLP(8192, 3, embed_dim=64, hidden=(128,)), c, sparse_partitions=2,
+                reuse_memory=reuse),
+            words, rng.integers(0, 8192, rows), {**fit, "lr": 0.1},
+        ),
+        "pipeline": (
+            lambda c, reuse: DistributedCompressedMLP(pruned, c, stages=2, microbatches=2,
+                                                      reuse_memory=reuse),
+            x, rng.integers(0, 10, rows), {**fit, "lr": 0.05, "progress": False},
+        ),
+        "sampled": (lambda c, reuse: DistributedSampledMLP(sampled, c), xmc.X, xmc.Y, fit),
+    }  # fmt: skip
+
+
+def step_faults(args: argparse.Namespace) -> None:
+    """Print and record the workers' minor faults a step per mode (``--step-faults``)."""
+    results = []
+    for mode, (make, x, y, fit) in _fault_modes(args.batch_size, args.steps).items():
+        for reuse in (False, True) if mode != "sampled" else (False,):
+            with ExitStack() as stack:
+                cluster = stack.enter_context(
+                    LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None)
+                )
+                client = stack.enter_context(Client(cluster))
+                dist = stack.enter_context(make(client, reuse))
+                dist.fit(x, y, **fit)  # warm-up: kernels, plans, first buffers
+                before = client.run(_minor_faults)
+                start = time.perf_counter()
+                dist.fit(x, y, **fit)
+                seconds = (time.perf_counter() - start) / args.steps
+                after = client.run(_minor_faults)
+            per_step = [(after[w] - before[w]) / args.steps for w in sorted(after)]
+            mean = float(np.mean(per_step))
+            print(f"{mode:15s} reuse_memory={reuse!s:5s}  minor faults a worker and step "
+                  f"{mean:9.0f} ({mean * 4 / 1024:6.1f} MiB)  per worker "
+                  f"{', '.join(f'{f:.0f}' for f in per_step)}  {seconds * 1e3:7.1f} ms a step",
+                  flush=True)  # fmt: skip
+            results.append({"mode": mode, "reuse_memory": reuse, "faults_per_step": mean,
+                            "per_worker": per_step, "ms_per_step": seconds * 1e3})
+    write_json(args.json, "soak.py --step-faults", results)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=2000)
@@ -112,9 +199,18 @@ def main() -> None:
         help="remove the model's bound on dask.utils.key_split's cache (dasknn.runtime.key_cache), "
         "to measure what it saves",
     )
+    parser.add_argument(
+        "--step-faults",
+        action="store_true",
+        help="measure the workers' minor page faults a training step in every mode instead",
+    )
+    parser.add_argument("--steps", type=int, default=20, help="measured steps (--step-faults)")
     add_json_option(parser)
     args = parser.parse_args()
     print(describe())
+    if args.step_faults:
+        step_faults(args)
+        return
     model, x, y, parts = soak_problem(args.neurons, args.layers, args.every * args.batch_size)
     with ExitStack() as stack:
         client = open_client(stack, workers=2)
