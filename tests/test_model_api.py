@@ -40,6 +40,22 @@ def test_activation_and_loss_registry():
         get_loss("hinge")
 
 
+@pytest.mark.parametrize("name", ["sigmoid", "relu", "clipped_relu", "identity"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_activations_written_into_out_equal_the_new_arrays(name, dtype):
+    activation = get_activation(name)
+    z = np.linspace(-40, 40, 24, dtype=dtype).reshape(4, 6)
+    z[0, :3] = (0, 32, -0.0)  # the kinks
+    a = activation.forward(z)
+    out = np.full_like(z, np.nan)  # stale values of an earlier step
+    assert activation.forward(z, out=out) is out
+    np.testing.assert_array_equal(out, a)
+    for given in (None, a):
+        out = np.full_like(z, np.nan)
+        assert activation.derivative(z, given, out=out) is out
+        np.testing.assert_array_equal(out, activation.derivative(z, given))
+
+
 @pytest.mark.parametrize("dtype, rtol", [(np.float64, 1e-15), (np.float32, 1e-6)])
 def test_sigmoid_matches_scipy_expit(dtype, rtol):
     from scipy.special import expit

@@ -1,4 +1,5 @@
-"""The worker plugin that keeps freed buffers for reuse (dasknn.runtime.worker_memory)."""
+"""The memory a model-parallel step reuses: the step arrays of the workers' pools
+(dasknn.runtime.buffers) and the plugin that keeps freed buffers (dasknn.runtime.worker_memory)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
+from dasknn.model_parallel._worker_state import ModelState
 from dasknn.runtime.worker_memory import PLUGIN_NAME
 
 glibc_only = pytest.mark.skipif(
@@ -76,3 +78,29 @@ def test_reuse_memory_is_opt_in_and_removed_on_close(dask_client):
     finally:
         dist.close()
     assert _memory_plugins(dask_client) == set()
+
+
+def _pooled(client, token: str) -> dict[str, int]:
+    def count(dask_worker) -> int:
+        pool = ModelState.on_worker(token, dask_worker).buffers
+        return sum(len(free) for free in pool._free.values())
+
+    return client.run(count)
+
+
+@pytest.mark.parametrize("messages", ["posted", "tasks"])
+def test_training_steps_reuse_the_arrays_of_the_steps_before(dask_client, messages):
+    model = SparseMLP.radixnet(64, 3, n_outputs=8, seed=0, dtype=np.float32)
+    rng = np.random.default_rng(0)
+    x = rng.random((64, 64), dtype=np.float32)
+    y = rng.random((64, 8), dtype=np.float32)
+    with DistributedSparseMLP(model, dask_client, nparts=2, messages=messages,
+                              microbatches=2) as dist:  # fmt: skip
+        dist.fit(x, y, batch_size=16, lr=0.1, progress=False, shuffle=False)  # 4 steps
+        after_one_epoch = _pooled(dask_client, dist.token)
+        dist.fit(x, y, batch_size=16, epochs=3, lr=0.1, progress=False, shuffle=False)
+        # every step's arrays are back in the pools, and the next steps took them again
+        # instead of new ones: the pools hold as many as after the first epoch
+        assert all(n > 0 for n in after_one_epoch.values()), after_one_epoch
+        assert _pooled(dask_client, dist.token) == after_one_epoch
+

@@ -1,10 +1,12 @@
 """Activation functions of the sparse MLP, with their derivatives from the pre-activation.
 
 Every activation maps a pre-activation ``z`` to ``a = f(z)`` elementwise and gives ``f'(z)``; both
-return new arrays of the dtype of ``z``. Where ``f`` has a kink (ReLU at 0, the clipped ReLU at 0
-and at its cap) the derivative taken is 0, the usual subgradient convention. The training paths
-pass the activations they already hold to :meth:`Activation.derivative`, so the sigmoid's
-derivative costs a multiplication instead of a second exponential.
+return arrays of the dtype of ``z``, new ones or the ``out`` given (a C-contiguous array of the
+shape and dtype of ``z``, which the training steps reuse from step to step). Where ``f`` has a
+kink (ReLU at 0, the clipped ReLU at 0 and at its cap) the derivative taken is 0, the usual
+subgradient convention. The training paths pass the activations they already hold to
+:meth:`Activation.derivative`, so the sigmoid's derivative costs a multiplication instead of a
+second exponential.
 """
 
 from __future__ import annotations
@@ -35,12 +37,16 @@ class Activation:
 
     name: str = ""
 
-    def forward(self, z: np.ndarray) -> np.ndarray:
-        """Return ``f(z)`` as a new array of the dtype of ``z``."""
+    def forward(self, z: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Return ``f(z)``: written into ``out`` when given, else a new array of the dtype of
+        ``z``."""
         raise NotImplementedError
 
-    def derivative(self, z: np.ndarray, a: np.ndarray | None = None) -> np.ndarray:
-        """Return ``f'(z)`` as a new array of the dtype of ``z``.
+    def derivative(
+        self, z: np.ndarray, a: np.ndarray | None = None, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Return ``f'(z)``: written into ``out`` when given, else a new array of the dtype of
+        ``z``.
 
         ``a``, when given, must be ``f(z)``; activations whose derivative is cheaper from it use it.
         """
@@ -55,14 +61,21 @@ class Sigmoid(Activation):
 
     name = "sigmoid"
 
-    def forward(self, z: np.ndarray) -> np.ndarray:
-        out = np.empty(z.shape, dtype=z.dtype)
+    def forward(self, z: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        if out is None:
+            out = np.empty(z.shape, dtype=z.dtype)
         sigmoid(np.ravel(z), out.reshape(-1))
         return out
 
-    def derivative(self, z: np.ndarray, a: np.ndarray | None = None) -> np.ndarray:
+    def derivative(
+        self, z: np.ndarray, a: np.ndarray | None = None, out: np.ndarray | None = None
+    ) -> np.ndarray:
         s = self.forward(z) if a is None else a
-        return s * (1 - s)
+        if out is None:
+            return s * (1 - s)
+        np.subtract(1, s, out=out)
+        out *= s
+        return out
 
 
 class ReLU(Activation):
@@ -70,11 +83,15 @@ class ReLU(Activation):
 
     name = "relu"
 
-    def forward(self, z: np.ndarray) -> np.ndarray:
-        return np.maximum(z, 0)
+    def forward(self, z: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        return np.maximum(z, 0, out=out)
 
-    def derivative(self, z: np.ndarray, a: np.ndarray | None = None) -> np.ndarray:
-        return (z > 0).astype(z.dtype)
+    def derivative(
+        self, z: np.ndarray, a: np.ndarray | None = None, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        if out is None:
+            return (z > 0).astype(z.dtype)
+        return np.greater(z, 0, out=out)
 
 
 class ClippedReLU(Activation):
@@ -83,11 +100,17 @@ class ClippedReLU(Activation):
     name = "clipped_relu"
     cap = 32.0
 
-    def forward(self, z: np.ndarray) -> np.ndarray:
-        return np.clip(z, 0, self.cap)
+    def forward(self, z: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        return np.clip(z, 0, self.cap, out=out)
 
-    def derivative(self, z: np.ndarray, a: np.ndarray | None = None) -> np.ndarray:
-        return ((z > 0) & (z < self.cap)).astype(z.dtype)
+    def derivative(
+        self, z: np.ndarray, a: np.ndarray | None = None, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        inside = (z > 0) & (z < self.cap)
+        if out is None:
+            return inside.astype(z.dtype)
+        np.copyto(out, inside)
+        return out
 
 
 class Identity(Activation):
@@ -95,11 +118,19 @@ class Identity(Activation):
 
     name = "identity"
 
-    def forward(self, z: np.ndarray) -> np.ndarray:
-        return np.array(z, copy=True)
+    def forward(self, z: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        if out is None:
+            return np.array(z, copy=True)
+        np.copyto(out, z)
+        return out
 
-    def derivative(self, z: np.ndarray, a: np.ndarray | None = None) -> np.ndarray:
-        return np.ones_like(z)
+    def derivative(
+        self, z: np.ndarray, a: np.ndarray | None = None, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        if out is None:
+            return np.ones_like(z)
+        out.fill(1)
+        return out
 
 
 ACTIVATIONS: dict[str, type[Activation]] = {

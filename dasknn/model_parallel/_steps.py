@@ -109,6 +109,14 @@ def _spmm_rows(x_in, sender, plan: LayerPartPlan, layer: PartLayer, z, accumulat
     spmm_forward(x_in[lo:hi], indptr, layer.indices, layer.values, z, accumulate)
 
 
+def _temporary(owner: ModelState, part_step: PartStep, ctx: StepContext, shape, dtype):
+    """An uninitialized array for one step: in a training step from the worker's pool (given
+    back at the step's end), in a forward pass new (the passes of several blocks run at once)."""
+    if ctx.training:
+        return owner.step_array(part_step, shape, dtype)
+    return np.empty(shape, dtype=dtype)
+
+
 def _ensure_forward(owner, ctx, part, i, k, plan, next_plan, x0, x0_rows, pieces, route):
     """Compute ``x_in``, ``z``, ``a`` of ``part`` in layer ``k`` once (the microbatch's
     :class:`MicrobatchStep` is returned); post its messages to ``route.local``."""
@@ -126,9 +134,9 @@ def _ensure_forward(owner, ctx, part, i, k, plan, next_plan, x0, x0_rows, pieces
         clock = time.perf_counter()
         a_prev = state.forward[k - 1][2]
         groups, batch, dtype = plan.groups, a_prev.shape[1], np.dtype(ctx.dtype)
-        x_in = np.empty((int(groups[-1]), batch), dtype=dtype)
+        x_in = _temporary(owner, part_step, ctx, (int(groups[-1]), batch), dtype)
         x_in[groups[part] : groups[part + 1]] = a_prev[plan.own]
-        z = np.empty((layer.shape[1], batch), dtype=dtype)
+        z = _temporary(owner, part_step, ctx, (layer.shape[1], batch), dtype)
         senders = plan.senders()
         seconds = {"pack": time.perf_counter() - clock, "forward_product": 0.0}
         if ctx.part_workers and senders:
@@ -148,7 +156,7 @@ def _ensure_forward(owner, ctx, part, i, k, plan, next_plan, x0, x0_rows, pieces
         clock = time.perf_counter()
         z += layer.bias[:, None]
         name = ctx.output_activation if k == ctx.n_layers else ctx.activation
-        a = get_activation(name).forward(z)
+        a = get_activation(name).forward(z, out=_temporary(owner, part_step, ctx, z.shape, dtype))
         if ctx.training:
             state.forward[k] = (x_in, z, a)
         else:  # every task of layer k-1 has run (``after``): its values are no longer needed
@@ -312,9 +320,13 @@ def _backward(owner, ctx, state, i, part, k, plan, layer: PartLayer, next_plan, 
         delta, state.loss = _output_delta(ctx, z, a, _input_block(y, y_rows), lse)
     else:
         own = state.partial.pop(k + 1)
-        grad_a = np.zeros_like(z)
+        part_step = owner.part_step(ctx.step, part)
+        grad_a = owner.step_array(part_step, z.shape, z.dtype)
+        grad_a.fill(0)
         grad_a[next_plan.own] = own[next_plan.groups[part] : next_plan.groups[part + 1]]
-        derivative = get_activation(ctx.activation).derivative(z, a)
+        derivative = get_activation(ctx.activation).derivative(
+            z, a, out=owner.step_array(part_step, z.shape, z.dtype)
+        )
         returning = sorted(next_plan.send)
         clock = time.perf_counter()
         received = _received(owner, ctx, i, "bwd", k + 1, part, returning, pieces, route)
@@ -344,7 +356,7 @@ def _accumulate(owner: ModelState, ctx, part_step: PartStep, x_in, delta, k: int
                 layer: PartLayer, background: bool = False) -> None:  # fmt: skip
     """Add one microbatch's gradient to the layer's sum; apply the optimizer with the last one."""
     start = time.perf_counter()
-    grad_w = np.empty_like(layer.values)
+    grad_w = owner.step_array(part_step, layer.values.shape, layer.values.dtype)
     one = layer.values.dtype.type(1)
     masked_outer_grad(x_in, delta, plan.indptr, layer.indices, one, grad_w)
     grad_b = delta.sum(axis=1)

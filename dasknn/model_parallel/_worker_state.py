@@ -11,6 +11,7 @@ import numpy as np
 import sparse
 
 from dasknn.optim import Optimizer, OptimizerSlots
+from dasknn.runtime.buffers import BufferPool
 from dasknn.runtime.model_plugin import ModelPlugin
 from dasknn.runtime.postbox import MESSAGE_TIMEOUT, Mailbox
 from dasknn.runtime.posted import PostedTask
@@ -73,14 +74,17 @@ class GradientSum:
 @dataclass
 class PartStep:
     """One part's values in one step: :class:`MicrobatchStep` per microbatch, :class:`GradientSum`
-    per layer until every microbatch's is in, the update-thread jobs, and the microbatches whose
-    layer 1 is done (``finished``)."""
+    per layer until every microbatch's is in, the update-thread jobs, the microbatches whose
+    layer 1 is done (``finished``), and the arrays taken from the worker's
+    :class:`~dasknn.runtime.buffers.BufferPool` (``buffers``, given back when the step is
+    dropped at its end)."""
 
     microbatches: dict[int, MicrobatchStep] = field(default_factory=dict)
     gradients: dict[int, GradientSum] = field(default_factory=dict)
     updates: list[Future] = field(default_factory=list)
     finished: int = 0
     lock: threading.RLock = field(default_factory=threading.RLock)
+    buffers: list[np.ndarray] = field(default_factory=list)
 
     def microbatch(self, i: int) -> MicrobatchStep:
         """The values of microbatch ``i`` (created on first use; call with ``lock`` held)."""
@@ -110,6 +114,8 @@ class ModelState(ModelPlugin):
         self.steps: dict[tuple[int, int], PartStep] = {}
         self._latest_step = 0  # the highest step number begun here
         self.mailbox = Mailbox()
+        #: The training steps' temporaries, reused from step to step.
+        self.buffers = BufferPool()
         #: ``messages="posted"``: the step task under way and the key a failing worker posts to.
         self.posting: PostedTask | None = None
         self.failed = None
@@ -158,9 +164,19 @@ class ModelState(ModelPlugin):
             return self.steps.setdefault((step, part), PartStep())
 
     def drop_part_step(self, step: int, part: int) -> None:
-        """Forget ``part``'s intermediate values of ``step``."""
+        """Forget ``part``'s intermediate values of ``step`` (its last task is done) and give
+        its arrays back to :attr:`buffers`."""
         with self._lock:
-            self.steps.pop((step, part), None)
+            dropped = self.steps.pop((step, part), None)
+        if dropped is not None:
+            self.buffers.give(dropped.buffers)
+
+    def step_array(self, part_step: PartStep, shape: tuple[int, ...], dtype) -> np.ndarray:
+        """An uninitialized array of ``shape`` and ``dtype`` from :attr:`buffers`, held by
+        ``part_step`` until its end (from either thread)."""
+        array = self.buffers.take(shape, dtype)
+        part_step.buffers.append(array)
+        return array
 
     def clear_steps(self) -> int:
         """Drop the steps in flight and the mailbox, refuse those begun; returns the count."""
