@@ -294,6 +294,8 @@ def main() -> None:
     parser.add_argument(
         "--microbatches", type=int, help="microbatches per step (default: the automatic choice)"
     )
+    parser.add_argument("--model-defaults", action="store_true",
+                        help="leave reuse_memory at the model's default (False) instead of True")
     parser.add_argument("--kernels", action="store_true",
                         help="time the training kernels against scipy.sparse instead")
     add_json_option(parser)
@@ -335,8 +337,8 @@ def main() -> None:
                 partition = graph.partition_network(model.weights, nparts, method, seed=0)
                 for messages in args.messages:
                     dist = DistributedSparseMLP(
-                        model, client, partition=partition, reuse_memory=True, messages=messages,
-                        microbatches=args.microbatches,
+                        model, client, partition=partition, messages=messages,
+                        reuse_memory=not args.model_defaults, microbatches=args.microbatches,
                     )
                     m = dist.step_microbatches(args.batch)
                     times = time_training(dist, x, y, args.batch, lr=args.lr)
