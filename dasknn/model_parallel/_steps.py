@@ -277,8 +277,8 @@ def backward_task(
                 _ensure_forward(owner, ctx, part, i, k, plan, None, None, None, forward_pieces,
                                 forward_route)  # fmt: skip
             layer = owner.layers[(k, part)]
-            delta = _backward(owner, ctx, state, i, part, k, plan, layer, next_plan, pieces, y,
-                              y_rows, lse, route)  # fmt: skip
+            delta = _backward(owner, ctx, part_step, i, part, k, plan, layer, next_plan, pieces,
+                              y, y_rows, lse, route)  # fmt: skip
             x_in = state.forward.pop(k)[0]
             if k >= 2 and not ctx.part_workers:
                 groups, partial = plan.groups, state.partial[k]
@@ -310,17 +310,17 @@ def backward_task(
     return state.loss
 
 
-def _backward(owner, ctx, state, i, part, k, plan, layer: PartLayer, next_plan, pieces, y, y_rows,
-              lse, route: Route):  # fmt: skip
-    """Return ``delta_k``, keep the partial sums for layer ``k-1`` (the messages of layer
-    ``k + 1`` are taken last)."""
+def _backward(owner, ctx, part_step: PartStep, i, part, k, plan, layer: PartLayer, next_plan,
+              pieces, y, y_rows, lse, route: Route):  # fmt: skip
+    """Return ``delta_k`` of microbatch ``i``, keep the partial sums for layer ``k-1`` (the
+    messages of layer ``k + 1`` are taken last)."""
+    state = part_step.microbatch(i)
     _, z, a = state.forward[k]
     start = time.perf_counter()
     if k == ctx.n_layers:
         delta, state.loss = _output_delta(ctx, z, a, _input_block(y, y_rows), lse)
     else:
         own = state.partial.pop(k + 1)
-        part_step = owner.part_step(ctx.step, part)
         grad_a = owner.step_array(part_step, z.shape, z.dtype)
         grad_a.fill(0)
         grad_a[next_plan.own] = own[next_plan.groups[part] : next_plan.groups[part + 1]]
