@@ -22,7 +22,7 @@ minor page faults of every worker over ``--steps`` steps after a warm-up call of
 worker and step, on a ``LocalCluster`` of Dask's defaults (two single-threaded workers whose
 nannies set ``MALLOC_TRIM_THRESHOLD_``, so freed large buffers go back to the system and a new
 one is faulted in page by page), with the models' defaults and then with ``reuse_memory=True``
-where the mode has it (a fresh cluster each). A page is 4 KiB: faults x 4 KiB is the memory a
+where the mode has it (a fresh cluster each). Faults x the page size (4 KiB here) is the memory a
 step touches for the first time.
 
 Usage::
@@ -116,8 +116,8 @@ def _minor_faults(dask_worker=None) -> int:
 
 
 def _fault_modes(batch: int, steps: int) -> dict:
-    """Per mode: ``(make(client, reuse_memory) -> distributed model, X, y, fit keywords)``;
-    ``reuse_memory`` is ``None`` for a mode without the option. Every fit is ``steps`` steps."""
+    """Per mode: ``(make(client, reuse_memory) -> distributed model, X, y, fit keywords)``; the
+    sampled model has no ``reuse_memory`` and ignores it. Every fit is ``steps`` steps."""
     rng = np.random.default_rng(0)
     rows = batch * steps
     sparse_model = SparseMLP.radixnet(neurons=1024, layers=6, n_outputs=10, activation="relu",
@@ -171,7 +171,7 @@ def step_faults(args: argparse.Namespace) -> None:
             per_step = [(after[w] - before[w]) / args.steps for w in sorted(after)]
             mean = float(np.mean(per_step))
             print(f"{mode:15s} reuse_memory={reuse!s:5s}  minor faults a worker and step "
-                  f"{mean:9.0f} ({mean * 4 / 1024:6.1f} MiB)  per worker "
+                  f"{mean:9.0f} ({mean * resource.getpagesize() / MIB:6.1f} MiB)  per worker "
                   f"{', '.join(f'{f:.0f}' for f in per_step)}  {seconds * 1e3:7.1f} ms a step",
                   flush=True)  # fmt: skip
             results.append({"mode": mode, "reuse_memory": reuse, "faults_per_step": mean,
