@@ -92,6 +92,7 @@ class _Records(logging.Handler):
         self.levels.append(record.levelno)
 
 
+@pytest.mark.slow
 def test_idx_inputs_on_own_local_cluster(tmp_path, capsys):
     """No --scheduler: the command starts (and stops) its own LocalCluster; IDX images in."""
     images = load_mnist_test()[0][:300]

@@ -475,6 +475,7 @@ def test_worker_load_options_fail_before_any_cluster():
                       load_on_workers=True)
 
 
+@pytest.mark.slow
 @needs_cuda_runtime
 def test_cli_load_on_workers(client, tmp_path, capsys):
     x = mnist_to_challenge_inputs(load_mnist_test()[0][:30], 8)

@@ -41,6 +41,7 @@ def test_parallax_trains_and_reports_the_measured_bytes(dask_client, tmp_path, c
     assert "epoch 2/2" in text and "(equal)" in text
 
 
+@pytest.mark.slow
 def test_parallax_resumes_its_checkpoint_to_the_losses_of_an_uninterrupted_run(
     dask_client, tmp_path, capsys
 ):

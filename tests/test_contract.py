@@ -467,13 +467,17 @@ def test_an_interrupted_fit_leaves_a_model_that_refuses_further_use(case, client
             deadline = time.monotonic() + 60
             while dist.n_steps_ < 2 and time.monotonic() < deadline:
                 time.sleep(0.01)
-            # Python drops an interrupt that lands where exceptions are ignored (a finalizer),
-            # as it drops a user's Ctrl-C there: press again; after three presses unheard, the
-            # next epoch's end raises it (the hang guard of a suite on a loaded machine)
+            # Python drops an interrupt that lands where exceptions are ignored (a finalizer or
+            # a gc callback), as it drops a user's Ctrl-C there: press again once the fit has
+            # gone on by two steps; after three presses unheard, the next epoch's end raises it
+            # (the hang guard of a suite on a loaded machine)
             for _ in range(3):
+                pressed_at = dist.n_steps_
                 _thread.interrupt_main()
-                if raised.wait(10):
-                    return
+                deadline = time.monotonic() + 60
+                while dist.n_steps_ < pressed_at + 2 and time.monotonic() < deadline:
+                    if raised.wait(0.01):
+                        return
             unheard.set()
 
         def at_epoch_end(epoch: int, loss: float) -> None:

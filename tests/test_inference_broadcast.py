@@ -77,6 +77,7 @@ def test_a_broadcast_given_up_at_a_stopped_worker_leaves_nothing(client, stopped
     wait_until_empty(lambda: keys_on_workers(client, "ndarray-"), 10, "a copy stayed on a worker")
 
 
+@pytest.mark.slow
 def test_broadcasts_finish_while_the_memory_manager_drops_copies():
     """Dask's active memory manager, run every 10 ms, drops a copy as soon as no task waits
     for it: every broadcast still finishes at once with the value on the cluster (waiting for

@@ -50,6 +50,7 @@ def _page_faults(mode: str) -> int:
     return int(out.stdout)
 
 
+@pytest.mark.slow
 @glibc_only
 def test_tuned_malloc_reuses_freed_buffers():
     untuned, tuned = _page_faults("untuned"), _page_faults("tuned")

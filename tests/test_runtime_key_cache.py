@@ -78,6 +78,7 @@ def _plugin_names(client) -> tuple[list[str], list[str]]:
     return on_scheduler, [name for names in on_workers.values() for name in names]
 
 
+@pytest.mark.slow
 def test_bound_keeps_the_cache_small_on_the_scheduler_and_every_worker(own_client):
     token = uuid.uuid4().hex[:16]
     name = key_cache_plugin_name(token)

@@ -116,6 +116,7 @@ def error_lines(err: str) -> list[str]:
     return [line for line in err.strip().splitlines() if " - distributed." not in line]
 
 
+@pytest.mark.slow
 def test_tls_cluster_trains_and_runs_the_challenge(tls_cluster, certificates, tmp_path, capsys):
     cluster, security = tls_cluster
     address = cluster.scheduler_address
