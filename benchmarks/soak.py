@@ -115,6 +115,9 @@ def _minor_faults(dask_worker=None) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
+FAULT_MODES = ("model-parallel", "data-parallel", "pipeline", "sampled")
+
+
 def _fault_modes(batch: int, steps: int) -> dict:
     """Per mode: ``(make(client, reuse_memory) -> distributed model, X, y, fit keywords)``; the
     sampled model has no ``reuse_memory`` and ignores it. Every fit is ``steps`` steps."""
@@ -155,6 +158,8 @@ def step_faults(args: argparse.Namespace) -> None:
     """Print and record the workers' minor faults a step per mode (``--step-faults``)."""
     results = []
     for mode, (make, x, y, fit) in _fault_modes(args.batch_size, args.steps).items():
+        if mode not in args.modes:
+            continue
         for reuse in (False, True) if mode != "sampled" else (False,):
             with ExitStack() as stack:
                 cluster = stack.enter_context(
@@ -205,6 +210,13 @@ def main() -> None:
         help="measure the workers' minor page faults a training step in every mode instead",
     )
     parser.add_argument("--steps", type=int, default=20, help="measured steps (--step-faults)")
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        choices=FAULT_MODES,
+        default=FAULT_MODES,
+        help="the modes --step-faults measures (default: all)",
+    )
     add_json_option(parser)
     args = parser.parse_args()
     print(describe())

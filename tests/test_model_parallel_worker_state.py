@@ -250,3 +250,31 @@ def test_a_dropped_step_is_refused_instead_of_started_afresh(dask_client):
     assert seen[9] == "started"
     with pytest.raises(ModelClosedError, match="holds no state of model"):
         dask_client.submit(ModelState.on_worker, token, pure=False).result(60)
+
+
+def _posted_arrays_of_two_tasks(token: str) -> dict:
+    """Task: two step tasks' posted arrays on this worker's :class:`ModelState`, the first
+    delivered, the second failed."""
+    from dasknn.model_parallel._worker_state import ModelState
+
+    owner = ModelState.on_worker(token)
+    first = owner.posted_array((4, 3), np.float32)
+    owner.end_posting(delivered=True)
+    again = owner.posted_array((4, 3), np.float32)
+    owner.end_posting(delivered=False)
+    after_failure = owner.posted_array((4, 3), np.float32)
+    return {"reused": again is first, "kept_after_failure": after_failure is again}
+
+
+def test_posted_arrays_are_reused_only_after_their_posts_are_delivered(dask_client):
+    """The arrays whose rows a posted step task sends go back to the worker's pool when every
+    post was acknowledged; a failed task's are left to Python (a post may still be read)."""
+    from dasknn.model_parallel._worker_state import ModelState
+
+    token = "posted-arrays-test"
+    dask_client.register_plugin(ModelState(token), name=ModelState.plugin_name(token))
+    try:
+        seen = dask_client.submit(_posted_arrays_of_two_tasks, token, pure=False).result(60)
+    finally:
+        dask_client.unregister_worker_plugin(ModelState.plugin_name(token))
+    assert seen == {"reused": True, "kept_after_failure": False}

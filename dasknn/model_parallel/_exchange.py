@@ -144,11 +144,14 @@ def worker_step(
     with PostedTask(owner.mailbox, dict(zip(workers, postboxes, strict=True))) as task:
         task.drop_ended(lambda key: key[1] >= ctx.step)  # step keys: the step second
         owner.posting, owner.failed = task, failed_key(ctx.token, ctx.step, me)
+        delivered = False
         try:
             with task.failing(others, f"worker {owner.address} failed in step {ctx.step}"):
                 loss = _step(owner, ctx, program, workers, plan, x, y, rows)
                 task.wait_posted(task.posts)
+            delivered = True
         finally:
+            owner.end_posting(delivered)
             owner.posting = owner.failed = None
     return loss
 

@@ -70,6 +70,15 @@ def _message_key(ctx, i: int, phase: str, k: int, sender: int, receiver: int) ->
     return step_key(phase_names(ctx.token)[phase], ctx.step, k, sender, receiver, i)
 
 
+def _rows(owner: ModelState, ctx, a: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``a[rows]``: with ``messages="posted"`` in a pooled array held until the step task's posts
+    are delivered (:meth:`ModelState.posted_array`), else new."""
+    if not ctx.part_workers:
+        return a[rows]
+    out = owner.posted_array((len(rows), *a.shape[1:]), a.dtype)
+    return a.take(rows, axis=0, out=out, mode="clip")  # rows are in range: no buffered copy
+
+
 def _post(owner: ModelState, ctx, i: int, phase: str, k: int, sender: int, messages: dict) -> None:
     """Leave ``{receiver: rows}`` of ``sender`` in the receiver's mailbox (posted if remote)."""
     for receiver, rows in messages.items():
@@ -128,7 +137,8 @@ def _ensure_forward(owner, ctx, part, i, k, plan, next_plan, x0, x0_rows, pieces
         if k == 0:
             a = _input_block(x0, x0_rows)
             state.forward[0] = (None, None, a)
-            _post(owner, ctx, i, "fwd", 0, part, {n: a[next_plan.send[n]] for n in route.local})
+            messages = {n: _rows(owner, ctx, a, next_plan.send[n]) for n in route.local}
+            _post(owner, ctx, i, "fwd", 0, part, messages)
             return state
         layer = owner.layers[(k, part)]
         clock = time.perf_counter()
@@ -164,8 +174,10 @@ def _ensure_forward(owner, ctx, part, i, k, plan, next_plan, x0, x0_rows, pieces
             del state.forward[k - 1]
         seconds["forward_product"] += time.perf_counter() - clock
         if route.local:
-            messages = {n: a[next_plan.send[n]] for n in route.local}
-            _timed(seconds, "pack", _post, owner, ctx, i, "fwd", k, part, messages)
+            clock = time.perf_counter()
+            messages = {n: _rows(owner, ctx, a, next_plan.send[n]) for n in route.local}
+            _post(owner, ctx, i, "fwd", k, part, messages)
+            seconds["pack"] += time.perf_counter() - clock
         for kind, value in seconds.items():
             owner.add_time(kind, value)
     return state
@@ -336,7 +348,11 @@ def _backward(owner, ctx, part_step: PartStep, i, part, k, plan, layer: PartLaye
         grad_a *= derivative
         delta = grad_a
     if k >= 2:
-        partial = state.partial[k] = np.empty((int(plan.groups[-1]), z.shape[1]), dtype=z.dtype)
+        shape = (int(plan.groups[-1]), z.shape[1])
+        if ctx.part_workers:  # its rows are posted: pooled until they are delivered
+            partial = state.partial[k] = owner.posted_array(shape, z.dtype)
+        else:  # its rows are task results: new
+            partial = state.partial[k] = np.empty(shape, dtype=z.dtype)
         if ctx.part_workers:  # the other owners' rows first, each posted as soon as computed
             groups = plan.groups
             for n in [n for n in route.local if n != part] + [part]:

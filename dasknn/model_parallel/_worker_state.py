@@ -118,6 +118,8 @@ class ModelState(ModelPlugin):
         self.buffers = BufferPool()
         #: ``messages="posted"``: the step task under way and the key a failing worker posts to.
         self.posting: PostedTask | None = None
+        #: The pooled arrays whose rows the step task under way posts (:meth:`posted_array`).
+        self._posted: list[np.ndarray] = []
         self.failed = None
         self.timings: dict[str, float] = defaultdict(float)
         self._lock = threading.Lock()
@@ -177,6 +179,23 @@ class ModelState(ModelPlugin):
         array = self.buffers.take(shape, dtype)
         part_step.buffers.append(array)
         return array
+
+    def posted_array(self, shape: tuple[int, ...], dtype) -> np.ndarray:
+        """An uninitialized array from :attr:`buffers` for values the step task under way posts
+        (``messages="posted"``), held until :meth:`end_posting`."""
+        array = self.buffers.take(shape, dtype)
+        with self._lock:
+            self._posted.append(array)
+        return array
+
+    def end_posting(self, delivered: bool) -> None:
+        """Release the arrays of :meth:`posted_array`: back to :attr:`buffers` once every post
+        of the step task is ``delivered`` (acknowledged by its receiver); otherwise (the task
+        failed, a post may still be read) left to Python."""
+        with self._lock:
+            posted, self._posted = self._posted, []
+        if delivered:
+            self.buffers.give(posted)
 
     def clear_steps(self) -> int:
         """Drop the steps in flight and the mailbox, refuse those begun; returns the count."""
