@@ -310,48 +310,15 @@ def run_ddp(
     output: str,
     n_sampled: int,
 ) -> dict | None:
-    n = cluster.workers
-    master = cluster._ip(1)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0"}
-    procs = []
-    for rank in range(n):
-        command = [
-            "ip",
-            "netns",
-            "exec",
-            cluster.namespaces[rank + 1],
-            sys.executable,
-            __file__,
-            "--ddp-rank",
-            str(rank),
-            "--ddp-world",
-            str(n),
-            "--ddp-master",
-            master,
-            "--ddp-model",
-            model,
-            "--steps",
-            str(steps),
-            "--warmup",
-            str(warmup),
-            "--output",
-            output,
-            "--n-sampled",
-            str(n_sampled),
-        ] + (["--ddp-sparse"] if sparse else [])
-        procs.append(
-            subprocess.Popen(
-                command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-            )
-        )
-    out = None
-    for rank, proc in enumerate(procs):
-        stdout, stderr = proc.communicate(timeout=1800)
-        if rank == 0 and proc.returncode == 0:
-            out = json.loads(stdout.strip().splitlines()[-1])
-        elif proc.returncode != 0:
-            print(f"DDP rank {rank} failed: {stderr.strip()[-500:]}", flush=True)
-    return out
+    command = [
+        __file__, "--ddp-model", model, "--steps", str(steps), "--warmup", str(warmup),
+        "--output", output, "--n-sampled", str(n_sampled),
+    ] + (["--ddp-sparse"] if sparse else [])  # fmt: skip
+    env = {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0"}
+    outputs = cluster.run_ranks(*command, env=env)
+    if outputs[0] is None:
+        return None
+    return json.loads(outputs[0].strip().splitlines()[-1])
 
 
 # ------------------------------------------------------------------ learning curve
@@ -521,9 +488,9 @@ def main() -> None:
     parser.add_argument("--learn", action="store_true")
     parser.add_argument("--learn-windows", type=int, default=60000)
     parser.add_argument("--learn-epochs", type=int, default=5)
-    parser.add_argument("--ddp-rank", type=int)
-    parser.add_argument("--ddp-world", type=int)
-    parser.add_argument("--ddp-master")
+    parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--world", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--master", help=argparse.SUPPRESS)
     parser.add_argument("--ddp-model")
     parser.add_argument("--ddp-sparse", action="store_true")
     parser.add_argument(
@@ -549,14 +516,8 @@ def main() -> None:
     if args.compute:
         compute(args)
         return
-    if args.ddp_rank is not None:
-        args.rank, args.world, args.master, args.model, args.sparse = (
-            args.ddp_rank,
-            args.ddp_world,
-            args.ddp_master,
-            args.ddp_model,
-            args.ddp_sparse,
-        )
+    if args.rank is not None:  # one DDP rank, started by NetCluster.run_ranks
+        args.model, args.sparse = args.ddp_model, args.ddp_sparse
         ddp_worker(args)
         return
     print(f"machine: {describe()}", flush=True)

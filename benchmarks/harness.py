@@ -269,6 +269,30 @@ class NetCluster:
             subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
         subprocess.run(["ip", "link", "del", self._host_link], capture_output=True)
 
+    def run_ranks(self, *command: str, env: dict | None = None, timeout: float = 1800) -> list:
+        """Run ``python command... --rank R --world N --master IP`` in the namespace of every
+        worker ``R + 1`` at once (one process a node, as ``torch.distributed`` launches its
+        ranks; the master is worker 1's address) and return each rank's stdout, or ``None``
+        for a rank that failed (its stderr's tail is printed)."""
+        n, master = self.workers, self._ip(1)
+        env = {**os.environ, **(env or {})}
+        procs = [
+            subprocess.Popen(
+                ["ip", "netns", "exec", self.namespaces[rank + 1], sys.executable, *command,
+                 "--rank", str(rank), "--world", str(n), "--master", master],
+                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            for rank in range(n)
+        ]
+        outputs = []
+        for rank, proc in enumerate(procs):
+            stdout, stderr = proc.communicate(timeout=timeout)
+            if proc.returncode != 0:
+                print(f"rank {rank} failed: {stderr.strip()[-500:]}", flush=True)
+                stdout = None
+            outputs.append(stdout)
+        return outputs
+
     def __enter__(self) -> NetCluster:
         return self.start()
 

@@ -39,12 +39,15 @@ from __future__ import annotations
 
 import os
 
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
+for _var in _THREAD_VARS:
     os.environ[_var] = "1"
 
+import json  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 import tracemalloc  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 from harness import describe  # noqa: E402
@@ -92,8 +95,9 @@ def batch(n_inputs: int, rows: int, seed: int = 0):
     return rng.uniform(0, 1, (rows, n_inputs)).astype(np.float32), rng.integers(0, 10, rows)
 
 
-def torch_pruned(dense: DenseMLP, masks):
-    """The network in torch with ``prune.custom_from_mask`` on every layer and Adam."""
+def torch_pruned(dense: DenseMLP, masks, ddp: bool = False):
+    """The network in torch with ``prune.custom_from_mask`` on every layer and Adam; with
+    ``ddp``, wrapped in ``DistributedDataParallel`` (a process group must be initialized)."""
     import torch
     from torch.nn.utils import prune
 
@@ -106,14 +110,16 @@ def torch_pruned(dense: DenseMLP, masks):
             lin.bias.copy_(torch.from_numpy(b))
         prune.custom_from_mask(lin, "weight", torch.from_numpy(m.T.copy()))
         layers.append(lin)
-    opt = torch.optim.Adam([p for lin in layers for p in lin.parameters()], lr=1e-3)
+    modules = [m for lin in layers[:-1] for m in (lin, torch.nn.ReLU())] + [layers[-1]]
+    net = torch.nn.Sequential(*modules)
+    if ddp:
+        net = torch.nn.parallel.DistributedDataParallel(net)
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
 
     def step(x, y):
         opt.zero_grad()
-        a = torch.from_numpy(x)
-        for k, lin in enumerate(layers):
-            a = lin(a) if k == len(layers) - 1 else torch.relu(lin(a))
-        torch.nn.functional.cross_entropy(a, torch.from_numpy(y)).backward()
+        out = net(torch.from_numpy(x))
+        torch.nn.functional.cross_entropy(out, torch.from_numpy(y)).backward()
         opt.step()
 
     def state_bytes():
@@ -890,6 +896,93 @@ def workers(rows: int = 256, microbatches: int = 4, steps: int = 5) -> None:
     )
 
 
+# ---------------------------------------------------------------------------- links
+def links(replicas=(2, 4), rate: str = "1gbit", rows: int = 256, steps: int = 7) -> None:
+    """Compressed-gradient data parallelism (SAMO) against dense-gradient data parallelism of
+    the same network, D replicas on a :class:`~harness.NetCluster` of ``rate`` links, beside
+    PyTorch DDP (gloo) training the masked model on the same links and batch."""
+    from distributed import Client
+    from harness import NetCluster, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is not None:
+        print(f"\n### Links: skipped ({reason})")
+        return
+    dense = DenseMLP.init(MLP_1024_3, seed=0)
+    masks = magnitude_masks(dense.weights, P)
+    every = [np.ones(w.shape, dtype=bool) for w in dense.weights]
+    models = {
+        "SAMO fp32, compressed gradients": dense.prune(masks),
+        "dense gradients (every weight kept, dense compute)": dense.prune(every, compute="dense"),
+    }
+    x, y = batch(784, rows)
+    print(
+        f"\n### Links: 784-1024-1024-1024-10, p = {P}, batch {rows}, Adam, D replicas on "
+        f"{rate} links (median of {steps} steps)\n"
+    )
+    print("| D | training | bytes a step | vs dense | time a step | dense / this |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: |")
+    env = {"PYTHONPATH": os.environ.get("PYTHONPATH", str(Path(__file__).resolve().parents[1]))}
+    env |= {var: "1" for var in _THREAD_VARS}
+    for d in replicas:
+        rows_of = {}
+        with NetCluster(workers=d, rate=rate, env=env) as net, Client(net.address) as client:
+            for name, model in models.items():
+                with DistributedCompressedMLP(model, client, replicas=d) as pipe:
+                    for _ in range(2):  # kernels, plans, postboxes
+                        pipe.train_step(x, y, optimizer=Adam())
+                    pipe.reset_comm()
+                    times = []
+                    for _ in range(steps):
+                        start = time.perf_counter()
+                        pipe.train_step(x, y, optimizer=Adam())
+                        times.append(time.perf_counter() - start)
+                    report = pipe.comm_report()
+                exact = "= formula" if report.exact else "differs from formula"
+                rows_of[name] = (report.total() // report.steps, statistics.median(times), exact)
+            command = [__file__, "--ddp-rows", str(rows), "--ddp-steps", str(steps)]
+            outputs = net.run_ranks(*command, env={**env, "GLOO_SOCKET_IFNAME": "eth0"})
+        base_bytes, base_time, _ = rows_of["dense gradients (every weight kept, dense compute)"]
+        for name, (moved, seconds, exact) in rows_of.items():
+            print(
+                f"| {d} | {name} | {moved:,} ({exact}) | {moved / base_bytes:.3f} | "
+                f"{seconds * 1e3:.1f} ms | {base_time / seconds:.2f}x |"
+            )
+        if outputs[0] is not None:
+            seconds = json.loads(outputs[0].strip().splitlines()[-1])["seconds"]
+            n = sum(w.size + b.size for w, b in zip(dense.weights, dense.biases, strict=True))
+            moved = 2 * (d - 1) * n * 4  # a ring allreduce of the dense gradients, float32
+            print(
+                f"| {d} | PyTorch DDP (gloo), masked model | {moved:,} (ring formula) | "
+                f"{moved / base_bytes:.3f} | {seconds * 1e3:.1f} ms | {base_time / seconds:.2f}x |"
+            )
+
+
+def ddp_rank(rank: int, world: int, master: str, rows: int, steps: int) -> None:
+    """One rank of PyTorch DDP (gloo) training the masked network on its rows of the batch;
+    rank 0 prints the median step time as JSON (started by :meth:`NetCluster.run_ranks`)."""
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://{master}:29500", rank=rank, world_size=world
+    )
+    dense = DenseMLP.init(MLP_1024_3, seed=0)
+    step, _ = torch_pruned(dense, magnitude_masks(dense.weights, P), ddp=True)
+    x, y = batch(784, rows)
+    mine = np.array_split(np.arange(rows), world)[rank]
+    x, y = x[mine], y[mine]
+    times = []
+    for _ in range(2 + steps):
+        dist.barrier()
+        start = time.perf_counter()
+        step(x, y)
+        times.append(time.perf_counter() - start)
+    dist.barrier()
+    if rank == 0:
+        print(json.dumps({"seconds": statistics.median(times[2:])}), flush=True)
+    dist.destroy_process_group()
+
+
 SECTIONS = {
     "memory": memory,
     "accuracy": accuracy,
@@ -897,6 +990,7 @@ SECTIONS = {
     "bubble": bubble,
     "received": received,
     "workers": workers,
+    "links": links,
 }
 
 if __name__ == "__main__":
@@ -930,7 +1024,21 @@ if __name__ == "__main__":
         help="clusters to run the modes on (bubble): dask = Dask's defaults, dasknn = "
         "dasknn.runtime.cluster.local_cluster (worker profiler off)",
     )
+    parser.add_argument(
+        "--links-replicas", type=int, nargs="+", default=[2, 4], help="replicas D (links)"
+    )
+    parser.add_argument("--links-rate", default="1gbit", help="link rate, tc notation (links)")
+    parser.add_argument("--links-rows", type=int, default=256, help="batch rows (links)")
+    parser.add_argument("--links-steps", type=int, default=7, help="measured steps (links)")
+    parser.add_argument("--ddp-rows", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--ddp-steps", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--world", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--master", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.rank is not None:  # one DDP rank of the links section (NetCluster.run_ranks)
+        ddp_rank(args.rank, args.world, args.master, args.ddp_rows, args.ddp_steps)
+        raise SystemExit
     unknown = [name for name in args.sections if name not in SECTIONS]
     if unknown:
         parser.error(f"unknown sections {unknown}; choose from {list(SECTIONS)}")
@@ -943,6 +1051,10 @@ if __name__ == "__main__":
                 tuple(args.bubble_m),
                 tuple(args.bubble_messages),
                 tuple(args.bubble_clusters),
+            )
+        elif name == "links":
+            links(
+                tuple(args.links_replicas), args.links_rate, args.links_rows, args.links_steps
             )
         else:
             SECTIONS[name]()
