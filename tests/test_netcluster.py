@@ -38,6 +38,13 @@ def test_two_workers_on_shaped_links():
             capture_output=True, text=True,
         ).stdout
         assert "tbf" in qdisc and "1Gbit" in qdisc
+        # one process a worker's namespace, told its rank, the world and the master's address
+        outputs = cluster.run_ranks("-c", "import sys; print(sys.argv[1:])", timeout=60)
+        master = workers[0].removeprefix("tcp://").split(":")[0]
+        for rank, out in enumerate(outputs):
+            assert out.strip() == str(["--rank", str(rank), "--world", "2", "--master", master])
+        failed = cluster.run_ranks("-c", "import sys; sys.exit(3)", timeout=60)
+        assert failed == [None, None]
         names = cluster.namespaces
     assert not set(names) & set(_namespaces().split())
 
