@@ -2,10 +2,12 @@
 ``dasknn``, ``graph``, ``benchmarks``, ``examples``, ``tests`` nor ``README.md`` (of a notebook:
 its cells' sources) names a working period of the project, an issue number, a branch, a run by
 its letter and number, or the date of a run. Every file is read, this one too (its patterns and
-examples are spelled so that they do not match themselves); a file that is not UTF-8 text (a
-``.gz``, a ``.pyc``) has no lines to check. The few legitimate uses of the same words (pytest's
-fixture scope and hooks, a Bokeh or an interactive client's state) are the patterns of
-``ALLOWED``, blanked out of the text before it is searched; no file is left out."""
+examples are spelled so that they do not match themselves), but for what Python, numba and the
+tools write beside the sources (``__pycache__``, ``*.egg-info``, the tools' caches: they come
+and go while the tests run); a file that is not UTF-8 text (a ``.gz``) has no lines to check.
+The few legitimate uses of the same words (pytest's fixture scope and hooks, a Bokeh or an
+interactive client's state) are the patterns of ``ALLOWED``, blanked out of the text before it
+is searched; no other file is left out."""
 
 from __future__ import annotations
 
@@ -47,11 +49,20 @@ ALLOWED = [
 ]
 
 
+#: Folders of generated files, left out.
+GENERATED = {"__pycache__", ".pytest_cache", ".ruff_cache", ".hypothesis", ".benchmarks"}
+
+
+def _generated(path: Path) -> bool:
+    parts = path.relative_to(ROOT).parts[:-1]
+    return any(part in GENERATED or part.endswith(".egg-info") for part in parts)
+
+
 def text_files() -> list[Path]:
-    """Every file of the trees and of ``FILES``, sorted."""
+    """Every file of the trees and of ``FILES`` but the generated ones, sorted."""
     found = [ROOT / name for name in FILES]
     for tree in TREES:
-        found += [p for p in (ROOT / tree).rglob("*") if p.is_file()]
+        found += [p for p in (ROOT / tree).rglob("*") if p.is_file() and not _generated(p)]
     return sorted(found)
 
 
