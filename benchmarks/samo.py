@@ -1,7 +1,8 @@
 """SAMO (compressed model states of pruned networks) against its baselines, in the same run.
 
 Run: ``python3 benchmarks/samo.py [section ...]`` with sections
-``memory``, ``accuracy``, ``speed``, ``bubble``, ``received``, ``workers`` (default: all);
+``memory``, ``accuracy``, ``speed``, ``bubble``, ``received``, ``workers``, ``links`` (default:
+all);
 ``--bubble-m``, ``--bubble-steps`` and ``--bubble-rows`` shrink the bubble section (default m 2 4
 8, 3 steps, 2,048 rows a microbatch), ``--bubble-messages`` picks the pipeline's modes (default
 ``tasks``, ``posted``, ``posted-pinned``, ``posted-reuse``, ``posted-reuse-pinned``, in the same
@@ -32,7 +33,12 @@ algorithms, not thread counts. Prints markdown tables with their targets:
   from the other worker against a copy of it and one made locally, and on a cold stash (the first
   of ``m`` microbatches) against a warm one;
 - **workers**: at a per-worker memory limit where the dense model with a mask needs S = 2, the
-  planner's choice for SAMO, with bytes and time per step of both.
+  planner's choice for SAMO, with bytes and time per step of both;
+- **links** (root; ``--links-replicas``, ``--links-rate``, ``--links-rows``, ``--links-steps``):
+  compressed-gradient data parallelism (S = 1, D replicas) against dense-gradient data
+  parallelism of the same network (every weight kept, dense compute) and PyTorch DDP (gloo) of
+  the masked model, each worker in a network namespace of ``harness.NetCluster``: bytes a step
+  (measured against the formula) and time a step.
 """
 
 from __future__ import annotations
