@@ -349,11 +349,9 @@ def _backward(owner, ctx, part_step: PartStep, i, part, k, plan, layer: PartLaye
         delta = grad_a
     if k >= 2:
         shape = (int(plan.groups[-1]), z.shape[1])
-        if ctx.part_workers:  # its rows are posted: pooled until they are delivered
-            partial = state.partial[k] = owner.posted_array(shape, z.dtype)
-        else:  # its rows are task results: new
-            partial = state.partial[k] = np.empty(shape, dtype=z.dtype)
         if ctx.part_workers:  # the other owners' rows first, each posted as soon as computed
+            # (pooled until the posts are delivered)
+            partial = state.partial[k] = owner.posted_array(shape, z.dtype)
             groups = plan.groups
             for n in [n for n in route.local if n != part] + [part]:
                 lo, hi = int(groups[n]), int(groups[n + 1])
@@ -361,7 +359,8 @@ def _backward(owner, ctx, part_step: PartStep, i, part, k, plan, layer: PartLaye
                 spmm_backward(delta, indptr, layer.indices, layer.values, partial[lo:hi])
                 if n != part:
                     _post(owner, ctx, i, "bwd", k, part, {n: partial[lo:hi]})
-        else:
+        else:  # its rows are task results: new
+            partial = state.partial[k] = np.empty(shape, dtype=z.dtype)
             spmm_backward(delta, plan.indptr, layer.indices, layer.values, partial)
     state.backward_done.add(k)
     owner.add_time("backward_product", time.perf_counter() - start)
