@@ -848,6 +848,23 @@ def bubble(
     )
 
 
+def timed_steps(pipe, x, y, warmup: int, steps: int) -> tuple[int, float, str]:
+    """``warmup`` untimed Adam steps of ``pipe`` on ``(x, y)``, then ``steps`` timed ones: the
+    bytes a timed step moved between workers, the median seconds a step, and whether the bytes
+    equal the formula."""
+    for _ in range(warmup):  # kernels, plans, postboxes
+        pipe.train_step(x, y, optimizer=Adam())
+    pipe.reset_comm()  # the timed steps' traffic
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        pipe.train_step(x, y, optimizer=Adam())
+        times.append(time.perf_counter() - start)
+    report = pipe.comm_report()
+    exact = "= formula" if report.exact else "differs from formula"
+    return report.total() // report.steps, statistics.median(times), exact
+
+
 def workers(rows: int = 256, microbatches: int = 4, steps: int = 5) -> None:
     dense = DenseMLP.init(MLP_1024_3, seed=0)
     masks = magnitude_masks(dense.weights, P)
@@ -882,19 +899,10 @@ def workers(rows: int = 256, microbatches: int = 4, steps: int = 5) -> None:
                 replicas=plan.replicas,
                 microbatches=microbatches,
             ) as pipe:
-                pipe.train_step(x, y, optimizer=Adam())
-                pipe.reset_comm()  # the timed steps' traffic
-                times = []
-                for _ in range(steps):
-                    start = time.perf_counter()
-                    pipe.train_step(x, y, optimizer=Adam())
-                    times.append(time.perf_counter() - start)
-                report = pipe.comm_report()
-            moved = report.total() // report.steps
+                moved, seconds, exact = timed_steps(pipe, x, y, 1, steps)
             print(
                 f"| {name} | {plan.stages} x {plan.replicas} | {max(plan.stage_bytes):,} | "
-                f"{moved:,} ({'= formula' if report.exact else 'differs from formula'}) | "
-                f"{statistics.median(times) * 1e3:.1f} ms |"
+                f"{moved:,} ({exact}) | {seconds * 1e3:.1f} ms |"
             )
     print(
         "\n(the dense model with a mask runs as compressed stages with dense compute: the same "
@@ -935,17 +943,7 @@ def links(replicas=(2, 4), rate: str = "1gbit", rows: int = 256, steps: int = 7)
         with NetCluster(workers=d, rate=rate, env=env) as net, Client(net.address) as client:
             for name, model in models.items():
                 with DistributedCompressedMLP(model, client, replicas=d) as pipe:
-                    for _ in range(2):  # kernels, plans, postboxes
-                        pipe.train_step(x, y, optimizer=Adam())
-                    pipe.reset_comm()
-                    times = []
-                    for _ in range(steps):
-                        start = time.perf_counter()
-                        pipe.train_step(x, y, optimizer=Adam())
-                        times.append(time.perf_counter() - start)
-                    report = pipe.comm_report()
-                exact = "= formula" if report.exact else "differs from formula"
-                rows_of[name] = (report.total() // report.steps, statistics.median(times), exact)
+                    rows_of[name] = timed_steps(pipe, x, y, 2, steps)
             command = [__file__, "--ddp-rows", str(rows), "--ddp-steps", str(steps)]
             outputs = net.run_ranks(*command, env={**env, "GLOO_SOCKET_IFNAME": "eth0"})
         base_bytes, base_time, _ = rows_of["dense gradients (every weight kept, dense compute)"]

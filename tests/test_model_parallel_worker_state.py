@@ -194,18 +194,24 @@ def _take_with_idle_work(token: str) -> dict:
     return seen
 
 
+def _on_a_model_state(client, token: str, task):
+    """The result of ``task(token)`` run on a worker of ``client`` while a :class:`ModelState`
+    plugin of ``token`` is registered (removed again afterwards)."""
+    from dasknn.model_parallel._worker_state import ModelState
+
+    client.register_plugin(ModelState(token), name=ModelState.plugin_name(token))
+    try:
+        return client.submit(task, token, pure=False).result(timeout=60)
+    finally:
+        client.unregister_worker_plugin(ModelState.plugin_name(token))
+
+
 def test_idle_work_runs_while_a_message_is_missing(dask_client):
     """``take`` runs the queued jobs (the weight updates of ``messages="posted"``) only while the
     message it needs has not arrived, one at a time and in order; ``run_idle`` runs what is left;
     ``clear_steps`` drops them."""
-    from dasknn.model_parallel._worker_state import ModelState
-
     token = "idle-work-test"
-    dask_client.register_plugin(ModelState(token), name=ModelState.plugin_name(token))
-    try:
-        seen = dask_client.submit(_take_with_idle_work, token, pure=False).result(timeout=60)
-    finally:
-        dask_client.unregister_worker_plugin(ModelState.plugin_name(token))
+    seen = _on_a_model_state(dask_client, token, _take_with_idle_work)
     assert seen["ready"] == ([0.0], [])
     assert seen["late"] == ([1.0, 1.0], ["first", "second"])
     assert seen["during"] == ([2.0, 2.0, 2.0], ["first", "second"])
@@ -239,11 +245,7 @@ def test_a_dropped_step_is_refused_instead_of_started_afresh(dask_client):
     from dasknn.model_parallel._worker_state import ModelState
 
     token = "dropped-step-test"
-    dask_client.register_plugin(ModelState(token), name=ModelState.plugin_name(token))
-    try:
-        seen = dask_client.submit(_drop_steps_between_two_layers, token, pure=False).result(60)
-    finally:
-        dask_client.unregister_worker_plugin(ModelState.plugin_name(token))
+    seen = _on_a_model_state(dask_client, token, _drop_steps_between_two_layers)
     assert seen["dropped"] == 2
     for step in (7, 8):
         assert seen[step].startswith(f"step {step} was dropped on this worker"), seen[step]
@@ -269,12 +271,6 @@ def _posted_arrays_of_two_tasks(token: str) -> dict:
 def test_posted_arrays_are_reused_only_after_their_posts_are_delivered(dask_client):
     """The arrays whose rows a posted step task sends go back to the worker's pool when every
     post was acknowledged; a failed task's are left to Python (a post may still be read)."""
-    from dasknn.model_parallel._worker_state import ModelState
-
     token = "posted-arrays-test"
-    dask_client.register_plugin(ModelState(token), name=ModelState.plugin_name(token))
-    try:
-        seen = dask_client.submit(_posted_arrays_of_two_tasks, token, pure=False).result(60)
-    finally:
-        dask_client.unregister_worker_plugin(ModelState.plugin_name(token))
+    seen = _on_a_model_state(dask_client, token, _posted_arrays_of_two_tasks)
     assert seen == {"reused": True, "kept_after_failure": False}
