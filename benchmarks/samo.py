@@ -1040,6 +1040,8 @@ if __name__ == "__main__":
     parser.add_argument("--world", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--master", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if min(args.links_replicas) < 2:
+        parser.error("--links-replicas: at least 2 replicas (one exchanges no gradients)")
     if args.rank is not None:  # one DDP rank of the links section (NetCluster.run_ranks)
         ddp_rank(args.rank, args.world, args.master, args.ddp_rows, args.ddp_steps)
         raise SystemExit
