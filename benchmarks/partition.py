@@ -159,11 +159,12 @@ def loop_table(layers, parts, args):
 def compare_table(layers, parts, args):
     sub = layers[: args.compare_layers]
     print(
-        f"\n### KaHyPar vs Mt-KaHyPar, {args.name}, first {len(sub)} layers "
+        f"\n### KaHyPar vs Mt-KaHyPar vs swaps, {args.name}, first {len(sub)} layers "
         "(H/R average volume | seconds)\n"
     )
     configs = [
         ("kahypar", True), ("mtkahypar", True), ("kahypar", False), ("mtkahypar", False),
+        ("swap", False),
     ]
     head = " | ".join(f"{b}{'' if exact else ' no-assign'} H/R | s" for b, exact in configs)
     print(f"| P | {head} |")
@@ -239,6 +240,7 @@ def stream_run(neurons: int, depth: int, nparts: int, args) -> None:
         graph.partition_stream(
             iter_radixnet(neurons, depth, seed=args.seed), nparts,
             parts_out=Path(folder) / "parts.npz", seed=args.seed, report=report,
+            backend=args.stream_backend,
         )
         stored = (Path(folder) / "parts.npz").stat().st_size
     seconds = time.perf_counter() - start
@@ -250,7 +252,8 @@ def stream_run(neurons: int, depth: int, nparts: int, args) -> None:
         f"\n| network | P | seconds | s/layer | peak RSS (GiB) | H/R volume | floor/R "
         f"| H/R messages | max imbalance | parts file (MB) |\n"
         f"|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
-        f"| RadiX-Net {neurons} x {depth} | {nparts} | {seconds:.0f} | {seconds / depth:.2f} "
+        f"| RadiX-Net {neurons} x {depth} ({args.stream_backend}) | {nparts} | {seconds:.0f} "
+        f"| {seconds / depth:.2f} "
         f"| {rss:.2f} | {ratio:.4f} | {floor:.4f} | {messages:.4f} | {imbalance[0]:.4f} "
         f"| {stored / 1e6:.1f} |"
     )
@@ -269,7 +272,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--loop", action="store_true", help="run the straightforward loop")
     parser.add_argument("--loop-layers", type=int, default=24, help="layers for --loop")
-    parser.add_argument("--compare", action="store_true", help="kahypar vs mtkahypar")
+    parser.add_argument("--compare", action="store_true", help="kahypar vs mtkahypar vs swap")
     parser.add_argument("--compare-layers", type=int, default=24, help="layers for --compare")
     parser.add_argument("--refine", action="store_true", help="two-sided refinement gain")
     parser.add_argument("--radixnet4096", action="store_true", help="also RadiX-Net 4096 x 120")
@@ -277,6 +280,8 @@ def main() -> None:
                         help="also time generating RadiX-Net networks and reading the official one")
     parser.add_argument("--stream", type=int, nargs=3, metavar=("N", "L", "P"),
                         help="only the streamed partition of RadiX-Net N x L at P parts")
+    parser.add_argument("--stream-backend", default=graph.DEFAULT_BACKEND, choices=graph.BACKENDS,
+                        help="phase solver of --stream (default: %(default)s)")
     parser.add_argument("--stream-every", type=int, default=10,
                         help="print progress every this many layers (--stream)")
     add_json_option(parser)

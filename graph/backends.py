@@ -1,7 +1,8 @@
-"""Calls into the hypergraph partitioners: Mt-KaHyPar and KaHyPar, on the CSR arrays of a
-:class:`~graph.hypergraph.PhaseHypergraph`. Fixed vertices weigh 1 and raise their part's limit
-by that; weightless free vertices are placed after the others by the parts their nets touch
-(docs/partitioning.md, "Solving a phase").
+"""Calls into the phase solvers: KaHyPar, Mt-KaHyPar and the project's swap search
+(:mod:`graph.swap`), on the CSR arrays of a :class:`~graph.hypergraph.PhaseHypergraph`; ``auto``
+picks per phase. Fixed vertices weigh 1 and raise their part's limit by that; weightless free
+vertices are placed after the others by the parts their nets touch (docs/partitioning.md,
+"Solving a phase").
 """
 
 from __future__ import annotations
@@ -14,10 +15,22 @@ import numpy as np
 import scipy.sparse as sp
 
 from graph.hypergraph import PhaseHypergraph
+from graph.swap import solve_by_swaps
 
-__all__ = ["BACKENDS", "KAHYPAR_CONFIG", "MTKAHYPAR_PRESETS", "block_weight_limits", "run_backend"]
+__all__ = [
+    "BACKENDS",
+    "KAHYPAR_CONFIG",
+    "MTKAHYPAR_PRESETS",
+    "SWAP_MIN_PARTS",
+    "block_weight_limits",
+    "choose_backend",
+    "run_backend",
+]
 
-BACKENDS = ("mtkahypar", "kahypar")
+BACKENDS = ("auto", "kahypar", "mtkahypar", "swap")
+#: ``auto`` solves a phase with fixed vertices by swaps from this many parts on: there KaHyPar's
+#: k-way search costs about a second a phase whatever the size (docs/partitioning.md).
+SWAP_MIN_PARTS = 256
 MTKAHYPAR_PRESETS = ("DEFAULT", "DETERMINISTIC", "QUALITY")
 KAHYPAR_CONFIG = "kahypar_km1.ini"
 
@@ -32,12 +45,20 @@ def block_weight_limits(hypergraph: PhaseHypergraph, nparts: int, epsilon: float
     return limits
 
 
+def choose_backend(hypergraph: PhaseHypergraph, nparts: int) -> str:
+    """What ``auto`` runs on ``hypergraph``: ``swap`` when it has fixed vertices and at least
+    :data:`SWAP_MIN_PARTS` parts, else ``kahypar``."""
+    if len(hypergraph.fixed_parts) and nparts >= SWAP_MIN_PARTS:
+        return "swap"
+    return "kahypar"
+
+
 def run_backend(
     hypergraph: PhaseHypergraph,
     nparts: int,
     epsilon: float,
     seed: int,
-    backend: str = "mtkahypar",
+    backend: str = "auto",
     preset: str = "DEFAULT",
 ) -> np.ndarray:
     """Partition ``hypergraph`` into ``nparts`` parts minimising connectivity-1.
@@ -50,8 +71,8 @@ def run_backend(
         Allowed imbalance of the free vertices.
     seed : int
         Random seed of the partitioner.
-    backend : {"mtkahypar", "kahypar"}
-        Which partitioner to call.
+    backend : {"auto", "kahypar", "mtkahypar", "swap"}
+        Which solver to call (``auto``: :func:`choose_backend`).
     preset : str
         Mt-KaHyPar preset (ignored by KaHyPar, which reads the project's configuration file).
 
@@ -62,6 +83,8 @@ def run_backend(
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown partitioning backend {backend!r}; choose one of {BACKENDS}")
+    if backend == "auto":
+        backend = choose_backend(hypergraph, nparts)
     if hypergraph.num_free == 0:
         return np.zeros(0, dtype=np.int64)
     if nparts == 1:
@@ -83,6 +106,9 @@ def _run_weighted(
 ) -> np.ndarray:
     """The backend's part of every free vertex of ``hypergraph``, all of positive weight."""
     limits = block_weight_limits(hypergraph, nparts, epsilon)
+    if backend == "swap":
+        fixed_weight = np.bincount(hypergraph.fixed_parts, minlength=nparts)
+        return solve_by_swaps(hypergraph, nparts, limits - fixed_weight, seed)
     if backend == "mtkahypar":
         parts = _run_mtkahypar(hypergraph, nparts, epsilon, seed, preset, limits)
     else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 import scipy.sparse as sp
 
@@ -17,6 +18,7 @@ __all__ = [
     "build_phase_hypergraph",
     "identical_classes",
     "identical_vertex_chunks",
+    "merge_identical_nets",
 ]
 
 NET_COST = 2
@@ -72,9 +74,36 @@ def _set_hashes(offsets: np.ndarray, items: np.ndarray) -> np.ndarray:
     rng = np.random.default_rng(_HASH_SEED)
     top = int(items.max()) + 1 if len(items) else 1
     keys = rng.integers(1, 2**63, size=(2, top), dtype=np.uint64)
-    running = np.zeros((2, len(items) + 1), dtype=np.uint64)
-    np.cumsum(keys[:, items], axis=1, out=running[:, 1:])
-    return running[:, offsets[1:]] - running[:, offsets[:-1]]
+    hashes = np.empty((2, len(offsets) - 1), dtype=np.uint64)
+    _sum_keys(np.asarray(offsets, dtype=np.int64), np.asarray(items, dtype=np.int64), keys, hashes)
+    return hashes
+
+
+@numba.njit(cache=True, nogil=True)
+def _sort_within(offsets, items):  # pragma: no cover - numba
+    """Sort every set ``items[offsets[v]:offsets[v+1]]`` in place (insertion sort: sets are
+    small)."""
+    for v in range(len(offsets) - 1):
+        for t in range(offsets[v] + 1, offsets[v + 1]):
+            item = items[t]
+            s = t - 1
+            while s >= offsets[v] and items[s] > item:
+                items[s + 1] = items[s]
+                s -= 1
+            items[s + 1] = item
+
+
+@numba.njit(cache=True, nogil=True)
+def _sum_keys(offsets, items, keys, hashes):  # pragma: no cover - numba
+    """``hashes[:, v]``: the wrapping sums of ``keys[:, item]`` over the items of set ``v``."""
+    for v in range(len(offsets) - 1):
+        first = np.uint64(0)
+        second = np.uint64(0)
+        for t in range(offsets[v], offsets[v + 1]):
+            first += keys[0, items[t]]
+            second += keys[1, items[t]]
+        hashes[0, v] = first
+        hashes[1, v] = second
 
 
 def identical_classes(offsets: np.ndarray, items: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -84,10 +113,21 @@ def identical_classes(offsets: np.ndarray, items: np.ndarray, weights: np.ndarra
     2**-100, would only merge two vertices; the hypergraphs stay exact for them).
     """
     hashes = _set_hashes(offsets, items)
-    keys = np.stack(
-        [hashes[0], hashes[1], np.diff(offsets).astype(np.uint64), weights.astype(np.uint64)]
-    )
-    return np.unique(keys, axis=1, return_inverse=True)[1].reshape(-1)
+    keys = (hashes[0], hashes[1], np.diff(offsets), np.asarray(weights))
+    return _key_ranks(keys)
+
+
+def _key_ranks(keys: tuple[np.ndarray, ...]) -> np.ndarray:
+    """Rank of every position among the distinct tuples of ``keys`` (equal arrays), ordered by
+    the last key first, then the one before, ...; one ``np.lexsort``."""
+    order = np.lexsort(keys)
+    differs = np.zeros(len(order), dtype=bool)
+    for key in keys:
+        ordered = key[order]
+        differs[1:] |= ordered[1:] != ordered[:-1]
+    ranks = np.empty(len(order), dtype=np.int64)
+    ranks[order] = np.cumsum(differs)
+    return ranks
 
 
 def identical_vertex_chunks(
@@ -232,15 +272,53 @@ def build_phase_hypergraph(
         net_weights = np.concatenate(
             [net_weights, np.full(int(has_consumers.sum()), NET_COST, dtype=np.int64)]
         )
+    offsets, pins, net_weights = merge_identical_nets(offsets, pins, net_weights)
     return PhaseHypergraph(
         num_free=num_chunks,
         vertex_weights=vertex_weights,
         fixed_parts=fixed_parts,
         net_offsets=offsets,
         net_pins=pins,
-        net_weights=net_weights.astype(np.int64),
+        net_weights=net_weights,
         vertex_of_neuron=chunk_of,
     )
+
+
+def merge_identical_nets(
+    offsets: np.ndarray, pins: np.ndarray, weights: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Replace nets with the same pin set by one net weighing their sum (connectivity-1 of every
+    placement unchanged). Candidates are found by :func:`_set_hashes` and then compared pin by pin,
+    so the result is exact; cost: a sort of the pins and one of the nets.
+
+    Returns
+    -------
+    offsets, pins, weights : numpy.ndarray
+        The merged nets in CSR form (pins sorted within each net) and their ``int64`` weights,
+        in the order of each set's first net.
+    """
+    offsets = np.asarray(offsets, dtype=np.int64)
+    weights = np.asarray(weights, dtype=np.int64)
+    num_nets = len(offsets) - 1
+    if num_nets < 2:
+        return offsets, np.asarray(pins, dtype=np.int64), weights
+    sizes = np.diff(offsets)
+    net_of_pin = np.repeat(np.arange(num_nets), sizes)
+    pins = np.array(pins, dtype=np.int64)
+    _sort_within(offsets, pins)
+    hashes = _set_hashes(offsets, pins)
+    ranks = _key_ranks((hashes[1], hashes[0], sizes))
+    first_of_rank = np.full(int(ranks.max()) + 1, num_nets, dtype=np.int64)
+    np.minimum.at(first_of_rank, ranks, np.arange(num_nets))
+    representative = first_of_rank[ranks]  # the first net of each candidate set
+    within = np.arange(len(pins)) - offsets[net_of_pin]
+    if not np.array_equal(pins, pins[offsets[representative][net_of_pin] + within]):
+        return offsets, pins, weights  # a hash collision: leave every net as it is
+    keep = representative == np.arange(num_nets)
+    number = np.cumsum(keep) - 1
+    merged_weights = np.bincount(number[representative], weights=weights, minlength=int(keep.sum()))
+    new_offsets = np.concatenate([[0], np.cumsum(sizes[keep])]).astype(np.int64)
+    return new_offsets, pins[np.repeat(keep, sizes)], merged_weights.astype(np.int64)
 
 
 def _prepend_pins(

@@ -34,7 +34,7 @@ class PhaseSettings:
     seed : int
         Partitioner seed.
     backend : str
-        ``mtkahypar`` or ``kahypar``.
+        ``auto``, ``kahypar``, ``mtkahypar`` or ``swap`` (:func:`graph.backends.run_backend`).
     preset : str
         Mt-KaHyPar preset.
     max_chunk : int
@@ -46,7 +46,7 @@ class PhaseSettings:
     nparts: int
     epsilon: float = 0.01
     seed: int = 0
-    backend: str = "kahypar"
+    backend: str = "auto"
     preset: str = "DEFAULT"
     max_chunk: int = 16
     exact_assignment: bool = True

@@ -17,7 +17,7 @@ from graph.refine import refine_parts
 __all__ = ["METHODS", "DEFAULT_BACKEND", "partition_network", "check_network"]
 
 METHODS = ("hypergraph", "random", "block")
-DEFAULT_BACKEND = "kahypar"
+DEFAULT_BACKEND = "auto"
 
 
 def check_network(layers: Sequence[sp.spmatrix]) -> None:
@@ -73,8 +73,9 @@ def partition_network(
         ``block``: contiguous ranges.
     epsilon : float
         Allowed load imbalance of every phase (hypergraph method).
-    backend : {"mtkahypar", "kahypar"}
-        Hypergraph partitioner.
+    backend : {"auto", "kahypar", "mtkahypar", "swap"}
+        Phase solver (:mod:`graph.backends`); ``auto`` runs KaHyPar, or the swap search on
+        phases with fixed vertices from :data:`graph.backends.SWAP_MIN_PARTS` parts on.
     seed : int
         Seed of the partitioner or of the random baseline.
     preset : str

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numba
 import numpy as np
 import scipy.sparse as sp
 
@@ -24,6 +25,9 @@ from graph.multiphase import PhaseSettings, iter_phase_parts
 from graph.network_partition import _FORMAT
 
 __all__ = ["PhaseReport", "layer_report", "partition_stream", "phase_reports_dict"]
+
+#: Most parts for which the report counts links in a dense table (16 MiB of flags at most).
+_LINK_TABLE = 4096
 
 
 @dataclass(frozen=True)
@@ -61,25 +65,48 @@ class PhaseReport:
         return self.volume / self.random_volume if self.random_volume else 0.0
 
 
-def _distinct(keys: np.ndarray) -> np.ndarray:
-    """The distinct values of ``keys``, sorted (an in-place sort: cheaper than ``np.unique``)."""
-    keys.sort()
-    if len(keys) == 0:
-        return keys
-    return keys[np.concatenate(([True], keys[1:] != keys[:-1]))]
-
-
 def _words_and_messages(
     layer: sp.csr_matrix, input_parts: np.ndarray, output_parts: np.ndarray, nparts: int
 ) -> tuple[int, int]:
     """Forward plus backward words and messages of one layer, as :func:`graph.partition_metrics`."""
-    rows = np.repeat(np.arange(layer.shape[0], dtype=np.int64), np.diff(layer.indptr))
-    pairs = _distinct(rows * nparts + np.asarray(output_parts, dtype=np.int64)[layer.indices])
-    neuron, consumer = np.divmod(pairs, nparts)
-    owner = np.asarray(input_parts, dtype=np.int64)[neuron]
-    remote = consumer != owner
-    links = _distinct(owner[remote] * nparts + consumer[remote])
-    return 2 * int(remote.sum()), 2 * len(links)
+    remote, links = _remote_pairs(
+        layer.indptr.astype(np.int64),
+        layer.indices.astype(np.int64),
+        np.asarray(input_parts, dtype=np.int64),
+        np.asarray(output_parts, dtype=np.int64),
+        nparts,
+    )
+    return 2 * int(remote), 2 * int(links)
+
+
+@numba.njit(cache=True, nogil=True)
+def _remote_pairs(indptr, indices, input_parts, output_parts, nparts):  # pragma: no cover - numba
+    """``(remote, links)``: distinct (input, consuming part) pairs off the input's owner, and
+    distinct (owner, consumer) part pairs among them; one pass over the nonzeros (links counted
+    in a ``nparts x nparts`` table up to :data:`_LINK_TABLE` parts, else by a sort)."""
+    seen = np.full(nparts, -1, dtype=np.int64)
+    table = nparts <= _LINK_TABLE
+    linked = np.zeros(nparts * nparts if table else 0, dtype=np.bool_)
+    codes = np.empty(0 if table else len(indices), dtype=np.int64)
+    remote = 0
+    links = 0
+    for i in range(len(indptr) - 1):
+        owner = input_parts[i]
+        for t in range(indptr[i], indptr[i + 1]):
+            consumer = output_parts[indices[t]]
+            if consumer != owner and seen[consumer] != i:
+                seen[consumer] = i
+                code = owner * nparts + consumer
+                if table:
+                    if not linked[code]:
+                        linked[code] = True
+                        links += 1
+                else:
+                    codes[remote] = code
+                remote += 1
+    if not table:
+        links = len(np.unique(codes[:remote]))
+    return remote, links
 
 
 def layer_report(
@@ -137,7 +164,7 @@ def partition_stream(
     *,
     parts_out: str | os.PathLike,
     epsilon: float = 0.01,
-    backend: str = "kahypar",
+    backend: str = "auto",
     seed: int = 0,
     preset: str = "DEFAULT",
     max_chunk: int = 16,

@@ -11,8 +11,8 @@ import pytest
 
 from dasknn.cli import main
 
-# Runs the workloads of the modes given in argv[1:] and prints, per kernel of dasknn.kernels
-# that they called, the signatures loaded from numba's cache and those compiled.
+# Runs the workloads of the modes given in argv[1:] and prints, per kernel of dasknn.kernels and
+# graph that they called, the signatures loaded from numba's cache and those compiled.
 _STATS = """
 import json, sys
 import numba
@@ -22,7 +22,7 @@ for name in sys.argv[1:]:
         WORKLOADS[name](dtype)
 stats = {}
 for module in list(sys.modules.values()):
-    if getattr(module, "__name__", "").startswith("dasknn.kernels."):
+    if getattr(module, "__name__", "").startswith(("dasknn.kernels.", "graph.")):
         for attr, value in vars(module).items():
             if isinstance(value, numba.core.registry.CPUDispatcher) and value.signatures:
                 hits, misses = value.stats.cache_hits, value.stats.cache_misses
@@ -61,7 +61,7 @@ def test_a_later_process_loads_the_pipeline_kernels_from_the_cache(tmp_path):
 
 @pytest.mark.slow
 def test_a_later_process_loads_every_modes_kernels_from_the_cache(tmp_path):
-    modes = ("challenge", "model-parallel", "sampled", "data-parallel", "pipeline")
+    modes = ("challenge", "model-parallel", "sampled", "data-parallel", "pipeline", "partition")
     _precompile(tmp_path, *modes)
     _assert_all_loaded(_kernel_stats(tmp_path, *modes))
 

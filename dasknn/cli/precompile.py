@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+import graph
 from dasknn.datasets import make_extreme_classification, radixnet
 from dasknn.datasets.tsv_parser import parse_triples
 from dasknn.inference._cpu_inference import warm_kernel
@@ -28,6 +29,7 @@ from dasknn.kernels.inference import pack_layers
 from dasknn.model import DenseMLP, EmbeddingMLP, SparseMLP
 from dasknn.pruning import magnitude_masks
 from dasknn.sampled import SampledMLP
+from graph.stream import layer_report
 
 __all__ = ["WORKLOADS", "add_parser", "run"]
 
@@ -80,6 +82,16 @@ def _pipeline(dtype: str) -> None:
                epochs=1, lr=0.1, progress=False)  # fmt: skip
 
 
+def _partition(dtype: str) -> None:
+    """The partitioner's kernels: net hashing, the swap search and the streamed report (once;
+    they take no float data)."""
+    if dtype != DTYPES[0]:
+        return
+    layers = radixnet(1024, 2)
+    partition = graph.partition_network(layers, 256, exact_assignment=False)
+    layer_report(2, layers[1], partition.parts[1], partition.parts[2], 256)
+
+
 #: The workload of each mode, in the order a first run of the test suite meets them.
 WORKLOADS: dict[str, Callable[[str], None]] = {
     "challenge": _challenge,
@@ -87,6 +99,7 @@ WORKLOADS: dict[str, Callable[[str], None]] = {
     "sampled": _sampled,
     "data-parallel": _data_parallel,
     "pipeline": _pipeline,
+    "partition": _partition,
 }
 
 
