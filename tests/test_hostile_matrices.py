@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import zipfile
 
 import numpy as np
 import pytest
@@ -128,6 +129,21 @@ def test_index_beyond_the_shape_does_not_reach_predict(tmp_path):
                            timeout=120)
     assert child.returncode == 0, child.stderr
     assert "rejected:" in child.stdout and "bad.npz" in child.stdout
+
+
+def test_a_null_byte_in_an_array_header_is_a_value_error(tmp_path):
+    SparseMLP.radixnet(neurons=64, layers=2, seed=0).save(tmp_path / "m.npz")
+    with zipfile.ZipFile(tmp_path / "m.npz") as source:
+        members = {name: source.read(name) for name in source.namelist()}
+    name = next(n for n in members if n != "header.npy")
+    # the .npy header: its shape "(64, 64)" becomes "\x0064, 64)"
+    end = members[name].index(b"\n") + 1
+    members[name] = members[name][:end].replace(b"(", b"\x00", 1) + members[name][end:]
+    with zipfile.ZipFile(tmp_path / "null.npz", "w") as target:
+        for member, data in members.items():
+            target.writestr(member, data)
+    with pytest.raises(ValueError, match="null.npz: not a readable .npz model file"):
+        SparseMLP.load(tmp_path / "null.npz")
 
 
 @pytest.mark.parametrize("cut", [0.3, 0.7, 0.99])

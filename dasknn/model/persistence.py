@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import struct
+import tokenize
 import zipfile
 import zlib
 from collections.abc import Sequence
@@ -177,7 +178,7 @@ def write_model(path: str | os.PathLike, record: ModelRecord) -> None:
 
 #: What reading a damaged or foreign archive can raise (zipfile: an encrypted entry is a
 #: ``RuntimeError``, an entry of a newer zip version a ``NotImplementedError``; numpy: a bad
-#: ``.npy`` header a ``ValueError``, ``SyntaxError`` or ``struct.error``).
+#: ``.npy`` header a ``ValueError``, ``SyntaxError``, ``tokenize.TokenError`` or ``struct.error``).
 _UNREADABLE = (
     OSError,
     ValueError,
@@ -187,6 +188,7 @@ _UNREADABLE = (
     NotImplementedError,
     RuntimeError,
     SyntaxError,
+    tokenize.TokenError,
     struct.error,
     KeyError,
     IndexError,
