@@ -9,9 +9,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 import scipy.sparse as sp
+
+from graph._kernels import sort_within, sum_keys
 
 __all__ = [
     "PhaseHypergraph",
@@ -75,35 +76,9 @@ def _set_hashes(offsets: np.ndarray, items: np.ndarray) -> np.ndarray:
     top = int(items.max()) + 1 if len(items) else 1
     keys = rng.integers(1, 2**63, size=(2, top), dtype=np.uint64)
     hashes = np.empty((2, len(offsets) - 1), dtype=np.uint64)
-    _sum_keys(np.asarray(offsets, dtype=np.int64), np.asarray(items, dtype=np.int64), keys, hashes)
+    sum_keys(np.asarray(offsets, dtype=np.int64), np.asarray(items, dtype=np.int64), keys, hashes)
     return hashes
 
-
-@numba.njit(cache=True, nogil=True)
-def _sort_within(offsets, items):  # pragma: no cover - numba
-    """Sort every set ``items[offsets[v]:offsets[v+1]]`` in place (insertion sort: sets are
-    small)."""
-    for v in range(len(offsets) - 1):
-        for t in range(offsets[v] + 1, offsets[v + 1]):
-            item = items[t]
-            s = t - 1
-            while s >= offsets[v] and items[s] > item:
-                items[s + 1] = items[s]
-                s -= 1
-            items[s + 1] = item
-
-
-@numba.njit(cache=True, nogil=True)
-def _sum_keys(offsets, items, keys, hashes):  # pragma: no cover - numba
-    """``hashes[:, v]``: the wrapping sums of ``keys[:, item]`` over the items of set ``v``."""
-    for v in range(len(offsets) - 1):
-        first = np.uint64(0)
-        second = np.uint64(0)
-        for t in range(offsets[v], offsets[v + 1]):
-            first += keys[0, items[t]]
-            second += keys[1, items[t]]
-        hashes[0, v] = first
-        hashes[1, v] = second
 
 
 def identical_classes(offsets: np.ndarray, items: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -305,7 +280,7 @@ def merge_identical_nets(
     sizes = np.diff(offsets)
     net_of_pin = np.repeat(np.arange(num_nets), sizes)
     pins = np.array(pins, dtype=np.int64)
-    _sort_within(offsets, pins)
+    sort_within(offsets, pins)
     hashes = _set_hashes(offsets, pins)
     ranks = _key_ranks((hashes[1], hashes[0], sizes))
     first_of_rank = np.full(int(ranks.max()) + 1, num_nets, dtype=np.int64)

@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numba
 import numpy as np
 import scipy.sparse as sp
 
+from graph._kernels import remote_pairs
 from graph.atomic import check_output_path, write_atomically
 from graph.backends import BACKENDS, MTKAHYPAR_PRESETS
 from graph.checks import check_csr
@@ -69,44 +69,15 @@ def _words_and_messages(
     layer: sp.csr_matrix, input_parts: np.ndarray, output_parts: np.ndarray, nparts: int
 ) -> tuple[int, int]:
     """Forward plus backward words and messages of one layer, as :func:`graph.partition_metrics`."""
-    remote, links = _remote_pairs(
+    remote, links = remote_pairs(
         layer.indptr.astype(np.int64),
         layer.indices.astype(np.int64),
         np.asarray(input_parts, dtype=np.int64),
         np.asarray(output_parts, dtype=np.int64),
         nparts,
+        nparts <= _LINK_TABLE,
     )
     return 2 * int(remote), 2 * int(links)
-
-
-@numba.njit(cache=True, nogil=True)
-def _remote_pairs(indptr, indices, input_parts, output_parts, nparts):  # pragma: no cover - numba
-    """``(remote, links)``: distinct (input, consuming part) pairs off the input's owner, and
-    distinct (owner, consumer) part pairs among them; one pass over the nonzeros (links counted
-    in a ``nparts x nparts`` table up to :data:`_LINK_TABLE` parts, else by a sort)."""
-    seen = np.full(nparts, -1, dtype=np.int64)
-    table = nparts <= _LINK_TABLE
-    linked = np.zeros(nparts * nparts if table else 0, dtype=np.bool_)
-    codes = np.empty(0 if table else len(indices), dtype=np.int64)
-    remote = 0
-    links = 0
-    for i in range(len(indptr) - 1):
-        owner = input_parts[i]
-        for t in range(indptr[i], indptr[i + 1]):
-            consumer = output_parts[indices[t]]
-            if consumer != owner and seen[consumer] != i:
-                seen[consumer] = i
-                code = owner * nparts + consumer
-                if table:
-                    if not linked[code]:
-                        linked[code] = True
-                        links += 1
-                else:
-                    codes[remote] = code
-                remote += 1
-    if not table:
-        links = len(np.unique(codes[:remote]))
-    return remote, links
 
 
 def layer_report(

@@ -50,7 +50,9 @@ NUMBA_OUTSIDE_KERNELS = {
     "dasknn.inference._workers": "reports a worker's numba thread count",
     "dasknn.sampled.layers": "reads numba's thread count to cut a batch into HOGWILD chunks",
 }
-#: numba's names that compile code (decorators, ``prange``, ``jitclass``): ``dasknn/kernels/`` only.
+#: Where numba code is compiled: dasknn's kernels, and graph's (which may not import dasknn).
+KERNEL_MODULES = {("dasknn", "kernels"), ("graph", "_kernels")}
+#: numba's names that compile code (decorators, ``prange``, ``jitclass``): kernel modules only.
 NUMBA_COMPILERS = {
     "cfunc",
     "generated_jit",
@@ -132,14 +134,14 @@ def numba_imports(source: str) -> set[str]:
 def numba_violations(sources: dict[str, str]) -> list[str]:
     """``"module: rule"`` for every use of numba against the rule of ``dasknn/kernels/``.
 
-    Outside ``dasknn/kernels/`` only the modules of :data:`NUMBA_OUTSIDE_KERNELS` import numba,
+    Outside :data:`KERNEL_MODULES` only the modules of :data:`NUMBA_OUTSIDE_KERNELS` import numba,
     and they name none of :data:`NUMBA_COMPILERS` (imported or as an attribute).
     """
     found = []
     for path, source in sorted(sources.items()):
         parts = Path(path).with_suffix("").parts
         imported = numba_imports(source)
-        if parts[:2] == ("dasknn", "kernels") or not imported:
+        if parts[:2] in KERNEL_MODULES or not imported:
             continue
         module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         if module not in NUMBA_OUTSIDE_KERNELS:
