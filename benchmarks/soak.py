@@ -21,8 +21,8 @@ Dask's own length or with the profiler, set ``DASK_DISTRIBUTED__ADMIN__LOW_LEVEL
 minor page faults of every worker over ``--steps`` steps after a warm-up call of ``fit``, per
 worker and step, on a ``LocalCluster`` of Dask's defaults (two single-threaded workers whose
 nannies set ``MALLOC_TRIM_THRESHOLD_``, so freed large buffers go back to the system and a new
-one is faulted in page by page), with the models' defaults and then with ``reuse_memory=True``
-where the mode has it (a fresh cluster each). Faults x the page size (4 KiB here) is the memory a
+one is faulted in page by page), with ``reuse_memory=False`` and then with the models' default
+``reuse_memory=True`` (a fresh cluster each). Faults x the page size (4 KiB here) is the memory a
 step touches for the first time.
 
 Usage::
@@ -119,8 +119,8 @@ FAULT_MODES = ("model-parallel", "data-parallel", "pipeline", "sampled")
 
 
 def _fault_modes(batch: int, steps: int) -> dict:
-    """Per mode: ``(make(client, reuse_memory) -> distributed model, X, y, fit keywords)``; the
-    sampled model has no ``reuse_memory`` and ignores it. Every fit is ``steps`` steps."""
+    """Per mode: ``(make(client, reuse_memory) -> distributed model, X, y, fit keywords)``. Every
+    fit is ``steps`` steps."""
     rng = np.random.default_rng(0)
     rows = batch * steps
     sparse_model = SparseMLP.radixnet(neurons=1024, layers=6, n_outputs=10, activation="relu",
@@ -150,7 +150,8 @@ def _fault_modes(batch: int, steps: int) -> dict:
                                                       reuse_memory=reuse),
             x, rng.integers(0, 10, rows), {**fit, "lr": 0.05, "progress": False},
         ),
-        "sampled": (lambda c, reuse: DistributedSampledMLP(sampled, c), xmc.X, xmc.Y, fit),
+        "sampled": (lambda c, reuse: DistributedSampledMLP(sampled, c, reuse_memory=reuse),
+                    xmc.X, xmc.Y, fit),
     }  # fmt: skip
 
 
@@ -160,7 +161,7 @@ def step_faults(args: argparse.Namespace) -> None:
     for mode, (make, x, y, fit) in _fault_modes(args.batch_size, args.steps).items():
         if mode not in args.modes:
             continue
-        for reuse in (False, True) if mode != "sampled" else (False,):
+        for reuse in (False, True):
             with ExitStack() as stack:
                 cluster = stack.enter_context(
                     LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None)

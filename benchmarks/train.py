@@ -149,11 +149,11 @@ def scheduling_overhead(layers: int, nparts: int, workers: int, steps: int = 8) 
     partition = graph.partition_network(model.weights, nparts, "block")
     with _cluster(workers) as client:
         separate = DistributedSparseMLP(
-            model, client, partition=partition, separate_packing=True, reuse_memory=True
+            model, client, partition=partition, separate_packing=True
         )
         separate_times = time_training(separate, x, y, batch_size=1, lr=0.01)
         separate.close()
-        dist = DistributedSparseMLP(model, client, partition=partition, reuse_memory=True)
+        dist = DistributedSparseMLP(model, client, partition=partition)
         times = time_training(dist, x, y, batch_size=1, lr=0.01)
         with get_task_stream(client) as stream:
             start = time.perf_counter()
@@ -294,8 +294,8 @@ def main() -> None:
     parser.add_argument(
         "--microbatches", type=int, help="microbatches per step (default: the automatic choice)"
     )
-    parser.add_argument("--model-defaults", action="store_true",
-                        help="leave reuse_memory at the model's default (False) instead of True")
+    parser.add_argument("--no-reuse-memory", action="store_true",
+                        help="reuse_memory=False instead of the model's default (True)")
     parser.add_argument("--kernels", action="store_true",
                         help="time the training kernels against scipy.sparse instead")
     add_json_option(parser)
@@ -338,7 +338,7 @@ def main() -> None:
                 for messages in args.messages:
                     dist = DistributedSparseMLP(
                         model, client, partition=partition, messages=messages,
-                        reuse_memory=not args.model_defaults, microbatches=args.microbatches,
+                        reuse_memory=not args.no_reuse_memory, microbatches=args.microbatches,
                     )
                     m = dist.step_microbatches(args.batch)
                     times = time_training(dist, x, y, args.batch, lr=args.lr)

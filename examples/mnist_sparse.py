@@ -151,8 +151,7 @@ def run(
         local_cluster(workers) as cluster,
         Client(cluster) as client,
     ):
-        # The cluster is the example's own, so the process-wide malloc tuning is safe to opt in to.
-        with DistributedSparseMLP(model, client, partition=partition, reuse_memory=True) as dist:
+        with DistributedSparseMLP(model, client, partition=partition) as dist:
             result = train(dist, data, epochs, batch_size, lr, seed, progress, log)
             result.comm = dist.comm_report().format()
             log(result.comm)

@@ -24,9 +24,11 @@ _FAULTS = textwrap.dedent(
     """
     import resource, sys
     import numpy as np
-    from dasknn.runtime.worker_memory import tune_malloc
-    if sys.argv[1] == "tuned":
+    from dasknn.runtime.worker_memory import restore_malloc, tune_malloc
+    if sys.argv[1] in ("tuned", "restored"):
         assert tune_malloc()
+    if sys.argv[1] == "restored":
+        assert restore_malloc()
     def churn():
         for _ in range(20):  # what a layer step does: allocate and fill 8 MiB, then free it
             a = np.empty(2**20)
@@ -52,12 +54,15 @@ def _page_faults(mode: str) -> int:
 
 @pytest.mark.slow
 @glibc_only
-def test_tuned_malloc_reuses_freed_buffers():
+def test_tuned_malloc_reuses_freed_buffers_until_restored():
     untuned, tuned = _page_faults("untuned"), _page_faults("tuned")
+    restored = _page_faults("restored")
     # Untuned, every round's buffer is new memory from the kernel (hundreds of faults a round
-    # even where the kernel maps several pages per fault); tuned, the same memory is reused.
+    # even where the kernel maps several pages per fault); tuned, the same memory is reused;
+    # restored, the process is back to the nanny's setting.
     assert untuned >= 20 * 100, untuned
     assert tuned <= untuned // 20, (tuned, untuned)
+    assert restored >= untuned // 2, (restored, untuned)
 
 
 def _memory_plugins(client) -> set[str]:
@@ -65,20 +70,32 @@ def _memory_plugins(client) -> set[str]:
     return {n for names in names.values() for n in names if n.startswith(PLUGIN_NAME)}
 
 
+def _holders(client) -> dict[str, tuple[bool, int]]:
+    return client.run(
+        lambda dask_worker: (
+            dask_worker.__dict__.get("dasknn_malloc_tuned", False),
+            len(dask_worker.__dict__.get("dasknn_malloc_holders", ())),
+        )
+    )
+
+
 @glibc_only
-def test_reuse_memory_is_opt_in_and_removed_on_close(dask_client):
+def test_reuse_memory_is_on_by_default_and_undone_on_close(dask_client):
     model = SparseMLP.radixnet(32, 2, seed=0)
     parts = [np.zeros(32, dtype=int)] * 3
-    with DistributedSparseMLP(model, dask_client, partition=parts, nparts=1):
-        assert _memory_plugins(dask_client) == set()  # the default leaves malloc alone
-    dist = DistributedSparseMLP(model, dask_client, partition=parts, nparts=1, reuse_memory=True)
+    with DistributedSparseMLP(model, dask_client, partition=parts, nparts=1, reuse_memory=False):
+        assert _memory_plugins(dask_client) == set()  # malloc left alone
+        assert set(_holders(dask_client).values()) == {(False, 0)}
+    first = DistributedSparseMLP(model, dask_client, partition=parts, nparts=1)
     try:
-        tuned = dask_client.run(lambda dask_worker: dask_worker.dasknn_malloc_tuned)
-        assert set(tuned.values()) == {True}
-        assert _memory_plugins(dask_client) == {f"{PLUGIN_NAME}-{dist.token}"}
+        assert _memory_plugins(dask_client) == {f"{PLUGIN_NAME}-{first.token}"}
+        with DistributedSparseMLP(model, dask_client, partition=parts, nparts=1):
+            assert set(_holders(dask_client).values()) == {(True, 2)}
+        assert set(_holders(dask_client).values()) == {(True, 1)}  # the first still holds it
     finally:
-        dist.close()
+        first.close()
     assert _memory_plugins(dask_client) == set()
+    assert set(_holders(dask_client).values()) == {(False, 0)}  # thresholds restored
 
 
 def _pooled(client, token: str) -> dict[str, int]:

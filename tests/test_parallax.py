@@ -652,8 +652,8 @@ def test_bad_input_before_anything_is_scheduled(client4):
     with DistributedEmbeddingMLP(model, client4) as dp:
         workers = len(scheduler_workers(client4))
         assert key_cache_bound_count(client4, dp.token) == 1 + workers
-        # the default leaves the workers' malloc alone
-        assert not any(n.startswith(REUSE_MEMORY_PLUGIN) for n in _scheduler_plugins(client4))
+        # the default holds the workers' malloc setting while placed
+        assert f"{REUSE_MEMORY_PLUGIN}-{dp.token}" in _scheduler_plugins(client4)
         for X, y, match in [
             (np.full((3, C), V), np.zeros(3, int), "outside the vocabulary"),
             (np.zeros((3, C + 1), int), np.zeros(3, int), "shape"),
@@ -692,13 +692,13 @@ def _scheduler_plugins(client) -> list[str]:
 @pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="the tuning applies to glibc's malloc"
 )
-def test_reuse_memory_tunes_the_workers_until_close(client4):
+def test_reuse_memory_is_on_by_default_and_tunes_the_workers_until_close(client4):
     workers = sorted(scheduler_workers(client4))[:2]
     model = EmbeddingMLP(V, C, D, hidden=(4,), dtype=np.float64, seed=7)
     optimizer = SGD(lr=0.4, momentum=0.5)
     batches = _batches(2)[:3]
     want = _one_process(model, batches, optimizer)
-    dp = DistributedEmbeddingMLP(model, client4, workers=workers, reuse_memory=True)
+    dp = DistributedEmbeddingMLP(model, client4, workers=workers)
     name = f"{REUSE_MEMORY_PLUGIN}-{dp.token}"
     try:
         assert name in _scheduler_plugins(client4)
@@ -711,6 +711,8 @@ def test_reuse_memory_tunes_the_workers_until_close(client4):
         dp.close()
     assert name not in _scheduler_plugins(client4)
     assert all(name not in names for names in _plugin_names(client4).values())
+    tuned = client4.run(lambda dask_worker: dask_worker.dasknn_malloc_tuned, workers=workers)
+    assert tuned == {w: False for w in workers}  # back to the worker's own thresholds
 
 
 def _exit_soon():

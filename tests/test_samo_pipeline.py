@@ -403,12 +403,10 @@ def _plugin_names(dask_worker):
     return sorted(dask_worker.plugins)
 
 
-def test_reuse_memory_is_opt_in_and_removed_on_close(client4):
+def test_reuse_memory_is_on_by_default_and_removed_on_close(client4):
     model, x, y = problem()
     reference, _, _ = problem()
-    with DistributedCompressedMLP(
-        model, client4, stages=2, microbatches=2, reuse_memory=True
-    ) as pipe:
+    with DistributedCompressedMLP(model, client4, stages=2, microbatches=2) as pipe:
         name = f"{REUSE_MEMORY_PLUGIN}-{pipe.token}"
         assert all(name in names for names in client4.run(_plugin_names).values())
         loss = pipe.train_step(x, y, lr=0.1)

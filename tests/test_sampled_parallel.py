@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sys
 import time
 
 import numpy as np
@@ -34,6 +35,7 @@ from dasknn.exceptions import (
 from dasknn.optim import Adam
 from dasknn.runtime.cluster import local_cluster, scheduler_workers
 from dasknn.runtime.keys import parse_sampled_key
+from dasknn.runtime.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
 from dasknn.sampled import SampledMLP
 from dasknn.sampled_parallel import DistributedSampledMLP
 
@@ -292,6 +294,27 @@ def test_step_timeout_must_be_a_positive_finite_number(client):
     for bad in (0, -2, float("nan"), float("inf"), "3", True, None):
         with pytest.raises(ValueError, match="step_timeout must be a number of seconds > 0"):
             DistributedSampledMLP(model, client, workers=_workers(client, 1), step_timeout=bad)
+
+
+def _malloc(dask_worker) -> tuple[bool, bool]:
+    """Whether the worker's malloc setting is on, and whether a model holds it by plugin."""
+    held = any(n.startswith(REUSE_MEMORY_PLUGIN) for n in dask_worker.plugins)
+    return dask_worker.__dict__.get("dasknn_malloc_tuned", False), held
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="the tuning applies to glibc's malloc"
+)
+def test_reuse_memory_is_on_by_default_until_close(client):
+    model = SampledMLP(hidden=4, shards=2, seed=3).initialize(12, 10)
+    workers = _workers(client, 2)
+    with pytest.raises(ValueError, match="reuse_memory must be True or False, got 1"):
+        DistributedSampledMLP(model, client, workers=workers, reuse_memory=1)
+    with DistributedSampledMLP(model, client, workers=workers, reuse_memory=False):
+        assert set(client.run(_malloc, workers=workers).values()) == {(False, False)}
+    with DistributedSampledMLP(model, client, workers=workers):
+        assert set(client.run(_malloc, workers=workers).values()) == {(True, True)}
+    assert set(client.run(_malloc, workers=workers).values()) == {(False, False)}
 
 
 def _sampled_plugins(client) -> list[str]:

@@ -107,9 +107,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--reuse-memory",
-        action="store_true",
-        help="keep the passes' freed buffers in the worker processes for reuse (glibc; "
-        "process-wide, stays after the run)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep the passes' freed buffers in the worker processes for reuse while training "
+        "(glibc; undone at the end; default: on)",
     )
     add_step_timeout_argument(parser, "a step may go without finishing")
     parser.add_argument(

@@ -102,9 +102,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_step_timeout_argument(parser, "a step may go without finishing")
     parser.add_argument(
         "--reuse-memory",
-        action="store_true",
-        help="tune the workers' malloc to reuse freed step buffers (faster; a process-wide "
-        "setting, for a cluster of your own)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep the workers' freed step buffers for reuse while training (glibc; undone at "
+        "the end; default: on)",
     )
     add_tls_options(parser)
     parser.add_argument(

@@ -52,8 +52,6 @@ from dasknn.runtime.keys import DP_KIND, parse_dp_key, postbox_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
 from dasknn.runtime.placement import KeyPlacement, by_sender
 from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT
-from dasknn.runtime.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
-from dasknn.runtime.worker_memory import ReuseFreedMemory
 
 __all__ = ["DistributedEmbeddingMLP"]
 
@@ -141,9 +139,9 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         Placing the values takes at most as long. A positive finite number (default
         :data:`~dasknn.runtime.step_timeout.DEFAULT_STEP_TIMEOUT`).
     reuse_memory : bool
-        Register :class:`~dasknn.runtime.worker_memory.ReuseFreedMemory` (a process-wide malloc
-        setting that stays after ``close()``: use it on a cluster of your own). Default
-        ``False``.
+        Keep the workers' freed step buffers for reuse while the model is placed
+        (:class:`~dasknn.runtime.worker_memory.ReuseFreedMemory`; glibc's thresholds go back to
+        the worker's own at ``close()``). Default ``True``; ``False`` leaves malloc alone.
 
     Raises
     ------
@@ -169,7 +167,7 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         messages: str = "posted",
         steps_per_task: int | None = None,
         step_timeout: float = DEFAULT_STEP_TIMEOUT,
-        reuse_memory: bool = False,
+        reuse_memory: bool = True,
     ) -> None:
         if not isinstance(reuse_memory, bool):
             raise ValueError(f"reuse_memory must be True or False, got {reuse_memory!r}")
@@ -266,7 +264,7 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         ``step_timeout`` and watched
         (:meth:`~dasknn.runtime.distributed_model.DistributedModel._placing`)."""
         if self.reuse_memory:
-            self._add_plugin(ReuseFreedMemory(), REUSE_MEMORY_PLUGIN)
+            self._reuse_freed_memory()
         self._place(model, self.n_shards, with_state)
         if self.messages == "posted":
             self._postboxes = self._start_postboxes(

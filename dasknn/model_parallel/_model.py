@@ -52,8 +52,6 @@ from dasknn.runtime.model_span import held_in_span, new_span
 from dasknn.runtime.placement import KeyPlacement
 from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT
 from dasknn.runtime.waiting import call_at_most, gather_at_most
-from dasknn.runtime.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
-from dasknn.runtime.worker_memory import ReuseFreedMemory
 
 __all__ = ["DistributedSparseMLP"]
 
@@ -102,8 +100,9 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
     separate_packing : bool
         A pack task per message (two scheduler round trips per layer); for measurement only.
     reuse_memory : bool
-        Default ``False``; register :class:`~dasknn.runtime.worker_memory.ReuseFreedMemory`
-        (faster steps; a malloc setting that stays in the workers: use on your own cluster).
+        Keep the workers' freed step buffers for reuse while the model is placed
+        (:class:`~dasknn.runtime.worker_memory.ReuseFreedMemory`; glibc's thresholds go back to
+        the worker's own at ``close()``). Default ``True``; ``False`` leaves malloc alone.
     microbatches : int, optional
         Row blocks per training step, interleaved through the layers (the same step); ``None``
         (the default): :func:`~dasknn.model_parallel._microbatches.auto_microbatches`.
@@ -141,7 +140,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         partition=None,
         nparts: int | None = None,
         separate_packing: bool = False,
-        reuse_memory: bool = False,
+        reuse_memory: bool = True,
         microbatches: int | None = None,
         workers: Sequence[str] | None = None,
         messages: str = "posted",
@@ -259,7 +258,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
     def _place(self, chunks, biases, reuse_memory: bool) -> None:
         """Register the memory plugin if ``reuse_memory``, then :meth:`_place_network`."""
         if reuse_memory:
-            self._add_plugin(ReuseFreedMemory(), REUSE_MEMORY_PLUGIN)
+            self._reuse_freed_memory()
         self._place_network(chunks, biases)
 
     def _place_network(self, chunks, biases, states: dict | None = None) -> None:

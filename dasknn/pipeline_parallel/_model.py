@@ -49,8 +49,6 @@ from dasknn.runtime.keys import PIPELINE, pipeline_key, postbox_key
 from dasknn.runtime.measure import read_transfers, reset_transfers
 from dasknn.runtime.scatter import scatter_released_if_given_up
 from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT
-from dasknn.runtime.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
-from dasknn.runtime.worker_memory import ReuseFreedMemory
 
 __all__ = [
     "FOLD_TOKENS",
@@ -119,8 +117,9 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         The layers of each stage, contiguous and covering the network (default
         :func:`balanced_bounds`).
     reuse_memory : bool
-        Register :class:`~dasknn.runtime.worker_memory.ReuseFreedMemory` (process-wide; default
-        ``False``).
+        Keep the workers' freed step buffers for reuse while the model is placed
+        (:class:`~dasknn.runtime.worker_memory.ReuseFreedMemory`; glibc's thresholds go back to
+        the worker's own at ``close()``). Default ``True``; ``False`` leaves malloc alone.
     pin_cores : bool, optional
         Bind each stage worker to a core of its own (:class:`~dasknn.runtime.affinity.PinCores`)
         until ``close()``. Default ``None``: on for a local cluster of the model's own on a
@@ -174,7 +173,7 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         microbatches: int = 1,
         schedule: str = "gpipe",
         bounds: Sequence[tuple[int, int]] | None = None,
-        reuse_memory: bool = False,
+        reuse_memory: bool = True,
         pin_cores: bool | None = None,
         workers: Sequence[str] | None = None,
         messages: str = "posted",
@@ -255,7 +254,7 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         """Register the plugins asked for, install every stage (``with_state``: with the
         model's optimizer state) and start the postboxes, within the placement's time."""
         if self.reuse_memory:
-            self._add_plugin(ReuseFreedMemory(), REUSE_MEMORY_PLUGIN)
+            self._reuse_freed_memory()
         if self.pin_cores:
             slots = host_slots(self.workers[key] for key in sorted(self.workers, key=_by_replica))
             self._add_plugin(PinCores(slots), PIN_CORES_PLUGIN)

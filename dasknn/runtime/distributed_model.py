@@ -74,6 +74,8 @@ from dasknn.runtime.waiting import (
     run_naming_loss,
     watch_workers,
 )
+from dasknn.runtime.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
+from dasknn.runtime.worker_memory import ReuseFreedMemory
 
 __all__ = [
     "PLACEMENT_LOST",
@@ -285,6 +287,12 @@ class DistributedModel:
         if name not in self._plugins:
             self._plugins.append(name)
         self._placing(lambda: self.client.register_plugin(plugin, name=name))
+
+    def _reuse_freed_memory(self) -> None:
+        """Hold the workers' malloc setting while the model is placed
+        (:class:`~dasknn.runtime.worker_memory.ReuseFreedMemory`, one holder; ``close()``
+        removes it, and the last holder on a worker restores its thresholds)."""
+        self._add_plugin(ReuseFreedMemory(), REUSE_MEMORY_PLUGIN)
 
     def _start_postboxes(self, workers: dict, **annotations) -> list:
         """Start a :class:`~dasknn.runtime.postbox.Postbox` actor of the model's plugin under

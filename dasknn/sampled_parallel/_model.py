@@ -90,13 +90,17 @@ class DistributedSampledMLP(SampledTraining, DistributedModel):
         :class:`~dasknn.exceptions.WorkerLostError` within a poll, while one asked to retire
         hands its shard to a spare worker between two steps and then leaves (see
         docs/reliability.md).
+    reuse_memory : bool
+        Keep the workers' freed step buffers for reuse while the model is placed
+        (:class:`~dasknn.runtime.worker_memory.ReuseFreedMemory`; glibc's thresholds go back to
+        the worker's own at ``close()``). Default ``True``; ``False`` leaves malloc alone.
 
     Raises
     ------
     ValueError
         If the model has no parameters, the cluster has fewer workers than the model has shards,
-        ``workers`` are not as many as the shards, ``messages`` is not ``"tasks"``, or
-        ``step_timeout`` is not a positive finite number.
+        ``workers`` are not as many as the shards, ``messages`` is not ``"tasks"``,
+        ``step_timeout`` is not a positive finite number, or ``reuse_memory`` is not a bool.
     """
 
     _needs_spares = True
@@ -109,11 +113,15 @@ class DistributedSampledMLP(SampledTraining, DistributedModel):
         workers: list[str] | None = None,
         messages: str = "tasks",
         step_timeout: float = DEFAULT_STEP_TIMEOUT,
+        reuse_memory: bool = True,
     ) -> None:
         model._check_fitted()
         if messages not in MESSAGES:
             raise ValueError(f"messages must be one of {MESSAGES} for this model, got {messages!r}")
+        if not isinstance(reuse_memory, bool):
+            raise ValueError(f"reuse_memory must be True or False, got {reuse_memory!r}")
         self.messages = messages
+        self.reuse_memory = reuse_memory
         with self._connecting(client, step_timeout):
             self.workers = self._shard_workers(model, workers)
             self._watch_retirements()
@@ -165,6 +173,8 @@ class DistributedSampledMLP(SampledTraining, DistributedModel):
         """Send every worker its shard (``with_state``: with optimizer state and hash tables)
         and install it, within what is left of ``step_timeout`` (:meth:`_placing`); on failure
         the payloads and installs submitted are cancelled."""
+        if self.reuse_memory:
+            self._reuse_freed_memory()
         record = model._record()
         config = asdict(model.sampling_config())
         futures: list = []
