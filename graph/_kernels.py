@@ -90,7 +90,7 @@ def greedy_placement(
     already on the part (fixed, or free and placed), so placed vertices draw their neighbours."""
     affinity = np.zeros(nparts, dtype=np.int64)
     load = np.zeros(nparts, dtype=np.int64)
-    heap = [(np.int64(0), np.int64(0)) for _ in range(0)]
+    heap = [(np.int64(0), np.int64(0)) for _ in range(0)]  # empty; typed (-pull, vertex)
     for v in range(num_free):
         pull, _ = _best_part(
             v,

@@ -130,3 +130,13 @@ def test_auto_partition_of_many_parts_is_balanced_and_beats_random():
     assert hyper.info["backend"] == "auto"
     assert h.imbalance <= 1.01
     assert h.total_volume < 0.5 * r.total_volume
+
+
+def test_a_bad_initial_placement_is_named():
+    hypergraph = _phase(8, 4)
+    limits = block_weight_limits(hypergraph, 8, 0.01)
+    limits -= np.bincount(hypergraph.fixed_parts, minlength=8)
+    with pytest.raises(ValueError, match="each of the 64 free vertices a part"):
+        solve_by_swaps(hypergraph, 8, limits, initial=np.zeros(3, dtype=np.int64))
+    with pytest.raises(ValueError, match="more weight on a part than its limit"):
+        solve_by_swaps(hypergraph, 8, limits, initial=np.zeros(64, dtype=np.int64))
