@@ -72,57 +72,29 @@ def remote_pairs(
     return remote, links
 
 
+#: The swap search's kernels take a phase's incidence as one tuple ``nets`` of ``int64`` arrays:
+#: ``(offsets, pins, vertex_offsets, vertex_nets, net_weights)``, the pins of net ``e`` at
+#: ``pins[offsets[e]:offsets[e+1]]`` and the nets of free vertex ``v`` at
+#: ``vertex_nets[vertex_offsets[v]:vertex_offsets[v+1]]``.
+
+
 @numba.njit(cache=True, nogil=True)
-def greedy_placement(
-    offsets,
-    pins,
-    vertex_offsets,
-    vertex_nets,
-    net_weights,
-    weights,
-    limits,
-    num_free,
-    nparts,
-    parts,
-):  # pragma: no cover - numba
+def greedy_placement(nets, weights, limits, num_free, nparts, parts):  # pragma: no cover - numba
     """Place the free vertex of strongest pull first, each to the part of most pull that has
     room (else the one with most room left); pull: the weight of a vertex's nets with a pin
     already on the part (fixed, or free and placed), so placed vertices draw their neighbours."""
+    offsets, pins, vertex_offsets, vertex_nets, _ = nets
     affinity = np.zeros(nparts, dtype=np.int64)
     load = np.zeros(nparts, dtype=np.int64)
     heap = [(np.int64(0), np.int64(0)) for _ in range(0)]  # empty; typed (-pull, vertex)
     for v in range(num_free):
-        pull, _ = _best_part(
-            v,
-            offsets,
-            pins,
-            vertex_offsets,
-            vertex_nets,
-            net_weights,
-            weights,
-            limits,
-            parts,
-            load,
-            affinity,
-        )
+        pull, _ = _best_part(v, nets, weights, limits, parts, load, affinity)
         heapq.heappush(heap, (-pull, np.int64(v)))
     while heap:
         negative, v = heapq.heappop(heap)
         if parts[v] >= 0:
             continue
-        pull, choice = _best_part(
-            v,
-            offsets,
-            pins,
-            vertex_offsets,
-            vertex_nets,
-            net_weights,
-            weights,
-            limits,
-            parts,
-            load,
-            affinity,
-        )
+        pull, choice = _best_part(v, nets, weights, limits, parts, load, affinity)
         if pull < -negative:  # stale: its best part filled up
             heapq.heappush(heap, (-pull, v))
             continue
@@ -135,40 +107,14 @@ def greedy_placement(
             for s in range(offsets[e], offsets[e + 1]):
                 u = pins[s]
                 if u < num_free and parts[u] < 0:
-                    pull, _ = _best_part(
-                        u,
-                        offsets,
-                        pins,
-                        vertex_offsets,
-                        vertex_nets,
-                        net_weights,
-                        weights,
-                        limits,
-                        parts,
-                        load,
-                        affinity,
-                    )
+                    pull, _ = _best_part(u, nets, weights, limits, parts, load, affinity)
                     heapq.heappush(heap, (-pull, u))
 
 
 @numba.njit(cache=True, nogil=True)
-def _best_part(
-    v,
-    offsets,
-    pins,
-    vertex_offsets,
-    vertex_nets,
-    net_weights,
-    weights,
-    limits,
-    parts,
-    load,
-    affinity,
-):  # pragma: no cover - numba
+def _best_part(v, nets, weights, limits, parts, load, affinity):  # pragma: no cover - numba
     """``(pull, part)``: the part with room for ``v`` that its nets pull most to (-1 if none)."""
-    touched = _affinities(
-        v, offsets, pins, vertex_offsets, vertex_nets, net_weights, parts, affinity
-    )
+    touched = _affinities(v, nets, parts, affinity)
     choice, pull = -1, 0
     for p in touched:
         if load[p] + weights[v] <= limits[p] and affinity[p] > pull:
@@ -178,11 +124,10 @@ def _best_part(
 
 
 @numba.njit(cache=True, nogil=True)
-def _affinities(
-    v, offsets, pins, vertex_offsets, vertex_nets, net_weights, parts, affinity
-):  # pragma: no cover - numba
+def _affinities(v, nets, parts, affinity):  # pragma: no cover - numba
     """Add to ``affinity[p]`` the weight of ``v``'s nets with a placed pin on part ``p``; the parts
     touched (``affinity`` must be zero on entry; the caller zeroes it again)."""
+    offsets, pins, vertex_offsets, vertex_nets, net_weights = nets
     touched = []
     for t in range(vertex_offsets[v], vertex_offsets[v + 1]):
         e = vertex_nets[t]
@@ -196,11 +141,10 @@ def _affinities(
 
 
 @numba.njit(cache=True, nogil=True)
-def _move_gains(
-    v, offsets, pins, vertex_offsets, vertex_nets, net_weights, parts, gain_to, mark, mark_stamp
-):  # pragma: no cover - numba
+def _move_gains(v, nets, parts, gain_to, mark, mark_stamp):  # pragma: no cover - numba
     """``(base, targets)``: moving ``v`` to part ``q`` lowers connectivity-1 by ``base +
     gain_to[q]``; ``targets`` are the other parts its nets touch (``gain_to`` zero elsewhere)."""
+    offsets, pins, vertex_offsets, vertex_nets, net_weights = nets
     p = parts[v]
     base = 0
     targets = []
@@ -239,22 +183,11 @@ def _net_km1(e, offsets, pins, parts, mark, mark_stamp):  # pragma: no cover - n
 
 @numba.njit(cache=True, nogil=True)
 def _swap_gain(
-    v,
-    u,
-    v_gain,
-    offsets,
-    pins,
-    vertex_offsets,
-    vertex_nets,
-    net_weights,
-    parts,
-    shared,
-    stamp,
-    mark,
-    mark_stamp,
+    v, u, v_gain, nets, parts, shared, stamp, mark, mark_stamp
 ):  # pragma: no cover - numba
     """How much swapping ``v`` and ``u`` lowers connectivity-1, given ``v_gain`` of moving ``v``
     alone (``shared[e] == stamp`` flags ``v``'s nets)."""
+    offsets, pins, vertex_offsets, vertex_nets, net_weights = nets
     p, q = parts[v], parts[u]
     gain = v_gain
     for t in range(vertex_offsets[u], vertex_offsets[u + 1]):
@@ -281,24 +214,12 @@ def _swap_gain(
 
 @numba.njit(cache=True, nogil=True)
 def improve_by_swaps(
-    offsets,
-    pins,
-    vertex_offsets,
-    vertex_nets,
-    net_weights,
-    weights,
-    limits,
-    num_free,
-    nparts,
-    parts,
-    sweep_order,
-    max_sweeps,
-    min_gain,
-    max_targets,
+    nets, weights, limits, num_free, nparts, parts, sweep_order, max_sweeps, min_gain, max_targets
 ):  # pragma: no cover - numba
     """Sweeps applying, for every free vertex, its best improving move or swap (swaps with the
     vertices of the ``max_targets`` parts its move gains most on), until a sweep lowers the cost
     by less than ``min_gain`` of it (or by nothing)."""
+    offsets, pins, vertex_offsets, vertex_nets, net_weights = nets
     load = np.zeros(nparts, dtype=np.int64)
     for v in range(num_free):
         load[parts[v]] += weights[v]
@@ -318,18 +239,7 @@ def improve_by_swaps(
         improved = 0
         for v in sweep_order:
             p = parts[v]
-            base, targets = _move_gains(
-                v,
-                offsets,
-                pins,
-                vertex_offsets,
-                vertex_nets,
-                net_weights,
-                parts,
-                gain_to,
-                mark,
-                mark_stamp,
-            )
+            base, targets = _move_gains(v, nets, parts, gain_to, mark, mark_stamp)
             if len(targets) == 0:
                 continue
             gains = np.empty(len(targets), dtype=np.int64)
@@ -352,21 +262,7 @@ def improve_by_swaps(
                     shift = weights[u] - weights[v]
                     if load[p] + shift > limits[p] or load[q] - shift > limits[q]:
                         continue
-                    gain = _swap_gain(
-                        v,
-                        u,
-                        gains[i],
-                        offsets,
-                        pins,
-                        vertex_offsets,
-                        vertex_nets,
-                        net_weights,
-                        parts,
-                        shared,
-                        stamp,
-                        mark,
-                        mark_stamp,
-                    )
+                    gain = _swap_gain(v, u, gains[i], nets, parts, shared, stamp, mark, mark_stamp)
                     if gain > best_gain:
                         best_gain, best_q, best_u = gain, q, u
             if best_q < 0:

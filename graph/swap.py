@@ -67,27 +67,16 @@ def solve_by_swaps(
     sizes = np.diff(offsets)
     net_of_pin = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
     free = pins < num_free
-    order = np.argsort(pins[free], kind="stable")
-    vertex_nets = net_of_pin[free][order]
+    vertex_nets = net_of_pin[free][np.argsort(pins[free], kind="stable")]
     vertex_offsets = np.zeros(num_free + 1, dtype=np.int64)
     np.cumsum(np.bincount(pins[free], minlength=num_free), out=vertex_offsets[1:])
+    nets = (offsets, pins, vertex_offsets, vertex_nets, hypergraph.net_weights.astype(np.int64))
     parts = np.full(hypergraph.num_vertices, -1, dtype=np.int64)
     parts[num_free:] = hypergraph.fixed_parts
     weights = hypergraph.vertex_weights.astype(np.int64)
     limits = np.asarray(limits, dtype=np.int64)
     if initial is None:
-        greedy_placement(
-            offsets,
-            pins,
-            vertex_offsets,
-            vertex_nets,
-            hypergraph.net_weights.astype(np.int64),
-            weights,
-            limits,
-            num_free,
-            nparts,
-            parts,
-        )
+        greedy_placement(nets, weights, limits, num_free, nparts, parts)
     else:
         start = np.asarray(initial)
         if start.shape != (num_free,) or ((start < 0) | (start >= nparts)).any():
@@ -97,19 +86,7 @@ def solve_by_swaps(
         parts[:num_free] = start
     sweep_order = np.random.default_rng(seed).permutation(num_free).astype(np.int64)
     improve_by_swaps(
-        offsets,
-        pins,
-        vertex_offsets,
-        vertex_nets,
-        hypergraph.net_weights.astype(np.int64),
-        weights,
-        limits,
-        num_free,
-        nparts,
-        parts,
-        sweep_order,
-        MAX_SWAP_SWEEPS,
-        MIN_SWEEP_GAIN,
-        SWAP_TARGETS,
-    )
+        nets, weights, limits, num_free, nparts, parts, sweep_order,
+        MAX_SWAP_SWEEPS, MIN_SWEEP_GAIN, SWAP_TARGETS,
+    )  # fmt: skip
     return parts[:num_free]
