@@ -80,7 +80,6 @@ def _set_hashes(offsets: np.ndarray, items: np.ndarray) -> np.ndarray:
     return hashes
 
 
-
 def identical_classes(offsets: np.ndarray, items: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """Class id of every vertex: vertices with the same net set and weight share an id.
 

@@ -34,19 +34,15 @@ TOP_PAD = 64 * 2**20
 GLIBC_DEFAULT = 128 * 2**10
 
 
-def _mallopt():
+def _set(settings: tuple[tuple[int, int], ...]) -> bool:
+    """Apply ``(parameter, value)`` pairs with glibc's ``mallopt``; ``False`` without glibc or if
+    one is refused."""
     name = ctypes.util.find_library("c")
     if name is None:
-        return None
+        return False
     try:
-        return ctypes.CDLL(name).mallopt
+        mallopt = ctypes.CDLL(name).mallopt
     except (OSError, AttributeError):
-        return None
-
-
-def _set(settings: tuple[tuple[int, int], ...]) -> bool:
-    mallopt = _mallopt()
-    if mallopt is None:
         return False
     return all(mallopt(param, value) == 1 for param, value in settings)
 
