@@ -1,7 +1,8 @@
 """Numba kernel of sparse-DNN inference on one batch of input rows (the Graph Challenge step):
 each layer ``Y = min(max(Y @ W + b * (Y @ W != 0), 0), ymax)`` on the batch's live rows,
 feature-major in tiles of ``LANES`` (``block[t, j, lane]``), all-zero sections skipped, layers as
-one concatenated CSC structure (:class:`PackedLayers`). Results do not depend on the thread
+one concatenated CSC structure (:class:`PackedLayers`) whose columns with equal inputs are
+accumulated in groups (:mod:`dasknn.kernels.lane_vectors`). Results do not depend on the thread
 count; docs/challenge.md ("The kernel").
 """
 
@@ -14,10 +15,17 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 import scipy.sparse as sp
-from numba import njit, prange, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from numba import njit, prange
 
+from dasknn.kernels.lane_vectors import (
+    GROUP,
+    LANES,
+    VECTOR_BYTES,
+    accumulate_column,
+    accumulate_group,
+    stack_group,
+)
+from dasknn.kernels.shared_inputs import group_columns
 from graph.checks import check_csr
 
 __all__ = [
@@ -31,19 +39,7 @@ __all__ = [
     "LANES",
 ]
 
-LANES = 64  # rows per tile: 8 AVX2 float32 vectors (16 float64) per section
 MIN_CHUNK_COLUMNS = 256  # fewest output columns of a tile that one thread computes when split
-
-
-@intrinsic
-def _stack_lanes(typingctx, dtype):
-    """A ``LANES``-long scratch buffer on the stack (an ``alloca`` LLVM can keep in registers)."""
-    element = dtype.dtype
-
-    def codegen(context, builder, signature, args):
-        return cgutils.alloca_once(builder, context.get_value_type(element), size=LANES)
-
-    return types.CPointer(element)(dtype), codegen
 
 
 @dataclass
@@ -61,12 +57,18 @@ class PackedLayers:
         Weight of each nonzero (float32 or float64).
     out_degree : int64 array, shape (L, N)
         Nonzeros in each row of each layer (used to count the necessary multiply-adds).
+    group_cols, group_ptr, n_groups : int32, int32 and int64 arrays, shapes (L, N), (L, N + 1), (L,)
+        The columns of each layer in groups with equal inputs
+        (:func:`dasknn.kernels.shared_inputs.group_columns`).
     """
 
     indptr: np.ndarray
     indices: np.ndarray
     data: np.ndarray
     out_degree: np.ndarray
+    group_cols: np.ndarray
+    group_ptr: np.ndarray
+    n_groups: np.ndarray
 
     @property
     def n_layers(self) -> int:
@@ -78,9 +80,8 @@ class PackedLayers:
 
     @property
     def nbytes(self) -> int:
-        return int(
-            self.indptr.nbytes + self.indices.nbytes + self.data.nbytes + self.out_degree.nbytes
-        )
+        return int(sum(a.nbytes for a in (self.indptr, self.indices, self.data, self.out_degree,
+                                          self.group_cols, self.group_ptr, self.n_groups)))
 
     def __sizeof__(self) -> int:
         """Bytes of this object and its arrays (what Dask's ``sizeof`` counts)."""
@@ -90,8 +91,8 @@ class PackedLayers:
 def pack_layers(layers: list[sp.spmatrix], dtype: np.dtype | type = np.float32) -> PackedLayers:
     """Pack square sparse layers of shape ``(N, N)`` (challenge convention) for the kernel.
 
-    Each layer is checked (:func:`graph.checks.check_csr`), duplicates summed, and transposed
-    to CSC, layers in parallel.
+    Each layer is checked (:func:`graph.checks.check_csr`), duplicates summed, transposed
+    to CSC, layers in parallel, and its columns grouped by equal inputs.
 
     Raises
     ------
@@ -128,7 +129,9 @@ def pack_layers(layers: list[sp.spmatrix], dtype: np.dtype | type = np.float32) 
     if not all(finite):
         raise ValueError(f"layer {finite.index(False) + 1} has a weight that is not finite in "
                          f"{dtype} (NaN, infinite or out of range)")
-    return PackedLayers(indptr=indptr, indices=indices, data=data, out_degree=out_degree)
+    group_cols, group_ptr, n_groups = group_columns(indptr, indices)
+    return PackedLayers(indptr=indptr, indices=indices, data=data, out_degree=out_degree,
+                        group_cols=group_cols, group_ptr=group_ptr, n_groups=n_groups)
 
 
 def _canonical(csr: sp.csr_matrix) -> sp.csr_matrix:
@@ -208,6 +211,15 @@ def _fill(indptr, indices, data, rows, block):
                 block[t, indices[p], lane] = data[p]
 
 
+def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An uninitialised C-contiguous array whose data starts on a 64-byte boundary (a section
+    then spans whole cache lines, and the kernel's vector loads never straddle two)."""
+    count = int(np.prod(shape)) * dtype.itemsize
+    raw = np.empty(count + VECTOR_BYTES, dtype=np.uint8)
+    skip = -raw.ctypes.data % VECTOR_BYTES
+    return raw[skip:skip + count].view(dtype).reshape(shape)
+
+
 def start_batch(inputs: sp.spmatrix, dtype: np.dtype | type = np.float32) -> BatchState:
     """Load a batch of input rows (a sparse matrix of shape ``(rows, N)``) into a state.
 
@@ -219,7 +231,7 @@ def start_batch(inputs: sp.spmatrix, dtype: np.dtype | type = np.float32) -> Bat
     csr = sp.csr_matrix(check_csr(inputs, name="inputs")).astype(dtype)
     csr.eliminate_zeros()
     rows = np.flatnonzero(np.diff(csr.indptr)).astype(np.int64)
-    block = np.empty((max(1, -(-rows.size // LANES)), csr.shape[1], LANES), dtype=dtype)
+    block = _aligned_empty((max(1, -(-rows.size // LANES)), csr.shape[1], LANES), dtype)
     _fill(csr.indptr.astype(np.int64), csr.indices.astype(np.int64), csr.data, rows, block)
     return BatchState(rows=rows, block=block)
 
@@ -250,9 +262,10 @@ def _section_flags(block, live, flags, degree):
 
 @njit(cache=True)
 def _column_chunks(n_tiles, n, threads):
-    """Into how many ranges of output columns each of ``n_tiles`` tiles is split for ``threads``:
-    1 when the tiles keep every thread busy, else the fewest chunks of at least
-    ``MIN_CHUNK_COLUMNS`` that balance the (tile, chunk) items over the threads."""
+    """Into how many chunks each of ``n_tiles`` tiles' ``n`` output columns is split for
+    ``threads``: 1 when the tiles keep every thread busy, else the fewest chunks of at least
+    ``MIN_CHUNK_COLUMNS`` that balance the (tile, chunk) items over the threads. A chunk is a
+    range of column groups (``n_groups / chunks`` of them)."""
     if n_tiles >= threads:
         return 1
     most = max(1, n // MIN_CHUNK_COLUMNS)
@@ -276,6 +289,9 @@ def _layer(
     alive,
     counts,
     indptr,
+    group_cols,
+    group_ptr,
+    n_groups,
     indices,
     data,
     degree,
@@ -283,7 +299,7 @@ def _layer(
     ymax,
 ):
     """One layer: ``dst = f(src @ W)``; fills ``alive``, ``counts`` and the section flags; the
-    parallel items are (tile, column chunk)."""
+    parallel items are (tile, chunk of column groups)."""
     n = src.shape[1]
     n_tiles = (live + LANES - 1) // LANES
     items = n_tiles * chunks
@@ -296,30 +312,37 @@ def _layer(
         item_hits = hits[i]
         done = 0
         needed = 0
-        for c in range(part * n // chunks, (part + 1) * n // chunks):
-            acc = numba.carray(_stack_lanes(src.dtype), (LANES,))
-            for lane in range(LANES):
-                acc[lane] = zero
-            terms = 0
-            for p in range(indptr[c], indptr[c + 1]):
-                j = indices[p]
-                if flags[t, j]:
-                    w = data[p]
-                    terms += 1
-                    for lane in range(LANES):
-                        acc[lane] += w * src[t, j, lane]
-            done += terms
-            nonzeros = 0
-            for lane in range(LANES):  # branch-free so that it vectorizes
-                z = acc[lane]
-                y = min(max(z + bias, zero), ymax)
-                y = y if z != zero else zero
-                dst[t, c, lane] = y
-                positive = y != zero
-                item_hits[lane] += positive
-                nonzeros += positive
-            next_flags[t, c] = nonzeros > 0
-            needed += nonzeros * degree[c]
+        for g in range(part * n_groups // chunks, (part + 1) * n_groups // chunks):
+            first = group_ptr[g]
+            size = group_ptr[g + 1] - first
+            c = group_cols[first]
+            sums = stack_group(src.dtype)
+            if size == GROUP:
+                lo = indptr[c]
+                done += GROUP * accumulate_group(
+                    sums, src, t * n * LANES, indices, data, flags, t * n, lo, indptr[c + 1],
+                    indptr[group_cols[first + 1]] - lo,
+                    indptr[group_cols[first + 2]] - lo,
+                    indptr[group_cols[first + 3]] - lo,
+                )
+            else:
+                done += accumulate_column(
+                    sums, src, t * n * LANES, indices, data, flags, t * n, indptr[c], indptr[c + 1]
+                )
+            acc = numba.carray(sums, (GROUP, LANES))
+            for m in range(size):
+                c = group_cols[first + m]
+                nonzeros = 0
+                for lane in range(LANES):  # branch-free so that it vectorizes
+                    z = acc[m, lane]
+                    y = min(max(z + bias, zero), ymax)
+                    y = y if z != zero else zero
+                    dst[t, c, lane] = y
+                    positive = y != zero
+                    item_hits[lane] += positive
+                    nonzeros += positive
+                next_flags[t, c] = nonzeros > 0
+                needed += nonzeros * degree[c]
         item_counts[i, 0] = done
         item_counts[i, 1] = needed
     for t in range(n_tiles):
@@ -367,6 +390,9 @@ def _run_layers(
     flags,
     next_flags,
     indptr,
+    group_cols,
+    group_ptr,
+    n_groups,
     indices,
     data,
     degrees,
@@ -399,6 +425,9 @@ def _run_layers(
             alive,
             counts,
             indptr[k],
+            group_cols[k],
+            group_ptr[k],
+            n_groups[k],
             indices,
             data,
             degree,
@@ -465,7 +494,11 @@ def advance(
     dtype = state.block.dtype
     flags = np.empty((n_tiles, n), dtype=np.bool_)
     state.macs_needed += int(_section_flags(state.block, state.live, flags, layers.out_degree[0]))
-    spare = np.empty_like(state.block)
+    if state.block.ctypes.data % VECTOR_BYTES:  # e.g. a state that was pickled
+        aligned = _aligned_empty(state.block.shape, dtype)
+        aligned[...] = state.block
+        state.block = aligned
+    spare = _aligned_empty(state.block.shape, dtype)
     rows = state.rows.copy()
     live, in_spare, done, needed = _run_layers(
         state.block,
@@ -475,6 +508,9 @@ def advance(
         flags,
         np.empty_like(flags),
         layers.indptr,
+        layers.group_cols,
+        layers.group_ptr,
+        layers.n_groups,
         layers.indices,
         layers.data,
         layers.out_degree,
@@ -484,7 +520,11 @@ def advance(
     )
     block = spare if in_spare else state.block
     used = max(1, -(-live // LANES))
-    state.block = block[:used].copy() if used < n_tiles else block
+    if used < n_tiles:
+        state.block = _aligned_empty((used, n, LANES), dtype)
+        state.block[...] = block[:used]
+    else:
+        state.block = block
     state.rows = rows[:live]
     state.macs_done += int(done)
     state.macs_needed += int(needed)
