@@ -157,7 +157,10 @@ def _plugin_names(dask_worker) -> list[str]:
 @pytest.mark.parametrize(
     ("options", "message"),
     [({"microbatches": bad}, "microbatches") for bad in (0, -1, 1.5, "2", True)]
-    + [({"messages": "mpi"}, "messages must be")],
+    + [({"messages": "mpi"}, "messages must be")]
+    + [({flag: bad}, f"{flag} must be True or False") for flag in ("reuse_memory",
+                                                                   "separate_packing")
+       for bad in (1, "yes", None)],
 )
 def test_bad_options_raise_before_anything_is_scheduled(dask_client, options, message):
     model = _model("mse", seed=0)

@@ -147,6 +147,9 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         step_timeout: float = DEFAULT_STEP_TIMEOUT,
     ) -> None:
         self.microbatches = check_microbatches(microbatches)
+        for name, flag in (("separate_packing", separate_packing), ("reuse_memory", reuse_memory)):
+            if not isinstance(flag, bool):
+                raise ValueError(f"{name} must be True or False, got {flag!r}")
         if messages not in ("posted", "tasks"):
             raise ValueError(f"messages must be 'posted' or 'tasks', got {messages!r}")
         self.messages = messages
