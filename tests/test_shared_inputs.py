@@ -24,7 +24,7 @@ from dasknn.kernels.inference import (
     pack_layers,
     start_batch,
 )
-from dasknn.kernels.lane_vectors import GROUP, VECTOR_BYTES
+from dasknn.kernels.lane_vectors import GROUP, LANES, VECTOR_BYTES, accumulator_bytes
 from dasknn.kernels.shared_inputs import group_columns
 
 
@@ -140,3 +140,62 @@ def test_tiles_start_on_vector_boundaries():
     state.block = misaligned
     advance(state, pack_layers(layers, np.float32), -0.05, 2.0)
     assert state.block.ctypes.data % VECTOR_BYTES == 0
+
+
+@pytest.mark.parametrize(
+    ("features", "float32_columns", "float64_columns"),
+    [
+        ("+sse2,+avx,+avx2,+fma,+avx512f,+avx512vl", GROUP, GROUP // 2),
+        ("+sse2,+avx,+avx2,+fma,-avx512f", 1, 1),
+        ("+sse2,-avx", 1, 1),
+    ],
+)
+def test_columns_a_pass_fit_half_the_vector_registers(features, float32_columns,
+                                                      float64_columns):
+    budget = accumulator_bytes(features)
+    assert max(1, budget // (LANES * 4)) == float32_columns
+    assert max(1, budget // (LANES * 8)) == float64_columns
+
+
+_AVX2_RUN = """
+import sys
+import numpy as np
+import scipy.sparse as sp
+from dasknn.kernels.inference import advance, live_activations, pack_layers, start_batch
+from dasknn.kernels.lane_vectors import ACCUMULATOR_BYTES
+layers = [sp.load_npz(f"{sys.argv[1]}/w{k}.npz") for k in range(int(sys.argv[2]))]
+inputs = sp.load_npz(f"{sys.argv[1]}/x.npz")
+state = advance(start_batch(inputs, np.float32), pack_layers(layers, np.float32), -0.05, 2.0)
+np.save(f"{sys.argv[1]}/out.npy", live_activations(state))
+print(ACCUMULATOR_BYTES)
+"""
+
+
+@pytest.mark.slow
+def test_one_column_a_pass_without_avx512_gives_the_same_bits(tmp_path):
+    """Compiled for the host without AVX-512 (a fresh numba cache), the kernel runs one column a
+    pass; its activations equal this process's bit for bit."""
+    import os
+    import subprocess
+    import sys
+
+    import llvmlite.binding as llvm
+
+    host = llvm.get_host_cpu_features().flatten().split(",")
+    if "+avx512f" not in host or "+fma" not in host:
+        pytest.skip("the host has no AVX-512 to take away (or no FMA)")
+    features = ",".join("-" + f[1:] if f.startswith("+avx512") else f for f in host)
+    rng = np.random.default_rng(4)
+    layers = [_repeating_layer(rng, 70, signed=False) for _ in range(4)]
+    inputs = sp.random(150, 70, density=0.3, random_state=rng, format="csr")
+    for k, layer in enumerate(layers):
+        sp.save_npz(tmp_path / f"w{k}.npz", layer)
+    sp.save_npz(tmp_path / "x.npz", inputs)
+    env = {**os.environ, "NUMBA_CPU_FEATURES": features,
+           "NUMBA_CACHE_DIR": str(tmp_path / "numba-cache")}
+    done = subprocess.run([sys.executable, "-c", _AVX2_RUN, str(tmp_path), str(len(layers))],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout.split()[-1]) == 8 * 32  # one float32 column of 64 lanes a pass
+    state = advance(start_batch(inputs, np.float32), pack_layers(layers, np.float32), -0.05, 2.0)
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), live_activations(state))

@@ -12,17 +12,48 @@ docs/challenge.md ("The kernel").
 
 from __future__ import annotations
 
+from llvmlite import binding as llvm
 from llvmlite import ir
 from numba import types
-from numba.core import cgutils
+from numba.core import cgutils, config
 from numba.extending import intrinsic
 
-__all__ = ["LANES", "GROUP", "VECTOR_BYTES", "stack_group", "accumulate_column", "accumulate_group"]
+__all__ = [
+    "ACCUMULATOR_BYTES",
+    "GROUP",
+    "LANES",
+    "VECTOR_BYTES",
+    "accumulate_column",
+    "accumulate_group",
+    "accumulator_bytes",
+    "register_bytes",
+    "stack_group",
+]
 
 LANES = 64  # rows per tile: 4 AVX-512 (8 AVX2) float32 vectors per section
 GROUP = 4  # columns with the same inputs accumulated together: 16 AVX-512 accumulators (float32)
 VECTOR_BYTES = 64  # one AVX-512 register; LLVM splits the vectors on narrower machines
-ACCUMULATORS = 16  # vector accumulators a pass keeps in registers (of AVX-512's 32)
+
+
+def register_bytes(features: str | None = None) -> int:
+    """Bytes of one vector register of the CPU numba compiles for: 64 with AVX-512, 32 with AVX,
+    else 16. ``features``: LLVM's feature string (default ``NUMBA_CPU_FEATURES``, else the
+    host's)."""
+    if features is None:
+        features = config.CPU_FEATURES or llvm.get_host_cpu_features().flatten()
+    enabled = {f[1:] for f in features.split(",") if f.startswith("+")}
+    return 64 if "avx512f" in enabled else 32 if "avx" in enabled else 16
+
+
+def accumulator_bytes(features: str | None = None) -> int:
+    """Bytes of accumulators a pass keeps in registers: half the vector register file (16 of
+    AVX-512's 32 registers, 4 float32 columns of 64 lanes; 8 of the 16 of AVX or SSE, one
+    column). ``features`` as for :func:`register_bytes`."""
+    width = register_bytes(features)
+    return width * (16 if width == 64 else 8)
+
+
+ACCUMULATOR_BYTES = accumulator_bytes()
 
 _I64 = ir.IntType(64)
 
@@ -63,8 +94,8 @@ def _emit_accumulate(context, builder, signature, args, columns: int):
     terms = cgutils.alloca_once_value(builder, _I64(0))
     flags_row = builder.gep(flags_ptr, [flag_base])
     tile = builder.gep(src_ptr, [base])
-    per_pass = max(1, min(columns, ACCUMULATORS // n_vectors))
-    for first in range(0, columns, per_pass):  # float64: 2 columns a pass, each section read twice
+    per_pass = max(1, min(columns, ACCUMULATOR_BYTES // (LANES * itemsize)))
+    for first in range(0, columns, per_pass):  # more passes read each section again
         batch = range(first, min(columns, first + per_pass))
         sums = {  # whole-vector slots only: LLVM turns them into registers
             column: [cgutils.alloca_once_value(builder, zero) for _ in range(n_vectors)]
