@@ -383,7 +383,7 @@ def run_network(spec: str, images: np.ndarray, runs: list[Variant], repeats: int
     t0 = time.perf_counter()
     layers = radixnet(neurons, depth, seed=0, dtype=np.float32)
     t1 = time.perf_counter()
-    compact = compact_layers(pack_layers(layers, np.float32))
+    compact = compact_layers(pack_layers(layers, np.float32, groups=False))
     edges = int(compact.indices.size)
     del layers
     t2 = time.perf_counter()

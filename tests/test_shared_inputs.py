@@ -199,3 +199,15 @@ def test_one_column_a_pass_without_avx512_gives_the_same_bits(tmp_path):
     assert int(done.stdout.split()[-1]) == 8 * 32  # one float32 column of 64 lanes a pass
     state = advance(start_batch(inputs, np.float32), pack_layers(layers, np.float32), -0.05, 2.0)
     np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), live_activations(state))
+
+
+def test_packing_without_groups_is_for_the_gpu_form_only():
+    layers = radixnet(256, 2)
+    plain = pack_layers(layers, np.float32, groups=False)
+    grouped = pack_layers(layers, np.float32)
+    assert plain.group_cols is None and plain.n_groups is None
+    assert grouped.nbytes - plain.nbytes == (grouped.group_cols.nbytes + grouped.group_ptr.nbytes
+                                             + grouped.n_groups.nbytes)
+    state = start_batch(sp.csr_matrix(np.ones((3, 256))), np.float32)
+    with pytest.raises(ValueError, match="packed with groups=False"):
+        advance(state, plain, -0.3)

@@ -61,7 +61,7 @@ def load_compact_network(
     dtype = np.dtype(dtype)
     matrices = load_network(spec, neurons=neurons, layers=layers, seed=seed, dtype=dtype)
     check_network(matrices, dtype, tiled)
-    return compact_layers(pack_layers(matrices, dtype))
+    return compact_layers(pack_layers(matrices, dtype, groups=False))
 
 
 def describe_compact(network: CompactLayers, tiled: bool) -> dict:

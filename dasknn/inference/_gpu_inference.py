@@ -203,7 +203,7 @@ def warm_cuda_kernel(dtype: str, mode: str) -> None:
         return
 
     layer = sp.identity(64, dtype=np.float64, format="csr")
-    compact = compact_layers(pack_layers([layer, layer], np.dtype(dtype)))
+    compact = compact_layers(pack_layers([layer, layer], np.dtype(dtype), groups=False))
     tiled = mode == "tiled"
     network = DeviceNetwork(compact, tiled=tiled)
     rows = sp.csr_matrix(np.array([[1.0] * 64, [0.05] * 64]))  # the second row dies: compaction

@@ -235,7 +235,7 @@ def infer_on_gpus(
             network.device_bytes, network.largest_layer, network.layers,
         )  # fmt: skip
     else:
-        weights = compact_layers(pack_layers(network, dtype))
+        weights = compact_layers(pack_layers(network, dtype, groups=False))
         device_bytes, largest_layer = weight_bytes(weights, tiled=cuda_mode == "tiled")
         n_layers = len(network)
     bit_rows = pack_bit_rows(rows)  # binary inputs travel as bits; others as CSR of ``dtype``

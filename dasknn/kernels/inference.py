@@ -59,16 +59,17 @@ class PackedLayers:
         Nonzeros in each row of each layer (used to count the necessary multiply-adds).
     group_cols, group_ptr, n_groups : int32, int32 and int64 arrays, shapes (L, N), (L, N + 1), (L,)
         The columns of each layer in groups with equal inputs
-        (:func:`dasknn.kernels.shared_inputs.group_columns`).
+        (:func:`dasknn.kernels.shared_inputs.group_columns`); ``None`` when packed with
+        ``groups=False``.
     """
 
     indptr: np.ndarray
     indices: np.ndarray
     data: np.ndarray
     out_degree: np.ndarray
-    group_cols: np.ndarray
-    group_ptr: np.ndarray
-    n_groups: np.ndarray
+    group_cols: np.ndarray | None
+    group_ptr: np.ndarray | None
+    n_groups: np.ndarray | None
 
     @property
     def n_layers(self) -> int:
@@ -80,19 +81,25 @@ class PackedLayers:
 
     @property
     def nbytes(self) -> int:
-        return int(sum(a.nbytes for a in (self.indptr, self.indices, self.data, self.out_degree,
-                                          self.group_cols, self.group_ptr, self.n_groups)))
+        arrays = (self.indptr, self.indices, self.data, self.out_degree, self.group_cols,
+                  self.group_ptr, self.n_groups)
+        return int(sum(a.nbytes for a in arrays if a is not None))
 
     def __sizeof__(self) -> int:
         """Bytes of this object and its arrays (what Dask's ``sizeof`` counts)."""
         return object.__sizeof__(self) + self.nbytes
 
 
-def pack_layers(layers: list[sp.spmatrix], dtype: np.dtype | type = np.float32) -> PackedLayers:
+def pack_layers(
+    layers: list[sp.spmatrix], dtype: np.dtype | type = np.float32, *, groups: bool = True
+) -> PackedLayers:
     """Pack square sparse layers of shape ``(N, N)`` (challenge convention) for the kernel.
 
     Each layer is checked (:func:`graph.checks.check_csr`), duplicates summed, transposed
-    to CSC, layers in parallel, and its columns grouped by equal inputs.
+    to CSC, layers in parallel, and (``groups``, the default) its columns grouped by equal
+    inputs, which :func:`advance` needs; the GPU's compact form
+    (:func:`dasknn.kernels.cuda_inference.compact_layers`) does not, and ``groups=False`` saves
+    that pass and its 8 bytes a neuron and layer.
 
     Raises
     ------
@@ -129,7 +136,7 @@ def pack_layers(layers: list[sp.spmatrix], dtype: np.dtype | type = np.float32) 
     if not all(finite):
         raise ValueError(f"layer {finite.index(False) + 1} has a weight that is not finite in "
                          f"{dtype} (NaN, infinite or out of range)")
-    group_cols, group_ptr, n_groups = group_columns(indptr, indices)
+    group_cols, group_ptr, n_groups = group_columns(indptr, indices) if groups else (None,) * 3
     return PackedLayers(indptr=indptr, indices=indices, data=data, out_degree=out_degree,
                         group_cols=group_cols, group_ptr=group_ptr, n_groups=n_groups)
 
@@ -485,6 +492,8 @@ def advance(
     n_tiles, n, _ = state.block.shape
     if layers.neurons != n:
         raise ValueError(f"the layers have {layers.neurons} neurons but the batch has {n}")
+    if layers.group_cols is None:
+        raise ValueError("the layers were packed with groups=False; pack them with groups=True")
     if layers.data.dtype != state.block.dtype:
         raise ValueError(
             f"layers are {layers.data.dtype} but the batch is {state.block.dtype}; pack them alike"
