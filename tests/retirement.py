@@ -6,7 +6,8 @@ values."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import dask
@@ -16,6 +17,7 @@ from distributed import LocalCluster
 from polling import HANG_GUARD, wait_until
 
 from dasknn.runtime.cluster import scheduler_workers
+from dasknn.runtime.faults import retirement_requests
 
 
 def after_steps(model, steps: int, action) -> threading.Thread:
@@ -34,6 +36,26 @@ def after_steps(model, steps: int, action) -> threading.Thread:
 def retire_after_steps(client, model, steps: int, worker: str) -> threading.Thread:
     """:func:`after_steps` that asks the scheduler to retire ``worker``."""
     return after_steps(model, steps, lambda: client.retire_workers([worker]))
+
+
+def retire_between_fits(
+    client, model, worker: str, first: Callable[[], object], rest: Callable[[], object]
+) -> threading.Thread:
+    """Run ``first()`` (the training up to the request), ask the scheduler to retire ``worker``
+    from a thread (the call returns once Dask has retired it), wait until the scheduler counts
+    the request and the model's next look at retirements is due (at most
+    :data:`~polling.HANG_GUARD` seconds each), then run ``rest()``: the model meets the request
+    at the first task of ``rest``, whatever the machine's speed. Returns the thread."""
+    first()
+    before = retirement_requests(client).get(worker, 0)
+    thread = threading.Thread(target=client.retire_workers, args=([worker],), daemon=True)
+    thread.start()
+    wait_until(lambda: retirement_requests(client).get(worker, 0) > before, HANG_GUARD,
+               f"the request to retire {worker}")  # fmt: skip
+    wait_until(lambda: time.monotonic() >= model._next_retire_check, HANG_GUARD,
+               "the model's next look at retirements", 0.01)  # fmt: skip
+    rest()
+    return thread
 
 
 def _fill_to(fraction: float, dask_worker) -> None:

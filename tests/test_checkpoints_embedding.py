@@ -18,7 +18,7 @@ import pytest
 from checkpoint_watch import when_checkpoint
 from distributed import Client, LocalCluster
 from polling import HANG_GUARD, wait_until
-from retirement import fill_memory_to, retire_after_steps
+from retirement import fill_memory_to, retire_between_fits
 
 from dasknn.data_parallel import DistributedEmbeddingMLP
 from dasknn.model import EmbeddingMLP
@@ -43,6 +43,12 @@ def _data(rows: int = 64) -> tuple[np.ndarray, np.ndarray]:
 def _fit(model, epochs: int, **options):
     x, y = _data()
     return model.fit(x, y, batch_size=8, epochs=epochs, optimizer=OPTIMIZER, **options)
+
+
+def _epochs(model, epochs: int):
+    """A call of ``_fit`` of ``epochs`` more epochs in row order (calls one after another
+    train as one call of all their epochs)."""
+    return lambda: _fit(model, epochs, shuffle=False)
 
 
 def _values(model: EmbeddingMLP) -> list[np.ndarray]:
@@ -157,7 +163,7 @@ def test_a_killed_worker_is_recovered_from_the_checkpoint(client, tmp_path, mess
 def test_a_retired_worker_hands_its_values_over_and_fit_goes_on(messages):
     """A worker of the model retired mid-fit with no checkpoint: its values move to the spare
     worker between two tasks, the worker leaves and the run ends as the uninterrupted one."""
-    reference = _fit(_model(), 6)
+    reference = _fit(_model(), 6, shuffle=False)
     with (
         LocalCluster(n_workers=3, threads_per_worker=1, dashboard_address=":0") as cluster,
         Client(cluster) as client,
@@ -168,9 +174,8 @@ def test_a_retired_worker_hands_its_values_over_and_fit_goes_on(messages):
             step_timeout=30,
         ) as dist:  # fmt: skip
             leaving = dist.workers[1]
-            retire = retire_after_steps(client, dist, 8, leaving)
-            _fit(dist, 6)  # no checkpoint
-            retire.join()
+            retire = retire_between_fits(client, dist, leaving, _epochs(dist, 1), _epochs(dist, 5))
+            retire.join()  # no checkpoint
             assert leaving not in dist.workers
             wait_until(lambda: leaving not in scheduler_workers(client), HANG_GUARD, "retired")
             _assert_same(dist.gather(), reference)
@@ -183,7 +188,7 @@ def test_a_retired_worker_with_no_spare_leaves_the_model_on_the_workers_that_sta
     """With no spare worker, the model is laid out on the worker that stays between two tasks
     (its shard count kept), the retired one leaves and the run ends as the uninterrupted one;
     the traffic is counted again from the new layout."""
-    reference = _fit(_model(), 6)
+    reference = _fit(_model(), 6, shuffle=False)
     with (
         LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster,
         Client(cluster) as client,
@@ -192,9 +197,8 @@ def test_a_retired_worker_with_no_spare_leaves_the_model_on_the_workers_that_sta
             _model(), client, sparse_partitions=2, step_timeout=30
         ) as dist:  # fmt: skip
             staying, leaving = dist.workers
-            retire = retire_after_steps(client, dist, 8, leaving)
-            _fit(dist, 6)  # no checkpoint
-            retire.join()
+            retire = retire_between_fits(client, dist, leaving, _epochs(dist, 1), _epochs(dist, 5))
+            retire.join()  # no checkpoint
             assert dist.workers == [staying]
             wait_until(lambda: leaving not in scheduler_workers(client), HANG_GUARD, "retired")
             _assert_same(dist.gather(), reference)
@@ -210,7 +214,7 @@ def test_a_retirement_is_refused_where_the_worker_that_stays_lacks_the_memory(ca
     75 % of its memory limit: the values of the leaving one would take it past Dask's pause
     threshold, so the retirement is refused, a warning says why, and the run goes on on both
     workers to the values of the uninterrupted one."""
-    reference = _fit(_model(), 6)
+    reference = _fit(_model(), 6, shuffle=False)
     with (
         LocalCluster(
             n_workers=2, threads_per_worker=1, memory_limit="3GiB", dashboard_address=":0"
@@ -222,8 +226,7 @@ def test_a_retirement_is_refused_where_the_worker_that_stays_lacks_the_memory(ca
         ) as dist:  # fmt: skip
             staying, leaving = kept = list(dist.workers)
             fill_memory_to(client, staying, 0.75)
-            retire = retire_after_steps(client, dist, 8, leaving)
-            _fit(dist, 6)
+            retire = retire_between_fits(client, dist, leaving, _epochs(dist, 1), _epochs(dist, 5))
             retire.join()
             assert dist.workers == kept
             _assert_same(dist.gather(), reference)
