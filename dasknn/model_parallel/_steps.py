@@ -15,6 +15,7 @@ from dasknn.model.losses import get_loss
 from dasknn.model_parallel._plan import LayerPartPlan
 from dasknn.model_parallel._worker_state import GradientSum, ModelState, PartLayer, PartStep
 from dasknn.optim import Optimizer
+from dasknn.runtime.alignment import local_copy
 from dasknn.runtime.keys import phase_names, step_key
 
 __all__ = [
@@ -242,8 +243,13 @@ def combine_logsumexp(*stats: np.ndarray) -> np.ndarray:
 
 
 def _output_delta(ctx: StepContext, z, a, y, lse) -> tuple[np.ndarray, float]:
-    """``dJ/dz_L`` of the part's outputs and its loss share, both scaled by ``1 / ctx.batch``."""
+    """``dJ/dz_L`` of the part's outputs and its loss share, both scaled by ``1 / ctx.batch``.
+
+    ``y`` as received may start off its dtype's alignment (a small array unpickled inside a
+    message); it is copied to aligned memory first, as BLAS (``np.vdot``) needs on some CPUs."""
     loss = get_loss(ctx.loss)
+    if not y.flags.aligned:
+        y = local_copy(y)
     rows = z.shape[1]
     if loss.name == "softmax_cross_entropy":
         log_prob = z - lse[0].astype(z.dtype)
