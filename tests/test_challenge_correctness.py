@@ -144,8 +144,13 @@ def _dyadic_network(seed: int, neurons: int, depth: int, rows: int):
         mask = rng.random((neurons, neurons)) < 0.2
         values = rng.integers(-4, 5, size=(neurons, neurons)) / 2.0
         layers.append(sp.csr_matrix(np.where(mask, values, 0.0)))
+    return (layers, *dyadic_inputs(rng, rows, neurons))
+
+
+def dyadic_inputs(rng: np.random.Generator, rows: int, neurons: int) -> tuple[np.ndarray, float]:
+    """Inputs k/4 (``(rows, neurons)``, 30 % nonzero) and a bias -k/4 of a dyadic network."""
     inputs = np.where(rng.random((rows, neurons)) < 0.3, rng.integers(0, 5, (rows, neurons)), 0)
-    return layers, inputs / 4.0, -int(rng.integers(0, 4)) / 4.0
+    return inputs / 4.0, -int(rng.integers(0, 4)) / 4.0
 
 
 @settings(max_examples=25, deadline=None)

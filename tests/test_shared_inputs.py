@@ -14,7 +14,7 @@ import pytest
 import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_challenge_correctness import reference_challenge
+from test_challenge_correctness import dyadic_inputs, reference_challenge
 
 from dasknn.datasets import radixnet
 from dasknn.kernels.inference import (
@@ -92,8 +92,7 @@ def test_group_path_exact_on_dyadic_networks(seed, n, depth, rows, dtype):
     operation is exact, so the group path must give the reference's bits."""
     rng = np.random.default_rng(seed)
     layers = [_repeating_layer(rng, n, signed=True) for _ in range(depth)]
-    inputs = np.where(rng.random((rows, n)) < 0.3, rng.integers(0, 5, (rows, n)), 0) / 4.0
-    bias = -int(rng.integers(0, 4)) / 4.0
+    inputs, bias = dyadic_inputs(rng, rows, n)
     expected, activations = reference_challenge(inputs, layers, bias, ymax=32.0)
     state = advance(start_batch(sp.csr_matrix(inputs), dtype), pack_layers(layers, dtype), bias)
     np.testing.assert_array_equal(live_rows(state) + 1, expected)

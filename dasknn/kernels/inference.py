@@ -23,6 +23,8 @@ from dasknn.kernels.lane_vectors import (
     VECTOR_BYTES,
     accumulate_column,
     accumulate_group,
+    aligned_copy,
+    aligned_empty,
     stack_group,
 )
 from dasknn.kernels.shared_inputs import group_columns
@@ -218,15 +220,6 @@ def _fill(indptr, indices, data, rows, block):
                 block[t, indices[p], lane] = data[p]
 
 
-def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """An uninitialised C-contiguous array whose data starts on a 64-byte boundary (a section
-    then spans whole cache lines, and the kernel's vector loads never straddle two)."""
-    count = int(np.prod(shape)) * dtype.itemsize
-    raw = np.empty(count + VECTOR_BYTES, dtype=np.uint8)
-    skip = -raw.ctypes.data % VECTOR_BYTES
-    return raw[skip:skip + count].view(dtype).reshape(shape)
-
-
 def start_batch(inputs: sp.spmatrix, dtype: np.dtype | type = np.float32) -> BatchState:
     """Load a batch of input rows (a sparse matrix of shape ``(rows, N)``) into a state.
 
@@ -238,7 +231,7 @@ def start_batch(inputs: sp.spmatrix, dtype: np.dtype | type = np.float32) -> Bat
     csr = sp.csr_matrix(check_csr(inputs, name="inputs")).astype(dtype)
     csr.eliminate_zeros()
     rows = np.flatnonzero(np.diff(csr.indptr)).astype(np.int64)
-    block = _aligned_empty((max(1, -(-rows.size // LANES)), csr.shape[1], LANES), dtype)
+    block = aligned_empty((max(1, -(-rows.size // LANES)), csr.shape[1], LANES), dtype)
     _fill(csr.indptr.astype(np.int64), csr.indices.astype(np.int64), csr.data, rows, block)
     return BatchState(rows=rows, block=block)
 
@@ -504,10 +497,8 @@ def advance(
     flags = np.empty((n_tiles, n), dtype=np.bool_)
     state.macs_needed += int(_section_flags(state.block, state.live, flags, layers.out_degree[0]))
     if state.block.ctypes.data % VECTOR_BYTES:  # e.g. a state that was pickled
-        aligned = _aligned_empty(state.block.shape, dtype)
-        aligned[...] = state.block
-        state.block = aligned
-    spare = _aligned_empty(state.block.shape, dtype)
+        state.block = aligned_copy(state.block)
+    spare = aligned_empty(state.block.shape, dtype)
     rows = state.rows.copy()
     live, in_spare, done, needed = _run_layers(
         state.block,
@@ -529,11 +520,7 @@ def advance(
     )
     block = spare if in_spare else state.block
     used = max(1, -(-live // LANES))
-    if used < n_tiles:
-        state.block = _aligned_empty((used, n, LANES), dtype)
-        state.block[...] = block[:used]
-    else:
-        state.block = block
+    state.block = aligned_copy(block[:used]) if used < n_tiles else block
     state.rows = rows[:live]
     state.macs_done += int(done)
     state.macs_needed += int(needed)

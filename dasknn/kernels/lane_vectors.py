@@ -12,6 +12,7 @@ docs/challenge.md ("The kernel").
 
 from __future__ import annotations
 
+import numpy as np
 from llvmlite import binding as llvm
 from llvmlite import ir
 from numba import types
@@ -26,6 +27,8 @@ __all__ = [
     "accumulate_column",
     "accumulate_group",
     "accumulator_bytes",
+    "aligned_copy",
+    "aligned_empty",
     "register_bytes",
     "stack_group",
 ]
@@ -54,6 +57,24 @@ def accumulator_bytes(features: str | None = None) -> int:
 
 
 ACCUMULATOR_BYTES = accumulator_bytes()
+
+
+def aligned_empty(shape: tuple[int, ...], dtype, boundary: int = VECTOR_BYTES) -> np.ndarray:
+    """An uninitialised C-contiguous array whose data starts on a multiple of ``boundary`` bytes
+    (numpy's large arrays start 16 bytes into a page: a 64-byte vector load from one straddles
+    two cache lines)."""
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape)) * dtype.itemsize
+    raw = np.empty(count + boundary, dtype=np.uint8)
+    skip = -raw.ctypes.data % boundary
+    return raw[skip : skip + count].view(dtype).reshape(shape)
+
+
+def aligned_copy(array: np.ndarray, boundary: int = VECTOR_BYTES) -> np.ndarray:
+    """A C-contiguous copy of ``array`` in an :func:`aligned_empty` array."""
+    out = aligned_empty(array.shape, array.dtype, boundary)
+    out[...] = array
+    return out
 
 _I64 = ir.IntType(64)
 

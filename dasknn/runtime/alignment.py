@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from dasknn.kernels.lane_vectors import aligned_copy
+
 __all__ = ["CACHE_LINE", "local_copy"]
 
 #: Bytes of a cache line.
@@ -13,8 +15,4 @@ CACHE_LINE = 64
 
 def local_copy(array: np.ndarray) -> np.ndarray:
     """A C-contiguous copy of ``array`` in memory allocated here, starting on a cache line."""
-    buffer = np.empty(array.nbytes + CACHE_LINE, dtype=np.uint8)
-    start = -buffer.ctypes.data % CACHE_LINE
-    out = buffer[start : start + array.nbytes].view(array.dtype).reshape(array.shape)
-    out[...] = array
-    return out
+    return aligned_copy(array, CACHE_LINE)
