@@ -45,7 +45,7 @@ from harness import NetCluster, add_json_option, describe, write_json
 
 import graph
 from dasknn.datasets import radixnet
-from dasknn.kernels.training import masked_outer_grad, spmm_backward, spmm_forward
+from dasknn.kernels.training import column_runs, masked_outer_grad, spmm_backward, spmm_forward
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
 from dasknn.model_parallel._timing import time_training
@@ -235,8 +235,11 @@ def kernels(args) -> None:
                 grad = np.empty(w.nnz, dtype=dtype)
                 repeats = max(5, int(2e7 / (batch * w.nnz)))
                 csr = (w.indptr, w.indices, w.data)
+                bounds, by_column, order = column_runs(w.indptr, w.indices, n,
+                                                       np.array([0, n]))
+                columns = (bounds[0], bounds[-1], by_column, order, w.data)
                 cases = [
-                    ("forward", partial(spmm_forward, xt, *csr, out),
+                    ("forward", partial(spmm_forward, xt, *columns, out),
                      partial(scipy_forward, x, w)),
                     ("backward", partial(spmm_backward, deltat, *csr, out),
                      partial(scipy_backward, delta, w)),
@@ -256,7 +259,7 @@ def kernels(args) -> None:
         biases = [b.copy() for b in model.biases]
         rng = np.random.default_rng(1)
         x, y = rng.random((batch, n)), rng.random((batch, n))
-        t_ours = best_time(partial(model.train_step, x, y, 0.01), 5)
+        t_ours = best_time(partial(model.train_step, x, y, lr=0.01), 5)
         t_theirs = best_time(partial(scipy_step, weights, biases, x, y, 0.01), 5)
         print(f"train_step 4 x {n}, B={batch}, float64: dasknn {t_ours * 1e3:.1f} ms, scipy "
               f"{t_theirs * 1e3:.1f} ms, ratio {t_theirs / t_ours:.2f} "

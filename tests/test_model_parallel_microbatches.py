@@ -11,7 +11,7 @@ from model_reference import assert_same_layers
 from random_layers import random_layers
 from stopped_workers import wait_until_empty
 
-from dasknn.kernels.training import spmm_forward
+from dasknn.kernels.training import column_runs, spmm_forward
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
 from dasknn.model_parallel._microbatches import (
@@ -180,6 +180,7 @@ def test_forward_product_over_row_ranges_adds_up_to_the_whole():
     w.data = rng.uniform(-1, 1, size=w.nnz)
     x = rng.uniform(-1, 1, size=(30, 6))  # feature-major inputs, 6 samples
     z = np.full((17, 6), np.nan)
-    for lo, hi, accumulate in [(10, 22, False), (0, 10, True), (22, 30, True)]:
-        spmm_forward(x[lo:hi], w.indptr[lo : hi + 1], w.indices, w.data, z, accumulate)
+    bounds, rows, order = column_runs(w.indptr, w.indices, 17, np.array([0, 10, 22, 30]))
+    for g, accumulate in [(1, False), (0, True), (2, True)]:
+        spmm_forward(x, bounds[g], bounds[g + 1], rows, order, w.data, z, accumulate)
     np.testing.assert_allclose(z, w.T @ x, rtol=1e-12, atol=1e-12)

@@ -80,6 +80,37 @@ def test_reorder_makes_parts_contiguous():
     assert list(order[:2]) == [1, 3]
 
 
+def test_reorder_puts_the_flagged_neurons_first_within_each_part():
+    parts = np.array([2, 0, 1, 0, 2, 2, 0])
+    first = np.array([False, False, True, True, False, True, False])
+    order, offsets = reorder(parts, 3, first)
+    assert list(order) == [3, 1, 6, 2, 5, 0, 4]
+    assert list(offsets) == [0, 3, 4, 7]
+
+
+def test_each_part_sends_a_prefix_of_its_neurons():
+    """Boundary-first order: in every layer, the neurons of a part that another part reads are
+    its first ``sent_prefix()`` ones, and they are exactly the ones read elsewhere (a direct
+    walk of the dense pattern)."""
+    weights = _network(3)
+    rng = np.random.default_rng(4)
+    parts = [rng.integers(0, 3, size=n) for n in (40, 32, 48, 24)]
+    plan, _ = build_comm_plan(weights, parts, 3)
+    for k, weight in enumerate(weights, start=1):
+        dense = weight.toarray() != 0
+        for m, layer_plan in enumerate(plan.layers[k - 1]):
+            sent = set()
+            for rows in layer_plan.send.values():
+                sent |= set(rows.tolist())
+            original = plan.orders[k - 1][plan.offsets[k - 1][m] : plan.offsets[k - 1][m + 1]]
+            read_elsewhere = [
+                r for r, i in enumerate(original)
+                if any(parts[k][j] != m for j in np.flatnonzero(dense[i]))
+            ]
+            assert sorted(sent) == read_elsewhere == list(range(len(read_elsewhere)))
+            assert layer_plan.sent_prefix() == len(read_elsewhere)
+
+
 def test_radixnet_block_partition_predicted_volume():
     weights = radixnet(64, 3)
     parts = [np.arange(64) * 2 // 64 for _ in range(4)]

@@ -1,53 +1,136 @@
-"""Numba kernels for training on one weight chunk ``W`` (CSR, ``(n_in, n_out)``) on feature-major
+"""Numba kernels for training on one weight chunk ``W`` (``(n_in, n_out)``) on feature-major
 activations ``xt`` (``(n_features, B)``, ``x.T``), so every entry meets a contiguous run of
-samples and nothing is transposed (docs/benchmarks.md, "Training kernels"). Single-threaded (the
-parallelism is across workers) and ``nogil``.
+samples and nothing is transposed (docs/benchmarks.md, "Training kernels"). Inputs that are not
+C-contiguous are copied first; outputs must be C-contiguous.
+
+Every product is a gather into vector accumulators held in registers
+(:mod:`dasknn.kernels.lane_vectors`): the forward pass walks ``W``'s columns (a
+:func:`column_runs` view of its CSR pattern), the backward pass and the masked gradient its rows.
+Single-threaded (the parallelism is across workers) and ``nogil``.
 """
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
-__all__ = ["masked_outer_grad", "spmm_backward", "spmm_forward"]
+from dasknn.kernels.lane_vectors import ROW_VECTORS, VECTOR_BYTES, accumulate_rows, dot_rows
+
+__all__ = ["column_runs", "masked_outer_grad", "spmm_backward", "spmm_forward"]
+
+@njit(cache=True, nogil=True)
+def column_runs(indptr, indices, n_out, groups):  # pragma: no cover - compiled
+    """The entries of a CSR pattern by column, in row order, cut at row boundaries.
+
+    Parameters
+    ----------
+    indptr, indices : CSR arrays of ``W`` (n_in, n_out)
+    n_out : int
+    groups : int array
+        Increasing row offsets ``0 = groups[0] <= ... <= groups[G] = n_in``.
+
+    Returns
+    -------
+    bounds : int64 array, shape (G + 1, n_out)
+        The entries of column ``c`` from rows ``groups[g]:groups[g + 1]`` are
+        ``bounds[g, c]:bounds[g + 1, c]`` (positions in ``rows`` and ``order``).
+    rows : array of ``indices``' dtype
+        The row of each entry.
+    order : int64 array
+        The position of each entry in the CSR arrays (where its weight is).
+
+    Cost: two passes over the entries (a counting sort), no comparison sort.
+    """
+    n_groups = groups.shape[0] - 1
+    start = np.zeros(n_out + 1, dtype=np.int64)
+    for p in range(indptr[-1]):
+        start[indices[p] + 1] += 1
+    for c in range(n_out):
+        start[c + 1] += start[c]
+    bounds = np.empty((n_groups + 1, n_out), dtype=np.int64)
+    rows = np.empty(indptr[-1], dtype=indices.dtype)
+    order = np.empty(indptr[-1], dtype=np.int64)
+    fill = start[:n_out].copy()
+    for g in range(n_groups):
+        bounds[g] = fill
+        for i in range(groups[g], groups[g + 1]):
+            for p in range(indptr[i], indptr[i + 1]):
+                c = indices[p]
+                rows[fill[c]] = i
+                order[fill[c]] = p
+                fill[c] += 1
+    bounds[n_groups] = fill
+    return bounds, rows, order
 
 
 @njit(cache=True, nogil=True)
-def spmm_forward(xt, indptr, indices, data, outt, accumulate=False):  # pragma: no cover
-    """``outt = W.T @ xt``: each stored ``(i, j)`` adds ``w * xt[i]`` to row ``j`` of ``outt``.
+def _sum_runs(out, src, indices, data, order, starts, ends, add):  # pragma: no cover - compiled
+    """Row ``c`` of ``out`` (+)= the sum over ``p`` in ``[starts[c], ends[c])`` of ``data[q] *
+    src[indices[p]]`` (``q`` as in :func:`~dasknn.kernels.lane_vectors.accumulate_rows`), in
+    chunks of vectors and a scalar tail; ``out``: C-contiguous ``(len(starts), B)``."""
+    n_batch = src.shape[1]
+    width = VECTOR_BYTES // src.itemsize
+    if n_batch == 1:  # plain SGD: one dot product a row, in a register
+        for c in range(starts.shape[0]):
+            acc = out[c, 0] if add else out.dtype.type(0)
+            for p in range(starts[c], ends[c]):
+                acc += data[p if order is None else order[p]] * src[indices[p], 0]
+            out[c, 0] = acc
+        return
+    tail = n_batch - n_batch % width
+    for c in range(starts.shape[0]):
+        lo, hi, at, t = starts[c], ends[c], c * n_batch, 0
+        while t < tail:
+            count = min(ROW_VECTORS, (tail - t) // width)
+            accumulate_rows(out, at + t, src, t, indices, data, order, lo, hi, add, count)
+            t += count * width
+        for s in range(tail, n_batch):
+            acc = out[c, s] if add else out.dtype.type(0)
+            for p in range(lo, hi):
+                acc += data[p if order is None else order[p]] * src[indices[p], s]
+            out[c, s] = acc
+
+
+def _inputs(*arrays: np.ndarray) -> list[np.ndarray]:
+    return [np.ascontiguousarray(a) for a in arrays]
+
+
+def _output(name: str, array: np.ndarray) -> np.ndarray:
+    if not array.flags.c_contiguous or not array.flags.writeable:
+        raise ValueError(f"{name} must be a writeable C-contiguous array")
+    return array
+
+
+def spmm_forward(xt, starts, ends, rows, order, data, outt, accumulate: bool = False) -> None:
+    """``outt = W.T @ xt``: row ``c`` of ``outt`` gathers ``w * xt[i]`` over column ``c``'s
+    entries ``starts[c]:ends[c]`` of a :func:`column_runs` view.
 
     Parameters
     ----------
     xt : array (n_in, B)
-        Feature-major inputs.
-    indptr, indices, data : CSR arrays of ``W`` (n_in, n_out)
-        ``indptr`` may be a slice ``indptr[lo : hi + 1]`` of a larger matrix's, with ``xt`` the
-        inputs ``lo:hi``.
+        Feature-major inputs (only the rows the entries name are read).
+    starts, ends : int64 arrays (n_out,)
+        Rows ``g`` and ``g + 1`` of the view's ``bounds``: the entries of rows ``groups[g]:
+        groups[g + 1]`` (all of them: ``bounds[0]`` and ``bounds[-1]``).
+    rows, order : the view's arrays
+    data : float array
+        ``W``'s values in CSR order.
     outt : array (n_out, B)
         Overwritten with the feature-major pre-activations (without bias), or added to with
         ``accumulate``.
     accumulate : bool
         Add the product to ``outt`` instead of overwriting it.
     """
-    n_in, n_batch = xt.shape
-    if not accumulate:
-        outt[:] = 0
-    if n_batch == 1:  # plain SGD: skip the zero inputs (ReLU networks, binary images)
-        for i in range(n_in):
-            xi = xt[i, 0]
-            if xi != 0:
-                for p in range(indptr[i], indptr[i + 1]):
-                    outt[indices[p], 0] += data[p] * xi
-        return
-    for i in range(n_in):
-        for p in range(indptr[i], indptr[i + 1]):
-            j = indices[p]
-            w = data[p]
-            for t in range(n_batch):
-                outt[j, t] += w * xt[i, t]
+    _forward(*_inputs(xt, starts, ends, rows, order, data), _output("outt", outt),
+             bool(accumulate))
 
 
 @njit(cache=True, nogil=True)
-def spmm_backward(deltat, indptr, indices, data, outt):  # pragma: no cover - compiled
+def _forward(xt, starts, ends, rows, order, data, outt, accumulate):  # pragma: no cover
+    _sum_runs(outt, xt, rows, data, order, starts, ends, accumulate)
+
+
+def spmm_backward(deltat, indptr, indices, data, outt) -> None:
     """``outt = W @ deltat``: row ``i`` of ``outt`` gathers ``w * deltat[j]`` over its entries.
 
     Parameters
@@ -55,40 +138,51 @@ def spmm_backward(deltat, indptr, indices, data, outt):  # pragma: no cover - co
     deltat : array (n_out, B)
         Feature-major deltas of the layer's outputs.
     indptr, indices, data : CSR arrays of ``W`` (n_in, n_out)
+        ``indptr`` may be a slice ``indptr[lo : hi + 1]`` of a larger matrix's.
     outt : array (n_in, B)
         Overwritten with the feature-major partial sums for the inputs.
     """
-    n_in = indptr.shape[0] - 1
-    n_batch = deltat.shape[1]
-    if n_batch == 1:  # plain SGD: one dot product per row, summed in a register
-        for i in range(n_in):
-            acc = 0.0
-            for p in range(indptr[i], indptr[i + 1]):
-                acc += data[p] * deltat[indices[p], 0]
-            outt[i, 0] = acc
-        return
-    for i in range(n_in):
-        for t in range(n_batch):
-            outt[i, t] = 0
-        for p in range(indptr[i], indptr[i + 1]):
-            j = indices[p]
-            w = data[p]
-            for t in range(n_batch):
-                outt[i, t] += w * deltat[j, t]
+    _backward(*_inputs(deltat, indptr, indices, data), _output("outt", outt))
 
 
-@njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
-def masked_outer_grad(xt, deltat, indptr, indices, scale, out):  # pragma: no cover - compiled
+@njit(cache=True, nogil=True)
+def _backward(deltat, indptr, indices, data, outt):  # pragma: no cover - compiled
+    _sum_runs(outt, deltat, indices, data, None, indptr[:-1], indptr[1:], False)
+
+
+def masked_outer_grad(xt, deltat, indptr, indices, scale, out) -> None:
     """Gradient of ``W`` restricted to its pattern: ``out[p] = scale * (xt[i] . deltat[j])``.
 
-    ``(i, j)`` is the position of stored entry ``p``; the dot product runs over the batch, summed
-    in vector lanes. ``out`` has the length of ``indices``.
+    ``(i, j)`` is the position of stored entry ``p``; ``xt[i]`` stays in registers while its
+    row's dot products run over the batch. ``out`` has the length of ``indices``.
     """
+    _grad(*_inputs(xt, deltat, indptr, indices), scale, _output("out", out))
+
+
+@njit(cache=True, nogil=True)
+def _grad(xt, deltat, indptr, indices, scale, out):  # pragma: no cover - compiled
     n_in, n_batch = xt.shape
+    width = VECTOR_BYTES // xt.itemsize
+    tail = n_batch - n_batch % width
+    if n_batch == 1:
+        for i in range(n_in):
+            for p in range(indptr[i], indptr[i + 1]):
+                out[p] = scale * (xt[i, 0] * deltat[indices[p], 0])
+        return
+    out[:] = 0
     for i in range(n_in):
-        for p in range(indptr[i], indptr[i + 1]):
+        lo, hi = indptr[i], indptr[i + 1]
+        at = i * n_batch
+        t = 0
+        while t < tail:
+            count = min(ROW_VECTORS, (tail - t) // width)
+            dot_rows(out, xt, at + t, deltat, t, indices, lo, hi, count)
+            t += count * width
+        for p in range(lo, hi):
             j = indices[p]
-            acc = xt[i, 0] * deltat[j, 0]
-            for t in range(1, n_batch):
-                acc += xt[i, t] * deltat[j, t]
-            out[p] = scale * acc
+            acc = out[p]
+            for s in range(tail, n_batch):
+                acc += xt[i, s] * deltat[j, s]
+            out[p] = acc
+    if scale != 1:
+        out *= scale

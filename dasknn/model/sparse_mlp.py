@@ -22,7 +22,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from dasknn.datasets.radixnet import radixnet as radixnet_pattern
-from dasknn.kernels.training import masked_outer_grad, spmm_backward, spmm_forward
+from dasknn.kernels.training import column_runs, masked_outer_grad, spmm_backward, spmm_forward
 from dasknn.model.activations import Activation
 from dasknn.model.estimator import InProcessEstimator
 from dasknn.model.layer_shapes import LayerShapes
@@ -147,6 +147,25 @@ class SparseMLP(LayerShapes, InProcessEstimator):
         self.loss_curve_: list[float] = []
         self.batch_loss_curve_: list[float] = []
 
+    def __getstate__(self) -> dict:
+        """The attributes without the column views (rebuilt from the pattern when next used)."""
+        state = dict(self.__dict__)
+        state.pop("_column_views", None)
+        return state
+
+    def _column_view(self, k: int) -> tuple:
+        """``(starts, ends, rows, order)`` of layer ``k``'s :func:`column_runs` (the forward
+        kernel's view of the pattern), kept while the layer's index arrays are the same."""
+        w = self.weights[k]
+        views = self.__dict__.setdefault("_column_views", {})
+        held = views.get(k)
+        if held is None or held[0] is not w.indptr or held[1] is not w.indices:
+            bounds, rows, order = column_runs(
+                w.indptr, w.indices, w.shape[1], np.array([0, w.shape[0]], dtype=np.int64)
+            )
+            held = views[k] = (w.indptr, w.indices, (bounds[0], bounds[-1], rows, order))
+        return held[2]
+
     # ------------------------------------------------------------------ shape
     @property
     def layer_shapes(self) -> list[tuple[int, int]]:
@@ -173,7 +192,7 @@ class SparseMLP(LayerShapes, InProcessEstimator):
         at = xt
         for k, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
             zt = np.empty((w.shape[1], at.shape[1]), dtype=self.dtype)
-            spmm_forward(at, w.indptr, w.indices, w.data, zt)
+            spmm_forward(at, *self._column_view(k), w.data, zt)
             zt += b[:, None]
             at = self.layer_activation(k).forward(zt)
             layers.append((zt, at))

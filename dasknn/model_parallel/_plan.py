@@ -9,8 +9,8 @@ import numpy as np
 import scipy.sparse as sp
 
 __all__ = [
-    "CommPlan", "LayerPartPlan", "build_comm_plan", "normalize_partition", "renumbered_chunks",
-    "reorder",
+    "CommPlan", "LayerPartPlan", "boundary", "build_comm_plan", "normalize_partition",
+    "renumbered_chunks", "reorder",
 ]
 
 
@@ -65,14 +65,27 @@ def normalize_partition(
     return checked, nparts
 
 
-def reorder(parts: np.ndarray, nparts: int) -> tuple[np.ndarray, np.ndarray]:
+def reorder(
+    parts: np.ndarray, nparts: int, first: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """``(order, offsets)``: the renumbering of one layer that makes every part contiguous;
     ``order[r]`` is the original index of the neuron at new position ``r``, part ``m`` holds new
-    positions ``offsets[m]:offsets[m+1]``."""
-    order = np.argsort(parts, kind="stable")
+    positions ``offsets[m]:offsets[m+1]``. Within a part, the neurons flagged in ``first`` (a
+    boolean mask) come first, each group in its original order."""
+    key = parts * 2 if first is None else parts * 2 + ~np.asarray(first, dtype=bool)
+    order = np.argsort(key, kind="stable")
     offsets = np.zeros(nparts + 1, dtype=np.int64)
     np.cumsum(np.bincount(parts, minlength=nparts), out=offsets[1:])
     return order, offsets
+
+
+def boundary(weight: sp.spmatrix, parts_in: np.ndarray, parts_out: np.ndarray) -> np.ndarray:
+    """Which input neurons of ``weight`` (``(n_in, n_out)``) feed an output neuron of another
+    part: the rows a part sends forward."""
+    csr = sp.csr_matrix(weight)
+    rows = np.repeat(np.arange(csr.shape[0]), np.diff(csr.indptr))
+    crossing = parts_out[csr.indices] != parts_in[rows]
+    return np.bincount(rows[crossing], minlength=csr.shape[0]) > 0
 
 
 @dataclass(frozen=True)
@@ -104,6 +117,11 @@ class LayerPartPlan:
         """Bytes of this object and its arrays (Dask's ``sizeof`` uses ``sys.getsizeof``)."""
         arrays = [self.indptr, self.groups, self.own, *self.send.values()]
         return object.__sizeof__(self) + sum(int(a.nbytes) for a in arrays)
+
+    def sent_prefix(self) -> int:
+        """``h``: every row of part ``m`` of layer ``k-1`` that another part needs is among its
+        first ``h`` (all of them, with :func:`build_comm_plan`'s boundary-first order)."""
+        return max((int(rows[-1]) + 1 for rows in self.send.values() if len(rows)), default=0)
 
     def senders(self) -> list[int]:
         """Parts other than this one that own touched rows (they send forward, receive back)."""
@@ -201,6 +219,9 @@ def build_comm_plan(
 ) -> tuple[CommPlan, list[list[sp.csr_matrix]]]:
     """Renumber a network by its partition and compute every layer's communication plan.
 
+    Within each part, the neurons another part needs in the next layer come first
+    (:func:`boundary`), so that the forward step can finish and send them before the rest.
+
     Parameters
     ----------
     weights : sequence of scipy.sparse matrices ``(n_{k-1}, n_k)``
@@ -213,7 +234,9 @@ def build_comm_plan(
     chunks : list of list of scipy.sparse.csr_matrix
         ``chunks[k-1][m]``: part ``m``'s renumbered columns of ``W_k``, sorted indices.
     """
-    orders, offsets = zip(*(reorder(p, nparts) for p in parts), strict=True)
+    first = [boundary(w, parts[k], parts[k + 1]) for k, w in enumerate(weights)] + [None]
+    orders, offsets = zip(*(reorder(p, nparts, f) for p, f in zip(parts, first, strict=True)),
+                          strict=True)
     layers, chunks = [], []
     for k, weight in enumerate(weights, start=1):
         layer_chunks = renumbered_chunks(weight, orders[k - 1], orders[k], offsets[k])

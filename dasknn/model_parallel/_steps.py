@@ -109,14 +109,20 @@ def _timed(seconds: dict, kind: str, func, *args) -> None:
     seconds[kind] += time.perf_counter() - clock
 
 
-def _spmm_rows(x_in, sender, plan: LayerPartPlan, layer: PartLayer, z, accumulate: bool) -> None:
-    """``z (+)= W.T @ x_in`` over the input rows of ``sender``'s group (all rows for ``None``)."""
-    if sender is None:
-        spmm_forward(x_in, plan.indptr, layer.indices, layer.values, z)
-        return
-    lo, hi = int(plan.groups[sender]), int(plan.groups[sender + 1])
-    indptr = plan.indptr[lo : hi + 1]
-    spmm_forward(x_in[lo:hi], indptr, layer.indices, layer.values, z, accumulate)
+def _spmm_rows(x_in, sender, plan: LayerPartPlan, layer: PartLayer, z, accumulate: bool,
+               columns: slice = slice(None)) -> None:  # fmt: skip
+    """``z[columns] (+)= W[:, columns].T @ x_in`` over the input rows of ``sender``'s group (all
+    rows for ``None``)."""
+    bounds, rows, order = layer.column_view(plan.indptr, plan.groups)
+    lo, hi = (0, -1) if sender is None else (sender, sender + 1)
+    spmm_forward(x_in, bounds[lo][columns], bounds[hi][columns], rows, order, layer.values,
+                 z[columns], accumulate)
+
+
+def _activate(name: str, bias: np.ndarray, z: np.ndarray, a: np.ndarray, rows: slice) -> None:
+    """``z[rows] += bias[rows]``, ``a[rows] = f(z[rows])`` (an element-wise ``f``)."""
+    z[rows] += bias[rows, None]
+    get_activation(name).forward(z[rows], out=a[rows])
 
 
 def _temporary(owner: ModelState, part_step: PartStep, ctx: StepContext, shape, dtype):
@@ -150,13 +156,21 @@ def _ensure_forward(owner, ctx, part, i, k, plan, next_plan, x0, x0_rows, pieces
         z = _temporary(owner, part_step, ctx, (layer.shape[1], batch), dtype)
         senders = plan.senders()
         seconds = {"pack": time.perf_counter() - clock, "forward_product": 0.0}
-        if ctx.part_workers and senders:
-            # own input rows first, then each sender's (waiting counts as neither)
-            _timed(seconds, "forward_product", _spmm_rows, x_in, part, plan, layer, z, False)
+        name = ctx.output_activation if k == ctx.n_layers else ctx.activation
+        head = z.shape[0]  # the rows finished and posted first: those other parts need
+        if ctx.part_workers:
+            # own input rows first, then each sender's (waiting counts as neither), over the
+            # rows to post; the rest once they are posted
+            if route.local and k < ctx.n_layers:
+                head = next_plan.sent_prefix()
+            first = slice(0, head)
+            _timed(seconds, "forward_product", _spmm_rows, x_in, part, plan, layer, z, False,
+                   first)
             received = _received(owner, ctx, i, "fwd", k - 1, part, senders, pieces, route)
             for n, piece in zip(senders, received, strict=True):
                 _timed(seconds, "pack", x_in.__setitem__, slice(groups[n], groups[n + 1]), piece)
-                _timed(seconds, "forward_product", _spmm_rows, x_in, n, plan, layer, z, True)
+                _timed(seconds, "forward_product", _spmm_rows, x_in, n, plan, layer, z, True,
+                       first)
         else:
             clock = time.perf_counter()
             received = _received(owner, ctx, i, "fwd", k - 1, part, senders, pieces, route)
@@ -164,21 +178,29 @@ def _ensure_forward(owner, ctx, part, i, k, plan, next_plan, x0, x0_rows, pieces
                 x_in[groups[n] : groups[n + 1]] = piece
             seconds["pack"] += time.perf_counter() - clock
             _timed(seconds, "forward_product", _spmm_rows, x_in, None, plan, layer, z, False)
-        clock = time.perf_counter()
-        z += layer.bias[:, None]
-        name = ctx.output_activation if k == ctx.n_layers else ctx.activation
-        a = get_activation(name).forward(z, out=_temporary(owner, part_step, ctx, z.shape, dtype))
+        a = _temporary(owner, part_step, ctx, z.shape, dtype)
+        if head == z.shape[0]:  # the whole layer (a softmax normalizes across all rows)
+            clock = time.perf_counter()
+            z += layer.bias[:, None]
+            get_activation(name).forward(z, out=a)
+            seconds["forward_product"] += time.perf_counter() - clock
+        else:
+            _timed(seconds, "forward_product", _activate, name, layer.bias, z, a, slice(0, head))
         if ctx.training:
             state.forward[k] = (x_in, z, a)
         else:  # every task of layer k-1 has run (``after``): its values are no longer needed
             state.forward[k] = (None, None, a)
             del state.forward[k - 1]
-        seconds["forward_product"] += time.perf_counter() - clock
         if route.local:
             clock = time.perf_counter()
             messages = {n: _rows(owner, ctx, a, next_plan.send[n]) for n in route.local}
             _post(owner, ctx, i, "fwd", k, part, messages)
             seconds["pack"] += time.perf_counter() - clock
+        if head < z.shape[0]:  # the rows no other part needs, while the posts travel
+            rest = slice(head, None)
+            _timed(seconds, "forward_product", _spmm_rows, x_in, None, plan, layer, z, False,
+                   rest)
+            _timed(seconds, "forward_product", _activate, name, layer.bias, z, a, rest)
         for kind, value in seconds.items():
             owner.add_time(kind, value)
     return state

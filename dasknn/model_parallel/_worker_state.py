@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import sparse
 
+from dasknn.kernels.training import column_runs
 from dasknn.optim import Optimizer, OptimizerSlots
 from dasknn.runtime.buffers import BufferPool
 from dasknn.runtime.model_plugin import ModelPlugin
@@ -34,7 +35,8 @@ def gcxs(data: np.ndarray, indices: np.ndarray, indptr: np.ndarray, shape) -> sp
 class PartLayer:
     """One part's chunk ``(n_{k-1}, c_m)`` of one layer: the fixed CSR structure ``indptr``,
     ``indices``; ``values`` and ``bias``, updated in place under ``lock``; ``slots``, the last
-    update's optimizer and its state of ``"weights"`` and ``"bias"``."""
+    update's optimizer and its state of ``"weights"`` and ``"bias"``; the forward kernel's view of
+    the pattern once made (:meth:`column_view`)."""
 
     shape: tuple[int, int]
     indptr: np.ndarray
@@ -43,6 +45,15 @@ class PartLayer:
     bias: np.ndarray
     slots: OptimizerSlots = field(default_factory=OptimizerSlots)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    columns: tuple | None = field(default=None, repr=False)
+
+    def column_view(self, indptr: np.ndarray, groups: np.ndarray) -> tuple:
+        """:func:`~dasknn.kernels.training.column_runs` ``(bounds, rows, order)`` of the chunk
+        without its empty rows (``indptr``: the plan's) cut at the plan's ``groups``; made once
+        (the pattern and plan are fixed while the layer is installed)."""
+        if self.columns is None:
+            self.columns = column_runs(indptr, self.indices, self.shape[1], groups)
+        return self.columns
 
     def apply(self, optimizer: Optimizer, grad_w: np.ndarray, grad_b: np.ndarray) -> None:
         """One step of ``optimizer`` (its state starts afresh when the optimizer changed)."""
