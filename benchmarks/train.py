@@ -18,7 +18,8 @@ One run, one machine, baselines beside the figures:
 batch size and dtype the best-of-N wall time of ``spmm_forward`` (``x @ W``), ``spmm_backward``
 (``delta @ W.T``) and ``masked_outer_grad`` (``x.T @ delta`` on the pattern), on the
 feature-major arrays the training paths keep, beside the scipy.sparse way to get the same result
-from row blocks, and a whole ``SparseMLP.train_step`` (sigmoid + MSE, 4 layers) beside the same
+from row blocks and the same products written as scatters (``out[j] += w * x[i]`` per entry, on
+the same arrays), and a whole ``SparseMLP.train_step`` (sigmoid + MSE, 4 layers) beside the same
 step written with scipy.sparse and numpy; the ratio is scipy / dasknn (> 1: dasknn faster). The
 kernels are single-threaded, scipy's sparse products too.
 
@@ -42,6 +43,7 @@ from functools import partial
 import numpy as np
 from distributed import Client, LocalCluster, get_task_stream
 from harness import NetCluster, add_json_option, describe, write_json
+from numba import njit
 
 import graph
 from dasknn.datasets import radixnet
@@ -190,6 +192,39 @@ def scipy_forward(x, w):
     return x @ w
 
 
+# The same three products as scatters on the same feature-major arrays, the loops numba
+# vectorises by itself (the baseline of the register accumulators).
+@njit(cache=True, nogil=True)
+def scatter_forward(xt, indptr, indices, data, outt):
+    outt[:] = 0
+    for i in range(xt.shape[0]):
+        for p in range(indptr[i], indptr[i + 1]):
+            w, j = data[p], indices[p]
+            for t in range(xt.shape[1]):
+                outt[j, t] += w * xt[i, t]
+
+
+@njit(cache=True, nogil=True)
+def scatter_backward(deltat, indptr, indices, data, outt):
+    for i in range(outt.shape[0]):
+        outt[i] = 0
+        for p in range(indptr[i], indptr[i + 1]):
+            w, j = data[p], indices[p]
+            for t in range(deltat.shape[1]):
+                outt[i, t] += w * deltat[j, t]
+
+
+@njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+def scatter_grad(xt, deltat, indptr, indices, out):
+    for i in range(xt.shape[0]):
+        for p in range(indptr[i], indptr[i + 1]):
+            j = indices[p]
+            acc = xt[i, 0] * deltat[j, 0]
+            for t in range(1, xt.shape[1]):
+                acc += xt[i, t] * deltat[j, t]
+            out[p] = acc
+
+
 def scipy_backward(delta, w):
     return delta @ w.T
 
@@ -221,7 +256,7 @@ def kernels(args) -> None:
           f"{platform.python_version()}; times are best-of-N wall seconds")
     results = []
     print(f"{'n':>5} {'B':>4} {'dtype':>7} {'op':<10} {'dasknn ms':>10} {'scipy ms':>9} "
-          f"{'ratio':>6}")
+          f"{'ratio':>6} {'scatter ms':>10} {'ratio':>6}")
     for n in (1024, 4096):
         for dtype in (np.float32, np.float64):
             w = radixnet(n, 1, dtype=dtype)[0]
@@ -240,19 +275,23 @@ def kernels(args) -> None:
                 columns = (bounds[0], bounds[-1], by_column, order, w.data)
                 cases = [
                     ("forward", partial(spmm_forward, xt, *columns, out),
-                     partial(scipy_forward, x, w)),
+                     partial(scipy_forward, x, w), partial(scatter_forward, xt, *csr, out)),
                     ("backward", partial(spmm_backward, deltat, *csr, out),
-                     partial(scipy_backward, delta, w)),
+                     partial(scipy_backward, delta, w),
+                     partial(scatter_backward, deltat, *csr, out)),
                     ("grad", partial(masked_outer_grad, xt, deltat, *csr[:2], 1.0, grad),
-                     partial(scipy_grad, x, delta, rows, w.indices)),
+                     partial(scipy_grad, x, delta, rows, w.indices),
+                     partial(scatter_grad, xt, deltat, *csr[:2], grad)),
                 ]
-                for name, ours, theirs in cases:
+                for name, ours, theirs, scatter in cases:
                     t_ours, t_theirs = best_time(ours, repeats), best_time(theirs, repeats)
+                    t_scatter = best_time(scatter, repeats)
                     results.append({"n": n, "batch": batch, "dtype": np.dtype(dtype).name,
-                                    "op": name, "dasknn_s": t_ours, "scipy_s": t_theirs})
+                                    "op": name, "dasknn_s": t_ours, "scipy_s": t_theirs,
+                                    "scatter_s": t_scatter})
                     print(f"{n:>5} {batch:>4} {np.dtype(dtype).name:>7} {name:<10} "
-                          f"{t_ours * 1e3:>10.3f} {t_theirs * 1e3:>9.3f} {t_theirs / t_ours:>6.2f}",
-                          flush=True)
+                          f"{t_ours * 1e3:>10.3f} {t_theirs * 1e3:>9.3f} {t_theirs / t_ours:>6.2f}"
+                          f" {t_scatter * 1e3:>10.3f} {t_scatter / t_ours:>6.2f}", flush=True)
     for n, batch in ((1024, 64), (4096, 256)):
         model = SparseMLP.radixnet(n, 4, seed=0, activation="sigmoid", loss="mse", scale=0.1)
         weights = [w.copy() for w in model.weights]
