@@ -18,6 +18,7 @@ from dasknn.kernels.lane_vectors import ROW_VECTORS, VECTOR_BYTES, accumulate_ro
 
 __all__ = ["column_runs", "masked_outer_grad", "spmm_backward", "spmm_forward"]
 
+
 @njit(cache=True, nogil=True)
 def column_runs(indptr, indices, n_out, groups):  # pragma: no cover - compiled
     """The entries of a CSR pattern by column, in row order, cut at row boundaries.
@@ -70,14 +71,7 @@ def _sum_runs(out, src, indices, data, order, starts, ends, add):  # pragma: no 
     chunks of vectors and a scalar tail; ``out``: C-contiguous ``(len(starts), B)``."""
     n_batch = src.shape[1]
     width = VECTOR_BYTES // src.itemsize
-    if n_batch == 1:  # plain SGD: one dot product a row, in a register
-        for c in range(starts.shape[0]):
-            acc = out[c, 0] if add else out.dtype.type(0)
-            for p in range(starts[c], ends[c]):
-                acc += data[p if order is None else order[p]] * src[indices[p], 0]
-            out[c, 0] = acc
-        return
-    tail = n_batch - n_batch % width
+    tail = n_batch - n_batch % width  # B = 1 (plain SGD): the scalar loop alone
     for c in range(starts.shape[0]):
         lo, hi, at, t = starts[c], ends[c], c * n_batch, 0
         while t < tail:
@@ -121,13 +115,8 @@ def spmm_forward(xt, starts, ends, rows, order, data, outt, accumulate: bool = F
     accumulate : bool
         Add the product to ``outt`` instead of overwriting it.
     """
-    _forward(*_inputs(xt, starts, ends, rows, order, data), _output("outt", outt),
-             bool(accumulate))
-
-
-@njit(cache=True, nogil=True)
-def _forward(xt, starts, ends, rows, order, data, outt, accumulate):  # pragma: no cover
-    _sum_runs(outt, xt, rows, data, order, starts, ends, accumulate)
+    xt, starts, ends, rows, order, data = _inputs(xt, starts, ends, rows, order, data)
+    _sum_runs(_output("outt", outt), xt, rows, data, order, starts, ends, bool(accumulate))
 
 
 def spmm_backward(deltat, indptr, indices, data, outt) -> None:
@@ -142,12 +131,8 @@ def spmm_backward(deltat, indptr, indices, data, outt) -> None:
     outt : array (n_in, B)
         Overwritten with the feature-major partial sums for the inputs.
     """
-    _backward(*_inputs(deltat, indptr, indices, data), _output("outt", outt))
-
-
-@njit(cache=True, nogil=True)
-def _backward(deltat, indptr, indices, data, outt):  # pragma: no cover - compiled
-    _sum_runs(outt, deltat, indices, data, None, indptr[:-1], indptr[1:], False)
+    deltat, indptr, indices, data = _inputs(deltat, indptr, indices, data)
+    _sum_runs(_output("outt", outt), deltat, indices, data, None, indptr[:-1], indptr[1:], False)
 
 
 def masked_outer_grad(xt, deltat, indptr, indices, scale, out) -> None:
@@ -163,12 +148,7 @@ def masked_outer_grad(xt, deltat, indptr, indices, scale, out) -> None:
 def _grad(xt, deltat, indptr, indices, scale, out):  # pragma: no cover - compiled
     n_in, n_batch = xt.shape
     width = VECTOR_BYTES // xt.itemsize
-    tail = n_batch - n_batch % width
-    if n_batch == 1:
-        for i in range(n_in):
-            for p in range(indptr[i], indptr[i + 1]):
-                out[p] = scale * (xt[i, 0] * deltat[indices[p], 0])
-        return
+    tail = n_batch - n_batch % width  # B = 1 (plain SGD): the scalar loop alone
     out[:] = 0
     for i in range(n_in):
         lo, hi = indptr[i], indptr[i + 1]

@@ -179,13 +179,7 @@ def _ensure_forward(owner, ctx, part, i, k, plan, next_plan, x0, x0_rows, pieces
             seconds["pack"] += time.perf_counter() - clock
             _timed(seconds, "forward_product", _spmm_rows, x_in, None, plan, layer, z, False)
         a = _temporary(owner, part_step, ctx, z.shape, dtype)
-        if head == z.shape[0]:  # the whole layer (a softmax normalizes across all rows)
-            clock = time.perf_counter()
-            z += layer.bias[:, None]
-            get_activation(name).forward(z, out=a)
-            seconds["forward_product"] += time.perf_counter() - clock
-        else:
-            _timed(seconds, "forward_product", _activate, name, layer.bias, z, a, slice(0, head))
+        _timed(seconds, "forward_product", _activate, name, layer.bias, z, a, slice(0, head))
         if ctx.training:
             state.forward[k] = (x_in, z, a)
         else:  # every task of layer k-1 has run (``after``): its values are no longer needed
