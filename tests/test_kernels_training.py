@@ -88,6 +88,26 @@ def test_outputs_must_be_c_contiguous():
                           np.empty(2 * w.nnz)[::2])
 
 
+def test_shapes_that_do_not_match_are_refused():
+    """The kernels write through raw pointers: a wrong output shape or batch is an error
+    naming it, and the output is left as it was."""
+    indptr, indices, data, w = chunk(16, 12, np.float64, np.int32, seed=3)
+    bounds, rows, order = column_runs(indptr, indices, 12, np.array([0, 16]))
+    xt, deltat = np.ones((16, 20)), np.ones((12, 20))
+    out = np.full((12, 19), 7.0)
+    with pytest.raises(ValueError, match=r"outt must have shape \(12, 20\), got \(12, 19\)"):
+        spmm_forward(xt, bounds[0], bounds[-1], rows, order, data, out)
+    assert (out == 7.0).all()
+    with pytest.raises(ValueError, match="starts and ends differ in shape"):
+        spmm_forward(xt, bounds[0], bounds[-1][:5], rows, order, data, np.empty((12, 20)))
+    with pytest.raises(ValueError, match=r"outt must have shape \(16, 20\)"):
+        spmm_backward(deltat, indptr, indices, data, np.empty((16, 21)))
+    with pytest.raises(ValueError, match="xt and deltat hold 20 and 21 samples"):
+        masked_outer_grad(xt, np.ones((12, 21)), indptr, indices, 1.0, np.empty(w.nnz))
+    with pytest.raises(ValueError, match=rf"out must have shape \({w.nnz},\)"):
+        masked_outer_grad(xt, deltat, indptr, indices, 1.0, np.empty(w.nnz + 1))
+
+
 @pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
 def test_column_runs_cut_each_column_at_the_row_groups(index_dtype):
     """Against a walk of the dense pattern: each column's entries of each row group, in row

@@ -1,7 +1,8 @@
 """Numba kernels for training on one weight chunk ``W`` (``(n_in, n_out)``) on feature-major
 activations ``xt`` (``(n_features, B)``, ``x.T``), so every entry meets a contiguous run of
 samples and nothing is transposed (docs/benchmarks.md, "Training kernels"). Inputs that are not
-C-contiguous are copied first; outputs must be C-contiguous.
+C-contiguous are copied first; outputs must be C-contiguous and of the result's shape
+(``ValueError`` otherwise).
 
 Every product is a gather into vector accumulators held in registers
 (:mod:`dasknn.kernels.lane_vectors`): the forward pass walks ``W``'s columns (a
@@ -89,9 +90,13 @@ def _inputs(*arrays: np.ndarray) -> list[np.ndarray]:
     return [np.ascontiguousarray(a) for a in arrays]
 
 
-def _output(name: str, array: np.ndarray) -> np.ndarray:
+def _output(name: str, array: np.ndarray, shape: tuple) -> np.ndarray:
+    """``array``, refused unless it is writeable, C-contiguous and of ``shape`` (the kernels
+    write through raw pointers: a wrong shape would write past the array)."""
     if not array.flags.c_contiguous or not array.flags.writeable:
         raise ValueError(f"{name} must be a writeable C-contiguous array")
+    if array.shape != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {array.shape}")
     return array
 
 
@@ -116,7 +121,10 @@ def spmm_forward(xt, starts, ends, rows, order, data, outt, accumulate: bool = F
         Add the product to ``outt`` instead of overwriting it.
     """
     xt, starts, ends, rows, order, data = _inputs(xt, starts, ends, rows, order, data)
-    _sum_runs(_output("outt", outt), xt, rows, data, order, starts, ends, bool(accumulate))
+    if ends.shape != starts.shape:
+        raise ValueError(f"starts and ends differ in shape: {starts.shape}, {ends.shape}")
+    outt = _output("outt", outt, (starts.shape[0], xt.shape[1]))
+    _sum_runs(outt, xt, rows, data, order, starts, ends, bool(accumulate))
 
 
 def spmm_backward(deltat, indptr, indices, data, outt) -> None:
@@ -132,7 +140,8 @@ def spmm_backward(deltat, indptr, indices, data, outt) -> None:
         Overwritten with the feature-major partial sums for the inputs.
     """
     deltat, indptr, indices, data = _inputs(deltat, indptr, indices, data)
-    _sum_runs(_output("outt", outt), deltat, indices, data, None, indptr[:-1], indptr[1:], False)
+    outt = _output("outt", outt, (indptr.shape[0] - 1, deltat.shape[1]))
+    _sum_runs(outt, deltat, indices, data, None, indptr[:-1], indptr[1:], False)
 
 
 def masked_outer_grad(xt, deltat, indptr, indices, scale, out) -> None:
@@ -141,7 +150,10 @@ def masked_outer_grad(xt, deltat, indptr, indices, scale, out) -> None:
     ``(i, j)`` is the position of stored entry ``p``; ``xt[i]`` stays in registers while its
     row's dot products run over the batch. ``out`` has the length of ``indices``.
     """
-    _grad(*_inputs(xt, deltat, indptr, indices), scale, _output("out", out))
+    xt, deltat, indptr, indices = _inputs(xt, deltat, indptr, indices)
+    if deltat.shape[1] != xt.shape[1]:
+        raise ValueError(f"xt and deltat hold {xt.shape[1]} and {deltat.shape[1]} samples")
+    _grad(xt, deltat, indptr, indices, scale, _output("out", out, indices.shape))
 
 
 @njit(cache=True, nogil=True)
