@@ -127,6 +127,21 @@ def test_column_runs_cut_each_column_at_the_row_groups(index_dtype):
     assert np.array_equal(data[order], w.tocsc().data)
 
 
+@pytest.mark.parametrize(
+    ("groups", "n_out", "message"),
+    [
+        ([0, 20], 41, "groups must run from 0 to the number of rows"),
+        ([1, 29], 41, "groups must run from 0 to the number of rows"),
+        ([0, 20, 10, 29], 41, "groups must not decrease"),
+        ([0, 29], 40, "a column index is outside"),
+    ],
+)
+def test_column_runs_refuses_bad_groups_and_indices(groups, n_out, message):
+    indptr, indices, _, _ = chunk(29, 41, np.float64, np.int32, seed=4)
+    with pytest.raises(ValueError, match=message):
+        column_runs(indptr, indices, n_out, np.array(groups))
+
+
 _NARROW_RUN = """
 import sys
 import numpy as np

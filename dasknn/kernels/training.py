@@ -42,8 +42,22 @@ def column_runs(indptr, indices, n_out, groups):  # pragma: no cover - compiled
         The position of each entry in the CSR arrays (where its weight is).
 
     Cost: two passes over the entries (a counting sort), no comparison sort.
+
+    Raises
+    ------
+    ValueError
+        ``groups`` does not run from 0 to ``n_in`` without decreasing, or a column index is
+        outside ``[0, n_out)`` (checked before anything is written).
     """
     n_groups = groups.shape[0] - 1
+    if n_groups < 1 or groups[0] != 0 or groups[n_groups] != indptr.shape[0] - 1:
+        raise ValueError("groups must run from 0 to the number of rows")
+    for g in range(n_groups):
+        if groups[g + 1] < groups[g]:
+            raise ValueError("groups must not decrease")
+    for p in range(indptr[-1]):
+        if indices[p] < 0 or indices[p] >= n_out:
+            raise ValueError("a column index is outside [0, n_out)")
     start = np.zeros(n_out + 1, dtype=np.int64)
     for p in range(indptr[-1]):
         start[indices[p] + 1] += 1
