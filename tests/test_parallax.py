@@ -21,6 +21,7 @@ from stopped_workers import SignalOnTransition, stopped, wait_until_empty
 
 from dasknn.data_parallel import DistributedEmbeddingMLP, machine_bytes, machine_total
 from dasknn.data_parallel._search import balanced, search_partitions
+from dasknn.data_parallel._worker_state import ReplicaState
 from dasknn.exceptions import StepTimeoutError, WorkerLostError
 from dasknn.model import EmbeddingMLP
 from dasknn.optim import SGD, Adam
@@ -692,6 +693,39 @@ def _scheduler_plugins(client) -> list[str]:
 @pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="the tuning applies to glibc's malloc"
 )
+def _buffer_counts(dask_worker, token: str) -> tuple[int, int, int]:
+    buffers = ReplicaState.on_worker(token, dask_worker).buffers
+    return buffers.taken, buffers.made, buffers.held()
+
+
+def test_posted_steps_reuse_their_arrays_after_warm_up(client4):
+    """``messages="posted"``: the arrays of a step (temporaries and the values it posts) come
+    from the worker's step buffers; after a warm-up epoch the same batches again make (almost)
+    none anew, though the rows a batch reads change size from step to step, the steps hold
+    the arrays of a few steps only, and the values are those of one process."""
+    workers = sorted(scheduler_workers(client4))[:3]
+    model = EmbeddingMLP(V, C, D, hidden=(4,), combine="sum", dtype=np.float64, seed=7)
+    rng = np.random.default_rng(8)
+    X, y = rng.integers(0, V, (40, C)), rng.integers(0, V, 40)
+    optimizer = SGD(lr=0.3, momentum=0.5)
+    want = model.copy()
+    with DistributedEmbeddingMLP(
+        model, client4, sparse_partitions=3, workers=workers, steps_per_task=4
+    ) as dp:
+        for epochs in (1, 2):
+            want.fit(X, y, batch_size=5, epochs=epochs, seed=3, optimizer=optimizer)
+        dp.fit(X, y, batch_size=5, epochs=1, seed=3, optimizer=optimizer)
+        warm = client4.run(_buffer_counts, token=dp.token, workers=workers)
+        dp.fit(X, y, batch_size=5, epochs=2, seed=3, optimizer=optimizer)
+        after = client4.run(_buffer_counts, token=dp.token, workers=workers)
+        _assert_same(dp.gather(), want, 1e-9)
+    for w in workers:
+        taken, made = after[w][0] - warm[w][0], after[w][1] - warm[w][1]
+        assert taken >= 16  # 16 steps, each takes arrays on every worker
+        assert made <= taken // 4, (w, warm[w], after[w])
+        assert after[w][2] <= 3 * warm[w][0] / 8  # at most three steps' arrays held
+
+
 def test_reuse_memory_is_on_by_default_and_tunes_the_workers_until_close(client4):
     workers = sorted(scheduler_workers(client4))[:2]
     model = EmbeddingMLP(V, C, D, hidden=(4,), dtype=np.float64, seed=7)

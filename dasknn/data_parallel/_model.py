@@ -499,6 +499,7 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
                 optimizer=optimizer,
                 denominator=batches[k][0].shape[0],
                 shards=self.shard_maps,
+                pooled=self.messages == "posted",
             )
             same = prefetched is not None and _same_rows(prefetched, plan)
             graphs.append(build_step(ctx, self.topology, plan, self.dense_servers, same, next_plan))

@@ -39,8 +39,10 @@ Parts = list[tuple[str, int]]
 class StepContext:
     """What every task of one step needs to know: the model's ``token``, the ``step``, the
     ``spec``, the ``architecture`` (one of :data:`~._hybrid.ARCHITECTURES`), the ``optimizer``,
-    the ``denominator`` (windows of the global batch) and the ``shards`` (``{sparse variable:
-    ShardMap}`` under ``hybrid`` and ``ps``, else ``None``)."""
+    the ``denominator`` (windows of the global batch), the ``shards`` (``{sparse variable:
+    ShardMap}`` under ``hybrid`` and ``ps``, else ``None``) and whether the step runs as posted
+    programs (``pooled``: its arrays come from the worker's
+    :class:`~dasknn.runtime.buffers.StepBuffers`, else they are new)."""
 
     token: str
     step: int
@@ -49,11 +51,22 @@ class StepContext:
     optimizer: Optimizer
     denominator: int
     shards: dict | None
+    pooled: bool = False
 
 
 def _scratch(ctx: StepContext, variable: str | None = None) -> dict:
     scratch = ReplicaState.on_worker(ctx.token).scratch.setdefault(ctx.step, {})
     return scratch if variable is None else scratch.setdefault(variable, {})
+
+
+def _array(ctx: StepContext, shape: tuple[int, ...], dtype=None) -> np.ndarray:
+    """An uninitialized array of ``shape`` (and ``dtype``, default the model's) for the step:
+    from the worker's :class:`~dasknn.runtime.buffers.StepBuffers` when ``ctx.pooled`` (given
+    back once the step is over there and its posts were delivered), else new."""
+    dtype = ctx.spec.dtype if dtype is None else dtype
+    if ctx.pooled:
+        return ReplicaState.on_worker(ctx.token).buffers.take(ctx.step, shape, dtype)
+    return np.empty(shape, dtype=dtype)
 
 
 def _forget(ctx: StepContext, ended) -> None:
@@ -92,9 +105,11 @@ def compute(ctx: StepContext, batch: WorkerBatch, *values) -> np.ndarray | None:
     scratch["batch"] = batch
     rows, dense = _inputs(ctx, batch, values)
     sizes = [int(np.prod(shape)) for shape in ctx.spec.dense_shapes()]
-    scratch["dense_grad"] = flat = np.empty(sum(sizes), dtype=ctx.spec.dtype)
+    scratch["dense_grad"] = flat = _array(ctx, (sum(sizes),))
     workspace = ReplicaState.on_worker(ctx.token).workspace
+    grad_rows = _array(ctx, rows[EMBEDDING].shape)
     args = (batch.inverse, batch.labels, batch.output, dense, ctx.denominator, workspace, flat)
+    args = (*args, grad_rows)
     scratch["loss"], grads, row_grads = gradients(ctx.spec, rows, *args)
     scratch["grads"] = dict(zip(ctx.spec.dense_names(), grads, strict=True))
     for name, grad in row_grads.items():
@@ -189,10 +204,13 @@ def finish(ctx: StepContext, variables: list[str], *grads_then_done) -> float:
 
 
 # ------------------------------------------------------------------ chiefs
-def _combine(ids: list[np.ndarray], values: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def _combine(
+    ctx: StepContext, ids: list[np.ndarray], values: list[np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
     """Sorted distinct ids of all ``ids`` and the sum of the rows given for each."""
     union = np.unique(np.concatenate(ids)) if ids else np.zeros(0, np.int64)
-    total = np.zeros((len(union), *values[0].shape[1:]), dtype=values[0].dtype)
+    total = _array(ctx, (len(union), *values[0].shape[1:]), values[0].dtype)
+    total.fill(0)
     for part_ids, part_values in zip(ids, values, strict=True):
         total[np.searchsorted(union, part_ids)] += part_values
     return union.astype(np.int64), total
@@ -201,7 +219,7 @@ def _combine(ids: list[np.ndarray], values: list[np.ndarray]) -> tuple[np.ndarra
 def _gathered(ctx: StepContext, sources: list[tuple], tail: np.ndarray | None) -> np.ndarray:
     """The rows ``rows`` of each ``(values, rows)``, then ``tail``, as one new flat array."""
     sizes = [len(rows) * values.shape[1] for values, rows in sources]
-    out = np.empty(sum(sizes) + (0 if tail is None else tail.size), dtype=ctx.spec.dtype)
+    out = _array(ctx, (sum(sizes) + (0 if tail is None else tail.size),))
     start = 0
     for (values, rows), size in zip(sources, sizes, strict=True):
         piece = out[start : start + size].reshape(len(rows), values.shape[1])
@@ -234,7 +252,7 @@ def assemble_rows(
     buffer is returned (after the replies comes this chief's own chunk).
     """
     shapes = ctx.spec.sparse_shapes()
-    rows = {v: np.empty((n, shapes[v][1]), dtype=ctx.spec.dtype) for v, n in sizes.items()}
+    rows = {v: _array(ctx, (n, shapes[v][1])) for v, n in sizes.items()}
     if local is not None:
         parts, offsets, positions = local
         held = _shard_rows(ctx, parts, chief, offsets)
@@ -253,18 +271,21 @@ def assemble_rows(
     replies = replies_then_after[: len(remote)]
     chunks = [reply[reply.size - tail :] for reply, tail in zip(replies, tails, strict=True)]
     chunks.insert(own, replies_then_after[len(remote)])
-    return np.concatenate(chunks)
+    return np.concatenate(chunks, out=_array(ctx, (sum(chunk.size for chunk in chunks),)))
 
 
 def rows_for(ctx: StepContext, variable: str, positions: np.ndarray, _assembled) -> np.ndarray:
     """The chief's rows for one worker of its machine (``positions`` in the machine's rows)."""
-    return _scratch(ctx, variable)["rows"][positions]
+    rows = _scratch(ctx, variable)["rows"]
+    out = _array(ctx, (len(positions), rows.shape[1]))
+    return np.take(rows, positions, axis=0, out=out, mode="clip")  # "clip": unbuffered, valid
 
 
 def chief_rows_sum(ctx: StepContext, variable: str, union, member_pos: list, *grads) -> np.ndarray:
     """The machine's row gradients summed in the order of its rows ``union``; returns ``union``."""
     width = ctx.spec.sparse_shapes()[variable][1]
-    total = np.zeros((len(union), width), dtype=ctx.spec.dtype)
+    total = _array(ctx, (len(union), width))
+    total.fill(0)
     for positions, grad in zip(member_pos, grads, strict=True):
         total[positions] += grad
     _scratch(ctx, variable)["union_grad"] = total
@@ -294,7 +315,8 @@ def push_rows(ctx: StepContext, alone: bool, parts: list, chunk, dense_sum, *_su
 
 def chief_sum(ctx: StepContext, *member_grads: np.ndarray) -> np.ndarray:
     """The sum of the machine's gradients of one dense variable, in worker order."""
-    total = np.array(member_grads[0], copy=True)
+    total = _array(ctx, member_grads[0].shape, member_grads[0].dtype)
+    np.copyto(total, member_grads[0])
     for grad in member_grads[1:]:
         total += grad
     return total
@@ -305,7 +327,7 @@ def combine_gathered(ctx: StepContext, variable: str, ids, rows, *sizes) -> np.n
     cuts = np.cumsum([0, *sizes])
     bounds = list(zip(cuts[:-1], cuts[1:], strict=True))
     union, _scratch(ctx, variable)["global_grad"] = _combine(
-        [ids[a:b] for a, b in bounds], [rows[a:b] for a, b in bounds]
+        ctx, [ids[a:b] for a, b in bounds], [rows[a:b] for a, b in bounds]
     )
     return union
 
@@ -357,7 +379,7 @@ def update_rows(
     state = ReplicaState.on_worker(ctx.token)
     for i, (variable, shard) in enumerate(parts):
         offsets = [requests[(variable, shard, chief)] for chief in chiefs]
-        union, total = _combine(offsets, [contributions[chief][i] for chief in chiefs])
+        union, total = _combine(ctx, offsets, [contributions[chief][i] for chief in chiefs])
         state.shards[(variable, shard)].step(ctx.optimizer, total, union)
     return None if chunk is None else chief_sum(ctx, *dense)
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from dasknn.model.embedding_network import Workspace, apply_dense, apply_rows
 from dasknn.optim import Optimizer, OptimizerSlots, ParamState
+from dasknn.runtime.buffers import StepBuffers
 from dasknn.runtime.model_plugin import ModelPlugin
 from dasknn.runtime.postbox import Mailbox
 
@@ -46,7 +47,8 @@ class Held:
 class ReplicaState(ModelPlugin):
     """The worker plugin of one data-parallel model: its ``replicas``, the ``shards`` and the
     ``served`` dense variables it serves, the steps' ``scratch``, the ``workspace`` of a pass, the
-    ``mailbox`` and the ``posts`` of its last posted task."""
+    arrays of posted steps (``buffers``), the ``mailbox`` and the ``posts`` of its last posted
+    task."""
 
     kind = "dp"
 
@@ -56,12 +58,19 @@ class ReplicaState(ModelPlugin):
         self.served: dict[str, Held] = {}
         self.scratch: dict = {}
         self.workspace = Workspace()
+        self.buffers = StepBuffers()
         self.mailbox = Mailbox()
         self.posts: list = []
 
     def teardown(self, worker) -> None:
         self.mailbox.clear()  # ends the waits of a step in flight
         self.setup(worker)
+
+    def ended(self, step: int, posts: list) -> None:
+        """The posted program of ``step`` ran here and made ``posts``: the arrays of the steps
+        now over go back to :attr:`buffers` (:meth:`StepBuffers.ended
+        <dasknn.runtime.buffers.StepBuffers.ended>`)."""
+        self.buffers.ended(step, posts)
 
     def deliver(self, key: tuple, value) -> None:
         """Leave a posted value in the mailbox (the postbox calls it)."""
@@ -89,6 +98,7 @@ def install_values(
                 optimizer, {"values": ParamState(param_state.step, copies)}
             )
     state.scratch = {}
+    state.buffers.forget()
     return sum(len(getattr(state, where)) for where in HELD)
 
 
@@ -119,6 +129,7 @@ def clear_mailbox(dask_worker, token: str) -> int:
     count = len(state.mailbox)
     state.mailbox.clear()
     state.posts = []  # those of the failed step: no later step waits for them
+    state.buffers.forget()  # a post of the failed steps may still read their arrays
     return count
 
 

@@ -184,15 +184,18 @@ def _combined(spec: EmbeddingSpec, rows: np.ndarray, inverse: np.ndarray, worksp
 
 def _forward(spec, rows, inverse, weights, biases, linear_last: bool, workspace=None) -> list:
     """``[(z_k, h_k)]`` of every layer, ``h_0`` first as ``(h_0, h_0)``; with ``linear_last``
-    the last layer is the (linear) output ``(z, z)``. ``h_0`` and the ``z_k`` are arrays of
-    ``workspace`` when one is given."""
+    the last layer is the (linear) output ``(z, z)``. Every array is one of ``workspace`` when
+    one is given."""
     activation = get_activation(spec.activation)
     h = _combined(spec, rows, inverse, workspace)
     layers = [(h, h)]
     for k, (w, b) in enumerate(zip(weights, biases, strict=True)):
         z = np.matmul(h, w, out=_temporary(workspace, f"z{k}", (h.shape[0], w.shape[1]), h.dtype))
         z += b
-        h = z if linear_last and k == len(weights) - 1 else activation.forward(z)
+        if linear_last and k == len(weights) - 1:
+            h = z
+        else:
+            h = activation.forward(z, out=_temporary(workspace, f"a{k}", z.shape, z.dtype))
         layers.append((z, h))
     return layers
 
@@ -214,12 +217,12 @@ def _gradient_views(weights, out: np.ndarray | None, dtype) -> list[np.ndarray]:
 
 
 def _backward(
-    spec, rows, inverse, layers, weights, delta, workspace=None, out=None
+    spec, rows, inverse, layers, weights, delta, workspace=None, out=None, rows_out=None
 ) -> tuple[list, np.ndarray]:
     """The layers' gradients ``[grad W_1, grad b_1, ...]`` (views of the flat ``out``, or of a
-    new array) and the rows' gradient from ``delta``, the gradient of the last layer's
-    pre-activation ``z``; the deltas of the layers below are arrays of ``workspace`` when one is
-    given."""
+    new array) and the rows' gradient (``rows_out``, or a new array) from ``delta``, the gradient
+    of the last layer's pre-activation ``z``; the deltas of the layers below and the activations'
+    derivatives are arrays of ``workspace`` when one is given."""
     activation = get_activation(spec.activation)
     grads = _gradient_views(weights, out, rows.dtype)
     for k in range(len(weights) - 1, -1, -1):
@@ -229,8 +232,17 @@ def _backward(
         below = _temporary(workspace, f"delta{k}", (delta.shape[0], h_prev.shape[1]), delta.dtype)
         delta = np.matmul(delta, weights[k].T, out=below)
         if k > 0:
-            delta *= activation.derivative(layers[k][0], layers[k][1])
-    grad_rows = np.zeros_like(rows)
+            z, h = layers[k]
+            delta *= activation.derivative(
+                z, h, out=_temporary(workspace, f"slope{k}", z.shape, z.dtype)
+            )
+    if rows_out is None:
+        grad_rows = np.zeros_like(rows)
+    elif rows_out.shape != rows.shape or rows_out.dtype != rows.dtype:
+        raise ValueError(f"rows_out must be a {rows.dtype} array of shape {rows.shape}")
+    else:
+        grad_rows = rows_out
+        grad_rows.fill(0)
     scale = rows.dtype.type(1.0 / spec.context if spec.combine == "mean" else 1.0)
     scatter_add_windows(grad_rows, inverse, spec.combine == "concat", scale, delta)
     return grads, grad_rows
@@ -252,6 +264,7 @@ def batch_gradients(
     denominator: int,
     workspace: Workspace | None = None,
     out: np.ndarray | None = None,
+    rows_out: np.ndarray | None = None,
 ) -> tuple[float, list[np.ndarray], np.ndarray]:
     """Loss and gradients of a batch's share of the global mean cross-entropy.
 
@@ -272,6 +285,9 @@ def batch_gradients(
     out : array, optional
         A flat array of the dense variables' total size (their order) to write the gradients
         into (default: a new one).
+    rows_out : array (u, d), optional
+        Where to write the rows' gradient (default: a new array); ``ValueError`` if its shape or
+        dtype is not that of ``rows``.
 
     Returns
     -------
@@ -286,7 +302,7 @@ def batch_gradients(
     layers = _forward(spec, rows, inverse, weights, biases, True, workspace)
     z = layers[-1][0]
     loss_sum = _softmax_cross_entropy(z, labels, denominator)
-    grads, grad_rows = _backward(spec, rows, inverse, layers, weights, z, workspace, out)
+    grads, grad_rows = _backward(spec, rows, inverse, layers, weights, z, workspace, out, rows_out)
     return loss_sum, grads, grad_rows
 
 
@@ -316,6 +332,7 @@ def sampled_batch_gradients(
     denominator: int,
     workspace: Workspace | None = None,
     out: np.ndarray | None = None,
+    rows_out: np.ndarray | None = None,
 ) -> tuple[float, list[np.ndarray], np.ndarray, np.ndarray]:
     """:func:`batch_gradients` under the sampled softmax.
 
@@ -331,7 +348,9 @@ def sampled_batch_gradients(
     )
     if weights:  # from the gradient of h_H to that of its pre-activation
         delta = delta * activation.derivative(layers[-1][0], layers[-1][1])
-    grads, grad_rows = _backward(spec, rows, inverse, layers, weights, delta, workspace, out)
+    grads, grad_rows = _backward(
+        spec, rows, inverse, layers, weights, delta, workspace, out, rows_out
+    )
     return loss_sum, grads, grad_rows, grad_output
 
 
@@ -345,21 +364,24 @@ def gradients(
     denominator: int,
     workspace: Workspace | None = None,
     out: np.ndarray | None = None,
+    rows_out: np.ndarray | None = None,
 ) -> tuple[float, list[np.ndarray], dict[str, np.ndarray]]:
     """:func:`batch_gradients`, or :func:`sampled_batch_gradients` under the sampled softmax, of
     the rows ``rows`` (``{sparse variable: the rows the batch reads}``) and the dense variables
     ``dense`` (in the order of ``spec.dense_names()``); ``output`` is the sampled softmax's
-    (``None`` otherwise). Returns the loss sum, the dense gradients and ``{sparse variable: the
-    gradient of its rows}``."""
+    (``None`` otherwise); ``rows_out`` is where the embedding rows' gradient goes (default: a
+    new array). Returns the loss sum, the dense gradients and ``{sparse variable: the gradient of
+    its rows}``."""
     weights, biases = dense[0::2], dense[1::2]
     if not spec.sampled:
         loss_sum, grads, grad_rows = batch_gradients(
-            spec, rows[EMBEDDING], inverse, labels, weights, biases, denominator, workspace, out
-        )
+            spec, rows[EMBEDDING], inverse, labels, weights, biases, denominator, workspace, out,
+            rows_out,
+        )  # fmt: skip
         return loss_sum, grads, {EMBEDDING: grad_rows}
     loss_sum, grads, grad_rows, grad_output = sampled_batch_gradients(
         spec, rows[EMBEDDING], inverse, weights, biases, rows[SOFTMAX], output, denominator,
-        workspace, out,
+        workspace, out, rows_out,
     )  # fmt: skip
     return loss_sum, grads, {EMBEDDING: grad_rows, SOFTMAX: grad_output}
 

@@ -151,8 +151,9 @@ class ProgramKeys(Protocol):
         """The key of worker ``worker``'s task that runs from step ``step`` (placed on it)."""
 
     def state(self):
-        """The model's plugin on this worker: its ``mailbox`` and ``posts`` (the posts of the
-        worker's last task, kept for the next)."""
+        """The model's plugin on this worker: its ``mailbox``, ``posts`` (the posts of the
+        worker's last task, kept for the next) and ``ended(step, posts)``, called once the
+        worker's program of ``step`` has run, with the futures of the posts it made."""
 
 
 @dataclass(frozen=True)
@@ -279,6 +280,7 @@ def run_programs(keys: ProgramKeys, steps: list[int], programs: list, postboxes:
             failed = keys.failed(step, program.worker)
             values: dict = {}
             notices = partial(_others, keys, postboxes, step, program.worker)
+            first_post = len(task.posts)
             with task.failing(notices, f"worker {program.worker} failed in step {step}"):
                 if earlier:
                     task.wait_posted(earlier)
@@ -292,6 +294,7 @@ def run_programs(keys: ProgramKeys, steps: list[int], programs: list, postboxes:
                     receivers = sends.get(item.key)
                     if receivers:
                         task.post(receivers, item.key, value)
+            state.ended(step, task.posts[first_post:])
             results.append([values[key] for key in program.outputs])
     return results
 
