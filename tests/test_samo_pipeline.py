@@ -26,6 +26,7 @@ from dasknn.pipeline_parallel import (
     split_stages,
     stage_order,
 )
+from dasknn.pipeline_parallel._worker_state import StageState
 from dasknn.pruning import magnitude_masks
 from dasknn.runtime.affinity import pinned_core, usable_cores
 from dasknn.runtime.cluster import scheduler_workers
@@ -397,6 +398,29 @@ def test_posted_messages_run_a_task_per_stage_and_time_every_pass(client4):
         assert [(kind, u) for kind, u, *_ in usage] == [(kind, u) for kind, u, _, _ in events]
         for (_, _, start, end), (_, _, cpu, *counts) in zip(events, usage, strict=True):
             assert 0 <= cpu <= end - start + 1e-3 and min(counts) >= 0 and len(counts) == 3
+
+
+def _arrays_made(dask_worker, token):
+    return StageState.on_worker(token, dask_worker).buffers.made
+
+
+def test_posted_steps_reuse_the_arrays_of_the_step_before(client4):
+    """``messages="posted"``: a stage's passes take their arrays (activations, deltas, the
+    messages they post) from the stage's buffers and give them back when the step is over, so
+    later steps make none anew; the steps are those of one process."""
+    model, x, y = problem()
+    reference, _, _ = problem()
+    with DistributedCompressedMLP(model, client4, stages=3, microbatches=4) as pipe:
+        losses = [pipe.train_step(x, y, lr=0.1)]
+        made = client4.run(_arrays_made, token=pipe.token)
+        losses += [pipe.train_step(x, y, lr=0.1) for _ in range(3)]
+        assert client4.run(_arrays_made, token=pipe.token) == made
+        weights = pipe.gather().weights
+    assert sum(made.values()) > 0
+    want = [reference.train_step(x, y, lr=0.1) for _ in range(4)]
+    assert losses == pytest.approx(want, abs=1e-12)
+    for got, expected in zip(weights, reference.weights, strict=True):
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
 
 
 def _plugin_names(dask_worker):

@@ -8,7 +8,7 @@ Activations are passed in (``forward(z)``, ``derivative(z, a)``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -20,6 +20,10 @@ from dasknn.optim import Optimizer, OptimizerSlots, ParamState
 __all__ = ["COMPUTES", "CompressedLayer", "CompressedStack"]
 
 COMPUTES = ("sparse", "dense")
+
+#: ``take(shape, dtype)``: an uninitialized C-contiguous array for a pass (``numpy.empty``, or
+#: one of a worker's reused buffers).
+Take = Callable[..., np.ndarray]
 
 
 def check_compute(compute: str) -> str:
@@ -110,23 +114,25 @@ class CompressedLayer:
             return self.dense.astype(self.precision.arithmetic)
         return self.dense
 
-    def forward(self, at: np.ndarray) -> np.ndarray:
-        """Feature-major pre-activations ``W.T @ at + b`` of the feature-major inputs ``at``."""
+    def forward(self, at: np.ndarray, take: Take = np.empty) -> np.ndarray:
+        """Feature-major pre-activations ``W.T @ at + b`` of the feature-major inputs ``at``, in
+        an array of ``take(shape, dtype)``."""
+        zt = take((self.shape[1], at.shape[1]), self.precision.arithmetic)
         if self.compute == "dense":
-            zt = self._dense_weights().T @ at
+            np.matmul(self._dense_weights().T, at, out=zt)
         else:
-            zt = np.empty((self.shape[1], at.shape[1]), dtype=self.precision.arithmetic)
             kernels.flat_forward(
                 at, self.row_ptr, self.index, self.shape[1], self._sparse_values(), zt
             )
         zt += self.bias[:, None]
         return zt
 
-    def backward_input(self, deltat: np.ndarray) -> np.ndarray:
-        """``W @ deltat``: the feature-major partial sums of the layer's inputs."""
+    def backward_input(self, deltat: np.ndarray, take: Take = np.empty) -> np.ndarray:
+        """``W @ deltat``: the feature-major partial sums of the layer's inputs, in an array of
+        ``take(shape, dtype)``."""
+        st = take((self.shape[0], deltat.shape[1]), self.precision.arithmetic)
         if self.compute == "dense":
-            return self._dense_weights() @ deltat
-        st = np.empty((self.shape[0], deltat.shape[1]), dtype=self.precision.arithmetic)
+            return np.matmul(self._dense_weights(), deltat, out=st)
         kernels.flat_backward(
             deltat, self.row_ptr, self.index, self.shape[1], self._sparse_values(), st
         )
@@ -270,17 +276,20 @@ class CompressedStack:
         return len(self.layers)
 
     def forward(
-        self, xt: np.ndarray, activate_last: bool = True
+        self, xt: np.ndarray, activate_last: bool = True, take: Take = np.empty
     ) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Feature-major ``(z_k, a_k)`` of every layer of the stack from its inputs ``xt``; with
-        ``activate_last`` false the last layer's activation is left to the caller and its pair
-        is ``(z, z)``."""
+        """Feature-major ``(z_k, a_k)`` of every layer of the stack from its inputs ``xt``, each
+        an array of ``take(shape, dtype)`` (default: new); with ``activate_last`` false the last
+        layer's activation is left to the caller and its pair is ``(z, z)``."""
         out = []
         at = xt
         last = self.n_layers - 1
         for k, (layer, activation) in enumerate(zip(self.layers, self.activations, strict=True)):
-            zt = layer.forward(at)
-            at = activation.forward(zt) if activate_last or k < last else zt
+            zt = layer.forward(at, take)
+            if activate_last or k < last:
+                at = activation.forward(zt, out=take(zt.shape, zt.dtype))
+            else:
+                at = zt
             out.append((zt, at))
         return out
 
@@ -291,20 +300,23 @@ class CompressedStack:
         deltat: np.ndarray,
         first: bool,
         input_delta: bool,
+        take: Take = np.empty,
     ) -> np.ndarray | None:
         """Backward pass from the deltas of the last layer's pre-activations; each gradient
         stored (``first``) or added. Returns ``W_0 @ delta_0`` when ``input_delta``, else
-        ``None``."""
+        ``None``. The deltas and derivatives are arrays of ``take(shape, dtype)`` (default:
+        new)."""
         for k in range(self.n_layers - 1, -1, -1):
             layer = self.layers[k]
             a_prev = xt if k == 0 else layers[k - 1][1]
             layer.add_gradient(a_prev, deltat, first)
             if k > 0:
-                st = layer.backward_input(deltat)
-                st *= self.activations[k - 1].derivative(*layers[k - 1])
+                st = layer.backward_input(deltat, take)
+                z, a = layers[k - 1]
+                st *= self.activations[k - 1].derivative(z, a, out=take(z.shape, z.dtype))
                 deltat = st
             elif input_delta:
-                return layer.backward_input(deltat)
+                return layer.backward_input(deltat, take)
         return None
 
     def gradients_finite(self) -> bool:

@@ -2,8 +2,10 @@
 
 :class:`StageState` (plugin kind ``"pipeline"``) holds the stage's compressed states
 (:class:`~dasknn.compressed.CompressedStack`), the activations stashed from a microbatch's forward
-pass for its backward pass, and every pass's timing. Messages are fresh arrays; the states change
-only inside the plugin.
+pass for its backward pass, and every pass's timing. A posted step (:func:`run_stage`) takes its
+passes' arrays, the messages it posts among them, from the stage's
+:class:`~dasknn.runtime.buffers.BufferPool` and gives them back once its passes are done and its
+posts delivered; task results are fresh arrays. The states change only inside the plugin.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ import numpy as np
 import sparse
 
 from dasknn.compressed import CompressedStack
+from dasknn.compressed.stack import Take
 from dasknn.model.compressed_mlp import first_nonfinite_layer, nonfinite_loss_error
 from dasknn.runtime.affinity import migrations
 from dasknn.runtime.alignment import local_copy
+from dasknn.runtime.buffers import BufferPool
 from dasknn.runtime.keys import parse_pipeline_key, pipeline_key
 from dasknn.runtime.model_plugin import ModelPlugin
 from dasknn.runtime.postbox import Mailbox
@@ -56,6 +60,7 @@ class StageState(ModelPlugin):
         self.events: dict[int, list[tuple[str, int, float, float]]] = {}
         self.usage: dict[int, list[tuple[str, int, float, int, int, int]]] = {}
         self.mailbox = Mailbox()  # messages posted by the neighbouring stages
+        self.buffers = BufferPool()  # the arrays of posted steps, reused from step to step
         # what the postbox calls: leave a message, keep its transfer report for the step task
         self.deliver, self.hold_receipt = self.mailbox.deliver, self.mailbox.hold_receipt
         self.dropped_step = 0  # the latest step drop_steps ended
@@ -79,26 +84,41 @@ class StageState(ModelPlugin):
             (kind, microbatch, *(b - a for a, b in zip(start[1:], end[1:], strict=True)))
         )
 
-    def _stage_forward(self, inputs) -> tuple:
+    def taker(self, taken: list) -> Take:
+        """``take(shape, dtype)``: an array of :attr:`buffers`, appended to ``taken`` (to be given
+        back when the step that took it is over)."""
+
+        def take(shape: tuple[int, ...], dtype) -> np.ndarray:
+            array = self.buffers.take(shape, dtype)
+            taken.append(array)
+            return array
+
+        return take
+
+    def _stage_forward(self, inputs, take: Take = np.empty) -> tuple:
         """``(inputs, received, layers)``: the stage's feature-major inputs (the previous stage's
         last activation applied to ``received``, a local copy of its message, on stage > 0) and
-        their ``(z, a)`` per layer (the last layer's activation left to the next stage)."""
+        their ``(z, a)`` per layer (the last layer's activation left to the next stage), arrays
+        of ``take``."""
         received = None
         if self.input_activation is not None:
             received = local_copy(inputs)
-            inputs = self.input_activation.forward(received)
-        return inputs, received, self.stack.forward(inputs, activate_last=self.last)
+            out = take(received.shape, received.dtype)
+            inputs = self.input_activation.forward(received, out=out)
+        return inputs, received, self.stack.forward(inputs, self.last, take)
 
-    def forward(self, step: int, microbatch: int, scale, loss_scale, inputs, labels):
+    def forward(
+        self, step: int, microbatch: int, scale, loss_scale, inputs, labels, take: Take = np.empty
+    ):
         """Forward pass of one microbatch from its feature-major samples (stage 0) or the previous
         stage's last pre-activations ``inputs``, its outputs stashed for its backward pass. The
         last stage keeps ``labels`` (``(n_out, rows)``) and the output delta's factor ``scale *
         loss_scale`` (the microbatch's share of the batch times fp16's loss scale, else 1) and
         returns the loss times ``scale`` (:class:`~dasknn.exceptions.NonFiniteLossError`, naming
         the first layer whose outputs are not finite, if it is not); the others return their last
-        pre-activations, the message to the next stage."""
+        pre-activations, the message to the next stage. Its arrays are ``take``'s."""
         start = _clock()
-        inputs, received, layers = self._stage_forward(inputs)
+        inputs, received, layers = self._stage_forward(inputs, take)
         with self.lock:
             self.stash[(step, microbatch)] = (inputs, layers, received)
             self.in_flight += 1
@@ -115,11 +135,12 @@ class StageState(ModelPlugin):
         self.record(step, "F", microbatch, start)
         return result
 
-    def backward(self, step: int, microbatch: int, incoming):
+    def backward(self, step: int, microbatch: int, incoming, take: Take = np.empty):
         """Backward pass of one microbatch from ``incoming``, the next stage's message (the last
         stage: from the labels its forward pass kept); the step's first on the stage stores the
         gradients, the others add to them, one at a time. Returns the message to the previous
-        stage (``None`` on stage 0): the deltas of its last pre-activations."""
+        stage (``None`` on stage 0): the deltas of its last pre-activations. Its arrays are
+        ``take``'s."""
         start = _clock()
         with self.lock:
             xt, layers, received = self.stash.pop((step, microbatch))
@@ -134,9 +155,12 @@ class StageState(ModelPlugin):
         with self.gradient_lock:
             first = self.gradient_step != step
             self.gradient_step = step
-            out = self.stack.backward(xt, layers, deltat, first=first, input_delta=self.stage > 0)
+            out = self.stack.backward(
+                xt, layers, deltat, first=first, input_delta=self.stage > 0, take=take
+            )
         if out is not None:
-            out *= self.input_activation.derivative(received, xt)
+            slope = take(received.shape, received.dtype)
+            out *= self.input_activation.derivative(received, xt, out=slope)
         self.record(step, "B", microbatch, start)
         return out
 
@@ -227,7 +251,8 @@ def run_stage(
         boxes = ((previous, s - 1), (following, s + 1))
         return [(box, key("failed", t)) for box, t in boxes if box is not None]
 
-    failed, losses = key("failed", s), []
+    failed, losses, taken = key("failed", s), [], []
+    take = state.taker(taken)
     # a drop_steps of this step ends the waits, whether it came before them or during them
     with PostedTask(state.mailbox, {"previous": previous, "following": following}, True) as task:
         task.drop_ended(lambda k: parse_pipeline_key(k).step >= step)
@@ -240,17 +265,18 @@ def run_stage(
                 if kind == "F":
                     x = inputs[u] if s == 0 else task.take(key("fwd", s - 1, u), failed)
                     y = labels[u] if state.last else None
-                    result = state.forward(step, u, scale, loss_scale, x, y)
+                    result = state.forward(step, u, scale, loss_scale, x, y, take)
                     if state.last:
                         losses.append(result)
                     else:
                         task.post(("following",), key("fwd", s, u), result)
                 else:
                     incoming = None if state.last else task.take(key("bwd", s + 1, u), failed)
-                    out = state.backward(step, u, incoming)
+                    out = state.backward(step, u, incoming, take)
                     if s > 0:
                         task.post(("previous",), key("bwd", s, u), out)
             task.wait_posted(task.posts)
+    state.buffers.give(taken)  # every pass done and every post delivered (a failure: dropped)
     return losses
 
 

@@ -30,6 +30,8 @@ class BufferPool:
     def __init__(self) -> None:
         self._free: defaultdict[tuple, list[np.ndarray]] = defaultdict(list)
         self._lock = threading.Lock()
+        #: How many arrays the pool made (none while the freed ones suffice).
+        self.made = 0
 
     def take(self, shape: tuple[int, ...], dtype) -> np.ndarray:
         """A C-contiguous array of ``shape`` and ``dtype``, uninitialized (a freed one when the
@@ -39,6 +41,7 @@ class BufferPool:
             free = self._free.get(key)
             if free:
                 return free.pop()
+            self.made += 1
         return np.empty(key[0], dtype=dtype)
 
     def give(self, arrays) -> None:
