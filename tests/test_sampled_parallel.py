@@ -38,6 +38,7 @@ from dasknn.runtime.keys import parse_sampled_key
 from dasknn.runtime.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
 from dasknn.sampled import SampledMLP
 from dasknn.sampled_parallel import DistributedSampledMLP
+from dasknn.sampled_parallel._worker_state import ShardState
 
 
 @pytest.fixture(scope="module")
@@ -305,6 +306,28 @@ def _malloc(dask_worker) -> tuple[bool, bool]:
 @pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="the tuning applies to glibc's malloc"
 )
+def _arrays_made(dask_worker, token: str) -> int:
+    return ShardState.on_worker(token, dask_worker).buffers.made
+
+
+def test_steps_reuse_the_arrays_of_their_forward_pass(client):
+    """A shard's forward values of a step (the batch's hidden activation, active set, logits)
+    come from the worker's buffers and go back after its backward pass: after a warm-up epoch
+    the steps make none anew, and they are the local model's steps."""
+    data = make_extreme_classification(n_samples=100, n_features=60, n_labels=40, seed=1)
+    local = SampledMLP(hidden=8, active_fraction=0.3, shards=2, hogwild=False, seed=7)
+    local.initialize(60, 40)
+    with DistributedSampledMLP(local, client, workers=_workers(client, 2)) as dist:
+        local.fit(data.X, data.Y, epochs=1, batch_size=25)
+        dist.fit(data.X, data.Y, epochs=1, batch_size=25)
+        made = client.run(_arrays_made, token=dist.token, workers=_workers(client, 2))
+        local.fit(data.X, data.Y, epochs=2, batch_size=25)
+        dist.fit(data.X, data.Y, epochs=2, batch_size=25)
+        again = client.run(_arrays_made, token=dist.token, workers=_workers(client, 2))
+        np.testing.assert_allclose(dist.loss_curve_, local.loss_curve_, rtol=1e-5)
+    assert min(made.values()) > 0 and again == made
+
+
 def test_reuse_memory_is_on_by_default_until_close(client):
     model = SampledMLP(hidden=4, shards=2, seed=3).initialize(12, 10)
     workers = _workers(client, 2)

@@ -217,7 +217,8 @@ def _combine(
 
 
 def _gathered(ctx: StepContext, sources: list[tuple], tail: np.ndarray | None) -> np.ndarray:
-    """The rows ``rows`` of each ``(values, rows)``, then ``tail``, as one new flat array."""
+    """The rows ``rows`` of each ``(values, rows)``, then ``tail``, as one flat array of the
+    step (:func:`_array`)."""
     sizes = [len(rows) * values.shape[1] for values, rows in sources]
     out = _array(ctx, (sum(sizes) + (0 if tail is None else tail.size),))
     start = 0

@@ -85,13 +85,14 @@ def hidden_backward(
 @njit(cache=True, nogil=True)
 def _select_rows(
     lo, hi, codes, keys, key_ptr, bucket_ptr, items, n_items, budget, reserve, label_ptr,
-    label_ids, fill, seed, step, row0, shard, active, count, forced, log_q,
+    label_ids, fill, seed, step, row0, shard, active, count, forced, log_q, mark,
 ):  # pragma: no cover - compiled
     """:func:`select_active` of the samples ``lo:hi``, into its outputs (a function of its
-    own: the parallel loop then compiles in about 60 % of the time)."""
+    own: the parallel loop then compiles in about 60 % of the time); ``mark`` is the chunk's
+    ``n_items`` int64 marks, zeroed here."""
     n_tables = codes.shape[1]
     # mark[i] == stamp: neuron i met in this sample; == -stamp: active in this sample
-    mark = np.zeros(n_items, dtype=np.int64)
+    mark[:] = 0
     for b in range(lo, hi):
         stamp = b + 1
         state = seed_stream(seed, step, row0 + b, shard)
@@ -178,8 +179,14 @@ def select_active(
     row0,
     shard,
     n_chunks,
+    active,
+    count,
+    forced,
+    log_q,
+    marks,
 ):  # pragma: no cover - compiled
-    """Each sample's active neurons of one shard: its labels, then a sample of its candidates.
+    """Each sample's active neurons of one shard: its labels, then a sample of its candidates,
+    written into the outputs given (their values before do not matter).
 
     Sample ``b``'s labels ``label_ids[label_ptr[b]:label_ptr[b + 1]]`` come first (forced), then
     the union of its buckets (``codes[b]``) less the labels, a reservoir sample of at most
@@ -189,42 +196,45 @@ def select_active(
     slots filled from ``free`` neurons, ``r / C + (1 - r / C) need / free`` for a candidate and
     ``need / free`` for any other.
 
-    Returns
+    Outputs
     -------
     active : int32 (n, budget)
-        The active ids, the first ``count[b]`` of each row valid.
+        The active ids, the first ``count[b]`` of each row valid (-1 past it).
     count, forced : int32 (n,)
         Active neurons and forced labels of each sample.
     log_q : float64 (n, budget)
         ``log q`` of each active neuron (zero past ``count``).
+    marks : int64 (n_chunks, n_items)
+        Scratch: one row of marks a chunk of samples.
     """
     n = codes.shape[0]
-    active = np.full((n, budget), -1, dtype=np.int32)
-    count = np.zeros(n, dtype=np.int32)
-    forced = np.zeros(n, dtype=np.int32)
-    log_q = np.zeros((n, budget), dtype=np.float64)
+    active[:] = -1
+    count[:] = 0
+    forced[:] = 0
+    log_q[:] = 0.0
     for c in prange(n_chunks):
         lo, hi = _chunk(c, n_chunks, n)
         _select_rows(
             lo, hi, codes, keys, key_ptr, bucket_ptr, items, n_items, budget, reserve, label_ptr,
-            label_ids, fill, seed, step, row0, shard, active, count, forced, log_q,
+            label_ids, fill, seed, step, row0, shard, active, count, forced, log_q, marks[c],
         )  # fmt: skip
-    return active, count, forced, log_q
 
 
 @njit(cache=True, parallel=True, nogil=True)
-def output_logits(hidden, weights, bias, active, count, shift, n_chunks):  # pragma: no cover
-    """Logits of the active neurons less ``shift``, and each sample's softmax statistics.
+def output_logits(
+    hidden, weights, bias, active, count, shift, n_chunks, z, stats
+):  # pragma: no cover - compiled
+    """Logits of the active neurons less ``shift``, and each sample's softmax statistics,
+    written into ``z`` and ``stats`` (their values before do not matter).
 
     ``weights`` is ``(n_items, H)``; ``shift`` is ``(n, budget)`` (``log q``, or zeros) or
-    ``(0, 0)``. Returns ``z`` (``(n, budget)``, ``h . w_j + b_j - shift``, zero past ``count``)
-    and ``stats`` (``(n, 2)``): ``max z`` (``-inf`` with none) and ``sum exp(z - max)``.
+    ``(0, 0)``. ``z`` (``(n, budget)``): ``h . w_j + b_j - shift``, zero past ``count``;
+    ``stats`` (``(n, 2)``): ``max z`` (``-inf`` with none) and ``sum exp(z - max)``.
     """
     shifted = shift.shape[0] > 0
-    n, budget = active.shape
+    n = active.shape[0]
     width = hidden.shape[1]
-    z = np.zeros((n, budget), dtype=hidden.dtype)
-    stats = np.zeros((n, 2), dtype=hidden.dtype)
+    z[:] = 0.0
     for c in prange(n_chunks):
         lo, hi = _chunk(c, n_chunks, n)
         for b in range(lo, hi):
@@ -244,7 +254,6 @@ def output_logits(hidden, weights, bias, active, count, shift, n_chunks):  # pra
                 total += np.exp(z[b, a] - top)
             stats[b, 0] = top
             stats[b, 1] = total
-    return z, stats
 
 
 @njit(cache=True, parallel=True, nogil=True)

@@ -6,6 +6,7 @@ The one-process model holds all of them; a distributed worker holds one hidden b
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -35,6 +36,11 @@ __all__ = [
     "shard_bucket_cap",
     "shard_budget",
 ]
+
+
+#: ``take(shape, dtype)``: an uninitialized C-contiguous array for a step (``numpy.empty``, or
+#: one of a worker's reused buffers).
+Take = Callable[..., np.ndarray]
 
 
 def n_chunks(batch: int, hogwild: bool) -> int:
@@ -258,10 +264,16 @@ class OutputShard:
         label_ptr: np.ndarray,
         label_ids: np.ndarray,
         step: int,
+        take: Take = np.empty,
     ) -> ActiveSet:
-        """The batch's active neurons (labels given as local ids: forced; none: inference)."""
+        """The batch's active neurons (labels given as local ids: forced; none: inference), in
+        arrays of ``take(shape, dtype)`` (default: new)."""
         codes = self.family.codes(self.hashed_queries(hidden))
-        active, count, forced, log_q = select_active(
+        n, chunks = hidden.shape[0], n_chunks(hidden.shape[0], self.hogwild)
+        active = take((n, self.budget), np.int32)
+        count, forced = take((n,), np.int32), take((n,), np.int32)
+        log_q = take((n, self.budget), np.float64)
+        select_active(
             codes,
             *self.tables.arrays(),
             len(self.ids),
@@ -274,12 +286,20 @@ class OutputShard:
             step,
             0,
             self.index,
-            n_chunks(hidden.shape[0], self.hogwild),
+            chunks,
+            active,
+            count,
+            forced,
+            log_q,
+            take((chunks, len(self.ids)), np.int64),
         )
         return ActiveSet(active, count, forced, log_q)
 
-    def logits(self, hidden: np.ndarray, active: ActiveSet) -> tuple[np.ndarray, np.ndarray]:
-        """Active logits ``(B, budget)`` and softmax statistics ``(B, 2)``.
+    def logits(
+        self, hidden: np.ndarray, active: ActiveSet, take: Take = np.empty
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Active logits ``(B, budget)``, an array of ``take(shape, dtype)`` (default: new), and
+        softmax statistics ``(B, 2)`` (new).
 
         With ``"logq"`` each logit is ``z_j - log q_j`` (labels keep theirs), so the active set's
         ``exp`` sum estimates the full normaliser (docs/sampled.md).
@@ -290,18 +310,27 @@ class OutputShard:
                     "the correction 'logq' needs the active set's log_q (the log of each "
                     "neuron's probability of being chosen)"
                 )
-            shift = active.log_q.astype(self.weights.dtype, copy=False)
+            shift = active.log_q
+            if shift.dtype != self.weights.dtype:
+                shift = take(shift.shape, self.weights.dtype)
+                np.copyto(shift, active.log_q, casting="same_kind")
         else:
             shift = np.zeros((0, 0), dtype=self.weights.dtype)
-        return output_logits(
+        n = hidden.shape[0]
+        z = take((n, self.budget), hidden.dtype)
+        stats = np.empty((n, 2), dtype=hidden.dtype)
+        output_logits(
             hidden,
             self.weights,
             self.bias,
             active.active,
             active.count,
             shift,
-            n_chunks(hidden.shape[0], self.hogwild),
+            n_chunks(n, self.hogwild),
+            z,
+            stats,
         )
+        return z, stats
 
     def backward(
         self,

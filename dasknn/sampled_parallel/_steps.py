@@ -36,12 +36,14 @@ class ShardLabels(NamedTuple):
 
 
 class Forward(NamedTuple):
-    """A shard's forward values of one step (held in the worker's state only)."""
+    """A shard's forward values of one step (held in the worker's state only) and the arrays
+    it took from the worker's buffers."""
 
     hidden: np.ndarray
     active: ActiveSet
     logits: np.ndarray
     stats: np.ndarray
+    taken: list
 
 
 def hidden_block(token: str, x: sp.csr_matrix, call: int | None = None, *after) -> np.ndarray:
@@ -55,20 +57,29 @@ def hidden_block(token: str, x: sp.csr_matrix, call: int | None = None, *after) 
     return block
 
 
-def _concatenate(blocks: tuple) -> np.ndarray:
-    return np.ascontiguousarray(np.concatenate(blocks, axis=1))
+def _concatenate(blocks: tuple, out: np.ndarray | None = None) -> np.ndarray:
+    """The ``blocks`` side by side (C-contiguous), into ``out`` when given."""
+    return np.concatenate(blocks, axis=1, out=out)
 
 
 def select_and_score(
     token: str, call: int, step: int, labels: ShardLabels, *blocks: np.ndarray
 ) -> np.ndarray:
     """Select the shard's active neurons (hidden ``blocks`` in worker order), keep their logits as
-    the :class:`Forward` of ``call``; returns the shard's ``(max, sum exp)`` per sample."""
+    the :class:`Forward` of ``call`` (its arrays from the worker's buffers); returns the shard's
+    ``(max, sum exp)`` per sample (new)."""
     state = ShardState.on_worker(token)
-    hidden = _concatenate(blocks)
-    active = state.shard.select(hidden, labels.label_ptr, labels.label_ids, step)
-    z, stats = state.shard.logits(hidden, active)
-    state.forwards[call] = Forward(hidden, active, z, stats)
+    taken: list = []
+
+    def take(shape, dtype) -> np.ndarray:
+        taken.append(state.buffers.take(shape, dtype))
+        return taken[-1]
+
+    width = sum(block.shape[1] for block in blocks)
+    hidden = _concatenate(blocks, take((blocks[0].shape[0], width), blocks[0].dtype))
+    active = state.shard.select(hidden, labels.label_ptr, labels.label_ids, step, take)
+    z, stats = state.shard.logits(hidden, active, take)
+    state.forwards[call] = Forward(hidden, active, z, stats, taken)
     return stats
 
 
@@ -82,6 +93,7 @@ def output_backward(
     grad_hidden, loss = state.shard.backward(
         forward.hidden, forward.active, forward.logits, lse, labels.target
     )
+    state.buffers.give(forward.taken)  # read for the last time
     return grad_hidden, float(np.sum(loss, dtype=np.float64))
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from dasknn.lsh import HashTables
+from dasknn.runtime.buffers import BufferPool
 from dasknn.runtime.model_plugin import ModelPlugin
 from dasknn.sampled.layers import HiddenLayer, OutputShard, SamplingConfig, shard_bucket_cap
 from dasknn.sampled.model import restored_slots
@@ -28,6 +29,10 @@ class ShardState(ModelPlugin):
     hidden_blocks, forwards : dict
         The hidden block and the shard's :class:`~dasknn.sampled_parallel._steps.Forward` of the
         training steps under way, by submission number.
+    buffers : BufferPool
+        The arrays of a step's :class:`~dasknn.sampled_parallel._steps.Forward` (the batch's
+        hidden activation, its active set and logits), given back when the step's backward
+        pass has read them.
     """
 
     kind = "sampled"
@@ -39,6 +44,7 @@ class ShardState(ModelPlugin):
         self.columns = np.zeros(0, dtype=np.int64)
         self.hidden_blocks: dict = {}
         self.forwards: dict = {}
+        self.buffers = BufferPool()
 
     def teardown(self, worker) -> None:
         self.hidden = None
