@@ -7,6 +7,7 @@ pass (a negative step) keeps its own until the next pass or the next step.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -212,8 +213,21 @@ def _combine(
     total = _array(ctx, (len(union), *values[0].shape[1:]), values[0].dtype)
     total.fill(0)
     for part_ids, part_values in zip(ids, values, strict=True):
-        total[np.searchsorted(union, part_ids)] += part_values
+        _add_rows(ctx, total, np.searchsorted(union, part_ids), part_values)
     return union.astype(np.int64), total
+
+
+def _rows_of(ctx: StepContext, values: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``values[rows]`` (``rows`` valid) in an array of the step (:func:`_array`)."""
+    out = _array(ctx, (len(rows), *values.shape[1:]), values.dtype)
+    return np.take(values, rows, axis=0, out=out, mode="clip")  # "clip": unbuffered
+
+
+def _add_rows(ctx: StepContext, total: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
+    """``total[rows] += values`` for distinct valid ``rows``, through an array of the step."""
+    picked = _rows_of(ctx, total, rows)
+    picked += values
+    total[rows] = picked
 
 
 def _gathered(ctx: StepContext, sources: list[tuple], tail: np.ndarray | None) -> np.ndarray:
@@ -258,7 +272,7 @@ def assemble_rows(
         parts, offsets, positions = local
         held = _shard_rows(ctx, parts, chief, offsets)
         for (variable, _), pos, (values, offset) in zip(parts, positions, held, strict=True):
-            rows[variable][pos] = values[offset]
+            rows[variable][pos] = _rows_of(ctx, values, offset)
     for (parts, positions), reply in zip(remote, replies_then_after, strict=False):
         variables = [variable for variable, _ in parts]
         pieces = _split(ctx, reply, variables, [len(pos) for pos in positions])
@@ -277,9 +291,7 @@ def assemble_rows(
 
 def rows_for(ctx: StepContext, variable: str, positions: np.ndarray, _assembled) -> np.ndarray:
     """The chief's rows for one worker of its machine (``positions`` in the machine's rows)."""
-    rows = _scratch(ctx, variable)["rows"]
-    out = _array(ctx, (len(positions), rows.shape[1]))
-    return np.take(rows, positions, axis=0, out=out, mode="clip")  # "clip": unbuffered, valid
+    return _rows_of(ctx, _scratch(ctx, variable)["rows"], positions)
 
 
 def chief_rows_sum(ctx: StepContext, variable: str, union, member_pos: list, *grads) -> np.ndarray:
@@ -288,7 +300,7 @@ def chief_rows_sum(ctx: StepContext, variable: str, union, member_pos: list, *gr
     total = _array(ctx, (len(union), width))
     total.fill(0)
     for positions, grad in zip(member_pos, grads, strict=True):
-        total[positions] += grad
+        _add_rows(ctx, total, positions, grad)
     _scratch(ctx, variable)["union_grad"] = total
     return union
 
@@ -369,7 +381,7 @@ def update_rows(
         if chief == server:
             alone, positions = local
             mine = zip(variables, positions, strict=True)
-            contributions[chief] = [_machine_grad(ctx, v, alone)[pos] for v, pos in mine]
+            contributions[chief] = [_rows_of(ctx, _machine_grad(ctx, v, alone), p) for v, p in mine]
             if chunk is not None:
                 dense.append(own_dense[chunk[0] : chunk[1]])
             continue
@@ -381,7 +393,8 @@ def update_rows(
     for i, (variable, shard) in enumerate(parts):
         offsets = [requests[(variable, shard, chief)] for chief in chiefs]
         union, total = _combine(ctx, offsets, [contributions[chief][i] for chief in chiefs])
-        state.shards[(variable, shard)].step(ctx.optimizer, total, union)
+        take = partial(_array, ctx)
+        state.shards[(variable, shard)].step(ctx.optimizer, total, union, take)
     return None if chunk is None else chief_sum(ctx, *dense)
 
 

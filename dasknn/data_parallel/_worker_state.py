@@ -3,6 +3,7 @@ no task changes a value Dask holds."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,15 +34,22 @@ class Held:
     values: np.ndarray
     slots: OptimizerSlots = field(default_factory=OptimizerSlots)
 
-    def step(self, optimizer: Optimizer, grad: np.ndarray, rows: np.ndarray | None = None) -> None:
+    def step(
+        self,
+        optimizer: Optimizer,
+        grad: np.ndarray,
+        rows: np.ndarray | None = None,
+        take: Callable[..., np.ndarray] = np.empty,
+    ) -> None:
         """One step of ``optimizer`` (its state fresh if it changed) on the whole array, or on its
-        distinct rows ``rows`` only (``grad`` then holds theirs)."""
+        distinct rows ``rows`` only (``grad`` then holds theirs; their values and state are
+        gathered into arrays of ``take(shape, dtype)``)."""
         if rows is None:
             state = self.slots.state(optimizer, "values", self.values.reshape(-1))
             apply_dense(optimizer, self.values, grad, state)
         else:
             state = self.slots.state(optimizer, "values", self.values)
-            apply_rows(optimizer, self.values, state, rows, grad)
+            apply_rows(optimizer, self.values, state, rows, grad, take)
 
 
 class ReplicaState(ModelPlugin):

@@ -27,6 +27,7 @@ workers set ``MALLOC_TRIM_THRESHOLD_``), every new array of a step costs page fa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -397,21 +398,27 @@ def apply_rows(
     state: ParamState,
     rows: np.ndarray,
     grad: np.ndarray,
+    take: Callable[..., np.ndarray] = np.empty,
 ) -> None:
     """One row-sparse step on ``table`` (n, d): only the rows ``rows`` (distinct) change.
 
-    The rows' values and optimizer state are gathered, stepped with ``grad`` (len(rows), d) and
-    written back; the step count advances whether or not ``rows`` is empty. This is the update of
-    the sparse variable everywhere (``torch.optim.SparseAdam``'s and TensorFlow's sparse apply for
-    stateful optimizers; plain SGD gives the dense update's values).
+    The rows' values and optimizer state are gathered (into arrays of ``take(shape, dtype)``,
+    default new ones), stepped with ``grad`` (len(rows), d) and written back; the step count
+    advances whether or not ``rows`` is empty. This is the update of the sparse variable
+    everywhere (``torch.optim.SparseAdam``'s and TensorFlow's sparse apply for stateful
+    optimizers; plain SGD gives the dense update's values).
     """
-    picked = ParamState(
-        step=state.step,
-        arrays={name: values[rows].reshape(-1) for name, values in state.arrays.items()},
-    )
-    values = table[rows].reshape(-1)
-    optimizer.update(values, np.ascontiguousarray(grad).reshape(-1), picked)
     shape = (len(rows), *table.shape[1:])
+
+    def gathered(array: np.ndarray) -> np.ndarray:
+        out = take(shape, array.dtype)
+        return np.take(array, rows, axis=0, out=out, mode="clip").reshape(-1)  # rows valid
+
+    picked = ParamState(
+        step=state.step, arrays={name: gathered(values) for name, values in state.arrays.items()}
+    )
+    values = gathered(table)
+    optimizer.update(values, np.ascontiguousarray(grad).reshape(-1), picked)
     table[rows] = values.reshape(shape)
     for name, array in picked.arrays.items():
         state.arrays[name][rows] = array.reshape(shape)
