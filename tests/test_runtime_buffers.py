@@ -106,3 +106,14 @@ def test_forgotten_holds_never_come_back():
     buffers.ended(1, [])
     assert buffers.held() == 0
     assert buffers.take(2, (5,), np.float32).base is not a.base and buffers.made == 2
+
+
+def test_a_taker_records_what_it_hands_out_for_one_give():
+    pool = BufferPool()
+    taken: list[np.ndarray] = []
+    take = pool.taker(taken)
+    a, b = take((2, 3), np.float32), take((4,), np.int64)
+    assert [id(x) for x in taken] == [id(a), id(b)] and pool.made == 2
+    pool.give(taken)
+    assert pool.take((4,), np.int64) is b and pool.take((2, 3), np.float32) is a
+    assert pool.made == 2

@@ -84,17 +84,6 @@ class StageState(ModelPlugin):
             (kind, microbatch, *(b - a for a, b in zip(start[1:], end[1:], strict=True)))
         )
 
-    def taker(self, taken: list) -> Take:
-        """``take(shape, dtype)``: an array of :attr:`buffers`, appended to ``taken`` (to be given
-        back when the step that took it is over)."""
-
-        def take(shape: tuple[int, ...], dtype) -> np.ndarray:
-            array = self.buffers.take(shape, dtype)
-            taken.append(array)
-            return array
-
-        return take
-
     def _stage_forward(self, inputs, take: Take = np.empty) -> tuple:
         """``(inputs, received, layers)``: the stage's feature-major inputs (the previous stage's
         last activation applied to ``received``, a local copy of its message, on stage > 0) and
@@ -252,7 +241,7 @@ def run_stage(
         return [(box, key("failed", t)) for box, t in boxes if box is not None]
 
     failed, losses, taken = key("failed", s), [], []
-    take = state.taker(taken)
+    take = state.buffers.taker(taken)
     # a drop_steps of this step ends the waits, whether it came before them or during them
     with PostedTask(state.mailbox, {"previous": previous, "following": following}, True) as task:
         task.drop_ended(lambda k: parse_pipeline_key(k).step >= step)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
+from collections.abc import Callable
 
 import numpy as np
 
@@ -43,6 +44,17 @@ class BufferPool:
                 return free.pop()
             self.made += 1
         return np.empty(key[0], dtype=dtype)
+
+    def taker(self, taken: list) -> Callable[..., np.ndarray]:
+        """``take(shape, dtype)``: :meth:`take`, each array handed out also appended to
+        ``taken`` (for a :meth:`give` once its user is done)."""
+
+        def take(shape: tuple[int, ...], dtype) -> np.ndarray:
+            array = self.take(shape, dtype)
+            taken.append(array)
+            return array
+
+        return take
 
     def give(self, arrays) -> None:
         """Return ``arrays`` (each taken from this pool, no longer used) for later steps."""

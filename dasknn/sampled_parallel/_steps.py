@@ -70,11 +70,7 @@ def select_and_score(
     ``(max, sum exp)`` per sample (new)."""
     state = ShardState.on_worker(token)
     taken: list = []
-
-    def take(shape, dtype) -> np.ndarray:
-        taken.append(state.buffers.take(shape, dtype))
-        return taken[-1]
-
+    take = state.buffers.taker(taken)
     width = sum(block.shape[1] for block in blocks)
     hidden = _concatenate(blocks, take((blocks[0].shape[0], width), blocks[0].dtype))
     active = state.shard.select(hidden, labels.label_ptr, labels.label_ids, step, take)
