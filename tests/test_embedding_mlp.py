@@ -13,7 +13,7 @@ from embedding_reference import EmbeddingReference
 from dasknn.datasets.stdlib_corpus import load_stdlib_corpus, stdlib_files, tokenize_source
 from dasknn.exceptions import NonFiniteLossError
 from dasknn.model.embedding_mlp import EmbeddingMLP
-from dasknn.model.embedding_network import batch_gradients, unique_rows
+from dasknn.model.embedding_network import Workspace, batch_gradients, unique_rows
 from dasknn.optim import SGD, Adam
 
 V, C, D = 40, 3, 5
@@ -66,6 +66,29 @@ def test_float32_matches_reference():
         reference.step(X, y, 0.3)
     np.testing.assert_allclose(model.embedding, reference.E, atol=1e-5)
     np.testing.assert_allclose(model.weights[-1], reference.W[-1], atol=1e-5)
+
+
+def test_gradients_into_given_arrays_and_a_reused_workspace_are_the_new_arrays_gradients():
+    """The workspace (reused by a second batch), the flat ``out`` and ``rows_out`` give the
+    gradients of fresh arrays bit for bit; a ``rows_out`` or ``out`` of the wrong shape or dtype
+    is a ValueError."""
+    model = _model("mean", hidden=(5, 4))
+    workspace = Workspace()
+    for X, y in _batches(2, 7, seed=4):
+        unique, inverse = unique_rows(X)
+        rows = model.embedding[unique]
+        args = (model.spec, rows, inverse, y, model.weights, model.biases, len(y))
+        loss, grads, grad_rows = batch_gradients(*args)
+        flat = np.full(sum(g.size for g in grads), np.nan)
+        rows_out = np.full_like(rows, np.nan)
+        got = batch_gradients(*args, workspace, flat, rows_out)
+        assert got[0] == loss and got[2] is rows_out
+        np.testing.assert_array_equal(rows_out, grad_rows)
+        np.testing.assert_array_equal(flat, np.concatenate([g.reshape(-1) for g in grads]))
+    with pytest.raises(ValueError, match="rows_out must be a float64 array of shape"):
+        batch_gradients(*args, workspace, None, rows_out[1:])
+    with pytest.raises(ValueError, match="out must be a flat float64 array"):
+        batch_gradients(*args, workspace, flat[1:])
 
 
 @pytest.mark.parametrize("combine", ["concat", "mean"])
