@@ -14,12 +14,14 @@ import time
 import dask
 import numpy as np
 import pytest
+from dask.task_spec import TaskRef
 from distributed import Client, get_task_stream
 from plugin_checks import key_cache_bound_count
 from polling import HANG_GUARD
 from stopped_workers import SignalOnTransition, stopped, wait_until_empty
 
-from dasknn.data_parallel import DistributedEmbeddingMLP, machine_bytes, machine_total
+from dasknn.data_parallel import DistributedEmbeddingMLP, _model, machine_bytes, machine_total
+from dasknn.data_parallel._posted import step_tasks
 from dasknn.data_parallel._search import balanced, search_partitions
 from dasknn.data_parallel._worker_state import ReplicaState
 from dasknn.exceptions import StepTimeoutError, WorkerLostError
@@ -28,6 +30,7 @@ from dasknn.optim import SGD, Adam
 from dasknn.runtime.cluster import local_cluster, scheduler_workers
 from dasknn.runtime.keys import dp_postbox_key, parse_dp_key
 from dasknn.runtime.measure import TOPIC as TRANSFER_TOPIC
+from dasknn.runtime.posted import WorkerProgram
 from dasknn.runtime.worker_memory import PLUGIN_NAME as REUSE_MEMORY_PLUGIN
 
 V, C, D = 24, 2, 3
@@ -499,6 +502,72 @@ def test_fit_runs_steps_per_task_as_one_process(client4, per_task):
     assert report.steps == STEPS
     pushes = [v[1] for k, v in report.measured.items() if k[:2] == ("sparse", "push")]
     assert sum(pushes) == STEPS * len(workers) * (len(workers) - 1)  # one per chief and server
+
+
+def test_calls_are_sized_by_the_time_a_step_took():
+    """``fit`` hands the model about ``CALL_SECONDS`` of steps at once, in whole tasks: one
+    task before any step was timed, at least 1 and at most ``MAX_TASKS_PER_CALL``."""
+    assert _model.CALL_SECONDS == 3.0
+    assert _model._tasks_per_call(20, None) == 1
+    assert _model._tasks_per_call(20, 0.05) == 3
+    assert _model._tasks_per_call(4, 0.1) == 8  # 7.5, rounded
+    assert _model._tasks_per_call(20, 1.0) == 1
+    assert _model._tasks_per_call(20, 1e-6) == _model._tasks_per_call(20, 0.0)
+    assert _model._tasks_per_call(20, 0.0) == _model.MAX_TASKS_PER_CALL == 10
+
+
+def test_tasks_of_one_call_wait_for_their_workers_task_before():
+    """The run task of each worker in a call's later task depends on that worker's task before
+    (a key of an earlier submission), and on nothing else of it."""
+    before = [TaskRef(("earlier", w)) for w in range(3)]
+    programs = [[WorkerProgram(w, (), {}, ()) for w in range(3)]]
+    tasks, outputs = step_tasks("t0ken", [7], programs, ["box0", "box1", "box2"], before)
+    assert [parse_dp_key(key).sender for key in outputs] == [0, 1, 2]
+    for w, key in enumerate(outputs):
+        assert tasks[key].dependencies == {("earlier", w), "box0", "box1", "box2"}
+    alone, _ = step_tasks("t0ken", [7], programs, ["box0", "box1", "box2"])
+    assert all(task.dependencies == {"box0", "box1", "box2"} for task in alone.values())
+
+
+@pytest.mark.parametrize("seconds,calls", [(1e9, 2), (1e-9, 4)])
+def test_fit_submits_the_tasks_of_a_call_one_behind_the_other(client4, monkeypatch, seconds, calls):
+    """``fit`` hands the model one task of steps first, then about ``CALL_SECONDS`` of steps
+    (here a lifetime: the 21 steps left in one call, two tasks of 10 and one of 1, submitted
+    one behind the other; then a nanosecond: one task a call); ``train_step`` times nothing.
+    Every task runs ``steps_per_task`` steps, and the steps are those of one process."""
+    monkeypatch.setattr(_model, "CALL_SECONDS", seconds)
+    workers = sorted(scheduler_workers(client4))[:2]
+    model = EmbeddingMLP(V, C, D, hidden=(4,), dtype=np.float64, seed=5)
+    rng = np.random.default_rng(9)
+    X, y = rng.integers(0, V, (64, C)), rng.integers(0, V, 64)
+    optimizer = SGD(lr=0.2, momentum=0.5)
+    want = model.copy()
+    want.train_step(X[:2], y[:2], optimizer=optimizer)
+    want.fit(X[2:], y[2:], batch_size=2, seed=4, optimizer=optimizer, record_batches=True)
+    with DistributedEmbeddingMLP(
+        model, client4, sparse_partitions=2, workers=workers, steps_per_task=10
+    ) as dp:
+        dp.train_step(X[:2], y[:2], optimizer=optimizer)
+        counts = {"get": 0, "gather": 0}
+        for name in counts:  # count the client's submissions and gathers, then call them
+            real = getattr(client4, name)
+
+            def counting(*args, real=real, name=name, **kwargs):
+                counts[name] += 1
+                return real(*args, **kwargs)
+
+            monkeypatch.setattr(client4, name, counting)
+        with get_task_stream(client4) as stream:
+            dp.fit(X[2:], y[2:], batch_size=2, seed=4, optimizer=optimizer, record_batches=True)
+        monkeypatch.undo()
+        _assert_same(dp.gather(), want, 1e-9)
+        report = dp.comm_report()
+    assert dp.batch_loss_curve_ == pytest.approx(want.batch_loss_curve_, rel=1e-9)
+    assert report.exact, str(report)
+    assert report.steps == 32
+    runs = [task for task in stream.data if "'run'" in str(task["key"])]
+    assert len(runs) == len(workers) * 4  # 31 steps: 10, 10, 10, 1
+    assert counts == {"get": 4, "gather": calls}  # one submission a task, one gather a call
 
 
 def test_fit_while_the_client_refreshes_its_scheduler_info(client4):

@@ -59,6 +59,24 @@ SEARCH_MODES = ("model", "brute-force")
 MESSAGES = ("posted", "tasks")
 #: Consecutive training steps of ``fit`` per submitted task under ``messages="posted"``.
 DEFAULT_STEPS_PER_TASK = 20
+#: Seconds of steps ``fit`` hands the model at once under ``messages="posted"``, as tasks
+#: submitted one behind the other: the client looks at the losses, the progress, retiring
+#: workers and checkpoints between two such calls.
+CALL_SECONDS = 3.0
+#: The most tasks ``fit`` submits one behind the other in one call.
+MAX_TASKS_PER_CALL = 10
+
+
+def _tasks_per_call(steps_per_task: int, step_seconds: float | None) -> int:
+    """Tasks of ``steps_per_task`` steps for a call of about :data:`CALL_SECONDS` when a step
+    takes ``step_seconds`` (rounded; ``None``, not measured yet: 1), between 1 and
+    :data:`MAX_TASKS_PER_CALL`."""
+    if step_seconds is None:
+        return 1
+    if step_seconds <= 0:
+        return MAX_TASKS_PER_CALL
+    tasks = round(CALL_SECONDS / (step_seconds * steps_per_task))
+    return int(min(MAX_TASKS_PER_CALL, max(1, tasks)))
 
 
 def _topology(workers: list[str], machines) -> Topology:
@@ -128,7 +146,10 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         ``"tasks"``: a Dask task per piece of work and message.
     steps_per_task : int, optional
         Steps of ``fit`` per task under ``"posted"`` (default
-        :data:`DEFAULT_STEPS_PER_TASK`; 1, the only value, under ``"tasks"``).
+        :data:`DEFAULT_STEPS_PER_TASK`; 1, the only value, under ``"tasks"``). ``fit`` hands
+        the model about :data:`CALL_SECONDS` of steps at once (one task before a step was
+        timed), whose tasks are submitted one behind the other, each worker's task waiting for
+        its task before: the client makes the next task while the workers run.
     step_timeout : float
         Seconds a step (under ``fit``, one task's steps), ``gather`` or an inference pass may
         take before a :class:`~dasknn.exceptions.StepTimeoutError` naming the workers waited
@@ -188,6 +209,8 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         if steps_per_task is None:
             steps_per_task = DEFAULT_STEPS_PER_TASK if messages == "posted" else 1
         self.n_steps_per_task = check_count("steps_per_task", steps_per_task)
+        #: Seconds a step of the last call of two steps or more took (``None``: none yet).
+        self._step_seconds: float | None = None
         if messages == "tasks" and self.n_steps_per_task != 1:
             raise ValueError(
                 f'steps_per_task must be 1 under messages="tasks" (one graph a step), '
@@ -478,53 +501,81 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
             s, self.topology, self.shard_maps, ids, labels, candidates, self.architecture
         )
 
-    def _step_graphs(self, batches: list, optimizer: Optimizer, after) -> tuple:
-        """The plans and graphs of consecutive steps on ``batches`` (``[(ids, labels), ...]``),
-        and the plan of the step whose rows the last one prefetches: each step prefetches the
-        rows of the next, the last those of ``after`` (the ``(ids, labels)`` of the step after
-        it) if given (``hybrid``, ``ps``; ``None`` otherwise)."""
+    def _step_plans(self, batches: list, after) -> tuple[list, list]:
+        """The plans of consecutive steps on ``batches`` (``[(ids, labels), ...]``) and, per
+        step, the plan of the step whose rows it prefetches: the next one's, the last step's
+        that of ``after`` (the ``(ids, labels)`` of the step after it) if given (``hybrid``,
+        ``ps``; ``None`` otherwise)."""
         plans = [self._plan(ids, y, self.n_steps_ + k) for k, (ids, y) in enumerate(batches)]
         following = plans[1:] + [None]
         if after is not None:
             following[-1] = self._plan(*after, self.n_steps_ + len(batches))
-        prefetched, graphs = self._prefetched, []
-        for k, (plan, next_plan) in enumerate(zip(plans, following, strict=True)):
-            if self.architecture not in ("hybrid", "ps"):
-                next_plan = None
-            ctx = StepContext(
-                token=self.token,
-                step=self._step + 1 + k,
-                spec=self.spec,
-                architecture=self.architecture,
-                optimizer=optimizer,
-                denominator=batches[k][0].shape[0],
-                shards=self.shard_maps,
-                pooled=self.messages == "posted",
-            )
-            same = prefetched is not None and _same_rows(prefetched, plan)
-            graphs.append(build_step(ctx, self.topology, plan, self.dense_servers, same, next_plan))
-            prefetched = next_plan
-        return plans, graphs, prefetched
+        if self.architecture not in ("hybrid", "ps"):
+            following = [None] * len(plans)
+        return plans, following
+
+    def _step_graph(
+        self, k: int, plan: StepPlan, next_plan, prefetched, optimizer: Optimizer, windows: int
+    ):
+        """The graph of the ``k``-th step from now (``windows`` in its batch), which prefetches
+        the rows of ``next_plan``, after a step that prefetched those of ``prefetched``."""
+        ctx = StepContext(
+            token=self.token,
+            step=self._step + 1 + k,
+            spec=self.spec,
+            architecture=self.architecture,
+            optimizer=optimizer,
+            denominator=windows,
+            shards=self.shard_maps,
+            pooled=self.messages == "posted",
+        )
+        same = prefetched is not None and _same_rows(prefetched, plan)
+        return build_step(ctx, self.topology, plan, self.dense_servers, same, next_plan)
 
     def _run_steps(self, batches: list, optimizer: Optimizer, after=None) -> list[float]:
-        """Consecutive steps on ``batches`` (``[(ids, labels), ...]``) in one submission (one
-        batch under ``messages="tasks"``); with ``after``, the next step's ``(ids, labels)``,
-        the servers send the chiefs its rows at the end of the last one (``hybrid``, ``ps``).
-        Returns each step's mean loss."""
+        """Consecutive steps on ``batches`` (``[(ids, labels), ...]``); with ``after``, the next
+        step's ``(ids, labels)``, the servers send the chiefs its rows at the end of the last one
+        (``hybrid``, ``ps``). Under ``messages="posted"`` the steps go in tasks of
+        ``steps_per_task`` steps a worker, submitted one behind the other (each worker's task
+        waits for its one before; the client makes a task's programs while the workers run the
+        ones before); under ``"tasks"``, one batch in one graph. Returns each step's mean loss."""
         self._check_workers()
-        plans, graphs, prefetched = self._step_graphs(batches, optimizer, after)
-        steps = list(range(self._step + 1, self._step + 1 + len(batches)))
-        if self.messages == "posted":
-            programs = [
-                worker_programs(graph.tasks, graph.outputs, len(self.workers)) for graph in graphs
-            ]
-            boxes = [box.key for box in self._postboxes]
-            tasks, outputs = step_tasks(self.token, steps, programs, boxes)
-        else:
-            (graph,) = graphs
-            tasks, outputs = graph.tasks, graph.outputs
+        began = time.perf_counter()
+        plans, following = self._step_plans(batches, after)
+        counted: list[tuple[dict, dict]] = []  # (predicted, carried) of each step made
+        prefetched = [self._prefetched]
+
+        def graph_of(k: int):
+            graph = self._step_graph(
+                k, plans[k], following[k], prefetched[0], optimizer, batches[k][0].shape[0]
+            )
+            prefetched[0] = following[k]
+            counted.append((graph.predicted, graph.carried))
+            return graph
+
+        per_task = self.n_steps_per_task
+        starts = range(0, len(batches), per_task)
+        boxes = [box.key for box in self._postboxes]
+
+        def submission(start: int):
+            def make(before):
+                steps = range(start, min(start + per_task, len(batches)))
+                if self.messages == "tasks":
+                    graph = graph_of(start)
+                    return graph.tasks, graph.outputs
+                programs = []
+                for k in steps:
+                    graph = graph_of(k)
+                    programs.append(worker_programs(graph.tasks, graph.outputs, len(self.workers)))
+                numbers = [self._step + 1 + k for k in steps]
+                return step_tasks(self.token, numbers, programs, boxes, before)
+
+            return make
+
         try:
-            results = self._gather_graph(tasks, outputs, "the step did not finish")
+            results = self._gather_graphs(
+                [submission(start) for start in starts], "the step did not finish"
+            )
         except StepTimeoutError as error:
             self._failed = str(error)
             self._clear_mailboxes()
@@ -533,22 +584,29 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
             self._clear_mailboxes()
             raise
         if self.messages == "posted":  # each worker's task: per step, the values of its outputs
-            per_step = [[v for worker in results for v in worker[k]] for k in range(len(steps))]
+            n = len(self.workers)
+            per_step = [
+                [v for worker in results[t * n : (t + 1) * n] for v in worker[k]]
+                for t, start in enumerate(starts)
+                for k in range(min(per_task, len(batches) - start))
+            ]
         else:
             per_step = [results]
-        for graph, plan in zip(graphs, plans, strict=True):
-            for key, counter in graph.predicted.items():
+        for (predicted, carried), plan in zip(counted, plans, strict=True):
+            for key, counter in predicted.items():
                 total = self.predicted[key]
                 total[0] += counter[0]
                 total[1] += counter[1]
-            for key, nbytes in graph.carried.items():
+            for key, nbytes in carried.items():
                 self.carried[key] += nbytes
             self.stats.record(plan)
+        if len(batches) > 1:  # a one-step call's time is mostly the submission's own
+            self._step_seconds = (time.perf_counter() - began) / len(batches)
         self._step += len(batches)
         self._version += 1
         self.n_steps_ += len(batches)
         self.optimizer_ = optimizer
-        self._prefetched = prefetched
+        self._prefetched = prefetched[0]
         return [
             float(sum(losses)) / ids.shape[0]
             for losses, (ids, _) in zip(per_step, batches, strict=True)
@@ -560,7 +618,12 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
             self._run_on_answering(clear_mailbox, self.workers)
 
     def _steps_per_call(self) -> int:
-        return self.n_steps_per_task
+        """``"posted"``: about :data:`CALL_SECONDS` of steps at the time a step of the last call
+        of two steps or more took, in whole tasks of ``steps_per_task`` steps, at least one
+        and at most :data:`MAX_TASKS_PER_CALL` (one task before any was timed); ``"tasks"``: 1."""
+        if self.messages == "tasks":
+            return 1
+        return self.n_steps_per_task * _tasks_per_call(self.n_steps_per_task, self._step_seconds)
 
     def _held(self, worker: str) -> str:
         """What ``worker`` holds for the model, in words."""

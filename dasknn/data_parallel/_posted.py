@@ -47,8 +47,13 @@ def worker_programs(tasks: dict, outputs: list, n_workers: int) -> list[WorkerPr
 
 
 def step_tasks(
-    token: str, steps: list[int], programs: list[list[WorkerProgram]], postboxes: list[str]
+    token: str,
+    steps: list[int],
+    programs: list[list[WorkerProgram]],
+    postboxes: list[str],
+    after: list | None = None,
 ) -> tuple[dict, list]:
     """Consecutive steps ``steps`` of the model ``token`` as one task per worker
-    (:func:`~dasknn.runtime.posted.program_tasks`), and their keys in worker order."""
-    return program_tasks(_Keys(token), steps, programs, postboxes)
+    (:func:`~dasknn.runtime.posted.program_tasks`; ``after[w]``: the future of worker ``w``'s
+    task of the steps before, which its task waits for), and their keys in worker order."""
+    return program_tasks(_Keys(token), steps, programs, postboxes, after)

@@ -47,7 +47,8 @@ class StepLoop(Checkpointed):
         raise NotImplementedError
 
     def _steps_per_call(self) -> int:
-        """How many consecutive steps :meth:`_fit_loop` hands :meth:`_train_batches` at once."""
+        """How many consecutive steps :meth:`_fit_loop` hands :meth:`_train_batches` at once
+        (asked before each call)."""
         return 1
 
     def _train_batches(self, batches: list, after, optimizer: Optimizer) -> list[float]:
@@ -133,7 +134,6 @@ class StepLoop(Checkpointed):
         position ``state``; a checkpoint goes to ``directory`` every ``every`` batches (its file
         appended to ``saved``)."""
         current = next(orders, None)
-        per_call = self._steps_per_call()
         for epoch in range(epochs):
             following = next(orders, None)
             if epoch < state.epoch:
@@ -147,7 +147,7 @@ class StepLoop(Checkpointed):
             )
             while state.epoch == epoch:
                 begin = state.batch
-                stop = min(begin + per_call, len(current))
+                stop = min(begin + self._steps_per_call(), len(current))
                 if directory is not None:
                     stop = min(stop, begin + every - state.batches_done % every)
                 group = current[begin:stop]

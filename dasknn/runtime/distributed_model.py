@@ -484,12 +484,35 @@ class DistributedModel:
         :meth:`_watched` does over the model's workers; after the time the
         :class:`StepTimeoutError` names the workers of the unfinished outputs. The futures are
         released before this returns or raises (an error's traceback holds this frame)."""
+        return self._gather_graphs(
+            [lambda _: (tasks, outputs)], what, placement, priority, seconds, outcome
+        )
+
+    def _gather_graphs(
+        self, graphs: Iterable[Callable], what: str, placement=None, priority=None,
+        seconds: float | None = None, outcome: str | None = None,
+    ) -> list:  # fmt: skip
+        """:meth:`_gather_graph` of several graphs submitted one after the other without
+        waiting between them: ``graphs`` yields functions of the previous graph's output futures
+        (``None`` for the first) that return the next ``(tasks, outputs)``, each called once the
+        one before was submitted (so the client makes a graph while the workers run the ones
+        before). Returns the outputs of every graph, in order."""
         placement = placement or self._placement
         annotations = {"workers": placement, "allow_other_workers": False}
         if priority is not None:
             annotations["priority"] = priority
-        with dask.annotate(**annotations):
-            futures = self.client.get(tasks, outputs, sync=False)
+        futures: list = []
+        try:
+            previous = None
+            for make in graphs:
+                tasks, outputs = make(previous)
+                with dask.annotate(**annotations):
+                    previous = self.client.get(tasks, outputs, sync=False)
+                futures += previous
+        except BaseException:
+            for future in futures:
+                future.release()
+            raise
         workers = list(self._worker_roles() or ())
         try:
             gathering = self.client.gather(futures, asynchronous=True)

@@ -249,27 +249,38 @@ def _topological(tasks: dict) -> list:
 
 
 def program_tasks(
-    keys: ProgramKeys, steps: list[int], programs: list[list[WorkerProgram]], postboxes: list
+    keys: ProgramKeys,
+    steps: list[int],
+    programs: list[list[WorkerProgram]],
+    postboxes: list,
+    after: list[TaskRef] | None = None,
 ) -> tuple[dict, list]:
     """Consecutive steps ``steps`` as ``{key: Task}`` of one :func:`run_programs` task per
     worker (``keys.run(steps[0], worker)``), and their keys in worker order. ``programs[k]``
     are the programs of step ``steps[k]`` (one per worker); ``postboxes[w]`` is the key of
-    worker ``w``'s postbox actor."""
+    worker ``w``'s postbox actor. ``after[w]``, if given, is the task (a key of this graph or
+    a future of an earlier submission) that worker ``w``'s task waits for: its task of the
+    steps before, submitted without waiting for it to finish."""
     boxes = List(*(TaskRef(key) for key in postboxes))
     tasks = {}
     for worker in range(len(programs[0])):
         key = keys.run(steps[0], worker)
         mine = [step_programs[worker] for step_programs in programs]
-        tasks[key] = Task(key, run_programs, keys, list(steps), mine, boxes)
+        before = () if after is None else (after[worker],)
+        tasks[key] = Task(key, run_programs, keys, list(steps), mine, boxes, *before)
     return tasks, list(tasks)
 
 
-def run_programs(keys: ProgramKeys, steps: list[int], programs: list, postboxes: list) -> list:
+def run_programs(
+    keys: ProgramKeys, steps: list[int], programs: list, postboxes: list, *_after
+) -> list:
     """Task: run ``programs[k]`` (step ``steps[k]``) on its worker, one step after the other
     (see the module docstring); returns, per step, the values of its program's outputs.
-    ``postboxes[w]`` is worker ``w``'s postbox. The posts of the task before are waited for
-    first; the posts of these steps are left for the next task to wait for. A program that
-    fails posts its error to every other worker (under their ``failed`` key of the step)."""
+    ``postboxes[w]`` is worker ``w``'s postbox; ``_after``: the worker's task of the steps
+    before, when it was submitted without waiting for it. The posts of the task before are
+    waited for first; the posts of these steps are left for the next task to wait for. A
+    program that fails posts its error to every other worker (under their ``failed`` key of
+    the step)."""
     state = keys.state()
     earlier = state.posts
     results = []
