@@ -26,7 +26,8 @@ median; ``--search-repeats`` brute-force passes), and prints both. ``--architect
 subset of the dasknn architectures; ``--messages tasks posted`` runs each of them with a task
 graph per step and with one task per worker and posted messages (``messages=`` of the model;
 the search uses the last one named; ``--steps-per-task K ...`` runs the posted mode once for
-each ``steps_per_task=K`` of the model, labelled ``posted/kK``). ``--reuse-memory`` runs every
+each ``steps_per_task=K`` of the model, labelled ``posted/kK``; ``auto``: the model's default,
+tasks sized by time). ``--reuse-memory`` runs every
 dasknn variant a second time with ``reuse_memory=True`` (labelled ``+reuse``), after all the
 untuned ones on the same cluster (the workers keep the malloc setting until they restart);
 ``--reuse-memory only`` runs the tuned variants alone.
@@ -476,7 +477,13 @@ def main() -> None:
         "--architectures", nargs="+", default=list(ARCHITECTURES), choices=ARCHITECTURES
     )
     parser.add_argument("--messages", nargs="+", default=["tasks"], choices=["tasks", "posted"])
-    parser.add_argument("--steps-per-task", type=int, nargs="+", default=None)
+    parser.add_argument(
+        "--steps-per-task",
+        type=lambda text: None if text == "auto" else int(text),
+        nargs="+",
+        default=None,
+        help="steps_per_task of the posted runs, one run each (auto: the model's default)",
+    )
     parser.add_argument(
         "--reuse-memory",
         nargs="?",
@@ -544,7 +551,10 @@ def main() -> None:
         elif args.steps_per_task is None:
             variants.append((messages, None, False, "/posted"))
         else:
-            variants += [(messages, k, False, f"/posted/k{k}") for k in args.steps_per_task]
+            variants += [
+                (messages, k, False, f"/posted/k{'auto' if k is None else k}")
+                for k in args.steps_per_task
+            ]
     if args.reuse_memory:
         tuned = [(m, k, True, f"{suffix}+reuse") for m, k, _, suffix in variants]
         variants = tuned if args.reuse_memory == "only" else variants + tuned
