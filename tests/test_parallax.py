@@ -516,6 +516,7 @@ def test_calls_are_sized_by_the_time_a_step_took():
     assert _model._tasks_per_call(20, 0.0) == _model.MAX_TASKS_PER_CALL == 10
 
 
+@pytest.mark.minversions
 def test_tasks_of_one_call_wait_for_their_workers_task_before():
     """The run task of each worker in a call's later task depends on that worker's task before
     (a key of an earlier submission), and on nothing else of it."""
@@ -529,6 +530,7 @@ def test_tasks_of_one_call_wait_for_their_workers_task_before():
     assert all(task.dependencies == {"box0", "box1", "box2"} for task in alone.values())
 
 
+@pytest.mark.minversions  # a future of an earlier submission as a task's dependency
 @pytest.mark.parametrize("seconds,calls", [(1e9, 2), (1e-9, 4)])
 def test_fit_submits_the_tasks_of_a_call_one_behind_the_other(client4, monkeypatch, seconds, calls):
     """``fit`` hands the model one task of steps first, then about ``CALL_SECONDS`` of steps
