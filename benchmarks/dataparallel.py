@@ -26,8 +26,8 @@ median; ``--search-repeats`` brute-force passes), and prints both. ``--architect
 subset of the dasknn architectures; ``--messages tasks posted`` runs each of them with a task
 graph per step and with one task per worker and posted messages (``messages=`` of the model;
 the search uses the last one named; ``--steps-per-task K ...`` runs the posted mode once for
-each ``steps_per_task=K`` of the model, labelled ``posted/kK``; ``auto``: the model's default,
-tasks sized by time). ``--reuse-memory`` runs every
+each ``steps_per_task=K`` of the model, labelled ``posted/kK``; ``auto``: the model's
+default). ``--reuse-memory`` runs every
 dasknn variant a second time with ``reuse_memory=True`` (labelled ``+reuse``), after all the
 untuned ones on the same cluster (the workers keep the malloc setting until they restart);
 ``--reuse-memory only`` runs the tuned variants alone.

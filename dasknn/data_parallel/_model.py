@@ -555,18 +555,18 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
 
         per_task = self.n_steps_per_task
         starts = range(0, len(batches), per_task)
-        boxes = [box.key for box in self._postboxes]
+        boxes = [box.key for box in self._postboxes] if self.messages == "posted" else []
 
         def submission(start: int):
             def make(before):
-                steps = range(start, min(start + per_task, len(batches)))
                 if self.messages == "tasks":
                     graph = graph_of(start)
                     return graph.tasks, graph.outputs
-                programs = []
-                for k in steps:
-                    graph = graph_of(k)
-                    programs.append(worker_programs(graph.tasks, graph.outputs, len(self.workers)))
+                steps = range(start, min(start + per_task, len(batches)))
+                programs = [
+                    worker_programs(graph.tasks, graph.outputs, len(self.workers))
+                    for graph in map(graph_of, steps)
+                ]
                 numbers = [self._step + 1 + k for k in steps]
                 return step_tasks(self.token, numbers, programs, boxes, before)
 
@@ -584,12 +584,10 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
             self._clear_mailboxes()
             raise
         if self.messages == "posted":  # each worker's task: per step, the values of its outputs
-            n = len(self.workers)
-            per_step = [
-                [v for worker in results[t * n : (t + 1) * n] for v in worker[k]]
-                for t, start in enumerate(starts)
-                for k in range(min(per_task, len(batches) - start))
-            ]
+            n, per_step = len(self.workers), []
+            for first in range(0, len(results), n):  # the tasks of one submission
+                steps = zip(*results[first : first + n], strict=True)
+                per_step += [[v for values in step for v in values] for step in steps]
         else:
             per_step = [results]
         for (predicted, carried), plan in zip(counted, plans, strict=True):
