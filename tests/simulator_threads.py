@@ -71,17 +71,16 @@ def atomic_shared_arrays() -> None:
 
 
 @contextmanager
-def simulator_switch_interval() -> Iterator[None]:
-    """Under the CUDA simulator, switch threads every ``SIMULATOR_SWITCH_INTERVAL`` seconds in
-    this process for the block, the interval in place before set back when it ends, and shared
-    arrays made atomically (:func:`atomic_shared_arrays`, kept). Elsewhere the block runs
-    unchanged."""
+def simulator_switch_interval(seconds: float = SIMULATOR_SWITCH_INTERVAL) -> Iterator[None]:
+    """Under the CUDA simulator, switch threads every ``seconds`` in this process for the block,
+    the interval in place before set back when it ends, and shared arrays made atomically
+    (:func:`atomic_shared_arrays`, kept). Elsewhere the block runs unchanged."""
     if not config.ENABLE_CUDASIM:
         yield
         return
     atomic_shared_arrays()
     previous = sys.getswitchinterval()
-    sys.setswitchinterval(SIMULATOR_SWITCH_INTERVAL)
+    sys.setswitchinterval(seconds)
     try:
         yield
     finally:
