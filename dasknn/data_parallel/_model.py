@@ -507,11 +507,11 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         that of ``after`` (the ``(ids, labels)`` of the step after it) if given (``hybrid``,
         ``ps``; ``None`` otherwise)."""
         plans = [self._plan(ids, y, self.n_steps_ + k) for k, (ids, y) in enumerate(batches)]
+        if self.architecture not in ("hybrid", "ps"):
+            return plans, [None] * len(plans)
         following = plans[1:] + [None]
         if after is not None:
             following[-1] = self._plan(*after, self.n_steps_ + len(batches))
-        if self.architecture not in ("hybrid", "ps"):
-            following = [None] * len(plans)
         return plans, following
 
     def _step_graph(
@@ -543,13 +543,12 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         began = time.perf_counter()
         plans, following = self._step_plans(batches, after)
         counted: list[tuple[dict, dict]] = []  # (predicted, carried) of each step made
-        prefetched = [self._prefetched]
 
         def graph_of(k: int):
+            prefetched = following[k - 1] if k else self._prefetched
             graph = self._step_graph(
-                k, plans[k], following[k], prefetched[0], optimizer, batches[k][0].shape[0]
+                k, plans[k], following[k], prefetched, optimizer, batches[k][0].shape[0]
             )
-            prefetched[0] = following[k]
             counted.append((graph.predicted, graph.carried))
             return graph
 
@@ -604,7 +603,7 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
         self._version += 1
         self.n_steps_ += len(batches)
         self.optimizer_ = optimizer
-        self._prefetched = prefetched[0]
+        self._prefetched = following[-1]
         return [
             float(sum(losses)) / ids.shape[0]
             for losses, (ids, _) in zip(per_step, batches, strict=True)
