@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import threading
-import time
+
+from polling import poll
 
 
 def when_checkpoint(directory, batches: int, action) -> threading.Thread:
     """Run ``action()`` in a thread once ``directory`` holds a checkpoint of ``batches`` or more
     batches (training then is in full swing), polling for at most a minute."""
 
+    def saved() -> bool:
+        names = [p.name for p in directory.iterdir()] if directory.exists() else []
+        return any(name >= f"checkpoint-{batches:09d}" for name in names)
+
     def watch():
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            names = [p.name for p in directory.iterdir()] if directory.exists() else []
-            if any(name >= f"checkpoint-{batches:09d}" for name in names):
-                action()
-                return
-            time.sleep(0.005)
+        if poll(saved, 60, interval=0.005):
+            action()
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()

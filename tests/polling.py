@@ -10,18 +10,24 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
+def poll(predicate: Callable[[], T], timeout: float, interval: float = 0.05) -> T:
+    """Call ``predicate()`` every ``interval`` seconds until it returns a true value or
+    ``timeout`` seconds pass, and return its last value (false when the time ran out)."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()) and time.monotonic() < deadline:
+        time.sleep(interval)
+    return value
+
+
 def wait_until(predicate: Callable[[], T], timeout: float, what: str | Callable[[], str],
                interval: float = 0.05) -> T:
-    """Call ``predicate()`` every ``interval`` seconds until it returns a true value, and return
-    that value; fail (AssertionError with ``what``, or ``what()`` when it is callable, and the
-    last value) when ``timeout`` seconds pass first. The deadline is a hang guard: pass a
-    generous one."""
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        if time.monotonic() >= deadline:
-            said = what() if callable(what) else what
-            raise AssertionError(f"{said} (not within {timeout:g} s; last: {value!r})")
-        time.sleep(interval)
+    """:func:`poll` ``predicate`` and return its true value; fail (AssertionError with ``what``,
+    or ``what()`` when it is callable, and the last value) when ``timeout`` seconds pass first.
+    The deadline is a hang guard: pass a generous one."""
+    value = poll(predicate, timeout, interval)
+    if not value:
+        said = what() if callable(what) else what
+        raise AssertionError(f"{said} (not within {timeout:g} s; last: {value!r})")
     return value
 
 

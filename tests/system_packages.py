@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from polling import poll
 
 # Seconds each apt-get call took in this test run, for the report printed at the end of the run.
 INSTALL_SECONDS: dict[str, float] = {}
@@ -152,13 +153,14 @@ class OneNodeSlurm:
         return done.returncode == 0 and done.stdout.strip() in ("idle", "mix", "alloc")
 
     def _wait(self, ready, name: str, log: Path, seconds: float = 30.0) -> None:
-        deadline = time.monotonic() + seconds
-        while not ready():
-            dead = [p.args[0] for p in self._daemons if p.poll() is not None]
-            if dead or time.monotonic() > deadline:
-                tail = log.read_text()[-400:] if log.exists() else ""
-                raise RuntimeError(f"{name} did not start ({dead or 'timeout'}): {tail}")
-            time.sleep(0.1)
+
+        def dead() -> list:
+            return [p.args[0] for p in self._daemons if p.poll() is not None]
+
+        outcome = poll(lambda: ready() or dead(), seconds, interval=0.1)  # True, the dead, []
+        if outcome is not True:
+            tail = log.read_text()[-400:] if log.exists() else ""
+            raise RuntimeError(f"{name} did not start ({outcome or 'timeout'}): {tail}")
 
     def stop(self) -> None:
         subprocess.run(["scancel", "--user=root"], env=self.env, capture_output=True)

@@ -17,7 +17,7 @@ import pytest
 import scipy.sparse as sp
 from challenge_reference import reference_activations, reference_categories
 from distributed import Client, LocalCluster
-from polling import HANG_GUARD
+from polling import HANG_GUARD, wait_until
 from simulator_threads import workers_switch_interval
 from stopped_workers import wait_until_empty
 
@@ -436,17 +436,19 @@ def test_worker_load_past_the_step_timeout_names_the_workers(client, tmp_path):
     nothing_left(client)
 
 
+def _no_reader(fifo) -> bool:
+    """Open ``fifo`` for writing and close it (a read under way then ends, the file empty);
+    whether no worker had it open for reading."""
+    try:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:  # ENXIO: no reader left
+        return True
+    return False
+
+
 def _end_reads(fifo) -> None:
-    """Open ``fifo`` for writing and close it until no worker has it open for reading (each read
-    then ends, the file empty)."""
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-        except OSError:  # ENXIO: no reader left
-            return
-        assert time.monotonic() < deadline, "the workers' reads of the FIFO did not end"
-        time.sleep(0.05)
+    """End the workers' reads of ``fifo`` until none has it open for reading."""
+    wait_until(lambda: _no_reader(fifo), 10, "the workers' reads of the FIFO did not end")
 
 
 def test_workers_that_loaded_different_networks_are_named():

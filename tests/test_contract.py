@@ -36,7 +36,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from distributed import Client, LocalCluster, wait
-from polling import wait_until
+from polling import poll, wait_until
 from random_layers import random_layers
 from retirement import pausing_cluster
 
@@ -464,9 +464,7 @@ def test_an_interrupted_fit_leaves_a_model_that_refuses_further_use(case, client
         raised, unheard = threading.Event(), threading.Event()
 
         def interrupt() -> None:  # Ctrl-C once two steps are done
-            deadline = time.monotonic() + 60
-            while dist.n_steps_ < 2 and time.monotonic() < deadline:
-                time.sleep(0.01)
+            poll(lambda: dist.n_steps_ >= 2, 60, interval=0.01)
             # Python drops an interrupt that lands where exceptions are ignored (a finalizer or
             # a gc callback), as it drops a user's Ctrl-C there: press again once the fit has
             # gone on by two steps; after three presses unheard, the next epoch's end raises it

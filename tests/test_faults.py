@@ -21,7 +21,7 @@ from checkpoint_watch import when_checkpoint
 from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 from model_reference import DenseReference
-from polling import HANG_GUARD, wait_until
+from polling import HANG_GUARD, poll, wait_until
 from random_layers import random_layers
 from retirement import pausing_cluster, retire_after_steps
 from stopped_workers import stopped, wait_until_empty
@@ -431,13 +431,9 @@ def test_cli_reports_a_lost_worker_in_one_line(cluster):
     pids = _pids(client)
 
     def kill_once_training():
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            # placed and training (the command runs 3,000 steps): its parts began step 3
-            if min(client.run(_latest_step).values()) >= 3:
-                os.kill(max(pids.items())[1], signal.SIGKILL)
-                return
-            time.sleep(0.05)
+        # placed and training (the command runs 3,000 steps): its parts began step 3
+        if poll(lambda: min(client.run(_latest_step).values()) >= 3, 60):
+            os.kill(max(pids.items())[1], signal.SIGKILL)
 
     killer = threading.Thread(target=kill_once_training, daemon=True)
     killer.start()

@@ -13,7 +13,7 @@ import dask
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster
-from polling import HANG_GUARD
+from polling import HANG_GUARD, poll
 from stopped_workers import keys_on_scheduler, keys_on_workers, stopped, wait_until_empty
 
 from dasknn.exceptions import WorkerLostError
@@ -110,12 +110,8 @@ def _holders(prefix: str, dask_scheduler=None) -> list[str]:
 def _holder_within(client, seconds: float) -> str | None:
     """The worker holding the one value of the kind ``ndarray-`` once the scheduler knows it
     (None if it does not within ``seconds``)."""
-    deadline = time.monotonic() + seconds
-    while not (holders := client.run_on_scheduler(_holders, "ndarray-")):
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(0.02)
-    return holders[0]
+    holders = poll(lambda: client.run_on_scheduler(_holders, "ndarray-"), seconds, interval=0.02)
+    return holders[0] if holders else None
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from distributed import Client
 from distributed.diagnostics.plugin import WorkerPlugin
-from polling import HANG_GUARD, wait_until
+from polling import HANG_GUARD, poll, wait_until
 from stopped_workers import stopped, wait_until_empty
 
 from dasknn.exceptions import ModelFailedError, StepTimeoutError, WorkerLostError
@@ -72,12 +72,12 @@ def _pipeline_keys(dask_scheduler) -> list[str]:
 def _keys_left(client, token: str, kept=("postbox",), seconds: float = 30.0) -> list[str]:
     """The kinds of the model's keys the scheduler still holds, other than ``kept``, once none
     is left or after ``seconds``."""
-    deadline = time.monotonic() + seconds
-    while True:
-        left = [k for k in client.run_on_scheduler(_model_keys, token=token) if k not in kept]
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.05)
+
+    def left() -> list[str]:
+        return [k for k in client.run_on_scheduler(_model_keys, token=token) if k not in kept]
+
+    poll(lambda: not left(), seconds)
+    return left()
 
 
 def _lost_message(pipe: DistributedCompressedMLP, stage: int) -> str:
@@ -101,9 +101,7 @@ def test_a_stage_worker_killed_during_fit_is_named(client, messages, stage):
         killed_at = []
 
         def kill_during_training():
-            deadline = time.monotonic() + 30
-            while pipe.n_steps_ < 3 and time.monotonic() < deadline:
-                time.sleep(0.001)
+            poll(lambda: pipe.n_steps_ >= 3, 30, interval=0.001)
             killed_at.append(time.monotonic())
             os.kill(pids[victim], signal.SIGKILL)
 
@@ -329,15 +327,15 @@ def _signal_once_training(client, sent_signal) -> tuple[threading.Thread, list]:
     pids = client.run(os.getpid)
     sent: list = []
 
+    def training() -> dict | None:
+        steps = client.run(_recorded_step)
+        return steps if len(steps) == 2 and min(steps.values()) >= 3 else None
+
     def send_once_training() -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            steps = client.run(_recorded_step)
-            if len(steps) == 2 and min(steps.values()) >= 3:
-                os.kill(pids[max(steps)], sent_signal)
-                sent.append((max(steps), time.monotonic(), pids[max(steps)]))
-                return
-            time.sleep(0.05)
+        steps = poll(training, 60)
+        if steps:
+            os.kill(pids[max(steps)], sent_signal)
+            sent.append((max(steps), time.monotonic(), pids[max(steps)]))
 
     thread = threading.Thread(target=send_once_training, daemon=True)
     thread.start()
