@@ -7,7 +7,13 @@ import pytest
 import scipy.sparse as sp
 
 from dasknn.datasets import radixnet
-from dasknn.model_parallel._plan import build_comm_plan, normalize_partition, reorder
+from dasknn.model_parallel._plan import (
+    build_comm_plan,
+    iter_layers,
+    normalize_partition,
+    renumbering,
+    reorder,
+)
 
 
 def _network(seed=0):
@@ -70,6 +76,33 @@ def test_chunks_and_messages_rebuild_the_layer():
             )
             columns = plan.orders[k][plan.offsets[k][m] : plan.offsets[k][m + 1]]
             np.testing.assert_allclose(compact.T @ x_in.T, full[:, columns].T, atol=1e-12)
+
+
+def test_layers_are_renumbered_one_at_a_time_when_asked_for():
+    weights = _network(3)
+    parts = [np.arange(n) % 3 for n in [40, 32, 48, 24]]
+    plan, chunks = build_comm_plan(weights, parts, 3)
+    orders, offsets = renumbering(weights, parts, 3)
+    taken = []
+
+    def drawn():
+        for weight in weights:
+            taken.append(weight)
+            yield weight
+
+    layers = iter_layers(drawn(), orders, offsets)
+    for k in range(1, len(weights) + 1):
+        layer_plans, layer_chunks = next(layers)
+        assert len(taken) == k
+        for made, expected in zip(layer_plans, plan.layers[k - 1], strict=True):
+            for name in ("indptr", "groups", "own"):
+                np.testing.assert_array_equal(getattr(made, name), getattr(expected, name))
+            assert made.send.keys() == expected.send.keys()
+            for n, rows in made.send.items():
+                np.testing.assert_array_equal(rows, expected.send[n])
+        for chunk, expected in zip(layer_chunks, chunks[k - 1], strict=True):
+            assert (chunk != expected).nnz == 0
+    assert next(layers, None) is None
 
 
 def test_reorder_makes_parts_contiguous():

@@ -14,6 +14,9 @@ from stopped_workers import wait_until_empty
 from dasknn.exceptions import ModelClosedError
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
+from dasknn.model_parallel import _layout as layout_module
+from dasknn.model_parallel import _model as model_module
+from dasknn.model_parallel._worker_state import ModelState
 from dasknn.optim import SGD, Adam
 from dasknn.runtime.key_cache import key_cache_plugin_name
 from dasknn.runtime.measure import read_transfers
@@ -73,6 +76,38 @@ def test_weights_are_snapshots_of_the_last_completed_step(dask_client):
 
 def _spilled_keys(dask_worker) -> list[str]:
     return [str(key) for key in dask_worker.data.slow]
+
+
+def _installed_layers(dask_worker) -> int:
+    """Chunks installed on this worker by every model's plugin."""
+    return sum(len(p.layers) for p in dask_worker.plugins.values() if isinstance(p, ModelState))
+
+
+@pytest.mark.parametrize("budget", [1, None])
+def test_the_placement_hands_layers_over_as_the_budget_fills(dask_client, monkeypatch, budget):
+    model = _model()
+    held = []  # chunks on the workers when each layer is made
+
+    def counting(weights, orders, offsets):
+        for layer in layer_iterator(weights, orders, offsets):
+            held.append(sum(dask_client.run(_installed_layers).values()))
+            yield layer
+
+    layer_iterator = model_module.iter_layers
+    monkeypatch.setattr(model_module, "iter_layers", counting)
+    if budget is not None:
+        monkeypatch.setattr(layout_module, "PLACEMENT_BYTES", budget)
+    dist = DistributedSparseMLP(model, dask_client, partition=_parts(model, 3))
+    try:
+        assert sum(dask_client.run(_installed_layers).values()) == 3 * model.n_layers
+        if budget is None:  # the whole small network fits the default budget: one hand-over
+            assert held == [0] * model.n_layers
+        else:  # every layer is handed over before the next is made
+            assert held == [3 * k for k in range(model.n_layers)]
+        x = _batch(model, 7, 1)[0]
+        np.testing.assert_allclose(dist.predict(x), model.predict(x), rtol=1e-5, atol=1e-6)
+    finally:
+        dist.close()
 
 
 @pytest.mark.slow

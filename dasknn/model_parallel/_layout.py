@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import dask.array as da
@@ -12,8 +12,8 @@ import scipy.sparse as sp
 import sparse
 from distributed import wait
 
-from dasknn.model_parallel._plan import CommPlan, renumbered_chunks
-from dasknn.model_parallel._worker_state import ModelState, gcxs, snapshot_bias, snapshot_weight
+from dasknn.model_parallel._plan import CommPlan, LayerPartPlan, renumbered_chunks
+from dasknn.model_parallel._worker_state import ModelState, snapshot_bias, snapshot_weight
 from dasknn.runtime.faults import POLL_SECONDS, run_watching_part_workers
 from dasknn.runtime.model_plugin import call_plugin
 from dasknn.runtime.model_span import held_in_span
@@ -21,8 +21,8 @@ from dasknn.runtime.scatter import scatter_released_if_given_up
 from dasknn.runtime.waiting import run_watching
 
 __all__ = [
-    "PLACING", "Layout", "Snapshot", "chunk_entries", "gather_network", "place_network",
-    "scatter_pinned", "snapshot_network", "worker_of_parts",
+    "PLACEMENT_BYTES", "PLACING", "Layout", "Snapshot", "chunk_entries", "gather_network",
+    "place_network", "scatter_pinned", "snapshot_network", "worker_of_parts",
 ]
 
 #: What is being done while a network is placed, for the error naming a lost part worker.
@@ -96,52 +96,76 @@ class Snapshot:
     biases: list[da.Array]
 
 
+#: Bytes of chunk values, indices and biases the client holds for the workers before it hands
+#: them over (a layer at least): placing a network larger than this holds this much of it.
+PLACEMENT_BYTES = 16 * 2**20
+
+
 def place_network(
-    client, token: str, plan: CommPlan, chunks: list[list[sp.csr_matrix]],
+    client, token: str, plan: CommPlan,
+    layers: Iterable[tuple[list[LayerPartPlan], list[sp.csr_matrix]]],
     biases: Sequence[np.ndarray], part_workers: list[str], dtype: np.dtype,
     states: dict | None = None, generation: int = 0, timeout: float | None = None,
     span: dict | None = None,
 ) -> Layout:  # fmt: skip
-    """Hand the renumbered ``chunks`` (of :func:`~dasknn.model_parallel._plan.build_comm_plan`)
-    and the ``biases`` (original neuron order) to the plugin of the model ``token`` on their
-    workers (``part_workers``, :func:`worker_of_parts`) as ``dtype`` values, with the optimizer
-    ``states`` ``{(k, m): (optimizer, weight state, bias state)}`` given; scatter the plans.
+    """Hand every layer's part plans and renumbered chunks (as
+    :func:`~dasknn.model_parallel._plan.iter_layers` gives them, for ``plan``'s renumbering) and
+    the ``biases`` (original neuron order) to the plugin of the model ``token`` on their workers
+    (``part_workers``, :func:`worker_of_parts`) as ``dtype`` values, with the optimizer ``states``
+    ``{(k, m): (optimizer, weight state, bias state)}`` given; scatter the plans.
 
+    The chunks are handed over as they come, whenever :data:`PLACEMENT_BYTES` of them are
+    waiting, so the client holds about that much of the network beside the layer being made.
     ``generation`` numbers the placement (part of the plans' keys, so no key is reused); with a
     ``span`` (the model's), the plans are held by tasks of that span, named in ``plan_keys``.
     ``TimeoutError`` unless the workers accept everything within ``timeout`` seconds;
     :class:`~dasknn.exceptions.WorkerLostError` as soon as a part worker leaves.
     """
     plans: dict = {}
-    values: dict = {}  # worker -> {(k, m): (chunk, bias)}
+    waiting: dict = {}  # worker -> {(k, m): (chunk, bias)}
+    waiting_bytes = 0
     plan_keys, shapes = [], []
-    for k, layer_chunks in enumerate(chunks, start=1):
+    states = states or {}
+    left = _clock(timeout)
+    for k, (layer_plans, layer_chunks) in enumerate(layers, start=1):
         plan_name = f"dasknn-plan-{token}-{k}-g{generation}"
         bias = np.asarray(biases[k - 1], dtype=dtype)[plan.orders[k]]
         offsets = plan.offsets[k]
         for m, chunk in enumerate(layer_chunks):
-            chunk = sp.csr_matrix(chunk, dtype=dtype, copy=True)
+            chunk = chunk.astype(dtype, copy=False)
             bias_m = np.array(bias[offsets[m] : offsets[m + 1]], dtype=dtype)
-            part = gcxs(chunk.data, chunk.indices, chunk.indptr, chunk.shape)
-            values.setdefault(part_workers[m], {})[(k, m)] = (part, bias_m)
-            plans[(plan_name, m)] = plan.layers[k - 1][m]
+            waiting.setdefault(part_workers[m], {})[(k, m)] = (chunk, bias_m)
+            waiting_bytes += chunk.data.nbytes + chunk.indices.nbytes + chunk.indptr.nbytes
+            plans[(plan_name, m)] = layer_plans[m]
+        del layer_chunks, chunk
         plan_keys.append([(plan_name, m) for m in range(plan.nparts)])
         shapes.append((int(plan.offsets[k - 1][-1]), tuple(int(c) for c in plan.part_sizes(k))))
-    states = states or {}
-    left = _clock(timeout)
-    for address, chunks_here in values.items():
-        states_here = {key: states[key] for key in chunks_here if key in states}
-        installing = client.run(
-            call_plugin, ModelState.plugin_name(token), "install", chunks_here, states_here,
-            workers=[address], asynchronous=True,
-        )  # fmt: skip
-        run_watching_part_workers(client, installing, part_workers, left(), PLACING)
+        if waiting_bytes >= PLACEMENT_BYTES:
+            _install(client, token, waiting, states, part_workers, left())
+            waiting_bytes = 0
+    _install(client, token, waiting, states, part_workers, left())
     futures = scatter_pinned(client, plans, part_workers, lambda key: key[-1], left(), PLACING)
     if span is not None:
         workers = {key: part_workers[key[-1]] for key in futures}
         futures = held_in_span(client, futures, workers, span)
         plan_keys = [[futures[key].key for key in layer] for layer in plan_keys]
     return Layout(token, list(part_workers), shapes, np.dtype(dtype), plan_keys, futures)
+
+
+def _install(
+    client, token: str, waiting: dict, states: dict, part_workers: list[str], timeout: float
+) -> None:
+    """Install the ``waiting`` chunks ``{worker: {(k, m): (csr chunk, bias)}}`` (with their
+    ``states``) on their workers within ``timeout`` seconds, then forget them."""
+    deadline = _clock(timeout)
+    for address, chunks_here in waiting.items():
+        states_here = {key: states[key] for key in chunks_here if key in states}
+        installing = client.run(
+            call_plugin, ModelState.plugin_name(token), "install", chunks_here, states_here,
+            workers=[address], asynchronous=True,
+        )  # fmt: skip
+        run_watching_part_workers(client, installing, part_workers, deadline(), PLACING)
+    waiting.clear()
 
 
 def chunk_entries(pattern, plan: CommPlan) -> list[list[np.ndarray]]:

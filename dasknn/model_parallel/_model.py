@@ -31,7 +31,13 @@ from dasknn.model_parallel._layout import (
     worker_of_parts,
 )
 from dasknn.model_parallel._microbatches import auto_microbatches, check_microbatches, split_rows
-from dasknn.model_parallel._plan import build_comm_plan, normalize_partition
+from dasknn.model_parallel._plan import (
+    CommPlan,
+    LayerPartPlan,
+    iter_layers,
+    normalize_partition,
+    renumbering,
+)
 from dasknn.model_parallel._steps import StepContext
 from dasknn.model_parallel._taskgraph import StepPriority, StepTemplate, part_of
 from dasknn.model_parallel._worker_state import ModelState, read_parts
@@ -163,15 +169,16 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
                 self._watch_retirements()
                 self._register(
                     ModelState(self.token),
-                    lambda: self._place(self._chunks, model.biases, reuse_memory),
+                    lambda: self._place(self._layers, model.biases, reuse_memory),
                 )
         finally:
-            self._chunks = None
+            self._layers = None
 
     def _setup(
         self, model: SparseMLP, parts: list | None, nparts: int | None, workers
     ) -> None:
-        """Set the workers, partition, plan and weight chunks (``_chunks``, until placed)."""
+        """Set the workers, partition and renumbering; ``_layers`` makes the layers' chunks for
+        the placement, which completes :attr:`plan` with their part plans as they pass."""
         self._chosen = None if workers is None else list(workers)
         workers = self._use_workers(workers)
         if parts is None:
@@ -190,7 +197,9 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         self._pattern = [(w.shape, w.indptr.copy(), w.indices.copy()) for w in model.weights]
         self._pattern_digest = pattern_digest(self._pattern)
         self._entries: list[list[np.ndarray]] | None = None
-        self.plan, self._chunks = build_comm_plan(model.weights, parts, nparts)
+        orders, offsets = renumbering(model.weights, parts, nparts)
+        self.plan = CommPlan(nparts, orders, offsets, [])
+        self._layers = self._planning(iter_layers(model.weights, orders, offsets))
         self.part_workers = worker_of_parts(workers, nparts)
         self._layout: Layout | None = None
         self._snapshot: Snapshot | None = None
@@ -201,7 +210,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         #: Batches since the last reset by (rows, backward, microbatches), for the comm report.
         self._batches: Counter[tuple[int, bool, int]] = Counter()
         self._placement = KeyPlacement(self.part_workers, part_of)
-        self._priority = StepPriority(self.token, self.plan.n_layers)
+        self._priority = StepPriority(self.token, len(model.weights))
         self._next_check = 0.0  # when a finished step looks next at its workers (monotonic)
         self._training_rows: tuple[np.ndarray, np.ndarray] | None = None  # of the fit call
 
@@ -258,15 +267,25 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
             f"workers={len(set(self.part_workers))}, loss={self.loss.name!r})"
         )
 
-    def _place(self, chunks, biases, reuse_memory: bool) -> None:
+    def _planning(
+        self, layers: Iterator[tuple[list[LayerPartPlan], list]]
+    ) -> Iterator[tuple[list[LayerPartPlan], list]]:
+        """``layers`` (of :func:`iter_layers`), each layer's part plans added to :attr:`plan` as
+        it passes."""
+        for layer_plans, chunks in layers:
+            self.plan.layers.append(layer_plans)
+            yield layer_plans, chunks
+
+    def _place(self, layers, biases, reuse_memory: bool) -> None:
         """Register the memory plugin if ``reuse_memory``, then :meth:`_place_network`."""
         if reuse_memory:
             self._reuse_freed_memory()
-        self._place_network(chunks, biases)
+        self._place_network(layers, biases)
 
-    def _place_network(self, chunks, biases, states: dict | None = None) -> None:
-        """Place ``chunks``, ``biases`` and optimizer ``states`` on the part workers and start
-        the postboxes, within what is left of ``step_timeout``.
+    def _place_network(self, layers, biases, states: dict | None = None) -> None:
+        """Place ``layers`` (part plans and chunks, :func:`iter_layers`), ``biases`` and optimizer
+        ``states`` on the part workers a few layers at a time and start the postboxes, within
+        what is left of ``step_timeout``.
 
         Raises
         ------
@@ -277,7 +296,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         """
         try:
             self._layout = place_network(
-                self.client, self.token, self.plan, chunks, biases, self.part_workers,
+                self.client, self.token, self.plan, layers, biases, self.part_workers,
                 self.dtype, states, self._generation, self._placement_left(), self._span,
             )  # fmt: skip
             # in both modes: they keep Dask from retiring a part worker before _hand_over
@@ -756,10 +775,10 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
             workers = [w for w in self._chosen if w in workers]
         self.part_workers = worker_of_parts(workers, self.nparts)
         self._placement = KeyPlacement(self.part_workers, part_of)
-        _, chunks = build_comm_plan(record.weights, self._parts, self.nparts)
+        layers = iter_layers(record.weights, self.plan.orders, self.plan.offsets)
         self._place_anew(  # the new plugin also refuses tasks of earlier steps
             ModelState(self.token, first_step=self._step + 1),
-            lambda: self._place_network(chunks, record.biases, self._part_states(record)),
+            lambda: self._place_network(layers, record.biases, self._part_states(record)),
         )
         self.optimizer_ = record.optimizer
 

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
 
 __all__ = [
-    "CommPlan", "LayerPartPlan", "boundary", "build_comm_plan", "normalize_partition",
-    "renumbered_chunks", "reorder",
+    "CommPlan", "LayerPartPlan", "boundary", "build_comm_plan", "iter_layers",
+    "normalize_partition", "renumbered_chunks", "renumbering", "reorder",
 ]
 
 
@@ -214,6 +214,29 @@ def _layer_plans(chunks: list[sp.csr_matrix], offsets_in: np.ndarray) -> list[La
     return result
 
 
+def renumbering(
+    weights: Sequence[sp.spmatrix], parts: Sequence[np.ndarray], nparts: int
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """``(orders, offsets)``: :func:`reorder` of every layer ``k = 0 .. L``, the neurons another
+    part needs in the next layer first within each part (:func:`boundary`). One pass over the
+    weights' patterns; nothing of their size is kept."""
+    first = [boundary(w, parts[k], parts[k + 1]) for k, w in enumerate(weights)] + [None]
+    orders, offsets = zip(*(reorder(p, nparts, f) for p, f in zip(parts, first, strict=True)),
+                          strict=True)
+    return list(orders), list(offsets)
+
+
+def iter_layers(
+    weights: Iterable[sp.spmatrix], orders: Sequence[np.ndarray], offsets: Sequence[np.ndarray]
+) -> Iterator[tuple[list[LayerPartPlan], list[sp.csr_matrix]]]:
+    """Per layer ``k = 1 .. L``, in order: every part's :class:`LayerPartPlan` and its renumbered
+    columns of ``W_k`` (sorted indices), made when asked for (``W_k`` is drawn from ``weights``
+    then), so a consumer that lets each layer go holds one layer's chunks at a time."""
+    for k, weight in enumerate(weights, start=1):
+        chunks = renumbered_chunks(weight, orders[k - 1], orders[k], offsets[k])
+        yield _layer_plans(chunks, offsets[k - 1]), chunks
+
+
 def build_comm_plan(
     weights: Sequence[sp.spmatrix], parts: Sequence[np.ndarray], nparts: int
 ) -> tuple[CommPlan, list[list[sp.csr_matrix]]]:
@@ -221,6 +244,8 @@ def build_comm_plan(
 
     Within each part, the neurons another part needs in the next layer come first
     (:func:`boundary`), so that the forward step can finish and send them before the rest.
+    Holds every layer's chunks at once; :func:`renumbering` and :func:`iter_layers` give the
+    same a layer at a time.
 
     Parameters
     ----------
@@ -234,12 +259,9 @@ def build_comm_plan(
     chunks : list of list of scipy.sparse.csr_matrix
         ``chunks[k-1][m]``: part ``m``'s renumbered columns of ``W_k``, sorted indices.
     """
-    first = [boundary(w, parts[k], parts[k + 1]) for k, w in enumerate(weights)] + [None]
-    orders, offsets = zip(*(reorder(p, nparts, f) for p, f in zip(parts, first, strict=True)),
-                          strict=True)
+    orders, offsets = renumbering(weights, parts, nparts)
     layers, chunks = [], []
-    for k, weight in enumerate(weights, start=1):
-        layer_chunks = renumbered_chunks(weight, orders[k - 1], orders[k], offsets[k])
-        layers.append(_layer_plans(layer_chunks, offsets[k - 1]))
+    for layer_plans, layer_chunks in iter_layers(weights, orders, offsets):
+        layers.append(layer_plans)
         chunks.append(layer_chunks)
-    return CommPlan(nparts, list(orders), list(offsets), layers), chunks
+    return CommPlan(nparts, orders, offsets, layers), chunks

@@ -144,7 +144,7 @@ class ModelState(ModelPlugin):
         self.layers.clear()
 
     def install(self, chunks: dict, states: dict | None = None) -> int:
-        """Own copies of ``{(k, m): (GCXS chunk, bias)}`` and of the optimizer states
+        """Own copies of ``{(k, m): (CSR chunk, bias)}`` and of the optimizer states
         ``{(k, m): (optimizer, weight state, bias state)}`` given; returns the count."""
         for (k, m), (chunk, bias) in chunks.items():
             optimizer, weight_state, bias_state = (states or {}).get((k, m), (None, None, None))
