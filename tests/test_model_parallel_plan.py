@@ -7,6 +7,7 @@ import pytest
 import scipy.sparse as sp
 
 from dasknn.datasets import radixnet
+from dasknn.model_parallel._layout import chunk_entries, original_pattern
 from dasknn.model_parallel._plan import (
     build_comm_plan,
     iter_layers,
@@ -103,6 +104,26 @@ def test_layers_are_renumbered_one_at_a_time_when_asked_for():
         for chunk, expected in zip(layer_chunks, chunks[k - 1], strict=True):
             assert (chunk != expected).nnz == 0
     assert next(layers, None) is None
+
+
+def test_the_chunks_patterns_give_the_layer_back_in_the_original_order():
+    weights = _network(4)
+    weights[0].data[:3] = 0.0  # explicit zeros are entries too
+    parts = [np.random.default_rng(5).integers(0, 3, size=n) for n in [40, 32, 48, 24]]
+    plan, chunks = build_comm_plan(weights, parts, 3)
+    for k, weight in enumerate(weights, start=1):
+        layer_chunks = chunks[k - 1]
+        indptr, indices, position = original_pattern(
+            [(c.indptr, c.indices) for c in layer_chunks], plan.orders[k - 1], plan.orders[k],
+            plan.offsets[k],
+        )
+        np.testing.assert_array_equal(indptr, weight.indptr)
+        np.testing.assert_array_equal(indices, weight.indices)
+        values = np.concatenate([c.data for c in layer_chunks])[position]
+        np.testing.assert_array_equal(values, weight.data)
+        entries = chunk_entries(weight, plan, k)
+        for chunk, entry in zip(layer_chunks, entries, strict=True):
+            np.testing.assert_array_equal(weight.data[entry], chunk.data)
 
 
 def test_reorder_makes_parts_contiguous():

@@ -22,7 +22,7 @@ from dasknn.runtime.waiting import run_watching
 
 __all__ = [
     "PLACEMENT_BYTES", "PLACING", "Layout", "Snapshot", "chunk_entries", "gather_network",
-    "place_network", "scatter_pinned", "snapshot_network", "worker_of_parts",
+    "original_pattern", "place_network", "scatter_pinned", "snapshot_network", "worker_of_parts",
 ]
 
 #: What is being done while a network is placed, for the error naming a lost part worker.
@@ -168,19 +168,38 @@ def _install(
     waiting.clear()
 
 
-def chunk_entries(pattern, plan: CommPlan) -> list[list[np.ndarray]]:
-    """``entries[k-1][m][i]``: the index in ``W_k``'s CSR values of part ``m``'s ``i``-th chunk
-    value; ``pattern`` is every layer's ``(shape, indptr, indices)`` in the original neuron order
-    (sorted indices)."""
-    entries = []
-    for k, (shape, indptr, indices) in enumerate(pattern, start=1):
-        # Entry ids (from 1, so none is a zero that scipy could drop) renumbered as the values.
-        ids = sp.csr_matrix(
-            (np.arange(1, len(indices) + 1, dtype=np.float64), indices, indptr), shape=shape
-        )
-        chunks = renumbered_chunks(ids, plan.orders[k - 1], plan.orders[k], plan.offsets[k])
-        entries.append([chunk.data.astype(np.int64) - 1 for chunk in chunks])
-    return entries
+def chunk_entries(weight: sp.csr_matrix, plan: CommPlan, k: int) -> list[np.ndarray]:
+    """``entries[m][i]``: the index in the CSR values of ``weight`` (layer ``k``, original neuron
+    order, sorted indices) of part ``m``'s ``i``-th chunk value."""
+    # Entry ids (from 1, so none is a zero that scipy could drop) renumbered as the values.
+    ids = sp.csr_matrix(
+        (np.arange(1, weight.nnz + 1, dtype=np.float64), weight.indices, weight.indptr),
+        shape=weight.shape,
+    )
+    chunks = renumbered_chunks(ids, plan.orders[k - 1], plan.orders[k], plan.offsets[k])
+    return [chunk.data.astype(np.int64) - 1 for chunk in chunks]
+
+
+def original_pattern(
+    chunks: Sequence[tuple[np.ndarray, np.ndarray]], order_in: np.ndarray, order_out: np.ndarray,
+    offsets_out: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """A layer's CSR pattern in the original neuron order from its parts' chunks.
+
+    ``chunks[m]`` is the ``(indptr, indices)`` of part ``m``'s chunk (rows renumbered by
+    ``order_in``, columns ``offsets_out[m]:offsets_out[m+1]`` of those renumbered by
+    ``order_out``). Returns ``(indptr, indices, position)``, sorted indices, where
+    ``position[i]`` is the place of the layer's ``i``-th entry in the chunks' values laid end to
+    end. One sort of the ``nnz`` entries; a few arrays of ``nnz`` integers."""
+    rows, columns = [], []
+    for m, (indptr, indices) in enumerate(chunks):
+        rows.append(order_in[np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))])
+        columns.append(order_out[offsets_out[m] + np.asarray(indices, dtype=np.int64)])
+    row, column = np.concatenate(rows), np.concatenate(columns)
+    position = np.argsort(row * len(order_out) + column)  # no two entries share a key
+    indptr = np.zeros(len(order_in) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(row, minlength=len(order_in)), out=indptr[1:])
+    return indptr, column[position], position
 
 
 def snapshot_network(client, layout: Layout, version: int) -> Snapshot:

@@ -25,6 +25,7 @@ from dasknn.model_parallel._layout import (
     Snapshot,
     chunk_entries,
     gather_network,
+    original_pattern,
     place_network,
     scatter_pinned,
     snapshot_network,
@@ -194,9 +195,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         #: The Dask span of every training task (see :mod:`dasknn.runtime.model_span`).
         self._span = new_span(f"dasknn-{self.token}")
         self._parts = parts
-        self._pattern = [(w.shape, w.indptr.copy(), w.indices.copy()) for w in model.weights]
-        self._pattern_digest = pattern_digest(self._pattern)
-        self._entries: list[list[np.ndarray]] | None = None
+        self._pattern_digest = pattern_digest(model.weights)
         orders, offsets = renumbering(model.weights, parts, nparts)
         self.plan = CommPlan(nparts, orders, offsets, [])
         self._layers = self._planning(iter_layers(model.weights, orders, offsets))
@@ -690,12 +689,6 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
             "dtype": self.dtype.name,
         }
 
-    def _chunk_entries(self) -> list[list[np.ndarray]]:
-        """Per layer and part, the chunk's positions in the layer's CSR values (cached)."""
-        if self._entries is None:
-            self._entries = chunk_entries(self._pattern, self.plan)
-        return self._entries
-
     def _record(self) -> ModelRecord:
         """The parameters, optimizer state and partition from the workers, in original order,
         read within ``step_timeout``; a part worker that left the cluster (also before the read)
@@ -709,25 +702,30 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         for parts in held.values():
             owned.update(parts)
         weights, biases, states = [], [], []
-        optimizer = owned[(1, 0)][2]
-        for k, (shape, indptr, indices) in enumerate(self._pattern, start=1):
-            entries = self._chunk_entries()[k - 1]
+        optimizer = owned[(1, 0)].optimizer
+        for k in range(1, self.n_layers + 1):
+            read = [owned[(k, m)] for m in range(self.nparts)]
             order, offsets = self.plan.orders[k], self.plan.offsets[k]
-            values = np.empty(len(indices), dtype=self.dtype)
-            bias = np.empty(shape[1], dtype=self.dtype)
-            w_state = optimizer.init_state(values) if optimizer else ParamState()
-            b_state = optimizer.init_state(bias) if optimizer else ParamState()
-            for m in range(self.nparts):
-                part_values, part_bias, _, part_w_state, part_b_state = owned[(k, m)]
-                columns = order[offsets[m] : offsets[m + 1]]
-                values[entries[m]] = part_values
-                bias[columns] = part_bias
-                if optimizer is not None:
-                    w_state.step, b_state.step = part_w_state.step, part_b_state.step
-                    for name, array in part_w_state.arrays.items():
-                        w_state.arrays[name][entries[m]] = array
-                    for name, array in part_b_state.arrays.items():
-                        b_state.arrays[name][columns] = array
+            indptr, indices, position = original_pattern(
+                [(part.indptr, part.indices) for part in read], self.plan.orders[k - 1], order,
+                offsets,
+            )  # fmt: skip
+            values = np.concatenate([part.values for part in read])[position]
+            bias = np.empty(self.layer_sizes[k], dtype=self.dtype)
+            for m, part in enumerate(read):
+                bias[order[offsets[m] : offsets[m + 1]]] = part.bias
+            w_state, b_state = ParamState(), ParamState()
+            if optimizer is not None:
+                w_state = ParamState(read[0].weight_state.step, {
+                    name: np.concatenate([p.weight_state.arrays[name] for p in read])[position]
+                    for name in read[0].weight_state.arrays
+                })  # fmt: skip
+                b_state = optimizer.init_state(bias)
+                b_state.step = read[0].bias_state.step
+                for m, part in enumerate(read):
+                    for name, array in part.bias_state.arrays.items():
+                        b_state.arrays[name][order[offsets[m] : offsets[m + 1]]] = array
+            shape = (self.layer_sizes[k - 1], self.layer_sizes[k])
             weights.append(sp.csr_matrix((values, indices, indptr), shape=shape))
             biases.append(bias)
             states.append((w_state, b_state))
@@ -750,7 +748,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
             return {}
         states = {}
         for k, (w_state, b_state) in enumerate(record.optimizer_state, start=1):
-            entries = self._chunk_entries()[k - 1]
+            entries = chunk_entries(record.weights[k - 1], self.plan, k)
             order, offsets = self.plan.orders[k], self.plan.offsets[k]
             for m in range(self.nparts):
                 columns = order[offsets[m] : offsets[m + 1]]

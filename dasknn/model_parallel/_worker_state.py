@@ -6,20 +6,21 @@ import threading
 from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import sparse
 
 from dasknn.kernels.training import column_runs
-from dasknn.optim import Optimizer, OptimizerSlots
+from dasknn.optim import Optimizer, OptimizerSlots, ParamState
 from dasknn.runtime.buffers import BufferPool
 from dasknn.runtime.model_plugin import ModelPlugin
 from dasknn.runtime.postbox import MESSAGE_TIMEOUT, Mailbox
 from dasknn.runtime.posted import PostedTask
 
 __all__ = [
-    "TIMING_KINDS", "GradientSum", "MicrobatchStep", "ModelState", "PartLayer", "PartStep",
-    "gcxs", "read_parts", "snapshot_bias", "snapshot_weight",
+    "TIMING_KINDS", "GradientSum", "MicrobatchStep", "ModelState", "PartLayer", "PartRead",
+    "PartStep", "gcxs", "read_parts", "snapshot_bias", "snapshot_weight",
 ]
 
 #: Seconds summed over tasks; ``update_background`` is the background thread's share of ``update``.
@@ -29,6 +30,20 @@ TIMING_KINDS = ("forward_product", "backward_product", "update", "update_backgro
 def gcxs(data: np.ndarray, indices: np.ndarray, indptr: np.ndarray, shape) -> sparse.GCXS:
     """A row-compressed GCXS matrix of the CSR arrays given (not copied)."""
     return sparse.GCXS((data, indices, indptr), shape=shape, compressed_axes=(0,))
+
+
+class PartRead(NamedTuple):
+    """One chunk as :meth:`ModelState.read` gives it: copies of its ``values`` and ``bias``, the
+    last update's ``optimizer`` and its states (``None`` before any), and the chunk's fixed
+    pattern (renumbered rows, the part's columns)."""
+
+    values: np.ndarray
+    bias: np.ndarray
+    optimizer: Optimizer | None
+    weight_state: ParamState | None
+    bias_state: ParamState | None
+    indptr: np.ndarray
+    indices: np.ndarray
 
 
 @dataclass
@@ -155,14 +170,17 @@ class ModelState(ModelPlugin):
             )  # fmt: skip
         return len(chunks)
 
-    def read(self) -> dict:
-        """Copies: ``{(k, m): (values, bias, optimizer, weight state, bias state)}``."""
+    def read(self) -> dict[tuple[int, int], PartRead]:
+        """Every chunk held here, ``{(k, m): PartRead}`` (values and states copied)."""
         parts = {}
         for key, layer in list(self.layers.items()):
             with layer.lock:
                 slots = layer.slots.copy()
-                values = (layer.values.copy(), layer.bias.copy(), slots.optimizer)
-                parts[key] = (*values, slots.states.get("weights"), slots.states.get("bias"))
+                parts[key] = PartRead(
+                    layer.values.copy(), layer.bias.copy(), slots.optimizer,
+                    slots.states.get("weights"), slots.states.get("bias"),
+                    layer.indptr, layer.indices,
+                )  # fmt: skip
         return parts
 
     def part_step(self, step: int, part: int) -> PartStep:
