@@ -14,6 +14,11 @@ Prints, per placement, the client's peak of Python-traced memory above what it h
 (``tracemalloc``: numpy's and scipy's arrays included), what the model keeps after placing, the
 seconds the constructor took, and the ratios whole / streamed; both models' predictions on 64
 inputs must be equal.
+
+``--challenge`` measures ``run_challenge_model_parallel`` instead (``--inputs`` MNIST images,
+hypergraph partition), on ``radixnet:N:L`` as a spec, made a layer at a time, against the same
+network loaded first and given as a list of matrices (the list counted in its peak); the
+categories must be equal.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from distributed import Client, LocalCluster
 from harness import add_json_option, describe, write_json
 
 import graph
+from dasknn.challenge import run_challenge_model_parallel
+from dasknn.datasets import load_mnist_test, load_network, mnist_to_challenge_inputs
 from dasknn.datasets.radixnet import radixnet
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
@@ -55,14 +62,63 @@ def place(client: Client, model: SparseMLP, partition, whole: bool, x: np.ndarra
     return {"seconds": seconds, "peak_mib": peak / MIB, "kept_mib": kept / MIB, "out": out}
 
 
+def challenge(client: Client, spec: str, inputs, as_list: bool) -> dict:
+    """One model-parallel challenge run of ``spec``, loaded whole first when ``as_list``; the
+    client's peak memory, seconds and categories."""
+    tracemalloc.start()
+    start = time.perf_counter()
+    network = load_network(spec) if as_list else spec
+    categories, stats = run_challenge_model_parallel(network, inputs, client=client, progress=False)
+    seconds = time.perf_counter() - start
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return {"seconds": seconds, "peak_mib": peak / MIB, "categories": categories,
+            "partition_seconds": stats.partition_seconds,
+            "placement_seconds": stats.placement_seconds}
+
+
+def run_challenges(args) -> None:
+    """The ``--challenge`` comparison."""
+    spec = f"radixnet:{args.neurons}:{args.layers}"
+    images, _ = load_mnist_test()
+    inputs = mnist_to_challenge_inputs(images[: args.inputs], side=int(np.sqrt(args.neurons)))
+    edges = args.neurons * 32 * args.layers
+    print(f"run_challenge_model_parallel({spec!r}), {args.inputs} inputs, float32, "
+          f"{edges * 8 / MIB:.0f} MiB of float32 CSR; 2 workers, one part each")
+    runs: dict[str, dict] = {}
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+    ) as cluster, Client(cluster) as client:
+        for kind in ("list", "spec"):
+            runs[kind] = challenge(client, spec, inputs, kind == "list")
+    np.testing.assert_array_equal(runs["list"]["categories"], runs["spec"]["categories"])
+    for kind, row in runs.items():
+        print(f"{kind:>5}: client peak {row['peak_mib']:7.0f} MiB, {row['seconds']:.1f} s "
+              f"(partition {row['partition_seconds']:.1f} s, placement "
+              f"{row['placement_seconds']:.1f} s)")
+    print(f"list / spec: peak {runs['list']['peak_mib'] / runs['spec']['peak_mib']:.2f}x "
+          "(same categories)")
+    write_json(args.json, "placement-challenge", {
+        "spec": spec, "inputs": args.inputs,
+        **{f"{kind}_{name}": row[name] for kind, row in runs.items()
+           for name in ("seconds", "peak_mib")},
+    })  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--neurons", type=int, default=4096)
     parser.add_argument("--layers", type=int, default=120)
     parser.add_argument("--parts", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2, help="placements of each kind")
+    parser.add_argument("--challenge", action="store_true",
+                        help="measure run_challenge_model_parallel on a spec against a list")
+    parser.add_argument("--inputs", type=int, default=1000, help="images (--challenge)")
     args = add_json_option(parser).parse_args()
     print(describe())
+    if args.challenge:
+        run_challenges(args)
+        return
     weights = radixnet(args.neurons, args.layers, seed=0)
     model = SparseMLP(weights, [np.zeros(w.shape[1]) for w in weights], dtype="float32")
     del weights

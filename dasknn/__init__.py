@@ -10,7 +10,7 @@ from dasknn.exceptions import (
     StepTimeoutError,
     WorkerLostError,
 )
-from dasknn.model import CompressedMLP, DenseMLP, SparseMLP
+from dasknn.model import CompressedMLP, DenseMLP, LayerSource, SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
 from dasknn.pipeline_parallel import DistributedCompressedMLP
 from dasknn.sampled import SampledMLP
@@ -25,6 +25,7 @@ __all__ = [
     "DistributedCompressedMLP",
     "DistributedSampledMLP",
     "DistributedSparseMLP",
+    "LayerSource",
     "ModelClosedError",
     "ModelFailedError",
     "NonFiniteLossError",

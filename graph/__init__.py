@@ -6,7 +6,7 @@ from graph.metrics import PartitionMetrics, exchange_pairs, layer_volume, partit
 from graph.network_partition import NetworkPartition, load_partitions, save_partitions
 from graph.partition import DEFAULT_BACKEND, METHODS, check_network, partition_network
 from graph.report import PartitionRow, format_table
-from graph.stream import PhaseReport, partition_stream
+from graph.stream import PhaseReport, partition_layers, partition_stream
 
 __all__ = [
     "BACKENDS",
@@ -23,6 +23,7 @@ __all__ = [
     "layer_volume_floor",
     "load_partitions",
     "partition_metrics",
+    "partition_layers",
     "partition_network",
     "partition_stream",
     "save_partitions",

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import scipy.sparse as sp
 
 from graph.backends import BACKENDS, MTKAHYPAR_PRESETS
-from graph.baselines import block_parts, random_parts
+from graph.baselines import block_parts, layer_sizes, random_parts
 from graph.checks import check_csr
 from graph.multiphase import PhaseSettings, multiphase_parts
 from graph.network_partition import NetworkPartition
@@ -117,9 +117,9 @@ def partition_network(
     start = time.perf_counter()
     info: dict = {}
     if method == "random":
-        parts = random_parts(layers, nparts, seed)
+        parts = random_parts(layer_sizes(layers), nparts, seed)
     elif method == "block":
-        parts = block_parts(layers, nparts)
+        parts = block_parts(layer_sizes(layers), nparts)
     else:
         settings = PhaseSettings(
             nparts, epsilon, seed, backend, preset, max_chunk, exact_assignment

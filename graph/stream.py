@@ -19,12 +19,16 @@ import scipy.sparse as sp
 from graph._kernels import remote_pairs
 from graph.atomic import check_output_path, write_atomically
 from graph.backends import BACKENDS, MTKAHYPAR_PRESETS
+from graph.baselines import block_parts, random_parts
 from graph.checks import check_csr
 from graph.floor import layer_volume_floor
 from graph.multiphase import PhaseSettings, iter_phase_parts
-from graph.network_partition import _FORMAT
+from graph.network_partition import _FORMAT, NetworkPartition
+from graph.partition import METHODS
 
-__all__ = ["PhaseReport", "layer_report", "partition_stream", "phase_reports_dict"]
+__all__ = [
+    "PhaseReport", "layer_report", "partition_layers", "partition_stream", "phase_reports_dict",
+]
 
 #: Most parts for which the report counts links in a dense table (16 MiB of flags at most).
 _LINK_TABLE = 4096
@@ -129,6 +133,91 @@ def _checked(layers: Iterable[sp.spmatrix], nparts: int) -> Iterable[sp.spmatrix
         yield layer
 
 
+def _check_settings(nparts: int, epsilon: float, backend: str, preset: str, max_chunk: int) -> None:
+    """``ValueError`` naming the first setting of a streamed partition that cannot be used."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown partitioning backend {backend!r}; choose one of {BACKENDS}")
+    if preset not in MTKAHYPAR_PRESETS:
+        raise ValueError(f"unknown Mt-KaHyPar preset {preset!r}; choose one of {MTKAHYPAR_PRESETS}")
+    if int(nparts) < 1:
+        raise ValueError(f"cannot split into {nparts} parts: need at least 1")
+    if not 0.0 <= epsilon < 1.0:
+        raise ValueError(f"epsilon must lie in [0, 1), not {epsilon}")
+    if max_chunk < 1:
+        raise ValueError(f"max_chunk must be at least 1, not {max_chunk}")
+
+
+def partition_layers(
+    layers: Iterable[sp.spmatrix],
+    nparts: int,
+    method: str = "hypergraph",
+    *,
+    epsilon: float = 0.01,
+    backend: str = "auto",
+    seed: int = 0,
+    preset: str = "DEFAULT",
+    max_chunk: int = 16,
+    exact_assignment: bool = True,
+) -> NetworkPartition:
+    """Partition a network whose layers come one at a time, holding one layer and the parts.
+
+    The parts are those :func:`graph.partition_network` gives for the same layers and settings
+    (without refinement); :func:`partition_stream` writes them to a file with a report instead.
+
+    Parameters
+    ----------
+    layers : iterable of scipy.sparse matrices
+        Layers ``(n_in, n_out)`` in order, not referenced after their phase.
+    nparts : int
+        Number of parts, at most the neurons of every layer.
+    method : {"hypergraph", "random", "block"}
+        As :func:`graph.partition_network`'s; ``random`` and ``block`` use only the sizes.
+    epsilon, backend, seed, preset, max_chunk, exact_assignment
+        As :func:`graph.partition_network`'s.
+
+    Returns
+    -------
+    NetworkPartition
+        Its ``parts`` are ``L + 1`` int64 arrays (``n`` words a neuron in memory).
+
+    Raises
+    ------
+    ValueError
+        On bad settings before any layer is read; on a bad layer (not sparse, fewer than
+        ``nparts`` neurons, inputs not the previous outputs) when it is read.
+    """
+    if method not in METHODS:
+        raise ValueError(f"unknown partitioning method {method!r}; choose one of {METHODS}")
+    _check_settings(nparts, epsilon, backend, preset, max_chunk)
+    nparts = int(nparts)
+    start = time.perf_counter()
+    if method == "hypergraph":
+        settings = PhaseSettings(
+            nparts, epsilon, seed, backend, preset, max_chunk, exact_assignment
+        )
+        parts = [p for _, _, p in iter_phase_parts(_checked(layers, nparts), settings)]
+        info = {"backend": backend, "preset": preset, "epsilon": epsilon, "seed": seed,
+                "max_chunk": max_chunk, "exact_assignment": exact_assignment, "streamed": True}
+    else:
+        sizes: list[int] = []
+        for layer in _checked(layers, nparts):
+            if sizes and layer.shape[0] != sizes[-1]:
+                raise ValueError(
+                    f"layer {len(sizes)} has {layer.shape[0]} inputs but layer {len(sizes) - 1} "
+                    f"has {sizes[-1]} outputs"
+                )
+            sizes += [layer.shape[1]] if sizes else list(layer.shape)
+        if not sizes:
+            raise ValueError("the network has no layers")
+        parts = random_parts(sizes, nparts, seed) if method == "random" else block_parts(
+            sizes, nparts
+        )
+        info = {"seed": seed, "streamed": True} if method == "random" else {"streamed": True}
+    if len(parts) < 2:
+        raise ValueError("the network has no layers")
+    return NetworkPartition(parts, nparts, method, time.perf_counter() - start, info)
+
+
 def partition_stream(
     layers: Iterable[sp.spmatrix],
     nparts: int,
@@ -178,16 +267,7 @@ def partition_stream(
     Memory: one layer, its phase hypergraph and two part arrays. Disk: ``(L + 1) * n * 2`` bytes
     in a temporary file beside ``parts_out`` while the sweep runs.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown partitioning backend {backend!r}; choose one of {BACKENDS}")
-    if preset not in MTKAHYPAR_PRESETS:
-        raise ValueError(f"unknown Mt-KaHyPar preset {preset!r}; choose one of {MTKAHYPAR_PRESETS}")
-    if int(nparts) < 1:
-        raise ValueError(f"cannot split into {nparts} parts: need at least 1")
-    if not 0.0 <= epsilon < 1.0:
-        raise ValueError(f"epsilon must lie in [0, 1), not {epsilon}")
-    if max_chunk < 1:
-        raise ValueError(f"max_chunk must be at least 1, not {max_chunk}")
+    _check_settings(nparts, epsilon, backend, preset, max_chunk)
     nparts = int(nparts)
     target = check_output_path(parts_out)
     if isinstance(layers, (list, tuple)):

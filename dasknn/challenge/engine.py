@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -19,23 +19,39 @@ from distributed import Client, Security
 from dasknn.challenge.inputs import load_inputs
 from dasknn.challenge.network_checks import check_network
 from dasknn.challenge.stats import ChallengeStats, merge_batches
-from dasknn.datasets import challenge_bias, load_network
+from dasknn.datasets import challenge_bias, iter_network
 from dasknn.inference import InferenceRun, infer_on_cpus, infer_on_gpus
 from dasknn.model.validation import check_float_dtype
 from dasknn.runtime.cluster import open_client
 from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT, check_step_timeout
 from graph.checks import check_csr
 
-__all__ = ["run_challenge", "prepare_run", "prepare_worker_run"]
+__all__ = [
+    "network_source", "prepare_inputs", "prepare_run", "prepare_worker_run", "run_challenge",
+]
 
 
 def _resolve_network(network, neurons, layers, seed) -> list[sp.csr_matrix]:
+    return list(network_source(network, neurons, layers, seed)())
+
+
+def network_source(
+    network: str | os.PathLike | Sequence[sp.spmatrix],
+    neurons: int | None = None,
+    layers: int | None = None,
+    seed: int = 0,
+) -> Callable[[], Iterator[sp.csr_matrix]]:
+    """A function making the network's layers anew at every call, one at a time: read from a
+    challenge directory or generated from ``radixnet:N:L`` (:func:`dasknn.datasets.iter_network`;
+    a bad spec or a missing directory raises here), or the matrices given (checked here, the
+    first ``layers`` of them)."""
     if isinstance(network, str | os.PathLike):
-        return load_network(network, neurons=neurons, layers=layers, seed=seed)
+        iter_network(network, neurons=neurons, layers=layers, seed=seed)  # checks the spec
+        return lambda: iter_network(network, neurons=neurons, layers=layers, seed=seed)
     matrices = [check_csr(m, name=f"layer {k + 1}") for k, m in enumerate(network)]
     if layers is not None:
         matrices = matrices[:layers]
-    return matrices
+    return lambda: iter(matrices)
 
 
 def _resolve_inputs(inputs, neurons: int) -> sp.csr_matrix:
@@ -67,8 +83,8 @@ def prepare_run(
         dtype, weight_buffers, device, compact_every, cuda_mode, batch_size, resident_layers
     )
     matrices = _resolve_network(network, neurons, layers, seed)
-    width = check_network(matrices, dtype, tiled=device == "cuda" and cuda_mode == "tiled")
-    matrix, bias = _prepare_inputs(inputs, bias, width)
+    width = check_network(matrices, dtype, tiled=device == "cuda" and cuda_mode == "tiled").width
+    matrix, bias = prepare_inputs(inputs, bias, width)
     return matrices, matrix, bias
 
 
@@ -95,7 +111,7 @@ def _check_options(
     return dtype
 
 
-def _prepare_inputs(inputs, bias: float | None, width: int) -> tuple[sp.csr_matrix, float]:
+def prepare_inputs(inputs, bias: float | None, width: int) -> tuple[sp.csr_matrix, float]:
     """The input rows for a network of ``width`` neurons, checked, and the bias (by default the
     challenge's for ``width``)."""
     matrix = _resolve_inputs(inputs, width)
@@ -335,7 +351,7 @@ def _run_loading_on_workers(
         )  # fmt: skip
         try:
             try:
-                matrix, bias = _prepare_inputs(inputs, bias, held.neurons)
+                matrix, bias = prepare_inputs(inputs, bias, held.neurons)
             except ValueError as error:
                 raise ValueError(
                     f"{error} (the network {spec!r} as loaded by worker "

@@ -1,7 +1,8 @@
 """Model-parallel Graph Challenge inference (H-SpFF): every layer split by neurons
-(:func:`graph.partition_network`) and run by :class:`dasknn.model_parallel.DistributedSparseMLP`
+(:func:`graph.partition_layers`) and run by :class:`dasknn.model_parallel.DistributedSparseMLP`
 as ``min(max(Y @ W + b, 0), 32)``, equal to the challenge's for ``b <= 0``, so a positive bias is
-refused (docs/challenge.md, "Model-parallel mode").
+refused (docs/challenge.md, "Model-parallel mode"). The network is read or generated a layer at a
+time (a :class:`~dasknn.model.LayerSource`), so the client never holds it whole.
 """
 
 from __future__ import annotations
@@ -18,13 +19,18 @@ from distributed import Client, Security
 from tqdm.auto import tqdm
 
 import graph
-from dasknn.challenge.engine import prepare_run
-from dasknn.model import SparseMLP
+from dasknn.challenge.engine import network_source, prepare_inputs
+from dasknn.challenge.network_checks import check_network
+from dasknn.model import LayerSource
+from dasknn.model.validation import check_float_dtype
 from dasknn.model_parallel import DistributedSparseMLP
 from dasknn.runtime.cluster import open_client, scheduler_workers
 from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT, check_step_timeout
 
-__all__ = ["ModelParallelStats", "check_model_parallel", "run_challenge_model_parallel"]
+__all__ = [
+    "ModelParallelRun", "ModelParallelStats", "check_model_parallel", "prepare_model_parallel",
+    "run_challenge_model_parallel",
+]
 
 CLIP = 32.0
 #: Batches of a run on the workers at once (one's messages travel while another computes).
@@ -135,7 +141,8 @@ def run_challenge_model_parallel(
     nparts : int, optional
         Parts of every layer (default: one per worker).
     method : ``"hypergraph"``, ``"random"`` or ``"block"``
-        Partition method of :func:`graph.partition_network`.
+        Partition method of :func:`graph.partition_layers` (that of
+        :func:`graph.partition_network`).
     batch_size : int
         Input rows per forward pass.
     progress : bool
@@ -156,59 +163,109 @@ def run_challenge_model_parallel(
     ValueError
         On inconsistent layers or inputs, a positive bias or an impossible part count, before
         any work is scheduled.
+
+    Notes
+    -----
+    The layers are made (read from the directory, generated, or taken from the sequence) four
+    times, one at a time: to check them, to partition them, to renumber them and to place them
+    on the workers. The client holds at most two layers, the parts of every layer and the
+    communication plan; the workers hold the network.
     """
-    dtype = np.dtype(dtype)
     step_timeout = check_step_timeout(step_timeout)
-    matrices, matrix, bias = prepare_run(
-        network,
-        inputs,
-        bias,
-        neurons=neurons,
-        layers=layers,
-        seed=seed,
-        batch_size=batch_size,
-        dtype=dtype,
-    )
-    check_model_parallel(bias, matrices[0].shape[0], nparts)
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    prepared = prepare_model_parallel(
+        network, inputs, bias, nparts=nparts, method=method, neurons=neurons, layers=layers,
+        seed=seed, batch_size=batch_size, dtype=dtype,
+    )  # fmt: skip
     with ExitStack() as stack:
         client = open_client(stack, client, security=security)
+        return prepared.run(client, progress=progress, step_timeout=step_timeout)
+
+
+@dataclass(frozen=True)
+class ModelParallelRun:
+    """A checked model-parallel challenge run, ready for a cluster (:func:`prepare_model_parallel`):
+    the network as a :class:`~dasknn.model.LayerSource`, its ``edges``, the input rows (CSR), the
+    bias and the run's options."""
+
+    source: LayerSource
+    edges: int
+    inputs: sp.csr_matrix
+    bias: float
+    nparts: int | None
+    method: str
+    seed: int
+    batch_size: int
+
+    def run(
+        self, client: Client, *, progress: bool = True, step_timeout: float = DEFAULT_STEP_TIMEOUT
+    ) -> tuple[np.ndarray, ModelParallelStats]:
+        """Partition, place and run the batches on ``client``'s workers (``nparts`` defaults to
+        one part per worker); ``(categories, stats)`` as :func:`run_challenge_model_parallel`.
+        ``ValueError`` when the cluster has no workers or fewer neurons than parts."""
         n_workers = len(scheduler_workers(client))
         if n_workers == 0:
             raise ValueError("the cluster has no workers")
-        return _run(
-            client,
-            matrices,
-            matrix,
-            bias,
-            nparts or n_workers,
-            n_workers,
-            method,
-            seed,
-            batch_size,
-            dtype,
-            progress,
-            step_timeout,
-        )
+        nparts = self.nparts or n_workers
+        check_model_parallel(self.bias, self.source.n_inputs, nparts)
+        return _run(client, self, nparts, n_workers, progress, step_timeout)
 
 
-def _run(
-    client, matrices, matrix, bias, nparts, n_workers, method, seed, batch_size, dtype, progress,
-    step_timeout,
-) -> tuple[np.ndarray, ModelParallelStats]:
-    start = time.perf_counter()
-    partition = graph.partition_network(matrices, nparts, method=method, seed=seed)
-    partition_seconds = time.perf_counter() - start
-    model = SparseMLP(
-        matrices,
-        [np.full(m.shape[1], bias) for m in matrices],
+def prepare_model_parallel(
+    network: str | os.PathLike | Sequence[sp.spmatrix],
+    inputs: str | os.PathLike | sp.spmatrix | np.ndarray,
+    bias: float | None = None,
+    *,
+    nparts: int | None = None,
+    method: str = "hypergraph",
+    neurons: int | None = None,
+    layers: int | None = None,
+    seed: int = 0,
+    batch_size: int = 1000,
+    dtype: str | np.dtype | type = "float32",
+) -> ModelParallelRun:
+    """Check a model-parallel run before any cluster is touched, reading the network once a
+    layer at a time; parameters as :func:`run_challenge_model_parallel`'s.
+
+    Raises
+    ------
+    ValueError, FileNotFoundError
+        Naming the bad option, layer or input, the positive bias or the impossible part count.
+    """
+    dtype = check_float_dtype(dtype)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if method not in graph.METHODS:
+        raise ValueError(f"unknown partitioning method {method!r}; choose one of {graph.METHODS}")
+    make = network_source(network, neurons, layers, seed)
+    checked = check_network(make(), dtype, tiled=False)
+    matrix, bias = prepare_inputs(inputs, bias, checked.width)
+    check_model_parallel(bias, checked.width, nparts)
+    source = LayerSource(
+        make,
+        [(checked.width, checked.width)] * checked.layers,
+        biases=lambda k: np.full(checked.width, bias),
         activation="clipped_relu",
         loss="mse",
         dtype=dtype,
     )
+    return ModelParallelRun(
+        source, checked.edges, matrix, bias, nparts, method, seed, batch_size
+    )
+
+
+def _run(
+    client, prepared: ModelParallelRun, nparts: int, n_workers: int, progress: bool,
+    step_timeout: float,
+) -> tuple[np.ndarray, ModelParallelStats]:  # fmt: skip
+    source, matrix, method = prepared.source, prepared.inputs, prepared.method
+    batch_size = prepared.batch_size
     start = time.perf_counter()
-    dist = DistributedSparseMLP(model, client, partition=partition, step_timeout=step_timeout)
+    partition = graph.partition_layers(
+        source.iter_weights(), nparts, method=method, seed=prepared.seed
+    )
+    partition_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    dist = DistributedSparseMLP(source, client, partition=partition, step_timeout=step_timeout)
     placement_seconds = time.perf_counter() - start
     try:
         alive = np.zeros(matrix.shape[0], dtype=bool)
@@ -227,15 +284,14 @@ def _run(
     finally:
         dist.close()
     categories = np.flatnonzero(alive) + 1
-    edges = sum(int(m.nnz) for m in matrices)
     stats = ModelParallelStats(
         inputs=matrix.shape[0],
-        neurons=matrices[0].shape[0],
-        layers=len(matrices),
-        edges=edges,
+        neurons=source.n_inputs,
+        layers=source.n_layers,
+        edges=prepared.edges,
         categories=len(categories),
         seconds=seconds,
-        rate=matrix.shape[0] * edges / seconds if seconds > 0 else float("inf"),
+        rate=matrix.shape[0] * prepared.edges / seconds if seconds > 0 else float("inf"),
         partition_seconds=partition_seconds,
         placement_seconds=placement_seconds,
         nparts=nparts,
@@ -244,6 +300,6 @@ def _run(
         measured_bytes=report.total(),
         predicted_bytes=report.total("predicted"),
         batch_size=batch_size,
-        dtype=dtype.name,
+        dtype=source.dtype.name,
     )
     return categories, stats

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from dasknn.challenge import run_challenge
 from dasknn.challenge.engine import prepare_run, prepare_worker_run
-from dasknn.challenge.model_parallel import check_model_parallel, run_challenge_model_parallel
+from dasknn.challenge.model_parallel import prepare_model_parallel
 from dasknn.cli.cluster_options import (
     add_cluster_arguments,
     add_step_timeout_argument,
@@ -150,6 +150,20 @@ def run(args: argparse.Namespace) -> int:
             cuda_mode=args.cuda_mode,
         )
         inputs, bias = args.inputs, args.bias
+    elif args.model_parallel:
+        if args.device != "cpu":
+            raise ValueError("--model-parallel runs on the CPU only; drop --device cuda")
+        prepared = prepare_model_parallel(
+            args.network,
+            args.inputs,
+            args.bias,
+            nparts=args.parts,
+            method=args.partition,
+            neurons=args.neurons,
+            layers=args.layers,
+            batch_size=args.batch_size or 1000,
+            dtype=args.dtype,
+        )
     else:
         network, inputs, bias = prepare_run(
             args.network,
@@ -165,26 +179,13 @@ def run(args: argparse.Namespace) -> int:
             compact_every=args.compact_every,
             cuda_mode=args.cuda_mode,
         )
-    if args.model_parallel:
-        if args.device != "cpu":
-            raise ValueError("--model-parallel runs on the CPU only; drop --device cuda")
-        check_model_parallel(bias, network[0].shape[0], args.parts)
     with ExitStack() as stack:
         client = open_client(
             stack, target, args.workers, args.threads, args.device, security=security
         )
         if args.model_parallel:
-            categories, stats = run_challenge_model_parallel(
-                network,
-                inputs,
-                bias=bias,
-                client=client,
-                nparts=args.parts,
-                method=args.partition,
-                batch_size=args.batch_size or 1000,
-                dtype=args.dtype,
-                progress=not args.quiet,
-                step_timeout=args.step_timeout,
+            categories, stats = prepared.run(
+                client, progress=not args.quiet, step_timeout=args.step_timeout
             )
         else:
             categories, stats = run_challenge(

@@ -52,6 +52,7 @@ __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "ModelRecord",
+    "add_pattern",
     "optimizer_entries",
     "pattern_digest",
     "read_arrays",
@@ -72,13 +73,17 @@ def pattern_digest(patterns) -> str:
     """
     digest = hashlib.sha256()
     for item in patterns:
-        shape, indptr, indices = (
-            (item.shape, item.indptr, item.indices) if sp.issparse(item) else item
-        )
-        digest.update(np.asarray(shape, dtype=np.int64).tobytes())
-        digest.update(np.asarray(indptr, dtype=np.int64).tobytes())
-        digest.update(np.asarray(indices, dtype=np.int64).tobytes())
+        add_pattern(digest, item)
     return digest.hexdigest()
+
+
+def add_pattern(digest, item) -> None:
+    """Add one layer's pattern (``(shape, indptr, indices)`` or a CSR matrix) to ``digest``
+    (a :mod:`hashlib` object) as :func:`pattern_digest` does."""
+    shape, indptr, indices = (item.shape, item.indptr, item.indices) if sp.issparse(item) else item
+    digest.update(np.asarray(shape, dtype=np.int64).tobytes())
+    digest.update(np.asarray(indptr, dtype=np.int64).tobytes())
+    digest.update(np.asarray(indices, dtype=np.int64).tobytes())
 
 
 @dataclass

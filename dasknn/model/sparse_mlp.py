@@ -16,7 +16,7 @@ take and return row blocks, the private ones work on ``(n_k, B)`` arrays.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import scipy.sparse as sp
@@ -28,26 +28,11 @@ from dasknn.model.estimator import InProcessEstimator
 from dasknn.model.layer_shapes import LayerShapes
 from dasknn.model.losses import Loss, network_functions
 from dasknn.model.persistence import ModelRecord, pattern_digest, read_model, write_model
-from dasknn.model.validation import check_float_dtype
+from dasknn.model.validation import check_float_dtype, check_layer
 from dasknn.optim import Optimizer, OptimizerSlots, ParamState
-from graph.checks import check_csr
 
 __all__ = ["SparseMLP"]
 
-
-
-def _as_csr(w, k: int, dtype: np.dtype) -> sp.csr_matrix:
-    """Own CSR copy of layer ``k``'s weights with sorted, duplicate-free indices.
-
-    The arrays are checked by :func:`graph.checks.check_csr` first (bounds, ``indptr``, finite
-    values); the values are checked again once cast to ``dtype``, where they may overflow.
-    """
-    csr = sp.csr_matrix(check_csr(w, name=f"weights[{k}]"), dtype=dtype, copy=True)
-    csr.sum_duplicates()
-    csr.sort_indices()
-    if not np.isfinite(csr.data).all():
-        raise ValueError(f"weights[{k}] contains NaN or infinite values")
-    return csr
 
 
 def _init_scale(scale: float | str, fan_in: float, fan_out: float) -> float:
@@ -122,7 +107,7 @@ class SparseMLP(LayerShapes, InProcessEstimator):
         weights = list(weights)
         if not weights:
             raise ValueError("a network needs at least one weight matrix")
-        self.weights = [_as_csr(w, k, self.dtype) for k, w in enumerate(weights)]
+        self.weights = [check_layer(w, k, self.dtype) for k, w in enumerate(weights)]
         for k in range(1, len(self.weights)):
             if self.weights[k].shape[0] != self.weights[k - 1].shape[1]:
                 raise ValueError(
@@ -171,6 +156,10 @@ class SparseMLP(LayerShapes, InProcessEstimator):
     def layer_shapes(self) -> list[tuple[int, int]]:
         """``(n_in, n_out)`` of every layer."""
         return [w.shape for w in self.weights]
+
+    def iter_weights(self) -> Iterator[sp.csr_matrix]:
+        """The layers' weight matrices in order (those of :attr:`weights`, not copies)."""
+        return iter(self.weights)
 
     def layer_activation(self, k: int) -> Activation:
         """Activation of layer ``k`` (0-based): the output activation on the last layer."""

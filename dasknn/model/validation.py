@@ -12,11 +12,13 @@ import numpy as np
 import scipy.sparse as sp
 
 from dasknn.model.losses import Loss
+from graph.checks import check_csr
 
 __all__ = [
     "check_batch_size",
     "check_epochs",
     "check_inputs",
+    "check_layer",
     "check_learning_rate",
     "check_targets",
     "epoch_batches",
@@ -100,6 +102,22 @@ def check_targets(Y, n_samples: int, n_outputs: int, loss: Loss, dtype: np.dtype
             accepted += f" or integer labels of shape ({n_samples},)"
         raise ValueError(f"Y must have shape {accepted}, got {Y.shape}")
     return _finite_real(Y, "Y", dtype)
+
+
+def check_layer(w, k: int, dtype: np.dtype) -> sp.csr_matrix:
+    """Own CSR copy of the weights ``weights[k]`` in ``dtype`` with sorted, duplicate-free
+    indices.
+
+    The arrays are checked by :func:`graph.checks.check_csr` first (bounds, ``indptr``, finite
+    values); the values are checked again once cast to ``dtype``, where they may overflow.
+    ``ValueError`` naming ``weights[k]``.
+    """
+    csr = sp.csr_matrix(check_csr(w, name=f"weights[{k}]"), dtype=dtype, copy=True)
+    csr.sum_duplicates()
+    csr.sort_indices()
+    if not np.isfinite(csr.data).all():
+        raise ValueError(f"weights[{k}] contains NaN or infinite values")
+    return csr
 
 
 def check_float_dtype(dtype) -> np.dtype:

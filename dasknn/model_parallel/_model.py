@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
 import dask
@@ -14,7 +15,8 @@ import scipy.sparse as sp
 
 from dasknn.exceptions import ModelClosedError, StepTimeoutError, WorkerLostError
 from dasknn.model.estimator import SparseEstimator
-from dasknn.model.persistence import ModelRecord, pattern_digest, read_model
+from dasknn.model.layer_source import LayerSource
+from dasknn.model.persistence import ModelRecord, add_pattern, read_model
 from dasknn.model.sparse_mlp import SparseMLP
 from dasknn.model.validation import check_in_flight
 from dasknn.model_parallel._comm import predicted_counts, wire_bytes
@@ -75,13 +77,22 @@ def _reset_timings_on_worker(dask_worker, name):
     dask_worker.plugins[name].reset_timings()
 
 
-def _hypergraph_partition(model: SparseMLP, nparts: int) -> list[np.ndarray]:
-    """The hypergraph partition of ``model``'s neurons into ``nparts`` parts (one: all in 0)."""
+def _digested(weights: Iterable[sp.csr_matrix], digest) -> Iterator[sp.csr_matrix]:
+    """``weights``, each added to ``digest`` as it passes (as
+    :func:`~dasknn.model.persistence.pattern_digest` adds them)."""
+    for weight in weights:
+        add_pattern(digest, weight)
+        yield weight
+
+
+def _hypergraph_partition(model: SparseMLP | LayerSource, nparts: int) -> list[np.ndarray]:
+    """The hypergraph partition of ``model``'s neurons into ``nparts`` parts (one: all in 0); a
+    :class:`LayerSource` is partitioned a layer at a time as it is made."""
     if nparts == 1:
         return [np.zeros(n, dtype=np.int64) for n in model.layer_sizes]
-    from graph.partition import partition_network
+    from graph import partition_layers
 
-    return partition_network(model.weights, nparts).parts
+    return partition_layers(model.iter_weights(), nparts).parts
 
 
 class DistributedSparseMLP(SparseEstimator, DistributedModel):
@@ -92,15 +103,19 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
 
     Parameters
     ----------
-    model : SparseMLP
-        The network; its weights are copied to the workers (the model is not changed).
+    model : SparseMLP or LayerSource
+        The network; its weights are copied to the workers (the model is not changed). A
+        :class:`~dasknn.model.LayerSource` is read a layer at a time in three passes (the
+        partition when none is given, the renumbering, the placement), so the client never
+        holds more than two of its layers.
     client : distributed.Client, cluster, JobqueueSpec, str or None
         Where to run (see :class:`~dasknn.runtime.distributed_model.DistributedModel`); ``None``
         (the default) starts a local cluster. What the model opens it closes.
     partition : graph.NetworkPartition, sequence of L + 1 int arrays, or None
         ``parts[k][j]`` is the part owning neuron ``j`` of layer ``k`` (``k = 0``: inputs).
-        ``None`` (the default): ``graph.partition_network(model.weights, nparts)``, one part per
-        used worker (seconds for large networks; deterministic).
+        ``None`` (the default): the hypergraph partition of ``graph.partition_network`` (made
+        by ``graph.partition_layers`` as the layers pass), one part per used worker (seconds
+        for large networks; deterministic).
     nparts : int, optional
         Number of parts (default ``partition.nparts`` or the largest id plus one; with
         ``partition=None``, the number of used workers).
@@ -141,7 +156,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
 
     def __init__(
         self,
-        model: SparseMLP,
+        model: SparseMLP | LayerSource,
         client=None,
         *,
         partition=None,
@@ -176,7 +191,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
             self._layers = None
 
     def _setup(
-        self, model: SparseMLP, parts: list | None, nparts: int | None, workers
+        self, model: SparseMLP | LayerSource, parts: list | None, nparts: int | None, workers
     ) -> None:
         """Set the workers, partition and renumbering; ``_layers`` makes the layers' chunks for
         the placement, which completes :attr:`plan` with their part plans as they pass."""
@@ -195,10 +210,11 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         #: The Dask span of every training task (see :mod:`dasknn.runtime.model_span`).
         self._span = new_span(f"dasknn-{self.token}")
         self._parts = parts
-        self._pattern_digest = pattern_digest(model.weights)
-        orders, offsets = renumbering(model.weights, parts, nparts)
+        digest = hashlib.sha256()  # of the pattern (the checkpoints' identity), as it passes
+        orders, offsets = renumbering(_digested(model.iter_weights(), digest), parts, nparts)
+        self._pattern_digest = digest.hexdigest()
         self.plan = CommPlan(nparts, orders, offsets, [])
-        self._layers = self._planning(iter_layers(model.weights, orders, offsets))
+        self._layers = self._planning(iter_layers(model.iter_weights(), orders, offsets))
         self.part_workers = worker_of_parts(workers, nparts)
         self._layout: Layout | None = None
         self._snapshot: Snapshot | None = None
@@ -209,7 +225,7 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
         #: Batches since the last reset by (rows, backward, microbatches), for the comm report.
         self._batches: Counter[tuple[int, bool, int]] = Counter()
         self._placement = KeyPlacement(self.part_workers, part_of)
-        self._priority = StepPriority(self.token, len(model.weights))
+        self._priority = StepPriority(self.token, model.n_layers)
         self._next_check = 0.0  # when a finished step looks next at its workers (monotonic)
         self._training_rows: tuple[np.ndarray, np.ndarray] | None = None  # of the fit call
 
