@@ -6,6 +6,7 @@ generated network, against scipy."""
 from __future__ import annotations
 
 import gc
+import json
 
 import numpy as np
 import pytest
@@ -13,8 +14,17 @@ import scipy.sparse as sp
 from challenge_reference import reference_categories
 from random_layers import random_layers
 
+import graph
 from dasknn.challenge import run_challenge_model_parallel
-from dasknn.datasets import challenge_bias, load_mnist_test, load_network, mnist_to_challenge_inputs
+from dasknn.cli import main
+from dasknn.datasets import (
+    challenge_bias,
+    iter_network,
+    load_mnist_test,
+    load_network,
+    mnist_to_challenge_inputs,
+    write_categories,
+)
 from dasknn.model import LayerSource, SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
 from dasknn.model_parallel._worker_state import ModelState
@@ -101,3 +111,78 @@ def test_the_challenge_runs_a_generated_network_a_layer_at_a_time(dask_client, m
     np.testing.assert_array_equal(categories, expected)
     assert (stats.neurons, stats.layers, stats.edges) == (1024, 12, 12 * 1024 * 32)
     assert stats.measured_bytes == stats.predicted_bytes > 0
+
+
+@pytest.mark.slow
+def test_the_challenge_uses_a_partition_file_of_the_network(dask_client, tmp_path):
+    spec = "radixnet:1024:12:4"
+    images, _ = load_mnist_test()
+    inputs = mnist_to_challenge_inputs(images[:100], side=32)
+    network = load_network(spec)
+    expected = reference_categories(inputs, network, challenge_bias(1024)) + 1
+    parts = tmp_path / "parts.npz"
+    graph.partition_stream(iter_network(spec), 3, parts_out=parts)
+    categories, stats = run_challenge_model_parallel(
+        spec, inputs, client=dask_client, partition=parts, method="random", batch_size=64,
+        progress=False,
+    )
+    np.testing.assert_array_equal(categories, expected)
+    assert (stats.nparts, stats.method) == (3, "hypergraph")
+    assert stats.measured_bytes == stats.predicted_bytes > 0
+    whole = graph.partition_network(network, 3)
+    assert run_challenge_model_parallel(
+        network, inputs, client=dask_client, partition=whole, progress=False
+    )[1].measured_bytes == stats.measured_bytes
+
+
+def test_a_partition_that_does_not_fit_is_refused_before_any_work(dask_client, tmp_path):
+    spec = "radixnet:1024:6"
+    inputs = mnist_to_challenge_inputs(load_mnist_test()[0][:10], side=32)
+    both = tmp_path / "both.npz"
+    graph.save_partitions(
+        both, {p: graph.partition_network(load_network(spec), p, method="block") for p in (2, 4)}
+    )
+    other = graph.partition_network(load_network("radixnet:1024:5"), 2, method="block")
+    before = dask_client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks))
+    for partition, nparts, message in [
+        (both, None, r"partitions into \[2, 4\] parts: choose one with nparts"),
+        (both, 3, r"no partition into 3 parts, only \[2, 4\]"),
+        (other, None, "partition has 6 part arrays but the network has 6 layers"),
+        (other, 4, "nparts 4 differs from the partition's 2"),
+        (tmp_path / "missing.npz", None, None),
+    ]:
+        error = FileNotFoundError if message is None else ValueError
+        with pytest.raises(error, match=message):
+            run_challenge_model_parallel(
+                spec, inputs, client=dask_client, partition=partition, nparts=nparts
+            )
+    after = dask_client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks))
+    assert after <= before
+
+
+def test_the_cli_runs_on_the_partition_file_dasknn_partition_wrote(
+    dask_client, tmp_path, capsys
+):
+    spec = "radixnet:1024:12:4"
+    inputs = mnist_to_challenge_inputs(load_mnist_test()[0][:100], side=32)
+    coo = inputs.tocoo()
+    triples = zip(coo.row, coo.col, coo.data, strict=True)
+    (tmp_path / "inputs.tsv").write_text(
+        "".join(f"{r + 1}\t{c + 1}\t{v:g}\n" for r, c, v in triples)
+    )
+    expected = reference_categories(inputs, load_network(spec), challenge_bias(1024)) + 1
+    write_categories(tmp_path / "golden.tsv", expected)
+    parts = tmp_path / "parts.npz"
+    assert main(["partition", spec, "--parts", "2", "--stream", "--out", str(parts)]) == 0
+    run = ["challenge", "--network", spec, "--inputs", str(tmp_path / "inputs.tsv"), "--quiet"]
+    code = main([
+        *run, "--golden", str(tmp_path / "golden.tsv"), "--json", str(tmp_path / "stats.json"),
+        "--scheduler", dask_client.scheduler.address, "--model-parallel", "--partition-file",
+        str(parts),
+    ])
+    assert code == 0
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert (stats["passed"], stats["nparts"], stats["method"]) == (True, 2, "hypergraph")
+    capsys.readouterr()
+    assert main([*run, "--partition-file", str(parts)]) == 2
+    assert "--partition-file is for --model-parallel runs" in capsys.readouterr().err

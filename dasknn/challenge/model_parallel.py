@@ -23,7 +23,7 @@ from dasknn.challenge.engine import network_source, prepare_inputs
 from dasknn.challenge.network_checks import check_network
 from dasknn.model import LayerSource
 from dasknn.model.validation import check_float_dtype
-from dasknn.model_parallel import DistributedSparseMLP
+from dasknn.model_parallel import DistributedSparseMLP, normalize_partition
 from dasknn.runtime.cluster import open_client, scheduler_workers
 from dasknn.runtime.step_timeout import DEFAULT_STEP_TIMEOUT, check_step_timeout
 
@@ -129,6 +129,7 @@ def run_challenge_model_parallel(
     progress: bool = True,
     security: Security | bool | None = None,
     step_timeout: float = DEFAULT_STEP_TIMEOUT,
+    partition: graph.NetworkPartition | str | os.PathLike | None = None,
 ) -> tuple[np.ndarray, ModelParallelStats]:
     """Run Graph Challenge inference with every layer split by neurons across the workers.
 
@@ -151,6 +152,11 @@ def run_challenge_model_parallel(
         TLS for the client opened here, as for :func:`dasknn.challenge.run_challenge`.
     step_timeout : float
         The ``step_timeout`` of :class:`dasknn.model_parallel.DistributedSparseMLP`.
+    partition : graph.NetworkPartition, str or os.PathLike, optional
+        A partition of this network to use instead of partitioning it: a
+        :class:`graph.NetworkPartition` or a file of :func:`graph.save_partitions` (as
+        ``dasknn partition --stream`` writes), whose partition into ``nparts`` parts is taken
+        (the only one when ``nparts`` is not given); ``method`` is then the partition's.
 
     Returns
     -------
@@ -161,20 +167,22 @@ def run_challenge_model_parallel(
     Raises
     ------
     ValueError
-        On inconsistent layers or inputs, a positive bias or an impossible part count, before
-        any work is scheduled.
+        On inconsistent layers or inputs, a positive bias, an impossible part count or a
+        partition that does not fit the network, before any work is scheduled.
+    FileNotFoundError
+        For a network directory, input file or partition file that does not exist.
 
     Notes
     -----
     The layers are made (read from the directory, generated, or taken from the sequence) four
-    times, one at a time: to check them, to partition them, to renumber them and to place them
-    on the workers. The client holds at most two layers, the parts of every layer and the
-    communication plan; the workers hold the network.
+    times, one at a time (three with a ``partition``): to check them, to partition them, to
+    renumber them and to place them on the workers. The client holds at most two layers, the
+    parts of every layer and the communication plan; the workers hold the network.
     """
     step_timeout = check_step_timeout(step_timeout)
     prepared = prepare_model_parallel(
         network, inputs, bias, nparts=nparts, method=method, neurons=neurons, layers=layers,
-        seed=seed, batch_size=batch_size, dtype=dtype,
+        seed=seed, batch_size=batch_size, dtype=dtype, partition=partition,
     )  # fmt: skip
     with ExitStack() as stack:
         client = open_client(stack, client, security=security)
@@ -185,7 +193,7 @@ def run_challenge_model_parallel(
 class ModelParallelRun:
     """A checked model-parallel challenge run, ready for a cluster (:func:`prepare_model_parallel`):
     the network as a :class:`~dasknn.model.LayerSource`, its ``edges``, the input rows (CSR), the
-    bias and the run's options."""
+    bias, the run's options and the partition given (``None``: made by :meth:`run`)."""
 
     source: LayerSource
     edges: int
@@ -195,6 +203,7 @@ class ModelParallelRun:
     method: str
     seed: int
     batch_size: int
+    partition: graph.NetworkPartition | None = None
 
     def run(
         self, client: Client, *, progress: bool = True, step_timeout: float = DEFAULT_STEP_TIMEOUT
@@ -205,7 +214,7 @@ class ModelParallelRun:
         n_workers = len(scheduler_workers(client))
         if n_workers == 0:
             raise ValueError("the cluster has no workers")
-        nparts = self.nparts or n_workers
+        nparts = self.partition.nparts if self.partition else self.nparts or n_workers
         check_model_parallel(self.bias, self.source.n_inputs, nparts)
         return _run(client, self, nparts, n_workers, progress, step_timeout)
 
@@ -222,6 +231,7 @@ def prepare_model_parallel(
     seed: int = 0,
     batch_size: int = 1000,
     dtype: str | np.dtype | type = "float32",
+    partition: graph.NetworkPartition | str | os.PathLike | None = None,
 ) -> ModelParallelRun:
     """Check a model-parallel run before any cluster is touched, reading the network once a
     layer at a time; parameters as :func:`run_challenge_model_parallel`'s.
@@ -240,6 +250,9 @@ def prepare_model_parallel(
     checked = check_network(make(), dtype, tiled=False)
     matrix, bias = prepare_inputs(inputs, bias, checked.width)
     check_model_parallel(bias, checked.width, nparts)
+    if partition is not None:
+        partition = _given_partition(partition, nparts, [checked.width] * (checked.layers + 1))
+        nparts = partition.nparts
     source = LayerSource(
         make,
         [(checked.width, checked.width)] * checked.layers,
@@ -249,8 +262,31 @@ def prepare_model_parallel(
         dtype=dtype,
     )
     return ModelParallelRun(
-        source, checked.edges, matrix, bias, nparts, method, seed, batch_size
+        source, checked.edges, matrix, bias, nparts, method, seed, batch_size, partition
     )
+
+
+def _given_partition(partition, nparts: int | None, sizes: list[int]) -> graph.NetworkPartition:
+    """The partition to use of ``partition`` (a ``NetworkPartition`` or a partition file), checked
+    against the layer ``sizes``; ``ValueError`` naming the mismatch."""
+    if not isinstance(partition, graph.NetworkPartition):
+        found = graph.load_partitions(partition)
+        if nparts is None and len(found) > 1:
+            raise ValueError(
+                f"{os.fspath(partition)!r} holds partitions into {sorted(found)} parts: choose "
+                "one with nparts"
+            )
+        chosen = nparts if nparts is not None else next(iter(found))
+        if chosen not in found:
+            raise ValueError(
+                f"{os.fspath(partition)!r} holds no partition into {chosen} parts, only "
+                f"{sorted(found)}"
+            )
+        partition = found[chosen]
+    elif nparts is not None and nparts != partition.nparts:
+        raise ValueError(f"nparts {nparts} differs from the partition's {partition.nparts}")
+    normalize_partition(partition, sizes)
+    return partition
 
 
 def _run(
@@ -260,9 +296,12 @@ def _run(
     source, matrix, method = prepared.source, prepared.inputs, prepared.method
     batch_size = prepared.batch_size
     start = time.perf_counter()
-    partition = graph.partition_layers(
-        source.iter_weights(), nparts, method=method, seed=prepared.seed
-    )
+    partition = prepared.partition
+    if partition is None:
+        partition = graph.partition_layers(
+            source.iter_weights(), nparts, method=method, seed=prepared.seed
+        )
+    method = partition.method
     partition_seconds = time.perf_counter() - start
     start = time.perf_counter()
     dist = DistributedSparseMLP(source, client, partition=partition, step_timeout=step_timeout)

@@ -111,6 +111,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default="hypergraph",
         help="partition method in model-parallel mode",
     )
+    parser.add_argument(
+        "--partition-file",
+        type=Path,
+        help="in model-parallel mode, use this partition file (dasknn partition --out) of the "
+        "network instead of partitioning it (its partition into --parts parts)",
+    )
     add_step_timeout_argument(
         parser,
         "the run may go without a batch finishing (with --model-parallel: a block of predictions)",
@@ -128,6 +134,8 @@ def run(args: argparse.Namespace) -> int:
     if args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     check_step_timeout_option(args.step_timeout)
+    if args.partition_file is not None and not args.model_parallel:
+        raise ValueError("--partition-file is for --model-parallel runs")
     security = security_from_args(args)
     for output in (args.categories, args.json):
         if output is not None:
@@ -163,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
             layers=args.layers,
             batch_size=args.batch_size or 1000,
             dtype=args.dtype,
+            partition=args.partition_file,
         )
     else:
         network, inputs, bias = prepare_run(
