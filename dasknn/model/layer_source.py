@@ -12,7 +12,7 @@ import scipy.sparse as sp
 from dasknn.model.activations import Activation
 from dasknn.model.layer_shapes import LayerShapes
 from dasknn.model.losses import Loss, network_functions
-from dasknn.model.validation import check_float_dtype, check_layer
+from dasknn.model.validation import check_bias, check_float_dtype, check_layer
 
 __all__ = ["LayerSource"]
 
@@ -33,12 +33,7 @@ class _Biases(Sequence):
         if self._make is None:
             return np.zeros(size, dtype=self._dtype)
         k = range(len(self))[k]
-        bias = np.array(self._make(k), dtype=self._dtype)
-        if bias.shape != (size,):
-            raise ValueError(f"biases[{k}] must have shape ({size},), got {bias.shape}")
-        if not np.isfinite(bias).all():
-            raise ValueError(f"biases[{k}] contains NaN or infinite values")
-        return bias
+        return check_bias(self._make(k), k, size, self._dtype)
 
 
 class LayerSource(LayerShapes):

@@ -28,7 +28,7 @@ from dasknn.model.estimator import InProcessEstimator
 from dasknn.model.layer_shapes import LayerShapes
 from dasknn.model.losses import Loss, network_functions
 from dasknn.model.persistence import ModelRecord, pattern_digest, read_model, write_model
-from dasknn.model.validation import check_float_dtype, check_layer
+from dasknn.model.validation import check_bias, check_float_dtype, check_layer
 from dasknn.optim import Optimizer, OptimizerSlots, ParamState
 
 __all__ = ["SparseMLP"]
@@ -120,14 +120,10 @@ class SparseMLP(LayerShapes, InProcessEstimator):
             biases = list(biases)
             if len(biases) != len(self.weights):
                 raise ValueError(f"got {len(biases)} biases for {len(self.weights)} layers")
-            self.biases = []
-            for k, (b, w) in enumerate(zip(biases, self.weights, strict=True)):
-                b = np.array(b, dtype=self.dtype, copy=True)
-                if b.shape != (w.shape[1],):
-                    raise ValueError(f"biases[{k}] must have shape ({w.shape[1]},), got {b.shape}")
-                if not np.isfinite(b).all():
-                    raise ValueError(f"biases[{k}] contains NaN or infinite values")
-                self.biases.append(b)
+            self.biases = [
+                check_bias(b, k, w.shape[1], self.dtype)
+                for k, (b, w) in enumerate(zip(biases, self.weights, strict=True))
+            ]
         self._slots = OptimizerSlots()
         self.loss_curve_: list[float] = []
         self.batch_loss_curve_: list[float] = []

@@ -17,6 +17,7 @@ from graph.checks import check_csr
 __all__ = [
     "check_batch_size",
     "check_epochs",
+    "check_bias",
     "check_inputs",
     "check_layer",
     "check_learning_rate",
@@ -118,6 +119,17 @@ def check_layer(w, k: int, dtype: np.dtype) -> sp.csr_matrix:
     if not np.isfinite(csr.data).all():
         raise ValueError(f"weights[{k}] contains NaN or infinite values")
     return csr
+
+
+def check_bias(b, k: int, size: int, dtype: np.dtype) -> np.ndarray:
+    """Own copy of the bias ``biases[k]`` in ``dtype``; ``ValueError`` naming it unless it has
+    ``size`` finite values."""
+    b = np.array(b, dtype=dtype, copy=True)
+    if b.shape != (size,):
+        raise ValueError(f"biases[{k}] must have shape ({size},), got {b.shape}")
+    if not np.isfinite(b).all():
+        raise ValueError(f"biases[{k}] contains NaN or infinite values")
+    return b
 
 
 def check_float_dtype(dtype) -> np.dtype:
