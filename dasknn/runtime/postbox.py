@@ -23,8 +23,14 @@ from __future__ import annotations
 import pickle
 import threading
 from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from functools import partial
 
 from distributed import get_worker
+from distributed.comm import get_address_host, parse_address
+
+from dasknn.runtime.wire import WireAddress, link_to, server_on
 
 __all__ = [
     "MESSAGE_TIMEOUT",
@@ -33,9 +39,11 @@ __all__ = [
     "Postbox",
     "FAILURE_POST_TIMEOUT",
     "StepFailed",
+    "WIRE_CACHE_SIZE",
     "open_envelope",
     "pack_envelope",
     "post_failure",
+    "poster",
 ]
 
 #: Seconds a task waits for a message posted by another worker before it fails.
@@ -46,6 +54,11 @@ MESSAGE_TIMEOUT = 600.0
 POST_POLL_SECONDS = 0.25
 #: Seconds a failing task waits for each other worker to be told (:func:`post_failure`).
 FAILURE_POST_TIMEOUT = 10.0
+#: Postboxes whose wire address a process keeps (:func:`poster`).
+WIRE_CACHE_SIZE = 4096
+
+_wires: dict = {}  # postbox key -> WireAddress or None, in the order asked
+_wires_lock = threading.Lock()
 
 
 def pack_envelope(key, sender: str) -> bytes:
@@ -71,21 +84,65 @@ class Postbox:
     """
 
     def __init__(self, plugin_name: str) -> None:
-        self.state = get_worker().plugins[plugin_name]  # made by a task on the worker it serves
+        worker = get_worker()  # made by a task on the worker it serves
+        self.state = worker.plugins[plugin_name]
+        scheme, _ = parse_address(worker.address)
+        self._wire = (
+            server_on(get_address_host(worker.address)).register(self) if scheme == "tcp" else None
+        )
 
-    async def post(self, key, sender: str, value) -> None:
+    def wire(self) -> WireAddress | None:
+        """Where :mod:`dasknn.runtime.wire` sends this postbox's messages; ``None`` on a
+        cluster whose scheme is not ``tcp://`` (the messages then come through :meth:`post`)."""
+        return self._wire
+
+    def leave(self, key, sender: str, value) -> None:
         """Leave the message ``key`` from the worker at ``sender`` with the plugin, and hold the
         report of its bytes (``value.nbytes``; none for a :class:`StepFailed`) there first, so
-        a task that took the message finds its report held; runs on the worker's event loop."""
+        a task that took the message finds its report held (any thread)."""
         if not isinstance(value, StepFailed):
             self.state.hold_receipt(key, sender, value.nbytes)
         self.state.deliver(key, value)
+
+    async def post(self, key, sender: str, value) -> None:
+        """:meth:`leave` the message, on the worker's event loop."""
+        self.leave(key, sender, value)
 
     async def post_packed(self, envelope: bytes, value) -> None:
         """:meth:`post` of the message whose key and sender ``envelope`` holds
         (:func:`pack_envelope`)."""
         key, sender = open_envelope(envelope)
         await self.post(key, sender, value)
+
+
+def poster(box) -> Callable:
+    """How this process posts to the :class:`Postbox` actor ``box``: ``post(key, sender,
+    value)`` returning a future that is done once the message is on its way
+    (:mod:`dasknn.runtime.wire`), or once the actor took it where the postbox has no wire.
+
+    The postbox's wire address is asked once a process and postbox key (Dask never gives a
+    key to two actors; the cache keeps the last :data:`WIRE_CACHE_SIZE` keys asked)."""
+    key = box.key
+    with _wires_lock:
+        known = key in _wires
+        wire = _wires.get(key)
+    if not known:
+        wire = box.wire().result()
+        with _wires_lock:
+            if len(_wires) >= WIRE_CACHE_SIZE:
+                del _wires[next(iter(_wires))]
+            _wires[key] = wire
+    if wire is None:
+        return partial(_post_by_actor, box.post_packed)
+    return partial(_post_on_wire, wire)
+
+
+def _post_by_actor(post_packed, key, sender: str, value):
+    return post_packed(pack_envelope(key, sender), value)
+
+
+def _post_on_wire(wire: WireAddress, key, sender: str, value) -> Future:
+    return link_to(wire).send(wire.route, key, sender, value)
 
 
 class StepFailed:

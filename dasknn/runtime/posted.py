@@ -44,7 +44,7 @@ from dask.task_spec import List, Task, TaskRef
 from distributed import get_worker
 
 from dasknn.runtime.measure import report_transfers
-from dasknn.runtime.postbox import Mailbox, pack_envelope, post_failure
+from dasknn.runtime.postbox import Mailbox, post_failure, poster
 
 __all__ = [
     "PostedTask",
@@ -77,8 +77,8 @@ class PostedTask:
         self.address = self.worker.address
         self.mailbox = mailbox
         items = postboxes.items() if isinstance(postboxes, Mapping) else enumerate(postboxes)
-        # the actors' method, looked up once a task
-        self._post = {name: box.post_packed for name, box in items if box is not None}
+        # how each receiver is posted to, looked up once a task
+        self._post = {name: poster(box) for name, box in items if box is not None}
         self.since = mailbox.clears if since else None
         #: The futures of this task's posts, in the order they were made.
         self.posts: list = []
@@ -118,9 +118,8 @@ class PostedTask:
         the futures join :attr:`posts`."""
         if not receivers:
             return
-        envelope = pack_envelope(key, self.address)
         for receiver in receivers:
-            self.posts.append(self._post[receiver](envelope, value))
+            self.posts.append(self._post[receiver](key, self.address, value))
 
     @contextmanager
     def failing(self, notices: Callable[[], list], where: str) -> Iterator[None]:
