@@ -200,3 +200,15 @@ def test_an_inproc_cluster_posts_through_the_actor():
     ):
         assert cluster.scheduler_address.startswith("inproc://")
         assert _posts_between_workers(client) is None
+
+
+def test_a_postbox_listens_on_tcp_hosts_it_owns_and_else_goes_through_its_actor():
+    from dasknn.runtime.postbox import _wire_for
+
+    inbox = _Inbox()
+    wire = _wire_for(inbox, "tcp://127.0.0.1:8786")
+    assert isinstance(wire, WireAddress) and wire.host == "127.0.0.1"
+    assert _wire_for(inbox, "tls://127.0.0.1:8786") is None  # Dask's comm keeps the encryption
+    assert _wire_for(inbox, "inproc://127.0.0.1/1/2") is None
+    # a contact address that is not this host's (a worker behind a NAT): no socket can listen
+    assert _wire_for(inbox, "tcp://203.0.113.7:8786") is None

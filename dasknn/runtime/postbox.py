@@ -20,6 +20,7 @@ element (one pickle and one frame each), and sends ``bytes`` as they are.
 
 from __future__ import annotations
 
+import logging
 import pickle
 import threading
 from collections import deque
@@ -57,6 +58,8 @@ FAILURE_POST_TIMEOUT = 10.0
 #: Postboxes whose wire address a process keeps (:func:`poster`).
 WIRE_CACHE_SIZE = 4096
 
+logger = logging.getLogger(__name__)
+
 _wires: dict = {}  # postbox key -> WireAddress or None, in the order asked
 _wires_lock = threading.Lock()
 
@@ -86,10 +89,7 @@ class Postbox:
     def __init__(self, plugin_name: str) -> None:
         worker = get_worker()  # made by a task on the worker it serves
         self.state = worker.plugins[plugin_name]
-        scheme, _ = parse_address(worker.address)
-        self._wire = (
-            server_on(get_address_host(worker.address)).register(self) if scheme == "tcp" else None
-        )
+        self._wire = _wire_for(self, worker.address)
 
     def wire(self) -> WireAddress | None:
         """Where :mod:`dasknn.runtime.wire` sends this postbox's messages; ``None`` on a
@@ -113,6 +113,20 @@ class Postbox:
         (:func:`pack_envelope`)."""
         key, sender = open_envelope(envelope)
         await self.post(key, sender, value)
+
+
+def _wire_for(postbox: Postbox, address: str) -> WireAddress | None:
+    """The wire address of ``postbox`` on the worker at ``address``: ``None`` where the scheme
+    is not ``tcp://`` or no socket can listen on the address's host (a contact address that is
+    not the worker's own, behind a NAT): its messages then come through the actor."""
+    scheme, _ = parse_address(address)
+    if scheme != "tcp":
+        return None
+    try:
+        return server_on(get_address_host(address)).register(postbox)
+    except OSError as error:
+        logger.info("posting to the worker at %s through its actor: %s", address, error)
+        return None
 
 
 def poster(box) -> Callable:

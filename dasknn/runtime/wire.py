@@ -17,7 +17,8 @@ copies them, as the collective libraries' threads do.
 Trust: a connection first presents the server's secret (16 random bytes, handed out only in
 the :class:`WireAddress`, which travels through Dask's own comm); a connection that does not is
 closed before anything it sent is unpickled. Clusters with other schemes (``tls://`` above all,
-whose encryption this transport does not give) post through the actors.
+whose encryption this transport does not give), and a worker whose contact address is not a host
+of its own (behind a NAT), post through the actors.
 
 Errors: a message that cannot be sent (the receiver's process is gone, the connection broke)
 fails its future with the ``OSError`` naming the address, and so does every message queued
