@@ -2,13 +2,15 @@
 equal and writable, in order, on one connection; a connection without the server's secret is
 closed before anything is unpickled; a message for an unknown or collected receiver is dropped
 and the link goes on; a link that cannot connect fails its messages with an error naming the
-address and is made anew; a value that cannot be pickled fails alone. On a real ``tcp://``
+address and is made anew; a value that cannot be pickled fails alone; a reader's buffer is
+reused only once the arrays read into it are gone. On a real ``tcp://``
 cluster a postbox answers its wire address and a post crosses it; an ``inproc://`` cluster posts
 through the actor."""
 
 from __future__ import annotations
 
 import gc
+import pickle
 import socket
 import threading
 
@@ -18,7 +20,14 @@ from distributed import WorkerPlugin
 from polling import HANG_GUARD, wait_until
 
 from dasknn.runtime.postbox import Mailbox, Postbox, StepFailed, poster
-from dasknn.runtime.wire import WireAddress, WireServer, link_to, server_on
+from dasknn.runtime.wire import (
+    POOLED_MIN_BYTES,
+    ReceiveBuffers,
+    WireAddress,
+    WireServer,
+    link_to,
+    server_on,
+)
 
 
 class _Inbox:
@@ -212,3 +221,25 @@ def test_a_postbox_listens_on_tcp_hosts_it_owns_and_else_goes_through_its_actor(
     assert _wire_for(inbox, "inproc://127.0.0.1/1/2") is None
     # a contact address that is not this host's (a worker behind a NAT): no socket can listen
     assert _wire_for(inbox, "tcp://203.0.113.7:8786") is None
+
+
+def test_a_receive_buffer_is_reused_only_once_the_arrays_over_it_are_gone():
+    pool = ReceiveBuffers(limit=4 * 2**20)
+    value = np.arange(100_000, dtype=np.float64)
+    buffers: list = []
+    head = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
+    raw = np.frombuffer(buffers[0].raw(), dtype=np.uint8)
+    first = pool.take(raw.nbytes)
+    first[:] = raw
+    received = pickle.loads(head, buffers=[first])
+    del first
+    held = pool.take(raw.nbytes)  # the message's array still refers to the first buffer
+    assert not np.shares_memory(held, received)
+    np.testing.assert_array_equal(received, value)
+    del held, received
+    again = pool.take(raw.nbytes)
+    assert pool.nbytes == 2 * 2**20 and again.nbytes == raw.nbytes  # no third buffer
+    small = pool.take(POOLED_MIN_BYTES - 1)  # below the pooled sizes: memory of its own
+    assert small.nbytes == POOLED_MIN_BYTES - 1 and pool.nbytes == 2 * 2**20
+    beyond = [pool.take(2**20) for _ in range(4)]  # held: the pool stops at its limit
+    assert pool.nbytes <= pool.limit and all(b.nbytes == 2**20 for b in beyond)

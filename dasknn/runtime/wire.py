@@ -7,8 +7,9 @@ by the first postbox) and answers :meth:`~dasknn.runtime.postbox.Postbox.wire` w
 connection and one thread per server and process, made by the first message): the key, the
 sender's address and the value pickled with protocol 5, the value's buffers (a numpy array's
 memory) written to the socket as they are, without a copy, while the sending task goes on. The
-server's thread for the connection reads them into fresh buffers and leaves the message with
-the postbox (:meth:`~dasknn.runtime.postbox.Postbox.leave`), as a Dask actor call would.
+server's thread for the connection reads them into buffers it reuses once the message's arrays
+are gone (:class:`ReceiveBuffers`) and leaves the message with the postbox
+(:meth:`~dasknn.runtime.postbox.Postbox.leave`), as a Dask actor call would.
 
 Against an actor call, a message costs the worker's event loop nothing: no framing of Dask's
 protocol, no reply, no wake-up; the bytes move in threads that release the GIL while the kernel
@@ -35,6 +36,7 @@ import queue
 import secrets
 import socket
 import struct
+import sys
 import threading
 import weakref
 from concurrent.futures import Future
@@ -44,6 +46,9 @@ import numpy as np
 
 __all__ = [
     "CONNECT_TIMEOUT",
+    "POOLED_MIN_BYTES",
+    "RECEIVE_POOL_BYTES",
+    "ReceiveBuffers",
     "WireAddress",
     "WireLink",
     "WireServer",
@@ -53,6 +58,10 @@ __all__ = [
 
 #: Seconds a link waits for the receiving server to accept its connection.
 CONNECT_TIMEOUT = 30.0
+#: Bytes of reusable receive buffers a connection's reader keeps (:class:`ReceiveBuffers`).
+RECEIVE_POOL_BYTES = 64 * 2**20
+#: Buffers smaller than this are allocated for each message (glibc's heap reuses them).
+POOLED_MIN_BYTES = 4 * 2**10
 
 _SECRET_BYTES = 16
 _ROUTE_BYTES = 16
@@ -113,18 +122,19 @@ class WireServer:
             try:
                 if not hmac.compare_digest(_read(connection, _SECRET_BYTES), self._secret):
                     return
+                pool = ReceiveBuffers()
                 while True:
-                    self._deliver(connection)
+                    self._deliver(connection, pool)
             except (OSError, EOFError):
                 return  # the sender closed or broke the connection: nothing more comes
 
-    def _deliver(self, connection: socket.socket) -> None:
+    def _deliver(self, connection: socket.socket, pool: ReceiveBuffers) -> None:
         route, head_length, count = _FRAME.unpack(_read(connection, _FRAME.size))
         lengths = struct.unpack(f"!{count}Q", _read(connection, 8 * count)) if count else ()
         head = _read(connection, head_length)
         buffers = []
         for length in lengths:
-            buffer = np.empty(length, dtype=np.uint8)
+            buffer = pool.take(length)
             _read_into(connection, memoryview(buffer))
             buffers.append(buffer)
         with self._lock:
@@ -132,6 +142,43 @@ class WireServer:
         if receiver is not None:
             key, sender, value = pickle.loads(head, buffers=buffers)
             receiver.leave(key, sender, value)
+
+
+class ReceiveBuffers:
+    """The memory one connection's reader reads messages into, reused from message to message.
+
+    A buffer is handed out again once nothing refers to it any more (the arrays of the message
+    read into it are gone: CPython's reference count, read under the GIL by the one reader
+    thread that owns the pool), so a worker in steady state receives its messages into the
+    same pages whatever the process's malloc settings. Buffers are powers of two from
+    :data:`POOLED_MIN_BYTES`; the pool keeps at most ``limit`` bytes of them (default
+    :data:`RECEIVE_POOL_BYTES`) for the life of the connection, and a message that finds none
+    free beyond that gets memory of its own.
+    """
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = RECEIVE_POOL_BYTES if limit is None else int(limit)
+        self._buffers: list[np.ndarray] = []
+        self.nbytes = 0
+
+    def take(self, length: int) -> np.ndarray:
+        """An uninitialized ``uint8`` array of ``length`` bytes, on a free pooled buffer when
+        one fits (the smallest that does)."""
+        if length < POOLED_MIN_BYTES:
+            return np.empty(length, dtype=np.uint8)
+        best = None
+        for buffer in self._buffers:
+            # references: the list, this loop's name, getrefcount's argument
+            if buffer.nbytes >= length and sys.getrefcount(buffer) == 3:
+                if best is None or buffer.nbytes < best.nbytes:
+                    best = buffer
+        if best is None:
+            best = np.empty(1 << (length - 1).bit_length(), dtype=np.uint8)
+            if self.nbytes + best.nbytes > self.limit:
+                return best[:length]
+            self._buffers.append(best)
+            self.nbytes += best.nbytes
+        return best[:length]
 
 
 class WireLink:
