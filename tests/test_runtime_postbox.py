@@ -2,7 +2,8 @@
 that another thread delivers, a sender's failure ends the wait with the sender's error, and a
 message that never comes is a ``TimeoutError`` naming it; jobs queued by the task thread run
 while its message is missing, and clearing the mailbox ends the waits under way (or, given the
-count of clears they start from, the waits begun after it). The transfer reports held for the
+count of clears they start from, the waits begun after it); closing it ends those and every
+later wait. The transfer reports held for the
 task are taken once, in order, and a clear keeps them; an envelope gives back the key and the
 sender it packed."""
 
@@ -147,3 +148,29 @@ def test_an_envelope_gives_back_the_key_and_the_sender_it_packed():
     opened, sender = open_envelope(envelope)
     assert opened == key and hash(opened) == hash(key) and sender == "tcp://127.0.0.1:4321"
     assert [type(part) for part in opened] == [type(part) for part in key]
+
+
+def test_closing_ends_the_waits_under_way_and_every_later_one():
+    box = Mailbox()
+    errors: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            box.take(("m", 9), failed=("failed", 9), timeout=HANG_GUARD)
+        except RuntimeError as error:
+            errors.append(error)
+
+    taking = threading.Event()  # set by a job the take runs once it counts its clears
+    box.queue_idle(taking.set)
+    waiting = threading.Thread(target=wait)
+    waiting.start()
+    assert taking.wait(HANG_GUARD)
+    box.close()
+    waiting.join(HANG_GUARD)
+    assert not waiting.is_alive() and "closed while waiting for ('m', 9)" in str(errors[0])
+    since = box.clears  # a task that took its count after the close waits no more
+    with pytest.raises(RuntimeError, match=r"closed while waiting for \('m', 10\)"):
+        box.take(("m", 10), failed=("failed", 10), timeout=HANG_GUARD, since=since)
+    never: Future = Future()
+    with pytest.raises(RuntimeError, match="dropped while a post was under way"):
+        box.wait_posted([never], poll=0.01, since=since)

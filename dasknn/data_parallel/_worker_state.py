@@ -71,7 +71,7 @@ class ReplicaState(ModelPlugin):
         self.posts: list = []
 
     def teardown(self, worker) -> None:
-        self.mailbox.clear()  # ends the waits of a step in flight
+        self.mailbox.close()  # ends the waits of a step in flight, and of one begun later
         self.setup(worker)
 
     def ended(self, step: int, posts: list) -> None:

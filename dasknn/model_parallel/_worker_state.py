@@ -156,6 +156,7 @@ class ModelState(ModelPlugin):
     def teardown(self, worker) -> None:
         self.updater.shutdown(wait=True, cancel_futures=True)
         self.clear_steps()
+        self.mailbox.close()  # a step task begun before the removal does not wait
         self.layers.clear()
 
     def install(self, chunks: dict, states: dict | None = None) -> int:

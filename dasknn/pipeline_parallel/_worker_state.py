@@ -72,8 +72,9 @@ class StageState(ModelPlugin):
         self.gradient_lock = threading.Lock()
 
     def teardown(self, worker) -> None:
-        """Forget the stage; a step task still waiting for a message raises ``RuntimeError``."""
-        self.mailbox.clear()
+        """Forget the stage; a step task waiting for a message, or waiting later, raises
+        ``RuntimeError``."""
+        self.mailbox.close()
         self.setup(worker)
 
     def record(self, step: int, kind: str, microbatch: int, start: tuple) -> None:

@@ -188,13 +188,15 @@ class Mailbox:
 
     A task thread may leave jobs (:meth:`queue_idle`) that its :meth:`take` runs while the
     message it takes has not arrived. :meth:`clear` forgets the messages and jobs and ends the
-    waits under way with ``RuntimeError`` (the steps they belong to were dropped).
+    waits under way with ``RuntimeError`` (the steps they belong to were dropped);
+    :meth:`close` does as well and ends every later wait at once (the model was removed).
     """
 
     def __init__(self) -> None:
         self._messages: dict = {}
         self._arrived = threading.Condition()
         self._clears = 0  # calls of clear, which end the waits begun before them
+        self._closed = False  # close: every wait, now or later, ends
         self._idle_jobs: deque = deque()
         self._receipts: list[tuple] = []
 
@@ -238,7 +240,8 @@ class Mailbox:
 
         def ready():
             return (
-                self._clears != clears
+                self._closed
+                or self._clears != clears
                 or key in self._messages
                 or (failed is not None and failed in self._messages)
             )
@@ -247,6 +250,8 @@ class Mailbox:
             with self._arrived:
                 if ready() or not self._idle_jobs:
                     arrived = self._arrived.wait_for(ready, timeout)
+                    if self._closed:
+                        raise RuntimeError(f"the model was closed while waiting for {key}")
                     if self._clears != clears:
                         raise RuntimeError(
                             f"the steps in flight were dropped while waiting for {key}"
@@ -288,7 +293,7 @@ class Mailbox:
                     break
                 except TimeoutError:
                     with self._arrived:
-                        if self._clears != clears:
+                        if self._closed or self._clears != clears:
                             raise RuntimeError(
                                 "the steps in flight were dropped while a post was under way"
                             ) from None
@@ -310,6 +315,14 @@ class Mailbox:
             self._idle_jobs.clear()
             self._clears += 1
             self._arrived.notify_all()
+
+    def close(self) -> None:
+        """:meth:`clear`, and end every wait of :meth:`take` and :meth:`wait_posted` from now
+        on with ``RuntimeError`` (the model was removed from the worker: no message will come,
+        and a task that began before the removal must not wait for one)."""
+        with self._arrived:
+            self._closed = True
+        self.clear()
 
     def __len__(self) -> int:
         with self._arrived:
