@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from dasknn.kernels.training import column_runs, masked_outer_grad, spmm_backward, spmm_forward
+from dasknn.kernels.training import (
+    add_rows,
+    column_runs,
+    masked_outer_grad,
+    spmm_backward,
+    spmm_forward,
+)
 
 pytestmark = pytest.mark.minversions  # also run at the minimum versions (.ci/run)
 
@@ -106,6 +112,29 @@ def test_shapes_that_do_not_match_are_refused():
         masked_outer_grad(xt, np.ones((12, 21)), indptr, indices, 1.0, np.empty(w.nnz))
     with pytest.raises(ValueError, match=rf"out must have shape \({w.nnz},\)"):
         masked_outer_grad(xt, deltat, indptr, indices, 1.0, np.empty(w.nnz + 1))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_add_rows_adds_each_row_in_place(dtype):
+    rng = np.random.default_rng(0)
+    target = rng.standard_normal((50, 33)).astype(dtype)
+    rows = np.array([7, 0, 49, 7, 12], dtype=np.int64)  # row 7 twice: both added
+    values = rng.standard_normal((5, 33)).astype(dtype)
+    expected = target.astype(np.float64)
+    np.add.at(expected, rows, values.astype(np.float64))
+    add_rows(target, rows.astype(np.int32), values)
+    np.testing.assert_allclose(target, expected, rtol=1e-6 if dtype == np.float32 else 1e-12)
+
+
+def test_add_rows_refuses_bad_arguments_before_writing():
+    target = np.zeros((4, 3))
+    with pytest.raises(ValueError, match="outside the target"):
+        add_rows(target, np.array([0, 4]), np.ones((2, 3)))
+    assert not target.any()
+    with pytest.raises(ValueError, match=r"values must have shape \(2, 3\)"):
+        add_rows(target, np.array([0, 1]), np.ones((2, 4)))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        add_rows(np.zeros((3, 4)).T, np.array([0]), np.ones((1, 3)))
 
 
 @pytest.mark.parametrize("index_dtype", [np.int32, np.int64])

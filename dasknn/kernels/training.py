@@ -17,7 +17,7 @@ from numba import njit
 
 from dasknn.kernels.lane_vectors import ROW_VECTORS, VECTOR_BYTES, accumulate_rows, dot_rows
 
-__all__ = ["column_runs", "masked_outer_grad", "spmm_backward", "spmm_forward"]
+__all__ = ["add_rows", "column_runs", "masked_outer_grad", "spmm_backward", "spmm_forward"]
 
 
 @njit(cache=True, nogil=True)
@@ -156,6 +156,47 @@ def spmm_backward(deltat, indptr, indices, data, outt) -> None:
     deltat, indptr, indices, data = _inputs(deltat, indptr, indices, data)
     outt = _output("outt", outt, (indptr.shape[0] - 1, deltat.shape[1]))
     _sum_runs(outt, deltat, indices, data, None, indptr[:-1], indptr[1:], False)
+
+
+def add_rows(target, rows, values) -> None:
+    """``target[rows[r]] += values[r]`` for every ``r``, in place, one pass, nothing allocated
+    (numpy's fancy-index ``+=`` gathers the rows into a new array first).
+
+    Parameters
+    ----------
+    target : array (n, B)
+        Writeable, C-contiguous.
+    rows : int array (r,)
+        Rows of ``target``; a row named twice gets both values added.
+    values : array (r, B)
+
+    Raises
+    ------
+    ValueError
+        ``target`` is not writeable and C-contiguous, ``values`` does not have one row per entry
+        of ``rows`` and ``target``'s width, or a row is outside ``[0, n)`` (checked before
+        anything is written).
+    """
+    rows, values = _inputs(rows, values)
+    target = _output("target", target, target.shape)
+    if values.shape != (rows.shape[0], target.shape[1]):
+        raise ValueError(
+            f"values must have shape {(rows.shape[0], target.shape[1])}, got {values.shape}"
+        )
+    _add_rows(target, rows, values)
+
+
+@njit(cache=True, nogil=True)
+def _add_rows(target, rows, values):  # pragma: no cover - compiled
+    n = target.shape[0]
+    for r in range(rows.shape[0]):
+        if rows[r] < 0 or rows[r] >= n:
+            raise ValueError("a row is outside the target")
+    for r in range(rows.shape[0]):
+        out = target[rows[r]]
+        src = values[r]
+        for s in range(out.shape[0]):
+            out[s] += src[s]
 
 
 def masked_outer_grad(xt, deltat, indptr, indices, scale, out) -> None:

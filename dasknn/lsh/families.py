@@ -4,6 +4,7 @@ values to one code per table; its random parts come from ``numpy.random.default_
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from numbers import Integral
 
@@ -12,6 +13,9 @@ import numpy as np
 from dasknn.kernels.lsh import dwta_codes, pack_sign_bits, simhash_codes
 
 __all__ = ["DWTA", "FAMILIES", "MAX_CODE_BITS", "HashFamily", "SimHash", "make_family"]
+
+#: ``take(shape, dtype)``: an uninitialized array (``np.empty`` or a pool's).
+Take = Callable[..., np.ndarray]
 
 #: The most bits a table's code may have.
 MAX_CODE_BITS = 30
@@ -69,8 +73,9 @@ class HashFamily:
         """Bits of one table's code."""
         raise NotImplementedError
 
-    def codes(self, vectors: np.ndarray) -> np.ndarray:
-        """The ``(n, n_tables)`` int64 codes of the rows of ``vectors`` (``(n, dim)``)."""
+    def codes(self, vectors: np.ndarray, take: Take = np.empty) -> np.ndarray:
+        """The ``(n, n_tables)`` int64 codes of the rows of ``vectors`` (``(n, dim)``); the
+        temporaries in arrays of ``take(shape, dtype)`` (default: new)."""
         raise NotImplementedError
 
     def _check(self, vectors: np.ndarray) -> np.ndarray:
@@ -126,12 +131,16 @@ class SimHash(HashFamily):
     def code_bits(self) -> int:
         return self.k
 
-    def codes(self, vectors: np.ndarray) -> np.ndarray:
+    def codes(self, vectors: np.ndarray, take: Take = np.empty) -> np.ndarray:
         vectors = self._check(vectors)
         if self.dense is None:
             return simhash_codes(vectors, self.index, self.sign, self.k, self.n_tables)
         dtype = np.result_type(vectors.dtype, np.float32)
-        projections = vectors.astype(dtype, copy=False) @ self.dense.astype(dtype, copy=False)
+        projections = np.matmul(
+            vectors.astype(dtype, copy=False),
+            self.dense.astype(dtype, copy=False),
+            out=take((vectors.shape[0], self.dense.shape[1]), dtype),
+        )
         return pack_sign_bits(projections, self.k, self.n_tables)
 
 
@@ -172,7 +181,7 @@ class DWTA(HashFamily):
     def code_bits(self) -> int:
         return self.k * (int(self.bin_size).bit_length() - 1)
 
-    def codes(self, vectors: np.ndarray) -> np.ndarray:
+    def codes(self, vectors: np.ndarray, take: Take = np.empty) -> np.ndarray:
         vectors = self._check(vectors)
         bits = int(self.bin_size).bit_length() - 1
         return dwta_codes(vectors, self.bins, self.k, self.n_tables, bits)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dasknn.kernels.training import masked_outer_grad, spmm_backward, spmm_forward
+from dasknn.kernels.training import add_rows, masked_outer_grad, spmm_backward, spmm_forward
 from dasknn.model.activations import get_activation
 from dasknn.model.losses import get_loss
 from dasknn.model_parallel._plan import LayerPartPlan
@@ -65,6 +65,15 @@ class Route:
 
 def _input_block(x, rows):
     return x if rows is None else np.ascontiguousarray(x[:, rows])
+
+
+def _batch_columns(owner: ModelState, part_step: PartStep, ctx, x, rows) -> np.ndarray:
+    """``x[:, rows]`` (all of ``x`` for ``None``, a view for a slice), gathered into a
+    :func:`_temporary` array for an index array."""
+    if rows is None or isinstance(rows, slice):
+        return x if rows is None else x[:, rows]
+    out = _temporary(owner, part_step, ctx, (x.shape[0], len(rows)), x.dtype)
+    return np.take(x, rows, axis=1, out=out, mode="clip")  # in range: no buffered copy
 
 
 def _message_key(ctx, i: int, phase: str, k: int, sender: int, receiver: int) -> tuple:
@@ -142,7 +151,7 @@ def _ensure_forward(owner, ctx, part, i, k, plan, next_plan, x0, x0_rows, pieces
         if k in state.forward:
             return state
         if k == 0:
-            a = _input_block(x0, x0_rows)
+            a = _batch_columns(owner, part_step, ctx, x0, x0_rows)
             state.forward[0] = (None, None, a)
             messages = {n: _rows(owner, ctx, a, next_plan.send[n]) for n in route.local}
             _post(owner, ctx, i, "fwd", 0, part, messages)
@@ -152,7 +161,8 @@ def _ensure_forward(owner, ctx, part, i, k, plan, next_plan, x0, x0_rows, pieces
         a_prev = state.forward[k - 1][2]
         groups, batch, dtype = plan.groups, a_prev.shape[1], np.dtype(ctx.dtype)
         x_in = _temporary(owner, part_step, ctx, (int(groups[-1]), batch), dtype)
-        x_in[groups[part] : groups[part + 1]] = a_prev[plan.own]
+        own_rows = x_in[groups[part] : groups[part + 1]]
+        np.take(a_prev, plan.own, axis=0, out=own_rows, mode="clip")  # in range: no copy
         z = _temporary(owner, part_step, ctx, (layer.shape[1], batch), dtype)
         senders = plan.senders()
         seconds = {"pack": time.perf_counter() - clock, "forward_product": 0.0}
@@ -366,7 +376,7 @@ def _backward(owner, ctx, part_step: PartStep, i, part, k, plan, layer: PartLaye
         received = _received(owner, ctx, i, "bwd", k + 1, part, returning, pieces, route)
         start += time.perf_counter() - clock  # waiting for the messages is no product
         for n, piece in zip(returning, received, strict=True):
-            grad_a[next_plan.send[n]] += piece
+            add_rows(grad_a, next_plan.send[n], piece)
         grad_a *= derivative
         delta = grad_a
     if k >= 2:

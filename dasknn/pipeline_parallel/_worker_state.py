@@ -92,7 +92,7 @@ class StageState(ModelPlugin):
         of ``take``."""
         received = None
         if self.input_activation is not None:
-            received = local_copy(inputs)
+            received = local_copy(inputs, take)
             out = take(received.shape, received.dtype)
             inputs = self.input_activation.forward(received, out=out)
         return inputs, received, self.stack.forward(inputs, self.last, take)
@@ -141,7 +141,7 @@ class StageState(ModelPlugin):
             deltat = self.loss.output_delta_t(zt, at, labels, self.output_activation)
             deltat *= factor
         else:  # the next stage applied the derivative of this stage's last activation
-            deltat = local_copy(incoming)
+            deltat = local_copy(incoming, take)
         with self.gradient_lock:
             first = self.gradient_step != step
             self.gradient_step = step

@@ -3,6 +3,8 @@ they are computed on (a pass on an array as received costs about 11 % more; docs
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from dasknn.kernels.lane_vectors import aligned_copy
@@ -13,6 +15,12 @@ __all__ = ["CACHE_LINE", "local_copy"]
 CACHE_LINE = 64
 
 
-def local_copy(array: np.ndarray) -> np.ndarray:
-    """A C-contiguous copy of ``array`` in memory allocated here, starting on a cache line."""
-    return aligned_copy(array, CACHE_LINE)
+def local_copy(array: np.ndarray, take: Callable[..., np.ndarray] | None = None) -> np.ndarray:
+    """A C-contiguous copy of ``array`` in memory allocated here, starting on a cache line: an
+    array of ``take(shape, dtype)`` (a :class:`~dasknn.runtime.buffers.BufferPool`'s, which
+    start on a cache line) when given, else new."""
+    if take is None:
+        return aligned_copy(array, CACHE_LINE)
+    out = take(array.shape, array.dtype)
+    out[...] = array
+    return out

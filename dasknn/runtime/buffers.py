@@ -15,6 +15,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from dasknn.kernels.lane_vectors import aligned_empty
+from dasknn.runtime.alignment import CACHE_LINE
+
 __all__ = ["BufferPool", "StepBuffers", "size_class"]
 
 
@@ -35,15 +38,15 @@ class BufferPool:
         self.made = 0
 
     def take(self, shape: tuple[int, ...], dtype) -> np.ndarray:
-        """A C-contiguous array of ``shape`` and ``dtype``, uninitialized (a freed one when the
-        pool holds one, else new)."""
+        """A C-contiguous array of ``shape`` and ``dtype``, uninitialized, starting on a cache
+        line (a freed one when the pool holds one, else new)."""
         key = (tuple(int(n) for n in shape), np.dtype(dtype).str)
         with self._lock:
             free = self._free.get(key)
             if free:
                 return free.pop()
             self.made += 1
-        return np.empty(key[0], dtype=dtype)
+        return aligned_empty(key[0], dtype, CACHE_LINE)
 
     def taker(self, taken: list) -> Callable[..., np.ndarray]:
         """``take(shape, dtype)``: :meth:`take`, each array handed out also appended to
@@ -99,7 +102,8 @@ class StepBuffers:
         self.made = 0
 
     def take(self, step: int, shape: tuple[int, ...], dtype) -> np.ndarray:
-        """An uninitialized C-contiguous array of ``shape`` and ``dtype``, held by ``step``."""
+        """An uninitialized C-contiguous array of ``shape`` and ``dtype`` starting on a cache
+        line, held by ``step``."""
         shape = tuple(int(n) for n in shape)
         dtype = np.dtype(dtype)
         items = int(np.prod(shape))
@@ -109,7 +113,7 @@ class StepBuffers:
             buffer = free.pop() if free else None
         made = buffer is None
         if made:
-            buffer = np.empty(key[0], dtype=dtype)
+            buffer = aligned_empty(key[0], dtype, CACHE_LINE)
         with self._lock:
             self.taken += 1
             self.made += made

@@ -268,7 +268,7 @@ class OutputShard:
     ) -> ActiveSet:
         """The batch's active neurons (labels given as local ids: forced; none: inference), in
         arrays of ``take(shape, dtype)`` (default: new)."""
-        codes = self.family.codes(self.hashed_queries(hidden))
+        codes = self.family.codes(self.hashed_queries(hidden), take)
         n, chunks = hidden.shape[0], n_chunks(hidden.shape[0], self.hogwild)
         active = take((n, self.budget), np.int32)
         count, forced = take((n,), np.int32), take((n,), np.int32)
