@@ -8,7 +8,7 @@ from numbers import Integral
 import numpy as np
 
 from dasknn.kernels.lsh import build_buckets, query_union
-from dasknn.lsh.families import HashFamily
+from dasknn.lsh.families import HashFamily, Take
 
 __all__ = ["HashTables", "check_bucket_size"]
 
@@ -53,10 +53,16 @@ class HashTables:
 
     @classmethod
     def build(
-        cls, family: HashFamily, vectors: np.ndarray, bucket_size: int, seed: int
+        cls,
+        family: HashFamily,
+        vectors: np.ndarray,
+        bucket_size: int,
+        seed: int,
+        take: Take = np.empty,
     ) -> HashTables:
-        """Hash the rows of ``vectors`` with ``family`` and bucket them (reservoir ``seed``)."""
-        return cls.from_codes(family.codes(vectors), bucket_size, seed)
+        """Hash the rows of ``vectors`` with ``family`` and bucket them (reservoir ``seed``);
+        the hashing's temporaries in arrays of ``take`` (default: new)."""
+        return cls.from_codes(family.codes(vectors, take), bucket_size, seed)
 
     @classmethod
     def from_codes(cls, codes: np.ndarray, bucket_size: int, seed: int) -> HashTables:

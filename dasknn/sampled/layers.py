@@ -239,24 +239,26 @@ class OutputShard:
         """What a query hashes: the layer input, or ``(h, 1, 0)`` with ``"mips"``."""
         return mips_queries(hidden) if self.config.hashing == "mips" else hidden
 
-    def build_tables(self) -> HashTables:
-        """Tables of the current weights under the current family."""
+    def build_tables(self, take: Take = np.empty) -> HashTables:
+        """Tables of the current weights under the current family (the hashing's temporaries
+        in arrays of ``take``, free again once this returns)."""
         return HashTables.build(
             self.family,
             self.hashed_items(),
             self.bucket_cap,
             self.family_seed(self.rebuilds),
+            take,
         )
 
-    def end_step(self, steps: int) -> None:
+    def end_step(self, steps: int, take: Take = np.empty) -> None:
         """After ``steps`` steps: new hash functions every ``rebuild_every`` steps, else new
-        tables every ``rehash_every`` steps."""
+        tables every ``rehash_every`` steps (temporaries of ``take``, as :meth:`build_tables`)."""
         if steps % self.config.rebuild_every == 0:
             self.rebuilds += 1
             self.family = self.make_family(self.rebuilds)
-            self.tables = self.build_tables()
+            self.tables = self.build_tables(take)
         elif steps % self.config.rehash_every == 0:
-            self.tables = self.build_tables()
+            self.tables = self.build_tables(take)
 
     def select(
         self,

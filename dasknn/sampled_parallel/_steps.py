@@ -98,9 +98,11 @@ def output_update(
 ) -> None:
     """The shard's optimizer step (learning rate times ``lr_scale``), then its rehash / rebuild
     after ``steps_after`` steps (``result`` only orders it)."""
-    shard = ShardState.on_worker(token).shard
-    shard.apply(optimizer, lr_scale)
-    shard.end_step(steps_after)
+    state = ShardState.on_worker(token)
+    state.shard.apply(optimizer, lr_scale)
+    taken: list = []
+    state.shard.end_step(steps_after, state.buffers.taker(taken))
+    state.buffers.give(taken)
 
 
 def columns_of(token: str, result: tuple, receiver: int) -> np.ndarray:
