@@ -57,8 +57,11 @@ def test_balanced_bounds_split_the_work_not_the_weights():
 
 def _graph(schedule, stages, m):
     workers = {(s, 0): f"w{s}" for s in range(stages)}
+    columns = [np.arange(u, u + 1) for u in range(m)]
+    data = {("x", 0): ("held-x", columns), ("y", 0): ("held-y", columns)}
     return build_step(
-        "t", 1, stages, 1, m, schedule, workers, SGD(lr=0.1), 1 / m, [1] * stages, None
+        "t", 1, stages, 1, m, schedule, workers, SGD(lr=0.1), 1 / m, [1] * stages, None,
+        data=data,
     )
 
 

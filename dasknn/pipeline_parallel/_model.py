@@ -9,7 +9,7 @@ from __future__ import annotations
 import concurrent.futures
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import nullcontext
+from contextlib import contextmanager
 from numbers import Integral
 
 import dask.array as da
@@ -247,6 +247,9 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         self._reduce_tokens: list[str] = []
         self._reduced: dict[Key, list[int]] = {}
         self._last_keys: list = []  # the last step's keys the client held
+        self._data_calls = 0  # placements of training data (their keys' number)
+        self._forgetting: list = []  # the keys of training data released
+        self._training_rows: tuple[np.ndarray, np.ndarray] | None = None  # of the fit call
         self._postboxes: dict = {}
         self._register(ws.StageState(self.token), lambda: self._install(model))
 
@@ -311,26 +314,42 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
             )
         return rows // parts
 
-    def _train_batch(self, x: np.ndarray, y: np.ndarray, optimizer: Optimizer) -> float:
+    def _place_data(self, x: np.ndarray, y: np.ndarray) -> dict:
+        """Scatter ``x`` to every replica's first stage and ``y`` to its last, held there for
+        the steps on them (each step's tasks take their microbatches' rows,
+        :func:`~._worker_state.microbatch_columns`); ``{("x" or "y", d): future}``."""
+        self._data_calls += 1
+        last = self.stages - 1
+        by_worker: dict[str, dict] = {}
+        for name, s, values in (("x", 0, x), ("y", last, y)):
+            for d in range(self.replicas):
+                key = pipeline_key(self.token, f"data-{name}", self._data_calls, s, d)
+                by_worker.setdefault(self.workers[(s, d)], {})[key] = values
+        deadline = time.monotonic() + self.step_timeout
+        what = "the training data did not reach its stages"
+        scattered = self._scatter(by_worker, deadline, LOST_WHILE_READ, what)
+        return {(f.key[1].removeprefix("data-"), f.key[4]): f for f in scattered}
+
+    def _release_data(self, data: dict) -> None:
+        """Release the futures of :meth:`_place_data`, their keys left for :meth:`_settle`."""
+        for future in data.values():
+            future.release()
+        self._forgetting += [future.key for future in data.values()]
+
+    def _train_batch(self, data: dict, rows: np.ndarray, optimizer: Optimizer) -> float:
+        """One step on the columns ``rows`` of the ``data`` held on the stages
+        (:meth:`_place_data`), the ``replicas * microbatches`` microbatches consecutive."""
         self._check_open()
-        rows = self._check_rows(x.shape[0])
-        self._hand_over_retiring()  # between two steps: the stages of retiring workers move
+        per = self._check_rows(len(rows))
         deadline = time.monotonic() + self.step_timeout
         self.n_steps_ += 1
-        step, last = self.n_steps_ + self._key_offset, self.stages - 1
-        by_worker: dict[str, dict] = {}
-        for d in range(self.replicas):
-            for u in range(self.microbatches):
-                lo = (d * self.microbatches + u) * rows
-                # the targets feature-major, as the last stage's activations: transposed once
-                for name, s, values in (("x", 0, x), ("y", last, y)):
-                    key = pipeline_key(self.token, name, step, s, d, u)
-                    held = by_worker.setdefault(self.workers[(s, d)], {})
-                    held[key] = np.ascontiguousarray(values[lo : lo + rows].T)
-        scattered: list = []
+        step, m = self.n_steps_ + self._key_offset, self.microbatches
+        inputs = {
+            (name, d): (data[(name, d)].key, [rows[(d * m + u) * per :][:per] for u in range(m)])
+            for name, d in data
+        }
         graph = None
         try:
-            scattered = self._scatter(by_worker, deadline)
             graph = build_step(
                 self.token,
                 step,
@@ -340,16 +359,17 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
                 self.schedule,
                 self.workers,
                 optimizer,
-                rows / x.shape[0],
+                per / len(rows),
                 self._grad_sizes,
                 accumulate_dtype(self.precision.storage),
                 None if self.scaler is None else self.scaler.scale,
                 {where: future.key for where, future in self._postboxes.items()} or None,
+                data=inputs,
             )
             wanted = graph.loss_keys + graph.update_keys
             if graph.verdict_key is not None:
                 wanted.append(graph.verdict_key)
-            self._last_keys = [f.key for f in scattered] + list(wanted)
+            self._last_keys = list(wanted)
             try:
                 results = self._gather_graph(
                     graph.tasks, wanted, "the step did not finish", graph.placement,
@@ -365,15 +385,12 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
             self._drop_steps(step)
             raise
         finally:
-            # released at once, also when the error (whose traceback holds this frame) is kept
-            for future in scattered:
-                future.release()
             if graph is not None:  # counted on the scheduler: forgotten by reset_comm or close
                 self._reduce_tokens += graph.collective_tokens
         if self.scaler is not None:
             self.scaler.update(bool(results[-1]))
         self._comm_steps += 1
-        self._comm_rows += x.shape[0]
+        self._comm_rows += len(rows)
         if len(self._reduce_tokens) >= FOLD_TOKENS:
             self._fold_reductions()
         self.optimizer_ = optimizer
@@ -445,24 +462,44 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         x, y = self._check_xy(X, Y)
         optimizer = resolve_optimizer(lr, optimizer)
         self._check_rows(x.shape[0])
-        return self._train_batch(x, y, optimizer)
+        self._check_open()
+        self._hand_over_retiring()  # between two steps: the stages of retiring workers move
+        with self._training_data(x, y) as data:
+            loss = self._train_batch(data[0], np.arange(x.shape[0]), optimizer)
+        return loss
 
-    def _training_data(self, x: np.ndarray, y: np.ndarray) -> nullcontext:
-        return nullcontext((x, y))
+    @contextmanager
+    def _training_data(self, x: np.ndarray, y: np.ndarray) -> Iterator[list]:
+        """The fit call's ``x`` and ``y`` held on the stages for its steps (placed again after a
+        hand-over, released when the call ends however it ends), as a one-item list of
+        :meth:`_place_data`'s dict."""
+        held = [self._place_data(x, y)]
+        self._training_rows = (x, y)
+        try:
+            yield held
+        finally:  # also when the error (whose traceback holds this frame) is kept
+            self._training_rows = None
+            self._release_data(held[0])
+        self._settle()
 
     def _train_batches(self, data, batches, optimizer: Optimizer) -> Iterator[float]:
-        x, y = data
         for idx in batches:
             self._check_rows(len(idx))
         for idx in batches:
-            yield self._train_batch(x[idx], y[idx], optimizer)
+            self._check_open()
+            if self._hand_over_retiring():  # the stages of retiring workers moved: the data too
+                old, data[0] = data[0], self._place_data(*self._training_rows)
+                self._release_data(old)
+            yield self._train_batch(data[0], idx, optimizer)
         self._settle()
 
     def _settle(self) -> None:
         """Wait until the scheduler has forgotten the last step's keys (released as the step
-        ended), polling every :data:`SETTLE_POLL_SECONDS` for at most ``step_timeout``: a
-        ``fit`` returns with nothing of the model left to do on the scheduler."""
-        keys, self._last_keys = self._last_keys, []
+        ended) and the training data released, polling every :data:`SETTLE_POLL_SECONDS` for
+        at most ``step_timeout``: a ``fit`` returns with nothing of the model left to do on the
+        scheduler."""
+        keys = self._last_keys + self._forgetting
+        self._last_keys, self._forgetting = [], []
         deadline = time.monotonic() + self.step_timeout
         while keys and time.monotonic() < deadline:
             keys = self.client.run_on_scheduler(_known_keys, keys=keys)
@@ -490,7 +527,7 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
             zip(self.workers, self._replace_lost(list(self.workers.values())), strict=True)
         )
         self._key_offset += self.n_steps_ - record.steps + 1
-        self._last_keys = []
+        self._last_keys, self._forgetting = [], []
         self._place_anew(ws.StageState(self.token), lambda: self._install(model, with_state=True))
         self._take_counts(model)
 

@@ -14,7 +14,7 @@ from dask.task_spec import List, Task, TaskRef
 
 from dasknn.pipeline_parallel._schedule import stage_order
 from dasknn.pipeline_parallel._worker_state import StageState as Stage
-from dasknn.pipeline_parallel._worker_state import on_stage, run_stage
+from dasknn.pipeline_parallel._worker_state import microbatch_columns, on_stage, run_stage
 from dasknn.runtime.collectives import build_allreduce
 from dasknn.runtime.keys import parse_collective_key, parse_pipeline_key, pipeline_key
 from dasknn.runtime.placement import KeyPlacement
@@ -42,11 +42,14 @@ def _stage_replica(collectives: dict[str, int], key) -> tuple[int, int]:
 
 
 def _priority(position: dict, last: int, key) -> int:
-    """``priority=`` annotation of a step's keys: a stage's passes (and their marks) by their
-    ``position`` in its schedule, earlier higher, then the per-step work."""
+    """``priority=`` annotation of a step's keys: the microbatches' inputs and targets first,
+    then a stage's passes (and their marks) by their ``position`` in its schedule, earlier
+    higher, then the per-step work."""
     pipeline = parse_pipeline_key(key)
     if pipeline is None:
         return -last
+    if pipeline.kind in ("x", "y"):  # what the first passes wait for
+        return 1
     kind = pipeline.kind.removesuffix("-done")
     return -position.get((pipeline.stage, kind, pipeline.microbatch), last)
 
@@ -134,9 +137,15 @@ def build_step(
     accumulate,
     loss_scale: float | None = None,
     postboxes: dict[tuple[int, int], str] | None = None,
+    *,
+    data: dict[tuple[str, int], tuple],
 ) -> StepGraph:
-    """The step's graph; its inputs are the keys ``pipeline_key(token, "x", step, 0, d, u)`` on
-    stage 0's workers and ``pipeline_key(token, "y", step, S - 1, d, u)`` on the last stage's.
+    """The step's graph on the inputs and targets ``data`` names: ``{("x" or "y", d): (key of
+    the values held on the first or last stage worker of replica d, [rows of microbatch u,
+    ...])}``, of which each microbatch takes its rows (:func:`~._worker_state.microbatch_columns`):
+    in the stage's :func:`~._worker_state.run_stage` task with ``postboxes``, otherwise in the
+    tasks ``pipeline_key(token, "x", step, 0, d, u)`` and ``pipeline_key(token, "y", step, S - 1,
+    d, u)`` that the passes read.
 
     ``workers``: ``{(stage, replica): address}``; ``scale``: each microbatch's share of the
     batch; ``grad_sizes``: the length of each stage's gradient buffer; ``accumulate``: the dtype
@@ -155,16 +164,21 @@ def build_step(
     final: dict[tuple[int, int], List] = {}  # per stage replica, what its later work runs after
     factor, last = 1.0 if loss_scale is None else loss_scale, stages - 1
     orders = [stage_order(schedule, stages, s, microbatches) for s in range(stages)]
+    for (name, d), (held, rows) in data.items() if postboxes is None else ():
+        for u, chosen in enumerate(rows):  # a task a pass: the microbatch's inputs a task
+            key = pkey(name, 0 if name == "x" else last, d, u)
+            tasks[key] = Task(key, microbatch_columns, TaskRef(held), chosen)
     for d in range(replicas):
         for s, order in enumerate(orders):
             if postboxes is not None:  # one run_stage task, its messages posted
-                run, m = pkey("run", s, d), range(microbatches)
-                inputs = List(*(TaskRef(pkey("x", 0, d, u)) for u in m)) if s == 0 else List()
-                labels = List(*(TaskRef(pkey("y", s, d, u)) for u in m)) if s == last else List()
+                run = pkey("run", s, d)
+                rows = tuple(data[("x", d)][1])
+                inputs = TaskRef(data[("x", d)][0]) if s == 0 else None
+                labels = TaskRef(data[("y", d)][0]) if s == last else None
                 boxes = [
                     TaskRef(postboxes[(t, d)]) if 0 <= t <= last else None for t in (s - 1, s + 1)
                 ]
-                args = (token, step, order, scale, factor, inputs, labels, *boxes)
+                args = (token, step, order, scale, factor, rows, inputs, labels, *boxes)
                 tasks[run] = Task(run, run_stage, *args)
                 if s == last:
                     loss_keys.append(run)

@@ -29,6 +29,7 @@ from dasknn.runtime.postbox import Mailbox
 from dasknn.runtime.posted import PostedTask
 
 __all__ = [
+    "microbatch_columns",
     "StageState",
     "drop_steps",
     "first_nonfinite_stashed",
@@ -212,6 +213,19 @@ def install_stage(dask_worker, token: str, spec: dict) -> int:
     return sum(layer.nnz for layer in state.stack.layers)
 
 
+def microbatch_columns(values: np.ndarray, rows: np.ndarray, take: Take = np.empty) -> np.ndarray:
+    """The rows ``rows`` of the sample-major ``values`` held for a training call (inputs
+    ``(N, n_in)``, targets ``(N, n_out)`` or labels ``(N,)``), feature-major and C-contiguous
+    in an array of ``take``: a microbatch's inputs or targets. The rows are gathered first
+    (whole rows, in order of memory, into another array of ``take``) and transposed after:
+    gathering feature-major columns at shuffled positions reads a cache line an entry."""
+    shape = (len(rows), *values.shape[1:])
+    gathered = np.take(values, rows, axis=0, out=take(shape, values.dtype), mode="clip")
+    out = take(shape[::-1], values.dtype)
+    out[...] = gathered.T
+    return out
+
+
 def on_stage(function, token: str, after, *args):
     """Task: ``function(state, *args)`` on this worker's stage replica of model ``token``;
     ``after`` are the stage's tasks it runs after (only ordered after, not read)."""
@@ -219,7 +233,7 @@ def on_stage(function, token: str, after, *args):
 
 
 def run_stage(
-    token: str, step: int, order, scale, loss_scale, inputs, labels, previous, following
+    token: str, step: int, order, scale, loss_scale, rows, inputs, labels, previous, following
 ) -> list[float]:
     """Task (``messages="posted"``): every pass of the stage replica in step ``step`` in the
     schedule's ``order``, in a :class:`~dasknn.runtime.posted.PostedTask`; returns the losses
@@ -227,8 +241,9 @@ def run_stage(
     and posts its result under its pass key to the postbox of the ``following`` (forward) or
     ``previous`` (backward) stage (``None`` at the ends); a failed pass posts its error to both
     under their ``failed`` key of the step. ``scale``, ``loss_scale``: as for
-    :meth:`StageState.forward`; ``inputs``, ``labels``: per microbatch, the stage's inputs
-    (stage 0) and targets (last stage), empty otherwise."""
+    :meth:`StageState.forward`; ``inputs``, ``labels``: the training call's inputs (stage 0)
+    and targets (last stage) held on the worker, ``None`` elsewhere, of which microbatch ``u``
+    takes the rows ``rows[u]`` (:func:`microbatch_columns`, the rows in range)."""
     state = StageState.on_worker(token)
     s, d = state.stage, state.replica
 
@@ -253,8 +268,11 @@ def run_stage(
                 )
             for kind, u in order:
                 if kind == "F":
-                    x = inputs[u] if s == 0 else task.take(key("fwd", s - 1, u), failed)
-                    y = labels[u] if state.last else None
+                    if s == 0:
+                        x = microbatch_columns(inputs, rows[u], take)
+                    else:
+                        x = task.take(key("fwd", s - 1, u), failed)
+                    y = microbatch_columns(labels, rows[u], take) if state.last else None
                     result = state.forward(step, u, scale, loss_scale, x, y, take)
                     if state.last:
                         losses.append(result)

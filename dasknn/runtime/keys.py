@@ -36,7 +36,7 @@ STEP_KINDS = ("fwd", "bwd", "lse", "run", "failed")
 COLLECTIVES = ("allreduce", "allgather", "allgatherv")
 PIPELINE_KINDS = (
     "fwd", "bwd", "fwd-done", "bwd-done", "x", "y", "grad", "update", "finite", "verdict", "run",
-    "postbox", "failed", "infer", "infer-x",
+    "postbox", "failed", "infer", "infer-x", "data-x", "data-y",
 )
 PIPELINE = "pipe"
 DP_KIND = "dp"
