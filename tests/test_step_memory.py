@@ -69,7 +69,7 @@ def _mode(name: str):
         make = lambda c: DistributedCompressedMLP(  # noqa: E731
             pruned, c, stages=2, microbatches=2, reuse_memory=False
         )
-        # the first stage receives each step's batch block through Dask
+        # the fit call's inputs, scattered once to the first stage for its steps
         fit = {**fit, "lr": 0.05, "progress": False}
         return make, x, rng.integers(0, 10, rows), fit, x[:BATCH].nbytes
     data = make_extreme_classification(n_samples=rows, n_features=2000, n_labels=5000, seed=0)
