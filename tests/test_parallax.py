@@ -20,7 +20,13 @@ from plugin_checks import key_cache_bound_count
 from polling import HANG_GUARD
 from stopped_workers import SignalOnTransition, stopped, wait_until_empty
 
-from dasknn.data_parallel import DistributedEmbeddingMLP, _model, machine_bytes, machine_total
+from dasknn.data_parallel import (
+    DistributedEmbeddingMLP,
+    _hybrid,
+    _model,
+    machine_bytes,
+    machine_total,
+)
 from dasknn.data_parallel._posted import step_tasks
 from dasknn.data_parallel._search import balanced, search_partitions
 from dasknn.data_parallel._worker_state import ReplicaState
@@ -418,6 +424,44 @@ def test_fit_prefetching_rows_equals_one_process(client4, arch, local, messages)
     remote = sum(1 for c in chiefs for p in range(3) if p != c)
     pulls = [v[1] for k, v in report.measured.items() if k[:2] == ("sparse", "pull")]
     assert sum(pulls) == report.steps * remote
+
+
+@pytest.mark.parametrize(
+    "arch,n,shards,messages",
+    [("hybrid", 4, 4, "posted"), ("hybrid", 3, 5, "tasks"), ("ps", 3, 3, "posted")],
+)
+def test_rows_a_step_leaves_unchanged_are_sent_ahead_and_the_steps_stay_exact(
+    client4, monkeypatch, arch, n, shards, messages
+):
+    """The next step's rows that the step under way does not update travel in a message of
+    their own before it (phase ``prefetch``; every such message here, the threshold set to 0),
+    the rest after the update (with the reduced dense chunk where it rides): the steps are those
+    of one process and every byte is predicted."""
+    monkeypatch.setattr(_hybrid, "PREFETCH_MIN_BYTES", 0)
+    workers = sorted(scheduler_workers(client4))[:n]
+    model = EmbeddingMLP(
+        V, C, D, hidden=(5,), n_classes=20, dtype=np.float64, seed=n, output="sampled", n_sampled=5
+    )
+    rng = np.random.default_rng(n)
+    X, y = rng.integers(0, V, (40, C)), rng.integers(0, 20, 40)
+    optimizer = Adam(lr=0.05)
+    want = model.copy().fit(X, y, batch_size=10, epochs=2, seed=1, optimizer=optimizer)
+    with DistributedEmbeddingMLP(
+        model, client4, architecture=arch, sparse_partitions=shards, workers=workers,
+        messages=messages,
+    ) as dp:  # fmt: skip
+        dp.fit(X, y, batch_size=10, epochs=2, seed=1, optimizer=optimizer)
+        got = dp.gather()
+        report = dp.comm_report()
+    for a, b in zip(
+        [got.embedding, *got.weights, *got.biases],
+        [want.embedding, *want.weights, *want.biases],
+        strict=True,
+    ):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-9)
+    assert report.exact, str(report)
+    ahead = sum(v[1] for k, v in report.measured.items() if k[:2] == ("sparse", "prefetch"))
+    assert ahead > 0
 
 
 @pytest.mark.parametrize(

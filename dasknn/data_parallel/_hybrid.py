@@ -22,6 +22,11 @@ __all__ = ["ARCHITECTURES", "STEP", "StepGraph", "build_inference", "build_step"
 ARCHITECTURES = ("hybrid", "ps", "ar", "ar-dense")
 INDEX_BYTES = 8
 STEP = "step"
+#: The least bytes of rows a server sends ahead of its update (``prefetch``): a message costs
+#: both workers fixed CPU time (packing, a wake-up of the sending and receiving socket threads,
+#: a mailbox delivery), which outweighs the link time saved by a smaller one where workers
+#: share cores (docs/data_parallel.md, "Rows sent ahead").
+PREFETCH_MIN_BYTES = 256 * 2**10
 
 
 @dataclass
@@ -65,6 +70,8 @@ class _Builder:
         self.final: dict[int, list] = defaultdict(list)  # per worker, what its finish waits for
         # per worker, (variable, summed gradient) of the replicas its finish steps
         self.replica_steps: dict[int, list] = defaultdict(list)
+        #: The replies of the next step's rows this step leaves unchanged (run first).
+        self.prefetches: list[TaskRef] = []
 
     def key(self, variable, phase, sender, receiver, step=None) -> tuple:
         step = self.ctx.step if step is None else step
@@ -174,7 +181,7 @@ def build_step(
         if next_plan is not None:  # the servers send the next step's rows (and dense chunks)
             ctx_next, after = replace(ctx, step=ctx.step + 1), {s: [u] for s, u in updates.items()}
             reduced = [
-                _serve_and_assemble(b, ctx_next, next_plan, index, after, ride)
+                _serve_and_assemble(b, ctx_next, next_plan, index, after, ride, early=True)
                 for index in range(len(chiefs))
             ]
             if ride is None:
@@ -209,6 +216,9 @@ def build_step(
         grads = [grad for _, grad in b.replica_steps[i]]
         finish = b.task((STEP, "finish", i, i), steps.finish, ctx, stepped, *grads, *b.final[i])
         b.graph.outputs.append(finish.key)
+    # the replies that wait for nothing first: the servers send them before the step's compute
+    first = {ref.key: b.graph.tasks[ref.key] for ref in b.prefetches}
+    b.graph.tasks = first | {k: t for k, t in b.graph.tasks.items() if k not in first}
     return b.graph
 
 
@@ -271,26 +281,66 @@ def _pull_dense(b: _Builder, size: dict, servers: dict) -> dict:
     return pulled
 
 
-def _serve_and_assemble(b: _Builder, ctx, plan, index: int, after: dict, ride=None) -> TaskRef:
+def _changed_rows(b: _Builder) -> dict:
+    """``{(variable, shard): offsets}``: the rows of each shard this step's update changes (the
+    union of every machine's pull)."""
+    changed = {}
+    for variable, machines in b.plan.machines.items():
+        for p in range(len(machines[0].offsets or ())):
+            changed[(variable, p)] = np.unique(np.concatenate([m.offsets[p] for m in machines]))
+    return changed
+
+
+def _sent_ahead(b: _Builder, parts: list, offsets: list, changed: dict) -> list | None:
+    """Per shard ``parts[i]``, which rows of ``offsets[i]`` the step leaves unchanged (a boolean
+    mask), where they come to :data:`PREFETCH_MIN_BYTES` or more; else ``None``."""
+    kept = [~np.isin(o, changed[part]) for part, o in zip(parts, offsets, strict=True)]
+    nbytes = sum(b.row[v] * int(k.sum()) for (v, _), k in zip(parts, kept, strict=True))
+    return kept if nbytes >= PREFETCH_MIN_BYTES else None
+
+
+def _serve_and_assemble(
+    b: _Builder, ctx, plan, index: int, after: dict, ride=None, early: bool = False
+) -> TaskRef:
     """Every server's fused reply to machine ``index``'s pull of ``plan``'s rows (after
     ``after[server]``) and the chief's task assembling them; with ``ride`` the replies carry the
-    servers' reduced dense chunks, and the task returns the reduced dense buffer."""
+    servers' reduced dense chunks, and the task returns the reduced dense buffer.
+
+    ``early`` (the next step's pull, made in this step): the rows this step's update leaves
+    as they are go in a reply of their own (phase ``prefetch``, where they come to
+    :data:`PREFETCH_MIN_BYTES`) that waits for nothing, so the server sends them before its step
+    begins and they travel while the chief computes; the fused reply after the update holds
+    the rest."""
     c = b.topology.chiefs[index]
     rows = {v: plan.machines[v][index] for v in ctx.spec.sparse_shapes()}
-    replies, remote, local, tails = [], [], None, []
+    changed = _changed_rows(b) if early else {}
+    replies, remote, local, tails, unchanged = [], [], None, [], []
     for j, (server, parts) in enumerate(b.served.items()):
         offsets = [rows[v].offsets[p] for v, p in parts]
         positions = [rows[v].shard_pos[p] for v, p in parts]
         if server == c:
             local = (parts, offsets, positions)
             continue
-        nbytes = sum(b.row[v] * len(o) for (v, _), o in zip(parts, offsets, strict=True))
+        kept = _sent_ahead(b, parts, offsets, changed) if early else None
+        late = None
+        if kept is not None:
+            late = [np.flatnonzero(~k) for k in kept]
+            ahead = [o[k] for o, k in zip(offsets, kept, strict=True)]
+            nbytes = sum(b.row[v] * len(o) for (v, _), o in zip(parts, ahead, strict=True))
+            where = (SPARSE, "prefetch", server, c)
+            ref = b.task(where, steps.serve_unchanged_rows, ctx, parts, ahead, nbytes=nbytes,
+                         step=ctx.step)  # fmt: skip
+            b.prefetches.append(ref)
+            unchanged.append((ref, (parts, [p[k] for p, k in zip(positions, kept, strict=True)])))
+            positions = [p[i] for p, i in zip(positions, late, strict=True)]
+        sent = offsets if late is None else [o[i] for o, i in zip(offsets, late, strict=True)]
+        nbytes = sum(b.row[v] * len(o) for (v, _), o in zip(parts, sent, strict=True))
         dense, extra, then = None, {}, after.get(server, [])
         if ride is not None:  # the reply carries the server's reduced dense chunk
             tails.append(ride[j][1] - ride[j][0])
             (dense,), extra, then = then, {DENSE: tails[-1] * b.item}, []
         where = (SPARSE, "pull", server, c)
-        args = (ctx, parts, c, offsets, dense, *then)
+        args = (ctx, parts, c, offsets, late, dense, *then)
         nbytes += sum(extra.values())
         replies.append(
             b.task(where, steps.serve_rows, *args, nbytes=nbytes, carried=extra, step=ctx.step)
@@ -298,6 +348,8 @@ def _serve_and_assemble(b: _Builder, ctx, plan, index: int, after: dict, ride=No
         remote.append((parts, positions))
     sizes = {v: len(r.union) for v, r in rows.items()}
     own = after.get(c, []) if local is not None else []
+    remote += [shape for _, shape in unchanged]
+    replies += [ref for ref, _ in unchanged]
     args = (ctx, c, sizes, local, remote, None if ride is None else (index, tails))
     where = (SPARSE, "assemble", c, c)
     return b.task(where, steps.assemble_rows, *args, *replies, *own, step=ctx.step)

@@ -262,9 +262,10 @@ def assemble_rows(
     """The chief puts its machine's rows of every sparse variable together, in the machine's order.
 
     ``local``: ``(parts, offsets, positions)`` of its own shards, or ``None``; ``remote[i]``:
-    ``(parts, positions)`` of reply ``i``. With ``dense`` (``(own chunk's position, chunk
-    sizes)``) the replies end with the other chiefs' reduced dense chunks, and the reduced dense
-    buffer is returned (after the replies comes this chief's own chunk).
+    ``(parts, positions)`` of reply ``i`` (the fused replies, then those sent ahead). With
+    ``dense`` (``(own chunk's position, chunk sizes)``) the fused replies end with the other
+    chiefs' reduced dense chunks, and the reduced dense buffer is returned (after the replies
+    comes this chief's own chunk).
     """
     shapes = ctx.spec.sparse_shapes()
     rows = {v: _array(ctx, (n, shapes[v][1])) for v, n in sizes.items()}
@@ -282,8 +283,8 @@ def assemble_rows(
         _scratch(ctx, variable)["rows"] = values
     if dense is None:
         return None
-    own, tails = dense
-    replies = replies_then_after[: len(remote)]
+    own, tails = dense  # the fused replies, one a tail, come first
+    replies = replies_then_after[: len(tails)]
     chunks = [reply[reply.size - tail :] for reply, tail in zip(replies, tails, strict=True)]
     chunks.insert(own, replies_then_after[len(remote)])
     return np.concatenate(chunks, out=_array(ctx, (sum(chunk.size for chunk in chunks),)))
@@ -358,10 +359,25 @@ def _shard_rows(ctx: StepContext, parts: Parts, chief: int, offsets: list) -> li
     return out
 
 
-def serve_rows(ctx: StepContext, parts: Parts, chief: int, offsets: list, carried, *_after):
-    """The server's reply to ``chief``: the rows ``offsets[i]`` of each shard ``parts[i]``, then
-    ``carried`` (its reduced dense chunk, or ``None``); ``_after``: its previous update."""
-    return _gathered(ctx, _shard_rows(ctx, parts, chief, offsets), carried)
+def serve_rows(
+    ctx: StepContext, parts: Parts, chief: int, offsets: list, picks, carried, *_after
+) -> np.ndarray:
+    """The server's reply to ``chief``'s pull of the rows ``offsets[i]`` of each shard
+    ``parts[i]`` (kept as its request): those rows (with ``picks``: the rows at the positions
+    ``picks[i]`` of ``offsets[i]``), then ``carried`` (its reduced dense chunk, or ``None``);
+    ``_after``: its previous update."""
+    held = _shard_rows(ctx, parts, chief, offsets)
+    if picks is not None:
+        held = [(values, rows[i]) for (values, rows), i in zip(held, picks, strict=True)]
+    return _gathered(ctx, held, carried)
+
+
+def serve_unchanged_rows(ctx: StepContext, parts: Parts, offsets: list) -> np.ndarray:
+    """The rows ``offsets[i]`` of each shard ``parts[i]`` that the update under way leaves as
+    they are, as one flat array, sent ahead of the rest of the pull (:func:`serve_rows`)."""
+    shards = ReplicaState.on_worker(ctx.token).shards
+    pairs = zip(parts, offsets, strict=True)
+    return _gathered(ctx, [(shards[part].values, rows) for part, rows in pairs], None)
 
 
 def update_rows(
