@@ -248,7 +248,6 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         self._reduced: dict[Key, list[int]] = {}
         self._last_keys: list = []  # the last step's keys the client held
         self._data_calls = 0  # placements of training data (their keys' number)
-        self._forgetting: list = []  # the keys of training data released
         self._training_rows: tuple[np.ndarray, np.ndarray] | None = None  # of the fit call
         self._postboxes: dict = {}
         self._register(ws.StageState(self.token), lambda: self._install(model))
@@ -330,11 +329,19 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         scattered = self._scatter(by_worker, deadline, LOST_WHILE_READ, what)
         return {(f.key[1].removeprefix("data-"), f.key[4]): f for f in scattered}
 
-    def _release_data(self, data: dict) -> None:
-        """Release the futures of :meth:`_place_data`, their keys left for :meth:`_settle`."""
-        for future in data.values():
-            future.release()
-        self._forgetting += [future.key for future in data.values()]
+    @contextmanager
+    def _holding(self, x: np.ndarray, y: np.ndarray) -> Iterator[list]:
+        """``x`` and ``y`` held on the stages (:meth:`_place_data`) for a call's steps, as a
+        one-item list of its dict (placed again after a hand-over), released when the call ends
+        however it ends."""
+        held = [self._place_data(x, y)]
+        self._training_rows = (x, y)
+        try:
+            yield held
+        finally:  # also when the error (whose traceback holds this frame) is kept
+            self._training_rows = None
+            for future in held[0].values():
+                future.release()
 
     def _train_batch(self, data: dict, rows: np.ndarray, optimizer: Optimizer) -> float:
         """One step on the columns ``rows`` of the ``data`` held on the stages
@@ -464,22 +471,17 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         self._check_rows(x.shape[0])
         self._check_open()
         self._hand_over_retiring()  # between two steps: the stages of retiring workers move
-        with self._training_data(x, y) as data:
+        with self._holding(x, y) as data:
             loss = self._train_batch(data[0], np.arange(x.shape[0]), optimizer)
         return loss
 
     @contextmanager
     def _training_data(self, x: np.ndarray, y: np.ndarray) -> Iterator[list]:
-        """The fit call's ``x`` and ``y`` held on the stages for its steps (placed again after a
-        hand-over, released when the call ends however it ends), as a one-item list of
-        :meth:`_place_data`'s dict."""
-        held = [self._place_data(x, y)]
-        self._training_rows = (x, y)
-        try:
+        """The fit call's ``x`` and ``y`` held on the stages for its steps (:meth:`_holding`);
+        once it ends, the scheduler is left to forget them (:meth:`_settle`)."""
+        with self._holding(x, y) as held:
             yield held
-        finally:  # also when the error (whose traceback holds this frame) is kept
-            self._training_rows = None
-            self._release_data(held[0])
+        self._last_keys += [future.key for future in held[0].values()]
         self._settle()
 
     def _train_batches(self, data, batches, optimizer: Optimizer) -> Iterator[float]:
@@ -489,17 +491,17 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
             self._check_open()
             if self._hand_over_retiring():  # the stages of retiring workers moved: the data too
                 old, data[0] = data[0], self._place_data(*self._training_rows)
-                self._release_data(old)
+                for future in old.values():
+                    future.release()
             yield self._train_batch(data[0], idx, optimizer)
         self._settle()
 
     def _settle(self) -> None:
         """Wait until the scheduler has forgotten the last step's keys (released as the step
-        ended) and the training data released, polling every :data:`SETTLE_POLL_SECONDS` for
+        ended) or a fit call's data, released, polling every :data:`SETTLE_POLL_SECONDS` for
         at most ``step_timeout``: a ``fit`` returns with nothing of the model left to do on the
         scheduler."""
-        keys = self._last_keys + self._forgetting
-        self._last_keys, self._forgetting = [], []
+        keys, self._last_keys = self._last_keys, []
         deadline = time.monotonic() + self.step_timeout
         while keys and time.monotonic() < deadline:
             keys = self.client.run_on_scheduler(_known_keys, keys=keys)
@@ -527,7 +529,7 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
             zip(self.workers, self._replace_lost(list(self.workers.values())), strict=True)
         )
         self._key_offset += self.n_steps_ - record.steps + 1
-        self._last_keys, self._forgetting = [], []
+        self._last_keys = []
         self._place_anew(ws.StageState(self.token), lambda: self._install(model, with_state=True))
         self._take_counts(model)
 
