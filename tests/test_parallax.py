@@ -426,6 +426,35 @@ def test_fit_prefetching_rows_equals_one_process(client4, arch, local, messages)
     assert sum(pulls) == report.steps * remote
 
 
+def _fit_equals_one_process(client, arch, n, shards, messages, rows, batch):
+    """``fit`` of a sampled-softmax model (Adam, two epochs) on ``n`` workers and in one
+    process, the values equal to 1e-9 and every byte predicted; returns the model and the
+    distributed fit's report."""
+    workers = sorted(scheduler_workers(client))[:n]
+    model = EmbeddingMLP(
+        V, C, D, hidden=(5,), n_classes=20, dtype=np.float64, seed=n, output="sampled", n_sampled=5
+    )
+    rng = np.random.default_rng(n)
+    X, y = rng.integers(0, V, (rows, C)), rng.integers(0, 20, rows)
+    optimizer = Adam(lr=0.05)
+    want = model.copy().fit(X, y, batch_size=batch, epochs=2, seed=1, optimizer=optimizer)
+    with DistributedEmbeddingMLP(
+        model, client, architecture=arch, sparse_partitions=shards, workers=workers,
+        messages=messages,
+    ) as dp:  # fmt: skip
+        dp.fit(X, y, batch_size=batch, epochs=2, seed=1, optimizer=optimizer)
+        got = dp.gather()
+        report = dp.comm_report()
+    for a, b in zip(
+        [got.embedding, *got.weights, *got.biases],
+        [want.embedding, *want.weights, *want.biases],
+        strict=True,
+    ):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-9)
+    assert report.exact, str(report)
+    return model, report
+
+
 @pytest.mark.parametrize(
     "arch,n,shards,messages",
     [("hybrid", 4, 4, "posted"), ("hybrid", 3, 5, "tasks"), ("ps", 3, 3, "posted")],
@@ -438,28 +467,7 @@ def test_rows_a_step_leaves_unchanged_are_sent_ahead_and_the_steps_stay_exact(
     the rest after the update (with the reduced dense chunk where it rides): the steps are those
     of one process and every byte is predicted."""
     monkeypatch.setattr(_hybrid, "PREFETCH_MIN_BYTES", 0)
-    workers = sorted(scheduler_workers(client4))[:n]
-    model = EmbeddingMLP(
-        V, C, D, hidden=(5,), n_classes=20, dtype=np.float64, seed=n, output="sampled", n_sampled=5
-    )
-    rng = np.random.default_rng(n)
-    X, y = rng.integers(0, V, (40, C)), rng.integers(0, 20, 40)
-    optimizer = Adam(lr=0.05)
-    want = model.copy().fit(X, y, batch_size=10, epochs=2, seed=1, optimizer=optimizer)
-    with DistributedEmbeddingMLP(
-        model, client4, architecture=arch, sparse_partitions=shards, workers=workers,
-        messages=messages,
-    ) as dp:  # fmt: skip
-        dp.fit(X, y, batch_size=10, epochs=2, seed=1, optimizer=optimizer)
-        got = dp.gather()
-        report = dp.comm_report()
-    for a, b in zip(
-        [got.embedding, *got.weights, *got.biases],
-        [want.embedding, *want.weights, *want.biases],
-        strict=True,
-    ):
-        np.testing.assert_allclose(a, b, rtol=0, atol=1e-9)
-    assert report.exact, str(report)
+    _, report = _fit_equals_one_process(client4, arch, n, shards, messages, 40, 10)
     ahead = sum(v[1] for k, v in report.measured.items() if k[:2] == ("sparse", "prefetch"))
     assert ahead > 0
 
@@ -473,32 +481,7 @@ def test_dense_gradient_rides_the_sparse_messages(client4, n, shards, messages):
     messages of their own only after the last step of ``fit`` (nothing to prefetch), the
     allreduce's bytes 2 (N - 1) n s a step, and the steps those of one process (sampled
     softmax, Adam, across epochs)."""
-    workers = sorted(scheduler_workers(client4))[:n]
-    model = EmbeddingMLP(
-        V, C, D, hidden=(5,), n_classes=20, dtype=np.float64, seed=n, output="sampled", n_sampled=5
-    )
-    rng = np.random.default_rng(n)
-    X, y = rng.integers(0, V, (26, C)), rng.integers(0, 20, 26)
-    optimizer = Adam(lr=0.05)
-    want = model.copy().fit(X, y, batch_size=7, epochs=2, seed=1, optimizer=optimizer)
-    with DistributedEmbeddingMLP(
-        model,
-        client4,
-        architecture="hybrid",
-        sparse_partitions=shards,
-        workers=workers,
-        messages=messages,
-    ) as dp:
-        dp.fit(X, y, batch_size=7, epochs=2, seed=1, optimizer=optimizer)
-        got = dp.gather()
-        report = dp.comm_report()
-    for a, b in zip(
-        [got.embedding, *got.weights, *got.biases],
-        [want.embedding, *want.weights, *want.biases],
-        strict=True,
-    ):
-        np.testing.assert_allclose(a, b, rtol=0, atol=1e-9)
-    assert report.exact, str(report)
+    model, report = _fit_equals_one_process(client4, "hybrid", n, shards, messages, 26, 7)
     steps = report.steps
     assert steps == 8
     phases = {k[1] for k in report.measured}
