@@ -60,8 +60,8 @@ __all__ = [
     "balanced_bounds",
 ]
 
-#: Seconds between two checks, while a step's data are scattered and its results gathered, that
-#: the stage workers are still in the cluster.
+#: Seconds between two checks, while data are scattered to the stages and a step's results
+#: gathered, that the stage workers are still in the cluster.
 POLL_SECONDS = 0.25
 #: A step's errors that may come from a lost stage worker, before the scheduler has noticed the
 #: loss: a result cancelled with the worker, a stage that could not reach it (its postbox actor
@@ -415,13 +415,10 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
             roles[address] = f"stage {s} of replica {d}, {layers}"
         return roles
 
-    def _scatter(
-        self, by_worker: dict, deadline: float, outcome: str = LOST_IN_STEP,
-        what: str = "the step's data did not reach its stage",
-    ) -> list:  # fmt: skip
+    def _scatter(self, by_worker: dict, deadline: float, outcome: str, what: str) -> list:
         """Scatter ``by_worker`` (``{address: {key: array}}``) to the stage workers, one after
-        the other, before the ``deadline`` (``time.monotonic()``), :meth:`_watched`; returns the
-        futures (released here if one scatter fails)."""
+        the other, before the ``deadline`` (``time.monotonic()``), :meth:`_watched` (``outcome``,
+        ``what``: as its); returns the futures (released here if one scatter fails)."""
         scattered: list = []
         try:
             for address, values in by_worker.items():
