@@ -312,10 +312,13 @@ def _arrays_made(dask_worker, token: str) -> int:
 
 def test_steps_reuse_the_arrays_of_their_forward_pass(client):
     """A shard's forward values of a step (the batch's hidden activation, active set, logits)
-    come from the worker's buffers and go back after its backward pass: after a warm-up epoch
-    the steps make none anew, and they are the local model's steps."""
+    and a rehash's projections come from the worker's buffers and go back after its backward
+    pass or the rehash: after a warm-up epoch (with rehashes) the steps make none anew, and
+    they are the local model's steps."""
     data = make_extreme_classification(n_samples=100, n_features=60, n_labels=40, seed=1)
-    local = SampledMLP(hidden=8, active_fraction=0.3, shards=2, hogwild=False, seed=7)
+    local = SampledMLP(
+        hidden=8, active_fraction=0.3, shards=2, hogwild=False, seed=7, rehash_every=2
+    )
     local.initialize(60, 40)
     with DistributedSampledMLP(local, client, workers=_workers(client, 2)) as dist:
         local.fit(data.X, data.Y, epochs=1, batch_size=25)
