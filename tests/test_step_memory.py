@@ -2,7 +2,7 @@
 (``reuse_memory=False``) on a cluster of Dask's defaults, whose nannies set
 ``MALLOC_TRIM_THRESHOLD_``: there every array above glibc's 128 KiB mmap threshold that a step
 makes anew is mapped and faulted in page by page again. The workers' minor page faults are
-counted over the steps of one ``fit`` after a warm-up one."""
+counted over the steps of each of two ``fit`` calls after a warm-up one."""
 
 from __future__ import annotations
 
@@ -90,8 +90,14 @@ def test_a_step_faults_in_no_large_array_without_the_malloc_setting(name):
         make(client) as model,
     ):
         model.fit(x, y, **fit)  # warm-up: kernels, plans, the pools' arrays
-        before = client.run(_minor_faults)
-        model.fit(x, y, **fit)
-        after = client.run(_minor_faults)
-    per_step = {w: (after[w] - before[w]) * PAGE / STEPS for w in after}
+        counts = [client.run(_minor_faults)]
+        for _ in range(2):
+            model.fit(x, y, **fit)
+            counts.append(client.run(_minor_faults))
+    # the fewer of two fits: a pool may still grow once where a loaded machine runs more steps
+    # at once than in the warm-up (the data-parallel steps a task follow their time)
+    per_step = {
+        w: min(b[w] - a[w] for a, b in zip(counts, counts[1:], strict=False)) * PAGE / STEPS
+        for w in counts[0]
+    }
     assert max(per_step.values()) <= scattered + ALLOWANCE, per_step
