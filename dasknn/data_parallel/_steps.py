@@ -13,6 +13,7 @@ import numpy as np
 
 from dasknn.data_parallel._plan import WorkerBatch
 from dasknn.data_parallel._worker_state import ReplicaState
+from dasknn.kernels.training import add_rows
 from dasknn.model.embedding_network import (
     EMBEDDING,
     SOFTMAX,
@@ -213,7 +214,7 @@ def _combine(
     total = _array(ctx, (len(union), *values[0].shape[1:]), values[0].dtype)
     total.fill(0)
     for part_ids, part_values in zip(ids, values, strict=True):
-        _add_rows(ctx, total, np.searchsorted(union, part_ids), part_values)
+        add_rows(total, np.searchsorted(union, part_ids), part_values)
     return union.astype(np.int64), total
 
 
@@ -221,13 +222,6 @@ def _rows_of(ctx: StepContext, values: np.ndarray, rows: np.ndarray) -> np.ndarr
     """``values[rows]`` (``rows`` valid) in an array of the step (:func:`_array`)."""
     out = _array(ctx, (len(rows), *values.shape[1:]), values.dtype)
     return np.take(values, rows, axis=0, out=out, mode="clip")  # "clip": unbuffered
-
-
-def _add_rows(ctx: StepContext, total: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
-    """``total[rows] += values`` for distinct valid ``rows``, through an array of the step."""
-    picked = _rows_of(ctx, total, rows)
-    picked += values
-    total[rows] = picked
 
 
 def _gathered(ctx: StepContext, sources: list[tuple], tail: np.ndarray | None) -> np.ndarray:
@@ -301,7 +295,7 @@ def chief_rows_sum(ctx: StepContext, variable: str, union, member_pos: list, *gr
     total = _array(ctx, (len(union), width))
     total.fill(0)
     for positions, grad in zip(member_pos, grads, strict=True):
-        _add_rows(ctx, total, positions, grad)
+        add_rows(total, positions, grad)
     _scratch(ctx, variable)["union_grad"] = total
     return union
 
