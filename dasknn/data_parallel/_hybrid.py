@@ -180,8 +180,9 @@ def build_step(
         updates = _push_rows(b, computed, ride, sums.get(DENSE))
         if next_plan is not None:  # the servers send the next step's rows (and dense chunks)
             ctx_next, after = replace(ctx, step=ctx.step + 1), {s: [u] for s, u in updates.items()}
+            changed = _changed_rows(b)
             reduced = [
-                _serve_and_assemble(b, ctx_next, next_plan, index, after, ride, early=True)
+                _serve_and_assemble(b, ctx_next, next_plan, index, after, ride, changed)
                 for index in range(len(chiefs))
             ]
             if ride is None:
@@ -300,20 +301,19 @@ def _sent_ahead(b: _Builder, parts: list, offsets: list, changed: dict) -> list 
 
 
 def _serve_and_assemble(
-    b: _Builder, ctx, plan, index: int, after: dict, ride=None, early: bool = False
+    b: _Builder, ctx, plan, index: int, after: dict, ride=None, changed: dict | None = None
 ) -> TaskRef:
     """Every server's fused reply to machine ``index``'s pull of ``plan``'s rows (after
     ``after[server]``) and the chief's task assembling them; with ``ride`` the replies carry the
     servers' reduced dense chunks, and the task returns the reduced dense buffer.
 
-    ``early`` (the next step's pull, made in this step): the rows this step's update leaves
-    as they are go in a reply of their own (phase ``prefetch``, where they come to
-    :data:`PREFETCH_MIN_BYTES`) that waits for nothing, so the server sends them before its step
-    begins and they travel while the chief computes; the fused reply after the update holds
-    the rest."""
+    ``changed`` (the next step's pull, made in this step: :func:`_changed_rows` of this step):
+    the rows this step's update leaves as they are go in a reply of their own (phase
+    ``prefetch``, where they come to :data:`PREFETCH_MIN_BYTES`) that waits for nothing, so the
+    server sends them before its step begins and they travel while the chief computes; the
+    fused reply after the update holds the rest."""
     c = b.topology.chiefs[index]
     rows = {v: plan.machines[v][index] for v in ctx.spec.sparse_shapes()}
-    changed = _changed_rows(b) if early else {}
     replies, remote, local, tails, unchanged = [], [], None, [], []
     for j, (server, parts) in enumerate(b.served.items()):
         offsets = [rows[v].offsets[p] for v, p in parts]
@@ -321,7 +321,7 @@ def _serve_and_assemble(
         if server == c:
             local = (parts, offsets, positions)
             continue
-        kept = _sent_ahead(b, parts, offsets, changed) if early else None
+        kept = None if changed is None else _sent_ahead(b, parts, offsets, changed)
         late = None
         if kept is not None:
             late = [np.flatnonzero(~k) for k in kept]
