@@ -5,8 +5,9 @@ Run: ``python3 benchmarks/samo.py [section ...]`` with sections
 all);
 ``--bubble-m``, ``--bubble-steps`` and ``--bubble-rows`` shrink the bubble section (default m 2 4
 8, 3 steps, 2,048 rows a microbatch), ``--bubble-messages`` picks the pipeline's modes (default
-``tasks``, ``posted``, ``posted-pinned``, ``posted-reuse``, ``posted-reuse-pinned``, in the same
-run: ``-reuse`` is ``reuse_memory=True``, ``-pinned`` ``pin_cores=True``), ``--bubble-clusters``
+``tasks``, ``posted``, ``posted-pinned``, ``posted-fresh``, in the same run: a mode without a
+suffix is ``DistributedCompressedMLP``'s defaults, ``-fresh`` is ``reuse_memory=False``,
+``-pinned`` ``pin_cores=True``), ``--bubble-clusters``
 the clusters that run them (default ``dask``: Dask's defaults; ``dasknn``: dasknn's own
 ``local_cluster``, the worker profiler off). Everything runs
 single-threaded (BLAS, numba, torch), one thread per Dask worker, so the figures compare
@@ -79,10 +80,9 @@ from dasknn.runtime.affinity import migrations  # noqa: E402
 from dasknn.runtime.worker_memory import ReuseFreedMemory  # noqa: E402
 
 P = 0.9
-#: The bubble section's pipeline modes: messages, then ``-reuse`` (``reuse_memory=True``: it
-#: tunes the workers' malloc for the rest of the cluster's life, so those come last) and
-#: ``-pinned`` (``pin_cores=True``).
-BUBBLE_MODES = ("tasks", "posted", "posted-pinned", "posted-reuse", "posted-reuse-pinned")
+#: The bubble section's pipeline modes: messages, then ``-fresh`` (``reuse_memory=False``) and
+#: ``-pinned`` (``pin_cores=True``); the other options are the model's defaults.
+BUBBLE_MODES = ("tasks", "posted", "posted-pinned", "posted-fresh")
 
 
 def best_ms(fn, repeat: int = 7) -> float:
@@ -394,15 +394,12 @@ def _time_passes(stack, xt, delta, first_stage: bool, repeat: int) -> dict[str, 
 
 
 
-def pass_anatomy(
-    client, model, bounds, micro_rows: int, repeat: int = 5, workers_only: str = ""
-) -> None:
+def pass_anatomy(client, model, bounds, micro_rows: int, repeat: int = 5) -> None:
     """Each stage's forward and backward pass (its layers' products, as in the pipeline) timed
     in this process, on its worker alone, and on both workers at once: wall-clock and thread
     CPU time and minor page faults, medians of ``repeat``. Shows whether a pass is slower in the
     cluster because the worker runs it slower (CPU time up: the other worker's pass on the other
-    core) or because its thread waits for a core (wall above CPU time). With ``workers_only``
-    the one-process rows are left out and it labels the worker rows."""
+    core) or because its thread waits for a core (wall above CPU time)."""
     rng = np.random.default_rng(1)
     layers, activations = model.stack.layers, model.stack.activations
     stacks, inputs = [], []
@@ -428,14 +425,13 @@ def pass_anatomy(
         )  # fmt: skip
 
     rows = {}
-    if not workers_only:
-        for s, stack in enumerate(stacks):
-            rows[("one process", s)] = _time_passes(stack, *inputs[s], s == 0, repeat)
+    for s, stack in enumerate(stacks):
+        rows[("one process", s)] = _time_passes(stack, *inputs[s], s == 0, repeat)
     for s in range(len(stacks)):
-        rows[(f"its worker, the other idle{workers_only}", s)] = on_worker(s).result()
+        rows[("its worker, the other idle", s)] = on_worker(s).result()
     together = [on_worker(s) for s in range(len(stacks))]
     for s, future in enumerate(together):
-        rows[(f"both workers at once{workers_only}", s)] = future.result()
+        rows[("both workers at once", s)] = future.result()
     print("\n| where | stage | forward: wall / CPU ms, faults | backward: wall / CPU ms, faults |")
     print("| --- | ---: | ---: | ---: |")
     for (where, s), found in rows.items():
@@ -660,10 +656,10 @@ def bubble(
     modes: tuple[str, ...] = BUBBLE_MODES,
     clusters: tuple[str, ...] = ("dask",),
 ) -> None:
-    """The bubble section; ``modes``: ``"tasks"``, ``"posted"`` (``DistributedCompressedMLP``'s
-    ``messages``) and ``"posted-reuse"`` (posted, ``reuse_memory=True``: it tunes the workers'
-    malloc for the rest of the cluster's life, so it comes last), each also with ``"-pinned"``
-    (``pin_cores=True``); ``clusters``: :data:`CLUSTERS`, each running every mode."""
+    """The bubble section; ``modes``: ``"tasks"`` or ``"posted"`` (``DistributedCompressedMLP``'s
+    ``messages``) with its other options at their defaults, each also with ``"-fresh"``
+    (``reuse_memory=False``) and ``"-pinned"`` (``pin_cores=True``); ``clusters``:
+    :data:`CLUSTERS`, each running every mode."""
     rng = np.random.default_rng(0)
     # 64-1024-1024-1024-1024-1024: the narrow first layer (1/16 of the others) needs no input
     # gradient, so stage 0 = layers 1-3 and stage 1 = layers 4-5 carry equal forward and equal
@@ -702,11 +698,10 @@ def bubble(
             if n_cluster == 0:
                 pass_anatomy(client, anatomy, bounds, micro_rows)
             for mode in modes:
-                messages = mode.removesuffix("-pinned").removesuffix("-reuse")
-                options = {
-                    "reuse_memory": "-reuse" in mode,
-                    "pin_cores": mode.endswith("-pinned"),
-                }
+                messages = mode.removesuffix("-pinned").removesuffix("-fresh")
+                options = {"reuse_memory": "-fresh" not in mode}
+                if mode.endswith("-pinned"):
+                    options["pin_cores"] = True
                 label = mode if len(clusters) == 1 else f"{kind}: {mode}"
                 for m in ms:
                     model = CompressedMLP(
@@ -769,11 +764,6 @@ def bubble(
                         f"{per_pass[1]:.1f}) | {' / '.join(ok[:2])}, {ok[2]} | "
                         f"{per[0]:.0f} / {per[1]:.0f} ms ({max(per) / min(per):.3f}) |"
                     )
-            if any("-reuse" in mode for mode in modes):
-                pass_anatomy(
-                    client, anatomy, bounds, micro_rows,
-                    workers_only=f", memory reused ({kind} cluster)",
-                )  # fmt: skip
     print(
         "\n| messages | m | busy a microbatch (ms), stage 0 / 1 (ratio) | of it CPU | of it "
         "waiting for a core | at the median passes (F + B) | above the median passes | other "
@@ -1014,11 +1004,11 @@ if __name__ == "__main__":
         choices=[
             f"{messages}{reuse}{pin}"
             for messages in ("tasks", "posted")
-            for reuse in ("", "-reuse")
+            for reuse in ("", "-fresh")
             for pin in ("", "-pinned")
         ],
-        help="how the pipeline's messages travel (bubble); -reuse: reuse_memory=True, -pinned: "
-        "pin_cores=True",
+        help="how the pipeline's messages travel (bubble), the model's other options at their "
+        "defaults; -fresh: reuse_memory=False, -pinned: pin_cores=True",
     )
     parser.add_argument(
         "--bubble-clusters",

@@ -268,11 +268,12 @@ def run_stage(
                 )
             for kind, u in order:
                 if kind == "F":
+                    # the targets first: gathered while the message may still be on its way
+                    y = microbatch_columns(labels, rows[u], take) if state.last else None
                     if s == 0:
                         x = microbatch_columns(inputs, rows[u], take)
                     else:
                         x = task.take(key("fwd", s - 1, u), failed)
-                    y = microbatch_columns(labels, rows[u], take) if state.last else None
                     result = state.forward(step, u, scale, loss_scale, x, y, take)
                     if state.last:
                         losses.append(result)
