@@ -103,8 +103,9 @@ def test_the_placement_hands_layers_over_as_the_budget_fills(dask_client, monkey
         assert sum(dask_client.run(_installed_layers).values()) - before == 3 * model.n_layers
         if budget is None:  # the whole small network fits the default budget: one hand-over
             assert held == [0] * model.n_layers
-        else:  # every layer is handed over before the next is made
-            assert held == [3 * k for k in range(model.n_layers)]
+        else:  # a layer is on its way while the next is made, and installed before the one after
+            for k, found in enumerate(held):
+                assert 3 * max(k - 1, 0) <= found <= 3 * k
         x = _batch(model, 7, 1)[0]
         np.testing.assert_allclose(dist.predict(x), model.predict(x), rtol=1e-5, atol=1e-6)
     finally:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import dask.array as da
@@ -115,7 +117,8 @@ def place_network(
     ``{(k, m): (optimizer, weight state, bias state)}`` given; scatter the plans.
 
     The chunks are handed over as they come, whenever :data:`PLACEMENT_BYTES` of them are
-    waiting, so the client holds about that much of the network beside the layer being made.
+    waiting, in a thread of their own while the next layers are made, so the client holds about
+    twice that much of the network beside the layer being made.
     ``generation`` numbers the placement (part of the plans' keys, so no key is reused); with a
     ``span`` (the model's), the plans are held by tasks of that span, named in ``plan_keys``.
     ``TimeoutError`` unless the workers accept everything within ``timeout`` seconds;
@@ -127,23 +130,35 @@ def place_network(
     plan_keys, shapes = [], []
     states = states or {}
     left = _clock(timeout)
-    for k, (layer_plans, layer_chunks) in enumerate(layers, start=1):
-        plan_name = f"dasknn-plan-{token}-{k}-g{generation}"
-        bias = np.asarray(biases[k - 1], dtype=dtype)[plan.orders[k]]
-        offsets = plan.offsets[k]
-        for m, chunk in enumerate(layer_chunks):
-            chunk = chunk.astype(dtype, copy=False)
-            bias_m = np.array(bias[offsets[m] : offsets[m + 1]], dtype=dtype)
-            waiting.setdefault(part_workers[m], {})[(k, m)] = (chunk, bias_m)
-            waiting_bytes += chunk.data.nbytes + chunk.indices.nbytes + chunk.indptr.nbytes
-            plans[(plan_name, m)] = layer_plans[m]
-        del layer_chunks, chunk
-        plan_keys.append([(plan_name, m) for m in range(plan.nparts)])
-        shapes.append((int(plan.offsets[k - 1][-1]), tuple(int(c) for c in plan.part_sizes(k))))
-        if waiting_bytes >= PLACEMENT_BYTES:
-            _install(client, token, waiting, states, part_workers, left())
-            waiting_bytes = 0
-    _install(client, token, waiting, states, part_workers, left())
+    with ThreadPoolExecutor(1, thread_name_prefix="dasknn-placement") as installer:
+        installing = None
+
+        def hand_over() -> None:  # after the batch before it: at most one batch on its way
+            nonlocal installing
+            if installing is not None:
+                installing.result()
+            args = (client, token, waiting, states, part_workers, left())
+            installing = installer.submit(_install, *args)
+
+        for k, (layer_plans, layer_chunks) in enumerate(layers, start=1):
+            plan_name = f"dasknn-plan-{token}-{k}-g{generation}"
+            bias = np.asarray(biases[k - 1], dtype=dtype)[plan.orders[k]]
+            offsets = plan.offsets[k]
+            for m, chunk in enumerate(layer_chunks):
+                chunk = chunk.astype(dtype, copy=False)
+                bias_m = np.array(bias[offsets[m] : offsets[m + 1]], dtype=dtype)
+                waiting.setdefault(part_workers[m], {})[(k, m)] = (chunk, bias_m)
+                waiting_bytes += chunk.data.nbytes + chunk.indices.nbytes + chunk.indptr.nbytes
+                plans[(plan_name, m)] = layer_plans[m]
+            del layer_chunks, chunk
+            plan_keys.append([(plan_name, m) for m in range(plan.nparts)])
+            sizes = tuple(int(c) for c in plan.part_sizes(k))
+            shapes.append((int(plan.offsets[k - 1][-1]), sizes))
+            if waiting_bytes >= PLACEMENT_BYTES:
+                hand_over()
+                waiting, waiting_bytes = {}, 0
+        hand_over()
+        installing.result()
     futures = scatter_pinned(client, plans, part_workers, lambda key: key[-1], left(), PLACING)
     if span is not None:
         workers = {key: part_workers[key[-1]] for key in futures}
@@ -156,16 +171,19 @@ def _install(
     client, token: str, waiting: dict, states: dict, part_workers: list[str], timeout: float
 ) -> None:
     """Install the ``waiting`` chunks ``{worker: {(k, m): (csr chunk, bias)}}`` (with their
-    ``states``) on their workers within ``timeout`` seconds, then forget them."""
-    deadline = _clock(timeout)
-    for address, chunks_here in waiting.items():
-        states_here = {key: states[key] for key in chunks_here if key in states}
-        installing = client.run(
-            call_plugin, ModelState.plugin_name(token), "install", chunks_here, states_here,
-            workers=[address], asynchronous=True,
-        )  # fmt: skip
-        run_watching_part_workers(client, installing, part_workers, deadline(), PLACING)
-    waiting.clear()
+    ``states``) on their workers within ``timeout`` seconds, every worker's at once."""
+
+    async def install_all() -> None:
+        await asyncio.gather(*(
+            client.run(
+                call_plugin, ModelState.plugin_name(token), "install", chunks_here,
+                {key: states[key] for key in chunks_here if key in states},
+                workers=[address], asynchronous=True,
+            )
+            for address, chunks_here in waiting.items()
+        ))  # fmt: skip
+
+    run_watching_part_workers(client, install_all(), part_workers, timeout, PLACING)
 
 
 def chunk_entries(weight: sp.csr_matrix, plan: CommPlan, k: int) -> list[np.ndarray]:

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
+from dasknn.kernels.renumber import crossing_rows, split_columns
+
 __all__ = [
     "CommPlan", "LayerPartPlan", "boundary", "build_comm_plan", "iter_layers",
     "normalize_partition", "renumbered_chunks", "renumbering", "reorder",
@@ -81,11 +83,11 @@ def reorder(
 
 def boundary(weight: sp.spmatrix, parts_in: np.ndarray, parts_out: np.ndarray) -> np.ndarray:
     """Which input neurons of ``weight`` (``(n_in, n_out)``) feed an output neuron of another
-    part: the rows a part sends forward."""
+    part: the rows a part sends forward. One pass over the entries."""
     csr = sp.csr_matrix(weight)
-    rows = np.repeat(np.arange(csr.shape[0]), np.diff(csr.indptr))
-    crossing = parts_out[csr.indices] != parts_in[rows]
-    return np.bincount(rows[crossing], minlength=csr.shape[0]) > 0
+    out = np.empty(csr.shape[0], dtype=bool)
+    crossing_rows(csr.indptr, csr.indices, np.asarray(parts_in), np.asarray(parts_out), out)
+    return out
 
 
 @dataclass(frozen=True)
@@ -184,14 +186,32 @@ class CommPlan:
 
 def renumbered_chunks(weight, order_in, order_out, offsets_out) -> list[sp.csr_matrix]:
     """Every part's columns ``offsets_out[m]:offsets_out[m+1]`` of ``weight`` with its rows and
-    columns renumbered by ``order_in`` and ``order_out`` (sorted indices)."""
-    renumbered = sp.csr_matrix(weight)[order_in][:, order_out]
-    renumbered.sort_indices()
-    chunks = []
-    for lo, hi in zip(offsets_out[:-1], offsets_out[1:], strict=True):
-        chunk = sp.csr_matrix(renumbered[:, lo:hi])
-        chunk.sort_indices()
+    columns renumbered by ``order_in`` and ``order_out`` (sorted indices, the entries' dtype),
+    made in one pass over the entries (:func:`~dasknn.kernels.renumber.split_columns`)."""
+    csr = sp.csr_matrix(weight)
+    n_rows, nparts = csr.shape[0], len(offsets_out) - 1
+    position = np.empty(len(order_out), dtype=np.int64)
+    position[order_out] = np.arange(len(order_out))
+    part_out = np.searchsorted(offsets_out, position, side="right") - 1
+    column_out = position - np.asarray(offsets_out)[part_out]
+    index = np.int32 if max(csr.nnz, csr.shape[1], n_rows) < 2**31 else np.int64
+    indptr = np.zeros((nparts, n_rows + 1), dtype=index)
+    indices = np.empty(csr.nnz, dtype=index)
+    data = np.empty(csr.nnz, dtype=csr.dtype)
+    split_columns(
+        csr.indptr, csr.indices, csr.data, np.asarray(order_in), part_out, column_out, indptr,
+        indices, data,
+    )  # fmt: skip
+    chunks, start = [], 0
+    for m in range(nparts):
+        stop = start + int(indptr[m, -1])
+        width = int(offsets_out[m + 1] - offsets_out[m])
+        chunk = sp.csr_matrix(
+            (data[start:stop], indices[start:stop], indptr[m]), shape=(n_rows, width), copy=False
+        )
+        chunk.has_sorted_indices = True
         chunks.append(chunk)
+        start = stop
     return chunks
 
 
