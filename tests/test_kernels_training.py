@@ -144,7 +144,7 @@ def test_column_runs_cut_each_column_at_the_row_groups(index_dtype):
     indptr, indices, data, w = chunk(29, 41, np.float64, index_dtype, seed=4)
     groups = np.array([0, 0, 5, 17, 29])  # an empty group too
     bounds, rows, order = column_runs(indptr, indices, 41, groups)
-    assert bounds.shape == (5, 41) and rows.dtype == index_dtype
+    assert bounds.shape == (5, 41) and rows.dtype == order.dtype == index_dtype
     position = {(i, j): p for i in range(29) for p, j in
                 enumerate(indices[indptr[i]:indptr[i + 1]], start=indptr[i])}
     for c in range(41):

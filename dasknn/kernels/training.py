@@ -38,7 +38,7 @@ def column_runs(indptr, indices, n_out, groups):  # pragma: no cover - compiled
         ``bounds[g, c]:bounds[g + 1, c]`` (positions in ``rows`` and ``order``).
     rows : array of ``indices``' dtype
         The row of each entry.
-    order : int64 array
+    order : array of ``indptr``'s dtype
         The position of each entry in the CSR arrays (where its weight is).
 
     Cost: two passes over the entries (a counting sort), no comparison sort.
@@ -65,7 +65,7 @@ def column_runs(indptr, indices, n_out, groups):  # pragma: no cover - compiled
         start[c + 1] += start[c]
     bounds = np.empty((n_groups + 1, n_out), dtype=np.int64)
     rows = np.empty(indptr[-1], dtype=indices.dtype)
-    order = np.empty(indptr[-1], dtype=np.int64)
+    order = np.empty(indptr[-1], dtype=indptr.dtype)  # a position among the entries
     fill = start[:n_out].copy()
     for g in range(n_groups):
         bounds[g] = fill
