@@ -19,8 +19,8 @@ inputs must be equal.
 hypergraph partition), on ``radixnet:N:L`` as a spec, made a layer at a time, against the same
 network loaded first and given as a list of matrices (the list counted in its peak); the
 categories must be equal. ``--spec-only`` runs the spec alone (a network too large to load
-whole), with the workers' peak resident memory, and checks its categories against scipy in
-float64 (``min(max(Y W + b, 0), 32)`` a layer at a time in this process).
+whole), with the workers' peak resident memory, and checks its categories against the plain
+scipy loop of ``challenge.py`` (float64, a layer at a time in this process).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import time
 import tracemalloc
 
 import numpy as np
+from challenge import scipy_inference
 from distributed import Client, LocalCluster
 from harness import add_json_option, describe, write_json
 
@@ -38,6 +39,7 @@ from dasknn.challenge import run_challenge_model_parallel
 from dasknn.challenge.engine import prepare_inputs
 from dasknn.datasets import load_mnist_test, load_network, mnist_to_challenge_inputs
 from dasknn.datasets.radixnet import iter_radixnet, radixnet
+from dasknn.inference._workers import peak_rss
 from dasknn.model import SparseMLP
 from dasknn.model_parallel import DistributedSparseMLP
 from dasknn.model_parallel import _layout as layout
@@ -80,24 +82,6 @@ def challenge(client: Client, spec: str, inputs, as_list: bool) -> dict:
             "placement_seconds": stats.placement_seconds}
 
 
-def scipy_categories(spec: str, inputs) -> np.ndarray:
-    """The challenge's categories of ``inputs`` on the network ``spec``, by scipy in float64, a
-    layer at a time (the reference of ``--spec-only``)."""
-    neurons, layers = (int(v) for v in spec.split(":")[1:])
-    matrix, bias = prepare_inputs(inputs, None, neurons)
-    y = matrix.toarray().astype(np.float64)
-    for weight in iter_radixnet(neurons, layers, seed=0):
-        y = np.clip(y @ weight + bias, 0, 32)
-    return np.flatnonzero(np.any(y != 0, axis=1)) + 1
-
-
-def _peak_rss_mib() -> float:
-    """This process's peak resident memory in MiB (for ``Client.run``)."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 def run_challenges(args) -> None:
     """The ``--challenge`` comparison (``--spec-only``: the spec alone)."""
     spec = f"radixnet:{args.neurons}:{args.layers}"
@@ -112,14 +96,17 @@ def run_challenges(args) -> None:
     ) as cluster, Client(cluster) as client:
         for kind in ("spec",) if args.spec_only else ("list", "spec"):
             runs[kind] = challenge(client, spec, inputs, kind == "list")
-        workers_peak = client.run(_peak_rss_mib)
+        workers_peak = client.run(peak_rss)
     for kind, row in runs.items():
         print(f"{kind:>5}: client peak {row['peak_mib']:7.0f} MiB, {row['seconds']:.1f} s "
               f"(partition {row['partition_seconds']:.1f} s, placement "
               f"{row['placement_seconds']:.1f} s), {len(row['categories'])} categories")
-    print("workers' peak RSS: " + ", ".join(f"{v:.0f} MiB" for v in workers_peak.values()))
+    print("workers' peak RSS: " + ", ".join(f"{v / MIB:.0f} MiB" for v in workers_peak.values()))
     if args.spec_only:
-        np.testing.assert_array_equal(runs["spec"]["categories"], scipy_categories(spec, inputs))
+        matrix, bias = prepare_inputs(inputs, None, args.neurons)
+        layers = iter_radixnet(args.neurons, args.layers, seed=0)
+        expected = scipy_inference(matrix.astype(np.float64), layers, bias)
+        np.testing.assert_array_equal(runs["spec"]["categories"], expected)
         print("categories equal scipy's (float64, a layer at a time)")
     else:
         np.testing.assert_array_equal(runs["list"]["categories"], runs["spec"]["categories"])
