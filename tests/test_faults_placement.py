@@ -36,24 +36,26 @@ def _model() -> SparseMLP:
     return SparseMLP(weights, [np.zeros(n) for n in sizes[1:]], activation="sigmoid")
 
 
-class _KillWorkerWhenPlansArrive(WorkerPlugin):
+class _KillWorkerWhenKeysArrive(WorkerPlugin):
     """On the worker ``here``: kills (SIGKILL) the worker process ``pid`` the moment the first
-    layer plan of a model arrives: the model's values are half placed, and the next call of the
-    placement must reach the killed worker."""
+    key of a model named ``prefix...`` arrives: a batch of chunks (``dasknn-chunks-``, the
+    network half handed over) or a layer plan (``dasknn-plan-``, the chunks installed); the
+    next call of the placement must reach the killed worker."""
 
     name = "dasknn-test-kill-during-placement"
 
-    def __init__(self, here: str, pid: int):
+    def __init__(self, here: str, pid: int, prefix: str):
         self.here_address = here
         self.pid = pid
+        self.prefix = prefix
         self.here = self.killed = False
 
     def setup(self, worker) -> None:
         self.here = worker.address == self.here_address
 
     def transition(self, key, start, finish, **kwargs) -> None:
-        plan = isinstance(key, tuple) and str(key[0]).startswith("dasknn-plan-")
-        if self.here and plan and not self.killed:
+        name = str(key[0]) if isinstance(key, tuple) else str(key)
+        if self.here and name.startswith(self.prefix) and not self.killed:
             self.killed = True
             os.kill(self.pid, signal.SIGKILL)
 
@@ -81,13 +83,14 @@ def _forgotten_keys_in_data(client, kept: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_worker_killed_while_the_model_is_placed_is_a_quick_error_naming_it():
+@pytest.mark.parametrize("prefix", ["dasknn-chunks-", "dasknn-plan-"])
+def test_worker_killed_while_the_model_is_placed_is_a_quick_error_naming_it(prefix):
     with LocalCluster(
         n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
     ) as cluster, Client(cluster) as client:  # fmt: skip
         pids = client.run(os.getpid)
         first, victim = sorted(pids)  # parts 0 and 1 go to the workers in address order
-        plugin = _KillWorkerWhenPlansArrive(first, pids[victim])
+        plugin = _KillWorkerWhenKeysArrive(first, pids[victim], prefix)
         client.register_plugin(plugin)
         model = _model()
         parts = [np.arange(n) % 2 for n in model.layer_sizes]
@@ -102,10 +105,13 @@ def test_worker_killed_while_the_model_is_placed_is_a_quick_error_naming_it():
         killed = client.run(lambda dask_worker: dask_worker.plugins[plugin.name].killed)
         assert killed[first]
         wait_until_empty(
-            lambda: [*client.run_on_scheduler(_model_keys), *_model_plugins(client)],
+            lambda: [
+                *client.run_on_scheduler(_model_keys), *_model_plugins(client),
+                *keys_on_workers(client, "dasknn-"),
+            ],
             30,
-            "the failed model left keys or plugins",
-        )
+            "the failed model left keys, data or plugins",
+        )  # fmt: skip
 
 
 def _dasknn_plugins(client) -> list[str]:

@@ -137,7 +137,7 @@ def place_network(
             nonlocal installing
             if installing is not None:
                 installing.result()
-            args = (client, token, waiting, states, part_workers, left())
+            args = (client, token, generation, waiting, states, part_workers, left())
             installing = installer.submit(_install, *args)
 
         for k, (layer_plans, layer_chunks) in enumerate(layers, start=1):
@@ -168,22 +168,40 @@ def place_network(
 
 
 def _install(
-    client, token: str, waiting: dict, states: dict, part_workers: list[str], timeout: float
-) -> None:
+    client, token: str, generation: int, waiting: dict, states: dict, part_workers: list[str],
+    timeout: float,
+) -> None:  # fmt: skip
     """Install the ``waiting`` chunks ``{worker: {(k, m): (csr chunk, bias)}}`` (with their
-    ``states``) on their workers within ``timeout`` seconds, every worker's at once."""
+    ``states``) on their workers within ``timeout`` seconds, every worker's at once.
+
+    Each worker's chunks travel as one scattered key (Dask's serialization: the arrays' buffers
+    out of band, not copied into a pickle), then one call on the worker hands them to the
+    model's plugin, and the key is released; a scatter given up is released when it ends (no
+    chunk stays behind)."""
+    plugin = ModelState.plugin_name(token)
+
+    async def install_on(address: str, chunks_here: dict) -> None:
+        first = min(chunks_here)  # names the batch: no two batches of a placement share it
+        key = f"dasknn-chunks-{token}-{first[0]}-{first[1]}-g{generation}"
+        futures = await scatter_released_if_given_up(client, {key: chunks_here}, workers=[address])
+        try:
+            here = {part: states[part] for part in chunks_here if part in states}
+            await client.run(
+                _install_scattered, plugin, key, here, workers=[address], asynchronous=True
+            )
+        finally:
+            futures[key].release()
 
     async def install_all() -> None:
-        await asyncio.gather(*(
-            client.run(
-                call_plugin, ModelState.plugin_name(token), "install", chunks_here,
-                {key: states[key] for key in chunks_here if key in states},
-                workers=[address], asynchronous=True,
-            )
-            for address, chunks_here in waiting.items()
-        ))  # fmt: skip
+        await asyncio.gather(*(install_on(*placed) for placed in waiting.items()))
 
     run_watching_part_workers(client, install_all(), part_workers, timeout, PLACING)
+
+
+def _install_scattered(plugin: str, key: str, states: dict, dask_worker=None) -> int:
+    """``client.run`` body: :meth:`ModelState.install` of the chunks ``{(k, m): (chunk, bias)}``
+    scattered here as ``key``, with their ``states``."""
+    return call_plugin(plugin, "install", dask_worker.data[key], states, dask_worker=dask_worker)
 
 
 def chunk_entries(weight: sp.csr_matrix, plan: CommPlan, k: int) -> list[np.ndarray]:
