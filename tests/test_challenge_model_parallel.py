@@ -118,3 +118,15 @@ def test_cli_model_parallel_passes_against_golden(dask_client, case, tmp_path, c
     assert code == 2
     assert "bias <= 0" in capsys.readouterr().err
     assert not (tmp_path / "never.tsv").exists()
+
+
+def test_a_spec_is_made_in_the_run_dtype_and_matrices_as_given(case):
+    from dasknn.challenge.engine import network_source
+
+    made = next(network_source("radixnet:1024:2", dtype=np.float32)())
+    expected = radixnet(1024, 1)[0]
+    assert made.dtype == np.float32 and made.indices.dtype == np.int32
+    np.testing.assert_array_equal(made.toarray(), expected.toarray())
+    _, layers, _ = case
+    given = next(network_source(layers, dtype=np.float32)())
+    assert given.dtype == layers[0].dtype == np.float64

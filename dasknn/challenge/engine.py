@@ -40,14 +40,16 @@ def network_source(
     neurons: int | None = None,
     layers: int | None = None,
     seed: int = 0,
+    dtype: np.dtype | type = np.float64,
 ) -> Callable[[], Iterator[sp.csr_matrix]]:
     """A function making the network's layers anew at every call, one at a time: read from a
-    challenge directory or generated from ``radixnet:N:L`` (:func:`dasknn.datasets.iter_network`;
-    a bad spec or a missing directory raises here), or the matrices given (checked here, the
-    first ``layers`` of them)."""
+    challenge directory or generated from ``radixnet:N:L`` as ``dtype`` values
+    (:func:`dasknn.datasets.iter_network`; a bad spec or a missing directory raises here), or the
+    matrices given, as they are (checked here, the first ``layers`` of them)."""
     if isinstance(network, str | os.PathLike):
-        iter_network(network, neurons=neurons, layers=layers, seed=seed)  # checks the spec
-        return lambda: iter_network(network, neurons=neurons, layers=layers, seed=seed)
+        options = {"neurons": neurons, "layers": layers, "seed": seed, "dtype": dtype}
+        iter_network(network, **options)  # checks the spec
+        return lambda: iter_network(network, **options)
     matrices = [check_csr(m, name=f"layer {k + 1}") for k, m in enumerate(network)]
     if layers is not None:
         matrices = matrices[:layers]

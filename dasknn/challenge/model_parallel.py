@@ -246,15 +246,14 @@ def prepare_model_parallel(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if method not in graph.METHODS:
         raise ValueError(f"unknown partitioning method {method!r}; choose one of {graph.METHODS}")
-    make = network_source(network, neurons, layers, seed)
-    checked = check_network(make(), dtype, tiled=False)
+    checked = check_network(network_source(network, neurons, layers, seed)(), dtype, tiled=False)
     matrix, bias = prepare_inputs(inputs, bias, checked.width)
     check_model_parallel(bias, checked.width, nparts)
     if partition is not None:
         partition = _given_partition(partition, nparts, [checked.width] * (checked.layers + 1))
         nparts = partition.nparts
     source = LayerSource(
-        make,
+        network_source(network, neurons, layers, seed, dtype),  # made as dtype values
         [(checked.width, checked.width)] * checked.layers,
         biases=lambda k: np.full(checked.width, bias),
         activation="clipped_relu",
