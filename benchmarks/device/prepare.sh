@@ -3,7 +3,8 @@
 # may have neither (see README.md beside this):
 #   .whl/  the wheels a GPU image with numba, numpy, scipy, pandas and cuda-core lacks,
 #   .gpu/neuron1024  the official 1024 x 120 network,
-#   .gpu/refs  the CPU engine's categories of the 10,000 MNIST test images for the cases in REFS.
+#   .gpu/refs  the CPU engine's categories of the 10,000 MNIST test images for the cases in REFS,
+#   .gpu/partitions  the partitions run.sh's model-parallel part takes (PARTITIONS).
 # Both folders are git-excluded; copy them with the checkout to the GPU machine.
 #
 #   bash benchmarks/device/prepare.sh             # REFS="official 1024x120 ..." to pick cases
@@ -27,6 +28,8 @@ NOT_NEEDED="rapids-dask-dependency"
 # ones need more memory than a small machine has); README.md gives the time each takes.
 REFS=${REFS:-"official 1024x120 1024x480 4096x120 16384x120 1024x1920 4096x480 16384x480 4096x1920"}
 OFFICIAL="$ROOT/../shared/data/graphchallenge/neuron1024"
+# The streamed hypergraph partitions of part 7 (NxL-PPARTS; 65536x1920-P16: 8 minutes on 2 cores)
+PARTITIONS=${PARTITIONS:-"65536x1920-P16"}
 
 exclude=$(git rev-parse --git-path info/exclude)
 mkdir -p "$(dirname "$exclude")"
@@ -99,6 +102,19 @@ for case in $REFS; do
     python3 benchmarks/challenge_gpu.py --write-refs .gpu/refs --official .gpu/neuron1024 \
         --only "$case"
     echo "$case: $((SECONDS - start)) s with generation and cluster start"
+done
+
+echo "== partitions of the model-parallel part into .gpu/partitions"
+mkdir -p .gpu/partitions
+for case in $PARTITIONS; do
+    if [ -f ".gpu/partitions/$case.npz" ]; then
+        echo "$case: already there"
+        continue
+    fi
+    network=${case%-P*} start=$SECONDS
+    python3 -m dasknn partition "radixnet:${network/x/:}" --parts "${case##*-P}" --stream \
+        --out ".gpu/partitions/$case.npz" --json ".gpu/partitions/$case.json" | tail -n 1
+    echo "$case: $((SECONDS - start)) s"
 done
 
 echo "== sizes (what is copied to the GPU machine: the checkout and the two folders)"

@@ -15,12 +15,16 @@
 #      against the CPU kernel, in the background on the cores the foreground leaves
 #   4  end to end: 65536 x 120 tiled then sectioned,    -> results.jsonl
 #      then 65536 x 1920 loaded by the GPU worker, in the faster mode
+#   7  model-parallel challenge on the CPUs: 65536 x    -> placement.jsonl
+#      1920 split by neurons over 16 workers with the
+#      partition prepare.sh made, checked against scipy
 # Each part is skipped, with a printed line, when its estimated seconds would pass BUDGET
 # (default 540) counted from the start of this script. BASE (a folder holding another checkout's
 # dasknn) makes part 2 run that code's kernels first, tagged "base", for an A/B in one call.
 #
 #   OUT=/tmp/out bash benchmarks/device/run.sh                    # on the GPU machine
 #   PARTS=1,2,5,3,4 OUT=/tmp/out bash benchmarks/device/run.sh    # the kernel parts
+#   PARTS=7 OUT=/tmp/out bash benchmarks/device/run.sh            # the model-parallel run
 #   DRYRUN=1 OUT=/tmp/out bash benchmarks/device/run.sh           # any machine: tiny sizes under
 #                                                                 # numba's CUDA simulator
 set -euo pipefail
@@ -45,6 +49,8 @@ if [ "$DRYRUN" = 1 ]; then
     NEED_TESTS=60 NEED_KERNELS=120 NEED_E2E_SMALL=90 NEED_E2E_BIG=90 NEED_PROFILE=60
     NEED_ALL=180
     PROFILE_ARGS=(--networks 64x4 --rows 32)
+    MP_ARGS=(--neurons 1024 --layers 8 --inputs 16 --workers 2 --check-processes 2)
+    MP_SPEC=radixnet:1024:8 MP_PARTS=2 NEED_MP=120
 else
     BUDGET=${BUDGET:-540}
     TEST_ARGS=()
@@ -58,7 +64,14 @@ else
     NEED_PROFILE=90
     NEED_ALL=${NEED_ALL:-300}  # the timed calls take about 100 s, plus each generation
     PROFILE_ARGS=(--networks 65536x120 --rows 10000)
+    MP_ARGS=(--neurons 65536 --layers 1920 --inputs 100 --workers 16 --check-processes 15)
+    MP_SPEC=radixnet:65536:1920 MP_PARTS=16
+    NEED_MP=${NEED_MP:-540}  # three passes over the network on the client, the run, the check
 fi
+# part 7's partition: prepare.sh makes it (DRYRUN: made here under $OUT, a second)
+MP_NAME=${MP_SPEC#radixnet:}
+MP_PARTITION=.gpu/partitions/${MP_NAME/:/x}-P$MP_PARTS.npz
+if [ "$DRYRUN" = 1 ]; then MP_PARTITION=$OUT/partitions/${MP_NAME/:/x}-P$MP_PARTS.npz; fi
 # the modes of the end-to-end A/B on E2E_SMALL (empty: none, BIG_MODE or sectioned for E2E_BIG)
 E2E_SMALL_MODES=${E2E_SMALL_MODES-tiled sectioned}
 KERNEL_MODES=${KERNEL_MODES:-sectioned,sectioned/per-entry,tiled}  # part 2's variants
@@ -240,6 +253,21 @@ else:
 EOF
 }
 
+part_mp() {  # the model-parallel challenge on the CPUs, its categories checked against scipy
+    echo "== part 7: model-parallel $MP_SPEC, $MP_PARTS parts (${SECONDS} s)"
+    if [ "$DRYRUN" = 1 ] && [ ! -f "$MP_PARTITION" ]; then
+        mkdir -p "$(dirname "$MP_PARTITION")"
+        python3 -m dasknn partition "$MP_SPEC" --parts "$MP_PARTS" --stream \
+            --out "$MP_PARTITION" >/dev/null
+    fi
+    if [ ! -f "$MP_PARTITION" ]; then
+        echo "== part 7: no partition $MP_PARTITION (prepare.sh makes it)"
+        return 1
+    fi
+    python3 benchmarks/placement.py --challenge --spec-only "${MP_ARGS[@]}" \
+        --partition "$MP_PARTITION" --json "$OUT/placement.jsonl"
+}
+
 part_e2e() {
     local mode failed=0
     for mode in $E2E_SMALL_MODES; do
@@ -265,6 +293,7 @@ main() {
     if has_part 5 && fits 5 "$NEED_PROFILE"; then part_profile || failed+=(5); fi
     if has_part 3; then finish_rowcheck || failed+=(3); fi
     if has_part 4; then part_e2e || failed+=(4); fi
+    if has_part 7 && fits 7 "$NEED_MP"; then part_mp || failed+=(7); fi
     echo "== done in ${SECONDS} s (budget $BUDGET s); parts failed: ${failed[*]:-none}"
     echo "== files: $(cd "$OUT" && ls | tr '\n' ' ')"
     [ "${#failed[@]}" -eq 0 ]
