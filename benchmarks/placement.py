@@ -19,7 +19,9 @@ inputs must be equal.
 hypergraph partition), on ``radixnet:N:L`` as a spec, made a layer at a time, against the same
 network loaded first and given as a list of matrices (the list counted in its peak); the
 categories must be equal. ``--spec-only`` runs the spec alone (a network too large to load
-whole), with the workers' peak resident memory, and checks its categories against the plain
+whole) untraced (the client's peak is its process's peak RSS, the LocalCluster's scheduler
+included: tracemalloc would slow the placement by a third), with the workers' peak resident
+memory, and checks its categories against the plain
 scipy loop of ``challenge.py`` (float64, a layer at a time; ``--check-processes K`` splits the
 inputs into K row blocks checked in K processes at once, after the run). ``--workers`` sets the
 cluster's single-threaded workers (one part each), ``--partition FILE`` takes a partition of
@@ -76,18 +78,26 @@ def place(client: Client, model: SparseMLP, partition, whole: bool, x: np.ndarra
     return {"seconds": seconds, "peak_mib": peak / MIB, "kept_mib": kept / MIB, "out": out}
 
 
-def challenge(client: Client, spec: str, inputs, as_list: bool, partition: str | None) -> dict:
+def challenge(
+    client: Client, spec: str, inputs, as_list: bool, partition: str | None, traced: bool
+) -> dict:
     """One model-parallel challenge run of ``spec``, loaded whole first when ``as_list``; the
-    client's peak memory, seconds, categories and the run's statistics."""
-    tracemalloc.start()
+    client's peak memory (``traced``: ``tracemalloc``'s above what it held before, which slows
+    the run's allocations; else the process's peak RSS), seconds, categories and the run's
+    statistics."""
+    if traced:
+        tracemalloc.start()
     start = time.perf_counter()
     network = load_network(spec) if as_list else spec
     categories, stats = run_challenge_model_parallel(
         network, inputs, client=client, progress=False, partition=partition
     )
     seconds = time.perf_counter() - start
-    _, peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
+    if traced:
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+    else:
+        peak = peak_rss()
     return {
         "seconds": seconds,
         "peak_mib": peak / MIB,
@@ -134,7 +144,8 @@ def run_challenges(args) -> None:
         Client(cluster) as client,
     ):
         for kind in ("spec",) if args.spec_only else ("list", "spec"):
-            runs[kind] = challenge(client, spec, inputs, kind == "list", args.partition)
+            traced = not args.spec_only  # the list against the spec: Python's allocations
+            runs[kind] = challenge(client, spec, inputs, kind == "list", args.partition, traced)
         workers_peak = client.run(peak_rss)
     for kind, row in runs.items():
         stats = row["stats"]
