@@ -174,21 +174,19 @@ def _install(
     """Install the ``waiting`` chunks ``{worker: {(k, m): (csr chunk, bias)}}`` (with their
     ``states``) on their workers within ``timeout`` seconds, every worker's at once.
 
-    Each worker's chunks travel as one scattered key (Dask's serialization: the arrays' buffers
-    out of band, not copied into a pickle), then one call on the worker hands them to the
-    model's plugin, and the key is released; a scatter given up is released when it ends (no
-    chunk stays behind)."""
+    Each worker's chunks and states travel as one scattered key (Dask's serialization: the
+    arrays' buffers out of band, not copied into a pickle), then one call on the worker hands
+    them to the model's plugin, and the key is released; a scatter given up is released when it
+    ends (no chunk stays behind)."""
     plugin = ModelState.plugin_name(token)
 
     async def install_on(address: str, chunks_here: dict) -> None:
         first = min(chunks_here)  # names the batch: no two batches of a placement share it
         key = f"dasknn-chunks-{token}-{first[0]}-{first[1]}-g{generation}"
-        futures = await scatter_released_if_given_up(client, {key: chunks_here}, workers=[address])
+        here = (chunks_here, {part: states[part] for part in chunks_here if part in states})
+        futures = await scatter_released_if_given_up(client, {key: here}, workers=[address])
         try:
-            here = {part: states[part] for part in chunks_here if part in states}
-            await client.run(
-                _install_scattered, plugin, key, here, workers=[address], asynchronous=True
-            )
+            await client.run(_install_scattered, plugin, key, workers=[address], asynchronous=True)
         finally:
             futures[key].release()
 
@@ -198,10 +196,11 @@ def _install(
     run_watching_part_workers(client, install_all(), part_workers, timeout, PLACING)
 
 
-def _install_scattered(plugin: str, key: str, states: dict, dask_worker=None) -> int:
+def _install_scattered(plugin: str, key: str, dask_worker=None) -> int:
     """``client.run`` body: :meth:`ModelState.install` of the chunks ``{(k, m): (chunk, bias)}``
-    scattered here as ``key``, with their ``states``."""
-    return call_plugin(plugin, "install", dask_worker.data[key], states, dask_worker=dask_worker)
+    and their optimizer states scattered here as ``key``."""
+    chunks, states = dask_worker.data[key]
+    return call_plugin(plugin, "install", chunks, states, dask_worker=dask_worker)
 
 
 def chunk_entries(weight: sp.csr_matrix, plan: CommPlan, k: int) -> list[np.ndarray]:
