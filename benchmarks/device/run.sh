@@ -66,7 +66,7 @@ else
     PROFILE_ARGS=(--networks 65536x120 --rows 10000)
     MP_ARGS=(--neurons 65536 --layers 1920 --inputs 100 --workers 16 --check-processes 15)
     MP_SPEC=radixnet:65536:1920 MP_PARTS=16
-    NEED_MP=${NEED_MP:-540}  # three passes over the network on the client, the run, the check
+    NEED_MP=${NEED_MP:-450}  # three passes over the network on the client, the run, the check
 fi
 # part 7's partition: prepare.sh makes it (DRYRUN: made here under $OUT, a second)
 MP_NAME=${MP_SPEC#radixnet:}
