@@ -246,14 +246,17 @@ def prepare_model_parallel(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if method not in graph.METHODS:
         raise ValueError(f"unknown partitioning method {method!r}; choose one of {graph.METHODS}")
-    checked = check_network(network_source(network, neurons, layers, seed)(), dtype, tiled=False)
+    make = network_source(network, neurons, layers, seed, dtype)  # layers made as dtype values
+    # the check reads a directory's or spec's values as float64, so it can name one beyond dtype
+    as_read = network_source(network, neurons, layers, seed) if _is_path(network) else make
+    checked = check_network(as_read(), dtype, tiled=False)
     matrix, bias = prepare_inputs(inputs, bias, checked.width)
     check_model_parallel(bias, checked.width, nparts)
     if partition is not None:
         partition = _given_partition(partition, nparts, [checked.width] * (checked.layers + 1))
         nparts = partition.nparts
     source = LayerSource(
-        network_source(network, neurons, layers, seed, dtype),  # made as dtype values
+        make,
         [(checked.width, checked.width)] * checked.layers,
         biases=lambda k: np.full(checked.width, bias),
         activation="clipped_relu",
@@ -263,6 +266,11 @@ def prepare_model_parallel(
     return ModelParallelRun(
         source, checked.edges, matrix, bias, nparts, method, seed, batch_size, partition
     )
+
+
+def _is_path(network) -> bool:
+    """Whether ``network`` names a directory or a spec (else it is a sequence of matrices)."""
+    return isinstance(network, str | os.PathLike)
 
 
 def _given_partition(partition, nparts: int | None, sizes: list[int]) -> graph.NetworkPartition:
