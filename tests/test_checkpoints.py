@@ -4,7 +4,9 @@ errors for files it cannot take, and resumed runs that end with the weights of u
 
 from __future__ import annotations
 
+import hashlib
 import json
+import struct
 
 import numpy as np
 import pytest
@@ -77,6 +79,18 @@ def test_saved_file_is_an_npz_with_a_json_header_and_no_pickle(tmp_path):
     model.fit(x, y, optimizer=Adam(lr=0.01), **FIT)
     loaded.fit(x, y, optimizer=Adam(lr=0.01), **FIT)
     _assert_same_weights(loaded, model, atol=0)
+
+
+def test_pattern_is_the_sha256_of_every_layers_shape_indptr_and_indices_as_int64(tmp_path):
+    model = _model()
+    model.save(tmp_path / "m.npz")
+    with np.load(tmp_path / "m.npz", allow_pickle=False) as npz:
+        header = json.loads(str(npz["header"]))
+    want = hashlib.sha256()  # the documented format, written out independently
+    for w in model.weights:
+        for array in (w.shape, w.indptr, w.indices):
+            want.update(struct.pack(f"<{len(array)}q", *(int(v) for v in array)))
+    assert header["pattern"] == want.hexdigest()
 
 
 def _rewrite(path, target, change):

@@ -89,3 +89,15 @@ def test_invalid_widths(neurons):
 def test_invalid_depth():
     with pytest.raises(ValueError, match="layers"):
         radixnet(1024, 0)
+
+
+def test_layers_have_scipys_index_dtype_and_own_their_arrays():
+    first, second = radixnet(1024, 2, seed=3)
+    for w in (first, second):
+        assert w.indices.dtype == w.indptr.dtype == np.int32  # as scipy would choose them
+        assert w.has_sorted_indices and w.has_canonical_format
+    kept = second.copy()
+    first.indptr[:] = 0
+    first.indices[:] = 0
+    first.data[:] = 0
+    assert (second != kept).nnz == 0  # nothing shared between layers

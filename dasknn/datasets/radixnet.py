@@ -47,12 +47,20 @@ def radixnet_group_size(neurons: int) -> int:
     return base.bit_length() - 1
 
 
+def _index_dtype(neurons: int) -> np.dtype:
+    """The CSR index dtype of a layer of ``neurons`` (scipy's choice: int32 while every row
+    pointer fits), so the matrix is built without the copy of a cast."""
+    return np.dtype(np.int32 if neurons * 2 * _DENSE_BLOCK < 2**31 else np.int64)
+
+
 def _circulant_columns(neurons: int, stride: int) -> np.ndarray:
-    """Column indices of every row of the circulant layer, shape ``(neurons, 32)``, sorted."""
+    """Column indices of every row of the circulant layer, shape ``(neurons, 32)``, sorted, of
+    :func:`_index_dtype`."""
     base = neurons // _DENSE_BLOCK
     rows = np.arange(neurons)[:, None]
     offsets = (np.arange(_DENSE_BLOCK)[:, None] * base - np.array([0, stride])[None, :]).ravel()
-    return np.sort((rows + offsets[None, :]) % neurons, axis=1)
+    columns = np.sort((rows + offsets[None, :]) % neurons, axis=1)
+    return columns.astype(_index_dtype(neurons), copy=False)
 
 
 def iter_radixnet(
@@ -87,6 +95,7 @@ def iter_radixnet(
     rng = np.random.default_rng(seed)
     nnz_row = 2 * _DENSE_BLOCK
     circulants = [_circulant_columns(neurons, 1 << t) for t in range(group)]
+    indptr = np.arange(neurons + 1, dtype=_index_dtype(neurons)) * nnz_row
     perm = np.arange(neurons)
     for k in range(layers):
         if k % group == 0 and k > 0:
@@ -96,7 +105,7 @@ def iter_radixnet(
             (
                 np.full(neurons * nnz_row, value, dtype=dtype),
                 cols.ravel(),
-                np.arange(neurons + 1, dtype=np.int64) * nnz_row,
+                indptr.copy(),
             ),
             shape=(neurons, neurons),
         )

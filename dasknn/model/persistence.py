@@ -81,9 +81,8 @@ def add_pattern(digest, item) -> None:
     """Add one layer's pattern (``(shape, indptr, indices)`` or a CSR matrix) to ``digest``
     (a :mod:`hashlib` object) as :func:`pattern_digest` does."""
     shape, indptr, indices = (item.shape, item.indptr, item.indices) if sp.issparse(item) else item
-    digest.update(np.asarray(shape, dtype=np.int64).tobytes())
-    digest.update(np.asarray(indptr, dtype=np.int64).tobytes())
-    digest.update(np.asarray(indices, dtype=np.int64).tobytes())
+    for array in (shape, indptr, indices):  # little-endian int64 bytes, read in place
+        digest.update(np.ascontiguousarray(array, dtype="<i8"))
 
 
 @dataclass
