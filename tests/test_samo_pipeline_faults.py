@@ -35,17 +35,12 @@ SIZES = (12, 10, 8, 4)
 PLUGINS = StageState.plugin_name("")
 
 
-@pytest.fixture(scope="module")
-def client2():
+@pytest.fixture
+def client():
+    """A client of a cluster of two worker processes of the test's own: each test kills or
+    stops workers, and none depends on how the nannies brought back those of the one before."""
     with local_cluster(2) as cluster, Client(cluster) as client:
         yield client
-
-
-@pytest.fixture
-def client(client2):
-    """The module's client, with both workers up (the nanny restarts a killed one)."""
-    client2.wait_for_workers(2, timeout=30)
-    return client2
 
 
 def _model() -> CompressedMLP:
