@@ -61,6 +61,7 @@ from dasknn.runtime.key_cache import (
 )
 from dasknn.runtime.keys import new_token, postbox_key
 from dasknn.runtime.measure import install_comm_monitor, release_comm_monitor, reset_transfers
+from dasknn.runtime.plugin_removal import remove_worker_plugin
 from dasknn.runtime.postbox import Postbox
 from dasknn.runtime.step_timeout import (
     answering_workers,
@@ -69,7 +70,6 @@ from dasknn.runtime.step_timeout import (
 )
 from dasknn.runtime.waiting import (
     GATHER_LOSS_GRACE_SECONDS,
-    call_at_most,
     in_thread,
     run_naming_loss,
     watch_workers,
@@ -868,8 +868,10 @@ def unregister_within(
     the workers at most ``seconds`` in all.
 
     A worker that does not answer (stopped) is left to the scheduler, which removes them there
-    when it goes on, or drops them with the worker (:func:`~dasknn.runtime.waiting.call_at_most`).
-    The bound and the hold are removed also when a plugin's removal failed.
+    when it goes on, or drops them with the worker (:func:`~dasknn.runtime.waiting.call_at_most`);
+    a lost worker the scheduler still lists fails no removal
+    (:func:`~dasknn.runtime.plugin_removal.remove_worker_plugin`). The bound and the hold are
+    removed also when a plugin's removal failed.
     """
     deadline = time.monotonic() + seconds
 
@@ -878,7 +880,7 @@ def unregister_within(
 
     try:
         for name in plugins:
-            call_at_most(lambda name=name: client.unregister_worker_plugin(name), left())
+            remove_worker_plugin(client, name, left())
     finally:
         try:
             if key_cache_bound:

@@ -9,7 +9,7 @@ from dask.utils import key_split
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 
 from dasknn.runtime.header_keys import hold_header_keys
-from dasknn.runtime.waiting import call_at_most
+from dasknn.runtime.plugin_removal import remove_worker_plugin
 
 __all__ = [
     "MAX_ENTRIES",
@@ -83,5 +83,5 @@ def remove_key_cache_bound(client, token: str, seconds: float | None = None) -> 
     """Unregister both plugins of ``token``, waiting for the workers at most ``seconds``
     (``None``: until all answered)."""
     name = key_cache_plugin_name(token)
-    call_at_most(lambda: client.unregister_worker_plugin(name), seconds)
+    remove_worker_plugin(client, name, seconds)
     client.unregister_scheduler_plugin(name)

@@ -28,8 +28,8 @@ from distributed import WorkerPlugin
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from dasknn.runtime.keys import describe
+from dasknn.runtime.plugin_removal import remove_worker_plugin
 from dasknn.runtime.shared_plugins import hold_scheduler_plugin, release_scheduler_plugin
-from dasknn.runtime.waiting import call_at_most
 
 __all__ = [
     "CommMonitor",
@@ -171,7 +171,7 @@ def release_comm_monitor(client, user: str, seconds: float | None = None) -> Non
     :func:`~dasknn.runtime.waiting.call_at_most`)."""
     reset_transfers(client, user)
     if release_scheduler_plugin(client, MONITOR_NAME, user):
-        call_at_most(lambda: client.unregister_worker_plugin(REPORTER_NAME), seconds)
+        remove_worker_plugin(client, REPORTER_NAME, seconds)
 
 
 def read_transfers(client, token: str | None) -> list[tuple]:
