@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import dask.array as da
@@ -16,6 +15,7 @@ from distributed import wait
 
 from dasknn.model_parallel._plan import CommPlan, LayerPartPlan, renumbered_chunks
 from dasknn.model_parallel._worker_state import ModelState, snapshot_bias, snapshot_weight
+from dasknn.runtime.background import OneAtATime
 from dasknn.runtime.faults import POLL_SECONDS, run_watching_part_workers
 from dasknn.runtime.model_plugin import call_plugin
 from dasknn.runtime.model_span import held_in_span
@@ -130,15 +130,13 @@ def place_network(
     plan_keys, shapes = [], []
     states = states or {}
     left = _clock(timeout)
-    with ThreadPoolExecutor(1, thread_name_prefix="dasknn-placement") as installer:
-        installing = None
+    with OneAtATime("dasknn-placement") as installer:  # at most one batch on its way
 
-        def hand_over() -> None:  # after the batch before it: at most one batch on its way
-            nonlocal installing
-            if installing is not None:
-                installing.result()
-            args = (client, token, generation, waiting, states, part_workers, left())
-            installing = installer.submit(_install, *args)
+        def hand_over() -> None:
+            installer.wait()  # the batch before it, so that left() counts its time
+            installer.submit(
+                _install, client, token, generation, waiting, states, part_workers, left()
+            )
 
         for k, (layer_plans, layer_chunks) in enumerate(layers, start=1):
             plan_name = f"dasknn-plan-{token}-{k}-g{generation}"
@@ -158,7 +156,6 @@ def place_network(
                 hand_over()
                 waiting, waiting_bytes = {}, 0
         hand_over()
-        installing.result()
     futures = scatter_pinned(client, plans, part_workers, lambda key: key[-1], left(), PLACING)
     if span is not None:
         workers = {key: part_workers[key[-1]] for key in futures}

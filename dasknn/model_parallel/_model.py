@@ -6,7 +6,6 @@ import hashlib
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import dask
@@ -46,6 +45,7 @@ from dasknn.model_parallel._steps import StepContext
 from dasknn.model_parallel._taskgraph import StepPriority, StepTemplate, part_of
 from dasknn.model_parallel._worker_state import ModelState, read_parts
 from dasknn.optim import Optimizer, ParamState, resolve_optimizer
+from dasknn.runtime.background import OneAtATime
 from dasknn.runtime.comm_report import CommReport, counts_of
 from dasknn.runtime.distributed_model import DistributedModel
 from dasknn.runtime.faults import (
@@ -82,15 +82,10 @@ def _digested(weights: Iterable[sp.csr_matrix], digest) -> Iterator[sp.csr_matri
     """``weights``, each added to ``digest`` as it passes (as
     :func:`~dasknn.model.persistence.pattern_digest` adds them), in a thread of its own while
     the caller uses the weight (hashing releases the GIL: about 9 ms a 2 M-entry layer)."""
-    with ThreadPoolExecutor(1, thread_name_prefix="dasknn-digest") as hasher:
-        hashing = None
+    with OneAtATime("dasknn-digest") as hasher:  # in order, at most one layer held for it
         for weight in weights:
-            if hashing is not None:
-                hashing.result()  # in order, and at most one layer held for it
-            hashing = hasher.submit(add_pattern, digest, weight)
+            hasher.submit(add_pattern, digest, weight)
             yield weight
-        if hashing is not None:
-            hashing.result()
 
 
 def _hypergraph_partition(model: SparseMLP | LayerSource, nparts: int) -> list[np.ndarray]:
