@@ -370,6 +370,39 @@ def test_the_parameters_are_dask_arrays_held_by_their_workers(trained, client):
         del held
 
 
+def _computed(arrays: dict[str, da.Array]) -> dict[str, np.ndarray]:
+    values = {}
+    for name, array in arrays.items():
+        value = array.compute()
+        values[name] = np.asarray(value.todense() if hasattr(value, "todense") else value)
+    return values
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_to_dask_is_a_snapshot_taken_when_it_is_called(case, client):
+    """The arrays of ``to_dask()`` hold the values of the call: a ``fit`` right after it does
+    not reach them, and those of a call right before ``close()`` are readable after it while
+    the client holds them. The values of each call are those of a twin model trained alike."""
+    X, y = case.data()
+    once = case.fit | {"epochs": 1}
+    with case.distributed(case.estimator(), client) as twin:
+        twin.fit(X, y, **once, progress=False)
+        first = _computed(twin.to_dask())
+        twin.fit(X, y, **once, progress=False)
+        second = _computed(twin.to_dask())
+    assert any(
+        not np.allclose(second[name], value, rtol=0, atol=1e-6) for name, value in first.items()
+    ), "the second fit changed nothing"
+    with case.distributed(case.estimator(), client) as dist:
+        dist.fit(X, y, **once, progress=False)
+        taken = dist.to_dask()
+        dist.fit(X, y, **once, progress=False)
+        last = dist.to_dask()
+    for arrays, values in ((taken, first), (last, second)):
+        for name, value in _computed(arrays).items():
+            np.testing.assert_allclose(value, values[name], rtol=0, atol=1e-9, err_msg=name)
+
+
 def test_bad_input_is_a_value_error_before_anything_is_scheduled(trained, client):
     case, dist, _, X, y = trained
     steps = dist.n_steps_

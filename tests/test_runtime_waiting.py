@@ -16,7 +16,13 @@ from distributed import Event
 from polling import HANG_GUARD, wait_until
 
 from dasknn.runtime.cluster import scheduler_workers
-from dasknn.runtime.waiting import call_at_most, gather_at_most, run_watching, wait_at_most
+from dasknn.runtime.waiting import (
+    call_at_most,
+    finished,
+    gather_at_most,
+    run_watching,
+    wait_at_most,
+)
 
 pytestmark = pytest.mark.minversions
 
@@ -59,6 +65,35 @@ def test_wait_at_most_times_out_then_finishes_and_keeps_no_reference(dask_client
 
 def _identity(value):
     return value
+
+
+def _fail_after_event(name: str) -> int:
+    Event(name).wait()
+    raise ValueError("a failed task")
+
+
+def test_finished_waits_for_every_future_whatever_its_end(dask_client):
+    """``finished`` ends once every future has finished, failed ones included, and not before:
+    under :func:`run_watching` it times out while one still waits."""
+    name = f"dasknn-test-finished-{time.monotonic_ns()}"
+    event = Event(name, client=dask_client)
+    done = dask_client.submit(_identity, 1, pure=False)
+    done.result()
+    futures = [
+        done,
+        dask_client.submit(_wait_for_event, name, pure=False),
+        dask_client.submit(_fail_after_event, name, pure=False),
+    ]
+
+    def quiet() -> None:
+        pass
+
+    with pytest.raises(TimeoutError):
+        run_watching(dask_client, finished(futures), 0.3, quiet, 0.1)
+    assert [f.status for f in futures] == ["finished", "pending", "pending"]
+    event.set()
+    assert run_watching(dask_client, finished(futures), 30, quiet, 0.1) is None
+    assert [f.status for f in futures] == ["finished", "finished", "error"]
 
 
 @pytest.mark.slow

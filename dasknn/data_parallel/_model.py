@@ -820,19 +820,28 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
 
     # ------------------------------------------------------------------ parameters
     def to_dask(self) -> dict[str, da.Array]:
-        """The parameters as dask arrays, each chunk copied by a task on its holder (a snapshot
-        when computed): ``embedding`` (and ``softmax``) chunked by shard under ``hybrid`` and
-        ``ps``, rows in shard order (``shard_maps[name].rows(p)``), else worker 0's replica;
-        ``dense_{i}`` (as ``EmbeddingMLP.dense_variables()``) from worker 0 or their server."""
+        """The parameters as dask arrays, each chunk a copy made before this returns (a
+        snapshot) by a task on its holder and held there: ``embedding`` (and ``softmax``)
+        chunked by shard under ``hybrid`` and ``ps``, rows in shard order
+        (``shard_maps[name].rows(p)``), else worker 0's replica; ``dense_{i}`` (as
+        ``EmbeddingMLP.dense_variables()``) from worker 0 or their server.
+
+        Raises
+        ------
+        WorkerLostError, StepTimeoutError
+            When a holder is lost, or the copies are not made within ``step_timeout``.
+        """
         self._check_open()
         sparse_shapes = self.spec.sparse_shapes()
         out: dict[str, da.Array] = {}
+        copies: list = []
 
         def chunk(worker: str, where: str, name, shape) -> da.Array:
             future = self.client.submit(
                 read_array, self.token, where, name, workers=[worker],
                 allow_other_workers=False, pure=False,
             )  # fmt: skip
+            copies.append(future)
             return da.from_delayed(future, shape=shape, dtype=self.spec.dtype)
 
         shard_maps = self.shard_maps
@@ -856,6 +865,7 @@ class DistributedEmbeddingMLP(WindowEstimator, DistributedModel):
             else:
                 where, worker = "replicas", self.workers[0]
             out[f"dense_{i}"] = chunk(worker, where, name, tuple(shapes[i]))
+        self._copies_made(copies, self.workers, "the values' copies were not made")
         return out
 
 

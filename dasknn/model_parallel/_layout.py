@@ -11,7 +11,6 @@ import dask.array as da
 import numpy as np
 import scipy.sparse as sp
 import sparse
-from distributed import wait
 
 from dasknn.model_parallel._plan import CommPlan, LayerPartPlan, renumbered_chunks
 from dasknn.model_parallel._worker_state import ModelState, snapshot_bias, snapshot_weight
@@ -234,8 +233,9 @@ def original_pattern(
     return indptr, column[position], position
 
 
-def snapshot_network(client, layout: Layout, version: int) -> Snapshot:
-    """Dask arrays of fresh copies of the current weights and biases (call with no step running)."""
+def snapshot_network(client, layout: Layout, version: int) -> tuple[Snapshot, list]:
+    """Dask arrays of fresh copies of the current weights and biases (call with no step running),
+    and the futures of the copy tasks (the caller waits for them)."""
     token, dtype = layout.token, layout.dtype
     meta = sparse.GCXS.from_numpy(np.empty((0, 0), dtype=dtype), compressed_axes=(0,))
     weights, biases, copies = [], [], []
@@ -251,8 +251,7 @@ def snapshot_network(client, layout: Layout, version: int) -> Snapshot:
         weights.append(da.Array(weight_graph, weight_name, ((n_in,), columns), dtype, meta=meta))
         biases.append(da.Array(bias_graph, bias_name, (columns,), dtype, meta=np.empty(0, dtype)))
         copies += [*weight_graph.values(), *bias_graph.values()]
-    wait(copies)
-    return Snapshot(version, weights, biases)
+    return Snapshot(version, weights, biases), copies
 
 
 def gather_network(

@@ -256,7 +256,10 @@ class DistributedSparseMLP(SparseEstimator, DistributedModel):
     def _current_snapshot(self) -> Snapshot:
         self._check_open()
         if self._snapshot is None or self._snapshot.version != self.n_steps_:
-            self._snapshot = snapshot_network(self.client, self._layout, self.n_steps_)
+            snapshot, copies = snapshot_network(self.client, self._layout, self.n_steps_)
+            holders = sorted(set(self._layout.part_workers))
+            self._copies_made(copies, holders, "the weights' copies were not made")
+            self._snapshot = snapshot
         return self._snapshot
 
     @property

@@ -623,7 +623,7 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
         """The parameters as dask arrays: ``weights_{k}`` (one ``(n_in, n_out)`` GCXS chunk of
         the master values) and ``bias_{k}`` of every layer ``k`` (0-based), each chunk a copy
         made before this returns (a snapshot) by a task on the layer's stage worker of replica
-        0. Errors as :meth:`replica`."""
+        0 and held there. Errors as :meth:`replica`."""
         self._check_open()
         self._snapshots += 1
         call = self._snapshots
@@ -648,13 +648,8 @@ class DistributedCompressedMLP(LayerShapes, SparseEstimator, DistributedModel):
                     arrays[name] = da.Array(
                         {chunk: future}, key, chunks=chunks, dtype=self._master_dtype, meta=meta
                     )
-        copying = self.client.gather(futures, asynchronous=True)
         addresses = [self.workers[(s, 0)] for s in range(self.stages)]
-        try:
-            self._watched(copying, addresses, "the layers' copies were not made", LOST_WHILE_READ)
-        except StepTimeoutError:
-            self.client.cancel(futures)
-            raise
+        self._copies_made(futures, addresses, "the layers' copies were not made", LOST_WHILE_READ)
         return arrays
 
     def _output_blocks(self, x: np.ndarray, batch_size: int) -> OutputBlocks:

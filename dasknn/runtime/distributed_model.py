@@ -70,6 +70,7 @@ from dasknn.runtime.step_timeout import (
 )
 from dasknn.runtime.waiting import (
     GATHER_LOSS_GRACE_SECONDS,
+    finished,
     in_thread,
     run_naming_loss,
     watch_workers,
@@ -466,6 +467,30 @@ class DistributedModel:
             return self._naming_loss(coroutine, workers, outcome, seconds, graced)
         except TimeoutError:
             raise self._timeout_error(what, workers) from None
+
+    def _copies_made(
+        self, copies: Sequence, workers: Sequence[str], what: str, outcome: str | None = None
+    ) -> None:
+        """Wait until the tasks ``copies``, each pinned to one of ``workers``, have finished,
+        their results left on the workers (nothing moves to the client), as :meth:`_watched`
+        does: how a ``to_dask()`` snapshot is taken when it is called, so that no step or
+        ``close()`` after the call reaches its chunks.
+
+        Raises
+        ------
+        WorkerLostError, StepTimeoutError
+            As :meth:`_watched` (after the time the copies are cancelled).
+        Exception
+            A copy's own error.
+        """
+        try:
+            self._watched(finished(copies), workers, what, outcome)
+        except StepTimeoutError:
+            self.client.cancel(list(copies))
+            raise
+        for copy in copies:
+            if copy.status != "finished":
+                copy.result()
 
     def _run_on(
         self, function, workers: Sequence[str], what: str, outcome: str | None = None, **kwargs

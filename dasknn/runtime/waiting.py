@@ -21,6 +21,7 @@ from dasknn.runtime.cluster import scheduler_workers
 __all__ = [
     "GATHER_LOSS_GRACE_SECONDS",
     "call_at_most",
+    "finished",
     "gather_at_most",
     "gather_watching",
     "in_thread",
@@ -169,6 +170,19 @@ def _start_call(call: Callable[[], Any]) -> concurrent.futures.Future:
 
     threading.Thread(target=run, name="dasknn-call-at-most", daemon=True).start()
     return outcome
+
+
+async def finished(futures: Sequence[Future]) -> None:
+    """Wait, on the client's loop, until every one of ``futures`` has finished (done, failed or
+    cancelled), their results left on the workers: a wait for :func:`run_watching` that moves
+    no data (``Client.gather`` would fetch every result). Each future's done callback, which
+    distributed runs in a thread of its own, wakes the wait; it costs no polling."""
+    signals = []
+    for future in futures:
+        signal: concurrent.futures.Future = concurrent.futures.Future()
+        future.add_done_callback(lambda _, signal=signal: signal.set_result(None))
+        signals.append(asyncio.wrap_future(signal))
+    await asyncio.gather(*signals)
 
 
 async def in_thread(call: Callable[[], Any]) -> Any:

@@ -463,13 +463,21 @@ class DistributedSampledMLP(SampledTraining, DistributedModel):
         """Nothing: the constructor took the loaded model's state."""
 
     def to_dask(self) -> dict[str, da.Array]:
-        """The parameters as dask arrays, each chunk read by a task on its worker:
-        ``hidden_weights`` ``(n_features, H)`` and ``hidden_bias`` chunked by hidden block,
-        ``output_weights`` ``(N, H)`` and ``output_bias`` with rows in shard order (shard ``p``:
-        ``shard_map_.ids(p)``). A snapshot of the last finished step when computed."""
+        """The parameters as dask arrays, each chunk a copy made before this returns (a
+        snapshot) by a task on its worker and held there: ``hidden_weights``
+        ``(n_features, H)`` and ``hidden_bias`` chunked by hidden block, ``output_weights``
+        ``(N, H)`` and ``output_bias`` with rows in shard order (shard ``p``:
+        ``shard_map_.ids(p)``).
+
+        Raises
+        ------
+        WorkerLostError, StepTimeoutError
+            When a worker is lost, or the copies are not made within ``step_timeout``.
+        """
         self._check_open()
         call = self._calls
         parts = self._on_each(read_shard, "snapshot")
+        self._copies_made(parts, self.workers, "the parameters' copies were not made")
         blocks: dict[str, list] = {}
         for p, (worker, part) in enumerate(zip(self.workers, parts, strict=True)):
             width = int(self.columns[p + 1] - self.columns[p])
