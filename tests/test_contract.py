@@ -683,6 +683,29 @@ def test_a_stopped_worker_is_a_step_timeout_error_naming_its_role(case):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_to_dask_names_a_stopped_worker_after_the_step_timeout(case):
+    """A snapshot's copies wait on a stopped worker: ``to_dask()`` gives up after
+    ``step_timeout`` with a StepTimeoutError naming the worker, and cancels them."""
+    X, y = case.data()
+    with _fault_cluster() as cluster, Client(cluster) as client:
+        dist = case.distributed(case.estimator(), client, step_timeout=5)
+        dist.fit(X, y, **case.fit, progress=False)
+        victim = sorted(scheduler_workers(client))[1]
+        pid = client.run(os.getpid, workers=[victim])[victim]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(StepTimeoutError, match="copies were not made") as stopped:
+                dist.to_dask()
+            assert time.monotonic() - started < 5 + 30  # a hang guard, not a timing
+            assert victim in str(stopped.value)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+            dist.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_a_paused_worker_is_a_step_timeout_error_naming_its_memory_limit(case, tmp_path):
     """Workers whose memory limit lies below what a worker process with dasknn loaded takes:
     Dask pauses them, and placing the model or its first step stops with an error naming the

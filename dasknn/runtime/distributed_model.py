@@ -479,13 +479,14 @@ class DistributedModel:
         Raises
         ------
         WorkerLostError, StepTimeoutError
-            As :meth:`_watched` (after the time the copies are cancelled).
+            As :meth:`_watched`; the copies are cancelled (a copy pinned to a lost worker
+            would wait for ever).
         Exception
             A copy's own error.
         """
         try:
             self._watched(finished(copies), workers, what, outcome)
-        except StepTimeoutError:
+        except BaseException:
             self.client.cancel(list(copies))
             raise
         for copy in copies:
