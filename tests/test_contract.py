@@ -203,8 +203,9 @@ def _sampled_parameters(model) -> dict[str, np.ndarray]:
 def _sampled_bad(X, Y) -> list[tuple[Any, Any, str]]:
     nan = X.toarray()
     nan[3, 2] = np.nan
-    wide = sp.hstack([Y, sp.csr_matrix((ROWS, 1))]).tocsr()
+    wide = sp.hstack([Y, sp.csr_matrix((ROWS, 1))]).tolil()
     wide[4, 10] = 1
+    wide = wide.tocsr()
     return [
         (X[:, :-1], Y, "features|shape|columns"),
         (sp.csr_matrix(nan), Y, "finite|NaN|nan"),
