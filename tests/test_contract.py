@@ -11,9 +11,10 @@ plugin or actor, and a closed model refuses work; ``client`` may be a scheduler 
 input is a ``ValueError`` before anything is scheduled, and so are bad workers given to
 ``rebalance``; ``rebalance`` places the model on a worker that joined and training goes on to
 the one-process estimator's values (slow); a SIGKILLed worker is a ``WorkerLostError`` and a
-SIGSTOPped one a ``StepTimeoutError``, both naming the worker's role, and a worker that closes at
-the end of its ``--lifetime`` mid-fit is recovered from the checkpoint, and a worker paused at its
-memory limit is a ``StepTimeoutError`` naming the limit (slow).
+SIGSTOPped one a ``StepTimeoutError`` (in ``fit`` and in ``to_dask()``), both naming the
+worker's role, and a worker that closes at the end of its ``--lifetime`` mid-fit is recovered
+from the checkpoint, and a worker paused at its memory limit is a ``StepTimeoutError`` naming the
+limit (slow).
 """
 
 from __future__ import annotations
@@ -660,10 +661,21 @@ def test_a_killed_worker_is_a_worker_lost_error_naming_its_role(case):
             assert dist._worker_roles()[victim] in str(lost.value)
 
 
+#: The calls a stopped worker holds up: a training step, and the copies of a snapshot.
+STOPPED_CALLS = {
+    "fit": (lambda dist, case, X, y: dist.fit(X, y, **case.fit, progress=False), None),
+    "to_dask": (lambda dist, case, X, y: dist.to_dask(), "copies were not made"),
+}
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("call", list(STOPPED_CALLS))
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_a_stopped_worker_is_a_step_timeout_error_naming_its_role(case):
+def test_a_stopped_worker_is_a_step_timeout_error_naming_its_role(case, call):
+    """A worker stopped between two calls: the next ``fit``, or the copies of a ``to_dask()``
+    snapshot, give up after ``step_timeout`` with a StepTimeoutError naming it and its role."""
     X, y = case.data()
+    run, match = STOPPED_CALLS[call]
     with _fault_cluster() as cluster, Client(cluster) as client:
         dist = case.distributed(case.estimator(), client, step_timeout=10)
         dist.fit(X, y, **case.fit, progress=False)
@@ -672,34 +684,11 @@ def test_a_stopped_worker_is_a_step_timeout_error_naming_its_role(case):
         os.kill(pid, signal.SIGSTOP)
         try:
             started = time.monotonic()
-            with pytest.raises(StepTimeoutError) as stopped:
-                dist.fit(X, y, **case.fit, progress=False)
+            with pytest.raises(StepTimeoutError, match=match) as stopped:
+                run(dist, case, X, y)
             assert time.monotonic() - started < 10 + 30  # a hang guard, not a timing
             assert victim in str(stopped.value)
             assert dist._worker_roles()[victim] in str(stopped.value)
-        finally:
-            os.kill(pid, signal.SIGCONT)
-            dist.close()
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_to_dask_names_a_stopped_worker_after_the_step_timeout(case):
-    """A snapshot's copies wait on a stopped worker: ``to_dask()`` gives up after
-    ``step_timeout`` with a StepTimeoutError naming the worker, and cancels them."""
-    X, y = case.data()
-    with _fault_cluster() as cluster, Client(cluster) as client:
-        dist = case.distributed(case.estimator(), client, step_timeout=5)
-        dist.fit(X, y, **case.fit, progress=False)
-        victim = sorted(scheduler_workers(client))[1]
-        pid = client.run(os.getpid, workers=[victim])[victim]
-        os.kill(pid, signal.SIGSTOP)
-        try:
-            started = time.monotonic()
-            with pytest.raises(StepTimeoutError, match="copies were not made") as stopped:
-                dist.to_dask()
-            assert time.monotonic() - started < 5 + 30  # a hang guard, not a timing
-            assert victim in str(stopped.value)
         finally:
             os.kill(pid, signal.SIGCONT)
             dist.close()

@@ -54,8 +54,11 @@ def test_every_sketch_is_a_block_of_its_page():
         assert first in firsts, f"{page} has no Python block starting {first!r} ({why})"
 
 
+PROGRAMS = list(_programs())
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("page,program", list(_programs()), ids=[p for p, _ in _programs()])
+@pytest.mark.parametrize("page,program", PROGRAMS, ids=[page for page, _ in PROGRAMS])
 def test_the_examples_of_a_page_run(page: str, program: str, tmp_path: Path):
     run_program(program, tmp_path, 600)
 
